@@ -1,0 +1,321 @@
+"""Causal attention, done exactly: "may attend" masks, `attend()`, `CausalSelfAttention`.
+
+This module owns all attention math in attnlab. Every other module calls it; none
+re-implements a softmax over scores. It leaves caching policy to `kv_cache.py`
+(it only calls `cache.update(pos, k, v)`) and storage of intermediates to `trace.py`
+(it only calls `trace.record(name, tensor)`).
+
+Shape vocabulary, used in every shape comment in attnlab:
+    B   batch size
+    T   query length (tokens processed in this call)
+    S   key length (keys visible to the queries: cached + new, or a context sequence)
+    nh  query heads            nkv  key/value heads (grouped-query attention: nh % nkv == 0)
+    hs  head size              C    channels (embedding width)
+    V   vocabulary size
+
+Masks are boolean "may attend" tensors: True where a query may look at a key. The
+causal mask treats the queries as the *last* T of S positions (seed 003's trim
+`tril(S, S)[-T:, -S:]`), which is what a KV cache needs, and is built from two
+`arange`s so a decode step never allocates an S x S matrix.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Protocol
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+
+class LayerTrace(Protocol):
+    """What attention needs from a trace: a named sink for intermediate tensors."""
+
+    def record(self, name: str, value: Tensor) -> None: ...
+
+
+class LayerCache(Protocol):
+    """What attention needs from a KV cache: write new keys/values, get all of them back."""
+
+    def update(self, pos: int, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]: ...
+
+
+# ----------------------------------------------------------------------------- masks
+
+
+def causal_mask(q_len: int, k_len: int, device: torch.device | str | None = None) -> Tensor:
+    """(T, S) bool: query i (absolute position k_len - q_len + i) may attend key j iff j <= it.
+
+    Equals `torch.tril(torch.ones(k_len, k_len, dtype=bool))[-q_len:, -k_len:]` without
+    allocating the k_len x k_len matrix.
+    """
+    if q_len < 1 or k_len < q_len:
+        raise ValueError(
+            f"causal_mask needs 1 <= q_len <= k_len, got q_len={q_len}, k_len={k_len}; "
+            "queries are the last q_len of k_len positions, so a cache must hold the new keys too"
+        )
+    query_pos = torch.arange(k_len - q_len, k_len, device=device)  # (T,)
+    key_pos = torch.arange(k_len, device=device)  # (S,)
+    return key_pos[None, :] <= query_pos[:, None]  # (T, S)
+
+
+def padding_mask(attention_mask: Tensor) -> Tensor:
+    """(B, S) with 1 = real token, 0 = pad  ->  (B, 1, 1, S) bool "may attend" over keys."""
+    if attention_mask.dim() != 2:
+        raise ValueError(
+            f"attention_mask must be (B, S) with 1 for tokens and 0 for padding, "
+            f"got shape {tuple(attention_mask.shape)}"
+        )
+    return attention_mask.bool()[:, None, None, :]  # (B, 1, 1, S)
+
+
+@dataclass(frozen=True)
+class Mask:
+    """One combined "may attend" mask, built once per forward and shared by all layers.
+
+    may_attend:   (B or 1, 1, T, S) bool, or None when every query may see every key.
+    square_causal: True when may_attend is exactly the T == S causal mask, so the fused
+                  path can use SDPA's `is_causal=True` kernel instead of a mask tensor.
+    empty_rows:   (B, 1, T, 1) bool, True for queries with no key to attend to (left-pad
+                  positions), or None when there are none possible. Their output is zero.
+    """
+
+    may_attend: Tensor | None
+    square_causal: bool = False
+    empty_rows: Tensor | None = None
+
+
+def build_mask(
+    q_len: int,
+    k_len: int,
+    attention_mask: Tensor | None = None,
+    *,
+    causal: bool = True,
+    device: torch.device | str | None = None,
+) -> Mask:
+    """Combine causal structure and a (B, k_len) padding mask into one `Mask`."""
+    if attention_mask is not None and attention_mask.shape[-1] != k_len:
+        raise ValueError(
+            f"attention_mask covers {attention_mask.shape[-1]} keys but attention sees "
+            f"k_len={k_len}; with a KV cache pass the mask for cached + new tokens "
+            f"(shape (B, {k_len}))"
+        )
+    may_attend: Tensor | None = None
+    if causal:
+        may_attend = causal_mask(q_len, k_len, device)[None, None]  # (1, 1, T, S)
+    if attention_mask is None:
+        return Mask(may_attend, square_causal=causal and q_len == k_len)
+    pad = padding_mask(attention_mask.to(device) if device is not None else attention_mask)
+    may_attend = pad if may_attend is None else may_attend & pad  # (B, 1, T, S)
+    return Mask(may_attend, empty_rows=~may_attend.any(dim=-1, keepdim=True))  # (B, 1, T, 1)
+
+
+# ----------------------------------------------------------------------------- attend
+
+
+def _expand_kv(k: Tensor, n_head: int) -> Tensor:
+    """(B, nkv, S, hs) -> (B, nh, S, hs): each key/value head serves nh // nkv query heads."""
+    B, nkv, S, hs = k.shape
+    if nkv == n_head:
+        return k
+    if n_head % nkv:
+        raise ValueError(f"query heads ({n_head}) must be a multiple of key/value heads ({nkv})")
+    k = k[:, :, None].expand(B, nkv, n_head // nkv, S, hs)  # (B, nkv, nh/nkv, S, hs)
+    return k.reshape(B, n_head, S, hs)  # (B, nh, S, hs)
+
+
+def attend(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    mask: Mask | None = None,
+    *,
+    scale: float | None = None,
+    dropout_p: float = 0.0,
+    training: bool = False,
+    fused: bool = True,
+    trace: LayerTrace | None = None,
+) -> Tensor:
+    """Scaled dot-product attention. q (B, nh, T, hs), k/v (B, nkv, S, hs) -> (B, nh, T, hs).
+
+    fused=False is the reference path, step by step as the seeds write it (and the only
+    one a trace can see into): scores = q @ k^T, masked_fill(-inf), softmax(scores * scale),
+    dropout on the weights (training only), weights @ v. fused=True calls
+    `F.scaled_dot_product_attention` on the same inputs. Both give zeros, never NaN, for a
+    query row with no key to attend to.
+    """
+    if q.dim() != 4 or k.dim() != 4 or v.dim() != 4:
+        raise ValueError(
+            f"attend expects 4-d (B, heads, len, hs) tensors, got q {tuple(q.shape)}, "
+            f"k {tuple(k.shape)}, v {tuple(v.shape)}"
+        )
+    if k.shape != v.shape or q.shape[-1] != k.shape[-1] or q.shape[0] != k.shape[0]:
+        raise ValueError(
+            f"q {tuple(q.shape)}, k {tuple(k.shape)}, v {tuple(v.shape)} do not fit: "
+            "need q (B, nh, T, hs) and k == v shape (B, nkv, S, hs)"
+        )
+    mask = mask or Mask(None)
+    scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
+    k = _expand_kv(k, q.shape[1])  # (B, nh, S, hs)
+    v = _expand_kv(v, q.shape[1])  # (B, nh, S, hs)
+    dropout_p = dropout_p if training else 0.0
+    empty = mask.empty_rows
+    may_attend = mask.may_attend
+    if may_attend is not None and empty is not None:
+        # A row with nothing to attend to would softmax to NaN (and NaN gradients). Let it
+        # attend everywhere, which is finite, and zero its output below.
+        may_attend = may_attend | empty  # (B, 1, T, S)
+
+    if fused and trace is None:
+        if mask.square_causal:
+            context = F.scaled_dot_product_attention(
+                q, k, v, dropout_p=dropout_p, is_causal=True, scale=scale
+            )  # (B, nh, T, hs)
+        else:
+            context = F.scaled_dot_product_attention(
+                q, k, v, attn_mask=may_attend, dropout_p=dropout_p, scale=scale
+            )  # (B, nh, T, hs)
+        return context if empty is None else context.masked_fill(empty, 0.0)
+
+    attn_scores = q @ k.transpose(-2, -1)  # (B, nh, T, hs) @ (B, nh, hs, S) -> (B, nh, T, S)
+    masked_scores = attn_scores
+    if may_attend is not None:
+        masked_scores = attn_scores.masked_fill(~may_attend, float("-inf"))  # (B, nh, T, S)
+    attn_weights = torch.softmax(masked_scores * scale, dim=-1)  # (B, nh, T, S)
+    if empty is not None:
+        attn_weights = attn_weights.masked_fill(empty, 0.0)  # (B, nh, T, S)
+    if trace is not None:
+        trace.record("attn_scores", attn_scores)
+        if mask.may_attend is not None:
+            trace.record("masked_scores", attn_scores.masked_fill(~mask.may_attend, float("-inf")))
+        else:
+            trace.record("masked_scores", attn_scores)
+        trace.record("attn_weights", attn_weights)
+    if dropout_p > 0.0:
+        attn_weights = F.dropout(attn_weights, p=dropout_p, training=True)  # (B, nh, T, S)
+        if trace is not None:
+            trace.record("attn_weights_dropped", attn_weights)
+    return attn_weights @ v  # (B, nh, T, S) @ (B, nh, S, hs) -> (B, nh, T, hs)
+
+
+# ----------------------------------------------------------------------------- module
+
+
+class CausalSelfAttention(nn.Module):
+    """Multi-head attention over one sequence (or, with `context`, cross-attention).
+
+    Projections are created in the order query, key, value (then the output projection),
+    so a model built after `torch.manual_seed(s)` draws the same weights as the seeds'
+    `CausalAttention`. n_head=1 and out_proj=False give exactly the single-head seeds.
+
+    Args:
+        d_in: width C of the input x.
+        d_out: total width of all query heads (nh * hs); defaults to d_in.
+        n_head: query heads nh. n_kv_head: key/value heads nkv (GQA), defaults to n_head.
+        bias: bias on the q/k/v (and output) projections.
+        out_proj: add the output projection back to d_in (seed 003); False returns the
+            concatenated heads of width d_out (seeds 001, 002).
+        dropout: dropout on attention weights and on the output, in training only.
+        causal: False gives encoder-style attention with no causal mask (seed 004 notes).
+        scale: multiplier of the scores; None means 1/sqrt(hs).
+        d_context: width of the sequence keys/values come from in cross-attention.
+    """
+
+    def __init__(
+        self,
+        d_in: int,
+        d_out: int | None = None,
+        n_head: int = 1,
+        n_kv_head: int | None = None,
+        *,
+        bias: bool = False,
+        out_proj: bool = True,
+        dropout: float = 0.0,
+        causal: bool = True,
+        scale: float | None = None,
+        d_context: int | None = None,
+    ) -> None:
+        super().__init__()
+        d_out = d_in if d_out is None else d_out
+        n_kv_head = n_head if n_kv_head is None else n_kv_head
+        if d_out % n_head:
+            raise ValueError(
+                f"d_out={d_out} is not divisible by n_head={n_head}; "
+                "pick n_head among the divisors of the attention width"
+            )
+        if n_head % n_kv_head:
+            raise ValueError(
+                f"n_head={n_head} is not a multiple of n_kv_head={n_kv_head}; "
+                "each key/value head must serve a whole number of query heads"
+            )
+        if not 0.0 <= dropout < 1.0:
+            raise ValueError(f"dropout={dropout} must be in [0, 1)")
+        self.n_head, self.n_kv_head = n_head, n_kv_head
+        self.head_size = d_out // n_head
+        self.causal, self.scale, self.dropout = causal, scale, dropout
+        d_kv_in = d_in if d_context is None else d_context
+        d_kv = n_kv_head * self.head_size
+        self.query = nn.Linear(d_in, d_out, bias=bias)
+        self.key = nn.Linear(d_kv_in, d_kv, bias=bias)
+        self.value = nn.Linear(d_kv_in, d_kv, bias=bias)
+        self.out_proj = nn.Linear(d_out, d_in, bias=bias) if out_proj else None
+        self.out_dropout = nn.Dropout(dropout)
+
+    def _heads(self, x: Tensor, n: int) -> Tensor:
+        B, T, _ = x.shape
+        return x.view(B, T, n, self.head_size).transpose(1, 2)  # (B, T, n, hs) -> (B, n, T, hs)
+
+    def forward(
+        self,
+        x: Tensor,
+        attention_mask: Tensor | None = None,
+        *,
+        mask: Mask | None = None,
+        context: Tensor | None = None,
+        kv_cache: LayerCache | None = None,
+        pos: int = 0,
+        trace: LayerTrace | None = None,
+        fused: bool | None = None,
+    ) -> Tensor:
+        """x (B, T, C) -> (B, T, C) (or (B, T, d_out) without out_proj).
+
+        attention_mask: (B, S) 1/0 over the keys (cached + new, or the context). `mask`
+        passes a prebuilt `Mask` instead (the model builds one for all layers).
+        kv_cache/pos: write this call's keys/values at position `pos` of a cache and attend
+        over everything it holds. fused: None picks fused unless a trace is recording.
+        """
+        if x.dim() != 3:
+            raise ValueError(f"x must be (B, T, C), got shape {tuple(x.shape)}")
+        source = x if context is None else context
+        B, T, _ = x.shape
+        q = self._heads(self.query(x), self.n_head)  # (B, nh, T, hs)
+        k = self._heads(self.key(source), self.n_kv_head)  # (B, nkv, S_new, hs)
+        v = self._heads(self.value(source), self.n_kv_head)  # (B, nkv, S_new, hs)
+        if kv_cache is not None:
+            k, v = kv_cache.update(pos, k, v)  # (B, nkv, S, hs) with S = pos + S_new
+        if trace is not None:
+            trace.record("q", q)
+            trace.record("k", k)
+            trace.record("v", v)
+        if mask is None:
+            causal = self.causal and context is None
+            mask = build_mask(T, k.shape[2], attention_mask, causal=causal, device=x.device)
+        context_vec = attend(
+            q, k, v, mask,
+            scale=self.scale,
+            dropout_p=self.dropout,
+            training=self.training,
+            fused=trace is None if fused is None else fused,
+            trace=trace,
+        )  # (B, nh, T, hs)
+        if trace is not None:
+            trace.record("context", context_vec)
+        y = context_vec.transpose(1, 2).reshape(B, T, -1)  # (B, nh, T, hs) -> (B, T, nh * hs)
+        if self.out_proj is None:
+            return y
+        y = self.out_dropout(self.out_proj(y))  # (B, T, C)
+        if trace is not None:
+            trace.record("attn_out", y)
+        return y

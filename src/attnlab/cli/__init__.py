@@ -1,0 +1,140 @@
+"""The `attnlab` command: `attnlab train | generate | inspect | serve | bench | demo | info`.
+
+Only the CLI prints. Each subcommand lives in its own module in this package, exposing
+`add_parser(subparsers)` and `run(args) -> int`, and imports heavy dependencies inside
+`run` so `attnlab --help` stays fast. Config dataclasses map onto flags one to one
+(`--n_layer 4 --lr 1e-3`) through `add_config_flags` / `config_from_flags`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import importlib
+import os
+import sys
+import types
+from collections.abc import Sequence
+from typing import Any, TypeVar, Union, get_args, get_origin, get_type_hints
+
+COMMANDS = ("train", "generate", "inspect", "serve", "bench", "demo", "info")
+
+T = TypeVar("T")
+
+
+class CLIError(Exception):
+    """A user error the CLI reports in one line, without a traceback."""
+
+
+def _parse_bool(text: str) -> bool:
+    lowered = text.lower()
+    if lowered in ("1", "true", "yes", "on"):
+        return True
+    if lowered in ("0", "false", "no", "off"):
+        return False
+    raise argparse.ArgumentTypeError(f"expected true/false, got {text!r}")
+
+
+def _field_type(tp: Any) -> tuple[Any, bool]:
+    """(base type, optional) for a dataclass field annotation like `int | None`."""
+    origin = get_origin(tp)
+    if origin in (Union, types.UnionType):
+        args = [a for a in get_args(tp) if a is not type(None)]
+        return args[0], len(args) < len(get_args(tp))
+    return tp, False
+
+
+def add_config_flags(parser: argparse.ArgumentParser, cls: type, title: str) -> None:
+    """Add one `--field` flag per field of dataclass `cls` (default: keep the config's)."""
+    group = parser.add_argument_group(title)
+    hints = get_type_hints(cls)
+    for f in dataclasses.fields(cls):
+        base, optional = _field_type(hints[f.name])
+        if base is bool:
+            convert: Any = _parse_bool
+        elif base in (int, float, str):
+            convert = base
+        else:
+            continue
+        if optional:
+            inner = convert
+
+            def convert(text: str, inner: Any = inner) -> Any:
+                return None if text.lower() == "none" else inner(text)
+
+        group.add_argument(
+            f"--{f.name}", dest=f"{cls.__name__}.{f.name}", type=convert, default=None,
+            metavar=base.__name__.upper(), help=f"{cls.__name__}.{f.name}",
+        )
+
+
+def config_overrides(args: argparse.Namespace, cls: type) -> dict[str, Any]:
+    """The fields of `cls` given on the command line, as a dict."""
+    prefix = f"{cls.__name__}."
+    return {
+        key[len(prefix):]: value
+        for key, value in vars(args).items()
+        if key.startswith(prefix) and value is not None
+    }
+
+
+def config_from_flags(args: argparse.Namespace, cls: type[T], base: T | None = None) -> T:
+    """Build `cls` from `base` (or its defaults) with the flags given applied on top."""
+    overrides = config_overrides(args, cls)
+    if base is None:
+        return cls(**overrides)
+    return dataclasses.replace(base, **overrides)  # type: ignore[type-var]
+
+
+def known_flags(parser: argparse.ArgumentParser) -> list[str]:
+    return sorted(s for a in parser._actions for s in a.option_strings if s.startswith("--"))
+
+
+def build_parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.ArgumentParser]]:
+    parser = argparse.ArgumentParser(
+        prog="attnlab",
+        description="Build, train, generate with and look inside causal attention models.",
+    )
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    parsers: dict[str, argparse.ArgumentParser] = {}
+    for name in COMMANDS:
+        try:
+            module = importlib.import_module(f"attnlab.cli.{name}")
+        except ModuleNotFoundError as err:
+            if err.name != f"attnlab.cli.{name}":
+                raise
+            continue
+        parsers[name] = module.add_parser(sub)
+        parsers[name].set_defaults(_run=module.run)
+    return parser, parsers
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser, parsers = build_parser()
+    args, unknown = parser.parse_known_args(argv)
+    if args.command is None:
+        parser.print_help()
+        return 2
+    if unknown:
+        sub = parsers[args.command]
+        print(
+            f"attnlab {args.command}: unknown arguments {unknown}\n"
+            f"known flags: {' '.join(known_flags(sub))}",
+            file=sys.stderr,
+        )
+        return 2
+    try:
+        return int(args._run(args) or 0)
+    except (CLIError, ValueError, FileNotFoundError, ImportError) as err:
+        # library errors carry the bad value and the fix; a traceback adds nothing for users
+        if os.environ.get("ATTNLAB_DEBUG"):
+            raise
+        print(f"attnlab {args.command}: error: {err}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        print(f"attnlab {args.command}: interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

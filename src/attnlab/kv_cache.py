@@ -1,0 +1,118 @@
+"""KV caches: where past keys and values live between decode steps.
+
+`KVCache` is the one to use: preallocated (B, nkv, T_max, hs) buffers per layer, written
+in place by `update(pos, k, v)`, which returns views of the filled prefix; a decode step
+allocates nothing that grows with the context (gpt-fast's `KVCache`). `ConcatKVCache` is
+seed 003's teaching version, which concatenates on every step; it is tested equal to the
+static one. Neither knows about masks or positions: `attention.py` and `model.py` do.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+
+class LayerKVCache:
+    """Preallocated key/value buffers for one layer: (B, nkv, T_max, hs) each."""
+
+    def __init__(
+        self,
+        batch_size: int,
+        n_kv_head: int,
+        max_len: int,
+        head_size: int,
+        *,
+        dtype: torch.dtype = torch.float32,
+        device: torch.device | str | None = None,
+    ) -> None:
+        shape = (batch_size, n_kv_head, max_len, head_size)
+        self.k = torch.zeros(shape, dtype=dtype, device=device)  # (B, nkv, T_max, hs)
+        self.v = torch.zeros(shape, dtype=dtype, device=device)  # (B, nkv, T_max, hs)
+
+    @property
+    def max_len(self) -> int:
+        return self.k.shape[2]
+
+    def update(self, pos: int, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
+        """Write k/v (B, nkv, T, hs) at positions pos..pos+T-1; return views (B, nkv, pos+T, hs)."""
+        end = pos + k.shape[2]
+        if pos < 0 or end > self.max_len:
+            raise ValueError(
+                f"cache write at positions {pos}..{end - 1} does not fit max_len={self.max_len}; "
+                "create the cache with a larger max_len (prompt + new tokens)"
+            )
+        if k.shape[:2] != self.k.shape[:2] or k.shape[3] != self.k.shape[3]:
+            raise ValueError(
+                f"keys of shape {tuple(k.shape)} do not fit cache buffers "
+                f"{tuple(self.k.shape)} (B, nkv, T_max, hs)"
+            )
+        self.k[:, :, pos:end] = k
+        self.v[:, :, pos:end] = v
+        return self.k[:, :, :end], self.v[:, :, :end]  # (B, nkv, pos+T, hs)
+
+
+class ConcatLayerKVCache:
+    """Seed 003's cache: keep k/v tensors and `torch.cat` the new ones on (O(S) copy per step)."""
+
+    def __init__(self) -> None:
+        self.k: Tensor | None = None  # (B, nkv, S, hs)
+        self.v: Tensor | None = None  # (B, nkv, S, hs)
+
+    def update(self, pos: int, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
+        length = 0 if self.k is None else self.k.shape[2]
+        if pos != length:
+            raise ValueError(
+                f"a concatenating cache can only append: it holds {length} positions, "
+                f"got a write at pos={pos}"
+            )
+        self.k = k if self.k is None else torch.cat([self.k, k], dim=2)  # (B, nkv, S, hs)
+        self.v = v if self.v is None else torch.cat([self.v, v], dim=2)  # (B, nkv, S, hs)
+        return self.k, self.v
+
+
+class KVCache:
+    """Per-layer caches plus `seq_len`, the number of positions written so far.
+
+    Pass it to `GPT.forward(..., kv_cache=cache)`; the model writes at `cache.seq_len` and
+    advances it. Memory is exactly 2 * n_layer * B * nkv * T_max * hs * dtype size.
+    """
+
+    def __init__(self, layers: list[LayerKVCache] | list[ConcatLayerKVCache]) -> None:
+        self.layers = layers
+        self.seq_len = 0
+
+    @classmethod
+    def static(
+        cls,
+        n_layer: int,
+        batch_size: int,
+        n_kv_head: int,
+        max_len: int,
+        head_size: int,
+        *,
+        dtype: torch.dtype = torch.float32,
+        device: torch.device | str | None = None,
+    ) -> KVCache:
+        return cls([
+            LayerKVCache(batch_size, n_kv_head, max_len, head_size, dtype=dtype, device=device)
+            for _ in range(n_layer)
+        ])
+
+    @classmethod
+    def concat(cls, n_layer: int) -> KVCache:
+        return cls([ConcatLayerKVCache() for _ in range(n_layer)])
+
+    @property
+    def max_len(self) -> int | None:
+        """Capacity in positions, or None for a growing (concatenating) cache."""
+        first = self.layers[0]
+        return first.max_len if isinstance(first, LayerKVCache) else None
+
+    def nbytes(self) -> int:
+        total = 0
+        for layer in self.layers:
+            for buf in (layer.k, layer.v):
+                if buf is not None:
+                    total += buf.numel() * buf.element_size()
+        return total

@@ -1,0 +1,328 @@
+"""The GPT model: token + position embeddings -> blocks -> final norm -> linear head.
+
+One `GPTConfig` spans seed 002's one-layer model (`seed-minimal`: one single-head
+attention and a linear head, nothing else) and a nanoGPT/GPT-2 pre-LayerNorm stack.
+Attention math is `attention.py`'s; this module wires layers, positions and the loss.
+Weight import/export for Hugging Face GPT-2 lives in `hf.py`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from dataclasses import dataclass
+from typing import Any, NamedTuple
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from .attention import CausalSelfAttention, Mask, build_mask
+from .kv_cache import KVCache
+from .trace import Trace
+
+
+@dataclass
+class GPTConfig:
+    """Shape and structure of a GPT. Presets: `GPTConfig.from_name(name)`, see `PRESETS`."""
+
+    vocab_size: int = 65  # V: number of token ids (65 = tiny Shakespeare characters)
+    block_size: int = 64  # longest sequence (cache included) the position table covers
+    n_layer: int = 4  # transformer blocks
+    n_head: int = 4  # query heads per block
+    n_kv_head: int | None = None  # key/value heads (grouped-query attention); None = n_head
+    n_embd: int = 128  # C: residual stream width; head size is n_embd // n_head
+    dropout: float = 0.0  # on embeddings, attention weights and residual branches (training)
+    bias: bool = True  # biases in Linear and LayerNorm layers (GPT-2: True)
+    mlp: bool = True  # GELU MLP after attention in each block (False: attention-only)
+    layer_norm: bool = True  # pre-LayerNorm in blocks and a final LayerNorm
+    residual: bool = True  # residual connections (False: seed 002 feeds attention to the head)
+    attn_out_proj: bool = True  # output projection after the heads are concatenated
+    tie_weights: bool = True  # lm_head shares the token embedding matrix
+    attn_scale: float | None = None  # score multiplier; None = 1/sqrt(head size)
+    init_std: float | None = 0.02  # normal init std (GPT-2); None keeps PyTorch's defaults
+
+    def __post_init__(self) -> None:
+        positive = ("vocab_size", "block_size", "n_layer", "n_head", "n_embd")
+        for name in positive:
+            value = getattr(self, name)
+            if not isinstance(value, int) or value < 1:
+                raise ValueError(f"GPTConfig.{name}={value!r} must be a positive integer")
+        if self.n_embd % self.n_head:
+            raise ValueError(
+                f"n_embd={self.n_embd} is not divisible by n_head={self.n_head}; "
+                f"choose n_head among the divisors of {self.n_embd}"
+            )
+        kv = self.n_kv_heads
+        if kv < 1 or self.n_head % kv:
+            raise ValueError(
+                f"n_kv_head={self.n_kv_head} must divide n_head={self.n_head} "
+                "(each key/value head serves a whole number of query heads)"
+            )
+        if not 0.0 <= self.dropout < 1.0:
+            raise ValueError(f"dropout={self.dropout} must be in [0, 1)")
+
+    @property
+    def head_size(self) -> int:
+        return self.n_embd // self.n_head
+
+    @property
+    def n_kv_heads(self) -> int:
+        return self.n_head if self.n_kv_head is None else self.n_kv_head
+
+    @classmethod
+    def from_name(cls, name: str, **overrides: Any) -> GPTConfig:
+        if name not in PRESETS:
+            raise ValueError(f"unknown preset {name!r}; known presets: {sorted(PRESETS)}")
+        return cls(**{**PRESETS[name], **overrides})
+
+    @classmethod
+    def from_dict(cls, values: dict[str, Any]) -> GPTConfig:
+        known = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(values) - known)
+        if unknown:
+            raise ValueError(f"unknown GPTConfig fields {unknown}; known fields: {sorted(known)}")
+        return cls(**values)
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+PRESETS: dict[str, dict[str, Any]] = {
+    # Seed 002's HelloWorldModel: GPT-2 BPE ids, 3-dim embeddings, one single-head attention
+    # without q/k/v bias, scores scaled by 1/sqrt(3), a linear head; no MLP, norm or residual.
+    "seed-minimal": dict(
+        vocab_size=50257, block_size=5, n_layer=1, n_head=1, n_embd=3, bias=False, mlp=False,
+        layer_norm=False, residual=False, attn_out_proj=False, tie_weights=False,
+        attn_scale=1 / math.sqrt(3), init_std=None,
+    ),
+    # For unit tests: a complete block stack in a few thousand parameters.
+    "nano": dict(vocab_size=65, block_size=32, n_layer=2, n_head=2, n_embd=16),
+    # nanoGPT's shakespeare_char CPU recipe shape.
+    "tiny": dict(vocab_size=65, block_size=64, n_layer=4, n_head=4, n_embd=128),
+    "gpt2": dict(vocab_size=50257, block_size=1024, n_layer=12, n_head=12, n_embd=768),
+    "gpt2-medium": dict(vocab_size=50257, block_size=1024, n_layer=24, n_head=16, n_embd=1024),
+}
+
+
+class ModelOutput(NamedTuple):
+    logits: Tensor  # (B, T, V), or (B, 1, V) with last_logits_only
+    loss: Tensor | None  # mean next-token cross-entropy over non-ignored targets
+
+
+class MLP(nn.Module):
+    def __init__(self, config: GPTConfig) -> None:
+        super().__init__()
+        self.fc = nn.Linear(config.n_embd, 4 * config.n_embd, bias=config.bias)
+        self.proj = nn.Linear(4 * config.n_embd, config.n_embd, bias=config.bias)
+        self.dropout = nn.Dropout(config.dropout)
+
+    def forward(self, x: Tensor) -> Tensor:
+        # tanh GELU: what GPT-2 was trained with, so imported weights give identical logits
+        return self.dropout(self.proj(F.gelu(self.fc(x), approximate="tanh")))  # (B, T, C)
+
+
+def _norm(config: GPTConfig) -> nn.Module:
+    if not config.layer_norm:
+        return nn.Identity()
+    return nn.LayerNorm(config.n_embd, bias=config.bias)
+
+
+class Block(nn.Module):
+    def __init__(self, config: GPTConfig) -> None:
+        super().__init__()
+        self.residual = config.residual
+        self.ln_1 = _norm(config)
+        self.attn = CausalSelfAttention(
+            config.n_embd, config.n_embd, config.n_head, config.n_kv_head,
+            bias=config.bias, out_proj=config.attn_out_proj, dropout=config.dropout,
+            scale=config.attn_scale,
+        )
+        self.ln_2 = _norm(config) if config.mlp else None
+        self.mlp = MLP(config) if config.mlp else None
+
+    def forward(
+        self,
+        x: Tensor,
+        mask: Mask,
+        kv_cache: Any = None,
+        pos: int = 0,
+        trace: Any = None,
+        fused: bool | None = None,
+    ) -> Tensor:
+        a = self.attn(self.ln_1(x), mask=mask, kv_cache=kv_cache, pos=pos, trace=trace,
+                      fused=fused)  # (B, T, C)
+        x = x + a if self.residual else a
+        if self.mlp is not None and self.ln_2 is not None:
+            m = self.mlp(self.ln_2(x))  # (B, T, C)
+            x = x + m if self.residual else m
+        return x
+
+
+class GPT(nn.Module):
+    """Decoder-only transformer. `forward(idx, targets, attention_mask, ...)` -> ModelOutput."""
+
+    def __init__(self, config: GPTConfig) -> None:
+        super().__init__()
+        self.config = config
+        # creation order = seed 002's: token table, position table, q, k, v, head
+        self.wte = nn.Embedding(config.vocab_size, config.n_embd)
+        self.wpe = nn.Embedding(config.block_size, config.n_embd)
+        self.drop = nn.Dropout(config.dropout)
+        self.blocks = nn.ModuleList([Block(config) for _ in range(config.n_layer)])
+        self.ln_f = _norm(config)
+        self.lm_head = nn.Linear(config.n_embd, config.vocab_size, bias=False)
+        if config.tie_weights:
+            self.lm_head.weight = self.wte.weight
+        if config.init_std is not None:
+            self._init_weights(config.init_std)
+
+    def _init_weights(self, std: float) -> None:
+        for module in self.modules():
+            if isinstance(module, (nn.Linear, nn.Embedding)):
+                nn.init.normal_(module.weight, mean=0.0, std=std)
+            if isinstance(module, nn.Linear) and module.bias is not None:
+                nn.init.zeros_(module.bias)
+        # GPT-2: scale the residual projections by 1/sqrt(2 * n_layer) (one per sublayer)
+        for name, p in self.named_parameters():
+            if name.endswith(("attn.out_proj.weight", "mlp.proj.weight")):
+                nn.init.normal_(p, mean=0.0, std=std / math.sqrt(2 * self.config.n_layer))
+
+    def num_params(self, non_embedding: bool = True) -> int:
+        """Parameter count; by default without the position table (nanoGPT's convention)."""
+        n = sum(p.numel() for p in self.parameters())
+        return n - self.wpe.weight.numel() if non_embedding else n
+
+    def new_cache(
+        self, batch_size: int, max_len: int | None = None, *, dtype: torch.dtype | None = None
+    ) -> KVCache:
+        """A static KV cache for this model (max_len defaults to block_size)."""
+        c = self.config
+        max_len = c.block_size if max_len is None else max_len
+        if max_len > c.block_size:
+            raise ValueError(
+                f"cache max_len={max_len} exceeds block_size={c.block_size}: positions past "
+                "block_size have no embedding"
+            )
+        return KVCache.static(
+            c.n_layer, batch_size, c.n_kv_heads, max_len, c.head_size,
+            dtype=dtype or self.wte.weight.dtype, device=self.wte.weight.device,
+        )
+
+    def _check_inputs(
+        self, idx: Tensor, pos: int, attention_mask: Tensor | None, targets: Tensor | None
+    ) -> None:
+        c = self.config
+        if idx.dim() != 2 or idx.dtype not in (torch.int64, torch.int32):
+            raise ValueError(
+                f"idx must be a (B, T) integer tensor of token ids, got {idx.dtype} "
+                f"of shape {tuple(idx.shape)}"
+            )
+        B, T = idx.shape
+        if T == 0:
+            raise ValueError("idx has no tokens (T=0); pass at least one token id")
+        if pos + T > c.block_size:
+            raise ValueError(
+                f"sequence of {pos + T} tokens ({pos} cached + {T} new) exceeds "
+                f"block_size={c.block_size}; truncate the input to the last {c.block_size} "
+                "tokens or use a model with a larger block_size"
+            )
+        lo, hi = int(idx.min()), int(idx.max())
+        if lo < 0 or hi >= c.vocab_size:
+            bad = lo if lo < 0 else hi
+            raise ValueError(
+                f"token id {bad} is outside the vocabulary [0, {c.vocab_size}); the tokenizer "
+                "and the model disagree on vocab_size"
+            )
+        if attention_mask is not None and attention_mask.shape != (B, pos + T):
+            raise ValueError(
+                f"attention_mask shape {tuple(attention_mask.shape)} != (B, cached + new) = "
+                f"({B}, {pos + T}); it must cover every key, cached ones included"
+            )
+        if targets is not None:
+            if targets.shape != (B, T):
+                raise ValueError(f"targets shape {tuple(targets.shape)} != idx shape {(B, T)}")
+            if int(targets.min()) < -1 or int(targets.max()) >= c.vocab_size:
+                raise ValueError(
+                    f"targets must be token ids in [0, {c.vocab_size}) or -1 (ignored), got "
+                    f"values in [{int(targets.min())}, {int(targets.max())}]"
+                )
+
+    def forward(
+        self,
+        idx: Tensor,
+        targets: Tensor | None = None,
+        attention_mask: Tensor | None = None,
+        *,
+        kv_cache: KVCache | None = None,
+        trace: Trace | None = None,
+        fused: bool | None = None,
+        last_logits_only: bool = False,
+    ) -> ModelOutput:
+        """idx (B, T) token ids -> logits (B, T, V) and, with targets (B, T), the loss.
+
+        attention_mask (B, S): 1 for tokens, 0 for (left) padding, over cached + new tokens.
+        Positions count real tokens only (cumsum - 1), so a left-padded row gives the same
+        logits at its real positions as the row alone. Targets equal to -1 and targets at
+        padded positions are ignored by the loss. kv_cache: write keys/values at
+        `kv_cache.seq_len` and advance it. trace: capture intermediates (explicit path).
+        """
+        pos = 0 if kv_cache is None else kv_cache.seq_len
+        self._check_inputs(idx, pos, attention_mask, targets)
+        if kv_cache is not None and len(kv_cache.layers) != self.config.n_layer:
+            raise ValueError(
+                f"kv_cache has {len(kv_cache.layers)} layers, model has {self.config.n_layer}; "
+                "create it with model.new_cache(...)"
+            )
+        B, T = idx.shape
+        if attention_mask is not None:
+            attention_mask = attention_mask.to(idx.device)
+            # position of each token among the real tokens of its row; pads clamp to 0
+            positions = (attention_mask.long().cumsum(-1) - 1).clamp(min=0)[:, -T:]  # (B, T)
+        else:
+            positions = torch.arange(pos, pos + T, device=idx.device)[None]  # (1, T)
+
+        tok_emb = self.wte(idx)  # (B, T, C)
+        pos_emb = self.wpe(positions).expand(B, T, -1)  # (B, T, C)
+        x = self.drop(tok_emb + pos_emb)  # (B, T, C)
+        if trace is not None:
+            trace.record("tok_emb", tok_emb)
+            trace.record("pos_emb", pos_emb)
+            trace.record("emb", x)
+
+        mask = build_mask(T, pos + T, attention_mask, causal=True, device=idx.device)
+        for i, block in enumerate(self.blocks):
+            layer_trace = None if trace is None else trace.layer(i)
+            layer_cache = None if kv_cache is None else kv_cache.layers[i]
+            x = block(x, mask, layer_cache, pos, layer_trace, fused)  # (B, T, C)
+            if layer_trace is not None:
+                layer_trace.record("block_out", x)
+        if kv_cache is not None:
+            kv_cache.seq_len = pos + T
+
+        x = self.ln_f(x)  # (B, T, C)
+        if last_logits_only:
+            x = x[:, -1:]  # (B, 1, C)
+        logits = self.lm_head(x)  # (B, T, V)
+        if trace is not None:
+            trace.record("logits", logits)
+        if targets is None:
+            return ModelOutput(logits, None)
+        if last_logits_only:
+            raise ValueError("targets need logits at every position; drop last_logits_only")
+        if attention_mask is not None:
+            targets = targets.masked_fill(attention_mask[:, -T:] == 0, -1)  # (B, T)
+        return ModelOutput(logits, next_token_loss(logits, targets))
+
+
+def next_token_loss(logits: Tensor, targets: Tensor) -> Tensor:
+    """Mean cross-entropy of logits (B, T, V) against targets (B, T), ignoring target -1.
+
+    Zero (not NaN) when every target is ignored, e.g. a batch of padding only.
+    """
+    V = logits.shape[-1]
+    total = F.cross_entropy(
+        logits.reshape(-1, V).float(), targets.reshape(-1), ignore_index=-1, reduction="sum"
+    )  # (B * T, V) vs (B * T,)
+    count = (targets != -1).sum().clamp(min=1)
+    return total / count

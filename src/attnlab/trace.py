@@ -1,0 +1,137 @@
+"""Capture of every intermediate of a forward pass: the seeds' "storage for inspection".
+
+A `Trace` is an object passed into `GPT.forward(..., trace=trace)`; nothing is stored on
+the modules. While a trace is present, attention runs its explicit (reference) path so
+raw scores, masked scores and weights exist to be seen; layers the trace filters out run
+the fused path. This module owns what is captured and how it is filtered; drawing is
+`viz.py`'s job.
+
+Names and shapes (vocabulary in `attention.py`; heads dimension nh is sliced by `heads`):
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator
+
+import torch
+from torch import Tensor
+
+#: Every name a trace can hold, with its shape. Model-level names have layer None.
+NAMES: dict[str, str] = {
+    "tok_emb": "(B, T, C) token embeddings",
+    "pos_emb": "(B, T, C) position embeddings (per row: left padding shifts positions)",
+    "emb": "(B, T, C) tok_emb + pos_emb, the input of layer 0",
+    "q": "(B, nh, T, hs) queries",
+    "k": "(B, nkv, S, hs) keys (cached + new)",
+    "v": "(B, nkv, S, hs) values (cached + new)",
+    "attn_scores": "(B, nh, T, S) raw scores q @ k^T, before scaling",
+    "masked_scores": "(B, nh, T, S) raw scores with -inf where a query may not attend",
+    "attn_weights": "(B, nh, T, S) softmax(masked_scores * scale); masked cells exactly 0",
+    "attn_weights_dropped": "(B, nh, T, S) attention weights after dropout (training only)",
+    "context": "(B, nh, T, hs) weighted values: attn_weights @ v, one slice per head",
+    "attn_out": "(B, T, C) heads concatenated and projected (absent without out_proj)",
+    "block_out": "(B, T, C) output of the block (the residual stream after it)",
+    "logits": "(B, T, V) next-token logits",
+}
+MODEL_NAMES = ("tok_emb", "pos_emb", "emb", "logits")
+#: Names whose dimension 1 is a head dimension (sliced by the `heads` filter).
+HEAD_NAMES = frozenset(
+    {"q", "k", "v", "attn_scores", "masked_scores", "attn_weights", "attn_weights_dropped",
+     "context"}
+)
+__doc__ = (__doc__ or "") + "\n".join(f"    {n:22s} {s}" for n, s in NAMES.items())
+
+
+class _LayerView:
+    """The `record(name, value)` sink handed to one layer's attention."""
+
+    def __init__(self, trace: Trace, layer: int) -> None:
+        self.trace, self.layer = trace, layer
+
+    def record(self, name: str, value: Tensor) -> None:
+        self.trace.record(name, value, self.layer)
+
+
+class Trace:
+    """Stores detached copies of named intermediates, keyed by (layer, name).
+
+    Args:
+        layers: layer indices to capture (None: all). Other layers run untraced.
+        heads: head indices kept for per-head tensors (None: all).
+        names: names to keep (None: all of `NAMES`).
+    """
+
+    def __init__(
+        self,
+        layers: Iterable[int] | None = None,
+        heads: Iterable[int] | None = None,
+        names: Iterable[str] | None = None,
+    ) -> None:
+        self.layers = None if layers is None else frozenset(layers)
+        self.heads = None if heads is None else sorted(set(heads))
+        if names is not None:
+            names = frozenset(names)
+            unknown = sorted(names - NAMES.keys())
+            if unknown:
+                raise ValueError(f"unknown trace names {unknown}; known names: {sorted(NAMES)}")
+        self.names = names
+        self.values: dict[tuple[int | None, str], Tensor] = {}
+
+    def layer(self, index: int) -> _LayerView | None:
+        """The sink for layer `index`, or None when the filter leaves that layer out."""
+        if self.layers is not None and index not in self.layers:
+            return None
+        return _LayerView(self, index)
+
+    def record(self, name: str, value: Tensor, layer: int | None = None) -> None:
+        """Keep a detached copy of `value` under (layer, name), if the filters want it.
+
+        A `Trace` handed straight to a standalone `CausalSelfAttention` records at layer None.
+        """
+        if name not in NAMES:
+            raise ValueError(f"unknown trace name {name!r}; known names: {sorted(NAMES)}")
+        if self.names is not None and name not in self.names:
+            return
+        value = value.detach()
+        if self.heads is not None and name in HEAD_NAMES:
+            n = value.shape[1]
+            bad = [h for h in self.heads if not 0 <= h < n]
+            if bad:
+                raise ValueError(f"trace heads {bad} out of range for {n} heads in {name!r}")
+            value = value[:, self.heads]
+        # clone: keys/values are views into a KV cache that later steps overwrite
+        self.values[(layer, name)] = value.clone()
+
+    def get(self, name: str, layer: int | None = None) -> Tensor:
+        try:
+            return self.values[(layer, name)]
+        except KeyError:
+            have = sorted(f"{n}@{lay}" for lay, n in self.values)
+            raise KeyError(
+                f"trace has no {name!r} for layer {layer}; captured: {have or 'nothing'}"
+            ) from None
+
+    def __contains__(self, key: tuple[int | None, str]) -> bool:
+        return key in self.values
+
+    def __iter__(self) -> Iterator[tuple[int | None, str]]:
+        return iter(self.values)
+
+    def __len__(self) -> int:
+        return len(self.values)
+
+    def nbytes(self) -> int:
+        """Bytes held by the captured tensors."""
+        return sum(t.numel() * t.element_size() for t in self.values.values())
+
+    def clear(self) -> None:
+        self.values.clear()
+
+    def to_dict(self) -> dict[str, Tensor]:
+        """Flat `{"name" or "layer.name": tensor}` view, e.g. for safetensors or JSON export."""
+        return {(n if lay is None else f"{lay}.{n}"): t for (lay, n), t in self.values.items()}
+
+
+def stack_heads(trace: Trace, name: str, n_layer: int) -> Tensor:
+    """(n_layer, B, nh, ...) stack of a per-head name across layers (all layers must be traced)."""
+    return torch.stack([trace.get(name, layer) for layer in range(n_layer)])

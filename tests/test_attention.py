@@ -1,0 +1,244 @@
+"""attention.py: masks, explicit == fused, equality with SDPA, the seeds' published numbers."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from attnlab import CausalSelfAttention, Mask, Trace, attend, build_mask, causal_mask
+
+ATOL = 1e-5
+
+
+def _qkv(B: int, nh: int, nkv: int, T: int, S: int, hs: int, seed: int = 0):
+    g = torch.Generator().manual_seed(seed)
+    q = torch.randn(B, nh, T, hs, generator=g)
+    k = torch.randn(B, nkv, S, hs, generator=g)
+    v = torch.randn(B, nkv, S, hs, generator=g)
+    return q, k, v
+
+
+def _left_pad_mask(lengths: list[int], S: int) -> torch.Tensor:
+    mask = torch.zeros(len(lengths), S, dtype=torch.long)
+    for row, n in enumerate(lengths):
+        if n:
+            mask[row, -n:] = 1
+    return mask
+
+
+# ------------------------------------------------------------------------------ masks
+
+
+@pytest.mark.parametrize(("T", "S"), [(1, 1), (5, 5), (1, 9), (3, 9)])
+def test_causal_mask_is_seed003_trimmed_tril(T: int, S: int) -> None:
+    expected = torch.tril(torch.ones(S, S)).bool()[-T:, -S:]
+    assert torch.equal(causal_mask(T, S), expected)
+
+
+def test_causal_mask_rejects_more_queries_than_keys() -> None:
+    with pytest.raises(ValueError, match="q_len=4, k_len=3"):
+        causal_mask(4, 3)
+
+
+def test_build_mask_rejects_mask_of_wrong_length() -> None:
+    with pytest.raises(ValueError, match=r"covers 4 keys .* k_len=6"):
+        build_mask(6, 6, torch.ones(2, 4))
+
+
+def test_padding_mask_needs_2d() -> None:
+    with pytest.raises(ValueError, match=r"\(B, S\)"):
+        build_mask(3, 3, torch.ones(3))
+
+
+# ------------------------------------------------------------ explicit == fused
+
+CASES = {
+    # name: (B, nh, nkv, T, S, causal, pad lengths or None)
+    "no_mask": (2, 3, 3, 5, 5, False, None),
+    "causal": (2, 3, 3, 7, 7, True, None),
+    "padding_causal": (3, 2, 2, 6, 6, True, [6, 3, 1]),
+    "cache_offset": (2, 2, 2, 3, 8, True, None),
+    "cache_offset_padding": (2, 2, 2, 1, 8, True, [8, 2]),
+    "encoder_padding": (2, 2, 2, 6, 6, False, [6, 4]),
+    "cross_attention": (2, 4, 4, 5, 9, False, [9, 3]),
+    "gqa": (2, 6, 2, 7, 7, True, [7, 5]),
+}
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_explicit_equals_fused(case: str) -> None:
+    B, nh, nkv, T, S, causal, lengths = CASES[case]
+    q, k, v = _qkv(B, nh, nkv, T, S, hs=8)
+    attention_mask = None if lengths is None else _left_pad_mask(lengths, S)
+    mask = build_mask(T, S, attention_mask, causal=causal)
+    explicit = attend(q, k, v, mask, fused=False)
+    fused = attend(q, k, v, mask, fused=True)
+    assert torch.isfinite(explicit).all() and torch.isfinite(fused).all()
+    torch.testing.assert_close(explicit, fused, atol=ATOL, rtol=0)
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    B=st.integers(1, 3),
+    kv_heads=st.integers(1, 3),
+    group=st.integers(1, 3),
+    T=st.integers(1, 9),
+    extra=st.integers(0, 6),
+    hs=st.sampled_from([1, 4, 16]),
+    causal=st.booleans(),
+    pad=st.lists(st.integers(0, 15), min_size=3, max_size=3) | st.none(),
+    seed=st.integers(0, 2**16),
+)
+def test_explicit_equals_fused_property(
+    B: int, kv_heads: int, group: int, T: int, extra: int, hs: int, causal: bool,
+    pad: list[int] | None, seed: int,
+) -> None:
+    S = T + extra
+    q, k, v = _qkv(B, kv_heads * group, kv_heads, T, S, hs, seed)
+    attention_mask = None if pad is None else _left_pad_mask([min(n, S) for n in pad[:B]], S)
+    mask = build_mask(T, S, attention_mask, causal=causal)
+    explicit = attend(q, k, v, mask, fused=False)
+    fused = attend(q, k, v, mask, fused=True)
+    torch.testing.assert_close(explicit, fused, atol=ATOL, rtol=0)
+    if mask.empty_rows is not None:
+        # queries with no key to attend to give exactly zero, never NaN
+        empty = mask.empty_rows.expand(B, q.shape[1], T, 1)
+        assert torch.equal(explicit[empty.expand_as(explicit)], torch.zeros(int(empty.sum()) * hs))
+
+
+def test_empty_rows_have_finite_gradients() -> None:
+    q, k, v = _qkv(2, 2, 2, 5, 5, 4)
+    for fused in (False, True):
+        qg, kg, vg = (t.clone().requires_grad_() for t in (q, k, v))
+        mask = build_mask(5, 5, _left_pad_mask([5, 2], 5))
+        attend(qg, kg, vg, mask, fused=fused).sum().backward()
+        for t in (qg, kg, vg):
+            assert t.grad is not None and torch.isfinite(t.grad).all()
+
+
+def test_dropout_only_in_training() -> None:
+    q, k, v = _qkv(1, 1, 1, 6, 6, 4)
+    mask = build_mask(6, 6)
+    eval_out = attend(q, k, v, mask, dropout_p=0.5, training=False, fused=False)
+    torch.testing.assert_close(eval_out, attend(q, k, v, mask, fused=False))
+    torch.manual_seed(0)
+    train_out = attend(q, k, v, mask, dropout_p=0.5, training=True, fused=False)
+    assert not torch.allclose(train_out, eval_out)
+
+
+# ------------------------------------------------------------------ seed 000: SDPA
+
+
+def test_seed000_equals_sdpa_is_causal_and_bool_mask() -> None:
+    torch.manual_seed(0)
+    T, d = 5, 64
+    x = torch.randn(1, 1, T, d)
+    q, k, v = x * 0.9, x * 1.1, torch.randn(1, 1, T, d)
+    ours = attend(q, k, v, build_mask(T, T), fused=False)
+    sdpa_causal = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+    tril = torch.tril(torch.ones(T, T)) == 1
+    sdpa_bool = F.scaled_dot_product_attention(q, k, v, attn_mask=tril)
+    assert torch.allclose(ours, sdpa_causal, atol=ATOL)
+    assert torch.allclose(ours, sdpa_bool, atol=ATOL)
+
+
+# --------------------------------------------------------- seed 001 / 004 numbers
+
+
+def test_seed001_causal_attention_context_vectors() -> None:
+    inputs = torch.tensor(
+        [[0.43, 0.15, 0.89], [0.55, 0.87, 0.66], [0.57, 0.85, 0.64],
+         [0.22, 0.58, 0.33], [0.77, 0.25, 0.10], [0.05, 0.80, 0.55]]
+    )
+    batch = torch.stack((inputs, inputs, inputs), dim=0)  # (3, 6, 3)
+    torch.manual_seed(123)
+    ca = CausalSelfAttention(3, 2, n_head=1, bias=False, out_proj=False, dropout=0.0)
+    for fused in (False, True):
+        context = ca(batch, fused=fused)
+        expected = torch.tensor(
+            [[-0.4519, 0.2216], [-0.5874, 0.0058], [-0.6300, -0.0632],
+             [-0.5675, -0.0843], [-0.5526, -0.0981], [-0.5299, -0.1081]]
+        )
+        assert context.shape == (3, 6, 2)
+        torch.testing.assert_close(context, expected.expand(3, 6, 2), atol=1e-4, rtol=0)
+
+
+def test_seed004_single_head_weights() -> None:
+    torch.manual_seed(1337)
+    B, T, C, head_size = 4, 8, 32, 16
+    inputs = torch.randn(B, T, C)
+    key_repr = torch.nn.Linear(C, head_size, bias=False)  # the seed builds key first
+    query_repr = torch.nn.Linear(C, head_size, bias=False)
+    head = CausalSelfAttention(C, head_size, n_head=1, bias=False, out_proj=False, scale=1.0)
+    with torch.no_grad():
+        head.query.weight.copy_(query_repr.weight)
+        head.key.weight.copy_(key_repr.weight)
+    trace = Trace()
+    head(inputs, trace=trace)
+    expected = torch.tensor([
+        [1.0000, 0.0000, 0.0000, 0.0000, 0.0000, 0.0000, 0.0000, 0.0000],
+        [0.1574, 0.8426, 0.0000, 0.0000, 0.0000, 0.0000, 0.0000, 0.0000],
+        [0.2088, 0.1646, 0.6266, 0.0000, 0.0000, 0.0000, 0.0000, 0.0000],
+        [0.5792, 0.1187, 0.1889, 0.1131, 0.0000, 0.0000, 0.0000, 0.0000],
+        [0.0294, 0.1052, 0.0469, 0.0276, 0.7909, 0.0000, 0.0000, 0.0000],
+        [0.0176, 0.2689, 0.0215, 0.0089, 0.6812, 0.0019, 0.0000, 0.0000],
+        [0.1691, 0.4066, 0.0438, 0.0416, 0.1048, 0.2012, 0.0329, 0.0000],
+        [0.0210, 0.0843, 0.0555, 0.2297, 0.0573, 0.0709, 0.2423, 0.2391],
+    ])
+    weights = trace.get("attn_weights")  # (B, nh, T, T)
+    torch.testing.assert_close(weights[0, 0], expected, atol=1e-4, rtol=0)
+
+
+# ------------------------------------------------------------------------ module
+
+
+def test_module_cross_attention_and_encoder_paths_agree() -> None:
+    torch.manual_seed(0)
+    x, ctx = torch.randn(2, 5, 16), torch.randn(2, 9, 12)
+    ctx_mask = _left_pad_mask([9, 4], 9)
+    cross = CausalSelfAttention(16, 16, n_head=4, d_context=12).eval()
+    torch.testing.assert_close(
+        cross(x, ctx_mask, context=ctx, fused=False), cross(x, ctx_mask, context=ctx, fused=True),
+        atol=ATOL, rtol=0,
+    )
+    encoder = CausalSelfAttention(16, 16, n_head=4, causal=False).eval()
+    out = encoder(x, fused=False)
+    # no causal mask: the first token sees the last one
+    x2 = x.clone()
+    x2[:, -1] += 1.0
+    assert not torch.allclose(encoder(x2)[:, 0], out[:, 0])
+
+
+def test_module_causal_first_token_ignores_future() -> None:
+    torch.manual_seed(0)
+    attn = CausalSelfAttention(16, 16, n_head=4, n_kv_head=2).eval()
+    x = torch.randn(1, 6, 16)
+    x2 = x.clone()
+    x2[:, 3:] = torch.randn(1, 3, 16)
+    torch.testing.assert_close(attn(x)[:, :3], attn(x2)[:, :3])
+
+
+def test_module_rejects_bad_head_counts() -> None:
+    with pytest.raises(ValueError, match="d_out=10 is not divisible by n_head=3"):
+        CausalSelfAttention(10, n_head=3)
+    with pytest.raises(ValueError, match="n_head=4 is not a multiple of n_kv_head=3"):
+        CausalSelfAttention(12, n_head=4, n_kv_head=3)
+
+
+def test_attend_rejects_mismatched_shapes() -> None:
+    q, k, v = _qkv(1, 2, 2, 3, 3, 4)
+    with pytest.raises(ValueError, match="do not fit"):
+        attend(q, k[..., :2], v[..., :2])
+    with pytest.raises(ValueError, match="4-d"):
+        attend(q[0], k, v)
+
+
+def test_mask_none_means_full_attention() -> None:
+    q, k, v = _qkv(1, 1, 1, 4, 4, 8)
+    torch.testing.assert_close(
+        attend(q, k, v, Mask(None), fused=False), F.scaled_dot_product_attention(q, k, v),
+        atol=ATOL, rtol=0,
+    )

@@ -1,0 +1,66 @@
+"""kv_cache.py: cached decoding equals full recomputation; static == concatenating cache."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from attnlab import GPT, GPTConfig, KVCache
+
+
+def _model() -> GPT:
+    torch.manual_seed(0)
+    return GPT(GPTConfig.from_name("nano", n_kv_head=1)).eval()
+
+
+@settings(max_examples=20, deadline=None)
+@given(
+    prompt_lens=st.lists(st.integers(1, 8), min_size=1, max_size=3),
+    steps=st.integers(1, 6),
+    concat=st.booleans(),
+    seed=st.integers(0, 999),
+)
+def test_cached_decode_equals_recomputation(
+    prompt_lens: list[int], steps: int, concat: bool, seed: int
+) -> None:
+    model = _model()
+    g = torch.Generator().manual_seed(seed)
+    B, P = len(prompt_lens), max(prompt_lens)
+    idx = torch.randint(0, 65, (B, P), generator=g)
+    mask = torch.zeros(B, P, dtype=torch.long)
+    for b, n in enumerate(prompt_lens):
+        mask[b, P - n:] = 1
+    cache = KVCache.concat(2) if concat else model.new_cache(B, P + steps)
+    with torch.no_grad():
+        logits = model(idx, attention_mask=mask, kv_cache=cache).logits[:, -1]
+        for _ in range(steps):
+            nxt = torch.randint(0, 65, (B, 1), generator=g)
+            idx = torch.cat([idx, nxt], dim=1)
+            mask = torch.cat([mask, torch.ones(B, 1, dtype=torch.long)], dim=1)
+            logits = model(nxt, attention_mask=mask, kv_cache=cache).logits[:, -1]
+            full = model(idx, attention_mask=mask).logits[:, -1]
+            torch.testing.assert_close(logits, full, atol=1e-5, rtol=0)
+    assert cache.seq_len == P + steps
+
+
+def test_static_cache_memory_is_exactly_the_buffers() -> None:
+    model = _model()
+    cache = model.new_cache(3, 20)
+    c = model.config
+    assert cache.nbytes() == 2 * c.n_layer * 3 * c.n_kv_heads * 20 * c.head_size * 4
+
+
+def test_cache_overflow_and_wrong_layers_are_clear_errors() -> None:
+    model = _model()
+    cache = model.new_cache(1, 4)
+    with pytest.raises(ValueError, match="does not fit max_len=4"):
+        model(torch.zeros(1, 5, dtype=torch.long), kv_cache=cache)
+    with pytest.raises(ValueError, match="exceeds block_size"):
+        model.new_cache(1, 64)
+    with pytest.raises(ValueError, match="kv_cache has 3 layers, model has 2"):
+        model(torch.zeros(1, 2, dtype=torch.long), kv_cache=KVCache.concat(3))
+    concat = KVCache.concat(2)
+    with pytest.raises(ValueError, match="can only append"):
+        concat.layers[0].update(3, torch.zeros(1, 1, 1, 8), torch.zeros(1, 1, 1, 8))

@@ -1,0 +1,134 @@
+"""model.py: config validation, padding invariance, loss masking, clear input errors."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from attnlab import GPT, GPTConfig
+
+
+def _model(name: str = "nano", **overrides: object) -> GPT:
+    torch.manual_seed(0)
+    return GPT(GPTConfig.from_name(name, **overrides)).eval()
+
+
+def test_config_rejects_indivisible_heads() -> None:
+    with pytest.raises(ValueError, match="n_embd=10 is not divisible by n_head=3"):
+        GPTConfig(n_embd=10, n_head=3)
+
+
+def test_config_rejects_bad_kv_heads_and_unknown_preset() -> None:
+    with pytest.raises(ValueError, match="n_kv_head=3 must divide n_head=4"):
+        GPTConfig(n_head=4, n_kv_head=3)
+    with pytest.raises(ValueError, match="known presets"):
+        GPTConfig.from_name("gpt5")
+    with pytest.raises(ValueError, match=r"unknown GPTConfig fields \['n_layers'\]"):
+        GPTConfig.from_dict({"n_layers": 2})
+
+
+def test_seed_minimal_is_the_seed002_model() -> None:
+    model = GPT(GPTConfig.from_name("seed-minimal"))
+    names = [n for n, _ in model.named_parameters()]
+    # token table, position table, q, k, v (no bias), linear head: nothing else
+    assert names == [
+        "wte.weight", "wpe.weight", "blocks.0.attn.query.weight", "blocks.0.attn.key.weight",
+        "blocks.0.attn.value.weight", "lm_head.weight",
+    ]
+    assert model.config.attn_scale == pytest.approx(1 / math.sqrt(3))
+
+
+def test_weight_tying_shares_the_embedding() -> None:
+    model = _model()
+    assert model.lm_head.weight is model.wte.weight
+    assert _model(tie_weights=False).lm_head.weight is not _model().wte.weight
+
+
+@settings(max_examples=25, deadline=None)
+@given(
+    lengths=st.lists(st.integers(1, 12), min_size=1, max_size=4),
+    extra_pad=st.integers(0, 3),
+    fused=st.booleans(),
+    seed=st.integers(0, 1000),
+)
+def test_left_padded_rows_equal_unpadded(
+    lengths: list[int], extra_pad: int, fused: bool, seed: int
+) -> None:
+    model = _model(n_kv_head=1)
+    g = torch.Generator().manual_seed(seed)
+    T = max(lengths) + extra_pad
+    rows = [torch.randint(0, 65, (n,), generator=g) for n in lengths]
+    idx = torch.zeros(len(rows), T, dtype=torch.long)
+    attention_mask = torch.zeros(len(rows), T, dtype=torch.long)
+    for b, row in enumerate(rows):
+        idx[b, T - len(row):] = row
+        attention_mask[b, T - len(row):] = 1
+    with torch.no_grad():
+        padded = model(idx, attention_mask=attention_mask, fused=fused).logits
+        for b, row in enumerate(rows):
+            alone = model(row[None], fused=fused).logits[0]
+            torch.testing.assert_close(padded[b, T - len(row):], alone, atol=1e-5, rtol=0)
+        assert torch.isfinite(padded).all()
+
+
+def test_loss_ignores_minus_one_and_padding() -> None:
+    model = _model()
+    idx = torch.randint(0, 65, (2, 8))
+    targets = torch.randint(0, 65, (2, 8))
+    full = model(idx, targets).loss
+    logits = model(idx).logits
+    expected = torch.nn.functional.cross_entropy(logits.view(-1, 65), targets.view(-1))
+    assert full is not None
+    torch.testing.assert_close(full, expected)
+
+    ignored = targets.clone()
+    ignored[:, :3] = -1
+    expected_ignored = torch.nn.functional.cross_entropy(logits[:, 3:].reshape(-1, 65),
+                                                         targets[:, 3:].reshape(-1))
+    torch.testing.assert_close(model(idx, ignored).loss, expected_ignored)
+
+    # left padding: positions where the input is padding do not count
+    mask = torch.ones(2, 8, dtype=torch.long)
+    mask[:, :3] = 0
+    padded_logits = model(idx, attention_mask=mask).logits
+    expected_pad = torch.nn.functional.cross_entropy(padded_logits[:, 3:].reshape(-1, 65),
+                                                     targets[:, 3:].reshape(-1))
+    torch.testing.assert_close(model(idx, targets, attention_mask=mask).loss, expected_pad)
+    all_ignored = model(idx, torch.full_like(targets, -1)).loss
+    assert all_ignored is not None and all_ignored.item() == 0.0
+
+
+def test_bad_inputs_give_clear_errors() -> None:
+    model = _model()
+    with pytest.raises(ValueError, match=r"sequence of 33 tokens .* block_size=32"):
+        model(torch.zeros(1, 33, dtype=torch.long))
+    with pytest.raises(ValueError, match=r"token id 65 is outside the vocabulary \[0, 65\)"):
+        model(torch.tensor([[1, 65]]))
+    with pytest.raises(ValueError, match=r"token id -2 is outside"):
+        model(torch.tensor([[1, -2]]))
+    with pytest.raises(ValueError, match=r"attention_mask shape \(1, 3\) != .* \(1, 2\)"):
+        model(torch.tensor([[1, 2]]), attention_mask=torch.ones(1, 3))
+    with pytest.raises(ValueError, match="integer tensor"):
+        model(torch.zeros(1, 4))
+    with pytest.raises(ValueError, match=r"targets shape"):
+        model(torch.zeros(1, 4, dtype=torch.long), torch.zeros(1, 3, dtype=torch.long))
+    with pytest.raises(ValueError, match=r"targets must be token ids"):
+        model(torch.zeros(1, 2, dtype=torch.long), torch.tensor([[0, 99]]))
+
+
+def test_explicit_and_fused_models_agree_in_training_mode_without_dropout() -> None:
+    model = _model(n_kv_head=1).train()
+    idx = torch.randint(0, 65, (3, 20))
+    a = model(idx, fused=False).logits
+    b = model(idx, fused=True).logits
+    torch.testing.assert_close(a, b, atol=1e-5, rtol=0)
+
+
+def test_last_logits_only() -> None:
+    model = _model()
+    idx = torch.randint(0, 65, (2, 9))
+    torch.testing.assert_close(model(idx, last_logits_only=True).logits, model(idx).logits[:, -1:])
