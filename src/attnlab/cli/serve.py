@@ -1,0 +1,54 @@
+"""`attnlab serve CHECKPOINT`: the attention viewer and generation playground on a local port."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from . import CLIError, add_config_flags, config_from_flags
+
+
+def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
+    from ..server import ServeConfig
+
+    parser = subparsers.add_parser(
+        "serve",
+        help="web page to explore attention and stream generations",
+        description="Serve the attention viewer for CHECKPOINT at http://HOST:PORT/.",
+    )
+    parser.add_argument("checkpoint", metavar="CHECKPOINT", help="checkpoint directory")
+    parser.add_argument(
+        "--host", default="127.0.0.1",
+        help="address to bind (default 127.0.0.1: this machine only; 0.0.0.0 exposes it)",
+    )
+    parser.add_argument("--port", type=int, default=8000, help="TCP port (default 8000)")
+    add_config_flags(parser, ServeConfig, "request limits")
+    return parser
+
+
+def run(args: argparse.Namespace) -> int:
+    from ..checkpoint import load_checkpoint
+    from ..server import ServeConfig
+
+    if not 0 <= args.port <= 65535:
+        raise CLIError(f"--port {args.port} is not a TCP port; choose one in 1..65535")
+    config = config_from_flags(args, ServeConfig)
+    from ..server import create_app
+
+    try:
+        import uvicorn
+    except ImportError as err:
+        raise ImportError(
+            f"attnlab serve needs FastAPI and uvicorn ({err.name} is missing); "
+            "install them with: pip install 'attnlab[serve]'"
+        ) from err
+    checkpoint = load_checkpoint(args.checkpoint)
+    app = create_app(checkpoint.model, checkpoint.tokenizer, checkpoint.meta, config)
+    c = checkpoint.model.config
+    print(
+        f"attnlab serve: {args.checkpoint} ({c.n_layer} layers x {c.n_head} heads, "
+        f"block_size {c.block_size}) at http://{args.host}:{args.port}/  (Ctrl-C stops)",
+        file=sys.stderr,
+    )
+    uvicorn.run(app, host=args.host, port=args.port, log_level="warning")
+    return 0

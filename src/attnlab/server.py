@@ -1,0 +1,549 @@
+"""The attention viewer: an HTTP API over one model and the static page in `web/`.
+
+`create_app(model, tokenizer, meta)` returns an ASGI app (FastAPI) with
+    GET  /                 the page (web/index.html; web/app.js and web/style.css under /static/)
+    GET  /api/model        config, parameter count, tokenizer, training summary, limits
+    POST /api/attention    {text | ids, layers?, norms?} -> tokens and attention weights
+    POST /api/generate     {text, max_new_tokens, temperature, top_k, top_p, seed} -> SSE stream
+    GET  /openapi.json     the schema (FastAPI), /docs its browsable form
+This module owns the HTTP surface: validation, limits, locking, serialization. The model
+math is `model.py`'s, the sampling `generate.py`'s, the captured weights `trace.py`'s, and
+the drawing the page's (`web/app.js`). Starting a server (uvicorn) is `cli/serve.py`'s job.
+
+Every bad request gets a 4xx JSON body `{"error": "...", "detail": [...]}`, never a 500.
+Model calls run in the threadpool, one at a time behind a lock (a generation takes the
+lock per token, so attention requests interleave with a long generation).
+
+FastAPI and pydantic (the `serve` extra) are imported inside `create_app`, so importing this
+module, and `attnlab --help`, work without them. No `from __future__ import annotations`
+here: FastAPI reads endpoint annotations at runtime, and the request models are classes
+local to `create_app`.
+"""
+
+import json
+import threading
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, MutableMapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Protocol
+
+import torch
+from torch import Tensor
+
+from .model import GPT
+from .trace import Trace
+
+if TYPE_CHECKING:
+    from fastapi import FastAPI
+
+# ASGI, spelled out so this module needs no web framework to import (starlette's are the same)
+Message = MutableMapping[str, Any]
+Scope = MutableMapping[str, Any]
+Receive = Callable[[], Awaitable[Message]]
+Send = Callable[[Message], Awaitable[None]]
+ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
+
+WEB_DIR = Path(__file__).parent / "web"
+_CONTENT_TYPES = {
+    ".html": "text/html; charset=utf-8",
+    ".js": "text/javascript; charset=utf-8",
+    ".css": "text/css; charset=utf-8",
+    ".png": "image/png",
+    ".svg": "image/svg+xml",
+}
+# The page works offline: it may load nothing but its own files (no CDN, no fonts).
+_CSP = "default-src 'self'; img-src 'self' data:; style-src 'self'; script-src 'self'"
+
+
+class TextTokenizer(Protocol):
+    """What the server needs from a tokenizer (`attnlab.tokenizers.Tokenizer` has it)."""
+
+    @property
+    def vocab_size(self) -> int: ...
+
+    def encode(self, text: str) -> list[int]: ...
+
+    def decode(self, ids: Sequence[int]) -> str: ...
+
+    def pieces(self, ids: Sequence[int]) -> list[str]: ...
+
+
+@dataclass
+class ServeConfig:
+    """Limits of the HTTP API. Token counts are also capped by the model's block_size."""
+
+    max_text_chars: int = 20_000  # longest `text` accepted by /api/attention and /api/generate
+    max_body_bytes: int = 256 * 1024  # request bodies above this get 413 before parsing
+    max_new_tokens: int = 1024  # upper bound of `max_new_tokens` (block_size caps it too)
+    decimals: int = 5  # attention weights are rounded to this many decimals in JSON
+
+    def __post_init__(self) -> None:
+        for name in ("max_text_chars", "max_body_bytes", "max_new_tokens"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or value < 1:
+                raise ValueError(f"ServeConfig.{name}={value!r} must be a positive integer")
+        if not 1 <= self.decimals <= 8:
+            raise ValueError(
+                f"ServeConfig.decimals={self.decimals} must be in [1, 8]: fewer loses the "
+                "small weights, more only adds float32 noise and bytes"
+            )
+
+
+class RequestError(Exception):
+    """A bad request: its message (what was wrong, how to fix it) goes back as JSON."""
+
+    def __init__(self, message: str, status: int = 422) -> None:
+        super().__init__(message)
+        self.status = status
+
+
+# ----------------------------------------------------------------------------- model work
+
+
+def _rounded(t: Tensor, decimals: int) -> Any:
+    """Nested lists of t rounded to `decimals`; in float64 so 0.12345 prints as 0.12345."""
+    scale = 10.0**decimals
+    return t.double().mul(scale).round().div(scale).tolist()
+
+
+def attention_payload(
+    model: GPT,
+    ids: Sequence[int],
+    tokenizer: TextTokenizer,
+    *,
+    layers: Sequence[int] | None = None,
+    norms: bool = False,
+    decimals: int = 5,
+) -> dict[str, Any]:
+    """Run `ids` once with a trace and return the JSON body of /api/attention."""
+    n_layer = model.config.n_layer
+    wanted = list(range(n_layer)) if layers is None else list(dict.fromkeys(layers))
+    names = ["attn_weights", "q", "k", "v"] if norms else ["attn_weights"]
+    trace = Trace(layers=wanted, names=names)
+    idx = torch.tensor([list(ids)], dtype=torch.long)  # (1, T)
+    with torch.no_grad():
+        model(idx, trace=trace)
+    T = idx.shape[1]
+    future = ~torch.ones(T, T, dtype=torch.bool).tril()  # (T, T) keys after the query
+    out_layers = []
+    for layer in wanted:
+        weights = trace.get("attn_weights", layer)[0]  # (nh, T, S) with S == T
+        rounded = _rounded(weights, decimals)
+        entry: dict[str, Any] = {
+            "layer": layer,
+            "heads": [[row[: i + 1] for i, row in enumerate(head)] for head in rounded],
+            "future_max": float(weights.masked_select(future).max()) if T > 1 else 0.0,
+        }
+        if norms:
+            entry["norms"] = {
+                n: _rounded(trace.get(n, layer)[0].norm(dim=-1), 4) for n in ("q", "k", "v")
+            }  # (nh or nkv, T) each
+        out_layers.append(entry)
+    pieces = tokenizer.pieces(list(ids))
+    tokens = [{"id": i, "text": p} for i, p in zip(ids, pieces, strict=True)]
+    return {"tokens": tokens, "n_head": model.config.n_head, "layers": out_layers}
+
+
+def _token_stream(
+    model: GPT,
+    ids: list[int],
+    *,
+    max_new_tokens: int,
+    temperature: float,
+    top_k: int | None,
+    top_p: float | None,
+    seed: int | None,
+    eot_id: int | None,
+) -> Iterator[int]:
+    """New token ids, one per `next()`, from a KV-cached decode of `ids`."""
+    # INTERIM until generate.py lands
+    generator = None
+    if seed is not None:
+        generator = torch.Generator().manual_seed(seed)
+    cache = model.new_cache(1)
+    idx = torch.tensor([ids], dtype=torch.long)
+    for _ in range(max_new_tokens):
+        with torch.no_grad():
+            logits = model(idx, kv_cache=cache, last_logits_only=True).logits[0, -1]
+        if temperature == 0:
+            token = int(logits.argmax())
+        else:
+            probs = torch.softmax(logits / temperature, -1)
+            token = int(torch.multinomial(probs, 1, generator=generator))
+        yield token
+        idx = torch.tensor([[token]])
+
+
+def model_summary(
+    model: GPT, tokenizer: TextTokenizer, meta: dict[str, Any] | None, config: ServeConfig
+) -> dict[str, Any]:
+    """The JSON body of /api/model."""
+    c = model.config
+    return {
+        "config": c.to_dict(),
+        "n_params": model.num_params(non_embedding=False),
+        "tokenizer": {
+            "kind": getattr(tokenizer, "kind", type(tokenizer).__name__),
+            "vocab_size": tokenizer.vocab_size,
+            "eot_id": getattr(tokenizer, "eot_id", None),
+        },
+        "meta": meta or {},
+        "limits": {
+            "max_tokens": c.block_size,
+            "max_text_chars": config.max_text_chars,
+            "max_new_tokens": config.max_new_tokens,
+            "max_body_bytes": config.max_body_bytes,
+        },
+    }
+
+
+# ----------------------------------------------------------------------------- HTTP plumbing
+
+
+class BodyLimit:
+    """ASGI middleware: a request body over `max_bytes` gets 413 before anything parses it.
+
+    A declared Content-Length is checked up front; a chunked body is read up to the limit
+    and replayed to the app, so an endless upload cannot tie up a worker.
+    """
+
+    def __init__(self, app: ASGIApp, max_bytes: int) -> None:
+        self.app, self.max_bytes = app, max_bytes
+
+    async def _reject(self, send: Send) -> None:
+        body = json.dumps({
+            "error": f"request body is larger than {self.max_bytes} bytes; send less text",
+            "detail": [],
+        }).encode()
+        await send({
+            "type": "http.response.start", "status": 413,
+            "headers": [(b"content-type", b"application/json"),
+                        (b"content-length", str(len(body)).encode())],
+        })
+        await send({"type": "http.response.body", "body": body})
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http" or scope["method"] in ("GET", "HEAD", "OPTIONS"):
+            await self.app(scope, receive, send)
+            return
+        headers = dict(scope.get("headers") or [])
+        declared = headers.get(b"content-length")
+        if declared is not None:
+            if not declared.isdigit() or int(declared) > self.max_bytes:
+                await self._reject(send)
+                return
+            await self.app(scope, receive, send)
+            return
+        chunks, size = [], 0
+        while True:
+            message = await receive()
+            if message["type"] != "http.request":
+                return  # the client went away mid-upload
+            chunks.append(message.get("body", b""))
+            size += len(chunks[-1])
+            if size > self.max_bytes:
+                await self._reject(send)
+                return
+            if not message.get("more_body", False):
+                break
+        replayed = False
+
+        async def replay() -> Message:
+            nonlocal replayed
+            if replayed:
+                return await receive()
+            replayed = True
+            return {"type": "http.request", "body": b"".join(chunks), "more_body": False}
+
+        await self.app(scope, replay, send)
+
+
+def _describe(errors: Sequence[Any]) -> tuple[str, list[dict[str, Any]]]:
+    """A one-line summary and a JSON-safe list of pydantic errors (inputs not echoed back)."""
+    detail = [
+        {"loc": [str(p) for p in e.get("loc", ())], "msg": str(e.get("msg", "")),
+         "type": str(e.get("type", ""))}
+        for e in errors
+    ]
+    parts = [
+        "body is not valid JSON" if d["type"] == "json_invalid"
+        else f"{'.'.join(d['loc'][1:]) or 'body'}: {d['msg']}"
+        for d in detail
+    ]
+    return "invalid request: " + "; ".join(parts), detail
+
+
+def _sse(event: str, data: dict[str, Any]) -> bytes:
+    return f"event: {event}\ndata: {json.dumps(data)}\n\n".encode()
+
+
+def _encode(tokenizer: TextTokenizer, text: str, max_chars: int) -> list[int]:
+    if len(text) > max_chars:
+        raise RequestError(f"text has {len(text)} characters; the limit is {max_chars}")
+    ids = list(tokenizer.encode(text))
+    if not ids:
+        raise RequestError("text is empty: type at least one character")
+    return ids
+
+
+def _checked_ids(ids: list[int], vocab_size: int) -> list[int]:
+    if not ids:
+        raise RequestError("ids is empty: send at least one token id")
+    bad = [i for i in ids if not 0 <= i < vocab_size]
+    if bad:
+        raise RequestError(f"token ids {bad[:5]} are outside the vocabulary [0, {vocab_size})")
+    return ids
+
+
+def _check_length(ids: list[int], block_size: int, room: int = 0) -> None:
+    """Reject more than block_size - room tokens (room: new tokens a generation needs)."""
+    limit = block_size - room
+    if len(ids) > limit:
+        why = ", and generation needs room for one more" if room else ""
+        raise RequestError(
+            f"the text is {len(ids)} tokens; the model sees at most block_size={block_size}"
+            f"{why}: shorten it to {limit} tokens"
+        )
+
+
+async def _stream_events(
+    step: Callable[[], Awaitable[int | None]],
+    tokenizer: TextTokenizer,
+    ids: list[int],
+    eot_id: int | None,
+    reason: str,
+    disconnected: Callable[[], Awaitable[bool]],
+) -> AsyncIterator[bytes]:
+    """SSE events of one generation: `token` {id, text} per token, then `done` or `error`.
+
+    `text` is what the new token adds to the decoded text; it is held back while the text
+    ends in an incomplete character (a byte-level BPE token can be half of one).
+    """
+    new: list[int] = []
+    sent = ""
+    try:
+        while not await disconnected():
+            token = await step()
+            if token is None:
+                break
+            if token == eot_id:
+                reason = "eot"
+                break
+            new.append(token)
+            text = tokenizer.decode(new)
+            delta = "" if text.endswith("\ufffd") else text[len(sent):]
+            sent += delta
+            yield _sse("token", {"id": token, "text": delta})
+        else:
+            return  # the client left: nobody to tell
+        text = tokenizer.decode(new)
+        if text[len(sent):]:
+            yield _sse("token", {"id": None, "text": text[len(sent):]})
+        yield _sse("done", {"ids": ids + new, "new_tokens": len(new), "reason": reason,
+                            "text": text})
+    except ValueError as err:
+        yield _sse("error", {"error": str(err)})
+
+
+def create_app(
+    model: GPT,
+    tokenizer: TextTokenizer,
+    meta: dict[str, Any] | None = None,
+    config: ServeConfig | None = None,
+) -> "FastAPI":
+    """The viewer's ASGI app for `model` (put in eval mode) and its `tokenizer`.
+
+    meta: what the page shows as the training summary (a checkpoint's meta).
+    """
+    try:
+        from fastapi import FastAPI, Request
+        from fastapi.exceptions import RequestValidationError
+        from fastapi.responses import FileResponse, JSONResponse, Response, StreamingResponse
+        from pydantic import BaseModel, ConfigDict, Field
+        from starlette.concurrency import run_in_threadpool
+        from starlette.exceptions import HTTPException
+    except ImportError as err:
+        raise ImportError(
+            f"the attention viewer needs FastAPI and uvicorn ({err.name} is missing); "
+            "install them with: pip install 'attnlab[serve]'"
+        ) from err
+
+    limits = config or ServeConfig()
+    c = model.config
+    if tokenizer.vocab_size > c.vocab_size:
+        raise ValueError(
+            f"tokenizer vocab_size={tokenizer.vocab_size} > model vocab_size={c.vocab_size}: "
+            "the tokenizer can produce ids the model has no embedding for; load the "
+            "tokenizer saved with this model"
+        )
+    model.eval()
+    eot_id = getattr(tokenizer, "eot_id", None)
+    model_lock = threading.Lock()  # one forward at a time: torch already uses every core
+    static_files = {p.name: p for p in WEB_DIR.iterdir() if p.suffix in _CONTENT_TYPES}
+    summary = model_summary(model, tokenizer, meta, limits)
+
+    class AttentionRequest(BaseModel):
+        """Exactly one of `text` (tokenized here) or `ids` (e.g. a generation's tokens)."""
+
+        model_config = ConfigDict(extra="forbid")
+        text: str | None = Field(None, description="text to tokenize and run")
+        ids: list[int] | None = Field(None, description="token ids to run instead of text")
+        layers: list[int] | None = Field(None, description="layers to return (default: all)")
+        norms: bool = Field(False, description="also return per-token L2 norms of q, k, v")
+
+    class GenerateRequest(BaseModel):
+        model_config = ConfigDict(extra="forbid")
+        text: str = Field(description="the prompt (at least one token)")
+        max_new_tokens: int = Field(
+            64, ge=1, le=limits.max_new_tokens,
+            description="tokens to generate; stops early when the context is full",
+        )
+        temperature: float = Field(
+            1.0, ge=0.0, le=5.0, allow_inf_nan=False, description="0: most likely token"
+        )
+        top_k: int | None = Field(
+            None, ge=1, le=c.vocab_size, description="sample among the k most likely tokens"
+        )
+        top_p: float | None = Field(
+            None, gt=0.0, le=1.0, allow_inf_nan=False, description="nucleus: smallest set of mass p"
+        )
+        seed: int | None = Field(None, ge=0, le=2**63 - 1, description="same seed, same tokens")
+
+    class LayerAttention(BaseModel):
+        layer: int
+        heads: list[list[list[float]]] = Field(
+            description="(nh, T, i + 1): row i holds the weights of query i on keys 0..i; the "
+            "causal mask makes every weight on a later key exactly 0, so those are left out"
+        )
+        future_max: float = Field(description="largest weight on a later key (0.0: causal)")
+        norms: dict[str, list[list[float]]] | None = Field(
+            None, description="q (nh, T), k and v (nkv, T): L2 norm of each token's vector"
+        )
+
+    class AttentionResponse(BaseModel):
+        tokens: list[dict[str, Any]] = Field(description="[{id, text}] one per token")
+        n_head: int
+        layers: list[LayerAttention]
+
+    class ErrorResponse(BaseModel):
+        error: str = Field(description="what was wrong and how to fix it")
+        detail: list[dict[str, Any]] = Field(default_factory=list)
+
+    app = FastAPI(
+        title="attnlab attention viewer",
+        version="1",
+        description="Attention weights and streaming generation for one causal LM.",
+        responses={422: {"model": ErrorResponse}},
+    )
+
+    def error(message: str, status: int) -> JSONResponse:
+        return JSONResponse({"error": message, "detail": []}, status_code=status)
+
+    @app.exception_handler(RequestError)
+    async def request_error(request: Request, exc: RequestError) -> JSONResponse:
+        return error(str(exc), exc.status)
+
+    @app.exception_handler(HTTPException)
+    async def http_error(request: Request, exc: HTTPException) -> JSONResponse:
+        return error(str(exc.detail), exc.status_code)
+
+    @app.exception_handler(RequestValidationError)
+    async def validation_error(request: Request, exc: RequestValidationError) -> JSONResponse:
+        message, detail = _describe(exc.errors())
+        return JSONResponse({"error": message, "detail": detail}, status_code=422)
+
+    @app.middleware("http")
+    async def security_headers(request: Request, call_next: Any) -> Response:
+        response: Response = await call_next(request)
+        response.headers["Content-Security-Policy"] = _CSP
+        response.headers["X-Content-Type-Options"] = "nosniff"
+        return response
+
+    async def locked(fn: Callable[[], Any]) -> Any:
+        def call() -> Any:
+            with model_lock:
+                return fn()
+
+        return await run_in_threadpool(call)
+
+    @app.get("/", include_in_schema=False)
+    async def index() -> FileResponse:
+        return FileResponse(static_files["index.html"], media_type=_CONTENT_TYPES[".html"])
+
+    @app.get("/static/{name}", include_in_schema=False)
+    async def static(name: str) -> FileResponse:
+        # Only files listed at startup, by exact name: no path is ever joined from the URL.
+        path = static_files.get(name)
+        if path is None:
+            raise HTTPException(404, f"no static file {name!r}")
+        return FileResponse(path, media_type=_CONTENT_TYPES[path.suffix])
+
+    @app.get("/api/model")
+    async def model_info() -> dict[str, Any]:
+        """Model config, parameter count, tokenizer, training summary and request limits."""
+        return summary
+
+    @app.post("/api/attention", response_model=AttentionResponse)
+    async def attention(body: AttentionRequest) -> Response:
+        """Tokens and per-layer, per-head attention weights (lower triangle) of one text."""
+        if (body.text is None) == (body.ids is None):
+            raise RequestError("send exactly one of 'text' or 'ids'")
+        if body.ids is not None:
+            ids = _checked_ids(body.ids, c.vocab_size)
+        else:
+            ids = _encode(tokenizer, body.text or "", limits.max_text_chars)
+        _check_length(ids, c.block_size)
+        if body.layers is not None and (
+            not body.layers or any(not 0 <= i < c.n_layer for i in body.layers)
+        ):
+            raise RequestError(
+                f"layers {body.layers} must be a non-empty list of layer indices in "
+                f"[0, {c.n_layer})"
+            )
+        payload = await locked(
+            lambda: attention_payload(
+                model, ids, tokenizer, layers=body.layers, norms=body.norms,
+                decimals=limits.decimals,
+            )
+        )
+        # json.dumps directly: FastAPI's encoder walks every float and is ~10x slower here
+        return Response(json.dumps(payload), media_type="application/json")
+
+    @app.post(
+        "/api/generate",
+        response_class=StreamingResponse,
+        responses={200: {"content": {"text/event-stream": {}},
+                         "description": "events `token` {id, text}, then `done` or `error`"}},
+    )
+    async def generate(body: GenerateRequest, request: Request) -> StreamingResponse:
+        """Stream new tokens as server-sent events: `token` per token, then `done`."""
+        ids = _encode(tokenizer, body.text, limits.max_text_chars)
+        _check_length(ids, c.block_size, room=1)
+        # a generation stops when the context is full: positions past block_size have no
+        # embedding, and the page shows the attention of prompt + generation afterwards
+        new_tokens = min(body.max_new_tokens, c.block_size - len(ids))
+        reason = "max_new_tokens" if new_tokens == body.max_new_tokens else "block_size"
+        stream = _token_stream(
+            model, ids, max_new_tokens=new_tokens, temperature=body.temperature,
+            top_k=body.top_k, top_p=body.top_p, seed=body.seed, eot_id=eot_id,
+        )
+
+        async def events() -> AsyncIterator[bytes]:
+            try:
+                async for event in _stream_events(
+                    lambda: locked(lambda: next(stream, None)), tokenizer, ids, eot_id,
+                    reason, request.is_disconnected,
+                ):
+                    yield event
+            finally:
+                close = getattr(stream, "close", None)
+                if close is not None:
+                    close()
+
+        return StreamingResponse(
+            events(), media_type="text/event-stream",
+            headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
+        )
+
+    app.add_middleware(BodyLimit, max_bytes=limits.max_body_bytes)
+    return app
