@@ -548,9 +548,15 @@ function wire() {
     const rows = rowsOf(state.layer, state.head);
     const w = j <= i ? rows[i][j].toFixed(5) : "0 (later token, masked)";
     tip.textContent = `#${i} “${shown(state.tokens[i].text)}” → #${j} “${shown(state.tokens[j].text)}”: ${w}`;
-    tip.style.left = `${e.offsetX + 14}px`;
-    tip.style.top = `${e.offsetY + 14}px`;
     tip.hidden = false;
+    // below right of the pointer, or flipped where that would run out of the visible area
+    const wrap = $("heatmap-wrap");
+    const right = wrap.scrollLeft + wrap.clientWidth;
+    const bottom = wrap.scrollTop + wrap.clientHeight;
+    const x = e.offsetX + 14 + tip.offsetWidth > right ? e.offsetX - tip.offsetWidth - 8 : e.offsetX + 14;
+    const y = e.offsetY + 14 + tip.offsetHeight > bottom ? e.offsetY - tip.offsetHeight - 8 : e.offsetY + 14;
+    tip.style.left = `${Math.max(0, x)}px`;
+    tip.style.top = `${Math.max(0, y)}px`;
     if (state.hover !== i) { state.hover = i; scheduleHighlight(); }
   });
   canvas.addEventListener("mouseleave", () => { tip.hidden = true; state.hover = null; scheduleHighlight(); });

@@ -1,0 +1,186 @@
+"""The viewer page in headless Chromium: what it shows equals what the API returns.
+
+Needs Debian's chromium at /usr/bin/chromium (Playwright's own browser download is not
+used); without it every test here is skipped, with that reason. The page runs under its
+real Content-Security-Policy, so the test waits by polling `page.evaluate` rather than
+`wait_for_function` (which needs eval).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+import torch
+
+pytest.importorskip("fastapi", reason="the serve extra (fastapi, uvicorn) is not installed")
+playwright_api = pytest.importorskip("playwright.sync_api", reason="playwright is not installed")
+
+from attnlab import GPT, GPTConfig  # noqa: E402
+from attnlab.server import create_app  # noqa: E402
+from test_server import make_tokenizer  # noqa: E402
+
+CHROMIUM = Path("/usr/bin/chromium")
+pytestmark = [
+    pytest.mark.browser,
+    pytest.mark.skipif(
+        not CHROMIUM.exists(),
+        reason="browser tests skipped: /usr/bin/chromium is missing (apt-get install chromium)",
+    ),
+]
+TEXT_256 = ("The quick brown fox jumps over the lazy dog. " * 6)[:256]
+
+
+@pytest.fixture(scope="module")
+def server() -> Iterator[str]:
+    import uvicorn
+
+    tok = make_tokenizer()
+    torch.manual_seed(0)
+    model = GPT(GPTConfig.from_name("nano", vocab_size=tok.vocab_size, block_size=256))
+    app = create_app(model, tok, meta={"step": 0})
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    srv = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="error"))
+    thread = threading.Thread(target=srv.run, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 20
+    while not srv.started:
+        assert time.monotonic() < deadline, "uvicorn did not start within 20 s"
+        time.sleep(0.05)
+    yield f"http://127.0.0.1:{port}"
+    srv.should_exit = True
+    thread.join(timeout=10)
+
+
+@pytest.fixture(scope="module")
+def browser() -> Iterator[Any]:
+    with playwright_api.sync_playwright() as p:
+        chromium = p.chromium.launch(
+            executable_path=str(CHROMIUM),
+            args=["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking"],
+        )
+        yield chromium
+        chromium.close()
+
+
+@pytest.fixture
+def page(browser: Any, server: str) -> Iterator[Any]:
+    context = browser.new_context(viewport={"width": 1400, "height": 950})
+    page = context.new_page()
+    problems: list[str] = []
+    page.on("pageerror", lambda err: problems.append(f"page error: {err}"))
+    page.on("console", lambda msg: problems.append(msg.text) if msg.type == "error" else None)
+    page.goto(server + "/")
+    page.wait_for_selector("body[data-ready='1']", timeout=15_000)
+    yield page
+    context.close()
+    assert problems == [], problems  # no script error, no CSP violation, no failed load
+
+
+def wait_until(page: Any, script: str, timeout: float = 15.0) -> Any:
+    deadline = time.monotonic() + timeout
+    while not (value := page.evaluate(script)):
+        assert time.monotonic() < deadline, f"timed out waiting for {script}"
+        time.sleep(0.05)
+    return value
+
+
+def show(page: Any, text: str) -> None:
+    page.fill("#text", text)
+    page.click("#run")
+    n = len(make_tokenizer().encode(text))
+    wait_until(page, f"window.attnlab.tokens.length === {n} && !document.querySelector("
+                     "'#status').textContent")
+
+
+def shown_weights(page: Any) -> dict[str, Any]:
+    """What the page shows for the query token: chip weights and the table's numbers."""
+    return page.evaluate("""() => ({
+        chips: [...document.querySelectorAll('#tokens .tok')].map(c => c.dataset.weight),
+        future: [...document.querySelectorAll('#tokens .tok.future')].map(c => +c.dataset.i),
+        table: [...document.querySelectorAll('#weights td.w')].map(td => td.textContent),
+        tableWeights: [...document.querySelectorAll('#weights td.w')].map(td => td.dataset.weight),
+    })""")
+
+
+def test_hovered_token_shows_the_apis_weights(page: Any, server: str) -> None:
+    text = "The cat sat on the mat."
+    show(page, text)
+    api = httpx.post(server + "/api/attention", json={"text": text}).json()
+    for layer, head, query in [(0, 1, 9), (1, 0, 22), (1, 1, 0)]:
+        page.select_option("#layer", str(layer))
+        page.select_option("#head", str(head))
+        wait_until(page, f"window.attnlab.layers.has({layer})")
+        page.hover(f"#tokens .tok[data-i='{query}']")
+        page.wait_for_selector(f"#tokens .tok.query[data-i='{query}']")
+        seen = shown_weights(page)
+        row = api["layers"][layer]["heads"][head][query]  # keys 0..query
+        assert [float(w) for w in seen["chips"][: query + 1]] == row
+        # every later token is shown masked, with weight exactly 0
+        assert seen["future"] == list(range(query + 1, len(text)))
+        assert all(w == "0" for w in seen["chips"][query + 1:])
+        assert [float(w) for w in seen["tableWeights"]] == row
+        assert seen["table"] == [f"{w:.5f}" for w in row]
+    title = page.inner_text("#detail-title")
+    assert title.startswith("Token #0") and "layer 1, head 1" in title
+
+
+def test_all_heads_grid_and_click_to_open(page: Any) -> None:
+    page.select_option("#head", "all")
+    page.wait_for_selector("#grid figure.mini")
+    assert page.locator("#grid figure.mini").count() == 2
+    assert page.is_hidden("#heatmap-wrap")
+    page.click("#grid figure.mini[data-head='1']")
+    assert page.input_value("#head") == "1"
+    assert page.is_visible("#heatmap") and page.is_hidden("#grid")
+
+
+def test_generation_streams_then_shows_its_attention(page: Any, server: str) -> None:
+    body = {"text": "The cat", "max_new_tokens": 12, "temperature": 0}
+    expected = httpx.post(server + "/api/generate", json=body).text
+    done_line = next(line for line in expected.splitlines() if line.startswith("data: {\"ids\""))
+    page.fill("#prompt", body["text"])
+    page.fill("#max_new_tokens", "12")
+    page.fill("#temperature", "0")
+    page.click("#gen")
+    wait_until(page, "window.attnlab.generatedFrom === 7")
+    done = json.loads(done_line.removeprefix("data: "))
+    assert page.inner_text("#output .new-text") == done["text"]
+    assert page.evaluate("window.attnlab.ids") == done["ids"]
+    assert page.locator("#tokens .tok.generated").count() == 12
+    assert "12 tokens" in page.inner_text("#gen-status")
+
+
+def test_256_tokens_stay_responsive(page: Any, tmp_path: Path) -> None:
+    show(page, TEXT_256)
+    timings = page.evaluate("window.attnlab.timings")
+    assert timings["render"] < 500, timings
+    canvas = page.locator("#heatmap").bounding_box()
+    assert canvas["width"] > 256  # at least one pixel per token
+    start = time.monotonic()
+    for i in range(0, 256, 16):
+        page.hover(f"#tokens .tok[data-i='{i}']")
+        page.wait_for_selector(f"#tokens .tok.query[data-i='{i}']")
+        assert page.evaluate("window.attnlab.timings.highlight") < 100
+    hover_s = time.monotonic() - start
+    assert hover_s < 10, f"16 hovers took {hover_s:.1f} s"
+    # hovering the heatmap itself picks the query row under the pointer
+    g = page.evaluate("window.attnlab.geometry")
+    corner = g["margin"] + 255.5 * g["cell"]  # the centre of cell (255, 255)
+    page.mouse.move(canvas["x"] + corner, canvas["y"] + corner)
+    page.wait_for_selector("#tokens .tok.query[data-i='255']", state="attached")
+    assert page.is_visible("#tooltip")
+    shots = Path(os.environ.get("ATTNLAB_SCREENSHOTS", tmp_path))
+    shots.mkdir(parents=True, exist_ok=True)
+    png = page.screenshot(path=str(shots / "viewer-256.png"), full_page=True)
+    assert png[:8] == b"\x89PNG\r\n\x1a\n" and len(png) > 20_000
