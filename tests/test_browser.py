@@ -120,7 +120,7 @@ def test_hovered_token_shows_the_apis_weights(page: Any, server: str) -> None:
     for layer, head, query in [(0, 1, 9), (1, 0, 22), (1, 1, 0)]:
         page.select_option("#layer", str(layer))
         page.select_option("#head", str(head))
-        wait_until(page, f"window.attnlab.layers.has({layer})")
+        wait_until(page, f"window.attnlab.layer === {layer}")
         page.hover(f"#tokens .tok[data-i='{query}']")
         page.wait_for_selector(f"#tokens .tok.query[data-i='{query}']")
         seen = shown_weights(page)

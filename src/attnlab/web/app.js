@@ -124,7 +124,6 @@ async function analyze(input, generatedFrom = null) {
   state.ids = data.tokens.map((t) => t.id);
   state.layers = new Map(data.layers.map((l) => [l.layer, l]));
   state.generatedFrom = generatedFrom;
-  $("gen-legend").hidden = generatedFrom === null;
   state.hover = null;
   state.pinned = null;
   renderTokens();
@@ -133,12 +132,17 @@ async function analyze(input, generatedFrom = null) {
   state.timings.fetch = t1 - t0;
   state.timings.render = performance.now() - t1;
   setStatus($("status"), "");
-  $("count").textContent = `${state.ids.length} / ${state.model.config.block_size} tokens`;
+  const generated = generatedFrom === null ? "" : ` · ${state.ids.length - generatedFrom} generated (underlined)`;
+  $("count").textContent = `${state.ids.length} / ${state.model.config.block_size} tokens${generated}`;
 }
 
+// Switch layers only once the new layer's weights are here, so that every drawing reads
+// the layer it names (the page may hover or redraw while the request is in flight).
 async function showLayer(layer) {
-  state.layer = layer;
-  if (!state.ids.length) return;
+  if (!state.ids.length) {
+    state.layer = layer;
+    return;
+  }
   if (!state.layers.has(layer)) {
     const seq = ++state.seq;
     setStatus($("status"), "running…");
@@ -152,6 +156,7 @@ async function showLayer(layer) {
       return;
     }
   }
+  state.layer = layer;
   renderMap();
   highlight();
 }
@@ -181,9 +186,11 @@ function query() {
 function highlight() {
   const t0 = performance.now();
   const q = query();
-  const rows = q === null ? null : rowsOf(state.layer, state.head);
+  const rows = q === null || !state.layers.has(state.layer) ? null : rowsOf(state.layer, state.head);
   const row = rows ? rows[q] : null;
-  const top = row ? (($("rowscale").checked && Math.max(...row)) || 1) : 1;
+  // colours are relative to the row's largest weight, so a long row is still readable;
+  // the numbers (title, table, data-weight) are the weights themselves
+  const top = row ? (Math.max(...row) || 1) : 1;
   state.chips.forEach((chip, j) => {
     chip.classList.toggle("query", j === q);
     chip.classList.toggle("pinned", j === state.pinned);
@@ -228,7 +235,13 @@ function renderDetail() {
   const note = later > 0
     ? `${later} later token${later > 1 ? "s" : ""} get weight 0 (causal mask; largest weight on any later token in this layer: ${data.future_max}).`
     : "The last token: every token is earlier or itself.";
-  $("detail-note").textContent = note;
+  const strongest = heads.map((h) => {
+    const row = data.heads[h][q];
+    const best = row.map((w, j) => [w, j]).sort((a, b) => b[0] - a[0]).slice(0, 3);
+    const list = best.map(([w, j]) => `#${j} “${shown(state.tokens[j].text)}” ${w.toFixed(3)}`).join(", ");
+    return heads.length > 1 ? `head ${h}: ${list}` : list;
+  });
+  $("detail-note").textContent = `Strongest: ${strongest.join(" · ")}. ${note}`;
   let norms = "";
   if (data.norms && state.head !== "all") {
     // grouped-query attention: query head h reads key/value head h // (nh / nkv)
@@ -246,6 +259,7 @@ function renderDetail() {
   });
   $("weights").tHead.replaceChildren(head);
   const frag = document.createDocumentFragment();
+  const rowMax = Object.fromEntries(heads.map((h) => [h, Math.max(...data.heads[h][q]) || 1]));
   for (let j = 0; j <= q; j++) {
     const tr = document.createElement("tr");
     tr.dataset.j = j;
@@ -262,7 +276,7 @@ function renderDetail() {
       td.dataset.head = h;
       td.dataset.weight = `${w}`;
       td.textContent = w.toFixed(5);
-      td.style.setProperty("--w", `${Math.round(w * 100)}%`);
+      td.style.setProperty("--w", `${Math.round((w / rowMax[h]) * 100)}%`);
       tr.appendChild(td);
     }
     frag.appendChild(tr);
@@ -311,7 +325,7 @@ function drawHeatmap() {
   const rows = rowsOf(state.layer, state.head);
   const T = rows.length;
   const canvas = $("heatmap");
-  const room = Math.max(240, Math.min(640, $("map").clientWidth - 40));
+  const room = Math.max(240, Math.min(760, $("map").clientWidth - 40));
   // whole pixels while labels fit; below 4 px a fractional cell uses the room better
   const fit = (room - 70) / T;
   const cell = fit >= 4 ? Math.min(28, Math.floor(fit)) : Math.max(1, fit);
@@ -543,7 +557,7 @@ function wire() {
   const tip = $("tooltip");
   canvas.addEventListener("mousemove", (e) => {
     const cell = cellAt(e);
-    if (!cell) { tip.hidden = true; return; }
+    if (!cell || !state.layers.has(state.layer)) { tip.hidden = true; return; }
     const { i, j } = cell;
     const rows = rowsOf(state.layer, state.head);
     const w = j <= i ? rows[i][j].toFixed(5) : "0 (later token, masked)";
