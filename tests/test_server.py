@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import socket
+import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -20,6 +21,7 @@ pytest.importorskip("fastapi", reason="the serve extra (fastapi, uvicorn) is not
 from fastapi.testclient import TestClient
 
 from attnlab import GPT, GPTConfig, Trace
+from attnlab.cli import main
 from attnlab.server import ServeConfig, create_app
 
 CORPUS = "abcdefghijklmnopqrstuvwxyz ABCDEFGHIJKLMNOPQRSTUVWXYZ.,;:!?'\n0123456789"
@@ -262,6 +264,16 @@ def test_generate_same_seed_same_tokens(setup: tuple[GPT, CharTokenizer, TestCli
     assert first == again and first != other
 
 
+@pytest.mark.parametrize("sampling", [{"top_k": 1}, {"top_p": 1e-6}, {"temperature": 0}])
+def test_generate_narrowest_sampling_is_greedy(
+    setup: tuple[GPT, CharTokenizer, TestClient], sampling: dict[str, Any]
+) -> None:
+    model, tok, client = setup
+    body = {"text": "Once", "max_new_tokens": 8, "temperature": 1.5, "seed": 0, **sampling}
+    done = sse_events(client.post("/api/generate", json=body).text)[-1][1]
+    assert done["ids"][4:] == greedy_without_cache(model, tok.encode("Once"), 8)
+
+
 def test_generate_stops_when_the_context_is_full(
     setup: tuple[GPT, CharTokenizer, TestClient],
 ) -> None:
@@ -269,6 +281,20 @@ def test_generate_stops_when_the_context_is_full(
     r = client.post("/api/generate", json={"text": "a" * 28, "max_new_tokens": 40})
     done = sse_events(r.text)[-1][1]
     assert done["reason"] == "block_size" and done["new_tokens"] == 4 and len(done["ids"]) == 32
+
+
+def test_missing_extra_names_the_install_command(
+    setup: tuple[GPT, CharTokenizer, TestClient], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    model, tok, _ = setup
+    monkeypatch.setitem(sys.modules, "fastapi", None)  # makes `import fastapi` fail
+    with pytest.raises(ImportError, match=r"pip install 'attnlab\[serve\]'"):
+        create_app(model, tok)
+
+
+def test_cli_rejects_a_bad_port(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["serve", "some/dir", "--port", "70000"]) == 1
+    assert "--port 70000 is not a TCP port" in capsys.readouterr().err
 
 
 # ----------------------------------------------------------------------------- live server

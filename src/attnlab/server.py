@@ -168,7 +168,16 @@ def _token_stream(
         if temperature == 0:
             token = int(logits.argmax())
         else:
-            probs = torch.softmax(logits / temperature, -1)
+            logits = logits / temperature
+            if top_k is not None:
+                kth = torch.topk(logits, top_k).values[-1]
+                logits = logits.masked_fill(logits < kth, float("-inf"))
+            if top_p is not None:
+                sorted_logits, order = logits.sort(descending=True)
+                sorted_probs = torch.softmax(sorted_logits, -1)
+                outside = sorted_probs.cumsum(-1) - sorted_probs >= top_p
+                logits[order[outside]] = float("-inf")
+            probs = torch.softmax(logits, -1)
             token = int(torch.multinomial(probs, 1, generator=generator))
         yield token
         idx = torch.tensor([[token]])

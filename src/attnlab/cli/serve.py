@@ -27,13 +27,11 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
 
 
 def run(args: argparse.Namespace) -> int:
-    from ..checkpoint import load_checkpoint
-    from ..server import ServeConfig
+    from ..server import ServeConfig, create_app
 
-    if not 0 <= args.port <= 65535:
+    if not 1 <= args.port <= 65535:
         raise CLIError(f"--port {args.port} is not a TCP port; choose one in 1..65535")
     config = config_from_flags(args, ServeConfig)
-    from ..server import create_app
 
     try:
         import uvicorn
@@ -42,6 +40,9 @@ def run(args: argparse.Namespace) -> int:
             f"attnlab serve needs FastAPI and uvicorn ({err.name} is missing); "
             "install them with: pip install 'attnlab[serve]'"
         ) from err
+
+    from ..checkpoint import load_checkpoint
+
     checkpoint = load_checkpoint(args.checkpoint)
     app = create_app(checkpoint.model, checkpoint.tokenizer, checkpoint.meta, config)
     c = checkpoint.model.config
