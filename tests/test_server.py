@@ -218,7 +218,8 @@ def test_page_and_static_files(setup: tuple[GPT, CharTokenizer, TestClient]) -> 
     page = client.get("/")
     assert page.status_code == 200 and 'src="/static/app.js"' in page.text
     assert "default-src 'self'" in page.headers["content-security-policy"]
-    for name, kind in [("app.js", "text/javascript"), ("style.css", "text/css")]:
+    for name, kind in [("app.js", "text/javascript"), ("draw.js", "text/javascript"),
+                       ("style.css", "text/css")]:
         r = client.get(f"/static/{name}")
         assert r.status_code == 200 and r.headers["content-type"].startswith(kind)
         # works offline: nothing is fetched from another host

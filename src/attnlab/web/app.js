@@ -1,7 +1,8 @@
-// attnlab attention viewer: talks to the JSON API of attnlab/server.py and draws on canvas.
+// attnlab attention viewer: talks to the JSON API of attnlab/server.py and renders the page.
 // No build step and no dependencies, so the page works offline from the installed package.
 // Weights arrive as the lower triangle (row i: keys 0..i); later keys are masked to 0.
-"use strict";
+// Canvas drawing lives in draw.js.
+import { cellAt, colour, drawCells, drawHeatmap, drawMini, headImage, inkFor, shown } from "./draw.js";
 
 const $ = (id) => document.getElementById(id);
 
@@ -18,31 +19,11 @@ const state = {
   seq: 0,             // drops answers to requests that a newer one replaced
   chips: [],
   geometry: null,     // where the heatmap cells are, for hit testing
+  images: new Map(),  // "layer/head/rowscale" -> the head drawn as a T x T image
+  minis: [],          // canvases of the all-heads grid
   timings: {},        // milliseconds of the last fetch / render / highlight (read by tests)
 };
 window.attnlab = state;
-
-// ------------------------------------------------------------------ colours
-
-// A white-to-navy ramp (ColorBrewer "Blues"), as a 256-entry lookup table.
-const STOPS = [[247, 251, 255], [198, 219, 239], [107, 174, 214], [33, 113, 181], [8, 48, 107]];
-const LUT = Array.from({ length: 256 }, (_, n) => {
-  const x = (n / 255) * (STOPS.length - 1);
-  const k = Math.min(Math.floor(x), STOPS.length - 2);
-  const f = x - k;
-  return STOPS[k].map((c, m) => Math.round(c + f * (STOPS[k + 1][m] - c)));
-});
-const FUTURE = [228, 228, 234];
-const lut = (t) => LUT[Math.max(0, Math.min(255, Math.round(t * 255)))];
-const css = (rgb) => `rgb(${rgb[0]},${rgb[1]},${rgb[2]})`;
-const inkFor = (t) => (t > 0.55 ? "#fff" : "#111");
-
-// A token as text a reader can see: whitespace made visible, long pieces cut.
-function shown(piece, max = 12) {
-  let s = piece.replace(/\n/g, "↵").replace(/\t/g, "⇥").replace(/\r/g, "␍");
-  if (s.trim() === "") s = s.replace(/ /g, "␣");
-  return s.length > max ? s.slice(0, max - 1) + "…" : s;
-}
 
 // ------------------------------------------------------------------ API
 
@@ -123,6 +104,7 @@ async function analyze(input, generatedFrom = null) {
   state.tokens = data.tokens;
   state.ids = data.tokens.map((t) => t.id);
   state.layers = new Map(data.layers.map((l) => [l.layer, l]));
+  state.images.clear();
   state.generatedFrom = generatedFrom;
   state.hover = null;
   state.pinned = null;
@@ -207,14 +189,14 @@ function highlight() {
       chip.title = `#${j}: later token, masked (weight 0)`;
     } else {
       const t = row[j] / top;
-      chip.style.background = css(lut(t));
+      chip.style.background = colour(t);
       chip.style.color = inkFor(t);
       chip.dataset.weight = `${row[j]}`;
       chip.title = `#${j} ← #${q}: ${row[j].toFixed(5)}`;
     }
   });
   renderDetail();
-  drawOverlay();
+  drawQuery();
   state.timings.highlight = performance.now() - t0;
 }
 
@@ -286,27 +268,11 @@ function renderDetail() {
 
 // ------------------------------------------------------------------ heatmaps
 
-// A T x T image of one head: one pixel per cell, scaled up later without smoothing.
-function cellImage(rows, rowscale) {
-  const T = rows.length;
-  const img = new ImageData(T, T);
-  const px = img.data;
-  for (let i = 0; i < T; i++) {
-    const row = rows[i];
-    const top = rowscale ? (Math.max(...row) || 1) : 1;
-    for (let j = 0; j < T; j++) {
-      const rgb = j <= i ? lut(row[j] / top) : FUTURE;
-      const o = 4 * (i * T + j);
-      px[o] = rgb[0];
-      px[o + 1] = rgb[1];
-      px[o + 2] = rgb[2];
-      px[o + 3] = 255;
-    }
-  }
-  const off = document.createElement("canvas");
-  off.width = off.height = T;
-  off.getContext("2d").putImageData(img, 0, 0);
-  return off;
+function imageOf(layer, head) {
+  const rowscale = $("rowscale").checked;
+  const key = `${layer}/${head}/${rowscale}`;
+  if (!state.images.has(key)) state.images.set(key, headImage(rowsOf(layer, head), rowscale));
+  return state.images.get(key);
 }
 
 function renderMap() {
@@ -317,123 +283,43 @@ function renderMap() {
   $("ramp-max").textContent = $("rowscale").checked ? "row max" : "1";
   $("map-title").textContent = `Attention weights · layer ${state.layer} · ` +
     (all ? "every head (click one to open it)" : `head ${state.head}`);
-  if (all) drawGrid();
-  else drawHeatmap();
-}
-
-function drawHeatmap() {
-  const rows = rowsOf(state.layer, state.head);
-  const T = rows.length;
-  const canvas = $("heatmap");
-  const room = Math.max(240, Math.min(760, $("map").clientWidth - 40));
-  // whole pixels while labels fit; below 4 px a fractional cell uses the room better
-  const fit = (room - 70) / T;
-  const cell = fit >= 4 ? Math.min(28, Math.floor(fit)) : Math.max(1, fit);
-  const labels = cell >= 9;
-  const font = `${Math.min(12, cell - 1)}px ui-monospace, monospace`;
-  const ctx0 = canvas.getContext("2d");
-  ctx0.font = font;
-  const margin = labels
-    ? Math.min(90, 8 + Math.max(...state.tokens.map((t) => ctx0.measureText(shown(t.text)).width)))
-    : 34;
-  const size = margin + T * cell;
-  const dpr = window.devicePixelRatio || 1;
-  canvas.width = Math.round((size + 4) * dpr);
-  canvas.height = Math.round((size + 4) * dpr);
-  canvas.style.width = `${size + 4}px`;
-  canvas.style.height = `${size + 4}px`;
-  const ctx = canvas.getContext("2d");
-  ctx.setTransform(dpr, 0, 0, dpr, 0, 0);
-  ctx.imageSmoothingEnabled = false;
-  const image = cellImage(rows, $("rowscale").checked);
-  ctx.drawImage(image, margin, margin, T * cell, T * cell);
-  ctx.fillStyle = "#333";
-  ctx.font = font;
-  if (labels) {
-    ctx.textBaseline = "middle";
-    ctx.textAlign = "right";
-    state.tokens.forEach((t, i) => ctx.fillText(shown(t.text), margin - 4, margin + (i + 0.5) * cell));
-    ctx.save();
-    ctx.textAlign = "left";
-    state.tokens.forEach((t, j) => {
-      ctx.setTransform(dpr, 0, 0, dpr, dpr * (margin + (j + 0.5) * cell), dpr * (margin - 4));
-      ctx.rotate(-Math.PI / 2);
-      ctx.fillText(shown(t.text), 0, 0);
-    });
-    ctx.restore();
+  if (all) {
+    buildGrid();
   } else {
-    // too small for words: index ticks every `step` tokens
-    const step = [1, 2, 5, 10, 20, 25, 50, 100, 200].find((s) => s * cell >= 28) || 500;
-    ctx.font = "10px ui-monospace, monospace";
-    ctx.textBaseline = "middle";
-    for (let i = 0; i < T; i += step) {
-      ctx.textAlign = "right";
-      ctx.fillText(`${i}`, margin - 4, margin + (i + 0.5) * cell);
-      ctx.textAlign = "center";
-      ctx.fillText(`${i}`, margin + (i + 0.5) * cell, margin - 8);
-    }
+    const room = Math.max(240, Math.min(760, $("map").clientWidth - 40));
+    const labels = state.tokens.map((t) => shown(t.text));
+    state.geometry = drawHeatmap($("heatmap"), imageOf(state.layer, state.head), labels, room);
   }
-  state.geometry = { margin, cell, T, image, dpr, size };
-  drawOverlay();
+  drawQuery();
 }
 
-// Redraw the cells and outline the query row, without recomputing labels or pixels.
-function drawOverlay() {
-  const g = state.geometry;
-  if (!g || state.head === "all") {
-    if (state.head === "all") drawGrid();
-    return;
-  }
-  const ctx = $("heatmap").getContext("2d");
-  ctx.setTransform(g.dpr, 0, 0, g.dpr, 0, 0);
-  ctx.imageSmoothingEnabled = false;
-  ctx.drawImage(g.image, g.margin, g.margin, g.T * g.cell, g.T * g.cell);
-  const q = query();
-  if (q !== null && q < g.T) {
-    ctx.strokeStyle = "#e4572e";
-    ctx.lineWidth = 2;
-    ctx.strokeRect(g.margin - 1, g.margin + q * g.cell - 1, (q + 1) * g.cell + 2, g.cell + 2);
-  }
-}
-
-function drawGrid() {
-  const data = state.layers.get(state.layer);
-  if (!data) return;
-  const grid = $("grid");
-  const T = state.tokens.length;
-  const q = query();
-  const px = Math.max(T, Math.min(200, Math.floor(($("map").clientWidth - 40) / 2) - 16));
+function buildGrid() {
+  const n = state.layers.get(state.layer).heads.length;
   const frag = document.createDocumentFragment();
-  data.heads.forEach((rows, h) => {
+  state.minis = Array.from({ length: n }, (_, h) => {
     const fig = document.createElement("figure");
     fig.className = "mini";
     fig.dataset.head = h;
     fig.title = `open head ${h}`;
     const canvas = document.createElement("canvas");
-    canvas.width = canvas.height = px;
-    const ctx = canvas.getContext("2d");
-    ctx.imageSmoothingEnabled = false;
-    ctx.drawImage(cellImage(rows, $("rowscale").checked), 0, 0, px, px);
-    if (q !== null) {
-      ctx.strokeStyle = "#e4572e";
-      ctx.lineWidth = 2;
-      ctx.strokeRect(0, (q * px) / T, ((q + 1) * px) / T, px / T);
-    }
     const cap = document.createElement("figcaption");
     cap.textContent = `head ${h}`;
     fig.append(canvas, cap);
     frag.appendChild(fig);
+    return canvas;
   });
-  grid.replaceChildren(frag);
+  $("grid").replaceChildren(frag);
 }
 
-function cellAt(event) {
-  const g = state.geometry;
-  if (!g) return null;
-  const rect = $("heatmap").getBoundingClientRect();
-  const i = Math.floor((event.clientY - rect.top - g.margin) / g.cell);
-  const j = Math.floor((event.clientX - rect.left - g.margin) / g.cell);
-  return i >= 0 && j >= 0 && i < g.T && j < g.T ? { i, j } : null;
+// Outline the query row: a redraw of cached images, cheap enough for every hover.
+function drawQuery() {
+  const q = query();
+  if (state.head !== "all") {
+    if (state.geometry) drawCells($("heatmap"), state.geometry, imageOf(state.layer, state.head), q);
+    return;
+  }
+  const px = Math.max(state.tokens.length, Math.min(200, Math.floor(($("map").clientWidth - 40) / 2) - 16));
+  state.minis.forEach((canvas, h) => drawMini(canvas, imageOf(state.layer, h), px, q));
 }
 
 // ------------------------------------------------------------------ generation
@@ -556,7 +442,7 @@ function wire() {
   const canvas = $("heatmap");
   const tip = $("tooltip");
   canvas.addEventListener("mousemove", (e) => {
-    const cell = cellAt(e);
+    const cell = cellAt(canvas, state.geometry, e);
     if (!cell || !state.layers.has(state.layer)) { tip.hidden = true; return; }
     const { i, j } = cell;
     const rows = rowsOf(state.layer, state.head);
@@ -575,7 +461,7 @@ function wire() {
   });
   canvas.addEventListener("mouseleave", () => { tip.hidden = true; state.hover = null; scheduleHighlight(); });
   canvas.addEventListener("click", (e) => {
-    const cell = cellAt(e);
+    const cell = cellAt(canvas, state.geometry, e);
     if (cell) { state.pinned = state.pinned === cell.i ? null : cell.i; highlight(); }
   });
   $("grid").addEventListener("click", (e) => {
