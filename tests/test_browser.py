@@ -162,6 +162,8 @@ def test_generation_streams_then_shows_its_attention(page: Any, server: str) -> 
 
 
 def test_256_tokens_stay_responsive(page: Any, tmp_path: Path) -> None:
+    shots = Path(os.environ.get("ATTNLAB_SCREENSHOTS", tmp_path))
+    shots.mkdir(parents=True, exist_ok=True)
     show(page, TEXT_256)
     timings = page.evaluate("window.attnlab.timings")
     assert timings["render"] < 500, timings
@@ -180,7 +182,12 @@ def test_256_tokens_stay_responsive(page: Any, tmp_path: Path) -> None:
     page.mouse.move(canvas["x"] + corner, canvas["y"] + corner)
     page.wait_for_selector("#tokens .tok.query[data-i='255']", state="attached")
     assert page.is_visible("#tooltip")
-    shots = Path(os.environ.get("ATTNLAB_SCREENSHOTS", tmp_path))
-    shots.mkdir(parents=True, exist_ok=True)
-    png = page.screenshot(path=str(shots / "viewer-256.png"), full_page=True)
+    page.screenshot(path=str(shots / "viewer-256.png"), full_page=True)
+    page.select_option("#head", "all")
+    page.wait_for_selector("#grid figure.mini")
+    for i in (40, 200):
+        page.hover(f"#tokens .tok[data-i='{i}']")
+        page.wait_for_selector(f"#tokens .tok.query[data-i='{i}']")
+        assert page.evaluate("window.attnlab.timings.highlight") < 100
+    png = page.screenshot(path=str(shots / "viewer-256-all-heads.png"), full_page=True)
     assert png[:8] == b"\x89PNG\r\n\x1a\n" and len(png) > 20_000

@@ -170,9 +170,9 @@ function highlight() {
   const q = query();
   const rows = q === null || !state.layers.has(state.layer) ? null : rowsOf(state.layer, state.head);
   const row = rows ? rows[q] : null;
-  // colours are relative to the row's largest weight, so a long row is still readable;
-  // the numbers (title, table, data-weight) are the weights themselves
-  const top = row ? (Math.max(...row) || 1) : 1;
+  // the same colour scale as the heatmap: the weight itself, or relative to the row's
+  // largest with "scale rows to max"; the numbers (title, table) are always the weights
+  const top = row && $("rowscale").checked ? (Math.max(...row) || 1) : 1;
   state.chips.forEach((chip, j) => {
     chip.classList.toggle("query", j === q);
     chip.classList.toggle("pinned", j === state.pinned);
@@ -241,7 +241,9 @@ function renderDetail() {
   });
   $("weights").tHead.replaceChildren(head);
   const frag = document.createDocumentFragment();
-  const rowMax = Object.fromEntries(heads.map((h) => [h, Math.max(...data.heads[h][q]) || 1]));
+  const rowscale = $("rowscale").checked;
+  const rowMax = Object.fromEntries(
+    heads.map((h) => [h, rowscale ? (Math.max(...data.heads[h][q]) || 1) : 1]));
   for (let j = 0; j <= q; j++) {
     const tr = document.createElement("tr");
     tr.dataset.j = j;
