@@ -1,0 +1,350 @@
+"""Tokenizers: text <-> token ids, left-padded batches, and saving with a checkpoint.
+
+Five kinds behind one `Tokenizer` interface (`get_tokenizer(spec, text)`):
+    char          one id per character of the corpus (nanoGPT shakespeare_char)
+    byte          256 ids, any text (UTF-8 bytes)
+    word          whitespace words with their leading space (" World"), for seed 002's sentences
+    bpe[:N]       byte-level BPE trained on the corpus with Hugging Face `tokenizers` [bpe extra]
+    tiktoken:ENC  a tiktoken encoding (seed 002 uses gpt2) when its files are cached offline
+    PATH          a Hugging Face tokenizer.json from a local path
+This module knows nothing about models; `data.py` turns corpora into id arrays with it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+import tempfile
+from abc import ABC, abstractmethod
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import Tensor
+
+CONFIG_FILE = "tokenizer_config.json"
+HF_FILE = "tokenizer.json"
+EOT = "<|endoftext|>"
+_WORD = re.compile(r"\s*\S+|\s+$")
+
+
+def _display(piece: str) -> str:
+    """A token as a label: visible newlines and tabs, nothing else changed."""
+    return piece.replace("\n", "\\n").replace("\t", "\\t").replace("\r", "\\r")
+
+
+class Tokenizer(ABC):
+    """Maps text to ids and back. Subclasses set `name`, `vocab_size`, `eot_id`, `pad_id`."""
+
+    name: str
+    vocab_size: int
+    eot_id: int | None = None  # end-of-text id, if the vocabulary has one
+    pad_id: int = 0  # id placed at padding positions (masked out, any valid id works)
+
+    @abstractmethod
+    def encode(self, text: str) -> list[int]: ...
+
+    @abstractmethod
+    def decode(self, ids: Sequence[int]) -> str: ...
+
+    @abstractmethod
+    def _config(self) -> dict[str, Any]:
+        """JSON-serialisable state for `save` (plus "type")."""
+
+    def pieces(self, ids: Sequence[int]) -> list[str]:
+        """One display string per token, for heatmap axes (" World", "\\n")."""
+        return [_display(self.decode([i])) for i in ids]
+
+    def encode_batch(self, texts: Sequence[str]) -> tuple[Tensor, Tensor]:
+        """Left-padded (input_ids, attention_mask), both (B, T) long; mask 1 = token, 0 = pad.
+
+        Left padding keeps every row's last token in the last column, so generation appends
+        to all rows at once (seed 003; Hugging Face `padding_side="left"`).
+        """
+        if not texts:
+            raise ValueError("encode_batch needs at least one text")
+        rows = [self.encode(t) for t in texts]
+        T = max(1, max(len(r) for r in rows))
+        input_ids = torch.full((len(rows), T), self.pad_id, dtype=torch.long)  # (B, T)
+        attention_mask = torch.zeros(len(rows), T, dtype=torch.long)  # (B, T)
+        for b, row in enumerate(rows):
+            if row:
+                input_ids[b, T - len(row):] = torch.tensor(row, dtype=torch.long)
+                attention_mask[b, T - len(row):] = 1
+        return input_ids, attention_mask
+
+    def save(self, directory: str | Path) -> None:
+        directory = Path(directory)
+        directory.mkdir(parents=True, exist_ok=True)
+        config = {"type": self.name.split(":")[0], **self._config()}
+        (directory / CONFIG_FILE).write_text(json.dumps(config, ensure_ascii=False))
+
+    def identity(self) -> str:
+        """A short hash of the tokenizer's state, to key caches of encoded data."""
+        blob = json.dumps({"type": self.name, **self._config()}, sort_keys=True).encode()
+        return hashlib.sha256(blob).hexdigest()[:16]
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}(name={self.name!r}, vocab_size={self.vocab_size})"
+
+
+def _unknown(kind: str, text: str, position: int, what: str) -> ValueError:
+    context = text[max(0, position - 10): position + 10]
+    return ValueError(
+        f"{kind} tokenizer cannot encode {what} at position {position} (near {context!r}); "
+        "it is not in the vocabulary built from the training text. Train with a tokenizer "
+        "that covers it (--tokenizer byte or bpe) or remove it from the input"
+    )
+
+
+class CharTokenizer(Tokenizer):
+    def __init__(self, chars: Sequence[str]) -> None:
+        if not chars:
+            raise ValueError("a char tokenizer needs at least one character; the text is empty")
+        self.chars = list(chars)
+        self.stoi = {c: i for i, c in enumerate(self.chars)}
+        self.name, self.vocab_size = "char", len(self.chars)
+
+    @classmethod
+    def from_text(cls, text: str) -> CharTokenizer:
+        return cls(sorted(set(text)))
+
+    def encode(self, text: str) -> list[int]:
+        try:
+            return [self.stoi[c] for c in text]
+        except KeyError:
+            pos = next(i for i, c in enumerate(text) if c not in self.stoi)
+            raise _unknown("char", text, pos, f"character {text[pos]!r}") from None
+
+    def decode(self, ids: Sequence[int]) -> str:
+        return "".join(self.chars[i] for i in ids)
+
+    def _config(self) -> dict[str, Any]:
+        return {"chars": self.chars}
+
+
+class ByteTokenizer(Tokenizer):
+    name, vocab_size = "byte", 256
+
+    def encode(self, text: str) -> list[int]:
+        return list(text.encode("utf-8"))
+
+    def decode(self, ids: Sequence[int]) -> str:
+        return bytes(ids).decode("utf-8", errors="replace")
+
+    def pieces(self, ids: Sequence[int]) -> list[str]:
+        return [_display(chr(i)) if 32 <= i < 127 or i in (9, 10, 13) else f"<{i:02x}>"
+                for i in ids]
+
+    def _config(self) -> dict[str, Any]:
+        return {}
+
+
+class WordTokenizer(Tokenizer):
+    """Whitespace words keeping their leading space, like GPT-2's " World" (seed 002)."""
+
+    def __init__(self, words: Sequence[str]) -> None:
+        if not words:
+            raise ValueError("a word tokenizer needs at least one word; the text is empty")
+        self.words = list(words)
+        self.stoi = {w: i for i, w in enumerate(self.words)}
+        self.name, self.vocab_size = "word", len(self.words)
+
+    @classmethod
+    def from_text(cls, text: str) -> WordTokenizer:
+        return cls(sorted(set(_WORD.findall(text))))
+
+    def encode(self, text: str) -> list[int]:
+        ids, pos = [], 0
+        for match in _WORD.finditer(text):
+            word = match.group()
+            if word not in self.stoi:
+                raise _unknown("word", text, match.start(), f"word {word!r}")
+            ids.append(self.stoi[word])
+            pos = match.end()
+        if pos != len(text) and text[pos:].strip():
+            raise _unknown("word", text, pos, f"text {text[pos:]!r}")
+        return ids
+
+    def decode(self, ids: Sequence[int]) -> str:
+        return "".join(self.words[i] for i in ids)
+
+    def _config(self) -> dict[str, Any]:
+        return {"words": self.words}
+
+
+class HFTokenizer(Tokenizer):
+    """A Hugging Face `tokenizers` tokenizer (trained byte-level BPE or a tokenizer.json)."""
+
+    def __init__(self, backend: Any, name: str = "bpe") -> None:
+        self.backend = backend
+        self.name, self.vocab_size = name, backend.get_vocab_size()
+        eot = backend.token_to_id(EOT)
+        self.eot_id = eot
+        self.pad_id = eot if eot is not None else 0
+
+    @classmethod
+    def train(cls, text: str, vocab_size: int = 512) -> HFTokenizer:
+        tk = _import_tokenizers()
+        if vocab_size < 257:
+            raise ValueError(f"bpe vocab_size={vocab_size} must be >= 257 (256 bytes + <eot>)")
+        backend = tk.Tokenizer(tk.models.BPE())
+        backend.pre_tokenizer = tk.pre_tokenizers.ByteLevel(add_prefix_space=False)
+        backend.decoder = tk.decoders.ByteLevel()
+        trainer = tk.trainers.BpeTrainer(
+            vocab_size=vocab_size, special_tokens=[EOT], show_progress=False,
+            initial_alphabet=tk.pre_tokenizers.ByteLevel.alphabet(),
+        )
+        # The trainer reads from an iterator; chunk the text so lines stay natural.
+        chunks = text.splitlines(keepends=True) or [text]
+        backend.train_from_iterator(chunks, trainer=trainer)
+        return cls(backend)
+
+    @classmethod
+    def from_file(cls, path: str | Path) -> HFTokenizer:
+        tk = _import_tokenizers()
+        return cls(tk.Tokenizer.from_file(str(path)), name=f"hf:{Path(path).name}")
+
+    def encode(self, text: str) -> list[int]:
+        return list(self.backend.encode(text).ids)
+
+    def decode(self, ids: Sequence[int]) -> str:
+        return str(self.backend.decode(list(ids), skip_special_tokens=False))
+
+    def pieces(self, ids: Sequence[int]) -> list[str]:
+        # byte-level pieces map "Ġ" to a space etc.; decode one by one for readable labels
+        return [_display(self.backend.decode([i], skip_special_tokens=False)) for i in ids]
+
+    def save(self, directory: str | Path) -> None:
+        super().save(directory)
+        self.backend.save(str(Path(directory) / HF_FILE))
+
+    def _config(self) -> dict[str, Any]:
+        return {"hf_name": self.name, "vocab_size": self.vocab_size}
+
+    def identity(self) -> str:
+        return hashlib.sha256(self.backend.to_str().encode()).hexdigest()[:16]
+
+
+# tiktoken's cache file for a blob is sha1(url) in its cache dir; checking for it first
+# means a missing file gives our message instead of a network timeout.
+_TIKTOKEN_BLOBS = {
+    "gpt2": [
+        "https://openaipublic.blob.core.windows.net/gpt-2/encodings/main/vocab.bpe",
+        "https://openaipublic.blob.core.windows.net/gpt-2/encodings/main/encoder.json",
+    ],
+    "r50k_base": ["https://openaipublic.blob.core.windows.net/encodings/r50k_base.tiktoken"],
+    "p50k_base": ["https://openaipublic.blob.core.windows.net/encodings/p50k_base.tiktoken"],
+    "cl100k_base": ["https://openaipublic.blob.core.windows.net/encodings/cl100k_base.tiktoken"],
+    "o200k_base": ["https://openaipublic.blob.core.windows.net/encodings/o200k_base.tiktoken"],
+}
+
+
+def _tiktoken_cache_dir() -> Path:
+    for var in ("TIKTOKEN_CACHE_DIR", "DATA_GYM_CACHE_DIR"):
+        if os.environ.get(var):
+            return Path(os.environ[var])
+    return Path(tempfile.gettempdir()) / "data-gym-cache"
+
+
+class TiktokenTokenizer(Tokenizer):
+    def __init__(self, encoding: str) -> None:
+        if encoding not in _TIKTOKEN_BLOBS:
+            raise ValueError(
+                f"unknown tiktoken encoding {encoding!r}; known: {sorted(_TIKTOKEN_BLOBS)}"
+            )
+        cache = _tiktoken_cache_dir()
+        missing = [
+            f"{url.rsplit('/', 1)[1]} -> {cache / hashlib.sha1(url.encode()).hexdigest()}"
+            for url in _TIKTOKEN_BLOBS[encoding]
+            if not (cache / hashlib.sha1(url.encode()).hexdigest()).exists()
+        ]
+        if missing:
+            raise FileNotFoundError(
+                f"tiktoken encoding {encoding!r} needs its BPE files offline and they are not "
+                f"cached: {'; '.join(missing)}. Copy them there from a machine that has them "
+                "(or set TIKTOKEN_CACHE_DIR to a folder holding them), or use an offline "
+                "tokenizer: --tokenizer word, char, byte or bpe"
+            )
+        try:
+            import tiktoken
+        except ImportError as err:
+            raise ImportError("tiktoken is missing: pip install 'attnlab[bpe]'") from err
+        self.encoding = tiktoken.get_encoding(encoding)
+        self.name, self.vocab_size = f"tiktoken:{encoding}", self.encoding.n_vocab
+        self.eot_id = self.pad_id = self.encoding.eot_token
+
+    def encode(self, text: str) -> list[int]:
+        return list(self.encoding.encode(text, allowed_special={EOT}))
+
+    def decode(self, ids: Sequence[int]) -> str:
+        return str(self.encoding.decode(list(ids)))
+
+    def _config(self) -> dict[str, Any]:
+        return {"encoding": self.name.split(":", 1)[1]}
+
+
+def _import_tokenizers() -> Any:
+    try:
+        import tokenizers
+    except ImportError as err:
+        raise ImportError(
+            "the Hugging Face tokenizers package is missing: pip install 'attnlab[bpe]'"
+        ) from err
+    return tokenizers
+
+
+def get_tokenizer(spec: str, text: str | None = None) -> Tokenizer:
+    """Build a tokenizer from a spec (see the module docstring); `text` trains corpus-based ones."""
+    kind, _, arg = spec.partition(":")
+    if kind in ("char", "word", "bpe"):
+        if text is None:
+            raise ValueError(f"the {kind!r} tokenizer is built from the training text; pass text")
+        if kind == "char":
+            return CharTokenizer.from_text(text)
+        if kind == "word":
+            return WordTokenizer.from_text(text)
+        try:
+            size = int(arg) if arg else 512
+        except ValueError:
+            raise ValueError(f"bad bpe vocab size {arg!r} in {spec!r}; write e.g. bpe:1024") from None
+        return HFTokenizer.train(text, size)
+    if kind == "byte":
+        return ByteTokenizer()
+    if kind == "tiktoken":
+        return TiktokenTokenizer(arg or "gpt2")
+    path = Path(spec)
+    if path.is_dir() and (path / HF_FILE).exists():
+        path = path / HF_FILE
+    if path.suffix == ".json" and path.exists():
+        return HFTokenizer.from_file(path)
+    raise ValueError(
+        f"unknown tokenizer {spec!r}; use char, byte, word, bpe[:N], tiktoken:ENCODING or the "
+        "path of a Hugging Face tokenizer.json"
+    )
+
+
+def load_tokenizer(directory: str | Path) -> Tokenizer:
+    """Load what `Tokenizer.save(directory)` wrote."""
+    directory = Path(directory)
+    path = directory / CONFIG_FILE
+    if not path.exists():
+        raise FileNotFoundError(f"no {CONFIG_FILE} in {directory}; is it an attnlab checkpoint?")
+    config = json.loads(path.read_text())
+    kind = config.get("type")
+    if kind == "char":
+        return CharTokenizer(config["chars"])
+    if kind == "word":
+        return WordTokenizer(config["words"])
+    if kind == "byte":
+        return ByteTokenizer()
+    if kind == "tiktoken":
+        return TiktokenTokenizer(config["encoding"])
+    if kind in ("bpe", "hf"):
+        tokenizer = HFTokenizer.from_file(directory / HF_FILE)
+        tokenizer.name = config.get("hf_name", kind)
+        return tokenizer
+    raise ValueError(f"{path} has unknown tokenizer type {kind!r}")
