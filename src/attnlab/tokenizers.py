@@ -310,7 +310,7 @@ def get_tokenizer(spec: str, text: str | None = None) -> Tokenizer:
         try:
             size = int(arg) if arg else 512
         except ValueError:
-            raise ValueError(f"bad bpe vocab size {arg!r} in {spec!r}; write e.g. bpe:1024") from None
+            raise ValueError(f"bad bpe vocab size {arg!r} in {spec!r}; e.g. bpe:1024") from None
         return HFTokenizer.train(text, size)
     if kind == "byte":
         return ByteTokenizer()
