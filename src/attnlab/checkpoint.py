@@ -1,0 +1,150 @@
+"""Checkpoints: a directory that is either complete or absent, and loads without pickle.
+
+Layout of a checkpoint directory:
+    model.safetensors   weights (safetensors: no code can run on load)
+    config.json         {"model": GPTConfig fields, "meta": step, losses, train config, ...}
+    tokenizer_config.json (+ tokenizer.json for BPE)   the tokenizer, see tokenizers.py
+    train_state.pt      optimizer / scheduler / step / RNG, read with weights_only=True
+
+`save_checkpoint` writes everything into a temporary sibling directory and renames it into
+place, so a crash (even SIGKILL) mid-write leaves the previous checkpoint intact. This
+module does not know how training works; `train.py` decides what goes in train_state.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from .model import GPT, GPTConfig
+from .tokenizers import Tokenizer, load_tokenizer
+
+WEIGHTS_FILE = "model.safetensors"
+CONFIG_FILE = "config.json"
+STATE_FILE = "train_state.pt"
+
+
+@dataclass
+class Checkpoint:
+    model: GPT  # in eval mode
+    tokenizer: Tokenizer
+    meta: dict[str, Any] = field(default_factory=dict)
+    path: Path | None = None
+
+
+def save_checkpoint(
+    directory: str | Path,
+    model: GPT,
+    tokenizer: Tokenizer,
+    *,
+    train_state: dict[str, Any] | None = None,
+    meta: dict[str, Any] | None = None,
+) -> Path:
+    """Write a complete checkpoint to `directory`, replacing any previous one atomically."""
+    from safetensors.torch import save_model
+
+    directory = Path(directory)
+    directory.parent.mkdir(parents=True, exist_ok=True)
+    tmp = directory.with_name(f".{directory.name}.tmp-{os.getpid()}")
+    old = directory.with_name(f".{directory.name}.old-{os.getpid()}")
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir()
+    try:
+        save_model(model, str(tmp / WEIGHTS_FILE))
+        config = {"model": model.config.to_dict(), "meta": meta or {}}
+        (tmp / CONFIG_FILE).write_text(json.dumps(config, indent=2))
+        tokenizer.save(tmp)
+        if train_state is not None:
+            torch.save(train_state, tmp / STATE_FILE)
+        _fsync_dir(tmp)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    # Two renames: the old checkpoint stays complete until the new one is in place, and
+    # `load_checkpoint` falls back to `.old` if a crash lands between them.
+    if directory.exists():
+        os.replace(directory, old)
+    os.replace(tmp, directory)
+    shutil.rmtree(old, ignore_errors=True)
+    return directory
+
+
+def _fsync_dir(directory: Path) -> None:
+    for path in directory.iterdir():
+        with open(path, "rb") as f:
+            os.fsync(f.fileno())
+
+
+def _resolve(directory: Path) -> Path:
+    if directory.is_dir():
+        return directory
+    parent = directory.parent
+    olds = sorted(parent.glob(f".{directory.name}.old-*")) if parent.is_dir() else []
+    if olds:
+        return olds[-1]
+    raise FileNotFoundError(
+        f"checkpoint directory {directory} does not exist; train one with "
+        f"`attnlab train --out {directory.parent if directory.name == 'ckpt' else directory}`"
+    )
+
+
+def read_config(directory: str | Path) -> tuple[GPTConfig, dict[str, Any]]:
+    """(GPTConfig, meta) of a checkpoint, without loading weights."""
+    directory = _resolve(Path(directory))
+    path = directory / CONFIG_FILE
+    if not path.exists():
+        raise FileNotFoundError(f"{directory} has no {CONFIG_FILE}; is it an attnlab checkpoint?")
+    try:
+        config = json.loads(path.read_text())
+        return GPTConfig.from_dict(config["model"]), dict(config.get("meta", {}))
+    except (json.JSONDecodeError, KeyError, TypeError) as err:
+        raise ValueError(f"{path} is not a valid attnlab config ({err}): corrupted?") from err
+
+
+def load_checkpoint(
+    directory: str | Path, *, map_location: str | torch.device = "cpu"
+) -> Checkpoint:
+    """Load model (eval mode), tokenizer and meta from a checkpoint directory."""
+    from safetensors.torch import load_model
+
+    directory = _resolve(Path(directory))
+    config, meta = read_config(directory)
+    weights = directory / WEIGHTS_FILE
+    if not weights.exists():
+        raise FileNotFoundError(f"{directory} has no {WEIGHTS_FILE}; the checkpoint is incomplete")
+    model = GPT(config)
+    try:
+        load_model(model, str(weights), strict=True, device=str(map_location))
+    except Exception as err:  # safetensors raises several types for corrupt or mismatched files
+        raise ValueError(
+            f"weights in {weights} do not fit the model described by {CONFIG_FILE}: {err}. "
+            "The file is corrupted or belongs to another config"
+        ) from err
+    tokenizer = load_tokenizer(directory)
+    if tokenizer.vocab_size > config.vocab_size:
+        raise ValueError(
+            f"tokenizer has {tokenizer.vocab_size} ids but the model's vocab_size is "
+            f"{config.vocab_size}; tokenizer and weights come from different runs"
+        )
+    return Checkpoint(model.eval(), tokenizer, meta, directory)
+
+
+def load_train_state(directory: str | Path) -> dict[str, Any]:
+    """The optimizer/step/RNG state saved with a checkpoint, loaded without unpickling code."""
+    path = _resolve(Path(directory)) / STATE_FILE
+    if not path.exists():
+        raise FileNotFoundError(f"{path} is missing: the checkpoint has no training state")
+    try:
+        state: dict[str, Any] = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as err:  # UnpicklingError for unsafe content, RuntimeError for truncation
+        raise ValueError(
+            f"refusing or unable to load {path}: {err}. attnlab only loads plain tensors and "
+            "containers (weights_only=True); the file is corrupted or not from attnlab"
+        ) from err
+    return state
