@@ -461,13 +461,6 @@ def create_app(
         message, detail = _describe(exc.errors())
         return JSONResponse({"error": message, "detail": detail}, status_code=422)
 
-    @app.middleware("http")
-    async def security_headers(request: Request, call_next: Any) -> Response:
-        response: Response = await call_next(request)
-        response.headers["Content-Security-Policy"] = _CSP
-        response.headers["X-Content-Type-Options"] = "nosniff"
-        return response
-
     async def locked(fn: Callable[[], Any]) -> Any:
         def call() -> Any:
             with model_lock:
@@ -475,9 +468,13 @@ def create_app(
 
         return await run_in_threadpool(call)
 
+    page_headers = {"Content-Security-Policy": _CSP, "X-Content-Type-Options": "nosniff"}
+
     @app.get("/", include_in_schema=False)
     async def index() -> FileResponse:
-        return FileResponse(static_files["index.html"], media_type=_CONTENT_TYPES[".html"])
+        return FileResponse(
+            static_files["index.html"], media_type=_CONTENT_TYPES[".html"], headers=page_headers
+        )
 
     @app.get("/static/{name}", include_in_schema=False)
     async def static(name: str) -> FileResponse:
@@ -485,7 +482,7 @@ def create_app(
         path = static_files.get(name)
         if path is None:
             raise HTTPException(404, f"no static file {name!r}")
-        return FileResponse(path, media_type=_CONTENT_TYPES[path.suffix])
+        return FileResponse(path, media_type=_CONTENT_TYPES[path.suffix], headers=page_headers)
 
     @app.get("/api/model")
     async def model_info() -> dict[str, Any]:

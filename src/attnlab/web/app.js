@@ -16,6 +16,7 @@ const state = {
   hover: null,        // query token under the pointer
   pinned: null,       // query token clicked
   generatedFrom: null, // index of the first generated token, when showing a generation
+  pending: null,      // {input, generatedFrom} of the analysis in flight
   seq: 0,             // drops answers to requests that a newer one replaced
   chips: [],
   geometry: null,     // where the heatmap cells are, for hit testing
@@ -88,19 +89,28 @@ function rowsOf(layer, head) {
 
 // ------------------------------------------------------------------ analysis
 
+// Run a new text (or generation's ids) for the layer chosen in the menu. The newest request
+// wins: answers to older ones are dropped, and a layer switch meanwhile re-runs this one.
 async function analyze(input, generatedFrom = null) {
   const seq = ++state.seq;
+  state.pending = { input, generatedFrom };
+  const layer = Number($("layer").value) || 0;
   setStatus($("status"), "running…");
   const t0 = performance.now();
   let data;
   try {
-    data = await api("/api/attention", { ...input, layers: [state.layer], norms: true });
+    data = await api("/api/attention", { ...input, layers: [layer], norms: true });
   } catch (err) {
-    if (seq === state.seq) setStatus($("status"), err.message, true);
+    if (seq === state.seq) {
+      state.pending = null;
+      setStatus($("status"), err.message, true);
+    }
     return;
   }
   if (seq !== state.seq) return;
   const t1 = performance.now();
+  state.pending = null;
+  state.layer = layer;
   state.tokens = data.tokens;
   state.ids = data.tokens.map((t) => t.id);
   state.layers = new Map(data.layers.map((l) => [l.layer, l]));
@@ -121,6 +131,10 @@ async function analyze(input, generatedFrom = null) {
 // Switch layers only once the new layer's weights are here, so that every drawing reads
 // the layer it names (the page may hover or redraw while the request is in flight).
 async function showLayer(layer) {
+  if (state.pending) {
+    await analyze(state.pending.input, state.pending.generatedFrom);
+    return;
+  }
   if (!state.ids.length) {
     state.layer = layer;
     return;
@@ -414,7 +428,10 @@ function scheduleHighlight() {
 
 function wire() {
   let typing = 0;
-  $("run").addEventListener("click", () => analyze({ text: $("text").value }));
+  $("run").addEventListener("click", () => {
+    clearTimeout(typing);
+    analyze({ text: $("text").value });
+  });
   $("text").addEventListener("input", () => {
     clearTimeout(typing);
     typing = setTimeout(() => analyze({ text: $("text").value }), 350);
