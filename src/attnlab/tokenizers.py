@@ -3,7 +3,7 @@
 Five kinds behind one `Tokenizer` interface (`get_tokenizer(spec, text)`):
     char          one id per character of the corpus (nanoGPT shakespeare_char)
     byte          256 ids, any text (UTF-8 bytes)
-    word          whitespace words with their leading space (" World"), for seed 002's sentences
+    word          words and punctuation with their leading space (" World", "!"), for seed 002
     bpe[:N]       byte-level BPE trained on the corpus with Hugging Face `tokenizers` [bpe extra]
     tiktoken:ENC  a tiktoken encoding (seed 002 uses gpt2) when its files are cached offline
     PATH          a Hugging Face tokenizer.json from a local path
@@ -28,7 +28,8 @@ from torch import Tensor
 CONFIG_FILE = "tokenizer_config.json"
 HF_FILE = "tokenizer.json"
 EOT = "<|endoftext|>"
-_WORD = re.compile(r"\s*\S+|\s+$")
+# a word or a punctuation mark, with the whitespace before it: "Hello", " World", "!"
+_WORD = re.compile(r"\s*\w+|\s*[^\w\s]|\s+$")
 
 
 def _display(piece: str) -> str:
@@ -144,7 +145,7 @@ class ByteTokenizer(Tokenizer):
 
 
 class WordTokenizer(Tokenizer):
-    """Whitespace words keeping their leading space, like GPT-2's " World" (seed 002)."""
+    """Words and punctuation keeping their leading space, like GPT-2's " World" (seed 002)."""
 
     def __init__(self, words: Sequence[str]) -> None:
         if not words:
