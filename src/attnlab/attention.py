@@ -103,7 +103,9 @@ def build_mask(
             f"(shape (B, {k_len}))"
         )
     may_attend: Tensor | None = None
-    if causal:
+    # A single query is the last position, so its causal row is all True: leaving it out lets
+    # a decode step without padding run SDPA with no mask at all.
+    if causal and not (q_len == 1 and k_len >= 1):
         may_attend = causal_mask(q_len, k_len, device)[None, None]  # (1, 1, T, S)
     if attention_mask is None:
         return Mask(may_attend, square_causal=causal and q_len == k_len)
