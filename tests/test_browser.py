@@ -26,7 +26,7 @@ playwright_api = pytest.importorskip("playwright.sync_api", reason="playwright i
 
 from attnlab import GPT, GPTConfig  # noqa: E402
 from attnlab.server import create_app  # noqa: E402
-from test_server import make_tokenizer  # noqa: E402
+from attnlab.tokenizers import get_tokenizer  # noqa: E402
 
 CHROMIUM = Path("/usr/bin/chromium")
 pytestmark = [
@@ -36,6 +36,7 @@ pytestmark = [
         reason="browser tests skipped: /usr/bin/chromium is missing (apt-get install chromium)",
     ),
 ]
+CORPUS = "abcdefghijklmnopqrstuvwxyz ABCDEFGHIJKLMNOPQRSTUVWXYZ.,;:!?'\n0123456789"
 TEXT_256 = ("The quick brown fox jumps over the lazy dog. " * 6)[:256]
 
 
@@ -43,7 +44,7 @@ TEXT_256 = ("The quick brown fox jumps over the lazy dog. " * 6)[:256]
 def server() -> Iterator[str]:
     import uvicorn
 
-    tok = make_tokenizer()
+    tok = get_tokenizer("char", CORPUS)
     torch.manual_seed(0)
     model = GPT(GPTConfig.from_name("nano", vocab_size=tok.vocab_size, block_size=256))
     app = create_app(model, tok, meta={"step": 0})
@@ -98,7 +99,7 @@ def wait_until(page: Any, script: str, timeout: float = 15.0) -> Any:
 def show(page: Any, text: str) -> None:
     page.fill("#text", text)
     page.click("#run")
-    n = len(make_tokenizer().encode(text))
+    n = len(get_tokenizer("char", CORPUS).encode(text))
     wait_until(page, f"window.attnlab.tokens.length === {n} && !document.querySelector("
                      "'#status').textContent")
 

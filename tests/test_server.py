@@ -5,11 +5,13 @@ from __future__ import annotations
 
 import json
 import socket
+import subprocess
 import sys
 import threading
 import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -21,38 +23,16 @@ pytest.importorskip("fastapi", reason="the serve extra (fastapi, uvicorn) is not
 from fastapi.testclient import TestClient
 
 from attnlab import GPT, GPTConfig, Trace
+from attnlab.checkpoint import save_checkpoint
 from attnlab.cli import main
-from attnlab.server import ServeConfig, create_app
+from attnlab.server import ServeConfig, attention_payload, create_app
+from attnlab.tokenizers import Tokenizer, get_tokenizer
 
 CORPUS = "abcdefghijklmnopqrstuvwxyz ABCDEFGHIJKLMNOPQRSTUVWXYZ.,;:!?'\n0123456789"
 
 
-class CharTokenizer:
-    """Stand-in until attnlab.tokenizers lands: one id per character of CORPUS."""
-
-    kind = "char"
-    eot_id = None
-
-    def __init__(self, text: str) -> None:
-        self.chars = sorted(set(text))
-        self.stoi = {ch: i for i, ch in enumerate(self.chars)}
-
-    @property
-    def vocab_size(self) -> int:
-        return len(self.chars)
-
-    def encode(self, text: str) -> list[int]:
-        return [self.stoi[ch] for ch in text if ch in self.stoi]
-
-    def decode(self, ids: Any) -> str:
-        return "".join(self.chars[i] for i in ids)
-
-    def pieces(self, ids: Any) -> list[str]:
-        return [self.chars[i] for i in ids]
-
-
-def make_tokenizer() -> CharTokenizer:
-    return CharTokenizer(CORPUS)
+def make_tokenizer() -> Tokenizer:
+    return get_tokenizer("char", CORPUS)
 
 
 def make_model(vocab_size: int, **overrides: Any) -> GPT:
@@ -61,7 +41,7 @@ def make_model(vocab_size: int, **overrides: Any) -> GPT:
 
 
 @pytest.fixture(scope="module")
-def setup() -> tuple[GPT, CharTokenizer, TestClient]:
+def setup() -> tuple[GPT, Tokenizer, TestClient]:
     tok = make_tokenizer()
     model = make_model(tok.vocab_size)
     app = create_app(model, tok, meta={"step": 12, "val_loss": 3.5},
@@ -81,7 +61,7 @@ def sse_events(body: str) -> list[tuple[str, Any]]:
 # ----------------------------------------------------------------------------- attention
 
 
-def test_attention_equals_the_models_trace(setup: tuple[GPT, CharTokenizer, TestClient]) -> None:
+def test_attention_equals_the_models_trace(setup: tuple[GPT, Tokenizer, TestClient]) -> None:
     model, tok, client = setup
     text = "The cat sat."
     r = client.post("/api/attention", json={"text": text, "norms": True})
@@ -113,7 +93,7 @@ def test_attention_equals_the_models_trace(setup: tuple[GPT, CharTokenizer, Test
         )
 
 
-def test_attention_by_ids_and_layer_filter(setup: tuple[GPT, CharTokenizer, TestClient]) -> None:
+def test_attention_by_ids_and_layer_filter(setup: tuple[GPT, Tokenizer, TestClient]) -> None:
     _, tok, client = setup
     by_text = client.post("/api/attention", json={"text": "hello"}).json()
     by_ids = client.post(
@@ -124,17 +104,17 @@ def test_attention_by_ids_and_layer_filter(setup: tuple[GPT, CharTokenizer, Test
     assert "norms" not in by_ids["layers"][0]
 
 
-def test_model_info(setup: tuple[GPT, CharTokenizer, TestClient]) -> None:
+def test_model_info(setup: tuple[GPT, Tokenizer, TestClient]) -> None:
     model, tok, client = setup
     info = client.get("/api/model").json()
     assert info["config"] == model.config.to_dict()
     assert info["n_params"] == sum(p.numel() for p in model.parameters())
-    assert info["tokenizer"] == {"kind": "char", "vocab_size": tok.vocab_size, "eot_id": None}
+    assert info["tokenizer"] == {"name": "char", "vocab_size": tok.vocab_size, "eot_id": None}
     assert info["meta"] == {"step": 12, "val_loss": 3.5}
     assert info["limits"]["max_tokens"] == model.config.block_size
 
 
-def test_openapi_schema_lists_the_api(setup: tuple[GPT, CharTokenizer, TestClient]) -> None:
+def test_openapi_schema_lists_the_api(setup: tuple[GPT, Tokenizer, TestClient]) -> None:
     schema = setup[2].get("/openapi.json").json()
     assert set(schema["paths"]) == {"/api/model", "/api/attention", "/api/generate"}
     body = schema["components"]["schemas"]["GenerateRequest"]["properties"]
@@ -150,6 +130,7 @@ TOO_LONG = "a" * 33  # nano's block_size is 32
     ("path", "body", "status", "message"),
     [
         ("/api/attention", {"text": ""}, 422, "text is empty"),
+        ("/api/attention", {"text": "naïve"}, 422, "cannot encode character 'ï' at position 2"),
         ("/api/attention", {"text": TOO_LONG}, 422, "33 tokens; the model sees at most"),
         ("/api/attention", {"text": "a" * 501}, 422, "501 characters; the limit is 500"),
         ("/api/attention", {"ids": [1, 999]}, 422, "outside the vocabulary"),
@@ -177,7 +158,7 @@ TOO_LONG = "a" * 33  # nano's block_size is 32
     ],
 )
 def test_bad_requests_get_a_clear_4xx(
-    setup: tuple[GPT, CharTokenizer, TestClient], path: str, body: Any, status: int, message: str
+    setup: tuple[GPT, Tokenizer, TestClient], path: str, body: Any, status: int, message: str
 ) -> None:
     client = setup[2]
     if isinstance(body, bytes):
@@ -190,7 +171,7 @@ def test_bad_requests_get_a_clear_4xx(
 
 
 def test_chunked_body_over_the_limit_gets_413(
-    setup: tuple[GPT, CharTokenizer, TestClient],
+    setup: tuple[GPT, Tokenizer, TestClient],
 ) -> None:
     def chunks() -> Iterator[bytes]:
         yield b'{"text": "'
@@ -203,7 +184,7 @@ def test_chunked_body_over_the_limit_gets_413(
     assert r.status_code == 413 and "larger than 4096 bytes" in r.json()["error"]
 
 
-def test_unknown_routes_and_methods(setup: tuple[GPT, CharTokenizer, TestClient]) -> None:
+def test_unknown_routes_and_methods(setup: tuple[GPT, Tokenizer, TestClient]) -> None:
     client = setup[2]
     assert client.get("/api/nope").status_code == 404
     r = client.get("/api/attention")
@@ -213,7 +194,7 @@ def test_unknown_routes_and_methods(setup: tuple[GPT, CharTokenizer, TestClient]
 # ----------------------------------------------------------------------------- page and files
 
 
-def test_page_and_static_files(setup: tuple[GPT, CharTokenizer, TestClient]) -> None:
+def test_page_and_static_files(setup: tuple[GPT, Tokenizer, TestClient]) -> None:
     client = setup[2]
     page = client.get("/")
     assert page.status_code == 200 and 'src="/static/app.js"' in page.text
@@ -240,7 +221,7 @@ def greedy_without_cache(model: GPT, ids: list[int], n: int) -> list[int]:
     return out[len(ids):]
 
 
-def test_generate_streams_tokens_then_done(setup: tuple[GPT, CharTokenizer, TestClient]) -> None:
+def test_generate_streams_tokens_then_done(setup: tuple[GPT, Tokenizer, TestClient]) -> None:
     model, tok, client = setup
     r = client.post("/api/generate", json={"text": "The cat", "max_new_tokens": 6,
                                            "temperature": 0})
@@ -256,7 +237,7 @@ def test_generate_streams_tokens_then_done(setup: tuple[GPT, CharTokenizer, Test
     assert "".join(data["text"] for _, data in events[:-1]) == done["text"] == tok.decode(new)
 
 
-def test_generate_same_seed_same_tokens(setup: tuple[GPT, CharTokenizer, TestClient]) -> None:
+def test_generate_same_seed_same_tokens(setup: tuple[GPT, Tokenizer, TestClient]) -> None:
     client = setup[2]
     body = {"text": "abc", "max_new_tokens": 10, "temperature": 1.0, "seed": 3}
     first = sse_events(client.post("/api/generate", json=body).text)[-1][1]["ids"]
@@ -267,7 +248,7 @@ def test_generate_same_seed_same_tokens(setup: tuple[GPT, CharTokenizer, TestCli
 
 @pytest.mark.parametrize("sampling", [{"top_k": 1}, {"top_p": 1e-6}, {"temperature": 0}])
 def test_generate_narrowest_sampling_is_greedy(
-    setup: tuple[GPT, CharTokenizer, TestClient], sampling: dict[str, Any]
+    setup: tuple[GPT, Tokenizer, TestClient], sampling: dict[str, Any]
 ) -> None:
     model, tok, client = setup
     body = {"text": "Once", "max_new_tokens": 8, "temperature": 1.5, "seed": 0, **sampling}
@@ -275,8 +256,21 @@ def test_generate_narrowest_sampling_is_greedy(
     assert done["ids"][4:] == greedy_without_cache(model, tok.encode("Once"), 8)
 
 
+def test_streamed_pieces_add_up_to_the_text_with_bytes() -> None:
+    """Byte tokens can split a character: the stream holds it back until it is whole."""
+    tok = get_tokenizer("byte")
+    client = TestClient(create_app(make_model(tok.vocab_size), tok))
+    for seed in range(3):
+        body = {"text": "héllo", "max_new_tokens": 20, "temperature": 2.0, "seed": seed}
+        events = sse_events(client.post("/api/generate", json=body).text)
+        done = events[-1][1]
+        new = done["ids"][len(tok.encode("héllo")):]
+        streamed = "".join(data["text"] for kind, data in events if kind == "token")
+        assert streamed == done["text"] == tok.decode(new)
+
+
 def test_generate_stops_when_the_context_is_full(
-    setup: tuple[GPT, CharTokenizer, TestClient],
+    setup: tuple[GPT, Tokenizer, TestClient],
 ) -> None:
     client = setup[2]
     r = client.post("/api/generate", json={"text": "a" * 28, "max_new_tokens": 40})
@@ -285,7 +279,7 @@ def test_generate_stops_when_the_context_is_full(
 
 
 def test_missing_extra_names_the_install_command(
-    setup: tuple[GPT, CharTokenizer, TestClient], monkeypatch: pytest.MonkeyPatch
+    setup: tuple[GPT, Tokenizer, TestClient], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     model, tok, _ = setup
     monkeypatch.setitem(sys.modules, "fastapi", None)  # makes `import fastapi` fail
@@ -298,11 +292,47 @@ def test_cli_rejects_a_bad_port(capsys: pytest.CaptureFixture[str]) -> None:
     assert "--port 70000 is not a TCP port" in capsys.readouterr().err
 
 
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def test_cli_serves_a_checkpoint(tmp_path: Path) -> None:
+    """`attnlab serve CHECKPOINT --port P` in a subprocess answers with that checkpoint."""
+    tok = make_tokenizer()
+    model = make_model(tok.vocab_size)
+    save_checkpoint(tmp_path / "ckpt", model, tok, meta={"step": 7})
+    port = free_port()
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "attnlab", "serve", str(tmp_path / "ckpt"), "--port", str(port)],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )
+    try:
+        deadline = time.monotonic() + 30
+        while True:
+            assert proc.poll() is None, proc.communicate()
+            assert time.monotonic() < deadline, "attnlab serve did not answer within 30 s"
+            try:
+                info = httpx.get(f"http://127.0.0.1:{port}/api/model", timeout=2).json()
+                break
+            except httpx.TransportError:
+                time.sleep(0.2)
+        assert info["config"] == model.config.to_dict() and info["meta"] == {"step": 7}
+        r = httpx.post(f"http://127.0.0.1:{port}/api/attention", json={"text": "hi"}, timeout=10)
+        expected = attention_payload(model, tok.encode("hi"), tok)
+        assert r.json() == json.loads(json.dumps(expected))
+    finally:
+        proc.terminate()
+        _, err = proc.communicate(timeout=10)
+    assert f"at http://127.0.0.1:{port}/" in err
+
+
 # ----------------------------------------------------------------------------- live server
 
 
 @pytest.fixture(scope="module")
-def live(setup: tuple[GPT, CharTokenizer, TestClient]) -> Iterator[tuple[str, list[int]]]:
+def live(setup: tuple[GPT, Tokenizer, TestClient]) -> Iterator[tuple[str, list[int]]]:
     """uvicorn serving the app on a free loopback port, in a thread."""
     import uvicorn
 

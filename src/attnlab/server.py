@@ -56,7 +56,11 @@ _CSP = "default-src 'self'; img-src 'self' data:; style-src 'self'; script-src '
 
 
 class TextTokenizer(Protocol):
-    """What the server needs from a tokenizer (`attnlab.tokenizers.Tokenizer` has it)."""
+    """What the server needs from a tokenizer (`attnlab.tokenizers.Tokenizer` has it).
+
+    `encode` raises ValueError for text it cannot encode; `pieces` gives one display
+    string per token. Optional: `name` (shown on the page) and `eot_id` (ends generation).
+    """
 
     @property
     def vocab_size(self) -> int: ...
@@ -192,7 +196,7 @@ def model_summary(
         "config": c.to_dict(),
         "n_params": model.num_params(non_embedding=False),
         "tokenizer": {
-            "kind": getattr(tokenizer, "kind", type(tokenizer).__name__),
+            "name": getattr(tokenizer, "name", type(tokenizer).__name__),
             "vocab_size": tokenizer.vocab_size,
             "eot_id": getattr(tokenizer, "eot_id", None),
         },
@@ -289,7 +293,10 @@ def _sse(event: str, data: dict[str, Any]) -> bytes:
 def _encode(tokenizer: TextTokenizer, text: str, max_chars: int) -> list[int]:
     if len(text) > max_chars:
         raise RequestError(f"text has {len(text)} characters; the limit is {max_chars}")
-    ids = list(tokenizer.encode(text))
+    try:
+        ids = list(tokenizer.encode(text))
+    except ValueError as err:  # a character the vocabulary lacks: the tokenizer says which
+        raise RequestError(str(err)) from None
     if not ids:
         raise RequestError("text is empty: type at least one character")
     return ids

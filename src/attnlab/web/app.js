@@ -62,7 +62,7 @@ async function loadModel() {
   const c = m.config;
   const parts = [
     `${c.n_layer} layers × ${c.n_head} heads`, `${c.n_embd} dims`, `block ${c.block_size}`,
-    `${fmtCount(m.n_params)} params`, `${m.tokenizer.kind} tokenizer (${m.tokenizer.vocab_size})`,
+    `${fmtCount(m.n_params)} params`, `${m.tokenizer.name} tokenizer (${m.tokenizer.vocab_size})`,
   ];
   const meta = m.meta || {};
   if (meta.step !== undefined) parts.push(`trained ${meta.step} steps`);
