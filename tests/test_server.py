@@ -170,6 +170,17 @@ def test_bad_requests_get_a_clear_4xx(
     assert message in r.json()["error"]
 
 
+def test_too_many_weights_asks_for_fewer_layers() -> None:
+    tok = make_tokenizer()
+    client = TestClient(create_app(make_model(tok.vocab_size), tok,
+                                   config=ServeConfig(max_weights=2 * 2 * 55)))
+    r = client.post("/api/attention", json={"text": "a" * 10})  # 2 layers x 2 heads x 55
+    assert r.status_code == 200
+    r = client.post("/api/attention", json={"text": "a" * 11})
+    assert r.status_code == 422 and 'ask for fewer layers, e.g. "layers": [0]' in r.json()["error"]
+    assert client.post("/api/attention", json={"text": "a" * 11, "layers": [1]}).status_code == 200
+
+
 def test_chunked_body_over_the_limit_gets_413(
     setup: tuple[GPT, Tokenizer, TestClient],
 ) -> None:

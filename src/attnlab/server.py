@@ -80,9 +80,12 @@ class ServeConfig:
     max_body_bytes: int = 256 * 1024  # request bodies above this get 413 before parsing
     max_new_tokens: int = 1024  # upper bound of `max_new_tokens` (block_size caps it too)
     decimals: int = 5  # attention weights are rounded to this many decimals in JSON
+    # weights in one /api/attention answer (layers x heads x T(T+1)/2); 8M fits one layer
+    # of GPT-2 at 1024 tokens, and keeps an all-layers request from building gigabytes
+    max_weights: int = 8_000_000
 
     def __post_init__(self) -> None:
-        for name in ("max_text_chars", "max_body_bytes", "max_new_tokens"):
+        for name in ("max_text_chars", "max_body_bytes", "max_new_tokens", "max_weights"):
             value = getattr(self, name)
             if not isinstance(value, int) or value < 1:
                 raise ValueError(f"ServeConfig.{name}={value!r} must be a positive integer")
@@ -512,6 +515,14 @@ def create_app(
             raise RequestError(
                 f"layers {body.layers} must be a non-empty list of layer indices in "
                 f"[0, {c.n_layer})"
+            )
+        n_layers = c.n_layer if body.layers is None else len(set(body.layers))
+        n_weights = n_layers * c.n_head * len(ids) * (len(ids) + 1) // 2
+        if n_weights > limits.max_weights:
+            raise RequestError(
+                f"{n_layers} layers x {c.n_head} heads at {len(ids)} tokens are {n_weights} "
+                f"weights, over the limit of {limits.max_weights}; ask for fewer layers, "
+                'e.g. "layers": [0]'
             )
         payload = await locked(
             lambda: attention_payload(
