@@ -80,9 +80,9 @@ class ServeConfig:
     max_body_bytes: int = 256 * 1024  # request bodies above this get 413 before parsing
     max_new_tokens: int = 1024  # upper bound of `max_new_tokens` (block_size caps it too)
     decimals: int = 5  # attention weights are rounded to this many decimals in JSON
-    # weights in one /api/attention answer (layers x heads x T(T+1)/2); 8M fits one layer
-    # of GPT-2 at 1024 tokens, and keeps an all-layers request from building gigabytes
-    max_weights: int = 8_000_000
+    # weights in one /api/attention answer (layers x heads x T(T+1)/2): 10M fits one layer
+    # of GPT-2 medium (16 heads) at 1024 tokens and keeps all-layer requests from gigabytes
+    max_weights: int = 10_000_000
 
     def __post_init__(self) -> None:
         for name in ("max_text_chars", "max_body_bytes", "max_new_tokens", "max_weights"):
