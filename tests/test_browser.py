@@ -24,8 +24,7 @@ import torch
 pytest.importorskip("fastapi", reason="the serve extra (fastapi, uvicorn) is not installed")
 playwright_api = pytest.importorskip("playwright.sync_api", reason="playwright is not installed")
 
-from attnlab import GPT, GPTConfig  # noqa: E402
-from attnlab.server import create_app  # noqa: E402
+from attnlab import GPT, GPTConfig, create_app  # noqa: E402
 from attnlab.tokenizers import get_tokenizer  # noqa: E402
 
 CHROMIUM = Path("/usr/bin/chromium")

@@ -22,10 +22,10 @@ pytest.importorskip("fastapi", reason="the serve extra (fastapi, uvicorn) is not
 
 from fastapi.testclient import TestClient
 
-from attnlab import GPT, GPTConfig, Trace
+from attnlab import GPT, GPTConfig, ServeConfig, Trace, create_app
 from attnlab.checkpoint import save_checkpoint
 from attnlab.cli import main
-from attnlab.server import ServeConfig, attention_payload, create_app
+from attnlab.server import attention_payload
 from attnlab.tokenizers import Tokenizer, get_tokenizer
 
 CORPUS = "abcdefghijklmnopqrstuvwxyz ABCDEFGHIJKLMNOPQRSTUVWXYZ.,;:!?'\n0123456789"
