@@ -75,16 +75,11 @@ async function loadModel() {
   $("max_new_tokens").max = m.limits.max_new_tokens;
 }
 
-function rowsOf(layer, head) {
-  const data = state.layers.get(layer);
-  if (head !== "all") return data.heads[head];
-  // mean over heads, for the token highlight when every head is on show
-  const n = data.heads.length;
-  return data.heads[0].map((row, i) => row.map((_, j) => {
-    let s = 0;
-    for (let h = 0; h < n; h++) s += data.heads[h][i][j];
-    return s / n;
-  }));
+// The weights of query q on keys 0..q; with every head on show, their mean (for the tokens).
+function rowOf(layer, head, q) {
+  const heads = state.layers.get(layer).heads;
+  if (head !== "all") return heads[head][q];
+  return heads[0][q].map((_, j) => heads.reduce((sum, h) => sum + h[q][j], 0) / heads.length);
 }
 
 // ------------------------------------------------------------------ analysis
@@ -182,8 +177,7 @@ function query() {
 function highlight() {
   const t0 = performance.now();
   const q = query();
-  const rows = q === null || !state.layers.has(state.layer) ? null : rowsOf(state.layer, state.head);
-  const row = rows ? rows[q] : null;
+  const row = q === null || !state.layers.has(state.layer) ? null : rowOf(state.layer, state.head, q);
   // the same colour scale as the heatmap: the weight itself, or relative to the row's
   // largest with "scale rows to max"; the numbers (title, table) are always the weights
   const top = row && $("rowscale").checked ? (Math.max(...row) || 1) : 1;
@@ -287,7 +281,7 @@ function renderDetail() {
 function imageOf(layer, head) {
   const rowscale = $("rowscale").checked;
   const key = `${layer}/${head}/${rowscale}`;
-  if (!state.images.has(key)) state.images.set(key, headImage(rowsOf(layer, head), rowscale));
+  if (!state.images.has(key)) state.images.set(key, headImage(state.layers.get(layer).heads[head], rowscale));
   return state.images.get(key);
 }
 
@@ -464,8 +458,7 @@ function wire() {
     const cell = cellAt(canvas, state.geometry, e);
     if (!cell || !state.layers.has(state.layer)) { tip.hidden = true; return; }
     const { i, j } = cell;
-    const rows = rowsOf(state.layer, state.head);
-    const w = j <= i ? rows[i][j].toFixed(5) : "0 (later token, masked)";
+    const w = j <= i ? rowOf(state.layer, state.head, i)[j].toFixed(5) : "0 (later token, masked)";
     tip.textContent = `#${i} “${shown(state.tokens[i].text)}” → #${j} “${shown(state.tokens[j].text)}”: ${w}`;
     tip.hidden = false;
     // below right of the pointer, or flipped where that would run out of the visible area

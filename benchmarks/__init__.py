@@ -1,0 +1,1 @@
+"""attnlab benchmarks: run `python -m benchmarks --help` (or `attnlab bench`)."""

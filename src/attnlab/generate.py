@@ -1,0 +1,371 @@
+"""Generation: new tokens from a GPT, one decode step at a time over a static KV cache.
+
+Small named functions in the order a token goes through them (gpt-fast's generate.py):
+`prefill` runs the prompt once and fills the cache, `decode_one_token` runs one new token
+per row against it, `logits_to_probs` and `sample` turn logits into the next ids. `stream`
+yields each step's ids as they come and `generate` collects them; `stream_text` and
+`generate_text` do the same from and to text with a tokenizer (stop strings live there,
+since they need one). Batched prompts are left-padded (`Tokenizer.encode_batch`): positions
+come from the attention mask, so every row decodes exactly as it would alone. The model and
+the cache know nothing about sampling; this module knows nothing about attention.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import torch
+from torch import Tensor
+
+from .kv_cache import KVCache
+from .model import GPT
+
+if TYPE_CHECKING:
+    from .tokenizers import Tokenizer
+
+
+def _check_sampling(temperature: float, top_k: int, top_p: float) -> None:
+    if not temperature >= 0.0:
+        raise ValueError(f"temperature={temperature} must be >= 0 (0 = greedy)")
+    if not isinstance(top_k, int) or top_k < 0:
+        raise ValueError(f"top_k={top_k!r} must be an integer >= 0 (0 = no top-k filtering)")
+    if not 0.0 <= top_p <= 1.0:
+        raise ValueError(f"top_p={top_p} must be in [0, 1] (1 = no nucleus filtering)")
+
+
+@dataclass
+class GenerationConfig:
+    """How to extend a prompt. The CLI maps these fields onto flags (`--top_k 40`)."""
+
+    max_new_tokens: int = 200  # tokens to add to every prompt
+    temperature: float = 1.0  # divides the logits; 0 = greedy (argmax)
+    top_k: int = 0  # sample among the k most likely ids; 0 (or >= V) = all of them
+    top_p: float = 1.0  # nucleus: smallest set of ids holding top_p of the mass; 1 = all
+    seed: int | None = None  # seeds a private generator (reproducible); None = torch's RNG
+    sliding_window: bool = False  # past block_size, condition on the last block_size tokens
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.max_new_tokens, int) or self.max_new_tokens < 1:
+            raise ValueError(f"max_new_tokens={self.max_new_tokens!r} must be a positive integer")
+        _check_sampling(self.temperature, self.top_k, self.top_p)
+
+
+# ----------------------------------------------------------------------------- sampling
+
+
+def logits_to_probs(
+    logits: Tensor, temperature: float = 1.0, top_k: int = 0, top_p: float = 1.0
+) -> Tensor:
+    """logits (B, V) -> probabilities (B, V) after temperature, top-k and top-p filtering."""
+    _check_sampling(temperature, top_k, top_p)
+    if temperature == 0.0:
+        raise ValueError("temperature=0 has no distribution (it is greedy); call sample()")
+    logits = logits / temperature  # (B, V)
+    V = logits.shape[-1]
+    if 0 < top_k < V:
+        kth = torch.topk(logits, top_k, dim=-1).values[..., -1:]  # (B, 1)
+        logits = logits.masked_fill(logits < kth, float("-inf"))  # (B, V)
+    if top_p < 1.0:
+        sorted_logits, order = torch.sort(logits, dim=-1, descending=True)  # (B, V)
+        sorted_probs = torch.softmax(sorted_logits, dim=-1)  # (B, V)
+        # drop an id once the ids before it already hold top_p; the most likely id always
+        # stays, so top_p=0 is greedy rather than an empty distribution (HF's TopPLogitsWarper)
+        drop_sorted = sorted_probs.cumsum(dim=-1) - sorted_probs >= top_p  # (B, V)
+        drop_sorted[..., 0] = False
+        drop = drop_sorted.scatter(-1, order, drop_sorted)  # (B, V) back in id order
+        logits = logits.masked_fill(drop, float("-inf"))  # (B, V)
+    return torch.softmax(logits, dim=-1)  # (B, V)
+
+
+def sample(
+    logits: Tensor,
+    temperature: float = 1.0,
+    top_k: int = 0,
+    top_p: float = 1.0,
+    generator: torch.Generator | None = None,
+) -> Tensor:
+    """logits (B, V) -> next ids (B,). temperature=0 is greedy and ignores top_k/top_p."""
+    _check_sampling(temperature, top_k, top_p)
+    if temperature == 0.0:
+        return torch.argmax(logits, dim=-1)  # (B,)
+    probs = logits_to_probs(logits, temperature, top_k, top_p)  # (B, V)
+    return torch.multinomial(probs, 1, generator=generator)[:, 0]  # (B,)
+
+
+# ----------------------------------------------------------------------------- model steps
+
+
+def prefill(model: GPT, input_ids: Tensor, attention_mask: Tensor | None, cache: KVCache) -> Tensor:
+    """Run prompts (B, P) through the model, filling `cache`; return next-token logits (B, V)."""
+    out = model(input_ids, attention_mask=attention_mask, kv_cache=cache, last_logits_only=True)
+    return out.logits[:, -1]  # (B, V)
+
+
+def decode_one_token(
+    model: GPT, token: Tensor, attention_mask: Tensor | None, cache: KVCache
+) -> Tensor:
+    """One new id per row (B, 1) against the cache -> next-token logits (B, V).
+
+    attention_mask (B, S) covers cached + new positions; None when no row has padding, so
+    attention runs with no mask at all.
+    """
+    out = model(token, attention_mask=attention_mask, kv_cache=cache, last_logits_only=True)
+    return out.logits[:, -1]  # (B, V)
+
+
+# ----------------------------------------------------------------------------- token loop
+
+
+def _check_prompt(
+    model: GPT, input_ids: Tensor, attention_mask: Tensor | None, config: GenerationConfig
+) -> Tensor | None:
+    """Validate once, before the loop; returns the mask, or None when nothing is padded."""
+    if input_ids.dim() != 2 or input_ids.dtype not in (torch.int64, torch.int32):
+        raise ValueError(
+            f"input_ids must be a (B, P) integer tensor, got {input_ids.dtype} of shape "
+            f"{tuple(input_ids.shape)}; add a batch dimension with input_ids[None]"
+        )
+    B, P = input_ids.shape
+    if P == 0:
+        raise ValueError("input_ids has no tokens; a prompt needs at least one id")
+    if model.training and model.config.dropout > 0:
+        raise ValueError(
+            "the model is in training mode with dropout, so generation would be random; "
+            "call model.eval() first"
+        )
+    block = model.config.block_size
+    if P + config.max_new_tokens > block and not config.sliding_window:
+        raise ValueError(
+            f"prompt of {P} tokens + max_new_tokens={config.max_new_tokens} exceeds "
+            f"block_size={block}; shorten the prompt, lower max_new_tokens, or pass "
+            "sliding_window=True to condition on the last block_size tokens"
+        )
+    if attention_mask is None:
+        return None
+    if attention_mask.shape != input_ids.shape:
+        raise ValueError(
+            f"attention_mask shape {tuple(attention_mask.shape)} != input_ids shape {(B, P)}"
+        )
+    keep = attention_mask.to(input_ids.device).bool()  # (B, P)
+    if not bool(keep[:, -1].all()) or bool((keep[:, 1:] < keep[:, :-1]).any()):
+        raise ValueError(
+            "attention_mask must be left-padded (zeros, then ones) with at least one token per "
+            "row, so every row's last token is in the last column; build batches with "
+            "Tokenizer.encode_batch"
+        )
+    return None if bool(keep.all()) else keep
+
+
+def stream(
+    model: GPT,
+    input_ids: Tensor,
+    attention_mask: Tensor | None = None,
+    *,
+    max_new_tokens: int,
+    temperature: float = 1.0,
+    top_k: int = 0,
+    top_p: float = 1.0,
+    eot_id: int | None = None,
+    pad_id: int | None = None,
+    seed: int | None = None,
+    generator: torch.Generator | None = None,
+    sliding_window: bool = False,
+    vocab_size: int | None = None,
+) -> Iterator[Tensor]:
+    """Yield the new ids (B,) of each step as they are sampled, up to max_new_tokens steps.
+
+    input_ids (B, P) with a left-padded attention_mask (B, P), 1 = token, 0 = pad. A row
+    that samples eot_id has ended: it yields pad_id (default eot_id) from then on, and the
+    loop stops early once every row has ended. seed gives a private generator, so the same
+    seed gives the same ids. vocab_size: sample only ids below it (a tokenizer smaller than
+    the model's embedding table). Arguments are checked here, before the first step.
+    """
+    config = GenerationConfig(max_new_tokens, temperature, top_k, top_p, seed, sliding_window)
+    keep = _check_prompt(model, input_ids, attention_mask, config)
+    if seed is not None and generator is not None:
+        raise ValueError("pass seed or generator, not both")
+    if seed is not None:
+        generator = torch.Generator(device=input_ids.device).manual_seed(seed)
+    pad = (eot_id if eot_id is not None else 0) if pad_id is None else pad_id
+    return _steps(model, input_ids, keep, config, eot_id, pad, generator, vocab_size)
+
+
+@torch.inference_mode()
+def _steps(
+    model: GPT,
+    input_ids: Tensor,
+    keep: Tensor | None,
+    config: GenerationConfig,
+    eot_id: int | None,
+    pad_id: int,
+    generator: torch.Generator | None,
+    vocab_size: int | None,
+) -> Iterator[Tensor]:
+    B, P = input_ids.shape
+    N, block = config.max_new_tokens, model.config.block_size
+    device = input_ids.device
+    # Preallocated history and mask: a step writes one column and passes views, so the loop
+    # allocates nothing that grows with the context.
+    tokens = torch.empty(B, P + N, dtype=torch.long, device=device)  # (B, P + N)
+    tokens[:, :P] = input_ids
+    mask_buf: Tensor | None = None
+    if keep is not None:
+        mask_buf = torch.ones(B, P + N, dtype=torch.bool, device=device)  # (B, P + N)
+        mask_buf[:, :P] = keep
+    start = max(0, P - block)  # first position inside the window (sliding_window only)
+    cache = model.new_cache(B, min(P + N, block))
+    window_mask = None if mask_buf is None else mask_buf[:, start:P]
+    logits = prefill(model, tokens[:, start:P], window_mask, cache)  # (B, V)
+    ended = torch.zeros(B, dtype=torch.bool, device=device) if eot_id is not None else None
+    for length in range(P, P + N):
+        if vocab_size is not None:
+            logits = logits[:, :vocab_size]  # (B, V')
+        next_ids = sample(logits, config.temperature, config.top_k, config.top_p, generator)
+        if ended is not None:
+            next_ids = next_ids.masked_fill(ended, pad_id)  # (B,)
+            ended |= next_ids == eot_id
+        tokens[:, length] = next_ids
+        yield next_ids
+        end = length + 1
+        if end == P + N or (ended is not None and bool(ended.all())):
+            return
+        if cache.seq_len == cache.max_len:
+            # Window full. Positions are learned absolute embeddings, so cached keys cannot be
+            # shifted: re-encode the last block_size tokens from position 0 (nanoGPT's crop).
+            start, cache.seq_len = end - block, 0
+            window_mask = None if mask_buf is None else mask_buf[:, start:end]
+            logits = prefill(model, tokens[:, start:end], window_mask, cache)
+        else:
+            window_mask = None if mask_buf is None else mask_buf[:, start:end]
+            logits = decode_one_token(model, tokens[:, length:end], window_mask, cache)
+
+
+def generate(
+    model: GPT,
+    input_ids: Tensor,
+    attention_mask: Tensor | None = None,
+    *,
+    max_new_tokens: int,
+    temperature: float = 1.0,
+    top_k: int = 0,
+    top_p: float = 1.0,
+    eot_id: int | None = None,
+    pad_id: int | None = None,
+    seed: int | None = None,
+    generator: torch.Generator | None = None,
+    sliding_window: bool = False,
+    vocab_size: int | None = None,
+) -> Tensor:
+    """Prompts (B, P) -> (B, P + n): the prompts followed by n <= max_new_tokens new ids.
+
+    n is smaller than max_new_tokens only when every row ended with eot_id; a row that ended
+    earlier is filled with pad_id after its eot. See `stream` for the arguments.
+    """
+    steps = list(stream(
+        model, input_ids, attention_mask, max_new_tokens=max_new_tokens,
+        temperature=temperature, top_k=top_k, top_p=top_p, eot_id=eot_id, pad_id=pad_id,
+        seed=seed, generator=generator, sliding_window=sliding_window, vocab_size=vocab_size,
+    ))
+    return torch.cat([input_ids, torch.stack(steps, dim=1).to(input_ids.dtype)], dim=1)
+
+
+# ----------------------------------------------------------------------------- text
+
+
+def _held_back(text: str, stops: Sequence[str]) -> int:
+    """How many trailing characters of `text` must wait: an unfinished UTF-8 character
+    (decoded as U+FFFD) or the start of a stop string."""
+    hold = len(text) - len(text.rstrip("\ufffd"))
+    for stop in stops:
+        for k in range(min(len(stop) - 1, len(text)), hold, -1):
+            if text.endswith(stop[:k]):
+                hold = k
+                break
+    return hold
+
+
+def stream_text(
+    model: GPT,
+    tokenizer: Tokenizer,
+    prompts: Sequence[str],
+    *,
+    max_new_tokens: int,
+    stop: Sequence[str] = (),
+    **sampling: float | int | bool | None,
+) -> Iterator[list[str]]:
+    """Yield, per step, the new text of every prompt ("" when a row has nothing new yet).
+
+    Each row's generated ids are decoded whole and only the new suffix is emitted, so a
+    character split over several byte-level tokens comes out once it is complete. A row ends
+    at the tokenizer's eot id (not emitted) or at a stop string (emitted up to it). sampling:
+    temperature, top_k, top_p, seed, sliding_window as for `stream`.
+    """
+    if isinstance(prompts, str):
+        raise ValueError("prompts must be a list of strings; wrap a single prompt as [prompt]")
+    stops = [s for s in stop if s]
+    input_ids, attention_mask = tokenizer.encode_batch(list(prompts))  # (B, P) each
+    empty = attention_mask[:, -1] == 0  # (B,)
+    if bool(empty.any()):
+        if tokenizer.eot_id is None:
+            raise ValueError(
+                f"prompt {int(empty.nonzero()[0])} is empty and tokenizer {tokenizer.name!r} "
+                "has no end-of-text id to start from; give at least one character"
+            )
+        # GPT-2's convention for unconditional samples: start from <|endoftext|>
+        input_ids[empty, -1], attention_mask[empty, -1] = tokenizer.eot_id, 1
+    device = model.wte.weight.device
+    steps = stream(
+        model, input_ids.to(device), attention_mask.to(device), max_new_tokens=max_new_tokens,
+        eot_id=tokenizer.eot_id, pad_id=tokenizer.pad_id, vocab_size=tokenizer.vocab_size,
+        **sampling,  # type: ignore[arg-type]
+    )
+    B = len(prompts)
+    ids: list[list[int]] = [[] for _ in range(B)]
+    emitted = [0] * B  # characters of each row's text already yielded
+    done = [False] * B
+    for next_ids in steps:
+        pieces = [""] * B
+        for b, token in enumerate(next_ids.tolist()):
+            if done[b]:
+                continue
+            if token == tokenizer.eot_id:
+                done[b] = True
+                text, end = tokenizer.decode(ids[b]), None
+            else:
+                ids[b].append(token)
+                text = tokenizer.decode(ids[b])
+                hits = [i for i in (text.find(s, max(0, emitted[b] - len(s))) for s in stops)
+                        if i >= 0]
+                end = min(hits) if hits else None
+                done[b] = end is not None
+            if end is None:
+                end = len(text) if done[b] else len(text) - _held_back(text, stops)
+            pieces[b] = text[emitted[b]:end]
+            emitted[b] = max(emitted[b], end)
+        yield pieces
+        if all(done):
+            return
+    # max_new_tokens reached: flush what was held back for a stop string that never came
+    tail = [tokenizer.decode(ids[b])[emitted[b]:] if not done[b] else "" for b in range(B)]
+    if any(tail):
+        yield tail
+
+
+def generate_text(
+    model: GPT,
+    tokenizer: Tokenizer,
+    prompts: Sequence[str],
+    *,
+    max_new_tokens: int,
+    stop: Sequence[str] = (),
+    **sampling: float | int | bool | None,
+) -> list[str]:
+    """The completion (without its prompt) of every prompt, batched and left-padded."""
+    completions = [""] * len(prompts)
+    for pieces in stream_text(
+        model, tokenizer, prompts, max_new_tokens=max_new_tokens, stop=stop, **sampling
+    ):
+        completions = [c + p for c, p in zip(completions, pieces, strict=True)]
+    return completions

@@ -1,0 +1,230 @@
+"""generate.py: cached == recomputed, padded rows == rows alone, sampling, windows, text."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import attnlab.generate as generate_mod
+from attnlab import GPT, GPTConfig, build_mask
+from attnlab.generate import (
+    generate,
+    generate_text,
+    logits_to_probs,
+    sample,
+    stream,
+    stream_text,
+)
+from attnlab.tokenizers import get_tokenizer
+
+
+def _model(**overrides: object) -> GPT:
+    torch.manual_seed(0)
+    return GPT(GPTConfig.from_name("nano", **overrides)).eval()  # type: ignore[arg-type]
+
+
+def _left_padded(lengths: list[int], seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+    g = torch.Generator().manual_seed(seed)
+    P = max(lengths)
+    ids = torch.randint(0, 65, (len(lengths), P), generator=g)
+    mask = torch.zeros(len(lengths), P, dtype=torch.long)
+    for b, n in enumerate(lengths):
+        mask[b, P - n:] = 1
+        ids[b, : P - n] = 0
+    return ids, mask
+
+
+@torch.no_grad()
+def _greedy_by_recomputation(
+    model: GPT, ids: torch.Tensor, mask: torch.Tensor, steps: int
+) -> torch.Tensor:
+    """The slow reference: rerun the whole (cropped) sequence for every new token."""
+    block = model.config.block_size
+    for _ in range(steps):
+        logits = model(ids[:, -block:], attention_mask=mask[:, -block:]).logits[:, -1]
+        nxt = logits.argmax(-1, keepdim=True)
+        ids = torch.cat([ids, nxt], dim=1)
+        mask = torch.cat([mask, torch.ones_like(nxt)], dim=1)
+    return ids
+
+
+@settings(max_examples=15, deadline=None)
+@given(lengths=st.lists(st.integers(1, 9), min_size=1, max_size=3), seed=st.integers(0, 99))
+def test_cached_greedy_equals_recomputation(lengths: list[int], seed: int) -> None:
+    model = _model()
+    ids, mask = _left_padded(lengths, seed)
+    out = generate(model, ids, mask, max_new_tokens=8, temperature=0)
+    assert torch.equal(out, _greedy_by_recomputation(model, ids, mask, 8))
+
+
+def test_batch_of_one_without_mask_equals_recomputation() -> None:
+    model = _model()
+    ids = torch.randint(0, 65, (1, 7), generator=torch.Generator().manual_seed(3))
+    out = generate(model, ids, max_new_tokens=20, temperature=0)
+    assert torch.equal(out, _greedy_by_recomputation(model, ids, torch.ones_like(ids), 20))
+
+
+def test_each_padded_row_equals_the_prompt_alone() -> None:
+    model = _model()
+    ids, mask = _left_padded([3, 8, 5], seed=4)
+    batch = generate(model, ids, mask, max_new_tokens=12, temperature=0)
+    for b, n in enumerate([3, 8, 5]):
+        alone = generate(model, ids[b:b + 1, -n:], max_new_tokens=12, temperature=0)
+        assert torch.equal(batch[b:b + 1, -(n + 12):], alone)
+        full_mask = torch.cat([mask[b:b + 1], torch.ones(1, 12, dtype=torch.long)], dim=1)
+        with torch.no_grad():
+            padded_logits = model(batch[b:b + 1], attention_mask=full_mask).logits[:, -(n + 12):]
+            alone_logits = model(alone).logits
+        torch.testing.assert_close(padded_logits, alone_logits, atol=1e-4, rtol=0)
+
+
+def test_seeded_sampling_is_reproducible() -> None:
+    model = _model()
+    ids, mask = _left_padded([4, 2])
+    kwargs = dict(max_new_tokens=16, temperature=1.5, top_k=20, top_p=0.95)
+    first = generate(model, ids, mask, seed=7, **kwargs)  # type: ignore[arg-type]
+    again = generate(model, ids, mask, seed=7, **kwargs)  # type: ignore[arg-type]
+    other = generate(model, ids, mask, seed=8, **kwargs)  # type: ignore[arg-type]
+    assert torch.equal(first, again)
+    assert not torch.equal(first, other)
+    g = torch.Generator().manual_seed(7)
+    with_generator = generate(model, ids, mask, generator=g, **kwargs)  # type: ignore[arg-type]
+    assert torch.equal(first, with_generator)
+
+
+def test_sampling_settings_that_change_nothing_or_everything() -> None:
+    logits = torch.randn(4, 30, generator=torch.Generator().manual_seed(0))
+    plain = torch.softmax(logits, -1)
+    torch.testing.assert_close(logits_to_probs(logits, 1.0, 0, 1.0), plain)
+    torch.testing.assert_close(logits_to_probs(logits, 1.0, 30, 1.0), plain)
+    torch.testing.assert_close(logits_to_probs(logits, 1.0, 99, 1.0), plain)
+    torch.testing.assert_close(logits_to_probs(logits, 2.0), torch.softmax(logits / 2, -1))
+    greedy = logits.argmax(-1)
+    assert torch.equal(sample(logits, temperature=0.0), greedy)
+    g = torch.Generator().manual_seed(1)
+    for _ in range(5):
+        assert torch.equal(sample(logits, 1.0, top_k=1, generator=g), greedy)
+        assert torch.equal(sample(logits, 1.0, top_p=0.0, generator=g), greedy)
+
+
+def test_top_k_and_top_p_keep_the_right_ids() -> None:
+    logits = torch.log(torch.tensor([[0.5, 0.05, 0.3, 0.15]]))
+    assert (logits_to_probs(logits, top_k=2) > 0).tolist() == [[True, False, True, False]]
+    # nucleus 0.7: 0.5 alone is short of it, 0.5 + 0.3 reaches it, so two ids stay
+    assert (logits_to_probs(logits, top_p=0.7) > 0).tolist() == [[True, False, True, False]]
+    assert (logits_to_probs(logits, top_p=0.85) > 0).tolist() == [[True, False, True, True]]
+    torch.testing.assert_close(logits_to_probs(logits, top_p=0.7).sum(), torch.tensor(1.0))
+
+
+def test_rows_stop_at_eot_and_are_padded_after() -> None:
+    model = _model()
+    ids, mask = _left_padded([3, 6], seed=2)
+    greedy = generate(model, ids, mask, max_new_tokens=10, temperature=0)
+    eot = int(greedy[0, 6 + 2])  # row 0's third new token
+    out = generate(model, ids, mask, max_new_tokens=10, temperature=0, eot_id=eot, pad_id=64)
+    row0 = out[0, 6:].tolist()
+    first = row0.index(eot)
+    assert first <= 2 and all(t == 64 for t in row0[first + 1:])
+    assert torch.equal(out[1, :6 + first + 1], greedy[1, :6 + first + 1])
+    alone = generate(model, ids[:1], mask[:1], max_new_tokens=10, temperature=0, eot_id=eot)
+    assert alone.shape[1] == 6 + first + 1  # a batch whose rows all ended stops early
+
+
+def test_prompt_past_block_size_errors_or_slides() -> None:
+    model = _model(block_size=12)
+    ids, mask = _left_padded([7, 4], seed=5)
+    with pytest.raises(ValueError, match=r"exceeds block_size=12.*sliding_window=True"):
+        generate(model, ids, mask, max_new_tokens=6)
+    out = generate(model, ids, mask, max_new_tokens=15, temperature=0, sliding_window=True)
+    assert torch.equal(out, _greedy_by_recomputation(model, ids, mask, 15))
+    long_prompt = torch.randint(0, 65, (1, 20), generator=torch.Generator().manual_seed(1))
+    out = generate(model, long_prompt, max_new_tokens=4, temperature=0, sliding_window=True)
+    expected = _greedy_by_recomputation(model, long_prompt, torch.ones_like(long_prompt), 4)
+    assert torch.equal(out, expected)
+
+
+def test_clear_errors() -> None:
+    model = _model()
+    ids = torch.zeros(2, 3, dtype=torch.long)
+    with pytest.raises(ValueError, match="temperature=-1"):
+        generate(model, ids, max_new_tokens=2, temperature=-1)
+    with pytest.raises(ValueError, match="top_k=-2"):
+        generate(model, ids, max_new_tokens=2, top_k=-2)
+    with pytest.raises(ValueError, match=r"top_p=1.5 must be in \[0, 1\]"):
+        generate(model, ids, max_new_tokens=2, top_p=1.5)
+    with pytest.raises(ValueError, match="max_new_tokens=0"):
+        generate(model, ids, max_new_tokens=0)
+    with pytest.raises(ValueError, match="left-padded"):
+        generate(model, ids, torch.tensor([[1, 1, 0], [1, 1, 1]]), max_new_tokens=2)
+    with pytest.raises(ValueError, match="seed or generator"):
+        generate(model, ids, max_new_tokens=2, seed=1, generator=torch.Generator())
+    with pytest.raises(ValueError, match="input_ids\\[None\\]"):
+        generate(model, torch.zeros(3, dtype=torch.long), max_new_tokens=2)
+    with pytest.raises(ValueError, match="temperature=0 has no distribution"):
+        logits_to_probs(torch.zeros(1, 4), temperature=0.0)
+    dropout_model = GPT(GPTConfig.from_name("nano", dropout=0.1))
+    with pytest.raises(ValueError, match=r"model.eval\(\)"):
+        stream(dropout_model, ids, max_new_tokens=2)
+
+
+def test_decode_step_mask_has_no_square_part() -> None:
+    assert build_mask(1, 500).may_attend is None
+    padded = build_mask(1, 500, torch.ones(3, 500))
+    assert padded.may_attend is not None and padded.may_attend.shape == (3, 1, 1, 500)
+
+
+def test_stream_yields_the_ids_generate_returns() -> None:
+    model = _model()
+    ids, mask = _left_padded([2, 5])
+    steps = list(stream(model, ids, mask, max_new_tokens=6, seed=3))
+    assert len(steps) == 6 and all(s.shape == (2,) for s in steps)
+    out = generate(model, ids, mask, max_new_tokens=6, seed=3)
+    assert torch.equal(torch.stack(steps, 1), out[:, 5:])
+
+
+def _scripted(rows: list[list[int]]) -> object:
+    def fake_stream(*args: object, **kwargs: object) -> Iterator[torch.Tensor]:
+        for column in zip(*rows, strict=True):
+            yield torch.tensor(column)
+
+    return fake_stream
+
+
+def test_stream_text_never_splits_a_character(monkeypatch: pytest.MonkeyPatch) -> None:
+    tok = get_tokenizer("byte")
+    snow = list("é☃!".encode())  # 2-byte, 3-byte, 1-byte characters
+    monkeypatch.setattr(generate_mod, "stream", _scripted([snow]))
+    pieces = [p[0] for p in stream_text(_model(vocab_size=256), tok, ["a"], max_new_tokens=6)]
+    assert "".join(pieces) == "é☃!"
+    assert all("\ufffd" not in p for p in pieces)
+    assert [p for p in pieces if p] == ["é", "☃", "!"]
+
+
+def test_stream_text_stops_at_stop_strings(monkeypatch: pytest.MonkeyPatch) -> None:
+    tok = get_tokenizer("byte")
+    rows = [list(b"ab\nc\n\nde"), list(b"x\ny\nz\n\nw")]
+    monkeypatch.setattr(generate_mod, "stream", _scripted(rows))
+    model = _model(vocab_size=256)
+    steps = list(stream_text(model, tok, ["p", "q"], max_new_tokens=8, stop=["\n\n"]))
+    texts = ["".join(s[b] for s in steps) for b in range(2)]
+    assert texts == ["ab\nc", "x\ny\nz"]
+    assert len(steps) == 7  # both rows ended (steps 6 and 7), so the loop stopped early
+    monkeypatch.setattr(generate_mod, "stream", _scripted(rows))
+    assert generate_text(model, tok, ["p", "q"], max_new_tokens=8, stop=["zz"]) == [
+        "ab\nc\n\nde", "x\ny\nz\n\nw"
+    ]
+
+
+def test_generate_text_matches_token_generation() -> None:
+    tok = get_tokenizer("char", "abcdefgh \n")
+    model = _model(vocab_size=16)
+    prompts = ["abc", "h", "fed cba"]
+    texts = generate_text(model, tok, prompts, max_new_tokens=10, temperature=0)
+    for prompt, text in zip(prompts, texts, strict=True):
+        ids = torch.tensor([tok.encode(prompt)])
+        alone = generate(model, ids, max_new_tokens=10, temperature=0, vocab_size=tok.vocab_size)
+        assert text == tok.decode(alone[0, len(prompt):].tolist())
