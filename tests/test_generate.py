@@ -137,8 +137,9 @@ def test_rows_stop_at_eot_and_are_padded_after() -> None:
 def test_prompt_past_block_size_errors_or_slides() -> None:
     model = _model(block_size=12)
     ids, mask = _left_padded([7, 4], seed=5)
+    generate(model, ids, mask, max_new_tokens=6)  # 7 + 6 - 1 = 12 positions: fits exactly
     with pytest.raises(ValueError, match=r"exceeds block_size=12.*sliding_window=True"):
-        generate(model, ids, mask, max_new_tokens=6)
+        generate(model, ids, mask, max_new_tokens=7)
     out = generate(model, ids, mask, max_new_tokens=15, temperature=0, sliding_window=True)
     assert torch.equal(out, _greedy_by_recomputation(model, ids, mask, 15))
     long_prompt = torch.randint(0, 65, (1, 20), generator=torch.Generator().manual_seed(1))

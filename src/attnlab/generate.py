@@ -136,10 +136,12 @@ def _check_prompt(
             "call model.eval() first"
         )
     block = model.config.block_size
-    if P + config.max_new_tokens > block and not config.sliding_window:
+    # the last new token is never fed back, so P + max_new_tokens - 1 positions are run
+    if P + config.max_new_tokens - 1 > block and not config.sliding_window:
         raise ValueError(
             f"prompt of {P} tokens + max_new_tokens={config.max_new_tokens} exceeds "
-            f"block_size={block}; shorten the prompt, lower max_new_tokens, or pass "
+            f"block_size={block} (it runs {P + config.max_new_tokens - 1} positions); "
+            "shorten the prompt, lower max_new_tokens, or pass "
             "sliding_window=True to condition on the last block_size tokens"
         )
     if attention_mask is None:
