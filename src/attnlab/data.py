@@ -246,9 +246,6 @@ class TaskDataset(Dataset):
                 f"task {self.name!r} with length {self.length} needs block_size >= "
                 f"{self.max_block_size}, got {block_size}"
             )
-        if split != "train":
-            # a fixed validation set: the same examples every evaluation
-            generator = torch.Generator().manual_seed(10_000 + batch_size)
         xs, ys = [], []
         for _ in range(batch_size):
             prompt, answer = self.sample(generator)

@@ -6,7 +6,7 @@ Five kinds behind one `Tokenizer` interface (`get_tokenizer(spec, text)`):
     word          words and punctuation with their leading space (" World", "!"), for seed 002
     bpe[:N]       byte-level BPE trained on the corpus with Hugging Face `tokenizers` [bpe extra]
     tiktoken:ENC  a tiktoken encoding (seed 002 uses gpt2) when its files are cached offline
-    PATH          a Hugging Face tokenizer.json from a local path
+    PATH          a Hugging Face tokenizer.json, or a checkpoint directory (reuse its tokenizer)
 This module knows nothing about models; `data.py` turns corpora into id arrays with it.
 """
 
@@ -318,13 +318,15 @@ def get_tokenizer(spec: str, text: str | None = None) -> Tokenizer:
     if kind == "tiktoken":
         return TiktokenTokenizer(arg or "gpt2")
     path = Path(spec)
+    if path.is_dir() and (path / CONFIG_FILE).exists():  # an attnlab checkpoint's tokenizer
+        return load_tokenizer(path)
     if path.is_dir() and (path / HF_FILE).exists():
         path = path / HF_FILE
     if path.suffix == ".json" and path.exists():
         return HFTokenizer.from_file(path)
     raise ValueError(
-        f"unknown tokenizer {spec!r}; use char, byte, word, bpe[:N], tiktoken:ENCODING or the "
-        "path of a Hugging Face tokenizer.json"
+        f"unknown tokenizer {spec!r}; use char, byte, word, bpe[:N], tiktoken:ENCODING, the "
+        "path of a Hugging Face tokenizer.json, or a checkpoint directory to reuse its tokenizer"
     )
 
 

@@ -125,7 +125,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     try:
         return int(args._run(args) or 0)
-    except (CLIError, ValueError, FileNotFoundError, ImportError) as err:
+    except (CLIError, ValueError, OSError, ImportError, FloatingPointError) as err:
         # library errors carry the bad value and the fix; a traceback adds nothing for users
         if os.environ.get("ATTNLAB_DEBUG"):
             raise

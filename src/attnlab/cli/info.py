@@ -1,0 +1,58 @@
+"""`attnlab info CHECKPOINT`: what a checkpoint holds, without loading more than it must."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from typing import Any
+
+
+def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
+    parser = subparsers.add_parser(
+        "info",
+        help="print a checkpoint's config, parameter count and training state",
+        description="Print the model config, parameter count, tokenizer and training "
+        "state of CHECKPOINT.",
+    )
+    parser.add_argument("checkpoint", metavar="CHECKPOINT", help="checkpoint directory")
+    parser.add_argument("--json", action="store_true", help="print one JSON object instead")
+    return parser
+
+
+def run(args: argparse.Namespace) -> int:
+    from ..checkpoint import STATE_FILE, load_checkpoint
+
+    ckpt = load_checkpoint(args.checkpoint)
+    model, meta = ckpt.model, ckpt.meta
+    assert ckpt.path is not None
+    state_file = ckpt.path / STATE_FILE
+    train_config = meta.get("train_config") or {}
+    info: dict[str, Any] = {
+        "path": str(ckpt.path),
+        "config": model.config.to_dict(),
+        "parameters": model.num_params(non_embedding=False),
+        "tokenizer": {"name": ckpt.tokenizer.name, "vocab_size": ckpt.tokenizer.vocab_size},
+        "step": meta.get("step"),
+        "val_loss": meta.get("val_loss"),
+        "dataset": meta.get("dataset"),
+        "train_config": train_config,
+        "resumable": state_file.exists(),
+        "bytes": sum(p.stat().st_size for p in ckpt.path.iterdir() if p.is_file()),
+    }
+    if args.json:
+        print(json.dumps(info, indent=2))
+        return 0
+    c = info["config"]
+    print(f"checkpoint  {info['path']}  ({info['bytes'] / 1e6:.2f} MB)")
+    print(f"model       {c['n_layer']} layers, {c['n_head']} heads, {c['n_embd']} dims, "
+          f"context {c['block_size']}, vocab {c['vocab_size']}: "
+          f"{info['parameters']:,} parameters")
+    print("config      " + ", ".join(f"{k}={v}" for k, v in c.items()))
+    print(f"tokenizer   {info['tokenizer']['name']} ({info['tokenizer']['vocab_size']} ids)")
+    if info["step"] is not None:
+        val = "" if info["val_loss"] is None else f", val loss {info['val_loss']:.4f}"
+        print(f"trained     {info['step']} steps on {info['dataset']}{val}")
+    if train_config:
+        print("train       " + ", ".join(f"{k}={v}" for k, v in train_config.items()))
+    print(f"resumable   {'yes' if info['resumable'] else 'no (no training state saved)'}")
+    return 0

@@ -1,0 +1,222 @@
+"""`attnlab train`: train a model on a built-in task or your own text, and show what it learned.
+
+With no arguments it trains on the `copy` task (repeat the letters after the bar), which a
+transformer can only solve with attention (an induction head), in well under a minute on
+two CPU cores, and prints the answer accuracy before and after.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+from pathlib import Path
+from typing import Any
+
+from . import CLIError, add_config_flags, config_from_flags, config_overrides
+
+
+def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
+    from ..data import BUILTINS
+    from ..model import PRESETS, GPTConfig
+    from ..train import TrainConfig
+
+    parser = subparsers.add_parser(
+        "train",
+        help="train a model (default: the copy task, under a minute on a CPU)",
+        description="Train a GPT on a built-in dataset or a text file. Every field of "
+        "GPTConfig and TrainConfig is a flag (--n_layer 4 --lr 1e-3).",
+    )
+    parser.add_argument(
+        "--data",
+        default="copy",
+        help=f"a text file, a directory of .txt files, or one of {', '.join(BUILTINS)} "
+        "(default: copy)",
+    )
+    parser.add_argument(
+        "--tokenizer",
+        default="char",
+        help="for text: char, byte, word, bpe[:VOCAB], tiktoken:NAME or a tokenizer.json path "
+        "(default: char; built-in datasets bring their own)",
+    )
+    parser.add_argument(
+        "--preset",
+        choices=sorted(PRESETS),
+        help="start the model from a named preset instead of the dataset's recipe",
+    )
+    parser.add_argument("--out", help="run directory (default: runs/<data name>)")
+    parser.add_argument(
+        "--resume", action="store_true", help="continue the run in --out from its checkpoint"
+    )
+    parser.add_argument(
+        "--overwrite", action="store_true", help="start over even if --out holds a checkpoint"
+    )
+    parser.add_argument(
+        "--threads",
+        type=int,
+        help="CPU threads for torch (default: torch's choice; small models are often "
+        "fastest with 1)",
+    )
+    parser.add_argument("--quiet", action="store_true", help="no progress bar")
+    add_config_flags(parser, GPTConfig, "model (GPTConfig)")
+    add_config_flags(parser, TrainConfig, "training (TrainConfig)")
+    return parser
+
+
+def run(args: argparse.Namespace) -> int:
+    import torch
+
+    from ..data import SentenceDataset, TaskDataset, load_dataset
+    from ..model import GPTConfig
+    from ..train import TrainConfig, recipe, train
+
+    if args.threads is not None:
+        if args.threads < 1:
+            raise CLIError(f"--threads {args.threads} must be >= 1")
+        torch.set_num_threads(args.threads)
+    dataset = load_dataset(args.data, args.tokenizer)
+    model_config, train_config = recipe(dataset)
+    if args.preset:
+        model_config = GPTConfig.from_name(
+            args.preset,
+            vocab_size=dataset.tokenizer.vocab_size,
+            block_size=model_config.block_size,
+        )
+    model_config = config_from_flags(args, GPTConfig, model_config)
+    if "vocab_size" not in config_overrides(args, GPTConfig):
+        model_config = dataclasses.replace(model_config, vocab_size=dataset.tokenizer.vocab_size)
+    train_config = config_from_flags(args, TrainConfig, train_config)
+
+    out = Path(args.out) if args.out else Path("runs") / _slug(dataset.name)
+    ckpt = out / "ckpt"
+    if args.resume and not ckpt.exists():
+        raise CLIError(f"--resume: no checkpoint in {ckpt}; train without --resume first")
+    if ckpt.exists() and not (args.resume or args.overwrite):
+        raise CLIError(
+            f"{ckpt} already holds a checkpoint; pass --resume to continue it, --overwrite "
+            "to start over, or --out DIR for a new run"
+        )
+
+    _describe(dataset, model_config, train_config)
+    model_before = None
+    if isinstance(dataset, TaskDataset):
+        from ..model import GPT
+
+        torch.manual_seed(train_config.seed)  # the untrained model train() starts from
+        model_before = GPT(model_config)
+        _report_task(model_before, dataset, "before")
+
+    bar, on_row = _progress(train_config.max_iters, args.quiet)
+    try:
+        result = train(
+            model_config, train_config, dataset, out, resume=args.resume, callback=on_row
+        )
+    finally:
+        bar.close()
+    if result.val_loss is not None:
+        print(
+            f"val loss {result.val_loss:.4f}  ({result.seconds:.1f} s, "
+            f"{result.tokens_per_second:,.0f} tokens/s)"
+        )
+    if result.interrupted:
+        print(
+            f"interrupted: checkpoint saved in {result.checkpoint}; "
+            f"continue with: attnlab train --data {args.data} --out {out} --resume"
+        )
+        return 130
+    if isinstance(dataset, TaskDataset):
+        _report_task(result.model, dataset, "after")
+    elif isinstance(dataset, SentenceDataset):
+        _report_sentences(result.model, dataset)
+    else:
+        _sample_text(result.model, dataset)
+    print(
+        f"saved    {result.checkpoint}  (metrics: {out / 'metrics.jsonl'}, "
+        f"curve: {out / 'loss.png'})"
+    )
+    print(
+        f"next     attnlab info {result.checkpoint}\n"
+        f'         attnlab generate {result.checkpoint} "..."\n'
+        f"         attnlab serve {result.checkpoint}"
+    )
+    return 0
+
+
+def _slug(name: str) -> str:
+    return "".join(c if c.isalnum() or c in "-_" else "_" for c in Path(name).stem) or "run"
+
+
+def _describe(dataset: Any, model_config: Any, train_config: Any) -> None:
+    from ..model import GPT
+
+    with _no_grad_meta():
+        n_params = GPT(model_config).num_params(non_embedding=False)
+    tc = train_config
+    print(f"data     {dataset.describe()}")
+    print(
+        f"model    {model_config.n_layer} layers, {model_config.n_head} heads, "
+        f"{model_config.n_embd} dims, context {model_config.block_size}: "
+        f"{n_params / 1e6:.2f}M parameters"
+    )
+    print(
+        f"train    {tc.max_iters} steps x {tc.batch_size * tc.grad_accum} sequences, "
+        f"{tc.optimizer} lr {tc.lr:g}, {tc.dtype}"
+    )
+
+
+def _no_grad_meta() -> Any:
+    import torch
+
+    return torch.device("meta")  # count parameters without allocating or initialising them
+
+
+def _progress(total: int, quiet: bool) -> tuple[Any, Any]:
+    from tqdm import tqdm
+
+    bar = tqdm(total=total, disable=quiet, unit="step", dynamic_ncols=True)
+
+    def on_row(row: dict[str, Any]) -> None:
+        if "val_loss" in row:
+            bar.write(
+                f"step {row['step']:>6}: train {row['train_loss']:.4f}  val {row['val_loss']:.4f}"
+            )
+            return
+        if bar.n == 0 and row["step"] > 1:
+            bar.update(row["step"] - 1)  # resumed: start the bar where the run stands
+        bar.update(1)
+        bar.set_postfix(
+            loss=f"{row['loss']:.4f}", tok_s=f"{row['tokens_per_s']:,.0f}", refresh=False
+        )
+
+    return bar, on_row
+
+
+def _report_task(model: Any, dataset: Any, when: str) -> None:
+    from ..train import answer_accuracy
+
+    accuracy, rows = answer_accuracy(model, dataset, n=256)
+    print(f"{when:<8} answer accuracy {accuracy:.1%} on 256 held-out examples")
+    for prompt, answer, got in rows[:3]:
+        mark = "✓" if got == answer else "✗"
+        print(f"           {prompt}{got}   {mark} (expected {answer})")
+
+
+def _report_sentences(model: Any, dataset: Any) -> None:
+    import torch
+
+    with torch.no_grad():
+        logits = model(dataset.ids[:, :-1]).logits[:, -1]  # (N, V)
+    rows = dataset.last_word_predictions(logits.argmax(-1))
+    right = sum(expected == got for _, expected, got in rows)
+    print(f"after    last word right in {right}/{len(rows)} sentences")
+    for prompt, expected, got in rows:
+        print(f"           {prompt!r} -> {got!r}  {'✓' if got == expected else '✗'}")
+
+
+def _sample_text(model: Any, dataset: Any) -> None:
+    from ..generate import generate_text
+
+    tok = dataset.tokenizer
+    start = tok.decode([int(dataset.val[0])])
+    n = min(200, model.config.block_size - 1)
+    text = generate_text(model, tok, [start], max_new_tokens=n, temperature=0.8, top_k=0, seed=0)[0]
+    print(f"sample   (temperature 0.8, {n} tokens)\n{start}{text}")

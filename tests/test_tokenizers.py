@@ -1,0 +1,135 @@
+"""Tokenizers: lossless round trips, left-padded batches, save/load, clear errors."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from attnlab.tokenizers import (
+    ByteTokenizer,
+    CharTokenizer,
+    HFTokenizer,
+    Tokenizer,
+    WordTokenizer,
+    get_tokenizer,
+    load_tokenizer,
+)
+
+CORPUS = "First Citizen:\nBefore we proceed any further, hear me speak.\nAll: Speak, speak!\n"
+
+
+@given(st.text(max_size=200))
+def test_byte_round_trip_any_unicode(text: str) -> None:
+    tok = ByteTokenizer()
+    ids = tok.encode(text)
+    assert all(0 <= i < 256 for i in ids) and len(ids) == len(text.encode("utf-8"))
+    assert tok.decode(ids) == text
+
+
+@given(st.text(alphabet=sorted(set(CORPUS)), max_size=200))
+def test_char_round_trip_within_vocabulary(text: str) -> None:
+    tok = get_tokenizer("char", CORPUS)
+    assert tok.vocab_size == len(set(CORPUS))
+    assert tok.decode(tok.encode(text)) == text
+
+
+def test_word_tokenizer_keeps_leading_spaces() -> None:
+    tok = get_tokenizer("word", "Hello World!")
+    ids = tok.encode("Hello World!")
+    assert tok.pieces(ids) == ["Hello", " World", "!"]
+    assert tok.decode(ids) == "Hello World!"
+
+
+@settings(max_examples=25, deadline=None)
+@given(st.text(max_size=80))
+def test_bpe_round_trip_any_unicode(text: str) -> None:
+    tok = _bpe()
+    assert tok.decode(tok.encode(text)) == text
+
+
+_BPE: list[Tokenizer] = []
+
+
+def _bpe() -> Tokenizer:
+    if not _BPE:
+        _BPE.append(get_tokenizer("bpe:300", CORPUS * 20))
+    return _BPE[0]
+
+
+def test_bpe_is_trained_to_the_asked_size_and_compresses() -> None:
+    tok = _bpe()
+    assert 256 < tok.vocab_size <= 300
+    assert len(tok.encode(CORPUS)) < len(CORPUS.encode())
+
+
+@pytest.mark.parametrize("spec", ["char", "byte", "word", "bpe"])
+def test_left_padded_batches(spec: str) -> None:
+    tok = _bpe() if spec == "bpe" else get_tokenizer(spec, CORPUS)
+    texts = ["First Citizen:", "First", "First Citizen:\nBefore we proceed"]
+    ids, mask = tok.encode_batch(texts)
+    assert ids.shape == mask.shape and ids.dtype == mask.dtype == torch.long
+    for b, text in enumerate(texts):
+        row = tok.encode(text)
+        n = len(row)
+        assert mask[b].tolist() == [0] * (ids.shape[1] - n) + [1] * n  # zeros, then ones
+        assert ids[b, ids.shape[1] - n:].tolist() == row
+        assert (ids[b, : ids.shape[1] - n] == tok.pad_id).all()
+
+
+def test_left_padding_of_an_empty_text_is_all_padding() -> None:
+    _, mask = ByteTokenizer().encode_batch(["", "ab"])
+    assert mask.tolist() == [[0, 0], [1, 1]]
+
+
+@pytest.mark.parametrize("spec", ["char", "byte", "word", "bpe"])
+def test_save_and_load_give_the_same_tokenizer(spec: str, tmp_path: Path) -> None:
+    tok = _bpe() if spec == "bpe" else get_tokenizer(spec, CORPUS)
+    tok.save(tmp_path)
+    back = load_tokenizer(tmp_path)
+    assert type(back) is type(tok)
+    assert back.identity() == tok.identity()
+    assert back.encode(CORPUS) == tok.encode(CORPUS)
+    # a saved directory is also a tokenizer spec (reuse a checkpoint's tokenizer)
+    assert get_tokenizer(str(tmp_path)).encode(CORPUS) == tok.encode(CORPUS)
+
+
+def test_hugging_face_tokenizer_json_from_a_local_path(tmp_path: Path) -> None:
+    tok = _bpe()
+    assert isinstance(tok, HFTokenizer)
+    tok.backend.save(str(tmp_path / "tokenizer.json"))
+    for spec in (tmp_path / "tokenizer.json", tmp_path):
+        loaded = get_tokenizer(str(spec))
+        assert loaded.encode(CORPUS) == tok.encode(CORPUS)
+
+
+def test_unknown_character_names_it_and_the_fix() -> None:
+    tok = CharTokenizer.from_text("abc")
+    with pytest.raises(ValueError, match=r"character 'z' at position 2.*--tokenizer byte"):
+        tok.encode("abz")
+    with pytest.raises(ValueError, match="not in the vocabulary"):
+        WordTokenizer.from_text("Hello World").encode("Hello there")
+
+
+def test_tiktoken_without_offline_files_says_how_to_provide_them(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("TIKTOKEN_CACHE_DIR", str(tmp_path))
+    with pytest.raises(FileNotFoundError, match=r"vocab\.bpe.*TIKTOKEN_CACHE_DIR"):
+        get_tokenizer("tiktoken:gpt2")
+
+
+@pytest.mark.parametrize("spec", ["nope", "bpe:many", "tiktoken:klingon"])
+def test_bad_specs_are_rejected(spec: str) -> None:
+    with pytest.raises(ValueError, match=r"bpe|unknown"):
+        get_tokenizer(spec, CORPUS)
+
+
+def test_corpus_tokenizers_need_the_corpus() -> None:
+    with pytest.raises(ValueError, match="pass text"):
+        get_tokenizer("char")
+    with pytest.raises(ValueError, match="empty"):
+        CharTokenizer([])

@@ -1,0 +1,193 @@
+"""Training: the schedule, learning, reproducibility, exact resume, interruption, bad input."""
+
+from __future__ import annotations
+
+import itertools
+import json
+import os
+import signal
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from attnlab.checkpoint import load_checkpoint
+from attnlab.data import SentenceDataset, TaskDataset, load_dataset
+from attnlab.model import GPT, GPTConfig
+from attnlab.train import (
+    TrainConfig,
+    answer_accuracy,
+    make_optimizer,
+    recipe,
+    seed_experiment,
+    train,
+)
+
+
+def _losses(history: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The history without wall-clock fields, which differ between any two runs."""
+    return [{k: v for k, v in row.items() if k != "tokens_per_s"} for row in history]
+
+
+def _small(dataset: Any, **overrides: Any) -> tuple[GPTConfig, TrainConfig]:
+    model = GPTConfig(vocab_size=dataset.tokenizer.vocab_size, block_size=dataset.max_block_size,
+                      n_layer=1, n_head=2, n_embd=16, dropout=0.1)
+    config = TrainConfig(max_iters=30, batch_size=4, lr=3e-3, warmup_iters=5, eval_interval=10,
+                         eval_iters=2, seed=3)
+    return model, TrainConfig(**{**config.__dict__, **overrides})
+
+
+def test_schedule_warms_up_then_decays_to_min_lr() -> None:
+    c = TrainConfig(max_iters=100, lr=1.0, warmup_iters=10, min_lr=0.1)
+    lrs = [c.lr_at(s) for s in range(101)]
+    assert lrs[0] < lrs[5] < lrs[9] < 1.0
+    assert lrs[10] == pytest.approx(1.0)
+    assert all(a >= b for a, b in itertools.pairwise(lrs[10:]))
+    assert lrs[100] == pytest.approx(0.1)
+    assert TrainConfig(decay_lr=False, warmup_iters=0).lr_at(1999) == 1e-3
+
+
+def test_weight_decay_on_matrices_only() -> None:
+    model = GPT(GPTConfig.from_name("nano"))
+    groups = make_optimizer(model, TrainConfig()).param_groups
+    decayed = {id(p) for p in groups[0]["params"]}
+    assert groups[0]["weight_decay"] == 0.1 and groups[1]["weight_decay"] == 0.0
+    for name, p in model.named_parameters():
+        assert (id(p) in decayed) == (p.dim() >= 2), name
+
+
+def test_bad_configs_name_the_value() -> None:
+    with pytest.raises(ValueError, match=r"max_iters=0"):
+        TrainConfig(max_iters=0)
+    with pytest.raises(ValueError, match="optimizer='adam'"):
+        TrainConfig(optimizer="adam")
+    with pytest.raises(ValueError, match="dtype='float16'"):
+        TrainConfig(dtype="float16")
+
+
+def test_learns_the_copy_task(tmp_path: Path) -> None:
+    dataset = load_dataset("copy")
+    assert isinstance(dataset, TaskDataset)
+    model_config, config = recipe(dataset)
+    config = TrainConfig(**{**config.__dict__, "max_iters": 250})
+    result = train(model_config, config, dataset, tmp_path)
+    losses = [r["loss"] for r in result.history if "loss" in r]
+    assert losses[-1] < 0.1 * losses[0]
+    accuracy, rows = answer_accuracy(result.model, dataset, n=64)
+    assert accuracy >= 0.9, rows[:4]
+    logged = (tmp_path / "metrics.jsonl").read_text().splitlines()
+    assert [json.loads(line) for line in logged] == result.history
+    assert (tmp_path / "loss.png").stat().st_size > 1000
+    assert load_checkpoint(tmp_path / "ckpt").meta["step"] == 250
+
+
+def test_same_seed_same_losses(tmp_path: Path) -> None:
+    dataset = load_dataset("reverse")
+    model_config, config = _small(dataset, max_iters=8)
+    a = _losses(train(model_config, config, dataset, tmp_path / "a").history)
+    b = _losses(train(model_config, config, dataset, tmp_path / "b").history)
+    assert a == b
+    c = _losses(train(model_config, TrainConfig(**{**config.__dict__, "seed": 4}), dataset,
+                      tmp_path / "c").history)
+    assert a != c
+
+
+def _interrupt_at(step: int) -> Any:
+    def callback(row: dict[str, Any]) -> None:
+        if row.get("step") == step and "loss" in row:
+            os.kill(os.getpid(), signal.SIGINT)  # what Ctrl-C does
+
+    return callback
+
+
+@pytest.mark.parametrize("stop_at", [7, 13])  # mid-interval, and right after an eval
+def test_interrupted_and_resumed_equals_uninterrupted(tmp_path: Path, stop_at: int) -> None:
+    dataset = load_dataset("copy")
+    model_config, config = _small(dataset)  # dropout 0.1: the torch RNG state matters too
+    whole = train(model_config, config, dataset, tmp_path / "whole")
+
+    first = train(model_config, config, dataset, tmp_path / "split",
+                  callback=_interrupt_at(stop_at))
+    assert first.interrupted
+    assert load_checkpoint(tmp_path / "split" / "ckpt").meta["step"] == stop_at
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # handler restored
+    rest = train(model_config, config, dataset, tmp_path / "split", resume=True)
+
+    assert not rest.interrupted
+    assert _losses(rest.history) == _losses(whole.history)  # every loss, bit for bit
+    assert rest.val_loss == whole.val_loss
+    for (name, a), b in zip(whole.model.state_dict().items(), rest.model.state_dict().values(),
+                            strict=True):
+        assert torch.equal(a, b), name
+    logged = (tmp_path / "split" / "metrics.jsonl").read_text().splitlines()
+    assert _losses([json.loads(line) for line in logged]) == _losses(whole.history)
+
+
+def test_resume_with_another_model_config_is_refused(tmp_path: Path) -> None:
+    dataset = load_dataset("copy")
+    model_config, config = _small(dataset, max_iters=3)
+    train(model_config, config, dataset, tmp_path)
+    other = GPTConfig(**{**model_config.to_dict(), "n_embd": 32})
+    with pytest.raises(ValueError, match="resume with the same model flags"):
+        train(other, config, dataset, tmp_path, resume=True)
+
+
+def test_non_finite_loss_stops_and_keeps_the_last_good_checkpoint(tmp_path: Path) -> None:
+    dataset = load_dataset("copy")
+    model_config, config = _small(dataset, max_iters=200, eval_interval=5, optimizer="sgd",
+                                  grad_clip=0.0, warmup_iters=0, decay_lr=False, lr=1.0)
+    good = train(model_config, TrainConfig(**{**config.__dict__, "max_iters": 5}), dataset,
+                 tmp_path)
+    saved = {k: v.clone() for k, v in good.model.state_dict().items()}
+    explode = TrainConfig(**{**config.__dict__, "lr": 1e12})
+    with pytest.raises(FloatingPointError, match=r"at step \d+"):
+        train(model_config, explode, dataset, tmp_path, resume=True)
+    kept = load_checkpoint(tmp_path / "ckpt")
+    assert kept.meta["step"] == 5
+    for name, value in kept.model.state_dict().items():
+        assert torch.equal(value, saved[name]), name
+
+
+def test_bad_inputs_leave_no_checkpoint(tmp_path: Path) -> None:
+    path = tmp_path / "small.txt"
+    path.write_text("a short text " * 3)
+    dataset = load_dataset(str(path), cache_dir=tmp_path / "cache")
+    model_config = GPTConfig(vocab_size=dataset.tokenizer.vocab_size, block_size=64, n_layer=1,
+                             n_head=1, n_embd=8)
+    with pytest.raises(ValueError, match="block_size=64 is larger than the data allows"):
+        train(model_config, TrainConfig(max_iters=1), dataset, tmp_path / "run")
+    small_vocab = GPTConfig(**{**model_config.to_dict(), "vocab_size": 2, "block_size": 2})
+    with pytest.raises(ValueError, match="vocab_size=2 < tokenizer's"):
+        train(small_vocab, TrainConfig(max_iters=1), dataset, tmp_path / "run")
+    assert not (tmp_path / "run").exists()
+
+
+def test_unwritable_output_is_reported_before_training(tmp_path: Path) -> None:
+    blocker = tmp_path / "file"
+    blocker.write_text("not a directory")
+    dataset = load_dataset("copy")
+    model_config, config = _small(dataset, max_iters=1)
+    with pytest.raises(ValueError, match="not writable"):
+        train(model_config, config, dataset, blocker / "run")
+
+
+def test_seed_hello_predicts_world(tmp_path: Path) -> None:
+    model_config, config, dataset = seed_experiment("hello")
+    assert model_config.mlp is False and model_config.layer_norm is False
+    result = train(model_config, config, dataset, tmp_path)
+    assert isinstance(dataset, SentenceDataset)
+    with torch.no_grad():
+        logits = result.model(dataset.ids[:, :1]).logits[0, -1]
+    assert dataset.tokenizer.decode([int(logits.argmax())]) == " World"
+
+
+def test_seed_animals_predicts_every_last_word(tmp_path: Path) -> None:
+    model_config, config, dataset = seed_experiment("animals")
+    assert model_config.n_embd == 5
+    result = train(model_config, config, dataset, tmp_path)
+    assert isinstance(dataset, SentenceDataset)
+    with torch.no_grad():
+        predicted = result.model(dataset.ids[:, :-1]).logits[:, -1].argmax(-1)
+    rows = dataset.last_word_predictions(predicted)
+    assert [got for _, _, got in rows] == [want for _, want, _ in rows], rows
