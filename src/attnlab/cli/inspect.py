@@ -1,0 +1,199 @@
+"""`attnlab inspect CHECKPOINT "text" --out DIR`: draw what attention does to a text.
+
+Runs the model once with a `Trace` that keeps only what the chosen figures need, writes
+the figures (viz.py) and `attention.json` (tokens and the attention weights of the chosen
+layers and heads) to DIR.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+from typing import Any
+
+from . import CLIError
+
+#: what -> (trace names it needs, description for --help)
+WHAT: dict[str, tuple[tuple[str, ...], str]] = {
+    "weights": (("attn_weights",), "attention weights softmax(masked * scale), one per head"),
+    "scores": (("attn_scores",), "raw scores q @ k^T, one per head"),
+    "masked": (("masked_scores",), "scores with -inf where a query may not attend"),
+    "steps": (("attn_scores", "masked_scores", "attn_weights"),
+              "raw, masked and softmax side by side (seed 002)"),
+    "qkv": (("q", "k", "v", "context"), "queries, keys, values and weighted values"),
+    "embeddings": (("tok_emb", "pos_emb", "emb"), "token, position and summed embeddings"),
+    "row": (("attn_weights",), "one query's weights as bars over the tokens (--query)"),
+    "grid": (("attn_weights",), "every chosen layer x head in one figure"),
+}
+DEFAULT_WHAT = "grid,weights,row"
+
+
+def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
+    kinds = "\n".join(f"  {name:<11} {desc}" for name, (_, desc) in WHAT.items())
+    parser = subparsers.add_parser(
+        "inspect",
+        help="draw a text's attention (heatmaps, layer x head grid) and save it as JSON",
+        description="Run CHECKPOINT on TEXT, draw its attention into --out and write "
+        "attention.json (tokens, token ids, weights per layer and head).",
+        epilog=f"--what takes a comma-separated list of:\n{kinds}\n  all         every one",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument("checkpoint", metavar="CHECKPOINT", help="checkpoint directory")
+    parser.add_argument("text", help="the text to run (at most the model's block_size tokens)")
+    parser.add_argument("--out", default="inspect", help="output directory (default: inspect)")
+    parser.add_argument("--layer", type=_int_list, default=None, metavar="L[,L...]",
+                        help="layers to draw (default: all)")
+    parser.add_argument("--head", type=_int_list, default=None, metavar="H[,H...]",
+                        help="heads to draw (default: all)")
+    parser.add_argument("--what", default=DEFAULT_WHAT, metavar="KINDS",
+                        help=f"figures to draw, comma-separated (default: {DEFAULT_WHAT}); "
+                        "see below")
+    parser.add_argument("--query", type=int, default=-1,
+                        help="token index for --what row (default: -1, the last token)")
+    parser.add_argument("--format", default="png", metavar="png,svg",
+                        help="figure formats, comma-separated (default: png)")
+    return parser
+
+
+def _int_list(text: str) -> list[int]:
+    try:
+        return [int(part) for part in text.split(",") if part.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected integers like 0 or 0,2, got {text!r}") from None
+
+
+def parse_what(text: str) -> list[str]:
+    kinds = [k.strip() for k in text.split(",") if k.strip()]
+    if "all" in kinds:
+        return list(WHAT)
+    unknown = [k for k in kinds if k not in WHAT]
+    if unknown or not kinds:
+        raise CLIError(f"--what {text!r}: unknown {unknown or 'empty'}; choose from "
+                       f"{', '.join(WHAT)}, all")
+    return kinds
+
+
+def _pick(given: list[int] | None, n: int, flag: str) -> list[int]:
+    if given is None:
+        return list(range(n))
+    bad = [i for i in given if not 0 <= i < n]
+    if bad:
+        raise CLIError(f"{flag} {bad} out of range: the model has {n} ({flag[2:]}s 0..{n - 1})")
+    return sorted(set(given))
+
+
+def run(args: argparse.Namespace) -> int:
+    import torch
+
+    from .. import viz
+    from ..checkpoint import load_checkpoint
+    from ..trace import Trace
+
+    kinds = parse_what(args.what)
+    formats = [f.strip() for f in args.format.split(",") if f.strip()]
+    ckpt = load_checkpoint(args.checkpoint)
+    model, tok = ckpt.model, ckpt.tokenizer
+    c = model.config
+    layers = _pick(args.layer, c.n_layer, "--layer")
+    heads = _pick(args.head, c.n_head, "--head")
+    ids = tok.encode(args.text)
+    if not ids:
+        raise CLIError("the text has no tokens; pass some text to inspect")
+    if len(ids) > c.block_size:
+        raise CLIError(f"the text is {len(ids)} tokens, the model reads at most "
+                       f"block_size={c.block_size}; shorten it")
+    tokens = [tok.decode([i]) for i in ids]
+    T = len(ids)
+    query = args.query + T if args.query < 0 else args.query
+    if not 0 <= query < T:
+        raise CLIError(f"--query {args.query} out of range for {T} tokens (use 0..{T - 1} or -1)")
+
+    names = {"attn_weights"} | {n for k in kinds for n in WHAT[k][0]}
+    trace = Trace(layers=layers, heads=heads, names=names)
+    with torch.no_grad():
+        model(torch.tensor([ids]), trace=trace)  # (1, T) -> logits; the trace keeps the rest
+
+    out = Path(args.out)
+    written: list[Path] = []
+
+    def save(fig: Any, stem: str) -> None:
+        written.extend(viz.save_figure(fig, out / stem, formats))
+
+    def head_of(name: str, layer: int, h: int) -> Any:
+        return trace.get(name, layer)[0, heads.index(h)]  # (T, S) or (T, hs)
+
+    for kind in kinds:
+        if kind == "embeddings":
+            save(viz.plot_embeddings(trace.get("tok_emb")[0], trace.get("pos_emb")[0],
+                                     trace.get("emb")[0], tokens, title="embeddings"),
+                 "embeddings")
+        elif kind == "grid":
+            weights = torch.stack([trace.get("attn_weights", la)[0] for la in layers])
+            save(viz.plot_grid(weights, tokens, layers=layers, heads=heads), "grid")
+        else:
+            for la in layers:
+                for h in heads:
+                    where = f"layer {la}, head {h}"
+                    stem = f"{kind}_L{la}_H{h}"
+                    if kind == "weights":
+                        fig = viz.plot_attention(head_of("attn_weights", la, h), tokens,
+                                                 title=f"attention weights, {where}")
+                    elif kind in ("scores", "masked"):
+                        name = "attn_scores" if kind == "scores" else "masked_scores"
+                        fig = viz.plot_attention(head_of(name, la, h), tokens, kind=kind,
+                                                 title=f"{WHAT[kind][1]}, {where}")
+                    elif kind == "steps":
+                        fig = viz.plot_attention_steps(
+                            head_of("attn_scores", la, h), head_of("masked_scores", la, h),
+                            head_of("attn_weights", la, h), tokens, scale=_scale(c),
+                            title=where)
+                    elif kind == "qkv":
+                        fig = viz.plot_qkv(head_of("q", la, h), head_of("k", la, h),
+                                           head_of("v", la, h), tokens,
+                                           context=head_of("context", la, h), title=where)
+                    else:  # row
+                        fig = viz.plot_row(head_of("attn_weights", la, h)[query], tokens, query)
+                        stem = f"row_L{la}_H{h}_q{query}"
+                    save(fig, stem)
+
+    record = {
+        "checkpoint": str(ckpt.path),
+        "text": args.text,
+        "tokens": tokens,
+        "token_ids": ids,
+        "layers": layers,
+        "heads": heads,
+        "attention": [
+            {"layer": la, "head": h, "weights": viz.to_list(head_of("attn_weights", la, h))}
+            for la in layers for h in heads
+        ],
+    }
+    json_path = out / "attention.json"
+    json_path.parent.mkdir(parents=True, exist_ok=True)
+    json_path.write_text(json.dumps(record))
+    written.append(json_path)
+
+    print(f"text     {T} tokens: {' | '.join(viz.token_label(t) for t in tokens[:16])}"
+          + (" | …" if T > 16 else ""))
+    print(f"traced   layers {_ranges(layers)}, heads {_ranges(heads)}: "
+          f"{', '.join(sorted(names))} ({_size(trace.nbytes())})")
+    print(f"wrote    {len(written)} files to {out}/")
+    for path in written[:12]:
+        print(f"         {path.name}")
+    if len(written) > 12:
+        print(f"         … and {len(written) - 12} more")
+    return 0
+
+
+def _scale(config: Any) -> float:
+    return config.attn_scale if config.attn_scale is not None else config.head_size ** -0.5
+
+
+def _ranges(values: list[int]) -> str:
+    return f"{values[0]}..{values[-1]}" if values == list(range(values[0], values[-1] + 1)) \
+        and len(values) > 2 else ",".join(map(str, values))
+
+
+def _size(nbytes: int) -> str:
+    return f"{nbytes / 1e6:.1f} MB" if nbytes >= 100_000 else f"{nbytes / 1e3:.1f} kB"

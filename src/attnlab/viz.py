@@ -1,0 +1,515 @@
+"""Figures of attention: heatmaps with token labels, layer x head grids, one query's row.
+
+Every function takes plain tensors or arrays (what a `Trace` holds, already indexed to one
+sequence and head) and returns a matplotlib `Figure`; `save_figure` writes it as PNG and/or
+SVG and closes it. This module draws; `trace.py` captures and the CLI decides what to draw.
+
+Readable at any length: small matrices (up to `ANNOTATE_MAX` rows and columns) get their
+values written in the cells as in seed 002's figures; larger ones get none, tick labels are
+thinned to about `MAX_TICKS` per axis (labelled "position token"), and figure sizes are
+capped. Cells a query may not attend to are hatched grey, never drawn as a 0 or a colour.
+
+matplotlib is the `viz` extra and is imported inside `_plt()`, with the Agg backend (no
+display needed).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+from torch import Tensor
+
+if TYPE_CHECKING:
+    from matplotlib.axes import Axes
+    from matplotlib.figure import Figure
+
+ANNOTATE_MAX = 12  # write values in cells when both sides are at most this long
+MAX_TICKS = 32  # at most this many tick labels per axis
+MAX_INCHES = 14.0  # no side of a figure is longer than this
+MASKED_COLOR = "#d9d9d9"
+DPI = 130
+
+ArrayLike = Tensor | np.ndarray
+
+
+def _plt() -> Any:
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError as err:
+        raise ImportError("figures need matplotlib: pip install 'attnlab[viz]'") from err
+    return plt
+
+
+def _np(x: ArrayLike) -> np.ndarray:
+    if isinstance(x, Tensor):
+        return x.detach().float().cpu().numpy()
+    return np.asarray(x, dtype=np.float64)
+
+
+def token_label(token: str, width: int = 12) -> str:
+    """A token as a tick label: control characters escaped, long tokens cut with an ellipsis."""
+    text = token.replace("\n", "\\n").replace("\t", "\\t").replace("\r", "\\r")
+    text = text.replace("$", r"\$")  # matplotlib would start mathtext
+    return text if len(text) <= width else text[: width - 1] + "…"
+
+
+def _tick_positions(n: int, max_ticks: int = MAX_TICKS) -> list[int]:
+    step = max(1, math.ceil(n / max_ticks))
+    return list(range(0, n, step))
+
+
+def _set_ticks(ax: Axes, axis: str, labels: Sequence[str] | None, n: int,
+               max_ticks: int = MAX_TICKS) -> None:
+    """Label every cell when they fit, else every k-th as "position token"."""
+    where = _tick_positions(n, max_ticks)
+    if labels is None:
+        text = [str(i) for i in where]
+    elif len(where) == n:
+        text = [token_label(labels[i]) for i in where]
+    else:
+        text = [f"{i} {token_label(labels[i], 8)}" for i in where]
+    size = 9 if n <= ANNOTATE_MAX else 7 if n <= 64 else 6
+    if axis == "x":
+        turn = n > 4 if labels is not None else len(where) > 12
+        ax.set_xticks(where, text, rotation=90 if turn else 0, fontsize=size)
+    else:
+        ax.set_yticks(where, text, fontsize=size)
+
+
+def _fmt(value: float) -> str:
+    if value == float("-inf"):
+        return "-inf"
+    if abs(value) >= 100:
+        return f"{value:.0f}"
+    return f"{value:.2f}"
+
+
+def heatmap(
+    ax: Axes,
+    matrix: ArrayLike,
+    *,
+    row_labels: Sequence[str] | None = None,
+    col_labels: Sequence[str] | None = None,
+    masked: ArrayLike | None = None,
+    cmap: str = "viridis",
+    vmin: float | None = None,
+    vmax: float | None = None,
+    annotate: bool | None = None,
+    masked_text: str = "",
+    max_ticks: int = MAX_TICKS,
+) -> Any:
+    """Draw a (rows, cols) matrix on `ax`; returns the image (for a colorbar).
+
+    masked: bool (rows, cols), True where the cell is masked (a query may not attend):
+    drawn hatched grey, with `masked_text` (e.g. "-inf") written in it when annotated.
+    Non-finite values (-inf scores) count as masked too. annotate: None writes values
+    when the matrix is at most ANNOTATE_MAX on both sides.
+    """
+    values = _np(matrix)
+    if values.ndim != 2:
+        raise ValueError(f"heatmap needs a 2-d matrix, got shape {values.shape}; index the "
+                         "batch and head first, e.g. weights[0, head]")
+    hide = ~np.isfinite(values)
+    if masked is not None:
+        hide |= _np(masked).astype(bool)
+    shown = np.ma.masked_array(np.where(hide, 0.0, values), mask=hide)
+    ax.add_patch(_hatch_patch(values.shape))
+    image = ax.imshow(shown, cmap=cmap, vmin=vmin, vmax=vmax, interpolation="nearest",
+                      aspect="auto")
+    rows, cols = values.shape
+    _set_ticks(ax, "x", col_labels, cols, max_ticks)
+    _set_ticks(ax, "y", row_labels, rows, max_ticks)
+    ax.set_xlim(-0.5, cols - 0.5)
+    ax.set_ylim(rows - 0.5, -0.5)
+    if annotate is None:
+        annotate = rows <= ANNOTATE_MAX and cols <= ANNOTATE_MAX
+    if annotate:
+        colours = np.asarray(image.cmap(image.norm(values)))  # (rows, cols, 4) RGBA per cell
+        luminance = colours[..., :3] @ np.array([0.299, 0.587, 0.114])  # (rows, cols)
+        for i in range(rows):
+            for j in range(cols):
+                if hide[i, j]:
+                    if masked_text:
+                        ax.text(j, i, masked_text, ha="center", va="center", fontsize=8,
+                                color="#555555")
+                    continue
+                ax.text(j, i, _fmt(values[i, j]), ha="center", va="center", fontsize=8,
+                        color="white" if luminance[i, j] < 0.5 else "black")
+    return image
+
+
+def _hatch_patch(shape: tuple[int, ...]) -> Any:
+    from matplotlib.patches import Rectangle
+
+    rows, cols = shape
+    return Rectangle((-0.5, -0.5), cols, rows, facecolor=MASKED_COLOR, edgecolor="#9a9a9a",
+                     hatch="///", linewidth=0, zorder=0)
+
+
+def _layout(
+    rows: int, cols: int, panels: int = 1, extra: float = 1.6
+) -> tuple[tuple[float, float], int]:
+    """(figure size, tick labels per axis) for `panels` heatmaps side by side.
+
+    ~0.55 in per cell while values are written in the cells; past that the panels shrink
+    to fit MAX_INCHES and carry about 6 tick labels per inch (6-7 pt text does not touch).
+    """
+    cell = 0.55 if max(rows, cols) <= ANNOTATE_MAX else 9.0 / max(rows, cols)
+    cell = min(cell, (MAX_INCHES - 0.5 - panels * extra) / (panels * cols))
+    w = panels * (cols * cell + extra) + 0.5
+    h = rows * cell + extra
+    ticks = max(4, min(MAX_TICKS, int(min(rows, cols) * cell * 6)))
+    return (max(w, 3.5), max(h, 2.8)), ticks
+
+
+# ------------------------------------------------------------------------- attention
+
+
+def plot_attention(
+    weights: ArrayLike,
+    tokens: Sequence[str],
+    *,
+    title: str = "attention weights",
+    kind: str = "weights",
+    keys: Sequence[str] | None = None,
+) -> Figure:
+    """One (T, S) matrix: kind "weights" (0..1), "scores" (raw) or "masked" (-inf cells).
+
+    Rows are queries (tokens), columns keys (`keys`, default the same tokens); cells past
+    the causal mask are hatched for weights and masked scores.
+    """
+    plt = _plt()
+    values = _np(weights)
+    T, S = values.shape
+    keys = tokens if keys is None else keys
+    size, ticks = _layout(T, S)
+    fig, ax = plt.subplots(figsize=size, dpi=DPI)
+    _draw_kind(fig, ax, values, tokens, keys, kind, ticks)
+    ax.set_title(title, fontsize=10)
+    fig.tight_layout()
+    return fig
+
+
+def _draw_kind(fig: Figure, ax: Axes, values: np.ndarray, rows: Sequence[str],
+               cols: Sequence[str], kind: str, ticks: int = MAX_TICKS) -> Any:
+    T, S = values.shape
+    future = _future(T, S)
+    if kind == "weights":
+        image = heatmap(ax, values, row_labels=rows, col_labels=cols, masked=future,
+                        vmin=0.0, vmax=weight_vmax(values), max_ticks=ticks)
+    elif kind in ("scores", "masked"):
+        finite = values[np.isfinite(values)]
+        lim = float(np.abs(finite).max()) if finite.size else 0.0
+        lim = lim or 1.0  # all zeros (seed 004's equal scores): any symmetric scale
+        image = heatmap(ax, values, row_labels=rows, col_labels=cols, cmap="RdBu_r",
+                        vmin=-lim, vmax=lim, masked_text="-inf" if kind == "masked" else "",
+                        max_ticks=ticks)
+    else:
+        raise ValueError(f"unknown kind {kind!r}; choose weights, scores or masked")
+    ax.set_xlabel("key (attended to)", fontsize=8)
+    ax.set_ylabel("query", fontsize=8)
+    _colorbar(fig, image, ax, fraction=0.035, pad=0.03)
+    return image
+
+
+def weight_vmax(weights: ArrayLike) -> float:
+    """Top of the colour scale for attention weights: 1 for short texts (seed 002's scale).
+
+    Over hundreds of keys typical weights are ~1/T and would all be one dark colour on a
+    0..1 scale, so long texts use the 99.5th percentile of the visible weights instead (the
+    colorbar then ends in an arrow: brighter cells are clipped, not hidden).
+    """
+    values = _np(weights)
+    if values.shape[-1] <= ANNOTATE_MAX:
+        return 1.0
+    T, S = values.shape[-2:]
+    visible = values[..., ~_future(T, S)]
+    return float(min(1.0, max(np.quantile(visible, 0.995), 2.0 / S)))
+
+
+def _colorbar(fig: Figure, image: Any, ax: Any, label: str = "", **kwargs: Any) -> None:
+    """A colorbar; an arrow at the top when the scale clips larger values."""
+    values = image.get_array()
+    top = image.norm.vmax
+    clipped = values is not None and values.size and float(np.ma.max(values)) > top + 1e-9
+    bar = fig.colorbar(image, ax=ax, extend="max" if clipped else "neither", label=label,
+                       **kwargs)
+    bar.ax.tick_params(labelsize=7)
+
+
+def _future(T: int, S: int) -> np.ndarray:
+    """(T, S) True above the causal diagonal, queries being the last T of S positions."""
+    return np.arange(S)[None, :] > np.arange(S - T, S)[:, None]
+
+
+def plot_attention_steps(
+    scores: ArrayLike,
+    masked_scores: ArrayLike,
+    weights: ArrayLike,
+    tokens: Sequence[str],
+    *,
+    scale: float | None = None,
+    title: str = "",
+    names: Sequence[str] | None = None,
+) -> Figure:
+    """Seed 002's three steps side by side: raw scores q @ k^T, masked, scaled softmax.
+
+    `names` replaces the three panel titles.
+    """
+    plt = _plt()
+    values = [_np(scores), _np(masked_scores), _np(weights)]
+    T, S = values[0].shape
+    size, ticks = _layout(T, S, panels=3)
+    fig, axes = plt.subplots(1, 3, figsize=size, dpi=DPI)
+    softmax = "softmax(masked × scale)" if scale is None else f"softmax(masked × {scale:.3g})"
+    names = names or ("raw scores  q @ kᵀ", "masked  (-inf above the diagonal)", softmax)
+    for ax, v, kind, name in zip(axes, values, ("scores", "masked", "weights"), names,
+                                 strict=True):
+        _draw_kind(fig, ax, v, tokens, tokens, kind, ticks)
+        ax.set_title(name, fontsize=9)
+    if title:
+        fig.suptitle(title, fontsize=11)
+    fig.tight_layout()
+    return fig
+
+
+def plot_grid(
+    weights: ArrayLike,
+    tokens: Sequence[str],
+    *,
+    layers: Sequence[int] | None = None,
+    heads: Sequence[int] | None = None,
+    title: str = "attention weights by layer and head",
+) -> Figure:
+    """(L, nh, T, S) weights as a grid: one row per layer, one column per head.
+
+    `layers`/`heads` name the rows and columns (default 0..L-1, 0..nh-1). Token labels
+    appear on the left column and bottom row only, thinned to fit the panel size.
+    """
+    plt = _plt()
+    values = _np(weights)
+    if values.ndim != 4:
+        raise ValueError(f"plot_grid needs (layers, heads, T, S) weights, got {values.shape}")
+    L, H, T, S = values.shape
+    layers = list(range(L)) if layers is None else list(layers)
+    heads = list(range(H)) if heads is None else list(heads)
+    panel = min(2.6, MAX_INCHES / max(L, H))
+    fig, axes = plt.subplots(L, H, figsize=(panel * H + 1.6, panel * L + 1.0), dpi=DPI,
+                             squeeze=False, layout="constrained")
+    ticks = max(2, int(panel * 4))  # about 4 labels per inch of panel
+    annotate = T <= 6 and panel >= 2.0
+    vmax = weight_vmax(values)
+    image = None
+    for i in range(L):
+        for j in range(H):
+            ax = axes[i, j]
+            image = heatmap(ax, values[i, j], row_labels=tokens, col_labels=tokens,
+                            masked=_future(T, S), vmin=0.0, vmax=vmax, annotate=annotate,
+                            max_ticks=ticks)
+            if i < L - 1:
+                ax.set_xticklabels([])
+            if j > 0:
+                ax.set_yticklabels([])
+            if i == 0:
+                ax.set_title(f"head {heads[j]}", fontsize=9)
+            if j == 0:
+                ax.set_ylabel(f"layer {layers[i]}", fontsize=9)
+    _colorbar(fig, image, axes, label="weight", shrink=0.6)
+    fig.suptitle(f"{title}  (rows: queries, columns: keys)", fontsize=10)
+    return fig
+
+
+def plot_row(
+    weights_row: ArrayLike,
+    tokens: Sequence[str],
+    query: int,
+    *,
+    title: str | None = None,
+) -> Figure:
+    """One query's weights as bars over the keys it may attend to (later keys are shown
+    as a hatched band: they get exactly 0). `query` indexes `tokens` (= the keys)."""
+    plt = _plt()
+    row = _np(weights_row)
+    S = row.shape[0]
+    if not 0 <= query < S:
+        raise ValueError(f"query {query} out of range for {S} tokens; use 0..{S - 1}")
+    width = min(MAX_INCHES, max(4.0, 0.45 * S + 1.5)) if S <= 64 else MAX_INCHES
+    fig, ax = plt.subplots(figsize=(width, 3.4), dpi=DPI)
+    visible = np.arange(query + 1)
+    bars = ax.bar(visible, row[: query + 1], color="#3b6fb6", width=0.8 if S <= 64 else 1.0)
+    best = int(np.argmax(row[: query + 1]))
+    bars[best].set_color("#d9822b")
+    if query + 1 < S:
+        ax.axvspan(query + 0.5, S - 0.5, facecolor=MASKED_COLOR, hatch="///",
+                   edgecolor="#9a9a9a", linewidth=0, label="future: weight exactly 0")
+        ax.legend(fontsize=8, loc="upper right")
+    if S <= ANNOTATE_MAX * 2:
+        for x in visible:
+            ax.text(x, row[x], f"{row[x]:.2f}", ha="center", va="bottom", fontsize=7)
+    ax.set_xlim(-0.5, S - 0.5)
+    ax.set_ylim(0, max(float(row[: query + 1].max()), 1e-3) * 1.15)
+    _set_ticks(ax, "x", tokens, S, MAX_TICKS * 2 if S > 64 else MAX_TICKS)
+    ax.set_ylabel("attention weight", fontsize=8)
+    ax.tick_params(axis="y", labelsize=7)
+    where = token_label(tokens[query])
+    ax.set_title(title or f"query {query} {where!r}: weight on each key "
+                 f"(largest: {best} {token_label(tokens[best])!r})", fontsize=10)
+    fig.tight_layout()
+    return fig
+
+
+# ------------------------------------------------------------------------- vectors
+
+
+def plot_matrices(
+    matrices: Sequence[ArrayLike],
+    names: Sequence[str],
+    tokens: Sequence[str],
+    *,
+    title: str = "",
+    row_names: Sequence[Sequence[str]] | None = None,
+) -> Figure:
+    """(T, d) matrices side by side, one row per token, one column per dimension, on one
+    shared diverging colour scale (seed 002's q/k/v and embedding figures)."""
+    plt = _plt()
+    values = [_np(m) for m in matrices]
+    T, d = values[0].shape
+    lim = max(float(np.abs(v).max()) for v in values) or 1.0
+    n = len(values)
+    cell = 0.5 if T <= ANNOTATE_MAX and d <= ANNOTATE_MAX else None
+    if cell is not None:
+        size = (min(MAX_INCHES, n * (d * cell + 1.6) + 1.2), T * cell + 1.8)
+    else:
+        size = (min(MAX_INCHES, n * max(2.5, d * 0.06 + 1.2) + 1.2),
+                min(MAX_INCHES * 0.75, max(3.0, T * 0.04 + 1.8)))
+    fig, axes = plt.subplots(1, n, figsize=size, dpi=DPI, squeeze=False,
+                             layout="constrained")
+    image = None
+    for i, (ax, v, name) in enumerate(zip(axes[0], values, names, strict=True)):
+        rows = tokens if row_names is None else row_names[i]
+        image = heatmap(ax, v, row_labels=rows, col_labels=None, cmap="RdBu_r",
+                        vmin=-lim, vmax=lim, max_ticks=MAX_TICKS if d <= ANNOTATE_MAX else 8)
+        ax.set_title(name, fontsize=9)
+        ax.set_xlabel("dimension", fontsize=8)
+        if i > 0 and row_names is None:
+            ax.set_yticklabels([])
+    _colorbar(fig, image, axes, shrink=0.8)
+    if title:
+        fig.suptitle(title, fontsize=11)
+    return fig
+
+
+def plot_qkv(
+    q: ArrayLike, k: ArrayLike, v: ArrayLike, tokens: Sequence[str], *,
+    context: ArrayLike | None = None, title: str = "",
+) -> Figure:
+    """Queries, keys, values (T, hs) of one head, and the weighted values if given."""
+    mats, names = [q, k, v], ["queries q", "keys k", "values v"]
+    if context is not None:
+        mats.append(context)
+        names.append("weighted values\nweights @ v")
+    return plot_matrices(mats, names, tokens, title=title)
+
+
+def plot_embeddings(
+    tok_emb: ArrayLike, pos_emb: ArrayLike, emb: ArrayLike, tokens: Sequence[str], *,
+    title: str = "",
+) -> Figure:
+    """Token embeddings, position embeddings (rows labelled by position) and their sum."""
+    T = len(tokens)
+    positions = [f"pos {i}" for i in range(T)]
+    return plot_matrices(
+        [tok_emb, pos_emb, emb], ["token embedding", "position embedding", "sum"], tokens,
+        title=title, row_names=[tokens, positions, tokens],
+    )
+
+
+def plot_panels(
+    matrices: Sequence[ArrayLike],
+    token_lists: Sequence[Sequence[str]],
+    titles: Sequence[str],
+    *,
+    ncols: int = 3,
+    title: str = "",
+) -> Figure:
+    """Several (T, T) weight matrices of different texts, each with its own tokens."""
+    plt = _plt()
+    n = len(matrices)
+    nrows = math.ceil(n / ncols)
+    T = max(_np(m).shape[0] for m in matrices)
+    (w, h), _ = _layout(T, T, panels=ncols)
+    fig, axes = plt.subplots(nrows, ncols, figsize=(w, min(MAX_INCHES, h * nrows)),
+                             dpi=DPI, squeeze=False, layout="constrained")
+    for ax in axes.flat[n:]:
+        ax.axis("off")
+    image = None
+    for ax, m, toks, name in zip(axes.flat, matrices, token_lists, titles, strict=False):
+        v = _np(m)
+        image = heatmap(ax, v, row_labels=toks, col_labels=toks,
+                        masked=_future(*v.shape), vmin=0.0, vmax=1.0)
+        ax.set_title(name, fontsize=9)
+    _colorbar(fig, image, axes, label="weight", shrink=0.6)
+    if title:
+        fig.suptitle(title, fontsize=11)
+    return fig
+
+
+def plot_loss(history: Sequence[dict[str, Any]]) -> Figure:
+    """Train loss per step and val loss per evaluation (rows of `train()`'s history)."""
+    plt = _plt()
+    train_rows = [r for r in history if "loss" in r]
+    val_rows = [r for r in history if "val_loss" in r]
+    fig, ax = plt.subplots(figsize=(6, 3.5), dpi=120)
+    ax.plot([r["step"] for r in train_rows], [r["loss"] for r in train_rows], lw=1,
+            alpha=0.7, label="train (batch)")
+    if val_rows:
+        ax.plot([r["step"] for r in val_rows], [r["val_loss"] for r in val_rows], "o-",
+                label="val")
+    ax.set_xlabel("step")
+    ax.set_ylabel("cross-entropy")
+    ax.legend()
+    ax.grid(alpha=0.3)
+    fig.tight_layout()
+    return fig
+
+
+# ------------------------------------------------------------------------- files
+
+
+def save_figure(fig: Figure, path: str | Path, formats: Sequence[str] = ("png",)) -> list[Path]:
+    """Write `fig` as path.png / path.svg (the suffix of `path` is replaced), then close it."""
+    plt = _plt()
+    bad = sorted(set(formats) - {"png", "svg"})
+    if bad or not formats:
+        plt.close(fig)
+        raise ValueError(f"figure formats {bad or list(formats)} not supported; use png, svg")
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    written = []
+    try:
+        for fmt in formats:
+            target = path.with_suffix(f".{fmt}")
+            fig.savefig(target, format=fmt, bbox_inches="tight")
+            written.append(target)
+    finally:
+        plt.close(fig)
+    return written
+
+
+def to_list(x: ArrayLike, decimals: int = 5) -> Any:
+    """A tensor as nested lists of rounded floats, for JSON."""
+    return np.round(_np(x), decimals).tolist()
+
+
+__all__ = [
+    "heatmap", "plot_attention", "plot_attention_steps", "plot_embeddings", "plot_grid",
+    "plot_loss", "plot_matrices", "plot_panels", "plot_qkv", "plot_row", "save_figure",
+    "to_list", "token_label",
+]
