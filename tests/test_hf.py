@@ -1,0 +1,147 @@
+"""hf.py: attnlab on GPT-2 weights equals Hugging Face's GPT2LMHeadModel on the same weights."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from attnlab.generate import generate
+from attnlab.hf import is_hf_dir, load_hf_checkpoint, load_hf_gpt2, save_hf_gpt2
+
+transformers = pytest.importorskip("transformers")
+
+# Two shapes: tied head with scaled scores, and an untied head with unscaled scores.
+SHAPES = {
+    "tied": dict(vocab_size=97, n_positions=64, n_embd=32, n_layer=2, n_head=4),
+    "untied": dict(
+        vocab_size=131, n_positions=48, n_embd=48, n_layer=3, n_head=3,
+        tie_word_embeddings=False, scale_attn_weights=False,
+    ),
+}
+
+
+def _hf_model(shape: str) -> torch.nn.Module:
+    torch.manual_seed(0)
+    config = transformers.GPT2Config(
+        **SHAPES[shape],
+        # a wide init gives peaked logits, so greedy argmax never hinges on a 1e-6 near-tie
+        initializer_range=0.2, bos_token_id=0, eos_token_id=0, pad_token_id=0,
+        attn_implementation="eager",
+    )
+    return transformers.GPT2LMHeadModel(config).eval()
+
+
+@pytest.fixture(scope="module", params=sorted(SHAPES))
+def pair(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> tuple:
+    hf = _hf_model(request.param)
+    directory = tmp_path_factory.mktemp(f"gpt2-{request.param}")
+    hf.save_pretrained(directory)
+    return hf, load_hf_gpt2(directory), directory
+
+
+def _left_padded(vocab: int, lengths: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
+    g = torch.Generator().manual_seed(1)
+    P = max(lengths)
+    ids = torch.randint(1, vocab, (len(lengths), P), generator=g)
+    mask = torch.zeros(len(lengths), P, dtype=torch.long)
+    for b, n in enumerate(lengths):
+        mask[b, P - n:] = 1
+        ids[b, : P - n] = 0
+    return ids, mask
+
+
+@torch.no_grad()
+def test_logits_agree_single_and_left_padded(pair: tuple) -> None:
+    hf, ours, _ = pair
+    V = ours.config.vocab_size
+    ids = torch.randint(0, V, (1, 20), generator=torch.Generator().manual_seed(0))
+    torch.testing.assert_close(ours(ids).logits, hf(ids).logits, atol=1e-4, rtol=0)
+
+    ids, mask = _left_padded(V, [5, 12, 9])
+    positions = (mask.cumsum(-1) - 1).clamp(min=0)  # (B, P): HF's convention for left padding
+    expected = hf(ids, attention_mask=mask, position_ids=positions).logits
+    got = ours(ids, attention_mask=mask).logits
+    real = mask.bool()  # pad positions' logits mean nothing; compare the real tokens
+    torch.testing.assert_close(got[real], expected[real], atol=1e-4, rtol=0)
+    assert (got[real] - expected[real]).abs().max() > 0  # two implementations, not one
+
+
+def test_greedy_generation_gives_hugging_faces_ids(pair: tuple) -> None:
+    hf, ours, _ = pair
+    V = ours.config.vocab_size
+    ids, mask = _left_padded(V, [4, 11, 7])
+    n = ours.config.block_size - ids.shape[1]  # up to the end of the position table
+    expected = hf.generate(
+        ids, attention_mask=mask, max_new_tokens=n, do_sample=False, eos_token_id=None,
+        pad_token_id=0,
+    )
+    assert torch.equal(generate(ours, ids, mask, max_new_tokens=n, temperature=0), expected)
+    single = ids[1:2]
+    expected = hf.generate(
+        single, attention_mask=torch.ones_like(single), max_new_tokens=n, do_sample=False,
+        eos_token_id=None, pad_token_id=0,
+    )
+    assert torch.equal(generate(ours, single, max_new_tokens=n, temperature=0), expected)
+
+
+@torch.no_grad()
+def test_export_round_trip(pair: tuple, tmp_path: Path) -> None:
+    hf, ours, _ = pair
+    save_hf_gpt2(tmp_path, ours)
+    assert is_hf_dir(tmp_path)
+    reloaded_hf = transformers.GPT2LMHeadModel.from_pretrained(tmp_path).eval()
+    for name, tensor in hf.state_dict().items():
+        assert torch.equal(reloaded_hf.state_dict()[name], tensor), name
+    again = load_hf_gpt2(tmp_path)
+    for name, tensor in ours.state_dict().items():
+        assert torch.equal(again.state_dict()[name], tensor), name
+    ids = torch.randint(0, ours.config.vocab_size, (2, 9), generator=torch.Generator())
+    torch.testing.assert_close(reloaded_hf(ids).logits, ours(ids).logits, atol=1e-4, rtol=0)
+
+
+def test_pytorch_model_bin_loads_the_same(pair: tuple, tmp_path: Path) -> None:
+    hf, ours, directory = pair
+    (tmp_path / "config.json").write_text((directory / "config.json").read_text())
+    torch.save(hf.state_dict(), tmp_path / "pytorch_model.bin")
+    from_bin = load_hf_gpt2(tmp_path)
+    for name, tensor in ours.state_dict().items():
+        assert torch.equal(from_bin.state_dict()[name], tensor), name
+
+
+def test_checkpoint_needs_a_tokenizer(pair: tuple) -> None:
+    _, _, directory = pair
+    with pytest.raises(FileNotFoundError, match=r"has no tokenizer: add tokenizer\.json"):
+        load_hf_checkpoint(directory)
+
+
+def test_clear_errors(tmp_path: Path) -> None:
+    with pytest.raises(FileNotFoundError, match="does not exist"):
+        load_hf_gpt2(tmp_path / "nowhere")
+    with pytest.raises(FileNotFoundError, match=r"has no config\.json"):
+        load_hf_gpt2(tmp_path)
+    (tmp_path / "config.json").write_text(json.dumps({"model_type": "llama"}))
+    with pytest.raises(ValueError, match=r"model_type='llama'.*GPT-2 only"):
+        load_hf_gpt2(tmp_path)
+    config = {"model_type": "gpt2", "n_layer": 1, "n_head": 2, "n_embd": 8, "vocab_size": 11}
+    (tmp_path / "config.json").write_text(json.dumps({**config, "activation_function": "relu"}))
+    with pytest.raises(ValueError, match="activation_function='relu'"):
+        load_hf_gpt2(tmp_path)
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    with pytest.raises(FileNotFoundError, match=r"has no weights: expected model\.safetensors"):
+        load_hf_gpt2(tmp_path)
+    torch.save({"wte.weight": torch.zeros(11, 8)}, tmp_path / "pytorch_model.bin")
+    with pytest.raises(ValueError, match=r"'wpe\.weight' is missing"):
+        load_hf_gpt2(tmp_path)
+    (tmp_path / "config.json").write_text(json.dumps({"model": {}, "meta": {}}))
+    assert not is_hf_dir(tmp_path)  # an attnlab checkpoint's config.json
+
+
+def test_export_refuses_models_gpt2_cannot_express(tmp_path: Path) -> None:
+    from attnlab import GPT, GPTConfig
+
+    model = GPT(GPTConfig.from_name("nano", n_kv_head=1))
+    with pytest.raises(ValueError, match=r"n_kv_head in \(None, n_head\)"):
+        save_hf_gpt2(tmp_path, model)
