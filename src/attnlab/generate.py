@@ -142,7 +142,8 @@ def _check_prompt(
             f"prompt of {P} tokens + max_new_tokens={config.max_new_tokens} exceeds "
             f"block_size={block} (it runs {P + config.max_new_tokens - 1} positions); "
             "shorten the prompt, lower max_new_tokens, or pass "
-            "sliding_window=True to condition on the last block_size tokens"
+            "sliding_window=True (CLI: --sliding-window) to condition on the last block_size "
+            "tokens"
         )
     if attention_mask is None:
         return None

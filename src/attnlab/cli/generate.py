@@ -1,0 +1,154 @@
+"""`attnlab generate CHECKPOINT "prompt"`: extend prompts with a trained model, streaming the text.
+
+CHECKPOINT is an attnlab checkpoint directory or a Hugging Face GPT-2 directory (config.json
++ model.safetensors, with tokenizer.json). One prompt streams to stdout as its tokens come;
+`--prompt-file` runs many prompts as left-padded batches and prints each completion once its
+batch is done. Timing goes to stderr, so stdout holds only text.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from . import CLIError
+
+
+def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
+    parser = subparsers.add_parser(
+        "generate",
+        help="extend a prompt with a trained model (streams text as it comes)",
+        description="Extend PROMPT (or every line of --prompt-file) with the model in "
+        "CHECKPOINT: an attnlab checkpoint or a Hugging Face GPT-2 directory.",
+    )
+    parser.add_argument("checkpoint", metavar="CHECKPOINT", help="checkpoint directory")
+    parser.add_argument(
+        "prompt", nargs="?", default=None,
+        help="text to continue (empty: start from end-of-text, if the tokenizer has it)",
+    )
+    parser.add_argument(
+        "--prompt-file", "--prompt_file", dest="prompt_file",
+        help="a file with one prompt per line (- reads stdin); they run as batches",
+    )
+    parser.add_argument(
+        "--max-new-tokens", "--max_new_tokens", dest="max_new_tokens", type=int,
+        help="tokens to add (default: 200, or as many as the context has room for)",
+    )
+    parser.add_argument(
+        "--temperature", type=float, default=0.8, help="0 = greedy (default 0.8)"
+    )
+    parser.add_argument(
+        "--top-k", "--top_k", dest="top_k", type=int, default=0,
+        help="sample among the k most likely tokens (default 0: all)",
+    )
+    parser.add_argument(
+        "--top-p", "--top_p", dest="top_p", type=float, default=1.0,
+        help="nucleus sampling: smallest set of tokens holding this mass (default 1: all)",
+    )
+    parser.add_argument("--seed", type=int, help="same seed, same text")
+    parser.add_argument(
+        "--stop", action="append", default=[],
+        help="end a completion at this string (repeatable; \\n and \\t are understood)",
+    )
+    parser.add_argument(
+        "--sliding-window", "--sliding_window", dest="sliding_window", action="store_true",
+        help="past block_size, condition on the last block_size tokens instead of failing",
+    )
+    parser.add_argument(
+        "--batch-size", "--batch_size", dest="batch_size", type=int, default=16,
+        help="prompts per batch with --prompt-file (default 16)",
+    )
+    parser.add_argument("--device", default="cpu", help="cpu, cuda, cuda:1, mps (default cpu)")
+    parser.add_argument("--threads", type=int, help="CPU threads for torch")
+    return parser
+
+
+def load_any(path: str, device: str = "cpu") -> Any:
+    """A `Checkpoint` from an attnlab checkpoint or a Hugging Face GPT-2 directory."""
+    from ..checkpoint import load_checkpoint
+    from ..hf import is_hf_dir, load_hf_checkpoint
+
+    if is_hf_dir(path):
+        return load_hf_checkpoint(path, map_location=device)
+    return load_checkpoint(path, map_location=device)
+
+
+def _read_prompts(args: argparse.Namespace) -> list[str]:
+    if args.prompt_file is None:
+        return [args.prompt or ""]
+    if args.prompt is not None:
+        raise CLIError("give PROMPT or --prompt-file, not both")
+    if args.prompt_file == "-":
+        text = sys.stdin.read()
+    else:
+        path = Path(args.prompt_file)
+        if not path.is_file():
+            raise CLIError(f"--prompt-file {path} does not exist")
+        text = path.read_text(encoding="utf-8")
+    prompts = [line for line in text.splitlines() if line.strip()]
+    if not prompts:
+        raise CLIError(f"--prompt-file {args.prompt_file} has no non-empty lines")
+    return prompts
+
+
+def _unescape(stop: str) -> str:
+    return stop.replace("\\n", "\n").replace("\\t", "\t")
+
+
+def run(args: argparse.Namespace) -> int:
+    import torch
+
+    from ..generate import stream_text
+
+    if args.threads is not None:
+        if args.threads < 1:
+            raise CLIError(f"--threads {args.threads} must be >= 1")
+        torch.set_num_threads(args.threads)
+    if args.batch_size < 1:
+        raise CLIError(f"--batch-size {args.batch_size} must be >= 1")
+    prompts = _read_prompts(args)
+    ckpt = load_any(args.checkpoint, args.device)
+    model, tokenizer = ckpt.model, ckpt.tokenizer
+    max_new_tokens = args.max_new_tokens
+    if max_new_tokens is None and args.sliding_window:
+        max_new_tokens = 200
+    elif max_new_tokens is None:
+        longest = max(len(tokenizer.encode(p)) or 1 for p in prompts)
+        # the default fits the context (the last new token is never fed back); ask for more
+        # with --max-new-tokens and --sliding-window
+        max_new_tokens = max(1, min(200, model.config.block_size - longest + 1))
+    options = dict(
+        max_new_tokens=max_new_tokens, stop=[_unescape(s) for s in args.stop],
+        temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, seed=args.seed,
+        sliding_window=args.sliding_window,
+    )
+
+    start, produced = time.perf_counter(), 0
+    if args.prompt_file is None:
+        sys.stdout.write(prompts[0])
+        sys.stdout.flush()
+        for pieces in stream_text(model, tokenizer, prompts, **options):  # type: ignore[arg-type]
+            produced = min(produced + 1, max_new_tokens)  # the last yield may only flush text
+            if pieces[0]:
+                sys.stdout.write(pieces[0])
+                sys.stdout.flush()
+        sys.stdout.write("\n")
+    else:
+        for first in range(0, len(prompts), args.batch_size):
+            batch = prompts[first:first + args.batch_size]
+            completions = [""] * len(batch)
+            steps = 0
+            for pieces in stream_text(model, tokenizer, batch, **options):  # type: ignore[arg-type]
+                steps = min(steps + 1, max_new_tokens)
+                completions = [c + p for c, p in zip(completions, pieces, strict=True)]
+            produced += steps * len(batch)
+            for i, (prompt, completion) in enumerate(zip(batch, completions, strict=True)):
+                print(f"=== prompt {first + i + 1}/{len(prompts)}")
+                print(prompt + completion)
+    seconds = time.perf_counter() - start
+    rate = produced / max(seconds, 1e-9)
+    print(f"[{produced} new tokens in {seconds:.2f} s, {rate:,.1f} tokens/s]", file=sys.stderr)
+    return 0

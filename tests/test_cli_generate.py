@@ -1,0 +1,148 @@
+"""`attnlab generate` end to end, in-process, on checkpoints built here (nothing is trained)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+import attnlab.generate as generate_mod
+from attnlab import GPT, GPTConfig
+from attnlab.checkpoint import save_checkpoint
+from attnlab.cli import main
+from attnlab.generate import generate_text
+from attnlab.tokenizers import Tokenizer, get_tokenizer
+
+TEXT = "the quick brown fox jumps over the lazy dog\n"
+
+
+def _model_and_tokenizer(tokenizer: Tokenizer, block_size: int = 32) -> GPT:
+    torch.manual_seed(0)
+    config = GPTConfig.from_name(
+        "nano", vocab_size=tokenizer.vocab_size, block_size=block_size, init_std=0.3
+    )
+    return GPT(config).eval()
+
+
+@pytest.fixture
+def checkpoint(tmp_path: Path) -> tuple[Path, GPT, Tokenizer]:
+    tokenizer = get_tokenizer("char", TEXT)
+    model = _model_and_tokenizer(tokenizer)
+    return save_checkpoint(tmp_path / "ckpt", model, tokenizer), model, tokenizer
+
+
+def test_one_prompt_streams_the_greedy_completion(
+    checkpoint: tuple[Path, GPT, Tokenizer], capsys: pytest.CaptureFixture[str]
+) -> None:
+    path, model, tokenizer = checkpoint
+    args = ["generate", str(path), "the fox", "--max-new-tokens", "12", "--temperature", "0"]
+    assert main(args) == 0
+    captured = capsys.readouterr()
+    expected = generate_text(model, tokenizer, ["the fox"], max_new_tokens=12, temperature=0)[0]
+    assert len(expected) == 12
+    assert captured.out == "the fox" + expected + "\n"
+    assert "12 new tokens in" in captured.err
+
+
+def test_text_reaches_stdout_before_generation_ends(
+    checkpoint: tuple[Path, GPT, Tokenizer],
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    path, _, _ = checkpoint
+    seen: list[str] = []
+
+    def scripted(*args: Any, **kwargs: Any) -> Iterator[list[str]]:
+        for piece in ["a", "b", "c"]:
+            yield [piece]
+            seen.append(capsys.readouterr().out)  # what the terminal shows after this step
+
+    monkeypatch.setattr(generate_mod, "stream_text", scripted)
+    assert main(["generate", str(path), "go ", "--max-new-tokens", "3"]) == 0
+    assert seen == ["go a", "b", "c"]
+
+
+def test_prompt_file_runs_batches_and_prints_each_completion(
+    checkpoint: tuple[Path, GPT, Tokenizer], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path, model, tokenizer = checkpoint
+    prompts = ["the", "a lazy dog", "quick brown fox jumps"]
+    (tmp_path / "prompts.txt").write_text("\n".join(prompts[:2]) + "\n\n" + prompts[2] + "\n")
+    args = ["generate", str(path), "--prompt-file", str(tmp_path / "prompts.txt"),
+            "--max-new-tokens", "8", "--temperature", "0", "--batch-size", "2"]
+    assert main(args) == 0
+    out = capsys.readouterr().out
+    blocks = out.split("=== prompt ")[1:]
+    assert [b.split("\n", 1)[0] for b in blocks] == ["1/3", "2/3", "3/3"]
+    for prompt, block in zip(prompts, blocks, strict=True):
+        alone = generate_text(model, tokenizer, [prompt], max_new_tokens=8, temperature=0)[0]
+        assert block.split("\n", 1)[1] == prompt + alone + "\n"
+
+
+def test_sampling_flags_are_seeded(
+    checkpoint: tuple[Path, GPT, Tokenizer], capsys: pytest.CaptureFixture[str]
+) -> None:
+    path, _, _ = checkpoint
+    flags = ["--max-new-tokens", "20", "--temperature", "1.3", "--top-k", "10", "--top-p", "0.9"]
+    outs = []
+    for seed in ("1", "1", "2"):
+        assert main(["generate", str(path), "the", *flags, "--seed", seed]) == 0
+        outs.append(capsys.readouterr().out)
+    assert outs[0] == outs[1] != outs[2]
+
+
+def test_stop_string_ends_the_completion(
+    checkpoint: tuple[Path, GPT, Tokenizer], capsys: pytest.CaptureFixture[str]
+) -> None:
+    path, model, tokenizer = checkpoint
+    full = generate_text(model, tokenizer, ["the"], max_new_tokens=20, temperature=0)[0]
+    stop = full[5:7]
+    assert main(["generate", str(path), "the", "--max-new-tokens", "20", "--temperature",
+                 "0", "--stop", stop]) == 0
+    assert capsys.readouterr().out == "the" + full[:full.index(stop)] + "\n"
+
+
+def test_errors_name_the_problem(
+    checkpoint: tuple[Path, GPT, Tokenizer], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path, _, _ = checkpoint
+    assert main(["generate", str(tmp_path / "missing"), "the"]) == 1
+    assert "missing does not exist" in capsys.readouterr().err
+
+    long_prompt = "the lazy dog jumps over the fox"  # 31 characters, block_size 32
+    assert main(["generate", str(path), long_prompt, "--max-new-tokens", "5"]) == 1
+    err = capsys.readouterr().err
+    assert "exceeds block_size=32" in err and "--sliding-window" in err
+    args = ["generate", str(path), long_prompt, "--max-new-tokens", "5", "--sliding-window"]
+    assert main(args) == 0
+    assert capsys.readouterr().out.startswith(long_prompt)
+
+    assert main(["generate", str(path), "the", "--prompt-file", str(tmp_path / "p.txt")]) == 1
+    assert "not both" in capsys.readouterr().err
+    assert main(["generate", str(path), "--prompt-file", str(tmp_path / "p.txt")]) == 1
+    assert "p.txt does not exist" in capsys.readouterr().err
+    assert main(["generate", str(path), "THE"]) == 1  # not in the char vocabulary
+    assert "cannot encode" in capsys.readouterr().err
+
+
+def test_hugging_face_directory_generates_the_same_text(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    pytest.importorskip("tokenizers")
+    from attnlab.hf import save_hf_gpt2
+
+    tokenizer = get_tokenizer("bpe:300", TEXT * 20)
+    model = _model_and_tokenizer(tokenizer)
+    save_checkpoint(tmp_path / "ours", model, tokenizer)
+    save_hf_gpt2(tmp_path / "hf", model, tokenizer)
+    outs = []
+    for directory in ("ours", "hf"):
+        args = ["generate", str(tmp_path / directory), "the quick", "--max-new-tokens", "10",
+                "--temperature", "0"]
+        assert main(args) == 0
+        outs.append(capsys.readouterr().out)
+    expected = generate_text(model, tokenizer, ["the quick"], max_new_tokens=10, temperature=0)
+    assert outs == ["the quick" + expected[0] + "\n"] * 2
