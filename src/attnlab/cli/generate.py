@@ -12,9 +12,14 @@ import argparse
 import sys
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 from . import CLIError
+
+if TYPE_CHECKING:
+    from collections.abc import Iterator
+
+    from ..checkpoint import Checkpoint
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
@@ -66,7 +71,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
     return parser
 
 
-def load_any(path: str, device: str = "cpu") -> Any:
+def load_any(path: str, device: str = "cpu") -> Checkpoint:
     """A `Checkpoint` from an attnlab checkpoint or a Hugging Face GPT-2 directory."""
     from ..checkpoint import load_checkpoint
     from ..hf import is_hf_dir, load_hf_checkpoint
@@ -120,17 +125,20 @@ def run(args: argparse.Namespace) -> int:
         # the default fits the context (the last new token is never fed back); ask for more
         # with --max-new-tokens and --sliding-window
         max_new_tokens = max(1, min(200, model.config.block_size - longest + 1))
-    options = dict(
-        max_new_tokens=max_new_tokens, stop=[_unescape(s) for s in args.stop],
-        temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, seed=args.seed,
-        sliding_window=args.sliding_window,
-    )
+    stops = [_unescape(s) for s in args.stop]
+
+    def completions(prompts: list[str]) -> Iterator[list[str]]:
+        return stream_text(
+            model, tokenizer, prompts, max_new_tokens=max_new_tokens, stop=stops,
+            temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, seed=args.seed,
+            sliding_window=args.sliding_window,
+        )
 
     start, produced = time.perf_counter(), 0
     if args.prompt_file is None:
         sys.stdout.write(prompts[0])
         sys.stdout.flush()
-        for pieces in stream_text(model, tokenizer, prompts, **options):  # type: ignore[arg-type]
+        for pieces in completions(prompts):
             produced = min(produced + 1, max_new_tokens)  # the last yield may only flush text
             if pieces[0]:
                 sys.stdout.write(pieces[0])
@@ -139,13 +147,13 @@ def run(args: argparse.Namespace) -> int:
     else:
         for first in range(0, len(prompts), args.batch_size):
             batch = prompts[first:first + args.batch_size]
-            completions = [""] * len(batch)
+            texts = [""] * len(batch)
             steps = 0
-            for pieces in stream_text(model, tokenizer, batch, **options):  # type: ignore[arg-type]
+            for pieces in completions(batch):
                 steps = min(steps + 1, max_new_tokens)
-                completions = [c + p for c, p in zip(completions, pieces, strict=True)]
+                texts = [t + p for t, p in zip(texts, pieces, strict=True)]
             produced += steps * len(batch)
-            for i, (prompt, completion) in enumerate(zip(batch, completions, strict=True)):
+            for i, (prompt, completion) in enumerate(zip(batch, texts, strict=True)):
                 print(f"=== prompt {first + i + 1}/{len(prompts)}")
                 print(prompt + completion)
     seconds = time.perf_counter() - start
