@@ -52,9 +52,14 @@ class Dataset(ABC):
 
     @abstractmethod
     def batch(
-        self, split: str, batch_size: int, block_size: int, generator: torch.Generator
+        self, split: str, batch_size: int, block_size: int, generator: torch.Generator,
+        rows: slice = slice(None),
     ) -> tuple[Tensor, Tensor]:
-        """x (B, T), y (B, T): y[:, t] is the token after x[:, t], or -1 (ignored)."""
+        """x (B, T), y (B, T): y[:, t] is the token after x[:, t], or -1 (ignored).
+
+        rows: the part of the batch to return (one process's share under torchrun); the
+        generator advances as for the whole batch, so every process stays in step.
+        """
 
     @property
     @abstractmethod
@@ -130,7 +135,8 @@ class TextDataset(Dataset):
         return min(len(self.train), len(self.val)) - 1
 
     def batch(
-        self, split: str, batch_size: int, block_size: int, generator: torch.Generator
+        self, split: str, batch_size: int, block_size: int, generator: torch.Generator,
+        rows: slice = slice(None),
     ) -> tuple[Tensor, Tensor]:
         ids = self.train if split == "train" else self.val
         if block_size > len(ids) - 1:
@@ -139,7 +145,7 @@ class TextDataset(Dataset):
                 f"{split} split has {len(ids)}; use a smaller --block_size or more text"
             )
         starts = torch.randint(len(ids) - block_size, (batch_size,), generator=generator)
-        window = starts.numpy()[:, None] + np.arange(block_size + 1)  # (B, T + 1)
+        window = starts[rows].numpy()[:, None] + np.arange(block_size + 1)  # (B, T + 1)
         chunk = torch.from_numpy(ids[window].astype(np.int64))  # (B, T + 1)
         return chunk[:, :-1], chunk[:, 1:]  # (B, T), (B, T)
 
@@ -179,10 +185,11 @@ class SentenceDataset(Dataset):
         return self.ids.shape[1] - 1
 
     def batch(
-        self, split: str, batch_size: int, block_size: int, generator: torch.Generator
+        self, split: str, batch_size: int, block_size: int, generator: torch.Generator,
+        rows: slice = slice(None),
     ) -> tuple[Tensor, Tensor]:
         # the seed trains and evaluates on the same handful of sentences: no split exists
-        return self.ids[:, :-1], self.ids[:, 1:]  # (N, L-1), (N, L-1)
+        return self.ids[rows, :-1], self.ids[rows, 1:]  # (N, L-1), (N, L-1)
 
     def last_word_predictions(self, predicted_ids: Tensor) -> list[tuple[str, str, str]]:
         """(prompt, expected last word, predicted) per sentence, from ids (N,) at position -1."""
@@ -239,7 +246,8 @@ class TaskDataset(Dataset):
         return pairs + "?" + seq[q], _DIGITS[digits[q]]
 
     def batch(
-        self, split: str, batch_size: int, block_size: int, generator: torch.Generator
+        self, split: str, batch_size: int, block_size: int, generator: torch.Generator,
+        rows: slice = slice(None),
     ) -> tuple[Tensor, Tensor]:
         if block_size < self.max_block_size:
             raise ValueError(
@@ -253,7 +261,7 @@ class TaskDataset(Dataset):
             xs.append(ids[:-1])
             # loss only where the next token is part of the answer
             ys.append([-1] * (len(prompt) - 1) + ids[len(prompt):])
-        return torch.tensor(xs), torch.tensor(ys)  # (B, L - 1), (B, L - 1)
+        return torch.tensor(xs[rows]), torch.tensor(ys[rows])  # (B, L - 1), (B, L - 1)
 
 
 def load_dataset(

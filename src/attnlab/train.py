@@ -16,6 +16,7 @@ import contextlib
 import dataclasses
 import json
 import math
+import shutil
 import signal
 import threading
 import time
@@ -28,6 +29,7 @@ import torch
 
 from .checkpoint import load_checkpoint, load_train_state, save_checkpoint
 from .data import Dataset, SentenceDataset, TaskDataset, load_dataset
+from .distributed import World, setup, teardown
 from .model import GPT, GPTConfig
 from .tokenizers import Tokenizer
 
@@ -51,6 +53,7 @@ class TrainConfig:
     eval_iters: int = 20  # val batches per evaluation
     dtype: str = "float32"  # float32 | bfloat16 (autocast: fast on CPUs with AVX512-BF16)
     compile: bool = False  # torch.compile the model
+    device: str = "auto"  # auto (CUDA if present, else CPU) | cpu | cuda | cuda:N | mps
     seed: int = 1337  # seeds init, batches and dropout
 
     def __post_init__(self) -> None:
@@ -130,9 +133,11 @@ def sequence_length(model_config: GPTConfig, dataset: Dataset) -> int:
 
 @torch.no_grad()
 def evaluate(
-    model: GPT, dataset: Dataset, config: TrainConfig, seq_len: int
+    model: GPT, dataset: Dataset, config: TrainConfig, seq_len: int, world: World | None = None
 ) -> dict[str, float]:
     """Mean loss on fixed batches of each split (the same batches at every evaluation)."""
+    world = world or World(device=model.wte.weight.device)
+    rows = world.rows(config.batch_size)
     was_training = model.training
     model.eval()
     out = {}
@@ -140,20 +145,18 @@ def evaluate(
         gen = torch.Generator().manual_seed(config.seed + (1 if split == "train" else 2))
         losses = []
         for _ in range(config.eval_iters):
-            x, y = dataset.batch(split, config.batch_size, seq_len, gen)
-            with _autocast(config):
-                loss = model(x, y).loss
+            x, y = dataset.batch(split, config.batch_size, seq_len, gen, rows)
+            with _autocast(config, world.device):
+                loss = model(x.to(world.device), y.to(world.device)).loss
             assert loss is not None
             losses.append(float(loss))
-        out[f"{split}_loss"] = sum(losses) / len(losses)
+        out[f"{split}_loss"] = world.mean(sum(losses) / len(losses))
     model.train(was_training)
     return out
 
 
-def _autocast(config: TrainConfig) -> torch.autocast:
-    return torch.autocast(
-        "cpu", dtype=torch.bfloat16, enabled=config.dtype == "bfloat16"
-    )
+def _autocast(config: TrainConfig, device: torch.device) -> torch.autocast:
+    return torch.autocast(device.type, dtype=torch.bfloat16, enabled=config.dtype == "bfloat16")
 
 
 def train(
@@ -168,29 +171,54 @@ def train(
     """Train a GPT on `dataset`; checkpoints in out_dir/ckpt, metrics in out_dir/metrics.jsonl.
 
     callback gets every metrics row ({"step", "loss", "lr", "tokens_per_s", ...} and eval rows
-    with "val_loss"). Ctrl-C saves a checkpoint and returns with `interrupted=True`.
+    with "val_loss"). Ctrl-C saves a checkpoint and returns with `interrupted=True`. Under
+    torchrun every process calls this; they share the work (distributed.py) and only rank 0
+    writes files and calls callback.
     """
-    out = Path(out_dir)
-    tokenizer = dataset.tokenizer
-    if model_config.vocab_size < tokenizer.vocab_size:
+    if model_config.vocab_size < dataset.tokenizer.vocab_size:
         raise ValueError(
-            f"model vocab_size={model_config.vocab_size} < tokenizer's {tokenizer.vocab_size}; "
-            "leave --vocab_size unset to take the tokenizer's"
+            f"model vocab_size={model_config.vocab_size} < tokenizer's "
+            f"{dataset.tokenizer.vocab_size}; leave --vocab_size unset to take the tokenizer's"
         )
     seq_len = sequence_length(model_config, dataset)
-    _check_writable(out)
+    world, started = setup(config.device)
+    try:
+        world.rows(config.batch_size)  # checks the batch splits over the processes
+        if world.main:
+            _check_writable(Path(out_dir), model_config)
+        return _train(model_config, config, dataset, Path(out_dir), world, seq_len, resume,
+                      callback)
+    finally:
+        teardown(started)
 
+
+def _train(
+    model_config: GPTConfig, config: TrainConfig, dataset: Dataset, out: Path, world: World,
+    seq_len: int, resume: bool, callback: Callable[[dict[str, Any]], None] | None,
+) -> TrainResult:
+    tokenizer = dataset.tokenizer
     torch.manual_seed(config.seed)
-    model = GPT(model_config)
+    model = GPT(model_config).to(world.device)
     optimizer = make_optimizer(model, config)
     data_gen = torch.Generator().manual_seed(config.seed)
     history: list[dict[str, Any]] = []
     start = 0
     ckpt = out / "ckpt"
     if resume:
-        start, history = _restore(ckpt, model, optimizer, data_gen, model_config, config)
-    step_fn = torch.compile(model) if config.compile else model
+        start, history = _restore(ckpt, model, optimizer, data_gen, model_config, world)
+    elif world.size > 1:
+        torch.manual_seed(config.seed + world.rank)  # its own dropout noise on every rank
+    ddp = None
+    if world.size > 1:
+        from torch.nn.parallel import DistributedDataParallel
+
+        ids = [world.device.index] if world.device.type == "cuda" else None
+        ddp = DistributedDataParallel(model, device_ids=ids)
+    step_fn: Any = ddp or model
+    if config.compile:
+        step_fn = torch.compile(step_fn)
     model.train()
+    rows = world.rows(config.batch_size)
 
     metrics_file = out / "metrics.jsonl"
     tokens_per_step = config.batch_size * config.grad_accum * seq_len
@@ -198,48 +226,64 @@ def train(
     result = TrainResult(model, tokenizer, history, ckpt if resume else None)
 
     def save(step: int) -> None:
-        state = {
-            "step": step,
-            "optimizer": optimizer.state_dict(),
-            "torch_rng": torch.get_rng_state(),
-            "data_rng": data_gen.get_state(),
-            "history": json.dumps(history),
-        }
-        meta = {"step": step, "train_config": dataclasses.asdict(config),
-                "dataset": dataset.name, "val_loss": result.val_loss}
-        result.checkpoint = save_checkpoint(ckpt, model, tokenizer, train_state=state, meta=meta)
+        rng = torch.get_rng_state()
+        rng_ranks = [rng]
+        if world.size > 1:  # every rank's dropout stream, so a resume continues each one
+            rng_ranks = [torch.empty(0)] * world.size
+            torch.distributed.all_gather_object(rng_ranks, rng)
+        if world.main:
+            state = {
+                "step": step,
+                "optimizer": optimizer.state_dict(),
+                "torch_rng": rng,
+                "torch_rng_ranks": rng_ranks,
+                "data_rng": data_gen.get_state(),
+                "history": json.dumps(history),
+            }
+            meta = {"step": step, "train_config": dataclasses.asdict(config),
+                    "dataset": dataset.name, "val_loss": result.val_loss,
+                    "world_size": world.size}
+            save_checkpoint(ckpt, model, tokenizer, train_state=state, meta=meta)
+        result.checkpoint = ckpt
+        world.barrier()  # no rank runs ahead of a checkpoint it may have to resume from
 
     def log(row: dict[str, Any]) -> None:
         history.append(row)
+        if not world.main:
+            return
         with open(metrics_file, "a") as f:
             f.write(json.dumps(row) + "\n")
         if callback is not None:
             callback(row)
 
-    # a fresh run starts a fresh log; a resumed one drops rows logged after its checkpoint
-    metrics_file.write_text("".join(json.dumps(r) + "\n" for r in history))
+    if world.main:  # a fresh run starts a fresh log; a resume drops rows after its checkpoint
+        metrics_file.write_text("".join(json.dumps(r) + "\n" for r in history))
     stop = _StopFlag()
     with stop:
         for step in range(start, config.max_iters):
-            if stop.requested:
+            if world.any(stop.requested):
                 save(step)  # between optimizer steps: the state is consistent
                 result.interrupted = True
-                return _finish(result, out, t_start, tokens_done)
+                return _finish(result, out, t_start, tokens_done, world)
             if step % config.eval_interval == 0 and step > start:
-                _eval_and_save(model, dataset, config, seq_len, step, result, log, save)
+                _eval_and_save(model, dataset, config, seq_len, world, step, result, log, save)
             lr = config.lr_at(step)
             for group in optimizer.param_groups:
                 group["lr"] = lr
             t0 = time.perf_counter()
             loss_sum = 0.0
-            for _ in range(config.grad_accum):
-                x, y = dataset.batch("train", config.batch_size, seq_len, data_gen)
-                with _autocast(config):
-                    loss = step_fn(x, y).loss
-                assert loss is not None
-                (loss / config.grad_accum).backward()
+            for micro in range(config.grad_accum):
+                x, y = dataset.batch("train", config.batch_size, seq_len, data_gen, rows)
+                x, y = x.to(world.device), y.to(world.device)  # (B / world, T) each
+                # DDP averages gradients over ranks on the last micro-batch only
+                sync = ddp is None or micro == config.grad_accum - 1
+                with contextlib.nullcontext() if sync else ddp.no_sync():  # type: ignore[union-attr]
+                    with _autocast(config, world.device):
+                        loss = step_fn(x, y).loss
+                    assert loss is not None
+                    (loss / config.grad_accum).backward()
                 loss_sum += float(loss.detach())
-            loss_value = loss_sum / config.grad_accum
+            loss_value = world.mean(loss_sum / config.grad_accum)
             if not math.isfinite(loss_value):  # before the update: weights stay good
                 raise FloatingPointError(
                     f"loss became {loss_value} at step {step + 1}; stopped before updating. "
@@ -254,8 +298,8 @@ def train(
             tokens_done += tokens_per_step
             log({"step": step + 1, "loss": loss_value, "lr": lr,
                  "tokens_per_s": tokens_per_step / max(dt, 1e-9)})
-    _eval_and_save(model, dataset, config, seq_len, config.max_iters, result, log, save)
-    return _finish(result, out, t_start, tokens_done)
+    _eval_and_save(model, dataset, config, seq_len, world, config.max_iters, result, log, save)
+    return _finish(result, out, t_start, tokens_done, world)
 
 
 class _StopFlag:
@@ -280,10 +324,10 @@ class _StopFlag:
 
 
 def _eval_and_save(
-    model: GPT, dataset: Dataset, config: TrainConfig, seq_len: int, step: int,
+    model: GPT, dataset: Dataset, config: TrainConfig, seq_len: int, world: World, step: int,
     result: TrainResult, log: Callable[[dict[str, Any]], None], save: Callable[[int], None],
 ) -> None:
-    losses = evaluate(model, dataset, config, seq_len)
+    losses = evaluate(model, dataset, config, seq_len, world)
     if not all(math.isfinite(v) for v in losses.values()):
         raise FloatingPointError(
             f"evaluation at step {step} gave {losses}; not saving these weights. The last "
@@ -295,18 +339,21 @@ def _eval_and_save(
     save(step)
 
 
-def _finish(result: TrainResult, out: Path, t_start: float, tokens: int) -> TrainResult:
+def _finish(
+    result: TrainResult, out: Path, t_start: float, tokens: int, world: World
+) -> TrainResult:
     result.seconds = time.perf_counter() - t_start
     result.tokens_per_second = tokens / max(result.seconds, 1e-9)
     result.model.eval()
-    with contextlib.suppress(ImportError):  # matplotlib is an extra; metrics.jsonl has it all
-        save_loss_curve(result.history, out / "loss.png")
+    if world.main:
+        with contextlib.suppress(ImportError):  # matplotlib is an extra; metrics.jsonl has all
+            save_loss_curve(result.history, out / "loss.png")
     return result
 
 
 def _restore(
     ckpt: Path, model: GPT, optimizer: torch.optim.Optimizer, data_gen: torch.Generator,
-    model_config: GPTConfig, config: TrainConfig,
+    model_config: GPTConfig, world: World,
 ) -> tuple[int, list[dict[str, Any]]]:
     saved = load_checkpoint(ckpt)
     if saved.model.config != model_config:
@@ -317,12 +364,16 @@ def _restore(
     model.load_state_dict(saved.model.state_dict())
     state = load_train_state(ckpt)
     optimizer.load_state_dict(state["optimizer"])
-    torch.set_rng_state(state["torch_rng"])
+    ranks = state.get("torch_rng_ranks") or [state["torch_rng"]]
+    torch.set_rng_state(ranks[world.rank] if len(ranks) == world.size else state["torch_rng"])
     data_gen.set_state(state["data_rng"])
     return int(state["step"]), list(json.loads(state["history"]))
 
 
-def _check_writable(out: Path) -> None:
+def _check_writable(out: Path, model_config: GPTConfig) -> None:
+    """Fail before training, not at the first checkpoint: the directory must take files
+    and have room for two checkpoints (weights + AdamW moments, the old one kept until the
+    new one is complete)."""
     try:
         out.mkdir(parents=True, exist_ok=True)
         probe = out / ".write-test"
@@ -330,6 +381,15 @@ def _check_writable(out: Path) -> None:
         probe.unlink()
     except OSError as err:
         raise ValueError(f"output directory {out} is not writable ({err}); pass --out") from err
+    with torch.device("meta"):
+        n_params = GPT(model_config).num_params(non_embedding=False)
+    needed = 2 * 3 * 4 * n_params
+    free = shutil.disk_usage(out).free
+    if free < needed:
+        raise ValueError(
+            f"{out} has {free / 1e6:.1f} MB free but checkpoints of this model need about "
+            f"{needed / 1e6:.1f} MB; free some space or pass --out on another disk"
+        )
 
 
 def save_loss_curve(history: list[dict[str, Any]], path: str | Path) -> Path:

@@ -8,7 +8,9 @@ two CPU cores, and prints the answer accuracy before and after.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
+import os
 from pathlib import Path
 from typing import Any
 
@@ -63,6 +65,14 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
 
 
 def run(args: argparse.Namespace) -> int:
+    if os.environ.get("RANK", "0") != "0":  # under torchrun only rank 0 speaks
+        args.quiet = True
+        with open(os.devnull, "w") as sink, contextlib.redirect_stdout(sink):
+            return _run(args)
+    return _run(args)
+
+
+def _run(args: argparse.Namespace) -> int:
     import torch
 
     from ..data import SentenceDataset, TaskDataset, load_dataset
