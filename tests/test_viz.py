@@ -1,0 +1,156 @@
+"""viz.py: figures are written, masked cells are drawn as masked, long texts stay readable."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from attnlab import GPT, GPTConfig, Trace, viz
+
+pytest.importorskip("matplotlib")
+
+
+def _trace(T: int, n_layer: int = 2) -> tuple[Trace, list[str]]:
+    torch.manual_seed(0)
+    model = GPT(GPTConfig.from_name("nano", n_layer=n_layer, block_size=max(T, 8))).eval()
+    idx = torch.randint(0, 65, (1, T), generator=torch.Generator().manual_seed(0))
+    trace = Trace()
+    model(idx, trace=trace)
+    tokens = [f"w{int(i)}" for i in idx[0]]
+    tokens[0] = "\n"  # control characters must not break a label
+    return trace, tokens
+
+
+def _png_size(path: Path) -> tuple[int, int]:
+    import matplotlib.image
+
+    height, width = matplotlib.image.imread(path).shape[:2]
+    return width, height
+
+
+def test_every_figure_is_written_non_empty(tmp_path: Path) -> None:
+    trace, tokens = _trace(8)
+    head = {n: trace.get(n, 0)[0, 1] for n in
+            ("q", "k", "v", "context", "attn_scores", "masked_scores", "attn_weights")}
+    grid = torch.stack([trace.get("attn_weights", la)[0] for la in range(2)])  # (L, nh, T, T)
+    figures = {
+        "weights": viz.plot_attention(head["attn_weights"], tokens),
+        "masked": viz.plot_attention(head["masked_scores"], tokens, kind="masked"),
+        "steps": viz.plot_attention_steps(head["attn_scores"], head["masked_scores"],
+                                          head["attn_weights"], tokens, scale=0.35),
+        "grid": viz.plot_grid(grid, tokens),
+        "row": viz.plot_row(head["attn_weights"][5], tokens, 5),
+        "qkv": viz.plot_qkv(head["q"], head["k"], head["v"], tokens, context=head["context"]),
+        "emb": viz.plot_embeddings(trace.get("tok_emb")[0], trace.get("pos_emb")[0],
+                                   trace.get("emb")[0], tokens),
+        "panels": viz.plot_panels([head["attn_weights"]] * 2, [tokens] * 2, ["a", "b"]),
+        "loss": viz.plot_loss([{"step": 1, "loss": 2.0}, {"step": 2, "loss": 1.5},
+                               {"step": 2, "val_loss": 1.7}]),
+    }
+    for name, fig in figures.items():
+        formats = ("png", "svg") if name in ("steps", "grid") else ("png",)  # SVG: two suffice
+        files = viz.save_figure(fig, tmp_path / name, formats)
+        assert [f.suffix for f in files] == [f".{f}" for f in formats]
+        assert files[0].read_bytes()[:8] == b"\x89PNG\r\n\x1a\n", name
+        w, h = _png_size(files[0])
+        assert 300 <= w <= 2000 and 250 <= h <= 2000, (name, w, h)
+        if len(files) == 2:
+            assert "<svg" in files[1].read_text()[:1000], name
+
+
+def test_small_matrices_show_values_and_masked_cells_show_no_number() -> None:
+    weights = torch.softmax(torch.randn(4, 4).masked_fill(
+        torch.triu(torch.ones(4, 4, dtype=torch.bool), 1), float("-inf")), -1)
+    fig = viz.plot_attention(weights, ["a", "b", "c", "d"])
+    texts = [t.get_text() for t in fig.axes[0].texts]
+    assert len(texts) == 10  # the lower triangle only: a masked cell is not "0.00"
+    assert texts[0] == "1.00"
+    masked = weights.log()  # -inf exactly where masked
+    fig2 = viz.plot_attention(masked, ["a", "b", "c", "d"], kind="masked")
+    assert [t.get_text() for t in fig2.axes[0].texts].count("-inf") == 6
+    import matplotlib.pyplot as plt
+
+    plt.close(fig)
+    plt.close(fig2)
+
+
+def test_masked_cells_are_grey_not_the_colour_of_zero() -> None:
+    """Render a 4x4 weight matrix and sample the pixels of a masked and a zero-weight cell."""
+    import matplotlib.pyplot as plt
+
+    weights = torch.tensor([[1.0, 0, 0, 0], [0.0, 1, 0, 0], [0.5, 0.5, 0, 0], [0.0, 0.2, 0.3, 0.5]])
+    fig = viz.plot_attention(weights, list("abcd"))
+    ax = fig.axes[0]
+    fig.canvas.draw()
+    pixels = np.asarray(fig.canvas.buffer_rgba())[..., :3] / 255.0  # (H, W, 3)
+    height = pixels.shape[0]
+
+    def cell_colour(row: int, col: int) -> np.ndarray:
+        # the cell's lower-right quarter: clear of the number written in its centre
+        x, y = ax.transData.transform((col + 0.3, row + 0.3))
+        r, c = int(height - y), int(x)
+        return pixels[r - 4:r + 4, c - 4:c + 4].reshape(-1, 3).mean(0)
+
+    masked, zero = cell_colour(0, 3), cell_colour(3, 0)  # above vs on/below the diagonal
+    plt.close(fig)
+    assert masked.mean() > 0.6 and np.ptp(masked) < 0.08  # light grey (hatch lines included)
+    assert zero.mean() < 0.35  # viridis at 0: dark purple
+    assert np.abs(masked - zero).sum() > 0.5
+
+
+def test_256_tokens_stay_readable(tmp_path: Path) -> None:
+    trace, tokens = _trace(256, n_layer=1)
+    weights = trace.get("attn_weights", 0)[0]  # (nh, T, T)
+    fig = viz.plot_attention(weights[0], tokens)
+    ax = fig.axes[0]
+    assert not ax.texts  # no numbers in a 256 x 256 matrix
+    assert 4 <= len(ax.get_xticklabels()) <= viz.MAX_TICKS
+    assert 4 <= len(ax.get_yticklabels()) <= viz.MAX_TICKS
+    assert ax.get_xticklabels()[1].get_text().startswith(str(ax.get_xticks()[1]))  # "8 w17"
+    # typical weights are ~1/256: the colour scale follows them instead of 0..1
+    assert ax.images[0].norm.vmax < 0.5
+    (png,) = viz.save_figure(fig, tmp_path / "weights256")
+    w, h = _png_size(png)
+    cap = viz.MAX_INCHES * viz.DPI * 1.15  # bbox_inches="tight" may add a little
+    assert 1000 <= w <= cap and 1000 <= h <= cap, (w, h)
+
+    grid = weights[None]  # (1, nh, T, T)
+    (png,) = viz.save_figure(viz.plot_grid(grid, tokens), tmp_path / "grid256")
+    w, h = _png_size(png)
+    assert w <= cap and h <= cap, (w, h)
+    (png,) = viz.save_figure(viz.plot_row(weights[0, 200], tokens, 200), tmp_path / "row256")
+    w, h = _png_size(png)
+    assert w <= cap and h <= 600, (w, h)
+    (png,) = viz.save_figure(viz.plot_qkv(*(trace.get(n, 0)[0, 0] for n in "qkv"), tokens),
+                             tmp_path / "qkv256")
+    assert max(_png_size(png)) <= cap
+
+
+def test_labels_and_errors() -> None:
+    assert viz.token_label("a\nb") == "a\\nb"
+    assert viz.token_label("$x$") == r"\$x\$"
+    assert viz.token_label("x" * 40) == "x" * 11 + "…"
+    with pytest.raises(ValueError, match="2-d matrix"):
+        import matplotlib.pyplot as plt
+
+        fig, ax = plt.subplots()
+        try:
+            viz.heatmap(ax, torch.zeros(2, 3, 3))
+        finally:
+            plt.close(fig)
+    with pytest.raises(ValueError, match="query 9 out of range for 4 tokens"):
+        viz.plot_row(torch.ones(4) / 4, list("abcd"), 9)
+    with pytest.raises(ValueError, match="not supported; use png, svg"):
+        viz.save_figure(viz.plot_loss([]), "x", ("jpg",))
+
+
+def test_matplotlib_is_imported_lazily() -> None:
+    code = "import sys, attnlab.viz; print('matplotlib' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         check=True)
+    assert out.stdout.strip() == "False"
