@@ -30,6 +30,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 import torch
 from torch import Tensor
 
+from .generate import stream as generate_stream
 from .model import GPT
 from .trace import Trace
 
@@ -162,32 +163,13 @@ def _token_stream(
     seed: int | None,
     eot_id: int | None,
 ) -> Iterator[int]:
-    """New token ids, one per `next()`, from a KV-cached decode of `ids`."""
-    # INTERIM until generate.py lands
-    generator = None
-    if seed is not None:
-        generator = torch.Generator().manual_seed(seed)
-    cache = model.new_cache(1)
-    idx = torch.tensor([ids], dtype=torch.long)
-    for _ in range(max_new_tokens):
-        with torch.no_grad():
-            logits = model(idx, kv_cache=cache, last_logits_only=True).logits[0, -1]
-        if temperature == 0:
-            token = int(logits.argmax())
-        else:
-            logits = logits / temperature
-            if top_k is not None:
-                kth = torch.topk(logits, top_k).values[-1]
-                logits = logits.masked_fill(logits < kth, float("-inf"))
-            if top_p is not None:
-                sorted_logits, order = logits.sort(descending=True)
-                sorted_probs = torch.softmax(sorted_logits, -1)
-                outside = sorted_probs.cumsum(-1) - sorted_probs >= top_p
-                logits[order[outside]] = float("-inf")
-            probs = torch.softmax(logits, -1)
-            token = int(torch.multinomial(probs, 1, generator=generator))
-        yield token
-        idx = torch.tensor([[token]])
+    """New token ids, one per `next()`, from `generate.stream` (KV cache, sampling, eot)."""
+    idx = torch.tensor([ids], dtype=torch.long, device=model.wte.weight.device)  # (1, P)
+    steps = generate_stream(
+        model, idx, max_new_tokens=max_new_tokens, temperature=temperature, top_k=top_k or 0,
+        top_p=1.0 if top_p is None else top_p, seed=seed, eot_id=eot_id,
+    )
+    return (int(next_ids[0]) for next_ids in steps)
 
 
 def model_summary(
