@@ -182,10 +182,16 @@ def attend(
         return context if empty is None else context.masked_fill(empty, 0.0)
 
     attn_scores = q @ k.transpose(-2, -1)  # (B, nh, T, hs) @ (B, nh, hs, S) -> (B, nh, T, S)
-    masked_scores = attn_scores
+    # Without a trace nothing else reads the raw scores, so scale them in place: every
+    # (B, nh, T, S) tensor not allocated is 8 MB of fresh pages at B=8, nh=4, T=S=256.
+    scaled_scores = attn_scores * scale if trace is not None else attn_scores.mul_(scale)
     if may_attend is not None:
-        masked_scores = attn_scores.masked_fill(~may_attend, float("-inf"))  # (B, nh, T, S)
-    attn_weights = torch.softmax(masked_scores * scale, dim=-1)  # (B, nh, T, S)
+        # + 0 or + -inf gives exactly the seeds' masked_fill(-inf) then * scale, and unlike a
+        # masked_fill it costs backward nothing.
+        additive_mask = torch.zeros(may_attend.shape, dtype=attn_scores.dtype, device=q.device)
+        additive_mask.masked_fill_(~may_attend, float("-inf"))  # (B or 1, 1, T, S)
+        scaled_scores.add_(additive_mask)  # (B, nh, T, S)
+    attn_weights = torch.softmax(scaled_scores, dim=-1)  # (B, nh, T, S)
     if empty is not None:
         attn_weights = attn_weights.masked_fill(empty, 0.0)  # (B, nh, T, S)
     if trace is not None:

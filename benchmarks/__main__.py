@@ -1,0 +1,124 @@
+"""`python -m benchmarks [SUITE ...] [--quick] [--out DIR]` (also `attnlab bench`).
+
+Runs the suites, prints each as markdown tables, writes `DIR/<suite>.json` (quick runs:
+`<suite>.quick.json`, so they never overwrite a full run) and regenerates
+`DIR/README_table.md` from the full-run JSON files found in DIR, with the machine they ran
+on. `python -m benchmarks readme` only regenerates that file.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import json
+import sys
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from .common import describe_machine, machine, render
+
+# suite name -> module in this package, in the order `all` runs them
+SUITES = {
+    "attention": "attention_op",
+    "train": "train_step",
+    "memory": "memory",
+    "quality": "train_quality",
+    "decode": "decode",
+}
+DEFAULT_OUT = Path(__file__).resolve().parent / "results"
+README_TABLE = "README_table.md"
+
+
+def run_suite(name: str, quick: bool) -> dict[str, Any]:
+    """Import the suite lazily (decode.py may not exist yet) and run it."""
+    module_name = f"{__package__ or 'benchmarks'}.{SUITES[name]}"
+    try:
+        module = importlib.import_module(module_name)
+    except ModuleNotFoundError as err:
+        if err.name != module_name:
+            raise
+        return {"suite": name, "skipped": f"{module_name} is not there yet; skipped"}
+    t0 = time.perf_counter()
+    result = dict(module.run(quick=quick))
+    result.setdefault("suite", name)
+    result.setdefault("machine", machine())
+    result["quick"] = quick
+    result["seconds"] = round(time.perf_counter() - t0, 2)
+    return result
+
+
+def render_any(result: dict[str, Any]) -> str:
+    """Markdown for a result; results without `tables` (another author's suite) as JSON."""
+    if "skipped" in result:
+        return f"_{result['skipped']}_"
+    if "tables" in result:
+        return render(result)
+    body = {k: v for k, v in result.items() if k != "machine"}
+    return "```json\n" + json.dumps(body, indent=2, default=str) + "\n```"
+
+
+def write_readme_table(out: Path) -> Path | None:
+    """README_table.md from the full-run results in `out`; None when there are none."""
+    results = []
+    for name in SUITES:
+        path = out / f"{name}.json"
+        if path.exists():
+            results.append(json.loads(path.read_text()))
+    if not results:
+        return None
+    m = results[0].get("machine") or machine()
+    parts = [
+        "## Benchmarks",
+        "",
+        f"Measured on {describe_machine(m)}. Regenerate with `python -m benchmarks all` "
+        "(or `attnlab bench`); each suite alone with `python -m benchmarks SUITE`.",
+    ]
+    for r in results:
+        parts += ["", f"### {r['suite']}", "", render_any(r)]
+    path = out / README_TABLE
+    path.write_text("\n".join(parts) + "\n")
+    return path
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m benchmarks", description=__doc__)
+    parser.add_argument("suites", nargs="*", default=["all"], metavar="SUITE",
+                        help=f"{', '.join(SUITES)}, all (default) or readme")
+    parser.add_argument("--quick", action="store_true", help="small sizes, few repeats")
+    parser.add_argument("--out", type=Path, default=DEFAULT_OUT, help="where JSON goes")
+    parser.add_argument("--threads", type=int,
+                        help="torch threads for suites that do not set their own")
+    args = parser.parse_args(argv)
+    known = {*SUITES, "all", "readme"}
+    unknown = [s for s in args.suites if s not in known]
+    if unknown:
+        parser.error(f"unknown suite(s) {unknown}; choose from {sorted(known)}")
+    if args.threads is not None:
+        if args.threads < 1:
+            parser.error(f"--threads {args.threads} must be >= 1")
+        torch.set_num_threads(args.threads)
+    names = list(SUITES) if "all" in args.suites else [s for s in SUITES if s in args.suites]
+    args.out.mkdir(parents=True, exist_ok=True)
+    for name in names:
+        print(f"## {name}{' (quick)' if args.quick else ''}\n", flush=True)
+        result = run_suite(name, args.quick)
+        print(render_any(result) + "\n", flush=True)
+        if "skipped" not in result:
+            suffix = ".quick.json" if args.quick else ".json"
+            (args.out / f"{name}{suffix}").write_text(json.dumps(result, indent=2, default=str))
+    readme = write_readme_table(args.out)
+    if readme is not None:
+        print(f"wrote {readme}")
+    elif "readme" in args.suites:
+        print(f"no full-run results in {args.out}; run a suite without --quick first",
+              file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,140 @@
+"""What every suite shares: timing by alternating rounds, the machine, matmul peak, tables.
+
+A suite is a module with `run(quick: bool, ...) -> dict` returning a *result*:
+    {"suite": name, "tables": [{"title", "columns", "rows"}], "notes": [str], ...}
+`__main__.py` prints the tables as markdown and writes the whole dict as JSON. Timings on
+a shared CPU are noisy, so variants are timed in alternating rounds (A B C A B C ...) and
+reported as the median, which a burst of load from another process moves least.
+"""
+
+from __future__ import annotations
+
+import os
+import platform
+import statistics
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import torch
+
+
+def median_ms(times_s: Sequence[float]) -> float:
+    return statistics.median(times_s) * 1e3
+
+
+def alternate(
+    variants: dict[str, Callable[[], object]], *, rounds: int, warmup: int = 2, inner: int = 1
+) -> dict[str, dict[str, list[float]]]:
+    """Time each variant `rounds` times, interleaved: {name: {"wall": [s], "cpu": [s]}}.
+
+    Seconds per call (mean of `inner` calls), as wall time and as this process's CPU time.
+    Interleaving puts every variant under the same background load. With one torch thread
+    CPU time is what wall time would be on an idle core, and other processes on a shared
+    machine move it far less than they move wall time.
+    """
+    for fn in variants.values():
+        for _ in range(warmup):
+            fn()
+    times: dict[str, dict[str, list[float]]] = {n: {"wall": [], "cpu": []} for n in variants}
+    for _ in range(rounds):
+        for name, fn in variants.items():
+            w0, c0 = time.perf_counter(), time.process_time()
+            for _ in range(inner):
+                fn()
+            times[name]["wall"].append((time.perf_counter() - w0) / inner)
+            times[name]["cpu"].append((time.process_time() - c0) / inner)
+    return times
+
+
+def clock() -> str:
+    """The clock to report: CPU time when torch runs on one thread (see `alternate`)."""
+    return "cpu" if torch.get_num_threads() == 1 else "wall"
+
+
+def matmul_peak_gflops(dtype: torch.dtype, n: int = 1024, rounds: int = 5) -> float:
+    """Best-of-`rounds` GFLOP/s of an n x n x n `torch.mm` in `dtype` at the current threads."""
+    a = torch.randn(n, n).to(dtype)
+    b = torch.randn(n, n).to(dtype)
+    torch.mm(a, b)
+    best = float("inf")
+    for _ in range(rounds):
+        t0 = time.perf_counter()
+        torch.mm(a, b)
+        best = min(best, time.perf_counter() - t0)
+    return 2 * n**3 / best / 1e9
+
+
+def cpu_model() -> str:
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def cpu_flags() -> set[str]:
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("flags"):
+                    return set(line.split(":", 1)[1].split())
+    except OSError:
+        pass
+    return set()
+
+
+def machine() -> dict[str, Any]:
+    flags = cpu_flags()
+    return {
+        "cpu": cpu_model(),
+        "cores": os.cpu_count(),
+        "torch_threads": torch.get_num_threads(),
+        "avx512_bf16": "avx512_bf16" in flags,
+        "amx_bf16": "amx_bf16" in flags,
+        "torch": torch.__version__,
+        "python": platform.python_version(),
+        "load_avg_1m": os.getloadavg()[0] if hasattr(os, "getloadavg") else None,
+    }
+
+
+def describe_machine(m: dict[str, Any]) -> str:
+    isa = ", AVX512-BF16" if m.get("avx512_bf16") else ""
+    isa += ", AMX" if m.get("amx_bf16") else ""
+    load = m.get("load_avg_1m")
+    shared = f"; 1-min load {load:.1f} at start (shared machine)" if load is not None else ""
+    return (f"{m['cpu']} ({m['cores']} cores{isa}), torch {m['torch']}, "
+            f"Python {m['python']}{shared}")
+
+
+def table(title: str, columns: list[str], rows: list[list[Any]]) -> dict[str, Any]:
+    return {"title": title, "columns": columns, "rows": rows}
+
+
+def _cell(value: Any) -> str:
+    if isinstance(value, float):
+        if value == 0 or 0.01 <= abs(value) < 1e5:
+            return f"{value:.3g}" if abs(value) < 10 else f"{value:,.1f}"
+        return f"{value:.3g}"
+    if isinstance(value, int) and not isinstance(value, bool):
+        return f"{value:,}"
+    return str(value)
+
+
+def markdown(t: dict[str, Any]) -> str:
+    lines = [f"**{t['title']}**", "", "| " + " | ".join(t["columns"]) + " |",
+             "|" + "|".join("---" for _ in t["columns"]) + "|"]
+    lines += ["| " + " | ".join(_cell(v) for v in row) + " |" for row in t["rows"]]
+    return "\n".join(lines)
+
+
+def render(result: dict[str, Any]) -> str:
+    """A suite's result as markdown: its tables, then its notes as a list."""
+    parts = [markdown(t) for t in result.get("tables", [])]
+    notes = result.get("notes", [])
+    if notes:
+        parts.append("\n".join(f"- {n}" for n in notes))
+    return "\n\n".join(parts)
