@@ -35,7 +35,10 @@ def _small(dataset: Any, **overrides: Any) -> tuple[GPTConfig, TrainConfig]:
                       n_layer=1, n_head=2, n_embd=16, dropout=0.1)
     config = TrainConfig(max_iters=30, batch_size=4, lr=3e-3, warmup_iters=5, eval_interval=10,
                          eval_iters=2, seed=3)
-    return model, TrainConfig(**{**config.__dict__, **overrides})
+    fields = model.to_dict()
+    model = GPTConfig(**{**fields, **{k: v for k, v in overrides.items() if k in fields}})
+    rest = {k: v for k, v in overrides.items() if k not in fields}
+    return model, TrainConfig(**{**config.__dict__, **rest})
 
 
 def test_schedule_warms_up_then_decays_to_min_lr() -> None:
@@ -191,3 +194,14 @@ def test_seed_animals_predicts_every_last_word(tmp_path: Path) -> None:
         predicted = result.model(dataset.ids[:, :-1]).logits[:, -1].argmax(-1)
     rows = dataset.last_word_predictions(predicted)
     assert [got for _, _, got in rows] == [want for _, want, _ in rows], rows
+
+
+@pytest.mark.parametrize("overrides", [{"dtype": "bfloat16"}, {"grad_accum": 3}])
+def test_bf16_autocast_and_accumulation_train(tmp_path: Path, overrides: dict[str, Any]) -> None:
+    dataset = load_dataset("copy")
+    model_config, config = _small(dataset, max_iters=40, eval_interval=40, dropout=0.0,
+                                  **overrides)
+    result = train(model_config, config, dataset, tmp_path)
+    losses = [r["loss"] for r in result.history if "loss" in r]
+    assert losses[-1] < losses[0] - 0.2
+    assert result.model.wte.weight.dtype == torch.float32  # autocast leaves the weights alone
