@@ -1,0 +1,121 @@
+"""`attnlab demo` and `attnlab inspect`, run in-process through the CLI entry point."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from attnlab import GPT, GPTConfig
+from attnlab.checkpoint import save_checkpoint
+from attnlab.cli import main
+from attnlab.cli.inspect import WHAT
+from attnlab.tokenizers import CharTokenizer
+
+pytest.importorskip("matplotlib")
+
+
+@pytest.fixture(scope="module")
+def checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    tok = CharTokenizer(sorted(set("abcdefghijklmnopqrstuvwxyz .")))
+    torch.manual_seed(0)
+    model = GPT(GPTConfig.from_name("nano", vocab_size=tok.vocab_size, block_size=32))
+    return save_checkpoint(tmp_path_factory.mktemp("ckpt") / "ckpt", model, tok)
+
+
+def test_demo_hello_predicts_world_and_reuses_its_checkpoint(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main(["demo", "hello", "--out", str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    assert "'Hello' -> ' World'" in out and "✓" in out
+    assert "trained in" in out
+    for phase in ("before", "after"):
+        for figure in ("embeddings", "qkv", "attention"):
+            assert (tmp_path / f"{phase}_{figure}.png").stat().st_size > 10_000
+    assert main(["demo", "hello", "--out", str(tmp_path), "--no-figures"]) == 0
+    out = capsys.readouterr().out
+    assert "reused" in out and "' World'" in out and "figures" not in out
+    assert torch.get_num_threads() >= 1  # the demo's one-thread setting was undone
+
+
+def test_demo_animals_prints_a_check_per_sentence(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import attnlab.train
+
+    real = attnlab.train.seed_experiment
+
+    def short(name: str, dataset: object = None) -> tuple:  # 60 steps: the check, not the result
+        model, config, data = real(name)
+        return model, dataclasses.replace(config, max_iters=60, eval_interval=60), data
+
+    monkeypatch.setattr(attnlab.train, "seed_experiment", short)
+    assert main(["demo", "animals", "--out", str(tmp_path), "--no-figures"]) == 0
+    out = capsys.readouterr().out
+    rows = [line for line in out.splitlines() if line.strip().startswith("'The ")]
+    assert len(rows) == 6
+    assert all(("noun ✓" in r or "noun ✗" in r) and "->" in r for r in rows)
+    assert "noun has the largest weight in" in out and "/6 rows" in out
+    assert not (tmp_path / "after_sentences.png").exists()
+
+
+def test_demo_averaging_forms_agree(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["demo", "averaging", "--out", str(tmp_path), "--format", "svg"]) == 0
+    out = capsys.readouterr().out
+    assert out.count("✓") == 3 and "✗" not in out and "agree" in out
+    assert "0.125 0.125 0.125 0.125 0.125 0.125 0.125 0.125" in out
+    assert "<svg" in (tmp_path / "averaging_weights.svg").read_text()[:1000]
+
+
+def test_inspect_writes_figures_and_json(
+    checkpoint: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    text = "the cat sat."
+    code = main(["inspect", str(checkpoint), text, "--out", str(tmp_path), "--what", "all",
+                 "--layer", "1", "--head", "1", "--query", "4"])
+    assert code == 0, capsys.readouterr().err
+    printed = capsys.readouterr().out
+    assert "12 tokens" in printed and "kB" in printed
+    names = {p.name for p in tmp_path.iterdir()}
+    expected = {f"{kind}_L1_H1.png" for kind in ("weights", "scores", "masked", "steps", "qkv")}
+    expected |= {"row_L1_H1_q4.png", "grid.png", "embeddings.png", "attention.json"}
+    assert names == expected
+    assert all((tmp_path / n).stat().st_size > 5_000 for n in names if n.endswith(".png"))
+
+    record = json.loads((tmp_path / "attention.json").read_text())
+    assert record["tokens"] == list(text) and record["text"] == text
+    assert record["layers"] == [1] and record["heads"] == [1]
+    (entry,) = record["attention"]
+    assert (entry["layer"], entry["head"]) == (1, 1)
+    weights = torch.tensor(entry["weights"])  # (T, T)
+    assert weights.shape == (12, 12)
+    torch.testing.assert_close(weights.sum(-1), torch.ones(12), atol=1e-4, rtol=0)
+    past = torch.tril(torch.ones(12, 12, dtype=torch.bool))
+    assert torch.all(weights[~past] == 0)  # future cells exactly 0
+    assert torch.all(weights[past] > 0)
+
+
+def test_inspect_help_lists_every_kind(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit):
+        main(["inspect", "--help"])
+    help_text = capsys.readouterr().out
+    for kind in WHAT:
+        assert f"  {kind} " in help_text
+
+
+@pytest.mark.parametrize(
+    "flags, message",
+    [(["--layer", "5"], "--layer [5] out of range: the model has 2"),
+     (["--what", "weights,bogus"], "unknown ['bogus']"),
+     (["--query", "99"], "--query 99 out of range for 3 tokens")],
+)
+def test_inspect_bad_flags_name_the_fix(
+    checkpoint: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str], flags: list[str],
+    message: str,
+) -> None:
+    assert main(["inspect", str(checkpoint), "abc", "--out", str(tmp_path), *flags]) == 1
+    assert message in capsys.readouterr().err
