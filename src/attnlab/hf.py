@@ -250,14 +250,23 @@ def load_hf_gpt2(
             f"{config_path} has no model_type, so it is not a Hugging Face config "
             "(an attnlab checkpoint? load it with load_checkpoint)"
         )
+    config_from_hf(hf_config)  # a config attnlab cannot run fails before the weights are read
+    return gpt_from_hf(hf_config, _read_weights(directory), dropout=dropout).to(map_location)
+
+
+def gpt_from_hf(
+    hf_config: Mapping[str, Any], hf_state: Mapping[str, Tensor], *, dropout: float = 0.0
+) -> GPT:
+    """attnlab GPT (float32, eval mode) from a GPT-2 config dict and state dict in memory,
+    e.g. `gpt_from_hf(hf_model.config.to_dict(), hf_model.state_dict())`."""
     config = config_from_hf(hf_config, dropout=dropout)
-    state = state_dict_from_hf(_read_weights(directory), config)
+    state = state_dict_from_hf(hf_state, config)
     with torch.device("meta"):
-        model = GPT(config)  # no init: every weight comes from the file
+        model = GPT(config)  # no init: every weight comes from the state dict
     model.load_state_dict(state, strict=True, assign=True)
     if config.tie_weights:
         model.lm_head.weight = model.wte.weight  # assign=True replaced the shared Parameter
-    return model.float().to(map_location).eval()
+    return model.float().eval()
 
 
 def load_hf_tokenizer(directory: str | Path, vocab_size: int | None = None) -> Tokenizer:
