@@ -30,7 +30,7 @@ from attnlab.hf import gpt_from_hf
 
 from .common import alternate, clock, machine, median_ms, render, table
 
-SHAPES = {
+SHAPES: dict[str, dict[str, Any]] = {
     "tiny": dict(n_layer=4, n_head=4, n_embd=128, vocab_size=65),
     "gpt2": dict(n_layer=12, n_head=12, n_embd=768, vocab_size=50257),
     "toy": dict(n_layer=2, n_head=2, n_embd=32, vocab_size=65),  # --quick
