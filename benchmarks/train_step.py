@@ -1,0 +1,224 @@
+"""Training throughput: attnlab's training step vs nanoGPT's, tokens/s, on identical shapes.
+
+Both train the same shape (nanoGPT's shakespeare_char CPU recipe: 4 layers, 4 heads, 128
+dims, context 64, batch 12, vocab 65) on the same token array, in one process, one step of
+each variant per round, rounds alternating. attnlab's step is `train.py`'s loop body (batch,
+autocast, forward, backward, `float(loss)`, clip, AdamW step, zero_grad) on `GPT` and
+`make_optimizer`; the baseline is `nanogpt_baseline.py`. Levers measured one at a time:
+bf16 autocast, torch.compile, fused AdamW, and the torch thread count. Model FLOPs
+utilisation is against this machine's fp32 and bf16 `torch.mm` peak, measured in the run.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import statistics
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import torch
+
+from attnlab.data import TextDataset
+from attnlab.model import GPT, GPTConfig
+from attnlab.tokenizers import get_tokenizer
+from attnlab.train import TrainConfig, make_optimizer
+
+from . import nanogpt_baseline as nano
+from .common import alternate, machine, matmul_peak_gflops, table
+
+SHAPE = dict(vocab_size=65, block_size=64, n_layer=4, n_head=4, n_embd=128)
+BATCH = 12
+TARGET = 1.5
+
+
+@dataclass(frozen=True)
+class Lever:
+    """One attnlab variant: TrainConfig changes plus changes train.py cannot express yet."""
+
+    config: dict[str, Any] = field(default_factory=dict)
+    fused_adamw: bool = False  # AdamW(fused=True) instead of foreach=True
+    explicit_attention: bool = False  # model(x, y, fused=False): attend's explicit path
+
+
+BF16 = {"dtype": "bfloat16"}
+LEVERS: dict[str, Lever] = {
+    "attnlab fp32": Lever(),
+    "attnlab bf16": Lever(BF16),
+    "attnlab fp32 fused AdamW": Lever(fused_adamw=True),
+    "attnlab bf16 fused AdamW": Lever(BF16, fused_adamw=True),
+    "attnlab fp32 explicit attn": Lever(explicit_attention=True),
+    "attnlab bf16 explicit attn": Lever(BF16, explicit_attention=True),
+    "attnlab bf16 explicit attn fused AdamW": Lever(BF16, True, True),
+    "attnlab compile fp32": Lever({"compile": True}),
+    "attnlab compile bf16 explicit attn fused AdamW": Lever({**BF16, "compile": True}, True, True),
+}
+BEST = "attnlab bf16 explicit attn fused AdamW"  # the fastest lever set without compile
+QUICK_LEVERS = ("attnlab fp32", BEST)
+OTHER_THREADS_LEVERS = ("attnlab fp32", "attnlab bf16", BEST)  # thread counts other than 1
+
+
+def token_array(n: int, vocab: int, seed: int = 0) -> np.ndarray:
+    """Random ids standing in for a text: step time does not depend on which tokens."""
+    return np.random.default_rng(seed).integers(0, vocab, n, dtype=np.uint16)
+
+
+def flops_per_token(config: GPTConfig, num_params: int) -> float:
+    """6N + 12 L C T, the PaLM paper's appendix B estimate (as nanoGPT's estimate_mfu)."""
+    return 6 * num_params + 12 * config.n_layer * config.n_embd * config.block_size
+
+
+def attnlab_step(
+    model_config: GPTConfig, config: TrainConfig, ids: np.ndarray, lever: Lever = Lever()
+) -> tuple[Callable[[], float], GPT]:
+    """One step of `attnlab.train.train`'s loop, as a closure (grad_accum=1, one process).
+
+    Left out: the per-step append of a JSON line to metrics.jsonl (tens of microseconds).
+    """
+    torch.manual_seed(config.seed)
+    model = GPT(model_config)
+    optimizer = make_optimizer(model, config)
+    if lever.fused_adamw:  # make_optimizer's groups, with fused=True instead of foreach=True
+        groups = [{"params": g["params"], "weight_decay": g["weight_decay"]}
+                  for g in optimizer.param_groups]
+        optimizer = torch.optim.AdamW(groups, lr=config.lr, betas=(0.9, config.beta2),
+                                      fused=True)
+    forward: Callable[..., Any] = model
+    if lever.explicit_attention:
+        forward = functools.partial(model, fused=False)
+    step_fn = torch.compile(forward) if config.compile else forward
+    model.train()
+    tok = get_tokenizer("char", "".join(chr(32 + i) for i in range(model_config.vocab_size)))
+    half = len(ids) // 2
+    dataset = TextDataset("bench", tok, ids[:half], ids[half:])
+    gen = torch.Generator().manual_seed(config.seed)
+    seq_len = model_config.block_size
+
+    autocast = torch.autocast("cpu", dtype=torch.bfloat16, enabled=config.dtype == "bfloat16")
+    steps = 0
+
+    def step() -> float:
+        nonlocal steps
+        for group in optimizer.param_groups:
+            group["lr"] = config.lr_at(steps)
+        steps += 1
+        x, y = dataset.batch("train", config.batch_size, seq_len, gen)
+        with autocast:
+            loss = step_fn(x, y).loss
+        assert loss is not None
+        loss.backward()
+        loss_value = float(loss.detach())
+        if config.grad_clip > 0:
+            torch.nn.utils.clip_grad_norm_(model.parameters(), config.grad_clip)
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        return loss_value
+
+    return step, model
+
+
+def baseline_step(model_config: GPTConfig, ids: np.ndarray, batch: int) -> Callable[[], float]:
+    torch.manual_seed(1337)
+    c = model_config
+    model = nano.NanoGPT(c.vocab_size, c.block_size, c.n_layer, c.n_head, c.n_embd)
+    optimizer = model.configure_optimizers(0.1, 1e-3, (0.9, 0.99))
+    model.train()
+    return lambda: nano.train_step(model, optimizer, ids, batch, c.block_size)
+
+
+def run(
+    quick: bool = False,
+    *,
+    shape: dict[str, Any] | None = None,
+    batch: int = BATCH,
+    levers: tuple[str, ...] | None = None,
+    threads: tuple[int, ...] | None = None,
+    rounds: int | None = None,
+) -> dict[str, Any]:
+    model_config = GPTConfig(**(shape or SHAPE))
+    levers = levers or (QUICK_LEVERS if quick else tuple(LEVERS))
+    threads = threads or ((1,) if quick else (1, 2))
+    unknown = sorted(set(levers) - set(LEVERS))
+    if unknown:
+        raise ValueError(f"unknown levers {unknown}; known: {sorted(LEVERS)}")
+    rounds = rounds or (3 if quick else 12)
+    inner = 1 if quick else 3
+    ids = token_array(100_000 if quick else 1_000_000, model_config.vocab_size)
+    tokens_per_step = batch * model_config.block_size
+    base_config = TrainConfig(batch_size=batch)
+    restore_threads = torch.get_num_threads()
+
+    records: list[dict[str, Any]] = []
+    peaks: dict[str, dict[int, float]] = {"fp32": {}, "bf16": {}}
+    num_params = 0
+    try:
+        for n in threads:  # one block per thread count: switching per call is not free
+            torch.set_num_threads(n)
+            variants: dict[str, Callable[[], object]] = {
+                "nanoGPT baseline": baseline_step(model_config, ids, batch)
+            }
+            for name in levers if n == 1 else [x for x in levers if x in OTHER_THREADS_LEVERS]:
+                lever = LEVERS[name]
+                config = dataclasses.replace(base_config, **lever.config)
+                variants[name], model = attnlab_step(model_config, config, ids, lever)
+                num_params = model.num_params()
+            times = alternate(variants, rounds=rounds, warmup=1 if quick else 3, inner=inner)
+            for name, t in times.items():
+                wall, cpu = statistics.median(t["wall"]), statistics.median(t["cpu"])
+                records.append({"variant": name, "threads": n, "ms_per_step": wall * 1e3,
+                                "cpu_ms_per_step": cpu * 1e3,
+                                "tokens_per_s": tokens_per_step / wall})
+            size = 256 if quick else 1024
+            peaks["fp32"][n] = matmul_peak_gflops(torch.float32, size)
+            peaks["bf16"][n] = matmul_peak_gflops(torch.bfloat16, size)
+    finally:
+        torch.set_num_threads(restore_threads)
+
+    fpt = flops_per_token(model_config, num_params)
+    base = {r["threads"]: r for r in records if r["variant"] == "nanoGPT baseline"}
+    best_base = max(r["tokens_per_s"] for r in base.values())
+    rows = []
+    for r in records:
+        same = base[r["threads"]]
+        r["x_baseline"] = r["tokens_per_s"] / same["tokens_per_s"]
+        r["x_baseline_cpu"] = same["cpu_ms_per_step"] / r["cpu_ms_per_step"]
+        r["x_best_baseline"] = r["tokens_per_s"] / best_base
+        gflops = r["tokens_per_s"] * fpt / 1e9
+        r["mfu"] = gflops / peaks["bf16" if "bf16" in r["variant"] else "fp32"][r["threads"]]
+        rows.append([r["variant"], r["threads"], r["ms_per_step"], r["tokens_per_s"],
+                     r["x_baseline"], r["cpu_ms_per_step"], r["x_baseline_cpu"],
+                     f"{100 * r['mfu']:.1f}%"])
+    ours = [r for r in records if r["variant"] != "nanoGPT baseline"]
+    best = max(ours, key=lambda r: r["x_best_baseline"])
+    met = best["x_best_baseline"] >= TARGET
+    notes = [
+        f"{model_config.n_layer} layers, {model_config.n_head} heads, {model_config.n_embd} "
+        f"dims, context {model_config.block_size}, batch {batch}, vocab "
+        f"{model_config.vocab_size}: {num_params:,} parameters, {fpt / 1e6:.2f} MFLOP/token. "
+        f"Medians of {rounds} alternating rounds of {inner} step(s); CPU ms is this "
+        "process's CPU time per step (with 2 threads it counts both).",
+        f"matmul peak (GFLOP/s, best torch.mm {256 if quick else 1024}^3): " + ", ".join(
+            f"{k} {n} thread(s) {v:.0f}" for k, d in peaks.items() for n, v in d.items()
+        ) + ". MFU of bf16 variants is against the bf16 peak.",
+        f"best: {best['variant']} at {best['threads']} thread(s): "
+        f"{best['x_best_baseline']:.2f}x the baseline's best tokens/s (target {TARGET}x: "
+        f"{'met' if met else 'missed'}).",
+    ]
+    return {
+        "suite": "train",
+        "machine": machine(),
+        "config": {"model": model_config.to_dict(), "batch": batch, "threads": threads},
+        "peaks_gflops": peaks,
+        "flops_per_token": fpt,
+        "records": records,
+        "target_met": met,
+        "tables": [table(
+            "Training step (median)",
+            ["variant", "threads", "ms/step", "tokens/s", "x baseline", "CPU ms/step",
+             "x baseline (CPU time)", "MFU"],
+            rows,
+        )],
+        "notes": notes,
+    }
