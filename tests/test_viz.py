@@ -133,6 +133,7 @@ def test_256_tokens_stay_readable(tmp_path: Path) -> None:
 
 def test_labels_and_errors() -> None:
     assert viz.token_label("a\nb") == "a\\nb"
+    assert viz.token_label(" ") == "␣" and viz.token_label(" World") == " World"
     assert viz.token_label("$x$") == r"\$x\$"
     assert viz.token_label("x" * 40) == "x" * 11 + "…"
     with pytest.raises(ValueError, match="2-d matrix"):

@@ -54,7 +54,10 @@ def _np(x: ArrayLike) -> np.ndarray:
 
 
 def token_label(token: str, width: int = 12) -> str:
-    """A token as a tick label: control characters escaped, long tokens cut with an ellipsis."""
+    """A token as a tick label: control characters escaped, a token of spaces shown as "␣",
+    long tokens cut with an ellipsis."""
+    if token and token.strip(" ") == "":
+        return "␣" * min(len(token), 3)
     text = token.replace("\n", "\\n").replace("\t", "\\t").replace("\r", "\\r")
     text = text.replace("$", r"\$")  # matplotlib would start mathtext
     return text if len(text) <= width else text[: width - 1] + "…"
@@ -77,7 +80,8 @@ def _set_ticks(ax: Axes, axis: str, labels: Sequence[str] | None, n: int,
         text = [f"{i} {token_label(labels[i], 8)}" for i in where]
     size = 9 if n <= ANNOTATE_MAX else 7 if n <= 64 else 6
     if axis == "x":
-        turn = n > 4 if labels is not None else len(where) > 12
+        # turn words sideways once they would collide; single characters and numbers fit
+        turn = (len(where) > 4 and max(map(len, text)) > 2) or len(where) > 16
         ax.set_xticks(where, text, rotation=90 if turn else 0, fontsize=size)
     else:
         ax.set_yticks(where, text, fontsize=size)
@@ -303,7 +307,7 @@ def plot_grid(
     panel = min(2.6, MAX_INCHES / max(L, H))
     fig, axes = plt.subplots(L, H, figsize=(panel * H + 1.6, panel * L + 1.0), dpi=DPI,
                              squeeze=False, layout="constrained")
-    ticks = max(2, int(panel * 4))  # about 4 labels per inch of panel
+    ticks = max(2, int(panel * 7))  # about 7 labels per inch of panel (7 pt text)
     annotate = T <= 6 and panel >= 2.0
     vmax = weight_vmax(values)
     image = None
@@ -438,8 +442,14 @@ def plot_panels(
     *,
     ncols: int = 3,
     title: str = "",
+    highlight: tuple[int, int] | None = None,
 ) -> Figure:
-    """Several (T, T) weight matrices of different texts, each with its own tokens."""
+    """Several (T, T) weight matrices of different texts, each with its own tokens.
+
+    highlight: a (query, key) cell outlined in every panel, e.g. the one a check is about.
+    """
+    from matplotlib.patches import Rectangle
+
     plt = _plt()
     n = len(matrices)
     nrows = math.ceil(n / ncols)
@@ -455,6 +465,10 @@ def plot_panels(
         image = heatmap(ax, v, row_labels=toks, col_labels=toks,
                         masked=_future(*v.shape), vmin=0.0, vmax=1.0)
         ax.set_title(name, fontsize=9)
+        if highlight is not None:
+            row, col = highlight
+            ax.add_patch(Rectangle((col - 0.5, row - 0.5), 1, 1, fill=False,
+                                   edgecolor="#e8453c", linewidth=2.5))
     _colorbar(fig, image, axes, label="weight", shrink=0.6)
     if title:
         fig.suptitle(title, fontsize=11)

@@ -43,6 +43,8 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
                         help="train again even if --out holds a checkpoint of this recipe")
     parser.add_argument("--format", default="png", metavar="png,svg",
                         help="figure formats, comma-separated (default: png)")
+    parser.add_argument("--seed", type=int, default=None,
+                        help="train with this seed instead of the recipe's (hello, animals)")
     parser.add_argument("--no-figures", dest="figures", action="store_false",
                         help="train and check only; draw nothing")
     return parser
@@ -54,7 +56,7 @@ def run(args: argparse.Namespace) -> int:
     with _one_thread():
         if args.name == "averaging":
             return _averaging(out, formats)
-        return _seed_002(args.name, out, formats, args.retrain)
+        return _seed_002(args.name, out, formats, args.retrain, args.seed)
 
 
 @contextlib.contextmanager
@@ -74,7 +76,9 @@ def _one_thread() -> Iterator[None]:
 # --------------------------------------------------------------------- seed 002
 
 
-def _seed_002(name: str, out: Path, formats: list[str], retrain: bool) -> int:
+def _seed_002(
+    name: str, out: Path, formats: list[str], retrain: bool, seed: int | None
+) -> int:
     import torch
 
     from ..data import SentenceDataset
@@ -84,6 +88,8 @@ def _seed_002(name: str, out: Path, formats: list[str], retrain: bool) -> int:
     model_config, train_config, dataset = seed_experiment(name)
     if not isinstance(dataset, SentenceDataset):
         raise CLIError(f"seed_experiment({name!r}) gave {dataset.name!r}, not seed 002's sentences")
+    if seed is not None:
+        train_config = dataclasses.replace(train_config, seed=seed)
     torch.manual_seed(train_config.seed)  # the untrained model train() starts from
     before = GPT(model_config).eval()
     after, how = _trained(name, out, model_config, train_config, dataset, retrain)
@@ -226,8 +232,10 @@ def _draw_sentences(model: Any, dataset: Any, out: Path, formats: list[str]) -> 
     tok = dataset.tokenizer
     token_lists = [[tok.decode([int(i)]) for i in ids[:-1]] for ids in dataset.ids]
     titles = [repr("".join(t)) for t in token_lists]
-    fig = viz.plot_panels(weights, token_lists, titles,
-                          title="attention weights after training, one per sentence")
+    T = weights.shape[-1]
+    fig = viz.plot_panels(weights, token_lists, titles, highlight=(T - 1, 1),
+                          title='attention weights after training (outlined: the row of " a", '
+                          "column of the noun)")
     return viz.save_figure(fig, out / "after_sentences", formats)
 
 

@@ -130,7 +130,9 @@ def run(args: argparse.Namespace) -> int:
                  "embeddings")
         elif kind == "grid":
             weights = torch.stack([trace.get("attn_weights", la)[0] for la in layers])
-            save(viz.plot_grid(weights, tokens, layers=layers, heads=heads), "grid")
+            shown = args.text if len(args.text) <= 40 else args.text[:39] + "…"
+            save(viz.plot_grid(weights, tokens, layers=layers, heads=heads,
+                               title=f"attention weights of {shown!r}"), "grid")
         else:
             for la in layers:
                 for h in heads:
@@ -174,8 +176,8 @@ def run(args: argparse.Namespace) -> int:
     json_path.write_text(json.dumps(record))
     written.append(json_path)
 
-    print(f"text     {T} tokens: {' | '.join(viz.token_label(t) for t in tokens[:16])}"
-          + (" | …" if T > 16 else ""))
+    print(f"text     {T} tokens: {' '.join(repr(t) for t in tokens[:16])}"
+          + (" …" if T > 16 else ""))
     print(f"traced   layers {_ranges(layers)}, heads {_ranges(heads)}: "
           f"{', '.join(sorted(names))} ({_size(trace.nbytes())})")
     print(f"wrote    {len(written)} files to {out}/")
