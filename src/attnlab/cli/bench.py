@@ -1,0 +1,62 @@
+"""`attnlab bench [SUITE ...] [--quick] [--out DIR]`: run the repository's benchmarks.
+
+The suites live in `benchmarks/` at the root of a source checkout, not in the installed
+package: they carry a nanoGPT baseline and read tiny Shakespeare from next to the
+repository, which an installed library has no use for. This command finds that folder (next
+to the package source of an editable install, or in the current directory) and runs
+`python -m benchmarks` in this process, so both commands print and write the same things.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+from pathlib import Path
+
+from . import CLIError
+
+SUITES = ("attention", "train", "memory", "quality", "decode", "all", "readme")
+
+
+def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
+    parser = subparsers.add_parser(
+        "bench",
+        help="run the speed and quality benchmarks (needs a source checkout)",
+        description="Run benchmark suites, print markdown tables, write JSON and "
+        "benchmarks/results/README_table.md. Same as `python -m benchmarks` in a checkout.",
+    )
+    parser.add_argument("suites", nargs="*", default=["all"], choices=SUITES, metavar="SUITE",
+                        help=f"{', '.join(SUITES)} (default: all)")
+    parser.add_argument("--quick", action="store_true", help="small sizes, few repeats")
+    parser.add_argument("--out", help="directory for JSON results (default: benchmarks/results)")
+    parser.add_argument("--threads", type=int, help="torch threads for suites without their own")
+    return parser
+
+
+def find_checkout() -> Path | None:
+    """The directory holding `benchmarks/__main__.py`: the source tree's root, or the cwd."""
+    source_root = Path(__file__).resolve().parents[3]  # <root>/src/attnlab/cli/bench.py
+    for root in (source_root, Path.cwd()):
+        if (root / "benchmarks" / "__main__.py").is_file():
+            return root
+    return None
+
+
+def run(args: argparse.Namespace) -> int:
+    root = find_checkout()
+    if root is None:
+        raise CLIError(
+            "the benchmarks live in the benchmarks/ folder of a source checkout, and none was "
+            f"found next to the package or in {Path.cwd()}; clone the repository, "
+            "`pip install -e .` it and run `attnlab bench` there"
+        )
+    argv = [*args.suites, *(["--quick"] if args.quick else [])]
+    if args.out:
+        argv += ["--out", args.out]
+    if args.threads is not None:
+        argv += ["--threads", str(args.threads)]
+    if str(root) not in sys.path:
+        sys.path.insert(0, str(root))
+    main = importlib.import_module("benchmarks.__main__").main
+    return int(main(argv))

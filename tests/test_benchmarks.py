@@ -1,0 +1,135 @@
+"""Smoke tests of the benchmark suites on toy sizes: result structure, never speed."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from attnlab.cli import main as cli_main
+from attnlab.cli.bench import find_checkout
+from attnlab.model import GPT, GPTConfig
+
+ROOT = find_checkout()
+if ROOT is None:  # pragma: no cover - the tests live in the checkout
+    pytest.skip("benchmarks/ is not in this tree", allow_module_level=True)
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+from benchmarks import attention_op, memory, train_quality, train_step  # noqa: E402
+from benchmarks import nanogpt_baseline as nano  # noqa: E402
+from benchmarks.__main__ import main as bench_main  # noqa: E402
+from benchmarks.__main__ import render_any, run_suite, write_readme_table  # noqa: E402
+from benchmarks.common import markdown  # noqa: E402
+
+TOY = dict(vocab_size=65, block_size=16, n_layer=1, n_head=2, n_embd=16)
+
+
+def test_attention_suite_times_every_path_and_size() -> None:
+    result = attention_op.run(quick=True, sizes=(8, 16), batch=2, n_head=2, head_size=8,
+                              rounds=2)
+    assert [(r["T"], r["mode"]) for r in result["records"]] == [
+        (8, "fwd"), (8, "fwd+bwd"), (16, "fwd"), (16, "fwd+bwd")]
+    for r in result["records"]:
+        assert set(r["ms"]) == {"explicit", "fused", "sdpa"}
+        assert all(v > 0 for v in r["ms"].values())
+    assert result["target_met"] is None  # T=256 was not measured
+    (t,) = result["tables"]
+    assert len(t["rows"]) == 4 and len(t["rows"][0]) == len(t["columns"])
+
+
+def test_baseline_has_attnlab_parameter_count() -> None:
+    # same shape, same parameters: one c_attn holds what attnlab's query/key/value hold
+    c = GPTConfig(**TOY)
+    baseline = nano.NanoGPT(c.vocab_size, c.block_size, c.n_layer, c.n_head, c.n_embd)
+    assert sum(p.numel() for p in baseline.parameters()) == GPT(c).num_params(False)
+
+
+def test_both_training_steps_learn() -> None:
+    c = GPTConfig(**TOY)
+    ids = train_step.token_array(5_000, c.vocab_size) % 4  # a 4-letter text: easy to learn
+    config = train_step.TrainConfig(batch_size=8, lr=1e-2, warmup_iters=0)
+    lever = train_step.LEVERS[train_step.BEST]
+    ours, _ = train_step.attnlab_step(c, config, ids, lever)
+    base = train_step.baseline_step(c, ids, 8)
+    for step in (ours, base):
+        losses = [step() for _ in range(30)]
+        assert sum(losses[-5:]) / 5 < losses[0] - 0.5
+
+
+def test_train_suite_reports_ratio_and_mfu() -> None:
+    levers = ("attnlab fp32", train_step.BEST)
+    result = train_step.run(quick=True, shape=TOY, batch=2, levers=levers, threads=(1,),
+                            rounds=1)
+    names = [r["variant"] for r in result["records"]]
+    assert names == ["nanoGPT baseline", *levers]
+    for r in result["records"]:
+        assert r["tokens_per_s"] > 0 and r["mfu"] > 0 and r["x_baseline"] > 0
+    assert result["records"][0]["x_baseline"] == 1.0
+    assert set(result["peaks_gflops"]) == {"fp32", "bf16"}
+    assert isinstance(result["target_met"], bool)
+    with pytest.raises(ValueError, match="unknown levers"):
+        train_step.run(quick=True, shape=TOY, levers=("attnlab turbo",))
+
+
+def test_memory_suite_kv_cache_matches_formula() -> None:
+    result = memory.run(quick=True, shape=TOY, batch=2, workloads=())  # one subprocess
+    assert result["kv_cache_matches_formula"] is True
+    assert [r["nbytes"] for r in result["kv_cache"]] == [
+        2 * 1 * 2 * 2 * t * 8 * size for size in (4, 2) for t in (8, 16)]
+    peaks = result["peak_rss_mb"]
+    assert list(peaks) == ["import torch + attnlab"] and peaks["import torch + attnlab"] > 10
+    with pytest.raises(ValueError, match="unknown workloads"):
+        memory.run(shape=TOY, workloads=("train-fp64",))
+
+
+def test_quality_suite_runs_the_real_loop(tmp_path: Path) -> None:
+    text = tmp_path / "text.txt"
+    text.write_text("to be or not to be, that is the question.\n" * 60)
+    toy_model = {k: v for k, v in TOY.items() if k != "vocab_size"}
+    recipes = {
+        "nanoGPT recipe": train_quality.Recipe(toy_model, {"max_iters": 40, "batch_size": 4}),
+        "attnlab best": train_quality.Recipe(
+            toy_model, {"max_iters": 40, "batch_size": 4, "dtype": "bfloat16"},
+            explicit_attention=True, fused_adamw=True),
+    }
+    forward, threads = GPT.forward, torch.get_num_threads()
+    result = train_quality.run(quick=True, data=text, recipes=recipes)
+    assert GPT.forward is forward and torch.get_num_threads() == threads  # levers undone
+    for r in result["results"].values():
+        assert r["evals"] and r["evals"][-1]["step"] == 2  # 40 // 20 iterations
+        assert r["final_val_loss_fp32"] is not None and r["seconds"] > 0
+    assert len(result["tables"][0]["rows"]) == 2
+
+
+def test_missing_suite_is_skipped_and_readme_table_written(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from benchmarks import __main__ as entry
+
+    monkeypatch.setitem(entry.SUITES, "decode", "no_such_suite")
+    skipped = run_suite("decode", quick=True)
+    assert "skipped" in skipped and "no_such_suite" in render_any(skipped)
+    assert write_readme_table(tmp_path) is None  # no full results yet
+    fake = {"suite": "attention", "machine": {"cpu": "Test CPU", "cores": 2, "torch": "x",
+                                              "python": "3", "load_avg_1m": 1.0},
+            "tables": [{"title": "T", "columns": ["a", "b"], "rows": [[1, 2.5]]}]}
+    (tmp_path / "attention.json").write_text(json.dumps(fake))
+    path = write_readme_table(tmp_path)
+    assert path is not None
+    text = path.read_text()
+    assert "Test CPU (2 cores" in text and markdown(fake["tables"][0]) in text
+    assert bench_main(["readme", "--out", str(tmp_path)]) == 0
+
+
+def test_cli_bench_finds_the_checkout_and_rejects_unknown_suites(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    assert ROOT is not None and (ROOT / "benchmarks" / "__main__.py").is_file()
+    with pytest.raises(SystemExit) as exc:
+        cli_main(["bench", "nope"])
+    assert exc.value.code == 2
+    assert "invalid choice" in capsys.readouterr().err
