@@ -58,7 +58,8 @@ def run(
     rounds: int | None = None,
 ) -> dict[str, Any]:
     sizes = sizes or ((64, 128) if quick else SIZES)
-    rows, records = [], []
+    rows: list[list[Any]] = []
+    records: list[dict[str, Any]] = []
     clk = clock()
     gen = torch.Generator().manual_seed(0)
     for T in sizes:

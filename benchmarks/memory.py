@@ -98,10 +98,12 @@ def run(
     unknown = sorted(set(workloads) - set(names))
     if unknown:
         raise ValueError(f"unknown workloads {unknown}; known: {sorted(names)}")
-    bodies = {"import": (_IMPORT_ONLY, {}),
-              "train-fp32": (_TRAIN, {"iters": iters, "batch": batch, "dtype": "float32"}),
-              "train-bf16": (_TRAIN, {"iters": iters, "batch": batch, "dtype": "bfloat16"}),
-              "generate": (_GENERATE, {"batch": batch})}
+    bodies: dict[str, tuple[str, dict[str, Any]]] = {
+        "import": (_IMPORT_ONLY, {}),
+        "train-fp32": (_TRAIN, {"iters": iters, "batch": batch, "dtype": "float32"}),
+        "train-bf16": (_TRAIN, {"iters": iters, "batch": batch, "dtype": "bfloat16"}),
+        "generate": (_GENERATE, {"batch": batch}),
+    }
     peaks = {names[w]: peak_rss_mb(bodies[w][0], shape, **bodies[w][1])
              for w in ("import", *workloads) if w in names}
     floor = peaks[names["import"]]

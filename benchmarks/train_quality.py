@@ -82,7 +82,7 @@ def levers(recipe: Recipe) -> Iterator[None]:
                       for g in optimizer.param_groups]
             return torch.optim.AdamW(groups, lr=config.lr, betas=(0.9, config.beta2),
                                      fused=True)
-        train_mod.make_optimizer = fused_optimizer  # type: ignore[assignment]
+        train_mod.make_optimizer = fused_optimizer
     torch.set_num_threads(recipe.threads)
     try:
         yield
