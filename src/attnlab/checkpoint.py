@@ -7,8 +7,10 @@ Layout of a checkpoint directory:
     train_state.pt      optimizer / scheduler / step / RNG, read with weights_only=True
 
 `save_checkpoint` writes everything into a temporary sibling directory and renames it into
-place, so a crash (even SIGKILL) mid-write leaves the previous checkpoint intact. This
-module does not know how training works; `train.py` decides what goes in train_state.
+place, so a crash (even SIGKILL) mid-write leaves the previous checkpoint intact; the next
+save clears what a killed writer left behind. One process writes a given directory at a
+time. This module does not know how training works; `train.py` decides what goes in
+train_state.
 """
 
 from __future__ import annotations
@@ -71,8 +73,16 @@ def save_checkpoint(
     if directory.exists():
         os.replace(directory, old)
     os.replace(tmp, directory)
-    shutil.rmtree(old, ignore_errors=True)
+    # ours, and any a writer killed mid-save left (half-written tmp, or old not yet removed)
+    for stale in _siblings(directory, "tmp") + _siblings(directory, "old"):
+        shutil.rmtree(stale, ignore_errors=True)
     return directory
+
+
+def _siblings(directory: Path, kind: str) -> list[Path]:
+    """`.NAME.tmp-PID` or `.NAME.old-PID` directories next to `directory`."""
+    parent = directory.parent
+    return list(parent.glob(f".{directory.name}.{kind}-*")) if parent.is_dir() else []
 
 
 def _fsync_dir(directory: Path) -> None:
@@ -81,13 +91,23 @@ def _fsync_dir(directory: Path) -> None:
             os.fsync(f.fileno())
 
 
-def _resolve(directory: Path) -> Path:
+def find_checkpoint(directory: str | Path) -> Path | None:
+    """The directory holding the newest complete checkpoint saved as `directory`, or None.
+
+    That is `directory` itself, or its `.old-PID` sibling when a writer was killed between
+    moving the previous checkpoint aside and renaming the new one into place.
+    """
+    directory = Path(directory)
     if directory.is_dir():
         return directory
-    parent = directory.parent
-    olds = sorted(parent.glob(f".{directory.name}.old-*")) if parent.is_dir() else []
-    if olds:
-        return olds[-1]
+    olds = [p for p in _siblings(directory, "old") if (p / CONFIG_FILE).exists()]
+    return max(olds, key=lambda p: (p / CONFIG_FILE).stat().st_mtime, default=None)
+
+
+def _resolve(directory: Path) -> Path:
+    found = find_checkpoint(directory)
+    if found is not None:
+        return found
     raise FileNotFoundError(
         f"checkpoint directory {directory} does not exist; train one with "
         f"`attnlab train --out {directory.parent if directory.name == 'ckpt' else directory}`"
