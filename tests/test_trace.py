@@ -70,3 +70,15 @@ def test_filters_keep_only_what_was_asked() -> None:
         trace.get("q", 1)
     with pytest.raises(ValueError, match="unknown trace names"):
         Trace(names=["attention"])
+
+
+def test_head_filter_on_grouped_query_keeps_the_kv_heads_those_heads_read() -> None:
+    model = GPT(GPTConfig.from_name("nano", n_head=4, n_kv_head=2, n_embd=16)).eval()
+    idx = torch.randint(0, 65, (1, 8))
+    full, one = Trace(), Trace(heads=[3])
+    model(idx, trace=full)
+    model(idx, trace=one)
+    assert torch.equal(one.get("attn_weights", 0), full.get("attn_weights", 0)[:, [3]])
+    assert torch.equal(one.get("k", 0), full.get("k", 0)[:, [1]])  # head 3 reads kv head 1
+    with pytest.raises(ValueError, match=r"trace heads \[4\] out of range for 4 heads"):
+        model(idx, trace=Trace(heads=[4]))

@@ -67,6 +67,7 @@ class Trace:
         heads: Iterable[int] | None = None,
         names: Iterable[str] | None = None,
     ) -> None:
+        self._query_heads: dict[int | None, int] = {}
         self.layers = None if layers is None else frozenset(layers)
         self.heads = None if heads is None else sorted(set(heads))
         if names is not None:
@@ -90,15 +91,20 @@ class Trace:
         """
         if name not in NAMES:
             raise ValueError(f"unknown trace name {name!r}; known names: {sorted(NAMES)}")
+        if name == "q":  # query heads of this layer: k/v may have fewer (grouped-query)
+            self._query_heads[layer] = value.shape[1]
         if self.names is not None and name not in self.names:
             return
         value = value.detach()
         if self.heads is not None and name in HEAD_NAMES:
             n = value.shape[1]
-            bad = [h for h in self.heads if not 0 <= h < n]
+            nh = self._query_heads.get(layer, n)
+            bad = [h for h in self.heads if not 0 <= h < nh]
             if bad:
-                raise ValueError(f"trace heads {bad} out of range for {n} heads in {name!r}")
-            value = value[:, self.heads]
+                raise ValueError(f"trace heads {bad} out of range for {nh} heads in {name!r}")
+            # grouped-query k/v: keep the key/value heads the chosen query heads read
+            keep = self.heads if n == nh else sorted({h // (nh // n) for h in self.heads})
+            value = value[:, keep]
         # clone: keys/values are views into a KV cache that later steps overwrite
         self.values[(layer, name)] = value.clone()
 
