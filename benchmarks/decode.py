@@ -95,28 +95,30 @@ def compare(
     return records
 
 
-@torch.inference_mode()
-def decode_ms_per_token(model: Any, position: int, steps: int, rounds: int) -> float:
-    """Median ms of one decode step (batch 1) with `position` tokens already in the cache."""
+def _decode_steps(model: Any, position: int, steps: int) -> Any:
+    """A function running `steps` decode steps (batch 1) after `position` cached tokens."""
     ids = torch.randint(0, model.config.vocab_size, (1, position),
                         generator=torch.Generator().manual_seed(position))
     cache = model.new_cache(1, position + steps)
-    logits = prefill(model, ids, None, cache)
+    with torch.inference_mode():
+        first = prefill(model, ids, None, cache).argmax(-1, keepdim=True)  # (1, 1)
 
+    @torch.inference_mode()
     def run_steps() -> None:
-        nonlocal logits
         cache.seq_len = position  # rewind: every round decodes positions position..+steps
+        token = first
         for _ in range(steps):
-            token = logits.argmax(-1, keepdim=True)  # (1, 1)
-            logits = decode_one_token(model, token, None, cache)
+            token = decode_one_token(model, token, None, cache).argmax(-1, keepdim=True)
 
-    times = alternate({"steps": run_steps}, rounds=rounds, warmup=1)
-    return median_ms(times["steps"][clock()]) / steps
+    return run_steps
 
 
 def flat_cost(shape: str, positions: tuple[int, int], steps: int, rounds: int) -> dict[str, Any]:
+    """attnlab's ms per decode step at two context lengths, timed in alternating rounds."""
     _, model = build_pair(shape, block_size=max(1100, positions[1] + steps))
-    near, far = (decode_ms_per_token(model, p, steps, rounds) for p in positions)
+    fns = {str(p): _decode_steps(model, p, steps) for p in positions}
+    times = alternate(fns, rounds=rounds, warmup=1)
+    near, far = (median_ms(times[str(p)][clock()]) / steps for p in positions)
     return {"shape": shape, "positions": list(positions), "ms_per_token": [near, far],
             "ratio": far / near, "steps": steps, "rounds": rounds}
 
@@ -128,7 +130,7 @@ def run(quick: bool = False) -> dict[str, Any]:
         flat = flat_cost("toy", (16, 64), steps=8, rounds=1)
     else:
         shapes, batches, new_tokens, rounds = ["tiny", "gpt2"], (1, 8), 256, 3
-        flat = flat_cost("tiny", (100, 1000), steps=64, rounds=5)
+        flat = flat_cost("tiny", (100, 1000), steps=64, rounds=9)
     records = [r for shape in shapes for r in compare(shape, batches, new_tokens, rounds)]
 
     rows = [[r["shape"], r["batch"], r["tokens_per_s"]["attnlab"],
