@@ -5,27 +5,50 @@ The public API is re-exported here; modules below it follow DESIGN.md (one conce
 """
 
 from .attention import CausalSelfAttention, Mask, attend, build_mask, causal_mask, padding_mask
+from .checkpoint import Checkpoint, load_checkpoint, save_checkpoint
+from .data import load_dataset
+from .generate import GenerationConfig, generate, generate_text, stream, stream_text
+from .hf import load_hf_gpt2, save_hf_gpt2
 from .kv_cache import KVCache
 from .model import GPT, GPTConfig, ModelOutput, next_token_loss
 from .server import ServeConfig, create_app
+from .tokenizers import Tokenizer, get_tokenizer, load_tokenizer
 from .trace import Trace
+from .train import TrainConfig, TrainResult, train
 
 __version__ = "0.1.0"
 
 __all__ = [
     "GPT",
     "CausalSelfAttention",
+    "Checkpoint",
     "GPTConfig",
+    "GenerationConfig",
     "KVCache",
     "Mask",
     "ModelOutput",
     "ServeConfig",
+    "Tokenizer",
     "Trace",
+    "TrainConfig",
+    "TrainResult",
     "__version__",
     "attend",
     "build_mask",
     "causal_mask",
     "create_app",
+    "generate",
+    "generate_text",
+    "get_tokenizer",
+    "load_checkpoint",
+    "load_dataset",
+    "load_hf_gpt2",
+    "load_tokenizer",
     "next_token_loss",
     "padding_mask",
+    "save_checkpoint",
+    "save_hf_gpt2",
+    "stream",
+    "stream_text",
+    "train",
 ]

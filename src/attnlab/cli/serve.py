@@ -41,9 +41,9 @@ def run(args: argparse.Namespace) -> int:
             "install them with: pip install 'attnlab[serve]'"
         ) from err
 
-    from ..checkpoint import load_checkpoint
+    from .generate import load_any
 
-    checkpoint = load_checkpoint(args.checkpoint)
+    checkpoint = load_any(args.checkpoint)  # an attnlab checkpoint or a Hugging Face GPT-2 dir
     app = create_app(checkpoint.model, checkpoint.tokenizer, checkpoint.meta, config)
     c = checkpoint.model.config
     print(
