@@ -117,7 +117,7 @@ def table(title: str, columns: list[str], rows: list[list[Any]]) -> dict[str, An
 def _cell(value: Any) -> str:
     if isinstance(value, float):
         if value == 0 or 0.01 <= abs(value) < 1e5:
-            return f"{value:.3g}" if abs(value) < 10 else f"{value:,.1f}"
+            return f"{value:#.3g}" if abs(value) < 10 else f"{value:,.1f}"
         return f"{value:.3g}"
     if isinstance(value, int) and not isinstance(value, bool):
         return f"{value:,}"
