@@ -2,19 +2,21 @@
 and look inside.
 
 The public API is re-exported here; modules below it follow DESIGN.md (one concept each).
+The functions `attnlab.train.train` and `attnlab.generate.generate` are not re-exported:
+their names belong to their modules.
 """
 
 from .attention import CausalSelfAttention, Mask, attend, build_mask, causal_mask, padding_mask
 from .checkpoint import Checkpoint, load_checkpoint, save_checkpoint
 from .data import load_dataset
-from .generate import GenerationConfig, generate, generate_text, stream, stream_text
+from .generate import GenerationConfig, generate_text, stream, stream_text
 from .hf import load_hf_gpt2, save_hf_gpt2
 from .kv_cache import KVCache
 from .model import GPT, GPTConfig, ModelOutput, next_token_loss
 from .server import ServeConfig, create_app
 from .tokenizers import Tokenizer, get_tokenizer, load_tokenizer
 from .trace import Trace
-from .train import TrainConfig, TrainResult, train
+from .train import TrainConfig, TrainResult
 
 __version__ = "0.1.0"
 
@@ -37,7 +39,6 @@ __all__ = [
     "build_mask",
     "causal_mask",
     "create_app",
-    "generate",
     "generate_text",
     "get_tokenizer",
     "load_checkpoint",
@@ -50,5 +51,4 @@ __all__ = [
     "save_hf_gpt2",
     "stream",
     "stream_text",
-    "train",
 ]
