@@ -16,11 +16,12 @@ train_state.
 from __future__ import annotations
 
 import json
+import math
 import os
 import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, get_args, get_type_hints
 
 import torch
 
@@ -120,11 +121,46 @@ def read_config(directory: str | Path) -> tuple[GPTConfig, dict[str, Any]]:
     path = directory / CONFIG_FILE
     if not path.exists():
         raise FileNotFoundError(f"{directory} has no {CONFIG_FILE}; is it an attnlab checkpoint?")
-    try:
-        config = json.loads(path.read_text())
-        return GPTConfig.from_dict(config["model"]), dict(config.get("meta", {}))
-    except (json.JSONDecodeError, KeyError, TypeError) as err:
-        raise ValueError(f"{path} is not a valid attnlab config ({err}): corrupted?") from err
+    try:  # JSONDecodeError and UnicodeDecodeError are ValueErrors too
+        config = json.loads(path.read_text(encoding="utf-8"))
+        model, meta = config["model"], config.get("meta", {})
+        _check_json_types(model, GPTConfig)
+        if not isinstance(meta, dict):
+            raise TypeError(f"meta is {type(meta).__name__}, not an object")
+        return GPTConfig.from_dict(model), meta
+    except (ValueError, KeyError, TypeError) as err:
+        raise ValueError(
+            f"{path} is not a valid attnlab config ({type(err).__name__}: {err}): corrupted?"
+        ) from err
+
+
+def _check_json_types(values: Any, cls: type) -> None:
+    """Raise TypeError unless `values` is a dict whose known fields have `cls`'s types.
+
+    JSON has no types beyond these, so a field that parses but holds, say, a string where
+    a float belongs is damage; without this check it fails later, deep inside torch.
+    """
+    if not isinstance(values, dict):
+        raise TypeError(f"the model config is {type(values).__name__}, not an object")
+    hints = get_type_hints(cls)
+    for name, value in values.items():
+        hint = hints.get(name)
+        if hint is not None and not _json_value_fits(value, hint):
+            shown = hint.__name__ if isinstance(hint, type) else str(hint)
+            raise TypeError(f"{cls.__name__}.{name}={value!r} is not of type {shown}")
+
+
+def _json_value_fits(value: Any, annotation: Any) -> bool:
+    """Whether a parsed JSON value has one of the types in `annotation` (bool is no int)."""
+    kinds = {
+        type(None): value is None,
+        bool: isinstance(value, bool),
+        int: isinstance(value, int) and not isinstance(value, bool),
+        float: isinstance(value, (int, float)) and not isinstance(value, bool)
+        and math.isfinite(value),
+        str: isinstance(value, str),
+    }
+    return any(kinds.get(tp, False) for tp in get_args(annotation) or (annotation,))
 
 
 def load_checkpoint(
@@ -143,8 +179,8 @@ def load_checkpoint(
         load_model(model, str(weights), strict=True, device=str(map_location))
     except Exception as err:  # safetensors raises several types for corrupt or mismatched files
         raise ValueError(
-            f"weights in {weights} do not fit the model described by {CONFIG_FILE}: {err}. "
-            "The file is corrupted or belongs to another config"
+            f"weights in {weights} do not fit the model described by {CONFIG_FILE}: "
+            f"{_first_line(err)}. The file is corrupted or belongs to another config"
         ) from err
     tokenizer = load_tokenizer(directory)
     if tokenizer.vocab_size > config.vocab_size:
@@ -153,6 +189,15 @@ def load_checkpoint(
             f"{config.vocab_size}; tokenizer and weights come from different runs"
         )
     return Checkpoint(model.eval(), tokenizer, meta, directory)
+
+
+def _first_line(err: Exception) -> str:
+    """torch lists every mismatched tensor on its own line; the first one says enough."""
+    lines = [line.strip() for line in str(err).splitlines() if line.strip()]
+    if len(lines) > 1 and lines[0].endswith(":"):  # "Error(s) in loading state_dict for GPT:"
+        lines = lines[1:]
+    more = f" (and {len(lines) - 1} more)" if len(lines) > 1 else ""
+    return (lines[0].rstrip(".") if lines else type(err).__name__) + more
 
 
 def load_train_state(directory: str | Path) -> dict[str, Any]:

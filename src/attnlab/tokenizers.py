@@ -101,6 +101,26 @@ def _unknown(kind: str, text: str, position: int, what: str) -> ValueError:
     )
 
 
+def _check_ids(kind: str, ids: Sequence[int], vocab_size: int) -> None:
+    bad = next((i for i in ids if not 0 <= i < vocab_size), None)
+    if bad is not None:
+        raise ValueError(
+            f"{kind} tokenizer cannot decode id {bad}: its ids are 0..{vocab_size - 1}. The ids "
+            "come from a model with a larger vocabulary, or are not this tokenizer's"
+        )
+
+
+def _utf8(kind: str, text: str) -> bytes:
+    try:
+        return text.encode("utf-8")
+    except UnicodeEncodeError as err:
+        raise ValueError(
+            f"{kind} tokenizer cannot encode {text[err.start]!r} at position {err.start}: a lone "
+            "surrogate is not Unicode text and has no UTF-8 bytes (text decoded with "
+            "errors='surrogateescape'?); decode the input with errors='replace'"
+        ) from None
+
+
 class CharTokenizer(Tokenizer):
     def __init__(self, chars: Sequence[str]) -> None:
         if not chars:
@@ -121,6 +141,7 @@ class CharTokenizer(Tokenizer):
             raise _unknown("char", text, pos, f"character {text[pos]!r}") from None
 
     def decode(self, ids: Sequence[int]) -> str:
+        _check_ids("char", ids, self.vocab_size)
         return "".join(self.chars[i] for i in ids)
 
     def _config(self) -> dict[str, Any]:
@@ -131,12 +152,14 @@ class ByteTokenizer(Tokenizer):
     name, vocab_size = "byte", 256
 
     def encode(self, text: str) -> list[int]:
-        return list(text.encode("utf-8"))
+        return list(_utf8("byte", text))
 
     def decode(self, ids: Sequence[int]) -> str:
+        _check_ids("byte", ids, 256)
         return bytes(ids).decode("utf-8", errors="replace")
 
     def pieces(self, ids: Sequence[int]) -> list[str]:
+        _check_ids("byte", ids, 256)
         return [_display(chr(i)) if 32 <= i < 127 or i in (9, 10, 13) else f"<{i:02x}>"
                 for i in ids]
 
@@ -171,6 +194,7 @@ class WordTokenizer(Tokenizer):
         return ids
 
     def decode(self, ids: Sequence[int]) -> str:
+        _check_ids("word", ids, self.vocab_size)
         return "".join(self.words[i] for i in ids)
 
     def _config(self) -> dict[str, Any]:
@@ -207,15 +231,24 @@ class HFTokenizer(Tokenizer):
     @classmethod
     def from_file(cls, path: str | Path) -> HFTokenizer:
         tk = _import_tokenizers()
-        return cls(tk.Tokenizer.from_file(str(path)), name=f"hf:{Path(path).name}")
+        if not Path(path).is_file():
+            raise FileNotFoundError(f"no tokenizer file {path}")
+        try:
+            backend = tk.Tokenizer.from_file(str(path))
+        except Exception as err:  # the Rust side raises plain Exception for any parse error
+            raise ValueError(f"{path} is not a valid tokenizer.json ({err}): corrupted?") from err
+        return cls(backend, name=f"hf:{Path(path).name}")
 
     def encode(self, text: str) -> list[int]:
+        _utf8(self.name, text)  # the Rust side takes only valid Unicode (TypeError otherwise)
         return list(self.backend.encode(text).ids)
 
     def decode(self, ids: Sequence[int]) -> str:
+        _check_ids(self.name, ids, self.vocab_size)  # unknown ids would vanish silently
         return str(self.backend.decode(list(ids), skip_special_tokens=False))
 
     def pieces(self, ids: Sequence[int]) -> list[str]:
+        _check_ids(self.name, ids, self.vocab_size)
         # byte-level pieces map "Ġ" to a space etc.; decode one by one for readable labels
         return [_display(self.backend.decode([i], skip_special_tokens=False)) for i in ids]
 
@@ -336,18 +369,37 @@ def load_tokenizer(directory: str | Path) -> Tokenizer:
     path = directory / CONFIG_FILE
     if not path.exists():
         raise FileNotFoundError(f"no {CONFIG_FILE} in {directory}; is it an attnlab checkpoint?")
-    config = json.loads(path.read_text())
+    try:  # a damaged file gets one ValueError naming it, whatever part of it broke
+        config = json.loads(path.read_text(encoding="utf-8"))
+        if not isinstance(config, dict):
+            raise TypeError(f"expected a JSON object, got {type(config).__name__}")
+        return _from_config(directory, config)
+    except (ValueError, KeyError, TypeError) as err:
+        raise ValueError(
+            f"{path} is not a valid tokenizer config ({type(err).__name__}: {err}); the "
+            "checkpoint is corrupted or was not written by attnlab"
+        ) from err
+
+
+def _strings(config: dict[str, Any], key: str) -> list[str]:
+    values = config[key]
+    if not isinstance(values, list) or not all(isinstance(v, str) for v in values):
+        raise TypeError(f"{key!r} must be a list of strings")
+    return values
+
+
+def _from_config(directory: Path, config: dict[str, Any]) -> Tokenizer:
     kind = config.get("type")
     if kind == "char":
-        return CharTokenizer(config["chars"])
+        return CharTokenizer(_strings(config, "chars"))
     if kind == "word":
-        return WordTokenizer(config["words"])
+        return WordTokenizer(_strings(config, "words"))
     if kind == "byte":
         return ByteTokenizer()
     if kind == "tiktoken":
-        return TiktokenTokenizer(config["encoding"])
+        return TiktokenTokenizer(str(config["encoding"]))
     if kind in ("bpe", "hf"):
         tokenizer = HFTokenizer.from_file(directory / HF_FILE)
-        tokenizer.name = config.get("hf_name", kind)
+        tokenizer.name = str(config.get("hf_name", kind))
         return tokenizer
-    raise ValueError(f"{path} has unknown tokenizer type {kind!r}")
+    raise ValueError(f"unknown tokenizer type {kind!r}; expected char, word, byte, bpe or tiktoken")

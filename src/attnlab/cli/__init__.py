@@ -15,7 +15,7 @@ import os
 import sys
 import types
 from collections.abc import Sequence
-from typing import Any, TypeVar, Union, get_args, get_origin, get_type_hints
+from typing import Any, NoReturn, TypeVar, Union, get_args, get_origin, get_type_hints
 
 COMMANDS = ("train", "generate", "inspect", "serve", "bench", "demo", "info")
 
@@ -86,12 +86,20 @@ def config_from_flags(args: argparse.Namespace, cls: type[T], base: T | None = N
     return dataclasses.replace(base, **overrides)  # type: ignore[type-var]
 
 
+class _Parser(argparse.ArgumentParser):
+    """argparse with one-line usage errors: the full usage of `attnlab train` is dozens of
+    lines that bury the one that says what was wrong (`--help` still shows it)."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+
 def known_flags(parser: argparse.ArgumentParser) -> list[str]:
     return sorted(s for a in parser._actions for s in a.option_strings if s.startswith("--"))
 
 
 def build_parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.ArgumentParser]]:
-    parser = argparse.ArgumentParser(
+    parser = _Parser(  # subcommand parsers take the same class
         prog="attnlab",
         description="Build, train, generate with and look inside causal attention models.",
     )
@@ -115,8 +123,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.command is None:
         parser.print_help()
         return 2
+    sub = parsers[args.command]
+    for action in sub._actions:
+        # argparse in Python 3.11 turns `--lr=--` into [] instead of an error
+        stores_one = isinstance(action, argparse._StoreAction) and action.nargs is None
+        if stores_one and getattr(args, action.dest, None) == []:
+            sub.error(f"argument {action.option_strings[0]}: expected one argument")
     if unknown:
-        sub = parsers[args.command]
         print(
             f"attnlab {args.command}: unknown arguments {unknown}\n"
             f"known flags: {' '.join(known_flags(sub))}",
