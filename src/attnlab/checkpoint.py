@@ -18,6 +18,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import re
 import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -209,7 +210,21 @@ def load_train_state(directory: str | Path) -> dict[str, Any]:
         state: dict[str, Any] = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as err:  # UnpicklingError for unsafe content, RuntimeError for truncation
         raise ValueError(
-            f"refusing or unable to load {path}: {err}. attnlab only loads plain tensors and "
-            "containers (weights_only=True); the file is corrupted or not from attnlab"
+            f"refusing or unable to load {path}: {_unpickling_reason(err)}. attnlab only loads "
+            "plain tensors and containers (weights_only=True); the file is corrupted or not "
+            "from attnlab"
         ) from err
     return state
+
+
+def _unpickling_reason(err: Exception) -> str:
+    """The line of torch's message that says what was refused ("Trying to load unsupported
+    GLOBAL posix.system ..."), without the paragraphs around it that suggest weights_only=False
+    or allowlisting the global, i.e. running the code after all."""
+    text = re.sub(r"\x1b\[[0-9;]*m", "", str(err))  # no terminal colour codes
+    lines = [line.strip() for line in text.splitlines() if line.strip()]
+    boilerplate = ("Weights only load failed", "Check the documentation", "(1)", "(2)")
+    useful = [line for line in lines
+              if not line.startswith(boilerplate) and "`weights_only`" not in line]
+    reason = (useful or lines or [type(err).__name__])[0]
+    return reason.removeprefix("WeightsUnpickler error: ").split(". Please use")[0].rstrip(".")
