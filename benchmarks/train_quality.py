@@ -56,11 +56,11 @@ RECIPES: dict[str, Recipe] = {
     "nanoGPT recipe": Recipe({"dropout": 0.0}, NANOGPT_TRAIN, note="float32, 1 thread"),
     "attnlab best": Recipe(
         {"dropout": 0.0},
-        {**NANOGPT_TRAIN, "max_iters": 800, "batch_size": 24, "lr": 3e-3, "min_lr": 3e-4,
+        {**NANOGPT_TRAIN, "max_iters": 700, "batch_size": 24, "lr": 4e-3, "min_lr": 4e-4,
          "warmup_iters": 50, "eval_interval": 100, "dtype": "bfloat16"},
         explicit_attention=True, fused_adamw=True,
-        note="bf16 autocast, explicit attention, fused AdamW, 1 thread; batch 24, lr 3e-3, "
-             "800 iterations",
+        note="bf16 autocast, explicit attention, fused AdamW, 1 thread; batch 24, lr 4e-3, "
+             "700 iterations",
     ),
 }
 
