@@ -156,6 +156,15 @@ def run(
         dataset = load_dataset(str(path), "char", cache_dir=cache)
         results = {name: time_to_loss(r, dataset, target, stop_at_target=not quick)
                    for name, r in recipes.items()}
+    return summarize(results, path.name, target, quick)
+
+
+def summarize(
+    results: dict[str, dict[str, Any]], data_name: str, target: float = TARGET_LOSS,
+    quick: bool = False, extra_notes: tuple[str, ...] = (),
+) -> dict[str, Any]:
+    """The suite's result from `time_to_loss` results keyed by recipe name."""
+
     def ratio(name: str, key: str) -> float | None:
         mine = results.get(name, {}).get(key)
         base = results.get("nanoGPT recipe", {}).get(key)
@@ -172,8 +181,8 @@ def run(
                                                                  "cpu_seconds_to_target")
     met = None if wall is None else wall <= 0.5
     notes = [
-        f"data: {path.name}, char tokenizer; seconds (wall, and this process's CPU time) from "
-        f"the start of train() to the first evaluation with val loss <= {target}, evaluations "
+        f"data: {data_name}, char tokenizer; seconds (wall, and this process's CPU time) from "
+        f"the start of train() to the first evaluation with val loss <= {target:.2f}, evaluations "
         "and checkpoints included; the run stops there. One torch thread, on a shared 2-core "
         "machine where other processes ran at the same time: CPU time is what wall time "
         "would be on an idle core.",
@@ -183,6 +192,7 @@ def run(
     if wall is not None and cpu is not None:
         notes.append(f"target: best recipe <= 1/2 of nanoGPT's recipe time: "
                      f"{'met' if met else 'missed'} ({wall:.2f}x wall, {cpu:.2f}x CPU time).")
+    notes += extra_notes
     if quick:
         notes.append("quick: 1/20 of the iterations, a smoke test; times mean nothing.")
     return {
