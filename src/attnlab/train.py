@@ -261,12 +261,14 @@ def _train(
     stop = _StopFlag()
     with stop:
         for step in range(start, config.max_iters):
+            evaluated = step % config.eval_interval == 0 and step > start
+            if evaluated:  # before the stop check: a resume from here does not redo it
+                _eval_and_save(model, dataset, config, seq_len, world, step, result, log, save)
             if world.any(stop.requested):
-                save(step)  # between optimizer steps: the state is consistent
+                if not evaluated:
+                    save(step)  # between optimizer steps: the state is consistent
                 result.interrupted = True
                 return _finish(result, out, t_start, tokens_done, world)
-            if step % config.eval_interval == 0 and step > start:
-                _eval_and_save(model, dataset, config, seq_len, world, step, result, log, save)
             lr = config.lr_at(step)
             for group in optimizer.param_groups:
                 group["lr"] = lr

@@ -75,6 +75,7 @@ def run(args: argparse.Namespace) -> int:
 def _run(args: argparse.Namespace) -> int:
     import torch
 
+    from ..checkpoint import find_checkpoint
     from ..data import SentenceDataset, TaskDataset, load_dataset
     from ..model import GPTConfig
     from ..train import TrainConfig, recipe, train
@@ -98,9 +99,10 @@ def _run(args: argparse.Namespace) -> int:
 
     out = Path(args.out) if args.out else Path("runs") / _slug(dataset.name)
     ckpt = out / "ckpt"
-    if args.resume and not ckpt.exists():
+    found = find_checkpoint(ckpt)  # ckpt, or the copy a kill between two renames left
+    if args.resume and found is None:
         raise CLIError(f"--resume: no checkpoint in {ckpt}; train without --resume first")
-    if ckpt.exists() and not (args.resume or args.overwrite):
+    if found is not None and not (args.resume or args.overwrite):
         raise CLIError(
             f"{ckpt} already holds a checkpoint; pass --resume to continue it, --overwrite "
             "to start over, or --out DIR for a new run"
