@@ -62,7 +62,10 @@ def logits_to_probs(
     _check_sampling(temperature, top_k, top_p)
     if temperature == 0.0:
         raise ValueError("temperature=0 has no distribution (it is greedy); call sample()")
-    logits = logits / temperature  # (B, V)
+    # Shift by the max first (softmax does not change) and divide by at least the smallest
+    # normal float: a tiny temperature then gives 0 and -inf, i.e. greedy, not inf - inf = nan
+    scale = max(temperature, torch.finfo(logits.dtype).tiny)
+    logits = (logits - logits.amax(dim=-1, keepdim=True)) / scale  # (B, V)
     V = logits.shape[-1]
     if 0 < top_k < V:
         kth = torch.topk(logits, top_k, dim=-1).values[..., -1:]  # (B, 1)

@@ -162,12 +162,13 @@ def _token_stream(
     top_p: float | None,
     seed: int | None,
     eot_id: int | None,
+    vocab_size: int,
 ) -> Iterator[int]:
     """New token ids, one per `next()`, from `generate.stream` (KV cache, sampling, eot)."""
     idx = torch.tensor([ids], dtype=torch.long, device=model.wte.weight.device)  # (1, P)
     steps = generate_stream(
         model, idx, max_new_tokens=max_new_tokens, temperature=temperature, top_k=top_k or 0,
-        top_p=1.0 if top_p is None else top_p, seed=seed, eot_id=eot_id,
+        top_p=1.0 if top_p is None else top_p, seed=seed, eot_id=eot_id, vocab_size=vocab_size,
     )
     return (int(next_ids[0]) for next_ids in steps)
 
@@ -532,6 +533,7 @@ def create_app(
         stream = _token_stream(
             model, ids, max_new_tokens=new_tokens, temperature=body.temperature,
             top_k=body.top_k, top_p=body.top_p, seed=body.seed, eot_id=eot_id,
+            vocab_size=tokenizer.vocab_size,  # a larger model vocabulary has ids it cannot decode
         )
 
         async def events() -> AsyncIterator[bytes]:

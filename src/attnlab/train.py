@@ -61,8 +61,8 @@ class TrainConfig:
             value = getattr(self, name)
             if not isinstance(value, int) or value < 1:
                 raise ValueError(f"TrainConfig.{name}={value!r} must be a positive integer")
-        if not self.lr > 0:
-            raise ValueError(f"lr={self.lr} must be > 0")
+        if not 0 < self.lr < math.inf:
+            raise ValueError(f"lr={self.lr} must be a finite number > 0")
         if self.min_lr is not None and not 0 <= self.min_lr <= self.lr:
             raise ValueError(f"min_lr={self.min_lr} must be in [0, lr={self.lr}]")
         if self.warmup_iters < 0:
@@ -71,8 +71,11 @@ class TrainConfig:
             raise ValueError(f"optimizer={self.optimizer!r}; choose adamw or sgd")
         if self.dtype not in ("float32", "bfloat16"):
             raise ValueError(f"dtype={self.dtype!r}; choose float32 or bfloat16")
-        if self.grad_clip < 0 or self.weight_decay < 0:
-            raise ValueError("grad_clip and weight_decay must be >= 0")
+        if not (self.grad_clip >= 0 and 0 <= self.weight_decay < math.inf):  # False for nan
+            raise ValueError(
+                f"grad_clip={self.grad_clip} and weight_decay={self.weight_decay} must be >= 0 "
+                "(weight_decay finite)"
+            )
 
     def lr_at(self, step: int) -> float:
         """Linear warmup to lr, then cosine decay to min_lr at max_iters (nanoGPT's get_lr)."""
