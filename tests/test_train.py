@@ -205,3 +205,18 @@ def test_bf16_autocast_and_accumulation_train(tmp_path: Path, overrides: dict[st
     losses = [r["loss"] for r in result.history if "loss" in r]
     assert losses[-1] < losses[0] - 0.2
     assert result.model.wte.weight.dtype == torch.float32  # autocast leaves the weights alone
+
+
+def test_attention_path_for_training() -> None:
+    from attnlab.train import fused_attention
+
+    cpu = torch.device("cpu")
+    assert fused_attention(TrainConfig(), cpu)  # float32: SDPA
+    assert not fused_attention(TrainConfig(dtype="bfloat16"), cpu)  # bf16 on CPU: explicit
+    assert fused_attention(TrainConfig(dtype="bfloat16"), torch.device("cuda"))
+    assert fused_attention(TrainConfig(dtype="bfloat16", attention="fused"), cpu)
+    assert not fused_attention(TrainConfig(attention="explicit"), cpu)
+    with pytest.raises(ValueError, match="attention='flash'"):
+        TrainConfig(attention="flash")
+    model = GPT(GPTConfig.from_name("nano"))
+    assert make_optimizer(model, TrainConfig()).defaults["fused"] is True

@@ -53,6 +53,9 @@ class TrainConfig:
     eval_iters: int = 20  # val batches per evaluation
     dtype: str = "float32"  # float32 | bfloat16 (autocast: fast on CPUs with AVX512-BF16)
     compile: bool = False  # torch.compile the model
+    # fused (SDPA) | explicit | auto: explicit under bfloat16 on CPU, where SDPA's backward
+    # is 2-4x slower than the explicit path at T <= 256 (benchmarks/attention_op.py)
+    attention: str = "auto"
     device: str = "auto"  # auto (CUDA if present, else CPU) | cpu | cuda | cuda:N | mps
     seed: int = 1337  # seeds init, batches and dropout
 
@@ -71,6 +74,8 @@ class TrainConfig:
             raise ValueError(f"optimizer={self.optimizer!r}; choose adamw or sgd")
         if self.dtype not in ("float32", "bfloat16"):
             raise ValueError(f"dtype={self.dtype!r}; choose float32 or bfloat16")
+        if self.attention not in ("auto", "fused", "explicit"):
+            raise ValueError(f"attention={self.attention!r}; choose auto, fused or explicit")
         if not (self.grad_clip >= 0 and 0 <= self.weight_decay < math.inf):  # False for nan
             raise ValueError(
                 f"grad_clip={self.grad_clip} and weight_decay={self.weight_decay} must be >= 0 "
@@ -112,7 +117,8 @@ def make_optimizer(model: GPT, config: TrainConfig) -> torch.optim.Optimizer:
         {"params": decay, "weight_decay": config.weight_decay},
         {"params": no_decay, "weight_decay": 0.0},
     ]
-    return torch.optim.AdamW(groups, lr=config.lr, betas=(0.9, config.beta2), foreach=True)
+    # fused: one kernel per step for all parameters, on CPU too (faster than foreach there)
+    return torch.optim.AdamW(groups, lr=config.lr, betas=(0.9, config.beta2), fused=True)
 
 
 def sequence_length(model_config: GPTConfig, dataset: Dataset) -> int:
@@ -150,12 +156,20 @@ def evaluate(
         for _ in range(config.eval_iters):
             x, y = dataset.batch(split, config.batch_size, seq_len, gen, rows)
             with _autocast(config, world.device):
-                loss = model(x.to(world.device), y.to(world.device)).loss
+                loss = model(x.to(world.device), y.to(world.device),
+                             fused=fused_attention(config, world.device)).loss
             assert loss is not None
             losses.append(float(loss))
         out[f"{split}_loss"] = world.mean(sum(losses) / len(losses))
     model.train(was_training)
     return out
+
+
+def fused_attention(config: TrainConfig, device: torch.device) -> bool:
+    """Whether training runs SDPA (True) or attend's explicit path (False)."""
+    if config.attention != "auto":
+        return config.attention == "fused"
+    return not (config.dtype == "bfloat16" and device.type == "cpu")
 
 
 def _autocast(config: TrainConfig, device: torch.device) -> torch.autocast:
@@ -222,6 +236,7 @@ def _train(
         step_fn = torch.compile(step_fn)
     model.train()
     rows = world.rows(config.batch_size)
+    fused = fused_attention(config, world.device)
 
     metrics_file = out / "metrics.jsonl"
     tokens_per_step = config.batch_size * config.grad_accum * seq_len
@@ -284,7 +299,7 @@ def _train(
                 sync = ddp is None or micro == config.grad_accum - 1
                 with contextlib.nullcontext() if sync else ddp.no_sync():  # type: ignore[union-attr]
                     with _autocast(config, world.device):
-                        loss = step_fn(x, y).loss
+                        loss = step_fn(x, y, fused=fused).loss
                     assert loss is not None
                     (loss / config.grad_accum).backward()
                 loss_sum += float(loss.detach())
@@ -420,7 +435,21 @@ def recipe(dataset: Dataset) -> tuple[GPTConfig, TrainConfig]:
                           n_head=4, n_embd=64, dropout=0.0)
         return model, TrainConfig(max_iters=600, batch_size=32, lr=3e-3, warmup_iters=50,
                                   eval_interval=100, eval_iters=4)
-    return GPTConfig.from_name("tiny", vocab_size=vocab), TrainConfig()
+    # nanoGPT's shakespeare_char CPU shape, trained the fastest way benchmarks/ found on a CPU:
+    # twice the batch at four times the lr for 700 steps, in bf16 where the hardware has it
+    # (benchmarks/train_quality.py: val loss 1.90 in 0.40x the time of nanoGPT's recipe)
+    dtype = "bfloat16" if _fast_bf16() else "float32"
+    return GPTConfig.from_name("tiny", vocab_size=vocab), TrainConfig(
+        max_iters=700, batch_size=24, lr=4e-3, min_lr=4e-4, warmup_iters=50,
+        eval_interval=100, dtype=dtype)
+
+
+def _fast_bf16() -> bool:
+    """bf16 matmuls in hardware: a CUDA GPU that has them, or a CPU with AVX512-BF16/AMX."""
+    if torch.cuda.is_available():
+        return torch.cuda.is_bf16_supported()
+    # private but stable helpers (torch 2.1+); without these units bf16 is emulated and slow
+    return torch.cpu._is_avx512_bf16_supported() or torch.cpu._is_amx_tile_supported()
 
 
 def seed_experiment(
