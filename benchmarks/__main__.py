@@ -81,7 +81,22 @@ def write_readme_table(out: Path) -> Path | None:
         parts += ["", f"### {r['suite']}", "", render_any(r)]
     path = out / README_TABLE
     path.write_text("\n".join(parts) + "\n")
+    _splice_into_readme("\n".join(parts[2:]) + "\n")
     return path
+
+
+README = Path(__file__).resolve().parent.parent / "README.md"
+START, END = "<!-- benchmarks:start -->", "<!-- benchmarks:end -->"
+
+
+def _splice_into_readme(table: str) -> None:
+    """Replace the README's generated block (between the two markers) with `table`."""
+    if not README.exists():
+        return
+    text = README.read_text()
+    if START in text and END in text:
+        head, rest = text.split(START, 1)
+        README.write_text(head + START + "\n" + table + END + rest.split(END, 1)[1])
 
 
 def main(argv: Sequence[str] | None = None) -> int:
