@@ -315,6 +315,13 @@ class GPT(nn.Module):
         return ModelOutput(logits, next_token_loss(logits, targets))
 
 
+def count_params(config: GPTConfig) -> int:
+    """Parameters of GPT(config), embeddings included, counted on the meta device (nothing
+    allocated or initialised)."""
+    with torch.device("meta"):
+        return GPT(config).num_params(non_embedding=False)
+
+
 def next_token_loss(logits: Tensor, targets: Tensor) -> Tensor:
     """Mean cross-entropy of logits (B, T, V) against targets (B, T), ignoring target -1.
 

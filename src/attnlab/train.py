@@ -30,7 +30,7 @@ import torch
 from .checkpoint import load_checkpoint, load_train_state, save_checkpoint
 from .data import Dataset, SentenceDataset, TaskDataset, load_dataset
 from .distributed import World, setup, teardown
-from .model import GPT, GPTConfig
+from .model import GPT, GPTConfig, count_params
 from .tokenizers import Tokenizer
 
 
@@ -401,9 +401,7 @@ def _check_writable(out: Path, model_config: GPTConfig) -> None:
         probe.unlink()
     except OSError as err:
         raise ValueError(f"output directory {out} is not writable ({err}); pass --out") from err
-    with torch.device("meta"):
-        n_params = GPT(model_config).num_params(non_embedding=False)
-    needed = 2 * 3 * 4 * n_params
+    needed = 2 * 3 * 4 * count_params(model_config)
     free = shutil.disk_usage(out).free
     if free < needed:
         raise ValueError(

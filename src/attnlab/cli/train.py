@@ -158,10 +158,9 @@ def _slug(name: str) -> str:
 
 
 def _describe(dataset: Any, model_config: Any, train_config: Any) -> None:
-    from ..model import GPT
+    from ..model import count_params
 
-    with _no_grad_meta():
-        n_params = GPT(model_config).num_params(non_embedding=False)
+    n_params = count_params(model_config)
     tc = train_config
     print(f"data     {dataset.describe()}")
     print(
@@ -173,12 +172,6 @@ def _describe(dataset: Any, model_config: Any, train_config: Any) -> None:
         f"train    {tc.max_iters} steps x {tc.batch_size * tc.grad_accum} sequences, "
         f"{tc.optimizer} lr {tc.lr:g}, {tc.dtype}"
     )
-
-
-def _no_grad_meta() -> Any:
-    import torch
-
-    return torch.device("meta")  # count parameters without allocating or initialising them
 
 
 def _progress(total: int, quiet: bool) -> tuple[Any, Any]:
