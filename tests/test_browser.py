@@ -10,8 +10,6 @@ from __future__ import annotations
 
 import json
 import os
-import socket
-import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -26,6 +24,7 @@ playwright_api = pytest.importorskip("playwright.sync_api", reason="playwright i
 
 from attnlab import GPT, GPTConfig, create_app  # noqa: E402
 from attnlab.tokenizers import get_tokenizer  # noqa: E402
+from helpers import serving  # noqa: E402
 
 CHROMIUM = Path("/usr/bin/chromium")
 pytestmark = [
@@ -41,25 +40,13 @@ TEXT_256 = ("The quick brown fox jumps over the lazy dog. " * 6)[:256]
 
 @pytest.fixture(scope="module")
 def server() -> Iterator[str]:
-    import uvicorn
 
     tok = get_tokenizer("char", CORPUS)
     torch.manual_seed(0)
     model = GPT(GPTConfig.from_name("nano", vocab_size=tok.vocab_size, block_size=256))
     app = create_app(model, tok, meta={"step": 0})
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    srv = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="error"))
-    thread = threading.Thread(target=srv.run, daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 20
-    while not srv.started:
-        assert time.monotonic() < deadline, "uvicorn did not start within 20 s"
-        time.sleep(0.05)
-    yield f"http://127.0.0.1:{port}"
-    srv.should_exit = True
-    thread.join(timeout=10)
+    with serving(app, log_level="error") as port:
+        yield f"http://127.0.0.1:{port}"
 
 
 @pytest.fixture(scope="module")

@@ -20,22 +20,12 @@ from attnlab.generate import (
     stream_text,
 )
 from attnlab.tokenizers import get_tokenizer
+from helpers import left_padded
 
 
 def _model(**overrides: object) -> GPT:
     torch.manual_seed(0)
     return GPT(GPTConfig.from_name("nano", **overrides)).eval()  # type: ignore[arg-type]
-
-
-def _left_padded(lengths: list[int], seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
-    g = torch.Generator().manual_seed(seed)
-    P = max(lengths)
-    ids = torch.randint(0, 65, (len(lengths), P), generator=g)
-    mask = torch.zeros(len(lengths), P, dtype=torch.long)
-    for b, n in enumerate(lengths):
-        mask[b, P - n:] = 1
-        ids[b, : P - n] = 0
-    return ids, mask
 
 
 @torch.no_grad()
@@ -56,7 +46,7 @@ def _greedy_by_recomputation(
 @given(lengths=st.lists(st.integers(1, 9), min_size=1, max_size=3), seed=st.integers(0, 99))
 def test_cached_greedy_equals_recomputation(lengths: list[int], seed: int) -> None:
     model = _model()
-    ids, mask = _left_padded(lengths, seed)
+    ids, mask = left_padded(lengths, seed=seed)
     out = generate(model, ids, mask, max_new_tokens=8, temperature=0)
     assert torch.equal(out, _greedy_by_recomputation(model, ids, mask, 8))
 
@@ -70,7 +60,7 @@ def test_batch_of_one_without_mask_equals_recomputation() -> None:
 
 def test_each_padded_row_equals_the_prompt_alone() -> None:
     model = _model()
-    ids, mask = _left_padded([3, 8, 5], seed=4)
+    ids, mask = left_padded([3, 8, 5], seed=4)
     batch = generate(model, ids, mask, max_new_tokens=12, temperature=0)
     for b, n in enumerate([3, 8, 5]):
         alone = generate(model, ids[b:b + 1, -n:], max_new_tokens=12, temperature=0)
@@ -84,7 +74,7 @@ def test_each_padded_row_equals_the_prompt_alone() -> None:
 
 def test_seeded_sampling_is_reproducible() -> None:
     model = _model()
-    ids, mask = _left_padded([4, 2])
+    ids, mask = left_padded([4, 2])
     kwargs = dict(max_new_tokens=16, temperature=1.5, top_k=20, top_p=0.95)
     first = generate(model, ids, mask, seed=7, **kwargs)  # type: ignore[arg-type]
     again = generate(model, ids, mask, seed=7, **kwargs)  # type: ignore[arg-type]
@@ -122,7 +112,7 @@ def test_top_k_and_top_p_keep_the_right_ids() -> None:
 
 def test_rows_stop_at_eot_and_are_padded_after() -> None:
     model = _model()
-    ids, mask = _left_padded([3, 6], seed=2)
+    ids, mask = left_padded([3, 6], seed=2)
     greedy = generate(model, ids, mask, max_new_tokens=10, temperature=0)
     eot = int(greedy[0, 6 + 2])  # row 0's third new token
     out = generate(model, ids, mask, max_new_tokens=10, temperature=0, eot_id=eot, pad_id=64)
@@ -136,7 +126,7 @@ def test_rows_stop_at_eot_and_are_padded_after() -> None:
 
 def test_prompt_past_block_size_errors_or_slides() -> None:
     model = _model(block_size=12)
-    ids, mask = _left_padded([7, 4], seed=5)
+    ids, mask = left_padded([7, 4], seed=5)
     generate(model, ids, mask, max_new_tokens=6)  # 7 + 6 - 1 = 12 positions: fits exactly
     with pytest.raises(ValueError, match=r"exceeds block_size=12.*sliding_window=True"):
         generate(model, ids, mask, max_new_tokens=7)
@@ -180,7 +170,7 @@ def test_decode_step_mask_has_no_square_part() -> None:
 
 def test_stream_yields_the_ids_generate_returns() -> None:
     model = _model()
-    ids, mask = _left_padded([2, 5])
+    ids, mask = left_padded([2, 5])
     steps = list(stream(model, ids, mask, max_new_tokens=6, seed=3))
     assert len(steps) == 6 and all(s.shape == (2,) for s in steps)
     out = generate(model, ids, mask, max_new_tokens=6, seed=3)

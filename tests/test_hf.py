@@ -10,6 +10,7 @@ import torch
 
 from attnlab.generate import generate
 from attnlab.hf import is_hf_dir, load_hf_checkpoint, load_hf_gpt2, save_hf_gpt2
+from helpers import left_padded
 
 transformers = pytest.importorskip("transformers")
 
@@ -42,17 +43,6 @@ def pair(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactor
     return hf, load_hf_gpt2(directory), directory
 
 
-def _left_padded(vocab: int, lengths: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
-    g = torch.Generator().manual_seed(1)
-    P = max(lengths)
-    ids = torch.randint(1, vocab, (len(lengths), P), generator=g)
-    mask = torch.zeros(len(lengths), P, dtype=torch.long)
-    for b, n in enumerate(lengths):
-        mask[b, P - n:] = 1
-        ids[b, : P - n] = 0
-    return ids, mask
-
-
 @torch.no_grad()
 def test_logits_agree_single_and_left_padded(pair: tuple) -> None:
     hf, ours, _ = pair
@@ -60,7 +50,7 @@ def test_logits_agree_single_and_left_padded(pair: tuple) -> None:
     ids = torch.randint(0, V, (1, 20), generator=torch.Generator().manual_seed(0))
     torch.testing.assert_close(ours(ids).logits, hf(ids).logits, atol=1e-4, rtol=0)
 
-    ids, mask = _left_padded(V, [5, 12, 9])
+    ids, mask = left_padded([5, 12, 9], vocab=V, low=1, seed=1)
     positions = (mask.cumsum(-1) - 1).clamp(min=0)  # (B, P): HF's convention for left padding
     expected = hf(ids, attention_mask=mask, position_ids=positions).logits
     got = ours(ids, attention_mask=mask).logits
@@ -72,7 +62,7 @@ def test_logits_agree_single_and_left_padded(pair: tuple) -> None:
 def test_greedy_generation_gives_hugging_faces_ids(pair: tuple) -> None:
     hf, ours, _ = pair
     V = ours.config.vocab_size
-    ids, mask = _left_padded(V, [4, 11, 7])
+    ids, mask = left_padded([4, 11, 7], vocab=V, low=1, seed=1)
     n = ours.config.block_size - ids.shape[1]  # up to the end of the position table
     expected = hf.generate(
         ids, attention_mask=mask, max_new_tokens=n, do_sample=False, eos_token_id=None,

@@ -14,7 +14,6 @@ import json
 import os
 import shutil
 import socket
-import threading
 import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -29,6 +28,7 @@ from attnlab import GPT, GPTConfig
 from attnlab.checkpoint import load_checkpoint, load_train_state, save_checkpoint
 from attnlab.cli import main
 from attnlab.tokenizers import get_tokenizer
+from helpers import serving
 
 SRC = Path(attnlab.__file__).parent
 
@@ -151,27 +151,14 @@ def test_serve_binds_loopback_unless_told(ckpt: Path, monkeypatch: pytest.Monkey
 def server(ckpt: Path) -> Iterator[tuple[str, int]]:
     """uvicorn serving the saved checkpoint on a free loopback port, in a thread."""
     pytest.importorskip("fastapi")
-    import uvicorn
 
     from attnlab.server import ServeConfig, create_app
 
     saved = load_checkpoint(ckpt)
     app = create_app(saved.model, saved.tokenizer, saved.meta,
                      ServeConfig(max_body_bytes=8192, max_new_tokens=16))
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    srv = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="critical",
-                                        timeout_keep_alive=1))
-    thread = threading.Thread(target=srv.run, daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 20
-    while not srv.started:
-        assert time.monotonic() < deadline, "uvicorn did not start within 20 s"
-        time.sleep(0.05)
-    yield "127.0.0.1", port
-    srv.should_exit = True
-    thread.join(timeout=10)
+    with serving(app, log_level="critical", timeout_keep_alive=1) as port:
+        yield "127.0.0.1", port
 
 
 def raw(server: tuple[str, int], request: bytes, *, close_after_send: bool = False) -> bytes:

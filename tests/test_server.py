@@ -7,7 +7,6 @@ import json
 import socket
 import subprocess
 import sys
-import threading
 import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -27,6 +26,7 @@ from attnlab.checkpoint import save_checkpoint
 from attnlab.cli import main
 from attnlab.server import attention_payload
 from attnlab.tokenizers import Tokenizer, get_tokenizer
+from helpers import serving
 
 CORPUS = "abcdefghijklmnopqrstuvwxyz ABCDEFGHIJKLMNOPQRSTUVWXYZ.,;:!?'\n0123456789"
 
@@ -345,7 +345,6 @@ def test_cli_serves_a_checkpoint(tmp_path: Path) -> None:
 @pytest.fixture(scope="module")
 def live(setup: tuple[GPT, Tokenizer, TestClient]) -> Iterator[tuple[str, list[int]]]:
     """uvicorn serving the app on a free loopback port, in a thread."""
-    import uvicorn
 
     tok = setup[1]
     # a long context, so a generation runs long enough to be cut off mid-stream
@@ -354,19 +353,8 @@ def live(setup: tuple[GPT, Tokenizer, TestClient]) -> Iterator[tuple[str, list[i
     model.register_forward_hook(lambda *_: calls.__setitem__(0, calls[0] + 1))
     app = create_app(model, tok, config=ServeConfig(max_new_tokens=1000))
     app.state.forward_calls = calls
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="error"))
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 20
-    while not server.started:
-        assert time.monotonic() < deadline, "uvicorn did not start within 20 s"
-        time.sleep(0.05)
-    yield f"http://127.0.0.1:{port}", calls
-    server.should_exit = True
-    thread.join(timeout=10)
+    with serving(app, log_level="error") as port:
+        yield f"http://127.0.0.1:{port}", calls
 
 
 def raw_get(base: str, path: str) -> bytes:

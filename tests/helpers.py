@@ -1,0 +1,48 @@
+"""Helpers shared by several test files (tests/ is on sys.path under pytest)."""
+
+from __future__ import annotations
+
+import socket
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import torch
+
+
+def left_padded(
+    lengths: list[int], *, vocab: int = 65, low: int = 0, seed: int = 0
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Random ids in [low, vocab) left-padded with 0 to the longest length, and their mask."""
+    g = torch.Generator().manual_seed(seed)
+    P = max(lengths)
+    ids = torch.randint(low, vocab, (len(lengths), P), generator=g)  # (B, P)
+    mask = torch.zeros(len(lengths), P, dtype=torch.long)  # (B, P)
+    for b, n in enumerate(lengths):
+        mask[b, P - n:] = 1
+        ids[b, : P - n] = 0
+    return ids, mask
+
+
+@contextmanager
+def serving(app: Any, **config: Any) -> Iterator[int]:
+    """uvicorn serving `app` on a free loopback port, in a thread; yields the port."""
+    import uvicorn
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, **config))
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 20
+    while not server.started:
+        assert time.monotonic() < deadline, "uvicorn did not start within 20 s"
+        time.sleep(0.05)
+    try:
+        yield port
+    finally:
+        server.should_exit = True
+        thread.join(timeout=10)
