@@ -147,6 +147,7 @@ def evaluate(
     """Mean loss on fixed batches of each split (the same batches at every evaluation)."""
     world = world or World(device=model.wte.weight.device)
     rows = world.rows(config.batch_size)
+    fused = fused_attention(config, world.device)
     was_training = model.training
     model.eval()
     out = {}
@@ -156,8 +157,7 @@ def evaluate(
         for _ in range(config.eval_iters):
             x, y = dataset.batch(split, config.batch_size, seq_len, gen, rows)
             with _autocast(config, world.device):
-                loss = model(x.to(world.device), y.to(world.device),
-                             fused=fused_attention(config, world.device)).loss
+                loss = model(x.to(world.device), y.to(world.device), fused=fused).loss
             assert loss is not None
             losses.append(float(loss))
         out[f"{split}_loss"] = world.mean(sum(losses) / len(losses))
