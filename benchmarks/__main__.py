@@ -19,6 +19,8 @@ from typing import Any
 
 import torch
 
+from attnlab.runtime import reuse_freed_memory
+
 from .common import describe_machine, machine, render
 
 # suite name -> module in this package, in the order `all` runs them
@@ -109,6 +111,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--threads", type=int,
                         help="torch threads for suites that do not set their own")
     args = parser.parse_args(argv)
+    reuse_freed_memory()  # as the attnlab CLI does
     known = {*SUITES, "all", "readme"}
     unknown = [s for s in args.suites if s not in known]
     if unknown:

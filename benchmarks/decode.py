@@ -25,8 +25,10 @@ from typing import Any
 
 import torch
 
-from attnlab.generate import decode_one_token, generate, prefill
+from attnlab.generate import generate, prefill
 from attnlab.hf import gpt_from_hf
+from attnlab.model import DecodeStep
+from attnlab.runtime import reuse_freed_memory
 
 from .common import alternate, clock, machine, median_ms, render, table
 
@@ -100,6 +102,7 @@ def _decode_steps(model: Any, position: int, steps: int) -> Any:
     ids = torch.randint(0, model.config.vocab_size, (1, position),
                         generator=torch.Generator().manual_seed(position))
     cache = model.new_cache(1, position + steps)
+    decode = DecodeStep(model)  # what generate runs
     with torch.inference_mode():
         first = prefill(model, ids, None, cache).argmax(-1, keepdim=True)  # (1, 1)
 
@@ -108,7 +111,7 @@ def _decode_steps(model: Any, position: int, steps: int) -> Any:
         cache.seq_len = position  # rewind: every round decodes positions position..+steps
         token = first
         for _ in range(steps):
-            token = decode_one_token(model, token, None, cache).argmax(-1, keepdim=True)
+            token = decode(token, None, cache).argmax(-1, keepdim=True)  # (1, 1)
 
     return run_steps
 
@@ -174,6 +177,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--threads", type=int, help="torch threads (default: torch's)")
     parser.add_argument("--out", type=Path, help="write the result as JSON here")
     args = parser.parse_args(argv)
+    reuse_freed_memory()  # as the attnlab CLI does
     if args.threads is not None:
         if args.threads < 1:
             parser.error(f"--threads {args.threads} must be >= 1")

@@ -10,6 +10,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from attnlab import GPT, GPTConfig
+from attnlab.model import DecodeStep
+
+from helpers import left_padded
 
 
 def _model(name: str = "nano", **overrides: object) -> GPT:
@@ -132,3 +135,55 @@ def test_last_logits_only() -> None:
     model = _model()
     idx = torch.randint(0, 65, (2, 9))
     torch.testing.assert_close(model(idx, last_logits_only=True).logits, model(idx).logits[:, -1:])
+
+
+@settings(max_examples=30, deadline=None)
+@given(
+    flags=st.fixed_dictionaries({
+        "bias": st.booleans(), "mlp": st.booleans(), "layer_norm": st.booleans(),
+        "residual": st.booleans(), "attn_out_proj": st.booleans(),
+        "tie_weights": st.booleans(), "n_kv_head": st.sampled_from([None, 1, 2]),
+        "attn_scale": st.sampled_from([None, 0.3]),
+    }),
+    lengths=st.lists(st.integers(1, 6), min_size=1, max_size=3),
+    steps=st.integers(1, 4),
+    seed=st.integers(0, 1000),
+)
+def test_decode_step_equals_forward(
+    flags: dict[str, object], lengths: list[int], steps: int, seed: int
+) -> None:
+    """DecodeStep (stacked q/k/v, plain F calls) == GPT.forward at T=1, cache included."""
+    model = _model("nano", n_head=4, **flags)
+    ids, mask = left_padded(lengths, seed=seed)  # (B, P)
+    attention_mask = None if min(lengths) == max(lengths) else mask
+    B, P = ids.shape
+    caches = [model.new_cache(B, P + steps) for _ in range(2)]
+    step = DecodeStep(model)
+    gen = torch.Generator().manual_seed(seed)
+    with torch.inference_mode():
+        for cache in caches:
+            model(ids, attention_mask=attention_mask, kv_cache=cache)
+        for _ in range(steps):
+            token = torch.randint(0, 65, (B, 1), generator=gen)  # (B, 1)
+            if attention_mask is not None:
+                attention_mask = torch.cat([attention_mask, torch.ones(B, 1, dtype=torch.long)], 1)
+            expected = model(token, attention_mask=attention_mask, kv_cache=caches[0]).logits
+            got = step(token, attention_mask, caches[1])  # (B, V)
+            torch.testing.assert_close(got, expected[:, -1], atol=1e-5, rtol=1e-5)
+    assert caches[0].seq_len == caches[1].seq_len == P + steps
+    for mine, reference in zip(caches[1].layers, caches[0].layers, strict=True):
+        torch.testing.assert_close(mine.k, reference.k, atol=1e-6, rtol=1e-5)
+        torch.testing.assert_close(mine.v, reference.v, atol=1e-6, rtol=1e-5)
+
+
+def test_decode_step_errors() -> None:
+    model = _model("nano")  # block_size 32
+    step = DecodeStep(model)
+    cache = model.new_cache(1)
+    with pytest.raises(ValueError, match=r"takes \(B, 1\) token ids, got \(1, 2\)"):
+        step(torch.zeros(1, 2, dtype=torch.long), None, cache)
+    cache.seq_len = 32
+    with pytest.raises(ValueError, match="position 32 >= block_size=32"):
+        step(torch.zeros(1, 1, dtype=torch.long), None, cache)
+    with pytest.raises(ValueError, match="call model.eval"):
+        DecodeStep(_model("nano", dropout=0.1).train())

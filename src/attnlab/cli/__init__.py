@@ -17,6 +17,8 @@ import types
 from collections.abc import Sequence
 from typing import Any, NoReturn, TypeVar, Union, get_args, get_origin, get_type_hints
 
+from ..runtime import reuse_freed_memory
+
 COMMANDS = ("train", "generate", "inspect", "serve", "bench", "demo", "info")
 
 T = TypeVar("T")
@@ -118,6 +120,7 @@ def build_parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.Argument
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    reuse_freed_memory()
     parser, parsers = build_parser()
     args, unknown = parser.parse_known_args(argv)
     if args.command is None:
