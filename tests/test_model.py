@@ -11,7 +11,6 @@ from hypothesis import strategies as st
 
 from attnlab import GPT, GPTConfig
 from attnlab.model import DecodeStep
-
 from helpers import left_padded
 
 
@@ -185,5 +184,5 @@ def test_decode_step_errors() -> None:
     cache.seq_len = 32
     with pytest.raises(ValueError, match="position 32 >= block_size=32"):
         step(torch.zeros(1, 1, dtype=torch.long), None, cache)
-    with pytest.raises(ValueError, match="call model.eval"):
+    with pytest.raises(ValueError, match=r"call model\.eval"):
         DecodeStep(_model("nano", dropout=0.1).train())
