@@ -9,6 +9,8 @@ static one. Neither knows about masks or positions: `attention.py` and `model.py
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import torch
 from torch import Tensor
 
@@ -79,7 +81,7 @@ class KVCache:
     """
 
     def __init__(self, layers: list[LayerKVCache] | list[ConcatLayerKVCache]) -> None:
-        self.layers = layers
+        self.layers: Sequence[LayerKVCache | ConcatLayerKVCache] = layers
         self.seq_len = 0
 
     @classmethod

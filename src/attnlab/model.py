@@ -11,7 +11,7 @@ from __future__ import annotations
 import dataclasses
 import math
 from dataclasses import dataclass
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, cast
 
 import torch
 import torch.nn.functional as F
@@ -315,6 +315,72 @@ class GPT(nn.Module):
         return ModelOutput(logits, next_token_loss(logits, targets))
 
 
+class _Affine(NamedTuple):
+    """x (B, in) -> x @ weight^T + bias (B, out), for the one-token decode step."""
+
+    weight: Tensor  # (out, in)
+    bias: Tensor | None  # (out,)
+
+    @classmethod
+    def stack(cls, *linears: nn.Linear) -> _Affine:
+        """Linear layers fed the same input as one: weights (and biases) stacked, copied."""
+        weight = torch.cat([lin.weight.detach() for lin in linears])
+        biases = [lin.bias.detach() for lin in linears if lin.bias is not None]
+        return cls(weight, torch.cat(biases) if biases else None)
+
+    def __call__(self, x: Tensor) -> Tensor:
+        if x.shape[0] != 1:
+            return F.linear(x, self.weight, self.bias)  # (B, out)
+        # One row goes through the matrix-vector kernel: for bfloat16 weights it streams them
+        # about twice as fast as F.linear's matrix-matrix one here (GPT-2's 50257 x 768 head:
+        # 3.7 vs 7.7 ms), and for float32 it is as fast.
+        w, b, row = self.weight, self.bias, x[0]
+        return (torch.mv(w, row) if b is None else torch.addmv(b, w, row))[None]  # (1, out)
+
+
+class _Norm(NamedTuple):
+    weight: Tensor | None
+    bias: Tensor | None
+    eps: float
+
+    def __call__(self, x: Tensor) -> Tensor:
+        return F.layer_norm(x, x.shape[-1:], self.weight, self.bias, self.eps)
+
+
+def _norm_of(module: nn.Module | None) -> _Norm | None:
+    if not isinstance(module, nn.LayerNorm):
+        return None  # nn.Identity (layer_norm=False)
+    bias = None if module.bias is None else module.bias.detach()
+    return _Norm(module.weight.detach(), bias, module.eps)
+
+
+class _DecodeLayer(NamedTuple):
+    """One block's weights for `DecodeStep`; None where the config leaves a part out."""
+
+    ln_1: _Norm | None
+    qkv: _Affine  # query, key, value stacked: (nh*hs + 2*nkv*hs, C)
+    out_proj: _Affine | None
+    ln_2: _Norm | None
+    fc: _Affine | None
+    proj: _Affine | None
+
+    @classmethod
+    def of(cls, block: Block) -> _DecodeLayer:
+        attn, mlp = block.attn, block.mlp
+        return cls(
+            _norm_of(block.ln_1),
+            _Affine.stack(attn.query, attn.key, attn.value),
+            None if attn.out_proj is None else _Affine.stack(attn.out_proj),
+            _norm_of(block.ln_2),
+            None if mlp is None else _Affine.stack(mlp.fc),
+            None if mlp is None else _Affine.stack(mlp.proj),
+        )
+
+
+def _apply(norm: _Norm | None, x: Tensor) -> Tensor:
+    return x if norm is None else norm(x)
+
+
 class DecodeStep:
     """`GPT.forward` for one new token per row over a KV cache, with the weights laid out for it.
 
@@ -329,20 +395,10 @@ class DecodeStep:
         if model.training and model.config.dropout > 0:
             raise ValueError("a decode step runs without dropout; call model.eval() first")
         self.config = model.config
-        self.layers = [
-            (
-                _ln_params(block.ln_1),
-                *_stacked(block.attn.query, block.attn.key, block.attn.value),
-                *_stacked(block.attn.out_proj),
-                _ln_params(block.ln_2),
-                *_stacked(None if block.mlp is None else block.mlp.fc),
-                *_stacked(None if block.mlp is None else block.mlp.proj),
-            )
-            for block in model.blocks
-        ]
-        self.ln_f = _ln_params(model.ln_f)
+        self.layers = [_DecodeLayer.of(cast(Block, block)) for block in model.blocks]
+        self.ln_f = _norm_of(model.ln_f)
         self.wte, self.wpe = model.wte.weight.detach(), model.wpe.weight.detach()
-        self.lm_head = model.lm_head.weight.detach()  # (V, C)
+        self.lm_head = _Affine(model.lm_head.weight.detach(), None)  # (V, C)
 
     @torch.inference_mode()
     def __call__(self, token: Tensor, attention_mask: Tensor | None, cache: KVCache) -> Tensor:
@@ -366,65 +422,23 @@ class DecodeStep:
         x = F.embedding(token[:, 0], self.wte) + pos_emb  # (B, C)
         mask = build_mask(1, pos + 1, attention_mask, device=token.device)
         B, nh, nkv, hs = token.shape[0], c.n_head, c.n_kv_heads, c.head_size
-        for (ln_1, w_qkv, b_qkv, w_out, b_out, ln_2, w_fc, b_fc, w_proj, b_proj), layer in zip(
+        for (ln_1, w_qkv, out_proj, ln_2, fc, proj), layer_cache in zip(
             self.layers, cache.layers, strict=True
         ):
-            qkv = _affine(_layer_norm(x, ln_1), w_qkv, b_qkv)  # (B, (nh + 2*nkv) * hs)
+            qkv = w_qkv(_apply(ln_1, x))  # (B, (nh + 2*nkv) * hs)
             # one position per row: (B, heads * hs) is (B, heads, 1, hs) as it lies in memory
             q, k, v = qkv.view(B, nh + 2 * nkv, 1, hs).split_with_sizes((nh, nkv, nkv), dim=1)
-            k, v = layer.update(pos, k, v)  # (B, nkv, pos + 1, hs) each
+            k, v = layer_cache.update(pos, k, v)  # (B, nkv, pos + 1, hs) each
             a = attend(q, k, v, mask, scale=c.attn_scale).view(B, nh * hs)  # (B, nh * hs)
-            if w_out is not None:
-                a = _affine(a, w_out, b_out)  # (B, C)
+            if out_proj is not None:
+                a = out_proj(a)  # (B, C)
             x = x + a if c.residual else a
-            if w_fc is not None:
-                h = F.gelu(_affine(_layer_norm(x, ln_2), w_fc, b_fc), approximate="tanh")
-                m = _affine(h, w_proj, b_proj)  # (B, 4C) -> (B, C)
+            if fc is not None and proj is not None:
+                h = F.gelu(fc(_apply(ln_2, x)), approximate="tanh")  # (B, 4C)
+                m = proj(h)  # (B, C)
                 x = x + m if c.residual else m
         cache.seq_len = pos + 1
-        return _affine(_layer_norm(x, self.ln_f), self.lm_head, None)  # (B, V)
-
-
-def _stacked(*linears: nn.Linear | None) -> tuple[Tensor | None, Tensor | None]:
-    """Linear layers stacked into one (sum of outs, in) weight and bias (None if they have none).
-
-    One layer is returned as it is; several are copied into a new matrix.
-    """
-    if linears[0] is None:
-        return None, None
-    weights = [lin.weight.detach() for lin in linears if lin is not None]
-    biases = [lin.bias.detach() for lin in linears if lin is not None and lin.bias is not None]
-    weight = weights[0] if len(weights) == 1 else torch.cat(weights)
-    bias = None if not biases else biases[0] if len(biases) == 1 else torch.cat(biases)
-    return weight, bias
-
-
-def _affine(x: Tensor, weight: Tensor, bias: Tensor | None) -> Tensor:
-    """x (B, in) @ weight (out, in)^T + bias (out,) -> (B, out).
-
-    One row goes through the matrix-vector kernel: for bfloat16 weights it streams them
-    about twice as fast as the matrix-matrix one behind F.linear here (GPT-2's 50257 x 768
-    head: 3.7 vs 7.7 ms), and for float32 it is as fast.
-    """
-    if x.shape[0] != 1:
-        return F.linear(x, weight, bias)  # (B, out)
-    row = torch.mv(weight, x[0]) if bias is None else torch.addmv(bias, weight, x[0])
-    return row[None]  # (1, out)
-
-
-def _ln_params(norm: nn.Module | None) -> tuple[Tensor | None, Tensor | None, float] | None:
-    """A LayerNorm's (weight, bias, eps), or None for no norm (nn.Identity)."""
-    if not isinstance(norm, nn.LayerNorm):
-        return None
-    return (norm.weight.detach(), None if norm.bias is None else norm.bias.detach(),
-            norm.eps)
-
-
-def _layer_norm(x: Tensor, params: tuple[Tensor | None, Tensor | None, float] | None) -> Tensor:
-    if params is None:
-        return x
-    weight, bias, eps = params
-    return F.layer_norm(x, x.shape[-1:], weight, bias, eps)
+        return self.lm_head(_apply(self.ln_f, x))  # (B, V)
 
 
 def count_params(config: GPTConfig) -> int:
