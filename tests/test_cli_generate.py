@@ -146,3 +146,15 @@ def test_hugging_face_directory_generates_the_same_text(
         outs.append(capsys.readouterr().out)
     expected = generate_text(model, tokenizer, ["the quick"], max_new_tokens=10, temperature=0)
     assert outs == ["the quick" + expected[0] + "\n"] * 2
+
+
+def test_dtype_bfloat16_generates_what_a_bfloat16_model_does(
+    checkpoint: tuple[Path, GPT, Tokenizer], capsys: pytest.CaptureFixture[str]
+) -> None:
+    path, model, tokenizer = checkpoint
+    args = ["generate", str(path), "the fox", "--max-new-tokens", "8", "--temperature", "0",
+            "--dtype", "bfloat16"]
+    assert main(args) == 0
+    model16 = model.to(torch.bfloat16)
+    expected = generate_text(model16, tokenizer, ["the fox"], max_new_tokens=8, temperature=0)[0]
+    assert capsys.readouterr().out == "the fox" + expected + "\n"

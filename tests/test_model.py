@@ -186,3 +186,16 @@ def test_decode_step_errors() -> None:
         step(torch.zeros(1, 1, dtype=torch.long), None, cache)
     with pytest.raises(ValueError, match=r"call model\.eval"):
         DecodeStep(_model("nano", dropout=0.1).train())
+
+
+def test_decode_step_in_bfloat16_matches_forward_in_bfloat16() -> None:
+    model = _model("nano", init_std=0.3).to(torch.bfloat16)
+    ids = torch.randint(0, 65, (1, 7), generator=torch.Generator().manual_seed(0))
+    caches = [model.new_cache(1, 8) for _ in range(2)]
+    with torch.inference_mode():
+        for cache in caches:
+            model(ids[:, :6], kv_cache=cache)
+        expected = model(ids[:, 6:], kv_cache=caches[0]).logits[:, -1]  # (1, V)
+        got = DecodeStep(model)(ids[:, 6:], None, caches[1])  # (1, V)
+    assert got.dtype == torch.bfloat16 and caches[1].layers[0].k.dtype == torch.bfloat16
+    torch.testing.assert_close(got.float(), expected.float(), atol=0.05, rtol=0.05)

@@ -230,7 +230,8 @@ def _steps(
     for length in range(P, P + N):
         if vocab_size is not None:
             logits = logits[:, :vocab_size]  # (B, V')
-        next_ids = sample(logits, config.temperature, config.top_k, config.top_p, generator)
+        # sampling in float32 whatever the model computes in (a bfloat16 softmax is coarse)
+        next_ids = sample(logits.float(), config.temperature, config.top_k, config.top_p, generator)
         if ended is not None:
             next_ids = next_ids.masked_fill(ended, pad_id)  # (B,)
             ended |= next_ids == eot_id

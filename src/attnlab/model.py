@@ -323,10 +323,13 @@ class _Affine(NamedTuple):
 
     @classmethod
     def stack(cls, *linears: nn.Linear) -> _Affine:
-        """Linear layers fed the same input as one: weights (and biases) stacked, copied."""
-        weight = torch.cat([lin.weight.detach() for lin in linears])
+        """Linear layers fed the same input as one: weights (and biases) stacked (a copy when
+        there are several; one layer's own tensors when there is one)."""
+        weights = [lin.weight.detach() for lin in linears]
         biases = [lin.bias.detach() for lin in linears if lin.bias is not None]
-        return cls(weight, torch.cat(biases) if biases else None)
+        weight = weights[0] if len(weights) == 1 else torch.cat(weights)
+        bias = None if not biases else biases[0] if len(biases) == 1 else torch.cat(biases)
+        return cls(weight, bias)
 
     def __call__(self, x: Tensor) -> Tensor:
         if x.shape[0] != 1:
