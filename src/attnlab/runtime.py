@@ -1,17 +1,16 @@
 """Process-wide CPU settings that attnlab's commands apply: how freed memory is reused.
 
 PyTorch's CPU allocator calls malloc and free directly; it caches nothing (its CUDA
-allocator does). glibc serves a block of 128 KiB or more with mmap and hands it back to
-the kernel with munmap on free. Its threshold then rises to the size of the freed block,
-but a block of exactly that size is still mmapped, so a loop that allocates the same
-activation shapes every step gets fresh pages every step and pays a page fault per 4 KiB
-on first touch. On the 2-core machine of the benchmarks this made the explicit attention
-path (two (B, nh, T, T) tensors per call, 8 MB each at B=8, nh=4, T=256) 2.2x slower
-than with the memory reused (`python -m benchmarks attention`, 8.7 ms vs 3.9 ms forward).
-`reuse_freed_memory` tells glibc to serve blocks up to 32 MiB from its heap and to keep
-freed memory for the next allocation. Peak RSS stays the same: the process holds what it
-held at its peak anyway. jemalloc or tcmalloc through LD_PRELOAD does the same job and
-also covers blocks above 32 MiB.
+allocator does). glibc serves blocks of 128 KiB and more with mmap and unmaps them on free;
+it raises that threshold as large blocks are freed, but it also gives the top of its heap
+back to the kernel whenever more than twice the threshold lies free there. Code that
+allocates and frees large activations in turn therefore keeps getting fresh zeroed pages,
+one page fault per 4 KiB on first touch: the explicit attention path's (B, nh, T, T) scores
+and weights followed by the fused path took ~2,300 page faults per round
+(tests/test_runtime.py), and the explicit forward at T=256 ran 2.2x slower than with the
+memory reused (`python -m benchmarks attention`, 8.7 vs 3.9 ms). `reuse_freed_memory` has
+glibc serve blocks up to 32 MiB from its heap and keep up to 1 GiB of freed memory for the
+next allocation. jemalloc or tcmalloc through LD_PRELOAD do the same job, beyond 32 MiB too.
 """
 
 from __future__ import annotations
