@@ -1,7 +1,7 @@
 """Memory: peak RSS of training and of generation, and KV cache bytes against the formula.
 
-Each peak is measured in a fresh subprocess (`resource.getrusage(RUSAGE_SELF).ru_maxrss`),
-so one workload's allocations never count towards another's; a subprocess that only
+Each peak is measured in a fresh subprocess (VmHWM in /proc/self/status: its own high-water
+mark), so one workload's allocations never count towards another's; a subprocess that only
 imports torch and attnlab gives the floor every workload starts from. The KV cache check is
 exact: `KVCache.nbytes()` must equal 2 * n_layer * B * nkv * T_max * hs * bytes per element.
 """
@@ -48,8 +48,16 @@ prompt = torch.randint(0, config.vocab_size, ({batch}, 8))
 with torch.no_grad():
     generate(model, prompt, max_new_tokens=config.block_size - 8, temperature=1.0, seed=0)
 """
+# VmHWM is this process's own peak. ru_maxrss is not: Linux carries the peak RSS of the
+# process image that exec replaced into it, so a workload spawned by a parent that once held
+# 760 MB reported 760 MB whatever it did itself.
 _REPORT = """
-print(json.dumps({{"max_rss_kb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss}}))
+try:
+    with open("/proc/self/status") as status:
+        peak_kb = next(int(line.split()[1]) for line in status if line.startswith("VmHWM:"))
+except OSError:
+    peak_kb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+print(json.dumps({{"max_rss_kb": peak_kb}}))
 """
 
 

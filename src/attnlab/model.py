@@ -227,6 +227,17 @@ class GPT(nn.Module):
                 f"block_size={c.block_size}; truncate the input to the last {c.block_size} "
                 "tokens or use a model with a larger block_size"
             )
+        if attention_mask is not None and attention_mask.shape != (B, pos + T):
+            raise ValueError(
+                f"attention_mask shape {tuple(attention_mask.shape)} != (B, cached + new) = "
+                f"({B}, {pos + T}); it must cover every key, cached ones included"
+            )
+        if targets is not None and targets.shape != (B, T):
+            raise ValueError(f"targets shape {tuple(targets.shape)} != idx shape {(B, T)}")
+        if torch.compiler.is_compiling():
+            # reading values back would break the graph; training checks once, before its
+            # first step, that the tokenizer's ids fit the model's vocab_size
+            return
         lo, hi = int(idx.min()), int(idx.max())
         if lo < 0 or hi >= c.vocab_size:
             bad = lo if lo < 0 else hi
@@ -234,19 +245,11 @@ class GPT(nn.Module):
                 f"token id {bad} is outside the vocabulary [0, {c.vocab_size}); the tokenizer "
                 "and the model disagree on vocab_size"
             )
-        if attention_mask is not None and attention_mask.shape != (B, pos + T):
+        if targets is not None and (int(targets.min()) < -1 or int(targets.max()) >= c.vocab_size):
             raise ValueError(
-                f"attention_mask shape {tuple(attention_mask.shape)} != (B, cached + new) = "
-                f"({B}, {pos + T}); it must cover every key, cached ones included"
+                f"targets must be token ids in [0, {c.vocab_size}) or -1 (ignored), got "
+                f"values in [{int(targets.min())}, {int(targets.max())}]"
             )
-        if targets is not None:
-            if targets.shape != (B, T):
-                raise ValueError(f"targets shape {tuple(targets.shape)} != idx shape {(B, T)}")
-            if int(targets.min()) < -1 or int(targets.max()) >= c.vocab_size:
-                raise ValueError(
-                    f"targets must be token ids in [0, {c.vocab_size}) or -1 (ignored), got "
-                    f"values in [{int(targets.min())}, {int(targets.max())}]"
-                )
 
     def forward(
         self,
