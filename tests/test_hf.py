@@ -14,13 +14,16 @@ from helpers import left_padded
 
 transformers = pytest.importorskip("transformers")
 
-# Two shapes: tied head with scaled scores, and an untied head with unscaled scores.
+# Two shapes: tied head with scaled scores, and an untied head with unscaled scores; and a
+# third with the exact (erf) GELU, GPTConfig.gelu="exact".
 SHAPES = {
     "tied": dict(vocab_size=97, n_positions=64, n_embd=32, n_layer=2, n_head=4),
     "untied": dict(
         vocab_size=131, n_positions=48, n_embd=48, n_layer=3, n_head=3,
         tie_word_embeddings=False, scale_attn_weights=False,
     ),
+    "exact-gelu": dict(vocab_size=89, n_positions=40, n_embd=32, n_layer=2, n_head=2,
+                       activation_function="gelu"),
 }
 
 

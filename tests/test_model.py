@@ -24,6 +24,14 @@ def test_config_rejects_indivisible_heads() -> None:
         GPTConfig(n_embd=10, n_head=3)
 
 
+def test_gelu_is_tanh_or_exact() -> None:
+    with pytest.raises(ValueError, match=r"gelu='relu' must be one of \['exact', 'tanh'\]"):
+        GPTConfig(gelu="relu")
+    x = torch.randint(0, 65, (1, 8))
+    tanh, exact = (_model("nano", gelu=g)(x).logits for g in ("tanh", "exact"))
+    assert 0 < (tanh - exact).abs().max() < 1e-2  # same weights, the two GELUs differ a little
+
+
 def test_config_rejects_bad_kv_heads_and_unknown_preset() -> None:
     with pytest.raises(ValueError, match="n_kv_head=3 must divide n_head=4"):
         GPTConfig(n_head=4, n_kv_head=3)
@@ -142,7 +150,7 @@ def test_last_logits_only() -> None:
         "bias": st.booleans(), "mlp": st.booleans(), "layer_norm": st.booleans(),
         "residual": st.booleans(), "attn_out_proj": st.booleans(),
         "tie_weights": st.booleans(), "n_kv_head": st.sampled_from([None, 1, 2]),
-        "attn_scale": st.sampled_from([None, 0.3]),
+        "attn_scale": st.sampled_from([None, 0.3]), "gelu": st.sampled_from(["tanh", "exact"]),
     }),
     lengths=st.lists(st.integers(1, 6), min_size=1, max_size=3),
     steps=st.integers(1, 4),

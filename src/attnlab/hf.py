@@ -11,7 +11,7 @@ Nothing is ever downloaded.
 GPT-2 stores its linear layers as `Conv1D` with weights (in, out), and q, k and v fused in
 one `c_attn` of width 3C; attnlab keeps `nn.Linear` (out, in) and separate query/key/value
 projections. The mapping below transposes and splits (and, on export, concatenates back).
-GPT-2's MLP uses the tanh GELU ("gelu_new"), which is what attnlab's MLP computes.
+GPT-2's MLP uses the tanh GELU ("gelu_new"): imports set `GPTConfig.gelu="tanh"`.
 """
 
 from __future__ import annotations
@@ -32,8 +32,8 @@ CONFIG_FILE = "config.json"
 SAFETENSORS_FILE = "model.safetensors"
 SAFETENSORS_INDEX = "model.safetensors.index.json"
 TORCH_FILE = "pytorch_model.bin"
-# GPT-2's activations that are the tanh approximation attnlab's MLP computes
-_TANH_GELUS = ("gelu_new", "gelu_pytorch_tanh", "gelu_fast")
+# Hugging Face activation names -> GPTConfig.gelu
+_GELUS = {"gelu_new": "tanh", "gelu_pytorch_tanh": "tanh", "gelu_fast": "tanh", "gelu": "exact"}
 # per-block weights: attnlab name -> GPT-2 name (Conv1D weights are transposed)
 _BLOCK_LINEAR = {"attn.out_proj": "attn.c_proj", "mlp.fc": "mlp.c_fc", "mlp.proj": "mlp.c_proj"}
 _BLOCK_NORM = {"ln_1": "ln_1", "ln_2": "ln_2"}
@@ -64,7 +64,7 @@ def config_from_hf(hf: Mapping[str, Any], *, dropout: float = 0.0) -> GPTConfig:
     unsupported = {
         "n_inner": (hf.get("n_inner") not in (None, 4 * n_embd), "an MLP width of 4 * n_embd"),
         "activation_function": (
-            hf.get("activation_function", "gelu_new") not in _TANH_GELUS, "tanh GELU (gelu_new)"
+            hf.get("activation_function", "gelu_new") not in _GELUS, f"one of {sorted(_GELUS)}"
         ),
         "layer_norm_epsilon": (hf.get("layer_norm_epsilon", 1e-5) != 1e-5, "1e-5"),
         "scale_attn_by_inverse_layer_idx": (
@@ -84,6 +84,7 @@ def config_from_hf(hf: Mapping[str, Any], *, dropout: float = 0.0) -> GPTConfig:
         dropout=dropout,
         tie_weights=bool(hf.get("tie_word_embeddings", True)),
         attn_scale=None if hf.get("scale_attn_weights", True) else 1.0,
+        gelu=_GELUS[hf.get("activation_function", "gelu_new")],
     )
 
 
@@ -110,7 +111,7 @@ def config_to_hf(config: GPTConfig, *, eot_id: int | None = None) -> dict[str, A
         "n_layer": c.n_layer,
         "n_head": c.n_head,
         "n_inner": None,
-        "activation_function": "gelu_new",
+        "activation_function": "gelu_new" if c.gelu == "tanh" else "gelu",
         "layer_norm_epsilon": 1e-5,
         "resid_pdrop": c.dropout,
         "embd_pdrop": c.dropout,

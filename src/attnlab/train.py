@@ -430,7 +430,7 @@ def recipe(dataset: Dataset) -> tuple[GPTConfig, TrainConfig]:
     vocab = dataset.tokenizer.vocab_size
     if isinstance(dataset, TaskDataset):
         model = GPTConfig(vocab_size=vocab, block_size=dataset.max_block_size, n_layer=2,
-                          n_head=4, n_embd=64, dropout=0.0)
+                          n_head=4, n_embd=64, dropout=0.0, gelu="exact")
         return model, TrainConfig(max_iters=600, batch_size=32, lr=3e-3, warmup_iters=50,
                                   eval_interval=100, eval_iters=4)
     # nanoGPT's shakespeare_char CPU shape, trained the fastest way benchmarks/ found on a CPU:
