@@ -435,7 +435,7 @@ def recipe(dataset: Dataset) -> tuple[GPTConfig, TrainConfig]:
                                   eval_interval=100, eval_iters=4)
     # nanoGPT's shakespeare_char CPU shape, trained the fastest way benchmarks/ found on a CPU:
     # twice the batch at four times the lr for 700 steps, in bf16 where the hardware has it
-    # (benchmarks/train_quality.py: val loss 1.90 in 0.40x the time of nanoGPT's recipe)
+    # (benchmarks/train_quality.py: val loss 1.90 in 0.42x the time of nanoGPT's recipe)
     dtype = "bfloat16" if _fast_bf16() else "float32"
     return GPTConfig.from_name("tiny", vocab_size=vocab), TrainConfig(
         max_iters=700, batch_size=24, lr=4e-3, min_lr=4e-4, warmup_iters=50,
