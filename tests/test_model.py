@@ -30,6 +30,9 @@ def test_gelu_is_tanh_or_exact() -> None:
     x = torch.randint(0, 65, (1, 8))
     tanh, exact = (_model("nano", gelu=g)(x).logits for g in ("tanh", "exact"))
     assert 0 < (tanh - exact).abs().max() < 1e-2  # same weights, the two GELUs differ a little
+    # a checkpoint config saved before the field existed was trained with the tanh GELU
+    old = {k: v for k, v in GPTConfig.from_name("tiny").to_dict().items() if k != "gelu"}
+    assert GPTConfig.from_dict(old).gelu == "tanh"
 
 
 def test_config_rejects_bad_kv_heads_and_unknown_preset() -> None:
