@@ -422,6 +422,8 @@ class DecodeStep:
         """token (B, 1) -> next-token logits (B, V); writes its keys/values at cache.seq_len.
 
         attention_mask (B, S): 1/0 over cached + new positions, None when nothing is padded.
+        Token ids are not range-checked (generation feeds back ids it sampled); check ids
+        from elsewhere with `GPT.forward` first.
         """
         c, pos = self.config, cache.seq_len
         if token.dim() != 2 or token.shape[1] != 1:
