@@ -158,3 +158,13 @@ def test_dtype_bfloat16_generates_what_a_bfloat16_model_does(
     model16 = model.to(torch.bfloat16)
     expected = generate_text(model16, tokenizer, ["the fox"], max_new_tokens=8, temperature=0)[0]
     assert capsys.readouterr().out == "the fox" + expected + "\n"
+
+
+def test_a_too_long_request_fails_before_the_prompt_is_echoed(
+    checkpoint: tuple[Path, GPT, Tokenizer], capsys: pytest.CaptureFixture[str]
+) -> None:
+    path, _, _ = checkpoint  # block_size 32
+    assert main(["generate", str(path), "the fox", "--max-new-tokens", "40"]) != 0
+    captured = capsys.readouterr()
+    assert captured.out == ""
+    assert "exceeds block_size=32" in captured.err and "--sliding-window" in captured.err

@@ -309,7 +309,8 @@ def stream_text(
     Each row's generated ids are decoded whole and only the new suffix is emitted, so a
     character split over several byte-level tokens comes out once it is complete. A row ends
     at the tokenizer's eot id (not emitted) or at a stop string (emitted up to it). sampling:
-    temperature, top_k, top_p, seed, sliding_window as for `stream`.
+    temperature, top_k, top_p, seed, sliding_window as for `stream`. Arguments are checked
+    here, before the first step (so a CLI can fail before it prints the prompt).
     """
     if isinstance(prompts, str):
         raise ValueError("prompts must be a list of strings; wrap a single prompt as [prompt]")
@@ -330,7 +331,13 @@ def stream_text(
         eot_id=tokenizer.eot_id, pad_id=tokenizer.pad_id, vocab_size=tokenizer.vocab_size,
         **sampling,  # type: ignore[arg-type]
     )
-    B = len(prompts)
+    return _text_pieces(steps, tokenizer, len(prompts), stops)
+
+
+def _text_pieces(
+    steps: Iterator[Tensor], tokenizer: Tokenizer, B: int, stops: list[str]
+) -> Iterator[list[str]]:
+    """`stream_text`'s loop: each step's ids (B,) -> each row's new text."""
     ids: list[list[int]] = [[] for _ in range(B)]
     emitted = [0] * B  # characters of each row's text already yielded
     done = [False] * B

@@ -141,9 +141,10 @@ def run(args: argparse.Namespace) -> int:
 
     start, produced = time.perf_counter(), 0
     if args.prompt_file is None:
+        streamed = completions(prompts)  # checks the request before the prompt is echoed
         sys.stdout.write(prompts[0])
         sys.stdout.flush()
-        for pieces in completions(prompts):
+        for pieces in streamed:
             produced = min(produced + 1, max_new_tokens)  # the last yield may only flush text
             if pieces[0]:
                 sys.stdout.write(pieces[0])
