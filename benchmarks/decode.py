@@ -25,7 +25,7 @@ from typing import Any
 
 import torch
 
-from attnlab.generate import generate, prefill
+from attnlab.generate import decode_one_token, generate, prefill
 from attnlab.hf import gpt_from_hf
 from attnlab.model import DecodeStep
 from attnlab.runtime import reuse_freed_memory
@@ -118,7 +118,7 @@ def _decode_steps(model: Any, position: int, steps: int) -> Any:
         cache.seq_len = position  # rewind: every round decodes positions position..+steps
         token = first
         for _ in range(steps):
-            token = decode(token, None, cache).argmax(-1, keepdim=True)  # (1, 1)
+            token = decode_one_token(decode, token, None, cache).argmax(-1, keepdim=True)
 
     return run_steps
 

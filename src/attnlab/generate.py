@@ -107,16 +107,15 @@ def prefill(model: GPT, input_ids: Tensor, attention_mask: Tensor | None, cache:
 
 
 def decode_one_token(
-    model: GPT, token: Tensor, attention_mask: Tensor | None, cache: KVCache
+    decode: DecodeStep, token: Tensor, attention_mask: Tensor | None, cache: KVCache
 ) -> Tensor:
     """One new id per row (B, 1) against the cache -> next-token logits (B, V).
 
-    attention_mask (B, S) covers cached + new positions; None when no row has padding, so
-    attention runs with no mask at all. This is `GPT.forward` itself; generation runs the
-    same step through a `DecodeStep`, which is tested equal to it and faster.
+    `decode` is the model's `DecodeStep`, built once per generation: `GPT.forward` at T = 1
+    with the weights laid out for it, tested equal to it. attention_mask (B, S) covers cached
+    + new positions; None when no row has padding, so attention runs with no mask at all.
     """
-    out = model(token, attention_mask=attention_mask, kv_cache=cache, last_logits_only=True)
-    return out.logits[:, -1]  # (B, V)
+    return decode(token, attention_mask, cache)  # (B, V)
 
 
 # ----------------------------------------------------------------------------- token loop
@@ -248,7 +247,7 @@ def _steps(
             logits = prefill(model, tokens[:, start:end], window_mask, cache)
         else:
             window_mask = None if mask_buf is None else mask_buf[:, start:end]
-            logits = decode(tokens[:, length:end], window_mask, cache)  # (B, V)
+            logits = decode_one_token(decode, tokens[:, length:end], window_mask, cache)
 
 
 def generate(
