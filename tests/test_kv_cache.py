@@ -8,6 +8,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from attnlab import GPT, GPTConfig, KVCache
+from helpers import left_padded
 
 
 def _model() -> GPT:
@@ -27,11 +28,8 @@ def test_cached_decode_equals_recomputation(
 ) -> None:
     model = _model()
     g = torch.Generator().manual_seed(seed)
-    B, P = len(prompt_lens), max(prompt_lens)
-    idx = torch.randint(0, 65, (B, P), generator=g)
-    mask = torch.zeros(B, P, dtype=torch.long)
-    for b, n in enumerate(prompt_lens):
-        mask[b, P - n:] = 1
+    idx, mask = left_padded(prompt_lens, seed=seed)  # (B, P) each
+    B, P = idx.shape
     cache = KVCache.concat(2) if concat else model.new_cache(B, P + steps)
     with torch.no_grad():
         logits = model(idx, attention_mask=mask, kv_cache=cache).logits[:, -1]
