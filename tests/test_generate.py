@@ -110,6 +110,15 @@ def test_top_k_and_top_p_keep_the_right_ids() -> None:
     torch.testing.assert_close(logits_to_probs(logits, top_p=0.7).sum(), torch.tensor(1.0))
 
 
+def test_top_k_1_and_top_p_0_stay_greedy_at_any_temperature() -> None:
+    # divided by the largest float32 temperature, differences of 1e-7 underflow to 0 and all
+    # ids tie; which id is most likely must still come from the logits themselves
+    logits = torch.tensor([[0.0, 1e-7, -1e-7, 5e-8]])  # (1, V): argmax is id 1
+    for filters in ({"top_k": 1}, {"top_p": 0.0}):
+        probs = logits_to_probs(logits, temperature=3.4028235e38, **filters)
+        assert probs.tolist() == [[0.0, 1.0, 0.0, 0.0]], filters
+
+
 def test_rows_stop_at_eot_and_are_padded_after() -> None:
     model = _model()
     ids, mask = left_padded([3, 6], seed=2)

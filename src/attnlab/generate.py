@@ -65,21 +65,24 @@ def logits_to_probs(
     # Shift by the max first (softmax does not change) and divide by at least the smallest
     # normal float: a tiny temperature then gives 0 and -inf, i.e. greedy, not inf - inf = nan
     scale = max(temperature, torch.finfo(logits.dtype).tiny)
-    logits = (logits - logits.amax(dim=-1, keepdim=True)) / scale  # (B, V)
+    scaled = (logits - logits.amax(dim=-1, keepdim=True)) / scale  # (B, V)
+    # Which ids are the top k, and their order for top-p, do not depend on the temperature:
+    # take them from the unscaled logits, which a huge temperature cannot round into ties.
     V = logits.shape[-1]
     if 0 < top_k < V:
         kth = torch.topk(logits, top_k, dim=-1).values[..., -1:]  # (B, 1)
-        logits = logits.masked_fill(logits < kth, float("-inf"))  # (B, V)
+        scaled = scaled.masked_fill(logits < kth, float("-inf"))  # (B, V)
     if top_p < 1.0:
-        sorted_logits, order = torch.sort(logits, dim=-1, descending=True)  # (B, V)
-        sorted_probs = torch.softmax(sorted_logits, dim=-1)  # (B, V)
+        # stable: among equal logits the lowest id comes first, as for argmax
+        order = torch.sort(logits, dim=-1, descending=True, stable=True).indices  # (B, V)
+        sorted_probs = torch.softmax(scaled.gather(-1, order), dim=-1)  # (B, V)
         # drop an id once the ids before it already hold top_p; the most likely id always
         # stays, so top_p=0 is greedy rather than an empty distribution (HF's TopPLogitsWarper)
         drop_sorted = sorted_probs.cumsum(dim=-1) - sorted_probs >= top_p  # (B, V)
         drop_sorted[..., 0] = False
         drop = drop_sorted.scatter(-1, order, drop_sorted)  # (B, V) back in id order
-        logits = logits.masked_fill(drop, float("-inf"))  # (B, V)
-    return torch.softmax(logits, dim=-1)  # (B, V)
+        scaled = scaled.masked_fill(drop, float("-inf"))  # (B, V)
+    return torch.softmax(scaled, dim=-1)  # (B, V)
 
 
 def sample(
