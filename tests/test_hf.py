@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from attnlab.generate import generate
-from attnlab.hf import is_hf_dir, load_hf_checkpoint, load_hf_gpt2, save_hf_gpt2
+from attnlab.hf import gpt_from_hf, is_hf_dir, load_hf_checkpoint, load_hf_gpt2, save_hf_gpt2
 from helpers import left_padded
 
 transformers = pytest.importorskip("transformers")
@@ -102,6 +102,18 @@ def test_pytorch_model_bin_loads_the_same(pair: tuple, tmp_path: Path) -> None:
     from_bin = load_hf_gpt2(tmp_path)
     for name, tensor in ours.state_dict().items():
         assert torch.equal(from_bin.state_dict()[name], tensor), name
+
+
+def test_imported_weights_are_laid_out_and_owned(pair: tuple) -> None:
+    """GPT's (in, out) Linear layout (Conv1D's own), the tie kept, and no tensor shared with
+    the Hugging Face state dict it came from."""
+    hf, _, _ = pair
+    ours = gpt_from_hf(hf.config.to_dict(), hf.state_dict())
+    assert all(m.weight.t().is_contiguous() for m in ours.modules()
+               if isinstance(m, torch.nn.Linear))
+    assert (ours.lm_head.weight is ours.wte.weight) == hf.config.tie_word_embeddings
+    theirs = {t.untyped_storage().data_ptr() for t in hf.state_dict().values()}
+    assert not theirs & {t.untyped_storage().data_ptr() for t in ours.state_dict().values()}
 
 
 def test_checkpoint_needs_a_tokenizer(pair: tuple) -> None:

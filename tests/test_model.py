@@ -158,12 +158,17 @@ def test_last_logits_only() -> None:
     lengths=st.lists(st.integers(1, 6), min_size=1, max_size=3),
     steps=st.integers(1, 4),
     seed=st.integers(0, 1000),
+    laid_out=st.booleans(),
 )
 def test_decode_step_equals_forward(
-    flags: dict[str, object], lengths: list[int], steps: int, seed: int
+    flags: dict[str, object], lengths: list[int], steps: int, seed: int, laid_out: bool
 ) -> None:
-    """DecodeStep (stacked q/k/v, plain F calls) == GPT.forward at T=1, cache included."""
+    """DecodeStep (stacked q/k/v, plain F calls) == GPT.forward at T=1, cache included,
+    whether or not the weights are in GPT's (in, out) layout."""
     model = _model("nano", n_head=4, **flags)
+    if not laid_out:
+        for p in model.parameters():
+            p.data = p.data.contiguous()  # (out, in) memory: DecodeStep copies
     ids, mask = left_padded(lengths, seed=seed)  # (B, P)
     attention_mask = None if min(lengths) == max(lengths) else mask
     B, P = ids.shape
@@ -184,6 +189,24 @@ def test_decode_step_equals_forward(
     for mine, reference in zip(caches[1].layers, caches[0].layers, strict=True):
         torch.testing.assert_close(mine.k, reference.k, atol=1e-6, rtol=1e-5)
         torch.testing.assert_close(mine.v, reference.v, atol=1e-6, rtol=1e-5)
+
+
+def test_linear_weights_are_laid_out_for_the_decode_step() -> None:
+    """(out, in) shapes over (in, out) memory, kept by dtype casts; DecodeStep uses them in
+    place and copies only to stack q, k and v."""
+    for model in (_model("nano"), _model("nano").to(torch.bfloat16)):
+        linears = [m for m in model.modules() if isinstance(m, torch.nn.Linear)]
+        assert linears and all(m.weight.t().is_contiguous() for m in linears)
+        assert model.lm_head.weight is model.wte.weight  # the tie holds
+        step, block = DecodeStep(model), model.blocks[0]
+        assert step.lm_head.weight.data_ptr() == model.lm_head.weight.data_ptr()
+        layer = step.layers[0]
+        for mine, theirs in ((layer.out_proj, block.attn.out_proj), (layer.fc, block.mlp.fc),
+                             (layer.proj, block.mlp.proj)):
+            assert mine is not None and mine.weight.data_ptr() == theirs.weight.data_ptr()
+        attn = block.attn
+        qkv = torch.cat([attn.query.weight, attn.key.weight, attn.value.weight]).t()
+        assert torch.equal(layer.qkv.weight, qkv)  # (C, 3C) copy
 
 
 def test_decode_step_errors() -> None:

@@ -32,6 +32,9 @@ from .tokenizers import Tokenizer, load_tokenizer
 WEIGHTS_FILE = "model.safetensors"
 CONFIG_FILE = "config.json"
 STATE_FILE = "train_state.pt"
+# tied weights are one tensor, stored once under the head's name (as safetensors' save_model
+# names it); a file holding the other name loads too
+TIED = ("lm_head.weight", "wte.weight")
 
 
 @dataclass
@@ -51,8 +54,6 @@ def save_checkpoint(
     meta: dict[str, Any] | None = None,
 ) -> Path:
     """Write a complete checkpoint to `directory`, replacing any previous one atomically."""
-    from safetensors.torch import save_model
-
     directory = Path(directory)
     directory.parent.mkdir(parents=True, exist_ok=True)
     tmp = directory.with_name(f".{directory.name}.tmp-{os.getpid()}")
@@ -60,7 +61,7 @@ def save_checkpoint(
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir()
     try:
-        save_model(model, str(tmp / WEIGHTS_FILE))
+        _save_weights(model, tmp / WEIGHTS_FILE)
         config = {"model": model.config.to_dict(), "meta": meta or {}}
         (tmp / CONFIG_FILE).write_text(json.dumps(config, indent=2))
         tokenizer.save(tmp)
@@ -168,8 +169,6 @@ def load_checkpoint(
     directory: str | Path, *, map_location: str | torch.device = "cpu"
 ) -> Checkpoint:
     """Load model (eval mode), tokenizer and meta from a checkpoint directory."""
-    from safetensors.torch import load_model
-
     directory = _resolve(Path(directory))
     config, meta = read_config(directory)
     weights = directory / WEIGHTS_FILE
@@ -177,7 +176,7 @@ def load_checkpoint(
         raise FileNotFoundError(f"{directory} has no {WEIGHTS_FILE}; the checkpoint is incomplete")
     model = GPT(config)
     try:
-        load_model(model, str(weights), strict=True, device=str(map_location))
+        _load_weights(model, weights, device=str(map_location))
     except Exception as err:  # safetensors raises several types for corrupt or mismatched files
         raise ValueError(
             f"weights in {weights} do not fit the model described by {CONFIG_FILE}: "
@@ -190,6 +189,32 @@ def load_checkpoint(
             f"{config.vocab_size}; tokenizer and weights come from different runs"
         )
     return Checkpoint(model.eval(), tokenizer, meta, directory)
+
+
+def _save_weights(model: GPT, path: Path) -> None:
+    """model.safetensors, row-major (safetensors' own save_model cannot read the (in, out)
+    memory of GPT's Linear weights: see GPT.lay_out_weights)."""
+    from safetensors.torch import save_file
+
+    state = {name: t.contiguous() for name, t in model.state_dict().items()}
+    metadata = {"format": "pt"}
+    if model.config.tie_weights:
+        kept, dropped = TIED
+        del state[dropped]
+        metadata[dropped] = kept
+    save_file(state, str(path), metadata)
+
+
+def _load_weights(model: GPT, path: Path, device: str) -> None:
+    """Copy model.safetensors into `model` (its layout stays); every tensor must fit."""
+    from safetensors.torch import load_file
+
+    state = load_file(str(path), device=device)
+    if model.config.tie_weights:
+        for name, other in (TIED, TIED[::-1]):
+            if name not in state and other in state:
+                state[name] = state[other]
+    model.load_state_dict(state, strict=True)
 
 
 def _first_line(err: Exception) -> str:

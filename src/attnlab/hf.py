@@ -9,8 +9,9 @@ Reading one needs only json, safetensors and torch: `transformers` is not import
 Nothing is ever downloaded.
 
 GPT-2 stores its linear layers as `Conv1D` with weights (in, out), and q, k and v fused in
-one `c_attn` of width 3C; attnlab keeps `nn.Linear` (out, in) and separate query/key/value
-projections. The mapping below transposes and splits (and, on export, concatenates back).
+one `c_attn` of width 3C; attnlab keeps `nn.Linear` (out, in) shapes (over the same (in, out)
+memory: `GPT.lay_out_weights`) and separate query/key/value projections. The mapping below
+transposes and splits (and, on export, concatenates back).
 GPT-2's MLP uses the tanh GELU ("gelu_new"): imports set `GPTConfig.gelu="tanh"`.
 """
 
@@ -127,7 +128,8 @@ def config_to_hf(config: GPTConfig, *, eot_id: int | None = None) -> dict[str, A
 
 
 def state_dict_from_hf(hf_state: Mapping[str, Tensor], config: GPTConfig) -> dict[str, Tensor]:
-    """GPT-2 weights (GPT2LMHeadModel or GPT2Model names) -> attnlab GPT state dict."""
+    """GPT-2 weights (GPT2LMHeadModel or GPT2Model names) -> attnlab GPT state dict, as views
+    of `hf_state`'s tensors where it can (load it with `load_state_dict`, which copies)."""
     sd = {k.removeprefix("transformer."): v for k, v in hf_state.items()}
 
     def take(name: str) -> Tensor:
@@ -169,7 +171,7 @@ def state_dict_from_hf(hf_state: Mapping[str, Tensor], config: GPTConfig) -> dic
         )
     else:
         out["lm_head.weight"] = head
-    return {k: v.contiguous() for k, v in out.items()}
+    return out
 
 
 def state_dict_to_hf(model: GPT) -> dict[str, Tensor]:
@@ -264,10 +266,13 @@ def gpt_from_hf(
     state = state_dict_from_hf(hf_state, config)
     with torch.device("meta"):
         model = GPT(config)  # no init: every weight comes from the state dict
-    model.load_state_dict(state, strict=True, assign=True)
+    # uninitialised memory in GPT's layout, then one copy of each weight into it
+    model = model.to_empty(device="cpu")
     if config.tie_weights:
-        model.lm_head.weight = model.wte.weight  # assign=True replaced the shared Parameter
-    return model.float().eval()
+        model.lm_head.weight = model.wte.weight  # to_empty gave each module its own tensor
+    model.lay_out_weights()  # no copy: to_empty kept the layout
+    model.load_state_dict(state, strict=True)
+    return model.eval()
 
 
 def load_hf_tokenizer(directory: str | Path, vocab_size: int | None = None) -> Tokenizer:

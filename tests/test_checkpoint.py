@@ -1,0 +1,66 @@
+"""checkpoint.py's weights file: GPT's (in, out) weight layout survives a save and a load, and
+files written before it (safetensors' save_model, row-major) still load."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors import safe_open
+from safetensors.torch import save_file, save_model
+
+from attnlab import GPT, GPTConfig
+from attnlab.checkpoint import WEIGHTS_FILE, load_checkpoint, save_checkpoint
+from attnlab.tokenizers import CharTokenizer
+
+
+def _model(tie: bool) -> GPT:
+    torch.manual_seed(0)
+    return GPT(GPTConfig.from_name("nano", tie_weights=tie)).eval()
+
+
+def _laid_out(model: GPT) -> bool:
+    return all(m.weight.t().is_contiguous() for m in model.modules()
+               if isinstance(m, torch.nn.Linear))
+
+
+def _assert_same_weights(a: GPT, b: GPT) -> None:
+    for (name, x), (_, y) in zip(a.state_dict().items(), b.state_dict().items(), strict=True):
+        assert torch.equal(x, y), name
+
+
+@pytest.mark.parametrize("tie", [True, False])
+def test_round_trip_keeps_values_layout_and_tie(tie: bool, tmp_path: Path) -> None:
+    model = _model(tie)
+    assert _laid_out(model)
+    path = save_checkpoint(tmp_path / "ckpt", model, CharTokenizer.from_text("abc"))
+    with safe_open(str(path / WEIGHTS_FILE), "pt") as f:
+        names = set(f.keys())
+    assert ("wte.weight" in names) == (not tie) and "lm_head.weight" in names  # tied: once
+    loaded = load_checkpoint(path).model
+    _assert_same_weights(model, loaded)
+    assert _laid_out(loaded) and (loaded.lm_head.weight is loaded.wte.weight) == tie
+
+
+@pytest.mark.parametrize("kept", ["lm_head.weight", "wte.weight"])
+def test_row_major_files_load(kept: str, tmp_path: Path) -> None:
+    """Checkpoints saved before GPT.lay_out_weights hold row-major weights, written by
+    safetensors' save_model (which keeps the tied matrix as lm_head.weight); a file may also
+    keep it as wte.weight."""
+    model = _model(tie=True)
+    path = save_checkpoint(tmp_path / "ckpt", model, CharTokenizer.from_text("abc"))
+    old = _model(tie=True)
+    for p in old.parameters():
+        p.data = p.data.contiguous()  # (out, in) memory, as nn.Linear allocates it
+    if kept == "lm_head.weight":
+        save_model(old, str(path / WEIGHTS_FILE))
+    else:
+        state = {k: v for k, v in old.state_dict().items() if k != "lm_head.weight"}
+        save_file(state, str(path / WEIGHTS_FILE))
+    with safe_open(str(path / WEIGHTS_FILE), "pt") as f:
+        names = set(f.keys())
+    assert {"lm_head.weight", "wte.weight"} & names == {kept}
+    loaded = load_checkpoint(path).model
+    _assert_same_weights(model, loaded)
+    assert _laid_out(loaded) and loaded.lm_head.weight is loaded.wte.weight
