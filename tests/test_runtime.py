@@ -9,8 +9,8 @@ import sys
 import pytest
 
 # The attention benchmark's pattern: the explicit path's two (B, nh, T, T) tensors (8 MiB
-# each at B=8, nh=4, T=256), then the fused path, over and over. With glibc's defaults this
-# measured ~1,800 page faults per round here; every fault is a fresh zeroed 4 KiB page.
+# each at B=8, nh=4, T=256), then the fused path, over and over. With glibc's defaults a
+# process often takes ~4,000 page faults per round; each is a fresh zeroed 4 KiB page.
 SCRIPT = """
 import resource, sys, torch
 from attnlab.attention import attend, build_mask
@@ -27,22 +27,27 @@ def page_faults():
     return resource.getrusage(resource.RUSAGE_SELF).ru_minflt
 for _ in range(3):
     one_round()
-before = page_faults()
+faults = []
 for _ in range(10):
+    before = page_faults()
     one_round()
-print(applied, (page_faults() - before) / 10)
+    faults.append(page_faults() - before)
+print(applied, *faults)
 """
 
 
-def faults_per_round(mode: str) -> tuple[str, float]:
-    """(whether reuse was applied, page faults per round) in a fresh process."""
+def faults_per_round(mode: str) -> tuple[str, list[int]]:
+    """(whether reuse was applied, page faults of each of 10 rounds) in a fresh process."""
     out = subprocess.run([sys.executable, "-c", SCRIPT, mode], capture_output=True, text=True,
                          check=True).stdout.split()
-    return out[0], float(out[1])
+    return out[0], [int(n) for n in out[1:]]
 
 
 @pytest.mark.skipif(platform.libc_ver()[0] != "glibc", reason="mallopt is glibc's")
 def test_freed_blocks_are_reused_without_page_faults() -> None:
     applied, faults = faults_per_round("reuse")
     assert applied == "True"
-    assert faults < 64  # 16 MiB of fresh pages would be ~4,096 faults
+    # 8 MiB of fresh pages is 2,048 faults; one round may still grow the heap once. With
+    # glibc's defaults, 5 of 8 processes here faulted ~4,064 times in 7-10 of the rounds and
+    # 3 in none (which thread frees first decides), so that is not asserted.
+    assert sum(n > 64 for n in faults) <= 1, faults
