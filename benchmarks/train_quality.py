@@ -4,8 +4,8 @@ tiny Shakespeare, char tokenizer, the real training loop (evaluations and checkp
 included in the time, as in nanoGPT's own run). Two recipes: attnlab running nanoGPT's
 shakespeare_char CPU recipe (4 layers, 4 heads, 128 dims, context 64, batch 12, lr 1e-3,
 2000 iterations, dropout 0), and attnlab's best CPU recipe. Target: the best recipe needs at
-most half the time of nanoGPT's recipe (nanoGPT itself: 93 s to val loss 1.886 on this
-machine, measured earlier by another session).
+most half the time of nanoGPT's recipe (nanoGPT itself: 93 s to val loss 1.886 on the
+project's machine of the time, measured by an earlier session).
 
 Levers that `train.py` cannot express yet (explicit attention in training, fused AdamW) are
 switched on by `levers()`, which patches them in for the duration of one run; the report
@@ -37,7 +37,7 @@ train_mod: Any = importlib.import_module("attnlab.train")
 
 TARGET_LOSS = 1.90
 DATA = Path(__file__).resolve().parents[2] / "shared" / "data" / "tinyshakespeare.txt"
-NANOGPT_SECONDS = 93.0  # nanoGPT's own CPU recipe on this machine, val loss 1.886
+NANOGPT_SECONDS = 93.0  # nanoGPT's own CPU recipe, an earlier session's machine, val 1.886
 
 
 @dataclass(frozen=True)
@@ -186,8 +186,8 @@ def summarize(
         "and checkpoints included; the run stops there. One torch thread, on a shared 2-core "
         "machine where other processes ran at the same time: CPU time is what wall time "
         "would be on an idle core.",
-        f"nanoGPT itself: {NANOGPT_SECONDS:.0f} s to val loss 1.886 on this machine "
-        "(measured earlier, not in this run).",
+        f"nanoGPT itself: {NANOGPT_SECONDS:.0f} s to val loss 1.886 on an earlier session's "
+        "machine (not in this run; compare with the nanoGPT recipe row, run here).",
     ]
     if wall is not None and cpu is not None:
         notes.append(f"target: best recipe <= 1/2 of nanoGPT's recipe time: "
