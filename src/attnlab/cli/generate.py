@@ -69,8 +69,9 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
     parser.add_argument("--device", default="cpu", help="cpu, cuda, cuda:1, mps (default cpu)")
     parser.add_argument(
         "--dtype", choices=("float32", "bfloat16"), default="float32",
-        help="weights and activations; bfloat16 halves the bytes read per token, so large "
-        "models decode faster on a CPU with AVX512-BF16/AMX (default float32)",
+        help="weights and activations; bfloat16 halves the bytes read per token, which makes "
+        "large models decode faster where the CPU's bfloat16 kernels keep up (AMX: yes; "
+        "measure yours) (default float32)",
     )
     parser.add_argument("--threads", type=int, help="CPU threads for torch")
     return parser
