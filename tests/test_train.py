@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 import torch
 
-from attnlab.checkpoint import load_checkpoint
+from attnlab.checkpoint import STATE_FILE, load_checkpoint
 from attnlab.data import SentenceDataset, TaskDataset, load_dataset
 from attnlab.model import GPT, GPTConfig
 from attnlab.train import (
@@ -104,8 +104,13 @@ def _interrupt_at(step: int) -> Any:
     return callback
 
 
-@pytest.mark.parametrize("stop_at", [7, 13])  # mid-interval, and right after an eval
-def test_interrupted_and_resumed_equals_uninterrupted(tmp_path: Path, stop_at: int) -> None:
+@pytest.mark.parametrize(("stop_at", "row_major_moments"), [
+    (7, False), (13, False),  # mid-interval, and right after an eval
+    (7, True),  # a train state saved before GPT.lay_out_weights: row-major AdamW moments
+])
+def test_interrupted_and_resumed_equals_uninterrupted(
+    tmp_path: Path, stop_at: int, row_major_moments: bool
+) -> None:
     dataset = load_dataset("copy")
     model_config, config = _small(dataset)  # dropout 0.1: the torch RNG state matters too
     whole = train(model_config, config, dataset, tmp_path / "whole")
@@ -114,6 +119,14 @@ def test_interrupted_and_resumed_equals_uninterrupted(tmp_path: Path, stop_at: i
                   callback=_interrupt_at(stop_at))
     assert first.interrupted
     assert load_checkpoint(tmp_path / "split" / "ckpt").meta["step"] == stop_at
+    if row_major_moments:
+        path = tmp_path / "split" / "ckpt" / STATE_FILE
+        state = torch.load(path, weights_only=True)
+        moments = state["optimizer"]["state"].values()
+        assert any(not m["exp_avg"].is_contiguous() for m in moments)  # (in, out) weights
+        for m in moments:
+            m["exp_avg"], m["exp_avg_sq"] = m["exp_avg"].contiguous(), m["exp_avg_sq"].contiguous()
+        torch.save(state, path)
     assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # handler restored
     rest = train(model_config, config, dataset, tmp_path / "split", resume=True)
 

@@ -384,10 +384,22 @@ def _restore(
     model.load_state_dict(saved.model.state_dict())
     state = load_train_state(ckpt)
     optimizer.load_state_dict(state["optimizer"])
+    _lay_out_like_params(optimizer)
     ranks = state.get("torch_rng_ranks") or [state["torch_rng"]]
     torch.set_rng_state(ranks[world.rank] if len(ranks) == world.size else state["torch_rng"])
     data_gen.set_state(state["data_rng"])
     return int(state["step"]), list(json.loads(state["history"]))
+
+
+def _lay_out_like_params(optimizer: torch.optim.Optimizer) -> None:
+    """Give each loaded moment its parameter's memory layout. Fused AdamW walks a parameter
+    and its moments as flat memory, so a moment in another layout (row-major, as in train
+    states saved before GPT.lay_out_weights) would silently update the wrong elements."""
+    for param, state in optimizer.state.items():
+        for name, value in state.items():
+            if isinstance(value, torch.Tensor) and value.shape == param.shape \
+                    and value.stride() != param.stride():
+                state[name] = torch.empty_like(param, dtype=value.dtype).copy_(value)
 
 
 def _check_writable(out: Path, model_config: GPTConfig) -> None:
