@@ -45,15 +45,15 @@ def test_demo_hello_predicts_world_and_reuses_its_checkpoint(
 def test_demo_animals_prints_a_check_per_sentence(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    import attnlab.train
+    import attnlab.recipes
 
-    real = attnlab.train.seed_experiment
+    real = attnlab.recipes.seed_experiment
 
     def short(name: str, dataset: object = None) -> tuple:  # 60 steps: the check, not the result
         model, config, data = real(name)
         return model, dataclasses.replace(config, max_iters=60, eval_interval=60), data
 
-    monkeypatch.setattr(attnlab.train, "seed_experiment", short)
+    monkeypatch.setattr(attnlab.recipes, "seed_experiment", short)
     assert main(["demo", "animals", "--out", str(tmp_path), "--no-figures"]) == 0
     out = capsys.readouterr().out
     rows = [line for line in out.splitlines() if line.strip().startswith("'The ")]

@@ -15,14 +15,8 @@ import torch
 from attnlab.checkpoint import STATE_FILE, load_checkpoint
 from attnlab.data import SentenceDataset, TaskDataset, load_dataset
 from attnlab.model import GPT, GPTConfig
-from attnlab.train import (
-    TrainConfig,
-    answer_accuracy,
-    make_optimizer,
-    recipe,
-    seed_experiment,
-    train,
-)
+from attnlab.recipes import answer_accuracy, recipe, seed_experiment
+from attnlab.train import TrainConfig, make_optimizer, train
 
 
 def _losses(history: list[dict[str, Any]]) -> list[dict[str, Any]]:

@@ -1,6 +1,6 @@
 """`attnlab demo hello | animals | averaging`: the seeds' experiments, run, checked and drawn.
 
-hello and animals train seed 002's one-layer model with `train.seed_experiment`'s recipe
+hello and animals train seed 002's one-layer model with `recipes.seed_experiment`'s recipe
 (or reuse the checkpoint a previous run left in --out) and draw seed 002's figures before
 and after training: embeddings, q/k/v and weighted values, raw -> masked -> scaled
 attention. animals then checks, sentence by sentence, that the row of " a"/" an" puts its
@@ -83,7 +83,7 @@ def _seed_002(
 
     from ..data import SentenceDataset
     from ..model import GPT
-    from ..train import seed_experiment
+    from ..recipes import seed_experiment
 
     model_config, train_config, dataset = seed_experiment(name)
     if not isinstance(dataset, SentenceDataset):
@@ -101,7 +101,7 @@ def _seed_002(
     tok = dataset.tokenizer
     ok = _report_hello(after, tok) if name == "hello" else _report_animals(after, dataset)
     if not ok:
-        print("note     the check did not hold everywhere with train.seed_experiment's recipe; "
+        print("note     the check did not hold everywhere with recipes.seed_experiment's recipe; "
               "the figures show what this model does")
     if not formats:
         return 0

@@ -78,7 +78,8 @@ def _run(args: argparse.Namespace) -> int:
     from ..checkpoint import find_checkpoint
     from ..data import SentenceDataset, TaskDataset, load_dataset
     from ..model import GPTConfig
-    from ..train import TrainConfig, recipe, train
+    from ..recipes import recipe
+    from ..train import TrainConfig, train
 
     if args.threads is not None:
         if args.threads < 1:
@@ -196,7 +197,7 @@ def _progress(total: int, quiet: bool) -> tuple[Any, Any]:
 
 
 def _report_task(model: Any, dataset: Any, when: str) -> None:
-    from ..train import answer_accuracy
+    from ..recipes import answer_accuracy
 
     accuracy, rows = answer_accuracy(model, dataset, n=256)
     print(f"{when:<8} answer accuracy {accuracy:.1%} on 256 held-out examples")
