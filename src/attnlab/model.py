@@ -307,8 +307,7 @@ class GPT(nn.Module):
         B, T = idx.shape
         if attention_mask is not None:
             attention_mask = attention_mask.to(idx.device)
-            # position of each token among the real tokens of its row; pads clamp to 0
-            positions = (attention_mask.long().cumsum(-1) - 1).clamp(min=0)[:, -T:]  # (B, T)
+            positions = _real_positions(attention_mask, T)  # (B, T)
         else:
             positions = torch.arange(pos, pos + T, device=idx.device)[None]  # (1, T)
 
@@ -343,6 +342,12 @@ class GPT(nn.Module):
         if attention_mask is not None:
             targets = targets.masked_fill(attention_mask[:, -T:] == 0, -1)  # (B, T)
         return ModelOutput(logits, next_token_loss(logits, targets))
+
+
+def _real_positions(attention_mask: Tensor, T: int) -> Tensor:
+    """(B, S) 1/0 mask -> (B, T): the position of each of the last T tokens among the real
+    tokens of its row (cumsum - 1); padding clamps to 0."""
+    return (attention_mask.long().cumsum(-1) - 1).clamp(min=0)[:, -T:]
 
 
 class _Affine(NamedTuple):
@@ -388,7 +393,7 @@ class _DecodeLayer(NamedTuple):
     """One block's weights for `DecodeStep`; None where the config leaves a part out."""
 
     ln_1: _Norm | None
-    qkv: _Affine  # query, key, value stacked: (nh*hs + 2*nkv*hs, C)
+    qkv: _Affine  # query, key, value side by side: weight (C, nh*hs + 2*nkv*hs)
     out_proj: _Affine | None
     ln_2: _Norm | None
     fc: _Affine | None
@@ -451,8 +456,7 @@ class DecodeStep:
         if attention_mask is None:
             pos_emb = self.wpe[pos]  # (C,): every row is at position pos
         else:
-            positions = (attention_mask.sum(-1) - 1).clamp(min=0)  # (B,) real tokens before
-            pos_emb = F.embedding(positions, self.wpe)  # (B, C)
+            pos_emb = F.embedding(_real_positions(attention_mask, 1)[:, 0], self.wpe)  # (B, C)
         x = F.embedding(token[:, 0], self.wte) + pos_emb  # (B, C)
         mask = build_mask(1, pos + 1, attention_mask, device=token.device)
         B, nh, nkv, hs = token.shape[0], c.n_head, c.n_kv_heads, c.head_size
