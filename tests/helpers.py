@@ -26,6 +26,20 @@ def left_padded(
     return ids, mask
 
 
+def linears_laid_out(model: torch.nn.Module) -> bool:
+    """Whether `model` has Linear layers and each weight has GPT's (in, out) memory
+    (`GPT.lay_out_weights`)."""
+    linears = [m for m in model.modules() if isinstance(m, torch.nn.Linear)]
+    return bool(linears) and all(m.weight.t().is_contiguous() for m in linears)
+
+
+def make_row_major(model: torch.nn.Module) -> None:
+    """Every parameter in plain row-major memory, as nn.Linear allocates it: the layout GPT's
+    replaced, which checkpoints saved before it hold and `DecodeStep` must still take."""
+    for p in model.parameters():
+        p.data = p.data.contiguous()
+
+
 @contextmanager
 def serving(app: Any, **config: Any) -> Iterator[int]:
     """uvicorn serving `app` on a free loopback port, in a thread; yields the port."""

@@ -13,16 +13,12 @@ from safetensors.torch import save_file, save_model
 from attnlab import GPT, GPTConfig
 from attnlab.checkpoint import WEIGHTS_FILE, load_checkpoint, save_checkpoint
 from attnlab.tokenizers import CharTokenizer
+from helpers import linears_laid_out, make_row_major
 
 
 def _model(tie: bool) -> GPT:
     torch.manual_seed(0)
     return GPT(GPTConfig.from_name("nano", tie_weights=tie)).eval()
-
-
-def _laid_out(model: GPT) -> bool:
-    return all(m.weight.t().is_contiguous() for m in model.modules()
-               if isinstance(m, torch.nn.Linear))
 
 
 def _assert_same_weights(a: GPT, b: GPT) -> None:
@@ -33,14 +29,14 @@ def _assert_same_weights(a: GPT, b: GPT) -> None:
 @pytest.mark.parametrize("tie", [True, False])
 def test_round_trip_keeps_values_layout_and_tie(tie: bool, tmp_path: Path) -> None:
     model = _model(tie)
-    assert _laid_out(model)
+    assert linears_laid_out(model)
     path = save_checkpoint(tmp_path / "ckpt", model, CharTokenizer.from_text("abc"))
     with safe_open(str(path / WEIGHTS_FILE), "pt") as f:
         names = set(f.keys())
     assert ("wte.weight" in names) == (not tie) and "lm_head.weight" in names  # tied: once
     loaded = load_checkpoint(path).model
     _assert_same_weights(model, loaded)
-    assert _laid_out(loaded) and (loaded.lm_head.weight is loaded.wte.weight) == tie
+    assert linears_laid_out(loaded) and (loaded.lm_head.weight is loaded.wte.weight) == tie
 
 
 @pytest.mark.parametrize("kept", ["lm_head.weight", "wte.weight"])
@@ -51,8 +47,7 @@ def test_row_major_files_load(kept: str, tmp_path: Path) -> None:
     model = _model(tie=True)
     path = save_checkpoint(tmp_path / "ckpt", model, CharTokenizer.from_text("abc"))
     old = _model(tie=True)
-    for p in old.parameters():
-        p.data = p.data.contiguous()  # (out, in) memory, as nn.Linear allocates it
+    make_row_major(old)
     if kept == "lm_head.weight":
         save_model(old, str(path / WEIGHTS_FILE))
     else:
@@ -63,4 +58,4 @@ def test_row_major_files_load(kept: str, tmp_path: Path) -> None:
     assert {"lm_head.weight", "wte.weight"} & names == {kept}
     loaded = load_checkpoint(path).model
     _assert_same_weights(model, loaded)
-    assert _laid_out(loaded) and loaded.lm_head.weight is loaded.wte.weight
+    assert linears_laid_out(loaded) and loaded.lm_head.weight is loaded.wte.weight

@@ -10,7 +10,7 @@ import torch
 
 from attnlab.generate import generate
 from attnlab.hf import gpt_from_hf, is_hf_dir, load_hf_checkpoint, load_hf_gpt2, save_hf_gpt2
-from helpers import left_padded
+from helpers import left_padded, linears_laid_out
 
 transformers = pytest.importorskip("transformers")
 
@@ -109,8 +109,7 @@ def test_imported_weights_are_laid_out_and_owned(pair: tuple) -> None:
     the Hugging Face state dict it came from."""
     hf, _, _ = pair
     ours = gpt_from_hf(hf.config.to_dict(), hf.state_dict())
-    assert all(m.weight.t().is_contiguous() for m in ours.modules()
-               if isinstance(m, torch.nn.Linear))
+    assert linears_laid_out(ours)
     assert (ours.lm_head.weight is ours.wte.weight) == hf.config.tie_word_embeddings
     theirs = {t.untyped_storage().data_ptr() for t in hf.state_dict().values()}
     assert not theirs & {t.untyped_storage().data_ptr() for t in ours.state_dict().values()}

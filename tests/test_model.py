@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 
 from attnlab import GPT, GPTConfig
 from attnlab.model import DecodeStep
-from helpers import left_padded
+from helpers import left_padded, linears_laid_out, make_row_major
 
 
 def _model(name: str = "nano", **overrides: object) -> GPT:
@@ -167,8 +167,7 @@ def test_decode_step_equals_forward(
     whether or not the weights are in GPT's (in, out) layout."""
     model = _model("nano", n_head=4, **flags)
     if not laid_out:
-        for p in model.parameters():
-            p.data = p.data.contiguous()  # (out, in) memory: DecodeStep copies
+        make_row_major(model)  # DecodeStep copies
     ids, mask = left_padded(lengths, seed=seed)  # (B, P)
     attention_mask = None if min(lengths) == max(lengths) else mask
     B, P = ids.shape
@@ -195,8 +194,7 @@ def test_linear_weights_are_laid_out_for_the_decode_step() -> None:
     """(out, in) shapes over (in, out) memory, kept by dtype casts; DecodeStep uses them in
     place and copies only to stack q, k and v."""
     for model in (_model("nano"), _model("nano").to(torch.bfloat16)):
-        linears = [m for m in model.modules() if isinstance(m, torch.nn.Linear)]
-        assert linears and all(m.weight.t().is_contiguous() for m in linears)
+        assert linears_laid_out(model)
         assert model.lm_head.weight is model.wte.weight  # the tie holds
         step, block = DecodeStep(model), model.blocks[0]
         assert step.lm_head.weight.data_ptr() == model.lm_head.weight.data_ptr()
