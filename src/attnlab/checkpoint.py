@@ -26,7 +26,7 @@ from typing import Any, get_args, get_type_hints
 
 import torch
 
-from .model import GPT, GPTConfig
+from .model import GPT, GPTConfig, empty_gpt
 from .tokenizers import Tokenizer, load_tokenizer
 
 WEIGHTS_FILE = "model.safetensors"
@@ -174,7 +174,7 @@ def load_checkpoint(
     weights = directory / WEIGHTS_FILE
     if not weights.exists():
         raise FileNotFoundError(f"{directory} has no {WEIGHTS_FILE}; the checkpoint is incomplete")
-    model = GPT(config)
+    model = empty_gpt(config)
     try:
         _load_weights(model, weights, device=str(map_location))
     except Exception as err:  # safetensors raises several types for corrupt or mismatched files

@@ -26,7 +26,7 @@ import torch
 from torch import Tensor
 
 from .checkpoint import Checkpoint
-from .model import GPT, GPTConfig
+from .model import GPT, GPTConfig, empty_gpt
 from .tokenizers import EOT, HFTokenizer, TiktokenTokenizer, Tokenizer, _import_tokenizers
 
 CONFIG_FILE = "config.json"
@@ -263,15 +263,8 @@ def gpt_from_hf(
     """attnlab GPT (float32, eval mode) from a GPT-2 config dict and state dict in memory,
     e.g. `gpt_from_hf(hf_model.config.to_dict(), hf_model.state_dict())`."""
     config = config_from_hf(hf_config, dropout=dropout)
-    state = state_dict_from_hf(hf_state, config)
-    with torch.device("meta"):
-        model = GPT(config)  # no init: every weight comes from the state dict
-    # uninitialised memory in GPT's layout, then one copy of each weight into it
-    model = model.to_empty(device="cpu")
-    if config.tie_weights:
-        model.lm_head.weight = model.wte.weight  # to_empty gave each module its own tensor
-    model.lay_out_weights()  # no copy: to_empty kept the layout
-    model.load_state_dict(state, strict=True)
+    model = empty_gpt(config)
+    model.load_state_dict(state_dict_from_hf(hf_state, config), strict=True)  # one copy each
     return model.eval()
 
 

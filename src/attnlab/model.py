@@ -479,6 +479,17 @@ class DecodeStep:
         return self.lm_head(_apply(self.ln_f, x))  # (B, V)
 
 
+def empty_gpt(config: GPTConfig) -> GPT:
+    """GPT(config) on the CPU with uninitialised weights in its layout, ties kept: for loaders,
+    which overwrite every weight (no time spent drawing an init they would discard)."""
+    with torch.device("meta"):
+        model = GPT(config)
+    model = model.to_empty(device="cpu")  # keeps the meta tensors' strides: the layout holds
+    if config.tie_weights:
+        model.lm_head.weight = model.wte.weight  # to_empty gave each module its own tensor
+    return model
+
+
 def count_params(config: GPTConfig) -> int:
     """Parameters of GPT(config), embeddings included, counted on the meta device (nothing
     allocated or initialised)."""
