@@ -27,6 +27,7 @@ from typing import Any
 
 import torch
 
+from .budget import Budget, parse_duration
 from .checkpoint import load_checkpoint, load_train_state, save_checkpoint
 from .data import Dataset, SentenceDataset, TaskDataset, bits_per_byte
 from .distributed import World, setup, teardown
@@ -39,6 +40,9 @@ class TrainConfig:
     """How to train. Defaults: nanoGPT's shakespeare_char CPU recipe, 2000 iterations."""
 
     max_iters: int = 2000  # optimizer steps
+    # train for this long instead (90s, 5m, 1.5h): max_iters fitted to the measured speed,
+    # and the lr schedule to max_iters (budget.py)
+    time_budget: str | None = None
     batch_size: int = 12  # sequences per micro-batch
     grad_accum: int = 1  # micro-batches per optimizer step
     lr: float = 1e-3  # peak learning rate
@@ -70,6 +74,8 @@ class TrainConfig:
             raise ValueError(f"min_lr={self.min_lr} must be in [0, lr={self.lr}]")
         if self.warmup_iters < 0:
             raise ValueError(f"warmup_iters={self.warmup_iters} must be >= 0")
+        if self.time_budget is not None:
+            parse_duration(self.time_budget)
         if self.optimizer not in ("adamw", "sgd"):
             raise ValueError(f"optimizer={self.optimizer!r}; choose adamw or sgd")
         if self.dtype not in ("float32", "bfloat16"):
@@ -199,6 +205,7 @@ def train(
             f"{dataset.tokenizer.vocab_size}; leave --vocab_size unset to take the tokenizer's"
         )
     seq_len = sequence_length(model_config, dataset)
+    config = dataclasses.replace(config)  # a time budget fits max_iters: not the caller's
     world, started = setup(config.device)
     try:
         world.rows(config.batch_size)  # checks the batch splits over the processes
@@ -242,6 +249,11 @@ def _train(
     metrics_file = out / "metrics.jsonl"
     tokens_per_step = config.batch_size * config.grad_accum * seq_len
     t_start, tokens_done = time.perf_counter(), 0
+    budget = None
+    if config.time_budget is not None and not resume:  # a resume keeps the saved max_iters
+        budget = Budget(parse_duration(config.time_budget), step=start, now=t_start,
+                        eval_interval=config.eval_interval, reduce=world.mean,
+                        eval_share=2 * config.eval_iters / (3 * config.grad_accum))
     result = TrainResult(model, tokenizer, history, ckpt if resume else None)
 
     def save(step: int) -> None:
@@ -280,10 +292,15 @@ def _train(
         metrics_file.write_text("".join(json.dumps(r) + "\n" for r in history))
     stop = _StopFlag()
     with stop:
-        for step in range(start, config.max_iters):
+        step = start
+        # a time budget sets max_iters after its calibration steps; until then it runs on
+        while step < config.max_iters or (budget is not None and not budget.fitted):
             evaluated = step % config.eval_interval == 0 and step > start
             if evaluated:  # before the stop check: a resume from here does not redo it
+                t0 = time.perf_counter()
                 _eval_and_save(model, dataset, config, seq_len, world, step, result, log, save)
+                if budget is not None:
+                    budget.evaluated(time.perf_counter() - t0)
             if world.any(stop.requested):
                 if not evaluated:
                     save(step)  # between optimizer steps: the state is consistent
@@ -318,10 +335,25 @@ def _train(
             optimizer.zero_grad(set_to_none=True)
             dt = time.perf_counter() - t0
             tokens_done += tokens_per_step
-            log({"step": step + 1, "loss": loss_value, "lr": lr,
+            step += 1
+            log({"step": step, "loss": loss_value, "lr": lr,
                  "tokens_per_s": tokens_per_step / max(dt, 1e-9)})
+            if budget is not None and (fitted := budget.after_step(step, time.perf_counter())):
+                _fit(config, fitted, step, 1 / budget.step_s, log)
     _eval_and_save(model, dataset, config, seq_len, world, config.max_iters, result, log, save)
     return _finish(result, out, t_start, tokens_done, world)
+
+
+def _fit(config: TrainConfig, max_iters: int, step: int, steps_per_s: float,
+         log: Callable[[dict[str, Any]], None]) -> None:
+    """Apply a time budget's step count (budget.py): the cosine schedule now ends there."""
+    if config.max_iters == max_iters:
+        return
+    config.max_iters = max_iters
+    if config.warmup_iters > max_iters // 4:  # a short budget: warm up for a tenth of it
+        config.warmup_iters = max_iters // 10
+    log({"step": step, "time_budget": config.time_budget, "max_iters": max_iters,
+         "warmup_iters": config.warmup_iters, "steps_per_s": steps_per_s})
 
 
 class _StopFlag:

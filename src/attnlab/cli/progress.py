@@ -37,14 +37,18 @@ class Progress:
             self.bar = tqdm(total=total, unit="step", dynamic_ncols=True, file=self.stream)
         self._last_line = time.monotonic()
         self._first_step: int | None = None
+        self.total_fitted: int | None = None  # the step count a time budget last set
 
     def __call__(self, row: dict[str, Any]) -> None:
         if "val_loss" in row:
-            line = eval_line(row)
-            if self.bar is not None:
-                self.bar.write(line, file=self.out)
-            else:
-                print(line, file=self.out, flush=True)
+            self._say(eval_line(row))
+            return
+        if "max_iters" in row:  # a time budget: fitted after the first steps, then refitted
+            if self.total_fitted is None:  # after each evaluation, silently
+                self._say(f"budget   {row['time_budget']}: {row['max_iters']} steps at "
+                          f"{row['steps_per_s']:.1f} steps/s, evaluations included (refitted "
+                          "after each evaluation; the lr schedule ends at the last step)")
+            self.total = self.total_fitted = int(row["max_iters"])
             return
         step = int(row["step"])
         if self._first_step is None:
@@ -69,6 +73,13 @@ class Progress:
         print(f"step {step:>6}/{self.total}  loss {row['loss']:.4f}  "
               f"{row['tokens_per_s']:,.0f} tokens/s  {left:,.0f} s left",
               file=self.stream, flush=True)
+
+    def _say(self, line: str) -> None:
+        """A line on stdout that stays (above the bar, if there is one)."""
+        if self.bar is not None:
+            self.bar.write(line, file=self.out)
+        else:
+            print(line, file=self.out, flush=True)
 
     def close(self) -> None:
         if self.bar is not None:

@@ -132,6 +132,10 @@ def _run(args: argparse.Namespace) -> int:
             model_config = dataclasses.replace(
                 model_config, vocab_size=dataset.tokenizer.vocab_size)
         train_config = config_from_flags(args, TrainConfig, train_config)
+        given = config_overrides(args, TrainConfig)
+        if "time_budget" in given and "max_iters" in given:
+            raise CLIError(f"--time_budget {train_config.time_budget} and --max_iters "
+                           f"{train_config.max_iters}: choose one (a budget sets the steps)")
         _find_run(args)  # refuses to overwrite a run unless --overwrite
     out = _out_dir(args)
 
@@ -155,8 +159,9 @@ def _run(args: argparse.Namespace) -> int:
         progress.close()
     if result.val_loss is not None:
         bits = "" if result.val_bpb is None else f", {result.val_bpb:.3f} bits/byte"
+        budget = f" of a {train_config.time_budget} budget" if train_config.time_budget else ""
         print(
-            f"val loss {result.val_loss:.4f}{bits}  ({result.seconds:.1f} s, "
+            f"val loss {result.val_loss:.4f}{bits}  ({result.seconds:.1f} s{budget}, "
             f"{result.tokens_per_second:,.0f} tokens/s)"
         )
     if result.interrupted:
@@ -261,6 +266,7 @@ def _slug(name: str) -> str:
 
 
 def _describe(dataset: Any, model_config: Any, train_config: Any) -> None:
+    from ..budget import CALIBRATION_STEPS, UNTIMED_STEPS
     from ..model import count_params
 
     n_params = count_params(model_config)
@@ -271,8 +277,10 @@ def _describe(dataset: Any, model_config: Any, train_config: Any) -> None:
         f"{model_config.n_embd} dims, context {model_config.block_size}: "
         f"{n_params / 1e6:.2f}M parameters"
     )
+    steps = (f"{tc.time_budget} of steps (the count fitted to the speed of the first "
+             f"{UNTIMED_STEPS + CALIBRATION_STEPS})" if tc.time_budget else f"{tc.max_iters} steps")
     print(
-        f"train    {tc.max_iters} steps x {tc.batch_size * tc.grad_accum} sequences, "
+        f"train    {steps} x {tc.batch_size * tc.grad_accum} sequences, "
         f"{tc.optimizer} lr {tc.lr:g}, {tc.dtype}"
     )
 
