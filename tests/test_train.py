@@ -9,6 +9,7 @@ import signal
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 import torch
 
@@ -248,3 +249,22 @@ def test_llama_recipe_matches_the_gpt2_recipe_in_parameters(data: str) -> None:
     assert abs(count_params(llama) / count_params(gpt2) - 1) < 0.005
     with pytest.raises(ValueError, match="arch='mamba' must be one of"):
         recipe(dataset, "mamba")
+
+
+def test_text_recipe_steps_grow_with_the_corpus() -> None:
+    """About one pass over the training split at the recipe's batch, 700 to MAX_TEXT_STEPS."""
+    from attnlab.data import TextDataset
+    from attnlab.recipes import MAX_TEXT_STEPS
+    from attnlab.tokenizers import CharTokenizer
+
+    tokenizer = CharTokenizer.from_text("abc")
+
+    def steps(n_train: int) -> int:
+        ids = np.zeros(n_train, dtype=np.uint16)
+        _, config = recipe(TextDataset("t", tokenizer, ids, ids[:1000]))
+        return config.max_iters
+
+    per_step = 24 * 64  # the recipe's batch x context
+    assert steps(1_003_854) == 700  # tiny Shakespeare's training split: a pass is 653 steps
+    assert steps(2000 * per_step) == 2000
+    assert steps(10**9) == MAX_TEXT_STEPS

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from .data import Dataset, SentenceDataset, TaskDataset, load_dataset
+from .data import Dataset, SentenceDataset, TaskDataset, TextDataset, load_dataset
 from .model import GPT, GPTConfig, count_params
 from .train import TrainConfig
 
@@ -23,6 +23,9 @@ if TYPE_CHECKING:
 
 #: `attnlab train --arch`: the block style of the recipe's model.
 ARCHS = ("gpt2", "llama")
+#: The text recipe's most steps when no flag sets them (one pass over 7.7M tokens, about 7x
+#: the 700 steps' time); for longer runs, say how long: --time_budget.
+MAX_TEXT_STEPS = 5000
 
 
 def recipe(dataset: Dataset, arch: str = "gpt2") -> tuple[GPTConfig, TrainConfig]:
@@ -72,11 +75,17 @@ def _gpt2_recipe(dataset: Dataset) -> tuple[GPTConfig, TrainConfig]:
     # nanoGPT's shakespeare_char CPU shape, trained the fastest way benchmarks/ found on a CPU:
     # twice the batch at four times the lr for 700 steps, in bf16 where the hardware has it
     # (benchmarks/train_quality.py: val loss 1.90 in 0.29-0.42x the time of nanoGPT's
-    # recipe)
+    # recipe). 700 steps is about one pass over tiny Shakespeare; a larger corpus gets one
+    # pass over its training split (README: "Train for a time budget" for both on a second
+    # corpus), up to MAX_TEXT_STEPS.
+    assert isinstance(dataset, TextDataset), type(dataset)
+    model = GPTConfig.from_name("tiny", vocab_size=vocab)
+    batch_size = 24
+    one_pass = len(dataset.train) // (batch_size * model.block_size)
     dtype = "bfloat16" if _fast_bf16() else "float32"
-    return GPTConfig.from_name("tiny", vocab_size=vocab), TrainConfig(
-        max_iters=700, batch_size=24, lr=4e-3, min_lr=4e-4, warmup_iters=50,
-        eval_interval=100, dtype=dtype)
+    return model, TrainConfig(
+        max_iters=min(max(700, one_pass), MAX_TEXT_STEPS), batch_size=batch_size, lr=4e-3,
+        min_lr=4e-4, warmup_iters=50, eval_interval=100, dtype=dtype)
 
 
 def _fast_bf16() -> bool:
