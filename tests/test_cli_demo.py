@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -130,3 +132,20 @@ def test_inspect_out_naming_a_file_says_so(
     err = capsys.readouterr().err
     assert "figures.png is a file; inspect writes several figures, so give a directory" in err
     assert "Errno" not in err
+
+
+def test_a_closed_pipe_ends_the_command_quietly() -> None:
+    """`attnlab heads ... | head -3`: the reader left; no "error: [Errno 32] Broken pipe".
+    A subprocess: the handler points the process's stdout at /dev/null."""
+    script = (
+        "import attnlab.cli.demo as demo\n"
+        "from attnlab.cli import main\n"
+        "def reader_gone(args):\n"
+        "    print('a line')\n"
+        "    raise BrokenPipeError(32, 'Broken pipe')\n"
+        "demo.run = reader_gone\n"
+        "raise SystemExit(main(['demo', 'averaging']))\n"
+    )
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                          timeout=120)
+    assert (done.returncode, done.stderr) == (141, "")

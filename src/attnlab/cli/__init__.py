@@ -219,6 +219,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         _check_device(args)
         return int(args._run(args) or 0)
+    except BrokenPipeError:  # `attnlab heads ... | head`: the reader has what it wanted
+        # stdout's buffer cannot be flushed any more: point it at nothing, exit quietly
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 141  # what a shell reports for SIGPIPE
     except (CLIError, ValueError, OSError, ImportError, FloatingPointError) as err:
         # library errors carry the bad value and the fix; a traceback adds nothing for users
         if os.environ.get("ATTNLAB_DEBUG"):
