@@ -136,5 +136,5 @@ def test_cli_budget(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert "must be a positive duration like 90s" in capsys.readouterr().err
     assert main(["train", "--out", out, "--time_budget", "3s", "--n_layer", "1"]) == 0
     said = capsys.readouterr().out
-    assert "train    3s of steps" in said
+    assert "train    3s (steps fitted to the speed of the first 12) x" in said
     assert "budget   3s: " in said and "steps/s, evaluations included" in said

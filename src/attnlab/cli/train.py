@@ -277,7 +277,7 @@ def _describe(dataset: Any, model_config: Any, train_config: Any) -> None:
         f"{model_config.n_embd} dims, context {model_config.block_size}: "
         f"{n_params / 1e6:.2f}M parameters"
     )
-    steps = (f"{tc.time_budget} of steps (the count fitted to the speed of the first "
+    steps = (f"{tc.time_budget} (steps fitted to the speed of the first "
              f"{UNTIMED_STEPS + CALIBRATION_STEPS})" if tc.time_budget else f"{tc.max_iters} steps")
     print(
         f"train    {steps} x {tc.batch_size * tc.grad_accum} sequences, "
