@@ -330,3 +330,27 @@ def test_modern_switches_compile_without_graph_breaks() -> None:
     assert out.loss is not None
     out.loss.backward()
     torch.testing.assert_close(out.logits, model(idx, idx).logits)
+
+
+@pytest.mark.parametrize("bias", [False, True])
+def test_big_logits_in_huge_pages_are_the_same_numbers(
+    bias: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """unembed: 64 MiB+ of logits without autograd go through mm(out=advised memory)."""
+    import attnlab.model as model_module
+
+    advised: list[int] = []
+
+    def advise(t: torch.Tensor) -> torch.Tensor:
+        advised.append(t.numel())
+        return t
+
+    monkeypatch.setattr(model_module, "advise_huge_pages", advise)
+    torch.manual_seed(0)
+    head = torch.nn.Linear(32, 8192, bias=bias)
+    x = torch.randn(2, 1100, 32)  # 2 * 1100 * 8192 * 4 bytes = 72 MB
+    with torch.no_grad():
+        assert torch.equal(model_module.unembed(head, x), head(x))
+    assert advised == [2 * 1100 * 8192]
+    assert model_module.unembed(head, x).requires_grad  # autograd: the plain path
+    assert advised == [2 * 1100 * 8192]
