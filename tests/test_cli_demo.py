@@ -7,6 +7,7 @@ import json
 import subprocess
 import sys
 from pathlib import Path
+from unittest import mock
 
 import pytest
 import torch
@@ -99,6 +100,25 @@ def test_inspect_writes_figures_and_json(
     past = torch.tril(torch.ones(12, 12, dtype=torch.bool))
     assert torch.all(weights[~past] == 0)  # future cells exactly 0
     assert torch.all(weights[past] > 0)
+
+
+def test_inspect_builds_one_figure_per_kind_and_draws_each_file_once(
+    checkpoint: Path, tmp_path: Path
+) -> None:
+    """`inspect --what all` on 48 tokens took 42 s: every head's figures were built anew, and
+    savefig(bbox_inches="tight") drew each file twice. Now one figure per kind is refilled
+    head after head and each file is drawn once."""
+    from matplotlib.figure import Figure
+
+    with mock.patch.object(Figure, "__init__", autospec=True,
+                           side_effect=Figure.__init__) as built, \
+            mock.patch.object(Figure, "draw", autospec=True, side_effect=Figure.draw) as drawn:
+        assert main(["inspect", str(checkpoint), "the cat", "--out", str(tmp_path),
+                     "--what", "all", "--layer", "1"]) == 0
+    files = list(tmp_path.glob("*.png"))
+    assert len(files) == 2 + 6 * 2  # grid, embeddings, 6 kinds x 2 heads
+    assert built.call_count == len(WHAT)
+    assert drawn.call_count == len(files)
 
 
 def test_inspect_help_lists_every_kind(capsys: pytest.CaptureFixture[str]) -> None:

@@ -3,158 +3,44 @@
 Every function takes plain tensors or arrays (what a `Trace` holds, already indexed to one
 sequence and head) and returns a matplotlib `Figure`; `save_figure` writes it as PNG and/or
 SVG and closes it. This module draws; `trace.py` captures and the CLI decides what to draw.
+The shared pieces (`heatmap`, tick labels, colorbars, `save_figure`) are `viz_core.py`'s.
 
-Readable at any length: small matrices (up to `ANNOTATE_MAX` rows and columns) get their
-values written in the cells as in seed 002's figures; larger ones get none, tick labels are
-thinned to about `MAX_TICKS` per axis (labelled "position token"), and figure sizes are
-capped. Cells a query may not attend to are hatched grey, never drawn as a 0 or a colour.
-
-matplotlib is the `viz` extra and is imported inside `_plt()`, with the Agg backend (no
-display needed).
+Readable at any length: figure sizes are capped and tick labels thinned to the panel size
+(see `viz_core`). The per-head figures (`plot_attention`, `plot_attention_steps`,
+`plot_qkv`, `plot_row`) take `into=`, a figure they returned before for the same tokens:
+it is refilled with the new head's values and titles instead of built anew, which is
+how `attnlab inspect` draws every head at the cost of one figure's ticks and axes.
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
-from torch import Tensor
+
+from .viz_core import (
+    ANNOTATE_MAX,
+    MASKED_COLOR,
+    MAX_TICKS,
+    ArrayLike,
+    _colorbar,
+    _np,
+    _plt,
+    _set_ticks,
+    heatmap,
+    save_figure,
+    to_list,
+    token_label,
+)
 
 if TYPE_CHECKING:
     from matplotlib.axes import Axes
     from matplotlib.figure import Figure
 
-ANNOTATE_MAX = 12  # write values in cells when both sides are at most this long
-MAX_TICKS = 32  # at most this many tick labels per axis
 MAX_INCHES = 14.0  # no side of a figure is longer than this
-MASKED_COLOR = "#d9d9d9"
 DPI = 130
-
-ArrayLike = Tensor | np.ndarray
-
-
-def _plt() -> Any:
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError as err:
-        raise ImportError("figures need matplotlib: pip install 'attnlab[viz]'") from err
-    return plt
-
-
-def _np(x: ArrayLike) -> np.ndarray:
-    if isinstance(x, Tensor):
-        return x.detach().float().cpu().numpy()
-    return np.asarray(x, dtype=np.float64)
-
-
-def token_label(token: str, width: int = 12) -> str:
-    """A token as a tick label: control characters escaped, a token of spaces shown as "␣",
-    long tokens cut with an ellipsis."""
-    if token and token.strip(" ") == "":
-        return "␣" * min(len(token), 3)
-    text = token.replace("\n", "\\n").replace("\t", "\\t").replace("\r", "\\r")
-    text = text.replace("$", r"\$")  # matplotlib would start mathtext
-    return text if len(text) <= width else text[: width - 1] + "…"
-
-
-def _tick_positions(n: int, max_ticks: int = MAX_TICKS) -> list[int]:
-    step = max(1, math.ceil(n / max_ticks))
-    return list(range(0, n, step))
-
-
-def _set_ticks(ax: Axes, axis: str, labels: Sequence[str] | None, n: int,
-               max_ticks: int = MAX_TICKS) -> None:
-    """Label every cell when they fit, else every k-th as "position token"."""
-    where = _tick_positions(n, max_ticks)
-    if labels is None:
-        text = [str(i) for i in where]
-    elif len(where) == n:
-        text = [token_label(labels[i]) for i in where]
-    else:
-        text = [f"{i} {token_label(labels[i], 8)}" for i in where]
-    size = 9 if n <= ANNOTATE_MAX else 7 if n <= 64 else 6
-    if axis == "x":
-        # turn words sideways once they would collide; single characters and numbers fit
-        turn = (len(where) > 4 and max(map(len, text)) > 2) or len(where) > 16
-        ax.set_xticks(where, text, rotation=90 if turn else 0, fontsize=size)
-    else:
-        ax.set_yticks(where, text, fontsize=size)
-
-
-def _fmt(value: float) -> str:
-    if value == float("-inf"):
-        return "-inf"
-    if abs(value) >= 100:
-        return f"{value:.0f}"
-    return f"{value:.2f}"
-
-
-def heatmap(
-    ax: Axes,
-    matrix: ArrayLike,
-    *,
-    row_labels: Sequence[str] | None = None,
-    col_labels: Sequence[str] | None = None,
-    masked: ArrayLike | None = None,
-    cmap: str = "viridis",
-    vmin: float | None = None,
-    vmax: float | None = None,
-    annotate: bool | None = None,
-    masked_text: str = "",
-    max_ticks: int = MAX_TICKS,
-) -> Any:
-    """Draw a (rows, cols) matrix on `ax`; returns the image (for a colorbar).
-
-    masked: bool (rows, cols), True where the cell is masked (a query may not attend):
-    drawn hatched grey, with `masked_text` (e.g. "-inf") written in it when annotated.
-    Non-finite values (-inf scores) count as masked too. annotate: None writes values
-    when the matrix is at most ANNOTATE_MAX on both sides.
-    """
-    values = _np(matrix)
-    if values.ndim != 2:
-        raise ValueError(f"heatmap needs a 2-d matrix, got shape {values.shape}; index the "
-                         "batch and head first, e.g. weights[0, head]")
-    hide = ~np.isfinite(values)
-    if masked is not None:
-        hide |= _np(masked).astype(bool)
-    shown = np.ma.masked_array(np.where(hide, 0.0, values), mask=hide)
-    ax.add_patch(_hatch_patch(values.shape))
-    image = ax.imshow(shown, cmap=cmap, vmin=vmin, vmax=vmax, interpolation="nearest",
-                      aspect="auto")
-    rows, cols = values.shape
-    _set_ticks(ax, "x", col_labels, cols, max_ticks)
-    _set_ticks(ax, "y", row_labels, rows, max_ticks)
-    ax.set_xlim(-0.5, cols - 0.5)
-    ax.set_ylim(rows - 0.5, -0.5)
-    if annotate is None:
-        annotate = rows <= ANNOTATE_MAX and cols <= ANNOTATE_MAX
-    if annotate:
-        colours = np.asarray(image.cmap(image.norm(values)))  # (rows, cols, 4) RGBA per cell
-        luminance = colours[..., :3] @ np.array([0.299, 0.587, 0.114])  # (rows, cols)
-        for i in range(rows):
-            for j in range(cols):
-                if hide[i, j]:
-                    if masked_text:
-                        ax.text(j, i, masked_text, ha="center", va="center", fontsize=8,
-                                color="#555555")
-                    continue
-                ax.text(j, i, _fmt(values[i, j]), ha="center", va="center", fontsize=8,
-                        color="white" if luminance[i, j] < 0.5 else "black")
-    return image
-
-
-def _hatch_patch(shape: tuple[int, ...]) -> Any:
-    from matplotlib.patches import Rectangle
-
-    rows, cols = shape
-    return Rectangle((-0.5, -0.5), cols, rows, facecolor=MASKED_COLOR, edgecolor="#9a9a9a",
-                     hatch="///", linewidth=0, zorder=0)
 
 
 def _layout(
@@ -183,22 +69,34 @@ def plot_attention(
     title: str = "attention weights",
     kind: str = "weights",
     keys: Sequence[str] | None = None,
+    into: Figure | None = None,
 ) -> Figure:
     """One (T, S) matrix: kind "weights" (0..1), "scores" (raw) or "masked" (-inf cells).
 
     Rows are queries (tokens), columns keys (`keys`, default the same tokens); cells past
-    the causal mask are hatched for weights and masked scores.
+    the causal mask are hatched for weights and masked scores. into: a figure this
+    function returned for a (T, S) matrix, refilled and returned instead of a new one.
     """
-    plt = _plt()
     values = _np(weights)
     T, S = values.shape
     keys = tokens if keys is None else keys
     size, ticks = _layout(T, S)
-    fig, ax = plt.subplots(figsize=size, dpi=DPI)
+    if into is None:
+        fig, ax = _plt().subplots(figsize=size, dpi=DPI, layout="tight")
+    else:
+        fig, (ax,) = into, _panels(into, 1, "plot_attention")
     _draw_kind(fig, ax, values, tokens, keys, kind, ticks)
     ax.set_title(title, fontsize=10)
-    fig.tight_layout()
     return fig
+
+
+def _panels(into: Figure, n: int, maker: str) -> list[Axes]:
+    """The `n` heatmap axes of a figure to refill (its colorbars' axes hold no image)."""
+    panels = [ax for ax in into.axes if ax.images]
+    if len(panels) != n:
+        raise ValueError(f"into= holds {len(panels)} heatmaps where {maker} draws {n}; pass "
+                         f"a figure {maker} returned, or into=None for a new one")
+    return panels
 
 
 def _draw_kind(fig: Figure, ax: Axes, values: np.ndarray, rows: Sequence[str],
@@ -238,16 +136,6 @@ def weight_vmax(weights: ArrayLike) -> float:
     return float(min(1.0, max(np.quantile(visible, 0.995), 2.0 / S)))
 
 
-def _colorbar(fig: Figure, image: Any, ax: Any, label: str = "", **kwargs: Any) -> None:
-    """A colorbar; an arrow at the top when the scale clips larger values."""
-    values = image.get_array()
-    top = image.norm.vmax
-    clipped = values is not None and values.size and float(np.ma.max(values)) > top + 1e-9
-    bar = fig.colorbar(image, ax=ax, extend="max" if clipped else "neither", label=label,
-                       **kwargs)
-    bar.ax.tick_params(labelsize=7)
-
-
 def _future(T: int, S: int) -> np.ndarray:
     """(T, S) True above the causal diagonal, queries being the last T of S positions."""
     return np.arange(S)[None, :] > np.arange(S - T, S)[:, None]
@@ -262,26 +150,42 @@ def plot_attention_steps(
     scale: float | None = None,
     title: str = "",
     names: Sequence[str] | None = None,
+    into: Figure | None = None,
 ) -> Figure:
     """Seed 002's three steps side by side: raw scores q @ k^T, masked, scaled softmax.
 
-    `names` replaces the three panel titles.
+    `names` replaces the three panel titles. into: a figure this function returned for
+    (T, S) matrices, refilled and returned (an empty `title` keeps its title).
     """
-    plt = _plt()
     values = [_np(scores), _np(masked_scores), _np(weights)]
     T, S = values[0].shape
     size, ticks = _layout(T, S, panels=3)
-    fig, axes = plt.subplots(1, 3, figsize=size, dpi=DPI)
+    if into is None:
+        fig, axes = _plt().subplots(1, 3, figsize=size, dpi=DPI, layout="tight")
+    else:
+        fig, axes = into, _panels(into, 3, "plot_attention_steps")
     softmax = "softmax(masked × scale)" if scale is None else f"softmax(masked × {scale:.3g})"
     names = names or ("raw scores  q @ kᵀ", "masked  (-inf above the diagonal)", softmax)
     for ax, v, kind, name in zip(axes, values, ("scores", "masked", "weights"), names,
                                  strict=True):
         _draw_kind(fig, ax, v, tokens, tokens, kind, ticks)
         ax.set_title(name, fontsize=9)
-    if title:
-        fig.suptitle(title, fontsize=11)
-    fig.tight_layout()
+    _suptitle(fig, title, refill=into is not None)
     return fig
+
+
+def _suptitle(fig: Figure, title: str, refill: bool) -> None:
+    """The figure's title; an empty one leaves the figure as it is.
+
+    A refill sets the text only: constrained layout moved the title to the room it made,
+    and Figure.suptitle would put it back at its default height.
+    """
+    if not title:
+        return
+    if refill and fig.texts:  # Figure.suptitle's Text, the only figure text here
+        fig.texts[0].set_text(title)
+    else:
+        fig.suptitle(title, fontsize=11)
 
 
 def plot_grid(
@@ -336,36 +240,53 @@ def plot_row(
     query: int,
     *,
     title: str | None = None,
+    into: Figure | None = None,
 ) -> Figure:
     """One query's weights as bars over the keys it may attend to (later keys are shown
-    as a hatched band: they get exactly 0). `query` indexes `tokens` (= the keys)."""
-    plt = _plt()
+    as a hatched band: they get exactly 0). `query` indexes `tokens` (= the keys).
+
+    into: a figure this function returned for the same query and number of tokens,
+    refilled (bar heights, values, scale, title) and returned instead of a new one.
+    """
     row = _np(weights_row)
     S = row.shape[0]
     if not 0 <= query < S:
         raise ValueError(f"query {query} out of range for {S} tokens; use 0..{S - 1}")
-    width = min(MAX_INCHES, max(4.0, 0.45 * S + 1.5)) if S <= 64 else MAX_INCHES
-    fig, ax = plt.subplots(figsize=(width, 3.4), dpi=DPI)
     visible = np.arange(query + 1)
-    bars = ax.bar(visible, row[: query + 1], color="#3b6fb6", width=0.8 if S <= 64 else 1.0)
+    if into is None:
+        width = min(MAX_INCHES, max(4.0, 0.45 * S + 1.5)) if S <= 64 else MAX_INCHES
+        fig, ax = _plt().subplots(figsize=(width, 3.4), dpi=DPI, layout="tight")
+        bars = ax.bar(visible, row[: query + 1], width=0.8 if S <= 64 else 1.0)
+        if query + 1 < S:
+            ax.axvspan(query + 0.5, S - 0.5, facecolor=MASKED_COLOR, hatch="///",
+                       edgecolor="#9a9a9a", linewidth=0, label="future: weight exactly 0")
+            ax.legend(fontsize=8, loc="upper right")
+        ax.set_xlim(-0.5, S - 0.5)
+        ax.set_ylabel("attention weight", fontsize=8)
+        ax.tick_params(axis="y", labelsize=7)
+    else:
+        fig, ax = into, into.axes[0]
+        bars = ax.containers[0]
+        if len(bars) != query + 1 or ax.get_xlim() != (-0.5, S - 0.5):
+            raise ValueError(f"into= holds a row of {len(bars)} bars over "
+                             f"{ax.get_xlim()[1] + 0.5:.0f} tokens, not query {query} of "
+                             f"{S}; pass into=None for a new figure")
+        for bar, height in zip(bars, row[: query + 1], strict=True):
+            bar.set_height(height)
+        for text in list(ax.texts):
+            text.remove()  # the previous row's values
+    for bar in bars:
+        bar.set_color("#3b6fb6")
     best = int(np.argmax(row[: query + 1]))
     bars[best].set_color("#d9822b")
-    if query + 1 < S:
-        ax.axvspan(query + 0.5, S - 0.5, facecolor=MASKED_COLOR, hatch="///",
-                   edgecolor="#9a9a9a", linewidth=0, label="future: weight exactly 0")
-        ax.legend(fontsize=8, loc="upper right")
     if S <= ANNOTATE_MAX * 2:
         for x in visible:
             ax.text(x, row[x], f"{row[x]:.2f}", ha="center", va="bottom", fontsize=7)
-    ax.set_xlim(-0.5, S - 0.5)
     ax.set_ylim(0, max(float(row[: query + 1].max()), 1e-3) * 1.15)
     _set_ticks(ax, "x", tokens, S, MAX_TICKS * 2 if S > 64 else MAX_TICKS)
-    ax.set_ylabel("attention weight", fontsize=8)
-    ax.tick_params(axis="y", labelsize=7)
     where = token_label(tokens[query])
     ax.set_title(title or f"query {query} {where!r}: weight on each key "
                  f"(largest: {best} {token_label(tokens[best])!r})", fontsize=10)
-    fig.tight_layout()
     return fig
 
 
@@ -379,10 +300,14 @@ def plot_matrices(
     *,
     title: str = "",
     row_names: Sequence[Sequence[str]] | None = None,
+    into: Figure | None = None,
 ) -> Figure:
     """(T, d) matrices side by side, one row per token, one column per dimension, on one
-    shared diverging colour scale (seed 002's q/k/v and embedding figures)."""
-    plt = _plt()
+    shared diverging colour scale (seed 002's q/k/v and embedding figures).
+
+    into: a figure this function returned for as many (T, d) matrices, refilled and
+    returned (an empty `title` keeps its title).
+    """
     values = [_np(m) for m in matrices]
     T, d = values[0].shape
     lim = max(float(np.abs(v).max()) for v in values) or 1.0
@@ -393,10 +318,14 @@ def plot_matrices(
     else:
         size = (min(MAX_INCHES, n * max(2.5, d * 0.06 + 1.2) + 1.2),
                 min(MAX_INCHES * 0.75, max(3.0, T * 0.04 + 1.8)))
-    fig, axes = plt.subplots(1, n, figsize=size, dpi=DPI, squeeze=False,
-                             layout="constrained")
+    if into is None:
+        fig, axes = _plt().subplots(1, n, figsize=size, dpi=DPI, squeeze=False,
+                                    layout="constrained")
+        panels = list(axes[0])
+    else:
+        fig, panels = into, _panels(into, n, "plot_matrices")
     image = None
-    for i, (ax, v, name) in enumerate(zip(axes[0], values, names, strict=True)):
+    for i, (ax, v, name) in enumerate(zip(panels, values, names, strict=True)):
         rows = tokens if row_names is None else row_names[i]
         image = heatmap(ax, v, row_labels=rows, col_labels=None, cmap="RdBu_r",
                         vmin=-lim, vmax=lim, max_ticks=MAX_TICKS if d <= ANNOTATE_MAX else 8)
@@ -404,22 +333,24 @@ def plot_matrices(
         ax.set_xlabel("dimension", fontsize=8)
         if i > 0 and row_names is None:
             ax.set_yticklabels([])
-    _colorbar(fig, image, axes, shrink=0.8)
-    if title:
-        fig.suptitle(title, fontsize=11)
+    _colorbar(fig, image, panels, shrink=0.8)  # never rebuilt: -lim..lim clips nothing
+    _suptitle(fig, title, refill=into is not None)
     return fig
 
 
 def plot_qkv(
     q: ArrayLike, k: ArrayLike, v: ArrayLike, tokens: Sequence[str], *,
-    context: ArrayLike | None = None, title: str = "",
+    context: ArrayLike | None = None, title: str = "", into: Figure | None = None,
 ) -> Figure:
-    """Queries, keys, values (T, hs) of one head, and the weighted values if given."""
+    """Queries, keys, values (T, hs) of one head, and the weighted values if given.
+
+    into: a figure this function returned, refilled with this head (see plot_matrices).
+    """
     mats, names = [q, k, v], ["queries q", "keys k", "values v"]
     if context is not None:
         mats.append(context)
         names.append("weighted values\nweights @ v")
-    return plot_matrices(mats, names, tokens, title=title)
+    return plot_matrices(mats, names, tokens, title=title, into=into)
 
 
 def plot_embeddings(
@@ -477,10 +408,9 @@ def plot_panels(
 
 def plot_loss(history: Sequence[dict[str, Any]]) -> Figure:
     """Train loss per step and val loss per evaluation (rows of `train()`'s history)."""
-    plt = _plt()
     train_rows = [r for r in history if "loss" in r]
     val_rows = [r for r in history if "val_loss" in r]
-    fig, ax = plt.subplots(figsize=(6, 3.5), dpi=120)
+    fig, ax = _plt().subplots(figsize=(6, 3.5), dpi=120, layout="tight")
     ax.plot([r["step"] for r in train_rows], [r["loss"] for r in train_rows], lw=1,
             alpha=0.7, label="train (batch)")
     if val_rows:
@@ -490,36 +420,7 @@ def plot_loss(history: Sequence[dict[str, Any]]) -> Figure:
     ax.set_ylabel("cross-entropy")
     ax.legend()
     ax.grid(alpha=0.3)
-    fig.tight_layout()
     return fig
-
-
-# ------------------------------------------------------------------------- files
-
-
-def save_figure(fig: Figure, path: str | Path, formats: Sequence[str] = ("png",)) -> list[Path]:
-    """Write `fig` as path.png / path.svg (the suffix of `path` is replaced), then close it."""
-    plt = _plt()
-    bad = sorted(set(formats) - {"png", "svg"})
-    if bad or not formats:
-        plt.close(fig)
-        raise ValueError(f"figure formats {bad or list(formats)} not supported; use png, svg")
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    written = []
-    try:
-        for fmt in formats:
-            target = path.with_suffix(f".{fmt}")
-            fig.savefig(target, format=fmt, bbox_inches="tight")
-            written.append(target)
-    finally:
-        plt.close(fig)
-    return written
-
-
-def to_list(x: ArrayLike, decimals: int = 5) -> Any:
-    """A tensor as nested lists of rounded floats, for JSON."""
-    return np.round(_np(x), decimals).tolist()
 
 
 __all__ = [

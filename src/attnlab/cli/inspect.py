@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import json
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -128,12 +129,13 @@ def run(args: argparse.Namespace) -> int:
                        "directory (it is created if missing)")
     written: list[Path] = []
 
-    def save(fig: Any, stem: str) -> None:
-        written.extend(viz.save_figure(fig, out / stem, formats))
+    def save(fig: Any, stem: str, close: bool = True) -> None:
+        written.extend(viz.save_figure(fig, out / stem, formats, close=close))
 
     def head_of(name: str, layer: int, h: int) -> Any:
         return trace.get(name, layer)[0, heads.index(h)]  # (T, S) or (T, hs)
 
+    pairs = [(la, h) for la in layers for h in heads]
     for kind in kinds:
         if kind == "embeddings":
             tok_emb = trace.get("tok_emb")[0]  # (T, C)
@@ -149,30 +151,10 @@ def run(args: argparse.Namespace) -> int:
             save(viz.plot_grid(weights, tokens, layers=layers, heads=heads,
                                title=f"attention weights of {shown!r}"), "grid")
         else:
-            for la in layers:
-                for h in heads:
-                    where = f"layer {la}, head {h}"
-                    stem = f"{kind}_L{la}_H{h}"
-                    if kind == "weights":
-                        fig = viz.plot_attention(head_of("attn_weights", la, h), tokens,
-                                                 title=f"attention weights, {where}")
-                    elif kind in ("scores", "masked"):
-                        name = "attn_scores" if kind == "scores" else "masked_scores"
-                        fig = viz.plot_attention(head_of(name, la, h), tokens, kind=kind,
-                                                 title=f"{WHAT[kind][1]}, {where}")
-                    elif kind == "steps":
-                        fig = viz.plot_attention_steps(
-                            head_of("attn_scores", la, h), head_of("masked_scores", la, h),
-                            head_of("attn_weights", la, h), tokens, scale=_scale(c),
-                            title=where)
-                    elif kind == "qkv":
-                        fig = viz.plot_qkv(head_of("q", la, h), head_of("k", la, h),
-                                           head_of("v", la, h), tokens,
-                                           context=head_of("context", la, h), title=where)
-                    else:  # row
-                        fig = viz.plot_row(head_of("attn_weights", la, h)[query], tokens, query)
-                        stem = f"row_L{la}_H{h}_q{query}"
-                    save(fig, stem)
+            fig = None  # one figure per kind, refilled head after head: its ticks built once
+            for i, (la, h) in enumerate(pairs):
+                fig, stem = _head_figure(kind, fig, head_of, la, h, tokens, query, _scale(c))
+                save(fig, stem, close=i == len(pairs) - 1)
 
     record = {
         "checkpoint": str(ckpt.path),
@@ -207,6 +189,34 @@ def run(args: argparse.Namespace) -> int:
     if len(written) > 12:
         print(f"         … and {len(written) - 12} more")
     return 0
+
+
+def _head_figure(kind: str, into: Any, head_of: Callable[[str, int, int], Any], la: int,
+                 h: int, tokens: list[str], query: int, scale: float) -> tuple[Any, str]:
+    """The figure of `kind` for layer `la`, head `h` (`into` refilled when given), and the
+    name of its file."""
+    from .. import viz
+
+    where = f"layer {la}, head {h}"
+    if kind == "weights":
+        return viz.plot_attention(head_of("attn_weights", la, h), tokens, into=into,
+                                  title=f"attention weights, {where}"), f"weights_L{la}_H{h}"
+    if kind in ("scores", "masked"):
+        name = "attn_scores" if kind == "scores" else "masked_scores"
+        return viz.plot_attention(head_of(name, la, h), tokens, kind=kind, into=into,
+                                  title=f"{WHAT[kind][1]}, {where}"), f"{kind}_L{la}_H{h}"
+    if kind == "steps":
+        return viz.plot_attention_steps(
+            head_of("attn_scores", la, h), head_of("masked_scores", la, h),
+            head_of("attn_weights", la, h), tokens, scale=scale, title=where, into=into,
+        ), f"steps_L{la}_H{h}"
+    if kind == "qkv":
+        return viz.plot_qkv(head_of("q", la, h), head_of("k", la, h), head_of("v", la, h),
+                            tokens, context=head_of("context", la, h), title=where,
+                            into=into), f"qkv_L{la}_H{h}"
+    # row
+    return viz.plot_row(head_of("attn_weights", la, h)[query], tokens, query,
+                        into=into), f"row_L{la}_H{h}_q{query}"
 
 
 def _scale(config: Any) -> float:
