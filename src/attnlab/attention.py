@@ -256,6 +256,15 @@ def _key_spans(may_attend: Tensor | None, T: int, S: int, rows: int) -> list[tup
     return spans
 
 
+def _kept(q: Tensor, k: Tensor, S: int) -> Tensor | None:
+    """Memory for a (B, nh, T, S) tensor a trace keeps, advised for huge pages (a fresh
+    48 MiB tensor otherwise takes ~12,000 page faults); None, for the plain op, where
+    autograd needs one."""
+    if torch.is_grad_enabled() and (q.requires_grad or k.requires_grad):
+        return None
+    return advise_huge_pages(q.new_empty(*q.shape[:3], S))
+
+
 def _traced_attend(
     q: Tensor,
     k: Tensor,
@@ -283,10 +292,11 @@ def _traced_attend(
     scores: Tensor | None = None  # (B, nh, T, S) masked raw scores, when the trace wants them
     spans = _key_spans(may_attend, T, S, BLOCK_ROWS)
     if trace.wants("attn_scores") or trace.wants("masked_scores"):
-        attn_scores = trace.record("attn_scores", q @ key_t)  # (B, nh, T, S)
-        scores = attn_scores
+        attn_scores = trace.record("attn_scores", torch.matmul(q, key_t, out=_kept(q, k, S)))
+        scores = attn_scores  # (B, nh, T, S)
         if mask.may_attend is not None:
-            scores = attn_scores.masked_fill(~mask.may_attend, float("-inf"))  # (B, nh, T, S)
+            scores = torch.where(mask.may_attend, attn_scores, q.new_tensor(float("-inf")),
+                                 out=_kept(q, k, S))  # (B, nh, T, S)
         made = scores
         scores = trace.record("masked_scores", scores)
         if scores is not made:  # edited: its -inf cells, not the mask's, say what is masked
@@ -303,7 +313,7 @@ def _traced_attend(
         if empty is not None:
             # a row with no key to attend to: finite everywhere, zeroed below
             block.masked_fill_(empty[:, :, i0:i1], 0.0)
-        if may_attend is not None:
+        if may_attend is not None and scores is None:  # masked scores hold their -inf
             block.masked_fill_(~may_attend[:, :, i0:i1, k0:k1], float("-inf"))
         rows = attn_weights[:, :, i0:i1]  # (B, nh, rows, S)
         rows[..., k0:k1] = torch.softmax(block, dim=-1)
