@@ -93,12 +93,21 @@ def write_readme_table(out: Path, *, splice: bool = False) -> Path | None:
         "benchmarks SUITE --record`.",
     ]
     for r in results:
-        parts += ["", f"### {r['suite']}", "", render_any(r)]
+        parts += ["", f"### {r['suite']}", ""]
+        other = r.get("machine")
+        if other and _hardware(other) != _hardware(m):  # suites recorded in other sessions
+            parts += [f"Measured on {describe_machine(other)}.", ""]
+        parts.append(render_any(r))
     path = out / README_TABLE
     path.write_text("\n".join(parts) + "\n")
     if splice and out.resolve() == RECORDED:  # the README shows the checked-in results only
         _splice_into_readme("\n".join(parts[2:]) + "\n")
     return path
+
+
+def _hardware(m: dict[str, Any]) -> tuple[Any, ...]:
+    """What makes two machines' timings incomparable (not the load at the start)."""
+    return m.get("cpu"), m.get("cores"), m.get("avx512_bf16"), m.get("amx_bf16"), m.get("torch")
 
 
 README = Path(__file__).resolve().parent.parent / "README.md"

@@ -158,7 +158,7 @@ def run(quick: bool = False) -> dict[str, Any]:
 
 
 def _run(quick: bool) -> dict[str, Any]:
-    shape, T, rounds = ("toy", 32, 1) if quick else ("gpt2", 1024, 2)
+    shape, T, rounds = ("toy", 32, 1) if quick else ("gpt2", 1024, 3)
     hf = _hf_model(shape, block_size=max(64, T))
     ids = torch.randint(0, hf.config.vocab_size, (1, T), generator=torch.Generator().manual_seed(1))
     with tempfile.TemporaryDirectory() as tmp:
