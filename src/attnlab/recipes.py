@@ -82,13 +82,13 @@ def _gpt2_recipe(dataset: Dataset) -> tuple[GPTConfig, TrainConfig]:
     model = GPTConfig.from_name("tiny", vocab_size=vocab)
     batch_size = 24
     one_pass = len(dataset.train) // (batch_size * model.block_size)
-    dtype = "bfloat16" if _fast_bf16() else "float32"
+    dtype = "bfloat16" if fast_bf16() else "float32"
     return model, TrainConfig(
         max_iters=min(max(700, one_pass), MAX_TEXT_STEPS), batch_size=batch_size, lr=4e-3,
         min_lr=4e-4, warmup_iters=50, eval_interval=100, dtype=dtype)
 
 
-def _fast_bf16() -> bool:
+def fast_bf16() -> bool:
     """bf16 matmuls in hardware: a CUDA GPU that has them, or a CPU with AVX512-BF16/AMX."""
     if torch.cuda.is_available():
         return torch.cuda.is_bf16_supported()
