@@ -47,6 +47,7 @@ def test_two_processes_follow_the_one_process_curve(tmp_path: Path, arch: str) -
         assert (step, name) == (step_b, name_b)
         assert abs(x - y) <= 1e-5, (step, name, x, y)
     assert two.stdout.count("saved") == 1  # only rank 0 speaks
+    assert "world    2 processes (torchrun" in two.stdout
     assert load_checkpoint(tmp_path / "two" / "ckpt").meta["world_size"] == 2
     if arch != "gpt2":
         return  # resume below does not depend on the blocks

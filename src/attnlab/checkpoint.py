@@ -120,7 +120,8 @@ def _resolve(directory: Path) -> Path:
         return found
     raise FileNotFoundError(
         f"checkpoint directory {directory} does not exist; train one with "
-        f"`attnlab train --out {directory.parent if directory.name == 'ckpt' else directory}`"
+        f"`attnlab train --out {directory.parent if directory.name == 'ckpt' else directory}`, "
+        "or pass a Hugging Face model directory (save_pretrained: config.json and weights)"
     )
 
 

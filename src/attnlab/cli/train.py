@@ -279,6 +279,10 @@ def _describe(dataset: Any, model_config: Any, train_config: Any) -> None:
     )
     steps = (f"{tc.time_budget} (steps fitted to the speed of the first "
              f"{UNTIMED_STEPS + CALIBRATION_STEPS})" if tc.time_budget else f"{tc.max_iters} steps")
+    world = int(os.environ.get("WORLD_SIZE", "1"))  # torchrun's
+    if world > 1:
+        print(f"world    {world} processes (torchrun, DistributedDataParallel): each step's "
+              f"{tc.batch_size} sequences split {tc.batch_size // world} per process")
     print(
         f"train    {steps} x {tc.batch_size * tc.grad_accum} sequences, "
         f"{tc.optimizer} lr {tc.lr:g}, {tc.dtype}"
