@@ -158,3 +158,27 @@ def test_save_hf_copies_the_tokenizer_files(tmp_path: Path) -> None:
     config = json.loads((tmp_path / "out" / "config.json").read_text())
     assert (config["bos_token_id"], config["eos_token_id"]) == (0, 1)
     logits_equal(hf, load_hf(tmp_path / "out"))
+
+
+def test_an_attnlab_checkpoint_of_a_hf_model_keeps_its_special_tokens(tmp_path: Path) -> None:
+    """load a Hugging Face directory, save it as an attnlab checkpoint, load that: the same
+    BOS is prepended, generation stops at the same EOS, pads with the same id."""
+    from attnlab.checkpoint import save_checkpoint
+
+    llama(tie=True).save_pretrained(tmp_path / "src")
+    write_tokenizer(tmp_path / "src")
+    (tmp_path / "src" / "generation_config.json").write_text(json.dumps({"eos_token_id": 10}))
+    ckpt = load_checkpoint(tmp_path / "src")
+    save_checkpoint(tmp_path / "ckpt", ckpt.model, ckpt.tokenizer)
+    again = load_checkpoint(tmp_path / "ckpt").tokenizer
+    before = ckpt.tokenizer
+    assert again.encode("the quick fox") == before.encode("the quick fox") == [0, 3, 4, 6]
+    assert (again.eot_id, again.pad_id) == (before.eot_id, before.pad_id) == (10, 2)
+    assert again.identity() == before.identity()
+
+    config = tmp_path / "ckpt" / "tokenizer_config.json"
+    broken = json.loads(config.read_text())
+    broken["special"]["add_bos"] = "yes"
+    config.write_text(json.dumps(broken))
+    with pytest.raises(ValueError, match=r"not a valid tokenizer config.*add_bos"):
+        load_checkpoint(tmp_path / "ckpt")

@@ -401,5 +401,15 @@ def _from_config(directory: Path, config: dict[str, Any]) -> Tokenizer:
     if kind in ("bpe", "hf"):
         tokenizer = HFTokenizer.from_file(directory / HF_FILE)
         tokenizer.name = str(config.get("hf_name", kind))
-        return tokenizer
+        special = config.get("special")  # a Hugging Face directory's BOS/EOS/pad
+        if special is None:
+            return tokenizer
+        from .hf.files import HFDirTokenizer
+
+        if not (isinstance(special, dict) and isinstance(special.get("add_bos"), bool) and all(
+                special.get(k) is None or isinstance(special.get(k), int)
+                for k in ("bos", "eos", "pad"))):
+            raise TypeError(f"'special' must hold int-or-null bos, eos, pad and a bool "
+                            f"add_bos, got {special!r}")
+        return HFDirTokenizer(tokenizer.backend, tokenizer.name, special)
     raise ValueError(f"unknown tokenizer type {kind!r}; expected char, word, byte, bpe or tiktoken")

@@ -14,6 +14,7 @@ nothing is ever downloaded. What the weights and fields mean is the families' bu
 
 from __future__ import annotations
 
+import hashlib
 import json
 import shutil
 from collections.abc import Sequence
@@ -157,6 +158,19 @@ class HFDirTokenizer(HFTokenizer):
     def encode(self, text: str) -> list[int]:
         ids = super().encode(text)
         return [self.bos_id, *ids] if self.add_bos and self.bos_id is not None else ids
+
+    def special(self) -> dict[str, Any]:
+        """The special tokens as `__init__` takes them (what a checkpoint saves)."""
+        return {"bos": self.bos_id, "eos": self.eot_id, "pad": self.pad_id,
+                "add_bos": self.add_bos}
+
+    def _config(self) -> dict[str, Any]:
+        # saved with an attnlab checkpoint, so the same BOS is prepended and EOS stops
+        return {**super()._config(), "special": self.special()}
+
+    def identity(self) -> str:  # encoded data differs with add_bos: keys its cache too
+        blob = json.dumps(self.special(), sort_keys=True)
+        return hashlib.sha256((self.backend.to_str() + blob).encode()).hexdigest()[:16]
 
 
 def load_hf_tokenizer(directory: str | Path, vocab_size: int | None = None) -> Tokenizer:
