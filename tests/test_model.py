@@ -338,6 +338,7 @@ def test_big_logits_in_huge_pages_are_the_same_numbers(
 ) -> None:
     """unembed: 64 MiB+ of logits without autograd go through mm(out=advised memory)."""
     import attnlab.model as model_module
+    import attnlab.runtime as runtime
 
     advised: list[int] = []
 
@@ -345,7 +346,7 @@ def test_big_logits_in_huge_pages_are_the_same_numbers(
         advised.append(t.numel())
         return t
 
-    monkeypatch.setattr(model_module, "advise_huge_pages", advise)
+    monkeypatch.setattr(runtime, "advise_huge_pages", advise)
     torch.manual_seed(0)
     head = torch.nn.Linear(32, 8192, bias=bias)
     x = torch.randn(2, 1100, 32)  # 2 * 1100 * 8192 * 4 bytes = 72 MB

@@ -31,7 +31,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from .layers import RMSNorm, apply_rotary
-from .runtime import advise_huge_pages
+from .runtime import advise_huge_pages, huge_page_out
 
 
 class LayerTrace(Protocol):
@@ -256,15 +256,6 @@ def _key_spans(may_attend: Tensor | None, T: int, S: int, rows: int) -> list[tup
     return spans
 
 
-def _kept(q: Tensor, k: Tensor, S: int) -> Tensor | None:
-    """Memory for a (B, nh, T, S) tensor a trace keeps, advised for huge pages (a fresh
-    48 MiB tensor otherwise takes ~12,000 page faults); None, for the plain op, where
-    autograd needs one."""
-    if torch.is_grad_enabled() and (q.requires_grad or k.requires_grad):
-        return None
-    return advise_huge_pages(q.new_empty(*q.shape[:3], S))
-
-
 def _traced_attend(
     q: Tensor,
     k: Tensor,
@@ -292,11 +283,14 @@ def _traced_attend(
     scores: Tensor | None = None  # (B, nh, T, S) masked raw scores, when the trace wants them
     spans = _key_spans(may_attend, T, S, BLOCK_ROWS)
     if trace.wants("attn_scores") or trace.wants("masked_scores"):
-        attn_scores = trace.record("attn_scores", torch.matmul(q, key_t, out=_kept(q, k, S)))
-        scores = attn_scores  # (B, nh, T, S)
+        # kept tensors of many MiB: in huge pages where autograd allows out=
+        shape = (B, nh, T, S)
+        attn_scores = trace.record("attn_scores", torch.matmul(
+            q, key_t, out=huge_page_out(shape, q, k)))  # (B, nh, T, S)
+        scores = attn_scores
         if mask.may_attend is not None:
             scores = torch.where(mask.may_attend, attn_scores, q.new_tensor(float("-inf")),
-                                 out=_kept(q, k, S))  # (B, nh, T, S)
+                                 out=huge_page_out(shape, q, k))  # (B, nh, T, S)
         made = scores
         scores = trace.record("masked_scores", scores)
         if scores is not made:  # edited: its -inf cells, not the mask's, say what is masked

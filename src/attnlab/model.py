@@ -23,7 +23,7 @@ from .config import GPTConfig
 from .decode import DecodeStep as DecodeStep  # re-exported: attnlab.model.DecodeStep
 from .kv_cache import KVCache
 from .layers import MLP, Rotary, make_norm, real_positions
-from .runtime import advise_huge_pages
+from .runtime import huge_page_out
 from .trace import EditSource, Seam, Trace
 
 
@@ -290,13 +290,13 @@ def unembed(head: nn.Linear, x: Tensor) -> Tensor:
     """x (B, T, C) -> head(x) (B, T, V). Without autograd, logits of 64 MiB and more (GPT-2
     at T=1024: 206 MB) go into memory advised for huge pages: one page fault per 2 MiB
     instead of per 4 KiB, 50,258 -> 691 faults and ~8% of the product's time here
-    (runtime.advise_huge_pages). The same kernel either way, so the same numbers."""
+    (runtime.huge_page_out). The same kernel either way, so the same numbers."""
     B, T, C = x.shape
     V = head.out_features
-    if (torch.is_grad_enabled() or torch.is_autocast_enabled(x.device.type)
-            or x.device.type != "cpu" or B * T * V * x.element_size() < _BIG_LOGITS):
+    big = B * T * V * x.element_size() >= _BIG_LOGITS
+    out = huge_page_out((B * T, V), x, head.weight) if big else None  # (B*T, V)
+    if out is None:
         return head(x)
-    out = advise_huge_pages(torch.empty(B * T, V, dtype=x.dtype))  # (B*T, V)
     x2 = x.reshape(B * T, C)  # (B*T, C)
     if head.bias is None:
         return torch.mm(x2, head.weight.t(), out=out).view(B, T, V)

@@ -20,6 +20,7 @@ import ctypes.util
 import functools
 import platform
 
+import torch
 from torch import Tensor
 
 # mallopt parameters, from glibc's malloc.h
@@ -63,6 +64,18 @@ def advise_huge_pages(tensor: Tensor) -> Tensor:
     end = (tensor.data_ptr() + nbytes) // _HUGE_PAGE * _HUGE_PAGE
     _libc().madvise(ctypes.c_void_p(start), ctypes.c_size_t(end - start), _MADV_HUGEPAGE)
     return tensor
+
+
+def huge_page_out(shape: tuple[int, ...], *inputs: Tensor) -> Tensor | None:
+    """Uninitialised memory of `shape` (inputs[0]'s dtype) for an op's `out=`, advised for
+    huge pages; None where the op should allocate its result itself: autograd records one of
+    `inputs` (`out=` is not differentiable), autocast picks the result's dtype, or they are
+    not on the CPU."""
+    like = inputs[0]
+    if like.device.type != "cpu" or torch.is_autocast_enabled("cpu") or (
+            torch.is_grad_enabled() and any(t.requires_grad for t in inputs)):
+        return None
+    return advise_huge_pages(like.new_empty(shape))
 
 
 @functools.cache
