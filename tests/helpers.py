@@ -26,6 +26,24 @@ def left_padded(
     return ids, mask
 
 
+@torch.no_grad()
+def assert_logits_match_hf(ours: Any, hf: Any, lengths: list[int], *, low: int = 1) -> None:
+    """Logits equal a transformers model's within 1e-4 (float32): one row of 20 ids in
+    [low, V), then a batch left-padded to `lengths` (HF given the real positions, as its
+    generate does), compared at the real tokens; and not bit-equal (two implementations)."""
+    V = ours.config.vocab_size
+    ids = torch.randint(low, V, (1, 20), generator=torch.Generator().manual_seed(0))
+    torch.testing.assert_close(ours(ids).logits, hf(ids).logits, atol=1e-4, rtol=0)
+
+    ids, mask = left_padded(lengths, vocab=V, low=1, seed=1)
+    positions = (mask.cumsum(-1) - 1).clamp(min=0)  # (B, P): the real positions
+    expected = hf(ids, attention_mask=mask, position_ids=positions).logits
+    got = ours(ids, attention_mask=mask).logits
+    real = mask.bool()  # pad positions' logits mean nothing; compare the real tokens
+    torch.testing.assert_close(got[real], expected[real], atol=1e-4, rtol=0)
+    assert (got[real] - expected[real]).abs().max() > 0  # two implementations, not one
+
+
 def one_head_model() -> Any:
     """Two attention-only layers of two heads; every q/k weight is 0, so attention is uniform
     over the causal keys. Token t embeds as e_t (dims 0-3). Only head 0 of layer 1 has values:

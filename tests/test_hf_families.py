@@ -18,7 +18,7 @@ import torch
 
 from attnlab import load_hf, save_hf
 from attnlab.generate import generate
-from helpers import left_padded
+from helpers import assert_logits_match_hf, left_padded
 
 transformers = pytest.importorskip("transformers")
 
@@ -104,20 +104,9 @@ def pair(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactor
     return hf, load_hf(directory), directory
 
 
-@torch.no_grad()
 def test_logits_equal_eager_single_and_left_padded(pair: tuple) -> None:
     hf, ours, _ = pair
-    V = ours.config.vocab_size
-    ids = torch.randint(1, V, (1, 20), generator=torch.Generator().manual_seed(0))
-    torch.testing.assert_close(ours(ids).logits, hf(ids).logits, atol=1e-4, rtol=0)
-
-    ids, mask = left_padded([5, 17, 11], vocab=V, low=1, seed=1)
-    positions = (mask.cumsum(-1) - 1).clamp(min=0)  # (B, P): the real positions
-    expected = hf(ids, attention_mask=mask, position_ids=positions).logits
-    got = ours(ids, attention_mask=mask).logits
-    real = mask.bool()  # pad positions' logits mean nothing; compare the real tokens
-    torch.testing.assert_close(got[real], expected[real], atol=1e-4, rtol=0)
-    assert (got[real] - expected[real]).abs().max() > 0  # two implementations, not one
+    assert_logits_match_hf(ours, hf, [5, 17, 11])
 
 
 def test_greedy_40_tokens_are_hugging_faces(pair: tuple) -> None:
