@@ -40,6 +40,22 @@ def test_round_trip_keeps_values_layout_and_tie(tie: bool, tmp_path: Path) -> No
     assert linears_laid_out(loaded) and (loaded.lm_head.weight is loaded.wte.weight) == tie
 
 
+def test_loading_imports_no_compiler(tmp_path: Path) -> None:
+    """load_checkpoint built the model on the meta device with its initial weights drawn
+    there, through torch._refs, which imported torch._dynamo and sympy: 2.6 s of every
+    command that loads a checkpoint (0.02 s without them)."""
+    import subprocess
+    import sys
+
+    path = save_checkpoint(tmp_path / "ckpt", _model(True), CharTokenizer.from_text("abc"))
+    code = ("import sys; from attnlab.checkpoint import load_checkpoint; "
+            f"load_checkpoint({str(path)!r}); "
+            "print([m for m in ('torch._dynamo', 'sympy') if m in sys.modules])")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         check=True).stdout
+    assert out.strip() == "[]"
+
+
 @pytest.mark.parametrize("kept", ["lm_head.weight", "wte.weight"])
 def test_row_major_files_load(kept: str, tmp_path: Path) -> None:
     """Checkpoints saved before GPT.lay_out_weights hold row-major weights, written by

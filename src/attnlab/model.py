@@ -11,11 +11,14 @@ module wires them, owns positions and the loss. Hugging Face weights: `hf.py`.
 from __future__ import annotations
 
 import math
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any, NamedTuple
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
+from torch.overrides import TorchFunctionMode
 
 from .attention import CausalSelfAttention, Mask, build_mask
 from .config import PRESETS as PRESETS  # re-exported: attnlab.model.PRESETS
@@ -306,9 +309,11 @@ def unembed(head: nn.Linear, x: Tensor) -> Tensor:
 def empty_gpt(config: GPTConfig) -> GPT:
     """GPT(config) on the CPU with uninitialised weights in its layout, ties kept: for loaders,
     which overwrite every weight (no time spent drawing an init they would discard)."""
-    with torch.device("meta"):
+    with _on_meta():
         model = GPT(config)
-    model = model.to_empty(device="cpu")  # keeps the meta tensors' strides: the layout holds
+    # to_empty(device="cpu"), but by empty_strided: empty_like of a meta tensor goes through
+    # torch._refs, which imports sympy (0.7 s); the meta tensors' strides (the layout) hold
+    model = model._apply(lambda t: torch.empty_strided(t.shape, t.stride(), dtype=t.dtype))
     if config.tie_weights:
         model.lm_head.weight = model.wte.weight  # to_empty gave each module its own tensor
     return model
@@ -317,8 +322,27 @@ def empty_gpt(config: GPTConfig) -> GPT:
 def count_params(config: GPTConfig) -> int:
     """Parameters of GPT(config), embeddings included, counted on the meta device (nothing
     allocated or initialised)."""
-    with torch.device("meta"):
+    with _on_meta():
         return GPT(config).num_params(non_embedding=False)
+
+
+class _SkipInit(TorchFunctionMode):
+    """torch.nn.init functions do nothing: on the meta device there is nothing to draw, and
+    normal_ there goes through torch._refs, whose first call imports torch._dynamo (1.8 s
+    of every command that loads a checkpoint, on a 2-core EPYC)."""
+
+    def __torch_function__(self, func: Any, types: Any, args: Any = (),
+                           kwargs: Any = None) -> Any:
+        if getattr(func, "__module__", None) == "torch.nn.init":
+            return args[0] if args else kwargs["tensor"]
+        return func(*args, **(kwargs or {}))
+
+
+@contextmanager
+def _on_meta() -> Iterator[None]:
+    """Build modules on the meta device without drawing their initial weights."""
+    with torch.device("meta"), _SkipInit():
+        yield
 
 
 def next_token_loss(logits: Tensor, targets: Tensor) -> Tensor:

@@ -3,7 +3,8 @@
 Every function takes plain tensors or arrays (what a `Trace` holds, already indexed to one
 sequence and head) and returns a matplotlib `Figure`; `save_figure` writes it as PNG and/or
 SVG and closes it. This module draws; `trace.py` captures and the CLI decides what to draw.
-The shared pieces (`heatmap`, tick labels, colorbars, `save_figure`) are `viz_core.py`'s.
+The shared pieces (`heatmap`, tick labels, colorbars) are `viz_core.py`'s, `save_figure`
+`viz_save.py`'s.
 
 Readable at any length: figure sizes are capped and tick labels thinned to the panel size
 (see `viz_core`). The per-head figures (`plot_attention`, `plot_attention_steps`,
@@ -30,10 +31,10 @@ from .viz_core import (
     _plt,
     _set_ticks,
     heatmap,
-    save_figure,
     to_list,
     token_label,
 )
+from .viz_save import save_figure
 
 if TYPE_CHECKING:
     from matplotlib.axes import Axes

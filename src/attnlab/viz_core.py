@@ -1,5 +1,5 @@
-"""What every figure module shares: the lazy matplotlib import, token tick labels, `heatmap`,
-colorbars and `save_figure`.
+"""What every figure module shares: the lazy matplotlib import, token tick labels, `heatmap`
+and colorbars (`save_figure` is viz_save.py's).
 
 `viz.py` draws attention and `viz_heads.py` interventions, both with these pieces; this
 module knows nothing of attention. Readable at any length: small matrices (up to
@@ -9,9 +9,9 @@ figures; larger ones get none, and tick labels are thinned to about `MAX_TICKS` 
 as a 0 or a colour.
 
 Cheap to write many of: `heatmap` refills an axes that already holds one (new values, same
-ticks), and `save_figure` lays a figure out once and draws it once per file, so a figure
-can be refilled and saved for head after head (`attnlab inspect` does) instead of being
-built and laid out anew.
+ticks, not set again when they are the same), so a figure can be refilled and saved for
+head after head (`attnlab inspect` does) instead of being built and laid out anew; a
+refilled figure's save pastes its unchanged tick labels (viz_save.py).
 
 matplotlib is the `viz` extra and is imported inside `_plt()`, with the Agg backend (no
 display needed).
@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -81,6 +80,10 @@ def _set_ticks(ax: Axes, axis: str, labels: Sequence[str] | None, n: int,
     else:
         text = [f"{i} {token_label(labels[i], 8)}" for i in where]
     size = 9 if n <= ANNOTATE_MAX else 7 if n <= 64 else 6
+    held = ax.__dict__.setdefault("_attnlab_ticks", {})
+    if held.get(axis) == (where, text, size):
+        return  # a refill with the same labels: setting them again costs more than a draw
+    held[axis] = (where, text, size)
     if axis == "x":
         # turn words sideways once they would collide; single characters and numbers fit
         turn = (len(where) > 4 and max(map(len, text)) > 2) or len(where) > 16
@@ -140,7 +143,8 @@ def heatmap(
         for text in list(ax.texts):
             text.remove()  # the values written for the previous matrix
         image.set_data(shown)
-        image.set_cmap(cmap)
+        if image.get_cmap().name != cmap:
+            image.set_cmap(cmap)
         # imshow's None: scale to the data
         image.set_clim(shown.min() if vmin is None else vmin,
                        shown.max() if vmax is None else vmax)
@@ -194,44 +198,6 @@ def _colorbar(fig: Figure, image: Any, ax: Any, label: str = "", **kwargs: Any) 
         image.colorbar.remove()  # gives its room back to `ax`, so the new bar sits the same
     bar = fig.colorbar(image, ax=ax, extend=extend, label=label, **kwargs)
     bar.ax.tick_params(labelsize=7)
-
-
-def save_figure(fig: Figure, path: str | Path, formats: Sequence[str] = ("png",), *,
-                close: bool = True) -> list[Path]:
-    """Write `fig` as path.png / path.svg (the suffix of `path` is replaced), then close it;
-    close=False keeps it open, e.g. to refill it and save the next head.
-
-    One layout and one draw per file. The figure's layout engine runs here and is then
-    switched off, so a refilled figure keeps the layout of its first save. The file holds
-    every artist with 0.1 in around, as with bbox_inches="tight", measured without the
-    draw savefig spends to measure it: with an engine on, or "tight", savefig draws every
-    figure twice. For a 48-token heatmap (AMD EPYC, 2 shared cores) a layout costs
-    100-220 ms, the measure 45, a draw 180 and the PNG 90.
-    """
-    plt = _plt()
-    bad = sorted(set(formats) - {"png", "svg"})
-    if bad or not formats:
-        plt.close(fig)
-        raise ValueError(f"figure formats {bad or list(formats)} not supported; use png, svg")
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    written = []
-    try:
-        engine = fig.get_layout_engine()
-        if engine is not None:
-            engine.execute(fig)
-            fig.set_layout_engine(None)
-        box = fig.get_tightbbox().padded(0.1)  # (inches) savefig's pad_inches
-        for fmt in formats:
-            target = path.with_suffix(f".{fmt}")
-            # zlib level 1: PNGs ~8% larger, written 2x faster than at the default 6
-            extra: dict[str, Any] = {"pil_kwargs": {"compress_level": 1}} if fmt == "png" else {}
-            fig.savefig(target, format=fmt, bbox_inches=box, **extra)
-            written.append(target)
-    finally:
-        if close:
-            plt.close(fig)
-    return written
 
 
 def to_list(x: ArrayLike, decimals: int = 5) -> Any:

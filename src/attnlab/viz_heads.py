@@ -1,9 +1,9 @@
 """Figures of interventions: detector scores and patching effects per layer and head, the
 residual stream's patching effects per position, and the logit lens's top tokens.
 
-`viz.py` draws attention and `viz_core.py` owns the shared pieces (`heatmap`, `save_figure`,
-the lazy matplotlib import); this module draws what `heads.py`, `patching.py` and `lens.py`
-return, as plain tensors in, a matplotlib `Figure` out.
+`viz.py` draws attention and `viz_core.py` / `viz_save.py` own the shared pieces (`heatmap`,
+the lazy matplotlib import, `save_figure`); this module draws what `heads.py`, `patching.py`
+and `lens.py` return, as plain tensors in, a matplotlib `Figure` out.
 """
 
 from __future__ import annotations
