@@ -138,6 +138,22 @@ def test_rows_stop_at_eot_and_are_padded_after() -> None:
     assert alone.shape[1] == 6 + first + 1  # a batch whose rows all ended stops early
 
 
+def test_any_of_several_eot_ids_ends_a_row() -> None:
+    """Llama 3.1 Instruct lists three EOS ids; a turn ends with the third (<|eot_id|>). With
+    only the first honoured, generation ran past the end of the answer."""
+    model = _model()
+    ids, mask = left_padded([3, 6], seed=2)
+    greedy = generate(model, ids, mask, max_new_tokens=10, temperature=0)
+    second = int(greedy[0, 6 + 1])  # row 0's second new token
+    never = next(i for i in range(64) if i not in greedy.tolist()[0] + greedy.tolist()[1])
+    out = generate(model, ids[:1], mask[:1], max_new_tokens=10, temperature=0,
+                   eot_id=[never, second])
+    first = greedy[0, 6:].tolist().index(second)
+    assert torch.equal(out[0], greedy[0, :6 + first + 1])  # ended at `second`, not padded on
+    assert torch.equal(generate(model, ids[:1], mask[:1], max_new_tokens=10, temperature=0,
+                                eot_id=(second,)), out)
+
+
 def test_prompt_past_block_size_errors_or_slides() -> None:
     model = _model(block_size=12)
     ids, mask = left_padded([7, 4], seed=5)

@@ -116,7 +116,9 @@ def test_tokenizer_takes_bos_and_eos_from_the_directory(tmp_path: Path) -> None:
     assert tokenizer.encode("the quick fox") == [0, 3, 4, 6]  # <s> prepended
     assert tokenizer.eot_id == 1  # </s>: generation stops there
     (tmp_path / "generation_config.json").write_text(json.dumps({"eos_token_id": [10, 1]}))
-    assert load_hf_tokenizer(tmp_path).eot_id == 10  # generation_config.json wins
+    tokenizer = load_hf_tokenizer(tmp_path)
+    assert tokenizer.eot_id == 10  # generation_config.json wins; it pads an ended row
+    assert tokenizer.stop_ids == (10, 1)  # each of its EOS ids ends a generation
     write_tokenizer(tmp_path, add_bos=False)
     assert load_hf_tokenizer(tmp_path).encode("the quick fox") == [3, 4, 6]
 
@@ -167,14 +169,18 @@ def test_an_attnlab_checkpoint_of_a_hf_model_keeps_its_special_tokens(tmp_path: 
 
     llama(tie=True).save_pretrained(tmp_path / "src")
     write_tokenizer(tmp_path / "src")
-    (tmp_path / "src" / "generation_config.json").write_text(json.dumps({"eos_token_id": 10}))
+    (tmp_path / "src" / "generation_config.json").write_text(
+        json.dumps({"eos_token_id": [10, 12]}))
     ckpt = load_checkpoint(tmp_path / "src")
     save_checkpoint(tmp_path / "ckpt", ckpt.model, ckpt.tokenizer)
     again = load_checkpoint(tmp_path / "ckpt").tokenizer
     before = ckpt.tokenizer
     assert again.encode("the quick fox") == before.encode("the quick fox") == [0, 3, 4, 6]
     assert (again.eot_id, again.pad_id) == (before.eot_id, before.pad_id) == (10, 2)
+    assert again.stop_ids == before.stop_ids == (10, 12)
     assert again.identity() == before.identity()
+    save_hf(tmp_path / "out", ckpt.model, again)  # exported: transformers stops at both
+    assert json.loads((tmp_path / "out" / "config.json").read_text())["eos_token_id"] == [10, 12]
 
     config = tmp_path / "ckpt" / "tokenizer_config.json"
     broken = json.loads(config.read_text())

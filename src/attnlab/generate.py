@@ -187,7 +187,7 @@ def stream(
     temperature: float = 1.0,
     top_k: int = 0,
     top_p: float = 1.0,
-    eot_id: int | None = None,
+    eot_id: int | Sequence[int] | None = None,
     pad_id: int | None = None,
     seed: int | None = None,
     generator: torch.Generator | None = None,
@@ -199,8 +199,9 @@ def stream(
     """Yield the new ids (B,) of each step as they are sampled, up to max_new_tokens steps.
 
     input_ids (B, P) with a left-padded attention_mask (B, P), 1 = token, 0 = pad. A row
-    that samples eot_id has ended: it yields pad_id (default eot_id) from then on, and the
-    loop stops early once every row has ended. seed gives a private generator, so the same
+    that samples eot_id (an id, or several: any of them) has ended: it yields pad_id
+    (default: the first eot id) from then on, and the loop stops early once every row has
+    ended. seed gives a private generator, so the same
     seed gives the same ids. vocab_size: sample only ids below it (a tokenizer smaller than
     the model's embedding table). row_seeds: one seed per row instead, each row drawing from
     its own generator, so a row's draws do not depend on which rows share its batch (one
@@ -223,8 +224,10 @@ def stream(
                       for s in row_seeds]
     if seed is not None:
         generator = torch.Generator(device=input_ids.device).manual_seed(seed)
-    pad = (eot_id if eot_id is not None else 0) if pad_id is None else pad_id
-    return _steps(model, input_ids, keep, config, eot_id, pad, generators or generator,
+    stops = [eot_id] if isinstance(eot_id, int) else list(eot_id or ())
+    pad = (stops[0] if stops else 0) if pad_id is None else pad_id
+    ends = torch.tensor(stops, dtype=torch.long, device=input_ids.device) if stops else None
+    return _steps(model, input_ids, keep, config, ends, pad, generators or generator,
                   vocab_size, edits)
 
 
@@ -234,7 +237,7 @@ def _steps(
     input_ids: Tensor,
     keep: Tensor | None,
     config: GenerationConfig,
-    eot_id: int | None,
+    eot_ids: Tensor | None,
     pad_id: int,
     generator: torch.Generator | list[torch.Generator] | None,
     vocab_size: int | None,
@@ -256,7 +259,7 @@ def _steps(
     window_mask = None if mask_buf is None else mask_buf[:, start:P]
     logits = prefill(model, tokens[:, start:P], window_mask, cache, edits)  # (B, V)
     decode = DecodeStep(model) if edits is None else None
-    ended = torch.zeros(B, dtype=torch.bool, device=device) if eot_id is not None else None
+    ended = torch.zeros(B, dtype=torch.bool, device=device)  # (B,) rows that sampled an eot
     for length in range(P, P + N):
         if vocab_size is not None:
             logits = logits[:, :vocab_size]  # (B, V')
@@ -269,13 +272,13 @@ def _steps(
         else:
             next_ids = sample(logits.float(), config.temperature, config.top_k, config.top_p,
                               generator)
-        if ended is not None:
+        if eot_ids is not None:
             next_ids = next_ids.masked_fill(ended, pad_id)  # (B,)
-            ended |= next_ids == eot_id
+            ended |= torch.isin(next_ids, eot_ids)
         tokens[:, length] = next_ids
         yield next_ids
         end = length + 1
-        if end == P + N or (ended is not None and bool(ended.all())):
+        if end == P + N or bool(ended.all()):
             return
         if cache.seq_len == cache.max_len:
             # Window full. Positions are learned absolute embeddings, so cached keys cannot be
@@ -300,7 +303,7 @@ def generate(
     temperature: float = 1.0,
     top_k: int = 0,
     top_p: float = 1.0,
-    eot_id: int | None = None,
+    eot_id: int | Sequence[int] | None = None,
     pad_id: int | None = None,
     seed: int | None = None,
     generator: torch.Generator | None = None,
@@ -310,7 +313,7 @@ def generate(
 ) -> Tensor:
     """Prompts (B, P) -> (B, P + n): the prompts followed by n <= max_new_tokens new ids.
 
-    n is smaller than max_new_tokens only when every row ended with eot_id; a row that ended
+    n is smaller than max_new_tokens only when every row ended with an eot id; a row that ended
     earlier is filled with pad_id after its eot. See `stream` for the arguments.
     """
     steps = list(stream(
@@ -351,9 +354,10 @@ def stream_text(
 
     Each row's generated ids are decoded whole and only the new suffix is emitted, so a
     character split over several byte-level tokens comes out once it is complete. A row ends
-    at the tokenizer's eot id (not emitted) or at a stop string (emitted up to it). sampling:
-    temperature, top_k, top_p, seed, row_seeds, sliding_window as for `stream`. Arguments are
-    checked here, before the first step (so a CLI can fail before it prints the prompt).
+    at one of the tokenizer's stop ids (not emitted) or at a stop string (emitted up to it).
+    sampling: temperature, top_k, top_p, seed, row_seeds, sliding_window as for `stream`.
+    Arguments are checked here, before the first step (so a CLI can fail before it prints
+    the prompt).
     edits: `intervene.Edits` applied at every step.
     """
     if isinstance(prompts, str):
@@ -372,7 +376,7 @@ def stream_text(
     device = model.wte.weight.device
     steps = stream(
         model, input_ids.to(device), attention_mask.to(device), max_new_tokens=max_new_tokens,
-        eot_id=tokenizer.eot_id, pad_id=tokenizer.pad_id, vocab_size=tokenizer.vocab_size,
+        eot_id=tokenizer.stop_ids, pad_id=tokenizer.pad_id, vocab_size=tokenizer.vocab_size,
         edits=edits, **sampling,  # type: ignore[arg-type]
     )
     return _text_pieces(steps, tokenizer, len(prompts), stops)
@@ -390,7 +394,7 @@ def _text_pieces(
         for b, token in enumerate(next_ids.tolist()):
             if done[b]:
                 continue
-            if token == tokenizer.eot_id:
+            if token in tokenizer.stop_ids:
                 done[b] = True
                 text, end = tokenizer.decode(ids[b]), None
             else:

@@ -168,7 +168,7 @@ async def _stream_events(
     step: Callable[[], Awaitable[int | None]],
     tokenizer: TextTokenizer,
     ids: list[int],
-    eot_id: int | None,
+    stop_ids: Sequence[int],
     reason: str,
     disconnected: Callable[[], Awaitable[bool]],
 ) -> AsyncIterator[bytes]:
@@ -184,7 +184,7 @@ async def _stream_events(
             token = await step()
             if token is None:
                 break
-            if token == eot_id:
+            if token in stop_ids:
                 reason = "eot"
                 break
             new.append(token)
@@ -235,7 +235,7 @@ def create_app(
             "tokenizer saved with this model"
         )
     model.eval()
-    eot_id = getattr(tokenizer, "eot_id", None)
+    stop_ids = tuple(getattr(tokenizer, "stop_ids", ()))
     model_lock = threading.Lock()  # one forward at a time: torch already uses every core
     static_files = {p.name: p for p in WEB_DIR.iterdir() if p.suffix in _CONTENT_TYPES}
     summary = model_summary(model, tokenizer, meta, limits)
@@ -398,14 +398,14 @@ def create_app(
         reason = "max_new_tokens" if new_tokens == body.max_new_tokens else "block_size"
         stream = token_stream(
             model, ids, max_new_tokens=new_tokens, temperature=body.temperature,
-            top_k=body.top_k, top_p=body.top_p, seed=body.seed, eot_id=eot_id,
+            top_k=body.top_k, top_p=body.top_p, seed=body.seed, eot_ids=stop_ids,
             vocab_size=tokenizer.vocab_size,  # a larger model vocabulary has ids it cannot decode
         )
 
         async def events() -> AsyncIterator[bytes]:
             try:
                 async for event in _stream_events(
-                    lambda: locked(lambda: next(stream, None)), tokenizer, ids, eot_id,
+                    lambda: locked(lambda: next(stream, None)), tokenizer, ids, stop_ids,
                     reason, request.is_disconnected,
                 ):
                     yield event

@@ -45,6 +45,12 @@ class Tokenizer(ABC):
     eot_id: int | None = None  # end-of-text id, if the vocabulary has one
     pad_id: int = 0  # id placed at padding positions (masked out, any valid id works)
 
+    @property
+    def stop_ids(self) -> tuple[int, ...]:
+        """Ids that end a generation: eot_id, or every EOS a Hugging Face directory lists
+        (Llama 3.1 Instruct's generation_config: <|end_of_text|>, <|eom_id|>, <|eot_id|>)."""
+        return () if self.eot_id is None else (self.eot_id,)
+
     @abstractmethod
     def encode(self, text: str) -> list[int]: ...
 
@@ -406,10 +412,12 @@ def _from_config(directory: Path, config: dict[str, Any]) -> Tokenizer:
             return tokenizer
         from .hf.files import HFDirTokenizer
 
+        eos = special.get("eos") if isinstance(special, dict) else None
         if not (isinstance(special, dict) and isinstance(special.get("add_bos"), bool) and all(
                 special.get(k) is None or isinstance(special.get(k), int)
-                for k in ("bos", "eos", "pad"))):
-            raise TypeError(f"'special' must hold int-or-null bos, eos, pad and a bool "
-                            f"add_bos, got {special!r}")
+                for k in ("bos", "pad")) and (eos is None or isinstance(eos, int) or (
+                isinstance(eos, list) and eos and all(isinstance(i, int) for i in eos)))):
+            raise TypeError(f"'special' must hold int-or-null bos and pad, an int, a list of "
+                            f"ints or null eos and a bool add_bos, got {special!r}")
         return HFDirTokenizer(tokenizer.backend, tokenizer.name, special)
     raise ValueError(f"unknown tokenizer type {kind!r}; expected char, word, byte, bpe or tiktoken")

@@ -22,7 +22,7 @@ class TextTokenizer(Protocol):
     """What the server needs from a tokenizer (`attnlab.tokenizers.Tokenizer` has it).
 
     `encode` raises ValueError for text it cannot encode; `pieces` gives one display
-    string per token. Optional: `name` (shown on the page) and `eot_id` (ends generation).
+    string per token. Optional: `name` (shown on the page) and `stop_ids` (end generation).
     """
 
     @property
@@ -89,14 +89,14 @@ def token_stream(
     top_k: int | None,
     top_p: float | None,
     seed: int | None,
-    eot_id: int | None,
+    eot_ids: Sequence[int],
     vocab_size: int,
 ) -> Iterator[int]:
     """New token ids, one per `next()`, from `generate.stream` (KV cache, sampling, eot)."""
     idx = torch.tensor([ids], dtype=torch.long, device=model.wte.weight.device)  # (1, P)
     steps = generate_stream(
         model, idx, max_new_tokens=max_new_tokens, temperature=temperature, top_k=top_k or 0,
-        top_p=1.0 if top_p is None else top_p, seed=seed, eot_id=eot_id, vocab_size=vocab_size,
+        top_p=1.0 if top_p is None else top_p, seed=seed, eot_id=eot_ids, vocab_size=vocab_size,
     )
     return (int(next_ids[0]) for next_ids in steps)
 

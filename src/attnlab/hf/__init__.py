@@ -105,7 +105,7 @@ def family_for_config(config: GPTConfig) -> Family:
 
 
 def config_to_hf(config: GPTConfig, *, family: Family | None = None,
-                 special: Mapping[str, int | None] | None = None) -> dict[str, Any]:
+                 special: Mapping[str, int | list[int] | None] | None = None) -> dict[str, Any]:
     """config.json dict for `config` as `family` (default: family_for_config)."""
     family = family or family_for_config(config)
     misfits = family.misfits(config)
@@ -184,9 +184,11 @@ def save_hf(path: str | Path, model: GPT, tokenizer: Tokenizer | None = None, *,
     `AutoModelForCausalLM.from_pretrained(path)` loads the same model. The family is the
     first one that expresses the config exactly (`family_for_config`) unless given."""
     family = family or family_for_config(model.config)
-    special: dict[str, int | None] = {}
+    special: dict[str, int | list[int] | None] = {}
     if tokenizer is not None:
-        special = {"bos": getattr(tokenizer, "bos_id", None), "eos": tokenizer.eot_id}
+        stops = list(tokenizer.stop_ids)
+        special = {"bos": getattr(tokenizer, "bos_id", None),
+                   "eos": stops if len(stops) > 1 else tokenizer.eot_id}
     config = config_to_hf(model.config, family=family, special=special)
     weights = family.weights.to_hf(model.state_dict(), model.config)
     sources = [tokenizer.source] if isinstance(tokenizer, HFDirTokenizer) and tokenizer.source \

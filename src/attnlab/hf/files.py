@@ -114,18 +114,20 @@ def _read_json(path: Path) -> dict[str, Any]:
 
 
 def special_token_ids(directory: Path, tokenizer: HFTokenizer) -> dict[str, Any]:
-    """{"bos": id, "eos": id, "pad": id, "add_bos": bool} from generation_config.json (ids
-    win), tokenizer_config.json (token strings) and config.json; absent ones are None."""
+    """{"bos": id, "eos": id or [ids], "pad": id, "add_bos": bool} from
+    generation_config.json (ids win), tokenizer_config.json (token strings) and config.json;
+    absent ones are None. "eos" is a list when the directory lists several."""
     generation = _read_json(directory / GENERATION_CONFIG)
     tok_config = _read_json(directory / TOKENIZER_CONFIG)
     model_config = _read_json(directory / CONFIG_FILE)
 
-    def token_id(kind: str) -> int | None:
+    def token_id(kind: str) -> int | list[int] | None:
         for source in (generation, model_config):
             value = source.get(f"{kind}_token_id")
-            if isinstance(value, list):  # several stop ids: attnlab stops at one, the first
-                value = value[0] if value else None
-            if isinstance(value, int):
+            if isinstance(value, list):  # several EOS ids: generation stops at any of them
+                value = [i for i in value if isinstance(i, int)]
+                value = value if kind == "eos" and len(value) > 1 else (value or [None])[0]
+            if isinstance(value, int | list):
                 return value
         token = tok_config.get(f"{kind}_token")
         if isinstance(token, dict):  # {"content": "<s>", ...}
@@ -147,8 +149,11 @@ class HFDirTokenizer(HFTokenizer):
         super().__init__(backend, name=name)
         self.source = source  # the directory it came from: save_hf copies its files
         self.bos_id: int | None = special["bos"]
-        if special["eos"] is not None:
-            self.eot_id = special["eos"]
+        eos = special["eos"]
+        self.eos_ids: tuple[int, ...] = tuple(eos) if isinstance(eos, list) else (
+            () if eos is None else (eos,))
+        if self.eos_ids:
+            self.eot_id = self.eos_ids[0]  # pads an ended row; the others stop it too
         pad = special["pad"] if special["pad"] is not None else self.eot_id
         self.pad_id = pad if pad is not None else 0
         probe = list(backend.encode("a").ids)
@@ -159,10 +164,14 @@ class HFDirTokenizer(HFTokenizer):
         ids = super().encode(text)
         return [self.bos_id, *ids] if self.add_bos and self.bos_id is not None else ids
 
+    @property
+    def stop_ids(self) -> tuple[int, ...]:
+        return self.eos_ids or super().stop_ids
+
     def special(self) -> dict[str, Any]:
         """The special tokens as `__init__` takes them (what a checkpoint saves)."""
-        return {"bos": self.bos_id, "eos": self.eot_id, "pad": self.pad_id,
-                "add_bos": self.add_bos}
+        eos = list(self.eos_ids) if len(self.eos_ids) > 1 else self.eot_id
+        return {"bos": self.bos_id, "eos": eos, "pad": self.pad_id, "add_bos": self.add_bos}
 
     def _config(self) -> dict[str, Any]:
         # saved with an attnlab checkpoint, so the same BOS is prepended and EOS stops
