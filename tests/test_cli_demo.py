@@ -121,6 +121,43 @@ def test_inspect_builds_one_figure_per_kind_and_draws_each_file_once(
     assert drawn.call_count == len(WHAT)  # the second head's file pastes the first's axes
 
 
+@pytest.mark.parametrize("chosen", [[0, 1, 2, 3], [2, 3], [1, 3]])
+def test_inspect_qkv_of_grouped_query_heads_shows_the_key_value_head_they_read(
+    tmp_path: Path, chosen: list[int]
+) -> None:
+    """With 4 query heads over 2 key/value heads, --what qkv indexed k and v by query head:
+    IndexError for heads 2 and 3 (Llama, Qwen, Mistral directories all failed)."""
+    from attnlab import viz
+    from attnlab.trace import Trace
+
+    tok = CharTokenizer(sorted(set("abcdefgh ")))
+    torch.manual_seed(0)
+    model = GPT(GPTConfig.from_name("nano", vocab_size=tok.vocab_size, block_size=16,
+                                    n_head=4, n_kv_head=2)).eval()
+    path = save_checkpoint(tmp_path / "ckpt", model, tok)
+    shown: list[tuple[torch.Tensor, ...]] = []
+    plot_qkv = viz.plot_qkv
+
+    def spy(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *args: object,
+            **kwargs: object) -> object:
+        shown.append((q, k, v, kwargs["title"]))
+        return plot_qkv(q, k, v, *args, **kwargs)  # type: ignore[arg-type]
+
+    with mock.patch.object(viz, "plot_qkv", spy):
+        assert main(["inspect", str(path), "abc deh", "--out", str(tmp_path / "out"),
+                     "--what", "qkv", "--layer", "1",
+                     "--head", ",".join(map(str, chosen))]) == 0
+    trace = Trace(names=["q", "k", "v"])
+    with torch.no_grad():
+        model(torch.tensor([tok.encode("abc deh")]), trace=trace)
+    assert len(shown) == len(chosen)
+    for h, (q, k, v, title) in zip(chosen, shown, strict=True):
+        assert torch.equal(q, trace.get("q", 1)[0, h])
+        assert torch.equal(k, trace.get("k", 1)[0, h // 2])  # heads 0-1 read 0, 2-3 read 1
+        assert torch.equal(v, trace.get("v", 1)[0, h // 2])
+        assert f"key/value head {h // 2}, read by heads {h // 2 * 2}-{h // 2 * 2 + 1}" in title
+
+
 def test_inspect_help_lists_every_kind(capsys: pytest.CaptureFixture[str]) -> None:
     with pytest.raises(SystemExit):
         main(["inspect", "--help"])

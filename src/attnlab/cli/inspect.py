@@ -132,8 +132,14 @@ def run(args: argparse.Namespace) -> int:
     def save(fig: Any, stem: str, close: bool = True) -> None:
         written.extend(viz.save_figure(fig, out / stem, formats, close=close))
 
+    group = c.n_head // (c.n_kv_head or c.n_head)  # query heads per key/value head (GQA)
+    kv_kept = sorted({h // group for h in heads})  # the k/v heads the trace kept
+
     def head_of(name: str, layer: int, h: int) -> Any:
-        return trace.get(name, layer)[0, heads.index(h)]  # (T, S) or (T, hs)
+        """Query head h's (T, S) or (T, hs) tensor; for k / v, the key/value head it reads."""
+        if name in ("k", "v"):
+            return trace.get(name, layer)[0, kv_kept.index(h // group)]
+        return trace.get(name, layer)[0, heads.index(h)]
 
     pairs = [(la, h) for la in layers for h in heads]
     for kind in kinds:
@@ -153,7 +159,8 @@ def run(args: argparse.Namespace) -> int:
         else:
             fig = None  # one figure per kind, refilled head after head: its ticks built once
             for i, (la, h) in enumerate(pairs):
-                fig, stem = _head_figure(kind, fig, head_of, la, h, tokens, query, _scale(c))
+                fig, stem = _head_figure(kind, fig, head_of, la, h, tokens, query, _scale(c),
+                                         group)
                 save(fig, stem, close=i == len(pairs) - 1)
 
     record = {
@@ -192,9 +199,10 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _head_figure(kind: str, into: Any, head_of: Callable[[str, int, int], Any], la: int,
-                 h: int, tokens: list[str], query: int, scale: float) -> tuple[Any, str]:
+                 h: int, tokens: list[str], query: int, scale: float,
+                 group: int = 1) -> tuple[Any, str]:
     """The figure of `kind` for layer `la`, head `h` (`into` refilled when given), and the
-    name of its file."""
+    name of its file. group: query heads per key/value head (grouped-query attention)."""
     from .. import viz
 
     where = f"layer {la}, head {h}"
@@ -211,6 +219,9 @@ def _head_figure(kind: str, into: Any, head_of: Callable[[str, int, int], Any], 
             head_of("attn_weights", la, h), tokens, scale=scale, title=where, into=into,
         ), f"steps_L{la}_H{h}"
     if kind == "qkv":
+        if group > 1:
+            kv, first = h // group, h // group * group
+            where += f" (k and v: key/value head {kv}, read by heads {first}-{first + group - 1})"
         return viz.plot_qkv(head_of("q", la, h), head_of("k", la, h), head_of("v", la, h),
                             tokens, context=head_of("context", la, h), title=where,
                             into=into), f"qkv_L{la}_H{h}"
