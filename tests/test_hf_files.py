@@ -188,3 +188,36 @@ def test_an_attnlab_checkpoint_of_a_hf_model_keeps_its_special_tokens(tmp_path: 
     config.write_text(json.dumps(broken))
     with pytest.raises(ValueError, match=r"not a valid tokenizer config.*add_bos"):
         load_checkpoint(tmp_path / "ckpt")
+
+
+def test_patch_answers_are_read_without_the_bos(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A directory whose tokenizer prepends <s> made every --answer two tokens ("is 2
+    tokens; give exactly one token"); the answer continues the prompt, so no BOS."""
+    llama(tie=True).save_pretrained(tmp_path)
+    write_tokenizer(tmp_path)
+    tokenizer = load_hf_tokenizer(tmp_path)
+    assert tokenizer.encode("fox") == [0, 6] and tokenizer.encode_continuation("fox") == [6]
+    assert main(["patch", str(tmp_path), "--clean", "the quick brown", "--corrupt",
+                 "the lazy brown", "--answer", "fox", "--wrong", "dog",
+                 "--out", str(tmp_path / "patch")]) == 0
+    record = json.loads((tmp_path / "patch" / "patch.json").read_text())
+    assert record["answer"] == {"text": "fox", "id": 6}  # what was patched, in the JSON too
+    assert record["wrong"] == {"text": "dog", "id": 10}
+
+
+def test_a_word_without_its_leading_space_is_named_with_the_fix() -> None:
+    from attnlab.cli import CLIError
+    from attnlab.cli.patch import _one_token
+    from attnlab.tokenizers import WordTokenizer
+
+    class Spaced(WordTokenizer):  # GPT-2-like: " jumps" is one token, "jumps" two
+        def encode_continuation(self, text: str) -> list[int]:
+            return [7] if text == " jumps" else [1, 2]
+
+    tok = Spaced(["a", "b"])
+    with pytest.raises(CLIError, match=r"'jumps' is 2 tokens; .*' jumps' \(with its leading "
+                                       r"space\) is one token"):
+        _one_token(tok, "jumps", "--answer")
+    assert _one_token(tok, " jumps", "--answer") == 7

@@ -61,6 +61,11 @@ class Tokenizer(ABC):
     def _config(self) -> dict[str, Any]:
         """JSON-serialisable state for `save` (plus "type")."""
 
+    def encode_continuation(self, text: str) -> list[int]:
+        """Ids of `text` as it reads after other text: without the BOS or other special
+        tokens a tokenizer puts at the start of a sequence (a patching answer, one token)."""
+        return self.encode(text)
+
     def pieces(self, ids: Sequence[int]) -> list[str]:
         """One display string per token, for heatmap axes (" World", "\\n")."""
         return [_display(self.decode([i])) for i in ids]
@@ -248,6 +253,11 @@ class HFTokenizer(Tokenizer):
     def encode(self, text: str) -> list[int]:
         _utf8(self.name, text)  # the Rust side takes only valid Unicode (TypeError otherwise)
         return list(self.backend.encode(text).ids)
+
+    def encode_continuation(self, text: str) -> list[int]:
+        _utf8(self.name, text)
+        # no post-processor template (Llama 3's tokenizer.json adds <|begin_of_text|>)
+        return list(self.backend.encode(text, add_special_tokens=False).ids)
 
     def decode(self, ids: Sequence[int]) -> str:
         _check_ids(self.name, ids, self.vocab_size)  # unknown ids would vanish silently

@@ -9,8 +9,12 @@ from __future__ import annotations
 import argparse
 import json
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from . import CLIError
+
+if TYPE_CHECKING:
+    from ..tokenizers import Tokenizer
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
@@ -30,10 +34,18 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
     return parser
 
 
-def _one_token(tok: object, text: str, flag: str) -> int:
-    ids = tok.encode(text)  # type: ignore[attr-defined]
+def _one_token(tok: Tokenizer, text: str, flag: str) -> int:
+    """The id of `text` as the next token of a prompt (no BOS), or a CLIError that says
+    when a word needs its leading space to be one token (GPT-2, Llama: ' jumps')."""
+    ids = tok.encode_continuation(text)
     if len(ids) != 1:
-        raise CLIError(f"{flag} {text!r} is {len(ids)} tokens; give exactly one token")
+        spaced, hint = " " + text, ""
+        try:
+            if not text.startswith(" ") and len(tok.encode_continuation(spaced)) == 1:
+                hint = f"; {spaced!r} (with its leading space) is one token"
+        except ValueError:  # a space outside the vocabulary
+            pass
+        raise CLIError(f"{flag} {text!r} is {len(ids)} tokens; give exactly one token{hint}")
     return int(ids[0])
 
 
@@ -72,8 +84,10 @@ def run(args: argparse.Namespace) -> int:
         print(f"residual entering layer {layer}: {row}")
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    (out / "patch.json").write_text(json.dumps({**result.to_dict(), "tokens": tokens},
-                                               indent=2) + "\n")
+    record = {"clean": args.clean, "corrupt": args.corrupt,
+              "answer": {"text": args.answer, "id": answer},
+              "wrong": {"text": args.wrong, "id": wrong}, **result.to_dict(), "tokens": tokens}
+    (out / "patch.json").write_text(json.dumps(record, indent=2) + "\n")
     paths = save_figure(plot_patching(result.heads, result.resid, tokens), out / "patch.png")
     print(f"wrote {out / 'patch.json'} and {', '.join(str(p) for p in paths)}")
     return 0
