@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from dataclasses import dataclass
+from dataclasses import InitVar, dataclass
 from typing import Any
 
 from .layers import GELUS, MLPS, NORMS, check_rope_scaling
@@ -54,8 +54,13 @@ class GPTConfig:
     parallel_residual: bool = False  # x + attn(ln_1(x)) + mlp(ln_2(x)) (GPT-NeoX)
     sliding_window: int | None = None  # query i sees keys i - sliding_window < j <= i
     window_layers: list[int] | None = None  # layers with the window; None = all
+    layer_norm: InitVar[bool | None] = None  # old spelling of norm: True/False
 
-    def __post_init__(self) -> None:
+    def __post_init__(self, layer_norm: bool | None) -> None:
+        if layer_norm is not None:  # configs saved before `norm`
+            self.norm = "layernorm" if layer_norm else "none"
+        if isinstance(self.mlp, bool):  # configs saved before mlp was a kind
+            self.mlp = "gelu" if self.mlp else "none"
         positive = ("vocab_size", "block_size", "n_layer", "n_head", "n_embd")
         for name in positive:
             value = getattr(self, name)
@@ -153,15 +158,14 @@ class GPTConfig:
         values = dict(values)
         if isinstance(values.get("mlp"), bool):
             values["mlp"] = "gelu" if values["mlp"] else "none"
-        if isinstance(values.get("layer_norm"), bool):
-            layer_norm = values.pop("layer_norm")
-            values.setdefault("norm", "layernorm" if layer_norm else "none")
+        if isinstance(values.get("layer_norm"), bool) and "norm" not in values:
+            values["norm"] = "layernorm" if values.pop("layer_norm") else "none"
         return values
 
     @classmethod
     def from_dict(cls, values: dict[str, Any]) -> GPTConfig:
         values = cls.upgrade(values)
-        known = {f.name for f in dataclasses.fields(cls)}
+        known = {f.name for f in dataclasses.fields(cls)} | {"layer_norm"}
         unknown = sorted(set(values) - known)
         if unknown:
             raise ValueError(f"unknown GPTConfig fields {unknown}; known fields: {sorted(known)}")
