@@ -159,8 +159,10 @@ class _Blit:
             children = [a for a in ax.get_children()
                         if a is not ax.patch and a not in self.static and a.get_visible()]
             drawn += sorted(children, key=lambda a: a.get_zorder())
-        drawn += [t for t in fig.texts if t.get_visible()]
-        return drawn
+        # the figure's own artists (suptitle, legends, ...): all but its background
+        rest = [a for a in fig.get_children()
+                if a is not fig.patch and a not in fig.axes and a.get_visible()]
+        return drawn + sorted(rest, key=lambda a: a.get_zorder())
 
     def _box(self, dynamic: list[Any], renderer: Any) -> tuple[int, int, int, int]:
         """The crop box in whole pixels: every artist's extent, padded, within the canvas."""
