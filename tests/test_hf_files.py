@@ -221,3 +221,54 @@ def test_a_word_without_its_leading_space_is_named_with_the_fix() -> None:
                                        r"space\) is one token"):
         _one_token(tok, "jumps", "--answer")
     assert _one_token(tok, " jumps", "--answer") == 7
+
+
+def sentencepiece_like(directory: Path) -> None:
+    """Llama 2's / Mistral's tokenizer.json shape: words carry a "▁" for their space, and
+    the decoder strips the space of a text's first word."""
+    tk = tokenizers
+    words = ["<unk>", "<s>", "</s>", "▁The", "▁capital", "▁of", "▁France", "▁is", "▁Paris"]
+    backend = tk.Tokenizer(tk.models.WordLevel({w: i for i, w in enumerate(words)},
+                                               unk_token="<unk>"))
+    backend.pre_tokenizer = tk.pre_tokenizers.Metaspace(replacement="▁", prepend_scheme="first")
+    backend.decoder = tk.decoders.Sequence([tk.decoders.Replace("▁", " "), tk.decoders.Fuse(),
+                                            tk.decoders.Strip(" ", 1, 0)])
+    backend.add_special_tokens(words[:3])
+    directory.mkdir(parents=True, exist_ok=True)
+    backend.save(str(directory / "tokenizer.json"))
+    (directory / "tokenizer_config.json").write_text(json.dumps(
+        {"bos_token": "<s>", "eos_token": "</s>", "add_bos_token": True}))
+
+
+def test_a_completion_keeps_the_space_its_first_word_carries(tmp_path: Path) -> None:
+    """Decoded alone, "▁Paris" is "Paris": the CLI printed "The capital of France isParis"
+    and the viewer streamed the same. New ids are decoded as they continue the prompt."""
+    import asyncio
+
+    from attnlab.generate import _text_pieces
+    from attnlab.server import _stream_events
+
+    sentencepiece_like(tmp_path)
+    tok = load_hf_tokenizer(tmp_path)
+    prompt = tok.encode("The capital of France is")  # [<s>, ▁The, ..., ▁is]
+    paris, the = tok.encode_continuation("Paris") + tok.encode_continuation("The")
+    assert tok.decode([paris]) == "Paris"  # the decoder strips a text's first space
+    assert tok.decode_continuation([paris], prompt) == " Paris"
+    steps = iter([torch.tensor([paris]), torch.tensor([the])])
+    assert list(_text_pieces(steps, tok, [prompt], [])) == [[" Paris"], [" The"]]
+
+    async def events() -> list[str]:
+        new = iter([paris, the, None])
+
+        async def step() -> int | None:
+            return next(new)
+
+        async def gone() -> bool:
+            return False
+
+        return [e.decode() async for e in _stream_events(step, tok, prompt, (2,),
+                                                          "max_new_tokens", gone)]
+
+    streamed = asyncio.run(events())
+    assert '"text": " Paris"' in streamed[0] and '"text": " The"' in streamed[1]
+    assert '"text": " Paris The"' in streamed[-1]  # the done event's whole completion

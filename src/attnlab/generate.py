@@ -379,13 +379,21 @@ def stream_text(
         eot_id=tokenizer.stop_ids, pad_id=tokenizer.pad_id, vocab_size=tokenizer.vocab_size,
         edits=edits, **sampling,  # type: ignore[arg-type]
     )
-    return _text_pieces(steps, tokenizer, len(prompts), stops)
+    prompt_ids = [row[keep].tolist() for row, keep in zip(input_ids, attention_mask.bool(),
+                                                           strict=True)]
+    return _text_pieces(steps, tokenizer, prompt_ids, stops)
 
 
 def _text_pieces(
-    steps: Iterator[Tensor], tokenizer: Tokenizer, B: int, stops: list[str]
+    steps: Iterator[Tensor], tokenizer: Tokenizer, prompts: list[list[int]], stops: list[str]
 ) -> Iterator[list[str]]:
-    """`stream_text`'s loop: each step's ids (B,) -> each row's new text."""
+    """`stream_text`'s loop: each step's ids (B,) -> each row's new text (decoded as it
+    continues the row's prompt ids)."""
+    B = len(prompts)
+
+    def decode(b: int) -> str:
+        return tokenizer.decode_continuation(ids[b], prompts[b])
+
     ids: list[list[int]] = [[] for _ in range(B)]
     emitted = [0] * B  # characters of each row's text already yielded
     done = [False] * B
@@ -396,10 +404,10 @@ def _text_pieces(
                 continue
             if token in tokenizer.stop_ids:
                 done[b] = True
-                text, end = tokenizer.decode(ids[b]), None
+                text, end = decode(b), None
             else:
                 ids[b].append(token)
-                text = tokenizer.decode(ids[b])
+                text = decode(b)
                 hits = [i for i in (text.find(s, max(0, emitted[b] - len(s))) for s in stops)
                         if i >= 0]
                 end = min(hits) if hits else None
@@ -412,7 +420,7 @@ def _text_pieces(
         if all(done):
             return
     # max_new_tokens reached: flush what was held back for a stop string that never came
-    tail = [tokenizer.decode(ids[b])[emitted[b]:] if not done[b] else "" for b in range(B)]
+    tail = [decode(b)[emitted[b]:] if not done[b] else "" for b in range(B)]
     if any(tail):
         yield tail
 

@@ -179,6 +179,11 @@ async def _stream_events(
     """
     new: list[int] = []
     sent = ""
+    continuation = getattr(tokenizer, "decode_continuation", None)
+
+    def decode() -> str:  # the new ids as they continue the prompt (keeps a leading space)
+        return continuation(new, ids) if continuation else tokenizer.decode(new)
+
     try:
         while not await disconnected():
             token = await step()
@@ -188,13 +193,13 @@ async def _stream_events(
                 reason = "eot"
                 break
             new.append(token)
-            text = tokenizer.decode(new)
+            text = decode()
             delta = "" if text.endswith("\ufffd") else text[len(sent):]
             sent += delta
             yield _sse("token", {"id": token, "text": delta})
         else:
             return  # the client left: nobody to tell
-        text = tokenizer.decode(new)
+        text = decode()
         if text[len(sent):]:
             yield _sse("token", {"id": None, "text": text[len(sent):]})
         yield _sse("done", {"ids": ids + new, "new_tokens": len(new), "reason": reason,

@@ -37,6 +37,9 @@ def _display(piece: str) -> str:
     return piece.replace("\n", "\\n").replace("\t", "\\t").replace("\r", "\\r")
 
 
+CONTEXT_IDS = 8  # ids of context decode_continuation decodes before the new ones
+
+
 class Tokenizer(ABC):
     """Maps text to ids and back. Subclasses set `name`, `vocab_size`, `eot_id`, `pad_id`."""
 
@@ -65,6 +68,18 @@ class Tokenizer(ABC):
         """Ids of `text` as it reads after other text: without the BOS or other special
         tokens a tokenizer puts at the start of a sequence (a patching answer, one token)."""
         return self.encode(text)
+
+    def decode_continuation(self, ids: Sequence[int], context: Sequence[int]) -> str:
+        """The text `ids` add after `context` (the ids before them, e.g. the prompt).
+
+        Decoded after the last few context ids and cut after their text: sentencepiece
+        tokenizers (Llama 2, Mistral) drop the space of a "▁Paris" that starts a text, so
+        decoding a completion alone gives "isParis" where the model wrote "is Paris"."""
+        tail = list(context[-CONTEXT_IDS:])
+        if not tail:
+            return self.decode(ids)
+        before, text = self.decode(tail), self.decode([*tail, *ids])
+        return text[len(before):] if text.startswith(before) else self.decode(ids)
 
     def pieces(self, ids: Sequence[int]) -> list[str]:
         """One display string per token, for heatmap axes (" World", "\\n")."""

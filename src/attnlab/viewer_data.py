@@ -22,7 +22,8 @@ class TextTokenizer(Protocol):
     """What the server needs from a tokenizer (`attnlab.tokenizers.Tokenizer` has it).
 
     `encode` raises ValueError for text it cannot encode; `pieces` gives one display
-    string per token. Optional: `name` (shown on the page) and `stop_ids` (end generation).
+    string per token. Optional: `name` (shown on the page), `stop_ids` (end generation) and
+    `decode_continuation` (new ids decoded after the prompt's).
     """
 
     @property
