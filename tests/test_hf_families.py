@@ -146,3 +146,31 @@ def test_bfloat16_load_runs_close_to_float32(pair: tuple) -> None:
     assert torch.isfinite(low).all()
     scale = full.abs().max()
     assert (low - full).abs().max() < 0.1 * scale  # bfloat16 keeps ~3 significant digits
+
+
+@torch.no_grad()
+def test_a_mistral_without_a_window_exports_as_mistral_when_asked(tmp_path: Path) -> None:
+    """Mistral v0.2+ has sliding_window null: the same computation as Llama, which is what
+    save_hf picks by default; family="mistral" (the loaded directory's meta) keeps the
+    family. It was refused ("needs sliding_window set")."""
+    import json
+
+    from attnlab.hf import family_of
+
+    torch.manual_seed(0)
+    config = transformers.MistralConfig(**SMALL, num_key_value_heads=2, sliding_window=None,
+                                        initializer_range=0.2)
+    hf = transformers.MistralForCausalLM(config).eval()
+    hf.save_pretrained(tmp_path / "src")
+    model = load_hf(tmp_path / "src")
+    source = family_of(json.loads((tmp_path / "src" / "config.json").read_text())).name
+    assert source == "mistral"  # what load_checkpoint puts in meta["family"]
+    ids = torch.randint(1, config.vocab_size, (2, 20), generator=torch.Generator())
+    for family, kind in ((None, "LlamaForCausalLM"), (source, "MistralForCausalLM")):
+        out = tmp_path / str(family)
+        save_hf(out, model, family=family)
+        reloaded = transformers.AutoModelForCausalLM.from_pretrained(out).eval()
+        assert type(reloaded).__name__ == kind
+        torch.testing.assert_close(reloaded(ids).logits, hf(ids).logits, atol=1e-4, rtol=0)
+    with pytest.raises(ValueError, match="unknown family 'mistrel'; choose one of"):
+        save_hf(tmp_path / "bad", model, family="mistrel")

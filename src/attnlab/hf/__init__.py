@@ -179,10 +179,19 @@ def load_hf_checkpoint(
 
 
 def save_hf(path: str | Path, model: GPT, tokenizer: Tokenizer | None = None, *,
-            family: Family | None = None) -> Path:
+            family: Family | str | None = None) -> Path:
     """Write config.json + model.safetensors (+ the tokenizer's files) so that transformers'
-    `AutoModelForCausalLM.from_pretrained(path)` loads the same model. The family is the
-    first one that expresses the config exactly (`family_for_config`) unless given."""
+    `AutoModelForCausalLM.from_pretrained(path)` loads the same model.
+
+    family: a Family or its name ("llama", "mistral", ...; a loaded directory's is
+    `load_checkpoint(dir).meta["family"]`); default: the first family that expresses the
+    config exactly (`family_for_config`), e.g. Llama for a Mistral without a window (v0.2+),
+    the same computation."""
+    if isinstance(family, str):
+        by_name = {f.name: f for f in FAMILIES}
+        if family not in by_name:
+            raise ValueError(f"unknown family {family!r}; choose one of {sorted(by_name)}")
+        family = by_name[family]
     family = family or family_for_config(model.config)
     special: dict[str, int | list[int] | None] = {}
     if tokenizer is not None:

@@ -120,7 +120,6 @@ def _mistral_misfits(c: GPTConfig) -> list[str]:
     return llama_like_misfits(
         c, **{"qk_norm=False": not c.qk_norm, "bias=False": not c.bias,
               "qkv_bias=False": not qkv_bias_of(c), "out_bias=False": not out_bias_of(c),
-              "sliding_window set": c.sliding_window is not None,
               "window_layers=None": c.window_layers is None},
     )
 
