@@ -146,7 +146,8 @@ def test_cli_reads_a_llama_directory(
     args = ["inspect", str(tmp_path / "hf"), "the quick fox", "--out", str(tmp_path / "figs"),
             "--layer", "0", "--head", "0", "--what", "weights"]
     assert main(args) == 0
-    assert "4 tokens: '<s>' 'the' 'quick' 'fox'" in capsys.readouterr().out
+    # tokens as they read in the text (this decoder joins words with spaces)
+    assert "4 tokens: '<s>' ' the' ' quick' ' fox'" in capsys.readouterr().out
 
 
 def test_save_hf_copies_the_tokenizer_files(tmp_path: Path) -> None:
@@ -269,6 +270,9 @@ def test_a_completion_keeps_the_space_its_first_word_carries(tmp_path: Path) -> 
         return [e.decode() async for e in _stream_events(step, tok, prompt, (2,),
                                                           "max_new_tokens", gone)]
 
+    # labels on figures, the viewer and lens: each token as it reads in the text
+    assert tok.pieces([*prompt, paris]) == ["<s>", " The", " capital", " of", " France", " is",
+                                            " Paris"]
     streamed = asyncio.run(events())
     assert '"text": " Paris"' in streamed[0] and '"text": " The"' in streamed[1]
     assert '"text": " Paris The"' in streamed[-1]  # the done event's whole completion

@@ -81,9 +81,15 @@ class Tokenizer(ABC):
         before, text = self.decode(tail), self.decode([*tail, *ids])
         return text[len(before):] if text.startswith(before) else self.decode(ids)
 
+    def token_texts(self, ids: Sequence[int]) -> list[str]:
+        """Each token's text as it reads in `ids`: decoded after the ids before it, so a
+        sentencepiece "▁Paris" keeps the space that decoding it alone drops."""
+        return [self.decode_continuation([i], ids[max(0, k - CONTEXT_IDS):k])
+                for k, i in enumerate(ids)]
+
     def pieces(self, ids: Sequence[int]) -> list[str]:
         """One display string per token, for heatmap axes (" World", "\\n")."""
-        return [_display(self.decode([i])) for i in ids]
+        return [_display(text) for text in self.token_texts(ids)]
 
     def encode_batch(self, texts: Sequence[str]) -> tuple[Tensor, Tensor]:
         """Left-padded (input_ids, attention_mask), both (B, T) long; mask 1 = token, 0 = pad.
@@ -277,11 +283,6 @@ class HFTokenizer(Tokenizer):
     def decode(self, ids: Sequence[int]) -> str:
         _check_ids(self.name, ids, self.vocab_size)  # unknown ids would vanish silently
         return str(self.backend.decode(list(ids), skip_special_tokens=False))
-
-    def pieces(self, ids: Sequence[int]) -> list[str]:
-        _check_ids(self.name, ids, self.vocab_size)
-        # byte-level pieces map "Ġ" to a space etc.; decode one by one for readable labels
-        return [_display(self.backend.decode([i], skip_special_tokens=False)) for i in ids]
 
     def save(self, directory: str | Path) -> None:
         super().save(directory)

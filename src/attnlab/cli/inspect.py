@@ -110,7 +110,7 @@ def run(args: argparse.Namespace) -> int:
     if len(ids) > c.block_size:
         raise CLIError(f"the text is {len(ids)} tokens, the model reads at most "
                        f"block_size={c.block_size}; shorten it")
-    tokens = [tok.decode([i]) for i in ids]
+    tokens = tok.token_texts(ids)
     T = len(ids)
     query = args.query + T if args.query < 0 else args.query
     if not 0 <= query < T:

@@ -45,7 +45,7 @@ def run(args: argparse.Namespace) -> int:
         raise CLIError("TEXT has no tokens")
     lens = logit_lens(model, torch.tensor([ids]))[:, 0]  # (L + 1, T, V)
     probs, top = top_tokens(lens[..., :tok.vocab_size], args.top_k)  # (L + 1, T, k)
-    tokens = [tok.decode([i]) for i in ids]
+    tokens = tok.token_texts(ids)
     names = ["emb"] + [f"layer {i}" for i in range(lens.shape[0] - 1)]
     words = [[[tok.decode([int(i)]) for i in cell] for cell in row] for row in top.tolist()]
     print("position token  " + "  ".join(f"{n:>14s}" for n in names))

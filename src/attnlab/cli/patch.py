@@ -78,7 +78,7 @@ def run(args: argparse.Namespace) -> int:
     ranked = sorted(((float(result.heads[la, h]), la, h) for la in range(L) for h in range(H)),
                     reverse=True)
     print("heads by effect: " + ", ".join(f"{la}.{h} {e:+.2f}" for e, la, h in ranked[:5]))
-    tokens = [tok.decode([i]) for i in clean]
+    tokens = tok.token_texts(clean)
     for layer in range(L):
         row = " ".join(f"{float(e):+.2f}" for e in result.resid[layer])
         print(f"residual entering layer {layer}: {row}")
