@@ -132,7 +132,10 @@ def test_cli_reads_a_llama_directory(
     ckpt = load_checkpoint(tmp_path / "hf")  # what info / inspect / serve / generate call
     assert ckpt.meta["family"] == "llama" and ckpt.model.config.vocab_size == 64
     assert main(["info", str(tmp_path / "hf")]) == 0
-    assert "vocab 64" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert "vocab 64" in out
+    # what generation will do with the directory's special tokens, before it is tried
+    assert "(13 ids); generation stops at '</s>' (1); '<s>' (0) prepended" in out
     ids = torch.tensor([ckpt.tokenizer.encode("the quick")])  # (1, 3), <s> first
     expected = hf.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=6,
                            min_new_tokens=6, do_sample=False, eos_token_id=None, pad_token_id=2)

@@ -32,7 +32,10 @@ def run(args: argparse.Namespace) -> int:
         "path": str(ckpt.path),
         "config": model.config.to_dict(),
         "parameters": model.num_params(non_embedding=False),
-        "tokenizer": {"name": ckpt.tokenizer.name, "vocab_size": ckpt.tokenizer.vocab_size},
+        "tokenizer": {"name": ckpt.tokenizer.name, "vocab_size": ckpt.tokenizer.vocab_size,
+                      "stop_ids": list(ckpt.tokenizer.stop_ids),
+                      "bos_id": getattr(ckpt.tokenizer, "bos_id", None),
+                      "adds_bos": bool(getattr(ckpt.tokenizer, "add_bos", False))},
         "step": meta.get("step"),
         "val_loss": meta.get("val_loss"),
         "dataset": meta.get("dataset"),
@@ -51,7 +54,8 @@ def run(args: argparse.Namespace) -> int:
     print("config      " + ", ".join(f"{k}={v}" for k, v in c.items()))
     if meta.get("family"):
         print(f"family      {meta['architecture']} (Hugging Face {meta['family']} directory)")
-    print(f"tokenizer   {info['tokenizer']['name']} ({info['tokenizer']['vocab_size']} ids)")
+    print(f"tokenizer   {info['tokenizer']['name']} ({info['tokenizer']['vocab_size']} ids)"
+          + _specials(ckpt.tokenizer, info["tokenizer"]))
     if info["step"] is not None:
         val = "" if info["val_loss"] is None else f", val loss {info['val_loss']:.4f}"
         if meta.get("val_bpb") is not None:
@@ -61,3 +65,16 @@ def run(args: argparse.Namespace) -> int:
         print("train       " + ", ".join(f"{k}={v}" for k, v in train_config.items()))
     print(f"resumable   {'yes' if info['resumable'] else 'no (no training state saved)'}")
     return 0
+
+
+def _specials(tok: Any, about: dict[str, Any]) -> str:
+    """"; generation stops at '</s>' (2); '<s>' (1) prepended" for the tokenizer line."""
+    def named(i: int) -> str:
+        return f"{tok.decode([i])!r} ({i})"
+
+    text = ""
+    if about["stop_ids"]:
+        text += "; generation stops at " + " or ".join(map(named, about["stop_ids"]))
+    if about["adds_bos"] and about["bos_id"] is not None:
+        text += f"; {named(about['bos_id'])} prepended"
+    return text
