@@ -445,5 +445,11 @@ def _from_config(directory: Path, config: dict[str, Any]) -> Tokenizer:
                 isinstance(eos, list) and eos and all(isinstance(i, int) for i in eos)))):
             raise TypeError(f"'special' must hold int-or-null bos and pad, an int, a list of "
                             f"ints or null eos and a bool add_bos, got {special!r}")
-        return HFDirTokenizer(tokenizer.backend, tokenizer.name, special)
+        chat = config.get("chat")  # the directory's chat template, if it had one
+        if chat is not None and not (isinstance(chat, dict)
+                                     and isinstance(chat.get("template"), str)
+                                     and isinstance(chat.get("tokens"), dict)):
+            raise TypeError(f"'chat' must hold a str template and a dict of tokens, got "
+                            f"{chat!r}")
+        return HFDirTokenizer(tokenizer.backend, tokenizer.name, special, chat=chat)
     raise ValueError(f"unknown tokenizer type {kind!r}; expected char, word, byte, bpe or tiktoken")

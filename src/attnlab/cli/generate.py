@@ -77,6 +77,13 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
     )
     parser.add_argument("--threads", type=int, help="CPU threads for torch")
     parser.add_argument(
+        "--chat", action="store_true",
+        help="send each prompt as a user message in the model's chat template (an "
+        "instruct model's tokenizer_config.json), as transformers' apply_chat_template "
+        "does; prints the answer",
+    )
+    parser.add_argument("--system", help="with --chat: a system message before each prompt")
+    parser.add_argument(
         "--ablate", metavar="L.H[,L.H]",
         help="zero these heads' outputs while generating, e.g. 0.1,1.3 (see attnlab heads)",
     )
@@ -129,6 +136,20 @@ def _row_seed(seed: int, index: int) -> int:
     return int(np.random.SeedSequence([seed, index]).generate_state(1, np.uint64)[0] >> 1)
 
 
+def _chat_prompts(tokenizer: Any, prompts: list[str], args: argparse.Namespace) -> list[str]:
+    """Each prompt as a user message (after --system) in the tokenizer's chat template."""
+    if not callable(getattr(tokenizer, "chat_prompt", None)) or not tokenizer.chat:
+        raise CLIError(f"--chat: {args.checkpoint}'s tokenizer has no chat template "
+                       "(tokenizer_config.json 'chat_template' or chat_template.jinja); "
+                       "drop --chat to continue the text as it is")
+    system = [] if args.system is None else [{"role": "system", "content": args.system}]
+    try:
+        return [tokenizer.chat_prompt([*system, {"role": "user", "content": p}])
+                for p in prompts]
+    except ValueError as err:
+        raise CLIError(f"--chat: {err}") from None
+
+
 def _unescape(stop: str) -> str:
     return stop.replace("\\n", "\n").replace("\\t", "\t")
 
@@ -144,9 +165,12 @@ def run(args: argparse.Namespace) -> int:
         torch.set_num_threads(args.threads)
     if args.batch_size < 1:
         raise CLIError(f"--batch-size {args.batch_size} must be >= 1")
-    prompts = _read_prompts(args)
+    shown = _read_prompts(args)  # what the user wrote: echoed before each completion
     ckpt = load_any(args.checkpoint, args.device)
     model, tokenizer = ckpt.model.to(getattr(torch, args.dtype)), ckpt.tokenizer
+    prompts = _chat_prompts(tokenizer, shown, args) if args.chat else shown
+    if args.system is not None and not args.chat:
+        raise CLIError("--system goes with --chat (a system message in the chat template)")
     max_new_tokens = args.max_new_tokens
     if max_new_tokens is None and args.sliding_window:
         max_new_tokens = 200
@@ -181,7 +205,7 @@ def run(args: argparse.Namespace) -> int:
     start, produced = time.perf_counter(), 0
     if args.prompt_file is None:
         streamed = completions(prompts)  # checks the request before the prompt is echoed
-        sys.stdout.write(prompts[0])
+        sys.stdout.write(shown[0] + "\n" if args.chat else shown[0])
         sys.stdout.flush()
         for pieces in streamed:
             produced = min(produced + 1, max_new_tokens)  # the last yield may only flush text
@@ -198,9 +222,10 @@ def run(args: argparse.Namespace) -> int:
                 steps = min(steps + 1, max_new_tokens)
                 texts = [t + p for t, p in zip(texts, pieces, strict=True)]
             produced += steps * len(batch)
-            for i, (prompt, completion) in enumerate(zip(batch, texts, strict=True)):
+            for i, completion in enumerate(texts):
                 print(f"=== prompt {first + i + 1}/{len(prompts)}")
-                print(prompt + completion)
+                prompt = shown[first + i]
+                print(f"{prompt}\n{completion}" if args.chat else prompt + completion)
     seconds = time.perf_counter() - start
     rate = produced / max(seconds, 1e-9)
     print(f"[{produced} new tokens in {seconds:.2f} s, {rate:,.1f} tokens/s]", file=sys.stderr)

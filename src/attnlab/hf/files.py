@@ -33,8 +33,8 @@ TORCH_FILE = "pytorch_model.bin"
 GENERATION_CONFIG = "generation_config.json"
 TOKENIZER_CONFIG = "tokenizer_config.json"
 # copied next to an exported model when the source directory has them
-TOKENIZER_FILES = ("tokenizer.json", TOKENIZER_CONFIG, "special_tokens_map.json",
-                   GENERATION_CONFIG, "vocab.json", "merges.txt")
+TOKENIZER_FILES = ("tokenizer.json", TOKENIZER_CONFIG, "chat_template.jinja",
+                   "special_tokens_map.json", GENERATION_CONFIG, "vocab.json", "merges.txt")
 
 
 def is_hf_dir(path: str | Path) -> bool:
@@ -145,9 +145,11 @@ class HFDirTokenizer(HFTokenizer):
     tokenizer.json post-processor does not already add it (as transformers encodes)."""
 
     def __init__(self, backend: Any, name: str, special: dict[str, Any],
-                 source: Path | None = None) -> None:
+                 source: Path | None = None, chat: dict[str, Any] | None = None) -> None:
         super().__init__(backend, name=name)
         self.source = source  # the directory it came from: save_hf copies its files
+        # {"template": Jinja text, "tokens": {"bos_token": "<s>", ...}} or None (hf/chat.py)
+        self.chat = chat
         self.bos_id: int | None = special["bos"]
         eos = special["eos"]
         self.eos_ids: tuple[int, ...] = tuple(eos) if isinstance(eos, list) else (
@@ -173,9 +175,24 @@ class HFDirTokenizer(HFTokenizer):
         eos = list(self.eos_ids) if len(self.eos_ids) > 1 else self.eot_id
         return {"bos": self.bos_id, "eos": eos, "pad": self.pad_id, "add_bos": self.add_bos}
 
+    def chat_prompt(self, messages: Sequence[dict[str, str]], *,
+                    add_generation_prompt: bool = True) -> str:
+        """The text of `messages` in the directory's chat template, as transformers'
+        apply_chat_template renders it, less the BOS text `encode` adds by itself (so
+        encode(chat_prompt(m)) gives apply_chat_template's ids, with one BOS)."""
+        if not self.chat:
+            raise ValueError(f"tokenizer {self.name!r} has no chat template "
+                             "(tokenizer_config.json 'chat_template' or chat_template.jinja)")
+        from .chat import render_chat
+
+        text = render_chat(self.chat["template"], messages, special=self.chat["tokens"],
+                           add_generation_prompt=add_generation_prompt)
+        lead = self.decode(self.encode(""))  # what encode puts before any text: "<s>"
+        return text[len(lead):] if lead and text.startswith(lead) else text
+
     def _config(self) -> dict[str, Any]:
         # saved with an attnlab checkpoint, so the same BOS is prepended and EOS stops
-        return {**super()._config(), "special": self.special()}
+        return {**super()._config(), "special": self.special(), "chat": self.chat}
 
     def identity(self) -> str:  # encoded data differs with add_bos: keys its cache too
         blob = json.dumps(self.special(), sort_keys=True)
@@ -187,9 +204,15 @@ def load_hf_tokenizer(directory: str | Path, vocab_size: int | None = None) -> T
     + merges.txt, or (GPT-2's 50257 ids only) tiktoken's gpt2 encoding cached offline."""
     directory = Path(directory)
     if (directory / "tokenizer.json").is_file():
+        from .chat import read_chat_template, special_token_texts
+
         plain = HFTokenizer.from_file(directory / "tokenizer.json")
         special = special_token_ids(directory, plain)
-        return HFDirTokenizer(plain.backend, plain.name, special, source=directory)
+        tok_config = _read_json(directory / TOKENIZER_CONFIG)
+        template = read_chat_template(directory, tok_config)
+        chat = None if template is None else {"template": template,
+                                              "tokens": special_token_texts(tok_config)}
+        return HFDirTokenizer(plain.backend, plain.name, special, source=directory, chat=chat)
     if (directory / "vocab.json").is_file() and (directory / "merges.txt").is_file():
         tk = _import_tokenizers()
         backend = tk.Tokenizer(tk.models.BPE.from_file(

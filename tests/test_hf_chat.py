@@ -1,0 +1,100 @@
+"""hf/chat.py and `generate --chat`: a directory's chat template renders and encodes as
+transformers' apply_chat_template does (one BOS), survives an attnlab checkpoint, and the
+CLI sends prompts through it."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from attnlab.checkpoint import load_checkpoint, save_checkpoint
+from attnlab.cli import main
+from attnlab.generate import generate_text
+from attnlab.hf import load_hf_tokenizer
+
+transformers = pytest.importorskip("transformers")
+tokenizers = pytest.importorskip("tokenizers")
+
+WORDS = ["<s>", "</s>", "<|im_start|>", "<|im_end|>", "<pad>", "system", "user", "assistant",
+         "you", "are", "kind", "what", "is", "a", "cat", "?", "\n"]
+CHATML = ("{% for m in messages %}{{ '<|im_start|>' + m['role'] + '\\n' + m['content'] + "
+          "'<|im_end|>' + '\\n' }}{% endfor %}"
+          "{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}")
+# Llama 3 style: the template writes the BOS itself; the tokenizer also adds one
+WITH_BOS = ("{{ bos_token }}{% for m in messages %}{% if m['role'] == 'system' and not "
+            "loop.first %}{{ raise_exception('system first') }}{% endif %}"
+            "{{ m['role'] + ' ' + m['content'] + ' ' + eos_token + ' ' }}{% endfor %}"
+            "{% if add_generation_prompt %}{{ 'assistant ' }}{% endif %}")
+MESSAGES = [{"role": "system", "content": "you are kind"},
+            {"role": "user", "content": "what is a cat ?"}]
+
+
+def write_dir(directory: Path, template: str, add_bos: bool) -> None:
+    tk = tokenizers
+    backend = tk.Tokenizer(tk.models.WordLevel({w: i for i, w in enumerate(WORDS)},
+                                               unk_token="<pad>"))
+    backend.pre_tokenizer = tk.pre_tokenizers.Split(tk.Regex(r"\s+|\n"), "removed")
+    backend.add_special_tokens(WORDS[:5])
+    directory.mkdir(parents=True, exist_ok=True)
+    backend.save(str(directory / "tokenizer.json"))
+    (directory / "tokenizer_config.json").write_text(json.dumps({
+        "bos_token": "<s>", "eos_token": "</s>", "pad_token": "<pad>",
+        "add_bos_token": add_bos, "chat_template": template,
+        "tokenizer_class": "PreTrainedTokenizerFast"}))
+
+
+def hf_ids(directory: Path) -> list[int]:
+    hf = transformers.AutoTokenizer.from_pretrained(directory)
+    out = hf.apply_chat_template(MESSAGES, tokenize=True, add_generation_prompt=True)
+    return list(out["input_ids"] if isinstance(out, dict) or hasattr(out, "keys") else out)
+
+
+@pytest.mark.parametrize("template, add_bos", [(CHATML, False), (WITH_BOS, True)])
+def test_chat_prompt_renders_and_encodes_as_transformers_does(
+    tmp_path: Path, template: str, add_bos: bool
+) -> None:
+    write_dir(tmp_path, template, add_bos)
+    tok = load_hf_tokenizer(tmp_path)
+    hf = transformers.AutoTokenizer.from_pretrained(tmp_path)
+    text = hf.apply_chat_template(MESSAGES, tokenize=False, add_generation_prompt=True)
+    ours = tok.chat_prompt(MESSAGES)
+    assert ours == (text[len("<s>"):] if add_bos else text)  # encode adds the BOS itself
+    ids = tok.encode(ours)
+    assert ids == hf_ids(tmp_path)
+    assert ids.count(0) == (1 if add_bos else 0)  # one BOS, not two
+    if template is WITH_BOS:  # raise_exception, as transformers defines it
+        with pytest.raises(ValueError, match="the chat template refused these messages: "
+                                             "system first"):
+            tok.chat_prompt([MESSAGES[1], MESSAGES[0]])
+
+
+def test_generate_chat_sends_the_prompt_through_the_template(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    torch.manual_seed(0)
+    config = transformers.LlamaConfig(
+        vocab_size=len(WORDS), hidden_size=32, intermediate_size=48, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
+        bos_token_id=0, eos_token_id=3, pad_token_id=4, initializer_range=0.2)
+    transformers.LlamaForCausalLM(config).eval().save_pretrained(tmp_path / "hf")
+    write_dir(tmp_path / "hf", CHATML, add_bos=False)
+    ckpt = load_checkpoint(tmp_path / "hf")
+    args = ["generate", str(tmp_path / "hf"), "what is a cat ?", "--chat", "--system",
+            "you are kind", "--max-new-tokens", "5", "--temperature", "0"]
+    assert main(args) == 0
+    answer = generate_text(ckpt.model, ckpt.tokenizer, [ckpt.tokenizer.chat_prompt(MESSAGES)],
+                           max_new_tokens=5, temperature=0)[0]
+    assert capsys.readouterr().out == "what is a cat ?\n" + answer + "\n"
+
+    save_checkpoint(tmp_path / "ckpt", ckpt.model, ckpt.tokenizer)  # the template is kept
+    assert load_checkpoint(tmp_path / "ckpt").tokenizer.chat_prompt(MESSAGES) == \
+        ckpt.tokenizer.chat_prompt(MESSAGES)
+
+    (tmp_path / "hf" / "tokenizer_config.json").write_text(json.dumps({"bos_token": "<s>"}))
+    assert main([*args[:3], "--chat"]) == 1
+    assert "tokenizer has no chat template" in capsys.readouterr().err
+    assert main([*args[:3], "--system", "hi"]) == 1
+    assert "--system goes with --chat" in capsys.readouterr().err
