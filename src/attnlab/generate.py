@@ -278,7 +278,8 @@ def _steps(
         tokens[:, length] = next_ids
         yield next_ids
         end = length + 1
-        if end == P + N or bool(ended.all()):
+        # without eot ids nothing ends a row: no device sync per step to ask
+        if end == P + N or (eot_ids is not None and bool(ended.all())):
             return
         if cache.seq_len == cache.max_len:
             # Window full. Positions are learned absolute embeddings, so cached keys cannot be

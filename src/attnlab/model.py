@@ -315,7 +315,7 @@ def empty_gpt(config: GPTConfig) -> GPT:
     # torch._refs, which imports sympy (0.7 s); the meta tensors' strides (the layout) hold
     model = model._apply(lambda t: torch.empty_strided(t.shape, t.stride(), dtype=t.dtype))
     if config.tie_weights:
-        model.lm_head.weight = model.wte.weight  # to_empty gave each module its own tensor
+        model.lm_head.weight = model.wte.weight  # _apply gave each module its own tensor
     return model
 
 

@@ -433,23 +433,9 @@ def _from_config(directory: Path, config: dict[str, Any]) -> Tokenizer:
     if kind in ("bpe", "hf"):
         tokenizer = HFTokenizer.from_file(directory / HF_FILE)
         tokenizer.name = str(config.get("hf_name", kind))
-        special = config.get("special")  # a Hugging Face directory's BOS/EOS/pad
-        if special is None:
+        if config.get("special") is None:
             return tokenizer
-        from .hf.files import HFDirTokenizer
+        from .hf.files import HFDirTokenizer  # a Hugging Face directory's: BOS/EOS/pad, chat
 
-        eos = special.get("eos") if isinstance(special, dict) else None
-        if not (isinstance(special, dict) and isinstance(special.get("add_bos"), bool) and all(
-                special.get(k) is None or isinstance(special.get(k), int)
-                for k in ("bos", "pad")) and (eos is None or isinstance(eos, int) or (
-                isinstance(eos, list) and eos and all(isinstance(i, int) for i in eos)))):
-            raise TypeError(f"'special' must hold int-or-null bos and pad, an int, a list of "
-                            f"ints or null eos and a bool add_bos, got {special!r}")
-        chat = config.get("chat")  # the directory's chat template, if it had one
-        if chat is not None and not (isinstance(chat, dict)
-                                     and isinstance(chat.get("template"), str)
-                                     and isinstance(chat.get("tokens"), dict)):
-            raise TypeError(f"'chat' must hold a str template and a dict of tokens, got "
-                            f"{chat!r}")
-        return HFDirTokenizer(tokenizer.backend, tokenizer.name, special, chat=chat)
+        return HFDirTokenizer.from_saved(tokenizer, config)
     raise ValueError(f"unknown tokenizer type {kind!r}; expected char, word, byte, bpe or tiktoken")

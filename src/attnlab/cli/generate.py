@@ -165,12 +165,12 @@ def run(args: argparse.Namespace) -> int:
         torch.set_num_threads(args.threads)
     if args.batch_size < 1:
         raise CLIError(f"--batch-size {args.batch_size} must be >= 1")
+    if args.system is not None and not args.chat:
+        raise CLIError("--system goes with --chat (a system message in the chat template)")
     shown = _read_prompts(args)  # what the user wrote: echoed before each completion
     ckpt = load_any(args.checkpoint, args.device)
     model, tokenizer = ckpt.model.to(getattr(torch, args.dtype)), ckpt.tokenizer
     prompts = _chat_prompts(tokenizer, shown, args) if args.chat else shown
-    if args.system is not None and not args.chat:
-        raise CLIError("--system goes with --chat (a system message in the chat template)")
     max_new_tokens = args.max_new_tokens
     if max_new_tokens is None and args.sliding_window:
         max_new_tokens = 200

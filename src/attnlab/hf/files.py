@@ -194,6 +194,26 @@ class HFDirTokenizer(HFTokenizer):
         # saved with an attnlab checkpoint, so the same BOS is prepended and EOS stops
         return {**super()._config(), "special": self.special(), "chat": self.chat}
 
+    @classmethod
+    def from_saved(cls, plain: HFTokenizer, config: dict[str, Any]) -> HFDirTokenizer:
+        """The tokenizer `_config` saved (its tokenizer.json already read into `plain`);
+        TypeError naming a malformed "special" or "chat"."""
+        special, chat = config["special"], config.get("chat")
+        eos = special.get("eos") if isinstance(special, dict) else None
+        eos_ok = eos is None or isinstance(eos, int) or (
+            isinstance(eos, list) and bool(eos) and all(isinstance(i, int) for i in eos))
+        if not (isinstance(special, dict) and isinstance(special.get("add_bos"), bool)
+                and all(special.get(k) is None or isinstance(special.get(k), int)
+                        for k in ("bos", "pad")) and eos_ok):
+            raise TypeError(f"'special' must hold int-or-null bos and pad, an int, a list of "
+                            f"ints or null eos and a bool add_bos, got {special!r}")
+        if chat is not None and not (isinstance(chat, dict)
+                                     and isinstance(chat.get("template"), str)
+                                     and isinstance(chat.get("tokens"), dict)):
+            raise TypeError(f"'chat' must hold a str template and a dict of tokens, got "
+                            f"{chat!r}")
+        return cls(plain.backend, plain.name, special, chat=chat)
+
     def identity(self) -> str:  # encoded data differs with add_bos: keys its cache too
         blob = json.dumps(self.special(), sort_keys=True)
         return hashlib.sha256((self.backend.to_str() + blob).encode()).hexdigest()[:16]
