@@ -9,7 +9,7 @@ their names belong to their modules.
 from .attention import CausalSelfAttention, Mask, attend, build_mask, causal_mask, padding_mask
 from .checkpoint import Checkpoint, load_checkpoint, save_checkpoint
 from .data import load_dataset
-from .decode import DecodeStep
+from .decode import DecodeStep, half_weights
 from .generate import GenerationConfig, generate_text, stream, stream_text
 from .hf import load_hf, load_hf_gpt2, save_hf, save_hf_gpt2
 from .intervene import Edit, Edits
@@ -50,6 +50,7 @@ __all__ = [
     "create_app",
     "generate_text",
     "get_tokenizer",
+    "half_weights",
     "load_checkpoint",
     "load_dataset",
     "load_hf",

@@ -7,11 +7,16 @@ honouring every `GPTConfig` switch (norms, MLP kind, RoPE at each row's real pos
 QK-norm, biases, parallel residual, sliding window, head_dim). The model, masks and rotary
 math stay in `model.py`, `attention.py` and `layers.py`; it is tested equal to `GPT.forward`
 (tests/test_model.py).
+
+`half_weights(model)` has decode stream every matrix as float16 (fbgemm's kernel on x86
+CPUs: float16 weights, float32 arithmetic), after rounding the model's own matrices to the
+same values, so forward, traces and decode still compute one model.
 """
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING, NamedTuple, cast
+from weakref import WeakKeyDictionary
 
 import torch
 import torch.nn.functional as F
@@ -47,6 +52,38 @@ class _Affine(NamedTuple):
         return torch.mm(x, w) if b is None else torch.addmm(b, x, w)  # (B, out)
 
 
+FLOAT16_MAX = 65504.0  # float16's largest finite value
+
+
+class _Packed16(NamedTuple):
+    """x (B, in) -> x @ W + b with W held as float16 in fbgemm's packed layout and the
+    products summed in float32: `_Affine` over W rounded to float16, reading half the bytes.
+    The bias stays float32."""
+
+    packed: torch.ScriptObject  # quantized.linear_prepack_fp16 of W (out, in) and b
+
+    @classmethod
+    def of(cls, affine: _Affine) -> _Packed16:
+        w = affine.weight.t()  # (out, in)
+        largest = w.abs().max().item()
+        if largest > FLOAT16_MAX:  # fbgemm would clamp it with a warning
+            raise ValueError(
+                f"a {tuple(w.shape)} matrix holds |w| = {largest:.6g}, beyond float16's "
+                f"largest value {FLOAT16_MAX:g}; keep float32 weights for this model"
+            )
+        return cls(torch.ops.quantized.linear_prepack_fp16(w.contiguous(), affine.bias))
+
+    def __call__(self, x: Tensor) -> Tensor:
+        return cast(Tensor, torch.ops.quantized.linear_dynamic_fp16(x, self.packed))  # (B, out)
+
+
+_Matrix = _Affine | _Packed16
+
+
+def _pack(matrix: _Matrix | None) -> _Matrix | None:
+    return None if matrix is None else _Packed16.of(cast(_Affine, matrix))
+
+
 class _Norm(NamedTuple):
     weight: Tensor | None
     bias: Tensor | None
@@ -73,14 +110,14 @@ class _DecodeLayer(NamedTuple):
     """One block's weights for `DecodeStep`; None where the config leaves a part out."""
 
     ln_1: _Norm | None
-    qkv: _Affine  # query, key, value side by side: weight (C, nh*hs + 2*nkv*hs)
+    qkv: _Matrix  # query, key, value side by side: weight (C, nh*hs + 2*nkv*hs)
     q_norm: _Norm | None  # QK-norm, over hs
     k_norm: _Norm | None
-    out_proj: _Affine | None
+    out_proj: _Matrix | None
     ln_2: _Norm | None
-    fc: _Affine | None  # up projection
-    gate: _Affine | None  # SwiGLU's gate projection
-    proj: _Affine | None  # down projection
+    fc: _Matrix | None  # up projection
+    gate: _Matrix | None  # SwiGLU's gate projection
+    proj: _Matrix | None  # down projection
     window: int | None  # this layer's sliding window
 
     @classmethod
@@ -99,6 +136,13 @@ class _DecodeLayer(NamedTuple):
             window,
         )
 
+    def packed16(self) -> _DecodeLayer:
+        """The same layer with every matrix as `_Packed16`."""
+        return self._replace(
+            qkv=_Packed16.of(cast(_Affine, self.qkv)), out_proj=_pack(self.out_proj),
+            fc=_pack(self.fc), gate=_pack(self.gate), proj=_pack(self.proj),
+        )
+
 
 def _apply(norm: _Norm | None, x: Tensor) -> Tensor:
     return x if norm is None else norm(x)
@@ -111,11 +155,20 @@ class DecodeStep:
     weights in place (GPT lays them out for `x @ W`: `GPT.lay_out_weights`), and runs
     `Block`'s wiring with plain tensor calls and `attention.attend`. Build it after the
     weights are final, for eval.
+
+    weights="float16" packs every matrix (the stacked q/k/v, output, MLP and head) as float16
+    for fbgemm's kernel, which sums in float32 (x86 CPUs, float32 models; packing GPT-2
+    small takes ~2 s): the step then equals `GPT.forward` of the model with those matrices
+    rounded to float16, which is what `half_weights` makes the model itself.
     """
 
-    def __init__(self, model: GPT) -> None:
+    def __init__(self, model: GPT, weights: str = "float32") -> None:
         if model.training and model.config.dropout > 0:
             raise ValueError("a decode step runs without dropout; call model.eval() first")
+        if weights not in ("float32", "float16"):
+            raise ValueError(f"weights={weights!r}: pick 'float32' or 'float16'")
+        if weights == "float16":
+            check_float16_weights(model)
         c = self.config = model.config
         self.approximate = GELUS[c.gelu]
         self.layers = [
@@ -126,11 +179,15 @@ class DecodeStep:
         self.wte = model.wte.weight.detach()
         self.wpe = None if model.wpe is None else model.wpe.weight.detach()
         self.rotary = model.rotary
-        self.lm_head = _Affine.stack(model.lm_head)  # weight (C, V)
+        self.lm_head: _Matrix = _Affine.stack(model.lm_head)  # weight (C, V)
+        self.weights = weights
+        if weights == "float16":
+            self.layers = [layer.packed16() for layer in self.layers]
+            self.lm_head = _Packed16.of(self.lm_head)
 
     def _mlp(self, layer: _DecodeLayer, h: Tensor) -> Tensor:
         """h (B, C) -> the MLP's output (B, C); the layer must have one."""
-        fc, proj = cast(_Affine, layer.fc), cast(_Affine, layer.proj)
+        fc, proj = cast(_Matrix, layer.fc), cast(_Matrix, layer.proj)
         if layer.gate is None:
             return proj(F.gelu(fc(h), approximate=self.approximate))  # (B, d_ff) -> (B, C)
         return proj(F.silu(layer.gate(h)) * fc(h))  # (B, d_ff) -> (B, C)
@@ -193,3 +250,73 @@ class DecodeStep:
                 x = x + m if c.residual else m
         cache.seq_len = pos + 1
         return self.lm_head(_apply(self.ln_f, x))  # (B, V)
+
+
+def check_float16_weights(model: GPT) -> None:
+    """Raise unless `model` can stream float16 weights: float32 on the CPU, fbgemm built in."""
+    weight = model.lm_head.weight
+    if weight.device.type != "cpu":
+        raise ValueError(
+            f"float16 weights are a CPU path (fbgemm) and the model is on {weight.device}; "
+            "on a GPU cast the model instead (--dtype bfloat16, model.to(torch.bfloat16))"
+        )
+    if weight.dtype != torch.float32:
+        raise ValueError(
+            f"float16 weights need a float32 model (the arithmetic stays float32), not "
+            f"{weight.dtype}; drop the cast (--dtype float32)"
+        )
+    if "fbgemm" not in torch.backends.quantized.supported_engines:
+        raise ValueError(
+            "this PyTorch build has no fbgemm, the kernel behind float16 weights (x86 CPUs "
+            "only); keep float32 weights"
+        )
+
+
+def half_weights(model: GPT) -> GPT:
+    """Round every matrix of `model` to float16 values, in place, and have generation stream
+    them as float16: 2 bytes per weight instead of 4 in each decode step. Returns `model`.
+
+    The matrices are the nn.Linear weights (q, k, v, output, MLP, head; with tied weights
+    the head is the token table, so lookups read the rounded values too); biases, norms and
+    an untied token table stay float32, and all arithmetic stays float32. Forward passes,
+    traces and the prompt then compute with exactly the values decode streams (a weight moves
+    by at most 2**-11 of itself, 2**-24 absolute below 2**-14). Packing the weights for the
+    kernel happens here, once (GPT-2 small: ~2 s); `generate`, `stream` and the server reuse
+    it while the weights are unchanged and pack again after they change. x86 CPUs, float32
+    models on the CPU (`check_float16_weights`).
+    """
+    check_float16_weights(model)
+    with torch.no_grad():
+        for name, module in model.named_modules():
+            if not isinstance(module, nn.Linear):
+                continue
+            largest = module.weight.abs().max().item()
+            if largest > FLOAT16_MAX:
+                raise ValueError(
+                    f"{name}.weight holds |w| = {largest:.6g}, beyond float16's largest "
+                    f"value {FLOAT16_MAX:g}; keep float32 weights for this model"
+                )
+            module.weight.copy_(module.weight.half())  # in place: layout and ties kept
+    model.decode_weights = "float16"
+    if not (model.training and model.config.dropout > 0):
+        decode_step(model)  # pack now rather than in the first generation
+    return model
+
+
+# model -> (its weights' identity and versions at packing, the packed step)
+_PACKED: WeakKeyDictionary[GPT, tuple[tuple[tuple[int, int], ...], DecodeStep]] = (
+    WeakKeyDictionary())
+
+
+def decode_step(model: GPT) -> DecodeStep:
+    """The `DecodeStep` a generation runs: a new one for float32 weights (building it costs a
+    copy of q/k/v); for a model of `half_weights`, the packed one, kept while every parameter
+    is the same tensor at the same version (packing costs seconds)."""
+    if model.decode_weights == "float32":
+        return DecodeStep(model)
+    key = tuple((p.data_ptr(), p._version) for p in model.parameters())
+    held = _PACKED.get(model)
+    if held is None or held[0] != key:
+        held = key, DecodeStep(model, model.decode_weights)
+        _PACKED[model] = held
+    return held[1]

@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING
 import torch
 from torch import Tensor
 
-from .decode import DecodeStep
+from .decode import DecodeStep, decode_step
 from .kv_cache import KVCache
 from .model import GPT
 
@@ -125,8 +125,9 @@ def decode_one_token(
 ) -> Tensor:
     """One new id per row (B, 1) against the cache -> next-token logits (B, V).
 
-    `decode` is the model's `DecodeStep`, built once per generation: `GPT.forward` at T = 1
-    with the weights laid out for it, tested equal to it. attention_mask (B, S) covers cached
+    `decode` is the model's `DecodeStep` (`decode.decode_step`: built once per generation, or
+    kept packed by `half_weights`): `GPT.forward` at T = 1 with the weights laid out for it,
+    tested equal to it. attention_mask (B, S) covers cached
     + new positions; None when no row has padding, so attention runs with no mask at all.
     """
     return decode(token, attention_mask, cache)  # (B, V)
@@ -258,7 +259,7 @@ def _steps(
     cache = model.new_cache(B, min(P + N, block))
     window_mask = None if mask_buf is None else mask_buf[:, start:P]
     logits = prefill(model, tokens[:, start:P], window_mask, cache, edits)  # (B, V)
-    decode = DecodeStep(model) if edits is None else None
+    decode = decode_step(model) if edits is None else None
     ended = torch.zeros(B, dtype=torch.bool, device=device)  # (B,) rows that sampled an eot
     for length in range(P, P + N):
         if vocab_size is not None:

@@ -105,6 +105,8 @@ class GPT(nn.Module):
         self.lm_head = nn.Linear(c.n_embd, c.vocab_size, bias=False)
         if c.tie_weights:
             self.lm_head.weight = self.wte.weight
+        # what decode streams the matrices as: "float16" after decode.half_weights(model)
+        self.decode_weights = "float32"
         if c.init_std is not None:
             self._init_weights(c.init_std)
         self.lay_out_weights()  # after init: the same seed gives the same values either way
