@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -178,6 +179,34 @@ def test_dtype_bfloat16_generates_what_a_bfloat16_model_does(
     model16 = model.to(torch.bfloat16)
     expected = generate_text(model16, tokenizer, ["the fox"], max_new_tokens=8, temperature=0)[0]
     assert capsys.readouterr().out == "the fox" + expected + "\n"
+
+
+@pytest.mark.skipif("fbgemm" not in torch.backends.quantized.supported_engines,
+                    reason="float16 weights need fbgemm (x86 CPUs)")
+def test_float16_weights_generate_what_the_rounded_model_does(
+    checkpoint: tuple[Path, GPT, Tokenizer], capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    import attnlab.decode as decode_mod
+
+    path, model, tokenizer = checkpoint
+    real, halved = decode_mod.half_weights, []
+
+    def spy(m: GPT) -> GPT:  # the model the command generates with
+        halved.append(real(m))
+        return m
+
+    monkeypatch.setattr(decode_mod, "half_weights", spy)
+    args = ["generate", str(path), "the fox", "--max-new-tokens", "8", "--temperature", "0",
+            "--weights", "float16"]
+    assert main(args) == 0
+    assert len(halved) == 1 and halved[0].decode_weights == "float16"
+    rounded = real(copy.deepcopy(model))
+    expected = generate_text(rounded, tokenizer, ["the fox"], max_new_tokens=8, temperature=0)
+    assert capsys.readouterr().out == "the fox" + expected[0] + "\n"
+    assert main([*args, "--dtype", "bfloat16"]) == 1
+    assert "--weights float16 computes in float32; drop --dtype bfloat16" in (
+        capsys.readouterr().err)
 
 
 def test_a_too_long_request_fails_before_the_prompt_is_echoed(

@@ -154,6 +154,13 @@ def test_serve_binds_loopback_unless_told(ckpt: Path, monkeypatch: pytest.Monkey
     assert main(["serve", str(ckpt), "--port", port]) == 0
     assert main(["serve", str(ckpt), "--host", "0.0.0.0", "--port", port]) == 0
     assert binds == ["127.0.0.1", "0.0.0.0"]
+    if "fbgemm" in torch.backends.quantized.supported_engines:  # x86: float16 weights
+        import attnlab.decode as decode_mod
+
+        real, halved = decode_mod.half_weights, []
+        monkeypatch.setattr(decode_mod, "half_weights", lambda m: halved.append(real(m)))
+        assert main(["serve", str(ckpt), "--port", port, "--weights", "float16"]) == 0
+        assert binds[-1] == "127.0.0.1" and halved[0].decode_weights == "float16"
 
 
 @pytest.fixture(scope="module")

@@ -75,6 +75,12 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
         "large models decode faster where the CPU's bfloat16 kernels keep up (AMX: yes; "
         "measure yours) (default float32)",
     )
+    parser.add_argument(
+        "--weights", choices=("float32", "float16"), default="float32",
+        help="float16: round every matrix to float16 and stream 2 bytes per weight in "
+        "decode, arithmetic still float32 (x86 CPUs; 1.4-2.2x tokens/s for GPT-2 small here, "
+        "after ~2 s of packing) (default float32)",
+    )
     parser.add_argument("--threads", type=int, help="CPU threads for torch")
     parser.add_argument(
         "--chat", action="store_true",
@@ -157,6 +163,7 @@ def _unescape(stop: str) -> str:
 def run(args: argparse.Namespace) -> int:
     import torch
 
+    from ..decode import half_weights
     from ..generate import stream_text
 
     if args.threads is not None:
@@ -167,9 +174,13 @@ def run(args: argparse.Namespace) -> int:
         raise CLIError(f"--batch-size {args.batch_size} must be >= 1")
     if args.system is not None and not args.chat:
         raise CLIError("--system goes with --chat (a system message in the chat template)")
+    if args.weights == "float16" and args.dtype != "float32":
+        raise CLIError(f"--weights float16 computes in float32; drop --dtype {args.dtype}")
     shown = _read_prompts(args)  # what the user wrote: echoed before each completion
     ckpt = load_any(args.checkpoint, args.device)
     model, tokenizer = ckpt.model.to(getattr(torch, args.dtype)), ckpt.tokenizer
+    if args.weights == "float16":
+        half_weights(model)
     prompts = _chat_prompts(tokenizer, shown, args) if args.chat else shown
     max_new_tokens = args.max_new_tokens
     if max_new_tokens is None and args.sliding_window:

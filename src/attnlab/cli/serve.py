@@ -24,6 +24,12 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
         help="address to bind (default 127.0.0.1: this machine only; 0.0.0.0 exposes it)",
     )
     parser.add_argument("--port", type=int, default=8000, help="TCP port (default 8000)")
+    parser.add_argument(
+        "--weights", choices=("float32", "float16"), default="float32",
+        help="float16: the model's matrices rounded to float16 and streamed as float16 in "
+        "decode, arithmetic float32 (x86 CPUs; see attnlab generate --weights) (default "
+        "float32)",
+    )
     add_config_flags(parser, ServeConfig, "request limits")
     return parser
 
@@ -43,15 +49,19 @@ def run(args: argparse.Namespace) -> int:
             "install them with: pip install 'attnlab[serve]'"
         ) from err
 
+    from ..decode import half_weights
     from .generate import load_any
 
     checkpoint = load_any(args.checkpoint)  # an attnlab checkpoint or a Hugging Face dir
+    if args.weights == "float16":
+        half_weights(checkpoint.model)  # packed once, before the first request
     app = create_app(checkpoint.model, checkpoint.tokenizer, checkpoint.meta, config)
     c = checkpoint.model.config
     sock = _bind(args.host, args.port)  # before the banner: a port in use is one line
     print(
         f"attnlab serve: {args.checkpoint} ({c.n_layer} layers x {c.n_head} heads, "
-        f"block_size {c.block_size}) at http://{args.host}:{args.port}/  (Ctrl-C stops)",
+        f"block_size {c.block_size}, {args.weights} weights) at "
+        f"http://{args.host}:{args.port}/  (Ctrl-C stops)",
         file=sys.stderr,
     )
     server = uvicorn.Server(uvicorn.Config(app, log_level="warning"))
