@@ -8,19 +8,24 @@ float32 over a few hundred MB, 1 and 2 threads), divides it by the bytes a step 
 token table, of which a step reads one row), and sets attnlab's measured batch-1 greedy
 decode of the same GPT-2-small shape beside it in alternating rounds (same threads, same
 clock). The lower-precision kernels PyTorch ships are timed on the same matrix:
-bfloat16 `x @ W` and `torch.ops.aten._weight_int8pack_mm` (int8 weights, one scale per
-output channel, bfloat16 activations), to say whether a lower-precision weight path pays.
+bfloat16 `x @ W`, `torch.ops.aten._weight_int8pack_mm` (int8 weights, one scale per
+output channel, bfloat16 activations) and fbgemm's `quantized.linear_dynamic_fp16` (float16
+weights, float32 arithmetic), to say whether a lower-precision weight path pays; the last one
+does, so attnlab's decode with `half_weights` is timed beside the float32 one, with how far
+the rounding moved the logits.
 
 Target (issue 16): GPT-2 small float32 batch-1 decode at >= 80% of the roofline.
 """
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Callable
 from typing import Any
 
 import torch
 
+from attnlab.decode import half_weights
 from attnlab.generate import generate
 from attnlab.model import GPT, GPTConfig
 
@@ -60,17 +65,39 @@ def _kernels(rows: int, cols: int) -> dict[str, Callable[[], object]]:
     int8mm = getattr(torch.ops.aten, "_weight_int8pack_mm", None)
     if int8mm is not None:
         fns["int8 _weight_int8pack_mm"] = lambda: int8mm(x16, w8, scales16)  # (1, out)
+    if FBGEMM:
+        packed = torch.ops.quantized.linear_prepack_fp16(w32.t().contiguous(), None)
+        fns[FP16] = lambda: torch.ops.quantized.linear_dynamic_fp16(x32, packed)  # (1, out)
     return fns
 
 
-BYTES_PER_WEIGHT = {"float32 x @ W": 4, "bfloat16 x @ W": 2, "int8 _weight_int8pack_mm": 1}
+FBGEMM = "fbgemm" in torch.backends.quantized.supported_engines
+FP16 = "float16 linear_dynamic_fp16"
+BYTES_PER_WEIGHT = {"float32 x @ W": 4, "bfloat16 x @ W": 2, "int8 _weight_int8pack_mm": 1,
+                    FP16: 2}
 
 
-def _decoder(shape: str, new_tokens: int) -> Callable[[], object]:
+def _decoders(shape: str, new_tokens: int) -> tuple[dict[str, Callable[[], object]],
+                                                     dict[str, float]]:
+    """Greedy generation with float32 weights and, where fbgemm runs, with the same weights
+    after `half_weights` (packed before timing); and how far the rounding moved things."""
     _, ours = build_pair(shape, block_size=max(1024, PROMPT + new_tokens))
     ids = torch.randint(1, ours.config.vocab_size, (1, PROMPT),
                         generator=torch.Generator().manual_seed(1))
-    return lambda: generate(ours, ids, max_new_tokens=new_tokens, temperature=0)
+    fns: dict[str, Callable[[], object]] = {
+        "attnlab decode": lambda: generate(ours, ids, max_new_tokens=new_tokens, temperature=0)}
+    if not FBGEMM:
+        return fns, {}
+    halved = half_weights(copy.deepcopy(ours))
+    fns["attnlab decode, float16 weights"] = lambda: generate(
+        halved, ids, max_new_tokens=new_tokens, temperature=0)
+    with torch.inference_mode():
+        moved = (halved(ids).logits - ours(ids).logits).abs().max().item()
+        a = generate(ours, ids, max_new_tokens=new_tokens, temperature=0)[0, PROMPT:]
+        b = generate(halved, ids, max_new_tokens=new_tokens, temperature=0)[0, PROMPT:]
+    differ = (a != b).nonzero()
+    first = int(differ[0, 0]) if len(differ) else new_tokens
+    return fns, {"max_abs_logit_change": moved, "greedy_ids_before_first_difference": first}
 
 
 def run(quick: bool = False) -> dict[str, Any]:
@@ -85,8 +112,8 @@ def run(quick: bool = False) -> dict[str, Any]:
         for threads in (1, 2):
             torch.set_num_threads(threads)
             kernels = _kernels(rows_in, cols)
-            decode = _decoder(shape, new_tokens)
-            variants = {**kernels, "attnlab decode": decode}
+            decoders, rounding = _decoders(shape, new_tokens)
+            variants = {**kernels, **decoders}
             times = alternate(variants, rounds=rounds, warmup=1)
             clk = clock()
             ms = {name: median_ms(t[clk]) for name, t in times.items()}
@@ -97,19 +124,29 @@ def run(quick: bool = False) -> dict[str, Any]:
             bandwidth = gbps["float32 x @ W"]
             roof = bandwidth * 1e9 / step_bytes  # tokens/s if a step only streamed weights
             tok_s = new_tokens / (ms["attnlab decode"] / 1e3)
-            records.append({
+            record = {
                 "threads": threads, "clock": clk, "rounds": rounds, "ms": ms, "best_ms": best,
                 "GB_per_s": gbps, "step_bytes": step_bytes, "roofline_tok_s": roof,
                 "decode_tok_s": tok_s, "fraction": tok_s / roof,
                 "matrix_speedup_vs_float32": {n: ms["float32 x @ W"] / ms[n] for n in kernels},
-            })
+            }
+            if rounding:
+                # float16 weights: the same bandwidth over half the bytes of each weight
+                tok16 = new_tokens / (ms["attnlab decode, float16 weights"] / 1e3)
+                roof16 = bandwidth * 1e9 / streamed_bytes(config, 2.0)
+                record["float16_weights"] = {
+                    "decode_tok_s": tok16, "speedup": tok16 / tok_s, "roofline_tok_s": roof16,
+                    "fraction": tok16 / roof16, **rounding}
+            records.append(record)
     finally:
         torch.set_num_threads(threads_before)
     rows = [[r["threads"], r["GB_per_s"]["float32 x @ W"], r["roofline_tok_s"],
              r["decode_tok_s"], r["fraction"],
              *(r["matrix_speedup_vs_float32"].get(n) for n in ("bfloat16 x @ W",
-                                                              "int8 _weight_int8pack_mm"))]
+                                                              "int8 _weight_int8pack_mm", FP16))]
             for r in records]
+    halves = [[r["threads"], f16["decode_tok_s"], f16["speedup"], f16["roofline_tok_s"],
+               f16["fraction"]] for r in records if (f16 := r.get("float16_weights"))]
     rooflines = []
     for name in ROOFLINE_PRESETS:
         try:
@@ -128,9 +165,18 @@ def run(quick: bool = False) -> dict[str, Any]:
         "a shared, loaded machine.",
         f"target: float32 batch-1 decode >= {TARGET:.0%} of the roofline at 1 thread: "
         f"{'met' if one['fraction'] >= TARGET else 'missed'} ({one['fraction']:.0%})",
-        "bf16 / int8: time of the float32 product over that kernel's, same matrix shape "
-        "(> 1: faster). int8 is _weight_int8pack_mm with bfloat16 activations.",
+        "bf16 / int8 / fp16: time of the float32 product over that kernel's, same matrix "
+        "shape (> 1: faster). int8 is _weight_int8pack_mm with bfloat16 activations; fp16 is "
+        "fbgemm's linear_dynamic_fp16 (float16 weights, float32 arithmetic).",
     ]
+    if halves:
+        f16 = one["float16_weights"]
+        notes.append(
+            "float16 weights: `half_weights` on a copy of the same model (packed before "
+            "timing); their roofline is the same x @ W bandwidth over 2 bytes per weight. "
+            f"Rounding moved the prompt's logits by at most {f16['max_abs_logit_change']:.3g}; "
+            f"greedy ids agreed for {f16['greedy_ids_before_first_difference']} of "
+            f"{new_tokens} new tokens.")
     return {
         "suite": "roofline",
         "machine": machine(),
@@ -139,8 +185,12 @@ def run(quick: bool = False) -> dict[str, Any]:
         "tables": [
             table("Decode roofline (float32 weights streamed by x @ W)",
                   ["threads", "x @ W GB/s", "roofline tok/s", "attnlab decode tok/s",
-                   "fraction of roofline", "bf16 matrix speedup", "int8 matrix speedup"],
+                   "fraction of roofline", "bf16 matrix speedup", "int8 matrix speedup",
+                   "fp16 matrix speedup"],
                   rows),
+            *([table("Decode with float16 weights (half_weights: fbgemm, float32 arithmetic)",
+                     ["threads", "tok/s", "x float32 decode", "float16 roofline tok/s",
+                      "fraction of it"], halves)] if halves else []),
             table("Roofline of other presets (float32, tokens/s at batch 1)",
                   ["preset", "MB per step", *(f"{r['threads']} thread(s)" for r in records)],
                   rooflines),

@@ -208,4 +208,13 @@ def test_roofline_suite_relates_decode_to_the_measured_bandwidth() -> None:
     for r in result["records"]:
         assert r["GB_per_s"]["float32 x @ W"] > 0
         assert r["fraction"] == pytest.approx(r["decode_tok_s"] / r["roofline_tok_s"])
-    assert [row[0] for row in result["tables"][1]["rows"]][:2] == ["gpt2", "gpt2-medium"]
+        if roofline.FBGEMM:  # float16 weights: half the bytes, the rounding measured
+            f16 = r["float16_weights"]
+            assert f16["roofline_tok_s"] == pytest.approx(
+                r["roofline_tok_s"] * roofline.streamed_bytes(c) / roofline.streamed_bytes(c, 2))
+            assert f16["speedup"] == pytest.approx(f16["decode_tok_s"] / r["decode_tok_s"])
+            assert 0 < f16["max_abs_logit_change"] < 0.1
+            assert 0 <= f16["greedy_ids_before_first_difference"] <= 8
+    names = [t["title"] for t in result["tables"]]
+    assert ("Decode with float16 weights" in names[1]) == roofline.FBGEMM
+    assert [row[0] for row in result["tables"][-1]["rows"]][:2] == ["gpt2", "gpt2-medium"]
