@@ -15,6 +15,7 @@ same values, so forward, traces and decode still compute one model.
 
 from __future__ import annotations
 
+from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING, NamedTuple, cast
 from weakref import WeakKeyDictionary
 
@@ -55,6 +56,17 @@ class _Affine(NamedTuple):
 FLOAT16_MAX = 65504.0  # float16's largest finite value
 
 
+def _in_memory_order(w: Tensor) -> Tensor:
+    """w, or w.t() where that is contiguous (GPT lays Linear weights out as (in, out)):
+    whole-tensor ops run over contiguous memory, 3-8x faster than over the strided view."""
+    return w.t() if w.dim() == 2 and not w.is_contiguous() and w.t().is_contiguous() else w
+
+
+def _largest(w: Tensor) -> float:
+    low, high = torch.aminmax(_in_memory_order(w))
+    return max(-low.item(), high.item())
+
+
 class _Packed16(NamedTuple):
     """x (B, in) -> x @ W + b with W held as float16 in fbgemm's packed layout and the
     products summed in float32: `_Affine` over W rounded to float16, reading half the bytes.
@@ -65,7 +77,7 @@ class _Packed16(NamedTuple):
     @classmethod
     def of(cls, affine: _Affine) -> _Packed16:
         w = affine.weight.t()  # (out, in)
-        largest = w.abs().max().item()
+        largest = _largest(w)
         if largest > FLOAT16_MAX:  # fbgemm would clamp it with a warning
             raise ValueError(
                 f"a {tuple(w.shape)} matrix holds |w| = {largest:.6g}, beyond float16's "
@@ -182,8 +194,11 @@ class DecodeStep:
         self.lm_head: _Matrix = _Affine.stack(model.lm_head)  # weight (C, V)
         self.weights = weights
         if weights == "float16":
-            self.layers = [layer.packed16() for layer in self.layers]
-            self.lm_head = _Packed16.of(self.lm_head)
+            # packing runs outside the GIL: one thread per torch thread (2 cores: 1.7x)
+            with ThreadPoolExecutor(torch.get_num_threads()) as pool:
+                head = pool.submit(_Packed16.of, self.lm_head)  # the largest first
+                self.layers = list(pool.map(_DecodeLayer.packed16, self.layers))
+                self.lm_head = head.result()
 
     def _mlp(self, layer: _DecodeLayer, h: Tensor) -> Tensor:
         """h (B, C) -> the MLP's output (B, C); the layer must have one."""
@@ -290,13 +305,14 @@ def half_weights(model: GPT) -> GPT:
         for name, module in model.named_modules():
             if not isinstance(module, nn.Linear):
                 continue
-            largest = module.weight.abs().max().item()
+            largest = _largest(module.weight)
             if largest > FLOAT16_MAX:
                 raise ValueError(
                     f"{name}.weight holds |w| = {largest:.6g}, beyond float16's largest "
                     f"value {FLOAT16_MAX:g}; keep float32 weights for this model"
                 )
-            module.weight.copy_(module.weight.half())  # in place: layout and ties kept
+            memory = _in_memory_order(module.weight)
+            memory.copy_(memory.half())  # in place: layout and ties kept
     model.decode_weights = "float16"
     if not (model.training and model.config.dropout > 0):
         decode_step(model)  # pack now rather than in the first generation
