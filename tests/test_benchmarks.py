@@ -134,6 +134,12 @@ def test_cli_bench_finds_the_checkout_and_rejects_unknown_suites(
         cli_main(["bench", "nope"])
     assert exc.value.code == 2
     assert "invalid choice" in capsys.readouterr().err
+    # every suite `python -m benchmarks` runs, `attnlab bench` takes
+    from benchmarks.__main__ import SUITES
+
+    from attnlab.cli import bench as cli_bench
+
+    assert (*SUITES, "all", "readme") == cli_bench.SUITES
 
 
 def test_arch_suite_trains_both_arches_at_the_same_parameter_count(tmp_path: Path) -> None:
