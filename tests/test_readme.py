@@ -87,3 +87,17 @@ def test_the_readme_extractor_reads_continuations_and_comments() -> None:
 @pytest.mark.parametrize("command", CHEAP)
 def test_cheap_commands_are_attnlab_commands(command: str) -> None:
     assert command.startswith("attnlab ")  # nothing here installs, downloads or serves
+
+
+def test_layout_names_every_module() -> None:
+    """The README's Layout table names every module of the package (a new module, or one
+    split into a folder, shows up here until the table says what it owns)."""
+    text = README.read_text(encoding="utf-8")
+    layout = text[text.index("## Layout"):]
+    layout = layout[:layout.find("\n## ", 1) if "\n## " in layout[1:] else len(layout)]
+    package = ROOT / "src" / "attnlab"
+    names = [p.name for p in package.glob("*.py") if not p.name.startswith("__")]
+    names += [f"{p.name}/" for p in package.iterdir() if p.is_dir() and p.name != "__pycache__"]
+    names += [p.name for p in (package / "hf").glob("*.py") if not p.name.startswith("__")]
+    missing = sorted(n for n in names if f"`{n}`" not in layout)
+    assert not missing, f"README's Layout table does not name {missing}"
