@@ -207,8 +207,9 @@ def stream(
     the model's embedding table). row_seeds: one seed per row instead, each row drawing from
     its own generator, so a row's draws do not depend on which rows share its batch (one
     generator's draws for row b depend on how many rows come before it). edits: generate with
-    these `intervene.Edits` applied at every step (slower: `GPT.forward` per token). Arguments
-    are checked here, before the first step.
+    these `intervene.Edits` applied at every step (slower: `GPT.forward` per token). A model
+    of `decode.half_weights` decodes with its matrices streamed as float16. Arguments are
+    checked here, before the first step.
     """
     config = GenerationConfig(max_new_tokens, temperature, top_k, top_p, seed, sliding_window)
     keep = _check_prompt(model, input_ids, attention_mask, config)
