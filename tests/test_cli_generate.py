@@ -203,7 +203,9 @@ def test_float16_weights_generate_what_the_rounded_model_does(
     assert len(halved) == 1 and halved[0].decode_weights == "float16"
     rounded = real(copy.deepcopy(model))
     expected = generate_text(rounded, tokenizer, ["the fox"], max_new_tokens=8, temperature=0)
-    assert capsys.readouterr().out == "the fox" + expected[0] + "\n"
+    captured = capsys.readouterr()
+    assert captured.out == "the fox" + expected[0] + "\n"
+    assert "[float16 weights packed in " in captured.err
     assert main([*args, "--dtype", "bfloat16"]) == 1
     assert "--weights float16 computes in float32; drop --dtype bfloat16" in (
         capsys.readouterr().err)

@@ -180,7 +180,9 @@ def run(args: argparse.Namespace) -> int:
     ckpt = load_any(args.checkpoint, args.device)
     model, tokenizer = ckpt.model.to(getattr(torch, args.dtype)), ckpt.tokenizer
     if args.weights == "float16":
+        began = time.perf_counter()
         half_weights(model)
+        print(f"[float16 weights packed in {time.perf_counter() - began:.1f} s]", file=sys.stderr)
     prompts = _chat_prompts(tokenizer, shown, args) if args.chat else shown
     max_new_tokens = args.max_new_tokens
     if max_new_tokens is None and args.sliding_window:
