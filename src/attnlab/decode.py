@@ -194,8 +194,8 @@ class DecodeStep:
         self.lm_head: _Matrix = _Affine.stack(model.lm_head)  # weight (C, V)
         self.weights = weights
         if weights == "float16":
-            # packing runs outside the GIL: one thread per torch thread (2 cores: 1.7x)
-            with ThreadPoolExecutor(torch.get_num_threads()) as pool:
+            # packing runs outside the GIL: a thread per torch thread, up to 8 (2 cores: 1.7x)
+            with ThreadPoolExecutor(min(torch.get_num_threads(), 8)) as pool:
                 head = pool.submit(_Packed16.of, self.lm_head)  # the largest first
                 self.layers = list(pool.map(_DecodeLayer.packed16, self.layers))
                 self.lm_head = head.result()
@@ -295,10 +295,10 @@ def half_weights(model: GPT) -> GPT:
     the head is the token table, so lookups read the rounded values too); biases, norms and
     an untied token table stay float32, and all arithmetic stays float32. Forward passes,
     traces and the prompt then compute with exactly the values decode streams (a weight moves
-    by at most 2**-11 of itself, 2**-24 absolute below 2**-14). Packing the weights for the
-    kernel happens here, once (GPT-2 small: ~2 s); `generate`, `stream` and the server reuse
-    it while the weights are unchanged and pack again after they change. x86 CPUs, float32
-    models on the CPU (`check_float16_weights`).
+    by at most 2**-11 of itself; below 2**-14, float16's subnormals, by at most 2**-25).
+    Packing the weights for the kernel happens here, once (GPT-2 small: ~2 s); `generate`,
+    `stream` and the server reuse it while the weights are unchanged and pack again after
+    they change. x86 CPUs, float32 models on the CPU (`check_float16_weights`).
     """
     check_float16_weights(model)
     with torch.no_grad():
