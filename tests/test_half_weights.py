@@ -118,3 +118,10 @@ def test_float16_weights_refuse_what_they_cannot_run() -> None:
         half_weights(model)
     with pytest.raises(ValueError, match=r"\|w\| = 100000, beyond float16's largest value"):
         DecodeStep(model, weights="float16")
+    # cast after half_weights: generation says how to decode it as it now is
+    cast = half_weights(_model()).to(torch.bfloat16)
+    ids = torch.tensor([[1, 2, 3]])
+    with pytest.raises(ValueError, match=r"set model\.decode_weights = 'float32'"):
+        generate(cast, ids, max_new_tokens=2, temperature=0)
+    cast.decode_weights = "float32"
+    assert generate(cast, ids, max_new_tokens=2, temperature=0).shape == (1, 5)

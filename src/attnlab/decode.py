@@ -333,6 +333,10 @@ def decode_step(model: GPT) -> DecodeStep:
     key = tuple((p.data_ptr(), p._version) for p in model.parameters())
     held = _PACKED.get(model)
     if held is None or held[0] != key:
-        held = key, DecodeStep(model, model.decode_weights)
+        try:
+            held = key, DecodeStep(model, model.decode_weights)
+        except ValueError as err:  # moved to a GPU or cast since half_weights
+            raise ValueError(f"{err} (this model went through half_weights: set "
+                             "model.decode_weights = 'float32' to decode it as it is)") from None
         _PACKED[model] = held
     return held[1]
