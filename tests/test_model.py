@@ -9,9 +9,11 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from attnlab import GPT, GPTConfig
+from attnlab import GPT, GPTConfig, half_weights
 from attnlab.model import DecodeStep
 from helpers import left_padded, linears_laid_out, make_row_major, modern_switches
+
+FBGEMM = "fbgemm" in torch.backends.quantized.supported_engines
 
 
 def _model(name: str = "nano", **overrides: object) -> GPT:
@@ -165,23 +167,27 @@ def test_last_logits_only() -> None:
     seed=st.integers(0, 1000),
     laid_out=st.booleans(),
     switches=modern_switches(),
+    half=st.booleans() if FBGEMM else st.just(False),
 )
 def test_decode_step_equals_forward(
     flags: dict[str, object], lengths: list[int], steps: int, seed: int, laid_out: bool,
-    switches: dict[str, object],
+    switches: dict[str, object], half: bool,
 ) -> None:
     """DecodeStep (stacked q/k/v, plain F calls) == GPT.forward at T=1, cache included,
-    whether or not the weights are in GPT's (in, out) layout, over every config switch."""
+    whether or not the weights are in GPT's (in, out) layout, over every config switch;
+    and so does the float16 step of a `half_weights` model (fbgemm builds only)."""
     if not flags["attn_out_proj"]:
         switches.pop("head_dim")  # without out_proj, the heads' width is the stream's
     model = _model("nano", n_head=4, **flags, **switches)
     if not laid_out:
         make_row_major(model)  # DecodeStep copies
+    if half:
+        half_weights(model)  # its matrices rounded: forward computes what decode streams
     ids, mask = left_padded(lengths, seed=seed)  # (B, P)
     attention_mask = None if min(lengths) == max(lengths) else mask
     B, P = ids.shape
     caches = [model.new_cache(B, P + steps) for _ in range(2)]
-    step = DecodeStep(model)
+    step = DecodeStep(model, weights="float16" if half else "float32")
     gen = torch.Generator().manual_seed(seed)
     with torch.inference_mode():
         for cache in caches:
