@@ -132,7 +132,7 @@ def run(args: argparse.Namespace) -> int:
     def save(fig: Any, stem: str, close: bool = True) -> None:
         written.extend(viz.save_figure(fig, out / stem, formats, close=close))
 
-    group = c.n_head // (c.n_kv_head or c.n_head)  # query heads per key/value head (GQA)
+    group = c.n_head // c.n_kv_heads  # query heads per key/value head (GQA)
     kv_kept = sorted({h // group for h in heads})  # the k/v heads the trace kept
 
     def head_of(name: str, layer: int, h: int) -> Any:

@@ -26,6 +26,7 @@ from .files import (
     CONFIG_FILE,
     SAFETENSORS_FILE,
     HFDirTokenizer,
+    eos_field,
     is_hf_dir,
     load_hf_tokenizer,
     read_hf_config,
@@ -195,9 +196,8 @@ def save_hf(path: str | Path, model: GPT, tokenizer: Tokenizer | None = None, *,
     family = family or family_for_config(model.config)
     special: dict[str, int | list[int] | None] = {}
     if tokenizer is not None:
-        stops = list(tokenizer.stop_ids)
         special = {"bos": getattr(tokenizer, "bos_id", None),
-                   "eos": stops if len(stops) > 1 else tokenizer.eot_id}
+                   "eos": eos_field(tokenizer.stop_ids)}
     config = config_to_hf(model.config, family=family, special=special)
     weights = family.weights.to_hf(model.state_dict(), model.config)
     sources = [tokenizer.source] if isinstance(tokenizer, HFDirTokenizer) and tokenizer.source \

@@ -113,6 +113,12 @@ def _read_json(path: Path) -> dict[str, Any]:
     return value if isinstance(value, dict) else {}
 
 
+def eos_field(stop_ids: Sequence[int]) -> int | list[int] | None:
+    """The "eos" of `special_token_ids` (and generation_config.json's eos_token_id) for
+    these stop ids: the one id, a list when there are several, None when none."""
+    return list(stop_ids) if len(stop_ids) > 1 else (stop_ids[0] if stop_ids else None)
+
+
 def special_token_ids(directory: Path, tokenizer: HFTokenizer) -> dict[str, Any]:
     """{"bos": id, "eos": id or [ids], "pad": id, "add_bos": bool} from
     generation_config.json (ids win), tokenizer_config.json (token strings) and config.json;
@@ -172,8 +178,8 @@ class HFDirTokenizer(HFTokenizer):
 
     def special(self) -> dict[str, Any]:
         """The special tokens as `__init__` takes them (what a checkpoint saves)."""
-        eos = list(self.eos_ids) if len(self.eos_ids) > 1 else self.eot_id
-        return {"bos": self.bos_id, "eos": eos, "pad": self.pad_id, "add_bos": self.add_bos}
+        return {"bos": self.bos_id, "eos": eos_field(self.stop_ids), "pad": self.pad_id,
+                "add_bos": self.add_bos}
 
     def chat_prompt(self, messages: Sequence[dict[str, str]], *,
                     add_generation_prompt: bool = True) -> str:
