@@ -114,8 +114,12 @@ def test_float16_weights_refuse_what_they_cannot_run() -> None:
     model = _model()
     with torch.no_grad():
         model.blocks[1].attn.value.weight[0, 0] = 1e5
+    before = {name: p.clone() for name, p in model.named_parameters()}
     with pytest.raises(ValueError, match=r"blocks\.1\.attn\.value\.weight holds \|w\| = 100000"):
         half_weights(model)
+    # refused before rounding anything (block 0's matrices come first)
+    assert all(torch.equal(p, before[name]) for name, p in model.named_parameters())
+    assert model.decode_weights == "float32"
     with pytest.raises(ValueError, match=r"\|w\| = 100000, beyond float16's largest value"):
         DecodeStep(model, weights="float16")
     # cast after half_weights: generation says how to decode it as it now is

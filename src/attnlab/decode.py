@@ -301,16 +301,17 @@ def half_weights(model: GPT) -> GPT:
     they change. x86 CPUs, float32 models on the CPU (`check_float16_weights`).
     """
     check_float16_weights(model)
+    linears = [(name, m) for name, m in model.named_modules() if isinstance(m, nn.Linear)]
     with torch.no_grad():
-        for name, module in model.named_modules():
-            if not isinstance(module, nn.Linear):
-                continue
+        # every matrix checked before any is rounded: a refusal leaves the model as it was
+        for name, module in linears:
             largest = _largest(module.weight)
             if largest > FLOAT16_MAX:
                 raise ValueError(
                     f"{name}.weight holds |w| = {largest:.6g}, beyond float16's largest "
                     f"value {FLOAT16_MAX:g}; keep float32 weights for this model"
                 )
+        for _, module in linears:
             memory = _in_memory_order(module.weight)
             memory.copy_(memory.half())  # in place: layout and ties kept
     model.decode_weights = "float16"
