@@ -11,6 +11,8 @@ from typing import Any
 
 import torch
 
+from attnlab.model import laid_out
+
 
 def left_padded(
     lengths: list[int], *, vocab: int = 65, low: int = 0, seed: int = 0
@@ -67,10 +69,10 @@ def one_head_model() -> Any:
 
 
 def linears_laid_out(model: torch.nn.Module) -> bool:
-    """Whether `model` has Linear layers and each weight has GPT's (in, out) memory
-    (`GPT.lay_out_weights`)."""
+    """Whether `model` has Linear layers and each weight has the memory GPT gives it, its
+    longer side along rows (`GPT.lay_out_weights`)."""
     linears = [m for m in model.modules() if isinstance(m, torch.nn.Linear)]
-    return bool(linears) and all(m.weight.t().is_contiguous() for m in linears)
+    return bool(linears) and all(laid_out(m) for m in linears)
 
 
 def make_row_major(model: torch.nn.Module) -> None:

@@ -34,17 +34,19 @@ if TYPE_CHECKING:
 class _Affine(NamedTuple):
     """x (B, in) -> x @ weight + bias (B, out), for the one-token decode step."""
 
-    weight: Tensor  # (in, out), contiguous: see GPT.lay_out_weights
+    weight: Tensor  # (in, out), over (in, out) or (out, in) memory: GPT.lay_out_weights
     bias: Tensor | None  # (out,)
 
     @classmethod
     def stack(cls, *linears: nn.Linear) -> _Affine:
         """Linear layers fed the same input as one: their (in, out) weights side by side and
-        biases end to end. One layer's own tensors when there is one and GPT laid it out,
-        else a copy."""
+        biases end to end. One layer's own tensors when there is one (in either memory order:
+        BLAS reads both), else a copy."""
         weights = [lin.weight.detach().t() for lin in linears]  # (in, out) each
         biases = [lin.bias.detach() for lin in linears if lin.bias is not None]
-        weight = torch.cat(weights, dim=1) if len(weights) > 1 else weights[0].contiguous()
+        weight = torch.cat(weights, dim=1) if len(weights) > 1 else weights[0]
+        if not (weight.is_contiguous() or weight.t().is_contiguous()):
+            weight = weight.contiguous()
         bias = None if not biases else biases[0] if len(biases) == 1 else torch.cat(biases)
         return cls(weight, bias)
 

@@ -25,6 +25,7 @@ import torch
 from torch import Tensor, nn
 
 from .layers import RMSNorm
+from .model import unembed
 from .trace import Trace
 
 
@@ -36,7 +37,8 @@ def logit_lens(model: Any, ids: Tensor, attention_mask: Tensor | None = None) ->
     model(ids, attention_mask=attention_mask, trace=trace)
     streams = [trace.get("emb")] + [trace.get("block_out", layer)
                                      for layer in range(model.config.n_layer)]
-    return torch.stack([model.lm_head(model.ln_f(x)) for x in streams])  # (L + 1, B, T, V)
+    # unembed: the model's own head product, so the last row is bit-equal to its logits
+    return torch.stack([unembed(model.lm_head, model.ln_f(x)) for x in streams])  # (L+1, B, T, V)
 
 
 def top_tokens(lens_logits: Tensor, k: int = 5) -> tuple[Tensor, Tensor]:
