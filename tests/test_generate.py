@@ -11,6 +11,7 @@ from hypothesis import strategies as st
 
 import attnlab.generate as generate_mod
 from attnlab import GPT, GPTConfig, build_mask
+from attnlab.decode import decode_step
 from attnlab.generate import (
     generate,
     generate_text,
@@ -19,6 +20,7 @@ from attnlab.generate import (
     stream,
     stream_text,
 )
+from attnlab.intervene import Edits
 from attnlab.tokenizers import get_tokenizer
 from helpers import left_padded, modern_switches
 
@@ -249,3 +251,32 @@ def test_generate_text_matches_token_generation() -> None:
         ids = torch.tensor([tok.encode(prompt)])
         alone = generate(model, ids, max_new_tokens=10, temperature=0, vocab_size=tok.vocab_size)
         assert text == tok.decode(alone[0, len(prompt):].tolist())
+
+
+def test_the_float32_step_is_kept_and_follows_the_weights() -> None:
+    """decode_step keeps a float32 model's step (its stacked q/k/v copy) between generations
+    and copies q/k/v again each time, so generation computes the weights as they are now:
+    after an edit through .data (no version counter sees it), a tracked in-place edit (a new
+    step) and a weight replaced by another tensor. Reference: GPT.forward (the edits path)."""
+    model = _model(init_std=0.3)
+    ids = torch.randint(0, 65, (2, 5), generator=torch.Generator().manual_seed(0))
+
+    def greedy() -> torch.Tensor:
+        fast = generate(model, ids, max_new_tokens=10, temperature=0)
+        assert torch.equal(fast, generate(model, ids, max_new_tokens=10, temperature=0,
+                                          edits=Edits()))
+        return fast
+
+    step, before = decode_step(model), greedy()
+    assert decode_step(model) is step
+    attn = model.blocks[0].attn
+    attn.query.weight.data.mul_(-4)  # untracked: the kept step copies q/k/v again
+    assert decode_step(model) is step
+    edited = greedy()
+    assert not torch.equal(edited, before)  # the edit changes what the model says
+    with torch.no_grad():
+        model.blocks[1].attn.value.weight.mul_(3)  # tracked: a new step
+    assert decode_step(model) is not step
+    greedy()
+    attn.key.weight.data = attn.key.weight.data * -2  # another tensor: a new step
+    greedy()

@@ -38,16 +38,21 @@ class _Affine(NamedTuple):
     bias: Tensor | None  # (out,)
 
     @classmethod
-    def stack(cls, *linears: nn.Linear) -> _Affine:
+    def stack(cls, *linears: nn.Linear, into: _Affine | None = None) -> _Affine:
         """Linear layers fed the same input as one: their (in, out) weights side by side and
         biases end to end. One layer's own tensors when there is one (in either memory order:
-        BLAS reads both), else a copy."""
+        BLAS reads both), else a copy: into the tensors of `into`, a stack of the same
+        layers, when given."""
         weights = [lin.weight.detach().t() for lin in linears]  # (in, out) each
         biases = [lin.bias.detach() for lin in linears if lin.bias is not None]
-        weight = torch.cat(weights, dim=1) if len(weights) > 1 else weights[0]
-        if not (weight.is_contiguous() or weight.t().is_contiguous()):
-            weight = weight.contiguous()
-        bias = None if not biases else biases[0] if len(biases) == 1 else torch.cat(biases)
+        if len(weights) == 1:
+            weight = weights[0]
+            if not (weight.is_contiguous() or weight.t().is_contiguous()):
+                weight = weight.contiguous()
+            return cls(weight, biases[0] if biases else None)
+        weight = torch.cat(weights, dim=1, out=None if into is None else into.weight)
+        bias = None if not biases else torch.cat(
+            biases, out=None if into is None else into.bias)
         return cls(weight, bias)
 
     def __call__(self, x: Tensor) -> Tensor:
@@ -189,6 +194,9 @@ class DecodeStep:
             _DecodeLayer.of(cast("Block", block), c.window_of(i))
             for i, block in enumerate(model.blocks)
         ]
+        # each layer's q, k, v Linear layers, whose weights `layers[i].qkv` copies
+        self._qkv_sources = [(b.attn.query, b.attn.key, b.attn.value)
+                             for b in cast("list[Block]", list(model.blocks))]
         self.ln_f = _norm_of(model.ln_f)
         self.wte = model.wte.weight.detach()
         self.wpe = None if model.wpe is None else model.wpe.weight.detach()
@@ -201,6 +209,16 @@ class DecodeStep:
                 head = pool.submit(_Packed16.of, self.lm_head)  # the largest first
                 self.layers = list(pool.map(_DecodeLayer.packed16, self.layers))
                 self.lm_head = head.result()
+
+    def refresh(self) -> None:
+        """Copy the model's q/k/v weights into the stacked matrices again (float32 steps;
+        float16 ones are packed copies of every matrix: build a new step). The step reads
+        every other weight in place, so it then computes the model as it is now, whatever
+        changed in place since, even through `.data` (which no version counter sees)."""
+        if self.weights != "float32":
+            raise ValueError("a float16 step holds packed copies; build a new DecodeStep")
+        for layer, linears in zip(self.layers, self._qkv_sources, strict=True):
+            _Affine.stack(*linears, into=cast(_Affine, layer.qkv))
 
     def _mlp(self, layer: _DecodeLayer, h: Tensor) -> Tensor:
         """h (B, C) -> the MLP's output (B, C); the layer must have one."""
@@ -322,24 +340,35 @@ def half_weights(model: GPT) -> GPT:
     return model
 
 
-# model -> (its weights' identity and versions at packing, the packed step)
-_PACKED: WeakKeyDictionary[GPT, tuple[tuple[tuple[int, int], ...], DecodeStep]] = (
-    WeakKeyDictionary())
+# model -> (its weights' identity and versions when the step was built, the step)
+_STEPS: WeakKeyDictionary[GPT, tuple[tuple[object, ...], DecodeStep]] = WeakKeyDictionary()
 
 
+@torch.inference_mode()
 def decode_step(model: GPT) -> DecodeStep:
-    """The `DecodeStep` a generation runs: a new one for float32 weights (building it costs a
-    copy of q/k/v); for a model of `half_weights`, the packed one, kept while every parameter
-    is the same tensor at the same version (packing costs seconds)."""
-    if model.decode_weights == "float32":
-        return DecodeStep(model)
-    key = tuple((p.data_ptr(), p._version) for p in model.parameters())
-    held = _PACKED.get(model)
-    if held is None or held[0] != key:
-        try:
-            held = key, DecodeStep(model, model.decode_weights)
-        except ValueError as err:  # moved to a GPU or cast since half_weights
-            raise ValueError(f"{err} (this model went through half_weights: set "
-                             "model.decode_weights = 'float32' to decode it as it is)") from None
-        _PACKED[model] = held
-    return held[1]
+    """The `DecodeStep` a generation runs, kept with the model while every parameter is the
+    same tensor at the same version and `model.decode_weights` is unchanged, else built again.
+
+    float32: building copies q/k/v into one matrix per layer (GPT-2 small: 85 MB, kept as
+    long as the model), which took 52 ms a generation here when made afresh (freed memory
+    goes back to the OS, so each copy page-faults again); a kept step only copies them
+    again (`DecodeStep.refresh`, ~10 ms), so it sees every in-place change. float16 (a
+    model of `half_weights`): the packed step (packing costs seconds), packed again after
+    a tracked change; an edit through `.data` goes unseen, so call `half_weights` again.
+    """
+    key = (model.decode_weights, *((p.data_ptr(), p._version) for p in model.parameters()))
+    held = _STEPS.get(model)
+    if held is not None and held[0] == key:
+        if model.decode_weights == "float32":
+            held[1].refresh()
+        return held[1]
+    try:
+        step = DecodeStep(model, model.decode_weights)
+    except ValueError as err:
+        if model.decode_weights == "float32":
+            raise
+        # moved to a GPU or cast since half_weights
+        raise ValueError(f"{err} (this model went through half_weights: set "
+                         "model.decode_weights = 'float32' to decode it as it is)") from None
+    _STEPS[model] = key, step
+    return step

@@ -125,9 +125,9 @@ def decode_one_token(
 ) -> Tensor:
     """One new id per row (B, 1) against the cache -> next-token logits (B, V).
 
-    `decode` is the model's `DecodeStep` (`decode.decode_step`: built once per generation, or
-    kept packed by `half_weights`): `GPT.forward` at T = 1 with the weights laid out for it,
-    tested equal to it. attention_mask (B, S) covers cached
+    `decode` is the model's `DecodeStep` (`decode.decode_step`: kept with the model while its
+    weights stay the same tensors, packed as float16 after `half_weights`): `GPT.forward` at
+    T = 1 with the weights laid out for it, tested equal to it. attention_mask (B, S) covers cached
     + new positions; None when no row has padding, so attention runs with no mask at all.
     """
     return decode(token, attention_mask, cache)  # (B, V)
