@@ -64,8 +64,9 @@ FLOAT16_MAX = 65504.0  # float16's largest finite value
 
 
 def _in_memory_order(w: Tensor) -> Tensor:
-    """w, or w.t() where that is contiguous (GPT lays Linear weights out as (in, out)):
-    whole-tensor ops run over contiguous memory, 3-8x faster than over the strided view."""
+    """w, or w.t() where that is contiguous (GPT lays the wide Linear weights out as (in,
+    out) memory): whole-tensor ops run over contiguous memory, 3-8x faster than over the
+    strided view."""
     return w.t() if w.dim() == 2 and not w.is_contiguous() and w.t().is_contiguous() else w
 
 
@@ -350,9 +351,9 @@ def decode_step(model: GPT) -> DecodeStep:
     same tensor at the same version and `model.decode_weights` is unchanged, else built again.
 
     float32: building copies q/k/v into one matrix per layer (GPT-2 small: 85 MB, kept as
-    long as the model), which took 52 ms a generation here when made afresh (freed memory
+    long as the model), which took 53 ms a generation here when made afresh (freed memory
     goes back to the OS, so each copy page-faults again); a kept step only copies them
-    again (`DecodeStep.refresh`, ~10 ms), so it sees every in-place change. float16 (a
+    again (`DecodeStep.refresh`, 11 ms), so it sees every in-place change. float16 (a
     model of `half_weights`): the packed step (packing costs seconds), packed again after
     a tracked change; an edit through `.data` goes unseen, so call `half_weights` again.
     """

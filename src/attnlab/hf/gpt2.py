@@ -2,8 +2,9 @@
 
 GPT-2 stores its linear layers as `Conv1D` with weights (in, out), and q, k and v fused in
 one `c_attn` of width 3C ([q | k | v] along the output); attnlab keeps `nn.Linear` (out, in)
-names (over the same (in, out) memory: `GPT.lay_out_weights`) and separate query / key /
-value projections, so the mapping transposes and splits (and on export joins back).
+names (over (in, out) memory but for the MLP's down projection: `GPT.lay_out_weights`)
+and separate query / key / value projections, so the mapping transposes and splits (and
+on export joins back).
 """
 
 from __future__ import annotations
