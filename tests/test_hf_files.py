@@ -4,7 +4,9 @@ missing or stored while tied, stray weights, tokenizer BOS/EOS, and the CLI on a
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -14,6 +16,7 @@ from attnlab.checkpoint import load_checkpoint
 from attnlab.cli import main
 from attnlab.generate import generate, generate_text
 from attnlab.hf import load_hf_tokenizer
+from attnlab.tokenizers import Tokenizer
 
 transformers = pytest.importorskip("transformers")
 tokenizers = pytest.importorskip("tokenizers")
@@ -279,3 +282,60 @@ def test_a_completion_keeps_the_space_its_first_word_carries(tmp_path: Path) -> 
     streamed = asyncio.run(events())
     assert '"text": " Paris"' in streamed[0] and '"text": " The"' in streamed[1]
     assert '"text": " Paris The"' in streamed[-1]  # the done event's whole completion
+
+
+@pytest.mark.parametrize("kind", ["char", "byte", "word"])
+def test_save_hf_writes_a_tokenizer_json_for_attnlab_tokenizers(
+    tmp_path: Path, kind: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A char, byte or word model exported to Hugging Face keeps its tokenizer: attnlab and
+    transformers read the same ids back, and `attnlab generate` runs on the directory."""
+    from attnlab import GPT, GPTConfig
+    from attnlab.tokenizers import get_tokenizer
+
+    text = "Hello World! hello  there.\r\n New line, ünïcode € "
+    ours = get_tokenizer(kind, text)
+    model = GPT(GPTConfig(vocab_size=ours.vocab_size, block_size=32, n_layer=1, n_head=2,
+                          n_embd=16)).eval()
+    save_hf(tmp_path / "hf", model, ours)
+    fast = transformers.PreTrainedTokenizerFast(tokenizer_file=str(tmp_path / "hf/tokenizer.json"))
+    read = load_checkpoint(tmp_path / "hf").tokenizer
+    want = ours.encode(text)
+    assert fast(text)["input_ids"] == want and read.encode(text) == want
+    assert fast.decode(want) == text and read.decode(want) == text
+    if kind != "byte":  # a character the vocabulary lacks is named, as attnlab's own does
+        with pytest.raises(ValueError, match="cannot encode '§'"):
+            read.encode("§")
+    assert main(["generate", str(tmp_path / "hf"), "Hello", "--max-new-tokens", "3",
+                 "--temperature", "0"]) == 0
+    assert capsys.readouterr().out.startswith("Hello")
+
+
+class Opaque(Tokenizer):
+    """A tokenizer with no tokenizer.json form."""
+
+    name, vocab_size = "custom", 8
+
+    def encode(self, text: str) -> list[int]:
+        return [0] * len(text)
+
+    def decode(self, ids: Sequence[int]) -> str:
+        return "x" * len(ids)
+
+    def _config(self) -> dict[str, Any]:
+        return {}
+
+
+def test_info_reads_a_directory_without_a_tokenizer(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from attnlab import GPT, GPTConfig
+
+    model = GPT(GPTConfig(vocab_size=8, block_size=8, n_layer=1, n_head=2, n_embd=16))
+    with pytest.warns(UserWarning, match="has no tokenizer.json form"):
+        save_hf(tmp_path / "hf", model, Opaque())
+    assert not (tmp_path / "hf/tokenizer.json").exists()
+    assert main(["info", str(tmp_path / "hf")]) == 0
+    out, err = capsys.readouterr()
+    assert "has no tokenizer" in err and "tokenizer   none" in out
+    assert f"{model.num_params(non_embedding=False):,} parameters" in out

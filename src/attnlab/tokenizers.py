@@ -272,13 +272,19 @@ class HFTokenizer(Tokenizer):
         return cls(backend, name=f"hf:{Path(path).name}")
 
     def encode(self, text: str) -> list[int]:
-        _utf8(self.name, text)  # the Rust side takes only valid Unicode (TypeError otherwise)
-        return list(self.backend.encode(text).ids)
+        return self._encode(text, special=True)
 
     def encode_continuation(self, text: str) -> list[int]:
-        _utf8(self.name, text)
         # no post-processor template (Llama 3's tokenizer.json adds <|begin_of_text|>)
-        return list(self.backend.encode(text, add_special_tokens=False).ids)
+        return self._encode(text, special=False)
+
+    def _encode(self, text: str, special: bool) -> list[int]:
+        _utf8(self.name, text)  # the Rust side takes only valid Unicode (TypeError otherwise)
+        try:
+            return list(self.backend.encode(text, add_special_tokens=special).ids)
+        except Exception as err:  # e.g. a word-level vocabulary without an unknown token
+            raise ValueError(f"the {self.name} tokenizer cannot encode {text[:80]!r}: {err}; "
+                             "use only text its vocabulary covers") from None
 
     def decode(self, ids: Sequence[int]) -> str:
         _check_ids(self.name, ids, self.vocab_size)  # unknown ids would vanish silently

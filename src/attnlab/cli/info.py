@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
+from pathlib import Path
 from typing import Any
 
 
@@ -22,26 +24,35 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
 
 def run(args: argparse.Namespace) -> int:
     from ..checkpoint import STATE_FILE, load_checkpoint
+    from ..hf.files import NoTokenizerError
+    from ..tokenizers import Tokenizer
 
-    ckpt = load_checkpoint(args.checkpoint)
-    model, meta = ckpt.model, ckpt.meta
-    assert ckpt.path is not None
-    state_file = ckpt.path / STATE_FILE
+    tok: Tokenizer | None
+    try:
+        ckpt = load_checkpoint(args.checkpoint)
+        model, meta, tok, path = ckpt.model, ckpt.meta, ckpt.tokenizer, ckpt.path
+    except NoTokenizerError as err:  # a weights-only Hugging Face directory: say so, go on
+        from ..hf import load_hf
+
+        print(f"note: {err}", file=sys.stderr)
+        model, meta, tok, path = load_hf(args.checkpoint), {}, None, Path(args.checkpoint)
+    assert path is not None
+    state_file = path / STATE_FILE
     train_config = meta.get("train_config") or {}
     info: dict[str, Any] = {
-        "path": str(ckpt.path),
+        "path": str(path),
         "config": model.config.to_dict(),
         "parameters": model.num_params(non_embedding=False),
-        "tokenizer": {"name": ckpt.tokenizer.name, "vocab_size": ckpt.tokenizer.vocab_size,
-                      "stop_ids": list(ckpt.tokenizer.stop_ids),
-                      "bos_id": getattr(ckpt.tokenizer, "bos_id", None),
-                      "adds_bos": bool(getattr(ckpt.tokenizer, "add_bos", False))},
+        "tokenizer": tok and {"name": tok.name, "vocab_size": tok.vocab_size,
+                              "stop_ids": list(tok.stop_ids),
+                              "bos_id": getattr(tok, "bos_id", None),
+                              "adds_bos": bool(getattr(tok, "add_bos", False))},
         "step": meta.get("step"),
         "val_loss": meta.get("val_loss"),
         "dataset": meta.get("dataset"),
         "train_config": train_config,
         "resumable": state_file.exists(),
-        "bytes": sum(p.stat().st_size for p in ckpt.path.iterdir() if p.is_file()),
+        "bytes": sum(p.stat().st_size for p in path.iterdir() if p.is_file()),
     }
     if args.json:
         print(json.dumps(info, indent=2))
@@ -54,8 +65,10 @@ def run(args: argparse.Namespace) -> int:
     print("config      " + ", ".join(f"{k}={v}" for k, v in c.items()))
     if meta.get("family"):
         print(f"family      {meta['architecture']} (Hugging Face {meta['family']} directory)")
-    print(f"tokenizer   {info['tokenizer']['name']} ({info['tokenizer']['vocab_size']} ids)"
-          + _specials(ckpt.tokenizer, info["tokenizer"]))
+    if tok is None:
+        print("tokenizer   none")
+    else:
+        print(f"tokenizer   {tok.name} ({tok.vocab_size} ids)" + _specials(tok, info["tokenizer"]))
     if info["step"] is not None:
         val = "" if info["val_loss"] is None else f", val loss {info['val_loss']:.4f}"
         if meta.get("val_bpb") is not None:
@@ -78,3 +91,4 @@ def _specials(tok: Any, about: dict[str, Any]) -> str:
     if about["adds_bos"] and about["bos_id"] is not None:
         text += f"; {named(about['bos_id'])} prepended"
     return text
+

@@ -17,6 +17,7 @@ from __future__ import annotations
 import hashlib
 import json
 import shutil
+import warnings
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -35,6 +36,10 @@ TOKENIZER_CONFIG = "tokenizer_config.json"
 # copied next to an exported model when the source directory has them
 TOKENIZER_FILES = ("tokenizer.json", TOKENIZER_CONFIG, "chat_template.jinja",
                    "special_tokens_map.json", GENERATION_CONFIG, "vocab.json", "merges.txt")
+
+
+class NoTokenizerError(FileNotFoundError):
+    """A Hugging Face directory without tokenizer files (the weights may still be fine)."""
 
 
 def is_hf_dir(path: str | Path) -> bool:
@@ -164,9 +169,8 @@ class HFDirTokenizer(HFTokenizer):
             self.eot_id = self.eos_ids[0]  # pads an ended row; the others stop it too
         pad = special["pad"] if special["pad"] is not None else self.eot_id
         self.pad_id = pad if pad is not None else 0
-        probe = list(backend.encode("a").ids)
         self.add_bos = bool(special["add_bos"] and self.bos_id is not None
-                            and probe[:1] != [self.bos_id])
+                            and self._encode("a", special=True)[:1] != [self.bos_id])
 
     def encode(self, text: str) -> list[int]:
         ids = super().encode(text)
@@ -256,7 +260,7 @@ def load_hf_tokenizer(directory: str | Path, vocab_size: int | None = None) -> T
                 f"{directory} has no tokenizer.json (or vocab.json + merges.txt), and the "
                 f"fallback failed: {err}"
             ) from err
-    raise FileNotFoundError(
+    raise NoTokenizerError(
         f"{directory} has no tokenizer: add tokenizer.json (tokenizer.save_pretrained(dir)) "
         "or vocab.json + merges.txt"
     )
@@ -276,5 +280,44 @@ def write_hf_dir(directory: Path, config: dict[str, Any], weights: dict[str, Ten
         for name in TOKENIZER_FILES:
             if (source / name).is_file() and source.resolve() != directory.resolve():
                 shutil.copyfile(source / name, directory / name)
-    if isinstance(tokenizer, HFTokenizer) and not (directory / "tokenizer.json").is_file():
-        tokenizer.backend.save(str(directory / "tokenizer.json"))
+    if tokenizer is None or (directory / "tokenizer.json").is_file():
+        return
+    backend = tokenizer.backend if isinstance(tokenizer, HFTokenizer) else _as_hf(tokenizer)
+    if backend is not None:
+        backend.save(str(directory / "tokenizer.json"))
+    elif not (isinstance(tokenizer, TiktokenTokenizer) and tokenizer.vocab_size == 50257):
+        warnings.warn(f"{directory}: the {tokenizer.name} tokenizer has no tokenizer.json "
+                      "form, so the directory has no tokenizer (attnlab's commands "
+                      "and transformers need one; save_checkpoint keeps any tokenizer)",
+                      stacklevel=3)
+
+
+def _bytes_as_chars() -> dict[int, str]:
+    """GPT-2's byte -> printable character table, which byte-level tokenizer.json uses."""
+    printable = [*range(33, 127), *range(161, 173), *range(174, 256)]
+    others = [b for b in range(256) if b not in printable]
+    return {**{b: chr(b) for b in printable}, **{b: chr(256 + i) for i, b in enumerate(others)}}
+
+
+def _as_hf(tokenizer: Tokenizer) -> Any:
+    """A `tokenizers` Tokenizer with the same ids as attnlab's char, byte or word tokenizer
+    (what transformers' PreTrainedTokenizerFast and `load_hf_tokenizer` read); None for
+    other kinds."""
+    from ..tokenizers import _WORD, ByteTokenizer, CharTokenizer, WordTokenizer
+
+    if not isinstance(tokenizer, CharTokenizer | ByteTokenizer | WordTokenizer):
+        return None
+    tk = _import_tokenizers()
+    if isinstance(tokenizer, ByteTokenizer):  # 256 one-byte pieces, no merges
+        chars = _bytes_as_chars()
+        backend = tk.Tokenizer(tk.models.BPE({chars[b]: b for b in range(256)}, []))
+        backend.pre_tokenizer = tk.pre_tokenizers.ByteLevel(add_prefix_space=False,
+                                                            use_regex=False)
+        backend.decoder = tk.decoders.ByteLevel()
+        return backend
+    pieces, pattern = ((tokenizer.chars, r"[\s\S]") if isinstance(tokenizer, CharTokenizer)
+                       else (tokenizer.words, _WORD.pattern))
+    backend = tk.Tokenizer(tk.models.WordLevel({p: i for i, p in enumerate(pieces)}))
+    backend.pre_tokenizer = tk.pre_tokenizers.Split(tk.Regex(pattern), behavior="isolated")
+    backend.decoder = tk.decoders.Fuse()  # pieces carry their own spaces
+    return backend
