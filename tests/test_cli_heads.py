@@ -12,6 +12,7 @@ import torch
 
 from attnlab import GPT, GPTConfig
 from attnlab.checkpoint import save_checkpoint
+from attnlab.cli import heads as heads_cli
 from attnlab.cli import main
 from attnlab.data import load_dataset
 from attnlab.generate import generate_text
@@ -30,10 +31,13 @@ def checkpoint(tmp_path: Path) -> tuple[Path, GPT, object]:
 
 
 def test_heads_table_figure_json_and_ablation(
-    checkpoint: tuple, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+    checkpoint: tuple, tmp_path: Path, capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     path = checkpoint[0]
-    assert main(["heads", str(path), "--out", str(tmp_path / "h")]) == 0
+    with monkeypatch.context() as m:  # the random model's best induction score is 0.04
+        m.setattr(heads_cli, "MIN_INDUCTION", 0.0)
+        assert main(["heads", str(path), "--out", str(tmp_path / "h")]) == 0
     out = capsys.readouterr().out
     assert "probe: 16 examples of the copy task" in out
     assert "held-out answer accuracy (256 examples): intact" in out
@@ -46,6 +50,14 @@ def test_heads_table_figure_json_and_ablation(
     assert main(["heads", str(path), "abcabc", "--no-ablation", "--out", str(tmp_path)]) == 0
     out = capsys.readouterr().out
     assert "probe: the text (6 tokens)" in out and "accuracy" not in out
+    # a probe without repeats has no induction heads: nothing to ablate, and the top and the
+    # lowest heads never overlap
+    assert main(["heads", str(path), "ab", "--out", str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    assert "no induction heads on this probe (best score 0.000 < 0.1)" in out
+    assert "accuracy" not in out
+    report = json.loads((tmp_path / "heads.json").read_text())
+    assert report["ablation"] == {"skipped": "best induction score 0.000 < 0.1"}
 
 
 def test_patch_and_lens(checkpoint: tuple, tmp_path: Path,

@@ -1,9 +1,10 @@
 """attnlab: causal self-attention language models you can build, train, generate with,
 and look inside.
 
-The public API is re-exported here; modules below it follow DESIGN.md (one concept each).
-The functions `attnlab.train.train` and `attnlab.generate.generate` are not re-exported:
-their names belong to their modules.
+The public API is re-exported here; each module below it holds one concept (attention,
+model, kv_cache, generate, train, trace, intervene, ...). The functions `train` and
+`generate` are not re-exported, since their names belong to their modules: write
+`from attnlab.generate import generate` and `from attnlab.train import train`.
 """
 
 from .attention import CausalSelfAttention, Mask, attend, build_mask, causal_mask, padding_mask

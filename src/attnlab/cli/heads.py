@@ -16,6 +16,8 @@ from typing import Any
 
 from . import CLIError
 
+MIN_INDUCTION = 0.1  # a best induction score below this: no induction heads to ablate
+
 
 def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
     parser = subparsers.add_parser(
@@ -90,11 +92,16 @@ def _ablation(model: Any, dataset: Any, induction: Any, ranked: list[tuple[int, 
     from ..recipes import answer_accuracy
 
     best = float(induction.max())
+    if not best >= MIN_INDUCTION:  # nan too
+        print(f"no induction heads on this probe (best score {best:.3f} < {MIN_INDUCTION}): "
+              "ablation skipped; a probe with repeated text shows them")
+        return {"skipped": f"best induction score {best:.3f} < {MIN_INDUCTION}"}
     top = [h for h in ranked if float(induction[h]) >= best / 2]
-    low = ranked[-len(top):]
+    low = [h for h in reversed(ranked) if h not in top][:len(top)]  # never one of the top
     base, _ = answer_accuracy(model, dataset, n=256, seed=1)
     no_top, rows = answer_accuracy(model, dataset, n=256, seed=1, edits=ablate(top))
-    no_low, _ = answer_accuracy(model, dataset, n=256, seed=1, edits=ablate(low))
+    no_low = answer_accuracy(model, dataset, n=256, seed=1, edits=ablate(low))[0] if low \
+        else float("nan")
 
     def names(heads: list[tuple[int, int]]) -> str:
         return ",".join(f"{la}.{h}" for la, h in heads)
@@ -102,6 +109,7 @@ def _ablation(model: Any, dataset: Any, induction: Any, ranked: list[tuple[int, 
     print(f"held-out answer accuracy (256 examples): intact {base:.1%}")
     print(f"  top induction heads {names(top)} ablated (zero):  {no_top:.1%}"
           f"   e.g. {rows[0][0]}{rows[0][2]} (expected {rows[0][1]})")
-    print(f"  lowest-scoring heads {names(low)} ablated (zero): {no_low:.1%}")
+    if low:
+        print(f"  lowest-scoring heads {names(low)} ablated (zero): {no_low:.1%}")
     return {"intact": base, "top_heads": names(top), "top_ablated": no_top,
             "low_heads": names(low), "low_ablated": no_low}
