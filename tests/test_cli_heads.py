@@ -14,6 +14,7 @@ from attnlab import GPT, GPTConfig
 from attnlab.checkpoint import save_checkpoint
 from attnlab.cli import heads as heads_cli
 from attnlab.cli import main
+from attnlab.cli import patch as patch_cli
 from attnlab.data import load_dataset
 from attnlab.generate import generate_text
 from attnlab.intervene import ablate
@@ -60,14 +61,21 @@ def test_heads_table_figure_json_and_ablation(
     assert report["ablation"] == {"skipped": "best induction score 0.000 < 0.1"}
 
 
-def test_patch_and_lens(checkpoint: tuple, tmp_path: Path,
-                        capsys: pytest.CaptureFixture[str]) -> None:
+def test_patch_and_lens(checkpoint: tuple, tmp_path: Path, capsys: pytest.CaptureFixture[str],
+                        monkeypatch: pytest.MonkeyPatch) -> None:
     path, _, _ = checkpoint
     args = ["patch", str(path), "--clean", "abcd|ab", "--corrupt", "abxd|ab", "--answer", "c",
             "--wrong", "x", "--out", str(tmp_path / "p")]
-    assert main(args) == 0
-    out = capsys.readouterr().out
+    with monkeypatch.context() as m:
+        m.setattr(patch_cli, "SMALL_GAP", 1e9)
+        assert main(args) == 0
+    out, err = capsys.readouterr()
     assert "logit difference 'c' - 'x'" in out and "residual entering layer 1" in out
+    assert "warning: the clean and corrupted runs differ by only" in err
+    with monkeypatch.context() as m:
+        m.setattr(patch_cli, "SMALL_GAP", 0.0)
+        assert main(args) == 0
+    assert "warning" not in capsys.readouterr().err
     result = json.loads((tmp_path / "p" / "patch.json").read_text())
     assert len(result["heads"]) == 2 and len(result["resid"][0]) == 7
     assert result["resid"][0][:2] == [0.0, 0.0]  # positions where clean == corrupt

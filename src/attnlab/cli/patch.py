@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -15,6 +16,8 @@ from . import CLIError
 
 if TYPE_CHECKING:
     from ..tokenizers import Tokenizer
+
+SMALL_GAP = 0.5  # a clean - corrupted logit-difference gap below this: warn
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
@@ -74,6 +77,11 @@ def run(args: argparse.Namespace) -> int:
                                  logit_diff_metric(answer, wrong))
     print(f"logit difference {args.answer!r} - {args.wrong!r}: clean {result.clean:.3f}, "
           f"corrupted {result.corrupted:.3f}")
+    gap = abs(result.clean - result.corrupted)
+    if gap < SMALL_GAP:
+        print(f"warning: the clean and corrupted runs differ by only {gap:.3f} in logit "
+              "difference, so the effects (ratios to it) are noisy and may fall far outside "
+              "[0, 1]; choose prompts and answers the model tells apart", file=sys.stderr)
     L, H = result.heads.shape
     ranked = sorted(((float(result.heads[la, h]), la, h) for la in range(L) for h in range(H)),
                     reverse=True)
