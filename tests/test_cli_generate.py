@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import copy
+import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -11,7 +13,7 @@ import pytest
 import torch
 
 import attnlab.generate as generate_mod
-from attnlab import GPT, GPTConfig
+from attnlab import GPT, GPTConfig, runtime
 from attnlab.checkpoint import save_checkpoint
 from attnlab.cli import main
 from attnlab.generate import generate_text
@@ -170,15 +172,36 @@ def test_hugging_face_directory_generates_the_same_text(
 
 
 def test_dtype_bfloat16_generates_what_a_bfloat16_model_does(
-    checkpoint: tuple[Path, GPT, Tokenizer], capsys: pytest.CaptureFixture[str]
+    checkpoint: tuple[Path, GPT, Tokenizer], capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     path, model, tokenizer = checkpoint
     args = ["generate", str(path), "the fox", "--max-new-tokens", "8", "--temperature", "0",
             "--dtype", "bfloat16"]
+    monkeypatch.setattr(runtime, "fast_bf16", lambda: True)  # no warning: see the next test
     assert main(args) == 0
     model16 = model.to(torch.bfloat16)
     expected = generate_text(model16, tokenizer, ["the fox"], max_new_tokens=8, temperature=0)[0]
     assert capsys.readouterr().out == "the fox" + expected + "\n"
+    monkeypatch.setattr(runtime, "fast_bf16", lambda: False)
+    with pytest.warns(runtime.SlowBF16Warning, match="runs several times slower"):
+        assert main(args) == 0
+
+
+def test_a_cpu_without_bfloat16_units_is_named_in_one_line(
+    checkpoint: tuple[Path, GPT, Tokenizer],
+) -> None:
+    """Emulated bfloat16 ran 8x slower than float32 here, silently; the CLI now says so as
+    it says errors: one line, no file:line or warning class."""
+    script = ("import sys; from attnlab import runtime; from attnlab.cli import main; "
+              "runtime.fast_bf16 = lambda: False; sys.exit(main(sys.argv[1:]))")
+    run = subprocess.run([sys.executable, "-c", script, "generate", str(checkpoint[0]), "the",
+                          "--max-new-tokens", "2", "--dtype", "bfloat16"],
+                         capture_output=True, text=True, timeout=120)
+    assert run.returncode == 0, run.stderr
+    assert run.stderr.startswith("attnlab generate: warning: this CPU has no bfloat16 units "
+                                 "(AVX512-BF16 or AMX), so bfloat16 is emulated"), run.stderr
+    assert "Warning" not in run.stderr and ".py" not in run.stderr
 
 
 @pytest.mark.skipif("fbgemm" not in torch.backends.quantized.supported_engines,

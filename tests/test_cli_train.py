@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from attnlab import __version__
 from attnlab.checkpoint import load_checkpoint
 from attnlab.cli import main
 
@@ -252,6 +253,15 @@ def test_help_says_what_each_flag_does_and_misspelt_flags_get_a_suggestion(
     # the closest first (GPTConfig's --window_layers is a second, farther match)
     assert "--n_layers (did you mean --n_layer or --window_layers?)" in err
     assert "--max-iters=9 (did you mean --max_iters?)" in err
+    # a misspelt command or choice names the closest one
+    for args, hint in ((["trian"], "did you mean 'train'?"),
+                       (["generate", "ckpt", "--dtype", "bf16"], "did you mean 'bfloat16'?")):
+        with pytest.raises(SystemExit):
+            main(args)
+        assert hint in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        main(["--version"])
+    assert capsys.readouterr().out.startswith(f"attnlab {__version__} (torch ")
 
 
 def test_text_of_one_distinct_token_is_refused(

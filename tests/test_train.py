@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import json
 import os
@@ -13,10 +14,12 @@ import numpy as np
 import pytest
 import torch
 
+from attnlab import runtime
 from attnlab.checkpoint import STATE_FILE, load_checkpoint
 from attnlab.data import SentenceDataset, TaskDataset, load_dataset
 from attnlab.model import GPT, GPTConfig, count_params
 from attnlab.recipes import answer_accuracy, recipe, seed_experiment
+from attnlab.runtime import SlowBF16Warning
 from attnlab.train import TrainConfig, make_optimizer, train
 
 
@@ -205,11 +208,16 @@ def test_seed_animals_predicts_every_last_word(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize("overrides", [{"dtype": "bfloat16"}, {"grad_accum": 3}])
-def test_bf16_autocast_and_accumulation_train(tmp_path: Path, overrides: dict[str, Any]) -> None:
+def test_bf16_autocast_and_accumulation_train(
+    tmp_path: Path, overrides: dict[str, Any], monkeypatch: pytest.MonkeyPatch
+) -> None:
     dataset = load_dataset("copy")
     model_config, config = _small(dataset, max_iters=40, eval_interval=40, dropout=0.0,
                                   **overrides)
-    result = train(model_config, config, dataset, tmp_path)
+    monkeypatch.setattr(runtime, "fast_bf16", lambda: False)  # as on a CPU without the units
+    bf16 = config.dtype == "bfloat16"
+    with pytest.warns(SlowBF16Warning) if bf16 else contextlib.nullcontext():
+        result = train(model_config, config, dataset, tmp_path)
     losses = [r["loss"] for r in result.history if "loss" in r]
     assert losses[-1] < losses[0] - 0.2
     assert result.model.wte.weight.dtype == torch.float32  # autocast leaves the weights alone

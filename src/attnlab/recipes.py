@@ -15,6 +15,7 @@ import torch
 
 from .data import Dataset, SentenceDataset, TaskDataset, TextDataset, load_dataset
 from .model import GPT, GPTConfig, count_params
+from .runtime import fast_bf16
 from .train import TrainConfig
 
 if TYPE_CHECKING:
@@ -86,14 +87,6 @@ def _gpt2_recipe(dataset: Dataset) -> tuple[GPTConfig, TrainConfig]:
     return model, TrainConfig(
         max_iters=min(max(700, one_pass), MAX_TEXT_STEPS), batch_size=batch_size, lr=4e-3,
         min_lr=4e-4, warmup_iters=50, eval_interval=100, dtype=dtype)
-
-
-def fast_bf16() -> bool:
-    """bf16 matmuls in hardware: a CUDA GPU that has them, or a CPU with AVX512-BF16/AMX."""
-    if torch.cuda.is_available():
-        return torch.cuda.is_bf16_supported()
-    # private but stable helpers (torch 2.1+); without these units bf16 is emulated and slow
-    return torch.cpu._is_avx512_bf16_supported() or torch.cpu._is_amx_tile_supported()
 
 
 def seed_experiment(

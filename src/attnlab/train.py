@@ -32,6 +32,7 @@ from .checkpoint import load_checkpoint, load_train_state, save_checkpoint
 from .data import Dataset, SentenceDataset, TaskDataset, bits_per_byte
 from .distributed import World, setup, teardown
 from .model import GPT, GPTConfig, count_params
+from .runtime import warn_if_slow_bf16
 from .tokenizers import Tokenizer
 
 
@@ -211,6 +212,7 @@ def train(
         world.rows(config.batch_size)  # checks the batch splits over the processes
         if world.main:
             _check_writable(Path(out_dir), model_config)
+            warn_if_slow_bf16(config.dtype, world.device)
         return _train(model_config, config, dataset, Path(out_dir), world, seq_len, resume,
                       callback)
     finally:

@@ -19,6 +19,7 @@ import os
 import re
 import sys
 import types
+import warnings
 from collections.abc import Sequence
 from inspect import getsource  # (`import inspect` would be shadowed by cli/inspect.py)
 from typing import Any, NoReturn, TypeVar, Union, get_args, get_origin, get_type_hints
@@ -156,6 +157,12 @@ class _Parser(argparse.ArgumentParser):
     lines that bury the one that says what was wrong (`--help` still shows it)."""
 
     def error(self, message: str) -> NoReturn:
+        # `attnlab trian`, `--dtype bf16`: name the closest choice (Python 3.14 does this too)
+        bad = re.search(r"invalid choice: '([^']*)' \(choose from (.*)\)", message)
+        if bad:
+            choices = re.findall(r"'([^']*)'", bad[2])
+            close = difflib.get_close_matches(bad[1], choices, n=1, cutoff=0.5)
+            message += f"; did you mean {close[0]!r}?" if close else ""
         self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
 
 
@@ -172,11 +179,22 @@ def known_flags(parser: argparse.ArgumentParser) -> list[str]:
     return sorted(s for a in parser._actions for s in a.option_strings if s.startswith("--"))
 
 
+def _version() -> str:
+    import platform
+
+    import torch
+
+    from .. import __version__
+
+    return f"attnlab {__version__} (torch {torch.__version__}, Python {platform.python_version()})"
+
+
 def build_parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.ArgumentParser]]:
     parser = _Parser(  # subcommand parsers take the same class
         prog="attnlab",
         description="Build, train, generate with and look inside causal attention models.",
     )
+    parser.add_argument("--version", action="version", version=_version())
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     parsers: dict[str, argparse.ArgumentParser] = {}
     for name in COMMANDS:
@@ -216,6 +234,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             file=sys.stderr,
         )
         return 2
+    formatwarning = warnings.formatwarning  # library warnings as one line, like errors
+    warnings.formatwarning = lambda message, *_, **__: (
+        f"attnlab {args.command}: warning: {message}\n")
     try:
         _check_device(args)
         return int(args._run(args) or 0)
@@ -232,6 +253,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         print(f"attnlab {args.command}: interrupted", file=sys.stderr)
         return 130
+    finally:
+        warnings.formatwarning = formatwarning
 
 
 if __name__ == "__main__":

@@ -165,6 +165,7 @@ def run(args: argparse.Namespace) -> int:
 
     from ..decode import half_weights
     from ..generate import stream_text
+    from ..runtime import warn_if_slow_bf16
 
     if args.threads is not None:
         if args.threads < 1:
@@ -179,6 +180,7 @@ def run(args: argparse.Namespace) -> int:
     shown = _read_prompts(args)  # what the user wrote: echoed before each completion
     ckpt = load_any(args.checkpoint, args.device)
     model, tokenizer = ckpt.model.to(getattr(torch, args.dtype)), ckpt.tokenizer
+    warn_if_slow_bf16(args.dtype, model.wte.weight.device)
     if args.weights == "float16":
         began = time.perf_counter()
         half_weights(model)
