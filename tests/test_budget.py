@@ -136,5 +136,11 @@ def test_cli_budget(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert "must be a positive duration like 90s" in capsys.readouterr().err
     assert main(["train", "--out", out, "--time_budget", "3s", "--n_layer", "1"]) == 0
     said = capsys.readouterr().out
-    assert "train    3s (steps fitted to the speed of the first 12) x" in said
+    assert "train    3s (3 s; steps fitted to the speed of the first 12) x" in said
     assert "budget   3s: " in said and "steps/s, evaluations included" in said
+    # a resume trains on to a new max_iters: no budget line, and the time is since resuming
+    step = load_checkpoint(Path(out) / "ckpt").meta["step"]
+    assert main(["train", "--quiet", "--out", out, "--resume", "--max_iters", str(step + 2)]) == 0
+    said = capsys.readouterr().out
+    assert f"train    {step + 2} steps (the run began with a 3s budget) x" in said
+    assert "s since resuming, " in said and "budget   " not in said

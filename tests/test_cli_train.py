@@ -236,6 +236,31 @@ def test_the_printed_resume_hint_continues_the_run_as_started(
     assert load_checkpoint(tmp_path / "runs" / "copy" / "ckpt").meta["step"] == 35
 
 
+def test_a_damaged_checkpoint_is_refused_before_resuming(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # a missing train state printed "resumed from step 12 of 30" and then failed; a weights
+    # file cut short on a finished run said "nothing to resume" and exited 0
+    _stop_after(monkeypatch, 12)
+    assert _train(tmp_path, "--max_iters", "30") == 130
+    monkeypatch.undo()
+    capsys.readouterr()
+    ckpt = tmp_path / "run" / "ckpt"
+    (ckpt / "train_state.pt").rename(tmp_path / "state.pt")
+    assert _train(tmp_path, "--resume") == 1
+    out, err = capsys.readouterr()
+    assert "resumed" not in out and "has no train_state.pt" in err and "--overwrite" in err
+    (tmp_path / "state.pt").rename(ckpt / "train_state.pt")
+    assert _train(tmp_path, "--resume") == 0
+    out = capsys.readouterr().out
+    assert "resumed  from step 12 of 30" in out
+    weights = ckpt / "model.safetensors"
+    weights.write_bytes(weights.read_bytes()[: weights.stat().st_size // 2])
+    assert _train(tmp_path, "--resume") == 1  # finished, and damaged
+    out, err = capsys.readouterr()
+    assert "nothing to resume" not in out and "model.safetensors is missing or damaged" in err
+
+
 def test_help_says_what_each_flag_does_and_misspelt_flags_get_a_suggestion(
     capsys: pytest.CaptureFixture[str],
 ) -> None:

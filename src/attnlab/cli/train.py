@@ -110,6 +110,7 @@ def _run(args: argparse.Namespace) -> int:
     if args.resume:
         assert found is not None
         model_config, train_config, step = _resume_configs(args, found, dataset.name)
+        _check_resumable(found, finished=step >= train_config.max_iters)
         if step >= train_config.max_iters:
             print(f"finished {found} is at step {step} of {train_config.max_iters}; "
                   f"nothing to resume (pass --max_iters N > {step} to train further)")
@@ -139,7 +140,7 @@ def _run(args: argparse.Namespace) -> int:
         _find_run(args)  # refuses to overwrite a run unless --overwrite
     out = _out_dir(args)
 
-    _describe(dataset, model_config, train_config)
+    _describe(dataset, model_config, train_config, resumed=args.resume)
     model_before = None
     if args.resume:
         print(f"resumed  from step {step} of {train_config.max_iters} ({out / 'ckpt'})")
@@ -159,7 +160,8 @@ def _run(args: argparse.Namespace) -> int:
         progress.close()
     if result.val_loss is not None:
         bits = "" if result.val_bpb is None else f", {result.val_bpb:.3f} bits/byte"
-        budget = f" of a {train_config.time_budget} budget" if train_config.time_budget else ""
+        budget = (" since resuming" if args.resume else
+                  f" of a {train_config.time_budget} budget" if train_config.time_budget else "")
         print(
             f"val loss {result.val_loss:.4f}{bits}  ({result.seconds:.1f} s{budget}, "
             f"{result.tokens_per_second:,.0f} tokens/s)"
@@ -261,12 +263,31 @@ def _resume_configs(
     return model_config, train_config, int(meta["step"])
 
 
+def _check_resumable(ckpt: Path, finished: bool) -> None:
+    """Refuse, before anything is printed or trained, a checkpoint whose weights file is cut
+    short or (for an unfinished run) has no training state to continue from."""
+    from safetensors import safe_open
+
+    from ..checkpoint import STATE_FILE, WEIGHTS_FILE
+
+    fix = "start over with --overwrite, or train a new run with --out DIR"
+    try:
+        with safe_open(str(ckpt / WEIGHTS_FILE), "pt"):  # reads and checks the header only
+            pass
+    except Exception as err:  # FileNotFoundError, or SafetensorError for a truncated file
+        raise CLIError(f"--resume: {ckpt / WEIGHTS_FILE} is missing or damaged "
+                       f"({str(err).splitlines()[0]}); {fix}") from None
+    if not finished and not (ckpt / STATE_FILE).is_file():
+        raise CLIError(f"--resume: {ckpt} has no {STATE_FILE} (optimizer, data order and "
+                       f"random state), so the run cannot continue exactly; {fix}")
+
+
 def _slug(name: str) -> str:
     return "".join(c if c.isalnum() or c in "-_" else "_" for c in Path(name).stem) or "run"
 
 
-def _describe(dataset: Any, model_config: Any, train_config: Any) -> None:
-    from ..budget import CALIBRATION_STEPS, UNTIMED_STEPS
+def _describe(dataset: Any, model_config: Any, train_config: Any, resumed: bool) -> None:
+    from ..budget import CALIBRATION_STEPS, UNTIMED_STEPS, parse_duration
     from ..model import count_params
 
     n_params = count_params(model_config)
@@ -277,8 +298,12 @@ def _describe(dataset: Any, model_config: Any, train_config: Any) -> None:
         f"{model_config.n_embd} dims, context {model_config.block_size}: "
         f"{n_params / 1e6:.2f}M parameters"
     )
-    steps = (f"{tc.time_budget} (steps fitted to the speed of the first "
-             f"{UNTIMED_STEPS + CALIBRATION_STEPS})" if tc.time_budget else f"{tc.max_iters} steps")
+    steps = f"{tc.max_iters} steps"
+    if tc.time_budget and resumed:  # the steps were fitted when the run started
+        steps += f" (the run began with a {tc.time_budget} budget)"
+    elif tc.time_budget:
+        steps = (f"{tc.time_budget} ({parse_duration(tc.time_budget):g} s; steps fitted to the "
+                 f"speed of the first {UNTIMED_STEPS + CALIBRATION_STEPS})")
     world = int(os.environ.get("WORLD_SIZE", "1"))  # torchrun's
     if world > 1:
         print(f"world    {world} processes (torchrun, DistributedDataParallel): each step's "
