@@ -146,8 +146,18 @@ def test_labels_and_errors() -> None:
             plt.close(fig)
     with pytest.raises(ValueError, match="query 9 out of range for 4 tokens"):
         viz.plot_row(torch.ones(4) / 4, list("abcd"), 9)
-    with pytest.raises(ValueError, match="not supported; use png, svg"):
+    with pytest.raises(ValueError, match=r"\['jpg'\] not supported; use png, svg, pdf"):
         viz.save_figure(viz.plot_loss([]), "x", ("jpg",))
+    with pytest.raises(ValueError, match=r"\['jpg'\] not supported"):  # not a quiet x.png
+        viz.save_figure(viz.plot_loss([]), "x.jpg")
+
+
+def test_the_suffix_of_the_path_picks_the_format(tmp_path: Path) -> None:
+    for name in ("loss.pdf", "loss.svg", "loss.png", "loss"):
+        (path,) = viz.save_figure(viz.plot_loss([{"step": 1, "loss": 2.0}]), tmp_path / name)
+        assert path.name == (name if "." in name else "loss.png")
+        assert path.read_bytes()[:4] == {".pdf": b"%PDF", ".svg": b"<?xm",
+                                         ".png": b"\x89PNG"}[path.suffix]
 
 
 def test_matplotlib_is_imported_lazily() -> None:

@@ -1,4 +1,4 @@
-"""`save_figure`: write a figure as PNG / SVG, and write a refilled figure fast.
+"""`save_figure`: write a figure as PNG / SVG / PDF, and write a refilled figure fast.
 
 A PNG is the figure drawn once on its canvas and cropped to every artist with 0.1 in
 around (what savefig(bbox_inches="tight") saves, without the second draw it spends to
@@ -14,7 +14,7 @@ a bar chart's scale) is drawn with the rest from then on, and the copy made agai
 crop box is measured the same way: the static axes' extents once, the rest each time.
 
 Pasting and drawing gives the pixels a full draw gives (tests/test_viz_core.py checks a
-refilled figure against a new one, pixel for pixel). SVGs are drawn whole by savefig.
+refilled figure against a new one, pixel for pixel). SVGs and PDFs are drawn whole by savefig.
 """
 
 from __future__ import annotations
@@ -32,22 +32,28 @@ if TYPE_CHECKING:
     from matplotlib.figure import Figure
 
 PAD_INCHES = 0.1  # savefig's pad_inches around the tight box
+FORMATS = ("png", "svg", "pdf")
 
 
-def save_figure(fig: Figure, path: str | Path, formats: Sequence[str] = ("png",), *,
+def save_figure(fig: Figure, path: str | Path, formats: Sequence[str] | None = None, *,
                 close: bool = True) -> list[Path]:
-    """Write `fig` as path.png / path.svg (the suffix of `path` is replaced), then close it;
-    close=False keeps it open, e.g. to refill it and save the next head (drawn faster).
+    """Write `fig` as path.png / path.svg / path.pdf (the suffix of `path` is replaced), then
+    close it; close=False keeps it open, e.g. to refill it and save the next head (drawn
+    faster). formats: default the one the suffix of `path` names (x.svg), else png.
 
     One layout per figure: its layout engine runs at the first save and is then switched
     off, so a refilled figure keeps the layout of its first save.
     """
     plt = _plt()
-    bad = sorted(set(formats) - {"png", "svg"})
+    path = Path(path)
+    if formats is None:  # "x.jpg" is an error below, not a quiet x.png
+        suffix = path.suffix.lower().lstrip(".")
+        formats = (suffix,) if suffix in fig.canvas.get_supported_filetypes() else ("png",)
+    bad = sorted(set(formats) - set(FORMATS))
     if bad or not formats:
         plt.close(fig)
-        raise ValueError(f"figure formats {bad or list(formats)} not supported; use png, svg")
-    path = Path(path)
+        raise ValueError(f"figure formats {bad or list(formats)} not supported; use "
+                         f"{', '.join(FORMATS)}")
     path.parent.mkdir(parents=True, exist_ok=True)
     written = []
     try:
@@ -58,9 +64,9 @@ def save_figure(fig: Figure, path: str | Path, formats: Sequence[str] = ("png",)
         box = _blit(fig).save_png(path.with_suffix(".png")) if "png" in formats else None
         for fmt in formats:
             target = path.with_suffix(f".{fmt}")
-            if fmt == "svg":
+            if fmt != "png":  # drawn whole by savefig
                 box = box or fig.get_tightbbox().padded(PAD_INCHES)  # (inches)
-                fig.savefig(target, format="svg", bbox_inches=box)
+                fig.savefig(target, format=fmt, bbox_inches=box)
             written.append(target)
     finally:
         if close:

@@ -53,7 +53,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
                         "see below")
     parser.add_argument("--query", type=int, default=-1,
                         help="token index for --what row (default: -1, the last token)")
-    parser.add_argument("--format", default="png", metavar="png,svg,html",
+    parser.add_argument("--format", default="png", metavar="png,svg,pdf,html",
                         help="output formats, comma-separated (default: png); html writes "
                         "attention.html, one self-contained interactive page")
     return parser
@@ -92,11 +92,16 @@ def run(args: argparse.Namespace) -> int:
     from .. import viz
     from ..checkpoint import load_checkpoint
     from ..trace import Trace
+    from ..viz_save import FORMATS
 
     kinds = parse_what(args.what)
     formats = [f.strip() for f in args.format.split(",") if f.strip()]
     page = "html" in formats
     formats = [f for f in formats if f != "html"]
+    bad = [f for f in formats if f not in FORMATS]
+    if bad or not (formats or page):
+        raise CLIError(f"--format {args.format}: choose from {', '.join(FORMATS)}, html "
+                       "(comma-separated)")
     if page and not formats:
         kinds = []  # only the page (and attention.json)
     ckpt = load_checkpoint(args.checkpoint)
