@@ -64,6 +64,11 @@ def test_demo_animals_prints_a_check_per_sentence(
     assert all(("noun ✓" in r or "noun ✗" in r) and "->" in r for r in rows)
     assert "noun has the largest weight in" in out and "/6 rows" in out
     assert not (tmp_path / "after_sentences.png").exists()
+    # another seed trains into its own folder: the recipe's checkpoint stays
+    monkeypatch.chdir(tmp_path)
+    assert main(["demo", "animals", "--seed", "5", "--no-figures"]) == 0
+    assert "seed 5" in capsys.readouterr().out
+    assert sorted(p.name for p in (tmp_path / "attnlab-demo").iterdir()) == ["animals-seed5"]
 
 
 def test_demo_averaging_forms_agree(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

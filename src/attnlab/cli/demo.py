@@ -38,10 +38,10 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
     parser.add_argument("name", choices=list(DEMOS), metavar="NAME",
                         help=f"one of {', '.join(DEMOS)}")
     parser.add_argument("--out", help="where figures and the checkpoint go "
-                        "(default: attnlab-demo/NAME)")
+                        "(default: attnlab-demo/NAME, or NAME-seedS with --seed S)")
     parser.add_argument("--retrain", action="store_true",
                         help="train again even if --out holds a checkpoint of this recipe")
-    parser.add_argument("--format", default="png", metavar="png,svg",
+    parser.add_argument("--format", default="png", metavar="png,svg,pdf",
                         help="figure formats, comma-separated (default: png)")
     parser.add_argument("--seed", type=int, default=None,
                         help="train with this seed instead of the recipe's (hello, animals)")
@@ -51,7 +51,9 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
 
 
 def run(args: argparse.Namespace) -> int:
-    out = Path(args.out) if args.out else Path("attnlab-demo") / args.name
+    # another seed is another model: its own folder, not the recipe's checkpoint retrained
+    name = args.name if args.seed is None else f"{args.name}-seed{args.seed}"
+    out = Path(args.out) if args.out else Path("attnlab-demo") / name
     formats = [f.strip() for f in args.format.split(",") if f.strip()] if args.figures else []
     with _one_thread():
         if args.name == "averaging":
