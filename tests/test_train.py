@@ -83,6 +83,19 @@ def test_learns_the_copy_task(tmp_path: Path) -> None:
     assert load_checkpoint(tmp_path / "ckpt").meta["step"] == 250
 
 
+def test_tokens_per_second_is_the_steps_after_the_first(tmp_path: Path) -> None:
+    """--compile's first step (tens of seconds) made the summary say 1,040 tokens/s beside a
+    progress line of 54k: the figure is the steps' own, after the first, evaluations out."""
+    dataset = load_dataset("reverse")
+    model_config, config = _small(dataset, max_iters=6, eval_interval=2)
+    result = train(model_config, config, dataset, tmp_path)
+    steps = [r for r in result.history if "tokens_per_s" in r]
+    tokens = config.batch_size * model_config.block_size
+    seconds = sum(tokens / r["tokens_per_s"] for r in steps[1:])
+    assert len(steps) == 6 and result.tokens_per_second == pytest.approx(5 * tokens / seconds)
+    assert result.seconds > seconds
+
+
 def test_same_seed_same_losses(tmp_path: Path) -> None:
     dataset = load_dataset("reverse")
     model_config, config = _small(dataset, max_iters=8)

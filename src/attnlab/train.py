@@ -109,7 +109,9 @@ class TrainResult:
     checkpoint: Path | None = None
     val_loss: float | None = None
     val_bpb: float | None = None  # val loss in bits per byte of text (None for tasks)
-    seconds: float = 0.0
+    seconds: float = 0.0  # wall clock of this call: steps, evaluations, saves, compiling
+    # throughput of the optimizer steps: evaluations, saves and the first step of the call
+    # (torch.compile compiles there, and the allocator warms up) left out
     tokens_per_second: float = 0.0
     interrupted: bool = False
 
@@ -250,7 +252,10 @@ def _train(
 
     metrics_file = out / "metrics.jsonl"
     tokens_per_step = config.batch_size * config.grad_accum * seq_len
-    t_start, tokens_done = time.perf_counter(), 0
+    t_start = time.perf_counter()
+    # tokens and seconds of this call's first step, and of the steps after it
+    first: tuple[int, float] = (0, 0.0)
+    timed: tuple[int, float] = (0, 0.0)
     budget = None
     if config.time_budget is not None and not resume:  # a resume keeps the saved max_iters
         budget = Budget(parse_duration(config.time_budget), step=start, now=t_start,
@@ -307,7 +312,7 @@ def _train(
                 if not evaluated:
                     save(step)  # between optimizer steps: the state is consistent
                 result.interrupted = True
-                return _finish(result, out, t_start, tokens_done, world)
+                return _finish(result, out, t_start, timed if timed[1] else first, world)
             lr = config.lr_at(step)
             for group in optimizer.param_groups:
                 group["lr"] = lr
@@ -336,14 +341,17 @@ def _train(
             optimizer.step()
             optimizer.zero_grad(set_to_none=True)
             dt = time.perf_counter() - t0
-            tokens_done += tokens_per_step
+            if step == start:
+                first = (tokens_per_step, dt)
+            else:
+                timed = (timed[0] + tokens_per_step, timed[1] + dt)
             step += 1
             log({"step": step, "loss": loss_value, "lr": lr,
                  "tokens_per_s": tokens_per_step / max(dt, 1e-9)})
             if budget is not None and (fitted := budget.after_step(step, time.perf_counter())):
                 _fit(config, fitted, step, 1 / budget.step_s, log)
     _eval_and_save(model, dataset, config, seq_len, world, config.max_iters, result, log, save)
-    return _finish(result, out, t_start, tokens_done, world)
+    return _finish(result, out, t_start, timed if timed[1] else first, world)
 
 
 def _fit(config: TrainConfig, max_iters: int, step: int, steps_per_s: float,
@@ -401,10 +409,10 @@ def _eval_and_save(
 
 
 def _finish(
-    result: TrainResult, out: Path, t_start: float, tokens: int, world: World
+    result: TrainResult, out: Path, t_start: float, timed: tuple[int, float], world: World
 ) -> TrainResult:
     result.seconds = time.perf_counter() - t_start
-    result.tokens_per_second = tokens / max(result.seconds, 1e-9)
+    result.tokens_per_second = timed[0] / max(timed[1], 1e-9)
     result.model.eval()
     if world.main:
         with contextlib.suppress(ImportError):  # matplotlib is an extra; metrics.jsonl has all

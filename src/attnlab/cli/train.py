@@ -151,6 +151,8 @@ def _run(args: argparse.Namespace) -> int:
         model_before = GPT(model_config)
         _report_task(model_before, dataset, "before")
 
+    if train_config.compile:
+        print("compile  torch.compile: the first step compiles the model (tens of seconds)")
     progress = Progress(train_config.max_iters, quiet=args.quiet)
     try:
         result = train(
@@ -164,7 +166,7 @@ def _run(args: argparse.Namespace) -> int:
                   f" of a {train_config.time_budget} budget" if train_config.time_budget else "")
         print(
             f"val loss {result.val_loss:.4f}{bits}  ({result.seconds:.1f} s{budget}, "
-            f"{result.tokens_per_second:,.0f} tokens/s)"
+            f"{result.tokens_per_second:,.0f} tokens/s training)"
         )
     if result.interrupted:
         # the checkpoint holds the run's configs and tokenizer: these three flags are enough
