@@ -155,10 +155,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     elif record and args.out.resolve() != RECORDED:
         parser.error(f"--record writes to {RECORDED}; drop --out {args.out} or --record")
     args.out.mkdir(parents=True, exist_ok=True)
-    for name in names:
+    for i, name in enumerate(names, 1):
         print(f"## {name}{' (quick)' if args.quick else ''}\n", flush=True)
+        print(f"running suite {i} of {len(names)} ...", file=sys.stderr, flush=True)
         result = run_suite(name, args.quick)
         print(render_any(result) + "\n", flush=True)
+        if "seconds" in result:
+            print(f"({name}: {result['seconds']:.0f} s)", file=sys.stderr, flush=True)
         if "skipped" not in result:
             suffix = ".quick.json" if args.quick else ".json"
             (args.out / f"{name}{suffix}").write_text(json.dumps(result, indent=2, default=str))

@@ -75,6 +75,16 @@ def test_train_suite_reports_ratio_and_mfu() -> None:
         train_step.run(quick=True, shape=TOY, levers=("attnlab turbo",))
 
 
+def test_mfu_is_against_the_fp32_peak_where_bfloat16_is_emulated(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # an emulated bf16 mm measured 1 GFLOP/s: MFU against it read 279%
+    for units, want in ((True, "bf16"), (False, "fp32")):
+        monkeypatch.setattr(train_step, "fast_bf16", lambda units=units: units)
+        assert train_step.mfu_peak(train_step.BEST) == want
+        assert train_step.mfu_peak("attnlab fp32") == "fp32"
+
+
 def test_memory_suite_kv_cache_matches_formula() -> None:
     result = memory.run(quick=True, shape=TOY, batch=2, workloads=())  # one subprocess
     assert result["kv_cache_matches_formula"] is True
