@@ -85,9 +85,11 @@ def test_inspect_writes_figures_and_json(
     text = "the cat sat."
     code = main(["inspect", str(checkpoint), text, "--out", str(tmp_path), "--what", "all",
                  "--layer", "1", "--head", "1", "--query", "4"])
-    assert code == 0, capsys.readouterr().err
-    printed = capsys.readouterr().out
+    captured = capsys.readouterr()
+    assert code == 0, captured.err
+    printed = captured.out
     assert "12 tokens" in printed and "kB" in printed
+    assert "drawing" not in captured.err  # 8 figures: no progress to show
     names = {p.name for p in tmp_path.iterdir()}
     expected = {f"{kind}_L1_H1.png" for kind in ("weights", "scores", "masked", "steps", "qkv")}
     expected |= {"row_L1_H1_q4.png", "grid.png", "embeddings.png", "attention.json"}
@@ -105,6 +107,16 @@ def test_inspect_writes_figures_and_json(
     past = torch.tril(torch.ones(12, 12, dtype=torch.bool))
     assert torch.all(weights[~past] == 0)  # future cells exactly 0
     assert torch.all(weights[past] > 0)
+
+
+def test_inspect_says_how_many_figures_it_draws_when_they_are_many(
+    checkpoint: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # all kinds of every head took 15 s for GPT-2 with nothing on the screen
+    assert main(["inspect", str(checkpoint), "the cat", "--out", str(tmp_path), "--what",
+                 "weights,scores,masked,qkv", "--format", "png,svg"]) == 0
+    assert "drawing  16 figures as png, svg" in capsys.readouterr().err
+    assert len(list(tmp_path.glob("*.svg"))) == 16
 
 
 def test_inspect_builds_one_figure_per_kind_and_draws_each_file_once(

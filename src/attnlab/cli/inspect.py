@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -77,6 +78,18 @@ def parse_what(text: str) -> list[str]:
     return kinds
 
 
+def _figure_bar(n: int, formats: list[str]) -> Any:
+    """A tqdm bar over the figures on a terminal, when there are enough to wait for (all
+    kinds of a 12-layer model in png, svg: 15 s), after one line on stderr saying so."""
+    from tqdm import tqdm
+
+    many = n * len(formats) >= 24
+    if many:
+        print(f"drawing  {n} figures as {', '.join(formats)}", file=sys.stderr, flush=True)
+    return tqdm(total=n, unit="figure", file=sys.stderr, leave=False,
+                disable=not (many and sys.stderr.isatty()))
+
+
 def _pick(given: list[int] | None, n: int, flag: str) -> list[int]:
     if given is None:
         return list(range(n))
@@ -134,11 +147,15 @@ def run(args: argparse.Namespace) -> int:
                        "directory (it is created if missing)")
     written: list[Path] = []
 
-    def save(fig: Any, stem: str, close: bool = True) -> None:
-        written.extend(viz.save_figure(fig, out / stem, formats, close=close))
-
     group = c.n_head // c.n_kv_heads  # query heads per key/value head (GQA)
     kv_kept = sorted({h // group for h in heads})  # the k/v heads the trace kept
+    pairs = [(la, h) for la in layers for h in heads]
+    n_figures = sum(len(pairs) if k not in ("embeddings", "grid") else 1 for k in kinds)
+    bar = _figure_bar(n_figures, formats)
+
+    def save(fig: Any, stem: str, close: bool = True) -> None:
+        written.extend(viz.save_figure(fig, out / stem, formats, close=close))
+        bar.update(1)
 
     def head_of(name: str, layer: int, h: int) -> Any:
         """Query head h's (T, S) or (T, hs) tensor; for k / v, the key/value head it reads."""
@@ -146,7 +163,6 @@ def run(args: argparse.Namespace) -> int:
             return trace.get(name, layer)[0, kv_kept.index(h // group)]
         return trace.get(name, layer)[0, heads.index(h)]
 
-    pairs = [(la, h) for la in layers for h in heads]
     for kind in kinds:
         if kind == "embeddings":
             tok_emb = trace.get("tok_emb")[0]  # (T, C)
@@ -168,6 +184,7 @@ def run(args: argparse.Namespace) -> int:
                                          group)
                 save(fig, stem, close=i == len(pairs) - 1)
 
+    bar.close()
     record = {
         "checkpoint": str(ckpt.path),
         "text": args.text,
