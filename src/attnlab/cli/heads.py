@@ -101,7 +101,7 @@ def _ablation(model: Any, dataset: Any, induction: Any, ranked: list[tuple[int, 
     base, _ = answer_accuracy(model, dataset, n=256, seed=1)
     no_top, rows = answer_accuracy(model, dataset, n=256, seed=1, edits=ablate(top))
     no_low = answer_accuracy(model, dataset, n=256, seed=1, edits=ablate(low))[0] if low \
-        else float("nan")
+        else None  # every head is a top one
 
     def names(heads: list[tuple[int, int]]) -> str:
         return ",".join(f"{la}.{h}" for la, h in heads)
@@ -109,7 +109,7 @@ def _ablation(model: Any, dataset: Any, induction: Any, ranked: list[tuple[int, 
     print(f"held-out answer accuracy (256 examples): intact {base:.1%}")
     print(f"  top induction heads {names(top)} ablated (zero):  {no_top:.1%}"
           f"   e.g. {rows[0][0]}{rows[0][2]} (expected {rows[0][1]})")
-    if low:
+    if no_low is not None:
         print(f"  lowest-scoring heads {names(low)} ablated (zero): {no_low:.1%}")
     return {"intact": base, "top_heads": names(top), "top_ablated": no_top,
             "low_heads": names(low), "low_ablated": no_low}

@@ -91,4 +91,3 @@ def _specials(tok: Any, about: dict[str, Any]) -> str:
     if about["adds_bos"] and about["bos_id"] is not None:
         text += f"; {named(about['bos_id'])} prepended"
     return text
-

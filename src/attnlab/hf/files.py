@@ -170,7 +170,14 @@ class HFDirTokenizer(HFTokenizer):
         pad = special["pad"] if special["pad"] is not None else self.eot_id
         self.pad_id = pad if pad is not None else 0
         self.add_bos = bool(special["add_bos"] and self.bos_id is not None
-                            and self._encode("a", special=True)[:1] != [self.bos_id])
+                            and self._probe()[:1] != [self.bos_id])
+
+    def _probe(self) -> list[int]:
+        """What the backend makes of "a": does its own template already add the BOS?"""
+        try:
+            return self._encode("a", special=True)
+        except ValueError:  # a vocabulary without "a" (and no unknown token)
+            return []
 
     def encode(self, text: str) -> list[int]:
         ids = super().encode(text)
