@@ -339,3 +339,33 @@ def test_info_reads_a_directory_without_a_tokenizer(
     out, err = capsys.readouterr()
     assert "has no tokenizer" in err and "tokenizer   none" in out
     assert f"{model.num_params(non_embedding=False):,} parameters" in out
+
+
+def test_export_writes_a_directory_transformers_loads(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from attnlab import GPT, GPTConfig
+    from attnlab.checkpoint import save_checkpoint
+    from attnlab.cli import export
+    from attnlab.hf import FAMILIES
+    from attnlab.tokenizers import get_tokenizer
+
+    assert tuple(f.name for f in FAMILIES) == export.FAMILY_NAMES
+    tok = get_tokenizer("char", "to be or not to be")
+    torch.manual_seed(0)
+    model = GPT(GPTConfig(vocab_size=tok.vocab_size, block_size=16, n_layer=2, n_head=2,
+                          n_embd=16, pos="rope", norm="rmsnorm", mlp="swiglu", bias=False))
+    ckpt = save_checkpoint(tmp_path / "ckpt", model.eval(), tok)
+    out = tmp_path / "hf"
+    assert main(["export", str(ckpt), str(out)]) == 0
+    assert f"wrote    {out}/ as LlamaForCausalLM (llama)" in capsys.readouterr().out
+    hf = transformers.AutoModelForCausalLM.from_pretrained(out).eval()
+    ids = torch.tensor([tok.encode("to be or not")])
+    with torch.no_grad():
+        torch.testing.assert_close(hf(ids).logits, model(ids).logits, atol=1e-5, rtol=0)
+    assert main(["export", str(ckpt), str(out)]) == 1  # a model there: --overwrite
+    assert "already holds a model" in capsys.readouterr().err
+    assert main(["export", str(ckpt), str(out), "--overwrite", "--family", "gpt2"]) == 1
+    assert "GPT2LMHeadModel cannot express this model" in capsys.readouterr().err
+    assert main(["export", str(ckpt), str(out), "--overwrite", "--family", "mistral"]) == 0
+    assert load_checkpoint(out).meta["family"] == "mistral"

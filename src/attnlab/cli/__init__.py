@@ -1,5 +1,5 @@
 """The `attnlab` command: `attnlab train | generate | inspect | serve | bench | demo | info |
-heads | patch | lens`.
+export | heads | patch | lens`.
 
 Only the CLI prints. Each subcommand lives in its own module in this package, exposing
 `add_parser(subparsers)` and `run(args) -> int`, and imports heavy dependencies inside
@@ -26,8 +26,8 @@ from typing import Any, NoReturn, TypeVar, Union, get_args, get_origin, get_type
 
 from ..runtime import reuse_freed_memory
 
-COMMANDS = ("train", "generate", "inspect", "serve", "bench", "demo", "info", "heads", "patch",
-            "lens")
+COMMANDS = ("train", "generate", "inspect", "serve", "bench", "demo", "info", "export", "heads",
+            "patch", "lens")
 
 T = TypeVar("T")
 

@@ -1,0 +1,58 @@
+"""`attnlab export CHECKPOINT OUT [--family NAME]`: write a checkpoint as a Hugging Face model
+directory (config.json, model.safetensors, tokenizer.json) that transformers'
+`AutoModelForCausalLM.from_pretrained(OUT)` and every attnlab command load.
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+from pathlib import Path
+
+from . import CLIError
+
+# hf.FAMILIES' names, listed here so `attnlab --help` imports nothing heavy (a test holds them
+# equal)
+FAMILY_NAMES = ("gpt2", "llama", "mistral", "qwen2", "qwen3", "gpt_neox")
+
+
+def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
+    parser = subparsers.add_parser(
+        "export",
+        help="write a checkpoint as a Hugging Face model directory",
+        description="Write CHECKPOINT as a Hugging Face directory OUT (config.json, "
+        "model.safetensors, tokenizer.json) for transformers' from_pretrained.",
+    )
+    parser.add_argument("checkpoint", metavar="CHECKPOINT",
+                        help="checkpoint directory, or a run directory holding ckpt/")
+    parser.add_argument("out", metavar="OUT", help="directory to write")
+    parser.add_argument("--family", choices=FAMILY_NAMES, default=None,
+                        help="model_type to write (default: the first family that expresses "
+                        "the config exactly: gpt2 for attnlab's default blocks, llama for "
+                        "--arch llama)")
+    parser.add_argument("--overwrite", action="store_true",
+                        help="replace the model in OUT if it holds one")
+    return parser
+
+
+def run(args: argparse.Namespace) -> int:
+    from ..checkpoint import load_checkpoint
+    from ..hf import family_for_config, read_hf_config, save_hf
+
+    out = Path(args.out)
+    if (out / "config.json").exists() and not args.overwrite:
+        raise CLIError(f"{out} already holds a model (config.json); pass --overwrite to "
+                       "replace it, or choose another OUT")
+    if out.exists() and not out.is_dir():
+        raise CLIError(f"OUT {out} is a file; give a directory (created if missing)")
+    began = time.perf_counter()
+    ckpt = load_checkpoint(args.checkpoint)
+    family = args.family or family_for_config(ckpt.model.config).name
+    save_hf(out, ckpt.model, ckpt.tokenizer, family=family)
+    architecture = read_hf_config(out)["architectures"][0]
+    files = sorted(p.name for p in out.iterdir() if p.is_file())
+    print(f"wrote    {out}/ as {architecture} ({family}) in "
+          f"{time.perf_counter() - began:.1f} s: {', '.join(files)}")
+    print(f"next     attnlab info {out}\n"
+          f"         transformers.AutoModelForCausalLM.from_pretrained({str(out)!r})")
+    return 0
