@@ -11,6 +11,7 @@ from typing import Any
 
 import torch
 
+import attnlab.decode as decode
 from attnlab.model import laid_out
 
 
@@ -147,3 +148,16 @@ def modern_switches(n_layer: int = 2) -> Any:
         return switches
 
     return draw()
+
+
+@contextmanager
+def split_blocks(threads: int, split_min: int = 1) -> Iterator[None]:
+    """torch at `threads` threads, and every matrix of >= split_min weights cut into blocks."""
+    before, old_min = torch.get_num_threads(), decode.SPLIT_MIN
+    torch.set_num_threads(threads)
+    decode.SPLIT_MIN = split_min
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
+        decode.SPLIT_MIN = old_min

@@ -223,6 +223,12 @@ def test_roofline_suite_relates_decode_to_the_measured_bandwidth() -> None:
     assert [r["threads"] for r in result["records"]] == [1, 2]
     for r in result["records"]:
         assert r["GB_per_s"]["float32 x @ W"] > 0
+        # at 2 threads the product in blocks per thread is timed too; the faster sets the roof
+        assert (roofline.BLOCKS in r["GB_per_s"]) == (r["threads"] == 2)
+        assert r["bandwidth_GB_per_s"] == max(
+            r["GB_per_s"]["float32 x @ W"], r["GB_per_s"].get(roofline.BLOCKS, 0))
+        assert r["roofline_tok_s"] == pytest.approx(
+            r["bandwidth_GB_per_s"] * 1e9 / r["step_bytes"])
         assert r["fraction"] == pytest.approx(r["decode_tok_s"] / r["roofline_tok_s"])
         if roofline.FBGEMM:  # float16 weights: half the bytes, the rounding measured
             f16 = r["float16_weights"]

@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 
 from attnlab import GPT, GPTConfig, half_weights
 from attnlab.model import DecodeStep
-from helpers import left_padded, linears_laid_out, make_row_major, modern_switches
+from helpers import left_padded, linears_laid_out, make_row_major, modern_switches, split_blocks
 
 FBGEMM = "fbgemm" in torch.backends.quantized.supported_engines
 
@@ -168,14 +168,16 @@ def test_last_logits_only() -> None:
     laid_out=st.booleans(),
     switches=modern_switches(),
     half=st.booleans() if FBGEMM else st.just(False),
+    threads=st.sampled_from([1, 2, 3]),
 )
 def test_decode_step_equals_forward(
     flags: dict[str, object], lengths: list[int], steps: int, seed: int, laid_out: bool,
-    switches: dict[str, object], half: bool,
+    switches: dict[str, object], half: bool, threads: int,
 ) -> None:
     """DecodeStep (stacked q/k/v, plain F calls) == GPT.forward at T=1, cache included,
-    whether or not the weights are in GPT's (in, out) layout, over every config switch;
-    and so does the float16 step of a `half_weights` model (fbgemm builds only)."""
+    whether or not the weights are in GPT's (in, out) layout, over every config switch, at
+    1-3 threads with every matrix cut into blocks per thread; and so does the float16 step
+    of a `half_weights` model (fbgemm builds only)."""
     if not flags["attn_out_proj"]:
         switches.pop("head_dim")  # without out_proj, the heads' width is the stream's
     model = _model("nano", n_head=4, **flags, **switches)
@@ -197,7 +199,8 @@ def test_decode_step_equals_forward(
             if attention_mask is not None:
                 attention_mask = torch.cat([attention_mask, torch.ones(B, 1, dtype=torch.long)], 1)
             expected = model(token, attention_mask=attention_mask, kv_cache=caches[0]).logits
-            got = step(token, attention_mask, caches[1])  # (B, V)
+            with split_blocks(threads):
+                got = step(token, attention_mask, caches[1])  # (B, V)
             torch.testing.assert_close(got, expected[:, -1], atol=1e-5, rtol=1e-5)
     assert caches[0].seq_len == caches[1].seq_len == P + steps
     for mine, reference in zip(caches[1].layers, caches[0].layers, strict=True):
