@@ -289,6 +289,19 @@ def test_help_says_what_each_flag_does_and_misspelt_flags_get_a_suggestion(
     assert capsys.readouterr().out.startswith(f"attnlab {__version__} (torch ")
 
 
+def test_every_command_takes_any_checkpoint_load_checkpoint_reads() -> None:
+    """CHECKPOINT means the same in every command, and its help says all it may be."""
+    from attnlab.cli import build_parser
+
+    _, parsers = build_parser()
+    helps = {name: action.help for name, parser in parsers.items()
+             for action in parser._actions if action.dest == "checkpoint"}
+    assert set(helps) >= {"generate", "inspect", "serve", "info", "export", "heads", "patch"}
+    for help_text in helps.values():
+        assert help_text is not None
+        assert "run directory holding ckpt/" in help_text and "Hugging Face" in help_text
+
+
 def test_text_of_one_distinct_token_is_refused(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

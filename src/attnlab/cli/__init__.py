@@ -142,6 +142,13 @@ def config_from_flags(args: argparse.Namespace, cls: type[T], base: T | None = N
     return dataclasses.replace(base, **overrides)  # type: ignore[type-var]
 
 
+def add_checkpoint_argument(parser: argparse.ArgumentParser) -> None:
+    """The CHECKPOINT positional every command that loads a model takes (`load_checkpoint`)."""
+    parser.add_argument("checkpoint", metavar="CHECKPOINT",
+                        help="checkpoint directory, a run directory holding ckpt/, or a "
+                        "Hugging Face model directory")
+
+
 def _check_device(args: argparse.Namespace) -> None:
     """Every command's --device, checked once before it runs: a device this machine lacks is
     named as such (loading weights onto it failed as "corrupted", pin_memory's error)."""

@@ -9,7 +9,7 @@ import argparse
 import time
 from pathlib import Path
 
-from . import CLIError
+from . import CLIError, add_checkpoint_argument
 
 # hf.FAMILIES' names, listed here so `attnlab --help` imports nothing heavy (a test holds them
 # equal)
@@ -23,8 +23,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
         description="Write CHECKPOINT as a Hugging Face directory OUT (config.json, "
         "model.safetensors, tokenizer.json) for transformers' from_pretrained.",
     )
-    parser.add_argument("checkpoint", metavar="CHECKPOINT",
-                        help="checkpoint directory, or a run directory holding ckpt/")
+    add_checkpoint_argument(parser)
     parser.add_argument("out", metavar="OUT", help="directory to write")
     parser.add_argument("--family", choices=FAMILY_NAMES, default=None,
                         help="model_type to write (default: the first family that expresses "

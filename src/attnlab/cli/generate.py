@@ -15,7 +15,7 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from . import CLIError
+from . import CLIError, add_checkpoint_argument
 
 if TYPE_CHECKING:
     from collections.abc import Iterator
@@ -31,7 +31,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
         "CHECKPOINT: an attnlab checkpoint or a Hugging Face model directory (GPT-2, Llama, "
         "Mistral, Qwen2, Qwen3, GPT-NeoX).",
     )
-    parser.add_argument("checkpoint", metavar="CHECKPOINT", help="checkpoint directory")
+    add_checkpoint_argument(parser)
     parser.add_argument(
         "prompt", nargs="?", default=None,
         help="text to continue (empty: start from end-of-text, if the tokenizer has it)",

@@ -14,7 +14,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from . import CLIError
+from . import CLIError, add_checkpoint_argument
 
 MIN_INDUCTION = 0.1  # a best induction score below this: no induction heads to ablate
 
@@ -26,7 +26,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
         description="Score every head of CHECKPOINT with TransformerLens's head detectors, "
         "rank them, and on a task model ablate the top induction heads.",
     )
-    parser.add_argument("checkpoint", metavar="CHECKPOINT", help="checkpoint directory")
+    add_checkpoint_argument(parser)
     parser.add_argument("text", nargs="?", default=None,
                         help="probe text (default: the task's examples, or repeated tokens)")
     parser.add_argument("--out", default="heads",

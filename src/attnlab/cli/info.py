@@ -8,6 +8,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from . import add_checkpoint_argument
+
 
 def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
     parser = subparsers.add_parser(
@@ -16,8 +18,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
         description="Print the model config, parameter count, tokenizer and training "
         "state of CHECKPOINT.",
     )
-    parser.add_argument("checkpoint", metavar="CHECKPOINT",
-                        help="checkpoint directory, or a run directory holding ckpt/")
+    add_checkpoint_argument(parser)
     parser.add_argument("--json", action="store_true", help="print one JSON object instead")
     return parser
 

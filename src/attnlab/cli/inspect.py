@@ -15,7 +15,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from . import CLIError
+from . import CLIError, add_checkpoint_argument
 
 #: what -> (trace names it needs, description for --help)
 WHAT: dict[str, tuple[tuple[str, ...], str]] = {
@@ -42,7 +42,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
         epilog=f"--what takes a comma-separated list of:\n{kinds}\n  all         every one",
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    parser.add_argument("checkpoint", metavar="CHECKPOINT", help="checkpoint directory")
+    add_checkpoint_argument(parser)
     parser.add_argument("text", help="the text to run (at most the model's block_size tokens)")
     parser.add_argument("--out", default="inspect", help="output directory (default: inspect)")
     parser.add_argument("--layer", type=_int_list, default=None, metavar="L[,L...]",

@@ -11,7 +11,7 @@ import argparse
 import json
 from pathlib import Path
 
-from . import CLIError
+from . import CLIError, add_checkpoint_argument
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
@@ -20,7 +20,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
         description="Read TEXT's residual stream after each layer through the final norm "
         "and unembedding of CHECKPOINT.",
     )
-    parser.add_argument("checkpoint", metavar="CHECKPOINT", help="checkpoint directory")
+    add_checkpoint_argument(parser)
     parser.add_argument("text", help="input text")
     parser.add_argument("--top-k", "--top_k", dest="top_k", type=int, default=3,
                         help="tokens per cell in the JSON (default 3)")

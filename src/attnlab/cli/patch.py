@@ -12,7 +12,7 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from . import CLIError
+from . import CLIError, add_checkpoint_argument
 
 if TYPE_CHECKING:
     from ..tokenizers import Tokenizer
@@ -27,7 +27,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
         "stream from the clean prompt into the corrupted one; effects are normalized to "
         "(patched - corrupted) / (clean - corrupted) of the answer-minus-wrong logit.",
     )
-    parser.add_argument("checkpoint", metavar="CHECKPOINT", help="checkpoint directory")
+    add_checkpoint_argument(parser)
     parser.add_argument("--clean", required=True, help="the prompt the model gets right")
     parser.add_argument("--corrupt", required=True,
                         help="a prompt of the same token length that changes the answer")

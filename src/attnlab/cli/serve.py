@@ -7,7 +7,7 @@ import errno
 import socket
 import sys
 
-from . import CLIError, add_config_flags, config_from_flags
+from . import CLIError, add_checkpoint_argument, add_config_flags, config_from_flags
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
@@ -18,7 +18,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
         help="web page to explore attention and stream generations",
         description="Serve the attention viewer for CHECKPOINT at http://HOST:PORT/.",
     )
-    parser.add_argument("checkpoint", metavar="CHECKPOINT", help="checkpoint directory")
+    add_checkpoint_argument(parser)
     parser.add_argument(
         "--host", default="127.0.0.1",
         help="address to bind (default 127.0.0.1: this machine only; 0.0.0.0 exposes it)",
