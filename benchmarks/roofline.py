@@ -133,8 +133,8 @@ def run(quick: bool = False) -> dict[str, Any]:
             tok_s = new_tokens / (ms["attnlab decode"] / 1e3)
             record = {
                 "threads": threads, "clock": clk, "rounds": rounds, "ms": ms, "best_ms": best,
-                "GB_per_s": gbps, "bandwidth_GB_per_s": bandwidth, "step_bytes": step_bytes, "roofline_tok_s": roof,
-                "decode_tok_s": tok_s, "fraction": tok_s / roof,
+                "GB_per_s": gbps, "bandwidth_GB_per_s": bandwidth, "step_bytes": step_bytes,
+                "roofline_tok_s": roof, "decode_tok_s": tok_s, "fraction": tok_s / roof,
                 "matrix_speedup_vs_float32": {n: ms["float32 x @ W"] / ms[n] for n in kernels},
             }
             if rounding:
@@ -193,9 +193,9 @@ def run(quick: bool = False) -> dict[str, Any]:
         "targets_met": {"fraction": one["fraction"] >= TARGET} if not quick else {},
         "tables": [
             table("Decode roofline (float32 weights streamed by x @ W)",
-                  ["threads", "x @ W GB/s (mm)", "GB/s (a block per thread)", "roofline tok/s", "attnlab decode tok/s",
-                   "fraction of roofline", "bf16 matrix speedup", "int8 matrix speedup",
-                   "fp16 matrix speedup"],
+                  ["threads", "x @ W GB/s (mm)", "GB/s (a block per thread)", "roofline tok/s",
+                   "attnlab decode tok/s", "fraction of roofline", "bf16 matrix speedup",
+                   "int8 matrix speedup", "fp16 matrix speedup"],
                   rows),
             *([table("Decode with float16 weights (half_weights: fbgemm, float32 arithmetic)",
                      ["threads", "tok/s", "x float32 decode", "float16 roofline tok/s",
