@@ -284,6 +284,10 @@ def test_help_says_what_each_flag_does_and_misspelt_flags_get_a_suggestion(
         with pytest.raises(SystemExit):
             main(args)
         assert hint in capsys.readouterr().err
+    with pytest.raises(SystemExit):  # a value that starts with '-' reads as a flag
+        main(["train", "--time_budget", "-5m"])
+    assert "(a value that starts with '-' is written --time_budget=VALUE)" in (
+        capsys.readouterr().err)
     with pytest.raises(SystemExit):
         main(["--version"])
     assert capsys.readouterr().out.startswith(f"attnlab {__version__} (torch ")

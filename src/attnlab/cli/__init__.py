@@ -170,6 +170,10 @@ class _Parser(argparse.ArgumentParser):
             choices = re.findall(r"'([^']*)'", bad[2])
             close = difflib.get_close_matches(bad[1], choices, n=1, cutoff=0.5)
             message += f"; did you mean {close[0]!r}?" if close else ""
+        # `--time_budget -5m`: argparse reads a value that starts with '-' as the next flag
+        missing = re.match(r"argument (--[\w-]+)[^:]*: expected one argument", message)
+        if missing:
+            message += f" (a value that starts with '-' is written {missing[1]}=VALUE)"
         self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
 
 
