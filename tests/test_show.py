@@ -166,6 +166,24 @@ def test_fragment_is_self_contained_and_views_do_not_clash() -> None:
     assert a.page().startswith("<!doctype html>") and a.html in a.page()
 
 
+def test_ids_may_be_the_batch_the_model_ran_on() -> None:
+    """show(trace, tok, ids=ids) with the (B, T) ids fed to the model labels row `row`'s."""
+    m = model()
+    batch = torch.tensor([TOK.encode("the cat"), TOK.encode("a dog..")])  # (2, 7)
+    trace = Trace()
+    m(batch, trace=trace)
+    for row in (0, 1):
+        data = payload(show(trace, TOK, ids=batch, row=row))
+        assert data["tokens"] == list(TOK.decode(batch[row].tolist()))
+        assert data == payload(show(trace, TOK, ids=batch[row], row=row))
+    one = payload(show(m, TOK, ids=batch, row=1))  # the model runs on that row alone
+    assert one["tokens"] == list("a dog..") and one == payload(show(m, TOK, ids=batch[1]))
+    with pytest.raises(ValueError, match="row=2 out of range for ids of 2 rows"):
+        show(trace, TOK, ids=batch, row=2)
+    with pytest.raises(ValueError, match=r"ids of shape \(1, 2, 7\): pass one sequence"):
+        show(trace, TOK, ids=batch[None])
+
+
 def test_labels_and_bad_arguments() -> None:
     m = model()
     trace = Trace()

@@ -305,12 +305,24 @@ def _fragment(payload: dict[str, Any]) -> str:
 # ----------------------------------------------------------------------------- show
 
 
+def _ids_of_row(ids: Sequence[int] | Tensor, row: int) -> list[int]:
+    """ids as a list: one sequence as given, or row `row` of a (B, T) batch."""
+    if isinstance(ids, Tensor) and ids.dim() == 2:
+        if not -ids.shape[0] <= row < ids.shape[0]:
+            raise ValueError(f"row={row} out of range for ids of {ids.shape[0]} rows")
+        ids = ids[row]
+    if isinstance(ids, Tensor) and ids.dim() != 1:
+        raise ValueError(f"ids of shape {tuple(ids.shape)}: pass one sequence (T,) or the "
+                         "(B, T) batch the model ran on")
+    return [int(i) for i in ids]
+
+
 def show(
     source: Any,
     tokenizer: Any = None,
     text: str | None = None,
     *,
-    ids: Sequence[int] | None = None,
+    ids: Sequence[int] | Tensor | None = None,
     tokens: Sequence[str] | None = None,
     row: int = 0,
     layer: int | None = None,
@@ -329,7 +341,8 @@ def show(
     source: a `Trace` holding attn_weights (and masked_scores / attn_scores where you want
         exact masks / the steps view), or a `GPT`, which is run once on the text.
     tokenizer, text, ids, tokens: label the tokens: `tokens` as given, or the tokenizer's
-        pieces of `ids` (or of `tokenizer.encode(text)`); ids alone label tokens by id. A
+        pieces of `ids` (or of `tokenizer.encode(text)`); ids alone label tokens by id. ids
+        may be the (B, T) batch the model ran on: row `row`'s label the tokens. A
         trace holds no ids, so `show(trace)` with none of these labels them #0, #1, ...
     row: which sequence of the batch. layer, head: what the head view opens on (head may
         be "all"; default: the first traced layer and head). view: "head", "model",
@@ -348,7 +361,7 @@ def show(
         if ids is not None:
             raise ValueError("pass text or ids, not both")
         ids = tokenizer.encode(text)
-    ids = None if ids is None else [int(i) for i in ids]
+    ids = None if ids is None else _ids_of_row(ids, row)
     info = ""
     if isinstance(source, Trace):
         trace = source
@@ -362,6 +375,7 @@ def show(
         steps_layer = layer if layer is not None else 0
         small = len(ids) ** 2 <= STEPS_CELLS
         trace = _trace_model(source, ids, steps_layer if small else None)
+        row = 0  # the one sequence run
         if scale is None:
             scale = c.attn_scale if c.attn_scale is not None else c.head_size ** -0.5
         info = f"{c.n_layer} layers × {c.n_head} heads"
