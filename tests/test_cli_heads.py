@@ -61,6 +61,19 @@ def test_heads_table_figure_json_and_ablation(
     assert report["ablation"] == {"skipped": "best induction score 0.000 < 0.1"}
 
 
+@pytest.mark.parametrize("command", ["heads", "lens", "inspect"])
+def test_text_longer_than_the_model_reads_is_refused_not_cut(
+    command: str, checkpoint: tuple, tmp_path: Path, capsys: pytest.CaptureFixture[str],
+) -> None:
+    """19 tokens for a block_size of 16: refused, naming both; not silently cut to 16."""
+    path = checkpoint[0]
+    assert main([command, str(path), "qhdkwzpa|qhdkwzpaqq", "--out", str(tmp_path)]) == 1
+    err = capsys.readouterr().err
+    assert "is 19 tokens, the model reads at most block_size=16; shorten it" in err
+    assert main([command, str(path), "", "--out", str(tmp_path)]) == 1
+    assert "has no tokens; pass some text" in capsys.readouterr().err
+
+
 def test_patch_and_lens(checkpoint: tuple, tmp_path: Path, capsys: pytest.CaptureFixture[str],
                         monkeypatch: pytest.MonkeyPatch) -> None:
     path, _, _ = checkpoint

@@ -149,6 +149,18 @@ def add_checkpoint_argument(parser: argparse.ArgumentParser) -> None:
                         "Hugging Face model directory")
 
 
+def text_ids(tokenizer: Any, text: str, block_size: int, what: str = "the text") -> list[int]:
+    """`text`'s token ids, refused when empty or longer than the model reads (a silent cut
+    would renumber every position the command reports)."""
+    ids = list(tokenizer.encode(text))
+    if not ids:
+        raise CLIError(f"{what} has no tokens; pass some text")
+    if len(ids) > block_size:
+        raise CLIError(f"{what} is {len(ids)} tokens, the model reads at most "
+                       f"block_size={block_size}; shorten it")
+    return ids
+
+
 def _check_device(args: argparse.Namespace) -> None:
     """Every command's --device, checked once before it runs: a device this machine lacks is
     named as such (loading weights onto it failed as "corrupted", pin_memory's error)."""

@@ -14,7 +14,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from . import CLIError, add_checkpoint_argument
+from . import CLIError, add_checkpoint_argument, text_ids
 
 MIN_INDUCTION = 0.1  # a best induction score below this: no induction heads to ablate
 
@@ -54,7 +54,7 @@ def run(args: argparse.Namespace) -> int:
     if name in ("copy", "recall", "reverse"):
         dataset = load_dataset(name)
     if args.text is not None:
-        ids = torch.tensor([tok.encode(args.text)[-c.block_size:]])
+        ids = torch.tensor([text_ids(tok, args.text, c.block_size, "the probe text")])
         if ids.shape[1] < 2:
             raise CLIError("the probe text needs at least 2 tokens")
         probe = f"the text ({ids.shape[1]} tokens)"

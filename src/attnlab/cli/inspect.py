@@ -15,7 +15,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from . import CLIError, add_checkpoint_argument
+from . import CLIError, add_checkpoint_argument, text_ids
 
 #: what -> (trace names it needs, description for --help)
 WHAT: dict[str, tuple[tuple[str, ...], str]] = {
@@ -122,12 +122,7 @@ def run(args: argparse.Namespace) -> int:
     c = model.config
     layers = _pick(args.layer, c.n_layer, "--layer")
     heads = _pick(args.head, c.n_head, "--head")
-    ids = tok.encode(args.text)
-    if not ids:
-        raise CLIError("the text has no tokens; pass some text to inspect")
-    if len(ids) > c.block_size:
-        raise CLIError(f"the text is {len(ids)} tokens, the model reads at most "
-                       f"block_size={c.block_size}; shorten it")
+    ids = text_ids(tok, args.text, c.block_size)
     tokens = tok.token_texts(ids)
     T = len(ids)
     query = args.query + T if args.query < 0 else args.query

@@ -11,7 +11,7 @@ import argparse
 import json
 from pathlib import Path
 
-from . import CLIError, add_checkpoint_argument
+from . import CLIError, add_checkpoint_argument, text_ids
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
@@ -40,9 +40,7 @@ def run(args: argparse.Namespace) -> int:
         raise CLIError(f"--top-k {args.top_k} must be >= 1")
     ckpt = load_any(args.checkpoint)
     model, tok = ckpt.model.eval(), ckpt.tokenizer
-    ids = tok.encode(args.text)[-model.config.block_size:]
-    if not ids:
-        raise CLIError("TEXT has no tokens")
+    ids = text_ids(tok, args.text, model.config.block_size)
     lens = logit_lens(model, torch.tensor([ids]))[:, 0]  # (L + 1, T, V)
     probs, top = top_tokens(lens[..., :tok.vocab_size], args.top_k)  # (L + 1, T, k)
     tokens = tok.token_texts(ids)
