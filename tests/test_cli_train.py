@@ -39,6 +39,15 @@ def test_default_task_learns_and_says_so(
     assert _train(tmp_path, "--max_iters", "260", "--resume") == 0
     assert load_checkpoint(tmp_path / "run" / "ckpt").meta["step"] == 260
 
+    # --overwrite deletes the old checkpoint first: a new run that fails does not leave the
+    # old weights beside its own metrics, nor point to them as its last good checkpoint
+    capsys.readouterr()
+    assert _train(tmp_path, "--overwrite", "--lr", "1e30", "--grad_clip", "0") == 1
+    out, err = capsys.readouterr()
+    assert f"removed  the checkpoint {tmp_path / 'run' / 'ckpt'} held (--overwrite)" in out
+    assert "Last good checkpoint: none written by this run" in err
+    assert not (tmp_path / "run" / "ckpt").exists()
+
 
 def test_flags_map_onto_the_configs(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     text = tmp_path / "text.txt"

@@ -333,7 +333,8 @@ def _train(
             if not math.isfinite(loss_value):  # before the update: weights stay good
                 raise FloatingPointError(
                     f"loss became {loss_value} at step {step + 1}; stopped before updating. "
-                    f"Last good checkpoint: {ckpt if ckpt.exists() else 'none written yet'}. "
+                    "Last good checkpoint: "
+                    f"{result.checkpoint or 'none written by this run'}. "
                     "Lower --lr or keep --grad_clip on"
                 )
             if config.grad_clip > 0:

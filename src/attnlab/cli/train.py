@@ -61,7 +61,8 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
         "--resume", action="store_true", help="continue the run in --out from its checkpoint"
     )
     parser.add_argument(
-        "--overwrite", action="store_true", help="start over even if --out holds a checkpoint"
+        "--overwrite", action="store_true",
+        help="start over even if --out holds a checkpoint (deleted before training starts)"
     )
     parser.add_argument(
         "--threads",
@@ -137,7 +138,10 @@ def _run(args: argparse.Namespace) -> int:
         if "time_budget" in given and "max_iters" in given:
             raise CLIError(f"--time_budget {train_config.time_budget} and --max_iters "
                            f"{train_config.max_iters}: choose one (a budget sets the steps)")
-        _find_run(args)  # refuses to overwrite a run unless --overwrite
+        old = _find_run(args)  # refuses to overwrite a run unless --overwrite
+        if old is not None:  # --overwrite: the old run's checkpoint goes, not later
+            _remove_checkpoint(_out_dir(args) / "ckpt")
+            print(f"removed  the checkpoint {old} held (--overwrite)")
     out = _out_dir(args)
 
     _describe(dataset, model_config, train_config, resumed=args.resume)
@@ -222,6 +226,17 @@ def _find_run(args: argparse.Namespace) -> Path | None:
             "to start over, or --out DIR for a new run"
         )
     return found
+
+
+def _remove_checkpoint(ckpt: Path) -> None:
+    """Delete the checkpoint saved as `ckpt`, with the copies an interrupted save left: a
+    failed new run must not leave the old run's weights beside its own metrics."""
+    import shutil
+
+    from ..checkpoint import find_checkpoint
+
+    while (found := find_checkpoint(ckpt)) is not None:
+        shutil.rmtree(found)
 
 
 def _resume_configs(
