@@ -245,6 +245,39 @@ def test_the_printed_resume_hint_continues_the_run_as_started(
     assert load_checkpoint(tmp_path / "runs" / "copy" / "ckpt").meta["step"] == 35
 
 
+def test_a_text_run_resumes_from_its_own_file_and_refuses_another_text(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """--resume without --data reads the file the run trained on (the checkpoint keeps its
+    path); the same name over other text is refused (the checkpoint keeps a hash of it)."""
+    text = tmp_path / "text.txt"
+    text.write_text("to be or not to be, that is the question\n" * 40)
+    small = ["--n_layer", "1", "--n_head", "2", "--n_embd", "16", "--block_size", "16",
+             "--eval_interval", "5", "--eval_iters", "1"]
+    assert _train(tmp_path, "--data", str(text), *small, "--max_iters", "5") == 0
+    meta = load_checkpoint(tmp_path / "run" / "ckpt").meta
+    assert meta["data_source"] == str(text.resolve()) and len(meta["data_fingerprint"]) == 20
+    capsys.readouterr()
+    assert _train(tmp_path, "--resume", "--max_iters", "8") == 0  # no --data
+    out = capsys.readouterr().out
+    assert "resumed  from step 5 of 8" in out and "text.txt" in out
+    # a --max_iters the run already passed: refused, and nothing said changed first
+    assert _train(tmp_path, "--resume", "--max_iters", "6") == 1
+    out, err = capsys.readouterr()
+    assert "changed" not in out
+    assert "is at step 8; --max_iters 6 would not train it further" in err
+    other = tmp_path / "other" / "text.txt"
+    other.parent.mkdir()
+    other.write_text("that is the question, not to be or to be\n" * 30)  # same name and
+    # characters, other text
+    assert _train(tmp_path, "--data", str(other), "--resume", "--max_iters", "10") == 1
+    assert "is not the text" in capsys.readouterr().err
+    text.unlink()  # the run's file is gone: --data is needed, and the message says so
+    assert _train(tmp_path, "--resume", "--max_iters", "10") == 1
+    assert "trained on 'text.txt' from" in capsys.readouterr().err
+    assert load_checkpoint(tmp_path / "run" / "ckpt").meta["step"] == 8
+
+
 def test_a_damaged_checkpoint_is_refused_before_resuming(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -268,6 +301,9 @@ def test_a_damaged_checkpoint_is_refused_before_resuming(
     assert _train(tmp_path, "--resume") == 1  # finished, and damaged
     out, err = capsys.readouterr()
     assert "nothing to resume" not in out and "model.safetensors is missing or damaged" in err
+    assert _train(tmp_path, "--resume", "--max_iters", "40") == 1  # refused before "changed"
+    out, err = capsys.readouterr()
+    assert "changed" not in out and "model.safetensors is missing or damaged" in err
 
 
 def test_help_says_what_each_flag_does_and_misspelt_flags_get_a_suggestion(

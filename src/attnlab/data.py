@@ -112,8 +112,12 @@ def read_text(path: str | Path) -> str:
 
 
 class TextDataset(Dataset):
-    def __init__(self, name: str, tokenizer: Tokenizer, train: np.ndarray, val: np.ndarray):
+    def __init__(self, name: str, tokenizer: Tokenizer, train: np.ndarray, val: np.ndarray,
+                 *, source: str | None = None, fingerprint: str | None = None):
         self.name, self.tokenizer, self.train, self.val = name, tokenizer, train, val
+        # from_file: the path read (absolute) and a hash of its text, which checkpoints keep
+        # so a resume finds the data and knows it is the same text
+        self.source, self.fingerprint = source, fingerprint
 
     @classmethod
     def from_file(
@@ -151,7 +155,8 @@ class TextDataset(Dataset):
                 "Is it a text file? Train on text with at least 2 different tokens"
             )
         return cls(Path(path).name, load_tokenizer(cached) if isinstance(tokenizer, str) else tok,
-                   train, val)
+                   train, val, source=str(Path(path).resolve()),
+                   fingerprint=hashlib.sha256(text.encode()).hexdigest()[:20])
 
     @property
     def max_block_size(self) -> int:

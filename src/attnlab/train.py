@@ -282,6 +282,9 @@ def _train(
                     "dataset": dataset.name, "val_loss": result.val_loss,
                     "val_bpb": result.val_bpb,
                     "world_size": world.size}
+            for key in ("source", "fingerprint"):  # a text file's: see TextDataset
+                if getattr(dataset, key, None) is not None:
+                    meta[f"data_{key}"] = getattr(dataset, key)
             save_checkpoint(ckpt, model, tokenizer, train_state=state, meta=meta)
         result.checkpoint = ckpt
         world.barrier()  # no rank runs ahead of a checkpoint it may have to resume from

@@ -33,9 +33,9 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
     )
     parser.add_argument(
         "--data",
-        default="copy",
+        default=None,
         help=f"a text file, a directory of .txt files, or one of {', '.join(BUILTINS)} "
-        "(default: copy)",
+        "(default: copy; with --resume, the data the run trained on)",
     )
     parser.add_argument(
         "--tokenizer",
@@ -102,7 +102,10 @@ def _run(args: argparse.Namespace) -> int:
             raise CLIError(f"--threads {args.threads} must be >= 1")
         torch.set_num_threads(args.threads)
     # a resume finds its checkpoint first: it reads the data with the run's tokenizer
+    data_given, args.data = args.data is not None, args.data or "copy"
     found = _find_run(args) if args.resume else None
+    if found is not None and not data_given:
+        args.data = _run_data(found)
     tokenizer = args.tokenizer
     if found is not None and args.resume and tokenizer is None:
         tokenizer = str(found)  # the run's own tokenizer (a trained BPE is not redrawn)
@@ -110,12 +113,18 @@ def _run(args: argparse.Namespace) -> int:
 
     if args.resume:
         assert found is not None
-        model_config, train_config, step = _resume_configs(args, found, dataset.name)
+        model_config, train_config, step, changed = _resume_configs(args, found, dataset)
         _check_resumable(found, finished=step >= train_config.max_iters)
+        if step >= train_config.max_iters and changed:  # --max_iters given, not past the step
+            raise CLIError(f"--resume: {found} is at step {step}; --max_iters "
+                           f"{train_config.max_iters} would not train it further (pass "
+                           f"--max_iters N > {step})")
         if step >= train_config.max_iters:
             print(f"finished {found} is at step {step} of {train_config.max_iters}; "
                   f"nothing to resume (pass --max_iters N > {step} to train further)")
             return 0
+        if changed:
+            print(f"resume   changed: {', '.join(changed)}")
     else:
         if args.preset and args.arch != "gpt2":
             raise CLIError(f"--arch {args.arch} and --preset {args.preset}: choose one")
@@ -239,12 +248,29 @@ def _remove_checkpoint(ckpt: Path) -> None:
         shutil.rmtree(found)
 
 
+def _run_data(ckpt: Path) -> str:
+    """The --data a resume of `ckpt` reads when none is given: the file or directory the run
+    trained on (kept in its checkpoint), or its built-in dataset."""
+    from ..checkpoint import read_config
+    from ..data import BUILTINS
+
+    _, meta = read_config(ckpt)
+    name, source = meta.get("dataset"), meta.get("data_source")
+    if source is not None and Path(source).exists():
+        return str(source)
+    if name in BUILTINS:
+        return str(name)
+    where = f" from {source}, which is gone" if source else ""
+    raise CLIError(f"--resume: {ckpt} trained on {name!r}{where}; pass --data PATH to that "
+                   "text")
+
+
 def _resume_configs(
-    args: argparse.Namespace, ckpt: Path, dataset_name: str
-) -> tuple[Any, Any, int]:
-    """(model config, train config, step) a resumed run continues with: the saved ones, with
-    only the RESUME_SAFE flags given again applied (and printed); any other flag that differs
-    from the run's is refused, as is other data than the run trained on."""
+    args: argparse.Namespace, ckpt: Path, dataset: Any
+) -> tuple[Any, Any, int, list[str]]:
+    """(model config, train config, step, the flags that changed it) a resumed run continues
+    with: the saved ones, with only the RESUME_SAFE flags given again applied; any other flag
+    that differs from the run's is refused, as is other data than the run trained on."""
     from ..checkpoint import read_config
     from ..model import GPTConfig
     from ..train import TrainConfig
@@ -255,9 +281,14 @@ def _resume_configs(
         raise CLIError(f"--resume: {ckpt} has no training config or step; it was not written "
                        "by attnlab train")
     train_config = TrainConfig(**saved)
-    if meta.get("dataset") not in (None, dataset_name):
+    if meta.get("dataset") not in (None, dataset.name):
         raise CLIError(f"--resume: {ckpt} was trained on {meta['dataset']!r}, not "
-                       f"{dataset_name!r}; pass --data for that data or --out for a new run")
+                       f"{dataset.name!r}; pass --data for that data or --out for a new run")
+    fingerprint = getattr(dataset, "fingerprint", None)
+    if meta.get("data_fingerprint") not in (None, fingerprint):
+        raise CLIError(f"--resume: {args.data} is not the text {ckpt} trained on (its "
+                       f"contents differ from {meta.get('data_source', 'that file')}'s then); "
+                       "pass --data for that text, or --out DIR for a new run")
     changed: list[str] = []
     refused: list[str] = []
     for cls, base in ((GPTConfig, model_config), (TrainConfig, train_config)):
@@ -275,9 +306,7 @@ def _resume_configs(
             f"(a resumed run may change only {', '.join('--' + n for n in RESUME_SAFE)})"
         )
     train_config = config_from_flags(args, TrainConfig, train_config)
-    if changed:
-        print(f"resume   changed: {', '.join(changed)}")
-    return model_config, train_config, int(meta["step"])
+    return model_config, train_config, int(meta["step"]), changed
 
 
 def _check_resumable(ckpt: Path, finished: bool) -> None:
