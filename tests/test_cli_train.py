@@ -125,8 +125,15 @@ def test_block_size_larger_than_the_data(
     data = tmp_path / "small.txt"
     data.write_text("only a little text here\n")
     assert _train(tmp_path, "--data", str(data), "--block_size", "64") == 1
-    assert "larger than the data allows" in capsys.readouterr().err
+    # "only a little text here\n": 24 characters, a validation split of 2
+    assert "larger than the data allows (2 tokens in the smaller split); use --block_size 1 " \
+        "or less" in capsys.readouterr().err
     assert not (tmp_path / "run").exists()
+    data.write_text("hello world\n")  # a split of 1 token: no --block_size can fix that
+    assert _train(tmp_path, "--data", str(data), "--block_size", "1") == 1
+    err = capsys.readouterr().err
+    assert "is too short to train on: its smaller split has 1 token(s)" in err
+    assert "--block_size" not in err
 
 
 def test_resume_without_a_checkpoint(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

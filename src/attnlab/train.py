@@ -141,10 +141,16 @@ def sequence_length(model_config: GPTConfig, dataset: Dataset) -> int:
                 f"{model_config.block_size}; pass --block_size {needed}"
             )
         return needed
+    if dataset.max_block_size < 1:  # "hello world": one token of validation text
+        raise ValueError(
+            f"data {dataset.name!r} is too short to train on: its smaller split has "
+            f"{dataset.max_block_size + 1} token(s), and a sequence needs at least 2 (one to "
+            "read, one to predict); give it more text (a few thousand characters at least)"
+        )
     if model_config.block_size > dataset.max_block_size:
         raise ValueError(
             f"block_size={model_config.block_size} is larger than the data allows "
-            f"({dataset.max_block_size} tokens in the smaller split); use --block_size "
+            f"({dataset.max_block_size + 1} tokens in the smaller split); use --block_size "
             f"{max(1, dataset.max_block_size)} or less, or more text"
         )
     return model_config.block_size
