@@ -136,6 +136,17 @@ def test_block_size_larger_than_the_data(
     assert "--block_size" not in err
 
 
+def test_a_task_longer_than_block_size_is_refused_up_front(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # it used to print the model and fail in the untrained model's report with a message
+    # about a prompt the user never gave
+    assert _train(tmp_path, "--block_size", "4") == 1
+    out, err = capsys.readouterr()
+    assert "dataset 'copy' needs block_size >= 16, the model has 4" in err
+    assert "model" not in out and "prompt" not in err
+
+
 def test_resume_without_a_checkpoint(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert _train(tmp_path, "--resume") == 1
     assert "no checkpoint" in capsys.readouterr().err

@@ -95,7 +95,7 @@ def _run(args: argparse.Namespace) -> int:
     from ..data import SentenceDataset, TaskDataset, load_dataset
     from ..model import GPTConfig
     from ..recipes import recipe
-    from ..train import TrainConfig, train
+    from ..train import TrainConfig, sequence_length, train
 
     if args.threads is not None:
         if args.threads < 1:
@@ -147,6 +147,10 @@ def _run(args: argparse.Namespace) -> int:
         if "time_budget" in given and "max_iters" in given:
             raise CLIError(f"--time_budget {train_config.time_budget} and --max_iters "
                            f"{train_config.max_iters}: choose one (a budget sets the steps)")
+        try:  # a task too long for --block_size: refused now, not in the "before" report
+            sequence_length(model_config, dataset)
+        except ValueError as err:
+            raise CLIError(str(err)) from None
         old = _find_run(args)  # refuses to overwrite a run unless --overwrite
         if old is not None:  # --overwrite: the old run's checkpoint goes, not later
             _remove_checkpoint(_out_dir(args) / "ckpt")
