@@ -134,6 +134,10 @@ def test_errors_name_the_problem(
     path, _, _ = checkpoint
     assert main(["generate", str(tmp_path / "missing"), "the"]) == 1
     assert "missing does not exist" in capsys.readouterr().err
+    # a file of the checkpoint, not its directory: it exists, so say what to pass instead
+    assert main(["info", str(path / "model.safetensors")]) == 1
+    assert (f"model.safetensors is a file; a checkpoint is the directory that holds it: "
+            f"pass {path}") in capsys.readouterr().err
 
     long_prompt = "the lazy dog jumps over the fox"  # 31 characters, block_size 32
     assert main(["generate", str(path), long_prompt, "--max-new-tokens", "5"]) == 1

@@ -118,6 +118,11 @@ def _resolve(directory: Path) -> Path:
             return inner
     if found is not None:
         return found
+    if directory.is_file():
+        raise NotADirectoryError(
+            f"{directory} is a file; a checkpoint is the directory that holds it: pass "
+            f"{directory.parent}"
+        )
     raise FileNotFoundError(
         f"checkpoint directory {directory} does not exist; train one with "
         f"`attnlab train --out {directory.parent if directory.name == 'ckpt' else directory}`, "
