@@ -242,6 +242,8 @@ class GPT(nn.Module):
                 f"kv_cache has {len(kv_cache.layers)} layers, model has {self.config.n_layer}; "
                 "create it with model.new_cache(...)"
             )
+        if trace is not None:
+            trace.check_fits(self.config.n_layer, self.config.n_head)
         B, T = idx.shape
         if attention_mask is not None:
             attention_mask = attention_mask.to(idx.device)

@@ -167,6 +167,16 @@ class Trace:
         self.needs_weights = names is None or bool(names & WEIGHT_NAMES)
         self.values: dict[tuple[int | None, str], Tensor] = {}
 
+    def check_fits(self, n_layer: int, n_head: int) -> None:
+        """Raise unless the layer and head filters name layers and heads the model has (a
+        trace of layer 7 on a 4-layer model would record nothing and fail only at get())."""
+        for what, wanted, count in (("layers", self.layers, n_layer),
+                                    ("heads", self.heads, n_head)):
+            bad = sorted(i for i in wanted or () if not 0 <= i < count)
+            if bad:
+                raise ValueError(f"Trace({what}={sorted(wanted or ())}): the model has {count} "
+                                 f"{what} (0 to {count - 1}); {bad} are not among them")
+
     def layer(self, index: int) -> _LayerView | None:
         """The sink for layer `index`, or None when the filter leaves that layer out."""
         return Seam(self, None, 0).layer(index)
