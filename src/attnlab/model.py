@@ -243,7 +243,7 @@ class GPT(nn.Module):
                 "create it with model.new_cache(...)"
             )
         if trace is not None:
-            trace.check_fits(self.config.n_layer, self.config.n_head)
+            trace.check_layers(self.config.n_layer)
         B, T = idx.shape
         if attention_mask is not None:
             attention_mask = attention_mask.to(idx.device)

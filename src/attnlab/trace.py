@@ -167,15 +167,14 @@ class Trace:
         self.needs_weights = names is None or bool(names & WEIGHT_NAMES)
         self.values: dict[tuple[int | None, str], Tensor] = {}
 
-    def check_fits(self, n_layer: int, n_head: int) -> None:
-        """Raise unless the layer and head filters name layers and heads the model has (a
-        trace of layer 7 on a 4-layer model would record nothing and fail only at get())."""
-        for what, wanted, count in (("layers", self.layers, n_layer),
-                                    ("heads", self.heads, n_head)):
-            bad = sorted(i for i in wanted or () if not 0 <= i < count)
-            if bad:
-                raise ValueError(f"Trace({what}={sorted(wanted or ())}): the model has {count} "
-                                 f"{what} (0 to {count - 1}); {bad} are not among them")
+    def check_layers(self, n_layer: int) -> None:
+        """Raise unless the layer filter names layers the model has (a trace of layer 7 on a
+        4-layer model would record nothing and fail only at get(); heads are checked where
+        attention records them)."""
+        bad = sorted(i for i in self.layers or () if not 0 <= i < n_layer)
+        if bad:
+            raise ValueError(f"Trace(layers={sorted(self.layers or ())}): the model has "
+                             f"{n_layer} layers (0 to {n_layer - 1}); {bad} are not among them")
 
     def layer(self, index: int) -> _LayerView | None:
         """The sink for layer `index`, or None when the filter leaves that layer out."""
