@@ -46,3 +46,29 @@ def test_a_terminal_gets_the_bar_and_quiet_gets_evaluations_only() -> None:
     quiet_log, quiet_out = Terminal(), io.StringIO()
     _feed(Progress(3, quiet=True, stream=quiet_log, out=quiet_out))
     assert quiet_log.getvalue() == "" and "val 0.7000" in quiet_out.getvalue()
+
+
+def test_a_terminal_without_a_size_gets_plain_lines() -> None:
+    """A pseudo-terminal of 0 x 0 (`script`, some editors' shells): tqdm drew nothing there,
+    so the run showed no progress at all; it gets the log's plain lines. Sized: the bar."""
+    import fcntl
+    import os
+    import pty
+    import struct
+    import termios
+
+    from attnlab.cli import progress as progress_mod
+
+    leader, follower = pty.openpty()
+    with os.fdopen(follower, "w") as stream:
+        try:
+            assert stream.isatty() and os.get_terminal_size(follower).columns == 0
+            assert not progress_mod._sized_terminal(stream)
+            assert Progress(3, stream=stream).bar is None  # plain lines
+            fcntl.ioctl(follower, termios.TIOCSWINSZ, struct.pack("HHHH", 24, 80, 0, 0))
+            assert progress_mod._sized_terminal(stream)
+            bar = Progress(3, stream=stream)
+            assert bar.bar is not None
+            bar.close()
+        finally:
+            os.close(leader)

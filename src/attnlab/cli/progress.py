@@ -8,6 +8,7 @@ what a person sees.
 
 from __future__ import annotations
 
+import os
 import sys
 import time
 from typing import Any, TextIO
@@ -18,6 +19,18 @@ def eval_line(row: dict[str, Any]) -> str:
     bits = f"  ({row['val_bpb']:.3f} bits/byte)" if row.get("val_bpb") is not None else ""
     return (f"step {row['step']:>6}: train {row['train_loss']:.4f}  "
             f"val {row['val_loss']:.4f}{bits}")
+
+
+def _sized_terminal(stream: TextIO) -> bool:
+    """A terminal with a size: on a pseudo-terminal of 0 columns or 0 rows (`script`, some
+    editors' shells) tqdm draws nothing at all, so progress goes as plain lines there."""
+    if not stream.isatty():
+        return False
+    try:
+        size = os.get_terminal_size(stream.fileno())
+    except (OSError, ValueError):  # no file descriptor behind the stream
+        return True
+    return size.columns > 0 and size.lines > 0
 
 
 class Progress:
@@ -31,7 +44,7 @@ class Progress:
         self.out = out or sys.stdout
         self.interval_s = interval_s
         self.bar: Any = None
-        if not quiet and self.stream.isatty():
+        if not quiet and _sized_terminal(self.stream):
             from tqdm import tqdm
 
             self.bar = tqdm(total=total, unit="step", dynamic_ncols=True, file=self.stream)
