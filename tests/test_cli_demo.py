@@ -79,6 +79,23 @@ def test_demo_averaging_forms_agree(tmp_path: Path, capsys: pytest.CaptureFixtur
     assert "<svg" in (tmp_path / "averaging_weights.svg").read_text()[:1000]
 
 
+def test_demo_refuses_what_it_would_ignore_before_training(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # a bad format failed only after training; --seed on averaging was silently ignored
+    from attnlab.cli import demo
+
+    monkeypatch.setattr(demo, "_seed_002", lambda *a: pytest.fail("trained first"))
+    assert main(["demo", "hello", "--out", str(tmp_path), "--format", "jpg"]) == 1
+    assert "--format jpg: choose from png, svg, pdf" in capsys.readouterr().err
+    assert main(["demo", "averaging", "--out", str(tmp_path), "--seed", "3"]) == 1
+    assert "--seed applies to hello and animals" in capsys.readouterr().err
+    assert not any(tmp_path.iterdir())
+    from attnlab.viz_save import FORMATS
+
+    assert demo.FIGURE_FORMATS == FORMATS  # kept apart only so --help imports no matplotlib
+
+
 def test_inspect_writes_figures_and_json(
     checkpoint: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

@@ -50,11 +50,21 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
     return parser
 
 
+FIGURE_FORMATS = ("png", "svg", "pdf")  # viz_save.FORMATS, without importing matplotlib
+
+
 def run(args: argparse.Namespace) -> int:
     # another seed is another model: its own folder, not the recipe's checkpoint retrained
     name = args.name if args.seed is None else f"{args.name}-seed{args.seed}"
     out = Path(args.out) if args.out else Path("attnlab-demo") / name
     formats = [f.strip() for f in args.format.split(",") if f.strip()] if args.figures else []
+    bad = [f for f in formats if f not in FIGURE_FORMATS]
+    if bad or (args.figures and not formats):  # before training, not after it
+        raise CLIError(f"--format {args.format}: choose from {', '.join(FIGURE_FORMATS)} "
+                       "(comma-separated)")
+    if args.seed is not None and args.name == "averaging":
+        raise CLIError("--seed applies to hello and animals, which train; averaging trains "
+                       "nothing and draws fixed inputs (torch.manual_seed(1337))")
     with _one_thread():
         if args.name == "averaging":
             return _averaging(out, formats)
@@ -115,9 +125,10 @@ def _seed_002(
         written += _draw_phase(model, x, pick, tokens, out, phase, formats)
     if name == "animals":
         written += _draw_sentences(after, dataset, out, formats)
-    if (out / "loss.png").exists():
-        written.append(out / "loss.png")  # drawn by train()
-    print(f"figures  {out}/: {', '.join(p.name for p in written)}")
+    names = [p.name for p in written]
+    if (out / "loss.png").exists():  # drawn by train(), always as png
+        names.append("loss.png" if formats == ["png"] else "loss.png (train's curve, png)")
+    print(f"figures  {out}/: {', '.join(names)}")
     return 0
 
 
