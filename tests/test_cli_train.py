@@ -147,6 +147,18 @@ def test_a_task_longer_than_block_size_is_refused_up_front(
     assert "model" not in out and "prompt" not in err
 
 
+def test_a_tiny_model_is_described_in_whole_words_and_numbers(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # it said "1 layers, 1 heads, ...: 0.00M parameters"
+    assert _train(tmp_path, "--n_layer", "1", "--n_head", "1", "--n_embd", "8",
+                  "--max_iters", "1") == 0
+    model_line = next(line for line in capsys.readouterr().out.splitlines()
+                      if line.startswith("model"))
+    assert "1 layer, 1 head, 8 dims" in model_line and "M parameters" not in model_line
+    assert model_line.endswith(" parameters") and model_line.split()[-2].replace(",", "").isdigit()
+
+
 def test_resume_without_a_checkpoint(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert _train(tmp_path, "--resume") == 1
     assert "no checkpoint" in capsys.readouterr().err

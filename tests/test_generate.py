@@ -162,6 +162,8 @@ def test_prompt_past_block_size_errors_or_slides() -> None:
     generate(model, ids, mask, max_new_tokens=6)  # 7 + 6 - 1 = 12 positions: fits exactly
     with pytest.raises(ValueError, match=r"exceeds block_size=12.*sliding_window=True"):
         generate(model, ids, mask, max_new_tokens=7)
+    with pytest.raises(ValueError, match=r"prompt of 1 token \+ max_new_tokens=13 exceeds"):
+        generate(model, ids[:1, -1:], max_new_tokens=13)
     out = generate(model, ids, mask, max_new_tokens=15, temperature=0, sliding_window=True)
     assert torch.equal(out, _greedy_by_recomputation(model, ids, mask, 15))
     long_prompt = torch.randint(0, 65, (1, 20), generator=torch.Generator().manual_seed(1))
@@ -280,3 +282,13 @@ def test_the_float32_step_is_kept_and_follows_the_weights() -> None:
     greedy()
     attn.key.weight.data = attn.key.weight.data * -2  # another tensor: a new step
     greedy()
+
+
+def test_an_empty_prompt_without_an_end_of_text_id_is_named_by_its_index() -> None:
+    from attnlab.generate import generate_text
+    from attnlab.tokenizers import CharTokenizer
+
+    tok = CharTokenizer(list("abc"))  # no <|endoftext|> to start an empty prompt from
+    model = GPT(GPTConfig.from_name("nano", vocab_size=3)).eval()
+    with pytest.raises(ValueError, match=r"prompts\[1\] is empty and tokenizer 'char'"):
+        generate_text(model, tok, ["ab", ""], max_new_tokens=2)

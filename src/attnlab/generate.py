@@ -157,7 +157,8 @@ def _check_prompt(
     # the last new token is never fed back, so P + max_new_tokens - 1 positions are run
     if P + config.max_new_tokens - 1 > block and not config.sliding_window:
         raise ValueError(
-            f"prompt of {P} tokens + max_new_tokens={config.max_new_tokens} exceeds "
+            f"prompt of {P} token{'s' * (P != 1)} + max_new_tokens={config.max_new_tokens} "
+            "exceeds "
             f"block_size={block} (it runs {P + config.max_new_tokens - 1} positions); "
             "shorten the prompt, lower max_new_tokens, or pass "
             "sliding_window=True (CLI: --sliding-window) to condition on the last block_size "
@@ -371,7 +372,7 @@ def stream_text(
     if bool(empty.any()):
         if tokenizer.eot_id is None:
             raise ValueError(
-                f"prompt {int(empty.nonzero()[0])} is empty and tokenizer {tokenizer.name!r} "
+                f"prompts[{int(empty.nonzero()[0])}] is empty and tokenizer {tokenizer.name!r} "
                 "has no end-of-text id to start from; give at least one character"
             )
         # GPT-2's convention for unconditional samples: start from <|endoftext|>

@@ -269,6 +269,10 @@ def _run_data(ckpt: Path) -> str:
                    "text")
 
 
+def _count(n: int, noun: str) -> str:
+    return f"{n} {noun}{'s' * (n != 1)}"
+
+
 def _resume_configs(
     args: argparse.Namespace, ckpt: Path, dataset: Any
 ) -> tuple[Any, Any, int, list[str]]:
@@ -344,9 +348,11 @@ def _describe(dataset: Any, model_config: Any, train_config: Any, resumed: bool)
     tc = train_config
     print(f"data     {dataset.describe()}")
     print(
-        f"model    {model_config.n_layer} layers, {model_config.n_head} heads, "
+        f"model    {_count(model_config.n_layer, 'layer')}, "
+        f"{_count(model_config.n_head, 'head')}, "
         f"{model_config.n_embd} dims, context {model_config.block_size}: "
-        f"{n_params / 1e6:.2f}M parameters"
+        + (f"{n_params / 1e6:.2f}M parameters" if n_params >= 10_000 else
+           f"{n_params:,} parameters")
     )
     steps = f"{tc.max_iters} steps"
     if tc.time_budget and resumed:  # the steps were fitted when the run started
