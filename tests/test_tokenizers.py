@@ -133,3 +133,22 @@ def test_corpus_tokenizers_need_the_corpus() -> None:
         get_tokenizer("char")
     with pytest.raises(ValueError, match="empty"):
         CharTokenizer([])
+
+
+def test_a_run_directory_names_its_checkpoint_tokenizer_and_a_bad_path_says_so(
+    tmp_path: Path,
+) -> None:
+    from attnlab import GPT, GPTConfig, save_checkpoint
+    from attnlab.tokenizers import CharTokenizer, get_tokenizer
+
+    tok = CharTokenizer(list("abc"))
+    model = GPT(GPTConfig.from_name("nano", vocab_size=3))
+    save_checkpoint(tmp_path / "run" / "ckpt", model, tok)
+    # `--tokenizer runs/x` as every command reads runs/x: its ckpt/
+    assert get_tokenizer(str(tmp_path / "run")).encode("cab") == tok.encode("cab")
+    with pytest.raises(ValueError, match=r"nothere.json'.*no tokenizer.json.*check the path"):
+        get_tokenizer(str(tmp_path / "nothere.json"))
+    with pytest.raises(ValueError, match="check the path"):
+        get_tokenizer(str(tmp_path / "missing"))
+    with pytest.raises(ValueError, match="unknown tokenizer 'bep'; use char"):
+        get_tokenizer("bep")

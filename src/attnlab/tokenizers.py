@@ -389,12 +389,17 @@ def get_tokenizer(spec: str, text: str | None = None) -> Tokenizer:
     if kind == "tiktoken":
         return TiktokenTokenizer(arg or "gpt2")
     path = Path(spec)
+    if path.is_dir() and not (path / CONFIG_FILE).exists() and (path / "ckpt").is_dir():
+        path = path / "ckpt"  # a run directory stands for its checkpoint, as in every command
     if path.is_dir() and (path / CONFIG_FILE).exists():  # an attnlab checkpoint's tokenizer
         return load_tokenizer(path)
     if path.is_dir() and (path / HF_FILE).exists():
         path = path / HF_FILE
     if path.suffix == ".json" and path.exists():
         return HFTokenizer.from_file(path)
+    if path.suffix == ".json" or os.sep in spec or "/" in spec:  # meant as a path
+        raise ValueError(f"tokenizer {spec!r}: no tokenizer.json, checkpoint or Hugging Face "
+                         "model directory there (check the path)")
     raise ValueError(
         f"unknown tokenizer {spec!r}; use char, byte, word, bpe[:N], tiktoken:ENCODING, the "
         "path of a Hugging Face tokenizer.json, or a checkpoint directory to reuse its tokenizer"
