@@ -119,3 +119,21 @@ def test_generate_with_heads_ablated(checkpoint: tuple,
     assert "heads ['2.0'] do not exist" in capsys.readouterr().err
     assert main(["generate", str(path), "ab", "--ablate", "x"]) == 1
     assert "LAYER.HEAD" in capsys.readouterr().err
+
+
+def test_patch_reads_escapes_in_the_answer_as_generate_reads_stops(
+    checkpoint: tuple, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from attnlab.cli import CLIError, unescape
+
+    assert unescape(r"a\nb\tc") == "a\nb\tc" and unescape("plain") == "plain"
+    seen: list[str] = []
+
+    def one_token(tok: object, text: str, flag: str) -> int:
+        seen.append(text)
+        raise CLIError("stop here")
+
+    monkeypatch.setattr(patch_cli, "_one_token", one_token)
+    assert main(["patch", str(checkpoint[0]), "--clean", "abc", "--corrupt", "abd",
+                 "--answer", r"\n", "--wrong", r"\t", "--out", str(tmp_path)]) == 1
+    assert seen == ["\n"]  # the newline itself, not a backslash and an n

@@ -149,6 +149,11 @@ def add_checkpoint_argument(parser: argparse.ArgumentParser) -> None:
                         "Hugging Face model directory")
 
 
+def unescape(text: str) -> str:
+    r"""`\n` and `\t` typed on a command line as the newline and tab they stand for."""
+    return text.replace("\\n", "\n").replace("\\t", "\t")
+
+
 def text_ids(tokenizer: Any, text: str, block_size: int, what: str = "the text") -> list[int]:
     """`text`'s token ids, refused when empty or longer than the model reads (a silent cut
     would renumber every position the command reports)."""

@@ -15,7 +15,7 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from . import CLIError, add_checkpoint_argument
+from . import CLIError, add_checkpoint_argument, unescape
 
 if TYPE_CHECKING:
     from collections.abc import Iterator
@@ -156,10 +156,6 @@ def _chat_prompts(tokenizer: Any, prompts: list[str], args: argparse.Namespace) 
         raise CLIError(f"--chat: {err}") from None
 
 
-def _unescape(stop: str) -> str:
-    return stop.replace("\\n", "\n").replace("\\t", "\t")
-
-
 def run(args: argparse.Namespace) -> int:
     import torch
 
@@ -194,7 +190,7 @@ def run(args: argparse.Namespace) -> int:
         # the default fits the context (the last new token is never fed back); ask for more
         # with --max-new-tokens and --sliding-window
         max_new_tokens = max(1, min(200, model.config.block_size - longest + 1))
-    stops = [_unescape(s) for s in args.stop]
+    stops = [unescape(s) for s in args.stop]
 
     edits = None
     if args.ablate:

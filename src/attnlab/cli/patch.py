@@ -12,7 +12,7 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from . import CLIError, add_checkpoint_argument
+from . import CLIError, add_checkpoint_argument, unescape
 
 if TYPE_CHECKING:
     from ..tokenizers import Tokenizer
@@ -31,8 +31,10 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
     parser.add_argument("--clean", required=True, help="the prompt the model gets right")
     parser.add_argument("--corrupt", required=True,
                         help="a prompt of the same token length that changes the answer")
-    parser.add_argument("--answer", required=True, help="the clean prompt's next token")
-    parser.add_argument("--wrong", required=True, help="the token to compare it against")
+    parser.add_argument("--answer", required=True,
+                        help="the clean prompt's next token (\\n and \\t for newline and tab)")
+    parser.add_argument("--wrong", required=True,
+                        help="the token to compare it against (\\n and \\t as for --answer)")
     parser.add_argument("--out", default="patch", help="directory for patch.png/json")
     return parser
 
@@ -71,6 +73,7 @@ def run(args: argparse.Namespace) -> int:
     if len(clean) > model.config.block_size:
         raise CLIError(f"prompts of {len(clean)} tokens exceed block_size "
                        f"{model.config.block_size}")
+    args.answer, args.wrong = unescape(args.answer), unescape(args.wrong)
     answer = _one_token(tok, args.answer, "--answer")
     wrong = _one_token(tok, args.wrong, "--wrong")
     result = activation_patching(model, torch.tensor([clean]), torch.tensor([corrupt]),
