@@ -145,6 +145,9 @@ def test_a_task_longer_than_block_size_is_refused_up_front(
     out, err = capsys.readouterr()
     assert "dataset 'copy' needs block_size >= 16, the model has 4" in err
     assert "model" not in out and "prompt" not in err
+    # a tokenizer for a built-in dataset, which brings its own, was silently ignored
+    assert _train(tmp_path, "--tokenizer", "bpe") == 1
+    assert "the built-in dataset 'copy' brings its own tokenizer" in capsys.readouterr().err
 
 
 def test_a_tiny_model_is_described_in_whole_words_and_numbers(

@@ -92,7 +92,7 @@ def run(args: argparse.Namespace) -> int:
 def _run(args: argparse.Namespace) -> int:
     import torch
 
-    from ..data import SentenceDataset, TaskDataset, load_dataset
+    from ..data import BUILTINS, SentenceDataset, TaskDataset, load_dataset
     from ..model import GPTConfig
     from ..recipes import recipe
     from ..train import TrainConfig, sequence_length, train
@@ -107,6 +107,9 @@ def _run(args: argparse.Namespace) -> int:
     if found is not None and not data_given:
         args.data = _run_data(found)
     tokenizer = args.tokenizer
+    if tokenizer is not None and args.data in BUILTINS:  # it would be ignored
+        raise CLIError(f"--tokenizer {tokenizer}: the built-in dataset {args.data!r} brings "
+                       "its own tokenizer; drop --tokenizer, or train on a text file")
     if found is not None and args.resume and tokenizer is None:
         tokenizer = str(found)  # the run's own tokenizer (a trained BPE is not redrawn)
     dataset = load_dataset(args.data, tokenizer or "char")
