@@ -54,7 +54,9 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
     parser.add_argument(
         "--preset",
         choices=sorted(PRESETS),
-        help="start the model from a named preset instead of the dataset's recipe",
+        help="the model's shape (layers, heads, width) from a named preset instead of the "
+        "dataset's recipe; the context (--block_size) and the schedule (--lr, --max_iters, "
+        "...) stay the recipe's unless given",
     )
     parser.add_argument("--out", help="run directory (default: runs/<data name>)")
     parser.add_argument(
