@@ -299,6 +299,8 @@ def test_a_text_run_resumes_from_its_own_file_and_refuses_another_text(
     out, err = capsys.readouterr()
     assert "changed" not in out
     assert "is at step 8; --max_iters 6 would not train it further" in err
+    assert _train(tmp_path, "--resume", "--eval_interval", "3") == 0  # finished: not an error
+    assert "is at step 8 of 8; nothing to resume" in capsys.readouterr().out
     other = tmp_path / "other" / "text.txt"
     other.parent.mkdir()
     other.write_text("that is the question, not to be or to be\n" * 30)  # same name and

@@ -120,7 +120,10 @@ def _run(args: argparse.Namespace) -> int:
         assert found is not None
         model_config, train_config, step, changed = _resume_configs(args, found, dataset)
         _check_resumable(found, finished=step >= train_config.max_iters)
-        if step >= train_config.max_iters and changed:  # --max_iters given, not past the step
+        # a new --max_iters the run already reached (another changed flag alone, or the
+        # run's own end, is a finished run: nothing to resume)
+        if step >= train_config.max_iters and any(c.startswith("--max_iters ")
+                                                  for c in changed):
             raise CLIError(f"--resume: {found} is at step {step}; --max_iters "
                            f"{train_config.max_iters} would not train it further (pass "
                            f"--max_iters N > {step})")
