@@ -153,6 +153,12 @@ def test_errors_name_the_problem(
     assert "p.txt does not exist" in capsys.readouterr().err
     assert main(["generate", str(path), "THE"]) == 1  # not in the char vocabulary
     assert "cannot encode" in capsys.readouterr().err
+    prompts = tmp_path / "prompts.txt"
+    prompts.write_text("the\n\nTHE fox\n")  # the second prompt (third line) cannot be read
+    assert main(["generate", str(path), "--prompt-file", str(prompts)]) == 1
+    assert "prompt 2/2: char tokenizer cannot encode character 'T'" in capsys.readouterr().err
+    assert main(["generate", str(path), "the", "--stop", ""]) == 1
+    assert "an empty stop string matches nothing" in capsys.readouterr().err
 
 
 def test_hugging_face_directory_generates_the_same_text(

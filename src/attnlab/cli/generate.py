@@ -169,6 +169,8 @@ def run(args: argparse.Namespace) -> int:
         torch.set_num_threads(args.threads)
     if args.batch_size < 1:
         raise CLIError(f"--batch-size {args.batch_size} must be >= 1")
+    if "" in args.stop:
+        raise CLIError("--stop '': an empty stop string matches nothing; give some text")
     if args.system is not None and not args.chat:
         raise CLIError("--system goes with --chat (a system message in the chat template)")
     if args.weights == "float16" and args.dtype != "float32":
@@ -182,11 +184,18 @@ def run(args: argparse.Namespace) -> int:
         half_weights(model)
         print(f"[float16 weights packed in {time.perf_counter() - began:.1f} s]", file=sys.stderr)
     prompts = _chat_prompts(tokenizer, shown, args) if args.chat else shown
+    lengths = []  # tokens per prompt; a prompt the tokenizer cannot encode is named
+    for i, prompt in enumerate(prompts):
+        try:
+            lengths.append(len(tokenizer.encode(prompt)))
+        except ValueError as err:
+            where = "" if args.prompt_file is None else f"prompt {i + 1}/{len(prompts)}: "
+            raise CLIError(f"{where}{err}") from None
     max_new_tokens = args.max_new_tokens
     if max_new_tokens is None and args.sliding_window:
         max_new_tokens = 200
     elif max_new_tokens is None:
-        longest = max(len(tokenizer.encode(p)) or 1 for p in prompts)
+        longest = max(max(lengths), 1)
         # the default fits the context (the last new token is never fed back); ask for more
         # with --max-new-tokens and --sliding-window
         max_new_tokens = max(1, min(200, model.config.block_size - longest + 1))
