@@ -133,9 +133,9 @@ class TextDataset(Dataset):
             raise ValueError(f"val_fraction={val_fraction} must be in (0, 1)")
         text = read_text(path)
         tok = get_tokenizer(tokenizer, text) if isinstance(tokenizer, str) else tokenizer
-        key = hashlib.sha256(
-            f"{tok.identity()}|{val_fraction}|".encode() + text.encode()
-        ).hexdigest()[:20]
+        fingerprint = hashlib.sha256(text.encode()).hexdigest()[:20]  # the text alone
+        key = hashlib.sha256(f"{tok.identity()}|{val_fraction}|{fingerprint}".encode()
+                             ).hexdigest()[:20]
         root = Path(cache_dir) if cache_dir is not None else default_cache_dir()
         cached = root / "data" / key
         dtype = np.uint16 if tok.vocab_size <= 2**16 else np.uint32
@@ -155,8 +155,7 @@ class TextDataset(Dataset):
                 "Is it a text file? Train on text with at least 2 different tokens"
             )
         return cls(Path(path).name, load_tokenizer(cached) if isinstance(tokenizer, str) else tok,
-                   train, val, source=str(Path(path).resolve()),
-                   fingerprint=hashlib.sha256(text.encode()).hexdigest()[:20])
+                   train, val, source=str(Path(path).resolve()), fingerprint=fingerprint)
 
     @property
     def max_block_size(self) -> int:
