@@ -159,6 +159,8 @@ def test_errors_name_the_problem(
     assert "prompt 2/2: char tokenizer cannot encode character 'T'" in capsys.readouterr().err
     assert main(["generate", str(path), "the", "--stop", ""]) == 1
     assert "an empty stop string matches nothing" in capsys.readouterr().err
+    assert main(["generate", str(path), "the", "--batch-size", "4"]) == 1  # had no effect
+    assert "groups the prompts of --prompt-file" in capsys.readouterr().err
 
 
 def test_hugging_face_directory_generates_the_same_text(

@@ -65,7 +65,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
         help="past block_size, condition on the last block_size tokens instead of failing",
     )
     parser.add_argument(
-        "--batch-size", "--batch_size", dest="batch_size", type=int, default=16,
+        "--batch-size", "--batch_size", dest="batch_size", type=int, default=None,
         help="prompts per batch with --prompt-file (default 16)",
     )
     parser.add_argument("--device", default="cpu", help="cpu, cuda, cuda:1, mps (default cpu)")
@@ -167,6 +167,10 @@ def run(args: argparse.Namespace) -> int:
         if args.threads < 1:
             raise CLIError(f"--threads {args.threads} must be >= 1")
         torch.set_num_threads(args.threads)
+    if args.batch_size is not None and args.prompt_file is None:
+        raise CLIError(f"--batch-size {args.batch_size} groups the prompts of --prompt-file; "
+                       "one PROMPT runs alone (drop --batch-size)")
+    args.batch_size = 16 if args.batch_size is None else args.batch_size
     if args.batch_size < 1:
         raise CLIError(f"--batch-size {args.batch_size} must be >= 1")
     if "" in args.stop:
