@@ -94,6 +94,7 @@ def run(args: argparse.Namespace) -> int:
 def _run(args: argparse.Namespace) -> int:
     import torch
 
+    from ..checkpoint import read_config
     from ..data import BUILTINS, SentenceDataset, TaskDataset, load_dataset
     from ..model import GPTConfig
     from ..recipes import recipe
@@ -106,8 +107,9 @@ def _run(args: argparse.Namespace) -> int:
     # a resume finds its checkpoint first: it reads the data with the run's tokenizer
     data_given, args.data = args.data is not None, args.data or "copy"
     found = _find_run(args) if args.resume else None
-    if found is not None and not data_given:
-        args.data = _run_data(found)
+    saved = None if found is None else read_config(found)  # (model config, meta), read once
+    if found is not None and saved is not None and not data_given:
+        args.data = _run_data(found, saved[1])
     tokenizer = args.tokenizer
     if tokenizer is not None and args.data in BUILTINS:  # it would be ignored
         raise CLIError(f"--tokenizer {tokenizer}: the built-in dataset {args.data!r} brings "
@@ -118,7 +120,8 @@ def _run(args: argparse.Namespace) -> int:
 
     if args.resume:
         assert found is not None
-        model_config, train_config, step, changed = _resume_configs(args, found, dataset)
+        assert saved is not None
+        model_config, train_config, step, changed = _resume_configs(args, found, saved, dataset)
         _check_resumable(found, finished=step >= train_config.max_iters)
         # a new --max_iters the run already reached (another changed flag alone, or the
         # run's own end, is a finished run: nothing to resume)
@@ -260,13 +263,11 @@ def _remove_checkpoint(ckpt: Path) -> None:
         shutil.rmtree(found)
 
 
-def _run_data(ckpt: Path) -> str:
-    """The --data a resume of `ckpt` reads when none is given: the file or directory the run
-    trained on (kept in its checkpoint), or its built-in dataset."""
-    from ..checkpoint import read_config
+def _run_data(ckpt: Path, meta: dict[str, Any]) -> str:
+    """The --data a resume of `ckpt` (whose meta is `meta`) reads when none is given: the file
+    or directory the run trained on (kept in its checkpoint), or its built-in dataset."""
     from ..data import BUILTINS
 
-    _, meta = read_config(ckpt)
     name, source = meta.get("dataset"), meta.get("data_source")
     if source is not None and Path(source).exists():
         return str(source)
@@ -282,16 +283,17 @@ def _count(n: int, noun: str) -> str:
 
 
 def _resume_configs(
-    args: argparse.Namespace, ckpt: Path, dataset: Any
+    args: argparse.Namespace, ckpt: Path, saved_configs: tuple[Any, dict[str, Any]],
+    dataset: Any,
 ) -> tuple[Any, Any, int, list[str]]:
-    """(model config, train config, step, the flags that changed it) a resumed run continues
-    with: the saved ones, with only the RESUME_SAFE flags given again applied; any other flag
-    that differs from the run's is refused, as is other data than the run trained on."""
-    from ..checkpoint import read_config
+    """(model config, train config, step, the flags that changed it) a resumed run of `ckpt`
+    (whose `read_config` is `saved_configs`) continues with: the saved ones, with only the
+    RESUME_SAFE flags given again applied; any other flag that differs from the run's is
+    refused, as is other data than the run trained on."""
     from ..model import GPTConfig
     from ..train import TrainConfig
 
-    model_config, meta = read_config(ckpt)
+    model_config, meta = saved_configs
     saved = meta.get("train_config")
     if not isinstance(saved, dict) or "step" not in meta:
         raise CLIError(f"--resume: {ckpt} has no training config or step; it was not written "
