@@ -75,6 +75,8 @@ def test_export_round_trip(pair: tuple, tmp_path: Path) -> None:
     save_hf_gpt2(tmp_path, ours)
     assert is_hf_dir(tmp_path)
     reloaded_hf = transformers.GPT2LMHeadModel.from_pretrained(tmp_path).eval()
+    # no tokenizer, no special ids (transformers would fill in GPT-2's 50256)
+    assert reloaded_hf.config.bos_token_id is None and reloaded_hf.config.eos_token_id is None
     for name, tensor in hf.state_dict().items():
         assert torch.equal(reloaded_hf.state_dict()[name], tensor), name
     again = load_hf_gpt2(tmp_path)

@@ -194,7 +194,9 @@ def save_hf(path: str | Path, model: GPT, tokenizer: Tokenizer | None = None, *,
             raise ValueError(f"unknown family {family!r}; choose one of {sorted(by_name)}")
         family = by_name[family]
     family = family or family_for_config(model.config)
-    special: dict[str, int | list[int] | None] = {}
+    # null ids without a tokenizer: transformers would fill in the family's own (GPT-2's
+    # 50256), outside a small vocabulary
+    special: dict[str, int | list[int] | None] = {"bos": None, "eos": None}
     if tokenizer is not None:
         special = {"bos": getattr(tokenizer, "bos_id", None),
                    "eos": eos_field(tokenizer.stop_ids)}

@@ -292,6 +292,12 @@ def write_hf_dir(directory: Path, config: dict[str, Any], weights: dict[str, Ten
     backend = tokenizer.backend if isinstance(tokenizer, HFTokenizer) else _as_hf(tokenizer)
     if backend is not None:
         backend.save(str(directory / "tokenizer.json"))
+        if not (directory / TOKENIZER_CONFIG).is_file():
+            # names the class that reads tokenizer.json: without it transformers'
+            # AutoTokenizer picks the model type's own (GPT2Tokenizer) and gets other ids
+            (directory / TOKENIZER_CONFIG).write_text(json.dumps(
+                {"tokenizer_class": "PreTrainedTokenizerFast",
+                 "clean_up_tokenization_spaces": False}, indent=2))
     elif not (isinstance(tokenizer, TiktokenTokenizer) and tokenizer.vocab_size == 50257):
         warnings.warn(f"{directory}: the {tokenizer.name} tokenizer has no tokenizer.json "
                       "form, so the directory has no tokenizer (attnlab's commands "
