@@ -253,3 +253,28 @@ def test_imported_gpt2_ablation_equals_hugging_face_with_the_head_zeroed(tmp_pat
     effect = patch_effect(ours, clean, corrupt, logit_diff_metric(3, 4),
                           lambda t: Edits([patch(t, "resid_pre", 1)]))
     assert effect == 1.0
+
+
+def test_edits_the_model_never_reaches_are_refused() -> None:
+    """An edit at a layer the model lacks, a negative layer or position, or a position past
+    block_size would leave every output unchanged (read as "this head does not matter"):
+    each is refused. A position past this call's columns stays allowed: a later, longer
+    call reaches it."""
+    model = _model()  # nano: 2 layers, 2 heads, block_size 32
+    idx = _ids(1, 6)
+    for edits, message in [
+        (ablate([(5, 0)]), r"at layer 5: the model has 2 layers \(0 to 1\)"),
+        (Edits([uniform_attention(2, 0)]), "at layer 2: the model has 2 layers"),
+        (Edits([scale_heads(0, 0, 0.0, positions=[32])]), r"positions \[32\]: the model "
+         r"reads at most block_size=32 columns"),
+    ]:
+        with pytest.raises(ValueError, match=message):
+            model(idx, edits=edits)
+        with pytest.raises(ValueError, match=message):
+            generate(model, idx, max_new_tokens=2, temperature=0, edits=edits)
+    with pytest.raises(ValueError, match="at layer -1: layers count from 0"):
+        ablate([(-1, 0)])
+    with pytest.raises(ValueError, match=r"positions \[-1\]: positions are sequence columns"):
+        scale_heads(0, 0, 0.0, positions=[-1])
+    later = Edits([zero_heads(0, 0, positions=[8])])  # column 8: computed by a longer call
+    assert torch.equal(model(idx, edits=later).logits, model(idx).logits)

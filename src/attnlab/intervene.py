@@ -64,6 +64,13 @@ class Edit:
                 f"{self.name!r} has no head dimension; edit heads through one of "
                 f"{sorted(HEAD_NAMES)} (a head's output is 'context')"
             )
+        if self.layer is not None and self.layer < 0:
+            raise ValueError(f"edit of {self.name!r} at layer {self.layer}: layers count "
+                             "from 0 (the last one is n_layer - 1)")
+        negative = [p for p in self.positions or () if p < 0]
+        if negative:
+            raise ValueError(f"edit of {self.name!r} at positions {negative}: positions are "
+                             "sequence columns counted from 0 (the last one is T - 1)")
 
     def apply(self, value: Tensor, length: int) -> Tensor:
         """The edited value; `length` = columns of the forward pass (cached + new)."""
@@ -116,6 +123,21 @@ class Edits:
 
     def __len__(self) -> int:
         return len(self.edits)
+
+    def check(self, n_layer: int, block_size: int) -> None:
+        """Raise unless every edit is at a layer the model has and at positions below its
+        block_size: an edit no forward pass reaches would leave the model unchanged, which
+        reads as "this part does not matter". (A position past this call's columns is
+        allowed: a later call, with a cache or a longer input, computes it.)"""
+        for edit in self.edits:
+            if edit.layer is not None and edit.layer >= n_layer:
+                raise ValueError(f"edit of {edit.name!r} at layer {edit.layer}: the model has "
+                                 f"{n_layer} layers (0 to {n_layer - 1})")
+            beyond = [p for p in edit.positions or () if p >= block_size]
+            if beyond:
+                raise ValueError(f"edit of {edit.name!r} at positions {beyond}: the model "
+                                 f"reads at most block_size={block_size} columns (0 to "
+                                 f"{block_size - 1})")
 
     def touches(self, layer: int | None) -> bool:
         return layer is None or layer in self._layers

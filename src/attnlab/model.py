@@ -242,9 +242,11 @@ class GPT(nn.Module):
                 f"kv_cache has {len(kv_cache.layers)} layers, model has {self.config.n_layer}; "
                 "create it with model.new_cache(...)"
             )
+        B, T = idx.shape
         if trace is not None:
             trace.check_layers(self.config.n_layer)
-        B, T = idx.shape
+        if edits is not None:
+            edits.check(self.config.n_layer, self.config.block_size)
         if attention_mask is not None:
             attention_mask = attention_mask.to(idx.device)
             positions = real_positions(attention_mask, T)  # (B, T)

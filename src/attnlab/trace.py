@@ -63,9 +63,12 @@ def position_dim(name: str) -> int:
 
 class EditSource(Protocol):
     """What the seam needs from edits (`intervene.Edits`): which layers they touch, whether
-    they need attention's explicit path there, and the edited value. `length` is the number
-    of sequence columns (cached + new) the forward pass covers, so an edit can tell which
-    absolute positions a value's position dimension holds (its last entries)."""
+    they need attention's explicit path there, and the edited value; `check` refuses layers
+    and positions the model never reaches. `length` is the number of sequence columns
+    (cached + new) the forward pass covers, so an edit can tell which absolute positions a
+    value's position dimension holds (its last entries)."""
+
+    def check(self, n_layer: int, block_size: int) -> None: ...
 
     def touches(self, layer: int | None) -> bool: ...
 
