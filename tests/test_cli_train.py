@@ -103,6 +103,20 @@ def test_bad_data_gives_one_line_and_no_checkpoint(
     assert not (tmp_path / "run").exists()
 
 
+def test_a_folder_names_the_file_that_is_not_utf8(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A folder is read with its subfolders; one bad file among many is named."""
+    corpus = tmp_path / "corpus"
+    (corpus / "sub").mkdir(parents=True)
+    (corpus / "a.txt").write_text("hello world " * 50)
+    (corpus / "sub" / "latin1.txt").write_bytes(b"\xff\xfe bad")
+    assert _train(tmp_path, "--data", str(corpus)) == 1
+    err = capsys.readouterr().err
+    assert f"{corpus / 'sub' / 'latin1.txt'} is not UTF-8 text" in err
+    assert len(err.strip().splitlines()) == 1
+
+
 def test_characters_the_tokenizer_cannot_encode(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

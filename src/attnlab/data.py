@@ -89,18 +89,16 @@ def bits_per_byte(loss: float, bytes_per_token: float | None) -> float | None:
 
 
 def read_text(path: str | Path) -> str:
-    """A text file, or every .txt file of a directory (sorted, joined by newlines)."""
+    """A text file, or every .txt file under a directory, its subdirectories included
+    (sorted by path, joined by newlines)."""
     path = Path(path)
     if path.is_dir():
         files = sorted(path.rglob("*.txt"))
         if not files:
             raise ValueError(f"directory {path} holds no .txt files; point --data at text")
-        text = "\n".join(f.read_text(encoding="utf-8") for f in files)
+        text = "\n".join(_read_utf8(f) for f in files)
     elif path.is_file():
-        try:
-            text = path.read_text(encoding="utf-8")
-        except UnicodeDecodeError as err:
-            raise ValueError(f"{path} is not UTF-8 text ({err}); convert it first") from err
+        text = _read_utf8(path)
     else:
         raise FileNotFoundError(
             f"data file {path} does not exist; pass a text file, a directory of .txt files, "
@@ -109,6 +107,13 @@ def read_text(path: str | Path) -> str:
     if not text.strip():
         raise ValueError(f"data {path} is empty; it needs some text to train on")
     return text
+
+
+def _read_utf8(path: Path) -> str:
+    try:
+        return path.read_text(encoding="utf-8")
+    except UnicodeDecodeError as err:
+        raise ValueError(f"{path} is not UTF-8 text ({err}); convert it first") from err
 
 
 class TextDataset(Dataset):

@@ -34,7 +34,8 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
     parser.add_argument(
         "--data",
         default=None,
-        help=f"a text file, a directory of .txt files, or one of {', '.join(BUILTINS)} "
+        help=f"a text file, a directory of .txt files (subdirectories included), or one of "
+        f"{', '.join(BUILTINS)} "
         "(default: copy; with --resume, the data the run trained on)",
     )
     parser.add_argument(
