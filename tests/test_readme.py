@@ -14,8 +14,10 @@ import re
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
+import torch
 
 ROOT = Path(__file__).resolve().parents[1]
 README = ROOT / "README.md"
@@ -101,3 +103,16 @@ def test_layout_names_every_module() -> None:
     names += [p.name for p in (package / "hf").glob("*.py") if not p.name.startswith("__")]
     missing = sorted(n for n in names if f"`{n}`" not in layout)
     assert not missing, f"README's Layout table does not name {missing}"
+
+
+def test_the_quick_tour_snippet_runs_and_scores_the_next_token() -> None:
+    """The Quick tour's first Python block runs as written, and its loss is the next-token
+    loss: GPT.forward does not shift targets, so the snippet must (targets=idx would score
+    predicting each position's own token)."""
+    tour = README.read_text(encoding="utf-8").split("## Quick tour", 1)[1]
+    snippet = re.findall(r"```python\n(.*?)```", tour, flags=re.S)[0]
+    namespace: dict[str, Any] = {}
+    exec(snippet, namespace)  # the README's own code
+    ids, idx, targets = (namespace[n] for n in ("ids", "idx", "targets"))
+    assert torch.equal(idx, ids[:, :-1]) and torch.equal(targets, ids[:, 1:])
+    assert namespace["logits"].shape == (*idx.shape, 65)
