@@ -126,6 +126,25 @@ def test_inspect_writes_figures_and_json(
     assert torch.all(weights[past] > 0)
 
 
+def test_inspect_into_the_same_out_removes_the_earlier_runs_figures_only(
+    checkpoint: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A second text into the same --out left the first text's figures beside the new JSON;
+    the files an earlier inspect listed are removed, anything else in the directory stays."""
+    (tmp_path / "notes.png").write_bytes(b"mine")
+    assert main(["inspect", str(checkpoint), "the cat sat.", "--out", str(tmp_path),
+                 "--what", "weights,row", "--layer", "0", "--head", "0,1", "--query", "9"]) == 0
+    assert (tmp_path / "row_L0_H1_q9.png").is_file()
+    capsys.readouterr()
+    assert main(["inspect", str(checkpoint), "the", "--out", str(tmp_path), "--what",
+                 "weights", "--layer", "0", "--head", "0"]) == 0
+    assert "removed  3 files an earlier inspect wrote" in capsys.readouterr().out
+    names = {p.name for p in tmp_path.iterdir()}
+    assert names == {"weights_L0_H0.png", "attention.json", "notes.png"}
+    record = json.loads((tmp_path / "attention.json").read_text())
+    assert record["files"] == ["weights_L0_H0.png"] and record["text"] == "the"
+
+
 def test_inspect_says_how_many_figures_it_draws_when_they_are_many(
     checkpoint: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

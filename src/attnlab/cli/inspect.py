@@ -199,9 +199,13 @@ def run(args: argparse.Namespace) -> int:
                     scale=_scale(c), title=f"attnlab inspect · {args.text[:40]}")
         written.append(view.save(out / "attention.html"))
     json_path = out / "attention.json"
+    stale = _earlier_files(json_path) - {p.name for p in written} - {json_path.name}
     json_path.parent.mkdir(parents=True, exist_ok=True)
+    record["files"] = sorted(p.name for p in written)  # what the next run into --out removes
     json_path.write_text(json.dumps(record))
     written.append(json_path)
+    for name in sorted(stale):
+        (out / name).unlink(missing_ok=True)
 
     print(f"text     {T} tokens: {' '.join(repr(t) for t in tokens[:16])}"
           + (" …" if T > 16 else ""))
@@ -212,7 +216,20 @@ def run(args: argparse.Namespace) -> int:
         print(f"         {path.name}")
     if len(written) > 12:
         print(f"         … and {len(written) - 12} more")
+    if stale:
+        print(f"removed  {len(stale)} files an earlier inspect wrote to {out}/ "
+              "(figures of another text or selection)")
     return 0
+
+
+def _earlier_files(json_path: Path) -> set[str]:
+    """The files an earlier `inspect` into the same directory wrote (its attention.json
+    lists them); names only, so nothing outside the directory is ever touched."""
+    try:
+        files = json.loads(json_path.read_text()).get("files", [])
+    except (OSError, ValueError, AttributeError):
+        return set()
+    return {f for f in files if isinstance(f, str) and f == Path(f).name}
 
 
 def _head_figure(kind: str, into: Any, head_of: Callable[[str, int, int], Any], la: int,
