@@ -63,6 +63,17 @@ def test_needs_a_residual_stream() -> None:
         logit_attribution(model, torch.tensor([[1, 2]]), 3)
 
 
+def test_a_target_or_position_out_of_range_is_named() -> None:
+    model, idx = _model(), torch.tensor([[1, 2, 3]])  # vocabulary of 65
+    with pytest.raises(ValueError, match=r"target \[999\]: token ids are 0 to 64"):
+        logit_attribution(model, idx, 999)
+    with pytest.raises(ValueError, match=r"target \[-2\]"):
+        logit_attribution(model, idx, -2)
+    with pytest.raises(ValueError, match="position 3 is out of range for 3 tokens"):
+        logit_attribution(model, idx, 5, position=3)
+    assert logit_attribution(model, idx, 5, position=-3).logit.shape == (1,)
+
+
 @torch.no_grad()
 def test_imported_gpt2(tmp_path) -> None:
     transformers = pytest.importorskip("transformers")

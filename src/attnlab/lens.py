@@ -76,10 +76,16 @@ def logit_attribution(
     c = model.config
     if not c.residual:
         raise ValueError("direct logit attribution needs a residual stream (config.residual)")
+    B, T = ids.shape
+    target = torch.as_tensor(target, device=ids.device).expand(B)  # (B,)
+    if int(target.min()) < 0 or int(target.max()) >= c.vocab_size:
+        raise ValueError(f"target {target.tolist()}: token ids are 0 to {c.vocab_size - 1} "
+                         f"(vocab_size={c.vocab_size}); pass the id of the token to explain")
+    if not -T <= position < T:
+        raise ValueError(f"position {position} is out of range for {T} tokens; use 0 to "
+                         f"{T - 1}, or -1 for the last")
     trace = Trace(names=["emb", "context", "mlp_out", "block_out"])
     logits = model(ids, attention_mask=attention_mask, trace=trace).logits  # (B, T, V)
-    B = ids.shape[0]
-    target = torch.as_tensor(target, device=ids.device).expand(B)  # (B,)
     w_u = model.lm_head.weight[target].float()  # (B, C): the target's unembedding rows
     final = trace.get("block_out", c.n_layer - 1)[:, position].float()  # (B, C)
     norm, centre = model.ln_f, True
