@@ -278,6 +278,9 @@ def test_a_missing_cuda_is_named_not_a_corrupted_file(
     assert "device='cuda' but CUDA is not available here; use --device cpu" in err, err
     assert "corrupted" not in err and err.count("\n") == 1
     assert not (tmp_path / "run").exists()
+    if command == "generate":  # a device torch does not know lists the ones it does
+        assert main(["generate", str(path), "the", "--device", "tpu"]) == 1
+        assert "use auto, cpu, cuda, cuda:N or mps" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize("content", [b"\x89PNG\r\n\x1a\n\x00\x00", b"the\x00fox\n"])

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 import shlex
 from pathlib import Path
 
@@ -264,6 +265,8 @@ def test_the_printed_resume_hint_continues_the_run_as_started(
     flags = ["--max_iters", "30", "--eval_interval", "10", "--lr", "2e-3"]
     assert main(["train", "--quiet", *flags]) == 130
     out = capsys.readouterr().out
+    # the loss printed is the evaluation's at step 10, not the checkpoint's step 12
+    assert re.search(r"^val loss [0-9.]+ at step 10 \(the last evaluation\)", out, re.M), out
     hint = out.split("continue with: ")[1].splitlines()[0]
     assert hint == "attnlab train --data copy --out runs/copy --resume"
     monkeypatch.undo()

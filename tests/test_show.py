@@ -202,6 +202,8 @@ def test_labels_and_bad_arguments() -> None:
         show(trace, head=7)
     with pytest.raises(ValueError, match="needs a tokenizer"):
         show(m, text="abc")
+    with pytest.raises(ValueError, match="was given empty text; pass some text"):
+        show(m, CharTokenizer(list("abc")), text="")
     with pytest.raises(ValueError, match="no attn_weights"):
         show(Trace(names=["q"]))
     with pytest.raises(TypeError, match="Trace or a GPT"):

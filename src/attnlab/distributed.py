@@ -72,7 +72,8 @@ def resolve_device(name: str, local_rank: int = 0) -> torch.device:
     try:
         device = torch.device(name)
     except RuntimeError as err:
-        raise ValueError(f"device={name!r} is not a device ({err}); use auto, cpu or cuda") from err
+        raise ValueError(f"device={name!r} is not a device ({err}); use auto, cpu, cuda, "
+                         "cuda:N or mps") from err
     if device.type == "cuda" and not torch.cuda.is_available():
         raise ValueError(f"device={name!r} but CUDA is not available here; use --device cpu")
     if device.type == "mps" and not torch.backends.mps.is_available():

@@ -367,7 +367,8 @@ def show(
         trace = source
     elif isinstance(source, torch.nn.Module) and hasattr(source, "config"):
         if not ids:
-            raise ValueError("show(model, ...) needs text (with a tokenizer) or ids to run")
+            raise ValueError("show(model, ...) was given empty text; pass some text" if (
+                text is not None) else "show(model, ...) needs text (with a tokenizer) or ids")
         c: Any = source.config
         if len(ids) > c.block_size:
             raise ValueError(f"{len(ids)} tokens, the model reads at most block_size="
