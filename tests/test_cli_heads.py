@@ -100,6 +100,14 @@ def test_patch_and_lens(checkpoint: tuple, tmp_path: Path, capsys: pytest.Captur
     assert main(["patch", str(path), "--clean", "abc", "--corrupt", "ab", "--answer", "c",
                  "--wrong", "x"]) == 1
     assert "same token length" in capsys.readouterr().err
+    long = "qhdkwzpa|qhdkwzpaqq"  # 19 tokens for a block_size of 16, as heads/lens/inspect
+    assert main(["patch", str(path), "--clean", long, "--corrupt", long, "--answer", "c",
+                 "--wrong", "x"]) == 1
+    assert "--clean is 19 tokens, the model reads at most block_size=16" in (
+        capsys.readouterr().err)
+    assert main(["patch", str(path), "--clean", "", "--corrupt", "", "--answer", "c",
+                 "--wrong", "x"]) == 1
+    assert "--clean has no tokens; pass some text" in capsys.readouterr().err
     assert main(["patch", str(path), "--clean", "abc", "--corrupt", "abd", "--answer", "cd",
                  "--wrong", "x"]) == 1
     assert "give exactly one token" in capsys.readouterr().err

@@ -12,7 +12,7 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from . import CLIError, add_checkpoint_argument, unescape
+from . import CLIError, add_checkpoint_argument, text_ids, unescape
 
 if TYPE_CHECKING:
     from ..tokenizers import Tokenizer
@@ -64,15 +64,13 @@ def run(args: argparse.Namespace) -> int:
 
     ckpt = load_any(args.checkpoint)
     model, tok = ckpt.model.eval(), ckpt.tokenizer
-    clean, corrupt = tok.encode(args.clean), tok.encode(args.corrupt)
-    if len(clean) != len(corrupt) or not clean:
+    clean = text_ids(tok, args.clean, model.config.block_size, "--clean")
+    corrupt = text_ids(tok, args.corrupt, model.config.block_size, "--corrupt")
+    if len(clean) != len(corrupt):
         raise CLIError(
             f"--clean is {len(clean)} tokens and --corrupt {len(corrupt)}: patching needs "
-            "two non-empty prompts of the same token length"
+            "two prompts of the same token length"
         )
-    if len(clean) > model.config.block_size:
-        raise CLIError(f"prompts of {len(clean)} tokens exceed block_size "
-                       f"{model.config.block_size}")
     args.answer, args.wrong = unescape(args.answer), unescape(args.wrong)
     answer = _one_token(tok, args.answer, "--answer")
     wrong = _one_token(tok, args.wrong, "--wrong")
