@@ -23,7 +23,7 @@ from torch import Tensor
 
 from .decode import DecodeStep, decode_step
 from .kv_cache import KVCache
-from .model import GPT
+from .model import GPT, require_eval
 
 if TYPE_CHECKING:
     from .intervene import Edits
@@ -148,11 +148,7 @@ def _check_prompt(
     B, P = input_ids.shape
     if P == 0:
         raise ValueError("input_ids has no tokens; a prompt needs at least one id")
-    if model.training and model.config.dropout > 0:
-        raise ValueError(
-            "the model is in training mode with dropout, so generation would be random; "
-            "call model.eval() first"
-        )
+    require_eval(model, "generation")
     block = model.config.block_size
     # the last new token is never fed back, so P + max_new_tokens - 1 positions are run
     if P + config.max_new_tokens - 1 > block and not config.sliding_window:

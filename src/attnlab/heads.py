@@ -34,6 +34,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from .model import require_eval
 from .trace import Trace
 
 #: Detector names, in the order tables list them.
@@ -136,10 +137,11 @@ def detect_heads(
     seed: int = 0,
 ) -> dict[str, Tensor]:
     """Per detector, an (n_layer, nh) tensor of scores on `ids` (B, T), or, when ids is None,
-    on the standard probe: 8 random sequences of block_size // 2 ids, each repeated."""
+    on the standard probe: 8 random sequences of min(block_size // 2, 64) ids, each repeated."""
     unknown = sorted(set(detectors) - set(DETECTORS))
     if unknown:
         raise ValueError(f"unknown detectors {unknown}; known detectors: {list(DETECTORS)}")
+    require_eval(model, "the head scores")
     if ids is None:
         c = model.config
         ids = repeated_tokens(c.vocab_size, min(c.block_size // 2, 64), seed=seed)

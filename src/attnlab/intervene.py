@@ -30,6 +30,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
+from .model import require_eval
 from .trace import HEAD_NAMES, MODEL_NAMES, NAMES, WEIGHT_NAMES, Trace, position_dim
 
 #: (value, first column of its position dimension) -> a tensor of the same shape whose
@@ -195,6 +196,7 @@ def head_means(model: torch.nn.Module, idx: Tensor, attention_mask: Tensor | Non
                ) -> list[Tensor]:
     """Per layer, each head's mean output (nh, hs) over every real token of a reference
     batch idx (B, T): what `mean_heads` puts in place of a head."""
+    require_eval(model, "the head means")
     trace = Trace(names=["context"])
     model(idx, attention_mask=attention_mask, trace=trace)
     means = []

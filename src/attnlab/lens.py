@@ -25,7 +25,7 @@ import torch
 from torch import Tensor, nn
 
 from .layers import RMSNorm
-from .model import unembed
+from .model import require_eval, unembed
 from .trace import Trace
 
 
@@ -33,6 +33,7 @@ from .trace import Trace
 def logit_lens(model: Any, ids: Tensor, attention_mask: Tensor | None = None) -> Tensor:
     """ids (B, T) -> (n_layer + 1, B, T, V) logits: row 0 reads the embeddings, row l + 1 the
     residual after layer l (the last row equals the model's logits)."""
+    require_eval(model, "the logit lens")
     trace = Trace(names=["emb", "block_out"])
     model(ids, attention_mask=attention_mask, trace=trace)
     streams = [trace.get("emb")] + [trace.get("block_out", layer)
@@ -76,6 +77,7 @@ def logit_attribution(
     c = model.config
     if not c.residual:
         raise ValueError("direct logit attribution needs a residual stream (config.residual)")
+    require_eval(model, "the attribution")
     B, T = ids.shape
     target = torch.as_tensor(target, device=ids.device).expand(B)  # (B,)
     if int(target.min()) < 0 or int(target.max()) >= c.vocab_size:

@@ -297,6 +297,15 @@ class GPT(nn.Module):
         return ModelOutput(logits, next_token_loss(logits, targets))
 
 
+def require_eval(model: Any, what: str) -> None:
+    """Raise when `model` is in training mode with dropout: `what` would then be random,
+    different on every call (nn.Module starts in training mode; generation and every
+    analysis refuse it alike)."""
+    if model.training and model.config.dropout > 0:
+        raise ValueError(f"the model is in training mode with dropout, so {what} would be "
+                         "random; call model.eval() first")
+
+
 def _wide(linear: nn.Linear) -> bool:
     return linear.out_features >= linear.in_features
 

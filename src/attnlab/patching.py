@@ -25,6 +25,7 @@ import torch
 from torch import Tensor
 
 from .intervene import Edits, patch
+from .model import require_eval
 from .trace import Trace
 
 #: logits (B, T, V) -> a scalar tensor to explain.
@@ -64,6 +65,7 @@ class _Runner:
 
     def __init__(self, model: Any, clean_ids: Tensor, corrupt_ids: Tensor, metric: Metric,
                  attention_mask: Tensor | None) -> None:
+        require_eval(model, "every patching effect")
         if clean_ids.shape != corrupt_ids.shape:
             raise ValueError(
                 f"clean ids {tuple(clean_ids.shape)} and corrupted ids "

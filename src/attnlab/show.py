@@ -40,6 +40,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from .attention import causal_mask
+from .model import require_eval
 from .trace import Trace
 
 WEB_DIR = Path(__file__).parent / "web"
@@ -369,6 +370,7 @@ def show(
         if not ids:
             raise ValueError("show(model, ...) was given empty text; pass some text" if (
                 text is not None) else "show(model, ...) needs text (with a tokenizer) or ids")
+        require_eval(source, "the view")
         c: Any = source.config
         if len(ids) > c.block_size:
             raise ValueError(f"{len(ids)} tokens, the model reads at most block_size="
