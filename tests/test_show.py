@@ -206,6 +206,10 @@ def test_labels_and_bad_arguments() -> None:
         show(m, CharTokenizer(list("abc")), text="")
     with pytest.raises(ValueError, match="no attn_weights"):
         show(Trace(names=["q"]))
+    no_weights = Trace(names=["resid_pre"])
+    m(torch.tensor([[3, 4, 5]]), trace=no_weights)
+    with pytest.raises(ValueError, match="no attn_weights"):  # not "3 token labels for 0"
+        show(no_weights, ids=[3, 4, 5])
     with pytest.raises(TypeError, match="Trace or a GPT"):
         show("text")
 

@@ -181,6 +181,10 @@ def _thumbs(weights: Tensor, may: Tensor, size: tuple[int, int]) -> np.ndarray:
     return codes.masked_fill(pooled < 0, 255).numpy()
 
 
+NO_WEIGHTS = ("the trace holds no attn_weights; trace with names including 'attn_weights' "
+              "(or no names filter)")
+
+
 def _payload(trace: Trace, labels: list[str], *, row: int, layer: int | None,
              head: int | str | None,
              view: str, query: int | None, layers: Sequence[int] | None, max_cells: int,
@@ -189,8 +193,7 @@ def _payload(trace: Trace, labels: list[str], *, row: int, layer: int | None,
     traced = sorted({lay for lay, n in trace if n == "attn_weights"},
                     key=lambda lay: -1 if lay is None else lay)
     if not traced:
-        raise ValueError("the trace holds no attn_weights; trace with names including "
-                         "'attn_weights' (or no names filter)")
+        raise ValueError(NO_WEIGHTS)
     first = trace.get("attn_weights", traced[0])
     if not 0 <= row < first.shape[0]:
         raise ValueError(f"row={row} out of range for a batch of {first.shape[0]}")
@@ -385,7 +388,9 @@ def show(
     else:
         raise TypeError(f"show() takes a Trace or a GPT model, got {type(source).__name__}")
     traced = [lay for lay, n in trace if n == "attn_weights"]
-    S = trace.get("attn_weights", traced[0]).shape[-1] if traced else 0
+    if not traced:  # before the labels, which count the weights' key positions
+        raise ValueError(NO_WEIGHTS)
+    S = trace.get("attn_weights", traced[0]).shape[-1]
     labels = _labels(tokenizer, ids, tokens, S)
     if query is not None:
         if not -S <= query < S:
