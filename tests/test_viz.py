@@ -158,6 +158,12 @@ def test_the_suffix_of_the_path_picks_the_format(tmp_path: Path) -> None:
         assert path.name == (name if "." in name else "loss.png")
         assert path.read_bytes()[:4] == {".pdf": b"%PDF", ".svg": b"<?xm",
                                          ".png": b"\x89PNG"}[path.suffix]
+    # a dot that names no format is part of the name: one file per head, not one for all
+    heads = [viz.save_figure(viz.plot_loss([]), tmp_path / f"copy_0.{h}", ("png", "svg"))
+             for h in range(3)]
+    assert [[p.name for p in files] for files in heads] == [
+        [f"copy_0.{h}.png", f"copy_0.{h}.svg"] for h in range(3)]
+    assert all(p.is_file() for files in heads for p in files)
 
 
 def test_matplotlib_is_imported_lazily() -> None:

@@ -37,18 +37,21 @@ FORMATS = ("png", "svg", "pdf")
 
 def save_figure(fig: Figure, path: str | Path, formats: Sequence[str] | None = None, *,
                 close: bool = True) -> list[Path]:
-    """Write `fig` as path.png / path.svg / path.pdf (the suffix of `path` is replaced), then
-    close it; close=False keeps it open, e.g. to refill it and save the next head (drawn
-    faster). formats: default the one the suffix of `path` names (x.svg), else png.
+    """Write `fig` as path.png / path.svg / path.pdf, then close it; close=False keeps it
+    open, e.g. to refill it and save the next head (drawn faster). A suffix of `path` that
+    names a figure format is replaced (x.svg); any other stays in the name (head_0.1 ->
+    head_0.1.png). formats: default the one the suffix of `path` names (x.svg), else png.
 
     One layout per figure: its layout engine runs at the first save and is then switched
     off, so a refilled figure keeps the layout of its first save.
     """
     plt = _plt()
     path = Path(path)
+    suffix = path.suffix.lower().lstrip(".")
+    named = suffix in fig.canvas.get_supported_filetypes()  # x.svg, x.jpg: not head_0.1
     if formats is None:  # "x.jpg" is an error below, not a quiet x.png
-        suffix = path.suffix.lower().lstrip(".")
-        formats = (suffix,) if suffix in fig.canvas.get_supported_filetypes() else ("png",)
+        formats = (suffix,) if named else ("png",)
+    stem = path.with_suffix("") if named else path
     bad = sorted(set(formats) - set(FORMATS))
     if bad or not formats:
         plt.close(fig)
@@ -61,9 +64,9 @@ def save_figure(fig: Figure, path: str | Path, formats: Sequence[str] | None = N
         if engine is not None:
             engine.execute(fig)
             fig.set_layout_engine(None)
-        box = _blit(fig).save_png(path.with_suffix(".png")) if "png" in formats else None
+        box = _blit(fig).save_png(_named(stem, "png")) if "png" in formats else None
         for fmt in formats:
-            target = path.with_suffix(f".{fmt}")
+            target = _named(stem, fmt)
             if fmt != "png":  # drawn whole by savefig
                 box = box or fig.get_tightbbox().padded(PAD_INCHES)  # (inches)
                 fig.savefig(target, format=fmt, bbox_inches=box)
@@ -72,6 +75,10 @@ def save_figure(fig: Figure, path: str | Path, formats: Sequence[str] | None = N
         if close:
             plt.close(fig)
     return written
+
+
+def _named(stem: Path, fmt: str) -> Path:
+    return stem.with_name(f"{stem.name}.{fmt}")
 
 
 def _blit(fig: Figure) -> _Blit:
