@@ -256,7 +256,7 @@ def test_a_too_long_request_fails_before_the_prompt_is_echoed(
     assert "exceeds block_size=32" in captured.err and "--sliding-window" in captured.err
 
 
-@pytest.mark.parametrize("command", ["generate", "train", "load_checkpoint"])
+@pytest.mark.parametrize("command", ["generate", "train", "load_checkpoint", "load_hf"])
 def test_a_missing_cuda_is_named_not_a_corrupted_file(
     command: str, checkpoint: tuple[Path, GPT, Tokenizer], tmp_path: Path,
     capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch,
@@ -271,11 +271,18 @@ def test_a_missing_cuda_is_named_not_a_corrupted_file(
             load_checkpoint(path, map_location="cuda")
         assert "corrupted" not in str(exc.value)
         return
+    if command == "load_hf":  # torch's own "not compiled with CUDA" assertion before
+        from attnlab import load_hf, save_hf
+
+        save_hf(tmp_path / "hf", checkpoint[1])
+        with pytest.raises(ValueError, match="CUDA is not available here; use 'cpu'"):
+            load_hf(tmp_path / "hf", map_location="cuda")
+        return
     argv = {"generate": ["generate", str(path), "the", "--device", "cuda"],
             "train": ["train", "--device", "cuda", "--out", str(tmp_path / "run")]}[command]
     assert main(argv) == 1
     err = capsys.readouterr().err
-    assert "device='cuda' but CUDA is not available here; use --device cpu" in err, err
+    assert "device='cuda' but CUDA is not available here; use 'cpu' (--device cpu)" in err, err
     assert "corrupted" not in err and err.count("\n") == 1
     assert not (tmp_path / "run").exists()
     if command == "generate":  # a device torch does not know lists the ones it does

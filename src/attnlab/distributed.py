@@ -75,9 +75,11 @@ def resolve_device(name: str, local_rank: int = 0) -> torch.device:
         raise ValueError(f"device={name!r} is not a device ({err}); use auto, cpu, cuda, "
                          "cuda:N or mps") from err
     if device.type == "cuda" and not torch.cuda.is_available():
-        raise ValueError(f"device={name!r} but CUDA is not available here; use --device cpu")
+        raise ValueError(f"device={name!r} but CUDA is not available here; use 'cpu' "
+                         "(--device cpu)")
     if device.type == "mps" and not torch.backends.mps.is_available():
-        raise ValueError(f"device={name!r} but MPS is not available here; use --device cpu")
+        raise ValueError(f"device={name!r} but MPS is not available here; use 'cpu' "
+                         "(--device cpu)")
     if device.type == "cuda" and device.index is None:
         device = torch.device("cuda", local_rank)
     return device

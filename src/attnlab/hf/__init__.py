@@ -19,6 +19,7 @@ import torch
 from torch import Tensor
 
 from ..checkpoint import Checkpoint
+from ..distributed import resolve_device
 from ..model import GPT, GPTConfig, empty_gpt
 from ..tokenizers import Tokenizer
 from .fields import Fields
@@ -140,11 +141,12 @@ def load_hf(
 ) -> GPT:
     """A local Hugging Face model directory of any supported family -> attnlab GPT in eval
     mode, float32 unless `dtype` (e.g. torch.bfloat16), on `map_location`."""
+    device = resolve_device(str(map_location))  # a missing CUDA named before any reading
     directory = Path(path)
     hf_config = read_hf_config(directory)
     config_from_hf(hf_config)  # a config attnlab cannot run fails before the weights are read
     model = gpt_from_hf(hf_config, read_weights(directory), dropout=dropout)
-    return model.to(device=map_location, dtype=dtype)
+    return model.to(device=device, dtype=dtype)
 
 
 def load_hf_gpt2(
