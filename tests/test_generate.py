@@ -229,6 +229,14 @@ def test_stream_text_never_splits_a_character(monkeypatch: pytest.MonkeyPatch) -
     assert [p for p in pieces if p] == ["é", "☃", "!"]
 
 
+def test_a_tokenizer_larger_than_the_model_is_refused_up_front() -> None:
+    """A 256-id byte tokenizer on a 65-id model: its prompts may happen to fit, the sampled
+    text then means nothing; refused before any step, as load_checkpoint refuses it."""
+    with pytest.raises(ValueError, match="tokenizer 'byte' has 256 ids but the model's "
+                                         "vocab_size is 65: they belong to different models"):
+        generate_text(_model(), get_tokenizer("byte"), ["\n !"], max_new_tokens=3)
+
+
 def test_stream_text_stops_at_stop_strings(monkeypatch: pytest.MonkeyPatch) -> None:
     tok = get_tokenizer("byte")
     rows = [list(b"ab\nc\n\nde"), list(b"x\ny\nz\n\nw")]

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from attnlab import GPT, GPTConfig, Trace
-from attnlab.generate import generate
+from attnlab.generate import generate, stream
 from attnlab.intervene import (
     Edit,
     Edits,
@@ -276,5 +276,11 @@ def test_edits_the_model_never_reaches_are_refused() -> None:
         ablate([(-1, 0)])
     with pytest.raises(ValueError, match=r"positions \[-1\]: positions are sequence columns"):
         scale_heads(0, 0, 0.0, positions=[-1])
+    with pytest.raises(ValueError, match=r"edit heads \[7\] out of range for 2 heads"):
+        model(idx, edits=ablate([(0, 7)]))
+    # stream checks its edits when called, before the first step (a CLI prints nothing yet)
+    for bad in (ablate([(5, 0)]), ablate([(0, 7)])):
+        with pytest.raises(ValueError, match=r"the model has 2 layers|out of range for 2 heads"):
+            stream(model, idx, max_new_tokens=2, edits=bad)
     later = Edits([zero_heads(0, 0, positions=[8])])  # column 8: computed by a longer call
     assert torch.equal(model(idx, edits=later).logits, model(idx).logits)

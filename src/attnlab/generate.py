@@ -210,6 +210,8 @@ def stream(
     """
     config = GenerationConfig(max_new_tokens, temperature, top_k, top_p, seed, sliding_window)
     keep = _check_prompt(model, input_ids, attention_mask, config)
+    if edits is not None:
+        edits.check(model.config)
     given = [name for name, value in (("seed", seed), ("generator", generator),
                                       ("row_seeds", row_seeds)) if value is not None]
     if len(given) > 1:
@@ -362,6 +364,11 @@ def stream_text(
     """
     if isinstance(prompts, str):
         raise ValueError("prompts must be a list of strings; wrap a single prompt as [prompt]")
+    if tokenizer.vocab_size > model.config.vocab_size:  # its ids may name no model row
+        raise ValueError(
+            f"tokenizer {tokenizer.name!r} has {tokenizer.vocab_size} ids but the model's "
+            f"vocab_size is {model.config.vocab_size}: they belong to different models; load "
+            "them together (load_checkpoint)")
     stops = [s for s in stop if s]
     input_ids, attention_mask = tokenizer.encode_batch(list(prompts))  # (B, P) each
     empty = attention_mask[:, -1] == 0  # (B,)

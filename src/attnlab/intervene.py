@@ -26,12 +26,19 @@ from __future__ import annotations
 import re
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 from torch import Tensor
 
 from .model import require_eval
+
+if TYPE_CHECKING:
+    from .config import GPTConfig
+
 from .trace import HEAD_NAMES, MODEL_NAMES, NAMES, WEIGHT_NAMES, Trace, position_dim
+
+_KV_NAMES = frozenset({"k_pre_rope", "k", "v"})  # heads: the key/value heads
 
 #: (value, first column of its position dimension) -> a tensor of the same shape whose
 #: selected cells replace the value's.
@@ -125,15 +132,20 @@ class Edits:
     def __len__(self) -> int:
         return len(self.edits)
 
-    def check(self, n_layer: int, block_size: int) -> None:
-        """Raise unless every edit is at a layer the model has and at positions below its
-        block_size: an edit no forward pass reaches would leave the model unchanged, which
-        reads as "this part does not matter". (A position past this call's columns is
-        allowed: a later call, with a cache or a longer input, computes it.)"""
+    def check(self, config: GPTConfig) -> None:
+        """Raise unless every edit is at a layer and heads the model has and at positions
+        below its block_size: an edit no forward pass reaches would leave the model
+        unchanged, which reads as "this part does not matter". (A position past this call's
+        columns is allowed: a later call, with a cache or a longer input, computes it.)"""
+        n_layer, block_size = config.n_layer, config.block_size
         for edit in self.edits:
             if edit.layer is not None and edit.layer >= n_layer:
                 raise ValueError(f"edit of {edit.name!r} at layer {edit.layer}: the model has "
                                  f"{n_layer} layers (0 to {n_layer - 1})")
+            n = config.n_kv_heads if edit.name in _KV_NAMES else config.n_head
+            bad = [h for h in edit.heads or () if not 0 <= h < n]
+            if bad:
+                raise ValueError(f"edit heads {bad} out of range for {n} heads in {edit.name!r}")
             beyond = [p for p in edit.positions or () if p >= block_size]
             if beyond:
                 raise ValueError(f"edit of {edit.name!r} at positions {beyond}: the model "

@@ -246,7 +246,7 @@ class GPT(nn.Module):
         if trace is not None:
             trace.check_layers(self.config.n_layer)
         if edits is not None:
-            edits.check(self.config.n_layer, self.config.block_size)
+            edits.check(self.config)
         if attention_mask is not None:
             attention_mask = attention_mask.to(idx.device)
             positions = real_positions(attention_mask, T)  # (B, T)

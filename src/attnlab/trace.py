@@ -16,10 +16,13 @@ Names and shapes (vocabulary in `attention.py`; heads dimension nh is sliced by 
 from __future__ import annotations
 
 from collections.abc import Iterable, Iterator
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 import torch
 from torch import Tensor
+
+if TYPE_CHECKING:
+    from .config import GPTConfig
 
 #: Every name a trace can hold, with its shape. Model-level names have layer None.
 NAMES: dict[str, str] = {
@@ -68,7 +71,7 @@ class EditSource(Protocol):
     (cached + new) the forward pass covers, so an edit can tell which absolute positions a
     value's position dimension holds (its last entries)."""
 
-    def check(self, n_layer: int, block_size: int) -> None: ...
+    def check(self, config: GPTConfig) -> None: ...
 
     def touches(self, layer: int | None) -> bool: ...
 
