@@ -204,6 +204,10 @@ def test_labels_and_bad_arguments() -> None:
         show(m, text="abc")
     with pytest.raises(ValueError, match="was given empty text; pass some text"):
         show(m, CharTokenizer(list("abc")), text="")
+    bigger = CharTokenizer([chr(40 + i) for i in range(TOK.vocab_size + 1)])
+    with pytest.raises(ValueError, match=f"has {TOK.vocab_size + 1} ids but the model's "
+                                         f"vocab_size is {TOK.vocab_size}"):
+        show(m, bigger, text="abc")
     with pytest.raises(ValueError, match="no attn_weights"):
         show(Trace(names=["q"]))
     no_weights = Trace(names=["resid_pre"])

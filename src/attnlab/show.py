@@ -375,6 +375,10 @@ def show(
                 text is not None) else "show(model, ...) needs text (with a tokenizer) or ids")
         require_eval(source, "the view")
         c: Any = source.config
+        if tokenizer is not None and tokenizer.vocab_size > c.vocab_size:
+            raise ValueError(f"tokenizer {tokenizer.name!r} has {tokenizer.vocab_size} ids but "
+                             f"the model's vocab_size is {c.vocab_size}: they belong to "
+                             "different models; load them together (load_checkpoint)")
         if len(ids) > c.block_size:
             raise ValueError(f"{len(ids)} tokens, the model reads at most block_size="
                              f"{c.block_size}; shorten the text")
