@@ -359,6 +359,11 @@ def show(
     """
     if view not in VIEWS:
         raise ValueError(f"view={view!r}; choose one of {', '.join(VIEWS)}")
+    vocab = getattr(getattr(source, "config", None), "vocab_size", None)  # a model's
+    if tokenizer is not None and vocab is not None and tokenizer.vocab_size > vocab:
+        raise ValueError(f"tokenizer {tokenizer.name!r} has {tokenizer.vocab_size} ids but the "
+                         f"model's vocab_size is {vocab}: they belong to different models; "
+                         "load them together (load_checkpoint)")
     if text is not None:
         if tokenizer is None:
             raise ValueError("text needs a tokenizer to turn it into ids; pass tokenizer=")
@@ -375,10 +380,6 @@ def show(
                 text is not None) else "show(model, ...) needs text (with a tokenizer) or ids")
         require_eval(source, "the view")
         c: Any = source.config
-        if tokenizer is not None and tokenizer.vocab_size > c.vocab_size:
-            raise ValueError(f"tokenizer {tokenizer.name!r} has {tokenizer.vocab_size} ids but "
-                             f"the model's vocab_size is {c.vocab_size}: they belong to "
-                             "different models; load them together (load_checkpoint)")
         if len(ids) > c.block_size:
             raise ValueError(f"{len(ids)} tokens, the model reads at most block_size="
                              f"{c.block_size}; shorten the text")
