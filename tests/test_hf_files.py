@@ -371,3 +371,13 @@ def test_export_writes_a_directory_transformers_loads(
     assert "GPT2LMHeadModel cannot express this model" in capsys.readouterr().err
     assert main(["export", str(ckpt), str(out), "--overwrite", "--family", "mistral"]) == 0
     assert load_checkpoint(out).meta["family"] == "mistral"
+
+
+def test_save_hf_with_its_arguments_swapped_says_which_comes_first(tmp_path: Path) -> None:
+    from attnlab import GPT, GPTConfig
+
+    model = GPT(GPTConfig.from_name("nano"))
+    with pytest.raises(TypeError, match=r"model is a \w*Path, not an attnlab GPT \(the "
+                                        r"directory comes first\)"):
+        save_hf(model, tmp_path / "out")  # type: ignore[arg-type]
+    assert not (tmp_path / "out").exists()

@@ -284,3 +284,21 @@ def test_edits_the_model_never_reaches_are_refused() -> None:
             stream(model, idx, max_new_tokens=2, edits=bad)
     later = Edits([zero_heads(0, 0, positions=[8])])  # column 8: computed by a longer call
     assert torch.equal(model(idx, edits=later).logits, model(idx).logits)
+
+
+def test_one_layer_head_name_or_pair_stands_for_a_list_of_one() -> None:
+    """Trace(names="attn_weights") read the string as nine one-letter names; layers=0 and
+    ablate((0, 1)) raised bare TypeErrors; Edits + Edit raised an AttributeError."""
+    from attnlab.heads import detect_heads
+
+    model, idx = _model(), _ids(1, 6)
+    one, listed = Trace(layers=0, heads=1, names="attn_weights"), Trace([0], [1], ["attn_weights"])
+    model(idx, trace=one)
+    model(idx, trace=listed)
+    assert [key for key in one] == [key for key in listed] == [(0, "attn_weights")]
+    assert torch.equal(one.get("attn_weights", 0), listed.get("attn_weights", 0))
+    assert torch.equal(model(idx, edits=ablate((0, 1))).logits,
+                       model(idx, edits=ablate([(0, 1)])).logits)
+    both = ablate([(0, 1)]) + zero_heads(1, 0)
+    assert isinstance(both, Edits) and len(both) == 2
+    assert list(detect_heads(model, detectors="induction")) == ["induction"]

@@ -29,6 +29,7 @@ This module scores; which heads to ablate is the caller's (`intervene.ablate`), 
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import Any
 
 import torch
@@ -131,13 +132,14 @@ def detect_heads(
     ids: Tensor | None = None,
     attention_mask: Tensor | None = None,
     *,
-    detectors: tuple[str, ...] = DETECTORS,
+    detectors: str | Iterable[str] = DETECTORS,
     exclude_bos: bool = False,
     exclude_current_token: bool = False,
     seed: int = 0,
 ) -> dict[str, Tensor]:
     """Per detector, an (n_layer, nh) tensor of scores on `ids` (B, T), or, when ids is None,
     on the standard probe: 8 random sequences of min(block_size // 2, 64) ids, each repeated."""
+    detectors = (detectors,) if isinstance(detectors, str) else tuple(detectors)
     unknown = sorted(set(detectors) - set(DETECTORS))
     if unknown:
         raise ValueError(f"unknown detectors {unknown}; known detectors: {list(DETECTORS)}")

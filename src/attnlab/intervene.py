@@ -26,7 +26,7 @@ from __future__ import annotations
 import re
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, cast
 
 import torch
 from torch import Tensor
@@ -126,8 +126,8 @@ class Edits:
         self._layers = {e.layer for e in self.edits}
         self._weight_layers = {e.layer for e in self.edits if e.name in WEIGHT_NAMES}
 
-    def __add__(self, other: Edits) -> Edits:
-        return Edits([*self.edits, *other.edits])
+    def __add__(self, other: Edits | Edit) -> Edits:
+        return Edits([*self.edits, *(other.edits if isinstance(other, Edits) else [other])])
 
     def __len__(self) -> int:
         return len(self.edits)
@@ -224,10 +224,14 @@ def head_means(model: torch.nn.Module, idx: Tensor, attention_mask: Tensor | Non
 
 
 def ablate(
-    heads: Iterable[tuple[int, int]], how: str = "zero", means: Sequence[Tensor] | None = None
+    heads: tuple[int, int] | Iterable[tuple[int, int]], how: str = "zero",
+    means: Sequence[Tensor] | None = None,
 ) -> Edits:
-    """Edits that ablate each (layer, head): how = "zero" or "mean" (needs `means`)."""
-    pairs = sorted(set(heads))
+    """Edits that ablate each (layer, head) (one pair, or a list of them): how = "zero" or
+    "mean" (needs `means`)."""
+    one = isinstance(heads, tuple) and len(heads) == 2 and all(isinstance(x, int) for x in heads)
+    pairs = sorted({cast(tuple[int, int], heads)} if one else set(
+        cast(Iterable[tuple[int, int]], heads)))
     by_layer: dict[int, list[int]] = {}
     for layer, head in pairs:
         by_layer.setdefault(layer, []).append(head)

@@ -150,9 +150,9 @@ class Trace:
 
     def __init__(
         self,
-        layers: Iterable[int] | None = None,
-        heads: Iterable[int] | None = None,
-        names: Iterable[str] | None = None,
+        layers: int | Iterable[int] | None = None,
+        heads: int | Iterable[int] | None = None,
+        names: str | Iterable[str] | None = None,
         *,
         dtype: torch.dtype | None = None,
     ) -> None:
@@ -160,10 +160,13 @@ class Trace:
             raise ValueError(f"Trace dtype={dtype} must be a floating dtype, e.g. torch.float16")
         self.dtype = dtype
         self._query_heads: dict[int | None, int] = {}
-        self.layers = None if layers is None else frozenset(layers)
-        self.heads = None if heads is None else sorted(set(heads))
+        # one layer, head or name stands for a list of one (Trace(layers=0, names="q"))
+        self.layers = None if layers is None else frozenset(
+            (layers,) if isinstance(layers, int) else layers)
+        self.heads = None if heads is None else sorted(set(
+            (heads,) if isinstance(heads, int) else heads))
         if names is not None:
-            names = frozenset(names)
+            names = frozenset((names,) if isinstance(names, str) else names)
             unknown = sorted(names - NAMES.keys())
             if unknown:
                 raise ValueError(f"unknown trace names {unknown}; known names: {sorted(NAMES)}")

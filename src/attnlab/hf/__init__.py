@@ -190,6 +190,9 @@ def save_hf(path: str | Path, model: GPT, tokenizer: Tokenizer | None = None, *,
     `load_checkpoint(dir).meta["family"]`); default: the first family that expresses the
     config exactly (`family_for_config`), e.g. Llama for a Mistral without a window (v0.2+),
     the same computation."""
+    if not isinstance(model, GPT):
+        raise TypeError(f"save_hf(path, model, tokenizer): model is a {type(model).__name__}, "
+                        "not an attnlab GPT (the directory comes first)")
     if isinstance(family, str):
         by_name = {f.name: f for f in FAMILIES}
         if family not in by_name:
