@@ -302,3 +302,28 @@ def test_one_layer_head_name_or_pair_stands_for_a_list_of_one() -> None:
     both = ablate([(0, 1)]) + zero_heads(1, 0)
     assert isinstance(both, Edits) and len(both) == 2
     assert list(detect_heads(model, detectors="induction")) == ["induction"]
+
+
+def test_shapes_and_ids_that_cannot_fit_are_named() -> None:
+    """set_attention, plot_attention, logit_attribution and logit_diff_metric raised bare
+    torch or Python errors for these."""
+    from attnlab.lens import logit_attribution
+    from attnlab.patching import logit_diff_metric
+
+    model, idx = _model(), _ids(1, 6)
+    with pytest.raises(ValueError, match=r"must be \(S, S\) or \(B, S, S\).*got shape \(6,\)"):
+        set_attention(0, 1, torch.ones(6))
+    with pytest.raises(ValueError, match="cover 5 columns, this forward pass 6"):
+        model(idx, edits=Edits([set_attention(0, 1, torch.eye(5))]))
+    with pytest.raises(ValueError, match=r"ids must be a \(B, T\) integer tensor, got shape"):
+        logit_attribution(model, idx[0], 3)
+    with pytest.raises(ValueError, match=r"answer ids \[99\] outside the model's 65 token ids"):
+        logit_diff_metric(99, 3)(model(idx).logits)
+    pytest.importorskip("matplotlib")
+    from attnlab import viz
+
+    weights = torch.full((2, 4, 4), 0.25)
+    with pytest.raises(ValueError, match=r"one \(T, S\) matrix, got shape \(2, 4, 4\)"):
+        viz.plot_attention(weights, list("abcd"))
+    with pytest.raises(ValueError, match=r"3 query and 3 key labels for a \(4, 4\) matrix"):
+        viz.plot_attention(weights[0], list("abc"))

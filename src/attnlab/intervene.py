@@ -287,9 +287,15 @@ def set_attention(layer: int, heads: int | Iterable[int], weights: Tensor) -> Ed
     """Heads use the given attention weights: (S, S) or (B, S, S) over all columns (rows are
     queries); a cached step takes the rows it computes. Rows should sum to 1 over keys the
     query may see (not checked: a pattern is the caller's experiment)."""
+    if weights.dim() not in (2, 3) or weights.shape[-1] != weights.shape[-2]:
+        raise ValueError(f"set_attention weights must be (S, S) or (B, S, S) over all "
+                         f"columns, got shape {tuple(weights.shape)}")
 
     def replace(v: Tensor, first: int) -> Tensor:
         T, S = v.shape[-2:]
+        if weights.shape[-1] < S:
+            raise ValueError(f"set_attention weights cover {weights.shape[-1]} columns, this "
+                             f"forward pass {S}; give a pattern over every column")
         w = weights[..., first:first + T, :S]  # (T, S) or (B, T, S)
         w = w[:, None] if w.dim() == 3 else w  # (B, 1, T, S)
         return w.to(v).expand_as(v)  # (B, nh, T, S)

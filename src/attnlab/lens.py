@@ -78,6 +78,9 @@ def logit_attribution(
     if not c.residual:
         raise ValueError("direct logit attribution needs a residual stream (config.residual)")
     require_eval(model, "the attribution")
+    if ids.dim() != 2:
+        raise ValueError(f"ids must be a (B, T) integer tensor, got shape {tuple(ids.shape)}; "
+                         "add a batch dimension with ids[None]")
     B, T = ids.shape
     target = torch.as_tensor(target, device=ids.device).expand(B)  # (B,)
     if int(target.min()) < 0 or int(target.max()) >= c.vocab_size:

@@ -41,6 +41,10 @@ def logit_diff_metric(answer: int | Tensor, wrong: int | Tensor, position: int =
         B = last.shape[0]
         a = torch.as_tensor(answer, device=last.device).expand(B)[:, None]  # (B, 1)
         w = torch.as_tensor(wrong, device=last.device).expand(B)[:, None]  # (B, 1)
+        for flag, ids in (("answer", a), ("wrong", w)):
+            if int(ids.min()) < 0 or int(ids.max()) >= last.shape[-1]:
+                raise ValueError(f"{flag} ids {ids[:, 0].tolist()} outside the model's "
+                                 f"{last.shape[-1]} token ids; pass ids the tokenizer gives")
         return (last.gather(-1, a) - last.gather(-1, w)).mean()
 
     return metric

@@ -79,8 +79,14 @@ def plot_attention(
     function returned for a (T, S) matrix, refilled and returned instead of a new one.
     """
     values = _np(weights)
+    if values.ndim != 2:
+        raise ValueError(f"plot_attention draws one (T, S) matrix, got shape {values.shape}; "
+                         "pick one row and head, e.g. weights[0, head]")
     T, S = values.shape
     keys = tokens if keys is None else keys
+    if (len(tokens), len(keys)) != (T, S):
+        raise ValueError(f"{len(tokens)} query and {len(keys)} key labels for a ({T}, {S}) "
+                         "matrix; give one label per row and column")
     size, ticks = _layout(T, S)
     if into is None:
         fig, ax = _plt().subplots(figsize=size, dpi=DPI, layout="tight")
