@@ -327,3 +327,23 @@ def test_shapes_and_ids_that_cannot_fit_are_named() -> None:
         viz.plot_attention(weights, list("abcd"))
     with pytest.raises(ValueError, match=r"3 query and 3 key labels for a \(4, 4\) matrix"):
         viz.plot_attention(weights[0], list("abc"))
+
+
+def test_traces_edits_and_checkpoints_read_in_one_line() -> None:
+    """What a notebook shows for them (a bare object address, or a module tree and the whole
+    meta, before)."""
+    from attnlab.checkpoint import Checkpoint
+    from attnlab.tokenizers import CharTokenizer
+
+    model = _model()
+    trace = Trace(layers=0, names=["attn_weights", "q"])
+    assert repr(trace) == "Trace(layers=[0], names=['attn_weights', 'q']; nothing captured yet)"
+    model(_ids(1, 5), trace=trace)
+    assert repr(trace) == ("Trace(layers=[0], names=['attn_weights', 'q']; 2 values: layers "
+                           "[0], names ['attn_weights', 'q'], 0.5 kB)")  # 520 bytes
+    assert repr(ablate([(1, 0)]) + scale_heads(0, 1, 0.5, positions=[3])) == (
+        "Edits([Edit('context', layer=1, heads=(0,), positions=None, replace=zero_heads), "
+        "Edit('context', layer=0, heads=(1,), positions=(3,), replace=scale_heads)])")
+    ckpt = Checkpoint(model, CharTokenizer(list("ab")), {"step": 7}, None)
+    assert repr(ckpt) == ("Checkpoint(2 layers, 2 heads, 16 dims, vocab 65, "
+                          "tokenizer=CharTokenizer(name='char', vocab_size=2), step=7)")

@@ -45,6 +45,13 @@ class Checkpoint:
     meta: dict[str, Any] = field(default_factory=dict)
     path: Path | None = None
 
+    def __repr__(self) -> str:  # a notebook's line, not the module tree and the whole meta
+        c = self.model.config
+        step = f", step={self.meta['step']}" if "step" in self.meta else ""
+        where = "" if self.path is None else f"{str(self.path)!r}: "
+        return (f"Checkpoint({where}{c.n_layer} layers, {c.n_head} heads, "
+                f"{c.n_embd} dims, vocab {c.vocab_size}, tokenizer={self.tokenizer!r}{step})")
+
 
 def save_checkpoint(
     directory: str | Path,

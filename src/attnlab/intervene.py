@@ -61,6 +61,13 @@ class Edit:
     heads: tuple[int, ...] | None = None
     positions: tuple[int, ...] | None = None
 
+    def __repr__(self) -> str:  # the replace function's repr says nothing
+        where = "" if self.layer is None else f", layer={self.layer}"
+        # "zero_heads", not "zero_heads.<locals>.<lambda>"
+        made_by = str(getattr(self.replace, "__qualname__", self.replace)).split(".<locals>")[0]
+        return (f"Edit({self.name!r}{where}, heads={self.heads}, positions={self.positions}, "
+                f"replace={made_by})")
+
     def __post_init__(self) -> None:
         if self.name not in NAMES:
             raise ValueError(f"unknown edit name {self.name!r}; known names: {sorted(NAMES)}")
@@ -131,6 +138,9 @@ class Edits:
 
     def __len__(self) -> int:
         return len(self.edits)
+
+    def __repr__(self) -> str:
+        return f"Edits([{', '.join(map(repr, self.edits))}])"
 
     def check(self, config: GPTConfig) -> None:
         """Raise unless every edit is at a layer and heads the model has and at positions

@@ -244,6 +244,20 @@ class Trace:
     def __len__(self) -> int:
         return len(self.values)
 
+    def __repr__(self) -> str:
+        """What a notebook shows: the filters, then what was captured and its size."""
+        filters = ", ".join(f"{k}={v}" for k, v in (
+            ("layers", None if self.layers is None else sorted(self.layers)),
+            ("heads", self.heads), ("names", None if self.names is None else sorted(self.names)),
+        ) if v is not None)
+        layers = sorted({lay for lay, _ in self.values if lay is not None})
+        names = sorted({n for _, n in self.values})
+        size = self.nbytes()
+        held = (f"{len(self)} values: layers {layers or '-'}, names {names}, " + (
+            f"{size / 1e6:.1f} MB" if size >= 100_000 else f"{size / 1e3:.1f} kB")
+        ) if self.values else "nothing captured yet"
+        return f"Trace({filters}{'; ' if filters else ''}{held})"
+
     def nbytes(self) -> int:
         """Bytes held by the captured tensors."""
         return sum(t.numel() * t.element_size() for t in self.values.values())
