@@ -279,6 +279,8 @@ def test_decode_step_in_bfloat16_matches_forward_in_bfloat16() -> None:
         ({"window_layers": [0]}, r"window_layers=\[0\] needs sliding_window"),
         ({"sliding_window": 4, "window_layers": [5]}, r"window_layers has \[5\], outside layers"),
         ({"head_dim": 6, "attn_out_proj": False}, r"attn_out_proj=False feeds .* 12 dims"),
+        ({"dropout": "0.1"}, r"GPTConfig.dropout='0.1' must be a number"),
+        ({"attn_scale": True}, r"GPTConfig.attn_scale=True must be a number"),
     ],
 )
 def test_refused_config_values_name_the_field_and_value(

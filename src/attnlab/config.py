@@ -81,6 +81,11 @@ class GPTConfig:
                 f"n_kv_head={self.n_kv_head} must divide n_head={self.n_head} "
                 "(each key/value head serves a whole number of query heads)"
             )
+        for name in ("dropout", "norm_eps", "rope_theta", "rotary_pct", "attn_scale", "init_std"):
+            value = getattr(self, name)  # "0.1" would fail below with a bare TypeError
+            if value is not None and (isinstance(value, bool) or
+                                      not isinstance(value, int | float)):
+                raise ValueError(f"GPTConfig.{name}={value!r} must be a number")
         if not 0.0 <= self.dropout < 1.0:
             raise ValueError(f"dropout={self.dropout} must be in [0, 1)")
         if not self.attn_out_proj and self.n_head * self.head_size != self.n_embd:
