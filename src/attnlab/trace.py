@@ -140,9 +140,11 @@ class Trace:
     (B, nh, T, S) weights of every layer cost a traced forward as much again in fresh pages.
 
     Args:
-        layers: layer indices to capture (None: all). Other layers run untraced.
-        heads: head indices kept for per-head tensors (None: all).
-        names: names to keep (None: all of `NAMES`).
+        layers: layer indices to capture (None: all; one int: that layer). Other layers run
+            untraced.
+        heads: head indices kept for per-head tensors (None: all; one int: that head), in
+            ascending order: Trace(heads=[3, 1]) keeps head 1 at index 0 of dimension 1.
+        names: names to keep (None: all of `NAMES`; one string: that name).
         dtype: floating dtype to store floating values in (None: as computed). float16
             halves a float32 trace; it rounds attention weights (in [0, 1]) by at most
             2**-12 (2.4e-4) absolute, and scores by 2**-11 relative, until they pass 65504.
