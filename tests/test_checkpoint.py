@@ -122,3 +122,20 @@ def test_configs_saved_before_the_family_switches_load(tmp_path: Path) -> None:
     saved["model"].update(mlp=False, layer_norm=False)
     assert GPTConfig.from_dict(saved["model"]).mlp == "none"
     assert GPTConfig.from_dict(saved["model"]).norm == "none"
+
+
+def test_a_tokenizer_with_more_ids_than_the_model_is_refused_at_load(tmp_path: Path) -> None:
+    """One check (tokenizers.check_fits) for load_checkpoint, load_hf_checkpoint, the server,
+    generation and show: a tokenizer's ids past the model's vocab_size name no row."""
+    from attnlab.server import create_app
+
+    model = GPT(GPTConfig.from_name("nano", vocab_size=3)).eval()
+    wide = CharTokenizer.from_text("abcd")  # 4 ids
+    path = save_checkpoint(tmp_path / "ckpt", model, wide)
+    message = ("tokenizer 'char' has 4 ids but the model's vocab_size is 3: they belong to "
+               "different models")
+    with pytest.raises(ValueError, match=message):
+        load_checkpoint(path)
+    pytest.importorskip("fastapi")
+    with pytest.raises(ValueError, match=message):
+        create_app(model, wide)

@@ -28,7 +28,7 @@ import torch
 
 from .distributed import resolve_device
 from .model import GPT, GPTConfig, empty_gpt
-from .tokenizers import Tokenizer, load_tokenizer
+from .tokenizers import Tokenizer, check_fits, load_tokenizer
 
 WEIGHTS_FILE = "model.safetensors"
 CONFIG_FILE = "config.json"
@@ -211,11 +211,7 @@ def load_checkpoint(
             f"{_first_line(err)}. The file is corrupted or belongs to another config"
         ) from err
     tokenizer = load_tokenizer(directory)
-    if tokenizer.vocab_size > config.vocab_size:
-        raise ValueError(
-            f"tokenizer has {tokenizer.vocab_size} ids but the model's vocab_size is "
-            f"{config.vocab_size}; tokenizer and weights come from different runs"
-        )
+    check_fits(tokenizer, config.vocab_size)
     return Checkpoint(model.eval(), tokenizer, meta, directory)
 
 

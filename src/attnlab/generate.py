@@ -24,6 +24,7 @@ from torch import Tensor
 from .decode import DecodeStep, decode_step
 from .kv_cache import KVCache
 from .model import GPT, require_eval
+from .tokenizers import check_fits
 
 if TYPE_CHECKING:
     from .intervene import Edits
@@ -364,11 +365,7 @@ def stream_text(
     """
     if isinstance(prompts, str):
         raise ValueError("prompts must be a list of strings; wrap a single prompt as [prompt]")
-    if tokenizer.vocab_size > model.config.vocab_size:  # its ids may name no model row
-        raise ValueError(
-            f"tokenizer {tokenizer.name!r} has {tokenizer.vocab_size} ids but the model's "
-            f"vocab_size is {model.config.vocab_size}: they belong to different models; load "
-            "them together (load_checkpoint)")
+    check_fits(tokenizer, model.config.vocab_size)
     stops = [s for s in stop if s]
     input_ids, attention_mask = tokenizer.encode_batch(list(prompts))  # (B, P) each
     empty = attention_mask[:, -1] == 0  # (B,)

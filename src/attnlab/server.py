@@ -32,6 +32,7 @@ from typing import TYPE_CHECKING, Any
 
 from .asgi import BodyLimit
 from .model import GPT
+from .tokenizers import check_fits
 from .viewer_data import TextTokenizer, attention_payload, sample_texts, token_stream
 
 __all__ = ["RequestError", "ServeConfig", "TextTokenizer", "attention_payload", "create_app",
@@ -233,12 +234,7 @@ def create_app(
 
     limits = config or ServeConfig()
     c = model.config
-    if tokenizer.vocab_size > c.vocab_size:
-        raise ValueError(
-            f"tokenizer vocab_size={tokenizer.vocab_size} > model vocab_size={c.vocab_size}: "
-            "the tokenizer can produce ids the model has no embedding for; load the "
-            "tokenizer saved with this model"
-        )
+    check_fits(tokenizer, c.vocab_size)
     model.eval()
     stop_ids = tuple(getattr(tokenizer, "stop_ids", ()))
     model_lock = threading.Lock()  # one forward at a time: torch already uses every core

@@ -41,6 +41,7 @@ from torch import Tensor
 
 from .attention import causal_mask
 from .model import require_eval
+from .tokenizers import check_fits
 from .trace import Trace
 
 WEB_DIR = Path(__file__).parent / "web"
@@ -360,10 +361,8 @@ def show(
     if view not in VIEWS:
         raise ValueError(f"view={view!r}; choose one of {', '.join(VIEWS)}")
     vocab = getattr(getattr(source, "config", None), "vocab_size", None)  # a model's
-    if tokenizer is not None and vocab is not None and tokenizer.vocab_size > vocab:
-        raise ValueError(f"tokenizer {tokenizer.name!r} has {tokenizer.vocab_size} ids but the "
-                         f"model's vocab_size is {vocab}: they belong to different models; "
-                         "load them together (load_checkpoint)")
+    if tokenizer is not None and vocab is not None:
+        check_fits(tokenizer, vocab)
     if text is not None:
         if tokenizer is None:
             raise ValueError("text needs a tokenizer to turn it into ids; pass tokenizer=")

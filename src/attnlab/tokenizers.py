@@ -40,6 +40,18 @@ def _display(piece: str) -> str:
 CONTEXT_IDS = 8  # ids of context decode_continuation decodes before the new ones
 
 
+def check_fits(tokenizer: Any, vocab_size: int) -> None:
+    """Raise when `tokenizer` (anything with a vocab_size) has more ids than a model's
+    vocab_size: ids past it name no row, and the rest mean other text; the two come from
+    different models."""
+    if tokenizer.vocab_size > vocab_size:
+        name = getattr(tokenizer, "name", type(tokenizer).__name__)
+        raise ValueError(
+            f"tokenizer {name!r} has {tokenizer.vocab_size} ids but the model's "
+            f"vocab_size is {vocab_size}: they belong to different models; use the tokenizer "
+            "saved with the model (load_checkpoint loads both)")
+
+
 class Tokenizer(ABC):
     """Maps text to ids and back. Subclasses set `name`, `vocab_size`, `eot_id`, `pad_id`."""
 

@@ -21,7 +21,7 @@ from torch import Tensor
 from ..checkpoint import Checkpoint
 from ..distributed import resolve_device
 from ..model import GPT, GPTConfig, empty_gpt
-from ..tokenizers import Tokenizer
+from ..tokenizers import Tokenizer, check_fits
 from .fields import Fields
 from .files import (
     CONFIG_FILE,
@@ -170,11 +170,7 @@ def load_hf_checkpoint(
     meta names the family and architecture."""
     model = load_hf(directory, dtype, map_location=map_location)
     tokenizer = load_hf_tokenizer(directory, model.config.vocab_size)
-    if tokenizer.vocab_size > model.config.vocab_size:
-        raise ValueError(
-            f"{directory}: the tokenizer has {tokenizer.vocab_size} ids but the model's "
-            f"vocab_size is {model.config.vocab_size}; they belong to different models"
-        )
+    check_fits(tokenizer, model.config.vocab_size)
     family = family_of(read_hf_config(directory))
     meta = {"source": "huggingface", "family": family.name,
             "architecture": family.architecture}
