@@ -343,7 +343,7 @@ BAD_JSON = [
     ("config.json", {"model": None}, "not an object"),
     ("config.json", {"meta": "ab"}, "meta is str"),
     ("tokenizer_config.json", {"chars": 5}, "'chars' must be a list of strings"),
-    ("tokenizer_config.json", {"chars": ["a"] * 99}, "tokenizer has 99 ids"),
+    ("tokenizer_config.json", {"chars": ["a"] * 99}, "has 99 ids but the model's vocab_size is"),
     ("tokenizer_config.json", {"type": "bpe"}, "no tokenizer file"),
     ("tokenizer_config.json", {"type": "nope"}, "unknown tokenizer type 'nope'"),
     ("tokenizer_config.json", {"type": None, "chars": None}, "unknown tokenizer type None"),
