@@ -112,5 +112,36 @@ def test_the_page_scores_heads_ablates_on_click_and_shows_the_lens(tmp_path: Pat
         wait_until(page, "document.querySelectorAll('#lens-table tr').length === 3")
         shots = Path(os.environ.get("ATTNLAB_SCREENSHOTS", tmp_path))
         page.screenshot(path=str(shots / "viewer-heads.png"), full_page=True)
+
+        # a generation replaces the Tokens row and leaves the Text box: the lens and the
+        # ablations described the scored text at the hovered position of another one
+        page.fill("#prompt", "the")
+        page.fill("#max_new_tokens", "4")
+        page.fill("#temperature", "0")
+        page.click("#gen")
+        wait_until(page, "window.attnlab.generatedFrom === 3")
+        stale = "document.querySelector('#lens').textContent.startsWith('score the heads')"
+        page.hover("#tokens .tok[data-i='2']")
+        wait_until(page, stale)
+        page.click("#heads-table tbody tr[data-head='0.0']")
+        wait_until(page, "document.querySelector('#heads-status').textContent"
+                         ".includes('not the one scored')")
+        assert page.text_content("#heads-which") == "1.0, 0.1"  # nothing was sent
+        # back to the scored text: lens and ablation answer again
+        show(page, TEXT)
+        page.hover("#tokens .tok[data-i='4']")
+        wait_until(page, "document.querySelectorAll('#lens-table tr').length === 3")
+        # another text in the Text box: the same refusal
+        show(page, "the dog")
+        page.hover("#tokens .tok[data-i='1']")
+        wait_until(page, stale)
+        # a scoring that fails clears the old table, predictions and lens
+        show(page, "a")
+        page.click("#heads-run")
+        wait_until(page, "document.querySelector('#heads-status').textContent"
+                         ".includes('at least 2 tokens')")
+        assert page.locator("#heads-table tbody tr").count() == 0
+        assert page.text_content("#heads-intact") == "" and page.text_content("#lens") == ""
         browser.close()
-    assert problems == [], problems
+    # the one console error: the browser's own line for the refused 1-token text (422)
+    assert [p for p in problems if "status of 422" not in p] == [], problems

@@ -47,6 +47,7 @@ def lens_payload(model: Any, tokenizer: Any, ids: list[int], k: int = 3) -> dict
     lens = logit_lens(model, idx)[:, 0, :, : tokenizer.vocab_size]  # (L + 1, T, V')
     probs, top_ids = top_tokens(lens, k)  # (L + 1, T, k)
     return {
+        "ids": ids,  # the tokens read: the page shows the lens only while it shows these
         "layers": ["emb"] + [f"layer {i}" for i in range(lens.shape[0] - 1)],
         "top": [[[{"text": tokenizer.decode([int(i)]), "prob": round(float(p), 4)}
                   for p, i in zip(ps, is_, strict=True)]

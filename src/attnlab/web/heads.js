@@ -8,6 +8,7 @@ const DETECTORS = ["previous_token", "duplicate_token", "induction", "first_toke
 
 const heads = {
   text: null,        // the text the scores and lens are for
+  ids: null,         // its token ids (the lens's), to tell whether the Tokens row shows it
   scores: null,      // {detector: [[layer][head]]}
   ablated: new Set(), // "layer.head"
   lens: null,        // {layers, top: [layer][position][k] {text, prob}}
@@ -38,6 +39,23 @@ function status(text, isError = false) {
   el.classList.toggle("error", isError);
 }
 
+// Whether the page still shows what the heads were scored on: the same Text box and, in the
+// Tokens row, the same tokens (a generation replaces the row and leaves the Text box).
+function current() {
+  const shown = (window.attnlab && window.attnlab.ids) || [];
+  return heads.text !== null && heads.text === $("text").value &&
+    heads.ids.length === shown.length && heads.ids.every((id, i) => id === shown[i]);
+}
+
+// Forget the scores, predictions and lens, so that nothing on show describes another text.
+function clearHeads() {
+  Object.assign(heads, { text: null, ids: null, scores: null, lens: null });
+  $("heads-table").querySelector("thead").replaceChildren();
+  $("heads-table").querySelector("tbody").replaceChildren();
+  for (const id of ["heads-intact", "heads-edited", "heads-which"]) $(id).textContent = "";
+  $("lens").textContent = "";
+}
+
 async function score() {
   const text = $("text").value;
   const seq = ++heads.seq;
@@ -49,17 +67,25 @@ async function score() {
     ]);
     if (seq !== heads.seq) return;
     heads.text = text;
+    heads.ids = lens.ids;
     heads.scores = result.scores;
     heads.lens = lens;
     renderTable(result.induction_ranking);
     renderPrediction(result.prediction);
     status(`scored on ${lens.top[0].length} tokens; click a head to ablate it`);
   } catch (err) {
-    if (seq === heads.seq) status(err.message, true);
+    if (seq === heads.seq) {
+      clearHeads();
+      status(err.message, true);
+    }
   }
 }
 
 async function predict() {
+  if (!current()) {
+    status("the text on show is not the one scored; score the heads of this text", true);
+    return;
+  }
   const seq = ++heads.seq;
   try {
     const result = await post("/api/heads", { text: heads.text, ablate: pairs() });
@@ -71,7 +97,7 @@ async function predict() {
 
 function renderTable(ranking) {
   const head = document.createElement("tr");
-  for (const name of ["head", ...DETECTORS.map((d) => d.replace("_", " ")), "ablate"]) {
+  for (const name of ["head", ...DETECTORS.map((d) => d.replace("_", " ")), "state"]) {
     const th = document.createElement("th");
     th.textContent = name;
     head.appendChild(th);
@@ -89,7 +115,7 @@ function renderTable(ranking) {
       tr.appendChild(td);
     }
     const box = document.createElement("td");
-    box.textContent = heads.ablated.has(key) ? "off" : "on";
+    box.textContent = heads.ablated.has(key) ? "ablated" : "on";
     tr.appendChild(box);
     return tr;
   });
@@ -108,7 +134,7 @@ function renderPrediction(prediction) {
 
 function renderLens(position) {
   const box = $("lens");
-  if (!heads.lens || heads.text !== $("text").value || position >= heads.lens.top[0].length) {
+  if (!heads.lens || !current() || position >= heads.lens.top[0].length) {
     box.textContent = "score the heads of this text to see its logit lens";
     return;
   }
@@ -139,10 +165,14 @@ function wire() {
   $("heads-table").addEventListener("click", (e) => {
     const row = e.target.closest("tr[data-head]");
     if (!row || heads.text === null) return;
+    if (!current()) {  // a prediction for a text no longer on show would mislead
+      status("the text on show is not the one scored; score the heads of this text", true);
+      return;
+    }
     const key = row.dataset.head;
     if (heads.ablated.has(key)) heads.ablated.delete(key); else heads.ablated.add(key);
     row.classList.toggle("ablated", heads.ablated.has(key));
-    row.lastChild.textContent = heads.ablated.has(key) ? "off" : "on";
+    row.lastChild.textContent = heads.ablated.has(key) ? "ablated" : "on";
     predict();
   });
   $("tokens").addEventListener("mouseover", (e) => {
