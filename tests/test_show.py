@@ -229,5 +229,12 @@ def test_inspect_format_html_writes_one_page(tmp_path: Path,
     assert page.startswith("<!doctype html>") and "attention.html" in capsys.readouterr().out
     data = json.loads(re.search(r"\]\(root, (\{.*\})\);\n\}\)\(\);", page, re.S).group(1))  # type: ignore[union-attr]
     assert data["layers"] == [1] and data["heads"] == [1] and data["steps"]["layer"] == 1
+    # no token pinned unless --query asks: a pinned one held the page still under the pointer
+    assert data["query"] is None
+    assert main(["inspect", str(ckpt), "the cat sat", "--out", str(out), "--format", "html",
+                 "--query", "-2"]) == 0
+    page = (out / "attention.html").read_text()
+    data = json.loads(re.search(r"\]\(root, (\{.*\})\);\n\}\)\(\);", page, re.S).group(1))  # type: ignore[union-attr]
+    assert data["query"] == 9
     assert main(["inspect", str(ckpt), "the cat", "--out", str(out), "--format", "jpg"]) == 1
     assert "--format jpg: choose from png, svg, pdf, html" in capsys.readouterr().err

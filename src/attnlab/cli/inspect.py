@@ -52,8 +52,9 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
     parser.add_argument("--what", default=DEFAULT_WHAT, metavar="KINDS",
                         help=f"figures to draw, comma-separated (default: {DEFAULT_WHAT}); "
                         "see below")
-    parser.add_argument("--query", type=int, default=-1,
-                        help="token index for --what row (default: -1, the last token)")
+    parser.add_argument("--query", type=int, default=None,
+                        help="token index for --what row (default: -1, the last token), and "
+                        "the token the html page opens pinned on (default: none; hover)")
     parser.add_argument("--format", default="png", metavar="png,svg,pdf,html",
                         help="output formats, comma-separated (default: png); html writes "
                         "attention.html, one self-contained interactive page")
@@ -125,9 +126,10 @@ def run(args: argparse.Namespace) -> int:
     ids = text_ids(tok, args.text, c.block_size)
     tokens = tok.token_texts(ids)
     T = len(ids)
-    query = args.query + T if args.query < 0 else args.query
+    asked = -1 if args.query is None else args.query
+    query = asked + T if asked < 0 else asked
     if not 0 <= query < T:
-        raise CLIError(f"--query {args.query} out of range for {T} tokens (use 0..{T - 1} or -1)")
+        raise CLIError(f"--query {asked} out of range for {T} tokens (use 0..{T - 1} or -1)")
 
     names = {"attn_weights"} | {n for k in kinds for n in WHAT[k][0]}
     if page:
@@ -195,7 +197,9 @@ def run(args: argparse.Namespace) -> int:
     if page:
         from ..show import show
 
-        view = show(trace, tok, ids=ids, layer=layers[0], head=heads[0], query=query,
+        # pinned only when asked: a pinned token holds the page still under the pointer
+        view = show(trace, tok, ids=ids, layer=layers[0], head=heads[0],
+                    query=None if args.query is None else query,
                     scale=_scale(c), title=f"attnlab inspect · {args.text[:40]}")
         written.append(view.save(out / "attention.html"))
     json_path = out / "attention.json"
