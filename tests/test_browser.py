@@ -148,6 +148,13 @@ def test_generation_streams_then_shows_its_attention(page: Any, server: str) -> 
     assert page.evaluate("window.attnlab.ids") == done["ids"]
     assert page.locator("#tokens .tok.generated").count() == 12
     assert "12 tokens" in page.inner_text("#gen-status")
+    page.fill("#max_new_tokens", "1")
+    page.click("#gen")
+    wait_until(page, "document.querySelector('#gen-status').textContent.startsWith('1 token (')")
+    page.fill("#prompt", TEXT_256)  # a full context: the one new token is never read or shown
+    page.click("#gen")
+    wait_until(page, "document.querySelector('#count').textContent.endsWith("
+                     "'256 / 256 tokens · the generated token is past the context')")
 
 
 def test_256_tokens_stay_responsive(page: Any, tmp_path: Path) -> None:

@@ -26,6 +26,8 @@ const state = {
 };
 window.attnlab = state;
 
+const countTokens = (n) => `${n} token${n === 1 ? "" : "s"}`;
+
 // ------------------------------------------------------------------ API
 
 async function api(path, body) {
@@ -166,7 +168,10 @@ async function analyze(input, generatedFrom = null) {
   state.timings.fetch = t1 - t0;
   state.timings.render = performance.now() - t1;
   setStatus($("status"), "");
-  const generated = generatedFrom === null ? "" : ` · ${state.ids.length - generatedFrom} generated (underlined)`;
+  // a generation from a full context: its one token is past the view (never read)
+  const seen = state.ids.length - generatedFrom;
+  const generated = generatedFrom === null ? "" :
+    seen > 0 ? ` · ${seen} generated (underlined)` : " · the generated token is past the context";
   $("count").textContent = `${state.ids.length} / ${state.model.config.block_size} tokens${generated}`;
 }
 
@@ -422,7 +427,7 @@ async function generate() {
           newText.textContent += event.data.text;
           if (event.data.id !== null) count += 1;
           const secs = (performance.now() - t0) / 1000;
-          setStatus($("gen-status"), `${count} tokens · ${(count / secs).toFixed(1)} tokens/s`);
+          setStatus($("gen-status"), `${countTokens(count)} · ${(count / secs).toFixed(1)} tokens/s`);
         } else if (event.type === "done") {
           done = event.data;
         } else if (event.type === "error") {
@@ -431,7 +436,7 @@ async function generate() {
       }
     }
   } catch (err) {
-    if (err.name === "AbortError") setStatus($("gen-status"), `stopped after ${count} tokens`);
+    if (err.name === "AbortError") setStatus($("gen-status"), `stopped after ${countTokens(count)}`);
     else setStatus($("gen-status"), err.message, true);
   } finally {
     $("gen").disabled = false;
@@ -445,7 +450,7 @@ async function generate() {
   if (done) {
     const why = { eot: "end of text", block_size: "context full", max_new_tokens: "max tokens" };
     const unread = done.ids.length > block ? " (but the last token, which it never read)" : "";
-    setStatus($("gen-status"), `${done.new_tokens} tokens (${why[done.reason] || done.reason}) · its attention is shown above${unread}`);
+    setStatus($("gen-status"), `${countTokens(done.new_tokens)} (${why[done.reason] || done.reason}) · its attention is shown above${unread}`);
     await analyze({ ids: done.ids.slice(0, block) }, done.ids.length - done.new_tokens);
   } else if (count > 0) {
     await analyze({ text: prompt + newText.textContent });
