@@ -157,7 +157,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args.out.mkdir(parents=True, exist_ok=True)
     for i, name in enumerate(names, 1):
         print(f"## {name}{' (quick)' if args.quick else ''}\n", flush=True)
-        print(f"running suite {i} of {len(names)} ...", file=sys.stderr, flush=True)
+        print(f"running suite {i} of {len(names)}: {name} ...", file=sys.stderr, flush=True)
         result = run_suite(name, args.quick)
         print(render_any(result) + "\n", flush=True)
         if "seconds" in result:
@@ -165,6 +165,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         if "skipped" not in result:
             suffix = ".quick.json" if args.quick else ".json"
             (args.out / f"{name}{suffix}").write_text(json.dumps(result, indent=2, default=str))
+            print(f"(wrote {args.out / (name + suffix)})", file=sys.stderr, flush=True)
     readme = write_readme_table(args.out, splice=record)
     if readme is not None:
         print(f"wrote {readme}" + ("" if record else " (the README is untouched; "

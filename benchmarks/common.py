@@ -120,6 +120,8 @@ def table(title: str, columns: list[str], rows: list[list[Any]]) -> dict[str, An
 
 
 def _cell(value: Any) -> str:
+    if value is None:  # a measurement this row does not have (e.g. blocks at 1 thread)
+        return "–"
     if isinstance(value, float):
         if value == 0 or 0.01 <= abs(value) < 1e5:
             return f"{value:#.3g}" if abs(value) < 10 else f"{value:,.1f}"

@@ -168,7 +168,7 @@ def run(quick: bool = False) -> dict[str, Any]:
     notes = [
         f"x @ W over a {rows_in} x {cols} float32 matrix ({rows_in * cols * 4 / 1e6:.0f} MB); "
         f"decode: attnlab greedy, {shape} shape (random weights), batch 1, {PROMPT}-token "
-        f"prompt, {new_tokens} new tokens; a step streams {step_bytes / 1e6:.0f} MB of float32 "
+        f"prompt, {new_tokens} new tokens; a step streams {step_bytes / 1e6:.3g} MB of float32 "
         f"weights. Median of {rounds} alternating rounds (CPU time at 1 thread, wall at 2) on "
         "a shared, loaded machine.",
         f"target: float32 batch-1 decode >= {TARGET:.0%} of the roofline at 1 thread: "

@@ -126,12 +126,13 @@ def test_missing_suite_is_skipped_and_readme_table_written(
     assert write_readme_table(tmp_path) is None  # no full results yet
     fake = {"suite": "attention", "machine": {"cpu": "Test CPU", "cores": 2, "torch": "x",
                                               "python": "3", "load_avg_1m": 1.0},
-            "tables": [{"title": "T", "columns": ["a", "b"], "rows": [[1, 2.5]]}]}
+            "tables": [{"title": "T", "columns": ["a", "b"], "rows": [[1, 2.5], [2, None]]}]}
     (tmp_path / "attention.json").write_text(json.dumps(fake))
     path = write_readme_table(tmp_path)
     assert path is not None
     text = path.read_text()
     assert "Test CPU (2 cores" in text and markdown(fake["tables"][0]) in text
+    assert "| 2 | – |" in text  # a missing measurement reads as a dash, not Python's None
     assert bench_main(["readme", "--out", str(tmp_path)]) == 0
 
 
