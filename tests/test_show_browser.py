@@ -103,3 +103,42 @@ def test_two_views_on_one_page_are_independent(browser: Any, tmp_path: Path) -> 
         globals_added = page.evaluate("Object.keys(window).filter(k => k.startsWith('attnlab'))")
         assert globals_added == ["attnlabView"]
         assert seen.requests == [] and seen.problems == []
+
+
+def test_the_heatmap_tooltip_writes_weights_as_the_table_and_stays_in_view(
+    browser: Any, tmp_path: Path
+) -> None:
+    """Weights are stored as 8-bit steps of their row's largest: a stored 0 reads "< step/2"
+    (the tooltip said 0.00000), and the tooltip flips to stay inside the scrolled map (at
+    the bottom rows it sat below the box, out of sight)."""
+    torch.manual_seed(0)
+    peaked = GPT(GPTConfig.from_name("nano", vocab_size=TOK.vocab_size, block_size=64,
+                                     init_std=1.0)).eval()
+    ids = TOK.encode("the cat sat on the mat and the dog sat too")
+    trace = Trace()
+    peaked(torch.tensor([ids]), trace=trace)
+    path = tmp_path / "view.html"
+    path.write_text("<!doctype html><meta charset='utf-8'><body>"
+                    + show(trace, TOK, ids=ids).html + "</body>")
+    with offline(browser, path) as seen:
+        page = seen.page
+        texts, outside = [], []
+        for fy in (0.3, 0.6, 0.97):
+            for fx in [k / 24 for k in range(1, 24)] + [0.99]:
+                # measured each time: hovering a row fills the detail above the map
+                heat = page.locator(".alv-heatmap").bounding_box()
+                assert heat is not None
+                page.mouse.move(heat["x"] + fx * heat["width"], heat["y"] + fy * heat["height"])
+                tip = page.locator(".alv-tip")
+                if not tip.is_visible():
+                    continue
+                texts.append(tip.text_content() or "")
+                r, box = tip.bounding_box(), page.locator(".alv-map").bounding_box()
+                assert r is not None and box is not None
+                if r["y"] + r["height"] > box["y"] + box["height"] + 1 or (
+                        r["x"] + r["width"] > box["x"] + box["width"] + 1):
+                    outside.append(texts[-1])
+        assert texts and not any(t.endswith(": 0.00000") for t in texts), texts
+        assert any(": < " in t for t in texts), texts  # a stored 0 on this peaked model
+        assert outside == []
+        assert seen.problems == []

@@ -155,6 +155,13 @@ export async function mount(root, data) {
       hs.reduce((sum, h) => sum + m.weight(state.li, h, i, j), 0) / hs.length);
   }
   const fmt = (w) => (Number.isNaN(w) ? "masked" : w.toFixed(4));
+  // One cell as the table writes it: weights are stored as 8-bit steps of their row's
+  // largest, so a stored 0 is "below half a step", not 0.
+  function cellText(li, h, i, j) {
+    const c = m.code(li, h, i, j);
+    if (c === 255) return "masked";
+    return c === 0 ? `< ${(m.top(li, h, i) / 508).toPrecision(2)}` : fmt(m.weight(li, h, i, j));
+  }
 
   function highlight() {
     const p = query();
@@ -177,7 +184,8 @@ export async function mount(root, data) {
         chip.style.background = colour(t);
         chip.style.color = inkFor(t);
         chip.dataset.weight = `${row[j]}`;
-        chip.title = `#${p} → #${j}: ${row[j].toFixed(5)}`;
+        const hs = headsShown();  // one head: as the table writes it; all: their mean
+        chip.title = `#${p} → #${j}: ${hs.length === 1 ? cellText(state.li, hs[0], i, j) : fmt(row[j])}`;
       }
     });
     renderDetail(p, i);
@@ -417,12 +425,14 @@ export async function mount(root, data) {
     const cell = cellAt(canvas, state.geometry, e);
     if (!cell) { tip.hidden = true; return; }
     const p = cell.i + m.off;
-    const w = m.weight(state.li, state.head, cell.i, cell.j);
     tip.textContent = `#${p} “${labels[p]}” → #${cell.j} “${labels[cell.j]}”: ` +
-      (Number.isNaN(w) ? "masked" : w.toFixed(5));
+      cellText(state.li, state.head, cell.i, cell.j);
     tip.hidden = false;
-    tip.style.left = `${e.offsetX + 14}px`;
-    tip.style.top = `${e.offsetY + 14}px`;
+    // beside the pointer, on the side that stays inside the scrolled map
+    const right = e.offsetX + 14 + tip.offsetWidth > mapBox.scrollLeft + mapBox.clientWidth;
+    const below = e.offsetY + 14 + tip.offsetHeight > mapBox.scrollTop + mapBox.clientHeight;
+    tip.style.left = `${Math.max(0, right ? e.offsetX - 14 - tip.offsetWidth : e.offsetX + 14)}px`;
+    tip.style.top = `${Math.max(0, below ? e.offsetY - 14 - tip.offsetHeight : e.offsetY + 14)}px`;
     if (state.hover !== p) { state.hover = p; highlight(); }
   });
   canvas.addEventListener("mouseleave", () => { tip.hidden = true; state.hover = null; highlight(); });
