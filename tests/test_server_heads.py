@@ -142,6 +142,12 @@ def test_the_page_scores_heads_ablates_on_click_and_shows_the_lens(tmp_path: Pat
                          ".includes('at least 2 tokens')")
         assert page.locator("#heads-table tbody tr").count() == 0
         assert page.text_content("#heads-intact") == "" and page.text_content("#lens") == ""
+        # a text the tokenizer refuses: no layer's title over an empty map
+        page.fill("#text", "the €")
+        page.click("#run")
+        wait_until(page, "document.querySelector('#status').textContent.includes('€')")
+        assert page.text_content("#map-title") == "Attention weights"
+        assert not page.locator("#heatmap-wrap").is_visible()
         browser.close()
     # the one console error: the browser's own line for the refused 1-token text (422)
     assert [p for p in problems if "status of 422" not in p] == [], problems

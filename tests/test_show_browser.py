@@ -64,6 +64,7 @@ def test_inspect_html_file_works_offline(browser: Any, tmp_path: Path,
             assert shown["weights"][q + 1:] == [None] * (len(text) - q - 1)
         page.click(f"{view} .alv-tab[data-view='steps']")
         assert page.locator(f"{view} .alv-steps canvas").count() == 3
+        assert not page.locator(f"{view} .alv-check").is_visible()  # rows to max: no effect
         assert seen.requests == [] and seen.problems == []
 
 

@@ -120,6 +120,8 @@ function clearAnalysis() {
   const canvas = $("heatmap");
   canvas.getContext("2d").clearRect(0, 0, canvas.width, canvas.height);
   $("grid").replaceChildren();
+  $("heatmap-wrap").hidden = true;  // no title over an empty panel: the status says why
+  $("map-title").textContent = "Attention weights";
   $("count").textContent = "";
 }
 

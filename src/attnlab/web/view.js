@@ -375,6 +375,7 @@ export async function mount(root, data) {
     tokens.hidden = !(v === "head" || v === "text");
     tokens.classList.toggle("alv-flow", v === "text");
     legend.hidden = v === "steps";
+    scaleLabel.hidden = v === "steps";  // the steps draw scores and weights as they are
     mapBox.hidden = grid.hidden = stepsBox.hidden = true;
     note.textContent = "";
     if (v === "head") renderMap();
