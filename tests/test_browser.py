@@ -122,6 +122,15 @@ def test_hovered_token_shows_the_apis_weights(page: Any, server: str) -> None:
         assert seen["table"] == [f"{w:.5f}" for w in row]
     title = page.inner_text("#detail-title")
     assert title.startswith("Token #0") and "layer 1, head 1" in title
+    # the keyboard: Tab reaches the tokens, focus shows one, Enter pins it (chips had no
+    # tab stop: the viewer was mouse-only)
+    page.mouse.move(5, 5)  # leave the tokens
+    page.focus("#tokens .tok[data-i='4']")
+    page.wait_for_selector("#tokens .tok.query[data-i='4']")
+    page.keyboard.press("Enter")
+    wait_until(page, "window.attnlab.pinned === 4")
+    page.keyboard.press("Tab")
+    page.wait_for_selector("#tokens .tok.query[data-i='4']")  # pinned: stays on show
 
 
 def test_all_heads_grid_and_click_to_open(page: Any) -> None:

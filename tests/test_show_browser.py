@@ -62,6 +62,11 @@ def test_inspect_html_file_works_offline(browser: Any, tmp_path: Path,
             assert close(shown["weights"][: q + 1], row[: q + 1])
             assert shown["masked"] == list(range(q + 1, len(text)))  # masked, never "0"
             assert shown["weights"][q + 1:] == [None] * (len(text) - q - 1)
+        page.mouse.move(1, 1)  # the keyboard: focus shows a token, Enter pins it
+        page.focus(f"{view} .alv-tok[data-i='5']")
+        page.wait_for_selector(f"{view} .alv-tok.alv-query[data-i='5']")
+        page.keyboard.press("Enter")
+        page.wait_for_selector(f"{view} .alv-tok.alv-pinned[data-i='5']")
         page.click(f"{view} .alv-tab[data-view='steps']")
         assert page.locator(f"{view} .alv-steps canvas").count() == 3
         assert not page.locator(f"{view} .alv-check").is_visible()  # rows to max: no effect

@@ -216,6 +216,7 @@ function renderTokens() {
     chip.className = "tok";
     if (state.generatedFrom !== null && i >= state.generatedFrom) chip.classList.add("generated");
     chip.dataset.i = i;
+    chip.tabIndex = 0;  // the keyboard reaches every token: focus shows, Enter or Space pins
     chip.textContent = shown(tok.text);
     frag.appendChild(chip);
     return chip;
@@ -500,6 +501,17 @@ function wire() {
     if (chip) { state.hover = Number(chip.dataset.i); scheduleHighlight(); }
   });
   tokens.addEventListener("mouseleave", () => { state.hover = null; scheduleHighlight(); });
+  tokens.addEventListener("focusin", (e) => {
+    const chip = e.target.closest(".tok");
+    if (chip) { state.hover = Number(chip.dataset.i); scheduleHighlight(); }
+  });
+  tokens.addEventListener("focusout", () => { state.hover = null; scheduleHighlight(); });
+  tokens.addEventListener("keydown", (e) => {
+    if ((e.key === "Enter" || e.key === " ") && e.target.closest(".tok")) {
+      e.preventDefault();  // Space would scroll the page
+      e.target.click();
+    }
+  });
   tokens.addEventListener("click", (e) => {
     const chip = e.target.closest(".tok");
     if (!chip) return;

@@ -175,10 +175,12 @@ function wire() {
     row.lastChild.textContent = heads.ablated.has(key) ? "ablated" : "on";
     predict();
   });
-  $("tokens").addEventListener("mouseover", (e) => {
-    const chip = e.target.closest(".tok");
-    if (chip) renderLens(Number(chip.dataset.i));
-  });
+  for (const type of ["mouseover", "focusin"]) {  // pointer or keyboard on a token
+    $("tokens").addEventListener(type, (e) => {
+      const chip = e.target.closest(".tok");
+      if (chip) renderLens(Number(chip.dataset.i));
+    });
+  }
 }
 
 wire();

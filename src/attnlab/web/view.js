@@ -139,6 +139,7 @@ export async function mount(root, data) {
   const chips = m.tokens.map((t, p) => {
     const chip = el("span", "alv-tok", shown(t));
     chip.dataset.i = p;
+    chip.tabIndex = 0;
     chip.title = `#${p}`;
     if (p < m.off) chip.classList.add("alv-cached");
     tokens.appendChild(chip);
@@ -415,6 +416,17 @@ export async function mount(root, data) {
     if (chip && state.hover !== Number(chip.dataset.i)) { state.hover = Number(chip.dataset.i); highlight(); }
   });
   tokens.addEventListener("mouseleave", () => { state.hover = null; highlight(); });
+  tokens.addEventListener("focusin", (e) => {  // the keyboard: focus shows, Enter/Space pins
+    const chip = e.target.closest(".alv-tok");
+    if (chip) { state.hover = Number(chip.dataset.i); highlight(); }
+  });
+  tokens.addEventListener("focusout", () => { state.hover = null; highlight(); });
+  tokens.addEventListener("keydown", (e) => {
+    if ((e.key === "Enter" || e.key === " ") && e.target.closest(".alv-tok")) {
+      e.preventDefault();
+      e.target.click();
+    }
+  });
   tokens.addEventListener("click", (e) => {
     const chip = e.target.closest(".alv-tok");
     if (!chip) return;
