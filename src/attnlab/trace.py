@@ -254,15 +254,18 @@ class Trace:
         ) if v is not None)
         layers = sorted({lay for lay, _ in self.values if lay is not None})
         names = sorted({n for _, n in self.values})
-        size = self.nbytes()
-        held = (f"{len(self)} values: layers {layers or '-'}, names {names}, " + (
-            f"{size / 1e6:.1f} MB" if size >= 100_000 else f"{size / 1e3:.1f} kB")
-        ) if self.values else "nothing captured yet"
+        held = (f"{len(self)} values: layers {layers or '-'}, names {names}, "
+                f"{self.size_text()}") if self.values else "nothing captured yet"
         return f"Trace({filters}{'; ' if filters else ''}{held})"
 
     def nbytes(self) -> int:
         """Bytes held by the captured tensors."""
         return sum(t.numel() * t.element_size() for t in self.values.values())
+
+    def size_text(self) -> str:
+        """`nbytes` to read: "24.6 kB", "1.2 MB"."""
+        size = self.nbytes()
+        return f"{size / 1e6:.1f} MB" if size >= 100_000 else f"{size / 1e3:.1f} kB"
 
     def clear(self) -> None:
         self.values.clear()

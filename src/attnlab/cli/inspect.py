@@ -214,7 +214,7 @@ def run(args: argparse.Namespace) -> int:
     print(f"text     {T} tokens: {' '.join(repr(t) for t in tokens[:16])}"
           + (" …" if T > 16 else ""))
     print(f"traced   layers {_ranges(layers)}, heads {_ranges(heads)}: "
-          f"{', '.join(sorted(names))} ({_size(trace.nbytes())})")
+          f"{', '.join(sorted(names))} ({trace.size_text()})")
     print(f"wrote    {len(written)} files to {out}/")
     for path in written[:12]:
         print(f"         {path.name}")
@@ -275,7 +275,3 @@ def _scale(config: Any) -> float:
 def _ranges(values: list[int]) -> str:
     return f"{values[0]}..{values[-1]}" if values == list(range(values[0], values[-1] + 1)) \
         and len(values) > 2 else ",".join(map(str, values))
-
-
-def _size(nbytes: int) -> str:
-    return f"{nbytes / 1e6:.1f} MB" if nbytes >= 100_000 else f"{nbytes / 1e3:.1f} kB"
