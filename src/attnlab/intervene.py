@@ -32,11 +32,10 @@ import torch
 from torch import Tensor
 
 from .model import require_eval
+from .trace import HEAD_NAMES, MODEL_NAMES, NAMES, WEIGHT_NAMES, Trace, position_dim
 
 if TYPE_CHECKING:
     from .config import GPTConfig
-
-from .trace import HEAD_NAMES, MODEL_NAMES, NAMES, WEIGHT_NAMES, Trace, position_dim
 
 _KV_NAMES = frozenset({"k_pre_rope", "k", "v"})  # heads: the key/value heads
 
