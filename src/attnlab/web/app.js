@@ -2,7 +2,9 @@
 // No build step and no dependencies, so the page works offline from the installed package.
 // Weights arrive as the lower triangle (row i: keys 0..i); later keys are masked to 0.
 // Canvas drawing lives in draw.js.
-import { cellAt, colour, drawCells, drawHeatmap, drawMini, headImage, inkFor, shown } from "./draw.js";
+import {
+  cellAt, colour, drawCells, drawHeatmap, drawMini, headImage, inkFor, placeTip, shown,
+} from "./draw.js";
 
 const $ = (id) => document.getElementById(id);
 
@@ -529,14 +531,7 @@ function wire() {
     const w = j <= i ? rowOf(state.layer, state.head, i)[j].toFixed(5) : "0 (later token, masked)";
     tip.textContent = `#${i} “${shown(state.tokens[i].text)}” → #${j} “${shown(state.tokens[j].text)}”: ${w}`;
     tip.hidden = false;
-    // below right of the pointer, or flipped where that would run out of the visible area
-    const wrap = $("heatmap-wrap");
-    const right = wrap.scrollLeft + wrap.clientWidth;
-    const bottom = wrap.scrollTop + wrap.clientHeight;
-    const x = e.offsetX + 14 + tip.offsetWidth > right ? e.offsetX - tip.offsetWidth - 8 : e.offsetX + 14;
-    const y = e.offsetY + 14 + tip.offsetHeight > bottom ? e.offsetY - tip.offsetHeight - 8 : e.offsetY + 14;
-    tip.style.left = `${Math.max(0, x)}px`;
-    tip.style.top = `${Math.max(0, y)}px`;
+    placeTip(tip, $("heatmap-wrap"), e);
     if (state.hover !== i) { state.hover = i; scheduleHighlight(); }
   });
   canvas.addEventListener("mouseleave", () => { tip.hidden = true; state.hover = null; scheduleHighlight(); });

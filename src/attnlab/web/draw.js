@@ -162,6 +162,19 @@ export function drawMini(canvas, image, px, query) {
   }
 }
 
+/**
+ * Put a shown tooltip below right of a pointer event over a cell map, or flipped where that
+ * would run out of the visible area of `box`, the scrolled element both sit in.
+ */
+export function placeTip(tip, box, event) {
+  const right = box.scrollLeft + box.clientWidth;
+  const bottom = box.scrollTop + box.clientHeight;
+  const x = event.offsetX + 14 + tip.offsetWidth > right ? event.offsetX - tip.offsetWidth - 8 : event.offsetX + 14;
+  const y = event.offsetY + 14 + tip.offsetHeight > bottom ? event.offsetY - tip.offsetHeight - 8 : event.offsetY + 14;
+  tip.style.left = `${Math.max(0, x)}px`;
+  tip.style.top = `${Math.max(0, y)}px`;
+}
+
 /** The {i, j} cell under a pointer event, or null outside the cells. */
 export function cellAt(canvas, g, event) {
   if (!g) return null;

@@ -17,8 +17,8 @@
 //   steps             {layer, head, scores, weights, scale}: one head's raw scores and
 //                     weights, float32 (T, S), for the raw -> masked -> softmax view
 import {
-  cellAt, colour, drawCells, drawHeatmap, drawMini, inkFor, matrixImage, scoreRGB, shown,
-  weightRGB,
+  cellAt, colour, drawCells, drawHeatmap, drawMini, inkFor, matrixImage, placeTip, scoreRGB,
+  shown, weightRGB,
 } from "./draw.js";
 
 function bytesOf(b64) {
@@ -220,8 +220,7 @@ export async function mount(root, data) {
       tr.dataset.j = j;
       tr.append(el("td", "alv-idx", `${j}`), el("td", "alv-key", shown(m.tokens[j], 24)));
       rows.forEach((r, k) => {
-        // a stored 0 is a weight below 1/508 of the row's largest, not an exact zero
-        const td = el("td", "w", r[j] === 0 ? `< ${(m.top(state.li, hs[k], i) / 508).toPrecision(2)}` : fmt(r[j]));
+        const td = el("td", "w", cellText(state.li, hs[k], i, j));
         td.dataset.head = m.heads[hs[k]];
         td.dataset.weight = `${r[j]}`;
         const t = state.rowscale ? r[j] / (m.top(state.li, hs[k], i) || 1) : r[j];
@@ -441,11 +440,7 @@ export async function mount(root, data) {
     tip.textContent = `#${p} “${labels[p]}” → #${cell.j} “${labels[cell.j]}”: ` +
       cellText(state.li, state.head, cell.i, cell.j);
     tip.hidden = false;
-    // beside the pointer, on the side that stays inside the scrolled map
-    const right = e.offsetX + 14 + tip.offsetWidth > mapBox.scrollLeft + mapBox.clientWidth;
-    const below = e.offsetY + 14 + tip.offsetHeight > mapBox.scrollTop + mapBox.clientHeight;
-    tip.style.left = `${Math.max(0, right ? e.offsetX - 14 - tip.offsetWidth : e.offsetX + 14)}px`;
-    tip.style.top = `${Math.max(0, below ? e.offsetY - 14 - tip.offsetHeight : e.offsetY + 14)}px`;
+    placeTip(tip, mapBox, e);
     if (state.hover !== p) { state.hover = p; highlight(); }
   });
   canvas.addEventListener("mouseleave", () => { tip.hidden = true; state.hover = null; highlight(); });
