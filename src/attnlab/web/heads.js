@@ -81,11 +81,7 @@ async function score() {
   }
 }
 
-async function predict() {
-  if (!current()) {
-    status("the text on show is not the one scored; score the heads of this text", true);
-    return;
-  }
+async function predict() {  // only after a click on a head of the text on show
   const seq = ++heads.seq;
   try {
     const result = await post("/api/heads", { text: heads.text, ablate: pairs() });
