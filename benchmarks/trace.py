@@ -7,7 +7,9 @@ nothing downloaded) and nnsight wraps the same eager Hugging Face model. Every v
 runs the same (1, T) ids under `torch.inference_mode`, in alternating rounds
 (common.alternate); each returns logits and what it captured. Rows for TransformerLens and
 nnsight appear only where they import (`pip install -e ".[bench]"`); the table names the
-versions that ran.
+versions that ran. One more row times the matrix products a weights trace runs, alone (a
+floor): each other tool's time over it is the most any trace of the weights on these kernels
+could be ahead of that tool.
 
 Targets (issue 16): attention weights of every layer at T=1024 in <= 1.3x attnlab's own
 untraced forward, >= 1.5x faster than TransformerLens `run_with_cache` with a pattern filter
@@ -27,7 +29,9 @@ from typing import Any
 
 import torch
 
+from attnlab.attention import BLOCK_ROWS
 from attnlab.hf import gpt_from_hf
+from attnlab.model import GPT, unembed
 from attnlab.trace import Trace
 
 from .common import alternate, clock, machine, median_ms, table
@@ -36,6 +40,7 @@ SHAPES: dict[str, dict[str, Any]] = {
     "gpt2": dict(n_layer=12, n_head=12, n_embd=768, vocab_size=50257),
     "toy": dict(n_layer=2, n_head=2, n_embd=32, vocab_size=65),  # --quick
 }
+FLOOR = "a weights trace's matrix products alone"
 KEEP = ("attnlab trace: attn_weights", "attnlab trace: attn_weights, float16",
         "HF eager output_attentions")
 TARGETS = {"weights_vs_forward": 1.3, "vs_tl_pattern": 1.5, "vs_hf_eager": 1.5, "full_vs_tl": 1.3}
@@ -67,6 +72,36 @@ def _hf_model(shape: str, block_size: int) -> Any:
     return transformers.GPT2LMHeadModel(config).eval()
 
 
+def products_only(model: GPT, T: int) -> Callable[[], tuple[Any, Any]]:
+    """The matrix products of `model`'s forward with a trace of the weights at (1, T), with
+    nothing between them: every Linear of every block on an input of its width, the causal
+    attention products in the traced path's blocks of queries (keys up to the block's last
+    query), and the head as the forward runs it. A forward that returns the weights cannot
+    take less on this CPU's kernels (the untraced one skips the weights: fused attention)."""
+    c = model.config
+    hs = c.n_embd // c.n_head
+    q = torch.randn(1, c.n_head, T, hs)  # (1, nh, T, hs)
+    key_t = torch.randn(1, c.n_head, hs, T)  # (1, nh, hs, T)
+    weights = torch.rand(1, c.n_head, T, T)  # (1, nh, T, T)
+    inputs = {w: torch.randn(1, T, w) for w in {lin.in_features for lin in _linears(model)}}
+
+    def run() -> tuple[Any, Any]:
+        for block in model.blocks:
+            for lin in _linears(block):
+                lin(inputs[lin.in_features])  # (1, T, out)
+            for i0 in range(0, T, BLOCK_ROWS):
+                i1 = min(i0 + BLOCK_ROWS, T)
+                q[:, :, i0:i1] @ key_t[..., :i1]  # (1, nh, rows, i1)
+                weights[:, :, i0:i1, :i1] @ q[:, :, :i1]  # (1, nh, rows, hs)
+        return unembed(model.lm_head, inputs[c.n_embd]), {}
+    return run
+
+
+def _linears(module: torch.nn.Module) -> list[torch.nn.Linear]:
+    return [m for m in module.modules() if isinstance(m, torch.nn.Linear)
+            and m is not getattr(module, "lm_head", None)]
+
+
 def variants(hf: Any, ids: torch.Tensor, tmp: str) -> dict[str, Callable[[], tuple[Any, Any]]]:
     """name -> function returning (logits, what it captured), all on the same weights."""
     ours = gpt_from_hf(hf.config.to_dict(), hf.state_dict()).eval()
@@ -84,6 +119,7 @@ def variants(hf: Any, ids: torch.Tensor, tmp: str) -> dict[str, Callable[[], tup
         "attnlab trace: attn_weights, float16": traced(names=["attn_weights"],
                                                        dtype=torch.float16),
         "attnlab trace: every name": traced(),
+        FLOOR: products_only(ours, ids.shape[1]),
     }
 
     def hf_eager() -> tuple[Any, Any]:
@@ -166,13 +202,14 @@ def _run(quick: bool) -> dict[str, Any]:
         # the first call of each is the warmup; its peak RSS rise and captured bytes are the
         # memory columns (allocator growth included: what a first capture costs)
         memory: dict[str, tuple[int | None, int]] = {}
-        logit_diff: dict[str, float] = {}
+        logit_diff: dict[str, float | None] = {}
         outs: dict[str, Any] = {}  # only the captures the error checks below read
         reference = None
         for name, fn in fns.items():
             memory[name], out = _first_call(fn)
             reference = out[0] if reference is None else reference  # attnlab's forward: first
-            logit_diff[name] = (out[0] - reference).abs().max().item()
+            # the floor multiplies random inputs: its "logits" are not the model's
+            logit_diff[name] = None if name == FLOOR else (out[0] - reference).abs().max().item()
             if name in KEEP:
                 outs[name] = out
             del out  # a capture of GBs is not held while the next variant is measured
@@ -204,6 +241,8 @@ def _run(quick: bool) -> dict[str, Any]:
         ratios["full_vs_tl"] = ms["TransformerLens run_with_cache: everything"] / full
     if "nnsight: attention weights" in ms:
         ratios["vs_nnsight"] = ms["nnsight: attention weights"] / w
+    # the most a weights trace on these kernels could be ahead of each tool: its time / floor
+    ceiling = {name: ms[name] / ms[FLOOR] for name in ms if not name.startswith(("attnlab", FLOOR))}
     met = {k: (v <= TARGETS[k] if k == "weights_vs_forward" else v >= TARGETS[k])
            for k, v in ratios.items() if k in TARGETS}
     versions = {p: _version(p) for p in ("torch", "transformers", "transformer-lens", "nnsight")}
@@ -221,6 +260,10 @@ def _run(quick: bool) -> dict[str, Any]:
         f"attnlab's weights equal Hugging Face eager's to {err_hf:.1e}; float16 storage "
         f"changes them by at most {err16:.1e} (bound 2**-12 = 2.4e-4) and halves the bytes.",
         "ratios: " + ", ".join(f"{k} {v:.2f}x" for k, v in ratios.items()),
+        f"the matrix products a weights trace runs took {ms[FLOOR] / base:.2f}x attnlab's "
+        "untraced forward on their own (no trace, nothing between them: a floor); so a trace "
+        "of the weights on these kernels can be at most " + ", ".join(
+            f"{v:.2f}x faster than {k}" for k, v in ceiling.items()) + ".",
         *(f"target {k} ({'<=' if k == 'weights_vs_forward' else '>='} {TARGETS[k]}x): "
           f"{'met' if ok else 'missed'}" for k, ok in met.items()),
     ]
@@ -230,6 +273,7 @@ def _run(quick: bool) -> dict[str, Any]:
         "versions": versions,
         "ms": ms,
         "ratios": ratios,
+        "ceiling": ceiling,
         "targets_met": met if not quick else {},
         "float16_max_error": err16,
         "hf_weights_max_error": err_hf,

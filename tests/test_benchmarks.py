@@ -12,6 +12,7 @@ import torch
 from attnlab.cli import main as cli_main
 from attnlab.cli.bench import find_checkout
 from attnlab.model import GPT, GPTConfig
+from attnlab.trace import Trace
 
 ROOT = Path(__file__).resolve().parents[1]  # this checkout's benchmarks/, not an install's
 if not (ROOT / "benchmarks" / "__main__.py").is_file():  # pragma: no cover
@@ -211,6 +212,25 @@ def test_trace_suite_times_attnlab_and_hugging_face_on_the_same_weights() -> Non
     assert result["float16_max_error"] <= 2**-12
     (t,) = result["tables"]
     assert len(t["rows"]) == len(ms) and all(len(r) == len(t["columns"]) for r in t["rows"])
+    # how far a forward on these kernels could be ahead: each other tool's time / the floor
+    assert "HF eager output_attentions" in result["ceiling"]
+    assert not any(name.startswith(("attnlab", "a weights")) for name in result["ceiling"])
+
+
+def test_trace_floor_runs_the_products_of_a_traced_forward() -> None:
+    from benchmarks import trace as trace_suite
+    from torch.utils.flop_counter import FlopCounterMode
+
+    torch.manual_seed(0)
+    model = GPT(GPTConfig(**{**TOY, "block_size": 300})).eval()  # 300: a partial last block
+    ids = torch.randint(0, TOY["vocab_size"], (1, 300))
+    counts = []
+    for run in (trace_suite.products_only(model, 300),
+                lambda: model(ids, trace=Trace(names=["attn_weights"]))):
+        with torch.inference_mode(), FlopCounterMode(display=False) as counter:
+            run()
+        counts.append(counter.get_total_flops())
+    assert counts[0] == counts[1] > 0
 
 
 def test_roofline_suite_relates_decode_to_the_measured_bandwidth() -> None:
