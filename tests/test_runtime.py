@@ -7,6 +7,7 @@ import subprocess
 import sys
 
 import pytest
+import torch
 
 # The attention benchmark's pattern: the explicit path's two (B, nh, T, T) tensors (8 MiB
 # each at B=8, nh=4, T=256), then the fused path, over and over. With glibc's defaults a
@@ -49,8 +50,9 @@ def test_freed_blocks_are_reused_without_page_faults() -> None:
     assert applied == "True"
     # 8 MiB of fresh pages is 2,048 faults; one round may still grow the heap once. With
     # glibc's defaults, 5 of 8 processes here faulted ~4,064 times in 7-10 of the rounds and
-    # 3 in none (which thread frees first decides), so that is not asserted.
-    assert sum(n > 64 for n in faults) <= 1, faults
+    # 3 in none (which thread frees first decides), so that is not asserted. Some heap
+    # layouts take 256 faults (1 MiB) in a few rounds: far from 2,048 per 8 MiB block.
+    assert sum(n > 512 for n in faults) <= 1, faults
 
 
 HUGE_SCRIPT = """
@@ -86,3 +88,62 @@ def test_advised_memory_takes_far_fewer_page_faults() -> None:
     if _thp_mode() == "madvise":
         assert plain > 8_000  # one fault per 4 KiB page: 16,384 for 64 MiB
     assert advised < plain / 4  # one per 2 MiB page, plus the unaligned ends
+
+
+def test_a_kept_buffer_comes_back_only_when_no_view_of_it_is_left() -> None:
+    from attnlab import runtime
+
+    runtime.release_kept_memory()
+    like = torch.empty(0, dtype=torch.bfloat16)
+    shape = (2, 4 << 20)  # 16 MiB of bfloat16
+    t = runtime.kept_empty(shape, like)
+    ptr = t.data_ptr()
+    assert (t.shape, t.dtype, ptr % 64) == (shape, torch.bfloat16, 0)
+    row = t[1]
+    del t
+    other = runtime.kept_empty(shape, like)  # `row` still reads the first buffer
+    assert other.data_ptr() != ptr
+    del row
+    assert runtime.kept_empty(shape, like).data_ptr() == ptr  # now it is reused
+    assert runtime.kept_empty((3,), like).untyped_storage().nbytes() == 6  # small: plain
+
+
+def test_kept_buffers_stay_under_the_limit_and_are_released(
+    monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from attnlab import runtime
+
+    runtime.release_kept_memory()
+    monkeypatch.setattr(runtime._kept, "limit", 20 << 20)
+    like = torch.empty(0)
+    tensors = [runtime.kept_empty((2 << 20,), like) for _ in range(3)]  # 8 MiB each
+    ptrs = [t.data_ptr() for t in tensors]
+    del tensors  # freed in order: the oldest is dropped once 24 MiB would be kept
+    assert runtime.release_kept_memory() == 2 * ((8 << 20) + 64)
+    assert runtime.release_kept_memory() == 0
+    assert runtime.kept_empty((2 << 20,), like).data_ptr() not in ptrs[1:]
+
+
+def test_a_traced_forward_writes_the_weights_into_the_last_ones_memory() -> None:
+    """After a trace is gone, the next one's (B, nh, T, S) weights reuse its buffer (fresh
+    pages cost 10-40x the writes on a VM): 9 heads at T=1024 are 36 MiB, which glibc would
+    unmap on free (mmap may hand back the same address, but as fresh pages)."""
+    from attnlab import runtime
+    from attnlab.model import GPT, GPTConfig
+    from attnlab.trace import Trace
+
+    runtime.release_kept_memory()
+    model = GPT(GPTConfig(vocab_size=11, block_size=1024, n_layer=1, n_head=9, n_embd=36))
+    ids = torch.zeros(1, 1024, dtype=torch.long)
+    ptrs = []
+    for _ in range(2):
+        assert len(runtime._kept.free) == len(ptrs)
+        trace = Trace(names=["attn_weights"])
+        with torch.no_grad():
+            model.eval()(ids, trace=trace)
+        assert not runtime._kept.free  # the first trace's buffer taken by the second
+        ptrs.append(trace.get("attn_weights", 0).data_ptr())
+        del trace
+        (kept,) = runtime._kept.free  # back once the trace is gone
+        assert kept.ctypes.data <= ptrs[-1] < kept.ctypes.data + kept.nbytes
+    assert ptrs[0] == ptrs[1]

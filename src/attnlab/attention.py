@@ -31,7 +31,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from .layers import RMSNorm, apply_rotary
-from .runtime import advise_huge_pages, huge_page_out
+from .runtime import huge_page_out, kept_empty
 
 
 class LayerTrace(Protocol):
@@ -283,7 +283,7 @@ def _traced_attend(
     scores: Tensor | None = None  # (B, nh, T, S) masked raw scores, when the trace wants them
     spans = _key_spans(may_attend, T, S, BLOCK_ROWS)
     if trace.wants("attn_scores") or trace.wants("masked_scores"):
-        # kept tensors of many MiB: in huge pages where autograd allows out=
+        # kept tensors of many MiB: in reused buffers where autograd allows out=
         shape = (B, nh, T, S)
         attn_scores = trace.record("attn_scores", torch.matmul(
             q, key_t, out=huge_page_out(shape, q, k)))  # (B, nh, T, S)
@@ -296,7 +296,7 @@ def _traced_attend(
         if scores is not made:  # edited: its -inf cells, not the mask's, say what is masked
             spans, may_attend = _key_spans(None, T, S, BLOCK_ROWS), None
 
-    attn_weights = advise_huge_pages(q.new_empty(B, nh, T, S))  # (B, nh, T, S)
+    attn_weights = kept_empty((B, nh, T, S), q)  # (B, nh, T, S)
     for i0, (k0, k1) in zip(range(0, T, BLOCK_ROWS), spans, strict=True):
         i1 = min(i0 + BLOCK_ROWS, T)
         if scores is None:

@@ -12,6 +12,8 @@ and weights followed by the fused path took ~2,300 page faults per round
 memory reused (`python -m benchmarks attention`, 8.7 vs 3.9 ms). `reuse_freed_memory` has
 glibc serve blocks up to 32 MiB from its heap and keep up to 1 GiB of freed memory for the
 next allocation. jemalloc or tcmalloc through LD_PRELOAD do the same job, beyond 32 MiB too.
+Larger tensors that a traced forward keeps (scores, weights, logits) come from `kept_empty`,
+whose freed buffers serve the next trace (the CUDA allocator's caching, for those alone).
 """
 
 from __future__ import annotations
@@ -19,9 +21,14 @@ from __future__ import annotations
 import ctypes
 import ctypes.util
 import functools
+import math
+import os
 import platform
+import threading
 import warnings
+import weakref
 
+import numpy as np
 import torch
 from torch import Tensor
 
@@ -69,15 +76,97 @@ def advise_huge_pages(tensor: Tensor) -> Tensor:
 
 
 def huge_page_out(shape: tuple[int, ...], *inputs: Tensor) -> Tensor | None:
-    """Uninitialised memory of `shape` (inputs[0]'s dtype) for an op's `out=`, advised for
-    huge pages; None where the op should allocate its result itself: autograd records one of
-    `inputs` (`out=` is not differentiable), autocast picks the result's dtype, or they are
-    not on the CPU."""
+    """Uninitialised memory of `shape` (inputs[0]'s dtype) for an op's `out=`: a kept buffer
+    (`kept_empty`), advised for huge pages when fresh; None where the op should allocate its
+    result itself: autograd records one of `inputs` (`out=` is not differentiable), autocast
+    picks the result's dtype, or they are not on the CPU."""
     like = inputs[0]
     if like.device.type != "cpu" or torch.is_autocast_enabled("cpu") or (
             torch.is_grad_enabled() and any(t.requires_grad for t in inputs)):
         return None
-    return advise_huge_pages(like.new_empty(shape))
+    return kept_empty(shape, like)
+
+
+_ALIGN = 64  # bytes: torch's own CPU alignment (whole cache lines for the BLAS)
+
+
+class _KeptBuffers:
+    """CPU buffers of many MiB that were freed, kept (up to `limit` bytes, the oldest
+    dropped first) for the next request of the same size.
+
+    Why: torch's CPU allocator caches nothing and glibc unmaps blocks over 32 MiB on free, so
+    every traced forward wrote its (B, nh, T, S) scores and weights and its logits into fresh
+    pages. A fresh 48 MiB tensor (GPT-2 small's weights of one layer at T=1024) took 22 ms
+    to fill in 4 KiB pages, 81 ms in huge pages while this VM's host had reclaimed them, and
+    2 ms when reused (2-core EPYC, 2026-11-25). A buffer is a numpy array, the owner of the
+    tensor's memory: it comes back when the last tensor or view on that memory is gone
+    (`weakref.finalize` on the array the storage holds), never while anything can read it.
+    """
+
+    def __init__(self, limit: int | None = None) -> None:
+        self.limit = limit  # None: `_keep_limit()`, read at the first free
+        self.free: list[np.ndarray] = []  # oldest first
+        self.lock = threading.Lock()
+
+    def take(self, nbytes: int) -> tuple[np.ndarray, bool]:
+        """(a buffer of nbytes + _ALIGN bytes, whether it is fresh)."""
+        with self.lock:
+            for i in range(len(self.free) - 1, -1, -1):
+                if self.free[i].nbytes == nbytes + _ALIGN:
+                    return self.free.pop(i), False
+        return np.empty(nbytes + _ALIGN, dtype=np.uint8), True
+
+    def give(self, buffer: np.ndarray) -> None:
+        with self.lock:
+            if self.limit is None:
+                self.limit = _keep_limit()
+            self.free.append(buffer)
+            while self.free and sum(b.nbytes for b in self.free) > self.limit:
+                self.free.pop(0)
+
+    def release(self) -> int:
+        with self.lock:
+            freed = sum(b.nbytes for b in self.free)
+            self.free.clear()
+        return freed
+
+
+def _keep_limit() -> int:
+    """2 GiB (GPT-2 small's every-name trace at T=1024 is 2.2 GB), at most an 8th of RAM."""
+    try:
+        ram = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (AttributeError, ValueError, OSError):  # not POSIX
+        ram = 16 << 30
+    return min(2 << 30, ram // 8)
+
+
+_kept = _KeptBuffers()
+
+
+_KEEP_MIN = 4 << 20  # bytes; glibc reuses smaller blocks itself (after reuse_freed_memory)
+
+
+def kept_empty(shape: tuple[int, ...], like: Tensor) -> Tensor:
+    """Uninitialised memory of `shape` with `like`'s dtype and device. On the CPU, from 4 MiB:
+    a buffer freed by an earlier call when one of the same size is kept (no page faults),
+    else fresh memory advised for huge pages. Freed buffers up to 2 GiB (at most an 8th of
+    the RAM) stay with the process; `release_kept_memory` hands them back."""
+    nbytes = math.prod(shape) * like.element_size()
+    if like.device.type != "cpu" or nbytes < _KEEP_MIN:
+        return like.new_empty(shape)
+    buffer, fresh = _kept.take(nbytes)
+    skip = -buffer.ctypes.data % _ALIGN
+    owner = buffer[skip:skip + nbytes]  # the array the tensor's storage keeps alive
+    weakref.finalize(owner, _kept.give, buffer).atexit = False
+    tensor = torch.from_numpy(owner).view(like.dtype).view(shape)
+    return advise_huge_pages(tensor) if fresh else tensor
+
+
+def release_kept_memory() -> int:
+    """Free the buffers `kept_empty` keeps for reuse (a trace's scores and weights, a long
+    forward's logits, after they are gone); returns the bytes freed. Like
+    `torch.cuda.empty_cache()`: memory in use is not touched."""
+    return _kept.release()
 
 
 @functools.cache
