@@ -138,6 +138,9 @@ class Trace:
     that others write (keys and values in a KV cache, which later steps overwrite): the
     model never changes a tensor in place once it has recorded it, and copying the
     (B, nh, T, S) weights of every layer cost a traced forward as much again in fresh pages.
+    Scores and weights of 4 MiB and more live in buffers (`runtime.kept_empty`) that serve
+    the next trace once nothing reads them: after `del trace` the process keeps that memory
+    (up to 2 GiB) for the next one; `attnlab.runtime.release_kept_memory()` frees it.
 
     Args:
         layers: layer indices to capture (None: all; one int: that layer). Other layers run
