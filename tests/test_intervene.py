@@ -347,3 +347,22 @@ def test_traces_edits_and_checkpoints_read_in_one_line() -> None:
     ckpt = Checkpoint(model, CharTokenizer(list("ab")), {"step": 7}, None)
     assert repr(ckpt) == ("Checkpoint(2 layers, 2 heads, 16 dims, vocab 65, "
                           "tokenizer=CharTokenizer(name='char', vocab_size=2), step=7)")
+
+
+def test_patching_a_prompt_then_generating_past_it() -> None:
+    """A patch from a trace of the prompt, applied while generating: positions inside the prompt
+    give the same tokens cached and recomputed (recomputing refused the longer run before), and
+    patching every position names the generated columns the source lacks (a bare torch error
+    from `narrow` before)."""
+    model = _model(init_std=0.2)
+    idx, corrupt = _ids(2, 6, seed=1), _ids(2, 6, seed=2)
+    clean = Trace(names=["resid_pre"])
+    model(idx, trace=clean)
+    edits = Edits([patch(clean, "resid_pre", 1, positions=[2, 5])])
+    cached = generate(model, corrupt, max_new_tokens=5, temperature=0, edits=edits)
+    assert torch.equal(cached, _recomputed(model, corrupt, None, edits, 5))
+    assert not torch.equal(cached, generate(model, corrupt, max_new_tokens=5, temperature=0))
+    every = Edits([patch(clean, "resid_pre", 1)])
+    with pytest.raises(ValueError, match=r"holds columns 0 to 5, and this run patches columns "
+                                         r"\[6\] too; pass positions inside the source"):
+        generate(model, corrupt, max_new_tokens=2, temperature=0, edits=every)

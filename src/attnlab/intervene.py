@@ -323,20 +323,34 @@ def patch(
     positions: Iterable[int] | None = None,
 ) -> Edit:
     """Activation patching: the selected cells take their values from another run's trace
-    (same batch size and columns; the source trace must hold `name` at `layer`, all heads)."""
+    (same batch size; the source trace must hold `name` at `layer`, all heads). A run longer
+    than the source, such as generation past the traced prompt, may patch only positions
+    inside the source; the same edit gives the same tokens cached or recomputed."""
     stored = source.get(name, layer)
     dim = position_dim(name)
+    selected = _tuple(positions)
 
     def replace(v: Tensor, first: int) -> Tensor:
-        src = stored
-        if stored.shape[dim] > v.shape[dim]:  # a cached step computes only its own columns
-            src = stored.narrow(dim, first, v.shape[dim])
-        if src.shape != v.shape:
+        T, have = v.shape[dim], stored.shape[dim]
+        if stored.shape[:dim] + stored.shape[dim + 1:] != v.shape[:dim] + v.shape[dim + 1:]:
             raise ValueError(
                 f"patch source {name!r}@{layer} has shape {tuple(stored.shape)}, which does not "
                 f"cover the patched run's {tuple(v.shape)} (trace the source with the same "
                 "batch size and length, every head)"
             )
-        return src.to(v)
+        wanted = range(first, first + T) if selected is None else selected
+        missing = [p for p in wanted if have <= p < first + T]
+        if missing:  # e.g. generation past the traced prompt
+            raise ValueError(
+                f"patch source {name!r}@{layer} holds columns 0 to {have - 1}, and this run "
+                f"patches columns {missing} too; pass positions inside the source (e.g. "
+                f"positions=range({have})) or trace a source as long as the run"
+            )
+        if first + T <= have:  # the whole run, or a cached step's own columns
+            return stored.narrow(dim, first, T).to(v)
+        # the source's part of this call's columns, then the run's own (none of them selected)
+        inside = max(0, have - first)
+        return torch.cat([stored.narrow(dim, min(first, have), inside).to(v),
+                          v.narrow(dim, inside, T - inside)], dim=dim)
 
     return Edit(name, layer, replace, _tuple(heads), _tuple(positions))
