@@ -305,8 +305,8 @@ def test_one_layer_head_name_or_pair_stands_for_a_list_of_one() -> None:
 
 
 def test_shapes_and_ids_that_cannot_fit_are_named() -> None:
-    """set_attention, plot_attention, logit_attribution and logit_diff_metric raised bare
-    torch or Python errors for these."""
+    """set_attention, mean ablation, ablate, plot_attention, logit_attribution and
+    logit_diff_metric raised bare torch or Python errors for these."""
     from attnlab.lens import logit_attribution
     from attnlab.patching import logit_diff_metric
 
@@ -319,6 +319,19 @@ def test_shapes_and_ids_that_cannot_fit_are_named() -> None:
         logit_attribution(model, idx[0], 3)
     with pytest.raises(ValueError, match=r"answer ids \[99\] outside the model's 65 token ids"):
         logit_diff_metric(99, 3)(model(idx).logits)
+    # a count of ids, patterns, means or pairs that does not fit: torch's expand errors before
+    with pytest.raises(ValueError, match=r"target has shape \(3,\): pass one id, or \(1,\)"):
+        logit_attribution(model, idx, torch.tensor([1, 2, 3]))
+    with pytest.raises(ValueError, match=r"wrong has shape \(1, 1\): pass one id, or \(1,\)"):
+        logit_diff_metric(1, torch.tensor([[2]]))(model(idx).logits)
+    with pytest.raises(ValueError, match="weights hold 3 rows' patterns, this forward pass 1"):
+        model(idx, edits=Edits([set_attention(0, 1, torch.eye(6).expand(3, 6, 6))]))
+    with pytest.raises(ValueError, match=r"mean has shape \(1, 8\), layer 0's heads \(2, 8\)"):
+        model(idx, edits=ablate((0, 1), "mean", [m[:1] for m in head_means(model, idx)]))
+    with pytest.raises(ValueError, match=r"\(layer, head\) pairs.*got 1 in \[1, 2\]"):
+        ablate([1, 2])
+    assert torch.equal(model(idx, edits=ablate([[0, 1], [1, 0]])).logits,  # JSON's lists
+                       model(idx, edits=ablate([(0, 1), (1, 0)])).logits)
     pytest.importorskip("matplotlib")
     from attnlab import viz
 

@@ -207,6 +207,10 @@ def mean_heads(
         raise ValueError(f"mean must be (nh, hs) from head_means, got {tuple(mean.shape)}")
 
     def replace(v: Tensor, _: int) -> Tensor:
+        if mean.shape != (v.shape[1], v.shape[-1]):
+            raise ValueError(f"mean has shape {tuple(mean.shape)}, layer {layer}'s heads "
+                             f"({v.shape[1]}, {v.shape[-1]}) = (nh, hs); pass "
+                             f"head_means(model, reference_ids)[{layer}] of this model")
         return mean[None, :, None, :].to(v).expand_as(v)  # (1, nh, 1, hs) -> (B, nh, T, hs)
 
     return Edit("context", layer, replace, _tuple(heads), _tuple(positions))
@@ -239,8 +243,14 @@ def ablate(
     """Edits that ablate each (layer, head) (one pair, or a list of them): how = "zero" or
     "mean" (needs `means`)."""
     one = isinstance(heads, tuple) and len(heads) == 2 and all(isinstance(x, int) for x in heads)
-    pairs = sorted({cast(tuple[int, int], heads)} if one else set(
-        cast(Iterable[tuple[int, int]], heads)))
+    listed: list[tuple[int, int]] = (
+        [cast(tuple[int, int], heads)] if one else list(cast(Iterable[tuple[int, int]], heads)))
+    bad = [p for p in listed if not (isinstance(p, Sequence) and len(p) == 2
+                                     and all(hasattr(x, "__index__") for x in p))]
+    if bad:
+        raise ValueError(f"heads must be (layer, head) pairs, e.g. [(0, 1), (1, 3)]; got "
+                         f"{bad[0]!r} in {heads!r}")
+    pairs = sorted({(int(layer), int(head)) for layer, head in listed})  # lists from JSON too
     by_layer: dict[int, list[int]] = {}
     for layer, head in pairs:
         by_layer.setdefault(layer, []).append(head)
@@ -305,6 +315,10 @@ def set_attention(layer: int, heads: int | Iterable[int], weights: Tensor) -> Ed
         if weights.shape[-1] < S:
             raise ValueError(f"set_attention weights cover {weights.shape[-1]} columns, this "
                              f"forward pass {S}; give a pattern over every column")
+        if weights.dim() == 3 and weights.shape[0] not in (1, v.shape[0]):
+            raise ValueError(f"set_attention weights hold {weights.shape[0]} rows' patterns, "
+                             f"this forward pass {v.shape[0]} rows; give (S, S) for every "
+                             "row or (B, S, S), one per row")
         w = weights[..., first:first + T, :S]  # (T, S) or (B, T, S)
         w = w[:, None] if w.dim() == 3 else w  # (B, 1, T, S)
         return w.to(v).expand_as(v)  # (B, nh, T, S)

@@ -82,7 +82,11 @@ def logit_attribution(
         raise ValueError(f"ids must be a (B, T) integer tensor, got shape {tuple(ids.shape)}; "
                          "add a batch dimension with ids[None]")
     B, T = ids.shape
-    target = torch.as_tensor(target, device=ids.device).expand(B)  # (B,)
+    target = torch.as_tensor(target, device=ids.device)
+    if target.dim() > 1 or target.numel() not in (1, B):
+        raise ValueError(f"target has shape {tuple(target.shape)}: pass one id, or ({B},) ids, "
+                         "one per row of ids")
+    target = target.expand(B)  # (B,)
     if int(target.min()) < 0 or int(target.max()) >= c.vocab_size:
         raise ValueError(f"target {target.tolist()}: token ids are 0 to {c.vocab_size - 1} "
                          f"(vocab_size={c.vocab_size}); pass the id of the token to explain")

@@ -39,8 +39,14 @@ def logit_diff_metric(answer: int | Tensor, wrong: int | Tensor, position: int =
     def metric(logits: Tensor) -> Tensor:
         last = logits[:, position].float()  # (B, V)
         B = last.shape[0]
-        a = torch.as_tensor(answer, device=last.device).expand(B)[:, None]  # (B, 1)
-        w = torch.as_tensor(wrong, device=last.device).expand(B)[:, None]  # (B, 1)
+        given = {"answer": torch.as_tensor(answer, device=last.device),
+                 "wrong": torch.as_tensor(wrong, device=last.device)}
+        for flag, ids in given.items():
+            if ids.dim() > 1 or ids.numel() not in (1, B):
+                raise ValueError(f"{flag} has shape {tuple(ids.shape)}: pass one id, or ({B},) "
+                                 "ids, one per row of the batch")
+        a = given["answer"].expand(B)[:, None]  # (B, 1)
+        w = given["wrong"].expand(B)[:, None]  # (B, 1)
         for flag, ids in (("answer", a), ("wrong", w)):
             if int(ids.min()) < 0 or int(ids.max()) >= last.shape[-1]:
                 raise ValueError(f"{flag} ids {ids[:, 0].tolist()} outside the model's "
