@@ -88,3 +88,53 @@ def test_imported_gpt2(tmp_path) -> None:
     parts = logit_attribution(model, idx, target=torch.tensor([3, 4]))
     torch.testing.assert_close(parts.total(), parts.logit, atol=1e-4, rtol=1e-5)
     assert torch.equal(logit_lens(model, idx)[-1], model(idx).logits)
+
+
+@torch.no_grad()
+def test_imported_gpt2_against_a_plain_torch_reference(tmp_path) -> None:
+    """The numbers TransformerLens 4.3 gives (`accumulated_resid(apply_ln=True)` then `unembed`;
+    `logit_attrs` of `stack_head_results` with only the final norm folded), computed here from
+    Hugging Face GPT-2's own modules with plain hooks: each lens row is ln_f of the residual
+    entering that layer through W_U, and a head's term is its output through its rows of c_proj,
+    value bias included, centred, divided by the final residual's norm scale, times gamma, dotted
+    with W_U[target]. Random weights *and biases* (Hugging Face initializes biases to 0, which
+    hides where the value bias goes)."""
+    transformers = pytest.importorskip("transformers")
+    from attnlab.hf import load_hf
+
+    torch.manual_seed(0)
+    config = transformers.GPT2Config(vocab_size=97, n_positions=32, n_embd=32, n_layer=2,
+                                      n_head=4, attn_implementation="eager")
+    hf = transformers.GPT2LMHeadModel(config).eval()
+    for p in hf.parameters():
+        p.normal_(0, 0.2)
+    hf.save_pretrained(tmp_path)
+    model = load_hf(tmp_path)
+    idx = torch.randint(0, 97, (2, 9), generator=torch.Generator().manual_seed(0))
+    target = torch.tensor([3, 4])
+    heads_in, final = [], []  # (B, T, nh * hs) entering c_proj; (B, T, C) entering ln_f
+    hooks = [block.attn.c_proj.register_forward_pre_hook(lambda m, a: heads_in.append(a[0]))
+             for block in hf.transformer.h]
+    hooks.append(hf.transformer.ln_f.register_forward_pre_hook(lambda m, a: final.append(a[0])))
+    out = hf(idx, output_hidden_states=True)
+    for hook in hooks:
+        hook.remove()
+    ln_f, w_u = hf.transformer.ln_f, hf.lm_head.weight  # (V, C)
+    resid = [*out.hidden_states[:-1], final[0]]  # entering each layer, then the final residual
+    expected_lens = torch.stack([ln_f(x) @ w_u.t() for x in resid])  # (L + 1, B, T, V)
+    torch.testing.assert_close(logit_lens(model, idx), expected_lens, atol=2e-5, rtol=0)
+
+    x = final[0][:, -1]  # (B, C)
+    sigma = (x.var(-1, unbiased=False, keepdim=True) + ln_f.eps).sqrt()  # (B, 1)
+    direction = ln_f.weight * w_u[target]  # (B, C)
+    hs = 32 // 4
+    expected = torch.zeros(2, 2, 4)
+    for layer, z in enumerate(heads_in):
+        w_o = hf.transformer.h[layer].attn.c_proj.weight  # (nh * hs, C): Conv1D is (in, out)
+        for h in range(4):
+            part = z[:, -1, h * hs:(h + 1) * hs] @ w_o[h * hs:(h + 1) * hs]  # (B, C)
+            part = (part - part.mean(-1, keepdim=True)) / sigma
+            expected[:, layer, h] = (part * direction).sum(-1)
+    parts = logit_attribution(model, idx, target)
+    torch.testing.assert_close(parts.heads, expected, atol=1e-5, rtol=0)
+    assert expected.abs().max() > 0.1  # terms large enough for the tolerance to mean something

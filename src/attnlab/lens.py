@@ -2,7 +2,11 @@
 
 Logit lens (nostalgebraist, 2020): the residual stream after each layer, put through the
 model's final norm and unembedding as if it were the last layer, gives a next-token
-distribution per layer and position: which layer already "knows" the answer.
+distribution per layer and position: which layer already "knows" the answer. The norm's
+statistics are recomputed for each layer's residual, as TransformerLens 4.3's
+`cache.accumulated_resid(apply_ln=True)` then `model.unembed` does (equal within 1e-5 on
+tiny random GPT-2, Llama, Qwen3 and GPT-NeoX directories, 2026-11-25); on weights processed
+with its `center_unembed`, TransformerLens's logits are shifted by a constant per position.
 
 Direct logit attribution: the final residual is a sum of parts (the embedding, each head's
 output through its slice of the output projection, each output-projection bias, each MLP),
@@ -10,8 +14,20 @@ and the final LayerNorm is linear once its scale is fixed, so a target logit spl
 term per part: (part - mean(part)) / sigma * gamma @ W_U[target], with sigma the final
 residual's own norm scale, as TransformerLens's `ActivationCache.logit_attrs` does. The terms
 sum to the logit exactly (up to float rounding); `bias` holds the norm's and unembedding's
-constant terms. Only the *direct* path is measured: what a head does through later layers
-is patching's question (`patching.py`).
+constant terms. A head's term includes its value bias (b_V reaches the head's output through
+its attention weights); `attn_bias` is the output projection's bias alone. Only the *direct*
+path is measured: what a head does through later layers is patching's question
+(`patching.py`).
+
+Against TransformerLens 4.3 (same directories): `heads` equals
+`cache.logit_attrs(cache.stack_head_results(pos_slice=-1), tokens, pos_slice=-1)` within 1e-6
+on a bridge with only the final norm's scale folded into W_U,
+`enable_compatibility_mode(center_writing_weights=False, center_unembed=False,
+fold_value_biases=False)`. Its defaults (HookedTransformer's processing) differ by
+definition: `center_unembed` subtracts each unembedding column's mean over the vocabulary,
+which shifts every single-token term (a difference of two tokens' terms is unchanged), and
+`fold_value_biases` moves b_V W_O out of each head's term (tiny GPT-2: heads differ by up to
+0.22); on raw weights `logit_attrs` leaves the final norm's scale out.
 
 This module reads traces; drawing is `viz_heads.py`'s.
 """
