@@ -138,3 +138,16 @@ def test_imported_gpt2_against_a_plain_torch_reference(tmp_path) -> None:
     parts = logit_attribution(model, idx, target)
     torch.testing.assert_close(parts.heads, expected, atol=1e-5, rtol=0)
     assert expected.abs().max() > 0.1  # terms large enough for the tolerance to mean something
+
+
+@pytest.mark.parametrize("overrides", [{}, {"layer_norm": False}])
+def test_every_term_is_on_the_model_device(overrides: dict) -> None:
+    """With the model on a GPU, heads, attn_bias, mlp (and bias without a final norm) were
+    made on the default device, the CPU, and `total()` raised a device mismatch. No GPU here:
+    the meta device as the default stands in for "a device other than the model's"."""
+    model, idx = _model(**overrides), torch.tensor([[1, 2, 3, 4]])
+    with torch.device("meta"):
+        parts = logit_attribution(model, idx, 5)
+    for name in ("emb", "heads", "attn_bias", "mlp", "bias", "logit"):
+        assert getattr(parts, name).device == idx.device, name
+    torch.testing.assert_close(parts.total(), parts.logit, atol=1e-4, rtol=1e-5)

@@ -132,9 +132,10 @@ def logit_attribution(
         return (part * w_u).sum(-1)  # (B,)
 
     hs = c.head_size
-    heads = torch.zeros(B, c.n_layer, c.n_head)
-    attn_bias = torch.zeros(B, c.n_layer)
-    mlp = torch.zeros(B, c.n_layer)
+    device = final.device  # the model's: a GPU model's terms were made on the CPU before
+    heads = torch.zeros(B, c.n_layer, c.n_head, device=device)
+    attn_bias = torch.zeros(B, c.n_layer, device=device)
+    mlp = torch.zeros(B, c.n_layer, device=device)
     for layer, block in enumerate(model.blocks):
         context = trace.get("context", layer)[:, :, position]  # (B, nh, hs)
         out_proj = block.attn.out_proj
@@ -152,6 +153,6 @@ def logit_attribution(
         if (layer, "mlp_out") in trace:
             mlp[:, layer] = direct(trace.get("mlp_out", layer)[:, position])
     emb = direct(trace.get("emb")[:, position])
-    bias = (beta * w_u).sum(-1) if beta is not None else torch.zeros(B)
+    bias = (beta * w_u).sum(-1) if beta is not None else torch.zeros(B, device=device)
     logit = logits[:, position].float().gather(-1, target[:, None])[:, 0]  # (B,)
     return Attribution(emb, heads, attn_bias, mlp, bias, logit)
