@@ -117,3 +117,21 @@ def test_detect_heads_on_a_model_and_the_probe() -> None:
         detect_heads(model, detectors=("copying",))
     with pytest.raises(ValueError, match="unknown detector 'x'"):
         detection_pattern("x", probe)
+
+
+def test_right_padded_rows_score_as_each_row_alone() -> None:
+    """Right padding (Hugging Face tokenizers' default side) was taken for left padding: the
+    first-token column and exclude_bos counted pads from the left, and a right pad's query,
+    which attends to the real tokens before it, added its weights to the denominator."""
+    torch.manual_seed(0)
+    model = GPT(GPTConfig.from_name("nano", n_head=4)).eval()
+    row = repeated_tokens(65, 4, batch=1, seed=2)[0]  # (8,)
+    ids = torch.stack([row, torch.cat([row[:6], torch.zeros(2, dtype=torch.long)])])  # (2, 8)
+    mask = torch.tensor([[1] * 8, [1] * 6 + [0] * 2])
+    for exclude_bos in (False, True):
+        padded = detect_heads(model, ids, mask, exclude_bos=exclude_bos)
+        full = detect_heads(model, ids[:1], exclude_bos=exclude_bos)
+        short = detect_heads(model, ids[1:, :6], exclude_bos=exclude_bos)
+        for kind in DETECTORS:
+            torch.testing.assert_close(padded[kind], (full[kind] + short[kind]) / 2,
+                                       atol=1e-6, rtol=0, msg=f"{kind} {exclude_bos}")

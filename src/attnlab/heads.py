@@ -16,12 +16,13 @@ sum(A * P) / sum(A) over the (query, key) matrix of one sequence; a batch scores
 and averages (TransformerLens scores a list of sequences the same way). `exclude_bos` and
 `exclude_current_token` zero the first key column / the diagonal of A first, as there.
 
-Left-padded rows: patterns are built over each row's real tokens only, so a pad never
-counts as a target (even where a pad id equals a real token), and pad queries, whose
-weights are zero, add nothing to either sum. The standard probe (`repeated_tokens`) is a
-random token sequence repeated twice, on which an induction head scores near 1; a model
-trained on a task (`attnlab train`'s copy task) is better probed with the task's own
-examples (`task_probe`), the input it learned to copy in.
+Padded rows (left padding, or right padding as many Hugging Face tokenizers make it):
+patterns are built over each row's real tokens only, so a pad never counts as a target
+(even where a pad id equals a real token), and pad queries add nothing to either sum (a
+right pad's query attends to the real tokens before it, so its weights are zeroed first).
+The standard probe (`repeated_tokens`) is a random token sequence repeated twice, on which
+an induction head scores near 1; a model trained on a task (`attnlab train`'s copy task) is
+better probed with the task's own examples (`task_probe`), the input it learned to copy in.
 
 This module scores; which heads to ablate is the caller's (`intervene.ablate`), drawing is
 `viz_heads.py`'s.
@@ -82,7 +83,7 @@ def detection_pattern(kind: str, ids: Tensor, attention_mask: Tensor | None = No
     if kind == "previous_token":
         target = (key == query - 1) & both_real  # (B, T, T)
     elif kind == "first_token":
-        first = (~real).sum(-1)  # (B,): left padding, so the first real column
+        first = real.int().argmax(-1)  # (B,): the first real column, whatever the padding
         target = (key[None] == first[:, None, None]) & both_real  # (B, T, T)
     else:
         same = (ids[:, :, None] == ids[:, None, :]) & both_real  # (B, T, T)
@@ -113,10 +114,12 @@ def head_scores(
         )
     A = attn_weights.float()
     B, nh, T, _ = A.shape
+    if attention_mask is not None:  # pad queries score nothing (right pads attend to tokens)
+        A = A * attention_mask.to(A.device).bool()[:, None, :, None]  # (B, nh, T, T)
     if exclude_bos:
         first = torch.zeros(B, T, dtype=torch.long, device=A.device)
-        if attention_mask is not None:
-            first = (attention_mask == 0).sum(-1, keepdim=True).expand(B, T).to(A.device)
+        if attention_mask is not None:  # the first real column, whatever the padding
+            first = attention_mask.to(A.device).int().argmax(-1, keepdim=True).expand(B, T)
         A = A.clone()
         A.scatter_(-1, first[:, None, :, None].expand(B, nh, T, 1), 0.0)  # first key column
     if exclude_current_token:
