@@ -151,3 +151,16 @@ def test_every_term_is_on_the_model_device(overrides: dict) -> None:
     for name in ("emb", "heads", "attn_bias", "mlp", "bias", "logit"):
         assert getattr(parts, name).device == idx.device, name
     torch.testing.assert_close(parts.total(), parts.logit, atol=1e-4, rtol=1e-5)
+
+
+def test_a_padded_position_is_refused() -> None:
+    """A right-padded batch's last column is a pad in the shorter rows: their terms were
+    computed for a pad's logit and summed to it, meaningless numbers without a word."""
+    model = _model()
+    idx = torch.tensor([[1, 2, 3, 4], [5, 6, 0, 0]])
+    mask = torch.tensor([[1, 1, 1, 1], [1, 1, 0, 0]])
+    with pytest.raises(ValueError, match=r"position -1 is padding in rows \[1\].*pad on the left"):
+        logit_attribution(model, idx, 7, attention_mask=mask)
+    left, left_mask = left_padded([4, 2], seed=3)
+    assert logit_attribution(model, left, 7, attention_mask=left_mask).logit.shape == (2,)
+    assert logit_attribution(model, idx, 7, position=1, attention_mask=mask).logit.shape == (2,)

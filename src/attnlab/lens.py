@@ -109,6 +109,12 @@ def logit_attribution(
     if not -T <= position < T:
         raise ValueError(f"position {position} is out of range for {T} tokens; use 0 to "
                          f"{T - 1}, or -1 for the last")
+    if attention_mask is not None:
+        pads = (attention_mask[:, position] == 0).nonzero().flatten().tolist()
+        if pads:  # a right-padded batch's last column, say: no token there to explain
+            raise ValueError(f"position {position} is padding in rows {pads} (attention_mask "
+                             "0), so those rows have no logit there; pad on the left, which "
+                             "puts every row's last token in the last column")
     trace = Trace(names=["emb", "context", "mlp_out", "block_out"])
     logits = model(ids, attention_mask=attention_mask, trace=trace).logits  # (B, T, V)
     w_u = model.lm_head.weight[target].float()  # (B, C): the target's unembedding rows
