@@ -180,3 +180,18 @@ def test_tracing_leaves_no_state_on_the_modules() -> None:
     stored = [(type(m).__name__, k) for m in model.modules() for k, v in vars(m).items()
               if isinstance(v, torch.Tensor)]
     assert stored == []
+
+
+def test_pre_rope_queries_are_after_qk_norm() -> None:
+    """With QK-norm (Qwen3), q_pre_rope is the normed query (TransformerLens's hook_q_normed,
+    not its hook_q): the name's doc said only "before rotary embedding"."""
+    torch.manual_seed(0)
+    model = GPT(GPTConfig.from_name("llama-tiny", qk_norm=True)).eval()
+    trace = Trace(layers=0, names=["resid_pre", "q_pre_rope", "q"])
+    model(_ids(model, 2, 5), trace=trace)
+    attn = model.blocks[0].attn
+    with torch.no_grad():
+        q = attn.query(model.blocks[0].ln_1(trace.get("resid_pre", 0)))  # (B, T, nh * hs)
+        q = q.view(2, 5, attn.n_head, -1).transpose(1, 2)  # (B, nh, T, hs)
+        torch.testing.assert_close(trace.get("q_pre_rope", 0), attn.q_norm(q))
+    assert not torch.allclose(trace.get("q_pre_rope", 0), q)

@@ -29,8 +29,10 @@ NAMES: dict[str, str] = {
     "tok_emb": "(B, T, C) token embeddings",
     "pos_emb": "(B, T, C) learned position embeddings (per row: left padding shifts them)",
     "emb": "(B, T, C) tok_emb (+ pos_emb), the input of layer 0",
-    "q_pre_rope": "(B, nh, T, hs) queries before rotary embedding (pos='rope' only)",
-    "k_pre_rope": "(B, nkv, T, hs) this call's keys before rotary embedding (pos='rope' only)",
+    "q_pre_rope": "(B, nh, T, hs) queries before rotary embedding, after QK-norm if any "
+                  "(pos='rope' only)",
+    "k_pre_rope": "(B, nkv, T, hs) this call's keys before rotary embedding, after QK-norm if "
+                  "any (pos='rope' only)",
     "q": "(B, nh, T, hs) queries as scored (after QK-norm and rotary embedding, if any)",
     "k": "(B, nkv, S, hs) keys as scored (cached + new; cached keys are rotated)",
     "v": "(B, nkv, S, hs) values (cached + new)",
