@@ -53,3 +53,6 @@ def test_clear_errors() -> None:
         activation_patching(model, torch.tensor([[1, 0]]), torch.tensor([[2, 0, 0]]), metric)
     with pytest.raises(ValueError, match="score the same"):
         activation_patching(model, torch.tensor([[0, 3]]), torch.tensor([[0, 3]]), metric)
+    with pytest.raises(ValueError, match="metric position 2 is out of range for 2 tokens"):
+        activation_patching(model, torch.tensor([[1, 0]]), torch.tensor([[2, 0]]),
+                            logit_diff_metric(1, 2, position=2))  # an IndexError before

@@ -37,6 +37,10 @@ def logit_diff_metric(answer: int | Tensor, wrong: int | Tensor, position: int =
     answer/wrong: one id for every row, or (B,) ids."""
 
     def metric(logits: Tensor) -> Tensor:
+        T = logits.shape[1]
+        if not -T <= position < T:
+            raise ValueError(f"metric position {position} is out of range for {T} tokens; use "
+                             f"0 to {T - 1}, or -1 for the last")
         last = logits[:, position].float()  # (B, V)
         B = last.shape[0]
         given = {"answer": torch.as_tensor(answer, device=last.device),
