@@ -5,6 +5,8 @@ CLI sends prompts through it."""
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -98,3 +100,16 @@ def test_generate_chat_sends_the_prompt_through_the_template(
     assert "tokenizer has no chat template" in capsys.readouterr().err
     assert main([*args[:3], "--system", "hi"]) == 1
     assert "--system goes with --chat" in capsys.readouterr().err
+
+
+def test_a_template_renders_in_a_process_that_imported_nothing_else() -> None:
+    """`import jinja2` leaves out jinja2.ext, which the sandbox's extension list names: in the
+    test session transformers had imported it, and `attnlab generate --chat` in a fresh
+    process failed with "module 'jinja2' has no attribute 'ext'"."""
+    code = ("from attnlab.hf.chat import render_chat; "
+            "print(render_chat(\"{% for m in messages %}{{ m['content'] }}{% break %}"
+            "{% endfor %}\", [{'role': 'user', 'content': 'hi'}, "
+            "{'role': 'user', 'content': 'no'}]))")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          timeout=120)
+    assert (done.returncode, done.stdout, done.stderr) == (0, "hi\n", "")

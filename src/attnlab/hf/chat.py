@@ -47,6 +47,7 @@ def render_chat(template: str, messages: Sequence[Mapping[str, str]], *,
                 add_generation_prompt: bool = True) -> str:
     """The prompt text of `messages` ([{"role": "user", "content": "..."}, ...])."""
     import jinja2
+    import jinja2.ext  # a submodule `import jinja2` leaves out: loopcontrols is in it
     from jinja2.sandbox import ImmutableSandboxedEnvironment
 
     def raise_exception(message: str) -> None:
