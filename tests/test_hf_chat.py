@@ -63,7 +63,7 @@ def test_chat_prompt_renders_and_encodes_as_transformers_does(
     hf = transformers.AutoTokenizer.from_pretrained(tmp_path)
     text = hf.apply_chat_template(MESSAGES, tokenize=False, add_generation_prompt=True)
     ours = tok.chat_prompt(MESSAGES)
-    assert ours == (text[len("<s>"):] if add_bos else text)  # encode adds the BOS itself
+    assert ours == text
     ids = tok.encode(ours)
     assert ids == hf_ids(tmp_path)
     assert ids.count(0) == (1 if add_bos else 0)  # one BOS, not two
@@ -71,6 +71,41 @@ def test_chat_prompt_renders_and_encodes_as_transformers_does(
         with pytest.raises(ValueError, match="the chat template refused these messages: "
                                              "system first"):
             tok.chat_prompt([MESSAGES[1], MESSAGES[0]])
+
+
+def metaspace_dir(directory: Path, template: str) -> None:
+    """Mistral v0.3's / TinyLlama-converted shape: Metaspace with prepend_scheme="first" (a "▁"
+    before the text's first word only, and none after a special token), add_bos_token."""
+    tk = tokenizers
+    body = ["system", "user", "assistant", "you", "are", "kind", "what", "is", "a", "cat", "?"]
+    words = [*WORDS[:5], *body, *("▁" + w for w in body), "▁", "\n"]
+    backend = tk.Tokenizer(tk.models.WordLevel({w: i for i, w in enumerate(words)},
+                                               unk_token="<pad>"))
+    backend.pre_tokenizer = tk.pre_tokenizers.Metaspace(replacement="▁", prepend_scheme="first")
+    backend.decoder = tk.decoders.Metaspace(replacement="▁", prepend_scheme="first")
+    backend.add_special_tokens(words[:5])
+    backend.post_processor = tk.processors.TemplateProcessing(single="<s> $A",
+                                                              special_tokens=[("<s>", 0)])
+    directory.mkdir(parents=True, exist_ok=True)
+    backend.save(str(directory / "tokenizer.json"))
+    (directory / "tokenizer_config.json").write_text(json.dumps({
+        "bos_token": "<s>", "eos_token": "</s>", "add_bos_token": True,
+        "chat_template": template, "tokenizer_class": "PreTrainedTokenizerFast"}))
+
+
+@pytest.mark.parametrize("template", [WITH_BOS, CHATML])
+def test_chat_ids_are_transformers_for_a_tokenizer_that_adds_a_bos(
+    tmp_path: Path, template: str
+) -> None:
+    """apply_chat_template encodes without special tokens: a template that writes no BOS gets
+    none (attnlab added one), and the word after the BOS a template writes gets no "▁"
+    (attnlab cut the "<s>" text off and encoded "system" as the text's start, "▁system")."""
+    metaspace_dir(tmp_path, template)
+    tok = load_hf_tokenizer(tmp_path)
+    ids = tok.encode(tok.chat_prompt(MESSAGES))
+    assert ids == hf_ids(tmp_path)
+    assert ids.count(0) == (1 if template is WITH_BOS else 0)
+    assert tok.encode("you are")[:1] == [0]  # plain text still gets its BOS
 
 
 def test_generate_chat_sends_the_prompt_through_the_template(

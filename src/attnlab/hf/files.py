@@ -150,6 +150,14 @@ def special_token_ids(directory: Path, tokenizer: HFTokenizer) -> dict[str, Any]
             "add_bos": bool(tok_config.get("add_bos_token", False))}
 
 
+class ChatText(str):
+    """A prompt a chat template rendered (`HFDirTokenizer.chat_prompt`). The template writes
+    every special token the model wants, so `encode` adds none, as transformers'
+    apply_chat_template(tokenize=True) encodes with add_special_tokens=False: a template
+    without the BOS gets none, and the text after a BOS it writes is not the text's start
+    (a Metaspace prepend_scheme="first" tokenizer puts no "▁" before it)."""
+
+
 class HFDirTokenizer(HFTokenizer):
     """A Hugging Face directory's tokenizer.json with its special tokens: generation stops at
     its EOS, and the BOS is prepended when tokenizer_config.json asks for it and the
@@ -180,6 +188,8 @@ class HFDirTokenizer(HFTokenizer):
             return []
 
     def encode(self, text: str) -> list[int]:
+        if isinstance(text, ChatText):  # its template wrote the special tokens
+            return self._encode(text, special=False)
         ids = super().encode(text)
         return [self.bos_id, *ids] if self.add_bos and self.bos_id is not None else ids
 
@@ -193,19 +203,18 @@ class HFDirTokenizer(HFTokenizer):
                 "add_bos": self.add_bos}
 
     def chat_prompt(self, messages: Sequence[dict[str, str]], *,
-                    add_generation_prompt: bool = True) -> str:
+                    add_generation_prompt: bool = True) -> ChatText:
         """The text of `messages` in the directory's chat template, as transformers'
-        apply_chat_template renders it, less the BOS text `encode` adds by itself (so
-        encode(chat_prompt(m)) gives apply_chat_template's ids, with one BOS)."""
+        apply_chat_template renders it; encode(chat_prompt(m)) gives apply_chat_template's
+        ids (`ChatText`: the BOS only where the template writes it)."""
         if not self.chat:
             raise ValueError(f"tokenizer {self.name!r} has no chat template "
                              "(tokenizer_config.json 'chat_template' or chat_template.jinja)")
         from .chat import render_chat
 
-        text = render_chat(self.chat["template"], messages, special=self.chat["tokens"],
-                           add_generation_prompt=add_generation_prompt)
-        lead = self.decode(self.encode(""))  # what encode puts before any text: "<s>"
-        return text[len(lead):] if lead and text.startswith(lead) else text
+        return ChatText(render_chat(self.chat["template"], messages,
+                                    special=self.chat["tokens"],
+                                    add_generation_prompt=add_generation_prompt))
 
     def _config(self) -> dict[str, Any]:
         # saved with an attnlab checkpoint, so the same BOS is prepended and EOS stops
