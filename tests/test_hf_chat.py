@@ -135,6 +135,13 @@ def test_generate_chat_sends_the_prompt_through_the_template(
     assert "tokenizer has no chat template" in capsys.readouterr().err
     assert main([*args[:3], "--system", "hi"]) == 1
     assert "--system goes with --chat" in capsys.readouterr().err
+    write_dir(tmp_path / "hf", "{{ unk_token + m }}", add_bos=False)  # one line, no traceback
+    assert main(args) == 1
+    assert capsys.readouterr().err == (
+        "attnlab generate: error: --chat: the chat template failed on these messages "
+        "(UndefinedError: 'unk_token' is undefined); a special token it names may be missing "
+        "from tokenizer_config.json (it defines ['bos_token', 'eos_token', 'pad_token']), or "
+        "the template is broken: fix 'chat_template' there or chat_template.jinja\n")
 
 
 def test_a_template_renders_in_a_process_that_imported_nothing_else() -> None:
@@ -148,3 +155,22 @@ def test_a_template_renders_in_a_process_that_imported_nothing_else() -> None:
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                           timeout=120)
     assert (done.returncode, done.stdout, done.stderr) == (0, "hi\n", "")
+
+
+@pytest.mark.parametrize("template, error", [
+    ("{{ unk_token + m }}", "UndefinedError: 'unk_token' is undefined"),
+    ("{{ messages[0]['content'] + 1 }}", 'TypeError: can only concatenate str (not "int") to str'),
+])
+def test_a_template_that_fails_on_the_messages_is_one_line(
+    tmp_path: Path, template: str, error: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Raised while rendering (a Llama 2 template naming bos_token in a Qwen directory,
+    which has none), jinja2's and Python's errors went out as a traceback."""
+    write_dir(tmp_path, template, add_bos=False)
+    line = (f"the chat template failed on these messages ({error}); a special token it names "
+            "may be missing from tokenizer_config.json (it defines ['bos_token', "
+            "'eos_token', 'pad_token']), or the template is broken: fix 'chat_template' "
+            "there or chat_template.jinja")
+    with pytest.raises(ValueError) as caught:
+        load_hf_tokenizer(tmp_path).chat_prompt(MESSAGES)
+    assert str(caught.value) == line

@@ -67,5 +67,13 @@ def render_chat(template: str, messages: Sequence[Mapping[str, str]], *,
         compiled = env.from_string(template)
     except jinja2.TemplateError as err:
         raise ValueError(f"the chat template is not valid Jinja ({err})") from err
-    return compiled.render(messages=[dict(m) for m in messages],
-                           add_generation_prompt=add_generation_prompt, **(special or {}))
+    try:
+        return compiled.render(messages=[dict(m) for m in messages],
+                               add_generation_prompt=add_generation_prompt, **(special or {}))
+    except (jinja2.TemplateError, TypeError, ArithmeticError) as err:
+        # UndefinedError: a Llama 2 template's bos_token where tokenizer_config.json has none
+        raise ValueError(
+            f"the chat template failed on these messages ({type(err).__name__}: {err}); a "
+            f"special token it names may be missing from tokenizer_config.json (it defines "
+            f"{sorted(special or {}) or 'none'}), or the template is broken: fix "
+            "'chat_template' there or chat_template.jinja") from err
