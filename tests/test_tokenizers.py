@@ -152,3 +152,31 @@ def test_a_run_directory_names_its_checkpoint_tokenizer_and_a_bad_path_says_so(
         get_tokenizer(str(tmp_path / "missing"))
     with pytest.raises(ValueError, match="unknown tokenizer 'bep'; use char"):
         get_tokenizer("bep")
+
+
+def _byte_fallback_bpe() -> HFTokenizer:
+    """Llama 2's / Mistral's shape: words with their "▁", every byte as a <0xNN> token for
+    the text the words do not cover."""
+    tk = pytest.importorskip("tokenizers")
+    vocab = {"<unk>": 0, **{f"<0x{b:02X}>": 1 + b for b in range(256)}, "▁": 257, "a": 258,
+             "▁a": 259}
+    backend = tk.Tokenizer(tk.models.BPE(vocab, [("▁", "a")], unk_token="<unk>",
+                                         byte_fallback=True))
+    backend.pre_tokenizer = tk.pre_tokenizers.Metaspace(replacement="▁", prepend_scheme="first")
+    backend.decoder = tk.decoders.Sequence([tk.decoders.Replace("▁", " "),
+                                            tk.decoders.ByteFallback(), tk.decoders.Fuse(),
+                                            tk.decoders.Strip(" ", 1, 0)])
+    return HFTokenizer(backend, name="hf:tokenizer.json")
+
+
+@pytest.mark.parametrize("kind", ["byte", "bpe", "byte-fallback"])
+def test_a_token_holding_part_of_a_character_is_labelled_by_its_bytes(kind: str) -> None:
+    """Labels (inspect, viewer chips, figures) of "日" split over byte tokens read "�",
+    "�", "�" (byte fallback) or "�", "", "�" (byte-level BPE: an empty chip)."""
+    tok = {"byte": ByteTokenizer, "byte-fallback": _byte_fallback_bpe,
+           "bpe": lambda: HFTokenizer.train(CORPUS, 300)}[kind]()
+    ids = tok.encode("a 日 a")
+    for labels in (tok.token_texts(ids), tok.pieces(ids)):
+        assert labels[labels.index("<e6>"):][:3] == ["<e6>", "<97>", "<a5>"]
+        assert "".join(labels).replace("<e6><97><a5>", "日") == "a 日 a"  # the rest is text
+        assert "\ufffd" not in "".join(labels) and all(labels)

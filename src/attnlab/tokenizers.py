@@ -37,6 +37,31 @@ def _display(piece: str) -> str:
     return piece.replace("\n", "\\n").replace("\t", "\\t").replace("\r", "\\r")
 
 
+def _bytes_text(data: bytes) -> str:
+    """`data` as text, each byte outside a whole UTF-8 character written <e6> (a token holding
+    part of a character: sentencepiece's byte-fallback "<0xE6>", byte-level BPE's "æ")."""
+    out, i = [], 0
+    while i < len(data):
+        for n in range(1, 5):  # the shortest prefix that is one whole character
+            try:
+                out.append(data[i:i + n].decode("utf-8"))
+                i += n
+                break
+            except UnicodeDecodeError:
+                continue
+        else:
+            out.append(f"<{data[i]:02x}>")
+            i += 1
+    return "".join(out)
+
+
+def _bytes_as_chars() -> dict[int, str]:
+    """GPT-2's byte -> printable character table, which byte-level tokenizer.json uses."""
+    printable = [*range(33, 127), *range(161, 173), *range(174, 256)]
+    others = [b for b in range(256) if b not in printable]
+    return {**{b: chr(b) for b in printable}, **{b: chr(256 + i) for i, b in enumerate(others)}}
+
+
 CONTEXT_IDS = 8  # ids of context decode_continuation decodes before the new ones
 
 
@@ -95,9 +120,19 @@ class Tokenizer(ABC):
 
     def token_texts(self, ids: Sequence[int]) -> list[str]:
         """Each token's text as it reads in `ids`: decoded after the ids before it, so a
-        sentencepiece "▁Paris" keeps the space that decoding it alone drops."""
-        return [self.decode_continuation([i], ids[max(0, k - CONTEXT_IDS):k])
-                for k, i in enumerate(ids)]
+        sentencepiece "▁Paris" keeps the space that decoding it alone drops. A token holding
+        part of a character (decoded as U+FFFD, or as nothing) reads as its bytes: "日" in
+        three byte tokens is "<e6>", "<97>", "<a5>"."""
+        texts = []
+        for k, i in enumerate(ids):
+            text = self.decode_continuation([i], ids[max(0, k - CONTEXT_IDS):k])
+            data = self.token_bytes(i) if "\ufffd" in text or not text else None
+            texts.append(_bytes_text(data) if data else text)
+        return texts
+
+    def token_bytes(self, token_id: int) -> bytes | None:
+        """The bytes one token stands for, where the tokenizer knows them (else None)."""
+        return None
 
     def pieces(self, ids: Sequence[int]) -> list[str]:
         """One display string per token, for heatmap axes (" World", "\\n")."""
@@ -202,6 +237,9 @@ class ByteTokenizer(Tokenizer):
         _check_ids("byte", ids, 256)
         return bytes(ids).decode("utf-8", errors="replace")
 
+    def token_bytes(self, token_id: int) -> bytes | None:
+        return bytes([token_id])
+
     def pieces(self, ids: Sequence[int]) -> list[str]:
         _check_ids("byte", ids, 256)
         return [_display(chr(i)) if 32 <= i < 127 or i in (9, 10, 13) else f"<{i:02x}>"
@@ -301,6 +339,20 @@ class HFTokenizer(Tokenizer):
     def decode(self, ids: Sequence[int]) -> str:
         _check_ids(self.name, ids, self.vocab_size)  # unknown ids would vanish silently
         return str(self.backend.decode(list(ids), skip_special_tokens=False))
+
+    def token_bytes(self, token_id: int) -> bytes | None:
+        piece = self.backend.id_to_token(token_id)
+        if piece is None:
+            return None
+        fallback = re.fullmatch(r"<0x([0-9A-Fa-f]{2})>", piece)  # sentencepiece byte_fallback
+        if fallback:
+            return bytes([int(fallback.group(1), 16)])
+        decoder = self.backend.decoder
+        if decoder is not None and '"ByteLevel"' in decoder.__getstate__().decode():
+            byte_of = {c: b for b, c in _bytes_as_chars().items()}  # "æ" -> 0xe6
+            if all(c in byte_of for c in piece):
+                return bytes(byte_of[c] for c in piece)
+        return None
 
     def save(self, directory: str | Path) -> None:
         super().save(directory)

@@ -25,7 +25,14 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from ..tokenizers import EOT, HFTokenizer, TiktokenTokenizer, Tokenizer, _import_tokenizers
+from ..tokenizers import (
+    EOT,
+    HFTokenizer,
+    TiktokenTokenizer,
+    Tokenizer,
+    _bytes_as_chars,
+    _import_tokenizers,
+)
 
 CONFIG_FILE = "config.json"
 SAFETENSORS_FILE = "model.safetensors"
@@ -312,13 +319,6 @@ def write_hf_dir(directory: Path, config: dict[str, Any], weights: dict[str, Ten
                       "form, so the directory has no tokenizer (attnlab's commands "
                       "and transformers need one; save_checkpoint keeps any tokenizer)",
                       stacklevel=3)
-
-
-def _bytes_as_chars() -> dict[int, str]:
-    """GPT-2's byte -> printable character table, which byte-level tokenizer.json uses."""
-    printable = [*range(33, 127), *range(161, 173), *range(174, 256)]
-    others = [b for b in range(256) if b not in printable]
-    return {**{b: chr(b) for b in printable}, **{b: chr(256 + i) for i, b in enumerate(others)}}
 
 
 def _as_hf(tokenizer: Tokenizer) -> Any:
