@@ -151,3 +151,28 @@ def test_the_page_scores_heads_ablates_on_click_and_shows_the_lens(tmp_path: Pat
         browser.close()
     # the one console error: the browser's own line for the refused 1-token text (422)
     assert [p for p in problems if "status of 422" not in p] == [], problems
+
+
+@pytest.mark.filterwarnings("ignore:Glyph:UserWarning")  # control bytes in the lens figure
+def test_predicted_byte_tokens_read_as_their_bytes(tmp_path: Path) -> None:
+    """The lens and heads panels (and `attnlab lens`) named a predicted token by decoding it
+    alone: every byte token of a multi-byte character (byte-fallback <0xE6>, byte-level BPE
+    "æ") read "\ufffd"."""
+    from attnlab.checkpoint import save_checkpoint
+    from attnlab.cli import main
+    from attnlab.server_heads import heads_payload, lens_payload
+
+    tok = get_tokenizer("byte")
+    torch.manual_seed(0)
+    model = GPT(GPTConfig.from_name("nano", vocab_size=256, init_std=0.3)).eval()
+    ids = tok.encode("日本")
+    lens = [cell["text"] for layer in lens_payload(model, tok, ids)["top"] for row in layer
+            for cell in row]
+    heads = heads_payload(model, tok, ids, [])["prediction"]
+    texts = [*lens, *(cell["text"] for cell in heads["intact"] + heads["ablated"])]
+    assert all("\ufffd" not in t for t in texts)
+    assert sum(t.startswith("<") and t.endswith(">") for t in texts) >= 10  # bytes >= 0x80
+    save_checkpoint(tmp_path / "ckpt", model, tok)
+    assert main(["lens", str(tmp_path / "ckpt"), "日本", "--out", str(tmp_path / "l")]) == 0
+    words = (tmp_path / "l" / "lens.json").read_text(encoding="utf-8")
+    assert "\\ufffd" not in words and "\ufffd" not in words and '"<' in words

@@ -18,6 +18,13 @@ from .intervene import ablate, check_heads
 from .lens import logit_lens, top_tokens
 
 
+def _token_text(tokenizer: Any, token_id: int) -> str:
+    """A predicted token's text; one holding part of a character reads as its bytes ("<e6>",
+    `Tokenizer.token_texts`) where the tokenizer can say, not as U+FFFD."""
+    texts = getattr(tokenizer, "token_texts", None)
+    return str(texts([token_id])[0]) if texts else str(tokenizer.decode([token_id]))
+
+
 def heads_payload(model: Any, tokenizer: Any, ids: list[int], ablated: list[tuple[int, int]],
                   k: int = 5) -> dict[str, Any]:
     """Detector scores on `ids` and the next-token top-k intact and with `ablated` heads."""
@@ -29,7 +36,7 @@ def heads_payload(model: Any, tokenizer: Any, ids: list[int], ablated: list[tupl
 
     def top(logits: Tensor) -> list[dict[str, Any]]:
         probs, top_ids = top_tokens(logits[: tokenizer.vocab_size], k)
-        return [{"id": int(i), "text": tokenizer.decode([int(i)]), "prob": round(float(p), 4)}
+        return [{"id": int(i), "text": _token_text(tokenizer, int(i)), "prob": round(float(p), 4)}
                 for p, i in zip(probs, top_ids, strict=True)]
 
     return {
@@ -49,7 +56,7 @@ def lens_payload(model: Any, tokenizer: Any, ids: list[int], k: int = 3) -> dict
     return {
         "ids": ids,  # the tokens read: the page shows the lens only while it shows these
         "layers": ["emb"] + [f"layer {i}" for i in range(lens.shape[0] - 1)],
-        "top": [[[{"text": tokenizer.decode([int(i)]), "prob": round(float(p), 4)}
+        "top": [[[{"text": _token_text(tokenizer, int(i)), "prob": round(float(p), 4)}
                   for p, i in zip(ps, is_, strict=True)]
                  for ps, is_ in zip(p_row, i_row, strict=True)]
                 for p_row, i_row in zip(probs.tolist(), top_ids.tolist(), strict=True)],

@@ -45,7 +45,9 @@ def run(args: argparse.Namespace) -> int:
     probs, top = top_tokens(lens[..., :tok.vocab_size], args.top_k)  # (L + 1, T, k)
     tokens = tok.token_texts(ids)
     names = ["emb"] + [f"layer {i}" for i in range(lens.shape[0] - 1)]
-    words = [[[tok.decode([int(i)]) for i in cell] for cell in row] for row in top.tolist()]
+    # a token holding part of a character reads as its bytes ("<e6>"), not as U+FFFD
+    words = [[[tok.token_texts([int(i)])[0] for i in cell] for cell in row]
+             for row in top.tolist()]
     print("position token  " + "  ".join(f"{n:>14s}" for n in names))
     for j, t in enumerate(tokens):
         cells = "  ".join(f"{words[i][j][0]!r:>8s} {float(probs[i, j, 0]):.2f}"
