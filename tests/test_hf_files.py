@@ -381,3 +381,16 @@ def test_save_hf_with_its_arguments_swapped_says_which_comes_first(tmp_path: Pat
                                         r"directory comes first\)"):
         save_hf(model, tmp_path / "out")  # type: ignore[arg-type]
     assert not (tmp_path / "out").exists()
+
+
+def test_a_sentencepiece_model_alone_is_named_with_its_conversion(tmp_path: Path) -> None:
+    """Llama 2's own repository has tokenizer.model and no tokenizer.json: "has no tokenizer"
+    read as if the directory held none."""
+    (tmp_path / "tokenizer.model").write_bytes(b"\n\x0e\n\x05<unk>")
+    (tmp_path / "tokenizer_config.json").write_text(json.dumps({"bos_token": "<s>"}))
+    with pytest.raises(FileNotFoundError) as caught:
+        load_hf_tokenizer(tmp_path)
+    assert str(caught.value) == (
+        f"{tmp_path} has only tokenizer.model, a sentencepiece file attnlab does not read: "
+        "write its tokenizer.json with transformers (pip install sentencepiece protobuf): "
+        f"AutoTokenizer.from_pretrained('{tmp_path}').save_pretrained('{tmp_path}')")

@@ -283,6 +283,12 @@ def load_hf_tokenizer(directory: str | Path, vocab_size: int | None = None) -> T
                 f"{directory} has no tokenizer.json (or vocab.json + merges.txt), and the "
                 f"fallback failed: {err}"
             ) from err
+    if (directory / "tokenizer.model").is_file():  # a sentencepiece model (Llama 2's repo)
+        raise NoTokenizerError(
+            f"{directory} has only tokenizer.model, a sentencepiece file attnlab does not "
+            "read: write its tokenizer.json with transformers (pip install sentencepiece "
+            f"protobuf): AutoTokenizer.from_pretrained('{directory}')"
+            f".save_pretrained('{directory}')")
     raise NoTokenizerError(
         f"{directory} has no tokenizer: add tokenizer.json (tokenizer.save_pretrained(dir)) "
         "or vocab.json + merges.txt"
