@@ -180,3 +180,14 @@ def test_a_token_holding_part_of_a_character_is_labelled_by_its_bytes(kind: str)
         assert labels[labels.index("<e6>"):][:3] == ["<e6>", "<97>", "<a5>"]
         assert "".join(labels).replace("<e6><97><a5>", "日") == "a 日 a"  # the rest is text
         assert "\ufffd" not in "".join(labels) and all(labels)
+
+
+def test_a_completion_after_a_prompt_of_byte_tokens_keeps_its_characters() -> None:
+    """The prompt's last 8 ids, the context a completion is decoded after, opened inside a
+    character: the byte-fallback decoder turned the whole run of byte tokens, the new 日本
+    included, into U+FFFD (`generate` printed "�" x 6 after a Japanese prompt)."""
+    tok = _byte_fallback_bpe()
+    prompt = tok.encode("a 日本語です")  # ▁a, ▁, then 15 byte tokens
+    new = [1 + b for b in "日本".encode()] + tok.encode_continuation(" a")
+    assert tok.decode_continuation(new, prompt) == "日本 a"
+    assert "".join(tok.token_texts([*prompt, *new])[-7:]).endswith("<e6><9c><ac> a")

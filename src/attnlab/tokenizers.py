@@ -112,7 +112,16 @@ class Tokenizer(ABC):
         Decoded after the last few context ids and cut after their text: sentencepiece
         tokenizers (Llama 2, Mistral) drop the space of a "▁Paris" that starts a text, so
         decoding a completion alone gives "isParis" where the model wrote "is Paris"."""
-        tail = list(context[-CONTEXT_IDS:])
+        start = max(0, len(context) - CONTEXT_IDS)
+        # Not from inside a character: a byte-fallback decoder (Llama 2, Mistral) writes a
+        # whole run of <0xNN> tokens as U+FFFD when the run's bytes are not UTF-8, so a
+        # window opening on 日's last byte turned the 本 after it into "���".
+        for _ in range(3):  # a character has at most 3 bytes after its first
+            first = self.token_bytes(context[start]) if start > 0 else None
+            if not first or not 0x80 <= first[0] < 0xC0:
+                break
+            start -= 1
+        tail = list(context[start:])
         if not tail:
             return self.decode(ids)
         before, text = self.decode(tail), self.decode([*tail, *ids])
