@@ -19,6 +19,7 @@ import re
 import tempfile
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
+from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
@@ -55,11 +56,18 @@ def _bytes_text(data: bytes) -> str:
     return "".join(out)
 
 
+@lru_cache(maxsize=1)
 def _bytes_as_chars() -> dict[int, str]:
     """GPT-2's byte -> printable character table, which byte-level tokenizer.json uses."""
     printable = [*range(33, 127), *range(161, 173), *range(174, 256)]
     others = [b for b in range(256) if b not in printable]
     return {**{b: chr(b) for b in printable}, **{b: chr(256 + i) for i, b in enumerate(others)}}
+
+
+@lru_cache(maxsize=1)
+def _chars_as_bytes() -> dict[str, int]:
+    """The inverse of `_bytes_as_chars`: "æ" -> 0xe6."""
+    return {c: b for b, c in _bytes_as_chars().items()}
 
 
 CONTEXT_IDS = 8  # ids of context decode_continuation decodes before the new ones
@@ -298,6 +306,9 @@ class HFTokenizer(Tokenizer):
     def __init__(self, backend: Any, name: str = "bpe") -> None:
         self.backend = backend
         self.name, self.vocab_size = name, backend.get_vocab_size()
+        # byte-level BPE (GPT-2, Qwen, Pythia): a token's characters stand for bytes
+        decoder = backend.decoder
+        self._byte_level = decoder is not None and '"ByteLevel"' in str(decoder.__getstate__())
         eot = backend.token_to_id(EOT)
         self.eot_id = eot
         self.pad_id = eot if eot is not None else 0
@@ -356,11 +367,9 @@ class HFTokenizer(Tokenizer):
         fallback = re.fullmatch(r"<0x([0-9A-Fa-f]{2})>", piece)  # sentencepiece byte_fallback
         if fallback:
             return bytes([int(fallback.group(1), 16)])
-        decoder = self.backend.decoder
-        if decoder is not None and '"ByteLevel"' in decoder.__getstate__().decode():
-            byte_of = {c: b for b, c in _bytes_as_chars().items()}  # "æ" -> 0xe6
-            if all(c in byte_of for c in piece):
-                return bytes(byte_of[c] for c in piece)
+        byte_of = _chars_as_bytes()
+        if self._byte_level and all(c in byte_of for c in piece):
+            return bytes(byte_of[c] for c in piece)
         return None
 
     def save(self, directory: str | Path) -> None:
