@@ -330,6 +330,30 @@ def test_a_text_run_resumes_from_its_own_file_and_refuses_another_text(
     assert load_checkpoint(tmp_path / "run" / "ckpt").meta["step"] == 8
 
 
+def test_resume_refuses_another_tokenizer_or_arch(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # --tokenizer and --arch are no config fields: a byte run resumed with --tokenizer char
+    # went on training on char ids (and saved the char tokenizer), --arch llama was ignored
+    text = tmp_path / "text.txt"
+    text.write_text("to be or not to be, that is the question\n" * 40)
+    small = ["--n_layer", "1", "--n_head", "2", "--n_embd", "16", "--block_size", "16",
+             "--eval_interval", "4", "--eval_iters", "1"]
+    assert _train(tmp_path, "--data", str(text), "--tokenizer", "byte", *small,
+                  "--max_iters", "4") == 0
+    capsys.readouterr()
+    for flags, said in ((["--tokenizer", "char"], "--tokenizer byte (256 ids) -> char ("),
+                        (["--arch", "llama"], "--arch gpt2 -> llama")):
+        assert _train(tmp_path, "--resume", "--max_iters", "8", *flags) == 1
+        assert said in capsys.readouterr().err
+    ckpt = load_checkpoint(tmp_path / "run" / "ckpt")
+    assert ckpt.meta["step"] == 4 and ckpt.tokenizer.name == "byte"
+    # the flags as the run began are no change
+    assert _train(tmp_path, "--resume", "--max_iters", "8", "--tokenizer", "byte",
+                  "--arch", "gpt2") == 0, capsys.readouterr().err
+    assert load_checkpoint(tmp_path / "run" / "ckpt").meta["step"] == 8
+
+
 def test_a_damaged_checkpoint_is_refused_before_resuming(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -47,7 +47,6 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
     parser.add_argument(
         "--arch",
         choices=ARCHS,
-        default="gpt2",
         help="block style of the recipe's model: gpt2 (learned positions, LayerNorm, GELU, "
         "biases; default) or llama (RoPE, RMSNorm, SwiGLU, no biases) at the same parameter "
         "count",
@@ -138,10 +137,10 @@ def _run(args: argparse.Namespace) -> int:
         if changed:
             print(f"resume   changed: {', '.join(changed)}")
     else:
-        if args.preset and args.arch != "gpt2":
+        if args.preset and args.arch not in (None, "gpt2"):
             raise CLIError(f"--arch {args.arch} and --preset {args.preset}: choose one")
         try:
-            model_config, train_config = recipe(dataset, args.arch)
+            model_config, train_config = recipe(dataset, args.arch or "gpt2")
         except ValueError as e:
             raise CLIError(str(e)) from None
         if args.preset:
@@ -323,6 +322,16 @@ def _resume_configs(
             (changed if cls is TrainConfig and name in RESUME_SAFE else refused).append(flag)
     if args.preset:
         refused.append(f"--preset {args.preset}")
+    # not config fields, so the loop above does not see them: the run's blocks and tokens
+    if args.arch is not None and args.arch != _arch(model_config):
+        refused.append(f"--arch {_arch(model_config)} -> {args.arch}")
+    if args.tokenizer is not None:
+        from ..tokenizers import load_tokenizer
+
+        own = load_tokenizer(ckpt)
+        if own.identity() != dataset.tokenizer.identity():  # other ids for the same text
+            refused.append(f"--tokenizer {own.name} ({own.vocab_size} ids) -> "
+                           f"{args.tokenizer} ({dataset.tokenizer.vocab_size} ids)")
     if refused:
         raise CLIError(
             f"--resume continues the run's saved configs; these flags would change what it "
@@ -331,6 +340,13 @@ def _resume_configs(
         )
     train_config = config_from_flags(args, TrainConfig, train_config)
     return model_config, train_config, int(meta["step"]), changed
+
+
+def _arch(model_config: Any) -> str:
+    """The --arch whose blocks `model_config` has (recipes.llama_style's switches, or not)."""
+    llama = (model_config.pos, model_config.norm, model_config.mlp) == ("rope", "rmsnorm",
+                                                                         "swiglu")
+    return "llama" if llama else "gpt2"
 
 
 def _check_resumable(ckpt: Path, finished: bool) -> None:
