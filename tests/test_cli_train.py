@@ -182,6 +182,17 @@ def test_resume_without_a_checkpoint(tmp_path: Path, capsys: pytest.CaptureFixtu
     assert "no checkpoint" in capsys.readouterr().err
 
 
+def test_resume_and_overwrite_together_are_refused(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # the run was resumed and --overwrite ignored
+    assert _train(tmp_path, "--max_iters", "2", "--n_layer", "1") == 0
+    capsys.readouterr()
+    assert _train(tmp_path, "--resume", "--overwrite", "--max_iters", "4") == 1
+    assert "--overwrite deletes it to start over: choose one" in capsys.readouterr().err
+    assert load_checkpoint(tmp_path / "run" / "ckpt").meta["step"] == 2
+
+
 def test_arch_llama_trains_a_modern_model_that_every_command_takes(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

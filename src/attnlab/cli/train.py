@@ -104,6 +104,9 @@ def _run(args: argparse.Namespace) -> int:
         if args.threads < 1:
             raise CLIError(f"--threads {args.threads} must be >= 1")
         torch.set_num_threads(args.threads)
+    if args.resume and args.overwrite:  # resumed silently, the old run kept
+        raise CLIError("--resume continues the run in --out and --overwrite deletes it to "
+                       "start over: choose one")
     # a resume finds its checkpoint first: it reads the data with the run's tokenizer
     data_given, args.data = args.data is not None, args.data or "copy"
     found = _find_run(args) if args.resume else None
