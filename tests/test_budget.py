@@ -128,6 +128,27 @@ def test_a_resumed_budgeted_run_keeps_its_fitted_step_count(tmp_path: Path) -> N
     assert [row["step"] for row in rest.history if "loss" in row][-1] == fitted
 
 
+def test_a_run_stopped_before_its_fit_fits_when_resumed(tmp_path: Path) -> None:
+    # it saved the recipe's max_iters with the budget, and the resume trained all of them
+    # (700 steps, 730 s, for a 30 s budget)
+    dataset, model, config = _copy_run()  # max_iters 5, a 2 s budget
+
+    def interrupt(row: dict[str, Any]) -> None:
+        if row.get("step") == UNTIMED_STEPS + 1 and "loss" in row:
+            os.kill(os.getpid(), signal.SIGINT)
+
+    first = train(model, config, dataset, tmp_path, callback=interrupt)
+    assert first.interrupted and _fits(first.history) == []
+    saved = TrainConfig(**load_checkpoint(tmp_path / "ckpt").meta["train_config"])
+    rest = train(model, saved, dataset, tmp_path, resume=True)
+    assert saved.max_iters == 5  # the recipe's, saved before the fit
+    fits = _fits(rest.history)
+    assert fits and fits[0]["step"] == UNTIMED_STEPS + 1 + UNTIMED_STEPS + CALIBRATION_STEPS
+    last = [row["step"] for row in rest.history if "loss" in row][-1]
+    assert last == fits[-1]["max_iters"] > 5
+    assert load_checkpoint(tmp_path / "ckpt").meta["train_config"]["max_iters"] == last
+
+
 def test_cli_budget(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     out = str(tmp_path / "run")
     assert main(["train", "--quiet", "--out", out, "--time_budget", "5m", "--max_iters", "9"]) == 1

@@ -263,7 +263,10 @@ def _train(
     first: tuple[int, float] = (0, 0.0)
     timed: tuple[int, float] = (0, 0.0)
     budget = None
-    if config.time_budget is not None and not resume:  # a resume keeps the saved max_iters
+    # a resume keeps the max_iters its budget fitted; one stopped before the fit (in its
+    # first steps) fits now, to the whole budget, not to the recipe's max_iters it saved
+    fit_saved = any("max_iters" in row for row in history)
+    if config.time_budget is not None and not (resume and fit_saved):
         budget = Budget(parse_duration(config.time_budget), step=start, now=t_start,
                         eval_interval=config.eval_interval, reduce=world.mean,
                         eval_share=2 * config.eval_iters / (3 * config.grad_accum))
