@@ -32,6 +32,18 @@ def test_a_log_gets_plain_lines_not_carriage_returns() -> None:
     assert out.getvalue() == "step      3: train 0.6100  val 0.7000  (1.010 bits/byte)\n"
 
 
+def test_the_first_line_has_no_time_left() -> None:
+    # it said "0 s left" after a first step that torch.compile made take 100 s: the speed
+    # was one step over the 0 s since that step's own row
+    log = io.StringIO()
+    progress = Progress(30, stream=log, out=io.StringIO(), interval_s=0.0)
+    for step in (1, 2):
+        progress({"step": step, "loss": 4.0, "lr": 1e-3, "tokens_per_s": 7.0})
+    first, second = log.getvalue().splitlines()
+    assert first.endswith("7 tokens/s") and "left" not in first
+    assert second.endswith(" s left")  # from the second step on
+
+
 def test_lines_come_every_interval_and_at_the_end() -> None:
     log = io.StringIO()
     _feed(Progress(3, stream=log, out=io.StringIO(), interval_s=3600.0))

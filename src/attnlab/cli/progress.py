@@ -65,7 +65,9 @@ class Progress:
             return
         step = int(row["step"])
         if self._first_step is None:
-            self._first_step = step - 1  # a resumed run starts where it stands
+            # the speed counts from the end of this call's first step (a resumed run starts
+            # where it stands; torch.compile compiles in the first step)
+            self._first_step = step
             self._started = time.monotonic()
         if self.bar is not None:
             if self.bar.total != self.total:
@@ -81,11 +83,12 @@ class Progress:
             return
         self._last_line = now
         done = step - self._first_step
-        rate = done / max(now - self._started, 1e-9)
-        left = max(0, self.total - step) / max(rate, 1e-9)
+        left = ""  # none at the first step: no step is timed yet
+        if done > 0:
+            rate = done / max(now - self._started, 1e-9)
+            left = f"  {max(0, self.total - step) / max(rate, 1e-9):,.0f} s left"
         print(f"step {step:>6}/{self.total}  loss {row['loss']:.4f}  "
-              f"{row['tokens_per_s']:,.0f} tokens/s  {left:,.0f} s left",
-              file=self.stream, flush=True)
+              f"{row['tokens_per_s']:,.0f} tokens/s{left}", file=self.stream, flush=True)
 
     def _say(self, line: str) -> None:
         """A line on stdout that stays (above the bar, if there is one)."""
