@@ -151,6 +151,32 @@ def test_interrupted_and_resumed_equals_uninterrupted(
     assert _losses([json.loads(line) for line in logged]) == _losses(whole.history)
 
 
+@pytest.mark.skipif(not hasattr(signal, "SIGHUP"), reason="no SIGHUP on this system")
+@pytest.mark.parametrize("name", ["SIGTERM", "SIGHUP"])
+def test_sigterm_and_sighup_save_and_stop_like_ctrl_c(tmp_path: Path, name: str) -> None:
+    # SIGHUP (a closed terminal or ssh session) killed the run: the steps since the last
+    # evaluation were lost
+    sig = getattr(signal, name)
+
+    def unhandled(signum: int, frame: Any) -> None:
+        raise RuntimeError(f"{name} reached the handler outside train()")
+
+    dataset = load_dataset("copy")
+    model_config, config = _small(dataset)
+    old = signal.signal(sig, unhandled)  # stands for the default action, which ends pytest
+    try:
+        def callback(row: dict[str, Any]) -> None:
+            if row.get("step") == 7 and "loss" in row:
+                os.kill(os.getpid(), sig)
+
+        result = train(model_config, config, dataset, tmp_path, callback=callback)
+        assert signal.getsignal(sig) is unhandled  # restored
+    finally:
+        signal.signal(sig, old)
+    assert result.interrupted
+    assert load_checkpoint(tmp_path / "ckpt").meta["step"] == 7
+
+
 def test_resume_with_another_model_config_is_refused(tmp_path: Path) -> None:
     dataset = load_dataset("copy")
     model_config, config = _small(dataset, max_iters=3)

@@ -204,9 +204,9 @@ def train(
     """Train a GPT on `dataset`; checkpoints in out_dir/ckpt, metrics in out_dir/metrics.jsonl.
 
     callback gets every metrics row ({"step", "loss", "lr", "tokens_per_s", ...} and eval rows
-    with "val_loss"). Ctrl-C saves a checkpoint and returns with `interrupted=True`. Under
-    torchrun every process calls this; they share the work (distributed.py) and only rank 0
-    writes files and calls callback.
+    with "val_loss"). Ctrl-C (SIGINT, SIGTERM, SIGHUP) saves a checkpoint and returns with
+    `interrupted=True`. Under torchrun every process calls this; they share the work
+    (distributed.py) and only rank 0 writes files and calls callback.
     """
     if model_config.vocab_size < dataset.tokenizer.vocab_size:
         raise ValueError(
@@ -380,7 +380,8 @@ def _fit(config: TrainConfig, max_iters: int, step: int, steps_per_s: float,
 
 
 class _StopFlag:
-    """Turns SIGINT/SIGTERM into a request to stop after the current optimizer step."""
+    """Turns SIGINT/SIGTERM/SIGHUP into a request to stop after the current optimizer step
+    (SIGHUP: the terminal or ssh session of a run logging to a file was closed)."""
 
     def __init__(self) -> None:
         self.requested = False
@@ -391,7 +392,8 @@ class _StopFlag:
 
     def __enter__(self) -> _StopFlag:
         if threading.current_thread() is threading.main_thread():
-            for sig in (signal.SIGINT, signal.SIGTERM):
+            hangup = getattr(signal, "SIGHUP", None)  # not on Windows
+            for sig in (signal.SIGINT, signal.SIGTERM, *([hangup] if hangup else [])):
                 self._old[sig] = signal.signal(sig, self._handler)
         return self
 
