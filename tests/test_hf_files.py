@@ -16,6 +16,7 @@ from attnlab.checkpoint import load_checkpoint
 from attnlab.cli import main
 from attnlab.generate import generate, generate_text
 from attnlab.hf import load_hf_tokenizer
+from attnlab.model import GPT, GPTConfig
 from attnlab.tokenizers import Tokenizer
 
 transformers = pytest.importorskip("transformers")
@@ -124,6 +125,29 @@ def test_tokenizer_takes_bos_and_eos_from_the_directory(tmp_path: Path) -> None:
     assert tokenizer.stop_ids == (10, 1)  # each of its EOS ids ends a generation
     write_tokenizer(tmp_path, add_bos=False)
     assert load_hf_tokenizer(tmp_path).encode("the quick fox") == [3, 4, 6]
+
+
+def test_an_empty_prompt_starts_from_the_bos_as_in_transformers(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Qwen's tokenizer adds no BOS; with nothing to continue, transformers' generate()
+    starts from bos_token_id (<|endoftext|>), not from the first EOS (<|im_end|>)."""
+    import attnlab.generate as generate_module
+
+    write_tokenizer(tmp_path, add_bos=False)
+    (tmp_path / "generation_config.json").write_text(json.dumps({"eos_token_id": [10, 1]}))
+    tokenizer = load_hf_tokenizer(tmp_path)
+    started: list[list[int]] = []
+    real_stream = generate_module.stream
+
+    def stream(model: Any, ids: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
+        started.append(ids[:, -1].tolist())
+        return real_stream(model, ids, *args, **kwargs)
+
+    monkeypatch.setattr(generate_module, "stream", stream)
+    model = GPT(GPTConfig(vocab_size=16, block_size=8, n_layer=1, n_head=1, n_embd=8)).eval()
+    generate_text(model, tokenizer, ["", "the"], max_new_tokens=1)
+    assert started == [[0, 3]]  # <s> (the BOS), where eot_id is 10
 
 
 def test_cli_reads_a_llama_directory(

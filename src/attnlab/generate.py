@@ -370,13 +370,16 @@ def stream_text(
     input_ids, attention_mask = tokenizer.encode_batch(list(prompts))  # (B, P) each
     empty = attention_mask[:, -1] == 0  # (B,)
     if bool(empty.any()):
-        if tokenizer.eot_id is None:
+        # unconditional samples start from the BOS, as transformers' generate() does, or
+        # (GPT-2's convention, and attnlab's own tokenizers) from <|endoftext|>
+        start = getattr(tokenizer, "bos_id", None)
+        start = tokenizer.eot_id if start is None else start
+        if start is None:
             raise ValueError(
                 f"prompts[{int(empty.nonzero()[0])}] is empty and tokenizer {tokenizer.name!r} "
-                "has no end-of-text id to start from; give at least one character"
+                "has no begin- or end-of-text id to start from; give at least one character"
             )
-        # GPT-2's convention for unconditional samples: start from <|endoftext|>
-        input_ids[empty, -1], attention_mask[empty, -1] = tokenizer.eot_id, 1
+        input_ids[empty, -1], attention_mask[empty, -1] = start, 1
     device = model.wte.weight.device
     steps = stream(
         model, input_ids.to(device), attention_mask.to(device), max_new_tokens=max_new_tokens,
