@@ -56,3 +56,21 @@ def test_clear_errors() -> None:
     with pytest.raises(ValueError, match="metric position 2 is out of range for 2 tokens"):
         activation_patching(model, torch.tensor([[1, 0]]), torch.tensor([[2, 0]]),
                             logit_diff_metric(1, 2, position=2))  # an IndexError before
+
+
+def test_a_metric_that_reads_a_pad_is_refused_and_left_padding_works() -> None:
+    """Right padding (many Hugging Face tokenizers' default) puts pads in the last column,
+    where the default metric reads: an error naming the rows, never a number about a pad."""
+    model = _nano()
+    clean = torch.tensor([[1, 2, 3, 4], [5, 6, 0, 0]])
+    corrupt = torch.tensor([[1, 7, 3, 4], [5, 8, 0, 0]])
+    right = torch.tensor([[1, 1, 1, 1], [1, 1, 0, 0]])
+    metric = logit_diff_metric(answer=1, wrong=2)
+    with pytest.raises(ValueError, match=r"padded position .* rows \[1\]\); pad on the left"):
+        activation_patching(model, clean, corrupt, metric, attention_mask=right)
+    with pytest.raises(ValueError, match="padded position"):
+        patch_effect(model, clean, corrupt, metric, lambda t: Edits(), attention_mask=right)
+    left = right.flip(-1)
+    effect = patch_effect(model, clean.flip(-1), corrupt.flip(-1), metric,
+                          lambda t: Edits([patch(t, "resid_pre", 0)]), attention_mask=left)
+    assert effect == pytest.approx(1.0)

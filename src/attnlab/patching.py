@@ -17,6 +17,7 @@ position. This module runs and scores patches; the edits are `intervene.py`'s, d
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -88,9 +89,13 @@ class _Runner:
             )
         self.model, self.corrupt_ids, self.metric = model, corrupt_ids, metric
         self.mask = attention_mask
+        # the metric sees NaN logits at padded positions: reading one is an error, not a
+        # number (a right-padded batch's last column is a pad in its shorter rows)
+        self.pads = None if attention_mask is None or bool(attention_mask.all()) else (
+            attention_mask[:, -clean_ids.shape[1]:, None] == 0)  # (B, T, 1)
         self.trace = Trace(names=["context", "resid_pre"])
-        self.clean = float(metric(model(clean_ids, attention_mask=attention_mask,
-                                        trace=self.trace).logits))
+        self.clean = self.score(model(clean_ids, attention_mask=attention_mask,
+                                      trace=self.trace).logits)
         self.corrupted = self.run(Edits())
         if abs(self.clean - self.corrupted) < 1e-6:
             raise ValueError(
@@ -99,8 +104,21 @@ class _Runner:
             )
 
     def run(self, edits: Edits) -> float:
-        logits = self.model(self.corrupt_ids, attention_mask=self.mask, edits=edits).logits
-        return float(self.metric(logits))
+        return self.score(self.model(self.corrupt_ids, attention_mask=self.mask,
+                                     edits=edits).logits)
+
+    def score(self, logits: Tensor) -> float:
+        if self.pads is not None:
+            logits = logits.masked_fill(self.pads.to(logits.device), float("nan"))  # (B, T, V)
+        value = float(self.metric(logits))
+        if math.isnan(value) and self.pads is not None:
+            rows = self.pads[:, -1, 0].nonzero().flatten().tolist()
+            raise ValueError(
+                "the metric read logits at a padded position (attention_mask 0"
+                + (f"; the last column is padding in rows {rows}" if rows else "")
+                + "); pad on the left, which puts every row's last token in the last column, "
+                "or score real positions only")
+        return value
 
     def effect(self, edits: Edits) -> float:
         return (self.run(edits) - self.corrupted) / (self.clean - self.corrupted)
