@@ -280,6 +280,9 @@ def test_the_printed_resume_hint_continues_the_run_as_started(
     assert re.search(r"^val loss [0-9.]+ at step 10 \(the last evaluation\)", out, re.M), out
     hint = out.split("continue with: ")[1].splitlines()[0]
     assert hint == "attnlab train --data copy --out runs/copy --resume"
+    assert main(["info", "runs/copy/ckpt"]) == 0  # info says so too
+    assert re.search(r"^trained +12 steps on copy, val loss [0-9.]+ at step 10$",
+                     capsys.readouterr().out, re.M)
     monkeypatch.undo()
     monkeypatch.chdir(tmp_path)
 

@@ -109,6 +109,7 @@ class TrainResult:
     checkpoint: Path | None = None
     val_loss: float | None = None
     val_bpb: float | None = None  # val loss in bits per byte of text (None for tasks)
+    val_step: int | None = None  # the step val_loss was evaluated at (an interrupt saves later)
     seconds: float = 0.0  # wall clock of this call: steps, evaluations, saves, compiling
     # throughput of the optimizer steps: evaluations, saves and the first step of the call
     # (torch.compile compiles there, and the allocator warms up) left out
@@ -289,7 +290,7 @@ def _train(
             }
             meta = {"step": step, "train_config": dataclasses.asdict(config),
                     "dataset": dataset.name, "val_loss": result.val_loss,
-                    "val_bpb": result.val_bpb,
+                    "val_bpb": result.val_bpb, "val_step": result.val_step,
                     "world_size": world.size}
             for key in ("source", "fingerprint"):  # a text file's: see TextDataset
                 if getattr(dataset, key, None) is not None:
@@ -413,7 +414,7 @@ def _eval_and_save(
             f"good checkpoint is kept{f' in {result.checkpoint}' if result.checkpoint else ''}. "
             "Lower --lr or keep --grad_clip on"
         )
-    result.val_loss = losses["val_loss"]
+    result.val_loss, result.val_step = losses["val_loss"], step
     for split in ("train", "val"):  # bits per byte: comparable across tokenizers
         bits = bits_per_byte(losses[f"{split}_loss"], dataset.bytes_per_token(split))
         if bits is not None:

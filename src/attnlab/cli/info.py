@@ -74,6 +74,8 @@ def run(args: argparse.Namespace) -> int:
         val = "" if info["val_loss"] is None else f", val loss {info['val_loss']:.4f}"
         if meta.get("val_bpb") is not None:
             val += f" ({meta['val_bpb']:.3f} bits/byte)"
+        if val and meta.get("val_step") not in (None, info["step"]):  # an interrupted run's
+            val += f" at step {meta['val_step']}"
         print(f"trained     {info['step']} steps on {info['dataset']}{val}")
     if train_config:
         print("train       " + ", ".join(f"{k}={v}" for k, v in train_config.items()))

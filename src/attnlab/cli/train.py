@@ -196,10 +196,7 @@ def _run(args: argparse.Namespace) -> int:
         budget = (" since resuming" if args.resume else
                   f" of a {train_config.time_budget} budget" if train_config.time_budget else "")
         # an interrupted run's checkpoint is past its last evaluation: say which step that was
-        evaluated = next((row["step"] for row in reversed(result.history)
-                          if "val_loss" in row), None)
-        at = f" at step {evaluated} (the last evaluation)" if (
-            result.interrupted and evaluated is not None) else ""
+        at = f" at step {result.val_step} (the last evaluation)" if result.interrupted else ""
         print(
             f"val loss {result.val_loss:.4f}{bits}{at}  ({result.seconds:.1f} s{budget}, "
             f"{result.tokens_per_second:,.0f} tokens/s training)"
