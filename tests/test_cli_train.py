@@ -451,3 +451,23 @@ def test_text_of_one_distinct_token_is_refused(
     err = capsys.readouterr().err
     assert "4,096 tokens of only 1 distinct one ('\\x00')" in err and "Is it a text file?" in err
     assert err.count("\n") == 1 and not (tmp_path / "run").exists()
+
+
+def test_resuming_with_another_process_count_says_dropout_will_differ(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    _stop_after(monkeypatch, 3)
+    flags = ["--max_iters", "6", "--eval_interval", "3", "--dropout", "0.1", "--quiet"]
+    assert main(["train", *flags]) == 130
+    monkeypatch.undo()
+    monkeypatch.chdir(tmp_path)
+    config_file = tmp_path / "runs" / "copy" / "ckpt" / "config.json"
+    config = json.loads(config_file.read_text())
+    assert config["meta"]["world_size"] == 1
+    config["meta"]["world_size"] = 2  # as if torchrun --nproc_per_node 2 had saved it
+    config_file.write_text(json.dumps(config))
+    capsys.readouterr()
+    assert main(["train", "--resume", "--quiet"]) == 0
+    assert ("resume   the run used 2 processes, this one 1 process: dropout draws other masks"
+            in capsys.readouterr().out)

@@ -139,6 +139,12 @@ def _run(args: argparse.Namespace) -> int:
             return 0
         if changed:
             print(f"resume   changed: {', '.join(changed)}")
+        before, now = saved[1].get("world_size", 1), int(os.environ.get("WORLD_SIZE", "1"))
+        if before != now and model_config.dropout > 0:  # the data order is the same
+            runs = [_count(n, "process", "processes") for n in (before, now)]
+            print(f"resume   the run used {runs[0]}, this one {runs[1]}: dropout draws other "
+                  "masks from here, so the losses will not match an uninterrupted run's bit "
+                  "for bit")
     else:
         if args.preset and args.arch not in (None, "gpt2"):
             raise CLIError(f"--arch {args.arch} and --preset {args.preset}: choose one")
@@ -283,8 +289,8 @@ def _run_data(ckpt: Path, meta: dict[str, Any]) -> str:
                    "text")
 
 
-def _count(n: int, noun: str) -> str:
-    return f"{n} {noun}{'s' * (n != 1)}"
+def _count(n: int, noun: str, plural: str | None = None) -> str:
+    return f"{n} {noun if n == 1 else plural or noun + 's'}"
 
 
 def _resume_configs(
