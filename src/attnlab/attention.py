@@ -31,7 +31,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from .layers import RMSNorm, apply_rotary
-from .runtime import huge_page_out, kept_empty
+from .runtime import kept_empty, kept_out
 
 
 class LayerTrace(Protocol):
@@ -286,11 +286,11 @@ def _traced_attend(
         # kept tensors of many MiB: in reused buffers where autograd allows out=
         shape = (B, nh, T, S)
         attn_scores = trace.record("attn_scores", torch.matmul(
-            q, key_t, out=huge_page_out(shape, q, k)))  # (B, nh, T, S)
+            q, key_t, out=kept_out(shape, q, k)))  # (B, nh, T, S)
         scores = attn_scores
         if mask.may_attend is not None:
             scores = torch.where(mask.may_attend, attn_scores, q.new_tensor(float("-inf")),
-                                 out=huge_page_out(shape, q, k))  # (B, nh, T, S)
+                                 out=kept_out(shape, q, k))  # (B, nh, T, S)
         made = scores
         scores = trace.record("masked_scores", scores)
         if scores is not made:  # edited: its -inf cells, not the mask's, say what is masked

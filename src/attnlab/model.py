@@ -26,7 +26,7 @@ from .config import GPTConfig
 from .decode import DecodeStep as DecodeStep  # re-exported: attnlab.model.DecodeStep
 from .kv_cache import KVCache
 from .layers import MLP, Rotary, make_norm, real_positions
-from .runtime import huge_page_out
+from .runtime import kept_out
 from .trace import EditSource, Seam, Trace
 
 
@@ -323,15 +323,15 @@ _HEAD_COLUMNS = 512  # vocabulary entries per product in unembed
 
 def unembed(head: nn.Linear, x: Tensor) -> Tensor:
     """x (B, T, C) -> head(x) (B, T, V). Without autograd, logits of 64 MiB and more (GPT-2
-    at T=1024: 206 MB) go into memory advised for huge pages (one page fault per 2 MiB
-    instead of per 4 KiB: runtime.huge_page_out), filled 512 vocabulary columns at a time:
+    at T=1024: 206 MB) go into a buffer earlier logits freed, or fresh memory advised for
+    huge pages (runtime.kept_out), filled 512 vocabulary columns at a time:
     MKL multiplies a (T, C) x (C, 512) block at 84-89 GFLOP/s on a 2-core EPYC against
     62-71 for the whole (T, V) product (GPT-2's head at T=1024: 1.27x). Each logit is the
     same sum over C either way."""
     B, T, C = x.shape
     V = head.out_features
     big = B * T * V * x.element_size() >= _BIG_LOGITS
-    out = huge_page_out((B * T, V), x, head.weight) if big else None  # (B*T, V)
+    out = kept_out((B * T, V), x, head.weight) if big else None  # (B*T, V)
     if out is None:
         return head(x)
     x2 = x.reshape(B * T, C)  # (B*T, C)

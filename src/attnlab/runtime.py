@@ -75,7 +75,7 @@ def advise_huge_pages(tensor: Tensor) -> Tensor:
     return tensor
 
 
-def huge_page_out(shape: tuple[int, ...], *inputs: Tensor) -> Tensor | None:
+def kept_out(shape: tuple[int, ...], *inputs: Tensor) -> Tensor | None:
     """Uninitialised memory of `shape` (inputs[0]'s dtype) for an op's `out=`: a kept buffer
     (`kept_empty`), advised for huge pages when fresh; None where the op should allocate its
     result itself: autograd records one of `inputs` (`out=` is not differentiable), autocast
