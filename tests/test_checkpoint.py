@@ -139,3 +139,40 @@ def test_a_tokenizer_with_more_ids_than_the_model_is_refused_at_load(tmp_path: P
     pytest.importorskip("fastapi")
     with pytest.raises(ValueError, match=message):
         create_app(model, wide)
+
+
+def test_a_read_racing_a_save_reads_again(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """`attnlab generate` on a run that is training: a save moves the checkpoint aside and
+    puts the new one in place (.ckpt.tmp-PID / .ckpt.old-PID beside it meanwhile), so a read
+    can lose a file halfway; it reads again while those are there, and says what happened
+    (it said the weights belong to another config) when no save is under way."""
+    import attnlab.checkpoint as checkpoint
+
+    path = save_checkpoint(tmp_path / "ckpt", _model(True), CharTokenizer(list("abc")))
+    calls: list[int] = []
+    real = checkpoint._load_weights
+
+    def vanishing_once(model: GPT, weights: Path, device: str) -> None:
+        calls.append(1)
+        if len(calls) == 1:
+            raise FileNotFoundError(weights)
+        real(model, weights, device)
+
+    monkeypatch.setattr(checkpoint, "_load_weights", vanishing_once)
+    monkeypatch.setattr(checkpoint.time, "sleep", lambda seconds: None)
+    saving = tmp_path / ".ckpt.tmp-999"
+    saving.mkdir()
+    assert load_checkpoint(path).model.config == _model(True).config and len(calls) == 2
+    saving.rmdir()
+    calls.clear()
+    with pytest.raises(ValueError, match="do not fit"):  # the file is there: a real mismatch
+        load_checkpoint(path)
+    assert len(calls) == 1  # no save under way: no second read
+
+    def removed(model: GPT, weights: Path, device: str) -> None:
+        weights.unlink()
+        raise OSError("No such file")
+
+    monkeypatch.setattr(checkpoint, "_load_weights", removed)
+    with pytest.raises(FileNotFoundError, match="was removed while it was read"):
+        load_checkpoint(path)

@@ -20,6 +20,7 @@ import math
 import os
 import re
 import shutil
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, get_args, get_type_hints
@@ -196,7 +197,24 @@ def load_checkpoint(
 
     if is_hf_dir(directory):
         return load_hf_checkpoint(directory, map_location=map_location)
-    directory = _resolve(Path(directory))
+    for attempt in range(_READ_TRIES):
+        try:
+            return _load(Path(directory), map_location)
+        except (OSError, ValueError):
+            # a training run replacing the checkpoint as we read it (its .tmp / .old
+            # directories beside it): read again once it is in place
+            saving = _siblings(Path(directory), "tmp") + _siblings(Path(directory), "old")
+            if not saving or attempt == _READ_TRIES - 1:
+                raise
+            time.sleep(0.2)
+    raise AssertionError("unreachable")
+
+
+_READ_TRIES = 5
+
+
+def _load(directory: Path, map_location: str | torch.device) -> Checkpoint:
+    directory = _resolve(directory)
     config, meta = read_config(directory)
     weights = directory / WEIGHTS_FILE
     if not weights.exists():
@@ -206,6 +224,9 @@ def load_checkpoint(
     try:
         _load_weights(model, weights, device=str(device))
     except Exception as err:  # safetensors raises several types for corrupt or mismatched files
+        if not weights.exists():  # not a config mismatch: the file went while it was read
+            raise FileNotFoundError(f"{weights} was removed while it was read (a training "
+                                    "run replacing the checkpoint?); load it again") from err
         raise ValueError(
             f"weights in {weights} do not fit the model described by {CONFIG_FILE}: "
             f"{_first_line(err)}. The file is corrupted or belongs to another config"
