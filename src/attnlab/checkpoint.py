@@ -198,16 +198,29 @@ def load_checkpoint(
     if is_hf_dir(directory):
         return load_hf_checkpoint(directory, map_location=map_location)
     for attempt in range(_READ_TRIES):
+        before = _identity(Path(directory))
         try:
             return _load(Path(directory), map_location)
         except (OSError, ValueError):
-            # a training run replacing the checkpoint as we read it (its .tmp / .old
-            # directories beside it): read again once it is in place
-            saving = _siblings(Path(directory), "tmp") + _siblings(Path(directory), "old")
-            if not saving or attempt == _READ_TRIES - 1:
+            # a training run replaced the checkpoint as we read it (a new directory now, or
+            # its .tmp / .old directories beside it meanwhile): read the new one
+            saving = [d for place in (Path(directory), Path(directory) / "ckpt")
+                      for kind in ("tmp", "old") for d in _siblings(place, kind)]
+            replaced = saving or _identity(Path(directory)) != before
+            if not replaced or attempt == _READ_TRIES - 1:
                 raise
             time.sleep(0.2)
     raise AssertionError("unreachable")
+
+
+def _identity(directory: Path) -> tuple[int, int] | None:
+    """(inode, mtime) of the checkpoint directory `directory` stands for; a save puts a new
+    directory in place. None while there is none."""
+    try:
+        stat = os.stat(_resolve(directory))
+    except OSError:
+        return None
+    return stat.st_ino, stat.st_mtime_ns
 
 
 _READ_TRIES = 5
