@@ -19,12 +19,13 @@ import re
 import tempfile
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
-from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
 import torch
 from torch import Tensor
+
+from .token_bytes import bytes_text, chars_as_bytes
 
 CONFIG_FILE = "tokenizer_config.json"
 HF_FILE = "tokenizer.json"
@@ -36,38 +37,6 @@ _WORD = re.compile(r"\s*\w+|\s*[^\w\s]|\s+$")
 def _display(piece: str) -> str:
     """A token as a label: visible newlines and tabs, nothing else changed."""
     return piece.replace("\n", "\\n").replace("\t", "\\t").replace("\r", "\\r")
-
-
-def _bytes_text(data: bytes) -> str:
-    """`data` as text, each byte outside a whole UTF-8 character written <e6> (a token holding
-    part of a character: sentencepiece's byte-fallback "<0xE6>", byte-level BPE's "æ")."""
-    out, i = [], 0
-    while i < len(data):
-        for n in range(1, 5):  # the shortest prefix that is one whole character
-            try:
-                out.append(data[i:i + n].decode("utf-8"))
-                i += n
-                break
-            except UnicodeDecodeError:
-                continue
-        else:
-            out.append(f"<{data[i]:02x}>")
-            i += 1
-    return "".join(out)
-
-
-@lru_cache(maxsize=1)
-def _bytes_as_chars() -> dict[int, str]:
-    """GPT-2's byte -> printable character table, which byte-level tokenizer.json uses."""
-    printable = [*range(33, 127), *range(161, 173), *range(174, 256)]
-    others = [b for b in range(256) if b not in printable]
-    return {**{b: chr(b) for b in printable}, **{b: chr(256 + i) for i, b in enumerate(others)}}
-
-
-@lru_cache(maxsize=1)
-def _chars_as_bytes() -> dict[str, int]:
-    """The inverse of `_bytes_as_chars`: "æ" -> 0xe6."""
-    return {c: b for b, c in _bytes_as_chars().items()}
 
 
 CONTEXT_IDS = 8  # ids of context decode_continuation decodes before the new ones
@@ -144,7 +113,7 @@ class Tokenizer(ABC):
         for k, i in enumerate(ids):
             text = self.decode_continuation([i], ids[max(0, k - CONTEXT_IDS):k])
             data = self.token_bytes(i) if "\ufffd" in text or not text else None
-            texts.append(_bytes_text(data) if data else text)
+            texts.append(bytes_text(data) if data else text)
         return texts
 
     def token_bytes(self, token_id: int) -> bytes | None:
@@ -367,7 +336,7 @@ class HFTokenizer(Tokenizer):
         fallback = re.fullmatch(r"<0x([0-9A-Fa-f]{2})>", piece)  # sentencepiece byte_fallback
         if fallback:
             return bytes([int(fallback.group(1), 16)])
-        byte_of = _chars_as_bytes()
+        byte_of = chars_as_bytes()
         if self._byte_level and all(c in byte_of for c in piece):
             return bytes(byte_of[c] for c in piece)
         return None

@@ -25,14 +25,8 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from ..tokenizers import (
-    EOT,
-    HFTokenizer,
-    TiktokenTokenizer,
-    Tokenizer,
-    _bytes_as_chars,
-    _import_tokenizers,
-)
+from ..token_bytes import bytes_as_chars
+from ..tokenizers import EOT, HFTokenizer, TiktokenTokenizer, Tokenizer, _import_tokenizers
 
 CONFIG_FILE = "config.json"
 SAFETENSORS_FILE = "model.safetensors"
@@ -337,7 +331,7 @@ def _as_hf(tokenizer: Tokenizer) -> Any:
         return None
     tk = _import_tokenizers()
     if isinstance(tokenizer, ByteTokenizer):  # 256 one-byte pieces, no merges
-        chars = _bytes_as_chars()
+        chars = bytes_as_chars()
         backend = tk.Tokenizer(tk.models.BPE({chars[b]: b for b in range(256)}, []))
         backend.pre_tokenizer = tk.pre_tokenizers.ByteLevel(add_prefix_space=False,
                                                             use_regex=False)

@@ -1,0 +1,38 @@
+"""Tokens as bytes: the labels of tokens that hold part of a UTF-8 character, and GPT-2's
+byte <-> printable character table that byte-level tokenizer.json files use."""
+
+from __future__ import annotations
+
+from functools import lru_cache
+
+
+def bytes_text(data: bytes) -> str:
+    """`data` as text, each byte outside a whole UTF-8 character written <e6> (a token holding
+    part of a character: sentencepiece's byte-fallback "<0xE6>", byte-level BPE's "æ")."""
+    out, i = [], 0
+    while i < len(data):
+        for n in range(1, 5):  # the shortest prefix that is one whole character
+            try:
+                out.append(data[i:i + n].decode("utf-8"))
+                i += n
+                break
+            except UnicodeDecodeError:
+                continue
+        else:
+            out.append(f"<{data[i]:02x}>")
+            i += 1
+    return "".join(out)
+
+
+@lru_cache(maxsize=1)
+def bytes_as_chars() -> dict[int, str]:
+    """GPT-2's byte -> printable character table, which byte-level tokenizer.json uses."""
+    printable = [*range(33, 127), *range(161, 173), *range(174, 256)]
+    others = [b for b in range(256) if b not in printable]
+    return {**{b: chr(b) for b in printable}, **{b: chr(256 + i) for i, b in enumerate(others)}}
+
+
+@lru_cache(maxsize=1)
+def chars_as_bytes() -> dict[str, int]:
+    """The inverse of `bytes_as_chars`: "æ" -> 0xe6."""
+    return {c: b for b, c in bytes_as_chars().items()}
