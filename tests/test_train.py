@@ -153,7 +153,9 @@ def test_interrupted_and_resumed_equals_uninterrupted(
 
 @pytest.mark.skipif(not hasattr(signal, "SIGHUP"), reason="no SIGHUP on this system")
 @pytest.mark.parametrize("name", ["SIGTERM", "SIGHUP"])
-def test_sigterm_and_sighup_save_and_stop_like_ctrl_c(tmp_path: Path, name: str) -> None:
+def test_sigterm_and_sighup_save_and_stop_like_ctrl_c(
+    tmp_path: Path, name: str, capsys: pytest.CaptureFixture[str]
+) -> None:
     # SIGHUP (a closed terminal or ssh session) killed the run: the steps since the last
     # evaluation were lost
     sig = getattr(signal, name)
@@ -175,6 +177,8 @@ def test_sigterm_and_sighup_save_and_stop_like_ctrl_c(tmp_path: Path, name: str)
         signal.signal(sig, old)
     assert result.interrupted
     assert load_checkpoint(tmp_path / "ckpt").meta["step"] == 7
+    # said at once (an evaluation of many batches can take seconds before the save)
+    assert f"{name}: stopping after this step, then saving a checkpoint" in capsys.readouterr().err
 
 
 def test_resume_with_another_model_config_is_refused(tmp_path: Path) -> None:

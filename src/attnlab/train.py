@@ -16,8 +16,10 @@ import contextlib
 import dataclasses
 import json
 import math
+import os
 import shutil
 import signal
+import sys
 import threading
 import time
 from collections.abc import Callable
@@ -389,6 +391,10 @@ class _StopFlag:
         self._old: dict[int, Any] = {}
 
     def _handler(self, signum: int, frame: Any) -> None:
+        if not self.requested and os.environ.get("RANK", "0") == "0":
+            # at once: the step (or an evaluation of many batches) may take a while yet
+            print(f"\n{signal.Signals(signum).name}: stopping after this step, then saving a "
+                  "checkpoint", file=sys.stderr, flush=True)
         self.requested = True
 
     def __enter__(self) -> _StopFlag:
