@@ -117,6 +117,8 @@ def test_detect_heads_on_a_model_and_the_probe() -> None:
         detect_heads(model, detectors=("copying",))
     with pytest.raises(ValueError, match="unknown detector 'x'"):
         detection_pattern("x", probe)
+    with pytest.raises(ValueError, match=r"2 or more tokens per row, got ids of shape \(3, 1\)"):
+        detect_heads(model, probe[:, :1])  # scored 0 for every head before
 
 
 def test_right_padded_rows_score_as_each_row_alone() -> None:

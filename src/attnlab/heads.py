@@ -151,6 +151,9 @@ def detect_heads(
         c = model.config
         ids = repeated_tokens(c.vocab_size, min(c.block_size // 2, 64), seed=seed)
         ids = ids.to(model.wte.weight.device)
+    if ids.dim() == 2 and ids.shape[1] < 2:  # a score relates a query to an earlier key
+        raise ValueError(f"detect_heads needs 2 or more tokens per row, got ids of shape "
+                         f"{tuple(ids.shape)}; pass longer ids, or none for the standard probe")
     trace = Trace(names=["attn_weights"])
     model(ids, attention_mask=attention_mask, trace=trace)
     n_layer = model.config.n_layer
