@@ -174,3 +174,40 @@ def test_a_template_that_fails_on_the_messages_is_one_line(
     with pytest.raises(ValueError) as caught:
         load_hf_tokenizer(tmp_path).chat_prompt(MESSAGES)
     assert str(caught.value) == line
+
+
+# Qwen3's switch: an empty think block unless thinking is on (its own template's logic)
+THINKING = CHATML + ("{% if add_generation_prompt and enable_thinking is defined and "
+                     "enable_thinking is false %}{{ '<s>\\n\\n</s>\\n\\n' }}{% endif %}")
+
+
+def test_template_variables_render_as_apply_chat_template_keywords(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    write_dir(tmp_path, THINKING, add_bos=False)
+    hf = transformers.AutoTokenizer.from_pretrained(tmp_path)
+    ours = load_hf_tokenizer(tmp_path)
+    for variables in ({}, {"enable_thinking": False}, {"enable_thinking": True}):
+        text = hf.apply_chat_template(MESSAGES, tokenize=False, add_generation_prompt=True,
+                                      **variables)
+        assert ours.chat_prompt(MESSAGES, **variables) == text
+    assert ours.chat_prompt(MESSAGES, enable_thinking=False).endswith("<s>\n\n</s>\n\n")
+
+    torch.manual_seed(0)
+    config = transformers.LlamaConfig(
+        vocab_size=len(WORDS), hidden_size=32, intermediate_size=48, num_hidden_layers=1,
+        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
+        bos_token_id=0, eos_token_id=3, pad_token_id=4)
+    transformers.LlamaForCausalLM(config).eval().save_pretrained(tmp_path)
+    ckpt = load_checkpoint(tmp_path)
+    prompt = ckpt.tokenizer.chat_prompt(MESSAGES[1:], enable_thinking=False)
+    answer = generate_text(ckpt.model, ckpt.tokenizer, [prompt], max_new_tokens=4,
+                           temperature=0)[0]
+    args = ["generate", str(tmp_path), "what is a cat ?", "--chat", "--max-new-tokens", "4",
+            "--temperature", "0"]
+    assert main([*args, "--chat-var", "enable_thinking=false"]) == 0
+    assert capsys.readouterr().out == "what is a cat ?\n" + answer + "\n"
+    assert main([*args, "--chat-var", "enable_thinking"]) == 1
+    assert "--chat-var 'enable_thinking': give NAME=VALUE" in capsys.readouterr().err
+    assert main([*args[:3], "--chat-var", "x=1"]) == 1
+    assert "--chat-var goes with --chat" in capsys.readouterr().err

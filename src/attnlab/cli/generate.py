@@ -10,6 +10,7 @@ stdout holds only text.
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 import time
 from pathlib import Path
@@ -90,6 +91,12 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
     )
     parser.add_argument("--system", help="with --chat: a system message before each prompt")
     parser.add_argument(
+        "--chat-var", action="append", default=[], metavar="NAME=VALUE",
+        help="with --chat: a variable of the chat template, as apply_chat_template's keyword "
+        "arguments (VALUE read as JSON where it parses: true, false, numbers), e.g. "
+        "enable_thinking=false for Qwen3; repeat for several",
+    )
+    parser.add_argument(
         "--ablate", metavar="L.H[,L.H]",
         help="zero these heads' outputs while generating, e.g. 0.1,1.3 (see attnlab heads)",
     )
@@ -149,11 +156,25 @@ def _chat_prompts(tokenizer: Any, prompts: list[str], args: argparse.Namespace) 
                        "(tokenizer_config.json 'chat_template' or chat_template.jinja); "
                        "drop --chat to continue the text as it is")
     system = [] if args.system is None else [{"role": "system", "content": args.system}]
+    variables = dict(_chat_var(item) for item in args.chat_var)
     try:
-        return [tokenizer.chat_prompt([*system, {"role": "user", "content": p}])
+        return [tokenizer.chat_prompt([*system, {"role": "user", "content": p}], **variables)
                 for p in prompts]
     except ValueError as err:
         raise CLIError(f"--chat: {err}") from None
+
+
+def _chat_var(item: str) -> tuple[str, Any]:
+    """"enable_thinking=false" -> ("enable_thinking", False); a VALUE that is not JSON stays
+    text."""
+    name, sep, value = item.partition("=")
+    if not sep or not name.isidentifier() or name in ("messages", "add_generation_prompt"):
+        raise CLIError(f"--chat-var {item!r}: give NAME=VALUE with NAME a template variable, "
+                       "e.g. --chat-var enable_thinking=false")
+    try:
+        return name, json.loads(value)
+    except json.JSONDecodeError:
+        return name, value
 
 
 def run(args: argparse.Namespace) -> int:
@@ -177,6 +198,8 @@ def run(args: argparse.Namespace) -> int:
         raise CLIError("--stop '': an empty stop string matches nothing; give some text")
     if args.system is not None and not args.chat:
         raise CLIError("--system goes with --chat (a system message in the chat template)")
+    if args.chat_var and not args.chat:
+        raise CLIError("--chat-var goes with --chat (a variable of the chat template)")
     if args.weights == "float16" and args.dtype != "float32":
         raise CLIError(f"--weights float16 computes in float32; drop --dtype {args.dtype}")
     shown = _read_prompts(args)  # what the user wrote: echoed before each completion

@@ -44,8 +44,10 @@ def special_token_texts(tokenizer_config: Mapping[str, Any]) -> dict[str, str]:
 
 def render_chat(template: str, messages: Sequence[Mapping[str, str]], *,
                 special: Mapping[str, str] | None = None,
-                add_generation_prompt: bool = True) -> str:
-    """The prompt text of `messages` ([{"role": "user", "content": "..."}, ...])."""
+                add_generation_prompt: bool = True, **variables: Any) -> str:
+    """The prompt text of `messages` ([{"role": "user", "content": "..."}, ...]); `variables`
+    are the template's own switches, as apply_chat_template's extra keyword arguments
+    (Qwen3: enable_thinking=False)."""
     import jinja2
     import jinja2.ext  # a submodule `import jinja2` leaves out: loopcontrols is in it
     from jinja2.sandbox import ImmutableSandboxedEnvironment
@@ -69,7 +71,8 @@ def render_chat(template: str, messages: Sequence[Mapping[str, str]], *,
         raise ValueError(f"the chat template is not valid Jinja ({err})") from err
     try:
         return compiled.render(messages=[dict(m) for m in messages],
-                               add_generation_prompt=add_generation_prompt, **(special or {}))
+                               add_generation_prompt=add_generation_prompt,
+                               **{**(special or {}), **variables})
     except (jinja2.TemplateError, TypeError, ArithmeticError) as err:
         # UndefinedError: a Llama 2 template's bos_token where tokenizer_config.json has none
         raise ValueError(

@@ -204,10 +204,11 @@ class HFDirTokenizer(HFTokenizer):
                 "add_bos": self.add_bos}
 
     def chat_prompt(self, messages: Sequence[dict[str, str]], *,
-                    add_generation_prompt: bool = True) -> ChatText:
+                    add_generation_prompt: bool = True, **variables: Any) -> ChatText:
         """The text of `messages` in the directory's chat template, as transformers'
-        apply_chat_template renders it; encode(chat_prompt(m)) gives apply_chat_template's
-        ids (`ChatText`: the BOS only where the template writes it)."""
+        apply_chat_template renders it (`variables`: its extra keyword arguments, e.g.
+        enable_thinking=False); encode(chat_prompt(m)) gives apply_chat_template's ids
+        (`ChatText`: the BOS only where the template writes it)."""
         if not self.chat:
             raise ValueError(f"tokenizer {self.name!r} has no chat template "
                              "(tokenizer_config.json 'chat_template' or chat_template.jinja)")
@@ -215,7 +216,7 @@ class HFDirTokenizer(HFTokenizer):
 
         return ChatText(render_chat(self.chat["template"], messages,
                                     special=self.chat["tokens"],
-                                    add_generation_prompt=add_generation_prompt))
+                                    add_generation_prompt=add_generation_prompt, **variables))
 
     def _config(self) -> dict[str, Any]:
         # saved with an attnlab checkpoint, so the same BOS is prepended and EOS stops
