@@ -66,6 +66,12 @@ def llama_style(config: GPTConfig) -> GPTConfig:
     return dataclasses.replace(llama, d_ff=d_ff)
 
 
+def arch_of(config: GPTConfig) -> str:
+    """The ARCHS entry whose blocks `config` has: "llama" where `llama_style` switched them."""
+    return "llama" if (config.pos, config.norm, config.mlp) == ("rope", "rmsnorm",
+                                                               "swiglu") else "gpt2"
+
+
 def _gpt2_recipe(dataset: Dataset) -> tuple[GPTConfig, TrainConfig]:
     vocab = dataset.tokenizer.vocab_size
     if isinstance(dataset, TaskDataset):

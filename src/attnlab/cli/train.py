@@ -302,6 +302,7 @@ def _resume_configs(
     RESUME_SAFE flags given again applied; any other flag that differs from the run's is
     refused, as is other data than the run trained on."""
     from ..model import GPTConfig
+    from ..recipes import arch_of
     from ..train import TrainConfig
 
     model_config, meta = saved_configs
@@ -329,8 +330,8 @@ def _resume_configs(
     if args.preset:
         refused.append(f"--preset {args.preset}")
     # not config fields, so the loop above does not see them: the run's blocks and tokens
-    if args.arch is not None and args.arch != _arch(model_config):
-        refused.append(f"--arch {_arch(model_config)} -> {args.arch}")
+    if args.arch is not None and args.arch != arch_of(model_config):
+        refused.append(f"--arch {arch_of(model_config)} -> {args.arch}")
     if args.tokenizer is not None:
         from ..tokenizers import load_tokenizer
 
@@ -346,13 +347,6 @@ def _resume_configs(
         )
     train_config = config_from_flags(args, TrainConfig, train_config)
     return model_config, train_config, int(meta["step"]), changed
-
-
-def _arch(model_config: Any) -> str:
-    """The --arch whose blocks `model_config` has (recipes.llama_style's switches, or not)."""
-    llama = (model_config.pos, model_config.norm, model_config.mlp) == ("rope", "rmsnorm",
-                                                                         "swiglu")
-    return "llama" if llama else "gpt2"
 
 
 def _check_resumable(ckpt: Path, finished: bool) -> None:
