@@ -197,20 +197,20 @@ def load_checkpoint(
 
     if is_hf_dir(directory):
         return load_hf_checkpoint(directory, map_location=map_location)
-    for attempt in range(_READ_TRIES):
-        before = _identity(Path(directory))
+    path = Path(directory)
+    for _ in range(_READ_TRIES - 1):
+        before = _identity(path)
         try:
-            return _load(Path(directory), map_location)
+            return _load(path, map_location)
         except (OSError, ValueError):
             # a training run replaced the checkpoint as we read it (a new directory now, or
             # its .tmp / .old directories beside it meanwhile): read the new one
-            saving = [d for place in (Path(directory), Path(directory) / "ckpt")
+            saving = [d for place in (path, path / "ckpt")
                       for kind in ("tmp", "old") for d in _siblings(place, kind)]
-            replaced = saving or _identity(Path(directory)) != before
-            if not replaced or attempt == _READ_TRIES - 1:
+            if not saving and _identity(path) == before:
                 raise
-            time.sleep(0.2)
-    raise AssertionError("unreachable")
+        time.sleep(0.2)
+    return _load(path, map_location)
 
 
 def _identity(directory: Path) -> tuple[int, int] | None:
