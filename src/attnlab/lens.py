@@ -41,7 +41,7 @@ import torch
 from torch import Tensor, nn
 
 from .layers import RMSNorm
-from .model import require_eval, unembed
+from .model import check_position, per_row_ids, require_eval, unembed
 from .trace import Trace
 
 
@@ -98,17 +98,11 @@ def logit_attribution(
         raise ValueError(f"ids must be a (B, T) integer tensor, got shape {tuple(ids.shape)}; "
                          "add a batch dimension with ids[None]")
     B, T = ids.shape
-    target = torch.as_tensor(target, device=ids.device)
-    if target.dim() > 1 or target.numel() not in (1, B):
-        raise ValueError(f"target has shape {tuple(target.shape)}: pass one id, or ({B},) ids, "
-                         "one per row of ids")
-    target = target.expand(B)  # (B,)
+    target = per_row_ids(target, B, "target", ids.device)  # (B,)
     if int(target.min()) < 0 or int(target.max()) >= c.vocab_size:
         raise ValueError(f"target {target.tolist()}: token ids are 0 to {c.vocab_size - 1} "
                          f"(vocab_size={c.vocab_size}); pass the id of the token to explain")
-    if not -T <= position < T:
-        raise ValueError(f"position {position} is out of range for {T} tokens; use 0 to "
-                         f"{T - 1}, or -1 for the last")
+    check_position(position, T)
     if attention_mask is not None:
         pads = (attention_mask[:, position] == 0).nonzero().flatten().tolist()
         if pads:  # a right-padded batch's last column, say: no token there to explain

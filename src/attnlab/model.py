@@ -306,6 +306,22 @@ def require_eval(model: Any, what: str) -> None:
                          "random; call model.eval() first")
 
 
+def check_position(position: int, T: int, what: str = "position") -> None:
+    """Raise unless `position` indexes one of T tokens (negative counts from the end)."""
+    if not -T <= position < T:
+        raise ValueError(f"{what} {position} is out of range for {T} tokens; use 0 to "
+                         f"{T - 1}, or -1 for the last")
+
+
+def per_row_ids(ids: int | Tensor, B: int, what: str, device: torch.device) -> Tensor:
+    """One id for every row, or (B,) ids, as (B,) ids on `device` (an analysis's target)."""
+    ids = torch.as_tensor(ids, device=device)
+    if ids.dim() > 1 or ids.numel() not in (1, B):
+        raise ValueError(f"{what} has shape {tuple(ids.shape)}: pass one id, or ({B},) ids, "
+                         "one per row of the batch")
+    return ids.expand(B)  # (B,)
+
+
 def _wide(linear: nn.Linear) -> bool:
     return linear.out_features >= linear.in_features
 

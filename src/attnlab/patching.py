@@ -26,7 +26,7 @@ import torch
 from torch import Tensor
 
 from .intervene import Edits, patch
-from .model import require_eval
+from .model import check_position, per_row_ids, require_eval
 from .trace import Trace
 
 #: logits (B, T, V) -> a scalar tensor to explain.
@@ -38,20 +38,11 @@ def logit_diff_metric(answer: int | Tensor, wrong: int | Tensor, position: int =
     answer/wrong: one id for every row, or (B,) ids."""
 
     def metric(logits: Tensor) -> Tensor:
-        T = logits.shape[1]
-        if not -T <= position < T:
-            raise ValueError(f"metric position {position} is out of range for {T} tokens; use "
-                             f"0 to {T - 1}, or -1 for the last")
+        check_position(position, logits.shape[1], "metric position")
         last = logits[:, position].float()  # (B, V)
         B = last.shape[0]
-        given = {"answer": torch.as_tensor(answer, device=last.device),
-                 "wrong": torch.as_tensor(wrong, device=last.device)}
-        for flag, ids in given.items():
-            if ids.dim() > 1 or ids.numel() not in (1, B):
-                raise ValueError(f"{flag} has shape {tuple(ids.shape)}: pass one id, or ({B},) "
-                                 "ids, one per row of the batch")
-        a = given["answer"].expand(B)[:, None]  # (B, 1)
-        w = given["wrong"].expand(B)[:, None]  # (B, 1)
+        a = per_row_ids(answer, B, "answer", last.device)[:, None]  # (B, 1)
+        w = per_row_ids(wrong, B, "wrong", last.device)[:, None]  # (B, 1)
         for flag, ids in (("answer", a), ("wrong", w)):
             if int(ids.min()) < 0 or int(ids.max()) >= last.shape[-1]:
                 raise ValueError(f"{flag} ids {ids[:, 0].tolist()} outside the model's "
