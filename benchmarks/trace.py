@@ -177,10 +177,11 @@ def _first_call(fn: Callable[[], tuple[Any, Any]]) -> tuple[tuple[float, int | N
         rss0: int | None = _status_kb("VmRSS")
     except OSError:
         rss0 = None
-    start = time.process_time() if clock() == "cpu" else time.perf_counter()
+    now = time.process_time if clock() == "cpu" else time.perf_counter  # as the ms column
+    start = now()
     with torch.inference_mode():
         out = fn()
-    seconds = (time.process_time() if clock() == "cpu" else time.perf_counter()) - start
+    seconds = now() - start
     rise = None if rss0 is None else (_status_kb("VmHWM") - rss0) * 1024
     return (seconds, rise, _nbytes(out[1])), out
 
