@@ -116,3 +116,4 @@ def test_the_quick_tour_snippet_runs_and_scores_the_next_token() -> None:
     ids, idx, targets = (namespace[n] for n in ("ids", "idx", "targets"))
     assert torch.equal(idx, ids[:, :-1]) and torch.equal(targets, ids[:, 1:])
     assert namespace["logits"].shape == (*idx.shape, 65)
+    assert sorted(namespace["trace"]) == [(layer, "attn_weights") for layer in range(4)]

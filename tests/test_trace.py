@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from attnlab import GPT, GPTConfig, Trace, attention
 from attnlab.trace import NAMES
@@ -160,3 +161,54 @@ def test_kept_keys_survive_later_cache_writes() -> None:
     model(torch.randint(0, 65, (1, 6)), kv_cache=cache)
     assert torch.equal(trace.get("k", 0), kept)  # a copy, not the cache's memory
     assert trace.get("k", 0).data_ptr() != cache.layers[0].k.data_ptr()
+
+
+@settings(max_examples=25, deadline=None)
+@given(switches=modern_switches(n_layer=3),
+       names=st.sets(st.sampled_from(sorted(set(NAMES) - {"logits"})), max_size=3),
+       layers=st.sets(st.integers(0, 2), max_size=2))
+def test_run_keeps_what_a_whole_forward_keeps_and_stops_after_it(
+        switches: dict[str, object], names: set[str], layers: set[int]) -> None:
+    """Trace.run holds the same values as model(idx, trace=...) for any filter, on every
+    switch, with left padding; the blocks after the last traced layer and the head never
+    run; a trace left without its stop point runs the whole forward again."""
+    model = _model(n_head=4, n_layer=3, **switches)
+    idx = torch.randint(0, 65, (2, 9))
+    mask = torch.ones(2, 9, dtype=torch.long)
+    mask[1, :3] = 0
+    whole = Trace(layers=layers or None, names=names or None)
+    model(idx, attention_mask=mask, trace=whole)
+    ran: list[str] = []
+    hooks = [module.register_forward_pre_hook(lambda *_, name=name: ran.append(name))
+             for name, module in [(f"block {i}", b) for i, b in enumerate(model.blocks)]
+             + [("lm_head", model.lm_head)]]
+    part = Trace(layers=layers or None, names=names or None).run(model, idx, mask)
+    assert part.values.keys() == whole.values.keys()
+    for key, value in whole.values.items():
+        assert torch.equal(part.values[key], value), key
+    if not names:  # every name: the logits too
+        assert ran == ["block 0", "block 1", "block 2", "lm_head"]
+    else:
+        last = -1 if names <= {"tok_emb", "pos_emb", "emb"} else max(layers or {2})
+        if names & set(NAMES) - {"tok_emb", "pos_emb", "emb", "resid_pre"}:
+            last += 1  # a value inside the last traced block (resid_pre is its input)
+        assert ran == [f"block {i}" for i in range(last)]
+    ran.clear()
+    assert model(idx, attention_mask=mask, trace=part).logits.shape == (2, 9, 65)
+    assert ran == ["block 0", "block 1", "block 2", "lm_head"]
+    for hook in hooks:
+        hook.remove()
+
+
+def test_run_applies_edits_before_it_keeps() -> None:
+    from attnlab.intervene import Edits, zero_heads
+
+    model = _model(n_head=4, n_layer=3)
+    idx = torch.randint(0, 65, (2, 9))
+    edits = Edits([zero_heads(0, [1, 2])])
+    whole = Trace(layers=1, names="attn_weights")
+    model(idx, trace=whole, edits=edits)
+    part = Trace(layers=1, names="attn_weights").run(model, idx, edits=edits)
+    assert torch.equal(part.get("attn_weights", 1), whole.get("attn_weights", 1))
+    plain = Trace(layers=1, names="attn_weights").run(model, idx)
+    assert not torch.equal(plain.get("attn_weights", 1), whole.get("attn_weights", 1))

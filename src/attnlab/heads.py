@@ -154,8 +154,7 @@ def detect_heads(
     if ids.dim() == 2 and ids.shape[1] < 2:  # a score relates a query to an earlier key
         raise ValueError(f"detect_heads needs 2 or more tokens per row, got ids of shape "
                          f"{tuple(ids.shape)}; pass longer ids, or none for the standard probe")
-    trace = Trace(names=["attn_weights"])
-    model(ids, attention_mask=attention_mask, trace=trace)
+    trace = Trace(names=["attn_weights"]).run(model, ids, attention_mask)
     n_layer = model.config.n_layer
     weights = [trace.get("attn_weights", layer) for layer in range(n_layer)]  # (B, nh, T, T)
     scores = {}

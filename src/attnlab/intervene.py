@@ -222,8 +222,7 @@ def head_means(model: torch.nn.Module, idx: Tensor, attention_mask: Tensor | Non
     """Per layer, each head's mean output (nh, hs) over every real token of a reference
     batch idx (B, T): what `mean_heads` puts in place of a head."""
     require_eval(model, "the head means")
-    trace = Trace(names=["context"])
-    model(idx, attention_mask=attention_mask, trace=trace)
+    trace = Trace(names=["context"]).run(model, idx, attention_mask)  # type: ignore[arg-type]
     means = []
     for layer in range(len(model.blocks)):  # type: ignore[arg-type]
         context = trace.get("context", layer)  # (B, nh, T, hs)

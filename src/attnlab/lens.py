@@ -50,8 +50,7 @@ def logit_lens(model: Any, ids: Tensor, attention_mask: Tensor | None = None) ->
     """ids (B, T) -> (n_layer + 1, B, T, V) logits: row 0 reads the embeddings, row l + 1 the
     residual after layer l (the last row equals the model's logits)."""
     require_eval(model, "the logit lens")
-    trace = Trace(names=["emb", "block_out"])
-    model(ids, attention_mask=attention_mask, trace=trace)
+    trace = Trace(names=["emb", "block_out"]).run(model, ids, attention_mask)
     streams = [trace.get("emb")] + [trace.get("block_out", layer)
                                      for layer in range(model.config.n_layer)]
     # unembed: the model's own head product, so the last row is bit-equal to its logits

@@ -130,11 +130,8 @@ def _labels(tokenizer: Any, ids: Sequence[int] | None, tokens: Sequence[str] | N
 
 
 def _trace_model(model: Any, ids: list[int], steps_layer: int | None) -> _ViewTrace:
-    trace = _ViewTrace(steps_layer)
     device = next(model.parameters()).device
-    with torch.no_grad():
-        model(torch.tensor([ids], device=device), trace=trace)  # (1, T) -> logits
-    return trace
+    return _ViewTrace(steps_layer).run(model, torch.tensor([ids], device=device))  # (1, T)
 
 
 # ----------------------------------------------------------------------------- encoding

@@ -7,8 +7,10 @@ a trace keeps a copy and returns `x` unchanged; edits (`intervene.py`, passed as
 `Seam` joins both for one forward pass: edits apply first, so a trace sees what the model
 used. Attention runs its explicit (reference) path only where a sink needs raw scores,
 masked scores or weights (`needs_weights`); everything else keeps the fused path, and
-layers no sink touches run as if there were none. This module owns the names, what is
-captured and how it is filtered; what an edit does is `intervene.py`'s, drawing `viz.py`'s.
+layers no sink touches run as if there were none. `Trace.run` ends the forward pass once the
+trace holds all it will keep (the seam raises after the last value). This module owns the
+names, what is captured and how it is filtered; what an edit does is `intervene.py`'s,
+drawing `viz.py`'s.
 
 Names and shapes (vocabulary in `attention.py`; heads dimension nh is sliced by `heads`):
 """
@@ -16,19 +18,24 @@ Names and shapes (vocabulary in `attention.py`; heads dimension nh is sliced by 
 from __future__ import annotations
 
 from collections.abc import Iterable, Iterator
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, Protocol, TypeVar
 
 import torch
 from torch import Tensor
 
 if TYPE_CHECKING:
     from .config import GPTConfig
+    from .model import GPT
 
-#: Every name a trace can hold, with its shape. Model-level names have layer None.
+_Trace = TypeVar("_Trace", bound="Trace")
+
+#: Every name a trace can hold, with its shape, in the order a forward pass reports them (a
+#: block's from resid_pre to block_out, once per layer). Model-level names have layer None.
 NAMES: dict[str, str] = {
     "tok_emb": "(B, T, C) token embeddings",
     "pos_emb": "(B, T, C) learned position embeddings (per row: left padding shifts them)",
     "emb": "(B, T, C) tok_emb (+ pos_emb), the input of layer 0",
+    "resid_pre": "(B, T, C) the residual stream entering the block (layer 0: emb)",
     "q_pre_rope": "(B, nh, T, hs) queries before rotary embedding, after QK-norm if any "
                   "(pos='rope' only)",
     "k_pre_rope": "(B, nkv, T, hs) this call's keys before rotary embedding, after QK-norm if "
@@ -42,7 +49,6 @@ NAMES: dict[str, str] = {
     "attn_weights_dropped": "(B, nh, T, S) attention weights after dropout (training only)",
     "context": "(B, nh, T, hs) weighted values: attn_weights @ v, one slice per head",
     "attn_out": "(B, T, C) heads concatenated and projected (absent without out_proj)",
-    "resid_pre": "(B, T, C) the residual stream entering the block (layer 0: emb)",
     "mlp_out": "(B, T, C) the MLP's output, before it joins the residual (absent without mlp)",
     "block_out": "(B, T, C) output of the block (the residual stream after it)",
     "logits": "(B, T, V) next-token logits",
@@ -57,6 +63,7 @@ HEAD_NAMES = frozenset(
 WEIGHT_NAMES = frozenset({"attn_scores", "masked_scores", "attn_weights", "attn_weights_dropped"})
 #: Names whose values may be views into a KV cache: a trace always copies them.
 _CACHE_NAMES = frozenset({"k", "v"})
+_ORDER = {name: i for i, name in enumerate(NAMES)}
 __doc__ = (__doc__ or "") + "\n".join(f"    {n:22s} {s}" for n, s in NAMES.items())
 
 
@@ -106,7 +113,15 @@ class _LayerView:
             value = self.edits.apply(name, value, self.layer, self.length)
         if self.trace is not None:
             self.trace.record(name, value, self.layer)
+            last = self.trace.last_place
+            if last is not None and (-1 if self.layer is None else self.layer,
+                                     _ORDER[name]) >= last:
+                raise _Enough  # Trace.run: nothing after this point is kept
         return value
+
+
+class _Enough(Exception):
+    """Raised by the seam once a `Trace.run` trace holds all it will keep."""
 
 
 class Seam:
@@ -182,6 +197,30 @@ class Trace:
         # wanted, and keep the fused path for a trace of, say, the residual stream
         self.needs_weights = names is None or bool(names & WEIGHT_NAMES)
         self.values: dict[tuple[int | None, str], Tensor] = {}
+        # (layer or -1, index in NAMES) of the last value kept: set only while `run` runs
+        self.last_place: tuple[int, int] | None = None
+
+    def run(self: _Trace, model: GPT, idx: Tensor, attention_mask: Tensor | None = None, *,
+            edits: EditSource | None = None) -> _Trace:
+        """Run `model` on idx (B, T), without autograd, only as far as this trace keeps
+        values, and return the trace. A trace of the attention weights skips the last
+        layer's context and MLP and the head (the logits: a quarter of GPT-2 small's forward
+        at 1024 tokens), `Trace(layers=0)` runs one block. Take `model(idx, trace=trace)`
+        where you want the logits too; those values are the same.
+        """
+        names = NAMES.keys() if self.names is None else self.names
+        layers = range(model.config.n_layer) if self.layers is None else self.layers
+        places = [(-1 if n in MODEL_NAMES else max(layers), _ORDER[n]) for n in names
+                  if n in MODEL_NAMES or layers]
+        self.last_place = None if "logits" in names else max(places, default=(-1, -1))
+        try:
+            with torch.no_grad():
+                model(idx, attention_mask=attention_mask, trace=self, edits=edits)
+        except _Enough:
+            pass
+        finally:
+            self.last_place = None
+        return self
 
     def check_layers(self, n_layer: int) -> None:
         """Raise unless the layer filter names layers the model has (a trace of layer 7 on a

@@ -56,10 +56,8 @@ def attention_payload(
     n_layer = model.config.n_layer
     wanted = list(range(n_layer)) if layers is None else list(dict.fromkeys(layers))
     names = ["attn_weights", "q", "k", "v"] if norms else ["attn_weights"]
-    trace = Trace(layers=wanted, names=names)
     idx = torch.tensor([list(ids)], dtype=torch.long)  # (1, T)
-    with torch.no_grad():
-        model(idx, trace=trace)
+    trace = Trace(layers=wanted, names=names).run(model, idx)  # up to the last layer asked
     T = idx.shape[1]
     future = ~torch.ones(T, T, dtype=torch.bool).tril()  # (T, T) keys after the query
     out_layers = []

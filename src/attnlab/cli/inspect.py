@@ -134,9 +134,7 @@ def run(args: argparse.Namespace) -> int:
     names = {"attn_weights"} | {n for k in kinds for n in WHAT[k][0]}
     if page:
         names |= {"attn_scores", "masked_scores"}  # the steps view and exact masks
-    trace = Trace(layers=layers, heads=heads, names=names)
-    with torch.no_grad():
-        model(torch.tensor([ids]), trace=trace)  # (1, T) -> logits; the trace keeps the rest
+    trace = Trace(layers=layers, heads=heads, names=names).run(model, torch.tensor([ids]))
 
     out = Path(args.out)
     if out.exists() and not out.is_dir():
