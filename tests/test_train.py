@@ -151,6 +151,26 @@ def test_interrupted_and_resumed_equals_uninterrupted(
     assert _losses([json.loads(line) for line in logged]) == _losses(whole.history)
 
 
+def test_a_second_ctrl_c_quits_at_once_and_keeps_the_last_checkpoint(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # the first Ctrl-C waits for the step (or a long evaluation) to end, then saves; a user
+    # who presses it again wants out now
+    dataset = load_dataset("copy")
+    model_config, config = _small(dataset)
+
+    def callback(row: dict[str, Any]) -> None:
+        if row.get("step") == 12 and "loss" in row:
+            os.kill(os.getpid(), signal.SIGINT)
+            os.kill(os.getpid(), signal.SIGINT)
+
+    with pytest.raises(KeyboardInterrupt):
+        train(model_config, config, dataset, tmp_path, callback=callback)
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # handler restored
+    assert load_checkpoint(tmp_path / "ckpt").meta["step"] == 10  # the last evaluation's
+    assert "saving a checkpoint (Ctrl-C again: quit now)" in capsys.readouterr().err
+
+
 @pytest.mark.skipif(not hasattr(signal, "SIGHUP"), reason="no SIGHUP on this system")
 @pytest.mark.parametrize("name", ["SIGTERM", "SIGHUP"])
 def test_sigterm_and_sighup_save_and_stop_like_ctrl_c(

@@ -384,17 +384,21 @@ def _fit(config: TrainConfig, max_iters: int, step: int, steps_per_s: float,
 
 class _StopFlag:
     """Turns SIGINT/SIGTERM/SIGHUP into a request to stop after the current optimizer step
-    (SIGHUP: the terminal or ssh session of a run logging to a file was closed)."""
+    (SIGHUP: the terminal or ssh session of a run logging to a file was closed). A second
+    Ctrl-C quits at once (KeyboardInterrupt), leaving the last saved checkpoint."""
 
     def __init__(self) -> None:
         self.requested = False
         self._old: dict[int, Any] = {}
 
     def _handler(self, signum: int, frame: Any) -> None:
+        if self.requested and signum == signal.SIGINT:
+            raise KeyboardInterrupt  # saves are atomic: the last checkpoint stays whole
         if not self.requested and os.environ.get("RANK", "0") == "0":
             # at once: the step (or an evaluation of many batches) may take a while yet
+            again = " (Ctrl-C again: quit now)" if signum == signal.SIGINT else ""
             print(f"\n{signal.Signals(signum).name}: stopping after this step, then saving a "
-                  "checkpoint", file=sys.stderr, flush=True)
+                  f"checkpoint{again}", file=sys.stderr, flush=True)
         self.requested = True
 
     def __enter__(self) -> _StopFlag:
