@@ -134,6 +134,41 @@ def test_blocked_weights_equal_one_softmax_with_padding_and_a_cache(
         torch.testing.assert_close(trace.get("context", layer), context)
 
 
+@settings(max_examples=30, deadline=None)
+@given(rows=st.integers(1, 9), T=st.integers(1, 24), P=st.integers(0, 6),
+       pad=st.integers(0, 12), window=st.sampled_from([None, 1, 3, 8]))
+def test_weights_alone_equal_the_weights_beside_the_scores(
+    rows: int, T: int, P: int, pad: int, window: int | None
+) -> None:
+    """A trace of the weights alone masks each block of queries' scores as it makes them;
+    a trace with the raw scores masks them whole first. Any block size gives the same
+    weights and the same masked cells, with left padding, a cache and sliding windows
+    (checked to fail where a block's mask assumes plain causal structure)."""
+    import attnlab.attention as attention_module
+
+    model = _model(n_head=4, sliding_window=window)
+    B = 2
+    mask = torch.ones(B, P + T, dtype=torch.long)
+    mask[1, :min(pad, P + T - 1)] = 0  # row 1 left-padded, one token kept
+    ids = torch.randint(0, 65, (B, P + T), generator=torch.Generator().manual_seed(T))
+    traces = []
+    old = attention_module.BLOCK_ROWS
+    attention_module.BLOCK_ROWS = rows
+    try:
+        for names in (["attn_weights"], ["attn_scores", "attn_weights"]):
+            cache = model.new_cache(B)
+            if P:
+                model(ids[:, :P], attention_mask=mask[:, :P], kv_cache=cache)
+            traces.append(Trace(names=names))
+            model(ids[:, P:], attention_mask=mask, kv_cache=cache, trace=traces[-1])
+    finally:
+        attention_module.BLOCK_ROWS = old
+    for layer in range(model.config.n_layer):
+        alone, beside = (t.get("attn_weights", layer) for t in traces)
+        torch.testing.assert_close(alone, beside, atol=1e-6, rtol=0)
+        assert torch.equal(alone == 0, beside == 0)  # the same cells masked
+
+
 def test_float16_storage_halves_the_bytes_within_the_stated_error() -> None:
     model = _model()
     idx = torch.randint(0, 65, (2, 12), generator=torch.Generator().manual_seed(3))
