@@ -336,9 +336,10 @@ def patch(
     positions: Iterable[int] | None = None,
 ) -> Edit:
     """Activation patching: the selected cells take their values from another run's trace
-    (same batch size; the source trace must hold `name` at `layer`, all heads). A run longer
-    than the source, such as generation past the traced prompt, may patch only positions
-    inside the source; the same edit gives the same tokens cached or recomputed."""
+    (same batch size; the source trace must hold `name` at `layer`, all heads). Columns pair
+    by absolute position: a run shorter than the source takes its first columns, and a run
+    longer than the source, such as generation past the traced prompt, may patch only
+    positions inside the source; the same edit gives the same tokens cached or recomputed."""
     stored = source.get(name, layer)
     dim = position_dim(name)
     selected = _tuple(positions)
