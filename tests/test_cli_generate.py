@@ -302,3 +302,18 @@ def test_a_binary_prompt_file_gets_one_clear_line(
     err = capsys.readouterr().err
     assert "codec" not in err and err.count("\n") == 1
     assert "is not UTF-8 text (byte 0x89 at offset 0)" in err or "holds NUL bytes" in err
+
+
+def test_counts_of_one_are_singular(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    # "1 layers, 1 heads" (seed 002's one-layer, one-head model), "[1 new tokens in ...]"
+    tokenizer = get_tokenizer("char", TEXT)
+    torch.manual_seed(0)
+    config = GPTConfig(n_layer=1, n_head=1, n_embd=8, vocab_size=tokenizer.vocab_size,
+                       block_size=16)
+    path = save_checkpoint(tmp_path / "ckpt", GPT(config).eval(), tokenizer)
+    assert main(["info", str(path)]) == 0
+    assert "model       1 layer, 1 head, 8 dims" in capsys.readouterr().out
+    assert main(["generate", str(path), "the", "--max-new-tokens", "1"]) == 0
+    assert "[1 new token in " in capsys.readouterr().err
+    assert main(["inspect", str(path), "t", "--out", str(tmp_path / "fig")]) == 0
+    assert "text     1 token: 't'" in capsys.readouterr().out

@@ -149,6 +149,11 @@ def add_checkpoint_argument(parser: argparse.ArgumentParser) -> None:
                         "Hugging Face model directory")
 
 
+def count(n: int, noun: str, plural: str | None = None) -> str:
+    """"1 layer", "12 layers" ("2 processes" with plural="processes")."""
+    return f"{n} {noun if n == 1 else plural or noun + 's'}"
+
+
 def unescape(text: str) -> str:
     r"""`\n` and `\t` typed on a command line as the newline and tab they stand for."""
     return text.replace("\\n", "\n").replace("\\t", "\t")

@@ -16,7 +16,7 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from . import CLIError, add_checkpoint_argument, unescape
+from . import CLIError, add_checkpoint_argument, count, unescape
 
 if TYPE_CHECKING:
     from collections.abc import Iterator
@@ -275,5 +275,6 @@ def run(args: argparse.Namespace) -> int:
                 print(f"{prompt}\n{completion}" if args.chat else prompt + completion)
     seconds = time.perf_counter() - start
     rate = produced / max(seconds, 1e-9)
-    print(f"[{produced} new tokens in {seconds:.2f} s, {rate:,.1f} tokens/s]", file=sys.stderr)
+    print(f"[{count(produced, 'new token')} in {seconds:.2f} s, {rate:,.1f} tokens/s]",
+          file=sys.stderr)
     return 0

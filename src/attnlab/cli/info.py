@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from . import add_checkpoint_argument
+from . import add_checkpoint_argument, count
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
@@ -60,8 +60,8 @@ def run(args: argparse.Namespace) -> int:
         return 0
     c = info["config"]
     print(f"checkpoint  {info['path']}  ({info['bytes'] / 1e6:.2f} MB)")
-    print(f"model       {c['n_layer']} layers, {c['n_head']} heads, {c['n_embd']} dims, "
-          f"context {c['block_size']}, vocab {c['vocab_size']}: "
+    print(f"model       {count(c['n_layer'], 'layer')}, {count(c['n_head'], 'head')}, "
+          f"{c['n_embd']} dims, context {c['block_size']}, vocab {c['vocab_size']}: "
           f"{info['parameters']:,} parameters")
     print("config      " + ", ".join(f"{k}={v}" for k, v in c.items()))
     if meta.get("family"):
@@ -76,7 +76,7 @@ def run(args: argparse.Namespace) -> int:
             val += f" ({meta['val_bpb']:.3f} bits/byte)"
         if val and meta.get("val_step") not in (None, info["step"]):  # an interrupted run's
             val += f" at step {meta['val_step']}"
-        print(f"trained     {info['step']} steps on {info['dataset']}{val}")
+        print(f"trained     {count(info['step'], 'step')} on {info['dataset']}{val}")
     if train_config:
         print("train       " + ", ".join(f"{k}={v}" for k, v in train_config.items()))
     print(f"resumable   {'yes' if info['resumable'] else 'no (no training state saved)'}")

@@ -15,7 +15,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from . import CLIError, add_checkpoint_argument, text_ids
+from . import CLIError, add_checkpoint_argument, count, text_ids
 
 #: what -> (trace names it needs, description for --help)
 WHAT: dict[str, tuple[tuple[str, ...], str]] = {
@@ -209,11 +209,11 @@ def run(args: argparse.Namespace) -> int:
     for name in sorted(stale):
         (out / name).unlink(missing_ok=True)
 
-    print(f"text     {T} tokens: {' '.join(repr(t) for t in tokens[:16])}"
+    print(f"text     {count(T, 'token')}: {' '.join(repr(t) for t in tokens[:16])}"
           + (" …" if T > 16 else ""))
     print(f"traced   layers {_ranges(layers)}, heads {_ranges(heads)}: "
           f"{', '.join(sorted(names))} ({trace.size_text()})")
-    print(f"wrote    {len(written)} files to {out}/")
+    print(f"wrote    {count(len(written), 'file')} to {out}/")
     for path in written[:12]:
         print(f"         {path.name}")
     if len(written) > 12:

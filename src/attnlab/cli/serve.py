@@ -7,7 +7,7 @@ import errno
 import socket
 import sys
 
-from . import CLIError, add_checkpoint_argument, add_config_flags, config_from_flags
+from . import CLIError, add_checkpoint_argument, add_config_flags, config_from_flags, count
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
@@ -59,7 +59,8 @@ def run(args: argparse.Namespace) -> int:
     c = checkpoint.model.config
     sock = _bind(args.host, args.port)  # before the banner: a port in use is one line
     print(
-        f"attnlab serve: {args.checkpoint} ({c.n_layer} layers x {c.n_head} heads, "
+        f"attnlab serve: {args.checkpoint} ({count(c.n_layer, 'layer')} x "
+        f"{count(c.n_head, 'head')}, "
         f"block_size {c.block_size}, {args.weights} weights) at "
         f"http://{args.host}:{args.port}/  (Ctrl-C stops)",
         file=sys.stderr,

@@ -15,7 +15,7 @@ import shlex
 from pathlib import Path
 from typing import Any
 
-from . import CLIError, add_config_flags, config_from_flags, config_overrides
+from . import CLIError, add_config_flags, config_from_flags, config_overrides, count
 from .progress import Progress
 
 
@@ -141,7 +141,7 @@ def _run(args: argparse.Namespace) -> int:
             print(f"resume   changed: {', '.join(changed)}")
         before, now = saved[1].get("world_size", 1), int(os.environ.get("WORLD_SIZE", "1"))
         if before != now and model_config.dropout > 0:  # the data order is the same
-            runs = [_count(n, "process", "processes") for n in (before, now)]
+            runs = [count(n, "process", "processes") for n in (before, now)]
             print(f"resume   the run used {runs[0]}, this one {runs[1]}: dropout draws other "
                   "masks from here, so the losses will not match an uninterrupted run's bit "
                   "for bit")
@@ -289,10 +289,6 @@ def _run_data(ckpt: Path, meta: dict[str, Any]) -> str:
                    "text")
 
 
-def _count(n: int, noun: str, plural: str | None = None) -> str:
-    return f"{n} {noun if n == 1 else plural or noun + 's'}"
-
-
 def _resume_configs(
     args: argparse.Namespace, ckpt: Path, saved_configs: tuple[Any, dict[str, Any]],
     dataset: Any,
@@ -380,13 +376,13 @@ def _describe(dataset: Any, model_config: Any, train_config: Any, resumed: bool)
     tc = train_config
     print(f"data     {dataset.describe()}")
     print(
-        f"model    {_count(model_config.n_layer, 'layer')}, "
-        f"{_count(model_config.n_head, 'head')}, "
+        f"model    {count(model_config.n_layer, 'layer')}, "
+        f"{count(model_config.n_head, 'head')}, "
         f"{model_config.n_embd} dims, context {model_config.block_size}: "
         + (f"{n_params / 1e6:.2f}M parameters" if n_params >= 10_000 else
            f"{n_params:,} parameters")
     )
-    steps = f"{tc.max_iters} steps"
+    steps = count(tc.max_iters, "step")
     if tc.time_budget and resumed:  # the steps were fitted when the run started
         steps += f" (the run began with a {tc.time_budget} budget)"
     elif tc.time_budget:
