@@ -1,4 +1,5 @@
-"""viewer_data.py: the texts the viewer starts from fit the model's vocabulary and context."""
+"""viewer_data.py: the texts the viewer starts from fit the model's vocabulary and context; an
+attention payload runs the model only as far as the layers it returns."""
 
 from __future__ import annotations
 
@@ -31,3 +32,24 @@ def test_another_vocabulary_gets_its_own_printable_tokens(block_size: int) -> No
     ids = tok.encode(sample["text"])
     assert 0 < len(ids) <= block_size and "\n" not in sample["text"]
     assert 0 < len(tok.encode(sample["prompt"])) < block_size
+
+
+def test_one_layer_of_attention_runs_the_model_up_to_that_layer() -> None:
+    # the viewer asks for one layer at a time: at 512 tokens of GPT-2 small's shape, layer 0
+    # took 1.53 s through the whole forward and 0.033 s through Trace.run
+    import torch
+
+    from attnlab import GPT, GPTConfig
+    from attnlab.viewer_data import attention_payload
+
+    tok = get_tokenizer("char", DEFAULT_TEXT)
+    torch.manual_seed(0)
+    model = GPT(GPTConfig(n_layer=3, n_head=2, n_embd=16, vocab_size=tok.vocab_size,
+                          block_size=32)).eval()
+    started: list[str] = []
+    for name, module in [("block 0", model.blocks[0]), ("block 1", model.blocks[1]),
+                         ("block 2", model.blocks[2]), ("head", model.lm_head)]:
+        module.register_forward_pre_hook(lambda *_, name=name: started.append(name))
+    payload = attention_payload(model, tok.encode("The cat sat"), tok, layers=[1], norms=True)
+    assert [entry["layer"] for entry in payload["layers"]] == [1]
+    assert started == ["block 0", "block 1"]
