@@ -145,3 +145,16 @@ def test_patch_reads_escapes_in_the_answer_as_generate_reads_stops(
     assert main(["patch", str(checkpoint[0]), "--clean", "abc", "--corrupt", "abd",
                  "--answer", r"\n", "--wrong", r"\t", "--out", str(tmp_path)]) == 1
     assert seen == ["\n"]  # the newline itself, not a backslash and an n
+
+
+def test_patch_by_attribution(checkpoint: tuple, tmp_path: Path,
+                              capsys: pytest.CaptureFixture[str]) -> None:
+    path, model, _ = checkpoint
+    args = ["patch", str(path), "--clean", "abcd|ab", "--corrupt", "abxd|ab", "--answer", "c",
+            "--wrong", "x", "--method", "attribution", "--out", str(tmp_path / "p")]
+    assert main(args) == 0
+    assert "heads by effect" in capsys.readouterr().out
+    result = json.loads((tmp_path / "p" / "patch.json").read_text())
+    assert result["method"] == "attribution"
+    assert result["resid"][0][:2] == [0.0, 0.0]  # positions where clean == corrupt
+    assert result["resid"][0][2] != 0.0 and len(result["heads"]) == 2

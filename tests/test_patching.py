@@ -6,9 +6,14 @@ from __future__ import annotations
 import pytest
 import torch
 
-from attnlab import GPT, GPTConfig
-from attnlab.intervene import Edits, patch
-from attnlab.patching import activation_patching, logit_diff_metric, patch_effect
+from attnlab import GPT, GPTConfig, Trace
+from attnlab.intervene import Edit, Edits, patch
+from attnlab.patching import (
+    activation_patching,
+    attribution_patching,
+    logit_diff_metric,
+    patch_effect,
+)
 from helpers import one_head_model
 
 
@@ -74,3 +79,58 @@ def test_a_metric_that_reads_a_pad_is_refused_and_left_padding_works() -> None:
     effect = patch_effect(model, clean.flip(-1), corrupt.flip(-1), metric,
                           lambda t: Edits([patch(t, "resid_pre", 0)]), attention_mask=left)
     assert effect == pytest.approx(1.0)
+
+
+def test_attribution_equals_patching_where_the_metric_is_linear() -> None:
+    # uniform attention, no norm, no MLP: the logits are linear in every head output and
+    # residual, so the first-order estimate is the patching effect itself
+    model = one_head_model()
+    clean, corrupt = torch.tensor([[1, 0, 0, 3]]), torch.tensor([[2, 0, 0, 3]])
+    metric = logit_diff_metric(1, 2)
+    exact = activation_patching(model, clean, corrupt, metric)
+    estimate = attribution_patching(model, clean, corrupt, metric)
+    torch.testing.assert_close(estimate.heads, exact.heads, atol=1e-6, rtol=0)
+    torch.testing.assert_close(estimate.resid, exact.resid, atol=1e-6, rtol=0)
+    assert (estimate.clean, estimate.corrupted) == (exact.clean, exact.corrupted)
+
+
+def test_attribution_is_the_derivative_along_clean_minus_corrupted() -> None:
+    """Each estimate is the directional derivative of the metric, at the corrupted run, along
+    that value's clean - corrupted difference (central differences in float64; the metric
+    itself is float32), with left padding; the parameters get no gradient, and frozen ones
+    still give one."""
+    model = _nano().double()
+    for p in model.parameters():
+        p.requires_grad_(False)
+    gen = torch.Generator().manual_seed(1)
+    clean, corrupt = torch.randint(0, 65, (2, 2, 6), generator=gen)
+    corrupt[:, -1] = clean[:, -1]
+    mask = torch.ones(2, 6, dtype=torch.long)
+    mask[1, :2] = 0
+    metric = logit_diff_metric(answer=torch.tensor([3, 4]), wrong=5)
+    result = attribution_patching(model, clean, corrupt, metric, attention_mask=mask)
+    trace = Trace(names=["context", "resid_pre"])
+    model(clean, attention_mask=mask, trace=trace)
+
+    def slope(name: str, layer: int, **where: tuple[int, ...]) -> float:
+        """d metric / d step, moving `name`'s selected cells from corrupted toward clean."""
+        toward, eps = trace.get(name, layer), 1e-3
+        ends = []
+        for step in (eps, -eps):
+            edit = Edit(name, layer, lambda v, f: v + step * (toward - v), **where)
+            with torch.no_grad():
+                ends.append(float(metric(model(corrupt, attention_mask=mask,
+                                               edits=Edits([edit])).logits)))
+        return (ends[0] - ends[1]) / (2 * eps) / (result.clean - result.corrupted)
+
+    for layer, head in [(0, 0), (0, 1), (1, 0), (1, 1)]:
+        assert slope("context", layer, heads=(head,)) == pytest.approx(
+            float(result.heads[layer, head]), rel=1e-3, abs=1e-4)
+    for layer, pos in [(0, 1), (0, 3), (1, 2), (1, 5)]:
+        assert slope("resid_pre", layer, positions=(pos,)) == pytest.approx(
+            float(result.resid[layer, pos]), rel=1e-3, abs=1e-4)
+    assert result.heads.abs().min() > 1e-3 and result.resid[:, 2:5].abs().min() > 1e-3
+    assert result.resid[0, 5] == 0  # the same last token: layer 0 sees no difference there
+    assert all(p.grad is None and not p.requires_grad for p in model.parameters())
+    with pytest.raises(ValueError, match="padded position"):
+        attribution_patching(model, clean, corrupt, metric, attention_mask=mask.flip(-1))

@@ -2,6 +2,7 @@
 patching. Which heads, and which positions of the residual stream, carry the difference
 between the clean and the corrupted prompt's logit difference (answer minus wrong, next
 token after the prompt)? Prints the top effects, writes the heatmaps and JSON to --out.
+`--method attribution` estimates every effect from one backward pass instead.
 """
 
 from __future__ import annotations
@@ -35,6 +36,11 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
                         help="the clean prompt's next token (\\n and \\t for newline and tab)")
     parser.add_argument("--wrong", required=True,
                         help="the token to compare it against (\\n and \\t as for --answer)")
+    parser.add_argument("--method", choices=["activation", "attribution"],
+                        default="activation",
+                        help="activation: one corrupted run per head and per (layer, "
+                        "position); attribution: every effect to first order from one "
+                        "backward pass (fast, approximate: confirm its top heads)")
     parser.add_argument("--out", default="patch", help="directory for patch.png/json")
     return parser
 
@@ -57,7 +63,7 @@ def _one_token(tok: Tokenizer, text: str, flag: str) -> int:
 def run(args: argparse.Namespace) -> int:
     import torch
 
-    from ..patching import activation_patching, logit_diff_metric
+    from ..patching import activation_patching, attribution_patching, logit_diff_metric
     from ..viz import save_figure
     from ..viz_heads import plot_patching
     from .generate import load_any
@@ -74,8 +80,9 @@ def run(args: argparse.Namespace) -> int:
     args.answer, args.wrong = unescape(args.answer), unescape(args.wrong)
     answer = _one_token(tok, args.answer, "--answer")
     wrong = _one_token(tok, args.wrong, "--wrong")
-    result = activation_patching(model, torch.tensor([clean]), torch.tensor([corrupt]),
-                                 logit_diff_metric(answer, wrong))
+    patching = activation_patching if args.method == "activation" else attribution_patching
+    result = patching(model, torch.tensor([clean]), torch.tensor([corrupt]),
+                      logit_diff_metric(answer, wrong))
     print(f"logit difference {args.answer!r} - {args.wrong!r}: clean {result.clean:.3f}, "
           f"corrupted {result.corrupted:.3f}")
     gap = abs(result.clean - result.corrupted)
@@ -95,7 +102,8 @@ def run(args: argparse.Namespace) -> int:
     out.mkdir(parents=True, exist_ok=True)
     record = {"clean": args.clean, "corrupt": args.corrupt,
               "answer": {"text": args.answer, "id": answer},
-              "wrong": {"text": args.wrong, "id": wrong}, **result.to_dict(), "tokens": tokens}
+              "wrong": {"text": args.wrong, "id": wrong}, "method": args.method,
+              **result.to_dict(), "tokens": tokens}
     (out / "patch.json").write_text(json.dumps(record, indent=2) + "\n")
     paths = save_figure(plot_patching(result.heads, result.resid, tokens), out / "patch.png")
     print(f"wrote {out / 'patch.json'} and {', '.join(str(p) for p in paths)}")
