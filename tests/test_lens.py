@@ -42,6 +42,9 @@ def test_attributions_sum_to_the_logit(overrides: dict) -> None:
         assert parts.heads.shape == (3, 2, model.config.n_head)
         torch.testing.assert_close(parts.total(), parts.logit, atol=1e-4, rtol=1e-5)
         assert parts.heads.abs().sum() > 0
+        logits = model(idx).logits[:, position]  # (3, V): the logit is the model's own
+        torch.testing.assert_close(parts.logit, logits[torch.arange(3), [5, 6, 7]],
+                                   atol=1e-6, rtol=0)
     if overrides.get("mlp") == "none":
         assert torch.all(parts.mlp == 0)
 

@@ -109,7 +109,7 @@ def logit_attribution(
                              "0), so those rows have no logit there; pad on the left, which "
                              "puts every row's last token in the last column")
     trace = Trace(names=["emb", "context", "mlp_out", "block_out"])
-    logits = model(ids, attention_mask=attention_mask, trace=trace).logits  # (B, T, V)
+    trace.run(model, ids, attention_mask)  # up to the last block: the head runs below
     w_u = model.lm_head.weight[target].float()  # (B, C): the target's unembedding rows
     final = trace.get("block_out", c.n_layer - 1)[:, position].float()  # (B, C)
     norm, centre = model.ln_f, True
@@ -153,5 +153,7 @@ def logit_attribution(
             mlp[:, layer] = direct(trace.get("mlp_out", layer)[:, position])
     emb = direct(trace.get("emb")[:, position])
     bias = (beta * w_u).sum(-1) if beta is not None else torch.zeros(B, device=device)
-    logit = logits[:, position].float().gather(-1, target[:, None])[:, 0]  # (B,)
+    # the model's logit, the head at this position only
+    last = model.ln_f(trace.get("block_out", c.n_layer - 1)[:, position])  # (B, C)
+    logit = model.lm_head(last).float().gather(-1, target[:, None])[:, 0]  # (B,)
     return Attribution(emb, heads, attn_bias, mlp, bias, logit)
