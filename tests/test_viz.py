@@ -171,3 +171,19 @@ def test_matplotlib_is_imported_lazily() -> None:
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          check=True)
     assert out.stdout.strip() == "False"
+
+
+def test_control_characters_are_labelled_by_their_codes(tmp_path: Path) -> None:
+    """A byte-level BPE's tokens include ESC, NUL and the like: drawn as they are, each was a
+    missing-glyph box and a matplotlib warning (`attnlab lens` printed four on a random
+    Llama), and an invisible chip in the viewer."""
+    from attnlab.tokenizers import HFTokenizer
+    from attnlab.viz_heads import plot_lens
+
+    assert viz.token_label("\x1b[0m") == "<1b>[0m" and viz.token_label("a\x85") == "a<U+0085>"
+    tokens = ["\x1b", "\x00", "a"]
+    fig = plot_lens(torch.rand(2, 3), [["\x05", "b", "\x7f"], ["c", "\x1c", "d"]], tokens)
+    viz.save_figure(fig, tmp_path / "lens")  # warnings are errors: no missing glyph
+    pytest.importorskip("tokenizers")
+    tok = HFTokenizer.train("a \x1b[0m b \x1b[1m\n" * 50, 300)
+    assert tok.pieces(tok.encode("\x1b")) == ["<1b>"]

@@ -3,7 +3,12 @@ byte <-> printable character table that byte-level tokenizer.json files use."""
 
 from __future__ import annotations
 
+import re
 from functools import lru_cache
+
+# control characters other than newline, tab and carriage return (which labels write \n, \t,
+# \r): C0, DEL and C1
+_CONTROL = re.compile("[\x00-\x08\x0b\x0c\x0e-\x1f\x7f-\x9f]")
 
 
 def bytes_text(data: bytes) -> str:
@@ -22,6 +27,15 @@ def bytes_text(data: bytes) -> str:
             out.append(f"<{data[i]:02x}>")
             i += 1
     return "".join(out)
+
+
+def visible_controls(text: str) -> str:
+    """`text` with each control character but newline, tab and carriage return written as its
+    code: ESC as <1b> (as ByteTokenizer labels its bytes), U+0085 as <U+0085>. Drawn as they
+    are they are invisible on a page, and a missing-glyph box in a figure, with a matplotlib
+    warning for each (a byte-level BPE's top tokens in `attnlab lens`)."""
+    return _CONTROL.sub(
+        lambda m: f"<{ord(m[0]):02x}>" if ord(m[0]) < 0x80 else f"<U+{ord(m[0]):04X}>", text)
 
 
 @lru_cache(maxsize=1)

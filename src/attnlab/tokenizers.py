@@ -25,7 +25,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from .token_bytes import bytes_text, chars_as_bytes
+from .token_bytes import bytes_text, chars_as_bytes, visible_controls
 
 CONFIG_FILE = "tokenizer_config.json"
 HF_FILE = "tokenizer.json"
@@ -35,8 +35,10 @@ _WORD = re.compile(r"\s*\w+|\s*[^\w\s]|\s+$")
 
 
 def _display(piece: str) -> str:
-    """A token as a label: visible newlines and tabs, nothing else changed."""
-    return piece.replace("\n", "\\n").replace("\t", "\\t").replace("\r", "\\r")
+    """A token as a label: visible newlines and tabs, other control characters as their
+    codes (<1b>), nothing else changed."""
+    return visible_controls(
+        piece.replace("\n", "\\n").replace("\t", "\\t").replace("\r", "\\r"))
 
 
 CONTEXT_IDS = 8  # ids of context decode_continuation decodes before the new ones

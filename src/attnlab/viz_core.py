@@ -26,6 +26,8 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 from torch import Tensor
 
+from .token_bytes import visible_controls
+
 if TYPE_CHECKING:
     from matplotlib.axes import Axes
     from matplotlib.figure import Figure
@@ -55,11 +57,12 @@ def _np(x: ArrayLike) -> np.ndarray:
 
 
 def token_label(token: str, width: int = 12) -> str:
-    """A token as a tick label: control characters escaped, a token of spaces shown as "␣",
-    long tokens cut with an ellipsis."""
+    """A token as a tick label: control characters escaped (\\n, <1b>), a token of spaces
+    shown as "␣", long tokens cut with an ellipsis."""
     if token and token.strip(" ") == "":
         return "␣" * min(len(token), 3)
     text = token.replace("\n", "\\n").replace("\t", "\\t").replace("\r", "\\r")
+    text = visible_controls(text)  # a missing-glyph box and a warning each, drawn as they are
     text = text.replace("$", r"\$")  # matplotlib would start mathtext
     return text if len(text) <= width else text[: width - 1] + "…"
 
