@@ -187,3 +187,20 @@ def test_control_characters_are_labelled_by_their_codes(tmp_path: Path) -> None:
     pytest.importorskip("tokenizers")
     tok = HFTokenizer.train("a \x1b[0m b \x1b[1m\n" * 50, 300)
     assert tok.pieces(tok.encode("\x1b")) == ["<1b>"]
+
+
+def test_lens_and_patching_figures_of_a_long_text_stay_within_the_cap() -> None:
+    """plot_lens gave 0.6 in per position: a 1200-token logit lens was a 721-inch,
+    72,120-pixel-wide PNG that took 16 s to save; plot_patching grew 0.45 in a position."""
+    from attnlab.viz_heads import plot_lens, plot_patching
+
+    T = 600
+    tokens = [f"w{i}" for i in range(T)]
+    fig = plot_lens(torch.rand(3, T), [tokens] * 3, tokens)
+    assert fig.get_size_inches()[0] <= viz.MAX_INCHES
+    assert not fig.axes[0].texts  # no token written into a cell this narrow
+    assert len(fig.axes[0].get_xticklabels()) <= viz.MAX_TICKS
+    fig = plot_patching(torch.rand(2, 4), torch.rand(2, T), tokens)
+    assert fig.get_size_inches()[0] <= viz.MAX_INCHES
+    short = plot_lens(torch.rand(3, 5), [tokens[:5]] * 3, tokens[:5])
+    assert len(short.axes[0].texts) == 15  # short texts keep their tokens in the cells

@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING
 
 from torch import Tensor
 
+from .viz import MAX_INCHES
 from .viz_core import _colorbar, _plt, heatmap, token_label
 
 if TYPE_CHECKING:
@@ -50,7 +51,9 @@ def plot_patching(heads: Tensor, resid: Tensor, tokens: Sequence[str],
     plt = _plt()
     L, H = heads.shape
     T = resid.shape[1]
-    fig, axes = plt.subplots(1, 2, figsize=(2.0 + 0.5 * H + 2.0 + 0.45 * T, 0.5 * L + 2.2),
+    # 0.45 in a position, shrunk to fit MAX_INCHES (4 heads, 1000 tokens: 456 in wide)
+    width = min(0.45 * T, max(2.0, MAX_INCHES - 4.0 - 0.5 * H))
+    fig, axes = plt.subplots(1, 2, figsize=(2.0 + 0.5 * H + 2.0 + width, 0.5 * L + 2.2),
                              dpi=100, squeeze=False, layout="constrained",
                              gridspec_kw={"width_ratios": [max(H, 2), max(T, 2)]})
     lim = max(1.0, float(heads.abs().max()), float(resid.abs().max()))
@@ -70,15 +73,20 @@ def plot_patching(heads: Tensor, resid: Tensor, tokens: Sequence[str],
 
 def plot_lens(top_probs: Tensor, top_tokens: Sequence[Sequence[str]], tokens: Sequence[str],
               title: str = "logit lens: most likely next token after each layer") -> Figure:
-    """(n_layer + 1, T) top-1 probabilities, with each cell's token written in it."""
+    """(n_layer + 1, T) top-1 probabilities, with each cell's token written in it (up to 42
+    positions; longer texts get the colours and thinned position labels)."""
     plt = _plt()
     rows, T = top_probs.shape
-    fig, ax = plt.subplots(figsize=(1.2 + 0.6 * T, 0.5 * rows + 1.6), dpi=100,
+    # 0.6 in a position, shrunk to fit MAX_INCHES: a 1200-token text was a 72,120-pixel-wide
+    # PNG (16 s to save); the tokens are written in the cells while a cell holds one
+    width = min(1.2 + 0.6 * T, MAX_INCHES)
+    cell = (width - 1.2) / T  # inches a position
+    fig, ax = plt.subplots(figsize=(width, 0.5 * rows + 1.6), dpi=100,
                            layout="constrained")
     image = heatmap(ax, top_probs, vmin=0.0, vmax=1.0, annotate=False,
                     col_labels=[token_label(t) for t in tokens],
                     row_labels=["emb"] + [f"layer {i}" for i in range(rows - 1)])
-    for i in range(rows):
+    for i in range(rows if cell >= 0.3 else 0):
         for j in range(T):
             ax.text(j, i, token_label(top_tokens[i][j], 6), ha="center", va="center",
                     fontsize=8, color="white" if float(top_probs[i, j]) < 0.5 else "black")
