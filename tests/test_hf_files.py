@@ -17,7 +17,7 @@ from attnlab.cli import main
 from attnlab.generate import generate, generate_text
 from attnlab.hf import load_hf_tokenizer
 from attnlab.model import GPT, GPTConfig
-from attnlab.tokenizers import Tokenizer
+from attnlab.tokenizers import Tokenizer, load_tokenizer
 
 transformers = pytest.importorskip("transformers")
 tokenizers = pytest.importorskip("tokenizers")
@@ -125,6 +125,16 @@ def test_tokenizer_takes_bos_and_eos_from_the_directory(tmp_path: Path) -> None:
     assert tokenizer.stop_ids == (10, 1)  # each of its EOS ids ends a generation
     write_tokenizer(tmp_path, add_bos=False)
     assert load_hf_tokenizer(tmp_path).encode("the quick fox") == [3, 4, 6]
+
+
+def test_load_tokenizer_reads_a_hugging_face_directory(tmp_path: Path) -> None:
+    """`load_tokenizer("smollm")`, the tokenizer beside `load_hf("smollm")`: it read
+    transformers' tokenizer_config.json as attnlab's and called the directory corrupted."""
+    llama(tie=True).save_pretrained(tmp_path)
+    write_tokenizer(tmp_path)
+    tokenizer = load_tokenizer(tmp_path)
+    assert tokenizer.encode("the quick fox") == [0, 3, 4, 6]  # <s> prepended, as load_hf's
+    assert tokenizer.eot_id == load_checkpoint(tmp_path).tokenizer.eot_id
 
 
 def test_an_empty_prompt_starts_from_the_bos_as_in_transformers(

@@ -460,9 +460,17 @@ def get_tokenizer(spec: str, text: str | None = None) -> Tokenizer:
 
 
 def load_tokenizer(directory: str | Path) -> Tokenizer:
-    """Load what `Tokenizer.save(directory)` wrote."""
+    """Load what `Tokenizer.save(directory)` wrote, or the tokenizer of a Hugging Face model
+    directory (`hf.load_hf_tokenizer`: tokenizer.json with its BOS/EOS)."""
     directory = Path(directory)
     path = directory / CONFIG_FILE
+    from .hf.files import is_hf_dir, load_hf_tokenizer, read_hf_config  # hf builds on this
+
+    # transformers writes a tokenizer_config.json too, without attnlab's "type": read as
+    # attnlab's, it was "corrupted or not written by attnlab" (load_tokenizer("smollm"))
+    if is_hf_dir(directory):
+        vocab = read_hf_config(directory).get("vocab_size")
+        return load_hf_tokenizer(directory, vocab if isinstance(vocab, int) else None)
     if not path.exists():
         raise FileNotFoundError(f"no {CONFIG_FILE} in {directory}; is it an attnlab checkpoint?")
     try:  # a damaged file gets one ValueError naming it, whatever part of it broke
