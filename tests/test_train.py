@@ -96,6 +96,16 @@ def test_tokens_per_second_is_the_steps_after_the_first(tmp_path: Path) -> None:
     assert result.seconds > seconds
 
 
+def test_the_result_reads_as_its_outcome_in_a_notebook(tmp_path: Path) -> None:
+    """`train(...)` as a notebook cell's last line printed the model's modules and every
+    step's metrics row before val_loss: 707 rows for the text recipe."""
+    dataset = load_dataset("reverse")
+    result = train(*_small(dataset, max_iters=6, eval_interval=3), dataset, tmp_path)
+    text = repr(result)
+    assert "val_loss=" in text and "checkpoint=" in text
+    assert "Linear" not in text and "tokens_per_s'" not in text and len(text) < 500
+
+
 def test_same_seed_same_losses(tmp_path: Path) -> None:
     dataset = load_dataset("reverse")
     model_config, config = _small(dataset, max_iters=8)

@@ -105,9 +105,11 @@ class TrainConfig:
 
 @dataclass
 class TrainResult:
-    model: GPT
+    # model and history stay out of the repr a notebook shows for `train(...)`: with them, a
+    # 700-step run printed every module and 707 metrics rows above the outcome
+    model: GPT = field(repr=False)
     tokenizer: Tokenizer
-    history: list[dict[str, Any]] = field(default_factory=list)  # one row per step / eval
+    history: list[dict[str, Any]] = field(default_factory=list, repr=False)  # a row per step / eval
     checkpoint: Path | None = None
     val_loss: float | None = None
     val_bpb: float | None = None  # val loss in bits per byte of text (None for tasks)
