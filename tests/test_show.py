@@ -238,3 +238,20 @@ def test_inspect_format_html_writes_one_page(tmp_path: Path,
     assert data["query"] == 9
     assert main(["inspect", str(ckpt), "the cat", "--out", str(out), "--format", "jpg"]) == 1
     assert "--format jpg: choose from png, svg, pdf, html" in capsys.readouterr().err
+
+
+def test_a_model_shown_a_padded_row_runs_it_with_its_padding() -> None:
+    """show(model, ids=batch, row=1, attention_mask=mask) ran the row's pads as tokens: the
+    pads were keys with weights and the real tokens' weights were not the batch's."""
+    m = model()
+    batch, mask = TOK.encode_batch(["the cat sat", "a dog"])  # row 1: 6 pads, 5 tokens
+    data = payload(show(m, TOK, ids=batch, row=1, attention_mask=mask))
+    trace = Trace(names=["attn_weights"]).run(m, batch, mask)
+    weights = torch.stack([trace.get("attn_weights", la)[1] for la in range(2)])
+    T = batch.shape[1]
+    check_weights(data, weights, torch.ones(T, T, dtype=torch.bool).tril() & mask[1].bool())
+    alone = Trace(names=["attn_weights"]).run(m, batch[1:, 6:])  # the row without its pads
+    torch.testing.assert_close(weights[:, :, 6:, 6:], torch.stack(
+        [alone.get("attn_weights", la)[0] for la in range(2)]))  # (layers, nh, 5, 5)
+    with pytest.raises(ValueError, match=r"attention_mask of shape \(2, 5\) for 11 ids"):
+        show(m, TOK, ids=batch, row=1, attention_mask=mask[:, 6:])

@@ -129,9 +129,23 @@ def _labels(tokenizer: Any, ids: Sequence[int] | None, tokens: Sequence[str] | N
     return labels
 
 
-def _trace_model(model: Any, ids: list[int], steps_layer: int | None) -> _ViewTrace:
+def _trace_model(model: Any, ids: list[int], steps_layer: int | None,
+                 padding: Tensor | None) -> _ViewTrace:
+    """The view's trace of `ids` (T,), with `padding` (T,) 1/0 as the model's attention mask."""
     device = next(model.parameters()).device
-    return _ViewTrace(steps_layer).run(model, torch.tensor([ids], device=device))  # (1, T)
+    mask = None if padding is None else padding.to(device)[None]  # (1, T)
+    return _ViewTrace(steps_layer).run(model, torch.tensor([ids], device=device),  # (1, T)
+                                       mask)
+
+
+def _padding_of_row(attention_mask: Tensor, row: int, T: int) -> Tensor:
+    """attention_mask (B, T) or (T,) -> (T,): the 1/0 padding of the row the view runs."""
+    pad = torch.as_tensor(attention_mask)
+    pad = pad[row] if pad.dim() == 2 else pad  # (T,)
+    if pad.dim() != 1 or pad.shape[0] != T:
+        raise ValueError(f"attention_mask of shape {tuple(torch.as_tensor(attention_mask).shape)}"
+                         f" for {T} ids; pass the (B, T) mask of the batch the ids come from")
+    return pad
 
 
 # ----------------------------------------------------------------------------- encoding
@@ -353,7 +367,8 @@ def show(
         `max_cells` cells, `layer` first). steps: (layer, head)
         for the steps view (default: the head on show when the trace has its attn_scores
         and T x S <= STEPS_CELLS). attention_mask: (B, S) 1/0 padding, for a trace without
-        masked_scores. scale: the softmax scale, written in the steps view.
+        masked_scores, or for a model given a padded batch's ids (it runs the row with it).
+        scale: the softmax scale, written in the steps view.
     """
     if view not in VIEWS:
         raise ValueError(f"view={view!r}; choose one of {', '.join(VIEWS)}")
@@ -381,8 +396,12 @@ def show(
                              f"{c.block_size}; shorten the text")
         steps_layer = layer if layer is not None else 0
         small = len(ids) ** 2 <= STEPS_CELLS
-        trace = _trace_model(source, ids, steps_layer if small else None)
-        row = 0  # the one sequence run
+        # the model runs with the row's padding: left without it, pads were read as tokens
+        # and drawn as keys with weights
+        padding = None if attention_mask is None else _padding_of_row(attention_mask, row,
+                                                                       len(ids))
+        trace = _trace_model(source, ids, steps_layer if small else None, padding)
+        row, attention_mask = 0, None  # the one sequence run; its masks are in the trace
         if scale is None:
             scale = c.attn_scale if c.attn_scale is not None else c.head_size ** -0.5
         info = f"{c.n_layer} layers × {c.n_head} heads"
