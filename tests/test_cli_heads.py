@@ -149,7 +149,7 @@ def test_patch_reads_escapes_in_the_answer_as_generate_reads_stops(
 
 def test_patch_by_attribution(checkpoint: tuple, tmp_path: Path,
                               capsys: pytest.CaptureFixture[str]) -> None:
-    path, model, _ = checkpoint
+    path, _, _ = checkpoint
     args = ["patch", str(path), "--clean", "abcd|ab", "--corrupt", "abxd|ab", "--answer", "c",
             "--wrong", "x", "--method", "attribution", "--out", str(tmp_path / "p")]
     assert main(args) == 0

@@ -117,7 +117,7 @@ def test_attribution_is_the_derivative_along_clean_minus_corrupted() -> None:
         toward, eps = trace.get(name, layer), 1e-3
         ends = []
         for step in (eps, -eps):
-            edit = Edit(name, layer, lambda v, f: v + step * (toward - v), **where)
+            edit = Edit(name, layer, lambda v, f, s=step: v + s * (toward - v), **where)
             with torch.no_grad():
                 ends.append(float(metric(model(corrupt, attention_mask=mask,
                                                edits=Edits([edit])).logits)))
