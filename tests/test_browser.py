@@ -143,6 +143,29 @@ def test_all_heads_grid_and_click_to_open(page: Any) -> None:
     assert page.is_visible("#heatmap") and page.is_hidden("#grid")
 
 
+def test_keys_outside_a_sliding_window_are_shown_masked(browser: Any) -> None:
+    """A Mistral-style window of 4: query 7 sees keys 4..7; keys 0..3 get weight 0 because
+    they are masked, and the page says so, as for later keys (not "0.00000", not white)."""
+    tok = get_tokenizer("char", CORPUS)
+    torch.manual_seed(0)
+    model = GPT(GPTConfig.from_name("nano", vocab_size=tok.vocab_size, sliding_window=4))
+    with serving(create_app(model, tok), log_level="error") as port:
+        page = browser.new_page(viewport={"width": 1400, "height": 950})
+        page.goto(f"http://127.0.0.1:{port}/")
+        page.wait_for_selector("body[data-ready='1']", timeout=15_000)
+        show(page, "abcdefghij")
+        page.hover("#tokens .tok[data-i='7']")
+        wait_until(page, "document.querySelectorAll('#weights td.w').length === 8")
+        shown = shown_weights(page)
+        assert shown["future"] == [0, 1, 2, 3, 8, 9]
+        assert shown["table"][:4] == ["masked"] * 4
+        assert "masked" not in shown["table"][4:]
+        assert "4 earlier tokens fall outside this layer's sliding window of 4" in (
+            page.inner_text("#detail-note"))
+        assert "sliding window of 4" in page.inner_text("#masked-label")
+        page.close()
+
+
 def test_generation_streams_then_shows_its_attention(page: Any, server: str) -> None:
     body = {"text": "The cat", "max_new_tokens": 12, "temperature": 0}
     expected = httpx.post(server + "/api/generate", json=body).text

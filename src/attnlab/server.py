@@ -276,6 +276,10 @@ def create_app(
             "causal mask makes every weight on a later key exactly 0, so those are left out"
         )
         future_max: float = Field(description="largest weight on a later key (0.0: causal)")
+        window: int | None = Field(
+            description="sliding window: query i sees keys i - window < j <= i; the weights "
+            "on earlier keys are masked, exactly 0 (null: no window in this layer)"
+        )
         norms: dict[str, list[list[float]]] | None = Field(
             None, description="q (nh, T), k and v (nkv, T): L2 norm of each token's vector"
         )

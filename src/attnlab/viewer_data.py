@@ -68,6 +68,8 @@ def attention_payload(
             "layer": layer,
             "heads": [[row[: i + 1] for i, row in enumerate(head)] for head in rounded],
             "future_max": float(weights.masked_select(future).max()) if T > 1 else 0.0,
+            # query i sees keys i - window < j <= i: the page draws the others as masked
+            "window": model.config.window_of(layer),
         }
         if norms:
             entry["norms"] = {

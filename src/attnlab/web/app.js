@@ -3,7 +3,7 @@
 // Weights arrive as the lower triangle (row i: keys 0..i); later keys are masked to 0.
 // Canvas drawing lives in draw.js.
 import {
-  cellAt, colour, drawCells, drawHeatmap, drawMini, headImage, inkFor, placeTip, shown,
+  cellAt, colour, drawCells, drawHeatmap, drawMini, headImage, inkFor, placeTip, sees, shown,
 } from "./draw.js";
 
 const $ = (id) => document.getElementById(id);
@@ -134,6 +134,12 @@ function rowOf(layer, head, q) {
   return heads[0][q].map((_, j) => heads.reduce((sum, h) => sum + h[q][j], 0) / heads.length);
 }
 
+// Why key j gets no weight from query i: later, or outside the layer's sliding window.
+function maskedWhy(i, j) {
+  const win = state.layers.get(state.layer).window;
+  return j > i ? "later token" : `outside the sliding window of ${win}`;
+}
+
 // ------------------------------------------------------------------ analysis
 
 // Run a new text (or generation's ids) for the layer chosen in the menu. The newest request
@@ -238,20 +244,21 @@ function highlight() {
   // the same colour scale as the heatmap: the weight itself, or relative to the row's
   // largest with "scale rows to max"; the numbers (title, table) are always the weights
   const top = row && $("rowscale").checked ? (Math.max(...row) || 1) : 1;
+  const win = row && state.layers.get(state.layer).window;
   state.chips.forEach((chip, j) => {
     chip.classList.toggle("query", j === q);
     chip.classList.toggle("pinned", j === state.pinned);
-    chip.classList.toggle("future", row !== null && j > q);
+    chip.classList.toggle("future", row !== null && !sees(q, j, win));
     if (row === null) {
       chip.style.background = "";
       chip.style.color = "";
       delete chip.dataset.weight;
       chip.title = `#${j}`;
-    } else if (j > q) {
+    } else if (!sees(q, j, win)) {
       chip.style.background = "";
       chip.style.color = "";
       chip.dataset.weight = "0";
-      chip.title = `#${j}: later token, masked (weight 0)`;
+      chip.title = `#${j}: ${maskedWhy(q, j)}, masked (weight 0)`;
     } else {
       const t = row[j] / top;
       chip.style.background = colour(t);
@@ -282,13 +289,17 @@ function renderDetail() {
   const note = later > 0
     ? `${later} later token${later > 1 ? "s" : ""} get weight 0 (causal mask; largest weight on any later token in this layer: ${data.future_max}).`
     : "The last token: every token is earlier or itself.";
+  const outside = data.window ? Math.max(0, q + 1 - data.window) : 0;
+  const windowNote = outside
+    ? ` ${outside} earlier token${outside > 1 ? "s" : ""} fall outside this layer's sliding window of ${data.window}: masked, weight 0.`
+    : "";
   const strongest = heads.map((h) => {
     const row = data.heads[h][q];
     const best = row.map((w, j) => [w, j]).sort((a, b) => b[0] - a[0]).slice(0, 3);
     const list = best.map(([w, j]) => `#${j} “${shown(state.tokens[j].text)}” ${w.toFixed(3)}`).join(", ");
     return heads.length > 1 ? `head ${h}: ${list}` : list;
   });
-  $("detail-note").textContent = `Strongest: ${strongest.join(" · ")}. ${note}`;
+  $("detail-note").textContent = `Strongest: ${strongest.join(" · ")}. ${note}${windowNote}`;
   let norms = "";
   if (data.norms && state.head !== "all") {
     // grouped-query attention: query head h reads key/value head h // (nh / nkv)
@@ -324,7 +335,7 @@ function renderDetail() {
       td.className = "w";
       td.dataset.head = h;
       td.dataset.weight = `${w}`;
-      td.textContent = w.toFixed(5);
+      td.textContent = j < outside ? "masked" : w.toFixed(5);
       td.style.setProperty("--w", `${Math.round((w / rowMax[h]) * 100)}%`);
       tr.appendChild(td);
     }
@@ -338,7 +349,8 @@ function renderDetail() {
 function imageOf(layer, head) {
   const rowscale = $("rowscale").checked;
   const key = `${layer}/${head}/${rowscale}`;
-  if (!state.images.has(key)) state.images.set(key, headImage(state.layers.get(layer).heads[head], rowscale));
+  const data = state.layers.get(layer);
+  if (!state.images.has(key)) state.images.set(key, headImage(data.heads[head], rowscale, data.window));
   return state.images.get(key);
 }
 
@@ -348,6 +360,9 @@ function renderMap() {
   $("heatmap-wrap").hidden = all;
   $("grid").hidden = !all;
   $("ramp-max").textContent = $("rowscale").checked ? "row max" : "1";
+  const win = state.layers.get(state.layer).window;
+  $("masked-label").textContent = win
+    ? `masked: later token or outside the sliding window of ${win}` : "later token (masked)";
   $("map-title").textContent = `Attention weights · layer ${state.layer} · ` +
     (all ? "every head (click one to open it)" : `head ${state.head}`);
   if (all) {
@@ -528,7 +543,8 @@ function wire() {
     const cell = cellAt(canvas, state.geometry, e);
     if (!cell || !state.layers.has(state.layer)) { tip.hidden = true; return; }
     const { i, j } = cell;
-    const w = j <= i ? rowOf(state.layer, state.head, i)[j].toFixed(5) : "0 (later token, masked)";
+    const w = sees(i, j, state.layers.get(state.layer).window)
+      ? rowOf(state.layer, state.head, i)[j].toFixed(5) : `0 (${maskedWhy(i, j)}, masked)`;
     tip.textContent = `#${i} “${shown(state.tokens[i].text)}” → #${j} “${shown(state.tokens[j].text)}”: ${w}`;
     tip.hidden = false;
     placeTip(tip, $("heatmap-wrap"), e);

@@ -69,11 +69,14 @@ export function scoreRGB(v, lim) {
   return DIVERGING[Math.max(0, Math.min(255, Math.round(((v / (lim || 1)) + 1) * 127.5)))];
 }
 
+/** Whether query i may attend to key j: j <= i, and with a sliding window, i - window < j. */
+export const sees = (i, j, window) => j <= i && !(window && j <= i - window);
+
 /** One head as a T x T image; rows[i] holds the weights of query i on keys 0..i. */
-export function headImage(rows, rowscale) {
+export function headImage(rows, rowscale, window = null) {
   const tops = rows.map((row) => (rowscale ? (Math.max(...row) || 1) : 1));
   return matrixImage(rows.length, rows.length,
-    (i, j) => (j <= i ? lut(rows[i][j] / tops[i]) : FUTURE));
+    (i, j) => (sees(i, j, window) ? lut(rows[i][j] / tops[i]) : FUTURE));
 }
 
 /**
