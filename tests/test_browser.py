@@ -166,6 +166,29 @@ def test_keys_outside_a_sliding_window_are_shown_masked(browser: Any) -> None:
         page.close()
 
 
+def test_a_server_gone_mid_session_is_named_in_every_panel(browser: Any, server: str) -> None:
+    """With the server stopped (every request fails, as when `attnlab serve` restarts), each
+    panel says the server cannot be reached, not the browser's bare "Failed to fetch"."""
+    page = browser.new_page(viewport={"width": 1400, "height": 950})  # its failed loads log
+    errors: list[str] = []
+    page.on("pageerror", lambda err: errors.append(str(err)))
+    page.goto(server + "/")
+    page.wait_for_selector("body[data-ready='1']", timeout=15_000)
+    page.route("**/api/**", lambda route: route.abort())
+    page.click("#run")
+    page.click("#gen")
+    page.click("#heads-run")
+    wait_until(page, "document.querySelector('#heads-status').textContent.includes('server')")
+    for status in ("#status", "#gen-status", "#heads-status"):
+        wait_until(page, f"document.querySelector('{status}').textContent.includes('server')")
+        assert "cannot reach the server" in page.inner_text(status)
+        assert "attnlab serve" in page.inner_text(status)
+    page.unroute("**/api/**")
+    show(page, "The cat sat")  # back: the page works again without a reload
+    page.close()
+    assert errors == []
+
+
 def test_generation_streams_then_shows_its_attention(page: Any, server: str) -> None:
     body = {"text": "The cat", "max_new_tokens": 12, "temperature": 0}
     expected = httpx.post(server + "/api/generate", json=body).text

@@ -32,8 +32,21 @@ const countTokens = (n) => `${n} token${n === 1 ? "" : "s"}`;
 
 // ------------------------------------------------------------------ API
 
+// fetch rejects with a TypeError ("Failed to fetch", "network error") only when no answer
+// came back: the server stopped or restarts. Say that, not the browser's words alone.
+const unreachable = (err) => new Error(
+  `cannot reach the server (${err.message}): is attnlab serve still running? Try again once it is`);
+
+async function reach(path, init) {
+  try {
+    return await fetch(path, init);
+  } catch (err) {
+    throw err.name === "AbortError" ? err : unreachable(err);
+  }
+}
+
 async function api(path, body) {
-  const res = await fetch(path, body === undefined ? {} : {
+  const res = await reach(path, body === undefined ? {} : {
     method: "POST", headers: { "Content-Type": "application/json" }, body: JSON.stringify(body),
   });
   if (!res.ok) throw new Error(await errorText(res));
@@ -427,7 +440,7 @@ async function generate() {
   let count = 0;
   let done = null;
   try {
-    const res = await fetch("/api/generate", {
+    const res = await reach("/api/generate", {
       method: "POST", headers: { "Content-Type": "application/json" },
       body: JSON.stringify(body), signal: generation.signal,
     });
@@ -457,7 +470,7 @@ async function generate() {
     }
   } catch (err) {
     if (err.name === "AbortError") setStatus($("gen-status"), `stopped after ${countTokens(count)}`);
-    else setStatus($("gen-status"), err.message, true);
+    else setStatus($("gen-status"), (err instanceof TypeError ? unreachable(err) : err).message, true);
   } finally {
     $("gen").disabled = false;
     $("stop").disabled = true;
@@ -574,7 +587,7 @@ async function main() {
   try {
     await loadModel();
   } catch (err) {
-    setStatus($("status"), `cannot reach the server: ${err.message}`, true);
+    setStatus($("status"), `cannot load the model: ${err.message}`, true);
     return;
   }
   await analyze({ text: $("text").value });

@@ -19,6 +19,8 @@ window.attnlabHeads = heads;
 async function post(path, body) {
   const res = await fetch(path, {
     method: "POST", headers: { "Content-Type": "application/json" }, body: JSON.stringify(body),
+  }).catch((err) => {  // no answer at all (app.js says the same)
+    throw new Error(`cannot reach the server (${err.message}): is attnlab serve still running? Try again once it is`);
   });
   const data = await res.json().catch(() => ({}));
   if (!res.ok) throw new Error(data.error || `HTTP ${res.status}`);
