@@ -212,6 +212,24 @@ def test_generation_streams_then_shows_its_attention(page: Any, server: str) -> 
                      "'256 / 256 tokens · the generated token is past the context')")
 
 
+def test_a_stopped_generation_shows_the_ids_it_got(page: Any) -> None:
+    """Stop ends the stream before `done`: the page shows the ids streamed so far, the new
+    ones underlined (re-encoding their text would not give them back: a byte token that is
+    half a character decodes to U+FFFD, which encodes as three other bytes)."""
+    tok = get_tokenizer("char", CORPUS)
+    prompt, new = tok.encode("The cat"), tok.encode(" sat on")
+    events = [("start", {"prompt_ids": prompt})] + [
+        ("token", {"id": i, "text": tok.decode([i])}) for i in new]
+    body = "".join(f"event: {kind}\ndata: {json.dumps(data)}\n\n" for kind, data in events)
+    page.route("**/api/generate", lambda route: route.fulfill(
+        status=200, content_type="text/event-stream", body=body))  # no `done`: stopped
+    page.fill("#prompt", "The cat")
+    page.click("#gen")
+    wait_until(page, "window.attnlab.generatedFrom === 7")
+    assert page.evaluate("window.attnlab.ids") == prompt + new
+    assert page.locator("#tokens .tok.generated").count() == len(new)
+
+
 def test_256_tokens_stay_responsive(page: Any, tmp_path: Path) -> None:
     shots = Path(os.environ.get("ATTNLAB_SCREENSHOTS", tmp_path))
     shots.mkdir(parents=True, exist_ok=True)

@@ -241,13 +241,14 @@ def test_generate_streams_tokens_then_done(setup: tuple[GPT, Tokenizer, TestClie
     assert r.status_code == 200 and r.headers["content-type"].startswith("text/event-stream")
     events = sse_events(r.text)
     kinds = [kind for kind, _ in events]
-    assert kinds == ["token"] * 6 + ["done"]
-    new = [data["id"] for _, data in events[:-1]]
+    assert kinds == ["start"] + ["token"] * 6 + ["done"]
+    assert events[0][1] == {"prompt_ids": tok.encode("The cat")}
+    new = [data["id"] for _, data in events[1:-1]]
     assert new == greedy_without_cache(model, tok.encode("The cat"), 6)
     done = events[-1][1]
     assert done["ids"] == tok.encode("The cat") + new
     assert done["reason"] == "max_new_tokens" and done["new_tokens"] == 6
-    assert "".join(data["text"] for _, data in events[:-1]) == done["text"] == tok.decode(new)
+    assert "".join(data["text"] for _, data in events[1:-1]) == done["text"] == tok.decode(new)
 
 
 def test_generate_same_seed_same_tokens(setup: tuple[GPT, Tokenizer, TestClient]) -> None:
@@ -422,7 +423,7 @@ def test_client_leaving_mid_stream_stops_the_generation(live: tuple[str, list[in
         body = {"text": "a", "max_new_tokens": 1000, "temperature": 1.0}
         before = calls[0]
         with client.stream("POST", "/api/generate", json=body) as r:
-            assert next(r.iter_lines()) == "event: token"
+            assert "event: token" in r.iter_lines()  # after `start`: generating
         time.sleep(0.5)
         stopped_at = calls[0]
         time.sleep(0.5)

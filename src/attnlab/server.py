@@ -174,7 +174,8 @@ async def _stream_events(
     reason: str,
     disconnected: Callable[[], Awaitable[bool]],
 ) -> AsyncIterator[bytes]:
-    """SSE events of one generation: `token` {id, text} per token, then `done` or `error`.
+    """SSE events of one generation: `start` {prompt_ids} (so that a client that stops
+    early can show the ids it got), `token` {id, text} per token, then `done` or `error`.
 
     `text` is what the new token adds to the decoded text; it is held back while the text
     ends in an incomplete character (a byte-level BPE token can be half of one).
@@ -186,6 +187,7 @@ async def _stream_events(
     def decode() -> str:  # the new ids as they continue the prompt (keeps a leading space)
         return continuation(new, ids) if continuation else tokenizer.decode(new)
 
+    yield _sse("start", {"prompt_ids": ids})
     try:
         while not await disconnected():
             token = await step()
@@ -397,10 +399,11 @@ def create_app(
         "/api/generate",
         response_class=StreamingResponse,
         responses={200: {"content": {"text/event-stream": {}},
-                         "description": "events `token` {id, text}, then `done` or `error`"}},
+                         "description": "events `start` {prompt_ids}, `token` {id, text} "
+                                        "per token, then `done` or `error`"}},
     )
     async def generate(body: GenerateRequest, request: Request) -> StreamingResponse:
-        """Stream new tokens as server-sent events: `token` per token, then `done`."""
+        """Stream new tokens as server-sent events: `start`, `token` per token, then `done`."""
         ids = _encode(tokenizer, body.text, limits.max_text_chars)
         _check_length(ids, c.block_size)
         # a generation stops when the context is full: positions past block_size have no

@@ -439,6 +439,8 @@ async function generate() {
   const t0 = performance.now();
   let count = 0;
   let done = null;
+  let ids = [];  // the prompt's (the `start` event), then each new token's
+  let promptLength = 0;
   try {
     const res = await reach("/api/generate", {
       method: "POST", headers: { "Content-Type": "application/json" },
@@ -456,9 +458,15 @@ async function generate() {
       while ((cut = buffer.indexOf("\n\n")) >= 0) {
         const event = parseEvent(buffer.slice(0, cut));
         buffer = buffer.slice(cut + 2);
-        if (event.type === "token") {
+        if (event.type === "start") {
+          ids = event.data.prompt_ids;
+          promptLength = ids.length;
+        } else if (event.type === "token") {
           newText.textContent += event.data.text;
-          if (event.data.id !== null) count += 1;
+          if (event.data.id !== null) {
+            count += 1;
+            ids.push(event.data.id);
+          }
           const secs = (performance.now() - t0) / 1000;
           setStatus($("gen-status"), `${countTokens(count)} · ${(count / secs).toFixed(1)} tokens/s`);
         } else if (event.type === "done") {
@@ -485,8 +493,8 @@ async function generate() {
     const unread = done.ids.length > block ? " (but the last token, which it never read)" : "";
     setStatus($("gen-status"), `${countTokens(done.new_tokens)} (${why[done.reason] || done.reason}) · its attention is shown above${unread}`);
     await analyze({ ids: done.ids.slice(0, block) }, done.ids.length - done.new_tokens);
-  } else if (count > 0) {
-    await analyze({ text: prompt + newText.textContent });
+  } else if (count > 0) {  // stopped: the ids it got (their text need not encode back to them)
+    await analyze({ ids: ids.slice(0, block) }, promptLength);
   }
 }
 
