@@ -172,6 +172,25 @@ def test_bad_requests_get_a_clear_4xx(
     assert message in r.json()["error"]
 
 
+@pytest.mark.parametrize(
+    ("content_type", "body", "message"),
+    [
+        # curl -d '{"text": "hi"}' without -H: a JSON text that nothing parses as JSON
+        ("application/x-www-form-urlencoded", b'{"text": "hi"}',
+         "Content-Type: application/json (this one came as 'application/x-www-form-urlencoded'"),
+        ("text/plain", b'{"text": "hi"}', "-H 'Content-Type: application/json'"),
+        ("application/json", b"[1, 2]", 'send a JSON object, e.g. {"text": "..."}'),
+        ("application/json", b"", 'send a JSON object, e.g. {"text": "..."}'),
+    ],
+)
+def test_a_body_that_is_no_json_object_says_what_to_send(
+    setup: tuple[GPT, Tokenizer, TestClient], content_type: str, body: bytes, message: str
+) -> None:
+    r = setup[2].post("/api/attention", content=body, headers={"content-type": content_type})
+    assert r.status_code == 422, r.text
+    assert message in r.json()["error"]
+
+
 def test_too_many_weights_asks_for_fewer_layers() -> None:
     tok = make_tokenizer()
     client = TestClient(create_app(make_model(tok.vocab_size), tok,

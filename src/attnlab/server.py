@@ -132,6 +132,15 @@ def _describe(errors: Sequence[Any]) -> tuple[str, list[dict[str, Any]]]:
     return "invalid request: " + "; ".join(parts), detail
 
 
+def _body_hint(content_type: str | None) -> str:
+    """What to send instead of a body that is no JSON object. The usual cause: `curl -d`
+    without `-H`, which sends application/x-www-form-urlencoded, so nothing parses as JSON."""
+    if content_type is None or not content_type.startswith("application/json"):
+        return (f"; the body must be JSON sent with Content-Type: application/json (this one "
+                f"came as {content_type!r}; with curl: -H 'Content-Type: application/json')")
+    return '; send a JSON object, e.g. {"text": "..."}'
+
+
 def _sse(event: str, data: dict[str, Any]) -> bytes:
     return f"event: {event}\ndata: {json.dumps(data)}\n\n".encode()
 
@@ -319,6 +328,8 @@ def create_app(
     @app.exception_handler(RequestValidationError)
     async def validation_error(request: Request, exc: RequestValidationError) -> JSONResponse:
         message, detail = _describe(exc.errors())
+        if [d["loc"] for d in detail] == [["body"]]:  # no JSON object arrived at all
+            message += _body_hint(request.headers.get("content-type"))
         return JSONResponse({"error": message, "detail": detail}, status_code=422)
 
     async def locked(fn: Callable[[], Any]) -> Any:
