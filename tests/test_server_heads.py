@@ -153,6 +153,37 @@ def test_the_page_scores_heads_ablates_on_click_and_shows_the_lens(tmp_path: Pat
     assert [p for p in problems if "status of 422" not in p] == [], problems
 
 
+@pytest.mark.browser
+def test_the_keyboard_ablates_a_head() -> None:
+    """Tab reaches each head's row, Enter or Space ablates it (as a click), as the token
+    chips take Enter and Space."""
+    from helpers import serving
+    from test_browser import CHROMIUM, playwright_api, show, wait_until
+
+    if not CHROMIUM.exists():
+        pytest.skip("browser tests skipped: /usr/bin/chromium is missing")
+    tok = get_tokenizer("char", CORPUS)
+    torch.manual_seed(0)
+    model = GPT(GPTConfig.from_name("nano", vocab_size=tok.vocab_size, block_size=64)).eval()
+    with serving(create_app(model, tok), log_level="error") as port, \
+            playwright_api.sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=str(CHROMIUM), args=[
+            "--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking"])
+        page = browser.new_page()
+        page.goto(f"http://127.0.0.1:{port}/")
+        page.wait_for_selector("body[data-ready='1']", timeout=15_000)
+        show(page, TEXT)
+        page.click("#heads-run")
+        wait_until(page, "document.querySelectorAll('#heads-table tbody tr').length === 4")
+        page.focus("#heads-table tbody tr[data-head='1.0']")
+        page.keyboard.press("Enter")
+        wait_until(page, "document.querySelector('#heads-which').textContent === '1.0'")
+        page.keyboard.press("Tab")
+        page.keyboard.press(" ")
+        wait_until(page, "document.querySelector('#heads-which').textContent.includes(', ')")
+        browser.close()
+
+
 @pytest.mark.filterwarnings("ignore:Glyph:UserWarning")  # control bytes in the lens figure
 def test_predicted_byte_tokens_read_as_their_bytes(tmp_path: Path) -> None:
     """The lens and heads panels (and `attnlab lens`) named a predicted token by decoding it

@@ -104,6 +104,7 @@ function renderTable(ranking) {
     const key = `${layer}.${h}`;
     const tr = document.createElement("tr");
     tr.dataset.head = key;
+    tr.tabIndex = 0;  // the keyboard reaches every head: Enter or Space ablates it
     tr.classList.toggle("ablated", heads.ablated.has(key));
     const cells = [key, ...DETECTORS.map((d) => heads.scores[d][layer][h].toFixed(3))];
     for (const [i, value] of cells.entries()) {
@@ -160,7 +161,7 @@ function renderLens(position) {
 
 function wire() {
   $("heads-run").addEventListener("click", score);
-  $("heads-table").addEventListener("click", (e) => {
+  const toggle = (e) => {
     const row = e.target.closest("tr[data-head]");
     if (!row || heads.text === null) return;
     if (!current()) {  // a prediction for a text no longer on show would mislead
@@ -172,6 +173,12 @@ function wire() {
     row.classList.toggle("ablated", heads.ablated.has(key));
     row.lastChild.textContent = heads.ablated.has(key) ? "ablated" : "on";
     predict();
+  };
+  $("heads-table").addEventListener("click", toggle);
+  $("heads-table").addEventListener("keydown", (e) => {
+    if (e.key !== "Enter" && e.key !== " ") return;
+    e.preventDefault();  // Space would scroll the page
+    toggle(e);
   });
   for (const type of ["mouseover", "focusin"]) {  // pointer or keyboard on a token
     $("tokens").addEventListener(type, (e) => {
