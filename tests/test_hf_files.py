@@ -314,7 +314,8 @@ def test_a_completion_keeps_the_space_its_first_word_carries(tmp_path: Path) -> 
     assert tok.pieces([*prompt, paris]) == ["<s>", " The", " capital", " of", " France", " is",
                                             " Paris"]
     streamed = asyncio.run(events())
-    assert '"text": " Paris"' in streamed[0] and '"text": " The"' in streamed[1]
+    assert streamed[0].startswith("event: start")  # the prompt's ids, then the new tokens
+    assert '"text": " Paris"' in streamed[1] and '"text": " The"' in streamed[2]
     assert '"text": " Paris The"' in streamed[-1]  # the done event's whole completion
 
 
