@@ -143,6 +143,7 @@ TOO_LONG = "a" * 33  # nano's block_size is 32
         ("/api/attention", {"text": "a", "layers": []}, 422, "non-empty list"),
         ("/api/attention", {"text": 7}, 422, "text: Input should be a valid string"),
         ("/api/attention", {"text": "a", "colour": 1}, 422, "colour: Extra inputs"),
+        ("/api/attention", {"text": "a", "norms": "yes"}, 422, "norms: Input should be a valid"),
         ("/api/attention", b"{not json", 422, "body is not valid JSON"),
         ("/api/attention", b"[1, 2]", 422, "valid dictionary"),
         ("/api/attention", {"text": "a" * 5000}, 413, "larger than 4096 bytes"),

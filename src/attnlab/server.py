@@ -235,7 +235,7 @@ def create_app(
         from fastapi import FastAPI, Request
         from fastapi.exceptions import RequestValidationError
         from fastapi.responses import FileResponse, JSONResponse, Response, StreamingResponse
-        from pydantic import BaseModel, ConfigDict, Field
+        from pydantic import BaseModel, ConfigDict, Field, StrictBool
         from starlette.concurrency import run_in_threadpool
         from starlette.exceptions import HTTPException
     except ImportError as err:
@@ -260,7 +260,8 @@ def create_app(
         text: str | None = Field(None, description="text to tokenize and run")
         ids: list[int] | None = Field(None, description="token ids to run instead of text")
         layers: list[int] | None = Field(None, description="layers to return (default: all)")
-        norms: bool = Field(False, description="also return per-token L2 norms of q, k, v")
+        norms: StrictBool = Field(  # "yes" or 1 read as true would hide a typo
+            False, description="also return per-token L2 norms of q, k, v")
 
     class GenerateRequest(BaseModel):
         model_config = ConfigDict(extra="forbid")
