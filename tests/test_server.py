@@ -146,6 +146,7 @@ TOO_LONG = "a" * 33  # nano's block_size is 32
         ("/api/attention", {"text": "a", "norms": "yes"}, 422, "norms: Input should be a valid"),
         ("/api/attention", b"{not json", 422, "body is not valid JSON"),
         ("/api/attention", b"[1, 2]", 422, "valid dictionary"),
+        ("/api/attention", b'{"text": "\xff"}', 400, "byte 10 of the body (0xff) is not UTF-8"),
         ("/api/attention", {"text": "a" * 5000}, 413, "larger than 4096 bytes"),
         ("/api/generate", {"text": "hi", "temperature": -0.5}, 422, "temperature: Input should"),
         ("/api/generate", b'{"text": "hi", "temperature": NaN}', 422, "finite number"),

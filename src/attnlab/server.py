@@ -132,6 +132,19 @@ def _describe(errors: Sequence[Any]) -> tuple[str, list[dict[str, Any]]]:
     return "invalid request: " + "; ".join(parts), detail
 
 
+async def _unreadable(request: Any) -> str:
+    """Why a body FastAPI could not parse is unreadable, where it is not UTF-8 (JSON must
+    be); else nothing."""
+    try:
+        (await request.body()).decode("utf-8")
+    except UnicodeDecodeError as err:
+        return (f": byte {err.start} of the body (0x{err.object[err.start]:02x}) is not "
+                "UTF-8; send JSON encoded as UTF-8")
+    except RuntimeError:  # the body was read already and is gone
+        pass
+    return ""
+
+
 def _body_hint(content_type: str | None) -> str:
     """What to send instead of a body that is no JSON object. The usual cause: `curl -d`
     without `-H`, which sends application/x-www-form-urlencoded, so nothing parses as JSON."""
@@ -324,7 +337,10 @@ def create_app(
 
     @app.exception_handler(HTTPException)
     async def http_error(request: Request, exc: HTTPException) -> JSONResponse:
-        return error(str(exc.detail), exc.status_code)
+        message = str(exc.detail)
+        if exc.status_code == 400:  # FastAPI could not read the body: say why where we can
+            message += await _unreadable(request)
+        return error(message, exc.status_code)
 
     @app.exception_handler(RequestValidationError)
     async def validation_error(request: Request, exc: RequestValidationError) -> JSONResponse:
