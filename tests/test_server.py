@@ -156,6 +156,7 @@ TOO_LONG = "a" * 33  # nano's block_size is 32
         ("/api/generate", {"text": "hi", "max_new_tokens": 41}, 422, "less than or equal to 40"),
         ("/api/generate", {"text": "hi", "max_new_tokens": 0}, 422, "greater than or equal"),
         ("/api/generate", {"text": "hi", "seed": -1}, 422, "seed: Input should"),
+        ("/api/generate", {"text": "hi", "seed": 2**53}, 422, "equal to 9007199254740991"),
         ("/api/generate", {"text": "a" * 33}, 422, "at most block_size=32: shorten it to 32"),
         ("/api/generate", {"text": ""}, 422, "text is empty"),
         ("/api/generate", {}, 422, "text: Field required"),

@@ -292,7 +292,8 @@ def create_app(
         top_p: float | None = Field(
             None, gt=0.0, le=1.0, allow_inf_nan=False, description="nucleus: smallest set of mass p"
         )
-        seed: int | None = Field(None, ge=0, le=2**63 - 1, description="same seed, same tokens")
+        # at most 2**53 - 1: the largest integer JavaScript (the page, /docs) holds exactly
+        seed: int | None = Field(None, ge=0, le=2**53 - 1, description="same seed, same tokens")
 
     class LayerAttention(BaseModel):
         layer: int
