@@ -121,6 +121,7 @@ def test_the_page_scores_heads_ablates_on_click_and_shows_the_lens(tmp_path: Pat
         page.click("#gen")
         wait_until(page, "window.attnlab.generatedFrom === 3")
         stale = "document.querySelector('#lens').textContent.startsWith('score the heads')"
+        wait_until(page, stale)  # at once, not at the next hover
         page.hover("#tokens .tok[data-i='2']")
         wait_until(page, stale)
         page.click("#heads-table tbody tr[data-head='0.0']")

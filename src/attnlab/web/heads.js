@@ -180,6 +180,9 @@ function wire() {
     e.preventDefault();  // Space would scroll the page
     toggle(e);
   });
+  // a new Tokens row (another text, or a generation): the lens on show described the old one
+  new MutationObserver(() => { if (heads.lens && !current()) renderLens(0); })
+    .observe($("tokens"), { childList: true });
   for (const type of ["mouseover", "focusin"]) {  // pointer or keyboard on a token
     $("tokens").addEventListener(type, (e) => {
       const chip = e.target.closest(".tok");
