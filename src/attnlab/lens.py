@@ -45,16 +45,38 @@ from .model import check_position, per_row_ids, require_eval, unembed
 from .trace import Trace
 
 
+def _streams(model: Any, ids: Tensor, attention_mask: Tensor | None) -> list[Tensor]:
+    """The residual stream (B, T, C) entering layer 0, then after each layer."""
+    require_eval(model, "the logit lens")
+    trace = Trace(names=["emb", "block_out"]).run(model, ids, attention_mask)
+    return [trace.get("emb")] + [trace.get("block_out", layer)
+                                 for layer in range(model.config.n_layer)]
+
+
+def _read(model: Any, x: Tensor) -> Tensor:
+    """(B, T, C) residual -> (B, T, V) logits through the final norm and the model's own head
+    product (unembed), so the last layer's are bit-equal to the model's logits."""
+    return unembed(model.lm_head, model.ln_f(x))
+
+
 @torch.no_grad()
 def logit_lens(model: Any, ids: Tensor, attention_mask: Tensor | None = None) -> Tensor:
     """ids (B, T) -> (n_layer + 1, B, T, V) logits: row 0 reads the embeddings, row l + 1 the
-    residual after layer l (the last row equals the model's logits)."""
-    require_eval(model, "the logit lens")
-    trace = Trace(names=["emb", "block_out"]).run(model, ids, attention_mask)
-    streams = [trace.get("emb")] + [trace.get("block_out", layer)
-                                     for layer in range(model.config.n_layer)]
-    # unembed: the model's own head product, so the last row is bit-equal to its logits
-    return torch.stack([unembed(model.lm_head, model.ln_f(x)) for x in streams])  # (L+1, B, T, V)
+    residual after layer l (the last row equals the model's logits). For the top tokens
+    alone, `lens_top` holds one layer's logits at a time."""
+    return torch.stack([_read(model, x) for x in _streams(model, ids, attention_mask)])
+
+
+@torch.no_grad()
+def lens_top(model: Any, ids: Tensor, k: int = 5, attention_mask: Tensor | None = None,
+             vocab: int | None = None) -> tuple[Tensor, Tensor]:
+    """`top_tokens(logit_lens(...), k)` one layer at a time: (probabilities, ids), each
+    (n_layer + 1, B, T, k), without the (n_layer + 1, B, T, V) logits (12 layers, a 50,257
+    vocabulary, 1,000 tokens: 2.6 GB). vocab: read the first `vocab` logits only (a
+    tokenizer with fewer ids than the model's vocabulary)."""
+    tops = [top_tokens(_read(model, x)[..., :vocab], k)
+            for x in _streams(model, ids, attention_mask)]
+    return torch.stack([p for p, _ in tops]), torch.stack([i for _, i in tops])
 
 
 def top_tokens(lens_logits: Tensor, k: int = 5) -> tuple[Tensor, Tensor]:

@@ -15,7 +15,7 @@ from torch import Tensor
 
 from .heads import detect_heads, rank_heads
 from .intervene import ablate, check_heads
-from .lens import logit_lens, top_tokens
+from .lens import lens_top, top_tokens
 
 
 def _token_text(tokenizer: Any, token_id: int) -> str:
@@ -51,11 +51,11 @@ def heads_payload(model: Any, tokenizer: Any, ids: list[int], ablated: list[tupl
 def lens_payload(model: Any, tokenizer: Any, ids: list[int], k: int = 3) -> dict[str, Any]:
     """Top-k next tokens read after the embeddings and after each layer, at every position."""
     idx = torch.tensor([ids], device=model.wte.weight.device)
-    lens = logit_lens(model, idx)[:, 0, :, : tokenizer.vocab_size]  # (L + 1, T, V')
-    probs, top_ids = top_tokens(lens, k)  # (L + 1, T, k)
+    probs, top_ids = lens_top(model, idx, k, vocab=tokenizer.vocab_size)  # (L + 1, 1, T, k)
+    probs, top_ids = probs[:, 0], top_ids[:, 0]  # (L + 1, T, k)
     return {
         "ids": ids,  # the tokens read: the page shows the lens only while it shows these
-        "layers": ["emb"] + [f"layer {i}" for i in range(lens.shape[0] - 1)],
+        "layers": ["emb"] + [f"layer {i}" for i in range(probs.shape[0] - 1)],
         "top": [[[{"text": _token_text(tokenizer, int(i)), "prob": round(float(p), 4)}
                   for p, i in zip(ps, is_, strict=True)]
                  for ps, is_ in zip(p_row, i_row, strict=True)]

@@ -31,7 +31,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
 def run(args: argparse.Namespace) -> int:
     import torch
 
-    from ..lens import logit_lens, top_tokens
+    from ..lens import lens_top
     from ..viz import save_figure
     from ..viz_heads import plot_lens
     from .generate import load_any
@@ -41,10 +41,11 @@ def run(args: argparse.Namespace) -> int:
     ckpt = load_any(args.checkpoint)
     model, tok = ckpt.model.eval(), ckpt.tokenizer
     ids = text_ids(tok, args.text, model.config.block_size)
-    lens = logit_lens(model, torch.tensor([ids]))[:, 0]  # (L + 1, T, V)
-    probs, top = top_tokens(lens[..., :tok.vocab_size], args.top_k)  # (L + 1, T, k)
+    probs, top = lens_top(model, torch.tensor([ids]), args.top_k,
+                          vocab=tok.vocab_size)  # (L + 1, 1, T, k) each
+    probs, top = probs[:, 0], top[:, 0]  # (L + 1, T, k)
     tokens = tok.token_texts(ids)
-    names = ["emb"] + [f"layer {i}" for i in range(lens.shape[0] - 1)]
+    names = ["emb"] + [f"layer {i}" for i in range(probs.shape[0] - 1)]
     # a token holding part of a character reads as its bytes ("<e6>"), not as U+FFFD
     words = [[[tok.token_texts([int(i)])[0] for i in cell] for cell in row]
              for row in top.tolist()]
