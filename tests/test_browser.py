@@ -102,10 +102,24 @@ def shown_weights(page: Any) -> dict[str, Any]:
     })""")
 
 
+def _row(head: str, query: int) -> list[float]:
+    """Query `query`'s weights from a head of /api/attention's float32 encoding."""
+    import base64
+
+    import numpy as np
+
+    flat = np.frombuffer(base64.b64decode(head), dtype="<f4")  # rows 0, 1, ... of the triangle
+    start = query * (query + 1) // 2
+    return [float(w) for w in flat[start:start + query + 1]]
+
+
 def test_hovered_token_shows_the_apis_weights(page: Any, server: str) -> None:
+    """The page asks for the float32 encoding and shows those exact weights; the default
+    number lists hold the same weights rounded to 5 decimals."""
     text = "The cat sat on the mat."
     show(page, text)
-    api = httpx.post(server + "/api/attention", json={"text": text}).json()
+    api = httpx.post(server + "/api/attention", json={"text": text, "encoding": "float32"}).json()
+    lists = httpx.post(server + "/api/attention", json={"text": text}).json()
     for layer, head, query in [(0, 1, 9), (1, 0, 22), (1, 1, 0)]:
         page.select_option("#layer", str(layer))
         page.select_option("#head", str(head))
@@ -113,7 +127,8 @@ def test_hovered_token_shows_the_apis_weights(page: Any, server: str) -> None:
         page.hover(f"#tokens .tok[data-i='{query}']")
         page.wait_for_selector(f"#tokens .tok.query[data-i='{query}']")
         seen = shown_weights(page)
-        row = api["layers"][layer]["heads"][head][query]  # keys 0..query
+        row = _row(api["layers"][layer]["heads"][head], query)  # keys 0..query
+        assert row == pytest.approx(lists["layers"][layer]["heads"][head][query], abs=5e-6)
         assert [float(w) for w in seen["chips"][: query + 1]] == row
         # every later token is shown masked, with weight exactly 0
         assert seen["future"] == list(range(query + 1, len(text)))

@@ -28,7 +28,7 @@ import threading
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal
 
 from .asgi import BodyLimit
 from .model import GPT
@@ -275,6 +275,10 @@ def create_app(
         layers: list[int] | None = Field(None, description="layers to return (default: all)")
         norms: StrictBool = Field(  # "yes" or 1 read as true would hide a typo
             False, description="also return per-token L2 norms of q, k, v")
+        encoding: Literal["lists", "float32"] = Field(
+            "lists", description="lists: each head's rows as numbers rounded to 5 decimals; "
+            "float32: each head as one base64 string of little-endian float32, the rows of "
+            "the lower triangle one after another (exact, and faster for long texts)")
 
     class GenerateRequest(BaseModel):
         model_config = ConfigDict(extra="forbid")
@@ -297,9 +301,10 @@ def create_app(
 
     class LayerAttention(BaseModel):
         layer: int
-        heads: list[list[list[float]]] = Field(
+        heads: list[list[list[float]]] | list[str] = Field(
             description="(nh, T, i + 1): row i holds the weights of query i on keys 0..i; the "
-            "causal mask makes every weight on a later key exactly 0, so those are left out"
+            "causal mask makes every weight on a later key exactly 0, so those are left out "
+            "(encoding float32: one base64 string per head)"
         )
         future_max: float = Field(description="largest weight on a later key (0.0: causal)")
         window: int | None = Field(
@@ -418,7 +423,7 @@ def create_app(
         payload = await locked(
             lambda: attention_payload(
                 model, ids, tokenizer, layers=body.layers, norms=body.norms,
-                decimals=limits.decimals,
+                decimals=limits.decimals, encoding=body.encoding,
             )
         )
         # json.dumps directly: FastAPI's encoder walks every float and is ~10x slower here
