@@ -1,7 +1,8 @@
 // attnlab attention viewer: talks to the JSON API of attnlab/server.py and renders the page.
 // No build step and no dependencies, so the page works offline from the installed package.
 // Weights arrive as the lower triangle (row i: keys 0..i); later keys are masked to 0.
-// Canvas drawing lives in draw.js.
+// Requests and their answers' decoding live in api.js, canvas drawing in draw.js.
+import { api, attention, errorText, parseEvent, reach, unreachable } from "./api.js";
 import {
   cellAt, colour, drawCells, drawHeatmap, drawMini, headImage, inkFor, placeTip, sees, shown,
 } from "./draw.js";
@@ -31,56 +32,6 @@ window.attnlab = state;
 const countTokens = (n) => `${n} token${n === 1 ? "" : "s"}`;
 
 // ------------------------------------------------------------------ API
-
-// fetch rejects with a TypeError ("Failed to fetch", "network error") only when no answer
-// came back: the server stopped or restarts. Say that, not the browser's words alone.
-const unreachable = (err) => new Error(
-  `cannot reach the server (${err.message}): is attnlab serve still running? Try again once it is`);
-
-async function reach(path, init) {
-  try {
-    return await fetch(path, init);
-  } catch (err) {
-    throw err.name === "AbortError" ? err : unreachable(err);
-  }
-}
-
-// /api/attention with each head's lower triangle as base64 float32 (exact, and a sixth of
-// the server's time of rounded number lists at 2000 tokens), decoded here into rows:
-// heads[h][i] = the weights of query i on keys 0..i.
-async function attention(body) {
-  const data = await api("/api/attention", { ...body, encoding: "float32" });
-  const T = data.tokens.length;
-  for (const layer of data.layers) {
-    layer.heads = layer.heads.map((b64) => {
-      const bytes = atob(b64);
-      const buf = new Uint8Array(bytes.length);
-      for (let k = 0; k < bytes.length; k++) buf[k] = bytes.charCodeAt(k);
-      const flat = new Float32Array(buf.buffer);  // little-endian, as every browser's CPU
-      const rows = [];
-      for (let i = 0, at = 0; i < T; at += ++i) rows.push(Array.from(flat.subarray(at, at + i + 1)));
-      return rows;
-    });
-  }
-  return data;
-}
-
-async function api(path, body) {
-  const res = await reach(path, body === undefined ? {} : {
-    method: "POST", headers: { "Content-Type": "application/json" }, body: JSON.stringify(body),
-  });
-  if (!res.ok) throw new Error(await errorText(res));
-  return res.json();
-}
-
-async function errorText(res) {
-  try {
-    const data = await res.json();
-    return data.error || `HTTP ${res.status}`;
-  } catch (_) {
-    return `HTTP ${res.status}`;
-  }
-}
 
 function setStatus(el, text, isError = false) {
   el.textContent = text;
@@ -516,16 +467,6 @@ async function generate() {
   } else if (count > 0) {  // stopped: the ids it got (their text need not encode back to them)
     await analyze({ ids: ids.slice(0, block) }, promptLength);
   }
-}
-
-function parseEvent(block) {
-  let type = "message";
-  let data = "";
-  for (const line of block.split("\n")) {
-    if (line.startsWith("event:")) type = line.slice(6).trim();
-    else if (line.startsWith("data:")) data += line.slice(5).trim();
-  }
-  return { type, data: data ? JSON.parse(data) : null };
 }
 
 // ------------------------------------------------------------------ wiring

@@ -3,6 +3,8 @@
 // token under the pointer in the Tokens row. Reads the page's #text and #tokens; app.js
 // knows nothing of this file.
 
+import { api } from "./api.js";
+
 const $ = (id) => document.getElementById(id);
 const DETECTORS = ["previous_token", "duplicate_token", "induction", "first_token"];
 
@@ -15,17 +17,6 @@ const heads = {
   seq: 0,
 };
 window.attnlabHeads = heads;
-
-async function post(path, body) {
-  const res = await fetch(path, {
-    method: "POST", headers: { "Content-Type": "application/json" }, body: JSON.stringify(body),
-  }).catch((err) => {  // no answer at all (app.js says the same)
-    throw new Error(`cannot reach the server (${err.message}): is attnlab serve still running? Try again once it is`);
-  });
-  const data = await res.json().catch(() => ({}));
-  if (!res.ok) throw new Error(data.error || `HTTP ${res.status}`);
-  return data;
-}
 
 function pairs() {
   return [...heads.ablated].map((key) => key.split(".").map(Number));
@@ -64,8 +55,8 @@ async function score() {
   status("scoring heads…");
   try {
     const [result, lens] = await Promise.all([
-      post("/api/heads", { text, ablate: pairs() }),
-      post("/api/lens", { text }),
+      api("/api/heads", { text, ablate: pairs() }),
+      api("/api/lens", { text }),
     ]);
     if (seq !== heads.seq) return;
     heads.text = text;
@@ -86,7 +77,7 @@ async function score() {
 async function predict() {  // only after a click on a head of the text on show
   const seq = ++heads.seq;
   try {
-    const result = await post("/api/heads", { text: heads.text, ablate: pairs() });
+    const result = await api("/api/heads", { text: heads.text, ablate: pairs() });
     if (seq === heads.seq) renderPrediction(result.prediction);
   } catch (err) {
     if (seq === heads.seq) status(err.message, true);
