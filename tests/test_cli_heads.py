@@ -158,3 +158,28 @@ def test_patch_by_attribution(checkpoint: tuple, tmp_path: Path,
     assert result["method"] == "attribution"
     assert result["resid"][0][:2] == [0.0, 0.0]  # positions where clean == corrupt
     assert result["resid"][0][2] != 0.0 and len(result["heads"]) == 2
+
+
+def test_patch_attribution_figure_says_attribution(
+        checkpoint: tuple, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """`--method attribution` writes first-order estimates: its figure must not be titled
+    activation patching (it was, whichever method ran)."""
+    import attnlab.viz as viz
+
+    path, _, _ = checkpoint
+    titles: dict[str, str] = {}
+    save = viz.save_figure
+
+    def keep_title(fig, *args, **kwargs):  # type: ignore[no-untyped-def]
+        titles[str(args[0])] = fig._suptitle.get_text()
+        return save(fig, *args, **kwargs)
+
+    monkeypatch.setattr(viz, "save_figure", keep_title)
+    monkeypatch.setattr(patch_cli, "SMALL_GAP", 0.0)
+    for method in ("activation", "attribution"):
+        out = tmp_path / method
+        assert main(["patch", str(path), "--clean", "abcd|ab", "--corrupt", "abxd|ab",
+                     "--answer", "c", "--wrong", "x", "--method", method,
+                     "--out", str(out)]) == 0
+        assert json.loads((out / "patch.json").read_text())["method"] == method
+        assert titles[str(out / "patch.png")].startswith(f"{method} patching")

@@ -105,6 +105,10 @@ def run(args: argparse.Namespace) -> int:
               "wrong": {"text": args.wrong, "id": wrong}, "method": args.method,
               **result.to_dict(), "tokens": tokens}
     (out / "patch.json").write_text(json.dumps(record, indent=2) + "\n")
-    paths = save_figure(plot_patching(result.heads, result.resid, tokens), out / "patch.png")
+    # the figure says which method made it: attribution's cells are estimates, not patches
+    title = ("activation patching (1 = restores the clean run)" if args.method == "activation"
+             else "attribution patching: first-order estimates (1 = restores the clean run)")
+    paths = save_figure(plot_patching(result.heads, result.resid, tokens, title=title),
+                        out / "patch.png")
     print(f"wrote {out / 'patch.json'} and {', '.join(str(p) for p in paths)}")
     return 0
