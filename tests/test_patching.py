@@ -134,3 +134,18 @@ def test_attribution_is_the_derivative_along_clean_minus_corrupted() -> None:
     assert all(p.grad is None and not p.requires_grad for p in model.parameters())
     with pytest.raises(ValueError, match="padded position"):
         attribution_patching(model, clean, corrupt, metric, attention_mask=mask.flip(-1))
+
+
+def test_a_metric_that_is_not_one_number_is_refused() -> None:
+    """A per-row metric (B,) used to fail inside float() with "only one element tensors can
+    be converted to Python scalars", which names neither the metric nor the fix."""
+    model = _nano()
+    gen = torch.Generator().manual_seed(0)
+    clean, corrupt = torch.randint(0, 65, (2, 2, 5), generator=gen)
+
+    def per_row(logits: torch.Tensor) -> torch.Tensor:
+        return logits[:, -1, 1] - logits[:, -1, 2]  # (B,): not reduced
+
+    for method in (activation_patching, attribution_patching):
+        with pytest.raises(ValueError, match=r"metric returned a tensor of shape \(2,\).*mean"):
+            method(model, clean, corrupt, per_row)

@@ -108,6 +108,11 @@ class _Runner:
         if self.pads is not None:
             logits = logits.masked_fill(self.pads.to(logits.device), float("nan"))  # (B, T, V)
         value = self.metric(logits)
+        if value.numel() != 1:  # float() of a (B,) tensor says only "one element tensors"
+            raise ValueError(
+                f"the metric returned a tensor of shape {tuple(value.shape)}; it must return "
+                "one number (a scalar tensor): reduce over the batch, e.g. with .mean(), as "
+                "logit_diff_metric does")
         if self.pads is not None and math.isnan(float(value.detach())):
             rows = self.pads[:, -1, 0].nonzero().flatten().tolist()
             raise ValueError(
