@@ -149,3 +149,21 @@ def test_a_metric_that_is_not_one_number_is_refused() -> None:
     for method in (activation_patching, attribution_patching):
         with pytest.raises(ValueError, match=r"metric returned a tensor of shape \(2,\).*mean"):
             method(model, clean, corrupt, per_row)
+
+
+def test_attribution_without_a_gradient_says_why() -> None:
+    """A metric with no gradient (one that detaches its value, say) and a call under
+    torch.inference_mode used to end in autograd's "element 0 of tensors does not require
+    grad"."""
+    model = _nano()
+    gen = torch.Generator().manual_seed(0)
+    clean, corrupt = torch.randint(0, 65, (2, 1, 5), generator=gen)
+    diff = logit_diff_metric(1, 2)
+
+    def read_out(logits: torch.Tensor) -> torch.Tensor:
+        return diff(logits).detach()  # the value, without its graph
+
+    with pytest.raises(ValueError, match="no gradient with respect to the logits"):
+        attribution_patching(model, clean, corrupt, read_out)
+    with torch.inference_mode(), pytest.raises(ValueError, match="inference_mode"):
+        attribution_patching(model, clean, corrupt, logit_diff_metric(1, 2))

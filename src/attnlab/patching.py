@@ -174,6 +174,10 @@ def attribution_patching(
     normalized as there. Exact for a metric linear in the value; a large effect through
     softmax or a norm may be over- or underestimated, so confirm the heads it ranks first
     with `activation_patching` or `patch_effect`. The model's parameters get no gradient."""
+    if torch.is_inference_mode_enabled():  # enable_grad cannot undo it: nothing records
+        raise ValueError("attribution_patching needs autograd, which torch.inference_mode() "
+                         "turns off; call it outside inference mode (it uses its own no_grad "
+                         "where it can)")
     with torch.no_grad():
         runner = _Runner(model, clean_ids, corrupt_ids, metric, attention_mask)
     n_layer = model.config.n_layer
@@ -191,7 +195,13 @@ def attribution_patching(
     with torch.enable_grad():
         logits = model(corrupt_ids, attention_mask=attention_mask,
                        edits=Edits([start, *(hold(*site) for site in sites)])).logits
-        grads = dict(zip(sites, torch.autograd.grad(runner.scored(logits),
+        score = runner.scored(logits)
+        if not score.requires_grad:
+            raise ValueError(
+                "the metric's value has no gradient with respect to the logits (argmax, a "
+                "comparison, .item() or no_grad inside it), so there is nothing to attribute; "
+                "use a differentiable metric such as logit_diff_metric, or activation_patching")
+        grads = dict(zip(sites, torch.autograd.grad(score,
                                                      [held[site] for site in sites]),
                          strict=True))
     gap = runner.clean - runner.corrupted
