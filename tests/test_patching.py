@@ -96,8 +96,8 @@ def test_attribution_equals_patching_where_the_metric_is_linear() -> None:
 
 def test_attribution_is_the_derivative_along_clean_minus_corrupted() -> None:
     """Each estimate is the directional derivative of the metric, at the corrupted run, along
-    that value's clean - corrupted difference (central differences in float64; the metric
-    itself is float32), with left padding; the parameters get no gradient, and frozen ones
+    that value's clean - corrupted difference (central differences in float64, the metric
+    too), with left padding; the parameters get no gradient, and frozen ones
     still give one."""
     model = _nano().double()
     for p in model.parameters():
@@ -167,3 +167,12 @@ def test_attribution_without_a_gradient_says_why() -> None:
         attribution_patching(model, clean, corrupt, read_out)
     with torch.inference_mode(), pytest.raises(ValueError, match="inference_mode"):
         attribution_patching(model, clean, corrupt, logit_diff_metric(1, 2))
+
+
+def test_the_logit_difference_keeps_float64() -> None:
+    """The metric cast every logit to float32, so a float64 model's logit difference kept ~7
+    digits: 1 + 1e-12 against 1 gave 0. Half precision still comes back as float32."""
+    logits = torch.tensor([[[1.0 + 1e-12, 1.0]]], dtype=torch.float64)  # (1, 1, 2)
+    value = logit_diff_metric(0, 1)(logits)
+    assert value.dtype == torch.float64 and float(value) == pytest.approx(1e-12, rel=1e-3)
+    assert logit_diff_metric(0, 1)(logits.bfloat16()).dtype == torch.float32
