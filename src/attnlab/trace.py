@@ -205,10 +205,13 @@ class Trace:
         """Run `model` on idx (B, T), without autograd, only as far as this trace keeps
         values, and return the trace. A trace of the attention weights skips the last
         layer's context and MLP and the head (the logits: a quarter of GPT-2 small's forward
-        at 1024 tokens), `Trace(layers=0)` runs one block. Take `model(idx, trace=trace)`
-        where you want the logits too; those values are the same. The model runs in the
-        mode it is in: in training mode dropout applies (and `attn_weights_dropped` exists),
-        so call `model.eval()` first for the weights it computes at inference.
+        at 1024 tokens), `Trace(layers=0, names=["attn_weights"])` runs one block. The
+        layer filter leaves the model-level names (embeddings, logits) in, so
+        `Trace(layers=0)` alone keeps the logits and runs every block and the head. Take
+        `model(idx, trace=trace)` where you want the logits too; those values are the same.
+        The model runs in the mode it is in: in training mode dropout applies (and
+        `attn_weights_dropped` exists), so call `model.eval()` first for the weights it
+        computes at inference.
         """
         names = NAMES.keys() if self.names is None else self.names
         layers = range(model.config.n_layer) if self.layers is None else self.layers
