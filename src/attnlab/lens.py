@@ -132,31 +132,33 @@ def logit_attribution(
                              "puts every row's last token in the last column")
     trace = Trace(names=["emb", "context", "mlp_out", "block_out"])
     trace.run(model, ids, attention_mask)  # up to the last block: the head runs below
-    w_u = model.lm_head.weight[target].float()  # (B, C): the target's unembedding rows
-    final = trace.get("block_out", c.n_layer - 1)[:, position].float()  # (B, C)
+    # float32, or a float64 model's own dtype (float32 would round its terms to ~7 digits)
+    wide = torch.promote_types(model.lm_head.weight.dtype, torch.float32)
+    w_u = model.lm_head.weight[target].to(wide)  # (B, C): the target's unembedding rows
+    final = trace.get("block_out", c.n_layer - 1)[:, position].to(wide)  # (B, C)
     norm, centre = model.ln_f, True
     if isinstance(norm, nn.LayerNorm):
         sigma = (final.var(-1, unbiased=False, keepdim=True) + norm.eps).sqrt()  # (B, 1)
-        gamma = norm.weight.float() if norm.weight is not None else torch.ones_like(final[0])
-        beta = norm.bias.float() if norm.bias is not None else torch.zeros_like(final[0])
+        gamma = norm.weight.to(wide) if norm.weight is not None else torch.ones_like(final[0])
+        beta = norm.bias.to(wide) if norm.bias is not None else torch.zeros_like(final[0])
     elif isinstance(norm, RMSNorm):  # no mean removed, no bias
         sigma = (final.pow(2).mean(-1, keepdim=True) + norm.eps).sqrt()  # (B, 1)
-        gamma, beta, centre = norm.weight.float(), None, False
+        gamma, beta, centre = norm.weight.to(wide), None, False
     else:  # no final norm: the residual goes straight to the unembedding
         sigma, gamma, beta = None, None, None
 
     def direct(part: Tensor) -> Tensor:
         """(B, C) residual part -> (B,) its term of the target logit."""
-        part = part.float()
+        part = part.to(wide)
         if sigma is not None and gamma is not None:
             part = (part - part.mean(-1, keepdim=True) if centre else part) / sigma * gamma
         return (part * w_u).sum(-1)  # (B,)
 
     hs = c.head_size
     device = final.device  # the model's: a GPU model's terms were made on the CPU before
-    heads = torch.zeros(B, c.n_layer, c.n_head, device=device)
-    attn_bias = torch.zeros(B, c.n_layer, device=device)
-    mlp = torch.zeros(B, c.n_layer, device=device)
+    heads = torch.zeros(B, c.n_layer, c.n_head, device=device, dtype=wide)
+    attn_bias = torch.zeros(B, c.n_layer, device=device, dtype=wide)
+    mlp = torch.zeros(B, c.n_layer, device=device, dtype=wide)
     for layer, block in enumerate(model.blocks):
         context = trace.get("context", layer)[:, :, position]  # (B, nh, hs)
         out_proj = block.attn.out_proj
@@ -174,8 +176,8 @@ def logit_attribution(
         if (layer, "mlp_out") in trace:
             mlp[:, layer] = direct(trace.get("mlp_out", layer)[:, position])
     emb = direct(trace.get("emb")[:, position])
-    bias = (beta * w_u).sum(-1) if beta is not None else torch.zeros(B, device=device)
+    bias = (beta * w_u).sum(-1) if beta is not None else torch.zeros(B, device=device, dtype=wide)
     # the model's logit, the head at this position only
     last = model.ln_f(trace.get("block_out", c.n_layer - 1)[:, position])  # (B, C)
-    logit = model.lm_head(last).float().gather(-1, target[:, None])[:, 0]  # (B,)
+    logit = model.lm_head(last).to(wide).gather(-1, target[:, None])[:, 0]  # (B,)
     return Attribution(emb, heads, attn_bias, mlp, bias, logit)
