@@ -153,7 +153,7 @@ def test_patch_by_attribution(checkpoint: tuple, tmp_path: Path,
     args = ["patch", str(path), "--clean", "abcd|ab", "--corrupt", "abxd|ab", "--answer", "c",
             "--wrong", "x", "--method", "attribution", "--out", str(tmp_path / "p")]
     assert main(args) == 0
-    assert "heads by effect" in capsys.readouterr().out
+    assert "heads by effect (first-order estimates): " in capsys.readouterr().out
     result = json.loads((tmp_path / "p" / "patch.json").read_text())
     assert result["method"] == "attribution"
     assert result["resid"][0][:2] == [0.0, 0.0]  # positions where clean == corrupt

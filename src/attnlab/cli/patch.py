@@ -93,7 +93,9 @@ def run(args: argparse.Namespace) -> int:
     L, H = result.heads.shape
     ranked = sorted(((float(result.heads[la, h]), la, h) for la in range(L) for h in range(H)),
                     reverse=True)
-    print("heads by effect: " + ", ".join(f"{la}.{h} {e:+.2f}" for e, la, h in ranked[:5]))
+    kind = "" if args.method == "activation" else " (first-order estimates)"
+    print(f"heads by effect{kind}: " + ", ".join(f"{la}.{h} {e:+.2f}"
+                                                for e, la, h in ranked[:5]))
     tokens = tok.token_texts(clean)
     for layer in range(L):
         row = " ".join(f"{float(e):+.2f}" for e in result.resid[layer])
