@@ -218,6 +218,17 @@ def test_labels_and_bad_arguments() -> None:
         show("text")
 
 
+def test_text_in_the_tokenizer_slot_or_a_batch_of_texts_is_named() -> None:
+    m = model()
+    # the README's show(model, tokenizer, text) with the tokenizer left out: it was
+    # AttributeError "'str' object has no attribute 'vocab_size'"
+    with pytest.raises(ValueError, match=r"second argument is the tokenizer.*'abc'"):
+        show(m, "abc")
+    # a list of texts: it was "char tokenizer cannot encode character 'ab'"
+    with pytest.raises(ValueError, match="text must be one str \\(got list\\)"):
+        show(m, TOK, ["ab", "cd"])
+
+
 def test_inspect_format_html_writes_one_page(tmp_path: Path,
                                              capsys: pytest.CaptureFixture[str]) -> None:
     ckpt = save_checkpoint(tmp_path / "ckpt", model(), TOK)

@@ -372,6 +372,13 @@ def show(
     """
     if view not in VIEWS:
         raise ValueError(f"view={view!r}; choose one of {', '.join(VIEWS)}")
+    if isinstance(tokenizer, str):  # show(model, "text"): the tokenizer slot, not the text's
+        raise ValueError(
+            f"show's second argument is the tokenizer, and it got the str {tokenizer[:40]!r}; "
+            "pass the text third, show(model, tokenizer, text), or ids=[...] without one")
+    if text is not None and not isinstance(text, str):
+        raise ValueError(f"text must be one str (got {type(text).__name__}): a view shows "
+                         "one sequence; pass a batch as ids=(B, T) with row=")
     vocab = getattr(getattr(source, "config", None), "vocab_size", None)  # a model's
     if tokenizer is not None and vocab is not None:
         check_fits(tokenizer, vocab)
