@@ -183,3 +183,14 @@ def test_patch_attribution_figure_says_attribution(
                      "--out", str(out)]) == 0
         assert json.loads((out / "patch.json").read_text())["method"] == method
         assert titles[str(out / "patch.png")].startswith(f"{method} patching")
+
+
+def test_patch_help_names_both_methods(capsys: pytest.CaptureFixture[str]) -> None:
+    # `attnlab --help` listed patch as "activation patching" only, and `patch --help`'s
+    # description never said what --method attribution does
+    with pytest.raises(SystemExit):
+        main(["--help"])
+    assert "activation or attribution patching" in capsys.readouterr().out
+    with pytest.raises(SystemExit):
+        main(["patch", "--help"])
+    assert "first order from one backward pass);" in " ".join(capsys.readouterr().out.split())

@@ -23,10 +23,12 @@ SMALL_GAP = 0.5  # a clean - corrupted logit-difference gap below this: warn
 
 def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
     parser = subparsers.add_parser(
-        "patch", help="activation patching of heads and residual positions",
+        "patch", help="activation or attribution patching of heads and residual positions",
         description="Patch each head's output and each (layer, position) of the residual "
-        "stream from the clean prompt into the corrupted one; effects are normalized to "
-        "(patched - corrupted) / (clean - corrupted) of the answer-minus-wrong logit.",
+        "stream from the clean prompt into the corrupted one (--method attribution: "
+        "estimate every effect to first order from one backward pass); effects are "
+        "normalized to (patched - corrupted) / (clean - corrupted) of the "
+        "answer-minus-wrong logit.",
     )
     add_checkpoint_argument(parser)
     parser.add_argument("--clean", required=True, help="the prompt the model gets right")
