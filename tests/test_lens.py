@@ -191,3 +191,15 @@ def test_a_float64_model_is_attributed_in_float64() -> None:
     logits = model(idx).logits[:, -1, 5]  # (2,) float64
     torch.testing.assert_close(parts.logit, logits.detach(), atol=1e-12, rtol=0)
     torch.testing.assert_close(parts.total(), parts.logit, atol=1e-12, rtol=0)
+
+
+def test_a_float64_models_lens_probabilities_stay_float64() -> None:
+    # top_tokens cast every lens to float32, so lens_top of a float64 model was float32
+    # (as logit_attribution and logit_diff_metric were before they kept float64)
+    model = _model().double()
+    idx = torch.randint(0, 65, (2, 7), generator=torch.Generator().manual_seed(5))
+    probs, top = lens_top(model, idx, k=3)
+    assert probs.dtype == torch.float64
+    want = torch.softmax(model(idx).logits.detach(), dim=-1).topk(3, dim=-1)
+    torch.testing.assert_close(probs[-1], want.values, atol=1e-15, rtol=0)
+    assert torch.equal(top[-1], want.indices)

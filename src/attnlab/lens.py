@@ -81,7 +81,10 @@ def lens_top(model: Any, ids: Tensor, k: int = 5, attention_mask: Tensor | None 
 
 def top_tokens(lens_logits: Tensor, k: int = 5) -> tuple[Tensor, Tensor]:
     """(..., V) logits -> (probabilities, ids), each (..., k), most likely first."""
-    probs = torch.softmax(lens_logits.float(), dim=-1)  # (..., V)
+    # float32 for bfloat16 / float16 logits; a float64 model's stay float64 (float32 rounds
+    # a probability near 1 to 1 and can reorder two logits closer than 1e-7)
+    wide = lens_logits if lens_logits.dtype == torch.float64 else lens_logits.float()
+    probs = torch.softmax(wide, dim=-1)  # (..., V)
     top = torch.topk(probs, min(k, probs.shape[-1]), dim=-1)
     return top.values, top.indices
 
