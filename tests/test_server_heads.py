@@ -122,6 +122,8 @@ def test_the_page_scores_heads_ablates_on_click_and_shows_the_lens(tmp_path: Pat
         wait_until(page, "window.attnlab.generatedFrom === 3")
         stale = "document.querySelector('#lens').textContent.startsWith('score the heads')"
         wait_until(page, stale)  # at once, not at the next hover
+        wait_until(page, "document.querySelector('#heads-status').textContent"
+                         ".includes('for another text')")
         page.hover("#tokens .tok[data-i='2']")
         wait_until(page, stale)
         page.click("#heads-table tbody tr[data-head='0.0']")
@@ -130,6 +132,8 @@ def test_the_page_scores_heads_ablates_on_click_and_shows_the_lens(tmp_path: Pat
         assert page.text_content("#heads-which") == "1.0, 0.1"  # nothing was sent
         # back to the scored text: lens and ablation answer again
         show(page, TEXT)
+        wait_until(page, "document.querySelector('#heads-status').textContent"
+                         ".startsWith('scored on')")
         page.hover("#tokens .tok[data-i='4']")
         wait_until(page, "document.querySelectorAll('#lens-table tr').length === 3")
         # another text in the Text box: the same refusal

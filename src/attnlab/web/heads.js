@@ -171,9 +171,17 @@ function wire() {
     e.preventDefault();  // Space would scroll the page
     toggle(e);
   });
-  // a new Tokens row (another text, or a generation): the lens on show described the old one
-  new MutationObserver(() => { if (heads.lens && !current()) renderLens(0); })
-    .observe($("tokens"), { childList: true });
+  // a new Tokens row (another text, or a generation): the lens and the status on show
+  // described the scored one; back on it, the scores answer again
+  new MutationObserver(() => {
+    if (!heads.lens) return;
+    if (current()) {
+      status(`scored on ${heads.lens.top[0].length} tokens; click a head to ablate it`);
+    } else {
+      renderLens(0);
+      status("the scores below are for another text; press Score heads for this one");
+    }
+  }).observe($("tokens"), { childList: true });
   for (const type of ["mouseover", "focusin"]) {  // pointer or keyboard on a token
     $("tokens").addEventListener(type, (e) => {
       const chip = e.target.closest(".tok");
