@@ -41,6 +41,9 @@ def test_lens_top_is_the_lens_top_tokens_one_layer_at_a_time() -> None:
         want_probs, want_ids = top_tokens(logit_lens(model, idx, mask)[..., :vocab], k=3)
         assert torch.equal(probs, want_probs) and torch.equal(ids, want_ids)
     assert int(ids.max()) < 40
+    for bad in ({"k": 0}, {"vocab": 0}):  # an empty (L + 1, B, T, 0) answer before
+        with pytest.raises(ValueError, match="must be >= 1"):
+            lens_top(model, idx, **bad)
 
 
 @pytest.mark.parametrize("overrides", [{}, {"layer_norm": False}, {"mlp": False},

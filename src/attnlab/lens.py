@@ -74,6 +74,9 @@ def lens_top(model: Any, ids: Tensor, k: int = 5, attention_mask: Tensor | None 
     (n_layer + 1, B, T, k), without the (n_layer + 1, B, T, V) logits (12 layers, a 50,257
     vocabulary, 1,000 tokens: 2.6 GB). vocab: read the first `vocab` logits only (a
     tokenizer with fewer ids than the model's vocabulary)."""
+    if k < 1 or (vocab is not None and vocab < 1):
+        raise ValueError(f"lens_top(k={k}, vocab={vocab}): both must be >= 1 (vocab None: "
+                         "every logit), else there is no token to return")
     tops = [top_tokens(_read(model, x)[..., :vocab], k)
             for x in _streams(model, ids, attention_mask)]
     return torch.stack([p for p, _ in tops]), torch.stack([i for _, i in tops])
