@@ -127,6 +127,8 @@ def test_generate_with_heads_ablated(checkpoint: tuple,
     assert "heads ['2.0'] do not exist" in capsys.readouterr().err
     assert main(["generate", str(path), "ab", "--ablate", "x"]) == 1
     assert "LAYER.HEAD" in capsys.readouterr().err
+    assert main(["generate", str(path), "ab", "--ablate", ""]) == 1  # ablated nothing before
+    assert "bad head '' in ''" in capsys.readouterr().err
 
 
 def test_patch_reads_escapes_in_the_answer_as_generate_reads_stops(

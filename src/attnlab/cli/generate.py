@@ -229,7 +229,7 @@ def run(args: argparse.Namespace) -> int:
     stops = [unescape(s) for s in args.stop]
 
     edits = None
-    if args.ablate:
+    if args.ablate is not None:  # "" too: ablating nothing would pass for an answer
         from ..intervene import ablate, check_heads, parse_heads
 
         heads = parse_heads(args.ablate)
