@@ -176,3 +176,15 @@ def test_the_logit_difference_keeps_float64() -> None:
     value = logit_diff_metric(0, 1)(logits)
     assert value.dtype == torch.float64 and float(value) == pytest.approx(1e-12, rel=1e-3)
     assert logit_diff_metric(0, 1)(logits.bfloat16()).dtype == torch.float32
+
+
+def test_a_float64_model_gets_float64_effects() -> None:
+    # effects were float32 whatever the model: a float64 study got 7 digits back
+    model = _nano().double()
+    gen = torch.Generator().manual_seed(2)
+    clean, corrupt = torch.randint(0, 65, (2, 1, 5), generator=gen)
+    metric = logit_diff_metric(3, 4)
+    for patching in (activation_patching, attribution_patching):
+        result = patching(model, clean, corrupt, metric)
+        assert result.heads.dtype == result.resid.dtype == torch.float64, patching.__name__
+    assert activation_patching(_nano(), clean, corrupt, metric).heads.dtype == torch.float32

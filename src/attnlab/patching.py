@@ -58,6 +58,11 @@ def logit_diff_metric(answer: int | Tensor, wrong: int | Tensor, position: int =
     return metric
 
 
+def _wide(model: Any) -> torch.dtype:
+    """The dtype of effects: float32, or a float64 model's own."""
+    return torch.promote_types(model.lm_head.weight.dtype, torch.float32)
+
+
 @dataclass
 class Patching:
     """Normalized effects of patching clean activations into the corrupted run."""
@@ -151,17 +156,17 @@ def activation_patching(
     """Patch every head's output and every (layer, position) of the residual stream from the
     clean run into the corrupted one; ids (B, T), one attention_mask for both."""
     runner = _Runner(model, clean_ids, corrupt_ids, metric, attention_mask)
-    c, T = model.config, clean_ids.shape[1]
+    c, T, wide = model.config, clean_ids.shape[1], _wide(model)
     heads = torch.tensor([
         [runner.effect(Edits([patch(runner.trace, "context", layer, heads=[h])]))
          for h in range(c.n_head)]
         for layer in range(c.n_layer)
-    ])  # (n_layer, nh)
+    ], dtype=wide)  # (n_layer, nh)
     resid = torch.tensor([
         [runner.effect(Edits([patch(runner.trace, "resid_pre", layer, positions=[p])]))
          for p in range(T)]
         for layer in range(c.n_layer)
-    ])  # (n_layer, T)
+    ], dtype=wide)  # (n_layer, T)
     return Patching(heads, resid, runner.clean, runner.corrupted)
 
 
@@ -212,7 +217,7 @@ def attribution_patching(
 
     def attribution(layer: int, name: str) -> Tensor:
         moved = runner.trace.get(name, layer) - held[(layer, name)].detach()  # clean - corrupted
-        return (moved * grads[(layer, name)]).float() / gap  # same shape as the value
+        return (moved * grads[(layer, name)]).to(_wide(model)) / gap  # same shape as the value
 
     heads = torch.stack([attribution(layer, "context").sum(dim=(0, 2, 3))  # (nh,)
                          for layer in range(n_layer)])  # (n_layer, nh)
