@@ -38,10 +38,9 @@ class TextTokenizer(Protocol):
 
 
 
-def _triangles(weights: Tensor) -> list[str]:
-    """(nh, T, T) -> per head, the lower triangle's float32 bytes (little-endian), base64."""
-    T = weights.shape[-1]
-    below = torch.ones(T, T, dtype=torch.bool).tril()  # (T, T)
+def _triangles(weights: Tensor, below: Tensor) -> list[str]:
+    """(nh, T, T) -> per head, the float32 bytes (little-endian) of the cells where `below`
+    (T, T) is True, row after row, base64."""
     flat = weights.float().cpu()[:, below].numpy().astype("<f4")  # (nh, T (T + 1) / 2)
     return [base64.b64encode(head.tobytes()).decode("ascii") for head in flat]
 
@@ -72,13 +71,14 @@ def attention_payload(
     idx = torch.tensor([list(ids)], dtype=torch.long)  # (1, T)
     trace = Trace(layers=wanted, names=names).run(model, idx)  # up to the last layer asked
     T = idx.shape[1]
-    future = ~torch.ones(T, T, dtype=torch.bool).tril()  # (T, T) keys after the query
+    below = torch.ones(T, T, dtype=torch.bool).tril()  # (T, T) keys up to the query
+    future = ~below  # (T, T) keys after the query
     out_layers = []
     for layer in wanted:
         weights = trace.get("attn_weights", layer)[0]  # (nh, T, S) with S == T
         entry: dict[str, Any] = {
             "layer": layer,
-            "heads": _triangles(weights) if encoding == "float32" else [
+            "heads": _triangles(weights, below) if encoding == "float32" else [
                 [row[: i + 1] for i, row in enumerate(head)]
                 for head in _rounded(weights, decimals)],
             "future_max": float(weights.masked_select(future).max()) if T > 1 else 0.0,

@@ -319,7 +319,7 @@ function renderDetail() {
       td.className = "w";
       td.dataset.head = h;
       td.dataset.weight = `${w}`;
-      td.textContent = j < outside ? "masked" : w.toFixed(5);
+      td.textContent = sees(q, j, data.window) ? w.toFixed(5) : "masked";
       td.style.setProperty("--w", `${Math.round((w / rowMax[h]) * 100)}%`);
       tr.appendChild(td);
     }

@@ -18,6 +18,11 @@ const heads = {
 };
 window.attnlabHeads = heads;
 
+// The status while the text on show is the one scored.
+function scored() {
+  status(`scored on ${heads.lens.top[0].length} tokens; click a head to ablate it`);
+}
+
 function pairs() {
   return [...heads.ablated].map((key) => key.split(".").map(Number));
 }
@@ -65,7 +70,7 @@ async function score() {
     heads.lens = lens;
     renderTable(result.induction_ranking);
     renderPrediction(result.prediction);
-    status(`scored on ${lens.top[0].length} tokens; click a head to ablate it`);
+    scored();
   } catch (err) {
     if (seq === heads.seq) {
       clearHeads();
@@ -176,7 +181,7 @@ function wire() {
   new MutationObserver(() => {
     if (!heads.lens) return;
     if (current()) {
-      status(`scored on ${heads.lens.top[0].length} tokens; click a head to ablate it`);
+      scored();
     } else {
       renderLens(0);
       status("the scores below are for another text; press Score heads for this one");
