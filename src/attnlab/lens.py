@@ -41,7 +41,7 @@ import torch
 from torch import Tensor, nn
 
 from .layers import RMSNorm
-from .model import check_position, per_row_ids, require_eval, unembed
+from .model import check_position, per_row_ids, require_eval, unembed, wide
 from .trace import Trace
 
 
@@ -84,10 +84,9 @@ def lens_top(model: Any, ids: Tensor, k: int = 5, attention_mask: Tensor | None 
 
 def top_tokens(lens_logits: Tensor, k: int = 5) -> tuple[Tensor, Tensor]:
     """(..., V) logits -> (probabilities, ids), each (..., k), most likely first."""
-    # float32 for bfloat16 / float16 logits; a float64 model's stay float64 (float32 rounds
-    # a probability near 1 to 1 and can reorder two logits closer than 1e-7)
-    wide = lens_logits if lens_logits.dtype == torch.float64 else lens_logits.float()
-    probs = torch.softmax(wide, dim=-1)  # (..., V)
+    # float32 would round a float64 model's probability near 1 to 1 and could reorder two
+    # logits closer than 1e-7
+    probs = torch.softmax(lens_logits.to(wide(lens_logits.dtype)), dim=-1)  # (..., V)
     top = torch.topk(probs, min(k, probs.shape[-1]), dim=-1)
     return top.values, top.indices
 
@@ -138,33 +137,32 @@ def logit_attribution(
                              "puts every row's last token in the last column")
     trace = Trace(names=["emb", "context", "mlp_out", "block_out"])
     trace.run(model, ids, attention_mask)  # up to the last block: the head runs below
-    # float32, or a float64 model's own dtype (float32 would round its terms to ~7 digits)
-    wide = torch.promote_types(model.lm_head.weight.dtype, torch.float32)
-    w_u = model.lm_head.weight[target].to(wide)  # (B, C): the target's unembedding rows
-    final = trace.get("block_out", c.n_layer - 1)[:, position].to(wide)  # (B, C)
+    dtype = wide(model.lm_head.weight.dtype)  # a float64 model's terms stay float64
+    w_u = model.lm_head.weight[target].to(dtype)  # (B, C): the target's unembedding rows
+    final = trace.get("block_out", c.n_layer - 1)[:, position].to(dtype)  # (B, C)
     norm, centre = model.ln_f, True
     if isinstance(norm, nn.LayerNorm):
         sigma = (final.var(-1, unbiased=False, keepdim=True) + norm.eps).sqrt()  # (B, 1)
-        gamma = norm.weight.to(wide) if norm.weight is not None else torch.ones_like(final[0])
-        beta = norm.bias.to(wide) if norm.bias is not None else torch.zeros_like(final[0])
+        gamma = norm.weight.to(dtype) if norm.weight is not None else torch.ones_like(final[0])
+        beta = norm.bias.to(dtype) if norm.bias is not None else torch.zeros_like(final[0])
     elif isinstance(norm, RMSNorm):  # no mean removed, no bias
         sigma = (final.pow(2).mean(-1, keepdim=True) + norm.eps).sqrt()  # (B, 1)
-        gamma, beta, centre = norm.weight.to(wide), None, False
+        gamma, beta, centre = norm.weight.to(dtype), None, False
     else:  # no final norm: the residual goes straight to the unembedding
         sigma, gamma, beta = None, None, None
 
     def direct(part: Tensor) -> Tensor:
         """(B, C) residual part -> (B,) its term of the target logit."""
-        part = part.to(wide)
+        part = part.to(dtype)
         if sigma is not None and gamma is not None:
             part = (part - part.mean(-1, keepdim=True) if centre else part) / sigma * gamma
         return (part * w_u).sum(-1)  # (B,)
 
     hs = c.head_size
     device = final.device  # the model's: a GPU model's terms were made on the CPU before
-    heads = torch.zeros(B, c.n_layer, c.n_head, device=device, dtype=wide)
-    attn_bias = torch.zeros(B, c.n_layer, device=device, dtype=wide)
-    mlp = torch.zeros(B, c.n_layer, device=device, dtype=wide)
+    heads = torch.zeros(B, c.n_layer, c.n_head, device=device, dtype=dtype)
+    attn_bias = torch.zeros(B, c.n_layer, device=device, dtype=dtype)
+    mlp = torch.zeros(B, c.n_layer, device=device, dtype=dtype)
     for layer, block in enumerate(model.blocks):
         context = trace.get("context", layer)[:, :, position]  # (B, nh, hs)
         out_proj = block.attn.out_proj
@@ -182,8 +180,8 @@ def logit_attribution(
         if (layer, "mlp_out") in trace:
             mlp[:, layer] = direct(trace.get("mlp_out", layer)[:, position])
     emb = direct(trace.get("emb")[:, position])
-    bias = (beta * w_u).sum(-1) if beta is not None else torch.zeros(B, device=device, dtype=wide)
+    bias = (beta * w_u).sum(-1) if beta is not None else torch.zeros(B, device=device, dtype=dtype)
     # the model's logit, the head at this position only
     last = model.ln_f(trace.get("block_out", c.n_layer - 1)[:, position])  # (B, C)
-    logit = model.lm_head(last).to(wide).gather(-1, target[:, None])[:, 0]  # (B,)
+    logit = model.lm_head(last).to(dtype).gather(-1, target[:, None])[:, 0]  # (B,)
     return Attribution(emb, heads, attn_bias, mlp, bias, logit)

@@ -28,7 +28,7 @@ import torch
 from torch import Tensor
 
 from .intervene import Edit, Edits, patch
-from .model import check_position, per_row_ids, require_eval
+from .model import check_position, per_row_ids, require_eval, wide
 from .trace import Trace
 
 #: logits (B, T, V) -> a scalar tensor to explain.
@@ -42,10 +42,9 @@ def logit_diff_metric(answer: int | Tensor, wrong: int | Tensor, position: int =
 
     def metric(logits: Tensor) -> Tensor:
         check_position(position, logits.shape[1], "metric position")
-        # half precision up to float32; a float64 model's logits stay float64 (float32 would
-        # round each logit to ~7 digits before the difference: a tiny random float64 GPT-2's
-        # patching effects on a 1e-3 gap were off by 1e-5)
-        last = logits[:, position].to(torch.promote_types(logits.dtype, torch.float32))  # (B, V)
+        # a tiny random float64 GPT-2's patching effects on a 1e-3 gap were off by 1e-5 when
+        # its logits were cast to float32
+        last = logits[:, position].to(wide(logits.dtype))  # (B, V)
         B = last.shape[0]
         a = per_row_ids(answer, B, "answer", last.device)[:, None]  # (B, 1)
         w = per_row_ids(wrong, B, "wrong", last.device)[:, None]  # (B, 1)
@@ -56,11 +55,6 @@ def logit_diff_metric(answer: int | Tensor, wrong: int | Tensor, position: int =
         return (last.gather(-1, a) - last.gather(-1, w)).mean()
 
     return metric
-
-
-def _wide(model: Any) -> torch.dtype:
-    """The dtype of effects: float32, or a float64 model's own."""
-    return torch.promote_types(model.lm_head.weight.dtype, torch.float32)
 
 
 @dataclass
@@ -156,17 +150,17 @@ def activation_patching(
     """Patch every head's output and every (layer, position) of the residual stream from the
     clean run into the corrupted one; ids (B, T), one attention_mask for both."""
     runner = _Runner(model, clean_ids, corrupt_ids, metric, attention_mask)
-    c, T, wide = model.config, clean_ids.shape[1], _wide(model)
+    c, T, dtype = model.config, clean_ids.shape[1], wide(model.lm_head.weight.dtype)
     heads = torch.tensor([
         [runner.effect(Edits([patch(runner.trace, "context", layer, heads=[h])]))
          for h in range(c.n_head)]
         for layer in range(c.n_layer)
-    ], dtype=wide)  # (n_layer, nh)
+    ], dtype=dtype)  # (n_layer, nh)
     resid = torch.tensor([
         [runner.effect(Edits([patch(runner.trace, "resid_pre", layer, positions=[p])]))
          for p in range(T)]
         for layer in range(c.n_layer)
-    ], dtype=wide)  # (n_layer, T)
+    ], dtype=dtype)  # (n_layer, T)
     return Patching(heads, resid, runner.clean, runner.corrupted)
 
 
@@ -189,7 +183,7 @@ def attribution_patching(
                          "where it can)")
     with torch.no_grad():
         runner = _Runner(model, clean_ids, corrupt_ids, metric, attention_mask)
-    n_layer = model.config.n_layer
+    n_layer, dtype = model.config.n_layer, wide(model.lm_head.weight.dtype)
     sites = [(layer, name) for layer in range(n_layer) for name in ("context", "resid_pre")]
     held: dict[tuple[int, str], Tensor] = {}
 
@@ -217,7 +211,7 @@ def attribution_patching(
 
     def attribution(layer: int, name: str) -> Tensor:
         moved = runner.trace.get(name, layer) - held[(layer, name)].detach()  # clean - corrupted
-        return (moved * grads[(layer, name)]).to(_wide(model)) / gap  # same shape as the value
+        return (moved * grads[(layer, name)]).to(dtype) / gap  # same shape as the value
 
     heads = torch.stack([attribution(layer, "context").sum(dim=(0, 2, 3))  # (nh,)
                          for layer in range(n_layer)])  # (n_layer, nh)
