@@ -6,9 +6,9 @@ from __future__ import annotations
 import re
 from functools import lru_cache
 
-# control characters other than newline, tab and carriage return (which labels write \n, \t,
-# \r): C0, DEL and C1
-_CONTROL = re.compile("[\x00-\x08\x0b\x0c\x0e-\x1f\x7f-\x9f]")
+# control characters: C0 (newline, tab and carriage return written \n, \t, \r), DEL and C1
+_CONTROL = re.compile("[\x00-\x1f\x7f-\x9f]")
+_ESCAPES = {"\n": "\\n", "\t": "\\t", "\r": "\\r"}
 
 
 def bytes_text(data: bytes) -> str:
@@ -29,13 +29,18 @@ def bytes_text(data: bytes) -> str:
     return "".join(out)
 
 
+def _visible(char: str) -> str:
+    code = ord(char)
+    return _ESCAPES.get(char) or (f"<{code:02x}>" if code < 0x80 else f"<U+{code:04X}>")
+
+
 def visible_controls(text: str) -> str:
-    """`text` with each control character but newline, tab and carriage return written as its
-    code: ESC as <1b> (as ByteTokenizer labels its bytes), U+0085 as <U+0085>. Drawn as they
-    are they are invisible on a page, and a missing-glyph box in a figure, with a matplotlib
-    warning for each (a byte-level BPE's top tokens in `attnlab lens`)."""
-    return _CONTROL.sub(
-        lambda m: f"<{ord(m[0]):02x}>" if ord(m[0]) < 0x80 else f"<U+{ord(m[0]):04X}>", text)
+    """`text` with each control character visible: newline, tab and carriage return as \\n,
+    \\t, \\r, the others as their codes: ESC as <1b> (as ByteTokenizer labels its bytes),
+    U+0085 as <U+0085>. Drawn as they are they are invisible on a page, and a missing-glyph
+    box in a figure, with a matplotlib warning for each (a byte-level BPE's top tokens in
+    `attnlab lens`)."""
+    return _CONTROL.sub(lambda m: _visible(m[0]), text)
 
 
 @lru_cache(maxsize=1)

@@ -34,13 +34,6 @@ EOT = "<|endoftext|>"
 _WORD = re.compile(r"\s*\w+|\s*[^\w\s]|\s+$")
 
 
-def _display(piece: str) -> str:
-    """A token as a label: visible newlines and tabs, other control characters as their
-    codes (<1b>), nothing else changed."""
-    return visible_controls(
-        piece.replace("\n", "\\n").replace("\t", "\\t").replace("\r", "\\r"))
-
-
 CONTEXT_IDS = 8  # ids of context decode_continuation decodes before the new ones
 
 
@@ -124,7 +117,7 @@ class Tokenizer(ABC):
 
     def pieces(self, ids: Sequence[int]) -> list[str]:
         """One display string per token, for heatmap axes (" World", "\\n")."""
-        return [_display(text) for text in self.token_texts(ids)]
+        return [visible_controls(text) for text in self.token_texts(ids)]
 
     def encode_batch(self, texts: Sequence[str]) -> tuple[Tensor, Tensor]:
         """Left-padded (input_ids, attention_mask), both (B, T) long; mask 1 = token, 0 = pad.
@@ -230,7 +223,7 @@ class ByteTokenizer(Tokenizer):
 
     def pieces(self, ids: Sequence[int]) -> list[str]:
         _check_ids("byte", ids, 256)
-        return [_display(chr(i)) if 32 <= i < 127 or i in (9, 10, 13) else f"<{i:02x}>"
+        return [visible_controls(chr(i)) if 32 <= i < 127 or i in (9, 10, 13) else f"<{i:02x}>"
                 for i in ids]
 
     def _config(self) -> dict[str, Any]:

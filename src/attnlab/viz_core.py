@@ -61,8 +61,7 @@ def token_label(token: str, width: int = 12) -> str:
     shown as "␣", long tokens cut with an ellipsis."""
     if token and token.strip(" ") == "":
         return "␣" * min(len(token), 3)
-    text = token.replace("\n", "\\n").replace("\t", "\\t").replace("\r", "\\r")
-    text = visible_controls(text)  # a missing-glyph box and a warning each, drawn as they are
+    text = visible_controls(token)  # a missing-glyph box and a warning each, drawn as they are
     text = text.replace("$", r"\$")  # matplotlib would start mathtext
     return text if len(text) <= width else text[: width - 1] + "…"
 
