@@ -138,13 +138,15 @@ def _trace_model(model: Any, ids: list[int], steps_layer: int | None,
                                        mask)
 
 
-def _padding_of_row(attention_mask: Tensor, row: int, T: int) -> Tensor:
-    """attention_mask (B, T) or (T,) -> (T,): the 1/0 padding of the row the view runs."""
+def _padding_of_row(attention_mask: Tensor, row: int, S: int, of: str = "ids") -> Tensor:
+    """attention_mask (B, S) or (S,) -> (S,): the 1/0 padding of the row the view shows, of
+    the model's ids or of a trace's keys (`of`)."""
     pad = torch.as_tensor(attention_mask)
-    pad = pad[row] if pad.dim() == 2 else pad  # (T,)
-    if pad.dim() != 1 or pad.shape[0] != T:
+    pad = pad[row] if pad.dim() == 2 else pad  # (S,)
+    if pad.dim() != 1 or pad.shape[0] != S:
         raise ValueError(f"attention_mask of shape {tuple(torch.as_tensor(attention_mask).shape)}"
-                         f" for {T} ids; pass the (B, T) mask of the batch the ids come from")
+                         f" for {S} {of}; pass the (B, {S}) mask of the batch these {of} "
+                         "come from")
     return pad
 
 
@@ -166,10 +168,7 @@ def _mask(trace: Trace, layer: int | None, row: int, T: int, S: int,
         return trace.get("masked_scores", layer)[row, 0].isfinite().cpu()
     may = causal_mask(T, S)  # (T, S)
     if attention_mask is not None:
-        pad = torch.as_tensor(attention_mask)
-        pad = pad[row] if pad.dim() == 2 else pad
-        if pad.shape[-1] != S:
-            raise ValueError(f"attention_mask covers {pad.shape[-1]} keys, the trace {S}")
+        pad = _padding_of_row(attention_mask, row, S, of="keys")  # (S,)
         may = may & pad.bool().cpu()[None, :]  # (T, S)
     return may
 
