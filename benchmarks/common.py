@@ -18,6 +18,8 @@ from typing import Any
 
 import torch
 
+from attnlab.runtime import linear_kernel
+
 
 def median_ms(times_s: Sequence[float]) -> float:
     return statistics.median(times_s) * 1e3
@@ -101,6 +103,7 @@ def machine() -> dict[str, Any]:
         "avx512_bf16": "avx512_bf16" in flags,
         "amx_bf16": "amx_bf16" in flags,
         "torch": torch.__version__,
+        "linear_kernel": linear_kernel(),
         "python": platform.python_version(),
         "load_avg_1m": os.getloadavg()[0] if hasattr(os, "getloadavg") else None,
     }
@@ -111,7 +114,8 @@ def describe_machine(m: dict[str, Any]) -> str:
     isa += ", AMX" if m.get("amx_bf16") else ""
     load = m.get("load_avg_1m")
     shared = f"; 1-min load {load:.1f} at start (shared machine)" if load is not None else ""
-    return (f"{m['cpu']} ({m['cores']} cores{isa}), torch {m['torch']}, "
+    kernel = f", float32 linears through {m['linear_kernel']}" if "linear_kernel" in m else ""
+    return (f"{m['cpu']} ({m['cores']} cores{isa}), torch {m['torch']}{kernel}, "
             f"Python {m['python']}{shared}")
 
 

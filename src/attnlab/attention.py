@@ -30,7 +30,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from .layers import RMSNorm, apply_rotary
+from .layers import Linear, RMSNorm, apply_rotary
 from .runtime import kept_empty, kept_out
 
 
@@ -391,11 +391,11 @@ class CausalSelfAttention(nn.Module):
         self.causal, self.scale, self.dropout = causal, scale, dropout
         d_kv_in = d_in if d_context is None else d_context
         d_kv = n_kv_head * self.head_size
-        self.query = nn.Linear(d_in, d_out, bias=bias)
-        self.key = nn.Linear(d_kv_in, d_kv, bias=bias)
-        self.value = nn.Linear(d_kv_in, d_kv, bias=bias)
+        self.query = Linear(d_in, d_out, bias=bias)
+        self.key = Linear(d_kv_in, d_kv, bias=bias)
+        self.value = Linear(d_kv_in, d_kv, bias=bias)
         out_bias = bias if out_bias is None else out_bias
-        self.out_proj = nn.Linear(d_out, d_in, bias=out_bias) if out_proj else None
+        self.out_proj = Linear(d_out, d_in, bias=out_bias) if out_proj else None
         self.out_dropout = nn.Dropout(dropout)
         self.q_norm = RMSNorm(self.head_size, norm_eps) if qk_norm else None
         self.k_norm = RMSNorm(self.head_size, norm_eps) if qk_norm else None

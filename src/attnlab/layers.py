@@ -20,6 +20,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from . import runtime
+
 #: GPTConfig.gelu -> F.gelu's `approximate`. GPT-2 was trained with the tanh form, so
 #: imported weights need it; the exact (erf) form ran 2.4x faster forward + backward on this
 #: project's CPU (bfloat16, 768 x 512: 0.69 vs 1.69 ms), and nanoGPT and Pythia use it.
@@ -32,6 +34,29 @@ ROPE_SCALINGS: dict[str, tuple[str, ...]] = {
     "linear": ("factor",),
     "llama3": ("factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings"),
 }
+
+
+# ----------------------------------------------------------------------------- linear
+
+
+class Linear(nn.Linear):
+    """`nn.Linear` (the same parameters, state dict and hooks) whose float32 CPU products
+    without autograd run the kernel `runtime.linear_kernel()` picks: oneDNN's where it is
+    faster on this CPU. Training (autograd), autocast, other dtypes and devices, weights
+    that are not one dense matrix ((out, in) or (in, out) memory: oneDNN runs its slow
+    reference kernel on others) and products under `runtime.ONEDNN_MIN_MACS` multiply-adds
+    run F.linear, as nn.Linear does."""
+
+    def forward(self, x: Tensor) -> Tensor:
+        w = self.weight  # (out, in)
+        if (x.dtype == w.dtype == torch.float32 and x.device.type == "cpu"
+                and not (torch.is_grad_enabled() and (x.requires_grad or w.requires_grad))
+                and x.numel() * w.shape[0] >= runtime.ONEDNN_MIN_MACS
+                and runtime.linear_kernel() == "onednn"
+                and (w.is_contiguous() or w.t().is_contiguous())
+                and not torch.is_autocast_enabled("cpu")):
+            return torch.ops.mkldnn._linear_pointwise(x, w, self.bias, "none", [], "")
+        return F.linear(x, w, self.bias)  # (..., out)
 
 
 # ----------------------------------------------------------------------------- norms
@@ -87,9 +112,9 @@ class MLP(nn.Module):
         bias: bool = True, dropout: float = 0.0,
     ) -> None:
         super().__init__()
-        self.fc = nn.Linear(n_embd, d_ff, bias=bias)
-        self.gate = nn.Linear(n_embd, d_ff, bias=bias) if gated else None
-        self.proj = nn.Linear(d_ff, n_embd, bias=bias)
+        self.fc = Linear(n_embd, d_ff, bias=bias)
+        self.gate = Linear(n_embd, d_ff, bias=bias) if gated else None
+        self.proj = Linear(d_ff, n_embd, bias=bias)
         self.dropout = nn.Dropout(dropout)
         self.approximate = GELUS[gelu]
 

@@ -25,7 +25,7 @@ from .config import PRESETS as PRESETS  # re-exported: attnlab.model.PRESETS
 from .config import GPTConfig
 from .decode import DecodeStep as DecodeStep  # re-exported: attnlab.model.DecodeStep
 from .kv_cache import KVCache
-from .layers import MLP, Rotary, make_norm, real_positions
+from .layers import MLP, Linear, Rotary, make_norm, real_positions
 from .runtime import kept_out
 from .trace import EditSource, Seam, Trace
 
@@ -102,7 +102,7 @@ class GPT(nn.Module):
         self.drop = nn.Dropout(c.dropout)
         self.blocks = nn.ModuleList([Block(c) for _ in range(c.n_layer)])
         self.ln_f = _norm(c)
-        self.lm_head = nn.Linear(c.n_embd, c.vocab_size, bias=False)
+        self.lm_head = Linear(c.n_embd, c.vocab_size, bias=False)
         if c.tie_weights:
             self.lm_head.weight = self.wte.weight
         # what decode streams the matrices as: "float16" after decode.half_weights(model)

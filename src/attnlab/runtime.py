@@ -1,5 +1,5 @@
 """Process-wide CPU settings that attnlab's commands apply (how freed memory is reused), and
-what the hardware does fast (`fast_bf16`).
+what the hardware does fast (`fast_bf16`, `linear_kernel`).
 
 PyTorch's CPU allocator calls malloc and free directly; it caches nothing (its CUDA
 allocator does). glibc serves blocks of 128 KiB and more with mmap and unmaps them on free;
@@ -195,3 +195,60 @@ def warn_if_slow_bf16(dtype: str | torch.dtype, device: str | torch.device) -> N
         warnings.warn("this CPU has no bfloat16 units (AVX512-BF16 or AMX), so bfloat16 is "
                       "emulated and runs several times slower than float32; use float32",
                       SlowBF16Warning, stacklevel=3)
+
+
+#: float32 products under this many multiply-adds (rows x in x out) stay with BLAS: a oneDNN
+#: call costs ~13 us more (2-core EPYC: F.linear 3 us vs 16 at 8 x 32 x 32, even at
+#: 64 x 128 x 512, 1.08x faster at 256 x 256 x 1024).
+ONEDNN_MIN_MACS = 1 << 24
+LINEAR_KERNELS = ("onednn", "blas")
+_linear: list[str] = []  # the chosen kernel, once chosen
+
+
+def linear_kernel() -> str:
+    """Which kernel runs attnlab's float32 CPU linear layers without autograd
+    (`layers.Linear`): "onednn" (`torch.ops.mkldnn._linear_pointwise`) or "blas" (F.linear,
+    MKL in PyTorch's x86 builds).
+
+    The environment variable ATTNLAB_LINEAR picks one; unset or "auto", oneDNN runs on AMD
+    x86-64 CPUs, where MKL keeps to kernels that leave speed unused: GPT-2 small's block
+    products at 1024 tokens took 1.06-1.16x as long through F.linear as through oneDNN on
+    one thread of a Zen 4 EPYC, and `python -m benchmarks trace` went from 3,175 to 3,015
+    ms for the untraced forward, 3,497 to 3,184 for a trace of the weights (2026-11-25).
+    Intel CPUs keep MKL, Intel's own (not measured here). The head's 512-column blocks
+    (`model.unembed`) stay with BLAS: they are not dense matrices, which oneDNN multiplies
+    with a reference kernel (minutes for GPT-2's head). The two kernels sum in different
+    orders, so results differ by float32 rounding: GPT-2 small's logits at 1024 tokens
+    (random weights, up to 16.2) by 2.3e-4 at most, where MKL's differ from Hugging Face's
+    by 7.9e-5 and oneDNN's by 2.4e-4.
+    """
+    if not _linear:
+        set_linear_kernel(os.environ.get("ATTNLAB_LINEAR", "auto"))
+    return _linear[0]
+
+
+def set_linear_kernel(kernel: str) -> str:
+    """Choose `linear_kernel` for this process: "onednn", "blas" or "auto"; returns the
+    kernel chosen ("auto": oneDNN on AMD x86-64 CPUs where PyTorch has it, else BLAS)."""
+    if kernel not in (*LINEAR_KERNELS, "auto"):
+        raise ValueError(f"linear kernel {kernel!r} (ATTNLAB_LINEAR?) must be one of "
+                         f"{[*LINEAR_KERNELS, 'auto']}")
+    if kernel == "onednn" and not torch.backends.mkldnn.is_available():
+        raise ValueError("linear kernel 'onednn': this PyTorch build has no oneDNN "
+                         "(torch.backends.mkldnn.is_available() is False); use 'blas'")
+    if kernel == "auto":
+        kernel = "onednn" if torch.backends.mkldnn.is_available() and _amd_x86() else "blas"
+    _linear[:] = [kernel]
+    return kernel
+
+
+def _amd_x86() -> bool:
+    if platform.machine().lower() not in ("x86_64", "amd64"):
+        return False
+    try:
+        with open("/proc/cpuinfo") as info:
+            return any(line.startswith("vendor_id") and "AuthenticAMD" in line
+                       for line in info)
+    except OSError:  # not Linux
+        return False
+
