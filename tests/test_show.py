@@ -143,6 +143,33 @@ def test_a_sliding_window_is_masked_in_a_model_view(steps: bool,
                   torch.stack([causal, window]))
 
 
+def test_a_sliding_window_is_masked_in_a_trace_without_masked_scores() -> None:
+    """show(trace) of a windowed model drew the keys outside the window as weight 0 (an
+    allowed key) unless the trace kept masked_scores: it now reads the trace's windows."""
+    torch.manual_seed(0)
+    windowed = GPT(GPTConfig.from_name("nano", vocab_size=TOK.vocab_size, block_size=64,
+                                       sliding_window=3, window_layers=[1])).eval()
+    ids = torch.tensor([[0, 0, *TOK.encode("a window")]])  # (1, 10): two left pads
+    attention_mask = torch.tensor([[0, 0] + [1] * 8])  # (1, 10)
+    T = ids.shape[1]
+    causal = torch.ones(T, T, dtype=torch.bool).tril() & attention_mask[0].bool()  # (T, T)
+    window = causal & ~torch.ones(T, T, dtype=torch.bool).tril(-3)  # keys i-2..i
+    light = Trace(names=["attn_weights"]).run(windowed, ids, attention_mask)
+    data = payload(show(light, attention_mask=attention_mask))
+    check_weights(data, torch.stack([light.get("attn_weights", la)[0] for la in range(2)]),
+                  torch.stack([causal, window]))
+    assert light.windows == {0: None, 1: 3}
+    full = Trace().run(windowed, ids, attention_mask)  # masks from masked_scores: the same
+    assert decoded(payload(show(full)))[1].tolist() == decoded(data)[1].tolist()
+    # a decode step: one query over the cached keys, the window counted from its slot
+    cache = windowed.new_cache(1)
+    windowed(ids[:, :-1], attention_mask=attention_mask[:, :-1], kv_cache=cache)
+    step = Trace(names=["attn_weights"])
+    windowed(ids[:, -1:], attention_mask=attention_mask, kv_cache=cache, trace=step)
+    masks = decoded(payload(show(step, attention_mask=attention_mask)))[1]  # (layers, 1, T)
+    assert masks[:, 0].tolist() == [causal[-1].tolist(), window[-1].tolist()]
+
+
 def test_budget_keeps_the_layer_on_show_and_every_layer_in_the_overview() -> None:
     m = model()
     ids = TOK.encode("budgets")

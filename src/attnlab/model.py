@@ -244,7 +244,7 @@ class GPT(nn.Module):
             )
         B, T = idx.shape
         if trace is not None:
-            trace.check_layers(self.config.n_layer)
+            trace.begin(self.config)
         if edits is not None:
             edits.check(self.config)
         if attention_mask is not None:

@@ -160,13 +160,17 @@ def _b64z(data: bytes) -> str:
 def _mask(trace: Trace, layer: int | None, row: int, T: int, S: int,
           attention_mask: Tensor | None) -> Tensor:
     """(T, S) bool "may attend" of one layer: from the trace when it holds masks, else the
-    causal mask (queries are the last T of S) and `attention_mask`'s padding."""
+    causal mask (queries are the last T of S) within the layer's sliding window, if the
+    model the trace ran had one, and `attention_mask`'s padding."""
     masks = getattr(trace, "masks", {})
     if layer in masks:
         return masks[layer][row].cpu()
     if (layer, "masked_scores") in trace:
         return trace.get("masked_scores", layer)[row, 0].isfinite().cpu()
-    may = causal_mask(T, S)  # (T, S)
+    # the window in cache slots, as build_mask counts it (a left-padded row's tokens are
+    # contiguous, so slot distance is position distance)
+    window = None if layer is None else trace.windows.get(layer)
+    may = causal_mask(T, S, window=window)  # (T, S)
     if attention_mask is not None:
         pad = _padding_of_row(attention_mask, row, S, of="keys")  # (S,)
         may = may & pad.bool().cpu()[None, :]  # (T, S)
@@ -353,8 +357,10 @@ def show(
 ) -> View:
     """An attention view of a `Trace`, or of a model run on `text` (or `ids`).
 
-    source: a `Trace` holding attn_weights (and masked_scores / attn_scores where you want
-        exact masks / the steps view), or a `GPT`, which is run once on the text.
+    source: a `Trace` holding attn_weights (and attn_scores for the steps view), or a
+        `GPT`, which is run once on the text. A trace's masks are its masked_scores' or,
+        without them, the causal mask within each layer's sliding window (the trace notes
+        the windows of the model it ran) and `attention_mask`'s padding.
     tokenizer, text, ids, tokens: label the tokens: `tokens` as given, or the tokenizer's
         pieces of `ids` (or of `tokenizer.encode(text)`); ids alone label tokens by id. ids
         may be the (B, T) batch the model ran on: row `row`'s label the tokens. A

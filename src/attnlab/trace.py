@@ -199,6 +199,10 @@ class Trace:
         self.values: dict[tuple[int | None, str], Tensor] = {}
         # (layer or -1, index in NAMES) of the last value kept: set only while `run` runs
         self.last_place: tuple[int, int] | None = None
+        # each layer's sliding window (None: whole context) in the model last traced: a
+        # masked key's weight is 0 like one that underflows, so the weights alone cannot
+        # tell a reader (show) which keys a window hid
+        self.windows: dict[int, int | None] = {}
 
     def run(self: _Trace, model: GPT, idx: Tensor, attention_mask: Tensor | None = None, *,
             edits: EditSource | None = None) -> _Trace:
@@ -226,6 +230,12 @@ class Trace:
         finally:
             self.last_place = None
         return self
+
+    def begin(self, config: GPTConfig) -> None:
+        """Called by `GPT.forward` before a traced pass: check the layer filter against the
+        model and note each layer's sliding window in `windows`."""
+        self.check_layers(config.n_layer)
+        self.windows = {i: config.window_of(i) for i in range(config.n_layer)}
 
     def check_layers(self, n_layer: int) -> None:
         """Raise unless the layer filter names layers the model has (a trace of layer 7 on a
@@ -318,6 +328,7 @@ class Trace:
 
     def clear(self) -> None:
         self.values.clear()
+        self.windows = {}
 
     def to_dict(self) -> dict[str, Tensor]:
         """Flat `{"name" or "layer.name": tensor}` view, e.g. for safetensors or JSON export."""
