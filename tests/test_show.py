@@ -111,7 +111,7 @@ def test_left_padding_and_a_kv_cache_step_keep_their_masks() -> None:
     m(ids, attention_mask=attention_mask, trace=light)
     data = payload(show(light, row=0, attention_mask=attention_mask))
     check_weights(data, weights, causal & attention_mask[0].bool())
-    assert data["tokens"] == [f"#{j}" for j in range(6)] and data["steps"] is None
+    assert data["tokens"] == ["<pad>", "<pad>", "#2", "#3", "#4", "#5"] and data["steps"] is None
     # one decode step after a 5-token prefill: T = 1 query over S = 6 keys
     cache = m.new_cache(1)
     m(ids[1:, :5], kv_cache=cache)
@@ -293,3 +293,28 @@ def test_a_model_shown_a_padded_row_runs_it_with_its_padding() -> None:
         [alone.get("attn_weights", la)[0] for la in range(2)]))  # (layers, nh, 5, 5)
     with pytest.raises(ValueError, match=r"attention_mask of shape \(2, 5\) for 11 ids"):
         show(m, TOK, ids=batch, row=1, attention_mask=mask[:, 6:])
+
+
+def test_pad_positions_are_labelled_as_padding() -> None:
+    """A left-padded row's pads were labelled with the pad id's text (a token the row seemed
+    to hold, often <|endoftext|>): they are PAD_LABEL, wherever the view learns the padding,
+    and a trace's own padding masks them as the model did."""
+    m = model()
+    batch, mask = TOK.encode_batch(["the cat sat", "a dog"])  # row 1: 6 pads, 5 tokens
+    want = ["<pad>"] * 6 + list("a dog")
+    assert payload(show(m, TOK, ids=batch, row=1, attention_mask=mask))["tokens"] == want
+    full = Trace().run(m, batch, mask)  # masked_scores and the trace's padding
+    light = Trace(names=["attn_weights"]).run(m, batch, mask)  # the trace's padding alone
+    T = batch.shape[1]
+    may = torch.ones(T, T, dtype=torch.bool).tril() & mask[1].bool()  # (T, T)
+    for trace in (full, light):
+        for kwargs in ({}, {"attention_mask": mask}):
+            data = payload(show(trace, TOK, ids=batch, row=1, **kwargs))
+            assert data["tokens"] == want
+            check_weights(data, torch.stack([light.get("attn_weights", la)[1]
+                                             for la in range(2)]), may)
+    assert payload(show(light, ids=batch, row=1))["tokens"] == ["<pad>"] * 6 + [
+        str(i) for i in batch[1, 6:].tolist()]
+    assert payload(show(light, row=0))["tokens"] == [f"#{j}" for j in range(T)]  # no pads
+    # tokens= are the caller's own labels, kept as given
+    assert payload(show(light, tokens=list("x" * T), row=1))["tokens"] == list("x" * T)

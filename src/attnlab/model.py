@@ -244,7 +244,7 @@ class GPT(nn.Module):
             )
         B, T = idx.shape
         if trace is not None:
-            trace.begin(self.config)
+            trace.begin(self.config, attention_mask)
         if edits is not None:
             edits.check(self.config)
         if attention_mask is not None:

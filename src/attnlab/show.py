@@ -49,6 +49,7 @@ MAX_CELLS = 1 << 23  # weights embedded at full resolution: about 8 MB before co
 THUMB = 96  # model view: each head max-pooled to at most this many cells a side
 STEPS_CELLS = 256 * 256  # the steps view is included up to this many cells (T x S)
 VIEWS = ("head", "model", "steps", "text")
+PAD_LABEL = "<pad>"  # the label of a padding position (its key column and query row masked)
 
 
 class View:
@@ -113,7 +114,10 @@ class _ViewTrace(Trace):
 
 
 def _labels(tokenizer: Any, ids: Sequence[int] | None, tokens: Sequence[str] | None,
-            S: int) -> list[str]:
+            S: int, padding: Tensor | None) -> list[str]:
+    """One label per key position: `tokens` as given, else the ids' pieces (or ids, or #j)
+    with PAD_LABEL where `padding` (S,) is 0 (the pad id's own text, often <|endoftext|>,
+    read as a token the row holds)."""
     if tokens is not None:
         labels = [str(t) for t in tokens]
     elif ids is not None and tokenizer is not None:
@@ -126,6 +130,9 @@ def _labels(tokenizer: Any, ids: Sequence[int] | None, tokens: Sequence[str] | N
     if len(labels) != S:
         raise ValueError(f"{len(labels)} token labels for {S} key positions; pass ids or tokens "
                          "for every position the trace attends over (padding included)")
+    if tokens is None and padding is not None:
+        labels = [label if real else PAD_LABEL
+                  for label, real in zip(labels, padding.tolist(), strict=True)]
     return labels
 
 
@@ -359,8 +366,8 @@ def show(
 
     source: a `Trace` holding attn_weights (and attn_scores for the steps view), or a
         `GPT`, which is run once on the text. A trace's masks are its masked_scores' or,
-        without them, the causal mask within each layer's sliding window (the trace notes
-        the windows of the model it ran) and `attention_mask`'s padding.
+        without them, the causal mask within each layer's sliding window and the padding
+        (the trace notes both from the pass it saw).
     tokenizer, text, ids, tokens: label the tokens: `tokens` as given, or the tokenizer's
         pieces of `ids` (or of `tokenizer.encode(text)`); ids alone label tokens by id. ids
         may be the (B, T) batch the model ran on: row `row`'s label the tokens. A
@@ -371,8 +378,9 @@ def show(
         end). layers: layers embedded at full resolution (default: as many as fit
         `max_cells` cells, `layer` first). steps: (layer, head)
         for the steps view (default: the head on show when the trace has its attn_scores
-        and T x S <= STEPS_CELLS). attention_mask: (B, S) 1/0 padding, for a trace without
-        masked_scores, or for a model given a padded batch's ids (it runs the row with it).
+        and T x S <= STEPS_CELLS). attention_mask: (B, S) 1/0 padding, for a model given a
+        padded batch's ids (it runs the row with it), or for a trace (default: the padding
+        its model ran with); pad positions are masked and labelled PAD_LABEL.
         scale: the softmax scale, written in the steps view.
     """
     if view not in VIEWS:
@@ -423,7 +431,11 @@ def show(
     if not traced:  # before the labels, which count the weights' key positions
         raise ValueError(NO_WEIGHTS)
     S = trace.get("attn_weights", traced[0]).shape[-1]
-    labels = _labels(tokenizer, ids, tokens, S)
+    if attention_mask is None:  # the padding the model ran with, noted by the trace
+        attention_mask = trace.attention_mask
+    padding = None if attention_mask is None else _padding_of_row(attention_mask, row, S,
+                                                                  of="keys")  # (S,)
+    labels = _labels(tokenizer, ids, tokens, S, padding)
     if query is not None:
         if not -S <= query < S:
             raise ValueError(f"query={query} out of range for {S} tokens")

@@ -158,6 +158,7 @@ class Trace:
     Scores and weights of 4 MiB and more live in buffers (`runtime.kept_empty`) that serve
     the next trace once nothing reads them: after `del trace` the process keeps that memory
     (up to 2 GiB) for the next one; `attnlab.runtime.release_kept_memory()` frees it.
+    After a pass, `windows` and `attention_mask` hold what it masked (`begin`).
 
     Args:
         layers: layer indices to capture (None: all; one int: that layer). Other layers run
@@ -199,10 +200,12 @@ class Trace:
         self.values: dict[tuple[int | None, str], Tensor] = {}
         # (layer or -1, index in NAMES) of the last value kept: set only while `run` runs
         self.last_place: tuple[int, int] | None = None
-        # each layer's sliding window (None: whole context) in the model last traced: a
-        # masked key's weight is 0 like one that underflows, so the weights alone cannot
-        # tell a reader (show) which keys a window hid
+        # what the last traced pass masked, which its weights cannot tell a reader (show):
+        # a masked key's weight is 0 like one that underflows. Each layer's sliding window
+        # (None: whole context) and the (B, S) padding over cached + new keys (True = token,
+        # False = pad; None: no padding)
         self.windows: dict[int, int | None] = {}
+        self.attention_mask: Tensor | None = None
 
     def run(self: _Trace, model: GPT, idx: Tensor, attention_mask: Tensor | None = None, *,
             edits: EditSource | None = None) -> _Trace:
@@ -231,11 +234,14 @@ class Trace:
             self.last_place = None
         return self
 
-    def begin(self, config: GPTConfig) -> None:
+    def begin(self, config: GPTConfig, attention_mask: Tensor | None) -> None:
         """Called by `GPT.forward` before a traced pass: check the layer filter against the
-        model and note each layer's sliding window in `windows`."""
+        model and note each layer's sliding window (`windows`) and the pass's padding."""
         self.check_layers(config.n_layer)
         self.windows = {i: config.window_of(i) for i in range(config.n_layer)}
+        # a copy: a caller may write the next step's mask into the same buffer
+        self.attention_mask = None if attention_mask is None else attention_mask.detach().to(
+            torch.bool, copy=True)  # (B, S)
 
     def check_layers(self, n_layer: int) -> None:
         """Raise unless the layer filter names layers the model has (a trace of layer 7 on a
@@ -328,7 +334,7 @@ class Trace:
 
     def clear(self) -> None:
         self.values.clear()
-        self.windows = {}
+        self.windows, self.attention_mask = {}, None
 
     def to_dict(self) -> dict[str, Tensor]:
         """Flat `{"name" or "layer.name": tensor}` view, e.g. for safetensors or JSON export."""
