@@ -29,11 +29,13 @@ which shifts every single-token term (a difference of two tokens' terms is uncha
 `fold_value_biases` moves b_V W_O out of each head's term (tiny GPT-2: heads differ by up to
 0.22); on raw weights `logit_attrs` leaves the final norm's scale out.
 
-This module reads traces; drawing is `viz_heads.py`'s.
+This module reads traces, and writes the lens of one sequence as text once (`lens_table`)
+for `attnlab lens` and the viewer's /api/lens; drawing is `viz_heads.py`'s.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -42,6 +44,7 @@ from torch import Tensor, nn
 
 from .layers import RMSNorm
 from .model import check_position, per_row_ids, require_eval, unembed, wide
+from .tokenizers import token_text
 from .trace import Trace
 
 
@@ -80,6 +83,26 @@ def lens_top(model: Any, ids: Tensor, k: int = 5, attention_mask: Tensor | None 
     tops = [top_tokens(_read(model, x)[..., :vocab], k)
             for x in _streams(model, ids, attention_mask)]
     return torch.stack([p for p, _ in tops]), torch.stack([i for _, i in tops])
+
+
+@dataclass(frozen=True)
+class LensTable:
+    """The logit lens of one sequence as a reader sees it: what `attnlab lens` prints and
+    writes and the viewer's /api/lens sends."""
+
+    layers: list[str]  # (L + 1,) "emb" (read after the embeddings), then "layer i"
+    probs: Tensor  # (L + 1, T, k) the top-k probabilities, most likely first
+    texts: list[list[list[str]]]  # (L + 1, T, k) their tokens' texts
+
+
+def lens_table(model: Any, tokenizer: Any, ids: Sequence[int], k: int) -> LensTable:
+    """`lens_top` of one sequence `ids` (T,), its top tokens as text (`token_text`)."""
+    idx = torch.tensor([list(ids)], device=model.wte.weight.device)  # (1, T)
+    probs, top_ids = lens_top(model, idx, k, vocab=tokenizer.vocab_size)  # (L + 1, 1, T, k)
+    probs, top_ids = probs[:, 0], top_ids[:, 0]  # (L + 1, T, k)
+    texts = [[[token_text(tokenizer, i) for i in cell] for cell in row]
+             for row in top_ids.tolist()]
+    return LensTable(["emb"] + [f"layer {i}" for i in range(probs.shape[0] - 1)], probs, texts)
 
 
 def top_tokens(lens_logits: Tensor, k: int = 5) -> tuple[Tensor, Tensor]:

@@ -15,14 +15,8 @@ from torch import Tensor
 
 from .heads import detect_heads, rank_heads
 from .intervene import ablate, check_heads
-from .lens import lens_top, top_tokens
-
-
-def _token_text(tokenizer: Any, token_id: int) -> str:
-    """A predicted token's text; one holding part of a character reads as its bytes ("<e6>",
-    `Tokenizer.token_texts`) where the tokenizer can say, not as U+FFFD."""
-    texts = getattr(tokenizer, "token_texts", None)
-    return str(texts([token_id])[0]) if texts else str(tokenizer.decode([token_id]))
+from .lens import lens_table, top_tokens
+from .tokenizers import token_text
 
 
 def heads_payload(model: Any, tokenizer: Any, ids: list[int], ablated: list[tuple[int, int]],
@@ -36,7 +30,7 @@ def heads_payload(model: Any, tokenizer: Any, ids: list[int], ablated: list[tupl
 
     def top(logits: Tensor) -> list[dict[str, Any]]:
         probs, top_ids = top_tokens(logits[: tokenizer.vocab_size], k)
-        return [{"id": int(i), "text": _token_text(tokenizer, int(i)), "prob": round(float(p), 4)}
+        return [{"id": int(i), "text": token_text(tokenizer, int(i)), "prob": round(float(p), 4)}
                 for p, i in zip(probs, top_ids, strict=True)]
 
     return {
@@ -50,16 +44,14 @@ def heads_payload(model: Any, tokenizer: Any, ids: list[int], ablated: list[tupl
 
 def lens_payload(model: Any, tokenizer: Any, ids: list[int], k: int = 3) -> dict[str, Any]:
     """Top-k next tokens read after the embeddings and after each layer, at every position."""
-    idx = torch.tensor([ids], device=model.wte.weight.device)
-    probs, top_ids = lens_top(model, idx, k, vocab=tokenizer.vocab_size)  # (L + 1, 1, T, k)
-    probs, top_ids = probs[:, 0], top_ids[:, 0]  # (L + 1, T, k)
+    table = lens_table(model, tokenizer, ids, k)
     return {
         "ids": ids,  # the tokens read: the page shows the lens only while it shows these
-        "layers": ["emb"] + [f"layer {i}" for i in range(probs.shape[0] - 1)],
-        "top": [[[{"text": _token_text(tokenizer, int(i)), "prob": round(float(p), 4)}
-                  for p, i in zip(ps, is_, strict=True)]
-                 for ps, is_ in zip(p_row, i_row, strict=True)]
-                for p_row, i_row in zip(probs.tolist(), top_ids.tolist(), strict=True)],
+        "layers": table.layers,
+        "top": [[[{"text": text, "prob": round(float(p), 4)}
+                  for p, text in zip(ps, texts, strict=True)]
+                 for ps, texts in zip(p_row, t_row, strict=True)]
+                for p_row, t_row in zip(table.probs.tolist(), table.texts, strict=True)],
     }
 
 

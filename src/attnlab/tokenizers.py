@@ -49,6 +49,13 @@ def check_fits(tokenizer: Any, vocab_size: int) -> None:
             "saved with the model (load_checkpoint loads both)")
 
 
+def token_text(tokenizer: Any, token_id: int) -> str:
+    """One token's text alone (a predicted token's); one holding part of a character reads as
+    its bytes ("<e6>", `Tokenizer.token_texts`) where the tokenizer can say, not as U+FFFD."""
+    texts = getattr(tokenizer, "token_texts", None)
+    return str(texts([token_id])[0]) if texts else str(tokenizer.decode([token_id]))
+
+
 class Tokenizer(ABC):
     """Maps text to ids and back. Subclasses set `name`, `vocab_size`, `eot_id`, `pad_id`."""
 

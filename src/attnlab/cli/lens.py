@@ -29,9 +29,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
 
 
 def run(args: argparse.Namespace) -> int:
-    import torch
-
-    from ..lens import lens_top
+    from ..lens import lens_table
     from ..viz import save_figure
     from ..viz_heads import plot_lens
     from .generate import load_any
@@ -41,14 +39,9 @@ def run(args: argparse.Namespace) -> int:
     ckpt = load_any(args.checkpoint)
     model, tok = ckpt.model.eval(), ckpt.tokenizer
     ids = text_ids(tok, args.text, model.config.block_size)
-    probs, top = lens_top(model, torch.tensor([ids]), args.top_k,
-                          vocab=tok.vocab_size)  # (L + 1, 1, T, k) each
-    probs, top = probs[:, 0], top[:, 0]  # (L + 1, T, k)
+    lens = lens_table(model, tok, ids, args.top_k)
+    probs, names, words = lens.probs, lens.layers, lens.texts  # probs (L + 1, T, k)
     tokens = tok.token_texts(ids)
-    names = ["emb"] + [f"layer {i}" for i in range(probs.shape[0] - 1)]
-    # a token holding part of a character reads as its bytes ("<e6>"), not as U+FFFD
-    words = [[[tok.token_texts([int(i)])[0] for i in cell] for cell in row]
-             for row in top.tolist()]
     print("position token  " + "  ".join(f"{n:>14s}" for n in names))
     for j, t in enumerate(tokens):
         cells = "  ".join(f"{words[i][j][0]!r:>8s} {float(probs[i, j, 0]):.2f}"
