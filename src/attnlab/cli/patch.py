@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -19,6 +20,25 @@ if TYPE_CHECKING:
     from ..tokenizers import Tokenizer
 
 SMALL_GAP = 0.5  # a clean - corrupted logit-difference gap below this: warn
+
+
+@dataclass(frozen=True)
+class Method:
+    """What one --method runs and how its output names its numbers: attribution's effects
+    are first-order estimates, not patches, and the printout and the figure say so."""
+
+    function: str  # the function of attnlab.patching that computes the effects
+    note: str  # after "heads by effect" in the printout
+    title: str  # the figure's title
+
+
+METHODS = {
+    "activation": Method("activation_patching", "",
+                         "activation patching (1 = restores the clean run)"),
+    "attribution": Method("attribution_patching", " (first-order estimates)",
+                          "attribution patching: first-order estimates "
+                          "(1 = restores the clean run)"),
+}
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
@@ -38,7 +58,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
                         help="the clean prompt's next token (\\n and \\t for newline and tab)")
     parser.add_argument("--wrong", required=True,
                         help="the token to compare it against (\\n and \\t as for --answer)")
-    parser.add_argument("--method", choices=["activation", "attribution"],
+    parser.add_argument("--method", choices=list(METHODS),
                         default="activation",
                         help="activation: one corrupted run per head and per (layer, "
                         "position); attribution: every effect to first order from one "
@@ -65,7 +85,7 @@ def _one_token(tok: Tokenizer, text: str, flag: str) -> int:
 def run(args: argparse.Namespace) -> int:
     import torch
 
-    from ..patching import activation_patching, attribution_patching, logit_diff_metric
+    from .. import patching
     from ..viz import save_figure
     from ..viz_heads import plot_patching
     from .generate import load_any
@@ -82,9 +102,10 @@ def run(args: argparse.Namespace) -> int:
     args.answer, args.wrong = unescape(args.answer), unescape(args.wrong)
     answer = _one_token(tok, args.answer, "--answer")
     wrong = _one_token(tok, args.wrong, "--wrong")
-    patching = activation_patching if args.method == "activation" else attribution_patching
-    result = patching(model, torch.tensor([clean]), torch.tensor([corrupt]),
-                      logit_diff_metric(answer, wrong))
+    method = METHODS[args.method]
+    result = getattr(patching, method.function)(
+        model, torch.tensor([clean]), torch.tensor([corrupt]),
+        patching.logit_diff_metric(answer, wrong))
     print(f"logit difference {args.answer!r} - {args.wrong!r}: clean {result.clean:.3f}, "
           f"corrupted {result.corrupted:.3f}")
     gap = abs(result.clean - result.corrupted)
@@ -95,9 +116,8 @@ def run(args: argparse.Namespace) -> int:
     L, H = result.heads.shape
     ranked = sorted(((float(result.heads[la, h]), la, h) for la in range(L) for h in range(H)),
                     reverse=True)
-    kind = "" if args.method == "activation" else " (first-order estimates)"
-    print(f"heads by effect{kind}: " + ", ".join(f"{la}.{h} {e:+.2f}"
-                                                for e, la, h in ranked[:5]))
+    print(f"heads by effect{method.note}: " + ", ".join(f"{la}.{h} {e:+.2f}"
+                                                       for e, la, h in ranked[:5]))
     tokens = tok.token_texts(clean)
     for layer in range(L):
         row = " ".join(f"{float(e):+.2f}" for e in result.resid[layer])
@@ -109,10 +129,7 @@ def run(args: argparse.Namespace) -> int:
               "wrong": {"text": args.wrong, "id": wrong}, "method": args.method,
               **result.to_dict(), "tokens": tokens}
     (out / "patch.json").write_text(json.dumps(record, indent=2) + "\n")
-    # the figure says which method made it: attribution's cells are estimates, not patches
-    title = ("activation patching (1 = restores the clean run)" if args.method == "activation"
-             else "attribution patching: first-order estimates (1 = restores the clean run)")
-    paths = save_figure(plot_patching(result.heads, result.resid, tokens, title=title),
+    paths = save_figure(plot_patching(result.heads, result.resid, tokens, title=method.title),
                         out / "patch.png")
     print(f"wrote {out / 'patch.json'} and {', '.join(str(p) for p in paths)}")
     return 0
