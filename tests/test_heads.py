@@ -92,6 +92,9 @@ def test_batch_mean_and_exclusions() -> None:
     torch.testing.assert_close(head_scores(A, pattern), torch.full((3,), 25 / 48))
     # exclude_bos zeroes key 0, which holds every first-token target
     assert torch.all(head_scores(A, pattern, exclude_bos=True) == 0)
+    own = A.contiguous()  # float32 weights of its own: float() hands back this very tensor
+    head_scores(own, pattern, exclude_bos=True)
+    assert torch.equal(own, A)  # key 0's weights are zeroed in a copy, never in the input
     # exclude_current_token: A's diagonal goes, sum(A) = 4 - 25/12 = 23/12; previous = 13/12
     prev = detection_pattern("previous_token", ids)
     torch.testing.assert_close(head_scores(A, prev, exclude_current_token=True),

@@ -120,8 +120,8 @@ def head_scores(
         first = torch.zeros(B, T, dtype=torch.long, device=A.device)
         if attention_mask is not None:  # the first real column, whatever the padding
             first = attention_mask.to(A.device).int().argmax(-1, keepdim=True).expand(B, T)
-        A = A.clone()
-        A.scatter_(-1, first[:, None, :, None].expand(B, nh, T, 1), 0.0)  # first key column
+        # out of place: A may still be the caller's tensor (float() of float32 copies nothing)
+        A = A.scatter(-1, first[:, None, :, None].expand(B, nh, T, 1), 0.0)  # (B, nh, T, T)
     if exclude_current_token:
         A = A * (1 - torch.eye(T, device=A.device))  # (B, nh, T, T)
     on_target = (A * pattern[:, None]).sum(dim=(-2, -1))  # (B, nh)
