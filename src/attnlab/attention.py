@@ -242,17 +242,23 @@ def attend(
 BLOCK_ROWS = 128
 
 
-def _key_spans(may_attend: Tensor | None, T: int, S: int, rows: int) -> list[tuple[int, int]]:
-    """For each block of `rows` queries, the keys [start, end) any of them may attend (all
-    others get weight exactly 0): a causal block reads keys up to its last query only."""
+def _key_spans(may_attend: Tensor | None, T: int, S: int,
+               rows: int) -> list[tuple[int, int, int]]:
+    """For each block of `rows` queries: the keys [start, end) any of them may attend (all
+    others get weight exactly 0; a causal block reads keys up to its last query only), and
+    the first key of that span one of them may not attend (end if none): masking starts
+    there (a causal block's last `rows` keys)."""
     starts = range(0, T, rows)
     if may_attend is None:
-        return [(0, S) for _ in starts]
+        return [(0, S, S) for _ in starts]
     seen = may_attend.any(dim=1).any(dim=0)  # (B or 1, 1, T, S) -> (T, S)
+    hidden = ~may_attend.all(dim=1).all(dim=0)  # (T, S) some row's query may not see the key
     spans = []
     for i0 in starts:
         cols = seen[i0:i0 + rows].any(dim=0).nonzero()  # (n, 1) keys some query here may see
-        spans.append((int(cols[0]), int(cols[-1]) + 1) if len(cols) else (0, S))
+        k0, k1 = (int(cols[0]), int(cols[-1]) + 1) if len(cols) else (0, S)
+        masked = hidden[i0:i0 + rows, k0:k1].any(dim=0).nonzero()  # (m, 1)
+        spans.append((k0, k1, k0 + int(masked[0]) if len(masked) else k1))
     return spans
 
 
@@ -297,7 +303,7 @@ def _traced_attend(
             spans, may_attend = _key_spans(None, T, S, BLOCK_ROWS), None
 
     attn_weights = kept_empty((B, nh, T, S), q)  # (B, nh, T, S)
-    for i0, (k0, k1) in zip(range(0, T, BLOCK_ROWS), spans, strict=True):
+    for i0, (k0, k1, m0) in zip(range(0, T, BLOCK_ROWS), spans, strict=True):
         i1 = min(i0 + BLOCK_ROWS, T)
         if scores is None:
             block = q[:, :, i0:i1] @ key_t[..., k0:k1]  # (B, nh, rows, hs) @ (B, nh, hs, keys)
@@ -307,8 +313,8 @@ def _traced_attend(
         if empty is not None:
             # a row with no key to attend to: finite everywhere, zeroed below
             block.masked_fill_(empty[:, :, i0:i1], 0.0)
-        if may_attend is not None and scores is None:  # masked scores hold their -inf
-            block.masked_fill_(~may_attend[:, :, i0:i1, k0:k1], float("-inf"))
+        if may_attend is not None and scores is None and m0 < k1:  # masked scores: -inf
+            block[..., m0 - k0:].masked_fill_(~may_attend[:, :, i0:i1, m0:k1], float("-inf"))
         rows = attn_weights[:, :, i0:i1]  # (B, nh, rows, S)
         rows[..., k0:k1] = torch.softmax(block, dim=-1)
         rows[..., :k0].zero_()
@@ -324,7 +330,7 @@ def _traced_attend(
         return attn_weights @ v  # (B, nh, T, S) @ (B, nh, S, hs) -> (B, nh, T, hs)
     return torch.cat([
         attn_weights[:, :, i0:i0 + BLOCK_ROWS, k0:k1] @ v[:, :, k0:k1]  # (B, nh, rows, hs)
-        for i0, (k0, k1) in zip(range(0, T, BLOCK_ROWS), spans, strict=True)
+        for i0, (k0, k1, _) in zip(range(0, T, BLOCK_ROWS), spans, strict=True)
     ], dim=2)  # (B, nh, T, hs)
 
 
