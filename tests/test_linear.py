@@ -132,3 +132,33 @@ def test_one_model_under_both_kernels() -> None:
     finally:
         runtime.set_linear_kernel(before)
     torch.testing.assert_close(out["onednn"], out["blas"], rtol=1e-5, atol=1e-5)
+
+
+@needs_onednn
+@pytest.mark.parametrize("kernel", ["onednn"], indirect=True)
+@pytest.mark.parametrize("gelu", ["tanh", "exact"])
+def test_mlp_gelu_runs_in_the_product_unless_a_hook_watches(kernel: str, gelu: str) -> None:
+    """The GELU MLP's input projection and GELU are one oneDNN call without autograd; with
+    a forward hook on `fc` the hook gets fc's own output and the GELU runs after it."""
+    from attnlab.layers import GELUS, MLP
+
+    torch.manual_seed(0)
+    mlp = MLP(64, 256, gelu=gelu).eval()
+    x = torch.randn(1, ROWS, 64)
+    approximate = GELUS[gelu]
+    with torch.no_grad():
+        expected = F.linear(F.gelu(F.linear(x, mlp.fc.weight, mlp.fc.bias),
+                                   approximate=approximate), mlp.proj.weight, mlp.proj.bias)
+        ran = _ops(lambda: mlp(x))
+        assert "aten.gelu" not in ran and ran.count("mkldnn._linear_pointwise") == 2
+        torch.testing.assert_close(mlp(x), expected, rtol=1e-5, atol=1e-5)
+        seen: list[torch.Tensor] = []
+        handle = mlp.fc.register_forward_hook(lambda m, args, out: seen.append(out))
+        try:
+            assert "aten.gelu" in _ops(lambda: mlp(x))
+            torch.testing.assert_close(mlp(x), expected, rtol=1e-5, atol=1e-5)
+        finally:
+            handle.remove()
+        torch.testing.assert_close(seen[-1], F.linear(x, mlp.fc.weight, mlp.fc.bias),
+                                   rtol=1e-5, atol=1e-5)  # before the GELU
+        assert "aten.gelu" not in _ops(lambda: mlp(x))  # hook gone: fused again
