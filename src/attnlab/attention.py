@@ -23,7 +23,7 @@ causal mask treats the queries as the *last* T of S positions (seed 003's trim
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Protocol
 
 import torch
@@ -105,11 +105,15 @@ class Mask:
                   path can use SDPA's `is_causal=True` kernel instead of a mask tensor.
     empty_rows:   (B, 1, T, 1) bool, True for queries with no key to attend to (left-pad
                   positions), or None when there are none possible. Their output is zero.
+    spans:        the traced path's key spans per block of queries (`_key_spans`), worked
+                  out by the first layer that needs them and read by the others.
     """
 
     may_attend: Tensor | None
     square_causal: bool = False
     empty_rows: Tensor | None = None
+    spans: dict[tuple[int, int, int], list[tuple[int, int, int]]] = field(
+        default_factory=dict, init=False, repr=False, compare=False)
 
 
 def build_mask(
@@ -287,7 +291,9 @@ def _traced_attend(
     q = q.contiguous()  # (B, nh, T, hs)
     key_t = k.contiguous().transpose(-2, -1)  # (B, nh, hs, S)
     scores: Tensor | None = None  # (B, nh, T, S) masked raw scores, when the trace wants them
-    spans = _key_spans(may_attend, T, S, BLOCK_ROWS)
+    spans = mask.spans.get((T, S, BLOCK_ROWS))  # the same for every layer the mask serves
+    if spans is None:
+        spans = mask.spans[T, S, BLOCK_ROWS] = _key_spans(may_attend, T, S, BLOCK_ROWS)
     if trace.wants("attn_scores") or trace.wants("masked_scores"):
         # kept tensors of many MiB: in reused buffers where autograd allows out=
         shape = (B, nh, T, S)
