@@ -107,7 +107,8 @@ def write_readme_table(out: Path, *, splice: bool = False) -> Path | None:
 
 def _hardware(m: dict[str, Any]) -> tuple[Any, ...]:
     """What makes two machines' timings incomparable (not the load at the start)."""
-    return m.get("cpu"), m.get("cores"), m.get("avx512_bf16"), m.get("amx_bf16"), m.get("torch")
+    return (m.get("cpu"), m.get("cores"), m.get("avx512_bf16"), m.get("amx_bf16"), m.get("torch"),
+            m.get("linear_kernel"))
 
 
 README = Path(__file__).resolve().parent.parent / "README.md"
