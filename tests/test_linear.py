@@ -162,3 +162,16 @@ def test_mlp_gelu_runs_in_the_product_unless_a_hook_watches(kernel: str, gelu: s
         torch.testing.assert_close(seen[-1], F.linear(x, mlp.fc.weight, mlp.fc.bias),
                                    rtol=1e-5, atol=1e-5)  # before the GELU
         assert "aten.gelu" not in _ops(lambda: mlp(x))  # hook gone: fused again
+
+
+@needs_onednn
+@pytest.mark.parametrize("kernel", ["onednn"], indirect=True)
+def test_an_exported_graph_gets_aten_linear(kernel: str) -> None:
+    """torch.export (and torch.compile) trace F.linear: exporters know aten.linear, and
+    compilers pick kernels for it themselves."""
+    lin = Linear(64, 64).eval()
+    x = torch.randn(1, ROWS, 64)
+    with torch.no_grad():
+        program = torch.export.export(lin, (x,))
+    ops = [str(node.target) for node in program.graph.nodes if node.op == "call_function"]
+    assert ops == ["aten.linear.default"]

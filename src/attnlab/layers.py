@@ -44,8 +44,10 @@ class Linear(nn.Linear):
     without autograd run the kernel `runtime.linear_kernel()` picks: oneDNN's where it is
     faster on this CPU. Training (autograd), autocast, other dtypes and devices, weights
     that are not one dense matrix ((out, in) or (in, out) memory: oneDNN runs its slow
-    reference kernel on others) and products under `runtime.ONEDNN_MIN_MACS` multiply-adds
-    run F.linear, as nn.Linear does."""
+    reference kernel on others), products under `runtime.ONEDNN_MIN_MACS` multiply-adds, and
+    tracing or compiling (torch.jit.trace, torch.compile, torch.export: the graph gets
+    aten.linear, which exporters know and compilers choose kernels for) run F.linear, as
+    nn.Linear does."""
 
     def _onednn(self, x: Tensor) -> bool:
         w = self.weight  # (out, in)
@@ -54,7 +56,8 @@ class Linear(nn.Linear):
                 and x.numel() * w.shape[0] >= runtime.ONEDNN_MIN_MACS
                 and runtime.linear_kernel() == "onednn"
                 and (w.is_contiguous() or w.t().is_contiguous())
-                and not torch.is_autocast_enabled("cpu"))
+                and not torch.is_autocast_enabled("cpu")
+                and not torch.jit.is_tracing() and not torch.compiler.is_compiling())
 
     def forward(self, x: Tensor) -> Tensor:
         if self._onednn(x):
