@@ -247,3 +247,27 @@ def test_run_applies_edits_before_it_keeps() -> None:
     assert torch.equal(part.get("attn_weights", 1), whole.get("attn_weights", 1))
     plain = Trace(layers=1, names="attn_weights").run(model, idx)
     assert not torch.equal(plain.get("attn_weights", 1), whole.get("attn_weights", 1))
+
+
+def test_may_attend_is_what_the_model_masked_with_or_without_masked_scores() -> None:
+    """The figures and the view ask the trace which cells a query could see: causal, within
+    a layer's sliding window, and not a pad key; the weights alone cannot tell (0 either way)."""
+    model = _model(sliding_window=3, window_layers=[1])
+    idx = torch.randint(0, 65, (2, 8))
+    mask = torch.ones(2, 8, dtype=torch.long)
+    mask[1, :3] = 0  # row 1: three left pads
+    full = Trace(names=["attn_weights", "masked_scores"]).run(model, idx, mask)
+    light = Trace(names=["attn_weights"]).run(model, idx, mask)
+    causal = torch.ones(8, 8, dtype=torch.bool).tril()
+    window = causal & ~torch.ones(8, 8, dtype=torch.bool).tril(-3)  # keys i-2..i
+    for row in (0, 1):
+        pad = mask[row].bool()  # (S,)
+        for layer, expected in ((0, causal & pad), (1, window & pad)):
+            for trace in (full, light):
+                assert torch.equal(trace.may_attend(layer, row), expected), (row, layer)
+    # a padding given for the keys replaces the pass's own
+    assert torch.equal(light.may_attend(0, 0, attention_mask=mask[1]), causal & mask[1].bool())
+    with pytest.raises(ValueError, match="no scores or weights for layer 0"):
+        Trace(names=["q"]).run(model, idx).may_attend(0)
+    with pytest.raises(ValueError, match=r"pass the \(B, 8\) mask"):
+        light.may_attend(0, attention_mask=mask[:, :5])

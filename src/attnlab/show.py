@@ -42,7 +42,7 @@ from torch import Tensor
 from .attention import causal_mask
 from .model import require_eval
 from .tokenizers import check_fits
-from .trace import Trace
+from .trace import Trace, padding_of_row
 
 WEB_DIR = Path(__file__).parent / "web"
 MAX_CELLS = 1 << 23  # weights embedded at full resolution: about 8 MB before compression
@@ -112,6 +112,12 @@ class _ViewTrace(Trace):
             super().record(name, value, layer)
         return value  # the seam's protocol: the model continues with the value
 
+    def may_attend(self, layer: int | None, row: int = 0, *,
+                   attention_mask: Tensor | None = None) -> Tensor:
+        if layer in self.masks:
+            return self.masks[layer][row].cpu()  # (T, S)
+        return super().may_attend(layer, row, attention_mask=attention_mask)
+
 
 def _labels(tokenizer: Any, ids: Sequence[int] | None, tokens: Sequence[str] | None,
             S: int, padding: Tensor | None) -> list[str]:
@@ -145,43 +151,11 @@ def _trace_model(model: Any, ids: list[int], steps_layer: int | None,
                                        mask)
 
 
-def _padding_of_row(attention_mask: Tensor, row: int, S: int, of: str = "ids") -> Tensor:
-    """attention_mask (B, S) or (S,) -> (S,): the 1/0 padding of the row the view shows, of
-    the model's ids or of a trace's keys (`of`)."""
-    pad = torch.as_tensor(attention_mask)
-    pad = pad[row] if pad.dim() == 2 else pad  # (S,)
-    if pad.dim() != 1 or pad.shape[0] != S:
-        raise ValueError(f"attention_mask of shape {tuple(torch.as_tensor(attention_mask).shape)}"
-                         f" for {S} {of}; pass the (B, {S}) mask of the batch these {of} "
-                         "come from")
-    return pad
-
-
 # ----------------------------------------------------------------------------- encoding
 
 
 def _b64z(data: bytes) -> str:
     return base64.b64encode(zlib.compress(data, 6)).decode("ascii")
-
-
-def _mask(trace: Trace, layer: int | None, row: int, T: int, S: int,
-          attention_mask: Tensor | None) -> Tensor:
-    """(T, S) bool "may attend" of one layer: from the trace when it holds masks, else the
-    causal mask (queries are the last T of S) within the layer's sliding window, if the
-    model the trace ran had one, and `attention_mask`'s padding."""
-    masks = getattr(trace, "masks", {})
-    if layer in masks:
-        return masks[layer][row].cpu()
-    if (layer, "masked_scores") in trace:
-        return trace.get("masked_scores", layer)[row, 0].isfinite().cpu()
-    # the window in cache slots, as build_mask counts it (a left-padded row's tokens are
-    # contiguous, so slot distance is position distance)
-    window = None if layer is None else trace.windows.get(layer)
-    may = causal_mask(T, S, window=window)  # (T, S)
-    if attention_mask is not None:
-        pad = _padding_of_row(attention_mask, row, S, of="keys")  # (S,)
-        may = may & pad.bool().cpu()[None, :]  # (T, S)
-    return may
 
 
 def _codes(weights: Tensor, may: Tensor, tri: bool) -> tuple[np.ndarray, np.ndarray]:
@@ -229,7 +203,7 @@ def _payload(trace: Trace, labels: list[str], *, row: int, layer: int | None,
         raise ValueError(f"layer {layer} is not in the trace; traced layers: {traced}")
     if head != "all" and head not in head_labels:
         raise ValueError(f"head={head!r} is not traced; choose one of {head_labels} or 'all'")
-    masks = [_mask(trace, lay, row, T, S, attention_mask) for lay in traced]
+    masks = [trace.may_attend(lay, row, attention_mask=attention_mask) for lay in traced]
     tri = all(not bool((m & ~causal_mask(T, S)).any()) for m in masks)
     per_layer = nh * (T * (2 * (S - T) + T + 1) // 2 if tri else T * S)
     if layers is None:  # the layer on show, then the rest in order, while they fit
@@ -418,7 +392,7 @@ def show(
         small = len(ids) ** 2 <= STEPS_CELLS
         # the model runs with the row's padding: left without it, pads were read as tokens
         # and drawn as keys with weights
-        padding = None if attention_mask is None else _padding_of_row(attention_mask, row,
+        padding = None if attention_mask is None else padding_of_row(attention_mask, row,
                                                                        len(ids))
         trace = _trace_model(source, ids, steps_layer if small else None, padding)
         row, attention_mask = 0, None  # the one sequence run; its masks are in the trace
@@ -433,7 +407,7 @@ def show(
     S = trace.get("attn_weights", traced[0]).shape[-1]
     if attention_mask is None:  # the padding the model ran with, noted by the trace
         attention_mask = trace.attention_mask
-    padding = None if attention_mask is None else _padding_of_row(attention_mask, row, S,
+    padding = None if attention_mask is None else padding_of_row(attention_mask, row, S,
                                                                   of="keys")  # (S,)
     labels = _labels(tokenizer, ids, tokens, S, padding)
     if query is not None:

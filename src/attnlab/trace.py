@@ -9,7 +9,8 @@ used. Attention runs its explicit (reference) path only where a sink needs raw s
 masked scores or weights (`needs_weights`); everything else keeps the fused path, and
 layers no sink touches run as if there were none. `Trace.run` ends the forward pass once the
 trace holds all it will keep (the seam raises after the last value). This module owns the
-names, what is captured and how it is filtered; what an edit does is `intervene.py`'s,
+names, what is captured and how it is filtered, and which cells a traced pass masked
+(`Trace.may_attend`, for the figures and the view); what an edit does is `intervene.py`'s,
 drawing `viz.py`'s.
 
 Names and shapes (vocabulary in `attention.py`; heads dimension nh is sliced by `heads`):
@@ -22,6 +23,8 @@ from typing import TYPE_CHECKING, Protocol, TypeVar
 
 import torch
 from torch import Tensor
+
+from .attention import causal_mask
 
 if TYPE_CHECKING:
     from .config import GPTConfig
@@ -243,6 +246,33 @@ class Trace:
         self.attention_mask = None if attention_mask is None else attention_mask.detach().to(
             torch.bool, copy=True)  # (B, S)
 
+    def may_attend(self, layer: int | None, row: int = 0, *,
+                   attention_mask: Tensor | None = None) -> Tensor:
+        """(T, S) bool on the CPU, True where a query of batch `row` may attend a key in
+        `layer`: what the model masked, which the weights cannot tell (a masked key's weight
+        is 0 like one that underflows). From the masked scores when the trace kept them,
+        else the causal mask (queries are the last T of S keys) within the layer's sliding
+        window (`windows`) and the padding: `attention_mask` (B, S) or (S,), default the
+        pass's own. The figures (viz.py) hatch and the view (show.py) greys its False cells.
+        """
+        if (layer, "masked_scores") in self:
+            return self.get("masked_scores", layer)[row, 0].isfinite().cpu()  # (T, S)
+        held = [self.get(n, layer) for n in sorted(WEIGHT_NAMES) if (layer, n) in self]
+        if not held:
+            raise ValueError(f"trace has no scores or weights for layer {layer}, so no (T, S) "
+                             "to mask; trace attn_weights (or masked_scores) of that layer")
+        T, S = held[0].shape[-2:]
+        # the window in cache slots, as build_mask counts it (a left-padded row's tokens are
+        # contiguous, so slot distance is position distance)
+        window = None if layer is None else self.windows.get(layer)
+        may = causal_mask(T, S, window=window)  # (T, S)
+        if attention_mask is None:
+            attention_mask = self.attention_mask
+        if attention_mask is not None:
+            pad = padding_of_row(attention_mask, row, S, of="keys")  # (S,)
+            may = may & pad.bool().cpu()[None, :]  # (T, S)
+        return may
+
     def check_layers(self, n_layer: int) -> None:
         """Raise unless the layer filter names layers the model has (a trace of layer 7 on a
         4-layer model would record nothing and fail only at get(); heads are checked where
@@ -339,6 +369,18 @@ class Trace:
     def to_dict(self) -> dict[str, Tensor]:
         """Flat `{"name" or "layer.name": tensor}` view, e.g. for safetensors or JSON export."""
         return {(n if lay is None else f"{lay}.{n}"): t for (lay, n), t in self.values.items()}
+
+
+def padding_of_row(attention_mask: Tensor, row: int, S: int, of: str = "ids") -> Tensor:
+    """attention_mask (B, S) or (S,) -> (S,): the 1/0 padding of one batch row, of a model's
+    ids or of a trace's keys (`of`, for the error)."""
+    pad = torch.as_tensor(attention_mask)
+    pad = pad[row] if pad.dim() == 2 else pad  # (S,)
+    if pad.dim() != 1 or pad.shape[0] != S:
+        raise ValueError(f"attention_mask of shape {tuple(torch.as_tensor(attention_mask).shape)}"
+                         f" for {S} {of}; pass the (B, {S}) mask of the batch these {of} "
+                         "come from")
+    return pad
 
 
 def stack_heads(trace: Trace, name: str, n_layer: int) -> Tensor:
