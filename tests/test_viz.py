@@ -204,3 +204,90 @@ def test_lens_and_patching_figures_of_a_long_text_stay_within_the_cap() -> None:
     assert fig.get_size_inches()[0] <= viz.MAX_INCHES
     short = plot_lens(torch.rand(3, 5), [tokens[:5]] * 3, tokens[:5])
     assert len(short.axes[0].texts) == 15  # short texts keep their tokens in the cells
+
+
+def _hatched(ax: object) -> np.ndarray:
+    """(T, S) True where a drawn heatmap hides its cell (drawn hatched grey)."""
+    return np.ma.getmaskarray(ax.images[0].get_array())  # type: ignore[attr-defined]
+
+
+def test_a_window_and_padding_are_hatched_in_every_weight_figure() -> None:
+    """Keys outside a sliding window and pad keys of a left-padded row were drawn as cells of
+    weight 0, though the model never let the query see them: only the future was hatched."""
+    import matplotlib.pyplot as plt
+
+    torch.manual_seed(0)
+    model = GPT(GPTConfig.from_name("nano", block_size=16, sliding_window=3,
+                                    window_layers=[1])).eval()
+    idx = torch.randint(0, 65, (2, 10), generator=torch.Generator().manual_seed(0))
+    mask = torch.ones(2, 10, dtype=torch.long)
+    mask[1, :3] = 0  # row 1: three left pads
+    trace = Trace(names=["attn_scores", "masked_scores", "attn_weights"]).run(model, idx, mask)
+    tokens = [f"w{int(i)}" for i in idx[1]]
+    causal = torch.ones(10, 10, dtype=torch.bool).tril()
+    window = causal & ~torch.ones(10, 10, dtype=torch.bool).tril(-3)  # keys i-2..i
+    pad = mask[1].bool()  # (S,)
+    may = [trace.may_attend(la, 1) for la in range(2)]  # (T, S) each
+    assert torch.equal(may[0], causal & pad) and torch.equal(may[1], window & pad)
+    weights = torch.stack([trace.get("attn_weights", la)[1] for la in range(2)])  # (L, nh, T, S)
+    scores = trace.get("attn_scores", 1)[1, 0]  # (T, S)
+    masked_scores = trace.get("masked_scores", 1)[1, 0]  # (T, S)
+    figures = []
+
+    fig = viz.plot_attention(weights[1, 0], tokens, may_attend=may[1])
+    assert (_hatched(fig.axes[0]) == (~may[1]).numpy()).all()
+    assert sum(t.get_text() == "0.00" for t in fig.axes[0].texts) == 0  # none masked as 0
+    fig = viz.plot_attention(masked_scores, tokens, kind="masked", may_attend=may[1],
+                             into=fig)
+    assert (_hatched(fig.axes[0]) == (~may[1]).numpy()).all()
+    figures.append(fig)
+    steps = viz.plot_attention_steps(scores, masked_scores, weights[1, 0], tokens)
+    raw, masked, softmax = (ax for ax in steps.axes if ax.images)
+    assert not _hatched(raw).any()  # raw scores exist for every cell
+    assert (_hatched(masked) == (~may[1]).numpy()).all()
+    assert (_hatched(softmax) == (~may[1]).numpy()).all()  # from the masked scores' -inf
+    grid = viz.plot_grid(weights, tokens, may_attend=torch.stack(may))
+    for i in range(2):
+        for j in range(2):
+            assert (_hatched(grid.axes[i * 2 + j]) == (~may[i]).numpy()).all(), (i, j)
+    panels = viz.plot_panels(list(weights[:, 0]), [tokens] * 2, ["0", "1"], may_attend=may)
+    for i in range(2):
+        assert (_hatched(panels.axes[i]) == (~may[i]).numpy()).all(), i
+    figures += [steps, grid, panels]
+
+    # without a mask: the causal future, as for a plain causal model
+    plain = viz.plot_attention(weights[1, 0], tokens)
+    plain_grid = viz.plot_grid(weights, tokens)
+    for ax in (plain.axes[0], plain_grid.axes[0], plain_grid.axes[3]):
+        assert (_hatched(ax) == (~causal).numpy()).all()
+    figures += [plain, plain_grid]
+    with pytest.raises(ValueError, match=r"may_attend of shape \(9, 10\) for a \(10, 10\)"):
+        viz.plot_attention(weights[1, 0], tokens, may_attend=may[1][1:])
+    with pytest.raises(ValueError, match=r"for 2 layers of \(10, 10\) weights"):
+        viz.plot_grid(weights, tokens, may_attend=torch.stack(may * 2))
+    for fig in figures:
+        plt.close(fig)
+
+
+def test_weight_vmax_ignores_masked_cells() -> None:
+    """A row of 95 left pads: its real weights are 15 of the 5050 causal cells, so the 99.5th
+    percentile of the causal cells was a pad's 0 and the scale fell to 2/S (everything bright)."""
+    import matplotlib.pyplot as plt
+
+    torch.manual_seed(0)
+    model = GPT(GPTConfig.from_name("nano", block_size=128)).eval()
+    idx = torch.randint(0, 65, (1, 100), generator=torch.Generator().manual_seed(0))
+    mask = torch.zeros(1, 100, dtype=torch.long)
+    mask[0, 95:] = 1  # five tokens after 95 pads
+    trace = Trace(names=["attn_weights"]).run(model, idx, mask)
+    weights, may = trace.get("attn_weights", 0)[0, 0], trace.may_attend(0)  # (T, S) each
+    top = weights[may]
+    expected = float(np.quantile(top.numpy(), 0.995))
+    assert viz.weight_vmax(weights, may) == pytest.approx(expected) and expected > 0.3
+    assert viz.weight_vmax(weights[None], may) == pytest.approx(expected)  # broadcast
+    fig = viz.plot_attention(weights, [f"w{i}" for i in range(100)], may_attend=may)
+    assert fig.axes[0].images[0].norm.vmax == pytest.approx(expected)
+    plt.close(fig)
+    assert viz.weight_vmax(torch.zeros(20, 20), torch.zeros(20, 20, dtype=torch.bool)) == 1.0
+    with pytest.raises(ValueError, match=r"does not broadcast to weights of shape \(100, 100\)"):
+        viz.weight_vmax(weights, may[:5])

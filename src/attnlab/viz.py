@@ -70,13 +70,17 @@ def plot_attention(
     title: str = "attention weights",
     kind: str = "weights",
     keys: Sequence[str] | None = None,
+    may_attend: ArrayLike | None = None,
     into: Figure | None = None,
 ) -> Figure:
     """One (T, S) matrix: kind "weights" (0..1), "scores" (raw) or "masked" (-inf cells).
 
-    Rows are queries (tokens), columns keys (`keys`, default the same tokens); cells past
-    the causal mask are hatched for weights and masked scores. into: a figure this
-    function returned for a (T, S) matrix, refilled and returned instead of a new one.
+    Rows are queries (tokens), columns keys (`keys`, default the same tokens). Cells a
+    query may not attend are hatched for weights and masked scores: those where
+    `may_attend` (T, S) bool is False (`Trace.may_attend`: a sliding window and padding
+    too), default the causal future; raw scores exist for every cell and are all drawn.
+    into: a figure this function returned for a (T, S) matrix, refilled and returned
+    instead of a new one.
     """
     values = _np(weights)
     if values.ndim != 2:
@@ -92,7 +96,7 @@ def plot_attention(
         fig, ax = _plt().subplots(figsize=size, dpi=DPI, layout="tight")
     else:
         fig, (ax,) = into, _panels(into, 1, "plot_attention")
-    _draw_kind(fig, ax, values, tokens, keys, kind, ticks)
+    _draw_kind(fig, ax, values, tokens, keys, kind, ticks, may_attend)
     ax.set_title(title, fontsize=10)
     return fig
 
@@ -107,19 +111,22 @@ def _panels(into: Figure, n: int, maker: str) -> list[Axes]:
 
 
 def _draw_kind(fig: Figure, ax: Axes, values: np.ndarray, rows: Sequence[str],
-               cols: Sequence[str], kind: str, ticks: int = MAX_TICKS) -> Any:
-    T, S = values.shape
-    future = _future(T, S)
+               cols: Sequence[str], kind: str, ticks: int = MAX_TICKS,
+               may_attend: ArrayLike | None = None) -> Any:
     if kind == "weights":
-        image = heatmap(ax, values, row_labels=rows, col_labels=cols, masked=future,
-                        vmin=0.0, vmax=weight_vmax(values), max_ticks=ticks)
+        may = _may_attend(values.shape, may_attend)  # (T, S)
+        image = heatmap(ax, values, row_labels=rows, col_labels=cols, masked=~may,
+                        vmin=0.0, vmax=weight_vmax(values, may), max_ticks=ticks)
     elif kind in ("scores", "masked"):
         finite = values[np.isfinite(values)]
         lim = float(np.abs(finite).max()) if finite.size else 0.0
         lim = lim or 1.0  # all zeros (seed 004's equal scores): any symmetric scale
+        # masked scores are -inf where masked; a may_attend given says so for other scores
+        masked = None if kind == "scores" or may_attend is None else ~_may_attend(
+            values.shape, may_attend)  # (T, S)
         image = heatmap(ax, values, row_labels=rows, col_labels=cols, cmap="RdBu_r",
-                        vmin=-lim, vmax=lim, masked_text="-inf" if kind == "masked" else "",
-                        max_ticks=ticks)
+                        vmin=-lim, vmax=lim, masked=masked,
+                        masked_text="-inf" if kind == "masked" else "", max_ticks=ticks)
     else:
         raise ValueError(f"unknown kind {kind!r}; choose weights, scores or masked")
     ax.set_xlabel("key (attended to)", fontsize=8)
@@ -128,24 +135,43 @@ def _draw_kind(fig: Figure, ax: Axes, values: np.ndarray, rows: Sequence[str],
     return image
 
 
-def weight_vmax(weights: ArrayLike) -> float:
+def weight_vmax(weights: ArrayLike, may_attend: ArrayLike | None = None) -> float:
     """Top of the colour scale for attention weights: 1 for short texts (seed 002's scale).
 
     Over hundreds of keys typical weights are ~1/T and would all be one dark colour on a
     0..1 scale, so long texts use the 99.5th percentile of the visible weights instead (the
-    colorbar then ends in an arrow: brighter cells are clipped, not hidden).
+    colorbar then ends in an arrow: brighter cells are clipped, not hidden). Visible: where
+    `may_attend` (broadcast to the weights' shape (..., T, S)) is True, default the causal
+    past; the 0s of masked cells (a window, padding) would pull the percentile down.
     """
     values = _np(weights)
     if values.shape[-1] <= ANNOTATE_MAX:
         return 1.0
     T, S = values.shape[-2:]
-    visible = values[..., ~_future(T, S)]
+    may = _may_attend((T, S), None) if may_attend is None else _np(may_attend).astype(bool)
+    try:
+        visible = values[np.broadcast_to(may, values.shape)]
+    except ValueError:
+        raise ValueError(f"may_attend of shape {may.shape} does not broadcast to weights of "
+                         f"shape {values.shape}; give one (T, S) = ({T}, {S}) mask, or one "
+                         "per leading dimension") from None
+    if not visible.size:  # every cell masked (a row of pads): any scale
+        return 1.0
     return float(min(1.0, max(np.quantile(visible, 0.995), 2.0 / S)))
 
 
-def _future(T: int, S: int) -> np.ndarray:
-    """(T, S) True above the causal diagonal, queries being the last T of S positions."""
-    return np.arange(S)[None, :] > np.arange(S - T, S)[:, None]
+def _may_attend(shape: tuple[int, ...], may_attend: ArrayLike | None) -> np.ndarray:
+    """(T, S) bool: `may_attend` checked against a (T, S) matrix, or by default the causal
+    past (queries being the last T of S positions)."""
+    T, S = shape
+    if may_attend is None:
+        return np.arange(S)[None, :] <= np.arange(S - T, S)[:, None]  # (T, S)
+    may = _np(may_attend).astype(bool)
+    if may.shape != (T, S):
+        raise ValueError(f"may_attend of shape {may.shape} for a ({T}, {S}) matrix; pass the "
+                         "(T, S) mask of the layer and row drawn, e.g. "
+                         "trace.may_attend(layer, row)")
+    return may
 
 
 def plot_attention_steps(
@@ -157,15 +183,19 @@ def plot_attention_steps(
     scale: float | None = None,
     title: str = "",
     names: Sequence[str] | None = None,
+    may_attend: ArrayLike | None = None,
     into: Figure | None = None,
 ) -> Figure:
     """Seed 002's three steps side by side: raw scores q @ k^T, masked, scaled softmax.
 
+    The masked scores and the weights hatch the cells where `may_attend` (T, S) is False,
+    default where the masked scores are -inf (the causal future, a window, padding).
     `names` replaces the three panel titles. into: a figure this function returned for
     (T, S) matrices, refilled and returned (an empty `title` keeps its title).
     """
     values = [_np(scores), _np(masked_scores), _np(weights)]
     T, S = values[0].shape
+    may = np.isfinite(values[1]) if may_attend is None else _may_attend((T, S), may_attend)
     size, ticks = _layout(T, S, panels=3)
     if into is None:
         fig, axes = _plt().subplots(1, 3, figsize=size, dpi=DPI, layout="tight")
@@ -175,7 +205,7 @@ def plot_attention_steps(
     names = names or ("raw scores  q @ kᵀ", "masked  (-inf above the diagonal)", softmax)
     for ax, v, kind, name in zip(axes, values, ("scores", "masked", "weights"), names,
                                  strict=True):
-        _draw_kind(fig, ax, v, tokens, tokens, kind, ticks)
+        _draw_kind(fig, ax, v, tokens, tokens, kind, ticks, may)
         ax.set_title(name, fontsize=9)
     _suptitle(fig, title, refill=into is not None)
     return fig
@@ -202,11 +232,14 @@ def plot_grid(
     layers: Sequence[int] | None = None,
     heads: Sequence[int] | None = None,
     title: str = "attention weights by layer and head",
+    may_attend: ArrayLike | None = None,
 ) -> Figure:
     """(L, nh, T, S) weights as a grid: one row per layer, one column per head.
 
     `layers`/`heads` name the rows and columns (default 0..L-1, 0..nh-1). Token labels
-    appear on the left column and bottom row only, thinned to fit the panel size.
+    appear on the left column and bottom row only, thinned to fit the panel size. Cells
+    where `may_attend` is False are hatched: (T, S) for every layer or (L, T, S) one per
+    layer (layers' sliding windows differ), default the causal future.
     """
     plt = _plt()
     values = _np(weights)
@@ -215,18 +248,25 @@ def plot_grid(
     L, H, T, S = values.shape
     layers = list(range(L)) if layers is None else list(layers)
     heads = list(range(H)) if heads is None else list(heads)
+    if may_attend is None or _np(may_attend).ndim == 2:
+        mays = np.stack([_may_attend((T, S), may_attend)] * L)  # (L, T, S)
+    else:
+        mays = _np(may_attend).astype(bool)
+        if mays.shape != (L, T, S):
+            raise ValueError(f"may_attend of shape {mays.shape} for {L} layers of ({T}, {S}) "
+                             f"weights; pass one (T, S) mask or ({L}, {T}, {S}), one per layer")
     panel = min(2.6, MAX_INCHES / max(L, H))
     fig, axes = plt.subplots(L, H, figsize=(panel * H + 1.6, panel * L + 1.0), dpi=DPI,
                              squeeze=False, layout="constrained")
     ticks = max(2, int(panel * 7))  # about 7 labels per inch of panel (7 pt text)
     annotate = T <= 6 and panel >= 2.0
-    vmax = weight_vmax(values)
+    vmax = weight_vmax(values, mays[:, None])  # (L, 1, T, S) over (L, nh, T, S)
     image = None
     for i in range(L):
         for j in range(H):
             ax = axes[i, j]
             image = heatmap(ax, values[i, j], row_labels=tokens, col_labels=tokens,
-                            masked=_future(T, S), vmin=0.0, vmax=vmax, annotate=annotate,
+                            masked=~mays[i], vmin=0.0, vmax=vmax, annotate=annotate,
                             max_ticks=ticks)
             if i < L - 1:
                 ax.set_xticklabels([])
@@ -381,15 +421,21 @@ def plot_panels(
     ncols: int = 3,
     title: str = "",
     highlight: tuple[int, int] | None = None,
+    may_attend: Sequence[ArrayLike] | None = None,
 ) -> Figure:
     """Several (T, T) weight matrices of different texts, each with its own tokens.
 
     highlight: a (query, key) cell outlined in every panel, e.g. the one a check is about.
+    may_attend: one (T, T) bool mask per matrix, hatched where False (default: the causal
+    future of each).
     """
     from matplotlib.patches import Rectangle
 
     plt = _plt()
     n = len(matrices)
+    if may_attend is not None and len(may_attend) != n:
+        raise ValueError(f"{len(may_attend)} may_attend masks for {n} matrices; give one "
+                         "(T, T) mask per matrix")
     nrows = math.ceil(n / ncols)
     T = max(_np(m).shape[0] for m in matrices)
     (w, h), _ = _layout(T, T, panels=ncols)
@@ -398,10 +444,12 @@ def plot_panels(
     for ax in axes.flat[n:]:
         ax.axis("off")
     image = None
-    for ax, m, toks, name in zip(axes.flat, matrices, token_lists, titles, strict=False):
+    for i, (ax, m, toks, name) in enumerate(zip(axes.flat, matrices, token_lists, titles,
+                                                strict=False)):
         v = _np(m)
-        image = heatmap(ax, v, row_labels=toks, col_labels=toks,
-                        masked=_future(*v.shape), vmin=0.0, vmax=1.0)
+        may = _may_attend(v.shape, None if may_attend is None else may_attend[i])  # (T, T)
+        image = heatmap(ax, v, row_labels=toks, col_labels=toks, masked=~may, vmin=0.0,
+                        vmax=1.0)
         ax.set_title(name, fontsize=9)
         if highlight is not None:
             row, col = highlight
