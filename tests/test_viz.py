@@ -291,3 +291,38 @@ def test_weight_vmax_ignores_masked_cells() -> None:
     assert viz.weight_vmax(torch.zeros(20, 20), torch.zeros(20, 20, dtype=torch.bool)) == 1.0
     with pytest.raises(ValueError, match=r"does not broadcast to weights of shape \(100, 100\)"):
         viz.weight_vmax(weights, may[:5])
+
+
+def _bands(ax: object) -> list[tuple[float, float]]:
+    """The (left, right) x of each hatched band of a row figure."""
+    return sorted((p.get_x(), p.get_x() + p.get_width()) for p in ax.patches  # type: ignore[attr-defined]
+                  if p.get_gid() == "masked")
+
+
+def test_a_rows_keys_outside_its_window_and_pads_are_hatched() -> None:
+    """plot_row hatched only the later keys: a windowed query's earlier keys and a padded
+    row's pad keys were bars of height 0 with "0.00" over them."""
+    import matplotlib.pyplot as plt
+
+    row = torch.tensor([0.0, 0.0, 0.0, 0.1, 0.2, 0.0, 0.3, 0.4, 0.0, 0.0])  # (S,)
+    tokens = [f"w{i}" for i in range(10)]
+    pad = torch.arange(10) >= 3  # three left pads
+    window = (torch.arange(10) > 7 - 3) & (torch.arange(10) <= 7)  # query 7, keys 5..7
+    fig = viz.plot_row(row, tokens, 7, may_attend=pad & window)
+    ax = fig.axes[0]
+    assert _bands(ax) == [(-0.5, 4.5), (7.5, 9.5)]  # pads and keys 3..4 (window), future
+    assert [t.get_text() for t in ax.texts] == ["0.00", "0.30", "0.40"]  # keys 5, 6, 7
+    assert "masked" in ax.get_legend().get_texts()[0].get_text()
+    # refilled with a row the window does not cut: only the future and the pads are left
+    assert viz.plot_row(row, tokens, 7, may_attend=pad, into=fig) is fig
+    assert _bands(ax) == [(-0.5, 2.5), (7.5, 9.5)]
+    assert [t.get_text() for t in ax.texts] == ["0.10", "0.20", "0.00", "0.30", "0.40"]
+    plain = viz.plot_row(row, tokens, 7)  # no mask: the future, as before
+    assert _bands(plain.axes[0]) == [(7.5, 9.5)]
+    assert plain.axes[0].get_legend().get_texts()[0].get_text() == "future: weight exactly 0"
+    last = viz.plot_row(row, tokens, 9)  # the last query of a causal row: nothing hatched
+    assert _bands(last.axes[0]) == [] and last.axes[0].get_legend() is None
+    with pytest.raises(ValueError, match=r"may_attend of shape \(9,\) for a row of 10 keys"):
+        viz.plot_row(row, tokens, 7, may_attend=pad[1:])
+    for f in (fig, plain, last):
+        plt.close(f)

@@ -6,6 +6,10 @@ SVG and closes it. This module draws; `trace.py` captures and the CLI decides wh
 The shared pieces (`heatmap`, tick labels, colorbars) are `viz_core.py`'s, `save_figure`
 `viz_save.py`'s.
 
+Cells a query may not attend (the causal future, keys outside a sliding window, pad keys)
+are hatched, never drawn as weight 0: the figures of weights and masked scores take
+`may_attend=`, the mask `Trace.may_attend` gives, and default to the causal future.
+
 Readable at any length: figure sizes are capped and tick labels thinned to the panel size
 (see `viz_core`). The per-head figures (`plot_attention`, `plot_attention_steps`,
 `plot_qkv`, `plot_row`) take `into=`, a figure they returned before for the same tokens:
@@ -23,10 +27,10 @@ import numpy as np
 
 from .viz_core import (
     ANNOTATE_MAX,
-    MASKED_COLOR,
     MAX_TICKS,
     ArrayLike,
     _colorbar,
+    _hatch_columns,
     _np,
     _plt,
     _set_ticks,
@@ -287,27 +291,35 @@ def plot_row(
     query: int,
     *,
     title: str | None = None,
+    may_attend: ArrayLike | None = None,
     into: Figure | None = None,
 ) -> Figure:
-    """One query's weights as bars over the keys it may attend to (later keys are shown
-    as a hatched band: they get exactly 0). `query` indexes `tokens` (= the keys).
+    """One query's weights as bars over the keys up to it; keys it may not attend are
+    hatched (they get exactly 0): the later keys, and those where `may_attend` (S,) is False
+    (`Trace.may_attend(layer, row)[query]`: a sliding window, padding). `query` indexes
+    `tokens` (= the keys).
 
     into: a figure this function returned for the same query and number of tokens,
-    refilled (bar heights, values, scale, title) and returned instead of a new one.
+    refilled (bar heights, values, masked keys, scale, title) and returned instead of a
+    new one.
     """
     row = _np(weights_row)
     S = row.shape[0]
     if not 0 <= query < S:
         raise ValueError(f"query {query} out of range for {S} tokens; use 0..{S - 1}")
-    visible = np.arange(query + 1)
+    may = np.arange(S) <= query  # (S,): causal; the later keys get no bar
+    if may_attend is not None:
+        given = _np(may_attend).astype(bool)
+        if given.shape != (S,):
+            raise ValueError(f"may_attend of shape {given.shape} for a row of {S} keys; pass "
+                             "the query's (S,) row, e.g. trace.may_attend(layer, row)[query]")
+        may &= given
+    visible = np.flatnonzero(may[: query + 1])  # keys drawn with their weight
+    shown = np.where(may, row, 0.0)[: query + 1]  # (query + 1,)
     if into is None:
         width = min(MAX_INCHES, max(4.0, 0.45 * S + 1.5)) if S <= 64 else MAX_INCHES
         fig, ax = _plt().subplots(figsize=(width, 3.4), dpi=DPI, layout="tight")
-        bars = ax.bar(visible, row[: query + 1], width=0.8 if S <= 64 else 1.0)
-        if query + 1 < S:
-            ax.axvspan(query + 0.5, S - 0.5, facecolor=MASKED_COLOR, hatch="///",
-                       edgecolor="#9a9a9a", linewidth=0, label="future: weight exactly 0")
-            ax.legend(fontsize=8, loc="upper right")
+        bars = ax.bar(np.arange(query + 1), shown, width=0.8 if S <= 64 else 1.0)
         ax.set_xlim(-0.5, S - 0.5)
         ax.set_ylabel("attention weight", fontsize=8)
         ax.tick_params(axis="y", labelsize=7)
@@ -318,18 +330,20 @@ def plot_row(
             raise ValueError(f"into= holds a row of {len(bars)} bars over "
                              f"{ax.get_xlim()[1] + 0.5:.0f} tokens, not query {query} of "
                              f"{S}; pass into=None for a new figure")
-        for bar, height in zip(bars, row[: query + 1], strict=True):
+        for bar, height in zip(bars, shown, strict=True):
             bar.set_height(height)
         for text in list(ax.texts):
             text.remove()  # the previous row's values
+    _hatch_columns(ax, ~may, "future: weight exactly 0" if may[: query + 1].all()
+                   else "masked (future, window, padding): weight exactly 0")
     for bar in bars:
         bar.set_color("#3b6fb6")
-    best = int(np.argmax(row[: query + 1]))
+    best = int(np.argmax(shown))
     bars[best].set_color("#d9822b")
     if S <= ANNOTATE_MAX * 2:
         for x in visible:
             ax.text(x, row[x], f"{row[x]:.2f}", ha="center", va="bottom", fontsize=7)
-    ax.set_ylim(0, max(float(row[: query + 1].max()), 1e-3) * 1.15)
+    ax.set_ylim(0, max(float(shown.max()), 1e-3) * 1.15)
     _set_ticks(ax, "x", tokens, S, MAX_TICKS * 2 if S > 64 else MAX_TICKS)
     where = token_label(tokens[query])
     ax.set_title(title or f"query {query} {where!r}: weight on each key "

@@ -183,6 +183,23 @@ def _hatch_patch(shape: tuple[int, ...]) -> Any:
                      hatch="///", linewidth=0, zorder=0)
 
 
+def _hatch_columns(ax: Axes, masked: np.ndarray, label: str) -> None:
+    """A hatched band over each run of masked columns (n,) of a bar chart, with `label` in a
+    legend while there is one; the bands of an earlier call on `ax` go (a refill)."""
+    for patch in [p for p in ax.patches if p.get_gid() == "masked"]:
+        patch.remove()
+    edges = np.flatnonzero(np.diff(np.concatenate([[0], masked.astype(np.int8), [0]])))
+    for first, end in zip(edges[::2], edges[1::2], strict=True):  # columns first..end - 1
+        ax.axvspan(first - 0.5, end - 0.5, facecolor=MASKED_COLOR, hatch="///",
+                   edgecolor="#9a9a9a", linewidth=0, gid="masked",
+                   label=label if first == edges[0] else None)
+    legend = ax.get_legend()
+    if masked.any():
+        ax.legend(fontsize=8, loc="upper right")
+    elif legend is not None:
+        legend.remove()
+
+
 def _colorbar(fig: Figure, image: Any, ax: Any, label: str = "", **kwargs: Any) -> None:
     """A colorbar; an arrow at the top when the scale clips larger values.
 
