@@ -145,6 +145,9 @@ def run(args: argparse.Namespace) -> int:
     group = c.n_head // c.n_kv_heads  # query heads per key/value head (GQA)
     kv_kept = sorted({h // group for h in heads})  # the k/v heads the trace kept
     pairs = [(la, h) for la in layers for h in heads]
+    # which keys each layer's queries could see (a sliding window hides more than the
+    # future): hatched in the figures, not drawn as weight 0
+    may_attend = {la: trace.may_attend(la) for la in layers}  # (T, S) each
     n_figures = sum(len(pairs) if k not in ("embeddings", "grid") else 1 for k in kinds)
     bar = _figure_bar(n_figures, formats)
 
@@ -171,12 +174,14 @@ def run(args: argparse.Namespace) -> int:
             weights = torch.stack([trace.get("attn_weights", la)[0] for la in layers])
             shown = args.text if len(args.text) <= 40 else args.text[:39] + "…"
             save(viz.plot_grid(weights, tokens, layers=layers, heads=heads,
-                               title=f"attention weights of {shown!r}"), "grid")
+                               title=f"attention weights of {shown!r}",
+                               may_attend=torch.stack([may_attend[la] for la in layers])),
+                 "grid")
         else:
             fig = None  # one figure per kind, refilled head after head: its ticks built once
             for i, (la, h) in enumerate(pairs):
                 fig, stem = _head_figure(kind, fig, head_of, la, h, tokens, query, _scale(c),
-                                         group)
+                                         group, may_attend[la])
                 save(fig, stem, close=i == len(pairs) - 1)
 
     bar.close()
@@ -236,23 +241,28 @@ def _earlier_files(json_path: Path) -> set[str]:
 
 def _head_figure(kind: str, into: Any, head_of: Callable[[str, int, int], Any], la: int,
                  h: int, tokens: list[str], query: int, scale: float,
-                 group: int = 1) -> tuple[Any, str]:
+                 group: int = 1, may_attend: Any = None) -> tuple[Any, str]:
     """The figure of `kind` for layer `la`, head `h` (`into` refilled when given), and the
-    name of its file. group: query heads per key/value head (grouped-query attention)."""
+    name of its file. group: query heads per key/value head (grouped-query attention).
+    may_attend: the layer's (T, S) mask, hatched in weights and masked scores (default the
+    causal future)."""
     from .. import viz
 
     where = f"layer {la}, head {h}"
     if kind == "weights":
         return viz.plot_attention(head_of("attn_weights", la, h), tokens, into=into,
+                                  may_attend=may_attend,
                                   title=f"attention weights, {where}"), f"weights_L{la}_H{h}"
     if kind in ("scores", "masked"):
         name = "attn_scores" if kind == "scores" else "masked_scores"
         return viz.plot_attention(head_of(name, la, h), tokens, kind=kind, into=into,
+                                  may_attend=None if kind == "scores" else may_attend,
                                   title=f"{WHAT[kind][1]}, {where}"), f"{kind}_L{la}_H{h}"
     if kind == "steps":
         return viz.plot_attention_steps(
             head_of("attn_scores", la, h), head_of("masked_scores", la, h),
-            head_of("attn_weights", la, h), tokens, scale=scale, title=where, into=into,
+            head_of("attn_weights", la, h), tokens, scale=scale, title=where,
+            may_attend=may_attend, into=into,
         ), f"steps_L{la}_H{h}"
     if kind == "qkv":
         if group > 1:
@@ -263,6 +273,7 @@ def _head_figure(kind: str, into: Any, head_of: Callable[[str, int, int], Any], 
                             into=into), f"qkv_L{la}_H{h}"
     # row
     return viz.plot_row(head_of("attn_weights", la, h)[query], tokens, query,
+                        may_attend=None if may_attend is None else may_attend[query],
                         into=into), f"row_L{la}_H{h}_q{query}"
 
 
