@@ -178,3 +178,26 @@ def test_a_read_racing_a_save_reads_again(tmp_path: Path, monkeypatch: pytest.Mo
     with pytest.raises(FileNotFoundError, match=r"has no model\.safetensors; the checkpoint "
                                                 r"is incomplete"):
         load_checkpoint(path)
+
+
+@pytest.mark.parametrize(("fields", "bad"), [
+    (dict(sliding_window=4, window_layers=[1]), ("window_layers", ["1"])),
+    (dict(pos="rope", rope_scaling={"rope_type": "linear", "factor": 2.0}),
+     ("rope_scaling", ["linear", 2.0])),
+])
+def test_list_and_dict_config_fields_round_trip(
+    fields: dict, bad: tuple[str, object], tmp_path: Path
+) -> None:
+    """window_layers (a list) and rope_scaling (a dict) were refused at load as corrupted:
+    the JSON type check knew scalars only. A value of the wrong kind is still refused."""
+    torch.manual_seed(0)
+    model = GPT(GPTConfig.from_name("nano", **fields)).eval()
+    path = save_checkpoint(tmp_path / "ckpt", model, CharTokenizer.from_text("abc"))
+    loaded = load_checkpoint(path).model
+    assert loaded.config == model.config
+    _assert_same_weights(model, loaded)
+    config = json.loads((path / "config.json").read_text())
+    config["model"][bad[0]] = bad[1]
+    (path / "config.json").write_text(json.dumps(config))
+    with pytest.raises(ValueError, match=f"{bad[0]}=.* corrupted"):
+        load_checkpoint(path)

@@ -21,9 +21,10 @@ import os
 import re
 import shutil
 import time
+import types
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, get_args, get_type_hints
+from typing import Any, Union, get_args, get_origin, get_type_hints
 
 import torch
 
@@ -176,7 +177,19 @@ def _check_json_types(values: Any, cls: type) -> None:
 
 
 def _json_value_fits(value: Any, annotation: Any) -> bool:
-    """Whether a parsed JSON value has one of the types in `annotation` (bool is no int)."""
+    """Whether a parsed JSON value has one of the types in `annotation` (bool is no int):
+    scalars, None, Any, list[X] and dict[str, X] of them."""
+    if get_origin(annotation) in (Union, types.UnionType):
+        return any(_json_value_fits(value, tp) for tp in get_args(annotation))
+    if annotation is Any:
+        return True
+    if get_origin(annotation) is list:
+        (item,) = get_args(annotation)
+        return isinstance(value, list) and all(_json_value_fits(v, item) for v in value)
+    if get_origin(annotation) is dict:
+        key, item = get_args(annotation)
+        return isinstance(value, dict) and all(
+            _json_value_fits(k, key) and _json_value_fits(v, item) for k, v in value.items())
     kinds = {
         type(None): value is None,
         bool: isinstance(value, bool),
@@ -185,7 +198,7 @@ def _json_value_fits(value: Any, annotation: Any) -> bool:
         and math.isfinite(value),
         str: isinstance(value, str),
     }
-    return any(kinds.get(tp, False) for tp in get_args(annotation) or (annotation,))
+    return kinds.get(annotation, False)
 
 
 def load_checkpoint(
