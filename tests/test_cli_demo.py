@@ -212,9 +212,9 @@ def test_inspect_qkv_of_grouped_query_heads_shows_the_key_value_head_they_read(
 
 
 def test_inspect_hatches_the_keys_outside_a_sliding_window(tmp_path: Path) -> None:
-    """On a Mistral-style model (a window of 3 keys) the figures hatched only the future:
-    keys before the window were cells and bars of weight 0, though no query saw them. (Every
-    layer windowed: a checkpoint's window_layers list does not load yet.)"""
+    """On a model with a window of 3 keys in layer 1 only (Qwen2-style window_layers) the
+    figures hatched only the future: keys before the window were cells and bars of weight
+    0, though no query saw them. Layer 0 keeps the whole causal past."""
     import numpy as np
 
     from attnlab import viz
@@ -222,7 +222,7 @@ def test_inspect_hatches_the_keys_outside_a_sliding_window(tmp_path: Path) -> No
     tok = CharTokenizer(sorted(set("abcdefghijklmnopqrstuvwxyz .")))
     torch.manual_seed(0)
     model = GPT(GPTConfig.from_name("nano", vocab_size=tok.vocab_size, block_size=32,
-                                    sliding_window=3)).eval()
+                                    sliding_window=3, window_layers=[1])).eval()
     path = save_checkpoint(tmp_path / "ckpt", model, tok)
     drawn: dict[str, list[object]] = {}
     save_figure = viz.save_figure
@@ -240,15 +240,15 @@ def test_inspect_hatches_the_keys_outside_a_sliding_window(tmp_path: Path) -> No
                      "--what", "all", "--head", "0"]) == 0
     causal = np.tril(np.ones((12, 12), dtype=bool))
     window = causal & ~np.tril(np.ones((12, 12), dtype=bool), -3)  # keys i-2..i
-    for la, may in ((0, window), (1, window)):
+    for la, may in ((0, causal), (1, window)):
         assert all((hidden == ~may).all() for hidden in drawn[f"weights_L{la}_H0"])
         assert all((hidden == ~may).all() for hidden in drawn[f"masked_L{la}_H0"])
         raw, masked, weights = drawn[f"steps_L{la}_H0"]
         assert not raw.any() and (masked == ~may).all() and (weights == ~may).all(), la
         assert (drawn["grid"][la] == ~may).all(), la
     assert not (window == causal).all()  # the window hides keys the future does not
-    for la in (0, 1):
-        assert drawn[f"row_L{la}_H0_q11"] == [[(-0.5, 8.5)]]  # keys 0..8: before its window
+    assert drawn["row_L0_H0_q11"] == [[]]  # the last query sees every key in layer 0
+    assert drawn["row_L1_H0_q11"] == [[(-0.5, 8.5)]]  # keys 0..8: before its window
 
 
 def test_inspect_help_lists_every_kind(capsys: pytest.CaptureFixture[str]) -> None:
