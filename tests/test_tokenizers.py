@@ -191,3 +191,22 @@ def test_a_completion_after_a_prompt_of_byte_tokens_keeps_its_characters() -> No
     new = [1 + b for b in "日本".encode()] + tok.encode_continuation(" a")
     assert tok.decode_continuation(new, prompt) == "日本 a"
     assert "".join(tok.token_texts([*prompt, *new])[-7:]).endswith("<e6><9c><ac> a")
+
+
+def test_a_tokenizer_json_with_holes_in_its_ids_decodes_every_id_it_has() -> None:
+    """A tokenizer.json need not number its tokens 0..n-1 (a hand-made word-level vocabulary
+    at the characters' code points; added tokens past a gap): its ids run to the largest,
+    so decoding one of them works, and an id in a hole is refused by name, not dropped."""
+    tk = pytest.importorskip("tokenizers")
+    vocab = {"<unk>": 0, "<s>": 1, "</s>": 2, **{chr(i): i for i in range(97, 100)}}
+    backend = tk.Tokenizer(tk.models.WordLevel(vocab, unk_token="<unk>"))
+    backend.pre_tokenizer = tk.pre_tokenizers.Split("", "isolated")
+    backend.decoder = tk.decoders.Fuse()
+    tok = HFTokenizer(backend, name="hf:tokenizer.json")
+    assert tok.vocab_size == 100  # ids 0..99, six of them tokens
+    assert tok.encode("cab") == [99, 97, 98]
+    assert tok.decode([99, 97, 98]) == "cab"
+    with pytest.raises(ValueError, match="cannot decode id 50: its vocabulary has no token"):
+        tok.decode([97, 50])
+    with pytest.raises(ValueError, match=r"cannot decode id 100: its ids are 0\.\.99"):
+        tok.decode([100])

@@ -276,7 +276,12 @@ class HFTokenizer(Tokenizer):
 
     def __init__(self, backend: Any, name: str = "bpe") -> None:
         self.backend = backend
-        self.name, self.vocab_size = name, backend.get_vocab_size()
+        # ids run to the largest one in the vocabulary, added tokens included; a
+        # tokenizer.json may leave holes below it, so its token count (get_vocab_size) can
+        # be smaller than that and would refuse real ids
+        ids = set(backend.get_vocab(with_added_tokens=True).values())
+        self.name, self.vocab_size = name, max(ids, default=-1) + 1
+        self._holes = frozenset(range(self.vocab_size)) - ids  # ids naming no token
         # byte-level BPE (GPT-2, Qwen, Pythia): a token's characters stand for bytes
         decoder = backend.decoder
         self._byte_level = decoder is not None and '"ByteLevel"' in str(decoder.__getstate__())
@@ -329,6 +334,11 @@ class HFTokenizer(Tokenizer):
 
     def decode(self, ids: Sequence[int]) -> str:
         _check_ids(self.name, ids, self.vocab_size)  # unknown ids would vanish silently
+        hole = next((i for i in ids if i in self._holes), None) if self._holes else None
+        if hole is not None:
+            raise ValueError(f"{self.name} tokenizer cannot decode id {hole}: its vocabulary "
+                             f"has no token with that id (ids 0..{self.vocab_size - 1} have "
+                             f"{len(self._holes)} such holes)")
         return str(self.backend.decode(list(ids), skip_special_tokens=False))
 
     def token_bytes(self, token_id: int) -> bytes | None:
