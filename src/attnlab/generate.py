@@ -194,6 +194,7 @@ def stream(
     vocab_size: int | None = None,
     row_seeds: Sequence[int] | None = None,
     edits: Edits | None = None,
+    unused_ids: Sequence[int] = (),
 ) -> Iterator[Tensor]:
     """Yield the new ids (B,) of each step as they are sampled, up to max_new_tokens steps.
 
@@ -202,12 +203,13 @@ def stream(
     (default: the first eot id) from then on, and the loop stops early once every row has
     ended. seed gives a private generator, so the same
     seed gives the same ids. vocab_size: sample only ids below it (a tokenizer smaller than
-    the model's embedding table). row_seeds: one seed per row instead, each row drawing from
-    its own generator, so a row's draws do not depend on which rows share its batch (one
-    generator's draws for row b depend on how many rows come before it). edits: generate with
-    these `intervene.Edits` applied at every step (slower: `GPT.forward` per token). A model
-    of `decode.half_weights` decodes with its matrices streamed as float16. Arguments are
-    checked here, before the first step.
+    the model's embedding table). unused_ids: never sample these either (ids below
+    vocab_size that name no token: `Tokenizer.unused_ids`). row_seeds: one seed per row
+    instead, each row drawing from its own generator, so a row's draws do not depend on which
+    rows share its batch (one generator's draws for row b depend on how many rows come before
+    it). edits: generate with these `intervene.Edits` applied at every step (slower:
+    `GPT.forward` per token). A model of `decode.half_weights` decodes with its matrices
+    streamed as float16. Arguments are checked here, before the first step.
     """
     config = GenerationConfig(max_new_tokens, temperature, top_k, top_p, seed, sliding_window)
     keep = _check_prompt(model, input_ids, attention_mask, config)
@@ -229,8 +231,10 @@ def stream(
     stops = [eot_id] if isinstance(eot_id, int) else list(eot_id or ())
     pad = (stops[0] if stops else 0) if pad_id is None else pad_id
     ends = torch.tensor(stops, dtype=torch.long, device=input_ids.device) if stops else None
+    unused = torch.tensor(sorted(unused_ids), dtype=torch.long, device=input_ids.device) \
+        if unused_ids else None
     return _steps(model, input_ids, keep, config, ends, pad, generators or generator,
-                  vocab_size, edits)
+                  vocab_size, unused, edits)
 
 
 @torch.inference_mode()
@@ -243,6 +247,7 @@ def _steps(
     pad_id: int,
     generator: torch.Generator | list[torch.Generator] | None,
     vocab_size: int | None,
+    unused_ids: Tensor | None,
     edits: Edits | None,
 ) -> Iterator[Tensor]:
     B, P = input_ids.shape
@@ -265,6 +270,8 @@ def _steps(
     for length in range(P, P + N):
         if vocab_size is not None:
             logits = logits[:, :vocab_size]  # (B, V')
+        if unused_ids is not None:  # out of place: logits may be the model's own output
+            logits = logits.index_fill(1, unused_ids, float("-inf"))  # (B, V')
         # sampling in float32 whatever the model computes in (a bfloat16 softmax is coarse)
         if isinstance(generator, list):  # one generator per row (stream's row_seeds)
             next_ids = torch.cat([
@@ -384,7 +391,7 @@ def stream_text(
     steps = stream(
         model, input_ids.to(device), attention_mask.to(device), max_new_tokens=max_new_tokens,
         eot_id=tokenizer.stop_ids, pad_id=tokenizer.pad_id, vocab_size=tokenizer.vocab_size,
-        edits=edits, **sampling,  # type: ignore[arg-type]
+        unused_ids=tokenizer.unused_ids, edits=edits, **sampling,  # type: ignore[arg-type]
     )
     prompt_ids = [row[keep].tolist() for row, keep in zip(input_ids, attention_mask.bool(),
                                                            strict=True)]

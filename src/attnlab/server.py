@@ -449,6 +449,7 @@ def create_app(
             model, ids, max_new_tokens=new_tokens, temperature=body.temperature,
             top_k=body.top_k, top_p=body.top_p, seed=body.seed, eot_ids=stop_ids,
             vocab_size=tokenizer.vocab_size,  # a larger model vocabulary has ids it cannot decode
+            unused_ids=sorted(getattr(tokenizer, "unused_ids", ())),
         )
 
         async def events() -> AsyncIterator[bytes]:

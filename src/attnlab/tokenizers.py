@@ -63,6 +63,8 @@ class Tokenizer(ABC):
     vocab_size: int
     eot_id: int | None = None  # end-of-text id, if the vocabulary has one
     pad_id: int = 0  # id placed at padding positions (masked out, any valid id works)
+    # ids below vocab_size that name no token (a tokenizer.json's holes): never sampled
+    unused_ids: frozenset[int] = frozenset()
 
     @property
     def stop_ids(self) -> tuple[int, ...]:
@@ -281,7 +283,7 @@ class HFTokenizer(Tokenizer):
         # be smaller than that and would refuse real ids
         ids = set(backend.get_vocab(with_added_tokens=True).values())
         self.name, self.vocab_size = name, max(ids, default=-1) + 1
-        self._holes = frozenset(range(self.vocab_size)) - ids  # ids naming no token
+        self.unused_ids = frozenset(range(self.vocab_size)) - ids  # ids naming no token
         # byte-level BPE (GPT-2, Qwen, Pythia): a token's characters stand for bytes
         decoder = backend.decoder
         self._byte_level = decoder is not None and '"ByteLevel"' in str(decoder.__getstate__())
@@ -334,11 +336,12 @@ class HFTokenizer(Tokenizer):
 
     def decode(self, ids: Sequence[int]) -> str:
         _check_ids(self.name, ids, self.vocab_size)  # unknown ids would vanish silently
-        hole = next((i for i in ids if i in self._holes), None) if self._holes else None
+        unused = self.unused_ids
+        hole = next((i for i in ids if i in unused), None) if unused else None
         if hole is not None:
             raise ValueError(f"{self.name} tokenizer cannot decode id {hole}: its vocabulary "
                              f"has no token with that id (ids 0..{self.vocab_size - 1} have "
-                             f"{len(self._holes)} such holes)")
+                             f"{len(unused)} such holes)")
         return str(self.backend.decode(list(ids), skip_special_tokens=False))
 
     def token_bytes(self, token_id: int) -> bytes | None:

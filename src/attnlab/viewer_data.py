@@ -106,12 +106,15 @@ def token_stream(
     seed: int | None,
     eot_ids: Sequence[int],
     vocab_size: int,
+    unused_ids: Sequence[int] = (),
 ) -> Iterator[int]:
-    """New token ids, one per `next()`, from `generate.stream` (KV cache, sampling, eot)."""
+    """New token ids, one per `next()`, from `generate.stream` (KV cache, sampling, eot);
+    never an id at or past vocab_size, or in unused_ids (a tokenizer's holes)."""
     idx = torch.tensor([ids], dtype=torch.long, device=model.wte.weight.device)  # (1, P)
     steps = generate_stream(
         model, idx, max_new_tokens=max_new_tokens, temperature=temperature, top_k=top_k or 0,
         top_p=1.0 if top_p is None else top_p, seed=seed, eot_id=eot_ids, vocab_size=vocab_size,
+        unused_ids=unused_ids,
     )
     return (int(next_ids[0]) for next_ids in steps)
 
@@ -142,7 +145,9 @@ def sample_texts(
         ids = list(tokenizer.encode(DEFAULT_TEXT))
         prompt_ids = list(tokenizer.encode(DEFAULT_PROMPT))
     except ValueError:  # a character outside the vocabulary
-        ids = [i for i in range(tokenizer.vocab_size) if _printable(tokenizer.decode([i]))]
+        unused: frozenset[int] = getattr(tokenizer, "unused_ids", frozenset())  # no decode
+        ids = [i for i in range(tokenizer.vocab_size)
+               if i not in unused and _printable(tokenizer.decode([i]))]
         prompt_ids = ids[: max(1, min(8, block_size // 2))]
     if len(prompt_ids) >= block_size:
         prompt_ids = prompt_ids[: max(1, block_size // 2)]
