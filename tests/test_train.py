@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import itertools
 import json
 import os
@@ -65,6 +66,17 @@ def test_bad_configs_name_the_value() -> None:
         TrainConfig(optimizer="adam")
     with pytest.raises(ValueError, match="dtype='float16'"):
         TrainConfig(dtype="float16")
+
+
+def test_the_text_recipe_takes_a_lower_lr_and_decays_to_a_tenth_of_it(tmp_path: Path) -> None:
+    """`attnlab train --data text --lr 3e-4` (a fine-tuning lr) was refused: the recipe fixed
+    min_lr at 4e-4, its own lr / 10, so any --lr below that failed validation."""
+    (tmp_path / "text.txt").write_text("the quick brown fox jumps over the lazy dog\n" * 60)
+    dataset = load_dataset(str(tmp_path / "text.txt"), "char", cache_dir=tmp_path)
+    _, config = recipe(dataset)
+    for lr in (4e-3, 3e-4):
+        lowered = dataclasses.replace(config, lr=lr)  # what the CLI's --lr does
+        assert lowered.lr_at(lowered.max_iters) == pytest.approx(lr / 10)
 
 
 def test_learns_the_copy_task(tmp_path: Path) -> None:

@@ -92,7 +92,7 @@ def _gpt2_recipe(dataset: Dataset) -> tuple[GPTConfig, TrainConfig]:
     dtype = "bfloat16" if fast_bf16() else "float32"
     return model, TrainConfig(
         max_iters=min(max(700, one_pass), MAX_TEXT_STEPS), batch_size=batch_size, lr=4e-3,
-        min_lr=4e-4, warmup_iters=50, eval_interval=100, dtype=dtype)
+        warmup_iters=50, eval_interval=100, dtype=dtype)  # min_lr: lr / 10, whatever --lr
 
 
 def seed_experiment(
