@@ -471,3 +471,45 @@ def test_resuming_with_another_process_count_says_dropout_will_differ(
     assert main(["train", "--resume", "--quiet"]) == 0
     assert ("resume   the run used 2 processes, this one 1 process: dropout draws other masks"
             in capsys.readouterr().out)
+
+
+def test_init_from_fine_tunes_a_hugging_face_directory_and_keeps_its_family(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """--init_from: the run starts from the directory's weights, config and tokenizer (not
+    the recipe's fresh model), its checkpoint remembers the family (a Mistral exports as a
+    Mistral), and flags that would change the model are refused."""
+    import torch
+
+    from attnlab import GPT, GPTConfig, save_hf
+    from attnlab.tokenizers import CharTokenizer
+
+    text = "the quick brown fox jumps over the lazy dog\n" * 80
+    (tmp_path / "text.txt").write_text(text)
+    config = GPTConfig(vocab_size=32, block_size=16, n_layer=2, n_head=4, n_kv_head=2,
+                       n_embd=32, bias=False, mlp="swiglu", norm="rmsnorm", pos="rope",
+                       sliding_window=6, init_std=None)
+    torch.manual_seed(0)
+    source = GPT(config)
+    save_hf(tmp_path / "hf", source, CharTokenizer.from_text(text), family="mistral")
+    flags = ["--data", str(tmp_path / "text.txt"), "--init_from", str(tmp_path / "hf"),
+             "--max_iters", "2", "--eval_interval", "2", "--eval_iters", "1",
+             "--batch_size", "2", "--lr", "1e-5", "--warmup_iters", "0"]
+    assert _train(tmp_path, *flags) == 0
+    assert "init     the weights of" in capsys.readouterr().out
+    tuned = load_checkpoint(tmp_path / "run")
+    assert tuned.model.config == load_checkpoint(tmp_path / "hf").model.config
+    assert tuned.model.config.sliding_window == 6
+    assert tuned.meta["family"] == "mistral"
+    moved = max((a - b).abs().max().item() for a, b in zip(
+        tuned.model.state_dict().values(), source.state_dict().values(), strict=True))
+    assert 0 < moved < 1e-3  # two steps of lr 1e-5 from the source, not a fresh model
+    assert main(["export", str(tmp_path / "run"), str(tmp_path / "out")]) == 0
+    assert '"MistralForCausalLM"' in (tmp_path / "out" / "config.json").read_text()
+
+    for extra, refused in ((["--n_layer", "3"], "--n_layer would change them"),
+                           (["--resume"], "choose one")):
+        capsys.readouterr()
+        assert main(["train", "--quiet", "--out", str(tmp_path / "other"), *flags,
+                     *extra]) == 1
+        assert refused in capsys.readouterr().err

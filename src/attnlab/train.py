@@ -30,7 +30,7 @@ from typing import Any
 import torch
 
 from .budget import Budget, parse_duration
-from .checkpoint import load_checkpoint, load_train_state, save_checkpoint
+from .checkpoint import Checkpoint, load_checkpoint, load_train_state, save_checkpoint
 from .data import Dataset, SentenceDataset, TaskDataset, bits_per_byte
 from .distributed import World, setup, teardown
 from .model import GPT, GPTConfig, count_params
@@ -205,19 +205,28 @@ def train(
     *,
     resume: bool = False,
     callback: Callable[[dict[str, Any]], None] | None = None,
+    init: Checkpoint | None = None,
 ) -> TrainResult:
     """Train a GPT on `dataset`; checkpoints in out_dir/ckpt, metrics in out_dir/metrics.jsonl.
 
     callback gets every metrics row ({"step", "loss", "lr", "tokens_per_s", ...} and eval rows
     with "val_loss"). Ctrl-C (SIGINT, SIGTERM, SIGHUP) saves a checkpoint and returns with
-    `interrupted=True`. Under torchrun every process calls this; they share the work
-    (distributed.py) and only rank 0 writes files and calls callback.
+    `interrupted=True`. init (fine-tuning): a checkpoint whose weights the run starts from,
+    e.g. `load_checkpoint("smollm")`; its model's config must equal `model_config` except
+    for dropout, and the run's checkpoints keep its path and Hugging Face family. Under
+    torchrun every process calls this; they share the work (distributed.py) and only rank 0
+    writes files and calls callback.
     """
     if model_config.vocab_size < dataset.tokenizer.vocab_size:
         raise ValueError(
             f"model vocab_size={model_config.vocab_size} < tokenizer's "
             f"{dataset.tokenizer.vocab_size}; leave --vocab_size unset to take the tokenizer's"
         )
+    if init is not None and dataclasses.replace(init.model.config, dropout=0.0) != \
+            dataclasses.replace(model_config, dropout=0.0):
+        raise ValueError(f"init: the checkpoint in {init.path} has config "
+                         f"{init.model.config}, this run asks for {model_config}; fine-tune "
+                         "with the checkpoint's own config (dropout may differ)")
     seq_len = sequence_length(model_config, dataset)
     config = dataclasses.replace(config)  # a time budget fits max_iters: not the caller's
     world, started = setup(config.device)
@@ -227,7 +236,7 @@ def train(
             _check_writable(Path(out_dir), model_config)
             warn_if_slow_bf16(config.dtype, world.device)
         return _train(model_config, config, dataset, Path(out_dir), world, seq_len, resume,
-                      callback)
+                      callback, init)
     finally:
         teardown(started)
 
@@ -235,10 +244,13 @@ def train(
 def _train(
     model_config: GPTConfig, config: TrainConfig, dataset: Dataset, out: Path, world: World,
     seq_len: int, resume: bool, callback: Callable[[dict[str, Any]], None] | None,
+    init: Checkpoint | None,
 ) -> TrainResult:
     tokenizer = dataset.tokenizer
     torch.manual_seed(config.seed)
     model = GPT(model_config).to(world.device)
+    if init is not None and not resume:  # a resume reads its own weights below
+        model.load_state_dict(init.model.state_dict())
     optimizer = make_optimizer(model, config)
     data_gen = torch.Generator().manual_seed(config.seed)
     history: list[dict[str, Any]] = []
@@ -296,6 +308,10 @@ def _train(
                     "dataset": dataset.name, "val_loss": result.val_loss,
                     "val_bpb": result.val_bpb, "val_step": result.val_step,
                     "world_size": world.size}
+            if init is not None:  # export keeps the family (a Mistral stays a Mistral)
+                meta["init_from"] = str(init.path)
+                if "family" in init.meta:
+                    meta["family"] = init.meta["family"]
             for key in ("source", "fingerprint"):  # a text file's: see TextDataset
                 if getattr(dataset, key, None) is not None:
                     meta[f"data_{key}"] = getattr(dataset, key)

@@ -58,6 +58,13 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
         "dataset's recipe; the context (--block_size) and the schedule (--lr, --max_iters, "
         "...) stay the recipe's unless given",
     )
+    parser.add_argument(
+        "--init_from", metavar="DIR",
+        help="fine-tune: start from this attnlab checkpoint or Hugging Face model directory "
+        "(its config, weights and tokenizer) instead of a fresh model; the schedule stays "
+        "the recipe's unless given (--lr, --max_iters, ...), and of the model flags only "
+        "--dropout applies",
+    )
     parser.add_argument("--out", help="run directory (default: runs/<data name>)")
     parser.add_argument(
         "--resume", action="store_true", help="continue the run in --out from its checkpoint"
@@ -107,6 +114,9 @@ def _run(args: argparse.Namespace) -> int:
     if args.resume and args.overwrite:  # resumed silently, the old run kept
         raise CLIError("--resume continues the run in --out and --overwrite deletes it to "
                        "start over: choose one")
+    if args.resume and args.init_from:  # before the resume looks for its checkpoint
+        raise CLIError("--init_from starts a new run from a model and --resume continues the "
+                       "run in --out (whose checkpoint holds its own weights): choose one")
     # a resume finds its checkpoint first: it reads the data with the run's tokenizer
     data_given, args.data = args.data is not None, args.data or "copy"
     found = _find_run(args) if args.resume else None
@@ -119,6 +129,9 @@ def _run(args: argparse.Namespace) -> int:
                        "its own tokenizer; drop --tokenizer, or train on a text file")
     if found is not None and args.resume and tokenizer is None:
         tokenizer = str(found)  # the run's own tokenizer (a trained BPE is not redrawn)
+    init = _init_source(args, data_given) if args.init_from else None
+    if init is not None:
+        tokenizer = str(init.path)  # its ids are the ones the weights learned
     dataset = load_dataset(args.data, tokenizer or "char")
 
     if args.resume:
@@ -152,14 +165,18 @@ def _run(args: argparse.Namespace) -> int:
             model_config, train_config = recipe(dataset, args.arch or "gpt2")
         except ValueError as e:
             raise CLIError(str(e)) from None
-        if args.preset:
-            model_config = GPTConfig.from_name(
-                args.preset,
-                vocab_size=dataset.tokenizer.vocab_size,
-                block_size=model_config.block_size,
-            )
-        model_config = config_from_flags(args, GPTConfig, model_config)
-        if "vocab_size" not in config_overrides(args, GPTConfig):
+        if init is not None:  # the source's model, whatever the recipe's shape
+            model_config = dataclasses.replace(
+                init.model.config, **config_overrides(args, GPTConfig))
+        else:
+            if args.preset:
+                model_config = GPTConfig.from_name(
+                    args.preset,
+                    vocab_size=dataset.tokenizer.vocab_size,
+                    block_size=model_config.block_size,
+                )
+            model_config = config_from_flags(args, GPTConfig, model_config)
+        if init is None and "vocab_size" not in config_overrides(args, GPTConfig):
             model_config = dataclasses.replace(
                 model_config, vocab_size=dataset.tokenizer.vocab_size)
         train_config = config_from_flags(args, TrainConfig, train_config)
@@ -181,6 +198,8 @@ def _run(args: argparse.Namespace) -> int:
     model_before = None
     if args.resume:
         print(f"resumed  from step {step} of {train_config.max_iters} ({out / 'ckpt'})")
+    elif init is not None:
+        print(f"init     the weights of {init.path}")
     elif isinstance(dataset, TaskDataset):
         from ..model import GPT
 
@@ -193,7 +212,8 @@ def _run(args: argparse.Namespace) -> int:
     progress = Progress(train_config.max_iters, quiet=args.quiet)
     try:
         result = train(
-            model_config, train_config, dataset, out, resume=args.resume, callback=progress
+            model_config, train_config, dataset, out, resume=args.resume, callback=progress,
+            init=init,
         )
     finally:
         progress.close()
@@ -236,6 +256,30 @@ def _run(args: argparse.Namespace) -> int:
 # flags a resumed run may change: they decide how long and how often, not what is learned
 # from which batches (max_iters also re-fits the rest of the cosine schedule to the new end)
 RESUME_SAFE = ("max_iters", "eval_interval", "eval_iters", "compile", "device", "attention")
+
+
+def _init_source(args: argparse.Namespace, data_given: bool) -> Any:
+    """The checkpoint --init_from names (attnlab's or a Hugging Face directory), after
+    refusing the flags that would contradict it: its model and tokenizer are the run's."""
+    from ..checkpoint import load_checkpoint
+    from ..data import BUILTINS
+    from ..model import GPTConfig
+
+    if not data_given or args.data in BUILTINS:  # a built-in brings its own tokenizer
+        raise CLIError("--init_from needs --data: the text file or folder to fine-tune on")
+    model_flags = sorted(set(config_overrides(args, GPTConfig)) - {"dropout"})
+    given = [f"--{n}" for n in model_flags] + [
+        f"--{n}" for n in ("arch", "preset", "tokenizer") if getattr(args, n) is not None]
+    if given:
+        raise CLIError(f"--init_from {args.init_from} brings its model and tokenizer; "
+                       f"{', '.join(given)} would change them (of the model flags only "
+                       "--dropout applies)")
+    try:
+        init = load_checkpoint(args.init_from)
+    except (OSError, ValueError) as err:
+        raise CLIError(f"--init_from {args.init_from}: {err}") from None
+    init.path = Path(args.init_from)
+    return init
 
 
 def _out_dir(args: argparse.Namespace) -> Path:
