@@ -506,6 +506,12 @@ def test_init_from_fine_tunes_a_hugging_face_directory_and_keeps_its_family(
     assert 0 < moved < 1e-3  # two steps of lr 1e-5 from the source, not a fresh model
     assert main(["export", str(tmp_path / "run"), str(tmp_path / "out")]) == 0
     assert '"MistralForCausalLM"' in (tmp_path / "out" / "config.json").read_text()
+    # a resumed fine-tune still knows where it came from (its checkpoints lost the family)
+    assert main(["train", "--quiet", "--resume", "--out", str(tmp_path / "run"),
+                 "--max_iters", "3"]) == 0
+    resumed = load_checkpoint(tmp_path / "run").meta
+    assert resumed["step"] == 3 and resumed["family"] == "mistral"
+    assert resumed["init_from"] == str(tmp_path / "hf")
 
     for extra, refused in ((["--n_layer", "3"], "--n_layer would change them"),
                            (["--resume"], "choose one")):

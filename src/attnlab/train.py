@@ -30,7 +30,13 @@ from typing import Any
 import torch
 
 from .budget import Budget, parse_duration
-from .checkpoint import Checkpoint, load_checkpoint, load_train_state, save_checkpoint
+from .checkpoint import (
+    Checkpoint,
+    load_checkpoint,
+    load_train_state,
+    read_config,
+    save_checkpoint,
+)
 from .data import Dataset, SentenceDataset, TaskDataset, bits_per_byte
 from .distributed import World, setup, teardown
 from .model import GPT, GPTConfig, count_params
@@ -256,8 +262,13 @@ def _train(
     history: list[dict[str, Any]] = []
     start = 0
     ckpt = out / "ckpt"
+    # a fine-tune's source, kept in every checkpoint (export keeps the family: a Mistral
+    # stays a Mistral): from `init`, or from the checkpoint a resume continues
+    origin = {} if init is None else {"init_from": str(init.path), **{
+        k: v for k, v in init.meta.items() if k == "family"}}
     if resume:
         start, history = _restore(ckpt, model, optimizer, data_gen, model_config, world)
+        origin = {k: v for k, v in read_config(ckpt)[1].items() if k in ("init_from", "family")}
     elif world.size > 1:
         torch.manual_seed(config.seed + world.rank)  # its own dropout noise on every rank
     ddp = None
@@ -308,10 +319,7 @@ def _train(
                     "dataset": dataset.name, "val_loss": result.val_loss,
                     "val_bpb": result.val_bpb, "val_step": result.val_step,
                     "world_size": world.size}
-            if init is not None:  # export keeps the family (a Mistral stays a Mistral)
-                meta["init_from"] = str(init.path)
-                if "family" in init.meta:
-                    meta["family"] = init.meta["family"]
+            meta.update(origin)
             for key in ("source", "fingerprint"):  # a text file's: see TextDataset
                 if getattr(dataset, key, None) is not None:
                     meta[f"data_{key}"] = getattr(dataset, key)
