@@ -406,6 +406,11 @@ def test_export_writes_a_directory_transformers_loads(
     assert "GPT2LMHeadModel cannot express this model" in capsys.readouterr().err
     assert main(["export", str(ckpt), str(out), "--overwrite", "--family", "mistral"]) == 0
     assert load_checkpoint(out).meta["family"] == "mistral"
+    # the exported directory remembers it: exported again, it stays a Mistral (a Mistral
+    # without a window was written as the first family that fits, Llama)
+    capsys.readouterr()
+    assert main(["export", str(out), str(tmp_path / "again")]) == 0
+    assert "as MistralForCausalLM (mistral)" in capsys.readouterr().out
 
 
 def test_save_hf_with_its_arguments_swapped_says_which_comes_first(tmp_path: Path) -> None:

@@ -8,6 +8,7 @@ from __future__ import annotations
 import argparse
 import time
 from pathlib import Path
+from typing import Any
 
 from . import CLIError, add_checkpoint_argument
 
@@ -26,9 +27,10 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
     add_checkpoint_argument(parser)
     parser.add_argument("out", metavar="OUT", help="directory to write")
     parser.add_argument("--family", choices=FAMILY_NAMES, default=None,
-                        help="model_type to write (default: the first family that expresses "
-                        "the config exactly: gpt2 for attnlab's default blocks, llama for "
-                        "--arch llama)")
+                        help="model_type to write (default: the family the checkpoint came "
+                        "from, for a Hugging Face directory or a fine-tune of one, else the "
+                        "first family that expresses the config exactly: gpt2 for attnlab's "
+                        "default blocks, llama for --arch llama)")
     parser.add_argument("--overwrite", action="store_true",
                         help="replace the model in OUT if it holds one")
     return parser
@@ -46,7 +48,7 @@ def run(args: argparse.Namespace) -> int:
         raise CLIError(f"OUT {out} is a file; give a directory (created if missing)")
     began = time.perf_counter()
     ckpt = load_checkpoint(args.checkpoint)
-    family = args.family or family_for_config(ckpt.model.config).name
+    family = args.family or _source_family(ckpt) or family_for_config(ckpt.model.config).name
     save_hf(out, ckpt.model, ckpt.tokenizer, family=family)
     architecture = read_hf_config(out)["architectures"][0]
     files = sorted(p.name for p in out.iterdir() if p.is_file())
@@ -55,3 +57,15 @@ def run(args: argparse.Namespace) -> int:
     print(f"next     attnlab info {out}\n"
           f"         transformers.AutoModelForCausalLM.from_pretrained({str(out)!r})")
     return 0
+
+
+def _source_family(ckpt: Any) -> str | None:
+    """The family the checkpoint came from (a Hugging Face directory, or a fine-tune of one:
+    meta "family") where it still expresses the model: a Mistral without a window stays a
+    Mistral, not the first family that fits (Llama)."""
+    from ..hf import FAMILIES
+
+    name = ckpt.meta.get("family")
+    family = next((f for f in FAMILIES if f.name == name), None)
+    return name if family is not None and not family.misfits(ckpt.model.config) else None
+
