@@ -519,3 +519,33 @@ def test_init_from_fine_tunes_a_hugging_face_directory_and_keeps_its_family(
         assert main(["train", "--quiet", "--out", str(tmp_path / "other"), *flags,
                      *extra]) == 1
         assert refused in capsys.readouterr().err
+
+
+def test_seq_len_fine_tunes_a_long_context_model_on_shorter_windows(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A fine-tune trained on windows of the model's whole context, so a text shorter than
+    that (a 512-token model here; 32k for Qwen) could not be used; --seq_len sets the
+    windows and leaves the model's context as it was."""
+    import torch
+
+    from attnlab import GPT, GPTConfig, save_hf
+    from attnlab.tokenizers import CharTokenizer
+
+    text = "the quick brown fox jumps over the lazy dog\n" * 80  # ~350 validation tokens
+    (tmp_path / "text.txt").write_text(text)
+    torch.manual_seed(0)
+    config = GPTConfig(vocab_size=32, block_size=512, n_layer=1, n_head=2, n_embd=16,
+                       bias=False, mlp="swiglu", norm="rmsnorm", pos="rope", init_std=None)
+    save_hf(tmp_path / "hf", GPT(config), CharTokenizer.from_text(text), family="llama")
+    flags = ["--data", str(tmp_path / "text.txt"), "--init_from", str(tmp_path / "hf"),
+             "--max_iters", "2", "--eval_interval", "2", "--eval_iters", "1",
+             "--batch_size", "2", "--lr", "1e-5", "--warmup_iters", "0"]
+    assert _train(tmp_path, *flags) == 1
+    assert "block_size=512 is larger than the data allows" in capsys.readouterr().err
+    assert _train(tmp_path, *flags, "--seq_len", "32") == 0
+    tuned = load_checkpoint(tmp_path / "run")
+    assert tuned.model.config.block_size == 512 and tuned.meta["train_config"]["seq_len"] == 32
+    assert _train(tmp_path, *flags, "--seq_len", "600", "--overwrite") == 1
+    assert "seq_len=600 is longer than the model's context (block_size=512)" in (
+        capsys.readouterr().err)

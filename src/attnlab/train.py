@@ -71,10 +71,16 @@ class TrainConfig:
     attention: str = "auto"
     device: str = "auto"  # auto (CUDA if present, else CPU) | cpu | cuda | cuda:N | mps
     seed: int = 1337  # seeds init, batches and dropout
+    # tokens per training sequence on text; None: the model's whole context (block_size).
+    # Fewer fine-tune a long-context model (2048 for SmolLM, 32k for Qwen) on a CPU
+    seq_len: int | None = None
 
     def __post_init__(self) -> None:
-        for name in ("max_iters", "batch_size", "grad_accum", "eval_interval", "eval_iters"):
+        for name in ("max_iters", "batch_size", "grad_accum", "eval_interval", "eval_iters",
+                     "seq_len"):
             value = getattr(self, name)
+            if name == "seq_len" and value is None:
+                continue
             if not isinstance(value, int) or value < 1:
                 raise ValueError(f"TrainConfig.{name}={value!r} must be a positive integer")
         if not 0 < self.lr < math.inf:
@@ -142,8 +148,9 @@ def make_optimizer(model: GPT, config: TrainConfig) -> torch.optim.Optimizer:
     return torch.optim.AdamW(groups, lr=config.lr, betas=(0.9, config.beta2), fused=True)
 
 
-def sequence_length(model_config: GPTConfig, dataset: Dataset) -> int:
-    """Training context: the model's block_size on text, a task's own length otherwise."""
+def sequence_length(model_config: GPTConfig, dataset: Dataset, seq_len: int | None = None) -> int:
+    """Training context: `seq_len` or else the model's block_size on text, a task's own
+    length otherwise."""
     if isinstance(dataset, (SentenceDataset, TaskDataset)):
         needed = dataset.max_block_size
         if needed > model_config.block_size:
@@ -151,6 +158,9 @@ def sequence_length(model_config: GPTConfig, dataset: Dataset) -> int:
                 f"dataset {dataset.name!r} needs block_size >= {needed}, the model has "
                 f"{model_config.block_size}; pass --block_size {needed}"
             )
+        if seq_len is not None and seq_len != needed:
+            raise ValueError(f"seq_len={seq_len}: dataset {dataset.name!r} trains on its own "
+                             f"{needed}-token examples; drop --seq_len (it is for text data)")
         return needed
     if dataset.max_block_size < 1:  # "hello world": one token of validation text
         raise ValueError(
@@ -158,13 +168,19 @@ def sequence_length(model_config: GPTConfig, dataset: Dataset) -> int:
             f"{dataset.max_block_size + 1} token(s), and a sequence needs at least 2 (one to "
             "read, one to predict); give it more text (a few thousand characters at least)"
         )
-    if model_config.block_size > dataset.max_block_size:
+    if seq_len is not None and seq_len > model_config.block_size:
+        raise ValueError(f"seq_len={seq_len} is longer than the model's context "
+                         f"(block_size={model_config.block_size}); use --seq_len "
+                         f"{model_config.block_size} or less")
+    length = model_config.block_size if seq_len is None else seq_len
+    flag = "--block_size" if seq_len is None else "--seq_len"
+    if length > dataset.max_block_size:
         raise ValueError(
-            f"block_size={model_config.block_size} is larger than the data allows "
-            f"({dataset.max_block_size + 1} tokens in the smaller split); use --block_size "
+            f"{flag.removeprefix('--')}={length} is larger than the data allows "
+            f"({dataset.max_block_size + 1} tokens in the smaller split); use {flag} "
             f"{max(1, dataset.max_block_size)} or less, or more text"
         )
-    return model_config.block_size
+    return length
 
 
 @torch.no_grad()
@@ -233,7 +249,7 @@ def train(
         raise ValueError(f"init: the checkpoint in {init.path} has config "
                          f"{init.model.config}, this run asks for {model_config}; fine-tune "
                          "with the checkpoint's own config (dropout may differ)")
-    seq_len = sequence_length(model_config, dataset)
+    seq_len = sequence_length(model_config, dataset, config.seq_len)
     config = dataclasses.replace(config)  # a time budget fits max_iters: not the caller's
     world, started = setup(config.device)
     try:

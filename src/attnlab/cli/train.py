@@ -185,7 +185,7 @@ def _run(args: argparse.Namespace) -> int:
             raise CLIError(f"--time_budget {train_config.time_budget} and --max_iters "
                            f"{train_config.max_iters}: choose one (a budget sets the steps)")
         try:  # a task too long for --block_size: refused now, not in the "before" report
-            sequence_length(model_config, dataset)
+            sequence_length(model_config, dataset, train_config.seq_len)
         except ValueError as err:
             raise CLIError(str(err)) from None
         old = _find_run(args)  # refuses to overwrite a run unless --overwrite
