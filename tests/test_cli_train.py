@@ -512,6 +512,10 @@ def test_init_from_fine_tunes_a_hugging_face_directory_and_keeps_its_family(
     resumed = load_checkpoint(tmp_path / "run").meta
     assert resumed["step"] == 3 and resumed["family"] == "mistral"
     assert resumed["init_from"] == str(tmp_path / "hf")
+    capsys.readouterr()
+    assert main(["info", str(tmp_path / "run")]) == 0  # it raised KeyError: 'architecture'
+    assert f"fine-tuned  from {tmp_path / 'hf'} (Hugging Face mistral)" in (
+        capsys.readouterr().out)
 
     for extra, refused in ((["--n_layer", "3"], "--n_layer would change them"),
                            (["--resume"], "choose one")):

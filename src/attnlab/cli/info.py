@@ -64,7 +64,10 @@ def run(args: argparse.Namespace) -> int:
           f"{c['n_embd']} dims, context {c['block_size']}, vocab {c['vocab_size']}: "
           f"{info['parameters']:,} parameters")
     print("config      " + ", ".join(f"{k}={v}" for k, v in c.items()))
-    if meta.get("family"):
+    if meta.get("init_from"):  # a fine-tune (attnlab train --init_from)
+        family = f" (Hugging Face {meta['family']})" if meta.get("family") else ""
+        print(f"fine-tuned  from {meta['init_from']}{family}")
+    elif meta.get("family"):  # a Hugging Face directory
         print(f"family      {meta['architecture']} (Hugging Face {meta['family']} directory)")
     if tok is None:
         print("tokenizer   none")
