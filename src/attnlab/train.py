@@ -34,7 +34,6 @@ from .checkpoint import (
     Checkpoint,
     load_checkpoint,
     load_train_state,
-    read_config,
     save_checkpoint,
 )
 from .data import Dataset, SentenceDataset, TaskDataset, bits_per_byte
@@ -280,11 +279,11 @@ def _train(
     ckpt = out / "ckpt"
     # a fine-tune's source, kept in every checkpoint (export keeps the family: a Mistral
     # stays a Mistral): from `init`, or from the checkpoint a resume continues
-    origin = {} if init is None else {"init_from": str(init.path), **{
-        k: v for k, v in init.meta.items() if k == "family"}}
+    origin = {} if init is None else {**_origin(init.meta), "init_from": str(init.path)}
     if resume:
-        start, history = _restore(ckpt, model, optimizer, data_gen, model_config, world)
-        origin = {k: v for k, v in read_config(ckpt)[1].items() if k in ("init_from", "family")}
+        start, history, saved_meta = _restore(ckpt, model, optimizer, data_gen, model_config,
+                                              world)
+        origin = _origin(saved_meta)
     elif world.size > 1:
         torch.manual_seed(config.seed + world.rank)  # its own dropout noise on every rank
     ddp = None
@@ -491,7 +490,9 @@ def _finish(
 def _restore(
     ckpt: Path, model: GPT, optimizer: torch.optim.Optimizer, data_gen: torch.Generator,
     model_config: GPTConfig, world: World,
-) -> tuple[int, list[dict[str, Any]]]:
+) -> tuple[int, list[dict[str, Any]], dict[str, Any]]:
+    """Load the run's checkpoint into the model, optimizer and generators: (step, history,
+    the checkpoint's meta)."""
     saved = load_checkpoint(ckpt)
     if saved.model.config != model_config:
         raise ValueError(
@@ -505,7 +506,12 @@ def _restore(
     ranks = state.get("torch_rng_ranks") or [state["torch_rng"]]
     torch.set_rng_state(ranks[world.rank] if len(ranks) == world.size else state["torch_rng"])
     data_gen.set_state(state["data_rng"])
-    return int(state["step"]), list(json.loads(state["history"]))
+    return int(state["step"]), list(json.loads(state["history"])), saved.meta
+
+
+def _origin(meta: dict[str, Any]) -> dict[str, Any]:
+    """What a checkpoint's meta says of the model a fine-tune started from."""
+    return {k: meta[k] for k in ("init_from", "family") if k in meta}
 
 
 def _lay_out_like_params(optimizer: torch.optim.Optimizer) -> None:
