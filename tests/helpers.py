@@ -69,6 +69,21 @@ def one_head_model() -> Any:
     return model
 
 
+def tokenizer_with_holes() -> Any:
+    """A tokenizer.json-style HFTokenizer whose ids have holes: <unk>, <s>, </s> at 0-2 and
+    the characters a, b, c at their code points 97-99 (ids 0..99, six of them tokens)."""
+    import pytest
+
+    tk = pytest.importorskip("tokenizers")
+    from attnlab.tokenizers import HFTokenizer
+
+    vocab = {"<unk>": 0, "<s>": 1, "</s>": 2, **{chr(i): i for i in range(97, 100)}}
+    backend = tk.Tokenizer(tk.models.WordLevel(vocab, unk_token="<unk>"))
+    backend.pre_tokenizer = tk.pre_tokenizers.Split("", "isolated")
+    backend.decoder = tk.decoders.Fuse()
+    return HFTokenizer(backend, name="hf:tokenizer.json")
+
+
 def linears_laid_out(model: torch.nn.Module) -> bool:
     """Whether `model` has Linear layers and each weight has the memory GPT gives it, its
     longer side along rows (`GPT.lay_out_weights`)."""

@@ -307,14 +307,9 @@ def test_generation_never_samples_an_id_its_tokenizer_has_no_token_for() -> None
     """A tokenizer.json with holes in its ids (here 6 tokens among ids 0..99): sampling from
     a random model would pick a hole nearly every step; generate_text leaves them out
     (`Tokenizer.unused_ids`), as it leaves out ids past the tokenizer's vocab_size."""
-    tk = pytest.importorskip("tokenizers")
-    from attnlab.tokenizers import HFTokenizer
+    from helpers import tokenizer_with_holes
 
-    vocab = {"<unk>": 0, "<s>": 1, "</s>": 2, **{chr(i): i for i in range(97, 100)}}
-    backend = tk.Tokenizer(tk.models.WordLevel(vocab, unk_token="<unk>"))
-    backend.pre_tokenizer = tk.pre_tokenizers.Split("", "isolated")
-    backend.decoder = tk.decoders.Fuse()
-    tok = HFTokenizer(backend, name="hf:tokenizer.json")
+    tok = tokenizer_with_holes()
     model = _model(vocab_size=100)
     text = generate_text(model, tok, ["abc"], max_new_tokens=25, temperature=2.0, seed=0)[0]
     assert re.fullmatch(r"(a|b|c|<unk>|<s>|</s>){25}", text), text
