@@ -283,7 +283,9 @@ class HFTokenizer(Tokenizer):
         # be smaller than that and would refuse real ids
         ids = set(backend.get_vocab(with_added_tokens=True).values())
         self.name, self.vocab_size = name, max(ids, default=-1) + 1
-        self.unused_ids = frozenset(range(self.vocab_size)) - ids  # ids naming no token
+        # ids naming no token (none in a vocabulary numbered 0..n-1, nearly every one)
+        self.unused_ids = frozenset(range(self.vocab_size)) - ids if len(ids) < self.vocab_size \
+            else frozenset()
         # byte-level BPE (GPT-2, Qwen, Pythia): a token's characters stand for bytes
         decoder = backend.decoder
         self._byte_level = decoder is not None and '"ByteLevel"' in str(decoder.__getstate__())
