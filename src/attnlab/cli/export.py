@@ -63,9 +63,9 @@ def _source_family(ckpt: Any) -> str | None:
     """The family the checkpoint came from (a Hugging Face directory, or a fine-tune of one:
     meta "family") where it still expresses the model: a Mistral without a window stays a
     Mistral, not the first family that fits (Llama)."""
-    from ..hf import FAMILIES
+    from ..hf import FAMILY_BY_NAME
 
     name = ckpt.meta.get("family")
-    family = next((f for f in FAMILIES if f.name == name), None)
+    family = FAMILY_BY_NAME.get(name) if isinstance(name, str) else None
     return name if family is not None and not family.misfits(ckpt.model.config) else None
 

@@ -43,6 +43,7 @@ from .registry import Family
 
 # export picks the first family a GPTConfig fits, so the plainest comes first
 FAMILIES: tuple[Family, ...] = (GPT2, LLAMA, MISTRAL, QWEN2, QWEN3, GPT_NEOX)
+FAMILY_BY_NAME: dict[str, Family] = {f.name: f for f in FAMILIES}
 
 __all__ = [
     "CONFIG_FILE",
@@ -190,10 +191,10 @@ def save_hf(path: str | Path, model: GPT, tokenizer: Tokenizer | None = None, *,
         raise TypeError(f"save_hf(path, model, tokenizer): model is a {type(model).__name__}, "
                         "not an attnlab GPT (the directory comes first)")
     if isinstance(family, str):
-        by_name = {f.name: f for f in FAMILIES}
-        if family not in by_name:
-            raise ValueError(f"unknown family {family!r}; choose one of {sorted(by_name)}")
-        family = by_name[family]
+        if family not in FAMILY_BY_NAME:
+            raise ValueError(f"unknown family {family!r}; choose one of "
+                             f"{sorted(FAMILY_BY_NAME)}")
+        family = FAMILY_BY_NAME[family]
     family = family or family_for_config(model.config)
     # null ids without a tokenizer: transformers would fill in the family's own (GPT-2's
     # 50256), outside a small vocabulary
