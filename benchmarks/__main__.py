@@ -23,7 +23,7 @@ from typing import Any
 
 import torch
 
-from attnlab.runtime import reuse_freed_memory
+from attnlab.model.runtime import reuse_freed_memory
 
 from .common import describe_machine, machine, render
 

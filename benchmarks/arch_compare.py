@@ -1,6 +1,6 @@
 """`attnlab train --arch llama` vs the GPT-2-style recipe on tiny Shakespeare, side by side.
 
-Both arches train the text recipe of `attnlab.recipes.recipe` (the "tiny" shape, its
+Both arches train the text recipe of `attnlab.train.recipes.recipe` (the "tiny" shape, its
 schedule and dtype); `--arch llama` swaps in RoPE, RMSNorm, SwiGLU and no biases with d_ff
 chosen for the same parameter count. One torch thread; the clock is this process's CPU
 time (`common.clock`), so the budget is the same for both: the GPT-2-style run's time to
@@ -18,10 +18,10 @@ from typing import Any
 
 import torch
 
-from attnlab.data import load_dataset
-from attnlab.model import count_params
-from attnlab.recipes import recipe
-from attnlab.train import train
+from attnlab.model.gpt import count_params
+from attnlab.train.data import load_dataset
+from attnlab.train.loop import train
+from attnlab.train.recipes import recipe
 
 from .common import machine, table
 

@@ -18,7 +18,7 @@ from typing import Any
 
 import torch
 
-from attnlab.runtime import linear_kernel
+from attnlab.model.runtime import linear_kernel
 
 
 def median_ms(times_s: Sequence[float]) -> float:

@@ -28,8 +28,8 @@ import torch
 from attnlab.generate import decode_one_token, generate, prefill
 from attnlab.hf import gpt_from_hf
 from attnlab.model import DecodeStep
-from attnlab.recipes import fast_bf16
-from attnlab.runtime import reuse_freed_memory
+from attnlab.model.runtime import reuse_freed_memory
+from attnlab.train.recipes import fast_bf16
 
 from .common import alternate, clock, machine, median_ms, render, table
 

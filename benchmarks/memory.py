@@ -15,7 +15,7 @@ from typing import Any
 
 import torch
 
-from attnlab.model import GPT, GPTConfig
+from attnlab.model.gpt import GPT, GPTConfig
 
 from .common import machine, table
 
@@ -24,14 +24,14 @@ _PRELUDE = """
 import json, resource, sys, tempfile
 import numpy as np, torch
 torch.set_num_threads(1)
-from attnlab.model import GPT, GPTConfig
+from attnlab.model.gpt import GPT, GPTConfig
 config = GPTConfig(**{shape})
 """
 _IMPORT_ONLY = ""
 _TRAIN = """
-from attnlab.data import TextDataset
+from attnlab.train.data import TextDataset
 from attnlab.tokenizers import get_tokenizer
-from attnlab.train import TrainConfig, train
+from attnlab.train.loop import TrainConfig, train
 ids = np.random.default_rng(0).integers(0, config.vocab_size, 200_000, dtype=np.uint16)
 tok = get_tokenizer("char", "".join(chr(32 + i) for i in range(config.vocab_size)))
 data = TextDataset("random", tok, ids[:180_000], ids[180_000:])

@@ -27,9 +27,9 @@ from typing import Any
 
 import torch
 
-from attnlab.decode import _Affine, half_weights
 from attnlab.generate import generate
-from attnlab.model import GPT, GPTConfig
+from attnlab.model.decode import _Affine, half_weights
+from attnlab.model.gpt import GPT, GPTConfig
 
 from .common import alternate, clock, machine, median_ms, table
 from .decode import PROMPT, build_pair

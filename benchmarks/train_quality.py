@@ -1,4 +1,4 @@
-"""Training to quality: wall time until `attnlab.train.train` reaches val loss 1.90.
+"""Training to quality: wall time until `attnlab.train.loop.train` reaches val loss 1.90.
 
 tiny Shakespeare, char tokenizer, the real training loop (evaluations and checkpoints
 included in the time, as in nanoGPT's own run). Two recipes: attnlab running nanoGPT's
@@ -27,15 +27,15 @@ from typing import Any
 
 import torch
 
-from attnlab.data import Dataset, load_dataset
-from attnlab.model import GPT, GPTConfig
-from attnlab.runtime import SlowBF16Warning
-from attnlab.train import TrainConfig, evaluate, sequence_length
+from attnlab.model.gpt import GPT, GPTConfig
+from attnlab.model.runtime import SlowBF16Warning
+from attnlab.train.data import Dataset, load_dataset
+from attnlab.train.loop import TrainConfig, evaluate, sequence_length
 
 from .common import machine, table
 
-# the module, not the `attnlab.train` function that attnlab/__init__.py re-exports
-train_mod: Any = importlib.import_module("attnlab.train")
+# the module, not the `attnlab.train.loop` function that attnlab/__init__.py re-exports
+train_mod: Any = importlib.import_module("attnlab.train.loop")
 
 TARGET_LOSS = 1.90
 DATA = Path(__file__).resolve().parents[2] / "shared" / "data" / "tinyshakespeare.txt"

@@ -26,11 +26,11 @@ from typing import Any
 import numpy as np
 import torch
 
-from attnlab.data import TextDataset
-from attnlab.model import GPT, GPTConfig
-from attnlab.runtime import fast_bf16
+from attnlab.model.gpt import GPT, GPTConfig
+from attnlab.model.runtime import fast_bf16
 from attnlab.tokenizers import get_tokenizer
-from attnlab.train import TrainConfig, make_optimizer
+from attnlab.train.data import TextDataset
+from attnlab.train.loop import TrainConfig, make_optimizer
 
 from . import nanogpt_baseline as nano
 from .common import alternate, machine, matmul_peak_gflops, table
@@ -88,7 +88,7 @@ def flops_per_token(config: GPTConfig, num_params: int) -> float:
 def attnlab_step(
     model_config: GPTConfig, config: TrainConfig, ids: np.ndarray, lever: Lever = Lever()
 ) -> tuple[Callable[[], float], GPT]:
-    """One step of `attnlab.train.train`'s loop, as a closure (grad_accum=1, one process).
+    """One step of `attnlab.train.loop.train`'s loop, as a closure (grad_accum=1, one process).
 
     Left out: the per-step append of a JSON line to metrics.jsonl (tens of microseconds).
     """

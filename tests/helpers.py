@@ -11,8 +11,8 @@ from typing import Any
 
 import torch
 
-import attnlab.decode as decode
-from attnlab.model import laid_out
+import attnlab.model.decode as decode
+from attnlab.model.gpt import laid_out
 
 
 def left_padded(
@@ -53,7 +53,6 @@ def one_head_model() -> Any:
     it copies the tokens' one-hot vectors and its output projection writes them to dims 4-7,
     the only dims the unembedding reads. So that head alone carries the answer."""
     from attnlab import GPT, GPTConfig
-
     config = GPTConfig(vocab_size=4, block_size=8, n_layer=2, n_head=2, n_embd=8, bias=False,
                        mlp="none", norm="none", tie_weights=False, init_std=None)
     model = GPT(config).eval()

@@ -10,10 +10,10 @@ import pytest
 import torch
 
 from attnlab import GPT, GPTConfig, show
-from attnlab.heads import detect_heads
-from attnlab.intervene import head_means
-from attnlab.lens import logit_attribution, logit_lens
-from attnlab.patching import activation_patching, logit_diff_metric
+from attnlab.interp.edits import head_means
+from attnlab.interp.heads import detect_heads
+from attnlab.interp.lens import logit_attribution, logit_lens
+from attnlab.interp.patching import activation_patching, logit_diff_metric
 
 IDS = torch.randint(0, 65, (1, 10), generator=torch.Generator().manual_seed(0))
 OTHER = torch.randint(0, 65, (1, 10), generator=torch.Generator().manual_seed(1))

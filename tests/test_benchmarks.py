@@ -11,8 +11,8 @@ import torch
 
 from attnlab.cli import main as cli_main
 from attnlab.cli.bench import find_checkout
-from attnlab.model import GPT, GPTConfig
-from attnlab.trace import Trace
+from attnlab.model.gpt import GPT, GPTConfig
+from attnlab.model.trace import Trace
 
 ROOT = Path(__file__).resolve().parents[1]  # this checkout's benchmarks/, not an install's
 if not (ROOT / "benchmarks" / "__main__.py").is_file():  # pragma: no cover

@@ -12,7 +12,8 @@ from safetensors import safe_open
 from safetensors.torch import save_file, save_model
 
 from attnlab import GPT, GPTConfig
-from attnlab.checkpoint import WEIGHTS_FILE, load_checkpoint, save_checkpoint
+from attnlab.checkpoint import WEIGHTS_FILE, save_checkpoint
+from attnlab.load import load_checkpoint
 from attnlab.tokenizers import CharTokenizer
 from helpers import linears_laid_out, make_row_major
 
@@ -48,7 +49,7 @@ def test_loading_imports_no_compiler(tmp_path: Path) -> None:
     import sys
 
     path = save_checkpoint(tmp_path / "ckpt", _model(True), CharTokenizer.from_text("abc"))
-    code = ("import sys; from attnlab.checkpoint import load_checkpoint; "
+    code = ("import sys; from attnlab.load import load_checkpoint; "
             f"load_checkpoint({str(path)!r}); "
             "print([m for m in ('torch._dynamo', 'sympy') if m in sys.modules])")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
@@ -127,7 +128,7 @@ def test_configs_saved_before_the_family_switches_load(tmp_path: Path) -> None:
 def test_a_tokenizer_with_more_ids_than_the_model_is_refused_at_load(tmp_path: Path) -> None:
     """One check (tokenizers.check_fits) for load_checkpoint, load_hf_checkpoint, the server,
     generation and show: a tokenizer's ids past the model's vocab_size name no row."""
-    from attnlab.server import create_app
+    from attnlab.viewer.app import create_app
 
     model = GPT(GPTConfig.from_name("nano", vocab_size=3)).eval()
     wide = CharTokenizer.from_text("abcd")  # 4 ids

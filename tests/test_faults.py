@@ -23,11 +23,12 @@ from typing import Any
 import pytest
 import torch
 
-from attnlab.checkpoint import load_checkpoint, load_train_state, save_checkpoint
+from attnlab.checkpoint import load_train_state, save_checkpoint
 from attnlab.cli import main
-from attnlab.data import load_dataset
-from attnlab.model import GPTConfig
-from attnlab.train import TrainConfig, train
+from attnlab.load import load_checkpoint
+from attnlab.model.gpt import GPTConfig
+from attnlab.train.data import load_dataset
+from attnlab.train.loop import TrainConfig, train
 
 MAX_ITERS = 40
 FLAGS = ["--data", "copy", "--quiet", "--threads", "1", "--n_layer", "1", "--n_head", "1",

@@ -26,12 +26,13 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from attnlab import GPT, GPTConfig
-from attnlab.checkpoint import load_checkpoint, load_train_state
+from attnlab.checkpoint import load_train_state
 from attnlab.cli import main
-from attnlab.data import load_dataset
 from attnlab.generate import generate, generate_text, sample
+from attnlab.load import load_checkpoint
 from attnlab.tokenizers import Tokenizer, get_tokenizer, load_tokenizer
-from attnlab.train import TrainConfig, train
+from attnlab.train.data import load_dataset
+from attnlab.train.loop import TrainConfig, train
 
 FUZZ = settings(max_examples=40, deadline=None,
                 suppress_health_check=[HealthCheck.function_scoped_fixture])
@@ -257,7 +258,7 @@ def test_cli_wrong_values_get_one_line(
     import uvicorn
 
     monkeypatch.setattr(uvicorn, "run", accepted)  # never serve or train for real here
-    monkeypatch.setattr(sys.modules["attnlab.train"], "train", accepted)
+    monkeypatch.setattr(sys.modules["attnlab.train.loop"], "train", accepted)
     with tempfile.TemporaryDirectory() as tmp:
         monkeypatch.chdir(tmp)  # a run that wrongly starts writes nothing into the repo
         where = {"train": ["--quiet", "--out", str(Path(tmp) / "run")],

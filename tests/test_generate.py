@@ -12,7 +12,6 @@ from hypothesis import strategies as st
 
 import attnlab.generate as generate_mod
 from attnlab import GPT, GPTConfig, build_mask
-from attnlab.decode import decode_step
 from attnlab.generate import (
     generate,
     generate_text,
@@ -21,7 +20,8 @@ from attnlab.generate import (
     stream,
     stream_text,
 )
-from attnlab.intervene import Edits
+from attnlab.interp.edits import Edits
+from attnlab.model.decode import decode_step
 from attnlab.tokenizers import get_tokenizer
 from helpers import left_padded, modern_switches
 

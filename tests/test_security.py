@@ -25,8 +25,9 @@ import torch
 
 import attnlab
 from attnlab import GPT, GPTConfig
-from attnlab.checkpoint import load_checkpoint, load_train_state, save_checkpoint
+from attnlab.checkpoint import load_train_state, save_checkpoint
 from attnlab.cli import main
+from attnlab.load import load_checkpoint
 from attnlab.tokenizers import get_tokenizer
 from helpers import serving
 
@@ -155,7 +156,7 @@ def test_serve_binds_loopback_unless_told(ckpt: Path, monkeypatch: pytest.Monkey
     assert main(["serve", str(ckpt), "--host", "0.0.0.0", "--port", port]) == 0
     assert binds == ["127.0.0.1", "0.0.0.0"]
     if "fbgemm" in torch.backends.quantized.supported_engines:  # x86: float16 weights
-        import attnlab.decode as decode_mod
+        import attnlab.model.decode as decode_mod
 
         real, halved = decode_mod.half_weights, []
         monkeypatch.setattr(decode_mod, "half_weights", lambda m: halved.append(real(m)))
@@ -168,7 +169,7 @@ def server(ckpt: Path) -> Iterator[tuple[str, int]]:
     """uvicorn serving the saved checkpoint on a free loopback port, in a thread."""
     pytest.importorskip("fastapi")
 
-    from attnlab.server import ServeConfig, create_app
+    from attnlab.viewer.app import ServeConfig, create_app
 
     saved = load_checkpoint(ckpt)
     app = create_app(saved.model, saved.tokenizer, saved.meta,

@@ -1,27 +1,38 @@
 """attnlab: causal self-attention language models you can build, train, generate with,
 and look inside.
 
-The public API is re-exported here; each module below it holds one concept (attention,
-model, kv_cache, generate, train, trace, intervene, ...). The functions `train` and
-`generate` are not re-exported, since their names belong to their modules: write
-`from attnlab.generate import generate` and `from attnlab.train import train`.
+The public API is re-exported here. Below it, one package per job, each importing only the
+ones before it: `model` (the GPT and its parts), `tokenizers`, `viz` (figures),
+`checkpoint` and `hf` (attnlab's and Hugging Face's directories), `load` (open either),
+`interp` (edits, head detectors, patching, logit lens), `generate`, `train`, `viewer`
+(the HTTP viewer and the notebook view), `demos` (the seed reproductions) and `cli`.
+The functions `train` and `generate` are not re-exported, since their names belong to their
+modules: write `from attnlab.generate import generate` and `from attnlab.train import train`.
 """
 
-from .attention import CausalSelfAttention, Mask, attend, build_mask, causal_mask, padding_mask
-from .checkpoint import Checkpoint, load_checkpoint, save_checkpoint
-from .data import load_dataset
-from .decode import DecodeStep, half_weights
+from .checkpoint import Checkpoint, save_checkpoint
 from .generate import GenerationConfig, generate_text, stream, stream_text
 from .hf import load_hf, load_hf_gpt2, save_hf, save_hf_gpt2
-from .intervene import Edit, Edits
-from .kv_cache import KVCache
-from .layers import RMSNorm
-from .model import GPT, GPTConfig, ModelOutput, next_token_loss
-from .server import ServeConfig, create_app
-from .show import View, show
+from .interp.edits import Edit, Edits
+from .load import load_checkpoint
+from .model.attention import (
+    CausalSelfAttention,
+    Mask,
+    attend,
+    build_mask,
+    causal_mask,
+    padding_mask,
+)
+from .model.decode import DecodeStep, half_weights
+from .model.gpt import GPT, GPTConfig, ModelOutput, next_token_loss
+from .model.kv_cache import KVCache
+from .model.layers import RMSNorm
+from .model.trace import Trace
 from .tokenizers import Tokenizer, get_tokenizer, load_tokenizer
-from .trace import Trace
-from .train import TrainConfig, TrainResult
+from .train.data import load_dataset
+from .train.loop import TrainConfig, TrainResult
+from .viewer.app import ServeConfig, create_app
+from .viewer.notebook import View, show
 
 __version__ = "0.1.0"
 

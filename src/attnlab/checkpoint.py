@@ -28,8 +28,8 @@ from typing import Any, Union, get_args, get_origin, get_type_hints
 
 import torch
 
-from .distributed import resolve_device
-from .model import GPT, GPTConfig, empty_gpt
+from .model.gpt import GPT, GPTConfig, empty_gpt
+from .model.runtime import resolve_device
 from .tokenizers import Tokenizer, check_fits, load_tokenizer
 
 WEIGHTS_FILE = "model.safetensors"
@@ -82,7 +82,7 @@ def save_checkpoint(
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     # Two renames: the old checkpoint stays complete until the new one is in place, and
-    # `load_checkpoint` falls back to `.old` if a crash lands between them.
+    # `load_attnlab_checkpoint` falls back to `.old` if a crash lands between them.
     if directory.exists():
         os.replace(directory, old)
     os.replace(tmp, directory)
@@ -201,15 +201,12 @@ def _json_value_fits(value: Any, annotation: Any) -> bool:
     return kinds.get(annotation, False)
 
 
-def load_checkpoint(
+def load_attnlab_checkpoint(
     directory: str | Path, *, map_location: str | torch.device = "cpu"
 ) -> Checkpoint:
-    """Load model (eval mode), tokenizer and meta from a checkpoint directory, or from a
-    Hugging Face model directory of a supported family (`attnlab.hf`)."""
-    from .hf import is_hf_dir, load_hf_checkpoint  # hf builds on this module
-
-    if is_hf_dir(directory):
-        return load_hf_checkpoint(directory, map_location=map_location)
+    """Load model (eval mode), tokenizer and meta from an attnlab checkpoint directory (or a
+    run directory: its latest checkpoint). `attnlab.load_checkpoint` also opens Hugging Face
+    directories."""
     path = Path(directory)
     for _ in range(_READ_TRIES - 1):
         before = _identity(path)

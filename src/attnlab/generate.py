@@ -21,13 +21,13 @@ from typing import TYPE_CHECKING
 import torch
 from torch import Tensor
 
-from .decode import DecodeStep, decode_step
-from .kv_cache import KVCache
-from .model import GPT, require_eval
+from .model.decode import DecodeStep, decode_step
+from .model.gpt import GPT, require_eval
+from .model.kv_cache import KVCache
 from .tokenizers import check_fits
 
 if TYPE_CHECKING:
-    from .intervene import Edits
+    from .interp.edits import Edits
     from .tokenizers import Tokenizer
 
 

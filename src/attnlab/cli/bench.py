@@ -14,7 +14,7 @@ import importlib
 import sys
 from pathlib import Path
 
-from . import CLIError
+from .common import CLIError
 
 # benchmarks/__main__.py's SUITES (not importable from an installed package; a test holds
 # the two equal), then its two special names

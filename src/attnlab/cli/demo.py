@@ -17,7 +17,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from . import CLIError
+from .common import CLIError
 
 DEMOS = {
     "hello": 'seed 002: one attention layer learns that " World" follows "Hello"',
@@ -93,9 +93,9 @@ def _seed_002(
 ) -> int:
     import torch
 
-    from ..data import SentenceDataset
-    from ..model import GPT
-    from ..recipes import seed_experiment
+    from ..model.gpt import GPT
+    from ..train.data import SentenceDataset
+    from ..train.recipes import seed_experiment
 
     model_config, train_config, dataset = seed_experiment(name)
     if not isinstance(dataset, SentenceDataset):
@@ -135,8 +135,8 @@ def _seed_002(
 def _trained(name: str, out: Path, model_config: Any, train_config: Any, dataset: Any,
              retrain: bool) -> tuple[Any, str]:
     """The trained model: a checkpoint in out/ckpt of this exact recipe, or a new run."""
-    from ..checkpoint import load_checkpoint
-    from ..train import train
+    from ..load import load_checkpoint
+    from ..train.loop import train
 
     ckpt = out / "ckpt"
     recipe = dataclasses.asdict(train_config)
@@ -156,7 +156,7 @@ def _trained(name: str, out: Path, model_config: Any, train_config: Any, dataset
 def _trace(model: Any, x: Any) -> Any:
     import torch
 
-    from ..trace import Trace
+    from ..model.trace import Trace
 
     trace = Trace()
     with torch.no_grad():
@@ -259,8 +259,8 @@ def _averaging(out: Path, formats: list[str]) -> int:
     import torch
 
     from .. import viz
-    from ..attention import causal_mask
-    from ..averaging import AVERAGING_FORMS
+    from ..demos.averaging import AVERAGING_FORMS
+    from ..model.attention import causal_mask
 
     torch.manual_seed(1337)
     B, T, C = 4, 8, 2  # seed 004's sizes

@@ -10,7 +10,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from . import CLIError, add_checkpoint_argument
+from .common import CLIError, add_checkpoint_argument
 
 # hf.FAMILIES' names, listed here so `attnlab --help` imports nothing heavy (a test holds them
 # equal)
@@ -37,8 +37,8 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
 
 
 def run(args: argparse.Namespace) -> int:
-    from ..checkpoint import load_checkpoint
     from ..hf import family_for_config, read_hf_config, save_hf
+    from ..load import load_checkpoint
 
     out = Path(args.out)
     if (out / "config.json").exists() and not args.overwrite:

@@ -16,7 +16,7 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from . import CLIError, add_checkpoint_argument, count, unescape
+from .common import CLIError, add_checkpoint_argument, count, unescape
 
 if TYPE_CHECKING:
     from collections.abc import Iterator
@@ -106,7 +106,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
 def load_any(path: str, device: str = "cpu") -> Checkpoint:
     """A `Checkpoint` from an attnlab checkpoint or a Hugging Face model directory
     (`load_checkpoint` tells them apart)."""
-    from ..checkpoint import load_checkpoint
+    from ..load import load_checkpoint
 
     return load_checkpoint(path, map_location=device)
 
@@ -180,9 +180,9 @@ def _chat_var(item: str) -> tuple[str, Any]:
 def run(args: argparse.Namespace) -> int:
     import torch
 
-    from ..decode import half_weights
     from ..generate import stream_text
-    from ..runtime import warn_if_slow_bf16
+    from ..model.decode import half_weights
+    from ..model.runtime import warn_if_slow_bf16
 
     if args.threads is not None:
         if args.threads < 1:
@@ -230,7 +230,7 @@ def run(args: argparse.Namespace) -> int:
 
     edits = None
     if args.ablate is not None:  # "" too: ablating nothing would pass for an answer
-        from ..intervene import ablate, check_heads, parse_heads
+        from ..interp.edits import ablate, check_heads, parse_heads
 
         heads = parse_heads(args.ablate)
         check_heads(heads, model.config.n_layer, model.config.n_head)

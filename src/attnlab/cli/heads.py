@@ -14,7 +14,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from . import CLIError, add_checkpoint_argument, text_ids
+from .common import CLIError, add_checkpoint_argument, text_ids
 
 MIN_INDUCTION = 0.1  # a best induction score below this: no induction heads to ablate
 
@@ -40,10 +40,10 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
 def run(args: argparse.Namespace) -> int:
     import torch
 
-    from ..data import TaskDataset, load_dataset
-    from ..heads import DETECTORS, detect_heads, rank_heads, repeated_tokens, task_probe
-    from ..viz import save_figure
-    from ..viz_heads import plot_head_scores
+    from ..interp.heads import DETECTORS, detect_heads, rank_heads, repeated_tokens, task_probe
+    from ..train.data import TaskDataset, load_dataset
+    from ..viz.figures import save_figure
+    from ..viz.heads import plot_head_scores
     from .generate import load_any
 
     ckpt = load_any(args.checkpoint)
@@ -88,8 +88,8 @@ def _ablation(model: Any, dataset: Any, induction: Any, ranked: list[tuple[int, 
               ) -> dict[str, Any]:
     """The causal check: held-out accuracy intact, without the top induction heads (every
     head scoring at least half the best), and without as many of the lowest-scoring."""
-    from ..intervene import ablate
-    from ..recipes import answer_accuracy
+    from ..interp.edits import ablate
+    from ..train.recipes import answer_accuracy
 
     best = float(induction.max())
     if not best >= MIN_INDUCTION:  # nan too

@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from . import add_checkpoint_argument, count
+from .common import add_checkpoint_argument, count
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
@@ -24,9 +24,9 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
 
 
 def run(args: argparse.Namespace) -> int:
-    from ..checkpoint import STATE_FILE, load_checkpoint
-    from ..hf.files import NoTokenizerError
-    from ..tokenizers import Tokenizer
+    from ..checkpoint import STATE_FILE
+    from ..load import load_checkpoint
+    from ..tokenizers import NoTokenizerError, Tokenizer
 
     tok: Tokenizer | None
     try:

@@ -15,7 +15,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from . import CLIError, add_checkpoint_argument, count, text_ids
+from .common import CLIError, add_checkpoint_argument, count, text_ids
 
 #: what -> (trace names it needs, description for --help)
 WHAT: dict[str, tuple[tuple[str, ...], str]] = {
@@ -104,9 +104,9 @@ def run(args: argparse.Namespace) -> int:
     import torch
 
     from .. import viz
-    from ..checkpoint import load_checkpoint
-    from ..trace import Trace
-    from ..viz_save import FORMATS
+    from ..load import load_checkpoint
+    from ..model.trace import Trace
+    from ..viz.save import FORMATS
 
     kinds = parse_what(args.what)
     formats = [f.strip() for f in args.format.split(",") if f.strip()]
@@ -198,7 +198,7 @@ def run(args: argparse.Namespace) -> int:
         ],
     }
     if page:
-        from ..show import show
+        from ..viewer.notebook import show
 
         # pinned only when asked: a pinned token holds the page still under the pointer
         view = show(trace, tok, ids=ids, layer=layers[0], head=heads[0],

@@ -11,7 +11,7 @@ import argparse
 import json
 from pathlib import Path
 
-from . import CLIError, add_checkpoint_argument, text_ids
+from .common import CLIError, add_checkpoint_argument, text_ids
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
@@ -29,9 +29,9 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
 
 
 def run(args: argparse.Namespace) -> int:
-    from ..lens import lens_table
-    from ..viz import save_figure
-    from ..viz_heads import plot_lens
+    from ..interp.lens import lens_table
+    from ..viz.figures import save_figure
+    from ..viz.heads import plot_lens
     from .generate import load_any
 
     if args.top_k < 1:

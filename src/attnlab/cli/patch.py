@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from . import CLIError, add_checkpoint_argument, text_ids, unescape
+from .common import CLIError, add_checkpoint_argument, text_ids, unescape
 
 if TYPE_CHECKING:
     from ..tokenizers import Tokenizer
@@ -27,7 +27,7 @@ class Method:
     """What one --method runs and how its output names its numbers: attribution's effects
     are first-order estimates, not patches, and the printout and the figure say so."""
 
-    function: str  # the function of attnlab.patching that computes the effects
+    function: str  # the function of attnlab.interp.patching that computes the effects
     note: str  # after "heads by effect" in the printout
     title: str  # the figure's title
 
@@ -85,9 +85,9 @@ def _one_token(tok: Tokenizer, text: str, flag: str) -> int:
 def run(args: argparse.Namespace) -> int:
     import torch
 
-    from .. import patching
-    from ..viz import save_figure
-    from ..viz_heads import plot_patching
+    from ..interp import patching
+    from ..viz.figures import save_figure
+    from ..viz.heads import plot_patching
     from .generate import load_any
 
     ckpt = load_any(args.checkpoint)

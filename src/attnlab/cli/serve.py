@@ -7,11 +7,11 @@ import errno
 import socket
 import sys
 
-from . import CLIError, add_checkpoint_argument, add_config_flags, config_from_flags, count
+from .common import CLIError, add_checkpoint_argument, add_config_flags, config_from_flags, count
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
-    from ..server import ServeConfig
+    from ..viewer.app import ServeConfig
 
     parser = subparsers.add_parser(
         "serve",
@@ -35,7 +35,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
 
 
 def run(args: argparse.Namespace) -> int:
-    from ..server import ServeConfig, create_app
+    from ..viewer.app import ServeConfig, create_app
 
     if not 1 <= args.port <= 65535:
         raise CLIError(f"--port {args.port} is not a TCP port; choose one in 1..65535")
@@ -49,7 +49,7 @@ def run(args: argparse.Namespace) -> int:
             "install them with: pip install 'attnlab[serve]'"
         ) from err
 
-    from ..decode import half_weights
+    from ..model.decode import half_weights
     from .generate import load_any
 
     checkpoint = load_any(args.checkpoint)  # an attnlab checkpoint or a Hugging Face dir

@@ -15,15 +15,15 @@ import shlex
 from pathlib import Path
 from typing import Any
 
-from . import CLIError, add_config_flags, config_from_flags, config_overrides, count
+from .common import CLIError, add_config_flags, config_from_flags, config_overrides, count
 from .progress import Progress
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
-    from ..data import BUILTINS
-    from ..model import PRESETS, GPTConfig
-    from ..recipes import ARCHS
-    from ..train import TrainConfig
+    from ..model.config import PRESETS, GPTConfig
+    from ..train.data import BUILTINS
+    from ..train.loop import TrainConfig
+    from ..train.recipes import ARCHS
 
     parser = subparsers.add_parser(
         "train",
@@ -102,10 +102,10 @@ def _run(args: argparse.Namespace) -> int:
     import torch
 
     from ..checkpoint import read_config
-    from ..data import BUILTINS, SentenceDataset, TaskDataset, load_dataset
-    from ..model import GPTConfig
-    from ..recipes import recipe
-    from ..train import TrainConfig, sequence_length, train
+    from ..model.gpt import GPTConfig
+    from ..train.data import BUILTINS, SentenceDataset, TaskDataset, load_dataset
+    from ..train.loop import TrainConfig, sequence_length, train
+    from ..train.recipes import recipe
 
     if args.threads is not None:
         if args.threads < 1:
@@ -201,7 +201,7 @@ def _run(args: argparse.Namespace) -> int:
     elif init is not None:
         print(f"init     the weights of {init.path}")
     elif isinstance(dataset, TaskDataset):
-        from ..model import GPT
+        from ..model.gpt import GPT
 
         torch.manual_seed(train_config.seed)  # the untrained model train() starts from
         model_before = GPT(model_config)
@@ -261,9 +261,9 @@ RESUME_SAFE = ("max_iters", "eval_interval", "eval_iters", "compile", "device", 
 def _init_source(args: argparse.Namespace, data_given: bool) -> Any:
     """The checkpoint --init_from names (attnlab's or a Hugging Face directory), after
     refusing the flags that would contradict it: its model and tokenizer are the run's."""
-    from ..checkpoint import load_checkpoint
-    from ..data import BUILTINS
-    from ..model import GPTConfig
+    from ..load import load_checkpoint
+    from ..model.gpt import GPTConfig
+    from ..train.data import BUILTINS
 
     if not data_given or args.data in BUILTINS:  # a built-in brings its own tokenizer
         raise CLIError("--init_from needs --data: the text file or folder to fine-tune on")
@@ -284,7 +284,7 @@ def _init_source(args: argparse.Namespace, data_given: bool) -> Any:
 
 def _out_dir(args: argparse.Namespace) -> Path:
     """--out, or runs/<the data's name> (the name load_dataset gives it)."""
-    from ..data import BUILTINS
+    from ..train.data import BUILTINS
 
     name = args.data if args.data in BUILTINS else Path(args.data).name
     return Path(args.out) if args.out else Path("runs") / _slug(name)
@@ -321,7 +321,7 @@ def _remove_checkpoint(ckpt: Path) -> None:
 def _run_data(ckpt: Path, meta: dict[str, Any]) -> str:
     """The --data a resume of `ckpt` (whose meta is `meta`) reads when none is given: the file
     or directory the run trained on (kept in its checkpoint), or its built-in dataset."""
-    from ..data import BUILTINS
+    from ..train.data import BUILTINS
 
     name, source = meta.get("dataset"), meta.get("data_source")
     if source is not None and Path(source).exists():
@@ -341,9 +341,9 @@ def _resume_configs(
     (whose `read_config` is `saved_configs`) continues with: the saved ones, with only the
     RESUME_SAFE flags given again applied; any other flag that differs from the run's is
     refused, as is other data than the run trained on."""
-    from ..model import GPTConfig
-    from ..recipes import arch_of
-    from ..train import TrainConfig
+    from ..model.gpt import GPTConfig
+    from ..train.loop import TrainConfig
+    from ..train.recipes import arch_of
 
     model_config, meta = saved_configs
     saved = meta.get("train_config")
@@ -413,8 +413,8 @@ def _slug(name: str) -> str:
 
 
 def _describe(dataset: Any, model_config: Any, train_config: Any, resumed: bool) -> None:
-    from ..budget import CALIBRATION_STEPS, UNTIMED_STEPS, parse_duration
-    from ..model import count_params
+    from ..model.gpt import count_params
+    from ..train.budget import CALIBRATION_STEPS, UNTIMED_STEPS, parse_duration
 
     n_params = count_params(model_config)
     tc = train_config
@@ -443,7 +443,7 @@ def _describe(dataset: Any, model_config: Any, train_config: Any, resumed: bool)
 
 
 def _report_task(model: Any, dataset: Any, when: str) -> None:
-    from ..recipes import answer_accuracy
+    from ..train.recipes import answer_accuracy
 
     accuracy, rows = answer_accuracy(model, dataset, n=256)
     print(f"{when:<8} answer accuracy {accuracy:.1%} on 256 held-out examples")

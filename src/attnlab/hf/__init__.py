@@ -19,21 +19,19 @@ import torch
 from torch import Tensor
 
 from ..checkpoint import Checkpoint
-from ..distributed import resolve_device
-from ..model import GPT, GPTConfig, empty_gpt
+from ..model.gpt import GPT, GPTConfig, empty_gpt
+from ..model.runtime import resolve_device
 from ..tokenizers import Tokenizer, check_fits
-from .fields import Fields
-from .files import (
+from ..tokenizers.hf_dir import (
     CONFIG_FILE,
-    SAFETENSORS_FILE,
     HFDirTokenizer,
     eos_field,
     is_hf_dir,
     load_hf_tokenizer,
     read_hf_config,
-    read_weights,
-    write_hf_dir,
 )
+from .fields import Fields
+from .files import SAFETENSORS_FILE, read_weights, write_hf_dir
 from .gpt2 import GPT2
 from .gpt_neox import GPT_NEOX
 from .llama import LLAMA, MISTRAL

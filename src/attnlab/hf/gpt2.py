@@ -14,7 +14,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from ..model import GPTConfig
+from ..model.gpt import GPTConfig
 from .fields import Fields
 from .registry import Family, WeightMap, misfits_of
 

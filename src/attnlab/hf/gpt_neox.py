@@ -15,7 +15,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from ..model import GPTConfig
+from ..model.gpt import GPTConfig
 from .fields import Fields, rope_from_hf, rope_to_hf
 from .registry import Family, WeightMap, misfits_of
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..model import GPTConfig
+from ..model.gpt import GPTConfig
 from .fields import SILUS, Fields, rope_from_hf, rope_to_hf
 from .registry import Family, WeightMap, misfits_of
 

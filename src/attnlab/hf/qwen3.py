@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..model import GPTConfig
+from ..model.gpt import GPTConfig
 from .fields import Fields
 from .llama import (
     LLAMA_WEIGHTS,

@@ -18,7 +18,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from ..model import GPTConfig
+from ..model.gpt import GPTConfig
 from .fields import Fields
 
 QKV = ("query", "key", "value")

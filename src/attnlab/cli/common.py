@@ -1,0 +1,155 @@
+"""What every subcommand shares: `CLIError`, config dataclasses as flags (`add_config_flags`,
+`config_from_flags`), the checkpoint argument, and small text helpers. The parser and `main`
+are the package's `__init__`."""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import functools
+import json
+import re
+import types
+from inspect import getsource  # (`import inspect` would be shadowed by cli/inspect.py)
+from typing import Any, TypeVar, Union, get_args, get_origin, get_type_hints
+
+T = TypeVar("T")
+
+
+class CLIError(Exception):
+    """A user error the CLI reports in one line, without a traceback."""
+
+
+def _parse_bool(text: str) -> bool:
+    lowered = text.lower()
+    if lowered in ("1", "true", "yes", "on"):
+        return True
+    if lowered in ("0", "false", "no", "off"):
+        return False
+    raise argparse.ArgumentTypeError(f"expected true/false, got {text!r}")
+
+
+def _field_type(tp: Any) -> tuple[Any, bool]:
+    """(base type, optional) for a dataclass field annotation like `int | None`."""
+    origin = get_origin(tp)
+    if origin in (Union, types.UnionType):
+        args = [a for a in get_args(tp) if a is not type(None)]
+        return args[0], len(args) < len(get_args(tp))
+    return tp, False
+
+
+_FIELD = re.compile(r"^    (\w+)\s*:[^=#]*(?:=[^#]*)?(?:#\s*(.*))?$")
+_COMMENT = re.compile(r"^    #\s?(.*)$")
+
+
+def field_docs(cls: type) -> dict[str, str]:
+    """{field: its comment} from the dataclass source: the comment after the field, or the
+    comment lines right above it (`attention: str = "auto"` is explained above itself)."""
+    try:
+        lines = getsource(cls).splitlines()
+    except (OSError, TypeError):  # no source (a zipped install): flags keep bare help
+        return {}
+    docs: dict[str, str] = {}
+    above: list[str] = []
+    for line in lines:
+        comment = _COMMENT.match(line)
+        if comment:
+            above.append(comment.group(1).strip())
+            continue
+        field = _FIELD.match(line)
+        if field and not line.lstrip().startswith(("def ", "@")):
+            docs[field.group(1)] = (field.group(2) or " ".join(above)).strip()
+        above = []
+    return docs
+
+
+def add_config_flags(parser: argparse.ArgumentParser, cls: type, title: str) -> None:
+    """Add one `--field` flag per field of dataclass `cls` (default: keep the config's),
+    its help the field's comment and the dataclass default."""
+    group = parser.add_argument_group(title)
+    hints = get_type_hints(cls)
+    docs = field_docs(cls)
+    for f in dataclasses.fields(cls):
+        base, optional = _field_type(hints[f.name])
+        if base is bool:
+            convert: Any = _parse_bool
+        elif base in (int, float, str):
+            convert = base
+        elif get_origin(base) in (dict, list):  # e.g. --rope_scaling '{"rope_type": ...}'
+            convert = functools.partial(_parse_json, get_origin(base), f.name)
+        else:
+            continue
+        if optional:
+            inner = convert
+
+            def convert(text: str, inner: Any = inner) -> Any:
+                return None if text.lower() == "none" else inner(text)
+
+        default = f.default if f.default is not dataclasses.MISSING else None
+        doc = docs.get(f.name, "").replace("%", "%%")  # argparse formats help with %
+        group.add_argument(
+            f"--{f.name}", dest=f"{cls.__name__}.{f.name}", type=convert, default=None,
+            metavar=getattr(get_origin(base) or base, "__name__", "VALUE").upper()
+            .replace("DICT", "JSON").replace("LIST", "JSON"),
+            help=f"{doc + ' ' if doc else ''}({cls.__name__} default: {default})",
+        )
+
+
+def _parse_json(kind: type, name: str, text: str) -> Any:
+    """A JSON object/array flag value (or none)."""
+    if text.lower() == "none":
+        return None
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise argparse.ArgumentTypeError(f"--{name} takes JSON ({e})") from None
+    if not isinstance(value, kind):
+        raise argparse.ArgumentTypeError(f"--{name} takes a JSON {kind.__name__}, got {text}")
+    return value
+
+
+def config_overrides(args: argparse.Namespace, cls: type) -> dict[str, Any]:
+    """The fields of `cls` given on the command line, as a dict."""
+    prefix = f"{cls.__name__}."
+    return {
+        key[len(prefix):]: value
+        for key, value in vars(args).items()
+        if key.startswith(prefix) and value is not None
+    }
+
+
+def config_from_flags(args: argparse.Namespace, cls: type[T], base: T | None = None) -> T:
+    """Build `cls` from `base` (or its defaults) with the flags given applied on top."""
+    overrides = config_overrides(args, cls)
+    if base is None:
+        return cls(**overrides)
+    return dataclasses.replace(base, **overrides)  # type: ignore[type-var]
+
+
+def add_checkpoint_argument(parser: argparse.ArgumentParser) -> None:
+    """The CHECKPOINT positional every command that loads a model takes (`load_checkpoint`)."""
+    parser.add_argument("checkpoint", metavar="CHECKPOINT",
+                        help="checkpoint directory, a run directory holding ckpt/, or a "
+                        "Hugging Face model directory")
+
+
+def count(n: int, noun: str, plural: str | None = None) -> str:
+    """"1 layer", "12 layers" ("2 processes" with plural="processes")."""
+    return f"{n} {noun if n == 1 else plural or noun + 's'}"
+
+
+def unescape(text: str) -> str:
+    r"""`\n` and `\t` typed on a command line as the newline and tab they stand for."""
+    return text.replace("\\n", "\n").replace("\\t", "\t")
+
+
+def text_ids(tokenizer: Any, text: str, block_size: int, what: str = "the text") -> list[int]:
+    """`text`'s token ids, refused when empty or longer than the model reads (a silent cut
+    would renumber every position the command reports)."""
+    ids = list(tokenizer.encode(text))
+    if not ids:
+        raise CLIError(f"{what} has no tokens; pass some text")
+    if len(ids) > block_size:
+        raise CLIError(f"{what} is {len(ids)} tokens, the model reads at most "
+                       f"block_size={block_size}; shorten it")
+    return ids

@@ -1,0 +1,370 @@
+"""Edits: replace what the model computes at a trace name, layer, head and position.
+
+An `Edit` names one value of `trace.NAMES` at one layer (None for the model-level names),
+optionally some heads (dimension 1 of the per-head names) and some positions, and says what
+replaces those cells. `Edits` holds several and is what `GPT.forward(..., edits=...)` and
+`generate.stream(..., edits=...)` take: the model reports each value through the trace's
+seam (`x = sink.record(name, x)`) and continues with what the edits return. Nothing is set
+on the modules; an edit that selects no cell of a value returns the value itself.
+
+Positions are sequence columns, counted from the first column of the (left-padded) input,
+cached columns included: the same numbers as `attention_mask`'s columns. A decode step over
+a KV cache sees only its own column (and, for "k"/"v", every column), so an edit at column 5
+applies when column 5 is computed, in a prefill or a later step alike. Edits of "k" and "v"
+are not written into the cache; they apply again, at every call, to all the keys.
+
+Only edits of scores or weights ("attn_scores", "masked_scores", "attn_weights",
+"attn_weights_dropped") need attention's explicit path; all others keep the fused one.
+The constructors below are the common cases (TransformerLens's names in brackets): zeroing,
+scaling or mean-replacing heads' outputs (`hook_z` ablation), uniform or given attention
+patterns, and patching a value from another run's `Trace` (activation patching). Which heads
+to edit is `heads.py`'s business; what to patch and how to score it, `patching.py`'s.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, cast
+
+import torch
+from torch import Tensor
+
+from ..model.gpt import require_eval
+from ..model.trace import HEAD_NAMES, MODEL_NAMES, NAMES, WEIGHT_NAMES, Trace, position_dim
+
+if TYPE_CHECKING:
+    from ..model.config import GPTConfig
+
+_KV_NAMES = frozenset({"k_pre_rope", "k", "v"})  # heads: the key/value heads
+
+#: (value, first column of its position dimension) -> a tensor of the same shape whose
+#: selected cells replace the value's.
+Replacement = Callable[[Tensor, int], Tensor]
+
+
+@dataclass(frozen=True)
+class Edit:
+    """Replace cells of one named value during a forward pass.
+
+    name: a trace name (`trace.NAMES`). layer: the block index; None for the model-level
+    names (tok_emb, pos_emb, emb, logits). heads: head indices (per-head names only);
+    None = all. positions: sequence columns (see the module docstring); None = all.
+    replace: (value, first column) -> same-shaped replacement; only selected cells are used.
+    """
+
+    name: str
+    layer: int | None
+    replace: Replacement
+    heads: tuple[int, ...] | None = None
+    positions: tuple[int, ...] | None = None
+
+    def __repr__(self) -> str:  # the replace function's repr says nothing
+        where = "" if self.layer is None else f", layer={self.layer}"
+        # "zero_heads", not "zero_heads.<locals>.<lambda>"
+        made_by = str(getattr(self.replace, "__qualname__", self.replace)).split(".<locals>")[0]
+        return (f"Edit({self.name!r}{where}, heads={self.heads}, positions={self.positions}, "
+                f"replace={made_by})")
+
+    def __post_init__(self) -> None:
+        if self.name not in NAMES:
+            raise ValueError(f"unknown edit name {self.name!r}; known names: {sorted(NAMES)}")
+        if (self.layer is None) != (self.name in MODEL_NAMES):
+            want = "layer=None" if self.name in MODEL_NAMES else "a layer index"
+            raise ValueError(f"edit of {self.name!r} at layer {self.layer}: it needs {want}")
+        if self.heads is not None and self.name not in HEAD_NAMES:
+            raise ValueError(
+                f"{self.name!r} has no head dimension; edit heads through one of "
+                f"{sorted(HEAD_NAMES)} (a head's output is 'context')"
+            )
+        if self.layer is not None and self.layer < 0:
+            raise ValueError(f"edit of {self.name!r} at layer {self.layer}: layers count "
+                             "from 0 (the last one is n_layer - 1)")
+        negative = [p for p in self.positions or () if p < 0]
+        if negative:
+            raise ValueError(f"edit of {self.name!r} at positions {negative}: positions are "
+                             "sequence columns counted from 0 (the last one is T - 1)")
+
+    def apply(self, value: Tensor, length: int) -> Tensor:
+        """The edited value; `length` = columns of the forward pass (cached + new)."""
+        dim = position_dim(self.name)
+        first = length - value.shape[dim]  # k/v hold every column, the others the last ones
+        select = torch.ones((1,) * value.dim(), dtype=torch.bool, device=value.device)
+        if self.heads is not None:
+            n = value.shape[1]
+            bad = [h for h in self.heads if not 0 <= h < n]
+            if bad:
+                raise ValueError(f"edit heads {bad} out of range for {n} heads in {self.name!r}")
+            shape = [1] * value.dim()
+            shape[1] = n
+            on = torch.zeros(n, dtype=torch.bool, device=value.device)
+            on[list(self.heads)] = True
+            select = select & on.view(shape)  # (1, nh, 1, ...)
+        if self.positions is not None:
+            columns = [p - first for p in self.positions if first <= p < length]
+            if not columns:
+                return value  # none of the edited columns is computed in this call
+            shape = [1] * value.dim()
+            shape[dim] = value.shape[dim]
+            on = torch.zeros(value.shape[dim], dtype=torch.bool, device=value.device)
+            on[columns] = True
+            select = select & on.view(shape)  # (1, ..., T, 1, ...)
+        replacement = self.replace(value, first)
+        if replacement.shape != value.shape:
+            raise ValueError(
+                f"replacement for {self.name!r} at layer {self.layer} has shape "
+                f"{tuple(replacement.shape)}, the value {tuple(value.shape)}"
+            )
+        if self.heads is None and self.positions is None:
+            return replacement.to(value.dtype)
+        return torch.where(select, replacement.to(value.dtype), value)
+
+
+class Edits:
+    """A set of `Edit`s, applied in order: `GPT.forward(idx, edits=Edits([...]))`."""
+
+    def __init__(self, edits: Iterable[Edit] = ()) -> None:
+        self.edits = list(edits)
+        self._by_site: dict[tuple[int | None, str], list[Edit]] = {}
+        for edit in self.edits:
+            self._by_site.setdefault((edit.layer, edit.name), []).append(edit)
+        self._layers = {e.layer for e in self.edits}
+        self._weight_layers = {e.layer for e in self.edits if e.name in WEIGHT_NAMES}
+
+    def __add__(self, other: Edits | Edit) -> Edits:
+        return Edits([*self.edits, *(other.edits if isinstance(other, Edits) else [other])])
+
+    def __len__(self) -> int:
+        return len(self.edits)
+
+    def __repr__(self) -> str:
+        return f"Edits([{', '.join(map(repr, self.edits))}])"
+
+    def check(self, config: GPTConfig) -> None:
+        """Raise unless every edit is at a layer and heads the model has and at positions
+        below its block_size: an edit no forward pass reaches would leave the model
+        unchanged, which reads as "this part does not matter". (A position past this call's
+        columns is allowed: a later call, with a cache or a longer input, computes it.)"""
+        n_layer, block_size = config.n_layer, config.block_size
+        for edit in self.edits:
+            if edit.layer is not None and edit.layer >= n_layer:
+                raise ValueError(f"edit of {edit.name!r} at layer {edit.layer}: the model has "
+                                 f"{n_layer} layers (0 to {n_layer - 1})")
+            n = config.n_kv_heads if edit.name in _KV_NAMES else config.n_head
+            bad = [h for h in edit.heads or () if not 0 <= h < n]
+            if bad:
+                raise ValueError(f"edit heads {bad} out of range for {n} heads in {edit.name!r}")
+            beyond = [p for p in edit.positions or () if p >= block_size]
+            if beyond:
+                raise ValueError(f"edit of {edit.name!r} at positions {beyond}: the model "
+                                 f"reads at most block_size={block_size} columns (0 to "
+                                 f"{block_size - 1})")
+
+    def touches(self, layer: int | None) -> bool:
+        return layer is None or layer in self._layers
+
+    def needs_weights(self, layer: int | None) -> bool:
+        return layer in self._weight_layers
+
+    def apply(self, name: str, value: Tensor, layer: int | None, length: int) -> Tensor:
+        for edit in self._by_site.get((layer, name), ()):
+            value = edit.apply(value, length)
+        return value
+
+
+def _tuple(xs: int | Iterable[int] | None) -> tuple[int, ...] | None:
+    if xs is None:
+        return None
+    return (xs,) if isinstance(xs, int) else tuple(xs)
+
+
+# ----------------------------------------------------------------------------- head outputs
+
+
+def zero_heads(
+    layer: int, heads: int | Iterable[int], positions: Iterable[int] | None = None
+) -> Edit:
+    """Zero-ablate heads: their output ("context", TransformerLens's hook_z) becomes 0."""
+    return Edit("context", layer, lambda v, _: torch.zeros_like(v), _tuple(heads),
+                _tuple(positions))
+
+
+def scale_heads(
+    layer: int, heads: int | Iterable[int], factor: float,
+    positions: Iterable[int] | None = None,
+) -> Edit:
+    """Multiply heads' outputs ("context") by `factor` (1.0 leaves them bit for bit)."""
+    return Edit("context", layer, lambda v, _: v * factor, _tuple(heads), _tuple(positions))
+
+
+def mean_heads(
+    layer: int, heads: int | Iterable[int], mean: Tensor,
+    positions: Iterable[int] | None = None,
+) -> Edit:
+    """Mean-ablate heads: their output becomes `mean` (nh, hs), e.g. from `head_means`."""
+    if mean.dim() != 2:
+        raise ValueError(f"mean must be (nh, hs) from head_means, got {tuple(mean.shape)}")
+
+    def replace(v: Tensor, _: int) -> Tensor:
+        if mean.shape != (v.shape[1], v.shape[-1]):
+            raise ValueError(f"mean has shape {tuple(mean.shape)}, layer {layer}'s heads "
+                             f"({v.shape[1]}, {v.shape[-1]}) = (nh, hs); pass "
+                             f"head_means(model, reference_ids)[{layer}] of this model")
+        return mean[None, :, None, :].to(v).expand_as(v)  # (1, nh, 1, hs) -> (B, nh, T, hs)
+
+    return Edit("context", layer, replace, _tuple(heads), _tuple(positions))
+
+
+@torch.no_grad()
+def head_means(model: torch.nn.Module, idx: Tensor, attention_mask: Tensor | None = None
+               ) -> list[Tensor]:
+    """Per layer, each head's mean output (nh, hs) over every real token of a reference
+    batch idx (B, T): what `mean_heads` puts in place of a head."""
+    require_eval(model, "the head means")
+    trace = Trace(names=["context"]).run(model, idx, attention_mask)  # type: ignore[arg-type]
+    means = []
+    for layer in range(len(model.blocks)):  # type: ignore[arg-type]
+        context = trace.get("context", layer)  # (B, nh, T, hs)
+        if attention_mask is None:
+            means.append(context.mean(dim=(0, 2)))  # (nh, hs)
+        else:
+            real = attention_mask.to(context).bool()[:, None, :, None]  # (B, 1, T, 1)
+            total = (context * real).sum(dim=(0, 2))  # (nh, hs)
+            means.append(total / real.sum().clamp(min=1))
+    return means
+
+
+def ablate(
+    heads: tuple[int, int] | Iterable[tuple[int, int]], how: str = "zero",
+    means: Sequence[Tensor] | None = None,
+) -> Edits:
+    """Edits that ablate each (layer, head) (one pair, or a list of them): how = "zero" or
+    "mean" (needs `means`)."""
+    one = isinstance(heads, tuple) and len(heads) == 2 and all(isinstance(x, int) for x in heads)
+    listed: list[tuple[int, int]] = (
+        [cast(tuple[int, int], heads)] if one else list(cast(Iterable[tuple[int, int]], heads)))
+    bad = [p for p in listed if not (isinstance(p, Sequence) and len(p) == 2
+                                     and all(hasattr(x, "__index__") for x in p))]
+    if bad:
+        raise ValueError(f"heads must be (layer, head) pairs, e.g. [(0, 1), (1, 3)]; got "
+                         f"{bad[0]!r} in {heads!r}")
+    pairs = sorted({(int(layer), int(head)) for layer, head in listed})  # lists from JSON too
+    by_layer: dict[int, list[int]] = {}
+    for layer, head in pairs:
+        by_layer.setdefault(layer, []).append(head)
+    if how == "zero":
+        return Edits(zero_heads(layer, hs) for layer, hs in by_layer.items())
+    if how == "mean":
+        if means is None:
+            raise ValueError("mean ablation needs means=head_means(model, reference_ids)")
+        return Edits(mean_heads(layer, hs, means[layer]) for layer, hs in by_layer.items())
+    raise ValueError(f"ablation how={how!r} must be 'zero' or 'mean'")
+
+
+def parse_heads(text: str) -> list[tuple[int, int]]:
+    """"1.0,0.3" -> [(1, 0), (0, 3)]: layer.head pairs, as the CLI's --ablate takes them."""
+    pairs = []
+    for part in text.split(","):
+        match = re.fullmatch(r"\s*(\d+)\.(\d+)\s*", part)
+        if match is None:
+            raise ValueError(
+                f"bad head {part!r} in {text!r}; write LAYER.HEAD pairs separated by commas, "
+                "e.g. 1.0,1.3"
+            )
+        pairs.append((int(match.group(1)), int(match.group(2))))
+    return pairs
+
+
+def check_heads(heads: Iterable[tuple[int, int]], n_layer: int, n_head: int) -> None:
+    """ValueError naming any (layer, head) the model does not have."""
+    bad = [f"{la}.{h}" for la, h in heads if not (0 <= la < n_layer and 0 <= h < n_head)]
+    if bad:
+        raise ValueError(
+            f"heads {bad} do not exist: the model has layers 0-{n_layer - 1} and heads "
+            f"0-{n_head - 1}"
+        )
+
+
+# ----------------------------------------------------------------------------- attention
+
+
+def uniform_attention(
+    layer: int, heads: int | Iterable[int], positions: Iterable[int] | None = None
+) -> Edit:
+    """Heads attend uniformly over the keys each query may see: every finite masked score
+    becomes 0 (masked cells stay -inf), so the softmax spreads evenly."""
+
+    def replace(v: Tensor, _: int) -> Tensor:
+        return torch.where(torch.isneginf(v), v, torch.zeros_like(v))
+
+    return Edit("masked_scores", layer, replace, _tuple(heads), _tuple(positions))
+
+
+def set_attention(layer: int, heads: int | Iterable[int], weights: Tensor) -> Edit:
+    """Heads use the given attention weights: (S, S) or (B, S, S) over all columns (rows are
+    queries); a cached step takes the rows it computes. Rows should sum to 1 over keys the
+    query may see (not checked: a pattern is the caller's experiment)."""
+    if weights.dim() not in (2, 3) or weights.shape[-1] != weights.shape[-2]:
+        raise ValueError(f"set_attention weights must be (S, S) or (B, S, S) over all "
+                         f"columns, got shape {tuple(weights.shape)}")
+
+    def replace(v: Tensor, first: int) -> Tensor:
+        T, S = v.shape[-2:]
+        if weights.shape[-1] < S:
+            raise ValueError(f"set_attention weights cover {weights.shape[-1]} columns, this "
+                             f"forward pass {S}; give a pattern over every column")
+        if weights.dim() == 3 and weights.shape[0] not in (1, v.shape[0]):
+            raise ValueError(f"set_attention weights hold {weights.shape[0]} rows' patterns, "
+                             f"this forward pass {v.shape[0]} rows; give (S, S) for every "
+                             "row or (B, S, S), one per row")
+        w = weights[..., first:first + T, :S]  # (T, S) or (B, T, S)
+        w = w[:, None] if w.dim() == 3 else w  # (B, 1, T, S)
+        return w.to(v).expand_as(v)  # (B, nh, T, S)
+
+    return Edit("attn_weights", layer, replace, _tuple(heads))
+
+
+# ----------------------------------------------------------------------------- patching
+
+
+def patch(
+    source: Trace,
+    name: str,
+    layer: int | None,
+    heads: int | Iterable[int] | None = None,
+    positions: Iterable[int] | None = None,
+) -> Edit:
+    """Activation patching: the selected cells take their values from another run's trace
+    (same batch size; the source trace must hold `name` at `layer`, all heads). Columns pair
+    by absolute position: a run shorter than the source takes its first columns, and a run
+    longer than the source, such as generation past the traced prompt, may patch only
+    positions inside the source; the same edit gives the same tokens cached or recomputed."""
+    stored = source.get(name, layer)
+    dim = position_dim(name)
+    selected = _tuple(positions)
+
+    def replace(v: Tensor, first: int) -> Tensor:
+        T, have = v.shape[dim], stored.shape[dim]
+        if stored.shape[:dim] + stored.shape[dim + 1:] != v.shape[:dim] + v.shape[dim + 1:]:
+            raise ValueError(
+                f"patch source {name!r}@{layer} has shape {tuple(stored.shape)}, which does not "
+                f"cover the patched run's {tuple(v.shape)} (trace the source with the same "
+                "batch size and length, every head)"
+            )
+        wanted = range(first, first + T) if selected is None else selected
+        missing = [p for p in wanted if have <= p < first + T]
+        if missing:  # e.g. generation past the traced prompt
+            raise ValueError(
+                f"patch source {name!r}@{layer} holds columns 0 to {have - 1}, and this run "
+                f"patches columns {missing} too; pass positions inside the source (e.g. "
+                f"positions=range({have})) or trace a source as long as the run"
+            )
+        if first + T <= have:  # the whole run, or a cached step's own columns
+            return stored.narrow(dim, first, T).to(v)
+        # the source's part of this call's columns, then the run's own (none of them selected)
+        inside = max(0, have - first)
+        return torch.cat([stored.narrow(dim, min(first, have), inside).to(v),
+                          v.narrow(dim, inside, T - inside)], dim=dim)
+
+    return Edit(name, layer, replace, _tuple(heads), _tuple(positions))

@@ -1,0 +1,176 @@
+"""Head detectors: score every (layer, head) for a known attention pattern.
+
+Definitions follow TransformerLens's `head_detector.py` (`detect_head`, "mul" error measure),
+so scores are comparable with it:
+
+    previous_token   target cell (i, i - 1)
+    duplicate_token  target cells (i, j), j < i, where token j equals token i
+    induction        target cells (i, j), 1 <= j <= i, where token j - 1 equals token i
+                     (the duplicate pattern shifted one key to the right: attend to the
+                     token *after* the earlier copy)
+    first_token      target cell (i, first real token) — the "attention sink"; not one of
+                     TransformerLens's names, scored the same way
+
+and a head's score is the share of its attention that lands on target cells,
+sum(A * P) / sum(A) over the (query, key) matrix of one sequence; a batch scores each row
+and averages (TransformerLens scores a list of sequences the same way). `exclude_bos` and
+`exclude_current_token` zero the first key column / the diagonal of A first, as there.
+
+Padded rows (left padding, or right padding as many Hugging Face tokenizers make it):
+patterns are built over each row's real tokens only, so a pad never counts as a target
+(even where a pad id equals a real token), and pad queries add nothing to either sum (a
+right pad's query attends to the real tokens before it, so its weights are zeroed first).
+The standard probe (`repeated_tokens`) is a random token sequence repeated twice, on which
+an induction head scores near 1; a model trained on a task (`attnlab train`'s copy task) is
+better probed with the task's own examples (`task_probe`), the input it learned to copy in.
+
+This module scores; which heads to ablate is the caller's (`intervene.ablate`), drawing is
+`viz_heads.py`'s.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from ..model.gpt import require_eval
+from ..model.trace import Trace
+
+#: Detector names, in the order tables list them.
+DETECTORS = ("previous_token", "duplicate_token", "induction", "first_token")
+
+
+def repeated_tokens(
+    vocab_size: int, length: int, batch: int = 8, *, seed: int = 0, low: int = 0
+) -> Tensor:
+    """(batch, 2 * length) ids: `length` random ids in [low, vocab_size), then the same again."""
+    if length < 2 or vocab_size - low < 2:
+        raise ValueError(
+            f"a repeated-token probe needs length >= 2 and >= 2 ids, got length={length}, "
+            f"ids [{low}, {vocab_size})"
+        )
+    gen = torch.Generator().manual_seed(seed)
+    half = torch.randint(low, vocab_size, (batch, length), generator=gen)  # (B, L)
+    return torch.cat([half, half], dim=1)  # (B, 2L)
+
+
+def task_probe(dataset: Any, n: int = 16, *, seed: int = 0) -> Tensor:
+    """(n, L) ids of n task examples (`data.TaskDataset`), prompt and answer, as a model
+    trained on the task reads them (the last answer token is only ever a target). On the
+    copy task each row is a random sequence, a bar and the sequence again: the repeated
+    sequence the induction detector looks for, in the format the model learned."""
+    gen = torch.Generator().manual_seed(seed)
+    tok = dataset.tokenizer
+    rows = [tok.encode(p + a)[:-1] for p, a in (dataset.sample(gen) for _ in range(n))]
+    return torch.tensor(rows)  # (n, L)
+
+
+def detection_pattern(kind: str, ids: Tensor, attention_mask: Tensor | None = None) -> Tensor:
+    """ids (B, T) -> (B, T, T) float 0/1 target cells of detector `kind` (rows: queries)."""
+    if kind not in DETECTORS:
+        raise ValueError(f"unknown detector {kind!r}; known detectors: {list(DETECTORS)}")
+    if ids.dim() != 2:
+        raise ValueError(f"ids must be (B, T), got shape {tuple(ids.shape)}")
+    T = ids.shape[1]
+    real = (torch.ones_like(ids, dtype=torch.bool) if attention_mask is None
+            else attention_mask.to(ids.device).bool())  # (B, T)
+    both_real = real[:, :, None] & real[:, None, :]  # (B, T, T): query and key are tokens
+    query = torch.arange(T, device=ids.device)[:, None]  # (T, 1)
+    key = torch.arange(T, device=ids.device)[None, :]  # (1, T)
+    if kind == "previous_token":
+        target = (key == query - 1) & both_real  # (B, T, T)
+    elif kind == "first_token":
+        first = real.int().argmax(-1)  # (B,): the first real column, whatever the padding
+        target = (key[None] == first[:, None, None]) & both_real  # (B, T, T)
+    else:
+        same = (ids[:, :, None] == ids[:, None, :]) & both_real  # (B, T, T)
+        duplicate = same & (key < query)  # (B, T, T): earlier copies of the query's token
+        if kind == "duplicate_token":
+            target = duplicate
+        else:  # induction: the key after an earlier copy; column 0 has no key before it
+            target = torch.zeros_like(duplicate)
+            target[:, :, 1:] = duplicate[:, :, :-1]
+            target &= both_real
+    return target.float()
+
+
+def head_scores(
+    attn_weights: Tensor,
+    pattern: Tensor,
+    attention_mask: Tensor | None = None,
+    *,
+    exclude_bos: bool = False,
+    exclude_current_token: bool = False,
+) -> Tensor:
+    """attn_weights (B, nh, T, T) and pattern (B, T, T) -> (nh,) mean over rows of
+    sum(A * P) / sum(A) (TransformerLens's "mul" score)."""
+    if attn_weights.dim() != 4 or attn_weights.shape[-1] != attn_weights.shape[-2]:
+        raise ValueError(
+            f"attn_weights must be (B, nh, T, T) from a run without a cache, got "
+            f"{tuple(attn_weights.shape)}"
+        )
+    A = attn_weights.float()
+    B, nh, T, _ = A.shape
+    if attention_mask is not None:  # pad queries score nothing (right pads attend to tokens)
+        A = A * attention_mask.to(A.device).bool()[:, None, :, None]  # (B, nh, T, T)
+    if exclude_bos:
+        first = torch.zeros(B, T, dtype=torch.long, device=A.device)
+        if attention_mask is not None:  # the first real column, whatever the padding
+            first = attention_mask.to(A.device).int().argmax(-1, keepdim=True).expand(B, T)
+        # out of place: A may still be the caller's tensor (float() of float32 copies nothing)
+        A = A.scatter(-1, first[:, None, :, None].expand(B, nh, T, 1), 0.0)  # (B, nh, T, T)
+    if exclude_current_token:
+        A = A * (1 - torch.eye(T, device=A.device))  # (B, nh, T, T)
+    on_target = (A * pattern[:, None]).sum(dim=(-2, -1))  # (B, nh)
+    total = A.sum(dim=(-2, -1))  # (B, nh)
+    return (on_target / total.clamp(min=torch.finfo(A.dtype).tiny)).mean(0)  # (nh,)
+
+
+@torch.no_grad()
+def detect_heads(
+    model: Any,
+    ids: Tensor | None = None,
+    attention_mask: Tensor | None = None,
+    *,
+    detectors: str | Iterable[str] = DETECTORS,
+    exclude_bos: bool = False,
+    exclude_current_token: bool = False,
+    seed: int = 0,
+) -> dict[str, Tensor]:
+    """Per detector, an (n_layer, nh) tensor of scores on `ids` (B, T), or, when ids is None,
+    on the standard probe: 8 random sequences of min(block_size // 2, 64) ids, each repeated."""
+    detectors = (detectors,) if isinstance(detectors, str) else tuple(detectors)
+    unknown = sorted(set(detectors) - set(DETECTORS))
+    if unknown:
+        raise ValueError(f"unknown detectors {unknown}; known detectors: {list(DETECTORS)}")
+    require_eval(model, "the head scores")
+    if ids is None:
+        c = model.config
+        ids = repeated_tokens(c.vocab_size, min(c.block_size // 2, 64), seed=seed)
+        ids = ids.to(model.wte.weight.device)
+    if ids.dim() == 2 and ids.shape[1] < 2:  # a score relates a query to an earlier key
+        raise ValueError(f"detect_heads needs 2 or more tokens per row, got ids of shape "
+                         f"{tuple(ids.shape)}; pass longer ids, or none for the standard probe")
+    trace = Trace(names=["attn_weights"]).run(model, ids, attention_mask)
+    n_layer = model.config.n_layer
+    weights = [trace.get("attn_weights", layer) for layer in range(n_layer)]  # (B, nh, T, T)
+    scores = {}
+    for kind in detectors:
+        pattern = detection_pattern(kind, ids, attention_mask)  # (B, T, T)
+        scores[kind] = torch.stack([
+            head_scores(w, pattern, attention_mask, exclude_bos=exclude_bos,
+                        exclude_current_token=exclude_current_token)
+            for w in weights
+        ])  # (n_layer, nh)
+    return scores
+
+
+def rank_heads(scores: Tensor, descending: bool = True) -> list[tuple[int, int]]:
+    """(n_layer, nh) scores -> every (layer, head), best first (ties: lower layer, head)."""
+    flat = scores.flatten().tolist()
+    nh = scores.shape[1]
+    order = sorted(range(len(flat)), key=lambda i: (-flat[i] if descending else flat[i], i))
+    return [(i // nh, i % nh) for i in order]

@@ -1,0 +1,210 @@
+"""Logit lens and direct logit attribution: read the residual stream in the vocabulary.
+
+Logit lens (nostalgebraist, 2020): the residual stream after each layer, put through the
+model's final norm and unembedding as if it were the last layer, gives a next-token
+distribution per layer and position: which layer already "knows" the answer. The norm's
+statistics are recomputed for each layer's residual, as TransformerLens 4.3's
+`cache.accumulated_resid(apply_ln=True)` then `model.unembed` does (equal within 1e-5 on
+tiny random GPT-2, Llama, Qwen3 and GPT-NeoX directories, 2026-11-25); on weights processed
+with its `center_unembed`, TransformerLens's logits are shifted by a constant per position.
+
+Direct logit attribution: the final residual is a sum of parts (the embedding, each head's
+output through its slice of the output projection, each output-projection bias, each MLP),
+and the final LayerNorm is linear once its scale is fixed, so a target logit splits into one
+term per part: (part - mean(part)) / sigma * gamma @ W_U[target], with sigma the final
+residual's own norm scale, as TransformerLens's `ActivationCache.logit_attrs` does. The terms
+sum to the logit exactly (up to float rounding); `bias` holds the norm's and unembedding's
+constant terms. A head's term includes its value bias (b_V reaches the head's output through
+its attention weights); `attn_bias` is the output projection's bias alone. Only the *direct*
+path is measured: what a head does through later layers is patching's question
+(`patching.py`).
+
+Against TransformerLens 4.3 (same directories): `heads` equals
+`cache.logit_attrs(cache.stack_head_results(pos_slice=-1), tokens, pos_slice=-1)` within 1e-6
+on a bridge with only the final norm's scale folded into W_U,
+`enable_compatibility_mode(center_writing_weights=False, center_unembed=False,
+fold_value_biases=False)`. Its defaults (HookedTransformer's processing) differ by
+definition: `center_unembed` subtracts each unembedding column's mean over the vocabulary,
+which shifts every single-token term (a difference of two tokens' terms is unchanged), and
+`fold_value_biases` moves b_V W_O out of each head's term (tiny GPT-2: heads differ by up to
+0.22); on raw weights `logit_attrs` leaves the final norm's scale out.
+
+This module reads traces, and writes the lens of one sequence as text once (`lens_table`)
+for `attnlab lens` and the viewer's /api/lens; drawing is `viz_heads.py`'s.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+
+from ..model.gpt import check_position, per_row_ids, require_eval, unembed, wide
+from ..model.layers import RMSNorm
+from ..model.trace import Trace
+from ..tokenizers import token_text
+
+
+def _streams(model: Any, ids: Tensor, attention_mask: Tensor | None) -> list[Tensor]:
+    """The residual stream (B, T, C) entering layer 0, then after each layer."""
+    require_eval(model, "the logit lens")
+    trace = Trace(names=["emb", "block_out"]).run(model, ids, attention_mask)
+    return [trace.get("emb")] + [trace.get("block_out", layer)
+                                 for layer in range(model.config.n_layer)]
+
+
+def _read(model: Any, x: Tensor) -> Tensor:
+    """(B, T, C) residual -> (B, T, V) logits through the final norm and the model's own head
+    product (unembed), so the last layer's are bit-equal to the model's logits."""
+    return unembed(model.lm_head, model.ln_f(x))
+
+
+@torch.no_grad()
+def logit_lens(model: Any, ids: Tensor, attention_mask: Tensor | None = None) -> Tensor:
+    """ids (B, T) -> (n_layer + 1, B, T, V) logits: row 0 reads the embeddings, row l + 1 the
+    residual after layer l (the last row equals the model's logits). For the top tokens
+    alone, `lens_top` holds one layer's logits at a time."""
+    return torch.stack([_read(model, x) for x in _streams(model, ids, attention_mask)])
+
+
+@torch.no_grad()
+def lens_top(model: Any, ids: Tensor, k: int = 5, attention_mask: Tensor | None = None,
+             vocab: int | None = None) -> tuple[Tensor, Tensor]:
+    """`top_tokens(logit_lens(...), k)` one layer at a time: (probabilities, ids), each
+    (n_layer + 1, B, T, k), without the (n_layer + 1, B, T, V) logits (12 layers, a 50,257
+    vocabulary, 1,000 tokens: 2.6 GB). vocab: read the first `vocab` logits only (a
+    tokenizer with fewer ids than the model's vocabulary)."""
+    if k < 1 or (vocab is not None and vocab < 1):
+        raise ValueError(f"lens_top(k={k}, vocab={vocab}): both must be >= 1 (vocab None: "
+                         "every logit), else there is no token to return")
+    tops = [top_tokens(_read(model, x)[..., :vocab], k)
+            for x in _streams(model, ids, attention_mask)]
+    return torch.stack([p for p, _ in tops]), torch.stack([i for _, i in tops])
+
+
+@dataclass(frozen=True)
+class LensTable:
+    """The logit lens of one sequence as a reader sees it: what `attnlab lens` prints and
+    writes and the viewer's /api/lens sends."""
+
+    layers: list[str]  # (L + 1,) "emb" (read after the embeddings), then "layer i"
+    probs: Tensor  # (L + 1, T, k) the top-k probabilities, most likely first
+    texts: list[list[list[str]]]  # (L + 1, T, k) their tokens' texts
+
+
+def lens_table(model: Any, tokenizer: Any, ids: Sequence[int], k: int) -> LensTable:
+    """`lens_top` of one sequence `ids` (T,), its top tokens as text (`token_text`)."""
+    idx = torch.tensor([list(ids)], device=model.wte.weight.device)  # (1, T)
+    probs, top_ids = lens_top(model, idx, k, vocab=tokenizer.vocab_size)  # (L + 1, 1, T, k)
+    probs, top_ids = probs[:, 0], top_ids[:, 0]  # (L + 1, T, k)
+    texts = [[[token_text(tokenizer, i) for i in cell] for cell in row]
+             for row in top_ids.tolist()]
+    return LensTable(["emb"] + [f"layer {i}" for i in range(probs.shape[0] - 1)], probs, texts)
+
+
+def top_tokens(lens_logits: Tensor, k: int = 5) -> tuple[Tensor, Tensor]:
+    """(..., V) logits -> (probabilities, ids), each (..., k), most likely first."""
+    # float32 would round a float64 model's probability near 1 to 1 and could reorder two
+    # logits closer than 1e-7
+    probs = torch.softmax(lens_logits.to(wide(lens_logits.dtype)), dim=-1)  # (..., V)
+    top = torch.topk(probs, min(k, probs.shape[-1]), dim=-1)
+    return top.values, top.indices
+
+
+@dataclass
+class Attribution:
+    """Direct contributions to one target logit per row; they sum to `logit`."""
+
+    emb: Tensor  # (B,): token + position embeddings
+    heads: Tensor  # (B, n_layer, nh): each head's output through its slice of out_proj
+    attn_bias: Tensor  # (B, n_layer): the output projection's bias
+    mlp: Tensor  # (B, n_layer): each MLP's output (zeros without MLPs)
+    bias: Tensor  # (B,): the final norm's bias and centring constants through W_U
+    logit: Tensor  # (B,): the model's logit for the target
+
+    def total(self) -> Tensor:
+        return (self.emb + self.heads.sum((1, 2)) + self.attn_bias.sum(1) + self.mlp.sum(1)
+                + self.bias)
+
+
+@torch.no_grad()
+def logit_attribution(
+    model: Any,
+    ids: Tensor,
+    target: int | Tensor,
+    position: int = -1,
+    attention_mask: Tensor | None = None,
+) -> Attribution:
+    """Split the logit of `target` (one id, or (B,) ids) at `position` into direct terms."""
+    c = model.config
+    if not c.residual:
+        raise ValueError("direct logit attribution needs a residual stream (config.residual)")
+    require_eval(model, "the attribution")
+    if ids.dim() != 2:
+        raise ValueError(f"ids must be a (B, T) integer tensor, got shape {tuple(ids.shape)}; "
+                         "add a batch dimension with ids[None]")
+    B, T = ids.shape
+    target = per_row_ids(target, B, "target", ids.device)  # (B,)
+    if int(target.min()) < 0 or int(target.max()) >= c.vocab_size:
+        raise ValueError(f"target {target.tolist()}: token ids are 0 to {c.vocab_size - 1} "
+                         f"(vocab_size={c.vocab_size}); pass the id of the token to explain")
+    check_position(position, T)
+    if attention_mask is not None:
+        pads = (attention_mask[:, position] == 0).nonzero().flatten().tolist()
+        if pads:  # a right-padded batch's last column, say: no token there to explain
+            raise ValueError(f"position {position} is padding in rows {pads} (attention_mask "
+                             "0), so those rows have no logit there; pad on the left, which "
+                             "puts every row's last token in the last column")
+    trace = Trace(names=["emb", "context", "mlp_out", "block_out"])
+    trace.run(model, ids, attention_mask)  # up to the last block: the head runs below
+    dtype = wide(model.lm_head.weight.dtype)  # a float64 model's terms stay float64
+    w_u = model.lm_head.weight[target].to(dtype)  # (B, C): the target's unembedding rows
+    final = trace.get("block_out", c.n_layer - 1)[:, position].to(dtype)  # (B, C)
+    norm, centre = model.ln_f, True
+    if isinstance(norm, nn.LayerNorm):
+        sigma = (final.var(-1, unbiased=False, keepdim=True) + norm.eps).sqrt()  # (B, 1)
+        gamma = norm.weight.to(dtype) if norm.weight is not None else torch.ones_like(final[0])
+        beta = norm.bias.to(dtype) if norm.bias is not None else torch.zeros_like(final[0])
+    elif isinstance(norm, RMSNorm):  # no mean removed, no bias
+        sigma = (final.pow(2).mean(-1, keepdim=True) + norm.eps).sqrt()  # (B, 1)
+        gamma, beta, centre = norm.weight.to(dtype), None, False
+    else:  # no final norm: the residual goes straight to the unembedding
+        sigma, gamma, beta = None, None, None
+
+    def direct(part: Tensor) -> Tensor:
+        """(B, C) residual part -> (B,) its term of the target logit."""
+        part = part.to(dtype)
+        if sigma is not None and gamma is not None:
+            part = (part - part.mean(-1, keepdim=True) if centre else part) / sigma * gamma
+        return (part * w_u).sum(-1)  # (B,)
+
+    hs = c.head_size
+    device = final.device  # the model's: a GPU model's terms were made on the CPU before
+    heads = torch.zeros(B, c.n_layer, c.n_head, device=device, dtype=dtype)
+    attn_bias = torch.zeros(B, c.n_layer, device=device, dtype=dtype)
+    mlp = torch.zeros(B, c.n_layer, device=device, dtype=dtype)
+    for layer, block in enumerate(model.blocks):
+        context = trace.get("context", layer)[:, :, position]  # (B, nh, hs)
+        out_proj = block.attn.out_proj
+        for h in range(c.n_head):
+            piece = context[:, h]  # (B, hs)
+            if out_proj is None:  # heads are concatenated into the residual as they are
+                part = torch.zeros(B, c.n_embd, device=piece.device, dtype=piece.dtype)
+                part[:, h * hs:(h + 1) * hs] = piece
+            else:
+                w = out_proj.weight[:, h * hs:(h + 1) * hs]  # (C, hs): head h's input columns
+                part = piece @ w.t()  # (B, hs) @ (hs, C) -> (B, C)
+            heads[:, layer, h] = direct(part)
+        if out_proj is not None and out_proj.bias is not None:
+            attn_bias[:, layer] = direct(out_proj.bias.expand(B, -1))
+        if (layer, "mlp_out") in trace:
+            mlp[:, layer] = direct(trace.get("mlp_out", layer)[:, position])
+    emb = direct(trace.get("emb")[:, position])
+    bias = (beta * w_u).sum(-1) if beta is not None else torch.zeros(B, device=device, dtype=dtype)
+    # the model's logit, the head at this position only
+    last = model.ln_f(trace.get("block_out", c.n_layer - 1)[:, position])  # (B, C)
+    logit = model.lm_head(last).to(dtype).gather(-1, target[:, None])[:, 0]  # (B,)
+    return Attribution(emb, heads, attn_bias, mlp, bias, logit)

@@ -1,0 +1,220 @@
+"""Activation patching: which heads and which residual positions carry a prediction.
+
+Run a clean and a corrupted prompt (same length), then rerun the corrupted one with a piece
+of the clean run's activations put back (`intervene.patch`) and see how much of the clean
+behaviour returns. The metric defaults to the logit difference between an answer and a wrong
+token at the last position (mean over the batch); the effect of a patch is normalized,
+
+    effect = (metric(patched) - metric(corrupted)) / (metric(clean) - metric(corrupted))
+
+so 1 means the patch restores the clean run's metric and 0 means it changes nothing
+(TransformerLens's `patching.py` and the IOI papers use the same normalization).
+`patch_heads` patches each head's output ("context", TransformerLens's hook_z) at every
+position, `patch_residual` the residual stream entering each layer ("resid_pre") at each
+position. `attribution_patching` estimates all of those effects at once from one corrupted
+run and its backward pass (first order: the effect of moving each value from its corrupted
+to its clean state along the metric's gradient). This module runs and scores patches; the
+edits are `intervene.py`'s, drawing `viz_heads.py`'s.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from ..model.gpt import check_position, per_row_ids, require_eval, wide
+from ..model.trace import Trace
+from .edits import Edit, Edits, patch
+
+#: logits (B, T, V) -> a scalar tensor to explain.
+Metric = Callable[[Tensor], Tensor]
+
+
+def logit_diff_metric(answer: int | Tensor, wrong: int | Tensor, position: int = -1) -> Metric:
+    """logits -> mean over rows of logit[answer] - logit[wrong] at `position` (default last),
+    in float32 or the logits' own wider dtype. answer/wrong: one id for every row, or (B,)
+    ids."""
+
+    def metric(logits: Tensor) -> Tensor:
+        check_position(position, logits.shape[1], "metric position")
+        # a tiny random float64 GPT-2's patching effects on a 1e-3 gap were off by 1e-5 when
+        # its logits were cast to float32
+        last = logits[:, position].to(wide(logits.dtype))  # (B, V)
+        B = last.shape[0]
+        a = per_row_ids(answer, B, "answer", last.device)[:, None]  # (B, 1)
+        w = per_row_ids(wrong, B, "wrong", last.device)[:, None]  # (B, 1)
+        for flag, ids in (("answer", a), ("wrong", w)):
+            if int(ids.min()) < 0 or int(ids.max()) >= last.shape[-1]:
+                raise ValueError(f"{flag} ids {ids[:, 0].tolist()} outside the model's "
+                                 f"{last.shape[-1]} token ids; pass ids the tokenizer gives")
+        return (last.gather(-1, a) - last.gather(-1, w)).mean()
+
+    return metric
+
+
+@dataclass
+class Patching:
+    """Normalized effects of patching clean activations into the corrupted run."""
+
+    heads: Tensor  # (n_layer, nh): each head's output, every position
+    resid: Tensor  # (n_layer, T): the residual stream entering each layer, one position
+    clean: float  # metric of the clean run
+    corrupted: float  # metric of the corrupted run
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"heads": self.heads.tolist(), "resid": self.resid.tolist(),
+                "clean_metric": self.clean, "corrupted_metric": self.corrupted}
+
+
+class _Runner:
+    """The clean trace and the normalization, shared by every patch of one experiment."""
+
+    def __init__(self, model: Any, clean_ids: Tensor, corrupt_ids: Tensor, metric: Metric,
+                 attention_mask: Tensor | None) -> None:
+        require_eval(model, "every patching effect")
+        if clean_ids.shape != corrupt_ids.shape:
+            raise ValueError(
+                f"clean ids {tuple(clean_ids.shape)} and corrupted ids "
+                f"{tuple(corrupt_ids.shape)} must have the same shape: patching swaps "
+                "activations position by position (pick prompts of equal token length)"
+            )
+        self.model, self.corrupt_ids, self.metric = model, corrupt_ids, metric
+        self.mask = attention_mask
+        # the metric sees NaN logits at padded positions: reading one is an error, not a
+        # number (a right-padded batch's last column is a pad in its shorter rows)
+        self.pads = None if attention_mask is None or bool(attention_mask.all()) else (
+            attention_mask[:, -clean_ids.shape[1]:, None] == 0)  # (B, T, 1)
+        self.trace = Trace(names=["context", "resid_pre"])
+        self.clean = self.score(model(clean_ids, attention_mask=attention_mask,
+                                      trace=self.trace).logits)
+        self.corrupted = self.run(Edits())
+        if abs(self.clean - self.corrupted) < 1e-6:
+            raise ValueError(
+                f"the clean and corrupted runs score the same ({self.clean:.6g}), so no "
+                "effect can be normalized; pick a corruption that changes the metric"
+            )
+
+    def run(self, edits: Edits) -> float:
+        return self.score(self.model(self.corrupt_ids, attention_mask=self.mask,
+                                     edits=edits).logits)
+
+    def score(self, logits: Tensor) -> float:
+        return float(self.scored(logits).detach())
+
+    def scored(self, logits: Tensor) -> Tensor:
+        """The metric of `logits`, a scalar tensor (with its graph, where logits have one)."""
+        if self.pads is not None:
+            logits = logits.masked_fill(self.pads.to(logits.device), float("nan"))  # (B, T, V)
+        value = self.metric(logits)
+        if value.numel() != 1:  # float() of a (B,) tensor says only "one element tensors"
+            raise ValueError(
+                f"the metric returned a tensor of shape {tuple(value.shape)}; it must return "
+                "one number (a scalar tensor): reduce over the batch, e.g. with .mean(), as "
+                "logit_diff_metric does")
+        if self.pads is not None and math.isnan(float(value.detach())):
+            rows = self.pads[:, -1, 0].nonzero().flatten().tolist()
+            raise ValueError(
+                "the metric read logits at a padded position (attention_mask 0"
+                + (f"; the last column is padding in rows {rows}" if rows else "")
+                + "); pad on the left, which puts every row's last token in the last column, "
+                "or score real positions only")
+        return value
+
+    def effect(self, edits: Edits) -> float:
+        return (self.run(edits) - self.corrupted) / (self.clean - self.corrupted)
+
+
+@torch.no_grad()
+def patch_effect(model: Any, clean_ids: Tensor, corrupt_ids: Tensor, metric: Metric,
+                 make_edits: Callable[[Trace], Edits],
+                 attention_mask: Tensor | None = None) -> float:
+    """The normalized effect of one patch: `make_edits(clean_trace)` builds the edits
+    (e.g. `lambda t: Edits([patch(t, "resid_pre", 1, positions=[3])])`)."""
+    runner = _Runner(model, clean_ids, corrupt_ids, metric, attention_mask)
+    return runner.effect(make_edits(runner.trace))
+
+
+@torch.no_grad()
+def activation_patching(
+    model: Any,
+    clean_ids: Tensor,
+    corrupt_ids: Tensor,
+    metric: Metric,
+    attention_mask: Tensor | None = None,
+) -> Patching:
+    """Patch every head's output and every (layer, position) of the residual stream from the
+    clean run into the corrupted one; ids (B, T), one attention_mask for both."""
+    runner = _Runner(model, clean_ids, corrupt_ids, metric, attention_mask)
+    c, T, dtype = model.config, clean_ids.shape[1], wide(model.lm_head.weight.dtype)
+    heads = torch.tensor([
+        [runner.effect(Edits([patch(runner.trace, "context", layer, heads=[h])]))
+         for h in range(c.n_head)]
+        for layer in range(c.n_layer)
+    ], dtype=dtype)  # (n_layer, nh)
+    resid = torch.tensor([
+        [runner.effect(Edits([patch(runner.trace, "resid_pre", layer, positions=[p])]))
+         for p in range(T)]
+        for layer in range(c.n_layer)
+    ], dtype=dtype)  # (n_layer, T)
+    return Patching(heads, resid, runner.clean, runner.corrupted)
+
+
+def attribution_patching(
+    model: Any,
+    clean_ids: Tensor,
+    corrupt_ids: Tensor,
+    metric: Metric,
+    attention_mask: Tensor | None = None,
+) -> Patching:
+    """`activation_patching`'s effects to first order, from a clean run, a corrupted run and
+    one backward pass (attribution patching): each value's (clean - corrupted) difference
+    times the metric's gradient at the corrupted run, summed over the patched cells and
+    normalized as there. Exact for a metric linear in the value; a large effect through
+    softmax or a norm may be over- or underestimated, so confirm the heads it ranks first
+    with `activation_patching` or `patch_effect`. The model's parameters get no gradient."""
+    if torch.is_inference_mode_enabled():  # enable_grad cannot undo it: nothing records
+        raise ValueError("attribution_patching needs autograd, which torch.inference_mode() "
+                         "turns off; call it outside inference mode (it uses its own no_grad "
+                         "where it can)")
+    with torch.no_grad():
+        runner = _Runner(model, clean_ids, corrupt_ids, metric, attention_mask)
+    n_layer, dtype = model.config.n_layer, wide(model.lm_head.weight.dtype)
+    sites = [(layer, name) for layer in range(n_layer) for name in ("context", "resid_pre")]
+    held: dict[tuple[int, str], Tensor] = {}
+
+    def hold(layer: int, name: str) -> Edit:
+        def replace(value: Tensor, first: int) -> Tensor:
+            held[(layer, name)] = value
+            return value  # unchanged: the gradient flows on through it
+        return Edit(name, layer, replace)
+
+    # embeddings as a leaf: every value downstream has a gradient, frozen parameters or not
+    start = Edit("emb", None, lambda value, first: value.detach().requires_grad_())
+    with torch.enable_grad():
+        logits = model(corrupt_ids, attention_mask=attention_mask,
+                       edits=Edits([start, *(hold(*site) for site in sites)])).logits
+        score = runner.scored(logits)
+        if not score.requires_grad:
+            raise ValueError(
+                "the metric's value has no gradient with respect to the logits (argmax, a "
+                "comparison, .item() or no_grad inside it), so there is nothing to attribute; "
+                "use a differentiable metric such as logit_diff_metric, or activation_patching")
+        grads = dict(zip(sites, torch.autograd.grad(score,
+                                                     [held[site] for site in sites]),
+                         strict=True))
+    gap = runner.clean - runner.corrupted
+
+    def attribution(layer: int, name: str) -> Tensor:
+        moved = runner.trace.get(name, layer) - held[(layer, name)].detach()  # clean - corrupted
+        return (moved * grads[(layer, name)]).to(dtype) / gap  # same shape as the value
+
+    heads = torch.stack([attribution(layer, "context").sum(dim=(0, 2, 3))  # (nh,)
+                         for layer in range(n_layer)])  # (n_layer, nh)
+    resid = torch.stack([attribution(layer, "resid_pre").sum(dim=(0, 2))  # (T,)
+                         for layer in range(n_layer)])  # (n_layer, T)
+    return Patching(heads.cpu(), resid.cpu(), runner.clean, runner.corrupted)

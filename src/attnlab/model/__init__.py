@@ -1,0 +1,36 @@
+"""The model: everything `GPT.forward` runs.
+
+`config.py` (`GPTConfig`, presets), `layers.py` (norms, MLPs, rotary embeddings, the CPU
+`Linear`), `attention.py` (masks, `attend`, `CausalSelfAttention`: all attention math),
+`kv_cache.py`, `gpt.py` (the GPT), `decode.py` (the one-token decode step without modules),
+`trace.py` (the recording seam: what a forward pass can capture and where edits apply) and
+`runtime.py` (which device a name means, CPU kernel and memory choices).
+"""
+
+from .attention import CausalSelfAttention, Mask, attend, build_mask, causal_mask, padding_mask
+from .config import PRESETS, GPTConfig
+from .decode import DecodeStep, half_weights
+from .gpt import GPT, ModelOutput, count_params, next_token_loss
+from .kv_cache import KVCache
+from .layers import RMSNorm
+from .trace import Trace
+
+__all__ = [
+    "GPT",
+    "PRESETS",
+    "CausalSelfAttention",
+    "DecodeStep",
+    "GPTConfig",
+    "KVCache",
+    "Mask",
+    "ModelOutput",
+    "RMSNorm",
+    "Trace",
+    "attend",
+    "build_mask",
+    "causal_mask",
+    "count_params",
+    "half_weights",
+    "next_token_loss",
+    "padding_mask",
+]

@@ -1,0 +1,414 @@
+"""`DecodeStep`: `GPT.forward` for one new token per row over a KV cache, without modules.
+
+At T = 1 a small GPT does little arithmetic and much Python: module calls, and three q/k/v
+projections where one would do. This module owns that fast path: it reads a `GPT`'s weights
+once into plain tensors (`_DecodeLayer`) and runs `Block`'s wiring with tensor calls,
+honouring every `GPTConfig` switch (norms, MLP kind, RoPE at each row's real position,
+QK-norm, biases, parallel residual, sliding window, head_dim). The model, masks and rotary
+math stay in `model.py`, `attention.py` and `layers.py`; it is tested equal to `GPT.forward`
+(tests/test_model.py).
+
+`half_weights(model)` has decode stream every matrix as float16 (fbgemm's kernel on x86
+CPUs: float16 weights, float32 arithmetic), after rounding the model's own matrices to the
+same values, so forward, traces and decode still compute one model.
+"""
+
+from __future__ import annotations
+
+from concurrent.futures import ThreadPoolExecutor
+from typing import TYPE_CHECKING, NamedTuple, cast
+from weakref import WeakKeyDictionary
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from .attention import Mask, attend, build_mask
+from .kv_cache import KVCache
+from .layers import GELUS, MLP, RMSNorm, apply_rotary, real_positions, rms_norm
+
+if TYPE_CHECKING:
+    from .gpt import GPT, Block
+
+
+class _Affine(NamedTuple):
+    """x (B, in) -> x @ weight + bias (B, out), for the one-token decode step."""
+
+    weight: Tensor  # (in, out), over (in, out) or (out, in) memory: GPT.lay_out_weights
+    bias: Tensor | None  # (out,)
+
+    @classmethod
+    def stack(cls, *linears: nn.Linear, into: _Affine | None = None) -> _Affine:
+        """Linear layers fed the same input as one: their (in, out) weights side by side and
+        biases end to end. One layer's own tensors when there is one (in either memory order:
+        BLAS reads both), else a copy: into the tensors of `into`, a stack of the same
+        layers, when given."""
+        weights = [lin.weight.detach().t() for lin in linears]  # (in, out) each
+        biases = [lin.bias.detach() for lin in linears if lin.bias is not None]
+        if len(weights) == 1:
+            weight = weights[0]
+            if not (weight.is_contiguous() or weight.t().is_contiguous()):
+                weight = weight.contiguous()
+            return cls(weight, biases[0] if biases else None)
+        weight = torch.cat(weights, dim=1, out=None if into is None else into.weight)
+        bias = None if not biases else torch.cat(
+            biases, out=None if into is None else into.bias)
+        return cls(weight, bias)
+
+    def __call__(self, x: Tensor) -> Tensor:
+        w, b = self.weight, self.bias  # (in, out), (out,)
+        (n_in, n_out), rows = w.shape, w.is_contiguous()  # rows: over (in, out) memory
+        parts = _parts(n_in if rows else n_out, w)
+        if parts == 1:
+            return torch.mm(x, w) if b is None else torch.addmm(b, x, w)  # (B, out)
+        # one block of the matrix per thread, a contiguous run of memory each: torch.bmm
+        # runs the blocks on parallel threads, where one mm streams on one
+        B = x.shape[0]
+        if rows:  # blocks of input rows; their partial sums are added
+            xs = x.reshape(B, parts, n_in // parts).transpose(0, 1)  # (parts, B, in/parts)
+            y = torch.bmm(xs, w.view(parts, n_in // parts, n_out)).sum(0)  # (B, out)
+            return y if b is None else y.add_(b)
+        # (out, in) memory: blocks of outputs, each from the whole input
+        blocks = w.t().view(parts, n_out // parts, n_in).transpose(1, 2)  # (parts, in, out/parts)
+        xs = x.expand(parts, B, n_in)  # (parts, B, in), no copy
+        y = (torch.bmm(xs, blocks) if b is None else
+             torch.baddbmm(b.view(parts, 1, n_out // parts), xs, blocks))  # (parts, B, out/parts)
+        return y.transpose(0, 1).reshape(B, n_out)  # (B, out)
+
+
+# the fewest weights a thread's block holds: below it, handing out blocks costs more than
+# it saves (2-core EPYC, 2 threads: a 256 x 256 matrix 10 us by mm, 15 us in blocks; a
+# 256 x 1024 one 57 vs 49 us; GPT-2's 768 x 3072 streamed at 21 GB/s by mm, 30 in blocks)
+SPLIT_MIN = 1 << 17
+
+
+def _parts(side: int, w: Tensor) -> int:
+    """Into how many equal blocks along `side` to cut the matrix `w` for the product: one per
+    torch thread, each of at least SPLIT_MIN weights; 1: keep it whole. float32 on the CPU
+    only (the case measured; bfloat16 products have other kernels, GPUs their own threads)."""
+    if w.device.type != "cpu" or w.dtype != torch.float32:
+        return 1
+    parts = min(torch.get_num_threads(), w.numel() // SPLIT_MIN)
+    while parts > 1 and side % parts:
+        parts -= 1
+    return max(parts, 1)
+
+
+FLOAT16_MAX = 65504.0  # float16's largest finite value
+
+
+def _in_memory_order(w: Tensor) -> Tensor:
+    """w, or w.t() where that is contiguous (GPT lays the wide Linear weights out as (in,
+    out) memory): whole-tensor ops run over contiguous memory, 3-8x faster than over the
+    strided view."""
+    return w.t() if w.dim() == 2 and not w.is_contiguous() and w.t().is_contiguous() else w
+
+
+def _largest(w: Tensor) -> float:
+    low, high = torch.aminmax(_in_memory_order(w))
+    return max(-low.item(), high.item())
+
+
+class _Packed16(NamedTuple):
+    """x (B, in) -> x @ W + b with W held as float16 in fbgemm's packed layout and the
+    products summed in float32: `_Affine` over W rounded to float16, reading half the bytes.
+    The bias stays float32."""
+
+    packed: torch.ScriptObject  # quantized.linear_prepack_fp16 of W (out, in) and b
+
+    @classmethod
+    def of(cls, affine: _Affine) -> _Packed16:
+        w = affine.weight.t()  # (out, in)
+        largest = _largest(w)
+        if largest > FLOAT16_MAX:  # fbgemm would clamp it with a warning
+            raise ValueError(
+                f"a {tuple(w.shape)} matrix holds |w| = {largest:.6g}, beyond float16's "
+                f"largest value {FLOAT16_MAX:g}; keep float32 weights for this model"
+            )
+        return cls(torch.ops.quantized.linear_prepack_fp16(w.contiguous(), affine.bias))
+
+    def __call__(self, x: Tensor) -> Tensor:
+        return cast(Tensor, torch.ops.quantized.linear_dynamic_fp16(x, self.packed))  # (B, out)
+
+
+_Matrix = _Affine | _Packed16
+
+
+def _pack(matrix: _Matrix | None) -> _Matrix | None:
+    return None if matrix is None else _Packed16.of(cast(_Affine, matrix))
+
+
+class _Norm(NamedTuple):
+    weight: Tensor | None
+    bias: Tensor | None
+    eps: float
+    rms: bool
+
+    def __call__(self, x: Tensor) -> Tensor:
+        if self.rms:
+            return rms_norm(x, self.weight, self.eps)
+        # torch.layer_norm: F.layer_norm's Python checks cost more than a (B, C) norm here
+        return torch.layer_norm(x, x.shape[-1:], self.weight, self.bias, self.eps)
+
+
+def _norm_of(module: nn.Module | None) -> _Norm | None:
+    if isinstance(module, RMSNorm):
+        return _Norm(module.weight.detach(), None, module.eps, True)
+    if not isinstance(module, nn.LayerNorm):
+        return None  # nn.Identity (norm="none")
+    bias = None if module.bias is None else module.bias.detach()
+    return _Norm(module.weight.detach(), bias, module.eps, False)
+
+
+class _DecodeLayer(NamedTuple):
+    """One block's weights for `DecodeStep`; None where the config leaves a part out."""
+
+    ln_1: _Norm | None
+    qkv: _Matrix  # query, key, value side by side: weight (C, nh*hs + 2*nkv*hs)
+    q_norm: _Norm | None  # QK-norm, over hs
+    k_norm: _Norm | None
+    out_proj: _Matrix | None
+    ln_2: _Norm | None
+    fc: _Matrix | None  # up projection
+    gate: _Matrix | None  # SwiGLU's gate projection
+    proj: _Matrix | None  # down projection
+    window: int | None  # this layer's sliding window
+
+    @classmethod
+    def of(cls, block: Block, window: int | None) -> _DecodeLayer:
+        attn, mlp = block.attn, cast(MLP | None, block.mlp)
+        return cls(
+            _norm_of(block.ln_1),
+            _Affine.stack(attn.query, attn.key, attn.value),
+            _norm_of(attn.q_norm),
+            _norm_of(attn.k_norm),
+            None if attn.out_proj is None else _Affine.stack(attn.out_proj),
+            _norm_of(block.ln_2),
+            None if mlp is None else _Affine.stack(mlp.fc),
+            None if mlp is None or mlp.gate is None else _Affine.stack(mlp.gate),
+            None if mlp is None else _Affine.stack(mlp.proj),
+            window,
+        )
+
+    def packed16(self) -> _DecodeLayer:
+        """The same layer with every matrix as `_Packed16`."""
+        return self._replace(
+            qkv=_Packed16.of(cast(_Affine, self.qkv)), out_proj=_pack(self.out_proj),
+            fc=_pack(self.fc), gate=_pack(self.gate), proj=_pack(self.proj),
+        )
+
+
+def _apply(norm: _Norm | None, x: Tensor) -> Tensor:
+    return x if norm is None else norm(x)
+
+
+class DecodeStep:
+    """`GPT.forward` for one new token per row over a KV cache, with the weights laid out for it.
+
+    It stacks q, k and v into one matrix per layer (a copy, made once), uses the other
+    weights in place (GPT lays them out for `x @ W`: `GPT.lay_out_weights`), and runs
+    `Block`'s wiring with plain tensor calls and `attention.attend`. Build it after the
+    weights are final, for eval.
+
+    At two or more torch threads a float32 CPU matrix is multiplied in one block per thread
+    (`torch.bmm` over views of its memory; `_Affine`): MKL's product of one row by a matrix
+    runs on one thread whatever the thread count, and two blocks streamed GPT-2 small's
+    weights 1.4-1.7x faster on the 2-core EPYC.
+
+    weights="float16" packs every matrix (the stacked q/k/v, output, MLP and head) as float16
+    for fbgemm's kernel, which sums in float32 (x86 CPUs, float32 models; packing GPT-2
+    small takes ~2 s): the step then equals `GPT.forward` of the model with those matrices
+    rounded to float16, which is what `half_weights` makes the model itself.
+    """
+
+    def __init__(self, model: GPT, weights: str = "float32") -> None:
+        if model.training and model.config.dropout > 0:
+            raise ValueError("a decode step runs without dropout; call model.eval() first")
+        if weights not in ("float32", "float16"):
+            raise ValueError(f"weights={weights!r}: pick 'float32' or 'float16'")
+        if weights == "float16":
+            check_float16_weights(model)
+        c = self.config = model.config
+        self.approximate = GELUS[c.gelu]
+        self.layers = [
+            _DecodeLayer.of(cast("Block", block), c.window_of(i))
+            for i, block in enumerate(model.blocks)
+        ]
+        # each layer's q, k, v Linear layers, whose weights `layers[i].qkv` copies
+        self._qkv_sources = [(b.attn.query, b.attn.key, b.attn.value)
+                             for b in cast("list[Block]", list(model.blocks))]
+        self.ln_f = _norm_of(model.ln_f)
+        self.wte = model.wte.weight.detach()
+        self.wpe = None if model.wpe is None else model.wpe.weight.detach()
+        self.rotary = model.rotary
+        self.lm_head: _Matrix = _Affine.stack(model.lm_head)  # weight (C, V)
+        self.weights = weights
+        if weights == "float16":
+            # packing runs outside the GIL: a thread per torch thread, up to 8 (2 cores: 1.7x)
+            with ThreadPoolExecutor(min(torch.get_num_threads(), 8)) as pool:
+                head = pool.submit(_Packed16.of, self.lm_head)  # the largest first
+                self.layers = list(pool.map(_DecodeLayer.packed16, self.layers))
+                self.lm_head = head.result()
+
+    def refresh(self) -> None:
+        """Copy the model's q/k/v weights into the stacked matrices again (float32 steps;
+        float16 ones are packed copies of every matrix: build a new step). The step reads
+        every other weight in place, so it then computes the model as it is now, whatever
+        changed in place since, even through `.data` (which no version counter sees)."""
+        if self.weights != "float32":
+            raise ValueError("a float16 step holds packed copies; build a new DecodeStep")
+        for layer, linears in zip(self.layers, self._qkv_sources, strict=True):
+            _Affine.stack(*linears, into=cast(_Affine, layer.qkv))
+
+    def _mlp(self, layer: _DecodeLayer, h: Tensor) -> Tensor:
+        """h (B, C) -> the MLP's output (B, C); the layer must have one."""
+        fc, proj = cast(_Matrix, layer.fc), cast(_Matrix, layer.proj)
+        if layer.gate is None:
+            return proj(F.gelu(fc(h), approximate=self.approximate))  # (B, d_ff) -> (B, C)
+        return proj(F.silu(layer.gate(h)) * fc(h))  # (B, d_ff) -> (B, C)
+
+    @torch.inference_mode()
+    def __call__(self, token: Tensor, attention_mask: Tensor | None, cache: KVCache) -> Tensor:
+        """token (B, 1) -> next-token logits (B, V); writes its keys/values at cache.seq_len.
+
+        attention_mask (B, S): 1/0 over cached + new positions, None when nothing is padded.
+        Token ids are not range-checked (generation feeds back ids it sampled); check ids
+        from elsewhere with `GPT.forward` first.
+        """
+        c, pos = self.config, cache.seq_len
+        if token.dim() != 2 or token.shape[1] != 1:
+            raise ValueError(f"a decode step takes (B, 1) token ids, got {tuple(token.shape)}")
+        if pos >= c.block_size:
+            raise ValueError(
+                f"cache holds {pos} positions, so a new token would be position {pos} >= "
+                f"block_size={c.block_size}; start a new cache (or use a sliding window)"
+            )
+        x = F.embedding(token[:, 0], self.wte)  # (B, C)
+        positions: Tensor | None = None  # (B,) real positions of padded rows
+        if attention_mask is not None:
+            positions = real_positions(attention_mask, 1)[:, 0]  # (B,)
+        if self.wpe is not None:
+            # (C,): every row is at position pos, or (B, C) at its own
+            x = x + (self.wpe[pos] if positions is None else F.embedding(positions, self.wpe))
+        rope = None
+        if self.rotary is not None:
+            at = torch.full((1, 1), pos, device=token.device) if positions is None else (
+                positions[:, None])  # (B or 1, 1)
+            rope = self.rotary.cos_sin(at)  # (B or 1, 1, 1, rd) each
+        masks: dict[int | None, Mask] = {}
+        B, nh, nkv, hs = token.shape[0], c.n_head, c.n_kv_heads, c.head_size
+        for layer, layer_cache in zip(self.layers, cache.layers, strict=True):
+            if layer.window not in masks:
+                masks[layer.window] = build_mask(
+                    1, pos + 1, attention_mask, device=token.device, window=layer.window
+                )
+            h = _apply(layer.ln_1, x)  # (B, C)
+            qkv = layer.qkv(h)  # (B, (nh + 2*nkv) * hs)
+            # one position per row: (B, heads * hs) is (B, heads, 1, hs) as it lies in memory
+            q, k, v = qkv.view(B, nh + 2 * nkv, 1, hs).split_with_sizes((nh, nkv, nkv), dim=1)
+            if layer.q_norm is not None and layer.k_norm is not None:
+                q, k = layer.q_norm(q), layer.k_norm(k)  # per head, over hs
+            if rope is not None:
+                q, k = apply_rotary(q, *rope), apply_rotary(k, *rope)  # (B, nh|nkv, 1, hs)
+            k, v = layer_cache.update(pos, k, v)  # (B, nkv, pos + 1, hs) each
+            a = attend(q, k, v, masks[layer.window], scale=c.attn_scale)  # (B, nh, 1, hs)
+            a = a.view(B, nh * hs)  # (B, nh * hs)
+            if layer.out_proj is not None:
+                a = layer.out_proj(a)  # (B, C)
+            if c.parallel_residual:
+                m = 0.0 if layer.fc is None else self._mlp(layer, _apply(layer.ln_2, x))
+                x = m + a + x if c.residual else m + a  # GPT-NeoX's order of the sum
+                continue
+            x = x + a if c.residual else a
+            if layer.fc is not None:
+                m = self._mlp(layer, _apply(layer.ln_2, x))  # (B, C)
+                x = x + m if c.residual else m
+        cache.seq_len = pos + 1
+        return self.lm_head(_apply(self.ln_f, x))  # (B, V)
+
+
+def check_float16_weights(model: GPT) -> None:
+    """Raise unless `model` can stream float16 weights: float32 on the CPU, fbgemm built in."""
+    weight = model.lm_head.weight
+    if weight.device.type != "cpu":
+        raise ValueError(
+            f"float16 weights are a CPU path (fbgemm) and the model is on {weight.device}; "
+            "on a GPU cast the model instead (--dtype bfloat16, model.to(torch.bfloat16))"
+        )
+    if weight.dtype != torch.float32:
+        raise ValueError(
+            f"float16 weights need a float32 model (the arithmetic stays float32), not "
+            f"{weight.dtype}; drop the cast (--dtype float32)"
+        )
+    if "fbgemm" not in torch.backends.quantized.supported_engines:
+        raise ValueError(
+            "this PyTorch build has no fbgemm, the kernel behind float16 weights (x86 CPUs "
+            "only); keep float32 weights"
+        )
+
+
+def half_weights(model: GPT) -> GPT:
+    """Round every matrix of `model` to float16 values, in place, and have generation stream
+    them as float16: 2 bytes per weight instead of 4 in each decode step. Returns `model`.
+
+    The matrices are the nn.Linear weights (q, k, v, output, MLP, head; with tied weights
+    the head is the token table, so lookups read the rounded values too); biases, norms and
+    an untied token table stay float32, and all arithmetic stays float32. Forward passes,
+    traces and the prompt then compute with exactly the values decode streams (a weight moves
+    by at most 2**-11 of itself; below 2**-14, float16's subnormals, by at most 2**-25).
+    Packing the weights for the kernel happens here, once (GPT-2 small: ~2 s); `generate`,
+    `stream` and the server reuse it while the weights are unchanged and pack again after
+    they change. x86 CPUs, float32 models on the CPU (`check_float16_weights`).
+    """
+    check_float16_weights(model)
+    linears = [(name, m) for name, m in model.named_modules() if isinstance(m, nn.Linear)]
+    with torch.no_grad():
+        # every matrix checked before any is rounded: a refusal leaves the model as it was
+        for name, module in linears:
+            largest = _largest(module.weight)
+            if largest > FLOAT16_MAX:
+                raise ValueError(
+                    f"{name}.weight holds |w| = {largest:.6g}, beyond float16's largest "
+                    f"value {FLOAT16_MAX:g}; keep float32 weights for this model"
+                )
+        for _, module in linears:
+            memory = _in_memory_order(module.weight)
+            memory.copy_(memory.half())  # in place: layout and ties kept
+    model.decode_weights = "float16"
+    if not (model.training and model.config.dropout > 0):
+        decode_step(model)  # pack now rather than in the first generation
+    return model
+
+
+# model -> (its weights' identity and versions when the step was built, the step)
+_STEPS: WeakKeyDictionary[GPT, tuple[tuple[object, ...], DecodeStep]] = WeakKeyDictionary()
+
+
+@torch.inference_mode()
+def decode_step(model: GPT) -> DecodeStep:
+    """The `DecodeStep` a generation runs, kept with the model while every parameter is the
+    same tensor at the same version and `model.decode_weights` is unchanged, else built again.
+
+    float32: building copies q/k/v into one matrix per layer (GPT-2 small: 85 MB, kept as
+    long as the model), which took 53 ms a generation here when made afresh (freed memory
+    goes back to the OS, so each copy page-faults again); a kept step only copies them
+    again (`DecodeStep.refresh`, 11 ms), so it sees every in-place change. float16 (a
+    model of `half_weights`): the packed step (packing costs seconds), packed again after
+    a tracked change; an edit through `.data` goes unseen, so call `half_weights` again.
+    """
+    key = (model.decode_weights, *((p.data_ptr(), p._version) for p in model.parameters()))
+    held = _STEPS.get(model)
+    if held is not None and held[0] == key:
+        if model.decode_weights == "float32":
+            held[1].refresh()
+        return held[1]
+    try:
+        step = DecodeStep(model, model.decode_weights)
+    except ValueError as err:
+        if model.decode_weights == "float32":
+            raise
+        # moved to a GPU or cast since half_weights
+        raise ValueError(f"{err} (this model went through half_weights: set "
+                         "model.decode_weights = 'float32' to decode it as it is)") from None
+    _STEPS[model] = key, step
+    return step

@@ -1,0 +1,417 @@
+"""The GPT model: token (+ position) embeddings -> blocks -> final norm -> linear head.
+
+One `GPTConfig` spans seed 002's one-layer model (`seed-minimal`: one single-head
+attention and a linear head, nothing else), a nanoGPT/GPT-2 pre-LayerNorm stack and the
+modern family (Llama, Mistral, Qwen, GPT-NeoX: RoPE, RMSNorm, SwiGLU, GQA, QK-norm,
+parallel residual, sliding window). Attention math is `attention.py`'s, the norms, MLPs
+and rotary embeddings are `layers.py`'s, the one-token decode path is `decode.py`'s; this
+module wires them, owns positions and the loss. Hugging Face weights: `hf.py`.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any, NamedTuple
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+from torch.overrides import TorchFunctionMode
+
+from .attention import CausalSelfAttention, Mask, build_mask
+from .config import GPTConfig
+from .kv_cache import KVCache
+from .layers import MLP, Linear, Rotary, make_norm, real_positions
+from .runtime import kept_out
+from .trace import EditSource, Seam, Trace
+
+
+class ModelOutput(NamedTuple):
+    logits: Tensor  # (B, T, V), or (B, 1, V) with last_logits_only
+    loss: Tensor | None  # mean next-token cross-entropy over non-ignored targets
+
+
+def _norm(config: GPTConfig) -> nn.Module:
+    return make_norm(config.norm, config.n_embd, eps=config.norm_eps, bias=config.bias)
+
+
+class Block(nn.Module):
+    def __init__(self, config: GPTConfig) -> None:
+        super().__init__()
+        c = config
+        self.residual, self.parallel = c.residual, c.parallel_residual
+        self.ln_1 = _norm(c)
+        self.attn = CausalSelfAttention(
+            c.n_embd, c.n_head * c.head_size, c.n_head, c.n_kv_head,
+            bias=c.bias if c.qkv_bias is None else c.qkv_bias,
+            out_bias=c.bias if c.out_bias is None else c.out_bias,
+            out_proj=c.attn_out_proj, dropout=c.dropout, scale=c.attn_scale,
+            qk_norm=c.qk_norm, norm_eps=c.norm_eps,
+        )
+        has_mlp = c.mlp != "none"
+        self.ln_2 = _norm(c) if has_mlp else None
+        self.mlp = MLP(
+            c.n_embd, c.ff_size, gated=c.mlp == "swiglu", gelu=c.gelu, bias=c.bias,
+            dropout=c.dropout,
+        ) if has_mlp else None
+
+    def forward(
+        self,
+        x: Tensor,
+        mask: Mask,
+        kv_cache: Any = None,
+        pos: int = 0,
+        trace: Any = None,
+        fused: bool | None = None,
+        rope: tuple[Tensor, Tensor] | None = None,
+    ) -> Tensor:
+        a = self.attn(self.ln_1(x), mask=mask, kv_cache=kv_cache, pos=pos, trace=trace,
+                      fused=fused, rope=rope)  # (B, T, C)
+        if self.parallel:  # GPT-NeoX: both branches read x; its order of the sum
+            if self.mlp is None or self.ln_2 is None:
+                return a + x if self.residual else a
+            m = self.mlp(self.ln_2(x))  # (B, T, C)
+            if trace is not None:
+                m = trace.record("mlp_out", m)
+            return m + a + x if self.residual else m + a  # (B, T, C)
+        x = x + a if self.residual else a
+        if self.mlp is not None and self.ln_2 is not None:
+            m = self.mlp(self.ln_2(x))  # (B, T, C)
+            if trace is not None:
+                m = trace.record("mlp_out", m)
+            x = x + m if self.residual else m
+        return x
+
+
+class GPT(nn.Module):
+    """Decoder-only transformer. `forward(idx, targets, attention_mask, ...)` -> ModelOutput."""
+
+    def __init__(self, config: GPTConfig) -> None:
+        super().__init__()
+        c = self.config = config
+        # creation order = seed 002's: token table, position table, q, k, v, head
+        self.wte = nn.Embedding(c.vocab_size, c.n_embd)
+        self.wpe = nn.Embedding(c.block_size, c.n_embd) if c.pos == "learned" else None
+        # rotary: float32 frequencies, cos/sin computed per call (no block_size table)
+        self.rotary = Rotary(c.head_size, c.rotary_pct, c.rope_theta, c.rope_scaling) if (
+            c.pos == "rope") else None
+        self.drop = nn.Dropout(c.dropout)
+        self.blocks = nn.ModuleList([Block(c) for _ in range(c.n_layer)])
+        self.ln_f = _norm(c)
+        self.lm_head = Linear(c.n_embd, c.vocab_size, bias=False)
+        if c.tie_weights:
+            self.lm_head.weight = self.wte.weight
+        # what decode streams the matrices as: "float16" after decode.half_weights(model)
+        self.decode_weights = "float32"
+        if c.init_std is not None:
+            self._init_weights(c.init_std)
+        self.lay_out_weights()  # after init: the same seed gives the same values either way
+
+    def _init_weights(self, std: float) -> None:
+        for module in self.modules():
+            if isinstance(module, (nn.Linear, nn.Embedding)):
+                nn.init.normal_(module.weight, mean=0.0, std=std)
+            if isinstance(module, nn.Linear) and module.bias is not None:
+                nn.init.zeros_(module.bias)
+        # GPT-2: scale the residual projections by 1/sqrt(2 * n_layer) (one per sublayer)
+        for name, p in self.named_parameters():
+            if name.endswith(("attn.out_proj.weight", "mlp.proj.weight")):
+                nn.init.normal_(p, mean=0.0, std=std / math.sqrt(2 * self.config.n_layer))
+
+    def lay_out_weights(self) -> None:
+        """Store each Linear weight, shape (out, in), with its longer side along memory rows:
+        (in, out) memory (GPT-2's Conv1D layout; `weight.t()` contiguous) when out >= in,
+        else nn.Linear's own (out, in) (`laid_out`). Idempotent; copies only weights laid out
+        otherwise (e.g. assigned by `load_state_dict(..., assign=True)`).
+
+        Shapes, state dicts and results stay nn.Linear's. Why: a decode step multiplies one
+        row by each matrix, and CPU BLAS streams a matrix fastest along long rows (2-core
+        EPYC, one thread, GB/s over (in, out) vs (out, in) memory: GPT-2's (768, 3072) 21.6
+        vs 15.7, the 768 x 50257 head 25.4 vs 15.5, the (3072, 768) down projection 14.5 vs
+        20.6; square ones within 10%), so `DecodeStep` uses these weights in place, without
+        a copy. With tied weights the token table is the head's matrix, so its lookups read
+        a column (one token: C strided reads).
+        """
+        with torch.no_grad():
+            for module in self.modules():
+                if isinstance(module, nn.Linear) and not laid_out(module):
+                    w = module.weight.data  # (out, in)
+                    # same Parameter: ties hold
+                    module.weight.data = (w.t().contiguous().t() if _wide(module)
+                                          else w.contiguous())
+
+    def num_params(self, non_embedding: bool = True) -> int:
+        """Parameter count; by default without the position table (nanoGPT's convention)."""
+        n = sum(p.numel() for p in self.parameters())
+        return n - self.wpe.weight.numel() if non_embedding and self.wpe is not None else n
+
+    def new_cache(
+        self, batch_size: int, max_len: int | None = None, *, dtype: torch.dtype | None = None
+    ) -> KVCache:
+        """A static KV cache for this model. max_len defaults to block_size for learned
+        positions; other models need it (their block_size may be 32k-128k): prompt + new."""
+        c = self.config
+        if max_len is None and c.pos != "learned":
+            raise ValueError(
+                f"pass max_len (prompt + new tokens) for a pos={c.pos!r} model: its "
+                f"block_size={c.block_size} is a limit, not a size to allocate"
+            )
+        max_len = c.block_size if max_len is None else max_len
+        if max_len > c.block_size:
+            raise ValueError(
+                f"cache max_len={max_len} exceeds block_size={c.block_size}: positions past "
+                "block_size have no embedding"
+            )
+        return KVCache.static(
+            c.n_layer, batch_size, c.n_kv_heads, max_len, c.head_size,
+            dtype=dtype or self.wte.weight.dtype, device=self.wte.weight.device,
+        )
+
+    def _check_inputs(
+        self, idx: Tensor, pos: int, attention_mask: Tensor | None, targets: Tensor | None
+    ) -> None:
+        c = self.config
+        if idx.dim() != 2 or idx.dtype not in (torch.int64, torch.int32):
+            raise ValueError(
+                f"idx must be a (B, T) integer tensor of token ids, got {idx.dtype} "
+                f"of shape {tuple(idx.shape)}"
+            )
+        B, T = idx.shape
+        if T == 0:
+            raise ValueError("idx has no tokens (T=0); pass at least one token id")
+        if pos + T > c.block_size:
+            raise ValueError(
+                f"sequence of {pos + T} tokens ({pos} cached + {T} new) exceeds "
+                f"block_size={c.block_size}; truncate the input to the last {c.block_size} "
+                "tokens or use a model with a larger block_size"
+            )
+        if attention_mask is not None and attention_mask.shape != (B, pos + T):
+            raise ValueError(
+                f"attention_mask shape {tuple(attention_mask.shape)} != (B, cached + new) = "
+                f"({B}, {pos + T}); it must cover every key, cached ones included"
+            )
+        if targets is not None and targets.shape != (B, T):
+            raise ValueError(f"targets shape {tuple(targets.shape)} != idx shape {(B, T)}")
+        if torch.compiler.is_compiling():
+            # reading values back would break the graph; training checks once, before its
+            # first step, that the tokenizer's ids fit the model's vocab_size
+            return
+        lo, hi = int(idx.min()), int(idx.max())
+        if lo < 0 or hi >= c.vocab_size:
+            bad = lo if lo < 0 else hi
+            raise ValueError(
+                f"token id {bad} is outside the vocabulary [0, {c.vocab_size}); the tokenizer "
+                "and the model disagree on vocab_size"
+            )
+        if targets is not None and (int(targets.min()) < -1 or int(targets.max()) >= c.vocab_size):
+            raise ValueError(
+                f"targets must be token ids in [0, {c.vocab_size}) or -1 (ignored), got "
+                f"values in [{int(targets.min())}, {int(targets.max())}]"
+            )
+
+    def forward(
+        self,
+        idx: Tensor,
+        targets: Tensor | None = None,
+        attention_mask: Tensor | None = None,
+        *,
+        kv_cache: KVCache | None = None,
+        trace: Trace | None = None,
+        edits: EditSource | None = None,
+        fused: bool | None = None,
+        last_logits_only: bool = False,
+    ) -> ModelOutput:
+        """idx (B, T) token ids -> logits (B, T, V) and, with targets (B, T), the loss.
+
+        attention_mask (B, S): 1 for tokens, 0 for (left) padding, over cached + new tokens.
+        Positions count real tokens only (cumsum - 1), so a left-padded row gives the same
+        logits at its real positions as the row alone. Targets equal to -1 and targets at
+        padded positions are ignored by the loss. kv_cache: write keys/values at
+        `kv_cache.seq_len` and advance it. trace: capture intermediates (explicit path where
+        it wants scores or weights). edits: replace intermediates by name (`intervene.Edits`);
+        the trace then sees the edited values.
+        """
+        pos = 0 if kv_cache is None else kv_cache.seq_len
+        self._check_inputs(idx, pos, attention_mask, targets)
+        if kv_cache is not None and len(kv_cache.layers) != self.config.n_layer:
+            raise ValueError(
+                f"kv_cache has {len(kv_cache.layers)} layers, model has {self.config.n_layer}; "
+                "create it with model.new_cache(...)"
+            )
+        B, T = idx.shape
+        if trace is not None:
+            trace.begin(self.config, attention_mask)
+        if edits is not None:
+            edits.check(self.config)
+        if attention_mask is not None:
+            attention_mask = attention_mask.to(idx.device)
+            positions = real_positions(attention_mask, T)  # (B, T)
+        else:
+            positions = torch.arange(pos, pos + T, device=idx.device)[None]  # (1, T)
+
+        tok_emb = self.wte(idx)  # (B, T, C)
+        pos_emb = None if self.wpe is None else self.wpe(positions).expand(B, T, -1)  # (B, T, C)
+        seam = None if trace is None and edits is None else Seam(trace, edits, pos + T)
+        if seam is not None:
+            tok_emb = seam.record("tok_emb", tok_emb)
+            if pos_emb is not None:
+                pos_emb = seam.record("pos_emb", pos_emb)
+        x = self.drop(tok_emb if pos_emb is None else tok_emb + pos_emb)  # (B, T, C)
+        if seam is not None:
+            x = seam.record("emb", x)
+        rope = None if self.rotary is None else self.rotary.cos_sin(positions)  # (B|1, 1, T, rd)
+
+        masks: dict[int | None, Mask] = {}  # one per window size (None: no window)
+        for i, block in enumerate(self.blocks):
+            window = self.config.window_of(i)
+            if window not in masks:
+                masks[window] = build_mask(
+                    T, pos + T, attention_mask, causal=True, device=idx.device, window=window
+                )
+            sink = None if seam is None else seam.layer(i)
+            layer_cache = None if kv_cache is None else kv_cache.layers[i]
+            if sink is not None:
+                x = sink.record("resid_pre", x)
+            x = block(x, masks[window], layer_cache, pos, sink, fused, rope)  # (B, T, C)
+            if sink is not None:
+                x = sink.record("block_out", x)
+        if kv_cache is not None:
+            kv_cache.seq_len = pos + T
+
+        x = self.ln_f(x)  # (B, T, C)
+        if last_logits_only:
+            x = x[:, -1:]  # (B, 1, C)
+        logits = unembed(self.lm_head, x)  # (B, T, V)
+        if seam is not None:
+            logits = seam.record("logits", logits)
+        if targets is None:
+            return ModelOutput(logits, None)
+        if last_logits_only:
+            raise ValueError("targets need logits at every position; drop last_logits_only")
+        if attention_mask is not None:
+            targets = targets.masked_fill(attention_mask[:, -T:] == 0, -1)  # (B, T)
+        return ModelOutput(logits, next_token_loss(logits, targets))
+
+
+def require_eval(model: Any, what: str) -> None:
+    """Raise when `model` is in training mode with dropout: `what` would then be random,
+    different on every call (nn.Module starts in training mode; generation and every
+    analysis refuse it alike)."""
+    if model.training and model.config.dropout > 0:
+        raise ValueError(f"the model is in training mode with dropout, so {what} would be "
+                         "random; call model.eval() first")
+
+
+def check_position(position: int, T: int, what: str = "position") -> None:
+    """Raise unless `position` indexes one of T tokens (negative counts from the end)."""
+    if not -T <= position < T:
+        raise ValueError(f"{what} {position} is out of range for {T} tokens; use 0 to "
+                         f"{T - 1}, or -1 for the last")
+
+
+def per_row_ids(ids: int | Tensor, B: int, what: str, device: torch.device) -> Tensor:
+    """One id for every row, or (B,) ids, as (B,) ids on `device` (an analysis's target)."""
+    ids = torch.as_tensor(ids, device=device)
+    if ids.dim() > 1 or ids.numel() not in (1, B):
+        raise ValueError(f"{what} has shape {tuple(ids.shape)}: pass one id, or ({B},) ids, "
+                         "one per row of the batch")
+    return ids.expand(B)  # (B,)
+
+
+def _wide(linear: nn.Linear) -> bool:
+    return linear.out_features >= linear.in_features
+
+
+def laid_out(linear: nn.Linear) -> bool:
+    """Whether `linear`'s weight has the memory `GPT.lay_out_weights` gives it: (in, out)
+    when out >= in, (out, in) when in > out."""
+    w = linear.weight  # (out, in)
+    return (w.t() if _wide(linear) else w).is_contiguous()
+
+
+_BIG_LOGITS = 64 << 20  # bytes
+_HEAD_COLUMNS = 512  # vocabulary entries per product in unembed
+
+
+def unembed(head: nn.Linear, x: Tensor) -> Tensor:
+    """x (B, T, C) -> head(x) (B, T, V). Without autograd, logits of 64 MiB and more (GPT-2
+    at T=1024: 206 MB) go into a buffer earlier logits freed, or fresh memory advised for
+    huge pages (runtime.kept_out), filled 512 vocabulary columns at a time:
+    MKL multiplies a (T, C) x (C, 512) block at 84-89 GFLOP/s on a 2-core EPYC against
+    62-71 for the whole (T, V) product (GPT-2's head at T=1024: 1.27x). Each logit is the
+    same sum over C either way."""
+    B, T, C = x.shape
+    V = head.out_features
+    big = B * T * V * x.element_size() >= _BIG_LOGITS
+    out = kept_out((B * T, V), x, head.weight) if big else None  # (B*T, V)
+    if out is None:
+        return head(x)
+    x2 = x.reshape(B * T, C)  # (B*T, C)
+    for start in range(0, V, _HEAD_COLUMNS):
+        cols = slice(start, start + _HEAD_COLUMNS)
+        w = head.weight[cols].t()  # (C, n)
+        if head.bias is None:
+            torch.mm(x2, w, out=out[:, cols])  # (B*T, n) into its columns
+        else:
+            torch.addmm(head.bias[cols], x2, w, out=out[:, cols])
+    return out.view(B, T, V)
+
+
+def empty_gpt(config: GPTConfig) -> GPT:
+    """GPT(config) on the CPU with uninitialised weights in its layout, ties kept: for loaders,
+    which overwrite every weight (no time spent drawing an init they would discard)."""
+    with _on_meta():
+        model = GPT(config)
+    # to_empty(device="cpu"), but by empty_strided: empty_like of a meta tensor goes through
+    # torch._refs, which imports sympy (0.7 s); the meta tensors' strides (the layout) hold
+    model = model._apply(lambda t: torch.empty_strided(t.shape, t.stride(), dtype=t.dtype))
+    if config.tie_weights:
+        model.lm_head.weight = model.wte.weight  # _apply gave each module its own tensor
+    return model
+
+
+def count_params(config: GPTConfig) -> int:
+    """Parameters of GPT(config), embeddings included, counted on the meta device (nothing
+    allocated or initialised)."""
+    with _on_meta():
+        return GPT(config).num_params(non_embedding=False)
+
+
+class _SkipInit(TorchFunctionMode):
+    """torch.nn.init functions do nothing: on the meta device there is nothing to draw, and
+    normal_ there goes through torch._refs, whose first call imports torch._dynamo (1.8 s
+    of every command that loads a checkpoint, on a 2-core EPYC)."""
+
+    def __torch_function__(self, func: Any, types: Any, args: Any = (),
+                           kwargs: Any = None) -> Any:
+        if getattr(func, "__module__", None) == "torch.nn.init":
+            return args[0] if args else kwargs["tensor"]
+        return func(*args, **(kwargs or {}))
+
+
+@contextmanager
+def _on_meta() -> Iterator[None]:
+    """Build modules on the meta device without drawing their initial weights."""
+    with torch.device("meta"), _SkipInit():
+        yield
+
+
+def wide(dtype: torch.dtype) -> torch.dtype:
+    """What logits and the numbers read from them are computed in: float32 for bfloat16 and
+    float16, a float64 model's own dtype (float32 would round its logits to ~7 digits)."""
+    return torch.promote_types(dtype, torch.float32)
+
+
+def next_token_loss(logits: Tensor, targets: Tensor) -> Tensor:
+    """Mean cross-entropy of logits (B, T, V) against targets (B, T), ignoring target -1.
+
+    Zero (not NaN) when every target is ignored, e.g. a batch of padding only.
+    """
+    V = logits.shape[-1]
+    total = F.cross_entropy(
+        logits.reshape(-1, V).float(), targets.reshape(-1), ignore_index=-1, reduction="sum"
+    )  # (B * T, V) vs (B * T,)
+    count = (targets != -1).sum().clamp(min=1)
+    return total / count

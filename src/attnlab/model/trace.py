@@ -1,0 +1,388 @@
+"""Capture of every intermediate of a forward pass: the seeds' "storage for inspection".
+
+A `Trace` is an object passed into `GPT.forward(..., trace=trace)`; nothing is stored on
+the modules. The model reports each named value through one seam, `x = sink.record(name, x)`:
+a trace keeps a copy and returns `x` unchanged; edits (`intervene.py`, passed as
+`GPT.forward(..., edits=...)`) may return a replacement, which the model continues with.
+`Seam` joins both for one forward pass: edits apply first, so a trace sees what the model
+used. Attention runs its explicit (reference) path only where a sink needs raw scores,
+masked scores or weights (`needs_weights`); everything else keeps the fused path, and
+layers no sink touches run as if there were none. `Trace.run` ends the forward pass once the
+trace holds all it will keep (the seam raises after the last value). This module owns the
+names, what is captured and how it is filtered, and which cells a traced pass masked
+(`Trace.may_attend`, for the figures and the view); what an edit does is `intervene.py`'s,
+drawing `viz.py`'s.
+
+Names and shapes (vocabulary in `attention.py`; heads dimension nh is sliced by `heads`):
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator
+from typing import TYPE_CHECKING, Protocol, TypeVar
+
+import torch
+from torch import Tensor
+
+from .attention import causal_mask
+
+if TYPE_CHECKING:
+    from .config import GPTConfig
+    from .gpt import GPT
+
+_Trace = TypeVar("_Trace", bound="Trace")
+
+#: Every name a trace can hold, with its shape, in the order a forward pass reports them (a
+#: block's from resid_pre to block_out, once per layer). Model-level names have layer None.
+NAMES: dict[str, str] = {
+    "tok_emb": "(B, T, C) token embeddings",
+    "pos_emb": "(B, T, C) learned position embeddings (per row: left padding shifts them)",
+    "emb": "(B, T, C) tok_emb (+ pos_emb), the input of layer 0",
+    "resid_pre": "(B, T, C) the residual stream entering the block (layer 0: emb)",
+    "q_pre_rope": "(B, nh, T, hs) queries before rotary embedding, after QK-norm if any "
+                  "(pos='rope' only)",
+    "k_pre_rope": "(B, nkv, T, hs) this call's keys before rotary embedding, after QK-norm if "
+                  "any (pos='rope' only)",
+    "q": "(B, nh, T, hs) queries as scored (after QK-norm and rotary embedding, if any)",
+    "k": "(B, nkv, S, hs) keys as scored (cached + new; cached keys are rotated)",
+    "v": "(B, nkv, S, hs) values (cached + new)",
+    "attn_scores": "(B, nh, T, S) raw scores q @ k^T, before scaling",
+    "masked_scores": "(B, nh, T, S) raw scores with -inf where a query may not attend",
+    "attn_weights": "(B, nh, T, S) softmax(masked_scores * scale); masked cells exactly 0",
+    "attn_weights_dropped": "(B, nh, T, S) attention weights after dropout (training only)",
+    "context": "(B, nh, T, hs) weighted values: attn_weights @ v, one slice per head",
+    "attn_out": "(B, T, C) heads concatenated and projected (absent without out_proj)",
+    "mlp_out": "(B, T, C) the MLP's output, before it joins the residual (absent without mlp)",
+    "block_out": "(B, T, C) output of the block (the residual stream after it)",
+    "logits": "(B, T, V) next-token logits",
+}
+MODEL_NAMES = ("tok_emb", "pos_emb", "emb", "logits")
+#: Names whose dimension 1 is a head dimension (sliced by the `heads` filter).
+HEAD_NAMES = frozenset(
+    {"q_pre_rope", "k_pre_rope", "q", "k", "v", "attn_scores", "masked_scores",
+     "attn_weights", "attn_weights_dropped", "context"}
+)
+#: Names only attention's explicit path computes: a sink that reads or edits one needs it.
+WEIGHT_NAMES = frozenset({"attn_scores", "masked_scores", "attn_weights", "attn_weights_dropped"})
+#: Names whose values may be views into a KV cache: a trace always copies them.
+_CACHE_NAMES = frozenset({"k", "v"})
+_ORDER = {name: i for i, name in enumerate(NAMES)}
+__doc__ = (__doc__ or "") + "\n".join(f"    {n:22s} {s}" for n, s in NAMES.items())
+
+
+def position_dim(name: str) -> int:
+    """The dimension of a named value that runs over sequence positions: 2 for per-head
+    names (B, nh, T or S, ...), 1 for the others (B, T, ...)."""
+    return 2 if name in HEAD_NAMES else 1
+
+
+class EditSource(Protocol):
+    """What the seam needs from edits (`intervene.Edits`): which layers they touch, whether
+    they need attention's explicit path there, and the edited value; `check` refuses layers
+    and positions the model never reaches. `length` is the number of sequence columns
+    (cached + new) the forward pass covers, so an edit can tell which absolute positions a
+    value's position dimension holds (its last entries)."""
+
+    def check(self, config: GPTConfig) -> None: ...
+
+    def touches(self, layer: int | None) -> bool: ...
+
+    def needs_weights(self, layer: int | None) -> bool: ...
+
+    def apply(self, name: str, value: Tensor, layer: int | None, length: int) -> Tensor: ...
+
+
+class _LayerView:
+    """The `value = record(name, value)` sink handed to one layer: edits, then the trace."""
+
+    def __init__(
+        self, trace: Trace | None, edits: EditSource | None, layer: int | None, length: int
+    ) -> None:
+        self.trace, self.edits, self.layer, self.length = trace, edits, layer, length
+        self.needs_weights = (trace is not None and trace.needs_weights) or (
+            edits is not None and edits.needs_weights(layer)
+        )
+
+    def wants(self, name: str) -> bool:
+        """True when the trace keeps `name` or an edit may change it (attention computes the
+        (B, nh, T, S) scores only for a sink that wants them)."""
+        if self.trace is not None and self.trace.wants(name):
+            return True
+        return self.edits is not None and name in WEIGHT_NAMES and self.edits.needs_weights(
+            self.layer)
+
+    def record(self, name: str, value: Tensor) -> Tensor:
+        if self.edits is not None:
+            value = self.edits.apply(name, value, self.layer, self.length)
+        if self.trace is not None:
+            self.trace.record(name, value, self.layer)
+            last = self.trace.last_place
+            if last is not None and (-1 if self.layer is None else self.layer,
+                                     _ORDER[name]) >= last:
+                raise _Enough  # Trace.run: nothing after this point is kept
+        return value
+
+
+class _Enough(Exception):
+    """Raised by the seam once a `Trace.run` trace holds all it will keep."""
+
+
+class Seam:
+    """A trace, edits, or both, for one forward pass over `length` columns (cached + new):
+    what `GPT.forward` reports its values to."""
+
+    def __init__(self, trace: Trace | None, edits: EditSource | None, length: int) -> None:
+        self.trace, self.edits, self.length = trace, edits, length
+        self._model = _LayerView(trace, edits, None, length)
+
+    def layer(self, index: int) -> _LayerView | None:
+        """The sink for layer `index`, or None when neither the trace nor an edit wants it
+        (that layer then runs exactly as without a seam)."""
+        trace = self.trace
+        if trace is not None and trace.layers is not None and index not in trace.layers:
+            trace = None
+        edits = self.edits if self.edits is not None and self.edits.touches(index) else None
+        if trace is None and edits is None:
+            return None
+        return _LayerView(trace, edits, index, self.length)
+
+    def record(self, name: str, value: Tensor) -> Tensor:
+        """A model-level value (layer None): embeddings, logits."""
+        return self._model.record(name, value)
+
+
+class Trace:
+    """Stores detached named intermediates, keyed by (layer, name).
+
+    A value is kept as the model made it, without a copy, unless it is a view into memory
+    that others write (keys and values in a KV cache, which later steps overwrite): the
+    model never changes a tensor in place once it has recorded it, and copying the
+    (B, nh, T, S) weights of every layer cost a traced forward as much again in fresh pages.
+    Scores and weights of 4 MiB and more live in buffers (`runtime.kept_empty`) that serve
+    the next trace once nothing reads them: after `del trace` the process keeps that memory
+    (up to 2 GiB) for the next one; `attnlab.model.runtime.release_kept_memory()` frees it.
+    After a pass, `windows` and `attention_mask` hold what it masked (`begin`).
+
+    Args:
+        layers: layer indices to capture (None: all; one int: that layer). Other layers run
+            untraced.
+        heads: head indices kept for per-head tensors (None: all; one int: that head), in
+            ascending order: Trace(heads=[3, 1]) keeps head 1 at index 0 of dimension 1.
+        names: names to keep (None: all of `NAMES`; one string: that name).
+        dtype: floating dtype to store floating values in (None: as computed). float16
+            halves a float32 trace; it rounds attention weights (in [0, 1]) by at most
+            2**-12 (2.4e-4) absolute, and scores by 2**-11 relative, until they pass 65504.
+    """
+
+    def __init__(
+        self,
+        layers: int | Iterable[int] | None = None,
+        heads: int | Iterable[int] | None = None,
+        names: str | Iterable[str] | None = None,
+        *,
+        dtype: torch.dtype | None = None,
+    ) -> None:
+        if dtype is not None and not dtype.is_floating_point:
+            raise ValueError(f"Trace dtype={dtype} must be a floating dtype, e.g. torch.float16")
+        self.dtype = dtype
+        self._query_heads: dict[int | None, int] = {}
+        # one layer, head or name stands for a list of one (Trace(layers=0, names="q"))
+        self.layers = None if layers is None else frozenset(
+            (layers,) if isinstance(layers, int) else layers)
+        self.heads = None if heads is None else sorted(set(
+            (heads,) if isinstance(heads, int) else heads))
+        if names is not None:
+            names = frozenset((names,) if isinstance(names, str) else names)
+            unknown = sorted(names - NAMES.keys())
+            if unknown:
+                raise ValueError(f"unknown trace names {unknown}; known names: {sorted(NAMES)}")
+        self.names = names
+        # scores and weights exist only on attention's explicit path: run it when they are
+        # wanted, and keep the fused path for a trace of, say, the residual stream
+        self.needs_weights = names is None or bool(names & WEIGHT_NAMES)
+        self.values: dict[tuple[int | None, str], Tensor] = {}
+        # (layer or -1, index in NAMES) of the last value kept: set only while `run` runs
+        self.last_place: tuple[int, int] | None = None
+        # what the last traced pass masked, which its weights cannot tell a reader (show):
+        # a masked key's weight is 0 like one that underflows. Each layer's sliding window
+        # (None: whole context) and the (B, S) padding over cached + new keys (True = token,
+        # False = pad; None: no padding)
+        self.windows: dict[int, int | None] = {}
+        self.attention_mask: Tensor | None = None
+
+    def run(self: _Trace, model: GPT, idx: Tensor, attention_mask: Tensor | None = None, *,
+            edits: EditSource | None = None) -> _Trace:
+        """Run `model` on idx (B, T), without autograd, only as far as this trace keeps
+        values, and return the trace. A trace of the attention weights skips the last
+        layer's context and MLP and the head (the logits: a quarter of GPT-2 small's forward
+        at 1024 tokens), `Trace(layers=0, names=["attn_weights"])` runs one block. The
+        layer filter leaves the model-level names (embeddings, logits) in, so
+        `Trace(layers=0)` alone keeps the logits and runs every block and the head. Take
+        `model(idx, trace=trace)` where you want the logits too; those values are the same.
+        The model runs in the mode it is in: in training mode dropout applies (and
+        `attn_weights_dropped` exists), so call `model.eval()` first for the weights it
+        computes at inference.
+        """
+        names = NAMES.keys() if self.names is None else self.names
+        layers = range(model.config.n_layer) if self.layers is None else self.layers
+        places = [(-1 if n in MODEL_NAMES else max(layers), _ORDER[n]) for n in names
+                  if n in MODEL_NAMES or layers]
+        self.last_place = None if "logits" in names else max(places, default=(-1, -1))
+        try:
+            with torch.no_grad():
+                model(idx, attention_mask=attention_mask, trace=self, edits=edits)
+        except _Enough:
+            pass
+        finally:
+            self.last_place = None
+        return self
+
+    def begin(self, config: GPTConfig, attention_mask: Tensor | None) -> None:
+        """Called by `GPT.forward` before a traced pass: check the layer filter against the
+        model and note each layer's sliding window (`windows`) and the pass's padding."""
+        self.check_layers(config.n_layer)
+        self.windows = {i: config.window_of(i) for i in range(config.n_layer)}
+        # a copy: a caller may write the next step's mask into the same buffer
+        self.attention_mask = None if attention_mask is None else attention_mask.detach().to(
+            torch.bool, copy=True)  # (B, S)
+
+    def may_attend(self, layer: int | None, row: int = 0, *,
+                   attention_mask: Tensor | None = None) -> Tensor:
+        """(T, S) bool on the CPU, True where a query of batch `row` may attend a key in
+        `layer`: what the model masked, which the weights cannot tell (a masked key's weight
+        is 0 like one that underflows). From the masked scores when the trace kept them,
+        else the causal mask (queries are the last T of S keys) within the layer's sliding
+        window (`windows`) and the padding: `attention_mask` (B, S) or (S,), default the
+        pass's own. The figures (viz.py) hatch and the view (show.py) greys its False cells.
+        """
+        if (layer, "masked_scores") in self:
+            return self.get("masked_scores", layer)[row, 0].isfinite().cpu()  # (T, S)
+        held = [self.get(n, layer) for n in sorted(WEIGHT_NAMES) if (layer, n) in self]
+        if not held:
+            raise ValueError(f"trace has no scores or weights for layer {layer}, so no (T, S) "
+                             "to mask; trace attn_weights (or masked_scores) of that layer")
+        T, S = held[0].shape[-2:]
+        # the window in cache slots, as build_mask counts it (a left-padded row's tokens are
+        # contiguous, so slot distance is position distance)
+        window = None if layer is None else self.windows.get(layer)
+        may = causal_mask(T, S, window=window)  # (T, S)
+        if attention_mask is None:
+            attention_mask = self.attention_mask
+        if attention_mask is not None:
+            pad = padding_of_row(attention_mask, row, S, of="keys")  # (S,)
+            may = may & pad.bool().cpu()[None, :]  # (T, S)
+        return may
+
+    def check_layers(self, n_layer: int) -> None:
+        """Raise unless the layer filter names layers the model has (a trace of layer 7 on a
+        4-layer model would record nothing and fail only at get(); heads are checked where
+        attention records them)."""
+        bad = sorted(i for i in self.layers or () if not 0 <= i < n_layer)
+        if bad:
+            raise ValueError(f"Trace(layers={sorted(self.layers or ())}): the model has "
+                             f"{n_layer} layers (0 to {n_layer - 1}); {bad} are not among them")
+
+    def layer(self, index: int) -> _LayerView | None:
+        """The sink for layer `index`, or None when the filter leaves that layer out."""
+        return Seam(self, None, 0).layer(index)
+
+    def wants(self, name: str) -> bool:
+        """True when the filters keep `name`."""
+        return self.names is None or name in self.names
+
+    def record(self, name: str, value: Tensor, layer: int | None = None) -> Tensor:
+        """Keep `value`, detached, under (layer, name) if the filters want it, and return
+        `value` unchanged (the seam's protocol: the model continues with it).
+
+        A `Trace` handed straight to a standalone `CausalSelfAttention` records at layer None.
+        """
+        if name not in NAMES:
+            raise ValueError(f"unknown trace name {name!r}; known names: {sorted(NAMES)}")
+        if name in ("q", "q_pre_rope"):  # query heads of this layer (k/v may have fewer: GQA)
+            self._query_heads[layer] = value.shape[1]
+        if not self.wants(name):
+            return value
+        kept = value.detach()
+        # copy what may be memory others write: keys and values (a KV cache's buffers, which
+        # later steps overwrite) and any part of a larger buffer (inference mode keeps no
+        # record of which tensors are views, so ask the storage)
+        copy = name in _CACHE_NAMES or (
+            kept.untyped_storage().nbytes() > kept.numel() * kept.element_size()
+        )
+        if self.heads is not None and name in HEAD_NAMES:
+            n = kept.shape[1]
+            nh = self._query_heads.get(layer, n)
+            bad = [h for h in self.heads if not 0 <= h < nh]
+            if bad:
+                raise ValueError(f"trace heads {bad} out of range for {nh} heads in {name!r}")
+            # grouped-query k/v: keep the key/value heads the chosen query heads read
+            keep = self.heads if n == nh else sorted({h // (nh // n) for h in self.heads})
+            kept, copy = kept[:, keep], False  # indexing copies
+        if self.dtype is not None and kept.is_floating_point() and kept.dtype != self.dtype:
+            kept, copy = kept.to(self.dtype), False
+        self.values[(layer, name)] = kept.clone() if copy else kept
+        return value
+
+    def get(self, name: str, layer: int | None = None) -> Tensor:
+        try:
+            return self.values[(layer, name)]
+        except KeyError:
+            have = sorted(f"{n}@{lay}" for lay, n in self.values)
+            raise KeyError(
+                f"trace has no {name!r} for layer {layer}; captured: {have or 'nothing'}"
+            ) from None
+
+    def __contains__(self, key: tuple[int | None, str]) -> bool:
+        return key in self.values
+
+    def __iter__(self) -> Iterator[tuple[int | None, str]]:
+        return iter(self.values)
+
+    def __len__(self) -> int:
+        return len(self.values)
+
+    def __repr__(self) -> str:
+        """What a notebook shows: the filters, then what was captured and its size."""
+        filters = ", ".join(f"{k}={v}" for k, v in (
+            ("layers", None if self.layers is None else sorted(self.layers)),
+            ("heads", self.heads), ("names", None if self.names is None else sorted(self.names)),
+        ) if v is not None)
+        layers = sorted({lay for lay, _ in self.values if lay is not None})
+        names = sorted({n for _, n in self.values})
+        held = (f"{len(self)} values: layers {layers or '-'}, names {names}, "
+                f"{self.size_text()}") if self.values else "nothing captured yet"
+        return f"Trace({filters}{'; ' if filters else ''}{held})"
+
+    def nbytes(self) -> int:
+        """Bytes held by the captured tensors."""
+        return sum(t.numel() * t.element_size() for t in self.values.values())
+
+    def size_text(self) -> str:
+        """`nbytes` to read: "24.6 kB", "1.2 MB"."""
+        size = self.nbytes()
+        return f"{size / 1e6:.1f} MB" if size >= 100_000 else f"{size / 1e3:.1f} kB"
+
+    def clear(self) -> None:
+        self.values.clear()
+        self.windows, self.attention_mask = {}, None
+
+    def to_dict(self) -> dict[str, Tensor]:
+        """Flat `{"name" or "layer.name": tensor}` view, e.g. for safetensors or JSON export."""
+        return {(n if lay is None else f"{lay}.{n}"): t for (lay, n), t in self.values.items()}
+
+
+def padding_of_row(attention_mask: Tensor, row: int, S: int, of: str = "ids") -> Tensor:
+    """attention_mask (B, S) or (S,) -> (S,): the 1/0 padding of one batch row, of a model's
+    ids or of a trace's keys (`of`, for the error)."""
+    pad = torch.as_tensor(attention_mask)
+    pad = pad[row] if pad.dim() == 2 else pad  # (S,)
+    if pad.dim() != 1 or pad.shape[0] != S:
+        raise ValueError(f"attention_mask of shape {tuple(torch.as_tensor(attention_mask).shape)}"
+                         f" for {S} {of}; pass the (B, {S}) mask of the batch these {of} "
+                         "come from")
+    return pad
+
+
+def stack_heads(trace: Trace, name: str, n_layer: int) -> Tensor:
+    """(n_layer, B, nh, ...) stack of a per-head name across layers (all layers must be traced)."""
+    return torch.stack([trace.get(name, layer) for layer in range(n_layer)])

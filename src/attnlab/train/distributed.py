@@ -1,0 +1,87 @@
+"""Many processes with PyTorch's own engine: torchrun + DistributedDataParallel.
+
+`attnlab train` under `torchrun --nproc_per_node N` runs DDP with no code change: torchrun
+sets RANK / WORLD_SIZE / LOCAL_RANK, `setup` joins the process group (gloo on CPU, NCCL on
+CUDA). The global batch stays what TrainConfig.batch_size says; each rank draws the same
+batch indices and reads only its own rows of them, so N processes give the loss curve of
+one. Only rank 0 writes. One process (no torchrun) is the world of one: every method here
+is then free.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+
+from ..model.runtime import resolve_device
+
+_CPU = torch.device("cpu")
+
+
+@dataclass(frozen=True)
+class World:
+    rank: int = 0
+    size: int = 1
+    device: torch.device = _CPU
+
+    @property
+    def main(self) -> bool:
+        """Rank 0: the one process that writes checkpoints, logs and prints."""
+        return self.rank == 0
+
+    def rows(self, batch_size: int) -> slice:
+        """This rank's rows of a global batch of batch_size sequences."""
+        if batch_size % self.size:
+            raise ValueError(
+                f"batch_size={batch_size} does not split over {self.size} processes; use a "
+                f"multiple of {self.size} (it is the global batch)"
+            )
+        n = batch_size // self.size
+        return slice(self.rank * n, (self.rank + 1) * n)
+
+    def mean(self, value: float) -> float:
+        """The mean of a number over all ranks (every rank gets it)."""
+        if self.size == 1:
+            return value
+        t = torch.tensor([value], dtype=torch.float64, device=self._comm_device)
+        dist.all_reduce(t)
+        return float(t) / self.size
+
+    def any(self, flag: bool) -> bool:
+        """True on every rank if it is True on one (a Ctrl-C seen by one rank stops all)."""
+        if self.size == 1:
+            return flag
+        t = torch.tensor([int(flag)], device=self._comm_device)
+        dist.all_reduce(t, op=dist.ReduceOp.MAX)
+        return bool(t)
+
+    def barrier(self) -> None:
+        if self.size > 1:
+            dist.barrier()
+
+    @property
+    def _comm_device(self) -> torch.device:
+        return self.device if dist.get_backend() == "nccl" else torch.device("cpu")
+
+
+def setup(device: str = "auto") -> tuple[World, bool]:
+    """The world this process is in, and whether this call started its process group."""
+    size = int(os.environ.get("WORLD_SIZE", "1"))
+    local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+    dev = resolve_device(device, local_rank)
+    if size == 1:
+        return World(device=dev), False
+    if dev.type == "cuda":
+        torch.cuda.set_device(dev)
+    started = not dist.is_initialized()
+    if started:
+        dist.init_process_group("nccl" if dev.type == "cuda" else "gloo")
+    return World(dist.get_rank(), dist.get_world_size(), dev), started
+
+
+def teardown(started: bool) -> None:
+    if started and dist.is_initialized():
+        dist.destroy_process_group()

@@ -1,0 +1,552 @@
+"""Training: a loop people can trust, and resume exactly.
+
+`train(model_config, train_config, dataset, out_dir)` runs AdamW (weight decay on matrices
+only) or SGD with linear warmup + cosine decay, gradient clipping and accumulation, bf16
+autocast on request, optional torch.compile; it evaluates on the val split, appends
+metrics to `out_dir/metrics.jsonl`, checkpoints to `out_dir/ckpt` (see checkpoint.py) and
+draws `out_dir/loss.png`. Everything random is seeded, and the checkpoint holds the model,
+optimizer, step and RNG states, so a resumed run continues exactly where it stopped.
+Nothing here is specific to a dataset (data.py) or prints (cli/train.py shows progress
+through `callback`). Default recipes per dataset: recipes.py.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import json
+import math
+import os
+import shutil
+import signal
+import sys
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from ..checkpoint import (
+    Checkpoint,
+    load_attnlab_checkpoint,
+    load_train_state,
+    save_checkpoint,
+)
+from ..model.gpt import GPT, GPTConfig, count_params
+from ..model.runtime import warn_if_slow_bf16
+from ..tokenizers import Tokenizer
+from .budget import Budget, parse_duration
+from .data import Dataset, SentenceDataset, TaskDataset, bits_per_byte
+from .distributed import World, setup, teardown
+
+
+@dataclass
+class TrainConfig:
+    """How to train. Defaults: nanoGPT's shakespeare_char CPU recipe, 2000 iterations."""
+
+    max_iters: int = 2000  # optimizer steps
+    # train for this long instead (90s, 5m, 1.5h): max_iters fitted to the measured speed,
+    # and the lr schedule to max_iters (budget.py)
+    time_budget: str | None = None
+    batch_size: int = 12  # sequences per micro-batch
+    grad_accum: int = 1  # micro-batches per optimizer step
+    lr: float = 1e-3  # peak learning rate
+    min_lr: float | None = None  # floor of the cosine decay; None = lr / 10
+    warmup_iters: int = 100  # linear warmup steps
+    decay_lr: bool = True  # cosine decay to min_lr at max_iters (False: constant after warmup)
+    optimizer: str = "adamw"  # adamw | sgd (seed 002's hello uses SGD)
+    weight_decay: float = 0.1  # AdamW decay on 2-d weights only (not biases, norms)
+    beta2: float = 0.99  # AdamW beta2; 0.99 suits small batches (nanoGPT char)
+    grad_clip: float = 1.0  # max global grad norm; 0 disables clipping
+    eval_interval: int = 250  # evaluate and checkpoint every this many steps
+    eval_iters: int = 20  # val batches per evaluation
+    dtype: str = "float32"  # float32 | bfloat16 (autocast: fast on CPUs with AVX512-BF16)
+    compile: bool = False  # torch.compile the model
+    # fused (SDPA) | explicit | auto: explicit under bfloat16 on CPU, where SDPA's backward
+    # is 2-4x slower than the explicit path at T <= 256 (benchmarks/attention_op.py)
+    attention: str = "auto"
+    device: str = "auto"  # auto (CUDA if present, else CPU) | cpu | cuda | cuda:N | mps
+    seed: int = 1337  # seeds init, batches and dropout
+    # tokens per training sequence on text; None: the model's whole context (block_size).
+    # Fewer fine-tune a long-context model (2048 for SmolLM, 32k for Qwen) on a CPU
+    seq_len: int | None = None
+
+    def __post_init__(self) -> None:
+        for name in ("max_iters", "batch_size", "grad_accum", "eval_interval", "eval_iters",
+                     "seq_len"):
+            value = getattr(self, name)
+            if name == "seq_len" and value is None:
+                continue
+            if not isinstance(value, int) or value < 1:
+                raise ValueError(f"TrainConfig.{name}={value!r} must be a positive integer")
+        if not 0 < self.lr < math.inf:
+            raise ValueError(f"lr={self.lr} must be a finite number > 0")
+        if self.min_lr is not None and not 0 <= self.min_lr <= self.lr:
+            raise ValueError(f"min_lr={self.min_lr} must be in [0, lr={self.lr}]")
+        if self.warmup_iters < 0:
+            raise ValueError(f"warmup_iters={self.warmup_iters} must be >= 0")
+        if self.time_budget is not None:
+            parse_duration(self.time_budget)
+        if self.optimizer not in ("adamw", "sgd"):
+            raise ValueError(f"optimizer={self.optimizer!r}; choose adamw or sgd")
+        if self.dtype not in ("float32", "bfloat16"):
+            raise ValueError(f"dtype={self.dtype!r}; choose float32 or bfloat16")
+        if self.attention not in ("auto", "fused", "explicit"):
+            raise ValueError(f"attention={self.attention!r}; choose auto, fused or explicit")
+        if not (self.grad_clip >= 0 and 0 <= self.weight_decay < math.inf):  # False for nan
+            raise ValueError(
+                f"grad_clip={self.grad_clip} and weight_decay={self.weight_decay} must be >= 0 "
+                "(weight_decay finite)"
+            )
+
+    def lr_at(self, step: int) -> float:
+        """Linear warmup to lr, then cosine decay to min_lr at max_iters (nanoGPT's get_lr)."""
+        if step < self.warmup_iters:
+            return self.lr * (step + 1) / (self.warmup_iters + 1)
+        if not self.decay_lr:
+            return self.lr
+        min_lr = self.lr / 10 if self.min_lr is None else self.min_lr
+        span = max(1, self.max_iters - self.warmup_iters)
+        progress = min(1.0, (step - self.warmup_iters) / span)
+        return min_lr + 0.5 * (1.0 + math.cos(math.pi * progress)) * (self.lr - min_lr)
+
+
+@dataclass
+class TrainResult:
+    # model and history stay out of the repr a notebook shows for `train(...)`: with them, a
+    # 700-step run printed every module and 707 metrics rows above the outcome
+    model: GPT = field(repr=False)
+    tokenizer: Tokenizer
+    history: list[dict[str, Any]] = field(default_factory=list, repr=False)  # a row per step / eval
+    checkpoint: Path | None = None
+    val_loss: float | None = None
+    val_bpb: float | None = None  # val loss in bits per byte of text (None for tasks)
+    val_step: int | None = None  # the step val_loss was evaluated at (an interrupt saves later)
+    seconds: float = 0.0  # wall clock of this call: steps, evaluations, saves, compiling
+    # throughput of the optimizer steps: evaluations, saves and the first step of the call
+    # (torch.compile compiles there, and the allocator warms up) left out
+    tokens_per_second: float = 0.0
+    interrupted: bool = False
+
+
+def make_optimizer(model: GPT, config: TrainConfig) -> torch.optim.Optimizer:
+    if config.optimizer == "sgd":
+        return torch.optim.SGD(model.parameters(), lr=config.lr)
+    params = [p for p in model.parameters() if p.requires_grad]
+    # decay matrices (embeddings, projections); not biases or LayerNorm gains
+    decay = [p for p in params if p.dim() >= 2]
+    no_decay = [p for p in params if p.dim() < 2]
+    groups = [
+        {"params": decay, "weight_decay": config.weight_decay},
+        {"params": no_decay, "weight_decay": 0.0},
+    ]
+    # fused: one kernel per step for all parameters, on CPU too (faster than foreach there)
+    return torch.optim.AdamW(groups, lr=config.lr, betas=(0.9, config.beta2), fused=True)
+
+
+def sequence_length(model_config: GPTConfig, dataset: Dataset, seq_len: int | None = None) -> int:
+    """Training context: `seq_len` or else the model's block_size on text, a task's own
+    length otherwise."""
+    if isinstance(dataset, (SentenceDataset, TaskDataset)):
+        needed = dataset.max_block_size
+        if needed > model_config.block_size:
+            raise ValueError(
+                f"dataset {dataset.name!r} needs block_size >= {needed}, the model has "
+                f"{model_config.block_size}; pass --block_size {needed}"
+            )
+        if seq_len is not None and seq_len != needed:
+            raise ValueError(f"seq_len={seq_len}: dataset {dataset.name!r} trains on its own "
+                             f"{needed}-token examples; drop --seq_len (it is for text data)")
+        return needed
+    if dataset.max_block_size < 1:  # "hello world": one token of validation text
+        raise ValueError(
+            f"data {dataset.name!r} is too short to train on: its smaller split has "
+            f"{dataset.max_block_size + 1} token(s), and a sequence needs at least 2 (one to "
+            "read, one to predict); give it more text (a few thousand characters at least)"
+        )
+    if seq_len is not None and seq_len > model_config.block_size:
+        raise ValueError(f"seq_len={seq_len} is longer than the model's context "
+                         f"(block_size={model_config.block_size}); use --seq_len "
+                         f"{model_config.block_size} or less")
+    length = model_config.block_size if seq_len is None else seq_len
+    flag = "--block_size" if seq_len is None else "--seq_len"
+    if length > dataset.max_block_size:
+        raise ValueError(
+            f"{flag.removeprefix('--')}={length} is larger than the data allows "
+            f"({dataset.max_block_size + 1} tokens in the smaller split); use {flag} "
+            f"{max(1, dataset.max_block_size)} or less, or more text"
+        )
+    return length
+
+
+@torch.no_grad()
+def evaluate(
+    model: GPT, dataset: Dataset, config: TrainConfig, seq_len: int, world: World | None = None
+) -> dict[str, float]:
+    """Mean loss on fixed batches of each split (the same batches at every evaluation)."""
+    world = world or World(device=model.wte.weight.device)
+    rows = world.rows(config.batch_size)
+    fused = fused_attention(config, world.device)
+    was_training = model.training
+    model.eval()
+    out = {}
+    for split in ("train", "val"):
+        gen = torch.Generator().manual_seed(config.seed + (1 if split == "train" else 2))
+        losses = []
+        for _ in range(config.eval_iters):
+            x, y = dataset.batch(split, config.batch_size, seq_len, gen, rows)
+            with _autocast(config, world.device):
+                loss = model(x.to(world.device), y.to(world.device), fused=fused).loss
+            assert loss is not None
+            losses.append(float(loss))
+        out[f"{split}_loss"] = world.mean(sum(losses) / len(losses))
+    model.train(was_training)
+    return out
+
+
+def fused_attention(config: TrainConfig, device: torch.device) -> bool:
+    """Whether training runs SDPA (True) or attend's explicit path (False)."""
+    if config.attention != "auto":
+        return config.attention == "fused"
+    return not (config.dtype == "bfloat16" and device.type == "cpu")
+
+
+def _autocast(config: TrainConfig, device: torch.device) -> torch.autocast:
+    return torch.autocast(device.type, dtype=torch.bfloat16, enabled=config.dtype == "bfloat16")
+
+
+def train(
+    model_config: GPTConfig,
+    config: TrainConfig,
+    dataset: Dataset,
+    out_dir: str | Path,
+    *,
+    resume: bool = False,
+    callback: Callable[[dict[str, Any]], None] | None = None,
+    init: Checkpoint | None = None,
+) -> TrainResult:
+    """Train a GPT on `dataset`; checkpoints in out_dir/ckpt, metrics in out_dir/metrics.jsonl.
+
+    callback gets every metrics row ({"step", "loss", "lr", "tokens_per_s", ...} and eval rows
+    with "val_loss"). Ctrl-C (SIGINT, SIGTERM, SIGHUP) saves a checkpoint and returns with
+    `interrupted=True`. init (fine-tuning): a checkpoint whose weights the run starts from,
+    e.g. `load_checkpoint("smollm")`; its model's config must equal `model_config` except
+    for dropout, and the run's checkpoints keep its path and Hugging Face family. Under
+    torchrun every process calls this; they share the work (distributed.py) and only rank 0
+    writes files and calls callback.
+    """
+    if model_config.vocab_size < dataset.tokenizer.vocab_size:
+        raise ValueError(
+            f"model vocab_size={model_config.vocab_size} < tokenizer's "
+            f"{dataset.tokenizer.vocab_size}; leave --vocab_size unset to take the tokenizer's"
+        )
+    if init is not None and dataclasses.replace(init.model.config, dropout=0.0) != \
+            dataclasses.replace(model_config, dropout=0.0):
+        raise ValueError(f"init: the checkpoint in {init.path} has config "
+                         f"{init.model.config}, this run asks for {model_config}; fine-tune "
+                         "with the checkpoint's own config (dropout may differ)")
+    seq_len = sequence_length(model_config, dataset, config.seq_len)
+    config = dataclasses.replace(config)  # a time budget fits max_iters: not the caller's
+    world, started = setup(config.device)
+    try:
+        world.rows(config.batch_size)  # checks the batch splits over the processes
+        if world.main:
+            _check_writable(Path(out_dir), model_config)
+            warn_if_slow_bf16(config.dtype, world.device)
+        return _train(model_config, config, dataset, Path(out_dir), world, seq_len, resume,
+                      callback, init)
+    finally:
+        teardown(started)
+
+
+def _train(
+    model_config: GPTConfig, config: TrainConfig, dataset: Dataset, out: Path, world: World,
+    seq_len: int, resume: bool, callback: Callable[[dict[str, Any]], None] | None,
+    init: Checkpoint | None,
+) -> TrainResult:
+    tokenizer = dataset.tokenizer
+    torch.manual_seed(config.seed)
+    model = GPT(model_config).to(world.device)
+    if init is not None and not resume:  # a resume reads its own weights below
+        model.load_state_dict(init.model.state_dict())
+    optimizer = make_optimizer(model, config)
+    data_gen = torch.Generator().manual_seed(config.seed)
+    history: list[dict[str, Any]] = []
+    start = 0
+    ckpt = out / "ckpt"
+    # a fine-tune's source, kept in every checkpoint (export keeps the family: a Mistral
+    # stays a Mistral): from `init`, or from the checkpoint a resume continues
+    origin = {} if init is None else {**_origin(init.meta), "init_from": str(init.path)}
+    if resume:
+        start, history, saved_meta = _restore(ckpt, model, optimizer, data_gen, model_config,
+                                              world)
+        origin = _origin(saved_meta)
+    elif world.size > 1:
+        torch.manual_seed(config.seed + world.rank)  # its own dropout noise on every rank
+    ddp = None
+    if world.size > 1:
+        from torch.nn.parallel import DistributedDataParallel
+
+        ids = [world.device.index] if world.device.type == "cuda" else None
+        ddp = DistributedDataParallel(model, device_ids=ids)
+    step_fn: Any = ddp or model
+    if config.compile:
+        step_fn = torch.compile(step_fn)
+    model.train()
+    rows = world.rows(config.batch_size)
+    fused = fused_attention(config, world.device)
+
+    metrics_file = out / "metrics.jsonl"
+    tokens_per_step = config.batch_size * config.grad_accum * seq_len
+    t_start = time.perf_counter()
+    # tokens and seconds of this call's first step, and of the steps after it
+    first: tuple[int, float] = (0, 0.0)
+    timed: tuple[int, float] = (0, 0.0)
+    budget = None
+    # a resume keeps the max_iters its budget fitted; one stopped before the fit (in its
+    # first steps) fits now, to the whole budget, not to the recipe's max_iters it saved
+    fit_saved = any("max_iters" in row for row in history)
+    if config.time_budget is not None and not (resume and fit_saved):
+        budget = Budget(parse_duration(config.time_budget), step=start, now=t_start,
+                        eval_interval=config.eval_interval, reduce=world.mean,
+                        eval_share=2 * config.eval_iters / (3 * config.grad_accum))
+    result = TrainResult(model, tokenizer, history, ckpt if resume else None)
+
+    def save(step: int) -> None:
+        rng = torch.get_rng_state()
+        rng_ranks = [rng]
+        if world.size > 1:  # every rank's dropout stream, so a resume continues each one
+            rng_ranks = [torch.empty(0)] * world.size
+            torch.distributed.all_gather_object(rng_ranks, rng)
+        if world.main:
+            state = {
+                "step": step,
+                "optimizer": optimizer.state_dict(),
+                "torch_rng": rng,
+                "torch_rng_ranks": rng_ranks,
+                "data_rng": data_gen.get_state(),
+                "history": json.dumps(history),
+            }
+            meta = {"step": step, "train_config": dataclasses.asdict(config),
+                    "dataset": dataset.name, "val_loss": result.val_loss,
+                    "val_bpb": result.val_bpb, "val_step": result.val_step,
+                    "world_size": world.size}
+            meta.update(origin)
+            for key in ("source", "fingerprint"):  # a text file's: see TextDataset
+                if getattr(dataset, key, None) is not None:
+                    meta[f"data_{key}"] = getattr(dataset, key)
+            save_checkpoint(ckpt, model, tokenizer, train_state=state, meta=meta)
+        result.checkpoint = ckpt
+        world.barrier()  # no rank runs ahead of a checkpoint it may have to resume from
+
+    def log(row: dict[str, Any]) -> None:
+        history.append(row)
+        if not world.main:
+            return
+        with open(metrics_file, "a") as f:
+            f.write(json.dumps(row) + "\n")
+        if callback is not None:
+            callback(row)
+
+    if world.main:  # a fresh run starts a fresh log; a resume drops rows after its checkpoint
+        metrics_file.write_text("".join(json.dumps(r) + "\n" for r in history))
+    stop = _StopFlag()
+    with stop:
+        step = start
+        # a time budget sets max_iters after its calibration steps; until then it runs on
+        while step < config.max_iters or (budget is not None and not budget.fitted):
+            evaluated = step % config.eval_interval == 0 and step > start
+            if evaluated:  # before the stop check: a resume from here does not redo it
+                t0 = time.perf_counter()
+                _eval_and_save(model, dataset, config, seq_len, world, step, result, log, save)
+                if budget is not None:
+                    budget.evaluated(time.perf_counter() - t0)
+            if world.any(stop.requested):
+                if not evaluated:
+                    save(step)  # between optimizer steps: the state is consistent
+                result.interrupted = True
+                return _finish(result, out, t_start, timed if timed[1] else first, world)
+            lr = config.lr_at(step)
+            for group in optimizer.param_groups:
+                group["lr"] = lr
+            t0 = time.perf_counter()
+            loss_sum = 0.0
+            for micro in range(config.grad_accum):
+                x, y = dataset.batch("train", config.batch_size, seq_len, data_gen, rows)
+                x, y = x.to(world.device), y.to(world.device)  # (B / world, T) each
+                # DDP averages gradients over ranks on the last micro-batch only
+                sync = ddp is None or micro == config.grad_accum - 1
+                with contextlib.nullcontext() if sync else ddp.no_sync():  # type: ignore[union-attr]
+                    with _autocast(config, world.device):
+                        loss = step_fn(x, y, fused=fused).loss
+                    assert loss is not None
+                    (loss / config.grad_accum).backward()
+                loss_sum += float(loss.detach())
+            loss_value = world.mean(loss_sum / config.grad_accum)
+            if not math.isfinite(loss_value):  # before the update: weights stay good
+                raise FloatingPointError(
+                    f"loss became {loss_value} at step {step + 1}; stopped before updating. "
+                    "Last good checkpoint: "
+                    f"{result.checkpoint or 'none written by this run'}. "
+                    "Lower --lr or keep --grad_clip on"
+                )
+            if config.grad_clip > 0:
+                torch.nn.utils.clip_grad_norm_(model.parameters(), config.grad_clip)
+            optimizer.step()
+            optimizer.zero_grad(set_to_none=True)
+            dt = time.perf_counter() - t0
+            if step == start:
+                first = (tokens_per_step, dt)
+            else:
+                timed = (timed[0] + tokens_per_step, timed[1] + dt)
+            step += 1
+            log({"step": step, "loss": loss_value, "lr": lr,
+                 "tokens_per_s": tokens_per_step / max(dt, 1e-9)})
+            if budget is not None and (fitted := budget.after_step(step, time.perf_counter())):
+                _fit(config, fitted, step, 1 / budget.step_s, log)
+    _eval_and_save(model, dataset, config, seq_len, world, config.max_iters, result, log, save)
+    return _finish(result, out, t_start, timed if timed[1] else first, world)
+
+
+def _fit(config: TrainConfig, max_iters: int, step: int, steps_per_s: float,
+         log: Callable[[dict[str, Any]], None]) -> None:
+    """Apply a time budget's step count (budget.py): the cosine schedule now ends there."""
+    if config.max_iters == max_iters:
+        return
+    config.max_iters = max_iters
+    if config.warmup_iters > max_iters // 4:  # a short budget: warm up for a tenth of it
+        config.warmup_iters = max_iters // 10
+    log({"step": step, "time_budget": config.time_budget, "max_iters": max_iters,
+         "warmup_iters": config.warmup_iters, "steps_per_s": steps_per_s})
+
+
+class _StopFlag:
+    """Turns SIGINT/SIGTERM/SIGHUP into a request to stop after the current optimizer step
+    (SIGHUP: the terminal or ssh session of a run logging to a file was closed). A second
+    Ctrl-C quits at once (KeyboardInterrupt), leaving the last saved checkpoint."""
+
+    def __init__(self) -> None:
+        self.requested = False
+        self._old: dict[int, Any] = {}
+
+    def _handler(self, signum: int, frame: Any) -> None:
+        if self.requested and signum == signal.SIGINT:
+            raise KeyboardInterrupt  # saves are atomic: the last checkpoint stays whole
+        if not self.requested and os.environ.get("RANK", "0") == "0":
+            # at once: the step (or an evaluation of many batches) may take a while yet
+            again = " (Ctrl-C again: quit now)" if signum == signal.SIGINT else ""
+            print(f"\n{signal.Signals(signum).name}: stopping after this step, then saving a "
+                  f"checkpoint{again}", file=sys.stderr, flush=True)
+        self.requested = True
+
+    def __enter__(self) -> _StopFlag:
+        if threading.current_thread() is threading.main_thread():
+            hangup = getattr(signal, "SIGHUP", None)  # not on Windows
+            for sig in (signal.SIGINT, signal.SIGTERM, *([hangup] if hangup else [])):
+                self._old[sig] = signal.signal(sig, self._handler)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        for sig, handler in self._old.items():
+            signal.signal(sig, handler)
+
+
+def _eval_and_save(
+    model: GPT, dataset: Dataset, config: TrainConfig, seq_len: int, world: World, step: int,
+    result: TrainResult, log: Callable[[dict[str, Any]], None], save: Callable[[int], None],
+) -> None:
+    losses = evaluate(model, dataset, config, seq_len, world)
+    if not all(math.isfinite(v) for v in losses.values()):
+        raise FloatingPointError(
+            f"evaluation at step {step} gave {losses}; not saving these weights. The last "
+            f"good checkpoint is kept{f' in {result.checkpoint}' if result.checkpoint else ''}. "
+            "Lower --lr or keep --grad_clip on"
+        )
+    result.val_loss, result.val_step = losses["val_loss"], step
+    for split in ("train", "val"):  # bits per byte: comparable across tokenizers
+        bits = bits_per_byte(losses[f"{split}_loss"], dataset.bytes_per_token(split))
+        if bits is not None:
+            losses[f"{split}_bpb"] = bits
+    result.val_bpb = losses.get("val_bpb")
+    log({"step": step, **losses})
+    save(step)
+
+
+def _finish(
+    result: TrainResult, out: Path, t_start: float, timed: tuple[int, float], world: World
+) -> TrainResult:
+    result.seconds = time.perf_counter() - t_start
+    result.tokens_per_second = timed[0] / max(timed[1], 1e-9)
+    result.model.eval()
+    if world.main:
+        with contextlib.suppress(ImportError):  # matplotlib is an extra; metrics.jsonl has all
+            save_loss_curve(result.history, out / "loss.png")
+    return result
+
+
+def _restore(
+    ckpt: Path, model: GPT, optimizer: torch.optim.Optimizer, data_gen: torch.Generator,
+    model_config: GPTConfig, world: World,
+) -> tuple[int, list[dict[str, Any]], dict[str, Any]]:
+    """Load the run's checkpoint into the model, optimizer and generators: (step, history,
+    the checkpoint's meta)."""
+    saved = load_attnlab_checkpoint(ckpt)
+    if saved.model.config != model_config:
+        raise ValueError(
+            f"--resume: the checkpoint in {ckpt} has config {saved.model.config}, this run "
+            f"asks for {model_config}; resume with the same model flags"
+        )
+    model.load_state_dict(saved.model.state_dict())
+    state = load_train_state(ckpt)
+    optimizer.load_state_dict(state["optimizer"])
+    _lay_out_like_params(optimizer)
+    ranks = state.get("torch_rng_ranks") or [state["torch_rng"]]
+    torch.set_rng_state(ranks[world.rank] if len(ranks) == world.size else state["torch_rng"])
+    data_gen.set_state(state["data_rng"])
+    return int(state["step"]), list(json.loads(state["history"])), saved.meta
+
+
+def _origin(meta: dict[str, Any]) -> dict[str, Any]:
+    """What a checkpoint's meta says of the model a fine-tune started from."""
+    return {k: meta[k] for k in ("init_from", "family") if k in meta}
+
+
+def _lay_out_like_params(optimizer: torch.optim.Optimizer) -> None:
+    """Give each loaded moment its parameter's memory layout. Fused AdamW walks a parameter
+    and its moments as flat memory, so a moment in another layout (row-major, as in train
+    states saved before GPT.lay_out_weights) would silently update the wrong elements."""
+    for param, state in optimizer.state.items():
+        for name, value in state.items():
+            if isinstance(value, torch.Tensor) and value.shape == param.shape \
+                    and value.stride() != param.stride():
+                state[name] = torch.empty_like(param, dtype=value.dtype).copy_(value)
+
+
+def _check_writable(out: Path, model_config: GPTConfig) -> None:
+    """Fail before training, not at the first checkpoint: the directory must take files
+    and have room for two checkpoints (weights + AdamW moments, the old one kept until the
+    new one is complete)."""
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+        probe = out / ".write-test"
+        probe.write_text("ok")
+        probe.unlink()
+    except OSError as err:
+        raise ValueError(f"output directory {out} is not writable ({err}); pass --out") from err
+    needed = 2 * 3 * 4 * count_params(model_config)
+    free = shutil.disk_usage(out).free
+    if free < needed:
+        raise ValueError(
+            f"{out} has {free / 1e6:.1f} MB free but checkpoints of this model need about "
+            f"{needed / 1e6:.1f} MB; free some space or pass --out on another disk"
+        )
+
+
+def save_loss_curve(history: list[dict[str, Any]], path: str | Path) -> Path:
+    """Draw train loss per step and val loss per evaluation to a PNG (needs matplotlib)."""
+    from ..viz.figures import plot_loss, save_figure
+
+    return save_figure(plot_loss(history), Path(path).with_suffix(".png"))[0]

@@ -1,0 +1,147 @@
+"""What `attnlab train` trains when no flag says otherwise, and how a task run is scored.
+
+`recipe(dataset, arch)` picks the model and schedule per kind of data (`arch`: GPT-2-style
+or Llama-style blocks at the same parameter count); `seed_experiment` is seed
+002's two experiments; `answer_accuracy` is the task datasets' held-out exact-match score.
+The loop itself is `train.py`'s.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import TYPE_CHECKING
+
+import torch
+
+from ..model.gpt import GPT, GPTConfig, count_params
+from ..model.runtime import fast_bf16
+from .data import Dataset, SentenceDataset, TaskDataset, TextDataset, load_dataset
+from .loop import TrainConfig
+
+if TYPE_CHECKING:
+    from ..interp.edits import Edits
+
+
+#: `attnlab train --arch`: the block style of the recipe's model.
+ARCHS = ("gpt2", "llama")
+#: The text recipe's most steps when no flag sets them (one pass over 7.7M tokens, about 7x
+#: the 700 steps' time); for longer runs, say how long: --time_budget.
+MAX_TEXT_STEPS = 5000
+
+
+def recipe(dataset: Dataset, arch: str = "gpt2") -> tuple[GPTConfig, TrainConfig]:
+    """The model and schedule `attnlab train` uses for a dataset when no flag changes them.
+
+    hello/animals: seed 002's experiments (see `seed_experiment`). Tasks: two layers of four
+    heads, enough for an induction head, trained for 600 steps. Text: nanoGPT's
+    shakespeare_char CPU recipe shape (4 layers, 4 heads, 128 dims, context 64).
+    arch "llama" keeps the shape and schedule but builds Llama-style blocks (`llama_style`).
+    """
+    if arch not in ARCHS:
+        raise ValueError(f"arch={arch!r} must be one of {list(ARCHS)}")
+    if isinstance(dataset, SentenceDataset):
+        if arch != "gpt2":
+            raise ValueError(
+                f"arch={arch!r}: the {dataset.name} experiment is seed 002's minimal model; "
+                "--arch applies to text files and tasks"
+            )
+        model, config, _ = seed_experiment(dataset.name, dataset)
+        return model, config
+    model, config = _gpt2_recipe(dataset)
+    return (llama_style(model) if arch == "llama" else model), config
+
+
+def llama_style(config: GPTConfig) -> GPTConfig:
+    """`config` with Llama's blocks: RoPE instead of a position table, RMSNorm, SwiGLU, no
+    biases; d_ff chosen so the parameter count is the closest to `config`'s (SwiGLU has
+    three d_ff x C matrices where GELU has two)."""
+    llama = dataclasses.replace(
+        config, pos="rope", norm="rmsnorm", mlp="swiglu", bias=False, qkv_bias=None,
+        out_bias=None, gelu="tanh",
+    )
+    target = count_params(config)
+    one = count_params(dataclasses.replace(llama, d_ff=1))
+    per_unit = count_params(dataclasses.replace(llama, d_ff=2)) - one  # params per d_ff unit
+    d_ff = max(1, round((target - one) / per_unit) + 1)
+    return dataclasses.replace(llama, d_ff=d_ff)
+
+
+def arch_of(config: GPTConfig) -> str:
+    """The ARCHS entry whose blocks `config` has: "llama" where `llama_style` switched them."""
+    return "llama" if (config.pos, config.norm, config.mlp) == ("rope", "rmsnorm",
+                                                               "swiglu") else "gpt2"
+
+
+def _gpt2_recipe(dataset: Dataset) -> tuple[GPTConfig, TrainConfig]:
+    vocab = dataset.tokenizer.vocab_size
+    if isinstance(dataset, TaskDataset):
+        model = GPTConfig(vocab_size=vocab, block_size=dataset.max_block_size, n_layer=2,
+                          n_head=4, n_embd=64, dropout=0.0, gelu="exact")
+        return model, TrainConfig(max_iters=600, batch_size=32, lr=3e-3, warmup_iters=50,
+                                  eval_interval=100, eval_iters=4)
+    # nanoGPT's shakespeare_char CPU shape, trained the fastest way benchmarks/ found on a CPU:
+    # twice the batch at four times the lr for 700 steps, in bf16 where the hardware has it
+    # (benchmarks/train_quality.py: val loss 1.90 in 0.29-0.42x the time of nanoGPT's
+    # recipe). 700 steps is about one pass over tiny Shakespeare; a larger corpus gets one
+    # pass over its training split (README: "Train for a time budget" for both on a second
+    # corpus), up to MAX_TEXT_STEPS.
+    assert isinstance(dataset, TextDataset), type(dataset)
+    model = GPTConfig.from_name("tiny", vocab_size=vocab)
+    batch_size = 24
+    one_pass = len(dataset.train) // (batch_size * model.block_size)
+    dtype = "bfloat16" if fast_bf16() else "float32"
+    return model, TrainConfig(
+        max_iters=min(max(700, one_pass), MAX_TEXT_STEPS), batch_size=batch_size, lr=4e-3,
+        warmup_iters=50, eval_interval=100, dtype=dtype)  # min_lr: lr / 10, whatever --lr
+
+
+def seed_experiment(
+    name: str, dataset: Dataset | None = None
+) -> tuple[GPTConfig, TrainConfig, Dataset]:
+    """Seed 002's two experiments on the seed-minimal model.
+
+    hello: SGD lr 0.1 for 1000 steps on "Hello World!", as in the seed.
+    animals: n_embd 5, AdamW lr 3e-2 for 600 steps (the seed: lr 1e-4 for 10,000). What the
+    model learns depends on its initial weights: over init seeds 0-18 and 1337 it predicts
+    every last word for 12/20, and puts the " a"/" an" row's largest weight on the noun in
+    all six sentences for 1/20 (seed 17, used here); the others encode the noun in how
+    that row splits its weight between " is" and " a".
+    """
+    dataset = dataset if dataset is not None else load_dataset(name)
+    vocab = dataset.tokenizer.vocab_size
+    if name == "hello":
+        model = GPTConfig.from_name("seed-minimal", vocab_size=vocab)
+        config = TrainConfig(max_iters=1000, lr=0.1, optimizer="sgd", warmup_iters=0,
+                             decay_lr=False, grad_clip=0.0, eval_interval=1000, eval_iters=1,
+                             batch_size=1, seed=1337)
+    elif name == "animals":
+        model = GPTConfig.from_name("seed-minimal", vocab_size=vocab, n_embd=5)
+        config = TrainConfig(max_iters=600, lr=3e-2, warmup_iters=0, decay_lr=False,
+                             weight_decay=0.0, grad_clip=0.0, eval_interval=600, eval_iters=1,
+                             batch_size=6, beta2=0.999, seed=17)
+    else:
+        raise ValueError(f"unknown seed experiment {name!r}; choose hello or animals")
+    return model, config, dataset
+
+
+@torch.no_grad()
+def answer_accuracy(
+    model: GPT, dataset: TaskDataset, n: int = 256, seed: int = 0, edits: Edits | None = None
+) -> tuple[float, list[tuple[str, str, str]]]:
+    """Greedy exact-match accuracy on n fresh task examples, and (prompt, answer, got) rows.
+
+    edits: score the model with these `intervene.Edits` applied (e.g. heads ablated)."""
+    from ..generate import generate
+
+    gen = torch.Generator().manual_seed(seed)
+    examples = [dataset.sample(gen) for _ in range(n)]
+    tok = dataset.tokenizer
+    prompts = torch.tensor([tok.encode(p) for p, _ in examples])  # (n, P): equal lengths
+    was_training = model.training
+    model.eval()
+    out = generate(model, prompts, max_new_tokens=len(examples[0][1]), temperature=0,
+                   vocab_size=tok.vocab_size, edits=edits)  # (n, P + A)
+    model.train(was_training)
+    rows = [(p, a, tok.decode(ids[prompts.shape[1]:].tolist()))
+            for (p, a), ids in zip(examples, out, strict=True)]
+    return sum(a == got for _, a, got in rows) / n, rows

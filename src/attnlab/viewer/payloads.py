@@ -1,0 +1,158 @@
+"""What the attention viewer's API answers with, as plain data: one text's attention
+weights per layer and head, a generation's token ids one at a time, and sample texts that fit
+a model's tokenizer and context (what the page starts from).
+
+Nothing here knows about HTTP: validation, limits and serialization are `server.py`'s; the
+model math is `model.py`'s, sampling `generate.py`'s, the captured weights `trace.py`'s.
+"""
+
+import base64
+import contextlib
+from collections.abc import Iterator, Sequence
+from typing import Any, Protocol
+
+import torch
+from torch import Tensor
+
+from ..generate import stream as generate_stream
+from ..model.gpt import GPT
+from ..model.trace import Trace
+
+
+class TextTokenizer(Protocol):
+    """What the server needs from a tokenizer (`attnlab.tokenizers.core.Tokenizer` has it).
+
+    `encode` raises ValueError for text it cannot encode; `pieces` gives one display
+    string per token. Optional: `name` (shown on the page), `stop_ids` (end generation) and
+    `decode_continuation` (new ids decoded after the prompt's).
+    """
+
+    @property
+    def vocab_size(self) -> int: ...
+
+    def encode(self, text: str) -> list[int]: ...
+
+    def decode(self, ids: Sequence[int]) -> str: ...
+
+    def pieces(self, ids: Sequence[int]) -> list[str]: ...
+
+
+
+def _triangles(weights: Tensor, below: Tensor) -> list[str]:
+    """(nh, T, T) -> per head, the float32 bytes (little-endian) of the cells where `below`
+    (T, T) is True, row after row, base64."""
+    flat = weights.float().cpu()[:, below].numpy().astype("<f4")  # (nh, T (T + 1) / 2)
+    return [base64.b64encode(head.tobytes()).decode("ascii") for head in flat]
+
+
+def _rounded(t: Tensor, decimals: int) -> Any:
+    """Nested lists of t rounded to `decimals`; in float64 so 0.12345 prints as 0.12345."""
+    scale = 10.0**decimals
+    return t.double().mul(scale).round().div(scale).tolist()
+
+
+def attention_payload(
+    model: GPT,
+    ids: Sequence[int],
+    tokenizer: TextTokenizer,
+    *,
+    layers: Sequence[int] | None = None,
+    norms: bool = False,
+    decimals: int = 5,
+    encoding: str = "lists",
+) -> dict[str, Any]:
+    """Run `ids` once with a trace and return the JSON body of /api/attention. encoding
+    "lists": each head's lower triangle as rows of numbers rounded to `decimals`;
+    "float32": as one base64 string of float32 (little-endian), rows one after another
+    (row i: keys 0..i), the exact weights in a sixth of the time (the page asks for it)."""
+    n_layer = model.config.n_layer
+    wanted = list(range(n_layer)) if layers is None else list(dict.fromkeys(layers))
+    names = ["attn_weights", "q", "k", "v"] if norms else ["attn_weights"]
+    idx = torch.tensor([list(ids)], dtype=torch.long)  # (1, T)
+    trace = Trace(layers=wanted, names=names).run(model, idx)  # up to the last layer asked
+    T = idx.shape[1]
+    below = torch.ones(T, T, dtype=torch.bool).tril()  # (T, T) keys up to the query
+    future = ~below  # (T, T) keys after the query
+    out_layers = []
+    for layer in wanted:
+        weights = trace.get("attn_weights", layer)[0]  # (nh, T, S) with S == T
+        entry: dict[str, Any] = {
+            "layer": layer,
+            "heads": _triangles(weights, below) if encoding == "float32" else [
+                [row[: i + 1] for i, row in enumerate(head)]
+                for head in _rounded(weights, decimals)],
+            "future_max": float(weights.masked_select(future).max()) if T > 1 else 0.0,
+            # query i sees keys i - window < j <= i: the page draws the others as masked
+            "window": model.config.window_of(layer),
+        }
+        if norms:
+            entry["norms"] = {
+                n: _rounded(trace.get(n, layer)[0].norm(dim=-1), 4) for n in ("q", "k", "v")
+            }  # (nh or nkv, T) each
+        out_layers.append(entry)
+    pieces = tokenizer.pieces(list(ids))
+    tokens = [{"id": i, "text": p} for i, p in zip(ids, pieces, strict=True)]
+    return {"tokens": tokens, "n_head": model.config.n_head, "layers": out_layers}
+
+
+def token_stream(
+    model: GPT,
+    ids: list[int],
+    *,
+    max_new_tokens: int,
+    temperature: float,
+    top_k: int | None,
+    top_p: float | None,
+    seed: int | None,
+    eot_ids: Sequence[int],
+    vocab_size: int,
+    unused_ids: Sequence[int] = (),
+) -> Iterator[int]:
+    """New token ids, one per `next()`, from `generate.stream` (KV cache, sampling, eot);
+    never an id at or past vocab_size, or in unused_ids (a tokenizer's holes)."""
+    idx = torch.tensor([ids], dtype=torch.long, device=model.wte.weight.device)  # (1, P)
+    steps = generate_stream(
+        model, idx, max_new_tokens=max_new_tokens, temperature=temperature, top_k=top_k or 0,
+        top_p=1.0 if top_p is None else top_p, seed=seed, eot_id=eot_ids, vocab_size=vocab_size,
+        unused_ids=unused_ids,
+    )
+    return (int(next_ids[0]) for next_ids in steps)
+
+
+# what the page shows first when the model can read it (English text, char or BPE tokenizer)
+DEFAULT_TEXT = "The cat sat on the mat. The dog sat on the log."
+DEFAULT_PROMPT = "The cat"
+
+
+def sample_texts(
+    tokenizer: TextTokenizer, block_size: int, meta: dict[str, Any] | None = None
+) -> dict[str, str]:
+    """{"text", "prompt"} the viewer starts from, both inside the tokenizer's vocabulary and
+    the model's context: a built-in task's own example for a model trained on one (the copy
+    task's "qhdkwzpa|qhdkwzp", 16 tokens in a 16-token context), the page's English sentence
+    where the tokenizer can encode it (cut to block_size tokens), else a run of the
+    vocabulary's own printable tokens. The prompt leaves room to generate."""
+    from ..train.data import TASKS, TaskDataset
+
+    dataset = (meta or {}).get("dataset")
+    if dataset in TASKS:
+        prompt, answer = TaskDataset(dataset).sample(torch.Generator().manual_seed(0))
+        with contextlib.suppress(ValueError):  # another tokenizer: fall through
+            ids = tokenizer.encode(prompt + answer)[:block_size]
+            if len(tokenizer.encode(prompt)) < block_size:
+                return {"text": tokenizer.decode(ids), "prompt": prompt}
+    try:
+        ids = list(tokenizer.encode(DEFAULT_TEXT))
+        prompt_ids = list(tokenizer.encode(DEFAULT_PROMPT))
+    except ValueError:  # a character outside the vocabulary
+        unused: frozenset[int] = getattr(tokenizer, "unused_ids", frozenset())  # no decode
+        ids = [i for i in range(tokenizer.vocab_size)
+               if i not in unused and _printable(tokenizer.decode([i]))]
+        prompt_ids = ids[: max(1, min(8, block_size // 2))]
+    if len(prompt_ids) >= block_size:
+        prompt_ids = prompt_ids[: max(1, block_size // 2)]
+    return {"text": tokenizer.decode(ids[:block_size]), "prompt": tokenizer.decode(prompt_ids)}
+
+
+def _printable(piece: str) -> bool:
+    return bool(piece.strip()) and piece.isprintable() and "\ufffd" not in piece

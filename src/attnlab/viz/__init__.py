@@ -1,0 +1,44 @@
+"""Figures of attention and of interventions, from plain tensors.
+
+`figures.py` draws attention (heatmaps with token labels, layer x head grids, one query's
+row, the loss curve), `heads.py` draws interventions (detector scores, patching effects,
+the logit lens), `core.py` holds what they share (the lazy matplotlib import, tick labels,
+`heatmap`, colorbars) and `save.py` writes a figure as PNG / SVG / PDF. Nothing here knows
+the model: the callers index a `Trace` and pass tensors.
+"""
+
+from .core import heatmap, to_list, token_label
+from .figures import (
+    plot_attention,
+    plot_attention_steps,
+    plot_embeddings,
+    plot_grid,
+    plot_loss,
+    plot_matrices,
+    plot_panels,
+    plot_qkv,
+    plot_row,
+    weight_vmax,
+)
+from .heads import plot_head_scores, plot_lens, plot_patching
+from .save import save_figure
+
+__all__ = [
+    "heatmap",
+    "plot_attention",
+    "plot_attention_steps",
+    "plot_embeddings",
+    "plot_grid",
+    "plot_head_scores",
+    "plot_lens",
+    "plot_loss",
+    "plot_matrices",
+    "plot_panels",
+    "plot_patching",
+    "plot_qkv",
+    "plot_row",
+    "save_figure",
+    "to_list",
+    "token_label",
+    "weight_vmax",
+]

@@ -1,0 +1,96 @@
+"""Figures of interventions: detector scores and patching effects per layer and head, the
+residual stream's patching effects per position, and the logit lens's top tokens.
+
+`viz.py` draws attention and `viz_core.py` / `viz_save.py` own the shared pieces (`heatmap`,
+the lazy matplotlib import, `save_figure`); this module draws what `heads.py`, `patching.py`
+and `lens.py` return, as plain tensors in, a matplotlib `Figure` out.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
+from torch import Tensor
+
+from .core import colorbar, heatmap, pyplot, token_label
+from .figures import MAX_INCHES
+
+if TYPE_CHECKING:
+    from matplotlib.figure import Figure
+
+
+def _layer_head_axes(ax: object, n_layer: int, n_head: int) -> None:
+    ax.set_xticks(range(n_head), [str(h) for h in range(n_head)])  # type: ignore[attr-defined]
+    ax.set_yticks(range(n_layer), [str(la) for la in range(n_layer)])  # type: ignore[attr-defined]
+    ax.set_xlabel("head")  # type: ignore[attr-defined]
+    ax.set_ylabel("layer")  # type: ignore[attr-defined]
+
+
+def plot_head_scores(scores: dict[str, Tensor], title: str = "head detector scores") -> Figure:
+    """One layer x head heatmap per detector ((n_layer, nh) scores in [0, 1])."""
+    plt = pyplot()
+    n = len(scores)
+    L, H = next(iter(scores.values())).shape
+    panel = min(3.2, max(1.6, 0.45 * H + 0.8))
+    fig, axes = plt.subplots(1, n, figsize=(panel * n + 1.0, 0.45 * L + 1.6), dpi=100,
+                             squeeze=False, layout="constrained")
+    image = None
+    for ax, (kind, values) in zip(axes[0], scores.items(), strict=True):
+        image = heatmap(ax, values, vmin=0.0, vmax=1.0, annotate=L * H <= 12 * 12)
+        _layer_head_axes(ax, L, H)
+        ax.set_title(kind.replace("_", " "), fontsize=10)
+    colorbar(fig, image, axes, label="share of attention on target cells", shrink=0.8)
+    fig.suptitle(title, fontsize=11)
+    return fig
+
+
+def plot_patching(heads: Tensor, resid: Tensor, tokens: Sequence[str],
+                  title: str = "activation patching (1 = restores the clean run)") -> Figure:
+    """Heads (n_layer, nh) and residual (n_layer, T) normalized patching effects."""
+    plt = pyplot()
+    L, H = heads.shape
+    T = resid.shape[1]
+    # 0.45 in a position, shrunk to fit MAX_INCHES (4 heads, 1000 tokens: 456 in wide)
+    width = min(0.45 * T, max(2.0, MAX_INCHES - 4.0 - 0.5 * H))
+    fig, axes = plt.subplots(1, 2, figsize=(2.0 + 0.5 * H + 2.0 + width, 0.5 * L + 2.2),
+                             dpi=100, squeeze=False, layout="constrained",
+                             gridspec_kw={"width_ratios": [max(H, 2), max(T, 2)]})
+    lim = max(1.0, float(heads.abs().max()), float(resid.abs().max()))
+    heatmap(axes[0, 0], heads, cmap="RdBu", vmin=-lim, vmax=lim)
+    _layer_head_axes(axes[0, 0], L, H)
+    axes[0, 0].set_title("head outputs (every position)", fontsize=10)
+    image = heatmap(axes[0, 1], resid, cmap="RdBu", vmin=-lim, vmax=lim,
+                    col_labels=[f"{i} {token_label(t)}" for i, t in enumerate(tokens)],
+                    row_labels=[str(la) for la in range(L)])
+    axes[0, 1].set_xlabel("position")
+    axes[0, 1].set_ylabel("layer (residual stream entering it)")
+    axes[0, 1].set_title("residual stream (one position)", fontsize=10)
+    colorbar(fig, image, axes, label="normalized effect", shrink=0.8)
+    fig.suptitle(title, fontsize=11)
+    return fig
+
+
+def plot_lens(top_probs: Tensor, top_tokens: Sequence[Sequence[str]], tokens: Sequence[str],
+              title: str = "logit lens: most likely next token after each layer") -> Figure:
+    """(n_layer + 1, T) top-1 probabilities, with each cell's token written in it (up to 42
+    positions; longer texts get the colours and thinned position labels)."""
+    plt = pyplot()
+    rows, T = top_probs.shape
+    # 0.6 in a position, shrunk to fit MAX_INCHES: a 1200-token text was a 72,120-pixel-wide
+    # PNG (16 s to save); the tokens are written in the cells while a cell holds one
+    width = min(1.2 + 0.6 * T, MAX_INCHES)
+    cell = (width - 1.2) / T  # inches a position
+    fig, ax = plt.subplots(figsize=(width, 0.5 * rows + 1.6), dpi=100,
+                           layout="constrained")
+    image = heatmap(ax, top_probs, vmin=0.0, vmax=1.0, annotate=False,
+                    col_labels=[token_label(t) for t in tokens],
+                    row_labels=["emb"] + [f"layer {i}" for i in range(rows - 1)])
+    for i in range(rows if cell >= 0.3 else 0):
+        for j in range(T):
+            ax.text(j, i, token_label(top_tokens[i][j], 6), ha="center", va="center",
+                    fontsize=8, color="white" if float(top_probs[i, j]) < 0.5 else "black")
+    ax.set_xlabel("input token (the prediction is for the next one)")
+    colorbar(fig, image, ax, label="probability of the token shown")
+    fig.suptitle(title, fontsize=11)
+    return fig

@@ -1,0 +1,198 @@
+"""`attnlab heads | patch | lens` and `generate --ablate`, in-process, on a checkpoint built
+here (a random model with the copy task's tokenizer; nothing is trained: the trained
+model's causal proof is tests/test_causal_proof.py)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from attnlab import GPT, GPTConfig
+from attnlab.checkpoint import save_checkpoint
+from attnlab.cli import heads as heads_cli
+from attnlab.cli import main
+from attnlab.cli import patch as patch_cli
+from attnlab.generate import generate_text
+from attnlab.interp.edits import ablate
+from attnlab.train.data import load_dataset
+
+
+@pytest.fixture
+def checkpoint(tmp_path: Path) -> tuple[Path, GPT, object]:
+    tokenizer = load_dataset("copy").tokenizer
+    torch.manual_seed(0)
+    config = GPTConfig(vocab_size=tokenizer.vocab_size, block_size=16, n_layer=2, n_head=2,
+                       n_embd=16, init_std=0.3)
+    model = GPT(config).eval()
+    path = save_checkpoint(tmp_path / "ckpt", model, tokenizer, meta={"dataset": "copy"})
+    return path, model, tokenizer
+
+
+def test_heads_table_figure_json_and_ablation(
+    checkpoint: tuple, tmp_path: Path, capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    path = checkpoint[0]
+    with monkeypatch.context() as m:  # the random model's best induction score is 0.04
+        m.setattr(heads_cli, "MIN_INDUCTION", 0.0)
+        assert main(["heads", str(path), "--out", str(tmp_path / "h")]) == 0
+    out = capsys.readouterr().out
+    assert "probe: 16 examples of the copy task" in out
+    assert "held-out answer accuracy (256 examples): intact" in out
+    report = json.loads((tmp_path / "h" / "heads.json").read_text())
+    assert len(report["induction_ranking"]) == 4
+    assert set(report["scores"]) == {"previous_token", "duplicate_token", "induction",
+                                     "first_token"}
+    assert 0 <= report["ablation"]["top_ablated"] <= 1
+    assert (tmp_path / "h" / "heads.png").stat().st_size > 5000
+    assert main(["heads", str(path), "abcabc", "--no-ablation", "--out", str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    assert "probe: the text (6 tokens)" in out and "accuracy" not in out
+    # a probe without repeats has no induction heads: nothing to ablate, and the top and the
+    # lowest heads never overlap
+    assert main(["heads", str(path), "ab", "--out", str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    assert "no induction heads on this probe (best score 0.000 < 0.1)" in out
+    assert "accuracy" not in out
+    report = json.loads((tmp_path / "heads.json").read_text())
+    assert report["ablation"] == {"skipped": "best induction score 0.000 < 0.1"}
+
+
+@pytest.mark.parametrize("command", ["heads", "lens", "inspect"])
+def test_text_longer_than_the_model_reads_is_refused_not_cut(
+    command: str, checkpoint: tuple, tmp_path: Path, capsys: pytest.CaptureFixture[str],
+) -> None:
+    """19 tokens for a block_size of 16: refused, naming both; not silently cut to 16."""
+    path = checkpoint[0]
+    assert main([command, str(path), "qhdkwzpa|qhdkwzpaqq", "--out", str(tmp_path)]) == 1
+    err = capsys.readouterr().err
+    assert "is 19 tokens, the model reads at most block_size=16; shorten it" in err
+    assert main([command, str(path), "", "--out", str(tmp_path)]) == 1
+    assert "has no tokens; pass some text" in capsys.readouterr().err
+
+
+def test_patch_and_lens(checkpoint: tuple, tmp_path: Path, capsys: pytest.CaptureFixture[str],
+                        monkeypatch: pytest.MonkeyPatch) -> None:
+    path, _, _ = checkpoint
+    args = ["patch", str(path), "--clean", "abcd|ab", "--corrupt", "abxd|ab", "--answer", "c",
+            "--wrong", "x", "--out", str(tmp_path / "p")]
+    with monkeypatch.context() as m:
+        m.setattr(patch_cli, "SMALL_GAP", 1e9)
+        assert main(args) == 0
+    out, err = capsys.readouterr()
+    assert "logit difference 'c' - 'x'" in out and "residual entering layer 1" in out
+    assert "warning: the clean and corrupted runs differ by only" in err
+    with monkeypatch.context() as m:
+        m.setattr(patch_cli, "SMALL_GAP", 0.0)
+        assert main(args) == 0
+    assert "warning" not in capsys.readouterr().err
+    result = json.loads((tmp_path / "p" / "patch.json").read_text())
+    assert len(result["heads"]) == 2 and len(result["resid"][0]) == 7
+    assert result["resid"][0][:2] == [0.0, 0.0]  # positions where clean == corrupt
+    assert result["resid"][0][2] == pytest.approx(1.0)  # the only changed input, entering layer 0
+    assert main(["lens", str(path), "abcd|ab", "--out", str(tmp_path / "l")]) == 0
+    lens = json.loads((tmp_path / "l" / "lens.json").read_text())
+    assert lens["layers"] == ["emb", "layer 0", "layer 1"] and len(lens["top_tokens"][0]) == 7
+    assert (tmp_path / "l" / "lens.png").stat().st_size > 5000
+    assert main(["patch", str(path), "--clean", "abc", "--corrupt", "ab", "--answer", "c",
+                 "--wrong", "x"]) == 1
+    assert "same token length" in capsys.readouterr().err
+    long = "qhdkwzpa|qhdkwzpaqq"  # 19 tokens for a block_size of 16, as heads/lens/inspect
+    assert main(["patch", str(path), "--clean", long, "--corrupt", long, "--answer", "c",
+                 "--wrong", "x"]) == 1
+    assert "--clean is 19 tokens, the model reads at most block_size=16" in (
+        capsys.readouterr().err)
+    assert main(["patch", str(path), "--clean", "", "--corrupt", "", "--answer", "c",
+                 "--wrong", "x"]) == 1
+    assert "--clean has no tokens; pass some text" in capsys.readouterr().err
+    assert main(["patch", str(path), "--clean", "abc", "--corrupt", "abd", "--answer", "cd",
+                 "--wrong", "x"]) == 1
+    assert "give exactly one token" in capsys.readouterr().err
+
+
+def test_generate_with_heads_ablated(checkpoint: tuple,
+                                     capsys: pytest.CaptureFixture[str]) -> None:
+    path, model, tokenizer = checkpoint
+    args = ["generate", str(path), "abcd|", "--temperature", "0", "--max-new-tokens", "6",
+            "--ablate", "1.0,0.1,0.0,1.1"]
+    assert main(args) == 0
+    expected = generate_text(model, tokenizer, ["abcd|"], max_new_tokens=6, temperature=0,
+                             edits=ablate([(1, 0), (0, 1), (0, 0), (1, 1)]))[0]
+    plain = generate_text(model, tokenizer, ["abcd|"], max_new_tokens=6, temperature=0)[0]
+    assert capsys.readouterr().out == "abcd|" + expected + "\n" and expected != plain
+    assert main(["generate", str(path), "ab", "--ablate", "2.0"]) == 1
+    assert "heads ['2.0'] do not exist" in capsys.readouterr().err
+    assert main(["generate", str(path), "ab", "--ablate", "x"]) == 1
+    assert "LAYER.HEAD" in capsys.readouterr().err
+    assert main(["generate", str(path), "ab", "--ablate", ""]) == 1  # ablated nothing before
+    assert "bad head '' in ''" in capsys.readouterr().err
+
+
+def test_patch_reads_escapes_in_the_answer_as_generate_reads_stops(
+    checkpoint: tuple, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from attnlab.cli.common import CLIError, unescape
+
+    assert unescape(r"a\nb\tc") == "a\nb\tc" and unescape("plain") == "plain"
+    seen: list[str] = []
+
+    def one_token(tok: object, text: str, flag: str) -> int:
+        seen.append(text)
+        raise CLIError("stop here")
+
+    monkeypatch.setattr(patch_cli, "_one_token", one_token)
+    assert main(["patch", str(checkpoint[0]), "--clean", "abc", "--corrupt", "abd",
+                 "--answer", r"\n", "--wrong", r"\t", "--out", str(tmp_path)]) == 1
+    assert seen == ["\n"]  # the newline itself, not a backslash and an n
+
+
+def test_patch_by_attribution(checkpoint: tuple, tmp_path: Path,
+                              capsys: pytest.CaptureFixture[str]) -> None:
+    path, _, _ = checkpoint
+    args = ["patch", str(path), "--clean", "abcd|ab", "--corrupt", "abxd|ab", "--answer", "c",
+            "--wrong", "x", "--method", "attribution", "--out", str(tmp_path / "p")]
+    assert main(args) == 0
+    assert "heads by effect (first-order estimates): " in capsys.readouterr().out
+    result = json.loads((tmp_path / "p" / "patch.json").read_text())
+    assert result["method"] == "attribution"
+    assert result["resid"][0][:2] == [0.0, 0.0]  # positions where clean == corrupt
+    assert result["resid"][0][2] != 0.0 and len(result["heads"]) == 2
+
+
+def test_patch_attribution_figure_says_attribution(
+        checkpoint: tuple, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """`--method attribution` writes first-order estimates: its figure must not be titled
+    activation patching (it was, whichever method ran)."""
+    import attnlab.viz.figures as viz
+
+    path, _, _ = checkpoint
+    titles: dict[str, str] = {}
+    save = viz.save_figure
+
+    def keep_title(fig, *args, **kwargs):  # type: ignore[no-untyped-def]
+        titles[str(args[0])] = fig._suptitle.get_text()
+        return save(fig, *args, **kwargs)
+
+    monkeypatch.setattr(viz, "save_figure", keep_title)
+    monkeypatch.setattr(patch_cli, "SMALL_GAP", 0.0)
+    for method in ("activation", "attribution"):
+        out = tmp_path / method
+        assert main(["patch", str(path), "--clean", "abcd|ab", "--corrupt", "abxd|ab",
+                     "--answer", "c", "--wrong", "x", "--method", method,
+                     "--out", str(out)]) == 0
+        assert json.loads((out / "patch.json").read_text())["method"] == method
+        assert titles[str(out / "patch.png")].startswith(f"{method} patching")
+
+
+def test_patch_help_names_both_methods(capsys: pytest.CaptureFixture[str]) -> None:
+    # `attnlab --help` listed patch as "activation patching" only, and `patch --help`'s
+    # description never said what --method attribution does
+    with pytest.raises(SystemExit):
+        main(["--help"])
+    assert "activation or attribution patching" in capsys.readouterr().out
+    with pytest.raises(SystemExit):
+        main(["patch", "--help"])
+    assert "first order from one backward pass);" in " ".join(capsys.readouterr().out.split())

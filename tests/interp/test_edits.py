@@ -1,0 +1,380 @@
+"""intervene.py: the edit seam. Identity edits change nothing (bit for bit), edits agree on the
+fused and explicit paths, cached generation with an edit equals recomputing the sequence,
+left padding, patching, and imported GPT-2 against Hugging Face with the same head zeroed."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from attnlab import GPT, GPTConfig, Trace
+from attnlab.generate import generate, stream
+from attnlab.interp.edits import (
+    Edit,
+    Edits,
+    ablate,
+    check_heads,
+    head_means,
+    mean_heads,
+    parse_heads,
+    patch,
+    scale_heads,
+    set_attention,
+    uniform_attention,
+    zero_heads,
+)
+from attnlab.model.trace import MODEL_NAMES, NAMES, WEIGHT_NAMES
+from helpers import left_padded
+
+
+def _model(preset: str = "nano", **overrides: object) -> GPT:
+    torch.manual_seed(0)
+    return GPT(GPTConfig.from_name(preset, **overrides)).eval()
+
+
+# nano with 4 heads; the Llama family (RoPE, RMSNorm, SwiGLU, grouped-query heads); and a
+# GPT-NeoX-style parallel residual with partial rotary
+FAMILIES = {
+    "nano": {"n_head": 4},
+    "llama-tiny": {},
+    "neox-tiny": {"n_head": 4, "pos": "rope", "rotary_pct": 0.5, "parallel_residual": True},
+}
+
+
+def _family(name: str, **overrides: object) -> GPT:
+    preset = "nano" if name == "neox-tiny" else name
+    return _model(preset, **{**FAMILIES[name], **overrides})
+
+
+def _ids(B: int, T: int, seed: int = 1) -> torch.Tensor:
+    return torch.randint(0, 65, (B, T), generator=torch.Generator().manual_seed(seed))
+
+
+def _identity(name: str, layer: int | None, **select: object) -> Edit:
+    return Edit(name, layer, lambda v, _: v, **select)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("family", [*FAMILIES, "nano-gqa"])
+@pytest.mark.parametrize("padded", [False, True])
+def test_identity_edits_leave_logits_bit_for_bit(padded: bool, family: str) -> None:
+    model = _model(n_head=4, n_kv_head=2) if family == "nano-gqa" else _family(family)
+    idx, mask = left_padded([7, 4, 7]) if padded else (_ids(2, 7), None)
+    fused = model(idx, attention_mask=mask).logits
+    explicit = model(idx, attention_mask=mask, fused=False).logits
+    for name in sorted(set(NAMES) - {"attn_weights_dropped"}):
+        layers = [None] if name in MODEL_NAMES else [0, 1]
+        edits = Edits(_identity(name, layer) for layer in layers)
+        # scores and weights exist only on the explicit path, which the edit then runs
+        plain = explicit if name in WEIGHT_NAMES else fused
+        assert torch.equal(model(idx, attention_mask=mask, edits=edits).logits, plain), name
+        heads = {"heads": (1,)} if name in ("q", "context", "attn_weights") else {}
+        edits = Edits(_identity(name, layer, positions=(2, 5), **heads) for layer in layers)
+        assert torch.equal(model(idx, attention_mask=mask, edits=edits).logits, plain), name
+    edits = Edits([scale_heads(1, [0, 3], 1.0)])
+    assert torch.equal(model(idx, attention_mask=mask, edits=edits).logits, fused)
+
+
+def test_an_edit_changes_only_what_it_selects_and_the_trace_sees_it() -> None:
+    model = _model(n_head=4)
+    idx = _ids(2, 6)
+    clean = Trace()
+    model(idx, trace=clean)
+    trace = Trace()
+    model(idx, trace=trace, edits=Edits([zero_heads(1, 2, positions=[3, 4])]))
+    context = trace.get("context", 1)  # (B, nh, T, hs)
+    assert torch.all(context[:, 2, 3:5] == 0)
+    keep = torch.ones(4, 6, dtype=torch.bool)
+    keep[2, 3:5] = False
+    torch.testing.assert_close(context[:, keep], clean.get("context", 1)[:, keep],
+                               atol=1e-6, rtol=0)
+    # layer 0 is untouched; positions before 3 in layer 1's output are too (causal)
+    torch.testing.assert_close(trace.get("block_out", 0), clean.get("block_out", 0),
+                               atol=1e-6, rtol=0)
+    torch.testing.assert_close(trace.get("block_out", 1)[:, :3], clean.get("block_out", 1)[:, :3],
+                               atol=1e-6, rtol=0)
+    assert not torch.allclose(trace.get("logits")[:, 3:], clean.get("logits")[:, 3:])
+
+
+def _edit_cases(model: GPT, idx: torch.Tensor, mask: torch.Tensor | None) -> dict[str, Edits]:
+    source = Trace()
+    model(_ids(*idx.shape, seed=7), attention_mask=mask, trace=source)
+    means = head_means(model, idx, mask)
+    pattern = torch.eye(idx.shape[1])  # each query reads only itself: allowed for every row
+    return {
+        "zero": Edits([zero_heads(0, [1]), zero_heads(1, [0, 3], positions=[4])]),
+        "scale": Edits([scale_heads(1, 2, 3.0)]),
+        "mean": Edits([mean_heads(0, [0, 2], means[0])]),
+        "patch-head": Edits([patch(source, "context", 1, heads=[1], positions=[2, 5])]),
+        "patch-resid": Edits([patch(source, "resid_pre", 1, positions=[3])]),
+        "patch-mlp": Edits([patch(source, "mlp_out", 0)]),
+        "uniform": Edits([uniform_attention(1, [0, 2])]),
+        "set": Edits([set_attention(0, 3, pattern)]),
+    }
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+@pytest.mark.parametrize("padded", [False, True])
+def test_edits_agree_fused_and_explicit(padded: bool, family: str) -> None:
+    model = _family(family, init_std=0.2)  # peaked attention, so a uniform one differs
+    idx, mask = left_padded([8, 5], seed=3) if padded else (_ids(2, 8), None)
+    plain = model(idx, attention_mask=mask).logits
+    for case, edits in _edit_cases(model, idx, mask).items():
+        fused = model(idx, attention_mask=mask, edits=edits).logits
+        explicit = model(idx, attention_mask=mask, edits=edits, fused=False).logits
+        torch.testing.assert_close(fused, explicit, atol=1e-5, rtol=0, msg=case)
+        assert not torch.allclose(fused, plain, atol=1e-4), f"{case} changed nothing"
+
+
+def test_uniform_attention_spreads_over_allowed_keys_only() -> None:
+    model = _model(n_head=4)
+    idx, mask = left_padded([6, 3], seed=2)
+    trace = Trace(layers=[1], names=["attn_weights"])
+    model(idx, attention_mask=mask, trace=trace, edits=Edits([uniform_attention(1, 2)]))
+    weights = trace.get("attn_weights", 1)[:, 2]  # (B, T, S)
+    may_attend = torch.tril(torch.ones(6, 6, dtype=torch.bool)) & mask.bool()[:, None, :]
+    may_attend &= mask.bool()[:, :, None]  # pad queries attend to nothing
+    counts = may_attend.sum(-1, keepdim=True).clamp(min=1)
+    assert torch.equal(weights, may_attend / counts)
+
+
+@torch.no_grad()
+def _recomputed(model: GPT, idx: torch.Tensor, mask: torch.Tensor | None, edits: Edits,
+                n: int) -> torch.Tensor:
+    """Greedy ids from the full sequence recomputed at every step, no cache."""
+    for _ in range(n):
+        logits = model(idx, attention_mask=mask, edits=edits).logits[:, -1]  # (B, V)
+        idx = torch.cat([idx, logits.argmax(-1, keepdim=True)], dim=1)
+        if mask is not None:
+            mask = torch.cat([mask, torch.ones_like(mask[:, :1])], dim=1)
+    return idx
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+@pytest.mark.parametrize("padded", [False, True])
+def test_cached_generation_with_edits_equals_recomputing(padded: bool, family: str) -> None:
+    model = _family(family, init_std=0.2)  # peaked logits: argmax never hinges on 1e-6
+    idx, mask = left_padded([5, 3], seed=4) if padded else (_ids(2, 5), None)
+    cases = _edit_cases(model, torch.zeros(2, 14, dtype=torch.long), None)
+    unedited = generate(model, idx, mask, max_new_tokens=9, temperature=0)
+    changed = []
+    for case in ("zero", "scale", "uniform"):
+        edits = cases[case] + Edits([zero_heads(0, 2, positions=[8])])  # a column decoded later
+        cached = generate(model, idx, mask, max_new_tokens=9, temperature=0, edits=edits)
+        assert torch.equal(cached, _recomputed(model, idx, mask, edits, 9)), case
+        changed += [case] if not torch.equal(cached, unedited) else []
+    assert changed, "no edit changed a generated token: the comparison proves nothing"
+
+
+def test_patching_every_position_of_the_clean_run_gives_the_clean_logits() -> None:
+    model = _model()
+    clean_ids, corrupt_ids = _ids(2, 6, seed=1), _ids(2, 6, seed=2)
+    clean = Trace()
+    clean_logits = model(clean_ids, trace=clean).logits
+    for name, layer in [("resid_pre", 0), ("resid_pre", 1), ("block_out", 1), ("emb", None)]:
+        patched = model(corrupt_ids, edits=Edits([patch(clean, name, layer)])).logits
+        torch.testing.assert_close(patched, clean_logits, atol=1e-6, rtol=0)
+    with pytest.raises(ValueError, match="does not cover"):
+        model(_ids(3, 6), edits=Edits([patch(clean, "context", 0)]))
+
+
+def test_ablate_zero_and_mean_and_head_lists() -> None:
+    model = _model(n_head=4)
+    idx = _ids(4, 8)
+    trace = Trace(names=["context"])
+    model(idx, trace=trace, edits=ablate([(1, 3), (0, 1), (1, 3)]))
+    assert torch.all(trace.get("context", 0)[:, 1] == 0) and torch.all(
+        trace.get("context", 1)[:, 3] == 0)
+    means = head_means(model, idx)
+    model(idx, trace=trace, edits=ablate([(0, 2)], "mean", means))
+    assert torch.allclose(trace.get("context", 0)[:, 2], means[0][2].expand(4, 8, -1))
+    assert parse_heads("1.0, 0.3") == [(1, 0), (0, 3)]
+    with pytest.raises(ValueError, match=r"LAYER\.HEAD"):
+        parse_heads("1:0")
+    with pytest.raises(ValueError, match=r"heads \['2.0'\] do not exist"):
+        check_heads([(2, 0)], 2, 4)
+    with pytest.raises(ValueError, match="needs means"):
+        ablate([(0, 0)], "mean")
+
+
+def test_clear_errors() -> None:
+    with pytest.raises(ValueError, match="unknown edit name 'z'"):
+        Edit("z", 0, lambda v, _: v)
+    with pytest.raises(ValueError, match="has no head dimension"):
+        Edit("resid_pre", 0, lambda v, _: v, heads=(0,))
+    with pytest.raises(ValueError, match="needs layer=None"):
+        Edit("logits", 0, lambda v, _: v)
+    model = _model()
+    with pytest.raises(ValueError, match=r"edit heads \[5\] out of range for 2 heads"):
+        model(_ids(1, 4), edits=Edits([zero_heads(0, 5)]))
+
+
+@torch.no_grad()
+def test_imported_gpt2_ablation_equals_hugging_face_with_the_head_zeroed(tmp_path) -> None:
+    transformers = pytest.importorskip("transformers")
+    from attnlab.hf import load_hf_gpt2
+
+    torch.manual_seed(0)
+    config = transformers.GPT2Config(vocab_size=97, n_positions=32, n_embd=32, n_layer=2,
+                                      n_head=4, bos_token_id=0, eos_token_id=0, pad_token_id=0,
+                                      attn_implementation="eager")
+    hf = transformers.GPT2LMHeadModel(config).eval()
+    hf.save_pretrained(tmp_path)
+    ours = load_hf_gpt2(tmp_path).eval()
+    layer, head, hs = 1, 2, 8
+
+    def zero_head(_module: torch.nn.Module, args: tuple) -> tuple:
+        merged = args[0].clone()  # (B, T, nh * hs): heads concatenated before c_proj
+        merged[..., head * hs:(head + 1) * hs] = 0
+        return (merged,)
+
+    idx, mask = left_padded([9, 6], vocab=97, seed=5)
+    handle = hf.transformer.h[layer].attn.c_proj.register_forward_pre_hook(zero_head)
+    try:
+        positions = (mask.cumsum(-1) - 1).clamp(min=0)  # HF's convention for left padding
+        expected = hf(idx, attention_mask=mask, position_ids=positions).logits
+    finally:
+        handle.remove()
+    got = ours(idx, attention_mask=mask, edits=ablate([(layer, head)])).logits
+    real = mask.bool()
+    torch.testing.assert_close(got[real], expected[real], atol=1e-4, rtol=1e-4)
+    assert not torch.allclose(got[real], ours(idx, attention_mask=mask).logits[real], atol=1e-3)
+
+    # the rest of the toolkit on the imported model: cached generation with the head ablated
+    # equals recomputation, detectors score every head, a full residual patch gives 1
+    from attnlab.interp.heads import detect_heads
+    from attnlab.interp.patching import logit_diff_metric, patch_effect
+
+    edits = ablate([(layer, head)])
+    cached = generate(ours, idx, mask, max_new_tokens=6, temperature=0, edits=edits)
+    assert torch.equal(cached, _recomputed(ours, idx, mask, edits, 6))
+    scores = detect_heads(ours)
+    assert all(s.shape == (2, 4) and bool(((s >= 0) & (s <= 1)).all()) for s in scores.values())
+    clean, corrupt = idx[:1], idx[1:]
+    effect = patch_effect(ours, clean, corrupt, logit_diff_metric(3, 4),
+                          lambda t: Edits([patch(t, "resid_pre", 1)]))
+    assert effect == 1.0
+
+
+def test_edits_the_model_never_reaches_are_refused() -> None:
+    """An edit at a layer the model lacks, a negative layer or position, or a position past
+    block_size would leave every output unchanged (read as "this head does not matter"):
+    each is refused. A position past this call's columns stays allowed: a later, longer
+    call reaches it."""
+    model = _model()  # nano: 2 layers, 2 heads, block_size 32
+    idx = _ids(1, 6)
+    for edits, message in [
+        (ablate([(5, 0)]), r"at layer 5: the model has 2 layers \(0 to 1\)"),
+        (Edits([uniform_attention(2, 0)]), "at layer 2: the model has 2 layers"),
+        (Edits([scale_heads(0, 0, 0.0, positions=[32])]), r"positions \[32\]: the model "
+         r"reads at most block_size=32 columns"),
+    ]:
+        with pytest.raises(ValueError, match=message):
+            model(idx, edits=edits)
+        with pytest.raises(ValueError, match=message):
+            generate(model, idx, max_new_tokens=2, temperature=0, edits=edits)
+    with pytest.raises(ValueError, match="at layer -1: layers count from 0"):
+        ablate([(-1, 0)])
+    with pytest.raises(ValueError, match=r"positions \[-1\]: positions are sequence columns"):
+        scale_heads(0, 0, 0.0, positions=[-1])
+    with pytest.raises(ValueError, match=r"edit heads \[7\] out of range for 2 heads"):
+        model(idx, edits=ablate([(0, 7)]))
+    # stream checks its edits when called, before the first step (a CLI prints nothing yet)
+    for bad in (ablate([(5, 0)]), ablate([(0, 7)])):
+        with pytest.raises(ValueError, match=r"the model has 2 layers|out of range for 2 heads"):
+            stream(model, idx, max_new_tokens=2, edits=bad)
+    later = Edits([zero_heads(0, 0, positions=[8])])  # column 8: computed by a longer call
+    assert torch.equal(model(idx, edits=later).logits, model(idx).logits)
+
+
+def test_one_layer_head_name_or_pair_stands_for_a_list_of_one() -> None:
+    """Trace(names="attn_weights") read the string as nine one-letter names; layers=0 and
+    ablate((0, 1)) raised bare TypeErrors; Edits + Edit raised an AttributeError."""
+    from attnlab.interp.heads import detect_heads
+
+    model, idx = _model(), _ids(1, 6)
+    one, listed = Trace(layers=0, heads=1, names="attn_weights"), Trace([0], [1], ["attn_weights"])
+    model(idx, trace=one)
+    model(idx, trace=listed)
+    assert [key for key in one] == [key for key in listed] == [(0, "attn_weights")]
+    assert torch.equal(one.get("attn_weights", 0), listed.get("attn_weights", 0))
+    assert torch.equal(model(idx, edits=ablate((0, 1))).logits,
+                       model(idx, edits=ablate([(0, 1)])).logits)
+    both = ablate([(0, 1)]) + zero_heads(1, 0)
+    assert isinstance(both, Edits) and len(both) == 2
+    assert list(detect_heads(model, detectors="induction")) == ["induction"]
+
+
+def test_shapes_and_ids_that_cannot_fit_are_named() -> None:
+    """set_attention, mean ablation, ablate, plot_attention, logit_attribution and
+    logit_diff_metric raised bare torch or Python errors for these."""
+    from attnlab.interp.lens import logit_attribution
+    from attnlab.interp.patching import logit_diff_metric
+
+    model, idx = _model(), _ids(1, 6)
+    with pytest.raises(ValueError, match=r"must be \(S, S\) or \(B, S, S\).*got shape \(6,\)"):
+        set_attention(0, 1, torch.ones(6))
+    with pytest.raises(ValueError, match="cover 5 columns, this forward pass 6"):
+        model(idx, edits=Edits([set_attention(0, 1, torch.eye(5))]))
+    with pytest.raises(ValueError, match=r"ids must be a \(B, T\) integer tensor, got shape"):
+        logit_attribution(model, idx[0], 3)
+    with pytest.raises(ValueError, match=r"answer ids \[99\] outside the model's 65 token ids"):
+        logit_diff_metric(99, 3)(model(idx).logits)
+    # a count of ids, patterns, means or pairs that does not fit: torch's expand errors before
+    with pytest.raises(ValueError, match=r"target has shape \(3,\): pass one id, or \(1,\)"):
+        logit_attribution(model, idx, torch.tensor([1, 2, 3]))
+    with pytest.raises(ValueError, match=r"wrong has shape \(1, 1\): pass one id, or \(1,\)"):
+        logit_diff_metric(1, torch.tensor([[2]]))(model(idx).logits)
+    with pytest.raises(ValueError, match="weights hold 3 rows' patterns, this forward pass 1"):
+        model(idx, edits=Edits([set_attention(0, 1, torch.eye(6).expand(3, 6, 6))]))
+    with pytest.raises(ValueError, match=r"mean has shape \(1, 8\), layer 0's heads \(2, 8\)"):
+        model(idx, edits=ablate((0, 1), "mean", [m[:1] for m in head_means(model, idx)]))
+    with pytest.raises(ValueError, match=r"\(layer, head\) pairs.*got 1 in \[1, 2\]"):
+        ablate([1, 2])
+    assert torch.equal(model(idx, edits=ablate([[0, 1], [1, 0]])).logits,  # JSON's lists
+                       model(idx, edits=ablate([(0, 1), (1, 0)])).logits)
+    pytest.importorskip("matplotlib")
+    from attnlab import viz
+    weights = torch.full((2, 4, 4), 0.25)
+    with pytest.raises(ValueError, match=r"one \(T, S\) matrix, got shape \(2, 4, 4\)"):
+        viz.plot_attention(weights, list("abcd"))
+    with pytest.raises(ValueError, match=r"3 query and 3 key labels for a \(4, 4\) matrix"):
+        viz.plot_attention(weights[0], list("abc"))
+
+
+def test_traces_edits_and_checkpoints_read_in_one_line() -> None:
+    """What a notebook shows for them (a bare object address, or a module tree and the whole
+    meta, before)."""
+    from attnlab.checkpoint import Checkpoint
+    from attnlab.tokenizers import CharTokenizer
+
+    model = _model()
+    trace = Trace(layers=0, names=["attn_weights", "q"])
+    assert repr(trace) == "Trace(layers=[0], names=['attn_weights', 'q']; nothing captured yet)"
+    model(_ids(1, 5), trace=trace)
+    assert repr(trace) == ("Trace(layers=[0], names=['attn_weights', 'q']; 2 values: layers "
+                           "[0], names ['attn_weights', 'q'], 0.5 kB)")  # 520 bytes
+    assert repr(ablate([(1, 0)]) + scale_heads(0, 1, 0.5, positions=[3])) == (
+        "Edits([Edit('context', layer=1, heads=(0,), positions=None, replace=zero_heads), "
+        "Edit('context', layer=0, heads=(1,), positions=(3,), replace=scale_heads)])")
+    ckpt = Checkpoint(model, CharTokenizer(list("ab")), {"step": 7}, None)
+    assert repr(ckpt) == ("Checkpoint(2 layers, 2 heads, 16 dims, vocab 65, "
+                          "tokenizer=CharTokenizer(name='char', vocab_size=2), step=7)")
+
+
+def test_patching_a_prompt_then_generating_past_it() -> None:
+    """A patch from a trace of the prompt, applied while generating: positions inside the prompt
+    give the same tokens cached and recomputed (recomputing refused the longer run before), and
+    patching every position names the generated columns the source lacks (a bare torch error
+    from `narrow` before)."""
+    model = _model(init_std=0.2)
+    idx, corrupt = _ids(2, 6, seed=1), _ids(2, 6, seed=2)
+    clean = Trace(names=["resid_pre"])
+    model(idx, trace=clean)
+    edits = Edits([patch(clean, "resid_pre", 1, positions=[2, 5])])
+    cached = generate(model, corrupt, max_new_tokens=5, temperature=0, edits=edits)
+    assert torch.equal(cached, _recomputed(model, corrupt, None, edits, 5))
+    assert not torch.equal(cached, generate(model, corrupt, max_new_tokens=5, temperature=0))
+    every = Edits([patch(clean, "resid_pre", 1)])
+    with pytest.raises(ValueError, match=r"holds columns 0 to 5, and this run patches columns "
+                                         r"\[6\] too; pass positions inside the source"):
+        generate(model, corrupt, max_new_tokens=2, temperature=0, edits=every)

@@ -1,0 +1,208 @@
+"""lens.py: the logit lens ends at the model's logits; direct attributions sum to the logit
+and put a hand-built head's contribution where it is."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from attnlab import GPT, GPTConfig
+from attnlab.interp.lens import lens_top, logit_attribution, logit_lens, top_tokens
+from helpers import left_padded, one_head_model
+
+
+def _model(**overrides: object) -> GPT:
+    torch.manual_seed(0)
+    return GPT(GPTConfig.from_name("nano", init_std=0.2, **overrides)).eval()
+
+
+def test_logit_lens_reads_each_layer_and_ends_at_the_logits() -> None:
+    model = _model()
+    idx, mask = left_padded([6, 4], seed=1)
+    lens = logit_lens(model, idx, mask)
+    assert lens.shape == (3, 2, 6, 65)
+    assert torch.equal(lens[-1], model(idx, attention_mask=mask).logits)
+    with torch.no_grad():
+        emb = model.wte(idx) + model.wpe((mask.cumsum(-1) - 1).clamp(min=0))
+        torch.testing.assert_close(lens[0], model.lm_head(model.ln_f(emb)))
+    probs, ids = top_tokens(lens, k=3)
+    assert probs.shape == ids.shape == (3, 2, 6, 3)
+    assert torch.all(probs[..., :-1] >= probs[..., 1:])
+    assert torch.equal(ids[-1, :, :, 0], lens[-1].argmax(-1))
+
+
+def test_lens_top_is_the_lens_top_tokens_one_layer_at_a_time() -> None:
+    # the CLI and the viewer read only the top tokens: the whole (L + 1, B, T, V) lens of a
+    # 50k vocabulary at 1000 tokens and 12 layers is 2.6 GB
+    model = _model()
+    idx, mask = left_padded([6, 4], seed=1)
+    for vocab in (None, 40):
+        probs, ids = lens_top(model, idx, 3, attention_mask=mask, vocab=vocab)
+        want_probs, want_ids = top_tokens(logit_lens(model, idx, mask)[..., :vocab], k=3)
+        assert torch.equal(probs, want_probs) and torch.equal(ids, want_ids)
+    assert int(ids.max()) < 40
+    for bad in ({"k": 0}, {"vocab": 0}):  # an empty (L + 1, B, T, 0) answer before
+        with pytest.raises(ValueError, match="must be >= 1"):
+            lens_top(model, idx, **bad)
+
+
+@pytest.mark.parametrize("overrides", [{}, {"layer_norm": False}, {"mlp": False},
+                                       {"n_head": 4, "n_kv_head": 2}, {"attn_out_proj": False},
+                                       {"norm": "rmsnorm", "mlp": "swiglu", "pos": "rope"}])
+def test_attributions_sum_to_the_logit(overrides: dict) -> None:
+    model = _model(**overrides)
+    idx = torch.randint(0, 65, (3, 7), generator=torch.Generator().manual_seed(2))
+    for position in (-1, 2):
+        parts = logit_attribution(model, idx, torch.tensor([5, 6, 7]), position)
+        assert parts.heads.shape == (3, 2, model.config.n_head)
+        torch.testing.assert_close(parts.total(), parts.logit, atol=1e-4, rtol=1e-5)
+        assert parts.heads.abs().sum() > 0
+        logits = model(idx).logits[:, position]  # (3, V): the logit is the model's own
+        torch.testing.assert_close(parts.logit, logits[torch.arange(3), [5, 6, 7]],
+                                   atol=1e-6, rtol=0)
+    if overrides.get("mlp") == "none":
+        assert torch.all(parts.mlp == 0)
+
+
+def test_the_answer_carrying_head_holds_the_whole_logit() -> None:
+    model = one_head_model()
+    parts = logit_attribution(model, torch.tensor([[1, 0, 0, 3]]), target=1)
+    expected = torch.zeros(1, 2, 2)
+    expected[0, 1, 0] = 0.25  # uniform over 4 keys, one of which is token 1
+    assert torch.equal(parts.heads, expected)
+    assert parts.emb.item() == 0 and parts.mlp.abs().sum() == 0
+    assert parts.logit.item() == pytest.approx(0.25)
+
+
+def test_needs_a_residual_stream() -> None:
+    torch.manual_seed(0)
+    model = GPT(GPTConfig.from_name("seed-minimal", vocab_size=17, n_embd=5))
+    with pytest.raises(ValueError, match="residual"):
+        logit_attribution(model, torch.tensor([[1, 2]]), 3)
+
+
+def test_a_target_or_position_out_of_range_is_named() -> None:
+    model, idx = _model(), torch.tensor([[1, 2, 3]])  # vocabulary of 65
+    with pytest.raises(ValueError, match=r"target \[999\]: token ids are 0 to 64"):
+        logit_attribution(model, idx, 999)
+    with pytest.raises(ValueError, match=r"target \[-2\]"):
+        logit_attribution(model, idx, -2)
+    with pytest.raises(ValueError, match="position 3 is out of range for 3 tokens"):
+        logit_attribution(model, idx, 5, position=3)
+    assert logit_attribution(model, idx, 5, position=-3).logit.shape == (1,)
+
+
+@torch.no_grad()
+def test_imported_gpt2(tmp_path) -> None:
+    transformers = pytest.importorskip("transformers")
+    from attnlab.hf import load_hf_gpt2
+
+    torch.manual_seed(0)
+    config = transformers.GPT2Config(vocab_size=97, n_positions=32, n_embd=32, n_layer=2,
+                                      n_head=4, bos_token_id=0, eos_token_id=0, pad_token_id=0)
+    transformers.GPT2LMHeadModel(config).save_pretrained(tmp_path)
+    model = load_hf_gpt2(tmp_path).eval()
+    idx = torch.randint(0, 97, (2, 9), generator=torch.Generator().manual_seed(0))
+    parts = logit_attribution(model, idx, target=torch.tensor([3, 4]))
+    torch.testing.assert_close(parts.total(), parts.logit, atol=1e-4, rtol=1e-5)
+    assert torch.equal(logit_lens(model, idx)[-1], model(idx).logits)
+
+
+@torch.no_grad()
+def test_imported_gpt2_against_a_plain_torch_reference(tmp_path) -> None:
+    """The numbers TransformerLens 4.3 gives (`accumulated_resid(apply_ln=True)` then `unembed`;
+    `logit_attrs` of `stack_head_results` with only the final norm folded), computed here from
+    Hugging Face GPT-2's own modules with plain hooks: each lens row is ln_f of the residual
+    entering that layer through W_U, and a head's term is its output through its rows of c_proj,
+    value bias included, centred, divided by the final residual's norm scale, times gamma, dotted
+    with W_U[target]. Random weights *and biases* (Hugging Face initializes biases to 0, which
+    hides where the value bias goes)."""
+    transformers = pytest.importorskip("transformers")
+    from attnlab.hf import load_hf
+
+    torch.manual_seed(0)
+    config = transformers.GPT2Config(vocab_size=97, n_positions=32, n_embd=32, n_layer=2,
+                                      n_head=4, attn_implementation="eager")
+    hf = transformers.GPT2LMHeadModel(config).eval()
+    for p in hf.parameters():
+        p.normal_(0, 0.2)
+    hf.save_pretrained(tmp_path)
+    model = load_hf(tmp_path)
+    idx = torch.randint(0, 97, (2, 9), generator=torch.Generator().manual_seed(0))
+    target = torch.tensor([3, 4])
+    heads_in, final = [], []  # (B, T, nh * hs) entering c_proj; (B, T, C) entering ln_f
+    hooks = [block.attn.c_proj.register_forward_pre_hook(lambda m, a: heads_in.append(a[0]))
+             for block in hf.transformer.h]
+    hooks.append(hf.transformer.ln_f.register_forward_pre_hook(lambda m, a: final.append(a[0])))
+    out = hf(idx, output_hidden_states=True)
+    for hook in hooks:
+        hook.remove()
+    ln_f, w_u = hf.transformer.ln_f, hf.lm_head.weight  # (V, C)
+    resid = [*out.hidden_states[:-1], final[0]]  # entering each layer, then the final residual
+    expected_lens = torch.stack([ln_f(x) @ w_u.t() for x in resid])  # (L + 1, B, T, V)
+    torch.testing.assert_close(logit_lens(model, idx), expected_lens, atol=2e-5, rtol=0)
+
+    x = final[0][:, -1]  # (B, C)
+    sigma = (x.var(-1, unbiased=False, keepdim=True) + ln_f.eps).sqrt()  # (B, 1)
+    direction = ln_f.weight * w_u[target]  # (B, C)
+    hs = 32 // 4
+    expected = torch.zeros(2, 2, 4)
+    for layer, z in enumerate(heads_in):
+        w_o = hf.transformer.h[layer].attn.c_proj.weight  # (nh * hs, C): Conv1D is (in, out)
+        for h in range(4):
+            part = z[:, -1, h * hs:(h + 1) * hs] @ w_o[h * hs:(h + 1) * hs]  # (B, C)
+            part = (part - part.mean(-1, keepdim=True)) / sigma
+            expected[:, layer, h] = (part * direction).sum(-1)
+    parts = logit_attribution(model, idx, target)
+    torch.testing.assert_close(parts.heads, expected, atol=1e-5, rtol=0)
+    assert expected.abs().max() > 0.1  # terms large enough for the tolerance to mean something
+
+
+@pytest.mark.parametrize("overrides", [{}, {"layer_norm": False}])
+def test_every_term_is_on_the_model_device(overrides: dict) -> None:
+    """With the model on a GPU, heads, attn_bias, mlp (and bias without a final norm) were
+    made on the default device, the CPU, and `total()` raised a device mismatch. No GPU here:
+    the meta device as the default stands in for "a device other than the model's"."""
+    model, idx = _model(**overrides), torch.tensor([[1, 2, 3, 4]])
+    with torch.device("meta"):
+        parts = logit_attribution(model, idx, 5)
+    for name in ("emb", "heads", "attn_bias", "mlp", "bias", "logit"):
+        assert getattr(parts, name).device == idx.device, name
+    torch.testing.assert_close(parts.total(), parts.logit, atol=1e-4, rtol=1e-5)
+
+
+def test_a_padded_position_is_refused() -> None:
+    """A right-padded batch's last column is a pad in the shorter rows: their terms were
+    computed for a pad's logit and summed to it, meaningless numbers without a word."""
+    model = _model()
+    idx = torch.tensor([[1, 2, 3, 4], [5, 6, 0, 0]])
+    mask = torch.tensor([[1, 1, 1, 1], [1, 1, 0, 0]])
+    with pytest.raises(ValueError, match=r"position -1 is padding in rows \[1\].*pad on the left"):
+        logit_attribution(model, idx, 7, attention_mask=mask)
+    left, left_mask = left_padded([4, 2], seed=3)
+    assert logit_attribution(model, left, 7, attention_mask=left_mask).logit.shape == (2,)
+    assert logit_attribution(model, idx, 7, position=1, attention_mask=mask).logit.shape == (2,)
+
+
+def test_a_float64_model_is_attributed_in_float64() -> None:
+    # every term was cast to float32: a float64 model's logit came back 8.8e-10 off, its
+    # terms' sum 2e-8
+    model = _model().double()
+    idx = torch.randint(0, 65, (2, 7), generator=torch.Generator().manual_seed(4))
+    parts = logit_attribution(model, idx, 5)
+    assert parts.logit.dtype == parts.heads.dtype == parts.mlp.dtype == torch.float64
+    logits = model(idx).logits[:, -1, 5]  # (2,) float64
+    torch.testing.assert_close(parts.logit, logits.detach(), atol=1e-12, rtol=0)
+    torch.testing.assert_close(parts.total(), parts.logit, atol=1e-12, rtol=0)
+
+
+def test_a_float64_models_lens_probabilities_stay_float64() -> None:
+    # top_tokens cast every lens to float32, so lens_top of a float64 model was float32
+    # (as logit_attribution and logit_diff_metric were before they kept float64)
+    model = _model().double()
+    idx = torch.randint(0, 65, (2, 7), generator=torch.Generator().manual_seed(5))
+    probs, top = lens_top(model, idx, k=3)
+    assert probs.dtype == torch.float64
+    want = torch.softmax(model(idx).logits.detach(), dim=-1).topk(3, dim=-1)
+    torch.testing.assert_close(probs[-1], want.values, atol=1e-15, rtol=0)
+    assert torch.equal(top[-1], want.indices)

@@ -1,0 +1,146 @@
+"""layers.py: RMSNorm math, MLP forms, RoPE frequencies (linear, llama3), rotate-half."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from attnlab.model.layers import (
+    MLP,
+    RMSNorm,
+    Rotary,
+    apply_rotary,
+    make_norm,
+    real_positions,
+    rope_inv_freq,
+    rotate_half,
+)
+
+
+def test_rms_norm_is_x_over_root_mean_square_times_weight() -> None:
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(2, 3, 8, generator=g)
+    norm = RMSNorm(8, eps=1e-6)
+    with torch.no_grad():
+        norm.weight.copy_(torch.randn(8, generator=g))
+    by_hand = torch.empty_like(x)
+    for idx in range(6):
+        row = x.view(6, 8)[idx]
+        by_hand.view(6, 8)[idx] = row / math.sqrt(float((row ** 2).mean()) + 1e-6) * norm.weight
+    torch.testing.assert_close(norm(x), by_hand)
+    # bfloat16: normalised in float32, cast back, then scaled (Llama's order)
+    xb = x.bfloat16()
+    x32 = xb.float()
+    expected = norm.weight.bfloat16() * (
+        x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + 1e-6)).bfloat16()
+    normb = RMSNorm(8, 1e-6).bfloat16()
+    with torch.no_grad():
+        normb.weight.copy_(norm.weight)
+    assert torch.equal(normb(xb), expected)
+
+
+def test_make_norm_kinds_and_eps() -> None:
+    assert isinstance(make_norm("layernorm", 4, eps=1e-3), torch.nn.LayerNorm)
+    assert make_norm("layernorm", 4, eps=1e-3).eps == 1e-3  # type: ignore[union-attr]
+    assert make_norm("layernorm", 4, bias=False).bias is None  # type: ignore[union-attr]
+    assert isinstance(make_norm("rmsnorm", 4), RMSNorm)
+    assert isinstance(make_norm("none", 4), torch.nn.Identity)
+    with pytest.raises(ValueError, match=r"norm='batch' must be one of"):
+        make_norm("batch", 4)
+
+
+def test_swiglu_and_gelu_mlps() -> None:
+    torch.manual_seed(0)
+    x = torch.randn(2, 5, 6)
+    swiglu = MLP(6, 10, gated=True, bias=False)
+    assert swiglu.gate is not None
+    expected = swiglu.proj(torch.nn.functional.silu(swiglu.gate(x)) * swiglu.fc(x))
+    torch.testing.assert_close(swiglu(x), expected)
+    gelu = MLP(6, 10, gelu="exact")
+    assert gelu.gate is None and gelu.fc.weight.shape == (10, 6)
+    torch.testing.assert_close(gelu(x), gelu.proj(torch.nn.functional.gelu(gelu.fc(x))))
+
+
+def test_default_and_linear_inv_freq() -> None:
+    inv = rope_inv_freq(8, 500.0)
+    torch.testing.assert_close(inv, torch.tensor([500.0 ** (-i / 8) for i in (0, 2, 4, 6)]))
+    linear = rope_inv_freq(8, 500.0, {"rope_type": "linear", "factor": 4.0})
+    torch.testing.assert_close(linear, inv / 4)
+
+
+def test_llama3_inv_freq_matches_the_formula_by_hand() -> None:
+    scaling = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
+               "high_freq_factor": 4.0, "original_max_position_embeddings": 64}
+    dims, theta = 16, 10000.0
+    got = rope_inv_freq(dims, theta, scaling)
+    expected = []
+    for i in range(0, dims, 2):
+        f = 1.0 / theta ** (i / dims)
+        wavelen = 2 * math.pi / f
+        if wavelen < 64 / 4:  # high frequency: kept
+            expected.append(f)
+        elif wavelen > 64 / 1:  # low frequency: divided by factor
+            expected.append(f / 8)
+        else:  # between: blended
+            smooth = (64 / wavelen - 1) / (4 - 1)
+            expected.append((1 - smooth) * f / 8 + smooth * f)
+    torch.testing.assert_close(got, torch.tensor(expected), rtol=1e-6, atol=0)
+    # the three bands all occur at these sizes, so the test checks each branch
+    plain = rope_inv_freq(dims, theta)
+    assert (got == plain).any() and (got == plain / 8).any()
+    assert ((got != plain) & (got != plain / 8)).any()
+
+
+@pytest.mark.parametrize(
+    "scaling, message",
+    [({"rope_type": "yarn", "factor": 2.0},
+      r"rope_scaling rope_type='yarn' is not supported; supported types: \['default', 'linear', "
+      r"'llama3'\]"),
+     ({"rope_type": "llama3", "factor": 8.0},
+      r"rope_scaling of rope_type='llama3' lacks \['low_freq_factor'"),
+     ("linear", r"rope_scaling='linear' must be a dict")],
+)
+def test_unsupported_rope_scaling_is_refused_by_name(scaling: object, message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        rope_inv_freq(8, 10000.0, scaling)  # type: ignore[arg-type]
+
+
+def test_rotate_half() -> None:
+    x = torch.tensor([1.0, 2.0, 3.0, 4.0])
+    assert torch.equal(rotate_half(x), torch.tensor([-3.0, -4.0, 1.0, 2.0]))
+
+
+def test_partial_rotary_passes_the_other_dims_through_and_keeps_norms() -> None:
+    rotary = Rotary(8, rotary_pct=0.5, theta=100.0)
+    assert rotary.dims == 4 and rotary.inv_freq.shape == (2,)
+    x = torch.randn(2, 3, 5, 8)  # (B, heads, T, hs)
+    cos, sin = rotary.cos_sin(torch.arange(5)[None])  # (1, 1, T, 4)
+    assert cos.shape == (1, 1, 5, 4) and cos.dtype == torch.float32
+    y = apply_rotary(x, cos, sin)
+    assert torch.equal(y[..., 4:], x[..., 4:])
+    assert torch.equal(y[:, :, 0], x[:, :, 0])  # position 0: no rotation
+    # each (i, i + rd/2) pair is rotated: its length is kept
+    pairs = lambda t: t[..., :2] ** 2 + t[..., 2:4] ** 2  # noqa: E731
+    torch.testing.assert_close(pairs(y), pairs(x))
+
+
+def test_rotary_scores_depend_only_on_the_distance() -> None:
+    rotary = Rotary(8, theta=10000.0)
+    g = torch.Generator().manual_seed(0)
+    q, k = torch.randn(1, 1, 1, 8, generator=g), torch.randn(1, 1, 1, 8, generator=g)
+
+    def score(i: int, j: int) -> float:
+        qi = apply_rotary(q, *rotary.cos_sin(torch.tensor([[i]])))
+        kj = apply_rotary(k, *rotary.cos_sin(torch.tensor([[j]])))
+        return float((qi * kj).sum())
+
+    assert score(7, 3) == pytest.approx(score(24, 20), abs=1e-5)
+    assert score(7, 3) != pytest.approx(score(7, 4), abs=1e-3)
+
+
+def test_real_positions_of_left_padded_rows() -> None:
+    mask = torch.tensor([[0, 0, 1, 1, 1], [1, 1, 1, 1, 1]])
+    assert real_positions(mask, 2).tolist() == [[1, 2], [3, 4]]
+    assert real_positions(mask, 5)[0].tolist() == [0, 0, 0, 1, 2]

@@ -1,0 +1,274 @@
+"""trace.py: traced == untraced, every name has its documented shape, filters, masked cells 0."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from attnlab import GPT, GPTConfig, Trace
+from attnlab.model import attention
+from attnlab.model.trace import NAMES
+from helpers import modern_switches
+
+
+def _model(**overrides: object) -> GPT:
+    torch.manual_seed(0)
+    return GPT(GPTConfig.from_name("nano", **overrides)).eval()
+
+
+@settings(max_examples=15, deadline=None)
+@given(switches=modern_switches())
+def test_traced_logits_equal_untraced(switches: dict[str, object]) -> None:
+    model = _model(n_head=4, **switches)
+    idx = torch.randint(0, 65, (2, 10))
+    mask = torch.ones(2, 10, dtype=torch.long)
+    mask[1, :4] = 0
+    trace = Trace()
+    traced = model(idx, attention_mask=mask, trace=trace).logits
+    plain = model(idx, attention_mask=mask).logits
+    torch.testing.assert_close(traced, plain, atol=1e-5, rtol=0)
+    torch.testing.assert_close(trace.get("logits"), plain, atol=1e-5, rtol=0)
+
+
+def test_every_name_has_its_shape() -> None:
+    model = _model(dropout=0.1).train()
+    B, T, c = 2, 7, model.config
+    trace = Trace()
+    model(torch.randint(0, 65, (B, T)), trace=trace)
+    nh, hs, C = c.n_head, c.head_size, c.n_embd
+    shapes = {
+        "tok_emb": (B, T, C), "pos_emb": (B, T, C), "emb": (B, T, C),
+        "q": (B, nh, T, hs), "k": (B, nh, T, hs), "v": (B, nh, T, hs),
+        "attn_scores": (B, nh, T, T), "masked_scores": (B, nh, T, T),
+        "attn_weights": (B, nh, T, T), "attn_weights_dropped": (B, nh, T, T),
+        "context": (B, nh, T, hs), "attn_out": (B, T, C), "block_out": (B, T, C),
+        "resid_pre": (B, T, C), "mlp_out": (B, T, C), "logits": (B, T, c.vocab_size),
+    }
+    # learned positions: no rotary, so no q/k before rotation (test_trace_names has them)
+    assert set(shapes) == set(NAMES) - {"q_pre_rope", "k_pre_rope"}
+    for name, shape in shapes.items():
+        layer = None if name in ("tok_emb", "pos_emb", "emb", "logits") else 1
+        assert tuple(trace.get(name, layer).shape) == shape, name
+
+
+def test_masked_cells_are_exactly_zero_and_rows_sum_to_one() -> None:
+    model = _model()
+    trace = Trace(names=["attn_weights", "masked_scores"])
+    mask = torch.tensor([[0, 0, 1, 1, 1, 1]])
+    model(torch.randint(0, 65, (1, 6)), attention_mask=mask, trace=trace)
+    weights = trace.get("attn_weights", 0)[0]  # (nh, T, S)
+    may_attend = torch.tril(torch.ones(6, 6)).bool() & mask.bool()
+    assert torch.all(weights[:, ~may_attend] == 0)
+    assert torch.all(trace.get("masked_scores", 0)[0][:, ~may_attend] == float("-inf"))
+    torch.testing.assert_close(weights[:, 2:].sum(-1), torch.ones(2, 4))
+    assert torch.all(weights[:, :2] == 0)  # pad queries attend to nothing
+
+
+def test_filters_keep_only_what_was_asked() -> None:
+    model = _model()
+    trace = Trace(layers=[1], heads=[0], names=["attn_weights"])
+    model(torch.randint(0, 65, (1, 5)), trace=trace)
+    assert list(trace) == [(1, "attn_weights")]
+    assert trace.get("attn_weights", 1).shape == (1, 1, 5, 5)
+    assert trace.nbytes() == 25 * 4
+    with pytest.raises(KeyError, match="captured: \\['attn_weights@1'\\]"):
+        trace.get("q", 1)
+    with pytest.raises(ValueError, match="unknown trace names"):
+        Trace(names=["attention"])
+    # a layer the model lacks is refused when the model runs, not at get()
+    layers = model.config.n_layer
+    with pytest.raises(ValueError, match=rf"Trace\(layers=\[0, 7\]\): the model has {layers} "
+                       rf"layers \(0 to {layers - 1}\); \[7\] are not among them"):
+        model(torch.randint(0, 65, (1, 5)), trace=Trace(layers=[0, 7]))
+
+
+def test_head_filter_on_grouped_query_keeps_the_kv_heads_those_heads_read() -> None:
+    model = GPT(GPTConfig.from_name("nano", n_head=4, n_kv_head=2, n_embd=16)).eval()
+    idx = torch.randint(0, 65, (1, 8))
+    full, one = Trace(), Trace(heads=[3])
+    model(idx, trace=full)
+    model(idx, trace=one)
+    assert torch.equal(one.get("attn_weights", 0), full.get("attn_weights", 0)[:, [3]])
+    assert torch.equal(one.get("k", 0), full.get("k", 0)[:, [1]])  # head 3 reads kv head 1
+    with pytest.raises(ValueError, match=r"trace heads \[4\] out of range for 4 heads"):
+        model(idx, trace=Trace(heads=[4]))
+
+
+def _reference_weights(
+    trace: Trace, layer: int, may_attend: torch.Tensor, scale: float
+) -> torch.Tensor:
+    """softmax over the recorded raw scores, masked by hand: (B, nh, T, S), empty rows 0."""
+    scores = trace.get("attn_scores", layer).masked_fill(~may_attend, float("-inf")) * scale
+    weights = torch.softmax(scores, dim=-1).nan_to_num(0.0)  # a row with no key: NaN -> 0
+    return weights
+
+
+@pytest.mark.parametrize("rows", [1, 3, 64])
+def test_blocked_weights_equal_one_softmax_with_padding_and_a_cache(
+    rows: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The traced path computes weights `BLOCK_ROWS` queries at a time over the keys those
+    queries may see; any block size gives one masked softmax's weights and the fused logits."""
+    monkeypatch.setattr(attention, "BLOCK_ROWS", rows)
+    model = _model()
+    B, P, T = 2, 4, 7  # 4 cached positions, then 7 new queries over S = 11 keys
+    mask = torch.ones(B, P + T, dtype=torch.long)
+    mask[1, :6] = 0  # row 1: left padding into the new tokens (queries 0, 1 see nothing)
+    ids = torch.randint(0, 65, (B, P + T), generator=torch.Generator().manual_seed(2))
+    plain_cache, traced_cache = model.new_cache(B), model.new_cache(B)
+    for cache in (plain_cache, traced_cache):
+        model(ids[:, :P], attention_mask=mask[:, :P], kv_cache=cache)
+    trace = Trace()
+    plain = model(ids[:, P:], attention_mask=mask, kv_cache=plain_cache).logits
+    traced = model(ids[:, P:], attention_mask=mask, kv_cache=traced_cache, trace=trace).logits
+    torch.testing.assert_close(traced, plain, atol=1e-5, rtol=0)
+    causal = torch.tril(torch.ones(P + T, P + T, dtype=torch.bool))[-T:]  # (T, S)
+    may_attend = causal[None, None] & mask.bool()[:, None, None, :]  # (B, 1, T, S)
+    scale = model.config.head_size**-0.5
+    for layer in range(model.config.n_layer):
+        weights = trace.get("attn_weights", layer)
+        torch.testing.assert_close(weights, _reference_weights(trace, layer, may_attend, scale))
+        assert torch.all(weights[~may_attend.expand_as(weights)] == 0.0)
+        context = weights @ trace.get("v", layer)  # (B, nh, T, S) @ (B, nh, S, hs)
+        torch.testing.assert_close(trace.get("context", layer), context)
+
+
+@settings(max_examples=30, deadline=None)
+@given(rows=st.integers(1, 9), T=st.integers(1, 24), P=st.integers(0, 6),
+       pad=st.integers(0, 12), window=st.sampled_from([None, 1, 3, 8]))
+def test_weights_alone_equal_the_weights_beside_the_scores(
+    rows: int, T: int, P: int, pad: int, window: int | None
+) -> None:
+    """A trace of the weights alone masks each block of queries' scores as it makes them;
+    a trace with the raw scores masks them whole first. Any block size gives the same
+    weights and the same masked cells, with left padding, a cache and sliding windows
+    (checked to fail where a block's mask assumes plain causal structure)."""
+    import attnlab.model.attention as attention_module
+
+    model = _model(n_head=4, sliding_window=window)
+    B = 2
+    mask = torch.ones(B, P + T, dtype=torch.long)
+    mask[1, :min(pad, P + T - 1)] = 0  # row 1 left-padded, one token kept
+    ids = torch.randint(0, 65, (B, P + T), generator=torch.Generator().manual_seed(T))
+    traces = []
+    old = attention_module.BLOCK_ROWS
+    attention_module.BLOCK_ROWS = rows
+    try:
+        for names in (["attn_weights"], ["attn_scores", "attn_weights"]):
+            cache = model.new_cache(B)
+            if P:
+                model(ids[:, :P], attention_mask=mask[:, :P], kv_cache=cache)
+            traces.append(Trace(names=names))
+            model(ids[:, P:], attention_mask=mask, kv_cache=cache, trace=traces[-1])
+    finally:
+        attention_module.BLOCK_ROWS = old
+    for layer in range(model.config.n_layer):
+        alone, beside = (t.get("attn_weights", layer) for t in traces)
+        torch.testing.assert_close(alone, beside, atol=1e-6, rtol=0)
+        assert torch.equal(alone == 0, beside == 0)  # the same cells masked
+
+
+def test_float16_storage_halves_the_bytes_within_the_stated_error() -> None:
+    model = _model()
+    idx = torch.randint(0, 65, (2, 12), generator=torch.Generator().manual_seed(3))
+    full, half = Trace(names=["attn_weights", "q"]), Trace(names=["attn_weights", "q"],
+                                                           dtype=torch.float16)
+    torch.testing.assert_close(model(idx, trace=half).logits, model(idx, trace=full).logits,
+                               atol=0, rtol=0)  # storage only: the model computes in float32
+    assert half.nbytes() * 2 == full.nbytes()
+    for key in full:
+        assert half.values[key].dtype == torch.float16
+        err = (half.values[key].float() - full.values[key]).abs()
+        bound = 2**-12 if key[1] == "attn_weights" else 2**-11 * full.values[key].abs()
+        assert torch.all(err <= bound), key
+    with pytest.raises(ValueError, match="must be a floating dtype"):
+        Trace(dtype=torch.int8)
+
+
+def test_kept_keys_survive_later_cache_writes() -> None:
+    model = _model()
+    cache = model.new_cache(1, max_len=6)
+    trace = Trace(names=["k", "attn_weights"])
+    model(torch.randint(0, 65, (1, 6)), kv_cache=cache, trace=trace)
+    kept = trace.get("k", 0).clone()
+    cache.seq_len = 0  # rewind: the next call overwrites every cached position
+    model(torch.randint(0, 65, (1, 6)), kv_cache=cache)
+    assert torch.equal(trace.get("k", 0), kept)  # a copy, not the cache's memory
+    assert trace.get("k", 0).data_ptr() != cache.layers[0].k.data_ptr()
+
+
+@settings(max_examples=25, deadline=None)
+@given(switches=modern_switches(n_layer=3),
+       names=st.sets(st.sampled_from(sorted(set(NAMES) - {"logits"})), max_size=3),
+       layers=st.sets(st.integers(0, 2), max_size=2))
+def test_run_keeps_what_a_whole_forward_keeps_and_stops_after_it(
+        switches: dict[str, object], names: set[str], layers: set[int]) -> None:
+    """Trace.run holds the same values as model(idx, trace=...) for any filter, on every
+    switch, with left padding; the blocks after the last traced layer and the head never
+    run; a trace left without its stop point runs the whole forward again."""
+    model = _model(n_head=4, n_layer=3, **switches)
+    idx = torch.randint(0, 65, (2, 9))
+    mask = torch.ones(2, 9, dtype=torch.long)
+    mask[1, :3] = 0
+    whole = Trace(layers=layers or None, names=names or None)
+    model(idx, attention_mask=mask, trace=whole)
+    ran: list[str] = []
+    hooks = [module.register_forward_pre_hook(lambda *_, name=name: ran.append(name))
+             for name, module in [(f"block {i}", b) for i, b in enumerate(model.blocks)]
+             + [("lm_head", model.lm_head)]]
+    part = Trace(layers=layers or None, names=names or None).run(model, idx, mask)
+    assert part.values.keys() == whole.values.keys()
+    for key, value in whole.values.items():
+        assert torch.equal(part.values[key], value), key
+    if not names:  # every name: the logits too
+        assert ran == ["block 0", "block 1", "block 2", "lm_head"]
+    else:
+        last = -1 if names <= {"tok_emb", "pos_emb", "emb"} else max(layers or {2})
+        if names & set(NAMES) - {"tok_emb", "pos_emb", "emb", "resid_pre"}:
+            last += 1  # a value inside the last traced block (resid_pre is its input)
+        assert ran == [f"block {i}" for i in range(last)]
+    ran.clear()
+    assert model(idx, attention_mask=mask, trace=part).logits.shape == (2, 9, 65)
+    assert ran == ["block 0", "block 1", "block 2", "lm_head"]
+    for hook in hooks:
+        hook.remove()
+
+
+def test_run_applies_edits_before_it_keeps() -> None:
+    from attnlab.interp.edits import Edits, zero_heads
+
+    model = _model(n_head=4, n_layer=3)
+    idx = torch.randint(0, 65, (2, 9))
+    edits = Edits([zero_heads(0, [1, 2])])
+    whole = Trace(layers=1, names="attn_weights")
+    model(idx, trace=whole, edits=edits)
+    part = Trace(layers=1, names="attn_weights").run(model, idx, edits=edits)
+    assert torch.equal(part.get("attn_weights", 1), whole.get("attn_weights", 1))
+    plain = Trace(layers=1, names="attn_weights").run(model, idx)
+    assert not torch.equal(plain.get("attn_weights", 1), whole.get("attn_weights", 1))
+
+
+def test_may_attend_is_what_the_model_masked_with_or_without_masked_scores() -> None:
+    """The figures and the view ask the trace which cells a query could see: causal, within
+    a layer's sliding window, and not a pad key; the weights alone cannot tell (0 either way)."""
+    model = _model(sliding_window=3, window_layers=[1])
+    idx = torch.randint(0, 65, (2, 8))
+    mask = torch.ones(2, 8, dtype=torch.long)
+    mask[1, :3] = 0  # row 1: three left pads
+    full = Trace(names=["attn_weights", "masked_scores"]).run(model, idx, mask)
+    light = Trace(names=["attn_weights"]).run(model, idx, mask)
+    causal = torch.ones(8, 8, dtype=torch.bool).tril()
+    window = causal & ~torch.ones(8, 8, dtype=torch.bool).tril(-3)  # keys i-2..i
+    for row in (0, 1):
+        pad = mask[row].bool()  # (S,)
+        for layer, expected in ((0, causal & pad), (1, window & pad)):
+            for trace in (full, light):
+                assert torch.equal(trace.may_attend(layer, row), expected), (row, layer)
+    # a padding given for the keys replaces the pass's own
+    assert torch.equal(light.may_attend(0, 0, attention_mask=mask[1]), causal & mask[1].bool())
+    with pytest.raises(ValueError, match="no scores or weights for layer 0"):
+        Trace(names=["q"]).run(model, idx).may_attend(0)
+    with pytest.raises(ValueError, match=r"pass the \(B, 8\) mask"):
+        light.may_attend(0, attention_mask=mask[:, :5])

@@ -1,0 +1,197 @@
+"""Every name in trace.NAMES, against the issue's list: values, shapes, masks and filters.
+
+tests/test_trace.py covers the nano model without a cache; this file adds seed 002's
+minimal model (no output projection, no residual), grouped-query heads, KV-cache decode
+steps, training-mode dropout and the filters' exact contents.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from attnlab import GPT, CausalSelfAttention, GPTConfig, Trace
+from attnlab.model.layers import apply_rotary
+from attnlab.model.trace import HEAD_NAMES, MODEL_NAMES, NAMES
+
+
+def _model(name: str = "nano", **overrides: object) -> GPT:
+    torch.manual_seed(0)
+    return GPT(GPTConfig.from_name(name, **overrides)).eval()
+
+
+def _ids(model: GPT, B: int, T: int) -> torch.Tensor:
+    gen = torch.Generator().manual_seed(1)
+    return torch.randint(0, model.config.vocab_size, (B, T), generator=gen)
+
+
+@pytest.mark.parametrize(
+    "name, overrides",
+    [("nano", {}), ("nano", {"n_head": 4, "n_kv_head": 2}),
+     ("seed-minimal", {"vocab_size": 17, "n_embd": 5})],
+)
+def test_traced_logits_equal_untraced(name: str, overrides: dict) -> None:
+    model = _model(name, **overrides)
+    idx = _ids(model, 3, model.config.block_size)
+    plain = model(idx).logits  # fused path
+    for trace in (Trace(), Trace(layers=[0]), Trace(heads=[0], names=["attn_weights"])):
+        traced = model(idx, trace=trace).logits  # explicit path where traced
+        torch.testing.assert_close(traced, plain, atol=1e-5, rtol=0)
+
+
+def test_traced_values_recompute_the_block() -> None:
+    """The captured steps are the ones attention computed: each follows from the last."""
+    model = _model("seed-minimal", vocab_size=17, n_embd=5)
+    trace = Trace()
+    out = model(_ids(model, 2, 4), trace=trace).logits
+    get = trace.get
+    torch.testing.assert_close(get("emb"), get("tok_emb") + get("pos_emb"))
+    q, k, v = get("q", 0), get("k", 0), get("v", 0)
+    torch.testing.assert_close(get("attn_scores", 0), q @ k.transpose(-2, -1))
+    weights = torch.softmax(get("masked_scores", 0) * model.config.attn_scale, dim=-1)
+    torch.testing.assert_close(get("attn_weights", 0), weights)
+    torch.testing.assert_close(get("context", 0), weights @ v)
+    # seed-minimal: no out_proj, no residual, so the block output is the heads' output
+    assert (0, "attn_out") not in trace
+    torch.testing.assert_close(get("block_out", 0), get("context", 0).transpose(1, 2).flatten(2))
+    torch.testing.assert_close(out, model.lm_head(get("block_out", 0)))
+
+
+@pytest.mark.parametrize("overrides", [{}, {"pos": "rope", "head_dim": 6, "rotary_pct": 0.34}])
+def test_shapes_with_grouped_heads_and_a_kv_cache(overrides: dict) -> None:
+    """Learned positions record pos_emb; rotary ones record q and k before rotation instead
+    (here partial rotary: 2 of 6 dims, head_dim 6 with n_embd 16)."""
+    model = _model("nano", n_head=4, n_kv_head=2, **overrides)
+    c, B = model.config, 2
+    nh, nkv, hs, C = c.n_head, c.n_kv_heads, c.head_size, c.n_embd
+    cache = model.new_cache(B, 8)
+    model(_ids(model, B, 5), kv_cache=cache)  # prefill 5 tokens
+    trace = Trace()
+    T, S = 3, 8  # 3 new queries over 5 cached + 3 new keys
+    model(_ids(model, B, T), kv_cache=cache, trace=trace)
+    shapes = {
+        "tok_emb": (B, T, C), "emb": (B, T, C),
+        "q": (B, nh, T, hs), "k": (B, nkv, S, hs), "v": (B, nkv, S, hs),
+        "attn_scores": (B, nh, T, S), "masked_scores": (B, nh, T, S),
+        "attn_weights": (B, nh, T, S), "context": (B, nh, T, hs),
+        "attn_out": (B, T, C), "block_out": (B, T, C), "logits": (B, T, c.vocab_size),
+        "resid_pre": (B, T, C), "mlp_out": (B, T, C),
+    }
+    if c.pos == "rope":
+        shapes |= {"q_pre_rope": (B, nh, T, hs), "k_pre_rope": (B, nkv, T, hs)}
+        not_recorded = {"pos_emb"}
+    else:
+        shapes |= {"pos_emb": (B, T, C)}
+        not_recorded = {"q_pre_rope", "k_pre_rope"}
+    assert set(shapes) == set(NAMES) - {"attn_weights_dropped"} - not_recorded  # eval
+    for name, shape in shapes.items():
+        layers = [None] if name in MODEL_NAMES else range(c.n_layer)
+        for layer in layers:
+            assert tuple(trace.get(name, layer).shape) == shape, (name, layer)
+    model_names = [n for n in MODEL_NAMES if n in shapes]
+    assert len(trace) == len(model_names) + c.n_layer * (len(shapes) - len(model_names))
+    if c.pos == "rope":  # the scored q and new k are the recorded ones rotated; 4 dims pass
+        positions = torch.arange(5, 8)[None]  # (1, T)
+        assert model.rotary is not None
+        cos, sin = model.rotary.cos_sin(positions)
+        for layer in range(c.n_layer):
+            q0, k0 = trace.get("q_pre_rope", layer), trace.get("k_pre_rope", layer)
+            torch.testing.assert_close(trace.get("q", layer), apply_rotary(q0, cos, sin))
+            torch.testing.assert_close(trace.get("k", layer)[:, :, 5:], apply_rotary(k0, cos, sin))
+            assert torch.equal(trace.get("q", layer)[..., 2:], q0[..., 2:])
+            assert not torch.allclose(trace.get("q", layer)[..., :2], q0[..., :2])
+
+
+def test_future_cells_are_exactly_zero_in_prefill_and_decode() -> None:
+    model = _model()
+    cache = model.new_cache(1)
+    prefill, step = Trace(names=["attn_weights", "masked_scores"]), Trace(names=["attn_weights"])
+    model(_ids(model, 1, 6), kv_cache=cache, trace=prefill)
+    model(_ids(model, 1, 1), kv_cache=cache, trace=step)
+    future = torch.triu(torch.ones(6, 6, dtype=torch.bool), diagonal=1)
+    for layer in range(model.config.n_layer):
+        weights = prefill.get("attn_weights", layer)[0]  # (nh, T, T)
+        assert torch.all(weights[:, future] == 0.0)
+        assert torch.all(weights[:, ~future] > 0.0)
+        assert torch.all(prefill.get("masked_scores", layer)[0][:, future] == float("-inf"))
+        torch.testing.assert_close(weights.sum(-1), torch.ones(weights.shape[:-1]))
+        decode = step.get("attn_weights", layer)[0, :, 0]  # (nh, S=7): the new token sees all
+        assert decode.shape == (model.config.n_head, 7) and torch.all(decode > 0)
+
+
+def test_dropped_weights_only_in_training() -> None:
+    model = _model(dropout=0.5)
+    idx = _ids(model, 2, 8)
+    trace = Trace(layers=[0], names=["attn_weights", "attn_weights_dropped"])
+    model.train()
+    torch.manual_seed(0)
+    model(idx, trace=trace)
+    kept, dropped = trace.get("attn_weights", 0), trace.get("attn_weights_dropped", 0)
+    assert torch.any(dropped == 0) and not torch.equal(kept, dropped)
+    survivors = dropped != 0
+    torch.testing.assert_close(dropped[survivors], kept[survivors] * 2)  # 1 / (1 - p)
+    model.eval()
+    trace.clear()
+    model(idx, trace=trace)
+    assert list(trace) == [(0, "attn_weights")]
+
+
+def test_filters_keep_exactly_what_was_asked_and_memory_adds_up() -> None:
+    model = _model("nano", n_layer=3, n_head=4)
+    idx = _ids(model, 2, 6)
+    full = Trace()
+    model(idx, trace=full)
+    trace = Trace(layers=[0, 2], heads=[3, 1], names=["q", "attn_weights", "block_out", "emb"])
+    model(idx, trace=trace)
+    assert set(trace) == {(None, "emb"), *((la, n) for la in (0, 2)
+                                           for n in ("q", "attn_weights", "block_out"))}
+    for layer in (0, 2):
+        for name in ("q", "attn_weights"):
+            assert name in HEAD_NAMES
+            # heads come back sorted: [1, 3]. Layer 1 is untraced, so it ran the fused path
+            # and layer 2 sees its input to float rounding, not bit for bit.
+            torch.testing.assert_close(trace.get(name, layer), full.get(name, layer)[:, [1, 3]],
+                                       atol=1e-6, rtol=0)
+        torch.testing.assert_close(trace.get("block_out", layer), full.get("block_out", layer),
+                                   atol=1e-6, rtol=0)
+    expected = sum(t.numel() * t.element_size() for t in trace.to_dict().values())
+    assert trace.nbytes() == expected
+    assert trace.nbytes() < full.nbytes() / 3
+    assert set(full.to_dict()) >= {"emb", "0.q", "2.attn_weights", "logits"}
+    with pytest.raises(ValueError, match=r"trace heads \[9\] out of range for 4 heads"):
+        model(idx, trace=Trace(heads=[9]))
+
+
+def test_a_standalone_attention_records_at_layer_none() -> None:
+    torch.manual_seed(0)
+    attn = CausalSelfAttention(8, n_head=2, out_proj=False)
+    trace = Trace()
+    y = attn(torch.randn(1, 4, 8), trace=trace)
+    assert {name for _, name in trace} == {"q", "k", "v", "attn_scores", "masked_scores",
+                                          "attn_weights", "context"}
+    assert all(layer is None for layer, _ in trace)
+    torch.testing.assert_close(y, trace.get("context").transpose(1, 2).flatten(2))
+
+
+def test_tracing_leaves_no_state_on_the_modules() -> None:
+    model = _model()
+    model(_ids(model, 1, 4), trace=Trace())
+    model(_ids(model, 1, 4))
+    stored = [(type(m).__name__, k) for m in model.modules() for k, v in vars(m).items()
+              if isinstance(v, torch.Tensor)]
+    assert stored == []
+
+
+def test_pre_rope_queries_are_after_qk_norm() -> None:
+    """With QK-norm (Qwen3), q_pre_rope is the normed query (TransformerLens's hook_q_normed,
+    not its hook_q): the name's doc said only "before rotary embedding"."""
+    torch.manual_seed(0)
+    model = GPT(GPTConfig.from_name("llama-tiny", qk_norm=True)).eval()
+    trace = Trace(layers=0, names=["resid_pre", "q_pre_rope", "q"])
+    model(_ids(model, 2, 5), trace=trace)
+    attn = model.blocks[0].attn
+    with torch.no_grad():
+        q = attn.query(model.blocks[0].ln_1(trace.get("resid_pre", 0)))  # (B, T, nh * hs)
+        q = q.view(2, 5, attn.n_head, -1).transpose(1, 2)  # (B, nh, T, hs)
+        torch.testing.assert_close(trace.get("q_pre_rope", 0), attn.q_norm(q))
+    assert not torch.allclose(trace.get("q_pre_rope", 0), q)

@@ -1,0 +1,126 @@
+"""Data: splits, the token cache, batches, built-in datasets, bad inputs."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from attnlab import tokenizers
+from attnlab.train.data import SentenceDataset, TaskDataset, TextDataset, load_dataset
+
+TEXT = "".join(f"line {i}: the quick brown fox jumps over the lazy dog\n" for i in range(200))
+
+
+@pytest.fixture
+def corpus(tmp_path: Path) -> Path:
+    path = tmp_path / "corpus.txt"
+    path.write_text(TEXT, encoding="utf-8")
+    return path
+
+
+def test_split_is_the_whole_text_in_order(corpus: Path, tmp_path: Path) -> None:
+    ds = TextDataset.from_file(corpus, "char", val_fraction=0.1, cache_dir=tmp_path / "c")
+    ids = np.concatenate([ds.train, ds.val])
+    assert ds.tokenizer.decode(ids.tolist()) == TEXT
+    assert len(ds.val) == int(len(TEXT) * 0.1)
+    assert ds.train.dtype == np.uint16 and isinstance(ds.train, np.memmap)
+
+
+def test_tokenized_once_then_read_from_the_cache(
+    corpus: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    cache = tmp_path / "c"
+    first = TextDataset.from_file(corpus, "char", cache_dir=cache)
+    assert len(list((cache / "data").iterdir())) == 1
+
+    def no_encoding(self: object, text: str) -> list[int]:
+        raise AssertionError("the cached text was tokenized again")
+
+    monkeypatch.setattr(tokenizers.CharTokenizer, "encode", no_encoding)
+    again = TextDataset.from_file(corpus, "char", cache_dir=cache)
+    assert np.array_equal(first.train, again.train) and np.array_equal(first.val, again.val)
+    monkeypatch.undo()
+    corpus.write_text(TEXT + "one more line\n")  # new content, new cache entry
+    TextDataset.from_file(corpus, "char", cache_dir=cache)
+    assert len(list((cache / "data").iterdir())) == 2
+
+
+def test_a_directory_of_txt_files(tmp_path: Path) -> None:
+    (tmp_path / "d").mkdir()
+    (tmp_path / "d" / "a.txt").write_text("abc" * 50)
+    (tmp_path / "d" / "b.txt").write_text("xyz" * 50)
+    ds = TextDataset.from_file(tmp_path / "d", "char", cache_dir=tmp_path / "c")
+    assert ds.tokenizer.vocab_size == 7  # a b c x y z and the joining newline
+
+
+def test_batches_are_windows_with_shifted_targets(corpus: Path, tmp_path: Path) -> None:
+    ds = TextDataset.from_file(corpus, "char", cache_dir=tmp_path / "c")
+    g = torch.Generator().manual_seed(0)
+    x, y = ds.batch("train", 5, 32, g)
+    assert x.shape == y.shape == (5, 32) and x.dtype == torch.long
+    assert torch.equal(x[:, 1:], y[:, :-1])
+    for row in x:
+        assert ds.tokenizer.decode(row.tolist()) in TEXT
+    g1, g2 = torch.Generator().manual_seed(7), torch.Generator().manual_seed(7)
+    assert torch.equal(ds.batch("val", 3, 16, g1)[0], ds.batch("val", 3, 16, g2)[0])
+
+
+@pytest.mark.parametrize(
+    ("content", "match"),
+    [(None, "does not exist"), ("", "empty"), ("  \n\n", "empty"), (b"\xff\xfe\x00", "UTF-8")],
+)
+def test_bad_data_files(tmp_path: Path, content: str | bytes | None, match: str) -> None:
+    path = tmp_path / "data.txt"
+    if isinstance(content, bytes):
+        path.write_bytes(content)
+    elif content is not None:
+        path.write_text(content)
+    with pytest.raises((ValueError, FileNotFoundError), match=match):
+        load_dataset(str(path), cache_dir=tmp_path / "c")
+
+
+def test_block_size_larger_than_the_data(tmp_path: Path) -> None:
+    path = tmp_path / "small.txt"
+    path.write_text("tiny text, only a few characters long")
+    ds = TextDataset.from_file(path, "char", cache_dir=tmp_path / "c")
+    with pytest.raises(ValueError, match="block_size=64 needs at least 65 tokens"):
+        ds.batch("val", 2, 64, torch.Generator())
+
+
+def test_sentences_are_the_seed_sentences() -> None:
+    ds = load_dataset("animals")
+    assert isinstance(ds, SentenceDataset)
+    x, y = ds.batch("train", 1, 4, torch.Generator())
+    assert x.shape == y.shape == (6, 4)
+    assert ds.tokenizer.decode(x[0].tolist()) == "The dog is an"
+    assert ds.tokenizer.decode([int(y[0, -1])]) == " animal"
+
+
+@pytest.mark.parametrize("name", ["copy", "recall", "reverse"])
+def test_tasks_put_the_loss_on_the_answer_only(name: str) -> None:
+    ds = load_dataset(name)
+    assert isinstance(ds, TaskDataset)
+    g = torch.Generator().manual_seed(1)
+    prompt, answer = ds.sample(g)
+    x, y = ds.batch("train", 4, ds.max_block_size, torch.Generator().manual_seed(1))
+    assert x.shape == (4, ds.max_block_size)
+    text = ds.tokenizer.decode(x[0].tolist()) + ds.tokenizer.decode([int(y[0, -1])])
+    assert text == prompt + answer
+    assert (y[0] >= 0).sum() == len(answer)
+    if name == "copy":
+        assert answer == prompt[:-1]
+    elif name == "reverse":
+        assert answer == prompt[:-1][::-1]
+    else:
+        key = prompt[-1]
+        assert prompt[prompt.index(key) + 1] == answer
+
+
+def test_unknown_builtin_or_task() -> None:
+    with pytest.raises(ValueError, match="unknown task"):
+        TaskDataset("sort")
+    with pytest.raises(FileNotFoundError, match="built-in dataset"):
+        load_dataset("no-such-dataset")

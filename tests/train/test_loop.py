@@ -1,0 +1,364 @@
+"""Training: the schedule, learning, reproducibility, exact resume, interruption, bad input."""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import itertools
+import json
+import os
+import signal
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+
+from attnlab.checkpoint import STATE_FILE
+from attnlab.load import load_checkpoint
+from attnlab.model import runtime
+from attnlab.model.gpt import GPT, GPTConfig, count_params
+from attnlab.model.runtime import SlowBF16Warning
+from attnlab.train.data import SentenceDataset, TaskDataset, load_dataset
+from attnlab.train.loop import TrainConfig, make_optimizer, train
+from attnlab.train.recipes import answer_accuracy, recipe, seed_experiment
+
+
+def _losses(history: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The history without wall-clock fields, which differ between any two runs."""
+    return [{k: v for k, v in row.items() if k != "tokens_per_s"} for row in history]
+
+
+def _small(dataset: Any, **overrides: Any) -> tuple[GPTConfig, TrainConfig]:
+    model = GPTConfig(vocab_size=dataset.tokenizer.vocab_size, block_size=dataset.max_block_size,
+                      n_layer=1, n_head=2, n_embd=16, dropout=0.1)
+    config = TrainConfig(max_iters=30, batch_size=4, lr=3e-3, warmup_iters=5, eval_interval=10,
+                         eval_iters=2, seed=3)
+    fields = model.to_dict()
+    model = GPTConfig(**{**fields, **{k: v for k, v in overrides.items() if k in fields}})
+    rest = {k: v for k, v in overrides.items() if k not in fields}
+    return model, TrainConfig(**{**config.__dict__, **rest})
+
+
+def test_schedule_warms_up_then_decays_to_min_lr() -> None:
+    c = TrainConfig(max_iters=100, lr=1.0, warmup_iters=10, min_lr=0.1)
+    lrs = [c.lr_at(s) for s in range(101)]
+    assert lrs[0] < lrs[5] < lrs[9] < 1.0
+    assert lrs[10] == pytest.approx(1.0)
+    assert all(a >= b for a, b in itertools.pairwise(lrs[10:]))
+    assert lrs[100] == pytest.approx(0.1)
+    assert TrainConfig(decay_lr=False, warmup_iters=0).lr_at(1999) == 1e-3
+
+
+def test_weight_decay_on_matrices_only() -> None:
+    model = GPT(GPTConfig.from_name("nano"))
+    groups = make_optimizer(model, TrainConfig()).param_groups
+    decayed = {id(p) for p in groups[0]["params"]}
+    assert groups[0]["weight_decay"] == 0.1 and groups[1]["weight_decay"] == 0.0
+    for name, p in model.named_parameters():
+        assert (id(p) in decayed) == (p.dim() >= 2), name
+
+
+def test_bad_configs_name_the_value() -> None:
+    with pytest.raises(ValueError, match=r"max_iters=0"):
+        TrainConfig(max_iters=0)
+    with pytest.raises(ValueError, match="optimizer='adam'"):
+        TrainConfig(optimizer="adam")
+    with pytest.raises(ValueError, match="dtype='float16'"):
+        TrainConfig(dtype="float16")
+
+
+def test_the_text_recipe_takes_a_lower_lr_and_decays_to_a_tenth_of_it(tmp_path: Path) -> None:
+    """`attnlab train --data text --lr 3e-4` (a fine-tuning lr) was refused: the recipe fixed
+    min_lr at 4e-4, its own lr / 10, so any --lr below that failed validation."""
+    (tmp_path / "text.txt").write_text("the quick brown fox jumps over the lazy dog\n" * 60)
+    dataset = load_dataset(str(tmp_path / "text.txt"), "char", cache_dir=tmp_path)
+    _, config = recipe(dataset)
+    for lr in (4e-3, 3e-4):
+        lowered = dataclasses.replace(config, lr=lr)  # what the CLI's --lr does
+        assert lowered.lr_at(lowered.max_iters) == pytest.approx(lr / 10)
+
+
+def test_learns_the_copy_task(tmp_path: Path) -> None:
+    dataset = load_dataset("copy")
+    assert isinstance(dataset, TaskDataset)
+    model_config, config = recipe(dataset)
+    config = TrainConfig(**{**config.__dict__, "max_iters": 250})
+    result = train(model_config, config, dataset, tmp_path)
+    losses = [r["loss"] for r in result.history if "loss" in r]
+    assert losses[-1] < 0.1 * losses[0]
+    accuracy, rows = answer_accuracy(result.model, dataset, n=64)
+    assert accuracy >= 0.9, rows[:4]
+    logged = (tmp_path / "metrics.jsonl").read_text().splitlines()
+    assert [json.loads(line) for line in logged] == result.history
+    assert (tmp_path / "loss.png").stat().st_size > 1000
+    assert load_checkpoint(tmp_path / "ckpt").meta["step"] == 250
+
+
+def test_tokens_per_second_is_the_steps_after_the_first(tmp_path: Path) -> None:
+    """--compile's first step (tens of seconds) made the summary say 1,040 tokens/s beside a
+    progress line of 54k: the figure is the steps' own, after the first, evaluations out."""
+    dataset = load_dataset("reverse")
+    model_config, config = _small(dataset, max_iters=6, eval_interval=2)
+    result = train(model_config, config, dataset, tmp_path)
+    steps = [r for r in result.history if "tokens_per_s" in r]
+    tokens = config.batch_size * model_config.block_size
+    seconds = sum(tokens / r["tokens_per_s"] for r in steps[1:])
+    assert len(steps) == 6 and result.tokens_per_second == pytest.approx(5 * tokens / seconds)
+    assert result.seconds > seconds
+
+
+def test_the_result_reads_as_its_outcome_in_a_notebook(tmp_path: Path) -> None:
+    """`train(...)` as a notebook cell's last line printed the model's modules and every
+    step's metrics row before val_loss: 707 rows for the text recipe."""
+    dataset = load_dataset("reverse")
+    result = train(*_small(dataset, max_iters=6, eval_interval=3), dataset, tmp_path)
+    text = repr(result)
+    assert "val_loss=" in text and "checkpoint=" in text
+    assert "Linear" not in text and "tokens_per_s'" not in text and len(text) < 500
+
+
+def test_same_seed_same_losses(tmp_path: Path) -> None:
+    dataset = load_dataset("reverse")
+    model_config, config = _small(dataset, max_iters=8)
+    a = _losses(train(model_config, config, dataset, tmp_path / "a").history)
+    b = _losses(train(model_config, config, dataset, tmp_path / "b").history)
+    assert a == b
+    c = _losses(train(model_config, TrainConfig(**{**config.__dict__, "seed": 4}), dataset,
+                      tmp_path / "c").history)
+    assert a != c
+
+
+def _interrupt_at(step: int) -> Any:
+    def callback(row: dict[str, Any]) -> None:
+        if row.get("step") == step and "loss" in row:
+            os.kill(os.getpid(), signal.SIGINT)  # what Ctrl-C does
+
+    return callback
+
+
+@pytest.mark.parametrize(("stop_at", "row_major_moments"), [
+    (7, False), (13, False),  # mid-interval, and right after an eval
+    (7, True),  # a train state saved before GPT.lay_out_weights: row-major AdamW moments
+])
+def test_interrupted_and_resumed_equals_uninterrupted(
+    tmp_path: Path, stop_at: int, row_major_moments: bool
+) -> None:
+    dataset = load_dataset("copy")
+    model_config, config = _small(dataset)  # dropout 0.1: the torch RNG state matters too
+    whole = train(model_config, config, dataset, tmp_path / "whole")
+
+    first = train(model_config, config, dataset, tmp_path / "split",
+                  callback=_interrupt_at(stop_at))
+    assert first.interrupted
+    assert load_checkpoint(tmp_path / "split" / "ckpt").meta["step"] == stop_at
+    if row_major_moments:
+        path = tmp_path / "split" / "ckpt" / STATE_FILE
+        state = torch.load(path, weights_only=True)
+        moments = state["optimizer"]["state"].values()
+        assert any(not m["exp_avg"].is_contiguous() for m in moments)  # (in, out) weights
+        for m in moments:
+            m["exp_avg"], m["exp_avg_sq"] = m["exp_avg"].contiguous(), m["exp_avg_sq"].contiguous()
+        torch.save(state, path)
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # handler restored
+    rest = train(model_config, config, dataset, tmp_path / "split", resume=True)
+
+    assert not rest.interrupted
+    assert _losses(rest.history) == _losses(whole.history)  # every loss, bit for bit
+    assert rest.val_loss == whole.val_loss
+    for (name, a), b in zip(whole.model.state_dict().items(), rest.model.state_dict().values(),
+                            strict=True):
+        assert torch.equal(a, b), name
+    logged = (tmp_path / "split" / "metrics.jsonl").read_text().splitlines()
+    assert _losses([json.loads(line) for line in logged]) == _losses(whole.history)
+
+
+def test_a_second_ctrl_c_quits_at_once_and_keeps_the_last_checkpoint(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # the first Ctrl-C waits for the step (or a long evaluation) to end, then saves; a user
+    # who presses it again wants out now
+    dataset = load_dataset("copy")
+    model_config, config = _small(dataset)
+
+    def callback(row: dict[str, Any]) -> None:
+        if row.get("step") == 12 and "loss" in row:
+            os.kill(os.getpid(), signal.SIGINT)
+            os.kill(os.getpid(), signal.SIGINT)
+
+    with pytest.raises(KeyboardInterrupt):
+        train(model_config, config, dataset, tmp_path, callback=callback)
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # handler restored
+    assert load_checkpoint(tmp_path / "ckpt").meta["step"] == 10  # the last evaluation's
+    assert "saving a checkpoint (Ctrl-C again: quit now)" in capsys.readouterr().err
+
+
+@pytest.mark.skipif(not hasattr(signal, "SIGHUP"), reason="no SIGHUP on this system")
+@pytest.mark.parametrize("name", ["SIGTERM", "SIGHUP"])
+def test_sigterm_and_sighup_save_and_stop_like_ctrl_c(
+    tmp_path: Path, name: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # SIGHUP (a closed terminal or ssh session) killed the run: the steps since the last
+    # evaluation were lost
+    sig = getattr(signal, name)
+
+    def unhandled(signum: int, frame: Any) -> None:
+        raise RuntimeError(f"{name} reached the handler outside train()")
+
+    dataset = load_dataset("copy")
+    model_config, config = _small(dataset)
+    old = signal.signal(sig, unhandled)  # stands for the default action, which ends pytest
+    try:
+        def callback(row: dict[str, Any]) -> None:
+            if row.get("step") == 7 and "loss" in row:
+                os.kill(os.getpid(), sig)
+
+        result = train(model_config, config, dataset, tmp_path, callback=callback)
+        assert signal.getsignal(sig) is unhandled  # restored
+    finally:
+        signal.signal(sig, old)
+    assert result.interrupted
+    assert load_checkpoint(tmp_path / "ckpt").meta["step"] == 7
+    # said at once (an evaluation of many batches can take seconds before the save)
+    assert f"{name}: stopping after this step, then saving a checkpoint" in capsys.readouterr().err
+
+
+def test_resume_with_another_model_config_is_refused(tmp_path: Path) -> None:
+    dataset = load_dataset("copy")
+    model_config, config = _small(dataset, max_iters=3)
+    train(model_config, config, dataset, tmp_path)
+    other = GPTConfig(**{**model_config.to_dict(), "n_embd": 32})
+    with pytest.raises(ValueError, match="resume with the same model flags"):
+        train(other, config, dataset, tmp_path, resume=True)
+
+
+def test_non_finite_loss_stops_and_keeps_the_last_good_checkpoint(tmp_path: Path) -> None:
+    dataset = load_dataset("copy")
+    model_config, config = _small(dataset, max_iters=200, eval_interval=5, optimizer="sgd",
+                                  grad_clip=0.0, warmup_iters=0, decay_lr=False, lr=1.0)
+    good = train(model_config, TrainConfig(**{**config.__dict__, "max_iters": 5}), dataset,
+                 tmp_path)
+    saved = {k: v.clone() for k, v in good.model.state_dict().items()}
+    explode = TrainConfig(**{**config.__dict__, "lr": 1e12})
+    with pytest.raises(FloatingPointError, match=r"at step \d+"):
+        train(model_config, explode, dataset, tmp_path, resume=True)
+    kept = load_checkpoint(tmp_path / "ckpt")
+    assert kept.meta["step"] == 5
+    for name, value in kept.model.state_dict().items():
+        assert torch.equal(value, saved[name]), name
+
+
+def test_bad_inputs_leave_no_checkpoint(tmp_path: Path) -> None:
+    path = tmp_path / "small.txt"
+    path.write_text("a short text " * 3)
+    dataset = load_dataset(str(path), cache_dir=tmp_path / "cache")
+    model_config = GPTConfig(vocab_size=dataset.tokenizer.vocab_size, block_size=64, n_layer=1,
+                             n_head=1, n_embd=8)
+    with pytest.raises(ValueError, match="block_size=64 is larger than the data allows"):
+        train(model_config, TrainConfig(max_iters=1), dataset, tmp_path / "run")
+    small_vocab = GPTConfig(**{**model_config.to_dict(), "vocab_size": 2, "block_size": 2})
+    with pytest.raises(ValueError, match="vocab_size=2 < tokenizer's"):
+        train(small_vocab, TrainConfig(max_iters=1), dataset, tmp_path / "run")
+    assert not (tmp_path / "run").exists()
+
+
+def test_unwritable_output_is_reported_before_training(tmp_path: Path) -> None:
+    blocker = tmp_path / "file"
+    blocker.write_text("not a directory")
+    dataset = load_dataset("copy")
+    model_config, config = _small(dataset, max_iters=1)
+    with pytest.raises(ValueError, match="not writable"):
+        train(model_config, config, dataset, blocker / "run")
+
+
+def test_seed_hello_predicts_world(tmp_path: Path) -> None:
+    model_config, config, dataset = seed_experiment("hello")
+    assert model_config.mlp == "none" and model_config.norm == "none"
+    result = train(model_config, config, dataset, tmp_path)
+    assert isinstance(dataset, SentenceDataset)
+    with torch.no_grad():
+        logits = result.model(dataset.ids[:, :1]).logits[0, -1]
+    assert dataset.tokenizer.decode([int(logits.argmax())]) == " World"
+
+
+def test_seed_animals_predicts_every_last_word(tmp_path: Path) -> None:
+    model_config, config, dataset = seed_experiment("animals")
+    assert model_config.n_embd == 5
+    result = train(model_config, config, dataset, tmp_path)
+    assert isinstance(dataset, SentenceDataset)
+    with torch.no_grad():
+        predicted = result.model(dataset.ids[:, :-1]).logits[:, -1].argmax(-1)
+    rows = dataset.last_word_predictions(predicted)
+    assert [got for _, _, got in rows] == [want for _, want, _ in rows], rows
+
+
+@pytest.mark.parametrize("overrides", [{"dtype": "bfloat16"}, {"grad_accum": 3}])
+def test_bf16_autocast_and_accumulation_train(
+    tmp_path: Path, overrides: dict[str, Any], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    dataset = load_dataset("copy")
+    model_config, config = _small(dataset, max_iters=40, eval_interval=40, dropout=0.0,
+                                  **overrides)
+    monkeypatch.setattr(runtime, "fast_bf16", lambda: False)  # as on a CPU without the units
+    bf16 = config.dtype == "bfloat16"
+    with pytest.warns(SlowBF16Warning) if bf16 else contextlib.nullcontext():
+        result = train(model_config, config, dataset, tmp_path)
+    losses = [r["loss"] for r in result.history if "loss" in r]
+    assert losses[-1] < losses[0] - 0.2
+    assert result.model.wte.weight.dtype == torch.float32  # autocast leaves the weights alone
+
+
+def test_attention_path_for_training() -> None:
+    from attnlab.train.loop import fused_attention
+
+    cpu = torch.device("cpu")
+    assert fused_attention(TrainConfig(), cpu)  # float32: SDPA
+    assert not fused_attention(TrainConfig(dtype="bfloat16"), cpu)  # bf16 on CPU: explicit
+    assert fused_attention(TrainConfig(dtype="bfloat16"), torch.device("cuda"))
+    assert fused_attention(TrainConfig(dtype="bfloat16", attention="fused"), cpu)
+    assert not fused_attention(TrainConfig(attention="explicit"), cpu)
+    with pytest.raises(ValueError, match="attention='flash'"):
+        TrainConfig(attention="flash")
+    model = GPT(GPTConfig.from_name("nano"))
+    assert make_optimizer(model, TrainConfig()).defaults["fused"] is True
+
+
+@pytest.mark.parametrize("data", ["copy", "shakespeare"])
+def test_llama_recipe_matches_the_gpt2_recipe_in_parameters(data: str) -> None:
+    """--arch llama keeps the shape and schedule and picks d_ff for the same parameter count
+    (within 0.5%): RoPE + RMSNorm + SwiGLU, no biases, no position table."""
+    if data == "shakespeare":
+        text = Path(__file__).parents[2] / ".." / "shared" / "data" / "tinyshakespeare.txt"
+        if not text.is_file():
+            pytest.skip("tiny Shakespeare is not in ../shared/data")
+        dataset = load_dataset(str(text), "char")
+    else:
+        dataset = load_dataset(data)
+    gpt2, gpt2_train = recipe(dataset)
+    llama, llama_train = recipe(dataset, "llama")
+    assert gpt2_train == llama_train
+    assert (llama.pos, llama.norm, llama.mlp, llama.bias) == ("rope", "rmsnorm", "swiglu", False)
+    assert (llama.n_layer, llama.n_head, llama.n_embd) == (gpt2.n_layer, gpt2.n_head, gpt2.n_embd)
+    assert abs(count_params(llama) / count_params(gpt2) - 1) < 0.005
+    with pytest.raises(ValueError, match="arch='mamba' must be one of"):
+        recipe(dataset, "mamba")
+
+
+def test_text_recipe_steps_grow_with_the_corpus() -> None:
+    """About one pass over the training split at the recipe's batch, 700 to MAX_TEXT_STEPS."""
+    from attnlab.tokenizers import CharTokenizer
+    from attnlab.train.data import TextDataset
+    from attnlab.train.recipes import MAX_TEXT_STEPS
+
+    tokenizer = CharTokenizer.from_text("abc")
+
+    def steps(n_train: int) -> int:
+        ids = np.zeros(n_train, dtype=np.uint16)
+        _, config = recipe(TextDataset("t", tokenizer, ids, ids[:1000]))
+        return config.max_iters
+
+    per_step = 24 * 64  # the recipe's batch x context
+    assert steps(1_003_854) == 700  # tiny Shakespeare's training split: a pass is 653 steps
+    assert steps(2000 * per_step) == 2000
+    assert steps(10**9) == MAX_TEXT_STEPS
