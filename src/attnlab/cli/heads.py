@@ -42,7 +42,7 @@ def run(args: argparse.Namespace) -> int:
 
     from ..interp.heads import DETECTORS, detect_heads, rank_heads, repeated_tokens, task_probe
     from ..train.data import TaskDataset, load_dataset
-    from ..viz.figures import save_figure
+    from ..viz import save_figure
     from ..viz.heads import plot_head_scores
     from .generate import load_any
 

@@ -30,7 +30,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
 
 def run(args: argparse.Namespace) -> int:
     from ..interp.lens import lens_table
-    from ..viz.figures import save_figure
+    from ..viz import save_figure
     from ..viz.heads import plot_lens
     from .generate import load_any
 

@@ -86,7 +86,7 @@ def run(args: argparse.Namespace) -> int:
     import torch
 
     from ..interp import patching
-    from ..viz.figures import save_figure
+    from ..viz import save_figure
     from ..viz.heads import plot_patching
     from .generate import load_any
 
