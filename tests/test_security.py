@@ -207,15 +207,15 @@ def get(path: str) -> bytes:
 
 
 DEEP = b'{"text": "a", "layers": ' + b"[" * 3000 + b"]" * 3000 + b"}"
-# (request, what must come back); paths test_server.py already tries are not repeated
+# (request, what must come back); paths tests/viewer/test_app.py already tries are not repeated
 HOSTILE: list[tuple[bytes, int | None]] = [
-    (get("/static/%2e%2e/server.py"), 404),
-    (get("/static/%252e%252e%252fserver.py"), 404),  # double-encoded
-    (get("/static/..%5cserver.py"), 404),  # encoded backslash
+    (get("/static/%2e%2e/app.py"), 404),
+    (get("/static/%252e%252e%252fapp.py"), 404),  # double-encoded
+    (get("/static/..%5capp.py"), 404),  # encoded backslash
     (get("/static/app.js%00.py"), 404),  # NUL
     (get("/static/%2Fetc%2Fpasswd"), 404),  # encoded absolute path
     (get("http://127.0.0.1/static/../../pyproject.toml"), None),  # absolute-form target
-    (get("/static/./app.js/../../server.py"), None),
+    (get("/static/./app.js/../../app.py"), None),
     (post("/api/attention", b'{"text": "' + b"a" * 9000 + b'"}'), 413),
     (post("/api/attention", b"{}", "Content-Length: 99999999999999999999"), 413),
     (post("/api/attention", b"{}", "Content-Length: -1"), None),

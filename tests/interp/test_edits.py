@@ -1,4 +1,4 @@
-"""intervene.py: the edit seam. Identity edits change nothing (bit for bit), edits agree on the
+"""interp/edits.py: the edit seam. Identity edits change nothing (bit for bit), edits agree on the
 fused and explicit paths, cached generation with an edit equals recomputing the sequence,
 left padding, patching, and imported GPT-2 against Hugging Face with the same head zeroed."""
 

@@ -1,4 +1,4 @@
-"""heads.py: detector patterns and scores against hand computations of TransformerLens's
+"""interp/heads.py: detector patterns and scores against hand computations of TransformerLens's
 definitions, left-padded rows (pads never count), and the probe."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""lens.py: the logit lens ends at the model's logits; direct attributions sum to the logit
+"""interp/lens.py: the logit lens ends at the model's logits; direct attributions sum to the logit
 and put a hand-built head's contribution where it is."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""patching.py: full patches restore the clean run (1), no patch changes nothing (0), and a
+"""interp/patching.py: full patches restore the clean run (1), no patch changes nothing (0), and a
 hand-built two-layer model whose one head carries the answer puts the whole effect there."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""model.py: config validation, padding invariance, loss masking, clear input errors."""
+"""model/gpt.py: config validation, padding invariance, loss masking, clear input errors."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""kv_cache.py: cached decoding equals full recomputation; static == concatenating cache."""
+"""model/kv_cache.py: cached decoding equals full recomputation; static == concatenating cache."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""layers.py: RMSNorm math, MLP forms, RoPE frequencies (linear, llama3), rotate-half."""
+"""model/layers.py: RMSNorm math, MLP forms, RoPE frequencies (linear, llama3), rotate-half."""
 
 from __future__ import annotations
 

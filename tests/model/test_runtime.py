@@ -1,4 +1,4 @@
-"""runtime.py: after reuse_freed_memory, freed activations' pages serve the next ones."""
+"""model/runtime.py: after reuse_freed_memory, freed activations' pages serve the next ones."""
 
 from __future__ import annotations
 

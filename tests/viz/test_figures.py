@@ -1,4 +1,4 @@
-"""viz.py: figures are written, masked cells are drawn as masked, long texts stay readable."""
+"""viz/figures.py: figures are written, masked cells are drawn as masked, long texts stay readable."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""viz_core.py: save_figure draws once per file and saves what bbox_inches="tight" saves; a
+"""viz/core.py, viz/save.py: save_figure draws once per file and saves what bbox_inches="tight" saves; a
 refilled figure shows its new values and nothing of the old ones."""
 
 from __future__ import annotations
