@@ -1,4 +1,5 @@
-"""demos/averaging.py: seed 004's three running-mean forms agree with each other and with attend()."""
+"""demos/averaging.py: seed 004's three running-mean forms agree with each other and with
+attend()."""
 
 import torch
 from hypothesis import given, settings

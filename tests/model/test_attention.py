@@ -1,4 +1,5 @@
-"""model/attention.py: masks, explicit == fused, equality with SDPA, the seeds' published numbers."""
+"""model/attention.py: masks, explicit == fused, equality with SDPA, the seeds' published
+numbers."""
 
 from __future__ import annotations
 

@@ -1,4 +1,5 @@
-"""model/trace.py: traced == untraced, every name has its documented shape, filters, masked cells 0."""
+"""model/trace.py: traced == untraced, every name has its documented shape, filters, masked
+cells 0."""
 
 from __future__ import annotations
 

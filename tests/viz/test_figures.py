@@ -1,4 +1,5 @@
-"""viz/figures.py: figures are written, masked cells are drawn as masked, long texts stay readable."""
+"""viz/figures.py: figures are written, masked cells are drawn as masked, long texts stay
+readable."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ import pytest
 import torch
 
 from attnlab import GPT, GPTConfig, Trace, viz
+from attnlab.viz import figures
 
 pytest.importorskip("matplotlib")
 
@@ -109,14 +111,14 @@ def test_256_tokens_stay_readable(tmp_path: Path) -> None:
     fig = viz.plot_attention(weights[0], tokens)
     ax = fig.axes[0]
     assert not ax.texts  # no numbers in a 256 x 256 matrix
-    assert 4 <= len(ax.get_xticklabels()) <= viz.MAX_TICKS
-    assert 4 <= len(ax.get_yticklabels()) <= viz.MAX_TICKS
+    assert 4 <= len(ax.get_xticklabels()) <= figures.MAX_TICKS
+    assert 4 <= len(ax.get_yticklabels()) <= figures.MAX_TICKS
     assert ax.get_xticklabels()[1].get_text().startswith(str(ax.get_xticks()[1]))  # "8 w17"
     # typical weights are ~1/256: the colour scale follows them instead of 0..1
     assert ax.images[0].norm.vmax < 0.5
     (png,) = viz.save_figure(fig, tmp_path / "weights256")
     w, h = _png_size(png)
-    cap = viz.MAX_INCHES * viz.DPI * 1.15  # bbox_inches="tight" may add a little
+    cap = figures.MAX_INCHES * figures.DPI * 1.15  # bbox_inches="tight" may add a little
     assert 1000 <= w <= cap and 1000 <= h <= cap, (w, h)
 
     grid = weights[None]  # (1, nh, T, T)
@@ -197,11 +199,11 @@ def test_lens_and_patching_figures_of_a_long_text_stay_within_the_cap() -> None:
     T = 600
     tokens = [f"w{i}" for i in range(T)]
     fig = plot_lens(torch.rand(3, T), [tokens] * 3, tokens)
-    assert fig.get_size_inches()[0] <= viz.MAX_INCHES
+    assert fig.get_size_inches()[0] <= figures.MAX_INCHES
     assert not fig.axes[0].texts  # no token written into a cell this narrow
-    assert len(fig.axes[0].get_xticklabels()) <= viz.MAX_TICKS
+    assert len(fig.axes[0].get_xticklabels()) <= figures.MAX_TICKS
     fig = plot_patching(torch.rand(2, 4), torch.rand(2, T), tokens)
-    assert fig.get_size_inches()[0] <= viz.MAX_INCHES
+    assert fig.get_size_inches()[0] <= figures.MAX_INCHES
     short = plot_lens(torch.rand(3, 5), [tokens[:5]] * 3, tokens[:5])
     assert len(short.axes[0].texts) == 15  # short texts keep their tokens in the cells
 

@@ -1,5 +1,5 @@
-"""viz/core.py, viz/save.py: save_figure draws once per file and saves what bbox_inches="tight" saves; a
-refilled figure shows its new values and nothing of the old ones."""
+"""viz/core.py, viz/save.py: save_figure draws once per file and saves what
+bbox_inches="tight" saves; a refilled figure shows its new values and nothing of the old ones."""
 
 from __future__ import annotations
 
@@ -13,6 +13,7 @@ import pytest
 import torch
 
 from attnlab import viz
+from attnlab.viz import core, figures
 
 pytest.importorskip("matplotlib")
 
@@ -62,10 +63,10 @@ def test_save_figure_draws_once_per_file_and_saves_what_tight_saves(tmp_path: Pa
     with draw as draws:
         reference.savefig(tmp_path / "tight.png", bbox_inches="tight")
     assert draws.call_count == 2  # what save_figure avoids
-    viz.pyplot().close(reference)
+    core.pyplot().close(reference)
     ours, tight = _pixels(png), _pixels(tmp_path / "tight.png")
     assert abs(ours.shape[0] - tight.shape[0]) <= 1 and abs(ours.shape[1] - tight.shape[1]) <= 1
-    pad = round(0.1 * viz.DPI)  # 13 px
+    pad = round(0.1 * figures.DPI)  # 13 px
     assert all(pad - 1 <= m <= pad + 3 for m in _margins(ours)), _margins(ours)
     assert all(pad - 1 <= m <= pad + 3 for m in _margins(tight)), _margins(tight)
 
@@ -122,7 +123,7 @@ def test_a_refilled_figure_shows_what_a_new_one_does(kind: str, tmp_path: Path) 
     assert draw(1, fig) is fig
     new = draw(1, None)
     assert _shown(fig) == _shown(new)
-    viz.pyplot().close(new)
+    core.pyplot().close(new)
     assert draw(0, fig) is fig
     (back,) = viz.save_figure(fig, tmp_path / "back")
     np.testing.assert_array_equal(_pixels(first), _pixels(back))
@@ -134,11 +135,11 @@ def test_refill_refuses_a_figure_of_another_shape() -> None:
         viz.plot_attention(_weights(5, 0), list("abcde"), into=fig)
     with pytest.raises(ValueError, match="holds 1 heatmaps where plot_attention_steps draws 3"):
         viz.plot_attention_steps(*_steps(4, 0), list("abcd"), into=fig)
-    viz.pyplot().close(fig)
+    core.pyplot().close(fig)
     row = viz.plot_row(_weights(4, 0)[2], list("abcd"), 2)
     with pytest.raises(ValueError, match="row of 3 bars over 4 tokens, not query 1 of 4"):
         viz.plot_row(_weights(4, 0)[1], list("abcd"), 1, into=row)
-    viz.pyplot().close(row)
+    core.pyplot().close(row)
 
 
 def test_a_refilled_figure_is_pasted_not_drawn_again(tmp_path: Path) -> None:
@@ -169,4 +170,4 @@ def test_a_refilled_figure_is_pasted_not_drawn_again(tmp_path: Path) -> None:
         full = save("full1")
         assert draws.call_count == 3
     np.testing.assert_array_equal(pasted, full)
-    viz.pyplot().close(fig)
+    core.pyplot().close(fig)
