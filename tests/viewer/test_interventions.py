@@ -74,7 +74,7 @@ def test_bad_requests_say_what_is_wrong(setup: tuple) -> None:
 
 @pytest.mark.browser
 def test_the_page_scores_heads_ablates_on_click_and_shows_the_lens(tmp_path: Path) -> None:
-    from test_browser import CHROMIUM, playwright_api, show, wait_until
+    from test_app_browser import CHROMIUM, playwright_api, show, wait_until
 
     from helpers import serving
 
@@ -163,7 +163,7 @@ def test_the_page_scores_heads_ablates_on_click_and_shows_the_lens(tmp_path: Pat
 def test_the_keyboard_ablates_a_head() -> None:
     """Tab reaches each head's row, Enter or Space ablates it (as a click), as the token
     chips take Enter and Space."""
-    from test_browser import CHROMIUM, playwright_api, show, wait_until
+    from test_app_browser import CHROMIUM, playwright_api, show, wait_until
 
     from helpers import serving
 
