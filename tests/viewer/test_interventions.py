@@ -198,7 +198,7 @@ def test_predicted_byte_tokens_read_as_their_bytes(tmp_path: Path) -> None:
     "æ") read "\ufffd"."""
     from attnlab.checkpoint import save_checkpoint
     from attnlab.cli import main
-    from attnlab.viewer.interventions import heads_payload, lens_payload
+    from attnlab.viewer.payloads import heads_payload, lens_payload
 
     tok = get_tokenizer("byte")
     torch.manual_seed(0)
