@@ -1,9 +1,10 @@
 """POST /api/generate: new tokens as server-sent events, sampled from the served model.
 
-`GenerateRequest` is the request's model; its bounds on `max_new_tokens` and `top_k` are
-the app's (`ServeConfig.max_new_tokens`, the model's vocab_size), so `router` subclasses it
-per app, and /openapi.json and the 422 messages name the app's own bounds. The events are
-`payloads.stream_events`'; the sampling is `generate.py`'s.
+`GenerateRequestBase` holds the body's fields; the bounds of `max_new_tokens` and `top_k`
+are the app's (`ServeConfig.max_new_tokens`, the model's vocab_size), so `router` subclasses
+it per app as `GenerateRequest` (the name /openapi.json shows), and the schema and the 422
+messages name the app's own bounds. The events are `payloads.stream_events`'; the sampling
+is `generate.py`'s.
 
 No `from __future__ import annotations` here: the endpoint's body is that per-app class, a
 local name FastAPI can only read from an annotation evaluated when the endpoint is defined.
