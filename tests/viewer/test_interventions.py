@@ -74,7 +74,7 @@ def test_bad_requests_say_what_is_wrong(setup: tuple) -> None:
 
 @pytest.mark.browser
 def test_the_page_scores_heads_ablates_on_click_and_shows_the_lens(tmp_path: Path) -> None:
-    from test_browser import CHROMIUM, playwright_api, show, wait_until
+    from test_app_browser import CHROMIUM, playwright_api, show, wait_until
 
     from helpers import serving
 
@@ -163,7 +163,7 @@ def test_the_page_scores_heads_ablates_on_click_and_shows_the_lens(tmp_path: Pat
 def test_the_keyboard_ablates_a_head() -> None:
     """Tab reaches each head's row, Enter or Space ablates it (as a click), as the token
     chips take Enter and Space."""
-    from test_browser import CHROMIUM, playwright_api, show, wait_until
+    from test_app_browser import CHROMIUM, playwright_api, show, wait_until
 
     from helpers import serving
 
@@ -198,7 +198,7 @@ def test_predicted_byte_tokens_read_as_their_bytes(tmp_path: Path) -> None:
     "æ") read "\ufffd"."""
     from attnlab.checkpoint import save_checkpoint
     from attnlab.cli import main
-    from attnlab.viewer.interventions import heads_payload, lens_payload
+    from attnlab.viewer.payloads import heads_payload, lens_payload
 
     tok = get_tokenizer("byte")
     torch.manual_seed(0)

@@ -1,9 +1,10 @@
 """Attention you can look at: the HTTP viewer and the notebook view.
 
-`app.py` builds the viewer's ASGI app (`create_app`) over the static page in `web/`,
-`payloads.py` says what its answers hold, `interventions.py` adds the heads and lens routes,
-`asgi.py` limits request bodies, and `notebook.py` is `attnlab.show()`: one self-contained
-HTML view, inline in a notebook or saved.
+`app.py` builds the viewer's ASGI app (`create_app`) over the static page in `web/`: its
+routes are in `routes/` (the page, /api/model and /api/attention, /api/generate, /api/heads
+and /api/lens), what they share in `state.py`, the error format in `errors.py`, and the
+request-body limit in `asgi.py`. `payloads.py` says what the answers hold, and `notebook.py`
+is `attnlab.show()`: one self-contained HTML view, inline in a notebook or saved.
 """
 
 from .app import ServeConfig, create_app

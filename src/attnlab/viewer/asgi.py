@@ -1,7 +1,8 @@
 """ASGI without a web framework: the message types, and a request-body size limit.
 
-`BodyLimit` is the viewer's middleware (server.py); it needs nothing but the ASGI protocol,
-so it is written against these aliases (starlette's are the same) rather than starlette.
+`BodyLimit` is the viewer's middleware (`app.py` adds it); it needs nothing but the ASGI
+protocol, so it is written against these aliases (starlette's are the same) rather than
+starlette.
 """
 
 from __future__ import annotations

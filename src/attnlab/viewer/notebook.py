@@ -17,7 +17,7 @@ the error is at most 1/508 of that row's largest weight), lower triangle only, z
 compressed and base64'd; the model view gets every head max-pooled to at most `THUMB`
 cells a side. Layers are embedded at full resolution while they fit `max_cells` (the
 layer on show first); the others appear in the model view only. This module encodes and
-assembles; drawing is the JavaScript's, capture is `trace.py`'s.
+assembles; drawing is the JavaScript's, capture is `model/trace.py`'s.
 """
 
 from __future__ import annotations
@@ -317,6 +317,67 @@ def _ids_of_row(ids: Sequence[int] | Tensor, row: int) -> list[int]:
     return [int(i) for i in ids]
 
 
+def _ids_to_show(source: Any, tokenizer: Any, text: str | None,
+                 ids: Sequence[int] | Tensor | None, row: int, view: str) -> list[int] | None:
+    """The token ids the view labels (and a model runs on), from `text` or `ids` (one
+    sequence, or row `row` of a batch), after the checks of show's arguments."""
+    if view not in VIEWS:
+        raise ValueError(f"view={view!r}; choose one of {', '.join(VIEWS)}")
+    if isinstance(tokenizer, str):  # show(model, "text"): the tokenizer slot, not the text's
+        raise ValueError(
+            f"show's second argument is the tokenizer, and it got the str {tokenizer[:40]!r}; "
+            "pass the text third, show(model, tokenizer, text), or ids=[...] without one")
+    if text is not None and not isinstance(text, str):
+        raise ValueError(f"text must be one str (got {type(text).__name__}): a view shows "
+                         "one sequence; pass a batch as ids=(B, T) with row=")
+    vocab = getattr(getattr(source, "config", None), "vocab_size", None)  # a model's
+    if tokenizer is not None and vocab is not None:
+        check_fits(tokenizer, vocab)
+    if text is not None:
+        if tokenizer is None:
+            raise ValueError("text needs a tokenizer to turn it into ids; pass tokenizer=")
+        if ids is not None:
+            raise ValueError("pass text or ids, not both")
+        ids = tokenizer.encode(text)
+    return None if ids is None else _ids_of_row(ids, row)
+
+
+def _run_model(model: Any, ids: list[int] | None, text: str | None, layer: int | None,
+               attention_mask: Tensor | None, row: int,
+               scale: float | None) -> tuple[_ViewTrace, float, str]:
+    """(trace, softmax scale, info line) of `model` run once on `ids`, with the padding of
+    `attention_mask`'s row `row`; the steps layer's raw scores kept while they are small."""
+    if not ids:
+        raise ValueError("show(model, ...) was given empty text; pass some text" if (
+            text is not None) else "show(model, ...) needs text (with a tokenizer) or ids")
+    require_eval(model, "the view")
+    c: Any = model.config
+    if len(ids) > c.block_size:
+        raise ValueError(f"{len(ids)} tokens, the model reads at most block_size="
+                         f"{c.block_size}; shorten the text")
+    steps_layer = layer if layer is not None else 0
+    small = len(ids) ** 2 <= STEPS_CELLS
+    # the model runs with the row's padding: left without it, pads were read as tokens
+    # and drawn as keys with weights
+    padding = None if attention_mask is None else padding_of_row(attention_mask, row, len(ids))
+    trace = _trace_model(model, ids, steps_layer if small else None, padding)
+    if scale is None:
+        scale = c.attn_scale if c.attn_scale is not None else c.head_size ** -0.5
+    return trace, scale, f"{c.n_layer} layers × {c.n_head} heads"
+
+
+def _default_steps(trace: Trace, traced: list[Any], layer: int | None, head: int | str | None,
+                   S: int) -> tuple[int | None, int] | None:
+    """The head on show for the steps view, where the trace holds its raw scores and they
+    fit STEPS_CELLS; else None."""
+    lay = layer if layer is not None else min(traced, key=lambda x: -1 if x is None else x)
+    h = head if head not in (None, "all") else (trace.heads or [0])[0]
+    T = trace.get("attn_weights", lay).shape[-2] if (lay, "attn_weights") in trace else 0
+    if (lay, "attn_scores") in trace and T * S <= STEPS_CELLS:
+        return (lay, int(h))
+    return None
+
+
 def show(
     source: Any,
     tokenizer: Any = None,
@@ -357,48 +418,13 @@ def show(
         its model ran with); pad positions are masked and labelled PAD_LABEL.
         scale: the softmax scale, written in the steps view.
     """
-    if view not in VIEWS:
-        raise ValueError(f"view={view!r}; choose one of {', '.join(VIEWS)}")
-    if isinstance(tokenizer, str):  # show(model, "text"): the tokenizer slot, not the text's
-        raise ValueError(
-            f"show's second argument is the tokenizer, and it got the str {tokenizer[:40]!r}; "
-            "pass the text third, show(model, tokenizer, text), or ids=[...] without one")
-    if text is not None and not isinstance(text, str):
-        raise ValueError(f"text must be one str (got {type(text).__name__}): a view shows "
-                         "one sequence; pass a batch as ids=(B, T) with row=")
-    vocab = getattr(getattr(source, "config", None), "vocab_size", None)  # a model's
-    if tokenizer is not None and vocab is not None:
-        check_fits(tokenizer, vocab)
-    if text is not None:
-        if tokenizer is None:
-            raise ValueError("text needs a tokenizer to turn it into ids; pass tokenizer=")
-        if ids is not None:
-            raise ValueError("pass text or ids, not both")
-        ids = tokenizer.encode(text)
-    ids = None if ids is None else _ids_of_row(ids, row)
+    ids = _ids_to_show(source, tokenizer, text, ids, row, view)
     info = ""
     if isinstance(source, Trace):
         trace = source
     elif isinstance(source, torch.nn.Module) and hasattr(source, "config"):
-        if not ids:
-            raise ValueError("show(model, ...) was given empty text; pass some text" if (
-                text is not None) else "show(model, ...) needs text (with a tokenizer) or ids")
-        require_eval(source, "the view")
-        c: Any = source.config
-        if len(ids) > c.block_size:
-            raise ValueError(f"{len(ids)} tokens, the model reads at most block_size="
-                             f"{c.block_size}; shorten the text")
-        steps_layer = layer if layer is not None else 0
-        small = len(ids) ** 2 <= STEPS_CELLS
-        # the model runs with the row's padding: left without it, pads were read as tokens
-        # and drawn as keys with weights
-        padding = None if attention_mask is None else padding_of_row(attention_mask, row,
-                                                                       len(ids))
-        trace = _trace_model(source, ids, steps_layer if small else None, padding)
+        trace, scale, info = _run_model(source, ids, text, layer, attention_mask, row, scale)
         row, attention_mask = 0, None  # the one sequence run; its masks are in the trace
-        if scale is None:
-            scale = c.attn_scale if c.attn_scale is not None else c.head_size ** -0.5
-        info = f"{c.n_layer} layers × {c.n_head} heads"
     else:
         raise TypeError(f"show() takes a Trace or a GPT model, got {type(source).__name__}")
     traced = [lay for lay, n in trace if n == "attn_weights"]
@@ -414,12 +440,8 @@ def show(
         if not -S <= query < S:
             raise ValueError(f"query={query} out of range for {S} tokens")
         query %= S
-    if steps is None and traced:
-        lay = layer if layer is not None else min(traced, key=lambda x: -1 if x is None else x)
-        h = head if head not in (None, "all") else (trace.heads or [0])[0]
-        T = trace.get("attn_weights", lay).shape[-2] if (lay, "attn_weights") in trace else 0
-        if (lay, "attn_scores") in trace and T * S <= STEPS_CELLS:
-            steps = (lay, int(h))
+    if steps is None:
+        steps = _default_steps(trace, traced, layer, head, S)
     info = ", ".join(x for x in (info, f"{S} tokens") if x)
     payload = _payload(trace, labels, row=row, layer=layer, head=head, view=view, query=query,
                        layers=layers, max_cells=max_cells, attention_mask=attention_mask,

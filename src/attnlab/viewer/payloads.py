@@ -1,26 +1,35 @@
 """What the attention viewer's API answers with, as plain data: one text's attention
-weights per layer and head, a generation's token ids one at a time, and sample texts that fit
-a model's tokenizer and context (what the page starts from).
+weights per layer and head, a generation's token ids one at a time and the server-sent events
+that carry them, head detector scores with a prediction under ablation, the logit lens, and
+sample texts that fit a model's tokenizer and context (what the page starts from).
 
-Nothing here knows about HTTP: validation, limits and serialization are `server.py`'s; the
-model math is `model.py`'s, sampling `generate.py`'s, the captured weights `trace.py`'s.
+Nothing here knows about routes: validation, limits and locking are `state.py`'s and the
+routes' (`routes/`); the model math is `model/gpt.py`'s, sampling `generate.py`'s, the
+captured weights `model/trace.py`'s, detectors, edits and the lens `interp/`'s.
 """
+
+from __future__ import annotations
 
 import base64
 import contextlib
-from collections.abc import Iterator, Sequence
+import json
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Sequence
 from typing import Any, Protocol
 
 import torch
 from torch import Tensor
 
 from ..generate import stream as generate_stream
+from ..interp.edits import ablate
+from ..interp.heads import detect_heads, rank_heads
+from ..interp.lens import lens_table, top_tokens
 from ..model.gpt import GPT
 from ..model.trace import Trace
+from ..tokenizers import token_text
 
 
 class TextTokenizer(Protocol):
-    """What the server needs from a tokenizer (`attnlab.tokenizers.core.Tokenizer` has it).
+    """What the viewer needs from a tokenizer (`attnlab.tokenizers.core.Tokenizer` has it).
 
     `encode` raises ValueError for text it cannot encode; `pieces` gives one display
     string per token. Optional: `name` (shown on the page), `stop_ids` (end generation) and
@@ -64,7 +73,8 @@ def attention_payload(
     """Run `ids` once with a trace and return the JSON body of /api/attention. encoding
     "lists": each head's lower triangle as rows of numbers rounded to `decimals`;
     "float32": as one base64 string of float32 (little-endian), rows one after another
-    (row i: keys 0..i), the exact weights in a sixth of the time (the page asks for it)."""
+    (row i: keys 0..i): the exact weights, and faster to encode and parse, so the page asks
+    for it (docs/performance.md#viewer-encoding)."""
     n_layer = model.config.n_layer
     wanted = list(range(n_layer)) if layers is None else list(dict.fromkeys(layers))
     names = ["attn_weights", "q", "k", "v"] if norms else ["attn_weights"]
@@ -118,6 +128,93 @@ def token_stream(
     )
     return (int(next_ids[0]) for next_ids in steps)
 
+
+
+def _sse(event: str, data: dict[str, Any]) -> bytes:
+    return f"event: {event}\ndata: {json.dumps(data)}\n\n".encode()
+
+
+async def stream_events(
+    step: Callable[[], Awaitable[int | None]],
+    tokenizer: TextTokenizer,
+    ids: list[int],
+    stop_ids: Sequence[int],
+    reason: str,
+    disconnected: Callable[[], Awaitable[bool]],
+) -> AsyncIterator[bytes]:
+    """SSE events of one generation: `start` {prompt_ids} (so that a client that stops
+    early can show the ids it got), `token` {id, text} per token, then `done` or `error`.
+
+    `step` gives the next token id (None: no more), `disconnected` says whether the client
+    left. `text` is what the new token adds to the decoded text; it is held back while the
+    text ends in an incomplete character (a byte-level BPE token can be half of one).
+    """
+    new: list[int] = []
+    sent = ""
+    continuation = getattr(tokenizer, "decode_continuation", None)
+
+    def decode() -> str:  # the new ids as they continue the prompt (keeps a leading space)
+        return continuation(new, ids) if continuation else tokenizer.decode(new)
+
+    yield _sse("start", {"prompt_ids": ids})
+    try:
+        while not await disconnected():
+            token = await step()
+            if token is None:
+                break
+            if token in stop_ids:
+                reason = "eot"
+                break
+            new.append(token)
+            text = decode()
+            delta = "" if text.endswith("\ufffd") else text[len(sent):]
+            sent += delta
+            yield _sse("token", {"id": token, "text": delta})
+        else:
+            return  # the client left: nobody to tell
+        text = decode()
+        if text[len(sent):]:
+            yield _sse("token", {"id": None, "text": text[len(sent):]})
+        yield _sse("done", {"ids": ids + new, "new_tokens": len(new), "reason": reason,
+                            "text": text})
+    except ValueError as err:
+        yield _sse("error", {"error": str(err)})
+
+
+def heads_payload(model: Any, tokenizer: Any, ids: list[int], ablated: list[tuple[int, int]],
+                  k: int = 5) -> dict[str, Any]:
+    """Detector scores on `ids` and the next-token top-k intact and with `ablated` heads."""
+    idx = torch.tensor([ids], device=model.wte.weight.device)  # (1, T)
+    with torch.no_grad():
+        scores = detect_heads(model, idx)
+        intact = model(idx, last_logits_only=True).logits[0, -1]  # (V,)
+        edited = model(idx, edits=ablate(ablated), last_logits_only=True).logits[0, -1]  # (V,)
+
+    def top(logits: Tensor) -> list[dict[str, Any]]:
+        probs, top_ids = top_tokens(logits[: tokenizer.vocab_size], k)
+        return [{"id": int(i), "text": token_text(tokenizer, int(i)), "prob": round(float(p), 4)}
+                for p, i in zip(probs, top_ids, strict=True)]
+
+    return {
+        "scores": {kind: [[round(float(x), 4) for x in row] for row in s.tolist()]
+                   for kind, s in scores.items()},
+        "induction_ranking": [[la, h] for la, h in rank_heads(scores["induction"])],
+        "ablated": [[la, h] for la, h in ablated],
+        "prediction": {"intact": top(intact), "ablated": top(edited)},
+    }
+
+
+def lens_payload(model: Any, tokenizer: Any, ids: list[int], k: int = 3) -> dict[str, Any]:
+    """Top-k next tokens read after the embeddings and after each layer, at every position."""
+    table = lens_table(model, tokenizer, ids, k)
+    return {
+        "ids": ids,  # the tokens read: the page shows the lens only while it shows these
+        "layers": table.layers,
+        "top": [[[{"text": text, "prob": round(float(p), 4)}
+                  for p, text in zip(ps, texts, strict=True)]
+                 for ps, texts in zip(p_row, t_row, strict=True)]
+                for p_row, t_row in zip(table.probs.tolist(), table.texts, strict=True)],
+    }
 
 # what the page shows first when the model can read it (English text, char or BPE tokenizer)
 DEFAULT_TEXT = "The cat sat on the mat. The dog sat on the log."

@@ -1,0 +1,58 @@
+"""POST /api/heads and /api/lens: head detector scores with the next-token prediction under
+ablation, and the logit lens. The page's panel for them is `web/heads.js`.
+
+The answers are `payloads.heads_payload` and `payloads.lens_payload` (over `interp/`);
+texts are checked and tokenized as for /api/attention (`state.ViewerState.encode`).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fastapi import APIRouter
+from pydantic import BaseModel, ConfigDict, Field
+
+from ...interp.edits import check_heads
+from ..payloads import heads_payload, lens_payload
+from ..state import RequestError, ViewerState
+
+
+class HeadsRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    text: str = Field(description="text to score the heads on (at least 2 tokens)")
+    ablate: list[tuple[int, int]] = Field(
+        default_factory=list, description="[layer, head] pairs to zero for the prediction")
+
+
+class LensRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    text: str = Field(description="text to read the residual stream of")
+
+
+def router(state: ViewerState) -> APIRouter:
+    """/api/heads and /api/lens for the model `state` serves."""
+    c = state.model.config
+    routes = APIRouter()
+
+    @routes.post("/api/heads")
+    async def heads(body: HeadsRequest) -> dict[str, Any]:
+        """Detector scores per layer and head on the text, and the next-token prediction
+        with and without the `ablate` heads (zeroed)."""
+        ids = state.encode(body.text)
+        if len(ids) < 2:
+            raise RequestError("head detectors need a text of at least 2 tokens")
+        try:
+            check_heads(body.ablate, c.n_layer, c.n_head)
+        except ValueError as err:
+            raise RequestError(str(err)) from None
+        return await state.locked(
+            lambda: heads_payload(state.model, state.tokenizer, ids, body.ablate))
+
+    @routes.post("/api/lens")
+    async def lens(body: LensRequest) -> dict[str, Any]:
+        """The logit lens: top-3 next tokens after the embeddings and each layer, per
+        position."""
+        ids = state.encode(body.text)
+        return await state.locked(lambda: lens_payload(state.model, state.tokenizer, ids))
+
+    return routes

@@ -1,0 +1,148 @@
+"""What every route of the viewer shares: its limits (`ServeConfig`), the error a route raises
+for a bad request (`RequestError`), and `ViewerState`, the one served model with its tokenizer,
+its lock and the checks that turn a request's text or ids into token ids.
+
+The routes (`routes/`) and `app.py` import this module; it imports no web framework, so
+`import attnlab` works without the `serve` extra. What the answers hold is `payloads.py`'s.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from ..model.gpt import GPT
+from ..model.runtime import release_kept_memory
+from ..tokenizers import check_fits
+from .payloads import TextTokenizer, sample_texts
+
+
+@dataclass
+class ServeConfig:
+    """Limits of the HTTP API. Token counts are also capped by the model's block_size."""
+
+    max_text_chars: int = 20_000  # longest `text` accepted by /api/attention and /api/generate
+    max_body_bytes: int = 256 * 1024  # request bodies above this get 413 before parsing
+    max_new_tokens: int = 1024  # upper bound of `max_new_tokens` (block_size caps it too)
+    decimals: int = 5  # attention weights are rounded to this many decimals in JSON
+    # weights in one /api/attention answer (layers x heads x T(T+1)/2): 10M fits one layer
+    # of GPT-2 medium (16 heads) at 1024 tokens and keeps all-layer requests from gigabytes
+    max_weights: int = 10_000_000
+
+    def __post_init__(self) -> None:
+        for name in ("max_text_chars", "max_body_bytes", "max_new_tokens", "max_weights"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or value < 1:
+                raise ValueError(f"ServeConfig.{name}={value!r} must be a positive integer")
+        if not 1 <= self.decimals <= 8:
+            raise ValueError(
+                f"ServeConfig.decimals={self.decimals} must be in [1, 8]: fewer loses the "
+                "small weights, more only adds float32 noise and bytes"
+            )
+
+
+class RequestError(Exception):
+    """A bad request: its message (what was wrong, how to fix it) goes back as JSON."""
+
+    def __init__(self, message: str, status: int = 422) -> None:
+        super().__init__(message)
+        self.status = status
+
+
+def model_summary(
+    model: GPT, tokenizer: TextTokenizer, meta: dict[str, Any] | None, config: ServeConfig
+) -> dict[str, Any]:
+    """The JSON body of /api/model."""
+    c = model.config
+    return {
+        "config": c.to_dict(),
+        "n_params": model.num_params(non_embedding=False),
+        "tokenizer": {
+            "name": getattr(tokenizer, "name", type(tokenizer).__name__),
+            "vocab_size": tokenizer.vocab_size,
+            "eot_id": getattr(tokenizer, "eot_id", None),
+        },
+        "meta": meta or {},
+        "sample": sample_texts(tokenizer, c.block_size, meta),
+        "limits": {
+            "max_tokens": c.block_size,
+            "max_text_chars": config.max_text_chars,
+            "max_new_tokens": config.max_new_tokens,
+            "max_body_bytes": config.max_body_bytes,
+        },
+    }
+
+
+@dataclass
+class ViewerState:
+    """The served model and what its routes share; `ViewerState.of` builds it."""
+
+    model: GPT
+    tokenizer: TextTokenizer
+    limits: ServeConfig
+    stop_ids: tuple[int, ...]  # token ids that end a generation (the tokenizer's)
+    summary: dict[str, Any]  # the body of /api/model, built once
+    # one forward at a time: torch already uses every core
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+    @classmethod
+    def of(cls, model: GPT, tokenizer: TextTokenizer, meta: dict[str, Any] | None,
+           limits: ServeConfig) -> ViewerState:
+        """The state of an app serving `model` (put in eval mode) and its `tokenizer`."""
+        check_fits(tokenizer, model.config.vocab_size)
+        model.eval()
+        return cls(model, tokenizer, limits, tuple(getattr(tokenizer, "stop_ids", ())),
+                   model_summary(model, tokenizer, meta, limits))
+
+    def encode(self, text: str) -> list[int]:
+        """The token ids of a request's `text`, checked against the limits and block_size."""
+        max_chars = self.limits.max_text_chars
+        if len(text) > max_chars:
+            raise RequestError(f"text has {len(text)} characters; the limit is {max_chars}")
+        try:
+            ids = list(self.tokenizer.encode(text))
+        except ValueError as err:  # a character the vocabulary lacks: the tokenizer says which
+            raise RequestError(str(err)) from None
+        if not ids:
+            raise RequestError("text is empty: type at least one character")
+        self.check_length(ids)
+        return ids
+
+    def checked_ids(self, ids: list[int]) -> list[int]:
+        """A request's token `ids`, checked against the vocabulary and block_size."""
+        if not ids:
+            raise RequestError("ids is empty: send at least one token id")
+        vocab_size = self.model.config.vocab_size
+        bad = [i for i in ids if not 0 <= i < vocab_size]
+        if bad:
+            raise RequestError(f"token ids {bad[:5]} are outside the vocabulary [0, {vocab_size})")
+        self.check_length(ids)
+        return ids
+
+    def check_length(self, ids: list[int]) -> None:
+        """Reject more than block_size tokens."""
+        block_size = self.model.config.block_size
+        if len(ids) > block_size:
+            raise RequestError(
+                f"the text is {len(ids)} tokens; the model sees at most block_size={block_size}: "
+                f"shorten it to {block_size} tokens"
+            )
+
+    async def locked(self, fn: Callable[[], Any]) -> Any:
+        """fn() in the threadpool under the model lock (a generation takes it per token, so
+        attention requests interleave with a long generation)."""
+        from starlette.concurrency import run_in_threadpool  # the serve extra: routes only
+
+        def call() -> Any:
+            with self.lock:
+                try:
+                    return fn()
+                finally:
+                    # runtime keeps a trace's freed (nh, T, T) buffers for a later one of the
+                    # same size; texts of every length would pile them up
+                    # (docs/performance.md#viewer-memory)
+                    release_kept_memory()
+
+        return await run_in_threadpool(call)
