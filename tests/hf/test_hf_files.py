@@ -287,7 +287,7 @@ def test_a_completion_keeps_the_space_its_first_word_carries(tmp_path: Path) -> 
     import asyncio
 
     from attnlab.generate import _text_pieces
-    from attnlab.viewer.app import _stream_events
+    from attnlab.viewer.payloads import stream_events
 
     sentencepiece_like(tmp_path)
     tok = load_hf_tokenizer(tmp_path)
@@ -307,7 +307,7 @@ def test_a_completion_keeps_the_space_its_first_word_carries(tmp_path: Path) -> 
         async def gone() -> bool:
             return False
 
-        return [e.decode() async for e in _stream_events(step, tok, prompt, (2,),
+        return [e.decode() async for e in stream_events(step, tok, prompt, (2,),
                                                           "max_new_tokens", gone)]
 
     # labels on figures, the viewer and lens: each token as it reads in the text

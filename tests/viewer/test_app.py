@@ -1,5 +1,5 @@
-"""server.py: the viewer's HTTP API answers with the model's own numbers, rejects bad input
-with a 4xx JSON error, streams generations, and stays correct under concurrent load."""
+"""viewer/app.py and routes/: the viewer's HTTP API answers with the model's own numbers, rejects
+bad input with a 4xx JSON error, streams generations, and stays correct under concurrent load."""
 
 from __future__ import annotations
 
@@ -450,8 +450,8 @@ def raw_get(base: str, path: str) -> bytes:
 
 @pytest.mark.parametrize(
     "path",
-    ["/static/../server.py", "/static/..%2Fserver.py", "/static/%2e%2e%2f%2e%2e%2fpyproject.toml",
-     "/static/../../../../etc/passwd", "/static/..\\server.py", "/../server.py",
+    ["/static/../app.py", "/static/..%2Fapp.py", "/static/%2e%2e%2f%2e%2e%2fpyproject.toml",
+     "/static/../../../../etc/passwd", "/static/..\\app.py", "/../app.py",
      "/static//etc/passwd", "/static/web", "/static/"],
 )
 def test_no_file_outside_the_static_directory(live: tuple[str, list[int]], path: str) -> None:

@@ -1,5 +1,6 @@
-"""server_heads.py and web/heads.js: the viewer's heads panel and logit lens answer with the
-library's own numbers, reject bad requests, and the page shows them (headless Chromium)."""
+"""viewer/routes/interventions.py and web/heads.js: the viewer's heads panel and logit lens answer
+with the library's own numbers, reject bad requests, and the page shows them (headless
+Chromium)."""
 
 from __future__ import annotations
 

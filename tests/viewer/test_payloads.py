@@ -1,4 +1,4 @@
-"""viewer_data.py: the texts the viewer starts from fit the model's vocabulary and context; an
+"""viewer/payloads.py: the texts the viewer starts from fit the model's vocabulary and context; an
 attention payload runs the model only as far as the layers it returns."""
 
 from __future__ import annotations

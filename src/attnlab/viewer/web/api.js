@@ -1,4 +1,4 @@
-// attnlab viewer: requests to the JSON API of attnlab/server.py and the decoding of their
+// attnlab viewer: requests to the JSON API of attnlab/viewer/app.py and the decoding of their
 // answers, shared by app.js and heads.js.
 
 // fetch rejects with a TypeError ("Failed to fetch", "network error") only when no answer

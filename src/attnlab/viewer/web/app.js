@@ -1,4 +1,4 @@
-// attnlab attention viewer: talks to the JSON API of attnlab/server.py and renders the page.
+// attnlab attention viewer: talks to the JSON API of attnlab/viewer/app.py and renders the page.
 // No build step and no dependencies, so the page works offline from the installed package.
 // Weights arrive as the lower triangle (row i: keys 0..i); later keys are masked to 0.
 // Requests and their answers' decoding live in api.js, canvas drawing in draw.js.

@@ -1,9 +1,9 @@
 // attnlab.show()'s view: one self-contained attention view, for a notebook output or an
-// HTML file. show.py inlines draw.js and this file into one classic script (no module, no
+// HTML file. viewer/notebook.py inlines draw.js and this file into one classic script (no module, no
 // network, no global but window.attnlabView) and calls mount(root, data) with the payload
 // it built; several views on one page share nothing but that code.
 //
-// The payload (show.py writes it; all arrays are base64 of zlib-compressed bytes):
+// The payload (viewer/notebook.py writes it; all arrays are base64 of zlib-compressed bytes):
 //   tokens[S]         labels of the key tokens; queries are the last T of them (off = S - T)
 //   layers, heads     labels of the traced layers and heads; full: indices of the layers
 //                     whose weights come at full resolution
