@@ -1,6 +1,6 @@
 """ASGI without a web framework: the message types, and a request-body size limit.
 
-`BodyLimit` is the viewer's middleware (server.py); it needs nothing but the ASGI protocol,
+`BodyLimit` is the viewer's middleware (`app.py`); it needs nothing but the ASGI protocol,
 so it is written against these aliases (starlette's are the same) rather than starlette.
 """
 

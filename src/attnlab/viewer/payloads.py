@@ -2,8 +2,9 @@
 weights per layer and head, a generation's token ids one at a time, and sample texts that fit
 a model's tokenizer and context (what the page starts from).
 
-Nothing here knows about HTTP: validation, limits and serialization are `server.py`'s; the
-model math is `model.py`'s, sampling `generate.py`'s, the captured weights `trace.py`'s.
+Nothing here knows about HTTP: validation, limits and serialization are `app.py`'s; the
+model math is `model/gpt.py`'s, sampling `generate.py`'s, the captured weights
+`model/trace.py`'s.
 """
 
 import base64
