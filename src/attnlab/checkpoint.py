@@ -3,13 +3,13 @@
 Layout of a checkpoint directory:
     model.safetensors   weights (safetensors: no code can run on load)
     config.json         {"model": GPTConfig fields, "meta": step, losses, train config, ...}
-    tokenizer_config.json (+ tokenizer.json for BPE)   the tokenizer, see tokenizers.py
+    tokenizer_config.json (+ tokenizer.json for BPE)   the tokenizer, see attnlab.tokenizers
     train_state.pt      optimizer / scheduler / step / RNG, read with weights_only=True
 
 `save_checkpoint` writes everything into a temporary sibling directory and renames it into
 place, so a crash (even SIGKILL) mid-write leaves the previous checkpoint intact; the next
 save clears what a killed writer left behind. One process writes a given directory at a
-time. This module does not know how training works; `train.py` decides what goes in
+time. This module does not know how training works; `train/loop.py` decides what goes in
 train_state.
 """
 

@@ -7,7 +7,7 @@ yields each step's ids as they come and `generate` collects them; `stream_text` 
 `generate_text` do the same from and to text with a tokenizer (stop strings live there,
 since they need one). Batched prompts are left-padded (`Tokenizer.encode_batch`): positions
 come from the attention mask, so every row decodes exactly as it would alone. With `edits`
-(`intervene.Edits`: ablated heads, patched values) every step runs `GPT.forward` over the KV
+(`interp.edits.Edits`: ablated heads, patched values) every step runs `GPT.forward` over the KV
 cache, which reports to the edit seam; `DecodeStep` stays edit-free. The model and the cache
 know nothing about sampling; this module knows nothing about attention.
 """
@@ -207,7 +207,7 @@ def stream(
     vocab_size that name no token: `Tokenizer.unused_ids`). row_seeds: one seed per row
     instead, each row drawing from its own generator, so a row's draws do not depend on which
     rows share its batch (one generator's draws for row b depend on how many rows come before
-    it). edits: generate with these `intervene.Edits` applied at every step (slower:
+    it). edits: generate with these `interp.edits.Edits` applied at every step (slower:
     `GPT.forward` per token). A model of `decode.half_weights` decodes with its matrices
     streamed as float16. Arguments are checked here, before the first step.
     """
@@ -368,7 +368,7 @@ def stream_text(
     sampling: temperature, top_k, top_p, seed, row_seeds, sliding_window as for `stream`.
     Arguments are checked here, before the first step (so a CLI can fail before it prints
     the prompt).
-    edits: `intervene.Edits` applied at every step.
+    edits: `interp.edits.Edits` applied at every step.
     """
     if isinstance(prompts, str):
         raise ValueError("prompts must be a list of strings; wrap a single prompt as [prompt]")

@@ -50,7 +50,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
     return parser
 
 
-FIGURE_FORMATS = ("png", "svg", "pdf")  # viz_save.FORMATS, without importing matplotlib
+FIGURE_FORMATS = ("png", "svg", "pdf")  # viz.save.FORMATS, without importing matplotlib
 
 
 def run(args: argparse.Namespace) -> int:
@@ -73,8 +73,9 @@ def run(args: argparse.Namespace) -> int:
 
 @contextlib.contextmanager
 def _one_thread() -> Iterator[None]:
-    """These models have a few hundred parameters: one thread runs them ~7x faster than two
-    (no thread hand-offs per tiny matmul)."""
+    """These models have a few hundred parameters: one thread runs them several times faster
+    than two (no thread hand-offs per tiny matmul;
+    docs/performance.md#one-thread-for-tiny-models)."""
     import torch
 
     before = torch.get_num_threads()

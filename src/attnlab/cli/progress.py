@@ -2,7 +2,7 @@
 steps between as a tqdm bar when stderr is a terminal, or as a plain line every few seconds
 when it is not (a log file or a pipe would otherwise fill with carriage-return redraws).
 
-The training loop (train.py) only calls back with its metrics rows; this module decides
+The training loop (`train/loop.py`) only calls back with its metrics rows; this module decides
 what a person sees.
 """
 

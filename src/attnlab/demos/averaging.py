@@ -9,7 +9,7 @@ builds that mean three ways, each a step closer to attention:
    is what `attend()` computes when every score is equal, so learned scores (q @ k^T)
    turn the uniform average into a data-dependent one.
 
-All take x (B, T, C) and return (B, T, C); `tests/test_averaging.py` proves they agree.
+All take x (B, T, C) and return (B, T, C); `tests/demos/test_averaging.py` proves they agree.
 """
 
 from __future__ import annotations

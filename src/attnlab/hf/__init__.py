@@ -5,7 +5,8 @@ Families (one module each, listed in `FAMILIES`): GPT2LMHeadModel, LlamaForCausa
 MistralForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM, GPTNeoXForCausalLM. `registry.py`
 holds the Family / WeightMap machinery, `fields.py` the config-field bookkeeping (every
 field is honoured, refused by name, or listed there as irrelevant), `files.py` the
-directory reading and writing. Nothing is downloaded; `transformers` is never imported.
+directory reading and writing (the tokenizer files themselves are
+`attnlab.tokenizers.hf_dir`'s). Nothing is downloaded; `transformers` is never imported.
 """
 
 from __future__ import annotations
@@ -183,8 +184,8 @@ def save_hf(path: str | Path, model: GPT, tokenizer: Tokenizer | None = None, *,
 
     family: a Family or its name ("llama", "mistral", ...; a loaded directory's is
     `load_checkpoint(dir).meta["family"]`); default: the first family that expresses the
-    config exactly (`family_for_config`), e.g. Llama for a Mistral without a window (v0.2+),
-    the same computation."""
+    config exactly (`family_for_config`), e.g. Llama for a Mistral without a window
+    (Mistral-7B v0.2 and later), the same computation."""
     if not isinstance(model, GPT):
         raise TypeError(f"save_hf(path, model, tokenizer): model is a {type(model).__name__}, "
                         "not an attnlab GPT (the directory comes first)")

@@ -9,7 +9,8 @@ A directory (`save_pretrained`, or a hub snapshot copied by hand) holds
     generation_config.json           optional: bos/eos/pad token ids (these win)
 Reading one needs only json, safetensors and torch: `transformers` is not imported here and
 nothing is ever downloaded. What the weights and fields mean is the families' business
-(registry.py and one module per family).
+(registry.py and one module per family); reading the tokenizer files is
+`attnlab.tokenizers.hf_dir`'s.
 """
 
 from __future__ import annotations

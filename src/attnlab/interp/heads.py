@@ -24,8 +24,8 @@ The standard probe (`repeated_tokens`) is a random token sequence repeated twice
 an induction head scores near 1; a model trained on a task (`attnlab train`'s copy task) is
 better probed with the task's own examples (`task_probe`), the input it learned to copy in.
 
-This module scores; which heads to ablate is the caller's (`intervene.ablate`), drawing is
-`viz_heads.py`'s.
+This module scores; which heads to ablate is the caller's (`edits.ablate`), drawing is
+`viz/heads.py`'s.
 """
 
 from __future__ import annotations

@@ -5,7 +5,8 @@ model's final norm and unembedding as if it were the last layer, gives a next-to
 distribution per layer and position: which layer already "knows" the answer. The norm's
 statistics are recomputed for each layer's residual, as TransformerLens 4.3's
 `cache.accumulated_resid(apply_ln=True)` then `model.unembed` does (equal within 1e-5 on
-tiny random GPT-2, Llama, Qwen3 and GPT-NeoX directories, 2026-11-25); on weights processed
+tiny random GPT-2, Llama, Qwen3 and GPT-NeoX directories:
+docs/performance.md#logit-lens-against-transformerlens); on weights processed
 with its `center_unembed`, TransformerLens's logits are shifted by a constant per position.
 
 Direct logit attribution: the final residual is a sum of parts (the embedding, each head's
@@ -30,7 +31,7 @@ which shifts every single-token term (a difference of two tokens' terms is uncha
 0.22); on raw weights `logit_attrs` leaves the final norm's scale out.
 
 This module reads traces, and writes the lens of one sequence as text once (`lens_table`)
-for `attnlab lens` and the viewer's /api/lens; drawing is `viz_heads.py`'s.
+for `attnlab lens` and the viewer's /api/lens; drawing is `viz/heads.py`'s.
 """
 
 from __future__ import annotations
@@ -182,7 +183,7 @@ def logit_attribution(
         return (part * w_u).sum(-1)  # (B,)
 
     hs = c.head_size
-    device = final.device  # the model's: a GPU model's terms were made on the CPU before
+    device = final.device  # the model's: a GPU model's terms are summed on its GPU
     heads = torch.zeros(B, c.n_layer, c.n_head, device=device, dtype=dtype)
     attn_bias = torch.zeros(B, c.n_layer, device=device, dtype=dtype)
     mlp = torch.zeros(B, c.n_layer, device=device, dtype=dtype)

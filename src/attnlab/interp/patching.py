@@ -1,7 +1,7 @@
 """Activation patching: which heads and which residual positions carry a prediction.
 
 Run a clean and a corrupted prompt (same length), then rerun the corrupted one with a piece
-of the clean run's activations put back (`intervene.patch`) and see how much of the clean
+of the clean run's activations put back (`edits.patch`) and see how much of the clean
 behaviour returns. The metric defaults to the logit difference between an answer and a wrong
 token at the last position (mean over the batch); the effect of a patch is normalized,
 
@@ -14,7 +14,7 @@ position, `patch_residual` the residual stream entering each layer ("resid_pre")
 position. `attribution_patching` estimates all of those effects at once from one corrupted
 run and its backward pass (first order: the effect of moving each value from its corrupted
 to its clean state along the metric's gradient). This module runs and scores patches; the
-edits are `intervene.py`'s, drawing `viz_heads.py`'s.
+edits are `edits.py`'s, drawing `viz/heads.py`'s.
 """
 
 from __future__ import annotations

@@ -3,7 +3,7 @@
 This module owns all attention math in attnlab. Every other module calls it; none
 re-implements a softmax over scores. It leaves caching policy to `kv_cache.py`
 (it only calls `cache.update(pos, k, v)`) and storage or editing of intermediates to
-`trace.py` and `intervene.py` (it only calls `tensor = trace.record(name, tensor)` and
+`trace.py` and `interp/edits.py` (it only calls `tensor = trace.record(name, tensor)` and
 continues with what comes back).
 
 Shape vocabulary, used in every shape comment in attnlab:
@@ -15,8 +15,8 @@ Shape vocabulary, used in every shape comment in attnlab:
     V   vocabulary size
 
 Masks are boolean "may attend" tensors: True where a query may look at a key. The
-causal mask treats the queries as the *last* T of S positions (seed 003's trim
-`tril(S, S)[-T:, -S:]`), which is what a KV cache needs, and is built from two
+causal mask treats the queries as the *last* T of S positions (the trim
+`tril(S, S)[-T:, -S:]` of the full mask), which is what a KV cache needs, and is built from two
 `arange`s so a decode step never allocates an S x S matrix.
 """
 
@@ -181,8 +181,8 @@ def attend(
 ) -> Tensor:
     """Scaled dot-product attention. q (B, nh, T, hs), k/v (B, nkv, S, hs) -> (B, nh, T, hs).
 
-    fused=False is the reference path, step by step as the seeds write it (and the only
-    one a trace can see into): scores = q @ k^T, masked_fill(-inf), softmax(scores * scale),
+    fused=False is the reference path, written out step by step (and the only one a trace
+    can see into): scores = q @ k^T, masked_fill(-inf), softmax(scores * scale),
     dropout on the weights (training only), weights @ v. fused=True calls
     `F.scaled_dot_product_attention` on the same inputs, unless `trace.needs_weights`.
     Both give zeros, never NaN, for a query row with no key to attend to.
@@ -227,7 +227,7 @@ def attend(
     # not allocated is 8 MB of fresh pages at B=8, nh=4, T=S=256.
     scaled_scores = attn_scores.mul_(scale)
     if may_attend is not None:
-        # + 0 or + -inf gives exactly the seeds' masked_fill(-inf) then * scale, and unlike a
+        # + 0 or + -inf gives exactly masked_fill(-inf) then * scale, and unlike a
         # masked_fill it costs backward nothing.
         additive_mask = torch.zeros(may_attend.shape, dtype=attn_scores.dtype, device=q.device)
         additive_mask.masked_fill_(~may_attend, float("-inf"))  # (B or 1, 1, T, S)
@@ -347,8 +347,10 @@ class CausalSelfAttention(nn.Module):
     """Multi-head attention over one sequence (or, with `context`, cross-attention).
 
     Projections are created in the order query, key, value (then the output projection),
-    so a model built after `torch.manual_seed(s)` draws the same weights as the seeds'
-    `CausalAttention`. n_head=1 and out_proj=False give exactly the single-head seeds.
+    so a model built after `torch.manual_seed(s)` draws the same weights as the
+    `CausalAttention` of *Build a Large Language Model from Scratch* (ch. 3;
+    docs/notebooks/001_causal_attention.ipynb checks its numbers). n_head=1 and
+    out_proj=False give exactly its single head.
 
     Args:
         d_in: width C of the input x.
@@ -358,10 +360,12 @@ class CausalSelfAttention(nn.Module):
         out_bias: bias on the output projection; None = `bias` (Qwen2: q/k/v only).
         qk_norm: RMSNorm (weight (hs,), eps `norm_eps`) on each head's q and k before RoPE
             (Qwen3).
-        out_proj: add the output projection back to d_in (seed 003); False returns the
-            concatenated heads of width d_out (seeds 001, 002).
+        out_proj: add the output projection back to d_in (GPT-2's attention); False returns
+            the concatenated heads of width d_out (the book's `CausalAttention`, the
+            hello-world model).
         dropout: dropout on attention weights and on the output, in training only.
-        causal: False gives encoder-style attention with no causal mask (seed 004 notes).
+        causal: False gives encoder-style attention with no causal mask (every query sees
+            every key).
         scale: multiplier of the scores; None means 1/sqrt(hs).
         d_context: width of the sequence keys/values come from in cross-attention.
     """

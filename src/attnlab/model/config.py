@@ -2,7 +2,7 @@
 
 Every field is flat so that each is a CLI flag (`attnlab train --n_layer 6`). The names of
 the modern-family switches are the contract with the Hugging Face mapping (`hf`): change
-them only together with it. Building the model from a config is `model.py`'s job.
+them only together with it. Building the model from a config is `gpt.py`'s job.
 """
 
 from __future__ import annotations
@@ -36,7 +36,7 @@ class GPTConfig:
     mlp: str = "gelu"  # "gelu": proj(gelu(fc(x))); "swiglu": proj(silu(gate(x)) * fc(x)); "none"
     gelu: str = "tanh"  # "tanh" (GPT-2's approximation) or "exact" (erf: nanoGPT, faster on CPU)
     norm: str = "layernorm"  # pre-norm in blocks and final norm: "layernorm", "rmsnorm", "none"
-    residual: bool = True  # residual connections (False: seed 002 feeds attention to the head)
+    residual: bool = True  # residual connections (False: attention output feeds the head)
     attn_out_proj: bool = True  # output projection after the heads are concatenated
     tie_weights: bool = True  # lm_head shares the token embedding matrix
     attn_scale: float | None = None  # score multiplier; None = 1/sqrt(head size)
@@ -57,9 +57,9 @@ class GPTConfig:
     layer_norm: InitVar[bool | None] = None  # old spelling of norm: True/False
 
     def __post_init__(self, layer_norm: bool | None) -> None:
-        if layer_norm is not None:  # configs saved before `norm`
+        if layer_norm is not None:  # a saved config with the older spelling layer_norm
             self.norm = "layernorm" if layer_norm else "none"
-        if isinstance(self.mlp, bool):  # configs saved before mlp was a kind
+        if isinstance(self.mlp, bool):  # a saved config with the older mlp: bool
             self.mlp = "gelu" if self.mlp else "none"
         positive = ("vocab_size", "block_size", "n_layer", "n_head", "n_embd")
         for name in positive:
@@ -185,8 +185,9 @@ POS = ("learned", "rope", "none")
 _LLAMA: dict[str, Any] = dict(pos="rope", norm="rmsnorm", mlp="swiglu", bias=False)
 
 PRESETS: dict[str, dict[str, Any]] = {
-    # Seed 002's HelloWorldModel: GPT-2 BPE ids, 3-dim embeddings, one single-head attention
-    # without q/k/v bias, scores scaled by 1/sqrt(3), a linear head; no MLP, norm or residual.
+    # The hello-world model of `recipes.seed_experiment`: GPT-2 BPE ids, 3-dim embeddings, one
+    # single-head attention without q/k/v bias, scores scaled by 1/sqrt(3), a linear head; no
+    # MLP, norm or residual (docs/notebooks/002_hello_world_and_animals.ipynb).
     "seed-minimal": dict(
         vocab_size=50257, block_size=5, n_layer=1, n_head=1, n_embd=3, bias=False, mlp="none",
         norm="none", residual=False, attn_out_proj=False, tie_weights=False,

@@ -5,8 +5,8 @@ projections where one would do. This module owns that fast path: it reads a `GPT
 once into plain tensors (`_DecodeLayer`) and runs `Block`'s wiring with tensor calls,
 honouring every `GPTConfig` switch (norms, MLP kind, RoPE at each row's real position,
 QK-norm, biases, parallel residual, sliding window, head_dim). The model, masks and rotary
-math stay in `model.py`, `attention.py` and `layers.py`; it is tested equal to `GPT.forward`
-(tests/test_model.py).
+math stay in `gpt.py`, `attention.py` and `layers.py`; it is tested equal to `GPT.forward`
+(tests/model/test_gpt.py).
 
 `half_weights(model)` has decode stream every matrix as float16 (fbgemm's kernel on x86
 CPUs: float16 weights, float32 arithmetic), after rounding the model's own matrices to the
@@ -77,15 +77,15 @@ class _Affine(NamedTuple):
 
 
 # the fewest weights a thread's block holds: below it, handing out blocks costs more than
-# it saves (2-core EPYC, 2 threads: a 256 x 256 matrix 10 us by mm, 15 us in blocks; a
-# 256 x 1024 one 57 vs 49 us; GPT-2's 768 x 3072 streamed at 21 GB/s by mm, 30 in blocks)
+# it saves (docs/performance.md#decode-blocks)
 SPLIT_MIN = 1 << 17
 
 
 def _parts(side: int, w: Tensor) -> int:
     """Into how many equal blocks along `side` to cut the matrix `w` for the product: one per
     torch thread, each of at least SPLIT_MIN weights; 1: keep it whole. float32 on the CPU
-    only (the case measured; bfloat16 products have other kernels, GPUs their own threads)."""
+    only (the case measured: docs/performance.md#decode-blocks; bfloat16 products have other
+    kernels, GPUs their own threads)."""
     if w.device.type != "cpu" or w.dtype != torch.float32:
         return 1
     parts = min(torch.get_num_threads(), w.numel() // SPLIT_MIN)
@@ -99,8 +99,8 @@ FLOAT16_MAX = 65504.0  # float16's largest finite value
 
 def _in_memory_order(w: Tensor) -> Tensor:
     """w, or w.t() where that is contiguous (GPT lays the wide Linear weights out as (in,
-    out) memory): whole-tensor ops run over contiguous memory, 3-8x faster than over the
-    strided view."""
+    out) memory): whole-tensor ops run several times faster over contiguous memory than
+    over the strided view (docs/performance.md#contiguous-memory)."""
     return w.t() if w.dim() == 2 and not w.is_contiguous() and w.t().is_contiguous() else w
 
 
@@ -212,13 +212,14 @@ class DecodeStep:
 
     At two or more torch threads a float32 CPU matrix is multiplied in one block per thread
     (`torch.bmm` over views of its memory; `_Affine`): MKL's product of one row by a matrix
-    runs on one thread whatever the thread count, and two blocks streamed GPT-2 small's
-    weights 1.4-1.7x faster on the 2-core EPYC.
+    runs on one thread whatever the thread count, so one block per thread streams the
+    weights faster (docs/performance.md#decode-blocks).
 
     weights="float16" packs every matrix (the stacked q/k/v, output, MLP and head) as float16
-    for fbgemm's kernel, which sums in float32 (x86 CPUs, float32 models; packing GPT-2
-    small takes ~2 s): the step then equals `GPT.forward` of the model with those matrices
-    rounded to float16, which is what `half_weights` makes the model itself.
+    for fbgemm's kernel, which sums in float32 (x86 CPUs, float32 models; packing takes
+    seconds for GPT-2 small: docs/performance.md#float16-weights): the step then equals
+    `GPT.forward` of the model with those matrices rounded to float16, which is what
+    `half_weights` makes the model itself.
     """
 
     def __init__(self, model: GPT, weights: str = "float32") -> None:
@@ -244,7 +245,8 @@ class DecodeStep:
         self.lm_head: _Matrix = _Affine.stack(model.lm_head)  # weight (C, V)
         self.weights = weights
         if weights == "float16":
-            # packing runs outside the GIL: a thread per torch thread, up to 8 (2 cores: 1.7x)
+            # packing runs outside the GIL: a thread per torch thread, up to 8
+            # (docs/performance.md#float16-weights)
             with ThreadPoolExecutor(min(torch.get_num_threads(), 8)) as pool:
                 head = pool.submit(_Packed16.of, self.lm_head)  # the largest first
                 self.layers = list(pool.map(_DecodeLayer.packed16, self.layers))
@@ -356,9 +358,10 @@ def half_weights(model: GPT) -> GPT:
     an untied token table stay float32, and all arithmetic stays float32. Forward passes,
     traces and the prompt then compute with exactly the values decode streams (a weight moves
     by at most 2**-11 of itself; below 2**-14, float16's subnormals, by at most 2**-25).
-    Packing the weights for the kernel happens here, once (GPT-2 small: ~2 s); `generate`,
-    `stream` and the server reuse it while the weights are unchanged and pack again after
-    they change. x86 CPUs, float32 models on the CPU (`check_float16_weights`).
+    Packing the weights for the kernel happens here, once (seconds for GPT-2 small:
+    docs/performance.md#float16-weights); `generate`, `stream` and the server reuse it
+    while the weights are unchanged and pack again after they change. x86 CPUs, float32
+    models on the CPU (`check_float16_weights`).
     """
     check_float16_weights(model)
     linears = [(name, m) for name, m in model.named_modules() if isinstance(m, nn.Linear)]
@@ -390,9 +393,10 @@ def decode_step(model: GPT) -> DecodeStep:
     same tensor at the same version and `model.decode_weights` is unchanged, else built again.
 
     float32: building copies q/k/v into one matrix per layer (GPT-2 small: 85 MB, kept as
-    long as the model), which took 53 ms a generation here when made afresh (freed memory
-    goes back to the OS, so each copy page-faults again); a kept step only copies them
-    again (`DecodeStep.refresh`, 11 ms), so it sees every in-place change. float16 (a
+    long as the model), which costs far more made afresh for each generation (freed memory
+    goes back to the OS, so each copy page-faults again) than a kept step's copy into its
+    own matrices (`DecodeStep.refresh`; docs/performance.md#decode-step-reuse), which sees
+    every in-place change. float16 (a
     model of `half_weights`): the packed step (packing costs seconds), packed again after
     a tracked change; an edit through `.data` goes unseen, so call `half_weights` again.
     """

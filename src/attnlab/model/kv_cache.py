@@ -3,8 +3,8 @@
 `KVCache` is the one to use: preallocated (B, nkv, T_max, hs) buffers per layer, written
 in place by `update(pos, k, v)`, which returns views of the filled prefix; a decode step
 allocates nothing that grows with the context (gpt-fast's `KVCache`). `ConcatKVCache` is
-seed 003's teaching version, which concatenates on every step; it is tested equal to the
-static one. Neither knows about masks or positions: `attention.py` and `model.py` do.
+the textbook version, which concatenates on every step; it is tested equal to the
+static one. Neither knows about masks or positions: `attention.py` and `gpt.py` do.
 """
 
 from __future__ import annotations
@@ -57,7 +57,8 @@ class LayerKVCache:
 
 
 class ConcatLayerKVCache:
-    """Seed 003's cache: keep k/v tensors and `torch.cat` the new ones on (O(S) copy per step)."""
+    """The textbook cache: keep k/v tensors and `torch.cat` the new ones on (O(S) copy per
+    step)."""
 
     def __init__(self) -> None:
         self.k: Tensor | None = None  # (B, nkv, S, hs)

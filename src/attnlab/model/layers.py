@@ -1,11 +1,11 @@
 """Building blocks of the modern decoder family: norms, MLPs and rotary position embeddings.
 
-Each is one `GPTConfig` switch (see `model.py`): `norm` picks LayerNorm, RMSNorm or none;
+Each is one `GPTConfig` switch (see `config.py`): `norm` picks LayerNorm, RMSNorm or none;
 `mlp` the GELU MLP or the gated SiLU one (SwiGLU); `pos == "rope"` rotates queries and keys
 by their positions (RoPE, in Hugging Face's rotate-half layout, optionally on only the
 first `rotary_pct` of each head's dims, with `rope_scaling` of type linear or llama3). The
 math follows Hugging Face transformers so imported weights give its numbers. This module
-owns the layers; wiring them into blocks is `model.py`'s, attention is `attention.py`'s.
+owns the layers; wiring them into blocks is `gpt.py`'s, attention is `attention.py`'s.
 
 Shapes use `attention.py`'s vocabulary (B, T, C, nh, hs); rd = rotary dims per head.
 """
@@ -23,8 +23,8 @@ from torch import Tensor, nn
 from . import runtime
 
 #: GPTConfig.gelu -> F.gelu's `approximate`. GPT-2 was trained with the tanh form, so
-#: imported weights need it; the exact (erf) form ran 2.4x faster forward + backward on this
-#: project's CPU (bfloat16, 768 x 512: 0.69 vs 1.69 ms), and nanoGPT and Pythia use it.
+#: imported weights need it; the exact (erf) form is faster on CPUs, forward and backward
+#: (docs/performance.md#gelu), and nanoGPT and Pythia use it.
 GELUS = {"tanh": "tanh", "exact": "none"}
 NORMS = ("layernorm", "rmsnorm", "none")
 MLPS = ("gelu", "swiglu", "none")
@@ -41,13 +41,13 @@ ROPE_SCALINGS: dict[str, tuple[str, ...]] = {
 
 class Linear(nn.Linear):
     """`nn.Linear` (the same parameters, state dict and hooks) whose float32 CPU products
-    without autograd run the kernel `runtime.linear_kernel()` picks: oneDNN's where it is
-    faster on this CPU. Training (autograd), autocast, other dtypes and devices, weights
-    that are not one dense matrix ((out, in) or (in, out) memory: oneDNN runs its slow
-    reference kernel on others), products under `runtime.ONEDNN_MIN_MACS` multiply-adds, and
-    tracing or compiling (torch.jit.trace, torch.compile, torch.export: the graph gets
-    aten.linear, which exporters know and compilers choose kernels for) run F.linear, as
-    nn.Linear does."""
+    without autograd run the kernel `runtime.linear_kernel()` picks: oneDNN's on the CPUs
+    where it is the faster one (docs/performance.md#linear-kernel). Training (autograd),
+    autocast, other dtypes and devices, weights that are not one dense matrix ((out, in) or
+    (in, out) memory: oneDNN runs its slow reference kernel on others), products under
+    `runtime.ONEDNN_MIN_MACS` multiply-adds, and tracing or compiling (torch.jit.trace,
+    torch.compile, torch.export: the graph gets aten.linear, which exporters know and
+    compilers choose kernels for) run F.linear, as nn.Linear does."""
 
     def _onednn(self, x: Tensor) -> bool:
         w = self.weight  # (out, in)
@@ -67,8 +67,8 @@ class Linear(nn.Linear):
     def gelu(self, x: Tensor, approximate: str) -> Tensor:
         """F.gelu(self(x), approximate=approximate) (..., out): one oneDNN call, the GELU
         applied as each block of the product is written, where `forward` runs oneDNN and no
-        hook watches this layer (a hook sees the product before the GELU). GPT-2 small's
-        MLP input projection at 1024 tokens: 55.1 -> 49.5 ms (one thread, Zen 4 EPYC)."""
+        hook watches this layer (a hook sees the product before the GELU). One pass over
+        the output instead of two (docs/performance.md#linear-kernel)."""
         if self._onednn(x) and not _hooked(self):
             return torch.ops.mkldnn._linear_pointwise(
                 x, self.weight, self.bias, "gelu", [], approximate)  # (..., out)

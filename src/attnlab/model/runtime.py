@@ -1,5 +1,6 @@
-"""Process-wide CPU settings that attnlab's commands apply (how freed memory is reused), and
-what the hardware does fast (`fast_bf16`, `linear_kernel`).
+"""Process-wide CPU settings that attnlab's commands apply (how freed memory is reused),
+what the hardware does fast (`fast_bf16`, `linear_kernel`), and which device a name means
+(`resolve_device`).
 
 PyTorch's CPU allocator calls malloc and free directly; it caches nothing (its CUDA
 allocator does). glibc serves blocks of 128 KiB and more with mmap and unmaps them on free;
@@ -7,9 +8,9 @@ it raises that threshold as large blocks are freed, but it also gives the top of
 back to the kernel whenever more than twice the threshold lies free there. Code that
 allocates and frees large activations in turn therefore keeps getting fresh zeroed pages,
 one page fault per 4 KiB on first touch: the explicit attention path's (B, nh, T, T) scores
-and weights followed by the fused path took ~2,300 page faults per round
-(tests/test_runtime.py), and the explicit forward at T=256 ran 2.2x slower than with the
-memory reused (`python -m benchmarks attention`, 8.7 vs 3.9 ms). `reuse_freed_memory` has
+and weights followed by the fused path took thousands of page faults per round
+(tests/model/test_runtime.py counts them), and the explicit forward ran markedly slower than
+with the memory reused (docs/performance.md#freed-memory). `reuse_freed_memory` has
 glibc serve blocks up to 32 MiB from its heap and keep up to 1 GiB of freed memory for the
 next allocation. jemalloc or tcmalloc through LD_PRELOAD do the same job, beyond 32 MiB too.
 Larger tensors that a traced forward keeps (scores, weights, logits) come from `kept_empty`,
@@ -61,10 +62,10 @@ def advise_huge_pages(tensor: Tensor) -> Tensor:
     """Ask the kernel to back `tensor`'s untouched memory with 2 MiB pages; returns it.
 
     A fresh tensor of many MiB that is kept (a trace's (B, nh, T, S) weights) takes one page
-    fault per 4 KiB when first written: 45-55 ms per 50 MB on this machine, as long as the
-    softmax that fills it. With transparent huge pages in "madvise" mode (the Debian default)
-    the same memory takes one fault per 2 MiB. Only whole 2 MiB pages inside the tensor are
-    advised; elsewhere (other systems, small tensors) this does nothing.
+    fault per 4 KiB when first written, which can take as long as the softmax that fills it
+    (docs/performance.md#kept-buffers). With transparent huge pages in "madvise" mode (the
+    Debian default) the same memory takes one fault per 2 MiB. Only whole 2 MiB pages inside
+    the tensor are advised; elsewhere (other systems, small tensors) this does nothing.
     """
     nbytes = tensor.numel() * tensor.element_size()
     if nbytes < 4 * _HUGE_PAGE or tensor.device.type != "cpu" or platform.system() != "Linux":
@@ -95,10 +96,10 @@ class _KeptBuffers:
     dropped first) for the next request of the same size.
 
     Why: torch's CPU allocator caches nothing and glibc unmaps blocks over 32 MiB on free, so
-    every traced forward wrote its (B, nh, T, S) scores and weights and its logits into fresh
-    pages. A fresh 48 MiB tensor (GPT-2 small's weights of one layer at T=1024) took 22 ms
-    to fill in 4 KiB pages, 81 ms in huge pages while this VM's host had reclaimed them, and
-    2 ms when reused (2-core EPYC, 2026-11-25). A buffer is a numpy array, the owner of the
+    without them every traced forward would write its (B, nh, T, S) scores and weights and its
+    logits into fresh pages, and filling fresh pages costs many times what writing into
+    reused ones does, more on a VM whose host reclaims freed memory
+    (docs/performance.md#kept-buffers). A buffer is a numpy array, the owner of the
     tensor's memory: it comes back when the last tensor or view on that memory is gone
     (`weakref.finalize` on the array the storage holds), never while anything can read it.
     """
@@ -187,8 +188,8 @@ class SlowBF16Warning(UserWarning):
 
 
 def warn_if_slow_bf16(dtype: str | torch.dtype, device: str | torch.device) -> None:
-    """A UserWarning when bfloat16 would run emulated on this CPU (measured on an EPYC
-    without AVX512-BF16: training 6.3k tokens/s in bfloat16 against 52k in float32)."""
+    """A UserWarning when bfloat16 would run emulated on this CPU, where it trains several
+    times slower than float32 (docs/performance.md#emulated-bfloat16)."""
     if str(dtype).removeprefix("torch.") != "bfloat16" or torch.device(device).type != "cpu":
         return
     if not fast_bf16():
@@ -198,8 +199,8 @@ def warn_if_slow_bf16(dtype: str | torch.dtype, device: str | torch.device) -> N
 
 
 #: float32 products under this many multiply-adds (rows x in x out) stay with BLAS: a oneDNN
-#: call costs ~13 us more (2-core EPYC: F.linear 3 us vs 16 at 8 x 32 x 32, even at
-#: 64 x 128 x 512, 1.08x faster at 256 x 256 x 1024).
+#: call has a fixed cost that small products do not win back
+#: (docs/performance.md#linear-kernel).
 ONEDNN_MIN_MACS = 1 << 24
 LINEAR_KERNELS = ("onednn", "blas")
 _linear: list[str] = []  # the chosen kernel, once chosen
@@ -212,15 +213,12 @@ def linear_kernel() -> str:
 
     The environment variable ATTNLAB_LINEAR picks one; unset or "auto", oneDNN runs on AMD
     x86-64 CPUs, where MKL keeps to kernels that leave speed unused: GPT-2 small's block
-    products at 1024 tokens took 1.06-1.16x as long through F.linear as through oneDNN on
-    one thread of a Zen 4 EPYC, and `python -m benchmarks trace` went from 3,175 to 3,015
-    ms for the untraced forward, 3,497 to 3,184 for a trace of the weights (2026-11-25).
-    Intel CPUs keep MKL, Intel's own (not measured here). The head's 512-column blocks
-    (`model.unembed`) stay with BLAS: they are not dense matrices, which oneDNN multiplies
-    with a reference kernel (minutes for GPT-2's head). The two kernels sum in different
-    orders, so results differ by float32 rounding: GPT-2 small's logits at 1024 tokens
-    (random weights, up to 16.2) by 2.3e-4 at most, where MKL's differ from Hugging Face's
-    by 7.9e-5 and oneDNN's by 2.4e-4.
+    products run faster through oneDNN there, and so do the forward and a trace
+    (docs/performance.md#linear-kernel). Intel CPUs keep MKL, Intel's own library (oneDNN
+    was not measured on them). The head's 512-column blocks (`gpt.unembed`) stay with BLAS:
+    they are not dense matrices, which oneDNN multiplies with a reference kernel (minutes for
+    GPT-2's head). The two kernels sum in different orders, so results differ by float32
+    rounding (about 1e-4 on GPT-2 small's logits: docs/performance.md#linear-kernel).
     """
     if not _linear:
         set_linear_kernel(os.environ.get("ATTNLAB_LINEAR", "auto"))

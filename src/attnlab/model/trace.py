@@ -1,8 +1,8 @@
-"""Capture of every intermediate of a forward pass: the seeds' "storage for inspection".
+"""Capture of every intermediate of a forward pass, stored for inspection.
 
 A `Trace` is an object passed into `GPT.forward(..., trace=trace)`; nothing is stored on
 the modules. The model reports each named value through one seam, `x = sink.record(name, x)`:
-a trace keeps a copy and returns `x` unchanged; edits (`intervene.py`, passed as
+a trace keeps a copy and returns `x` unchanged; edits (`interp/edits.py`, passed as
 `GPT.forward(..., edits=...)`) may return a replacement, which the model continues with.
 `Seam` joins both for one forward pass: edits apply first, so a trace sees what the model
 used. Attention runs its explicit (reference) path only where a sink needs raw scores,
@@ -10,8 +10,8 @@ masked scores or weights (`needs_weights`); everything else keeps the fused path
 layers no sink touches run as if there were none. `Trace.run` ends the forward pass once the
 trace holds all it will keep (the seam raises after the last value). This module owns the
 names, what is captured and how it is filtered, and which cells a traced pass masked
-(`Trace.may_attend`, for the figures and the view); what an edit does is `intervene.py`'s,
-drawing `viz.py`'s.
+(`Trace.may_attend`, for the figures and the view); what an edit does is `interp/edits.py`'s,
+drawing `viz`'s.
 
 Names and shapes (vocabulary in `attention.py`; heads dimension nh is sliced by `heads`):
 """
@@ -77,7 +77,7 @@ def position_dim(name: str) -> int:
 
 
 class EditSource(Protocol):
-    """What the seam needs from edits (`intervene.Edits`): which layers they touch, whether
+    """What the seam needs from edits (`interp.edits.Edits`): which layers they touch, whether
     they need attention's explicit path there, and the edited value; `check` refuses layers
     and positions the model never reaches. `length` is the number of sequence columns
     (cached + new) the forward pass covers, so an edit can tell which absolute positions a
@@ -156,8 +156,9 @@ class Trace:
 
     A value is kept as the model made it, without a copy, unless it is a view into memory
     that others write (keys and values in a KV cache, which later steps overwrite): the
-    model never changes a tensor in place once it has recorded it, and copying the
-    (B, nh, T, S) weights of every layer cost a traced forward as much again in fresh pages.
+    model never changes a tensor in place once it has recorded it, and a copy would write
+    every layer's (B, nh, T, S) weights into fresh pages a second time
+    (docs/performance.md#kept-buffers).
     Scores and weights of 4 MiB and more live in buffers (`runtime.kept_empty`) that serve
     the next trace once nothing reads them: after `del trace` the process keeps that memory
     (up to 2 GiB) for the next one; `attnlab.model.runtime.release_kept_memory()` frees it.
@@ -203,7 +204,7 @@ class Trace:
         self.values: dict[tuple[int | None, str], Tensor] = {}
         # (layer or -1, index in NAMES) of the last value kept: set only while `run` runs
         self.last_place: tuple[int, int] | None = None
-        # what the last traced pass masked, which its weights cannot tell a reader (show):
+        # what the last traced pass masked, which its weights cannot tell a reader (the view):
         # a masked key's weight is 0 like one that underflows. Each layer's sliding window
         # (None: whole context) and the (B, S) padding over cached + new keys (True = token,
         # False = pad; None: no padding)
@@ -214,10 +215,10 @@ class Trace:
             edits: EditSource | None = None) -> _Trace:
         """Run `model` on idx (B, T), without autograd, only as far as this trace keeps
         values, and return the trace. A trace of the attention weights skips the last
-        layer's context and MLP and the head (the logits: a quarter of GPT-2 small's forward
-        at 1024 tokens), `Trace(layers=0, names=["attn_weights"])` runs one block. The
-        layer filter leaves the model-level names (embeddings, logits) in, so
-        `Trace(layers=0)` alone keeps the logits and runs every block and the head. Take
+        layer's context and MLP and the head (the logits, a large share of a long forward:
+        docs/performance.md#skipping-the-head), `Trace(layers=0, names=["attn_weights"])`
+        runs one block. The layer filter leaves the model-level names (embeddings, logits)
+        in, so `Trace(layers=0)` alone keeps the logits and runs every block and the head. Take
         `model(idx, trace=trace)` where you want the logits too; those values are the same.
         The model runs in the mode it is in: in training mode dropout applies (and
         `attn_weights_dropped` exists), so call `model.eval()` first for the weights it
@@ -253,7 +254,8 @@ class Trace:
         is 0 like one that underflows). From the masked scores when the trace kept them,
         else the causal mask (queries are the last T of S keys) within the layer's sliding
         window (`windows`) and the padding: `attention_mask` (B, S) or (S,), default the
-        pass's own. The figures (viz.py) hatch and the view (show.py) greys its False cells.
+        pass's own. The figures (`viz`) hatch and the view (`viewer/notebook.py`) greys its
+        False cells.
         """
         if (layer, "masked_scores") in self:
             return self.get("masked_scores", layer)[row, 0].isfinite().cpu()  # (T, S)

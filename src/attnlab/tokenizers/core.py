@@ -1,13 +1,14 @@
 """Tokenizers: text <-> token ids, left-padded batches, and saving with a checkpoint.
 
-Five kinds behind one `Tokenizer` interface (`get_tokenizer(spec, text)`):
+Five kinds behind one `Tokenizer` interface (`loading.get_tokenizer(spec, text)` picks one):
     char          one id per character of the corpus (nanoGPT shakespeare_char)
     byte          256 ids, any text (UTF-8 bytes)
-    word          words and punctuation with their leading space (" World", "!"), for seed 002
+    word          words and punctuation with their leading space (" World", "!"), for
+                  the hello-world and animals sentences
     bpe[:N]       byte-level BPE trained on the corpus with Hugging Face `tokenizers` [bpe extra]
-    tiktoken:ENC  a tiktoken encoding (seed 002 uses gpt2) when its files are cached offline
+    tiktoken:ENC  a tiktoken encoding (e.g. gpt2) when its files are cached offline
     PATH          a Hugging Face tokenizer.json, or a checkpoint directory (reuse its tokenizer)
-This module knows nothing about models; `data.py` turns corpora into id arrays with it.
+This module knows nothing about models; `train/data.py` turns corpora into id arrays with it.
 """
 
 from __future__ import annotations
@@ -132,7 +133,7 @@ class Tokenizer(ABC):
         """Left-padded (input_ids, attention_mask), both (B, T) long; mask 1 = token, 0 = pad.
 
         Left padding keeps every row's last token in the last column, so generation appends
-        to all rows at once (seed 003; Hugging Face `padding_side="left"`).
+        to all rows at once (as Hugging Face's `padding_side="left"`).
         """
         if not texts:
             raise ValueError("encode_batch needs at least one text")
@@ -240,7 +241,7 @@ class ByteTokenizer(Tokenizer):
 
 
 class WordTokenizer(Tokenizer):
-    """Words and punctuation keeping their leading space, like GPT-2's " World" (seed 002)."""
+    """Words and punctuation keeping their leading space, like GPT-2's " World"."""
 
     def __init__(self, words: Sequence[str]) -> None:
         if not words:

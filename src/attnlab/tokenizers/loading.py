@@ -64,7 +64,7 @@ def load_tokenizer(directory: str | Path) -> Tokenizer:
     directory = Path(directory)
     path = directory / CONFIG_FILE
     # transformers writes a tokenizer_config.json too, without attnlab's "type": read as
-    # attnlab's, it was "corrupted or not written by attnlab" (load_tokenizer("smollm"))
+    # attnlab's, it would be "corrupted or not written by attnlab" (load_tokenizer("smollm"))
     if is_hf_dir(directory):
         vocab = read_hf_config(directory).get("vocab_size")
         return load_hf_tokenizer(directory, vocab if isinstance(vocab, int) else None)

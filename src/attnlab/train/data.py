@@ -4,11 +4,12 @@ Three kinds of dataset share one interface, `Dataset.batch(split, batch_size, bl
 generator) -> (x, y)` with x, y (B, T) long and y == -1 where no loss is wanted:
     TextDataset      a text file or a directory of .txt files, tokenized once to a uint16/
                      uint32 memmap cached by content hash, random windows (nanoGPT)
-    SentenceDataset  seed 002's sentences (`hello`, `animals`), the whole set every batch
+    SentenceDataset  the hello-world and animals sentences (`hello`, `animals`), the whole
+                     set every batch
     TaskDataset      synthetic tasks only attention can solve, generated on the fly:
                      `copy` (induction), `recall` (associative recall), `reverse`
 Batches draw randomness only from the generator passed in, so a resumed run sees the same
-batches. Training policy lives in `train.py`.
+batches. Training policy lives in `loop.py`.
 """
 
 from __future__ import annotations
@@ -210,7 +211,8 @@ def _write_split(
 
 
 class SentenceDataset(Dataset):
-    """Seed 002's toy sentences: every batch is all sentences, targets the next word."""
+    """Toy sentences (hello-world, animals): every batch is all sentences, targets the next
+    word."""
 
     def __init__(self, name: str, sentences: Sequence[str]) -> None:
         self.name, self.sentences = name, list(sentences)

@@ -1,9 +1,9 @@
 """What `attnlab train` trains when no flag says otherwise, and how a task run is scored.
 
 `recipe(dataset, arch)` picks the model and schedule per kind of data (`arch`: GPT-2-style
-or Llama-style blocks at the same parameter count); `seed_experiment` is seed
-002's two experiments; `answer_accuracy` is the task datasets' held-out exact-match score.
-The loop itself is `train.py`'s.
+or Llama-style blocks at the same parameter count); `seed_experiment` is the hello-world and
+animals experiments; `answer_accuracy` is the task datasets' held-out exact-match score.
+The loop itself is `loop.py`'s.
 """
 
 from __future__ import annotations
@@ -32,7 +32,7 @@ MAX_TEXT_STEPS = 5000
 def recipe(dataset: Dataset, arch: str = "gpt2") -> tuple[GPTConfig, TrainConfig]:
     """The model and schedule `attnlab train` uses for a dataset when no flag changes them.
 
-    hello/animals: seed 002's experiments (see `seed_experiment`). Tasks: two layers of four
+    hello/animals: the one-layer experiments of `seed_experiment`. Tasks: two layers of four
     heads, enough for an induction head, trained for 600 steps. Text: nanoGPT's
     shakespeare_char CPU recipe shape (4 layers, 4 heads, 128 dims, context 64).
     arch "llama" keeps the shape and schedule but builds Llama-style blocks (`llama_style`).
@@ -80,11 +80,11 @@ def _gpt2_recipe(dataset: Dataset) -> tuple[GPTConfig, TrainConfig]:
         return model, TrainConfig(max_iters=600, batch_size=32, lr=3e-3, warmup_iters=50,
                                   eval_interval=100, eval_iters=4)
     # nanoGPT's shakespeare_char CPU shape, trained the fastest way benchmarks/ found on a CPU:
-    # twice the batch at four times the lr for 700 steps, in bf16 where the hardware has it
-    # (benchmarks/train_quality.py: val loss 1.90 in 0.29-0.42x the time of nanoGPT's
-    # recipe). 700 steps is about one pass over tiny Shakespeare; a larger corpus gets one
-    # pass over its training split (README: "Train for a time budget" for both on a second
-    # corpus), up to MAX_TEXT_STEPS.
+    # twice the batch at four times the lr for 700 steps, in bf16 where the hardware has it:
+    # val loss 1.90 in well under half the time of nanoGPT's recipe
+    # (docs/performance.md#text-recipe). 700 steps is about one pass over tiny Shakespeare; a
+    # larger corpus gets one pass over its training split (README: "Train for a time budget"
+    # for both on a second corpus), up to MAX_TEXT_STEPS.
     assert isinstance(dataset, TextDataset), type(dataset)
     model = GPTConfig.from_name("tiny", vocab_size=vocab)
     batch_size = 24
@@ -98,10 +98,11 @@ def _gpt2_recipe(dataset: Dataset) -> tuple[GPTConfig, TrainConfig]:
 def seed_experiment(
     name: str, dataset: Dataset | None = None
 ) -> tuple[GPTConfig, TrainConfig, Dataset]:
-    """Seed 002's two experiments on the seed-minimal model.
+    """The hello-world and animals experiments on the one-layer `seed-minimal` model, after
+    "Understanding Causal Attention" (docs/notebooks/002_hello_world_and_animals.ipynb).
 
-    hello: SGD lr 0.1 for 1000 steps on "Hello World!", as in the seed.
-    animals: n_embd 5, AdamW lr 3e-2 for 600 steps (the seed: lr 1e-4 for 10,000). What the
+    hello: SGD lr 0.1 for 1000 steps on "Hello World!", as in the original.
+    animals: n_embd 5, AdamW lr 3e-2 for 600 steps (the original: lr 1e-4 for 10,000). What the
     model learns depends on its initial weights: over init seeds 0-18 and 1337 it predicts
     every last word for 12/20, and puts the " a"/" an" row's largest weight on the noun in
     all six sentences for 1/20 (seed 17, used here); the others encode the noun in how
@@ -130,7 +131,7 @@ def answer_accuracy(
 ) -> tuple[float, list[tuple[str, str, str]]]:
     """Greedy exact-match accuracy on n fresh task examples, and (prompt, answer, got) rows.
 
-    edits: score the model with these `intervene.Edits` applied (e.g. heads ablated)."""
+    edits: score the model with these `interp.edits.Edits` applied (e.g. heads ablated)."""
     from ..generate import generate
 
     gen = torch.Generator().manual_seed(seed)

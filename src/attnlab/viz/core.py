@@ -1,17 +1,17 @@
 """What every figure module shares: the lazy matplotlib import, token tick labels, `heatmap`
-and colorbars (`save_figure` is viz_save.py's).
+and colorbars (`save_figure` is `save.py`'s).
 
-`viz.py` draws attention and `viz_heads.py` interventions, both with these pieces; this
+`figures.py` draws attention and `heads.py` interventions, both with these pieces; this
 module knows nothing of attention. Readable at any length: small matrices (up to
-`ANNOTATE_MAX` rows and columns) get their values written in the cells as in seed 002's
-figures; larger ones get none, and tick labels are thinned to about `MAX_TICKS` per axis
-(labelled "position token"). Cells a query may not attend to are hatched grey, never drawn
+`ANNOTATE_MAX` rows and columns) get their values written in the cells; larger ones get
+none, and tick labels are thinned to about `MAX_TICKS` per axis (labelled "position
+token"). Cells a query may not attend to are hatched grey, never drawn
 as a 0 or a colour.
 
 Cheap to write many of: `heatmap` refills an axes that already holds one (new values, same
 ticks, not set again when they are the same), so a figure can be refilled and saved for
 head after head (`attnlab inspect` does) instead of being built and laid out anew; a
-refilled figure's save pastes its unchanged tick labels (viz_save.py).
+refilled figure's save pastes its unchanged tick labels (`save.py`).
 
 matplotlib is the `viz` extra and is imported inside `pyplot()`, with the Agg backend (no
 display needed).

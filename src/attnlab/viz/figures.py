@@ -2,16 +2,16 @@
 
 Every function takes plain tensors or arrays (what a `Trace` holds, already indexed to one
 sequence and head) and returns a matplotlib `Figure`; `save_figure` writes it as PNG and/or
-SVG and closes it. This module draws; `trace.py` captures and the CLI decides what to draw.
-The shared pieces (`heatmap`, tick labels, colorbars) are `viz_core.py`'s, `save_figure`
-`viz_save.py`'s.
+SVG and closes it. This module draws; `model/trace.py` captures and the CLI decides what to
+draw. The shared pieces (`heatmap`, tick labels, colorbars) are `core.py`'s, `save_figure`
+`save.py`'s.
 
 Cells a query may not attend (the causal future, keys outside a sliding window, pad keys)
 are hatched, never drawn as weight 0: the figures of weights and masked scores take
 `may_attend=`, the mask `Trace.may_attend` gives, and default to the causal future.
 
 Readable at any length: figure sizes are capped and tick labels thinned to the panel size
-(see `viz_core`). The per-head figures (`plot_attention`, `plot_attention_steps`,
+(see `core.py`). The per-head figures (`plot_attention`, `plot_attention_steps`,
 `plot_qkv`, `plot_row`) take `into=`, a figure they returned before for the same tokens:
 it is refilled with the new head's values and titles instead of built anew, which is
 how `attnlab inspect` draws every head at the cost of one figure's ticks and axes.
@@ -122,7 +122,7 @@ def _draw_kind(fig: Figure, ax: Axes, values: np.ndarray, rows: Sequence[str],
     elif kind in ("scores", "masked"):
         finite = values[np.isfinite(values)]
         lim = float(np.abs(finite).max()) if finite.size else 0.0
-        lim = lim or 1.0  # all zeros (seed 004's equal scores): any symmetric scale
+        lim = lim or 1.0  # all zeros (equal scores: a running mean): any symmetric scale
         # masked scores are -inf where masked; a may_attend given says so for other scores
         masked = None if kind == "scores" or may_attend is None else ~_may_attend(
             values.shape, may_attend)  # (T, S)
@@ -138,7 +138,7 @@ def _draw_kind(fig: Figure, ax: Axes, values: np.ndarray, rows: Sequence[str],
 
 
 def weight_vmax(weights: ArrayLike, may_attend: ArrayLike | None = None) -> float:
-    """Top of the colour scale for attention weights: 1 for short texts (seed 002's scale).
+    """Top of the colour scale for attention weights: 1 for short texts.
 
     Over hundreds of keys typical weights are ~1/T and would all be one dark colour on a
     0..1 scale, so long texts use the 99.5th percentile of the visible weights instead (the
@@ -188,7 +188,7 @@ def plot_attention_steps(
     may_attend: ArrayLike | None = None,
     into: Figure | None = None,
 ) -> Figure:
-    """Seed 002's three steps side by side: raw scores q @ k^T, masked, scaled softmax.
+    """Attention's three steps side by side: raw scores q @ k^T, masked, scaled softmax.
 
     The masked scores and the weights hatch the cells where `may_attend` (T, S) is False,
     default where the masked scores are -inf (the causal future, a window, padding).
@@ -362,7 +362,7 @@ def plot_matrices(
     into: Figure | None = None,
 ) -> Figure:
     """(T, d) matrices side by side, one row per token, one column per dimension, on one
-    shared diverging colour scale (seed 002's q/k/v and embedding figures).
+    shared diverging colour scale (the demos' q/k/v and embedding figures).
 
     into: a figure this function returned for as many (T, d) matrices, refilled and
     returned (an empty `title` keeps its title).

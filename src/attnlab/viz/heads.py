@@ -1,9 +1,9 @@
 """Figures of interventions: detector scores and patching effects per layer and head, the
 residual stream's patching effects per position, and the logit lens's top tokens.
 
-`viz.py` draws attention and `viz_core.py` / `viz_save.py` own the shared pieces (`heatmap`,
-the lazy matplotlib import, `save_figure`); this module draws what `heads.py`, `patching.py`
-and `lens.py` return, as plain tensors in, a matplotlib `Figure` out.
+`figures.py` draws attention and `core.py` / `save.py` own the shared pieces (`heatmap`,
+the lazy matplotlib import, `save_figure`); this module draws what `interp`'s `heads.py`,
+`patching.py` and `lens.py` return, as plain tensors in, a matplotlib `Figure` out.
 """
 
 from __future__ import annotations
@@ -77,8 +77,9 @@ def plot_lens(top_probs: Tensor, top_tokens: Sequence[Sequence[str]], tokens: Se
     positions; longer texts get the colours and thinned position labels)."""
     plt = pyplot()
     rows, T = top_probs.shape
-    # 0.6 in a position, shrunk to fit MAX_INCHES: a 1200-token text was a 72,120-pixel-wide
-    # PNG (16 s to save); the tokens are written in the cells while a cell holds one
+    # 0.6 in a position, shrunk to fit MAX_INCHES: a long text would otherwise make a PNG
+    # tens of thousands of pixels wide and slow to save (docs/performance.md#figures); the
+    # tokens are written in the cells while a cell holds one
     width = min(1.2 + 0.6 * T, MAX_INCHES)
     cell = (width - 1.2) / T  # inches a position
     fig, ax = plt.subplots(figsize=(width, 0.5 * rows + 1.6), dpi=100,

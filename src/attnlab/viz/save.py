@@ -2,7 +2,7 @@
 
 A PNG is the figure drawn once on its canvas and cropped to every artist with 0.1 in
 around (what savefig(bbox_inches="tight") saves, without the second draw it spends to
-measure). `attnlab inspect` refills one figure head after head (`viz.plot_attention(...,
+measure). `attnlab inspect` refills one figure head after head (`plot_attention(...,
 into=fig)`); most of a draw is text layout of the tick labels, which a refill leaves as
 they were. So each PNG save keeps a copy of the canvas with only the *static* parts drawn
 (figure and axes backgrounds, the x and y axes: ticks, tick labels, axis labels), and
@@ -13,7 +13,7 @@ labels, label) is what it was when the copy was made; one that changed (a colorb
 a bar chart's scale) is drawn with the rest from then on, and the copy made again. The
 crop box is measured the same way: the static axes' extents once, the rest each time.
 
-Pasting and drawing gives the pixels a full draw gives (tests/test_viz_core.py checks a
+Pasting and drawing gives the pixels a full draw gives (tests/viz/test_viz_core.py checks a
 refilled figure against a new one, pixel for pixel). SVGs and PDFs are drawn whole by savefig.
 """
 
@@ -117,7 +117,7 @@ class _Blit:
         from matplotlib.transforms import Bbox
 
         fig = self.fig
-        canvas: Any = fig.canvas  # FigureCanvasAgg (viz_core.pyplot chose Agg)
+        canvas: Any = fig.canvas  # FigureCanvasAgg (core.pyplot chose Agg)
         renderer = canvas.get_renderer()
         axes = fig.axes
         layout = (tuple(fig.get_size_inches()), fig.dpi, tuple(map(id, axes)))
@@ -155,7 +155,8 @@ class _Blit:
                                      "RGBA", 0, 1).crop((x0, height - y1, x1, height - y0))
         if image.getchannel("A").getextrema()[0] == 255:
             image = image.convert("RGB")  # opaque: 25% less to compress
-        # zlib level 1: files ~8% larger than at the default 6, written 2x faster
+        # zlib level 1: files a little larger than at the default 6, written much faster
+        # (docs/performance.md#figures)
         image.save(target, format="png", compress_level=1, dpi=(fig.dpi, fig.dpi))
         return Bbox.from_extents(x0, y0, x1, y1).transformed(fig.dpi_scale_trans.inverted())
 
