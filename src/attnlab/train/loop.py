@@ -587,6 +587,7 @@ def _check_writable(out: Path, model_config: GPTConfig) -> None:
 
 def save_loss_curve(history: list[dict[str, Any]], path: str | Path) -> Path:
     """Draw train loss per step and val loss per evaluation to a PNG (needs matplotlib)."""
-    from ..viz.figures import plot_loss, save_figure
+    from ..viz.figures import plot_loss
+    from ..viz.save import save_figure
 
     return save_figure(plot_loss(history), Path(path).with_suffix(".png"))[0]
