@@ -57,16 +57,18 @@ class TrainConfig:
     min_lr: float | None = None  # floor of the cosine decay; None = lr / 10
     warmup_iters: int = 100  # linear warmup steps
     decay_lr: bool = True  # cosine decay to min_lr at max_iters (False: constant after warmup)
-    optimizer: str = "adamw"  # adamw | sgd (seed 002's hello uses SGD)
+    optimizer: str = "adamw"  # adamw | sgd (plain: no momentum, no weight decay)
     weight_decay: float = 0.1  # AdamW decay on 2-d weights only (not biases, norms)
     beta2: float = 0.99  # AdamW beta2; 0.99 suits small batches (nanoGPT char)
     grad_clip: float = 1.0  # max global grad norm; 0 disables clipping
     eval_interval: int = 250  # evaluate and checkpoint every this many steps
     eval_iters: int = 20  # val batches per evaluation
-    dtype: str = "float32"  # float32 | bfloat16 (autocast: fast on CPUs with AVX512-BF16)
+    # float32 | bfloat16 (autocast: fast where the CPU or GPU has bfloat16 units, emulated
+    # and slow elsewhere)
+    dtype: str = "float32"
     compile: bool = False  # torch.compile the model
     # fused (SDPA) | explicit | auto: explicit under bfloat16 on CPU, where SDPA's backward
-    # is 2-4x slower than the explicit path at T <= 256 (benchmarks/attention_op.py)
+    # loses to the explicit path at short contexts (docs/performance.md#attention-backward)
     attention: str = "auto"
     device: str = "auto"  # auto (CUDA if present, else CPU) | cpu | cuda | cuda:N | mps
     seed: int = 1337  # seeds init, batches and dropout
@@ -116,8 +118,8 @@ class TrainConfig:
 
 @dataclass
 class TrainResult:
-    # model and history stay out of the repr a notebook shows for `train(...)`: with them, a
-    # 700-step run printed every module and 707 metrics rows above the outcome
+    # model and history stay out of the repr a notebook shows for `train(...)`: with them, it
+    # would print every module and a metrics row per step above the outcome
     model: GPT = field(repr=False)
     tokenizer: Tokenizer
     history: list[dict[str, Any]] = field(default_factory=list, repr=False)  # a row per step / eval
@@ -143,7 +145,8 @@ def make_optimizer(model: GPT, config: TrainConfig) -> torch.optim.Optimizer:
         {"params": decay, "weight_decay": config.weight_decay},
         {"params": no_decay, "weight_decay": 0.0},
     ]
-    # fused: one kernel per step for all parameters, on CPU too (faster than foreach there)
+    # fused: one kernel per step for all parameters, on CPU too, where it beats foreach
+    # (docs/performance.md#fused-adamw)
     return torch.optim.AdamW(groups, lr=config.lr, betas=(0.9, config.beta2), fused=True)
 
 
