@@ -206,7 +206,7 @@ def test_a_cpu_without_bfloat16_units_is_named_in_one_line(
 ) -> None:
     """Emulated bfloat16 ran 8x slower than float32 here, silently; the CLI now says so as
     it says errors: one line, no file:line or warning class."""
-    script = ("import sys; from attnlab import runtime; from attnlab.cli import main; "
+    script = ("import sys; from attnlab.model import runtime; from attnlab.cli import main; "
               "runtime.fast_bf16 = lambda: False; sys.exit(main(sys.argv[1:]))")
     run = subprocess.run([sys.executable, "-c", script, "generate", str(checkpoint[0]), "the",
                           "--max-new-tokens", "2", "--dtype", "bfloat16"],

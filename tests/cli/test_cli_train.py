@@ -242,7 +242,7 @@ def test_arch_llama_trains_a_modern_model_that_every_command_takes(
 
 def _stop_after(monkeypatch: pytest.MonkeyPatch, steps: int) -> None:
     """Make the training loop see a Ctrl-C after `steps` optimizer steps."""
-    from attnlab import train as train_module
+    from attnlab.train import loop as train_module
     class StopAfter(train_module._StopFlag):
         def __init__(self) -> None:
             super().__init__()
