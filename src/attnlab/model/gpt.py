@@ -240,7 +240,7 @@ class GPT(nn.Module):
                 f"kv_cache has {len(kv_cache.layers)} layers, model has {self.config.n_layer}; "
                 "create it with model.new_cache(...)"
             )
-        B, T = idx.shape
+        T = idx.shape[1]
         if trace is not None:
             trace.begin(self.config, attention_mask)
         if edits is not None:
@@ -251,9 +251,17 @@ class GPT(nn.Module):
         else:
             positions = torch.arange(pos, pos + T, device=idx.device)[None]  # (1, T)
 
+        seam = None if trace is None and edits is None else Seam(trace, edits, pos + T)
+        x = self._embed(idx, positions, seam)  # (B, T, C)
+        rope = None if self.rotary is None else self.rotary.cos_sin(positions)  # (B|1, 1, T, rd)
+        x = self._run_blocks(x, pos, attention_mask, kv_cache, seam, fused, rope)  # (B, T, C)
+        return self._head(x, targets, attention_mask, seam, last_logits_only)
+
+    def _embed(self, idx: Tensor, positions: Tensor, seam: Seam | None) -> Tensor:
+        """Token (+ learned position) embeddings of idx (B, T), after dropout: (B, T, C)."""
+        B, T = idx.shape
         tok_emb = self.wte(idx)  # (B, T, C)
         pos_emb = None if self.wpe is None else self.wpe(positions).expand(B, T, -1)  # (B, T, C)
-        seam = None if trace is None and edits is None else Seam(trace, edits, pos + T)
         if seam is not None:
             tok_emb = seam.record("tok_emb", tok_emb)
             if pos_emb is not None:
@@ -261,14 +269,21 @@ class GPT(nn.Module):
         x = self.drop(tok_emb if pos_emb is None else tok_emb + pos_emb)  # (B, T, C)
         if seam is not None:
             x = seam.record("emb", x)
-        rope = None if self.rotary is None else self.rotary.cos_sin(positions)  # (B|1, 1, T, rd)
+        return x
 
+    def _run_blocks(
+        self, x: Tensor, pos: int, attention_mask: Tensor | None, kv_cache: KVCache | None,
+        seam: Seam | None, fused: bool | None, rope: tuple[Tensor, Tensor] | None,
+    ) -> Tensor:
+        """x (B, T, C) through every block, the new keys/values written to kv_cache (which
+        then advances by T): (B, T, C)."""
+        T = x.shape[1]
         masks: dict[int | None, Mask] = {}  # one per window size (None: no window)
         for i, block in enumerate(self.blocks):
             window = self.config.window_of(i)
             if window not in masks:
                 masks[window] = build_mask(
-                    T, pos + T, attention_mask, causal=True, device=idx.device, window=window
+                    T, pos + T, attention_mask, causal=True, device=x.device, window=window
                 )
             sink = None if seam is None else seam.layer(i)
             layer_cache = None if kv_cache is None else kv_cache.layers[i]
@@ -279,7 +294,14 @@ class GPT(nn.Module):
                 x = sink.record("block_out", x)
         if kv_cache is not None:
             kv_cache.seq_len = pos + T
+        return x
 
+    def _head(
+        self, x: Tensor, targets: Tensor | None, attention_mask: Tensor | None,
+        seam: Seam | None, last_logits_only: bool,
+    ) -> ModelOutput:
+        """Final norm and unembedding of x (B, T, C), and the loss when there are targets."""
+        T = x.shape[1]
         x = self.ln_f(x)  # (B, T, C)
         if last_logits_only:
             x = x[:, -1:]  # (B, 1, C)
