@@ -1,11 +1,11 @@
 """The GPT model: token (+ position) embeddings -> blocks -> final norm -> linear head.
 
-One `GPTConfig` spans seed 002's one-layer model (`seed-minimal`: one single-head
-attention and a linear head, nothing else), a nanoGPT/GPT-2 pre-LayerNorm stack and the
-modern family (Llama, Mistral, Qwen, GPT-NeoX: RoPE, RMSNorm, SwiGLU, GQA, QK-norm,
-parallel residual, sliding window). Attention math is `attention.py`'s, the norms, MLPs
-and rotary embeddings are `layers.py`'s, the one-token decode path is `decode.py`'s; this
-module wires them, owns positions and the loss. Hugging Face weights: `hf.py`.
+One `GPTConfig` spans a one-layer model (`seed-minimal`: one single-head attention and a
+linear head, nothing else), a nanoGPT/GPT-2 pre-LayerNorm stack and the modern family
+(Llama, Mistral, Qwen, GPT-NeoX: RoPE, RMSNorm, SwiGLU, GQA, QK-norm, parallel residual,
+sliding window). Attention math is `attention.py`'s, the norms, MLPs and rotary embeddings
+are `layers.py`'s, the one-token decode path is `decode.py`'s; this module wires them, owns
+positions and the loss. Hugging Face weights: `hf/`.
 """
 
 from __future__ import annotations
@@ -91,7 +91,8 @@ class GPT(nn.Module):
     def __init__(self, config: GPTConfig) -> None:
         super().__init__()
         c = self.config = config
-        # creation order = seed 002's: token table, position table, q, k, v, head
+        # creation order decides which of a seed's random draws each weight gets: token
+        # table, position table, q, k, v, head (reordering changes every seeded model)
         self.wte = nn.Embedding(c.vocab_size, c.n_embd)
         self.wpe = nn.Embedding(c.block_size, c.n_embd) if c.pos == "learned" else None
         # rotary: float32 frequencies, cos/sin computed per call (no block_size table)
@@ -127,12 +128,10 @@ class GPT(nn.Module):
         otherwise (e.g. assigned by `load_state_dict(..., assign=True)`).
 
         Shapes, state dicts and results stay nn.Linear's. Why: a decode step multiplies one
-        row by each matrix, and CPU BLAS streams a matrix fastest along long rows (2-core
-        EPYC, one thread, GB/s over (in, out) vs (out, in) memory: GPT-2's (768, 3072) 21.6
-        vs 15.7, the 768 x 50257 head 25.4 vs 15.5, the (3072, 768) down projection 14.5 vs
-        20.6; square ones within 10%), so `DecodeStep` uses these weights in place, without
-        a copy. With tied weights the token table is the head's matrix, so its lookups read
-        a column (one token: C strided reads).
+        row by each matrix, and CPU BLAS streams a matrix fastest along its long rows
+        (docs/performance.md#weight-layout), so `DecodeStep` uses these weights in place,
+        without a copy. With tied weights the token table is the head's matrix, so its
+        lookups read a column (one token: C strided reads).
         """
         with torch.no_grad():
             for module in self.modules():
@@ -230,7 +229,7 @@ class GPT(nn.Module):
         logits at its real positions as the row alone. Targets equal to -1 and targets at
         padded positions are ignored by the loss. kv_cache: write keys/values at
         `kv_cache.seq_len` and advance it. trace: capture intermediates (explicit path where
-        it wants scores or weights). edits: replace intermediates by name (`intervene.Edits`);
+        it wants scores or weights). edits: replace intermediates by name (`interp.edits.Edits`);
         the trace then sees the edited values.
         """
         pos = 0 if kv_cache is None else kv_cache.seq_len
@@ -360,10 +359,10 @@ _HEAD_COLUMNS = 512  # vocabulary entries per product in unembed
 def unembed(head: nn.Linear, x: Tensor) -> Tensor:
     """x (B, T, C) -> head(x) (B, T, V). Without autograd, logits of 64 MiB and more (GPT-2
     at T=1024: 206 MB) go into a buffer earlier logits freed, or fresh memory advised for
-    huge pages (runtime.kept_out), filled 512 vocabulary columns at a time:
-    MKL multiplies a (T, C) x (C, 512) block at 84-89 GFLOP/s on a 2-core EPYC against
-    62-71 for the whole (T, V) product (GPT-2's head at T=1024: 1.27x). Each logit is the
-    same sum over C either way."""
+    huge pages (runtime.kept_out), filled 512 vocabulary columns at a time: CPU BLAS
+    multiplies such (T, C) x (C, 512) blocks at a higher rate than the whole (T, V) product
+    (docs/performance.md#logits-in-column-blocks). Each logit is the same sum over C either
+    way."""
     B, T, C = x.shape
     V = head.out_features
     big = B * T * V * x.element_size() >= _BIG_LOGITS
@@ -387,7 +386,8 @@ def empty_gpt(config: GPTConfig) -> GPT:
     with _on_meta():
         model = GPT(config)
     # to_empty(device="cpu"), but by empty_strided: empty_like of a meta tensor goes through
-    # torch._refs, which imports sympy (0.7 s); the meta tensors' strides (the layout) hold
+    # torch._refs, which imports sympy (docs/performance.md#loading-a-checkpoint); the meta
+    # tensors' strides (the layout) hold
     model = model._apply(lambda t: torch.empty_strided(t.shape, t.stride(), dtype=t.dtype))
     if config.tie_weights:
         model.lm_head.weight = model.wte.weight  # _apply gave each module its own tensor
@@ -403,8 +403,8 @@ def count_params(config: GPTConfig) -> int:
 
 class _SkipInit(TorchFunctionMode):
     """torch.nn.init functions do nothing: on the meta device there is nothing to draw, and
-    normal_ there goes through torch._refs, whose first call imports torch._dynamo (1.8 s
-    of every command that loads a checkpoint, on a 2-core EPYC)."""
+    normal_ there goes through torch._refs, whose first call imports torch._dynamo, a cost
+    every command that loads a checkpoint would pay (docs/performance.md#loading-a-checkpoint)."""
 
     def __torch_function__(self, func: Any, types: Any, args: Any = (),
                            kwargs: Any = None) -> Any:
