@@ -80,8 +80,8 @@ def parse_what(text: str) -> list[str]:
 
 
 def _figure_bar(n: int, formats: list[str]) -> Any:
-    """A tqdm bar over the figures on a terminal, when there are enough to wait for (all
-    kinds of a 12-layer model in png, svg: 15 s), after one line on stderr saying so."""
+    """A tqdm bar over the figures on a terminal, when there are enough to wait for (24
+    files or more: docs/performance.md#drawing-figures), after one line on stderr saying so."""
     from tqdm import tqdm
 
     many = n * len(formats) >= 24
