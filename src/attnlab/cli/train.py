@@ -1,8 +1,9 @@
 """`attnlab train`: train a model on a built-in task or your own text, and show what it learned.
 
 With no arguments it trains on the `copy` task (repeat the letters after the bar), which a
-transformer can only solve with attention (an induction head), in well under a minute on
-two CPU cores, and prints the answer accuracy before and after.
+transformer can only solve with attention (an induction head), small enough to learn on a
+CPU while you wait (docs/performance.md#the-copy-task), and prints the answer accuracy
+before and after.
 """
 
 from __future__ import annotations
