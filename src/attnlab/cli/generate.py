@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 from .common import CLIError, add_checkpoint_argument, count, unescape
 
 if TYPE_CHECKING:
-    from collections.abc import Iterator
+    from collections.abc import Callable, Iterator
 
     from ..checkpoint import Checkpoint
 
@@ -178,11 +178,46 @@ def _chat_var(item: str) -> tuple[str, Any]:
 
 
 def run(args: argparse.Namespace) -> int:
-    import torch
-
     from ..generate import stream_text
-    from ..model.decode import half_weights
-    from ..model.runtime import warn_if_slow_bf16
+
+    _check_flags(args)
+    shown = _read_prompts(args)  # what the user wrote: echoed before each completion
+    model, tokenizer = _load_model(args)
+    prompts = _chat_prompts(tokenizer, shown, args) if args.chat else shown
+    max_new_tokens = _max_new_tokens(args, model, tokenizer, prompts)
+    stops = [unescape(s) for s in args.stop]
+    edits = _ablation(args.ablate, model.config)
+
+    def completions(prompts: list[str], first: int = 0) -> Iterator[list[str]]:
+        seeds: dict[str, Any] = {"seed": args.seed}
+        if args.prompt_file is not None and args.seed is not None:
+            # prompt i draws from its own seeded generator: the same completions whatever
+            # --batch-size groups them into, and a repeated prompt gets fresh draws
+            seeds = {"row_seeds": [_row_seed(args.seed, i)
+                                   for i in range(first, first + len(prompts))]}
+        return stream_text(
+            model, tokenizer, prompts, max_new_tokens=max_new_tokens, stop=stops,
+            temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
+            sliding_window=args.sliding_window, edits=edits, **seeds,
+        )
+
+    start = time.perf_counter()
+    if args.prompt_file is None:
+        streamed = completions(prompts)  # checks the request before the prompt is echoed
+        produced = _stream(streamed, shown[0] + "\n" if args.chat else shown[0], max_new_tokens)
+    else:
+        produced = _print_batches(completions, prompts, shown, args, max_new_tokens)
+    seconds = time.perf_counter() - start
+    rate = produced / max(seconds, 1e-9)
+    print(f"[{count(produced, 'new token')} in {seconds:.2f} s, {rate:,.1f} tokens/s]",
+          file=sys.stderr)
+    return 0
+
+
+def _check_flags(args: argparse.Namespace) -> None:
+    """Apply --threads and --batch-size's default; refuse flags that contradict each other,
+    before the model is loaded."""
+    import torch
 
     if args.threads is not None:
         if args.threads < 1:
@@ -202,7 +237,15 @@ def run(args: argparse.Namespace) -> int:
         raise CLIError("--chat-var goes with --chat (a variable of the chat template)")
     if args.weights == "float16" and args.dtype != "float32":
         raise CLIError(f"--weights float16 computes in float32; drop --dtype {args.dtype}")
-    shown = _read_prompts(args)  # what the user wrote: echoed before each completion
+
+
+def _load_model(args: argparse.Namespace) -> tuple[Any, Any]:
+    """(model in --dtype, with --weights float16 packed; tokenizer) of the checkpoint."""
+    import torch
+
+    from ..model.decode import half_weights
+    from ..model.runtime import warn_if_slow_bf16
+
     ckpt = load_any(args.checkpoint, args.device)
     model, tokenizer = ckpt.model.to(getattr(torch, args.dtype)), ckpt.tokenizer
     warn_if_slow_bf16(args.dtype, model.wte.weight.device)
@@ -210,15 +253,21 @@ def run(args: argparse.Namespace) -> int:
         began = time.perf_counter()
         half_weights(model)
         print(f"[float16 weights packed in {time.perf_counter() - began:.1f} s]", file=sys.stderr)
-    prompts = _chat_prompts(tokenizer, shown, args) if args.chat else shown
-    lengths = []  # tokens per prompt; a prompt the tokenizer cannot encode is named
+    return model, tokenizer
+
+
+def _max_new_tokens(args: argparse.Namespace, model: Any, tokenizer: Any,
+                    prompts: list[str]) -> int:
+    """--max-new-tokens, or a default that fits the context; a prompt the tokenizer cannot
+    encode is refused by its number."""
+    lengths = []  # tokens per prompt
     for i, prompt in enumerate(prompts):
         try:
             lengths.append(len(tokenizer.encode(prompt)))
         except ValueError as err:
             where = "" if args.prompt_file is None else f"prompt {i + 1}/{len(prompts)}: "
             raise CLIError(f"{where}{err}") from None
-    max_new_tokens = args.max_new_tokens
+    max_new_tokens: int | None = args.max_new_tokens
     if max_new_tokens is None and args.sliding_window:
         max_new_tokens = 200
     elif max_new_tokens is None:
@@ -226,55 +275,50 @@ def run(args: argparse.Namespace) -> int:
         # the default fits the context (the last new token is never fed back); ask for more
         # with --max-new-tokens and --sliding-window
         max_new_tokens = max(1, min(200, model.config.block_size - longest + 1))
-    stops = [unescape(s) for s in args.stop]
+    return max_new_tokens
 
-    edits = None
-    if args.ablate is not None:  # "" too: ablating nothing would pass for an answer
-        from ..interp.edits import ablate, check_heads, parse_heads
 
-        heads = parse_heads(args.ablate)
-        check_heads(heads, model.config.n_layer, model.config.n_head)
-        edits = ablate(heads)
+def _ablation(heads_text: str | None, config: Any) -> Any:
+    """The edits that zero --ablate's heads, or None."""
+    if heads_text is None:  # "" is ablated too: ablating nothing would pass for an answer
+        return None
+    from ..interp.edits import ablate, check_heads, parse_heads
 
-    def completions(prompts: list[str], first: int = 0) -> Iterator[list[str]]:
-        seeds: dict[str, Any] = {"seed": args.seed}
-        if args.prompt_file is not None and args.seed is not None:
-            # prompt i draws from its own seeded generator: the same completions whatever
-            # --batch-size groups them into, and a repeated prompt gets fresh draws
-            seeds = {"row_seeds": [_row_seed(args.seed, i)
-                                   for i in range(first, first + len(prompts))]}
-        return stream_text(
-            model, tokenizer, prompts, max_new_tokens=max_new_tokens, stop=stops,
-            temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
-            sliding_window=args.sliding_window, edits=edits, **seeds,
-        )
+    heads = parse_heads(heads_text)
+    check_heads(heads, config.n_layer, config.n_head)
+    return ablate(heads)
 
-    start, produced = time.perf_counter(), 0
-    if args.prompt_file is None:
-        streamed = completions(prompts)  # checks the request before the prompt is echoed
-        sys.stdout.write(shown[0] + "\n" if args.chat else shown[0])
-        sys.stdout.flush()
-        for pieces in streamed:
-            produced = min(produced + 1, max_new_tokens)  # the last yield may only flush text
-            if pieces[0]:
-                sys.stdout.write(pieces[0])
-                sys.stdout.flush()
-        sys.stdout.write("\n")
-    else:
-        for first in range(0, len(prompts), args.batch_size):
-            batch = prompts[first:first + args.batch_size]
-            texts = [""] * len(batch)
-            steps = 0
-            for pieces in completions(batch, first):
-                steps = min(steps + 1, max_new_tokens)
-                texts = [t + p for t, p in zip(texts, pieces, strict=True)]
-            produced += steps * len(batch)
-            for i, completion in enumerate(texts):
-                print(f"=== prompt {first + i + 1}/{len(prompts)}")
-                prompt = shown[first + i]
-                print(f"{prompt}\n{completion}" if args.chat else prompt + completion)
-    seconds = time.perf_counter() - start
-    rate = produced / max(seconds, 1e-9)
-    print(f"[{count(produced, 'new token')} in {seconds:.2f} s, {rate:,.1f} tokens/s]",
-          file=sys.stderr)
-    return 0
+
+def _stream(streamed: Iterator[list[str]], echo: str, max_new_tokens: int) -> int:
+    """Write `echo`, then one completion's text to stdout as it comes: the tokens made."""
+    produced = 0
+    sys.stdout.write(echo)
+    sys.stdout.flush()
+    for pieces in streamed:
+        produced = min(produced + 1, max_new_tokens)  # the last yield may only flush text
+        if pieces[0]:
+            sys.stdout.write(pieces[0])
+            sys.stdout.flush()
+    sys.stdout.write("\n")
+    return produced
+
+
+def _print_batches(completions: Callable[[list[str], int], Iterator[list[str]]],
+                   prompts: list[str], shown: list[str], args: argparse.Namespace,
+                   max_new_tokens: int) -> int:
+    """Run the prompts in batches of --batch-size, printing each completion once its batch
+    is done: the tokens made."""
+    produced = 0
+    for first in range(0, len(prompts), args.batch_size):
+        batch = prompts[first:first + args.batch_size]
+        texts = [""] * len(batch)
+        steps = 0
+        for pieces in completions(batch, first):
+            steps = min(steps + 1, max_new_tokens)
+            texts = [t + p for t, p in zip(texts, pieces, strict=True)]
+        produced += steps * len(batch)
+        for i, completion in enumerate(texts):
+            print(f"=== prompt {first + i + 1}/{len(prompts)}")
+            prompt = shown[first + i]
+            print(f"{prompt}\n{completion}" if args.chat else prompt + completion)
+    return produced

@@ -80,8 +80,8 @@ def parse_what(text: str) -> list[str]:
 
 
 def _figure_bar(n: int, formats: list[str]) -> Any:
-    """A tqdm bar over the figures on a terminal, when there are enough to wait for (all
-    kinds of a 12-layer model in png, svg: 15 s), after one line on stderr saying so."""
+    """A tqdm bar over the figures on a terminal, when there are enough to wait for (24
+    files or more: docs/performance.md#figures), after one line on stderr saying so."""
     from tqdm import tqdm
 
     many = n * len(formats) >= 24
@@ -103,19 +103,11 @@ def _pick(given: list[int] | None, n: int, flag: str) -> list[int]:
 def run(args: argparse.Namespace) -> int:
     import torch
 
-    from .. import viz
     from ..load import load_checkpoint
     from ..model.trace import Trace
-    from ..viz.save import FORMATS
 
     kinds = parse_what(args.what)
-    formats = [f.strip() for f in args.format.split(",") if f.strip()]
-    page = "html" in formats
-    formats = [f for f in formats if f != "html"]
-    bad = [f for f in formats if f not in FORMATS]
-    if bad or not (formats or page):
-        raise CLIError(f"--format {args.format}: choose from {', '.join(FORMATS)}, html "
-                       "(comma-separated)")
+    formats, page = _formats(args.format)
     if page and not formats:
         kinds = []  # only the page (and attention.json)
     ckpt = load_checkpoint(args.checkpoint)
@@ -126,10 +118,7 @@ def run(args: argparse.Namespace) -> int:
     ids = text_ids(tok, args.text, c.block_size)
     tokens = tok.token_texts(ids)
     T = len(ids)
-    asked = -1 if args.query is None else args.query
-    query = asked + T if asked < 0 else asked
-    if not 0 <= query < T:
-        raise CLIError(f"--query {asked} out of range for {T} tokens (use 0..{T - 1} or -1)")
+    query = _query(args.query, T)
 
     names = {"attn_weights"} | {n for k in kinds for n in WHAT[k][0]}
     if page:
@@ -140,10 +129,94 @@ def run(args: argparse.Namespace) -> int:
     if out.exists() and not out.is_dir():
         raise CLIError(f"--out {out} is a file; inspect writes several figures, so give a "
                        "directory (it is created if missing)")
-    written: list[Path] = []
+    head_of = _head_getter(trace, c, heads)
+    written = _draw(kinds, formats, out, trace, c, layers, heads, head_of, tokens, query,
+                    args.text)
+    record = _record(str(ckpt.path), args.text, tokens, ids, layers, heads, head_of)
+    if page:
+        from ..viewer.notebook import show
 
-    group = c.n_head // c.n_kv_heads  # query heads per key/value head (GQA)
+        # pinned only when asked: a pinned token holds the page still under the pointer
+        view = show(trace, tok, ids=ids, layer=layers[0], head=heads[0],
+                    query=None if args.query is None else query,
+                    scale=_scale(c), title=f"attnlab inspect · {args.text[:40]}")
+        written.append(view.save(out / "attention.html"))
+    stale = _write_record(out, record, written)
+
+    print(f"text     {count(T, 'token')}: {' '.join(repr(t) for t in tokens[:16])}"
+          + (" …" if T > 16 else ""))
+    print(f"traced   layers {_ranges(layers)}, heads {_ranges(heads)}: "
+          f"{', '.join(sorted(names))} ({trace.size_text()})")
+    _list_files(out, written, stale)
+    return 0
+
+
+def _query(given: int | None, T: int) -> int:
+    """--query as an index in 0..T-1 (default -1: the last token)."""
+    asked = -1 if given is None else given
+    query = asked + T if asked < 0 else asked
+    if not 0 <= query < T:
+        raise CLIError(f"--query {asked} out of range for {T} tokens (use 0..{T - 1} or -1)")
+    return query
+
+
+def _record(checkpoint: str, text: str, tokens: list[str], ids: list[int], layers: list[int],
+            heads: list[int], head_of: Callable[[str, int, int], Any]) -> dict[str, Any]:
+    """What attention.json holds: the text, its tokens, and each chosen head's weights."""
+    from .. import viz
+
+    return {
+        "checkpoint": checkpoint,
+        "text": text,
+        "tokens": tokens,
+        "token_ids": ids,
+        "layers": layers,
+        "heads": heads,
+        "attention": [
+            {"layer": la, "head": h, "weights": viz.to_list(head_of("attn_weights", la, h))}
+            for la in layers for h in heads
+        ],
+    }
+
+
+def _formats(text: str) -> tuple[list[str], bool]:
+    """--format's figure formats, and whether it asks for the html page."""
+    from ..viz.save import FORMATS
+
+    formats = [f.strip() for f in text.split(",") if f.strip()]
+    page = "html" in formats
+    formats = [f for f in formats if f != "html"]
+    bad = [f for f in formats if f not in FORMATS]
+    if bad or not (formats or page):
+        raise CLIError(f"--format {text}: choose from {', '.join(FORMATS)}, html "
+                       "(comma-separated)")
+    return formats, page
+
+
+def _head_getter(trace: Any, config: Any, heads: list[int]) -> Callable[[str, int, int], Any]:
+    """head_of(name, layer, h): query head h's traced (T, S) or (T, hs) tensor; for k / v,
+    that of the key/value head it reads."""
+    group = config.n_head // config.n_kv_heads  # query heads per key/value head (GQA)
     kv_kept = sorted({h // group for h in heads})  # the k/v heads the trace kept
+
+    def head_of(name: str, layer: int, h: int) -> Any:
+        if name in ("k", "v"):
+            return trace.get(name, layer)[0, kv_kept.index(h // group)]
+        return trace.get(name, layer)[0, heads.index(h)]
+
+    return head_of
+
+
+def _draw(kinds: list[str], formats: list[str], out: Path, trace: Any, c: Any,
+          layers: list[int], heads: list[int], head_of: Callable[[str, int, int], Any],
+          tokens: list[str], query: int, text: str) -> list[Path]:
+    """Draw the figures of `kinds` into `out` in `formats`: the files written."""
+    import torch
+
+    from .. import viz
+
+    written: list[Path] = []
+    group = c.n_head // c.n_kv_heads  # query heads per key/value head (GQA)
     pairs = [(la, h) for la in layers for h in heads]
     # which keys each layer's queries could see (a sliding window hides more than the
     # future): hatched in the figures, not drawn as weight 0
@@ -154,12 +227,6 @@ def run(args: argparse.Namespace) -> int:
     def save(fig: Any, stem: str, close: bool = True) -> None:
         written.extend(viz.save_figure(fig, out / stem, formats, close=close))
         bar.update(1)
-
-    def head_of(name: str, layer: int, h: int) -> Any:
-        """Query head h's (T, S) or (T, hs) tensor; for k / v, the key/value head it reads."""
-        if name in ("k", "v"):
-            return trace.get(name, layer)[0, kv_kept.index(h // group)]
-        return trace.get(name, layer)[0, heads.index(h)]
 
     for kind in kinds:
         if kind == "embeddings":
@@ -172,7 +239,7 @@ def run(args: argparse.Namespace) -> int:
                  "embeddings")
         elif kind == "grid":
             weights = torch.stack([trace.get("attn_weights", la)[0] for la in layers])
-            shown = args.text if len(args.text) <= 40 else args.text[:39] + "…"
+            shown = text if len(text) <= 40 else text[:39] + "…"
             save(viz.plot_grid(weights, tokens, layers=layers, heads=heads,
                                title=f"attention weights of {shown!r}",
                                may_attend=torch.stack([may_attend[la] for la in layers])),
@@ -183,28 +250,13 @@ def run(args: argparse.Namespace) -> int:
                 fig, stem = _head_figure(kind, fig, head_of, la, h, tokens, query, _scale(c),
                                          group, may_attend[la])
                 save(fig, stem, close=i == len(pairs) - 1)
-
     bar.close()
-    record = {
-        "checkpoint": str(ckpt.path),
-        "text": args.text,
-        "tokens": tokens,
-        "token_ids": ids,
-        "layers": layers,
-        "heads": heads,
-        "attention": [
-            {"layer": la, "head": h, "weights": viz.to_list(head_of("attn_weights", la, h))}
-            for la in layers for h in heads
-        ],
-    }
-    if page:
-        from ..viewer.notebook import show
+    return written
 
-        # pinned only when asked: a pinned token holds the page still under the pointer
-        view = show(trace, tok, ids=ids, layer=layers[0], head=heads[0],
-                    query=None if args.query is None else query,
-                    scale=_scale(c), title=f"attnlab inspect · {args.text[:40]}")
-        written.append(view.save(out / "attention.html"))
+
+def _write_record(out: Path, record: dict[str, Any], written: list[Path]) -> set[str]:
+    """Write attention.json (the record, and the files of this run) into `out` and remove
+    the files an earlier inspect there wrote that this one did not: their names."""
     json_path = out / "attention.json"
     stale = _earlier_files(json_path) - {p.name for p in written} - {json_path.name}
     json_path.parent.mkdir(parents=True, exist_ok=True)
@@ -213,11 +265,10 @@ def run(args: argparse.Namespace) -> int:
     written.append(json_path)
     for name in sorted(stale):
         (out / name).unlink(missing_ok=True)
+    return stale
 
-    print(f"text     {count(T, 'token')}: {' '.join(repr(t) for t in tokens[:16])}"
-          + (" …" if T > 16 else ""))
-    print(f"traced   layers {_ranges(layers)}, heads {_ranges(heads)}: "
-          f"{', '.join(sorted(names))} ({trace.size_text()})")
+
+def _list_files(out: Path, written: list[Path], stale: set[str]) -> None:
     print(f"wrote    {count(len(written), 'file')} to {out}/")
     for path in written[:12]:
         print(f"         {path.name}")
@@ -226,7 +277,6 @@ def run(args: argparse.Namespace) -> int:
     if stale:
         print(f"removed  {len(stale)} files an earlier inspect wrote to {out}/ "
               "(figures of another text or selection)")
-    return 0
 
 
 def _earlier_files(json_path: Path) -> set[str]:

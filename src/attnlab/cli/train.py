@@ -1,8 +1,9 @@
 """`attnlab train`: train a model on a built-in task or your own text, and show what it learned.
 
 With no arguments it trains on the `copy` task (repeat the letters after the bar), which a
-transformer can only solve with attention (an induction head), in well under a minute on
-two CPU cores, and prints the answer accuracy before and after.
+transformer can only solve with attention (an induction head), small enough to learn on a
+CPU while you wait (docs/performance.md#the-copy-task), and prints the answer accuracy
+before and after.
 """
 
 from __future__ import annotations
@@ -99,13 +100,48 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _run(args: argparse.Namespace) -> int:
-    import torch
-
     from ..checkpoint import read_config
-    from ..model.gpt import GPTConfig
-    from ..train.data import BUILTINS, SentenceDataset, TaskDataset, load_dataset
-    from ..train.loop import TrainConfig, sequence_length, train
-    from ..train.recipes import recipe
+    from ..train.data import TaskDataset
+
+    _check_flags(args)
+    # a resume finds its checkpoint first: it reads the data with the run's tokenizer
+    data_given, args.data = args.data is not None, args.data or "copy"
+    found = _find_run(args) if args.resume else None
+    saved = None if found is None else read_config(found)  # (model config, meta), read once
+    if found is not None and saved is not None and not data_given:
+        args.data = _run_data(found, saved[1])
+    dataset, init = _load_data(args, found, data_given)
+
+    if args.resume:
+        assert found is not None
+        assert saved is not None
+        resumed = _resume(args, found, saved, dataset)
+        if resumed is None:  # a finished run: said so
+            return 0
+        model_config, train_config, step = resumed
+    else:
+        model_config, train_config = _new_configs(args, dataset, init)
+    out = _out_dir(args)
+
+    _describe(dataset, model_config, train_config, resumed=args.resume)
+    if args.resume:
+        print(f"resumed  from step {step} of {train_config.max_iters} ({out / 'ckpt'})")
+    elif init is not None:
+        print(f"init     the weights of {init.path}")
+    elif isinstance(dataset, TaskDataset):
+        import torch
+
+        from ..model.gpt import GPT
+
+        torch.manual_seed(train_config.seed)  # the untrained model train() starts from
+        _report_task(GPT(model_config), dataset, "before")
+    result = _train(args, model_config, train_config, dataset, out, init)
+    return _report(args, result, dataset, out, train_config)
+
+
+def _check_flags(args: argparse.Namespace) -> None:
+    """Apply --threads and refuse flags that contradict each other, before anything is read."""
+    import torch
 
     if args.threads is not None:
         if args.threads < 1:
@@ -117,12 +153,13 @@ def _run(args: argparse.Namespace) -> int:
     if args.resume and args.init_from:  # before the resume looks for its checkpoint
         raise CLIError("--init_from starts a new run from a model and --resume continues the "
                        "run in --out (whose checkpoint holds its own weights): choose one")
-    # a resume finds its checkpoint first: it reads the data with the run's tokenizer
-    data_given, args.data = args.data is not None, args.data or "copy"
-    found = _find_run(args) if args.resume else None
-    saved = None if found is None else read_config(found)  # (model config, meta), read once
-    if found is not None and saved is not None and not data_given:
-        args.data = _run_data(found, saved[1])
+
+
+def _load_data(args: argparse.Namespace, found: Path | None, data_given: bool) -> tuple[Any, Any]:
+    """(the dataset, the --init_from checkpoint or None). Text is read with the tokenizer
+    the weights learned: a resumed run's own, or the fine-tuned model's."""
+    from ..train.data import BUILTINS, load_dataset
+
     tokenizer = args.tokenizer
     if tokenizer is not None and args.data in BUILTINS:  # it would be ignored
         raise CLIError(f"--tokenizer {tokenizer}: the built-in dataset {args.data!r} brings "
@@ -132,91 +169,105 @@ def _run(args: argparse.Namespace) -> int:
     init = _init_source(args, data_given) if args.init_from else None
     if init is not None:
         tokenizer = str(init.path)  # its ids are the ones the weights learned
-    dataset = load_dataset(args.data, tokenizer or "char")
+    return load_dataset(args.data, tokenizer or "char"), init
 
-    if args.resume:
-        assert found is not None
-        assert saved is not None
-        model_config, train_config, step, changed = _resume_configs(args, found, saved, dataset)
-        _check_resumable(found, finished=step >= train_config.max_iters)
-        # a new --max_iters the run already reached (another changed flag alone, or the
-        # run's own end, is a finished run: nothing to resume)
-        if step >= train_config.max_iters and any(c.startswith("--max_iters ")
-                                                  for c in changed):
-            raise CLIError(f"--resume: {found} is at step {step}; --max_iters "
-                           f"{train_config.max_iters} would not train it further (pass "
-                           f"--max_iters N > {step})")
-        if step >= train_config.max_iters:
-            print(f"finished {found} is at step {step} of {train_config.max_iters}; "
-                  f"nothing to resume (pass --max_iters N > {step} to train further)")
-            return 0
-        if changed:
-            print(f"resume   changed: {', '.join(changed)}")
-        before, now = saved[1].get("world_size", 1), int(os.environ.get("WORLD_SIZE", "1"))
-        if before != now and model_config.dropout > 0:  # the data order is the same
-            runs = [count(n, "process", "processes") for n in (before, now)]
-            print(f"resume   the run used {runs[0]}, this one {runs[1]}: dropout draws other "
-                  "masks from here, so the losses will not match an uninterrupted run's bit "
-                  "for bit")
+
+def _resume(
+    args: argparse.Namespace, found: Path, saved: tuple[Any, dict[str, Any]], dataset: Any
+) -> tuple[Any, Any, int] | None:
+    """(model config, train config, step) of the run in `found` to continue, after saying what
+    changed; None, once said, when the run is finished and nothing is left to train."""
+    model_config, train_config, step, changed = _resume_configs(args, found, saved, dataset)
+    _check_resumable(found, finished=step >= train_config.max_iters)
+    # a new --max_iters the run already reached (another changed flag alone, or the
+    # run's own end, is a finished run: nothing to resume)
+    if step >= train_config.max_iters and any(c.startswith("--max_iters ")
+                                              for c in changed):
+        raise CLIError(f"--resume: {found} is at step {step}; --max_iters "
+                       f"{train_config.max_iters} would not train it further (pass "
+                       f"--max_iters N > {step})")
+    if step >= train_config.max_iters:
+        print(f"finished {found} is at step {step} of {train_config.max_iters}; "
+              f"nothing to resume (pass --max_iters N > {step} to train further)")
+        return None
+    if changed:
+        print(f"resume   changed: {', '.join(changed)}")
+    before, now = saved[1].get("world_size", 1), int(os.environ.get("WORLD_SIZE", "1"))
+    if before != now and model_config.dropout > 0:  # the data order is the same
+        runs = [count(n, "process", "processes") for n in (before, now)]
+        print(f"resume   the run used {runs[0]}, this one {runs[1]}: dropout draws other "
+              "masks from here, so the losses will not match an uninterrupted run's bit "
+              "for bit")
+    return model_config, train_config, step
+
+
+def _new_configs(args: argparse.Namespace, dataset: Any, init: Any) -> tuple[Any, Any]:
+    """(model config, train config) of a new run: the data's recipe (or the --init_from
+    model, or a --preset shape) with the flags given applied. An old run in --out is refused,
+    or with --overwrite its checkpoint removed."""
+    from ..model.gpt import GPTConfig
+    from ..train.loop import TrainConfig, sequence_length
+    from ..train.recipes import recipe
+
+    if args.preset and args.arch not in (None, "gpt2"):
+        raise CLIError(f"--arch {args.arch} and --preset {args.preset}: choose one")
+    try:
+        model_config, train_config = recipe(dataset, args.arch or "gpt2")
+    except ValueError as e:
+        raise CLIError(str(e)) from None
+    if init is not None:  # the source's model, whatever the recipe's shape
+        model_config = dataclasses.replace(
+            init.model.config, **config_overrides(args, GPTConfig))
     else:
-        if args.preset and args.arch not in (None, "gpt2"):
-            raise CLIError(f"--arch {args.arch} and --preset {args.preset}: choose one")
-        try:
-            model_config, train_config = recipe(dataset, args.arch or "gpt2")
-        except ValueError as e:
-            raise CLIError(str(e)) from None
-        if init is not None:  # the source's model, whatever the recipe's shape
-            model_config = dataclasses.replace(
-                init.model.config, **config_overrides(args, GPTConfig))
-        else:
-            if args.preset:
-                model_config = GPTConfig.from_name(
-                    args.preset,
-                    vocab_size=dataset.tokenizer.vocab_size,
-                    block_size=model_config.block_size,
-                )
-            model_config = config_from_flags(args, GPTConfig, model_config)
-        if init is None and "vocab_size" not in config_overrides(args, GPTConfig):
-            model_config = dataclasses.replace(
-                model_config, vocab_size=dataset.tokenizer.vocab_size)
-        train_config = config_from_flags(args, TrainConfig, train_config)
-        given = config_overrides(args, TrainConfig)
-        if "time_budget" in given and "max_iters" in given:
-            raise CLIError(f"--time_budget {train_config.time_budget} and --max_iters "
-                           f"{train_config.max_iters}: choose one (a budget sets the steps)")
-        try:  # a task too long for --block_size: refused now, not in the "before" report
-            sequence_length(model_config, dataset, train_config.seq_len)
-        except ValueError as err:
-            raise CLIError(str(err)) from None
-        old = _find_run(args)  # refuses to overwrite a run unless --overwrite
-        if old is not None:  # --overwrite: the old run's checkpoint goes, not later
-            _remove_checkpoint(_out_dir(args) / "ckpt")
-            print(f"removed  the checkpoint {old} held (--overwrite)")
-    out = _out_dir(args)
+        if args.preset:
+            model_config = GPTConfig.from_name(
+                args.preset,
+                vocab_size=dataset.tokenizer.vocab_size,
+                block_size=model_config.block_size,
+            )
+        model_config = config_from_flags(args, GPTConfig, model_config)
+    if init is None and "vocab_size" not in config_overrides(args, GPTConfig):
+        model_config = dataclasses.replace(
+            model_config, vocab_size=dataset.tokenizer.vocab_size)
+    train_config = config_from_flags(args, TrainConfig, train_config)
+    given = config_overrides(args, TrainConfig)
+    if "time_budget" in given and "max_iters" in given:
+        raise CLIError(f"--time_budget {train_config.time_budget} and --max_iters "
+                       f"{train_config.max_iters}: choose one (a budget sets the steps)")
+    try:  # a task too long for --block_size: refused now, not in the "before" report
+        sequence_length(model_config, dataset, train_config.seq_len)
+    except ValueError as err:
+        raise CLIError(str(err)) from None
+    old = _find_run(args)  # refuses to overwrite a run unless --overwrite
+    if old is not None:  # --overwrite: the old run's checkpoint goes, not later
+        _remove_checkpoint(_out_dir(args) / "ckpt")
+        print(f"removed  the checkpoint {old} held (--overwrite)")
+    return model_config, train_config
 
-    _describe(dataset, model_config, train_config, resumed=args.resume)
-    model_before = None
-    if args.resume:
-        print(f"resumed  from step {step} of {train_config.max_iters} ({out / 'ckpt'})")
-    elif init is not None:
-        print(f"init     the weights of {init.path}")
-    elif isinstance(dataset, TaskDataset):
-        from ..model.gpt import GPT
 
-        torch.manual_seed(train_config.seed)  # the untrained model train() starts from
-        model_before = GPT(model_config)
-        _report_task(model_before, dataset, "before")
+def _train(args: argparse.Namespace, model_config: Any, train_config: Any, dataset: Any,
+           out: Path, init: Any) -> Any:
+    """Run `train` with a progress bar: the TrainResult."""
+    from ..train.loop import train
 
     if train_config.compile:
         print("compile  torch.compile: the first step compiles the model (tens of seconds)")
     progress = Progress(train_config.max_iters, quiet=args.quiet)
     try:
-        result = train(
+        return train(
             model_config, train_config, dataset, out, resume=args.resume, callback=progress,
             init=init,
         )
     finally:
         progress.close()
+
+
+def _report(args: argparse.Namespace, result: Any, dataset: Any, out: Path,
+            train_config: Any) -> int:
+    """Print what the run reached and where it is, what it learned and what to run next: the
+    exit code (130: interrupted, with the command that continues it)."""
+    from ..train.data import SentenceDataset, TaskDataset
+
     if result.val_loss is not None:
         bits = "" if result.val_bpb is None else f", {result.val_bpb:.3f} bits/byte"
         budget = (" since resuming" if args.resume else

@@ -1,11 +1,11 @@
 """The GPT model: token (+ position) embeddings -> blocks -> final norm -> linear head.
 
-One `GPTConfig` spans seed 002's one-layer model (`seed-minimal`: one single-head
-attention and a linear head, nothing else), a nanoGPT/GPT-2 pre-LayerNorm stack and the
-modern family (Llama, Mistral, Qwen, GPT-NeoX: RoPE, RMSNorm, SwiGLU, GQA, QK-norm,
-parallel residual, sliding window). Attention math is `attention.py`'s, the norms, MLPs
-and rotary embeddings are `layers.py`'s, the one-token decode path is `decode.py`'s; this
-module wires them, owns positions and the loss. Hugging Face weights: `hf.py`.
+One `GPTConfig` spans a one-layer model (`seed-minimal`: one single-head attention and a
+linear head, nothing else), a nanoGPT/GPT-2 pre-LayerNorm stack and the modern family
+(Llama, Mistral, Qwen, GPT-NeoX: RoPE, RMSNorm, SwiGLU, GQA, QK-norm, parallel residual,
+sliding window). Attention math is `attention.py`'s, the norms, MLPs and rotary embeddings
+are `layers.py`'s, the one-token decode path is `decode.py`'s; this module wires them, owns
+positions and the loss. Hugging Face weights: `hf/`.
 """
 
 from __future__ import annotations
@@ -91,7 +91,8 @@ class GPT(nn.Module):
     def __init__(self, config: GPTConfig) -> None:
         super().__init__()
         c = self.config = config
-        # creation order = seed 002's: token table, position table, q, k, v, head
+        # creation order decides which of a seed's random draws each weight gets: token
+        # table, position table, q, k, v, head (reordering changes every seeded model)
         self.wte = nn.Embedding(c.vocab_size, c.n_embd)
         self.wpe = nn.Embedding(c.block_size, c.n_embd) if c.pos == "learned" else None
         # rotary: float32 frequencies, cos/sin computed per call (no block_size table)
@@ -127,12 +128,10 @@ class GPT(nn.Module):
         otherwise (e.g. assigned by `load_state_dict(..., assign=True)`).
 
         Shapes, state dicts and results stay nn.Linear's. Why: a decode step multiplies one
-        row by each matrix, and CPU BLAS streams a matrix fastest along long rows (2-core
-        EPYC, one thread, GB/s over (in, out) vs (out, in) memory: GPT-2's (768, 3072) 21.6
-        vs 15.7, the 768 x 50257 head 25.4 vs 15.5, the (3072, 768) down projection 14.5 vs
-        20.6; square ones within 10%), so `DecodeStep` uses these weights in place, without
-        a copy. With tied weights the token table is the head's matrix, so its lookups read
-        a column (one token: C strided reads).
+        row by each matrix, and CPU BLAS streams a matrix fastest along its long rows
+        (docs/performance.md#weight-layout), so `DecodeStep` uses these weights in place,
+        without a copy. With tied weights the token table is the head's matrix, so its
+        lookups read a column (one token: C strided reads).
         """
         with torch.no_grad():
             for module in self.modules():
@@ -230,7 +229,7 @@ class GPT(nn.Module):
         logits at its real positions as the row alone. Targets equal to -1 and targets at
         padded positions are ignored by the loss. kv_cache: write keys/values at
         `kv_cache.seq_len` and advance it. trace: capture intermediates (explicit path where
-        it wants scores or weights). edits: replace intermediates by name (`intervene.Edits`);
+        it wants scores or weights). edits: replace intermediates by name (`interp.edits.Edits`);
         the trace then sees the edited values.
         """
         pos = 0 if kv_cache is None else kv_cache.seq_len
@@ -240,7 +239,7 @@ class GPT(nn.Module):
                 f"kv_cache has {len(kv_cache.layers)} layers, model has {self.config.n_layer}; "
                 "create it with model.new_cache(...)"
             )
-        B, T = idx.shape
+        T = idx.shape[1]
         if trace is not None:
             trace.begin(self.config, attention_mask)
         if edits is not None:
@@ -251,9 +250,17 @@ class GPT(nn.Module):
         else:
             positions = torch.arange(pos, pos + T, device=idx.device)[None]  # (1, T)
 
+        seam = None if trace is None and edits is None else Seam(trace, edits, pos + T)
+        x = self._embed(idx, positions, seam)  # (B, T, C)
+        rope = None if self.rotary is None else self.rotary.cos_sin(positions)  # (B|1, 1, T, rd)
+        x = self._run_blocks(x, pos, attention_mask, kv_cache, seam, fused, rope)  # (B, T, C)
+        return self._head(x, targets, attention_mask, seam, last_logits_only)
+
+    def _embed(self, idx: Tensor, positions: Tensor, seam: Seam | None) -> Tensor:
+        """Token (+ learned position) embeddings of idx (B, T), after dropout: (B, T, C)."""
+        B, T = idx.shape
         tok_emb = self.wte(idx)  # (B, T, C)
         pos_emb = None if self.wpe is None else self.wpe(positions).expand(B, T, -1)  # (B, T, C)
-        seam = None if trace is None and edits is None else Seam(trace, edits, pos + T)
         if seam is not None:
             tok_emb = seam.record("tok_emb", tok_emb)
             if pos_emb is not None:
@@ -261,14 +268,21 @@ class GPT(nn.Module):
         x = self.drop(tok_emb if pos_emb is None else tok_emb + pos_emb)  # (B, T, C)
         if seam is not None:
             x = seam.record("emb", x)
-        rope = None if self.rotary is None else self.rotary.cos_sin(positions)  # (B|1, 1, T, rd)
+        return x
 
+    def _run_blocks(
+        self, x: Tensor, pos: int, attention_mask: Tensor | None, kv_cache: KVCache | None,
+        seam: Seam | None, fused: bool | None, rope: tuple[Tensor, Tensor] | None,
+    ) -> Tensor:
+        """x (B, T, C) through every block, the new keys/values written to kv_cache (which
+        then advances by T): (B, T, C)."""
+        T = x.shape[1]
         masks: dict[int | None, Mask] = {}  # one per window size (None: no window)
         for i, block in enumerate(self.blocks):
             window = self.config.window_of(i)
             if window not in masks:
                 masks[window] = build_mask(
-                    T, pos + T, attention_mask, causal=True, device=idx.device, window=window
+                    T, pos + T, attention_mask, causal=True, device=x.device, window=window
                 )
             sink = None if seam is None else seam.layer(i)
             layer_cache = None if kv_cache is None else kv_cache.layers[i]
@@ -279,7 +293,14 @@ class GPT(nn.Module):
                 x = sink.record("block_out", x)
         if kv_cache is not None:
             kv_cache.seq_len = pos + T
+        return x
 
+    def _head(
+        self, x: Tensor, targets: Tensor | None, attention_mask: Tensor | None,
+        seam: Seam | None, last_logits_only: bool,
+    ) -> ModelOutput:
+        """Final norm and unembedding of x (B, T, C), and the loss when there are targets."""
+        T = x.shape[1]
         x = self.ln_f(x)  # (B, T, C)
         if last_logits_only:
             x = x[:, -1:]  # (B, 1, C)
@@ -338,10 +359,10 @@ _HEAD_COLUMNS = 512  # vocabulary entries per product in unembed
 def unembed(head: nn.Linear, x: Tensor) -> Tensor:
     """x (B, T, C) -> head(x) (B, T, V). Without autograd, logits of 64 MiB and more (GPT-2
     at T=1024: 206 MB) go into a buffer earlier logits freed, or fresh memory advised for
-    huge pages (runtime.kept_out), filled 512 vocabulary columns at a time:
-    MKL multiplies a (T, C) x (C, 512) block at 84-89 GFLOP/s on a 2-core EPYC against
-    62-71 for the whole (T, V) product (GPT-2's head at T=1024: 1.27x). Each logit is the
-    same sum over C either way."""
+    huge pages (runtime.kept_out), filled 512 vocabulary columns at a time: CPU BLAS
+    multiplies such (T, C) x (C, 512) blocks at a higher rate than the whole (T, V) product
+    (docs/performance.md#head-blocks). Each logit is the same sum over C either
+    way."""
     B, T, C = x.shape
     V = head.out_features
     big = B * T * V * x.element_size() >= _BIG_LOGITS
@@ -365,7 +386,8 @@ def empty_gpt(config: GPTConfig) -> GPT:
     with _on_meta():
         model = GPT(config)
     # to_empty(device="cpu"), but by empty_strided: empty_like of a meta tensor goes through
-    # torch._refs, which imports sympy (0.7 s); the meta tensors' strides (the layout) hold
+    # torch._refs, which imports sympy (docs/performance.md#loading-without-init); the meta
+    # tensors' strides (the layout) hold
     model = model._apply(lambda t: torch.empty_strided(t.shape, t.stride(), dtype=t.dtype))
     if config.tie_weights:
         model.lm_head.weight = model.wte.weight  # _apply gave each module its own tensor
@@ -381,8 +403,8 @@ def count_params(config: GPTConfig) -> int:
 
 class _SkipInit(TorchFunctionMode):
     """torch.nn.init functions do nothing: on the meta device there is nothing to draw, and
-    normal_ there goes through torch._refs, whose first call imports torch._dynamo (1.8 s
-    of every command that loads a checkpoint, on a 2-core EPYC)."""
+    normal_ there goes through torch._refs, whose first call imports torch._dynamo, a cost
+    every command that loads a checkpoint would pay (docs/performance.md#loading-without-init)."""
 
     def __torch_function__(self, func: Any, types: Any, args: Any = (),
                            kwargs: Any = None) -> Any:

@@ -57,16 +57,18 @@ class TrainConfig:
     min_lr: float | None = None  # floor of the cosine decay; None = lr / 10
     warmup_iters: int = 100  # linear warmup steps
     decay_lr: bool = True  # cosine decay to min_lr at max_iters (False: constant after warmup)
-    optimizer: str = "adamw"  # adamw | sgd (seed 002's hello uses SGD)
+    optimizer: str = "adamw"  # adamw | sgd (plain: no momentum, no weight decay)
     weight_decay: float = 0.1  # AdamW decay on 2-d weights only (not biases, norms)
     beta2: float = 0.99  # AdamW beta2; 0.99 suits small batches (nanoGPT char)
     grad_clip: float = 1.0  # max global grad norm; 0 disables clipping
     eval_interval: int = 250  # evaluate and checkpoint every this many steps
     eval_iters: int = 20  # val batches per evaluation
-    dtype: str = "float32"  # float32 | bfloat16 (autocast: fast on CPUs with AVX512-BF16)
+    # float32 | bfloat16 (autocast: fast where the CPU or GPU has bfloat16 units, emulated
+    # and slow elsewhere)
+    dtype: str = "float32"
     compile: bool = False  # torch.compile the model
     # fused (SDPA) | explicit | auto: explicit under bfloat16 on CPU, where SDPA's backward
-    # is 2-4x slower than the explicit path at T <= 256 (benchmarks/attention_op.py)
+    # loses to the explicit path at short contexts (docs/performance.md#explicit-attention-in-training)
     attention: str = "auto"
     device: str = "auto"  # auto (CUDA if present, else CPU) | cpu | cuda | cuda:N | mps
     seed: int = 1337  # seeds init, batches and dropout
@@ -116,8 +118,8 @@ class TrainConfig:
 
 @dataclass
 class TrainResult:
-    # model and history stay out of the repr a notebook shows for `train(...)`: with them, a
-    # 700-step run printed every module and 707 metrics rows above the outcome
+    # model and history stay out of the repr a notebook shows for `train(...)`: with them, it
+    # would print every module and a metrics row per step above the outcome
     model: GPT = field(repr=False)
     tokenizer: Tokenizer
     history: list[dict[str, Any]] = field(default_factory=list, repr=False)  # a row per step / eval
@@ -143,7 +145,7 @@ def make_optimizer(model: GPT, config: TrainConfig) -> torch.optim.Optimizer:
         {"params": decay, "weight_decay": config.weight_decay},
         {"params": no_decay, "weight_decay": 0.0},
     ]
-    # fused: one kernel per step for all parameters, on CPU too (faster than foreach there)
+    # fused: one kernel per step for all parameters, on CPU too
     return torch.optim.AdamW(groups, lr=config.lr, betas=(0.9, config.beta2), fused=True)
 
 
@@ -256,66 +258,184 @@ def train(
         if world.main:
             _check_writable(Path(out_dir), model_config)
             warn_if_slow_bf16(config.dtype, world.device)
-        return _train(model_config, config, dataset, Path(out_dir), world, seq_len, resume,
-                      callback, init)
+        return _Run(model_config, config, dataset, Path(out_dir), world, seq_len, resume,
+                    callback, init).fit()
     finally:
         teardown(started)
 
 
-def _train(
-    model_config: GPTConfig, config: TrainConfig, dataset: Dataset, out: Path, world: World,
-    seq_len: int, resume: bool, callback: Callable[[dict[str, Any]], None] | None,
-    init: Checkpoint | None,
-) -> TrainResult:
-    tokenizer = dataset.tokenizer
-    torch.manual_seed(config.seed)
-    model = GPT(model_config).to(world.device)
-    if init is not None and not resume:  # a resume reads its own weights below
-        model.load_state_dict(init.model.state_dict())
-    optimizer = make_optimizer(model, config)
-    data_gen = torch.Generator().manual_seed(config.seed)
-    history: list[dict[str, Any]] = []
-    start = 0
-    ckpt = out / "ckpt"
-    # a fine-tune's source, kept in every checkpoint (export keeps the family: a Mistral
-    # stays a Mistral): from `init`, or from the checkpoint a resume continues
-    origin = {} if init is None else {**_origin(init.meta), "init_from": str(init.path)}
-    if resume:
-        start, history, saved_meta = _restore(ckpt, model, optimizer, data_gen, model_config,
-                                              world)
-        origin = _origin(saved_meta)
-    elif world.size > 1:
-        torch.manual_seed(config.seed + world.rank)  # its own dropout noise on every rank
-    ddp = None
-    if world.size > 1:
-        from torch.nn.parallel import DistributedDataParallel
+class _Run:
+    """One call of `train`: the model, optimizer, data stream and log of a run, set up fresh
+    or from its checkpoint (`__init__`), and the pieces its loop (`fit`) is made of:
+    `train_step`, `evaluate_and_save`, `save`, `log` and `finish`."""
 
-        ids = [world.device.index] if world.device.type == "cuda" else None
-        ddp = DistributedDataParallel(model, device_ids=ids)
-    step_fn: Any = ddp or model
-    if config.compile:
-        step_fn = torch.compile(step_fn)
-    model.train()
-    rows = world.rows(config.batch_size)
-    fused = fused_attention(config, world.device)
+    def __init__(
+        self, model_config: GPTConfig, config: TrainConfig, dataset: Dataset, out: Path,
+        world: World, seq_len: int, resume: bool,
+        callback: Callable[[dict[str, Any]], None] | None, init: Checkpoint | None,
+    ) -> None:
+        self.config, self.dataset, self.world, self.seq_len = config, dataset, world, seq_len
+        self.out, self.ckpt, self.metrics_file = out, out / "ckpt", out / "metrics.jsonl"
+        self.callback = callback
+        torch.manual_seed(config.seed)
+        self.model = GPT(model_config).to(world.device)
+        if init is not None and not resume:  # a resume reads its own weights below
+            self.model.load_state_dict(init.model.state_dict())
+        self.optimizer = make_optimizer(self.model, config)
+        self.data_gen = torch.Generator().manual_seed(config.seed)
+        self.start = 0
+        self.history: list[dict[str, Any]] = []
+        # a fine-tune's source, kept in every checkpoint (export keeps the family: a Mistral
+        # stays a Mistral): from `init`, or from the checkpoint a resume continues
+        self.origin = {} if init is None else {**_origin(init.meta), "init_from": str(init.path)}
+        if resume:
+            self.start, self.history, saved_meta = _restore(
+                self.ckpt, self.model, self.optimizer, self.data_gen, model_config, world)
+            self.origin = _origin(saved_meta)
+        elif world.size > 1:
+            torch.manual_seed(config.seed + world.rank)  # its own dropout noise on every rank
+        self.ddp, self.step_fn = self._wrap()
+        self.model.train()
+        self.rows = world.rows(config.batch_size)
+        self.fused = fused_attention(config, world.device)
+        self.tokens_per_step = config.batch_size * config.grad_accum * seq_len
+        self.t_start = time.perf_counter()
+        # tokens and seconds of this call's first step, and of the steps after it
+        self.first: tuple[int, float] = (0, 0.0)
+        self.timed: tuple[int, float] = (0, 0.0)
+        self.budget = self._budget(resume)
+        self.result = TrainResult(self.model, dataset.tokenizer, self.history,
+                                  self.ckpt if resume else None)
+        if world.main:  # a fresh run starts a fresh log; a resume drops rows after its checkpoint
+            self.metrics_file.write_text("".join(json.dumps(r) + "\n" for r in self.history))
 
-    metrics_file = out / "metrics.jsonl"
-    tokens_per_step = config.batch_size * config.grad_accum * seq_len
-    t_start = time.perf_counter()
-    # tokens and seconds of this call's first step, and of the steps after it
-    first: tuple[int, float] = (0, 0.0)
-    timed: tuple[int, float] = (0, 0.0)
-    budget = None
-    # a resume keeps the max_iters its budget fitted; one stopped before the fit (in its
-    # first steps) fits now, to the whole budget, not to the recipe's max_iters it saved
-    fit_saved = any("max_iters" in row for row in history)
-    if config.time_budget is not None and not (resume and fit_saved):
-        budget = Budget(parse_duration(config.time_budget), step=start, now=t_start,
-                        eval_interval=config.eval_interval, reduce=world.mean,
-                        eval_share=2 * config.eval_iters / (3 * config.grad_accum))
-    result = TrainResult(model, tokenizer, history, ckpt if resume else None)
+    def _wrap(self) -> tuple[Any, Any]:
+        """(DistributedDataParallel around the model when there are several processes, else
+        None; what a step calls: that or the model, compiled when asked)."""
+        ddp = None
+        if self.world.size > 1:
+            from torch.nn.parallel import DistributedDataParallel
 
-    def save(step: int) -> None:
+            device = self.world.device
+            ids = [device.index] if device.type == "cuda" else None
+            ddp = DistributedDataParallel(self.model, device_ids=ids)
+        step_fn: Any = ddp or self.model
+        if self.config.compile:
+            step_fn = torch.compile(step_fn)
+        return ddp, step_fn
+
+    def _budget(self, resume: bool) -> Budget | None:
+        """The time budget that fits max_iters (budget.py), if the run has one to fit. A resume
+        keeps the max_iters its budget fitted; one stopped before the fit (in its first steps)
+        fits now, to the whole budget, not to the recipe's max_iters it saved."""
+        config = self.config
+        fit_saved = any("max_iters" in row for row in self.history)
+        if config.time_budget is None or (resume and fit_saved):
+            return None
+        return Budget(parse_duration(config.time_budget), step=self.start, now=self.t_start,
+                      eval_interval=config.eval_interval, reduce=self.world.mean,
+                      eval_share=2 * config.eval_iters / (3 * config.grad_accum))
+
+    def fit(self) -> TrainResult:
+        """Train to max_iters, evaluating and saving every eval_interval steps and at the end;
+        a stop request (Ctrl-C) saves and returns between two optimizer steps."""
+        config, budget = self.config, self.budget
+        stop = _StopFlag()
+        with stop:
+            step = self.start
+            # a time budget sets max_iters after its calibration steps; until then it runs on
+            while step < config.max_iters or (budget is not None and not budget.fitted):
+                evaluated = step % config.eval_interval == 0 and step > self.start
+                if evaluated:  # before the stop check: a resume from here does not redo it
+                    t0 = time.perf_counter()
+                    self.evaluate_and_save(step)
+                    if budget is not None:
+                        budget.evaluated(time.perf_counter() - t0)
+                if self.world.any(stop.requested):
+                    if not evaluated:
+                        self.save(step)  # between optimizer steps: the state is consistent
+                    self.result.interrupted = True
+                    return self.finish()
+                step = self.train_step(step)
+        self.evaluate_and_save(config.max_iters)
+        return self.finish()
+
+    def train_step(self, step: int) -> int:
+        """One optimizer step from `step` (grad_accum micro-batches), logged; returns step + 1."""
+        config = self.config
+        lr = config.lr_at(step)
+        for group in self.optimizer.param_groups:
+            group["lr"] = lr
+        t0 = time.perf_counter()
+        loss = self._accumulate_grads()
+        if not math.isfinite(loss):  # before the update: weights stay good
+            raise FloatingPointError(
+                f"loss became {loss} at step {step + 1}; stopped before updating. "
+                "Last good checkpoint: "
+                f"{self.result.checkpoint or 'none written by this run'}. "
+                "Lower --lr or keep --grad_clip on"
+            )
+        if config.grad_clip > 0:
+            torch.nn.utils.clip_grad_norm_(self.model.parameters(), config.grad_clip)
+        self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        dt = time.perf_counter() - t0
+        if step == self.start:
+            self.first = (self.tokens_per_step, dt)
+        else:
+            self.timed = (self.timed[0] + self.tokens_per_step, self.timed[1] + dt)
+        step += 1
+        self.log({"step": step, "loss": loss, "lr": lr,
+                  "tokens_per_s": self.tokens_per_step / max(dt, 1e-9)})
+        budget = self.budget
+        if budget is not None and (fitted := budget.after_step(step, time.perf_counter())):
+            _fit(config, fitted, step, 1 / budget.step_s, self.log)
+        return step
+
+    def _accumulate_grads(self) -> float:
+        """Forward and backward over grad_accum micro-batches, their gradients summed into
+        .grad; returns their mean loss (the mean over the processes too)."""
+        config, world, ddp = self.config, self.world, self.ddp
+        loss_sum = 0.0
+        for micro in range(config.grad_accum):
+            x, y = self.dataset.batch("train", config.batch_size, self.seq_len, self.data_gen,
+                                      self.rows)
+            x, y = x.to(world.device), y.to(world.device)  # (B / world, T) each
+            # DDP averages gradients over ranks on the last micro-batch only
+            sync = ddp is None or micro == config.grad_accum - 1
+            with contextlib.nullcontext() if sync else ddp.no_sync():
+                with _autocast(config, world.device):
+                    loss = self.step_fn(x, y, fused=self.fused).loss
+                assert loss is not None
+                (loss / config.grad_accum).backward()
+            loss_sum += float(loss.detach())
+        return world.mean(loss_sum / config.grad_accum)
+
+    def evaluate_and_save(self, step: int) -> None:
+        """Evaluate both splits, log the losses (and bits per byte) and save a checkpoint;
+        refuses to save weights whose losses are not finite."""
+        result, dataset = self.result, self.dataset
+        losses = evaluate(self.model, dataset, self.config, self.seq_len, self.world)
+        if not all(math.isfinite(v) for v in losses.values()):
+            raise FloatingPointError(
+                f"evaluation at step {step} gave {losses}; not saving these weights. The last "
+                f"good checkpoint is kept"
+                f"{f' in {result.checkpoint}' if result.checkpoint else ''}. "
+                "Lower --lr or keep --grad_clip on"
+            )
+        result.val_loss, result.val_step = losses["val_loss"], step
+        for split in ("train", "val"):  # bits per byte: comparable across tokenizers
+            bits = bits_per_byte(losses[f"{split}_loss"], dataset.bytes_per_token(split))
+            if bits is not None:
+                losses[f"{split}_bpb"] = bits
+        result.val_bpb = losses.get("val_bpb")
+        self.log({"step": step, **losses})
+        self.save(step)
+
+    def save(self, step: int) -> None:
+        """Checkpoint the model, optimizer, RNG states and history at `step` (rank 0 writes;
+        every rank waits for it)."""
+        world, result, dataset = self.world, self.result, self.dataset
         rng = torch.get_rng_state()
         rng_ranks = [rng]
         if world.size > 1:  # every rank's dropout stream, so a resume continues each one
@@ -324,91 +444,46 @@ def _train(
         if world.main:
             state = {
                 "step": step,
-                "optimizer": optimizer.state_dict(),
+                "optimizer": self.optimizer.state_dict(),
                 "torch_rng": rng,
                 "torch_rng_ranks": rng_ranks,
-                "data_rng": data_gen.get_state(),
-                "history": json.dumps(history),
+                "data_rng": self.data_gen.get_state(),
+                "history": json.dumps(self.history),
             }
-            meta = {"step": step, "train_config": dataclasses.asdict(config),
+            meta = {"step": step, "train_config": dataclasses.asdict(self.config),
                     "dataset": dataset.name, "val_loss": result.val_loss,
                     "val_bpb": result.val_bpb, "val_step": result.val_step,
                     "world_size": world.size}
-            meta.update(origin)
+            meta.update(self.origin)
             for key in ("source", "fingerprint"):  # a text file's: see TextDataset
                 if getattr(dataset, key, None) is not None:
                     meta[f"data_{key}"] = getattr(dataset, key)
-            save_checkpoint(ckpt, model, tokenizer, train_state=state, meta=meta)
-        result.checkpoint = ckpt
+            save_checkpoint(self.ckpt, self.model, dataset.tokenizer, train_state=state,
+                            meta=meta)
+        result.checkpoint = self.ckpt
         world.barrier()  # no rank runs ahead of a checkpoint it may have to resume from
 
-    def log(row: dict[str, Any]) -> None:
-        history.append(row)
-        if not world.main:
+    def log(self, row: dict[str, Any]) -> None:
+        """Append a metrics row to the history, metrics.jsonl and the callback (rank 0)."""
+        self.history.append(row)
+        if not self.world.main:
             return
-        with open(metrics_file, "a") as f:
+        with open(self.metrics_file, "a") as f:
             f.write(json.dumps(row) + "\n")
-        if callback is not None:
-            callback(row)
+        if self.callback is not None:
+            self.callback(row)
 
-    if world.main:  # a fresh run starts a fresh log; a resume drops rows after its checkpoint
-        metrics_file.write_text("".join(json.dumps(r) + "\n" for r in history))
-    stop = _StopFlag()
-    with stop:
-        step = start
-        # a time budget sets max_iters after its calibration steps; until then it runs on
-        while step < config.max_iters or (budget is not None and not budget.fitted):
-            evaluated = step % config.eval_interval == 0 and step > start
-            if evaluated:  # before the stop check: a resume from here does not redo it
-                t0 = time.perf_counter()
-                _eval_and_save(model, dataset, config, seq_len, world, step, result, log, save)
-                if budget is not None:
-                    budget.evaluated(time.perf_counter() - t0)
-            if world.any(stop.requested):
-                if not evaluated:
-                    save(step)  # between optimizer steps: the state is consistent
-                result.interrupted = True
-                return _finish(result, out, t_start, timed if timed[1] else first, world)
-            lr = config.lr_at(step)
-            for group in optimizer.param_groups:
-                group["lr"] = lr
-            t0 = time.perf_counter()
-            loss_sum = 0.0
-            for micro in range(config.grad_accum):
-                x, y = dataset.batch("train", config.batch_size, seq_len, data_gen, rows)
-                x, y = x.to(world.device), y.to(world.device)  # (B / world, T) each
-                # DDP averages gradients over ranks on the last micro-batch only
-                sync = ddp is None or micro == config.grad_accum - 1
-                with contextlib.nullcontext() if sync else ddp.no_sync():  # type: ignore[union-attr]
-                    with _autocast(config, world.device):
-                        loss = step_fn(x, y, fused=fused).loss
-                    assert loss is not None
-                    (loss / config.grad_accum).backward()
-                loss_sum += float(loss.detach())
-            loss_value = world.mean(loss_sum / config.grad_accum)
-            if not math.isfinite(loss_value):  # before the update: weights stay good
-                raise FloatingPointError(
-                    f"loss became {loss_value} at step {step + 1}; stopped before updating. "
-                    "Last good checkpoint: "
-                    f"{result.checkpoint or 'none written by this run'}. "
-                    "Lower --lr or keep --grad_clip on"
-                )
-            if config.grad_clip > 0:
-                torch.nn.utils.clip_grad_norm_(model.parameters(), config.grad_clip)
-            optimizer.step()
-            optimizer.zero_grad(set_to_none=True)
-            dt = time.perf_counter() - t0
-            if step == start:
-                first = (tokens_per_step, dt)
-            else:
-                timed = (timed[0] + tokens_per_step, timed[1] + dt)
-            step += 1
-            log({"step": step, "loss": loss_value, "lr": lr,
-                 "tokens_per_s": tokens_per_step / max(dt, 1e-9)})
-            if budget is not None and (fitted := budget.after_step(step, time.perf_counter())):
-                _fit(config, fitted, step, 1 / budget.step_s, log)
-    _eval_and_save(model, dataset, config, seq_len, world, config.max_iters, result, log, save)
-    return _finish(result, out, t_start, timed if timed[1] else first, world)
+    def finish(self) -> TrainResult:
+        """The result, with its wall clock and throughput, and the loss curve drawn."""
+        result = self.result
+        result.seconds = time.perf_counter() - self.t_start
+        tokens, seconds = self.timed if self.timed[1] else self.first
+        result.tokens_per_second = tokens / max(seconds, 1e-9)
+        result.model.eval()
+        if self.world.main:
+            with contextlib.suppress(ImportError):  # matplotlib is an extra; metrics.jsonl has all
+                save_loss_curve(result.history, self.out / "loss.png")
+        return result
 
 
 def _fit(config: TrainConfig, max_iters: int, step: int, steps_per_s: float,
@@ -452,39 +527,6 @@ class _StopFlag:
     def __exit__(self, *exc: object) -> None:
         for sig, handler in self._old.items():
             signal.signal(sig, handler)
-
-
-def _eval_and_save(
-    model: GPT, dataset: Dataset, config: TrainConfig, seq_len: int, world: World, step: int,
-    result: TrainResult, log: Callable[[dict[str, Any]], None], save: Callable[[int], None],
-) -> None:
-    losses = evaluate(model, dataset, config, seq_len, world)
-    if not all(math.isfinite(v) for v in losses.values()):
-        raise FloatingPointError(
-            f"evaluation at step {step} gave {losses}; not saving these weights. The last "
-            f"good checkpoint is kept{f' in {result.checkpoint}' if result.checkpoint else ''}. "
-            "Lower --lr or keep --grad_clip on"
-        )
-    result.val_loss, result.val_step = losses["val_loss"], step
-    for split in ("train", "val"):  # bits per byte: comparable across tokenizers
-        bits = bits_per_byte(losses[f"{split}_loss"], dataset.bytes_per_token(split))
-        if bits is not None:
-            losses[f"{split}_bpb"] = bits
-    result.val_bpb = losses.get("val_bpb")
-    log({"step": step, **losses})
-    save(step)
-
-
-def _finish(
-    result: TrainResult, out: Path, t_start: float, timed: tuple[int, float], world: World
-) -> TrainResult:
-    result.seconds = time.perf_counter() - t_start
-    result.tokens_per_second = timed[0] / max(timed[1], 1e-9)
-    result.model.eval()
-    if world.main:
-        with contextlib.suppress(ImportError):  # matplotlib is an extra; metrics.jsonl has all
-            save_loss_curve(result.history, out / "loss.png")
-    return result
 
 
 def _restore(
