@@ -58,8 +58,8 @@ CHEAP: dict[str, list[tuple[str, str]]] = {
     "docs/inspect.md": [
         ('attnlab inspect runs/copy/ckpt "qhdkwzpa|qhdkwzp" --what steps --layer 0 --head 0 '
          "--format html,png --out inspect-steps", "to inspect-steps/"),
-        ("attnlab demo hello", ""),
-        ("attnlab demo averaging", ""),
+        ("attnlab demo hello", "'Hello' -> ' World' (p=1.000)  ✓"),
+        ("attnlab demo averaging", "found    the three forms agree"),
     ],
     "docs/interventions.md": [
         ('attnlab patch runs/copy/ckpt --clean "qhdkwzpa|qhd" --corrupt "qhdswzpa|qhd" '
@@ -128,7 +128,9 @@ def test_the_main_command_trains_the_copy_model(copy_run: tuple[Path, str]) -> N
     assert page_commands(README.read_text(encoding="utf-8"))[2] == MAIN  # after the set-up
     cwd, output = copy_run
     assert "after    answer accuracy 100.0%" in output
-    assert (cwd / "runs" / "copy" / "ckpt").is_dir()
+    run = cwd / "runs" / "copy"  # what its `saved` line names
+    assert (run / "ckpt").is_dir() and (run / "metrics.jsonl").is_file()
+    assert (run / "loss.png").is_file()
 
 
 @pytest.mark.parametrize("page", PAGES, ids=page_name)
