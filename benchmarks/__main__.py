@@ -5,9 +5,9 @@ Runs the suites, prints each as markdown tables, writes `DIR/<suite>.json` (quic
 `DIR/README_table.md` from the full-run JSON files found in DIR, with the machine they ran
 on. DIR is `bench-results/` under the current directory unless `--out` says otherwise: a
 user's run never writes into the package. `--record` is the maintainers' switch: results go
-to the checked-in `benchmarks/results/` and the README's generated block is rebuilt from
-them. `python -m benchmarks readme` only rebuilds that block (or, with `--out DIR`, DIR's
-README_table.md).
+to the checked-in `benchmarks/results/`, and docs/benchmarks.md's tables and the README's
+summary are rebuilt from them (`benchmarks/report.py`). `python -m benchmarks readme --record`
+only rebuilds those (or, with `--out DIR`, DIR's README_table.md).
 """
 
 from __future__ import annotations
@@ -75,7 +75,8 @@ def render_any(result: dict[str, Any]) -> str:
 def write_readme_table(out: Path, *, splice: bool = False) -> Path | None:
     """README_table.md from the full-run results in `out`; None when there are none.
 
-    With `splice` (and `out` the recorded results) the README's generated block is rebuilt.
+    With `splice` (and `out` the recorded results) docs/benchmarks.md's tables and the
+    README's summary are rebuilt (`benchmarks/report.py`).
     """
     results = []
     for name in SUITES:
@@ -100,8 +101,8 @@ def write_readme_table(out: Path, *, splice: bool = False) -> Path | None:
         parts.append(render_any(r))
     path = out / README_TABLE
     path.write_text("\n".join(parts) + "\n")
-    if splice and out.resolve() == RECORDED:  # the README shows the checked-in results only
-        _splice_into_readme("\n".join(parts[2:]) + "\n")
+    if splice and out.resolve() == RECORDED:  # the pages show the checked-in results only
+        _rebuild_pages()
     return path
 
 
@@ -111,18 +112,11 @@ def _hardware(m: dict[str, Any]) -> tuple[Any, ...]:
             m.get("linear_kernel"))
 
 
-README = Path(__file__).resolve().parent.parent / "README.md"
-START, END = "<!-- benchmarks:start -->", "<!-- benchmarks:end -->"
+def _rebuild_pages() -> None:
+    """docs/benchmarks.md's tables and the README's summary, from the recorded results."""
+    from .report import main as report  # report reads this module's SUITES and renderers
 
-
-def _splice_into_readme(table: str) -> None:
-    """Replace the README's generated block (between the two markers) with `table`."""
-    if not README.exists():
-        return
-    text = README.read_text()
-    if START in text and END in text:
-        head, rest = text.split(START, 1)
-        README.write_text(head + START + "\n" + table + END + rest.split(END, 1)[1])
+    report([])
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -134,8 +128,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                         help=f"where JSON goes (default: {DEFAULT_OUT}/ in the current "
                         "directory; with --record: benchmarks/results/)")
     parser.add_argument("--record", action="store_true",
-                        help="write to the checked-in benchmarks/results/ and rebuild the "
-                        "README's benchmark block (maintainers)")
+                        help="write to the checked-in benchmarks/results/ and rebuild "
+                        "docs/benchmarks.md and the README's summary (maintainers)")
     parser.add_argument("--threads", type=int,
                         help="torch threads for suites that do not set their own")
     args = parser.parse_args(argv)
@@ -169,8 +163,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             print(f"(wrote {args.out / (name + suffix)})", file=sys.stderr, flush=True)
     readme = write_readme_table(args.out, splice=record)
     if readme is not None:
-        print(f"wrote {readme}" + ("" if record else " (the README is untouched; "
-                                   "--record writes benchmarks/results/ and the README)"))
+        print(f"wrote {readme}" + ("" if record else " (the README is untouched; --record writes "
+                                   "benchmarks/results/, docs/benchmarks.md and the README)"))
     elif "readme" in args.suites:
         print(f"no full-run results in {args.out}; run a suite without --quick first",
               file=sys.stderr)

@@ -1,5 +1,5 @@
 """A second text corpus that every Python install has: the standard library's top-level
-modules, in name order, concatenated up to 1.5 MB (README: "Train for a time budget").
+modules, in name order, concatenated up to 1.5 MB (docs/train.md: "Train for a time budget").
 
     python -m benchmarks.stdlib_corpus stdlib.txt
 

@@ -68,7 +68,8 @@ class TrainConfig:
     dtype: str = "float32"
     compile: bool = False  # torch.compile the model
     # fused (SDPA) | explicit | auto: explicit under bfloat16 on CPU, where SDPA's backward
-    # loses to the explicit path at short contexts (docs/performance.md#explicit-attention-in-training)
+    # loses to the explicit path at short contexts
+    # (docs/performance.md#explicit-attention-in-training)
     attention: str = "auto"
     device: str = "auto"  # auto (CUDA if present, else CPU) | cpu | cuda | cuda:N | mps
     seed: int = 1337  # seeds init, batches and dropout

@@ -83,7 +83,7 @@ def _gpt2_recipe(dataset: Dataset) -> tuple[GPTConfig, TrainConfig]:
     # twice the batch at four times the lr for 700 steps, in bf16 where the hardware has it:
     # val loss 1.90 in well under half the time of nanoGPT's recipe
     # (docs/performance.md#text-recipe). 700 steps is about one pass over tiny Shakespeare; a
-    # larger corpus gets one pass over its training split (README: "Train for a time budget"
+    # larger corpus gets one pass over its training split (docs/train.md#train-for-a-time-budget
     # for both on a second corpus), up to MAX_TEXT_STEPS.
     assert isinstance(dataset, TextDataset), type(dataset)
     model = GPTConfig.from_name("tiny", vocab_size=vocab)
