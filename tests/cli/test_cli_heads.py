@@ -166,7 +166,7 @@ def test_patch_attribution_figure_says_attribution(
         checkpoint: tuple, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """`--method attribution` writes first-order estimates: its figure must not be titled
     activation patching (it was, whichever method ran)."""
-    import attnlab.viz.figures as viz
+    import attnlab.viz as viz
 
     path, _, _ = checkpoint
     titles: dict[str, str] = {}
