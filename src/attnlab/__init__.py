@@ -29,8 +29,8 @@ from .model.kv_cache import KVCache
 from .model.layers import RMSNorm
 from .model.trace import Trace
 from .tokenizers import Tokenizer, get_tokenizer, load_tokenizer
+from .train.config import TrainConfig, TrainResult
 from .train.data import load_dataset
-from .train.loop import TrainConfig, TrainResult
 from .viewer.app import ServeConfig, create_app
 from .viewer.notebook import View, show
 

@@ -12,18 +12,18 @@ import argparse
 import contextlib
 import dataclasses
 import os
-import shlex
 from pathlib import Path
 from typing import Any
 
 from .common import CLIError, add_config_flags, config_from_flags, config_overrides, count
 from .progress import Progress
+from .train_report import describe, report, report_task
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
     from ..model.config import PRESETS, GPTConfig
+    from ..train.config import TrainConfig
     from ..train.data import BUILTINS
-    from ..train.loop import TrainConfig
     from ..train.recipes import ARCHS
 
     parser = subparsers.add_parser(
@@ -123,7 +123,7 @@ def _run(args: argparse.Namespace) -> int:
         model_config, train_config = _new_configs(args, dataset, init)
     out = _out_dir(args)
 
-    _describe(dataset, model_config, train_config, resumed=args.resume)
+    describe(dataset, model_config, train_config, resumed=args.resume)
     if args.resume:
         print(f"resumed  from step {step} of {train_config.max_iters} ({out / 'ckpt'})")
     elif init is not None:
@@ -134,9 +134,9 @@ def _run(args: argparse.Namespace) -> int:
         from ..model.gpt import GPT
 
         torch.manual_seed(train_config.seed)  # the untrained model train() starts from
-        _report_task(GPT(model_config), dataset, "before")
+        report_task(GPT(model_config), dataset, "before")
     result = _train(args, model_config, train_config, dataset, out, init)
-    return _report(args, result, dataset, out, train_config)
+    return report(args, result, dataset, out, train_config)
 
 
 def _check_flags(args: argparse.Namespace) -> None:
@@ -206,7 +206,8 @@ def _new_configs(args: argparse.Namespace, dataset: Any, init: Any) -> tuple[Any
     model, or a --preset shape) with the flags given applied. An old run in --out is refused,
     or with --overwrite its checkpoint removed."""
     from ..model.gpt import GPTConfig
-    from ..train.loop import TrainConfig, sequence_length
+    from ..train.config import TrainConfig
+    from ..train.loop import sequence_length
     from ..train.recipes import recipe
 
     if args.preset and args.arch not in (None, "gpt2"):
@@ -260,48 +261,6 @@ def _train(args: argparse.Namespace, model_config: Any, train_config: Any, datas
         )
     finally:
         progress.close()
-
-
-def _report(args: argparse.Namespace, result: Any, dataset: Any, out: Path,
-            train_config: Any) -> int:
-    """Print what the run reached and where it is, what it learned and what to run next: the
-    exit code (130: interrupted, with the command that continues it)."""
-    from ..train.data import SentenceDataset, TaskDataset
-
-    if result.val_loss is not None:
-        bits = "" if result.val_bpb is None else f", {result.val_bpb:.3f} bits/byte"
-        budget = (" since resuming" if args.resume else
-                  f" of a {train_config.time_budget} budget" if train_config.time_budget else "")
-        # an interrupted run's checkpoint is past its last evaluation: say which step that was
-        at = f" at step {result.val_step} (the last evaluation)" if result.interrupted else ""
-        print(
-            f"val loss {result.val_loss:.4f}{bits}{at}  ({result.seconds:.1f} s{budget}, "
-            f"{result.tokens_per_second:,.0f} tokens/s training)"
-        )
-    if result.interrupted:
-        # the checkpoint holds the run's configs and tokenizer: these three flags are enough
-        print(
-            f"interrupted: checkpoint saved in {result.checkpoint}; continue with: "
-            f"attnlab train --data {shlex.quote(args.data)} --out {shlex.quote(str(out))} "
-            "--resume"
-        )
-        return 130
-    if isinstance(dataset, TaskDataset):
-        _report_task(result.model, dataset, "after")
-    elif isinstance(dataset, SentenceDataset):
-        _report_sentences(result.model, dataset)
-    else:
-        _sample_text(result.model, dataset)
-    print(
-        f"saved    {result.checkpoint}  (metrics: {out / 'metrics.jsonl'}, "
-        f"curve: {out / 'loss.png'})"
-    )
-    print(
-        f"next     attnlab info {result.checkpoint}\n"
-        f'         attnlab generate {result.checkpoint} "..."\n'
-        f"         attnlab serve {result.checkpoint}"
-    )
-    return 0
 
 
 # flags a resumed run may change: they decide how long and how often, not what is learned
@@ -393,7 +352,7 @@ def _resume_configs(
     RESUME_SAFE flags given again applied; any other flag that differs from the run's is
     refused, as is other data than the run trained on."""
     from ..model.gpt import GPTConfig
-    from ..train.loop import TrainConfig
+    from ..train.config import TrainConfig
     from ..train.recipes import arch_of
 
     model_config, meta = saved_configs
@@ -461,65 +420,3 @@ def _check_resumable(ckpt: Path, finished: bool) -> None:
 
 def _slug(name: str) -> str:
     return "".join(c if c.isalnum() or c in "-_" else "_" for c in Path(name).stem) or "run"
-
-
-def _describe(dataset: Any, model_config: Any, train_config: Any, resumed: bool) -> None:
-    from ..model.gpt import count_params
-    from ..train.budget import CALIBRATION_STEPS, UNTIMED_STEPS, parse_duration
-
-    n_params = count_params(model_config)
-    tc = train_config
-    print(f"data     {dataset.describe()}")
-    print(
-        f"model    {count(model_config.n_layer, 'layer')}, "
-        f"{count(model_config.n_head, 'head')}, "
-        f"{model_config.n_embd} dims, context {model_config.block_size}: "
-        + (f"{n_params / 1e6:.2f}M parameters" if n_params >= 10_000 else
-           f"{n_params:,} parameters")
-    )
-    steps = count(tc.max_iters, "step")
-    if tc.time_budget and resumed:  # the steps were fitted when the run started
-        steps += f" (the run began with a {tc.time_budget} budget)"
-    elif tc.time_budget:
-        steps = (f"{tc.time_budget} ({parse_duration(tc.time_budget):g} s; steps fitted to the "
-                 f"speed of the first {UNTIMED_STEPS + CALIBRATION_STEPS})")
-    world = int(os.environ.get("WORLD_SIZE", "1"))  # torchrun's
-    if world > 1:
-        print(f"world    {world} processes (torchrun, DistributedDataParallel): each step's "
-              f"{tc.batch_size} sequences split {tc.batch_size // world} per process")
-    print(
-        f"train    {steps} x {tc.batch_size * tc.grad_accum} sequences, "
-        f"{tc.optimizer} lr {tc.lr:g}, {tc.dtype}"
-    )
-
-
-def _report_task(model: Any, dataset: Any, when: str) -> None:
-    from ..train.recipes import answer_accuracy
-
-    accuracy, rows = answer_accuracy(model, dataset, n=256)
-    print(f"{when:<8} answer accuracy {accuracy:.1%} on 256 held-out examples")
-    for prompt, answer, got in rows[:3]:
-        mark = "✓" if got == answer else "✗"
-        print(f"           {prompt}{got}   {mark} (expected {answer})")
-
-
-def _report_sentences(model: Any, dataset: Any) -> None:
-    import torch
-
-    with torch.no_grad():
-        logits = model(dataset.ids[:, :-1]).logits[:, -1]  # (N, V)
-    rows = dataset.last_word_predictions(logits.argmax(-1))
-    right = sum(expected == got for _, expected, got in rows)
-    print(f"after    last word right in {right}/{len(rows)} sentences")
-    for prompt, expected, got in rows:
-        print(f"           {prompt!r} -> {got!r}  {'✓' if got == expected else '✗'}")
-
-
-def _sample_text(model: Any, dataset: Any) -> None:
-    from ..generate import generate_text
-
-    tok = dataset.tokenizer
-    start = tok.decode([int(dataset.val[0])])
-    n = min(200, model.config.block_size - 1)
-    text = generate_text(model, tok, [start], max_new_tokens=n, temperature=0.8, top_k=0, seed=0)[0]
-    print(f"sample   (temperature 0.8, {n} tokens)\n{start}{text}")

@@ -1,12 +1,14 @@
 """Training: `train(model_config, train_config, dataset, out_dir)` and what it needs.
 
-`loop.py` runs the loop and resumes exactly, `data.py` turns text or a built-in task into
-batches, `recipes.py` picks what `attnlab train` trains when no flag says otherwise and
-scores a task run, `budget.py` trains for a time budget, `distributed.py` runs under
-torchrun with DistributedDataParallel.
+`config.py` holds `TrainConfig` (how to train, the learning-rate schedule) and
+`TrainResult`, `loop.py` runs the loop and resumes exactly, `data.py` turns text or a
+built-in task into batches, `recipes.py` picks what `attnlab train` trains when no flag says
+otherwise and scores a task run, `budget.py` trains for a time budget, `distributed.py` runs
+under torchrun with DistributedDataParallel.
 """
 
+from .config import TrainConfig, TrainResult
 from .data import load_dataset
-from .loop import TrainConfig, TrainResult, train
+from .loop import train
 
 __all__ = ["TrainConfig", "TrainResult", "load_dataset", "train"]

@@ -1,13 +1,14 @@
 """Training: a loop people can trust, and resume exactly.
 
 `train(model_config, train_config, dataset, out_dir)` runs AdamW (weight decay on matrices
-only) or SGD with linear warmup + cosine decay, gradient clipping and accumulation, bf16
-autocast on request, optional torch.compile; it evaluates on the val split, appends
-metrics to `out_dir/metrics.jsonl`, checkpoints to `out_dir/ckpt` (see checkpoint.py) and
-draws `out_dir/loss.png`. Everything random is seeded, and the checkpoint holds the model,
-optimizer, step and RNG states, so a resumed run continues exactly where it stopped.
-Nothing here is specific to a dataset (data.py) or prints (cli/train.py shows progress
-through `callback`). Default recipes per dataset: recipes.py.
+only) or SGD with the schedule of `TrainConfig` (config.py: linear warmup + cosine decay),
+gradient clipping and accumulation, bf16 autocast on request, optional torch.compile; it
+evaluates on the val split, appends metrics to `out_dir/metrics.jsonl`, checkpoints to
+`out_dir/ckpt` (checkpoint.py) and draws `out_dir/loss.png`. Everything random is seeded,
+and the checkpoint holds the model, optimizer, step and RNG states, so a resumed run
+continues exactly where it stopped. Nothing here is specific to a dataset (data.py) or
+prints (cli/train.py shows progress through `callback`). Default recipes per dataset:
+recipes.py.
 """
 
 from __future__ import annotations
@@ -23,7 +24,6 @@ import sys
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -37,102 +37,10 @@ from ..checkpoint import (
 )
 from ..model.gpt import GPT, GPTConfig, count_params
 from ..model.runtime import warn_if_slow_bf16
-from ..tokenizers import Tokenizer
 from .budget import Budget, parse_duration
+from .config import TrainConfig, TrainResult
 from .data import Dataset, SentenceDataset, TaskDataset, bits_per_byte
 from .distributed import World, setup, teardown
-
-
-@dataclass
-class TrainConfig:
-    """How to train. Defaults: nanoGPT's shakespeare_char CPU recipe, 2000 iterations."""
-
-    max_iters: int = 2000  # optimizer steps
-    # train for this long instead (90s, 5m, 1.5h): max_iters fitted to the measured speed,
-    # and the lr schedule to max_iters (budget.py)
-    time_budget: str | None = None
-    batch_size: int = 12  # sequences per micro-batch
-    grad_accum: int = 1  # micro-batches per optimizer step
-    lr: float = 1e-3  # peak learning rate
-    min_lr: float | None = None  # floor of the cosine decay; None = lr / 10
-    warmup_iters: int = 100  # linear warmup steps
-    decay_lr: bool = True  # cosine decay to min_lr at max_iters (False: constant after warmup)
-    optimizer: str = "adamw"  # adamw | sgd (plain: no momentum, no weight decay)
-    weight_decay: float = 0.1  # AdamW decay on 2-d weights only (not biases, norms)
-    beta2: float = 0.99  # AdamW beta2; 0.99 suits small batches (nanoGPT char)
-    grad_clip: float = 1.0  # max global grad norm; 0 disables clipping
-    eval_interval: int = 250  # evaluate and checkpoint every this many steps
-    eval_iters: int = 20  # val batches per evaluation
-    # float32 | bfloat16 (autocast: fast where the CPU or GPU has bfloat16 units, emulated
-    # and slow elsewhere)
-    dtype: str = "float32"
-    compile: bool = False  # torch.compile the model
-    # fused (SDPA) | explicit | auto: explicit under bfloat16 on CPU, where SDPA's backward
-    # loses to the explicit path at short contexts
-    # (docs/performance.md#explicit-attention-in-training)
-    attention: str = "auto"
-    device: str = "auto"  # auto (CUDA if present, else CPU) | cpu | cuda | cuda:N | mps
-    seed: int = 1337  # seeds init, batches and dropout
-    # tokens per training sequence on text; None: the model's whole context (block_size).
-    # Fewer fine-tune a long-context model (2048 for SmolLM, 32k for Qwen) on a CPU
-    seq_len: int | None = None
-
-    def __post_init__(self) -> None:
-        for name in ("max_iters", "batch_size", "grad_accum", "eval_interval", "eval_iters",
-                     "seq_len"):
-            value = getattr(self, name)
-            if name == "seq_len" and value is None:
-                continue
-            if not isinstance(value, int) or value < 1:
-                raise ValueError(f"TrainConfig.{name}={value!r} must be a positive integer")
-        if not 0 < self.lr < math.inf:
-            raise ValueError(f"lr={self.lr} must be a finite number > 0")
-        if self.min_lr is not None and not 0 <= self.min_lr <= self.lr:
-            raise ValueError(f"min_lr={self.min_lr} must be in [0, lr={self.lr}]")
-        if self.warmup_iters < 0:
-            raise ValueError(f"warmup_iters={self.warmup_iters} must be >= 0")
-        if self.time_budget is not None:
-            parse_duration(self.time_budget)
-        if self.optimizer not in ("adamw", "sgd"):
-            raise ValueError(f"optimizer={self.optimizer!r}; choose adamw or sgd")
-        if self.dtype not in ("float32", "bfloat16"):
-            raise ValueError(f"dtype={self.dtype!r}; choose float32 or bfloat16")
-        if self.attention not in ("auto", "fused", "explicit"):
-            raise ValueError(f"attention={self.attention!r}; choose auto, fused or explicit")
-        if not (self.grad_clip >= 0 and 0 <= self.weight_decay < math.inf):  # False for nan
-            raise ValueError(
-                f"grad_clip={self.grad_clip} and weight_decay={self.weight_decay} must be >= 0 "
-                "(weight_decay finite)"
-            )
-
-    def lr_at(self, step: int) -> float:
-        """Linear warmup to lr, then cosine decay to min_lr at max_iters (nanoGPT's get_lr)."""
-        if step < self.warmup_iters:
-            return self.lr * (step + 1) / (self.warmup_iters + 1)
-        if not self.decay_lr:
-            return self.lr
-        min_lr = self.lr / 10 if self.min_lr is None else self.min_lr
-        span = max(1, self.max_iters - self.warmup_iters)
-        progress = min(1.0, (step - self.warmup_iters) / span)
-        return min_lr + 0.5 * (1.0 + math.cos(math.pi * progress)) * (self.lr - min_lr)
-
-
-@dataclass
-class TrainResult:
-    # model and history stay out of the repr a notebook shows for `train(...)`: with them, it
-    # would print every module and a metrics row per step above the outcome
-    model: GPT = field(repr=False)
-    tokenizer: Tokenizer
-    history: list[dict[str, Any]] = field(default_factory=list, repr=False)  # a row per step / eval
-    checkpoint: Path | None = None
-    val_loss: float | None = None
-    val_bpb: float | None = None  # val loss in bits per byte of text (None for tasks)
-    val_step: int | None = None  # the step val_loss was evaluated at (an interrupt saves later)
-    seconds: float = 0.0  # wall clock of this call: steps, evaluations, saves, compiling
-    # throughput of the optimizer steps: evaluations, saves and the first step of the call
-    # (torch.compile compiles there, and the allocator warms up) left out
-    tokens_per_second: float = 0.0
-    interrupted: bool = False
 
 
 def make_optimizer(model: GPT, config: TrainConfig) -> torch.optim.Optimizer:

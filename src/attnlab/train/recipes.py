@@ -15,8 +15,8 @@ import torch
 
 from ..model.gpt import GPT, GPTConfig, count_params
 from ..model.runtime import fast_bf16
+from .config import TrainConfig
 from .data import Dataset, SentenceDataset, TaskDataset, TextDataset, load_dataset
-from .loop import TrainConfig
 
 if TYPE_CHECKING:
     from ..interp.edits import Edits
