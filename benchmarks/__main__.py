@@ -72,17 +72,23 @@ def render_any(result: dict[str, Any]) -> str:
     return "```json\n" + json.dumps(body, indent=2, default=str) + "\n```"
 
 
+def load_results(directory: Path = RECORDED) -> dict[str, dict[str, Any]]:
+    """suite name -> its full run in `directory`, in the order `all` runs the suites."""
+    results = {}
+    for name in SUITES:
+        path = directory / f"{name}.json"
+        if path.exists():
+            results[name] = json.loads(path.read_text(encoding="utf-8"))
+    return results
+
+
 def write_readme_table(out: Path, *, splice: bool = False) -> Path | None:
     """README_table.md from the full-run results in `out`; None when there are none.
 
     With `splice` (and `out` the recorded results) docs/benchmarks.md's tables and the
     README's summary are rebuilt (`benchmarks/report.py`).
     """
-    results = []
-    for name in SUITES:
-        path = out / f"{name}.json"
-        if path.exists():
-            results.append(json.loads(path.read_text()))
+    results = list(load_results(out).values())
     if not results:
         return None
     m = results[0].get("machine") or machine()

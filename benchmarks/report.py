@@ -17,13 +17,12 @@ are shown: a suite with no result file, or a row whose variant it lacks, is left
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from .__main__ import RECORDED, SUITES, render_any
+from .__main__ import load_results, render_any
 from .common import describe_machine
 from .trace import HF_BASE, RUN, TL_PATTERN
 from .train_step import BEST
@@ -37,16 +36,6 @@ Result = dict[str, Any]
 
 def markers(name: str) -> tuple[str, str]:
     return f"<!-- report:{name}:start -->", f"<!-- report:{name}:end -->"
-
-
-def load_results(directory: Path = RECORDED) -> dict[str, Result]:
-    """suite name -> its recorded full run, in the order `python -m benchmarks all` runs them."""
-    results = {}
-    for name in SUITES:
-        path = directory / f"{name}.json"
-        if path.exists():
-            results[name] = json.loads(path.read_text(encoding="utf-8"))
-    return results
 
 
 def full_tables(results: dict[str, Result]) -> str:
