@@ -202,7 +202,8 @@ def _json_value_fits(value: Any, annotation: Any) -> bool:
 
 
 def load_attnlab_checkpoint(
-    directory: str | Path, *, map_location: str | torch.device = "cpu"
+    directory: str | Path, *, map_location: str | torch.device = "cpu",
+    dtype: torch.dtype | None = None,
 ) -> Checkpoint:
     """Load model (eval mode), tokenizer and meta from an attnlab checkpoint directory (or a
     run directory: its latest checkpoint). `attnlab.load_checkpoint` also opens Hugging Face
@@ -211,7 +212,7 @@ def load_attnlab_checkpoint(
     for _ in range(_READ_TRIES - 1):
         before = _identity(path)
         try:
-            return _load(path, map_location)
+            return _load(path, map_location, dtype)
         except (OSError, ValueError):
             # a training run replaced the checkpoint as we read it (a new directory now, or
             # its .tmp / .old directories beside it meanwhile): read the new one
@@ -220,7 +221,7 @@ def load_attnlab_checkpoint(
             if not saving and _identity(path) == before:
                 raise
         time.sleep(0.2)
-    return _load(path, map_location)
+    return _load(path, map_location, dtype)
 
 
 def _identity(directory: Path) -> tuple[int, int] | None:
@@ -236,7 +237,8 @@ def _identity(directory: Path) -> tuple[int, int] | None:
 _READ_TRIES = 5
 
 
-def _load(directory: Path, map_location: str | torch.device) -> Checkpoint:
+def _load(directory: Path, map_location: str | torch.device,
+          dtype: torch.dtype | None = None) -> Checkpoint:
     directory = _resolve(directory)
     config, meta = read_config(directory)
     weights = directory / WEIGHTS_FILE
@@ -256,6 +258,8 @@ def _load(directory: Path, map_location: str | torch.device) -> Checkpoint:
         ) from err
     tokenizer = load_tokenizer(directory)
     check_fits(tokenizer, config.vocab_size)
+    if dtype is not None:
+        model.to(dtype=dtype)
     return Checkpoint(model.eval(), tokenizer, meta, directory)
 
 

@@ -16,10 +16,12 @@ from .tokenizers import is_hf_dir
 
 
 def load_checkpoint(
-    directory: str | Path, *, map_location: str | torch.device = "cpu"
+    directory: str | Path, *, map_location: str | torch.device = "cpu",
+    dtype: torch.dtype | None = None,
 ) -> Checkpoint:
     """Load model (eval mode), tokenizer and meta from a checkpoint directory, or from a
-    Hugging Face model directory of a supported family (`attnlab.hf`)."""
+    Hugging Face model directory of a supported family (`attnlab.hf`), on `map_location`,
+    in `dtype` (default: float32)."""
     if is_hf_dir(directory):
-        return load_hf_checkpoint(directory, map_location=map_location)
-    return load_attnlab_checkpoint(directory, map_location=map_location)
+        return load_hf_checkpoint(directory, map_location=map_location, dtype=dtype)
+    return load_attnlab_checkpoint(directory, map_location=map_location, dtype=dtype)
