@@ -148,33 +148,35 @@ def test_a_read_racing_a_save_reads_again(tmp_path: Path, monkeypatch: pytest.Mo
     can lose a file halfway; it reads again while those are there or when the directory
     changed during the read, and otherwise raises at once."""
     import attnlab.checkpoint as checkpoint
+    import attnlab.model.tensorfile as tensorfile
 
     path = save_checkpoint(tmp_path / "ckpt", _model(True), CharTokenizer(list("abc")))
-    calls: list[int] = []
-    real = checkpoint._load_weights
+    calls: list[str] = []
+    real = tensorfile.read_tensor
 
-    def vanishing_once(model: GPT, weights: Path, device: str) -> None:
-        calls.append(1)
+    def vanishing_once(info: tensorfile.TensorInfo) -> torch.Tensor:
+        calls.append(info.name)
         if len(calls) == 1:
-            raise FileNotFoundError(weights)
-        real(model, weights, device)
+            raise FileNotFoundError(info.path)
+        return real(info)
 
-    monkeypatch.setattr(checkpoint, "_load_weights", vanishing_once)
+    monkeypatch.setattr(tensorfile, "read_tensor", vanishing_once)
     monkeypatch.setattr(checkpoint.time, "sleep", lambda seconds: None)
     saving = tmp_path / ".ckpt.tmp-999"
     saving.mkdir()
-    assert load_checkpoint(path).model.config == _model(True).config and len(calls) == 2
+    loaded = load_checkpoint(path).model
+    assert loaded.config == _model(True).config and calls.count(calls[0]) == 2
     saving.rmdir()
     calls.clear()
-    with pytest.raises(ValueError, match="do not fit"):  # the file is there: a real mismatch
+    with pytest.raises(FileNotFoundError):  # no save under way: raised at once
         load_checkpoint(path)
-    assert len(calls) == 1  # no save under way: no second read
+    assert len(calls) == 1  # no second read
 
-    def removed(model: GPT, weights: Path, device: str) -> None:
-        weights.unlink()
+    def removed(info: tensorfile.TensorInfo) -> torch.Tensor:
+        info.path.unlink()
         raise OSError("No such file")
 
-    monkeypatch.setattr(checkpoint, "_load_weights", removed)
+    monkeypatch.setattr(tensorfile, "read_tensor", removed)
     # the directory changed during the read, so it is read again, and found as it now is
     with pytest.raises(FileNotFoundError, match=r"has no model\.safetensors; the checkpoint "
                                                 r"is incomplete"):

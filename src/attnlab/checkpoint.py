@@ -28,8 +28,11 @@ from typing import Any, Union, get_args, get_origin, get_type_hints
 
 import torch
 
-from .model.gpt import GPT, GPTConfig, empty_gpt
+from .model.gpt import GPT, GPTConfig
+from .model.materialize import check_shapes, materialize, meta_gpt
+from .model.memory import check_memory
 from .model.runtime import resolve_device
+from .model.tensorfile import TensorFiles
 from .tokenizers import Tokenizer, check_fits, load_tokenizer
 
 WEIGHTS_FILE = "model.safetensors"
@@ -203,7 +206,7 @@ def _json_value_fits(value: Any, annotation: Any) -> bool:
 
 def load_attnlab_checkpoint(
     directory: str | Path, *, map_location: str | torch.device = "cpu",
-    dtype: torch.dtype | None = None,
+    dtype: torch.dtype | None = None, force: bool = False,
 ) -> Checkpoint:
     """Load model (eval mode), tokenizer and meta from an attnlab checkpoint directory (or a
     run directory: its latest checkpoint). `attnlab.load_checkpoint` also opens Hugging Face
@@ -212,7 +215,7 @@ def load_attnlab_checkpoint(
     for _ in range(_READ_TRIES - 1):
         before = _identity(path)
         try:
-            return _load(path, map_location, dtype)
+            return _load(path, map_location, dtype, force)
         except (OSError, ValueError):
             # a training run replaced the checkpoint as we read it (a new directory now, or
             # its .tmp / .old directories beside it meanwhile): read the new one
@@ -221,7 +224,7 @@ def load_attnlab_checkpoint(
             if not saving and _identity(path) == before:
                 raise
         time.sleep(0.2)
-    return _load(path, map_location, dtype)
+    return _load(path, map_location, dtype, force)
 
 
 def _identity(directory: Path) -> tuple[int, int] | None:
@@ -238,29 +241,54 @@ _READ_TRIES = 5
 
 
 def _load(directory: Path, map_location: str | torch.device,
-          dtype: torch.dtype | None = None) -> Checkpoint:
+          dtype: torch.dtype | None = None, force: bool = False) -> Checkpoint:
     directory = _resolve(directory)
     config, meta = read_config(directory)
     weights = directory / WEIGHTS_FILE
     if not weights.exists():
         raise FileNotFoundError(f"{directory} has no {WEIGHTS_FILE}; the checkpoint is incomplete")
-    model = empty_gpt(config)
     device = resolve_device(str(map_location))  # a missing CUDA is not a corrupted file
-    try:
-        _load_weights(model, weights, device=str(device))
-    except Exception as err:  # safetensors raises several types for corrupt or mismatched files
-        if not weights.exists():  # not a config mismatch: the file went while it was read
-            raise FileNotFoundError(f"{weights} was removed while it was read (a training "
-                                    "run replacing the checkpoint?); load it again") from err
-        raise ValueError(
-            f"weights in {weights} do not fit the model described by {CONFIG_FILE}: "
-            f"{_first_line(err)}. The file is corrupted or belongs to another config"
-        ) from err
     tokenizer = load_tokenizer(directory)
     check_fits(tokenizer, config.vocab_size)
-    if dtype is not None:
-        model.to(dtype=dtype)
-    return Checkpoint(model.eval(), tokenizer, meta, directory)
+    try:
+        files = TensorFiles([weights])
+        names = _file_names(files, config)
+        model = meta_gpt(config)
+        metas = files.meta()
+        summary = _mismatch(model, {ours: metas[name] for ours, name in names.items()})
+        if summary:
+            raise ValueError(summary)
+        if config.tie_weights:  # one tensor, filled under the table's name
+            names.pop(TIED[0], None)
+        check_shapes(model, ((ours, metas[name]) for ours, name in names.items()))
+    except ValueError as err:
+        raise ValueError(f"weights in {weights} do not fit the model described by "
+                         f"{CONFIG_FILE}: {err}. The file is corrupted or belongs to another "
+                         "config") from None
+    check_memory(model.num_params(non_embedding=False), dtype or torch.float32, device,
+                 extra=files.largest(), force=force)
+    try:
+        materialize(model, ((ours, files[name]) for ours, name in names.items()),
+                    dtype=dtype, device=device)
+    except ValueError as err:  # the file changed after its header was read
+        if not weights.exists():  # a training run replaced the checkpoint as we read it
+            raise FileNotFoundError(f"{weights} was removed while it was read (a training "
+                                    "run replacing the checkpoint?); load it again") from err
+        raise
+    finally:
+        files.forget()
+    return Checkpoint(model, tokenizer, meta, directory)
+
+
+def _file_names(files: TensorFiles, config: GPTConfig) -> dict[str, str]:
+    """{model parameter: the file's name for it}: the names are the model's own, but tied
+    weights are stored once, under either name (TIED)."""
+    names = {name: name for name in files}
+    if config.tie_weights:
+        for name, other in (TIED, TIED[::-1]):
+            if name not in files and other in files:
+                names[name] = other
+    return names
 
 
 def _save_weights(model: GPT, path: Path) -> None:
@@ -275,21 +303,6 @@ def _save_weights(model: GPT, path: Path) -> None:
         del state[dropped]
         metadata[dropped] = kept
     save_file(state, str(path), metadata)
-
-
-def _load_weights(model: GPT, path: Path, device: str) -> None:
-    """Copy model.safetensors into `model` (its layout stays); every tensor must fit."""
-    from safetensors.torch import load_file
-
-    state = load_file(str(path), device=device)
-    if model.config.tie_weights:
-        for name, other in (TIED, TIED[::-1]):
-            if name not in state and other in state:
-                state[name] = state[other]
-    summary = _mismatch(model, state)
-    if summary:
-        raise ValueError(summary)
-    model.load_state_dict(state, strict=True)
 
 
 def _mismatch(model: GPT, state: dict[str, torch.Tensor], show: int = 3) -> str:
@@ -314,15 +327,6 @@ def _mismatch(model: GPT, state: dict[str, torch.Tensor], show: int = 3) -> str:
     if unexpected:
         parts.append(f"{len(unexpected)} unexpected ({first(unexpected)})")
     return "; ".join(parts)
-
-
-def _first_line(err: Exception) -> str:
-    """torch lists every mismatched tensor on its own line; the first one says enough."""
-    lines = [line.strip() for line in str(err).splitlines() if line.strip()]
-    if len(lines) > 1 and lines[0].endswith(":"):  # "Error(s) in loading state_dict for GPT:"
-        lines = lines[1:]
-    more = f" (and {len(lines) - 1} more)" if len(lines) > 1 else ""
-    return (lines[0].rstrip(".") if lines else type(err).__name__) + more
 
 
 def load_train_state(directory: str | Path) -> dict[str, Any]:

@@ -20,8 +20,11 @@ import torch
 from torch import Tensor
 
 from ..checkpoint import Checkpoint
-from ..model.gpt import GPT, GPTConfig, empty_gpt
+from ..model.gpt import GPT, GPTConfig
+from ..model.materialize import check_shapes, materialize, meta_gpt
+from ..model.memory import check_memory
 from ..model.runtime import resolve_device
+from ..model.tensorfile import TensorFiles
 from ..tokenizers import Tokenizer, check_fits
 from ..tokenizers.hf_dir import (
     CONFIG_FILE,
@@ -32,7 +35,7 @@ from ..tokenizers.hf_dir import (
     read_hf_config,
 )
 from .fields import Fields
-from .files import SAFETENSORS_FILE, read_weights, write_hf_dir
+from .files import SAFETENSORS_FILE, BinTensors, read_weights, write_hf_dir
 from .gpt2 import GPT2
 from .gpt_neox import GPT_NEOX
 from .llama import LLAMA, MISTRAL
@@ -129,24 +132,62 @@ def gpt_from_hf(
     family = family_of(hf_config)
     if config.tie_weights and family.weights.head_is_untied(hf_state):
         config = dataclasses.replace(config, tie_weights=False)
-    model = empty_gpt(config)
-    state = family.weights.from_hf(hf_state, config, model.state_dict().keys(), family.name)
-    model.load_state_dict(state, strict=True)  # one copy each, into the model's own layout
-    return model.eval()
+    model = meta_gpt(config)
+    keys = list(model.state_dict())
+    check_shapes(model, family.weights.iter_from_hf(hf_state, config, keys, family.name))
+    return materialize(model, family.weights.iter_from_hf(hf_state, config, keys, family.name))
 
 
 def load_hf(
     path: str | Path, dtype: torch.dtype | None = None, *, dropout: float = 0.0,
-    map_location: str | torch.device = "cpu",
+    map_location: str | torch.device = "cpu", force: bool = False,
 ) -> GPT:
     """A local Hugging Face model directory of any supported family -> attnlab GPT in eval
-    mode, float32 unless `dtype` (e.g. torch.bfloat16), on `map_location`."""
+    mode, float32 unless `dtype` (e.g. torch.bfloat16), on `map_location`.
+
+    Nothing is allocated before config.json and every tensor's name, shape and dtype (the
+    safetensors headers) agree, and the model fits in the memory `map_location` has free
+    (`force=True` skips that check: `attnlab.model.memory`). Tensors are then read one at a
+    time into the model's own memory on the device: peak memory is the model plus its largest
+    tensor, never a second copy (docs/performance.md#lazy-loading)."""
     device = resolve_device(str(map_location))  # a missing CUDA named before any reading
     directory = Path(path)
     hf_config = read_hf_config(directory)
-    config_from_hf(hf_config)  # a config attnlab cannot run fails before the weights are read
-    model = gpt_from_hf(hf_config, read_weights(directory), dropout=dropout)
-    return model.to(device=device, dtype=dtype)
+    config = config_from_hf(hf_config, dropout=dropout)  # before the weights are opened
+    family = family_of(hf_config)
+    files = read_weights(directory)
+    try:
+        return _load_weights(files, config, family, dtype, device, force)
+    finally:
+        files.forget()
+
+
+def _load_weights(files: TensorFiles | BinTensors, config: GPTConfig, family: Family,
+                  dtype: torch.dtype | None, device: torch.device, force: bool) -> GPT:
+    """Check the files against `config`, check it fits, then fill the model tensor by tensor."""
+    names = family.weights
+    meta = _Recording(files.meta())
+    model = meta_gpt(config)
+    if config.tie_weights and names.head_is_untied(files):  # reads only a head that is there
+        config = dataclasses.replace(config, tie_weights=False)
+        model = meta_gpt(config)
+    keys = list(model.state_dict())
+    check_shapes(model, names.iter_from_hf(meta, config, keys, family.name),
+                 lambda ours: f"{ours} ({files.describe(meta.last)})")
+    check_memory(model.num_params(non_embedding=False), dtype or torch.float32, device,
+               extra=files.largest(), force=force)
+    return materialize(model, names.iter_from_hf(files, config, keys, family.name),
+                       dtype=dtype, device=device)
+
+
+class _Recording(dict[str, Tensor]):
+    """A dict that remembers the last name read: which file tensor a check was looking at."""
+
+    last = ""
+
+    def __getitem__(self, name: str) -> Tensor:
+        self.last = name
+        return super().__getitem__(name)
 
 
 def load_hf_gpt2(
@@ -164,11 +205,11 @@ def load_hf_gpt2(
 
 def load_hf_checkpoint(
     directory: str | Path, *, map_location: str | torch.device = "cpu",
-    dtype: torch.dtype | None = None,
+    dtype: torch.dtype | None = None, force: bool = False,
 ) -> Checkpoint:
     """Model and tokenizer of a Hugging Face directory, as `load_checkpoint` returns them;
     meta names the family and architecture."""
-    model = load_hf(directory, dtype, map_location=map_location)
+    model = load_hf(directory, dtype, map_location=map_location, force=force)
     tokenizer = load_hf_tokenizer(directory, model.config.vocab_size)
     check_fits(tokenizer, model.config.vocab_size)
     family = family_of(read_hf_config(directory))

@@ -25,6 +25,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from ..model.tensorfile import TensorFiles
 from ..tokenizers import HFTokenizer, TiktokenTokenizer, Tokenizer
 from ..tokenizers.hf_dir import CONFIG_FILE, TOKENIZER_CONFIG, TOKENIZER_FILES, as_hf_backend
 
@@ -33,36 +34,81 @@ SAFETENSORS_INDEX = "model.safetensors.index.json"
 TORCH_FILE = "pytorch_model.bin"
 
 
-def read_weights(directory: Path) -> dict[str, Tensor]:
-    """Every tensor of the directory's weight file(s), by Hugging Face name, on the CPU."""
-    from safetensors.torch import load_file
-
+def read_weights(directory: Path) -> TensorFiles | BinTensors:
+    """The directory's weights by Hugging Face name, as a mapping that reads a tensor when it
+    is asked for (`TensorFiles`; a pytorch_model.bin is memory-mapped). Every safetensors
+    header is checked first, and the index must name files next to it, each tensor once."""
     if (directory / SAFETENSORS_FILE).is_file():
-        return load_file(str(directory / SAFETENSORS_FILE))
+        return TensorFiles([directory / SAFETENSORS_FILE])
     if (directory / SAFETENSORS_INDEX).is_file():
-        index = json.loads((directory / SAFETENSORS_INDEX).read_text())
-        weights: dict[str, Tensor] = {}
-        for shard in sorted(set(index["weight_map"].values())):
-            if Path(shard).name != shard:  # the index names files next to it, nothing else
-                raise ValueError(f"{directory / SAFETENSORS_INDEX} names shard {shard!r} "
-                                 "outside the directory")
-            weights.update(load_file(str(directory / shard)))
-        return weights
+        return _sharded(directory)
     if (directory / TORCH_FILE).is_file():
-        try:
-            state: dict[str, Tensor] = torch.load(
-                directory / TORCH_FILE, map_location="cpu", weights_only=True
-            )
-        except Exception as err:  # UnpicklingError for unsafe content, RuntimeError if truncated
-            raise ValueError(
-                f"refusing or unable to load {directory / TORCH_FILE}: {err}. attnlab reads "
-                "plain tensors only (weights_only=True); convert it to model.safetensors"
-            ) from err
-        return state
+        return BinTensors(directory / TORCH_FILE)
     raise FileNotFoundError(
         f"{directory} has no weights: expected {SAFETENSORS_FILE}, {SAFETENSORS_INDEX} or "
         f"{TORCH_FILE} next to its {CONFIG_FILE}"
     )
+
+
+def _sharded(directory: Path) -> TensorFiles:
+    """The shard files model.safetensors.index.json names, checked: plain file names next to
+    it, each tensor in the shard the index says."""
+    path = directory / SAFETENSORS_INDEX
+    try:
+        index = json.loads(path.read_text())
+    except (UnicodeDecodeError, json.JSONDecodeError) as err:
+        raise ValueError(f"{path} is not JSON ({err})") from None
+    weight_map = index.get("weight_map") if isinstance(index, dict) else None
+    if not isinstance(weight_map, dict) or not all(
+            isinstance(k, str) and isinstance(v, str) for k, v in weight_map.items()):
+        raise ValueError(f"{path} has no weight_map of tensor name -> shard file name")
+    shards = sorted(set(weight_map.values()))
+    for shard in shards:
+        if Path(shard).name != shard or shard in ("", ".", ".."):
+            # the index names files next to it, nothing else
+            raise ValueError(f"{path} names shard {shard!r} outside the directory")
+        if not (directory / shard).is_file():
+            raise FileNotFoundError(f"{path} names shard {shard!r}, which is not in "
+                                    f"{directory}; the download is incomplete")
+    files = TensorFiles(directory / shard for shard in shards)
+    for name, shard in weight_map.items():
+        info = files.infos.get(name)
+        if info is None or info.path.name != shard:
+            found = "no shard" if info is None else info.path.name
+            raise ValueError(f"{path} puts tensor {name!r} in {shard} but {found} holds it; "
+                             "the index and the shards disagree")
+    return files
+
+
+class BinTensors(dict[str, Tensor]):
+    """A pytorch_model.bin's tensors, memory-mapped (read with weights_only=True: plain
+    tensors only), with TensorFiles' `meta` and `describe`."""
+
+    def __init__(self, path: Path) -> None:
+        try:
+            state = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
+        except Exception as err:  # UnpicklingError for unsafe content, RuntimeError if truncated
+            raise ValueError(
+                f"refusing or unable to load {path}: {err}. attnlab reads "
+                "plain tensors only (weights_only=True); convert it to model.safetensors"
+            ) from err
+        if not isinstance(state, dict) or not all(isinstance(t, Tensor) for t in state.values()):
+            raise ValueError(f"{path} is not a state dict of tensors")
+        super().__init__(state)
+        self.path = path
+
+    def meta(self) -> dict[str, Tensor]:
+        return {name: torch.empty(t.shape, dtype=t.dtype, device="meta")
+                for name, t in self.items()}
+
+    def describe(self, name: str) -> str:
+        return f"tensor {name!r} of {self.path.name}"
+
+    def largest(self) -> int:
+        return max((t.nbytes for t in self.values()), default=0)
+
+    def forget(self) -> None:
+        self.clear()
 
 
 def write_hf_dir(directory: Path, config: dict[str, Any], weights: dict[str, Tensor],

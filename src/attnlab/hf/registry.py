@@ -11,7 +11,7 @@ module and one line in `FAMILIES` (hf/__init__.py). Directory reading is `files.
 from __future__ import annotations
 
 import re
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -80,29 +80,38 @@ class WeightMap:
 
     def from_hf(self, hf_state: Mapping[str, Tensor], config: GPTConfig, keys: Iterable[str],
                 family: str) -> dict[str, Tensor]:
-        """attnlab tensors for every name in `keys` (views of `hf_state` where possible);
+        """attnlab tensors for every name in `keys` (views of `hf_state` where possible), as
+        one dict; `iter_from_hf` has the rules."""
+        out = dict(self.iter_from_hf(hf_state, config, keys, family))
+        if config.tie_weights:
+            out["lm_head.weight"] = out["wte.weight"]
+        return out
+
+    def iter_from_hf(self, hf_state: Mapping[str, Tensor], config: GPTConfig,
+                     keys: Iterable[str], family: str) -> Iterator[tuple[str, Tensor]]:
+        """(attnlab name, tensor) for every name in `keys` but a tied head, reading each
+        `hf_state[name]` only when its turn comes (a lazy mapping holds one at a time);
         ValueError for a missing weight, a missing untied head, or a weight left over."""
         head = f"{self.top['lm_head']}.weight"
-        state = {k if k.startswith(self.base) or k == head else self.base + k: v
-                 for k, v in hf_state.items()}
+        names = {k if k.startswith(self.base) or k == head else self.base + k: k
+                 for k in hf_state}  # full name -> the file's name (a bare body lacks base)
         used: set[str] = set()
 
         def take(name: str) -> Tensor:
-            if name not in state:
+            if name not in names:
                 raise ValueError(
-                    f"{family} checkpoint has no weight {name!r} ({len(state)} tensors, e.g. "
-                    f"{sorted(state)[:3]}); the file is incomplete or belongs to another "
+                    f"{family} checkpoint has no weight {name!r} ({len(names)} tensors, e.g. "
+                    f"{sorted(names)[:3]}); the file is incomplete or belongs to another "
                     "architecture"
                 )
             used.add(name)
-            return state[name]
+            return hf_state[names[name]]
 
-        out: dict[str, Tensor] = {}
         for ours in keys:
             if ours == "lm_head.weight" and config.tie_weights:
                 used.add(head)  # a tied file may store the head too; transformers ignores it
                 continue
-            if ours == "lm_head.weight" and head not in state:
+            if ours == "lm_head.weight" and head not in names:
                 raise ValueError(
                     f"{family} config.json has tie_word_embeddings=false but the checkpoint "
                     f"has no {head}; refusing to run with a random output head"
@@ -113,21 +122,18 @@ class WeightMap:
                 assert self.split_qkv is not None
                 whole = take(f"{self.layer.format(i=i)}{self.fused_qkv}.{param}")
                 q, k, v = self.split_qkv(whole, config)
-                out[ours] = {"query": q, "key": k, "value": v}[ours.split(".")[-2]]
+                yield ours, {"query": q, "key": k, "value": v}[ours.split(".")[-2]]
                 continue
             tensor = take(self._name(ours))
             inner = ours.split(".", 2)[-1].rsplit(".", 1)[0] if ours.startswith("blocks.") else ""
-            out[ours] = tensor.t() if inner in self.transposed and tensor.dim() == 2 else tensor
-        if config.tie_weights:
-            out["lm_head.weight"] = out["wte.weight"]
-        leftover = sorted(k for k in set(state) - used if not BUFFERS.search(k))
+            yield ours, tensor.t() if inner in self.transposed and tensor.dim() == 2 else tensor
+        leftover = sorted(k for k in set(names) - used if not BUFFERS.search(k))
         if leftover:
             raise ValueError(
                 f"{family} checkpoint has weights the config does not account for: "
                 f"{leftover[:3]}{' ...' if len(leftover) > 3 else ''}; config.json and the "
                 "weights disagree (e.g. a bias flag)"
             )
-        return out
 
     def to_hf(self, state: Mapping[str, Tensor], config: GPTConfig) -> dict[str, Tensor]:
         """Hugging Face tensors (contiguous, unshared: ready for safetensors) for an attnlab

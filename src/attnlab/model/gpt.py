@@ -383,7 +383,7 @@ def unembed(head: nn.Linear, x: Tensor) -> Tensor:
 def empty_gpt(config: GPTConfig) -> GPT:
     """GPT(config) on the CPU with uninitialised weights in its layout, ties kept: for loaders,
     which overwrite every weight (no time spent drawing an init they would discard)."""
-    with _on_meta():
+    with on_meta():
         model = GPT(config)
     # to_empty(device="cpu"), but by empty_strided: empty_like of a meta tensor goes through
     # torch._refs, which imports sympy (docs/performance.md#loading-without-init); the meta
@@ -397,7 +397,7 @@ def empty_gpt(config: GPTConfig) -> GPT:
 def count_params(config: GPTConfig) -> int:
     """Parameters of GPT(config), embeddings included, counted on the meta device (nothing
     allocated or initialised)."""
-    with _on_meta():
+    with on_meta():
         return GPT(config).num_params(non_embedding=False)
 
 
@@ -414,7 +414,7 @@ class _SkipInit(TorchFunctionMode):
 
 
 @contextmanager
-def _on_meta() -> Iterator[None]:
+def on_meta() -> Iterator[None]:
     """Build modules on the meta device without drawing their initial weights."""
     with torch.device("meta"), _SkipInit():
         yield

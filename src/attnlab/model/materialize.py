@@ -1,0 +1,86 @@
+"""Build a GPT from named tensors without ever holding the model twice.
+
+Loaders (`checkpoint.py` for attnlab directories, `hf` for Hugging Face ones) describe a
+model as a config plus a stream of (attnlab name, tensor) pairs. This module:
+1. builds the GPT on the meta device (no memory, no init): `meta_gpt`;
+2. checks every name and shape against it before anything is allocated: `check_shapes`,
+   fed meta tensors made from the files' headers, so a config that claims 4,000 layers over
+   a one-tensor file is refused in one line, not by the allocator;
+3. allocates each parameter on the target device in the target dtype, in the memory layout
+   `GPT.lay_out_weights` gives it, and copies the tensor in: `materialize`. Only the tensor
+   being copied exists twice, never the model: peak memory is the model plus its largest
+   tensor as the file stores it (docs/performance.md#lazy-loading).
+What the names mean and where tensors come from is the loaders'; memory budgets are
+`memory.py`'s.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+
+import torch
+from torch import Tensor
+
+from .config import GPTConfig
+from .gpt import GPT, on_meta
+
+#: dtypes a model's weights may be stored in
+FLOAT_DTYPES = (torch.float64, torch.float32, torch.float16, torch.bfloat16)
+
+
+def meta_gpt(config: GPTConfig) -> GPT:
+    """GPT(config) on the meta device: shapes, names and memory layout, no storage."""
+    with on_meta():
+        return GPT(config)
+
+
+def check_shapes(model: GPT, tensors: Iterable[tuple[str, Tensor]],
+                 describe: Callable[[str], str] = repr) -> None:
+    """ValueError naming the first tensor whose shape or dtype `model` (a meta model) cannot
+    take, or the first parameter no tensor provides. `describe(name)` says where a name's
+    tensor comes from ("model.layers.0.mlp.up_proj.weight in model-00002.safetensors")."""
+    expected = dict(model.state_dict())
+    if model.config.tie_weights:
+        del expected["lm_head.weight"]  # the token table: filled once, by its own name
+    seen = set()
+    for name, tensor in tensors:
+        if name not in expected:
+            raise ValueError(f"{describe(name)} is not a tensor of this model; the weights "
+                             "belong to another config")
+        want = tuple(expected[name].shape)
+        if tuple(tensor.shape) != want:
+            raise ValueError(f"{describe(name)} has shape {tuple(tensor.shape)} but the "
+                             f"config needs {want}; the config and the weights disagree")
+        if tensor.dtype not in FLOAT_DTYPES:
+            raise ValueError(f"{describe(name)} is {tensor.dtype}; model weights are "
+                             f"floating point ({', '.join(map(str, FLOAT_DTYPES))})")
+        seen.add(name)
+    missing = [n for n in expected if n not in seen]
+    if missing:
+        raise ValueError(f"the weights have no {missing[0]!r} ({len(missing)} of "
+                         f"{len(expected)} tensors missing); the config describes another "
+                         "model or the files are incomplete")
+
+
+def materialize(model: GPT, tensors: Iterable[tuple[str, Tensor]], *,
+                dtype: torch.dtype | None = None,
+                device: str | torch.device = "cpu") -> GPT:
+    """Fill meta model `model` from (name, tensor) pairs (checked by `check_shapes` first):
+    each parameter is allocated on `device` in `dtype` (default float32) with the layout the
+    meta model has, and the tensor copied in. Returns the model in eval mode."""
+    dtype = dtype or torch.float32
+    metas = dict(model.state_dict())
+    filled: dict[str, Tensor] = {}
+    with torch.no_grad():
+        for name, tensor in tensors:
+            meta = metas[name]
+            # (the shape meta has, in its strides: a laid-out Linear keeps its (in, out) memory)
+            target = torch.empty_strided(meta.shape, meta.stride(), dtype=dtype, device=device)
+            target.copy_(tensor)
+            filled[name] = target
+        if model.config.tie_weights:
+            filled["lm_head.weight"] = filled["wte.weight"]
+        model.load_state_dict(filled, strict=True, assign=True)
+    if model.config.tie_weights:
+        model.lm_head.weight = model.wte.weight  # assign gave each name its own Parameter
+    return model.eval()

@@ -1,0 +1,103 @@
+"""Will it fit? The memory a model needs at a dtype, the memory a device has free, and one
+line that says so before a load starts instead of the out-of-memory killer after.
+
+`check_memory` is what loaders call with the bytes they are about to allocate; `fit_report`
+is what `attnlab info` prints for every dtype. Free memory is the kernel's MemAvailable
+(capped by the container's cgroup limit) for the CPU and `torch.cuda.mem_get_info` for a
+GPU; elsewhere (MPS) it is unknown and nothing is refused.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import torch
+
+#: the dtypes a model can be loaded in, as users name them
+LOAD_DTYPES: dict[str, torch.dtype] = {
+    "float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16,
+}
+
+
+class DoesNotFitError(ValueError):
+    """The model cannot fit in the memory the device has free (the message says what would)."""
+
+
+def gb(nbytes: float) -> str:
+    return f"{nbytes / 1e9:.1f} GB"
+
+
+def available_bytes(device: str | torch.device) -> int | None:
+    """Bytes free for a new allocation on `device`; None where that is unknown."""
+    device = torch.device(device)
+    if device.type == "cuda":
+        free, _ = torch.cuda.mem_get_info(device)
+        return int(free)
+    if device.type != "cpu":
+        return None
+    known = [n for n in (_meminfo_available(), _cgroup_free()) if n is not None]
+    return min(known) if known else None
+
+
+def _meminfo_available() -> int | None:
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    try:  # not Linux: free pages
+        return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (ValueError, OSError, AttributeError):
+        return None
+
+
+def _cgroup_free() -> int | None:
+    """What the container's memory limit leaves (cgroup v2), or None without one."""
+    root = Path("/sys/fs/cgroup")
+    try:
+        limit = (root / "memory.max").read_text().strip()
+        if limit == "max":
+            return None
+        return max(int(limit) - int((root / "memory.current").read_text()), 0)
+    except (OSError, ValueError):
+        return None
+
+
+def check_memory(params: int, dtype: torch.dtype, device: str | torch.device, *,
+               extra: int = 0, force: bool = False) -> None:
+    """DoesNotFitError unless `params` parameters in `dtype` (plus `extra` bytes, e.g. the
+    largest tensor read on the way) fit in what `device` has free; `force` skips the check."""
+    device = torch.device(device)
+    free = available_bytes(device)
+    needed = params * dtype.itemsize + extra
+    if force or free is None or needed <= free:
+        return
+    where = "this machine has" if device.type == "cpu" else f"{device} has"
+    half = params * 2 + extra
+    parts = [f"the model needs {gb(needed)} in {str(dtype).removeprefix('torch.')} "
+             f"({params / 1e9:.2f}B parameters) but {where} {gb(free)} free"]
+    if dtype.itemsize > 2 and half <= free:
+        parts.append(f"in bfloat16 it needs {gb(half)}, which fits: --dtype bfloat16 "
+                     "(dtype=torch.bfloat16)")
+    else:
+        if dtype.itemsize > 2:
+            parts.append(f"even bfloat16 needs {gb(half)}")
+        fits = max(free - extra, 0) / 2 / 1e9
+        parts.append(f"use a device with {gb(min(needed, half))} free or a smaller model "
+                     f"(about {fits:.1f}B parameters fit here in bfloat16)")
+    parts.append("--force (force=True) tries anyway")
+    raise DoesNotFitError("; ".join(parts))
+
+
+def fit_report(params: int, device: str | torch.device = "cpu", extra: int = 0
+               ) -> dict[str, dict[str, object]]:
+    """{dtype name: {"bytes": needed, "fits": bool | None}} for every dtype in LOAD_DTYPES
+    on `device` (None: free memory unknown)."""
+    free = available_bytes(device)
+    report: dict[str, dict[str, object]] = {}
+    for name, dtype in LOAD_DTYPES.items():
+        needed = params * dtype.itemsize + extra
+        report[name] = {"bytes": needed, "fits": None if free is None else needed <= free}
+    return report

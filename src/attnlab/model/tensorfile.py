@@ -1,0 +1,197 @@
+"""Safetensors files read without trusting them: the header is parsed and checked in full
+before a byte of tensor data is read, and tensors are read one at a time, on request.
+
+A safetensors file is an 8-byte little-endian header length N, N bytes of JSON
+({name: {"dtype", "shape", "data_offsets": [begin, end]}, "__metadata__": {...}}), then the
+data; offsets count from the end of the header. `read_header` refuses, in one line naming
+the file and the tensor, a header that runs past the file, JSON that is not such a table,
+an unknown dtype, a byte count that disagrees with the shape, and data that runs past the
+file or overlaps another tensor's. A shape may be huge (a 70B model's header describes
+141 GB): nothing here allocates by the header's word. `TensorFiles` joins the headers of
+a model's shards into one name -> tensor table, refusing a tensor found in two shards.
+
+This module knows files and bytes; which tensors a model needs and what they mean is the
+loaders' (`model/materialize.py` builds a GPT from named tensors, `checkpoint.py` and `hf`
+name them).
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import math
+import struct
+from collections.abc import Iterable, Iterator, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from torch import Tensor
+
+#: safetensors dtype names -> torch dtypes (the format's spec lists these)
+DTYPES: dict[str, torch.dtype] = {
+    "F64": torch.float64, "F32": torch.float32, "F16": torch.float16,
+    "BF16": torch.bfloat16, "F8_E4M3": torch.float8_e4m3fn, "F8_E5M2": torch.float8_e5m2,
+    "I64": torch.int64, "I32": torch.int32, "I16": torch.int16, "I8": torch.int8,
+    "U8": torch.uint8, "BOOL": torch.bool,
+}
+# safetensors' own reader refuses headers over 100 MB; a real one is well under 1 MB
+MAX_HEADER = 100_000_000
+# one read() returns at most ~2 GiB on Linux, so bigger tensors are read in pieces
+_READ_PIECE = 1 << 30
+
+
+@dataclass(frozen=True)
+class TensorInfo:
+    """Where one tensor lies: its file, dtype, shape and byte range (absolute offsets)."""
+
+    name: str
+    path: Path
+    dtype: torch.dtype
+    shape: tuple[int, ...]
+    start: int
+    nbytes: int
+
+    @property
+    def numel(self) -> int:
+        return math.prod(self.shape)
+
+
+def read_header(path: Path) -> dict[str, TensorInfo]:
+    """The tensors a safetensors file holds, by name, checked against the file's size;
+    ValueError naming the file and what is wrong, before any tensor data is read."""
+    try:
+        size = path.stat().st_size
+        with open(path, "rb") as f:
+            head = f.read(8)
+            if len(head) < 8:
+                raise ValueError(f"{path} is {size} bytes, too short for a safetensors file "
+                                 "(8-byte header length first); it is truncated or not one")
+            (length,) = struct.unpack("<Q", head)
+            if length > min(size - 8, MAX_HEADER):
+                raise ValueError(f"{path}: its header claims {length:,} bytes but the file is "
+                                 f"{size:,} bytes; the file is truncated or not safetensors")
+            text = f.read(length)
+    except OSError as err:
+        raise ValueError(f"cannot read {path}: {err.strerror or err}") from err
+    try:
+        header = json.loads(text)
+    except (UnicodeDecodeError, json.JSONDecodeError) as err:
+        raise ValueError(f"{path}: its header is not JSON ({err}); the file is corrupted or "
+                         "not safetensors") from None
+    if not isinstance(header, dict):
+        raise ValueError(f"{path}: its header is a JSON {type(header).__name__}, not the "
+                         "table of tensors safetensors writes")
+    header.pop("__metadata__", None)
+    data_start = 8 + length
+    infos = {name: _entry(path, name, entry, data_start, size)
+             for name, entry in header.items()}
+    _check_overlaps(path, infos.values())
+    return infos
+
+
+def _entry(path: Path, name: str, entry: object, data_start: int, size: int) -> TensorInfo:
+    """One header entry as a TensorInfo, every field checked."""
+    where = f"{path}: tensor {name!r}"
+    if not isinstance(entry, dict):
+        raise ValueError(f"{where} is described by {entry!r}, not a dtype/shape/offsets table")
+    dtype, shape, offsets = entry.get("dtype"), entry.get("shape"), entry.get("data_offsets")
+    if dtype not in DTYPES:
+        raise ValueError(f"{where} has dtype {dtype!r}; safetensors dtypes are "
+                         f"{', '.join(DTYPES)}")
+    if not (isinstance(shape, list) and all(_count(n) for n in shape)):
+        raise ValueError(f"{where} has shape {shape!r}; a shape is a list of counts >= 0")
+    if not (isinstance(offsets, list) and len(offsets) == 2 and all(map(_count, offsets))
+            and offsets[0] <= offsets[1]):
+        raise ValueError(f"{where} has data_offsets {offsets!r}; expected [begin, end] with "
+                         "0 <= begin <= end")
+    begin, end = offsets
+    itemsize = DTYPES[dtype].itemsize
+    if end - begin != math.prod(shape) * itemsize:
+        raise ValueError(f"{where} is {dtype} {tuple(shape)}, {math.prod(shape) * itemsize:,} "
+                         f"bytes, but its data_offsets span {end - begin:,} bytes")
+    if data_start + end > size:
+        raise ValueError(f"{where}: its data ends at byte {data_start + end:,}, past the end "
+                         f"of the {size:,}-byte file; the file is truncated")
+    return TensorInfo(name, path, DTYPES[dtype], tuple(shape), data_start + begin, end - begin)
+
+
+def _count(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
+
+
+def _check_overlaps(path: Path, infos: Iterable[TensorInfo]) -> None:
+    """Two tensors sharing bytes would make writing one change the other."""
+    spans = sorted((i for i in infos if i.nbytes), key=lambda i: i.start)
+    for before, after in itertools.pairwise(spans):
+        if after.start < before.start + before.nbytes:
+            raise ValueError(f"{path}: tensors {before.name!r} and {after.name!r} share bytes "
+                             "(overlapping data_offsets); the file is corrupted")
+
+
+def read_tensor(info: TensorInfo) -> Tensor:
+    """The tensor's data, read from its file into a new CPU tensor of the file's dtype."""
+    out = torch.empty(info.shape, dtype=info.dtype)  # what the header promised
+    if info.nbytes == 0:
+        return out
+    buffer = memoryview(out.reshape(-1).view(torch.uint8).numpy().data)  # nbytes, writable
+    with open(info.path, "rb") as f:
+        f.seek(info.start)
+        done = 0
+        while done < info.nbytes:
+            got = f.readinto(buffer[done:done + _READ_PIECE])
+            if not got:
+                raise ValueError(f"{info.path} ended inside tensor {info.name!r} (it was "
+                                 "truncated after its header was read)")
+            done += got
+    return out
+
+
+class TensorFiles(Mapping[str, Tensor]):
+    """The tensors of one or more safetensors files as a read-on-request mapping:
+    `files[name]` reads that tensor (the last one read is kept, so the three slices of a
+    fused q/k/v weight read it once); `infos` has every tensor's dtype and shape, for
+    checks that must not read data."""
+
+    def __init__(self, paths: Iterable[Path]) -> None:
+        self.infos: dict[str, TensorInfo] = {}
+        for path in paths:
+            for name, info in read_header(path).items():
+                if name in self.infos:
+                    raise ValueError(f"tensor {name!r} is in both {self.infos[name].path.name} "
+                                     f"and {path.name}; a model's shards hold each tensor once")
+                self.infos[name] = info
+        self._last: tuple[str, Tensor] | None = None
+
+    def __getitem__(self, name: str) -> Tensor:
+        if self._last is None or self._last[0] != name:
+            self._last = None  # drop the previous tensor before reading the next
+            self._last = (name, read_tensor(self.infos[name]))
+        return self._last[1]
+
+    def __contains__(self, name: object) -> bool:  # Mapping's would read the tensor
+        return name in self.infos
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self.infos)
+
+    def __len__(self) -> int:
+        return len(self.infos)
+
+    def meta(self) -> dict[str, Tensor]:
+        """Every tensor as a meta tensor of its dtype and shape: what a loader checks names
+        and shapes on before it allocates (nothing is read or allocated)."""
+        return {name: torch.empty(i.shape, dtype=i.dtype, device="meta")
+                for name, i in self.infos.items()}
+
+    def describe(self, name: str) -> str:
+        """"tensor 'x.weight' of model-00002.safetensors" for messages."""
+        return f"tensor {name!r} of {self.infos[name].path.name}"
+
+    def largest(self) -> int:
+        """Bytes of the largest tensor: what reading one at a time holds besides the model."""
+        return max((i.nbytes for i in self.infos.values()), default=0)
+
+    def forget(self) -> None:
+        """Drop the kept tensor (call when done)."""
+        self._last = None
