@@ -14,7 +14,7 @@ from .checkpoint import Checkpoint, save_checkpoint
 from .generate import GenerationConfig, generate_text, stream, stream_text
 from .hf import load_hf, load_hf_gpt2, save_hf, save_hf_gpt2
 from .interp.edits import Edit, Edits
-from .load import load_checkpoint
+from .load import ModelInfo, inspect_dir, load_checkpoint
 from .model.attention import (
     CausalSelfAttention,
     Mask,
@@ -46,6 +46,7 @@ __all__ = [
     "GPTConfig",
     "GenerationConfig",
     "KVCache",
+    "ModelInfo",
     "Mask",
     "ModelOutput",
     "RMSNorm",
@@ -63,6 +64,7 @@ __all__ = [
     "generate_text",
     "get_tokenizer",
     "half_weights",
+    "inspect_dir",
     "load_checkpoint",
     "load_dataset",
     "load_hf",

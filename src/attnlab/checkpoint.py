@@ -22,6 +22,7 @@ import re
 import shutil
 import time
 import types
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Union, get_args, get_origin, get_type_hints
@@ -32,7 +33,7 @@ from .model.gpt import GPT, GPTConfig
 from .model.materialize import check_shapes, materialize, meta_gpt
 from .model.memory import check_memory
 from .model.runtime import resolve_device
-from .model.tensorfile import TensorFiles
+from .model.tensorfile import TensorFiles, WeightFiles
 from .tokenizers import Tokenizer, check_fits, load_tokenizer
 
 WEIGHTS_FILE = "model.safetensors"
@@ -240,16 +241,33 @@ def _identity(directory: Path) -> tuple[int, int] | None:
 _READ_TRIES = 5
 
 
-def _load(directory: Path, map_location: str | torch.device,
-          dtype: torch.dtype | None = None, force: bool = False) -> Checkpoint:
-    directory = _resolve(directory)
-    config, meta = read_config(directory)
+@dataclass
+class OpenedWeights:
+    """A model directory opened and checked, nothing allocated: its config and meta-device
+    model, the weight files (headers read), and which file tensor fills each parameter."""
+
+    config: GPTConfig
+    model: GPT  # on the meta device
+    files: WeightFiles
+    #: (parameter, tensor) for every parameter but a tied head, read as it is iterated
+    tensors: Callable[[], Iterable[tuple[str, torch.Tensor]]]
+
+    def fill(self, dtype: torch.dtype | None, device: torch.device, force: bool) -> GPT:
+        """The model on `device` in `dtype`, once `check_memory` agrees (or `force`)."""
+        check_memory(self.model.num_params(non_embedding=False), dtype or torch.float32,
+                     device, extra=self.files.largest(), force=force)
+        try:
+            return materialize(self.model, self.tensors(), dtype=dtype, device=device)
+        finally:
+            self.files.forget()
+
+
+def open_attnlab_weights(directory: Path, config: GPTConfig) -> OpenedWeights:
+    """The checkpoint's model.safetensors checked against `config` by its header alone;
+    ValueError naming the first tensor that does not fit."""
     weights = directory / WEIGHTS_FILE
     if not weights.exists():
         raise FileNotFoundError(f"{directory} has no {WEIGHTS_FILE}; the checkpoint is incomplete")
-    device = resolve_device(str(map_location))  # a missing CUDA is not a corrupted file
-    tokenizer = load_tokenizer(directory)
-    check_fits(tokenizer, config.vocab_size)
     try:
         files = TensorFiles([weights])
         names = _file_names(files, config)
@@ -265,18 +283,32 @@ def _load(directory: Path, map_location: str | torch.device,
         raise ValueError(f"weights in {weights} do not fit the model described by "
                          f"{CONFIG_FILE}: {err}. The file is corrupted or belongs to another "
                          "config") from None
-    check_memory(model.num_params(non_embedding=False), dtype or torch.float32, device,
-                 extra=files.largest(), force=force)
+    return OpenedWeights(config, model, files,
+                         lambda: ((ours, files[name]) for ours, name in names.items()))
+
+
+def open_attnlab_dir(directory: str | Path) -> tuple[Path, dict[str, Any], OpenedWeights]:
+    """(the checkpoint directory a path stands for, its meta, its weights opened and checked
+    against its config): everything but the tensors' data."""
+    directory = _resolve(Path(directory))
+    config, meta = read_config(directory)
+    return directory, meta, open_attnlab_weights(directory, config)
+
+
+def _load(directory: Path, map_location: str | torch.device,
+          dtype: torch.dtype | None = None, force: bool = False) -> Checkpoint:
+    directory, meta, opened = open_attnlab_dir(directory)
+    config = opened.config
+    device = resolve_device(str(map_location))  # a missing CUDA is not a corrupted file
+    tokenizer = load_tokenizer(directory)
+    check_fits(tokenizer, config.vocab_size)
     try:
-        materialize(model, ((ours, files[name]) for ours, name in names.items()),
-                    dtype=dtype, device=device)
-    except ValueError as err:  # the file changed after its header was read
-        if not weights.exists():  # a training run replaced the checkpoint as we read it
-            raise FileNotFoundError(f"{weights} was removed while it was read (a training "
-                                    "run replacing the checkpoint?); load it again") from err
-        raise
-    finally:
-        files.forget()
+        model = opened.fill(dtype, device, force)
+    except ValueError as err:  # e.g. the file ended early: was it replaced meanwhile?
+        if (directory / WEIGHTS_FILE).exists():
+            raise
+        raise FileNotFoundError(f"{directory / WEIGHTS_FILE} was removed while it was read (a "
+                                "training run replacing the checkpoint?); load it again") from err
     return Checkpoint(model, tokenizer, meta, directory)
 
 

@@ -1,18 +1,36 @@
 """Open any model directory: an attnlab checkpoint (or a run directory) or a Hugging Face
 model directory of a supported family. The one place that knows both kinds exist:
 `checkpoint.py` reads attnlab's, `hf` reads Hugging Face's, and every command opens a
-directory through `load_checkpoint`.
+directory through `load_checkpoint`, or describes one without loading it through
+`inspect_dir`.
 """
 
 from __future__ import annotations
 
+import json
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import torch
 
-from .checkpoint import Checkpoint, load_attnlab_checkpoint
-from .hf import load_hf_checkpoint
-from .tokenizers import is_hf_dir
+from .checkpoint import (
+    STATE_FILE,
+    Checkpoint,
+    OpenedWeights,
+    load_attnlab_checkpoint,
+    open_attnlab_dir,
+)
+from .hf import family_of, load_hf_checkpoint, open_hf_weights
+from .model.config import GPTConfig
+from .model.memory import fit_report
+from .tokenizers import NoTokenizerError, Tokenizer, check_fits, load_hf_tokenizer, load_tokenizer
+from .tokenizers.hf_dir import GENERATION_CONFIG, is_hf_dir, read_hf_config
+
+#: generation_config.json fields `inspect_dir` reports (the sampling defaults a model ships)
+GENERATION_FIELDS = ("bos_token_id", "eos_token_id", "pad_token_id", "do_sample",
+                     "temperature", "top_k", "top_p", "repetition_penalty", "max_new_tokens",
+                     "max_length")
 
 
 def load_checkpoint(
@@ -31,3 +49,81 @@ def load_checkpoint(
                                   force=force)
     return load_attnlab_checkpoint(directory, map_location=map_location, dtype=dtype,
                                    force=force)
+
+
+@dataclass
+class ModelInfo:
+    """What a model directory holds, read from its metadata alone (`inspect_dir`)."""
+
+    path: Path
+    source: str  # "attnlab" or "huggingface"
+    config: GPTConfig
+    parameters: int  # as the model would hold them (a tied table counted once)
+    stored: dict[str, int]  # bytes the weight files hold per dtype ("bfloat16": 141e9)
+    tensors: int
+    weight_files: list[str]
+    largest_tensor: int  # bytes: what a load holds besides the model
+    tokenizer: Tokenizer | None
+    family: str | None = None  # Hugging Face directories: "llama"
+    architecture: str | None = None
+    generation: dict[str, Any] = field(default_factory=dict)  # generation_config.json
+    meta: dict[str, Any] = field(default_factory=dict)  # attnlab: step, losses, train config
+    resumable: bool = False
+    notes: list[str] = field(default_factory=list)  # e.g. "no tokenizer files"
+
+    def memory(self, device: str | torch.device = "cpu") -> dict[str, dict[str, Any]]:
+        """What loading would need at each dtype on `device`, and whether it fits now."""
+        return fit_report(self.parameters, device, extra=self.largest_tensor)
+
+
+def inspect_dir(directory: str | Path) -> ModelInfo:
+    """Describe a model directory from config.json, the weight files' headers and the
+    tokenizer files, never the tensors: instant and flat in memory for a model of any size.
+    The headers are checked against the config as a load would check them (ValueError
+    naming the first tensor that does not fit)."""
+    notes: list[str] = []
+    if is_hf_dir(directory):
+        path = Path(directory)
+        hf_config = read_hf_config(path)
+        family = family_of(hf_config)
+        opened = open_hf_weights(path, read_head=False)
+        try:
+            tokenizer: Tokenizer | None = load_hf_tokenizer(path, opened.config.vocab_size)
+            check_fits(tokenizer, opened.config.vocab_size)
+        except NoTokenizerError as err:  # a weights-only directory: say so, go on
+            tokenizer = None
+            notes.append(str(err))
+        return _info(path, "huggingface", opened, tokenizer, notes, family=family.name,
+                     architecture=family.architecture, generation=_generation(path))
+    path, meta, opened = open_attnlab_dir(directory)
+    tokenizer = load_tokenizer(path)
+    check_fits(tokenizer, opened.config.vocab_size)
+    return _info(path, "attnlab", opened, tokenizer, notes, meta=meta,
+                 resumable=(path / STATE_FILE).exists())
+
+
+def _info(path: Path, source: str, opened: OpenedWeights, tokenizer: Tokenizer | None,
+          notes: list[str], **more: Any) -> ModelInfo:
+    files = opened.files
+    return ModelInfo(
+        path=path, source=source, config=opened.config,
+        parameters=opened.model.num_params(non_embedding=False),
+        stored={_name(dtype): n for dtype, n in files.stored().items()}, tensors=len(files),
+        weight_files=[p.name for p in files.paths()], largest_tensor=files.largest(),
+        tokenizer=tokenizer, notes=notes, **more)
+
+
+def _name(dtype: torch.dtype) -> str:
+    return str(dtype).removeprefix("torch.")
+
+
+def _generation(directory: Path) -> dict[str, Any]:
+    """The sampling settings a Hugging Face directory ships (generation_config.json)."""
+    path = directory / GENERATION_CONFIG
+    try:
+        settings = json.loads(path.read_text()) if path.is_file() else {}
+    except (OSError, ValueError):
+        return {}
+    if not isinstance(settings, dict):
+        return {}
+    return {k: settings[k] for k in GENERATION_FIELDS if k in settings}

@@ -1,22 +1,25 @@
-"""`attnlab info CHECKPOINT`: what a checkpoint holds, without loading more than it must."""
+"""`attnlab info CHECKPOINT`: what a model directory holds, from its metadata alone
+(`attnlab.inspect_dir`): never the tensors, so a 70B directory answers at once."""
 
 from __future__ import annotations
 
 import argparse
 import json
 import sys
-from pathlib import Path
 from typing import Any
 
+from ..model.memory import gb
 from .common import add_checkpoint_argument, count
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
     parser = subparsers.add_parser(
         "info",
-        help="print a checkpoint's config, parameter count and training state",
-        description="Print the model config, parameter count, tokenizer and training "
-        "state of CHECKPOINT.",
+        help="print a model directory's config, size, tokenizer and training state",
+        description="Print the model config, parameter count, stored bytes per dtype, what "
+        "loading needs at each dtype, the tokenizer, generation settings and training state "
+        "of CHECKPOINT, from its metadata alone (config.json, the weight files' headers and "
+        "the tokenizer files: instant for a model of any size).",
     )
     add_checkpoint_argument(parser)
     parser.add_argument("--json", action="store_true", help="print one JSON object instead")
@@ -24,42 +27,55 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
 
 
 def run(args: argparse.Namespace) -> int:
-    from ..checkpoint import STATE_FILE
-    from ..load import load_checkpoint
-    from ..tokenizers import NoTokenizerError, Tokenizer
+    from ..load import inspect_dir
 
-    tok: Tokenizer | None
-    try:
-        ckpt = load_checkpoint(args.checkpoint)
-        model, meta, tok, path = ckpt.model, ckpt.meta, ckpt.tokenizer, ckpt.path
-    except NoTokenizerError as err:  # a weights-only Hugging Face directory: say so, go on
-        from ..hf import load_hf
+    model = inspect_dir(args.checkpoint)
+    for note in model.notes:
+        print(f"note: {note}", file=sys.stderr)
+    info = _as_dict(model)
+    if args.json:
+        print(json.dumps(info, indent=2))
+        return 0
+    _print(model, info)
+    return 0
 
-        print(f"note: {err}", file=sys.stderr)
-        model, meta, tok, path = load_hf(args.checkpoint), {}, None, Path(args.checkpoint)
-    assert path is not None
-    state_file = path / STATE_FILE
-    train_config = meta.get("train_config") or {}
-    info: dict[str, Any] = {
-        "path": str(path),
+
+def _as_dict(model: Any) -> dict[str, Any]:
+    """The JSON `attnlab info --json` prints."""
+    tok, meta = model.tokenizer, model.meta
+    memory = {"cpu": model.memory("cpu")}
+    import torch
+
+    if torch.cuda.is_available():
+        memory["cuda"] = model.memory("cuda")
+    return {
+        "path": str(model.path),
+        "source": model.source,
+        "family": model.family,
+        "architecture": model.architecture,
         "config": model.config.to_dict(),
-        "parameters": model.num_params(non_embedding=False),
+        "parameters": model.parameters,
+        "stored": model.stored,
+        "tensors": model.tensors,
+        "weight_files": model.weight_files,
+        "memory": memory,
         "tokenizer": tok and {"name": tok.name, "vocab_size": tok.vocab_size,
                               "stop_ids": list(tok.stop_ids),
                               "bos_id": getattr(tok, "bos_id", None),
                               "adds_bos": bool(getattr(tok, "add_bos", False))},
+        "generation": model.generation,
         "step": meta.get("step"),
         "val_loss": meta.get("val_loss"),
         "dataset": meta.get("dataset"),
-        "train_config": train_config,
-        "resumable": state_file.exists(),
-        "bytes": sum(p.stat().st_size for p in path.iterdir() if p.is_file()),
+        "train_config": meta.get("train_config") or {},
+        "resumable": model.resumable,
+        "bytes": sum(p.stat().st_size for p in model.path.iterdir() if p.is_file()),
     }
-    if args.json:
-        print(json.dumps(info, indent=2))
-        return 0
-    c = info["config"]
-    print(f"checkpoint  {info['path']}  ({info['bytes'] / 1e6:.2f} MB)")
+
+
+def _print(model: Any, info: dict[str, Any]) -> None:
+    meta, tok, c = model.meta, model.tokenizer, info["config"]
+    print(f"checkpoint  {info['path']}  ({gb(info['bytes'])})")
     print(f"model       {count(c['n_layer'], 'layer')}, {count(c['n_head'], 'head')}, "
           f"{c['n_embd']} dims, context {c['block_size']}, vocab {c['vocab_size']}: "
           f"{info['parameters']:,} parameters")
@@ -67,12 +83,19 @@ def run(args: argparse.Namespace) -> int:
     if meta.get("init_from"):  # a fine-tune (attnlab train --init_from)
         family = f" (Hugging Face {meta['family']})" if meta.get("family") else ""
         print(f"fine-tuned  from {meta['init_from']}{family}")
-    elif meta.get("family"):  # a Hugging Face directory
-        print(f"family      {meta['architecture']} (Hugging Face {meta['family']} directory)")
+    elif model.family:  # a Hugging Face directory
+        print(f"family      {model.architecture} (Hugging Face {model.family} directory)")
+    stored = ", ".join(f"{dtype} {gb(n)}" for dtype, n in info["stored"].items())
+    print(f"weights     {stored} in {count(len(info['weight_files']), 'file')} "
+          f"({count(info['tensors'], 'tensor')})")
+    for device, report in info["memory"].items():
+        print(f"{'loading':<12}{_memory_line(device, report)}")
     if tok is None:
         print("tokenizer   none")
     else:
         print(f"tokenizer   {tok.name} ({tok.vocab_size} ids)" + _specials(tok, info["tokenizer"]))
+    if model.generation:
+        print("generation  " + ", ".join(f"{k}={v}" for k, v in model.generation.items()))
     if info["step"] is not None:
         val = "" if info["val_loss"] is None else f", val loss {info['val_loss']:.4f}"
         if meta.get("val_bpb") is not None:
@@ -80,10 +103,17 @@ def run(args: argparse.Namespace) -> int:
         if val and meta.get("val_step") not in (None, info["step"]):  # an interrupted run's
             val += f" at step {meta['val_step']}"
         print(f"trained     {count(info['step'], 'step')} on {info['dataset']}{val}")
-    if train_config:
-        print("train       " + ", ".join(f"{k}={v}" for k, v in train_config.items()))
-    print(f"resumable   {'yes' if info['resumable'] else 'no (no training state saved)'}")
-    return 0
+    if info["train_config"]:
+        print("train       " + ", ".join(f"{k}={v}" for k, v in info["train_config"].items()))
+    if model.source == "attnlab":
+        print(f"resumable   {'yes' if info['resumable'] else 'no (no training state saved)'}")
+
+
+def _memory_line(device: str, report: dict[str, dict[str, Any]]) -> str:
+    """"on cpu: float32 282.2 GB (too big), bfloat16 141.1 GB (too big), ..." """
+    verdict = {True: "fits", False: "too big", None: "free memory unknown"}
+    return f"on {device}: " + ", ".join(
+        f"{dtype} {gb(r['bytes'])} ({verdict[r['fits']]})" for dtype, r in report.items())
 
 
 def _specials(tok: Any, about: dict[str, Any]) -> str:

@@ -19,12 +19,10 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from ..checkpoint import Checkpoint
+from ..checkpoint import Checkpoint, OpenedWeights
 from ..model.gpt import GPT, GPTConfig
 from ..model.materialize import check_shapes, materialize, meta_gpt
-from ..model.memory import check_memory
 from ..model.runtime import resolve_device
-from ..model.tensorfile import TensorFiles
 from ..tokenizers import Tokenizer, check_fits
 from ..tokenizers.hf_dir import (
     CONFIG_FILE,
@@ -35,7 +33,7 @@ from ..tokenizers.hf_dir import (
     read_hf_config,
 )
 from .fields import Fields
-from .files import SAFETENSORS_FILE, BinTensors, read_weights, write_hf_dir
+from .files import SAFETENSORS_FILE, read_weights, write_hf_dir
 from .gpt2 import GPT2
 from .gpt_neox import GPT_NEOX
 from .llama import LLAMA, MISTRAL
@@ -151,33 +149,30 @@ def load_hf(
     time into the model's own memory on the device: peak memory is the model plus its largest
     tensor, never a second copy (docs/performance.md#lazy-loading)."""
     device = resolve_device(str(map_location))  # a missing CUDA named before any reading
+    return open_hf_weights(path, dropout=dropout).fill(dtype, device, force)
+
+
+def open_hf_weights(path: str | Path, *, dropout: float = 0.0,
+                    read_head: bool = True) -> OpenedWeights:
+    """A Hugging Face directory's config and weight files, checked against each other by
+    the headers alone, nothing allocated; ValueError naming the first tensor that does not
+    fit. A tied config whose file stores a head is read to see whether the head is the
+    token table (transformers unties it otherwise); `read_head=False` trusts the config."""
     directory = Path(path)
     hf_config = read_hf_config(directory)
     config = config_from_hf(hf_config, dropout=dropout)  # before the weights are opened
     family = family_of(hf_config)
     files = read_weights(directory)
-    try:
-        return _load_weights(files, config, family, dtype, device, force)
-    finally:
-        files.forget()
-
-
-def _load_weights(files: TensorFiles | BinTensors, config: GPTConfig, family: Family,
-                  dtype: torch.dtype | None, device: torch.device, force: bool) -> GPT:
-    """Check the files against `config`, check it fits, then fill the model tensor by tensor."""
     names = family.weights
-    meta = _Recording(files.meta())
-    model = meta_gpt(config)
-    if config.tie_weights and names.head_is_untied(files):  # reads only a head that is there
+    if read_head and config.tie_weights and names.head_is_untied(files):
         config = dataclasses.replace(config, tie_weights=False)
-        model = meta_gpt(config)
+    model = meta_gpt(config)
     keys = list(model.state_dict())
+    meta = _Recording(files.meta())
     check_shapes(model, names.iter_from_hf(meta, config, keys, family.name),
                  lambda ours: f"{ours} ({files.describe(meta.last)})")
-    check_memory(model.num_params(non_embedding=False), dtype or torch.float32, device,
-               extra=files.largest(), force=force)
-    return materialize(model, names.iter_from_hf(files, config, keys, family.name),
-                       dtype=dtype, device=device)
+    return OpenedWeights(config, model, files,
+                         lambda: names.iter_from_hf(files, config, keys, family.name))
 
 
 class _Recording(dict[str, Tensor]):

@@ -25,7 +25,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from ..model.tensorfile import TensorFiles
+from ..model.tensorfile import TensorFiles, by_dtype
 from ..tokenizers import HFTokenizer, TiktokenTokenizer, Tokenizer
 from ..tokenizers.hf_dir import CONFIG_FILE, TOKENIZER_CONFIG, TOKENIZER_FILES, as_hf_backend
 
@@ -106,6 +106,12 @@ class BinTensors(dict[str, Tensor]):
 
     def largest(self) -> int:
         return max((t.nbytes for t in self.values()), default=0)
+
+    def stored(self) -> dict[torch.dtype, int]:
+        return by_dtype((t.dtype, t.nbytes) for t in self.values())
+
+    def paths(self) -> list[Path]:
+        return [self.path]
 
     def forget(self) -> None:
         self.clear()

@@ -25,7 +25,11 @@ class DoesNotFitError(ValueError):
 
 
 def gb(nbytes: float) -> str:
-    return f"{nbytes / 1e9:.1f} GB"
+    """A byte count as people read it: "141.1 GB", "27.4 MB", "912 bytes"."""
+    for unit, size in (("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
+        if nbytes >= size:
+            return f"{nbytes / size:.1f} {unit}"
+    return f"{int(nbytes)} bytes"
 
 
 def available_bytes(device: str | torch.device) -> int | None:

@@ -24,6 +24,7 @@ import struct
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Protocol
 
 import torch
 from torch import Tensor
@@ -147,6 +148,29 @@ def read_tensor(info: TensorInfo) -> Tensor:
     return out
 
 
+class WeightFiles(Protocol):
+    """What loaders need from a model's weight files (`TensorFiles`; Hugging Face's
+    pytorch_model.bin has its own): tensors read on request, and their metadata."""
+
+    def __getitem__(self, name: str) -> Tensor: ...
+    def __contains__(self, name: object) -> bool: ...
+    def __iter__(self) -> Iterator[str]: ...
+    def __len__(self) -> int: ...
+    def meta(self) -> dict[str, Tensor]: ...
+    def describe(self, name: str) -> str: ...
+    def largest(self) -> int: ...
+    def stored(self) -> dict[torch.dtype, int]: ...
+    def paths(self) -> list[Path]: ...
+    def forget(self) -> None: ...
+
+
+def by_dtype(pairs: Iterable[tuple[torch.dtype, int]]) -> dict[torch.dtype, int]:
+    totals: dict[torch.dtype, int] = {}
+    for dtype, nbytes in pairs:
+        totals[dtype] = totals.get(dtype, 0) + nbytes
+    return totals
+
+
 class TensorFiles(Mapping[str, Tensor]):
     """The tensors of one or more safetensors files as a read-on-request mapping:
     `files[name]` reads that tensor (the last one read is kept, so the three slices of a
@@ -191,6 +215,13 @@ class TensorFiles(Mapping[str, Tensor]):
     def largest(self) -> int:
         """Bytes of the largest tensor: what reading one at a time holds besides the model."""
         return max((i.nbytes for i in self.infos.values()), default=0)
+
+    def stored(self) -> dict[torch.dtype, int]:
+        """Bytes the files hold per dtype."""
+        return by_dtype((i.dtype, i.nbytes) for i in self.infos.values())
+
+    def paths(self) -> list[Path]:
+        return sorted({i.path for i in self.infos.values()})
 
     def forget(self) -> None:
         """Drop the kept tensor (call when done)."""
