@@ -156,6 +156,6 @@ def run(quick: bool = False) -> dict[str, Any]:
          load["seconds"], load["peak_mb"],
          f"peak - before = {load_peak / load['model_mb']:.3f}x the model"],
     ]
+    columns = ["workload", "seconds", "peak RSS MB", "result"]
     return {"suite": "loading", "machine": machine(), "written_seconds": round(written, 1),
-            "load": load, "tables": [table("Big model directories", ["workload", "seconds", "peak RSS MB",
-                                                          "result"], rows)]}
+            "load": load, "tables": [table("Big model directories", columns, rows)]}
