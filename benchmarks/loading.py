@@ -105,14 +105,14 @@ with open("/proc/self/status") as status:
     peak_kb = next(int(line.split()[1]) for line in status if line.startswith("VmHWM:"))
 print(json.dumps({"peak_mb": peak_kb / 1024, **result}))
 """
-_CLI = """
+CLI_RUN = """
 import json, sys, time
 from attnlab.cli import main
 t0 = time.perf_counter()
 code = main({argv!r})
 result = {{"seconds": time.perf_counter() - t0, "exit": code}}
 """
-_LOAD = """
+LOAD_RUN = """
 import json, time, torch
 from attnlab import load_hf
 def rss_mb():
@@ -139,13 +139,13 @@ def measure(code: str, **fields: Any) -> dict[str, Any]:
 def run(quick: bool = False) -> dict[str, Any]:
     with tempfile.TemporaryDirectory() as tmp:
         big = sparse_hf_dir(Path(tmp) / "llama-70b", LLAMA_70B)
-        info = measure(_CLI, argv=["info", str(big)])
-        gen = measure(_CLI, argv=["generate", str(big), "hi", "--max_new_tokens", "1"])
+        info = measure(CLI_RUN, argv=["info", str(big)])
+        gen = measure(CLI_RUN, argv=["generate", str(big), "hi", "--max_new_tokens", "1"])
         small = {**LLAMA_1B, "num_hidden_layers": 2} if quick else LLAMA_1B
         t0 = time.perf_counter()
         real = sparse_hf_dir(Path(tmp) / "llama-1b", small, shards=4, seed=0)
         written = time.perf_counter() - t0
-        load = measure(_LOAD, path=str(real))
+        load = measure(LOAD_RUN, path=str(real))
     load_peak = load["peak_mb"] - load["before_mb"]
     rows = [
         ["attnlab info, Llama-3.1-70B shape (141 GB bf16, sparse)", info["seconds"],

@@ -30,7 +30,7 @@ from typing import Any, Union, get_args, get_origin, get_type_hints
 import torch
 
 from .model.gpt import GPT, GPTConfig
-from .model.materialize import check_shapes, materialize, meta_gpt
+from .model.materialize import check_layer_count, check_shapes, materialize, meta_gpt
 from .model.memory import check_memory
 from .model.runtime import resolve_device
 from .model.tensorfile import TensorFiles, WeightFiles
@@ -270,6 +270,7 @@ def open_attnlab_weights(directory: Path, config: GPTConfig) -> OpenedWeights:
         raise FileNotFoundError(f"{directory} has no {WEIGHTS_FILE}; the checkpoint is incomplete")
     try:
         files = TensorFiles([weights])
+        check_layer_count(config.n_layer, files, "blocks.{i}.", what=CONFIG_FILE)
         names = _file_names(files, config)
         model = meta_gpt(config)
         metas = files.meta()

@@ -21,7 +21,7 @@ from torch import Tensor
 
 from ..checkpoint import Checkpoint, OpenedWeights
 from ..model.gpt import GPT, GPTConfig
-from ..model.materialize import check_shapes, materialize, meta_gpt
+from ..model.materialize import check_layer_count, check_shapes, materialize, meta_gpt
 from ..model.runtime import resolve_device
 from ..tokenizers import Tokenizer, check_fits
 from ..tokenizers.hf_dir import (
@@ -164,6 +164,7 @@ def open_hf_weights(path: str | Path, *, dropout: float = 0.0,
     family = family_of(hf_config)
     files = read_weights(directory)
     names = family.weights
+    check_layer_count(config.n_layer, files, names.layer, base=names.base)
     if read_head and config.tie_weights and names.head_is_untied(files):
         config = dataclasses.replace(config, tie_weights=False)
     model = meta_gpt(config)

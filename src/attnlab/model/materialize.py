@@ -16,6 +16,7 @@ What the names mean and where tensors come from is the loaders'; memory budgets 
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable, Iterable
 
 import torch
@@ -32,6 +33,23 @@ def meta_gpt(config: GPTConfig) -> GPT:
     """GPT(config) on the meta device: shapes, names and memory layout, no storage."""
     with on_meta():
         return GPT(config)
+
+
+def check_layer_count(n_layer: int, names: Iterable[str], layer: str, *, base: str = "",
+                      what: str = "config.json") -> None:
+    """ValueError when the config asks for more layers than the files hold tensors for.
+    `layer` is the files' name prefix of layer i ("model.layers.{i}."; files may leave out
+    `base`, "model."). Runs before
+    `meta_gpt`, whose cost grows with n_layer: a config claiming 4,000 layers (or a
+    billion) over a small file is refused at once."""
+    prefix, _, suffix = layer.removeprefix(base).partition("{i}")
+    pattern = re.compile(rf"(?:{re.escape(base)})?{re.escape(prefix)}(\d+){re.escape(suffix)}")
+    held = {int(m.group(1)) for name in names if (m := pattern.match(name))}
+    first = next(i for i in range(len(held) + 1) if i not in held)
+    if first < n_layer:
+        raise ValueError(f"{what} describes {n_layer} layers but the weights have no "
+                         f"{layer.format(i=first)}* tensors (they hold {len(held)} layers); "
+                         "the config and the weights disagree")
 
 
 def check_shapes(model: GPT, tensors: Iterable[tuple[str, Tensor]],

@@ -1,0 +1,144 @@
+"""Model directories of any size: described from metadata alone, checked before anything is
+allocated, refused in one line when they cannot fit, and loaded one tensor at a time.
+
+The 70B-shaped directory is sparse (141 GB of bf16 weights that take no disk), so these run
+in the suite; peak memory is each subprocess's own VmHWM (benchmarks/loading.py).
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from attnlab import inspect_dir, load_hf
+from attnlab.model.memory import DoesNotFitError, check_memory
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+from benchmarks.loading import (
+    CLI_RUN,
+    LLAMA_1B,
+    LLAMA_70B,
+    LOAD_RUN,
+    hf_shapes,
+    measure,
+    sparse_hf_dir,
+    write_safetensors,
+)
+
+TINY = {**LLAMA_1B, "hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2,
+        "num_attention_heads": 4, "num_key_value_heads": 2, "vocab_size": 96,
+        "max_position_embeddings": 128}
+
+
+@pytest.fixture(scope="module")
+def llama_70b(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return sparse_hf_dir(tmp_path_factory.mktemp("big") / "llama-70b", LLAMA_70B)
+
+
+def test_info_on_a_70b_directory_reads_metadata_only(llama_70b: Path) -> None:
+    """Seconds and a few hundred MB, where building the model filled a 24 GB machine."""
+    run = measure(CLI_RUN, argv=["info", str(llama_70b), "--json"])
+    assert run["exit"] == 0 and run["seconds"] < 10, run
+    assert run["peak_mb"] < 600, run  # torch + attnlab alone are ~220 MB
+    info = inspect_dir(llama_70b)
+    assert info.parameters == 70_553_706_496  # Llama-3.1-70B's published count
+    assert info.stored == {"bfloat16": 2 * info.parameters} and info.tensors == 723
+    assert len(info.weight_files) == 8 and info.family == "llama"
+    memory = info.memory("cpu")
+    assert memory["bfloat16"]["bytes"] == 2 * info.parameters + info.largest_tensor
+    assert memory["float32"]["fits"] is False  # 282 GB: no CI machine has it
+
+
+def test_loading_what_cannot_fit_is_one_line(llama_70b: Path) -> None:
+    run = measure(CLI_RUN, argv=["generate", str(llama_70b), "hi", "--max_new_tokens", "1"])
+    line = run["stderr"]
+    assert run["exit"] == 1 and len(line.splitlines()) == 1 and "Traceback" not in line, run
+    assert "needs 284.3 GB in float32 (70.55B parameters)" in line and "--force" in line
+    assert run["peak_mb"] < 600, run
+    with pytest.raises(DoesNotFitError, match=r"even bfloat16 needs 143\.2 GB"):
+        load_hf(llama_70b)
+
+
+def test_the_message_names_what_would_fit(monkeypatch: pytest.MonkeyPatch) -> None:
+    import attnlab.model.memory as memory
+
+    monkeypatch.setattr(memory, "available_bytes", lambda device: 10 * 10**9)
+    with pytest.raises(DoesNotFitError, match=r"in bfloat16 it needs 8\.0 GB, which fits: "
+                                              r"--dtype bfloat16"):
+        check_memory(4 * 10**9, torch.float32, "cpu")
+    with pytest.raises(DoesNotFitError, match=r"about 5\.0B parameters fit here"):
+        check_memory(8 * 10**9, torch.bfloat16, "cpu")
+    check_memory(8 * 10**9, torch.bfloat16, "cpu", force=True)  # an expert's choice
+    check_memory(2 * 10**9, torch.float32, "cpu")
+
+
+def test_a_config_far_bigger_than_its_weights_is_refused_before_allocating(
+        tmp_path: Path) -> None:
+    """4,000 layers over a one-tensor file: 524 GB that were once allocated, then refused."""
+    directory = tmp_path / "liar"
+    directory.mkdir()
+    (directory / "config.json").write_text(json.dumps({**LLAMA_70B, "num_hidden_layers": 4000}))
+    write_safetensors(directory / "model.safetensors", {"model.embed_tokens.weight": (4, 4)})
+    for argv in (["info", str(directory)], ["generate", str(directory), "hi"]):
+        run = measure(CLI_RUN, argv=argv)
+        assert run["exit"] == 1 and run["peak_mb"] < 600, run
+        assert run["stderr"].count("\n") == 0 and "Traceback" not in run["stderr"], run
+        assert "describes 4000 layers but the weights have no model.layers.0.* tensors" \
+            in run["stderr"], run
+
+
+def test_a_wrong_shape_is_named_with_both_shapes(tmp_path: Path) -> None:
+    directory = sparse_hf_dir(tmp_path / "tiny", TINY, shards=2)
+    config = json.loads((directory / "config.json").read_text())
+    (directory / "config.json").write_text(json.dumps({**config, "intermediate_size": 96}))
+    with pytest.raises(ValueError, match=r"blocks\.0\.mlp\.fc\.weight \(tensor "
+                       r"'model\.layers\.0\.mlp\.up_proj\.weight' of model-00001-of-00002"
+                       r"\.safetensors\) has shape \(128, 64\) but the config needs \(96, 64\)"):
+        load_hf(directory)
+
+
+def test_a_missing_tensor_or_layer_is_named(tmp_path: Path) -> None:
+    directory = sparse_hf_dir(tmp_path / "tiny", TINY, shards=1)
+    shapes = hf_shapes(TINY)
+    del shapes["model.layers.1.post_attention_layernorm.weight"]
+    write_safetensors(directory / "model-00001-of-00001.safetensors", shapes)
+    (directory / "model.safetensors.index.json").unlink()
+    (directory / "model-00001-of-00001.safetensors").rename(directory / "model.safetensors")
+    with pytest.raises(ValueError, match=r"no weight 'model\.layers\.1\.post_attention_"):
+        inspect_dir(directory)
+    config = json.loads((directory / "config.json").read_text())
+    (directory / "config.json").write_text(json.dumps({**config, "num_hidden_layers": 3}))
+    with pytest.raises(ValueError, match=r"describes 3 layers but the weights have no "
+                                         r"model\.layers\.2\.\* tensors \(they hold 2 layers\)"):
+        inspect_dir(directory)
+
+
+def test_lazy_load_peaks_at_the_model_plus_one_tensor(tmp_path: Path) -> None:
+    """A random ~200 MB bf16 model loads with (peak - RSS before) within 1.25x its size."""
+    shape = {**LLAMA_1B, "num_hidden_layers": 2, "vocab_size": 8000}
+    directory = sparse_hf_dir(tmp_path / "real", shape, shards=3, seed=0)
+    run = measure(LOAD_RUN, path=str(directory))
+    assert 150 < run["model_mb"] < 300, run
+    assert run["peak_mb"] - run["before_mb"] <= 1.25 * run["model_mb"], run
+
+
+def test_lazy_load_equals_the_files(tmp_path: Path) -> None:
+    """Every parameter equals its tensor in the shards, in the model's own memory layout."""
+    from safetensors.torch import load_file
+
+    directory = sparse_hf_dir(tmp_path / "tiny", TINY, shards=2, seed=3)
+    model = load_hf(directory, torch.bfloat16)
+    files = {}
+    for shard in sorted(directory.glob("*.safetensors")):
+        files.update(load_file(shard))
+    assert torch.equal(model.blocks[1].attn.query.weight, files[
+        "model.layers.1.self_attn.q_proj.weight"])
+    assert torch.equal(model.lm_head.weight, files["lm_head.weight"])
+    assert model.blocks[0].mlp.fc.weight.t().is_contiguous()  # (in, out) memory, laid out
+    assert all(p.dtype == torch.bfloat16 for p in model.parameters())
+    again = load_hf(directory)
+    assert torch.equal(again.wte.weight, files["model.embed_tokens.weight"].float())
