@@ -69,14 +69,18 @@ def family_of(hf_config: Mapping[str, Any]) -> Family:
     """The family of a Hugging Face config dict, by model_type (architectures must agree)."""
     model_type = hf_config.get("model_type")
     by_type = {f.model_type: f for f in FAMILIES}
-    if model_type not in by_type:
+    if not isinstance(model_type, str) or model_type not in by_type:
         raise ValueError(
             f"config.json has model_type={model_type!r}; attnlab imports "
             f"{', '.join(f.model_type for f in FAMILIES)} "
             f"({', '.join(f.architecture for f in FAMILIES)})"
         )
     family = by_type[model_type]
-    for arch in hf_config.get("architectures") or []:
+    architectures = hf_config.get("architectures") or []
+    if not isinstance(architectures, list) or not all(isinstance(a, str) for a in architectures):
+        raise ValueError(f"config.json has architectures={architectures!r}; expected a list of "
+                         f"class names, e.g. [{family.architecture!r}]")
+    for arch in architectures:
         if arch not in (family.architecture, family.base_architecture):
             raise ValueError(
                 f"{family.name} config.json has architectures={hf_config['architectures']!r}: "

@@ -73,6 +73,12 @@ _ROPE_KEYS = {
 _ROPE_COMMON = {"rope_type", "type", "rope_theta", "partial_rotary_factor"}
 
 
+#: the largest width, head count, head size or vocabulary a config may name (Llama-3.1-405B
+#: is 16,384 wide with a 128,256 vocabulary); contexts may reach MAX_CONTEXT
+MAX_SIZE = 1 << 24
+MAX_CONTEXT = 1 << 40
+
+
 class Fields:
     """A Hugging Face config dict that records which keys were read (see module doc)."""
 
@@ -93,11 +99,21 @@ class Fields:
         """The one-line error for a field attnlab cannot honour."""
         return ValueError(f"{self.family} config.json has {key}={value!r}: {why}")
 
-    def count(self, key: str, default: int | None = None) -> int:
+    def count(self, key: str, default: int | None = None, limit: int = MAX_SIZE) -> int:
+        """A positive integer field up to `limit`: a width of 10^12 would otherwise reach the
+        allocator (rotary tables are real even on the meta device) before the shape check."""
         value = self.get(key, default)
-        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-            raise self.refuse(key, value, "expected a positive integer")
+        if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= limit:
+            raise self.refuse(key, value, f"expected a positive integer up to {limit:,}")
         return value
+
+    def number(self, key: str, default: float) -> float:
+        """A positive, finite number field (an epsilon, a base)."""
+        value = self.get(key, default)
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or \
+                not 0 < value < float("inf"):
+            raise self.refuse(key, value, "expected a positive number")
+        return float(value)
 
     def one_of(self, key: str, allowed: Iterable[Any], default: Any) -> Any:
         value = self.get(key, default)
@@ -138,6 +154,9 @@ def rope_from_hf(
     a `rope_scaling` dict wins over `rope_parameters`, and a top-level theta fills a gap."""
     params = fields.get("rope_parameters") or {}
     legacy = fields.get("rope_scaling")
+    for key, value in (("rope_parameters", params), ("rope_scaling", legacy or {})):
+        if not isinstance(value, dict):
+            raise fields.refuse(key, value, "expected an object of RoPE parameters or null")
     source = "rope_scaling" if legacy else "rope_parameters"
     rope = dict(legacy or params)
     for key, value in rope.items():
@@ -160,15 +179,16 @@ def rope_from_hf(
     if partial is None:
         partial = default_partial if partial_key is None else fields.get(partial_key,
                                                                          default_partial)
-    partial = float(partial)
-    if not 0.0 < partial <= 1.0:
+    if isinstance(partial, bool) or not isinstance(partial, (int, float)) or \
+            not 0.0 < partial <= 1.0:
         raise fields.refuse(f"{source}.partial_rotary_factor", partial, "must be in (0, 1]")
     scaling = None
     if kind != "default":
         scaling = {"rope_type": kind, **{k: rope[k] for k in sorted(_ROPE_KEYS[kind])}}
-    if isinstance(theta, bool) or not isinstance(theta, (int, float)) or theta <= 0:
+    if isinstance(theta, bool) or not isinstance(theta, (int, float)) or \
+            not 0 < theta < float("inf"):
         raise fields.refuse("rope_theta", theta, "expected a positive number")
-    return float(theta), scaling, partial
+    return float(theta), scaling, float(partial)
 
 
 def rope_to_hf(config: Any, partial: bool = False) -> dict[str, Any]:

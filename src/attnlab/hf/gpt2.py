@@ -15,7 +15,7 @@ import torch
 from torch import Tensor
 
 from ..model.gpt import GPTConfig
-from .fields import Fields
+from .fields import MAX_CONTEXT, Fields
 from .registry import Family, WeightMap, misfits_of
 
 
@@ -56,10 +56,11 @@ def _config(f: Fields) -> dict[str, Any]:
         raise f.refuse("scale_attn_by_inverse_layer_idx", True, "attnlab scales every "
                        "layer's scores alike (1/sqrt(hs))")
     return dict(
-        vocab_size=f.count("vocab_size", 50257), block_size=f.count("n_positions", 1024),
+        vocab_size=f.count("vocab_size", 50257),
+        block_size=f.count("n_positions", 1024, MAX_CONTEXT),
         n_layer=f.count("n_layer", 12), n_head=f.count("n_head", 12), n_embd=n_embd,
         d_ff=f.count("n_inner", 4 * n_embd),
-        norm_eps=float(f.get("layer_norm_epsilon", 1e-5)),
+        norm_eps=f.number("layer_norm_epsilon", 1e-5),
         gelu=f.gelu("activation_function", "gelu_new"),
         tie_weights=bool(f.get("tie_word_embeddings", True)),
         attn_scale=None if f.get("scale_attn_weights", True) else 1.0,

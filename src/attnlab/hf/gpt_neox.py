@@ -16,7 +16,7 @@ import torch
 from torch import Tensor
 
 from ..model.gpt import GPTConfig
-from .fields import Fields, rope_from_hf, rope_to_hf
+from .fields import MAX_CONTEXT, Fields, rope_from_hf, rope_to_hf
 from .registry import Family, WeightMap, misfits_of
 
 
@@ -53,11 +53,11 @@ def _config(f: Fields) -> dict[str, Any]:
     attention_bias = bool(f.get("attention_bias", True))
     return dict(
         vocab_size=f.count("vocab_size", 50432),
-        block_size=f.count("max_position_embeddings", 2048),
+        block_size=f.count("max_position_embeddings", 2048, MAX_CONTEXT),
         n_layer=f.count("num_hidden_layers", 44), n_head=n_head, n_embd=n_embd,
         d_ff=f.count("intermediate_size", 24576),
         pos="rope", rope_theta=theta, rope_scaling=scaling, rotary_pct=partial,
-        norm="layernorm", norm_eps=float(f.get("layer_norm_eps", 1e-5)),
+        norm="layernorm", norm_eps=f.number("layer_norm_eps", 1e-5),
         mlp="gelu", gelu=f.gelu("hidden_act", "gelu"), bias=True,
         qkv_bias=attention_bias, out_bias=attention_bias,
         parallel_residual=bool(f.get("use_parallel_residual", True)),

@@ -11,7 +11,7 @@ from __future__ import annotations
 from typing import Any
 
 from ..model.gpt import GPTConfig
-from .fields import SILUS, Fields, rope_from_hf, rope_to_hf
+from .fields import MAX_CONTEXT, SILUS, Fields, rope_from_hf, rope_to_hf
 from .registry import Family, WeightMap, misfits_of
 
 LLAMA_WEIGHTS = WeightMap(
@@ -41,7 +41,7 @@ def llama_like_config(f: Fields, *, max_positions: int, **switches: Any) -> dict
                        "GPT-NeoX's)")
     return dict(
         vocab_size=f.count("vocab_size", 32000),
-        block_size=f.count("max_position_embeddings", max_positions),
+        block_size=f.count("max_position_embeddings", max_positions, MAX_CONTEXT),
         n_layer=f.count("num_hidden_layers", 32),
         n_head=n_head,
         n_kv_head=f.count("num_key_value_heads", n_head),
@@ -49,7 +49,7 @@ def llama_like_config(f: Fields, *, max_positions: int, **switches: Any) -> dict
         head_dim=None if head_dim * n_head == n_embd else head_dim,
         d_ff=f.count("intermediate_size", 11008),
         pos="rope", rope_theta=theta, rope_scaling=scaling,
-        norm="rmsnorm", norm_eps=float(f.get("rms_norm_eps", 1e-6)),
+        norm="rmsnorm", norm_eps=f.number("rms_norm_eps", 1e-6),
         mlp="swiglu",
         tie_weights=bool(f.get("tie_word_embeddings", False)),
         **switches,

@@ -35,13 +35,19 @@ def meta_gpt(config: GPTConfig) -> GPT:
         return GPT(config)
 
 
+#: layers a meta model builds in about a second on a slow CPU
+CHEAP_LAYERS = 256
+
+
 def check_layer_count(n_layer: int, names: Iterable[str], layer: str, *, base: str = "",
                       what: str = "config.json") -> None:
-    """ValueError when the config asks for more layers than the files hold tensors for.
-    `layer` is the files' name prefix of layer i ("model.layers.{i}."; files may leave out
-    `base`, "model."). Runs before
-    `meta_gpt`, whose cost grows with n_layer: a config claiming 4,000 layers (or a
-    billion) over a small file is refused at once."""
+    """ValueError when a config of more than CHEAP_LAYERS layers asks for more than the files
+    hold tensors for. `layer` is the files' name prefix of layer i ("model.layers.{i}.";
+    files may leave out `base`, "model."). Runs before `meta_gpt`, whose cost grows with
+    n_layer: a config claiming 4,000 layers (or a billion) over a small file is refused at
+    once; a smaller one gets `check_shapes`' message, which names the first missing tensor."""
+    if n_layer <= CHEAP_LAYERS:
+        return
     prefix, _, suffix = layer.removeprefix(base).partition("{i}")
     pattern = re.compile(rf"(?:{re.escape(base)})?{re.escape(prefix)}(\d+){re.escape(suffix)}")
     held = {int(m.group(1)) for name in names if (m := pattern.match(name))}
