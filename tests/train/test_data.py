@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from attnlab import tokenizers
-from attnlab.train.data import SentenceDataset, TaskDataset, TextDataset, load_dataset
+from attnlab.train.data import SentenceDataset, TaskDataset, TextDataset, load_dataset, read_text
 
 TEXT = "".join(f"line {i}: the quick brown fox jumps over the lazy dog\n" for i in range(200))
 
@@ -124,3 +124,17 @@ def test_unknown_builtin_or_task() -> None:
         TaskDataset("sort")
     with pytest.raises(FileNotFoundError, match="built-in dataset"):
         load_dataset("no-such-dataset")
+
+
+def test_data_that_is_not_a_regular_file_is_named(tmp_path: Path) -> None:
+    """`--data /dev/zero` said the file "does not exist"; a FIFO would block forever."""
+    import os
+
+    from attnlab.cli import main
+
+    fifo = tmp_path / "pipe"
+    os.mkfifo(fifo)
+    for path, kind in (("/dev/zero", "a device"), (str(fifo), "a FIFO")):
+        with pytest.raises(ValueError, match=f"is {kind}, not a regular file"):
+            read_text(path)
+        assert main(["train", "--data", path, "--max_iters", "1"]) == 1

@@ -100,6 +100,11 @@ def read_text(path: str | Path) -> str:
         text = "\n".join(_read_utf8(f) for f in files)
     elif path.is_file():
         text = _read_utf8(path)
+    elif path.exists():  # /dev/zero, a FIFO, a socket: reading one might never end
+        kind = "a device" if path.is_char_device() or path.is_block_device() else \
+            "a FIFO" if path.is_fifo() else "not a regular file"
+        raise ValueError(f"data {path} is {kind}, not a regular file; pass a text file, a "
+                         "directory of .txt files, or a built-in dataset")
     else:
         raise FileNotFoundError(
             f"data file {path} does not exist; pass a text file, a directory of .txt files, "
