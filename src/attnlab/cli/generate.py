@@ -83,12 +83,8 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
         "after ~2 s of packing) (default float32)",
     )
     parser.add_argument("--threads", type=int, help="CPU threads for torch")
-    parser.add_argument(
-        "--compile", action="store_true",
-        help="decode through a torch.compile'd fixed-shape step (CUDA graphs on a GPU): the "
-        "first batch of each size pays the compilation (printed), later tokens run faster "
-        "where launches, not weights, bound a step; --ablate stays eager (default off)",
-    )
+    parser.add_argument("--compile", action="store_true", help="decode through a compiled "
+                        "fixed-shape step (CUDA graphs on a GPU; docs/generate.md)")
     parser.add_argument(
         "--chat", action="store_true",
         help="send each prompt as a user message in the model's chat template (an "
