@@ -79,6 +79,7 @@ def measure(config: GPTConfig, device: torch.device, n: int, rounds: int,
         "weight_bytes": weight_bytes, "copy_bytes_per_s": rate, "tokens_per_s": tok_s,
         "new_tokens": n, "rounds": rounds, "first_call_s": first, "errors": errors,
         "compile_s": steps[0].compile_seconds if steps else None,
+        "cuda_graph": steps[0].cuda_graph if steps else None,
         "fraction_of_bandwidth": {k: v * weight_bytes / rate for k, v in tok_s.items()},
     }
     release_compiled(model)
@@ -111,8 +112,9 @@ def run(quick: bool = False, device: str | None = None, out: Path | None = None
         "notes": [
             f"{m.get('gpu') or 'no GPU: ' + str(where)}, torch {m['torch']}; {PROMPT}-token "
             f"prompt, {n} new tokens, median of {rounds} calls after a first (compiling) one "
-            f"({record['compile_s'] or 0:.1f} s compiled); copy rate: bytes read + written "
-            "per second by a device-to-device copy_.",
+            f"({record['compile_s'] or 0:.1f} s compiled, "
+            f"{'a' if record['cuda_graph'] else 'no'} CUDA graph); copy rate: bytes read + "
+            "written per second by a device-to-device copy_.",
             *(f"{k} failed: {e}" for k, e in record["errors"].items()),
             *(f"target {k} (>= {TARGET:.0%}): {'met' if ok else 'missed'}"
               for k, ok in met.items()),

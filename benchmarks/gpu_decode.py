@@ -126,6 +126,7 @@ def measure_pair(shape: str, device: torch.device, n: int, rounds: int) -> dict[
         "shape": shape, "dtype": "bfloat16", "batch": 1, "prompt": PROMPT, "new_tokens": n,
         "rounds": rounds, "tokens_per_s": tok_s, "first_call_s": first, "errors": errors,
         "compile_s": steps[0].compile_seconds if steps else None,
+        "cuda_graph": steps[0].cuda_graph if steps else None,
         "hf_static_compiled": hf_compiled,
         "greedy_agreement_with_attnlab_eager": agreement,
         "ratios": _ratios(tok_s),
@@ -183,6 +184,9 @@ def report(result: dict[str, Any], quick: bool) -> dict[str, Any]:
         f"bfloat16, batch 1, {PROMPT}-token prompt, greedy; median of alternating rounds, "
         "each call synchronised. compile s: attnlab's first compiled call (compilation and "
         "one step), not in the tokens/s.",
+        "attnlab's compiled step was recorded as a CUDA graph in: "
+        + (", ".join(r["shape"] for r in result["records"] if r["cuda_graph"]) or "no row")
+        + " (Inductor logs why where it skipped graphs).",
         "HF static cache + compile: generate(cache_implementation='static'), which compiles "
         "the forward itself on CUDA (mode reduce-overhead); it did "
         + ("" if all(r["hf_static_compiled"] for r in result["records"]) else "NOT ")

@@ -8,6 +8,8 @@ of 3. Every other test reuses one of them (same config, batch size and cache len
 
 from __future__ import annotations
 
+import functools
+
 import pytest
 import torch
 
@@ -39,6 +41,9 @@ def _llama() -> GPT:
 
 
 MODELS = {"gpt2": _gpt2, "llama": _llama}
+# one model of each kind shared by the tests that only read it: its kept compiled steps
+# (compiled_decode keeps them with the model) then serve them all, compiled once
+SHARED = {kind: functools.cache(build) for kind, build in MODELS.items()}
 BATCHES = {"batch1": [5], "left_padded": [5, 2, 4]}
 # the two cases whose graphs no other test reuses: each costs a compilation of its own
 # (10-50 s cold on a 2-core CPU), and the other two cover both models and both batch kinds
@@ -63,37 +68,36 @@ def _unique_graphs() -> int:
 
 @pytest.mark.parametrize(("kind", "batch"), CASES)
 def test_compiled_greedy_ids_equal_eager(kind: str, batch: str) -> None:
-    model = MODELS[kind]()
+    model = SHARED[kind]()
     ids, mask = _prompt(BATCHES[batch])
     eager = generate(model, ids, mask, max_new_tokens=12, temperature=0)
     compiled = generate(model, ids, mask, max_new_tokens=12, temperature=0, compile=True)
     assert torch.equal(compiled, eager)
     assert len(set(eager[0, -12:].tolist())) > 3  # a varied continuation, not one id repeated
-    (step,) = compiled_decodes(model)
+    step = compiled_decode(model, len(BATCHES[batch]), 17)  # the kept one: 17 -> 32 slots
+    assert step in compiled_decodes(model) and step.max_len == 32
     assert step.compile_seconds is not None and step.compile_seconds > 0
-    assert (step.batch_size, step.max_len) == (len(BATCHES[batch]), 32)
+    assert step.cuda_graph is False  # a CPU compiles without graphs
 
 
-def test_a_second_generation_reuses_the_compiled_step() -> None:
-    torch._dynamo.reset()  # so this test's first call compiles, whatever ran before
+def test_each_compiled_step_has_a_compilation_budget_of_its_own(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Dynamo fails (fullgraph=True) once one code object holds recompile_limit compilations;
+    every kept step compiles its own copy, so two shapes fit a limit of one."""
+    monkeypatch.setattr(torch._dynamo.config, "recompile_limit", 1)
     model = _gpt2()
-    ids, _ = _prompt([5])
-    before = _unique_graphs()
-    generate(model, ids, max_new_tokens=12, temperature=0, compile=True)
-    assert _unique_graphs() == before + 1  # the counter sees a compilation
-    (step,) = compiled_decodes(model)
-    first = step.compile_seconds
-    other, _ = _prompt([7], seed=2)  # another prompt, the same cache length (7 + 12 -> 32)
-    out = generate(model, other, max_new_tokens=12, temperature=0, compile=True)
-    assert _unique_graphs() == before + 1  # nothing compiled again
-    assert compiled_decodes(model) == [step] and step.compile_seconds == first
-    assert torch.equal(out, generate(model, other, max_new_tokens=12, temperature=0))
+    for lengths in BATCHES.values():
+        ids, mask = _prompt(lengths)
+        out = generate(model, ids, mask, max_new_tokens=12, temperature=0, compile=True)
+        assert torch.equal(out, generate(model, ids, mask, max_new_tokens=12, temperature=0))
+    assert len(compiled_decodes(model)) == 2
 
 
 def test_compiled_step_logits_equal_the_decode_step() -> None:
     """Step by step over a left-padded batch: the compiled step's logits equal
     `DecodeStep`'s within float32 rounding (it attends over the whole masked buffer)."""
-    model = _llama()
+    model = SHARED["llama"]()
     ids, mask = _prompt([5, 2, 4])
     assert mask is not None
     compiled = compiled_decode(model, 3, 17)
@@ -115,7 +119,7 @@ def test_compiled_step_logits_equal_the_decode_step() -> None:
 
 def test_compiled_sliding_window_past_block_size() -> None:
     """Past block_size generation re-encodes the last window into the same static cache."""
-    model = _gpt2()
+    model = SHARED["gpt2"]()
     ids, _ = _prompt([5])
     eager = generate(model, ids, max_new_tokens=40, temperature=0, sliding_window=True)
     compiled = generate(model, ids, max_new_tokens=40, temperature=0, sliding_window=True,
@@ -124,7 +128,7 @@ def test_compiled_sliding_window_past_block_size() -> None:
 
 
 def test_edits_take_the_eager_path_with_compile() -> None:
-    model = _gpt2()
+    model = SHARED["gpt2"]()
     ids, _ = _prompt([5])
     edits = ablate([(0, 1), (1, 2)])
     edited = generate(model, ids, max_new_tokens=12, temperature=0, edits=edits, compile=True)
@@ -148,13 +152,34 @@ def test_cache_length_rounds_up_to_a_power_of_two_within_block_size() -> None:
         [1, 2, 4, 32, 32, 64, 64, 64]
 
 
+def test_a_second_generation_reuses_the_compiled_step() -> None:
+    # last of the CPU tests: reset clears every kept step's compilation, and so that this
+    # test's first call compiles, whatever ran before
+    torch._dynamo.reset()
+    model = _gpt2()
+    ids, _ = _prompt([5])
+    before = _unique_graphs()
+    generate(model, ids, max_new_tokens=12, temperature=0, compile=True)
+    assert _unique_graphs() == before + 1  # the counter sees a compilation
+    (step,) = compiled_decodes(model)
+    first = step.compile_seconds
+    other, _ = _prompt([7], seed=2)  # another prompt, the same cache length (7 + 12 -> 32)
+    out = generate(model, other, max_new_tokens=12, temperature=0, compile=True)
+    assert _unique_graphs() == before + 1  # nothing compiled again
+    assert compiled_decodes(model) == [step] and step.compile_seconds == first
+    assert torch.equal(out, generate(model, other, max_new_tokens=12, temperature=0))
+
+
 # ----------------------------------------------------------------------------- CUDA graphs
 
 cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+# Inductor warns that float32 products could use TF32 tensor cores; these tests want float32
+tf32_note = pytest.mark.filterwarnings("ignore:TensorFloat32 tensor cores:UserWarning")
 
 
 @pytest.mark.cuda
 @cuda
+@tf32_note
 @pytest.mark.parametrize("batch", BATCHES)
 def test_cuda_graph_ids_equal_eager_in_float32(batch: str) -> None:
     model = _llama().cuda()
@@ -163,21 +188,24 @@ def test_cuda_graph_ids_equal_eager_in_float32(batch: str) -> None:
     eager = generate(model, ids, mask, max_new_tokens=16, temperature=0)
     compiled = generate(model, ids, mask, max_new_tokens=16, temperature=0, compile=True)
     assert torch.equal(compiled, eager)
+    (step,) = compiled_decodes(model)
+    assert step.cuda_graph  # recorded as a CUDA graph: Inductor skipped nothing
 
 
 @pytest.mark.cuda
 @cuda
+@tf32_note
 def test_cuda_graph_bfloat16_runs_and_is_not_compiled_again() -> None:
     torch._dynamo.reset()
     model = _gpt2().cuda().to(torch.bfloat16)
     ids, _ = _prompt([5])
     ids = ids.cuda()
     before = _unique_graphs()
-    out = generate(model, ids, max_new_tokens=20, temperature=0,
-                   compile=True)
+    out = generate(model, ids, max_new_tokens=20, temperature=0, compile=True)
     assert out.shape == (1, 25) and int(out.max()) < V
     assert _unique_graphs() == before + 1
-    again = generate(model, ids, max_new_tokens=20, temperature=0,
-                     compile=True)
+    (step,) = compiled_decodes(model)
+    assert step.cuda_graph
+    again = generate(model, ids, max_new_tokens=20, temperature=0, compile=True)
     assert _unique_graphs() == before + 1  # replayed, not compiled again
     assert torch.equal(again, out)  # a replay computes what the first run did

@@ -224,8 +224,9 @@ def _report_compiled(model: Any) -> None:
 
     for step in compiled_decodes(model):
         if step.compile_seconds is not None:
+            graph = "a CUDA graph" if step.cuda_graph else "no CUDA graph"
             print(f"[decode step for {count(step.batch_size, 'row')} x {step.max_len} cache "
-                  f"slots compiled in {step.compile_seconds:.1f} s (its first call)]",
+                  f"slots compiled in {step.compile_seconds:.1f} s (its first call; {graph})]",
                   file=sys.stderr)
 
 

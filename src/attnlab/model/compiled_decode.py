@@ -29,7 +29,9 @@ sampling are not this module's business.
 from __future__ import annotations
 
 import time
-from typing import TYPE_CHECKING
+import types
+from collections.abc import Callable
+from typing import TYPE_CHECKING, cast
 from weakref import WeakKeyDictionary
 
 import torch
@@ -66,11 +68,21 @@ def _static_step(
     return step.forward_with(token, slot - pads, 0, attention)  # (B, V)
 
 
+def _own_copy(fn: Callable[..., Tensor]) -> Callable[..., Tensor]:
+    """`fn` with a code object of its own. Dynamo keeps compilations per code object and,
+    with fullgraph=True, fails once one holds `recompile_limit` (8) of them: each
+    `CompiledDecode` compiles its own copy once, so a process may keep any number."""
+    return cast("Callable[..., Tensor]", types.FunctionType(
+        fn.__code__.replace(), fn.__globals__, fn.__name__, fn.__defaults__, fn.__closure__))
+
+
 class CompiledDecode:
     """The compiled decode step of one model at one (batch size, cache length), with the
     static cache and inputs it reads; `__call__` is `DecodeStep.__call__` for this cache.
 
     compile_seconds: the first call's wall time (compiling and one step), None before it.
+    cuda_graph: whether that compilation recorded a CUDA graph (False on a CPU, or where
+    Inductor skipped graphs, which it logs with the reason); None before it.
     Keep the object (`compiled_decode` does) to reuse the compiled graph.
     """
 
@@ -89,9 +101,10 @@ class CompiledDecode:
         for t in (self.key_mask, self.pads, self.slot, self.token,
                   *(t for kv in self.buffers for t in kv)):
             mark_static_address(t)  # the same address every step: no copy into the graph
-        self.compiled = torch.compile(_static_step, mode="reduce-overhead", fullgraph=True,
-                                      dynamic=False)
+        self.compiled = torch.compile(_own_copy(_static_step), mode="reduce-overhead",
+                                      fullgraph=True, dynamic=False)
         self.compile_seconds: float | None = None
+        self.cuda_graph: bool | None = None
         self._marked: DecodeStep | None = None  # the step whose weights are marked static
 
     @property
@@ -139,13 +152,22 @@ class CompiledDecode:
         self.slot.fill_(pos)
         torch.compiler.cudagraph_mark_step_begin()  # the last step's outputs are done with
         first = self.compile_seconds is None
+        skips = _cudagraph_skips()
         began = time.perf_counter()
         logits = self.compiled(step, self.buffers, self.token, self.slot, self.pads,
                                self.key_mask)  # (B, V)
         if first:
             self.compile_seconds = time.perf_counter() - began
+            self.cuda_graph = self.token.is_cuda and _cudagraph_skips() == skips
         self.cache.seq_len = pos + 1
         return logits.clone()  # a CUDA graph's output is overwritten by its next replay
+
+
+def _cudagraph_skips() -> int:
+    """How many compilations Inductor has left without CUDA graphs in this process."""
+    from torch._dynamo.utils import counters
+
+    return int(counters["inductor"]["cudagraph_skips"])
 
 
 def cache_length(needed: int, block_size: int) -> int:
