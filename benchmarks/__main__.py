@@ -39,6 +39,12 @@ SUITES = {
     "arch": "arch_compare",
     "roofline": "roofline",
     "loading": "loading",
+    # CUDA only: each skips in one line without a GPU (benchmarks/gpu_common.py)
+    "gpu_decode": "gpu_decode",
+    "gpu_bandwidth": "gpu_bandwidth",
+    "gpu_trace": "gpu_trace",
+    "gpu_summaries": "gpu_summaries",
+    "gpu_profile": "gpu_profile",
 }
 RECORDED = Path(__file__).resolve().parent / "results"  # checked in; the README shows these
 DEFAULT_OUT = Path("bench-results")  # relative: under the directory the user runs from
@@ -116,7 +122,7 @@ def write_readme_table(out: Path, *, splice: bool = False) -> Path | None:
 def _hardware(m: dict[str, Any]) -> tuple[Any, ...]:
     """What makes two machines' timings incomparable (not the load at the start)."""
     return (m.get("cpu"), m.get("cores"), m.get("avx512_bf16"), m.get("amx_bf16"), m.get("torch"),
-            m.get("linear_kernel"))
+            m.get("linear_kernel"), m.get("gpu"))
 
 
 def _rebuild_pages() -> None:

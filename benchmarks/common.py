@@ -115,6 +115,9 @@ def describe_machine(m: dict[str, Any]) -> str:
     load = m.get("load_avg_1m")
     shared = f"; 1-min load {load:.1f} at start (shared machine)" if load is not None else ""
     kernel = f", float32 linears through {m['linear_kernel']}" if "linear_kernel" in m else ""
+    if m.get("gpu"):  # a GPU suite (gpu_common.gpu_machine): the GPU first, its host after
+        return (f"{m['gpu']} ({m.get('gpu_memory_gib')} GiB, CUDA {m.get('cuda')}), torch "
+                f"{m['torch']}, host {m['cpu']} ({m['cores']} cores), Python {m['python']}")
     return (f"{m['cpu']} ({m['cores']} cores{isa}), torch {m['torch']}{kernel}, "
             f"Python {m['python']}{shared}")
 

@@ -24,6 +24,7 @@ from typing import Any
 
 from .__main__ import load_results, render_any
 from .common import describe_machine
+from .gpu_report import gpu_summary
 from .trace import HF_BASE, RUN, TL_PATTERN
 from .train_step import BEST
 
@@ -167,7 +168,7 @@ def summary(results: dict[str, Result]) -> str:
     lines += ["", f"2-core cloud VMs, {', '.join(versions)}, shared with other jobs (ratios "
               "are of alternating rounds, side by side); from `benchmarks/results/`, written "
               "by `python -m benchmarks.report`."]
-    return "\n".join(lines) + "\n"
+    return "\n".join(lines) + "\n" + gpu_summary(results)
 
 
 def splice(text: str, name: str, block: str) -> str:

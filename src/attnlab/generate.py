@@ -8,8 +8,10 @@ yields each step's ids as they come and `generate` collects them; `stream_text` 
 since they need one). Batched prompts are left-padded (`Tokenizer.encode_batch`): positions
 come from the attention mask, so every row decodes exactly as it would alone. With `edits`
 (`interp.edits.Edits`: ablated heads, patched values) every step runs `GPT.forward` over the KV
-cache, which reports to the edit seam; `DecodeStep` stays edit-free. The model and the cache
-know nothing about sampling; this module knows nothing about attention.
+cache, which reports to the edit seam; `DecodeStep` stays edit-free. With `compile=True` the
+steps run `model.compiled_decode`'s fixed-shape step (torch.compile, CUDA graphs on a GPU)
+over a static cache kept with the model (edits still take `GPT.forward`). The model and the
+cache know nothing about sampling; this module knows nothing about attention.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from typing import TYPE_CHECKING
 import torch
 from torch import Tensor
 
+from .model.compiled_decode import check_compilable, compiled_decode
 from .model.decode import DecodeStep, decode_step
 from .model.gpt import GPT, require_eval
 from .model.kv_cache import KVCache
@@ -195,6 +198,7 @@ def stream(
     row_seeds: Sequence[int] | None = None,
     edits: Edits | None = None,
     unused_ids: Sequence[int] = (),
+    compile: bool = False,
 ) -> Iterator[Tensor]:
     """Yield the new ids (B,) of each step as they are sampled, up to max_new_tokens steps.
 
@@ -209,12 +213,18 @@ def stream(
     rows share its batch (one generator's draws for row b depend on how many rows come before
     it). edits: generate with these `interp.edits.Edits` applied at every step (slower:
     `GPT.forward` per token). A model of `decode.half_weights` decodes with its matrices
-    streamed as float16. Arguments are checked here, before the first step.
+    streamed as float16. compile: decode through the model's compiled fixed-shape step
+    (`model.compiled_decode`: CUDA graphs on a GPU; the first generation of a batch size and
+    cache length pays the compilation, later ones reuse it); the same ids as without, up to
+    the rounding of a different kernel order; with edits the steps stay eager. Arguments are
+    checked here, before the first step.
     """
     config = GenerationConfig(max_new_tokens, temperature, top_k, top_p, seed, sliding_window)
     keep = _check_prompt(model, input_ids, attention_mask, config)
     if edits is not None:
         edits.check(model.config)
+    if compile:
+        check_compilable(model)
     given = [name for name, value in (("seed", seed), ("generator", generator),
                                       ("row_seeds", row_seeds)) if value is not None]
     if len(given) > 1:
@@ -234,7 +244,7 @@ def stream(
     unused = torch.tensor(sorted(unused_ids), dtype=torch.long, device=input_ids.device) \
         if unused_ids else None
     return _steps(model, input_ids, keep, config, ends, pad, generators or generator,
-                  vocab_size, unused, edits)
+                  vocab_size, unused, edits, compile and edits is None)
 
 
 @torch.inference_mode()
@@ -249,6 +259,7 @@ def _steps(
     vocab_size: int | None,
     unused_ids: Tensor | None,
     edits: Edits | None,
+    compile: bool,
 ) -> Iterator[Tensor]:
     B, P = input_ids.shape
     N, block = config.max_new_tokens, model.config.block_size
@@ -262,9 +273,12 @@ def _steps(
         mask_buf = torch.ones(B, P + N, dtype=torch.bool, device=device)  # (B, P + N)
         mask_buf[:, :P] = keep
     start = max(0, P - block)  # first position inside the window (sliding_window only)
-    cache = model.new_cache(B, min(P + N, block))
+    compiled = compiled_decode(model, B, min(P + N, block)) if compile else None
+    cache = model.new_cache(B, min(P + N, block)) if compiled is None else compiled.cache
     window_mask = None if mask_buf is None else mask_buf[:, start:P]
     logits = prefill(model, tokens[:, start:P], window_mask, cache, edits)  # (B, V)
+    if compiled is not None:
+        compiled.start(window_mask)
     decode = decode_step(model) if edits is None else None
     ended = torch.zeros(B, dtype=torch.bool, device=device)  # (B,) rows that sampled an eot
     for length in range(P, P + N):
@@ -296,10 +310,14 @@ def _steps(
             start, cache.seq_len = end - block, 0
             window_mask = None if mask_buf is None else mask_buf[:, start:end]
             logits = prefill(model, tokens[:, start:end], window_mask, cache, edits)
+            if compiled is not None:
+                compiled.start(window_mask)
         else:
             window_mask = None if mask_buf is None else mask_buf[:, start:end]
             if decode is None:  # edits: the model's own forward, which reports to the seam
                 logits = prefill(model, tokens[:, length:end], window_mask, cache, edits)
+            elif compiled is not None:
+                logits = compiled(decode, tokens[:, length:end])  # (B, V)
             else:
                 logits = decode_one_token(decode, tokens[:, length:end], window_mask, cache)
 
@@ -320,6 +338,7 @@ def generate(
     sliding_window: bool = False,
     vocab_size: int | None = None,
     edits: Edits | None = None,
+    compile: bool = False,
 ) -> Tensor:
     """Prompts (B, P) -> (B, P + n): the prompts followed by n <= max_new_tokens new ids.
 
@@ -330,7 +349,7 @@ def generate(
         model, input_ids, attention_mask, max_new_tokens=max_new_tokens,
         temperature=temperature, top_k=top_k, top_p=top_p, eot_id=eot_id, pad_id=pad_id,
         seed=seed, generator=generator, sliding_window=sliding_window, vocab_size=vocab_size,
-        edits=edits,
+        edits=edits, compile=compile,
     ))
     return torch.cat([input_ids, torch.stack(steps, dim=1).to(input_ids.dtype)], dim=1)
 
@@ -365,7 +384,8 @@ def stream_text(
     Each row's generated ids are decoded whole and only the new suffix is emitted, so a
     character split over several byte-level tokens comes out once it is complete. A row ends
     at one of the tokenizer's stop ids (not emitted) or at a stop string (emitted up to it).
-    sampling: temperature, top_k, top_p, seed, row_seeds, sliding_window as for `stream`.
+    sampling: temperature, top_k, top_p, seed, row_seeds, sliding_window, compile as for
+    `stream`.
     Arguments are checked here, before the first step (so a CLI can fail before it prints
     the prompt).
     edits: `interp.edits.Edits` applied at every step.

@@ -83,6 +83,8 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
         "after ~2 s of packing) (default float32)",
     )
     parser.add_argument("--threads", type=int, help="CPU threads for torch")
+    parser.add_argument("--compile", action="store_true", help="decode through a compiled "
+                        "fixed-shape step (CUDA graphs on a GPU; docs/generate.md)")
     parser.add_argument(
         "--chat", action="store_true",
         help="send each prompt as a user message in the model's chat template (an "
@@ -198,7 +200,7 @@ def run(args: argparse.Namespace) -> int:
         return stream_text(
             model, tokenizer, prompts, max_new_tokens=max_new_tokens, stop=stops,
             temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
-            sliding_window=args.sliding_window, edits=edits, **seeds,
+            sliding_window=args.sliding_window, edits=edits, compile=args.compile, **seeds,
         )
 
     start = time.perf_counter()
@@ -211,7 +213,21 @@ def run(args: argparse.Namespace) -> int:
     rate = produced / max(seconds, 1e-9)
     print(f"[{count(produced, 'new token')} in {seconds:.2f} s, {rate:,.1f} tokens/s]",
           file=sys.stderr)
+    if args.compile:
+        _report_compiled(model)
     return 0
+
+
+def _report_compiled(model: Any) -> None:
+    """Say on stderr what compiling the decode step cost (its first call, in the time above)."""
+    from ..model.compiled_decode import compiled_decodes
+
+    for step in compiled_decodes(model):
+        if step.compile_seconds is not None:
+            graph = "a CUDA graph" if step.cuda_graph else "no CUDA graph"
+            print(f"[decode step for {count(step.batch_size, 'row')} x {step.max_len} cache "
+                  f"slots compiled in {step.compile_seconds:.1f} s (its first call; {graph})]",
+                  file=sys.stderr)
 
 
 def _check_flags(args: argparse.Namespace) -> None:
@@ -237,6 +253,9 @@ def _check_flags(args: argparse.Namespace) -> None:
         raise CLIError("--chat-var goes with --chat (a variable of the chat template)")
     if args.weights == "float16" and args.dtype != "float32":
         raise CLIError(f"--weights float16 computes in float32; drop --dtype {args.dtype}")
+    if args.compile and args.weights == "float16":
+        raise CLIError("--compile reads the model's own weights, --weights float16 packed "
+                       "copies; drop one of them")
 
 
 def _load_model(args: argparse.Namespace) -> tuple[Any, Any]:

@@ -3,6 +3,7 @@
 `config.py` (`GPTConfig`, presets), `layers.py` (norms, MLPs, rotary embeddings, the CPU
 `Linear`), `attention.py` (masks, `attend`, `CausalSelfAttention`: all attention math),
 `kv_cache.py`, `gpt.py` (the GPT), `decode.py` (the one-token decode step without modules),
+`compiled_decode.py` (that step at fixed shapes, compiled: CUDA graphs on a GPU),
 `trace.py` (the recording seam: what a forward pass can capture and where edits apply) and
 `runtime.py` (which device a name means, CPU kernel and memory choices).
 """

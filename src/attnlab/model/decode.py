@@ -15,6 +15,7 @@ same values, so forward, traces and decode still compute one model.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING, NamedTuple, cast
 from weakref import WeakKeyDictionary
@@ -30,6 +31,9 @@ from .layers import GELUS, MLP, RMSNorm, apply_rotary, real_positions, rms_norm
 if TYPE_CHECKING:
     from .gpt import GPT, Block
 
+# one layer's attention in a decode step: (layer index, its sliding window, q (B, nh, 1, hs),
+# new k and v (B, nkv, 1, hs)) -> context (B, nh, 1, hs); `DecodeStep.forward_with`
+LayerAttention = Callable[[int, "int | None", Tensor, Tensor, Tensor], Tensor]
 
 class _Affine(NamedTuple):
     """x (B, in) -> x @ weight + bias (B, out), for the one-token decode step."""
@@ -85,8 +89,9 @@ def _parts(side: int, w: Tensor) -> int:
     """Into how many equal blocks along `side` to cut the matrix `w` for the product: one per
     torch thread, each of at least SPLIT_MIN weights; 1: keep it whole. float32 on the CPU
     only (the case measured: docs/performance.md#decode-blocks; bfloat16 products have other
-    kernels, GPUs their own threads)."""
-    if w.device.type != "cpu" or w.dtype != torch.float32:
+    kernels, GPUs their own threads), and not under torch.compile (`compiled_decode`), whose
+    Inductor chooses its own kernels."""
+    if w.device.type != "cpu" or w.dtype != torch.float32 or torch.compiler.is_compiling():
         return 1
     parts = min(torch.get_num_threads(), w.numel() // SPLIT_MIN)
     while parts > 1 and side % parts:
@@ -285,10 +290,34 @@ class DecodeStep:
                 f"cache holds {pos} positions, so a new token would be position {pos} >= "
                 f"block_size={c.block_size}; start a new cache (or use a sliding window)"
             )
-        x = F.embedding(token[:, 0], self.wte)  # (B, C)
         positions: Tensor | None = None  # (B,) real positions of padded rows
         if attention_mask is not None:
             positions = real_positions(attention_mask, 1)[:, 0]  # (B,)
+        masks: dict[int | None, Mask] = {}  # one per window size, shared by its layers
+
+        def attention(i: int, window: int | None, q: Tensor, k: Tensor, v: Tensor) -> Tensor:
+            if window not in masks:
+                masks[window] = build_mask(
+                    1, pos + 1, attention_mask, device=token.device, window=window
+                )
+            k, v = cache.layers[i].update(pos, k, v)  # (B, nkv, pos + 1, hs) each
+            return attend(q, k, v, masks[window], scale=c.attn_scale)  # (B, nh, 1, hs)
+
+        logits = self.forward_with(token, positions, pos, attention)  # (B, V)
+        cache.seq_len = pos + 1
+        return logits
+
+    def forward_with(
+        self, token: Tensor, positions: Tensor | None, pos: int, attention: LayerAttention
+    ) -> Tensor:
+        """token (B, 1) at `positions` (B,) (None: every row at `pos`) -> logits (B, V).
+
+        Each layer's attention is `attention(layer, window, q, k, v)`: q (B, nh, 1, hs) and
+        the new k, v (B, nkv, 1, hs) -> context (B, nh, 1, hs); it owns the cache and the mask
+        (`__call__`: the growing prefix; `compiled_decode`: the whole static buffer).
+        """
+        c = self.config
+        x = F.embedding(token[:, 0], self.wte)  # (B, C)
         if self.wpe is not None:
             # (C,): every row is at position pos, or (B, C) at its own
             x = x + (self.wpe[pos] if positions is None else F.embedding(positions, self.wpe))
@@ -297,13 +326,8 @@ class DecodeStep:
             at = torch.full((1, 1), pos, device=token.device) if positions is None else (
                 positions[:, None])  # (B or 1, 1)
             rope = self.rotary.cos_sin(at)  # (B or 1, 1, 1, rd) each
-        masks: dict[int | None, Mask] = {}
         B, nh, nkv, hs = token.shape[0], c.n_head, c.n_kv_heads, c.head_size
-        for layer, layer_cache in zip(self.layers, cache.layers, strict=True):
-            if layer.window not in masks:
-                masks[layer.window] = build_mask(
-                    1, pos + 1, attention_mask, device=token.device, window=layer.window
-                )
+        for i, layer in enumerate(self.layers):
             h = _apply(layer.ln_1, x)  # (B, C)
             qkv = layer.qkv(h)  # (B, (nh + 2*nkv) * hs)
             # one position per row: (B, heads * hs) is (B, heads, 1, hs) as it lies in memory
@@ -312,8 +336,7 @@ class DecodeStep:
                 q, k = layer.q_norm(q), layer.k_norm(k)  # per head, over hs
             if rope is not None:
                 q, k = apply_rotary(q, *rope), apply_rotary(k, *rope)  # (B, nh|nkv, 1, hs)
-            k, v = layer_cache.update(pos, k, v)  # (B, nkv, pos + 1, hs) each
-            a = attend(q, k, v, masks[layer.window], scale=c.attn_scale)  # (B, nh, 1, hs)
+            a = attention(i, layer.window, q, k, v)  # (B, nh, 1, hs)
             a = a.view(B, nh * hs)  # (B, nh * hs)
             if layer.out_proj is not None:
                 a = layer.out_proj(a)  # (B, C)
@@ -325,8 +348,24 @@ class DecodeStep:
             if layer.fc is not None:
                 m = self._mlp(layer, _apply(layer.ln_2, x))  # (B, C)
                 x = x + m if c.residual else m
-        cache.seq_len = pos + 1
         return self.lm_head(_apply(self.ln_f, x))  # (B, V)
+
+    def tensors(self) -> list[Tensor]:
+        """Every tensor the step reads its weights from (`compiled_decode` marks them as
+        fixed addresses for CUDA graphs)."""
+        found = [self.wte, *([] if self.wpe is None else [self.wpe])]
+        for part in (*self.layers, self.lm_head, self.ln_f):
+            found += _tensors_in(part)
+        return found
+
+
+def _tensors_in(part: object) -> list[Tensor]:
+    """The tensors held by a tuple of weights (`_DecodeLayer`, `_Affine`, `_Norm`), nested."""
+    if isinstance(part, Tensor):
+        return [part]
+    if isinstance(part, tuple):
+        return [t for item in part for t in _tensors_in(item)]
+    return []
 
 
 def check_float16_weights(model: GPT) -> None:

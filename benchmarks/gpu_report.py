@@ -1,0 +1,94 @@
+"""The README summary's GPU table: headline rows of the recorded GPU suites.
+
+`report.summary` appends `gpu_summary(results)` below the CPU table; it is empty until a GPU
+suite's result is recorded (`python -m benchmarks gpu_decode --record` on a GPU), so no GPU
+figure appears before one is measured. Each row names its GPU.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from .gpu_decode import COMPILED, HF_EAGER, HF_STATIC
+from .gpu_summaries import FORWARD, SUMMARY
+from .gpu_trace import FORWARD as TRACE_FORWARD
+from .gpu_trace import HF_BASE, HF_LM, RUN
+
+Result = dict[str, Any]
+
+
+def _n(value: float) -> str:
+    return f"{value:#.3g}" if value < 100 else f"{value:,.0f}"
+
+
+def _decode_rows(r: Result) -> list[list[str]]:
+    rows = []
+    for x in r.get("records", []):
+        tps = x["tokens_per_s"]
+        if COMPILED in tps and HF_STATIC in tps and HF_EAGER in tps:
+            rows.append([f"greedy decode, {x['shape']} shape, bfloat16, batch 1 "
+                         "(`generate(..., compile=True)`)", f"{_n(tps[COMPILED])} tokens/s",
+                         f"HF static + compile {_n(tps[HF_STATIC])}, HF eager "
+                         f"{_n(tps[HF_EAGER])}",
+                         f"{tps[COMPILED] / tps[HF_STATIC]:.2f}x / "
+                         f"{tps[COMPILED] / tps[HF_EAGER]:.2f}x faster"])
+    return rows
+
+
+def _bandwidth_rows(r: Result) -> list[list[str]]:
+    bw = r.get("record", {})
+    share = bw.get("fraction_of_bandwidth", {}).get(COMPILED)
+    if share is None:
+        return []
+    return [[f"decode of a {bw['shape']}-shaped model against memory bandwidth (compiled, "
+             "bfloat16, batch 1)", f"{_n(bw['tokens_per_s'][COMPILED])} tokens/s",
+             f"copy rate {_n(bw['copy_bytes_per_s'] / 1e9)} GB/s", f"{share:.0%} of it"]]
+
+
+def _trace_rows(r: Result) -> list[list[str]]:
+    ms = r.get("ms", {})
+    if not all(k in ms for k in (RUN, TRACE_FORWARD, HF_LM, HF_BASE)):
+        return []
+    hf = min(ms[HF_LM], ms[HF_BASE])
+    return [[f"every layer's attention weights, GPT-2 shape, T={r['T']}, float32 "
+             "(`Trace.run`)", f"{_n(ms[RUN])} ms",
+             f"HF eager output_attentions {_n(hf)} ms; attnlab fused forward "
+             f"{_n(ms[TRACE_FORWARD])} ms",
+             f"{hf / ms[RUN]:.2f}x faster; {ms[RUN] / ms[TRACE_FORWARD]:.2f}x the forward"]]
+
+
+def _summaries_rows(r: Result) -> list[list[str]]:
+    rows = []
+    for T, variants in r.get("lengths", {}).items():
+        s, f = variants.get(SUMMARY, {}), variants.get(FORWARD, {})
+        if "ms" in s and "ms" in f:
+            peak = (f" / peak {s['peak_bytes'] / f['peak_bytes']:.2f}x"
+                    if s.get("peak_bytes") and f.get("peak_bytes") else "")
+            rows.append([f"five per-head summaries, every layer, Llama-3.2-1B shape, T={T}",
+                         f"{_n(s['ms'])} ms", f"fused forward {_n(f['ms'])} ms",
+                         f"{s['ms'] / f['ms']:.2f}x the time{peak}"])
+    return rows
+
+
+GPU_HEADLINES: dict[str, Callable[[Result], list[list[str]]]] = {
+    "gpu_decode": _decode_rows,
+    "gpu_bandwidth": _bandwidth_rows,
+    "gpu_trace": _trace_rows,
+    "gpu_summaries": _summaries_rows,
+}
+
+
+def gpu_summary(results: dict[str, Result]) -> str:
+    """The GPU rows as a markdown table (with a blank line before it), or "" when no GPU
+    suite has a result measured on a GPU."""
+    rows = []
+    for name, headline in GPU_HEADLINES.items():
+        gpu = results.get(name, {}).get("machine", {}).get("gpu")
+        if gpu:  # a smoke run off CUDA names no GPU: its figures are no GPU's
+            rows += [[*row, gpu] for row in headline(results[name])]
+    if not rows:
+        return ""
+    lines = ["", "| measured on a GPU | attnlab | against | result | GPU |",
+             "|---|---|---|---|---|"]
+    return "\n".join(lines + ["| " + " | ".join(row) + " |" for row in rows]) + "\n"

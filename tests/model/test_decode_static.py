@@ -1,0 +1,68 @@
+"""model/compiled_decode.py's fixed-shape step, run eagerly (torch.compile replaced by the
+identity, so no compilation): over the whole static buffer with a slot tensor and a mask,
+it computes what `DecodeStep` computes over the filled prefix, for every config switch.
+tests/test_generate_compile.py compiles it."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import attnlab.model.compiled_decode as compiled_mod
+from attnlab import GPT, GPTConfig
+from attnlab.model.decode import decode_step
+from helpers import left_padded, modern_switches
+
+
+def _identity(fn: Callable[..., Any], **options: Any) -> Callable[..., Any]:
+    return fn
+
+
+@settings(max_examples=20, deadline=None)
+@given(lengths=st.lists(st.integers(1, 6), min_size=1, max_size=3), seed=st.integers(0, 99),
+       switches=modern_switches())
+def test_static_step_equals_the_decode_step(
+    lengths: list[int], seed: int, switches: dict[str, object]
+) -> None:
+    torch.manual_seed(seed)
+    model = GPT(GPTConfig.from_name("nano", n_head=4, init_std=0.3, **switches)).eval()
+    ids, mask = left_padded(lengths, seed=seed)
+    B, P = ids.shape
+    padded = bool((mask == 0).any())
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(compiled_mod.torch, "compile", _identity)
+        static = compiled_mod.CompiledDecode(model, B, 16)  # 16 slots, P + 6 used
+    cache = model.new_cache(B, P + 6)
+    step = decode_step(model)
+    with torch.inference_mode():
+        given_mask = mask if padded else None
+        logits = model(ids, attention_mask=given_mask, kv_cache=cache).logits[:, -1]
+        model(ids, attention_mask=given_mask, kv_cache=static.cache)
+        static.start(given_mask)
+        keep = mask.bool()
+        for _ in range(6):
+            token = logits.argmax(-1, keepdim=True)  # (B, 1)
+            keep = torch.cat([keep, torch.ones_like(token, dtype=torch.bool)], dim=1)
+            logits = step(token, keep if padded else None, cache)  # (B, V)
+            torch.testing.assert_close(static(step, token), logits, atol=1e-5, rtol=1e-5)
+
+
+def test_static_step_refuses_a_full_cache_and_a_wrong_shape() -> None:
+    torch.manual_seed(0)
+    model = GPT(GPTConfig.from_name("nano")).eval()
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(compiled_mod.torch, "compile", _identity)
+        static = compiled_mod.CompiledDecode(model, 2, 4)
+    step = decode_step(model)
+    with pytest.raises(ValueError, match=r"of shape \(1, 1\); this compiled step takes \(2, 1\)"):
+        static(step, torch.zeros(1, 1, dtype=torch.long))
+    static.cache.seq_len = 4
+    with pytest.raises(ValueError, match="holds 4 slots and all are filled"):
+        static(step, torch.zeros(2, 1, dtype=torch.long))
+    with pytest.raises(ValueError, match="does not cover the 4 filled slots of 2 rows"):
+        static.start(torch.ones(2, 3))

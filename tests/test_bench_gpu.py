@@ -1,0 +1,90 @@
+"""The GPU suites (benchmarks/gpu_*.py): one line without CUDA, and every code path on tiny
+shapes on the CPU (their --smoke runs), with torch.compile replaced by the identity (the
+compiled step itself is tests/test_generate_compile.py's). The figures mean nothing here."""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+import torch
+from benchmarks import gpu_bandwidth, gpu_decode, gpu_profile, gpu_summaries, gpu_trace
+from benchmarks.__main__ import SUITES
+from benchmarks.gpu_report import gpu_summary
+
+import attnlab.model.compiled_decode as compiled_mod
+
+GPU_SUITES = [name for name in SUITES if name.startswith("gpu_")]
+
+
+@pytest.fixture
+def no_compile(monkeypatch: pytest.MonkeyPatch) -> None:
+    def identity(fn: Callable[..., Any], **options: Any) -> Callable[..., Any]:
+        return fn
+
+    monkeypatch.setattr(compiled_mod.torch, "compile", identity)
+
+
+def test_every_gpu_suite_is_registered_and_skips_in_one_line_without_cuda() -> None:
+    assert GPU_SUITES == ["gpu_decode", "gpu_bandwidth", "gpu_trace", "gpu_summaries",
+                          "gpu_profile"]
+    if torch.cuda.is_available():
+        pytest.skip("a CUDA GPU is here: the suites would run")
+    for name in GPU_SUITES:
+        result = importlib.import_module(f"benchmarks.{name}").run()
+        assert set(result) == {"suite", "skipped"} and "\n" not in result["skipped"]
+        assert result["skipped"].startswith(f"{name}: no CUDA GPU here")
+
+
+def test_trace_smoke_finds_the_same_weights_as_hugging_face() -> None:
+    result = gpu_trace.run(quick=True, device="cpu")
+    errors = result["max_weight_error_vs_trace_run"]
+    assert set(errors) == {gpu_trace.RUN, gpu_trace.TRACED, gpu_trace.HF_LM, gpu_trace.HF_BASE}
+    assert max(errors.values()) <= gpu_trace.TOLERANCE
+    assert len(result["tables"][0]["rows"]) == 5 and result["targets_met"] == {}
+
+
+def test_summaries_smoke_measures_the_trace_or_says_the_names_are_missing(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    result = gpu_summaries.run(quick=True, device="cpu")
+    row = result["lengths"]["64"][gpu_summaries.SUMMARY]
+    assert ("ms" in row) != ("error" in row)  # measured, or "names not available: ..."
+    assert "ms" in result["lengths"]["64"][gpu_summaries.HF_EAGER]
+    monkeypatch.setattr(gpu_summaries, "SUMMARIES", ("q", "k"))  # names every Trace has
+    result = gpu_summaries.run(quick=True, device="cpu")
+    assert all("ms" in result["lengths"][T][gpu_summaries.SUMMARY] for T in ("64", "128"))
+
+
+def test_decode_and_bandwidth_smoke_run_every_variant(no_compile: None) -> None:
+    result = gpu_decode.run(quick=True, device="cpu")
+    for record in result["records"]:
+        assert record["errors"] == {}
+        assert set(record["tokens_per_s"]) == {gpu_decode.EAGER, gpu_decode.COMPILED,
+                                               gpu_decode.HF_EAGER, gpu_decode.HF_STATIC}
+        agree = record["greedy_agreement_with_attnlab_eager"]
+        # peaked logits (initializer 0.1): bfloat16 rounding flips no greedy id of the toys
+        assert agree[gpu_decode.COMPILED] == 1.0
+        assert record["compile_s"] is not None
+    bandwidth = gpu_bandwidth.run(quick=True, device="cpu")
+    share = bandwidth["record"]["fraction_of_bandwidth"]
+    assert set(share) == {gpu_decode.EAGER, gpu_decode.COMPILED} and min(share.values()) > 0
+    rows = gpu_summary({"gpu_decode": result, "gpu_bandwidth": bandwidth})
+    assert rows == ""  # a CPU smoke run names no GPU, so it makes no GPU row
+    assert gpu_summary({}) == ""
+
+
+def test_gpu_summary_rows_name_the_gpu() -> None:
+    record = {"shape": "gpt2", "tokens_per_s": {gpu_decode.COMPILED: 300.0,
+                                                gpu_decode.HF_STATIC: 200.0,
+                                                gpu_decode.HF_EAGER: 50.0}}
+    text = gpu_summary({"gpu_decode": {"machine": {"gpu": "Some GPU"}, "records": [record]}})
+    assert "| greedy decode, gpt2 shape" in text and "1.50x / 6.00x faster | Some GPU |" in text
+
+
+def test_profile_smoke_counts_ops_per_call(no_compile: None) -> None:
+    result = gpu_profile.run(quick=True, device="cpu")
+    rows = result["rows"]
+    assert len(rows) == 4 and all(r["kernels"] > 0 and r["wall_ms"] > 0 for r in rows.values())
