@@ -405,7 +405,7 @@ class _Run:
         result.tokens_per_second = tokens / max(seconds, 1e-9)
         if self.config.patience is not None and self.stale and result.checkpoint is not None:
             # the weights since the best evaluation are worse: return the checkpoint's
-            best = load_attnlab_checkpoint(result.checkpoint, map_location=self.world.device)
+            best = load_attnlab_checkpoint(result.checkpoint)  # copied onto the model's device
             self.model.load_state_dict(best.model.state_dict())
         result.model.eval()
         if self.world.main:
