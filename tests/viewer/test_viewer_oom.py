@@ -10,10 +10,10 @@ import pytest
 import torch
 
 pytest.importorskip("fastapi")
-from fastapi.testclient import TestClient  # noqa: E402
+from fastapi.testclient import TestClient
 
-from attnlab import GPT, GPTConfig, ServeConfig, create_app  # noqa: E402
-from attnlab.tokenizers import get_tokenizer  # noqa: E402
+from attnlab import GPT, GPTConfig, ServeConfig, create_app
+from attnlab.tokenizers import get_tokenizer
 
 CUDA_OOM = ("CUDA out of memory. Tried to allocate 2.00 GiB. GPU 0 has a total capacity of "
             "79.19 GiB of which 1.06 GiB is free. Of the allocated memory 76.2 GiB is allocated "
