@@ -15,8 +15,8 @@ import pytest
 import torch
 
 from attnlab import GPT, GPTConfig, Trace
-from attnlab.hf import save_hf
 from attnlab.generate import generate, generate_text
+from attnlab.hf import save_hf
 from attnlab.interp.edits import Edits, ablate, patch
 from attnlab.interp.patching import activation_patching, attribution_patching, logit_diff_metric
 from attnlab.load import load_checkpoint
