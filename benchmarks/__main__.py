@@ -38,6 +38,7 @@ SUITES = {
     "trace": "trace",
     "arch": "arch_compare",
     "roofline": "roofline",
+    "gpu": "gpu_train",  # skipped without CUDA
 }
 RECORDED = Path(__file__).resolve().parent / "results"  # checked in; the README shows these
 DEFAULT_OUT = Path("bench-results")  # relative: under the directory the user runs from
