@@ -105,11 +105,12 @@ def gpu_text_recipe(vocab_size: int) -> tuple[GPTConfig, TrainConfig]:
     """Text on a GPU: nanoGPT's GPU shakespeare_char shape and optimizer (6 layers, 6 heads,
     384 wide, context 256, batch 64, dropout 0.2, no biases, exact GELU, AdamW lr 1e-3 with
     betas (0.9, 0.99), 100 warmup steps, cosine to 1e-4, bfloat16 autocast), with a shorter
-    schedule and a stop at the best val loss. nanoGPT's run decays over 5000 steps and
-    overfits after about 2000 (docs/gpu.md#the-gpu-recipe), so this one decays over 2000,
-    evaluates every 250 steps on 50 batches of each split (819,200 tokens), and stops after two
-    evaluations without a better val loss, keeping the best one's checkpoint (`patience`).
-    Fused AdamW (make_optimizer) runs one kernel per step on CUDA too."""
+    schedule and a stop at the best val loss. nanoGPT's run decays over 5000 steps, though
+    its val loss is best near 2000 (docs/performance.md#nanogpt-on-a-gpu), so this one
+    decays over 2000, evaluates every 250 steps on 50 batches of each split (819,200
+    tokens), and stops after two evaluations without a better val loss, keeping the best
+    one's checkpoint (`patience`). Fused AdamW (make_optimizer) runs one kernel per step on
+    CUDA too."""
     model = GPTConfig(vocab_size=vocab_size, block_size=256, n_layer=6, n_head=6, n_embd=384,
                       dropout=0.2, bias=False, gelu="exact")
     return model, TrainConfig(
