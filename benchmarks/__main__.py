@@ -45,6 +45,7 @@ SUITES = {
     "gpu_trace": "gpu_trace",
     "gpu_summaries": "gpu_summaries",
     "gpu_profile": "gpu_profile",
+    "gpu": "gpu_train",  # skipped without CUDA
 }
 RECORDED = Path(__file__).resolve().parent / "results"  # checked in; the README shows these
 DEFAULT_OUT = Path("bench-results")  # relative: under the directory the user runs from

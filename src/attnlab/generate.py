@@ -220,6 +220,8 @@ def stream(
     checked here, before the first step.
     """
     config = GenerationConfig(max_new_tokens, temperature, top_k, top_p, seed, sliding_window)
+    input_ids = input_ids.to(model.wte.weight.device)  # the caller's may be on the host
+    attention_mask = None if attention_mask is None else attention_mask.to(input_ids.device)
     keep = _check_prompt(model, input_ids, attention_mask, config)
     if edits is not None:
         edits.check(model.config)
@@ -351,7 +353,8 @@ def generate(
         seed=seed, generator=generator, sliding_window=sliding_window, vocab_size=vocab_size,
         edits=edits, compile=compile,
     ))
-    return torch.cat([input_ids, torch.stack(steps, dim=1).to(input_ids.dtype)], dim=1)
+    new_ids = torch.stack(steps, dim=1)  # (B, n) on the model's device
+    return torch.cat([input_ids.to(new_ids.device), new_ids.to(input_ids.dtype)], dim=1)
 
 
 # ----------------------------------------------------------------------------- text

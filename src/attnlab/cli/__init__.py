@@ -19,20 +19,21 @@ import warnings
 from collections.abc import Sequence
 from typing import NoReturn
 
+import torch
+
 from ..model.runtime import reuse_freed_memory
-from .common import CLIError
+from .common import CLIError, check_device, out_of_memory
 
 COMMANDS = ("train", "generate", "inspect", "serve", "bench", "demo", "info", "export", "heads",
             "patch", "lens")
 
 def _check_device(args: argparse.Namespace) -> None:
-    """Every command's --device, checked once before it runs: a device this machine lacks is
-    named as such (loading weights onto it failed as "corrupted", pin_memory's error)."""
+    """Every command's --device, checked once before it runs: a device this machine lacks
+    (no CUDA, no MPS, cuda:7 on a one-GPU machine) is named as such in one line (loading
+    weights onto it failed as "corrupted", pin_memory's error)."""
     device = getattr(args, "device", None) or getattr(args, "TrainConfig.device", None)
-    if isinstance(device, str) and device not in ("cpu", "auto"):
-        from ..model.runtime import resolve_device
-
-        resolve_device(device)
+    if isinstance(device, str) and device != "cpu":
+        check_device(device)
 
 
 class _Parser(argparse.ArgumentParser):
@@ -136,6 +137,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         if os.environ.get("ATTNLAB_DEBUG"):
             raise
         print(f"attnlab {args.command}: error: {err}", file=sys.stderr)
+        return 1
+    except torch.OutOfMemoryError as err:  # a command that knows what to reduce says so first
+        if os.environ.get("ATTNLAB_DEBUG"):
+            raise
+        print(f"attnlab {args.command}: error: {out_of_memory(args.command, err)}",
+              file=sys.stderr)
         return 1
     except KeyboardInterrupt:
         print(f"attnlab {args.command}: interrupted", file=sys.stderr)

@@ -20,7 +20,7 @@ from .common import CLIError
 # the two equal), then its two special names
 SUITES = ("attention", "train", "memory", "quality", "decode", "models_decode", "trace",
           "arch", "roofline", "loading", "gpu_decode", "gpu_bandwidth", "gpu_trace",
-          "gpu_summaries", "gpu_profile", "all", "readme")
+          "gpu_summaries", "gpu_profile", "gpu", "all", "readme")
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:

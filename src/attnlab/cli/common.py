@@ -1,6 +1,8 @@
 """What every subcommand shares: `CLIError`, config dataclasses as flags (`add_config_flags`,
-`config_from_flags`), the checkpoint argument, and small text helpers. The parser and `main`
-are the package's `__init__`."""
+`config_from_flags`), the checkpoint argument, the device and dtype flags of every command that
+runs a model (`add_device_flags`, `device_of`, `load_model`), the one line a command prints
+when the device runs out of memory (`out_of_memory`), and small text helpers. The parser and
+`main` are the package's `__init__`."""
 
 from __future__ import annotations
 
@@ -11,7 +13,12 @@ import json
 import re
 import types
 from inspect import getsource  # (`import inspect` would be shadowed by cli/inspect.py)
-from typing import Any, TypeVar, Union, get_args, get_origin, get_type_hints
+from typing import TYPE_CHECKING, Any, TypeVar, Union, get_args, get_origin, get_type_hints
+
+if TYPE_CHECKING:
+    import torch
+
+    from ..checkpoint import Checkpoint
 
 T = TypeVar("T")
 
@@ -131,6 +138,88 @@ def add_checkpoint_argument(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("checkpoint", metavar="CHECKPOINT",
                         help="checkpoint directory, a run directory holding ckpt/, or a "
                         "Hugging Face model directory")
+
+
+#: --dtype's choices: what the model's weights and activations are held in
+DTYPES = ("float32", "bfloat16", "float16")
+DEVICE_HELP = ("auto (CUDA when present, else the CPU), cpu, cuda, cuda:N or mps "
+               "(default auto)")
+
+
+def add_device_flags(parser: argparse.ArgumentParser, dtype_help: str = "",
+                     dtype: bool = True) -> None:
+    """--device (default auto) and, with `dtype`, --dtype (default float32) of a command that
+    runs a model."""
+    parser.add_argument("--device", default="auto", help=DEVICE_HELP)
+    if not dtype:
+        return
+    parser.add_argument(
+        "--dtype", choices=DTYPES, default="float32",
+        help=dtype_help or "the model's weights and activations; bfloat16 and float16 halve "
+        "the memory, and run fastest on a GPU (default float32)")
+
+
+def check_device(name: str) -> torch.device:
+    """The device --device names (auto: cuda:0 where CUDA is, else cpu), or a ValueError in
+    one line for one this machine lacks: no CUDA, no MPS, or cuda:7 on a one-GPU machine."""
+    import torch
+
+    from ..model.runtime import resolve_device
+
+    device = resolve_device(name)
+    if device.type == "cuda" and device.index is not None:
+        count_ = torch.cuda.device_count()
+        if device.index >= count_:
+            have = ", ".join(f"cuda:{i}" for i in range(count_))
+            raise ValueError(f"device={name!r} but this machine has {count(count_, 'CUDA device')}"
+                             f" ({have}); use one of those, or auto")
+    return device
+
+
+def device_of(args: argparse.Namespace) -> torch.device:
+    """The device the command's --device names (checked by `check_device`)."""
+    return check_device(args.device)
+
+
+def dtype_of(args: argparse.Namespace) -> torch.dtype:
+    """The torch dtype the command's --dtype names."""
+    import torch
+
+    dtype: torch.dtype = getattr(torch, args.dtype)
+    return dtype
+
+
+def load_model(args: argparse.Namespace) -> Checkpoint:
+    """The checkpoint args.checkpoint names, loaded onto --device in --dtype (`load_checkpoint`
+    reads attnlab's and Hugging Face's directories)."""
+    from ..load import load_checkpoint
+
+    return load_checkpoint(args.checkpoint, map_location=device_of(args), dtype=dtype_of(args))
+
+
+#: what each command can do with less memory, for `out_of_memory`'s line
+MEMORY_HINTS = {
+    "train": "a smaller --batch_size (with --grad_accum to keep the batch), a shorter context "
+             "(--block_size or --seq_len), or --dtype bfloat16",
+    "generate": "a smaller --batch-size, fewer --max-new-tokens, shorter prompts, or --dtype "
+                "bfloat16",
+    "inspect": "fewer traced layers or heads (--layer, --head), fewer figures (--what), a "
+               "shorter text, or --dtype bfloat16",
+}
+
+
+def out_of_memory(command: str, err: BaseException, device: Any = None) -> CLIError:
+    """The one line `attnlab COMMAND` says when the device ran out of memory: on which device,
+    and what to reduce. Frees what the CUDA allocator caches first."""
+    import torch
+
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
+    where = f" on {device}" if device is not None else ""
+    hint = MEMORY_HINTS.get(command, "a smaller input, or --dtype bfloat16")
+    # torch's CUDA message goes on about the allocator; its first two sentences say how much
+    said = ". ".join(str(err).split("\n")[0].split(". ")[:2]).rstrip(".") or type(err).__name__
+    return CLIError(f"out of memory{where} ({said}); try {hint}")
 
 
 def count(n: int, noun: str, plural: str | None = None) -> str:

@@ -17,7 +17,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from .common import CLIError
+from .common import CLIError, add_device_flags, device_of
 
 DEMOS = {
     "hello": 'seed 002: one attention layer learns that " World" follows "Hello"',
@@ -47,6 +47,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
                         help="train with this seed instead of the recipe's (hello, animals)")
     parser.add_argument("--no-figures", dest="figures", action="store_false",
                         help="train and check only; draw nothing")
+    add_device_flags(parser, dtype=False)
     return parser
 
 
@@ -65,10 +66,11 @@ def run(args: argparse.Namespace) -> int:
     if args.seed is not None and args.name == "averaging":
         raise CLIError("--seed applies to hello and animals, which train; averaging trains "
                        "nothing and draws fixed inputs (torch.manual_seed(1337))")
+    device = device_of(args)
     with _one_thread():
         if args.name == "averaging":
-            return _averaging(out, formats)
-        return _seed_002(args.name, out, formats, args.retrain, args.seed)
+            return _averaging(out, formats, device)
+        return _seed_002(args.name, out, formats, args.retrain, args.seed, device)
 
 
 @contextlib.contextmanager
@@ -90,7 +92,7 @@ def _one_thread() -> Iterator[None]:
 
 
 def _seed_002(
-    name: str, out: Path, formats: list[str], retrain: bool, seed: int | None
+    name: str, out: Path, formats: list[str], retrain: bool, seed: int | None, device: Any
 ) -> int:
     import torch
 
@@ -103,8 +105,9 @@ def _seed_002(
         raise CLIError(f"seed_experiment({name!r}) gave {dataset.name!r}, not seed 002's sentences")
     if seed is not None:
         train_config = dataclasses.replace(train_config, seed=seed)
+    train_config = dataclasses.replace(train_config, device=str(device))
     torch.manual_seed(train_config.seed)  # the untrained model train() starts from
-    before = GPT(model_config).eval()
+    before = GPT(model_config).to(device).eval()
     after, how = _trained(name, out, model_config, train_config, dataset, retrain)
     tc = train_config
     print(f"model    seed-minimal: 1 layer, 1 head, n_embd {model_config.n_embd}, "
@@ -118,7 +121,7 @@ def _seed_002(
               "the figures show what this model does")
     if not formats:
         return 0
-    x = dataset.ids[:, :-1]  # (N, L-1): every sentence but its last word
+    x = dataset.ids[:, :-1].to(device)  # (N, L-1): every sentence but its last word
     pick = 1 if name == "animals" else 0  # "The human is a": the sentence seed 002 draws
     tokens = [tok.decode([int(i)]) for i in x[pick]]
     written: list[Path] = []
@@ -140,14 +143,18 @@ def _trained(name: str, out: Path, model_config: Any, train_config: Any, dataset
     from ..train.loop import train
 
     ckpt = out / "ckpt"
-    recipe = dataclasses.asdict(train_config)
+
+    def recipe(config: dict[str, Any]) -> dict[str, Any]:  # the same on any device
+        return {k: v for k, v in config.items() if k != "device"}
+
     if ckpt.exists() and not retrain:
         try:
-            saved = load_checkpoint(ckpt)
+            saved = load_checkpoint(ckpt, map_location=train_config.device)
         except (ValueError, FileNotFoundError, OSError) as err:
             raise CLIError(f"{ckpt} is not a readable checkpoint ({err}); pass --retrain "
                            "or another --out") from err
-        if saved.model.config == model_config and saved.meta.get("train_config") == recipe:
+        if saved.model.config == model_config and recipe(
+                saved.meta.get("train_config") or {}) == recipe(dataclasses.asdict(train_config)):
             return saved.model, f"reused {ckpt} (--retrain to train again)"
     result = train(model_config, train_config, dataset, out)
     loss = [r["loss"] for r in result.history if "loss" in r][-1]
@@ -194,7 +201,7 @@ def _report_hello(model: Any, tok: Any) -> bool:
 
     ids = tok.encode("Hello")
     with torch.no_grad():
-        logits = model(torch.tensor([ids])).logits[0, -1]  # (V,)
+        logits = model(torch.tensor([ids], device=model.wte.weight.device)).logits[0, -1]  # (V,)
     got = tok.decode([int(logits.argmax())])
     ok = got == " World"
     prob = float(torch.softmax(logits, -1).max())
@@ -204,7 +211,7 @@ def _report_hello(model: Any, tok: Any) -> bool:
 
 def noun_rows(model: Any, dataset: Any) -> list[dict[str, Any]]:
     """Per sentence: the predicted last word, and the weights of the " a"/" an" row."""
-    trace, logits = _trace(model, dataset.ids[:, :-1])
+    trace, logits = _trace(model, dataset.ids[:, :-1].to(model.wte.weight.device))
     weights = trace.get("attn_weights", 0)[:, 0, -1]  # (N, S): the row of the word before last
     tok = dataset.tokenizer
     rows = []
@@ -241,7 +248,7 @@ def _report_animals(model: Any, dataset: Any) -> bool:
 def _draw_sentences(model: Any, dataset: Any, out: Path, formats: list[str]) -> list[Path]:
     from .. import viz
 
-    trace, _ = _trace(model, dataset.ids[:, :-1])
+    trace, _ = _trace(model, dataset.ids[:, :-1].to(model.wte.weight.device))
     weights = trace.get("attn_weights", 0)[:, 0]  # (N, T, T)
     tok = dataset.tokenizer
     token_lists = [[tok.decode([int(i)]) for i in ids[:-1]] for ids in dataset.ids]
@@ -256,7 +263,7 @@ def _draw_sentences(model: Any, dataset: Any, out: Path, formats: list[str]) -> 
 # --------------------------------------------------------------------- seed 004
 
 
-def _averaging(out: Path, formats: list[str]) -> int:
+def _averaging(out: Path, formats: list[str], device: Any) -> int:
     import torch
 
     from .. import viz
@@ -265,7 +272,7 @@ def _averaging(out: Path, formats: list[str]) -> int:
 
     torch.manual_seed(1337)
     B, T, C = 4, 8, 2  # seed 004's sizes
-    x = torch.randn(B, T, C)
+    x = torch.randn(B, T, C).to(device)  # drawn on the host: the same numbers on any device
     results = {name: form(x) for name, form in AVERAGING_FORMS.items()}  # each (B, T, C)
     names = list(results)
     print(f"input    x: (B={B}, T={T}, C={C}) from torch.manual_seed(1337), as in seed 004")
@@ -278,9 +285,9 @@ def _averaging(out: Path, formats: list[str]) -> int:
             print(f"check    {a:<12} vs {b:<12} max |diff| {diff:.1e}  "
                   f"{'✓' if close else '✗'}")
     # the weights of the softmax form: averaging the identity returns the matrix itself
-    weights = AVERAGING_FORMS["softmax"](torch.eye(T)[None])[0]  # (T, T)
-    zeros = torch.zeros(T, T)
-    masked = zeros.masked_fill(~causal_mask(T, T), float("-inf"))  # (T, T): -inf above diagonal
+    weights = AVERAGING_FORMS["softmax"](torch.eye(T, device=device)[None])[0]  # (T, T)
+    zeros = torch.zeros(T, T, device=device)
+    masked = zeros.masked_fill(~causal_mask(T, T, device=device), float("-inf"))  # (T, T)
     tokens = [f"t{i}" for i in range(T)]
     print("weights  softmax of the masked zero matrix (row t averages tokens 0..t):")
     for row in weights:

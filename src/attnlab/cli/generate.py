@@ -16,12 +16,19 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from .common import CLIError, add_checkpoint_argument, count, unescape
+from .common import (
+    CLIError,
+    add_checkpoint_argument,
+    add_device_flags,
+    count,
+    device_of,
+    load_model,
+    out_of_memory,
+    unescape,
+)
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Iterator
-
-    from ..checkpoint import Checkpoint
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
@@ -69,13 +76,10 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
         "--batch-size", "--batch_size", dest="batch_size", type=int, default=None,
         help="prompts per batch with --prompt-file (default 16)",
     )
-    parser.add_argument("--device", default="cpu", help="cpu, cuda, cuda:1, mps (default cpu)")
-    parser.add_argument(
-        "--dtype", choices=("float32", "bfloat16"), default="float32",
-        help="weights and activations; bfloat16 halves the bytes read per token, which makes "
-        "large models decode faster where the CPU's bfloat16 kernels keep up (AMX: yes; "
-        "measure yours) (default float32)",
-    )
+    add_device_flags(
+        parser, "weights and activations; bfloat16 and float16 halve the bytes read per token: "
+        "on a GPU, and for large models on a CPU whose bfloat16 kernels keep up (AMX: yes; "
+        "measure yours) (default float32)")
     parser.add_argument(
         "--weights", choices=("float32", "float16"), default="float32",
         help="float16: round every matrix to float16 and stream 2 bytes per weight in "
@@ -103,14 +107,6 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
         help="zero these heads' outputs while generating, e.g. 0.1,1.3 (see attnlab heads)",
     )
     return parser
-
-
-def load_any(path: str, device: str = "cpu") -> Checkpoint:
-    """A `Checkpoint` from an attnlab checkpoint or a Hugging Face model directory
-    (`load_checkpoint` tells them apart)."""
-    from ..load import load_checkpoint
-
-    return load_checkpoint(path, map_location=device)
 
 
 def _read_prompts(args: argparse.Namespace) -> list[str]:
@@ -180,6 +176,8 @@ def _chat_var(item: str) -> tuple[str, Any]:
 
 
 def run(args: argparse.Namespace) -> int:
+    import torch
+
     from ..generate import stream_text
 
     _check_flags(args)
@@ -204,11 +202,16 @@ def run(args: argparse.Namespace) -> int:
         )
 
     start = time.perf_counter()
-    if args.prompt_file is None:
-        streamed = completions(prompts)  # checks the request before the prompt is echoed
-        produced = _stream(streamed, shown[0] + "\n" if args.chat else shown[0], max_new_tokens)
-    else:
-        produced = _print_batches(completions, prompts, shown, args, max_new_tokens)
+    try:
+        if args.prompt_file is None:
+            streamed = completions(prompts)  # checks the request before the prompt is echoed
+            produced = _stream(streamed, shown[0] + "\n" if args.chat else shown[0],
+                               max_new_tokens)
+        else:
+            produced = _print_batches(completions, prompts, shown, args, max_new_tokens)
+    except torch.OutOfMemoryError as err:
+        sys.stdout.write("\n")  # the streamed text ends where memory did
+        raise out_of_memory("generate", err, model.wte.weight.device) from None
     seconds = time.perf_counter() - start
     rate = produced / max(seconds, 1e-9)
     print(f"[{count(produced, 'new token')} in {seconds:.2f} s, {rate:,.1f} tokens/s]",
@@ -256,17 +259,19 @@ def _check_flags(args: argparse.Namespace) -> None:
     if args.compile and args.weights == "float16":
         raise CLIError("--compile reads the model's own weights, --weights float16 packed "
                        "copies; drop one of them")
+    if args.weights == "float16" and device_of(args).type != "cpu":
+        raise CLIError(f"--weights float16 packs the matrices for CPU kernels (fbgemm); on "
+                       f"{device_of(args)} use --dtype float16 or bfloat16 instead")
 
 
 def _load_model(args: argparse.Namespace) -> tuple[Any, Any]:
-    """(model in --dtype, with --weights float16 packed; tokenizer) of the checkpoint."""
-    import torch
-
+    """(model on --device in --dtype, with --weights float16 packed; tokenizer) of the
+    checkpoint."""
     from ..model.decode import half_weights
     from ..model.runtime import warn_if_slow_bf16
 
-    ckpt = load_any(args.checkpoint, args.device)
-    model, tokenizer = ckpt.model.to(getattr(torch, args.dtype)), ckpt.tokenizer
+    ckpt = load_model(args)
+    model, tokenizer = ckpt.model, ckpt.tokenizer
     warn_if_slow_bf16(args.dtype, model.wte.weight.device)
     if args.weights == "float16":
         began = time.perf_counter()

@@ -14,7 +14,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from .common import CLIError, add_checkpoint_argument, text_ids
+from .common import CLIError, add_checkpoint_argument, add_device_flags, load_model, text_ids
 
 MIN_INDUCTION = 0.1  # a best induction score below this: no induction heads to ablate
 
@@ -34,6 +34,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
     parser.add_argument("--seed", type=int, default=0, help="seed of the probe (default 0)")
     parser.add_argument("--no-ablation", dest="ablation", action="store_false",
                         help="skip the accuracy check with heads ablated (task models)")
+    add_device_flags(parser)
     return parser
 
 
@@ -44,9 +45,7 @@ def run(args: argparse.Namespace) -> int:
     from ..train.data import TaskDataset, load_dataset
     from ..viz import save_figure
     from ..viz.heads import plot_head_scores
-    from .generate import load_any
-
-    ckpt = load_any(args.checkpoint)
+    ckpt = load_model(args)
     model, tok = ckpt.model.eval(), ckpt.tokenizer
     c = model.config
     dataset: Any = None

@@ -15,7 +15,15 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from .common import CLIError, add_checkpoint_argument, count, text_ids
+from .common import (
+    CLIError,
+    add_checkpoint_argument,
+    add_device_flags,
+    count,
+    load_model,
+    out_of_memory,
+    text_ids,
+)
 
 #: what -> (trace names it needs, description for --help)
 WHAT: dict[str, tuple[tuple[str, ...], str]] = {
@@ -58,6 +66,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
     parser.add_argument("--format", default="png", metavar="png,svg,pdf,html",
                         help="output formats, comma-separated (default: png); html writes "
                         "attention.html, one self-contained interactive page")
+    add_device_flags(parser)
     return parser
 
 
@@ -103,14 +112,13 @@ def _pick(given: list[int] | None, n: int, flag: str) -> list[int]:
 def run(args: argparse.Namespace) -> int:
     import torch
 
-    from ..load import load_checkpoint
     from ..model.trace import Trace
 
     kinds = parse_what(args.what)
     formats, page = _formats(args.format)
     if page and not formats:
         kinds = []  # only the page (and attention.json)
-    ckpt = load_checkpoint(args.checkpoint)
+    ckpt = load_model(args)
     model, tok = ckpt.model, ckpt.tokenizer
     c = model.config
     layers = _pick(args.layer, c.n_layer, "--layer")
@@ -123,7 +131,11 @@ def run(args: argparse.Namespace) -> int:
     names = {"attn_weights"} | {n for k in kinds for n in WHAT[k][0]}
     if page:
         names |= {"attn_scores", "masked_scores"}  # the steps view and exact masks
-    trace = Trace(layers=layers, heads=heads, names=names).run(model, torch.tensor([ids]))
+    idx = torch.tensor([ids], device=model.wte.weight.device)  # (1, T)
+    try:
+        trace = Trace(layers=layers, heads=heads, names=names).run(model, idx)
+    except torch.OutOfMemoryError as err:
+        raise out_of_memory("inspect", err, idx.device) from None
 
     out = Path(args.out)
     if out.exists() and not out.is_dir():

@@ -11,7 +11,7 @@ import argparse
 import json
 from pathlib import Path
 
-from .common import CLIError, add_checkpoint_argument, text_ids
+from .common import CLIError, add_checkpoint_argument, add_device_flags, load_model, text_ids
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
@@ -25,6 +25,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
     parser.add_argument("--top-k", "--top_k", dest="top_k", type=int, default=3,
                         help="tokens per cell in the JSON (default 3)")
     parser.add_argument("--out", default="lens", help="directory for lens.png/json")
+    add_device_flags(parser)
     return parser
 
 
@@ -32,11 +33,9 @@ def run(args: argparse.Namespace) -> int:
     from ..interp.lens import lens_table
     from ..viz import save_figure
     from ..viz.heads import plot_lens
-    from .generate import load_any
-
     if args.top_k < 1:
         raise CLIError(f"--top-k {args.top_k} must be >= 1")
-    ckpt = load_any(args.checkpoint)
+    ckpt = load_model(args)
     model, tok = ckpt.model.eval(), ckpt.tokenizer
     ids = text_ids(tok, args.text, model.config.block_size)
     lens = lens_table(model, tok, ids, args.top_k)

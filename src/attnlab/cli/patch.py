@@ -14,7 +14,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from .common import CLIError, add_checkpoint_argument, text_ids, unescape
+from .common import (
+    CLIError,
+    add_checkpoint_argument,
+    add_device_flags,
+    load_model,
+    text_ids,
+    unescape,
+)
 
 if TYPE_CHECKING:
     from ..tokenizers import Tokenizer
@@ -64,6 +71,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
                         "position); attribution: every effect to first order from one "
                         "backward pass (fast, approximate: confirm its top heads)")
     parser.add_argument("--out", default="patch", help="directory for patch.png/json")
+    add_device_flags(parser)
     return parser
 
 
@@ -88,9 +96,7 @@ def run(args: argparse.Namespace) -> int:
     from ..interp import patching
     from ..viz import save_figure
     from ..viz.heads import plot_patching
-    from .generate import load_any
-
-    ckpt = load_any(args.checkpoint)
+    ckpt = load_model(args)
     model, tok = ckpt.model.eval(), ckpt.tokenizer
     clean = text_ids(tok, args.clean, model.config.block_size, "--clean")
     corrupt = text_ids(tok, args.corrupt, model.config.block_size, "--corrupt")
@@ -104,7 +110,8 @@ def run(args: argparse.Namespace) -> int:
     wrong = _one_token(tok, args.wrong, "--wrong")
     method = METHODS[args.method]
     result = getattr(patching, method.function)(
-        model, torch.tensor([clean]), torch.tensor([corrupt]),
+        model, torch.tensor([clean], device=model.wte.weight.device),  # (1, T)
+        torch.tensor([corrupt], device=model.wte.weight.device),  # (1, T)
         patching.logit_diff_metric(answer, wrong))
     print(f"logit difference {args.answer!r} - {args.wrong!r}: clean {result.clean:.3f}, "
           f"corrupted {result.corrupted:.3f}")

@@ -7,7 +7,16 @@ import errno
 import socket
 import sys
 
-from .common import CLIError, add_checkpoint_argument, add_config_flags, config_from_flags, count
+from .common import (
+    CLIError,
+    add_checkpoint_argument,
+    add_config_flags,
+    add_device_flags,
+    config_from_flags,
+    count,
+    device_of,
+    load_model,
+)
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
@@ -30,6 +39,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
         "decode, arithmetic float32 (x86 CPUs; see attnlab generate --weights) (default "
         "float32)",
     )
+    add_device_flags(parser)
     add_config_flags(parser, ServeConfig, "request limits")
     return parser
 
@@ -50,9 +60,11 @@ def run(args: argparse.Namespace) -> int:
         ) from err
 
     from ..model.decode import half_weights
-    from .generate import load_any
 
-    checkpoint = load_any(args.checkpoint)  # an attnlab checkpoint or a Hugging Face dir
+    if args.weights == "float16" and (args.dtype != "float32" or device_of(args).type != "cpu"):
+        raise CLIError("--weights float16 packs float32 matrices for CPU kernels (fbgemm); "
+                       "on a GPU, or with --dtype, use --dtype float16 or bfloat16 instead")
+    checkpoint = load_model(args)  # an attnlab checkpoint or a Hugging Face dir
     if args.weights == "float16":
         half_weights(checkpoint.model)  # packed once, before the first request
     app = create_app(checkpoint.model, checkpoint.tokenizer, checkpoint.meta, config)
@@ -61,7 +73,8 @@ def run(args: argparse.Namespace) -> int:
     print(
         f"attnlab serve: {args.checkpoint} ({count(c.n_layer, 'layer')} x "
         f"{count(c.n_head, 'head')}, "
-        f"block_size {c.block_size}, {args.weights} weights) at "
+        f"block_size {c.block_size}, {args.weights if args.weights != 'float32' else args.dtype}"
+        f" weights on {checkpoint.model.wte.weight.device}) at "
         f"http://{args.host}:{args.port}/  (Ctrl-C stops)",
         file=sys.stderr,
     )

@@ -15,7 +15,15 @@ import os
 from pathlib import Path
 from typing import Any
 
-from .common import CLIError, add_config_flags, config_from_flags, config_overrides, count
+from .common import (
+    CLIError,
+    add_config_flags,
+    check_device,
+    config_from_flags,
+    config_overrides,
+    count,
+    out_of_memory,
+)
 from .progress import Progress
 from .train_report import describe, report, report_task
 
@@ -212,8 +220,10 @@ def _new_configs(args: argparse.Namespace, dataset: Any, init: Any) -> tuple[Any
 
     if args.preset and args.arch not in (None, "gpt2"):
         raise CLIError(f"--arch {args.arch} and --preset {args.preset}: choose one")
-    try:
-        model_config, train_config = recipe(dataset, args.arch or "gpt2")
+    device = config_overrides(args, TrainConfig).get("device", "auto")
+    try:  # a GPU gets a GPU-sized recipe for text
+        model_config, train_config = recipe(dataset, args.arch or "gpt2",
+                                            check_device(device).type)
     except ValueError as e:
         raise CLIError(str(e)) from None
     if init is not None:  # the source's model, whatever the recipe's shape
@@ -253,19 +263,29 @@ def _train(args: argparse.Namespace, model_config: Any, train_config: Any, datas
 
     if train_config.compile:
         print("compile  torch.compile: the first step compiles the model (tens of seconds)")
+    import torch
+
+    from ..checkpoint import find_checkpoint
+
     progress = Progress(train_config.max_iters, quiet=args.quiet)
     try:
         return train(
             model_config, train_config, dataset, out, resume=args.resume, callback=progress,
             init=init,
         )
+    except torch.OutOfMemoryError as err:  # the last checkpoint was saved whole (atomic)
+        kept = find_checkpoint(out / "ckpt")
+        error = out_of_memory("train", err, check_device(train_config.device))
+        raise CLIError(f"{error}; the last checkpoint "
+                       + (f"is intact: {kept}" if kept else "was never written")) from None
     finally:
         progress.close()
 
 
 # flags a resumed run may change: they decide how long and how often, not what is learned
 # from which batches (max_iters also re-fits the rest of the cosine schedule to the new end)
-RESUME_SAFE = ("max_iters", "eval_interval", "eval_iters", "compile", "device", "attention")
+RESUME_SAFE = ("max_iters", "eval_interval", "eval_iters", "compile", "device", "attention",
+               "patience")
 
 
 def _init_source(args: argparse.Namespace, data_given: bool) -> Any:

@@ -10,7 +10,7 @@ import shlex
 from pathlib import Path
 from typing import Any
 
-from .common import count
+from .common import check_device, count
 
 
 def report(args: argparse.Namespace, result: Any, dataset: Any, out: Path,
@@ -25,10 +25,16 @@ def report(args: argparse.Namespace, result: Any, dataset: Any, out: Path,
                   f" of a {train_config.time_budget} budget" if train_config.time_budget else "")
         # an interrupted run's checkpoint is past its last evaluation: say which step that was
         at = f" at step {result.val_step} (the last evaluation)" if result.interrupted else ""
+        if train_config.patience is not None:  # the checkpoint holds the best evaluation
+            at = f" at step {result.val_step} (the best evaluation)"
         print(
             f"val loss {result.val_loss:.4f}{bits}{at}  ({result.seconds:.1f} s{budget}, "
             f"{result.tokens_per_second:,.0f} tokens/s training)"
         )
+    if result.stopped_early:
+        print(f"stopped  at step {result.history[-1]['step']}: "
+              f"{count(train_config.patience, 'evaluation')} without a better val loss than "
+              f"step {result.val_step}'s, whose weights the checkpoint keeps (--patience)")
     if result.interrupted:
         # the checkpoint holds the run's configs and tokenizer: these three flags are enough
         print(
@@ -79,9 +85,13 @@ def describe(dataset: Any, model_config: Any, train_config: Any, resumed: bool) 
     if world > 1:
         print(f"world    {world} processes (torchrun, DistributedDataParallel): each step's "
               f"{tc.batch_size} sequences split {tc.batch_size // world} per process")
+    device = check_device(tc.device)
     print(
         f"train    {steps} x {tc.batch_size * tc.grad_accum} sequences, "
         f"{tc.optimizer} lr {tc.lr:g}, {tc.dtype}"
+        + ("" if device.type == "cpu" else f" on {device}")
+        + ("" if tc.patience is None else
+           f", stopping after {count(tc.patience, 'evaluation')} without a better val loss")
     )
 
 
@@ -99,7 +109,7 @@ def report_sentences(model: Any, dataset: Any) -> None:
     import torch
 
     with torch.no_grad():
-        logits = model(dataset.ids[:, :-1]).logits[:, -1]  # (N, V)
+        logits = model(dataset.ids[:, :-1].to(model.wte.weight.device)).logits[:, -1]  # (N, V)
     rows = dataset.last_word_predictions(logits.argmax(-1))
     right = sum(expected == got for _, expected, got in rows)
     print(f"after    last word right in {right}/{len(rows)} sentences")

@@ -52,7 +52,9 @@ from ..tokenizers import token_text
 def _streams(model: Any, ids: Tensor, attention_mask: Tensor | None) -> list[Tensor]:
     """The residual stream (B, T, C) entering layer 0, then after each layer."""
     require_eval(model, "the logit lens")
-    trace = Trace(names=["emb", "block_out"]).run(model, ids, attention_mask)
+    device = model.lm_head.weight.device  # the caller's ids may be on the host
+    mask = None if attention_mask is None else attention_mask.to(device)
+    trace = Trace(names=["emb", "block_out"]).run(model, ids.to(device), mask)
     return [trace.get("emb")] + [trace.get("block_out", layer)
                                  for layer in range(model.config.n_layer)]
 
@@ -148,6 +150,8 @@ def logit_attribution(
         raise ValueError(f"ids must be a (B, T) integer tensor, got shape {tuple(ids.shape)}; "
                          "add a batch dimension with ids[None]")
     B, T = ids.shape
+    ids = ids.to(model.lm_head.weight.device)  # the caller's may be on the host
+    attention_mask = None if attention_mask is None else attention_mask.to(ids.device)
     target = per_row_ids(target, B, "target", ids.device)  # (B,)
     if int(target.min()) < 0 or int(target.max()) >= c.vocab_size:
         raise ValueError(f"target {target.tolist()}: token ids are 0 to {c.vocab_size - 1} "

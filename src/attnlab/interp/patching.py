@@ -83,6 +83,9 @@ class _Runner:
                 f"{tuple(corrupt_ids.shape)} must have the same shape: patching swaps "
                 "activations position by position (pick prompts of equal token length)"
             )
+        device = model.lm_head.weight.device  # the caller's ids may be on the host
+        clean_ids, corrupt_ids = clean_ids.to(device), corrupt_ids.to(device)
+        attention_mask = None if attention_mask is None else attention_mask.to(device)
         self.model, self.corrupt_ids, self.metric = model, corrupt_ids, metric
         self.mask = attention_mask
         # the metric sees NaN logits at padded positions: reading one is an error, not a
@@ -196,7 +199,7 @@ def attribution_patching(
     # embeddings as a leaf: every value downstream has a gradient, frozen parameters or not
     start = Edit("emb", None, lambda value, first: value.detach().requires_grad_())
     with torch.enable_grad():
-        logits = model(corrupt_ids, attention_mask=attention_mask,
+        logits = model(runner.corrupt_ids, attention_mask=runner.mask,
                        edits=Edits([start, *(hold(*site) for site in sites)])).logits
         score = runner.scored(logits)
         if not score.requires_grad:

@@ -34,6 +34,9 @@ class TrainConfig:
     grad_clip: float = 1.0  # max global grad norm; 0 disables clipping
     eval_interval: int = 250  # evaluate and checkpoint every this many steps
     eval_iters: int = 20  # val batches per evaluation
+    # stop after this many evaluations without a better val loss, the checkpoint keeping the
+    # best one's weights; None: train to max_iters, checkpointing at every evaluation
+    patience: int | None = None
     # float32 | bfloat16 (autocast: fast where the CPU or GPU has bfloat16 units, emulated
     # and slow elsewhere)
     dtype: str = "float32"
@@ -50,9 +53,9 @@ class TrainConfig:
 
     def __post_init__(self) -> None:
         for name in ("max_iters", "batch_size", "grad_accum", "eval_interval", "eval_iters",
-                     "seq_len"):
+                     "seq_len", "patience"):
             value = getattr(self, name)
-            if name == "seq_len" and value is None:
+            if name in ("seq_len", "patience") and value is None:
                 continue
             if not isinstance(value, int) or value < 1:
                 raise ValueError(f"TrainConfig.{name}={value!r} must be a positive integer")
@@ -99,6 +102,8 @@ class TrainResult:
     val_loss: float | None = None
     val_bpb: float | None = None  # val loss in bits per byte of text (None for tasks)
     val_step: int | None = None  # the step val_loss was evaluated at (an interrupt saves later)
+    # stopped by TrainConfig.patience: val_loss is the best evaluation's, the model its weights
+    stopped_early: bool = False
     seconds: float = 0.0  # wall clock of this call: steps, evaluations, saves, compiling
     # throughput of the optimizer steps: evaluations, saves and the first step of the call
     # (torch.compile compiles there, and the allocator warms up) left out

@@ -215,6 +215,10 @@ class _Run:
         self.budget = self._budget(resume)
         self.result = TrainResult(self.model, dataset.tokenizer, self.history,
                                   self.ckpt if resume else None)
+        # the best val loss so far and the evaluations since it (TrainConfig.patience)
+        val = [r["val_loss"] for r in self.history if "val_loss" in r]
+        self.best = min(val, default=math.inf)
+        self.stale = len(val) - 1 - val.index(self.best) if val else 0
         if world.main:  # a fresh run starts a fresh log; a resume drops rows after its checkpoint
             self.metrics_file.write_text("".join(json.dumps(r) + "\n" for r in self.history))
 
@@ -260,9 +264,15 @@ class _Run:
                     self.evaluate_and_save(step)
                     if budget is not None:
                         budget.evaluated(time.perf_counter() - t0)
+                    if config.patience is not None and self.stale >= config.patience:
+                        self.result.stopped_early = True
+                        return self.finish()
                 if self.world.any(stop.requested):
-                    if not evaluated:
-                        self.save(step)  # between optimizer steps: the state is consistent
+                    # between optimizer steps the state is consistent; with patience the
+                    # checkpoint stays the best evaluation's, which a resume continues
+                    if not evaluated and (config.patience is None or self.result.checkpoint
+                                          is None):
+                        self.save(step)
                     self.result.interrupted = True
                     return self.finish()
                 step = self.train_step(step)
@@ -321,8 +331,9 @@ class _Run:
         return world.mean(loss_sum / config.grad_accum)
 
     def evaluate_and_save(self, step: int) -> None:
-        """Evaluate both splits, log the losses (and bits per byte) and save a checkpoint;
-        refuses to save weights whose losses are not finite."""
+        """Evaluate both splits, log the losses (and bits per byte) and save a checkpoint (with
+        TrainConfig.patience: only a better val loss than the best so far); refuses to save
+        weights whose losses are not finite."""
         result, dataset = self.result, self.dataset
         losses = evaluate(self.model, dataset, self.config, self.seq_len, self.world)
         if not all(math.isfinite(v) for v in losses.values()):
@@ -332,13 +343,17 @@ class _Run:
                 f"{f' in {result.checkpoint}' if result.checkpoint else ''}. "
                 "Lower --lr or keep --grad_clip on"
             )
-        result.val_loss, result.val_step = losses["val_loss"], step
         for split in ("train", "val"):  # bits per byte: comparable across tokenizers
             bits = bits_per_byte(losses[f"{split}_loss"], dataset.bytes_per_token(split))
             if bits is not None:
                 losses[f"{split}_bpb"] = bits
-        result.val_bpb = losses.get("val_bpb")
         self.log({"step": step, **losses})
+        better = losses["val_loss"] < self.best
+        self.best, self.stale = (losses["val_loss"], 0) if better else (self.best, self.stale + 1)
+        if self.config.patience is not None and not better:
+            return  # the checkpoint keeps the best evaluation's weights
+        result.val_loss, result.val_step = losses["val_loss"], step
+        result.val_bpb = losses.get("val_bpb")
         self.save(step)
 
     def save(self, step: int) -> None:
@@ -388,6 +403,10 @@ class _Run:
         result.seconds = time.perf_counter() - self.t_start
         tokens, seconds = self.timed if self.timed[1] else self.first
         result.tokens_per_second = tokens / max(seconds, 1e-9)
+        if self.config.patience is not None and self.stale and result.checkpoint is not None:
+            # the weights since the best evaluation are worse: return the checkpoint's
+            best = load_attnlab_checkpoint(result.checkpoint)  # copied onto the model's device
+            self.model.load_state_dict(best.model.state_dict())
         result.model.eval()
         if self.world.main:
             with contextlib.suppress(ImportError):  # matplotlib is an extra; metrics.jsonl has all

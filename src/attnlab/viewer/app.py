@@ -15,7 +15,9 @@ routes (`routes/`: page, attention, generate, interventions) over the state they
 sampling `generate.py`'s, and the drawing the page's (`web/app.js`). Starting a server
 (uvicorn) is `cli/serve.py`'s job.
 
-Every bad request gets a 4xx JSON body `{"error": "...", "detail": [...]}`, never a 500.
+Every bad request gets a 4xx JSON body `{"error": "...", "detail": [...]}`, never a 500; a
+request the device has no memory for gets a 503 in the same format, naming the limits to lower
+(`state.ViewerState.out_of_memory`), and the server goes on serving.
 Model calls run in the threadpool, one at a time behind a lock (a generation takes the
 lock per token, so attention requests interleave with a long generation).
 

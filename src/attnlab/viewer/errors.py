@@ -1,5 +1,6 @@
 """The viewer's one error format: every bad request gets a 4xx JSON body
-`{"error": "...", "detail": [...]}`, never a 500 and never FastAPI's own shape.
+`{"error": "...", "detail": [...]}` (a request the device ran out of memory for, a 503), never a
+500 and never FastAPI's own shape.
 
 `add_error_handlers(app)` turns a route's `RequestError` (`state.py`), an HTTP error (404,
 405, an unreadable body) and a failed validation of a request model into that body, saying

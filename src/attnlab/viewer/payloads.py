@@ -78,7 +78,7 @@ def attention_payload(
     n_layer = model.config.n_layer
     wanted = list(range(n_layer)) if layers is None else list(dict.fromkeys(layers))
     names = ["attn_weights", "q", "k", "v"] if norms else ["attn_weights"]
-    idx = torch.tensor([list(ids)], dtype=torch.long)  # (1, T)
+    idx = torch.tensor([list(ids)], dtype=torch.long, device=model.wte.weight.device)  # (1, T)
     trace = Trace(layers=wanted, names=names).run(model, idx)  # up to the last layer asked
     T = idx.shape[1]
     below = torch.ones(T, T, dtype=torch.bool).tril()  # (T, T) keys up to the query
@@ -91,7 +91,8 @@ def attention_payload(
             "heads": _triangles(weights, below) if encoding == "float32" else [
                 [row[: i + 1] for i, row in enumerate(head)]
                 for head in _rounded(weights, decimals)],
-            "future_max": float(weights.masked_select(future).max()) if T > 1 else 0.0,
+            "future_max": float(weights.masked_select(future.to(weights.device)).max())
+            if T > 1 else 0.0,
             # query i sees keys i - window < j <= i: the page draws the others as masked
             "window": model.config.window_of(layer),
         }

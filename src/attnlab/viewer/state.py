@@ -13,6 +13,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+import torch
+
 from ..model.gpt import GPT
 from ..model.runtime import release_kept_memory
 from ..tokenizers import check_fits
@@ -130,15 +132,32 @@ class ViewerState:
                 f"shorten it to {block_size} tokens"
             )
 
+    def out_of_memory(self, err: BaseException) -> RequestError:
+        """The answer to a request the device had no memory for (503), naming the limits that
+        bound a request's size; the cache the allocator kept is freed for the next request."""
+        device = self.model.wte.weight.device
+        if device.type == "cuda":
+            torch.cuda.empty_cache()
+        said = ". ".join(str(err).split("\n")[0].split(". ")[:2]).rstrip(".")
+        limits = self.limits
+        return RequestError(
+            f"out of memory on {device} for this request ({said or 'OutOfMemoryError'}); send "
+            f"a shorter text or fewer layers, or restart the server with lower limits "
+            f"(--max_text_chars {limits.max_text_chars}, --max_weights {limits.max_weights}, "
+            f"--max_new_tokens {limits.max_new_tokens}) or --dtype bfloat16", status=503)
+
     async def locked(self, fn: Callable[[], Any]) -> Any:
         """fn() in the threadpool under the model lock (a generation takes it per token, so
-        attention requests interleave with a long generation)."""
+        attention requests interleave with a long generation). A request the device has no
+        memory for raises `RequestError` (503, `out_of_memory`)."""
         from starlette.concurrency import run_in_threadpool  # the serve extra: routes only
 
         def call() -> Any:
             with self.lock:
                 try:
                     return fn()
+                except torch.OutOfMemoryError as err:  # this request's: the next one is served
+                    raise self.out_of_memory(err) from None
                 finally:
                     # runtime keeps a trace's freed (nh, T, T) buffers for a later one of the
                     # same size; texts of every length would pile them up

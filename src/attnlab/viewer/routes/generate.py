@@ -18,7 +18,7 @@ from fastapi.responses import StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field
 
 from ..payloads import stream_events, token_stream
-from ..state import ViewerState
+from ..state import RequestError, ViewerState
 
 NEW_TOKENS = "tokens to generate; stops early when the context is full"
 TOP_K = "sample among the k most likely tokens"
@@ -65,11 +65,17 @@ def event_stream(
         unused_ids=sorted(getattr(state.tokenizer, "unused_ids", ())),
     )
 
+    async def step() -> int | None:
+        try:
+            token: int | None = await state.locked(lambda: next(tokens, None))
+        except RequestError as err:  # out of memory: the stream's `error` event says so
+            raise ValueError(str(err)) from None
+        return token
+
     async def events() -> AsyncIterator[bytes]:
         try:
             async for event in stream_events(
-                lambda: state.locked(lambda: next(tokens, None)), state.tokenizer, ids,
-                state.stop_ids, reason, request.is_disconnected,
+                step, state.tokenizer, ids, state.stop_ids, reason, request.is_disconnected,
             ):
                 yield event
         finally:

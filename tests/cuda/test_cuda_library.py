@@ -1,0 +1,192 @@
+"""The library on a CUDA GPU: traces, edits, patching, `show`, Hugging Face loading onto the
+device, half-precision generation, NCCL, and a real out-of-memory. Each result is compared
+with the CPU's on the same weights.
+
+Marked `cuda`: skipped without a GPU (tests/conftest.py); ATTNLAB_TEST_DEVICE=cpu runs them on
+the CPU as a dry run of their code.
+"""
+
+from __future__ import annotations
+
+import socket
+from pathlib import Path
+
+import pytest
+import torch
+
+from attnlab import GPT, GPTConfig, Trace
+from attnlab.generate import generate, generate_text
+from attnlab.hf import save_hf
+from attnlab.interp.edits import Edits, ablate, patch
+from attnlab.interp.patching import activation_patching, attribution_patching, logit_diff_metric
+from attnlab.load import load_checkpoint
+from attnlab.tokenizers import get_tokenizer
+from attnlab.train.data import load_dataset
+from attnlab.train.recipes import answer_accuracy
+
+pytestmark = pytest.mark.cuda
+
+TEXT = "the cat sat on the mat. abcdefghijklmnopqrstuvwxyz"
+# GPT-2 blocks, and Llama-style ones with grouped-query attention, QK-norm and a window
+FAMILIES = {
+    "gpt2": {},
+    "llama": {"pos": "rope", "norm": "rmsnorm", "mlp": "swiglu", "bias": False,
+              "n_kv_head": 2, "qk_norm": True, "sliding_window": 8, "window_layers": [1]},
+}
+
+
+def _pair(device: torch.device, family: str, **overrides: object) -> tuple[GPT, GPT]:
+    """The same random model on the CPU and on `device`."""
+    torch.manual_seed(0)
+    config = GPTConfig(vocab_size=65, block_size=32, n_layer=2, n_head=4, n_embd=32,
+                       **{**FAMILIES[family], **overrides})  # type: ignore[arg-type]
+    cpu = GPT(config).eval()
+    on_device = GPT(config).to(device).eval()
+    on_device.load_state_dict(cpu.state_dict())
+    return cpu, on_device
+
+
+def _ids(T: int = 12, seed: int = 1) -> torch.Tensor:
+    return torch.randint(0, 65, (2, T), generator=torch.Generator().manual_seed(seed))  # (2, T)
+
+
+@pytest.mark.parametrize("family", list(FAMILIES))
+def test_a_trace_holds_the_cpu_values(family: str, cuda_device: torch.device) -> None:
+    cpu, model = _pair(cuda_device, family)
+    ids = _ids()
+    expected = Trace().run(cpu, ids)
+    got = Trace().run(model, ids.to(cuda_device))
+    assert list(got) == list(expected) and len(expected) >= 25  # every name of both layers
+    for layer, name in expected:
+        torch.testing.assert_close(got.get(name, layer).cpu(), expected.get(name, layer),
+                                   atol=1e-4, rtol=1e-4, msg=f"{name} of layer {layer}")
+
+
+def test_edits_change_the_logits_as_on_the_cpu(cuda_device: torch.device) -> None:
+    cpu, model = _pair(cuda_device, "gpt2")
+    clean, corrupt = _ids(seed=2), _ids(seed=3)
+    for edits_of in (
+        lambda m, ids: ablate([(0, 1), (1, 3)]),
+        lambda m, ids: Edits([patch(Trace().run(m, ids), "resid_pre", 1, positions=[4])]),
+    ):
+        device_ids = corrupt.to(cuda_device)
+        with torch.no_grad():
+            got = model(device_ids, edits=edits_of(model, clean.to(cuda_device))).logits
+            expected = cpu(corrupt, edits=edits_of(cpu, clean)).logits
+        torch.testing.assert_close(got.cpu(), expected, atol=1e-4, rtol=1e-4)
+
+
+def test_patching_finds_the_cpu_effects(cuda_device: torch.device) -> None:
+    cpu, model = _pair(cuda_device, "llama")
+    clean, corrupt = _ids(T=8, seed=4)[:1], _ids(T=8, seed=5)[:1]
+    metric = logit_diff_metric(7, 9)
+    for method in (activation_patching, attribution_patching):
+        got, expected = method(model, clean, corrupt, metric), method(cpu, clean, corrupt, metric)
+        assert got.clean == pytest.approx(expected.clean, abs=1e-4)
+        torch.testing.assert_close(got.heads, expected.heads, atol=1e-3, rtol=1e-3)
+        torch.testing.assert_close(got.resid, expected.resid, atol=1e-3, rtol=1e-3)
+
+
+def test_show_draws_a_device_trace(tmp_path: Path, cuda_device: torch.device) -> None:
+    from attnlab.viewer.notebook import show
+
+    tok = get_tokenizer("char", TEXT)
+    cpu, model = _pair(cuda_device, "gpt2")
+    ids = tok.encode("the cat sat")
+    trace = Trace().run(model, torch.tensor([ids], device=cuda_device))
+    view = show(trace, tok, ids=ids, view="steps")  # the raw scores too, from the device
+    from_model = show(model, tok, "the cat sat")
+    labels = '{"tokens":["t","h","e"," ","c","a","t"," ","s","a","t"],"T":11,"S":11,'
+    for html in (view.html, from_model.html, show(cpu, tok, "the cat sat").html):
+        assert html.count(labels) == 1  # every token labelled, as on the CPU
+    page = view.save(tmp_path / "view.html").read_text()
+    assert page.startswith("<!doctype html>") and view.nbytes > 1000
+
+
+def test_load_hf_onto_the_device_in_bfloat16(tmp_path: Path, cuda_device: torch.device) -> None:
+    from attnlab import load_hf
+
+    # a Llama checkpoint (QK-norm and windows are Qwen3's and Mistral's)
+    cpu, _ = _pair(cuda_device, "llama", qk_norm=False, sliding_window=None, window_layers=None)
+    save_hf(tmp_path / "hf", cpu, family="llama")
+    loaded = load_hf(tmp_path / "hf", map_location=cuda_device, dtype=torch.bfloat16)
+    assert {p.device.type for p in loaded.parameters()} == {cuda_device.type}
+    assert {p.dtype for p in loaded.parameters()} == {torch.bfloat16}
+    ids = _ids()
+    with torch.no_grad():
+        got = loaded(ids.to(cuda_device)).logits.float().cpu()
+        torch.testing.assert_close(got, cpu(ids).logits, atol=0.1, rtol=0.05)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_half_precision_generation_keeps_the_answers(
+    dtype: torch.dtype, cuda_copy_run: tuple[Path, str], cuda_device: torch.device
+) -> None:
+    """The copy model in bfloat16 and float16 on the device: the held-out answers and a
+    left-padded batch's greedy tokens are float32's."""
+    dataset = load_dataset("copy")
+    ckpt = cuda_copy_run[0] / "ckpt"
+    full = load_checkpoint(ckpt, map_location=cuda_device).model
+    half = load_checkpoint(ckpt, map_location=cuda_device, dtype=dtype).model
+    assert half.wte.weight.dtype == dtype
+    assert answer_accuracy(half, dataset, n=256)[0] == answer_accuracy(full, dataset, n=256)[0]
+    tok = dataset.tokenizer
+    prompts = ["qwertyui|qwe", "asdfghjk|as"]  # two lengths: left-padded
+    assert generate_text(half, tok, prompts, max_new_tokens=5, temperature=0) == \
+        generate_text(full, tok, prompts, max_new_tokens=5, temperature=0) == [
+            "rtyui", "dfghj"]
+    ids = torch.tensor([tok.encode("zxcvbnml|")])  # host ids: generate moves them
+    assert generate(half, ids, max_new_tokens=4, temperature=0).device.type == cuda_device.type
+
+
+def test_nccl_averages_gradients_as_one_process(cuda_device: torch.device) -> None:
+    """The process group attnlab's DDP path starts on CUDA (NCCL; gloo in the CPU dry run),
+    here with one process: DistributedDataParallel's gradients equal the model's own."""
+    import torch.distributed as dist
+    from torch.nn.parallel import DistributedDataParallel
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    backend = "nccl" if cuda_device.type == "cuda" else "gloo"
+    dist.init_process_group(backend, init_method=f"tcp://127.0.0.1:{port}", rank=0,
+                            world_size=1)
+    try:
+        cpu, model = _pair(cuda_device, "gpt2")
+        ids = _ids().to(cuda_device)
+        ddp = DistributedDataParallel(model, device_ids=[0] if backend == "nccl" else None)
+        ddp(ids, ids).loss.backward()
+        reduced = torch.tensor([3.0], device=cuda_device)
+        dist.all_reduce(reduced)
+        assert float(reduced) == 3.0
+        cpu(ids.cpu(), ids.cpu()).loss.backward()
+        for (name, p), q in zip(model.named_parameters(), cpu.parameters(), strict=True):
+            torch.testing.assert_close(p.grad.cpu(), q.grad, atol=1e-4, rtol=1e-3, msg=name)
+    finally:
+        dist.destroy_process_group()
+
+
+def test_a_real_out_of_memory_is_the_error_the_commands_catch(
+    cuda_copy_run: tuple[Path, str], tmp_path: Path, cuda_device: torch.device,
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    if cuda_device.type != "cuda":
+        pytest.skip("the CPU allocator raises a plain RuntimeError; tests/cli/test_cli_oom.py "
+                    "injects CUDA's error on the CPU")
+    from attnlab.cli import main
+
+    total = torch.cuda.get_device_properties(cuda_device).total_memory
+    with pytest.raises(torch.OutOfMemoryError):
+        torch.empty(2 * total, dtype=torch.uint8, device=cuda_device)
+
+    def huge(*args: object, **kwargs: object) -> None:  # a trace too large for the card
+        torch.empty(2 * total, dtype=torch.uint8, device=cuda_device)
+
+    monkeypatch.setattr(Trace, "run", huge)
+    assert main(["inspect", str(cuda_copy_run[0] / "ckpt"), "abc|", "--out",
+                 str(tmp_path / "i"), "--device", str(cuda_device)]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith("attnlab inspect: error: out of memory on cuda:0 (CUDA out of memory. "
+                          "Tried to allocate ") and err.count("\n") == 1, err
+    assert "try fewer traced layers or heads (--layer, --head)" in err
+    assert torch.empty(1 << 20, device=cuda_device).numel() == 1 << 20  # the device recovered
