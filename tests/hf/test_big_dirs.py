@@ -70,7 +70,7 @@ def test_the_message_names_what_would_fit(monkeypatch: pytest.MonkeyPatch) -> No
     with pytest.raises(DoesNotFitError, match=r"in bfloat16 it needs 8\.0 GB, which fits: "
                                               r"--dtype bfloat16"):
         check_memory(4 * 10**9, torch.float32, "cpu")
-    with pytest.raises(DoesNotFitError, match=r"about 5\.0B parameters fit here"):
+    with pytest.raises(DoesNotFitError, match=r"about 5\.00B parameters fit here"):
         check_memory(8 * 10**9, torch.bfloat16, "cpu")
     check_memory(8 * 10**9, torch.bfloat16, "cpu", force=True)  # an expert's choice
     check_memory(2 * 10**9, torch.float32, "cpu")
@@ -142,3 +142,20 @@ def test_lazy_load_equals_the_files(tmp_path: Path) -> None:
     assert all(p.dtype == torch.bfloat16 for p in model.parameters())
     again = load_hf(directory)
     assert torch.equal(again.wte.weight, files["model.embed_tokens.weight"].float())
+
+
+def test_force_loads_what_the_check_would_refuse(monkeypatch: pytest.MonkeyPatch,
+                                                 capsys: pytest.CaptureFixture[str]) -> None:
+    """Every command that loads a model takes --force: an expert's way past the fit check."""
+    import attnlab.model.memory as memory
+    from attnlab.cli import main
+
+    monkeypatch.setattr(memory, "available_bytes", lambda device: 1000)  # 1 kB free
+    data = Path(__file__).resolve().parents[1] / "data" / "v0.2_checkpoint"
+    argv = ["generate", str(data), "cat", "--max-new-tokens", "1", "--device", "cpu"]
+    assert main(argv) == 1
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "the model needs 32.2 kB in float32" in err, err
+    assert "(7,024 parameters) but this machine has 1.0 kB free" in err and "--force" in err, err
+    assert main([*argv, "--force"]) == 0
+    assert main(["heads", str(data), "--force"]) == 0

@@ -148,8 +148,8 @@ DEVICE_HELP = ("auto (CUDA when present, else the CPU), cpu, cuda, cuda:N or mps
 
 def add_device_flags(parser: argparse.ArgumentParser, dtype_help: str = "",
                      dtype: bool = True) -> None:
-    """--device (default auto) and, with `dtype`, --dtype (default float32) of a command that
-    runs a model."""
+    """--device (default auto) and, with `dtype`, --dtype (default float32) and --force of a
+    command that loads a model."""
     parser.add_argument("--device", default="auto", help=DEVICE_HELP)
     if not dtype:
         return
@@ -157,6 +157,14 @@ def add_device_flags(parser: argparse.ArgumentParser, dtype_help: str = "",
         "--dtype", choices=DTYPES, default="float32",
         help=dtype_help or "the model's weights and activations; bfloat16 and float16 halve "
         "the memory, and run fastest on a GPU (default float32)")
+    add_force_flag(parser)
+
+
+def add_force_flag(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--force", action="store_true",
+        help="load the model even where the memory the device has free looks too small for "
+        "it (by default a model that cannot fit is refused in one line before loading)")
 
 
 def check_device(name: str) -> torch.device:
@@ -194,7 +202,8 @@ def load_model(args: argparse.Namespace) -> Checkpoint:
     reads attnlab's and Hugging Face's directories)."""
     from ..load import load_checkpoint
 
-    return load_checkpoint(args.checkpoint, map_location=device_of(args), dtype=dtype_of(args))
+    return load_checkpoint(args.checkpoint, map_location=device_of(args), dtype=dtype_of(args),
+                           force=args.force)
 
 
 #: what each command can do with less memory, for `out_of_memory`'s line

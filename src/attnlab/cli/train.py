@@ -18,6 +18,7 @@ from typing import Any
 from .common import (
     CLIError,
     add_config_flags,
+    add_force_flag,
     check_device,
     config_from_flags,
     config_overrides,
@@ -74,6 +75,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
         "the recipe's unless given (--lr, --max_iters, ...), and of the model flags only "
         "--dropout applies",
     )
+    add_force_flag(parser)
     parser.add_argument("--out", help="run directory (default: runs/<data name>)")
     parser.add_argument(
         "--resume", action="store_true", help="continue the run in --out from its checkpoint"
@@ -305,7 +307,7 @@ def _init_source(args: argparse.Namespace, data_given: bool) -> Any:
                        f"{', '.join(given)} would change them (of the model flags only "
                        "--dropout applies)")
     try:
-        init = load_checkpoint(args.init_from)
+        init = load_checkpoint(args.init_from, force=args.force)
     except (OSError, ValueError) as err:
         raise CLIError(f"--init_from {args.init_from}: {err}") from None
     init.path = Path(args.init_from)

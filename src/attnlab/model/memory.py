@@ -32,6 +32,14 @@ def gb(nbytes: float) -> str:
     return f"{int(nbytes)} bytes"
 
 
+def params_text(n: float) -> str:
+    """A parameter count as people say it: "70.55B", "124.4M", "7,024"."""
+    for unit, size in (("B", 1e9), ("M", 1e6)):
+        if n >= size:
+            return f"{n / size:.2f}{unit}" if unit == "B" else f"{n / size:.1f}{unit}"
+    return f"{int(n):,}"
+
+
 def available_bytes(device: str | torch.device) -> int | None:
     """Bytes free for a new allocation on `device`; None where that is unknown."""
     device = torch.device(device)
@@ -81,16 +89,16 @@ def check_memory(params: int, dtype: torch.dtype, device: str | torch.device, *,
     where = "this machine has" if device.type == "cpu" else f"{device} has"
     half = params * 2 + extra
     parts = [f"the model needs {gb(needed)} in {str(dtype).removeprefix('torch.')} "
-             f"({params / 1e9:.2f}B parameters) but {where} {gb(free)} free"]
+             f"({params_text(params)} parameters) but {where} {gb(free)} free"]
     if dtype.itemsize > 2 and half <= free:
         parts.append(f"in bfloat16 it needs {gb(half)}, which fits: --dtype bfloat16 "
                      "(dtype=torch.bfloat16)")
     else:
         if dtype.itemsize > 2:
             parts.append(f"even bfloat16 needs {gb(half)}")
-        fits = max(free - extra, 0) / 2 / 1e9
+        fits = params_text(max(free - extra, 0) // 2)
         parts.append(f"use a device with {gb(min(needed, half))} free or a smaller model "
-                     f"(about {fits:.1f}B parameters fit here in bfloat16)")
+                     f"(about {fits} parameters fit here in bfloat16)")
     parts.append("--force (force=True) tries anyway")
     raise DoesNotFitError("; ".join(parts))
 
