@@ -29,9 +29,11 @@ def loads(monkeypatch: pytest.MonkeyPatch) -> list[Any]:
     original = attnlab.load.load_checkpoint
     loaded: list[Any] = []
 
-    def load(directory: Any, *, map_location: Any = "cpu", dtype: Any = None) -> Any:
+    def load(directory: Any, *, map_location: Any = "cpu", dtype: Any = None,
+             force: bool = False) -> Any:
         fake = torch.device(map_location) == FAKE
-        ckpt = original(directory, map_location="cpu" if fake else map_location, dtype=dtype)
+        ckpt = original(directory, map_location="cpu" if fake else map_location, dtype=dtype,
+                        force=force)
         if fake:
             mark(ckpt.model)
         loaded.append(ckpt)
