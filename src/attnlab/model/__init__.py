@@ -1,8 +1,9 @@
 """The model: everything `GPT.forward` runs.
 
 `config.py` (`GPTConfig`, presets), `layers.py` (norms, MLPs, rotary embeddings, the CPU
-`Linear`), `attention.py` (masks, `attend`, `CausalSelfAttention`: all attention math),
-`kv_cache.py`, `gpt.py` (the GPT), `decode.py` (the one-token decode step without modules),
+`Linear`), `attention.py` (masks, `attend`, `CausalSelfAttention`: all attention math, with
+`traced_attention.py`, its traced path in blocks of queries, and `summaries.py`, per-head
+summaries reduced from those blocks), `kv_cache.py`, `gpt.py` (the GPT), `decode.py` (the one-token decode step without modules),
 `trace.py` (the recording seam: what a forward pass can capture and where edits apply) and
 `runtime.py` (which device a name means, CPU kernel and memory choices).
 """

@@ -6,7 +6,8 @@ a trace keeps a copy and returns `x` unchanged; edits (`interp/edits.py`, passed
 `GPT.forward(..., edits=...)`) may return a replacement, which the model continues with.
 `Seam` joins both for one forward pass: edits apply first, so a trace sees what the model
 used. Attention runs its explicit (reference) path only where a sink needs raw scores,
-masked scores or weights (`needs_weights`); everything else keeps the fused path, and
+masked scores, weights or their per-head summaries (`needs_weights`; the summaries alone
+are streamed in tiles, `summaries.py`); everything else keeps the fused path, and
 layers no sink touches run as if there were none. `Trace.run` ends the forward pass once the
 trace holds all it will keep (the seam raises after the last value). This module owns the
 names, what is captured and how it is filtered, and which cells a traced pass masked
@@ -25,6 +26,7 @@ import torch
 from torch import Tensor
 
 from .attention import causal_mask
+from .summaries import SUMMARY_NAMES
 
 if TYPE_CHECKING:
     from .config import GPTConfig
@@ -50,6 +52,11 @@ NAMES: dict[str, str] = {
     "masked_scores": "(B, nh, T, S) raw scores with -inf where a query may not attend",
     "attn_weights": "(B, nh, T, S) softmax(masked_scores * scale); masked cells exactly 0",
     "attn_weights_dropped": "(B, nh, T, S) attention weights after dropout (training only)",
+    "attn_entropy": "(B, nh, T) -sum_j w log w over keys with w > 0, nats (summaries.py)",
+    "attn_sink": "(B, nh, T) each query's weight on its row's first real key",
+    "attn_received": "(B, nh, S) each key's weight summed over the query rows",
+    "attn_distance": "(B, nh, T) sum_j w_ij (i - j), i the query's key index (cache included)",
+    "attn_max": "(B, nh, T) each query's largest weight",
     "context": "(B, nh, T, hs) weighted values: attn_weights @ v, one slice per head",
     "attn_out": "(B, T, C) heads concatenated and projected (absent without out_proj)",
     "mlp_out": "(B, T, C) the MLP's output, before it joins the residual (absent without mlp)",
@@ -60,10 +67,14 @@ MODEL_NAMES = ("tok_emb", "pos_emb", "emb", "logits")
 #: Names whose dimension 1 is a head dimension (sliced by the `heads` filter).
 HEAD_NAMES = frozenset(
     {"q_pre_rope", "k_pre_rope", "q", "k", "v", "attn_scores", "masked_scores",
-     "attn_weights", "attn_weights_dropped", "context"}
+     "attn_weights", "attn_weights_dropped", "context", *SUMMARY_NAMES}
 )
-#: Names only attention's explicit path computes: a sink that reads or edits one needs it.
+#: The (B, nh, T, S) names only attention's explicit path computes: a sink that reads or edits
+#: one needs it.
 WEIGHT_NAMES = frozenset({"attn_scores", "masked_scores", "attn_weights", "attn_weights_dropped"})
+#: Per-head summaries of the weights, streamed in tiles without a (B, nh, T, S) tensor
+#: (`summaries.py`): the explicit path computes them too; they can be read, not edited.
+SUMMARIES = frozenset(SUMMARY_NAMES)
 #: Names whose values may be views into a KV cache: a trace always copies them.
 _CACHE_NAMES = frozenset({"k", "v"})
 _ORDER = {name: i for i, name in enumerate(NAMES)}
@@ -200,7 +211,7 @@ class Trace:
         self.names = names
         # scores and weights exist only on attention's explicit path: run it when they are
         # wanted, and keep the fused path for a trace of, say, the residual stream
-        self.needs_weights = names is None or bool(names & WEIGHT_NAMES)
+        self.needs_weights = names is None or bool(names & (WEIGHT_NAMES | SUMMARIES))
         self.values: dict[tuple[int | None, str], Tensor] = {}
         # (layer or -1, index in NAMES) of the last value kept: set only while `run` runs
         self.last_place: tuple[int, int] | None = None
