@@ -3,9 +3,10 @@
 `config.py` (`GPTConfig`, presets), `layers.py` (norms, MLPs, rotary embeddings, the CPU
 `Linear`), `attention.py` (masks, `attend`, `CausalSelfAttention`: all attention math, with
 `traced_attention.py`, its traced path in blocks of queries, and `summaries.py`, per-head
-summaries reduced from those blocks), `kv_cache.py`, `gpt.py` (the GPT), `decode.py` (the one-token decode step without modules),
-`trace.py` (the recording seam: what a forward pass can capture and where edits apply) and
-`runtime.py` (which device a name means, CPU kernel and memory choices).
+summaries reduced from those blocks), `kv_cache.py`, `gpt.py` (the GPT), `decode.py` (the
+one-token decode step without modules), `trace.py` (the recording seam: what a forward pass
+can capture and where edits apply) and `runtime.py` (which device a name means, CPU kernel
+and memory choices).
 """
 
 from .attention import CausalSelfAttention, Mask, attend, build_mask, causal_mask, padding_mask

@@ -37,10 +37,9 @@ SUMMARY_NAMES = ("attn_entropy", "attn_sink", "attn_received", "attn_distance", 
 TILE_BYTES: dict[str, int] = {"cpu": 4 << 20, "cuda": 1 << 30, "default": 64 << 20}
 
 
-def tile_rows(device: torch.device, per_row: int) -> int:
-    """Query rows per tile on `device` when one row of the tile takes `per_row` elements."""
-    budget = TILE_BYTES.get(device.type, TILE_BYTES["default"])
-    return max(1, budget // (4 * max(1, per_row)))
+def tile_elements(device: torch.device) -> int:
+    """Float32 elements in one tile on `device` (`TILE_BYTES`)."""
+    return max(1, TILE_BYTES.get(device.type, TILE_BYTES["default"]) // 4)
 
 
 def accumulation_dtype(dtype: torch.dtype) -> torch.dtype:
@@ -75,47 +74,61 @@ class Summaries:
             self.first_keys = padding.int().argmax(dim=-1)  # (B,) the first 1: the first max
             pads = ~padding[:, self.offset:]  # (B, T)
             self.pad_queries = pads[:, None, :, None] if bool(pads.any()) else None
+        self._distances: tuple[tuple[int, int, int, int], Tensor] | None = None
         self.values: dict[str, Tensor] = {
             name: torch.zeros((B, nh, S if name == "attn_received" else T), dtype=self.dtype,
                               device=device)
             for name in SUMMARY_NAMES if name in names
         }
 
-    def add(self, weights: Tensor, i0: int, k0: int) -> None:
-        """Reduce weights (B, nh, rows, keys): queries i0.. over keys k0..; every key outside
-        the block has weight 0 for these rows. A large block is reduced in tiles."""
+    def add(self, weights: Tensor, i0: int, k0: int, h0: int = 0) -> None:
+        """Reduce weights (B, heads, rows, keys): heads h0.., queries i0.. over keys k0..;
+        every key outside the block has weight 0 for these rows. A large block is reduced
+        in tiles of `TILE_BYTES`."""
         weights = weights.detach()  # summaries are read, never differentiated
-        B, nh, rows, keys = weights.shape
-        step = tile_rows(weights.device, B * nh * keys)
-        scratch = weights.new_empty((B, nh, min(step, rows), keys), dtype=self.dtype)
+        B, heads, rows, keys = weights.shape
+        step = max(1, tile_elements(weights.device) // (B * heads * keys))
+        scratch = weights.new_empty((B, heads, min(step, rows), keys), dtype=self.dtype)
         for a0 in range(0, rows, step):
             a1 = min(a0 + step, rows)
-            tile = weights[:, :, a0:a1].to(self.dtype)  # (B, nh, r, keys)
+            tile = weights[:, :, a0:a1].to(self.dtype)  # (B, heads, r, keys)
             if self.pad_queries is not None:  # out of place: the weights may be a trace's
                 tile = tile.masked_fill(self.pad_queries[:, :, i0 + a0:i0 + a1], 0.0)
-            self._add_tile(tile, i0 + a0, k0, scratch[:, :, :a1 - a0])
+            self._add_tile(tile, (h0, i0 + a0, k0), scratch[:, :, :a1 - a0])
 
-    def _add_tile(self, w: Tensor, i0: int, k0: int, scratch: Tensor) -> None:
-        """w (B, nh, r, keys) float weights of queries i0.. over keys k0..; scratch: a
-        tensor of w's shape and dtype for the products."""
-        r, keys = w.shape[2:]
-        i1, k1 = i0 + r, k0 + keys
+    def _add_tile(self, w: Tensor, at: tuple[int, int, int], scratch: Tensor) -> None:
+        """w (B, heads, r, keys) float weights of heads h0.., queries i0.. over keys k0..
+        (`at`); scratch: a tensor of w's shape and dtype for the products."""
+        h0, i0, k0 = at
+        heads, r, keys = w.shape[1:]
+        h, rows, cols = slice(h0, h0 + heads), slice(i0, i0 + r), slice(k0, k0 + keys)
         out = self.values
-        if "attn_entropy" in out:  # entr(0) = 0: the keys with w > 0 only
-            out["attn_entropy"][:, :, i0:i1] = torch.special.entr(w, out=scratch).sum(-1)
+        if "attn_entropy" in out:
+            # -w log w, with log(0) read as log(tiny): 0 for w = 0 (only w > 0 count), and
+            # vectorised, where special.entr is not (docs/performance.md#summary-tiles)
+            logs = torch.clamp_min(w, torch.finfo(w.dtype).tiny, out=scratch).log_()
+            out["attn_entropy"][:, h, rows] = logs.mul_(w).sum(-1).neg_()  # (B, heads, r)
         if "attn_sink" in out:
-            at = self.first_keys - k0  # (B,) the first real key's column in this block
-            inside = (at >= 0) & (at < keys)  # (B,)
-            index = at.clamp(0, keys - 1)[:, None, None, None].expand(*w.shape[:3], 1)
-            sink = w.gather(-1, index)[..., 0]  # (B, nh, r)
-            out["attn_sink"][:, :, i0:i1] = sink * inside[:, None, None]
+            col = self.first_keys - k0  # (B,) the first real key's column in this block
+            inside = (col >= 0) & (col < keys)  # (B,)
+            index = col.clamp(0, keys - 1)[:, None, None, None].expand(*w.shape[:3], 1)
+            sink = w.gather(-1, index)[..., 0]  # (B, heads, r)
+            out["attn_sink"][:, h, rows] = sink * inside[:, None, None]
         if "attn_received" in out:
-            out["attn_received"][:, :, k0:k1] += w.sum(-2)  # (B, nh, keys)
+            out["attn_received"][:, h, cols] += w.sum(-2)  # (B, heads, keys)
         if "attn_distance" in out:
-            # i - j as exact small integers, so the products carry no cancellation
-            query = torch.arange(self.offset + i0, self.offset + i1, device=w.device)
-            key = torch.arange(k0, k1, device=w.device)
-            distance = (query[:, None] - key[None, :]).to(w.dtype)  # (r, keys)
-            out["attn_distance"][:, :, i0:i1] = torch.mul(w, distance, out=scratch).sum(-1)
+            distance = self._distance(i0 + self.offset, r, k0, keys)  # (r, keys)
+            out["attn_distance"][:, h, rows] = torch.mul(w, distance, out=scratch).sum(-1)
         if "attn_max" in out:
-            out["attn_max"][:, :, i0:i1] = w.amax(-1)  # (B, nh, r)
+            out["attn_max"][:, h, rows] = w.amax(-1)  # (B, heads, r)
+
+    def _distance(self, i0: int, r: int, k0: int, keys: int) -> Tensor:
+        """(r, keys) i - j for query key indices i0.. and keys k0..: exact integers in the
+        summaries' dtype (below 2**24), so the products carry no cancellation. The last one
+        is kept: the tiles of one block of rows share it across their heads."""
+        at = (i0, r, k0, keys)
+        if self._distances is None or self._distances[0] != at:
+            query = torch.arange(i0, i0 + r, dtype=self.dtype, device=self.device)  # (r,)
+            key = torch.arange(k0, k0 + keys, dtype=self.dtype, device=self.device)  # (keys,)
+            self._distances = at, query[:, None] - key[None, :]  # (r, keys)
+        return self._distances[1]

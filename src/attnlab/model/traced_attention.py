@@ -26,7 +26,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from .runtime import kept_empty, kept_out
-from .summaries import SUMMARY_NAMES, Summaries, accumulation_dtype, tile_rows
+from .summaries import SUMMARY_NAMES, Summaries, accumulation_dtype, tile_elements
 
 if TYPE_CHECKING:
     from .attention import LayerTrace, Mask
@@ -60,14 +60,27 @@ def key_spans(may_attend: Tensor | None, T: int, S: int, rows: int) -> list[Span
     return spans
 
 
-def block_rows(q: Tensor, S: int, streamed: bool) -> int:
-    """Query rows per block for q (B, nh, T, hs) over S keys: a tile of the summaries'
-    budget when the blocks are streamed (no weights kept), else `BLOCK_ROWS` on a CPU and
+def block_rows(q: Tensor) -> int:
+    """Query rows per block of the weights for q (B, nh, T, hs): `BLOCK_ROWS` on a CPU,
     every row on a device in `ONE_BLOCK`."""
-    B, nh, T, _ = q.shape
-    if streamed:
-        return min(T, tile_rows(q.device, B * nh * S))
+    T = q.shape[2]
     return T if q.device.type in ONE_BLOCK else min(T, BLOCK_ROWS)
+
+
+def stream_tile(q: Tensor, S: int) -> tuple[int, int]:
+    """(rows, heads) of one streamed tile for q (B, nh, T, hs) over S keys: every head and as
+    many rows as `summaries.TILE_BYTES` holds, but no fewer than `BLOCK_ROWS` while heads
+    can be split off instead (a matrix product of fewer rows runs far below the BLAS's
+    speed, docs/performance.md#summary-tiles)."""
+    B, nh, T, _ = q.shape
+    budget, per_row = tile_elements(q.device), B * S
+    least = min(T, BLOCK_ROWS)
+    rows = budget // (per_row * nh)
+    if rows >= least:
+        return min(T, rows), nh
+    if per_row * least <= budget:
+        return least, min(nh, budget // (per_row * least))
+    return max(1, budget // per_row), 1
 
 
 def _spans(mask: Mask, may_attend: Tensor | None, T: int, S: int, rows: int) -> list[Span]:
@@ -80,23 +93,27 @@ def _spans(mask: Mask, may_attend: Tensor | None, T: int, S: int, rows: int) -> 
 
 def _block_weights(q: Tensor, key_t: Tensor, scores: Tensor | None, mask: Mask,
                    may_attend: Tensor | None, scale: float, i0: int, i1: int, span: Span,
-                   dtype: torch.dtype | None = None) -> Tensor:
-    """Weights (B, nh, i1 - i0, k1 - k0) of queries i0..i1 over the span's keys, from q
-    (B, nh, T, hs) and key_t (B, nh, hs, S), or from the raw `scores` when given; softmax
-    in `dtype` (None: q's). Rows with nothing to attend to come out 0."""
+                   dtype: torch.dtype | None = None, hidden: Tensor | None = None) -> Tensor:
+    """Weights (B, heads, i1 - i0, k1 - k0) of queries i0..i1 over the span's keys, from q
+    (B, heads, T, hs) and key_t (B, heads, hs, S), or from the raw `scores` when given;
+    softmax in `dtype` (None: q's). hidden: ~may_attend over the block's masked keys, when
+    the caller made it already. Rows with nothing to attend to come out 0."""
     k0, k1, m0 = span
     empty = mask.empty_rows
     if scores is None:
-        block = q[:, :, i0:i1] @ key_t[..., k0:k1]  # (B, nh, rows, hs) @ (B, nh, hs, keys)
-        block.mul_(scale)  # (B, nh, rows, keys)
+        block = q[:, :, i0:i1] @ key_t[..., k0:k1]  # (B, heads, rows, hs) @ (B, heads, hs, keys)
+        if scale != 1.0:
+            block.mul_(scale)  # (B, heads, rows, keys)
     else:
-        block = scores[:, :, i0:i1, k0:k1] * scale  # (B, nh, rows, keys)
+        block = scores[:, :, i0:i1, k0:k1] * scale  # (B, heads, rows, keys)
     if empty is not None:
         # a row with no key to attend to: finite everywhere, zeroed below
         block.masked_fill_(empty[:, :, i0:i1], 0.0)
     if may_attend is not None and scores is None and m0 < k1:  # masked scores: -inf
-        block[..., m0 - k0:].masked_fill_(~may_attend[:, :, i0:i1, m0:k1], float("-inf"))
-    weights = torch.softmax(block, dim=-1, dtype=dtype)  # (B, nh, rows, keys)
+        if hidden is None:
+            hidden = ~may_attend[:, :, i0:i1, m0:k1]  # (B or 1, 1, rows, keys - m0 + k0)
+        block[..., m0 - k0:].masked_fill_(hidden, float("-inf"))
+    weights = torch.softmax(block, dim=-1, dtype=dtype)  # (B, heads, rows, keys)
     if empty is not None:
         weights.masked_fill_(empty[:, :, i0:i1], 0.0)
     return weights
@@ -149,19 +166,14 @@ def traced_attend(q: Tensor, k: Tensor, v: Tensor, mask: Mask, may_attend: Tenso
     if not masked_by_mask:
         may_attend = None
     summaries = _summaries(trace, q, S, mask)
-    streamed = (summaries is not None and scores is None and dropout_p == 0.0
-                and not trace.wants("attn_weights"))
-    rows = block_rows(q, S, streamed)
-    spans = (_spans(mask, may_attend, T, S, rows) if masked_by_mask
-             else key_spans(None, T, S, rows))
-    if streamed:
-        assert summaries is not None
-        context = torch.cat([
-            _streamed_block(q, key_t, v, mask, may_attend, scale, i0, span, rows, summaries)
-            for i0, span in zip(range(0, T, rows), spans, strict=True)
-        ], dim=2)  # (B, nh, T, hs)
+    if (summaries is not None and scores is None and dropout_p == 0.0
+            and not trace.wants("attn_weights")):  # summaries alone: streamed
+        context = _streamed(q, key_t, v, mask, may_attend, scale, summaries)
         _record_summaries(trace, summaries)
         return context
+    rows = block_rows(q)
+    spans = (_spans(mask, may_attend, T, S, rows) if masked_by_mask
+             else key_spans(None, T, S, rows))
     attn_weights = _whole_weights(q, key_t, scores, mask, may_attend, scale, spans, rows,
                                   summaries)
     made = attn_weights
@@ -212,18 +224,28 @@ def _whole_weights(q: Tensor, key_t: Tensor, scores: Tensor | None, mask: Mask,
     return attn_weights
 
 
-def _streamed_block(q: Tensor, key_t: Tensor, v: Tensor, mask: Mask,
-                    may_attend: Tensor | None, scale: float, i0: int, span: Span, rows: int,
-                    summaries: Summaries) -> Tensor:
-    """One block of a trace of summaries alone: its weights reduced into `summaries`, its
-    context (B, nh, rows, hs) returned, the weights discarded."""
-    i1 = min(i0 + rows, q.shape[2])
-    k0, k1, _ = span
-    weights = _block_weights(q, key_t, None, mask, may_attend, scale, i0, i1, span,
-                             summaries.dtype)  # (B, nh, rows, keys)
-    summaries.add(weights, i0, k0)
-    # (B, nh, rows, keys) @ (B, nh, keys, hs) -> (B, nh, rows, hs)
-    return weights.to(v.dtype) @ v[:, :, k0:k1]
+def _streamed(q: Tensor, key_t: Tensor, v: Tensor, mask: Mask, may_attend: Tensor | None,
+              scale: float, summaries: Summaries) -> Tensor:
+    """A trace of summaries alone: each tile's weights (`stream_tile`) reduced into
+    `summaries`, its context kept, the weights discarded. Returns the context (B, nh, T, hs)."""
+    B, nh, T, _ = q.shape
+    S = key_t.shape[-1]
+    rows, heads = stream_tile(q, S)
+    spans = _spans(mask, may_attend, T, S, rows)
+    q = q * scale  # (B, nh, T, hs): once, not once per tile of scores
+    context = v.new_empty((B, nh, T, v.shape[-1]))  # (B, nh, T, hs)
+    for i0, (k0, k1, m0) in zip(range(0, T, rows), spans, strict=True):
+        i1 = min(i0 + rows, T)
+        hidden = (None if may_attend is None or m0 == k1
+                  else ~may_attend[:, :, i0:i1, m0:k1])  # (B or 1, 1, rows, masked keys)
+        for h0 in range(0, nh, heads):
+            h = slice(h0, h0 + heads)
+            weights = _block_weights(q[:, h], key_t[:, h], None, mask, may_attend, 1.0, i0, i1,
+                                     (k0, k1, m0), summaries.dtype, hidden)
+            summaries.add(weights, i0, k0, h0)  # (B, heads, rows, keys)
+            # (B, heads, rows, keys) @ (B, heads, keys, hs) -> (B, heads, rows, hs)
+            context[:, h, i0:i1] = weights.to(v.dtype) @ v[:, h, k0:k1]
+    return context
 
 
 def _record_summaries(trace: LayerTrace, summaries: Summaries) -> None:
