@@ -15,6 +15,10 @@ and a head's score is the share of its attention that lands on target cells,
 sum(A * P) / sum(A) over the (query, key) matrix of one sequence; a batch scores each row
 and averages (TransformerLens scores a list of sequences the same way). `exclude_bos` and
 `exclude_current_token` zero the first key column / the diagonal of A first, as there.
+A row left with no attention at all (sum(A) = 0: a 2-token row with both exclusions, or a
+left-padded row of one real token) has no share to score: it is left out of the mean, so it
+cannot pull the batch's score toward 0; a head none of whose rows has attention left scores
+NaN (TransformerLens's 0 / 0 for that row).
 
 Padded rows (left padding, or right padding as many Hugging Face tokenizers make it):
 patterns are built over each row's real tokens only, so a pad never counts as a target
@@ -30,6 +34,7 @@ This module scores; which heads to ablate is the caller's (`edits.ablate`), draw
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable
 from typing import Any
 
@@ -106,7 +111,8 @@ def head_scores(
     exclude_current_token: bool = False,
 ) -> Tensor:
     """attn_weights (B, nh, T, T) and pattern (B, T, T) -> (nh,) mean over rows of
-    sum(A * P) / sum(A) (TransformerLens's "mul" score)."""
+    sum(A * P) / sum(A) (TransformerLens's "mul" score), over the rows with sum(A) > 0 only
+    (after the exclusions); NaN for a head with no such row."""
     if attn_weights.dim() != 4 or attn_weights.shape[-1] != attn_weights.shape[-2]:
         raise ValueError(
             f"attn_weights must be (B, nh, T, T) from a run without a cache, got "
@@ -126,7 +132,9 @@ def head_scores(
         A = A * (1 - torch.eye(T, device=A.device))  # (B, nh, T, T)
     on_target = (A * pattern[:, None]).sum(dim=(-2, -1))  # (B, nh)
     total = A.sum(dim=(-2, -1))  # (B, nh)
-    return (on_target / total.clamp(min=torch.finfo(A.dtype).tiny)).mean(0)  # (nh,)
+    scored = total > 0  # (B, nh): rows with attention left to score
+    share = on_target / total.clamp(min=torch.finfo(A.dtype).tiny)  # (B, nh)
+    return (share * scored).sum(0) / scored.sum(0)  # (nh,): 0 / 0 = NaN where none is left
 
 
 @torch.no_grad()
@@ -169,8 +177,11 @@ def detect_heads(
 
 
 def rank_heads(scores: Tensor, descending: bool = True) -> list[tuple[int, int]]:
-    """(n_layer, nh) scores -> every (layer, head), best first (ties: lower layer, head)."""
+    """(n_layer, nh) scores -> every (layer, head), best first (ties: lower layer, head;
+    NaN scores, heads with nothing to score, last)."""
     flat = scores.flatten().tolist()
     nh = scores.shape[1]
-    order = sorted(range(len(flat)), key=lambda i: (-flat[i] if descending else flat[i], i))
+    order = sorted(range(len(flat)), key=lambda i: (
+        math.isnan(flat[i]), 0.0 if math.isnan(flat[i]) else -flat[i] if descending
+        else flat[i], i))
     return [(i // nh, i % nh) for i in order]
