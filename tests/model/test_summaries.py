@@ -239,3 +239,29 @@ def test_cuda_weights_equal_the_cpu_path() -> None:
     for key, value in cpu.values.items():
         torch.testing.assert_close(gpu.values[key].cpu(), value, atol=1e-5, rtol=1e-5,
                                    msg=lambda m, k=key: f"{k}: {m}")
+
+
+@pytest.mark.parametrize("names", [["attn_weights"], list(SUMMARY_NAMES)])
+def test_a_head_filter_computes_the_kept_heads_alone(
+    names: list[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Trace(heads=[3]) of the weights or summaries (grouped heads, left padding): the same
+    values as the whole trace's head 3, and no op makes a tensor of half the (B, nh, T, S)
+    weights (the context comes from the fused path)."""
+    model = _model(n_kv_head=2, block_size=48)
+    ids = torch.randint(0, 65, (2, 48))
+    mask = torch.ones(2, 48, dtype=torch.long)
+    mask[1, :9] = 0
+    monkeypatch.setitem(summaries.TILE_BYTES, "cpu", 4 * 2 * 48 * 48 // 4)
+    whole = Trace(names=names).run(model, ids, mask)
+    shapes = _Shapes()
+    with shapes:
+        one = Trace(heads=[3], names=names).run(model, ids, mask)
+    full = 2 * 4 * 48 * 48  # (B, nh, T, S)
+    assert max(torch.Size(s).numel() for s in shapes.made) < full // 2
+    assert one.values.keys() == whole.values.keys()
+    for (layer, name), value in whole.values.items():
+        assert one.values[layer, name].shape[1] == 1
+        # layer 0 alike bit for bit; later layers read a fused context (float rounding)
+        torch.testing.assert_close(one.values[layer, name], value[:, [3]],
+                                   **({"atol": 0, "rtol": 0} if layer == 0 else TOLERANCE))

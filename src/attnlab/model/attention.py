@@ -43,10 +43,13 @@ class LayerTrace(Protocol):
     reads their summaries, which only the explicit path computes; otherwise the fused path
     runs. `wants(name)`: whether the sink keeps or edits `name`; the (B, nh, T, S) raw and
     masked scores are computed only when it wants them, the weights whole only when it
-    wants them (a sink of summaries alone gets them streamed).
+    wants them (a sink of summaries alone gets them streamed). `heads`: the query heads whose
+    weights and summaries the sink keeps (None: all, or an edit reads every head's); the
+    values of those names may then come with only these heads, in this order, on dim 1.
     """
 
     needs_weights: bool
+    heads: list[int] | None
 
     def wants(self, name: str) -> bool: ...
 
@@ -218,18 +221,15 @@ def attend(
         may_attend = may_attend | empty  # (B, 1, T, S)
 
     if fused and (trace is None or not trace.needs_weights):
-        if mask.square_causal:
-            context = F.scaled_dot_product_attention(
-                q, k, v, dropout_p=dropout_p, is_causal=True, scale=scale
-            )  # (B, nh, T, hs)
-        else:
-            context = F.scaled_dot_product_attention(
-                q, k, v, attn_mask=may_attend, dropout_p=dropout_p, scale=scale
-            )  # (B, nh, T, hs)
-        return context if empty is None else context.masked_fill(empty, 0.0)
-
+        return _fused(q, k, v, mask, may_attend, scale, dropout_p)
     if trace is not None:
-        return traced_attend(q, k, v, mask, may_attend, scale, dropout_p, trace)
+        heads = _heads_alone(trace, q.shape[1], dropout_p)
+        if heads is None:
+            return traced_attend(q, k, v, mask, may_attend, scale, dropout_p, trace)
+        # the kept heads' weights and summaries on the traced path, every head's context on
+        # the fused one: no (B, nh, T, S) tensor for heads nobody keeps
+        traced_attend(q[:, heads], k[:, heads], v[:, heads], mask, may_attend, scale, 0.0, trace)
+        return _fused(q, k, v, mask, may_attend, scale, dropout_p)
     attn_scores = q @ k.transpose(-2, -1)  # (B, nh, T, hs) @ (B, nh, hs, S) -> (B, nh, T, S)
     # Nothing else reads the raw scores, so scale them in place: every (B, nh, T, S) tensor
     # not allocated is 8 MB of fresh pages at B=8, nh=4, T=S=256.
@@ -246,6 +246,35 @@ def attend(
     if dropout_p > 0.0:
         attn_weights = F.dropout(attn_weights, p=dropout_p, training=True)  # (B, nh, T, S)
     return attn_weights @ v  # (B, nh, T, S) @ (B, nh, S, hs) -> (B, nh, T, hs)
+
+
+def _fused(q: Tensor, k: Tensor, v: Tensor, mask: Mask, may_attend: Tensor | None,
+           scale: float, dropout_p: float) -> Tensor:
+    """`attend`'s fused path: q (B, nh, T, hs), k/v (B, nh, S, hs) -> (B, nh, T, hs)."""
+    if mask.square_causal:
+        context = F.scaled_dot_product_attention(
+            q, k, v, dropout_p=dropout_p, is_causal=True, scale=scale
+        )  # (B, nh, T, hs)
+    else:
+        context = F.scaled_dot_product_attention(
+            q, k, v, attn_mask=may_attend, dropout_p=dropout_p, scale=scale
+        )  # (B, nh, T, hs)
+    empty = mask.empty_rows
+    return context if empty is None else context.masked_fill(empty, 0.0)
+
+
+def _heads_alone(trace: LayerTrace, n_head: int, dropout_p: float) -> list[int] | None:
+    """The query heads whose weights and summaries alone the trace needs (`trace.heads`, a
+    subset of the n_head), or None when the traced path must run for every head: no head
+    filter, raw or masked scores wanted (they are computed whole), or dropout."""
+    heads = trace.heads
+    if heads is None or len(heads) >= n_head or dropout_p > 0.0:
+        return None
+    if not all(0 <= h < n_head for h in heads):  # the full path names the bad heads
+        return None
+    if trace.wants("attn_scores") or trace.wants("masked_scores"):
+        return None
+    return list(heads)
 
 
 # ----------------------------------------------------------------------------- module

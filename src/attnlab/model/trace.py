@@ -75,6 +75,9 @@ WEIGHT_NAMES = frozenset({"attn_scores", "masked_scores", "attn_weights", "attn_
 #: Per-head summaries of the weights, streamed in tiles without a (B, nh, T, S) tensor
 #: (`summaries.py`): the explicit path computes them too; they can be read, not edited.
 SUMMARIES = frozenset(SUMMARY_NAMES)
+#: Per-head names of the weights (query heads only), which attention makes for the kept
+#: heads alone when a trace keeps some heads (`attention.LayerTrace.heads`).
+_QUERY_HEAD_NAMES = WEIGHT_NAMES | SUMMARIES
 #: Names whose values may be views into a KV cache: a trace always copies them.
 _CACHE_NAMES = frozenset({"k", "v"})
 _ORDER = {name: i for i, name in enumerate(NAMES)}
@@ -110,9 +113,10 @@ class _LayerView:
         self, trace: Trace | None, edits: EditSource | None, layer: int | None, length: int
     ) -> None:
         self.trace, self.edits, self.layer, self.length = trace, edits, layer, length
-        self.needs_weights = (trace is not None and trace.needs_weights) or (
-            edits is not None and edits.needs_weights(layer)
-        )
+        edits_weights = edits is not None and edits.needs_weights(layer)
+        self.needs_weights = (trace is not None and trace.needs_weights) or edits_weights
+        # an edit of scores or weights needs every head's; else only the trace's heads count
+        self.heads = None if trace is None or edits_weights else trace.heads
 
     def wants(self, name: str) -> bool:
         """True when the trace keeps `name` or an edit may change it (attention computes the
@@ -180,6 +184,8 @@ class Trace:
             untraced.
         heads: head indices kept for per-head tensors (None: all; one int: that head), in
             ascending order: Trace(heads=[3, 1]) keeps head 1 at index 0 of dimension 1.
+            The weights and summaries of the other heads are not computed unless an edit or
+            the raw scores need them (their context comes from the fused path).
         names: names to keep (None: all of `NAMES`; one string: that name).
         dtype: floating dtype to store floating values in (None: as computed). float16
             halves a float32 trace; it rounds attention weights (in [0, 1]) by at most
@@ -328,9 +334,12 @@ class Trace:
             bad = [h for h in self.heads if not 0 <= h < nh]
             if bad:
                 raise ValueError(f"trace heads {bad} out of range for {nh} heads in {name!r}")
-            # grouped-query k/v: keep the key/value heads the chosen query heads read
-            keep = self.heads if n == nh else sorted({h // (nh // n) for h in self.heads})
-            kept, copy = kept[:, keep], False  # indexing copies
+            # attention may have made the kept heads alone (`LayerTrace.heads`)
+            made_alone = name in _QUERY_HEAD_NAMES and n == len(self.heads) < nh
+            if not made_alone:
+                # grouped-query k/v: keep the key/value heads the chosen query heads read
+                keep = self.heads if n == nh else sorted({h // (nh // n) for h in self.heads})
+                kept, copy = kept[:, keep], False  # indexing copies
         if self.dtype is not None and kept.is_floating_point() and kept.dtype != self.dtype:
             kept, copy = kept.to(self.dtype), False
         self.values[(layer, name)] = kept.clone() if copy else kept
