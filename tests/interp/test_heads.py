@@ -172,3 +172,31 @@ def test_a_row_with_no_attention_left_is_left_out_of_the_mean() -> None:
     assert rank_heads(torch.tensor([[nan, 0.2], [0.7, nan]])) == [(1, 0), (0, 1), (0, 0), (1, 1)]
     assert rank_heads(torch.tensor([[nan, 0.2, 0.7]]), descending=False) == [(0, 1), (0, 2),
                                                                             (0, 0)]
+
+
+def test_head_summaries_are_means_over_the_real_query_rows() -> None:
+    """head_summaries' (n_layer, nh) means equal the trace's per-row summaries averaged by
+    hand over the real rows (a left-padded row's pads left out); extreme_heads ranks them."""
+    from attnlab import Trace
+    from attnlab.interp.heads import SUMMARY_MEANS, extreme_heads, head_summaries, summary_means
+
+    torch.manual_seed(0)
+    model = GPT(GPTConfig.from_name("nano", n_head=4)).eval()
+    ids = torch.randint(0, 65, (2, 7))
+    mask = torch.tensor([[1] * 7, [0, 0, 0, 1, 1, 1, 1]])
+    means = head_summaries(model, ids, mask)
+    trace = Trace(names=list(SUMMARY_MEANS)).run(model, ids, mask)
+    assert set(means) == set(SUMMARY_MEANS)
+    for name, value in means.items():
+        assert value.shape == (2, 4)
+        for layer in range(2):
+            rows = trace.get(name, layer)  # (B, nh, T)
+            by_hand = (rows[0].sum(-1) + rows[1, :, 3:].sum(-1)) / 11  # 7 + 4 real rows
+            torch.testing.assert_close(value[layer], by_hand)
+    one = summary_means(trace, [1], row=1)["attn_entropy"]  # row 1 alone, layer 1
+    torch.testing.assert_close(one[0], trace.get("attn_entropy", 1)[1, :, 3:].mean(-1))
+    rows = dict(extreme_heads(means, k=2))
+    (la, h, v), _ = rows["most weight on the first token"]
+    assert v == means["attn_sink"].max().item() and means["attn_sink"][la, h] == v
+    (la, h, v), _ = rows["lowest entropy (nats): most peaked"]
+    assert v == means["attn_entropy"].min().item()

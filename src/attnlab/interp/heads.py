@@ -28,6 +28,11 @@ The standard probe (`repeated_tokens`) is a random token sequence repeated twice
 an induction head scores near 1; a model trained on a task (`attnlab train`'s copy task) is
 better probed with the task's own examples (`task_probe`), the input it learned to copy in.
 
+`head_summaries` describes every head without a pattern to match: the means over a text's
+real query rows of the trace's per-head summaries (`model/summaries.py`: entropy, weight on
+the first token, distance back, largest weight), computed without a (T, T) matrix, so a
+long text costs what the forward does. Pad rows are left out of those means too.
+
 This module scores; which heads to ablate is the caller's (`edits.ablate`), drawing is
 `viz/heads.py`'s.
 """
@@ -35,7 +40,7 @@ This module scores; which heads to ablate is the caller's (`edits.ablate`), draw
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from typing import Any
 
 import torch
@@ -46,6 +51,13 @@ from ..model.trace import Trace
 
 #: Detector names, in the order tables list them.
 DETECTORS = ("previous_token", "duplicate_token", "induction", "first_token")
+#: The summaries `head_summaries` averages over query rows, and what each mean says.
+SUMMARY_MEANS = {
+    "attn_entropy": "entropy (nats)",
+    "attn_sink": "weight on the first token",
+    "attn_distance": "distance back (tokens)",
+    "attn_max": "largest weight",
+}
 
 
 def repeated_tokens(
@@ -185,3 +197,61 @@ def rank_heads(scores: Tensor, descending: bool = True) -> list[tuple[int, int]]
         math.isnan(flat[i]), 0.0 if math.isnan(flat[i]) else -flat[i] if descending
         else flat[i], i))
     return [(i // nh, i % nh) for i in order]
+
+
+def summary_means(trace: Trace, layers: Sequence[int], attention_mask: Tensor | None = None,
+                  row: int | None = None) -> dict[str, Tensor]:
+    """Per summary of `SUMMARY_MEANS` the trace holds for `layers`, a (len(layers), heads)
+    tensor: its mean over the batch's real query rows (attention_mask (B, S), default the
+    padding the trace's pass ran with; pad rows left out; NaN when no row is real), or over
+    batch row `row`'s alone."""
+    if attention_mask is None:
+        attention_mask = trace.attention_mask
+    batch = slice(None) if row is None else slice(row, row + 1)
+    if attention_mask is not None:
+        attention_mask = attention_mask[batch]
+    means = {}
+    for name in SUMMARY_MEANS:
+        if not all((layer, name) in trace for layer in layers):
+            continue
+        stack = torch.stack([trace.get(name, layer)[batch] for layer in layers]).float()
+        T = stack.shape[-1]  # (layers, B, heads, T)
+        real = (torch.ones(stack.shape[1], T, device=stack.device) if attention_mask is None
+                else attention_mask[:, -T:].to(stack.device).float())  # (B, T)
+        total = (stack * real[None, :, None, :]).sum(dim=(1, 3))  # (layers, heads)
+        means[name] = total / real.sum()  # (layers, heads)
+    return means
+
+
+@torch.no_grad()
+def head_summaries(model: Any, ids: Tensor, attention_mask: Tensor | None = None
+                   ) -> dict[str, Tensor]:
+    """Per summary of `SUMMARY_MEANS`, an (n_layer, nh) tensor of its mean over the real
+    query rows of `ids` (B, T): traced in tiles, never a (T, T) matrix (`summary_means`)."""
+    require_eval(model, "the head summaries")
+    trace = Trace(names=list(SUMMARY_MEANS)).run(model, ids, attention_mask)
+    return summary_means(trace, range(model.config.n_layer), attention_mask)
+
+
+#: The most extreme heads `extreme_heads` lists: (summary, largest first, what it says).
+EXTREMES = (
+    ("attn_sink", True, "most weight on the first token"),
+    ("attn_entropy", False, "lowest entropy (nats): most peaked"),
+    ("attn_distance", True, "longest distance back (tokens)"),
+    ("attn_distance", False, "shortest distance back (tokens)"),
+)
+
+
+def extreme_heads(means: dict[str, Tensor], k: int = 3
+                  ) -> list[tuple[str, list[tuple[int, int, float]]]]:
+    """Per row of `EXTREMES` whose summary `means` holds ((n_layer, nh) each): its
+    description and the top k (layer index, head index, mean), NaN heads never listed."""
+    rows = []
+    for name, largest, label in EXTREMES:
+        if name not in means:
+            continue
+        values = means[name]
+        ranked = [(la, h) for la, h in rank_heads(values, descending=largest)
+                  if not math.isnan(float(values[la, h]))]
+        rows.append((label, [(la, h, float(values[la, h])) for la, h in ranked[:k]]))
+    return rows
