@@ -320,7 +320,7 @@ def test_inspect_summary_draws_the_heads_overview_without_weights(
     (best_layer, best_head, best) = record["extremes"][0]["heads"][0]
     assert record["extremes"][0]["what"] == "most weight on the first token"
     assert best == pytest.approx(sink.max().item()) and sink[best_layer, best_head] == sink.max()
-    assert f"{best_layer}.{best_head} {best:8.3f}" in out
+    assert f"{best_layer}.{best_head} {best:.3f}" in out
     # one layer and head: the figure and the record hold that one
     code = main(["inspect", str(checkpoint), text, "--out", str(tmp_path / "one"), "--summary",
                  "--layer", "1", "--head", "0"])

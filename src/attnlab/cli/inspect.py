@@ -201,9 +201,9 @@ def _run_summary(args: argparse.Namespace, model: Any, tok: Any, ids: list[int],
     print(f"text     {count(len(ids), 'token')}")
     print(f"traced   layers {_ranges(layers)}, heads {_ranges(heads)}: "
           f"{', '.join(SUMMARY_MEANS)} ({trace.size_text()}, no T x T)")
-    print(f"heads    means over the {count(len(ids), 'query row')}; layer.head value")
+    print(f"heads    the most extreme (layer.head mean over the {count(len(ids), 'query row')})")
     for label, top in extremes:
-        print(f"  {label:<36s}" + "  ".join(f"{la}.{h} {v:8.3f}" for la, h, v in top))
+        print(f"  {label:<36s}" + "  ".join(f"{f'{la}.{h}':>5s} {v:.3f}" for la, h, v in top))
     _list_files(out, written, set())
     return 0
 
