@@ -19,7 +19,7 @@ from .common import CLIError
 # benchmarks/__main__.py's SUITES (not importable from an installed package; a test holds
 # the two equal), then its two special names
 SUITES = ("attention", "train", "memory", "quality", "decode", "models_decode", "trace",
-          "arch", "roofline", "all", "readme")
+          "summaries", "arch", "roofline", "all", "readme")
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
