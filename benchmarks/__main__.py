@@ -36,6 +36,7 @@ SUITES = {
     "decode": "decode",
     "models_decode": "decode_models",
     "trace": "trace",
+    "summaries": "summaries",
     "arch": "arch_compare",
     "roofline": "roofline",
     "loading": "loading",

@@ -34,10 +34,10 @@ from typing import Any
 import torch
 
 from attnlab.hf import gpt_from_hf
-from attnlab.model.attention import BLOCK_ROWS
 from attnlab.model.gpt import GPT, unembed
 from attnlab.model.runtime import release_kept_memory
 from attnlab.model.trace import Trace
+from attnlab.model.traced_attention import BLOCK_ROWS
 
 from .common import alternate, clock, machine, median_ms, table
 

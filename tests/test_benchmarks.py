@@ -219,6 +219,22 @@ def test_trace_suite_times_attnlab_and_hugging_face_on_the_same_weights() -> Non
     assert result["run_equals_trace"]  # Trace.run's weights, bit for bit
 
 
+def test_summaries_suite_times_the_summaries_against_the_forward() -> None:
+    from benchmarks import summaries as summaries_suite
+
+    result = summaries_suite.run(quick=True)
+    assert set(result["ms"]) == {summaries_suite.FORWARD, summaries_suite.LAST,
+                                 summaries_suite.SUMMARIES}
+    assert all(v > 0 for v in result["ms"].values())
+    # the full-size check of the suite, at toy size: layer 0's summaries from the weights
+    assert set(result["errors"]) == {"attn_entropy", "attn_sink", "attn_received",
+                                     "attn_distance", "attn_max"}
+    assert max(result["errors"].values()) < 1e-5
+    assert result["target_met"] is None  # a quick run claims no target
+    (t,) = result["tables"]
+    assert len(t["rows"]) == 3 and all(len(r) == len(t["columns"]) for r in t["rows"])
+
+
 def test_trace_floor_runs_the_products_of_a_traced_forward() -> None:
     from benchmarks import trace as trace_suite
     from torch.utils.flop_counter import FlopCounterMode

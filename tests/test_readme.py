@@ -58,6 +58,8 @@ CHEAP: dict[str, list[tuple[str, str]]] = {
     "docs/inspect.md": [
         ('attnlab inspect runs/copy/ckpt "qhdkwzpa|qhdkwzp" --what steps --layer 0 --head 0 '
          "--format html,png --out inspect-steps", "to inspect-steps/"),
+        ('attnlab inspect runs/copy/ckpt "qhdkwzpa|qhdkwzp" --summary --out inspect-summary',
+         "most weight on the first token"),
         ("attnlab demo hello", "'Hello' -> ' World' (p=1.000)  ✓"),
         ("attnlab demo averaging", "found    the three forms agree"),
     ],

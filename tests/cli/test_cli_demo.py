@@ -298,3 +298,33 @@ def test_a_closed_pipe_ends_the_command_quietly() -> None:
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
                           timeout=120)
     assert (done.returncode, done.stderr) == (141, "")
+
+
+def test_inspect_summary_draws_the_heads_overview_without_weights(
+    checkpoint: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    text = "the cat sat on the mat."
+    code = main(["inspect", str(checkpoint), text, "--out", str(tmp_path), "--summary",
+                 "--format", "png,html"])
+    captured = capsys.readouterr()
+    assert code == 0, captured.err
+    assert {p.name for p in tmp_path.iterdir()} == {"summary.png", "summary.html",
+                                                    "summary.json"}
+    assert (tmp_path / "summary.png").stat().st_size > 5_000
+    record = json.loads((tmp_path / "summary.json").read_text())
+    assert record["layers"] == [0, 1] and record["heads"] == [0, 1]
+    assert set(record["means"]) == {"attn_entropy", "attn_sink", "attn_distance", "attn_max"}
+    out = captured.out
+    assert "no T x T" in out and "attn_weights" not in out
+    sink = torch.tensor(record["means"]["attn_sink"])  # (layers, heads)
+    (best_layer, best_head, best) = record["extremes"][0]["heads"][0]
+    assert record["extremes"][0]["what"] == "most weight on the first token"
+    assert best == pytest.approx(sink.max().item()) and sink[best_layer, best_head] == sink.max()
+    assert f"{best_layer}.{best_head} {best:.3f}" in out
+    # one layer and head: the figure and the record hold that one
+    code = main(["inspect", str(checkpoint), text, "--out", str(tmp_path / "one"), "--summary",
+                 "--layer", "1", "--head", "0"])
+    assert code == 0
+    record = json.loads((tmp_path / "one" / "summary.json").read_text())
+    assert record["layers"] == [1] and record["heads"] == [0]
+    assert torch.tensor(record["means"]["attn_entropy"]).shape == (1, 1)

@@ -140,3 +140,63 @@ def test_right_padded_rows_score_as_each_row_alone() -> None:
         for kind in DETECTORS:
             torch.testing.assert_close(padded[kind], (full[kind] + short[kind]) / 2,
                                        atol=1e-6, rtol=0, msg=f"{kind} {exclude_bos}")
+
+
+def test_a_row_with_no_attention_left_is_left_out_of_the_mean() -> None:
+    """exclude_bos and exclude_current_token leave a left-padded row of 2 real tokens no
+    attention at all: it used to score 0 and halve the batch's mean; now the batch scores
+    as its full row alone, and a batch of such rows scores NaN (TransformerLens's 0 / 0)."""
+    torch.manual_seed(0)
+    model = GPT(GPTConfig.from_name("nano", n_head=4)).eval()
+    row = repeated_tokens(65, 4, batch=1, seed=2)[0]  # (8,)
+    ids = torch.stack([row, torch.cat([torch.zeros(6, dtype=torch.long), row[:2]])])  # (2, 8)
+    mask = torch.tensor([[1] * 8, [0] * 6 + [1] * 2])
+    both = {"exclude_bos": True, "exclude_current_token": True}
+    padded = detect_heads(model, ids, mask, **both)
+    full = detect_heads(model, ids[:1], **both)
+    short = detect_heads(model, ids[1:, 6:], **both)
+    for kind in DETECTORS:
+        if kind != "first_token":  # exclude_bos takes all of first_token's targets: 0
+            assert torch.all(full[kind] > 0), kind  # so half of it would show
+        torch.testing.assert_close(padded[kind], full[kind], atol=1e-6, rtol=0, msg=kind)
+        assert torch.all(short[kind].isnan()), kind
+    # one exclusion leaves the short row attention to score: it counts again
+    one = detect_heads(model, ids, mask, exclude_bos=True)
+    alone = detect_heads(model, ids[1:, 6:], exclude_bos=True)
+    torch.testing.assert_close(
+        one["previous_token"],
+        (detect_heads(model, ids[:1], exclude_bos=True)["previous_token"]
+         + alone["previous_token"]) / 2, atol=1e-6, rtol=0)
+    # heads with nothing to score rank last
+    nan = float("nan")
+    assert rank_heads(torch.tensor([[nan, 0.2], [0.7, nan]])) == [(1, 0), (0, 1), (0, 0), (1, 1)]
+    assert rank_heads(torch.tensor([[nan, 0.2, 0.7]]), descending=False) == [(0, 1), (0, 2),
+                                                                            (0, 0)]
+
+
+def test_head_summaries_are_means_over_the_real_query_rows() -> None:
+    """head_summaries' (n_layer, nh) means equal the trace's per-row summaries averaged by
+    hand over the real rows (a left-padded row's pads left out); extreme_heads ranks them."""
+    from attnlab import Trace
+    from attnlab.interp.heads import SUMMARY_MEANS, extreme_heads, head_summaries, summary_means
+
+    torch.manual_seed(0)
+    model = GPT(GPTConfig.from_name("nano", n_head=4)).eval()
+    ids = torch.randint(0, 65, (2, 7))
+    mask = torch.tensor([[1] * 7, [0, 0, 0, 1, 1, 1, 1]])
+    means = head_summaries(model, ids, mask)
+    trace = Trace(names=list(SUMMARY_MEANS)).run(model, ids, mask)
+    assert set(means) == set(SUMMARY_MEANS)
+    for name, value in means.items():
+        assert value.shape == (2, 4)
+        for layer in range(2):
+            rows = trace.get(name, layer)  # (B, nh, T)
+            by_hand = (rows[0].sum(-1) + rows[1, :, 3:].sum(-1)) / 11  # 7 + 4 real rows
+            torch.testing.assert_close(value[layer], by_hand)
+    one = summary_means(trace, [1], row=1)["attn_entropy"]  # row 1 alone, layer 1
+    torch.testing.assert_close(one[0], trace.get("attn_entropy", 1)[1, :, 3:].mean(-1))
+    rows = dict(extreme_heads(means, k=2))
+    (la, h, v), _ = rows["most weight on the first token"]
+    assert v == means["attn_sink"].max().item() and means["attn_sink"][la, h] == v
+    (la, h, v), _ = rows["lowest entropy (nats): most peaked"]
+    assert v == means["attn_entropy"].min().item()

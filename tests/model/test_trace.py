@@ -9,7 +9,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from attnlab import GPT, GPTConfig, Trace
-from attnlab.model import attention
+from attnlab.model import traced_attention
 from attnlab.model.trace import NAMES
 from helpers import modern_switches
 
@@ -46,6 +46,8 @@ def test_every_name_has_its_shape() -> None:
         "attn_weights": (B, nh, T, T), "attn_weights_dropped": (B, nh, T, T),
         "context": (B, nh, T, hs), "attn_out": (B, T, C), "block_out": (B, T, C),
         "resid_pre": (B, T, C), "mlp_out": (B, T, C), "logits": (B, T, c.vocab_size),
+        "attn_entropy": (B, nh, T), "attn_sink": (B, nh, T), "attn_received": (B, nh, T),
+        "attn_distance": (B, nh, T), "attn_max": (B, nh, T),
     }
     # learned positions: no rotary, so no q/k before rotation (test_trace_names has them)
     assert set(shapes) == set(NAMES) - {"q_pre_rope", "k_pre_rope"}
@@ -112,7 +114,7 @@ def test_blocked_weights_equal_one_softmax_with_padding_and_a_cache(
 ) -> None:
     """The traced path computes weights `BLOCK_ROWS` queries at a time over the keys those
     queries may see; any block size gives one masked softmax's weights and the fused logits."""
-    monkeypatch.setattr(attention, "BLOCK_ROWS", rows)
+    monkeypatch.setattr(traced_attention, "BLOCK_ROWS", rows)
     model = _model()
     B, P, T = 2, 4, 7  # 4 cached positions, then 7 new queries over S = 11 keys
     mask = torch.ones(B, P + T, dtype=torch.long)
@@ -146,7 +148,7 @@ def test_weights_alone_equal_the_weights_beside_the_scores(
     a trace with the raw scores masks them whole first. Any block size gives the same
     weights and the same masked cells, with left padding, a cache and sliding windows
     (checked to fail where a block's mask assumes plain causal structure)."""
-    import attnlab.model.attention as attention_module
+    import attnlab.model.traced_attention as attention_module
 
     model = _model(n_head=4, sliding_window=window)
     B = 2

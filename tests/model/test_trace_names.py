@@ -12,6 +12,7 @@ import torch
 
 from attnlab import GPT, CausalSelfAttention, GPTConfig, Trace
 from attnlab.model.layers import apply_rotary
+from attnlab.model.summaries import SUMMARY_NAMES
 from attnlab.model.trace import HEAD_NAMES, MODEL_NAMES, NAMES
 
 
@@ -76,6 +77,8 @@ def test_shapes_with_grouped_heads_and_a_kv_cache(overrides: dict) -> None:
         "attn_weights": (B, nh, T, S), "context": (B, nh, T, hs),
         "attn_out": (B, T, C), "block_out": (B, T, C), "logits": (B, T, c.vocab_size),
         "resid_pre": (B, T, C), "mlp_out": (B, T, C),
+        "attn_entropy": (B, nh, T), "attn_sink": (B, nh, T), "attn_received": (B, nh, S),
+        "attn_distance": (B, nh, T), "attn_max": (B, nh, T),
     }
     if c.pos == "rope":
         shapes |= {"q_pre_rope": (B, nh, T, hs), "k_pre_rope": (B, nkv, T, hs)}
@@ -168,7 +171,7 @@ def test_a_standalone_attention_records_at_layer_none() -> None:
     trace = Trace()
     y = attn(torch.randn(1, 4, 8), trace=trace)
     assert {name for _, name in trace} == {"q", "k", "v", "attn_scores", "masked_scores",
-                                          "attn_weights", "context"}
+                                          "attn_weights", "context", *SUMMARY_NAMES}
     assert all(layer is None for layer, _ in trace)
     torch.testing.assert_close(y, trace.get("context").transpose(1, 2).flatten(2))
 

@@ -17,7 +17,7 @@ from fastapi.testclient import TestClient
 
 from attnlab import GPT, GPTConfig, create_app
 from attnlab.interp.edits import ablate
-from attnlab.interp.heads import detect_heads
+from attnlab.interp.heads import SUMMARY_MEANS, detect_heads, head_summaries
 from attnlab.interp.lens import logit_lens
 from attnlab.tokenizers import get_tokenizer
 
@@ -49,6 +49,11 @@ def test_heads_api_equals_the_library(setup: tuple) -> None:
     assert body["prediction"]["intact"][0]["id"] == int(intact.argmax())
     assert body["prediction"]["intact"] != body["prediction"]["ablated"]
     assert sorted(map(tuple, body["induction_ranking"])) == [(0, 0), (0, 1), (1, 0), (1, 1)]
+    # the heads overview: each summary's mean per layer and head, as head_summaries gives it
+    means = head_summaries(model, idx)
+    assert body["summary_labels"] == SUMMARY_MEANS
+    for name, values in body["summaries"].items():
+        torch.testing.assert_close(torch.tensor(values), means[name], atol=1e-4, rtol=0)
 
 
 def test_lens_api_equals_the_library(setup: tuple) -> None:
@@ -98,6 +103,13 @@ def test_the_page_scores_heads_ablates_on_click_and_shows_the_lens(tmp_path: Pat
         show(page, TEXT)
         page.click("#heads-run")
         wait_until(page, "document.querySelectorAll('#heads-table tbody tr').length === 4")
+        # the heads overview beside it: a layer x head grid of the chosen summary
+        assert page.eval_on_selector_all("#overview-table tr", "rows => rows.length") == 3
+        means = head_summaries(model, torch.tensor([tok.encode(TEXT)]))
+        cell = "document.querySelector('#overview-table td[data-cell=\"1.0\"]').textContent"
+        assert page.evaluate(cell) == f"{float(means['attn_entropy'][1, 0]):.2f}"
+        page.select_option("#overview-which", "attn_distance")
+        assert page.evaluate(cell) == f"{float(means['attn_distance'][1, 0]):.2f}"
         before = page.text_content("#heads-intact")
         assert page.text_content("#heads-edited") == "(no head ablated)"
         page.click("#heads-table tbody tr[data-head='1.0']")
@@ -183,6 +195,13 @@ def test_the_keyboard_ablates_a_head() -> None:
         show(page, TEXT)
         page.click("#heads-run")
         wait_until(page, "document.querySelectorAll('#heads-table tbody tr').length === 4")
+        # the heads overview beside it: a layer x head grid of the chosen summary
+        assert page.eval_on_selector_all("#overview-table tr", "rows => rows.length") == 3
+        means = head_summaries(model, torch.tensor([tok.encode(TEXT)]))
+        cell = "document.querySelector('#overview-table td[data-cell=\"1.0\"]').textContent"
+        assert page.evaluate(cell) == f"{float(means['attn_entropy'][1, 0]):.2f}"
+        page.select_option("#overview-which", "attn_distance")
+        assert page.evaluate(cell) == f"{float(means['attn_distance'][1, 0]):.2f}"
         page.focus("#heads-table tbody tr[data-head='1.0']")
         page.keyboard.press("Enter")
         wait_until(page, "document.querySelector('#heads-which').textContent === '1.0'")

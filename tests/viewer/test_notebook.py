@@ -318,3 +318,33 @@ def test_pad_positions_are_labelled_as_padding() -> None:
     assert payload(show(light, row=0))["tokens"] == [f"#{j}" for j in range(T)]  # no pads
     # tokens= are the caller's own labels, kept as given
     assert payload(show(light, tokens=list("x" * T), row=1))["tokens"] == list("x" * T)
+
+
+def test_show_summary_is_a_self_contained_heads_overview() -> None:
+    """show(..., summary=True): a grid cell per layer and head of each summary, titled with
+    its value, and the extreme heads; from a model (no weights traced) or a trace of a
+    left-padded batch's row (its pads left out of the means)."""
+    from attnlab.interp.heads import SUMMARY_MEANS, head_summaries, summary_means
+
+    tok = CharTokenizer(sorted(set("abcdefghijklmnopqrstuvwxyz .")))
+    torch.manual_seed(0)
+    model = GPT(GPTConfig.from_name("nano", n_head=4, vocab_size=tok.vocab_size)).eval()
+    view = show(model, tok, "the cat sat on the mat", summary=True)
+    assert isinstance(view, View) and "heads overview of 22 tokens" in view.html
+    assert "<script" not in view.html and "http" not in view.html
+    means = head_summaries(model, torch.tensor([tok.encode("the cat sat on the mat")]))
+    for name, label in SUMMARY_MEANS.items():
+        assert label in view.html
+        value = float(means[name][1, 3])
+        assert f'title="layer 1, head 3: {value:.4g}"' in view.html, name
+    assert "most weight on the first token" in view.html
+
+    ids = torch.tensor([[0, 0, *tok.encode("a cat")], tok.encode("the mat")])  # (2, 7)
+    mask = torch.tensor([[0, 0, 1, 1, 1, 1, 1], [1] * 7])
+    trace = Trace(names=list(SUMMARY_MEANS)).run(model, ids, mask)
+    padded = show(trace, summary=True, row=0)
+    assert "means over the 5 query rows" in padded.html
+    entropy = float(summary_means(trace, [0, 1], row=0)["attn_entropy"][0, 2])
+    assert f'title="layer 0, head 2: {entropy:.4g}"' in padded.html
+    with pytest.raises(ValueError, match="holds no summaries"):
+        show(Trace(names="attn_weights").run(model, ids), summary=True)

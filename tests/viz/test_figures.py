@@ -328,3 +328,16 @@ def test_a_rows_keys_outside_its_window_and_pads_are_hatched() -> None:
         viz.plot_row(row, tokens, 7, may_attend=pad[1:])
     for f in (fig, plain, last):
         plt.close(f)
+
+
+def test_head_summaries_figure_has_a_panel_and_a_colorbar_per_summary() -> None:
+    from attnlab.viz import plot_head_summaries
+
+    means = {"attn_entropy": torch.rand(3, 4) * 2, "attn_sink": torch.rand(3, 4)}
+    fig = plot_head_summaries(means, {"attn_entropy": "entropy (nats)"}, layers=[2, 5, 7],
+                              heads=[0, 1, 2, 3])
+    panels = [ax for ax in fig.axes if ax.images]
+    assert [ax.get_title() for ax in panels] == ["entropy (nats)", "attn_sink"]
+    assert len(fig.axes) == 4  # two panels, two colorbars: each on its own scale
+    assert [t.get_text() for t in panels[0].get_yticklabels()] == ["2", "5", "7"]
+    assert panels[1].images[0].norm.vmax == 1.0  # a weight: on [0, 1]

@@ -60,6 +60,12 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
     parser.add_argument("--what", default=DEFAULT_WHAT, metavar="KINDS",
                         help=f"figures to draw, comma-separated (default: {DEFAULT_WHAT}); "
                         "see below")
+    parser.add_argument("--summary", action="store_true",
+                        help="instead of weights, the per-head summaries (entropy, weight on "
+                        "the first token, distance back, largest weight; no T x T, so long "
+                        "texts too): a layer x head grid per summary (summary.png, or "
+                        "summary.html with --format html), summary.json and a table of the "
+                        "most extreme heads")
     parser.add_argument("--query", type=int, default=None,
                         help="token index for --what row (default: -1, the last token), and "
                         "the token the html page opens pinned on (default: none; hover)")
@@ -127,6 +133,8 @@ def run(args: argparse.Namespace) -> int:
     tokens = tok.token_texts(ids)
     T = len(ids)
     query = _query(args.query, T)
+    if args.summary:
+        return _run_summary(args, model, tok, ids, layers, heads, str(ckpt.path))
 
     names = {"attn_weights"} | {n for k in kinds for n in WHAT[k][0]}
     if page:
@@ -160,6 +168,55 @@ def run(args: argparse.Namespace) -> int:
     print(f"traced   layers {_ranges(layers)}, heads {_ranges(heads)}: "
           f"{', '.join(sorted(names))} ({trace.size_text()})")
     _list_files(out, written, stale)
+    return 0
+
+
+def _run_summary(args: argparse.Namespace, model: Any, tok: Any, ids: list[int],
+                 layers: list[int], heads: list[int], checkpoint: str) -> int:
+    """`inspect --summary`: the chosen heads' summaries, means over the text's query rows,
+    as a grid figure (or page), summary.json and a printed table of the extreme heads."""
+    import torch
+
+    from ..interp.heads import SUMMARY_MEANS, extreme_heads, summary_means
+    from ..model.trace import Trace
+
+    formats, page = _formats(args.format)
+    trace = Trace(layers=layers, heads=heads, names=list(SUMMARY_MEANS)).run(
+        model, torch.tensor([ids], device=model.wte.weight.device))
+    means = {name: value.cpu() for name, value in summary_means(trace, layers).items()}
+    out = Path(args.out)
+    if out.exists() and not out.is_dir():
+        raise CLIError(f"--out {out} is a file; give a directory (it is created if missing)")
+    out.mkdir(parents=True, exist_ok=True)
+    title = f"per-head summaries of {args.text[:40]!r}" + ("…" if len(args.text) > 40 else "")
+    written: list[Path] = []
+    if formats:
+        from .. import viz
+
+        fig = viz.plot_head_summaries(means, SUMMARY_MEANS, title, layers=layers, heads=heads)
+        written += viz.save_figure(fig, out / "summary", formats)
+    if page:
+        from ..viewer.notebook import show
+
+        written.append(show(trace, tok, ids=ids, summary=True, title=title).save(
+            out / "summary.html"))
+    # the extreme heads, named by the model's layer and head indices
+    extremes = [(label, [(layers[la], heads[h], v) for la, h, v in top])
+                for label, top in extreme_heads(means)]
+    record = {"checkpoint": checkpoint, "text": args.text, "tokens": tok.token_texts(ids),
+              "layers": layers, "heads": heads,
+              "means": {name: value.tolist() for name, value in means.items()},
+              "extremes": [{"what": label, "heads": [[la, h, v] for la, h, v in top]}
+                           for label, top in extremes]}
+    (out / "summary.json").write_text(json.dumps(record))
+    written.append(out / "summary.json")
+    print(f"text     {count(len(ids), 'token')}")
+    print(f"traced   layers {_ranges(layers)}, heads {_ranges(heads)}: "
+          f"{', '.join(SUMMARY_MEANS)} ({trace.size_text()}, no T x T)")
+    print(f"heads    the most extreme (layer.head mean over the {count(len(ids), 'query row')})")
+    for label, top in extremes:
+        print(f"  {label:<36s}" + "  ".join(f"{f'{la}.{h}':>5s} {v:.3f}" for la, h, v in top))
+    _list_files(out, written, set())
     return 0
 
 

@@ -32,7 +32,15 @@ import torch
 from torch import Tensor
 
 from ..model.gpt import require_eval
-from ..model.trace import HEAD_NAMES, MODEL_NAMES, NAMES, WEIGHT_NAMES, Trace, position_dim
+from ..model.trace import (
+    HEAD_NAMES,
+    MODEL_NAMES,
+    NAMES,
+    SUMMARIES,
+    WEIGHT_NAMES,
+    Trace,
+    position_dim,
+)
 
 if TYPE_CHECKING:
     from ..model.config import GPTConfig
@@ -70,6 +78,9 @@ class Edit:
     def __post_init__(self) -> None:
         if self.name not in NAMES:
             raise ValueError(f"unknown edit name {self.name!r}; known names: {sorted(NAMES)}")
+        if self.name in SUMMARIES:
+            raise ValueError(f"{self.name!r} is a summary the model never reads, so editing it "
+                             "changes nothing; edit 'attn_weights' instead")
         if (self.layer is None) != (self.name in MODEL_NAMES):
             want = "layer=None" if self.name in MODEL_NAMES else "a layer index"
             raise ValueError(f"edit of {self.name!r} at layer {self.layer}: it needs {want}")

@@ -15,6 +15,10 @@ and a head's score is the share of its attention that lands on target cells,
 sum(A * P) / sum(A) over the (query, key) matrix of one sequence; a batch scores each row
 and averages (TransformerLens scores a list of sequences the same way). `exclude_bos` and
 `exclude_current_token` zero the first key column / the diagonal of A first, as there.
+A row left with no attention at all (sum(A) = 0: a 2-token row with both exclusions, or a
+left-padded row of one real token) has no share to score: it is left out of the mean, so it
+cannot pull the batch's score toward 0; a head none of whose rows has attention left scores
+NaN (TransformerLens's 0 / 0 for that row).
 
 Padded rows (left padding, or right padding as many Hugging Face tokenizers make it):
 patterns are built over each row's real tokens only, so a pad never counts as a target
@@ -24,13 +28,19 @@ The standard probe (`repeated_tokens`) is a random token sequence repeated twice
 an induction head scores near 1; a model trained on a task (`attnlab train`'s copy task) is
 better probed with the task's own examples (`task_probe`), the input it learned to copy in.
 
+`head_summaries` describes every head without a pattern to match: the means over a text's
+real query rows of the trace's per-head summaries (`model/summaries.py`: entropy, weight on
+the first token, distance back, largest weight), computed without a (T, T) matrix, so a
+long text costs what the forward does. Pad rows are left out of those means too.
+
 This module scores; which heads to ablate is the caller's (`edits.ablate`), drawing is
 `viz/heads.py`'s.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+import math
+from collections.abc import Iterable, Sequence
 from typing import Any
 
 import torch
@@ -41,6 +51,13 @@ from ..model.trace import Trace
 
 #: Detector names, in the order tables list them.
 DETECTORS = ("previous_token", "duplicate_token", "induction", "first_token")
+#: The summaries `head_summaries` averages over query rows, and what each mean says.
+SUMMARY_MEANS = {
+    "attn_entropy": "entropy (nats)",
+    "attn_sink": "weight on the first token",
+    "attn_distance": "distance back (tokens)",
+    "attn_max": "largest weight",
+}
 
 
 def repeated_tokens(
@@ -106,7 +123,8 @@ def head_scores(
     exclude_current_token: bool = False,
 ) -> Tensor:
     """attn_weights (B, nh, T, T) and pattern (B, T, T) -> (nh,) mean over rows of
-    sum(A * P) / sum(A) (TransformerLens's "mul" score)."""
+    sum(A * P) / sum(A) (TransformerLens's "mul" score), over the rows with sum(A) > 0 only
+    (after the exclusions); NaN for a head with no such row."""
     if attn_weights.dim() != 4 or attn_weights.shape[-1] != attn_weights.shape[-2]:
         raise ValueError(
             f"attn_weights must be (B, nh, T, T) from a run without a cache, got "
@@ -126,7 +144,9 @@ def head_scores(
         A = A * (1 - torch.eye(T, device=A.device))  # (B, nh, T, T)
     on_target = (A * pattern[:, None]).sum(dim=(-2, -1))  # (B, nh)
     total = A.sum(dim=(-2, -1))  # (B, nh)
-    return (on_target / total.clamp(min=torch.finfo(A.dtype).tiny)).mean(0)  # (nh,)
+    scored = total > 0  # (B, nh): rows with attention left to score
+    share = on_target / total.clamp(min=torch.finfo(A.dtype).tiny)  # (B, nh)
+    return (share * scored).sum(0) / scored.sum(0)  # (nh,): 0 / 0 = NaN where none is left
 
 
 @torch.no_grad()
@@ -169,8 +189,69 @@ def detect_heads(
 
 
 def rank_heads(scores: Tensor, descending: bool = True) -> list[tuple[int, int]]:
-    """(n_layer, nh) scores -> every (layer, head), best first (ties: lower layer, head)."""
+    """(n_layer, nh) scores -> every (layer, head), best first (ties: lower layer, head;
+    NaN scores, heads with nothing to score, last)."""
     flat = scores.flatten().tolist()
     nh = scores.shape[1]
-    order = sorted(range(len(flat)), key=lambda i: (-flat[i] if descending else flat[i], i))
+    order = sorted(range(len(flat)), key=lambda i: (
+        math.isnan(flat[i]), 0.0 if math.isnan(flat[i]) else -flat[i] if descending
+        else flat[i], i))
     return [(i // nh, i % nh) for i in order]
+
+
+def summary_means(trace: Trace, layers: Sequence[int], attention_mask: Tensor | None = None,
+                  row: int | None = None) -> dict[str, Tensor]:
+    """Per summary of `SUMMARY_MEANS` the trace holds for `layers`, a (len(layers), heads)
+    tensor: its mean over the batch's real query rows (attention_mask (B, S), default the
+    padding the trace's pass ran with; pad rows left out; NaN when no row is real), or over
+    batch row `row`'s alone."""
+    if attention_mask is None:
+        attention_mask = trace.attention_mask
+    batch = slice(None) if row is None else slice(row, row + 1)
+    if attention_mask is not None:
+        attention_mask = attention_mask[batch]
+    means = {}
+    for name in SUMMARY_MEANS:
+        if not all((layer, name) in trace for layer in layers):
+            continue
+        stack = torch.stack([trace.get(name, layer)[batch] for layer in layers]).float()
+        T = stack.shape[-1]  # (layers, B, heads, T)
+        real = (torch.ones(stack.shape[1], T, device=stack.device) if attention_mask is None
+                else attention_mask[:, -T:].to(stack.device).float())  # (B, T)
+        total = (stack * real[None, :, None, :]).sum(dim=(1, 3))  # (layers, heads)
+        means[name] = total / real.sum()  # (layers, heads)
+    return means
+
+
+@torch.no_grad()
+def head_summaries(model: Any, ids: Tensor, attention_mask: Tensor | None = None
+                   ) -> dict[str, Tensor]:
+    """Per summary of `SUMMARY_MEANS`, an (n_layer, nh) tensor of its mean over the real
+    query rows of `ids` (B, T): traced in tiles, never a (T, T) matrix (`summary_means`)."""
+    require_eval(model, "the head summaries")
+    trace = Trace(names=list(SUMMARY_MEANS)).run(model, ids, attention_mask)
+    return summary_means(trace, range(model.config.n_layer), attention_mask)
+
+
+#: The most extreme heads `extreme_heads` lists: (summary, largest first, what it says).
+EXTREMES = (
+    ("attn_sink", True, "most weight on the first token"),
+    ("attn_entropy", False, "lowest entropy (nats): most peaked"),
+    ("attn_distance", True, "longest distance back (tokens)"),
+    ("attn_distance", False, "shortest distance back (tokens)"),
+)
+
+
+def extreme_heads(means: dict[str, Tensor], k: int = 3
+                  ) -> list[tuple[str, list[tuple[int, int, float]]]]:
+    """Per row of `EXTREMES` whose summary `means` holds ((n_layer, nh) each): its
+    description and the top k (layer index, head index, mean), NaN heads never listed."""
+    rows = []
+    for name, largest, label in EXTREMES:
+        if name not in means:
+            continue
+        values = means[name]
+        ranked = [(la, h) for la, h in rank_heads(values, descending=largest)
+                  if not math.isnan(float(values[la, h]))]
+        rows.append((label, [(la, h, float(values[la, h])) for la, h in ranked[:k]]))
+    return rows

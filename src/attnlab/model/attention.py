@@ -1,10 +1,11 @@
 """Causal attention, done exactly: "may attend" masks, `attend()`, `CausalSelfAttention`.
 
-This module owns all attention math in attnlab. Every other module calls it; none
-re-implements a softmax over scores. It leaves caching policy to `kv_cache.py`
-(it only calls `cache.update(pos, k, v)`) and storage or editing of intermediates to
-`trace.py` and `interp/edits.py` (it only calls `tensor = trace.record(name, tensor)` and
-continues with what comes back).
+This module owns all attention math in attnlab, with `traced_attention.py`, which runs the
+explicit path under a trace in blocks of queries (and streams per-head summaries,
+`summaries.py`). Every other module calls them; none re-implements a softmax over scores.
+It leaves caching policy to `kv_cache.py` (it only calls `cache.update(pos, k, v)`) and
+storage or editing of intermediates to `trace.py` and `interp/edits.py` (it only calls
+`tensor = trace.record(name, tensor)` and continues with what comes back).
 
 Shape vocabulary, used in every shape comment in attnlab:
     B   batch size
@@ -31,20 +32,24 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from .layers import Linear, RMSNorm, apply_rotary
-from .runtime import kept_empty, kept_out
+from .traced_attention import traced_attend
 
 
 class LayerTrace(Protocol):
     """What attention needs from a trace or an edit: a named seam for intermediate tensors.
 
     `record` returns the value to continue with: a trace returns it unchanged, an edit a
-    replacement. `needs_weights`: True when the sink reads or edits scores or weights,
-    which only the explicit path computes; otherwise the fused path runs. `wants(name)`:
-    whether the sink keeps or edits `name`; the (B, nh, T, S) raw and masked scores are
-    computed only when it wants them.
+    replacement. `needs_weights`: True when the sink reads or edits scores or weights or
+    reads their summaries, which only the explicit path computes; otherwise the fused path
+    runs. `wants(name)`: whether the sink keeps or edits `name`; the (B, nh, T, S) raw and
+    masked scores are computed only when it wants them, the weights whole only when it
+    wants them (a sink of summaries alone gets them streamed). `heads`: the query heads whose
+    weights and summaries the sink keeps (None: all, or an edit reads every head's); the
+    values of those names may then come with only these heads, in this order, on dim 1.
     """
 
     needs_weights: bool
+    heads: list[int] | None
 
     def wants(self, name: str) -> bool: ...
 
@@ -105,13 +110,18 @@ class Mask:
                   path can use SDPA's `is_causal=True` kernel instead of a mask tensor.
     empty_rows:   (B, 1, T, 1) bool, True for queries with no key to attend to (left-pad
                   positions), or None when there are none possible. Their output is zero.
-    spans:        the traced path's key spans per block of queries (`_key_spans`), worked
-                  out by the first layer that needs them and read by the others.
+    padding:      (B, S) bool, True for real tokens (the attention mask), or None without
+                  one: which key is a row's first real one and which queries are pads, for
+                  the summaries (`summaries.py`).
+    spans:        the traced path's key spans per block of queries
+                  (`traced_attention.key_spans`), worked out by the first layer that needs
+                  them and read by the others.
     """
 
     may_attend: Tensor | None
     square_causal: bool = False
     empty_rows: Tensor | None = None
+    padding: Tensor | None = None
     spans: dict[tuple[int, int, int], list[tuple[int, int, int]]] = field(
         default_factory=dict, init=False, repr=False, compare=False)
 
@@ -150,7 +160,8 @@ def build_mask(
         return Mask(may_attend, square_causal=causal and q_len == k_len and not windowed)
     pad = padding_mask(attention_mask.to(device) if device is not None else attention_mask)
     may_attend = pad if may_attend is None else may_attend & pad  # (B, 1, T, S)
-    return Mask(may_attend, empty_rows=~may_attend.any(dim=-1, keepdim=True))  # (B, 1, T, 1)
+    return Mask(may_attend, empty_rows=~may_attend.any(dim=-1, keepdim=True),  # (B, 1, T, 1)
+                padding=pad[:, 0, 0])  # (B, S)
 
 
 # ----------------------------------------------------------------------------- attend
@@ -210,18 +221,15 @@ def attend(
         may_attend = may_attend | empty  # (B, 1, T, S)
 
     if fused and (trace is None or not trace.needs_weights):
-        if mask.square_causal:
-            context = F.scaled_dot_product_attention(
-                q, k, v, dropout_p=dropout_p, is_causal=True, scale=scale
-            )  # (B, nh, T, hs)
-        else:
-            context = F.scaled_dot_product_attention(
-                q, k, v, attn_mask=may_attend, dropout_p=dropout_p, scale=scale
-            )  # (B, nh, T, hs)
-        return context if empty is None else context.masked_fill(empty, 0.0)
-
+        return _fused(q, k, v, mask, may_attend, scale, dropout_p)
     if trace is not None:
-        return _traced_attend(q, k, v, mask, may_attend, scale, dropout_p, trace)
+        heads = _heads_alone(trace, q.shape[1], dropout_p)
+        if heads is None:
+            return traced_attend(q, k, v, mask, may_attend, scale, dropout_p, trace)
+        # the kept heads' weights and summaries on the traced path, every head's context on
+        # the fused one: no (B, nh, T, S) tensor for heads nobody keeps
+        traced_attend(q[:, heads], k[:, heads], v[:, heads], mask, may_attend, scale, 0.0, trace)
+        return _fused(q, k, v, mask, may_attend, scale, dropout_p)
     attn_scores = q @ k.transpose(-2, -1)  # (B, nh, T, hs) @ (B, nh, hs, S) -> (B, nh, T, S)
     # Nothing else reads the raw scores, so scale them in place: every (B, nh, T, S) tensor
     # not allocated is 8 MB of fresh pages at B=8, nh=4, T=S=256.
@@ -240,104 +248,33 @@ def attend(
     return attn_weights @ v  # (B, nh, T, S) @ (B, nh, S, hs) -> (B, nh, T, hs)
 
 
-#: Query rows per block of the traced path: a block's (B, nh, rows, S) scores stay in cache
-#: (at GPT-2 small's nh = 12, S = 1024: 6 MiB), where one (B, nh, T, S) temporary per step
-#: went through fresh pages of memory.
-BLOCK_ROWS = 128
-
-
-def _key_spans(may_attend: Tensor | None, T: int, S: int,
-               rows: int) -> list[tuple[int, int, int]]:
-    """For each block of `rows` queries: the keys [start, end) any of them may attend (all
-    others get weight exactly 0; a causal block reads keys up to its last query only), and
-    the first key of that span one of them may not attend (end if none): masking starts
-    there (a causal block's last `rows` keys)."""
-    starts = range(0, T, rows)
-    if may_attend is None:
-        return [(0, S, S) for _ in starts]
-    seen = may_attend.any(dim=1).any(dim=0)  # (B or 1, 1, T, S) -> (T, S)
-    hidden = ~may_attend.all(dim=1).all(dim=0)  # (T, S) some row's query may not see the key
-    spans = []
-    for i0 in starts:
-        cols = seen[i0:i0 + rows].any(dim=0).nonzero()  # (n, 1) keys some query here may see
-        k0, k1 = (int(cols[0]), int(cols[-1]) + 1) if len(cols) else (0, S)
-        masked = hidden[i0:i0 + rows, k0:k1].any(dim=0).nonzero()  # (m, 1)
-        spans.append((k0, k1, k0 + int(masked[0]) if len(masked) else k1))
-    return spans
-
-
-def _traced_attend(
-    q: Tensor,
-    k: Tensor,
-    v: Tensor,
-    mask: Mask,
-    may_attend: Tensor | None,
-    scale: float,
-    dropout_p: float,
-    trace: LayerTrace,
-) -> Tensor:
-    """`attend`'s explicit path with a trace: the same math, blocked over queries.
-
-    The weights are computed `BLOCK_ROWS` queries at a time, over the keys those queries may
-    attend (a causal block skips the keys after its last query), straight into the one
-    (B, nh, T, S) tensor the trace keeps; the context reads them block by block too. The raw
-    and masked scores are computed whole, and only when the trace wants them. Whatever
-    `trace.record` returns is what the computation goes on with.
-    """
-    B, nh, T, _ = q.shape
-    S = k.shape[2]
+def _fused(q: Tensor, k: Tensor, v: Tensor, mask: Mask, may_attend: Tensor | None,
+           scale: float, dropout_p: float) -> Tensor:
+    """`attend`'s fused path: q (B, nh, T, hs), k/v (B, nh, S, hs) -> (B, nh, T, hs)."""
+    if mask.square_causal:
+        context = F.scaled_dot_product_attention(
+            q, k, v, dropout_p=dropout_p, is_causal=True, scale=scale
+        )  # (B, nh, T, hs)
+    else:
+        context = F.scaled_dot_product_attention(
+            q, k, v, attn_mask=may_attend, dropout_p=dropout_p, scale=scale
+        )  # (B, nh, T, hs)
     empty = mask.empty_rows
-    # blocks of q and k^T are read many times: lay them out for the matmuls once
-    q = q.contiguous()  # (B, nh, T, hs)
-    key_t = k.contiguous().transpose(-2, -1)  # (B, nh, hs, S)
-    scores: Tensor | None = None  # (B, nh, T, S) masked raw scores, when the trace wants them
-    spans = mask.spans.get((T, S, BLOCK_ROWS))  # the same for every layer the mask serves
-    if spans is None:
-        spans = mask.spans[T, S, BLOCK_ROWS] = _key_spans(may_attend, T, S, BLOCK_ROWS)
-    if trace.wants("attn_scores") or trace.wants("masked_scores"):
-        # kept tensors of many MiB: in reused buffers where autograd allows out=
-        shape = (B, nh, T, S)
-        attn_scores = trace.record("attn_scores", torch.matmul(
-            q, key_t, out=kept_out(shape, q, k)))  # (B, nh, T, S)
-        scores = attn_scores
-        if mask.may_attend is not None:
-            scores = torch.where(mask.may_attend, attn_scores, q.new_tensor(float("-inf")),
-                                 out=kept_out(shape, q, k))  # (B, nh, T, S)
-        made = scores
-        scores = trace.record("masked_scores", scores)
-        if scores is not made:  # edited: its -inf cells, not the mask's, say what is masked
-            spans, may_attend = _key_spans(None, T, S, BLOCK_ROWS), None
+    return context if empty is None else context.masked_fill(empty, 0.0)
 
-    attn_weights = kept_empty((B, nh, T, S), q)  # (B, nh, T, S)
-    for i0, (k0, k1, m0) in zip(range(0, T, BLOCK_ROWS), spans, strict=True):
-        i1 = min(i0 + BLOCK_ROWS, T)
-        if scores is None:
-            block = q[:, :, i0:i1] @ key_t[..., k0:k1]  # (B, nh, rows, hs) @ (B, nh, hs, keys)
-            block.mul_(scale)  # (B, nh, rows, keys)
-        else:
-            block = scores[:, :, i0:i1, k0:k1] * scale  # (B, nh, rows, keys)
-        if empty is not None:
-            # a row with no key to attend to: finite everywhere, zeroed below
-            block.masked_fill_(empty[:, :, i0:i1], 0.0)
-        if may_attend is not None and scores is None and m0 < k1:  # masked scores: -inf
-            block[..., m0 - k0:].masked_fill_(~may_attend[:, :, i0:i1, m0:k1], float("-inf"))
-        rows = attn_weights[:, :, i0:i1]  # (B, nh, rows, S)
-        rows[..., k0:k1] = torch.softmax(block, dim=-1)
-        rows[..., :k0].zero_()
-        rows[..., k1:].zero_()
-        if empty is not None:
-            rows.masked_fill_(empty[:, :, i0:i1], 0.0)
-    made = attn_weights
-    attn_weights = trace.record("attn_weights", attn_weights)
-    if dropout_p > 0.0:
-        attn_weights = F.dropout(attn_weights, p=dropout_p, training=True)  # (B, nh, T, S)
-        attn_weights = trace.record("attn_weights_dropped", attn_weights)
-    if attn_weights is not made:  # dropped or edited: every key may carry weight
-        return attn_weights @ v  # (B, nh, T, S) @ (B, nh, S, hs) -> (B, nh, T, hs)
-    return torch.cat([
-        attn_weights[:, :, i0:i0 + BLOCK_ROWS, k0:k1] @ v[:, :, k0:k1]  # (B, nh, rows, hs)
-        for i0, (k0, k1, _) in zip(range(0, T, BLOCK_ROWS), spans, strict=True)
-    ], dim=2)  # (B, nh, T, hs)
+
+def _heads_alone(trace: LayerTrace, n_head: int, dropout_p: float) -> list[int] | None:
+    """The query heads whose weights and summaries alone the trace needs (`trace.heads`, a
+    subset of the n_head), or None when the traced path must run for every head: no head
+    filter, raw or masked scores wanted (they are computed whole), or dropout."""
+    heads = trace.heads
+    if heads is None or len(heads) >= n_head or dropout_p > 0.0:
+        return None
+    if not all(0 <= h < n_head for h in heads):  # the full path names the bad heads
+        return None
+    if trace.wants("attn_scores") or trace.wants("masked_scores"):
+        return None
+    return list(heads)
 
 
 # ----------------------------------------------------------------------------- module

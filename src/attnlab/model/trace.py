@@ -6,7 +6,8 @@ a trace keeps a copy and returns `x` unchanged; edits (`interp/edits.py`, passed
 `GPT.forward(..., edits=...)`) may return a replacement, which the model continues with.
 `Seam` joins both for one forward pass: edits apply first, so a trace sees what the model
 used. Attention runs its explicit (reference) path only where a sink needs raw scores,
-masked scores or weights (`needs_weights`); everything else keeps the fused path, and
+masked scores, weights or their per-head summaries (`needs_weights`; the summaries alone
+are streamed in tiles, `summaries.py`); everything else keeps the fused path, and
 layers no sink touches run as if there were none. `Trace.run` ends the forward pass once the
 trace holds all it will keep (the seam raises after the last value). This module owns the
 names, what is captured and how it is filtered, and which cells a traced pass masked
@@ -25,6 +26,7 @@ import torch
 from torch import Tensor
 
 from .attention import causal_mask
+from .summaries import SUMMARY_NAMES
 
 if TYPE_CHECKING:
     from .config import GPTConfig
@@ -50,6 +52,11 @@ NAMES: dict[str, str] = {
     "masked_scores": "(B, nh, T, S) raw scores with -inf where a query may not attend",
     "attn_weights": "(B, nh, T, S) softmax(masked_scores * scale); masked cells exactly 0",
     "attn_weights_dropped": "(B, nh, T, S) attention weights after dropout (training only)",
+    "attn_entropy": "(B, nh, T) -sum_j w log w over keys with w > 0, nats (summaries.py)",
+    "attn_sink": "(B, nh, T) each query's weight on its row's first real key",
+    "attn_received": "(B, nh, S) each key's weight summed over the query rows",
+    "attn_distance": "(B, nh, T) sum_j w_ij (i - j), i the query's key index (cache included)",
+    "attn_max": "(B, nh, T) each query's largest weight",
     "context": "(B, nh, T, hs) weighted values: attn_weights @ v, one slice per head",
     "attn_out": "(B, T, C) heads concatenated and projected (absent without out_proj)",
     "mlp_out": "(B, T, C) the MLP's output, before it joins the residual (absent without mlp)",
@@ -60,10 +67,17 @@ MODEL_NAMES = ("tok_emb", "pos_emb", "emb", "logits")
 #: Names whose dimension 1 is a head dimension (sliced by the `heads` filter).
 HEAD_NAMES = frozenset(
     {"q_pre_rope", "k_pre_rope", "q", "k", "v", "attn_scores", "masked_scores",
-     "attn_weights", "attn_weights_dropped", "context"}
+     "attn_weights", "attn_weights_dropped", "context", *SUMMARY_NAMES}
 )
-#: Names only attention's explicit path computes: a sink that reads or edits one needs it.
+#: The (B, nh, T, S) names only attention's explicit path computes: a sink that reads or edits
+#: one needs it.
 WEIGHT_NAMES = frozenset({"attn_scores", "masked_scores", "attn_weights", "attn_weights_dropped"})
+#: Per-head summaries of the weights, streamed in tiles without a (B, nh, T, S) tensor
+#: (`summaries.py`): the explicit path computes them too; they can be read, not edited.
+SUMMARIES = frozenset(SUMMARY_NAMES)
+#: Per-head names of the weights (query heads only), which attention makes for the kept
+#: heads alone when a trace keeps some heads (`attention.LayerTrace.heads`).
+_QUERY_HEAD_NAMES = WEIGHT_NAMES | SUMMARIES
 #: Names whose values may be views into a KV cache: a trace always copies them.
 _CACHE_NAMES = frozenset({"k", "v"})
 _ORDER = {name: i for i, name in enumerate(NAMES)}
@@ -99,9 +113,10 @@ class _LayerView:
         self, trace: Trace | None, edits: EditSource | None, layer: int | None, length: int
     ) -> None:
         self.trace, self.edits, self.layer, self.length = trace, edits, layer, length
-        self.needs_weights = (trace is not None and trace.needs_weights) or (
-            edits is not None and edits.needs_weights(layer)
-        )
+        edits_weights = edits is not None and edits.needs_weights(layer)
+        self.needs_weights = (trace is not None and trace.needs_weights) or edits_weights
+        # an edit of scores or weights needs every head's; else only the trace's heads count
+        self.heads = None if trace is None or edits_weights else trace.heads
 
     def wants(self, name: str) -> bool:
         """True when the trace keeps `name` or an edit may change it (attention computes the
@@ -169,6 +184,8 @@ class Trace:
             untraced.
         heads: head indices kept for per-head tensors (None: all; one int: that head), in
             ascending order: Trace(heads=[3, 1]) keeps head 1 at index 0 of dimension 1.
+            The weights and summaries of the other heads are not computed unless an edit or
+            the raw scores need them (their context comes from the fused path).
         names: names to keep (None: all of `NAMES`; one string: that name).
         dtype: floating dtype to store floating values in (None: as computed). float16
             halves a float32 trace; it rounds attention weights (in [0, 1]) by at most
@@ -200,7 +217,7 @@ class Trace:
         self.names = names
         # scores and weights exist only on attention's explicit path: run it when they are
         # wanted, and keep the fused path for a trace of, say, the residual stream
-        self.needs_weights = names is None or bool(names & WEIGHT_NAMES)
+        self.needs_weights = names is None or bool(names & (WEIGHT_NAMES | SUMMARIES))
         self.values: dict[tuple[int | None, str], Tensor] = {}
         # (layer or -1, index in NAMES) of the last value kept: set only while `run` runs
         self.last_place: tuple[int, int] | None = None
@@ -317,9 +334,12 @@ class Trace:
             bad = [h for h in self.heads if not 0 <= h < nh]
             if bad:
                 raise ValueError(f"trace heads {bad} out of range for {nh} heads in {name!r}")
-            # grouped-query k/v: keep the key/value heads the chosen query heads read
-            keep = self.heads if n == nh else sorted({h // (nh // n) for h in self.heads})
-            kept, copy = kept[:, keep], False  # indexing copies
+            # attention may have made the kept heads alone (`LayerTrace.heads`)
+            made_alone = name in _QUERY_HEAD_NAMES and n == len(self.heads) < nh
+            if not made_alone:
+                # grouped-query k/v: keep the key/value heads the chosen query heads read
+                keep = self.heads if n == nh else sorted({h // (nh // n) for h in self.heads})
+                kept, copy = kept[:, keep], False  # indexing copies
         if self.dtype is not None and kept.is_floating_point() and kept.dtype != self.dtype:
             kept, copy = kept.to(self.dtype), False
         self.values[(layer, name)] = kept.clone() if copy else kept

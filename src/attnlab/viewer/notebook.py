@@ -10,7 +10,8 @@ Each view gets a unique element id and the page gets one global, `window.attnlab
 Views (tabs): head view (one layer; one head or all; hover or click a token to see what it
 attends to), model view (every layer x head, click to open), steps (one head's raw scores
 -> masked -> softmax), text (tokens coloured by a query's attention). Masked cells are
-drawn and labelled as masked, never as weight 0.
+drawn and labelled as masked, never as weight 0. `show(..., summary=True)` gives the heads
+overview instead (`summary_view.py`): per-head summaries, no weights, any text length.
 
 Size: weights go as one byte per cell (the weight as a fraction of its row's largest, so
 the error is at most 1/508 of that row's largest weight), lower triangle only, zlib
@@ -43,6 +44,7 @@ from ..model.attention import causal_mask
 from ..model.gpt import require_eval
 from ..model.trace import Trace, padding_of_row
 from ..tokenizers import check_fits
+from .summary_view import summary_page
 
 WEB_DIR = Path(__file__).parent / "web"
 MAX_CELLS = 1 << 23  # weights embedded at full resolution: about 8 MB before compression
@@ -396,6 +398,7 @@ def show(
     scale: float | None = None,
     max_cells: int = MAX_CELLS,
     title: str | None = None,
+    summary: bool = False,
 ) -> View:
     """An attention view of a `Trace`, or of a model run on `text` (or `ids`).
 
@@ -417,8 +420,14 @@ def show(
         padded batch's ids (it runs the row with it), or for a trace (default: the padding
         its model ran with); pad positions are masked and labelled PAD_LABEL.
         scale: the softmax scale, written in the steps view.
+    summary: the heads overview instead (`summary_view.py`): a layer x head grid per
+        per-head summary (entropy, weight on the first token, distance back, largest
+        weight; means over the row's real queries) and the most extreme heads, from a trace
+        holding the summaries, or a model run on the text without any (T, T) weights.
     """
     ids = _ids_to_show(source, tokenizer, text, ids, row, view)
+    if summary:
+        return View(*summary_page(source, ids, row, attention_mask, title))
     info = ""
     if isinstance(source, Trace):
         trace = source

@@ -1,7 +1,8 @@
 """What the attention viewer's API answers with, as plain data: one text's attention
 weights per layer and head, a generation's token ids one at a time and the server-sent events
-that carry them, head detector scores with a prediction under ablation, the logit lens, and
-sample texts that fit a model's tokenizer and context (what the page starts from).
+that carry them, head detector scores and the heads overview (per-head summaries) with a
+prediction under ablation, the logit lens, and sample texts that fit a model's tokenizer and
+context (what the page starts from).
 
 Nothing here knows about routes: validation, limits and locking are `state.py`'s and the
 routes' (`routes/`); the model math is `model/gpt.py`'s, sampling `generate.py`'s, the
@@ -21,7 +22,7 @@ from torch import Tensor
 
 from ..generate import stream as generate_stream
 from ..interp.edits import ablate
-from ..interp.heads import detect_heads, rank_heads
+from ..interp.heads import SUMMARY_MEANS, detect_heads, head_summaries, rank_heads
 from ..interp.lens import lens_table, top_tokens
 from ..model.gpt import GPT
 from ..model.trace import Trace
@@ -184,10 +185,13 @@ async def stream_events(
 
 def heads_payload(model: Any, tokenizer: Any, ids: list[int], ablated: list[tuple[int, int]],
                   k: int = 5) -> dict[str, Any]:
-    """Detector scores on `ids` and the next-token top-k intact and with `ablated` heads."""
+    """Detector scores on `ids`, the heads overview (each per-head summary's mean over the
+    query rows, `head_summaries`, with its label) and the next-token top-k intact and with
+    `ablated` heads."""
     idx = torch.tensor([ids], device=model.wte.weight.device)  # (1, T)
     with torch.no_grad():
         scores = detect_heads(model, idx)
+        means = head_summaries(model, idx)
         intact = model(idx, last_logits_only=True).logits[0, -1]  # (V,)
         edited = model(idx, edits=ablate(ablated), last_logits_only=True).logits[0, -1]  # (V,)
 
@@ -200,6 +204,9 @@ def heads_payload(model: Any, tokenizer: Any, ids: list[int], ablated: list[tupl
         "scores": {kind: [[round(float(x), 4) for x in row] for row in s.tolist()]
                    for kind, s in scores.items()},
         "induction_ranking": [[la, h] for la, h in rank_heads(scores["induction"])],
+        "summaries": {name: [[round(float(x), 4) for x in row] for row in m.tolist()]
+                      for name, m in means.items()},
+        "summary_labels": dict(SUMMARY_MEANS),
         "ablated": [[la, h] for la, h in ablated],
         "prediction": {"intact": top(intact), "ablated": top(edited)},
     }

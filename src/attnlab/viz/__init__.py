@@ -1,10 +1,10 @@
 """Figures of attention and of interventions, from plain tensors.
 
 `figures.py` draws attention (heatmaps with token labels, layer x head grids, one query's
-row, the loss curve), `heads.py` draws interventions (detector scores, patching effects,
-the logit lens), `core.py` holds what they share (the lazy matplotlib import, tick labels,
-`heatmap`, colorbars) and `save.py` writes a figure as PNG / SVG / PDF. Nothing here knows
-the model: the callers index a `Trace` and pass tensors.
+row, the loss curve), `heads.py` draws interventions (detector scores, per-head summaries,
+patching effects, the logit lens), `core.py` holds what they share (the lazy matplotlib
+import, tick labels, `heatmap`, colorbars) and `save.py` writes a figure as PNG / SVG / PDF.
+Nothing here knows the model: the callers index a `Trace` and pass tensors.
 """
 
 from .core import heatmap, to_list, token_label
@@ -20,7 +20,7 @@ from .figures import (
     plot_row,
     weight_vmax,
 )
-from .heads import plot_head_scores, plot_lens, plot_patching
+from .heads import plot_head_scores, plot_head_summaries, plot_lens, plot_patching
 from .save import save_figure
 
 __all__ = [
@@ -30,6 +30,7 @@ __all__ = [
     "plot_embeddings",
     "plot_grid",
     "plot_head_scores",
+    "plot_head_summaries",
     "plot_lens",
     "plot_loss",
     "plot_matrices",

@@ -1,5 +1,6 @@
-"""Figures of interventions: detector scores and patching effects per layer and head, the
-residual stream's patching effects per position, and the logit lens's top tokens.
+"""Figures of interventions: detector scores, per-head attention summaries and patching effects
+per layer and head, the residual stream's patching effects per position, and the logit
+lens's top tokens.
 
 `figures.py` draws attention and `core.py` / `save.py` own the shared pieces (`heatmap`,
 the lazy matplotlib import, `save_figure`); this module draws what `interp`'s `heads.py`,
@@ -20,9 +21,14 @@ if TYPE_CHECKING:
     from matplotlib.figure import Figure
 
 
-def _layer_head_axes(ax: object, n_layer: int, n_head: int) -> None:
-    ax.set_xticks(range(n_head), [str(h) for h in range(n_head)])  # type: ignore[attr-defined]
-    ax.set_yticks(range(n_layer), [str(la) for la in range(n_layer)])  # type: ignore[attr-defined]
+def _layer_head_axes(ax: object, n_layer: int, n_head: int, layers: Sequence[int] | None = None,
+                     heads: Sequence[int] | None = None) -> None:
+    """Label rows as layers and columns as heads (`layers`, `heads`: their indices in the
+    model, default 0..n-1)."""
+    heads = range(n_head) if heads is None else heads
+    layers = range(n_layer) if layers is None else layers
+    ax.set_xticks(range(n_head), [str(h) for h in heads])  # type: ignore[attr-defined]
+    ax.set_yticks(range(n_layer), [str(la) for la in layers])  # type: ignore[attr-defined]
     ax.set_xlabel("head")  # type: ignore[attr-defined]
     ax.set_ylabel("layer")  # type: ignore[attr-defined]
 
@@ -41,6 +47,32 @@ def plot_head_scores(scores: dict[str, Tensor], title: str = "head detector scor
         _layer_head_axes(ax, L, H)
         ax.set_title(kind.replace("_", " "), fontsize=10)
     colorbar(fig, image, axes, label="share of attention on target cells", shrink=0.8)
+    fig.suptitle(title, fontsize=11)
+    return fig
+
+
+def plot_head_summaries(means: dict[str, Tensor], labels: dict[str, str] | None = None,
+                        title: str = "per-head attention summaries", *,
+                        layers: Sequence[int] | None = None,
+                        heads: Sequence[int] | None = None) -> Figure:
+    """One layer x head heatmap per summary ((n_layer, nh) means, `interp.heads.head_summaries`),
+    each on its own scale and colorbar (entropy in nats and distance in tokens are not
+    shares); labels: each panel's title (default: the summary's name); layers, heads: the
+    model's indices of the rows and columns (default 0..n-1)."""
+    plt = pyplot()
+    n = len(means)
+    L, H = next(iter(means.values())).shape
+    panel = min(3.6, max(2.0, 0.45 * H + 1.4))
+    fig, axes = plt.subplots(1, n, figsize=(panel * n + 0.5, 0.45 * L + 1.8), dpi=100,
+                             squeeze=False, layout="constrained")
+    for ax, (name, values) in zip(axes[0], means.items(), strict=True):
+        share = name in ("attn_sink", "attn_max")  # weights: in [0, 1]
+        image = heatmap(ax, values, cmap="viridis", vmin=0.0,
+                        vmax=1.0 if share else None, annotate=L * H <= 8 * 8)
+        _layer_head_axes(ax, L, H, layers, heads)
+        label = (labels or {}).get(name, name)
+        ax.set_title(label, fontsize=10)
+        colorbar(fig, image, ax, shrink=0.8)
     fig.suptitle(title, fontsize=11)
     return fig
 

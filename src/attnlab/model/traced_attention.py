@@ -1,0 +1,253 @@
+"""`attend`'s explicit path under a trace: scores, weights and summaries, in blocks of queries.
+
+`attention.py` owns the attention math and calls `traced_attend` when a trace or an edit
+reads scores, weights or summaries; this module owns how that work is split. Each block of
+query rows gets its scores over the keys those queries may attend, scaled and masked as the
+reference path does, its softmax, and then either a place in the one (B, nh, T, S) weights
+tensor a trace keeps or, when only summaries are wanted, its reductions
+(`summaries.Summaries`) and its share of the context, after which it is discarded: a trace
+of summaries alone never holds a (B, nh, T, S) tensor. What a summary means is
+`summaries.py`'s; storing what comes out is `trace.py`'s.
+
+Blocks by device: a CPU runs `BLOCK_ROWS` queries at a time (a block's scores stay in its
+cache); a device in `ONE_BLOCK` (CUDA) runs all queries as one block, a few large kernels
+per layer, since many small matrix products leave a GPU waiting on kernel launches
+(issue 33's profile: 184 small bmm's per GPT-2 small trace). Streamed summaries go in tiles
+of `summaries.TILE_BYTES` on every device. The choice changes speed, never a result: tests
+run each split on the CPU and compare the weights.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from .runtime import kept_empty, kept_out
+from .summaries import SUMMARY_NAMES, Summaries, accumulation_dtype, tile_elements
+
+if TYPE_CHECKING:
+    from .attention import LayerTrace, Mask
+
+#: Query rows per block of a traced CPU pass: a block's (B, nh, rows, S) scores stay in cache
+#: (at GPT-2 small's nh = 12, S = 1024: 6 MiB), where one (B, nh, T, S) temporary per step
+#: went through fresh pages of memory.
+BLOCK_ROWS = 128
+#: Device types whose traced pass computes all query rows as one block (few large kernels).
+ONE_BLOCK = {"cuda"}
+
+Span = tuple[int, int, int]
+
+
+def key_spans(may_attend: Tensor | None, T: int, S: int, rows: int) -> list[Span]:
+    """For each block of `rows` queries: the keys [start, end) any of them may attend (all
+    others get weight exactly 0; a causal block reads keys up to its last query only), and
+    the first key of that span one of them may not attend (end if none): masking starts
+    there (a causal block's last `rows` keys)."""
+    starts = range(0, T, rows)
+    if may_attend is None:
+        return [(0, S, S) for _ in starts]
+    seen = may_attend.any(dim=1).any(dim=0)  # (B or 1, 1, T, S) -> (T, S)
+    hidden = ~may_attend.all(dim=1).all(dim=0)  # (T, S) some row's query may not see the key
+    spans = []
+    for i0 in starts:
+        cols = seen[i0:i0 + rows].any(dim=0).nonzero()  # (n, 1) keys some query here may see
+        k0, k1 = (int(cols[0]), int(cols[-1]) + 1) if len(cols) else (0, S)
+        masked = hidden[i0:i0 + rows, k0:k1].any(dim=0).nonzero()  # (m, 1)
+        spans.append((k0, k1, k0 + int(masked[0]) if len(masked) else k1))
+    return spans
+
+
+def block_rows(q: Tensor) -> int:
+    """Query rows per block of the weights for q (B, nh, T, hs): `BLOCK_ROWS` on a CPU,
+    every row on a device in `ONE_BLOCK`."""
+    T = q.shape[2]
+    return T if q.device.type in ONE_BLOCK else min(T, BLOCK_ROWS)
+
+
+def stream_tile(q: Tensor, S: int) -> tuple[int, int]:
+    """(rows, heads) of one streamed tile for q (B, nh, T, hs) over S keys: every head and as
+    many rows as `summaries.TILE_BYTES` holds, but no fewer than `BLOCK_ROWS` while heads
+    can be split off instead (a matrix product of fewer rows runs far below the BLAS's
+    speed, docs/performance.md#summary-tiles)."""
+    B, nh, T, _ = q.shape
+    budget, per_row = tile_elements(q.device), B * S
+    least = min(T, BLOCK_ROWS)
+    rows = budget // (per_row * nh)
+    if rows >= least:
+        return min(T, rows), nh
+    if per_row * least <= budget:
+        return least, min(nh, budget // (per_row * least))
+    return max(1, budget // per_row), 1
+
+
+def _spans(mask: Mask, may_attend: Tensor | None, T: int, S: int, rows: int) -> list[Span]:
+    """`key_spans`, worked out once per mask (every layer it serves shares them)."""
+    spans = mask.spans.get((T, S, rows))
+    if spans is None:
+        spans = mask.spans[T, S, rows] = key_spans(may_attend, T, S, rows)
+    return spans
+
+
+def _block_weights(q: Tensor, key_t: Tensor, scores: Tensor | None, mask: Mask,
+                   may_attend: Tensor | None, scale: float, i0: int, i1: int, span: Span,
+                   dtype: torch.dtype | None = None, hidden: Tensor | None = None) -> Tensor:
+    """Weights (B, heads, i1 - i0, k1 - k0) of queries i0..i1 over the span's keys, from q
+    (B, heads, T, hs) and key_t (B, heads, hs, S), or from the raw `scores` when given;
+    softmax in `dtype` (None: q's). hidden: ~may_attend over the block's masked keys, when
+    the caller made it already. Rows with nothing to attend to come out 0."""
+    k0, k1, m0 = span
+    empty = mask.empty_rows
+    if scores is None:
+        block = q[:, :, i0:i1] @ key_t[..., k0:k1]  # (B, heads, rows, hs) @ (B, heads, hs, keys)
+        if scale != 1.0:
+            block.mul_(scale)  # (B, heads, rows, keys)
+    else:
+        block = scores[:, :, i0:i1, k0:k1] * scale  # (B, heads, rows, keys)
+    if empty is not None:
+        # a row with no key to attend to: finite everywhere, zeroed below
+        block.masked_fill_(empty[:, :, i0:i1], 0.0)
+    if may_attend is not None and scores is None and m0 < k1:  # masked scores: -inf
+        if hidden is None:
+            hidden = ~may_attend[:, :, i0:i1, m0:k1]  # (B or 1, 1, rows, keys - m0 + k0)
+        block[..., m0 - k0:].masked_fill_(hidden, float("-inf"))
+    weights = torch.softmax(block, dim=-1, dtype=dtype)  # (B, heads, rows, keys)
+    if empty is not None:
+        weights.masked_fill_(empty[:, :, i0:i1], 0.0)
+    return weights
+
+
+def _scores(q: Tensor, key_t: Tensor, mask: Mask, trace: LayerTrace
+            ) -> tuple[Tensor | None, bool]:
+    """The masked raw scores (B, nh, T, S) when the trace wants the scores (None when not),
+    and whether `mask` still says what is masked (not when an edit changed the scores)."""
+    if not (trace.wants("attn_scores") or trace.wants("masked_scores")):
+        return None, True
+    B, nh, T, _ = q.shape
+    shape = (B, nh, T, key_t.shape[-1])
+    # kept tensors of many MiB: in reused buffers where autograd allows out=
+    attn_scores = trace.record("attn_scores", torch.matmul(
+        q, key_t, out=kept_out(shape, q, key_t)))  # (B, nh, T, S)
+    scores = attn_scores
+    if mask.may_attend is not None:
+        scores = torch.where(mask.may_attend, attn_scores, q.new_tensor(float("-inf")),
+                             out=kept_out(shape, q, key_t))  # (B, nh, T, S)
+    made = scores
+    scores = trace.record("masked_scores", scores)
+    return scores, scores is made  # edited: its -inf cells, not the mask's, say what is masked
+
+
+def _summaries(trace: LayerTrace, q: Tensor, S: int, mask: Mask) -> Summaries | None:
+    """The summaries the trace wants of this layer, empty, or None when it wants none."""
+    names = [name for name in SUMMARY_NAMES if trace.wants(name)]
+    if not names:
+        return None
+    B, nh, T, _ = q.shape
+    return Summaries(names, (B, nh, T, S), mask.padding, dtype=q.dtype, device=q.device)
+
+
+def traced_attend(q: Tensor, k: Tensor, v: Tensor, mask: Mask, may_attend: Tensor | None,
+                  scale: float, dropout_p: float, trace: LayerTrace) -> Tensor:
+    """`attend`'s explicit path with a trace: q (B, nh, T, hs), k and v (B, nh, S, hs) with
+    the key/value heads already expanded; may_attend: the mask with empty rows let through.
+
+    The raw and masked scores are computed whole, and only when the trace wants them. The
+    weights are computed block by block: into the one (B, nh, T, S) tensor the trace keeps
+    (or an edit or dropout reads), or, for a trace of summaries alone, streamed. Whatever
+    `trace.record` returns is what the computation goes on with.
+    """
+    T, S = q.shape[2], k.shape[2]
+    # blocks of q and k^T are read many times: lay them out for the matmuls once
+    q = q.contiguous()  # (B, nh, T, hs)
+    key_t = k.contiguous().transpose(-2, -1)  # (B, nh, hs, S)
+    scores, masked_by_mask = _scores(q, key_t, mask, trace)
+    if not masked_by_mask:
+        may_attend = None
+    summaries = _summaries(trace, q, S, mask)
+    if (summaries is not None and scores is None and dropout_p == 0.0
+            and not trace.wants("attn_weights")):  # summaries alone: streamed
+        context = _streamed(q, key_t, v, mask, may_attend, scale, summaries)
+        _record_summaries(trace, summaries)
+        return context
+    rows = block_rows(q)
+    spans = (_spans(mask, may_attend, T, S, rows) if masked_by_mask
+             else key_spans(None, T, S, rows))
+    attn_weights = _whole_weights(q, key_t, scores, mask, may_attend, scale, spans, rows,
+                                  summaries)
+    made = attn_weights
+    attn_weights = trace.record("attn_weights", attn_weights)
+    if summaries is not None and attn_weights is not made:  # edited: what the model uses
+        summaries = _summaries(trace, q, S, mask)
+        assert summaries is not None
+        summaries.add(attn_weights, 0, 0)
+    if dropout_p > 0.0:
+        attn_weights = F.dropout(attn_weights, p=dropout_p, training=True)  # (B, nh, T, S)
+        attn_weights = trace.record("attn_weights_dropped", attn_weights)
+    if summaries is not None:
+        _record_summaries(trace, summaries)
+    if attn_weights is not made or spans == [(0, S, spans[0][2])]:  # dropped, edited, one block
+        return attn_weights @ v  # (B, nh, T, S) @ (B, nh, S, hs) -> (B, nh, T, hs)
+    return torch.cat([
+        attn_weights[:, :, i0:i0 + rows, k0:k1] @ v[:, :, k0:k1]  # (B, nh, rows, hs)
+        for i0, (k0, k1, _) in zip(range(0, T, rows), spans, strict=True)
+    ], dim=2)  # (B, nh, T, hs)
+
+
+def _whole_weights(q: Tensor, key_t: Tensor, scores: Tensor | None, mask: Mask,
+                   may_attend: Tensor | None, scale: float, spans: list[Span], rows: int,
+                   summaries: Summaries | None) -> Tensor:
+    """The (B, nh, T, S) weights, block by block (the summaries reduced from each block):
+    one block over every key is the softmax's own result, else a kept buffer filled in."""
+    B, nh, T, _ = q.shape
+    S = key_t.shape[-1]
+    # with summaries, the softmax runs in their dtype and the weights are rounded from it
+    dtype = None if summaries is None else accumulation_dtype(q.dtype)
+    if len(spans) == 1 and spans[0][:2] == (0, S):
+        weights = _block_weights(q, key_t, scores, mask, may_attend, scale, 0, T, spans[0],
+                                 dtype)  # (B, nh, T, S)
+        if summaries is not None:
+            summaries.add(weights, 0, 0)
+        return weights.to(q.dtype)
+    attn_weights = kept_empty((B, nh, T, S), q)  # (B, nh, T, S)
+    for i0, (k0, k1, m0) in zip(range(0, T, rows), spans, strict=True):
+        i1 = min(i0 + rows, T)
+        block = _block_weights(q, key_t, scores, mask, may_attend, scale, i0, i1,
+                               (k0, k1, m0), dtype)  # (B, nh, rows, keys)
+        if summaries is not None:
+            summaries.add(block, i0, k0)
+        out = attn_weights[:, :, i0:i1]  # (B, nh, rows, S)
+        out[..., k0:k1] = block
+        out[..., :k0].zero_()
+        out[..., k1:].zero_()
+    return attn_weights
+
+
+def _streamed(q: Tensor, key_t: Tensor, v: Tensor, mask: Mask, may_attend: Tensor | None,
+              scale: float, summaries: Summaries) -> Tensor:
+    """A trace of summaries alone: each tile's weights (`stream_tile`) reduced into
+    `summaries`, its context kept, the weights discarded. Returns the context (B, nh, T, hs)."""
+    B, nh, T, _ = q.shape
+    S = key_t.shape[-1]
+    rows, heads = stream_tile(q, S)
+    spans = _spans(mask, may_attend, T, S, rows)
+    q = q * scale  # (B, nh, T, hs): once, not once per tile of scores
+    context = v.new_empty((B, nh, T, v.shape[-1]))  # (B, nh, T, hs)
+    for i0, (k0, k1, m0) in zip(range(0, T, rows), spans, strict=True):
+        i1 = min(i0 + rows, T)
+        hidden = (None if may_attend is None or m0 == k1
+                  else ~may_attend[:, :, i0:i1, m0:k1])  # (B or 1, 1, rows, masked keys)
+        for h0 in range(0, nh, heads):
+            h = slice(h0, h0 + heads)
+            weights = _block_weights(q[:, h], key_t[:, h], None, mask, may_attend, 1.0, i0, i1,
+                                     (k0, k1, m0), summaries.dtype, hidden)
+            summaries.add(weights, i0, k0, h0)  # (B, heads, rows, keys)
+            # (B, heads, rows, keys) @ (B, heads, keys, hs) -> (B, heads, rows, hs)
+            context[:, h, i0:i1] = weights.to(v.dtype) @ v[:, h, k0:k1]
+    return context
+
+
+def _record_summaries(trace: LayerTrace, summaries: Summaries) -> None:
+    for name, value in summaries.values.items():
+        trace.record(name, value)
