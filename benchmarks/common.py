@@ -9,6 +9,7 @@ reported as the median, which a burst of load from another process moves least.
 
 from __future__ import annotations
 
+import gc
 import os
 import platform
 import statistics
@@ -18,7 +19,7 @@ from typing import Any
 
 import torch
 
-from attnlab.model.runtime import linear_kernel
+from attnlab.model.runtime import linear_kernel, release_kept_memory
 
 
 def median_ms(times_s: Sequence[float]) -> float:
@@ -152,3 +153,30 @@ def render(result: dict[str, Any]) -> str:
     if notes:
         parts.append("\n".join(f"- {n}" for n in notes))
     return "\n\n".join(parts)
+
+
+def cold_call(fn: Callable[[], Any]) -> tuple[float, int | None, Any]:
+    """(seconds, rise of this process's peak RSS during the call, fn's result) of a cold call:
+    attnlab keeps no freed buffer (`release_kept_memory`), so its scores and weights go into
+    fresh pages, as every other tool's do on every call. The rise is None where Linux's peak
+    reset (/proc/self/clear_refs) is not available."""
+    gc.collect()
+    release_kept_memory()
+    try:
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")  # reset VmHWM to the current RSS
+        rss0: int | None = status_kb("VmRSS")
+    except OSError:
+        rss0 = None
+    now = time.process_time if clock() == "cpu" else time.perf_counter  # as the ms columns
+    start = now()
+    with torch.inference_mode():
+        out = fn()
+    seconds = now() - start
+    return seconds, None if rss0 is None else (status_kb("VmHWM") - rss0) * 1024, out
+
+
+def status_kb(field: str) -> int:
+    """A field of /proc/self/status in kB (VmRSS, VmHWM)."""
+    with open("/proc/self/status") as status:
+        return next(int(line.split()[1]) for line in status if line.startswith(field + ":"))

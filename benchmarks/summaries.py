@@ -19,19 +19,16 @@ quantities computed in float64 from a trace of its (1, 14, T, T) weights.
 
 from __future__ import annotations
 
-import gc
-import time
 from collections.abc import Callable
 from typing import Any
 
 import torch
 
 from attnlab.model.gpt import GPT, GPTConfig
-from attnlab.model.runtime import release_kept_memory
 from attnlab.model.summaries import SUMMARY_NAMES
 from attnlab.model.trace import Trace
 
-from .common import alternate, clock, median_ms, table
+from .common import alternate, clock, cold_call, median_ms, table
 
 TARGET = 2.0  # summaries / fused forward, at most
 FORWARD, LAST, SUMMARIES = ("attnlab forward (no trace)", "attnlab forward, last logits only",
@@ -48,28 +45,6 @@ def reference(weights: torch.Tensor) -> dict[str, torch.Tensor]:
     return {"attn_entropy": -torch.special.xlogy(w, w).sum(-1), "attn_sink": w[..., 0],
             "attn_received": w.sum(-2), "attn_distance": (w * distance).sum(-1),
             "attn_max": w.amax(-1)}
-
-
-def _first_call(fn: Callable[[], Any]) -> tuple[float, int | None]:
-    """(seconds, rise of this process's peak RSS during the call or None) of a cold call."""
-    gc.collect()
-    release_kept_memory()
-    try:
-        with open("/proc/self/clear_refs", "w") as f:
-            f.write("5")  # reset VmHWM to the current RSS
-        rss0: int | None = _status_kb("VmRSS")
-    except OSError:
-        rss0 = None
-    now = time.process_time if clock() == "cpu" else time.perf_counter
-    start = now()
-    fn()
-    seconds = now() - start
-    return seconds, None if rss0 is None else (_status_kb("VmHWM") - rss0) * 1024
-
-
-def _status_kb(field: str) -> int:
-    with open("/proc/self/status") as status:
-        return next(int(line.split()[1]) for line in status if line.startswith(field + ":"))
 
 
 def _errors(model: GPT, ids: torch.Tensor, held: Trace) -> dict[str, float]:
@@ -112,7 +87,7 @@ def _run(quick: bool) -> dict[str, Any]:
         LAST: lambda: model(ids, last_logits_only=True),
         SUMMARIES: summaries,
     }
-    first = {name: _first_call(fn) for name, fn in fns.items()}
+    first = {name: cold_call(fn)[:2] for name, fn in fns.items()}
     errors = _errors(model, ids, held["trace"])
     stored = held["trace"].nbytes()
     times = alternate(fns, rounds=rounds, warmup=0)

@@ -24,10 +24,8 @@ capture holds, and the rise of the process's peak RSS during each variant's firs
 
 from __future__ import annotations
 
-import gc
 import importlib.metadata
 import tempfile
-import time
 from collections.abc import Callable
 from typing import Any
 
@@ -35,11 +33,10 @@ import torch
 
 from attnlab.hf import gpt_from_hf
 from attnlab.model.gpt import GPT, unembed
-from attnlab.model.runtime import release_kept_memory
 from attnlab.model.trace import Trace
 from attnlab.model.traced_attention import BLOCK_ROWS
 
-from .common import alternate, clock, machine, median_ms, table
+from .common import alternate, clock, cold_call, machine, median_ms, table
 
 SHAPES: dict[str, dict[str, Any]] = {
     "gpt2": dict(n_layer=12, n_head=12, n_embd=768, vocab_size=50257),
@@ -197,29 +194,9 @@ def variants(hf: Any, ids: torch.Tensor, tmp: str) -> dict[str, Callable[[], tup
 
 def _first_call(fn: Callable[[], tuple[Any, Any]]) -> tuple[tuple[float, int | None, int], Any]:
     """((seconds, rise of this process's peak RSS during the call, bytes captured), fn's
-    result). The call is cold: attnlab keeps no freed buffer (`release_kept_memory`), so its
-    scores and weights go into fresh pages, as every other tool's do on every call. The rise
-    is None where Linux's peak reset (/proc/self/clear_refs) is not available."""
-    gc.collect()
-    release_kept_memory()
-    try:
-        with open("/proc/self/clear_refs", "w") as f:
-            f.write("5")  # reset VmHWM to the current RSS
-        rss0: int | None = _status_kb("VmRSS")
-    except OSError:
-        rss0 = None
-    now = time.process_time if clock() == "cpu" else time.perf_counter  # as the ms column
-    start = now()
-    with torch.inference_mode():
-        out = fn()
-    seconds = now() - start
-    rise = None if rss0 is None else (_status_kb("VmHWM") - rss0) * 1024
+    result) of a cold call (`common.cold_call`)."""
+    seconds, rise, out = cold_call(fn)
     return (seconds, rise, _nbytes(out[1])), out
-
-
-def _status_kb(field: str) -> int:
-    with open("/proc/self/status") as status:
-        return next(int(line.split()[1]) for line in status if line.startswith(field + ":"))
 
 
 def run(quick: bool = False) -> dict[str, Any]:
