@@ -7,7 +7,6 @@ directory through `load_checkpoint`, or describes one without loading it through
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -25,7 +24,7 @@ from .hf import family_of, load_hf_checkpoint, open_hf_weights
 from .model.config import GPTConfig
 from .model.memory import fit_report
 from .tokenizers import NoTokenizerError, Tokenizer, check_fits, load_hf_tokenizer, load_tokenizer
-from .tokenizers.hf_dir import GENERATION_CONFIG, is_hf_dir, read_hf_config
+from .tokenizers.hf_dir import GENERATION_CONFIG, is_hf_dir, read_hf_config, read_json
 
 #: generation_config.json fields `inspect_dir` reports (the sampling defaults a model ships)
 GENERATION_FIELDS = ("bos_token_id", "eos_token_id", "pad_token_id", "do_sample",
@@ -119,11 +118,5 @@ def _name(dtype: torch.dtype) -> str:
 
 def _generation(directory: Path) -> dict[str, Any]:
     """The sampling settings a Hugging Face directory ships (generation_config.json)."""
-    path = directory / GENERATION_CONFIG
-    try:
-        settings = json.loads(path.read_text()) if path.is_file() else {}
-    except (OSError, ValueError):
-        return {}
-    if not isinstance(settings, dict):
-        return {}
+    settings = read_json(directory / GENERATION_CONFIG)
     return {k: settings[k] for k in GENERATION_FIELDS if k in settings}
