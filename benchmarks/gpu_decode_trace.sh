@@ -31,9 +31,13 @@ run() {  # run SUITE LIMIT_SECONDS
     [ $rc -eq 124 ] && echo ': stopped by its limit; the JSON holds what it finished')"
 }
 
-run gpu_trace 30        # GPT-2 small, T=1024, 20 rounds: seconds
-run gpu_profile 45      # four profiled calls; one small compilation (a decode step)
-run gpu_summaries 60    # Llama-3.2-1B shape at 8k and 32k, HF eager at 8k
-run gpu_bandwidth 75    # 16 GB model drawn on the GPU, one compilation of 32 layers
-run gpu_decode 150      # compilations dominate: 2 shapes x (attnlab + Hugging Face)
+# SUITES picks some, as NAME:SECONDS words, e.g. SUITES="gpu_trace:30 gpu_decode:150"
+for item in ${SUITES:-gpu_trace:30 gpu_profile:45 gpu_summaries:60 gpu_bandwidth:75 gpu_decode:150}; do
+  run "${item%%:*}" "${item##*:}"
+done
+# gpu_trace:     GPT-2 small, T=1024, 20 rounds: seconds
+# gpu_profile:   four profiled calls; one small compilation (a decode step)
+# gpu_summaries: Llama-3.2-1B shape at 8k and 32k, HF eager at 8k
+# gpu_bandwidth: 16 GB model drawn on the GPU, one compilation of 32 layers
+# gpu_decode:    compilations dominate: 2 shapes x (attnlab + Hugging Face)
 echo "results in $OUT"

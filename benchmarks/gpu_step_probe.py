@@ -1,0 +1,136 @@
+"""Training-step throughput at nanoGPT's shakespeare_char settings, on one GPU, in several
+ways side by side: where does a training step's time go, and which way should the GPU
+recipe train? (docs/gpu.md#the-gpu-check). Not a suite: a probe for a lent GPU.
+
+Each way trains the same shape (6 layers, 6 heads, 384 wide, context 256, batch 64, dropout
+0.2, no biases) on random tokens held on the GPU, with fused AdamW, gradient clipping and
+bfloat16 autocast, for WARMUP steps and then STEPS timed steps (one synchronise at each
+end, so the CPU may run ahead of the GPU, as in a loop that reads the loss rarely), and
+"sync" ways read the loss every step (`float(loss)`, as attnlab's loop did). nanoGPT's model
+is benchmarks/nanogpt_baseline.py's. The JSON is rewritten after each way, so a time limit
+keeps what finished.
+
+    python -m benchmarks.gpu_step_probe --out FILE [--smoke]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from attnlab import GPT, GPTConfig
+
+from .nanogpt_baseline import NanoGPT
+
+WARMUP, STEPS = 15, 60
+SHAPE = {"n_layer": 6, "n_head": 6, "n_embd": 384, "block_size": 256}
+VOCAB, BATCH = 65, 64
+
+
+def build(kind: str, device: torch.device, shape: dict[str, int]) -> torch.nn.Module:
+    torch.manual_seed(0)
+    if kind == "nanogpt":
+        return NanoGPT(VOCAB, shape["block_size"], shape["n_layer"], shape["n_head"],
+                       shape["n_embd"], bias=False, dropout=0.2).to(device)
+    config = GPTConfig(vocab_size=VOCAB, dropout=0.2, bias=False, gelu="exact", **shape)
+    return GPT(config).to(device)
+
+
+def optimizer_for(model: torch.nn.Module) -> torch.optim.Optimizer:
+    params = [p for p in model.parameters() if p.requires_grad]
+    groups = [{"params": [p for p in params if p.dim() >= 2], "weight_decay": 0.1},
+              {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0}]
+    return torch.optim.AdamW(groups, lr=1e-3, betas=(0.9, 0.99), fused=True)
+
+
+def step_fn(kind: str, model: torch.nn.Module, call: Callable[..., Any],
+            opt: torch.optim.Optimizer, data: torch.Tensor, t: int, device: torch.device,
+            sync: bool) -> Callable[[], None]:
+    def step() -> None:
+        ix = torch.randint(len(data) - t - 1, (BATCH,), device=device)  # (B,)
+        rows = ix[:, None] + torch.arange(t + 1, device=device)  # (B, T + 1)
+        window = data[rows]  # (B, T + 1)
+        x, y = window[:, :-1].contiguous(), window[:, 1:].contiguous()  # (B, T) each
+        with torch.autocast(device.type, dtype=torch.bfloat16):
+            loss = call(x, y)[1] if kind == "nanogpt" else call(x, y, fused=True).loss
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        if sync:
+            float(loss.detach())
+    return step
+
+
+def measure(name: str, kind: str, mode: str | None, sync: bool, device: torch.device,
+            shape: dict[str, int], warmup: int, steps: int) -> dict[str, Any]:
+    t0 = time.perf_counter()
+    model = build(kind, device, shape)
+    call: Callable[..., Any] = model if mode is None else torch.compile(
+        model, **({} if mode == "default" else {"mode": mode}))
+    opt = optimizer_for(model)
+    data = torch.randint(VOCAB, (1_000_000,), device=device)
+    step = step_fn(kind, model, call, opt, data, shape["block_size"], device, sync)
+    step()
+    torch.cuda.synchronize(device) if device.type == "cuda" else None
+    first = time.perf_counter() - t0
+    for _ in range(warmup - 1):
+        step()
+    torch.cuda.synchronize(device) if device.type == "cuda" else None
+    t1 = time.perf_counter()
+    for _ in range(steps):
+        step()
+    torch.cuda.synchronize(device) if device.type == "cuda" else None
+    seconds = time.perf_counter() - t1
+    tokens = steps * BATCH * shape["block_size"]
+    return {"way": name, "first_step_s": round(first, 2), "ms_per_step":
+            round(1000 * seconds / steps, 3), "tokens_per_s": round(tokens / seconds),
+            "peak_gib": round(torch.cuda.max_memory_allocated(device) / 2**30, 2)
+            if device.type == "cuda" else None}
+
+
+WAYS = [  # name, model, torch.compile mode (None: eager), read the loss every step
+    ("nanoGPT compiled, loss read every step", "nanogpt", "default", True),
+    ("nanoGPT compiled", "nanogpt", "default", False),
+    ("attnlab eager, loss read every step", "attnlab", None, True),
+    ("attnlab eager", "attnlab", None, False),
+    ("attnlab compiled", "attnlab", "default", False),
+    ("attnlab compiled, reduce-overhead", "attnlab", "reduce-overhead", False),
+]
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.gpu_step_probe")
+    parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument("--smoke", action="store_true", help="tiny shapes on any device")
+    args = parser.parse_args(argv)
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    shape, warmup, steps = SHAPE, WARMUP, STEPS
+    if args.smoke:
+        shape, warmup, steps = {"n_layer": 1, "n_head": 2, "n_embd": 32, "block_size": 32}, 2, 2
+    result: dict[str, Any] = {"gpu": torch.cuda.get_device_name() if device.type == "cuda"
+                              else None, "torch": torch.__version__, "shape": shape,
+                              "batch": BATCH, "ways": []}
+    for name, kind, mode, sync in WAYS:
+        if args.smoke and mode not in (None, "default"):
+            continue
+        try:
+            row = measure(name, kind, mode, sync, device, shape, warmup, steps)
+        except Exception as err:  # a probe reports what failed and goes on
+            row = {"way": name, "error": f"{type(err).__name__}: {err}"[:500]}
+        result["ways"].append(row)
+        print(json.dumps(row), flush=True)
+        args.out.write_text(json.dumps(result, indent=2))
+        torch._dynamo.reset()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
