@@ -42,7 +42,7 @@ def _main(*argv: str) -> str:
 
 def _on(device: torch.device) -> str:
     """What `attnlab train` adds to its train line for `device` ("" on the CPU)."""
-    return "" if device.type == "cpu" else f" on {device}"
+    return "" if device.type == "cpu" else f" on {device.type}:{device.index or 0}"
 
 
 def _accuracy(printed: str) -> float:

@@ -28,6 +28,7 @@ sampling are not this module's business.
 
 from __future__ import annotations
 
+import contextlib
 import time
 import types
 from collections.abc import Callable
@@ -40,6 +41,7 @@ from torch import Tensor
 from .attention import Mask, attend
 from .decode import DecodeStep
 from .kv_cache import KVCache, LayerKVCache
+from .runtime import quiet_graph_pool
 
 if TYPE_CHECKING:
     from .gpt import GPT
@@ -154,8 +156,9 @@ class CompiledDecode:
         first = self.compile_seconds is None
         skips = _cudagraph_skips()
         began = time.perf_counter()
-        logits = self.compiled(step, self.buffers, self.token, self.slot, self.pads,
-                               self.key_mask)  # (B, V)
+        with quiet_graph_pool() if first else contextlib.nullcontext():
+            logits = self.compiled(step, self.buffers, self.token, self.slot, self.pads,
+                                   self.key_mask)  # (B, V)
         if first:
             self.compile_seconds = time.perf_counter() - began
             self.cuda_graph = self.token.is_cuda and _cudagraph_skips() == skips

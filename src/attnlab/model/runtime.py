@@ -28,6 +28,8 @@ import platform
 import threading
 import warnings
 import weakref
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 import numpy as np
 import torch
@@ -269,3 +271,12 @@ def resolve_device(name: str, local_rank: int = 0) -> torch.device:
     if device.type == "cuda" and device.index is None:
         device = torch.device("cuda", local_rank)
     return device
+
+
+@contextmanager
+def quiet_graph_pool() -> Iterator[None]:
+    """Hide the warning torch (2.11) gives when Inductor's CUDA-graph trees open their memory
+    pool with an empty capture, on a compiled function's first call: nothing is wrong."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="The CUDA Graph is empty", category=UserWarning)
+        yield

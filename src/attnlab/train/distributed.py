@@ -15,6 +15,7 @@ from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
+from torch import Tensor
 
 from ..model.runtime import resolve_device
 
@@ -49,6 +50,15 @@ class World:
         t = torch.tensor([value], dtype=torch.float64, device=self._comm_device)
         dist.all_reduce(t)
         return float(t) / self.size
+
+    def mean_all(self, values: Tensor) -> Tensor:
+        """The mean of each of `values` over all ranks, float64 on the host."""
+        values = values.detach().to(torch.float64)
+        if self.size > 1:
+            values = values.to(self._comm_device)
+            dist.all_reduce(values)
+            values = values / self.size
+        return values.cpu()
 
     def any(self, flag: bool) -> bool:
         """True on every rank if it is True on one (a Ctrl-C seen by one rank stops all)."""

@@ -36,11 +36,14 @@ from ..checkpoint import (
     save_checkpoint,
 )
 from ..model.gpt import GPT, GPTConfig, count_params
-from ..model.runtime import warn_if_slow_bf16
+from ..model.runtime import quiet_graph_pool, warn_if_slow_bf16
 from .budget import Budget, parse_duration
 from .config import TrainConfig, TrainResult
 from .data import Dataset, SentenceDataset, TaskDataset, bits_per_byte
 from .distributed import World, setup, teardown
+
+# training steps whose losses wait on a GPU before one read (train_step)
+READ_EVERY = 20
 
 
 def make_optimizer(model: GPT, config: TrainConfig) -> torch.optim.Optimizer:
@@ -106,16 +109,31 @@ def evaluate(
     out = {}
     for split in ("train", "val"):
         gen = torch.Generator().manual_seed(config.seed + (1 if split == "train" else 2))
-        losses = []
+        total = torch.zeros((), dtype=torch.float64, device=world.device)
         for _ in range(config.eval_iters):
             x, y = dataset.batch(split, config.batch_size, seq_len, gen, rows)
             with _autocast(config, world.device):
-                loss = model(x.to(world.device), y.to(world.device), fused=fused).loss
+                loss = model(to_device(x, world.device), to_device(y, world.device),
+                             fused=fused).loss
             assert loss is not None
-            losses.append(float(loss))
-        out[f"{split}_loss"] = world.mean(sum(losses) / len(losses))
+            total += loss.detach()  # summed on the device: one read per split, not per batch
+        out[f"{split}_loss"] = world.mean(float(total) / config.eval_iters)
     model.train(was_training)
     return out
+
+
+def read_interval(device: torch.device, config: TrainConfig) -> int:
+    """Training steps between two reads of their losses: 1 on a CPU, where a read costs
+    nothing, and under a time budget, which times every step; READ_EVERY elsewhere."""
+    return 1 if device.type == "cpu" or config.time_budget else READ_EVERY
+
+
+def to_device(batch: torch.Tensor, device: torch.device) -> torch.Tensor:
+    """A host batch on `device`; to a GPU from pinned memory without waiting, so the host
+    samples the next batch while the copy runs."""
+    if device.type != "cuda":
+        return batch.to(device)
+    return batch.pin_memory().to(device, non_blocking=True)
 
 
 def fused_attention(config: TrainConfig, device: torch.device) -> bool:
@@ -203,7 +221,20 @@ class _Run:
             self.origin = _origin(saved_meta)
         elif world.size > 1:
             torch.manual_seed(config.seed + world.rank)  # its own dropout noise on every rank
+        self.graphed = config.compile and world.device.type == "cuda" and world.size == 1
         self.ddp, self.step_fn = self._wrap()
+        # fused AdamW skips its update on the device when this is 1 (train_step); other
+        # optimizers are checked on the host before they update
+        self.guard: torch.Tensor | None = None
+        if isinstance(self.optimizer, torch.optim.AdamW):
+            self.guard = torch.zeros((), device=world.device)
+            self.optimizer.found_inf = self.guard  # type: ignore[attr-defined]
+        # steps whose losses wait on the device: (step, loss (), lr); read every read_every
+        # steps, since a read waits for the device to finish (free on a CPU). A time
+        # budget times every step.
+        self.pending: list[tuple[int, torch.Tensor, float]] = []
+        self.read_every = read_interval(world.device, config)
+        self.window_start = 0.0
         self.model.train()
         self.rows = world.rows(config.batch_size)
         self.fused = fused_attention(config, world.device)
@@ -234,7 +265,9 @@ class _Run:
             ddp = DistributedDataParallel(self.model, device_ids=ids)
         step_fn: Any = ddp or self.model
         if self.config.compile:
-            step_fn = torch.compile(step_fn)
+            # on one GPU, as CUDA graphs: a step is one launch per graph instead of one per
+            # kernel (docs/gpu.md#the-gpu-recipe)
+            step_fn = torch.compile(step_fn, mode="reduce-overhead" if self.graphed else None)
         return ddp, step_fn
 
     def _budget(self, resume: bool) -> Budget | None:
@@ -260,6 +293,7 @@ class _Run:
             while step < config.max_iters or (budget is not None and not budget.fitted):
                 evaluated = step % config.eval_interval == 0 and step > self.start
                 if evaluated:  # before the stop check: a resume from here does not redo it
+                    self.read_losses()
                     t0 = time.perf_counter()
                     self.evaluate_and_save(step)
                     if budget is not None:
@@ -268,6 +302,7 @@ class _Run:
                         self.result.stopped_early = True
                         return self.finish()
                 if self.world.any(stop.requested):
+                    self.read_losses()
                     # between optimizer steps the state is consistent; with patience the
                     # checkpoint stays the best evaluation's, which a resume continues
                     if not evaluated and (config.patience is None or self.result.checkpoint
@@ -276,59 +311,81 @@ class _Run:
                     self.result.interrupted = True
                     return self.finish()
                 step = self.train_step(step)
+        self.read_losses()
         self.evaluate_and_save(config.max_iters)
         return self.finish()
 
     def train_step(self, step: int) -> int:
-        """One optimizer step from `step` (grad_accum micro-batches), logged; returns step + 1."""
+        """One optimizer step from `step` (grad_accum micro-batches); returns step + 1. Its
+        loss stays on the device until `read_losses` (every `read_every` steps)."""
         config = self.config
         lr = config.lr_at(step)
         for group in self.optimizer.param_groups:
             group["lr"] = lr
-        t0 = time.perf_counter()
-        loss = self._accumulate_grads()
-        if not math.isfinite(loss):  # before the update: weights stay good
-            raise FloatingPointError(
-                f"loss became {loss} at step {step + 1}; stopped before updating. "
-                "Last good checkpoint: "
-                f"{self.result.checkpoint or 'none written by this run'}. "
-                "Lower --lr or keep --grad_clip on"
-            )
-        if config.grad_clip > 0:
-            torch.nn.utils.clip_grad_norm_(self.model.parameters(), config.grad_clip)
+        if not self.pending:
+            self.window_start = time.perf_counter()
+        loss = self._accumulate_grads()  # () on the device
+        if self.guard is None:  # an unguarded optimizer: look before it updates
+            _check_finite(self.world.mean(float(loss)), step + 1, self.result.checkpoint)
+        # the norm before clipping (max_norm inf: measured, nothing clipped)
+        norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(),
+                                              config.grad_clip or math.inf)
+        if self.guard is not None:
+            # skips the update on the device when the gradients are not finite, with no wait
+            # for the device (GradScaler's protocol: torch.optim reads optimizer.found_inf)
+            self.guard.copy_(~torch.isfinite(norm))
         self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
-        dt = time.perf_counter() - t0
-        if step == self.start:
-            self.first = (self.tokens_per_step, dt)
-        else:
-            self.timed = (self.timed[0] + self.tokens_per_step, self.timed[1] + dt)
         step += 1
-        self.log({"step": step, "loss": loss, "lr": lr,
-                  "tokens_per_s": self.tokens_per_step / max(dt, 1e-9)})
+        self.pending.append((step, loss, lr))
+        if step == self.start + 1 or len(self.pending) >= self.read_every:
+            self.read_losses()
         budget = self.budget
         if budget is not None and (fitted := budget.after_step(step, time.perf_counter())):
             _fit(config, fitted, step, 1 / budget.step_s, self.log)
         return step
 
-    def _accumulate_grads(self) -> float:
+    def read_losses(self) -> None:
+        """Read the pending steps' losses (one wait for the device), log them with the
+        window's tokens/s, and stop on a non-finite one."""
+        if not self.pending:
+            return
+        steps, losses, lrs = zip(*self.pending, strict=True)
+        values = self.world.mean_all(torch.stack(losses)).tolist()
+        dt = (time.perf_counter() - self.window_start) / len(steps)
+        if steps[0] == self.start + 1:
+            self.first = (self.tokens_per_step, dt)
+        else:
+            self.timed = (self.timed[0] + self.tokens_per_step * len(steps),
+                          self.timed[1] + dt * len(steps))
+        self.pending.clear()
+        for step, loss, lr in zip(steps, values, lrs, strict=True):
+            _check_finite(loss, step, self.result.checkpoint, skipped=self.guard is not None)
+            self.log({"step": step, "loss": loss, "lr": lr,
+                      "tokens_per_s": self.tokens_per_step / max(dt, 1e-9)})
+
+    def _accumulate_grads(self) -> torch.Tensor:
         """Forward and backward over grad_accum micro-batches, their gradients summed into
-        .grad; returns their mean loss (the mean over the processes too)."""
+        .grad; returns their mean loss, () on the device."""
         config, world, ddp = self.config, self.world, self.ddp
-        loss_sum = 0.0
+        loss_sum = torch.zeros((), device=world.device)
         for micro in range(config.grad_accum):
             x, y = self.dataset.batch("train", config.batch_size, self.seq_len, self.data_gen,
                                       self.rows)
-            x, y = x.to(world.device), y.to(world.device)  # (B / world, T) each
+            x, y = to_device(x, world.device), to_device(y, world.device)  # (B / world, T)
             # DDP averages gradients over ranks on the last micro-batch only
             sync = ddp is None or micro == config.grad_accum - 1
+            if self.graphed:  # the last step's graph outputs (its loss) are read already
+                torch.compiler.cudagraph_mark_step_begin()
+            first = self.graphed and not self.pending and not self.timed[1]
             with contextlib.nullcontext() if sync else ddp.no_sync():
-                with _autocast(config, world.device):
+                with _autocast(config, world.device), \
+                        quiet_graph_pool() if first else contextlib.nullcontext():
                     loss = self.step_fn(x, y, fused=self.fused).loss
                 assert loss is not None
                 (loss / config.grad_accum).backward()
-            loss_sum += float(loss.detach())
-        return world.mean(loss_sum / config.grad_accum)
+            loss_sum += loss.detach()  # a copy: a CUDA graph's next replay overwrites loss
+        return loss_sum / config.grad_accum
 
     def evaluate_and_save(self, step: int) -> None:
         """Evaluate both splits, log the losses (and bits per byte) and save a checkpoint (with
@@ -424,6 +481,18 @@ def _fit(config: TrainConfig, max_iters: int, step: int, steps_per_s: float,
         config.warmup_iters = max_iters // 10
     log({"step": step, "time_budget": config.time_budget, "max_iters": max_iters,
          "warmup_iters": config.warmup_iters, "steps_per_s": steps_per_s})
+
+
+def _check_finite(loss: float, step: int, checkpoint: Path | None,
+                  skipped: bool = False) -> None:
+    """Raise FloatingPointError if a step's loss is not finite."""
+    if math.isfinite(loss):
+        return
+    done = ("no update with non-finite gradients was applied" if skipped else
+            "stopped before updating")
+    raise FloatingPointError(
+        f"loss became {loss} at step {step}; {done}. Last good checkpoint: "
+        f"{checkpoint or 'none written by this run'}. Lower --lr or keep --grad_clip on")
 
 
 class _StopFlag:

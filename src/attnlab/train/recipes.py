@@ -110,12 +110,14 @@ def gpu_text_recipe(vocab_size: int) -> tuple[GPTConfig, TrainConfig]:
     decays over 2000, evaluates every 250 steps on 50 batches of each split (819,200
     tokens), and stops after two evaluations without a better val loss, keeping the best
     one's checkpoint (`patience`). Fused AdamW (make_optimizer) runs one kernel per step on
-    CUDA too."""
+    CUDA too. Compiled: on one GPU the loop records the model's forward and backward as CUDA
+    graphs (loop.py), a launch per graph instead of one per kernel, which at this small
+    size is most of a step's time (docs/gpu.md#the-gpu-recipe)."""
     model = GPTConfig(vocab_size=vocab_size, block_size=256, n_layer=6, n_head=6, n_embd=384,
                       dropout=0.2, bias=False, gelu="exact")
     return model, TrainConfig(
         max_iters=2000, batch_size=64, lr=1e-3, min_lr=1e-4, warmup_iters=100, beta2=0.99,
-        eval_interval=250, eval_iters=50, dtype="bfloat16", patience=2)
+        eval_interval=250, eval_iters=50, dtype="bfloat16", patience=2, compile=True)
 
 
 def seed_experiment(

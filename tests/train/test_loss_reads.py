@@ -1,0 +1,90 @@
+"""Losses read from the device every few steps (a GPU's way: each read waits for the device),
+and the device-side guard that keeps fused AdamW from applying non-finite gradients."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from attnlab.load import load_checkpoint
+from attnlab.model.gpt import GPTConfig
+from attnlab.train import loop
+from attnlab.train.data import load_dataset
+from attnlab.train.loop import TrainConfig, train
+
+
+def _config(**overrides: Any) -> tuple[GPTConfig, TrainConfig]:
+    dataset = load_dataset("copy")
+    model = GPTConfig(vocab_size=dataset.tokenizer.vocab_size, block_size=dataset.max_block_size,
+                      n_layer=1, n_head=2, n_embd=16, dropout=0.1)
+    return model, TrainConfig(**{"max_iters": 23, "batch_size": 4, "lr": 3e-3,
+                                 "warmup_iters": 2, "eval_interval": 10, "eval_iters": 2,
+                                 "seed": 5, **overrides})
+
+
+def _rows(path: Path) -> list[dict[str, Any]]:
+    return [json.loads(line) for line in (path / "metrics.jsonl").read_text().splitlines()]
+
+
+def test_reading_every_seven_steps_logs_the_same_run(tmp_path: Path,
+                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    model, config = _config()
+    dataset = load_dataset("copy")
+    every_step = train(model, config, dataset, tmp_path / "one")
+    monkeypatch.setattr(loop, "read_interval", lambda device, config: 7)
+    batched = train(model, config, dataset, tmp_path / "seven")
+    ones, sevens = _rows(tmp_path / "one"), _rows(tmp_path / "seven")
+    assert [r["step"] for r in sevens] == [r["step"] for r in ones]
+    for a, b in zip(ones, sevens, strict=True):  # the same losses, evaluations, schedule
+        assert {k: v for k, v in a.items() if k != "tokens_per_s"} == \
+            {k: v for k, v in b.items() if k != "tokens_per_s"}
+    assert all(r["tokens_per_s"] > 0 for r in sevens if "loss" in r)
+    for name, value in every_step.model.state_dict().items():
+        assert torch.equal(value, batched.model.state_dict()[name]), name
+
+
+def test_adamw_skips_non_finite_gradients_on_the_device(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    model, config = _config(max_iters=5, eval_interval=5)
+    dataset = load_dataset("copy")
+    good = train(model, config, dataset, tmp_path)
+    saved = {k: v.clone() for k, v in good.model.state_dict().items()}
+    monkeypatch.setattr(loop, "read_interval", lambda device, config: 4)
+    calls = []
+
+    def poisoned(self: Any, *args: Any, **kwargs: Any) -> Any:
+        out = real_forward(self, *args, **kwargs)
+        if not self.training:
+            return out
+        calls.append(1)  # the second step on: every gradient NaN, as in a divergence
+        return out if len(calls) < 2 else out._replace(loss=out.loss * float("nan"))
+
+    real_forward = loop.GPT.forward
+    monkeypatch.setattr(loop.GPT, "forward", poisoned)
+    more = TrainConfig(**{**config.__dict__, "max_iters": 20})
+    with pytest.raises(FloatingPointError, match=r"loss became nan at step 7; no update with "
+                                                 r"non-finite gradients was applied"):
+        train(model, more, dataset, tmp_path, resume=True)
+    assert len(calls) == 5  # read at step 6 (a run's first step), then at 10: steps 7-10 ran
+    kept = load_checkpoint(tmp_path / "ckpt")
+    assert kept.meta["step"] == 5
+    for name, value in kept.model.state_dict().items():
+        assert torch.equal(value, saved[name]), name
+
+
+def test_the_guard_leaves_weights_and_moments_untouched() -> None:
+    model, config = _config()
+    net = loop.GPT(model)
+    optimizer = loop.make_optimizer(net, config)
+    before = {k: v.clone() for k, v in net.state_dict().items()}
+    for p in net.parameters():
+        p.grad = torch.full_like(p, float("nan"))
+    optimizer.found_inf = torch.ones(())  # type: ignore[attr-defined]
+    optimizer.step()
+    for name, value in net.state_dict().items():
+        assert torch.equal(value, before[name]), name
+    assert all(float(s["step"]) == 0 for s in optimizer.state.values())
