@@ -5,7 +5,7 @@
 #   pytest-cuda.txt  python -m pytest tests/cuda -m cuda -q: every test marked cuda
 #   gpu_train.md     nanoGPT vs attnlab side by side (benchmarks/gpu_train.py), and .json
 #   gpu_train.log    the side-by-side's output
-# It ends within about 7.5 minutes: pytest is stopped at 200 s, the side-by-side at 240 s.
+# It ends within about 5 minutes: pytest is stopped at 120 s, the side-by-side at 170 s.
 #
 # Needs torch with CUDA, numpy, safetensors, tqdm, matplotlib, tokenizers, transformers,
 # httpx, pytest and hypothesis (a GPU image usually has them). FastAPI and uvicorn, for the
@@ -29,7 +29,10 @@ fi
 DATA="${DATA:-.gpu-data/tinyshakespeare.txt}"
 [ -f "$DATA" ] || DATA=../shared/data/tinyshakespeare.txt
 
-pytest_flags=(tests/cuda -m cuda -q -p no:cacheprovider)
+# every test marked cuda (tests/cuda and the few beside their CPU twins); six at a time
+# where pytest-xdist is installed (pytest-benchmark refuses to run beside it)
+pytest_flags=(-m cuda -q -p no:cacheprovider -p no:benchmark -ra)
+"$PY" -c "import xdist" 2>/dev/null && pytest_flags+=(-n 6)
 bench_flags=(--data "$DATA" --out "$OUT")
 if [ "${GPU_CHECK_SMOKE:-0}" = 1 ]; then
   export ATTNLAB_TEST_DEVICE=cpu
@@ -44,11 +47,11 @@ print("torch", torch.__version__, "CUDA", torch.version.cuda,
 } > "$OUT/device.txt"
 cat "$OUT/device.txt"
 
-timeout -k 10 200 "$PY" -m pytest "${pytest_flags[@]}" 2>&1 | tee "$OUT/pytest-cuda.txt"
+timeout -k 10 120 "$PY" -m pytest "${pytest_flags[@]}" 2>&1 | tee "$OUT/pytest-cuda.txt"
 pytest_rc=${PIPESTATUS[0]}
 
 if [ -f "$DATA" ]; then
-  timeout -k 10 240 "$PY" -m benchmarks.gpu_train "${bench_flags[@]}" 2>&1 \
+  timeout -k 10 170 "$PY" -m benchmarks.gpu_train "${bench_flags[@]}" 2>&1 \
     | tee "$OUT/gpu_train.log"
   bench_rc=${PIPESTATUS[0]}
 else

@@ -122,14 +122,16 @@ def random_gpt(config: GPTConfig, device: torch.device, dtype: torch.dtype,
 
 
 def hf_from_config(family: str, fields: dict[str, Any], device: torch.device,
-                   dtype: torch.dtype, attn: str = "sdpa", seed: int = 0) -> Any:
-    """A transformers `{family}ForCausalLM` with random weights (initializer 0.1, as
-    decode.py: peaked logits), built on `device` in `dtype`; eval mode."""
+                   dtype: torch.dtype, attn: str = "sdpa", seed: int = 0,
+                   initializer: float = 0.1) -> Any:
+    """A transformers `{family}ForCausalLM` with random weights (normal, std `initializer`:
+    0.1, as decode.py, gives peaked logits), built on `device` in `dtype`; eval mode."""
     import transformers
 
     torch.manual_seed(seed)
     config = getattr(transformers, f"{family}Config")(
-        **fields, initializer_range=0.1, bos_token_id=None, eos_token_id=None, pad_token_id=0)
+        **fields, initializer_range=initializer, bos_token_id=None, eos_token_id=None,
+        pad_token_id=0)
     config._attn_implementation = attn
     cls = getattr(transformers, f"{family}ForCausalLM" if family != "GPT2" else
                   "GPT2LMHeadModel")

@@ -22,6 +22,7 @@ Targets at batch 1: attnlab compiled >= 4x Hugging Face eager and >= 1.3x Huggin
 from __future__ import annotations
 
 import gc
+import os
 import sys
 import time
 from collections.abc import Callable, Sequence
@@ -157,6 +158,8 @@ def run(quick: bool = False, device: str | None = None, out: Path | None = None
         return skipped("gpu_decode")
     shapes, n, rounds = ((["toy", "llama-toy"], 8, 1) if quick else
                          (["gpt2", "qwen2.5-0.5b"], NEW_TOKENS, 2))
+    if os.environ.get("GPU_DECODE_SHAPES"):  # e.g. qwen2.5-0.5b: one shape of a lease
+        shapes = os.environ["GPU_DECODE_SHAPES"].split(",")
     result: dict[str, Any] = {"suite": "gpu_decode", "machine": gpu_machine(where),
                               "transformers": transformers_version(), "records": []}
     for shape in shapes:  # the JSON is rewritten after each: a time limit keeps the rest
