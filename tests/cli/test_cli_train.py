@@ -244,7 +244,7 @@ def _stop_after(monkeypatch: pytest.MonkeyPatch, steps: int) -> None:
     """Make the training loop see a Ctrl-C after `steps` optimizer steps."""
     from attnlab.train import loop as train_module
 
-    class StopAfter(train_module._StopFlag):
+    class StopAfter(train_module.StopFlag):
         def __init__(self) -> None:
             super().__init__()
             self.reads = 0
@@ -258,7 +258,7 @@ def _stop_after(monkeypatch: pytest.MonkeyPatch, steps: int) -> None:
         def requested(self, value: bool) -> None:
             pass
 
-    monkeypatch.setattr(train_module, "_StopFlag", StopAfter)
+    monkeypatch.setattr(train_module, "StopFlag", StopAfter)
 
 
 def _eval_rows(run: Path) -> list[int]:

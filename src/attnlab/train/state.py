@@ -1,0 +1,108 @@
+"""What a training run keeps beside its loop (loop.py): the stop flag Ctrl-C sets, the
+checks before a run writes anything, and restoring a run from its checkpoint."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import sys
+import threading
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from ..checkpoint import load_attnlab_checkpoint, load_train_state
+from ..model.gpt import GPT, GPTConfig, count_params
+from .distributed import World
+
+
+class StopFlag:
+    """Turns SIGINT/SIGTERM/SIGHUP into a request to stop after the current optimizer step
+    (SIGHUP: the terminal or ssh session of a run logging to a file was closed). A second
+    Ctrl-C quits at once (KeyboardInterrupt), leaving the last saved checkpoint."""
+
+    def __init__(self) -> None:
+        self.requested = False
+        self._old: dict[int, Any] = {}
+
+    def _handler(self, signum: int, frame: Any) -> None:
+        if self.requested and signum == signal.SIGINT:
+            raise KeyboardInterrupt  # saves are atomic: the last checkpoint stays whole
+        if not self.requested and os.environ.get("RANK", "0") == "0":
+            # at once: the step (or an evaluation of many batches) may take a while yet
+            again = " (Ctrl-C again: quit now)" if signum == signal.SIGINT else ""
+            print(f"\n{signal.Signals(signum).name}: stopping after this step, then saving a "
+                  f"checkpoint{again}", file=sys.stderr, flush=True)
+        self.requested = True
+
+    def __enter__(self) -> StopFlag:
+        if threading.current_thread() is threading.main_thread():
+            hangup = getattr(signal, "SIGHUP", None)  # not on Windows
+            for sig in (signal.SIGINT, signal.SIGTERM, *([hangup] if hangup else [])):
+                self._old[sig] = signal.signal(sig, self._handler)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        for sig, handler in self._old.items():
+            signal.signal(sig, handler)
+
+
+def restore(
+    ckpt: Path, model: GPT, optimizer: torch.optim.Optimizer, data_gen: torch.Generator,
+    model_config: GPTConfig, world: World,
+) -> tuple[int, list[dict[str, Any]], dict[str, Any]]:
+    """Load the run's checkpoint into the model, optimizer and generators: (step, history,
+    the checkpoint's meta)."""
+    saved = load_attnlab_checkpoint(ckpt)
+    if saved.model.config != model_config:
+        raise ValueError(
+            f"--resume: the checkpoint in {ckpt} has config {saved.model.config}, this run "
+            f"asks for {model_config}; resume with the same model flags"
+        )
+    model.load_state_dict(saved.model.state_dict())
+    state = load_train_state(ckpt)
+    optimizer.load_state_dict(state["optimizer"])
+    lay_out_like_params(optimizer)
+    ranks = state.get("torch_rng_ranks") or [state["torch_rng"]]
+    torch.set_rng_state(ranks[world.rank] if len(ranks) == world.size else state["torch_rng"])
+    data_gen.set_state(state["data_rng"])
+    return int(state["step"]), list(json.loads(state["history"])), saved.meta
+
+
+def origin_of(meta: dict[str, Any]) -> dict[str, Any]:
+    """What a checkpoint's meta says of the model a fine-tune started from."""
+    return {k: meta[k] for k in ("init_from", "family") if k in meta}
+
+
+def lay_out_like_params(optimizer: torch.optim.Optimizer) -> None:
+    """Give each loaded moment its parameter's memory layout. Fused AdamW walks a parameter
+    and its moments as flat memory, so a moment in another layout (row-major, as in train
+    states saved before GPT.lay_out_weights) would silently update the wrong elements."""
+    for param, state in optimizer.state.items():
+        for name, value in state.items():
+            if isinstance(value, torch.Tensor) and value.shape == param.shape \
+                    and value.stride() != param.stride():
+                state[name] = torch.empty_like(param, dtype=value.dtype).copy_(value)
+
+
+def check_writable(out: Path, model_config: GPTConfig) -> None:
+    """Fail before training, not at the first checkpoint: the directory must take files
+    and have room for two checkpoints (weights + AdamW moments, the old one kept until the
+    new one is complete)."""
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+        probe = out / ".write-test"
+        probe.write_text("ok")
+        probe.unlink()
+    except OSError as err:
+        raise ValueError(f"output directory {out} is not writable ({err}); pass --out") from err
+    needed = 2 * 3 * 4 * count_params(model_config)
+    free = shutil.disk_usage(out).free
+    if free < needed:
+        raise ValueError(
+            f"{out} has {free / 1e6:.1f} MB free but checkpoints of this model need about "
+            f"{needed / 1e6:.1f} MB; free some space or pass --out on another disk"
+        )
