@@ -17,7 +17,9 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
+import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -26,6 +28,8 @@ from typing import Any
 import torch
 
 from attnlab import GPT, GPTConfig
+from attnlab.model.runtime import quiet_compile
+from attnlab.train.state import compile_blocks
 
 from .nanogpt_baseline import NanoGPT
 
@@ -52,8 +56,10 @@ def optimizer_for(model: torch.nn.Module) -> torch.optim.Optimizer:
 
 def step_fn(kind: str, model: torch.nn.Module, call: Callable[..., Any],
             opt: torch.optim.Optimizer, data: torch.Tensor, t: int, device: torch.device,
-            sync: bool) -> Callable[[], None]:
+            sync: bool, graphed: bool = False) -> Callable[[], None]:
     def step() -> None:
+        if graphed:  # the last step's graph outputs are done with (as attnlab's loop says)
+            torch.compiler.cudagraph_mark_step_begin()
         ix = torch.randint(len(data) - t - 1, (BATCH,), device=device)  # (B,)
         rows = ix[:, None] + torch.arange(t + 1, device=device)  # (B, T + 1)
         window = data[rows]  # (B, T + 1)
@@ -73,12 +79,18 @@ def measure(name: str, kind: str, mode: str | None, sync: bool, device: torch.de
             shape: dict[str, int], warmup: int, steps: int) -> dict[str, Any]:
     t0 = time.perf_counter()
     model = build(kind, device, shape)
-    call: Callable[..., Any] = model if mode is None else torch.compile(
-        model, **({} if mode == "default" else {"mode": mode}))
+    options = {} if mode in (None, "default") else {"mode": mode.removeprefix("regional ")}
+    call: Callable[..., Any] = model
+    if mode is not None and mode.startswith("regional"):
+        compile_blocks(model, **options)  # as attnlab train compiles on one GPU
+    elif mode is not None:
+        call = torch.compile(model, **options)
     opt = optimizer_for(model)
     data = torch.randint(VOCAB, (1_000_000,), device=device)
-    step = step_fn(kind, model, call, opt, data, shape["block_size"], device, sync)
-    step()
+    step = step_fn(kind, model, call, opt, data, shape["block_size"], device, sync,
+                   graphed=mode is not None and "reduce-overhead" in mode)
+    with quiet_compile():
+        step()
     torch.cuda.synchronize(device) if device.type == "cuda" else None
     first = time.perf_counter() - t0
     for _ in range(warmup - 1):
@@ -103,6 +115,7 @@ WAYS = [  # name, model, torch.compile mode (None: eager), read the loss every s
     ("attnlab eager", "attnlab", None, False),
     ("attnlab compiled", "attnlab", "default", False),
     ("attnlab compiled, reduce-overhead", "attnlab", "reduce-overhead", False),
+    ("attnlab blocks compiled, reduce-overhead", "attnlab", "regional reduce-overhead", False),
 ]
 
 
@@ -110,6 +123,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.gpu_step_probe")
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--smoke", action="store_true", help="tiny shapes on any device")
+    parser.add_argument("--ways", help="comma-separated parts of the ways' names to run")
     args = parser.parse_args(argv)
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     shape, warmup, steps = SHAPE, WARMUP, STEPS
@@ -119,8 +133,12 @@ def main(argv: list[str] | None = None) -> int:
                               else None, "torch": torch.__version__, "shape": shape,
                               "batch": BATCH, "ways": []}
     for name, kind, mode, sync in WAYS:
-        if args.smoke and mode not in (None, "default"):
+        if args.smoke and mode not in (None, "default", "regional default"):
             continue
+        if args.ways and not any(w in name for w in args.ways.split(",")):
+            continue
+        # a cold compilation for each way: nothing cached from the one before
+        os.environ["TORCHINDUCTOR_CACHE_DIR"] = tempfile.mkdtemp(prefix="probe-inductor-")
         try:
             row = measure(name, kind, mode, sync, device, shape, warmup, steps)
         except Exception as err:  # a probe reports what failed and goes on

@@ -88,3 +88,26 @@ def test_the_guard_leaves_weights_and_moments_untouched() -> None:
     for name, value in net.state_dict().items():
         assert torch.equal(value, before[name]), name
     assert all(float(s["step"]) == 0 for s in optimizer.state.values())
+
+
+def test_compiled_blocks_share_one_graph_and_are_released() -> None:
+    from torch._dynamo.utils import counters
+
+    from attnlab.model.runtime import quiet_compile
+    from attnlab.train.state import compile_blocks, release_blocks
+
+    model_config, _ = _config()
+    torch.manual_seed(0)
+    net = loop.GPT(GPTConfig(**{**model_config.to_dict(), "n_layer": 3, "dropout": 0.0}))
+    x = torch.randint(0, net.config.vocab_size, (2, 8))
+    eager = net(x, x).loss
+    torch._dynamo.reset()
+    compile_blocks(net, backend="eager")  # dynamo's capture alone: fast, and what is shared
+    with quiet_compile():
+        compiled = net(x, x).loss
+    assert counters["stats"]["unique_graphs"] == 1  # three blocks, one compilation
+    assert torch.allclose(compiled, eager)
+    release_blocks(net)
+    assert all("forward" not in vars(block) for block in net.blocks)
+    assert torch.equal(net(x, x).loss, eager)
+    torch._dynamo.reset()

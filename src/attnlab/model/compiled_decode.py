@@ -41,7 +41,7 @@ from torch import Tensor
 from .attention import Mask, attend
 from .decode import DecodeStep
 from .kv_cache import KVCache, LayerKVCache
-from .runtime import quiet_graph_pool
+from .runtime import quiet_compile
 
 if TYPE_CHECKING:
     from .gpt import GPT
@@ -156,7 +156,7 @@ class CompiledDecode:
         first = self.compile_seconds is None
         skips = _cudagraph_skips()
         began = time.perf_counter()
-        with quiet_graph_pool() if first else contextlib.nullcontext():
+        with quiet_compile() if first else contextlib.nullcontext():
             logits = self.compiled(step, self.buffers, self.token, self.slot, self.pads,
                                    self.key_mask)  # (B, V)
         if first:

@@ -274,9 +274,13 @@ def resolve_device(name: str, local_rank: int = 0) -> torch.device:
 
 
 @contextmanager
-def quiet_graph_pool() -> Iterator[None]:
-    """Hide the warning torch (2.11) gives when Inductor's CUDA-graph trees open their memory
-    pool with an empty capture, on a compiled function's first call: nothing is wrong."""
+def quiet_compile() -> Iterator[None]:
+    """Hide two warnings torch (2.11) gives on a compiled function's first call, where nothing
+    is wrong: Inductor's CUDA-graph trees open their memory pool with an empty capture, and
+    Dynamo reads `.grad` of a non-leaf input (a compiled block's input is the activation
+    before it) while it builds the graph."""
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message="The CUDA Graph is empty", category=UserWarning)
+        warnings.filterwarnings("ignore", message="The .grad attribute of a Tensor that is not "
+                                "a leaf Tensor is being accessed", category=UserWarning)
         yield

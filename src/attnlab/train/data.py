@@ -27,6 +27,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from ..model.config import GPTConfig
 from ..tokenizers import CharTokenizer, Tokenizer, WordTokenizer, get_tokenizer, load_tokenizer
 
 SENTENCES: dict[str, list[str]] = {
@@ -324,3 +325,38 @@ def load_dataset(
     if source in TASKS:
         return TaskDataset(source)
     return TextDataset.from_file(source, tokenizer, val_fraction=val_fraction, cache_dir=cache_dir)
+
+
+def sequence_length(model_config: GPTConfig, dataset: Dataset, seq_len: int | None = None) -> int:
+    """Training context: `seq_len` or else the model's block_size on text, a task's own
+    length otherwise."""
+    if isinstance(dataset, (SentenceDataset, TaskDataset)):
+        needed = dataset.max_block_size
+        if needed > model_config.block_size:
+            raise ValueError(
+                f"dataset {dataset.name!r} needs block_size >= {needed}, the model has "
+                f"{model_config.block_size}; pass --block_size {needed}"
+            )
+        if seq_len is not None and seq_len != needed:
+            raise ValueError(f"seq_len={seq_len}: dataset {dataset.name!r} trains on its own "
+                             f"{needed}-token examples; drop --seq_len (it is for text data)")
+        return needed
+    if dataset.max_block_size < 1:  # "hello world": one token of validation text
+        raise ValueError(
+            f"data {dataset.name!r} is too short to train on: its smaller split has "
+            f"{dataset.max_block_size + 1} token(s), and a sequence needs at least 2 (one to "
+            "read, one to predict); give it more text (a few thousand characters at least)"
+        )
+    if seq_len is not None and seq_len > model_config.block_size:
+        raise ValueError(f"seq_len={seq_len} is longer than the model's context "
+                         f"(block_size={model_config.block_size}); use --seq_len "
+                         f"{model_config.block_size} or less")
+    length = model_config.block_size if seq_len is None else seq_len
+    flag = "--block_size" if seq_len is None else "--seq_len"
+    if length > dataset.max_block_size:
+        raise ValueError(
+            f"{flag.removeprefix('--')}={length} is larger than the data allows "
+            f"({dataset.max_block_size + 1} tokens in the smaller split); use {flag} "
+            f"{max(1, dataset.max_block_size)} or less, or more text"
+        )
+    return length

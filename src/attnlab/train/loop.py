@@ -30,12 +30,12 @@ from ..checkpoint import (
     save_checkpoint,
 )
 from ..model.gpt import GPT, GPTConfig
-from ..model.runtime import quiet_graph_pool, warn_if_slow_bf16
+from ..model.runtime import quiet_compile, warn_if_slow_bf16
 from .budget import Budget, parse_duration
 from .config import TrainConfig, TrainResult
-from .data import Dataset, SentenceDataset, TaskDataset, bits_per_byte
+from .data import Dataset, bits_per_byte, sequence_length
 from .distributed import World, setup, teardown
-from .state import StopFlag, check_writable, origin_of, restore
+from .state import StopFlag, check_writable, compile_blocks, origin_of, release_blocks, restore
 
 # training steps whose losses wait on a GPU before one read (train_step)
 READ_EVERY = 20
@@ -56,65 +56,40 @@ def make_optimizer(model: GPT, config: TrainConfig) -> torch.optim.Optimizer:
     return torch.optim.AdamW(groups, lr=config.lr, betas=(0.9, config.beta2), fused=True)
 
 
-def sequence_length(model_config: GPTConfig, dataset: Dataset, seq_len: int | None = None) -> int:
-    """Training context: `seq_len` or else the model's block_size on text, a task's own
-    length otherwise."""
-    if isinstance(dataset, (SentenceDataset, TaskDataset)):
-        needed = dataset.max_block_size
-        if needed > model_config.block_size:
-            raise ValueError(
-                f"dataset {dataset.name!r} needs block_size >= {needed}, the model has "
-                f"{model_config.block_size}; pass --block_size {needed}"
-            )
-        if seq_len is not None and seq_len != needed:
-            raise ValueError(f"seq_len={seq_len}: dataset {dataset.name!r} trains on its own "
-                             f"{needed}-token examples; drop --seq_len (it is for text data)")
-        return needed
-    if dataset.max_block_size < 1:  # "hello world": one token of validation text
-        raise ValueError(
-            f"data {dataset.name!r} is too short to train on: its smaller split has "
-            f"{dataset.max_block_size + 1} token(s), and a sequence needs at least 2 (one to "
-            "read, one to predict); give it more text (a few thousand characters at least)"
-        )
-    if seq_len is not None and seq_len > model_config.block_size:
-        raise ValueError(f"seq_len={seq_len} is longer than the model's context "
-                         f"(block_size={model_config.block_size}); use --seq_len "
-                         f"{model_config.block_size} or less")
-    length = model_config.block_size if seq_len is None else seq_len
-    flag = "--block_size" if seq_len is None else "--seq_len"
-    if length > dataset.max_block_size:
-        raise ValueError(
-            f"{flag.removeprefix('--')}={length} is larger than the data allows "
-            f"({dataset.max_block_size + 1} tokens in the smaller split); use {flag} "
-            f"{max(1, dataset.max_block_size)} or less, or more text"
-        )
-    return length
-
-
 @torch.no_grad()
 def evaluate(
     model: GPT, dataset: Dataset, config: TrainConfig, seq_len: int, world: World | None = None
 ) -> dict[str, float]:
     """Mean loss on fixed batches of each split (the same batches at every evaluation)."""
     world = world or World(device=model.wte.weight.device)
-    rows = world.rows(config.batch_size)
-    fused = fused_attention(config, world.device)
     was_training = model.training
     model.eval()
     out = {}
-    for split in ("train", "val"):
-        gen = torch.Generator().manual_seed(config.seed + (1 if split == "train" else 2))
-        total = torch.zeros((), dtype=torch.float64, device=world.device)
-        for _ in range(config.eval_iters):
-            x, y = dataset.batch(split, config.batch_size, seq_len, gen, rows)
-            with _autocast(config, world.device):
-                loss = model(to_device(x, world.device), to_device(y, world.device),
-                             fused=fused).loss
-            assert loss is not None
-            total += loss.detach()  # summed on the device: one read per split, not per batch
-        out[f"{split}_loss"] = world.mean(float(total) / config.eval_iters)
+    # eager even where training compiled the blocks (compile_blocks): no second compilation
+    # and graph for these few batches
+    stance = getattr(torch.compiler, "set_stance", None)  # torch >= 2.6
+    with stance("force_eager") if stance is not None else contextlib.nullcontext():
+        for split in ("train", "val"):
+            out[f"{split}_loss"] = _split_loss(model, dataset, config, seq_len, world, split)
     model.train(was_training)
     return out
+
+
+def _split_loss(model: GPT, dataset: Dataset, config: TrainConfig, seq_len: int,
+                world: World, split: str) -> float:
+    """The mean loss of `split` on its fixed evaluation batches (all processes' mean)."""
+    rows = world.rows(config.batch_size)
+    fused = fused_attention(config, world.device)
+    gen = torch.Generator().manual_seed(config.seed + (1 if split == "train" else 2))
+    total = torch.zeros((), dtype=torch.float64, device=world.device)
+    for _ in range(config.eval_iters):
+        x, y = dataset.batch(split, config.batch_size, seq_len, gen, rows)
+        with _autocast(config, world.device):
+            loss = model(to_device(x, world.device), to_device(y, world.device),
+                         fused=fused).loss
+        assert loss is not None
+        total += loss.detach()  # summed on the device: one read per split, not per batch
+    return world.mean(float(total) / config.eval_iters)
 
 
 def read_interval(device: torch.device, config: TrainConfig) -> int:
@@ -180,8 +155,12 @@ def train(
         if world.main:
             check_writable(Path(out_dir), model_config)
             warn_if_slow_bf16(config.dtype, world.device)
-        return _Run(model_config, config, dataset, Path(out_dir), world, seq_len, resume,
-                    callback, init).fit()
+        run = _Run(model_config, config, dataset, Path(out_dir), world, seq_len, resume,
+                   callback, init)
+        try:
+            return run.fit()
+        finally:
+            release_blocks(run.model)  # the model returned is the plain one
     finally:
         teardown(started)
 
@@ -259,10 +238,12 @@ class _Run:
             ids = [device.index] if device.type == "cuda" else None
             ddp = DistributedDataParallel(self.model, device_ids=ids)
         step_fn: Any = ddp or self.model
-        if self.config.compile:
-            # on one GPU, as CUDA graphs: a step is one launch per graph instead of one per
-            # kernel (docs/gpu.md#the-gpu-recipe)
-            step_fn = torch.compile(step_fn, mode="reduce-overhead" if self.graphed else None)
+        if self.graphed:
+            # on one GPU: each block compiled once for all and replayed as CUDA graphs, one
+            # launch per graph instead of one per kernel (docs/gpu.md#the-gpu-recipe)
+            compile_blocks(self.model, mode="reduce-overhead")
+        elif self.config.compile:
+            step_fn = torch.compile(step_fn)
         return ddp, step_fn
 
     def _budget(self, resume: bool) -> Budget | None:
@@ -372,10 +353,10 @@ class _Run:
             sync = ddp is None or micro == config.grad_accum - 1
             if self.graphed:  # the last step's graph outputs (its loss) are read already
                 torch.compiler.cudagraph_mark_step_begin()
-            first = self.graphed and not self.pending and not self.timed[1]
-            with contextlib.nullcontext() if sync else ddp.no_sync():
-                with _autocast(config, world.device), \
-                        quiet_graph_pool() if first else contextlib.nullcontext():
+            first = self.graphed and not self.pending and not self.timed[1]  # compiling
+            with contextlib.nullcontext() if sync else ddp.no_sync(), \
+                    quiet_compile() if first else contextlib.nullcontext():
+                with _autocast(config, world.device):
                     loss = self.step_fn(x, y, fused=self.fused).loss
                 assert loss is not None
                 (loss / config.grad_accum).backward()

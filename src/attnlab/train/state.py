@@ -106,3 +106,18 @@ def check_writable(out: Path, model_config: GPTConfig) -> None:
             f"{out} has {free / 1e6:.1f} MB free but checkpoints of this model need about "
             f"{needed / 1e6:.1f} MB; free some space or pass --out on another disk"
         )
+
+
+def compile_blocks(model: GPT, **options: Any) -> None:
+    """Compile each transformer block's forward in place (regional compilation; `options`
+    go to torch.compile): the blocks share one compilation, a fraction of the whole model's,
+    and the embedding, head and loss around them stay eager. `release_blocks` undoes it."""
+    for block in model.blocks:
+        block.forward = torch.compile(block.forward, **options)
+
+
+def release_blocks(model: GPT) -> None:
+    """The blocks' own forward again, after `compile_blocks`."""
+    for block in model.blocks:
+        if "forward" in vars(block):
+            del block.forward
