@@ -123,7 +123,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.gpu_step_probe")
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--smoke", action="store_true", help="tiny shapes on any device")
-    parser.add_argument("--ways", help="comma-separated parts of the ways' names to run")
+    parser.add_argument("--ways", help="the ways to run, their names joined by ';'")
     args = parser.parse_args(argv)
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     shape, warmup, steps = SHAPE, WARMUP, STEPS
@@ -135,7 +135,7 @@ def main(argv: list[str] | None = None) -> int:
     for name, kind, mode, sync in WAYS:
         if args.smoke and mode not in (None, "default", "regional default"):
             continue
-        if args.ways and not any(w in name for w in args.ways.split(",")):
+        if args.ways and name not in args.ways.split(";"):
             continue
         # a cold compilation for each way: nothing cached from the one before
         os.environ["TORCHINDUCTOR_CACHE_DIR"] = tempfile.mkdtemp(prefix="probe-inductor-")
