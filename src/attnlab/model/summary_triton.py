@@ -19,6 +19,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
+
 @triton.jit
 def _keys_ok(rows, cols, row_ok, key_index, S, pad_ptr, pad_row, window,
              CAUSAL: tl.constexpr, WINDOWED: tl.constexpr, HAS_PAD: tl.constexpr):
@@ -77,10 +78,8 @@ def rows_kernel(q_ptr, k_ptr, pad_ptr, first_ptr, lse_ptr,
         cols = start + tl.arange(0, BLOCK_N)
         k_t = tl.load(k_head + cols[None, :] * sks + dims[:, None],
                       mask=dim_ok[:, None] & (cols < S)[None, :], other=0.0)  # (BLOCK_D, BLOCK_N)
-        if IEEE:
-            s2 = tl.dot(q, k_t, input_precision="ieee")
-        else:
-            s2 = tl.dot(q, k_t)
+        # float32 inputs exactly (no TF32), as the torch path's float32 matmul
+        s2 = tl.dot(q, k_t, input_precision="ieee") if IEEE else tl.dot(q, k_t)
         s2 = s2 * scale2  # (BLOCK_M, BLOCK_N) float32
         ok = _keys_ok(rows, cols, row_ok, key_index, S, pad_ptr, pad_row, window,
                       CAUSAL, WINDOWED, HAS_PAD)
@@ -163,10 +162,8 @@ def received_kernel(q_ptr, k_ptr, pad_ptr, lse_ptr, received_ptr,
         q = tl.load(q_head + rows[:, None] * sqt + dims[None, :],
                     mask=row_ok[:, None] & dim_ok[None, :], other=0.0)  # (BLOCK_M, BLOCK_D)
         lse2 = tl.load(lse_ptr + bh * T + rows, mask=row_ok, other=float("inf"))
-        if IEEE:
-            s2 = tl.dot(q, k_t, input_precision="ieee")
-        else:
-            s2 = tl.dot(q, k_t)
+        # float32 inputs exactly (no TF32), as the torch path's float32 matmul
+        s2 = tl.dot(q, k_t, input_precision="ieee") if IEEE else tl.dot(q, k_t)
         s2 = s2 * scale2  # (BLOCK_M, BLOCK_N) float32
         ok = _keys_ok(rows, cols, row_ok, offset + rows, S, pad_ptr, pad_row, window,
                       CAUSAL, WINDOWED, HAS_PAD)
