@@ -24,9 +24,10 @@ from .summaries import SUMMARY_NAMES
 #: Model dtypes the kernels take as is (float64 models keep the torch path: their
 #: summaries are float64, `summaries.accumulation_dtype`).
 DTYPES = (torch.float16, torch.bfloat16, torch.float32)
-#: (query rows, keys) per block of the rows pass and of the received pass, and warps.
-ROWS_BLOCKS = (128, 64, 8)
-RECEIVED_BLOCKS = (64, 128, 8)
+#: (query rows, keys, warps) per block of the rows pass and of the received pass, for head
+#: sizes up to 128 (flash attention's forward tiles) and above (half, to stay in registers).
+ROWS_BLOCKS = {128: (128, 64, 8), 256: (64, 32, 4)}
+RECEIVED_BLOCKS = {128: (64, 128, 8), 256: (32, 64, 4)}
 
 
 def triton_importable() -> bool:
@@ -80,7 +81,8 @@ def layer_summaries(names: list[str], q: Tensor, k: Tensor, scale: float, *, cau
                   WINDOWED=windowed, HAS_PAD=padding is not None,
                   IEEE=q.dtype == torch.float32)
     strides = (q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2))
-    block_m, block_n, warps = ROWS_BLOCKS if blocks is None else (*blocks, 4)
+    size = 128 if hs <= 128 else 256
+    block_m, block_n, warps = ROWS_BLOCKS[size] if blocks is None else (*blocks, 4)
     kernels.rows_kernel[(math.ceil(T / block_m), B * nh)](
         q, k, pad, first, lse2, *(rows_values.get(name, lse2) for name in
                                   ("attn_entropy", "attn_sink", "attn_distance", "attn_max")),
@@ -90,7 +92,7 @@ def layer_summaries(names: list[str], q: Tensor, k: Tensor, scale: float, *, cau
         num_warps=warps)
     if "attn_received" in names:
         received = torch.empty((B, nh, S), dtype=torch.float32, device=device)  # (B, nh, S)
-        block_m, block_n, warps = RECEIVED_BLOCKS if blocks is None else (*blocks, 4)
+        block_m, block_n, warps = RECEIVED_BLOCKS[size] if blocks is None else (*blocks, 4)
         kernels.received_kernel[(math.ceil(S / block_n), B * nh)](
             q, k, pad, lse2, received, *strides, **common, BLOCK_M=block_m, BLOCK_N=block_n,
             num_warps=warps)

@@ -79,7 +79,10 @@ def rows_kernel(q_ptr, k_ptr, pad_ptr, first_ptr, lse_ptr,
         k_t = tl.load(k_head + cols[None, :] * sks + dims[:, None],
                       mask=dim_ok[:, None] & (cols < S)[None, :], other=0.0)  # (BLOCK_D, BLOCK_N)
         # float32 inputs exactly (no TF32), as the torch path's float32 matmul
-        s2 = tl.dot(q, k_t, input_precision="ieee") if IEEE else tl.dot(q, k_t)
+        if IEEE:  # noqa: SIM108 (a constexpr branch, resolved as the kernel compiles)
+            s2 = tl.dot(q, k_t, input_precision="ieee")
+        else:
+            s2 = tl.dot(q, k_t)
         s2 = s2 * scale2  # (BLOCK_M, BLOCK_N) float32
         ok = _keys_ok(rows, cols, row_ok, key_index, S, pad_ptr, pad_row, window,
                       CAUSAL, WINDOWED, HAS_PAD)
@@ -163,7 +166,10 @@ def received_kernel(q_ptr, k_ptr, pad_ptr, lse_ptr, received_ptr,
                     mask=row_ok[:, None] & dim_ok[None, :], other=0.0)  # (BLOCK_M, BLOCK_D)
         lse2 = tl.load(lse_ptr + bh * T + rows, mask=row_ok, other=float("inf"))
         # float32 inputs exactly (no TF32), as the torch path's float32 matmul
-        s2 = tl.dot(q, k_t, input_precision="ieee") if IEEE else tl.dot(q, k_t)
+        if IEEE:  # noqa: SIM108 (a constexpr branch, resolved as the kernel compiles)
+            s2 = tl.dot(q, k_t, input_precision="ieee")
+        else:
+            s2 = tl.dot(q, k_t)
         s2 = s2 * scale2  # (BLOCK_M, BLOCK_N) float32
         ok = _keys_ok(rows, cols, row_ok, offset + rows, S, pad_ptr, pad_row, window,
                       CAUSAL, WINDOWED, HAS_PAD)
