@@ -187,7 +187,7 @@ def test_cuda_kernels_equal_the_torch_path(dtype: torch.dtype) -> None:
                                               window=mask.window, padding=mask.padding)
         for name in names:
             torch.testing.assert_close(got[name], expected[name], **tolerance,
-                                       msg=lambda m, n=name: f"{window} {n}: {m}")
+                                       msg=lambda m, n=name, w=window: f"{w} {n}: {m}")
 
 
 @pytest.mark.cuda
