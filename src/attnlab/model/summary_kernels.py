@@ -24,10 +24,11 @@ from .summaries import SUMMARY_NAMES
 #: Model dtypes the kernels take as is (float64 models keep the torch path: their
 #: summaries are float64, `summaries.accumulation_dtype`).
 DTYPES = (torch.float16, torch.bfloat16, torch.float32)
-#: (query rows, keys, warps) per block of the rows pass and of the received pass, for head
-#: sizes up to 128 (flash attention's forward tiles) and above (half, to stay in registers).
-ROWS_BLOCKS = {128: (128, 64, 8), 256: (64, 32, 4)}
-RECEIVED_BLOCKS = {128: (64, 128, 8), 256: (32, 64, 4)}
+#: (query rows, keys, warps) per block of the rows pass and of the received pass, for 16-bit
+#: head sizes up to 128 (flash attention's forward tiles), and smaller ones for larger heads
+#: or float32, whose tiles would spill registers at the first size.
+ROWS_BLOCKS = {128: (128, 64, 8), 256: (64, 32, 8)}
+RECEIVED_BLOCKS = {128: (64, 128, 8), 256: (32, 64, 8)}
 
 
 def triton_importable() -> bool:
@@ -81,7 +82,7 @@ def layer_summaries(names: list[str], q: Tensor, k: Tensor, scale: float, *, cau
                   WINDOWED=windowed, HAS_PAD=padding is not None,
                   IEEE=q.dtype == torch.float32)
     strides = (q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2))
-    size = 128 if hs <= 128 else 256
+    size = 128 if hs <= 128 and q.dtype != torch.float32 else 256
     block_m, block_n, warps = ROWS_BLOCKS[size] if blocks is None else (*blocks, 4)
     kernels.rows_kernel[(math.ceil(T / block_m), B * nh)](
         q, k, pad, first, lse2, *(rows_values.get(name, lse2) for name in
@@ -89,12 +90,12 @@ def layer_summaries(names: list[str], q: Tensor, k: Tensor, scale: float, *, cau
         *strides, **common, BLOCK_M=block_m, BLOCK_N=block_n,
         WANT_ENTROPY="attn_entropy" in names, WANT_SINK="attn_sink" in names,
         WANT_DISTANCE="attn_distance" in names, WANT_MAX="attn_max" in names,
-        num_warps=warps)
+        num_warps=warps, enable_fp_fusion=True)
     if "attn_received" in names:
         received = torch.empty((B, nh, S), dtype=torch.float32, device=device)  # (B, nh, S)
         block_m, block_n, warps = RECEIVED_BLOCKS[size] if blocks is None else (*blocks, 4)
         kernels.received_kernel[(math.ceil(S / block_n), B * nh)](
             q, k, pad, lse2, received, *strides, **common, BLOCK_M=block_m, BLOCK_N=block_n,
-            num_warps=warps)
+            num_warps=warps, enable_fp_fusion=True)  # named: no default warning
         rows_values["attn_received"] = received
     return {name: rows_values[name] for name in SUMMARY_NAMES if name in names}
