@@ -39,6 +39,21 @@ def _keys_ok(rows, cols, row_ok, key_index, S, pad_ptr, pad_row, window,
 
 
 @triton.jit
+def _sink(q, k_head, first, sks, dims, dim_ok, key_index, has, lse2, scale2, window,
+          CAUSAL: tl.constexpr, WINDOWED: tl.constexpr):
+    """(BLOCK_M,) the weight each row of q gives key `first` (the batch row's first real
+    one): 0 where the mask hides it or the row has no weights (`has` False)."""
+    k_first = tl.load(k_head + first * sks + dims, mask=dim_ok, other=0.0)  # (BLOCK_D,)
+    s_first = tl.sum(q.to(tl.float32) * k_first.to(tl.float32)[None, :], 1) * scale2
+    seen = has
+    if CAUSAL:
+        seen = seen & (first <= key_index)
+    if WINDOWED:
+        seen = seen & (first > key_index - window)
+    return tl.where(seen, tl.exp2(s_first - lse2), 0.0)
+
+
+@triton.jit
 def rows_kernel(q_ptr, k_ptr, pad_ptr, first_ptr, lse_ptr,
                 entropy_ptr, sink_ptr, distance_ptr, max_ptr,
                 sqb, sqh, sqt, skb, skh, sks,
@@ -117,15 +132,8 @@ def rows_kernel(q_ptr, k_ptr, pad_ptr, first_ptr, lse_ptr,
     if WANT_MAX:
         tl.store(max_ptr + out, tl.where(has, 1.0 / l_safe, 0.0), mask=row_ok)
     if WANT_SINK:
-        first = tl.load(first_ptr + b)  # the row's first real key
-        k_first = tl.load(k_head + first * sks + dims, mask=dim_ok, other=0.0)  # (BLOCK_D,)
-        s_first = tl.sum(q.to(tl.float32) * k_first.to(tl.float32)[None, :], 1) * scale2
-        seen = has
-        if CAUSAL:
-            seen = seen & (first <= key_index)
-        if WINDOWED:
-            seen = seen & (first > key_index - window)
-        sink = tl.where(seen, tl.exp2(s_first - lse2), 0.0)
+        sink = _sink(q, k_head, tl.load(first_ptr + b), sks, dims, dim_ok, key_index, has,
+                     lse2, scale2, window, CAUSAL, WINDOWED)
         tl.store(sink_ptr + out, sink, mask=row_ok)
 
 
