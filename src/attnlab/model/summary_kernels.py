@@ -12,9 +12,11 @@ CPU tensors). Why two passes and no tiles: docs/performance.md#summaries-on-a-gp
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import importlib.util
 import math
+from typing import Any
 
 import torch
 from torch import Tensor
@@ -51,8 +53,6 @@ def layer_summaries(names: list[str], q: Tensor, k: Tensor, scale: float, *, cau
     its own; window: only its last `window` keys (with causal); padding (B, S) bool, True for
     real tokens: pads are never attended, a pad's own row is 0s. blocks: (rows, keys) per
     block for both passes instead of the tuned sizes (the tests use small ones)."""
-    from . import summary_triton as kernels  # triton: imported only here
-
     B, nh, T, hs = q.shape
     nkv, S = k.shape[1], k.shape[2]
     unknown = sorted(set(names) - set(SUMMARY_NAMES))
@@ -81,21 +81,36 @@ def layer_summaries(names: list[str], q: Tensor, k: Tensor, scale: float, *, cau
                   HS=hs, BLOCK_D=max(16, 1 << (hs - 1).bit_length()), CAUSAL=causal,
                   WINDOWED=windowed, HAS_PAD=padding is not None,
                   IEEE=q.dtype == torch.float32)
+    _launch(names, q, k, (pad, first, lse2), rows_values, common, blocks)
+    return {name: rows_values[name] for name in SUMMARY_NAMES if name in names}
+
+
+def _launch(names: list[str], q: Tensor, k: Tensor, masks: tuple[Tensor, Tensor, Tensor],
+            values: dict[str, Tensor], common: dict[str, Any],
+            blocks: tuple[int, int] | None) -> None:
+    """Both passes into `values` (the received pass only when wanted); masks: the padding
+    (B, S), first real keys (B,) and the lse2 (B, nh, T) the rows pass writes."""
+    from . import summary_triton as kernels  # triton: imported only here
+
+    B, nh, T, hs = q.shape
+    S = k.shape[2]
+    pad, first, lse2 = masks
     strides = (q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2))
     size = 128 if hs <= 128 and q.dtype != torch.float32 else 256
-    block_m, block_n, warps = ROWS_BLOCKS[size] if blocks is None else (*blocks, 4)
-    kernels.rows_kernel[(math.ceil(T / block_m), B * nh)](
-        q, k, pad, first, lse2, *(rows_values.get(name, lse2) for name in
-                                  ("attn_entropy", "attn_sink", "attn_distance", "attn_max")),
-        *strides, **common, BLOCK_M=block_m, BLOCK_N=block_n,
-        WANT_ENTROPY="attn_entropy" in names, WANT_SINK="attn_sink" in names,
-        WANT_DISTANCE="attn_distance" in names, WANT_MAX="attn_max" in names,
-        num_warps=warps, enable_fp_fusion=True)
-    if "attn_received" in names:
-        received = torch.empty((B, nh, S), dtype=torch.float32, device=device)  # (B, nh, S)
-        block_m, block_n, warps = RECEIVED_BLOCKS[size] if blocks is None else (*blocks, 4)
-        kernels.received_kernel[(math.ceil(S / block_n), B * nh)](
-            q, k, pad, lse2, received, *strides, **common, BLOCK_M=block_m, BLOCK_N=block_n,
+    # triton launches on the current device: make it q's (a model on cuda:1, say)
+    with torch.cuda.device(q.device) if q.is_cuda else contextlib.nullcontext():
+        block_m, block_n, warps = ROWS_BLOCKS[size] if blocks is None else (*blocks, 4)
+        kernels.rows_kernel[(math.ceil(T / block_m), B * nh)](
+            q, k, pad, first, lse2, *(values.get(name, lse2) for name in
+                                      ("attn_entropy", "attn_sink", "attn_distance", "attn_max")),
+            *strides, **common, BLOCK_M=block_m, BLOCK_N=block_n,
+            WANT_ENTROPY="attn_entropy" in names, WANT_SINK="attn_sink" in names,
+            WANT_DISTANCE="attn_distance" in names, WANT_MAX="attn_max" in names,
             num_warps=warps, enable_fp_fusion=True)  # named: no default warning
-        rows_values["attn_received"] = received
-    return {name: rows_values[name] for name in SUMMARY_NAMES if name in names}
+        if "attn_received" in names:
+            received = torch.empty((B, nh, S), dtype=torch.float32, device=q.device)  # (B, nh, S)
+            block_m, block_n, warps = RECEIVED_BLOCKS[size] if blocks is None else (*blocks, 4)
+            kernels.received_kernel[(math.ceil(S / block_n), B * nh)](
+                q, k, pad, lse2, received, *strides, **common, BLOCK_M=block_m,
+                BLOCK_N=block_n, num_warps=warps, enable_fp_fusion=True)
+            values["attn_received"] = received

@@ -66,8 +66,7 @@ def rows_kernel(q_ptr, k_ptr, pad_ptr, first_ptr, lse_ptr,
     contiguous (B, nh, T)); a pad row or a row with no key gets 0s and lse2 = +inf."""
     pid_m = tl.program_id(0)
     bh = tl.program_id(1)
-    b = bh // nh
-    h = bh % nh
+    b, h = bh // nh, bh % nh
     kvh = h // group  # grouped-query attention: the key head serving query head h
     rows = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     row_ok = rows < T
@@ -78,8 +77,7 @@ def rows_kernel(q_ptr, k_ptr, pad_ptr, first_ptr, lse_ptr,
                 mask=row_ok[:, None] & dim_ok[None, :], other=0.0)  # (BLOCK_M, BLOCK_D)
     k_head = k_ptr + b * skb + kvh * skh
     pad_row = pad_ptr + b * S
-    lo = 0
-    hi = S
+    lo, hi = 0, S
     if CAUSAL:  # keys after the block's last query are hidden from all its rows
         hi = tl.minimum(S, offset + (pid_m + 1) * BLOCK_M)
     if WINDOWED:  # keys before the first query's window too
