@@ -162,7 +162,7 @@ def traced_attend(q: Tensor, k: Tensor, v: Tensor, mask: Mask, may_attend: Tenso
     `trace.record` returns is what the computation goes on with.
     """
     T, S = q.shape[2], k.shape[2]
-    if (summary_kernels.available(q) and kernel_mask(mask) and dropout_p == 0.0
+    if (summary_kernels.available(q) and kernel_mask(mask) and T <= S and dropout_p == 0.0
             and any(trace.wants(name) for name in SUMMARY_NAMES)
             and not any(trace.wants(name) for name in ("attn_weights", "attn_scores",
                                                        "masked_scores"))):
@@ -274,7 +274,8 @@ def fused_attend(q: Tensor, k: Tensor, v: Tensor, mask: Mask, may_attend: Tensor
 
 def kernel_mask(mask: Mask) -> bool:
     """Whether `summary_kernels` rebuild mask from indices: one `build_mask` made (causal
-    with cached keys, a window, key padding), or no mask at all."""
+    with cached keys, a window, key padding), or no mask at all (the kernels also need
+    T <= S: queries are the last T keys)."""
     return mask.causal is not None or (mask.may_attend is None and mask.padding is None)
 
 
