@@ -2,8 +2,9 @@
 streamed summaries) over left padding, cached keys, sliding windows, GQA, ragged blocks and
 rows with nothing to attend to. On a CPU they run under Triton's interpreter, which is read
 when the kernels' module is imported: the fixture imports a fresh copy with TRITON_INTERPRET
-set and drops it afterwards. On a GPU (`cuda` marker) they run compiled, and a trace of
-summaries alone then never holds a (nh, T, S) float32 tile."""
+set and drops it afterwards; its inputs are float32 (triton 3.9's interpreter misreads
+bfloat16 operands of tl.dot). On a GPU (`cuda` marker) they run compiled, in float32 and
+bfloat16, and a trace of summaries alone then never holds a (nh, T, S) float32 tile."""
 
 from __future__ import annotations
 
