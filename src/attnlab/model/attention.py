@@ -32,7 +32,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from .layers import Linear, RMSNorm, apply_rotary
-from .traced_attention import traced_attend
+from .traced_attention import fused_attend, traced_attend
 
 
 class LayerTrace(Protocol):
@@ -113,6 +113,10 @@ class Mask:
     padding:      (B, S) bool, True for real tokens (the attention mask), or None without
                   one: which key is a row's first real one and which queries are pads, for
                   the summaries (`summaries.py`).
+    causal:       how `build_mask` made may_attend, for kernels that rebuild it from indices
+                  (`summary_kernels.py`): True, the causal mask with cached keys (and `window`)
+                  and the padding; False, the padding alone; None, a mask of any other shape.
+    window:       the sliding window in may_attend (with causal), or None.
     spans:        the traced path's key spans per block of queries
                   (`traced_attention.key_spans`), worked out by the first layer that needs
                   them and read by the others.
@@ -122,6 +126,8 @@ class Mask:
     square_causal: bool = False
     empty_rows: Tensor | None = None
     padding: Tensor | None = None
+    causal: bool | None = None
+    window: int | None = None
     spans: dict[tuple[int, int, int], list[tuple[int, int, int]]] = field(
         default_factory=dict, init=False, repr=False, compare=False)
 
@@ -157,11 +163,12 @@ def build_mask(
     if causal and (windowed or not (q_len == 1 and k_len >= 1)):
         may_attend = causal_mask(q_len, k_len, device, window=window)[None, None]  # (1, 1, T, S)
     if attention_mask is None:
-        return Mask(may_attend, square_causal=causal and q_len == k_len and not windowed)
+        return Mask(may_attend, square_causal=causal and q_len == k_len and not windowed,
+                    causal=causal, window=window)
     pad = padding_mask(attention_mask.to(device) if device is not None else attention_mask)
     may_attend = pad if may_attend is None else may_attend & pad  # (B, 1, T, S)
     return Mask(may_attend, empty_rows=~may_attend.any(dim=-1, keepdim=True),  # (B, 1, T, 1)
-                padding=pad[:, 0, 0])  # (B, S)
+                padding=pad[:, 0, 0], causal=causal, window=window)  # (B, S)
 
 
 # ----------------------------------------------------------------------------- attend
@@ -221,7 +228,7 @@ def attend(
         may_attend = may_attend | empty  # (B, 1, T, S)
 
     if fused and (trace is None or not trace.needs_weights):
-        return _fused(q, k, v, mask, may_attend, scale, dropout_p)
+        return fused_attend(q, k, v, mask, may_attend, scale, dropout_p)
     if trace is not None:
         heads = _heads_alone(trace, q.shape[1], dropout_p)
         if heads is None:
@@ -229,7 +236,7 @@ def attend(
         # the kept heads' weights and summaries on the traced path, every head's context on
         # the fused one: no (B, nh, T, S) tensor for heads nobody keeps
         traced_attend(q[:, heads], k[:, heads], v[:, heads], mask, may_attend, scale, 0.0, trace)
-        return _fused(q, k, v, mask, may_attend, scale, dropout_p)
+        return fused_attend(q, k, v, mask, may_attend, scale, dropout_p)
     attn_scores = q @ k.transpose(-2, -1)  # (B, nh, T, hs) @ (B, nh, hs, S) -> (B, nh, T, S)
     # Nothing else reads the raw scores, so scale them in place: every (B, nh, T, S) tensor
     # not allocated is 8 MB of fresh pages at B=8, nh=4, T=S=256.
@@ -246,21 +253,6 @@ def attend(
     if dropout_p > 0.0:
         attn_weights = F.dropout(attn_weights, p=dropout_p, training=True)  # (B, nh, T, S)
     return attn_weights @ v  # (B, nh, T, S) @ (B, nh, S, hs) -> (B, nh, T, hs)
-
-
-def _fused(q: Tensor, k: Tensor, v: Tensor, mask: Mask, may_attend: Tensor | None,
-           scale: float, dropout_p: float) -> Tensor:
-    """`attend`'s fused path: q (B, nh, T, hs), k/v (B, nh, S, hs) -> (B, nh, T, hs)."""
-    if mask.square_causal:
-        context = F.scaled_dot_product_attention(
-            q, k, v, dropout_p=dropout_p, is_causal=True, scale=scale
-        )  # (B, nh, T, hs)
-    else:
-        context = F.scaled_dot_product_attention(
-            q, k, v, attn_mask=may_attend, dropout_p=dropout_p, scale=scale
-        )  # (B, nh, T, hs)
-    empty = mask.empty_rows
-    return context if empty is None else context.masked_fill(empty, 0.0)
 
 
 def _heads_alone(trace: LayerTrace, n_head: int, dropout_p: float) -> list[int] | None:

@@ -6,8 +6,10 @@ query rows gets its scores over the keys those queries may attend, scaled and ma
 reference path does, its softmax, and then either a place in the one (B, nh, T, S) weights
 tensor a trace keeps or, when only summaries are wanted, its reductions
 (`summaries.Summaries`) and its share of the context, after which it is discarded: a trace
-of summaries alone never holds a (B, nh, T, S) tensor. What a summary means is
-`summaries.py`'s; storing what comes out is `trace.py`'s.
+of summaries alone never holds a (B, nh, T, S) tensor. On a GPU with triton, such a trace
+runs no explicit path at all: the fused path gives the context and `summary_kernels.py` the
+summaries, from q and k with no weight tile in memory (`kernel_mask`: masks `build_mask`
+made). What a summary means is `summaries.py`'s; storing what comes out is `trace.py`'s.
 
 Blocks by device: a CPU runs `BLOCK_ROWS` queries at a time (a block's scores stay in its
 cache); a device in `ONE_BLOCK` (CUDA) runs all queries as one block, a few large kernels
@@ -25,6 +27,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from . import summary_kernels
 from .runtime import kept_empty, kept_out
 from .summaries import SUMMARY_NAMES, Summaries, accumulation_dtype, tile_elements
 
@@ -159,6 +162,11 @@ def traced_attend(q: Tensor, k: Tensor, v: Tensor, mask: Mask, may_attend: Tenso
     `trace.record` returns is what the computation goes on with.
     """
     T, S = q.shape[2], k.shape[2]
+    if (summary_kernels.available(q) and kernel_mask(mask) and T <= S and dropout_p == 0.0
+            and any(trace.wants(name) for name in SUMMARY_NAMES)
+            and not any(trace.wants(name) for name in ("attn_weights", "attn_scores",
+                                                       "masked_scores"))):
+        return _kernel_summaries(trace, q, k, v, mask, may_attend, scale)  # summaries alone
     # blocks of q and k^T are read many times: lay them out for the matmuls once
     q = q.contiguous()  # (B, nh, T, hs)
     key_t = k.contiguous().transpose(-2, -1)  # (B, nh, hs, S)
@@ -245,6 +253,42 @@ def _streamed(q: Tensor, key_t: Tensor, v: Tensor, mask: Mask, may_attend: Tenso
             summaries.add(weights, i0, k0, h0)  # (B, heads, rows, keys)
             # (B, heads, rows, keys) @ (B, heads, keys, hs) -> (B, heads, rows, hs)
             context[:, h, i0:i1] = weights.to(v.dtype) @ v[:, h, k0:k1]
+    return context
+
+
+def fused_attend(q: Tensor, k: Tensor, v: Tensor, mask: Mask, may_attend: Tensor | None,
+                 scale: float, dropout_p: float) -> Tensor:
+    """`attend`'s fused path: q (B, nh, T, hs), k/v (B, nh, S, hs) -> (B, nh, T, hs);
+    may_attend: the mask with empty rows let through (their output is zeroed here)."""
+    if mask.square_causal:
+        context = F.scaled_dot_product_attention(
+            q, k, v, dropout_p=dropout_p, is_causal=True, scale=scale
+        )  # (B, nh, T, hs)
+    else:
+        context = F.scaled_dot_product_attention(
+            q, k, v, attn_mask=may_attend, dropout_p=dropout_p, scale=scale
+        )  # (B, nh, T, hs)
+    empty = mask.empty_rows
+    return context if empty is None else context.masked_fill(empty, 0.0)
+
+
+def kernel_mask(mask: Mask) -> bool:
+    """Whether `summary_kernels` rebuild mask from indices: one `build_mask` made (causal
+    with cached keys, a window, key padding), or no mask at all (the kernels also need
+    T <= S: queries are the last T keys)."""
+    return mask.causal is not None or (mask.may_attend is None and mask.padding is None)
+
+
+def _kernel_summaries(trace: LayerTrace, q: Tensor, k: Tensor, v: Tensor, mask: Mask,
+                      may_attend: Tensor | None, scale: float) -> Tensor:
+    """A trace of summaries alone on a GPU: the context from the fused path, the summaries
+    from `summary_kernels` (no weight tile in memory), recorded as `_streamed`'s are."""
+    names = [name for name in SUMMARY_NAMES if trace.wants(name)]
+    context = fused_attend(q, k, v, mask, may_attend, scale, 0.0)  # (B, nh, T, hs)
+    values = summary_kernels.layer_summaries(names, q, k, scale, causal=bool(mask.causal),
+                                             window=mask.window, padding=mask.padding)
+    for name, value in values.items():  # (B, nh, T) or (B, nh, S) float32
+        trace.record(name, value)
     return context
 
 

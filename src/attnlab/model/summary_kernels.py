@@ -1,0 +1,116 @@
+"""Per-head attention summaries on a GPU from q and k alone: no score or weight tile in memory.
+
+`traced_attention.py` calls `layer_summaries` for a trace of summaries alone when
+`available(q)` and the mask is one the kernels rebuild from indices (causal with cached
+keys, a sliding window, key padding); the context then comes from the fused path. The
+summaries mean exactly what `summaries.py` says (pad rows and rows with nothing to attend
+to are 0s, the sink is the row's first real key); this module only decides the launch. The
+kernels (`summary_triton.py`) need triton, which attnlab does not depend on: it is imported
+here lazily, on a CUDA tensor only (or under Triton's interpreter, which the tests run on
+CPU tensors). Why two passes and no tiles: docs/performance.md#summaries-on-a-gpu.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib
+import importlib.util
+import math
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from .summaries import SUMMARY_NAMES
+
+#: Model dtypes the kernels take as is (float64 models keep the torch path: their
+#: summaries are float64, `summaries.accumulation_dtype`).
+DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+#: (query rows, keys, warps) per block of the rows pass and of the received pass, for 16-bit
+#: head sizes up to 128 (flash attention's forward tiles), and smaller ones for larger heads
+#: or float32, whose tiles would spill registers at the first size.
+ROWS_BLOCKS = {128: (128, 64, 8), 256: (64, 32, 8)}
+RECEIVED_BLOCKS = {128: (64, 128, 8), 256: (32, 64, 8)}
+
+
+def triton_importable() -> bool:
+    """Whether triton is installed (found without importing it)."""
+    return importlib.util.find_spec("triton") is not None
+
+
+def available(q: Tensor) -> bool:
+    """Whether the kernels can summarise attention of q (B, nh, T, hs): a CUDA tensor of a
+    dtype in `DTYPES` with triton installed. The mask is the caller's to check."""
+    return q.is_cuda and q.dtype in DTYPES and q.shape[-1] <= 256 and triton_importable()
+
+
+def layer_summaries(names: list[str], q: Tensor, k: Tensor, scale: float, *, causal: bool,
+                    window: int | None = None, padding: Tensor | None = None,
+                    blocks: tuple[int, int] | None = None) -> dict[str, Tensor]:
+    """The summaries `names` (float32, in `SUMMARY_NAMES` order) of softmax(q k^T * scale)
+    under the mask: q (B, nh, T, hs), k (B, nkv, S, hs) with nh % nkv == 0 (head h reads key
+    head h // (nh // nkv)); query row r is key index S - T + r. causal: row r sees keys up to
+    its own; window: only its last `window` keys (with causal); padding (B, S) bool, True for
+    real tokens: pads are never attended, a pad's own row is 0s. blocks: (rows, keys) per
+    block for both passes instead of the tuned sizes (the tests use small ones)."""
+    B, nh, T, hs = q.shape
+    nkv, S = k.shape[1], k.shape[2]
+    unknown = sorted(set(names) - set(SUMMARY_NAMES))
+    if unknown:
+        raise ValueError(f"unknown summaries {unknown}; known: {list(SUMMARY_NAMES)}")
+    if nh % nkv or k.shape[0] != B or k.shape[-1] != hs or S < T:
+        raise ValueError(f"q {tuple(q.shape)} and k {tuple(k.shape)} do not fit: need q "
+                         "(B, nh, T, hs), k (B, nkv, S, hs) with nh % nkv == 0 and S >= T")
+    q = q if q.stride(-1) == 1 else q.contiguous()  # (B, nh, T, hs)
+    k = k if k.stride(-1) == 1 else k.contiguous()  # (B, nkv, S, hs)
+    device = q.device
+    first = torch.zeros(B, dtype=torch.int32, device=device)  # (B,) each row's first real key
+    pad = first  # read only with a padding
+    if padding is not None:
+        if tuple(padding.shape) != (B, S):
+            raise ValueError(f"padding of shape {tuple(padding.shape)}; pass the (B, S) = "
+                             f"({B}, {S}) mask over every key")
+        pad = padding.to(device=device, dtype=torch.uint8).contiguous()  # (B, S)
+        first = pad.argmax(dim=-1).to(torch.int32)  # (B,) the first 1
+    rows_values = {name: torch.empty((B, nh, T), dtype=torch.float32, device=device)
+                   for name in names if name != "attn_received"}  # (B, nh, T) each
+    lse2 = torch.empty((B, nh, T), dtype=torch.float32, device=device)  # (B, nh, T)
+    windowed = window is not None and window < S
+    common = dict(nh=nh, group=nh // nkv, T=T, S=S, offset=S - T,
+                  window=window if windowed else 0, scale2=scale * math.log2(math.e),
+                  HS=hs, BLOCK_D=max(16, 1 << (hs - 1).bit_length()), CAUSAL=causal,
+                  WINDOWED=windowed, HAS_PAD=padding is not None,
+                  IEEE=q.dtype == torch.float32)
+    _launch(names, q, k, (pad, first, lse2), rows_values, common, blocks)
+    return {name: rows_values[name] for name in SUMMARY_NAMES if name in names}
+
+
+def _launch(names: list[str], q: Tensor, k: Tensor, masks: tuple[Tensor, Tensor, Tensor],
+            values: dict[str, Tensor], common: dict[str, Any],
+            blocks: tuple[int, int] | None) -> None:
+    """Both passes into `values` (the received pass only when wanted); masks: the padding
+    (B, S), first real keys (B,) and the lse2 (B, nh, T) the rows pass writes."""
+    from . import summary_triton as kernels  # triton: imported only here
+
+    B, nh, T, hs = q.shape
+    S = k.shape[2]
+    pad, first, lse2 = masks
+    strides = (q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2))
+    size = 128 if hs <= 128 and q.dtype != torch.float32 else 256
+    # triton launches on the current device: make it q's (a model on cuda:1, say)
+    with torch.cuda.device(q.device) if q.is_cuda else contextlib.nullcontext():
+        block_m, block_n, warps = ROWS_BLOCKS[size] if blocks is None else (*blocks, 4)
+        kernels.rows_kernel[(math.ceil(T / block_m), B * nh)](
+            q, k, pad, first, lse2, *(values.get(name, lse2) for name in
+                                      ("attn_entropy", "attn_sink", "attn_distance", "attn_max")),
+            *strides, **common, BLOCK_M=block_m, BLOCK_N=block_n,
+            WANT_ENTROPY="attn_entropy" in names, WANT_SINK="attn_sink" in names,
+            WANT_DISTANCE="attn_distance" in names, WANT_MAX="attn_max" in names,
+            num_warps=warps, enable_fp_fusion=True)  # named: no default warning
+        if "attn_received" in names:
+            received = torch.empty((B, nh, S), dtype=torch.float32, device=q.device)  # (B, nh, S)
+            block_m, block_n, warps = RECEIVED_BLOCKS[size] if blocks is None else (*blocks, 4)
+            kernels.received_kernel[(math.ceil(S / block_n), B * nh)](
+                q, k, pad, lse2, received, *strides, **common, BLOCK_M=block_m,
+                BLOCK_N=block_n, num_warps=warps, enable_fp_fusion=True)
+            values["attn_received"] = received

@@ -1,0 +1,210 @@
+"""model/summary_kernels.py: the Triton summaries equal the torch path's (`traced_attention`'s
+streamed summaries) over left padding, cached keys, sliding windows, GQA, ragged blocks and
+rows with nothing to attend to. On a CPU they run under Triton's interpreter, which is read
+when the kernels' module is imported: the fixture imports a fresh copy with TRITON_INTERPRET
+set and drops it afterwards; its inputs are float32 (triton 3.9's interpreter misreads
+bfloat16 operands of tl.dot). On a GPU (`cuda` marker) they run compiled, in float32 and
+bfloat16, and a trace of summaries alone then never holds a (nh, T, S) float32 tile."""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import sys
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+import torch
+
+from attnlab import GPT, GPTConfig, Trace
+from attnlab.model import summary_kernels, traced_attention
+from attnlab.model.attention import Mask, attend, build_mask
+from attnlab.model.summaries import SUMMARY_NAMES
+
+if importlib.util.find_spec("triton") is None:  # found, not imported: see `interpreted`
+    pytest.skip("needs triton (pip install triton)", allow_module_level=True)
+
+TOLERANCE = dict(atol=1e-5, rtol=1e-5)  # float32; distances and received weights exceed 1
+KERNELS = "attnlab.model.summary_triton"
+
+
+@pytest.fixture
+def interpreted(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    """triton and the kernels' module imported afresh under Triton's interpreter (CPU
+    tensors): triton reads TRITON_INTERPRET as it decorates, its own library included, so
+    the modules imported before (by torch, or an earlier test) are set aside meanwhile."""
+    import attnlab.model as package
+
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    fresh = [name for name in sys.modules
+             if name == KERNELS or (name.split(".")[0] == "triton"
+                                    and not name.startswith("triton._C"))]
+    for name in fresh:
+        monkeypatch.delitem(sys.modules, name)
+    monkeypatch.delattr(package, "summary_triton", raising=False)
+    importlib.import_module(KERNELS)
+    yield
+    for name in list(sys.modules):  # the interpreted copies; monkeypatch restores the others
+        if name == KERNELS or (name.split(".")[0] == "triton"
+                               and not name.startswith("triton._C")):
+            del sys.modules[name]
+    if hasattr(package, "summary_triton"):
+        delattr(package, "summary_triton")
+
+
+class _Wants:
+    """A LayerTrace of the summaries alone: records what attention hands it."""
+
+    needs_weights = True
+    heads = None
+
+    def __init__(self, names: list[str]) -> None:
+        self.names, self.values = names, {}
+
+    def wants(self, name: str) -> bool:
+        return name in self.names
+
+    def record(self, name: str, value: torch.Tensor) -> torch.Tensor:
+        self.values[name] = value
+        return value
+
+
+def _torch_path(q: torch.Tensor, k: torch.Tensor, mask: Mask, scale: float,
+                names: list[str]) -> dict[str, torch.Tensor]:
+    """The summaries of the CPU traced path (streamed: summaries alone)."""
+    trace = _Wants(names)
+    attend(q, k, torch.randn_like(k), mask, scale=scale, fused=False, trace=trace)
+    assert list(trace.values) == names
+    return trace.values
+
+
+# (B, nh, nkv, T, S, hs, causal, window, left pads per batch row or None, block)
+CASES = {
+    "left padding": (2, 2, 2, 19, 19, 16, True, None, [0, 6], 16),
+    "cached keys and GQA": (1, 4, 2, 7, 23, 8, True, None, None, 16),
+    "window, padding, ragged": (2, 2, 1, 21, 30, 16, True, 5, [3, 0], 16),
+    "no causal, all-pad row": (2, 2, 2, 9, 9, 16, False, None, [0, 9], 16),
+    "one query over a cache": (2, 2, 1, 1, 12, 16, True, None, [4, 0], 16),
+}
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_interpreted_kernels_equal_the_torch_path(case: str, interpreted: None) -> None:
+    B, nh, nkv, T, S, hs, causal, window, pads, block = CASES[case]
+    gen = torch.Generator().manual_seed(len(case))
+    q = torch.randn(B, nh, T, hs, generator=gen) * 2  # (B, nh, T, hs)
+    k = torch.randn(B, nkv, S, hs, generator=gen)  # (B, nkv, S, hs)
+    attention_mask = None
+    if pads is not None:
+        attention_mask = torch.ones(B, S, dtype=torch.long)
+        for b, n in enumerate(pads):
+            attention_mask[b, :n] = 0
+    mask = build_mask(T, S, attention_mask, causal=causal, window=window)
+    assert traced_attention.kernel_mask(mask)
+    names = list(SUMMARY_NAMES)
+    expected = _torch_path(q, k, mask, 0.3, names)
+    got = summary_kernels.layer_summaries(names, q, k, 0.3, causal=causal, window=mask.window,
+                                          padding=mask.padding, blocks=(block, block))
+    assert list(got) == names
+    for name in names:
+        assert got[name].dtype == expected[name].dtype == torch.float32
+        torch.testing.assert_close(got[name], expected[name], **TOLERANCE,
+                                   msg=lambda m, n=name: f"{case} {n}: {m}")
+    if pads is not None and pads[-1] == S:  # a row of pads: nothing anywhere
+        assert all(not got[name][-1].any() for name in names)
+
+
+def test_only_the_wanted_summaries_are_made(interpreted: None) -> None:
+    q, k = torch.randn(1, 2, 5, 16), torch.randn(1, 2, 5, 16)
+    got = summary_kernels.layer_summaries(["attn_max", "attn_sink"], q, k, 0.25, causal=True)
+    assert list(got) == ["attn_sink", "attn_max"]
+    expected = _torch_path(q, k, build_mask(5, 5), 0.25, ["attn_sink", "attn_max"])
+    for name, value in got.items():
+        torch.testing.assert_close(value, expected[name], **TOLERANCE)
+
+
+def _model(**overrides: Any) -> GPT:
+    torch.manual_seed(0)
+    config = {"n_head": 4, "n_kv_head": 2, **overrides}
+    return GPT(GPTConfig.from_name("nano", **config)).eval()
+
+
+def test_a_model_trace_through_the_kernels_equals_the_torch_trace(
+    interpreted: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """With the kernels let run on CPU tensors, a model's trace of summaries alone has the
+    torch path's names, shapes, dtypes and values (and takes the kernel path: counted)."""
+    model = _model(pos="rope", sliding_window=3, window_layers=[0])
+    ids = torch.randint(0, 65, (2, 11), generator=torch.Generator().manual_seed(1))
+    mask = torch.ones(2, 11, dtype=torch.long)
+    mask[1, :4] = 0
+    names = list(SUMMARY_NAMES)
+    expected = Trace(names=names).run(model, ids, mask)
+    calls = []
+    launch = summary_kernels.layer_summaries
+
+    def counted(*args: Any, **kwargs: Any) -> dict[str, torch.Tensor]:
+        calls.append(kwargs["window"])
+        return launch(*args, **kwargs)
+
+    monkeypatch.setattr(summary_kernels, "available", lambda q: True)
+    monkeypatch.setattr(summary_kernels, "layer_summaries", counted)
+    got = Trace(names=names).run(model, ids, mask)
+    assert calls == [3] + [None] * (model.config.n_layer - 1)
+    for layer in range(model.config.n_layer):
+        for name in names:
+            value = got.get(name, layer)
+            assert value.shape == expected.get(name, layer).shape
+            assert value.dtype == expected.get(name, layer).dtype
+            torch.testing.assert_close(value, expected.get(name, layer), **TOLERANCE)
+
+
+def _cuda() -> None:
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA GPU")
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_cuda_kernels_equal_the_torch_path(dtype: torch.dtype) -> None:
+    """(B, nh, nkv, T, S, hs) = (2, 8, 2, 300, 700, 64), left pads, a window of 200: the
+    compiled kernels against the torch path on the same GPU inputs, in float32 (bfloat16
+    inputs: the torch path rounds its scores to bfloat16, so within 2e-2)."""
+    _cuda()
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    q = torch.randn(2, 8, 300, 64, device="cuda", generator=gen, dtype=dtype)
+    k = torch.randn(2, 2, 700, 64, device="cuda", generator=gen, dtype=dtype)
+    attention_mask = torch.ones(2, 700, dtype=torch.long, device="cuda")
+    attention_mask[1, :37] = 0
+    names = list(SUMMARY_NAMES)
+    tolerance = TOLERANCE if dtype == torch.float32 else dict(atol=2e-2, rtol=2e-2)
+    for window in (None, 200):
+        mask = build_mask(300, 700, attention_mask, window=window, device="cuda")
+        with pytest.MonkeyPatch.context() as patch:
+            patch.setattr(summary_kernels, "available", lambda q: False)  # the torch path
+            expected = _torch_path(q, k, mask, 0.125, names)
+        got = summary_kernels.layer_summaries(names, q, k, 0.125, causal=True,
+                                              window=mask.window, padding=mask.padding)
+        for name in names:
+            torch.testing.assert_close(got[name], expected[name], **tolerance,
+                                       msg=lambda m, n=name, w=window: f"{w} {n}: {m}")
+
+
+@pytest.mark.cuda
+def test_cuda_trace_of_summaries_takes_the_kernels() -> None:
+    """A bfloat16 model's trace of summaries alone at T = 2048, nh = 8 on a GPU peaks well
+    below one (nh, T, S) float32 tile (128 MiB): the kernels ran, not the tiled torch path."""
+    _cuda()
+    model = _model(n_head=8, n_layer=2, block_size=2048).to("cuda", torch.bfloat16)
+    ids = torch.randint(0, 65, (1, 2048), device="cuda")
+    names = list(SUMMARY_NAMES)
+    Trace(names=names).run(model, ids)  # compiles the kernels
+    torch.cuda.synchronize()
+    torch.cuda.reset_peak_memory_stats()
+    before = torch.cuda.memory_allocated()
+    trace = Trace(names=names).run(model, ids)
+    peak = torch.cuda.max_memory_allocated() - before
+    nh = model.config.n_head
+    assert peak < 4 * nh * 2048 * 2048 // 4, peak
+    assert trace.get("attn_received", 0).shape == (1, nh, 2048)
