@@ -26,11 +26,11 @@ from .summaries import SUMMARY_NAMES
 #: Model dtypes the kernels take as is (float64 models keep the torch path: their
 #: summaries are float64, `summaries.accumulation_dtype`).
 DTYPES = (torch.float16, torch.bfloat16, torch.float32)
-#: (query rows, keys, warps) per block of the rows pass and of the received pass, for 16-bit
-#: head sizes up to 128 (flash attention's forward tiles), and smaller ones for larger heads
-#: or float32, whose tiles would spill registers at the first size.
-ROWS_BLOCKS = {128: (128, 64, 8), 256: (64, 32, 8)}
-RECEIVED_BLOCKS = {128: (64, 128, 8), 256: (32, 64, 8)}
+#: (query rows, keys, warps[, pipeline stages]) per block of the rows pass and of the
+#: received pass, for 16-bit head sizes up to 128 (flash attention's forward tiles), and
+#: smaller ones for larger heads or float32, whose tiles would spill registers at the first.
+ROWS_BLOCKS: dict[int, tuple[int, ...]] = {128: (128, 64, 8), 256: (64, 32, 8)}
+RECEIVED_BLOCKS: dict[int, tuple[int, ...]] = {128: (64, 128, 8), 256: (32, 64, 8)}
 
 
 def triton_importable() -> bool:
@@ -99,18 +99,25 @@ def _launch(names: list[str], q: Tensor, k: Tensor, masks: tuple[Tensor, Tensor,
     size = 128 if hs <= 128 and q.dtype != torch.float32 else 256
     # triton launches on the current device: make it q's (a model on cuda:1, say)
     with torch.cuda.device(q.device) if q.is_cuda else contextlib.nullcontext():
-        block_m, block_n, warps = ROWS_BLOCKS[size] if blocks is None else (*blocks, 4)
+        stages: list[int]
+        block_m, block_n, warps, *stages = ROWS_BLOCKS[size] if blocks is None else (*blocks, 4)
         kernels.rows_kernel[(math.ceil(T / block_m), B * nh)](
             q, k, pad, first, lse2, *(values.get(name, lse2) for name in
                                       ("attn_entropy", "attn_sink", "attn_distance", "attn_max")),
             *strides, **common, BLOCK_M=block_m, BLOCK_N=block_n,
             WANT_ENTROPY="attn_entropy" in names, WANT_SINK="attn_sink" in names,
             WANT_DISTANCE="attn_distance" in names, WANT_MAX="attn_max" in names,
-            num_warps=warps, enable_fp_fusion=True)  # named: no default warning
+            num_warps=warps, **_stages(stages), enable_fp_fusion=True)  # named: no warning
         if "attn_received" in names:
             received = torch.empty((B, nh, S), dtype=torch.float32, device=q.device)  # (B, nh, S)
-            block_m, block_n, warps = RECEIVED_BLOCKS[size] if blocks is None else (*blocks, 4)
+            block_m, block_n, warps, *stages = (RECEIVED_BLOCKS[size] if blocks is None
+                                                else (*blocks, 4))
             kernels.received_kernel[(math.ceil(S / block_n), B * nh)](
                 q, k, pad, lse2, received, *strides, **common, BLOCK_M=block_m,
-                BLOCK_N=block_n, num_warps=warps, enable_fp_fusion=True)
+                BLOCK_N=block_n, num_warps=warps, **_stages(stages), enable_fp_fusion=True)
             values["attn_received"] = received
+
+
+def _stages(stages: list[int]) -> dict[str, int]:
+    """Triton's num_stages where a block size names one (a fourth number), else its own."""
+    return {"num_stages": stages[0]} if stages else {}
