@@ -71,7 +71,47 @@ def _summaries_rows(r: Result) -> list[list[str]]:
     return rows
 
 
+def _time_ratio(ours: Result, nano: Result) -> str:
+    """attnlab's time over nanoGPT's, to the target, or (nanoGPT never reaching it) to the
+    best val nanoGPT reached."""
+    if ours.get("reached") and nano.get("reached"):
+        return f"{ours['reached']['seconds'] / nano['reached']['seconds']:.2f}x nanoGPT's time"
+    if not nano.get("evals"):
+        return ""
+    best = min(nano["evals"], key=lambda e: e["val"])
+    at = next((e for e in ours.get("evals", []) if e["val"] <= best["val"]), None)
+    if at is None:
+        return ""
+    return (f"to nanoGPT's best ({best['val']:.4f}): {_n(at['seconds'])} s against "
+            f"{_n(best['seconds'])} s, {at['seconds'] / best['seconds']:.2f}x its time")
+
+
+def _train_rows(r: Result) -> list[list[str]]:
+    runs = {x["name"].split(" ")[0]: x for x in r.get("runs", [])}
+    ours, nano = runs.get("attnlab"), runs.get("nanoGPT")
+    if ours is None or nano is None or not ours.get("tokens_per_s") or \
+            not nano.get("tokens_per_s"):
+        return []
+
+    def reached(x: Result) -> str:
+        hit = x.get("reached")
+        if hit:
+            return f"{_n(hit['seconds'])} s (step {hit['step']})"
+        best = min(x["evals"], key=lambda e: e["val"]) if x.get("evals") else None
+        return ("not reached" if best is None else f"not reached in {_n(x['seconds'])} s "
+                f"(best {best['val']:.4f} at {_n(best['seconds'])} s)")
+
+    return [[f"tiny Shakespeare to val <= {r['target']} from process start (`attnlab train "
+             "--data`, GPU recipe)", reached(ours), f"nanoGPT train.py compiled: {reached(nano)}",
+             _time_ratio(ours, nano)],
+            ["training tokens/s at nanoGPT's shakespeare_char shape and batch",
+             f"{_n(ours['tokens_per_s'])}, MFU {ours['mfu']:.1%}",
+             f"nanoGPT compiled {_n(nano['tokens_per_s'])}, MFU {nano['mfu']:.1%}",
+             f"{ours['tokens_per_s'] / nano['tokens_per_s']:.2f}x"]]
+
+
 GPU_HEADLINES: dict[str, Callable[[Result], list[list[str]]]] = {
+    "gpu": _train_rows,
     "gpu_decode": _decode_rows,
     "gpu_bandwidth": _bandwidth_rows,
     "gpu_trace": _trace_rows,

@@ -205,7 +205,7 @@ def measure(data: Path, out: Path, smoke: bool = False,
         r["mfu"] = None if r["tokens_per_s"] is None else fpt * r["tokens_per_s"] / PEAK_BF16
     gpu = torch.cuda.get_device_name() if torch.cuda.is_available() else None
     return {"suite": "gpu", "gpu": gpu, "smoke": smoke, "target": target,
-            "eval_iters": EVAL_ITERS, "runs": results, "machine": machine(),
+            "eval_iters": EVAL_ITERS, "runs": results, "machine": {**machine(), "gpu": gpu},
             "tables": [_table(results, gpu, target)], "notes": _notes(smoke, target)}
 
 
