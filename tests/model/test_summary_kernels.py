@@ -86,6 +86,11 @@ CASES = {
     "window, padding, ragged": (2, 2, 1, 21, 30, 16, True, 5, [3, 0], 16),
     "no causal, all-pad row": (2, 2, 2, 9, 9, 16, False, None, [0, 9], 16),
     "one query over a cache": (2, 2, 1, 1, 12, 16, True, None, [4, 0], 16),
+    # no padding: whole blocks below the diagonal and inside the window take the unmasked
+    # path (summary_triton._full_keys), the diagonal and the window's edge the masked one
+    "causal, whole blocks": (1, 2, 1, 70, 70, 16, True, None, None, 16),
+    "window, whole blocks, cached keys": (1, 2, 2, 50, 90, 16, True, 37, None, 16),
+    "no causal, whole blocks": (1, 2, 1, 40, 40, 16, False, None, None, 16),
 }
 
 

@@ -54,6 +54,78 @@ def _sink(q, k_head, first, sks, dims, dim_ok, key_index, has, lse2, scale2, win
 
 
 @triton.jit
+def _scores(q, k_head, start, dims, dim_ok, sks, S, scale2, HS: tl.constexpr,
+            BLOCK_N: tl.constexpr, IEEE: tl.constexpr):
+    """(BLOCK_M, BLOCK_N) float32 base-2 scores of q's rows against keys start..+BLOCK_N
+    (keys past S read as zeros)."""
+    cols = start + tl.arange(0, BLOCK_N)
+    k_t = tl.load(k_head + cols[None, :] * sks + dims[:, None],
+                  mask=dim_ok[:, None] & (cols < S)[None, :], other=0.0)  # (BLOCK_D, BLOCK_N)
+    # float32 inputs exactly (no TF32), as the torch path's float32 matmul
+    if IEEE:  # noqa: SIM108 (a constexpr branch, resolved as the kernel compiles)
+        s2 = tl.dot(q, k_t, input_precision="ieee")
+    else:
+        s2 = tl.dot(q, k_t)
+    return s2 * scale2
+
+
+@triton.jit
+def _full_keys(pid_m, lo, hi, offset, window, S, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+               CAUSAL: tl.constexpr, WINDOWED: tl.constexpr, HAS_PAD: tl.constexpr):
+    """[full_lo, full_hi): the key blocks within [lo, hi) that every row of query block
+    pid_m attends whole (no mask to apply), an empty range where padding may hide any key.
+    Rows past T need no mask: their results are never stored."""
+    first_key = offset + pid_m * BLOCK_M  # the block's first row's own key
+    full_hi = (S // BLOCK_N) * BLOCK_N  # keys past S in the last block
+    if CAUSAL:  # keys up to the first row's own are seen by every row
+        full_hi = tl.minimum(full_hi, ((first_key + 1) // BLOCK_N) * BLOCK_N)
+    full_lo = lo
+    if WINDOWED:  # keys inside the last row's window are inside every row's
+        last_from = first_key + BLOCK_M - window  # the last row's first key
+        full_lo = tl.maximum(lo, ((last_from + BLOCK_N - 1) // BLOCK_N) * BLOCK_N)
+    full_lo = tl.minimum(full_lo, hi)
+    full_hi = tl.minimum(full_hi, hi)
+    if HAS_PAD:
+        full_hi = full_lo
+    full_hi = tl.maximum(full_hi, full_lo)
+    return full_lo, full_hi
+
+
+@triton.jit
+def _rows_block(q, k_head, start, rows, row_ok, key_index, dims, dim_ok, sks, S, pad_row,
+                window, scale2, m, l_sum, t_sum, d_sum, HS: tl.constexpr,
+                BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr, WINDOWED: tl.constexpr,
+                HAS_PAD: tl.constexpr, WANT_ENTROPY: tl.constexpr,
+                WANT_DISTANCE: tl.constexpr, IEEE: tl.constexpr, MASKED: tl.constexpr):
+    """The rows pass's running (m, l, t, d) after keys start..+BLOCK_N; MASKED: some pairs
+    are hidden (else every row attends every key of the block, and no mask is computed)."""
+    s2 = _scores(q, k_head, start, dims, dim_ok, sks, S, scale2, HS, BLOCK_N, IEEE)
+    cols = start + tl.arange(0, BLOCK_N)
+    if MASKED:
+        ok = _keys_ok(rows, cols, row_ok, key_index, S, pad_row, pad_row, window,
+                      CAUSAL, WINDOWED, HAS_PAD)
+        s2 = tl.where(ok, s2, float("-inf"))
+    m_new = tl.maximum(m, tl.max(s2, 1))
+    m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)  # a row with no key yet
+    alpha = tl.exp2(m - m_safe)  # 0 while m is -inf
+    x = s2 - m_safe[:, None]
+    if MASKED:
+        x = tl.where(ok, x, 0.0)
+        p = tl.where(ok, tl.exp2(x), 0.0)  # (BLOCK_M, BLOCK_N)
+    else:
+        p = tl.exp2(x)  # (BLOCK_M, BLOCK_N)
+    l_block = tl.sum(p, 1)
+    if WANT_ENTROPY:  # t relative to the new max: (s2 - m') = (s2 - m) + (m - m')
+        shift = (tl.where(l_sum > 0, m, m_safe) - m_safe) * l_sum  # no -inf * 0
+        t_sum = alpha * (t_sum + shift) + tl.sum(p * x, 1)
+    if WANT_DISTANCE:  # sum p (i - j) = (i - start) sum p - sum p (j - start): one product
+        offsets = tl.arange(0, BLOCK_N).to(tl.float32)  # j - start
+        d_sum = alpha * d_sum + (key_index - start).to(tl.float32) * l_block \
+            - tl.sum(p * offsets[None, :], 1)
+    return m_new, alpha * l_sum + l_block, t_sum, d_sum
+
+
+@triton.jit
 def rows_kernel(q_ptr, k_ptr, pad_ptr, first_ptr, lse_ptr,
                 entropy_ptr, sink_ptr, distance_ptr, max_ptr,
                 sqb, sqh, sqt, skb, skh, sks,
@@ -75,7 +147,6 @@ def rows_kernel(q_ptr, k_ptr, pad_ptr, first_ptr, lse_ptr,
     dim_ok = dims < HS
     q = tl.load(q_ptr + b * sqb + h * sqh + rows[:, None] * sqt + dims[None, :],
                 mask=row_ok[:, None] & dim_ok[None, :], other=0.0)  # (BLOCK_M, BLOCK_D)
-    k_head = k_ptr + b * skb + kvh * skh
     pad_row = pad_ptr + b * S
     lo, hi = 0, S
     if CAUSAL:  # keys after the block's last query are hidden from all its rows
@@ -83,36 +154,29 @@ def rows_kernel(q_ptr, k_ptr, pad_ptr, first_ptr, lse_ptr,
     if WINDOWED:  # keys before the first query's window too
         lo = tl.maximum(0, offset + pid_m * BLOCK_M - window + 1)
         lo = (lo // BLOCK_N) * BLOCK_N
+    # [full_lo, full_hi): whole blocks every row of this block attends (nothing to mask)
+    full_lo, full_hi = _full_keys(pid_m, lo, hi, offset, window, S, BLOCK_M, BLOCK_N,
+                                  CAUSAL, WINDOWED, HAS_PAD)
     m = tl.full((BLOCK_M,), float("-inf"), tl.float32)
     l_sum = tl.zeros((BLOCK_M,), tl.float32)
     t_sum = tl.zeros((BLOCK_M,), tl.float32)
     d_sum = tl.zeros((BLOCK_M,), tl.float32)
-    for start in range(lo, hi, BLOCK_N):
-        cols = start + tl.arange(0, BLOCK_N)
-        k_t = tl.load(k_head + cols[None, :] * sks + dims[:, None],
-                      mask=dim_ok[:, None] & (cols < S)[None, :], other=0.0)  # (BLOCK_D, BLOCK_N)
-        # float32 inputs exactly (no TF32), as the torch path's float32 matmul
-        if IEEE:  # noqa: SIM108 (a constexpr branch, resolved as the kernel compiles)
-            s2 = tl.dot(q, k_t, input_precision="ieee")
-        else:
-            s2 = tl.dot(q, k_t)
-        s2 = s2 * scale2  # (BLOCK_M, BLOCK_N) float32
-        ok = _keys_ok(rows, cols, row_ok, key_index, S, pad_ptr, pad_row, window,
-                      CAUSAL, WINDOWED, HAS_PAD)
-        s2 = tl.where(ok, s2, float("-inf"))
-        m_new = tl.maximum(m, tl.max(s2, 1))
-        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)  # a row with no key yet
-        alpha = tl.exp2(m - m_safe)  # 0 while m is -inf
-        x = tl.where(ok, s2 - m_safe[:, None], 0.0)
-        p = tl.where(ok, tl.exp2(x), 0.0)  # (BLOCK_M, BLOCK_N)
-        if WANT_ENTROPY:  # t relative to the new max: (s2 - m') = (s2 - m) + (m - m')
-            shift = (tl.where(l_sum > 0, m, m_safe) - m_safe) * l_sum  # no -inf * 0
-            t_sum = alpha * (t_sum + shift) + tl.sum(p * x, 1)
-        if WANT_DISTANCE:
-            gap = (key_index[:, None] - cols[None, :]).to(tl.float32)
-            d_sum = alpha * d_sum + tl.sum(p * gap, 1)
-        l_sum = alpha * l_sum + tl.sum(p, 1)
-        m = m_new
+    k_head = k_ptr + b * skb + kvh * skh
+    for start in range(lo, full_lo, BLOCK_N):  # before the window's full blocks: masked
+        m, l_sum, t_sum, d_sum = _rows_block(
+            q, k_head, start, rows, row_ok, key_index, dims, dim_ok, sks, S, pad_row, window,
+            scale2, m, l_sum, t_sum, d_sum, HS, BLOCK_N, CAUSAL, WINDOWED, HAS_PAD,
+            WANT_ENTROPY, WANT_DISTANCE, IEEE, True)
+    for start in range(full_lo, full_hi, BLOCK_N):
+        m, l_sum, t_sum, d_sum = _rows_block(
+            q, k_head, start, rows, row_ok, key_index, dims, dim_ok, sks, S, pad_row, window,
+            scale2, m, l_sum, t_sum, d_sum, HS, BLOCK_N, CAUSAL, WINDOWED, HAS_PAD,
+            WANT_ENTROPY, WANT_DISTANCE, IEEE, False)
+    for start in range(tl.maximum(full_hi, lo), hi, BLOCK_N):  # the diagonal, the last keys
+        m, l_sum, t_sum, d_sum = _rows_block(
+            q, k_head, start, rows, row_ok, key_index, dims, dim_ok, sks, S, pad_row, window,
+            scale2, m, l_sum, t_sum, d_sum, HS, BLOCK_N, CAUSAL, WINDOWED, HAS_PAD,
+            WANT_ENTROPY, WANT_DISTANCE, IEEE, True)
     has = row_ok & (l_sum > 0)
     if HAS_PAD:  # a pad's own query is a row of 0s
         own = tl.load(pad_row + key_index, mask=row_ok, other=0)
@@ -133,6 +197,32 @@ def rows_kernel(q_ptr, k_ptr, pad_ptr, first_ptr, lse_ptr,
         sink = _sink(q, k_head, tl.load(first_ptr + b), sks, dims, dim_ok, key_index, has,
                      lse2, scale2, window, CAUSAL, WINDOWED)
         tl.store(sink_ptr + out, sink, mask=row_ok)
+
+
+@triton.jit
+def _received_block(q_head, k_t, lse_row, start, cols, dims, dim_ok, sqt, T, S, pad_row,
+                    offset, window, scale2, BLOCK_M: tl.constexpr, CAUSAL: tl.constexpr,
+                    WINDOWED: tl.constexpr, HAS_PAD: tl.constexpr, IEEE: tl.constexpr,
+                    MASKED: tl.constexpr):
+    """(BLOCK_N,) the weight each key of the block gets from query rows start..+BLOCK_M;
+    MASKED: some pairs are hidden (rows past T and pad rows need no mask: their lse2 is
+    +inf, so their weights are 0)."""
+    rows = start + tl.arange(0, BLOCK_M)
+    row_ok = rows < T
+    q = tl.load(q_head + rows[:, None] * sqt + dims[None, :],
+                mask=row_ok[:, None] & dim_ok[None, :], other=0.0)  # (BLOCK_M, BLOCK_D)
+    lse2 = tl.load(lse_row + rows, mask=row_ok, other=float("inf"))
+    # float32 inputs exactly (no TF32), as the torch path's float32 matmul
+    if IEEE:  # noqa: SIM108 (a constexpr branch, resolved as the kernel compiles)
+        s2 = tl.dot(q, k_t, input_precision="ieee")
+    else:
+        s2 = tl.dot(q, k_t)
+    p = tl.exp2(s2 * scale2 - lse2[:, None])  # (BLOCK_M, BLOCK_N)
+    if MASKED:
+        ok = _keys_ok(rows, cols, row_ok, offset + rows, S, pad_row, pad_row, window,
+                      CAUSAL, WINDOWED, HAS_PAD)
+        p = tl.where(ok, p, 0.0)
+    return tl.sum(p, 0)
 
 
 @triton.jit
@@ -164,21 +254,27 @@ def received_kernel(q_ptr, k_ptr, pad_ptr, lse_ptr, received_ptr,
         lo = (lo // BLOCK_M) * BLOCK_M
     if WINDOWED:  # rows whose window has passed the block's last key neither
         hi = tl.minimum(T, (pid_n + 1) * BLOCK_N - 1 + window - offset)
+    # [full_lo, full_hi): whole blocks of rows that attend every key of this block
+    full_lo, full_hi = lo, hi
+    if CAUSAL:  # rows whose own key is at or past the block's last
+        full_lo = tl.maximum(lo, tl.cdiv((pid_n + 1) * BLOCK_N - 1 - offset, BLOCK_M) * BLOCK_M)
+    if WINDOWED:  # rows whose window still holds the block's first key
+        full_hi = tl.minimum(hi, ((pid_n * BLOCK_N + window - offset) // BLOCK_M) * BLOCK_M)
+    if HAS_PAD:  # any key may be a pad
+        full_lo = hi
+    full_lo = tl.minimum(full_lo, hi)
+    full_hi = tl.maximum(full_hi, full_lo)
     received = tl.zeros((BLOCK_N,), tl.float32)
-    for start in range(lo, hi, BLOCK_M):
-        rows = start + tl.arange(0, BLOCK_M)
-        row_ok = rows < T
-        q = tl.load(q_head + rows[:, None] * sqt + dims[None, :],
-                    mask=row_ok[:, None] & dim_ok[None, :], other=0.0)  # (BLOCK_M, BLOCK_D)
-        lse2 = tl.load(lse_ptr + bh * T + rows, mask=row_ok, other=float("inf"))
-        # float32 inputs exactly (no TF32), as the torch path's float32 matmul
-        if IEEE:  # noqa: SIM108 (a constexpr branch, resolved as the kernel compiles)
-            s2 = tl.dot(q, k_t, input_precision="ieee")
-        else:
-            s2 = tl.dot(q, k_t)
-        s2 = s2 * scale2  # (BLOCK_M, BLOCK_N) float32
-        ok = _keys_ok(rows, cols, row_ok, offset + rows, S, pad_ptr, pad_row, window,
-                      CAUSAL, WINDOWED, HAS_PAD)
-        p = tl.where(ok, tl.exp2(s2 - lse2[:, None]), 0.0)
-        received += tl.sum(p, 0)
+    for start in range(lo, full_lo, BLOCK_M):
+        received += _received_block(q_head, k_t, lse_ptr + bh * T, start, cols, dims, dim_ok,
+                                    sqt, T, S, pad_row, offset, window, scale2, BLOCK_M,
+                                    CAUSAL, WINDOWED, HAS_PAD, IEEE, True)
+    for start in range(full_lo, full_hi, BLOCK_M):
+        received += _received_block(q_head, k_t, lse_ptr + bh * T, start, cols, dims, dim_ok,
+                                    sqt, T, S, pad_row, offset, window, scale2, BLOCK_M,
+                                    CAUSAL, WINDOWED, HAS_PAD, IEEE, False)
+    for start in range(full_hi, hi, BLOCK_M):
+        received += _received_block(q_head, k_t, lse_ptr + bh * T, start, cols, dims, dim_ok,
+                                    sqt, T, S, pad_row, offset, window, scale2, BLOCK_M,
+                                    CAUSAL, WINDOWED, HAS_PAD, IEEE, True)
     tl.store(received_ptr + bh * S + cols, received, mask=col_ok)
