@@ -16,6 +16,8 @@ from .gpu_trace import FORWARD as TRACE_FORWARD
 from .gpu_trace import HF_BASE, HF_LM, RUN
 
 Result = dict[str, Any]
+#: The GPU table's rows at most (the CPU table has report.MAX_SUMMARY_ROWS)
+MAX_GPU_ROWS = 6
 
 
 def _n(value: float) -> str:
@@ -59,16 +61,21 @@ def _trace_rows(r: Result) -> list[list[str]]:
 
 
 def _summaries_rows(r: Result) -> list[list[str]]:
-    rows = []
+    lengths, times, forwards, ratios = [], [], [], []
     for T, variants in r.get("lengths", {}).items():
         s, f = variants.get(SUMMARY, {}), variants.get(FORWARD, {})
         if "ms" in s and "ms" in f:
-            peak = (f" / peak {s['peak_bytes'] / f['peak_bytes']:.2f}x"
+            peak = (f", peak {s['peak_bytes'] / f['peak_bytes']:.2f}x"
                     if s.get("peak_bytes") and f.get("peak_bytes") else "")
-            rows.append([f"five per-head summaries, every layer, Llama-3.2-1B shape, T={T}",
-                         f"{_n(s['ms'])} ms", f"fused forward {_n(f['ms'])} ms",
-                         f"{s['ms'] / f['ms']:.2f}x the time{peak}"])
-    return rows
+            lengths.append(T)
+            times.append(_n(s["ms"]))
+            forwards.append(_n(f["ms"]))
+            ratios.append(f"{s['ms'] / f['ms']:.2f}x the time{peak}")
+    if not lengths:
+        return []
+    return [[f"five per-head summaries, every layer, Llama-3.2-1B shape, T={' / '.join(lengths)}",
+             f"{' / '.join(times)} ms", f"fused forward {' / '.join(forwards)} ms",
+             "; ".join(ratios)]]
 
 
 def _time_ratio(ours: Result, nano: Result) -> str:
@@ -129,6 +136,7 @@ def gpu_summary(results: dict[str, Result]) -> str:
             rows += [[*row, gpu] for row in headline(results[name])]
     if not rows:
         return ""
+    rows = rows[:MAX_GPU_ROWS]
     lines = ["", "| measured on a GPU | attnlab | against | result | GPU |",
              "|---|---|---|---|---|"]
     return "\n".join(lines + ["| " + " | ".join(row) + " |" for row in rows]) + "\n"

@@ -162,7 +162,7 @@ def summary(results: dict[str, Result]) -> str:
             rows += [[*row, cpu_label(results[name])] for row in headline(results[name])]
     rows = rows[:MAX_SUMMARY_ROWS]
     versions = sorted({f"torch {r['machine']['torch']}" for r in results.values()
-                       if r.get("machine")})
+                       if r.get("machine") and not r["machine"].get("gpu")})  # the CPU runs
     lines = ["| measured | attnlab | against | result | CPU |", "|---|---|---|---|---|"]
     lines += ["| " + " | ".join(row) + " |" for row in rows]
     lines += ["", f"2-core cloud VMs, {', '.join(versions)}, shared with other jobs (ratios "

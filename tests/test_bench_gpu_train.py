@@ -29,7 +29,7 @@ TEXT = "First Citizen:\nBefore we proceed any further, hear me speak.\n\nAll:\nS
 @pytest.mark.parametrize("smoke", [False, True])
 def test_every_run_is_a_command_line_its_program_takes(smoke: bool, tmp_path: Path) -> None:
     runs = gpu_train.runs(tmp_path / "text.txt", tmp_path, smoke)
-    assert [r.kind for r in runs] == ["nanogpt", "attnlab", "attnlab"]
+    assert [r.kind for r in runs] == ["nanogpt", "attnlab"]
     parser, _ = build_parser()
     for run in runs:
         if run.kind == "nanogpt":
@@ -39,7 +39,7 @@ def test_every_run_is_a_command_line_its_program_takes(smoke: bool, tmp_path: Pa
         assert run.argv[1:3] == ["-m", "attnlab"]
         args, unknown = parser.parse_known_args(run.argv[3:])
         assert unknown == [] and args.command == "train", run.argv
-    assert sum(r.cap_s for r in runs) <= 225 or smoke  # gpu_check.sh gives them 240 s
+    assert sum(r.cap_s for r in runs) <= 160 or smoke  # gpu_check.sh gives them 170 s
 
 
 def test_the_runner_stops_a_run_at_its_target(tmp_path: Path) -> None:
@@ -90,13 +90,13 @@ def test_nanogpts_schedule_and_split(tmp_path: Path) -> None:
     assert sizes == [int(len(TEXT) * 0.9), len(TEXT) - int(len(TEXT) * 0.9)]
 
 
-@pytest.mark.slow  # three processes start torch and train
+@pytest.mark.slow  # two processes start torch and train
 def test_a_smoke_run_of_the_whole_side_by_side(tmp_path: Path) -> None:
     (tmp_path / "text.txt").write_text(TEXT * 300)
     assert gpu_train.main(["--data", str(tmp_path / "text.txt"), "--out", str(tmp_path / "o"),
                            "--smoke"]) == 0
     result = json.loads((tmp_path / "o" / "gpu_train.json").read_text())
-    assert result["smoke"] and len(result["runs"]) == 3
+    assert result["smoke"] and len(result["runs"]) == 2
     for run in result["runs"]:
         assert run["reached"] is None and run["tokens_per_s"] > 0, run
         assert [e["step"] for e in run["evals"]] in ([0, 10, 20], [10, 20]), run

@@ -234,21 +234,26 @@ def test_layout_rows_follow_the_layer_order() -> None:
 
 def test_the_benchmark_tables_are_what_the_results_give() -> None:
     """docs/benchmarks.md's tables and the README's summary are `python -m
-    benchmarks.report`'s output for the checked-in results, the summary a dozen rows at most,
-    each naming its CPU."""
+    benchmarks.report`'s output for the checked-in results, the summary a dozen rows at most
+    (and the GPU table six), each naming its CPU or GPU."""
     if str(ROOT) not in sys.path:
         sys.path.insert(0, str(ROOT))
     from benchmarks import report
+    from benchmarks.gpu_report import MAX_GPU_ROWS
 
     results = report.load_results()
     assert results, "benchmarks/results/ holds no recorded run"
     for path, text in report.pages(results).items():
         assert path.read_text(encoding="utf-8") == text, (
             f"{page_name(path)} is stale: run python -m benchmarks.report")
-    rows = [line for line in report.summary(results).splitlines()
-            if line.startswith("| ") and not line.startswith("| measured")]
-    assert 0 < len(rows) <= report.MAX_SUMMARY_ROWS
-    assert all(row.rstrip(" |").rsplit("| ", 1)[1].strip() for row in rows)
+    cpu, _, gpu = report.summary(results).partition("| measured on a GPU")
+    tables = {"CPU": (cpu, report.MAX_SUMMARY_ROWS), "GPU": (gpu, MAX_GPU_ROWS)}
+    for name, (table, limit) in tables.items():
+        rows = [line for line in table.splitlines()
+                if line.startswith("| ") and not line.startswith("| measured")]
+        assert len(rows) <= limit, (name, len(rows))
+        assert all(row.rstrip(" |").rsplit("| ", 1)[1].strip() for row in rows), name
+        assert rows or name == "GPU"
 
 
 def test_the_quick_tour_snippet_runs_and_scores_the_next_token() -> None:
