@@ -112,3 +112,24 @@ def test_compiled_blocks_share_one_graph_and_are_released() -> None:
     assert all("forward" not in vars(block) for block in net.blocks)
     assert torch.equal(net(x, x).loss, eager)
     torch._dynamo.reset()
+
+
+def test_compiled_training_on_a_cpu_compiles_the_blocks_and_releases_them(
+        tmp_path: Path) -> None:
+    from torch._dynamo.utils import counters
+
+    model, config = _config(max_iters=6, eval_interval=3)
+    model = GPTConfig(**{**model.to_dict(), "dropout": 0.0, "n_layer": 2})
+    dataset = load_dataset("copy")
+    eager = train(model, config, dataset, tmp_path / "eager")
+    graphs = counters["stats"]["unique_graphs"]
+    compiled = train(model, TrainConfig(**{**config.__dict__, "compile": True}), dataset,
+                     tmp_path / "compiled")
+    assert counters["stats"]["unique_graphs"] - graphs == 1  # two blocks, one compilation
+    assert all("forward" not in vars(block) for block in compiled.model.blocks)  # released
+    ones, twos = _rows(tmp_path / "eager"), _rows(tmp_path / "compiled")
+    for a, b in zip(ones, twos, strict=True):  # the same math, Inductor's kernels
+        for key in ("loss", "val_loss"):
+            if key in a:
+                assert b[key] == pytest.approx(a[key], rel=1e-4), (a, b)
+    assert eager.val_loss == pytest.approx(compiled.val_loss, rel=1e-4)

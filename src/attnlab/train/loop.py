@@ -195,6 +195,7 @@ class _Run:
             self.origin = origin_of(saved_meta)
         elif world.size > 1:
             torch.manual_seed(config.seed + world.rank)  # its own dropout noise on every rank
+        # one process compiles its blocks (compile_blocks), on a GPU as CUDA graphs
         self.graphed = config.compile and world.device.type == "cuda" and world.size == 1
         self.ddp, self.step_fn = self._wrap()
         # fused AdamW skips its update on the device when this is 1 (train_step); other
@@ -238,10 +239,11 @@ class _Run:
             ids = [device.index] if device.type == "cuda" else None
             ddp = DistributedDataParallel(self.model, device_ids=ids)
         step_fn: Any = ddp or self.model
-        if self.graphed:
-            # on one GPU: each block compiled once for all and replayed as CUDA graphs, one
-            # launch per graph instead of one per kernel (docs/gpu.md#the-gpu-recipe)
-            compile_blocks(self.model, mode="reduce-overhead")
+        if self.config.compile and ddp is None:
+            # each block compiled once for all (half the whole model's compile time on a CPU,
+            # a sixth on a GPU), on a GPU replayed as CUDA graphs: one launch per graph, not
+            # per kernel (docs/gpu.md#the-gpu-recipe, docs/performance.md#compiled-training)
+            compile_blocks(self.model, mode="reduce-overhead" if self.graphed else None)
         elif self.config.compile:
             step_fn = torch.compile(step_fn)
         return ddp, step_fn
@@ -353,7 +355,7 @@ class _Run:
             sync = ddp is None or micro == config.grad_accum - 1
             if self.graphed:  # the last step's graph outputs (its loss) are read already
                 torch.compiler.cudagraph_mark_step_begin()
-            first = self.graphed and not self.pending and not self.timed[1]  # compiling
+            first = self.config.compile and not self.pending and not self.timed[1]  # compiling
             with contextlib.nullcontext() if sync else ddp.no_sync(), \
                     quiet_compile() if first else contextlib.nullcontext():
                 with _autocast(config, world.device):
