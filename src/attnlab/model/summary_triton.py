@@ -21,7 +21,7 @@ import triton.language as tl
 
 
 @triton.jit
-def _keys_ok(rows, cols, row_ok, key_index, S, pad_ptr, pad_row, window,
+def _keys_ok(rows, cols, row_ok, key_index, S, pad_row, window,
              CAUSAL: tl.constexpr, WINDOWED: tl.constexpr, HAS_PAD: tl.constexpr):
     """(BLOCK_M, BLOCK_N) True where query row `rows` may attend key `cols`: the key exists,
     the row exists, causal with cached keys (key_index: each row's own key), the window and
@@ -54,6 +54,15 @@ def _sink(q, k_head, first, sks, dims, dim_ok, key_index, has, lse2, scale2, win
 
 
 @triton.jit
+def _dot(q, k_t, IEEE: tl.constexpr):
+    """q (BLOCK_M, BLOCK_D) @ k_t (BLOCK_D, BLOCK_N) in float32; IEEE: float32 inputs exactly
+    (no TF32), as the torch path's float32 matmul."""
+    if IEEE:
+        return tl.dot(q, k_t, input_precision="ieee")
+    return tl.dot(q, k_t)
+
+
+@triton.jit
 def _scores(q, k_head, start, dims, dim_ok, sks, S, scale2, HS: tl.constexpr,
             BLOCK_N: tl.constexpr, IEEE: tl.constexpr):
     """(BLOCK_M, BLOCK_N) float32 base-2 scores of q's rows against keys start..+BLOCK_N
@@ -61,12 +70,7 @@ def _scores(q, k_head, start, dims, dim_ok, sks, S, scale2, HS: tl.constexpr,
     cols = start + tl.arange(0, BLOCK_N)
     k_t = tl.load(k_head + cols[None, :] * sks + dims[:, None],
                   mask=dim_ok[:, None] & (cols < S)[None, :], other=0.0)  # (BLOCK_D, BLOCK_N)
-    # float32 inputs exactly (no TF32), as the torch path's float32 matmul
-    if IEEE:  # noqa: SIM108 (a constexpr branch, resolved as the kernel compiles)
-        s2 = tl.dot(q, k_t, input_precision="ieee")
-    else:
-        s2 = tl.dot(q, k_t)
-    return s2 * scale2
+    return _dot(q, k_t, IEEE) * scale2
 
 
 @triton.jit
@@ -102,7 +106,7 @@ def _rows_block(q, k_head, start, rows, row_ok, key_index, dims, dim_ok, sks, S,
     s2 = _scores(q, k_head, start, dims, dim_ok, sks, S, scale2, HS, BLOCK_N, IEEE)
     cols = start + tl.arange(0, BLOCK_N)
     if MASKED:
-        ok = _keys_ok(rows, cols, row_ok, key_index, S, pad_row, pad_row, window,
+        ok = _keys_ok(rows, cols, row_ok, key_index, S, pad_row, window,
                       CAUSAL, WINDOWED, HAS_PAD)
         s2 = tl.where(ok, s2, float("-inf"))
     m_new = tl.maximum(m, tl.max(s2, 1))
@@ -212,14 +216,9 @@ def _received_block(q_head, k_t, lse_row, start, cols, dims, dim_ok, sqt, T, S, 
     q = tl.load(q_head + rows[:, None] * sqt + dims[None, :],
                 mask=row_ok[:, None] & dim_ok[None, :], other=0.0)  # (BLOCK_M, BLOCK_D)
     lse2 = tl.load(lse_row + rows, mask=row_ok, other=float("inf"))
-    # float32 inputs exactly (no TF32), as the torch path's float32 matmul
-    if IEEE:  # noqa: SIM108 (a constexpr branch, resolved as the kernel compiles)
-        s2 = tl.dot(q, k_t, input_precision="ieee")
-    else:
-        s2 = tl.dot(q, k_t)
-    p = tl.exp2(s2 * scale2 - lse2[:, None])  # (BLOCK_M, BLOCK_N)
+    p = tl.exp2(_dot(q, k_t, IEEE) * scale2 - lse2[:, None])  # (BLOCK_M, BLOCK_N)
     if MASKED:
-        ok = _keys_ok(rows, cols, row_ok, offset + rows, S, pad_row, pad_row, window,
+        ok = _keys_ok(rows, cols, row_ok, offset + rows, S, pad_row, window,
                       CAUSAL, WINDOWED, HAS_PAD)
         p = tl.where(ok, p, 0.0)
     return tl.sum(p, 0)
