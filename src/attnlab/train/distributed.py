@@ -47,9 +47,7 @@ class World:
         """The mean of a number over all ranks (every rank gets it)."""
         if self.size == 1:
             return value
-        t = torch.tensor([value], dtype=torch.float64, device=self._comm_device)
-        dist.all_reduce(t)
-        return float(t) / self.size
+        return float(self.mean_all(torch.tensor([value], dtype=torch.float64))[0])
 
     def mean_all(self, values: Tensor) -> Tensor:
         """The mean of each of `values` over all ranks, float64 on the host."""
