@@ -15,8 +15,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
-import struct
 import sys
 import tempfile
 import time
@@ -26,7 +24,7 @@ from typing import Any
 
 import torch
 
-from .loading import LLAMA_70B, SAFETENSORS_NAMES, hf_shapes, measure
+from .loading import LLAMA_70B, measure, sparse_hf_dir
 
 LLAMA_8B = {**LLAMA_70B, "hidden_size": 4096, "intermediate_size": 14336,
             "num_hidden_layers": 32, "num_attention_heads": 32, "num_key_value_heads": 8,
@@ -52,45 +50,13 @@ result = {{"seconds": seconds, "before_mb": before, "model_mb": model_mb,
 """
 
 
-def write_filled(path: Path, shapes: Mapping[str, tuple[int, ...]], block: bytes) -> int:
-    """A bfloat16 safetensors file of `shapes` whose data repeats `block`; its size."""
-    header: dict[str, Any] = {"__metadata__": {"format": "pt"}}
-    offset = 0
-    for name, shape in shapes.items():
-        nbytes = math.prod(shape) * 2
-        header[name] = {"dtype": SAFETENSORS_NAMES[torch.bfloat16], "shape": list(shape),
-                        "data_offsets": [offset, offset + nbytes]}
-        offset += nbytes
-    text = json.dumps(header).encode()
-    text += b" " * (-len(text) % 8)
-    with open(path, "wb") as f:
-        f.write(struct.pack("<Q", len(text)) + text)
-        left = offset
-        while left:
-            n = min(left, len(block))
-            f.write(block[:n])
-            left -= n
-    return 8 + len(text) + offset
-
-
 def write_dir(directory: Path, hf_config: Mapping[str, Any], shards: int) -> int:
-    """The model directory; returns its largest shard's bytes."""
-    directory.mkdir(parents=True, exist_ok=True)
-    (directory / "config.json").write_text(json.dumps(hf_config))
-    shapes = hf_shapes(hf_config)
-    names = list(shapes)
-    per = math.ceil(len(names) / shards)
+    """The model directory, its weights one random 64 MiB block repeated; returns its
+    largest shard's bytes."""
     block = torch.randn(CHUNK // 2, generator=torch.Generator().manual_seed(0)).mul_(0.02)
     raw = block.to(torch.bfloat16).view(torch.uint8).numpy().tobytes()
-    weight_map, largest = {}, 0
-    for i in range(shards):
-        part = names[i * per:(i + 1) * per]
-        shard = f"model-{i + 1:05d}-of-{shards:05d}.safetensors"
-        largest = max(largest, write_filled(directory / shard, {n: shapes[n] for n in part},
-                                            raw))
-        weight_map.update(dict.fromkeys(part, shard))
-    (directory / "model.safetensors.index.json").write_text(json.dumps({"weight_map": weight_map}))
-    return largest
+    sparse_hf_dir(directory, hf_config, shards=shards, fill=raw)
+    return max(path.stat().st_size for path in directory.glob("*.safetensors"))
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -57,9 +57,11 @@ def hf_shapes(hf_config: Mapping[str, Any]) -> dict[str, tuple[int, ...]]:
 
 
 def write_safetensors(path: Path, shapes: Mapping[str, tuple[int, ...]],
-                      dtype: torch.dtype = torch.bfloat16, seed: int | None = None) -> None:
+                      dtype: torch.dtype = torch.bfloat16, seed: int | None = None,
+                      fill: bytes | None = None) -> None:
     """A safetensors file of `shapes`: random normal values (std 0.02) when `seed` is given,
-    else a sparse file whose data reads as zeros and takes no disk."""
+    the bytes of `fill` repeated when that is (fast at any size), else a sparse file whose
+    data reads as zeros and takes no disk."""
     header: dict[str, Any] = {"__metadata__": {"format": "pt"}}
     offset = 0
     for name, shape in shapes.items():
@@ -71,6 +73,10 @@ def write_safetensors(path: Path, shapes: Mapping[str, tuple[int, ...]],
     text += b" " * (-len(text) % 8)  # data aligned to 8 bytes, as safetensors writes it
     with open(path, "wb") as f:
         f.write(struct.pack("<Q", len(text)) + text)
+        if fill is not None:
+            for left in range(offset, 0, -len(fill)):
+                f.write(fill[:left])
+            return
         if seed is None:
             f.truncate(8 + len(text) + offset)
             return
@@ -81,9 +87,10 @@ def write_safetensors(path: Path, shapes: Mapping[str, tuple[int, ...]],
 
 
 def sparse_hf_dir(directory: Path, hf_config: Mapping[str, Any], *, shards: int = 8,
-                  dtype: torch.dtype = torch.bfloat16, seed: int | None = None) -> Path:
+                  dtype: torch.dtype = torch.bfloat16, seed: int | None = None,
+                  fill: bytes | None = None) -> Path:
     """A Hugging Face model directory for `hf_config`: config.json, `shards` safetensors
-    shards and their index (sparse unless `seed` asks for random values)."""
+    shards and their index (sparse unless `seed` or `fill` gives values: write_safetensors)."""
     directory.mkdir(parents=True, exist_ok=True)
     (directory / "config.json").write_text(json.dumps(hf_config, indent=2))
     shapes = hf_shapes(hf_config)
@@ -94,7 +101,7 @@ def sparse_hf_dir(directory: Path, hf_config: Mapping[str, Any], *, shards: int 
         part = names[i * per:(i + 1) * per]
         shard = f"model-{i + 1:05d}-of-{shards:05d}.safetensors"
         write_safetensors(directory / shard, {n: shapes[n] for n in part}, dtype,
-                          None if seed is None else seed + i)
+                          None if seed is None else seed + i, fill)
         weight_map.update(dict.fromkeys(part, shard))
     (directory / "model.safetensors.index.json").write_text(json.dumps({"weight_map": weight_map}))
     return directory
