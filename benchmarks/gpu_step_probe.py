@@ -29,6 +29,8 @@ import torch
 
 from attnlab import GPT, GPTConfig
 from attnlab.model.runtime import quiet_compile
+from attnlab.train.config import TrainConfig
+from attnlab.train.loop import make_optimizer
 from attnlab.train.state import compile_blocks
 
 from .nanogpt_baseline import NanoGPT
@@ -48,10 +50,12 @@ def build(kind: str, device: torch.device, shape: dict[str, int]) -> torch.nn.Mo
 
 
 def optimizer_for(model: torch.nn.Module) -> torch.optim.Optimizer:
-    params = [p for p in model.parameters() if p.requires_grad]
-    groups = [{"params": [p for p in params if p.dim() >= 2], "weight_decay": 0.1},
-              {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0}]
-    return torch.optim.AdamW(groups, lr=1e-3, betas=(0.9, 0.99), fused=True)
+    """Each model's own fused AdamW at nanoGPT's settings (lr 1e-3, betas (0.9, 0.99),
+    weight decay 0.1 on matrices)."""
+    if isinstance(model, NanoGPT):
+        return model.configure_optimizers(0.1, 1e-3, (0.9, 0.99), fused=True)
+    assert isinstance(model, GPT)
+    return make_optimizer(model, TrainConfig(lr=1e-3, beta2=0.99, weight_decay=0.1))
 
 
 def step_fn(kind: str, model: torch.nn.Module, call: Callable[..., Any],
