@@ -79,6 +79,22 @@ def test_bad_requests_say_what_is_wrong(setup: tuple) -> None:
 
 
 @pytest.mark.browser
+def _score_heads_and_read_the_overview(page: Any, model: GPT, tok: Any) -> None:
+    """Show TEXT, score the heads, and read the heads overview beside them: a layer x head
+    grid of the chosen summary, as head_summaries gives it."""
+    from test_app_browser import show, wait_until
+
+    show(page, TEXT)
+    page.click("#heads-run")
+    wait_until(page, "document.querySelectorAll('#heads-table tbody tr').length === 4")
+    assert page.eval_on_selector_all("#overview-table tr", "rows => rows.length") == 3
+    means = head_summaries(model, torch.tensor([tok.encode(TEXT)]))
+    cell = "document.querySelector('#overview-table td[data-cell=\"1.0\"]').textContent"
+    assert page.evaluate(cell) == f"{float(means['attn_entropy'][1, 0]):.2f}"
+    page.select_option("#overview-which", "attn_distance")
+    assert page.evaluate(cell) == f"{float(means['attn_distance'][1, 0]):.2f}"
+
+
 def test_the_page_scores_heads_ablates_on_click_and_shows_the_lens(tmp_path: Path) -> None:
     from test_app_browser import CHROMIUM, playwright_api, show, wait_until
 
@@ -100,16 +116,7 @@ def test_the_page_scores_heads_ablates_on_click_and_shows_the_lens(tmp_path: Pat
         page.on("console", lambda m: problems.append(m.text) if m.type == "error" else None)
         page.goto(f"http://127.0.0.1:{port}/")
         page.wait_for_selector("body[data-ready='1']", timeout=15_000)
-        show(page, TEXT)
-        page.click("#heads-run")
-        wait_until(page, "document.querySelectorAll('#heads-table tbody tr').length === 4")
-        # the heads overview beside it: a layer x head grid of the chosen summary
-        assert page.eval_on_selector_all("#overview-table tr", "rows => rows.length") == 3
-        means = head_summaries(model, torch.tensor([tok.encode(TEXT)]))
-        cell = "document.querySelector('#overview-table td[data-cell=\"1.0\"]').textContent"
-        assert page.evaluate(cell) == f"{float(means['attn_entropy'][1, 0]):.2f}"
-        page.select_option("#overview-which", "attn_distance")
-        assert page.evaluate(cell) == f"{float(means['attn_distance'][1, 0]):.2f}"
+        _score_heads_and_read_the_overview(page, model, tok)
         before = page.text_content("#heads-intact")
         assert page.text_content("#heads-edited") == "(no head ablated)"
         page.click("#heads-table tbody tr[data-head='1.0']")
@@ -176,7 +183,7 @@ def test_the_page_scores_heads_ablates_on_click_and_shows_the_lens(tmp_path: Pat
 def test_the_keyboard_ablates_a_head() -> None:
     """Tab reaches each head's row, Enter or Space ablates it (as a click), as the token
     chips take Enter and Space."""
-    from test_app_browser import CHROMIUM, playwright_api, show, wait_until
+    from test_app_browser import CHROMIUM, playwright_api, wait_until
 
     from helpers import serving
 
@@ -192,16 +199,7 @@ def test_the_keyboard_ablates_a_head() -> None:
         page = browser.new_page()
         page.goto(f"http://127.0.0.1:{port}/")
         page.wait_for_selector("body[data-ready='1']", timeout=15_000)
-        show(page, TEXT)
-        page.click("#heads-run")
-        wait_until(page, "document.querySelectorAll('#heads-table tbody tr').length === 4")
-        # the heads overview beside it: a layer x head grid of the chosen summary
-        assert page.eval_on_selector_all("#overview-table tr", "rows => rows.length") == 3
-        means = head_summaries(model, torch.tensor([tok.encode(TEXT)]))
-        cell = "document.querySelector('#overview-table td[data-cell=\"1.0\"]').textContent"
-        assert page.evaluate(cell) == f"{float(means['attn_entropy'][1, 0]):.2f}"
-        page.select_option("#overview-which", "attn_distance")
-        assert page.evaluate(cell) == f"{float(means['attn_distance'][1, 0]):.2f}"
+        _score_heads_and_read_the_overview(page, model, tok)
         page.focus("#heads-table tbody tr[data-head='1.0']")
         page.keyboard.press("Enter")
         wait_until(page, "document.querySelector('#heads-which').textContent === '1.0'")
