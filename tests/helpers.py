@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import json
 import socket
 import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -175,3 +177,8 @@ def split_blocks(threads: int, split_min: int = 1) -> Iterator[None]:
     finally:
         torch.set_num_threads(before)
         decode.SPLIT_MIN = old_min
+
+
+def read_metrics(run: Path) -> list[dict[str, Any]]:
+    """The rows of a training run's metrics.jsonl."""
+    return [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]

@@ -27,6 +27,7 @@ import torch
 
 from attnlab.cli import main
 from attnlab.load import load_checkpoint
+from helpers import read_metrics
 
 pytestmark = pytest.mark.cuda
 
@@ -50,10 +51,6 @@ def _accuracy(printed: str) -> float:
     return float(line.split("accuracy ")[1].split("%")[0])
 
 
-def _metrics(run: Path) -> list[dict[str, Any]]:
-    return [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
-
-
 def test_train_learns_the_copy_task_to_full_accuracy(
     cuda_copy_run: tuple[Path, str], cuda_device: torch.device
 ) -> None:
@@ -75,7 +72,7 @@ def test_train_on_text_takes_the_gpu_recipe_and_learns(
     if cuda_device.type == "cuda":  # the CPU dry run takes the CPU recipe
         assert "model    6 layers, 6 heads, 384 dims, context 256" in printed, printed
         assert ", bfloat16 on cuda:" in printed and "stopping after 2 evaluations" in printed
-    val = [r["val_loss"] for r in _metrics(tmp_path / "run") if "val_loss" in r]
+    val = [r["val_loss"] for r in read_metrics(tmp_path / "run") if "val_loss" in r]
     vocab = load_checkpoint(tmp_path / "run" / "ckpt").tokenizer.vocab_size
     assert len(val) == 2 and val[1] < val[0] < math.log(vocab), val  # it learns
 
@@ -97,8 +94,8 @@ def test_compiled_training_follows_the_eager_curve(
     printed = _main("train", "--out", str(tmp_path / "compiled"), "--compile", "true", *flags)
     assert "compile  torch.compile" in printed
     _main("train", "--out", str(tmp_path / "eager"), *flags)
-    compiled = [r["val_loss"] for r in _metrics(tmp_path / "compiled") if "val_loss" in r]
-    eager = [r["val_loss"] for r in _metrics(tmp_path / "eager") if "val_loss" in r]
+    compiled = [r["val_loss"] for r in read_metrics(tmp_path / "compiled") if "val_loss" in r]
+    eager = [r["val_loss"] for r in read_metrics(tmp_path / "eager") if "val_loss" in r]
     assert compiled[-1] < 0.5 * compiled[0]  # it learns
     for c, e in zip(compiled, eager, strict=True):  # the same math, other kernels
         assert c == pytest.approx(e, rel=0.1, abs=0.02), (compiled, eager)
@@ -127,7 +124,7 @@ def test_an_interrupted_run_resumes_where_it_stopped(
     assert load_checkpoint(tmp_path / "parts" / "ckpt").meta["step"] == 100
     printed_again = _main("train", "--out", str(tmp_path / "parts"), "--resume", *flags)
     assert "resumed  from step 100 of 150" in printed_again
-    whole, parts = _metrics(tmp_path / "whole"), _metrics(tmp_path / "parts")
+    whole, parts = read_metrics(tmp_path / "whole"), read_metrics(tmp_path / "parts")
     assert [r["step"] for r in parts] == [r["step"] for r in whole]
     # CUDA's backward of the embedding adds in any order: equal to rounding, not bit for bit
     for a, b in zip(whole, parts, strict=True):

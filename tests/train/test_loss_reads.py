@@ -3,7 +3,6 @@ and the device-side guard that keeps fused AdamW from applying non-finite gradie
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
@@ -15,6 +14,7 @@ from attnlab.model.gpt import GPTConfig
 from attnlab.train import loop
 from attnlab.train.data import load_dataset
 from attnlab.train.loop import TrainConfig, train
+from helpers import read_metrics
 
 
 def _config(**overrides: Any) -> tuple[GPTConfig, TrainConfig]:
@@ -26,10 +26,6 @@ def _config(**overrides: Any) -> tuple[GPTConfig, TrainConfig]:
                                  "seed": 5, **overrides})
 
 
-def _rows(path: Path) -> list[dict[str, Any]]:
-    return [json.loads(line) for line in (path / "metrics.jsonl").read_text().splitlines()]
-
-
 def test_reading_every_seven_steps_logs_the_same_run(tmp_path: Path,
                                                      monkeypatch: pytest.MonkeyPatch) -> None:
     model, config = _config()
@@ -37,7 +33,7 @@ def test_reading_every_seven_steps_logs_the_same_run(tmp_path: Path,
     every_step = train(model, config, dataset, tmp_path / "one")
     monkeypatch.setattr(loop, "read_interval", lambda device, config: 7)
     batched = train(model, config, dataset, tmp_path / "seven")
-    ones, sevens = _rows(tmp_path / "one"), _rows(tmp_path / "seven")
+    ones, sevens = read_metrics(tmp_path / "one"), read_metrics(tmp_path / "seven")
     assert [r["step"] for r in sevens] == [r["step"] for r in ones]
     for a, b in zip(ones, sevens, strict=True):  # the same losses, evaluations, schedule
         assert {k: v for k, v in a.items() if k != "tokens_per_s"} == \
@@ -127,7 +123,7 @@ def test_compiled_training_on_a_cpu_compiles_the_blocks_and_releases_them(
                      tmp_path / "compiled")
     assert counters["stats"]["unique_graphs"] - graphs == 1  # two blocks, one compilation
     assert all("forward" not in vars(block) for block in compiled.model.blocks)  # released
-    ones, twos = _rows(tmp_path / "eager"), _rows(tmp_path / "compiled")
+    ones, twos = read_metrics(tmp_path / "eager"), read_metrics(tmp_path / "compiled")
     for a, b in zip(ones, twos, strict=True):  # the same math, Inductor's kernels
         for key in ("loss", "val_loss"):
             if key in a:
