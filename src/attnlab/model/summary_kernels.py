@@ -7,7 +7,8 @@ summaries mean exactly what `summaries.py` says (pad rows and rows with nothing 
 to are 0s, the sink is the row's first real key); this module only decides the launch. The
 kernels (`summary_triton.py`) need triton, which attnlab does not depend on: it is imported
 here lazily, on a CUDA tensor only (or under Triton's interpreter, which the tests run on
-CPU tensors). Why two passes and no tiles: docs/performance.md#summaries-on-a-gpu.
+CPU tensors). Why two passes (or one, given the forward's lse: `ONE_PASS`) and no tiles:
+docs/performance.md#summaries-on-a-gpu.
 """
 
 from __future__ import annotations
@@ -31,6 +32,12 @@ DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 #: smaller ones for larger heads or float32, whose tiles would spill registers at the first.
 ROWS_BLOCKS: dict[int, tuple[int, ...]] = {128: (128, 64, 8), 256: (64, 32, 8)}
 RECEIVED_BLOCKS: dict[int, tuple[int, ...]] = {128: (64, 128, 8), 256: (32, 64, 8)}
+GIVEN_BLOCKS: dict[int, tuple[int, ...]] = ROWS_BLOCKS  # the one pass walks as the rows pass
+#: Whether a trace of summaries alone over the plain causal mask (T == S, no padding, no
+#: window) takes each row's lse from the attention forward and runs one pass
+#: (`attend_with_lse`, `given_lse_kernel`) instead of two. Off until measured on a GPU:
+#: `benchmarks/gpu_summaries.py` times both.
+ONE_PASS = False
 
 
 def triton_importable() -> bool:
@@ -46,13 +53,16 @@ def available(q: Tensor) -> bool:
 
 def layer_summaries(names: list[str], q: Tensor, k: Tensor, scale: float, *, causal: bool,
                     window: int | None = None, padding: Tensor | None = None,
-                    blocks: tuple[int, int] | None = None) -> dict[str, Tensor]:
+                    blocks: tuple[int, int] | None = None,
+                    lse: Tensor | None = None) -> dict[str, Tensor]:
     """The summaries `names` (float32, in `SUMMARY_NAMES` order) of softmax(q k^T * scale)
     under the mask: q (B, nh, T, hs), k (B, nkv, S, hs) with nh % nkv == 0 (head h reads key
     head h // (nh // nkv)); query row r is key index S - T + r. causal: row r sees keys up to
     its own; window: only its last `window` keys (with causal); padding (B, S) bool, True for
     real tokens: pads are never attended, a pad's own row is 0s. blocks: (rows, keys) per
-    block for both passes instead of the tuned sizes (the tests use small ones)."""
+    block for both passes instead of the tuned sizes (the tests use small ones). lse: each
+    row's natural log-sum-exp (B, nh, T) float32 under the same mask, as the attention
+    forward computed it (`attend_with_lse`): then one pass, not two."""
     B, nh, T, hs = q.shape
     nkv, S = k.shape[1], k.shape[2]
     unknown = sorted(set(names) - set(SUMMARY_NAMES))
@@ -72,17 +82,44 @@ def layer_summaries(names: list[str], q: Tensor, k: Tensor, scale: float, *, cau
                              f"({B}, {S}) mask over every key")
         pad = padding.to(device=device, dtype=torch.uint8).contiguous()  # (B, S)
         first = pad.argmax(dim=-1).to(torch.int32)  # (B,) the first 1
-    rows_values = {name: torch.empty((B, nh, T), dtype=torch.float32, device=device)
-                   for name in names if name != "attn_received"}  # (B, nh, T) each
-    lse2 = torch.empty((B, nh, T), dtype=torch.float32, device=device)  # (B, nh, T)
+    values = {name: torch.empty((B, nh, T), dtype=torch.float32, device=device)
+              for name in names if name != "attn_received"}  # (B, nh, T) each
     windowed = window is not None and window < S
     common = dict(nh=nh, group=nh // nkv, T=T, S=S, offset=S - T,
                   window=window if windowed else 0, scale2=scale * math.log2(math.e),
                   HS=hs, BLOCK_D=max(16, 1 << (hs - 1).bit_length()), CAUSAL=causal,
                   WINDOWED=windowed, HAS_PAD=padding is not None,
                   IEEE=q.dtype == torch.float32)
-    _launch(names, q, k, (pad, first, lse2), rows_values, common, blocks)
-    return {name: rows_values[name] for name in SUMMARY_NAMES if name in names}
+    if lse is None:
+        lse2 = torch.empty((B, nh, T), dtype=torch.float32, device=device)  # (B, nh, T)
+        _launch(names, q, k, (pad, first, lse2), values, common, blocks)
+    else:
+        if tuple(lse.shape) != (B, nh, T):
+            raise ValueError(f"lse of shape {tuple(lse.shape)}; pass (B, nh, T) = "
+                             f"({B}, {nh}, {T}), one per query row")
+        lse = lse.to(device=device, dtype=torch.float32).contiguous()  # (B, nh, T)
+        _launch_given(names, q, k, (pad, first, lse), values, common, blocks)
+    return {name: values[name] for name in SUMMARY_NAMES if name in names}
+
+
+def attend_with_lse(q: Tensor, k: Tensor, v: Tensor, scale: float) -> tuple[Tensor, Tensor]:
+    """Causal attention of q over k, v (B, nh, T, hs), T == S, no other mask: the context
+    (B, nh, T, hs) as `F.scaled_dot_product_attention(..., is_causal=True)` computes it, and
+    each row's natural log-sum-exp (B, nh, T) float32, which the public function drops. The
+    kernels SDPA itself runs, called by name: flash attention for 16-bit inputs on a GPU,
+    memory-efficient attention for float32 there, the flash kernel on a CPU."""
+    T = q.shape[2]
+    aten = torch.ops.aten
+    if not q.is_cuda:
+        context, lse = aten._scaled_dot_product_flash_attention_for_cpu(
+            q, k, v, 0.0, True, scale=scale)[:2]
+    elif q.dtype in (torch.float16, torch.bfloat16):
+        context, lse = aten._scaled_dot_product_flash_attention(
+            q, k, v, 0.0, True, False, scale=scale)[:2]
+    else:  # its lse is padded to a multiple of 32 rows
+        context, lse = aten._scaled_dot_product_efficient_attention(
+            q, k, v, None, True, 0.0, True, scale=scale)[:2]
+    return context, lse[..., :T]  # (B, nh, T, hs), (B, nh, T)
 
 
 def _launch(names: list[str], q: Tensor, k: Tensor, masks: tuple[Tensor, Tensor, Tensor],
@@ -116,6 +153,34 @@ def _launch(names: list[str], q: Tensor, k: Tensor, masks: tuple[Tensor, Tensor,
                 q, k, pad, lse2, received, *strides, **common, BLOCK_M=block_m,
                 BLOCK_N=block_n, num_warps=warps, **_stages(stages), enable_fp_fusion=True)
             values["attn_received"] = received
+
+
+def _launch_given(names: list[str], q: Tensor, k: Tensor, masks: tuple[Tensor, Tensor, Tensor],
+                  values: dict[str, Tensor], common: dict[str, Any],
+                  blocks: tuple[int, int] | None) -> None:
+    """The one pass into `values`, each row's lse given; masks: the padding (B, S), first
+    real keys (B,) and the lse (B, nh, T)."""
+    from . import summary_triton as kernels  # triton: imported only here
+
+    B, nh, T, hs = q.shape
+    S = k.shape[2]
+    pad, first, lse = masks
+    received = torch.zeros((B, nh, S) if "attn_received" in names else (1,),
+                           dtype=torch.float32, device=q.device)  # (B, nh, S): added into
+    strides = (q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2))
+    size = 128 if hs <= 128 and q.dtype != torch.float32 else 256
+    block_m, block_n, warps, *stages = GIVEN_BLOCKS[size] if blocks is None else (*blocks, 4)
+    with torch.cuda.device(q.device) if q.is_cuda else contextlib.nullcontext():
+        kernels.given_lse_kernel[(math.ceil(T / block_m), B * nh)](
+            q, k, pad, first, lse, *(values.get(name, lse) for name in
+                                     ("attn_entropy", "attn_sink", "attn_distance", "attn_max")),
+            received, *strides, **common, BLOCK_M=block_m, BLOCK_N=block_n,
+            WANT_ENTROPY="attn_entropy" in names, WANT_SINK="attn_sink" in names,
+            WANT_DISTANCE="attn_distance" in names, WANT_MAX="attn_max" in names,
+            WANT_RECEIVED="attn_received" in names, num_warps=warps, **_stages(stages),
+            enable_fp_fusion=True)
+    if "attn_received" in names:
+        values["attn_received"] = received
 
 
 def _stages(stages: list[int]) -> dict[str, int]:
