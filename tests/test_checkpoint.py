@@ -204,3 +204,52 @@ def test_list_and_dict_config_fields_round_trip(
     (path / "config.json").write_text(json.dumps(config))
     with pytest.raises(ValueError, match=f"{bad[0]}=.* corrupted"):
         load_checkpoint(path)
+
+
+@pytest.mark.parametrize("tie", [True, False])
+def test_writer_saves_the_state_of_the_moment_it_was_called(tie: bool, tmp_path: Path) -> None:
+    """CheckpointWriter copies before it returns: weights and train_state changed while the
+    write runs (as the next training steps change them) reach neither file, and its files
+    hold what `save_checkpoint`'s hold."""
+    from attnlab.checkpoint import STATE_FILE, CheckpointWriter, load_train_state
+
+    model, tok = _model(tie), CharTokenizer.from_text("abc")
+    moment = {"step": 3, "moments": [torch.randn(4, 5).t(), {"m": torch.arange(6.0)}]}
+    save_checkpoint(tmp_path / "sync", model, tok, train_state=moment, meta={"step": 3})
+    writer = CheckpointWriter()
+    path = writer.save(tmp_path / "async", model, tok, train_state=moment, meta={"step": 3})
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(1.0)
+    moment["moments"][0].add_(1.0)
+    moment["moments"][1]["m"].zero_()
+    writer.wait()
+    assert (path / "config.json").read_text() == (tmp_path / "sync" / "config.json").read_text()
+    with safe_open(str(path / WEIGHTS_FILE), "pt") as a, \
+            safe_open(str(tmp_path / "sync" / WEIGHTS_FILE), "pt") as b:
+        assert a.metadata() == b.metadata() and a.keys() == b.keys()
+        for name in a.keys():  # the header's order is safetensors' own: values, not bytes
+            assert torch.equal(a.get_tensor(name), b.get_tensor(name)), name
+    sync, written = load_train_state(tmp_path / "sync"), load_train_state(path)
+    assert torch.equal(written["moments"][0], sync["moments"][0])
+    assert torch.equal(written["moments"][1]["m"], torch.arange(6.0))
+    assert (path / STATE_FILE).exists() and not list(tmp_path.glob(".async.*"))
+    loaded = load_checkpoint(path).model
+    _assert_same_weights(load_checkpoint(tmp_path / "sync").model, loaded)
+
+
+def test_writer_raises_a_failed_write_at_wait(tmp_path: Path) -> None:
+    """A write that fails on the writer's thread raises in the caller's at the next wait
+    (or save), once; the writer then works again."""
+    from attnlab.checkpoint import CheckpointWriter
+
+    model, tok = _model(True), CharTokenizer.from_text("abc")
+    (tmp_path / "file").write_text("not a directory")
+    writer = CheckpointWriter()
+    writer.save(tmp_path / "file" / "ckpt", model, tok)
+    with pytest.raises(OSError):
+        writer.wait()
+    writer.wait()  # raised once
+    writer.save(tmp_path / "ckpt", model, tok)
+    writer.wait()
+    _assert_same_weights(model, load_checkpoint(tmp_path / "ckpt").model)

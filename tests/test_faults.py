@@ -5,7 +5,8 @@ checkpoint, and `--resume` continues to exactly the losses of an uninterrupted r
 Every step evaluates and checkpoints (--eval_interval 1), so a checkpoint write is in progress
 for a large share of the run and the kills that wait for one land inside it. The directories
 a dead process left behind (`.ckpt.tmp-PID` half written, `.ckpt.old-PID` between the two
-renames) tell afterwards whether a kill landed mid-write.
+renames) tell afterwards whether a kill landed mid-write. Training goes on while a checkpoint
+is written, so a kill loses the steps since the last complete one; Ctrl-C waits for it.
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ from typing import Any
 import pytest
 import torch
 
-from attnlab.checkpoint import load_train_state, save_checkpoint
+from attnlab.checkpoint import find_checkpoint, load_train_state, save_checkpoint
 from attnlab.cli import main
 from attnlab.load import load_checkpoint
 from attnlab.model.gpt import GPTConfig
@@ -87,7 +88,9 @@ def interrupt(out: Path, resume: bool, after_step: int, sig: int, mid_write: boo
             assert time.monotonic() < deadline, "attnlab train made no progress in 60 s"
             time.sleep(poll_s)
 
-    wait_until(lambda: trained_steps(out) > after_step, 0.01)
+    # checkpoints are written on a thread while training goes on (CheckpointWriter): a kill
+    # during the run's first write leaves none, so each kill waits for one to exist
+    wait_until(lambda: trained_steps(out) > after_step and find_checkpoint(out / "ckpt"), 0.01)
     if mid_write:
         wait_until(lambda: writing(out), 0.0005)
     else:

@@ -15,11 +15,13 @@ train_state.
 
 from __future__ import annotations
 
+import copy
 import json
 import math
 import os
 import re
 import shutil
+import threading
 import time
 import types
 from collections.abc import Callable, Iterable
@@ -68,16 +70,75 @@ def save_checkpoint(
     meta: dict[str, Any] | None = None,
 ) -> Path:
     """Write a complete checkpoint to `directory`, replacing any previous one atomically."""
-    directory = Path(directory)
+    return _write(Path(directory), _weights(model), model.config, tokenizer, train_state, meta)
+
+
+class CheckpointWriter:
+    """Checkpoints written on a thread of their own, one at a time, so that training goes on
+    while one is written (most of a save is the disk's: fsync, unlinking the old one). `save`
+    copies what it writes into host memory first, so the caller may change the model and the
+    optimizer as soon as it returns, and waits for the previous write; `wait` returns when
+    the last write is complete, raising what it raised. A killed process leaves the previous
+    checkpoint intact, as `save_checkpoint` does."""
+
+    def __init__(self) -> None:
+        self._thread: threading.Thread | None = None
+        self._error: BaseException | None = None
+
+    def save(self, directory: str | Path, model: GPT, tokenizer: Tokenizer, *,
+             train_state: dict[str, Any] | None = None,
+             meta: dict[str, Any] | None = None) -> Path:
+        """Start writing the checkpoint `save_checkpoint` would write; returns its path."""
+        self.wait()
+        directory = Path(directory)
+        args = (directory, _weights(model, to_host=True), model.config, tokenizer,
+                _host_copy(train_state), copy.deepcopy(meta))
+        self._thread = threading.Thread(target=self._run, args=args, name="attnlab-checkpoint")
+        self._thread.start()
+        return directory
+
+    def _run(self, *args: Any) -> None:
+        try:
+            _write(*args)
+        except BaseException as err:  # raised in the caller's thread by wait()
+            self._error = err
+
+    def wait(self) -> None:
+        """Block until the last checkpoint is written; raise what its write raised."""
+        if self._thread is not None:
+            self._thread.join()
+            self._thread = None
+        error, self._error = self._error, None
+        if error is not None:
+            raise error
+
+
+def _host_copy(value: Any) -> Any:
+    """value with every tensor in it copied into host memory (dicts, lists, tuples walked)."""
+    if isinstance(value, torch.Tensor):
+        return value.detach().to("cpu", copy=True)
+    if isinstance(value, dict):
+        return {key: _host_copy(item) for key, item in value.items()}
+    if isinstance(value, (list, tuple)):
+        return type(value)(_host_copy(item) for item in value)
+    return value
+
+
+def _write(directory: Path, weights: tuple[dict[str, torch.Tensor], dict[str, str]],
+           config: GPTConfig, tokenizer: Tokenizer, train_state: dict[str, Any] | None,
+           meta: dict[str, Any] | None) -> Path:
+    """The checkpoint into a temporary sibling of `directory`, then renamed into place."""
+    from safetensors.torch import save_file
+
     directory.parent.mkdir(parents=True, exist_ok=True)
     tmp = directory.with_name(f".{directory.name}.tmp-{os.getpid()}")
     old = directory.with_name(f".{directory.name}.old-{os.getpid()}")
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir()
     try:
-        _save_weights(model, tmp / WEIGHTS_FILE)
-        config = {"model": model.config.to_dict(), "meta": meta or {}}
-        (tmp / CONFIG_FILE).write_text(json.dumps(config, indent=2))
+        save_file(weights[0], str(tmp / WEIGHTS_FILE), weights[1])
+        blob = {"model": config.to_dict(), "meta": meta or {}}
+        (tmp / CONFIG_FILE).write_text(json.dumps(blob, indent=2))
         tokenizer.save(tmp)
         if train_state is not None:
             torch.save(train_state, tmp / STATE_FILE)
@@ -324,18 +385,19 @@ def _file_names(files: TensorFiles, config: GPTConfig) -> dict[str, str]:
     return names
 
 
-def _save_weights(model: GPT, path: Path) -> None:
-    """model.safetensors, row-major (safetensors' own save_model cannot read the (in, out)
-    memory of GPT's Linear weights: see GPT.lay_out_weights)."""
-    from safetensors.torch import save_file
-
-    state = {name: t.contiguous() for name, t in model.state_dict().items()}
+def _weights(model: GPT, to_host: bool = False
+             ) -> tuple[dict[str, torch.Tensor], dict[str, str]]:
+    """The tensors and metadata of model.safetensors, row-major (safetensors' own save_model
+    cannot read the (in, out) memory of GPT's Linear weights: see GPT.lay_out_weights);
+    to_host: copies in host memory, whatever the model does next."""
+    state = {name: torch.empty(t.shape, dtype=t.dtype).copy_(t) if to_host else t.contiguous()
+             for name, t in model.state_dict().items()}  # a host copy: one, row-major
     metadata = {"format": "pt"}
     if model.config.tie_weights:
         kept, dropped = TIED
         del state[dropped]
         metadata[dropped] = kept
-    save_file(state, str(path), metadata)
+    return state, metadata
 
 
 def _mismatch(model: GPT, state: dict[str, torch.Tensor], show: int = 3) -> str:

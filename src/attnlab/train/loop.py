@@ -24,11 +24,7 @@ from typing import Any
 
 import torch
 
-from ..checkpoint import (
-    Checkpoint,
-    load_attnlab_checkpoint,
-    save_checkpoint,
-)
+from ..checkpoint import Checkpoint, CheckpointWriter, load_attnlab_checkpoint
 from ..model.gpt import GPT, GPTConfig
 from ..model.runtime import quiet_compile, warn_if_slow_bf16
 from .budget import Budget, parse_duration
@@ -160,6 +156,7 @@ def train(
         try:
             return run.fit()
         finally:
+            run.writer.wait()  # the last checkpoint complete, whatever ended the run
             release_blocks(run.model)  # the model returned is the plain one
     finally:
         teardown(started)
@@ -178,6 +175,7 @@ class _Run:
         self.config, self.dataset, self.world, self.seq_len = config, dataset, world, seq_len
         self.out, self.ckpt, self.metrics_file = out, out / "ckpt", out / "metrics.jsonl"
         self.callback = callback
+        self.writer = CheckpointWriter()  # training goes on while a checkpoint is written
         torch.manual_seed(config.seed)
         self.model = GPT(model_config).to(world.device)
         if init is not None and not resume:  # a resume reads its own weights below
@@ -392,8 +390,8 @@ class _Run:
         self.save(step)
 
     def save(self, step: int) -> None:
-        """Checkpoint the model, optimizer, RNG states and history at `step` (rank 0 writes;
-        every rank waits for it)."""
+        """Checkpoint the model, optimizer, RNG states and history at `step` (rank 0 writes, on
+        `writer`'s thread once the state is copied; every rank waits for the copy)."""
         world, result, dataset = self.world, self.result, self.dataset
         rng = torch.get_rng_state()
         rng_ranks = [rng]
@@ -417,8 +415,8 @@ class _Run:
             for key in ("source", "fingerprint"):  # a text file's: see TextDataset
                 if getattr(dataset, key, None) is not None:
                     meta[f"data_{key}"] = getattr(dataset, key)
-            save_checkpoint(self.ckpt, self.model, dataset.tokenizer, train_state=state,
-                            meta=meta)
+            self.writer.save(self.ckpt, self.model, dataset.tokenizer, train_state=state,
+                             meta=meta)
         result.checkpoint = self.ckpt
         world.barrier()  # no rank runs ahead of a checkpoint it may have to resume from
 
@@ -435,6 +433,7 @@ class _Run:
     def finish(self) -> TrainResult:
         """The result, with its wall clock and throughput, and the loss curve drawn."""
         result = self.result
+        self.writer.wait()
         result.seconds = time.perf_counter() - self.t_start
         tokens, seconds = self.timed if self.timed[1] else self.first
         result.tokens_per_second = tokens / max(seconds, 1e-9)
