@@ -86,7 +86,9 @@ def measure(name: str, kind: str, mode: str | None, sync: bool, device: torch.de
     options = {} if mode in (None, "default") else {"mode": mode.removeprefix("regional ")}
     call: Callable[..., Any] = model
     if mode is not None and mode.startswith("regional"):
-        compile_blocks(model, **options)  # as attnlab train compiles on one GPU
+        options["mode"] = options["mode"].removeprefix("+ends ")
+        # as attnlab train compiles on one GPU (+ends: the embedding and head too)
+        compile_blocks(model, ends=mode.startswith("regional +ends"), **options)
     elif mode is not None:
         call = torch.compile(model, **options)
     opt = optimizer_for(model)
@@ -120,6 +122,8 @@ WAYS = [  # name, model, torch.compile mode (None: eager), read the loss every s
     ("attnlab compiled", "attnlab", "default", False),
     ("attnlab compiled, reduce-overhead", "attnlab", "reduce-overhead", False),
     ("attnlab blocks compiled, reduce-overhead", "attnlab", "regional reduce-overhead", False),
+    ("attnlab blocks, embedding and head compiled, reduce-overhead", "attnlab",
+     "regional +ends reduce-overhead", False),
 ]
 
 

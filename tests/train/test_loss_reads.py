@@ -108,6 +108,16 @@ def test_compiled_blocks_share_one_graph_and_are_released() -> None:
     assert all("forward" not in vars(block) for block in net.blocks)
     assert torch.equal(net(x, x).loss, eager)
     torch._dynamo.reset()
+    graphs = counters["stats"]["unique_graphs"]
+    compile_blocks(net, ends=True, backend="eager")  # and the embedding, and head and loss
+    with quiet_compile():
+        compiled = net(x, x).loss
+    assert counters["stats"]["unique_graphs"] - graphs == 3
+    assert torch.allclose(compiled, eager)
+    release_blocks(net)
+    assert not {"_embed", "_head"} & set(vars(net))
+    assert torch.equal(net(x, x).loss, eager)
+    torch._dynamo.reset()
 
 
 def test_compiled_training_on_a_cpu_compiles_the_blocks_and_releases_them(

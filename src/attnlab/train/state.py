@@ -108,16 +108,27 @@ def check_writable(out: Path, model_config: GPTConfig) -> None:
         )
 
 
-def compile_blocks(model: GPT, **options: Any) -> None:
+#: the model's own steps around its blocks, which `compile_blocks(ends=True)` compiles too
+ENDS = ("_embed", "_head")
+
+
+def compile_blocks(model: GPT, ends: bool = False, **options: Any) -> None:
     """Compile each transformer block's forward in place (regional compilation; `options`
     go to torch.compile): the blocks share one compilation, a fraction of the whole model's,
-    and the embedding, head and loss around them stay eager. `release_blocks` undoes it."""
+    and the embedding, head and loss around them stay eager, or, with `ends`, are two more
+    compiled regions (fewer launches, two more compilations: `benchmarks/gpu_step_probe.py`
+    weighs them). `release_blocks` undoes it."""
     for block in model.blocks:
         block.forward = torch.compile(block.forward, **options)
+    for name in ENDS if ends else ():
+        setattr(model, name, torch.compile(getattr(model, name), **options))
 
 
 def release_blocks(model: GPT) -> None:
-    """The blocks' own forward again, after `compile_blocks`."""
+    """The model's own forwards again, after `compile_blocks`."""
+    for name in ENDS:
+        if name in vars(model):
+            delattr(model, name)
     for block in model.blocks:
         if "forward" in vars(block):
             del block.forward
