@@ -106,17 +106,19 @@ def attend_with_lse(q: Tensor, k: Tensor, v: Tensor, scale: float) -> tuple[Tens
     """Causal attention of q over k, v (B, nh, T, hs), T == S, no other mask: the context
     (B, nh, T, hs) as `F.scaled_dot_product_attention(..., is_causal=True)` computes it, and
     each row's natural log-sum-exp (B, nh, T) float32, which the public function drops. The
-    kernels SDPA itself runs, called by name: flash attention for 16-bit inputs on a GPU,
-    memory-efficient attention for float32 there, the flash kernel on a CPU."""
+    kernels SDPA itself runs, called by name: flash attention for 16-bit inputs on a GPU
+    (compute capability 8.0 and up), memory-efficient attention for the rest there, the
+    flash kernel on a CPU."""
     T = q.shape[2]
     aten = torch.ops.aten
     if not q.is_cuda:
         context, lse = aten._scaled_dot_product_flash_attention_for_cpu(
             q, k, v, 0.0, True, scale=scale)[:2]
-    elif q.dtype in (torch.float16, torch.bfloat16):
+    elif q.dtype in (torch.float16, torch.bfloat16) and \
+            torch.cuda.get_device_capability(q.device) >= (8, 0):  # flash attention's GPUs
         context, lse = aten._scaled_dot_product_flash_attention(
             q, k, v, 0.0, True, False, scale=scale)[:2]
-    else:  # its lse is padded to a multiple of 32 rows
+    else:  # float32 or an older GPU; its lse is padded to a multiple of 32 rows
         context, lse = aten._scaled_dot_product_efficient_attention(
             q, k, v, None, True, 0.0, True, scale=scale)[:2]
     return context, lse[..., :T]  # (B, nh, T, hs), (B, nh, T)
