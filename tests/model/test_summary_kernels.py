@@ -94,9 +94,9 @@ CASES = {
 }
 
 
-@pytest.mark.parametrize("case", list(CASES))
-def test_interpreted_kernels_equal_the_torch_path(case: str, interpreted: None) -> None:
-    B, nh, nkv, T, S, hs, causal, window, pads, block = CASES[case]
+def _case(case: str) -> tuple[torch.Tensor, torch.Tensor, Mask]:
+    """q (B, nh, T, hs), k (B, nkv, S, hs) and the mask of CASES[case] (seeded by its name)."""
+    B, nh, nkv, T, S, hs, causal, window, pads, _ = CASES[case]
     gen = torch.Generator().manual_seed(len(case))
     q = torch.randn(B, nh, T, hs, generator=gen) * 2  # (B, nh, T, hs)
     k = torch.randn(B, nkv, S, hs, generator=gen)  # (B, nkv, S, hs)
@@ -105,7 +105,14 @@ def test_interpreted_kernels_equal_the_torch_path(case: str, interpreted: None) 
         attention_mask = torch.ones(B, S, dtype=torch.long)
         for b, n in enumerate(pads):
             attention_mask[b, :n] = 0
-    mask = build_mask(T, S, attention_mask, causal=causal, window=window)
+    return q, k, build_mask(T, S, attention_mask, causal=causal, window=window)
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_interpreted_kernels_equal_the_torch_path(case: str, interpreted: None) -> None:
+    pads, block = CASES[case][8:]
+    q, k, mask = _case(case)
+    S, causal = k.shape[2], bool(mask.causal)
     assert traced_attention.kernel_mask(mask)
     names = list(SUMMARY_NAMES)
     expected = _torch_path(q, k, mask, 0.3, names)
@@ -134,16 +141,8 @@ def _lse(q: torch.Tensor, k: torch.Tensor, mask: Mask, scale: float) -> torch.Te
 def test_interpreted_one_pass_equals_the_torch_path(case: str, interpreted: None) -> None:
     """Given each row's lse, the one pass (received added block by block, atomically) makes
     the two passes' summaries: every case above, rows without keys and pad rows included."""
-    B, nh, nkv, T, S, hs, causal, window, pads, block = CASES[case]
-    gen = torch.Generator().manual_seed(len(case))
-    q = torch.randn(B, nh, T, hs, generator=gen) * 2  # (B, nh, T, hs)
-    k = torch.randn(B, nkv, S, hs, generator=gen)  # (B, nkv, S, hs)
-    attention_mask = None
-    if pads is not None:
-        attention_mask = torch.ones(B, S, dtype=torch.long)
-        for b, n in enumerate(pads):
-            attention_mask[b, :n] = 0
-    mask = build_mask(T, S, attention_mask, causal=causal, window=window)
+    q, k, mask = _case(case)
+    causal, block = bool(mask.causal), CASES[case][9]
     names = list(SUMMARY_NAMES)
     expected = _torch_path(q, k, mask, 0.3, names)
     got = summary_kernels.layer_summaries(names, q, k, 0.3, causal=causal, window=mask.window,

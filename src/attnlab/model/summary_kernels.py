@@ -38,6 +38,8 @@ GIVEN_BLOCKS: dict[int, tuple[int, ...]] = ROWS_BLOCKS  # the one pass walks as 
 #: (`attend_with_lse`, `given_lse_kernel`) instead of two. Off until measured on a GPU:
 #: `benchmarks/gpu_summaries.py` times both.
 ONE_PASS = False
+#: the summaries of each query row, in the kernels' argument order
+ROW_NAMES = ("attn_entropy", "attn_sink", "attn_distance", "attn_max")
 
 
 def triton_importable() -> bool:
@@ -92,13 +94,13 @@ def layer_summaries(names: list[str], q: Tensor, k: Tensor, scale: float, *, cau
                   IEEE=q.dtype == torch.float32)
     if lse is None:
         lse2 = torch.empty((B, nh, T), dtype=torch.float32, device=device)  # (B, nh, T)
-        _launch(names, q, k, (pad, first, lse2), values, common, blocks)
+        _launch(names, q, k, (pad, first, lse2), values, common, blocks, given=False)
     else:
         if tuple(lse.shape) != (B, nh, T):
             raise ValueError(f"lse of shape {tuple(lse.shape)}; pass (B, nh, T) = "
                              f"({B}, {nh}, {T}), one per query row")
         lse = lse.to(device=device, dtype=torch.float32).contiguous()  # (B, nh, T)
-        _launch_given(names, q, k, (pad, first, lse), values, common, blocks)
+        _launch(names, q, k, (pad, first, lse), values, common, blocks, given=True)
     return {name: values[name] for name in SUMMARY_NAMES if name in names}
 
 
@@ -126,65 +128,47 @@ def attend_with_lse(q: Tensor, k: Tensor, v: Tensor, scale: float) -> tuple[Tens
 
 def _launch(names: list[str], q: Tensor, k: Tensor, masks: tuple[Tensor, Tensor, Tensor],
             values: dict[str, Tensor], common: dict[str, Any],
-            blocks: tuple[int, int] | None) -> None:
-    """Both passes into `values` (the received pass only when wanted); masks: the padding
-    (B, S), first real keys (B,) and the lse2 (B, nh, T) the rows pass writes."""
-    from . import summary_triton as kernels  # triton: imported only here
-
-    B, nh, T, hs = q.shape
-    S = k.shape[2]
-    pad, first, lse2 = masks
-    strides = (q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2))
-    size = 128 if hs <= 128 and q.dtype != torch.float32 else 256
-    # triton launches on the current device: make it q's (a model on cuda:1, say)
-    with torch.cuda.device(q.device) if q.is_cuda else contextlib.nullcontext():
-        stages: list[int]
-        block_m, block_n, warps, *stages = ROWS_BLOCKS[size] if blocks is None else (*blocks, 4)
-        kernels.rows_kernel[(math.ceil(T / block_m), B * nh)](
-            q, k, pad, first, lse2, *(values.get(name, lse2) for name in
-                                      ("attn_entropy", "attn_sink", "attn_distance", "attn_max")),
-            *strides, **common, BLOCK_M=block_m, BLOCK_N=block_n,
-            WANT_ENTROPY="attn_entropy" in names, WANT_SINK="attn_sink" in names,
-            WANT_DISTANCE="attn_distance" in names, WANT_MAX="attn_max" in names,
-            num_warps=warps, **_stages(stages), enable_fp_fusion=True)  # named: no warning
-        if "attn_received" in names:
-            received = torch.empty((B, nh, S), dtype=torch.float32, device=q.device)  # (B, nh, S)
-            block_m, block_n, warps, *stages = (RECEIVED_BLOCKS[size] if blocks is None
-                                                else (*blocks, 4))
-            kernels.received_kernel[(math.ceil(S / block_n), B * nh)](
-                q, k, pad, lse2, received, *strides, **common, BLOCK_M=block_m,
-                BLOCK_N=block_n, num_warps=warps, **_stages(stages), enable_fp_fusion=True)
-            values["attn_received"] = received
-
-
-def _launch_given(names: list[str], q: Tensor, k: Tensor, masks: tuple[Tensor, Tensor, Tensor],
-                  values: dict[str, Tensor], common: dict[str, Any],
-                  blocks: tuple[int, int] | None) -> None:
-    """The one pass into `values`, each row's lse given; masks: the padding (B, S), first
-    real keys (B,) and the lse (B, nh, T)."""
+            blocks: tuple[int, int] | None, given: bool) -> None:
+    """The passes into `values`; masks: the padding (B, S), first real keys (B,) and each
+    row's lse (B, nh, T): given (natural log: the one pass, `given_lse_kernel`), or written
+    by the rows pass (base 2) for the received pass, which runs only when wanted."""
     from . import summary_triton as kernels  # triton: imported only here
 
     B, nh, T, hs = q.shape
     S = k.shape[2]
     pad, first, lse = masks
-    received = torch.zeros((B, nh, S) if "attn_received" in names else (1,),
-                           dtype=torch.float32, device=q.device)  # (B, nh, S): added into
     strides = (q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2))
     size = 128 if hs <= 128 and q.dtype != torch.float32 else 256
-    block_m, block_n, warps, *stages = GIVEN_BLOCKS[size] if blocks is None else (*blocks, 4)
+    wants = {f"WANT_{name.removeprefix('attn_').upper()}": name in names for name in ROW_NAMES}
+    outs = [values.get(name, lse) for name in ROW_NAMES]  # lse: a pointer never written
+    received_wanted = "attn_received" in names
+    # triton launches on the current device: make it q's (a model on cuda:1, say)
     with torch.cuda.device(q.device) if q.is_cuda else contextlib.nullcontext():
-        kernels.given_lse_kernel[(math.ceil(T / block_m), B * nh)](
-            q, k, pad, first, lse, *(values.get(name, lse) for name in
-                                     ("attn_entropy", "attn_sink", "attn_distance", "attn_max")),
-            received, *strides, **common, BLOCK_M=block_m, BLOCK_N=block_n,
-            WANT_ENTROPY="attn_entropy" in names, WANT_SINK="attn_sink" in names,
-            WANT_DISTANCE="attn_distance" in names, WANT_MAX="attn_max" in names,
-            WANT_RECEIVED="attn_received" in names, num_warps=warps, **_stages(stages),
-            enable_fp_fusion=True)
-    if "attn_received" in names:
+        tuning = _tuning((GIVEN_BLOCKS if given else ROWS_BLOCKS)[size], blocks)
+        grid = (math.ceil(T / tuning["BLOCK_M"]), B * nh)
+        if given:
+            received = torch.zeros((B, nh, S) if received_wanted else (1,), dtype=torch.float32,
+                                   device=q.device)  # (B, nh, S): added into
+            kernels.given_lse_kernel[grid](q, k, pad, first, lse, *outs, received, *strides,
+                                           **common, **wants, WANT_RECEIVED=received_wanted,
+                                           **tuning)
+        else:
+            kernels.rows_kernel[grid](q, k, pad, first, lse, *outs, *strides, **common,
+                                      **wants, **tuning)
+            if received_wanted:
+                received = torch.empty((B, nh, S), dtype=torch.float32,
+                                       device=q.device)  # (B, nh, S)
+                tuning = _tuning(RECEIVED_BLOCKS[size], blocks)
+                kernels.received_kernel[(math.ceil(S / tuning["BLOCK_N"]), B * nh)](
+                    q, k, pad, lse, received, *strides, **common, **tuning)
+    if received_wanted:
         values["attn_received"] = received
 
 
-def _stages(stages: list[int]) -> dict[str, int]:
-    """Triton's num_stages where a block size names one (a fourth number), else its own."""
-    return {"num_stages": stages[0]} if stages else {}
+def _tuning(tuned: tuple[int, ...], blocks: tuple[int, int] | None) -> dict[str, Any]:
+    """A launch's block sizes, warps and Triton's num_stages where the sizes name one (a
+    fourth number); blocks: (rows, keys) with 4 warps instead of the tuned sizes."""
+    block_m, block_n, warps, *stages = tuned if blocks is None else (*blocks, 4)
+    return {"BLOCK_M": block_m, "BLOCK_N": block_n, "num_warps": warps,
+            **({"num_stages": stages[0]} if stages else {}),
+            "enable_fp_fusion": True}  # named: no warning

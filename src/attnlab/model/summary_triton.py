@@ -118,6 +118,21 @@ def _full_keys(pid_m, lo, hi, offset, window, S, BLOCK_M: tl.constexpr, BLOCK_N:
 
 
 @triton.jit
+def _query_block(q_head, pid_m, sqt, T, offset, HS: tl.constexpr, BLOCK_D: tl.constexpr,
+                 BLOCK_M: tl.constexpr):
+    """Query block pid_m of one (batch, head) at q_head: its rows, which exist, each row's
+    own key index (cached keys come first), the head dims, which exist, and q (BLOCK_M,
+    BLOCK_D), zeros past T and HS."""
+    rows = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    row_ok = rows < T
+    dims = tl.arange(0, BLOCK_D)
+    dim_ok = dims < HS
+    q = tl.load(q_head + rows[:, None] * sqt + dims[None, :],
+                mask=row_ok[:, None] & dim_ok[None, :], other=0.0)  # (BLOCK_M, BLOCK_D)
+    return rows, row_ok, offset + rows, dims, dim_ok, q
+
+
+@triton.jit
 def _rows_block(q, k_head, start, rows, row_ok, key_index, dims, dim_ok, sks, S, pad_row,
                 window, scale2, m, l_sum, t_sum, d_sum, HS: tl.constexpr,
                 BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr, WINDOWED: tl.constexpr,
@@ -165,14 +180,9 @@ def rows_kernel(q_ptr, k_ptr, pad_ptr, first_ptr, lse_ptr,
     pid_m = tl.program_id(0)
     bh = tl.program_id(1)
     b, h = bh // nh, bh % nh
+    rows, row_ok, key_index, dims, dim_ok, q = _query_block(
+        q_ptr + b * sqb + h * sqh, pid_m, sqt, T, offset, HS, BLOCK_D, BLOCK_M)
     kvh = h // group  # grouped-query attention: the key head serving query head h
-    rows = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
-    row_ok = rows < T
-    key_index = offset + rows  # each query's own key index (cached keys come first)
-    dims = tl.arange(0, BLOCK_D)
-    dim_ok = dims < HS
-    q = tl.load(q_ptr + b * sqb + h * sqh + rows[:, None] * sqt + dims[None, :],
-                mask=row_ok[:, None] & dim_ok[None, :], other=0.0)  # (BLOCK_M, BLOCK_D)
     pad_row = pad_ptr + b * S
     lo, full_lo, full_hi, hi = _key_blocks(pid_m, offset, window, S, BLOCK_M, BLOCK_N,
                                            CAUSAL, WINDOWED, HAS_PAD)
@@ -342,13 +352,8 @@ def given_lse_kernel(q_ptr, k_ptr, pad_ptr, first_ptr, lse_ptr,
     pid_m = tl.program_id(0)
     bh = tl.program_id(1)
     b, h = bh // nh, bh % nh
-    rows = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
-    row_ok = rows < T
-    key_index = offset + rows  # each query's own key index (cached keys come first)
-    dims = tl.arange(0, BLOCK_D)
-    dim_ok = dims < HS
-    q = tl.load(q_ptr + b * sqb + h * sqh + rows[:, None] * sqt + dims[None, :],
-                mask=row_ok[:, None] & dim_ok[None, :], other=0.0)  # (BLOCK_M, BLOCK_D)
+    rows, row_ok, key_index, dims, dim_ok, q = _query_block(
+        q_ptr + b * sqb + h * sqh, pid_m, sqt, T, offset, HS, BLOCK_D, BLOCK_M)
     pad_row = pad_ptr + b * S
     lse = tl.load(lse_ptr + bh * T + rows, mask=row_ok, other=float("inf"))
     has = row_ok & (lse < float("inf")) & (lse > float("-inf"))
