@@ -6,7 +6,9 @@ Each way trains the same shape (6 layers, 6 heads, 384 wide, context 256, batch 
 0.2, no biases) on random tokens held on the GPU, with fused AdamW, gradient clipping and
 bfloat16 autocast, for WARMUP steps and then STEPS timed steps (one synchronise at each
 end, so the CPU may run ahead of the GPU, as in a loop that reads the loss rarely), and
-"sync" ways read the loss every step (`float(loss)`, as attnlab's loop did). nanoGPT's model
+"sync" ways read the loss every step (`float(loss)`, as attnlab's loop did). attnlab's ways
+call the model as its loop does, with check_ids=False; "ids checked on the GPU" lets the
+model check them, reading four values back every step (as the loop did before). nanoGPT's model
 is benchmarks/nanogpt_baseline.py's. The JSON is rewritten after each way, so a time limit
 keeps what finished.
 
@@ -69,7 +71,10 @@ def step_fn(kind: str, model: torch.nn.Module, call: Callable[..., Any],
         window = data[rows]  # (B, T + 1)
         x, y = window[:, :-1].contiguous(), window[:, 1:].contiguous()  # (B, T) each
         with torch.autocast(device.type, dtype=torch.bfloat16):
-            loss = call(x, y)[1] if kind == "nanogpt" else call(x, y, fused=True).loss
+            # attnlab's loop checks ids on the host (check_ids=False); "checked": in the model,
+            # four reads back from the GPU every step, as the loop did until 2026-11-26
+            loss = call(x, y)[1] if kind == "nanogpt" else call(
+                x, y, fused=True, check_ids=kind == "attnlab checked").loss
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()
@@ -122,6 +127,8 @@ WAYS = [  # name, model, torch.compile mode (None: eager), read the loss every s
     ("attnlab compiled", "attnlab", "default", False),
     ("attnlab compiled, reduce-overhead", "attnlab", "reduce-overhead", False),
     ("attnlab blocks compiled, reduce-overhead", "attnlab", "regional reduce-overhead", False),
+    ("attnlab blocks compiled, reduce-overhead, ids checked on the GPU", "attnlab checked",
+     "regional reduce-overhead", False),
     ("attnlab blocks, embedding and head compiled, reduce-overhead", "attnlab",
      "regional +ends reduce-overhead", False),
 ]

@@ -24,6 +24,10 @@ raises `RuntimeError("fake device: ...")`, as CUDA would. Allowed, as on CUDA: c
 `.copy_`, `t[...] = host`), a host index into a device tensor (`device_t[host_idx]`), and an
 `out=` buffer.
 
+It also records every read of a device tensor back to the host (`item`, `int(t)`, `float(t)`,
+`bool(t)`, `tolist`, a blocking `.cpu()` or `.to("cpu")`), which on a GPU waits for all the
+work queued before it: `reads` holds the name of the attnlab function that made each one.
+
 What it cannot see: a `torch.Generator` made on the host but used for device draws (not a
 torch call, and CPU generators serve "cpu:0" draws), and a model loaded inside the mode
 (weights read by safetensors, not a torch call: `mark` it, as `fake_loads` does).
@@ -31,6 +35,9 @@ torch call, and CPU generators serve "cpu:0" draws), and a model loaded inside t
 
 from __future__ import annotations
 
+import os
+import sys
+import traceback
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
@@ -50,8 +57,9 @@ _FACTORIES = {
 }
 _COPIES = {torch.Tensor.copy_, torch.Tensor.__setitem__}
 _MOVES = {torch.Tensor.to, torch.Tensor.cuda, torch.Tensor.cpu}
+_READS = {"item", "__int__", "__float__", "__bool__", "__index__", "tolist"}
 # a property's getter and setter come as a fresh method-wrapper each time: known by __self__
-_DEVICE, _DATA = torch.Tensor.device, torch.Tensor.data
+_DEVICE, _DATA, _GRAD = torch.Tensor.device, torch.Tensor.data, torch.Tensor.grad
 
 
 def place(t: torch.Tensor) -> str | None:
@@ -119,13 +127,42 @@ def _check(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> str | No
     return DEVICE
 
 
+def _blocking_move_home(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> bool:
+    """Whether attnlab's own code moves a device tensor to the host and waits for it. Moves
+    torch makes inside its functions take their target from a tensor's real device, which
+    the fake cannot see (clip_grad_norm_ moves a device scalar to its gradients' device)."""
+    if func not in _MOVES or kwargs.get("non_blocking"):
+        return False
+    caller = sys._getframe(2).f_code.co_filename  # above __torch_function__
+    return f"{os.sep}attnlab{os.sep}" in caller and _move_place(func, args, kwargs) == HOST
+
+
+def _reader() -> str:
+    """The innermost attnlab function on the stack (the one that reads a value back)."""
+    for frame in reversed(traceback.extract_stack()):
+        if f"{os.sep}attnlab{os.sep}" in frame.filename:
+            return frame.name
+    return "(outside attnlab)"
+
+
 class _FakeDevice(TorchFunctionMode):
+    def __init__(self) -> None:
+        super().__init__()
+        self.reads: list[str] = []  # who read a device tensor's value back, in order
+
     def __torch_function__(self, func: Any, types: Any, args: tuple[Any, ...] = (),
                            kwargs: dict[str, Any] | None = None) -> Any:
         kwargs = kwargs or {}
+        read = getattr(func, "__name__", None) in _READS or _blocking_move_home(func, args, kwargs)
+        if read and args and isinstance(args[0], torch.Tensor) and place(args[0]) == DEVICE:
+            self.reads.append(_reader())
         owner = getattr(func, "__self__", None)
         if owner is _DEVICE:  # tensor.device
             return FAKE if place(args[0]) == DEVICE else func(*args, **kwargs)
+        if owner is _GRAD and func.__name__ == "__get__":  # a gradient lives by its tensor
+            grad = func(*args, **kwargs)
+            _mark(grad, place(args[0]))
+            return grad
         if owner is _DATA and func.__name__ == "__set__":  # param.data = moved (Module.to)
             func(*args, **kwargs)
             _mark(args[0], place(args[1]))
@@ -145,9 +182,10 @@ class _FakeDevice(TorchFunctionMode):
 
 
 @contextmanager
-def on_fake_device(*modules: torch.nn.Module) -> Iterator[None]:
-    """Run the body as if `modules` (their parameters and buffers) were on a GPU, FAKE."""
+def on_fake_device(*modules: torch.nn.Module) -> Iterator[_FakeDevice]:
+    """Run the body as if `modules` (their parameters and buffers) were on a GPU, FAKE; gives
+    the mode, whose `reads` lists the reads back from the device."""
     for module in modules:
         mark(module)
-    with _FakeDevice():
-        yield
+    with _FakeDevice() as mode:
+        yield mode

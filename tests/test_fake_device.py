@@ -6,6 +6,7 @@ built its prompts on the CPU and crashed `attnlab train` after training.
 
 from __future__ import annotations
 
+from collections import Counter
 from pathlib import Path
 
 import pytest
@@ -17,6 +18,7 @@ from attnlab.interp.edits import Edits, ablate, patch
 from attnlab.interp.lens import lens_table, logit_attribution, logit_lens
 from attnlab.interp.patching import activation_patching, attribution_patching, logit_diff_metric
 from attnlab.tokenizers import get_tokenizer
+from attnlab.train import loop
 from attnlab.train.data import load_dataset
 from attnlab.train.loop import TrainConfig, evaluate, train
 from attnlab.train.recipes import answer_accuracy, recipe
@@ -140,3 +142,25 @@ def test_training_on_the_device_evaluates_and_scores_there(tmp_path: Path) -> No
         assert set(evaluate(result.model, dataset, config, dataset.max_block_size)) == {
             "train_loss", "val_loss"}
         assert 0 <= answer_accuracy(result.model, dataset, n=4)[0] <= 1
+
+
+def test_training_waits_for_the_device_only_to_read_its_losses(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """On a GPU every read of a device value back to the host waits for all the queued work,
+    so a training step must make none: losses are read every READ_EVERY steps (read_losses)
+    and an evaluation reads one sum per split (_split_loss). GPT.forward's id check used to
+    read four values every step; training now checks its batches on the host."""
+    dataset = load_dataset("copy")
+    model_config, config = recipe(dataset)
+    config = TrainConfig(**{**config.__dict__, "max_iters": 45, "eval_interval": 40,
+                            "eval_iters": 1, "device": str(FAKE), "patience": None})
+    # the fake device is a CPU, where losses are read every step: read as on a GPU
+    monkeypatch.setattr(loop, "read_interval", lambda device, config: loop.READ_EVERY)
+    with on_fake_device() as fake:
+        train(model_config, config, dataset, tmp_path, callback=None)
+    reads = Counter(fake.reads)  # by the attnlab function that made them
+    # losses read (world.mean_all) after the first step, 20 later, before the evaluation at
+    # 40 and at the end; one sum per split at each of the two evaluations
+    assert (reads.pop("mean_all"), reads.pop("_split_loss")) == (4, 4)
+    assert set(reads) == {"_host_copy"}  # the two checkpoints' copies to the host

@@ -169,7 +169,8 @@ class GPT(nn.Module):
         )
 
     def _check_inputs(
-        self, idx: Tensor, pos: int, attention_mask: Tensor | None, targets: Tensor | None
+        self, idx: Tensor, pos: int, attention_mask: Tensor | None, targets: Tensor | None,
+        check_ids: bool = True,
     ) -> None:
         c = self.config
         if idx.dim() != 2 or idx.dtype not in (torch.int64, torch.int32):
@@ -193,22 +194,8 @@ class GPT(nn.Module):
             )
         if targets is not None and targets.shape != (B, T):
             raise ValueError(f"targets shape {tuple(targets.shape)} != idx shape {(B, T)}")
-        if torch.compiler.is_compiling():
-            # reading values back would break the graph; training checks once, before its
-            # first step, that the tokenizer's ids fit the model's vocab_size
-            return
-        lo, hi = int(idx.min()), int(idx.max())
-        if lo < 0 or hi >= c.vocab_size:
-            bad = lo if lo < 0 else hi
-            raise ValueError(
-                f"token id {bad} is outside the vocabulary [0, {c.vocab_size}); the tokenizer "
-                "and the model disagree on vocab_size"
-            )
-        if targets is not None and (int(targets.min()) < -1 or int(targets.max()) >= c.vocab_size):
-            raise ValueError(
-                f"targets must be token ids in [0, {c.vocab_size}) or -1 (ignored), got "
-                f"values in [{int(targets.min())}, {int(targets.max())}]"
-            )
+        if check_ids and not torch.compiler.is_compiling():  # a read-back breaks a graph
+            check_token_ids(idx, targets, c.vocab_size)
 
     def forward(
         self,
@@ -221,6 +208,7 @@ class GPT(nn.Module):
         edits: EditSource | None = None,
         fused: bool | None = None,
         last_logits_only: bool = False,
+        check_ids: bool = True,
     ) -> ModelOutput:
         """idx (B, T) token ids -> logits (B, T, V) and, with targets (B, T), the loss.
 
@@ -230,10 +218,12 @@ class GPT(nn.Module):
         padded positions are ignored by the loss. kv_cache: write keys/values at
         `kv_cache.seq_len` and advance it. trace: capture intermediates (explicit path where
         it wants scores or weights). edits: replace intermediates by name (`interp.edits.Edits`);
-        the trace then sees the edited values.
+        the trace then sees the edited values. check_ids=False skips reading the ids back to
+        check them against vocab_size (`check_token_ids`): on a GPU that read waits for all the
+        work queued before it, at every call, so training checks its batches on the host.
         """
         pos = 0 if kv_cache is None else kv_cache.seq_len
-        self._check_inputs(idx, pos, attention_mask, targets)
+        self._check_inputs(idx, pos, attention_mask, targets, check_ids)
         if kv_cache is not None and len(kv_cache.layers) != self.config.n_layer:
             raise ValueError(
                 f"kv_cache has {len(kv_cache.layers)} layers, model has {self.config.n_layer}; "
@@ -418,6 +408,24 @@ def on_meta() -> Iterator[None]:
     """Build modules on the meta device without drawing their initial weights."""
     with torch.device("meta"), _SkipInit():
         yield
+
+
+
+def check_token_ids(idx: Tensor, targets: Tensor | None, vocab_size: int) -> None:
+    """Raise ValueError if an id in idx is outside [0, vocab_size) or a target outside it and
+    not -1. Reads the values back: on a GPU a wait for all the work queued before it."""
+    lo, hi = int(idx.min()), int(idx.max())
+    if lo < 0 or hi >= vocab_size:
+        bad = lo if lo < 0 else hi
+        raise ValueError(
+            f"token id {bad} is outside the vocabulary [0, {vocab_size}); the tokenizer "
+            "and the model disagree on vocab_size"
+        )
+    if targets is not None and (int(targets.min()) < -1 or int(targets.max()) >= vocab_size):
+        raise ValueError(
+            f"targets must be token ids in [0, {vocab_size}) or -1 (ignored), got "
+            f"values in [{int(targets.min())}, {int(targets.max())}]"
+        )
 
 
 def wide(dtype: torch.dtype) -> torch.dtype:

@@ -25,7 +25,7 @@ from typing import Any
 import torch
 
 from ..checkpoint import Checkpoint, CheckpointWriter, load_attnlab_checkpoint
-from ..model.gpt import GPT, GPTConfig
+from ..model.gpt import GPT, GPTConfig, check_token_ids
 from ..model.runtime import quiet_compile, warn_if_slow_bf16
 from .budget import Budget, parse_duration
 from .config import TrainConfig, TrainResult
@@ -80,9 +80,10 @@ def _split_loss(model: GPT, dataset: Dataset, config: TrainConfig, seq_len: int,
     total = torch.zeros((), dtype=torch.float64, device=world.device)
     for _ in range(config.eval_iters):
         x, y = dataset.batch(split, config.batch_size, seq_len, gen, rows)
+        check_token_ids(x, y, model.config.vocab_size)  # on the host: no wait for the device
         with _autocast(config, world.device):
             loss = model(to_device(x, world.device), to_device(y, world.device),
-                         fused=fused).loss
+                         fused=fused, check_ids=False).loss
         assert loss is not None
         total += loss.detach()  # summed on the device: one read per split, not per batch
     return world.mean(float(total) / config.eval_iters)
@@ -348,6 +349,8 @@ class _Run:
         for micro in range(config.grad_accum):
             x, y = self.dataset.batch("train", config.batch_size, self.seq_len, self.data_gen,
                                       self.rows)
+            # on the host, where it costs no wait for the device (GPT.forward's check would)
+            check_token_ids(x, y, self.model.config.vocab_size)
             x, y = to_device(x, world.device), to_device(y, world.device)  # (B / world, T)
             # DDP averages gradients over ranks on the last micro-batch only
             sync = ddp is None or micro == config.grad_accum - 1
@@ -357,7 +360,7 @@ class _Run:
             with contextlib.nullcontext() if sync else ddp.no_sync(), \
                     quiet_compile() if first else contextlib.nullcontext():
                 with _autocast(config, world.device):
-                    loss = self.step_fn(x, y, fused=self.fused).loss
+                    loss = self.step_fn(x, y, fused=self.fused, check_ids=False).loss
                 assert loss is not None
                 (loss / config.grad_accum).backward()
             loss_sum += loss.detach()  # a copy: a CUDA graph's next replay overwrites loss
