@@ -127,20 +127,26 @@ def _check(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> str | No
     return DEVICE
 
 
-def _blocking_move_home(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> bool:
-    """Whether attnlab's own code moves a device tensor to the host and waits for it. Moves
-    torch makes inside its functions take their target from a tensor's real device, which
-    the fake cannot see (clip_grad_norm_ moves a device scalar to its gradients' device)."""
-    if func not in _MOVES or kwargs.get("non_blocking"):
-        return False
+def _torch_moves(func: Any) -> bool:
+    """Whether this is a move torch makes inside its own functions (not one attnlab asks
+    for). To the host, such a move took its target from a tensor's real device, which the
+    fake cannot see: clip_grad_norm_ and fused AdamW move device scalars to their gradients'
+    device, the CPU here, a no-op on a GPU."""
     caller = sys._getframe(2).f_code.co_filename  # above __torch_function__
-    return f"{os.sep}attnlab{os.sep}" in caller and _move_place(func, args, kwargs) == HOST
+    return func in _MOVES and f"{os.sep}torch{os.sep}" in caller
+
+
+def _blocking_move_home(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> bool:
+    """Whether a move to the host waits for the device (an attnlab `.cpu()`, `.to("cpu")`)."""
+    return (func in _MOVES and not kwargs.get("non_blocking")
+            and _move_place(func, args, kwargs) == HOST)
 
 
 def _reader() -> str:
     """The innermost attnlab function on the stack (the one that reads a value back)."""
     for frame in reversed(traceback.extract_stack()):
-        if f"{os.sep}attnlab{os.sep}" in frame.filename:
+        # a comprehension's frame ("<listcomp>" before Python 3.12) names its function's
+        if f"{os.sep}attnlab{os.sep}" in frame.filename and not frame.name.startswith("<"):
             return frame.name
     return "(outside attnlab)"
 
@@ -153,6 +159,8 @@ class _FakeDevice(TorchFunctionMode):
     def __torch_function__(self, func: Any, types: Any, args: tuple[Any, ...] = (),
                            kwargs: dict[str, Any] | None = None) -> Any:
         kwargs = kwargs or {}
+        if func in _MOVES and _torch_moves(func) and _move_place(func, args, kwargs) == HOST:
+            return func(*args, **kwargs)  # the tensor stays where the fake keeps it
         read = getattr(func, "__name__", None) in _READS or _blocking_move_home(func, args, kwargs)
         if read and args and isinstance(args[0], torch.Tensor) and place(args[0]) == DEVICE:
             self.reads.append(_reader())

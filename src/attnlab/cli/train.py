@@ -286,8 +286,8 @@ def _train(args: argparse.Namespace, model_config: Any, train_config: Any, datas
 
 # flags a resumed run may change: they decide how long and how often, not what is learned
 # from which batches (max_iters also re-fits the rest of the cosine schedule to the new end)
-RESUME_SAFE = ("max_iters", "eval_interval", "eval_iters", "compile", "device", "attention",
-               "patience")
+RESUME_SAFE = ("max_iters", "eval_interval", "eval_iters", "compile", "cuda_graph", "device",
+               "attention", "patience")
 
 
 def _init_source(args: argparse.Namespace, data_given: bool) -> Any:

@@ -41,6 +41,9 @@ class TrainConfig:
     # and slow elsewhere)
     dtype: str = "float32"
     compile: bool = False  # torch.compile the model
+    # one CUDA GPU: record the whole step (forward, backward, clipping, AdamW) as one CUDA
+    # graph after three eager steps, and replay it (train/graph_step.py)
+    cuda_graph: bool = False
     # fused (SDPA) | explicit | auto: explicit under bfloat16 on CPU, where SDPA's backward
     # loses to the explicit path at short contexts
     # (docs/performance.md#explicit-attention-in-training)
@@ -69,6 +72,9 @@ class TrainConfig:
             parse_duration(self.time_budget)
         if self.optimizer not in ("adamw", "sgd"):
             raise ValueError(f"optimizer={self.optimizer!r}; choose adamw or sgd")
+        if self.cuda_graph and self.optimizer != "adamw":
+            raise ValueError("cuda_graph records fused AdamW's step; use --optimizer adamw or "
+                             "--cuda_graph false")
         if self.dtype not in ("float32", "bfloat16"):
             raise ValueError(f"dtype={self.dtype!r}; choose float32 or bfloat16")
         if self.attention not in ("auto", "fused", "explicit"):

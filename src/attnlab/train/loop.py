@@ -31,6 +31,8 @@ from .budget import Budget, parse_duration
 from .config import TrainConfig, TrainResult
 from .data import Dataset, bits_per_byte, sequence_length
 from .distributed import World, setup, teardown
+from .evaluate import autocast_for, evaluate, fused_attention, to_device
+from .graph_step import GraphedStep, check_graph_device, plain_state
 from .state import StopFlag, check_writable, compile_blocks, origin_of, release_blocks, restore
 
 # training steps whose losses wait on a GPU before one read (train_step)
@@ -52,66 +54,10 @@ def make_optimizer(model: GPT, config: TrainConfig) -> torch.optim.Optimizer:
     return torch.optim.AdamW(groups, lr=config.lr, betas=(0.9, config.beta2), fused=True)
 
 
-@torch.no_grad()
-def evaluate(
-    model: GPT, dataset: Dataset, config: TrainConfig, seq_len: int, world: World | None = None
-) -> dict[str, float]:
-    """Mean loss on fixed batches of each split (the same batches at every evaluation)."""
-    world = world or World(device=model.wte.weight.device)
-    was_training = model.training
-    model.eval()
-    out = {}
-    # eager even where training compiled the blocks (compile_blocks): no second compilation
-    # and graph for these few batches
-    stance = getattr(torch.compiler, "set_stance", None)  # torch >= 2.6
-    with stance("force_eager") if stance is not None else contextlib.nullcontext():
-        for split in ("train", "val"):
-            out[f"{split}_loss"] = _split_loss(model, dataset, config, seq_len, world, split)
-    model.train(was_training)
-    return out
-
-
-def _split_loss(model: GPT, dataset: Dataset, config: TrainConfig, seq_len: int,
-                world: World, split: str) -> float:
-    """The mean loss of `split` on its fixed evaluation batches (all processes' mean)."""
-    rows = world.rows(config.batch_size)
-    fused = fused_attention(config, world.device)
-    gen = torch.Generator().manual_seed(config.seed + (1 if split == "train" else 2))
-    total = torch.zeros((), dtype=torch.float64, device=world.device)
-    for _ in range(config.eval_iters):
-        x, y = dataset.batch(split, config.batch_size, seq_len, gen, rows)
-        check_token_ids(x, y, model.config.vocab_size)  # on the host: no wait for the device
-        with _autocast(config, world.device):
-            loss = model(to_device(x, world.device), to_device(y, world.device),
-                         fused=fused, check_ids=False).loss
-        assert loss is not None
-        total += loss.detach()  # summed on the device: one read per split, not per batch
-    return world.mean(float(total) / config.eval_iters)
-
-
 def read_interval(device: torch.device, config: TrainConfig) -> int:
     """Training steps between two reads of their losses: 1 on a CPU, where a read costs
     nothing, and under a time budget, which times every step; READ_EVERY elsewhere."""
     return 1 if device.type == "cpu" or config.time_budget else READ_EVERY
-
-
-def to_device(batch: torch.Tensor, device: torch.device) -> torch.Tensor:
-    """A host batch on `device`; to a GPU from pinned memory without waiting, so the host
-    samples the next batch while the copy runs."""
-    if device.type != "cuda":
-        return batch.to(device)
-    return batch.pin_memory().to(device, non_blocking=True)
-
-
-def fused_attention(config: TrainConfig, device: torch.device) -> bool:
-    """Whether training runs SDPA (True) or attend's explicit path (False)."""
-    if config.attention != "auto":
-        return config.attention == "fused"
-    return not (config.dtype == "bfloat16" and device.type == "cpu")
-
-
-def _autocast(config: TrainConfig, device: torch.device) -> torch.autocast:
-    return torch.autocast(device.type, dtype=torch.bfloat16, enabled=config.dtype == "bfloat16")
 
 
 def train(
@@ -149,6 +95,7 @@ def train(
     world, started = setup(config.device)
     try:
         world.rows(config.batch_size)  # checks the batch splits over the processes
+        check_graph_device(config.cuda_graph, world.device, world.size)
         if world.main:
             check_writable(Path(out_dir), model_config)
             warn_if_slow_bf16(config.dtype, world.device)
@@ -159,6 +106,8 @@ def train(
         finally:
             run.writer.wait()  # the last checkpoint complete, whatever ended the run
             release_blocks(run.model)  # the model returned is the plain one
+            if run.graph_step is not None:
+                run.graph_step.release()
     finally:
         teardown(started)
 
@@ -194,8 +143,10 @@ class _Run:
             self.origin = origin_of(saved_meta)
         elif world.size > 1:
             torch.manual_seed(config.seed + world.rank)  # its own dropout noise on every rank
-        # one process compiles its blocks (compile_blocks), on a GPU as CUDA graphs
-        self.graphed = config.compile and world.device.type == "cuda" and world.size == 1
+        # one process compiles its blocks (compile_blocks), on a GPU as CUDA graphs unless
+        # the whole step is one (cuda_graph)
+        self.graphed = (config.compile and world.device.type == "cuda" and world.size == 1
+                        and not config.cuda_graph)
         self.ddp, self.step_fn = self._wrap()
         # fused AdamW skips its update on the device when this is 1 (train_step); other
         # optimizers are checked on the host before they update
@@ -203,6 +154,8 @@ class _Run:
         if isinstance(self.optimizer, torch.optim.AdamW):
             self.guard = torch.zeros((), device=world.device)
             self.optimizer.found_inf = self.guard  # type: ignore[attr-defined]
+        self.graph_step = GraphedStep(self.optimizer, self._graph_body, world.device) if (
+            config.cuda_graph) else None
         # steps whose losses wait on the device: (step, loss (), lr); read every read_every
         # steps, since a read waits for the device to finish (free on a CPU). A time
         # budget times every step.
@@ -297,22 +250,20 @@ class _Run:
         loss stays on the device until `read_losses` (every `read_every` steps)."""
         config = self.config
         lr = config.lr_at(step)
-        for group in self.optimizer.param_groups:
-            group["lr"] = lr
         if not self.pending:
             self.window_start = time.perf_counter()
-        loss = self._accumulate_grads()  # () on the device
-        if self.guard is None:  # an unguarded optimizer: look before it updates
-            _check_finite(self.world.mean(float(loss)), step + 1, self.result.checkpoint)
-        # the norm before clipping (max_norm inf: measured, nothing clipped)
-        norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(),
-                                              config.grad_clip or math.inf)
-        if self.guard is not None:
-            # skips the update on the device when the gradients are not finite, with no wait
-            # for the device (GradScaler's protocol: torch.optim reads optimizer.found_inf)
-            self.guard.copy_(~torch.isfinite(norm))
-        self.optimizer.step()
-        self.optimizer.zero_grad(set_to_none=True)
+        if self.graph_step is not None:  # the whole step, one replay (graph_step.py)
+            batches = [self._batch() for _ in range(config.grad_accum)]
+            loss = self.graph_step.step(torch.stack([x for x, _ in batches]),
+                                        torch.stack([y for _, y in batches]), lr)
+        else:
+            for group in self.optimizer.param_groups:
+                group["lr"] = lr
+            loss = self._accumulate_grads()  # () on the device
+            if self.guard is None:  # an unguarded optimizer: look before it updates
+                _check_finite(self.world.mean(float(loss)), step + 1, self.result.checkpoint)
+            self._update()
+            self.optimizer.zero_grad(set_to_none=True)
         step += 1
         self.pending.append((step, loss, lr))
         if step == self.start + 1 or len(self.pending) >= self.read_every:
@@ -321,6 +272,17 @@ class _Run:
         if budget is not None and (fitted := budget.after_step(step, time.perf_counter())):
             _fit(config, fitted, step, 1 / budget.step_s, self.log)
         return step
+
+    def _update(self) -> None:
+        """Clip the gradients and step the optimizer, reading nothing back from the device."""
+        # the norm before clipping (max_norm inf: measured, nothing clipped)
+        norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(),
+                                              self.config.grad_clip or math.inf)
+        if self.guard is not None:
+            # skips the update on the device when the gradients are not finite, with no wait
+            # for the device (GradScaler's protocol: torch.optim reads optimizer.found_inf)
+            self.guard.copy_(~torch.isfinite(norm))
+        self.optimizer.step()
 
     def read_losses(self) -> None:
         """Read the pending steps' losses (one wait for the device), log them with the
@@ -347,24 +309,43 @@ class _Run:
         config, world, ddp = self.config, self.world, self.ddp
         loss_sum = torch.zeros((), device=world.device)
         for micro in range(config.grad_accum):
-            x, y = self.dataset.batch("train", config.batch_size, self.seq_len, self.data_gen,
-                                      self.rows)
-            # on the host, where it costs no wait for the device (GPT.forward's check would)
-            check_token_ids(x, y, self.model.config.vocab_size)
+            x, y = self._batch()
             x, y = to_device(x, world.device), to_device(y, world.device)  # (B / world, T)
             # DDP averages gradients over ranks on the last micro-batch only
             sync = ddp is None or micro == config.grad_accum - 1
-            if self.graphed:  # the last step's graph outputs (its loss) are read already
-                torch.compiler.cudagraph_mark_step_begin()
-            first = self.config.compile and not self.pending and not self.timed[1]  # compiling
-            with contextlib.nullcontext() if sync else ddp.no_sync(), \
-                    quiet_compile() if first else contextlib.nullcontext():
-                with _autocast(config, world.device):
-                    loss = self.step_fn(x, y, fused=self.fused, check_ids=False).loss
-                assert loss is not None
-                (loss / config.grad_accum).backward()
-            loss_sum += loss.detach()  # a copy: a CUDA graph's next replay overwrites loss
+            with contextlib.nullcontext() if sync else ddp.no_sync():
+                loss_sum += self._forward_backward(x, y)
         return loss_sum / config.grad_accum
+
+    def _graph_body(self, xs: torch.Tensor, ys: torch.Tensor) -> torch.Tensor:
+        """The step graph_step.GraphedStep records: micro-batches xs, ys (accum, B, T) on the
+        device, forward, backward and update; their mean loss."""
+        loss_sum = torch.zeros((), device=self.world.device)
+        for x, y in zip(xs, ys, strict=True):
+            loss_sum += self._forward_backward(x, y)
+        self._update()
+        return loss_sum / self.config.grad_accum
+
+    def _batch(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """A training micro-batch (B / world, T) on the host, its ids checked there, where
+        that costs no wait for the device (GPT.forward's check would)."""
+        x, y = self.dataset.batch("train", self.config.batch_size, self.seq_len, self.data_gen,
+                                  self.rows)
+        check_token_ids(x, y, self.model.config.vocab_size)
+        return x, y
+
+    def _forward_backward(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        """Forward and backward of micro-batch x, y on the device (its gradients added to
+        .grad); its loss, a () copy (a CUDA graph's next replay overwrites the loss)."""
+        if self.graphed:  # the last step's graph outputs (its loss) are read already
+            torch.compiler.cudagraph_mark_step_begin()
+        first = self.config.compile and not self.pending and not self.timed[1]  # compiling
+        with quiet_compile() if first else contextlib.nullcontext():
+            with autocast_for(self.config, self.world.device):
+                loss = self.step_fn(x, y, fused=self.fused, check_ids=False).loss
+            assert loss is not None
+            (loss / self.config.grad_accum).backward()
+        return loss.detach()
 
     def evaluate_and_save(self, step: int) -> None:
         """Evaluate both splits, log the losses (and bits per byte) and save a checkpoint (with
@@ -404,7 +385,7 @@ class _Run:
         if world.main:
             state = {
                 "step": step,
-                "optimizer": self.optimizer.state_dict(),
+                "optimizer": plain_state(self.optimizer.state_dict()),
                 "torch_rng": rng,
                 "torch_rng_ranks": rng_ranks,
                 "data_rng": self.data_gen.get_state(),

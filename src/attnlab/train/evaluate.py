@@ -1,0 +1,70 @@
+"""Evaluation: the mean loss of each split on fixed batches (`evaluate`), and what training and
+evaluation share to meet their device: batches onto it (`to_device`), which attention runs
+(`fused_attention`) and bfloat16 autocast (`autocast_for`)."""
+
+from __future__ import annotations
+
+import contextlib
+
+import torch
+
+from ..model.gpt import GPT, check_token_ids
+from .config import TrainConfig
+from .data import Dataset
+from .distributed import World
+
+
+@torch.no_grad()
+def evaluate(
+    model: GPT, dataset: Dataset, config: TrainConfig, seq_len: int, world: World | None = None
+) -> dict[str, float]:
+    """Mean loss on fixed batches of each split (the same batches at every evaluation)."""
+    world = world or World(device=model.wte.weight.device)
+    was_training = model.training
+    model.eval()
+    out = {}
+    # eager even where training compiled the blocks (compile_blocks): no second compilation
+    # and graph for these few batches
+    stance = getattr(torch.compiler, "set_stance", None)  # torch >= 2.6
+    with stance("force_eager") if stance is not None else contextlib.nullcontext():
+        for split in ("train", "val"):
+            out[f"{split}_loss"] = _split_loss(model, dataset, config, seq_len, world, split)
+    model.train(was_training)
+    return out
+
+
+def _split_loss(model: GPT, dataset: Dataset, config: TrainConfig, seq_len: int,
+                world: World, split: str) -> float:
+    """The mean loss of `split` on its fixed evaluation batches (all processes' mean)."""
+    rows = world.rows(config.batch_size)
+    fused = fused_attention(config, world.device)
+    gen = torch.Generator().manual_seed(config.seed + (1 if split == "train" else 2))
+    total = torch.zeros((), dtype=torch.float64, device=world.device)
+    for _ in range(config.eval_iters):
+        x, y = dataset.batch(split, config.batch_size, seq_len, gen, rows)
+        check_token_ids(x, y, model.config.vocab_size)  # on the host: no wait for the device
+        with autocast_for(config, world.device):
+            loss = model(to_device(x, world.device), to_device(y, world.device),
+                         fused=fused, check_ids=False).loss
+        assert loss is not None
+        total += loss.detach()  # summed on the device: one read per split, not per batch
+    return world.mean(float(total) / config.eval_iters)
+
+
+def to_device(batch: torch.Tensor, device: torch.device) -> torch.Tensor:
+    """A host batch on `device`; to a GPU from pinned memory without waiting, so the host
+    samples the next batch while the copy runs."""
+    if device.type != "cuda":
+        return batch.to(device)
+    return batch.pin_memory().to(device, non_blocking=True)
+
+
+def fused_attention(config: TrainConfig, device: torch.device) -> bool:
+    """Whether training runs SDPA (True) or attend's explicit path (False)."""
+    if config.attention != "auto":
+        return config.attention == "fused"
+    return not (config.dtype == "bfloat16" and device.type == "cpu")
+
+
+def autocast_for(config: TrainConfig, device: torch.device) -> torch.autocast:
+    return torch.autocast(device.type, dtype=torch.bfloat16, enabled=config.dtype == "bfloat16")
