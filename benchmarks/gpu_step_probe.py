@@ -32,6 +32,7 @@ import torch
 from attnlab import GPT, GPTConfig
 from attnlab.model.runtime import quiet_compile
 from attnlab.train.config import TrainConfig
+from attnlab.train.graph_step import GraphedStep
 from attnlab.train.loop import make_optimizer
 from attnlab.train.state import compile_blocks
 
@@ -84,10 +85,34 @@ def step_fn(kind: str, model: torch.nn.Module, call: Callable[..., Any],
     return step
 
 
+def graph_step_fn(model: torch.nn.Module, call: Callable[..., Any], opt: torch.optim.Optimizer,
+                  data: torch.Tensor, t: int, device: torch.device) -> Callable[[], None]:
+    """attnlab's step as `attnlab train --cuda_graph` runs it (train/graph_step.py): the same
+    body as step_fn's, recorded as one CUDA graph after three eager steps."""
+    def body(xs: torch.Tensor, ys: torch.Tensor) -> torch.Tensor:
+        with torch.autocast(device.type, dtype=torch.bfloat16):
+            loss = call(xs[0], ys[0], fused=True, check_ids=False).loss
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        return loss.detach()
+
+    graphed = GraphedStep(opt, body, device)
+
+    def step() -> None:
+        ix = torch.randint(len(data) - t - 1, (BATCH,), device=device)  # (B,)
+        window = data[ix[:, None] + torch.arange(t + 1, device=device)]  # (B, T + 1)
+        graphed.step(window[None, :, :-1], window[None, :, 1:], 1e-3)  # (1, B, T) each
+    return step
+
+
 def measure(name: str, kind: str, mode: str | None, sync: bool, device: torch.device,
             shape: dict[str, int], warmup: int, steps: int) -> dict[str, Any]:
     t0 = time.perf_counter()
     model = build(kind, device, shape)
+    step_graph = mode is not None and mode.endswith(" step-graph")  # graph_step_fn's way
+    mode = mode.removesuffix(" step-graph") if mode is not None else None
+    mode = None if mode == "eager" else mode
     options = {} if mode in (None, "default") else {"mode": mode.removeprefix("regional ")}
     call: Callable[..., Any] = model
     if mode is not None and mode.startswith("regional"):
@@ -98,8 +123,9 @@ def measure(name: str, kind: str, mode: str | None, sync: bool, device: torch.de
         call = torch.compile(model, **options)
     opt = optimizer_for(model)
     data = torch.randint(VOCAB, (1_000_000,), device=device)
-    step = step_fn(kind, model, call, opt, data, shape["block_size"], device, sync,
-                   graphed=mode is not None and "reduce-overhead" in mode)
+    step = graph_step_fn(model, call, opt, data, shape["block_size"], device) if step_graph \
+        else step_fn(kind, model, call, opt, data, shape["block_size"], device, sync,
+                     graphed=mode is not None and "reduce-overhead" in mode)
     with quiet_compile():
         step()
     torch.cuda.synchronize(device) if device.type == "cuda" else None
@@ -131,6 +157,9 @@ WAYS = [  # name, model, torch.compile mode (None: eager), read the loss every s
      "regional reduce-overhead", False),
     ("attnlab blocks, embedding and head compiled, reduce-overhead", "attnlab",
      "regional +ends reduce-overhead", False),
+    ("attnlab eager, whole step as one CUDA graph", "attnlab", "eager step-graph", False),
+    ("attnlab blocks compiled, whole step as one CUDA graph", "attnlab",
+     "regional default step-graph", False),
 ]
 
 
@@ -148,7 +177,7 @@ def main(argv: list[str] | None = None) -> int:
                               else None, "torch": torch.__version__, "shape": shape,
                               "batch": BATCH, "ways": []}
     for name, kind, mode, sync in WAYS:
-        if args.smoke and mode not in (None, "default", "regional default"):
+        if args.smoke and mode not in (None, "default", "regional default", "eager step-graph"):
             continue
         if args.ways and name not in args.ways.split(";"):
             continue

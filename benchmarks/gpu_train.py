@@ -12,8 +12,10 @@ estimate divides by the A100's 312 TFLOP/s). The GPU's name comes from
 nanoGPT's prepare.py runs before its train.py).
 
 Runs: nanoGPT compiled (its default), evaluating on `EVAL_ITERS` batches per split (nanoGPT's
-config says 200; the runs behind the issue's figures used 50); and attnlab's GPU recipe as
-`attnlab train --data FILE` picks it (train/recipes.py: gpu_text_recipe). The recipe trains
+config says 200; the runs behind the issue's figures used 50); attnlab's GPU recipe as
+`attnlab train --data FILE` picks it (train/recipes.py: gpu_text_recipe); and on a GPU the
+recipe with its whole step recorded as one CUDA graph (`--cuda_graph true`), with and without
+compiling its blocks. The recipe trains
 nanoGPT's exact shape, batch and optimizer (only the schedule differs, which costs no
 throughput), so the two runs' tokens/s compare at nanoGPT's settings.
 
@@ -69,7 +71,7 @@ def runs(data: Path, out: Path, smoke: bool) -> list[Run]:
             str(out / "nanogpt"), "--device", device, "--eval_iters", str(EVAL_ITERS)]
     ours = [py, "-m", "attnlab", "train", "--quiet", "--overwrite", "--data", str(data),
             "--device", device]
-    caps = (75.0, 50.0)  # 125 s in all: gpu_check.sh gives the two 170 s
+    caps = (65.0, 40.0)  # 185 s in all with the two --cuda_graph runs: gpu_check.sh gives 220
     if smoke:
         nano[-2:] = ["--smoke"]
         ours += ["--n_layer", "1", "--n_head", "2", "--n_embd", "32", "--block_size", "32",
@@ -77,12 +79,20 @@ def runs(data: Path, out: Path, smoke: bool) -> list[Run]:
                  "--eval_iters", "2", "--dropout", "0.2", "--bias", "false", "--dtype",
                  "float32", "--patience", "none", "--compile", "false"]
         caps = (120.0, 120.0)
-    return [
+    both = [
         Run("nanoGPT train.py (re-implemented), compiled", "nanogpt", nano, caps[0],
             out / "nanogpt"),
         Run("attnlab train, GPU recipe", "attnlab", [*ours, "--out", str(out / "recipe")],
             caps[1], out / "recipe"),
     ]
+    if device != "cuda":  # the step's CUDA graph records on a GPU only
+        return both
+    return both + [  # the recipe with the whole step as one CUDA graph (train/graph_step.py)
+        Run(f"attnlab train, GPU recipe, --cuda_graph true{compiled}", "attnlab",
+            [*ours, "--cuda_graph", "true", *flags, "--out", str(out / name)], caps[1],
+            out / name)
+        for compiled, flags, name in ((", not compiled", ["--compile", "false"], "graph"),
+                                      (", blocks compiled", [], "graph-compiled"))]
 
 
 def _lines(proc: subprocess.Popen[str]) -> tuple[queue.Queue[str | None], threading.Thread]:

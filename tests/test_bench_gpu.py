@@ -88,3 +88,23 @@ def test_profile_smoke_counts_ops_per_call(no_compile: None) -> None:
     result = gpu_profile.run(quick=True, device="cpu")
     rows = result["rows"]
     assert len(rows) == 4 and all(r["kernels"] > 0 and r["wall_ms"] > 0 for r in rows.values())
+
+
+def test_the_training_rows_take_the_soonest_and_the_fastest_attnlab_run() -> None:
+    """gpu_train runs the GPU recipe in several ways: the time row shows the one that reached
+    the target soonest, the tokens/s row the fastest, each naming its way."""
+    def run(name: str, seconds: float | None, tokens: float) -> dict[str, object]:
+        hit = None if seconds is None else {"seconds": seconds, "step": 1500, "val": 1.46}
+        evals = [{"step": 1500, "val": 1.46 if hit else 1.5, "seconds": seconds or 40.0}]
+        return {"name": name, "reached": hit, "evals": evals, "tokens_per_s": tokens,
+                "mfu": tokens / 1e7, "seconds": seconds or 40.0}
+
+    runs = [run("nanoGPT train.py (re-implemented), compiled", None, 1.6e6),
+            run("attnlab train, GPU recipe", 31.5, 2.3e6),
+            run("attnlab train, GPU recipe, --cuda_graph true, not compiled", 20.0, 2.0e6),
+            run("attnlab train, GPU recipe, --cuda_graph true, blocks compiled", None, 2.9e6)]
+    text = gpu_summary({"gpu": {"machine": {"gpu": "Some GPU"}, "target": 1.47, "runs": runs}})
+    time_row, tokens_row = text.strip().splitlines()[2:]
+    assert "GPU recipe, --cuda_graph true, not compiled)" in time_row and "| 20.0 s" in time_row
+    assert "(GPU recipe, --cuda_graph true, blocks compiled)" in tokens_row
+    assert "| 1.81x |" in tokens_row  # 2.9e6 / 1.6e6

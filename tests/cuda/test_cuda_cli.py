@@ -101,6 +101,45 @@ def test_compiled_training_follows_the_eager_curve(
         assert c == pytest.approx(e, rel=0.1, abs=0.02), (compiled, eager)
 
 
+def _val_losses(run: Path) -> list[float]:
+    return [r["val_loss"] for r in read_metrics(run) if "val_loss" in r]
+
+
+def test_the_step_as_one_cuda_graph_trains_as_the_eager_step(
+    tmp_path: Path, cuda_device: torch.device, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """--cuda_graph (train/graph_step.py): three eager steps, the recording, then replays of
+    the same kernels: in float32 without dropout the eager run's losses (its learning rate is
+    a float32 scalar: 1e-8 off the schedule's). On the CPU (the dry run) it is rehearsed."""
+    from attnlab.train import graph_step
+
+    monkeypatch.setattr(graph_step, "DEVICES", ("cuda", "cpu"))
+    flags = ("--quiet", "--max_iters", "100", "--eval_interval", "50", "--eval_iters", "4",
+             "--dropout", "0.0", "--grad_accum", "2", "--device", str(cuda_device))
+    _main("train", "--out", str(tmp_path / "graph"), "--cuda_graph", "true", *flags)
+    _main("train", "--out", str(tmp_path / "eager"), *flags)
+    graphed, eager = _val_losses(tmp_path / "graph"), _val_losses(tmp_path / "eager")
+    assert graphed[-1] < 0.5 * graphed[0]  # it learns
+    assert graphed == pytest.approx(eager, rel=1e-4), (graphed, eager)
+
+
+@pytest.mark.filterwarnings("ignore::DeprecationWarning:torch")  # inductor's own imports
+def test_compiled_blocks_inside_the_step_graph_follow_the_eager_curve(
+    tmp_path: Path, cuda_device: torch.device
+) -> None:
+    """--compile with --cuda_graph: Inductor's kernels (the blocks compiled without graphs of
+    their own) recorded in the step's graph, with dropout and bfloat16 as the GPU recipe."""
+    flags = ("--quiet", "--max_iters", "100", "--eval_interval", "50", "--eval_iters", "4",
+             "--dtype", "bfloat16", "--device", str(cuda_device))
+    _main("train", "--out", str(tmp_path / "both"), "--compile", "true", "--cuda_graph", "true",
+          *flags)
+    _main("train", "--out", str(tmp_path / "eager"), *flags)
+    both, eager = _val_losses(tmp_path / "both"), _val_losses(tmp_path / "eager")
+    assert both[-1] < 0.5 * both[0]  # it learns
+    for b, e in zip(both, eager, strict=True):  # the same math, other kernels and draws
+        assert b == pytest.approx(e, rel=0.1, abs=0.02), (both, eager)
+
+
 def test_an_interrupted_run_resumes_where_it_stopped(
     tmp_path: Path, cuda_device: torch.device, monkeypatch: pytest.MonkeyPatch
 ) -> None:
