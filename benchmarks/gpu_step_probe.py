@@ -90,7 +90,7 @@ def graph_step_fn(model: torch.nn.Module, call: Callable[..., Any], opt: torch.o
     """attnlab's step as `attnlab train --cuda_graph` runs it (train/graph_step.py): the same
     body as step_fn's, recorded as one CUDA graph after three eager steps."""
     def body(xs: torch.Tensor, ys: torch.Tensor) -> torch.Tensor:
-        with torch.autocast(device.type, dtype=torch.bfloat16):
+        with torch.autocast(device.type, dtype=torch.bfloat16, cache_enabled=False):
             loss = call(xs[0], ys[0], fused=True, check_ids=False).loss
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)

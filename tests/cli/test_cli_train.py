@@ -78,6 +78,17 @@ def test_flags_map_onto_the_configs(tmp_path: Path, capsys: pytest.CaptureFixtur
     assert f"({evals[-1]['val_bpb']:.3f} bits/byte)" in capsys.readouterr().out
 
 
+def test_a_step_graph_off_a_gpu_is_one_line_before_anything_runs(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert _train(tmp_path, "--cuda_graph", "true", "--device", "cpu") == 1
+    captured = capsys.readouterr()
+    assert captured.err.strip() == ("attnlab train: error: --cuda_graph records the training step "
+                                    "on one CUDA GPU; this run has 1 process(es) on cpu: pass "
+                                    "--cuda_graph false")
+    assert "accuracy" not in captured.out and not (tmp_path / "run").exists()
+
+
 def test_unknown_flags_list_the_known_ones(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["train", "--n_layers", "4"]) == 2
     err = capsys.readouterr().err

@@ -112,6 +112,7 @@ def run(args: argparse.Namespace) -> int:
 def _run(args: argparse.Namespace) -> int:
     from ..checkpoint import read_config
     from ..train.data import TaskDataset
+    from ..train.graph_step import check_graph_device
 
     _check_flags(args)
     # a resume finds its checkpoint first: it reads the data with the run's tokenizer
@@ -132,6 +133,9 @@ def _run(args: argparse.Namespace) -> int:
     else:
         model_config, train_config = _new_configs(args, dataset, init)
     out = _out_dir(args)
+    # before anything runs: a step graph records on one CUDA GPU only
+    check_graph_device(train_config.cuda_graph, check_device(train_config.device),
+                       int(os.environ.get("WORLD_SIZE", "1")))
 
     describe(dataset, model_config, train_config, resumed=args.resume)
     if args.resume:

@@ -67,4 +67,9 @@ def fused_attention(config: TrainConfig, device: torch.device) -> bool:
 
 
 def autocast_for(config: TrainConfig, device: torch.device) -> torch.autocast:
-    return torch.autocast(device.type, dtype=torch.bfloat16, enabled=config.dtype == "bfloat16")
+    """bfloat16 autocast where the config asks for it. Without autocast's cache of cast
+    weights: a forward casts each weight once anyway, and inside a CUDA graph's recording
+    (graph_step.py) the cached casts would be the recording's memory, which PyTorch's CUDA
+    graph notes rule out."""
+    return torch.autocast(device.type, dtype=torch.bfloat16, enabled=config.dtype == "bfloat16",
+                          cache_enabled=False)

@@ -15,7 +15,8 @@ PyTorch's whole-network capture recipe (the CUDA graphs notes of its documentati
   into the graph's own memory, the same tensors at every replay, which overwrites them: they
   are never zeroed again;
 - each batch is copied into the same input tensors, and the learning rate into a device scalar
-  that fused AdamW reads (`capturable`): a Python number would be recorded as a constant;
+  that fused AdamW reads (`capturable` from the recording on): a Python number would be
+  recorded as a constant;
 - dropout draws stay fresh: a replay advances the CUDA generator's offset (graph-safe RNG).
 
 On a CPU there is no graph: the same step runs eagerly (`DEVICES` lets the tests rehearse it).
@@ -53,7 +54,7 @@ class GraphedStep:
         self.optimizer, self.body, self.device = optimizer, body, device
         self.lr = torch.zeros((), device=device)  # () float32: what fused AdamW reads
         for group in optimizer.param_groups:
-            group["lr"], group["capturable"] = self.lr, True
+            group["lr"] = self.lr
         self.xs: Tensor | None = None  # (accum, B, T) inputs and targets, filled at each step
         self.ys: Tensor | None = None
         self.graph: Any = None  # torch.cuda.CUDAGraph once recorded
@@ -93,6 +94,9 @@ class GraphedStep:
         assert self.xs is not None and self.ys is not None
         # fresh gradients, allocated inside the recording: every replay writes the same ones
         self.optimizer.zero_grad(set_to_none=True)
+        # only now: an eager step of a capturable optimizer warns that it is not recorded
+        for group in self.optimizer.param_groups:
+            group["capturable"] = True
         if self.device.type != "cuda":
             self.graph = "rehearsal"  # nothing recorded: _replay runs the body
             return
