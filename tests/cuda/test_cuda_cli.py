@@ -109,8 +109,11 @@ def test_the_step_as_one_cuda_graph_trains_as_the_eager_step(
     tmp_path: Path, cuda_device: torch.device, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """--cuda_graph (train/graph_step.py): three eager steps, the recording, then replays of
-    the same kernels: in float32 without dropout the eager run's losses (its learning rate is
-    a float32 scalar: 1e-8 off the schedule's). On the CPU (the dry run) it is rehearsed."""
+    the same kernels: in float32 without dropout the eager run's losses, up to the GPU's
+    run-to-run noise (attention's backward sums in any order) and the learning rate, a
+    float32 scalar 1e-8 off the schedule's. Gradients summed across replays, a frozen learning
+    rate or a step left out would be off by far more. On the CPU (the dry run) it is
+    rehearsed."""
     from attnlab.train import graph_step
 
     monkeypatch.setattr(graph_step, "DEVICES", ("cuda", "cpu"))
@@ -120,7 +123,7 @@ def test_the_step_as_one_cuda_graph_trains_as_the_eager_step(
     _main("train", "--out", str(tmp_path / "eager"), *flags)
     graphed, eager = _val_losses(tmp_path / "graph"), _val_losses(tmp_path / "eager")
     assert graphed[-1] < 0.5 * graphed[0]  # it learns
-    assert graphed == pytest.approx(eager, rel=1e-4), (graphed, eager)
+    assert graphed == pytest.approx(eager, rel=2e-3), (graphed, eager)
 
 
 @pytest.mark.filterwarnings("ignore::DeprecationWarning:torch")  # inductor's own imports
