@@ -8,8 +8,10 @@ the CPU as a dry run of their code.
 
 from __future__ import annotations
 
+import math
 import socket
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -137,6 +139,40 @@ def test_half_precision_generation_keeps_the_answers(
             "rtyui", "dfghj"]
     ids = torch.tensor([tok.encode("zxcvbnml|")])  # host ids: generate moves them
     assert generate(half, ids, max_new_tokens=4, temperature=0).device.type == cuda_device.type
+
+
+@pytest.mark.parametrize("cuda_graph", [False, True])
+def test_a_training_step_never_waits_for_the_gpu(
+    tmp_path: Path, cuda_device: torch.device, monkeypatch: pytest.MonkeyPatch, cuda_graph: bool
+) -> None:
+    """CUDA's sync debug mode set to "error" around each step's micro-batches, forward,
+    backward, clipping and AdamW (and the step graph's body, eager and while recorded): any
+    wait for the GPU there raises. The loop waits only where it reads its losses (every 20
+    steps), evaluates and saves (tests/test_fake_device.py holds that on the CPU)."""
+    if cuda_device.type != "cuda":
+        pytest.skip("the sync debug mode is CUDA's")
+    from attnlab.train import loop
+    from attnlab.train.loop import TrainConfig, train
+    from attnlab.train.recipes import recipe
+
+    def strict(method: Any) -> Any:
+        def wrapped(self: Any, *args: Any) -> Any:
+            torch.cuda.set_sync_debug_mode("error")
+            try:
+                return method(self, *args)
+            finally:
+                torch.cuda.set_sync_debug_mode("default")
+        return wrapped
+
+    for name in ("_accumulate_grads", "_graph_body", "_update"):
+        monkeypatch.setattr(loop._Run, name, strict(getattr(loop._Run, name)))
+    dataset = load_dataset("copy")
+    model_config, config = recipe(dataset)
+    config = TrainConfig(**{**config.__dict__, "max_iters": 30, "eval_interval": 30,
+                            "eval_iters": 2, "grad_accum": 2, "dtype": "bfloat16",
+                            "cuda_graph": cuda_graph, "device": str(cuda_device)})
+    result = train(model_config, config, dataset, tmp_path)
+    assert result.val_loss is not None and math.isfinite(result.val_loss)
 
 
 def test_nccl_averages_gradients_as_one_process(cuda_device: torch.device) -> None:
