@@ -61,24 +61,36 @@ def optimizer_for(model: torch.nn.Module) -> torch.optim.Optimizer:
     return make_optimizer(model, TrainConfig(lr=1e-3, beta2=0.99, weight_decay=0.1))
 
 
+def _sample(data: torch.Tensor, t: int, device: torch.device) -> torch.Tensor:
+    """BATCH random windows of t + 1 tokens of the GPU-held `data`: (B, T + 1)."""
+    ix = torch.randint(len(data) - t - 1, (BATCH,), device=device)  # (B,)
+    return data[ix[:, None] + torch.arange(t + 1, device=device)]  # (B, T + 1)
+
+
+def _train_on(kind: str, model: torch.nn.Module, call: Callable[..., Any],
+              opt: torch.optim.Optimizer, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    """Forward, backward, clipping and AdamW on one batch, as each model's own loop makes them
+    (nanoGPT's bfloat16 autocast with its cast cache, attnlab's without); the loss."""
+    with torch.autocast(x.device.type, dtype=torch.bfloat16, cache_enabled=kind == "nanogpt"):
+        # attnlab's loop checks ids on the host (check_ids=False); "checked": in the model,
+        # four reads back from the GPU every step, as the loop did until 2026-11-26
+        loss = call(x, y)[1] if kind == "nanogpt" else call(
+            x, y, fused=True, check_ids=kind == "attnlab checked").loss
+    loss.backward()
+    torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+    opt.step()
+    return loss
+
+
 def step_fn(kind: str, model: torch.nn.Module, call: Callable[..., Any],
             opt: torch.optim.Optimizer, data: torch.Tensor, t: int, device: torch.device,
             sync: bool, graphed: bool = False) -> Callable[[], None]:
     def step() -> None:
         if graphed:  # the last step's graph outputs are done with (as attnlab's loop says)
             torch.compiler.cudagraph_mark_step_begin()
-        ix = torch.randint(len(data) - t - 1, (BATCH,), device=device)  # (B,)
-        rows = ix[:, None] + torch.arange(t + 1, device=device)  # (B, T + 1)
-        window = data[rows]  # (B, T + 1)
+        window = _sample(data, t, device)  # (B, T + 1)
         x, y = window[:, :-1].contiguous(), window[:, 1:].contiguous()  # (B, T) each
-        with torch.autocast(device.type, dtype=torch.bfloat16):
-            # attnlab's loop checks ids on the host (check_ids=False); "checked": in the model,
-            # four reads back from the GPU every step, as the loop did until 2026-11-26
-            loss = call(x, y)[1] if kind == "nanogpt" else call(
-                x, y, fused=True, check_ids=kind == "attnlab checked").loss
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        opt.step()
+        loss = _train_on(kind, model, call, opt, x, y)
         opt.zero_grad(set_to_none=True)
         if sync:
             float(loss.detach())
@@ -87,21 +99,13 @@ def step_fn(kind: str, model: torch.nn.Module, call: Callable[..., Any],
 
 def graph_step_fn(model: torch.nn.Module, call: Callable[..., Any], opt: torch.optim.Optimizer,
                   data: torch.Tensor, t: int, device: torch.device) -> Callable[[], None]:
-    """attnlab's step as `attnlab train --cuda_graph` runs it (train/graph_step.py): the same
-    body as step_fn's, recorded as one CUDA graph after three eager steps."""
-    def body(xs: torch.Tensor, ys: torch.Tensor) -> torch.Tensor:
-        with torch.autocast(device.type, dtype=torch.bfloat16, cache_enabled=False):
-            loss = call(xs[0], ys[0], fused=True, check_ids=False).loss
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        opt.step()
-        return loss.detach()
-
-    graphed = GraphedStep(opt, body, device)
+    """attnlab's step as `attnlab train --cuda_graph` runs it (train/graph_step.py): step_fn's
+    body, recorded as one CUDA graph after three eager steps."""
+    graphed = GraphedStep(
+        opt, lambda xs, ys: _train_on("attnlab", model, call, opt, xs[0], ys[0]).detach(), device)
 
     def step() -> None:
-        ix = torch.randint(len(data) - t - 1, (BATCH,), device=device)  # (B,)
-        window = data[ix[:, None] + torch.arange(t + 1, device=device)]  # (B, T + 1)
+        window = _sample(data, t, device)  # (B, T + 1)
         graphed.step(window[None, :, :-1], window[None, :, 1:], 1e-3)  # (1, B, T) each
     return step
 

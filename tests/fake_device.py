@@ -127,13 +127,13 @@ def _check(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> str | No
     return DEVICE
 
 
-def _torch_moves(func: Any) -> bool:
-    """Whether this is a move torch makes inside its own functions (not one attnlab asks
+def _torch_moves() -> bool:
+    """Whether this move is one torch makes inside its own functions (not one attnlab asks
     for). To the host, such a move took its target from a tensor's real device, which the
     fake cannot see: clip_grad_norm_ and fused AdamW move device scalars to their gradients'
     device, the CPU here, a no-op on a GPU."""
     caller = sys._getframe(2).f_code.co_filename  # above __torch_function__
-    return func in _MOVES and f"{os.sep}torch{os.sep}" in caller
+    return f"{os.sep}torch{os.sep}" in caller
 
 
 def _blocking_move_home(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> bool:
@@ -159,7 +159,7 @@ class _FakeDevice(TorchFunctionMode):
     def __torch_function__(self, func: Any, types: Any, args: tuple[Any, ...] = (),
                            kwargs: dict[str, Any] | None = None) -> Any:
         kwargs = kwargs or {}
-        if func in _MOVES and _torch_moves(func) and _move_place(func, args, kwargs) == HOST:
+        if func in _MOVES and _torch_moves() and _move_place(func, args, kwargs) == HOST:
             return func(*args, **kwargs)  # the tensor stays where the fake keeps it
         read = getattr(func, "__name__", None) in _READS or _blocking_move_home(func, args, kwargs)
         if read and args and isinstance(args[0], torch.Tensor) and place(args[0]) == DEVICE:
