@@ -63,15 +63,16 @@ class Run:
     out: Path
 
 
-def runs(data: Path, out: Path, smoke: bool) -> list[Run]:
-    """The two runs (module docstring); `smoke`: toy sizes on the CPU or GPU at hand."""
+def runs(data: Path, out: Path, smoke: bool,
+         caps: tuple[float, float] = (65.0, 40.0)) -> list[Run]:
+    """The runs (module docstring), stopped at `caps` seconds (nanoGPT's, each of attnlab's)
+    if they have not reached the target; `smoke`: toy sizes on the CPU or GPU at hand."""
     py = sys.executable
     device = "cuda" if torch.cuda.is_available() else "cpu"
     nano = [py, "-m", "benchmarks.nanogpt_baseline", "--data", str(data), "--out",
             str(out / "nanogpt"), "--device", device, "--eval_iters", str(EVAL_ITERS)]
     ours = [py, "-m", "attnlab", "train", "--quiet", "--overwrite", "--data", str(data),
             "--device", device]
-    caps = (65.0, 40.0)  # 185 s in all with the two --cuda_graph runs: gpu_check.sh gives 220
     if smoke:
         nano[-2:] = ["--smoke"]
         ours += ["--n_layer", "1", "--n_head", "2", "--n_embd", "32", "--block_size", "32",
@@ -191,9 +192,11 @@ def flops_per_token(n_layer: int, n_head: int, n_embd: int, block_size: int,
     return 6 * n + 12 * n_layer * n_head * (n_embd // n_head) * block_size
 
 
-def measure(data: Path, out: Path, smoke: bool = False,
-            target: float | None = None) -> dict[str, Any]:
-    """The runs' results, the table, the GPU's name."""
+def measure(data: Path, out: Path, smoke: bool = False, target: float | None = None,
+            only: list[str] | None = None, caps: tuple[float, float] = (65.0, 40.0)
+            ) -> dict[str, Any]:
+    """The runs' results (those named in `only`, else all; `caps` as in `runs`), the table,
+    the GPU's name."""
     from attnlab.train.data import load_dataset
 
     from .nanogpt_baseline import prepare
@@ -208,7 +211,11 @@ def measure(data: Path, out: Path, smoke: bool = False,
         env["OMP_NUM_THREADS"] = "1"
     load_dataset(str(data), "char")  # tokenized before the clocks start, as nanoGPT's
     prepare(data, out / "nanogpt")  # prepare.py runs before its train.py
-    results = [launch(run, target, env) for run in runs(data, out, smoke)]
+    chosen = [r for r in runs(data, out, smoke, caps) if only is None or r.name in only]
+    if not chosen:
+        raise SystemExit(f"no run is named {only}; the runs: "
+                         + "; ".join(r.name for r in runs(data, out, smoke)))
+    results = [launch(run, target, env) for run in chosen]
     shape = (1, 2, 32, 32) if smoke else (6, 6, 384, 256)
     fpt = flops_per_token(*shape)
     for r in results:
@@ -261,10 +268,18 @@ def main(argv: list[str] | None = None) -> int:
                         "go to a temporary directory)")
     parser.add_argument("--smoke", action="store_true", help="toy sizes (checks the code)")
     parser.add_argument("--target", type=float, help=f"val loss to reach (default {TARGET})")
+    parser.add_argument("--runs", help="the runs to launch, their names joined by ';' "
+                        "(default: all)")
+    parser.add_argument("--caps", default="65,40", help="seconds after which nanoGPT's run "
+                        "and each of attnlab's stop if short of the target (default 65,40: "
+                        "185 s in all, inside gpu_check.sh's 220)")
     args = parser.parse_args(argv)
+    nano_cap, ours_cap = (float(c) for c in args.caps.split(","))
     args.out.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory() as work:
-        result = measure(args.data, Path(work), smoke=args.smoke, target=args.target)
+        result = measure(args.data, Path(work), smoke=args.smoke, target=args.target,
+                         only=args.runs.split(";") if args.runs else None,
+                         caps=(nano_cap, ours_cap))
     text = "\n\n".join([markdown(t) for t in result["tables"]]
                        + ["\n".join(f"- {n}" for n in result["notes"])])
     (args.out / "gpu_train.json").write_text(json.dumps(result, indent=2, default=str))

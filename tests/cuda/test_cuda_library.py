@@ -8,8 +8,11 @@ the CPU as a dry run of their code.
 
 from __future__ import annotations
 
+import contextlib
 import math
 import socket
+import warnings
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -141,6 +144,20 @@ def test_half_precision_generation_keeps_the_answers(
     assert generate(half, ids, max_new_tokens=4, temperature=0).device.type == cuda_device.type
 
 
+@contextlib.contextmanager
+def _sync_debug(mode: str) -> Iterator[None]:
+    """CUDA's sync debug mode set to `mode` inside, and back to "default" however the block
+    ends. Setting it warns that the mode is a prototype; with warnings as errors that warning
+    raised after the mode was set, leaving it on for the worker's later tests."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", "Synchronization debug mode is a prototype")
+        try:
+            torch.cuda.set_sync_debug_mode(mode)
+            yield
+        finally:
+            torch.cuda.set_sync_debug_mode("default")
+
+
 @pytest.mark.parametrize("cuda_graph", [False, True])
 def test_a_training_step_never_waits_for_the_gpu(
     tmp_path: Path, cuda_device: torch.device, monkeypatch: pytest.MonkeyPatch, cuda_graph: bool
@@ -157,11 +174,8 @@ def test_a_training_step_never_waits_for_the_gpu(
 
     def strict(method: Any) -> Any:
         def wrapped(self: Any, *args: Any) -> Any:
-            torch.cuda.set_sync_debug_mode("error")
-            try:
+            with _sync_debug("error"):
                 return method(self, *args)
-            finally:
-                torch.cuda.set_sync_debug_mode("default")
         return wrapped
 
     for name in ("_accumulate_grads", "_graph_body", "_update"):
