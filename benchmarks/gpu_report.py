@@ -18,7 +18,7 @@ from .gpu_trace import HF_BASE, HF_LM, RUN
 
 Result = dict[str, Any]
 #: The GPU table's rows at most (the CPU table has report.MAX_SUMMARY_ROWS)
-MAX_GPU_ROWS = 6
+MAX_GPU_ROWS = 7
 
 
 def _n(value: float) -> str:
