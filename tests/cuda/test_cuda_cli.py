@@ -72,6 +72,7 @@ def test_train_on_text_takes_the_gpu_recipe_and_learns(
     if cuda_device.type == "cuda":  # the CPU dry run takes the CPU recipe
         assert "model    6 layers, 6 heads, 384 dims, context 256" in printed, printed
         assert ", bfloat16 on cuda:" in printed and "stopping after 2 evaluations" in printed
+        assert ", each step one CUDA graph," in printed  # the recipe's step graph
     val = [r["val_loss"] for r in read_metrics(tmp_path / "run") if "val_loss" in r]
     vocab = load_checkpoint(tmp_path / "run" / "ckpt").tokenizer.vocab_size
     assert len(val) == 2 and val[1] < val[0] < math.log(vocab), val  # it learns

@@ -4,6 +4,7 @@ loss with that evaluation's checkpoint kept."""
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 from typing import Any
 
@@ -40,6 +41,10 @@ def test_text_on_cuda_gets_nanogpts_gpu_shape_and_a_stop_at_the_best(
     assert (config.dtype, config.eval_interval, config.patience) == ("bfloat16", 250, 2)
     assert config.eval_iters * config.batch_size * model.block_size == 819_200  # val tokens
     assert (model, config) == gpu_text_recipe(text.tokenizer.vocab_size)
+    assert (config.cuda_graph, config.compile) == (True, False)  # one GPU: the step as a graph
+    ddp = recipe(text, device=device, processes=2)[1]  # DDP: no step graph, compiled instead
+    assert (ddp.cuda_graph, ddp.compile) == (False, True)
+    assert dataclasses.replace(ddp, cuda_graph=True, compile=False) == config
     llama, _ = recipe(text, "llama", device=device)
     assert (llama.n_layer, llama.pos, llama.norm) == (6, "rope", "rmsnorm")
 
@@ -70,8 +75,11 @@ def test_attnlab_train_on_a_gpu_machine_starts_from_the_gpu_recipe(
                  str(tmp_path / "run")]) == 1
     out = capsys.readouterr().out
     assert handed == [gpu_text_recipe(text.tokenizer.vocab_size)]
-    assert ("train    2000 steps x 64 sequences, adamw lr 0.001, bfloat16 on cuda:0, stopping "
-            "after 2 evaluations without a better val loss") in out, out
+    assert main(["train", "--quiet", "--data", str(text.source), "--out", str(tmp_path / "s"),
+                 "--optimizer", "sgd"]) == 1  # the step graph records AdamW: off for SGD
+    assert (handed[-1][1].optimizer, handed[-1][1].cuda_graph) == ("sgd", False)
+    assert ("train    2000 steps x 64 sequences, adamw lr 0.001, bfloat16 on cuda:0, each step "
+            "one CUDA graph, stopping after 2 evaluations without a better val loss") in out, out
     # (runtime.fast_bf16 asks the GPU whenever CUDA is there: this CPU has no bf16 units)
     monkeypatch.setattr(attnlab.train.recipes, "fast_bf16", lambda: False)
     assert main(["train", "--quiet", "--data", str(text.source), "--out", str(tmp_path / "b"),

@@ -229,7 +229,8 @@ def _new_configs(args: argparse.Namespace, dataset: Any, init: Any) -> tuple[Any
     device = config_overrides(args, TrainConfig).get("device", "auto")
     try:  # a GPU gets a GPU-sized recipe for text
         model_config, train_config = recipe(dataset, args.arch or "gpt2",
-                                            check_device(device).type)
+                                            check_device(device).type,
+                                            int(os.environ.get("WORLD_SIZE", "1")))
     except ValueError as e:
         raise CLIError(str(e)) from None
     if init is not None:  # the source's model, whatever the recipe's shape
@@ -246,8 +247,10 @@ def _new_configs(args: argparse.Namespace, dataset: Any, init: Any) -> tuple[Any
     if init is None and "vocab_size" not in config_overrides(args, GPTConfig):
         model_config = dataclasses.replace(
             model_config, vocab_size=dataset.tokenizer.vocab_size)
-    train_config = config_from_flags(args, TrainConfig, train_config)
     given = config_overrides(args, TrainConfig)
+    if given.get("optimizer", "adamw") != "adamw" and "cuda_graph" not in given:
+        train_config = dataclasses.replace(train_config, cuda_graph=False)  # it records AdamW
+    train_config = config_from_flags(args, TrainConfig, train_config)
     if "time_budget" in given and "max_iters" in given:
         raise CLIError(f"--time_budget {train_config.time_budget} and --max_iters "
                        f"{train_config.max_iters}: choose one (a budget sets the steps)")

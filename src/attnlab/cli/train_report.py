@@ -90,6 +90,7 @@ def describe(dataset: Any, model_config: Any, train_config: Any, resumed: bool) 
         f"train    {steps} x {tc.batch_size * tc.grad_accum} sequences, "
         f"{tc.optimizer} lr {tc.lr:g}, {tc.dtype}"
         + ("" if device.type == "cpu" else f" on {device}")
+        + (", each step one CUDA graph" if tc.cuda_graph else "")
         + ("" if tc.patience is None else
            f", stopping after {count(tc.patience, 'evaluation')} without a better val loss")
     )

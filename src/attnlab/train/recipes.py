@@ -30,14 +30,15 @@ ARCHS = ("gpt2", "llama")
 MAX_TEXT_STEPS = 5000
 
 
-def recipe(dataset: Dataset, arch: str = "gpt2",
-           device: str = "cpu") -> tuple[GPTConfig, TrainConfig]:
+def recipe(dataset: Dataset, arch: str = "gpt2", device: str = "cpu",
+           processes: int = 1) -> tuple[GPTConfig, TrainConfig]:
     """The model and schedule `attnlab train` uses for a dataset when no flag changes them.
 
     hello/animals: the one-layer experiments of `seed_experiment`. Tasks: two layers of four
     heads, enough for an induction head, trained for 600 steps. Text: nanoGPT's
     shakespeare_char CPU recipe shape (4 layers, 4 heads, 128 dims, context 64); on a CUDA
-    `device` ("cuda", "cuda:1"), its GPU recipe's shape (`gpu_text_recipe`).
+    `device` ("cuda", "cuda:1"), its GPU recipe (`gpu_text_recipe`), for `processes` processes
+    (torchrun's WORLD_SIZE).
     arch "llama" keeps the shape and schedule but builds Llama-style blocks (`llama_style`).
     """
     if arch not in ARCHS:
@@ -51,7 +52,7 @@ def recipe(dataset: Dataset, arch: str = "gpt2",
         model, config, _ = seed_experiment(dataset.name, dataset)
         return model, config
     if isinstance(dataset, TextDataset) and device.split(":")[0] == "cuda":
-        model, config = gpu_text_recipe(dataset.tokenizer.vocab_size)
+        model, config = gpu_text_recipe(dataset.tokenizer.vocab_size, processes)
     else:
         model, config = _gpt2_recipe(dataset)
     return (llama_style(model) if arch == "llama" else model), config
@@ -101,7 +102,7 @@ def _gpt2_recipe(dataset: Dataset) -> tuple[GPTConfig, TrainConfig]:
         warmup_iters=50, eval_interval=100, dtype=dtype)  # min_lr: lr / 10, whatever --lr
 
 
-def gpu_text_recipe(vocab_size: int) -> tuple[GPTConfig, TrainConfig]:
+def gpu_text_recipe(vocab_size: int, processes: int = 1) -> tuple[GPTConfig, TrainConfig]:
     """Text on a GPU: nanoGPT's GPU shakespeare_char shape and optimizer (6 layers, 6 heads,
     384 wide, context 256, batch 64, dropout 0.2, no biases, exact GELU, AdamW lr 1e-3 with
     betas (0.9, 0.99), 100 warmup steps, cosine to 1e-4, bfloat16 autocast), with a shorter
@@ -110,14 +111,17 @@ def gpu_text_recipe(vocab_size: int) -> tuple[GPTConfig, TrainConfig]:
     decays over 2000, evaluates every 250 steps on 50 batches of each split (819,200
     tokens), and stops after two evaluations without a better val loss, keeping the best
     one's checkpoint (`patience`). Fused AdamW (make_optimizer) runs one kernel per step on
-    CUDA too. Compiled: on one GPU the loop records the model's forward and backward as CUDA
-    graphs (loop.py), a launch per graph instead of one per kernel, which at this small
-    size is most of a step's time (docs/gpu.md#the-gpu-recipe)."""
+    CUDA too. At this size a step is hundreds of short kernels, launch-bound: on one GPU
+    (`processes` 1) the whole step is recorded as one CUDA graph and replayed (`cuda_graph`,
+    train/graph_step.py), uncompiled, since a compilation costs the run more seconds than its
+    faster steps win back before val 1.47; several processes (DDP, which a step graph does
+    not record) compile the model instead. Measured: docs/gpu.md#the-gpu-recipe."""
     model = GPTConfig(vocab_size=vocab_size, block_size=256, n_layer=6, n_head=6, n_embd=384,
                       dropout=0.2, bias=False, gelu="exact")
     return model, TrainConfig(
         max_iters=2000, batch_size=64, lr=1e-3, min_lr=1e-4, warmup_iters=100, beta2=0.99,
-        eval_interval=250, eval_iters=50, dtype="bfloat16", patience=2, compile=True)
+        eval_interval=250, eval_iters=50, dtype="bfloat16", patience=2,
+        cuda_graph=processes == 1, compile=processes > 1)
 
 
 def seed_experiment(
