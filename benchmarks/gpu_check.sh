@@ -5,7 +5,7 @@
 #   pytest-cuda.txt  python -m pytest tests/cuda -m cuda -q: every test marked cuda
 #   gpu_train.md     nanoGPT vs attnlab side by side (benchmarks/gpu_train.py), and .json
 #   gpu_train.log    the side-by-side's output
-# It ends within about 6 minutes: pytest is stopped at 120 s, the side-by-side at 220 s.
+# It ends within about 6.5 minutes: pytest is stopped at 120 s, the side-by-side at 240 s.
 #
 # Needs torch with CUDA, numpy, safetensors, tqdm, matplotlib, tokenizers, transformers,
 # httpx, pytest and hypothesis (a GPU image usually has them). FastAPI and uvicorn, for the
@@ -51,7 +51,7 @@ timeout -k 10 120 "$PY" -m pytest "${pytest_flags[@]}" 2>&1 | tee "$OUT/pytest-c
 pytest_rc=${PIPESTATUS[0]}
 
 if [ -f "$DATA" ]; then
-  timeout -k 10 220 "$PY" -m benchmarks.gpu_train "${bench_flags[@]}" 2>&1 \
+  timeout -k 10 240 "$PY" -m benchmarks.gpu_train "${bench_flags[@]}" 2>&1 \
     | tee "$OUT/gpu_train.log"
   bench_rc=${PIPESTATUS[0]}
 else
