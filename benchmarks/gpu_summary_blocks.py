@@ -20,10 +20,9 @@ import torch
 from attnlab.model import summary_kernels
 
 from .gpu_common import random_gpt
-from .gpu_summaries import FORWARD, LLAMA_1B, ONE_PASS, SUMMARY, attnlab_rows
+from .gpu_summaries import FORWARD, LLAMA_1B, SUMMARY, attnlab_rows
 
-#: (rows pass, received pass) candidates; the first is the default (the one pass,
-#: `summary_kernels.GIVEN_BLOCKS`, is the same dict as the rows pass's: it walks the same way)
+#: (rows pass, received pass) candidates; the first is the default
 CANDIDATES: list[tuple[tuple[int, ...], tuple[int, ...]]] = [
     ((128, 64, 8), (64, 128, 8)),
     ((128, 64, 4), (64, 128, 4)),
@@ -51,7 +50,6 @@ def main(argv: list[str] | None = None) -> int:
             row = {"rows": rows, "received": received,
                    "forward_ms": measured[FORWARD].get("ms"),
                    "summaries_ms": measured[SUMMARY].get("ms"),
-                   "one_pass_ms": measured.get(ONE_PASS, {}).get("ms"),
                    "peak_gib": (measured[SUMMARY].get("peak_bytes") or 0) / 2**30}
             row["x_forward"] = row["summaries_ms"] / row["forward_ms"]
         except Exception as err:  # a candidate that fails to compile or run is reported

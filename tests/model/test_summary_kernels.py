@@ -127,45 +127,6 @@ def test_interpreted_kernels_equal_the_torch_path(case: str, interpreted: None) 
         assert all(not got[name][-1].any() for name in names)
 
 
-def _lse(q: torch.Tensor, k: torch.Tensor, mask: Mask, scale: float) -> torch.Tensor:
-    """(B, nh, T) each row's natural log-sum-exp under the mask, -inf for a row with no key
-    (as the attention forward would hand it to the one pass)."""
-    k = k.repeat_interleave(q.shape[1] // k.shape[1], dim=1)  # (B, nh, S, hs)
-    scores = q @ k.transpose(-1, -2) * scale  # (B, nh, T, S)
-    if mask.may_attend is not None:
-        scores = scores.masked_fill(~mask.may_attend, float("-inf"))
-    return scores.logsumexp(-1)  # (B, nh, T)
-
-
-@pytest.mark.parametrize("case", list(CASES))
-def test_interpreted_one_pass_equals_the_torch_path(case: str, interpreted: None) -> None:
-    """Given each row's lse, the one pass (received added block by block, atomically) makes
-    the two passes' summaries: every case above, rows without keys and pad rows included."""
-    q, k, mask = _case(case)
-    causal, block = bool(mask.causal), CASES[case][9]
-    names = list(SUMMARY_NAMES)
-    expected = _torch_path(q, k, mask, 0.3, names)
-    got = summary_kernels.layer_summaries(names, q, k, 0.3, causal=causal, window=mask.window,
-                                          padding=mask.padding, blocks=(block, block),
-                                          lse=_lse(q, k, mask, 0.3))
-    assert list(got) == names
-    for name in names:
-        torch.testing.assert_close(got[name], expected[name], **TOLERANCE,
-                                   msg=lambda m, n=name: f"{case} {n}: {m}")
-
-
-def test_attend_with_lse_is_sdpa_and_its_lse() -> None:
-    """On a CPU the lse comes from SDPA's own flash kernel: the context equals
-    `F.scaled_dot_product_attention` exactly, the lse the masked scores' logsumexp."""
-    gen = torch.Generator().manual_seed(3)
-    q, k, v = (torch.randn(2, 3, 37, 16, generator=gen) for _ in range(3))
-    context, lse = summary_kernels.attend_with_lse(q, k, v, 0.3)
-    expected = torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True,
-                                                                scale=0.3)
-    assert torch.equal(context, expected)
-    torch.testing.assert_close(lse, _lse(q, k, build_mask(37, 37), 0.3), **TOLERANCE)
-
-
 def test_only_the_wanted_summaries_are_made(interpreted: None) -> None:
     q, k = torch.randn(1, 2, 5, 16), torch.randn(1, 2, 5, 16)
     got = summary_kernels.layer_summaries(["attn_max", "attn_sink"], q, k, 0.25, causal=True)
@@ -209,34 +170,6 @@ def test_a_model_trace_through_the_kernels_equals_the_torch_trace(
             assert value.shape == expected.get(name, layer).shape
             assert value.dtype == expected.get(name, layer).dtype
             torch.testing.assert_close(value, expected.get(name, layer), **TOLERANCE)
-
-
-def test_one_pass_in_a_model_trace(interpreted: None, monkeypatch: pytest.MonkeyPatch) -> None:
-    """With `ONE_PASS`, a trace of summaries alone without padding takes each layer's lse
-    from the forward (counted), and its summaries and logits are the torch trace's."""
-    model = _model(pos="rope", n_embd=32)  # head size 8: the flash kernels' multiple
-    ids = torch.randint(0, 65, (2, 23), generator=torch.Generator().manual_seed(2))
-    names = list(SUMMARY_NAMES)
-    expected = Trace(names=names)
-    expected_logits = model(ids, trace=expected).logits
-    calls = []
-    attend_with_lse = summary_kernels.attend_with_lse
-
-    def counted(*args: Any) -> tuple[torch.Tensor, torch.Tensor]:
-        calls.append(args[0].shape)
-        return attend_with_lse(*args)
-
-    monkeypatch.setattr(summary_kernels, "available", lambda q: True)
-    monkeypatch.setattr(summary_kernels, "ONE_PASS", True)
-    monkeypatch.setattr(summary_kernels, "attend_with_lse", counted)
-    got = Trace(names=names)
-    logits = model(ids, trace=got).logits
-    assert len(calls) == model.config.n_layer
-    torch.testing.assert_close(logits, expected_logits, **TOLERANCE)
-    for layer in range(model.config.n_layer):
-        for name in names:
-            torch.testing.assert_close(got.get(name, layer), expected.get(name, layer),
-                                       **TOLERANCE)
 
 
 def _cuda() -> None:
@@ -287,28 +220,3 @@ def test_cuda_trace_of_summaries_takes_the_kernels() -> None:
     nh = model.config.n_head
     assert peak < 4 * nh * 2048 * 2048 // 4, peak
     assert trace.get("attn_received", 0).shape == (1, nh, 2048)
-
-
-@pytest.mark.cuda
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_cuda_one_pass_equals_two(dtype: torch.dtype) -> None:
-    """On a GPU `attend_with_lse` calls SDPA's own kernels by name (flash for bfloat16,
-    memory-efficient for float32): its context is SDPA's and its lse the scores'; the one
-    pass given that lse makes the two passes' summaries (T = 1000, a ragged last block)."""
-    _cuda()
-    gen = torch.Generator(device="cuda").manual_seed(1)
-    q, k, v = (torch.randn(2, 8, 1000, 64, device="cuda", generator=gen, dtype=dtype)
-               for _ in range(3))
-    context, lse = summary_kernels.attend_with_lse(q, k, v, 0.125)
-    expected = torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True,
-                                                                scale=0.125)
-    close = TOLERANCE if dtype == torch.float32 else dict(atol=2e-2, rtol=2e-2)
-    torch.testing.assert_close(context, expected, **close)
-    mask = build_mask(1000, 1000, device="cuda")
-    torch.testing.assert_close(lse, _lse(q.float(), k.float(), mask, 0.125), **close)
-    names = list(SUMMARY_NAMES)
-    two = summary_kernels.layer_summaries(names, q, k, 0.125, causal=True)
-    one = summary_kernels.layer_summaries(names, q, k, 0.125, causal=True, lse=lse)
-    for name in names:
-        torch.testing.assert_close(one[name], two[name], **close,
-                                   msg=lambda m, n=name: f"{n}: {m}")

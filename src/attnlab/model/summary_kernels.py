@@ -7,8 +7,7 @@ summaries mean exactly what `summaries.py` says (pad rows and rows with nothing 
 to are 0s, the sink is the row's first real key); this module only decides the launch. The
 kernels (`summary_triton.py`) need triton, which attnlab does not depend on: it is imported
 here lazily, on a CUDA tensor only (or under Triton's interpreter, which the tests run on
-CPU tensors). Why two passes (or one, given the forward's lse: `ONE_PASS`) and no tiles:
-docs/performance.md#summaries-on-a-gpu.
+CPU tensors). Why two passes and no tiles: docs/performance.md#summaries-on-a-gpu.
 """
 
 from __future__ import annotations
@@ -32,12 +31,6 @@ DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 #: smaller ones for larger heads or float32, whose tiles would spill registers at the first.
 ROWS_BLOCKS: dict[int, tuple[int, ...]] = {128: (128, 64, 8), 256: (64, 32, 8)}
 RECEIVED_BLOCKS: dict[int, tuple[int, ...]] = {128: (64, 128, 8), 256: (32, 64, 8)}
-GIVEN_BLOCKS: dict[int, tuple[int, ...]] = ROWS_BLOCKS  # the one pass walks as the rows pass
-#: Whether a trace of summaries alone over the plain causal mask (T == S, no padding, no
-#: window) takes each row's lse from the attention forward and runs one pass
-#: (`attend_with_lse`, `given_lse_kernel`) instead of two. Off until measured on a GPU:
-#: `benchmarks/gpu_summaries.py` times both.
-ONE_PASS = False
 #: the summaries of each query row, in the kernels' argument order
 ROW_NAMES = ("attn_entropy", "attn_sink", "attn_distance", "attn_max")
 
@@ -55,16 +48,13 @@ def available(q: Tensor) -> bool:
 
 def layer_summaries(names: list[str], q: Tensor, k: Tensor, scale: float, *, causal: bool,
                     window: int | None = None, padding: Tensor | None = None,
-                    blocks: tuple[int, int] | None = None,
-                    lse: Tensor | None = None) -> dict[str, Tensor]:
+                    blocks: tuple[int, int] | None = None) -> dict[str, Tensor]:
     """The summaries `names` (float32, in `SUMMARY_NAMES` order) of softmax(q k^T * scale)
     under the mask: q (B, nh, T, hs), k (B, nkv, S, hs) with nh % nkv == 0 (head h reads key
     head h // (nh // nkv)); query row r is key index S - T + r. causal: row r sees keys up to
     its own; window: only its last `window` keys (with causal); padding (B, S) bool, True for
     real tokens: pads are never attended, a pad's own row is 0s. blocks: (rows, keys) per
-    block for both passes instead of the tuned sizes (the tests use small ones). lse: each
-    row's natural log-sum-exp (B, nh, T) float32 under the same mask, as the attention
-    forward computed it (`attend_with_lse`): then one pass, not two."""
+    block for both passes instead of the tuned sizes (the tests use small ones)."""
     B, nh, T, hs = q.shape
     nkv, S = k.shape[1], k.shape[2]
     unknown = sorted(set(names) - set(SUMMARY_NAMES))
@@ -92,46 +82,17 @@ def layer_summaries(names: list[str], q: Tensor, k: Tensor, scale: float, *, cau
                   HS=hs, BLOCK_D=max(16, 1 << (hs - 1).bit_length()), CAUSAL=causal,
                   WINDOWED=windowed, HAS_PAD=padding is not None,
                   IEEE=q.dtype == torch.float32)
-    if lse is None:
-        lse2 = torch.empty((B, nh, T), dtype=torch.float32, device=device)  # (B, nh, T)
-        _launch(names, q, k, (pad, first, lse2), values, common, blocks, given=False)
-    else:
-        if tuple(lse.shape) != (B, nh, T):
-            raise ValueError(f"lse of shape {tuple(lse.shape)}; pass (B, nh, T) = "
-                             f"({B}, {nh}, {T}), one per query row")
-        lse = lse.to(device=device, dtype=torch.float32).contiguous()  # (B, nh, T)
-        _launch(names, q, k, (pad, first, lse), values, common, blocks, given=True)
+    lse2 = torch.empty((B, nh, T), dtype=torch.float32, device=device)  # (B, nh, T)
+    _launch(names, q, k, (pad, first, lse2), values, common, blocks)
     return {name: values[name] for name in SUMMARY_NAMES if name in names}
-
-
-def attend_with_lse(q: Tensor, k: Tensor, v: Tensor, scale: float) -> tuple[Tensor, Tensor]:
-    """Causal attention of q over k, v (B, nh, T, hs), T == S, no other mask: the context
-    (B, nh, T, hs) as `F.scaled_dot_product_attention(..., is_causal=True)` computes it, and
-    each row's natural log-sum-exp (B, nh, T) float32, which the public function drops. The
-    kernels SDPA itself runs, called by name: flash attention for 16-bit inputs on a GPU
-    (compute capability 8.0 and up), memory-efficient attention for the rest there, the
-    flash kernel on a CPU."""
-    T = q.shape[2]
-    aten = torch.ops.aten
-    if not q.is_cuda:
-        context, lse = aten._scaled_dot_product_flash_attention_for_cpu(
-            q, k, v, 0.0, True, scale=scale)[:2]
-    elif q.dtype in (torch.float16, torch.bfloat16) and \
-            torch.cuda.get_device_capability(q.device) >= (8, 0):  # flash attention's GPUs
-        context, lse = aten._scaled_dot_product_flash_attention(
-            q, k, v, 0.0, True, False, scale=scale)[:2]
-    else:  # float32 or an older GPU; its lse is padded to a multiple of 32 rows
-        context, lse = aten._scaled_dot_product_efficient_attention(
-            q, k, v, None, True, 0.0, True, scale=scale)[:2]
-    return context, lse[..., :T]  # (B, nh, T, hs), (B, nh, T)
 
 
 def _launch(names: list[str], q: Tensor, k: Tensor, masks: tuple[Tensor, Tensor, Tensor],
             values: dict[str, Tensor], common: dict[str, Any],
-            blocks: tuple[int, int] | None, given: bool) -> None:
+            blocks: tuple[int, int] | None) -> None:
     """The passes into `values`; masks: the padding (B, S), first real keys (B,) and each
-    row's lse (B, nh, T): given (natural log: the one pass, `given_lse_kernel`), or written
-    by the rows pass (base 2) for the received pass, which runs only when wanted."""
+    row's lse (B, nh, T), written by the rows pass (base 2) for the received pass, which runs
+    only when wanted."""
     from . import summary_triton as kernels  # triton: imported only here
 
     B, nh, T, hs = q.shape
@@ -144,23 +105,16 @@ def _launch(names: list[str], q: Tensor, k: Tensor, masks: tuple[Tensor, Tensor,
     received_wanted = "attn_received" in names
     # triton launches on the current device: make it q's (a model on cuda:1, say)
     with torch.cuda.device(q.device) if q.is_cuda else contextlib.nullcontext():
-        tuning = _tuning((GIVEN_BLOCKS if given else ROWS_BLOCKS)[size], blocks)
+        tuning = _tuning(ROWS_BLOCKS[size], blocks)
         grid = (math.ceil(T / tuning["BLOCK_M"]), B * nh)
-        if given:
-            received = torch.zeros((B, nh, S) if received_wanted else (1,), dtype=torch.float32,
-                                   device=q.device)  # (B, nh, S): added into
-            kernels.given_lse_kernel[grid](q, k, pad, first, lse, *outs, received, *strides,
-                                           **common, **wants, WANT_RECEIVED=received_wanted,
-                                           **tuning)
-        else:
-            kernels.rows_kernel[grid](q, k, pad, first, lse, *outs, *strides, **common,
-                                      **wants, **tuning)
-            if received_wanted:
-                received = torch.empty((B, nh, S), dtype=torch.float32,
-                                       device=q.device)  # (B, nh, S)
-                tuning = _tuning(RECEIVED_BLOCKS[size], blocks)
-                kernels.received_kernel[(math.ceil(S / tuning["BLOCK_N"]), B * nh)](
-                    q, k, pad, lse, received, *strides, **common, **tuning)
+        kernels.rows_kernel[grid](q, k, pad, first, lse, *outs, *strides, **common, **wants,
+                                  **tuning)
+        if received_wanted:
+            received = torch.empty((B, nh, S), dtype=torch.float32,
+                                   device=q.device)  # (B, nh, S)
+            tuning = _tuning(RECEIVED_BLOCKS[size], blocks)
+            kernels.received_kernel[(math.ceil(S / tuning["BLOCK_N"]), B * nh)](
+                q, k, pad, lse, received, *strides, **common, **tuning)
     if received_wanted:
         values["attn_received"] = received
 

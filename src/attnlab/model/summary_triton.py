@@ -12,12 +12,6 @@ means is `summaries.py`'s, when to run them `summary_kernels.py`'s. Scores are k
                    distance = d / l, sink = 2^(s2_sink - lse2)
     received pass  grid (key blocks, B * nh): sum over the real query rows of
                    2^(s2 - lse2_i), from the rows pass's lse2
-
-or, where the attention forward hands over each row's lse (flash attention does), in one:
-
-    given lse      grid (query blocks, B * nh): p = 2^(s2 - lse2), max = max p,
-                   entropy = -ln 2 sum p log2 p, distance = sum p (i - j), sink as above;
-                   each block's column sums of p added atomically into `attn_received`
 """
 
 from __future__ import annotations
@@ -302,96 +296,3 @@ def received_kernel(q_ptr, k_ptr, pad_ptr, lse_ptr, received_ptr,
                                     sqt, T, S, pad_row, offset, window, scale2, BLOCK_M,
                                     CAUSAL, WINDOWED, HAS_PAD, IEEE, True)
     tl.store(received_ptr + bh * S + cols, received, mask=col_ok)
-
-
-@triton.jit
-def _given_block(q, k_head, start, rows, row_ok, key_index, lse2, dims, dim_ok, sks, S,
-                 pad_row, window, scale2, received_head, t_sum, d_sum, p_max,
-                 HS: tl.constexpr, BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr,
-                 WINDOWED: tl.constexpr, HAS_PAD: tl.constexpr, WANT_ENTROPY: tl.constexpr,
-                 WANT_DISTANCE: tl.constexpr, WANT_MAX: tl.constexpr,
-                 WANT_RECEIVED: tl.constexpr, IEEE: tl.constexpr, MASKED: tl.constexpr):
-    """The one pass's running (t, d, max) after keys start..+BLOCK_N, the rows' lse2 given;
-    the block's column sums are added into received_head."""
-    x = _scores(q, k_head, start, dims, dim_ok, sks, S, scale2, HS, BLOCK_N, IEEE) \
-        - lse2[:, None]  # (BLOCK_M, BLOCK_N) log2 of the weights
-    cols = start + tl.arange(0, BLOCK_N)
-    p = tl.exp2(x)  # (BLOCK_M, BLOCK_N)
-    if MASKED:  # where, not a product: a hidden pair's exp2 may overflow
-        ok = _keys_ok(rows, cols, row_ok, key_index, S, pad_row, window,
-                      CAUSAL, WINDOWED, HAS_PAD)
-        p = tl.where(ok, p, 0.0)
-    if WANT_ENTROPY:  # x is finite, so a hidden pair adds 0
-        t_sum += tl.sum(p * x, 1)
-    if WANT_DISTANCE:  # as the rows pass: (i - start) sum p - sum p (j - start)
-        offsets = tl.arange(0, BLOCK_N).to(tl.float32)
-        d_sum += (key_index - start).to(tl.float32) * tl.sum(p, 1) \
-            - tl.sum(p * offsets[None, :], 1)
-    if WANT_MAX:
-        p_max = tl.maximum(p_max, tl.max(p, 1))
-    if WANT_RECEIVED:
-        tl.atomic_add(received_head + cols, tl.sum(p, 0), mask=cols < S, sem="relaxed")
-    return t_sum, d_sum, p_max
-
-
-@triton.jit
-def given_lse_kernel(q_ptr, k_ptr, pad_ptr, first_ptr, lse_ptr,
-                     entropy_ptr, sink_ptr, distance_ptr, max_ptr, received_ptr,
-                     sqb, sqh, sqt, skb, skh, sks,
-                     nh, group, T, S, offset, window, scale2,
-                     HS: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr,
-                     BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr, WINDOWED: tl.constexpr,
-                     HAS_PAD: tl.constexpr, WANT_ENTROPY: tl.constexpr,
-                     WANT_SINK: tl.constexpr, WANT_DISTANCE: tl.constexpr,
-                     WANT_MAX: tl.constexpr, WANT_RECEIVED: tl.constexpr,
-                     IEEE: tl.constexpr):
-    """One block of query rows of one (batch, head) in one pass, given each row's natural
-    lse (B, nh, T) float32 (the attention forward's): the row summaries as `rows_kernel`'s,
-    and the weight each key gets from these rows added into received (B, nh, S), zeroed by
-    the caller. A row with no finite lse, or a pad's own, gets 0s."""
-    pid_m = tl.program_id(0)
-    bh = tl.program_id(1)
-    b, h = bh // nh, bh % nh
-    rows, row_ok, key_index, dims, dim_ok, q = _query_block(
-        q_ptr + b * sqb + h * sqh, pid_m, sqt, T, offset, HS, BLOCK_D, BLOCK_M)
-    pad_row = pad_ptr + b * S
-    lse = tl.load(lse_ptr + bh * T + rows, mask=row_ok, other=float("inf"))
-    has = row_ok & (lse < float("inf")) & (lse > float("-inf"))
-    if HAS_PAD:  # a pad's own query is a row of 0s
-        has = has & (tl.load(pad_row + key_index, mask=row_ok, other=0) != 0)
-    # log2(e); a row without weights: a finite lse2 so large that every weight is 0
-    lse2 = tl.where(has, lse * 1.4426950408889634, 1e30)
-    lo, full_lo, full_hi, hi = _key_blocks(pid_m, offset, window, S, BLOCK_M, BLOCK_N,
-                                           CAUSAL, WINDOWED, HAS_PAD)
-    t_sum = tl.zeros((BLOCK_M,), tl.float32)
-    d_sum = tl.zeros((BLOCK_M,), tl.float32)
-    p_max = tl.zeros((BLOCK_M,), tl.float32)
-    k_head = k_ptr + b * skb + (h // group) * skh  # grouped-query attention: h's key head
-    received_head = received_ptr + bh * S
-    for start in range(lo, full_lo, BLOCK_N):  # before the window's full blocks: masked
-        t_sum, d_sum, p_max = _given_block(
-            q, k_head, start, rows, row_ok, key_index, lse2, dims, dim_ok, sks, S, pad_row,
-            window, scale2, received_head, t_sum, d_sum, p_max, HS, BLOCK_N, CAUSAL,
-            WINDOWED, HAS_PAD, WANT_ENTROPY, WANT_DISTANCE, WANT_MAX, WANT_RECEIVED, IEEE, True)
-    for start in range(full_lo, full_hi, BLOCK_N):
-        t_sum, d_sum, p_max = _given_block(
-            q, k_head, start, rows, row_ok, key_index, lse2, dims, dim_ok, sks, S, pad_row,
-            window, scale2, received_head, t_sum, d_sum, p_max, HS, BLOCK_N, CAUSAL,
-            WINDOWED, HAS_PAD, WANT_ENTROPY, WANT_DISTANCE, WANT_MAX, WANT_RECEIVED, IEEE, False)
-    for start in range(full_hi, hi, BLOCK_N):  # the diagonal, the last keys
-        t_sum, d_sum, p_max = _given_block(
-            q, k_head, start, rows, row_ok, key_index, lse2, dims, dim_ok, sks, S, pad_row,
-            window, scale2, received_head, t_sum, d_sum, p_max, HS, BLOCK_N, CAUSAL,
-            WINDOWED, HAS_PAD, WANT_ENTROPY, WANT_DISTANCE, WANT_MAX, WANT_RECEIVED, IEEE, True)
-    out = bh * T + rows
-    if WANT_ENTROPY:  # -sum p ln p = -ln 2 sum p log2 p
-        tl.store(entropy_ptr + out, tl.where(has, -0.6931471805599453 * t_sum, 0.0),
-                 mask=row_ok)
-    if WANT_DISTANCE:
-        tl.store(distance_ptr + out, tl.where(has, d_sum, 0.0), mask=row_ok)
-    if WANT_MAX:
-        tl.store(max_ptr + out, tl.where(has, p_max, 0.0), mask=row_ok)
-    if WANT_SINK:
-        sink = _sink(q, k_head, tl.load(first_ptr + b), sks, dims, dim_ok, key_index, has,
-                     lse2, scale2, window, CAUSAL, WINDOWED)
-        tl.store(sink_ptr + out, sink, mask=row_ok)

@@ -284,13 +284,9 @@ def _kernel_summaries(trace: LayerTrace, q: Tensor, k: Tensor, v: Tensor, mask: 
     """A trace of summaries alone on a GPU: the context from the fused path, the summaries
     from `summary_kernels` (no weight tile in memory), recorded as `_streamed`'s are."""
     names = [name for name in SUMMARY_NAMES if trace.wants(name)]
-    lse = None
-    if summary_kernels.ONE_PASS and mask.square_causal and q.shape[-1] % 8 == 0:
-        context, lse = summary_kernels.attend_with_lse(q, k, v, scale)  # (B, nh, T, hs)
-    else:
-        context = fused_attend(q, k, v, mask, may_attend, scale, 0.0)  # (B, nh, T, hs)
+    context = fused_attend(q, k, v, mask, may_attend, scale, 0.0)  # (B, nh, T, hs)
     values = summary_kernels.layer_summaries(names, q, k, scale, causal=bool(mask.causal),
-                                             window=mask.window, padding=mask.padding, lse=lse)
+                                             window=mask.window, padding=mask.padding)
     for name, value in values.items():  # (B, nh, T) or (B, nh, S) float32
         trace.record(name, value)
     return context
