@@ -25,6 +25,7 @@ On a CPU there is no graph: the same step runs eagerly (`DEVICES` lets the tests
 from __future__ import annotations
 
 from collections.abc import Callable
+from contextlib import nullcontext
 from typing import Any
 
 import torch
@@ -68,12 +69,15 @@ class GraphedStep:
         _copy_in(self.xs, xs)
         _copy_in(self.ys, ys)
         self.lr.fill_(lr)
-        if self.graph is None and self.steps < WARMUP:
-            loss = self._eager()
-        else:
-            if self.graph is None:
-                self._record()
-            loss = self._replay()
+        # a recording and a replay run on the current device's streams: make it the model's
+        # (`--device cuda:1` with cuda:0 current, say)
+        with torch.cuda.device(self.device) if self.device.type == "cuda" else nullcontext():
+            if self.graph is None and self.steps < WARMUP:
+                loss = self._eager()
+            else:
+                if self.graph is None:
+                    self._record()
+                loss = self._replay()
         self.steps += 1
         return loss
 
