@@ -52,6 +52,9 @@ from .common import machine, markdown, table
 TARGET = 1.47
 PEAK_BF16 = 989e12  # FLOP/s: H100 and H200 SXM, dense bfloat16 (vendor figure)
 EVAL_ITERS = 50
+#: seconds after which nanoGPT's run and each of attnlab's stop short of the target: 210 s in
+#: all with the three attnlab runs, inside gpu_check.sh's 240 (docs/performance.md#nanogpt-on-a-gpu)
+CAPS = (90.0, 40.0)
 DATA = Path(__file__).resolve().parents[2] / "shared" / "data" / "tinyshakespeare.txt"
 _ATTNLAB_EVAL = re.compile(r"^step\s+(\d+): train ([\d.]+)\s+val ([\d.]+)")
 
@@ -65,8 +68,7 @@ class Run:
     out: Path
 
 
-def runs(data: Path, out: Path, smoke: bool,
-         caps: tuple[float, float] = (90.0, 40.0)) -> list[Run]:
+def runs(data: Path, out: Path, smoke: bool, caps: tuple[float, float] = CAPS) -> list[Run]:
     """The runs (module docstring), stopped at `caps` seconds (nanoGPT's, each of attnlab's)
     if they have not reached the target; `smoke`: toy sizes on the CPU or GPU at hand."""
     py = sys.executable
@@ -194,7 +196,7 @@ def flops_per_token(n_layer: int, n_head: int, n_embd: int, block_size: int,
 
 
 def measure(data: Path, out: Path, smoke: bool = False, target: float | None = None,
-            only: list[str] | None = None, caps: tuple[float, float] = (90.0, 40.0)
+            only: list[str] | None = None, caps: tuple[float, float] = CAPS
             ) -> dict[str, Any]:
     """The runs' results (those named in `only`, else all; `caps` as in `runs`), the table,
     the GPU's name."""
@@ -271,9 +273,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--target", type=float, help=f"val loss to reach (default {TARGET})")
     parser.add_argument("--runs", help="the runs to launch, their names joined by ';' "
                         "(default: all)")
-    parser.add_argument("--caps", default="90,40", help="seconds after which nanoGPT's run "
-                        "and each of attnlab's stop if short of the target (default 90,40: "
-                        "210 s in all, inside gpu_check.sh's 240)")
+    parser.add_argument("--caps", default=",".join(f"{c:g}" for c in CAPS),
+                        help="seconds after which nanoGPT's run and each of attnlab's stop if "
+                        "short of the target (default: %(default)s)")
     args = parser.parse_args(argv)
     nano_cap, ours_cap = (float(c) for c in args.caps.split(","))
     args.out.mkdir(parents=True, exist_ok=True)

@@ -112,6 +112,7 @@ def run(args: argparse.Namespace) -> int:
 def _run(args: argparse.Namespace) -> int:
     from ..checkpoint import read_config
     from ..train.data import TaskDataset
+    from ..train.distributed import processes
     from ..train.graph_step import check_graph_device
 
     _check_flags(args)
@@ -134,8 +135,7 @@ def _run(args: argparse.Namespace) -> int:
         model_config, train_config = _new_configs(args, dataset, init)
     out = _out_dir(args)
     # before anything runs: a step graph records on one CUDA GPU only
-    check_graph_device(train_config.cuda_graph, check_device(train_config.device),
-                       int(os.environ.get("WORLD_SIZE", "1")))
+    check_graph_device(train_config.cuda_graph, check_device(train_config.device), processes())
 
     describe(dataset, model_config, train_config, resumed=args.resume)
     if args.resume:
@@ -191,6 +191,8 @@ def _resume(
 ) -> tuple[Any, Any, int] | None:
     """(model config, train config, step) of the run in `found` to continue, after saying what
     changed; None, once said, when the run is finished and nothing is left to train."""
+    from ..train.distributed import processes
+
     model_config, train_config, step, changed = _resume_configs(args, found, saved, dataset)
     _check_resumable(found, finished=step >= train_config.max_iters)
     # a new --max_iters the run already reached (another changed flag alone, or the
@@ -206,7 +208,7 @@ def _resume(
         return None
     if changed:
         print(f"resume   changed: {', '.join(changed)}")
-    before, now = saved[1].get("world_size", 1), int(os.environ.get("WORLD_SIZE", "1"))
+    before, now = saved[1].get("world_size", 1), processes()
     if before != now and model_config.dropout > 0:  # the data order is the same
         runs = [count(n, "process", "processes") for n in (before, now)]
         print(f"resume   the run used {runs[0]}, this one {runs[1]}: dropout draws other "
@@ -221,6 +223,7 @@ def _new_configs(args: argparse.Namespace, dataset: Any, init: Any) -> tuple[Any
     or with --overwrite its checkpoint removed."""
     from ..model.gpt import GPTConfig
     from ..train.config import TrainConfig
+    from ..train.distributed import processes
     from ..train.loop import sequence_length
     from ..train.recipes import recipe
 
@@ -229,8 +232,7 @@ def _new_configs(args: argparse.Namespace, dataset: Any, init: Any) -> tuple[Any
     device = config_overrides(args, TrainConfig).get("device", "auto")
     try:  # a GPU gets a GPU-sized recipe for text
         model_config, train_config = recipe(dataset, args.arch or "gpt2",
-                                            check_device(device).type,
-                                            int(os.environ.get("WORLD_SIZE", "1")))
+                                            check_device(device).type, processes())
     except ValueError as e:
         raise CLIError(str(e)) from None
     if init is not None:  # the source's model, whatever the recipe's shape

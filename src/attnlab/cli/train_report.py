@@ -5,7 +5,6 @@ a text sample) and what to run next. `cli/train.py` runs it."""
 from __future__ import annotations
 
 import argparse
-import os
 import shlex
 from pathlib import Path
 from typing import Any
@@ -64,6 +63,7 @@ def report(args: argparse.Namespace, result: Any, dataset: Any, out: Path,
 def describe(dataset: Any, model_config: Any, train_config: Any, resumed: bool) -> None:
     from ..model.gpt import count_params
     from ..train.budget import CALIBRATION_STEPS, UNTIMED_STEPS, parse_duration
+    from ..train.distributed import processes
 
     n_params = count_params(model_config)
     tc = train_config
@@ -81,7 +81,7 @@ def describe(dataset: Any, model_config: Any, train_config: Any, resumed: bool) 
     elif tc.time_budget:
         steps = (f"{tc.time_budget} ({parse_duration(tc.time_budget):g} s; steps fitted to the "
                  f"speed of the first {UNTIMED_STEPS + CALIBRATION_STEPS})")
-    world = int(os.environ.get("WORLD_SIZE", "1"))  # torchrun's
+    world = processes()
     if world > 1:
         print(f"world    {world} processes (torchrun, DistributedDataParallel): each step's "
               f"{tc.batch_size} sequences split {tc.batch_size // world} per process")

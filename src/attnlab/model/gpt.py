@@ -410,7 +410,6 @@ def on_meta() -> Iterator[None]:
         yield
 
 
-
 def check_token_ids(idx: Tensor, targets: Tensor | None, vocab_size: int) -> None:
     """Raise ValueError if an id in idx is outside [0, vocab_size) or a target outside it and
     not -1. Reads the values back: on a GPU a wait for all the work queued before it."""

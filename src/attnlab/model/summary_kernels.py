@@ -115,8 +115,7 @@ def _launch(names: list[str], q: Tensor, k: Tensor, masks: tuple[Tensor, Tensor,
             tuning = _tuning(RECEIVED_BLOCKS[size], blocks)
             kernels.received_kernel[(math.ceil(S / tuning["BLOCK_N"]), B * nh)](
                 q, k, pad, lse, received, *strides, **common, **tuning)
-    if received_wanted:
-        values["attn_received"] = received
+            values["attn_received"] = received
 
 
 def _tuning(tuned: tuple[int, ...], blocks: tuple[int, int] | None) -> dict[str, Any]:

@@ -75,9 +75,14 @@ class World:
         return self.device if dist.get_backend() == "nccl" else torch.device("cpu")
 
 
+def processes() -> int:
+    """How many processes train together: torchrun's WORLD_SIZE, 1 without torchrun."""
+    return int(os.environ.get("WORLD_SIZE", "1"))
+
+
 def setup(device: str = "auto") -> tuple[World, bool]:
     """The world this process is in, and whether this call started its process group."""
-    size = int(os.environ.get("WORLD_SIZE", "1"))
+    size = processes()
     local_rank = int(os.environ.get("LOCAL_RANK", "0"))
     dev = resolve_device(device, local_rank)
     if size == 1:
