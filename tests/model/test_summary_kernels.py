@@ -127,6 +127,33 @@ def test_interpreted_kernels_equal_the_torch_path(case: str, interpreted: None) 
         assert all(not got[name][-1].any() for name in names)
 
 
+@pytest.mark.parametrize("case", list(CASES))
+def test_the_rows_pass_context_equals_the_fused_path(case: str, interpreted: None) -> None:
+    """`attend_and_summarise`: the context equals `attend`'s fused path (rows with no key
+    to attend, 0s) and the summaries equal `layer_summaries`' to the last bit."""
+    block = CASES[case][9]
+    q, k, mask = _case(case)
+    v = torch.randn(k.shape, generator=torch.Generator().manual_seed(7))  # (B, nkv, S, hs)
+    where = dict(causal=bool(mask.causal), window=mask.window, padding=mask.padding,
+                 blocks=(block, block))
+    names = list(SUMMARY_NAMES)
+    context, got = summary_kernels.attend_and_summarise(names, q, k, v, 0.3, **where)
+    expected = attend(q, k, v, mask, scale=0.3, fused=True)  # (B, nh, T, hs)
+    assert context.shape == expected.shape and context.dtype == expected.dtype
+    torch.testing.assert_close(context, expected, **TOLERANCE)
+    if mask.empty_rows is not None:  # the all-pad row's queries: exactly 0
+        assert not context.masked_select(mask.empty_rows).any()
+    alone = summary_kernels.layer_summaries(names, q, k, 0.3, **where)
+    for name in names:
+        assert torch.equal(got[name], alone[name]), name
+
+
+def test_the_rows_pass_context_wants_v_like_k(interpreted: None) -> None:
+    q, k = torch.randn(1, 2, 5, 16), torch.randn(1, 2, 5, 16)
+    with pytest.raises(ValueError, match="pass v of k's shape"):
+        summary_kernels.attend_and_summarise(["attn_max"], q, k, k[..., :8], 0.25, causal=True)
+
+
 def test_only_the_wanted_summaries_are_made(interpreted: None) -> None:
     q, k = torch.randn(1, 2, 5, 16), torch.randn(1, 2, 5, 16)
     got = summary_kernels.layer_summaries(["attn_max", "attn_sink"], q, k, 0.25, causal=True)
@@ -164,12 +191,47 @@ def test_a_model_trace_through_the_kernels_equals_the_torch_trace(
     monkeypatch.setattr(summary_kernels, "layer_summaries", counted)
     got = Trace(names=names).run(model, ids, mask)
     assert calls == [3] + [None] * (model.config.n_layer - 1)
-    for layer in range(model.config.n_layer):
+    _assert_same_trace(got, expected, model.config.n_layer, names)
+
+
+def _assert_same_trace(got: Trace, expected: Trace, n_layer: int, names: list[str]) -> None:
+    for layer in range(n_layer):
         for name in names:
             value = got.get(name, layer)
             assert value.shape == expected.get(name, layer).shape
             assert value.dtype == expected.get(name, layer).dtype
             torch.testing.assert_close(value, expected.get(name, layer), **TOLERANCE)
+
+
+def test_a_model_trace_with_the_rows_pass_context_equals_the_torch_trace(
+    interpreted: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`ROWS_MAKE_CONTEXT` on: every layer's context comes from the rows pass (counted), and
+    the logits and every summary equal the torch trace's."""
+    model = _model(pos="rope", sliding_window=3, window_layers=[0])
+    ids = torch.randint(0, 65, (2, 11), generator=torch.Generator().manual_seed(1))
+    mask = torch.ones(2, 11, dtype=torch.long)
+    mask[1, :4] = 0
+    names = list(SUMMARY_NAMES)
+    with torch.no_grad():
+        logits = model(ids, attention_mask=mask).logits  # (B, T, V) the fused path's
+    expected = Trace(names=names).run(model, ids, mask)
+    calls = []
+    launch = summary_kernels.attend_and_summarise
+
+    def counted(*args: Any, **kwargs: Any) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        calls.append(kwargs["window"])
+        return launch(*args, **kwargs)
+
+    monkeypatch.setattr(summary_kernels, "available", lambda q: True)
+    monkeypatch.setattr(summary_kernels, "ROWS_MAKE_CONTEXT", True)
+    monkeypatch.setattr(summary_kernels, "attend_and_summarise", counted)
+    got = Trace(names=names)
+    with torch.no_grad():
+        traced_logits = model(ids, attention_mask=mask, trace=got).logits  # (B, T, V)
+    assert calls == [3] + [None] * (model.config.n_layer - 1)
+    _assert_same_trace(got, expected, model.config.n_layer, names)
+    torch.testing.assert_close(traced_logits, logits, **TOLERANCE)
 
 
 def _cuda() -> None:
@@ -201,6 +263,30 @@ def test_cuda_kernels_equal_the_torch_path(dtype: torch.dtype) -> None:
         for name in names:
             torch.testing.assert_close(got[name], expected[name], **tolerance,
                                        msg=lambda m, n=name, w=window: f"{w} {n}: {m}")
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_cuda_rows_pass_context_equals_the_fused_path(dtype: torch.dtype) -> None:
+    """The shapes above, GQA read in place: `attend_and_summarise`'s context against
+    `attend`'s fused path (SDPA) on the same GPU inputs, to 1e-5 in float32 (2e-2 in
+    bfloat16: both round the weights to bfloat16 before the product with v)."""
+    _cuda()
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    q = torch.randn(2, 8, 300, 64, device="cuda", generator=gen, dtype=dtype)
+    k, v = (torch.randn(2, 2, 700, 64, device="cuda", generator=gen, dtype=dtype)
+            for _ in range(2))
+    attention_mask = torch.ones(2, 700, dtype=torch.long, device="cuda")
+    attention_mask[1, :37] = 0
+    tolerance = TOLERANCE if dtype == torch.float32 else dict(atol=2e-2, rtol=2e-2)
+    for window in (None, 200):
+        mask = build_mask(300, 700, attention_mask, window=window, device="cuda")
+        expected = attend(q, k, v, mask, scale=0.125, fused=True)  # (B, nh, T, hs)
+        context, _ = summary_kernels.attend_and_summarise(
+            ["attn_max"], q, k, v, 0.125, causal=True, window=mask.window,
+            padding=mask.padding)
+        torch.testing.assert_close(context, expected, **tolerance,
+                                   msg=lambda m, w=window: f"window {w}: {m}")
 
 
 @pytest.mark.cuda

@@ -33,6 +33,11 @@ ROWS_BLOCKS: dict[int, tuple[int, ...]] = {128: (128, 64, 8), 256: (64, 32, 8)}
 RECEIVED_BLOCKS: dict[int, tuple[int, ...]] = {128: (64, 128, 8), 256: (32, 64, 8)}
 #: the summaries of each query row, in the kernels' argument order
 ROW_NAMES = ("attn_entropy", "attn_sink", "attn_distance", "attn_max")
+#: Whether a trace of summaries alone (`traced_attention`) takes each layer's context from
+#: the rows pass (`attend_and_summarise`, one flash forward with the summaries' sums) instead
+#: of SDPA's forward beside the two passes: off until a GPU run measures it faster
+#: (docs/performance.md#summaries-on-a-gpu).
+ROWS_MAKE_CONTEXT = False
 
 
 def triton_importable() -> bool:
@@ -55,6 +60,31 @@ def layer_summaries(names: list[str], q: Tensor, k: Tensor, scale: float, *, cau
     its own; window: only its last `window` keys (with causal); padding (B, S) bool, True for
     real tokens: pads are never attended, a pad's own row is 0s. blocks: (rows, keys) per
     block for both passes instead of the tuned sizes (the tests use small ones)."""
+    return _run(names, q, k, None, scale, (causal, window, padding), blocks)[0]
+
+
+def attend_and_summarise(names: list[str], q: Tensor, k: Tensor, v: Tensor, scale: float, *,
+                         causal: bool, window: int | None = None,
+                         padding: Tensor | None = None,
+                         blocks: tuple[int, int] | None = None
+                         ) -> tuple[Tensor, dict[str, Tensor]]:
+    """The context (B, nh, T, hs) in v's dtype and `layer_summaries`, with the rows pass as
+    the attention forward: v (B, nkv, S, hs) like k. A row with no key to attend gets a
+    context of 0s, as `attention.attend`'s (a pad's own row, which has keys, keeps its)."""
+    if v.shape != k.shape or v.dtype != q.dtype:
+        raise ValueError(f"v {tuple(v.shape)} {v.dtype} does not fit k {tuple(k.shape)} and "
+                         f"q's {q.dtype}: pass v of k's shape and q's dtype")
+    values, context = _run(names, q, k, v, scale, (causal, window, padding), blocks)
+    assert context is not None
+    return context, values
+
+
+def _run(names: list[str], q: Tensor, k: Tensor, v: Tensor | None, scale: float,
+         mask: tuple[bool, int | None, Tensor | None], blocks: tuple[int, int] | None
+         ) -> tuple[dict[str, Tensor], Tensor | None]:
+    """The checked launch behind both: the summaries, and the context when v is given;
+    mask: (causal, window, padding)."""
+    causal, window, padding = mask
     B, nh, T, hs = q.shape
     nkv, S = k.shape[1], k.shape[2]
     unknown = sorted(set(names) - set(SUMMARY_NAMES))
@@ -83,22 +113,33 @@ def layer_summaries(names: list[str], q: Tensor, k: Tensor, scale: float, *, cau
                   WINDOWED=windowed, HAS_PAD=padding is not None,
                   IEEE=q.dtype == torch.float32)
     lse2 = torch.empty((B, nh, T), dtype=torch.float32, device=device)  # (B, nh, T)
-    _launch(names, q, k, (pad, first, lse2), values, common, blocks)
-    return {name: values[name] for name in SUMMARY_NAMES if name in names}
+    context = None
+    if v is not None:
+        v = v if v.stride(-1) == 1 else v.contiguous()  # (B, nkv, S, hs)
+        # laid out (B, T, nh, hs), as SDPA's: the heads' merge after it is then a view
+        context = q.new_empty((B, T, nh, hs)).transpose(1, 2)  # (B, nh, T, hs)
+    _launch(names, q, k, (pad, first, lse2), values, common, blocks, (v, context))
+    return {name: values[name] for name in SUMMARY_NAMES if name in names}, context
 
 
 def _launch(names: list[str], q: Tensor, k: Tensor, masks: tuple[Tensor, Tensor, Tensor],
             values: dict[str, Tensor], common: dict[str, Any],
-            blocks: tuple[int, int] | None) -> None:
+            blocks: tuple[int, int] | None,
+            attention: tuple[Tensor | None, Tensor | None]) -> None:
     """The passes into `values`; masks: the padding (B, S), first real keys (B,) and each
     row's lse (B, nh, T), written by the rows pass (base 2) for the received pass, which runs
-    only when wanted."""
+    only when wanted; attention: v and the context the rows pass writes, or Nones."""
     from . import summary_triton as kernels  # triton: imported only here
 
     B, nh, T, hs = q.shape
     S = k.shape[2]
     pad, first, lse = masks
+    v, context = attention
     strides = (q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2))
+    # without a context the rows pass reads neither: q stands in for both pointers
+    v_strides = (0, 0, 0) if v is None else (v.stride(0), v.stride(1), v.stride(2))
+    context_strides = ((0, 0, 0) if context is None
+                       else (context.stride(0), context.stride(1), context.stride(2)))
     size = 128 if hs <= 128 and q.dtype != torch.float32 else 256
     wants = {f"WANT_{name.removeprefix('attn_').upper()}": name in names for name in ROW_NAMES}
     outs = [values.get(name, lse) for name in ROW_NAMES]  # lse: a pointer never written
@@ -107,8 +148,10 @@ def _launch(names: list[str], q: Tensor, k: Tensor, masks: tuple[Tensor, Tensor,
     with torch.cuda.device(q.device) if q.is_cuda else contextlib.nullcontext():
         tuning = _tuning(ROWS_BLOCKS[size], blocks)
         grid = (math.ceil(T / tuning["BLOCK_M"]), B * nh)
-        kernels.rows_kernel[grid](q, k, pad, first, lse, *outs, *strides, **common, **wants,
-                                  **tuning)
+        kernels.rows_kernel[grid](q, k, q if v is None else v, q if context is None else context,
+                                  pad, first, lse, *outs, *strides, *v_strides,
+                                  *context_strides, **common, **wants, **tuning,
+                                  CONTEXT=context is not None)
         if received_wanted:
             received = torch.empty((B, nh, S), dtype=torch.float32,
                                    device=q.device)  # (B, nh, S)

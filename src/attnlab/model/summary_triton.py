@@ -12,6 +12,10 @@ means is `summaries.py`'s, when to run them `summary_kernels.py`'s. Scores are k
                    distance = d / l, sink = 2^(s2_sink - lse2)
     received pass  grid (key blocks, B * nh): sum over the real query rows of
                    2^(s2 - lse2_i), from the rows pass's lse2
+
+With CONTEXT the rows pass is also the flash attention forward: it keeps acc = sum
+2^(s2 - m) v_j with the same running max and writes context = acc / l, so the exponentials
+it makes for the summaries make the context too, and no separate forward runs.
 """
 
 from __future__ import annotations
@@ -127,13 +131,15 @@ def _query_block(q_head, pid_m, sqt, T, offset, HS: tl.constexpr, BLOCK_D: tl.co
 
 
 @triton.jit
-def _rows_block(q, k_head, start, rows, row_ok, key_index, dims, dim_ok, sks, S, pad_row,
-                window, scale2, m, l_sum, t_sum, d_sum, HS: tl.constexpr,
+def _rows_block(q, k_head, v_head, start, rows, row_ok, key_index, dims, dim_ok, sks, svs, S,
+                pad_row, window, scale2, m, l_sum, t_sum, d_sum, acc, HS: tl.constexpr,
                 BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr, WINDOWED: tl.constexpr,
                 HAS_PAD: tl.constexpr, WANT_ENTROPY: tl.constexpr,
-                WANT_DISTANCE: tl.constexpr, IEEE: tl.constexpr, MASKED: tl.constexpr):
-    """The rows pass's running (m, l, t, d) after keys start..+BLOCK_N; MASKED: some pairs
-    are hidden (else every row attends every key of the block, and no mask is computed)."""
+                WANT_DISTANCE: tl.constexpr, IEEE: tl.constexpr, MASKED: tl.constexpr,
+                CONTEXT: tl.constexpr):
+    """The rows pass's running (m, l, t, d, acc) after keys start..+BLOCK_N; MASKED: some
+    pairs are hidden (else every row attends every key of the block, and no mask is
+    computed); CONTEXT: acc (BLOCK_M, BLOCK_D) gathers the values, else it passes through."""
     s2 = _scores(q, k_head, start, dims, dim_ok, sks, S, scale2, HS, BLOCK_N, IEEE)
     cols = start + tl.arange(0, BLOCK_N)
     if MASKED:
@@ -157,20 +163,27 @@ def _rows_block(q, k_head, start, rows, row_ok, key_index, dims, dim_ok, sks, S,
         offsets = tl.arange(0, BLOCK_N).to(tl.float32)  # j - start
         d_sum = alpha * d_sum + (key_index - start).to(tl.float32) * l_block \
             - tl.sum(p * offsets[None, :], 1)
-    return m_new, alpha * l_sum + l_block, t_sum, d_sum
+    if CONTEXT:
+        v = tl.load(v_head + cols[:, None] * svs + dims[None, :],
+                    mask=(cols < S)[:, None] & dim_ok[None, :], other=0.0)  # (BLOCK_N, BLOCK_D)
+        # (BLOCK_M, BLOCK_N) @ (BLOCK_N, BLOCK_D) -> (BLOCK_M, BLOCK_D), as flash attention
+        acc = alpha[:, None] * acc + _dot(p.to(v.dtype), v, IEEE)
+    return m_new, alpha * l_sum + l_block, t_sum, d_sum, acc
 
 
 @triton.jit
-def rows_kernel(q_ptr, k_ptr, pad_ptr, first_ptr, lse_ptr,
+def rows_kernel(q_ptr, k_ptr, v_ptr, context_ptr, pad_ptr, first_ptr, lse_ptr,
                 entropy_ptr, sink_ptr, distance_ptr, max_ptr,
-                sqb, sqh, sqt, skb, skh, sks,
+                sqb, sqh, sqt, skb, skh, sks, svb, svh, svs, scb, sch, sct,
                 nh, group, T, S, offset, window, scale2,
                 HS: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr,
                 BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr, WINDOWED: tl.constexpr,
                 HAS_PAD: tl.constexpr, WANT_ENTROPY: tl.constexpr, WANT_SINK: tl.constexpr,
-                WANT_DISTANCE: tl.constexpr, WANT_MAX: tl.constexpr, IEEE: tl.constexpr):
+                WANT_DISTANCE: tl.constexpr, WANT_MAX: tl.constexpr, IEEE: tl.constexpr,
+                CONTEXT: tl.constexpr):
     """One block of query rows of one (batch, head): their row summaries and lse2 (float32,
-    contiguous (B, nh, T)); a pad row or a row with no key gets 0s and lse2 = +inf."""
+    contiguous (B, nh, T)); a pad row or a row with no key gets 0s and lse2 = +inf. With
+    CONTEXT, also their context (v's dtype): sum_j w_ij v_j, 0s for a row with no key."""
     pid_m = tl.program_id(0)
     bh = tl.program_id(1)
     b, h = bh // nh, bh % nh
@@ -184,22 +197,24 @@ def rows_kernel(q_ptr, k_ptr, pad_ptr, first_ptr, lse_ptr,
     l_sum = tl.zeros((BLOCK_M,), tl.float32)
     t_sum = tl.zeros((BLOCK_M,), tl.float32)
     d_sum = tl.zeros((BLOCK_M,), tl.float32)
+    acc = tl.zeros((BLOCK_M, BLOCK_D), tl.float32)  # unused (and dropped) without CONTEXT
     k_head = k_ptr + b * skb + kvh * skh
+    v_head = v_ptr + b * svb + kvh * svh
     for start in range(lo, full_lo, BLOCK_N):  # before the window's full blocks: masked
-        m, l_sum, t_sum, d_sum = _rows_block(
-            q, k_head, start, rows, row_ok, key_index, dims, dim_ok, sks, S, pad_row, window,
-            scale2, m, l_sum, t_sum, d_sum, HS, BLOCK_N, CAUSAL, WINDOWED, HAS_PAD,
-            WANT_ENTROPY, WANT_DISTANCE, IEEE, True)
+        m, l_sum, t_sum, d_sum, acc = _rows_block(
+            q, k_head, v_head, start, rows, row_ok, key_index, dims, dim_ok, sks, svs, S,
+            pad_row, window, scale2, m, l_sum, t_sum, d_sum, acc, HS, BLOCK_N, CAUSAL,
+            WINDOWED, HAS_PAD, WANT_ENTROPY, WANT_DISTANCE, IEEE, True, CONTEXT)
     for start in range(full_lo, full_hi, BLOCK_N):
-        m, l_sum, t_sum, d_sum = _rows_block(
-            q, k_head, start, rows, row_ok, key_index, dims, dim_ok, sks, S, pad_row, window,
-            scale2, m, l_sum, t_sum, d_sum, HS, BLOCK_N, CAUSAL, WINDOWED, HAS_PAD,
-            WANT_ENTROPY, WANT_DISTANCE, IEEE, False)
+        m, l_sum, t_sum, d_sum, acc = _rows_block(
+            q, k_head, v_head, start, rows, row_ok, key_index, dims, dim_ok, sks, svs, S,
+            pad_row, window, scale2, m, l_sum, t_sum, d_sum, acc, HS, BLOCK_N, CAUSAL,
+            WINDOWED, HAS_PAD, WANT_ENTROPY, WANT_DISTANCE, IEEE, False, CONTEXT)
     for start in range(tl.maximum(full_hi, lo), hi, BLOCK_N):  # the diagonal, the last keys
-        m, l_sum, t_sum, d_sum = _rows_block(
-            q, k_head, start, rows, row_ok, key_index, dims, dim_ok, sks, S, pad_row, window,
-            scale2, m, l_sum, t_sum, d_sum, HS, BLOCK_N, CAUSAL, WINDOWED, HAS_PAD,
-            WANT_ENTROPY, WANT_DISTANCE, IEEE, True)
+        m, l_sum, t_sum, d_sum, acc = _rows_block(
+            q, k_head, v_head, start, rows, row_ok, key_index, dims, dim_ok, sks, svs, S,
+            pad_row, window, scale2, m, l_sum, t_sum, d_sum, acc, HS, BLOCK_N, CAUSAL,
+            WINDOWED, HAS_PAD, WANT_ENTROPY, WANT_DISTANCE, IEEE, True, CONTEXT)
     has = row_ok & (l_sum > 0)
     if HAS_PAD:  # a pad's own query is a row of 0s
         own = tl.load(pad_row + key_index, mask=row_ok, other=0)
@@ -209,6 +224,11 @@ def rows_kernel(q_ptr, k_ptr, pad_ptr, first_ptr, lse_ptr,
     lse2 = tl.where(m == float("-inf"), 0.0, m) + log_l
     out = bh * T + rows
     tl.store(lse_ptr + out, tl.where(has, lse2, float("inf")), mask=row_ok)
+    if CONTEXT:  # a row with no key: 0s, as the fused path's (a pad's own row keeps its keys')
+        context = acc / tl.where(l_sum > 0, l_sum, 1.0)[:, None]  # (BLOCK_M, BLOCK_D)
+        tl.store(context_ptr + b * scb + h * sch + rows[:, None] * sct + dims[None, :],
+                 context.to(context_ptr.dtype.element_ty),
+                 mask=row_ok[:, None] & dim_ok[None, :])
     if WANT_ENTROPY:
         entropy = 0.6931471805599453 * (log_l - t_sum / l_safe)  # ln 2: bits to nats
         tl.store(entropy_ptr + out, tl.where(has, entropy, 0.0), mask=row_ok)

@@ -281,12 +281,18 @@ def kernel_mask(mask: Mask) -> bool:
 
 def _kernel_summaries(trace: LayerTrace, q: Tensor, k: Tensor, v: Tensor, mask: Mask,
                       may_attend: Tensor | None, scale: float) -> Tensor:
-    """A trace of summaries alone on a GPU: the context from the fused path, the summaries
-    from `summary_kernels` (no weight tile in memory), recorded as `_streamed`'s are."""
+    """A trace of summaries alone on a GPU: the context from the fused path (or, with
+    `summary_kernels.ROWS_MAKE_CONTEXT`, from the summaries' rows pass), the summaries from
+    `summary_kernels` (no weight tile in memory), recorded as `_streamed`'s are."""
     names = [name for name in SUMMARY_NAMES if trace.wants(name)]
-    context = fused_attend(q, k, v, mask, may_attend, scale, 0.0)  # (B, nh, T, hs)
-    values = summary_kernels.layer_summaries(names, q, k, scale, causal=bool(mask.causal),
-                                             window=mask.window, padding=mask.padding)
+    causal, window, padding = bool(mask.causal), mask.window, mask.padding
+    if summary_kernels.ROWS_MAKE_CONTEXT:
+        context, values = summary_kernels.attend_and_summarise(
+            names, q, k, v, scale, causal=causal, window=window, padding=padding)
+    else:
+        context = fused_attend(q, k, v, mask, may_attend, scale, 0.0)  # (B, nh, T, hs)
+        values = summary_kernels.layer_summaries(names, q, k, scale, causal=causal,
+                                                 window=window, padding=padding)
     for name, value in values.items():  # (B, nh, T) or (B, nh, S) float32
         trace.record(name, value)
     return context
