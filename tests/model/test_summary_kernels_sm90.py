@@ -59,7 +59,11 @@ def _compile(kernel: Any, tuned: tuple[int, ...], **constants: Any) -> Any:
             signature[name] = "*fp32"
         else:
             signature[name] = "fp32" if name == "scale2" else "i32"
-    source = ASTSource(fn=kernel, signature=signature, constexprs=constants)
+    # as the JIT specialises a model's launch: 16-byte aligned pointers, and strides and
+    # lengths that are multiples of 16 (a model's, at hs = 64); the head group may be any
+    aligned = {(index,): [["tt.divisibility", 16]] for index, param in enumerate(kernel.params)
+               if not param.is_constexpr and param.name not in ("group", "scale2")}
+    source = ASTSource(fn=kernel, signature=signature, constexprs=constants, attrs=aligned)
     options = {"num_warps": warps, **({"num_stages": stages[0]} if stages else {})}
     return triton.compile(source, target=H100, options=options)
 

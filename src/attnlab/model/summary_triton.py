@@ -67,14 +67,14 @@ def _dot(q, k_t, IEEE: tl.constexpr):
 
 
 @triton.jit
-def _scores(q, k_head, start, dims, dim_ok, sks, S, scale2, HS: tl.constexpr,
-            BLOCK_N: tl.constexpr, IEEE: tl.constexpr):
-    """(BLOCK_M, BLOCK_N) float32 base-2 scores of q's rows against keys start..+BLOCK_N
+def _products(q, k_head, start, dims, dim_ok, sks, S, HS: tl.constexpr,
+              BLOCK_N: tl.constexpr, IEEE: tl.constexpr):
+    """(BLOCK_M, BLOCK_N) float32 q . k of q's rows against keys start..+BLOCK_N, unscaled
     (keys past S read as zeros)."""
     cols = start + tl.arange(0, BLOCK_N)
     k_t = tl.load(k_head + cols[None, :] * sks + dims[:, None],
                   mask=dim_ok[:, None] & (cols < S)[None, :], other=0.0)  # (BLOCK_D, BLOCK_N)
-    return _dot(q, k_t, IEEE) * scale2
+    return _dot(q, k_t, IEEE)
 
 
 @triton.jit
@@ -140,16 +140,19 @@ def _rows_block(q, k_head, v_head, start, rows, row_ok, key_index, dims, dim_ok,
     """The rows pass's running (m, l, t, d, acc) after keys start..+BLOCK_N; MASKED: some
     pairs are hidden (else every row attends every key of the block, and no mask is
     computed); CONTEXT: acc (BLOCK_M, BLOCK_D) gathers the values, else it passes through."""
-    s2 = _scores(q, k_head, start, dims, dim_ok, sks, S, scale2, HS, BLOCK_N, IEEE)
+    qk = _products(q, k_head, start, dims, dim_ok, sks, S, HS, BLOCK_N, IEEE)
     cols = start + tl.arange(0, BLOCK_N)
     if MASKED:
         ok = _keys_ok(rows, cols, row_ok, key_index, S, pad_row, window,
                       CAUSAL, WINDOWED, HAS_PAD)
-        s2 = tl.where(ok, s2, float("-inf"))
-    m_new = tl.maximum(m, tl.max(s2, 1))
+        qk = tl.where(ok, qk, float("-inf"))
+    # the scale (> 0) commutes with the max, and s2 - m is then one fused multiply-add per
+    # pair, as in flash attention: the pass issues fewer instructions than its exponentials
+    # take (docs/performance.md#summaries-on-a-gpu)
+    m_new = tl.maximum(m, tl.max(qk, 1) * scale2)
     m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)  # a row with no key yet
     alpha = tl.exp2(m - m_safe)  # 0 while m is -inf
-    x = s2 - m_safe[:, None]
+    x = qk * scale2 - m_safe[:, None]  # (BLOCK_M, BLOCK_N) s2 - m
     if MASKED:
         x = tl.where(ok, x, 0.0)
         p = tl.where(ok, tl.exp2(x), 0.0)  # (BLOCK_M, BLOCK_N)
@@ -247,7 +250,7 @@ def _received_block(q_head, k_t, lse_row, start, cols, dims, dim_ok, sqt, T, S, 
                     offset, window, scale2, BLOCK_M: tl.constexpr, CAUSAL: tl.constexpr,
                     WINDOWED: tl.constexpr, HAS_PAD: tl.constexpr, IEEE: tl.constexpr,
                     MASKED: tl.constexpr):
-    """(BLOCK_N,) the weight each key of the block gets from query rows start..+BLOCK_M;
+    """(BLOCK_M, BLOCK_N) the weights query rows start..+BLOCK_M give the block's keys;
     MASKED: some pairs are hidden (rows past T and pad rows need no mask: their lse2 is
     +inf, so their weights are 0)."""
     rows = start + tl.arange(0, BLOCK_M)
@@ -260,7 +263,7 @@ def _received_block(q_head, k_t, lse_row, start, cols, dims, dim_ok, sqt, T, S, 
         ok = _keys_ok(rows, cols, row_ok, offset + rows, S, pad_row, window,
                       CAUSAL, WINDOWED, HAS_PAD)
         p = tl.where(ok, p, 0.0)
-    return tl.sum(p, 0)
+    return p
 
 
 @triton.jit
@@ -302,7 +305,9 @@ def received_kernel(q_ptr, k_ptr, pad_ptr, lse_ptr, received_ptr,
         full_lo = hi
     full_lo = tl.minimum(full_lo, hi)
     full_hi = tl.maximum(full_hi, full_lo)
-    received = tl.zeros((BLOCK_N,), tl.float32)
+    # summed over rows once, at the end: a block's rows lie across warps, so each sum over
+    # them is a trip through shared memory and a barrier, where adding tiles is one add
+    received = tl.zeros((BLOCK_M, BLOCK_N), tl.float32)
     for start in range(lo, full_lo, BLOCK_M):
         received += _received_block(q_head, k_t, lse_ptr + bh * T, start, cols, dims, dim_ok,
                                     sqt, T, S, pad_row, offset, window, scale2, BLOCK_M,
@@ -315,4 +320,4 @@ def received_kernel(q_ptr, k_ptr, pad_ptr, lse_ptr, received_ptr,
         received += _received_block(q_head, k_t, lse_ptr + bh * T, start, cols, dims, dim_ok,
                                     sqt, T, S, pad_row, offset, window, scale2, BLOCK_M,
                                     CAUSAL, WINDOWED, HAS_PAD, IEEE, True)
-    tl.store(received_ptr + bh * S + cols, received, mask=col_ok)
+    tl.store(received_ptr + bh * S + cols, tl.sum(received, 0), mask=col_ok)
