@@ -1,0 +1,141 @@
+"""The summary kernels compiled for an H100 (sm_90) on any machine, no GPU needed: Triton's
+ahead-of-time compiler builds each cubin and `cuobjdump` from Triton's NVIDIA tools reads
+it back. For each kernel at its tuned tiles (bfloat16, head size 64, causal) this prints the
+registers and local memory per thread, and per loop of the machine code (the masked and
+unmasked walks over blocks) the instructions one warp issues per block, with the
+exponentials (MUFU), shuffles (SHFL) and barriers (BAR) among them.
+
+A warp's MUFU instruction occupies its quarter of the SM for 8 cycles (16 exponentials a
+cycle per SM), any other for about one: a loop issuing more instructions than 8x its MUFU
+count is bound by issue, not by the exponentials (docs/performance.md#summaries-on-a-gpu).
+Static counts, not timings: a GPU measures those (`benchmarks.gpu_summaries`).
+
+    python -m benchmarks.kernel_sass [--out FILE]
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import json
+import re
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+#: the flags of a causal bfloat16 model at head size 64, and every row summary wanted
+FLAGS = dict(HS=64, BLOCK_D=64, CAUSAL=True, WINDOWED=False, HAS_PAD=False, IEEE=False)
+WANTS = dict(WANT_ENTROPY=True, WANT_SINK=True, WANT_DISTANCE=True, WANT_MAX=True)
+OPCODE = re.compile(r"^\s+/\*([0-9a-f]+)\*/\s+(?:@!?U?P\w+\s+)?([A-Z0-9_]+)")
+
+
+def tools() -> tuple[Any, Path]:
+    """triton and its cuobjdump; ImportError with the fix where either is missing."""
+    try:
+        import triton
+        from triton.backends.compiler import GPUTarget  # noqa: F401
+        from triton.compiler import ASTSource  # noqa: F401
+    except ImportError as err:
+        raise ImportError(f"needs triton with its ahead-of-time compiler ({err}): "
+                          "pip install triton") from err
+    cuobjdump = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "cuobjdump"
+    if not cuobjdump.exists():
+        raise ImportError(f"no {cuobjdump}: triton without its NVIDIA tools")
+    return triton, cuobjdump
+
+
+def compile_for_h100(kernel: Any, tuned: tuple[int, ...], **constants: Any) -> Any:
+    """kernel (a summary_triton kernel) for sm_90 with bfloat16 q, k and v at the tuned
+    (rows, keys, warps[, stages]), specialised as the JIT specialises a model's launch:
+    16-byte aligned pointers, and strides and lengths that are multiples of 16."""
+    triton, _ = tools()
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    block_m, block_n, warps, *stages = tuned
+    constants = {**FLAGS, "BLOCK_M": block_m, "BLOCK_N": block_n, **constants}
+    signature, aligned = {}, {}
+    for index, param in enumerate(kernel.params):
+        signature[param.name] = _type(param.name, param.is_constexpr)
+        if not param.is_constexpr and param.name not in ("group", "scale2"):
+            aligned[(index,)] = [["tt.divisibility", 16]]
+    source = ASTSource(fn=kernel, signature=signature, constexprs=constants, attrs=aligned)
+    options = {"num_warps": warps, **({"num_stages": stages[0]} if stages else {})}
+    return triton.compile(source, target=GPUTarget("cuda", 90, 32), options=options)
+
+
+def _type(name: str, constexpr: bool) -> str:
+    if constexpr:
+        return "constexpr"
+    if name in ("q_ptr", "k_ptr", "v_ptr", "context_ptr"):
+        return "*bf16"
+    if name.endswith("_ptr"):
+        return {"pad_ptr": "*u8", "first_ptr": "*i32"}.get(name, "*fp32")
+    return "fp32" if name == "scale2" else "i32"
+
+
+def _dump(compiled: Any, flag: str) -> str:
+    _, cuobjdump = tools()
+    with tempfile.TemporaryDirectory() as tmp:
+        cubin = Path(tmp) / "kernel.cubin"
+        cubin.write_bytes(compiled.asm["cubin"])
+        return subprocess.run([str(cuobjdump), flag, str(cubin)], capture_output=True,
+                              text=True, check=True).stdout
+
+
+def usage(compiled: Any) -> dict[str, int]:
+    """Registers and local-memory bytes (STACK, LOCAL) per thread of the cubin."""
+    dump = _dump(compiled, "--dump-resource-usage")
+    return {key: int(value) for key, value in re.findall(r"(REG|STACK|LOCAL):(\d+)", dump)}
+
+
+def loops(compiled: Any) -> list[dict[str, int]]:
+    """Per loop of the machine code (a backward branch and its body): the instructions one
+    warp issues per trip, and its MUFU, SHFL and BAR among them."""
+    code = [(int(m[1], 16), m[2], line) for line in _dump(compiled, "-sass").splitlines()
+            if (m := OPCODE.match(line))]
+    found = []
+    for address, opcode, line in code:
+        target = re.search(r"0x([0-9a-f]+)", line.split(opcode, 1)[1])
+        if opcode == "BRA" and target and int(target[1], 16) < address:
+            body = collections.Counter(op for at, op, _ in code
+                                       if int(target[1], 16) <= at <= address)
+            found.append({"instructions": sum(body.values()), "MUFU": body["MUFU"],
+                          "SHFL": body["SHFL"], "BAR": body["BAR"]})
+    return found
+
+
+def kernels() -> dict[str, Any]:
+    """Each kernel compiled at its tuned tiles for 16-bit heads up to 128."""
+    from attnlab.model import summary_kernels, summary_triton
+
+    rows, received = summary_kernels.ROWS_BLOCKS[128], summary_kernels.RECEIVED_BLOCKS[128]
+    return {
+        "rows pass": compile_for_h100(summary_triton.rows_kernel, rows, **WANTS,
+                                      CONTEXT=False),
+        "rows pass with the context": compile_for_h100(summary_triton.rows_kernel, rows,
+                                                       **WANTS, CONTEXT=True),
+        "received pass": compile_for_h100(summary_triton.received_kernel, received),
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.kernel_sass")
+    parser.add_argument("--out", type=Path)
+    args = parser.parse_args(argv)
+    result = {name: {"usage": usage(compiled), "loops": loops(compiled)}
+              for name, compiled in kernels().items()}
+    for name, found in result.items():
+        print(f"{name}: {found['usage']}")
+        for loop in found["loops"]:
+            bound = "issue" if loop["instructions"] > 8 * loop["MUFU"] else "exponentials"
+            print(f"  loop: {loop} (bound by {bound})")
+    if args.out:
+        args.out.write_text(json.dumps(result, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
