@@ -12,7 +12,6 @@ import re
 from typing import Any
 
 import pytest
-
 from benchmarks import kernel_sass
 
 try:
