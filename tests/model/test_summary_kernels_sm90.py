@@ -8,7 +8,9 @@ timings are a GPU's: docs/performance.md#summaries-on-a-gpu."""
 
 from __future__ import annotations
 
+import json
 import re
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -49,3 +51,11 @@ def test_the_received_pass_sums_over_rows_once(compiled: dict[str, Any]) -> None
     loops = kernel_sass.loops(compiled["received pass"])
     assert len(loops) >= 2 and all(loop["MUFU"] > 0 for loop in loops), loops
     assert all(loop["SHFL"] == 0 for loop in loops), loops
+
+
+def test_the_report_names_each_kernel(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert kernel_sass.main(["--out", str(tmp_path / "sass.json")]) == 0
+    written = json.loads((tmp_path / "sass.json").read_text())
+    assert list(written) == ["rows pass", "rows pass with the context", "received pass"]
+    assert all(found["loops"] and found["usage"]["REG"] > 0 for found in written.values())
+    assert "received pass:" in capsys.readouterr().out
