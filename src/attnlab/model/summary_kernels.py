@@ -2,7 +2,8 @@
 
 `traced_attention.py` calls `layer_summaries` for a trace of summaries alone when
 `available(q)` and the mask is one the kernels rebuild from indices (causal with cached
-keys, a sliding window, key padding); the context then comes from the fused path. The
+keys, a sliding window, key padding); the context then comes from the fused path, or with
+`ROWS_MAKE_CONTEXT` from the rows pass itself (`attend_and_summarise`). The
 summaries mean exactly what `summaries.py` says (pad rows and rows with nothing to attend
 to are 0s, the sink is the row's first real key); this module only decides the launch. The
 kernels (`summary_triton.py`) need triton, which attnlab does not depend on: it is imported
