@@ -306,3 +306,27 @@ def test_cuda_trace_of_summaries_takes_the_kernels() -> None:
     nh = model.config.n_head
     assert peak < 4 * nh * 2048 * 2048 // 4, peak
     assert trace.get("attn_received", 0).shape == (1, nh, 2048)
+
+
+@pytest.mark.cuda
+def test_cuda_trace_with_the_rows_pass_context_equals_the_forward() -> None:
+    """A float32 GQA model with a window layer and a left-padded row on a GPU, with
+    `ROWS_MAKE_CONTEXT` on: the traced forward's logits equal the untraced forward's and its
+    summaries the two passes' (context from SDPA), to 1e-5."""
+    _cuda()
+    model = _model(pos="rope", sliding_window=100, window_layers=[0], n_layer=2,
+                   block_size=512).to("cuda")
+    ids = torch.randint(0, 65, (2, 300), device="cuda")
+    mask = torch.ones(2, 300, dtype=torch.long, device="cuda")
+    mask[1, :37] = 0
+    names = list(SUMMARY_NAMES)
+    with torch.no_grad():
+        logits = model(ids, attention_mask=mask).logits  # (B, T, V)
+        expected = Trace(names=names)
+        model(ids, attention_mask=mask, trace=expected)
+        with pytest.MonkeyPatch.context() as patch:
+            patch.setattr(summary_kernels, "ROWS_MAKE_CONTEXT", True)
+            got = Trace(names=names)
+            traced_logits = model(ids, attention_mask=mask, trace=got).logits  # (B, T, V)
+    _assert_same_trace(got, expected, model.config.n_layer, names)
+    torch.testing.assert_close(traced_logits, logits, **TOLERANCE)
