@@ -32,7 +32,7 @@ run() {  # run SUITE LIMIT_SECONDS
 }
 
 # SUITES picks some, as NAME:SECONDS words, e.g. SUITES="gpu_trace:30 gpu_decode:150"
-for item in ${SUITES:-gpu_trace:30 gpu_profile:45 gpu_summaries:75 gpu_bandwidth:75 gpu_decode:150}; do
+for item in ${SUITES:-gpu_trace:30 gpu_profile:45 gpu_summaries:90 gpu_bandwidth:75 gpu_decode:150}; do
   run "${item%%:*}" "${item##*:}"
 done
 # gpu_trace:     GPT-2 small, T=1024, 20 rounds: seconds
