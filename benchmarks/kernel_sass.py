@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import collections
+import inspect
 import json
 import re
 import subprocess
@@ -36,10 +37,13 @@ def tools() -> tuple[Any, Path]:
     try:
         import triton
         from triton.backends.compiler import GPUTarget  # noqa: F401
-        from triton.compiler import ASTSource  # noqa: F401
+        from triton.compiler import ASTSource
     except ImportError as err:
         raise ImportError(f"needs triton with its ahead-of-time compiler ({err}): "
                           "pip install triton") from err
+    if "constexprs" not in inspect.signature(ASTSource).parameters:  # an older triton
+        raise ImportError(f"triton {triton.__version__}'s ASTSource takes no constexprs: "
+                          "pip install --upgrade triton")
     cuobjdump = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "cuobjdump"
     if not cuobjdump.exists():
         raise ImportError(f"no {cuobjdump}: triton without its NVIDIA tools")
