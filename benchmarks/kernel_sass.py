@@ -3,7 +3,8 @@ ahead-of-time compiler builds each cubin and `cuobjdump` from Triton's NVIDIA to
 it back. For each kernel at its tuned tiles (bfloat16, head size 64, causal) this prints the
 registers and local memory per thread, and per loop of the machine code (the masked and
 unmasked walks over blocks) the instructions one warp issues per block, with the
-exponentials (MUFU), shuffles (SHFL) and barriers (BAR) among them.
+exponentials (MUFU), a reduction's butterfly shuffles (SHFL.BFLY) and barriers (BAR) among
+them.
 
 A warp's MUFU instruction occupies its quarter of the SM for 8 cycles (16 exponentials a
 cycle per SM), any other for about one: a loop issuing more instructions than 8x its MUFU
@@ -29,7 +30,7 @@ from typing import Any
 #: the flags of a causal bfloat16 model at head size 64, and every row summary wanted
 FLAGS = dict(HS=64, BLOCK_D=64, CAUSAL=True, WINDOWED=False, HAS_PAD=False, IEEE=False)
 WANTS = dict(WANT_ENTROPY=True, WANT_SINK=True, WANT_DISTANCE=True, WANT_MAX=True)
-OPCODE = re.compile(r"^\s+/\*([0-9a-f]+)\*/\s+(?:@!?U?P\w+\s+)?([A-Z0-9_]+)")
+OPCODE = re.compile(r"^\s+/\*([0-9a-f]+)\*/\s+(?:@!?U?P\w+\s+)?([A-Z0-9_]+)(\.[A-Z0-9_.]+)?")
 
 
 def tools() -> tuple[Any, Path]:
@@ -97,17 +98,20 @@ def usage(compiled: Any) -> dict[str, int]:
 
 def loops(compiled: Any) -> list[dict[str, int]]:
     """Per loop of the machine code (a backward branch and its body): the instructions one
-    warp issues per trip, and its MUFU, SHFL and BAR among them."""
-    code = [(int(m[1], 16), m[2], line) for line in _dump(compiled, "-sass").splitlines()
-            if (m := OPCODE.match(line))]
+    warp issues per trip, and its MUFU, SHFL.BFLY and BAR among them."""
+    code = [(int(m[1], 16), m[2] + (m[3] or ""), line)
+            for line in _dump(compiled, "-sass").splitlines() if (m := OPCODE.match(line))]
     found = []
     for address, opcode, line in code:
         target = re.search(r"0x([0-9a-f]+)", line.split(opcode, 1)[1])
         if opcode == "BRA" and target and int(target[1], 16) < address:
-            body = collections.Counter(op for at, op, _ in code
+            body = collections.Counter(op.split(".")[0] for at, op, _ in code
                                        if int(target[1], 16) <= at <= address)
+            # butterfly shuffles are a reduction's; others broadcast a value
+            butterflies = sum(op.startswith("SHFL.BFLY") for at, op, _ in code
+                              if int(target[1], 16) <= at <= address)
             found.append({"instructions": sum(body.values()), "MUFU": body["MUFU"],
-                          "SHFL": body["SHFL"], "BAR": body["BAR"]})
+                          "SHFL.BFLY": butterflies, "BAR": body["BAR"]})
     return found
 
 
