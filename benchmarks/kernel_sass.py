@@ -105,13 +105,12 @@ def loops(compiled: Any) -> list[dict[str, int]]:
     for address, opcode, line in code:
         target = re.search(r"0x([0-9a-f]+)", line.split(opcode, 1)[1])
         if opcode == "BRA" and target and int(target[1], 16) < address:
-            body = collections.Counter(op.split(".")[0] for at, op, _ in code
-                                       if int(target[1], 16) <= at <= address)
-            # butterfly shuffles are a reduction's; others broadcast a value
-            butterflies = sum(op.startswith("SHFL.BFLY") for at, op, _ in code
-                              if int(target[1], 16) <= at <= address)
-            found.append({"instructions": sum(body.values()), "MUFU": body["MUFU"],
-                          "SHFL.BFLY": butterflies, "BAR": body["BAR"]})
+            ops = [op for at, op, _ in code if int(target[1], 16) <= at <= address]
+            body = collections.Counter(op.split(".")[0] for op in ops)
+            found.append({"instructions": len(ops), "MUFU": body["MUFU"],
+                          # butterfly shuffles are a reduction's; others broadcast a value
+                          "SHFL.BFLY": sum(op.startswith("SHFL.BFLY") for op in ops),
+                          "BAR": body["BAR"]})
     return found
 
 

@@ -206,8 +206,8 @@ def _assert_same_trace(got: Trace, expected: Trace, n_layer: int, names: list[st
 def test_a_model_trace_with_the_rows_pass_context_equals_the_torch_trace(
     interpreted: None, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """`ROWS_MAKE_CONTEXT` on: every layer's context comes from the rows pass (counted), and
-    the logits and every summary equal the torch trace's."""
+    """`ROWS_MAKE_CONTEXT` on: every layer's context comes from the rows pass (counted), every
+    summary equals the torch trace's and the logits the untraced forward's."""
     model = _model(pos="rope", sliding_window=3, window_layers=[0])
     ids = torch.randint(0, 65, (2, 11), generator=torch.Generator().manual_seed(1))
     mask = torch.ones(2, 11, dtype=torch.long)

@@ -61,7 +61,7 @@ def layer_summaries(names: list[str], q: Tensor, k: Tensor, scale: float, *, cau
     its own; window: only its last `window` keys (with causal); padding (B, S) bool, True for
     real tokens: pads are never attended, a pad's own row is 0s. blocks: (rows, keys) per
     block for both passes instead of the tuned sizes (the tests use small ones)."""
-    return _run(names, q, k, None, scale, (causal, window, padding), blocks)[0]
+    return _run(names, q, k, None, scale, causal, window, padding, blocks)[0]
 
 
 def attend_and_summarise(names: list[str], q: Tensor, k: Tensor, v: Tensor, scale: float, *,
@@ -75,17 +75,15 @@ def attend_and_summarise(names: list[str], q: Tensor, k: Tensor, v: Tensor, scal
     if v.shape != k.shape or v.dtype != q.dtype:
         raise ValueError(f"v {tuple(v.shape)} {v.dtype} does not fit k {tuple(k.shape)} and "
                          f"q's {q.dtype}: pass v of k's shape and q's dtype")
-    values, context = _run(names, q, k, v, scale, (causal, window, padding), blocks)
+    values, context = _run(names, q, k, v, scale, causal, window, padding, blocks)
     assert context is not None
     return context, values
 
 
-def _run(names: list[str], q: Tensor, k: Tensor, v: Tensor | None, scale: float,
-         mask: tuple[bool, int | None, Tensor | None], blocks: tuple[int, int] | None
+def _run(names: list[str], q: Tensor, k: Tensor, v: Tensor | None, scale: float, causal: bool,
+         window: int | None, padding: Tensor | None, blocks: tuple[int, int] | None
          ) -> tuple[dict[str, Tensor], Tensor | None]:
-    """The checked launch behind both: the summaries, and the context when v is given;
-    mask: (causal, window, padding)."""
-    causal, window, padding = mask
+    """The checked launch behind both: the summaries, and the context when v is given."""
     B, nh, T, hs = q.shape
     nkv, S = k.shape[1], k.shape[2]
     unknown = sorted(set(names) - set(SUMMARY_NAMES))
