@@ -76,10 +76,17 @@ def page(browser: Any, server: str) -> Iterator[Any]:
     assert problems == [], problems  # no script error, no CSP violation, no failed load
 
 
+STATUSES = """() => Object.fromEntries([...document.querySelectorAll('[role=status]')]
+    .map(s => [s.id, s.textContent]))"""
+
+
 def wait_until(page: Any, script: str, timeout: float = 15.0) -> Any:
+    """`script`'s value once truthy; on a timeout the page's status lines say what it was
+    doing (a failed request, or one still running)."""
     deadline = time.monotonic() + timeout
     while not (value := page.evaluate(script)):
-        assert time.monotonic() < deadline, f"timed out waiting for {script}"
+        if time.monotonic() > deadline:
+            pytest.fail(f"timed out waiting for {script}; statuses: {page.evaluate(STATUSES)}")
         time.sleep(0.05)
     return value
 
