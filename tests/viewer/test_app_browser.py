@@ -188,6 +188,24 @@ def test_keys_outside_a_sliding_window_are_shown_masked(browser: Any) -> None:
         page.close()
 
 
+def test_leaving_the_tokens_moves_nothing_below_them(page: Any) -> None:
+    """The weights panel that a hover opens keeps its space when the pointer leaves the
+    tokens: a control below (Generate) stays under a pointer on its way there. (It did not:
+    the panel closed between a click's mousedown and mouseup, and the click was lost.)"""
+    show(page, "The cat sat on the mat.")
+    assert page.is_hidden("#detail")  # a new text: nothing hovered yet
+    box = "JSON.stringify(document.querySelector('#gen').getBoundingClientRect())"
+    page.hover("#tokens .tok[data-i='3']")
+    wait_until(page, "document.querySelectorAll('#weights td.w').length === 4")
+    where = page.evaluate(box)
+    page.mouse.move(5, 5)  # off the tokens
+    wait_until(page, "!document.querySelector('#tokens .tok.query')")  # the hover has ended
+    assert page.evaluate(box) == where
+    assert not page.is_visible("#weights")  # nothing on show describes the left token
+    show(page, "The dog.")
+    assert page.is_hidden("#detail")
+
+
 def test_a_server_gone_mid_session_is_named_in_every_panel(browser: Any, server: str) -> None:
     """With the server stopped (every request fails, as when `attnlab serve` restarts), each
     panel says the server cannot be reached, not the browser's bare "Failed to fetch"."""

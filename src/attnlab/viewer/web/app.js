@@ -156,6 +156,7 @@ async function analyze(input, generatedFrom = null) {
   state.generatedFrom = generatedFrom;
   state.hover = null;
   state.pinned = null;
+  $("detail").hidden = true;  // until a token of the new text is hovered
   renderTokens();
   renderMap();
   renderDetail();
@@ -259,11 +260,18 @@ function highlight() {
 function renderDetail() {
   const q = query();
   const box = $("detail");
-  if (q === null || !state.layers.has(state.layer)) {
+  if (!state.layers.has(state.layer)) {
     box.hidden = true;
     return;
   }
+  if (q === null) {
+    // keep the panel's space: the pointer on its way from the tokens to a control below
+    // would otherwise see that control jump up under it (a new text hides it)
+    box.style.visibility = "hidden";
+    return;
+  }
   box.hidden = false;
+  box.style.visibility = "";
   const data = state.layers.get(state.layer);
   const heads = state.head === "all" ? data.heads.map((_, h) => h) : [state.head];
   $("detail-title").textContent =
