@@ -148,3 +148,25 @@ def test_the_heatmap_tooltip_writes_weights_as_the_table_and_stays_in_view(
         assert any(": < " in t for t in texts), texts  # a stored 0 on this peaked model
         assert outside == []
         assert seen.problems == []
+
+
+def test_the_map_stays_under_the_pointer(browser: Any, tmp_path: Path) -> None:
+    """The detail a hover fills sits above the map and keeps its space when the hover ends:
+    the map did jump up each time the pointer left a token or the map itself."""
+    ids = TOK.encode("the cat sat on the mat")
+    trace = Trace()
+    model(0)(torch.tensor([ids]), trace=trace)
+    path = tmp_path / "view.html"
+    path.write_text("<!doctype html><meta charset='utf-8'><body>"
+                    + show(trace, TOK, ids=ids).html + "</body>")
+    with offline(browser, path) as seen:
+        page = seen.page
+        page.hover(".alv-tok[data-i='4']")
+        page.wait_for_selector(".alv-tok.alv-query[data-i='4']")
+        where = page.locator(".alv-heatmap").bounding_box()
+        assert page.locator(".alv-detail").is_visible()
+        page.mouse.move(1, 1)
+        page.wait_for_selector(".alv-tok.alv-query", state="detached")
+        assert page.locator(".alv-heatmap").bounding_box() == where
+        assert not page.locator(".alv-detail").is_visible()
+        assert seen.requests == [] and seen.problems == []

@@ -194,11 +194,16 @@ export async function mount(root, data) {
   }
 
   function renderDetail(p, i) {
-    if (state.view !== "head" || i < 0 || !m.isFull(state.li)) {
+    if (state.view !== "head" || !m.isFull(state.li)) {
       detail.hidden = true;
       return;
     }
+    if (i < 0) {  // keep its space: the map below would jump under the pointer
+      detail.style.visibility = "hidden";
+      return;
+    }
     detail.hidden = false;
+    detail.style.visibility = "";
     const hs = headsShown();
     const rows = hs.map((h) => Float64Array.from({ length: m.S }, (_, j) => m.weight(state.li, h, i, j)));
     const mean = Float64Array.from({ length: m.S }, (_, j) => rows.reduce((s, r) => s + r[j], 0) / rows.length);
