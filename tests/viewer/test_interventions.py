@@ -95,6 +95,7 @@ def _score_heads_and_read_the_overview(page: Any, model: GPT, tok: Any) -> None:
     assert page.evaluate(cell) == f"{float(means['attn_distance'][1, 0]):.2f}"
 
 
+@pytest.mark.browser
 def test_the_page_scores_heads_ablates_on_click_and_shows_the_lens(tmp_path: Path) -> None:
     from test_app_browser import CHROMIUM, playwright_api, show, wait_until
 
