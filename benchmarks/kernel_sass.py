@@ -77,7 +77,7 @@ def _type(name: str, constexpr: bool) -> str:
     if name in ("q_ptr", "k_ptr", "v_ptr", "context_ptr"):
         return "*bf16"
     if name.endswith("_ptr"):
-        return {"pad_ptr": "*u8", "first_ptr": "*i32"}.get(name, "*fp32")
+        return {"pad_ptr": "*u8", "first_ptr": "*i32", "clean_ptr": "*i32"}.get(name, "*fp32")
     return "fp32" if name == "scale2" else "i32"
 
 
@@ -125,6 +125,12 @@ def kernels() -> dict[str, Any]:
         "rows pass with the context": compile_for_h100(summary_triton.rows_kernel, rows,
                                                        **WANTS, CONTEXT=True),
         "received pass": compile_for_h100(summary_triton.received_kernel, received),
+        # a padded batch: masked loops for blocks that may hold a pad, the unmasked ones
+        # for a left padding's real keys
+        "rows pass, padded": compile_for_h100(summary_triton.rows_kernel, rows, **WANTS,
+                                              CONTEXT=False, HAS_PAD=True),
+        "received pass, padded": compile_for_h100(summary_triton.received_kernel, received,
+                                                  HAS_PAD=True),
     }
 
 

@@ -79,7 +79,8 @@ def _torch_path(q: torch.Tensor, k: torch.Tensor, mask: Mask, scale: float,
     return trace.values
 
 
-# (B, nh, nkv, T, S, hs, causal, window, left pads per batch row or None, block)
+# (B, nh, nkv, T, S, hs, causal, window, pads per batch row or None, block): a row's pads
+# are its first n keys (left padding) or the keys of a slice
 CASES = {
     "left padding": (2, 2, 2, 19, 19, 16, True, None, [0, 6], 16),
     "cached keys and GQA": (1, 4, 2, 7, 23, 8, True, None, None, 16),
@@ -91,6 +92,13 @@ CASES = {
     "causal, whole blocks": (1, 2, 1, 70, 70, 16, True, None, None, 16),
     "window, whole blocks, cached keys": (1, 2, 2, 50, 90, 16, True, 37, None, 16),
     "no causal, whole blocks": (1, 2, 1, 40, 40, 16, False, None, None, 16),
+    # left padding: blocks of pads alone are skipped, blocks of real keys alone take the
+    # unmasked path (summary_kernels._clean_from); other paddings keep every mask
+    "left padding, whole blocks": (2, 2, 1, 70, 70, 16, True, None, [37, 0], 16),
+    "window, left padding, cached keys": (2, 2, 1, 50, 90, 16, True, 37, [45, 3], 16),
+    "no causal, left padding, whole blocks": (2, 2, 2, 40, 40, 16, False, None, [20, 0], 16),
+    "pads inside and at the end": (2, 2, 1, 60, 60, 16, True, None,
+                                   [slice(17, 40), slice(50, 60)], 16),
 }
 
 
@@ -104,7 +112,7 @@ def _case(case: str) -> tuple[torch.Tensor, torch.Tensor, Mask]:
     if pads is not None:
         attention_mask = torch.ones(B, S, dtype=torch.long)
         for b, n in enumerate(pads):
-            attention_mask[b, :n] = 0
+            attention_mask[b, n if isinstance(n, slice) else slice(0, n)] = 0
     return q, k, build_mask(T, S, attention_mask, causal=causal, window=window)
 
 
@@ -152,6 +160,15 @@ def test_the_rows_pass_context_wants_v_like_k(interpreted: None) -> None:
     q, k = torch.randn(1, 2, 5, 16), torch.randn(1, 2, 5, 16)
     with pytest.raises(ValueError, match="pass v of k's shape"):
         summary_kernels.attend_and_summarise(["attn_max"], q, k, k[..., :8], 0.25, causal=True)
+
+
+def test_only_a_left_padding_lets_the_kernels_drop_the_mask() -> None:
+    """Keys from `_clean_from` on take the kernels' unmasked loops: a left-padded row's first
+    real key, S for a row with a pad after a real key or with no real key at all."""
+    pad = torch.tensor([[0, 0, 1, 1, 1], [1, 1, 1, 1, 1], [0, 1, 0, 1, 1], [1, 1, 1, 0, 0],
+                        [0, 0, 0, 0, 0]], dtype=torch.uint8)  # (B, S)
+    first = pad.argmax(dim=-1).to(torch.int32)  # (B,)
+    assert summary_kernels._clean_from(pad, first).tolist() == [2, 0, 5, 5, 5]
 
 
 def test_only_the_wanted_summaries_are_made(interpreted: None) -> None:

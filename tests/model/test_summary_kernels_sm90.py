@@ -53,9 +53,18 @@ def test_the_received_pass_sums_over_rows_once(compiled: dict[str, Any]) -> None
     assert all(loop["SHFL.BFLY"] == 0 for loop in loops), loops
 
 
+def test_a_padded_batch_keeps_the_unmasked_loops(compiled: dict[str, Any]) -> None:
+    """A left padding's blocks of real keys take the loop an unpadded batch takes."""
+    for kernel in ("rows pass", "received pass"):
+        fewest = min(loop["instructions"] for loop in kernel_sass.loops(compiled[kernel]))
+        padded = kernel_sass.loops(compiled[f"{kernel}, padded"])
+        assert fewest in [loop["instructions"] for loop in padded], (kernel, padded)
+
+
 def test_the_report_names_each_kernel(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert kernel_sass.main(["--out", str(tmp_path / "sass.json")]) == 0
     written = json.loads((tmp_path / "sass.json").read_text())
-    assert list(written) == ["rows pass", "rows pass with the context", "received pass"]
+    assert list(written) == ["rows pass", "rows pass with the context", "received pass",
+                             "rows pass, padded", "received pass, padded"]
     assert all(found["loops"] and found["usage"]["REG"] > 0 for found in written.values())
     assert "received pass:" in capsys.readouterr().out

@@ -96,13 +96,14 @@ def _run(names: list[str], q: Tensor, k: Tensor, v: Tensor | None, scale: float,
     k = k if k.stride(-1) == 1 else k.contiguous()  # (B, nkv, S, hs)
     device = q.device
     first = torch.zeros(B, dtype=torch.int32, device=device)  # (B,) each row's first real key
-    pad = first  # read only with a padding
+    pad = clean = first  # read only with a padding
     if padding is not None:
         if tuple(padding.shape) != (B, S):
             raise ValueError(f"padding of shape {tuple(padding.shape)}; pass the (B, S) = "
                              f"({B}, {S}) mask over every key")
         pad = padding.to(device=device, dtype=torch.uint8).contiguous()  # (B, S)
         first = pad.argmax(dim=-1).to(torch.int32)  # (B,) the first 1
+        clean = _clean_from(pad, first)  # (B,)
     values = {name: torch.empty((B, nh, T), dtype=torch.float32, device=device)
               for name in names if name != "attn_received"}  # (B, nh, T) each
     windowed = window is not None and window < S
@@ -117,22 +118,34 @@ def _run(names: list[str], q: Tensor, k: Tensor, v: Tensor | None, scale: float,
         v = v if v.stride(-1) == 1 else v.contiguous()  # (B, nkv, S, hs)
         # laid out (B, T, nh, hs), as SDPA's: the heads' merge after it is then a view
         context = q.new_empty((B, T, nh, hs)).transpose(1, 2)  # (B, nh, T, hs)
-    _launch(names, q, k, (pad, first, lse2), values, common, blocks, (v, context))
+    _launch(names, q, k, (pad, first, clean, lse2), values, common, blocks, (v, context))
     return {name: values[name] for name in SUMMARY_NAMES if name in names}, context
 
 
-def _launch(names: list[str], q: Tensor, k: Tensor, masks: tuple[Tensor, Tensor, Tensor],
+def _clean_from(pad: Tensor, first: Tensor) -> Tensor:
+    """(B,) int32: the key from which each row's keys are all real, where the kernels need no
+    padding mask: its first real key for a left padding (real keys after it only), else S.
+    Computed on the device, so a trace does not wait on it."""
+    S = pad.shape[-1]
+    count = pad.sum(dim=-1, dtype=torch.int32)  # (B,) real keys
+    left_padded = (count == S - first) & (count > 0)  # (B,) an all-pad row keeps its masks
+    return torch.where(left_padded, first, S).to(torch.int32)  # (B,)
+
+
+def _launch(names: list[str], q: Tensor, k: Tensor,
+            masks: tuple[Tensor, Tensor, Tensor, Tensor],
             values: dict[str, Tensor], common: dict[str, Any],
             blocks: tuple[int, int] | None,
             attention: tuple[Tensor | None, Tensor | None]) -> None:
-    """The passes into `values`; masks: the padding (B, S), first real keys (B,) and each
-    row's lse (B, nh, T), written by the rows pass (base 2) for the received pass, which runs
-    only when wanted; attention: v and the context the rows pass writes, or Nones."""
+    """The passes into `values`; masks: the padding (B, S), first real keys (B,), the keys
+    from which no mask is needed (B,) and each row's lse (B, nh, T), written by the rows
+    pass (base 2) for the received pass, which runs only when wanted; attention: v and the
+    context the rows pass writes, or Nones."""
     from . import summary_triton as kernels  # triton: imported only here
 
     B, nh, T, hs = q.shape
     S = k.shape[2]
-    pad, first, lse = masks
+    pad, first, clean, lse = masks
     v, context = attention
     strides = (q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2))
     # without a context the rows pass reads neither: q stands in for both pointers
@@ -148,7 +161,7 @@ def _launch(names: list[str], q: Tensor, k: Tensor, masks: tuple[Tensor, Tensor,
         tuning = _tuning(ROWS_BLOCKS[size], blocks)
         grid = (math.ceil(T / tuning["BLOCK_M"]), B * nh)
         kernels.rows_kernel[grid](q, k, q if v is None else v, q if context is None else context,
-                                  pad, first, lse, *outs, *strides, *v_strides,
+                                  pad, first, clean, lse, *outs, *strides, *v_strides,
                                   *context_strides, **common, **wants, **tuning,
                                   CONTEXT=context is not None)
         if received_wanted:
@@ -156,7 +169,7 @@ def _launch(names: list[str], q: Tensor, k: Tensor, masks: tuple[Tensor, Tensor,
                                    device=q.device)  # (B, nh, S)
             tuning = _tuning(RECEIVED_BLOCKS[size], blocks)
             kernels.received_kernel[(math.ceil(S / tuning["BLOCK_N"]), B * nh)](
-                q, k, pad, lse, received, *strides, **common, **tuning)
+                q, k, pad, first, clean, lse, received, *strides, **common, **tuning)
             values["attn_received"] = received
 
 

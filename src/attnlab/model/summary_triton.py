@@ -78,27 +78,32 @@ def _products(q, k_head, start, dims, dim_ok, sks, S, HS: tl.constexpr,
 
 
 @triton.jit
-def _key_blocks(pid_m, offset, window, S, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                CAUSAL: tl.constexpr, WINDOWED: tl.constexpr, HAS_PAD: tl.constexpr):
+def _key_blocks(pid_m, offset, window, S, first, clean, BLOCK_M: tl.constexpr,
+                BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr, WINDOWED: tl.constexpr,
+                HAS_PAD: tl.constexpr):
     """lo <= full_lo <= full_hi <= hi: query block pid_m attends keys in [lo, hi) only (in
-    whole blocks from lo), and every one of its rows attends [full_lo, full_hi) whole."""
+    whole blocks from lo), and every one of its rows attends [full_lo, full_hi) whole. With
+    a padding, keys before `first` are pads and keys from `clean` on are all real."""
     lo, hi = 0, S
+    if HAS_PAD:  # blocks of pads alone (a left padding's) are attended by no row
+        lo = (first // BLOCK_N) * BLOCK_N
     if CAUSAL:  # keys after the block's last query are hidden from all its rows
         hi = tl.minimum(S, offset + (pid_m + 1) * BLOCK_M)
     if WINDOWED:  # keys before the first query's window too
-        lo = tl.maximum(0, offset + pid_m * BLOCK_M - window + 1)
+        lo = tl.maximum(lo, offset + pid_m * BLOCK_M - window + 1)
         lo = (lo // BLOCK_N) * BLOCK_N
-    full_lo, full_hi = _full_keys(pid_m, lo, hi, offset, window, S, BLOCK_M, BLOCK_N,
+    full_lo, full_hi = _full_keys(pid_m, lo, hi, offset, window, S, clean, BLOCK_M, BLOCK_N,
                                   CAUSAL, WINDOWED, HAS_PAD)
     return lo, full_lo, full_hi, hi
 
 
 @triton.jit
-def _full_keys(pid_m, lo, hi, offset, window, S, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-               CAUSAL: tl.constexpr, WINDOWED: tl.constexpr, HAS_PAD: tl.constexpr):
+def _full_keys(pid_m, lo, hi, offset, window, S, clean, BLOCK_M: tl.constexpr,
+               BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr, WINDOWED: tl.constexpr,
+               HAS_PAD: tl.constexpr):
     """[full_lo, full_hi): the key blocks within [lo, hi) that every row of query block
-    pid_m attends whole (no mask to apply), an empty range where padding may hide any key.
-    Rows past T need no mask: their results are never stored."""
+    pid_m attends whole (no mask to apply): with a padding, only keys from `clean` on (S:
+    none). Rows past T need no mask: their results are never stored."""
     first_key = offset + pid_m * BLOCK_M  # the block's first row's own key
     full_hi = (S // BLOCK_N) * BLOCK_N  # keys past S in the last block
     if CAUSAL:  # keys up to the first row's own are seen by every row
@@ -107,10 +112,10 @@ def _full_keys(pid_m, lo, hi, offset, window, S, BLOCK_M: tl.constexpr, BLOCK_N:
     if WINDOWED:  # keys inside the last row's window are inside every row's
         last_from = first_key + BLOCK_M - window  # the last row's first key
         full_lo = tl.maximum(lo, ((last_from + BLOCK_N - 1) // BLOCK_N) * BLOCK_N)
+    if HAS_PAD:
+        full_lo = tl.maximum(full_lo, tl.cdiv(clean, BLOCK_N) * BLOCK_N)
     full_lo = tl.minimum(full_lo, hi)
     full_hi = tl.minimum(full_hi, hi)
-    if HAS_PAD:
-        full_hi = full_lo
     full_hi = tl.maximum(full_hi, full_lo)
     return full_lo, full_hi
 
@@ -175,7 +180,7 @@ def _rows_block(q, k_head, v_head, start, rows, row_ok, key_index, dims, dim_ok,
 
 
 @triton.jit
-def rows_kernel(q_ptr, k_ptr, v_ptr, context_ptr, pad_ptr, first_ptr, lse_ptr,
+def rows_kernel(q_ptr, k_ptr, v_ptr, context_ptr, pad_ptr, first_ptr, clean_ptr, lse_ptr,
                 entropy_ptr, sink_ptr, distance_ptr, max_ptr,
                 sqb, sqh, sqt, skb, skh, sks, svb, svh, svs, scb, sch, sct,
                 nh, group, T, S, offset, window, scale2,
@@ -194,7 +199,9 @@ def rows_kernel(q_ptr, k_ptr, v_ptr, context_ptr, pad_ptr, first_ptr, lse_ptr,
         q_ptr + b * sqb + h * sqh, pid_m, sqt, T, offset, HS, BLOCK_D, BLOCK_M)
     kvh = h // group  # grouped-query attention: the key head serving query head h
     pad_row = pad_ptr + b * S
-    lo, full_lo, full_hi, hi = _key_blocks(pid_m, offset, window, S, BLOCK_M, BLOCK_N,
+    first = tl.load(first_ptr + b)
+    lo, full_lo, full_hi, hi = _key_blocks(pid_m, offset, window, S, first,
+                                           tl.load(clean_ptr + b), BLOCK_M, BLOCK_N,
                                            CAUSAL, WINDOWED, HAS_PAD)
     m = tl.full((BLOCK_M,), float("-inf"), tl.float32)
     l_sum = tl.zeros((BLOCK_M,), tl.float32)
@@ -240,7 +247,7 @@ def rows_kernel(q_ptr, k_ptr, v_ptr, context_ptr, pad_ptr, first_ptr, lse_ptr,
     if WANT_MAX:
         tl.store(max_ptr + out, tl.where(has, 1.0 / l_safe, 0.0), mask=row_ok)
     if WANT_SINK:
-        sink = _sink(q, k_head, tl.load(first_ptr + b), sks, dims, dim_ok, key_index, has,
+        sink = _sink(q, k_head, first, sks, dims, dim_ok, key_index, has,
                      lse2, scale2, window, CAUSAL, WINDOWED)
         tl.store(sink_ptr + out, sink, mask=row_ok)
 
@@ -267,7 +274,7 @@ def _received_block(q_head, k_t, lse_row, start, cols, dims, dim_ok, sqt, T, S, 
 
 
 @triton.jit
-def received_kernel(q_ptr, k_ptr, pad_ptr, lse_ptr, received_ptr,
+def received_kernel(q_ptr, k_ptr, pad_ptr, first_ptr, clean_ptr, lse_ptr, received_ptr,
                     sqb, sqh, sqt, skb, skh, sks,
                     nh, group, T, S, offset, window, scale2,
                     HS: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr,
@@ -295,14 +302,16 @@ def received_kernel(q_ptr, k_ptr, pad_ptr, lse_ptr, received_ptr,
         lo = (lo // BLOCK_M) * BLOCK_M
     if WINDOWED:  # rows whose window has passed the block's last key neither
         hi = tl.minimum(T, (pid_n + 1) * BLOCK_N - 1 + window - offset)
+    if HAS_PAD:  # a block of pads alone (before the first real key): no row attends it
+        hi = tl.where((pid_n + 1) * BLOCK_N <= tl.load(first_ptr + b), lo, hi)
     # [full_lo, full_hi): whole blocks of rows that attend every key of this block
     full_lo, full_hi = lo, hi
     if CAUSAL:  # rows whose own key is at or past the block's last
         full_lo = tl.maximum(lo, tl.cdiv((pid_n + 1) * BLOCK_N - 1 - offset, BLOCK_M) * BLOCK_M)
     if WINDOWED:  # rows whose window still holds the block's first key
         full_hi = tl.minimum(hi, ((pid_n * BLOCK_N + window - offset) // BLOCK_M) * BLOCK_M)
-    if HAS_PAD:  # any key may be a pad
-        full_lo = hi
+    if HAS_PAD:  # only a block of real keys alone (from `clean` on) goes unmasked
+        full_lo = tl.where(pid_n * BLOCK_N >= tl.load(clean_ptr + b), full_lo, hi)
     full_lo = tl.minimum(full_lo, hi)
     full_hi = tl.maximum(full_hi, full_lo)
     # summed over rows once, at the end: a block's rows lie across warps, so each sum over
