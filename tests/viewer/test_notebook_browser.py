@@ -123,9 +123,7 @@ def test_the_heatmap_tooltip_writes_weights_as_the_table_and_stays_in_view(
     ids = TOK.encode("the cat sat on the mat and the dog sat too")
     trace = Trace()
     peaked(torch.tensor([ids]), trace=trace)
-    path = tmp_path / "view.html"
-    path.write_text("<!doctype html><meta charset='utf-8'><body>"
-                    + show(trace, TOK, ids=ids).html + "</body>")
+    path = show(trace, TOK, ids=ids).save(tmp_path / "view.html")
     with offline(browser, path) as seen:
         page = seen.page
         texts, outside = [], []
@@ -156,9 +154,7 @@ def test_the_map_stays_under_the_pointer(browser: Any, tmp_path: Path) -> None:
     ids = TOK.encode("the cat sat on the mat")
     trace = Trace()
     model(0)(torch.tensor([ids]), trace=trace)
-    path = tmp_path / "view.html"
-    path.write_text("<!doctype html><meta charset='utf-8'><body>"
-                    + show(trace, TOK, ids=ids).html + "</body>")
+    path = show(trace, TOK, ids=ids).save(tmp_path / "view.html")
     with offline(browser, path) as seen:
         page = seen.page
         page.hover(".alv-tok[data-i='4']")
