@@ -275,3 +275,23 @@ def test_may_attend_is_what_the_model_masked_with_or_without_masked_scores() -> 
         Trace(names=["q"]).run(model, idx).may_attend(0)
     with pytest.raises(ValueError, match=r"pass the \(B, 8\) mask"):
         light.may_attend(0, attention_mask=mask[:, :5])
+
+
+@pytest.mark.parametrize("hs", [64, 80])
+def test_scaled_scores_are_the_product_then_the_scale(hs: int) -> None:
+    """The traced path scales inside the product; slices of q and k^T as the blocks take
+    them give product-then-scale's scores: bit for bit at a power-of-two scale (head size
+    64), within float32's rounding bound for a sum of hs products at 1/sqrt(80) (the BLAS
+    may scale an operand before it sums)."""
+    gen = torch.Generator().manual_seed(hs)
+    q = torch.randn(2, 6, 40, hs, generator=gen)[:, 1:4, 5:37]  # (B, heads, rows, hs) slice
+    key_t = torch.randn(2, 6, 50, hs, generator=gen).transpose(-2, -1)[:, 1:4, :, 3:45]
+    scale = hs**-0.5
+    expected = (q @ key_t) * scale  # (B, heads, rows, keys)
+    got = traced_attention.scaled_scores(q, key_t, scale)
+    assert got.shape == expected.shape == (2, 3, 32, 42)
+    if hs == 64:
+        assert torch.equal(got, expected)
+    else:
+        bound = hs * torch.finfo(torch.float32).eps * (q.abs() @ key_t.abs()) * scale
+        assert torch.all((got - expected).abs() <= bound)

@@ -104,9 +104,7 @@ def _block_weights(q: Tensor, key_t: Tensor, scores: Tensor | None, mask: Mask,
     k0, k1, m0 = span
     empty = mask.empty_rows
     if scores is None:
-        block = q[:, :, i0:i1] @ key_t[..., k0:k1]  # (B, heads, rows, hs) @ (B, heads, hs, keys)
-        if scale != 1.0:
-            block.mul_(scale)  # (B, heads, rows, keys)
+        block = scaled_scores(q[:, :, i0:i1], key_t[..., k0:k1], scale)  # (B, heads, rows, keys)
     else:
         block = scores[:, :, i0:i1, k0:k1] * scale  # (B, heads, rows, keys)
     if empty is not None:
@@ -120,6 +118,21 @@ def _block_weights(q: Tensor, key_t: Tensor, scores: Tensor | None, mask: Mask,
     if empty is not None:
         weights.masked_fill_(empty[:, :, i0:i1], 0.0)
     return weights
+
+
+def scaled_scores(q: Tensor, key_t: Tensor, scale: float) -> Tensor:
+    """scale * (q @ key_t): q (B, heads, rows, hs), key_t (B, heads, hs, keys) -> (B, heads,
+    rows, keys). The BLAS applies the scale inside the product, one pass over the scores
+    fewer than a `mul_` after it. A power-of-two scale (head size 4, 16, 64, 256) is exact
+    either way, so those weights are bit for bit product-then-scale's; with other scales the
+    BLAS may scale an operand before it sums, which rounds within float32's bound for the
+    sum."""
+    B, heads, rows, hs = q.shape
+    keys = key_t.shape[-1]
+    # beta=0: the (unread) input adds nothing, not even a nan
+    scores = torch.baddbmm(q.new_empty(()), q.reshape(B * heads, rows, hs),
+                           key_t.reshape(B * heads, hs, keys), beta=0.0, alpha=scale)
+    return scores.view(B, heads, rows, keys)  # (B * heads, rows, keys) -> (B, heads, rows, keys)
 
 
 def _scores(q: Tensor, key_t: Tensor, mask: Mask, trace: LayerTrace
