@@ -5,16 +5,25 @@ compiled step itself is tests/test_generate_compile.py's). The figures mean noth
 from __future__ import annotations
 
 import importlib
+import json
 from collections.abc import Callable
 from typing import Any
 
 import pytest
 import torch
-from benchmarks import gpu_bandwidth, gpu_decode, gpu_profile, gpu_summaries, gpu_trace
+from benchmarks import (
+    gpu_bandwidth,
+    gpu_decode,
+    gpu_gemm,
+    gpu_profile,
+    gpu_summaries,
+    gpu_trace,
+)
 from benchmarks.__main__ import SUITES
 from benchmarks.gpu_report import gpu_summary
 
 import attnlab.model.compiled_decode as compiled_mod
+from attnlab.model import layers
 
 GPU_SUITES = [name for name in SUITES if name.startswith("gpu_")]
 
@@ -108,3 +117,32 @@ def test_the_training_rows_take_the_soonest_and_the_fastest_attnlab_run() -> Non
     assert "GPU recipe, --cuda_graph true, not compiled)" in time_row and "| 20.0 s" in time_row
     assert "(GPU recipe, --cuda_graph true, blocks compiled)" in tokens_row
     assert "| 1.81x |" in tokens_row  # 2.9e6 / 1.6e6
+
+
+@pytest.mark.parametrize("s", [1, 2, 3, 4])
+def test_a_split_product_is_the_linear_it_splits(s: int) -> None:
+    """gpu_gemm's split-K product: the inner sum in s parts gives F.linear's output, for a
+    batch of rows as the model passes them."""
+    gen = torch.Generator().manual_seed(s)
+    x = torch.randn(2, 5, 192, generator=gen)  # (B, T, K)
+    weight, bias = torch.randn(48, 192, generator=gen), torch.randn(48, generator=gen)
+    expected = torch.nn.functional.linear(x, weight, bias)  # (B, T, N)
+    torch.testing.assert_close(gpu_gemm.split_linear(x, weight, bias, s), expected)
+    torch.testing.assert_close(gpu_gemm.split_linear(x, weight, None, s), expected - bias)
+
+
+def test_gemm_probe_smoke_times_every_split_and_the_trace(tmp_path: Any) -> None:
+    """The probe's every code path on the CPU: each product at each split that has parts of
+    64 or more, the attention products, and the end-to-end trace with the splits patched
+    in (and taken out again)."""
+    forward = layers.Linear.forward
+    gpu_gemm.main(["--smoke", "--device", "cpu", "--out", str(tmp_path / "gemm.json")])
+    assert layers.Linear.forward is forward
+    result = json.loads((tmp_path / "gemm.json").read_text())
+    splits = {row["product"]: sorted(map(int, row["ms"])) for row in result["linears"]}
+    assert splits == {"attention in (q, k, v)": [1], "attention out": [1], "MLP in": [1],
+                      "MLP out": [1, 2]}  # K = 32, 32, 32, 128
+    assert len(result["attention"]) == 3 and len(result["softmax"]) == 4
+    errors = result["trace"]["max_weight_error_vs_float32"]
+    assert set(errors) == {"attnlab Trace.run", "with the fastest splits", "with TF32"}
+    assert max(errors.values()) < 1e-5  # a CPU has no TF32

@@ -1,0 +1,242 @@
+"""Where a float32 trace's matrix products lose time on a GPU (issue 33, item 1): a probe
+for a lent GPU, not a suite.
+
+Every layer's weights of GPT-2 small at T=1024 in float32 are bound by its matrix products
+(docs/performance.md#where-the-time-goes-on-a-gpu), and Hugging Face's weights-returning
+forward runs the same products, so no trace can be 1.5x faster than it unless attnlab's
+products run faster than cuBLAS's defaults do on these shapes. The H100 profile's busy time
+(9.15 ms for about 210 GFLOP) is about a third of the GPU's float32 rate. A guess to test:
+a (1024 x 768) output is 48 tiles of 128 x 128, which fill under half of 132 SMs, so two
+of a block's four products (the attention's output projection and the MLP's second) leave
+most of the GPU idle. Splitting such a product's inner sum into s parts (one batched product
+of s slices, then a sum over the parts) gives the GPU s times the tiles.
+
+Per product (the block's four linears, the trace's scores and context products): the
+median of `REPEATS` synchronised calls as cuBLAS runs it and split s ways, GFLOP/s, and the
+largest error against a float64 product; the masked softmax's passes over one layer's
+scores, as attnlab runs them and fused. Then `Trace(names="attn_weights").run` end to end:
+attnlab as it is, with each linear at its fastest split (this probe's patch of
+`layers.Linear.forward`, not attnlab's code), and with TF32 (not exact: its weights' error
+against the float32 trace is the reason it is not an option), in alternating rounds.
+
+    python -m benchmarks.gpu_gemm --out FILE [--smoke --device cpu]
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import json
+import sys
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from attnlab import GPTConfig
+from attnlab.model import layers
+from attnlab.model.trace import Trace
+
+from .gpu_common import cuda_ms, gpu_machine, median, random_gpt
+
+GPT2 = GPTConfig(n_layer=12, n_head=12, n_embd=768, vocab_size=50257, block_size=1024)
+TOY = GPTConfig(n_layer=2, n_head=2, n_embd=32, vocab_size=65, block_size=64)
+SPLITS = (1, 2, 3, 4, 6, 8)
+REPEATS = 50
+ROUNDS = 10
+
+
+def split_linear(x: Tensor, weight: Tensor, bias: Tensor | None, s: int) -> Tensor:
+    """F.linear(x, weight, bias) with the inner sum in s parts: x (..., K), weight (N, K)."""
+    if s == 1:
+        return F.linear(x, weight, bias)  # (..., N)
+    *lead, K = x.shape
+    N = weight.shape[0]
+    x2 = x.reshape(-1, K)  # (M, K)
+    parts = torch.bmm(x2.view(-1, s, K // s).transpose(0, 1),  # (s, M, K/s)
+                      weight.view(N, s, K // s).permute(1, 2, 0))  # (s, K/s, N) -> (s, M, N)
+    out = parts.sum(0)  # (M, N)
+    if bias is not None:
+        out += bias
+    return out.view(*lead, N)
+
+
+def _time(fn: Callable[[], object], device: torch.device, repeats: int) -> float:
+    return median(cuda_ms(fn, device, rounds=repeats, warmup=3))
+
+
+def linears(config: GPTConfig, T: int, device: torch.device, repeats: int
+            ) -> list[dict[str, Any]]:
+    """Each of a GPT-2 block's four products at every split that divides its inner size."""
+    C = config.n_embd
+    shapes = {"attention in (q, k, v)": (C, 3 * C), "attention out": (C, C),
+              "MLP in": (C, 4 * C), "MLP out": (4 * C, C)}
+    gen = torch.Generator(device).manual_seed(0)
+    rows = []
+    for name, (K, N) in shapes.items():
+        x = torch.randn(T, K, device=device, generator=gen)  # (T, K)
+        w = torch.randn(N, K, device=device, generator=gen) * 0.02  # (N, K)
+        b = torch.randn(N, device=device, generator=gen) * 0.02  # (N,)
+        exact = (x.double() @ w.double().T + b.double())  # (T, N)
+        row: dict[str, Any] = {"product": name, "M": T, "K": K, "N": N, "ms": {},
+                               "gflops": {}, "max_error": {}}
+        for s in SPLITS:
+            if K % s or (s > 1 and K // s < 64):  # parts of at least 64
+                continue
+            ms = _time(functools.partial(split_linear, x, w, b, s), device, repeats)
+            row["ms"][s] = ms
+            row["gflops"][s] = 2 * T * K * N / ms / 1e6
+            row["max_error"][s] = (split_linear(x, w, b, s).double() - exact).abs().max().item()
+        row["best"] = min(row["ms"], key=row["ms"].get)
+        rows.append(row)
+    return rows
+
+
+def attention_products(config: GPTConfig, T: int, device: torch.device, repeats: int
+                       ) -> list[dict[str, Any]]:
+    """The trace's two products per layer: scores (scale in the product) and context, and
+    the context in causal halves (the first half of the rows reads half of the keys)."""
+    nh, hs = config.n_head, config.n_embd // config.n_head
+    gen = torch.Generator(device).manual_seed(1)
+    q = torch.randn(nh, T, hs, device=device, generator=gen)
+    key_t = torch.randn(nh, hs, T, device=device, generator=gen)
+    weights = torch.softmax(torch.randn(nh, T, T, device=device, generator=gen), -1).tril()
+    v = torch.randn(nh, T, hs, device=device, generator=gen)
+    h = T // 2
+
+    def halves() -> Tensor:
+        return torch.cat([weights[:, :h, :h] @ v[:, :h], weights[:, h:] @ v], dim=1)
+
+    calls = {
+        "scores (baddbmm, scale inside)": (lambda: torch.baddbmm(
+            q.new_empty(()), q, key_t, beta=0.0, alpha=hs**-0.5), 2 * nh * T * T * hs),
+        "context (bmm)": (lambda: weights @ v, 2 * nh * T * T * hs),
+        "context, causal halves": (halves, 2 * nh * T * T * hs),
+    }
+    rows = []
+    for name, (fn, flop) in calls.items():
+        ms = _time(fn, device, repeats)
+        rows.append({"product": name, "ms": ms, "gflops": flop / ms / 1e6})
+    return rows
+
+
+def softmax_passes(config: GPTConfig, T: int, device: torch.device, repeats: int
+                   ) -> list[dict[str, Any]]:
+    """The trace's passes over one layer's (1, nh, T, T) scores: the causal mask's -inf
+    written in place, then the softmax (what attnlab runs), against the softmax alone and
+    torch's fused masked softmax (one pass; a private op, so only if it wins)."""
+    gen = torch.Generator(device).manual_seed(2)
+    scores = torch.randn(1, config.n_head, T, T, device=device, generator=gen)
+    hidden = ~torch.ones(T, T, dtype=torch.bool, device=device).tril()  # (T, T) masked cells
+    expected = torch.softmax(scores.masked_fill(hidden, float("-inf")), -1)
+    calls = {
+        "masked_fill_ then softmax": lambda: torch.softmax(
+            scores.clone().masked_fill_(hidden, float("-inf")), -1),
+        "clone alone (subtract from the above)": scores.clone,
+        "softmax alone": lambda: torch.softmax(scores, -1),
+        "torch._masked_softmax": lambda: torch._masked_softmax(scores, hidden, -1, 0),
+    }
+    rows = []
+    for name, fn in calls.items():
+        row: dict[str, Any] = {"pass": name, "ms": _time(fn, device, repeats)}
+        if "masked" in name:
+            row["max_error"] = (fn() - expected).abs().max().item()
+        rows.append(row)
+    return rows
+
+
+@contextmanager
+def patched_linears(splits: dict[tuple[int, int], int]) -> Iterator[None]:
+    """layers.Linear.forward with each (in, out) shape's split from `splits`."""
+    plain = layers.Linear.forward
+
+    def forward(self: layers.Linear, x: Tensor) -> Tensor:
+        s = splits.get((self.in_features, self.out_features), 1)
+        return split_linear(x, self.weight, self.bias, s)
+
+    layers.Linear.forward = forward  # type: ignore[method-assign]
+    try:
+        yield
+    finally:
+        layers.Linear.forward = plain  # type: ignore[method-assign]
+
+
+def end_to_end(config: GPTConfig, T: int, device: torch.device, splits: dict[tuple[int, int], int],
+               rounds: int) -> dict[str, Any]:
+    """Trace.run of every layer's weights: as attnlab runs it, with the fastest splits, with
+    TF32; ms (median of alternating rounds) and each one's largest weight difference."""
+    model = random_gpt(config, device, torch.float32)
+    ids = torch.randint(0, config.vocab_size, (1, T), device=device)
+
+    @torch.inference_mode()
+    def run() -> list[Tensor]:
+        trace = Trace(names="attn_weights").run(model, ids)
+        return [trace.get("attn_weights", i) for i in range(config.n_layer)]
+
+    def split() -> list[Tensor]:
+        with patched_linears(splits):
+            return run()
+
+    def tf32() -> list[Tensor]:
+        before = torch.get_float32_matmul_precision()
+        torch.set_float32_matmul_precision("high")  # TF32 products
+        try:
+            return run()
+        finally:
+            torch.set_float32_matmul_precision(before)
+
+    fns = {"attnlab Trace.run": run, "with the fastest splits": split, "with TF32": tf32}
+    reference = run()
+    errors = {name: max((a - b).abs().max().item() for a, b in zip(fn(), reference, strict=True))
+              for name, fn in fns.items()}
+    times: dict[str, list[float]] = {name: [] for name in fns}
+    for _ in range(rounds):
+        for name, fn in fns.items():
+            times[name] += cuda_ms(fn, device, rounds=1, warmup=0)
+    return {"ms": {name: median(t) for name, t in times.items()},
+            "max_weight_error_vs_float32": errors, "splits": {str(k): v for k, v in splits.items()}}
+
+
+def run(smoke: bool, device: torch.device) -> dict[str, Any]:
+    config, T = (TOY, 32) if smoke else (GPT2, 1024)
+    repeats, rounds = (2, 1) if smoke else (REPEATS, ROUNDS)
+    products = linears(config, T, device, repeats)
+    splits = {(row["K"], row["N"]): row["best"] for row in products}
+    return {"probe": "gpu_gemm", "machine": gpu_machine(device), "T": T,
+            "float32_matmul_precision": torch.get_float32_matmul_precision(),
+            "linears": products, "attention": attention_products(config, T, device, repeats),
+            "softmax": softmax_passes(config, T, device, repeats),
+            "trace": end_to_end(config, T, device, splits, rounds)}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.gpu_gemm", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument("--smoke", action="store_true", help="tiny shapes: the code paths")
+    parser.add_argument("--device", default="cuda")
+    args = parser.parse_args(argv)
+    device = torch.device(args.device)
+    if device.type == "cuda" and not torch.cuda.is_available():
+        print("gpu_gemm: no CUDA GPU here; --smoke --device cpu runs its code paths")
+        return 0
+    result = run(args.smoke, device)
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(result, indent=2, default=str))
+    for row in result["linears"]:
+        print(f"{row['product']:24} best split {row['best']}: "
+              + "  ".join(f"s={s} {ms:.3f} ms" for s, ms in row["ms"].items()))
+    for row in result["attention"]:
+        print(f"{row['product']:32} {row['ms']:.3f} ms  {row['gflops']:,.0f} GFLOP/s")
+    for row in result["softmax"]:
+        print(f"{row['pass']:40} {row['ms']:.3f} ms  error {row.get('max_error', '-')}")
+    print(json.dumps(result["trace"], indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
