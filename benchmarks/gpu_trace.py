@@ -7,18 +7,23 @@ the GPU. Side by side in alternating rounds, each call synchronised:
 - attnlab's fused forward (no trace): the yardstick;
 - `Trace(names="attn_weights").run`: every layer's weights, no head;
 - attnlab's forward with the same trace (logits too);
-- Hugging Face eager `output_attentions=True`, the LM and its base model (no head).
+- Hugging Face eager `output_attentions=True`, the LM and its base model (no head);
+- TransformerLens `run_with_cache` with a pattern filter, where it imports (the GPU image
+  lacks a few of its packages: docs/gpu.md says which wheels to carry), booted from the
+  same weights saved to a temporary directory.
 
 The weights are checked equal to Hugging Face's within 1e-5. Targets: `Trace.run` at most
 1.3x the fused forward, and at least 1.5x faster than Hugging Face eager (its faster way,
-base model or LM).
+base model or LM) and than TransformerLens.
 
     python -m benchmarks.gpu_trace [--smoke [--device cpu]] [--out FILE]
 """
 
 from __future__ import annotations
 
+import importlib.metadata
 import sys
+import tempfile
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
@@ -50,7 +55,8 @@ RUN = "attnlab Trace.run: attn_weights (no head)"
 TRACED = "attnlab forward + trace: attn_weights"
 HF_LM = "HF eager output_attentions"
 HF_BASE = "HF eager base model output_attentions (no head)"
-TARGETS = {"run_vs_forward": 1.3, "hf_vs_run": 1.5}
+TL = "TransformerLens run_with_cache: hook_pattern"
+TARGETS = {"run_vs_forward": 1.3, "hf_vs_run": 1.5, "tl_vs_run": 1.5}
 TOLERANCE = 1e-5
 
 
@@ -87,6 +93,26 @@ def variants(hf: Any, ours: Any, ids: torch.Tensor) -> dict[str, Callable[[], An
     return {FORWARD: forward, RUN: run, TRACED: traced, HF_LM: hf_lm, HF_BASE: hf_base}
 
 
+def transformer_lens(hf: Any, ids: torch.Tensor, tmp: str) -> tuple[Callable[[], Any] | None, str]:
+    """TransformerLens's pattern cache of the same weights (saved to `tmp`, booted on ids'
+    device) and its version, or (None, why not) where it does not import or boot."""
+    try:
+        from transformer_lens.model_bridge import TransformerBridge
+
+        hf.save_pretrained(tmp)
+        bridge = TransformerBridge.boot_transformers(tmp, device=str(ids.device))
+        bridge.eval()
+    except Exception as err:  # missing packages on a GPU image: a note, not a failure
+        return None, f"TransformerLens not run: {type(err).__name__}: {err}"[:300]
+
+    @torch.inference_mode()
+    def tl_pattern() -> list[torch.Tensor]:
+        _, cache = bridge.run_with_cache(ids, names_filter=lambda n: n.endswith("hook_pattern"))
+        return [cache[f"blocks.{i}.attn.hook_pattern"] for i in range(hf.config.n_layer)]
+
+    return tl_pattern, f"TransformerLens {importlib.metadata.version('transformer-lens')}"
+
+
 def run(quick: bool = False, device: str | None = None, out: Path | None = None
         ) -> dict[str, Any]:
     """Time every variant; quick: the toy shape at T=32, two rounds (a smoke test)."""
@@ -103,6 +129,10 @@ def run(quick: bool = False, device: str | None = None, out: Path | None = None
     ids = torch.randint(0, ours.config.vocab_size, (1, T),
                         generator=torch.Generator().manual_seed(1)).to(where)
     fns = variants(hf, ours, ids)
+    with tempfile.TemporaryDirectory() as tmp:
+        tl, tl_note = transformer_lens(hf, ids, tmp)
+    if tl is not None:
+        fns[TL] = tl
     captured = {name: fn() for name, fn in fns.items()}  # also the warmup
     reference = captured[RUN]
     errors = {name: max((a.float() - b.float()).abs().max().item()
@@ -118,9 +148,11 @@ def run(quick: bool = False, device: str | None = None, out: Path | None = None
               "traced_vs_forward": ms[TRACED] / ms[FORWARD],
               "hf_vs_run": min(ms[HF_LM], ms[HF_BASE]) / ms[RUN],
               "hf_lm_vs_traced": ms[HF_LM] / ms[TRACED]}
-    met = {"run_vs_forward": ratios["run_vs_forward"] <= TARGETS["run_vs_forward"],
-           "hf_vs_run": ratios["hf_vs_run"] >= TARGETS["hf_vs_run"],
-           "weights_equal": max(errors.values()) <= TOLERANCE}
+    if TL in ms:
+        ratios["tl_vs_run"] = ms[TL] / ms[RUN]
+    met = {name: ratios[name] >= target if name != "run_vs_forward" else ratios[name] <= target
+           for name, target in TARGETS.items() if name in ratios}
+    met["weights_equal"] = max(errors.values()) <= TOLERANCE
     m = gpu_machine(where)
     result = {
         "suite": "gpu_trace", "machine": m,
@@ -137,6 +169,7 @@ def run(quick: bool = False, device: str | None = None, out: Path | None = None
             "alternating rounds, each call synchronised; random weights (initializer 0.02, "
             "GPT-2's), "
             "Hugging Face with eager attention.",
+            tl_note,
             "ratios: " + ", ".join(f"{k} {v:.2f}x" for k, v in ratios.items()),
             *(f"target {k}: {'met' if ok else 'missed'}" for k, ok in met.items()
               if not quick),

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import importlib
 import json
+import sys
 from collections.abc import Callable
 from typing import Any
 
@@ -47,12 +48,25 @@ def test_every_gpu_suite_is_registered_and_skips_in_one_line_without_cuda() -> N
         assert result["skipped"].startswith(f"{name}: no CUDA GPU here")
 
 
-def test_trace_smoke_finds_the_same_weights_as_hugging_face() -> None:
+@pytest.mark.parametrize("with_tl", [False, True])
+def test_trace_smoke_finds_the_same_weights_as_hugging_face(
+    with_tl: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Every row's weights equal Trace.run's; TransformerLens's row is there where it
+    imports, and where it does not, a note says why (the GPU image lacks some packages)."""
+    if with_tl:
+        pytest.importorskip("transformer_lens")
+    else:
+        monkeypatch.setitem(sys.modules, "transformer_lens.model_bridge", None)
     result = gpu_trace.run(quick=True, device="cpu")
     errors = result["max_weight_error_vs_trace_run"]
-    assert set(errors) == {gpu_trace.RUN, gpu_trace.TRACED, gpu_trace.HF_LM, gpu_trace.HF_BASE}
+    ours = {gpu_trace.RUN, gpu_trace.TRACED, gpu_trace.HF_LM, gpu_trace.HF_BASE}
+    assert set(errors) == ours | ({gpu_trace.TL} if with_tl else set())
     assert max(errors.values()) <= gpu_trace.TOLERANCE
-    assert len(result["tables"][0]["rows"]) == 5 and result["targets_met"] == {}
+    assert len(result["tables"][0]["rows"]) == 5 + with_tl and result["targets_met"] == {}
+    assert ("tl_vs_run" in result["ratios"]) == with_tl
+    note = result["notes"][1]
+    assert note.startswith("TransformerLens 4" if with_tl else "TransformerLens not run: ")
 
 
 def test_summaries_smoke_measures_the_trace_or_says_the_names_are_missing(
