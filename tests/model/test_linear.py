@@ -103,6 +103,24 @@ def test_choosing_the_kernel(monkeypatch: pytest.MonkeyPatch) -> None:
         runtime.set_linear_kernel(before)
 
 
+@pytest.mark.parametrize(("amd", "capability", "expected"), [
+    (True, "AVX512", "onednn"), (True, "AVX2", "blas"), (False, "AVX512", "blas")])
+@needs_onednn
+def test_auto_takes_onednn_only_on_amd_cpus_with_avx512(
+    amd: bool, capability: str, expected: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """oneDNN was faster on a Zen 4 EPYC (AVX-512) and 1.4-1.7x slower on a Zen 3 one
+    (AVX2) for GPT-2 small's forward and trace (docs/performance.md#linear-kernel)."""
+    before = runtime.linear_kernel()
+    monkeypatch.setattr(runtime, "_amd_x86", lambda: amd)
+    monkeypatch.setattr(torch.backends.cpu, "get_cpu_capability", lambda: capability)
+    try:
+        assert runtime.set_linear_kernel("auto") == runtime.linear_kernel() == expected
+    finally:
+        monkeypatch.undo()
+        runtime.set_linear_kernel(before)
+
+
 @needs_onednn
 def test_one_model_under_both_kernels() -> None:
     """A model big enough for oneDNN (256 x 256 x 256 products) computes the same logits as

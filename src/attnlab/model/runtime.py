@@ -214,10 +214,11 @@ def linear_kernel() -> str:
     MKL in PyTorch's x86 builds).
 
     The environment variable ATTNLAB_LINEAR picks one; unset or "auto", oneDNN runs on AMD
-    x86-64 CPUs, where MKL keeps to kernels that leave speed unused: GPT-2 small's block
-    products run faster through oneDNN there, and so do the forward and a trace
-    (docs/performance.md#linear-kernel). Intel CPUs keep MKL, Intel's own library (oneDNN
-    was not measured on them). The head's 512-column blocks (`gpt.unembed`) stay with BLAS:
+    x86-64 CPUs with AVX-512 (Zen 4 on), where MKL keeps to kernels that leave speed unused:
+    GPT-2 small's block products run faster through oneDNN there, and so do the forward and
+    a trace. On AMD CPUs without AVX-512 (Zen 3) oneDNN was the slower by far, and Intel
+    CPUs keep MKL, Intel's own library (oneDNN was not measured on them)
+    (docs/performance.md#linear-kernel). The head's 512-column blocks (`gpt.unembed`) stay with BLAS:
     they are not dense matrices, which oneDNN multiplies with a reference kernel (minutes for
     GPT-2's head). The two kernels sum in different orders, so results differ by float32
     rounding (about 1e-4 on GPT-2 small's logits: docs/performance.md#linear-kernel).
@@ -229,7 +230,8 @@ def linear_kernel() -> str:
 
 def set_linear_kernel(kernel: str) -> str:
     """Choose `linear_kernel` for this process: "onednn", "blas" or "auto"; returns the
-    kernel chosen ("auto": oneDNN on AMD x86-64 CPUs where PyTorch has it, else BLAS)."""
+    kernel chosen ("auto": oneDNN on AMD x86-64 CPUs with AVX-512 where PyTorch has it, else
+    BLAS)."""
     if kernel not in (*LINEAR_KERNELS, "auto"):
         raise ValueError(f"linear kernel {kernel!r} (ATTNLAB_LINEAR?) must be one of "
                          f"{[*LINEAR_KERNELS, 'auto']}")
@@ -237,7 +239,9 @@ def set_linear_kernel(kernel: str) -> str:
         raise ValueError("linear kernel 'onednn': this PyTorch build has no oneDNN "
                          "(torch.backends.mkldnn.is_available() is False); use 'blas'")
     if kernel == "auto":
-        kernel = "onednn" if torch.backends.mkldnn.is_available() and _amd_x86() else "blas"
+        fast = torch.backends.cpu.get_cpu_capability() == "AVX512"  # "AVX2" on Zen 3
+        kernel = ("onednn" if torch.backends.mkldnn.is_available() and _amd_x86() and fast
+                  else "blas")
     _linear[:] = [kernel]
     return kernel
 
