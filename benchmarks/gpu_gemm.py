@@ -6,17 +6,18 @@ Every layer's weights of GPT-2 small at T=1024 in float32 are bound by its matri
 forward runs the same products, so no trace can be 1.5x faster than it unless attnlab's
 products run faster than cuBLAS's defaults do on these shapes. The H100 profile's busy time
 (9.15 ms for about 210 GFLOP) is about a third of the GPU's float32 rate. A guess to test:
-a (1024 x 768) output is 48 tiles of 128 x 128, which fill under half of 132 SMs, so two
-of a block's four products (the attention's output projection and the MLP's second) leave
-most of the GPU idle. Splitting such a product's inner sum into s parts (one batched product
-of s slices, then a sum over the parts) gives the GPU s times the tiles.
+a (1024 x 768) output is 48 tiles of 128 x 128, which fill under half of 132 SMs, and five
+of a block's six products have one: attnlab's query, key and value (three products where
+Hugging Face's GPT-2 and gpt-fast run one), the attention's output projection and the MLP's
+second. Two ways to give the GPU more tiles: q, k and v as one product, and splitting a
+product's inner sum into s parts (one batched product of s slices, then a sum).
 
-Per product (the block's four linears, the trace's scores and context products): the
+Per product (the block's linear shapes, the trace's scores and context products): the
 median of `REPEATS` synchronised calls as cuBLAS runs it and split s ways, GFLOP/s, and the
 largest error against a float64 product; the masked softmax's passes over one layer's
 scores, as attnlab runs them and fused. Then `Trace(names="attn_weights").run` end to end:
-attnlab as it is, with each linear at its fastest split (this probe's patch of
-`layers.Linear.forward`, not attnlab's code), and with TF32 (not exact: its weights' error
+attnlab as it is, with q, k and v as one product, with each linear at its fastest split,
+with both (this probe's patches, not attnlab's code), and with TF32 (not exact: its weights' error
 against the float32 trace is the reason it is not an option), in alternating rounds.
 
     python -m benchmarks.gpu_gemm --out FILE [--smoke --device cpu]
@@ -73,7 +74,7 @@ def linears(config: GPTConfig, T: int, device: torch.device, repeats: int
             ) -> list[dict[str, Any]]:
     """Each of a GPT-2 block's four products at every split that divides its inner size."""
     C = config.n_embd
-    shapes = {"attention in (q, k, v)": (C, 3 * C), "attention out": (C, C),
+    shapes = {"q, k, v as one product": (C, 3 * C), "attention out (and q, k, v each)": (C, C),
               "MLP in": (C, 4 * C), "MLP out": (4 * C, C)}
     gen = torch.Generator(device).manual_seed(0)
     rows = []
@@ -165,10 +166,40 @@ def patched_linears(splits: dict[tuple[int, int], int]) -> Iterator[None]:
         layers.Linear.forward = plain  # type: ignore[method-assign]
 
 
+@contextmanager
+def fused_qkv(model: torch.nn.Module) -> Iterator[None]:
+    """Each attention's query, key and value as one product (weights concatenated), as
+    Hugging Face's GPT-2 and gpt-fast run them: the query's call makes all three and the key
+    and value calls that follow take theirs (self-attention calls them in that order)."""
+    patched = []
+    for attn in (block.attn for block in model.blocks):  # type: ignore[union-attr]
+        mods = (attn.query, attn.key, attn.value)
+        weight = torch.cat([m.weight for m in mods])  # (d_out + 2 d_kv, C)
+        bias = None if mods[0].bias is None else torch.cat([m.bias for m in mods])
+        sizes = [m.out_features for m in mods]
+        made: list[Tensor] = []
+
+        def query(x: Tensor, weight: Tensor = weight, bias: Tensor | None = bias,
+                  sizes: list[int] = sizes, made: list[Tensor] = made) -> Tensor:
+            q, k, v = F.linear(x, weight, bias).split(sizes, dim=-1)  # (B, T, each)
+            made[:] = [v, k]
+            return q
+
+        attn.query.forward = query
+        attn.key.forward = attn.value.forward = lambda x, made=made: made.pop()
+        patched += mods
+    try:
+        yield
+    finally:
+        for mod in patched:
+            del mod.forward  # the class's forward again
+
+
 def end_to_end(config: GPTConfig, T: int, device: torch.device, splits: dict[tuple[int, int], int],
                rounds: int) -> dict[str, Any]:
-    """Trace.run of every layer's weights: as attnlab runs it, with the fastest splits, with
-    TF32; ms (median of alternating rounds) and each one's largest weight difference."""
+    """Trace.run of every layer's weights: as attnlab runs it, with q, k and v as one
+    product, with the fastest splits, with both, with TF32; ms (median of alternating
+    rounds) and each one's largest weight difference."""
     model = random_gpt(config, device, torch.float32)
     ids = torch.randint(0, config.vocab_size, (1, T), device=device)
 
@@ -189,7 +220,16 @@ def end_to_end(config: GPTConfig, T: int, device: torch.device, splits: dict[tup
         finally:
             torch.set_float32_matmul_precision(before)
 
-    fns = {"attnlab Trace.run": run, "with the fastest splits": split, "with TF32": tf32}
+    def qkv() -> list[Tensor]:
+        with fused_qkv(model):
+            return run()
+
+    def both() -> list[Tensor]:
+        with fused_qkv(model), patched_linears(splits):
+            return run()
+
+    fns = {"attnlab Trace.run": run, "with q, k, v as one product": qkv,
+           "with the fastest splits": split, "with both": both, "with TF32": tf32}
     reference = run()
     errors = {name: max((a - b).abs().max().item() for a, b in zip(fn(), reference, strict=True))
               for name, fn in fns.items()}

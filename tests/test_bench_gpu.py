@@ -154,9 +154,31 @@ def test_gemm_probe_smoke_times_every_split_and_the_trace(tmp_path: Any) -> None
     assert layers.Linear.forward is forward
     result = json.loads((tmp_path / "gemm.json").read_text())
     splits = {row["product"]: sorted(map(int, row["ms"])) for row in result["linears"]}
-    assert splits == {"attention in (q, k, v)": [1], "attention out": [1], "MLP in": [1],
-                      "MLP out": [1, 2]}  # K = 32, 32, 32, 128
+    assert splits == {"q, k, v as one product": [1], "attention out (and q, k, v each)": [1],
+                      "MLP in": [1], "MLP out": [1, 2]}  # K = 32, 32, 32, 128
     assert len(result["attention"]) == 3 and len(result["softmax"]) == 4
     errors = result["trace"]["max_weight_error_vs_float32"]
-    assert set(errors) == {"attnlab Trace.run", "with the fastest splits", "with TF32"}
+    assert set(errors) == {"attnlab Trace.run", "with q, k, v as one product",
+                           "with the fastest splits", "with both", "with TF32"}
     assert max(errors.values()) < 1e-5  # a CPU has no TF32
+
+
+def test_the_fused_qkv_patch_makes_one_product_where_there_were_three(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """gpu_gemm's q, k, v patch: two products fewer per layer, the same logits, and the
+    modules' own forward back afterwards."""
+    model = gpu_gemm.random_gpt(gpu_gemm.TOY, torch.device("cpu"), torch.float32)
+    ids = torch.randint(0, 65, (2, 9), generator=torch.Generator().manual_seed(0))
+    calls = []
+    linear = torch.nn.functional.linear
+    monkeypatch.setattr(torch.nn.functional, "linear",
+                        lambda *a, **k: calls.append(1) or linear(*a, **k))
+    with torch.no_grad():
+        plain = model(ids).logits
+        n_plain = len(calls)
+        with gpu_gemm.fused_qkv(model):
+            fused = model(ids).logits
+    assert n_plain - (len(calls) - n_plain) == 2 * gpu_gemm.TOY.n_layer
+    torch.testing.assert_close(fused, plain, rtol=0, atol=1e-6)
+    assert all("forward" not in vars(m) for m in model.modules())
