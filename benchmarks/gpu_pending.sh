@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# What issue 33 still needs from a lent GPU, in one call of about 6 minutes (the device
+# What issue 33 still needs from a lent GPU, in one call of about 6-9 minutes (the device
 # tool's limit is 10): the cuda tests, the summaries and trace suites, and two probes. From
 # the repository root, carrying .gpu-data and .whl:
 #
@@ -28,7 +28,7 @@ python -c "import xdist" 2>/dev/null && xdist=(-n 6)
 step 150 pytest "$OUT/pytest.txt" \
   python -m pytest -m cuda -q "${xdist[@]}" -p no:benchmark -p no:cacheprovider -ra
 tail -3 "$OUT/pytest.txt"
-SUITES="gpu_summaries:90 gpu_trace:30" OUT="$OUT/t" bash benchmarks/gpu_decode_trace.sh
+SUITES="gpu_summaries:90 gpu_trace:60" OUT="$OUT/t" bash benchmarks/gpu_decode_trace.sh
 step 60 gpu_gemm "$OUT/gemm.txt" python -m benchmarks.gpu_gemm --out "$OUT/gemm.json"
 cat "$OUT/gemm.txt"
 step 150 gpu_summary_blocks "$OUT/blocks.txt" \
