@@ -147,8 +147,8 @@ def test_a_split_product_is_the_linear_it_splits(s: int) -> None:
 
 def test_gemm_probe_smoke_times_every_split_and_the_trace(tmp_path: Any) -> None:
     """The probe's every code path on the CPU: each product at each split that has parts of
-    64 or more, the attention products, and the end-to-end trace with the splits patched
-    in (and taken out again)."""
+    64 or more, the attention and softmax rows, and the end-to-end trace under each of
+    the probe's patches (taken out again after)."""
     forward = layers.Linear.forward
     gpu_gemm.main(["--smoke", "--device", "cpu", "--out", str(tmp_path / "gemm.json")])
     assert layers.Linear.forward is forward
