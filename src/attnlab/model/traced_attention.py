@@ -253,7 +253,6 @@ def _streamed(q: Tensor, key_t: Tensor, v: Tensor, mask: Mask, may_attend: Tenso
     S = key_t.shape[-1]
     rows, heads = stream_tile(q, S)
     spans = _spans(mask, may_attend, T, S, rows)
-    q = q * scale  # (B, nh, T, hs): once, not once per tile of scores
     context = v.new_empty((B, nh, T, v.shape[-1]))  # (B, nh, T, hs)
     for i0, (k0, k1, m0) in zip(range(0, T, rows), spans, strict=True):
         i1 = min(i0 + rows, T)
@@ -261,7 +260,7 @@ def _streamed(q: Tensor, key_t: Tensor, v: Tensor, mask: Mask, may_attend: Tenso
                   else ~may_attend[:, :, i0:i1, m0:k1])  # (B or 1, 1, rows, masked keys)
         for h0 in range(0, nh, heads):
             h = slice(h0, h0 + heads)
-            weights = _block_weights(q[:, h], key_t[:, h], None, mask, may_attend, 1.0, i0, i1,
+            weights = _block_weights(q[:, h], key_t[:, h], None, mask, may_attend, scale, i0, i1,
                                      (k0, k1, m0), summaries.dtype, hidden)
             summaries.add(weights, i0, k0, h0)  # (B, heads, rows, keys)
             # (B, heads, rows, keys) @ (B, heads, keys, hs) -> (B, heads, rows, hs)
