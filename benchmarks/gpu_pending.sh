@@ -6,8 +6,9 @@
 #     OUT=$OUT bash benchmarks/gpu_pending.sh
 #
 # Under $OUT: pytest.txt; t/ (gpu_decode_trace.sh's files for gpu_summaries and gpu_trace);
-# blocks.json (gpu_summary_blocks: block sizes, and the rows pass making the context, at
-# 32k tokens); gemm.json (gpu_gemm: split products and TF32 for the float32 trace).
+# blocks.json (gpu_summary_blocks: block sizes, with the context from SDPA, the rows pass,
+# and SDPA with its lse, at 32k tokens); gemm.json (gpu_gemm: split products and TF32 for
+# the float32 trace).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT="${OUT:-bench-results/pending}"
@@ -28,7 +29,7 @@ python -c "import xdist" 2>/dev/null && xdist=(-n 6)
 step 150 pytest "$OUT/pytest.txt" \
   python -m pytest -m cuda -q "${xdist[@]}" -p no:benchmark -p no:cacheprovider -ra
 tail -3 "$OUT/pytest.txt"
-SUITES="gpu_summaries:90 gpu_trace:60" OUT="$OUT/t" bash benchmarks/gpu_decode_trace.sh
+SUITES="gpu_summaries:100 gpu_trace:60" OUT="$OUT/t" bash benchmarks/gpu_decode_trace.sh
 step 60 gpu_gemm "$OUT/gemm.txt" python -m benchmarks.gpu_gemm --out "$OUT/gemm.json"
 cat "$OUT/gemm.txt"
 step 150 gpu_summary_blocks "$OUT/blocks.txt" \

@@ -11,6 +11,8 @@ vocab 128256, tied) with random bfloat16 weights drawn on the GPU, batch 1, at 8
   T x S weights;
 - the same trace with `summary_kernels.ROWS_MAKE_CONTEXT` on: each layer's context from the
   summaries' rows pass (one flash forward that also keeps the row sums) instead of SDPA's;
+- the same trace with `summary_kernels.LSE_FROM_FORWARD` on: each layer's context and each
+  row's lse from SDPA's kernel called by name, the row summaries from the given-lse pass;
 - at 8,192 only: Hugging Face eager `output_attentions=True` (its base model, no head) on a
   model of the same shape (its own random weights): its time, or that it ran out of memory.
 
@@ -66,7 +68,11 @@ TOY = GPTConfig(vocab_size=97, block_size=512, n_layer=2, n_head=4, n_kv_head=2,
 FORWARD, SUMMARY, HF_EAGER = ("attnlab fused forward (no trace)",
                               "attnlab forward + 5 summaries", "HF eager output_attentions")
 ROWS_CONTEXT = "attnlab forward + 5 summaries, context from the rows pass"
-WAYS = {SUMMARY: "", ROWS_CONTEXT: ", rows-pass context"}  # the target keys' suffixes
+FORWARD_LSE = "attnlab forward + 5 summaries, lse from the forward"
+#: the target keys' suffixes
+WAYS = {SUMMARY: "", ROWS_CONTEXT: ", rows-pass context", FORWARD_LSE: ", forward's lse"}
+#: variant -> the `summary_kernels` flag it turns on (where this checkout has it)
+FLAGS = {ROWS_CONTEXT: "ROWS_MAKE_CONTEXT", FORWARD_LSE: "LSE_FROM_FORWARD"}
 TARGETS = {"time": 2.0, "memory": 1.2}
 
 
@@ -117,19 +123,20 @@ def attnlab_rows(model: Any, T: int, device: torch.device, rounds: int) -> dict[
     missing = missing_names()
     rows[SUMMARY] = ({"error": f"names not available: {', '.join(missing)}"} if missing
                      else measure(summaries, device, rounds))
-    if not missing and hasattr(summary_kernels, "ROWS_MAKE_CONTEXT"):
-        rows[ROWS_CONTEXT] = measure(lambda: rows_pass_context(summaries), device, rounds)
+    for variant, flag in FLAGS.items():
+        if not missing and hasattr(summary_kernels, flag):
+            rows[variant] = measure(lambda flag=flag: flagged(flag, summaries), device, rounds)
     return rows
 
 
-def rows_pass_context(fn: Any) -> None:
-    """fn with `summary_kernels.ROWS_MAKE_CONTEXT` on."""
-    before = summary_kernels.ROWS_MAKE_CONTEXT
-    summary_kernels.ROWS_MAKE_CONTEXT = True
+def flagged(flag: str, fn: Any) -> None:
+    """fn with `summary_kernels`' flag on."""
+    before = getattr(summary_kernels, flag)
+    setattr(summary_kernels, flag, True)
     try:
         fn()
     finally:
-        summary_kernels.ROWS_MAKE_CONTEXT = before
+        setattr(summary_kernels, flag, before)
 
 
 def hf_row(config: GPTConfig, T: int, device: torch.device) -> dict[str, Any]:

@@ -1,9 +1,11 @@
 """The summary kernels' block sizes at long context, side by side on one GPU: which
 (rows, keys, warps, stages) per pass makes `Trace(names=SUMMARY_NAMES).run`'s five summaries
 cheapest against the fused forward (docs/performance.md#summaries-on-a-gpu), with the
-context from SDPA and from the rows pass (`summary_kernels.ROWS_MAKE_CONTEXT`). A probe for a
-lent GPU, not a suite: the same workload as `gpu_summaries`' longest row (Llama-3.2-1B
-shape, bfloat16, batch 1), each candidate timed after its own warmup (its compilation).
+context from SDPA, from the rows pass (`summary_kernels.ROWS_MAKE_CONTEXT`) and from SDPA
+with its lse (`LSE_FROM_FORWARD`, whose given-lse pass walks in the rows pass's blocks). A
+probe for a lent GPU, not a suite: the same workload as `gpu_summaries`' longest row
+(Llama-3.2-1B shape, bfloat16, batch 1), each candidate timed after its own warmup (its
+compilation).
 
     python -m benchmarks.gpu_summary_blocks --out FILE [--tokens N]
 """
@@ -21,7 +23,7 @@ import torch
 from attnlab.model import summary_kernels
 
 from .gpu_common import random_gpt
-from .gpu_summaries import FORWARD, LLAMA_1B, ROWS_CONTEXT, SUMMARY, attnlab_rows
+from .gpu_summaries import FORWARD, FORWARD_LSE, LLAMA_1B, ROWS_CONTEXT, SUMMARY, attnlab_rows
 
 #: (rows pass, received pass) candidates; the first is the default
 CANDIDATES: list[tuple[tuple[int, ...], tuple[int, ...]]] = [
@@ -53,9 +55,10 @@ def main(argv: list[str] | None = None) -> int:
                    "summaries_ms": measured[SUMMARY].get("ms"),
                    "peak_gib": (measured[SUMMARY].get("peak_bytes") or 0) / 2**30}
             row["x_forward"] = row["summaries_ms"] / row["forward_ms"]
-            if ROWS_CONTEXT in measured:  # the same blocks, the rows pass making the context
-                row["rows_context_ms"] = measured[ROWS_CONTEXT].get("ms")
-                row["x_forward_rows_context"] = row["rows_context_ms"] / row["forward_ms"]
+            for variant, key in ((ROWS_CONTEXT, "rows_context"), (FORWARD_LSE, "forward_lse")):
+                if variant in measured:  # the same blocks, the other ways
+                    row[f"{key}_ms"] = measured[variant].get("ms")
+                    row[f"x_forward_{key}"] = row[f"{key}_ms"] / row["forward_ms"]
         except Exception as err:  # a candidate that fails to compile or run is reported
             row = {"rows": rows, "received": received, "error": f"{type(err).__name__}: {err}"}
         result["candidates"].append(row)

@@ -125,6 +125,8 @@ def kernels() -> dict[str, Any]:
         "rows pass with the context": compile_for_h100(summary_triton.rows_kernel, rows,
                                                        **WANTS, CONTEXT=True),
         "received pass": compile_for_h100(summary_triton.received_kernel, received),
+        "given-lse rows pass": compile_for_h100(summary_triton.given_rows_kernel, rows,
+                                                **WANTS),
         # a padded batch: masked loops for blocks that may hold a pad, the unmasked ones
         # for a left padding's real keys
         "rows pass, padded": compile_for_h100(summary_triton.rows_kernel, rows, **WANTS,

@@ -75,6 +75,8 @@ def test_summaries_smoke_measures_the_trace_or_says_the_names_are_missing(
     result = gpu_summaries.run(quick=True, device="cpu")
     row = result["lengths"]["64"][gpu_summaries.SUMMARY]
     assert ("ms" in row) != ("error" in row)  # measured, or "names not available: ..."
+    if "ms" in row:  # each way the flags choose, measured beside it
+        assert all("ms" in result["lengths"]["64"][way] for way in gpu_summaries.FLAGS)
     assert "ms" in result["lengths"]["64"][gpu_summaries.HF_EAGER]
     monkeypatch.setattr(gpu_summaries, "SUMMARIES", ("q", "k"))  # names every Trace has
     result = gpu_summaries.run(quick=True, device="cpu")

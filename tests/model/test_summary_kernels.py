@@ -171,6 +171,53 @@ def test_only_a_left_padding_lets_the_kernels_drop_the_mask() -> None:
     assert summary_kernels._clean_from(pad, first).tolist() == [2, 0, 5, 5, 5]
 
 
+def _lse(q: torch.Tensor, k: torch.Tensor, mask: Mask, scale: float) -> torch.Tensor:
+    """(B, nh, T) each row's natural log-sum-exp under the mask, -inf for a row with no key
+    (as an attention forward would hand it over)."""
+    k = k.repeat_interleave(q.shape[1] // k.shape[1], dim=1)  # (B, nh, S, hs)
+    scores = q @ k.transpose(-1, -2) * scale  # (B, nh, T, S)
+    if mask.may_attend is not None:
+        scores = scores.masked_fill(~mask.may_attend, float("-inf"))
+    return scores.logsumexp(-1)  # (B, nh, T)
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_interpreted_given_lse_pass_equals_the_torch_path(case: str, interpreted: None) -> None:
+    """Given each row's lse, the given-lse rows pass (tiles summed over rows once, at the end)
+    and the received pass make the torch path's summaries: every case above, rows without
+    keys and pads' own rows included."""
+    q, k, mask = _case(case)
+    block = CASES[case][9]
+    names = list(SUMMARY_NAMES)
+    expected = _torch_path(q, k, mask, 0.3, names)
+    got = summary_kernels.layer_summaries(names, q, k, 0.3, causal=bool(mask.causal),
+                                          window=mask.window, padding=mask.padding,
+                                          blocks=(block, block), lse=_lse(q, k, mask, 0.3))
+    assert list(got) == names
+    for name in names:
+        torch.testing.assert_close(got[name], expected[name], **TOLERANCE,
+                                   msg=lambda m, n=name: f"{case} {n}: {m}")
+
+
+def test_a_given_lse_must_have_one_value_per_row() -> None:
+    q, k = torch.randn(1, 2, 5, 16), torch.randn(1, 2, 5, 16)
+    with pytest.raises(ValueError, match=r"lse of shape \(1, 2, 4\); pass \(B, nh, T\)"):
+        summary_kernels.layer_summaries(["attn_max"], q, k, 0.25, causal=True,
+                                        lse=torch.zeros(1, 2, 4))
+
+
+def test_attend_with_lse_is_sdpa_and_its_lse() -> None:
+    """On a CPU the lse comes from SDPA's own flash kernel: the context equals
+    `F.scaled_dot_product_attention` exactly, the lse the masked scores' logsumexp."""
+    gen = torch.Generator().manual_seed(3)
+    q, k, v = (torch.randn(2, 3, 37, 16, generator=gen) for _ in range(3))
+    context, lse = summary_kernels.attend_with_lse(q, k, v, 0.3)
+    expected = torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True,
+                                                                scale=0.3)
+    assert torch.equal(context, expected)
+    torch.testing.assert_close(lse, _lse(q, k, build_mask(37, 37), 0.3), **TOLERANCE)
+
+
 def test_only_the_wanted_summaries_are_made(interpreted: None) -> None:
     q, k = torch.randn(1, 2, 5, 16), torch.randn(1, 2, 5, 16)
     got = summary_kernels.layer_summaries(["attn_max", "attn_sink"], q, k, 0.25, causal=True)
@@ -251,6 +298,55 @@ def test_a_model_trace_with_the_rows_pass_context_equals_the_torch_trace(
     torch.testing.assert_close(traced_logits, logits, **TOLERANCE)
 
 
+def test_a_model_trace_with_the_forward_lse_equals_the_torch_trace(
+    interpreted: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`LSE_FROM_FORWARD` on: the layers under the plain causal mask take the context and
+    the lse from `attend_with_lse` (counted: not the windowed layer 0), and the summaries
+    equal the torch trace's, the logits the untraced forward's; a padded batch, and heads
+    whose size is no multiple of 8 (SDPA pads those before its kernels), keep the rows
+    pass (no call)."""
+    model = _model(pos="rope", sliding_window=3, window_layers=[0], n_embd=32)  # head size 8
+    ids = torch.randint(0, 65, (2, 11), generator=torch.Generator().manual_seed(1))
+    names = list(SUMMARY_NAMES)
+    with torch.no_grad():
+        logits = model(ids).logits  # (B, T, V) the fused path's
+    expected = Trace(names=names).run(model, ids)
+    calls = []
+    attend_with_lse = summary_kernels.attend_with_lse
+
+    def counted(*args: Any) -> tuple[torch.Tensor, torch.Tensor]:
+        calls.append(args[0].shape)
+        return attend_with_lse(*args)
+
+    monkeypatch.setattr(summary_kernels, "available", lambda q: True)
+    monkeypatch.setattr(summary_kernels, "LSE_FROM_FORWARD", True)
+    monkeypatch.setattr(summary_kernels, "attend_with_lse", counted)
+    got = Trace(names=names)
+    with torch.no_grad():
+        traced_logits = model(ids, trace=got).logits  # (B, T, V)
+    assert len(calls) == model.config.n_layer - 1
+    _assert_same_trace(got, expected, model.config.n_layer, names)
+    torch.testing.assert_close(traced_logits, logits, **TOLERANCE)
+    mask = torch.ones(2, 11, dtype=torch.long)
+    mask[1, :4] = 0
+    calls.clear()
+    _assert_same_trace(Trace(names=names).run(model, ids, mask),
+                       _torch_trace(model, ids, mask, names, monkeypatch),
+                       model.config.n_layer, names)
+    odd = _model(pos="rope", n_embd=24)  # head size 6
+    Trace(names=names).run(odd, ids)
+    assert calls == []
+
+
+def _torch_trace(model: GPT, ids: torch.Tensor, mask: torch.Tensor, names: list[str],
+                 monkeypatch: pytest.MonkeyPatch) -> Trace:
+    """The trace of `names` by the torch path (the kernels turned off meanwhile)."""
+    with monkeypatch.context() as patch:
+        patch.setattr(summary_kernels, "available", lambda q: False)
+        return Trace(names=names).run(model, ids, mask)
+
+
 def _cuda() -> None:
     if not torch.cuda.is_available():
         pytest.skip("needs a CUDA GPU")
@@ -326,24 +422,57 @@ def test_cuda_trace_of_summaries_takes_the_kernels() -> None:
 
 
 @pytest.mark.cuda
-def test_cuda_trace_with_the_rows_pass_context_equals_the_forward() -> None:
-    """A float32 GQA model with a window layer and a left-padded row on a GPU, with
-    `ROWS_MAKE_CONTEXT` on: the traced forward's logits equal the untraced forward's and its
+@pytest.mark.parametrize("flag", ["ROWS_MAKE_CONTEXT", "LSE_FROM_FORWARD"])
+def test_cuda_trace_with_another_context_equals_the_forward(flag: str) -> None:
+    """A float32 GQA model with a window layer on a GPU, with `flag` on (the rows pass's
+    context, over a left-padded row; the forward's lse, in the unwindowed layer of an
+    unpadded batch): the traced forward's logits equal the untraced forward's and its
     summaries the two passes' (context from SDPA), to 1e-5."""
     _cuda()
     model = _model(pos="rope", sliding_window=100, window_layers=[0], n_layer=2,
                    block_size=512).to("cuda")
     ids = torch.randint(0, 65, (2, 300), device="cuda")
-    mask = torch.ones(2, 300, dtype=torch.long, device="cuda")
-    mask[1, :37] = 0
+    mask = None  # a mask of ones would be a padding to the model
+    if flag == "ROWS_MAKE_CONTEXT":
+        mask = torch.ones(2, 300, dtype=torch.long, device="cuda")
+        mask[1, :37] = 0
     names = list(SUMMARY_NAMES)
     with torch.no_grad():
         logits = model(ids, attention_mask=mask).logits  # (B, T, V)
         expected = Trace(names=names)
         model(ids, attention_mask=mask, trace=expected)
         with pytest.MonkeyPatch.context() as patch:
-            patch.setattr(summary_kernels, "ROWS_MAKE_CONTEXT", True)
+            patch.setattr(summary_kernels, flag, True)
             got = Trace(names=names)
             traced_logits = model(ids, attention_mask=mask, trace=got).logits  # (B, T, V)
     _assert_same_trace(got, expected, model.config.n_layer, names)
     torch.testing.assert_close(traced_logits, logits, **TOLERANCE)
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_cuda_given_lse_pass_equals_the_rows_pass(dtype: torch.dtype) -> None:
+    """On a GPU `attend_with_lse` calls SDPA's own kernels by name (flash for bfloat16,
+    memory-efficient for float32): its context is SDPA's and its lse the scores'; given that
+    lse, the given-lse pass makes the rows pass's summaries (T = 1000, a ragged last block;
+    GQA read in place)."""
+    _cuda()
+    gen = torch.Generator(device="cuda").manual_seed(1)
+    q, k, v = (torch.randn(2, 8, 1000, 64, device="cuda", generator=gen, dtype=dtype)
+               for _ in range(3))
+    context, lse = summary_kernels.attend_with_lse(q, k, v, 0.125)
+    expected = torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True,
+                                                                scale=0.125)
+    close = TOLERANCE if dtype == torch.float32 else dict(atol=2e-2, rtol=2e-2)
+    torch.testing.assert_close(context, expected, **close)
+    mask = build_mask(1000, 1000, device="cuda")
+    torch.testing.assert_close(lse, _lse(q.float(), k.float(), mask, 0.125), **close)
+    names = list(SUMMARY_NAMES)
+    k_heads = k[:, ::4]  # (2, 2, 1000, 64): four query heads to a key head
+    rows = summary_kernels.layer_summaries(names, q, k_heads, 0.125, causal=True)
+    given = summary_kernels.layer_summaries(
+        names, q, k_heads, 0.125, causal=True,
+        lse=_lse(q.float(), k_heads.float(), mask, 0.125))
+    for name in names:
+        torch.testing.assert_close(given[name], rows[name], **close,
+                                   msg=lambda m, n=name: f"{n}: {m}")

@@ -3,8 +3,9 @@
 tuned tiles (`summary_kernels.ROWS_BLOCKS`, `RECEIVED_BLOCKS`) must compile; none may spill
 registers to local memory (a spill turns each block's reductions into memory traffic); the
 rows pass with the context (`attend_and_summarise`) adds its second product and not one
-exponential; the received pass sums over rows outside its loops (no reduction's shuffle in
-them). The timings are a GPU's: docs/performance.md#summaries-on-a-gpu."""
+exponential; the received pass and the given-lse rows pass sum over rows outside their
+loops (no reduction's shuffle in them). The timings are a GPU's:
+docs/performance.md#summaries-on-a-gpu."""
 
 from __future__ import annotations
 
@@ -53,6 +54,17 @@ def test_the_received_pass_sums_over_rows_once(compiled: dict[str, Any]) -> None
     assert all(loop["SHFL.BFLY"] == 0 for loop in loops), loops
 
 
+def test_the_given_lse_pass_sums_once_and_issues_less(compiled: dict[str, Any]) -> None:
+    """Given the lse, the rows pass's unmasked loop has no running max and no sum per
+    block: the same exponentials, no shuffle, fewer instructions per block."""
+    given = kernel_sass.loops(compiled["given-lse rows pass"])
+    rows = kernel_sass.loops(compiled["rows pass"])
+    assert all(loop["SHFL.BFLY"] == 0 for loop in given), given
+    assert min(loop["instructions"] for loop in given) < min(
+        loop["instructions"] for loop in rows), (given, rows)
+    assert {loop["MUFU"] for loop in given} == {32}, given
+
+
 def test_a_padded_batch_keeps_the_unmasked_loops(compiled: dict[str, Any]) -> None:
     """A left padding's blocks of real keys take the loop an unpadded batch takes."""
     for kernel in ("rows pass", "received pass"):
@@ -65,6 +77,7 @@ def test_the_report_names_each_kernel(tmp_path: Path, capsys: pytest.CaptureFixt
     assert kernel_sass.main(["--out", str(tmp_path / "sass.json")]) == 0
     written = json.loads((tmp_path / "sass.json").read_text())
     assert list(written) == ["rows pass", "rows pass with the context", "received pass",
-                             "rows pass, padded", "received pass, padded"]
+                             "given-lse rows pass", "rows pass, padded",
+                             "received pass, padded"]
     assert all(found["loops"] and found["usage"]["REG"] > 0 for found in written.values())
     assert "received pass:" in capsys.readouterr().out

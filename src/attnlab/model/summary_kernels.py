@@ -3,7 +3,9 @@
 `traced_attention.py` calls `layer_summaries` for a trace of summaries alone when
 `available(q)` and the mask is one the kernels rebuild from indices (causal with cached
 keys, a sliding window, key padding); the context then comes from the fused path, or with
-`ROWS_MAKE_CONTEXT` from the rows pass itself (`attend_and_summarise`). The
+`ROWS_MAKE_CONTEXT` from the rows pass itself (`attend_and_summarise`), or with
+`LSE_FROM_FORWARD` from SDPA's kernel, which hands over each row's lse too
+(`attend_with_lse`: the row summaries then need no running max). The
 summaries mean exactly what `summaries.py` says (pad rows and rows with nothing to attend
 to are 0s, the sink is the row's first real key); this module only decides the launch. The
 kernels (`summary_triton.py`) need triton, which attnlab does not depend on: it is imported
@@ -39,6 +41,11 @@ ROW_NAMES = ("attn_entropy", "attn_sink", "attn_distance", "attn_max")
 #: of SDPA's forward beside the two passes: off until a GPU run measures it faster
 #: (docs/performance.md#summaries-on-a-gpu).
 ROWS_MAKE_CONTEXT = False
+#: Whether a trace of summaries alone over the plain causal mask (T == S, no padding, no
+#: window) takes each layer's context and each row's lse from SDPA's own kernel
+#: (`attend_with_lse`), and its row summaries from the given-lse rows pass (no running max,
+#: no sum per block): off until a GPU run measures it faster (`benchmarks/gpu_summaries.py`).
+LSE_FROM_FORWARD = False
 
 
 def triton_importable() -> bool:
@@ -54,14 +61,39 @@ def available(q: Tensor) -> bool:
 
 def layer_summaries(names: list[str], q: Tensor, k: Tensor, scale: float, *, causal: bool,
                     window: int | None = None, padding: Tensor | None = None,
-                    blocks: tuple[int, int] | None = None) -> dict[str, Tensor]:
+                    blocks: tuple[int, int] | None = None,
+                    lse: Tensor | None = None) -> dict[str, Tensor]:
     """The summaries `names` (float32, in `SUMMARY_NAMES` order) of softmax(q k^T * scale)
     under the mask: q (B, nh, T, hs), k (B, nkv, S, hs) with nh % nkv == 0 (head h reads key
     head h // (nh // nkv)); query row r is key index S - T + r. causal: row r sees keys up to
     its own; window: only its last `window` keys (with causal); padding (B, S) bool, True for
     real tokens: pads are never attended, a pad's own row is 0s. blocks: (rows, keys) per
-    block for both passes instead of the tuned sizes (the tests use small ones)."""
-    return _run(names, q, k, None, scale, causal, window, padding, blocks)[0]
+    block for both passes instead of the tuned sizes (the tests use small ones). lse: each
+    row's natural log-sum-exp (B, nh, T) under the same mask, as the attention forward made
+    it (`attend_with_lse`): the row summaries then come from the given-lse pass."""
+    return _run(names, q, k, None, scale, causal, window, padding, blocks, lse)[0]
+
+
+def attend_with_lse(q: Tensor, k: Tensor, v: Tensor, scale: float) -> tuple[Tensor, Tensor]:
+    """Causal attention of q over k, v (B, nh, T, hs), T == S, no other mask: the context
+    (B, nh, T, hs) as `F.scaled_dot_product_attention(..., is_causal=True)` computes it, and
+    each row's natural log-sum-exp (B, nh, T) float32, which the public function drops. The
+    kernels SDPA itself runs, called by name: flash attention for 16-bit inputs on a GPU
+    (compute capability 8.0 and up), memory-efficient attention for the rest there, the
+    flash kernel on a CPU."""
+    T = q.shape[2]
+    aten = torch.ops.aten
+    if not q.is_cuda:
+        context, lse = aten._scaled_dot_product_flash_attention_for_cpu(
+            q, k, v, 0.0, True, scale=scale)[:2]
+    elif q.dtype in (torch.float16, torch.bfloat16) and \
+            torch.cuda.get_device_capability(q.device) >= (8, 0):  # flash attention's GPUs
+        context, lse = aten._scaled_dot_product_flash_attention(
+            q, k, v, 0.0, True, False, scale=scale)[:2]
+    else:  # float32 or an older GPU; its lse is padded to a multiple of 32 rows
+        context, lse = aten._scaled_dot_product_efficient_attention(
+            q, k, v, None, True, 0.0, True, scale=scale)[:2]
+    return context, lse[..., :T]  # (B, nh, T, hs), (B, nh, T)
 
 
 def attend_and_summarise(names: list[str], q: Tensor, k: Tensor, v: Tensor, scale: float, *,
@@ -75,15 +107,16 @@ def attend_and_summarise(names: list[str], q: Tensor, k: Tensor, v: Tensor, scal
     if v.shape != k.shape or v.dtype != q.dtype:
         raise ValueError(f"v {tuple(v.shape)} {v.dtype} does not fit k {tuple(k.shape)} and "
                          f"q's {q.dtype}: pass v of k's shape and q's dtype")
-    values, context = _run(names, q, k, v, scale, causal, window, padding, blocks)
+    values, context = _run(names, q, k, v, scale, causal, window, padding, blocks, None)
     assert context is not None
     return context, values
 
 
 def _run(names: list[str], q: Tensor, k: Tensor, v: Tensor | None, scale: float, causal: bool,
-         window: int | None, padding: Tensor | None, blocks: tuple[int, int] | None
-         ) -> tuple[dict[str, Tensor], Tensor | None]:
-    """The checked launch behind both: the summaries, and the context when v is given."""
+         window: int | None, padding: Tensor | None, blocks: tuple[int, int] | None,
+         lse: Tensor | None) -> tuple[dict[str, Tensor], Tensor | None]:
+    """The checked launch behind both: the summaries, and the context when v is given (lse,
+    given or not, only without v)."""
     B, nh, T, hs = q.shape
     nkv, S = k.shape[1], k.shape[2]
     unknown = sorted(set(names) - set(SUMMARY_NAMES))
@@ -112,14 +145,32 @@ def _run(names: list[str], q: Tensor, k: Tensor, v: Tensor | None, scale: float,
                   HS=hs, BLOCK_D=max(16, 1 << (hs - 1).bit_length()), CAUSAL=causal,
                   WINDOWED=windowed, HAS_PAD=padding is not None,
                   IEEE=q.dtype == torch.float32)
-    lse2 = torch.empty((B, nh, T), dtype=torch.float32, device=device)  # (B, nh, T)
+    if lse is None:  # written by the rows pass
+        lse2 = torch.empty((B, nh, T), dtype=torch.float32, device=device)  # (B, nh, T)
+    else:
+        lse2 = _given_lse2(lse, padding, (B, nh, T))  # (B, nh, T)
     context = None
     if v is not None:
         v = v if v.stride(-1) == 1 else v.contiguous()  # (B, nkv, S, hs)
         # laid out (B, T, nh, hs), as SDPA's: the heads' merge after it is then a view
         context = q.new_empty((B, T, nh, hs)).transpose(1, 2)  # (B, nh, T, hs)
-    _launch(names, q, k, (pad, first, clean, lse2), values, common, blocks, (v, context))
+    _launch(names, q, k, (pad, first, clean, lse2), values, common, blocks, (v, context),
+            given=lse is not None)
     return {name: values[name] for name in SUMMARY_NAMES if name in names}, context
+
+
+def _given_lse2(lse: Tensor, padding: Tensor | None, shape: tuple[int, int, int]) -> Tensor:
+    """(B, nh, T) float32 the base-2 lse the kernels read from a given natural one: +inf
+    where a row has no weights (no key to attend: lse -inf; a pad's own query), as the rows
+    pass writes it."""
+    if tuple(lse.shape) != shape:
+        raise ValueError(f"lse of shape {tuple(lse.shape)}; pass (B, nh, T) = {shape}, one "
+                         "per query row")
+    lse = lse.to(dtype=torch.float32)  # (B, nh, T)
+    has = torch.isfinite(lse)  # (B, nh, T)
+    if padding is not None:  # a pad's own query: the last T keys are the queries
+        has = has & padding[:, None, padding.shape[-1] - shape[-1]:].to(lse.device)
+    return torch.where(has, lse * math.log2(math.e), math.inf).contiguous()  # (B, nh, T)
 
 
 def _clean_from(pad: Tensor, first: Tensor) -> Tensor:
@@ -136,11 +187,11 @@ def _launch(names: list[str], q: Tensor, k: Tensor,
             masks: tuple[Tensor, Tensor, Tensor, Tensor],
             values: dict[str, Tensor], common: dict[str, Any],
             blocks: tuple[int, int] | None,
-            attention: tuple[Tensor | None, Tensor | None]) -> None:
+            attention: tuple[Tensor | None, Tensor | None], given: bool) -> None:
     """The passes into `values`; masks: the padding (B, S), first real keys (B,), the keys
-    from which no mask is needed (B,) and each row's lse (B, nh, T), written by the rows
-    pass (base 2) for the received pass, which runs only when wanted; attention: v and the
-    context the rows pass writes, or Nones."""
+    from which no mask is needed (B,) and each row's lse (B, nh, T) (base 2) for the
+    received pass, which runs only when wanted: given, or written by the rows pass;
+    attention: v and the context the rows pass writes, or Nones."""
     from . import summary_triton as kernels  # triton: imported only here
 
     B, nh, T, hs = q.shape
@@ -160,10 +211,15 @@ def _launch(names: list[str], q: Tensor, k: Tensor,
     with torch.cuda.device(q.device) if q.is_cuda else contextlib.nullcontext():
         tuning = _tuning(ROWS_BLOCKS[size], blocks)
         grid = (math.ceil(T / tuning["BLOCK_M"]), B * nh)
-        kernels.rows_kernel[grid](q, k, q if v is None else v, q if context is None else context,
-                                  pad, first, clean, lse, *outs, *strides, *v_strides,
-                                  *context_strides, **common, **wants, **tuning,
-                                  CONTEXT=context is not None)
+        if given:
+            if any(wants.values()):
+                kernels.given_rows_kernel[grid](q, k, pad, first, clean, lse, *outs, *strides,
+                                                **common, **wants, **tuning)
+        else:
+            kernels.rows_kernel[grid](q, k, q if v is None else v,
+                                      q if context is None else context, pad, first, clean,
+                                      lse, *outs, *strides, *v_strides, *context_strides,
+                                      **common, **wants, **tuning, CONTEXT=context is not None)
         if received_wanted:
             received = torch.empty((B, nh, S), dtype=torch.float32,
                                    device=q.device)  # (B, nh, S)

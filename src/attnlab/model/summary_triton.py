@@ -13,6 +13,12 @@ means is `summaries.py`'s, when to run them `summary_kernels.py`'s. Scores are k
     received pass  grid (key blocks, B * nh): sum over the real query rows of
                    2^(s2 - lse2_i), from the rows pass's lse2
 
+or, where the attention forward hands over each row's lse (SDPA's kernels make it):
+
+    given lse      grid (query blocks, B * nh): p = 2^(s2 - lse2) is each weight as it is
+                   made, so tiles of p x, p (i - j) and s2 add up element by element and
+                   are summed over each row once, at the end; then the received pass
+
 With CONTEXT the rows pass is also the flash attention forward: it keeps acc = sum
 2^(s2 - m) v_j with the same running max and writes context = acc / l, so the exponentials
 it makes for the summaries make the context too, and no separate forward runs.
@@ -249,6 +255,100 @@ def rows_kernel(q_ptr, k_ptr, v_ptr, context_ptr, pad_ptr, first_ptr, clean_ptr,
     if WANT_SINK:
         sink = _sink(q, k_head, first, sks, dims, dim_ok, key_index, has,
                      lse2, scale2, window, CAUSAL, WINDOWED)
+        tl.store(sink_ptr + out, sink, mask=row_ok)
+
+
+@triton.jit
+def _given_block(q, k_head, start, rows, row_ok, key_index, lse2, base, dims, dim_ok, sks, S,
+                 pad_row, window, scale2, t_acc, d_acc, s_max, HS: tl.constexpr,
+                 BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr, WINDOWED: tl.constexpr,
+                 HAS_PAD: tl.constexpr, WANT_ENTROPY: tl.constexpr,
+                 WANT_DISTANCE: tl.constexpr, WANT_MAX: tl.constexpr, IEEE: tl.constexpr,
+                 MASKED: tl.constexpr):
+    """The given-lse rows pass's (BLOCK_M, BLOCK_N) running tiles after keys start..+BLOCK_N,
+    added to element by element: with each row's lse known nothing is rescaled, so nothing
+    is summed over a row until the end (base: i - j + start per pair, exact in float32)."""
+    qk = _products(q, k_head, start, dims, dim_ok, sks, S, HS, BLOCK_N, IEEE)
+    x = qk * scale2 - lse2[:, None]  # (BLOCK_M, BLOCK_N) log2 of the weights
+    if MASKED:  # where, not a product: a hidden pair's exp2 may overflow
+        ok = _keys_ok(rows, start + tl.arange(0, BLOCK_N), row_ok, key_index, S, pad_row,
+                      window, CAUSAL, WINDOWED, HAS_PAD)
+        x = tl.where(ok, x, 0.0)
+        p = tl.where(ok, tl.exp2(x), 0.0)  # (BLOCK_M, BLOCK_N)
+        if WANT_MAX:
+            qk = tl.where(ok, qk, float("-inf"))
+    else:
+        p = tl.exp2(x)  # (BLOCK_M, BLOCK_N)
+    if WANT_ENTROPY:
+        t_acc += p * x
+    if WANT_DISTANCE:
+        d_acc += p * (base - start)  # i - j
+    if WANT_MAX:  # the scale (> 0) commutes with the max
+        s_max = tl.maximum(s_max, qk)
+    return t_acc, d_acc, s_max
+
+
+@triton.jit
+def given_rows_kernel(q_ptr, k_ptr, pad_ptr, first_ptr, clean_ptr, lse_ptr,
+                      entropy_ptr, sink_ptr, distance_ptr, max_ptr,
+                      sqb, sqh, sqt, skb, skh, sks,
+                      nh, group, T, S, offset, window, scale2,
+                      HS: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr,
+                      BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr, WINDOWED: tl.constexpr,
+                      HAS_PAD: tl.constexpr, WANT_ENTROPY: tl.constexpr,
+                      WANT_SINK: tl.constexpr, WANT_DISTANCE: tl.constexpr,
+                      WANT_MAX: tl.constexpr, IEEE: tl.constexpr):
+    """`rows_kernel`'s row summaries of one block of query rows of one (batch, head), given
+    each row's lse2 (float32, contiguous (B, nh, T), +inf for a row with no weights, as
+    `rows_kernel` writes it): p = 2^(s2 - lse2) is each weight as it is made, so no running
+    max, no rescaling and no sum per block; entropy = -ln 2 sum p log2 p, distance =
+    sum p (i - j), max = 2^(max s2 - lse2)."""
+    pid_m = tl.program_id(0)
+    bh = tl.program_id(1)
+    b, h = bh // nh, bh % nh
+    rows, row_ok, key_index, dims, dim_ok, q = _query_block(
+        q_ptr + b * sqb + h * sqh, pid_m, sqt, T, offset, HS, BLOCK_D, BLOCK_M)
+    pad_row = pad_ptr + b * S
+    lse2 = tl.load(lse_ptr + bh * T + rows, mask=row_ok, other=float("inf"))
+    has = row_ok & (lse2 < float("inf"))
+    # a row without weights: a finite lse2 so large that its weights are 0 and p x is -0
+    lse2_safe = tl.where(has, lse2, 1e30)
+    first = tl.load(first_ptr + b)
+    lo, full_lo, full_hi, hi = _key_blocks(pid_m, offset, window, S, first,
+                                           tl.load(clean_ptr + b), BLOCK_M, BLOCK_N,
+                                           CAUSAL, WINDOWED, HAS_PAD)
+    base = (key_index[:, None] - tl.arange(0, BLOCK_N)[None, :]).to(tl.float32)
+    t_acc = tl.zeros((BLOCK_M, BLOCK_N), tl.float32)
+    d_acc = tl.zeros((BLOCK_M, BLOCK_N), tl.float32)
+    s_max = tl.full((BLOCK_M, BLOCK_N), float("-inf"), tl.float32)
+    k_head = k_ptr + b * skb + (h // group) * skh
+    for start in range(lo, full_lo, BLOCK_N):  # before the window's full blocks: masked
+        t_acc, d_acc, s_max = _given_block(
+            q, k_head, start, rows, row_ok, key_index, lse2_safe, base, dims, dim_ok, sks, S,
+            pad_row, window, scale2, t_acc, d_acc, s_max, HS, BLOCK_N, CAUSAL, WINDOWED,
+            HAS_PAD, WANT_ENTROPY, WANT_DISTANCE, WANT_MAX, IEEE, True)
+    for start in range(full_lo, full_hi, BLOCK_N):
+        t_acc, d_acc, s_max = _given_block(
+            q, k_head, start, rows, row_ok, key_index, lse2_safe, base, dims, dim_ok, sks, S,
+            pad_row, window, scale2, t_acc, d_acc, s_max, HS, BLOCK_N, CAUSAL, WINDOWED,
+            HAS_PAD, WANT_ENTROPY, WANT_DISTANCE, WANT_MAX, IEEE, False)
+    for start in range(tl.maximum(full_hi, lo), hi, BLOCK_N):  # the diagonal, the last keys
+        t_acc, d_acc, s_max = _given_block(
+            q, k_head, start, rows, row_ok, key_index, lse2_safe, base, dims, dim_ok, sks, S,
+            pad_row, window, scale2, t_acc, d_acc, s_max, HS, BLOCK_N, CAUSAL, WINDOWED,
+            HAS_PAD, WANT_ENTROPY, WANT_DISTANCE, WANT_MAX, IEEE, True)
+    out = bh * T + rows
+    if WANT_ENTROPY:  # -sum p ln p = -ln 2 sum p log2 p
+        tl.store(entropy_ptr + out, tl.where(has, -0.6931471805599453 * tl.sum(t_acc, 1), 0.0),
+                 mask=row_ok)
+    if WANT_DISTANCE:
+        tl.store(distance_ptr + out, tl.where(has, tl.sum(d_acc, 1), 0.0), mask=row_ok)
+    if WANT_MAX:
+        p_max = tl.exp2(tl.max(s_max, 1) * scale2 - lse2_safe)
+        tl.store(max_ptr + out, tl.where(has, p_max, 0.0), mask=row_ok)
+    if WANT_SINK:
+        sink = _sink(q, k_head, first, sks, dims, dim_ok, key_index, has, lse2_safe, scale2,
+                     window, CAUSAL, WINDOWED)
         tl.store(sink_ptr + out, sink, mask=row_ok)
 
 

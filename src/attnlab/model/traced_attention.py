@@ -294,11 +294,17 @@ def kernel_mask(mask: Mask) -> bool:
 def _kernel_summaries(trace: LayerTrace, q: Tensor, k: Tensor, v: Tensor, mask: Mask,
                       may_attend: Tensor | None, scale: float) -> Tensor:
     """A trace of summaries alone on a GPU: the context from the fused path (or, with
-    `summary_kernels.ROWS_MAKE_CONTEXT`, from the summaries' rows pass), the summaries from
-    `summary_kernels` (no weight tile in memory), recorded as `_streamed`'s are."""
+    `summary_kernels.ROWS_MAKE_CONTEXT`, from the summaries' rows pass; with
+    `LSE_FROM_FORWARD` and the plain causal mask, from SDPA's kernel with each row's lse),
+    the summaries from `summary_kernels` (no weight tile in memory), recorded as
+    `_streamed`'s are."""
     names = [name for name in SUMMARY_NAMES if trace.wants(name)]
     causal, window, padding = bool(mask.causal), mask.window, mask.padding
-    if summary_kernels.ROWS_MAKE_CONTEXT:
+    # SDPA's kernels called by name skip its padding of head sizes to a multiple of 8
+    if summary_kernels.LSE_FROM_FORWARD and mask.square_causal and q.shape[-1] % 8 == 0:
+        context, lse = summary_kernels.attend_with_lse(q, k, v, scale)
+        values = summary_kernels.layer_summaries(names, q, k, scale, causal=True, lse=lse)
+    elif summary_kernels.ROWS_MAKE_CONTEXT:
         context, values = summary_kernels.attend_and_summarise(
             names, q, k, v, scale, causal=causal, window=window, padding=padding)
     else:
