@@ -18,7 +18,10 @@ largest error against a float64 product; the masked softmax's passes over one la
 scores, as attnlab runs them and fused. Then `Trace(names="attn_weights").run` end to end:
 attnlab as it is, with q, k and v as one product, with each linear at its fastest split,
 with both (this probe's patches, not attnlab's code), and with TF32 (not exact: its weights' error
-against the float32 trace is the reason it is not an option), in alternating rounds.
+against the float32 trace is the reason it is not an option), in alternating rounds. Where
+triton is installed, each linear also as a 3xTF32 Triton kernel (`gpu_tf32x3`: three TF32
+tensor-core products, near float32's error) at each of its tile sizes, and the trace with
+every linear so, at each shape's fastest tiles.
 
     python -m benchmarks.gpu_gemm --out FILE [--smoke --device cpu]
 """
@@ -27,7 +30,9 @@ from __future__ import annotations
 
 import argparse
 import functools
+import importlib.util
 import json
+import os
 import sys
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -49,6 +54,7 @@ TOY = GPTConfig(n_layer=2, n_head=2, n_embd=32, vocab_size=65, block_size=64)
 SPLITS = (1, 2, 3, 4, 6, 8)
 REPEATS = 50
 ROUNDS = 10
+THREE = "with 3xTF32 linears (Triton)"
 
 
 def split_linear(x: Tensor, weight: Tensor, bias: Tensor | None, s: int) -> Tensor:
@@ -95,6 +101,61 @@ def linears(config: GPTConfig, T: int, device: torch.device, repeats: int
         row["best"] = min(row["ms"], key=row["ms"].get)
         rows.append(row)
     return rows
+
+
+def tf32x3_ready(device: torch.device) -> str | None:
+    """Why the 3xTF32 kernel cannot run on device, or None where it can (a GPU, or a CPU
+    under Triton's interpreter: the smoke test's)."""
+    if importlib.util.find_spec("triton") is None:
+        return "triton not installed"
+    if device.type != "cuda" and os.environ.get("TRITON_INTERPRET") != "1":
+        return "not a CUDA device (TRITON_INTERPRET=1 runs it on a CPU)"
+    return None
+
+
+def tf32x3_products(rows: list[dict[str, Any]], T: int, device: torch.device,
+                    repeats: int) -> dict[tuple[int, int], tuple[int, ...]]:
+    """Each of `linears`' products as the 3xTF32 kernel at each of its tile sizes, into each
+    row's "tf32x3" (ms and the error against float64, beside cuBLAS's at split 1); the
+    fastest tiles per (K, N)."""
+    from . import gpu_tf32x3
+
+    gen = torch.Generator(device).manual_seed(0)
+    best = {}
+    for row in rows:
+        K, N = row["K"], row["N"]
+        x = torch.randn(T, K, device=device, generator=gen)  # (T, K)
+        w = torch.randn(N, K, device=device, generator=gen) * 0.02  # (N, K)
+        b = torch.randn(N, device=device, generator=gen) * 0.02  # (N,)
+        exact = x.double() @ w.double().T + b.double()  # (T, N)
+        row["cublas_max_error"] = (F.linear(x, w, b).double() - exact).abs().max().item()
+        found: dict[str, dict[str, float]] = {}
+        for config in gpu_tf32x3.CONFIGS:
+            call = functools.partial(gpu_tf32x3.linear, x, w, b, config)
+            error = (call().double() - exact).abs().max().item()
+            found[str(config)] = {"ms": _time(call, device, repeats), "max_error": error}
+        row["tf32x3"] = found
+        fastest = min(found, key=lambda c: found[c]["ms"])
+        best[(K, N)] = next(c for c in gpu_tf32x3.CONFIGS if str(c) == fastest)
+    return best
+
+
+@contextmanager
+def tf32x3_linears(configs: dict[tuple[int, int], tuple[int, ...]]) -> Iterator[None]:
+    """layers.Linear.forward as the 3xTF32 kernel at each (in, out) shape's tiles."""
+    from . import gpu_tf32x3
+
+    plain = layers.Linear.forward
+
+    def forward(self: layers.Linear, x: Tensor) -> Tensor:
+        config = configs[(self.in_features, self.out_features)]
+        return gpu_tf32x3.linear(x, self.weight, self.bias, config)  # type: ignore[arg-type]
+
+    layers.Linear.forward = forward  # type: ignore[method-assign]
+    try:
+        yield
+    finally:
+        layers.Linear.forward = plain  # type: ignore[method-assign]
 
 
 def attention_products(config: GPTConfig, T: int, device: torch.device, repeats: int
@@ -196,10 +257,12 @@ def fused_qkv(model: torch.nn.Module) -> Iterator[None]:
 
 
 def end_to_end(config: GPTConfig, T: int, device: torch.device, splits: dict[tuple[int, int], int],
-               rounds: int) -> dict[str, Any]:
+               rounds: int, tf32x3: dict[tuple[int, int], tuple[int, ...]] | None = None
+               ) -> dict[str, Any]:
     """Trace.run of every layer's weights: as attnlab runs it, with q, k and v as one
-    product, with the fastest splits, with both, with TF32; ms (median of alternating
-    rounds) and each one's largest weight difference."""
+    product, with the fastest splits, with both, with TF32, with 3xTF32 linears at their
+    fastest tiles (where given); ms (median of alternating rounds) and each one's largest
+    weight difference."""
     model = random_gpt(config, device, torch.float32)
     ids = torch.randint(0, config.vocab_size, (1, T), device=device)
 
@@ -228,8 +291,14 @@ def end_to_end(config: GPTConfig, T: int, device: torch.device, splits: dict[tup
         with fused_qkv(model), patched_linears(splits):
             return run()
 
+    def three() -> list[Tensor]:
+        assert tf32x3 is not None
+        with tf32x3_linears(tf32x3):
+            return run()
+
     fns = {"attnlab Trace.run": run, "with q, k, v as one product": qkv,
-           "with the fastest splits": split, "with both": both, "with TF32": tf32}
+           "with the fastest splits": split, "with both": both, "with TF32": tf32,
+           **({THREE: three} if tf32x3 else {})}
     reference = run()
     errors = {name: max((a - b).abs().max().item() for a, b in zip(fn(), reference, strict=True))
               for name, fn in fns.items()}
@@ -246,11 +315,14 @@ def run(smoke: bool, device: torch.device) -> dict[str, Any]:
     repeats, rounds = (2, 1) if smoke else (REPEATS, ROUNDS)
     products = linears(config, T, device, repeats)
     splits = {(row["K"], row["N"]): row["best"] for row in products}
+    why_not = tf32x3_ready(device)
+    tiles = None if why_not else tf32x3_products(products, T, device, repeats)
     return {"probe": "gpu_gemm", "machine": gpu_machine(device), "T": T,
             "float32_matmul_precision": torch.get_float32_matmul_precision(),
             "linears": products, "attention": attention_products(config, T, device, repeats),
             "softmax": softmax_passes(config, T, device, repeats),
-            "trace": end_to_end(config, T, device, splits, rounds)}
+            "tf32x3": why_not or {str(k): v for k, v in (tiles or {}).items()},
+            "trace": end_to_end(config, T, device, splits, rounds, tiles)}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -270,6 +342,9 @@ def main(argv: list[str] | None = None) -> int:
     for row in result["linears"]:
         print(f"{row['product']:24} best split {row['best']}: "
               + "  ".join(f"s={s} {ms:.3f} ms" for s, ms in row["ms"].items()))
+        for config, found in row.get("tf32x3", {}).items():
+            print(f"{'':24} 3xTF32 {config}: {found['ms']:.3f} ms, error "
+                  f"{found['max_error']:.2e} (cuBLAS {row['cublas_max_error']:.2e})")
     for row in result["attention"]:
         print(f"{row['product']:32} {row['ms']:.3f} ms  {row['gflops']:,.0f} GFLOP/s")
     for row in result["softmax"]:

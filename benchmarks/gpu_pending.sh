@@ -8,7 +8,7 @@
 # Under $OUT: pytest.txt; t/ (gpu_decode_trace.sh's files for gpu_summaries and gpu_trace);
 # blocks.json (gpu_summary_blocks: block sizes, with the context from SDPA, the rows pass,
 # and SDPA with its lse, at 32k tokens); gemm.json (gpu_gemm: split products and TF32 for
-# the float32 trace).
+# the float32 trace, and 3xTF32 Triton linears).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT="${OUT:-bench-results/pending}"
@@ -30,8 +30,8 @@ step 150 pytest "$OUT/pytest.txt" \
   python -m pytest -m cuda -q "${xdist[@]}" -p no:benchmark -p no:cacheprovider -ra
 tail -3 "$OUT/pytest.txt"
 SUITES="gpu_summaries:100 gpu_trace:60" OUT="$OUT/t" bash benchmarks/gpu_decode_trace.sh
-step 60 gpu_gemm "$OUT/gemm.txt" python -m benchmarks.gpu_gemm --out "$OUT/gemm.json"
+step 100 gpu_gemm "$OUT/gemm.txt" python -m benchmarks.gpu_gemm --out "$OUT/gemm.json"
 cat "$OUT/gemm.txt"
-step 150 gpu_summary_blocks "$OUT/blocks.txt" \
+step 130 gpu_summary_blocks "$OUT/blocks.txt" \
   python -m benchmarks.gpu_summary_blocks --out "$OUT/blocks.json"
 tail -5 "$OUT/blocks.txt"

@@ -5,9 +5,13 @@ compiled step itself is tests/test_generate_compile.py's). The figures mean noth
 from __future__ import annotations
 
 import importlib
+import importlib.util
 import json
+import os
+import subprocess
 import sys
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -163,6 +167,30 @@ def test_gemm_probe_smoke_times_every_split_and_the_trace(tmp_path: Any) -> None
     assert set(errors) == {"attnlab Trace.run", "with q, k, v as one product",
                            "with the fastest splits", "with both", "with TF32"}
     assert max(errors.values()) < 1e-5  # a CPU has no TF32
+    assert result["tf32x3"].startswith(("not a CUDA device", "triton not installed"))
+
+
+@pytest.mark.skipif(importlib.util.find_spec("triton") is None, reason="needs triton")
+def test_gemm_probe_runs_its_tf32x3_kernel_under_the_interpreter(tmp_path: Path) -> None:
+    """The probe's 3xTF32 path on a CPU, in a process of its own under Triton's interpreter
+    (read as triton is imported): every product at each of the kernel's tiles equals the
+    float64 product as closely as cuBLAS's float32 one (the interpreter multiplies in float32:
+    this checks the kernel's indexing, not TF32's error), and the trace with every linear so
+    keeps the weights. In the smoke run in-process, the path reports why it did not run."""
+    out = tmp_path / "gemm.json"
+    root = Path(__file__).resolve().parents[1]
+    env = {**os.environ, "TRITON_INTERPRET": "1",
+           "PYTHONPATH": os.pathsep.join([str(root), os.environ.get("PYTHONPATH", "")])}
+    subprocess.run([sys.executable, "-m", "benchmarks.gpu_gemm", "--smoke", "--device", "cpu",
+                    "--out", str(out)], cwd=root, env=env, check=True, capture_output=True)
+    result = json.loads(out.read_text())
+    for row in result["linears"]:
+        assert len(row["tf32x3"]) == 4, row
+        assert all(found["max_error"] <= 4 * row["cublas_max_error"] + 1e-6
+                   for found in row["tf32x3"].values()), row
+    assert set(result["tf32x3"]) == {"(32, 96)", "(32, 32)", "(32, 128)", "(128, 32)"}
+    assert result["trace"]["max_weight_error_vs_float32"][gpu_gemm.THREE] < 1e-5
+    assert "ms" in result["trace"] and gpu_gemm.THREE in result["trace"]["ms"]
 
 
 def test_the_fused_qkv_patch_makes_one_product_where_there_were_three(
