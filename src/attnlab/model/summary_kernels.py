@@ -115,8 +115,8 @@ def attend_and_summarise(names: list[str], q: Tensor, k: Tensor, v: Tensor, scal
 def _run(names: list[str], q: Tensor, k: Tensor, v: Tensor | None, scale: float, causal: bool,
          window: int | None, padding: Tensor | None, blocks: tuple[int, int] | None,
          lse: Tensor | None) -> tuple[dict[str, Tensor], Tensor | None]:
-    """The checked launch behind both: the summaries, and the context when v is given (lse,
-    given or not, only without v)."""
+    """The checked launch behind both: the summaries, and the context when v is given; lse:
+    the natural one `layer_summaries` was given, or None (the rows pass makes it)."""
     B, nh, T, hs = q.shape
     nkv, S = k.shape[1], k.shape[2]
     unknown = sorted(set(names) - set(SUMMARY_NAMES))
