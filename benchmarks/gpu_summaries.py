@@ -32,6 +32,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from torch.nn.attention import SDPBackend
 
 from attnlab import GPTConfig
 from attnlab.hf import config_to_hf
@@ -139,6 +140,14 @@ def flagged(flag: str, fn: Any) -> None:
         setattr(summary_kernels, flag, before)
 
 
+def sdpa_backend(config: GPTConfig, device: torch.device) -> str:
+    """The kernel `F.scaled_dot_product_attention` picks for this shape's causal bfloat16
+    attention on device (the fused forward's; `attend_with_lse` calls the same one)."""
+    q = torch.zeros(1, config.n_head, 256, config.head_size, device=device,
+                    dtype=torch.bfloat16)  # (1, nh, 256, hs)
+    return SDPBackend(torch._fused_sdp_choice(q, q, q, is_causal=True)).name
+
+
 def hf_row(config: GPTConfig, T: int, device: torch.device) -> dict[str, Any]:
     """Hugging Face eager output_attentions at T (base model), built and freed here."""
     try:
@@ -165,6 +174,7 @@ def run(quick: bool = False, device: str | None = None, out: Path | None = None
     weight_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
     result: dict[str, Any] = {"suite": "gpu_summaries", "machine": gpu_machine(where),
                               "transformers": transformers_version(),
+                              "sdpa_backend": sdpa_backend(config, where),
                               "weight_bytes": weight_bytes, "lengths": {}}
     for T in lengths:
         result["lengths"][str(T)] = attnlab_rows(model, T, where, rounds if T < 16384 else 2)
@@ -196,7 +206,8 @@ def report(result: dict[str, Any], quick: bool) -> dict[str, Any]:
                     met[f"{T} memory{way}"] = mem_x <= TARGETS["memory"]
     m = result["machine"]
     notes = [
-        f"{m.get('gpu') or 'no GPU: ' + str(m.get('smoke_device'))}; random bfloat16 weights "
+        f"{m.get('gpu') or 'no GPU: ' + str(m.get('smoke_device'))}; SDPA's kernel "
+        f"{result['sdpa_backend']}; random bfloat16 weights "
         f"({result['weight_bytes'] / 2**30:.2f} GiB, in every peak), batch 1; median of the "
         "rounds, each call synchronised; peak: torch.cuda.max_memory_allocated during one "
         "call (not measured off CUDA). Hugging Face: its own random weights of the same "

@@ -211,7 +211,9 @@ def test_attend_with_lse_is_sdpa_and_its_lse() -> None:
     `F.scaled_dot_product_attention` exactly, the lse the masked scores' logsumexp."""
     gen = torch.Generator().manual_seed(3)
     q, k, v = (torch.randn(2, 3, 37, 16, generator=gen) for _ in range(3))
-    context, lse = summary_kernels.attend_with_lse(q, k, v, 0.3)
+    attended = summary_kernels.attend_with_lse(q, k, v, 0.3)
+    assert attended is not None
+    context, lse = attended
     expected = torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True,
                                                                 scale=0.3)
     assert torch.equal(context, expected)
@@ -305,7 +307,7 @@ def test_a_model_trace_with_the_forward_lse_equals_the_torch_trace(
     the lse from `attend_with_lse` (counted: not the windowed layer 0), and the summaries
     equal the torch trace's, the logits the untraced forward's; a padded batch, and heads
     whose size is no multiple of 8 (SDPA pads those before its kernels), keep the rows
-    pass (no call)."""
+    pass (no call), as a layer does where `attend_with_lse` finds no fused kernel (None)."""
     model = _model(pos="rope", sliding_window=3, window_layers=[0], n_embd=32)  # head size 8
     ids = torch.randint(0, 65, (2, 11), generator=torch.Generator().manual_seed(1))
     names = list(SUMMARY_NAMES)
@@ -315,7 +317,7 @@ def test_a_model_trace_with_the_forward_lse_equals_the_torch_trace(
     calls = []
     attend_with_lse = summary_kernels.attend_with_lse
 
-    def counted(*args: Any) -> tuple[torch.Tensor, torch.Tensor]:
+    def counted(*args: Any) -> tuple[torch.Tensor, torch.Tensor] | None:
         calls.append(args[0].shape)
         return attend_with_lse(*args)
 
@@ -337,6 +339,12 @@ def test_a_model_trace_with_the_forward_lse_equals_the_torch_trace(
     odd = _model(pos="rope", n_embd=24)  # head size 6
     Trace(names=names).run(odd, ids)
     assert calls == []
+    # where SDPA would run its math path: no lse, the fused path and the rows pass
+    monkeypatch.setattr(summary_kernels, "attend_with_lse", lambda *args: None)
+    with torch.no_grad():
+        got = Trace(names=names)
+        torch.testing.assert_close(model(ids, trace=got).logits, logits, **TOLERANCE)
+    _assert_same_trace(got, expected, model.config.n_layer, names)
 
 
 def _torch_trace(model: GPT, ids: torch.Tensor, mask: torch.Tensor, names: list[str],
@@ -452,15 +460,17 @@ def test_cuda_trace_with_another_context_equals_the_forward(flag: str) -> None:
 @pytest.mark.cuda
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_cuda_given_lse_pass_equals_the_rows_pass(dtype: torch.dtype) -> None:
-    """On a GPU `attend_with_lse` calls SDPA's own kernels by name (flash for bfloat16,
-    memory-efficient for float32): its context is SDPA's and its lse the scores'; given that
-    lse, the given-lse pass makes the rows pass's summaries (T = 1000, a ragged last block;
-    GQA read in place)."""
+    """On a GPU `attend_with_lse` calls the kernel SDPA picks, by name (cuDNN's or flash
+    attention for bfloat16, memory-efficient attention for float32): its context is SDPA's
+    and its lse the scores'; given that lse, the given-lse pass makes the rows pass's
+    summaries (T = 1000, a ragged last block; GQA read in place)."""
     _cuda()
     gen = torch.Generator(device="cuda").manual_seed(1)
     q, k, v = (torch.randn(2, 8, 1000, 64, device="cuda", generator=gen, dtype=dtype)
                for _ in range(3))
-    context, lse = summary_kernels.attend_with_lse(q, k, v, 0.125)
+    attended = summary_kernels.attend_with_lse(q, k, v, 0.125)
+    assert attended is not None
+    context, lse = attended
     expected = torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True,
                                                                 scale=0.125)
     close = TOLERANCE if dtype == torch.float32 else dict(atol=2e-2, rtol=2e-2)

@@ -23,6 +23,7 @@ from typing import Any
 
 import torch
 from torch import Tensor
+from torch.nn.attention import SDPBackend
 
 from .summaries import SUMMARY_NAMES
 
@@ -74,26 +75,36 @@ def layer_summaries(names: list[str], q: Tensor, k: Tensor, scale: float, *, cau
     return _run(names, q, k, None, scale, causal, window, padding, blocks, lse)[0]
 
 
-def attend_with_lse(q: Tensor, k: Tensor, v: Tensor, scale: float) -> tuple[Tensor, Tensor]:
+def attend_with_lse(q: Tensor, k: Tensor, v: Tensor, scale: float
+                    ) -> tuple[Tensor, Tensor] | None:
     """Causal attention of q over k, v (B, nh, T, hs), T == S, no other mask: the context
     (B, nh, T, hs) as `F.scaled_dot_product_attention(..., is_causal=True)` computes it, and
     each row's natural log-sum-exp (B, nh, T) float32, which the public function drops. The
-    kernels SDPA itself runs, called by name: flash attention for 16-bit inputs on a GPU
-    (compute capability 8.0 and up), memory-efficient attention for the rest there, the
-    flash kernel on a CPU."""
-    T = q.shape[2]
+    kernel SDPA itself would run (`torch._fused_sdp_choice`: cuDNN's first on an H100 with a
+    recent cuDNN, else flash attention for 16-bit inputs, memory-efficient attention for
+    float32), called by name with its lse kept; the flash kernel on a CPU. None where SDPA
+    would run its unfused math path (the caller then takes the fused path and the rows
+    pass)."""
+    B, nh, T, _ = q.shape
     aten = torch.ops.aten
     if not q.is_cuda:
         context, lse = aten._scaled_dot_product_flash_attention_for_cpu(
             q, k, v, 0.0, True, scale=scale)[:2]
-    elif q.dtype in (torch.float16, torch.bfloat16) and \
-            torch.cuda.get_device_capability(q.device) >= (8, 0):  # flash attention's GPUs
+        return context, lse  # (B, nh, T, hs), (B, nh, T)
+    backend = torch._fused_sdp_choice(q, k, v, is_causal=True, scale=scale)
+    if backend == SDPBackend.CUDNN_ATTENTION:
+        context, lse = aten._scaled_dot_product_cudnn_attention(
+            q, k, v, None, True, 0.0, True, False, scale=scale)[:2]
+    elif backend == SDPBackend.FLASH_ATTENTION:
         context, lse = aten._scaled_dot_product_flash_attention(
             q, k, v, 0.0, True, False, scale=scale)[:2]
-    else:  # float32 or an older GPU; its lse is padded to a multiple of 32 rows
+    elif backend == SDPBackend.EFFICIENT_ATTENTION:
         context, lse = aten._scaled_dot_product_efficient_attention(
             q, k, v, None, True, 0.0, True, scale=scale)[:2]
-    return context, lse[..., :T]  # (B, nh, T, hs), (B, nh, T)
+    else:
+        return None
+    # cuDNN's lse is (B, nh, T, 1), memory-efficient attention's padded to 32 rows
+    return context, lse.reshape(B, nh, -1)[..., :T]  # (B, nh, T, hs), (B, nh, T)
 
 
 def attend_and_summarise(names: list[str], q: Tensor, k: Tensor, v: Tensor, scale: float, *,

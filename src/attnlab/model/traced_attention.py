@@ -300,9 +300,12 @@ def _kernel_summaries(trace: LayerTrace, q: Tensor, k: Tensor, v: Tensor, mask: 
     `_streamed`'s are."""
     names = [name for name in SUMMARY_NAMES if trace.wants(name)]
     causal, window, padding = bool(mask.causal), mask.window, mask.padding
+    attended = None
     # SDPA's kernels called by name skip its padding of head sizes to a multiple of 8
     if summary_kernels.LSE_FROM_FORWARD and mask.square_causal and q.shape[-1] % 8 == 0:
-        context, lse = summary_kernels.attend_with_lse(q, k, v, scale)
+        attended = summary_kernels.attend_with_lse(q, k, v, scale)
+    if attended is not None:
+        context, lse = attended
         values = summary_kernels.layer_summaries(names, q, k, scale, causal=True, lse=lse)
     elif summary_kernels.ROWS_MAKE_CONTEXT:
         context, values = summary_kernels.attend_and_summarise(
