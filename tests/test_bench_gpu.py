@@ -71,6 +71,7 @@ def test_trace_smoke_finds_the_same_weights_as_hugging_face(
     assert ("tl_vs_run" in result["ratios"]) == with_tl
     note = result["notes"][1]
     assert note.startswith("TransformerLens 4" if with_tl else "TransformerLens not run: ")
+    assert result["notes"][2].startswith("3xTF32 not run: ")
 
 
 def test_summaries_smoke_measures_the_trace_or_says_the_names_are_missing(
@@ -191,6 +192,26 @@ def test_gemm_probe_runs_its_tf32x3_kernel_under_the_interpreter(tmp_path: Path)
     assert set(result["tf32x3"]) == {"(32, 96)", "(32, 32)", "(32, 128)", "(128, 32)"}
     assert result["trace"]["max_weight_error_vs_float32"][gpu_gemm.THREE] < 1e-5
     assert "ms" in result["trace"] and gpu_gemm.THREE in result["trace"]["ms"]
+
+
+@pytest.mark.skipif(importlib.util.find_spec("triton") is None, reason="needs triton")
+def test_trace_suite_times_the_tf32x3_row_under_the_interpreter(tmp_path: Path) -> None:
+    """gpu_trace's 3xTF32 row on a CPU under Triton's interpreter (a process of its own): the
+    row is timed beside the others, picks tiles for each linear shape, its weights are within
+    float32's error of Trace.run's and Hugging Face's (the interpreter multiplies in
+    float32), and it leaves the default row's targets to the default rows."""
+    out = tmp_path / "trace.json"
+    root = Path(__file__).resolve().parents[1]
+    env = {**os.environ, "TRITON_INTERPRET": "1",
+           "PYTHONPATH": os.pathsep.join([str(root), os.environ.get("PYTHONPATH", "")])}
+    subprocess.run([sys.executable, "-m", "benchmarks.gpu_trace", "--smoke", "--device", "cpu",
+                    "--out", str(out)], cwd=root, env=env, check=True, capture_output=True)
+    result = json.loads(out.read_text())
+    assert gpu_trace.TF32X3 in result["ms"] and "hf_vs_run_tf32x3" in result["ratios"]
+    assert set(result["max_weight_error_vs_hf_base"]) == {gpu_trace.RUN, gpu_trace.TF32X3}
+    assert max(result["max_weight_error_vs_hf_base"].values()) < 1e-5
+    assert result["max_weight_error_vs_trace_run"][gpu_trace.TF32X3] < 1e-5
+    assert result["notes"][2].startswith("3xTF32 tiles per (in, out): (32, 32): ")
 
 
 def test_the_fused_qkv_patch_makes_one_product_where_there_were_three(
