@@ -47,7 +47,7 @@ from attnlab import GPTConfig
 from attnlab.model import layers
 from attnlab.model.trace import Trace
 
-from .gpu_common import cuda_ms, gpu_machine, median, random_gpt
+from .gpu_common import cuda_ms, gpu_machine, median, random_gpt, write_partial
 
 GPT2 = GPTConfig(n_layer=12, n_head=12, n_embd=768, vocab_size=50257, block_size=1024)
 TOY = GPTConfig(n_layer=2, n_head=2, n_embd=32, vocab_size=65, block_size=64)
@@ -310,19 +310,26 @@ def end_to_end(config: GPTConfig, T: int, device: torch.device, splits: dict[tup
             "max_weight_error_vs_float32": errors, "splits": {str(k): v for k, v in splits.items()}}
 
 
-def run(smoke: bool, device: torch.device) -> dict[str, Any]:
+def run(smoke: bool, device: torch.device, out: Path | None = None) -> dict[str, Any]:
+    """Every part of the probe, written to out after each (a call stopped by its time limit
+    keeps what it finished)."""
     config, T = (TOY, 32) if smoke else (GPT2, 1024)
     repeats, rounds = (2, 1) if smoke else (REPEATS, ROUNDS)
-    products = linears(config, T, device, repeats)
+    result: dict[str, Any] = {"probe": "gpu_gemm", "machine": gpu_machine(device), "T": T,
+                              "float32_matmul_precision": torch.get_float32_matmul_precision()}
+    result["linears"] = products = linears(config, T, device, repeats)
+    write_partial(out, result)
     splits = {(row["K"], row["N"]): row["best"] for row in products}
     why_not = tf32x3_ready(device)
     tiles = None if why_not else tf32x3_products(products, T, device, repeats)
-    return {"probe": "gpu_gemm", "machine": gpu_machine(device), "T": T,
-            "float32_matmul_precision": torch.get_float32_matmul_precision(),
-            "linears": products, "attention": attention_products(config, T, device, repeats),
-            "softmax": softmax_passes(config, T, device, repeats),
-            "tf32x3": why_not or {str(k): v for k, v in (tiles or {}).items()},
-            "trace": end_to_end(config, T, device, splits, rounds, tiles)}
+    result["tf32x3"] = why_not or {str(k): v for k, v in (tiles or {}).items()}
+    write_partial(out, result)
+    result["attention"] = attention_products(config, T, device, repeats)
+    result["softmax"] = softmax_passes(config, T, device, repeats)
+    write_partial(out, result)
+    result["trace"] = end_to_end(config, T, device, splits, rounds, tiles)
+    write_partial(out, result)
+    return result
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -336,9 +343,7 @@ def main(argv: list[str] | None = None) -> int:
     if device.type == "cuda" and not torch.cuda.is_available():
         print("gpu_gemm: no CUDA GPU here; --smoke --device cpu runs its code paths")
         return 0
-    result = run(args.smoke, device)
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(result, indent=2, default=str))
+    result = run(args.smoke, device, args.out)
     for row in result["linears"]:
         print(f"{row['product']:24} best split {row['best']}: "
               + "  ".join(f"s={s} {ms:.3f} ms" for s, ms in row["ms"].items()))
