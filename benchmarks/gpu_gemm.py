@@ -55,6 +55,7 @@ SPLITS = (1, 2, 3, 4, 6, 8)
 REPEATS = 50
 ROUNDS = 10
 THREE = "with 3xTF32 linears (Triton)"
+THREE_SPLIT = "with 3xTF32 linears, weights split once (Triton)"
 
 
 def split_linear(x: Tensor, weight: Tensor, bias: Tensor | None, s: int) -> Tensor:
@@ -113,15 +114,20 @@ def tf32x3_ready(device: torch.device) -> str | None:
     return None
 
 
+#: the 3xTF32 kernels' ways: x and the weight split in the kernel, or the weight split once
+ON_THE_FLY, SPLIT_ONCE = "split in the kernel", "weight split once"
+Tiles = dict[str, dict[tuple[int, int], tuple[int, int, int, int, int]]]
+
+
 def tf32x3_products(rows: list[dict[str, Any]], T: int, device: torch.device,
-                    repeats: int) -> dict[tuple[int, int], tuple[int, ...]]:
-    """Each of `linears`' products as the 3xTF32 kernel at each of its tile sizes, into each
-    row's "tf32x3" (ms and the error against float64, beside cuBLAS's at split 1); the
-    fastest tiles per (K, N)."""
-    from . import gpu_tf32x3
+                    repeats: int) -> Tiles:
+    """Each of `linears`' products as both 3xTF32 kernels at their tile sizes, into each
+    row's "tf32x3" (way -> tiles -> ms and the error against float64, beside cuBLAS's at
+    split 1); way -> (K, N) -> the fastest tiles."""
+    from . import gpu_tf32x3 as kernels
 
     gen = torch.Generator(device).manual_seed(0)
-    best = {}
+    best: Tiles = {ON_THE_FLY: {}, SPLIT_ONCE: {}}
     for row in rows:
         K, N = row["K"], row["N"]
         x = torch.randn(T, K, device=device, generator=gen)  # (T, K)
@@ -129,27 +135,41 @@ def tf32x3_products(rows: list[dict[str, Any]], T: int, device: torch.device,
         b = torch.randn(N, device=device, generator=gen) * 0.02  # (N,)
         exact = x.double() @ w.double().T + b.double()  # (T, N)
         row["cublas_max_error"] = (F.linear(x, w, b).double() - exact).abs().max().item()
-        found: dict[str, dict[str, float]] = {}
-        for config in gpu_tf32x3.CONFIGS:
-            call = functools.partial(gpu_tf32x3.linear, x, w, b, config)
-            error = (call().double() - exact).abs().max().item()
-            found[str(config)] = {"ms": _time(call, device, repeats), "max_error": error}
-        row["tf32x3"] = found
-        fastest = min(found, key=lambda c: found[c]["ms"])
-        best[(K, N)] = next(c for c in gpu_tf32x3.CONFIGS if str(c) == fastest)
+        split = kernels.split_weight(w)
+        calls = {ON_THE_FLY: (kernels.CONFIGS, functools.partial(kernels.linear, x, w, b)),
+                 SPLIT_ONCE: (kernels.SPLIT_CONFIGS,
+                              functools.partial(kernels.split_linear, x, split, b))}
+        row["tf32x3"] = {}
+        for way, (configs, call) in calls.items():
+            found = {}
+            for config in configs:
+                error = (call(config).double() - exact).abs().max().item()
+                found[config] = {"ms": _time(functools.partial(call, config), device, repeats),
+                                 "max_error": error}
+            row["tf32x3"][way] = {str(c): found[c] for c in configs}
+            best[way][(K, N)] = min(found, key=lambda c: found[c]["ms"])
     return best
 
 
 @contextmanager
-def tf32x3_linears(configs: dict[tuple[int, int], tuple[int, ...]]) -> Iterator[None]:
-    """layers.Linear.forward as the 3xTF32 kernel at each (in, out) shape's tiles."""
-    from . import gpu_tf32x3
+def tf32x3_linears(configs: dict[tuple[int, int], tuple[int, ...]],
+                   split_once: dict[int, tuple[Tensor, Tensor]] | None = None
+                   ) -> Iterator[None]:
+    """layers.Linear.forward as the 3xTF32 kernel at each (in, out) shape's tiles; with
+    split_once (a dict the caller keeps across calls), the weight-split-once kernel, each
+    module's split made at its first call and kept there."""
+    from . import gpu_tf32x3 as kernels
 
     plain = layers.Linear.forward
 
     def forward(self: layers.Linear, x: Tensor) -> Tensor:
         config = configs[(self.in_features, self.out_features)]
-        return gpu_tf32x3.linear(x, self.weight, self.bias, config)  # type: ignore[arg-type]
+        if split_once is None:
+            return kernels.linear(x, self.weight, self.bias, config)  # type: ignore[arg-type]
+        if id(self) not in split_once:
+            split_once[id(self)] = kernels.split_weight(self.weight)
+        return kernels.split_linear(x, split_once[id(self)], self.bias,
+                                    config)  # type: ignore[arg-type]
 
     layers.Linear.forward = forward  # type: ignore[method-assign]
     try:
@@ -257,8 +277,7 @@ def fused_qkv(model: torch.nn.Module) -> Iterator[None]:
 
 
 def end_to_end(config: GPTConfig, T: int, device: torch.device, splits: dict[tuple[int, int], int],
-               rounds: int, tf32x3: dict[tuple[int, int], tuple[int, ...]] | None = None
-               ) -> dict[str, Any]:
+               rounds: int, tf32x3: Tiles | None = None) -> dict[str, Any]:
     """Trace.run of every layer's weights: as attnlab runs it, with q, k and v as one
     product, with the fastest splits, with both, with TF32, with 3xTF32 linears at their
     fastest tiles (where given); ms (median of alternating rounds) and each one's largest
@@ -291,14 +310,21 @@ def end_to_end(config: GPTConfig, T: int, device: torch.device, splits: dict[tup
         with fused_qkv(model), patched_linears(splits):
             return run()
 
+    split_once: dict[int, tuple[Tensor, Tensor]] = {}  # kept across calls, as a model would
+
     def three() -> list[Tensor]:
         assert tf32x3 is not None
-        with tf32x3_linears(tf32x3):
+        with tf32x3_linears(tf32x3[ON_THE_FLY]):
+            return run()
+
+    def three_split() -> list[Tensor]:
+        assert tf32x3 is not None
+        with tf32x3_linears(tf32x3[SPLIT_ONCE], split_once):
             return run()
 
     fns = {"attnlab Trace.run": run, "with q, k, v as one product": qkv,
            "with the fastest splits": split, "with both": both, "with TF32": tf32,
-           **({THREE: three} if tf32x3 else {})}
+           **({THREE: three, THREE_SPLIT: three_split} if tf32x3 else {})}
     reference = run()
     errors = {name: max((a - b).abs().max().item() for a, b in zip(fn(), reference, strict=True))
               for name, fn in fns.items()}
@@ -322,7 +348,8 @@ def run(smoke: bool, device: torch.device, out: Path | None = None) -> dict[str,
     splits = {(row["K"], row["N"]): row["best"] for row in products}
     why_not = tf32x3_ready(device)
     tiles = None if why_not else tf32x3_products(products, T, device, repeats)
-    result["tf32x3"] = why_not or {str(k): v for k, v in (tiles or {}).items()}
+    result["tf32x3"] = why_not or {way: {str(k): v for k, v in best.items()}
+                                   for way, best in (tiles or {}).items()}
     write_partial(out, result)
     result["attention"] = attention_products(config, T, device, repeats)
     result["softmax"] = softmax_passes(config, T, device, repeats)
@@ -347,9 +374,10 @@ def main(argv: list[str] | None = None) -> int:
     for row in result["linears"]:
         print(f"{row['product']:24} best split {row['best']}: "
               + "  ".join(f"s={s} {ms:.3f} ms" for s, ms in row["ms"].items()))
-        for config, found in row.get("tf32x3", {}).items():
-            print(f"{'':24} 3xTF32 {config}: {found['ms']:.3f} ms, error "
-                  f"{found['max_error']:.2e} (cuBLAS {row['cublas_max_error']:.2e})")
+        for way, configs in row.get("tf32x3", {}).items():
+            for config, found in configs.items():
+                print(f"{'':24} 3xTF32, {way}, {config}: {found['ms']:.3f} ms, error "
+                      f"{found['max_error']:.2e} (cuBLAS {row['cublas_max_error']:.2e})")
     for row in result["attention"]:
         print(f"{row['product']:32} {row['ms']:.3f} ms  {row['gflops']:,.0f} GFLOP/s")
     for row in result["softmax"]:

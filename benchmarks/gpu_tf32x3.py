@@ -8,10 +8,16 @@ product, near float32's own rounding, where one TF32 product (`torch`'s "high" f
 precision) keeps about 2^-11. On an H100 the tensor cores' TF32 rate is several times its
 float32 rate, so three TF32 products may beat cuBLAS's float32 one on the block's small
 shapes; whether they do, and with what error against float64, is the probe's question.
-This module imports triton at the top: `gpu_gemm` imports it only where triton is.
+Two kernels: Triton's tf32x3, which splits x and the weight in each block of the product,
+and one whose weight is split once, before the call (`split_weight`: as a model would keep
+it), so only x is split in the kernel and the weight's tiles reach the tensor cores as they
+are stored. This module imports triton at the top: `gpu_gemm` imports it only where
+triton is.
 """
 
 from __future__ import annotations
+
+from typing import Any
 
 import torch
 import triton
@@ -22,6 +28,8 @@ from torch import Tensor
 CONFIGS: list[tuple[int, int, int, int, int]] = [
     (128, 128, 32, 8, 3), (128, 64, 32, 4, 4), (64, 128, 32, 4, 4), (64, 64, 32, 4, 4),
 ]
+#: the tiles the weight-split-once kernel tries (fewer: each one is another compilation)
+SPLIT_CONFIGS = [CONFIGS[0], CONFIGS[2]]
 
 
 @triton.jit
@@ -49,14 +57,70 @@ def _linear_kernel(x_ptr, w_ptr, b_ptr, out_ptr, M, N, K, HAS_BIAS: tl.constexpr
              mask=row_ok[:, None] & col_ok[None, :])
 
 
+@triton.jit
+def _tf32(a):
+    """a rounded to TF32 (its top 19 bits, to nearest, ties away from zero: cvt.rna's)."""
+    bits = a.to(tl.uint32, bitcast=True)
+    return ((bits + 0x1000) & 0xFFFFE000).to(tl.float32, bitcast=True)
+
+
+@triton.jit
+def _split_linear_kernel(x_ptr, hi_ptr, lo_ptr, b_ptr, out_ptr, M, N, K,
+                         HAS_BIAS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                         BLOCK_K: tl.constexpr):
+    """`_linear_kernel`'s product with the weight split once, before the call: hi (N, K) its
+    TF32 part, lo (N, K) the rest; only x is split here, so the weight's tiles go from memory
+    to the tensor cores as they are. The small terms first, as Triton's tf32x3 adds them."""
+    rows = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
+    cols = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
+    inner = tl.arange(0, BLOCK_K)
+    row_ok, col_ok = rows < M, cols < N
+    x = x_ptr + rows[:, None] * K + inner[None, :]  # (BLOCK_M, BLOCK_K) pointers
+    at = cols[None, :] * K + inner[:, None]  # (BLOCK_K, BLOCK_N) offsets: w^T's tile
+    acc = tl.zeros((BLOCK_M, BLOCK_N), tl.float32)
+    for k in range(0, K, BLOCK_K):
+        a = tl.load(x + k, mask=row_ok[:, None], other=0.0)  # (BLOCK_M, BLOCK_K)
+        a_hi = _tf32(a)
+        w_hi = tl.load(hi_ptr + at + k, mask=col_ok[None, :], other=0.0)  # (BLOCK_K, BLOCK_N)
+        w_lo = tl.load(lo_ptr + at + k, mask=col_ok[None, :], other=0.0)
+        acc = tl.dot(a - a_hi, w_hi, acc, input_precision="tf32")
+        acc = tl.dot(a_hi, w_lo, acc, input_precision="tf32")
+        acc = tl.dot(a_hi, w_hi, acc, input_precision="tf32")
+    if HAS_BIAS:
+        acc += tl.load(b_ptr + cols, mask=col_ok, other=0.0)[None, :]
+    tl.store(out_ptr + rows[:, None] * N + cols[None, :], acc,
+             mask=row_ok[:, None] & col_ok[None, :])
+
+
+def split_weight(weight: Tensor) -> tuple[Tensor, Tensor]:
+    """(hi, lo) float32 (N, K): weight's TF32 part (rounded as `_tf32` rounds) and the rest,
+    hi + lo == weight exactly."""
+    bits = weight.contiguous().view(torch.int32)  # (N, K)
+    hi = ((bits + 0x1000) & -0x2000).view(torch.float32)  # (N, K) low 13 bits cleared
+    return hi, weight - hi
+
+
+def split_linear(x: Tensor, split: tuple[Tensor, Tensor], bias: Tensor | None,
+                 config: tuple[int, int, int, int, int] = CONFIGS[0]) -> Tensor:
+    """`linear` with the weight split once (`split_weight`): F.linear(x, hi + lo, bias)."""
+    return _launch(_split_linear_kernel, x, split, bias, config, {})
+
+
 def linear(x: Tensor, weight: Tensor, bias: Tensor | None,
            config: tuple[int, int, int, int, int] = CONFIGS[0],
            precision: str = "tf32x3") -> Tensor:
     """F.linear(x, weight, bias) for float32 x (..., K) and weight (N, K), K a multiple of
     config's BLOCK_K, by `_linear_kernel` at config (`CONFIGS`'s form)."""
+    return _launch(_linear_kernel, x, (weight.contiguous(),), bias, config,
+                   {"PRECISION": precision})
+
+
+def _launch(kernel: Any, x: Tensor, weights: tuple[Tensor, ...], bias: Tensor | None,
+            config: tuple[int, int, int, int, int], constants: dict[str, Any]) -> Tensor:
+    """kernel over x (..., K) and the (N, K) weights at config: (..., N) float32."""
     block_m, block_n, block_k, warps, stages = config
     *lead, K = x.shape
-    N = weight.shape[0]
+    N = weights[0].shape[0]
     if K % block_k or x.dtype != torch.float32:
         raise ValueError(f"x {tuple(x.shape)} {x.dtype}: needs float32 with K a multiple of "
                          f"{block_k}")
@@ -64,8 +128,7 @@ def linear(x: Tensor, weight: Tensor, bias: Tensor | None,
     M = x2.shape[0]
     out = x2.new_empty((M, N))  # (M, N)
     grid = (triton.cdiv(M, block_m), triton.cdiv(N, block_n))
-    _linear_kernel[grid](x2, weight.contiguous(), x2 if bias is None else bias, out, M, N, K,
-                         HAS_BIAS=bias is not None, BLOCK_M=block_m, BLOCK_N=block_n,
-                         BLOCK_K=block_k, PRECISION=precision, num_warps=warps,
-                         num_stages=stages)
+    kernel[grid](x2, *weights, x2 if bias is None else bias, out, M, N, K,
+                 HAS_BIAS=bias is not None, BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k,
+                 num_warps=warps, num_stages=stages, **constants)
     return out.view(*lead, N)

@@ -11,10 +11,11 @@ the GPU. Side by side in alternating rounds, each call synchronised:
 - TransformerLens `run_with_cache` with a pattern filter, where it imports (the GPU image
   lacks a few of its packages: docs/gpu.md says which wheels to carry), booted from the
   same weights saved to a temporary directory.
-- where triton is installed on the GPU: `Trace.run` with every linear as the gemm probe's
-  3xTF32 Triton kernel (`gpu_tf32x3`, three TF32 tensor-core products, each shape at its
-  fastest of the kernel's tile sizes; the probe's patch, not attnlab's code), with its
-  weights' largest difference from Hugging Face's.
+- where triton is installed on the GPU: `Trace.run` with every linear as each of the gemm
+  probe's 3xTF32 Triton kernels (`gpu_tf32x3`, three TF32 tensor-core products; x and the
+  weight split in the kernel, or the weight split once), each shape at its fastest tiles
+  (the probe's patch, not attnlab's code), with the weights' largest difference from
+  Hugging Face's.
 
 The weights are checked equal to Hugging Face's within 1e-5. Targets: `Trace.run` at most
 1.3x the fused forward, and at least 1.5x faster than Hugging Face eager (its faster way,
@@ -61,6 +62,8 @@ HF_LM = "HF eager output_attentions"
 HF_BASE = "HF eager base model output_attentions (no head)"
 TL = "TransformerLens run_with_cache: hook_pattern"
 TF32X3 = "attnlab Trace.run, 3xTF32 linears (probe's patch)"
+TF32X3_SPLIT = "attnlab Trace.run, 3xTF32 linears, weights split once (probe's patch)"
+THREES = (TF32X3, TF32X3_SPLIT)
 TARGETS = {"run_vs_forward": 1.3, "hf_vs_run": 1.5, "tl_vs_run": 1.5}
 TOLERANCE = 1e-5
 
@@ -118,27 +121,33 @@ def transformer_lens(hf: Any, ids: torch.Tensor, tmp: str) -> tuple[Callable[[],
     return tl_pattern, f"TransformerLens {importlib.metadata.version('transformer-lens')}"
 
 
-def tf32x3_run(ours: Any, ids: torch.Tensor) -> tuple[Callable[[], Any] | None, str]:
-    """`Trace.run` with every linear as the 3xTF32 kernel at each shape's fastest tiles
-    (timed here: compiled once, then from triton's cache), or (None, why not)."""
+def tf32x3_runs(ours: Any, ids: torch.Tensor) -> tuple[dict[str, Callable[[], Any]], str]:
+    """`Trace.run` with every linear as each 3xTF32 kernel of the gemm probe at each shape's
+    fastest tiles (timed here: compiled once, then from triton's cache), or ({}, why not)."""
     from . import gpu_gemm
 
     why_not = gpu_gemm.tf32x3_ready(ids.device)
     if why_not is not None:
-        return None, f"3xTF32 not run: {why_not}"
+        return {}, f"3xTF32 not run: {why_not}"
     shapes = sorted({(m.in_features, m.out_features) for m in ours.modules()
                      if isinstance(m, torch.nn.Linear) and m is not ours.lm_head})
     rows = [{"K": K, "N": N} for K, N in shapes]
     tiles = gpu_gemm.tf32x3_products(rows, ids.shape[1], ids.device, repeats=5)
+    split_once: dict[int, Any] = {}  # each weight split at its first call, kept after
 
-    @torch.inference_mode()
-    def run() -> list[torch.Tensor]:
-        with gpu_gemm.tf32x3_linears(tiles):
-            trace = Trace(names="attn_weights").run(ours, ids)
-        return [trace.get("attn_weights", i) for i in range(ours.config.n_layer)]
+    def way(name: str, split: dict[int, Any] | None) -> Callable[[], Any]:
+        @torch.inference_mode()
+        def run() -> list[torch.Tensor]:
+            with gpu_gemm.tf32x3_linears(tiles[name], split):
+                trace = Trace(names="attn_weights").run(ours, ids)
+            return [trace.get("attn_weights", i) for i in range(ours.config.n_layer)]
+        return run
 
-    return run, "3xTF32 tiles per (in, out): " + ", ".join(
-        f"{k}: {v}" for k, v in sorted(tiles.items()))
+    runs = {TF32X3: way(gpu_gemm.ON_THE_FLY, None),
+            TF32X3_SPLIT: way(gpu_gemm.SPLIT_ONCE, split_once)}
+    return runs, "3xTF32 tiles per (in, out): " + "; ".join(
+        f"{name}: " + ", ".join(f"{k}: {v}" for k, v in sorted(best.items()))
+        for name, best in tiles.items())
 
 
 def run(quick: bool = False, device: str | None = None, out: Path | None = None
@@ -161,14 +170,13 @@ def run(quick: bool = False, device: str | None = None, out: Path | None = None
         tl, tl_note = transformer_lens(hf, ids, tmp)
     if tl is not None:
         fns[TL] = tl
-    three, three_note = tf32x3_run(ours, ids)
-    if three is not None:
-        fns[TF32X3] = three
+    threes, three_note = tf32x3_runs(ours, ids)
+    fns |= threes
     captured = {name: fn() for name, fn in fns.items()}  # also the warmup
     errors = {name: _largest_difference(w, captured[RUN])
               for name, w in captured.items() if w is not None}
     errors_vs_hf = {name: _largest_difference(captured[name], captured[HF_BASE])
-                    for name in (RUN, TF32X3) if name in captured}
+                    for name in (RUN, *THREES) if name in captured}
     del captured
     times: dict[str, list[float]] = {name: [] for name in fns}
     for _ in range(rounds):  # alternating rounds
@@ -181,14 +189,17 @@ def run(quick: bool = False, device: str | None = None, out: Path | None = None
               "hf_lm_vs_traced": ms[HF_LM] / ms[TRACED]}
     if TL in ms:
         ratios["tl_vs_run"] = ms[TL] / ms[RUN]
-    if TF32X3 in ms:
-        ratios["hf_vs_run_tf32x3"] = min(ms[HF_LM], ms[HF_BASE]) / ms[TF32X3]
+    for name, key in zip(THREES, ("hf_vs_run_tf32x3", "hf_vs_run_tf32x3_split"), strict=True):
+        if name in ms:
+            ratios[key] = min(ms[HF_LM], ms[HF_BASE]) / ms[name]
     met = {name: ratios[name] >= target if name != "run_vs_forward" else ratios[name] <= target
            for name, target in TARGETS.items() if name in ratios}
     # the probe's 3xTF32 row is judged apart: it is not attnlab's way (yet)
-    met["weights_equal"] = max(v for k, v in errors.items() if k != TF32X3) <= TOLERANCE
-    if TF32X3 in errors_vs_hf:
-        met["weights_equal_tf32x3"] = errors_vs_hf[TF32X3] <= TOLERANCE
+    met["weights_equal"] = max(v for k, v in errors.items() if k not in THREES) <= TOLERANCE
+    for name, key in zip(THREES, ("weights_equal_tf32x3", "weights_equal_tf32x3_split"),
+                         strict=True):
+        if name in errors_vs_hf:
+            met[key] = errors_vs_hf[name] <= TOLERANCE
     m = gpu_machine(where)
     result = {
         "suite": "gpu_trace", "machine": m,

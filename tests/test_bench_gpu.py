@@ -174,10 +174,11 @@ def test_gemm_probe_smoke_times_every_split_and_the_trace(tmp_path: Any) -> None
 @pytest.mark.skipif(importlib.util.find_spec("triton") is None, reason="needs triton")
 def test_gemm_probe_runs_its_tf32x3_kernel_under_the_interpreter(tmp_path: Path) -> None:
     """The probe's 3xTF32 path on a CPU, in a process of its own under Triton's interpreter
-    (read as triton is imported): every product at each of the kernel's tiles equals the
-    float64 product as closely as cuBLAS's float32 one (the interpreter multiplies in float32:
-    this checks the kernel's indexing, not TF32's error), and the trace with every linear so
-    keeps the weights. In the smoke run in-process, the path reports why it did not run."""
+    (read as triton is imported): every product by both kernels at each of their tiles
+    equals the float64 product as closely as cuBLAS's float32 one (the interpreter multiplies
+    in float32: this checks the kernels' indexing and the weight's split, not TF32's error),
+    and the trace with every linear so keeps the weights. In the smoke run in-process, the
+    path reports why it did not run."""
     out = tmp_path / "gemm.json"
     root = Path(__file__).resolve().parents[1]
     env = {**os.environ, "TRITON_INTERPRET": "1",
@@ -186,12 +187,15 @@ def test_gemm_probe_runs_its_tf32x3_kernel_under_the_interpreter(tmp_path: Path)
                     "--out", str(out)], cwd=root, env=env, check=True, capture_output=True)
     result = json.loads(out.read_text())
     for row in result["linears"]:
-        assert len(row["tf32x3"]) == 4, row
+        tiles = row["tf32x3"]
+        assert [len(tiles[way]) for way in (gpu_gemm.ON_THE_FLY, gpu_gemm.SPLIT_ONCE)] == [4, 2]
         assert all(found["max_error"] <= 4 * row["cublas_max_error"] + 1e-6
-                   for found in row["tf32x3"].values()), row
-    assert set(result["tf32x3"]) == {"(32, 96)", "(32, 32)", "(32, 128)", "(128, 32)"}
-    assert result["trace"]["max_weight_error_vs_float32"][gpu_gemm.THREE] < 1e-5
-    assert "ms" in result["trace"] and gpu_gemm.THREE in result["trace"]["ms"]
+                   for way in tiles.values() for found in way.values()), row
+    for best in result["tf32x3"].values():
+        assert set(best) == {"(32, 96)", "(32, 32)", "(32, 128)", "(128, 32)"}
+    for way in (gpu_gemm.THREE, gpu_gemm.THREE_SPLIT):
+        assert result["trace"]["max_weight_error_vs_float32"][way] < 1e-5
+        assert way in result["trace"]["ms"]
 
 
 @pytest.mark.skipif(importlib.util.find_spec("triton") is None, reason="needs triton")
@@ -207,11 +211,12 @@ def test_trace_suite_times_the_tf32x3_row_under_the_interpreter(tmp_path: Path) 
     subprocess.run([sys.executable, "-m", "benchmarks.gpu_trace", "--smoke", "--device", "cpu",
                     "--out", str(out)], cwd=root, env=env, check=True, capture_output=True)
     result = json.loads(out.read_text())
-    assert gpu_trace.TF32X3 in result["ms"] and "hf_vs_run_tf32x3" in result["ratios"]
-    assert set(result["max_weight_error_vs_hf_base"]) == {gpu_trace.RUN, gpu_trace.TF32X3}
+    assert set(gpu_trace.THREES) <= set(result["ms"])
+    assert {"hf_vs_run_tf32x3", "hf_vs_run_tf32x3_split"} <= set(result["ratios"])
+    assert set(result["max_weight_error_vs_hf_base"]) == {gpu_trace.RUN, *gpu_trace.THREES}
     assert max(result["max_weight_error_vs_hf_base"].values()) < 1e-5
-    assert result["max_weight_error_vs_trace_run"][gpu_trace.TF32X3] < 1e-5
-    assert result["notes"][2].startswith("3xTF32 tiles per (in, out): (32, 32): ")
+    assert max(result["max_weight_error_vs_trace_run"][name] for name in gpu_trace.THREES) < 1e-5
+    assert result["notes"][2].startswith("3xTF32 tiles per (in, out): split in the kernel: ")
 
 
 def test_the_fused_qkv_patch_makes_one_product_where_there_were_three(
