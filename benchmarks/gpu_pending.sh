@@ -30,10 +30,10 @@ step 120 pytest "$OUT/pytest.txt" \
   python -m pytest -m cuda -q "${xdist[@]}" -p no:benchmark -p no:cacheprovider -ra
 tail -3 "$OUT/pytest.txt"
 SUITES="gpu_summaries:100" OUT="$OUT/t" bash benchmarks/gpu_decode_trace.sh
-step 100 gpu_gemm "$OUT/gemm.txt" python -m benchmarks.gpu_gemm --out "$OUT/gemm.json"
+step 120 gpu_gemm "$OUT/gemm.txt" python -m benchmarks.gpu_gemm --out "$OUT/gemm.json"
 cat "$OUT/gemm.txt"
 # after the probe: its 3xTF32 kernels are in triton's cache for gpu_trace's 3xTF32 row
 SUITES="gpu_trace:90" OUT="$OUT/t" bash benchmarks/gpu_decode_trace.sh
-step 110 gpu_summary_blocks "$OUT/blocks.txt" \
+step 90 gpu_summary_blocks "$OUT/blocks.txt" \
   python -m benchmarks.gpu_summary_blocks --out "$OUT/blocks.json"
 tail -5 "$OUT/blocks.txt"
