@@ -19,9 +19,10 @@ scores, as attnlab runs them and fused. Then `Trace(names="attn_weights").run` e
 attnlab as it is, with q, k and v as one product, with each linear at its fastest split,
 with both (this probe's patches, not attnlab's code), and with TF32 (not exact: its weights' error
 against the float32 trace is the reason it is not an option), in alternating rounds. Where
-triton is installed, each linear also as a 3xTF32 Triton kernel (`gpu_tf32x3`: three TF32
-tensor-core products, near float32's error) at each of its tile sizes, and the trace with
-every linear so, at each shape's fastest tiles.
+triton is installed, each linear also as each of two 3xTF32 Triton kernels (`gpu_tf32x3`:
+three TF32 tensor-core products, near float32's error; the weight split in the kernel or
+once, before the call) at each of their tile sizes, and the trace with every linear so, at
+each shape's fastest tiles.
 
     python -m benchmarks.gpu_gemm --out FILE [--smoke --device cpu]
 """

@@ -194,7 +194,7 @@ def run(quick: bool = False, device: str | None = None, out: Path | None = None
             ratios[key] = min(ms[HF_LM], ms[HF_BASE]) / ms[name]
     met = {name: ratios[name] >= target if name != "run_vs_forward" else ratios[name] <= target
            for name, target in TARGETS.items() if name in ratios}
-    # the probe's 3xTF32 row is judged apart: it is not attnlab's way (yet)
+    # the probe's 3xTF32 rows are judged apart: they are not attnlab's way (yet)
     met["weights_equal"] = max(v for k, v in errors.items() if k not in THREES) <= TOLERANCE
     for name, key in zip(THREES, ("weights_equal_tf32x3", "weights_equal_tf32x3_split"),
                          strict=True):
