@@ -171,6 +171,19 @@ def test_gemm_probe_smoke_times_every_split_and_the_trace(tmp_path: Any) -> None
     assert result["tf32x3"].startswith(("not a CUDA device", "triton not installed"))
 
 
+def _interpreted_smoke(module: str, tmp_path: Path) -> dict[str, Any]:
+    """benchmarks.MODULE's smoke run on the CPU in a process of its own under Triton's
+    interpreter (which triton reads as it is imported): its JSON."""
+    out = tmp_path / f"{module}.json"
+    root = Path(__file__).resolve().parents[1]
+    env = {**os.environ, "TRITON_INTERPRET": "1",
+           "PYTHONPATH": os.pathsep.join([str(root), os.environ.get("PYTHONPATH", "")])}
+    subprocess.run([sys.executable, "-m", f"benchmarks.{module}", "--smoke", "--device", "cpu",
+                    "--out", str(out)], cwd=root, env=env, check=True, capture_output=True)
+    result: dict[str, Any] = json.loads(out.read_text())
+    return result
+
+
 @pytest.mark.skipif(importlib.util.find_spec("triton") is None, reason="needs triton")
 def test_gemm_probe_runs_its_tf32x3_kernel_under_the_interpreter(tmp_path: Path) -> None:
     """The probe's 3xTF32 path on a CPU, in a process of its own under Triton's interpreter
@@ -179,13 +192,7 @@ def test_gemm_probe_runs_its_tf32x3_kernel_under_the_interpreter(tmp_path: Path)
     in float32: this checks the kernels' indexing and the weight's split, not TF32's error),
     and the trace with every linear so keeps the weights. In the smoke run in-process, the
     path reports why it did not run."""
-    out = tmp_path / "gemm.json"
-    root = Path(__file__).resolve().parents[1]
-    env = {**os.environ, "TRITON_INTERPRET": "1",
-           "PYTHONPATH": os.pathsep.join([str(root), os.environ.get("PYTHONPATH", "")])}
-    subprocess.run([sys.executable, "-m", "benchmarks.gpu_gemm", "--smoke", "--device", "cpu",
-                    "--out", str(out)], cwd=root, env=env, check=True, capture_output=True)
-    result = json.loads(out.read_text())
+    result = _interpreted_smoke("gpu_gemm", tmp_path)
     for row in result["linears"]:
         tiles = row["tf32x3"]
         assert [len(tiles[way]) for way in (gpu_gemm.ON_THE_FLY, gpu_gemm.SPLIT_ONCE)] == [4, 2]
@@ -204,13 +211,7 @@ def test_trace_suite_times_the_tf32x3_row_under_the_interpreter(tmp_path: Path) 
     row is timed beside the others, picks tiles for each linear shape, its weights are within
     float32's error of Trace.run's and Hugging Face's (the interpreter multiplies in
     float32), and it leaves the default row's targets to the default rows."""
-    out = tmp_path / "trace.json"
-    root = Path(__file__).resolve().parents[1]
-    env = {**os.environ, "TRITON_INTERPRET": "1",
-           "PYTHONPATH": os.pathsep.join([str(root), os.environ.get("PYTHONPATH", "")])}
-    subprocess.run([sys.executable, "-m", "benchmarks.gpu_trace", "--smoke", "--device", "cpu",
-                    "--out", str(out)], cwd=root, env=env, check=True, capture_output=True)
-    result = json.loads(out.read_text())
+    result = _interpreted_smoke("gpu_trace", tmp_path)
     assert set(gpu_trace.THREES) <= set(result["ms"])
     assert {"hf_vs_run_tf32x3", "hf_vs_run_tf32x3_split"} <= set(result["ratios"])
     assert set(result["max_weight_error_vs_hf_base"]) == {gpu_trace.RUN, *gpu_trace.THREES}
