@@ -173,6 +173,13 @@ def suite_main(run: Callable[..., dict[str, Any]], argv: Sequence[str] | None,
     return 0
 
 
+def largest_difference(got: Sequence[torch.Tensor], expected: Sequence[torch.Tensor]) -> float:
+    """The largest |difference| between paired tensors (every layer's weights, say), in
+    float32."""
+    return max((a.float() - b.float()).abs().max().item()
+               for a, b in zip(got, expected, strict=True))
+
+
 def write_partial(path: Path | None, result: dict[str, Any]) -> None:
     """Write what a suite has so far (a long suite stopped by a time limit keeps it)."""
     if path is not None:

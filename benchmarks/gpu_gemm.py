@@ -48,7 +48,14 @@ from attnlab import GPTConfig
 from attnlab.model import layers
 from attnlab.model.trace import Trace
 
-from .gpu_common import cuda_ms, gpu_machine, median, random_gpt, write_partial
+from .gpu_common import (
+    cuda_ms,
+    gpu_machine,
+    largest_difference,
+    median,
+    random_gpt,
+    write_partial,
+)
 
 GPT2 = GPTConfig(n_layer=12, n_head=12, n_embd=768, vocab_size=50257, block_size=1024)
 TOY = GPTConfig(n_layer=2, n_head=2, n_embd=32, vocab_size=65, block_size=64)
@@ -161,8 +168,6 @@ def tf32x3_linears(configs: dict[tuple[int, int], tuple[int, ...]],
     module's split made at its first call and kept there."""
     from . import gpu_tf32x3 as kernels
 
-    plain = layers.Linear.forward
-
     def forward(self: layers.Linear, x: Tensor) -> Tensor:
         config = configs[(self.in_features, self.out_features)]
         if split_once is None:
@@ -172,11 +177,8 @@ def tf32x3_linears(configs: dict[tuple[int, int], tuple[int, ...]],
         return kernels.split_linear(x, split_once[id(self)], self.bias,
                                     config)  # type: ignore[arg-type]
 
-    layers.Linear.forward = forward  # type: ignore[method-assign]
-    try:
+    with linear_forward(forward):
         yield
-    finally:
-        layers.Linear.forward = plain  # type: ignore[method-assign]
 
 
 def attention_products(config: GPTConfig, T: int, device: torch.device, repeats: int
@@ -235,12 +237,19 @@ def softmax_passes(config: GPTConfig, T: int, device: torch.device, repeats: int
 @contextmanager
 def patched_linears(splits: dict[tuple[int, int], int]) -> Iterator[None]:
     """layers.Linear.forward with each (in, out) shape's split from `splits`."""
-    plain = layers.Linear.forward
-
     def forward(self: layers.Linear, x: Tensor) -> Tensor:
         s = splits.get((self.in_features, self.out_features), 1)
         return split_linear(x, self.weight, self.bias, s)
 
+    with linear_forward(forward):
+        yield
+
+
+@contextmanager
+def linear_forward(forward: Callable[[layers.Linear, Tensor], Tensor]) -> Iterator[None]:
+    """layers.Linear.forward replaced by `forward` meanwhile (the probe's patches), and put
+    back after."""
+    plain = layers.Linear.forward
     layers.Linear.forward = forward  # type: ignore[method-assign]
     try:
         yield
@@ -327,8 +336,7 @@ def end_to_end(config: GPTConfig, T: int, device: torch.device, splits: dict[tup
            "with the fastest splits": split, "with both": both, "with TF32": tf32,
            **({THREE: three, THREE_SPLIT: three_split} if tf32x3 else {})}
     reference = run()
-    errors = {name: max((a - b).abs().max().item() for a, b in zip(fn(), reference, strict=True))
-              for name, fn in fns.items()}
+    errors = {name: largest_difference(fn(), reference) for name, fn in fns.items()}
     times: dict[str, list[float]] = {name: [] for name in fns}
     for _ in range(rounds):
         for name, fn in fns.items():

@@ -33,15 +33,30 @@ SPLIT_CONFIGS = [CONFIGS[0], CONFIGS[2]]
 
 
 @triton.jit
+def _tile(M, N, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+    """This program's tile of out: its rows and columns, a block's inner indices, and which
+    rows and columns exist."""
+    rows = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
+    cols = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
+    return rows, cols, tl.arange(0, BLOCK_K), rows < M, cols < N
+
+
+@triton.jit
+def _store(acc, b_ptr, out_ptr, rows, cols, row_ok, col_ok, N, HAS_BIAS: tl.constexpr):
+    """acc (BLOCK_M, BLOCK_N) plus the bias into out's tile."""
+    if HAS_BIAS:
+        acc += tl.load(b_ptr + cols, mask=col_ok, other=0.0)[None, :]
+    tl.store(out_ptr + rows[:, None] * N + cols[None, :], acc,
+             mask=row_ok[:, None] & col_ok[None, :])
+
+
+@triton.jit
 def _linear_kernel(x_ptr, w_ptr, b_ptr, out_ptr, M, N, K, HAS_BIAS: tl.constexpr,
                    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
                    PRECISION: tl.constexpr):
     """out (M, N) = x (M, K) @ w (N, K)^T + b (N,), all contiguous float32, K a multiple of
     BLOCK_K: one (BLOCK_M, BLOCK_N) tile of out per program."""
-    rows = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
-    cols = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
-    inner = tl.arange(0, BLOCK_K)
-    row_ok, col_ok = rows < M, cols < N
+    rows, cols, inner, row_ok, col_ok = _tile(M, N, BLOCK_M, BLOCK_N, BLOCK_K)
     x = x_ptr + rows[:, None] * K + inner[None, :]  # (BLOCK_M, BLOCK_K) pointers
     w = w_ptr + cols[None, :] * K + inner[:, None]  # (BLOCK_K, BLOCK_N): w^T's tile
     acc = tl.zeros((BLOCK_M, BLOCK_N), tl.float32)
@@ -51,10 +66,7 @@ def _linear_kernel(x_ptr, w_ptr, b_ptr, out_ptr, M, N, K, HAS_BIAS: tl.constexpr
         acc = tl.dot(a, b, acc, input_precision=PRECISION)  # (BLOCK_M, BLOCK_N)
         x += BLOCK_K
         w += BLOCK_K
-    if HAS_BIAS:
-        acc += tl.load(b_ptr + cols, mask=col_ok, other=0.0)[None, :]
-    tl.store(out_ptr + rows[:, None] * N + cols[None, :], acc,
-             mask=row_ok[:, None] & col_ok[None, :])
+    _store(acc, b_ptr, out_ptr, rows, cols, row_ok, col_ok, N, HAS_BIAS)
 
 
 @triton.jit
@@ -71,10 +83,7 @@ def _split_linear_kernel(x_ptr, hi_ptr, lo_ptr, b_ptr, out_ptr, M, N, K,
     """`_linear_kernel`'s product with the weight split once, before the call: hi (N, K) its
     TF32 part, lo (N, K) the rest; only x is split here, so the weight's tiles go from memory
     to the tensor cores as they are. The small terms first, as Triton's tf32x3 adds them."""
-    rows = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
-    cols = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
-    inner = tl.arange(0, BLOCK_K)
-    row_ok, col_ok = rows < M, cols < N
+    rows, cols, inner, row_ok, col_ok = _tile(M, N, BLOCK_M, BLOCK_N, BLOCK_K)
     x = x_ptr + rows[:, None] * K + inner[None, :]  # (BLOCK_M, BLOCK_K) pointers
     at = cols[None, :] * K + inner[:, None]  # (BLOCK_K, BLOCK_N) offsets: w^T's tile
     acc = tl.zeros((BLOCK_M, BLOCK_N), tl.float32)
@@ -86,10 +95,7 @@ def _split_linear_kernel(x_ptr, hi_ptr, lo_ptr, b_ptr, out_ptr, M, N, K,
         acc = tl.dot(a - a_hi, w_hi, acc, input_precision="tf32")
         acc = tl.dot(a_hi, w_lo, acc, input_precision="tf32")
         acc = tl.dot(a_hi, w_hi, acc, input_precision="tf32")
-    if HAS_BIAS:
-        acc += tl.load(b_ptr + cols, mask=col_ok, other=0.0)[None, :]
-    tl.store(out_ptr + rows[:, None] * N + cols[None, :], acc,
-             mask=row_ok[:, None] & col_ok[None, :])
+    _store(acc, b_ptr, out_ptr, rows, cols, row_ok, col_ok, N, HAS_BIAS)
 
 
 def split_weight(weight: Tensor) -> tuple[Tensor, Tensor]:

@@ -43,6 +43,7 @@ from .gpu_common import (
     cuda_ms,
     gpu_machine,
     hf_from_config,
+    largest_difference,
     median,
     pick_device,
     skipped,
@@ -173,9 +174,9 @@ def run(quick: bool = False, device: str | None = None, out: Path | None = None
     threes, three_note = tf32x3_runs(ours, ids)
     fns |= threes
     captured = {name: fn() for name, fn in fns.items()}  # also the warmup
-    errors = {name: _largest_difference(w, captured[RUN])
+    errors = {name: largest_difference(w, captured[RUN])
               for name, w in captured.items() if w is not None}
-    errors_vs_hf = {name: _largest_difference(captured[name], captured[HF_BASE])
+    errors_vs_hf = {name: largest_difference(captured[name], captured[HF_BASE])
                     for name in (RUN, *THREES) if name in captured}
     del captured
     times: dict[str, list[float]] = {name: [] for name in fns}
@@ -227,12 +228,6 @@ def run(quick: bool = False, device: str | None = None, out: Path | None = None
     }
     write_partial(out, result)
     return result
-
-
-def _largest_difference(got: list[torch.Tensor], expected: list[torch.Tensor]) -> float:
-    """The largest |weight difference| over every layer's weights."""
-    return max((a.float() - b.float()).abs().max().item()
-               for a, b in zip(got, expected, strict=True))
 
 
 def main(argv: Sequence[str] | None = None) -> int:
