@@ -124,6 +124,23 @@ def tf32x3_ready(device: torch.device) -> str | None:
 
 #: the 3xTF32 kernels' ways: x and the weight split in the kernel, or the weight split once
 ON_THE_FLY, SPLIT_ONCE = "split in the kernel", "weight split once"
+#: the end-to-end row of attnlab's own 3xTF32 products (`tf32x3.ENABLED`): its linears and
+#: the trace's scores and context, at the tiles its rule picks
+OURS = "attnlab's 3xTF32 (tf32x3.ENABLED: linears, scores, context)"
+
+
+@contextmanager
+def attnlab_tf32x3(device: torch.device) -> Iterator[None]:
+    """attnlab's 3xTF32 products on (`tf32x3.ENABLED`) for device's tensors (a CPU's: the
+    smoke run's, under Triton's interpreter), as they were again after."""
+    from attnlab.model import tf32x3
+
+    before = tf32x3.ENABLED, tf32x3.DEVICES
+    tf32x3.ENABLED, tf32x3.DEVICES = True, {device.type}
+    try:
+        yield
+    finally:
+        tf32x3.ENABLED, tf32x3.DEVICES = before
 Tiles = dict[str, dict[tuple[int, int], tuple[int, int, int, int, int]]]
 
 
@@ -144,7 +161,7 @@ def tf32x3_products(rows: list[dict[str, Any]], T: int, device: torch.device,
         exact = x.double() @ w.double().T + b.double()  # (T, N)
         row["cublas_max_error"] = (F.linear(x, w, b).double() - exact).abs().max().item()
         split = kernels.split_weight(w)
-        calls = {ON_THE_FLY: (kernels.CONFIGS, functools.partial(kernels.linear, x, w, b)),
+        calls = {ON_THE_FLY: (kernels.CONFIGS, functools.partial(tiled_linear, x, w, b)),
                  SPLIT_ONCE: (kernels.SPLIT_CONFIGS,
                               functools.partial(kernels.split_linear, x, split, b))}
         row["tf32x3"] = {}
@@ -159,6 +176,18 @@ def tf32x3_products(rows: list[dict[str, Any]], T: int, device: torch.device,
     return best
 
 
+def tiled_linear(x: Tensor, weight: Tensor, bias: Tensor | None,
+                 config: tuple[int, int, int, int, int]) -> Tensor:
+    """F.linear(x, weight, bias) by attnlab's 3xTF32 kernel at the given tiles: x (..., K),
+    weight (N, K) -> (..., N)."""
+    from attnlab.model import tf32x3_triton
+
+    *lead, K = x.shape
+    out = tf32x3_triton.matmul(x.reshape(1, -1, K), weight.t().unsqueeze(0), 1.0, bias,
+                               config)  # (1, M, N)
+    return out.view(*lead, weight.shape[0])
+
+
 @contextmanager
 def tf32x3_linears(configs: dict[tuple[int, int], tuple[int, ...]],
                    split_once: dict[int, tuple[Tensor, Tensor]] | None = None
@@ -171,7 +200,7 @@ def tf32x3_linears(configs: dict[tuple[int, int], tuple[int, ...]],
     def forward(self: layers.Linear, x: Tensor) -> Tensor:
         config = configs[(self.in_features, self.out_features)]
         if split_once is None:
-            return kernels.linear(x, self.weight, self.bias, config)  # type: ignore[arg-type]
+            return tiled_linear(x, self.weight, self.bias, config)  # type: ignore[arg-type]
         if id(self) not in split_once:
             split_once[id(self)] = kernels.split_weight(self.weight)
         return kernels.split_linear(x, split_once[id(self)], self.bias,
@@ -332,9 +361,13 @@ def end_to_end(config: GPTConfig, T: int, device: torch.device, splits: dict[tup
         with tf32x3_linears(tf32x3[SPLIT_ONCE], split_once):
             return run()
 
+    def ours() -> list[Tensor]:
+        with attnlab_tf32x3(device):
+            return run()
+
     fns = {"attnlab Trace.run": run, "with q, k, v as one product": qkv,
            "with the fastest splits": split, "with both": both, "with TF32": tf32,
-           **({THREE: three, THREE_SPLIT: three_split} if tf32x3 else {})}
+           **({THREE: three, THREE_SPLIT: three_split, OURS: ours} if tf32x3 else {})}
     reference = run()
     errors = {name: largest_difference(fn(), reference) for name, fn in fns.items()}
     times: dict[str, list[float]] = {name: [] for name in fns}
@@ -348,7 +381,7 @@ def end_to_end(config: GPTConfig, T: int, device: torch.device, splits: dict[tup
 def run(smoke: bool, device: torch.device, out: Path | None = None) -> dict[str, Any]:
     """Every part of the probe, written to out after each (a call stopped by its time limit
     keeps what it finished)."""
-    config, T = (TOY, 32) if smoke else (GPT2, 1024)
+    config, T = (TOY, 64) if smoke else (GPT2, 1024)  # 64: tf32x3.MIN_ROWS
     repeats, rounds = (2, 1) if smoke else (REPEATS, ROUNDS)
     result: dict[str, Any] = {"probe": "gpu_gemm", "machine": gpu_machine(device), "T": T,
                               "float32_matmul_precision": torch.get_float32_matmul_precision()}

@@ -1,18 +1,12 @@
-"""A float32 linear as one Triton kernel whose products run on TF32 tensor cores three times
-(3xTF32), for the gemm probe (`gpu_gemm`): a probe's kernel, not attnlab's.
+"""The gemm probe's (`gpu_gemm`) second 3xTF32 linear: its weight split once, before the call.
 
-Each float32 operand is split into a TF32 part and the TF32 rest of what that part drops,
-and a x b is summed as hi(a) hi(b) + hi(a) lo(b) + lo(a) hi(b) (Triton's
-`input_precision="tf32x3"`): the term it leaves out, lo(a) lo(b), is about 2^-22 of the
-product, near float32's own rounding, where one TF32 product (`torch`'s "high" float32
-precision) keeps about 2^-11. On an H100 the tensor cores' TF32 rate is several times its
-float32 rate, so three TF32 products may beat cuBLAS's float32 one on the block's small
-shapes; whether they do, and with what error against float64, is the probe's question.
-Two kernels: Triton's tf32x3, which splits x and the weight in each block of the product,
-and one whose weight is split once, before the call (`split_weight`: as a model would keep
-it), so only x is split in the kernel and the weight's tiles reach the tensor cores as they
-are stored. This module imports triton at the top: `gpu_gemm` imports it only where
-triton is.
+attnlab's own 3xTF32 product (`attnlab.model.tf32x3_triton`) splits both operands in every
+block: each float32 operand into a TF32 part and the TF32 rest, a b summed as hi(a) hi(b) +
+hi(a) lo(b) + lo(a) hi(b) on TF32 tensor cores. This kernel takes the weight already split
+(`split_weight`: as a model would keep it, beside the weight), so only x is split in the
+kernel and the weight's tiles reach the tensor cores as they are stored: fewer instructions
+per block, twice the weight's memory. Whether that wins is the probe's question. This
+module imports triton at the top: `gpu_gemm` imports it only where triton is.
 """
 
 from __future__ import annotations
@@ -24,11 +18,10 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
-#: (BLOCK_M, BLOCK_N, BLOCK_K, warps, stages) the probe tries on each shape
-CONFIGS: list[tuple[int, int, int, int, int]] = [
-    (128, 128, 32, 8, 3), (128, 64, 32, 4, 4), (64, 128, 32, 4, 4), (64, 64, 32, 4, 4),
-]
-#: the tiles the weight-split-once kernel tries (fewer: each one is another compilation)
+from attnlab.model.tf32x3_triton import CONFIGS
+
+#: the tiles the weight-split-once kernel tries (fewer than attnlab's kernel's: each one is
+#: another compilation)
 SPLIT_CONFIGS = [CONFIGS[0], CONFIGS[2]]
 
 
@@ -51,25 +44,6 @@ def _store(acc, b_ptr, out_ptr, rows, cols, row_ok, col_ok, N, HAS_BIAS: tl.cons
 
 
 @triton.jit
-def _linear_kernel(x_ptr, w_ptr, b_ptr, out_ptr, M, N, K, HAS_BIAS: tl.constexpr,
-                   BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-                   PRECISION: tl.constexpr):
-    """out (M, N) = x (M, K) @ w (N, K)^T + b (N,), all contiguous float32, K a multiple of
-    BLOCK_K: one (BLOCK_M, BLOCK_N) tile of out per program."""
-    rows, cols, inner, row_ok, col_ok = _tile(M, N, BLOCK_M, BLOCK_N, BLOCK_K)
-    x = x_ptr + rows[:, None] * K + inner[None, :]  # (BLOCK_M, BLOCK_K) pointers
-    w = w_ptr + cols[None, :] * K + inner[:, None]  # (BLOCK_K, BLOCK_N): w^T's tile
-    acc = tl.zeros((BLOCK_M, BLOCK_N), tl.float32)
-    for _ in range(0, K, BLOCK_K):
-        a = tl.load(x, mask=row_ok[:, None], other=0.0)  # (BLOCK_M, BLOCK_K)
-        b = tl.load(w, mask=col_ok[None, :], other=0.0)  # (BLOCK_K, BLOCK_N)
-        acc = tl.dot(a, b, acc, input_precision=PRECISION)  # (BLOCK_M, BLOCK_N)
-        x += BLOCK_K
-        w += BLOCK_K
-    _store(acc, b_ptr, out_ptr, rows, cols, row_ok, col_ok, N, HAS_BIAS)
-
-
-@triton.jit
 def _tf32(a):
     """a rounded to TF32 (its top 19 bits, to nearest, ties away from zero: cvt.rna's)."""
     bits = a.to(tl.uint32, bitcast=True)
@@ -80,9 +54,10 @@ def _tf32(a):
 def _split_linear_kernel(x_ptr, hi_ptr, lo_ptr, b_ptr, out_ptr, M, N, K,
                          HAS_BIAS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                          BLOCK_K: tl.constexpr):
-    """`_linear_kernel`'s product with the weight split once, before the call: hi (N, K) its
-    TF32 part, lo (N, K) the rest; only x is split here, so the weight's tiles go from memory
-    to the tensor cores as they are. The small terms first, as Triton's tf32x3 adds them."""
+    """out (M, N) = x (M, K) @ (hi + lo)^T + b (N,), all contiguous float32, K a multiple of
+    BLOCK_K, with the weight split once, before the call: hi (N, K) its TF32 part, lo (N, K)
+    the rest; only x is split here, so the weight's tiles go from memory to the tensor cores
+    as they are. The small terms first, as Triton's tf32x3 adds them."""
     rows, cols, inner, row_ok, col_ok = _tile(M, N, BLOCK_M, BLOCK_N, BLOCK_K)
     x = x_ptr + rows[:, None] * K + inner[None, :]  # (BLOCK_M, BLOCK_K) pointers
     at = cols[None, :] * K + inner[:, None]  # (BLOCK_K, BLOCK_N) offsets: w^T's tile
@@ -108,21 +83,13 @@ def split_weight(weight: Tensor) -> tuple[Tensor, Tensor]:
 
 def split_linear(x: Tensor, split: tuple[Tensor, Tensor], bias: Tensor | None,
                  config: tuple[int, int, int, int, int] = CONFIGS[0]) -> Tensor:
-    """`linear` with the weight split once (`split_weight`): F.linear(x, hi + lo, bias)."""
-    return _launch(_split_linear_kernel, x, split, bias, config, {})
-
-
-def linear(x: Tensor, weight: Tensor, bias: Tensor | None,
-           config: tuple[int, int, int, int, int] = CONFIGS[0],
-           precision: str = "tf32x3") -> Tensor:
-    """F.linear(x, weight, bias) for float32 x (..., K) and weight (N, K), K a multiple of
-    config's BLOCK_K, by `_linear_kernel` at config (`CONFIGS`'s form)."""
-    return _launch(_linear_kernel, x, (weight.contiguous(),), bias, config,
-                   {"PRECISION": precision})
+    """F.linear(x, hi + lo, bias) for float32 x (..., K), the weight split once
+    (`split_weight`), K a multiple of config's BLOCK_K (`CONFIGS`'s form)."""
+    return _launch(_split_linear_kernel, x, split, bias, config)
 
 
 def _launch(kernel: Any, x: Tensor, weights: tuple[Tensor, ...], bias: Tensor | None,
-            config: tuple[int, int, int, int, int], constants: dict[str, Any]) -> Tensor:
+            config: tuple[int, int, int, int, int]) -> Tensor:
     """kernel over x (..., K) and the (N, K) weights at config: (..., N) float32."""
     block_m, block_n, block_k, warps, stages = config
     *lead, K = x.shape
@@ -136,5 +103,5 @@ def _launch(kernel: Any, x: Tensor, weights: tuple[Tensor, ...], bias: Tensor | 
     grid = (triton.cdiv(M, block_m), triton.cdiv(N, block_n))
     kernel[grid](x2, *weights, x2 if bias is None else bias, out, M, N, K,
                  HAS_BIAS=bias is not None, BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k,
-                 num_warps=warps, num_stages=stages, **constants)
+                 num_warps=warps, num_stages=stages)
     return out.view(*lead, N)

@@ -11,11 +11,12 @@ the GPU. Side by side in alternating rounds, each call synchronised:
 - TransformerLens `run_with_cache` with a pattern filter, where it imports (the GPU image
   lacks a few of its packages: docs/gpu.md says which wheels to carry), booted from the
   same weights saved to a temporary directory.
-- where triton is installed on the GPU: `Trace.run` with every linear as each of the gemm
-  probe's 3xTF32 Triton kernels (`gpu_tf32x3`, three TF32 tensor-core products; x and the
-  weight split in the kernel, or the weight split once), each shape at its fastest tiles
-  (the probe's patch, not attnlab's code), with the weights' largest difference from
-  Hugging Face's.
+- where triton is installed on the GPU: `Trace.run` with attnlab's 3xTF32 products on
+  (`attnlab.model.tf32x3`: every linear, the scores and the context as three TF32
+  tensor-core products, tiles by its rule; off by default until this row says it wins),
+  and with every linear as the gemm probe's weight-split-once kernel (`gpu_tf32x3`, the
+  probe's patch, not attnlab's code) at each shape's fastest tiles, each with the weights'
+  largest difference from Hugging Face's.
 
 The weights are checked equal to Hugging Face's within 1e-5. Targets: `Trace.run` at most
 1.3x the fused forward, and at least 1.5x faster than Hugging Face eager (its faster way,
@@ -62,7 +63,7 @@ TRACED = "attnlab forward + trace: attn_weights"
 HF_LM = "HF eager output_attentions"
 HF_BASE = "HF eager base model output_attentions (no head)"
 TL = "TransformerLens run_with_cache: hook_pattern"
-TF32X3 = "attnlab Trace.run, 3xTF32 linears (probe's patch)"
+TF32X3 = "attnlab Trace.run, 3xTF32 products (tf32x3.ENABLED)"
 TF32X3_SPLIT = "attnlab Trace.run, 3xTF32 linears, weights split once (probe's patch)"
 THREES = (TF32X3, TF32X3_SPLIT)
 TARGETS = {"run_vs_forward": 1.3, "hf_vs_run": 1.5, "tl_vs_run": 1.5}
@@ -123,8 +124,9 @@ def transformer_lens(hf: Any, ids: torch.Tensor, tmp: str) -> tuple[Callable[[],
 
 
 def tf32x3_runs(ours: Any, ids: torch.Tensor) -> tuple[dict[str, Callable[[], Any]], str]:
-    """`Trace.run` with every linear as each 3xTF32 kernel of the gemm probe at each shape's
-    fastest tiles (timed here: compiled once, then from triton's cache), or ({}, why not)."""
+    """`Trace.run` with attnlab's 3xTF32 products on (`tf32x3.ENABLED`), and with every
+    linear as the gemm probe's weight-split-once kernel at each shape's fastest tiles (timed
+    here: compiled once, then from triton's cache), or ({}, why not)."""
     from . import gpu_gemm
 
     why_not = gpu_gemm.tf32x3_ready(ids.device)
@@ -136,17 +138,21 @@ def tf32x3_runs(ours: Any, ids: torch.Tensor) -> tuple[dict[str, Callable[[], An
     tiles = gpu_gemm.tf32x3_products(rows, ids.shape[1], ids.device, repeats=5)
     split_once: dict[int, Any] = {}  # each weight split at its first call, kept after
 
-    def way(name: str, split: dict[int, Any] | None) -> Callable[[], Any]:
-        @torch.inference_mode()
-        def run() -> list[torch.Tensor]:
-            with gpu_gemm.tf32x3_linears(tiles[name], split):
-                trace = Trace(names="attn_weights").run(ours, ids)
-            return [trace.get("attn_weights", i) for i in range(ours.config.n_layer)]
-        return run
+    def weights() -> list[torch.Tensor]:
+        trace = Trace(names="attn_weights").run(ours, ids)
+        return [trace.get("attn_weights", i) for i in range(ours.config.n_layer)]
 
-    runs = {TF32X3: way(gpu_gemm.ON_THE_FLY, None),
-            TF32X3_SPLIT: way(gpu_gemm.SPLIT_ONCE, split_once)}
-    return runs, "3xTF32 tiles per (in, out): " + "; ".join(
+    @torch.inference_mode()
+    def enabled() -> list[torch.Tensor]:
+        with gpu_gemm.attnlab_tf32x3(ids.device):
+            return weights()
+
+    @torch.inference_mode()
+    def split() -> list[torch.Tensor]:
+        with gpu_gemm.tf32x3_linears(tiles[gpu_gemm.SPLIT_ONCE], split_once):
+            return weights()
+
+    return {TF32X3: enabled, TF32X3_SPLIT: split}, "3xTF32 tiles per (in, out): " + "; ".join(
         f"{name}: " + ", ".join(f"{k}: {v}" for k, v in sorted(best.items()))
         for name, best in tiles.items())
 
@@ -157,7 +163,7 @@ def run(quick: bool = False, device: str | None = None, out: Path | None = None
     where = pick_device(device)
     if where is None:
         return skipped("gpu_trace")
-    shape, T, rounds = ("toy", 32, 2) if quick else ("gpt2", 1024, 20)
+    shape, T, rounds = ("toy", 64, 2) if quick else ("gpt2", 1024, 20)  # 64: tf32x3.MIN_ROWS
     # GPT-2's own initializer_range: at 0.1 the deep layers' scores grow so large that any two
     # float32 implementations (HF's and attnlab's, on a CPU too) differ by ~1e-4 in the
     # weights, each as far from a float64 reference (docs/performance.md#trace-on-a-gpu)
@@ -195,7 +201,7 @@ def run(quick: bool = False, device: str | None = None, out: Path | None = None
             ratios[key] = min(ms[HF_LM], ms[HF_BASE]) / ms[name]
     met = {name: ratios[name] >= target if name != "run_vs_forward" else ratios[name] <= target
            for name, target in TARGETS.items() if name in ratios}
-    # the probe's 3xTF32 rows are judged apart: they are not attnlab's way (yet)
+    # the 3xTF32 rows are judged apart: they are not attnlab's default way (yet)
     met["weights_equal"] = max(v for k, v in errors.items() if k not in THREES) <= TOLERANCE
     for name, key in zip(THREES, ("weights_equal_tf32x3", "weights_equal_tf32x3_split"),
                          strict=True):

@@ -1,10 +1,11 @@
-"""The summary kernels compiled for an H100 (sm_90) on any machine, no GPU needed: Triton's
-ahead-of-time compiler builds each cubin and `cuobjdump` from Triton's NVIDIA tools reads
-it back. For each kernel at its tuned tiles (bfloat16, head size 64, causal) this prints the
-registers and local memory per thread, and per loop of the machine code (the masked and
+"""The summary kernels and the 3xTF32 product compiled for an H100 (sm_90) on any machine, no
+GPU needed: Triton's ahead-of-time compiler builds each cubin and `cuobjdump` from Triton's
+NVIDIA tools reads it back. For each summary kernel at its tuned tiles (bfloat16, head size
+64, causal) and the product at two tile sizes (float32, as a linear launches it) this prints
+the registers and local memory per thread, and per loop of the machine code (the masked and
 unmasked walks over blocks) the instructions one warp issues per block, with the
-exponentials (MUFU), a reduction's butterfly shuffles (SHFL.BFLY) and barriers (BAR) among
-them.
+exponentials (MUFU), a reduction's butterfly shuffles (SHFL.BFLY), barriers (BAR) and
+tensor-core products (HGMMA) among them.
 
 A warp's MUFU instruction occupies its quarter of the SM for 8 cycles (16 exponentials a
 cycle per SM), any other for about one: a loop issuing more instructions than 8x its MUFU
@@ -71,6 +72,35 @@ def compile_for_h100(kernel: Any, tuned: tuple[int, ...], **constants: Any) -> A
     return triton.compile(source, target=GPUTarget("cuda", 90, 32), options=options)
 
 
+def compile_matmul_for_h100(config: tuple[int, ...]) -> Any:
+    """attnlab's 3xTF32 product (`tf32x3_triton.matmul_kernel`) for sm_90 at config
+    (`CONFIGS`'s form) as a linear layer launches it: x (M, K) and the weight (N, K) read
+    along K (unit strides, which the JIT makes constants), K a multiple of BLOCK_K, a bias,
+    pointers, lengths and other strides multiples of 16."""
+    triton, _ = tools()
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    from attnlab.model.tf32x3_triton import matmul_kernel
+
+    block_m, block_n, block_k, warps, stages = config
+    constants = dict(HAS_BIAS=True, EVEN_K=True, BLOCK_M=block_m, BLOCK_N=block_n,
+                     BLOCK_K=block_k, stride_ak=1, stride_bk=1)
+    signature, aligned = {}, {}
+    for index, param in enumerate(matmul_kernel.params):
+        if param.is_constexpr or param.name in constants:
+            signature[param.name] = "constexpr"
+        else:
+            signature[param.name] = ("*fp32" if param.name.endswith("_ptr")
+                                     else "fp32" if param.name == "alpha" else "i32")
+            if param.name != "alpha":
+                aligned[(index,)] = [["tt.divisibility", 16]]
+    source = ASTSource(fn=matmul_kernel, signature=signature, constexprs=constants,
+                       attrs=aligned)
+    return triton.compile(source, target=GPUTarget("cuda", 90, 32),
+                          options={"num_warps": warps, "num_stages": stages})
+
+
 def _type(name: str, constexpr: bool) -> str:
     if constexpr:
         return "constexpr"
@@ -110,13 +140,13 @@ def loops(compiled: Any) -> list[dict[str, int]]:
             found.append({"instructions": len(ops), "MUFU": body["MUFU"],
                           # butterfly shuffles are a reduction's; others broadcast a value
                           "SHFL.BFLY": sum(op.startswith("SHFL.BFLY") for op in ops),
-                          "BAR": body["BAR"]})
+                          "BAR": body["BAR"], "HGMMA": body["HGMMA"]})
     return found
 
 
 def kernels() -> dict[str, Any]:
     """Each kernel compiled at its tuned tiles for 16-bit heads up to 128."""
-    from attnlab.model import summary_kernels, summary_triton
+    from attnlab.model import summary_kernels, summary_triton, tf32x3_triton
 
     rows, received = summary_kernels.ROWS_BLOCKS[128], summary_kernels.RECEIVED_BLOCKS[128]
     return {
@@ -133,6 +163,10 @@ def kernels() -> dict[str, Any]:
                                               CONTEXT=False, HAS_PAD=True),
         "received pass, padded": compile_for_h100(summary_triton.received_kernel, received,
                                                   HAS_PAD=True),
+        # the 3xTF32 product (float32 linears, scores, context) at its largest and smallest
+        # tiles: the loop's tensor-core products (HGMMA) are three for each one of TF32's
+        **{f"3xTF32 product, {c[0]}x{c[1]} tiles": compile_matmul_for_h100(c)
+           for c in (tf32x3_triton.CONFIGS[0], tf32x3_triton.CONFIGS[-1])},
     }
 
 
@@ -145,6 +179,9 @@ def main(argv: list[str] | None = None) -> int:
     for name, found in result.items():
         print(f"{name}: {found['usage']}")
         for loop in found["loops"]:
+            if not loop["MUFU"]:  # a product's loop: its tensor-core products are its work
+                print(f"  loop: {loop}")
+                continue
             bound = "issue" if loop["instructions"] > 8 * loop["MUFU"] else "exponentials"
             print(f"  loop: {loop} (bound by {bound})")
     if args.out:

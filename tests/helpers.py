@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import importlib
 import json
 import socket
+import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -11,6 +13,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+import pytest
 import torch
 
 import attnlab.model.decode as decode
@@ -182,3 +185,29 @@ def split_blocks(threads: int, split_min: int = 1) -> Iterator[None]:
 def read_metrics(run: Path) -> list[dict[str, Any]]:
     """The rows of a training run's metrics.jsonl."""
     return [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+
+
+def _triton_or(module: str, name: str) -> bool:
+    return name == module or (name.split(".")[0] == "triton"
+                              and not name.startswith("triton._C"))
+
+
+@contextmanager
+def interpreted(monkeypatch: pytest.MonkeyPatch, module: str) -> Iterator[Any]:
+    """triton and the kernels' `module` (attnlab.model.NAME) imported afresh under Triton's
+    interpreter (CPU tensors), yielded: triton reads TRITON_INTERPRET as it decorates, its
+    own library included, so the modules imported before (by torch, or an earlier test) are
+    set aside meanwhile."""
+    import attnlab.model as package
+
+    attribute = module.rsplit(".", 1)[1]
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    for name in [name for name in sys.modules if _triton_or(module, name)]:
+        monkeypatch.delitem(sys.modules, name)
+    monkeypatch.delattr(package, attribute, raising=False)
+    yield importlib.import_module(module)
+    for name in list(sys.modules):  # the interpreted copies; monkeypatch restores the others
+        if _triton_or(module, name):
+            del sys.modules[name]
+    if hasattr(package, attribute):
+        delattr(package, attribute)

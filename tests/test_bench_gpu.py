@@ -200,7 +200,7 @@ def test_gemm_probe_runs_its_tf32x3_kernel_under_the_interpreter(tmp_path: Path)
                    for way in tiles.values() for found in way.values()), row
     for best in result["tf32x3"].values():
         assert set(best) == {"(32, 96)", "(32, 32)", "(32, 128)", "(128, 32)"}
-    for way in (gpu_gemm.THREE, gpu_gemm.THREE_SPLIT):
+    for way in (gpu_gemm.THREE, gpu_gemm.THREE_SPLIT, gpu_gemm.OURS):
         assert result["trace"]["max_weight_error_vs_float32"][way] < 1e-5
         assert way in result["trace"]["ms"]
 

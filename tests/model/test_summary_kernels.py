@@ -8,15 +8,14 @@ bfloat16, and a trace of summaries alone then never holds a (nh, T, S) float32 t
 
 from __future__ import annotations
 
-import importlib
 import importlib.util
-import sys
 from collections.abc import Iterator
 from typing import Any
 
 import pytest
 import torch
 
+import helpers
 from attnlab import GPT, GPTConfig, Trace
 from attnlab.model import summary_kernels, traced_attention
 from attnlab.model.attention import Mask, attend, build_mask
@@ -31,26 +30,9 @@ KERNELS = "attnlab.model.summary_triton"
 
 @pytest.fixture
 def interpreted(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
-    """triton and the kernels' module imported afresh under Triton's interpreter (CPU
-    tensors): triton reads TRITON_INTERPRET as it decorates, its own library included, so
-    the modules imported before (by torch, or an earlier test) are set aside meanwhile."""
-    import attnlab.model as package
-
-    monkeypatch.setenv("TRITON_INTERPRET", "1")
-    fresh = [name for name in sys.modules
-             if name == KERNELS or (name.split(".")[0] == "triton"
-                                    and not name.startswith("triton._C"))]
-    for name in fresh:
-        monkeypatch.delitem(sys.modules, name)
-    monkeypatch.delattr(package, "summary_triton", raising=False)
-    importlib.import_module(KERNELS)
-    yield
-    for name in list(sys.modules):  # the interpreted copies; monkeypatch restores the others
-        if name == KERNELS or (name.split(".")[0] == "triton"
-                               and not name.startswith("triton._C")):
-            del sys.modules[name]
-    if hasattr(package, "summary_triton"):
-        delattr(package, "summary_triton")
+    """The kernels' module under Triton's interpreter (`helpers.interpreted`)."""
+    with helpers.interpreted(monkeypatch, KERNELS):
+        yield
 
 
 class _Wants:

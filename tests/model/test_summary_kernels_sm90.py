@@ -1,10 +1,11 @@
-"""model/summary_triton.py compiled for an H100 (sm_90) on a machine with no GPU
-(`benchmarks.kernel_sass`: Triton's ahead-of-time compiler, its cuobjdump). The summaries'
-tuned tiles (`summary_kernels.ROWS_BLOCKS`, `RECEIVED_BLOCKS`) must compile; none may spill
-registers to local memory (a spill turns each block's reductions into memory traffic); the
-rows pass with the context (`attend_and_summarise`) adds its second product and not one
-exponential; the received pass and the given-lse rows pass sum over rows outside their
-loops (no reduction's shuffle in them). The timings are a GPU's:
+"""model/summary_triton.py and model/tf32x3_triton.py compiled for an H100 (sm_90) on a
+machine with no GPU (`benchmarks.kernel_sass`: Triton's ahead-of-time compiler, its
+cuobjdump). The summaries' tuned tiles (`summary_kernels.ROWS_BLOCKS`, `RECEIVED_BLOCKS`)
+must compile; no kernel may spill registers to local memory (a spill turns each block's
+reductions into memory traffic); the rows pass with the context (`attend_and_summarise`)
+adds its second product and not one exponential; the received pass and the given-lse rows
+pass sum over rows outside their loops (no reduction's shuffle in them); the 3xTF32 product
+makes three TF32 tensor-core products for each of one. The timings are a GPU's:
 docs/performance.md#summaries-on-a-gpu."""
 
 from __future__ import annotations
@@ -65,6 +66,16 @@ def test_the_given_lse_pass_sums_once_and_issues_less(compiled: dict[str, Any]) 
     assert {loop["MUFU"] for loop in given} == {32}, given
 
 
+def test_the_3xtf32_product_makes_three_tensor_core_products(compiled: dict[str, Any]
+                                                             ) -> None:
+    """The float32 product's one loop issues three TF32 wgmma's for each 8-deep slice of a
+    32-deep step, per 64-row warpgroup tile: 12 at both tile sizes, and no exponential."""
+    for tiles in ("128x128", "64x64"):
+        [loop] = kernel_sass.loops(compiled[f"3xTF32 product, {tiles} tiles"])
+        assert loop["HGMMA"] == 3 * 32 // 8 and loop["MUFU"] == 0, (tiles, loop)
+    assert _count(compiled["3xTF32 product, 64x64 tiles"], r"wgmma\.mma_async\S*\.tf32") > 0
+
+
 def test_a_padded_batch_keeps_the_unmasked_loops(compiled: dict[str, Any]) -> None:
     """A left padding's blocks of real keys take the loop an unpadded batch takes."""
     for kernel in ("rows pass", "received pass"):
@@ -78,6 +89,7 @@ def test_the_report_names_each_kernel(tmp_path: Path, capsys: pytest.CaptureFixt
     written = json.loads((tmp_path / "sass.json").read_text())
     assert list(written) == ["rows pass", "rows pass with the context", "received pass",
                              "given-lse rows pass", "rows pass, padded",
-                             "received pass, padded"]
+                             "received pass, padded", "3xTF32 product, 128x128 tiles",
+                             "3xTF32 product, 64x64 tiles"]
     assert all(found["loops"] and found["usage"]["REG"] > 0 for found in written.values())
     assert "received pass:" in capsys.readouterr().out

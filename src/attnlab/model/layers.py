@@ -20,7 +20,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from . import runtime
+from . import runtime, tf32x3
 
 #: GPTConfig.gelu -> F.gelu's `approximate`. GPT-2 was trained with the tanh form, so
 #: imported weights need it; the exact (erf) form is faster on CPUs, forward and backward
@@ -47,7 +47,8 @@ class Linear(nn.Linear):
     (in, out) memory: oneDNN runs its slow reference kernel on others), products under
     `runtime.ONEDNN_MIN_MACS` multiply-adds, and tracing or compiling (torch.jit.trace,
     torch.compile, torch.export: the graph gets aten.linear, which exporters know and
-    compilers choose kernels for) run F.linear, as nn.Linear does."""
+    compilers choose kernels for) run F.linear, as nn.Linear does. On a GPU, float32
+    products without autograd run as three TF32 products where `tf32x3.wanted` says so."""
 
     def _onednn(self, x: Tensor) -> bool:
         w = self.weight  # (out, in)
@@ -62,6 +63,8 @@ class Linear(nn.Linear):
     def forward(self, x: Tensor) -> Tensor:
         if self._onednn(x):
             return torch.ops.mkldnn._linear_pointwise(x, self.weight, self.bias, "none", [], "")
+        if tf32x3.wanted(x, self.weight, x.numel() // max(1, self.in_features)):
+            return tf32x3.linear(x, self.weight, self.bias)  # (..., out)
         return F.linear(x, self.weight, self.bias)  # (..., out)
 
     def gelu(self, x: Tensor, approximate: str) -> Tensor:

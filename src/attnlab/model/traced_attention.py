@@ -27,7 +27,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from . import summary_kernels
+from . import summary_kernels, tf32x3
 from .runtime import kept_empty, kept_out
 from .summaries import SUMMARY_NAMES, Summaries, accumulation_dtype, tile_elements
 
@@ -129,10 +129,20 @@ def scaled_scores(q: Tensor, key_t: Tensor, scale: float) -> Tensor:
     sum."""
     B, heads, rows, hs = q.shape
     keys = key_t.shape[-1]
+    if tf32x3.wanted(q, key_t, rows):
+        return tf32x3.matmul(q, key_t, scale)  # (B, heads, rows, keys)
     # beta=0: the (unread) input adds nothing, not even a nan
     scores = torch.baddbmm(q.new_empty(()), q.reshape(B * heads, rows, hs),
                            key_t.reshape(B * heads, hs, keys), beta=0.0, alpha=scale)
     return scores.view(B, heads, rows, keys)  # (B * heads, rows, keys) -> (B, heads, rows, keys)
+
+
+def _product(weights: Tensor, v: Tensor) -> Tensor:
+    """weights (B, nh, rows, keys) @ v (B, nh, keys, hs) -> (B, nh, rows, hs), as 3xTF32
+    where `tf32x3.wanted` says so."""
+    if tf32x3.wanted(weights, v, weights.shape[-2]):
+        return tf32x3.matmul(weights, v)
+    return weights @ v
 
 
 def _scores(q: Tensor, key_t: Tensor, mask: Mask, trace: LayerTrace
@@ -209,9 +219,9 @@ def traced_attend(q: Tensor, k: Tensor, v: Tensor, mask: Mask, may_attend: Tenso
     if summaries is not None:
         _record_summaries(trace, summaries)
     if attn_weights is not made or spans == [(0, S, spans[0][2])]:  # dropped, edited, one block
-        return attn_weights @ v  # (B, nh, T, S) @ (B, nh, S, hs) -> (B, nh, T, hs)
+        return _product(attn_weights, v)  # (B, nh, T, S) @ (B, nh, S, hs) -> (B, nh, T, hs)
     return torch.cat([
-        attn_weights[:, :, i0:i0 + rows, k0:k1] @ v[:, :, k0:k1]  # (B, nh, rows, hs)
+        _product(attn_weights[:, :, i0:i0 + rows, k0:k1], v[:, :, k0:k1])  # (B, nh, rows, hs)
         for i0, (k0, k1, _) in zip(range(0, T, rows), spans, strict=True)
     ], dim=2)  # (B, nh, T, hs)
 
