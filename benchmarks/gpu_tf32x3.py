@@ -74,10 +74,11 @@ def _split_linear_kernel(x_ptr, hi_ptr, lo_ptr, b_ptr, out_ptr, M, N, K,
 
 
 def split_weight(weight: Tensor) -> tuple[Tensor, Tensor]:
-    """(hi, lo) float32 (N, K): weight's TF32 part (rounded as `_tf32` rounds) and the rest,
-    hi + lo == weight exactly."""
-    bits = weight.contiguous().view(torch.int32)  # (N, K)
-    hi = ((bits + 0x1000) & -0x2000).view(torch.float32)  # (N, K) low 13 bits cleared
+    """(hi, lo) contiguous float32 (N, K), as the kernel reads them, whatever the weight's
+    memory (attnlab keeps most over (in, out): `GPT.lay_out_weights`): weight's TF32 part
+    (rounded as `_tf32` rounds) and the rest, hi + lo == weight exactly."""
+    weight = weight.contiguous()  # (N, K)
+    hi = ((weight.view(torch.int32) + 0x1000) & -0x2000).view(torch.float32)  # low 13 bits 0
     return hi, weight - hi
 
 

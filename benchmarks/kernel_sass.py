@@ -74,9 +74,11 @@ def compile_for_h100(kernel: Any, tuned: tuple[int, ...], **constants: Any) -> A
 
 def compile_matmul_for_h100(config: tuple[int, ...]) -> Any:
     """attnlab's 3xTF32 product (`tf32x3_triton.matmul_kernel`) for sm_90 at config
-    (`CONFIGS`'s form) as a linear layer launches it: x (M, K) and the weight (N, K) read
-    along K (unit strides, which the JIT makes constants), K a multiple of BLOCK_K, a bias,
-    pointers, lengths and other strides multiples of 16."""
+    (`CONFIGS`'s form) as most of a model's linears launch it: x (M, K) row-major and the
+    weight over (in, out) memory (`GPT.lay_out_weights`), so b = weight.t() is (K, N)
+    row-major (the unit strides, which the JIT makes constants), K a multiple of BLOCK_K, a
+    bias, pointers, lengths and other strides multiples of 16. (b read along K instead, as
+    scores read k: the same tensor-core products, within 16 instructions a step.)"""
     triton, _ = tools()
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
@@ -85,7 +87,7 @@ def compile_matmul_for_h100(config: tuple[int, ...]) -> Any:
 
     block_m, block_n, block_k, warps, stages = config
     constants = dict(HAS_BIAS=True, EVEN_K=True, BLOCK_M=block_m, BLOCK_N=block_n,
-                     BLOCK_K=block_k, stride_ak=1, stride_bk=1)
+                     BLOCK_K=block_k, stride_ak=1, stride_bn=1)
     signature, aligned = {}, {}
     for index, param in enumerate(matmul_kernel.params):
         if param.is_constexpr or param.name in constants:

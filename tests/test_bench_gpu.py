@@ -201,8 +201,23 @@ def test_gemm_probe_runs_its_tf32x3_kernel_under_the_interpreter(tmp_path: Path)
     for best in result["tf32x3"].values():
         assert set(best) == {"(32, 96)", "(32, 32)", "(32, 128)", "(128, 32)"}
     for way in (gpu_gemm.THREE, gpu_gemm.THREE_SPLIT, gpu_gemm.OURS):
-        assert result["trace"]["max_weight_error_vs_float32"][way] < 1e-5
+        # float32's own error here is ~1e-8; a weight split read in the wrong memory order
+        # (attnlab keeps most weights over (in, out)) was 3.5e-6 off
+        assert result["trace"]["max_weight_error_vs_float32"][way] < 1e-6
         assert way in result["trace"]["ms"]
+
+
+@pytest.mark.skipif(importlib.util.find_spec("triton") is None, reason="needs triton")
+def test_the_weight_split_is_contiguous_whatever_the_weights_memory() -> None:
+    """The split-once kernel reads hi and lo as (N, K) rows: a weight over (in, out) memory
+    (`GPT.lay_out_weights`) is split into rows too, and hi + lo is the weight exactly."""
+    from benchmarks import gpu_tf32x3
+
+    weight = torch.randn(48, 32).t()  # (N, K) = (32, 48) over (in, out) memory
+    hi, lo = gpu_tf32x3.split_weight(weight)
+    assert hi.is_contiguous() and lo.is_contiguous()
+    assert torch.equal(hi + lo, weight) and not torch.equal(hi, weight)
+    assert (hi.view(torch.int32) & 0x1FFF).eq(0).all()  # TF32: the low 13 bits are zero
 
 
 @pytest.mark.skipif(importlib.util.find_spec("triton") is None, reason="needs triton")
@@ -216,7 +231,7 @@ def test_trace_suite_times_the_tf32x3_row_under_the_interpreter(tmp_path: Path) 
     assert {"hf_vs_run_tf32x3", "hf_vs_run_tf32x3_split"} <= set(result["ratios"])
     assert set(result["max_weight_error_vs_hf_base"]) == {gpu_trace.RUN, *gpu_trace.THREES}
     assert max(result["max_weight_error_vs_hf_base"].values()) < 1e-5
-    assert max(result["max_weight_error_vs_trace_run"][name] for name in gpu_trace.THREES) < 1e-5
+    assert max(result["max_weight_error_vs_trace_run"][name] for name in gpu_trace.THREES) < 1e-6
     assert result["notes"][2].startswith("3xTF32 tiles per (in, out): split in the kernel: ")
 
 
