@@ -33,7 +33,7 @@ SUITES="gpu_summaries:100" OUT="$OUT/t" bash benchmarks/gpu_decode_trace.sh
 step 120 gpu_gemm "$OUT/gemm.txt" python -m benchmarks.gpu_gemm --out "$OUT/gemm.json"
 cat "$OUT/gemm.txt"
 # after the probe: its 3xTF32 kernels are in triton's cache for gpu_trace's 3xTF32 row
-SUITES="gpu_trace:90" OUT="$OUT/t" bash benchmarks/gpu_decode_trace.sh
+SUITES="gpu_trace:100" OUT="$OUT/t" bash benchmarks/gpu_decode_trace.sh
 step 90 gpu_summary_blocks "$OUT/blocks.txt" \
   python -m benchmarks.gpu_summary_blocks --out "$OUT/blocks.json"
 tail -5 "$OUT/blocks.txt"

@@ -9,6 +9,8 @@ interpreter).
 
 from __future__ import annotations
 
+import functools
+
 import torch
 import triton
 import triton.language as tl
@@ -73,7 +75,12 @@ def multiprocessors(device: torch.device) -> int:
     """Streaming multiprocessors of a CUDA device (1 elsewhere: the interpreter's CPU)."""
     if device.type != "cuda":
         return 1
-    return torch.cuda.get_device_properties(device).multi_processor_count
+    return _sms(device.index if device.index is not None else torch.cuda.current_device())
+
+
+@functools.cache
+def _sms(index: int) -> int:
+    return torch.cuda.get_device_properties(index).multi_processor_count
 
 
 def matmul(a: Tensor, b: Tensor, alpha: float = 1.0, bias: Tensor | None = None,
