@@ -6,7 +6,7 @@ import math
 
 import pytest
 import torch
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from attnlab import GPT, GPTConfig, half_weights
@@ -170,6 +170,15 @@ def test_last_logits_only() -> None:
     half=st.booleans() if FBGEMM else st.just(False),
     threads=st.sampled_from([1, 2, 3]),
 )
+@example(  # found by CI: qk_norm's keys reach 2.3, above an absolute 1e-6's reach
+    flags={"bias": True, "residual": False, "attn_out_proj": True, "tie_weights": True,
+           "n_kv_head": 2, "attn_scale": 0.3, "gelu": "tanh"},
+    lengths=[1, 6, 4], steps=1, seed=973, laid_out=False,
+    switches={"pos": "none", "norm": "layernorm", "mlp": "swiglu", "head_dim": 8,
+              "d_ff": None, "qk_norm": True, "qkv_bias": None, "out_bias": None,
+              "parallel_residual": True, "norm_eps": 1e-06},
+    half=FBGEMM, threads=1,
+)
 def test_decode_step_equals_forward(
     flags: dict[str, object], lengths: list[int], steps: int, seed: int, laid_out: bool,
     switches: dict[str, object], half: bool, threads: int,
@@ -204,8 +213,11 @@ def test_decode_step_equals_forward(
             torch.testing.assert_close(got, expected[:, -1], atol=1e-5, rtol=1e-5)
     assert caches[0].seq_len == caches[1].seq_len == P + steps
     for mine, reference in zip(caches[1].layers, caches[0].layers, strict=True):
-        torch.testing.assert_close(mine.k, reference.k, atol=1e-6, rtol=1e-5)
-        torch.testing.assert_close(mine.v, reference.v, atol=1e-6, rtol=1e-5)
+        for got, want in ((mine.k, reference.k), (mine.v, reference.v)):
+            # float32's rounding scales with the values: qk_norm's keys reach 2.3, where a
+            # small key of a different summation order was 1.5e-6 off (seed 973)
+            atol = 1e-6 * max(1.0, want.abs().max().item())
+            torch.testing.assert_close(got, want, atol=atol, rtol=1e-5)
 
 
 def test_linear_weights_are_laid_out_for_the_decode_step() -> None:

@@ -132,7 +132,7 @@ def test_a_model_and_its_trace_take_the_kernel(kernels: Any,
     assert (weights - expected).abs().max() < 1e-6
     monkeypatch.setattr(tf32x3, "ENABLED", True)
     calls.clear()
-    model(ids)  # autograd: the weights require grad
+    model(ids)  # autograd on
     with torch.no_grad():
         model(ids[:, :tf32x3.MIN_ROWS - 1])
         before = torch.get_float32_matmul_precision()

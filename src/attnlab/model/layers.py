@@ -48,7 +48,7 @@ class Linear(nn.Linear):
     `runtime.ONEDNN_MIN_MACS` multiply-adds, and tracing or compiling (torch.jit.trace,
     torch.compile, torch.export: the graph gets aten.linear, which exporters know and
     compilers choose kernels for) run F.linear, as nn.Linear does. On a GPU, float32
-    products without autograd run as three TF32 products where `tf32x3.wanted` says so."""
+    products under no_grad run as three TF32 products where `tf32x3.wanted` says so."""
 
     def _onednn(self, x: Tensor) -> bool:
         w = self.weight  # (out, in)

@@ -7,11 +7,12 @@ lo lo, about 2^-22 of the product, near float32's own rounding; one TF32 product
 "high" float32 precision) keeps about 2^-11, too coarse for weights equal to 1e-5.
 
 Where it runs, when `ENABLED`: attnlab's linear layers (`layers.Linear`) and a trace's
-scores and context (`traced_attention`), for float32 CUDA tensors without autograd or
-autocast, with torch's float32 precision at its default "highest" (a user who chose "high"
-gets cuBLAS's one TF32 product, the faster), outside torch.compile and torch.jit tracing,
-and with at least `MIN_ROWS` rows (fewer make a product bound by reading its weight, which
-three products do not speed up). Everything else runs torch's own product. The kernel
+scores and context (`traced_attention`), for float32 CUDA tensors under torch.no_grad or
+torch.inference_mode (its output has no gradient) and without autocast, with torch's float32
+precision at its default "highest" (a user who chose "high" gets cuBLAS's one TF32 product,
+the faster), outside torch.compile, torch.jit tracing and CUDA-graph capture, and with at
+least `MIN_ROWS` rows (fewer make a product bound by reading its weight, which three
+products do not speed up). Everything else runs torch's own product. The kernel
 (`tf32x3_triton.py`) needs triton, imported here lazily.
 """
 
@@ -39,10 +40,12 @@ def wanted(a: Tensor, b: Tensor, rows: int) -> bool:
     """Whether a (.., M, K) @ b, with M = rows, runs as 3xTF32 (the module's docstring)."""
     return (ENABLED and rows >= MIN_ROWS
             and a.dtype == b.dtype == torch.float32 and a.device.type in DEVICES
-            and not (torch.is_grad_enabled() and (a.requires_grad or b.requires_grad))
+            and not torch.is_grad_enabled()
             and not torch.is_autocast_enabled(a.device.type)
             and torch.get_float32_matmul_precision() == "highest"
             and not torch.jit.is_tracing() and not torch.compiler.is_compiling()
+            # a kernel's first launch compiles it: not inside a CUDA graph's capture
+            and not (a.is_cuda and torch.cuda.is_current_stream_capturing())
             and importlib.util.find_spec("triton") is not None)
 
 
