@@ -86,8 +86,8 @@ def compile_matmul_for_h100(config: tuple[int, ...]) -> Any:
     from attnlab.model.tf32x3_triton import matmul_kernel
 
     block_m, block_n, block_k, warps, stages = config
-    constants = dict(HAS_BIAS=True, EVEN_K=True, BLOCK_M=block_m, BLOCK_N=block_n,
-                     BLOCK_K=block_k, stride_ak=1, stride_bn=1)
+    constants = dict(HAS_BIAS=True, EVEN_K=True, CAUSAL=False, BLOCK_M=block_m,
+                     BLOCK_N=block_n, BLOCK_K=block_k, stride_ak=1, stride_bn=1)
     signature, aligned = {}, {}
     for index, param in enumerate(matmul_kernel.params):
         if param.is_constexpr or param.name in constants:
@@ -95,7 +95,7 @@ def compile_matmul_for_h100(config: tuple[int, ...]) -> Any:
         else:
             signature[param.name] = ("*fp32" if param.name.endswith("_ptr")
                                      else "fp32" if param.name == "alpha" else "i32")
-            if param.name != "alpha":
+            if param.name not in ("alpha", "diagonal"):
                 aligned[(index,)] = [["tt.divisibility", 16]]
     source = ASTSource(fn=matmul_kernel, signature=signature, constexprs=constants,
                        attrs=aligned)

@@ -97,13 +97,13 @@ def _model() -> GPT:
     return GPT(config).eval()
 
 
-def _counted(monkeypatch: pytest.MonkeyPatch, kernels: Any) -> list[tuple[int, ...]]:
-    """The kernel's calls, by their (batch, M, N)."""
-    calls: list[tuple[int, ...]] = []
+def _counted(monkeypatch: pytest.MonkeyPatch, kernels: Any) -> list[tuple[int | None, ...]]:
+    """The kernel's calls, by their (batch, M, N, causal diagonal or None)."""
+    calls: list[tuple[int | None, ...]] = []
     matmul = kernels.matmul
 
     def counted(a: torch.Tensor, b: torch.Tensor, *args: Any, **kw: Any) -> torch.Tensor:
-        calls.append((a.shape[0], a.shape[1], b.shape[2]))
+        calls.append((a.shape[0], a.shape[1], b.shape[2], kw.get("diagonal")))
         return matmul(a, b, *args, **kw)
 
     monkeypatch.setattr(kernels, "matmul", counted)
@@ -120,10 +120,11 @@ def test_a_model_and_its_trace_take_the_kernel(kernels: Any,
     with torch.no_grad():
         logits = model(ids)[0]
         weights = Trace(names="attn_weights").run(model, ids).get("attn_weights", 1)
-    layer = [(1, 80, 32)] * 4 + [(1, 80, 128), (1, 80, 32)]  # q, k, v, out; fc, proj
-    attention = [(2, 80, 80), (2, 80, 16)]  # (B * nh) scores and contexts
+    layer = [(1, 80, 32, None)] * 4 + [(1, 80, 128, None), (1, 80, 32, None)]  # q, k, v, out;
+    # fc, proj; (B * nh) scores, causal in the product, and contexts
+    attention = [(2, 80, 80, 0), (2, 80, 16, None)]
     # the forward and its head, then the trace: it stops at the last layer's weights
-    assert calls == [*layer, *layer, (1, 80, 65),
+    assert calls == [*layer, *layer, (1, 80, 65, None),
                      *layer[:3], *attention, *layer[3:], *layer[:3], attention[0]]
     monkeypatch.setattr(tf32x3, "ENABLED", False)
     with torch.no_grad():
@@ -142,6 +143,49 @@ def test_a_model_and_its_trace_take_the_kernel(kernels: Any,
         finally:
             torch.set_float32_matmul_precision(before)
     assert calls == []
+
+
+@pytest.mark.parametrize("diagonal", [0, 3, 40, -2])
+def test_the_causal_product_is_the_masked_product(diagonal: int, kernels: Any) -> None:
+    """-inf exactly where column c > row r + diagonal, the product's values elsewhere, at
+    every tile size (tiles wholly past the diagonal are skipped, not computed)."""
+    g = torch.Generator().manual_seed(3)
+    a, b = torch.randn(2, 70, 16, generator=g), torch.randn(2, 16, 90, generator=g)
+    hidden = torch.ones(70, 90, dtype=torch.bool).triu(diagonal + 1)  # (M, N)
+    expected = (0.25 * a @ b).masked_fill(hidden, float("-inf"))
+    for config in kernels.CONFIGS:
+        out = kernels.matmul(a, b, 0.25, None, config, diagonal)
+        assert torch.equal(out.isinf(), hidden.expand_as(out))
+        torch.testing.assert_close(out, expected, atol=1e-5, rtol=1e-5)
+
+
+def test_only_a_plain_causal_mask_goes_into_the_product(kernels: Any,
+                                                         monkeypatch: pytest.MonkeyPatch
+                                                         ) -> None:
+    """Cached keys (64 new queries over 94 keys) put the causal mask into the scores'
+    product (diagonal 30); a padded batch keeps the mask's own -inf fill. Both traces'
+    weights equal torch's."""
+    model = GPT(GPTConfig(vocab_size=65, block_size=128, n_layer=1, n_head=2,
+                          n_embd=32)).eval()
+    ids = torch.randint(0, 65, (2, 94), generator=torch.Generator().manual_seed(4))
+    mask = torch.ones(2, 94, dtype=torch.long)
+    mask[0, :9] = 0  # left padding
+
+    def weights(diagonals: list[int | None]) -> list[torch.Tensor]:
+        calls = _counted(monkeypatch, kernels)
+        with torch.no_grad():
+            cache = model.new_cache(2, 94)
+            model(ids[:, :30], kv_cache=cache)
+            cached = Trace(names="attn_weights")
+            model(ids[:, 30:], kv_cache=cache, trace=cached)
+            padded = Trace(names="attn_weights").run(model, ids, attention_mask=mask)
+        assert [call[3] for call in calls if call[2] == 94] == diagonals  # the scores
+        return [cached.get("attn_weights", 0), padded.get("attn_weights", 0)]
+
+    got = weights([30, None])
+    monkeypatch.setattr(tf32x3, "ENABLED", False)
+    for mine, theirs in zip(got, weights([]), strict=True):
+        torch.testing.assert_close(mine, theirs, atol=1e-6, rtol=0)
 
 
 def test_the_linear_equals_f_linear_of_any_leading_dims(kernels: Any) -> None:

@@ -27,11 +27,13 @@ Config = tuple[int, int, int, int, int]
 @triton.jit
 def matmul_kernel(a_ptr, b_ptr, bias_ptr, out_ptr, M, N, K,
                   stride_ab, stride_am, stride_ak, stride_bb, stride_bk, stride_bn, alpha,
-                  HAS_BIAS: tl.constexpr, EVEN_K: tl.constexpr, BLOCK_M: tl.constexpr,
-                  BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+                  diagonal, HAS_BIAS: tl.constexpr, EVEN_K: tl.constexpr, CAUSAL: tl.constexpr,
+                  BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
     """out[i] (M, N) = alpha * a[i] (M, K) @ b[i] (K, N) + bias (N,), i = program_id(2), for
     float32 a and b of any strides and a contiguous out: one (BLOCK_M, BLOCK_N) tile per
-    program. EVEN_K: K is a multiple of BLOCK_K (no mask along K)."""
+    program. EVEN_K: K is a multiple of BLOCK_K (no mask along K). CAUSAL: out[r, c] is -inf
+    where c > r + diagonal (a causal mask on scores), and a tile wholly there makes no
+    product."""
     batch = tl.program_id(2).to(tl.int64)
     rows = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
     cols = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -43,7 +45,11 @@ def matmul_kernel(a_ptr, b_ptr, bias_ptr, out_ptr, M, N, K,
     b = (b_ptr + batch * stride_bb + inner[:, None] * stride_bk
          + cols[None, :].to(tl.int64) * stride_bn)  # (BLOCK_K, BLOCK_N) pointers
     acc = tl.zeros((BLOCK_M, BLOCK_N), tl.float32)
-    for k in range(0, K, BLOCK_K):
+    k_end = K
+    if CAUSAL:  # the tile's first column past its last row's diagonal: nothing to sum
+        hidden = tl.program_id(1) * BLOCK_N > tl.program_id(0) * BLOCK_M + BLOCK_M - 1 + diagonal
+        k_end = tl.where(hidden, 0, K)
+    for k in range(0, k_end, BLOCK_K):
         if EVEN_K:
             a_tile = tl.load(a, mask=row_ok[:, None], other=0.0)  # (BLOCK_M, BLOCK_K)
             b_tile = tl.load(b, mask=col_ok[None, :], other=0.0)  # (BLOCK_K, BLOCK_N)
@@ -54,6 +60,8 @@ def matmul_kernel(a_ptr, b_ptr, bias_ptr, out_ptr, M, N, K,
         a += BLOCK_K * stride_ak
         b += BLOCK_K * stride_bk
     acc = acc * alpha
+    if CAUSAL:
+        acc = tl.where(cols[None, :] > rows[:, None] + diagonal, float("-inf"), acc)
     if HAS_BIAS:
         acc += tl.load(bias_ptr + cols, mask=col_ok, other=0.0)[None, :]
     out = out_ptr + batch * M * N + rows[:, None].to(tl.int64) * N + cols[None, :]
@@ -84,10 +92,11 @@ def _sms(index: int) -> int:
 
 
 def matmul(a: Tensor, b: Tensor, alpha: float = 1.0, bias: Tensor | None = None,
-           config: Config | None = None) -> Tensor:
+           config: Config | None = None, diagonal: int | None = None) -> Tensor:
     """alpha * a @ b + bias, contiguous float32 (batch, M, N), for float32 a (batch, M, K)
     and b (batch, K, N) of any strides, bias (N,) or None; config: tiles (`CONFIGS`'s form),
-    None for `tiles`' choice. A batch stride 0 (b.expand) reads one b for every a."""
+    None for `tiles`' choice. A batch stride 0 (b.expand) reads one b for every a.
+    diagonal: out[:, r, c] is -inf where c > r + diagonal, computed or not."""
     batch, M, K = a.shape
     N = b.shape[2]
     if b.shape[:2] != (batch, K) or a.dtype != torch.float32 or b.dtype != torch.float32:
@@ -99,8 +108,9 @@ def matmul(a: Tensor, b: Tensor, alpha: float = 1.0, bias: Tensor | None = None,
     grid = (triton.cdiv(M, block_m), triton.cdiv(N, block_n), batch)
     matmul_kernel[grid](a, b, out if bias is None else bias, out, M, N, K,
                         a.stride(0), a.stride(1), a.stride(2),
-                        b.stride(0), b.stride(1), b.stride(2), alpha,
+                        b.stride(0), b.stride(1), b.stride(2), alpha, diagonal or 0,
                         HAS_BIAS=bias is not None, EVEN_K=K % block_k == 0,
+                        CAUSAL=diagonal is not None,
                         BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k,
                         num_warps=warps, num_stages=stages)
     return out

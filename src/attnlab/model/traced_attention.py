@@ -103,14 +103,19 @@ def _block_weights(q: Tensor, key_t: Tensor, scores: Tensor | None, mask: Mask,
     the caller made it already. Rows with nothing to attend to come out 0."""
     k0, k1, m0 = span
     empty = mask.empty_rows
+    in_product = False  # whether the product wrote the mask's -inf itself
     if scores is None:
-        block = scaled_scores(q[:, :, i0:i1], key_t[..., k0:k1], scale)  # (B, heads, rows, keys)
+        q_block, key_block = q[:, :, i0:i1], key_t[..., k0:k1]
+        diagonal = _causal_diagonal(mask, may_attend, q.shape[2], key_t.shape[-1], i0, k0)
+        in_product = diagonal is not None and tf32x3.wanted(q_block, key_block, i1 - i0)
+        block = (tf32x3.matmul(q_block, key_block, scale, diagonal) if in_product
+                 else scaled_scores(q_block, key_block, scale))  # (B, heads, rows, keys)
     else:
         block = scores[:, :, i0:i1, k0:k1] * scale  # (B, heads, rows, keys)
     if empty is not None:
         # a row with no key to attend to: finite everywhere, zeroed below
         block.masked_fill_(empty[:, :, i0:i1], 0.0)
-    if may_attend is not None and scores is None and m0 < k1:  # masked scores: -inf
+    if may_attend is not None and scores is None and m0 < k1 and not in_product:  # -inf
         if hidden is None:
             hidden = ~may_attend[:, :, i0:i1, m0:k1]  # (B or 1, 1, rows, keys - m0 + k0)
         block[..., m0 - k0:].masked_fill_(hidden, float("-inf"))
@@ -118,6 +123,16 @@ def _block_weights(q: Tensor, key_t: Tensor, scores: Tensor | None, mask: Mask,
     if empty is not None:
         weights.masked_fill_(empty[:, :, i0:i1], 0.0)
     return weights
+
+
+def _causal_diagonal(mask: Mask, may_attend: Tensor | None, T: int, S: int, i0: int,
+                     k0: int) -> int | None:
+    """Where may_attend is the causal mask alone (cached keys allowed; no window, no
+    padding): d such that query i0 + r may attend key k0 + c iff c <= r + d. Else None."""
+    if (may_attend is None or mask.causal is not True or mask.window is not None
+            or mask.padding is not None):
+        return None
+    return i0 + S - T - k0
 
 
 def scaled_scores(q: Tensor, key_t: Tensor, scale: float) -> Tensor:
