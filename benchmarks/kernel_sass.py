@@ -86,8 +86,9 @@ def compile_matmul_for_h100(config: tuple[int, ...]) -> Any:
     from attnlab.model.tf32x3_triton import matmul_kernel
 
     block_m, block_n, block_k, warps, stages = config
-    constants = dict(HAS_BIAS=True, EVEN_K=True, CAUSAL=False, BLOCK_M=block_m,
-                     BLOCK_N=block_n, BLOCK_K=block_k, stride_ak=1, stride_bn=1)
+    constants = dict(HAS_BIAS=True, EVEN_K=True, MASK_PAST=False, ZERO_PAST=False,
+                     BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k, stride_ak=1,
+                     stride_bn=1)
     signature, aligned = {}, {}
     for index, param in enumerate(matmul_kernel.params):
         if param.is_constexpr or param.name in constants:

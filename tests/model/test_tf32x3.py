@@ -121,8 +121,8 @@ def test_a_model_and_its_trace_take_the_kernel(kernels: Any,
         logits = model(ids)[0]
         weights = Trace(names="attn_weights").run(model, ids).get("attn_weights", 1)
     layer = [(1, 80, 32, None)] * 4 + [(1, 80, 128, None), (1, 80, 32, None)]  # q, k, v, out;
-    # fc, proj; (B * nh) scores, causal in the product, and contexts
-    attention = [(2, 80, 80, 0), (2, 80, 16, None)]
+    # fc, proj; (B * nh) scores and contexts, both causal in the product
+    attention = [(2, 80, 80, 0), (2, 80, 16, 0)]
     # the forward and its head, then the trace: it stops at the last layer's weights
     assert calls == [*layer, *layer, (1, 80, 65, None),
                      *layer[:3], *attention, *layer[3:], *layer[:3], attention[0]]
@@ -145,7 +145,7 @@ def test_a_model_and_its_trace_take_the_kernel(kernels: Any,
     assert calls == []
 
 
-@pytest.mark.parametrize("diagonal", [0, 3, 40, -2])
+@pytest.mark.parametrize("diagonal", [0, 1, 3, 40, -2, -5])  # 1, -5: on tiles' edges
 def test_the_causal_product_is_the_masked_product(diagonal: int, kernels: Any) -> None:
     """-inf exactly where column c > row r + diagonal, the product's values elsewhere, at
     every tile size (tiles wholly past the diagonal are skipped, not computed)."""
@@ -159,12 +159,31 @@ def test_the_causal_product_is_the_masked_product(diagonal: int, kernels: Any) -
         torch.testing.assert_close(out, expected, atol=1e-5, rtol=1e-5)
 
 
+@pytest.mark.parametrize("diagonal", [0, 1, 3, 40, -2, -5])  # 1, -5: on tiles' edges
+def test_the_causal_context_reads_no_weight_past_the_diagonal(diagonal: int,
+                                                              kernels: Any) -> None:
+    """Causal weights (0 past each row's diagonal) @ v: the full product's values at every
+    tile size, K = 170 not a multiple of 32; ones put past the 32-deep step that holds the
+    last row's diagonal change nothing (no tile reads there)."""
+    g = torch.Generator().manual_seed(5)
+    weights = torch.rand(2, 70, 170, generator=g).tril(diagonal)  # (batch, M, K)
+    v = torch.randn(2, 170, 24, generator=g)
+    expected = weights.double() @ v.double()
+    past = weights.clone()
+    past[..., -(-(70 + diagonal) // 32) * 32:] = 1.0  # unread: past every row's last step
+    for config in kernels.CONFIGS:
+        out = kernels.matmul(past, v, 1.0, None, config, diagonal, "zero")
+        assert _error(out, expected) <= 4 * _error(weights @ v, expected) + 1e-6, config
+    with pytest.raises(ValueError, match="past='one'"):
+        kernels.matmul(weights, v, diagonal=0, past="one")
+
+
 def test_only_a_plain_causal_mask_goes_into_the_product(kernels: Any,
                                                          monkeypatch: pytest.MonkeyPatch
                                                          ) -> None:
-    """Cached keys (64 new queries over 94 keys) put the causal mask into the scores'
-    product (diagonal 30); a padded batch keeps the mask's own -inf fill. Both traces'
-    weights equal torch's."""
+    """Cached keys (64 new queries over 94 keys) put the causal mask into the scores' and
+    the context's products (diagonal 30); a padded batch keeps the mask's own -inf fill and
+    the whole context product. Both traces' weights equal torch's."""
     model = GPT(GPTConfig(vocab_size=65, block_size=128, n_layer=1, n_head=2,
                           n_embd=32)).eval()
     ids = torch.randint(0, 65, (2, 94), generator=torch.Generator().manual_seed(4))
@@ -179,10 +198,11 @@ def test_only_a_plain_causal_mask_goes_into_the_product(kernels: Any,
             cached = Trace(names="attn_weights")
             model(ids[:, 30:], kv_cache=cache, trace=cached)
             padded = Trace(names="attn_weights").run(model, ids, attention_mask=mask)
-        assert [call[3] for call in calls if call[2] == 94] == diagonals  # the scores
+        assert [call[3] for call in calls if call[2] in (94, 16)] == diagonals  # attention
         return [cached.get("attn_weights", 0), padded.get("attn_weights", 0)]
 
-    got = weights([30, None])
+    # cached: the scores and the context; padded: the scores (the run stops at the weights)
+    got = weights([30, 30, None])
     monkeypatch.setattr(tf32x3, "ENABLED", False)
     for mine, theirs in zip(got, weights([]), strict=True):
         torch.testing.assert_close(mine, theirs, atol=1e-6, rtol=0)

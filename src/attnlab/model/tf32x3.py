@@ -61,14 +61,16 @@ def linear(x: Tensor, weight: Tensor, bias: Tensor | None) -> Tensor:
     return out.view(*lead, weight.shape[0])
 
 
-def matmul(a: Tensor, b: Tensor, alpha: float = 1.0, diagonal: int | None = None) -> Tensor:
+def matmul(a: Tensor, b: Tensor, alpha: float = 1.0, diagonal: int | None = None,
+           past: str = "-inf") -> Tensor:
     """alpha * (a @ b): a (..., M, K) and b (..., K, N) with the same leading dims ->
-    contiguous (..., M, N). diagonal: -inf where column c > row r + diagonal (a causal mask;
-    the tiles wholly there are not computed)."""
+    contiguous (..., M, N). diagonal, with past "-inf": -inf where column c > row r +
+    diagonal (causal scores; the tiles wholly there are not computed); with past "zero": a
+    is 0 there (causal weights; not read)."""
     *lead, M, K = a.shape
     N = b.shape[-1]
     if tuple(b.shape[:-2]) != tuple(lead):
         raise ValueError(f"a {tuple(a.shape)} @ b {tuple(b.shape)}: the leading dims differ")
     out = _kernels().matmul(a.reshape(-1, M, K), b.reshape(-1, K, N), alpha,
-                            diagonal=diagonal)  # (batch, M, N)
+                            diagonal=diagonal, past=past)  # (batch, M, N)
     return out.view(*lead, M, N)

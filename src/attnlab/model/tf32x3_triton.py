@@ -27,13 +27,15 @@ Config = tuple[int, int, int, int, int]
 @triton.jit
 def matmul_kernel(a_ptr, b_ptr, bias_ptr, out_ptr, M, N, K,
                   stride_ab, stride_am, stride_ak, stride_bb, stride_bk, stride_bn, alpha,
-                  diagonal, HAS_BIAS: tl.constexpr, EVEN_K: tl.constexpr, CAUSAL: tl.constexpr,
-                  BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+                  diagonal, HAS_BIAS: tl.constexpr, EVEN_K: tl.constexpr,
+                  MASK_PAST: tl.constexpr, ZERO_PAST: tl.constexpr, BLOCK_M: tl.constexpr,
+                  BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
     """out[i] (M, N) = alpha * a[i] (M, K) @ b[i] (K, N) + bias (N,), i = program_id(2), for
     float32 a and b of any strides and a contiguous out: one (BLOCK_M, BLOCK_N) tile per
-    program. EVEN_K: K is a multiple of BLOCK_K (no mask along K). CAUSAL: out[r, c] is -inf
-    where c > r + diagonal (a causal mask on scores), and a tile wholly there makes no
-    product."""
+    program. EVEN_K: K is a multiple of BLOCK_K (no mask along K). MASK_PAST: out[r, c] is
+    -inf where c > r + diagonal (a causal mask on scores), and a tile wholly there makes no
+    product. ZERO_PAST: a[r, c] is 0 where c > r + diagonal (causal weights), so a tile's
+    sum stops at the step that holds its last row's diagonal."""
     batch = tl.program_id(2).to(tl.int64)
     rows = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
     cols = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -46,9 +48,12 @@ def matmul_kernel(a_ptr, b_ptr, bias_ptr, out_ptr, M, N, K,
          + cols[None, :].to(tl.int64) * stride_bn)  # (BLOCK_K, BLOCK_N) pointers
     acc = tl.zeros((BLOCK_M, BLOCK_N), tl.float32)
     k_end = K
-    if CAUSAL:  # the tile's first column past its last row's diagonal: nothing to sum
-        hidden = tl.program_id(1) * BLOCK_N > tl.program_id(0) * BLOCK_M + BLOCK_M - 1 + diagonal
-        k_end = tl.where(hidden, 0, K)
+    # the diagonal of the tile's last row that exists
+    last = tl.minimum(tl.program_id(0) * BLOCK_M + BLOCK_M, M) - 1 + diagonal
+    if MASK_PAST:  # the tile's first column past its last row's diagonal: nothing to sum
+        k_end = tl.where(tl.program_id(1) * BLOCK_N > last, 0, K)
+    if ZERO_PAST:  # zeros past it add nothing (exactly): not read
+        k_end = tl.minimum(K, last + 1)
     for k in range(0, k_end, BLOCK_K):
         if EVEN_K:
             a_tile = tl.load(a, mask=row_ok[:, None], other=0.0)  # (BLOCK_M, BLOCK_K)
@@ -60,7 +65,7 @@ def matmul_kernel(a_ptr, b_ptr, bias_ptr, out_ptr, M, N, K,
         a += BLOCK_K * stride_ak
         b += BLOCK_K * stride_bk
     acc = acc * alpha
-    if CAUSAL:
+    if MASK_PAST:
         acc = tl.where(cols[None, :] > rows[:, None] + diagonal, float("-inf"), acc)
     if HAS_BIAS:
         acc += tl.load(bias_ptr + cols, mask=col_ok, other=0.0)[None, :]
@@ -92,13 +97,18 @@ def _sms(index: int) -> int:
 
 
 def matmul(a: Tensor, b: Tensor, alpha: float = 1.0, bias: Tensor | None = None,
-           config: Config | None = None, diagonal: int | None = None) -> Tensor:
+           config: Config | None = None, diagonal: int | None = None,
+           past: str = "-inf") -> Tensor:
     """alpha * a @ b + bias, contiguous float32 (batch, M, N), for float32 a (batch, M, K)
     and b (batch, K, N) of any strides, bias (N,) or None; config: tiles (`CONFIGS`'s form),
     None for `tiles`' choice. A batch stride 0 (b.expand) reads one b for every a.
-    diagonal: out[:, r, c] is -inf where c > r + diagonal, computed or not."""
+    diagonal, with past "-inf": out[:, r, c] is -inf where c > r + diagonal, computed or
+    not (causal scores); with past "zero": a's entries there are 0 and not read (causal
+    weights)."""
     batch, M, K = a.shape
     N = b.shape[2]
+    if past not in ("-inf", "zero"):
+        raise ValueError(f"past={past!r}: '-inf' (causal scores) or 'zero' (causal weights)")
     if b.shape[:2] != (batch, K) or a.dtype != torch.float32 or b.dtype != torch.float32:
         raise ValueError(f"a {tuple(a.shape)} {a.dtype} @ b {tuple(b.shape)} {b.dtype}: "
                          "needs float32 (batch, M, K) @ (batch, K, N)")
@@ -110,7 +120,8 @@ def matmul(a: Tensor, b: Tensor, alpha: float = 1.0, bias: Tensor | None = None,
                         a.stride(0), a.stride(1), a.stride(2),
                         b.stride(0), b.stride(1), b.stride(2), alpha, diagonal or 0,
                         HAS_BIAS=bias is not None, EVEN_K=K % block_k == 0,
-                        CAUSAL=diagonal is not None,
+                        MASK_PAST=diagonal is not None and past == "-inf",
+                        ZERO_PAST=diagonal is not None and past == "zero",
                         BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k,
                         num_warps=warps, num_stages=stages)
     return out

@@ -152,11 +152,12 @@ def scaled_scores(q: Tensor, key_t: Tensor, scale: float) -> Tensor:
     return scores.view(B, heads, rows, keys)  # (B * heads, rows, keys) -> (B, heads, rows, keys)
 
 
-def _product(weights: Tensor, v: Tensor) -> Tensor:
+def _product(weights: Tensor, v: Tensor, diagonal: int | None = None) -> Tensor:
     """weights (B, nh, rows, keys) @ v (B, nh, keys, hs) -> (B, nh, rows, hs), as 3xTF32
-    where `tf32x3.wanted` says so."""
+    where `tf32x3.wanted` says so; diagonal: the weights are 0 past it (`_causal_diagonal`),
+    so 3xTF32 does not read them."""
     if tf32x3.wanted(weights, v, weights.shape[-2]):
-        return tf32x3.matmul(weights, v)
+        return tf32x3.matmul(weights, v, diagonal=diagonal, past="zero")
     return weights @ v
 
 
@@ -234,7 +235,11 @@ def traced_attend(q: Tensor, k: Tensor, v: Tensor, mask: Mask, may_attend: Tenso
     if summaries is not None:
         _record_summaries(trace, summaries)
     if attn_weights is not made or spans == [(0, S, spans[0][2])]:  # dropped, edited, one block
-        return _product(attn_weights, v)  # (B, nh, T, S) @ (B, nh, S, hs) -> (B, nh, T, hs)
+        # made under a plain causal mask: 0 past the diagonal, which the product may skip
+        made_causal = attn_weights is made and masked_by_mask
+        diagonal = _causal_diagonal(mask, may_attend, T, S, 0, 0) if made_causal else None
+        # (B, nh, T, S) @ (B, nh, S, hs) -> (B, nh, T, hs)
+        return _product(attn_weights, v, diagonal)
     return torch.cat([
         _product(attn_weights[:, :, i0:i0 + rows, k0:k1], v[:, :, k0:k1])  # (B, nh, rows, hs)
         for i0, (k0, k1, _) in zip(range(0, T, rows), spans, strict=True)
