@@ -72,13 +72,13 @@ def compile_for_h100(kernel: Any, tuned: tuple[int, ...], **constants: Any) -> A
     return triton.compile(source, target=GPUTarget("cuda", 90, 32), options=options)
 
 
-def compile_matmul_for_h100(config: tuple[int, ...]) -> Any:
+def compile_matmul_for_h100(config: tuple[int, ...], **constants: Any) -> Any:
     """attnlab's 3xTF32 product (`tf32x3_triton.matmul_kernel`) for sm_90 at config
-    (`CONFIGS`'s form) as most of a model's linears launch it: x (M, K) row-major and the
-    weight over (in, out) memory (`GPT.lay_out_weights`), so b = weight.t() is (K, N)
-    row-major (the unit strides, which the JIT makes constants), K a multiple of BLOCK_K, a
-    bias, pointers, lengths and other strides multiples of 16. (b read along K instead, as
-    scores read k: the same tensor-core products, within 16 instructions a step.)"""
+    (`CONFIGS`'s form), by default as most of a model's linears launch it: x (M, K)
+    row-major and the weight over (in, out) memory (`GPT.lay_out_weights`), so b =
+    weight.t() is (K, N) row-major (the unit strides, which the JIT makes constants), K a
+    multiple of BLOCK_K, a bias, pointers, lengths and other strides multiples of 16.
+    constants: what differs (a trace's causal scores read k^T along K, with MASK_PAST)."""
     triton, _ = tools()
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
@@ -86,9 +86,10 @@ def compile_matmul_for_h100(config: tuple[int, ...]) -> Any:
     from attnlab.model.tf32x3_triton import matmul_kernel
 
     block_m, block_n, block_k, warps, stages = config
-    constants = dict(HAS_BIAS=True, EVEN_K=True, MASK_PAST=False, ZERO_PAST=False,
-                     BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k, stride_ak=1,
-                     stride_bn=1)
+    unit = {"stride_bn": 1} if "stride_bk" not in constants else {}
+    constants = {"HAS_BIAS": True, "EVEN_K": True, "MASK_PAST": False, "ZERO_PAST": False,
+                 "BLOCK_M": block_m, "BLOCK_N": block_n, "BLOCK_K": block_k, "stride_ak": 1,
+                 **unit, **constants}
     signature, aligned = {}, {}
     for index, param in enumerate(matmul_kernel.params):
         if param.is_constexpr or param.name in constants:
@@ -170,6 +171,12 @@ def kernels() -> dict[str, Any]:
         # tiles: the loop's tensor-core products (HGMMA) are three for each one of TF32's
         **{f"3xTF32 product, {c[0]}x{c[1]} tiles": compile_matmul_for_h100(c)
            for c in (tf32x3_triton.CONFIGS[0], tf32x3_triton.CONFIGS[-1])},
+        # a trace's products under a plain causal mask: the scores (k^T read along K, -inf
+        # past the diagonal) and the context (weights read up to it)
+        "3xTF32 causal scores": compile_matmul_for_h100(
+            tf32x3_triton.CONFIGS[0], HAS_BIAS=False, MASK_PAST=True, stride_bk=1),
+        "3xTF32 causal context": compile_matmul_for_h100(
+            tf32x3_triton.CONFIGS[-1], HAS_BIAS=False, ZERO_PAST=True),
     }
 
 

@@ -70,9 +70,10 @@ def test_the_3xtf32_product_makes_three_tensor_core_products(compiled: dict[str,
                                                              ) -> None:
     """The float32 product's one loop issues three TF32 wgmma's for each 8-deep slice of a
     32-deep step, per 64-row warpgroup tile: 12 at both tile sizes, and no exponential."""
-    for tiles in ("128x128", "64x64"):
-        [loop] = kernel_sass.loops(compiled[f"3xTF32 product, {tiles} tiles"])
-        assert loop["HGMMA"] == 3 * 32 // 8 and loop["MUFU"] == 0, (tiles, loop)
+    for name in ("product, 128x128 tiles", "product, 64x64 tiles", "causal scores",
+                 "causal context"):
+        [loop] = kernel_sass.loops(compiled[f"3xTF32 {name}"])
+        assert loop["HGMMA"] == 3 * 32 // 8 and loop["MUFU"] == 0, (name, loop)
     assert _count(compiled["3xTF32 product, 64x64 tiles"], r"wgmma\.mma_async\S*\.tf32") > 0
 
 
@@ -90,6 +91,7 @@ def test_the_report_names_each_kernel(tmp_path: Path, capsys: pytest.CaptureFixt
     assert list(written) == ["rows pass", "rows pass with the context", "received pass",
                              "given-lse rows pass", "rows pass, padded",
                              "received pass, padded", "3xTF32 product, 128x128 tiles",
-                             "3xTF32 product, 64x64 tiles"]
+                             "3xTF32 product, 64x64 tiles", "3xTF32 causal scores",
+                             "3xTF32 causal context"]
     assert all(found["loops"] and found["usage"]["REG"] > 0 for found in written.values())
     assert "received pass:" in capsys.readouterr().out
