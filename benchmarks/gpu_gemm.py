@@ -19,10 +19,12 @@ scores, as attnlab runs them and fused. Then `Trace(names="attn_weights").run` e
 attnlab as it is, with q, k and v as one product, with each linear at its fastest split,
 with both (this probe's patches, not attnlab's code), and with TF32 (not exact: its weights' error
 against the float32 trace is the reason it is not an option), in alternating rounds. Where
-triton is installed, each linear also as each of two 3xTF32 Triton kernels (`gpu_tf32x3`:
-three TF32 tensor-core products, near float32's error; the weight split in the kernel or
-once, before the call) at each of their tile sizes, and the trace with every linear so, at
-each shape's fastest tiles.
+triton is installed, each linear also as each of two 3xTF32 Triton kernels (three TF32
+tensor-core products, near float32's error): attnlab's own (`attnlab.model.tf32x3_triton`,
+both operands split in the kernel) and the probe's with the weight split once, before the
+call (`gpu_tf32x3`), at each of their tile sizes; the trace with every linear as each, at
+each shape's fastest tiles; and the trace with attnlab's 3xTF32 products on
+(`tf32x3.ENABLED`: its linears, scores and context, at the tiles its rule picks).
 
     python -m benchmarks.gpu_gemm --out FILE [--smoke --device cpu]
 """
@@ -213,7 +215,10 @@ def tf32x3_linears(configs: dict[tuple[int, int], tuple[int, ...]],
 def attention_products(config: GPTConfig, T: int, device: torch.device, repeats: int
                        ) -> list[dict[str, Any]]:
     """The trace's two products per layer: scores (scale in the product) and context, and
-    the context in causal halves (the first half of the rows reads half of the keys)."""
+    the context in causal halves (the first half of the rows reads half of the keys); where
+    triton runs, both as attnlab's 3xTF32 causal products (the scores with the mask's -inf
+    written in the product; the context reading up to the diagonal), with their error
+    against float64 beside cuBLAS's (as "max_error" and "cublas_max_error")."""
     nh, hs = config.n_head, config.n_embd // config.n_head
     gen = torch.Generator(device).manual_seed(1)
     q = torch.randn(nh, T, hs, device=device, generator=gen)
@@ -235,6 +240,37 @@ def attention_products(config: GPTConfig, T: int, device: torch.device, repeats:
     for name, (fn, flop) in calls.items():
         ms = _time(fn, device, repeats)
         rows.append({"product": name, "ms": ms, "gflops": flop / ms / 1e6})
+    if tf32x3_ready(device) is None:
+        rows += _tf32x3_attention(q, key_t, weights, v, device, repeats)
+    return rows
+
+
+def _tf32x3_attention(q: Tensor, key_t: Tensor, weights: Tensor, v: Tensor,
+                      device: torch.device, repeats: int) -> list[dict[str, Any]]:
+    """attnlab's 3xTF32 causal scores and context (`tf32x3_triton.matmul`), timed, with
+    their largest error against float64 beside cuBLAS's (the scores where not masked)."""
+    from attnlab.model import tf32x3_triton
+
+    nh, T, hs = q.shape
+    hidden = ~torch.ones(T, T, dtype=torch.bool, device=device).tril()  # (T, T)
+    exact_scores = (q.double() @ key_t.double() * hs**-0.5).masked_fill(hidden, 0.0)
+    exact_context = weights.double() @ v.double()
+    calls = {
+        "scores, 3xTF32, causal in the product": (
+            lambda: tf32x3_triton.matmul(q, key_t, hs**-0.5, diagonal=0), exact_scores,
+            lambda: torch.baddbmm(q.new_empty(()), q, key_t, beta=0.0, alpha=hs**-0.5)),
+        "context, 3xTF32, up to the diagonal": (
+            lambda: tf32x3_triton.matmul(weights, v, diagonal=0, past="zero"), exact_context,
+            lambda: weights @ v),
+    }
+    rows = []
+    for name, (fn, exact, cublas) in calls.items():
+        ms = _time(fn, device, repeats)
+        errors = [(out.double().masked_fill(hidden, 0.0) if out.shape[-1] == T
+                   else out.double()) - exact for out in (fn(), cublas())]
+        rows.append({"product": name, "ms": ms, "gflops": 2 * nh * T * T * hs / ms / 1e6,
+                     "max_error": errors[0].abs().max().item(),
+                     "cublas_max_error": errors[1].abs().max().item()})
     return rows
 
 
