@@ -47,7 +47,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from attnlab import GPTConfig
-from attnlab.model import layers
+from attnlab.model import layers, tf32x3
 from attnlab.model.trace import Trace
 
 from .gpu_common import (
@@ -135,8 +135,6 @@ OURS = "attnlab's 3xTF32 (tf32x3.ENABLED: linears, scores, context)"
 def attnlab_tf32x3(device: torch.device) -> Iterator[None]:
     """attnlab's 3xTF32 products on (`tf32x3.ENABLED`) for device's tensors (a CPU's: the
     smoke run's, under Triton's interpreter), as they were again after."""
-    from attnlab.model import tf32x3
-
     before = tf32x3.ENABLED, tf32x3.DEVICES
     tf32x3.ENABLED, tf32x3.DEVICES = True, {device.type}
     try:
@@ -163,7 +161,7 @@ def tf32x3_products(rows: list[dict[str, Any]], T: int, device: torch.device,
         exact = x.double() @ w.double().T + b.double()  # (T, N)
         row["cublas_max_error"] = (F.linear(x, w, b).double() - exact).abs().max().item()
         split = kernels.split_weight(w)
-        calls = {ON_THE_FLY: (kernels.CONFIGS, functools.partial(tiled_linear, x, w, b)),
+        calls = {ON_THE_FLY: (kernels.CONFIGS, functools.partial(tf32x3.linear, x, w, b)),
                  SPLIT_ONCE: (kernels.SPLIT_CONFIGS,
                               functools.partial(kernels.split_linear, x, split, b))}
         row["tf32x3"] = {}
@@ -178,18 +176,6 @@ def tf32x3_products(rows: list[dict[str, Any]], T: int, device: torch.device,
     return best
 
 
-def tiled_linear(x: Tensor, weight: Tensor, bias: Tensor | None,
-                 config: tuple[int, int, int, int, int]) -> Tensor:
-    """F.linear(x, weight, bias) by attnlab's 3xTF32 kernel at the given tiles: x (..., K),
-    weight (N, K) -> (..., N)."""
-    from attnlab.model import tf32x3_triton
-
-    *lead, K = x.shape
-    out = tf32x3_triton.matmul(x.reshape(1, -1, K), weight.t().unsqueeze(0), 1.0, bias,
-                               config)  # (1, M, N)
-    return out.view(*lead, weight.shape[0])
-
-
 @contextmanager
 def tf32x3_linears(configs: dict[tuple[int, int], tuple[int, ...]],
                    split_once: dict[int, tuple[Tensor, Tensor]] | None = None
@@ -202,7 +188,7 @@ def tf32x3_linears(configs: dict[tuple[int, int], tuple[int, ...]],
     def forward(self: layers.Linear, x: Tensor) -> Tensor:
         config = configs[(self.in_features, self.out_features)]
         if split_once is None:
-            return tiled_linear(x, self.weight, self.bias, config)  # type: ignore[arg-type]
+            return tf32x3.linear(x, self.weight, self.bias, config)  # type: ignore[arg-type]
         if id(self) not in split_once:
             split_once[id(self)] = kernels.split_weight(self.weight)
         return kernels.split_linear(x, split_once[id(self)], self.bias,

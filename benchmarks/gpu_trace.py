@@ -159,7 +159,7 @@ def tf32x3_runs(ours: Any, ids: torch.Tensor) -> tuple[dict[str, Callable[[], An
 
 def run(quick: bool = False, device: str | None = None, out: Path | None = None
         ) -> dict[str, Any]:
-    """Time every variant; quick: the toy shape at T=32, two rounds (a smoke test)."""
+    """Time every variant; quick: the toy shape at T=64, two rounds (a smoke test)."""
     where = pick_device(device)
     if where is None:
         return skipped("gpu_trace")

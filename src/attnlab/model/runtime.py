@@ -22,6 +22,7 @@ from __future__ import annotations
 import ctypes
 import ctypes.util
 import functools
+import importlib.util
 import math
 import os
 import platform
@@ -255,6 +256,12 @@ def _amd_x86() -> bool:
                        for line in info)
     except OSError:  # not Linux
         return False
+
+
+def triton_importable() -> bool:
+    """Whether triton is installed (found without importing it): attnlab's GPU kernels
+    (`summary_kernels`, `tf32x3`) need it, attnlab does not depend on it."""
+    return importlib.util.find_spec("triton") is not None
 
 
 def resolve_device(name: str, local_rank: int = 0) -> torch.device:

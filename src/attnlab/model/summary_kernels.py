@@ -16,8 +16,6 @@ CPU tensors). Why two passes and no tiles: docs/performance.md#summaries-on-a-gp
 from __future__ import annotations
 
 import contextlib
-import importlib
-import importlib.util
 import math
 from typing import Any
 
@@ -25,6 +23,7 @@ import torch
 from torch import Tensor
 from torch.nn.attention import SDPBackend
 
+from . import runtime
 from .summaries import SUMMARY_NAMES
 
 #: Model dtypes the kernels take as is (float64 models keep the torch path: their
@@ -49,15 +48,10 @@ ROWS_MAKE_CONTEXT = False
 LSE_FROM_FORWARD = False
 
 
-def triton_importable() -> bool:
-    """Whether triton is installed (found without importing it)."""
-    return importlib.util.find_spec("triton") is not None
-
-
 def available(q: Tensor) -> bool:
     """Whether the kernels can summarise attention of q (B, nh, T, hs): a CUDA tensor of a
     dtype in `DTYPES` with triton installed. The mask is the caller's to check."""
-    return q.is_cuda and q.dtype in DTYPES and q.shape[-1] <= 256 and triton_importable()
+    return q.is_cuda and q.dtype in DTYPES and q.shape[-1] <= 256 and runtime.triton_importable()
 
 
 def layer_summaries(names: list[str], q: Tensor, k: Tensor, scale: float, *, causal: bool,

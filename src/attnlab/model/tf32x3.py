@@ -18,13 +18,16 @@ products do not speed up). Everything else runs torch's own product. The kernel
 
 from __future__ import annotations
 
-import importlib
-import importlib.util
 import os
-from typing import Any
+from typing import TYPE_CHECKING
 
 import torch
 from torch import Tensor
+
+from . import runtime
+
+if TYPE_CHECKING:
+    from .tf32x3_triton import Config
 
 #: Whether the products above run as 3xTF32: off until a GPU run measures them faster than
 #: cuBLAS's float32 (`benchmarks/gpu_trace.py`, `benchmarks/gpu_gemm.py`); ATTNLAB_TF32X3=1
@@ -46,18 +49,18 @@ def wanted(a: Tensor, b: Tensor, rows: int) -> bool:
             and not torch.jit.is_tracing() and not torch.compiler.is_compiling()
             # a kernel's first launch compiles it: not inside a CUDA graph's capture
             and not (a.is_cuda and torch.cuda.is_current_stream_capturing())
-            and importlib.util.find_spec("triton") is not None)
+            and runtime.triton_importable())
 
 
-def _kernels() -> Any:
-    return importlib.import_module(".tf32x3_triton", __package__)
+def linear(x: Tensor, weight: Tensor, bias: Tensor | None, config: Config | None = None
+           ) -> Tensor:
+    """F.linear(x, weight, bias): x (..., K), weight (N, K), bias (N,) or None -> (..., N);
+    config: the kernel's tiles (`tf32x3_triton.CONFIGS`' form), None for its rule's."""
+    from . import tf32x3_triton as kernels  # triton: imported only here
 
-
-def linear(x: Tensor, weight: Tensor, bias: Tensor | None) -> Tensor:
-    """F.linear(x, weight, bias): x (..., K), weight (N, K), bias (N,) or None -> (..., N)."""
     *lead, K = x.shape
     x2 = x.reshape(1, -1, K)  # (1, M, K)
-    out = _kernels().matmul(x2, weight.t().unsqueeze(0), bias=bias)  # (1, M, N)
+    out = kernels.matmul(x2, weight.t().unsqueeze(0), 1.0, bias, config)  # (1, M, N)
     return out.view(*lead, weight.shape[0])
 
 
@@ -71,6 +74,8 @@ def matmul(a: Tensor, b: Tensor, alpha: float = 1.0, diagonal: int | None = None
     N = b.shape[-1]
     if tuple(b.shape[:-2]) != tuple(lead):
         raise ValueError(f"a {tuple(a.shape)} @ b {tuple(b.shape)}: the leading dims differ")
-    out = _kernels().matmul(a.reshape(-1, M, K), b.reshape(-1, K, N), alpha,
-                            diagonal=diagonal, past=past)  # (batch, M, N)
+    from . import tf32x3_triton as kernels  # triton: imported only here
+
+    out = kernels.matmul(a.reshape(-1, M, K), b.reshape(-1, K, N), alpha,
+                         diagonal=diagonal, past=past)  # (batch, M, N)
     return out.view(*lead, M, N)

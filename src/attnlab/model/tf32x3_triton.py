@@ -16,12 +16,12 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
-#: (BLOCK_M, BLOCK_N, BLOCK_K, warps, pipeline stages), largest tile first: `tiles` takes the
-#: first that gives every streaming multiprocessor a tile.
-CONFIGS: list[tuple[int, int, int, int, int]] = [
+#: (BLOCK_M, BLOCK_N, BLOCK_K, warps, pipeline stages)
+Config = tuple[int, int, int, int, int]
+#: largest tile first: `tiles` takes the first that gives every streaming multiprocessor a tile
+CONFIGS: list[Config] = [
     (128, 128, 32, 8, 3), (128, 64, 32, 4, 4), (64, 128, 32, 4, 4), (64, 64, 32, 4, 4),
 ]
-Config = tuple[int, int, int, int, int]
 
 
 @triton.jit

@@ -106,10 +106,12 @@ def _block_weights(q: Tensor, key_t: Tensor, scores: Tensor | None, mask: Mask,
     in_product = False  # whether the product wrote the mask's -inf itself
     if scores is None:
         q_block, key_block = q[:, :, i0:i1], key_t[..., k0:k1]
-        diagonal = _causal_diagonal(mask, may_attend, q.shape[2], key_t.shape[-1], i0, k0)
-        in_product = diagonal is not None and tf32x3.wanted(q_block, key_block, i1 - i0)
-        block = (tf32x3.matmul(q_block, key_block, scale, diagonal) if in_product
-                 else scaled_scores(q_block, key_block, scale))  # (B, heads, rows, keys)
+        if tf32x3.wanted(q_block, key_block, i1 - i0):
+            diagonal = _causal_diagonal(mask, may_attend, q.shape[2], key_t.shape[-1], i0, k0)
+            in_product = diagonal is not None
+            block = tf32x3.matmul(q_block, key_block, scale, diagonal)  # (B, heads, rows, keys)
+        else:
+            block = scaled_scores(q_block, key_block, scale)  # (B, heads, rows, keys)
     else:
         block = scores[:, :, i0:i1, k0:k1] * scale  # (B, heads, rows, keys)
     if empty is not None:
@@ -144,8 +146,6 @@ def scaled_scores(q: Tensor, key_t: Tensor, scale: float) -> Tensor:
     sum."""
     B, heads, rows, hs = q.shape
     keys = key_t.shape[-1]
-    if tf32x3.wanted(q, key_t, rows):
-        return tf32x3.matmul(q, key_t, scale)  # (B, heads, rows, keys)
     # beta=0: the (unread) input adds nothing, not even a nan
     scores = torch.baddbmm(q.new_empty(()), q.reshape(B * heads, rows, hs),
                            key_t.reshape(B * heads, hs, keys), beta=0.0, alpha=scale)
@@ -236,8 +236,7 @@ def traced_attend(q: Tensor, k: Tensor, v: Tensor, mask: Mask, may_attend: Tenso
         _record_summaries(trace, summaries)
     if attn_weights is not made or spans == [(0, S, spans[0][2])]:  # dropped, edited, one block
         # made under a plain causal mask: 0 past the diagonal, which the product may skip
-        made_causal = attn_weights is made and masked_by_mask
-        diagonal = _causal_diagonal(mask, may_attend, T, S, 0, 0) if made_causal else None
+        diagonal = _causal_diagonal(mask, may_attend, T, S, 0, 0) if attn_weights is made else None
         # (B, nh, T, S) @ (B, nh, S, hs) -> (B, nh, T, hs)
         return _product(attn_weights, v, diagonal)
     return torch.cat([
