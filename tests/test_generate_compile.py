@@ -80,16 +80,16 @@ def test_compiled_greedy_ids_equal_eager(kind: str, batch: str) -> None:
     assert step.cuda_graph is False  # a CPU compiles without graphs
 
 
-def test_each_compiled_step_has_a_compilation_budget_of_its_own(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
+def test_each_compiled_step_has_a_compilation_budget_of_its_own() -> None:
     """Dynamo fails (fullgraph=True) once one code object holds recompile_limit compilations;
-    every kept step compiles its own copy, so two shapes fit a limit of one."""
-    monkeypatch.setattr(torch._dynamo.config, "recompile_limit", 1)
+    every kept step compiles its own copy, so two shapes fit a limit of one. (Set through
+    config.patch: pytest 9.2's monkeypatch undoes a setattr on torch's config modules by
+    deleting the option, which failed every later compiled test.)"""
     model = _gpt2()
     for lengths in BATCHES.values():
         ids, mask = _prompt(lengths)
-        out = generate(model, ids, mask, max_new_tokens=12, temperature=0, compile=True)
+        with torch._dynamo.config.patch(recompile_limit=1):
+            out = generate(model, ids, mask, max_new_tokens=12, temperature=0, compile=True)
         assert torch.equal(out, generate(model, ids, mask, max_new_tokens=12, temperature=0))
     assert len(compiled_decodes(model)) == 2
 
