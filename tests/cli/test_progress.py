@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import io
 
-from attnlab.cli.progress import Progress
+from attnlab.cli.progress import Counter, Progress
 
 
 class Terminal(io.StringIO):
@@ -84,3 +84,27 @@ def test_a_terminal_without_a_size_gets_plain_lines() -> None:
             bar.close()
         finally:
             os.close(leader)
+
+
+def test_a_counter_draws_a_bar_on_a_terminal_and_lines_in_a_log() -> None:
+    """`attnlab patch` ran hundreds of corrupted runs (minutes on a CPU) with nothing on the
+    screen until the end."""
+    term = Terminal()
+    counter = Counter("run", "patched", stream=term)
+    for done in (32, 64, 70):
+        counter(done, 70)
+    counter.close()
+    drawn = term.getvalue()  # a bar, redrawn at most every 0.1 s, cleared at the end
+    assert "\r" in drawn and "/70 [" in drawn and "run/s]" in drawn and drawn.endswith("\r")
+    log = io.StringIO()
+    counter = Counter("run", "patched", stream=log, interval_s=0.0)
+    for done in (32, 64, 70):
+        counter(done, 70)
+    lines = log.getvalue().splitlines()
+    assert "\r" not in log.getvalue() and [line.split()[:3] for line in lines] == [
+        ["patched", "32/70", "runs"], ["patched", "64/70", "runs"], ["patched", "70/70", "runs"]]
+    assert all(line.endswith(" s left") for line in lines) and lines[-1].endswith(" 0 s left")
+    quiet = io.StringIO()
+    counter = Counter("run", "patched", stream=quiet, interval_s=3600.0)
+    counter(70, 70)
+    assert quiet.getvalue() == ""  # short work: no line

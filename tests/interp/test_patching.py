@@ -188,3 +188,37 @@ def test_a_float64_model_gets_float64_effects() -> None:
         result = patching(model, clean, corrupt, metric)
         assert result.heads.dtype == result.resid.dtype == torch.float64, patching.__name__
     assert activation_patching(_nano(), clean, corrupt, metric).heads.dtype == torch.float32
+
+
+def test_patches_batched_into_one_pass_equal_one_pass_each() -> None:
+    """Several corrupted runs share a forward pass, each on its own copy of the batch: every
+    effect equals that patch run alone (`patch_effect`), over groups that mix heads,
+    positions and layers, with a left-padded batch of two; progress hears each pass."""
+    model = _nano().double()
+    gen = torch.Generator().manual_seed(3)
+    clean, corrupt = torch.randint(0, 65, (2, 2, 6), generator=gen)
+    mask = torch.ones(2, 6, dtype=torch.long)
+    mask[1, :2] = 0
+    metric = logit_diff_metric(answer=torch.tensor([3, 4]), wrong=5)
+    heard: list[tuple[int, int]] = []
+    one = activation_patching(model, clean, corrupt, metric, attention_mask=mask, batch=1)
+    for batch in (None, 5):
+        many = activation_patching(model, clean, corrupt, metric, attention_mask=mask,
+                                   batch=batch, progress=lambda *n: heard.append(n))
+        torch.testing.assert_close(many.heads, one.heads, rtol=0, atol=1e-12)
+        torch.testing.assert_close(many.resid, one.resid, rtol=0, atol=1e-12)
+    sites = 2 * 2 + 2 * 6
+    assert heard == [(sites, sites), (5, sites), (10, sites), (15, sites), (sites, sites)]
+    def alone(name: str, layer: int, **where: list[int]) -> float:
+        return patch_effect(model, clean, corrupt, metric, attention_mask=mask,
+                            make_edits=lambda t: Edits([patch(t, name, layer, **where)]))
+
+    for layer, head in [(0, 1), (1, 0)]:
+        assert alone("context", layer, heads=[head]) == pytest.approx(
+            float(one.heads[layer, head]), rel=0, abs=1e-12)
+    for layer, pos in [(0, 2), (1, 5)]:
+        assert alone("resid_pre", layer, positions=[pos]) == pytest.approx(
+            float(one.resid[layer, pos]), rel=0, abs=1e-12)
+    assert one.heads.abs().min() > 1e-4 and one.resid[:, 2:5].abs().min() > 1e-4
+    with pytest.raises(ValueError, match="batch=0: patches per forward pass"):
+        activation_patching(model, clean, corrupt, metric, batch=0)

@@ -22,6 +22,7 @@ from .common import (
     text_ids,
     unescape,
 )
+from .progress import Counter
 
 if TYPE_CHECKING:
     from ..tokenizers import Tokenizer
@@ -109,10 +110,17 @@ def run(args: argparse.Namespace) -> int:
     answer = _one_token(tok, args.answer, "--answer")
     wrong = _one_token(tok, args.wrong, "--wrong")
     method = METHODS[args.method]
-    result = getattr(patching, method.function)(
-        model, torch.tensor([clean], device=model.wte.weight.device),  # (1, T)
-        torch.tensor([corrupt], device=model.wte.weight.device),  # (1, T)
-        patching.logit_diff_metric(answer, wrong))
+    # activation patching makes a corrupted run per head and per (layer, position)
+    progress = Counter("run", "patched") if args.method == "activation" else None
+    try:
+        result = getattr(patching, method.function)(
+            model, torch.tensor([clean], device=model.wte.weight.device),  # (1, T)
+            torch.tensor([corrupt], device=model.wte.weight.device),  # (1, T)
+            patching.logit_diff_metric(answer, wrong),
+            **({} if progress is None else {"progress": progress}))
+    finally:
+        if progress is not None:
+            progress.close()
     print(f"logit difference {args.answer!r} - {args.wrong!r}: clean {result.clean:.3f}, "
           f"corrupted {result.corrupted:.3f}")
     gap = abs(result.clean - result.corrupted)

@@ -100,3 +100,39 @@ class Progress:
     def close(self) -> None:
         if self.bar is not None:
             self.bar.close()
+
+
+class Counter:
+    """Progress of long work other than training (`attnlab patch`'s corrupted runs), called
+    as (done, total): a tqdm bar on a sized terminal, else a plain line on `stream` every
+    `interval_s` seconds with the time left; `close()` when the work ends."""
+
+    def __init__(self, unit: str, verb: str, *, stream: TextIO | None = None,
+                 interval_s: float = 10.0) -> None:
+        self.unit, self.verb = unit, verb  # "run", "patched"
+        self.stream = stream or sys.stderr
+        self.interval_s = interval_s
+        self.bar: Any = None
+        self._terminal = _sized_terminal(self.stream)
+        self._started = self._last_line = time.monotonic()
+
+    def __call__(self, done: int, total: int) -> None:
+        if self._terminal:
+            if self.bar is None:
+                from tqdm import tqdm
+
+                self.bar = tqdm(total=total, unit=self.unit, dynamic_ncols=True,
+                                file=self.stream, leave=False)
+            self.bar.update(done - self.bar.n)
+            return
+        now = time.monotonic()
+        if now - self._last_line < self.interval_s:
+            return
+        self._last_line = now
+        left = (total - done) * (now - self._started) / max(done, 1)
+        print(f"{self.verb} {done:>{len(str(total))}}/{total} {self.unit}s  {left:,.0f} s left",
+              file=self.stream, flush=True)
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.close()
