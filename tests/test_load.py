@@ -38,3 +38,14 @@ def test_the_hugging_face_export_names_its_family() -> None:
 def test_a_directory_of_neither_kind_is_refused_by_name(tmp_path: Path) -> None:
     with pytest.raises(FileNotFoundError, match=str(tmp_path)):
         load_checkpoint(tmp_path)
+
+
+@pytest.mark.parametrize("directory", ["v0.2_checkpoint", "v0.2_hf_llama"])
+def test_a_load_reports_each_tensor_it_reads(directory: str) -> None:
+    """`attnlab` commands draw a bar from these calls: a 16 GB model took tens of seconds to
+    load with nothing on the screen."""
+    heard: list[tuple[int, int]] = []
+    ckpt = load_checkpoint(DATA / directory, progress=lambda *n: heard.append(n))
+    config = ckpt.model.config
+    total = len(ckpt.model.state_dict()) - (1 if config.tie_weights else 0)  # a tied head
+    assert heard == [(i, total) for i in range(1, total + 1)]  # is the token table, read once

@@ -32,7 +32,7 @@ from typing import Any, Union, get_args, get_origin, get_type_hints
 import torch
 
 from .model.gpt import GPT, GPTConfig
-from .model.materialize import check_layer_count, check_shapes, materialize, meta_gpt
+from .model.materialize import Progress, check_layer_count, check_shapes, materialize, meta_gpt
 from .model.memory import check_memory
 from .model.runtime import resolve_device
 from .model.tensorfile import TensorFiles, WeightFiles
@@ -268,7 +268,7 @@ def _json_value_fits(value: Any, annotation: Any) -> bool:
 
 def load_attnlab_checkpoint(
     directory: str | Path, *, map_location: str | torch.device = "cpu",
-    dtype: torch.dtype | None = None, force: bool = False,
+    dtype: torch.dtype | None = None, force: bool = False, progress: Progress | None = None,
 ) -> Checkpoint:
     """Load model (eval mode), tokenizer and meta from an attnlab checkpoint directory (or a
     run directory: its latest checkpoint). `attnlab.load_checkpoint` also opens Hugging Face
@@ -277,7 +277,7 @@ def load_attnlab_checkpoint(
     for _ in range(_READ_TRIES - 1):
         before = _identity(path)
         try:
-            return _load(path, map_location, dtype, force)
+            return _load(path, map_location, dtype, force, progress)
         except (OSError, ValueError):
             # a training run replaced the checkpoint as we read it (a new directory now, or
             # its .tmp / .old directories beside it meanwhile): read the new one
@@ -286,7 +286,7 @@ def load_attnlab_checkpoint(
             if not saving and _identity(path) == before:
                 raise
         time.sleep(0.2)
-    return _load(path, map_location, dtype, force)
+    return _load(path, map_location, dtype, force, progress)
 
 
 def _identity(directory: Path) -> tuple[int, int] | None:
@@ -313,12 +313,15 @@ class OpenedWeights:
     #: (parameter, tensor) for every parameter but a tied head, read as it is iterated
     tensors: Callable[[], Iterable[tuple[str, torch.Tensor]]]
 
-    def fill(self, dtype: torch.dtype | None, device: torch.device, force: bool) -> GPT:
-        """The model on `device` in `dtype`, once `check_memory` agrees (or `force`)."""
+    def fill(self, dtype: torch.dtype | None, device: torch.device, force: bool,
+             progress: Progress | None = None) -> GPT:
+        """The model on `device` in `dtype`, once `check_memory` agrees (or `force`);
+        progress: `materialize`'s."""
         check_memory(self.model.num_params(non_embedding=False), dtype or torch.float32,
                      device, extra=self.files.largest(), force=force)
         try:
-            return materialize(self.model, self.tensors(), dtype=dtype, device=device)
+            return materialize(self.model, self.tensors(), dtype=dtype, device=device,
+                               progress=progress)
         finally:
             self.files.forget()
 
@@ -357,15 +360,15 @@ def open_attnlab_dir(directory: str | Path) -> tuple[Path, dict[str, Any], Opene
     return directory, meta, open_attnlab_weights(directory, config)
 
 
-def _load(directory: Path, map_location: str | torch.device,
-          dtype: torch.dtype | None = None, force: bool = False) -> Checkpoint:
+def _load(directory: Path, map_location: str | torch.device, dtype: torch.dtype | None = None,
+          force: bool = False, progress: Progress | None = None) -> Checkpoint:
     directory, meta, opened = open_attnlab_dir(directory)
     config = opened.config
     device = resolve_device(str(map_location))  # a missing CUDA is not a corrupted file
     tokenizer = load_tokenizer(directory)
     check_fits(tokenizer, config.vocab_size)
     try:
-        model = opened.fill(dtype, device, force)
+        model = opened.fill(dtype, device, force, progress)
     except ValueError as err:  # e.g. the file ended early: was it replaced meanwhile?
         if (directory / WEIGHTS_FILE).exists():
             raise

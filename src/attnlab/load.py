@@ -22,6 +22,7 @@ from .checkpoint import (
 )
 from .hf import family_of, load_hf_checkpoint, open_hf_weights
 from .model.config import GPTConfig
+from .model.materialize import Progress
 from .model.memory import fit_report
 from .tokenizers import NoTokenizerError, Tokenizer, check_fits, load_hf_tokenizer, load_tokenizer
 from .tokenizers.hf_dir import GENERATION_CONFIG, is_hf_dir, read_hf_config, read_json
@@ -34,7 +35,7 @@ GENERATION_FIELDS = ("bos_token_id", "eos_token_id", "pad_token_id", "do_sample"
 
 def load_checkpoint(
     directory: str | Path, *, map_location: str | torch.device = "cpu",
-    dtype: torch.dtype | None = None, force: bool = False,
+    dtype: torch.dtype | None = None, force: bool = False, progress: Progress | None = None,
 ) -> Checkpoint:
     """Load model (eval mode), tokenizer and meta from a checkpoint directory, or from a
     Hugging Face model directory of a supported family (`attnlab.hf`), on `map_location`,
@@ -42,12 +43,13 @@ def load_checkpoint(
 
     Both kinds are checked before anything is allocated (names, shapes and dtypes from the
     file headers against the config; then the memory `map_location` has free, which
-    `force=True` skips) and read one tensor at a time into the model's own memory."""
+    `force=True` skips) and read one tensor at a time into the model's own memory;
+    `progress(tensors read, tensors in all)` hears after each."""
     if is_hf_dir(directory):
         return load_hf_checkpoint(directory, map_location=map_location, dtype=dtype,
-                                  force=force)
+                                  force=force, progress=progress)
     return load_attnlab_checkpoint(directory, map_location=map_location, dtype=dtype,
-                                   force=force)
+                                   force=force, progress=progress)
 
 
 @dataclass

@@ -30,10 +30,10 @@ def loads(monkeypatch: pytest.MonkeyPatch) -> list[Any]:
     loaded: list[Any] = []
 
     def load(directory: Any, *, map_location: Any = "cpu", dtype: Any = None,
-             force: bool = False) -> Any:
+             force: bool = False, progress: Any = None) -> Any:
         fake = torch.device(map_location) == FAKE
         ckpt = original(directory, map_location="cpu" if fake else map_location, dtype=dtype,
-                        force=force)
+                        force=force, progress=progress)
         if fake:
             mark(ckpt.model)
         loaded.append(ckpt)

@@ -90,7 +90,7 @@ def test_a_counter_draws_a_bar_on_a_terminal_and_lines_in_a_log() -> None:
     """`attnlab patch` ran hundreds of corrupted runs (minutes on a CPU) with nothing on the
     screen until the end."""
     term = Terminal()
-    counter = Counter("run", "patched", stream=term)
+    counter = Counter("run", "patched", stream=term, delay_s=0.0)
     for done in (32, 64, 70):
         counter(done, 70)
     counter.close()
@@ -104,7 +104,9 @@ def test_a_counter_draws_a_bar_on_a_terminal_and_lines_in_a_log() -> None:
     assert "\r" not in log.getvalue() and [line.split()[:3] for line in lines] == [
         ["patched", "32/70", "runs"], ["patched", "64/70", "runs"], ["patched", "70/70", "runs"]]
     assert all(line.endswith(" s left") for line in lines) and lines[-1].endswith(" 0 s left")
-    quiet = io.StringIO()
-    counter = Counter("run", "patched", stream=quiet, interval_s=3600.0)
-    counter(70, 70)
-    assert quiet.getvalue() == ""  # short work: no line
+    quiet, still = io.StringIO(), Terminal()
+    for stream in (quiet, still):  # work shorter than the interval, or the bar's delay
+        counter = Counter("run", "patched", stream=stream, interval_s=3600.0, delay_s=3600.0)
+        counter(70, 70)
+        counter.close()
+        assert stream.getvalue() == "", type(stream).__name__

@@ -201,9 +201,14 @@ def load_model(args: argparse.Namespace) -> Checkpoint:
     """The checkpoint args.checkpoint names, loaded onto --device in --dtype (`load_checkpoint`
     reads attnlab's and Hugging Face's directories)."""
     from ..load import load_checkpoint
+    from .progress import Counter
 
-    return load_checkpoint(args.checkpoint, map_location=device_of(args), dtype=dtype_of(args),
-                           force=args.force)
+    progress = Counter("tensor", "loaded", delay_s=2.0)  # a large model takes a while
+    try:
+        return load_checkpoint(args.checkpoint, map_location=device_of(args),
+                               dtype=dtype_of(args), force=args.force, progress=progress)
+    finally:
+        progress.close()
 
 
 #: what each command can do with less memory, for `out_of_memory`'s line

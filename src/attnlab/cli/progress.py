@@ -103,15 +103,16 @@ class Progress:
 
 
 class Counter:
-    """Progress of long work other than training (`attnlab patch`'s corrupted runs), called
-    as (done, total): a tqdm bar on a sized terminal, else a plain line on `stream` every
-    `interval_s` seconds with the time left; `close()` when the work ends."""
+    """Progress of long work other than training (`attnlab patch`'s corrupted runs, loading
+    a model), called as (done, total): a tqdm bar on a sized terminal once the work has
+    taken `delay_s`, else a plain line on `stream` every `interval_s` seconds with the time
+    left (work shorter than either shows nothing); `close()` when the work ends."""
 
     def __init__(self, unit: str, verb: str, *, stream: TextIO | None = None,
-                 interval_s: float = 10.0) -> None:
+                 interval_s: float = 10.0, delay_s: float = 1.0) -> None:
         self.unit, self.verb = unit, verb  # "run", "patched"
         self.stream = stream or sys.stderr
-        self.interval_s = interval_s
+        self.interval_s, self.delay_s = interval_s, delay_s
         self.bar: Any = None
         self._terminal = _sized_terminal(self.stream)
         self._started = self._last_line = time.monotonic()
@@ -122,7 +123,7 @@ class Counter:
                 from tqdm import tqdm
 
                 self.bar = tqdm(total=total, unit=self.unit, dynamic_ncols=True,
-                                file=self.stream, leave=False)
+                                file=self.stream, leave=False, delay=self.delay_s)
             self.bar.update(done - self.bar.n)
             return
         now = time.monotonic()

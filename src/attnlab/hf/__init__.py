@@ -21,7 +21,13 @@ from torch import Tensor
 
 from ..checkpoint import Checkpoint, OpenedWeights
 from ..model.gpt import GPT, GPTConfig
-from ..model.materialize import check_layer_count, check_shapes, materialize, meta_gpt
+from ..model.materialize import (
+    Progress,
+    check_layer_count,
+    check_shapes,
+    materialize,
+    meta_gpt,
+)
 from ..model.runtime import resolve_device
 from ..tokenizers import Tokenizer, check_fits
 from ..tokenizers.hf_dir import (
@@ -143,6 +149,7 @@ def gpt_from_hf(
 def load_hf(
     path: str | Path, dtype: torch.dtype | None = None, *, dropout: float = 0.0,
     map_location: str | torch.device = "cpu", force: bool = False,
+    progress: Progress | None = None,
 ) -> GPT:
     """A local Hugging Face model directory of any supported family -> attnlab GPT in eval
     mode, float32 unless `dtype` (e.g. torch.bfloat16), on `map_location`.
@@ -151,9 +158,10 @@ def load_hf(
     safetensors headers) agree, and the model fits in the memory `map_location` has free
     (`force=True` skips that check: `attnlab.model.memory`). Tensors are then read one at a
     time into the model's own memory on the device: peak memory is the model plus its largest
-    tensor, never a second copy (docs/performance.md#lazy-loading)."""
+    tensor, never a second copy (docs/performance.md#lazy-loading). `progress(tensors
+    read, tensors in all)` hears after each tensor."""
     device = resolve_device(str(map_location))  # a missing CUDA named before any reading
-    return open_hf_weights(path, dropout=dropout).fill(dtype, device, force)
+    return open_hf_weights(path, dropout=dropout).fill(dtype, device, force, progress)
 
 
 def open_hf_weights(path: str | Path, *, dropout: float = 0.0,
@@ -205,11 +213,12 @@ def load_hf_gpt2(
 
 def load_hf_checkpoint(
     directory: str | Path, *, map_location: str | torch.device = "cpu",
-    dtype: torch.dtype | None = None, force: bool = False,
+    dtype: torch.dtype | None = None, force: bool = False, progress: Progress | None = None,
 ) -> Checkpoint:
     """Model and tokenizer of a Hugging Face directory, as `load_checkpoint` returns them;
     meta names the family and architecture."""
-    model = load_hf(directory, dtype, map_location=map_location, force=force)
+    model = load_hf(directory, dtype, map_location=map_location, force=force,
+                    progress=progress)
     tokenizer = load_hf_tokenizer(directory, model.config.vocab_size)
     check_fits(tokenizer, model.config.vocab_size)
     family = family_of(read_hf_config(directory))

@@ -25,6 +25,8 @@ from torch import Tensor
 from .config import GPTConfig
 from .gpt import GPT, on_meta
 
+#: (tensors filled, tensors in all): called after each tensor a load copies in
+Progress = Callable[[int, int], None]
 #: dtypes a model's weights may be stored in
 FLOAT_DTYPES = (torch.float64, torch.float32, torch.float16, torch.bfloat16)
 
@@ -87,13 +89,15 @@ def check_shapes(model: GPT, tensors: Iterable[tuple[str, Tensor]],
 
 
 def materialize(model: GPT, tensors: Iterable[tuple[str, Tensor]], *,
-                dtype: torch.dtype | None = None,
-                device: str | torch.device = "cpu") -> GPT:
+                dtype: torch.dtype | None = None, device: str | torch.device = "cpu",
+                progress: Progress | None = None) -> GPT:
     """Fill meta model `model` from (name, tensor) pairs (checked by `check_shapes` first):
     each parameter is allocated on `device` in `dtype` (default float32) with the layout the
-    meta model has, and the tensor copied in. Returns the model in eval mode."""
+    meta model has, and the tensor copied in; `progress(tensors filled, tensors in all)`
+    after each. Returns the model in eval mode."""
     dtype = dtype or torch.float32
     metas = dict(model.state_dict())
+    total = len(metas) - (1 if model.config.tie_weights else 0)  # a tied head is not read
     filled: dict[str, Tensor] = {}
     with torch.no_grad():
         for name, tensor in tensors:
@@ -102,6 +106,8 @@ def materialize(model: GPT, tensors: Iterable[tuple[str, Tensor]], *,
             target = torch.empty_strided(meta.shape, meta.stride(), dtype=dtype, device=device)
             target.copy_(tensor)
             filled[name] = target
+            if progress is not None:
+                progress(len(filled), total)
         if model.config.tie_weights:
             filled["lm_head.weight"] = filled["wte.weight"]
         model.load_state_dict(filled, strict=True, assign=True)
