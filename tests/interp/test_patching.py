@@ -222,3 +222,39 @@ def test_patches_batched_into_one_pass_equal_one_pass_each() -> None:
     assert one.heads.abs().min() > 1e-4 and one.resid[:, 2:5].abs().min() > 1e-4
     with pytest.raises(ValueError, match="batch=0: patches per forward pass"):
         activation_patching(model, clean, corrupt, metric, batch=0)
+
+
+def test_a_metric_of_the_last_logits_gets_only_those() -> None:
+    """logit_diff_metric at the last position says so (`last_logits_only`), and every run,
+    clean, corrupted and patched, then unembeds the last position alone: the same effects as
+    a metric that is handed every position's logits (a plain function)."""
+    model = _nano().double()
+    gen = torch.Generator().manual_seed(4)
+    clean, corrupt = torch.randint(0, 65, (2, 2, 6), generator=gen)
+    mask = torch.ones(2, 6, dtype=torch.long)
+    mask[0, :3] = 0
+    last = logit_diff_metric(answer=torch.tensor([3, 4]), wrong=5)
+    shapes: set[tuple[int, ...]] = set()
+
+    def every(logits: torch.Tensor) -> torch.Tensor:  # no last_logits_only: all positions
+        shapes.add(tuple(logits.shape[1:]))
+        return last(logits)
+
+    assert last.last_logits_only and not logit_diff_metric(3, 5, position=4).last_logits_only
+    for method in (activation_patching, attribution_patching):
+        fast, full = (method(model, clean, corrupt, m, attention_mask=mask) for m in (last, every))
+        torch.testing.assert_close(fast.heads, full.heads, rtol=0, atol=1e-12)
+        torch.testing.assert_close(fast.resid, full.resid, rtol=0, atol=1e-12)
+    assert shapes == {(6, 65)}
+
+    class LastOnly:
+        last_logits_only = True
+
+        def __call__(self, logits: torch.Tensor) -> torch.Tensor:
+            shapes.add(tuple(logits.shape[1:]))
+            return last(logits)
+
+    shapes.clear()
+    for method in (activation_patching, attribution_patching):
+        method(model, clean, corrupt, LastOnly(), attention_mask=mask)
+    assert shapes == {(1, 65)}  # the model was asked for the last position alone

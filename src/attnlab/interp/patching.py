@@ -48,22 +48,31 @@ def logit_diff_metric(answer: int | Tensor, wrong: int | Tensor, position: int =
     """logits -> mean over rows of logit[answer] - logit[wrong] at `position` (default last),
     in float32 or the logits' own wider dtype. answer/wrong: one id for every row, or (B,)
     ids."""
+    return LogitDiff(answer, wrong, position)
 
-    def metric(logits: Tensor) -> Tensor:
-        check_position(position, logits.shape[1], "metric position")
+
+class LogitDiff:
+    """`logit_diff_metric`'s metric. Reading the last position alone (position -1), it says so
+    (`last_logits_only`), and patching then has the model compute no other position's
+    logits: the unembedding of every other position is work no effect needs."""
+
+    def __init__(self, answer: int | Tensor, wrong: int | Tensor, position: int) -> None:
+        self.answer, self.wrong, self.position = answer, wrong, position
+        self.last_logits_only = position == -1
+
+    def __call__(self, logits: Tensor) -> Tensor:
+        check_position(self.position, logits.shape[1], "metric position")
         # a tiny random float64 GPT-2's patching effects on a 1e-3 gap were off by 1e-5 when
         # its logits were cast to float32
-        last = logits[:, position].to(wide(logits.dtype))  # (B, V)
+        last = logits[:, self.position].to(wide(logits.dtype))  # (B, V)
         B = last.shape[0]
-        a = per_row_ids(answer, B, "answer", last.device)[:, None]  # (B, 1)
-        w = per_row_ids(wrong, B, "wrong", last.device)[:, None]  # (B, 1)
+        a = per_row_ids(self.answer, B, "answer", last.device)[:, None]  # (B, 1)
+        w = per_row_ids(self.wrong, B, "wrong", last.device)[:, None]  # (B, 1)
         for flag, ids in (("answer", a), ("wrong", w)):
             if int(ids.min()) < 0 or int(ids.max()) >= last.shape[-1]:
                 raise ValueError(f"{flag} ids {ids[:, 0].tolist()} outside the model's "
                                  f"{last.shape[-1]} token ids; pass ids the tokenizer gives")
         return (last.gather(-1, a) - last.gather(-1, w)).mean()
-
-    return metric
 
 
 @dataclass
@@ -97,13 +106,14 @@ class _Runner:
         attention_mask = None if attention_mask is None else attention_mask.to(device)
         self.model, self.corrupt_ids, self.metric = model, corrupt_ids, metric
         self.mask = attention_mask
+        # a metric that reads only the last position's logits: the model computes no others
+        self.last = getattr(metric, "last_logits_only", False) is True
         # the metric sees NaN logits at padded positions: reading one is an error, not a
         # number (a right-padded batch's last column is a pad in its shorter rows)
         self.pads = None if attention_mask is None or bool(attention_mask.all()) else (
             attention_mask[:, -clean_ids.shape[1]:, None] == 0)  # (B, T, 1)
         self.trace = Trace(names=["context", "resid_pre"])
-        self.clean = self.score(model(clean_ids, attention_mask=attention_mask,
-                                      trace=self.trace).logits)
+        self.clean = self.score(self.forward(clean_ids, attention_mask, trace=self.trace))
         self.corrupted = self.run(Edits())
         if abs(self.clean - self.corrupted) < 1e-6:
             raise ValueError(
@@ -111,17 +121,21 @@ class _Runner:
                 "effect can be normalized; pick a corruption that changes the metric"
             )
 
+    def forward(self, ids: Tensor, mask: Tensor | None, **seams: Any) -> Tensor:
+        """The logits (B, T or 1, V) the metric reads, of ids (B, T) under `mask`."""
+        return self.model(ids, attention_mask=mask, last_logits_only=self.last, **seams).logits
+
     def run(self, edits: Edits) -> float:
-        return self.score(self.model(self.corrupt_ids, attention_mask=self.mask,
-                                     edits=edits).logits)
+        return self.score(self.forward(self.corrupt_ids, self.mask, edits=edits))
 
     def score(self, logits: Tensor) -> float:
         return float(self.scored(logits).detach())
 
     def scored(self, logits: Tensor) -> Tensor:
         """The metric of `logits`, a scalar tensor (with its graph, where logits have one)."""
-        if self.pads is not None:
-            logits = logits.masked_fill(self.pads.to(logits.device), float("nan"))  # (B, T, V)
+        if self.pads is not None:  # logits of the last columns: all, or the last alone
+            pads = self.pads[:, -logits.shape[1]:].to(logits.device)  # (B, T or 1, 1)
+            logits = logits.masked_fill(pads, float("nan"))  # (B, T or 1, V)
         value = self.metric(logits)
         if value.numel() != 1:  # float() of a (B,) tensor says only "one element tensors"
             raise ValueError(
@@ -153,8 +167,8 @@ class _Runner:
             group = sites[start:start + batch]
             n = len(group)
             mask = None if self.mask is None else self.mask.repeat(n, 1)  # (n B, S)
-            logits = self.model(self.corrupt_ids.repeat(n, 1), attention_mask=mask,
-                                edits=self._edits(group)).logits  # (n B, T, V)
+            logits = self.forward(self.corrupt_ids.repeat(n, 1), mask,
+                                  edits=self._edits(group))  # (n B, T or 1, V)
             effects += [self.normalized(self.score(logits[i * B:(i + 1) * B]))
                         for i in range(n)]
             if progress is not None:
@@ -207,11 +221,13 @@ def activation_patching(
     clean run into the corrupted one; ids (B, T), one attention_mask for both. Each patch is
     a corrupted run of its own, `batch` of them per forward pass (None: up to `BATCH`, as
     many as keep their logits within `LOGIT_BYTES`; 1: one pass each); `progress(done,
-    total)` hears after each pass."""
+    total)` hears after each pass. A metric with `last_logits_only` True (`logit_diff_metric`
+    at the last position) is handed the last position's logits alone, (B, 1, V)."""
     runner = _Runner(model, clean_ids, corrupt_ids, metric, attention_mask)
     c, (B, T) = model.config, clean_ids.shape
     if batch is None:
-        per_patch = B * T * c.vocab_size * model.lm_head.weight.element_size()
+        columns = 1 if runner.last else T  # of logits per row
+        per_patch = B * columns * c.vocab_size * model.lm_head.weight.element_size()
         batch = max(1, min(BATCH, LOGIT_BYTES // per_patch))
     elif batch < 1:
         raise ValueError(f"batch={batch}: patches per forward pass must be at least 1")
@@ -256,8 +272,8 @@ def attribution_patching(
     # embeddings as a leaf: every value downstream has a gradient, frozen parameters or not
     start = Edit("emb", None, lambda value, first: value.detach().requires_grad_())
     with torch.enable_grad():
-        logits = model(runner.corrupt_ids, attention_mask=runner.mask,
-                       edits=Edits([start, *(hold(*site) for site in sites)])).logits
+        logits = runner.forward(runner.corrupt_ids, runner.mask,
+                                edits=Edits([start, *(hold(*site) for site in sites)]))
         score = runner.scored(logits)
         if not score.requires_grad:
             raise ValueError(
