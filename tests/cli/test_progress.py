@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import io
 
-from attnlab.cli.progress import Counter, Progress
+from attnlab.cli.progress import Counter, Progress, blocks_shown
 
 
 class Terminal(io.StringIO):
@@ -110,3 +110,24 @@ def test_a_counter_draws_a_bar_on_a_terminal_and_lines_in_a_log() -> None:
         counter(70, 70)
         counter.close()
         assert stream.getvalue() == "", type(stream).__name__
+
+
+def test_blocks_shown_counts_a_forward_pass_and_removes_its_hooks() -> None:
+    """One long forward pass (`attnlab inspect` of a large model over a long text on a CPU)
+    sat silent for minutes; the blocks it finishes now move a bar."""
+    import torch
+
+    from attnlab import GPT, GPTConfig, Trace
+
+    model = GPT(GPTConfig.from_name("nano")).eval()
+    term = Terminal()
+    with torch.no_grad(), blocks_shown(model, "traced", stream=term, delay_s=0.0):
+        logits = model(torch.zeros(1, 5, dtype=torch.long)).logits
+    assert "/2 [" in term.getvalue() and "block/s]" in term.getvalue()
+    assert all(not block._forward_hooks for block in model.blocks)  # removed
+    with torch.no_grad():
+        assert torch.equal(model(torch.zeros(1, 5, dtype=torch.long)).logits, logits)
+    log = io.StringIO()
+    with blocks_shown(model, "traced", stream=log, delay_s=0.0):
+        Trace(names="attn_weights").run(model, torch.zeros(1, 5, dtype=torch.long))
+    assert log.getvalue() == ""  # a log gets a line only every 10 s

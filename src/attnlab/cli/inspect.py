@@ -24,6 +24,7 @@ from .common import (
     out_of_memory,
     text_ids,
 )
+from .progress import blocks_shown
 
 #: what -> (trace names it needs, description for --help)
 WHAT: dict[str, tuple[tuple[str, ...], str]] = {
@@ -141,7 +142,8 @@ def run(args: argparse.Namespace) -> int:
         names |= {"attn_scores", "masked_scores"}  # the steps view and exact masks
     idx = torch.tensor([ids], device=model.wte.weight.device)  # (1, T)
     try:
-        trace = Trace(layers=layers, heads=heads, names=names).run(model, idx)
+        with blocks_shown(model, "traced"):
+            trace = Trace(layers=layers, heads=heads, names=names).run(model, idx)
     except torch.OutOfMemoryError as err:
         raise out_of_memory("inspect", err, idx.device) from None
 
@@ -181,8 +183,9 @@ def _run_summary(args: argparse.Namespace, model: Any, tok: Any, ids: list[int],
     from ..model.trace import Trace
 
     formats, page = _formats(args.format)
-    trace = Trace(layers=layers, heads=heads, names=list(SUMMARY_MEANS)).run(
-        model, torch.tensor([ids], device=model.wte.weight.device))
+    with blocks_shown(model, "traced"):
+        trace = Trace(layers=layers, heads=heads, names=list(SUMMARY_MEANS)).run(
+            model, torch.tensor([ids], device=model.wte.weight.device))
     means = {name: value.cpu() for name, value in summary_means(trace, layers).items()}
     out = Path(args.out)
     if out.exists() and not out.is_dir():

@@ -11,6 +11,8 @@ from __future__ import annotations
 import os
 import sys
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any, TextIO
 
 
@@ -137,3 +139,21 @@ class Counter:
     def close(self) -> None:
         if self.bar is not None:
             self.bar.close()
+
+
+@contextmanager
+def blocks_shown(model: Any, verb: str, *, stream: TextIO | None = None,
+                 delay_s: float = 2.0) -> Iterator[None]:
+    """Inside: each block of `model` (a GPT) that finishes a forward pass moves a `Counter`
+    of blocks, so one long pass (a large model over a long text on a CPU) shows where it
+    is. A forward hook on each block, removed on the way out."""
+    counter = Counter("block", verb, stream=stream, delay_s=delay_s)
+    n = len(model.blocks)
+    handles = [block.register_forward_hook(lambda *_, i=i: counter(i + 1, n))
+               for i, block in enumerate(model.blocks)]
+    try:
+        yield
+    finally:
+        for handle in handles:
+            handle.remove()
+        counter.close()
