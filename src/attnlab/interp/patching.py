@@ -169,8 +169,9 @@ class _Runner:
             mask = None if self.mask is None else self.mask.repeat(n, 1)  # (n B, S)
             logits = self.forward(self.corrupt_ids.repeat(n, 1), mask,
                                   edits=self._edits(group))  # (n B, T or 1, V)
-            effects += [self.normalized(self.score(logits[i * B:(i + 1) * B]))
-                        for i in range(n)]
+            values = torch.stack([self.scored(logits[i * B:(i + 1) * B]).detach()
+                                  for i in range(n)])  # (n,): read back once a pass
+            effects += [self.normalized(value) for value in values.tolist()]
             if progress is not None:
                 progress(len(effects), len(sites))
         return effects
