@@ -9,6 +9,7 @@ import torch
 from attnlab import GPT, GPTConfig, Trace
 from attnlab.interp.edits import Edit, Edits, patch
 from attnlab.interp.patching import (
+    LogitDiff,
     activation_patching,
     attribution_patching,
     logit_diff_metric,
@@ -190,16 +191,23 @@ def test_a_float64_model_gets_float64_effects() -> None:
     assert activation_patching(_nano(), clean, corrupt, metric).heads.dtype == torch.float32
 
 
+def _left_padded_pair(seed: int, row: int, pads: int) -> tuple[GPT, torch.Tensor, torch.Tensor,
+                                                            torch.Tensor, LogitDiff]:
+    """A float64 nano model, clean and corrupted (2, 6) ids with `pads` left pads in `row`,
+    their attention mask and a logit difference per row."""
+    gen = torch.Generator().manual_seed(seed)
+    clean, corrupt = torch.randint(0, 65, (2, 2, 6), generator=gen)
+    mask = torch.ones(2, 6, dtype=torch.long)
+    mask[row, :pads] = 0
+    metric = LogitDiff(answer=torch.tensor([3, 4]), wrong=5, position=-1)
+    return _nano().double(), clean, corrupt, mask, metric
+
+
 def test_patches_batched_into_one_pass_equal_one_pass_each() -> None:
     """Several corrupted runs share a forward pass, each on its own copy of the batch: every
     effect equals that patch run alone (`patch_effect`), over groups that mix heads,
     positions and layers, with a left-padded batch of two; progress hears each pass."""
-    model = _nano().double()
-    gen = torch.Generator().manual_seed(3)
-    clean, corrupt = torch.randint(0, 65, (2, 2, 6), generator=gen)
-    mask = torch.ones(2, 6, dtype=torch.long)
-    mask[1, :2] = 0
-    metric = logit_diff_metric(answer=torch.tensor([3, 4]), wrong=5)
+    model, clean, corrupt, mask, metric = _left_padded_pair(seed=3, row=1, pads=2)
     heard: list[tuple[int, int]] = []
     one = activation_patching(model, clean, corrupt, metric, attention_mask=mask, batch=1)
     for batch in (None, 5):
@@ -209,6 +217,7 @@ def test_patches_batched_into_one_pass_equal_one_pass_each() -> None:
         torch.testing.assert_close(many.resid, one.resid, rtol=0, atol=1e-12)
     sites = 2 * 2 + 2 * 6
     assert heard == [(sites, sites), (5, sites), (10, sites), (15, sites), (sites, sites)]
+
     def alone(name: str, layer: int, **where: list[int]) -> float:
         return patch_effect(model, clean, corrupt, metric, attention_mask=mask,
                             make_edits=lambda t: Edits([patch(t, name, layer, **where)]))
@@ -228,12 +237,7 @@ def test_a_metric_of_the_last_logits_gets_only_those() -> None:
     """logit_diff_metric at the last position says so (`last_logits_only`), and every run,
     clean, corrupted and patched, then unembeds the last position alone: the same effects as
     a metric that is handed every position's logits (a plain function)."""
-    model = _nano().double()
-    gen = torch.Generator().manual_seed(4)
-    clean, corrupt = torch.randint(0, 65, (2, 2, 6), generator=gen)
-    mask = torch.ones(2, 6, dtype=torch.long)
-    mask[0, :3] = 0
-    last = logit_diff_metric(answer=torch.tensor([3, 4]), wrong=5)
+    model, clean, corrupt, mask, last = _left_padded_pair(seed=4, row=0, pads=3)
     shapes: set[tuple[int, ...]] = set()
 
     def every(logits: torch.Tensor) -> torch.Tensor:  # no last_logits_only: all positions
