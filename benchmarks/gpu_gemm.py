@@ -145,14 +145,14 @@ Tiles = dict[str, dict[tuple[int, int], tuple[int, int, int, int, int]]]
 
 
 def tf32x3_products(rows: list[dict[str, Any]], T: int, device: torch.device,
-                    repeats: int) -> Tiles:
-    """Each of `linears`' products as both 3xTF32 kernels at their tile sizes, into each
-    row's "tf32x3" (way -> tiles -> ms and the error against float64, beside cuBLAS's at
-    split 1); way -> (K, N) -> the fastest tiles."""
+                    repeats: int, ways: tuple[str, ...] = (ON_THE_FLY, SPLIT_ONCE)) -> Tiles:
+    """Each of `linears`' products as each 3xTF32 kernel of `ways` at its tile sizes, into
+    each row's "tf32x3" (way -> tiles -> ms and the error against float64, beside cuBLAS's
+    at split 1); way -> (K, N) -> the fastest tiles."""
     from . import gpu_tf32x3 as kernels
 
     gen = torch.Generator(device).manual_seed(0)
-    best: Tiles = {ON_THE_FLY: {}, SPLIT_ONCE: {}}
+    best: Tiles = {way: {} for way in ways}
     for row in rows:
         K, N = row["K"], row["N"]
         x = torch.randn(T, K, device=device, generator=gen)  # (T, K)
@@ -165,7 +165,8 @@ def tf32x3_products(rows: list[dict[str, Any]], T: int, device: torch.device,
                  SPLIT_ONCE: (kernels.SPLIT_CONFIGS,
                               functools.partial(kernels.split_linear, x, split, b))}
         row["tf32x3"] = {}
-        for way, (configs, call) in calls.items():
+        for way in ways:
+            configs, call = calls[way]
             found = {}
             for config in configs:
                 error = (call(config).double() - exact).abs().max().item()

@@ -235,7 +235,9 @@ def test_trace_suite_times_the_tf32x3_row_under_the_interpreter(tmp_path: Path) 
     assert set(result["max_weight_error_vs_hf_base"]) == {gpu_trace.RUN, *gpu_trace.THREES}
     assert max(result["max_weight_error_vs_hf_base"].values()) < 1e-5
     assert max(result["max_weight_error_vs_trace_run"][name] for name in gpu_trace.THREES) < 1e-6
-    assert result["notes"][2].startswith("3xTF32 tiles per (in, out): split in the kernel: ")
+    assert result["notes"][2].startswith("3xTF32 tiles: attnlab's row by its rule "
+                                         "(tf32x3_triton.tiles); the weight split once, "
+                                         "per (in, out): (32, 32): (")
 
 
 def test_the_fused_qkv_patch_makes_one_product_where_there_were_three(
