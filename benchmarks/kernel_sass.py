@@ -25,6 +25,7 @@ import re
 import subprocess
 import sys
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -52,24 +53,35 @@ def tools() -> tuple[Any, Path]:
     return triton, cuobjdump
 
 
-def compile_for_h100(kernel: Any, tuned: tuple[int, ...], **constants: Any) -> Any:
-    """kernel (a summary_triton kernel) for sm_90 with bfloat16 q, k and v at the tuned
-    (rows, keys, warps[, stages]), specialised as the JIT specialises a model's launch:
-    16-byte aligned pointers, and strides and lengths that are multiples of 16."""
+def _compile_for_h100(kernel: Any, constants: dict[str, Any], type_of: Callable[[str], str],
+                      unaligned: tuple[str, ...], options: dict[str, int]) -> Any:
+    """kernel for sm_90, specialised as the JIT specialises a launch: its constexprs and the
+    parameters in `constants` fixed, the others typed by `type_of(name)`, and those not in
+    `unaligned` (pointers 16-byte aligned, strides and lengths) multiples of 16."""
     triton, _ = tools()
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
 
-    block_m, block_n, warps, *stages = tuned
-    constants = {**FLAGS, "BLOCK_M": block_m, "BLOCK_N": block_n, **constants}
     signature, aligned = {}, {}
     for index, param in enumerate(kernel.params):
-        signature[param.name] = _type(param.name, param.is_constexpr)
-        if not param.is_constexpr and param.name not in ("group", "scale2"):
+        if param.is_constexpr or param.name in constants:
+            signature[param.name] = "constexpr"
+            continue
+        signature[param.name] = type_of(param.name)
+        if param.name not in unaligned:
             aligned[(index,)] = [["tt.divisibility", 16]]
     source = ASTSource(fn=kernel, signature=signature, constexprs=constants, attrs=aligned)
-    options = {"num_warps": warps, **({"num_stages": stages[0]} if stages else {})}
     return triton.compile(source, target=GPUTarget("cuda", 90, 32), options=options)
+
+
+def compile_for_h100(kernel: Any, tuned: tuple[int, ...], **constants: Any) -> Any:
+    """kernel (a summary_triton kernel) for sm_90 with bfloat16 q, k and v at the tuned
+    (rows, keys, warps[, stages]), specialised as the JIT specialises a model's launch:
+    16-byte aligned pointers, and strides and lengths that are multiples of 16."""
+    block_m, block_n, warps, *stages = tuned
+    constants = {**FLAGS, "BLOCK_M": block_m, "BLOCK_N": block_n, **constants}
+    options = {"num_warps": warps, **({"num_stages": stages[0]} if stages else {})}
+    return _compile_for_h100(kernel, constants, _type, ("group", "scale2"), options)
 
 
 def compile_matmul_for_h100(config: tuple[int, ...], **constants: Any) -> Any:
@@ -79,10 +91,6 @@ def compile_matmul_for_h100(config: tuple[int, ...], **constants: Any) -> Any:
     weight.t() is (K, N) row-major (the unit strides, which the JIT makes constants), K a
     multiple of BLOCK_K, a bias, pointers, lengths and other strides multiples of 16.
     constants: what differs (a trace's causal scores read k^T along K, with MASK_PAST)."""
-    triton, _ = tools()
-    from triton.backends.compiler import GPUTarget
-    from triton.compiler import ASTSource
-
     from attnlab.model.tf32x3_triton import matmul_kernel
 
     block_m, block_n, block_k, warps, stages = config
@@ -90,24 +98,16 @@ def compile_matmul_for_h100(config: tuple[int, ...], **constants: Any) -> Any:
     constants = {"HAS_BIAS": True, "EVEN_K": True, "MASK_PAST": False, "ZERO_PAST": False,
                  "BLOCK_M": block_m, "BLOCK_N": block_n, "BLOCK_K": block_k, "stride_ak": 1,
                  **unit, **constants}
-    signature, aligned = {}, {}
-    for index, param in enumerate(matmul_kernel.params):
-        if param.is_constexpr or param.name in constants:
-            signature[param.name] = "constexpr"
-        else:
-            signature[param.name] = ("*fp32" if param.name.endswith("_ptr")
-                                     else "fp32" if param.name == "alpha" else "i32")
-            if param.name not in ("alpha", "diagonal"):
-                aligned[(index,)] = [["tt.divisibility", 16]]
-    source = ASTSource(fn=matmul_kernel, signature=signature, constexprs=constants,
-                       attrs=aligned)
-    return triton.compile(source, target=GPUTarget("cuda", 90, 32),
-                          options={"num_warps": warps, "num_stages": stages})
+
+    def type_of(name: str) -> str:
+        return "*fp32" if name.endswith("_ptr") else "fp32" if name == "alpha" else "i32"
+
+    return _compile_for_h100(matmul_kernel, constants, type_of, ("alpha", "diagonal"),
+                             {"num_warps": warps, "num_stages": stages})
 
 
-def _type(name: str, constexpr: bool) -> str:
-    if constexpr:
-        return "constexpr"
+def _type(name: str) -> str:
+    """A summary kernel's parameter's type."""
     if name in ("q_ptr", "k_ptr", "v_ptr", "context_ptr"):
         return "*bf16"
     if name.endswith("_ptr"):
