@@ -191,16 +191,18 @@ def test_a_float64_model_gets_float64_effects() -> None:
     assert activation_patching(_nano(), clean, corrupt, metric).heads.dtype == torch.float32
 
 
-def _left_padded_pair(seed: int, row: int, pads: int) -> tuple[GPT, torch.Tensor, torch.Tensor,
-                                                            torch.Tensor, LogitDiff]:
-    """A float64 nano model, clean and corrupted (2, 6) ids with `pads` left pads in `row`,
-    their attention mask and a logit difference per row."""
+def _left_padded_pair(seed: int, row: int, pads: int, n_layer: int = 2
+                      ) -> tuple[GPT, torch.Tensor, torch.Tensor, torch.Tensor, LogitDiff]:
+    """A float64 nano model (`n_layer` blocks), clean and corrupted (2, 6) ids with `pads`
+    left pads in `row`, their attention mask and a logit difference per row."""
     gen = torch.Generator().manual_seed(seed)
     clean, corrupt = torch.randint(0, 65, (2, 2, 6), generator=gen)
     mask = torch.ones(2, 6, dtype=torch.long)
     mask[row, :pads] = 0
     metric = LogitDiff(answer=torch.tensor([3, 4]), wrong=5, position=-1)
-    return _nano().double(), clean, corrupt, mask, metric
+    torch.manual_seed(0)
+    model = GPT(GPTConfig.from_name("nano", n_layer=n_layer, init_std=0.2)).double().eval()
+    return model, clean, corrupt, mask, metric
 
 
 def test_patches_batched_into_one_pass_equal_one_pass_each() -> None:
@@ -262,3 +264,34 @@ def test_a_metric_of_the_last_logits_gets_only_those() -> None:
     for method in (activation_patching, attribution_patching):
         method(model, clean, corrupt, LastOnly(), attention_mask=mask)
     assert shapes == {(1, 65)}  # the model was asked for the last position alone
+
+
+def test_each_patched_run_starts_at_the_block_it_patches() -> None:
+    """A patch at layer L leaves the blocks before L as the corrupted run computed them, so
+    its run restarts at L from that run's residual stream (`start_at`): one pass per patch
+    runs block i once for each patch at layer i or below (and once each for the clean and
+    corrupted runs), and every effect equals the patch run from the embeddings on."""
+    model, clean, corrupt, mask, metric = _left_padded_pair(seed=5, row=0, pads=1, n_layer=4)
+    calls = [0] * 4
+    hooks = [block.register_forward_hook(lambda *_, i=i: calls.__setitem__(i, calls[i] + 1))
+             for i, block in enumerate(model.blocks)]
+    try:
+        result = activation_patching(model, clean, corrupt, metric, attention_mask=mask,
+                                     batch=1)
+    finally:
+        for hook in hooks:
+            hook.remove()
+    per_layer = 2 + 6  # patches: 2 heads' outputs, 6 positions of the residual stream
+    assert calls == [2 + per_layer * (i + 1) for i in range(4)]
+
+    def whole(name: str, layer: int, **where: list[int]) -> float:
+        return patch_effect(model, clean, corrupt, metric, attention_mask=mask,
+                            make_edits=lambda t: Edits([patch(t, name, layer, **where)]))
+
+    for layer in range(4):
+        for head in range(2):
+            assert whole("context", layer, heads=[head]) == pytest.approx(
+                float(result.heads[layer, head]), rel=0, abs=1e-12)
+        for pos in range(6):
+            assert whole("resid_pre", layer, positions=[pos]) == pytest.approx(
+                float(result.resid[layer, pos]), rel=0, abs=1e-12)

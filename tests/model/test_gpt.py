@@ -9,7 +9,8 @@ import torch
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
-from attnlab import GPT, GPTConfig, half_weights
+from attnlab import GPT, GPTConfig, Trace, half_weights
+from attnlab.interp.edits import Edit, Edits, zero_heads
 from attnlab.model import DecodeStep
 from helpers import left_padded, linears_laid_out, make_row_major, modern_switches, split_blocks
 
@@ -153,6 +154,49 @@ def test_last_logits_only() -> None:
     model = _model()
     idx = torch.randint(0, 65, (2, 9))
     torch.testing.assert_close(model(idx, last_logits_only=True).logits, model(idx).logits[:, -1:])
+
+
+@settings(max_examples=25, deadline=None)
+@given(switches=modern_switches(n_layer=3), padded=st.booleans(), fused=st.booleans(),
+       layer=st.integers(0, 3))
+def test_a_pass_started_at_a_block_is_the_rest_of_the_whole_pass(
+    switches: dict[str, object], padded: bool, fused: bool, layer: int
+) -> None:
+    """start_at=(layer, the residual stream entering it) computes what the whole pass computes
+    from there, bit for bit: logits, a trace of the blocks from `layer` on, and an edit there,
+    over every modern switch, left padding and both attention paths; layer 3 (= n_layer)
+    runs the final norm and head alone."""
+    model = _model(n_layer=3, n_head=4, n_kv_head=1, **switches)
+    idx, mask = left_padded([7, 4], seed=2) if padded else (
+        torch.randint(0, 65, (2, 7), generator=torch.Generator().manual_seed(2)), None)
+    edits = Edits([zero_heads(2, 1)] if layer <= 2 else [])
+    whole, part = Trace(), Trace()
+    with torch.no_grad():
+        logits = model(idx, attention_mask=mask, trace=whole, edits=edits, fused=fused).logits
+        x = whole.get("emb") if layer == 0 else whole.get("block_out", layer - 1)  # (B, T, C)
+        rest = model(idx, attention_mask=mask, trace=part, edits=edits, fused=fused,
+                     start_at=(layer, x)).logits
+    assert torch.equal(rest, logits)
+    assert set(part) == {(i, n) for i, n in whole if (i is None and n == "logits")
+                         or (i is not None and i >= layer)}
+    for i, name in part:
+        assert torch.equal(part.get(name, i), whole.get(name, i)), (i, name)
+
+
+def test_start_at_errors_name_the_value_and_the_fix() -> None:
+    model = _model()  # nano: 2 layers, 16 wide
+    idx, x = torch.zeros(2, 5, dtype=torch.long), torch.zeros(2, 5, 16)
+    with pytest.raises(ValueError, match=r"start_at layer 3 outside 0\.\.2"):
+        model(idx, start_at=(3, x))
+    with pytest.raises(ValueError, match=r"shape \(2, 4, 16\), not \(B, T, C\) = \(2, 5, 16\)"):
+        model(idx, start_at=(1, x[:, 1:]))
+    with pytest.raises(ValueError, match="run without kv_cache"):
+        model(idx, start_at=(1, x), kv_cache=model.new_cache(2, 8))
+    for edit, where in [(zero_heads(0, 1), "'context' at layer 0"), (
+            Edit("emb", None, lambda v, _: v), "'emb'")]:
+        with pytest.raises(ValueError, match=f"edit of {where}: this pass starts at block 1"):
+            model(idx, start_at=(1, x), edits=Edits([edit]))
+    model(idx, start_at=(1, x), edits=Edits([zero_heads(1, 0)]))  # at the first block: fine
 
 
 @settings(max_examples=30, deadline=None)

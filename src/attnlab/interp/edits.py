@@ -46,6 +46,7 @@ if TYPE_CHECKING:
     from ..model.config import GPTConfig
 
 _KV_NAMES = frozenset({"k_pre_rope", "k", "v"})  # heads: the key/value heads
+_EMBEDDINGS = frozenset({"tok_emb", "pos_emb", "emb"})  # before block 0
 
 #: (value, first column of its position dimension) -> a tensor of the same shape whose
 #: selected cells replace the value's.
@@ -152,16 +153,24 @@ class Edits:
     def __repr__(self) -> str:
         return f"Edits([{', '.join(map(repr, self.edits))}])"
 
-    def check(self, config: GPTConfig) -> None:
+    def check(self, config: GPTConfig, start: int | None = None) -> None:
         """Raise unless every edit is at a layer and heads the model has and at positions
         below its block_size: an edit no forward pass reaches would leave the model
         unchanged, which reads as "this part does not matter". (A position past this call's
-        columns is allowed: a later call, with a cache or a longer input, computes it.)"""
+        columns is allowed: a later call, with a cache or a longer input, computes it.) A pass
+        that starts at block `start` (`GPT.forward(start_at=...)`) reaches no embedding and no
+        earlier block either."""
         n_layer, block_size = config.n_layer, config.block_size
         for edit in self.edits:
             if edit.layer is not None and edit.layer >= n_layer:
                 raise ValueError(f"edit of {edit.name!r} at layer {edit.layer}: the model has "
                                  f"{n_layer} layers (0 to {n_layer - 1})")
+            if start is not None and (edit.name in _EMBEDDINGS if edit.layer is None
+                                      else edit.layer < start):
+                raise ValueError(f"edit of {edit.name!r}" + ("" if edit.layer is None else
+                                 f" at layer {edit.layer}") + f": this pass starts at block "
+                                 f"{start} (start_at), after it; edit a later value or run "
+                                 "the whole model")
             n = config.n_kv_heads if edit.name in _KV_NAMES else config.n_head
             bad = [h for h in edit.heads or () if not 0 <= h < n]
             if bad:

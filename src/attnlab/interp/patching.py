@@ -42,6 +42,9 @@ Site = tuple[str, int, int]
 BATCH = 32
 #: ... and no more than fit their logits in this many bytes
 LOGIT_BYTES = 1 << 28
+#: `activation_patching` starts each pass at the lowest layer it patches, from the corrupted
+#: run's residual stream there; False runs every pass from the embeddings (a baseline)
+RESTARTS = True
 
 
 def logit_diff_metric(answer: int | Tensor, wrong: int | Tensor, position: int = -1) -> Metric:
@@ -93,7 +96,7 @@ class _Runner:
     """The clean trace and the normalization, shared by every patch of one experiment."""
 
     def __init__(self, model: Any, clean_ids: Tensor, corrupt_ids: Tensor, metric: Metric,
-                 attention_mask: Tensor | None) -> None:
+                 attention_mask: Tensor | None, restarts: bool = False) -> None:
         require_eval(model, "every patching effect")
         if clean_ids.shape != corrupt_ids.shape:
             raise ValueError(
@@ -114,7 +117,11 @@ class _Runner:
             attention_mask[:, -clean_ids.shape[1]:, None] == 0)  # (B, T, 1)
         self.trace = Trace(names=["context", "resid_pre"])
         self.clean = self.score(self.forward(clean_ids, attention_mask, trace=self.trace))
-        self.corrupted = self.run(Edits())
+        # restarts: the corrupted run's residual stream entering each block, where a patched
+        # run starts (the blocks before its first patch compute what they computed here)
+        self.restarts = Trace(names=["resid_pre"]) if restarts else None
+        self.corrupted = self.score(self.forward(corrupt_ids, attention_mask,
+                                                 trace=self.restarts))
         if abs(self.clean - self.corrupted) < 1e-6:
             raise ValueError(
                 f"the clean and corrupted runs score the same ({self.clean:.6g}), so no "
@@ -160,15 +167,19 @@ class _Runner:
 
     def effects(self, sites: list[Site], batch: int, progress: Progress | None) -> list[float]:
         """Each site's effect patched alone, `batch` sites per forward pass: copy i of the
-        corrupted batch takes site i's cells from the clean trace."""
+        corrupted batch takes site i's cells from the clean trace. With `restarts`, a pass
+        starts at the lowest layer it patches (so pass sites in layer order)."""
         B = self.corrupt_ids.shape[0]
         effects: list[float] = []
         for start in range(0, len(sites), batch):
             group = sites[start:start + batch]
             n = len(group)
             mask = None if self.mask is None else self.mask.repeat(n, 1)  # (n B, S)
-            logits = self.forward(self.corrupt_ids.repeat(n, 1), mask,
-                                  edits=self._edits(group))  # (n B, T or 1, V)
+            first = min(layer for _, layer, _ in group)
+            start_at = None if self.restarts is None else (
+                first, self.restarts.get("resid_pre", first).repeat(n, 1, 1))  # (n B, T, C)
+            logits = self.forward(self.corrupt_ids.repeat(n, 1), mask, edits=self._edits(group),
+                                  start_at=start_at)  # (n B, T or 1, V)
             values = torch.stack([self.scored(logits[i * B:(i + 1) * B]).detach()
                                   for i in range(n)])  # (n,): read back once a pass
             effects += [self.normalized(value) for value in values.tolist()]
@@ -224,7 +235,7 @@ def activation_patching(
     many as keep their logits within `LOGIT_BYTES`; 1: one pass each); `progress(done,
     total)` hears after each pass. A metric with `last_logits_only` True (`logit_diff_metric`
     at the last position) is handed the last position's logits alone, (B, 1, V)."""
-    runner = _Runner(model, clean_ids, corrupt_ids, metric, attention_mask)
+    runner = _Runner(model, clean_ids, corrupt_ids, metric, attention_mask, RESTARTS)
     c, (B, T) = model.config, clean_ids.shape
     if batch is None:
         columns = 1 if runner.last else T  # of logits per row
@@ -234,8 +245,12 @@ def activation_patching(
         raise ValueError(f"batch={batch}: patches per forward pass must be at least 1")
     sites = ([("context", layer, h) for layer in range(c.n_layer) for h in range(c.n_head)]
              + [("resid_pre", layer, p) for layer in range(c.n_layer) for p in range(T)])
-    effects = torch.tensor(runner.effects(sites, batch, progress),
-                           dtype=wide(model.lm_head.weight.dtype))
+    # in layer order, each pass restarts where its first patch is, from the corrupted run's
+    # residual stream there: the blocks before it would compute what they did in that run
+    order = sorted(range(len(sites)), key=lambda i: sites[i][1])
+    effects = torch.empty(len(sites), dtype=wide(model.lm_head.weight.dtype))
+    effects[order] = torch.tensor(runner.effects([sites[i] for i in order], batch, progress),
+                                  dtype=effects.dtype)
     heads = effects[:c.n_layer * c.n_head].view(c.n_layer, c.n_head)  # (n_layer, nh)
     resid = effects[c.n_layer * c.n_head:].view(c.n_layer, T)  # (n_layer, T)
     return Patching(heads, resid, runner.clean, runner.corrupted)

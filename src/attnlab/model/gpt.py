@@ -209,6 +209,7 @@ class GPT(nn.Module):
         fused: bool | None = None,
         last_logits_only: bool = False,
         check_ids: bool = True,
+        start_at: tuple[int, Tensor] | None = None,
     ) -> ModelOutput:
         """idx (B, T) token ids -> logits (B, T, V) and, with targets (B, T), the loss.
 
@@ -221,6 +222,10 @@ class GPT(nn.Module):
         the trace then sees the edited values. check_ids=False skips reading the ids back to
         check them against vocab_size (`check_token_ids`): on a GPU that read waits for all the
         work queued before it, at every call, so training checks its batches on the host.
+        start_at=(layer, x): start at block `layer` from x (B, T, C), the residual stream
+        entering it (a trace's "resid_pre" there, or "block_out" of the block before), skipping
+        the embeddings and the blocks before it (TransformerLens's start_at_layer); idx still
+        gives the positions. Activation patching restarts each patched run there.
         """
         pos = 0 if kv_cache is None else kv_cache.seq_len
         self._check_inputs(idx, pos, attention_mask, targets, check_ids)
@@ -232,8 +237,9 @@ class GPT(nn.Module):
         T = idx.shape[1]
         if trace is not None:
             trace.begin(self.config, attention_mask)
+        start = None if start_at is None else self._check_start(start_at, idx.shape, kv_cache)
         if edits is not None:
-            edits.check(self.config)
+            edits.check(self.config, start)
         if attention_mask is not None:
             attention_mask = attention_mask.to(idx.device)
             positions = real_positions(attention_mask, T)  # (B, T)
@@ -241,10 +247,26 @@ class GPT(nn.Module):
             positions = torch.arange(pos, pos + T, device=idx.device)[None]  # (1, T)
 
         seam = None if trace is None and edits is None else Seam(trace, edits, pos + T)
-        x = self._embed(idx, positions, seam)  # (B, T, C)
+        x = self._embed(idx, positions, seam) if start_at is None else start_at[1]  # (B, T, C)
         rope = None if self.rotary is None else self.rotary.cos_sin(positions)  # (B|1, 1, T, rd)
-        x = self._run_blocks(x, pos, attention_mask, kv_cache, seam, fused, rope)  # (B, T, C)
+        x = self._run_blocks(x, pos, attention_mask, kv_cache, seam, fused, rope,
+                             start or 0)  # (B, T, C)
         return self._head(x, targets, attention_mask, seam, last_logits_only)
+
+    def _check_start(self, start_at: tuple[int, Tensor], shape: torch.Size,
+                     kv_cache: KVCache | None) -> int:
+        """The first block `start_at` runs, after checking it against idx's (B, T) shape."""
+        (layer, x), n_layer = start_at, self.config.n_layer
+        if not 0 <= layer <= n_layer:
+            raise ValueError(f"start_at layer {layer} outside 0..{n_layer}: the model has "
+                             f"{n_layer} blocks ({n_layer}: the final norm and head alone)")
+        if x.shape != (*shape, self.config.n_embd):
+            raise ValueError(f"start_at's residual stream has shape {tuple(x.shape)}, not "
+                             f"(B, T, C) = {(*shape, self.config.n_embd)} of idx {tuple(shape)}")
+        if kv_cache is not None:
+            raise ValueError("start_at skips the blocks before it, whose keys and values the "
+                             "kv_cache would then miss; run without kv_cache")
+        return layer
 
     def _embed(self, idx: Tensor, positions: Tensor, seam: Seam | None) -> Tensor:
         """Token (+ learned position) embeddings of idx (B, T), after dropout: (B, T, C)."""
@@ -263,12 +285,14 @@ class GPT(nn.Module):
     def _run_blocks(
         self, x: Tensor, pos: int, attention_mask: Tensor | None, kv_cache: KVCache | None,
         seam: Seam | None, fused: bool | None, rope: tuple[Tensor, Tensor] | None,
+        first: int = 0,
     ) -> Tensor:
-        """x (B, T, C) through every block, the new keys/values written to kv_cache (which
-        then advances by T): (B, T, C)."""
+        """x (B, T, C) through the blocks from `first` on, the new keys/values written to
+        kv_cache (which then advances by T): (B, T, C)."""
         T = x.shape[1]
         masks: dict[int | None, Mask] = {}  # one per window size (None: no window)
-        for i, block in enumerate(self.blocks):
+        for i in range(first, self.config.n_layer):
+            block = self.blocks[i]
             window = self.config.window_of(i)
             if window not in masks:
                 masks[window] = build_mask(

@@ -93,11 +93,12 @@ def position_dim(name: str) -> int:
 class EditSource(Protocol):
     """What the seam needs from edits (`interp.edits.Edits`): which layers they touch, whether
     they need attention's explicit path there, and the edited value; `check` refuses layers
-    and positions the model never reaches. `length` is the number of sequence columns
+    and positions the model never reaches (in a pass that starts at block `start`, the
+    embeddings and earlier blocks too). `length` is the number of sequence columns
     (cached + new) the forward pass covers, so an edit can tell which absolute positions a
     value's position dimension holds (its last entries)."""
 
-    def check(self, config: GPTConfig) -> None: ...
+    def check(self, config: GPTConfig, start: int | None = None) -> None: ...
 
     def touches(self, layer: int | None) -> bool: ...
 
