@@ -37,6 +37,7 @@ SUITES = {
     "models_decode": "decode_models",
     "trace": "trace",
     "summaries": "summaries",
+    "patching": "patching",
     "arch": "arch_compare",
     "roofline": "roofline",
     "loading": "loading",

@@ -25,6 +25,7 @@ from typing import Any
 from .__main__ import load_results, render_any
 from .common import describe_machine
 from .gpu_report import gpu_summary
+from .patching import DEFAULT, TL
 from .trace import HF_BASE, RUN, TL_PATTERN
 from .train_step import BEST
 
@@ -125,6 +126,15 @@ def _trace_rows(r: Result) -> list[list[str]]:
     return rows
 
 
+def _patching_rows(r: Result) -> list[list[str]]:
+    ms = r["ms"]
+    if TL not in ms:
+        return []
+    return [[f"activation patching grid, GPT-2 shape, {r['runs']} patched runs (`attnlab patch`)",
+             f"{_n(ms[DEFAULT] / 1e3)} s", f"TransformerLens get_act_patch {_n(ms[TL] / 1e3)} s",
+             f"{_x(ms[TL] / ms[DEFAULT])} faster"]]
+
+
 def _roofline_rows(r: Result) -> list[list[str]]:
     one = [x for x in r["records"] if x["threads"] == 1]
     if not one:
@@ -149,9 +159,10 @@ HEADLINES: dict[str, Callable[[Result], list[list[str]]]] = {
     "decode": _decode_rows,
     "models_decode": _decode_rows,
     "trace": _trace_rows,
+    "patching": _patching_rows,
     "roofline": _roofline_rows,
 }
-MAX_SUMMARY_ROWS = 12
+MAX_SUMMARY_ROWS = 13
 
 
 def summary(results: dict[str, Result]) -> str:

@@ -235,6 +235,22 @@ def test_summaries_suite_times_the_summaries_against_the_forward() -> None:
     assert len(t["rows"]) == 3 and all(len(r) == len(t["columns"]) for r in t["rows"])
 
 
+def test_patching_suite_times_every_way_on_the_same_grid() -> None:
+    """Every exact way gives the default's effects (up to float32 rounding of other batch
+    shapes); attribution is an estimate, so only its presence is checked."""
+    from benchmarks import patching as patching_suite
+
+    result = patching_suite.run(quick=True)
+    ms, diffs = result["ms"], result["max_effect_difference"]
+    assert patching_suite.DEFAULT in ms and len(ms) >= 5 and all(v > 0 for v in ms.values())
+    assert result["runs"] == 2 * 2 + 2 * 8  # toy: 2 layers x 2 heads + 2 layers x 8 positions
+    assert diffs[patching_suite.DEFAULT] == 0.0
+    exact = [name for name in ms if "attribution" not in name]
+    assert len(exact) >= 4 and all(diffs[name] < 1e-5 for name in exact)
+    (t,) = result["tables"]
+    assert len(t["rows"]) == len(ms) and all(len(r) == len(t["columns"]) for r in t["rows"])
+
+
 def test_trace_floor_runs_the_products_of_a_traced_forward() -> None:
     from benchmarks import trace as trace_suite
     from torch.utils.flop_counter import FlopCounterMode

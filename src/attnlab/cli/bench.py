@@ -19,7 +19,7 @@ from .common import CLIError
 # benchmarks/__main__.py's SUITES (not importable from an installed package; a test holds
 # the two equal), then its two special names
 SUITES = ("attention", "train", "memory", "quality", "decode", "models_decode", "trace",
-          "summaries", "arch", "roofline", "loading", "gpu_decode", "gpu_bandwidth",
+          "summaries", "patching", "arch", "roofline", "loading", "gpu_decode", "gpu_bandwidth",
           "gpu_trace", "gpu_summaries", "gpu_profile", "gpu", "all", "readme")
 
 
