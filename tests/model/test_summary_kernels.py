@@ -40,6 +40,7 @@ class _Wants:
 
     needs_weights = True
     heads = None
+    rows = None
 
     def __init__(self, names: list[str]) -> None:
         self.names, self.values = names, {}

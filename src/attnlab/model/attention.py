@@ -32,7 +32,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from .layers import Linear, RMSNorm, apply_rotary
-from .traced_attention import fused_attend, traced_attend
+from .traced_attention import fused_attend, traced_attend, traced_rows
 
 
 class LayerTrace(Protocol):
@@ -46,10 +46,14 @@ class LayerTrace(Protocol):
     wants them (a sink of summaries alone gets them streamed). `heads`: the query heads whose
     weights and summaries the sink keeps (None: all, or an edit reads every head's); the
     values of those names may then come with only these heads, in this order, on dim 1.
+    `rows`: the query rows whose scores and weights it keeps (`query_rows` of this pass;
+    None: all, or an edit reads every row's); the weights may then come with only these
+    rows on dim 2.
     """
 
     needs_weights: bool
     heads: list[int] | None
+    rows: tuple[int, ...] | None
 
     def wants(self, name: str) -> bool: ...
 
@@ -231,11 +235,16 @@ def attend(
         return fused_attend(q, k, v, mask, may_attend, scale, dropout_p)
     if trace is not None:
         heads = _heads_alone(trace, q.shape[1], dropout_p)
-        if heads is None:
+        rows = _rows_alone(trace, q.shape[2], dropout_p)
+        if heads is None and rows is None:
             return traced_attend(q, k, v, mask, may_attend, scale, dropout_p, trace)
-        # the kept heads' weights and summaries on the traced path, every head's context on
-        # the fused one: no (B, nh, T, S) tensor for heads nobody keeps
-        traced_attend(q[:, heads], k[:, heads], v[:, heads], mask, may_attend, scale, 0.0, trace)
+        # the kept heads' (and rows') weights and summaries on the traced path, every head's
+        # context on the fused one: no (B, nh, T, S) tensor for heads or rows nobody keeps
+        kept = (q, k, v) if heads is None else (q[:, heads], k[:, heads], v[:, heads])
+        if rows is None:
+            traced_attend(*kept, mask, may_attend, scale, 0.0, trace)
+        else:
+            traced_rows(*kept, mask, may_attend, scale, rows, trace)
         return fused_attend(q, k, v, mask, may_attend, scale, dropout_p)
     attn_scores = q @ k.transpose(-2, -1)  # (B, nh, T, hs) @ (B, nh, hs, S) -> (B, nh, T, S)
     # Nothing else reads the raw scores, so scale them in place: every (B, nh, T, S) tensor
@@ -267,6 +276,28 @@ def _heads_alone(trace: LayerTrace, n_head: int, dropout_p: float) -> list[int] 
     if trace.wants("attn_scores") or trace.wants("masked_scores"):
         return None
     return list(heads)
+
+
+def _rows_alone(trace: LayerTrace, T: int, dropout_p: float) -> list[int] | None:
+    """The query rows whose weights alone the trace needs (`trace.rows` of this pass's T, not
+    all of them), or None when the traced path must run for every row: no row filter, raw or
+    masked scores wanted (they are computed whole, then sliced), or dropout."""
+    if trace.rows is None or dropout_p > 0.0:
+        return None
+    if trace.wants("attn_scores") or trace.wants("masked_scores"):
+        return None
+    rows = query_rows(trace.rows, T)
+    return rows if len(rows) < T else None
+
+
+def query_rows(rows: tuple[int, ...], T: int) -> list[int]:
+    """The rows of a pass's T queries that `rows` names (negative counts from the end: -1 is
+    the last), ascending, each once."""
+    bad = [r for r in rows if not -T <= r < T]
+    if bad:
+        raise ValueError(f"trace rows {bad} out of range for this pass's {T} query rows: "
+                         f"0 to {T - 1}, or -{T} to -1 counting from the last")
+    return sorted({r % T for r in rows})
 
 
 # ----------------------------------------------------------------------------- module

@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Protocol, TypeVar
 import torch
 from torch import Tensor
 
-from .attention import causal_mask
+from .attention import causal_mask, query_rows
 from .summaries import SUMMARY_NAMES
 
 if TYPE_CHECKING:
@@ -116,8 +116,9 @@ class _LayerView:
         self.trace, self.edits, self.layer, self.length = trace, edits, layer, length
         edits_weights = edits is not None and edits.needs_weights(layer)
         self.needs_weights = (trace is not None and trace.needs_weights) or edits_weights
-        # an edit of scores or weights needs every head's; else only the trace's heads count
+        # an edit of scores or weights needs every head's and row's; else only the trace's count
         self.heads = None if trace is None or edits_weights else trace.heads
+        self.rows = None if trace is None or edits_weights else trace.rows
 
     def wants(self, name: str) -> bool:
         """True when the trace keeps `name` or an edit may change it (attention computes the
@@ -188,6 +189,12 @@ class Trace:
             The weights and summaries of the other heads are not computed unless an edit or
             the raw scores need them (their context comes from the fused path).
         names: names to keep (None: all of `NAMES`; one string: that name).
+        rows: query rows of each pass whose scores and weights (`WEIGHT_NAMES`: dimension 2)
+            are kept (None: all; one int: that row; negative counts from the last, -1 the
+            last), in ascending order: Trace(rows=-1, names="attn_weights") keeps the last
+            token's (B, nh, 1, S) weights. The other rows' weights are not computed unless
+            an edit or the raw scores need them; every row's context comes from the fused
+            path, and summaries cover every row.
         dtype: floating dtype to store floating values in (None: as computed). float16
             halves a float32 trace; it rounds attention weights (in [0, 1]) by at most
             2**-12 (2.4e-4) absolute, and scores by 2**-11 relative, until they pass 65504.
@@ -199,6 +206,7 @@ class Trace:
         heads: int | Iterable[int] | None = None,
         names: str | Iterable[str] | None = None,
         *,
+        rows: int | Iterable[int] | None = None,
         dtype: torch.dtype | None = None,
     ) -> None:
         if dtype is not None and not dtype.is_floating_point:
@@ -210,6 +218,8 @@ class Trace:
             (layers,) if isinstance(layers, int) else layers)
         self.heads = None if heads is None else sorted(set(
             (heads,) if isinstance(heads, int) else heads))
+        self.rows = None if rows is None else tuple((rows,) if isinstance(rows, int) else rows)
+        self._query_rows: dict[int | None, int] = {}  # T of each layer's last pass
         if names is not None:
             names = frozenset((names,) if isinstance(names, str) else names)
             unknown = sorted(names - NAMES.keys())
@@ -272,8 +282,8 @@ class Trace:
         is 0 like one that underflows). From the masked scores when the trace kept them,
         else the causal mask (queries are the last T of S keys) within the layer's sliding
         window (`windows`) and the padding: `attention_mask` (B, S) or (S,), default the
-        pass's own. The figures (`viz`) hatch and the view (`viewer/notebook.py`) greys its
-        False cells.
+        pass's own; (rows, S) for a trace with a row filter. The figures (`viz`) hatch and
+        the view (`viewer/notebook.py`) greys its False cells.
         """
         if (layer, "masked_scores") in self:
             return self.get("masked_scores", layer)[row, 0].isfinite().cpu()  # (T, S)
@@ -282,6 +292,8 @@ class Trace:
             raise ValueError(f"trace has no scores or weights for layer {layer}, so no (T, S) "
                              "to mask; trace attn_weights (or masked_scores) of that layer")
         T, S = held[0].shape[-2:]
+        if self.rows is not None:  # the weights hold these rows of the pass's queries
+            T = self._query_rows.get(layer, T)
         # the window in cache slots, as build_mask counts it (a left-padded row's tokens are
         # contiguous, so slot distance is position distance)
         window = None if layer is None else self.windows.get(layer)
@@ -291,7 +303,7 @@ class Trace:
         if attention_mask is not None:
             pad = padding_of_row(attention_mask, row, S, of="keys")  # (S,)
             may = may & pad.bool().cpu()[None, :]  # (T, S)
-        return may
+        return may if self.rows is None else may[query_rows(self.rows, T)]  # (rows, S)
 
     def check_layers(self, n_layer: int) -> None:
         """Raise unless the layer filter names layers the model has (a trace of layer 7 on a
@@ -319,7 +331,7 @@ class Trace:
         if name not in NAMES:
             raise ValueError(f"unknown trace name {name!r}; known names: {sorted(NAMES)}")
         if name in ("q", "q_pre_rope"):  # query heads of this layer (k/v may have fewer: GQA)
-            self._query_heads[layer] = value.shape[1]
+            self._query_heads[layer], self._query_rows[layer] = value.shape[1], value.shape[2]
         if not self.wants(name):
             return value
         kept = value.detach()
@@ -341,6 +353,11 @@ class Trace:
                 # grouped-query k/v: keep the key/value heads the chosen query heads read
                 keep = self.heads if n == nh else sorted({h // (nh // n) for h in self.heads})
                 kept, copy = kept[:, keep], False  # indexing copies
+        if self.rows is not None and name in WEIGHT_NAMES:
+            T = self._query_rows.get(layer, kept.shape[2])
+            rows = query_rows(self.rows, T)
+            if kept.shape[2] == T > len(rows):  # made whole (attention may make the rows alone)
+                kept, copy = kept[:, :, rows], False
         if self.dtype is not None and kept.is_floating_point() and kept.dtype != self.dtype:
             kept, copy = kept.to(self.dtype), False
         self.values[(layer, name)] = kept.clone() if copy else kept
@@ -368,7 +385,8 @@ class Trace:
         """What a notebook shows: the filters, then what was captured and its size."""
         filters = ", ".join(f"{k}={v}" for k, v in (
             ("layers", None if self.layers is None else sorted(self.layers)),
-            ("heads", self.heads), ("names", None if self.names is None else sorted(self.names)),
+            ("heads", self.heads), ("rows", None if self.rows is None else list(self.rows)),
+            ("names", None if self.names is None else sorted(self.names)),
         ) if v is not None)
         layers = sorted({lay for lay, _ in self.values if lay is not None})
         names = sorted({n for _, n in self.values})

@@ -245,6 +245,41 @@ def traced_attend(q: Tensor, k: Tensor, v: Tensor, mask: Mask, may_attend: Tenso
     ], dim=2)  # (B, nh, T, hs)
 
 
+def traced_rows(q: Tensor, k: Tensor, v: Tensor, mask: Mask, may_attend: Tensor | None,
+                scale: float, rows: list[int], trace: LayerTrace) -> None:
+    """The weights of the query `rows` alone, (B, heads, len(rows), S), recorded as
+    "attn_weights"; and, when the trace wants summaries, every row's (`traced_attend` with
+    the weights hidden from it). q (B, heads, T, hs), k and v (B, heads, S, hs) as
+    `traced_attend` takes them; the caller computes the context."""
+    index = torch.tensor(rows, device=q.device)
+    key_t = k.contiguous().transpose(-2, -1)  # (B, heads, hs, S)
+    block = scaled_scores(q.index_select(2, index), key_t, scale)  # (B, heads, rows, S)
+    if may_attend is not None:
+        hidden = ~may_attend.index_select(2, index)  # (B or 1, 1, rows, S)
+        block.masked_fill_(hidden, float("-inf"))
+    weights = torch.softmax(block, dim=-1)  # (B, heads, rows, S)
+    if mask.empty_rows is not None:  # let through above (finite), 0 here, as every path
+        weights.masked_fill_(mask.empty_rows.index_select(2, index), 0.0)
+    trace.record("attn_weights", weights)
+    if any(trace.wants(name) for name in SUMMARY_NAMES):
+        traced_attend(q, k, v, mask, may_attend, scale, 0.0, _WithoutWeights(trace))
+
+
+class _WithoutWeights:
+    """A sink as `traced_rows` hands it on: its rows' weights are made, so it wants no
+    weights, only its summaries (which `traced_attend` then streams)."""
+
+    def __init__(self, trace: LayerTrace) -> None:
+        self.trace, self.needs_weights, self.heads = trace, True, trace.heads
+        self.rows: tuple[int, ...] | None = None
+
+    def wants(self, name: str) -> bool:
+        return name != "attn_weights" and self.trace.wants(name)
+
+    def record(self, name: str, value: Tensor) -> Tensor:
+        return self.trace.record(name, value)
+
+
 def _whole_weights(q: Tensor, key_t: Tensor, scores: Tensor | None, mask: Mask,
                    may_attend: Tensor | None, scale: float, spans: list[Span], rows: int,
                    summaries: Summaries | None) -> Tensor:
