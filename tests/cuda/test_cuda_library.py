@@ -25,6 +25,7 @@ from attnlab.hf import save_hf
 from attnlab.interp.edits import Edits, ablate, patch
 from attnlab.interp.patching import activation_patching, attribution_patching, logit_diff_metric
 from attnlab.load import load_checkpoint
+from attnlab.model.summaries import SUMMARY_NAMES
 from attnlab.tokenizers import get_tokenizer
 from attnlab.train.data import load_dataset
 from attnlab.train.recipes import answer_accuracy
@@ -62,6 +63,19 @@ def test_a_trace_holds_the_cpu_values(family: str, cuda_device: torch.device) ->
     expected = Trace().run(cpu, ids)
     got = Trace().run(model, ids.to(cuda_device))
     assert list(got) == list(expected) and len(expected) >= 25  # every name of both layers
+    for layer, name in expected:
+        torch.testing.assert_close(got.get(name, layer).cpu(), expected.get(name, layer),
+                                   atol=1e-4, rtol=1e-4, msg=f"{name} of layer {layer}")
+
+
+@pytest.mark.parametrize("family", list(FAMILIES))
+def test_a_row_filter_holds_the_cpu_values(family: str, cuda_device: torch.device) -> None:
+    """Trace(rows=...): the first and last rows' weights alone, every row's summaries."""
+    cpu, model = _pair(cuda_device, family)
+    ids, names = _ids(), ["attn_weights", *SUMMARY_NAMES]
+    expected = Trace(rows=[0, -1], names=names).run(cpu, ids)
+    got = Trace(rows=[0, -1], names=names).run(model, ids.to(cuda_device))
+    assert list(got) == list(expected) and expected.get("attn_weights", 1).shape == (2, 4, 2, 12)
     for layer, name in expected:
         torch.testing.assert_close(got.get(name, layer).cpu(), expected.get(name, layer),
                                    atol=1e-4, rtol=1e-4, msg=f"{name} of layer {layer}")
