@@ -131,11 +131,14 @@ def seed_experiment(
     "Understanding Causal Attention" (docs/notebooks/002_hello_world_and_animals.ipynb).
 
     hello: SGD lr 0.1 for 1000 steps on "Hello World!", as in the original.
-    animals: n_embd 5, AdamW lr 3e-2 for 600 steps (the original: lr 1e-4 for 10,000). What the
-    model learns depends on its initial weights: over init seeds 0-18 and 1337 it predicts
-    every last word for 12/20, and puts the " a"/" an" row's largest weight on the noun in
-    all six sentences for 1/20 (seed 17, used here); the others encode the noun in how
-    that row splits its weight between " is" and " a".
+    animals: n_embd 5, AdamW lr 3e-2 decayed (cosine) to 3e-3 over 600 steps (the original: lr
+    1e-4 for 10,000). At a constant 3e-2 the loss spikes now and then after it reaches its
+    floor, so the last step's predictions hung on where the spikes fell, which a CPU's float32
+    rounding moves; the decay ends in a calm minimum (the same predictions from inits moved
+    by 1e-4). What the model learns depends on its initial weights: over init seeds 0-18 and
+    1337 it predicts every last word for 12/20, and puts the " a"/" an" row's largest weight
+    on the noun in all six sentences for 1/20 (seed 17, used here); the others encode the
+    noun in how that row splits its weight between " is" and " a".
     """
     dataset = dataset if dataset is not None else load_dataset(name)
     vocab = dataset.tokenizer.vocab_size
@@ -146,7 +149,7 @@ def seed_experiment(
                              batch_size=1, seed=1337)
     elif name == "animals":
         model = GPTConfig.from_name("seed-minimal", vocab_size=vocab, n_embd=5)
-        config = TrainConfig(max_iters=600, lr=3e-2, warmup_iters=0, decay_lr=False,
+        config = TrainConfig(max_iters=600, lr=3e-2, warmup_iters=0, decay_lr=True,
                              weight_decay=0.0, grad_clip=0.0, eval_interval=600, eval_iters=1,
                              batch_size=6, beta2=0.999, seed=17)
     else:
