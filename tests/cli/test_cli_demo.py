@@ -126,6 +126,28 @@ def test_inspect_writes_figures_and_json(
     assert torch.all(weights[past] > 0)
 
 
+def test_inspect_of_one_row_traces_that_row_alone(
+    checkpoint: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """--what row alone keeps the --query's row of the weights (Trace(rows=...): no (T, T)
+    weights, so long texts too): attention.json holds (1, T) per head, equal to that row of a
+    whole trace's, and says which row ("query_rows"); the same figures are drawn."""
+    runs = {}
+    for what in ("row", "weights,row"):
+        out = tmp_path / what
+        assert main(["inspect", str(checkpoint), "the cat sat.", "--out", str(out), "--what",
+                     what, "--layer", "1", "--query", "-3"]) == 0
+        runs[what] = json.loads((out / "attention.json").read_text())
+        assert (out / "row_L1_H0_q9.png").is_file() and (out / "row_L1_H1_q9.png").is_file()
+    capsys.readouterr()
+    alone, whole = runs["row"], runs["weights,row"]
+    assert alone["query_rows"] == [9] and "query_rows" not in whole
+    for one, every in zip(alone["attention"], whole["attention"], strict=True):
+        assert torch.tensor(one["weights"]).shape == (1, 12)
+        torch.testing.assert_close(torch.tensor(one["weights"]),
+                                   torch.tensor(every["weights"])[9:10], atol=1e-6, rtol=0)
+
+
 def test_inspect_into_the_same_out_removes_the_earlier_runs_figures_only(
     checkpoint: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -248,6 +270,11 @@ def test_inspect_hatches_the_keys_outside_a_sliding_window(tmp_path: Path) -> No
     assert not (window == causal).all()  # the window hides keys the future does not
     assert drawn["row_L0_H0_q11"] == [[]]  # the last query sees every key in layer 0
     assert drawn["row_L1_H0_q11"] == [[(-0.5, 8.5)]]  # keys 0..8: before its window
+    drawn.clear()  # the same bands from a trace of the last row alone (--what row)
+    with mock.patch.object(viz, "save_figure", spy):
+        assert main(["inspect", str(path), "the cat sat.", "--out", str(tmp_path / "row"),
+                     "--what", "row", "--head", "0"]) == 0
+    assert drawn == {"row_L0_H0_q11": [[]], "row_L1_H0_q11": [[(-0.5, 8.5)]]}
 
 
 def test_inspect_help_lists_every_kind(capsys: pytest.CaptureFixture[str]) -> None:

@@ -140,10 +140,12 @@ def run(args: argparse.Namespace) -> int:
     names = {"attn_weights"} | {n for k in kinds for n in WHAT[k][0]}
     if page:
         names |= {"attn_scores", "masked_scores"}  # the steps view and exact masks
+    # bars of one query's weights need that row alone: no (T, T) weights, so long texts too
+    rows = [query] if kinds == ["row"] and not page else None
     idx = torch.tensor([ids], device=model.wte.weight.device)  # (1, T)
     try:
         with blocks_shown(model, "traced"):
-            trace = Trace(layers=layers, heads=heads, names=names).run(model, idx)
+            trace = Trace(layers=layers, heads=heads, names=names, rows=rows).run(model, idx)
     except torch.OutOfMemoryError as err:
         raise out_of_memory("inspect", err, idx.device) from None
 
@@ -154,7 +156,7 @@ def run(args: argparse.Namespace) -> int:
     head_of = _head_getter(trace, c, heads)
     written = _draw(kinds, formats, out, trace, c, layers, heads, head_of, tokens, query,
                     args.text)
-    record = _record(str(ckpt.path), args.text, tokens, ids, layers, heads, head_of)
+    record = _record(str(ckpt.path), args.text, tokens, ids, layers, heads, head_of, rows)
     if page:
         from ..viewer.notebook import show
 
@@ -233,11 +235,14 @@ def _query(given: int | None, T: int) -> int:
 
 
 def _record(checkpoint: str, text: str, tokens: list[str], ids: list[int], layers: list[int],
-            heads: list[int], head_of: Callable[[str, int, int], Any]) -> dict[str, Any]:
-    """What attention.json holds: the text, its tokens, and each chosen head's weights."""
+            heads: list[int], head_of: Callable[[str, int, int], Any],
+            rows: list[int] | None = None) -> dict[str, Any]:
+    """What attention.json holds: the text, its tokens, and each chosen head's weights:
+    (T, S), or (len(rows), S) of the query rows a row-only trace kept."""
     from .. import viz
 
     return {
+        **({} if rows is None else {"query_rows": rows}),
         "checkpoint": checkpoint,
         "text": text,
         "tokens": tokens,
@@ -393,9 +398,12 @@ def _head_figure(kind: str, into: Any, head_of: Callable[[str, int, int], Any], 
         return viz.plot_qkv(head_of("q", la, h), head_of("k", la, h), head_of("v", la, h),
                             tokens, context=head_of("context", la, h), title=where,
                             into=into), f"qkv_L{la}_H{h}"
-    # row
-    return viz.plot_row(head_of("attn_weights", la, h)[query], tokens, query,
-                        may_attend=None if may_attend is None else may_attend[query],
+    # row: of every row's (T, S) weights, or of a trace that kept the query's row alone
+    def row(of: Any) -> Any:
+        return of[0] if of.shape[0] == 1 else of[query]  # (S,)
+
+    return viz.plot_row(row(head_of("attn_weights", la, h)), tokens, query,
+                        may_attend=None if may_attend is None else row(may_attend),
                         into=into), f"row_L{la}_H{h}_q{query}"
 
 
