@@ -281,8 +281,9 @@ def _heads_alone(trace: LayerTrace, n_head: int, dropout_p: float) -> list[int] 
 def _rows_alone(trace: LayerTrace, T: int, dropout_p: float) -> list[int] | None:
     """The query rows whose weights alone the trace needs (`trace.rows` of this pass's T, not
     all of them), or None when the traced path must run for every row: no row filter, raw or
-    masked scores wanted (they are computed whole, then sliced), or dropout."""
-    if trace.rows is None or dropout_p > 0.0:
+    masked scores wanted (they are computed whole, then sliced), or dropout; None too when
+    it keeps no weights (summaries cover every row)."""
+    if trace.rows is None or dropout_p > 0.0 or not trace.wants("attn_weights"):
         return None
     if trace.wants("attn_scores") or trace.wants("masked_scores"):
         return None
