@@ -243,6 +243,9 @@ def test_labels_and_bad_arguments() -> None:
         show(no_weights, ids=[3, 4, 5])
     with pytest.raises(TypeError, match="Trace or a GPT"):
         show("text")
+    one_row = Trace(rows=-1).run(m, torch.tensor([[3, 4, 5]]))
+    with pytest.raises(ValueError, match=r"kept query rows \[-1\] alone"):
+        show(one_row, ids=[3, 4, 5])
 
 
 def test_text_in_the_tokenizer_slot_or_a_batch_of_texts_is_named() -> None:

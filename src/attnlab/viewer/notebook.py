@@ -439,6 +439,10 @@ def show(
     traced = [lay for lay, n in trace if n == "attn_weights"]
     if not traced:  # before the labels, which count the weights' key positions
         raise ValueError(NO_WEIGHTS)
+    if trace.rows is not None:  # its weights are some query rows: no (T, S) to draw
+        raise ValueError(f"show() draws every query's weights; this trace kept query rows "
+                         f"{list(trace.rows)} alone (Trace(rows=...)): trace without rows, "
+                         "or pass the model")
     S = trace.get("attn_weights", traced[0]).shape[-1]
     if attention_mask is None:  # the padding the model ran with, noted by the trace
         attention_mask = trace.attention_mask
