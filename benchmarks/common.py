@@ -10,6 +10,7 @@ reported as the median, which a burst of load from another process moves least.
 from __future__ import annotations
 
 import gc
+import importlib.metadata
 import os
 import platform
 import statistics
@@ -20,6 +21,14 @@ from typing import Any
 import torch
 
 from attnlab.model.runtime import linear_kernel, release_kept_memory
+
+
+def package_version(package: str) -> str | None:
+    """The installed version of `package`, or None where it is not installed."""
+    try:
+        return importlib.metadata.version(package)
+    except importlib.metadata.PackageNotFoundError:
+        return None
 
 
 def median_ms(times_s: Sequence[float]) -> float:

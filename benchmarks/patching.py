@@ -29,7 +29,6 @@ the issue that asked for faster patching set none.
 from __future__ import annotations
 
 import contextlib
-import importlib.metadata
 import io
 import tempfile
 from collections.abc import Callable
@@ -41,19 +40,12 @@ from attnlab.hf import gpt_from_hf
 from attnlab.interp import patching
 from attnlab.interp.patching import LogitDiff, Patching
 
-from .common import alternate, clock, machine, median_ms, table
+from .common import alternate, clock, machine, median_ms, package_version, table
 from .trace import SHAPES
 
 DEFAULT = "attnlab activation_patching"
 TL = "TransformerLens get_act_patch (head outputs + resid_pre)"
 ANSWER, WRONG = 5, 7  # the metric's two token ids
-
-
-def _version(package: str) -> str | None:
-    try:
-        return importlib.metadata.version(package)
-    except importlib.metadata.PackageNotFoundError:
-        return None
 
 
 def _hf_model(shape: str, block_size: int) -> Any:
@@ -142,7 +134,7 @@ def _run(quick: bool) -> dict[str, Any]:
     model = gpt_from_hf(hf.config.to_dict(), hf.state_dict()).eval()
     with tempfile.TemporaryDirectory() as tmp:
         fns = attnlab_rows(model, clean, corrupt)
-        if _version("transformer-lens"):
+        if package_version("transformer-lens"):
             fns[TL] = tl_row(hf, clean, corrupt, tmp)
         grids = {name: fn() for name, fn in fns.items()}  # the warmup calls
         times = alternate(dict(fns), rounds=rounds, warmup=0)
@@ -154,7 +146,7 @@ def _run(quick: bool) -> dict[str, Any]:
     rows = [[name, ms[name] / 1e3, ms[name] / runs, ms[name] / ms[DEFAULT], diffs[name]]
             for name in fns]
     ratios = {name: ms[name] / ms[DEFAULT] for name in fns if name != DEFAULT}
-    versions = {p: _version(p) for p in ("torch", "transformers", "transformer-lens")}
+    versions = {p: package_version(p) for p in ("torch", "transformers", "transformer-lens")}
     c = model.config
     notes = [
         f"{shape} shape ({c.n_layer} layers x {c.n_head} heads + {c.n_layer} layers x {T} "

@@ -24,7 +24,6 @@ capture holds, and the rise of the process's peak RSS during each variant's firs
 
 from __future__ import annotations
 
-import importlib.metadata
 import tempfile
 from collections.abc import Callable
 from typing import Any
@@ -36,7 +35,7 @@ from attnlab.model.gpt import GPT, unembed
 from attnlab.model.trace import Trace
 from attnlab.model.traced_attention import BLOCK_ROWS
 
-from .common import alternate, clock, cold_call, machine, median_ms, table
+from .common import alternate, clock, cold_call, machine, median_ms, package_version, table
 
 SHAPES: dict[str, dict[str, Any]] = {
     "gpt2": dict(n_layer=12, n_head=12, n_embd=768, vocab_size=50257),
@@ -53,13 +52,6 @@ KEEP = ("attnlab trace: attn_weights", "attnlab trace: attn_weights, float16", R
 TARGETS = {"weights_vs_forward": 1.3, "vs_tl_pattern": 1.5, "vs_hf_eager": 1.5, "full_vs_tl": 1.3}
 TL_PATTERN, TL_FULL = ("TransformerLens run_with_cache: hook_pattern",
                        "TransformerLens run_with_cache: everything")
-
-
-def _version(package: str) -> str | None:
-    try:
-        return importlib.metadata.version(package)
-    except importlib.metadata.PackageNotFoundError:
-        return None
 
 
 def _nbytes(tensors: Any) -> int:
@@ -148,7 +140,7 @@ def variants(hf: Any, ids: torch.Tensor, tmp: str) -> dict[str, Callable[[], tup
 
     fns["HF eager output_attentions"] = hf_eager
     fns[HF_BASE] = lambda: (None, hf.transformer(ids, output_attentions=True).attentions)
-    if _version("transformer-lens"):
+    if package_version("transformer-lens"):
         from transformer_lens.model_bridge import TransformerBridge
 
         hf.save_pretrained(tmp)
@@ -166,7 +158,7 @@ def variants(hf: Any, ids: torch.Tensor, tmp: str) -> dict[str, Callable[[], tup
 
         fns["TransformerLens run_with_cache: hook_pattern"] = tl_pattern
         fns["TransformerLens run_with_cache: everything"] = tl_full
-    if _version("nnsight"):
+    if package_version("nnsight"):
         from nnsight import NNsight
 
         wrapped = NNsight(hf)
@@ -273,7 +265,8 @@ def _run(quick: bool) -> dict[str, Any]:
                if not name.startswith("attnlab") and name not in FLOORS}
     met = {k: (v <= TARGETS[k] if k == "weights_vs_forward" else v >= TARGETS[k])
            for k, v in ratios.items() if k in TARGETS}
-    versions = {p: _version(p) for p in ("torch", "transformers", "transformer-lens", "nnsight")}
+    versions = {p: package_version(p)
+                for p in ("torch", "transformers", "transformer-lens", "nnsight")}
     notes = [
         f"{shape} shape, random weights, batch 1, T={T}, {torch.get_num_threads()} torch "
         f"thread(s), inference mode; median {clock()} time of {rounds} alternating round(s) "
