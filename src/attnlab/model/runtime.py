@@ -218,8 +218,8 @@ def linear_kernel() -> str:
     x86-64 CPUs with AVX-512 (Zen 4 on), where MKL keeps to kernels that leave speed unused:
     GPT-2 small's block products run faster through oneDNN there, and so do the forward and
     a trace. On AMD CPUs without AVX-512 (Zen 3) oneDNN ran them 1.4-1.7x slower than MKL,
-    and Intel CPUs keep MKL, Intel's own library (oneDNN was not measured on them): see
-    docs/performance.md#linear-kernel. The head's 512-column blocks (`gpt.unembed`) stay
+    and Intel CPUs keep MKL, Intel's own library (oneDNN was the slower on a Xeon with AMX
+    too): see docs/performance.md#linear-kernel. The head's 512-column blocks (`gpt.unembed`) stay
     with BLAS: they are not dense matrices, which oneDNN multiplies with a reference kernel
     (minutes for GPT-2's head). The two kernels sum in different orders, so results differ
     by float32 rounding (about 1e-4 on GPT-2 small's logits).
