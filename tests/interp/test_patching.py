@@ -3,8 +3,11 @@ hand-built two-layer model whose one head carries the answer puts the whole effe
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from attnlab import GPT, GPTConfig, Trace
 from attnlab.interp.edits import Edit, Edits, patch
@@ -295,3 +298,46 @@ def test_each_patched_run_starts_at_the_block_it_patches() -> None:
         for pos in range(6):
             assert whole("resid_pre", layer, positions=[pos]) == pytest.approx(
                 float(result.resid[layer, pos]), rel=0, abs=1e-12)
+
+
+def test_the_logit_difference_scores_stacked_copies_as_separate_calls() -> None:
+    """`LogitDiff.per_copy` (activation patching scores each pass's copies with it) gives
+    what a call on each copy gives, with one id per row and with (B,) ids, at the last and
+    at another position; ids outside the vocabulary are refused in both."""
+    gen = torch.Generator().manual_seed(6)
+    logits = torch.randn(3 * 2, 5, 11, generator=gen, dtype=torch.float64)  # (n B, T, V)
+    for metric in (LogitDiff(4, 7, -1), LogitDiff(torch.tensor([1, 9]), 3, position=2)):
+        expected = torch.stack([metric(logits[i * 2:(i + 1) * 2]) for i in range(3)])
+        torch.testing.assert_close(metric.per_copy(logits, 3), expected, rtol=0, atol=0)
+    with pytest.raises(ValueError, match=r"answer ids \[11, 11\] outside the model's 11"):
+        LogitDiff(11, 3, -1).per_copy(logits, 3)
+
+
+class _Reads(TorchDispatchMode):
+    """Counts reads of one tensor element into Python (int(), float(), .item()): each a wait
+    for the queued work on a GPU."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.count = 0
+
+    def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        self.count += func is torch.ops.aten._local_scalar_dense.default
+        return func(*args, **(kwargs or {}))
+
+
+def test_patched_passes_read_nothing_back_one_value_at_a_time() -> None:
+    """The ids are checked, and the metric's ids read, by the clean and corrupted runs; the
+    patched passes add no element reads (each pass's metrics come back in one `tolist`), so
+    one pass per patch reads as often as one pass for all, with or without padding."""
+    model, clean, corrupt, mask, _ = _left_padded_pair(seed=7, row=1, pads=2)
+    for attention_mask in (None, mask):
+        counts = []
+        for batch in (1, 32):  # 16 passes, then one
+            metric = LogitDiff(answer=torch.tensor([3, 4]), wrong=5, position=-1)  # unchecked
+            reads = _Reads()
+            with reads:
+                activation_patching(model, clean, corrupt, metric, attention_mask=attention_mask,
+                                    batch=batch)
+            counts.append(reads.count)
+        assert counts[0] == counts[1], counts

@@ -62,20 +62,35 @@ class LogitDiff:
     def __init__(self, answer: int | Tensor, wrong: int | Tensor, position: int) -> None:
         self.answer, self.wrong, self.position = answer, wrong, position
         self.last_logits_only = position == -1
+        self._ids: dict[tuple[int, int, torch.device], tuple[Tensor, Tensor]] = {}
 
     def __call__(self, logits: Tensor) -> Tensor:
+        return self.per_copy(logits, 1)[0]
+
+    def per_copy(self, logits: Tensor, n: int) -> Tensor:
+        """(n,): the metric of each of n copies of a batch of B rows stacked on dimension 0,
+        logits (n B, T, V), as n calls would give it, from one gather (and no read-back of the
+        ids after the first call: on a GPU each read waits for the queued work)."""
         check_position(self.position, logits.shape[1], "metric position")
         # a tiny random float64 GPT-2's patching effects on a 1e-3 gap were off by 1e-5 when
         # its logits were cast to float32
-        last = logits[:, self.position].to(wide(logits.dtype))  # (B, V)
-        B = last.shape[0]
-        a = per_row_ids(self.answer, B, "answer", last.device)[:, None]  # (B, 1)
-        w = per_row_ids(self.wrong, B, "wrong", last.device)[:, None]  # (B, 1)
-        for flag, ids in (("answer", a), ("wrong", w)):
-            if int(ids.min()) < 0 or int(ids.max()) >= last.shape[-1]:
-                raise ValueError(f"{flag} ids {ids[:, 0].tolist()} outside the model's "
-                                 f"{last.shape[-1]} token ids; pass ids the tokenizer gives")
-        return (last.gather(-1, a) - last.gather(-1, w)).mean()
+        last = logits[:, self.position].to(wide(logits.dtype))  # (n B, V)
+        a, w = self._checked_ids(last.shape[0] // n, last.shape[-1], last.device)  # (B, 1)
+        diff = last.gather(-1, a.repeat(n, 1)) - last.gather(-1, w.repeat(n, 1))  # (n B, 1)
+        return diff.view(n, -1).mean(dim=1)  # (n,)
+
+    def _checked_ids(self, B: int, V: int, device: torch.device) -> tuple[Tensor, Tensor]:
+        """The answer and wrong ids as (B, 1) on `device`, checked against V ids once."""
+        key = (B, V, device)
+        if key not in self._ids:
+            a = per_row_ids(self.answer, B, "answer", device)[:, None]  # (B, 1)
+            w = per_row_ids(self.wrong, B, "wrong", device)[:, None]  # (B, 1)
+            for flag, ids in (("answer", a), ("wrong", w)):
+                if int(ids.min()) < 0 or int(ids.max()) >= V:
+                    raise ValueError(f"{flag} ids {ids[:, 0].tolist()} outside the model's "
+                                     f"{V} token ids; pass ids the tokenizer gives")
+            self._ids[key] = (a, w)
+        return self._ids[key]
 
 
 @dataclass
@@ -158,6 +173,22 @@ class _Runner:
                 "or score real positions only")
         return value
 
+    def scored_copies(self, logits: Tensor, n: int) -> list[float]:
+        """The metrics of n copies of the batch stacked in logits (n B, T or 1, V), read back
+        at once: in one call where the metric scores copies itself (`LogitDiff.per_copy`),
+        else copy by copy."""
+        per_copy = getattr(self.metric, "per_copy", None)
+        if per_copy is not None:
+            if self.pads is not None:  # as `scored` masks them
+                pads = self.pads[:, -logits.shape[1]:].repeat(n, 1, 1)  # (n B, T or 1, 1)
+                logits = logits.masked_fill(pads.to(logits.device), float("nan"))
+            values: list[float] = per_copy(logits, n).detach().tolist()
+            if not any(math.isnan(value) for value in values):
+                return values
+        B = self.corrupt_ids.shape[0]  # copy by copy (`scored` names a pad the metric read)
+        return torch.stack([self.scored(logits[i * B:(i + 1) * B]).detach()
+                            for i in range(n)]).tolist()
+
     def effect(self, edits: Edits) -> float:
         return self.normalized(self.run(edits))
 
@@ -169,7 +200,6 @@ class _Runner:
         """Each site's effect patched alone, `batch` sites per forward pass: copy i of the
         corrupted batch takes site i's cells from the clean trace. With `restarts`, a pass
         starts at the lowest layer it patches (so pass sites in layer order)."""
-        B = self.corrupt_ids.shape[0]
         effects: list[float] = []
         for start in range(0, len(sites), batch):
             group = sites[start:start + batch]
@@ -178,11 +208,10 @@ class _Runner:
             first = min(layer for _, layer, _ in group)
             start_at = None if self.restarts is None else (
                 first, self.restarts.get("resid_pre", first).repeat(n, 1, 1))  # (n B, T, C)
+            # ids checked by the corrupted run: no read-back of them at every pass
             logits = self.forward(self.corrupt_ids.repeat(n, 1), mask, edits=self._edits(group),
-                                  start_at=start_at)  # (n B, T or 1, V)
-            values = torch.stack([self.scored(logits[i * B:(i + 1) * B]).detach()
-                                  for i in range(n)])  # (n,): read back once a pass
-            effects += [self.normalized(value) for value in values.tolist()]
+                                  start_at=start_at, check_ids=False)  # (n B, T or 1, V)
+            effects += [self.normalized(value) for value in self.scored_copies(logits, n)]
             if progress is not None:
                 progress(len(effects), len(sites))
         return effects
