@@ -328,16 +328,19 @@ class _Reads(TorchDispatchMode):
 
 def test_patched_passes_read_nothing_back_one_value_at_a_time() -> None:
     """The ids are checked, and the metric's ids read, by the clean and corrupted runs; the
-    patched passes add no element reads (each pass's metrics come back in one `tolist`), so
-    one pass per patch reads as often as one pass for all, with or without padding."""
-    model, clean, corrupt, mask, _ = _left_padded_pair(seed=7, row=1, pads=2)
-    for attention_mask in (None, mask):
-        counts = []
-        for batch in (1, 32):  # 16 passes, then one
-            metric = LogitDiff(answer=torch.tensor([3, 4]), wrong=5, position=-1)  # unchecked
-            reads = _Reads()
-            with reads:
-                activation_patching(model, clean, corrupt, metric, attention_mask=attention_mask,
-                                    batch=batch)
-            counts.append(reads.count)
-        assert counts[0] == counts[1], counts
+    patched runs add no element reads (each pass's metrics come back in one `tolist`), so
+    the count is the same for 16 or 32 patched runs, one pass each or one for all, with or
+    without padding."""
+    for padded in (False, True):
+        counts = set()
+        for n_layer in (2, 4):
+            model, clean, corrupt, mask, _ = _left_padded_pair(seed=7, row=1, pads=2,
+                                                               n_layer=n_layer)
+            for batch in (1, 32):
+                metric = LogitDiff(answer=torch.tensor([3, 4]), wrong=5, position=-1)
+                reads = _Reads()
+                with reads:
+                    activation_patching(model, clean, corrupt, metric, batch=batch,
+                                        attention_mask=mask if padded else None)
+                counts.add(reads.count)
+        assert len(counts) == 1, (padded, counts)
