@@ -380,6 +380,18 @@ def _default_steps(trace: Trace, traced: list[Any], layer: int | None, head: int
     return None
 
 
+def _weight_layers(trace: Trace) -> list[int | None]:
+    """The layers whose every query's weights the trace holds; raise where it has none."""
+    traced = [lay for lay, n in trace if n == "attn_weights"]
+    if not traced:
+        raise ValueError(NO_WEIGHTS)
+    if trace.rows is not None:  # its weights are some query rows: no (T, S) to draw
+        raise ValueError(f"show() draws every query's weights; this trace kept query rows "
+                         f"{list(trace.rows)} alone (Trace(rows=...)): trace without rows, "
+                         "or pass the model")
+    return traced
+
+
 def show(
     source: Any,
     tokenizer: Any = None,
@@ -436,13 +448,7 @@ def show(
         row, attention_mask = 0, None  # the one sequence run; its masks are in the trace
     else:
         raise TypeError(f"show() takes a Trace or a GPT model, got {type(source).__name__}")
-    traced = [lay for lay, n in trace if n == "attn_weights"]
-    if not traced:  # before the labels, which count the weights' key positions
-        raise ValueError(NO_WEIGHTS)
-    if trace.rows is not None:  # its weights are some query rows: no (T, S) to draw
-        raise ValueError(f"show() draws every query's weights; this trace kept query rows "
-                         f"{list(trace.rows)} alone (Trace(rows=...)): trace without rows, "
-                         "or pass the model")
+    traced = _weight_layers(trace)  # before the labels, which count the weights' keys
     S = trace.get("attn_weights", traced[0]).shape[-1]
     if attention_mask is None:  # the padding the model ran with, noted by the trace
         attention_mask = trace.attention_mask
