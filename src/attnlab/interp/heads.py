@@ -250,7 +250,7 @@ def extreme_heads(means: dict[str, Tensor], k: int = 3
     for name, largest, label in EXTREMES:
         if name not in means:
             continue
-        values = means[name]
+        values = means[name].cpu()  # one copy from a GPU, not a read per head
         ranked = [(la, h) for la, h in rank_heads(values, descending=largest)
                   if not math.isnan(float(values[la, h]))]
         rows.append((label, [(la, h, float(values[la, h])) for la, h in ranked[:k]]))
