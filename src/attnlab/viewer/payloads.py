@@ -197,8 +197,8 @@ def heads_payload(model: Any, tokenizer: Any, ids: list[int], ablated: list[tupl
 
     def top(logits: Tensor) -> list[dict[str, Any]]:
         probs, top_ids = top_tokens(logits[: tokenizer.vocab_size], k)
-        return [{"id": int(i), "text": token_text(tokenizer, int(i)), "prob": round(float(p), 4)}
-                for p, i in zip(probs, top_ids, strict=True)]
+        return [{"id": i, "text": token_text(tokenizer, i), "prob": round(p, 4)}
+                for p, i in zip(probs.tolist(), top_ids.tolist(), strict=True)]
 
     return {
         "scores": {kind: [[round(float(x), 4) for x in row] for row in s.tolist()]

@@ -73,6 +73,7 @@ def summary_page(source: Any, ids: list[int] | None, row: int,
 
 def _grid(name: str, values: Tensor, layers: list[int], heads: list[int]) -> str:
     """One summary's layer x head table, each cell coloured on the summary's own scale."""
+    values = values.cpu()  # one copy from a GPU, not a read per cell
     finite = [v for v in values.flatten().tolist() if math.isfinite(v)]
     top = 1.0 if name in ("attn_sink", "attn_max") else max(finite, default=1.0) or 1.0
     cells = []
