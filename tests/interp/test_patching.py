@@ -10,6 +10,7 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from attnlab import GPT, GPTConfig, Trace
+from attnlab.interp import patching as patching_module
 from attnlab.interp.edits import Edit, Edits, patch
 from attnlab.interp.patching import (
     LogitDiff,
@@ -344,3 +345,24 @@ def test_patched_passes_read_nothing_back_one_value_at_a_time() -> None:
                                         attention_mask=mask if padded else None)
                 counts.add(reads.count)
         assert len(counts) == 1, (padded, counts)
+
+
+@pytest.mark.parametrize("switches", [
+    {"pos": "rope", "norm": "rmsnorm", "mlp": "swiglu", "n_kv_head": 1, "qk_norm": True,
+     "sliding_window": 3, "window_layers": [1, 2]},  # Llama / Qwen2-style, grouped queries
+    {"pos": "rope", "rotary_pct": 0.5, "parallel_residual": True},  # GPT-NeoX-style
+])
+def test_restarted_runs_equal_whole_runs_on_modern_blocks(
+    switches: dict[str, Any], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Restarting at the patched layer gives every pass-from-the-embeddings effect (float64,
+    left padding) on rotary, windowed, grouped-query and parallel-residual blocks."""
+    torch.manual_seed(0)
+    model = GPT(GPTConfig.from_name("nano", n_layer=3, init_std=0.2, **switches)).double().eval()
+    _, clean, corrupt, mask, metric = _left_padded_pair(seed=8, row=0, pads=2)
+    restarted = activation_patching(model, clean, corrupt, metric, attention_mask=mask)
+    monkeypatch.setattr(patching_module, "RESTARTS", False)
+    whole = activation_patching(model, clean, corrupt, metric, attention_mask=mask)
+    torch.testing.assert_close(restarted.heads, whole.heads, rtol=0, atol=1e-12)
+    torch.testing.assert_close(restarted.resid, whole.resid, rtol=0, atol=1e-12)
+    assert whole.heads.abs().max() > 1e-3 and whole.resid.abs().max() > 1e-3
