@@ -234,8 +234,11 @@ def attend(
     if fused and (trace is None or not trace.needs_weights):
         return fused_attend(q, k, v, mask, may_attend, scale, dropout_p)
     if trace is not None:
-        heads = _heads_alone(trace, q.shape[1], dropout_p)
-        rows = _rows_alone(trace, q.shape[2], dropout_p)
+        # raw or masked scores are computed whole, and dropout reads every weight: then the
+        # traced path runs for every head and row
+        whole = dropout_p > 0.0 or trace.wants("attn_scores") or trace.wants("masked_scores")
+        heads = None if whole else _heads_alone(trace, q.shape[1])
+        rows = None if whole else _rows_alone(trace, q.shape[2])
         if heads is None and rows is None:
             return traced_attend(q, k, v, mask, may_attend, scale, dropout_p, trace)
         # the kept heads' (and rows') weights and summaries on the traced path, every head's
@@ -264,28 +267,22 @@ def attend(
     return attn_weights @ v  # (B, nh, T, S) @ (B, nh, S, hs) -> (B, nh, T, hs)
 
 
-def _heads_alone(trace: LayerTrace, n_head: int, dropout_p: float) -> list[int] | None:
+def _heads_alone(trace: LayerTrace, n_head: int) -> list[int] | None:
     """The query heads whose weights and summaries alone the trace needs (`trace.heads`, a
-    subset of the n_head), or None when the traced path must run for every head: no head
-    filter, raw or masked scores wanted (they are computed whole), or dropout."""
+    subset of the n_head), or None when there is no such head filter."""
     heads = trace.heads
-    if heads is None or len(heads) >= n_head or dropout_p > 0.0:
+    if heads is None or len(heads) >= n_head:
         return None
     if not all(0 <= h < n_head for h in heads):  # the full path names the bad heads
-        return None
-    if trace.wants("attn_scores") or trace.wants("masked_scores"):
         return None
     return list(heads)
 
 
-def _rows_alone(trace: LayerTrace, T: int, dropout_p: float) -> list[int] | None:
+def _rows_alone(trace: LayerTrace, T: int) -> list[int] | None:
     """The query rows whose weights alone the trace needs (`trace.rows` of this pass's T, not
-    all of them), or None when the traced path must run for every row: no row filter, raw or
-    masked scores wanted (they are computed whole, then sliced), or dropout; None too when
-    it keeps no weights (summaries cover every row)."""
-    if trace.rows is None or dropout_p > 0.0 or not trace.wants("attn_weights"):
-        return None
-    if trace.wants("attn_scores") or trace.wants("masked_scores"):
+    all of them), or None when there is no such row filter or it keeps no weights
+    (summaries cover every row)."""
+    if trace.rows is None or not trace.wants("attn_weights"):
         return None
     rows = query_rows(trace.rows, T)
     return rows if len(rows) < T else None
