@@ -75,9 +75,11 @@ def causal_mask(
     device: torch.device | str | None = None,
     *,
     window: int | None = None,
+    rows: list[int] | None = None,
 ) -> Tensor:
     """(T, S) bool: query i (absolute position k_len - q_len + i) may attend key j iff j <= it
     (and, with a sliding `window`, iff it - window < j: the last `window` keys, itself included).
+    rows: those queries' rows alone (indices into the T), (len(rows), S).
 
     Equals `torch.tril(torch.ones(k_len, k_len, dtype=bool))[-q_len:, -k_len:]` without
     allocating the k_len x k_len matrix.
@@ -88,6 +90,8 @@ def causal_mask(
             "queries are the last q_len of k_len positions, so a cache must hold the new keys too"
         )
     query_pos = torch.arange(k_len - q_len, k_len, device=device)  # (T,)
+    if rows is not None:
+        query_pos = query_pos[torch.tensor(rows, device=device)]  # (rows,)
     key_pos = torch.arange(k_len, device=device)  # (S,)
     may_attend = key_pos[None, :] <= query_pos[:, None]  # (T, S)
     if window is not None:

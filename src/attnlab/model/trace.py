@@ -292,18 +292,20 @@ class Trace:
             raise ValueError(f"trace has no scores or weights for layer {layer}, so no (T, S) "
                              "to mask; trace attn_weights (or masked_scores) of that layer")
         T, S = held[0].shape[-2:]
+        rows = None
         if self.rows is not None:  # the weights hold these rows of the pass's queries
             T = self._query_rows.get(layer, T)
+            rows = query_rows(self.rows, T)
         # the window in cache slots, as build_mask counts it (a left-padded row's tokens are
         # contiguous, so slot distance is position distance)
         window = None if layer is None else self.windows.get(layer)
-        may = causal_mask(T, S, window=window)  # (T, S)
+        may = causal_mask(T, S, window=window, rows=rows)  # (T or rows, S)
         if attention_mask is None:
             attention_mask = self.attention_mask
         if attention_mask is not None:
             pad = padding_of_row(attention_mask, row, S, of="keys")  # (S,)
-            may = may & pad.bool().cpu()[None, :]  # (T, S)
-        return may if self.rows is None else may[query_rows(self.rows, T)]  # (rows, S)
+            may = may & pad.bool().cpu()[None, :]  # (T or rows, S)
+        return may
 
     def check_layers(self, n_layer: int) -> None:
         """Raise unless the layer filter names layers the model has (a trace of layer 7 on a
