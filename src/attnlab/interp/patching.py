@@ -155,22 +155,14 @@ class _Runner:
 
     def scored(self, logits: Tensor) -> Tensor:
         """The metric of `logits`, a scalar tensor (with its graph, where logits have one)."""
-        if self.pads is not None:  # logits of the last columns: all, or the last alone
-            pads = self.pads[:, -logits.shape[1]:].to(logits.device)  # (B, T or 1, 1)
-            logits = logits.masked_fill(pads, float("nan"))  # (B, T or 1, V)
-        value = self.metric(logits)
+        value = self.metric(self.nan_at_pads(logits))
         if value.numel() != 1:  # float() of a (B,) tensor says only "one element tensors"
             raise ValueError(
                 f"the metric returned a tensor of shape {tuple(value.shape)}; it must return "
                 "one number (a scalar tensor): reduce over the batch, e.g. with .mean(), as "
                 "logit_diff_metric does")
         if self.pads is not None and math.isnan(float(value.detach())):
-            rows = self.pads[:, -1, 0].nonzero().flatten().tolist()
-            raise ValueError(
-                "the metric read logits at a padded position (attention_mask 0"
-                + (f"; the last column is padding in rows {rows}" if rows else "")
-                + "); pad on the left, which puts every row's last token in the last column, "
-                "or score real positions only")
+            raise self.read_a_pad()
         return value
 
     def scored_copies(self, logits: Tensor, n: int) -> list[float]:
@@ -178,16 +170,31 @@ class _Runner:
         at once: in one call where the metric scores copies itself (`LogitDiff.per_copy`),
         else copy by copy."""
         per_copy = getattr(self.metric, "per_copy", None)
-        if per_copy is not None:
-            if self.pads is not None:  # as `scored` masks them
-                pads = self.pads[:, -logits.shape[1]:].repeat(n, 1, 1)  # (n B, T or 1, 1)
-                logits = logits.masked_fill(pads.to(logits.device), float("nan"))
-            values: list[float] = per_copy(logits, n).detach().tolist()
-            if not any(math.isnan(value) for value in values):
-                return values
-        B = self.corrupt_ids.shape[0]  # copy by copy (`scored` names a pad the metric read)
-        return torch.stack([self.scored(logits[i * B:(i + 1) * B]).detach()
-                            for i in range(n)]).tolist()
+        if per_copy is None:
+            B = self.corrupt_ids.shape[0]
+            return torch.stack([self.scored(logits[i * B:(i + 1) * B]).detach()
+                                for i in range(n)]).tolist()
+        values: list[float] = per_copy(self.nan_at_pads(logits, n), n).detach().tolist()
+        if self.pads is not None and any(math.isnan(value) for value in values):
+            raise self.read_a_pad()
+        return values
+
+    def nan_at_pads(self, logits: Tensor, n: int = 1) -> Tensor:
+        """logits (n B, T or 1, V) of n copies of the batch, NaN at its padded positions (of
+        the last columns: all, or the last alone), so a metric that reads one says so."""
+        if self.pads is None:
+            return logits
+        pads = self.pads[:, -logits.shape[1]:].repeat(n, 1, 1)  # (n B, T or 1, 1)
+        return logits.masked_fill(pads.to(logits.device), float("nan"))  # (n B, T or 1, V)
+
+    def read_a_pad(self) -> ValueError:
+        """The error for a metric that read logits at a padded position."""
+        rows = self.pads[:, -1, 0].nonzero().flatten().tolist() if self.pads is not None else []
+        return ValueError(
+            "the metric read logits at a padded position (attention_mask 0"
+            + (f"; the last column is padding in rows {rows}" if rows else "")
+            + "); pad on the left, which puts every row's last token in the last column, "
+            "or score real positions only")
 
     def effect(self, edits: Edits) -> float:
         return self.normalized(self.run(edits))
