@@ -39,6 +39,7 @@ import torch
 from attnlab.hf import gpt_from_hf
 from attnlab.interp import patching
 from attnlab.interp.patching import LogitDiff, Patching
+from attnlab.model.runtime import one_thread
 
 from .common import alternate, clock, machine, median_ms, package_version, table
 from .trace import SHAPES
@@ -118,12 +119,8 @@ def tl_row(hf: Any, clean: torch.Tensor, corrupt: torch.Tensor, tmp: str
 
 def run(quick: bool = False) -> dict[str, Any]:
     """Time every row on one torch thread; quick: the toy shape, one round."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)  # CPU time is then the clock (common.py)
-    try:
+    with one_thread():
         return _run(quick)
-    finally:
-        torch.set_num_threads(threads)
 
 
 def _run(quick: bool) -> dict[str, Any]:

@@ -25,6 +25,7 @@ from typing import Any
 import torch
 
 from attnlab.model.gpt import GPT, GPTConfig
+from attnlab.model.runtime import one_thread
 from attnlab.model.summaries import SUMMARY_NAMES
 from attnlab.model.trace import Trace
 
@@ -61,13 +62,8 @@ def _errors(model: GPT, ids: torch.Tensor, held: Trace) -> dict[str, float]:
 
 def run(quick: bool = False) -> dict[str, Any]:
     """Time the variants on one torch thread; quick: a toy shape at T=64, one round."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        with torch.inference_mode():
-            return _run(quick)
-    finally:
-        torch.set_num_threads(threads)
+    with one_thread(), torch.inference_mode():
+        return _run(quick)
 
 
 def _run(quick: bool) -> dict[str, Any]:

@@ -32,6 +32,7 @@ import torch
 
 from attnlab.hf import gpt_from_hf
 from attnlab.model.gpt import GPT, unembed
+from attnlab.model.runtime import one_thread
 from attnlab.model.trace import Trace
 from attnlab.model.traced_attention import BLOCK_ROWS
 
@@ -193,12 +194,8 @@ def _first_call(fn: Callable[[], tuple[Any, Any]]) -> tuple[tuple[float, int | N
 
 def run(quick: bool = False) -> dict[str, Any]:
     """Time every variant on one torch thread; quick: the toy shape at T=32, one round."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)  # the issue's setting; CPU time is then the clock (common.py)
-    try:
+    with one_thread():  # the issue's setting
         return _run(quick)
-    finally:
-        torch.set_num_threads(threads)
 
 
 def _run(quick: bool) -> dict[str, Any]:

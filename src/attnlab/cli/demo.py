@@ -11,9 +11,7 @@ three forms of the running mean and draws their weight matrix.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import dataclasses
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -66,26 +64,15 @@ def run(args: argparse.Namespace) -> int:
     if args.seed is not None and args.name == "averaging":
         raise CLIError("--seed applies to hello and animals, which train; averaging trains "
                        "nothing and draws fixed inputs (torch.manual_seed(1337))")
+    from ..model.runtime import one_thread
+
     device = device_of(args)
-    with _one_thread():
+    # these models have a few hundred parameters: one thread runs them several times faster
+    # than two (docs/performance.md#one-thread-for-tiny-models)
+    with one_thread():
         if args.name == "averaging":
             return _averaging(out, formats, device)
         return _seed_002(args.name, out, formats, args.retrain, args.seed, device)
-
-
-@contextlib.contextmanager
-def _one_thread() -> Iterator[None]:
-    """These models have a few hundred parameters: one thread runs them several times faster
-    than two (no thread hand-offs per tiny matmul;
-    docs/performance.md#one-thread-for-tiny-models)."""
-    import torch
-
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        yield
-    finally:
-        torch.set_num_threads(before)
 
 
 # --------------------------------------------------------------------- seed 002

@@ -285,6 +285,18 @@ def resolve_device(name: str, local_rank: int = 0) -> torch.device:
 
 
 @contextmanager
+def one_thread() -> Iterator[None]:
+    """torch on one thread for the block, the caller's thread count after it: tiny models
+    run faster without hand-offs between threads, and benchmarks time CPU time on one."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
+
+
+@contextmanager
 def quiet_compile() -> Iterator[None]:
     """Hide two warnings torch (2.11) gives on a compiled function's first call, where nothing
     is wrong: Inductor's CUDA-graph trees open their memory pool with an empty capture, and
