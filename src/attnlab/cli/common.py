@@ -203,12 +203,9 @@ def load_model(args: argparse.Namespace) -> Checkpoint:
     from ..load import load_checkpoint
     from .progress import Counter
 
-    progress = Counter("tensor", "loaded", delay_s=2.0)  # a large model takes a while
-    try:
+    with Counter("tensor", "loaded", delay_s=2.0) as progress:  # a large model takes a while
         return load_checkpoint(args.checkpoint, map_location=device_of(args),
                                dtype=dtype_of(args), force=args.force, progress=progress)
-    finally:
-        progress.close()
 
 
 #: what each command can do with less memory, for `out_of_memory`'s line

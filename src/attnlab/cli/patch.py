@@ -111,15 +111,12 @@ def run(args: argparse.Namespace) -> int:
     wrong = _one_token(tok, args.wrong, "--wrong")
     method = METHODS[args.method]
     # activation patching makes a corrupted run per head and per (layer, position): shown
-    progress = Counter("run", "patched")
-    shown = {"progress": progress} if args.method == "activation" else {}
-    try:
+    with Counter("run", "patched") as progress:
+        shown = {"progress": progress} if args.method == "activation" else {}
         result = getattr(patching, method.function)(
             model, torch.tensor([clean], device=model.wte.weight.device),  # (1, T)
             torch.tensor([corrupt], device=model.wte.weight.device),  # (1, T)
             patching.logit_diff_metric(answer, wrong), **shown)
-    finally:
-        progress.close()
     print(f"logit difference {args.answer!r} - {args.wrong!r}: clean {result.clean:.3f}, "
           f"corrupted {result.corrupted:.3f}")
     gap = abs(result.clean - result.corrupted)

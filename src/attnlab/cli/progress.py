@@ -108,7 +108,8 @@ class Counter:
     """Progress of long work other than training (`attnlab patch`'s corrupted runs, loading
     a model), called as (done, total): a tqdm bar on a sized terminal once the work has
     taken `delay_s`, else a plain line on `stream` every `interval_s` seconds with the time
-    left (work shorter than either shows nothing); `close()` when the work ends."""
+    left (work shorter than either shows nothing); `close()` when the work ends, or use it
+    as `with Counter(...) as progress:`."""
 
     def __init__(self, unit: str, verb: str, *, stream: TextIO | None = None,
                  interval_s: float = 10.0, delay_s: float = 1.0) -> None:
@@ -140,6 +141,12 @@ class Counter:
         if self.bar is not None:
             self.bar.close()
 
+    def __enter__(self) -> Counter:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
 
 @contextmanager
 def blocks_shown(model: Any, verb: str, *, stream: TextIO | None = None,
@@ -147,13 +154,12 @@ def blocks_shown(model: Any, verb: str, *, stream: TextIO | None = None,
     """Inside: each block of `model` (a GPT) that finishes a forward pass moves a `Counter`
     of blocks, so one long pass (a large model over a long text on a CPU) shows where it
     is. A forward hook on each block, removed on the way out."""
-    counter = Counter("block", verb, stream=stream, delay_s=delay_s)
     n = len(model.blocks)
-    handles = [block.register_forward_hook(lambda *_, i=i: counter(i + 1, n))
-               for i, block in enumerate(model.blocks)]
-    try:
-        yield
-    finally:
-        for handle in handles:
-            handle.remove()
-        counter.close()
+    with Counter("block", verb, stream=stream, delay_s=delay_s) as counter:
+        handles = [block.register_forward_hook(lambda *_, i=i: counter(i + 1, n))
+                   for i, block in enumerate(model.blocks)]
+        try:
+            yield
+        finally:
+            for handle in handles:
+                handle.remove()
