@@ -251,6 +251,11 @@ def test_stream_text_stops_at_stop_strings(monkeypatch: pytest.MonkeyPatch) -> N
     assert generate_text(model, tok, ["p", "q"], max_new_tokens=8, stop=["zz"]) == [
         "ab\nc\n\nde", "x\ny\nz\n\nw"
     ]
+    # one string is one stop string, not a stop at each of its characters
+    monkeypatch.setattr(generate_mod, "stream", _scripted(rows))
+    assert generate_text(model, tok, ["p", "q"], max_new_tokens=8, stop="\n\n") == [
+        "ab\nc", "x\ny\nz"
+    ]
 
 
 def test_generate_text_matches_token_generation() -> None:

@@ -378,7 +378,7 @@ def stream_text(
     prompts: Sequence[str],
     *,
     max_new_tokens: int,
-    stop: Sequence[str] = (),
+    stop: str | Sequence[str] = (),
     edits: Edits | None = None,
     **sampling: float | int | bool | Sequence[int] | None,
 ) -> Iterator[list[str]]:
@@ -386,7 +386,8 @@ def stream_text(
 
     Each row's generated ids are decoded whole and only the new suffix is emitted, so a
     character split over several byte-level tokens comes out once it is complete. A row ends
-    at one of the tokenizer's stop ids (not emitted) or at a stop string (emitted up to it).
+    at one of the tokenizer's stop ids (not emitted) or at a stop string (emitted up to it);
+    `stop` is one string or several.
     sampling: temperature, top_k, top_p, seed, row_seeds, sliding_window, compile as for
     `stream`.
     Arguments are checked here, before the first step (so a CLI can fail before it prints
@@ -396,7 +397,7 @@ def stream_text(
     if isinstance(prompts, str):
         raise ValueError("prompts must be a list of strings; wrap a single prompt as [prompt]")
     check_fits(tokenizer, model.config.vocab_size)
-    stops = [s for s in stop if s]
+    stops = [s for s in ([stop] if isinstance(stop, str) else stop) if s]
     input_ids, attention_mask = tokenizer.encode_batch(list(prompts))  # (B, P) each
     empty = attention_mask[:, -1] == 0  # (B,)
     if bool(empty.any()):
@@ -468,7 +469,7 @@ def generate_text(
     prompts: Sequence[str],
     *,
     max_new_tokens: int,
-    stop: Sequence[str] = (),
+    stop: str | Sequence[str] = (),
     edits: Edits | None = None,
     **sampling: float | int | bool | Sequence[int] | None,
 ) -> list[str]:
