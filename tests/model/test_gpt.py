@@ -135,6 +135,13 @@ def test_bad_inputs_give_clear_errors() -> None:
         model(torch.zeros(1, 4, dtype=torch.long), torch.zeros(1, 3, dtype=torch.long))
     with pytest.raises(ValueError, match=r"targets must be token ids"):
         model(torch.zeros(1, 2, dtype=torch.long), torch.tensor([[0, 99]]))
+    ids = torch.tensor([[1, 2, 3]])
+    for odd in (2, 0.5, -1):  # positions count the 1s: a 2 would move every later one
+        with pytest.raises(ValueError, match=rf"attention_mask holds {odd}; it must be 1 for"):
+            model(ids, attention_mask=torch.tensor([[0, odd, 1]]))
+    as_bool = model(ids, attention_mask=torch.tensor([[False, True, True]])).logits
+    torch.testing.assert_close(as_bool, model(ids, attention_mask=torch.tensor([[0, 1, 1]])).logits,
+                               rtol=0, atol=0)
 
 
 @settings(max_examples=20, deadline=None)

@@ -7,7 +7,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from attnlab import GPT, GPTConfig, KVCache
+from attnlab import GPT, DecodeStep, GPTConfig, KVCache
 from helpers import left_padded, modern_switches
 
 
@@ -21,12 +21,16 @@ def _model(**switches: object) -> GPT:
     prompt_lens=st.lists(st.integers(1, 8), min_size=1, max_size=3),
     steps=st.integers(1, 6),
     concat=st.booleans(),
+    mask_once=st.booleans(),
     seed=st.integers(0, 999),
     switches=modern_switches(),
 )
 def test_cached_decode_equals_recomputation(
-    prompt_lens: list[int], steps: int, concat: bool, seed: int, switches: dict[str, object]
+    prompt_lens: list[int], steps: int, concat: bool, mask_once: bool, seed: int,
+    switches: dict[str, object],
 ) -> None:
+    """mask_once: the steps after the prefill give no mask, as a nanoGPT-style loop does; the
+    cache keeps the prefill's pads."""
     model = _model(n_head=4, **switches)
     g = torch.Generator().manual_seed(seed)
     idx, mask = left_padded(prompt_lens, seed=seed)  # (B, P) each
@@ -38,7 +42,8 @@ def test_cached_decode_equals_recomputation(
             nxt = torch.randint(0, 65, (B, 1), generator=g)
             idx = torch.cat([idx, nxt], dim=1)
             mask = torch.cat([mask, torch.ones(B, 1, dtype=torch.long)], dim=1)
-            logits = model(nxt, attention_mask=mask, kv_cache=cache).logits[:, -1]
+            given = None if mask_once else mask
+            logits = model(nxt, attention_mask=given, kv_cache=cache).logits[:, -1]
             full = model(idx, attention_mask=mask).logits[:, -1]
             torch.testing.assert_close(logits, full, atol=1e-5, rtol=0)
     assert cache.seq_len == P + steps
@@ -63,3 +68,24 @@ def test_cache_overflow_and_wrong_layers_are_clear_errors() -> None:
     concat = KVCache.concat(2)
     with pytest.raises(ValueError, match="can only append"):
         concat.layers[0].update(3, torch.zeros(1, 1, 1, 8), torch.zeros(1, 1, 1, 8))
+
+
+def test_the_cache_keeps_a_padded_prefills_mask_for_steps_that_give_none() -> None:
+    """After a left-padded prefill, DecodeStep and GPT.forward steps without a mask, in any
+    order, equal the whole padded batch recomputed; the cache says it is padded."""
+    model = _model(n_head=4)
+    idx, mask = left_padded([2, 5, 3], seed=3)  # (B, P)
+    B, P = idx.shape
+    cache = model.new_cache(B, P + 4)
+    step = DecodeStep(model)
+    g = torch.Generator().manual_seed(0)
+    with torch.inference_mode():
+        model(idx, attention_mask=mask, kv_cache=cache)
+        assert "padded=True" in repr(cache)
+        for use_step in (True, False, True, False):
+            nxt = torch.randint(0, 65, (B, 1), generator=g)
+            idx = torch.cat([idx, nxt], dim=1)
+            mask = torch.cat([mask, torch.ones(B, 1, dtype=torch.long)], dim=1)
+            got = step(nxt, None, cache) if use_step else model(nxt, kv_cache=cache).logits[:, -1]
+            full = model(idx, attention_mask=mask).logits[:, -1]
+            torch.testing.assert_close(got, full, atol=1e-5, rtol=0)

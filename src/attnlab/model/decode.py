@@ -278,9 +278,10 @@ class DecodeStep:
     def __call__(self, token: Tensor, attention_mask: Tensor | None, cache: KVCache) -> Tensor:
         """token (B, 1) -> next-token logits (B, V); writes its keys/values at cache.seq_len.
 
-        attention_mask (B, S): 1/0 over cached + new positions, None when nothing is padded.
-        Token ids are not range-checked (generation feeds back ids it sampled); check ids
-        from elsewhere with `GPT.forward` first.
+        attention_mask (B, S): 1/0 over cached + new positions; None when nothing is padded
+        or the cache keeps the mask (`KVCache.key_mask`). Token ids are not range-checked
+        (generation feeds back ids it sampled); check ids from elsewhere with `GPT.forward`
+        first.
         """
         c, pos = self.config, cache.seq_len
         if token.dim() != 2 or token.shape[1] != 1:
@@ -291,6 +292,7 @@ class DecodeStep:
                 f"block_size={c.block_size}; start a new cache (or use a sliding window)"
             )
         positions: Tensor | None = None  # (B,) real positions of padded rows
+        attention_mask = cache.key_mask(attention_mask, 1)  # (B, pos + 1) or None
         if attention_mask is not None:
             positions = real_positions(attention_mask, 1)[:, 0]  # (B,)
         masks: dict[int | None, Mask] = {}  # one per window size, shared by its layers

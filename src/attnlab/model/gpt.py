@@ -196,6 +196,8 @@ class GPT(nn.Module):
             raise ValueError(f"targets shape {tuple(targets.shape)} != idx shape {(B, T)}")
         if check_ids and not torch.compiler.is_compiling():  # a read-back breaks a graph
             check_token_ids(idx, targets, c.vocab_size)
+            if attention_mask is not None:
+                check_mask_values(attention_mask)
 
     def forward(
         self,
@@ -213,15 +215,17 @@ class GPT(nn.Module):
     ) -> ModelOutput:
         """idx (B, T) token ids -> logits (B, T, V) and, with targets (B, T), the loss.
 
-        attention_mask (B, S): 1 for tokens, 0 for (left) padding, over cached + new tokens.
+        attention_mask (B, S): 1 for tokens, 0 for (left) padding, over cached + new tokens
+        (a kv_cache keeps it: later calls without one see the same pads, their tokens real).
         Positions count real tokens only (cumsum - 1), so a left-padded row gives the same
         logits at its real positions as the row alone. Targets equal to -1 and targets at
         padded positions are ignored by the loss. kv_cache: write keys/values at
         `kv_cache.seq_len` and advance it. trace: capture intermediates (explicit path where
         it wants scores or weights). edits: replace intermediates by name (`interp.edits.Edits`);
         the trace then sees the edited values. check_ids=False skips reading the ids back to
-        check them against vocab_size (`check_token_ids`): on a GPU that read waits for all the
-        work queued before it, at every call, so training checks its batches on the host.
+        check them against vocab_size (`check_token_ids`) and the mask's values
+        (`check_mask_values`): on a GPU that read waits for all the work queued before it, at
+        every call, so training checks its batches on the host.
         start_at=(layer, x): start at block `layer` from x (B, T, C), the residual stream
         entering it (a trace's "resid_pre" there, or "block_out" of the block before), skipping
         the embeddings and the blocks before it (TransformerLens's start_at_layer); idx still
@@ -229,12 +233,14 @@ class GPT(nn.Module):
         """
         pos = 0 if kv_cache is None else kv_cache.seq_len
         self._check_inputs(idx, pos, attention_mask, targets, check_ids)
-        if kv_cache is not None and len(kv_cache.layers) != self.config.n_layer:
-            raise ValueError(
-                f"kv_cache has {len(kv_cache.layers)} layers, model has {self.config.n_layer}; "
-                "create it with model.new_cache(...)"
-            )
         T = idx.shape[1]
+        if kv_cache is not None:
+            if len(kv_cache.layers) != self.config.n_layer:
+                raise ValueError(
+                    f"kv_cache has {len(kv_cache.layers)} layers, model has "
+                    f"{self.config.n_layer}; create it with model.new_cache(...)"
+                )
+            attention_mask = kv_cache.key_mask(attention_mask, T)  # (B, pos + T) or None
         if trace is not None:
             trace.begin(self.config, attention_mask)
         start = None if start_at is None else self._check_start(start_at, idx.shape, kv_cache)
@@ -448,6 +454,20 @@ def check_token_ids(idx: Tensor, targets: Tensor | None, vocab_size: int) -> Non
         raise ValueError(
             f"targets must be token ids in [0, {vocab_size}) or -1 (ignored), got "
             f"values in [{int(targets.min())}, {int(targets.max())}]"
+        )
+
+
+def check_mask_values(attention_mask: Tensor) -> None:
+    """Raise ValueError unless attention_mask holds only 1 (token) and 0 (padding): positions
+    count its 1s (cumsum), so a 2 would silently move every later position. Reads one value
+    back unless the mask is bool."""
+    if attention_mask.dtype == torch.bool:
+        return
+    odd = (attention_mask != 0) & (attention_mask != 1)  # (B, S)
+    if bool(odd.any()):
+        raise ValueError(
+            f"attention_mask holds {attention_mask[odd][0].item()}; it must be 1 for tokens "
+            "and 0 for (left) padding, or a bool mask"
         )
 
 

@@ -77,7 +77,8 @@ class ConcatLayerKVCache:
 
 
 class KVCache:
-    """Per-layer caches plus `seq_len`, the number of positions written so far.
+    """Per-layer caches plus `seq_len`, the number of positions written so far, and the
+    attention mask of those positions once a call gave one.
 
     Pass it to `GPT.forward(..., kv_cache=cache)`; the model writes at `cache.seq_len` and
     advances it. Memory is exactly 2 * n_layer * B * nkv * T_max * hs * dtype size.
@@ -86,6 +87,25 @@ class KVCache:
     def __init__(self, layers: list[LayerKVCache] | list[ConcatLayerKVCache]) -> None:
         self.layers: Sequence[LayerKVCache | ConcatLayerKVCache] = layers
         self.seq_len = 0
+        self.attention_mask: Tensor | None = None  # (B, >= seq_len) once a call gave one
+
+    def __repr__(self) -> str:
+        return (f"KVCache({len(self.layers)} layers, seq_len={self.seq_len}, "
+                f"max_len={self.max_len}, padded={self.attention_mask is not None})")
+
+    def key_mask(self, attention_mask: Tensor | None, new: int) -> Tensor | None:
+        """The mask over a call's keys (cached + `new`), kept for the calls after it: the
+        call's own, or, when it gives none after a call that did (a left-padded prefill,
+        then decode steps), the kept one with the new columns real. Without it a decode step
+        would attend to the prefill's pads."""
+        if attention_mask is None and self.attention_mask is not None:
+            kept = self.attention_mask[:, :self.seq_len]  # (B, <= seq_len)
+            # columns written since without a mask (DecodeStep's) hold tokens, as the new do
+            real = kept.new_ones(kept.shape[0], self.seq_len - kept.shape[1] + new)
+            attention_mask = torch.cat([kept, real], 1)  # (B, seq_len + new)
+        if attention_mask is not None:
+            self.attention_mask = attention_mask  # (B, seq_len + new)
+        return attention_mask
 
     @classmethod
     def static(
