@@ -30,7 +30,7 @@ from .model.kv_cache import KVCache
 from .tokenizers import check_fits
 
 if TYPE_CHECKING:
-    from .interp.edits import Edits
+    from .interp.edits import Edit, Edits
     from .tokenizers import Tokenizer
 
 
@@ -113,7 +113,7 @@ def sample(
 
 def prefill(
     model: GPT, input_ids: Tensor, attention_mask: Tensor | None, cache: KVCache,
-    edits: Edits | None = None,
+    edits: Edit | Edits | None = None,
 ) -> Tensor:
     """Run prompts (B, P) through the model, filling `cache`; return next-token logits (B, V).
 
@@ -196,7 +196,7 @@ def stream(
     sliding_window: bool = False,
     vocab_size: int | None = None,
     row_seeds: Sequence[int] | None = None,
-    edits: Edits | None = None,
+    edits: Edit | Edits | None = None,
     unused_ids: Sequence[int] = (),
     compile: bool = False,
 ) -> Iterator[Tensor]:
@@ -260,7 +260,7 @@ def _steps(
     generator: torch.Generator | list[torch.Generator] | None,
     vocab_size: int | None,
     unused_ids: Tensor | None,
-    edits: Edits | None,
+    edits: Edit | Edits | None,
     compile: bool,
 ) -> Iterator[Tensor]:
     B, P = input_ids.shape
@@ -339,7 +339,7 @@ def generate(
     generator: torch.Generator | None = None,
     sliding_window: bool = False,
     vocab_size: int | None = None,
-    edits: Edits | None = None,
+    edits: Edit | Edits | None = None,
     compile: bool = False,
 ) -> Tensor:
     """Prompts (B, P) -> (B, P + n): the prompts followed by n <= max_new_tokens new ids.
@@ -379,7 +379,7 @@ def stream_text(
     *,
     max_new_tokens: int,
     stop: str | Sequence[str] = (),
-    edits: Edits | None = None,
+    edits: Edit | Edits | None = None,
     **sampling: float | int | bool | Sequence[int] | None,
 ) -> Iterator[list[str]]:
     """Yield, per step, the new text of every prompt ("" when a row has nothing new yet).
@@ -470,7 +470,7 @@ def generate_text(
     *,
     max_new_tokens: int,
     stop: str | Sequence[str] = (),
-    edits: Edits | None = None,
+    edits: Edit | Edits | None = None,
     **sampling: float | int | bool | Sequence[int] | None,
 ) -> list[str]:
     """The completion (without its prompt) of every prompt, batched and left-padded."""

@@ -378,3 +378,29 @@ def test_patching_a_prompt_then_generating_past_it() -> None:
     with pytest.raises(ValueError, match=r"holds columns 0 to 5, and this run patches columns "
                                          r"\[6\] too; pass positions inside the source"):
         generate(model, corrupt, max_new_tokens=2, temperature=0, edits=every)
+
+
+@torch.no_grad()
+def test_one_edit_a_sum_and_nested_sets_act_as_edits_of_them() -> None:
+    """An Edit alone, `a + b` and Edits holding Edits give what Edits([...]) gives, bit for
+    bit, in a forward pass (one edit needing the explicit path) and in generation; a list
+    or a stray value is refused by name."""
+    model, ids = _model(), _ids(2, 6)
+    heads, spread = zero_heads(0, 1), uniform_attention(1, 0)
+    whole = Edits([heads, spread])
+    expected = model(ids, edits=whole).logits
+    assert torch.equal(model(ids, edits=Edits([heads])).logits,
+                       model(ids, edits=heads).logits)
+    assert torch.equal(model(ids, edits=Edits([spread])).logits,
+                       model(ids, edits=spread).logits)
+    for same in (heads + spread, Edits([Edits([heads]), spread]), Edits(heads) + spread):
+        assert len(same) == 2
+        assert torch.equal(model(ids, edits=same).logits, expected)
+    assert not torch.equal(model(ids, edits=spread).logits, expected)
+    assert torch.equal(generate(model, ids, max_new_tokens=4, temperature=0, edits=heads),
+                       generate(model, ids, max_new_tokens=4, temperature=0,
+                                edits=Edits([heads])))
+    with pytest.raises(TypeError, match=r"edits is a list, not an Edit or Edits; join"):
+        model(ids, edits=[heads])  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match=r"Edits holds Edit and Edits values, not 3"):
+        Edits([heads, 3])  # type: ignore[list-item]

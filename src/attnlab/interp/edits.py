@@ -2,8 +2,8 @@
 
 An `Edit` names one value of `trace.NAMES` at one layer (None for the model-level names),
 optionally some heads (dimension 1 of the per-head names) and some positions, and says what
-replaces those cells. `Edits` holds several and is what `GPT.forward(..., edits=...)` and
-`generate.stream(..., edits=...)` take: the model reports each value through the trace's
+replaces those cells. `Edits` holds several; `GPT.forward(..., edits=...)` and
+`generate.stream(..., edits=...)` take either: the model reports each value through the trace's
 seam (`x = sink.record(name, x)`) and continues with what the edits return. Nothing is set
 on the modules; an edit that selects no cell of a value returns the value itself.
 
@@ -98,7 +98,24 @@ class Edit:
             raise ValueError(f"edit of {self.name!r} at positions {negative}: positions are "
                              "sequence columns counted from 0 (the last one is T - 1)")
 
-    def apply(self, value: Tensor, length: int) -> Tensor:
+    # One edit is also a set of one (model.trace.EditSource), so `edits=zero_heads(0, 1)`
+    # works wherever `edits=Edits([...])` does.
+    def check(self, config: GPTConfig, start: int | None = None) -> None:
+        Edits([self]).check(config, start)
+
+    def touches(self, layer: int | None) -> bool:
+        return layer is None or layer == self.layer
+
+    def needs_weights(self, layer: int | None) -> bool:
+        return layer == self.layer and self.name in WEIGHT_NAMES
+
+    def apply(self, name: str, value: Tensor, layer: int | None, length: int) -> Tensor:
+        return self.edited(value, length) if (layer, name) == (self.layer, self.name) else value
+
+    def __add__(self, other: Edit | Edits) -> Edits:
+        return Edits([self, other])
+
+    def edited(self, value: Tensor, length: int) -> Tensor:
         """The edited value; `length` = columns of the forward pass (cached + new)."""
         dim = position_dim(self.name)
         first = length - value.shape[dim]  # k/v hold every column, the others the last ones
@@ -134,10 +151,18 @@ class Edit:
 
 
 class Edits:
-    """A set of `Edit`s, applied in order: `GPT.forward(idx, edits=Edits([...]))`."""
+    """A set of `Edit`s, applied in order: `GPT.forward(idx, edits=Edits([...]))`. Sets in
+    the list are flattened into it; `a + b` joins edits and sets too."""
 
-    def __init__(self, edits: Iterable[Edit] = ()) -> None:
-        self.edits = list(edits)
+    def __init__(self, edits: Iterable[Edit | Edits] = ()) -> None:
+        given = [edits] if isinstance(edits, Edit | Edits) else edits
+        self.edits: list[Edit] = [
+            e for x in given for e in (x.edits if isinstance(x, Edits) else [x])
+        ]
+        bad = [x for x in self.edits if not isinstance(x, Edit)]
+        if bad:
+            raise TypeError(f"Edits holds Edit and Edits values, not {bad[0]!r}; make edits "
+                            "with zero_heads, scale_heads, patch, ... or Edit(...)")
         self._by_site: dict[tuple[int | None, str], list[Edit]] = {}
         for edit in self.edits:
             self._by_site.setdefault((edit.layer, edit.name), []).append(edit)
@@ -145,7 +170,7 @@ class Edits:
         self._weight_layers = {e.layer for e in self.edits if e.name in WEIGHT_NAMES}
 
     def __add__(self, other: Edits | Edit) -> Edits:
-        return Edits([*self.edits, *(other.edits if isinstance(other, Edits) else [other])])
+        return Edits([self, other])
 
     def __len__(self) -> int:
         return len(self.edits)
@@ -189,7 +214,7 @@ class Edits:
 
     def apply(self, name: str, value: Tensor, layer: int | None, length: int) -> Tensor:
         for edit in self._by_site.get((layer, name), ()):
-            value = edit.apply(value, length)
+            value = edit.edited(value, length)
         return value
 
 

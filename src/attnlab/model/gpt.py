@@ -245,6 +245,9 @@ class GPT(nn.Module):
             trace.begin(self.config, attention_mask)
         start = None if start_at is None else self._check_start(start_at, idx.shape, kv_cache)
         if edits is not None:
+            if not hasattr(edits, "check"):
+                raise TypeError(f"edits is a {type(edits).__name__}, not an Edit or Edits; "
+                                "join several as Edits([...]) or edit_a + edit_b")
             edits.check(self.config, start)
         if attention_mask is not None:
             attention_mask = attention_mask.to(idx.device)

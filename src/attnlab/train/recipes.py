@@ -20,7 +20,7 @@ from .config import TrainConfig
 from .data import Dataset, SentenceDataset, TaskDataset, TextDataset, load_dataset
 
 if TYPE_CHECKING:
-    from ..interp.edits import Edits
+    from ..interp.edits import Edit, Edits
 
 
 #: `attnlab train --arch`: the block style of the recipe's model.
@@ -159,7 +159,7 @@ def seed_experiment(
 
 @torch.no_grad()
 def answer_accuracy(
-    model: GPT, dataset: TaskDataset, n: int = 256, seed: int = 0, edits: Edits | None = None
+    model: GPT, dataset: TaskDataset, n: int = 256, seed: int = 0, edits: Edit | Edits | None = None
 ) -> tuple[float, list[tuple[str, str, str]]]:
     """Greedy exact-match accuracy on n fresh task examples, and (prompt, answer, got) rows.
 
