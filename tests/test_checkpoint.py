@@ -125,16 +125,23 @@ def test_configs_saved_before_the_family_switches_load(tmp_path: Path) -> None:
     assert GPTConfig.from_dict(saved["model"]).norm == "none"
 
 
-def test_a_tokenizer_with_more_ids_than_the_model_is_refused_at_load(tmp_path: Path) -> None:
-    """One check (tokenizers.check_fits) for load_checkpoint, load_hf_checkpoint, the server,
-    generation and show: a tokenizer's ids past the model's vocab_size name no row."""
+def test_a_tokenizer_with_more_ids_than_the_model_is_refused_at_save_and_load(
+    tmp_path: Path,
+) -> None:
+    """One check (tokenizers.check_fits) for save_checkpoint, load_checkpoint,
+    load_hf_checkpoint, the server, generation and show: a tokenizer's ids past the model's
+    vocab_size name no row."""
     from attnlab.viewer.app import create_app
 
     model = GPT(GPTConfig.from_name("nano", vocab_size=3)).eval()
     wide = CharTokenizer.from_text("abcd")  # 4 ids
-    path = save_checkpoint(tmp_path / "ckpt", model, wide)
     message = ("tokenizer 'char' has 4 ids but the model's vocab_size is 3: they belong to "
                "different models")
+    with pytest.raises(ValueError, match=message):
+        save_checkpoint(tmp_path / "ckpt", model, wide)
+    assert not (tmp_path / "ckpt").exists()
+    path = save_checkpoint(tmp_path / "ckpt", model, CharTokenizer.from_text("abc"))
+    wide.save(path)  # a directory whose tokenizer another model's
     with pytest.raises(ValueError, match=message):
         load_checkpoint(path)
     pytest.importorskip("fastapi")
@@ -237,6 +244,17 @@ def test_writer_saves_the_state_of_the_moment_it_was_called(tie: bool, tmp_path:
     assert (path / STATE_FILE).exists() and not list(tmp_path.glob(".async.*"))
     loaded = load_checkpoint(path).model
     _assert_same_weights(load_checkpoint(tmp_path / "sync").model, loaded)
+
+
+def test_arguments_that_could_not_load_back_are_refused_by_name(tmp_path: Path) -> None:
+    model, tok = GPT(GPTConfig.from_name("nano")).eval(), CharTokenizer.from_text("ab")
+    with pytest.raises(TypeError, match=r"tokenizer is a NoneType; a checkpoint needs"):
+        save_checkpoint(tmp_path, model, None)  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match=r"directory is a GPT; pass a path first"):
+        save_checkpoint(model, tmp_path, tok)  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match=r"model is a OrderedDict, not an attnlab GPT"):
+        save_checkpoint(tmp_path, model.state_dict(), tok)  # type: ignore[arg-type]
+    assert not any(tmp_path.iterdir())
 
 
 def test_writer_raises_a_failed_write_at_wait(tmp_path: Path) -> None:

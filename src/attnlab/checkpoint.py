@@ -70,7 +70,23 @@ def save_checkpoint(
     meta: dict[str, Any] | None = None,
 ) -> Path:
     """Write a complete checkpoint to `directory`, replacing any previous one atomically."""
+    _check_saved(directory, model, tokenizer)
     return _write(Path(directory), _weights(model), model.config, tokenizer, train_state, meta)
+
+
+def _check_saved(directory: object, model: object, tokenizer: object) -> None:
+    """Refuse, before anything is written, what `load_checkpoint` could not load back."""
+    if not isinstance(directory, str | os.PathLike):
+        raise TypeError(f"save_checkpoint(directory, model, tokenizer): directory is a "
+                        f"{type(directory).__name__}; pass a path first")
+    if not isinstance(model, GPT):
+        raise TypeError(f"save_checkpoint(directory, model, tokenizer): model is a "
+                        f"{type(model).__name__}, not an attnlab GPT")
+    if not isinstance(tokenizer, Tokenizer):
+        raise TypeError(f"save_checkpoint(directory, model, tokenizer): tokenizer is a "
+                        f"{type(tokenizer).__name__}; a checkpoint needs the model's tokenizer "
+                        "(attnlab.get_tokenizer, load_tokenizer)")
+    check_fits(tokenizer, model.config.vocab_size)
 
 
 class CheckpointWriter:
@@ -89,6 +105,7 @@ class CheckpointWriter:
              train_state: dict[str, Any] | None = None,
              meta: dict[str, Any] | None = None) -> Path:
         """Start writing the checkpoint `save_checkpoint` would write; returns its path."""
+        _check_saved(directory, model, tokenizer)
         self.wait()
         directory = Path(directory)
         args = (directory, _weights(model, to_host=True), model.config, tokenizer,
