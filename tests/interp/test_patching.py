@@ -154,6 +154,14 @@ def test_a_metric_that_is_not_one_number_is_refused() -> None:
     for method in (activation_patching, attribution_patching):
         with pytest.raises(ValueError, match=r"metric returned a tensor of shape \(2,\).*mean"):
             method(model, clean, corrupt, per_row)
+    with pytest.raises(ValueError, match=r"metric returned a str; it must return one number"):
+        activation_patching(model, clean, corrupt, lambda logits: "0.5")  # type: ignore
+    # a batch of one's (1,) and a Python float are one number: the same effects as a 0-d
+    one, other = clean[:1], corrupt[:1]
+    expected = activation_patching(model, one, other, lambda lg: per_row(lg).sum())
+    for same in (per_row, lambda lg: float(per_row(lg))):
+        got = activation_patching(model, one, other, same)  # type: ignore[arg-type]
+        assert got.heads.tolist() == expected.heads.tolist()
 
 
 def test_attribution_without_a_gradient_says_why() -> None:

@@ -31,7 +31,8 @@ from ..model.gpt import check_position, per_row_ids, require_eval, wide
 from ..model.trace import Trace
 from .edits import Edit, Edits
 
-#: logits (B, T, V) -> a scalar tensor to explain.
+#: logits (B, T, V) -> the one number to explain: a scalar tensor, reduced over the batch
+#: (`.mean()`); activation patching also takes a Python float, attribution needs the graph.
 Metric = Callable[[Tensor], Tensor]
 #: (runs done, runs in all): called after each batch of `activation_patching`'s runs.
 Progress = Callable[[int, int], None]
@@ -156,14 +157,17 @@ class _Runner:
     def scored(self, logits: Tensor) -> Tensor:
         """The metric of `logits`, a scalar tensor (with its graph, where logits have one)."""
         value = self.metric(self.nan_at_pads(logits))
-        if value.numel() != 1:  # float() of a (B,) tensor says only "one element tensors"
+        if isinstance(value, int | float):  # activation patching needs no graph
+            value = torch.tensor(float(value))
+        if not isinstance(value, Tensor) or value.numel() != 1:
+            got = (f"a tensor of shape {tuple(value.shape)}" if isinstance(value, Tensor)
+                   else f"a {type(value).__name__}")
             raise ValueError(
-                f"the metric returned a tensor of shape {tuple(value.shape)}; it must return "
-                "one number (a scalar tensor): reduce over the batch, e.g. with .mean(), as "
-                "logit_diff_metric does")
+                f"the metric returned {got}; it must return one number (a scalar tensor): "
+                "reduce over the batch, e.g. with .mean(), as logit_diff_metric does")
         if self.pads is not None and math.isnan(float(value.detach())):
             raise self.read_a_pad()
-        return value
+        return value.reshape(())
 
     def scored_copies(self, logits: Tensor, n: int) -> list[float]:
         """The metrics of n copies of the batch stacked in logits (n B, T or 1, V), read back
