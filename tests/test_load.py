@@ -49,3 +49,21 @@ def test_a_load_reports_each_tensor_it_reads(directory: str) -> None:
     config = ckpt.model.config
     total = len(ckpt.model.state_dict()) - (1 if config.tie_weights else 0)  # a tied head
     assert heard == [(i, total) for i in range(1, total + 1)]  # is the token table, read once
+
+
+@pytest.mark.parametrize("directory", ["v0.2_checkpoint", "v0.2_hf_llama"])
+def test_a_dtype_may_be_named_as_transformers_names_it(directory: str) -> None:
+    """dtype="bfloat16" loads what dtype=torch.bfloat16 loads; a dtype no model holds is
+    refused naming the choices, before anything is allocated (was an AttributeError on
+    'str'.itemsize, or a screen of load_state_dict errors for torch.int8)."""
+    by_object = load_checkpoint(DATA / directory, dtype=torch.bfloat16).model
+    for name in ("bfloat16", "torch.bfloat16"):
+        by_name = load_checkpoint(DATA / directory, dtype=name).model
+        assert by_name.wte.weight.dtype == torch.bfloat16
+        for (key, a), (_, b) in zip(by_object.state_dict().items(),
+                                    by_name.state_dict().items(), strict=True):
+            assert torch.equal(a, b), key
+    for bad in ("int8", torch.int8, "bf16"):
+        with pytest.raises(ValueError, match=r"dtype=.*: a model loads in one of float64, "
+                                             r"float32, float16, bfloat16"):
+            load_checkpoint(DATA / directory, dtype=bad)

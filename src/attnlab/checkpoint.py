@@ -32,7 +32,14 @@ from typing import Any, Union, get_args, get_origin, get_type_hints
 import torch
 
 from .model.gpt import GPT, GPTConfig
-from .model.materialize import Progress, check_layer_count, check_shapes, materialize, meta_gpt
+from .model.materialize import (
+    Progress,
+    check_layer_count,
+    check_shapes,
+    load_dtype,
+    materialize,
+    meta_gpt,
+)
 from .model.memory import check_memory
 from .model.runtime import resolve_device
 from .model.tensorfile import TensorFiles, WeightFiles
@@ -285,7 +292,8 @@ def _json_value_fits(value: Any, annotation: Any) -> bool:
 
 def load_attnlab_checkpoint(
     directory: str | Path, *, map_location: str | torch.device = "cpu",
-    dtype: torch.dtype | None = None, force: bool = False, progress: Progress | None = None,
+    dtype: torch.dtype | str | None = None, force: bool = False,
+    progress: Progress | None = None,
 ) -> Checkpoint:
     """Load model (eval mode), tokenizer and meta from an attnlab checkpoint directory (or a
     run directory: its latest checkpoint). `attnlab.load_checkpoint` also opens Hugging Face
@@ -330,10 +338,11 @@ class OpenedWeights:
     #: (parameter, tensor) for every parameter but a tied head, read as it is iterated
     tensors: Callable[[], Iterable[tuple[str, torch.Tensor]]]
 
-    def fill(self, dtype: torch.dtype | None, device: torch.device, force: bool,
+    def fill(self, dtype: torch.dtype | str | None, device: torch.device, force: bool,
              progress: Progress | None = None) -> GPT:
         """The model on `device` in `dtype`, once `check_memory` agrees (or `force`);
         progress: `materialize`'s."""
+        dtype = load_dtype(dtype)
         check_memory(self.model.num_params(non_embedding=False), dtype or torch.float32,
                      device, extra=self.files.largest(), force=force)
         try:
@@ -377,7 +386,8 @@ def open_attnlab_dir(directory: str | Path) -> tuple[Path, dict[str, Any], Opene
     return directory, meta, open_attnlab_weights(directory, config)
 
 
-def _load(directory: Path, map_location: str | torch.device, dtype: torch.dtype | None = None,
+def _load(directory: Path, map_location: str | torch.device,
+          dtype: torch.dtype | str | None = None,
           force: bool = False, progress: Progress | None = None) -> Checkpoint:
     directory, meta, opened = open_attnlab_dir(directory)
     config = opened.config

@@ -35,11 +35,12 @@ GENERATION_FIELDS = ("bos_token_id", "eos_token_id", "pad_token_id", "do_sample"
 
 def load_checkpoint(
     directory: str | Path, *, map_location: str | torch.device = "cpu",
-    dtype: torch.dtype | None = None, force: bool = False, progress: Progress | None = None,
+    dtype: torch.dtype | str | None = None, force: bool = False,
+    progress: Progress | None = None,
 ) -> Checkpoint:
     """Load model (eval mode), tokenizer and meta from a checkpoint directory, or from a
     Hugging Face model directory of a supported family (`attnlab.hf`), on `map_location`,
-    in `dtype` (default: float32).
+    in `dtype` (default: float32; torch.bfloat16 or "bfloat16").
 
     Both kinds are checked before anything is allocated (names, shapes and dtypes from the
     file headers against the config; then the memory `map_location` has free, which

@@ -147,12 +147,12 @@ def gpt_from_hf(
 
 
 def load_hf(
-    path: str | Path, dtype: torch.dtype | None = None, *, dropout: float = 0.0,
+    path: str | Path, dtype: torch.dtype | str | None = None, *, dropout: float = 0.0,
     map_location: str | torch.device = "cpu", force: bool = False,
     progress: Progress | None = None,
 ) -> GPT:
     """A local Hugging Face model directory of any supported family -> attnlab GPT in eval
-    mode, float32 unless `dtype` (e.g. torch.bfloat16), on `map_location`.
+    mode, float32 unless `dtype` (torch.bfloat16 or "bfloat16"), on `map_location`.
 
     Nothing is allocated before config.json and every tensor's name, shape and dtype (the
     safetensors headers) agree, and the model fits in the memory `map_location` has free
@@ -213,7 +213,8 @@ def load_hf_gpt2(
 
 def load_hf_checkpoint(
     directory: str | Path, *, map_location: str | torch.device = "cpu",
-    dtype: torch.dtype | None = None, force: bool = False, progress: Progress | None = None,
+    dtype: torch.dtype | str | None = None, force: bool = False,
+    progress: Progress | None = None,
 ) -> Checkpoint:
     """Model and tokenizer of a Hugging Face directory, as `load_checkpoint` returns them;
     meta names the family and architecture."""

@@ -31,6 +31,18 @@ Progress = Callable[[int, int], None]
 FLOAT_DTYPES = (torch.float64, torch.float32, torch.float16, torch.bfloat16)
 
 
+def load_dtype(dtype: torch.dtype | str | None) -> torch.dtype | None:
+    """The dtype a load asked for as torch.bfloat16 or "bfloat16" (transformers'
+    torch_dtype names it so); ValueError naming the choices for any other."""
+    named = {str(d).removeprefix("torch."): d for d in FLOAT_DTYPES}
+    found = (named.get(dtype.removeprefix("torch.")) if isinstance(dtype, str)
+             else dtype if dtype is None or dtype in FLOAT_DTYPES else None)
+    if found is None and dtype is not None:
+        raise ValueError(f"dtype={dtype!r}: a model loads in one of {', '.join(named)} "
+                         "(as torch.bfloat16 or 'bfloat16')")
+    return found
+
+
 def meta_gpt(config: GPTConfig) -> GPT:
     """GPT(config) on the meta device: shapes, names and memory layout, no storage."""
     with on_meta():
