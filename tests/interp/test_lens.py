@@ -37,13 +37,17 @@ def test_lens_top_is_the_lens_top_tokens_one_layer_at_a_time() -> None:
     model = _model()
     idx, mask = left_padded([6, 4], seed=1)
     for vocab in (None, 40):
-        probs, ids = lens_top(model, idx, 3, attention_mask=mask, vocab=vocab)
+        probs, ids = lens_top(model, idx, mask, k=3, vocab=vocab)
         want_probs, want_ids = top_tokens(logit_lens(model, idx, mask)[..., :vocab], k=3)
         assert torch.equal(probs, want_probs) and torch.equal(ids, want_ids)
     assert int(ids.max()) < 40
     for bad in ({"k": 0}, {"vocab": 0}):  # an empty (L + 1, B, T, 0) answer before
         with pytest.raises(ValueError, match="must be >= 1"):
             lens_top(model, idx, **bad)
+    # the arguments before k are logit_lens's; k in the mask's place is named
+    with pytest.raises(TypeError, match=r"lens_top\(model, ids, 3\): the third argument is "
+                                        r"attention_mask; pass k by name \(k=3\)"):
+        lens_top(model, idx, 3)  # type: ignore[arg-type]
 
 
 @pytest.mark.parametrize("overrides", [{}, {"layer_norm": False}, {"mlp": False},

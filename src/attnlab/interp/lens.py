@@ -74,12 +74,16 @@ def logit_lens(model: Any, ids: Tensor, attention_mask: Tensor | None = None) ->
 
 
 @torch.no_grad()
-def lens_top(model: Any, ids: Tensor, k: int = 5, attention_mask: Tensor | None = None,
+def lens_top(model: Any, ids: Tensor, attention_mask: Tensor | None = None, *, k: int = 5,
              vocab: int | None = None) -> tuple[Tensor, Tensor]:
     """`top_tokens(logit_lens(...), k)` one layer at a time: (probabilities, ids), each
     (n_layer + 1, B, T, k), without the (n_layer + 1, B, T, V) logits (12 layers, a 50,257
     vocabulary, 1,000 tokens: 2.6 GB). vocab: read the first `vocab` logits only (a
-    tokenizer with fewer ids than the model's vocabulary)."""
+    tokenizer with fewer ids than the model's vocabulary). The arguments before `*` are
+    `logit_lens`'s."""
+    if isinstance(attention_mask, int):  # the order before attention_mask came third
+        raise TypeError(f"lens_top(model, ids, {attention_mask}): the third argument is "
+                        f"attention_mask; pass k by name (k={attention_mask})")
     if k < 1 or (vocab is not None and vocab < 1):
         raise ValueError(f"lens_top(k={k}, vocab={vocab}): both must be >= 1 (vocab None: "
                          "every logit), else there is no token to return")
@@ -101,7 +105,7 @@ class LensTable:
 def lens_table(model: Any, tokenizer: Any, ids: Sequence[int], k: int) -> LensTable:
     """`lens_top` of one sequence `ids` (T,), its top tokens as text (`token_text`)."""
     idx = torch.tensor([list(ids)], device=model.wte.weight.device)  # (1, T)
-    probs, top_ids = lens_top(model, idx, k, vocab=tokenizer.vocab_size)  # (L + 1, 1, T, k)
+    probs, top_ids = lens_top(model, idx, k=k, vocab=tokenizer.vocab_size)  # (L + 1, 1, T, k)
     probs, top_ids = probs[:, 0], top_ids[:, 0]  # (L + 1, T, k)
     texts = [[[token_text(tokenizer, i) for i in cell] for cell in row]
              for row in top_ids.tolist()]
