@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import re
 from collections.abc import Iterator
 
@@ -13,6 +14,7 @@ from hypothesis import strategies as st
 import attnlab.generate as generate_mod
 from attnlab import GPT, GPTConfig, build_mask
 from attnlab.generate import (
+    GenerationConfig,
     generate,
     generate_text,
     logits_to_probs,
@@ -267,6 +269,22 @@ def test_generate_text_matches_token_generation() -> None:
         ids = torch.tensor([tok.encode(prompt)])
         alone = generate(model, ids, max_new_tokens=10, temperature=0, vocab_size=tok.vocab_size)
         assert text == tok.decode(alone[0, len(prompt):].tolist())
+    config = GenerationConfig(max_new_tokens=10, temperature=0)
+    assert generate_text(model, tok, prompts, **dataclasses.asdict(config)) == texts
+    with pytest.raises(TypeError, match=r"unknown sampling argument\(s\) \['temprature'\]; "
+                                        r"choose from \['compile', "):
+        generate_text(model, tok, prompts, max_new_tokens=3, temprature=0.5)
+
+
+def test_generate_takes_what_stream_takes() -> None:
+    model = _model()
+    ids = torch.randint(0, 65, (3, 4), generator=torch.Generator().manual_seed(0))
+    kwargs = {"max_new_tokens": 6, "row_seeds": [3, 1, 2], "unused_ids": [5, 7]}
+    steps = torch.stack(list(stream(model, ids, **kwargs)), dim=1)  # type: ignore[arg-type]
+    assert torch.equal(generate(model, ids, **kwargs)[:, 4:], steps)  # type: ignore[arg-type]
+    assert not bool(torch.isin(steps, torch.tensor([5, 7])).any())
+    with pytest.raises(TypeError, match=r"input_ids is a list; pass a \(B, P\) tensor"):
+        generate(model, [[1, 2, 3]], max_new_tokens=2)  # type: ignore[arg-type]
 
 
 def test_the_float32_step_is_kept_and_follows_the_weights() -> None:

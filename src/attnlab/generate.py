@@ -45,7 +45,9 @@ def _check_sampling(temperature: float, top_k: int, top_p: float) -> None:
 
 @dataclass
 class GenerationConfig:
-    """How to extend a prompt. The CLI maps these fields onto flags (`--top_k 40`)."""
+    """How to extend a prompt: keyword arguments of `generate`, `stream` and
+    `generate_text`, checked together when made (`generate_text(model, tok, prompts,
+    **dataclasses.asdict(config))`). `attnlab generate` has a flag for each (`--top_k 40`)."""
 
     max_new_tokens: int = 200  # tokens to add to every prompt
     temperature: float = 1.0  # divides the logits; 0 = greedy (argmax)
@@ -220,6 +222,9 @@ def stream(
     checked here, before the first step.
     """
     config = GenerationConfig(max_new_tokens, temperature, top_k, top_p, seed, sliding_window)
+    if not isinstance(input_ids, Tensor):
+        raise TypeError(f"input_ids is a {type(input_ids).__name__}; pass a (B, P) tensor of "
+                        "token ids, e.g. torch.tensor([ids])")
     input_ids = input_ids.to(model.wte.weight.device)  # the caller's may be on the host
     attention_mask = None if attention_mask is None else attention_mask.to(input_ids.device)
     keep = _check_prompt(model, input_ids, attention_mask, config)
@@ -339,7 +344,9 @@ def generate(
     generator: torch.Generator | None = None,
     sliding_window: bool = False,
     vocab_size: int | None = None,
+    row_seeds: Sequence[int] | None = None,
     edits: Edit | Edits | None = None,
+    unused_ids: Sequence[int] = (),
     compile: bool = False,
 ) -> Tensor:
     """Prompts (B, P) -> (B, P + n): the prompts followed by n <= max_new_tokens new ids.
@@ -351,7 +358,7 @@ def generate(
         model, input_ids, attention_mask, max_new_tokens=max_new_tokens,
         temperature=temperature, top_k=top_k, top_p=top_p, eot_id=eot_id, pad_id=pad_id,
         seed=seed, generator=generator, sliding_window=sliding_window, vocab_size=vocab_size,
-        edits=edits, compile=compile,
+        row_seeds=row_seeds, edits=edits, unused_ids=unused_ids, compile=compile,
     ))
     new_ids = torch.stack(steps, dim=1)  # (B, n) on the model's device
     return torch.cat([input_ids.to(new_ids.device), new_ids.to(input_ids.dtype)], dim=1)
@@ -372,6 +379,11 @@ def _held_back(text: str, stops: Sequence[str]) -> int:
     return hold
 
 
+#: the keyword arguments `stream_text` and `generate_text` pass on to `stream`
+SAMPLING = frozenset({"temperature", "top_k", "top_p", "seed", "generator", "row_seeds",
+                      "sliding_window", "compile"})
+
+
 def stream_text(
     model: GPT,
     tokenizer: Tokenizer,
@@ -388,14 +400,16 @@ def stream_text(
     character split over several byte-level tokens comes out once it is complete. A row ends
     at one of the tokenizer's stop ids (not emitted) or at a stop string (emitted up to it);
     `stop` is one string or several.
-    sampling: temperature, top_k, top_p, seed, row_seeds, sliding_window, compile as for
-    `stream`.
+    sampling: `SAMPLING`'s names (temperature, top_k, top_p, seed, ...) as for `stream`.
     Arguments are checked here, before the first step (so a CLI can fail before it prints
     the prompt).
     edits: `interp.edits.Edits` applied at every step.
     """
     if isinstance(prompts, str):
         raise ValueError("prompts must be a list of strings; wrap a single prompt as [prompt]")
+    unknown = sorted(set(sampling) - SAMPLING)
+    if unknown:  # else stream() would name itself, which the caller never called
+        raise TypeError(f"unknown sampling argument(s) {unknown}; choose from {sorted(SAMPLING)}")
     check_fits(tokenizer, model.config.vocab_size)
     stops = [s for s in ([stop] if isinstance(stop, str) else stop) if s]
     input_ids, attention_mask = tokenizer.encode_batch(list(prompts))  # (B, P) each
