@@ -320,6 +320,8 @@ def test_the_logit_difference_scores_stacked_copies_as_separate_calls() -> None:
         torch.testing.assert_close(metric.per_copy(logits, 3), expected, rtol=0, atol=0)
     with pytest.raises(ValueError, match=r"answer ids \[11, 11\] outside the model's 11"):
         LogitDiff(11, 3, -1).per_copy(logits, 3)
+    with pytest.raises(ValueError, match=r"wrong ids are torch.float32; pass integer token"):
+        LogitDiff(1, torch.tensor([1.0, 2.0]), -1).per_copy(logits, 3)
 
 
 class _Reads(TorchDispatchMode):

@@ -197,6 +197,9 @@ def test_start_at_errors_name_the_value_and_the_fix() -> None:
         model(idx, start_at=(3, x))
     with pytest.raises(ValueError, match=r"shape \(2, 4, 16\), not \(B, T, C\) = \(2, 5, 16\)"):
         model(idx, start_at=(1, x[:, 1:]))
+    with pytest.raises(ValueError, match=r"residual stream is torch.float64 on cpu, the "
+                                         r"model torch.float32 on cpu; pass it as a trace"):
+        model(idx, start_at=(1, x.double()))
     with pytest.raises(ValueError, match="run without kv_cache"):
         model(idx, start_at=(1, x), kv_cache=model.new_cache(2, 8))
     for edit, where in [(zero_heads(0, 1), "'context' at layer 0"), (

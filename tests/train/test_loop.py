@@ -362,3 +362,21 @@ def test_text_recipe_steps_grow_with_the_corpus() -> None:
     assert steps(1_003_854) == 700  # tiny Shakespeare's training split: a pass is 653 steps
     assert steps(2000 * per_step) == 2000
     assert steps(10**9) == MAX_TEXT_STEPS
+
+
+def test_an_interrupted_evaluation_leaves_training_mode_as_it_was(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from attnlab.train import evaluate as evaluate_module
+
+    dataset = TaskDataset("copy")
+    model_config, config = _small(dataset)
+    model = GPT(model_config).train()
+
+    def interrupted(*args: Any) -> float:
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(evaluate_module, "_split_loss", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        evaluate_module.evaluate(model, dataset, config, model_config.block_size)
+    assert model.training

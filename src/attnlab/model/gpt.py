@@ -219,7 +219,8 @@ class GPT(nn.Module):
         (a kv_cache keeps it: later calls without one see the same pads, their tokens real).
         Positions count real tokens only (cumsum - 1), so a left-padded row gives the same
         logits at its real positions as the row alone. Targets equal to -1 and targets at
-        padded positions are ignored by the loss. kv_cache: write keys/values at
+        padded input positions are ignored by the loss (right-padded rows set their pad
+        targets to -1 themselves). kv_cache: write keys/values at
         `kv_cache.seq_len` and advance it. trace: capture intermediates (explicit path where
         it wants scores or weights). edits: replace intermediates by name (`interp.edits.Edits`);
         the trace then sees the edited values. check_ids=False skips reading the ids back to
@@ -272,6 +273,11 @@ class GPT(nn.Module):
         if x.shape != (*shape, self.config.n_embd):
             raise ValueError(f"start_at's residual stream has shape {tuple(x.shape)}, not "
                              f"(B, T, C) = {(*shape, self.config.n_embd)} of idx {tuple(shape)}")
+        weights = self.wte.weight
+        if (x.dtype, x.device) != (weights.dtype, weights.device):
+            raise ValueError(f"start_at's residual stream is {x.dtype} on {x.device}, the model "
+                             f"{weights.dtype} on {weights.device}; pass it as a trace of this "
+                             "model gives it (.to(model.wte.weight))")
         if kv_cache is not None:
             raise ValueError("start_at skips the blocks before it, whose keys and values the "
                              "kv_cache would then miss; run without kv_cache")
@@ -358,6 +364,9 @@ def check_position(position: int, T: int, what: str = "position") -> None:
 def per_row_ids(ids: int | Tensor, B: int, what: str, device: torch.device) -> Tensor:
     """One id for every row, or (B,) ids, as (B,) ids on `device` (an analysis's target)."""
     ids = torch.as_tensor(ids, device=device)
+    if ids.is_floating_point() or ids.dtype == torch.bool:
+        raise ValueError(f"{what} ids are {ids.dtype}; pass integer token ids "
+                         "(torch.long), as the tokenizer gives them")
     if ids.dim() > 1 or ids.numel() not in (1, B):
         raise ValueError(f"{what} has shape {tuple(ids.shape)}: pass one id, or ({B},) ids, "
                          "one per row of the batch")

@@ -26,10 +26,12 @@ def evaluate(
     # eager even where training compiled the blocks (compile_blocks): no second compilation
     # and graph for these few batches
     stance = getattr(torch.compiler, "set_stance", None)  # torch >= 2.6
-    with stance("force_eager") if stance is not None else contextlib.nullcontext():
-        for split in ("train", "val"):
-            out[f"{split}_loss"] = _split_loss(model, dataset, config, seq_len, world, split)
-    model.train(was_training)
+    try:
+        with stance("force_eager") if stance is not None else contextlib.nullcontext():
+            for split in ("train", "val"):
+                out[f"{split}_loss"] = _split_loss(model, dataset, config, seq_len, world, split)
+    finally:  # an interrupted evaluation (Ctrl-C, out of memory) leaves training mode as it was
+        model.train(was_training)
     return out
 
 
