@@ -89,3 +89,8 @@ def test_the_cache_keeps_a_padded_prefills_mask_for_steps_that_give_none() -> No
             got = step(nxt, None, cache) if use_step else model(nxt, kv_cache=cache).logits[:, -1]
             full = model(idx, attention_mask=mask).logits[:, -1]
             torch.testing.assert_close(got, full, atol=1e-5, rtol=0)
+        # reset: the next sequence, unpadded, as on a new cache
+        cache.reset()
+        assert (cache.seq_len, cache.attention_mask) == (0, None)
+        torch.testing.assert_close(model(idx[:, :3], kv_cache=cache).logits,
+                                   model(idx[:, :3]).logits, atol=1e-6, rtol=0)

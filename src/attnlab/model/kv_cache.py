@@ -93,6 +93,14 @@ class KVCache:
         return (f"KVCache({len(self.layers)} layers, seq_len={self.seq_len}, "
                 f"max_len={self.max_len}, padded={self.attention_mask is not None})")
 
+    def reset(self) -> None:
+        """Empty the cache for a new sequence, keeping its buffers (nothing is freed or zeroed:
+        every later call writes the positions it reads)."""
+        self.seq_len, self.attention_mask = 0, None
+        for layer in self.layers:
+            if isinstance(layer, ConcatLayerKVCache):
+                layer.k = layer.v = None
+
     def key_mask(self, attention_mask: Tensor | None, new: int) -> Tensor | None:
         """The mask over a call's keys (cached + `new`), kept for the calls after it: the
         call's own, or, when it gives none after a call that did (a left-padded prefill,
