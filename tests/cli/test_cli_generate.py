@@ -49,6 +49,12 @@ def test_one_prompt_streams_the_greedy_completion(
     assert len(expected) == 12
     assert captured.out == "the fox" + expected + "\n"
     assert "12 new tokens in" in captured.err
+    # flags between CHECKPOINT and the prompt, as `inspect` and `lens` take them
+    assert main(["generate", str(path), "--max-new-tokens", "12", "--temperature", "0",
+                 "the fox"]) == 0
+    assert capsys.readouterr().out == captured.out
+    assert main(["generate", str(path), "--temperature", "0", "the fox", "extra"]) == 2
+    assert "unknown arguments ['extra']" in capsys.readouterr().err
 
 
 def test_text_reaches_stdout_before_generation_ends(

@@ -63,6 +63,22 @@ def _close_flags(flag: str, known: list[str]) -> list[str]:
     return difflib.get_close_matches(name, known, n=2, cutoff=0.75)
 
 
+def _late_positionals(sub: argparse.ArgumentParser, args: argparse.Namespace,
+                      unknown: list[str]) -> list[str]:
+    """argparse fills positionals in one run, so in `attnlab generate CKPT --temperature 0
+    "abc"` the optional prompt is already empty when "abc" comes: fill such optional
+    positionals, in order, from the leftovers; return what is still unknown."""
+    empty = [a for a in sub._actions if not a.option_strings and a.nargs == "?"
+             and getattr(args, a.dest, None) == a.default]
+    rest = []
+    for item in unknown:
+        if empty and not item.startswith("-"):
+            setattr(args, empty.pop(0).dest, item)
+        else:
+            rest.append(item)
+    return rest
+
+
 def known_flags(parser: argparse.ArgumentParser) -> list[str]:
     return sorted(s for a in parser._actions for s in a.option_strings if s.startswith("--"))
 
@@ -110,6 +126,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         stores_one = isinstance(action, argparse._StoreAction) and action.nargs is None
         if stores_one and getattr(args, action.dest, None) == []:
             sub.error(f"argument {action.option_strings[0]}: expected one argument")
+    unknown = _late_positionals(sub, args, unknown)
     if unknown:
         known = known_flags(sub)
         hints = [f"{flag} (did you mean {' or '.join(close)}?)"
