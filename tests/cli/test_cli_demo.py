@@ -306,7 +306,7 @@ def test_inspect_out_naming_a_file_says_so(
     (tmp_path / "figures.png").write_bytes(b"")
     assert main(["inspect", str(checkpoint), "abc", "--out", str(tmp_path / "figures.png")]) == 1
     err = capsys.readouterr().err
-    assert "figures.png is a file; inspect writes several figures, so give a directory" in err
+    assert "figures.png is a file; give a directory (it is created if missing)" in err
     assert "Errno" not in err
 
 

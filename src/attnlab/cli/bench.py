@@ -14,7 +14,7 @@ import importlib
 import sys
 from pathlib import Path
 
-from .common import CLIError
+from .common import CLIError, check_out
 
 # benchmarks/__main__.py's SUITES (not importable from an installed package; a test holds
 # the two equal), then its two special names
@@ -72,7 +72,7 @@ def run(args: argparse.Namespace) -> int:
     argv = [*args.suites, *(["--quick"] if args.quick else []),
             *(["--record"] if args.record else [])]
     if args.out:
-        argv += ["--out", args.out]
+        argv += ["--out", str(check_out(args.out))]
     if args.threads is not None:
         argv += ["--threads", str(args.threads)]
     if str(root) not in sys.path:

@@ -13,6 +13,7 @@ import json
 import re
 import types
 from inspect import getsource  # (`import inspect` would be shadowed by cli/inspect.py)
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar, Union, get_args, get_origin, get_type_hints
 
 if TYPE_CHECKING:
@@ -231,6 +232,16 @@ def out_of_memory(command: str, err: BaseException, device: Any = None) -> CLIEr
     # torch's CUDA message goes on about the allocator; its first two sentences say how much
     said = ". ".join(str(err).split("\n")[0].split(". ")[:2]).rstrip(".") or type(err).__name__
     return CLIError(f"out of memory{where} ({said}); try {hint}")
+
+
+def check_out(path: str | Path, flag: str = "--out") -> Path:
+    """The directory a command will write to, checked before any work whose results it would
+    lose: a file there is named with the fix. (It is made when the first file is written,
+    so a command that fails leaves no empty directory.)"""
+    out = Path(path)
+    if out.exists() and not out.is_dir():
+        raise CLIError(f"{flag} {out} is a file; give a directory (it is created if missing)")
+    return out
 
 
 def count(n: int, noun: str, plural: str | None = None) -> str:

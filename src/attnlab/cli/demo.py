@@ -15,7 +15,7 @@ import dataclasses
 from pathlib import Path
 from typing import Any
 
-from .common import CLIError, add_device_flags, device_of
+from .common import CLIError, add_device_flags, check_out, device_of
 
 DEMOS = {
     "hello": 'seed 002: one attention layer learns that " World" follows "Hello"',
@@ -55,7 +55,7 @@ FIGURE_FORMATS = ("png", "svg", "pdf")  # viz.save.FORMATS, without importing ma
 def run(args: argparse.Namespace) -> int:
     # another seed is another model: its own folder, not the recipe's checkpoint retrained
     name = args.name if args.seed is None else f"{args.name}-seed{args.seed}"
-    out = Path(args.out) if args.out else Path("attnlab-demo") / name
+    out = check_out(Path(args.out) if args.out else Path("attnlab-demo") / name)
     formats = [f.strip() for f in args.format.split(",") if f.strip()] if args.figures else []
     bad = [f for f in formats if f not in FIGURE_FORMATS]
     if bad or (args.figures and not formats):  # before training, not after it

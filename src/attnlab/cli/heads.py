@@ -11,10 +11,16 @@ from __future__ import annotations
 
 import argparse
 import json
-from pathlib import Path
 from typing import Any
 
-from .common import CLIError, add_checkpoint_argument, add_device_flags, load_model, text_ids
+from .common import (
+    CLIError,
+    add_checkpoint_argument,
+    add_device_flags,
+    check_out,
+    load_model,
+    text_ids,
+)
 
 MIN_INDUCTION = 0.1  # a best induction score below this: no induction heads to ablate
 
@@ -45,6 +51,7 @@ def run(args: argparse.Namespace) -> int:
     from ..train.data import TaskDataset, load_dataset
     from ..viz import save_figure
     from ..viz.heads import plot_head_scores
+    out = check_out(args.out)
     ckpt = load_model(args)
     model, tok = ckpt.model.eval(), ckpt.tokenizer
     c = model.config
@@ -70,7 +77,6 @@ def run(args: argparse.Namespace) -> int:
     for layer, head in ranked:
         cells = "  ".join(f"{float(scores[k][layer, head]):15.3f}" for k in DETECTORS)
         print(f"{layer}.{head:<4d} {cells}")
-    out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     report: dict[str, Any] = {"probe": probe, "scores": {k: v.tolist() for k, v in scores.items()},
                               "induction_ranking": [f"{la}.{h}" for la, h in ranked]}

@@ -19,6 +19,7 @@ from .common import (
     CLIError,
     add_checkpoint_argument,
     add_device_flags,
+    check_out,
     count,
     load_model,
     out_of_memory,
@@ -122,9 +123,13 @@ def run(args: argparse.Namespace) -> int:
     from ..model.trace import Trace
 
     kinds = parse_what(args.what)
+    if args.summary and args.what != DEFAULT_WHAT:
+        raise CLIError(f"--summary draws the summaries instead of --what {args.what}; drop "
+                       "one of them")
     formats, page = _formats(args.format)
     if page and not formats:
         kinds = []  # only the page (and attention.json)
+    out = check_out(args.out)
     ckpt = load_model(args)
     model, tok = ckpt.model, ckpt.tokenizer
     c = model.config
@@ -149,10 +154,6 @@ def run(args: argparse.Namespace) -> int:
     except torch.OutOfMemoryError as err:
         raise out_of_memory("inspect", err, idx.device) from None
 
-    out = Path(args.out)
-    if out.exists() and not out.is_dir():
-        raise CLIError(f"--out {out} is a file; inspect writes several figures, so give a "
-                       "directory (it is created if missing)")
     head_of = _head_getter(trace, c, heads)
     written = _draw(kinds, formats, out, trace, c, layers, heads, head_of, tokens, query,
                     args.text)
@@ -189,9 +190,7 @@ def _run_summary(args: argparse.Namespace, model: Any, tok: Any, ids: list[int],
         trace = Trace(layers=layers, heads=heads, names=list(SUMMARY_MEANS)).run(
             model, torch.tensor([ids], device=model.wte.weight.device))
     means = {name: value.cpu() for name, value in summary_means(trace, layers).items()}
-    out = Path(args.out)
-    if out.exists() and not out.is_dir():
-        raise CLIError(f"--out {out} is a file; give a directory (it is created if missing)")
+    out = Path(args.out)  # checked by run()
     out.mkdir(parents=True, exist_ok=True)
     title = f"per-head summaries of {args.text[:40]!r}" + ("…" if len(args.text) > 40 else "")
     written: list[Path] = []

@@ -9,9 +9,15 @@ from __future__ import annotations
 
 import argparse
 import json
-from pathlib import Path
 
-from .common import CLIError, add_checkpoint_argument, add_device_flags, load_model, text_ids
+from .common import (
+    CLIError,
+    add_checkpoint_argument,
+    add_device_flags,
+    check_out,
+    load_model,
+    text_ids,
+)
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
@@ -35,6 +41,7 @@ def run(args: argparse.Namespace) -> int:
     from ..viz.heads import plot_lens
     if args.top_k < 1:
         raise CLIError(f"--top-k {args.top_k} must be >= 1")
+    out = check_out(args.out)
     ckpt = load_model(args)
     model, tok = ckpt.model.eval(), ckpt.tokenizer
     ids = text_ids(tok, args.text, model.config.block_size)
@@ -46,7 +53,6 @@ def run(args: argparse.Namespace) -> int:
         cells = "  ".join(f"{words[i][j][0]!r:>8s} {float(probs[i, j, 0]):.2f}"
                           for i in range(len(names)))
         print(f"{j:8d} {t!r:6s} {cells}")
-    out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     table = {"tokens": tokens, "layers": names, "top_tokens": words,
              "top_probs": probs.tolist()}

@@ -11,13 +11,13 @@ import argparse
 import json
 import sys
 from dataclasses import dataclass
-from pathlib import Path
 from typing import TYPE_CHECKING
 
 from .common import (
     CLIError,
     add_checkpoint_argument,
     add_device_flags,
+    check_out,
     load_model,
     text_ids,
     unescape,
@@ -97,6 +97,7 @@ def run(args: argparse.Namespace) -> int:
     from ..interp import patching
     from ..viz import save_figure
     from ..viz.heads import plot_patching
+    out = check_out(args.out)
     ckpt = load_model(args)
     model, tok = ckpt.model.eval(), ckpt.tokenizer
     clean = text_ids(tok, args.clean, model.config.block_size, "--clean")
@@ -109,6 +110,9 @@ def run(args: argparse.Namespace) -> int:
     args.answer, args.wrong = unescape(args.answer), unescape(args.wrong)
     answer = _one_token(tok, args.answer, "--answer")
     wrong = _one_token(tok, args.wrong, "--wrong")
+    if answer == wrong:  # the logit difference is 0 in every run
+        raise CLIError(f"--answer {args.answer!r} and --wrong {args.wrong!r} are the same "
+                       "token, so their logit difference is 0 in every run; give two tokens")
     method = METHODS[args.method]
     # activation patching makes a corrupted run per head and per (layer, position): shown
     with Counter("run", "patched") as progress:
@@ -133,7 +137,6 @@ def run(args: argparse.Namespace) -> int:
     for layer in range(L):
         row = " ".join(f"{float(e):+.2f}" for e in result.resid[layer])
         print(f"residual entering layer {layer}: {row}")
-    out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     record = {"clean": args.clean, "corrupt": args.corrupt,
               "answer": {"text": args.answer, "id": answer},

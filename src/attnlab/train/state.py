@@ -98,7 +98,8 @@ def check_writable(out: Path, model_config: GPTConfig) -> None:
         probe.write_text("ok")
         probe.unlink()
     except OSError as err:
-        raise ValueError(f"output directory {out} is not writable ({err}); pass --out") from err
+        raise ValueError(f"output directory {out} is not writable ({err.strerror}); choose "
+                         "another (--out)") from err
     needed = 2 * 3 * 4 * count_params(model_config)
     free = shutil.disk_usage(out).free
     if free < needed:
