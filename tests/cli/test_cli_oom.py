@@ -110,3 +110,27 @@ def test_any_other_command_says_out_of_memory_in_one_line(
     assert capsys.readouterr().err == (
         "attnlab lens: error: out of memory (CUDA out of memory. Tried to allocate 2.00 GiB); "
         "try a smaller input, or --dtype bfloat16\n")
+
+
+@pytest.mark.parametrize("command", ["train", "generate", "inspect", "lens"])
+def test_the_cpu_allocators_failure_is_out_of_memory_too(
+    command: str, trained: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The CPU allocator raises a plain RuntimeError (`--block_size 100000` in training
+    asked for 1.9 TB): the same one line as CUDA's, not a traceback."""
+    def refused(*args: Any, **kwargs: Any) -> Any:
+        raise RuntimeError("[enforce fail at alloc_cpu.cpp:127] err == 0. DefaultCPUAllocator: "
+                           "can't allocate memory: you tried to allocate 1920000000000 bytes. "
+                           "Error code 12 (Cannot allocate memory)")
+
+    monkeypatch.setattr(GPT, "forward", refused)
+    monkeypatch.setattr(Trace, "run", refused)
+    argv = {"train": ["train", "--quiet", "--out", str(tmp_path / "run"), "--max_iters", "2"],
+            "generate": ["generate", str(trained), "abc|", "--max-new-tokens", "2"],
+            "inspect": ["inspect", str(trained), "abc|", "--out", str(tmp_path / "i")],
+            "lens": ["lens", str(trained), "abc|", "--out", str(tmp_path / "l")]}[command]
+    assert main([*argv, "--device", "cpu"]) == 1
+    err = capsys.readouterr().err.splitlines()[-1]
+    assert err.startswith(f"attnlab {command}: error: out of memory")
+    assert "(can't allocate memory: you tried to allocate 1920000000000 bytes); try " in err

@@ -22,7 +22,7 @@ from typing import NoReturn
 import torch
 
 from ..model.runtime import reuse_freed_memory
-from .common import CLIError, check_device, out_of_memory
+from .common import CLIError, check_device, cpu_memory_errors, out_of_memory
 
 COMMANDS = ("train", "generate", "inspect", "serve", "bench", "demo", "info", "export", "heads",
             "patch", "lens")
@@ -144,7 +144,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         f"attnlab {args.command}: warning: {message}\n")
     try:
         _check_device(args)
-        return int(args._run(args) or 0)
+        with cpu_memory_errors():
+            return int(args._run(args) or 0)
     except BrokenPipeError:  # `attnlab heads ... | head`: the reader has what it wanted
         # stdout's buffer cannot be flushed any more: point it at nothing, exit quietly
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())

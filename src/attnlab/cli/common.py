@@ -7,11 +7,13 @@ when the device runs out of memory (`out_of_memory`), and small text helpers. Th
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import functools
 import json
 import re
 import types
+from collections.abc import Iterator
 from inspect import getsource  # (`import inspect` would be shadowed by cli/inspect.py)
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar, Union, get_args, get_origin, get_type_hints
@@ -218,6 +220,24 @@ MEMORY_HINTS = {
     "inspect": "fewer traced layers or heads (--layer, --head), fewer figures (--what), a "
                "shorter text, or --dtype bfloat16",
 }
+
+
+@contextlib.contextmanager
+def cpu_memory_errors() -> Iterator[None]:
+    """Raise the CPU allocator's failure, a plain RuntimeError, as torch.OutOfMemoryError,
+    so that one handler names what to reduce on any device."""
+    import torch
+
+    try:
+        yield
+    except RuntimeError as err:
+        text = str(err)
+        if isinstance(err, torch.OutOfMemoryError) or "can't allocate memory" not in text:
+            raise
+        # "[enforce fail at alloc_cpu.cpp:127] err == 0. DefaultCPUAllocator: can't allocate
+        # memory: you tried to allocate N bytes. Error code 12 (...)": the bytes are the news
+        said = text.split("DefaultCPUAllocator: ")[-1].split(". ")[0]
+        raise torch.OutOfMemoryError(said) from err
 
 
 def out_of_memory(command: str, err: BaseException, device: Any = None) -> CLIError:

@@ -21,6 +21,7 @@ from .common import (
     add_checkpoint_argument,
     add_device_flags,
     count,
+    cpu_memory_errors,
     device_of,
     load_model,
     out_of_memory,
@@ -203,12 +204,13 @@ def run(args: argparse.Namespace) -> int:
 
     start = time.perf_counter()
     try:
-        if args.prompt_file is None:
-            streamed = completions(prompts)  # checks the request before the prompt is echoed
-            produced = _stream(streamed, shown[0] + "\n" if args.chat else shown[0],
-                               max_new_tokens)
-        else:
-            produced = _print_batches(completions, prompts, shown, args, max_new_tokens)
+        with cpu_memory_errors():
+            if args.prompt_file is None:
+                streamed = completions(prompts)  # checks the request before the prompt is echoed
+                produced = _stream(streamed, shown[0] + "\n" if args.chat else shown[0],
+                                   max_new_tokens)
+            else:
+                produced = _print_batches(completions, prompts, shown, args, max_new_tokens)
     except torch.OutOfMemoryError as err:
         sys.stdout.write("\n")  # the streamed text ends where memory did
         raise out_of_memory("generate", err, model.wte.weight.device) from None

@@ -21,6 +21,7 @@ from .common import (
     add_device_flags,
     check_out,
     count,
+    cpu_memory_errors,
     load_model,
     out_of_memory,
     text_ids,
@@ -149,7 +150,7 @@ def run(args: argparse.Namespace) -> int:
     rows = [query] if kinds == ["row"] and not page else None
     idx = torch.tensor([ids], device=model.wte.weight.device)  # (1, T)
     try:
-        with blocks_shown(model, "traced"):
+        with cpu_memory_errors(), blocks_shown(model, "traced"):
             trace = Trace(layers=layers, heads=heads, names=names, rows=rows).run(model, idx)
     except torch.OutOfMemoryError as err:
         raise out_of_memory("inspect", err, idx.device) from None

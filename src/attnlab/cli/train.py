@@ -24,6 +24,7 @@ from .common import (
     config_from_flags,
     config_overrides,
     count,
+    cpu_memory_errors,
     out_of_memory,
 )
 from .progress import Progress
@@ -119,7 +120,7 @@ def _run(args: argparse.Namespace) -> int:
     _check_flags(args)
     # a resume finds its checkpoint first: it reads the data with the run's tokenizer
     data_given, args.data = args.data is not None, args.data or "copy"
-    check_out(_check_out(args))  # before the data, the model and the first evaluation
+    check_out(_out_dir(args))  # before the data, the model and the first evaluation
     found = _find_run(args) if args.resume else None
     saved = None if found is None else read_config(found)  # (model config, meta), read once
     if found is not None and saved is not None and not data_given:
@@ -135,7 +136,7 @@ def _run(args: argparse.Namespace) -> int:
         model_config, train_config, step = resumed
     else:
         model_config, train_config = _new_configs(args, dataset, init)
-    out = _check_out(args)
+    out = _out_dir(args)
     # before anything runs: a step graph records on one CUDA GPU only
     check_graph_device(train_config.cuda_graph, check_device(train_config.device), processes())
 
@@ -264,7 +265,7 @@ def _new_configs(args: argparse.Namespace, dataset: Any, init: Any) -> tuple[Any
         raise CLIError(str(err)) from None
     old = _find_run(args)  # refuses to overwrite a run unless --overwrite
     if old is not None:  # --overwrite: the old run's checkpoint goes, not later
-        _remove_checkpoint(_check_out(args) / "ckpt")
+        _remove_checkpoint(_out_dir(args) / "ckpt")
         print(f"removed  the checkpoint {old} held (--overwrite)")
     return model_config, train_config
 
@@ -282,10 +283,11 @@ def _train(args: argparse.Namespace, model_config: Any, train_config: Any, datas
 
     progress = Progress(train_config.max_iters, quiet=args.quiet)
     try:
-        return train(
-            model_config, train_config, dataset, out, resume=args.resume, callback=progress,
-            init=init,
-        )
+        with cpu_memory_errors():
+            return train(
+                model_config, train_config, dataset, out, resume=args.resume,
+                callback=progress, init=init,
+            )
     except torch.OutOfMemoryError as err:  # the last checkpoint was saved whole (atomic)
         kept = find_checkpoint(out / "ckpt")
         error = out_of_memory("train", err, check_device(train_config.device))
@@ -325,7 +327,7 @@ def _init_source(args: argparse.Namespace, data_given: bool) -> Any:
     return init
 
 
-def _check_out(args: argparse.Namespace) -> Path:
+def _out_dir(args: argparse.Namespace) -> Path:
     """--out, or runs/<the data's name> (the name load_dataset gives it)."""
     from ..train.data import BUILTINS
 
@@ -338,7 +340,7 @@ def _find_run(args: argparse.Namespace) -> Path | None:
     run directory that holds one unless --resume or --overwrite says what to do with it."""
     from ..checkpoint import find_checkpoint
 
-    ckpt = _check_out(args) / "ckpt"
+    ckpt = _out_dir(args) / "ckpt"
     found = find_checkpoint(ckpt)
     if args.resume and found is None:
         raise CLIError(f"--resume: no checkpoint in {ckpt}; train without --resume first")
