@@ -410,6 +410,21 @@ def test_export_writes_a_directory_transformers_loads(
     capsys.readouterr()
     assert main(["export", str(out), str(tmp_path / "again")]) == 0
     assert "as MistralForCausalLM (mistral)" in capsys.readouterr().out
+    # a run directory: an export there would shadow its ckpt/ for every command given it
+    run = tmp_path / "run"
+    save_checkpoint(run / "ckpt", model.eval(), tok)
+    assert main(["export", str(run / "ckpt"), str(run)]) == 1
+    assert "is an attnlab run (it holds ckpt/)" in capsys.readouterr().err
+    assert not (run / "config.json").exists()
+    assert main(["export", str(run / "ckpt"), str(run / "ckpt"), "--overwrite"]) == 1
+    assert "holds an attnlab checkpoint" in capsys.readouterr().err
+    # the files listed are the export's, not what OUT held before
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    (mine / "notes.txt").write_text("mine")
+    assert main(["export", str(ckpt), str(mine)]) == 0
+    listed = capsys.readouterr().out.split("\n")[0].split(": ", 1)[1]
+    assert listed == "config.json, model.safetensors, tokenizer.json, tokenizer_config.json"
 
 
 def test_save_hf_with_its_arguments_swapped_says_which_comes_first(tmp_path: Path) -> None:

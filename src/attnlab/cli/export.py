@@ -37,21 +37,31 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
 
 
 def run(args: argparse.Namespace) -> int:
-    from ..hf import family_for_config, read_hf_config, save_hf
+    from ..checkpoint import find_checkpoint
+    from ..hf import family_for_config, is_hf_dir, read_hf_config, save_hf
     from ..load import load_checkpoint
 
     out = Path(args.out)
+    if find_checkpoint(out / "ckpt") is not None or (out / "ckpt").exists():
+        raise CLIError(f"OUT {out} is an attnlab run (it holds ckpt/); a model written there "
+                       f"would be what every command given {out} loads, not the run's "
+                       "checkpoint: choose another OUT")
+    if (out / "config.json").exists() and not is_hf_dir(out):
+        raise CLIError(f"OUT {out} holds an attnlab checkpoint, which --overwrite would not "
+                       "replace whole; choose another OUT")
     if (out / "config.json").exists() and not args.overwrite:
         raise CLIError(f"{out} already holds a model (config.json); pass --overwrite to "
                        "replace it, or choose another OUT")
     if out.exists() and not out.is_dir():
         raise CLIError(f"OUT {out} is a file; give a directory (created if missing)")
     began = time.perf_counter()
+    before = {p.name: p.stat().st_mtime_ns for p in out.iterdir()} if out.is_dir() else {}
     ckpt = load_checkpoint(args.checkpoint)
     family = args.family or _source_family(ckpt) or family_for_config(ckpt.model.config).name
     save_hf(out, ckpt.model, ckpt.tokenizer, family=family)
     architecture = read_hf_config(out)["architectures"][0]
-    files = sorted(p.name for p in out.iterdir() if p.is_file())
+    files = sorted(p.name for p in out.iterdir()  # what this export wrote, not OUT's others
+                   if p.is_file() and before.get(p.name) != p.stat().st_mtime_ns)
     print(f"wrote    {out}/ as {architecture} ({family}) in "
           f"{time.perf_counter() - began:.1f} s: {', '.join(files)}")
     print(f"next     attnlab info {out}\n"
