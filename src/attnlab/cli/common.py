@@ -277,7 +277,10 @@ def unescape(text: str) -> str:
 def text_ids(tokenizer: Any, text: str, block_size: int, what: str = "the text") -> list[int]:
     """`text`'s token ids, refused when empty or longer than the model reads (a silent cut
     would renumber every position the command reports)."""
-    ids = list(tokenizer.encode(text))
+    try:
+        ids = list(tokenizer.encode(text))
+    except ValueError as err:  # which input could not be encoded, then what
+        raise CLIError(f"{what}: {err}") from None
     if not ids:
         raise CLIError(f"{what} has no tokens; pass some text")
     if len(ids) > block_size:

@@ -120,7 +120,8 @@ def _read_prompts(args: argparse.Namespace) -> list[str]:
     else:
         path = Path(args.prompt_file)
         if not path.is_file():
-            raise CLIError(f"--prompt-file {path} does not exist")
+            raise CLIError(f"--prompt-file {path} " + ("is a directory; give a text file with "
+                           "one prompt per line" if path.is_dir() else "does not exist"))
         try:
             text = path.read_text(encoding="utf-8")
         except UnicodeDecodeError as err:

@@ -79,7 +79,10 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
 def _one_token(tok: Tokenizer, text: str, flag: str) -> int:
     """The id of `text` as the next token of a prompt (no BOS), or a CLIError that says
     when a word needs its leading space to be one token (GPT-2, Llama: ' jumps')."""
-    ids = tok.encode_continuation(text)
+    try:
+        ids = tok.encode_continuation(text)
+    except ValueError as err:
+        raise CLIError(f"{flag}: {err}") from None
     if len(ids) != 1:
         spaced, hint = " " + text, ""
         try:

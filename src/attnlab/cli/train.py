@@ -186,7 +186,15 @@ def _load_data(args: argparse.Namespace, found: Path | None, data_given: bool) -
     init = _init_source(args, data_given) if args.init_from else None
     if init is not None:
         tokenizer = str(init.path)  # its ids are the ones the weights learned
-    return load_dataset(args.data, tokenizer or "char"), init
+    try:
+        return load_dataset(args.data, tokenizer or "char"), init
+    except ValueError as err:
+        if init is None or "cannot encode" not in str(err):
+            raise
+        # its advice (another tokenizer) is not open to a fine-tune: the weights learned these
+        raise CLIError(f"--data {args.data}: {str(err).split('; it is not in')[0]}; the model "
+                       f"of --init_from {args.init_from} reads only its own tokenizer's "
+                       "tokens, so give data they cover") from None
 
 
 def _resume(

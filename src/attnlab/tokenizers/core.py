@@ -166,8 +166,8 @@ def _unknown(kind: str, text: str, position: int, what: str) -> ValueError:
     context = text[max(0, position - 10): position + 10]
     return ValueError(
         f"{kind} tokenizer cannot encode {what} at position {position} (near {context!r}); "
-        "it is not in the vocabulary built from the training text. Train with a tokenizer "
-        "that covers it (--tokenizer byte or bpe) or remove it from the input"
+        "it is not in the vocabulary built from the training text. Remove it from the "
+        "input, or train with a tokenizer that covers every character (byte or bpe)"
     )
 
 

@@ -1,5 +1,6 @@
-"""Every command that writes files checks --out before its work: a file there is named with
-the fix, in one line, and nothing is loaded or trained first."""
+"""What commands are given is checked before their work and named in the error: --out naming
+a file (nothing is loaded or trained first), an input the tokenizer cannot encode (which
+flag, and advice that applies), a directory given as a file."""
 
 from __future__ import annotations
 
@@ -58,3 +59,27 @@ def test_patch_names_an_answer_that_is_also_the_wrong_token(
             "--wrong", "a", "--out", str(tmp_path / "p")]
     assert main(argv) == 1
     assert "--answer 'a' and --wrong 'a' are the same token" in capsys.readouterr().err
+
+
+def test_text_the_tokenizer_cannot_encode_is_named_by_its_flag(
+    ckpt: str, tmp_path: Path, capsys: pytest.CaptureFixture[str],
+) -> None:
+    common = ["--out", str(tmp_path / "o")]
+    assert main(["patch", ckpt, "--clean", "abcd", "--corrupt", "xbcd", "--answer", "Z",
+                 "--wrong", "a", *common]) == 1
+    assert capsys.readouterr().err.startswith(
+        "attnlab patch: error: --answer: char tokenizer cannot encode character 'Z'")
+    assert main(["lens", ckpt, "abZ", *common]) == 1
+    assert capsys.readouterr().err.startswith(
+        "attnlab lens: error: the text: char tokenizer cannot encode character 'Z'")
+    text = tmp_path / "text.txt"
+    text.write_text("abZ" * 100)
+    assert main(["train", "--init_from", ckpt, "--data", str(text), *common]) == 1
+    err = capsys.readouterr().err
+    assert "cannot encode character 'Z'" in err and "--tokenizer" not in err
+    assert err.endswith(f"the model of --init_from {ckpt} reads only its own tokenizer's "
+                        "tokens, so give data they cover\n")
+    assert main(["generate", ckpt, "--prompt-file", str(tmp_path)]) == 1
+    assert capsys.readouterr().err == (f"attnlab generate: error: --prompt-file {tmp_path} is "
+                                       "a directory; give a text file with one prompt per "
+                                       "line\n")
