@@ -32,7 +32,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from .layers import Linear, RMSNorm, apply_rotary
-from .traced_attention import fused_attend, traced_attend, traced_rows
+from .traced_attention import expand_kv, fused_attend, traced_attend, traced_rows
 
 
 class LayerTrace(Protocol):
@@ -182,17 +182,6 @@ def build_mask(
 # ----------------------------------------------------------------------------- attend
 
 
-def _expand_kv(k: Tensor, n_head: int) -> Tensor:
-    """(B, nkv, S, hs) -> (B, nh, S, hs): each key/value head serves nh // nkv query heads."""
-    B, nkv, S, hs = k.shape
-    if nkv == n_head:
-        return k
-    if n_head % nkv:
-        raise ValueError(f"query heads ({n_head}) must be a multiple of key/value heads ({nkv})")
-    k = k[:, :, None].expand(B, nkv, n_head // nkv, S, hs)  # (B, nkv, nh/nkv, S, hs)
-    return k.reshape(B, n_head, S, hs)  # (B, nh, S, hs)
-
-
 def attend(
     q: Tensor,
     k: Tensor,
@@ -211,48 +200,63 @@ def attend(
     can see into): scores = q @ k^T, masked_fill(-inf), softmax(scores * scale),
     dropout on the weights (training only), weights @ v. fused=True calls
     `F.scaled_dot_product_attention` on the same inputs, unless `trace.needs_weights`.
-    Both give zeros, never NaN, for a query row with no key to attend to.
+    Both give zeros, never NaN, for a query row with no key to attend to. The fused path
+    hands SDPA grouped-query k/v as they are (where it takes them, `SDPA_GQA`); the explicit
+    path copies them out to every query head (`expand_kv`).
     """
     if q.dim() != 4 or k.dim() != 4 or v.dim() != 4:
         raise ValueError(
             f"attend expects 4-d (B, heads, len, hs) tensors, got q {tuple(q.shape)}, "
             f"k {tuple(k.shape)}, v {tuple(v.shape)}"
         )
-    if k.shape != v.shape or q.shape[-1] != k.shape[-1] or q.shape[0] != k.shape[0]:
+    if (k.shape != v.shape or q.shape[-1] != k.shape[-1] or q.shape[0] != k.shape[0]
+            or q.shape[1] % k.shape[1]):
         raise ValueError(
             f"q {tuple(q.shape)}, k {tuple(k.shape)}, v {tuple(v.shape)} do not fit: "
-            "need q (B, nh, T, hs) and k == v shape (B, nkv, S, hs)"
+            "need q (B, nh, T, hs) and k == v shape (B, nkv, S, hs), nh a multiple of nkv"
         )
     mask = mask or Mask(None)
     scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
-    k = _expand_kv(k, q.shape[1])  # (B, nh, S, hs)
-    v = _expand_kv(v, q.shape[1])  # (B, nh, S, hs)
     dropout_p = dropout_p if training else 0.0
-    empty = mask.empty_rows
     may_attend = mask.may_attend
-    if may_attend is not None and empty is not None:
+    if may_attend is not None and mask.empty_rows is not None:
         # A row with nothing to attend to would softmax to NaN (and NaN gradients). Let it
         # attend everywhere, which is finite, and zero its output below.
-        may_attend = may_attend | empty  # (B, 1, T, S)
+        may_attend = may_attend | mask.empty_rows  # (B, 1, T, S)
 
     if fused and (trace is None or not trace.needs_weights):
         return fused_attend(q, k, v, mask, may_attend, scale, dropout_p)
-    if trace is not None:
-        # raw or masked scores are computed whole, and dropout reads every weight: then the
-        # traced path runs for every head and row
-        whole = dropout_p > 0.0 or trace.wants("attn_scores") or trace.wants("masked_scores")
-        heads = None if whole else _heads_alone(trace, q.shape[1])
-        rows = None if whole else _rows_alone(trace, q.shape[2])
-        if heads is None and rows is None:
-            return traced_attend(q, k, v, mask, may_attend, scale, dropout_p, trace)
-        # the kept heads' (and rows') weights and summaries on the traced path, every head's
-        # context on the fused one: no (B, nh, T, S) tensor for heads or rows nobody keeps
-        kept = (q, k, v) if heads is None else (q[:, heads], k[:, heads], v[:, heads])
-        if rows is None:
-            traced_attend(*kept, mask, may_attend, scale, 0.0, trace)
-        else:
-            traced_rows(*kept, mask, may_attend, scale, rows, trace)
-        return fused_attend(q, k, v, mask, may_attend, scale, dropout_p)
+    if trace is None:
+        return _explicit(q, k, v, mask, may_attend, scale, dropout_p)
+    nh = q.shape[1]
+    # raw or masked scores are computed whole, and dropout reads every weight: then the
+    # traced path runs for every head and row
+    whole = dropout_p > 0.0 or trace.wants("attn_scores") or trace.wants("masked_scores")
+    heads = None if whole else _heads_alone(trace, nh)
+    rows = None if whole else _rows_alone(trace, q.shape[2])
+    if heads is None:
+        kept = (q, expand_kv(k, nh), expand_kv(v, nh))  # (B, nh, S, hs) k and v
+    else:  # the key/value head each kept query head reads
+        kv_heads = [h // (nh // k.shape[1]) for h in heads]
+        kept = (q[:, heads], k[:, kv_heads], v[:, kv_heads])  # (B, heads, T or S, hs)
+    if heads is None and rows is None:
+        return traced_attend(*kept, mask, may_attend, scale, dropout_p, trace)
+    # the kept heads' (and rows') weights and summaries on the traced path, every head's
+    # context on the fused one: no (B, nh, T, S) tensor for heads or rows nobody keeps
+    if rows is None:
+        traced_attend(*kept, mask, may_attend, scale, 0.0, trace)
+    else:
+        traced_rows(*kept, mask, may_attend, scale, rows, trace)
+    return fused_attend(q, k, v, mask, may_attend, scale, dropout_p)
+
+
+def _explicit(q: Tensor, k: Tensor, v: Tensor, mask: Mask, may_attend: Tensor | None,
+              scale: float, dropout_p: float) -> Tensor:
+    """`attend`'s reference path without a trace, step by step. Grouped-query k and v are
+    copied out to every query head, as the traced path's are, so that an edit or a trace
+    of the scores gives this path's output bit for bit (the same products, the same shapes)."""
+    k = expand_kv(k, q.shape[1])  # (B, nh, S, hs)
+    v = expand_kv(v, q.shape[1])  # (B, nh, S, hs)
     attn_scores = q @ k.transpose(-2, -1)  # (B, nh, T, hs) @ (B, nh, hs, S) -> (B, nh, T, S)
     # Nothing else reads the raw scores, so scale them in place: every (B, nh, T, S) tensor
     # not allocated is 8 MB of fresh pages at B=8, nh=4, T=S=256.
@@ -264,8 +268,8 @@ def attend(
         additive_mask.masked_fill_(~may_attend, float("-inf"))  # (B or 1, 1, T, S)
         scaled_scores.add_(additive_mask)  # (B, nh, T, S)
     attn_weights = torch.softmax(scaled_scores, dim=-1)  # (B, nh, T, S)
-    if empty is not None:
-        attn_weights = attn_weights.masked_fill(empty, 0.0)  # (B, nh, T, S)
+    if mask.empty_rows is not None:
+        attn_weights = attn_weights.masked_fill(mask.empty_rows, 0.0)  # (B, nh, T, S)
     if dropout_p > 0.0:
         attn_weights = F.dropout(attn_weights, p=dropout_p, training=True)  # (B, nh, T, S)
     return attn_weights @ v  # (B, nh, T, S) @ (B, nh, S, hs) -> (B, nh, T, hs)
