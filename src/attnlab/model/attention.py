@@ -125,6 +125,8 @@ class Mask:
                   (`summary_kernels.py`): True, the causal mask with cached keys (and `window`)
                   and the padding; False, the padding alone; None, a mask of any other shape.
     window:       the sliding window in may_attend (with causal), or None.
+    cross:        True for cross-attention: the queries come from another sequence, not the
+                  last T of the S keys, so no query is a key (no pad query, no distance).
     spans:        the traced path's key spans per block of queries
                   (`traced_attention.key_spans`), worked out by the first layer that needs
                   them and read by the others.
@@ -136,6 +138,7 @@ class Mask:
     padding: Tensor | None = None
     causal: bool | None = None
     window: int | None = None
+    cross: bool = False
     spans: dict[tuple[int, int, int], list[tuple[int, int, int]]] = field(
         default_factory=dict, init=False, repr=False, compare=False)
 
@@ -148,13 +151,18 @@ def build_mask(
     causal: bool = True,
     device: torch.device | str | None = None,
     window: int | None = None,
+    cross: bool = False,
 ) -> Mask:
     """Combine causal structure and a (B, k_len) padding mask into one `Mask`.
 
     window: sliding-window attention (with `causal`): a query at slot i sees keys at slots
     i - window < j <= i. Slots are absolute cache positions; within a left-padded row the
     real tokens are contiguous, so slot distance is position distance.
+    cross: the keys come from another sequence (cross-attention, never causal).
     """
+    if cross and causal:
+        raise ValueError("cross-attention (cross=True) has no causal mask: its queries are "
+                         "not among the keys; pass causal=False")
     if attention_mask is not None and attention_mask.shape[-1] != k_len:
         raise ValueError(
             f"attention_mask covers {attention_mask.shape[-1]} keys but attention sees "
@@ -172,11 +180,11 @@ def build_mask(
         may_attend = causal_mask(q_len, k_len, device, window=window)[None, None]  # (1, 1, T, S)
     if attention_mask is None:
         return Mask(may_attend, square_causal=causal and q_len == k_len and not windowed,
-                    causal=causal, window=window)
+                    causal=causal, window=window, cross=cross)
     pad = padding_mask(attention_mask.to(device) if device is not None else attention_mask)
     may_attend = pad if may_attend is None else may_attend & pad  # (B, 1, T, S)
     return Mask(may_attend, empty_rows=~may_attend.any(dim=-1, keepdim=True),  # (B, 1, T, 1)
-                padding=pad[:, 0, 0], causal=causal, window=window)  # (B, S)
+                padding=pad[:, 0, 0], causal=causal, window=window, cross=cross)  # (B, S)
 
 
 # ----------------------------------------------------------------------------- attend
@@ -429,8 +437,9 @@ class CausalSelfAttention(nn.Module):
             k = trace.record("k", k)  # an edit here is not written back to the cache: it
             v = trace.record("v", v)  # applies again, to every position, at each call
         if mask is None:
-            causal = self.causal and context is None
-            mask = build_mask(T, k.shape[2], attention_mask, causal=causal, device=x.device)
+            cross = context is not None
+            mask = build_mask(T, k.shape[2], attention_mask, causal=self.causal and not cross,
+                              device=x.device, cross=cross)
         context_vec = attend(
             q, k, v, mask,
             scale=self.scale,

@@ -55,7 +55,8 @@ NAMES: dict[str, str] = {
     "attn_entropy": "(B, nh, T) -sum_j w log w over keys with w > 0, nats (summaries.py)",
     "attn_sink": "(B, nh, T) each query's weight on its row's first real key",
     "attn_received": "(B, nh, S) each key's weight summed over the query rows",
-    "attn_distance": "(B, nh, T) sum_j w_ij (i - j), i the query's key index (cache included)",
+    "attn_distance": "(B, nh, T) sum_j w_ij (i - j), i the query's key index (cache included; "
+                     "none in cross-attention)",
     "attn_max": "(B, nh, T) each query's largest weight",
     "context": "(B, nh, T, hs) weighted values: attn_weights @ v, one slice per head",
     "attn_out": "(B, T, C) heads concatenated and projected (absent without out_proj)",

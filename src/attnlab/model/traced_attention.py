@@ -191,7 +191,8 @@ def _summaries(trace: LayerTrace, q: Tensor, S: int, mask: Mask) -> Summaries | 
     if not names:
         return None
     B, nh, T, _ = q.shape
-    return Summaries(names, (B, nh, T, S), mask.padding, dtype=q.dtype, device=q.device)
+    return Summaries(names, (B, nh, T, S), mask.padding, dtype=q.dtype, device=q.device,
+                     cross=mask.cross)
 
 
 def traced_attend(q: Tensor, k: Tensor, v: Tensor, mask: Mask, may_attend: Tensor | None,
@@ -369,8 +370,10 @@ def fused_attend(q: Tensor, k: Tensor, v: Tensor, mask: Mask, may_attend: Tensor
 
 def kernel_mask(mask: Mask) -> bool:
     """Whether `summary_kernels` rebuild mask from indices: one `build_mask` made (causal
-    with cached keys, a window, key padding), or no mask at all (the kernels also need
-    T <= S: queries are the last T keys)."""
+    with cached keys, a window, key padding), or no mask at all, and not cross-attention (the
+    kernels read the queries as the last T keys, so they also need T <= S)."""
+    if mask.cross:
+        return False
     return mask.causal is not None or (mask.may_attend is None and mask.padding is None)
 
 
