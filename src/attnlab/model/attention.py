@@ -48,7 +48,8 @@ class LayerTrace(Protocol):
     values of those names may then come with only these heads, in this order, on dim 1.
     `rows`: the query rows whose scores and weights it keeps (`query_rows` of this pass;
     None: all, or an edit reads every row's); the weights may then come with only these
-    rows on dim 2.
+    rows on dim 2. `note_mask(mask)`: told the `Mask` of each call, so that a trace can say
+    later which cells were masked (`Trace.may_attend`), which the weights cannot.
     """
 
     needs_weights: bool
@@ -58,6 +59,8 @@ class LayerTrace(Protocol):
     def wants(self, name: str) -> bool: ...
 
     def record(self, name: str, value: Tensor) -> Tensor: ...
+
+    def note_mask(self, mask: Mask) -> None: ...
 
 
 class LayerCache(Protocol):
@@ -224,6 +227,8 @@ def attend(
             "need q (B, nh, T, hs) and k == v shape (B, nkv, S, hs), nh a multiple of nkv"
         )
     mask = mask or Mask(None)
+    if trace is not None:
+        trace.note_mask(mask)
     scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
     dropout_p = dropout_p if training else 0.0
     may_attend = mask.may_attend

@@ -284,6 +284,9 @@ class _WithoutWeights:
     def record(self, name: str, value: Tensor) -> Tensor:
         return self.trace.record(name, value)
 
+    def note_mask(self, mask: Mask) -> None:
+        self.trace.note_mask(mask)
+
 
 def _whole_weights(q: Tensor, key_t: Tensor, scores: Tensor | None, mask: Mask,
                    may_attend: Tensor | None, scale: float, spans: list[Span], rows: int,
