@@ -304,6 +304,27 @@ def test_may_attend_without_masked_scores_is_what_masked_scores_say(
         assert torch.equal(light.may_attend(None, row), full.may_attend(None, row)), row
 
 
+@settings(max_examples=25, deadline=None)
+@given(dtype=st.sampled_from([torch.float16, torch.bfloat16]), size=st.sampled_from([1, 300, 3e4]),
+       padded=st.booleans(), seed=st.integers(0, 2**16))
+def test_a_narrower_trace_dtype_masks_what_the_model_masked(
+    dtype: torch.dtype, size: float, padded: bool, seed: int
+) -> None:
+    """Scores past float16's range are stored as +-65504, not +-inf: only masked cells are
+    -inf, so `may_attend` of a float16 trace is the float32 trace's."""
+    torch.manual_seed(seed)
+    attn = CausalSelfAttention(8, 8, n_head=2).eval()
+    x = torch.randn(2, 5, 8) * size
+    mask = torch.tensor([[1] * 5, [0, 0, 1, 1, 1]]) if padded else None
+    names = ["attn_scores", "masked_scores", "attn_weights"]
+    wide, narrow = Trace(names=names), Trace(names=names, dtype=dtype)
+    for trace in (wide, narrow):
+        attn(x, mask, trace=trace)
+    assert torch.isfinite(narrow.get("attn_scores")).all()
+    for row in range(2):
+        assert torch.equal(narrow.may_attend(None, row), wide.may_attend(None, row))
+
+
 @pytest.mark.parametrize("hs", [64, 80])
 def test_scaled_scores_are_the_product_then_the_scale(hs: int) -> None:
     """The traced path scales inside the product; slices of q and k^T as the blocks take

@@ -225,7 +225,9 @@ class Trace:
             path, and summaries cover every row.
         dtype: floating dtype to store floating values in (None: as computed). float16
             halves a float32 trace; it rounds attention weights (in [0, 1]) by at most
-            2**-12 (2.4e-4) absolute, and scores by 2**-11 relative, until they pass 65504.
+            2**-12 (2.4e-4) absolute, and scores by 2**-11 relative; a value past the dtype's
+            range is stored as its largest finite value (+-65504 in float16), so only a
+            masked score is -inf (`may_attend`).
     """
 
     def __init__(
@@ -317,7 +319,7 @@ class Trace:
         (`viewer/notebook.py`) greys its False cells.
         """
         if (layer, "masked_scores") in self:
-            return self.get("masked_scores", layer)[row, 0].isfinite().cpu()  # (T, S)
+            return ~self.get("masked_scores", layer)[row, 0].isneginf().cpu()  # (T, S)
         held = [self.get(n, layer) for n in sorted(WEIGHT_NAMES) if (layer, n) in self]
         if not held:
             raise ValueError(f"trace has no scores or weights for layer {layer}, so no (T, S) "
@@ -404,7 +406,7 @@ class Trace:
             if kept.shape[2] == T > len(rows):  # made whole (attention may make the rows alone)
                 kept, copy = kept[:, :, rows], False
         if self.dtype is not None and kept.is_floating_point() and kept.dtype != self.dtype:
-            kept, copy = kept.to(self.dtype), False
+            kept, copy = narrowed(kept, self.dtype), False
         self.values[(layer, name)] = kept.clone() if copy else kept
         return value
 
@@ -455,6 +457,18 @@ class Trace:
     def to_dict(self) -> dict[str, Tensor]:
         """Flat `{"name" or "layer.name": tensor}` view, e.g. for safetensors or JSON export."""
         return {(n if lay is None else f"{lay}.{n}"): t for (lay, n), t in self.values.items()}
+
+
+def narrowed(value: Tensor, dtype: torch.dtype) -> Tensor:
+    """value in `dtype`, with values past its range held at +-its largest finite one: large
+    float32 scores would otherwise become +-inf in float16 and read as masked. -inf (a
+    masked score) stays -inf."""
+    largest = torch.finfo(dtype).max
+    if torch.finfo(value.dtype).max <= largest:  # nothing to clamp (a widening)
+        return value.to(dtype)
+    clamped = value.clamp(-largest, largest)  # value's shape
+    clamped.masked_fill_(value.isneginf(), float("-inf"))
+    return clamped.to(dtype)
 
 
 def padding_of_row(attention_mask: Tensor, row: int, S: int, of: str = "ids") -> Tensor:
