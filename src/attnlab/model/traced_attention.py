@@ -100,35 +100,45 @@ def _spans(mask: Mask, may_attend: Tensor | None, T: int, S: int, rows: int) -> 
 
 def _block_weights(q: Tensor, key_t: Tensor, scores: Tensor | None, mask: Mask,
                    may_attend: Tensor | None, scale: float, i0: int, i1: int, span: Span,
-                   dtype: torch.dtype | None = None, hidden: Tensor | None = None) -> Tensor:
+                   dtype: torch.dtype | None = None, hidden: Tensor | None = None,
+                   picked: Tensor | None = None) -> Tensor:
     """Weights (B, heads, i1 - i0, k1 - k0) of queries i0..i1 over the span's keys, from q
     (B, heads, T, hs) and key_t (B, heads, hs, S), or from the raw `scores` when given;
     softmax in `dtype` (None: q's). hidden: ~may_attend over the block's masked keys, when
-    the caller made it already. Rows with nothing to attend to come out 0."""
+    the caller made it already. picked: the query rows to take (an index into the T, in any
+    order) in place of i0..i1. Rows with nothing to attend to come out 0."""
     k0, k1, m0 = span
     empty = mask.empty_rows
     in_product = False  # whether the product wrote the mask's -inf itself
     if scores is None:
-        q_block, key_block = q[:, :, i0:i1], key_t[..., k0:k1]
-        if tf32x3.wanted(q_block, key_block, i1 - i0):
-            diagonal = _causal_diagonal(mask, may_attend, q.shape[2], key_t.shape[-1], i0, k0)
+        q_block, key_block = _rows_of(q, i0, i1, picked), key_t[..., k0:k1]
+        if tf32x3.wanted(q_block, key_block, q_block.shape[2]):
+            # picked rows need not be consecutive: no one diagonal bounds them
+            diagonal = None if picked is not None else _causal_diagonal(
+                mask, may_attend, q.shape[2], key_t.shape[-1], i0, k0)
             in_product = diagonal is not None
             block = tf32x3.matmul(q_block, key_block, scale, diagonal)  # (B, heads, rows, keys)
         else:
             block = scaled_scores(q_block, key_block, scale)  # (B, heads, rows, keys)
     else:
-        block = scores[:, :, i0:i1, k0:k1] * scale  # (B, heads, rows, keys)
+        block = _rows_of(scores, i0, i1, picked)[..., k0:k1] * scale  # (B, heads, rows, keys)
     if empty is not None:
+        empty = _rows_of(empty, i0, i1, picked)  # (B, 1, rows, 1)
         # a row with no key to attend to: finite everywhere, zeroed below
-        block.masked_fill_(empty[:, :, i0:i1], 0.0)
+        block.masked_fill_(empty, 0.0)
     if may_attend is not None and scores is None and m0 < k1 and not in_product:  # -inf
         if hidden is None:
-            hidden = ~may_attend[:, :, i0:i1, m0:k1]  # (B or 1, 1, rows, keys - m0 + k0)
+            hidden = ~_rows_of(may_attend, i0, i1, picked)[..., m0:k1]  # (B or 1, 1, rows, keys)
         block[..., m0 - k0:].masked_fill_(hidden, float("-inf"))
     weights = torch.softmax(block, dim=-1, dtype=dtype)  # (B, heads, rows, keys)
     if empty is not None:
-        weights.masked_fill_(empty[:, :, i0:i1], 0.0)
+        weights.masked_fill_(empty, 0.0)
     return weights
+
+
+def _rows_of(t: Tensor, i0: int, i1: int, picked: Tensor | None) -> Tensor:
+    """Query rows i0..i1 of t (B, heads, T, ...), or the `picked` ones: (B, heads, rows, ...)."""
+    return t[:, :, i0:i1] if picked is None else t.index_select(2, picked)
 
 
 def _causal_diagonal(mask: Mask, may_attend: Tensor | None, T: int, S: int, i0: int,
@@ -256,15 +266,11 @@ def traced_rows(q: Tensor, k: Tensor, v: Tensor, mask: Mask, may_attend: Tensor 
     "attn_weights"; and, when the trace wants summaries, every row's (`traced_attend` with
     the weights hidden from it). q (B, heads, T, hs), k and v (B, heads, S, hs) as
     `traced_attend` takes them; the caller computes the context."""
-    index = torch.tensor(rows, device=q.device)
     key_t = k.contiguous().transpose(-2, -1)  # (B, heads, hs, S)
-    block = scaled_scores(q.index_select(2, index), key_t, scale)  # (B, heads, rows, S)
-    if may_attend is not None:
-        hidden = ~may_attend.index_select(2, index)  # (B or 1, 1, rows, S)
-        block.masked_fill_(hidden, float("-inf"))
-    weights = torch.softmax(block, dim=-1)  # (B, heads, rows, S)
-    if mask.empty_rows is not None:  # let through above (finite), 0 here, as every path
-        weights.masked_fill_(mask.empty_rows.index_select(2, index), 0.0)
+    S = key_t.shape[-1]
+    picked = torch.tensor(rows, device=q.device)  # (rows,)
+    weights = _block_weights(q, key_t, None, mask, may_attend, scale, 0, len(rows), (0, S, 0),
+                             picked=picked)  # (B, heads, rows, S)
     trace.record("attn_weights", weights)
     if any(trace.wants(name) for name in SUMMARY_NAMES):
         traced_attend(q, k, v, mask, may_attend, scale, 0.0, _WithoutWeights(trace))
