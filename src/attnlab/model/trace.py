@@ -482,7 +482,3 @@ def padding_of_row(attention_mask: Tensor, row: int, S: int, of: str = "ids") ->
                          "come from")
     return pad
 
-
-def stack_heads(trace: Trace, name: str, n_layer: int) -> Tensor:
-    """(n_layer, B, nh, ...) stack of a per-head name across layers (all layers must be traced)."""
-    return torch.stack([trace.get(name, layer) for layer in range(n_layer)])
