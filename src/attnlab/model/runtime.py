@@ -1,6 +1,6 @@
 """Process-wide CPU settings that attnlab's commands apply (how freed memory is reused),
-what the hardware does fast (`fast_bf16`, `linear_kernel`), and which device a name means
-(`resolve_device`).
+what the hardware does fast (`fast_bf16`, `linear_kernel`), which device a name means
+(`resolve_device`), and which dtype numbers read from a model are computed in (`wide`).
 
 PyTorch's CPU allocator calls malloc and free directly; it caches nothing (its CUDA
 allocator does). glibc serves blocks of 128 KiB and more with mmap and unmaps them on free;
@@ -262,6 +262,13 @@ def triton_importable() -> bool:
     """Whether triton is installed (found without importing it): attnlab's GPU kernels
     (`summary_kernels`, `tf32x3`) need it, attnlab does not depend on it."""
     return importlib.util.find_spec("triton") is not None
+
+
+def wide(dtype: torch.dtype) -> torch.dtype:
+    """What logits, attention summaries and the numbers read from them are computed in:
+    float32 for bfloat16 and float16, a float64 model's own dtype (float32 would round its
+    values to ~7 digits)."""
+    return torch.promote_types(dtype, torch.float32)
 
 
 def resolve_device(name: str, local_rank: int = 0) -> torch.device:

@@ -28,6 +28,8 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from .runtime import wide
+
 #: The summary names, in the order a trace records them (after attn_weights).
 SUMMARY_NAMES = ("attn_entropy", "attn_sink", "attn_received", "attn_distance", "attn_max")
 
@@ -41,11 +43,6 @@ TILE_BYTES: dict[str, int] = {"cpu": 4 << 20, "cuda": 1 << 30, "default": 64 << 
 def tile_elements(device: torch.device) -> int:
     """Float32 elements in one tile on `device` (`TILE_BYTES`)."""
     return max(1, TILE_BYTES.get(device.type, TILE_BYTES["default"]) // 4)
-
-
-def accumulation_dtype(dtype: torch.dtype) -> torch.dtype:
-    """The dtype summaries are reduced and kept in: float32, or float64 for a float64 model."""
-    return torch.promote_types(dtype, torch.float32)
 
 
 class Summaries:
@@ -73,7 +70,7 @@ class Summaries:
         if padding is not None and tuple(padding.shape) != (B, S):
             raise ValueError(f"padding of shape {tuple(padding.shape)} for weights of shape "
                              f"{shape}; pass the (B, S) = ({B}, {S}) mask over every key")
-        self.shape, self.dtype, self.device = shape, accumulation_dtype(dtype), device
+        self.shape, self.dtype, self.device = shape, wide(dtype), device
         # self-attention: queries are the last T of S keys, row r is key index offset + r
         self.offset = 0 if cross else S - T
         self.first_keys = torch.zeros(B, dtype=torch.long, device=device)  # (B,)

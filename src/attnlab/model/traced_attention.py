@@ -29,8 +29,8 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from . import summary_kernels, tf32x3
-from .runtime import kept_empty, kept_out
-from .summaries import SUMMARY_NAMES, Summaries, accumulation_dtype, tile_elements
+from .runtime import kept_empty, kept_out, wide
+from .summaries import SUMMARY_NAMES, Summaries, tile_elements
 
 if TYPE_CHECKING:
     from .attention import LayerTrace, Mask
@@ -302,7 +302,7 @@ def _whole_weights(q: Tensor, key_t: Tensor, scores: Tensor | None, mask: Mask,
     B, nh, T, _ = q.shape
     S = key_t.shape[-1]
     # with summaries, the softmax runs in their dtype and the weights are rounded from it
-    dtype = None if summaries is None else accumulation_dtype(q.dtype)
+    dtype = None if summaries is None else wide(q.dtype)
     if len(spans) == 1 and spans[0][:2] == (0, S):
         weights = _block_weights(q, key_t, scores, mask, may_attend, scale, 0, T, spans[0],
                                  dtype)  # (B, nh, T, S)
