@@ -178,7 +178,8 @@ def build_mask(
     windowed = window is not None and window < k_len  # else it hides no key
     window = window if windowed else None
     # A single query is the last position, so its causal row is all True: leaving it out lets
-    # a decode step without padding run SDPA with no mask at all.
+    # a decode step without padding run SDPA with no mask at all. (k_len >= 1: with no key,
+    # causal_mask says what is wrong.)
     if causal and (windowed or not (q_len == 1 and k_len >= 1)):
         may_attend = causal_mask(q_len, k_len, device, window=window)[None, None]  # (1, 1, T, S)
     if attention_mask is None:
@@ -417,7 +418,8 @@ class CausalSelfAttention(nn.Module):
         attention_mask: (B, S) 1/0 over the keys (cached + new, or the context). `mask`
         passes a prebuilt `Mask` instead (the model builds one for all layers).
         kv_cache/pos: write this call's keys/values at position `pos` of a cache and attend
-        over everything it holds. fused: None picks fused unless the trace needs weights.
+        over everything it holds. fused: None picks fused unless the trace needs weights
+        (as True does: `attend` decides); False the explicit path.
         rope: cos, sin (B or 1, 1, T, rd) of this call's positions (`layers.Rotary`): q and
         the new k are rotated before k is cached.
         """
@@ -450,7 +452,7 @@ class CausalSelfAttention(nn.Module):
             scale=self.scale,
             dropout_p=self.dropout,
             training=self.training,
-            fused=(trace is None or not trace.needs_weights) if fused is None else fused,
+            fused=True if fused is None else fused,  # attend keeps weights off the fused path
             trace=trace,
         )  # (B, nh, T, hs)
         if trace is not None:
