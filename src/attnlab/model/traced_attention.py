@@ -161,8 +161,10 @@ def scaled_scores(q: Tensor, key_t: Tensor, scale: float) -> Tensor:
     B, heads, rows, hs = q.shape
     keys = key_t.shape[-1]
     # beta=0: the (unread) input adds nothing, not even a nan
-    scores = torch.baddbmm(q.new_empty(()), q.reshape(B * heads, rows, hs),
-                           key_t.reshape(B * heads, hs, keys), beta=0.0, alpha=scale)
+    q_3d = q.reshape(B * heads, rows, hs)  # (B, heads, rows, hs) -> (B * heads, rows, hs)
+    key_t_3d = key_t.reshape(B * heads, hs, keys)  # (B, heads, hs, keys) -> (B * heads, hs, keys)
+    # (B * heads, rows, hs) @ (B * heads, hs, keys) -> (B * heads, rows, keys)
+    scores = torch.baddbmm(q.new_empty(()), q_3d, key_t_3d, beta=0.0, alpha=scale)
     return scores.view(B, heads, rows, keys)  # (B * heads, rows, keys) -> (B, heads, rows, keys)
 
 
@@ -172,7 +174,7 @@ def _product(weights: Tensor, v: Tensor, diagonal: int | None = None) -> Tensor:
     so 3xTF32 does not read them."""
     if tf32x3.wanted(weights, v, weights.shape[-2]):
         return tf32x3.matmul(weights, v, diagonal=diagonal, past="zero")
-    return weights @ v
+    return weights @ v  # (B, nh, rows, keys) @ (B, nh, keys, hs) -> (B, nh, rows, hs)
 
 
 def _scores(q: Tensor, key_t: Tensor, mask: Mask, trace: LayerTrace
@@ -184,8 +186,9 @@ def _scores(q: Tensor, key_t: Tensor, mask: Mask, trace: LayerTrace
     B, nh, T, _ = q.shape
     shape = (B, nh, T, key_t.shape[-1])
     # kept tensors of many MiB: in reused buffers where autograd allows out=
-    attn_scores = trace.record("attn_scores", torch.matmul(
-        q, key_t, out=kept_out(shape, q, key_t)))  # (B, nh, T, S)
+    # (B, nh, T, hs) @ (B, nh, hs, S) -> (B, nh, T, S)
+    raw = torch.matmul(q, key_t, out=kept_out(shape, q, key_t))
+    attn_scores = trace.record("attn_scores", raw)  # (B, nh, T, S)
     scores = attn_scores
     if mask.may_attend is not None:
         scores = torch.where(mask.may_attend, attn_scores, q.new_tensor(float("-inf")),
