@@ -273,7 +273,7 @@ def _explicit(q: Tensor, k: Tensor, v: Tensor, mask: Mask, may_attend: Tensor | 
     v = expand_kv(v, q.shape[1])  # (B, nh, S, hs)
     attn_scores = q @ k.transpose(-2, -1)  # (B, nh, T, hs) @ (B, nh, hs, S) -> (B, nh, T, S)
     # Nothing else reads the raw scores, so scale them in place: every (B, nh, T, S) tensor
-    # not allocated is 8 MB of fresh pages at B=8, nh=4, T=S=256.
+    # not allocated is one fewer in fresh pages (docs/performance.md#freed-memory).
     scaled_scores = attn_scores.mul_(scale)
     if may_attend is not None:
         # + 0 or + -inf gives exactly masked_fill(-inf) then * scale, and unlike a
