@@ -8,8 +8,10 @@ import torch
 import torch.nn.functional as F
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from attnlab import CausalSelfAttention, Mask, Trace, attend, build_mask, causal_mask
+from attnlab.model import traced_attention
 
 ATOL = 1e-5
 
@@ -110,6 +112,68 @@ def test_explicit_equals_fused_property(
         # queries with no key to attend to give exactly zero, never NaN
         empty = mask.empty_rows.expand(B, q.shape[1], T, 1)
         assert torch.equal(explicit[empty.expand_as(explicit)], torch.zeros(int(empty.sum()) * hs))
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    B=st.integers(1, 3),
+    kv_heads=st.integers(1, 3),
+    group=st.integers(2, 4),
+    T=st.integers(1, 6),
+    extra=st.integers(0, 6),
+    causal=st.booleans(),
+    pad=st.lists(st.integers(0, 12), min_size=3, max_size=3) | st.none(),
+    window=st.sampled_from([None, 1, 3]),
+    sdpa_gqa=st.booleans(),
+    seed=st.integers(0, 2**16),
+)
+def test_grouped_query_heads_equal_copied_out_heads(
+    B: int, kv_heads: int, group: int, T: int, extra: int, causal: bool,
+    pad: list[int] | None, window: int | None, sdpa_gqa: bool, seed: int,
+) -> None:
+    """Grouped-query k/v (SDPA's enable_gqa, its torch 2.4 fallback, the explicit path) give
+    what copying each key/value head out to its query heads gives, under padding, sliding
+    windows and cached keys (T < S)."""
+    S = T + extra
+    q, k, v = _qkv(B, kv_heads * group, kv_heads, T, S, 8, seed)
+    attention_mask = None if pad is None else _left_pad_mask([min(n, S) for n in pad[:B]], S)
+    mask = build_mask(T, S, attention_mask, causal=causal, window=window if causal else None)
+    k_out, v_out = (t.repeat_interleave(group, dim=1) for t in (k, v))  # (B, nh, S, hs)
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(traced_attention, "SDPA_GQA", sdpa_gqa and traced_attention.SDPA_GQA)
+        for fused in (True, False):
+            torch.testing.assert_close(attend(q, k, v, mask, fused=fused),
+                                       attend(q, k_out, v_out, mask, fused=fused),
+                                       atol=ATOL, rtol=0)
+
+
+class _Shapes(TorchDispatchMode):
+    """Records the shape of every tensor an op returns."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.shapes: list[tuple[int, ...]] = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
+        out = func(*args, **(kwargs or {}))
+        for t in out if isinstance(out, (tuple, list)) else (out,):
+            if isinstance(t, torch.Tensor):
+                self.shapes.append(tuple(t.shape))
+        return out
+
+
+@pytest.mark.parametrize("padded", [False, True])
+def test_grouped_query_attention_copies_no_key_head_per_query_head(padded: bool) -> None:
+    """A decode step of a GQA model reads its 2 key/value heads as they are: no (B, nh, S, hs)
+    copy of the cache's k or v (the fused path, where SDPA takes enable_gqa)."""
+    if not traced_attention.SDPA_GQA:
+        pytest.skip("torch < 2.5: SDPA takes no enable_gqa, the fused path copies k and v")
+    B, nh, nkv, S, hs = 2, 6, 2, 16, 8
+    q, k, v = _qkv(B, nh, nkv, 1, S, hs)
+    mask = build_mask(1, S, _left_pad_mask([S, 5], S) if padded else None)
+    with _Shapes() as seen:
+        attend(q, k, v, mask, fused=True)
+    assert (B, nh, S, hs) not in seen.shapes
 
 
 def test_empty_rows_have_finite_gradients() -> None:

@@ -9,6 +9,8 @@ import sys
 import pytest
 import torch
 
+from attnlab.model import runtime
+
 # The attention benchmark's pattern: the explicit path's two (B, nh, T, T) tensors (8 MiB
 # each at B=8, nh=4, T=256), then the fused path, over and over. With glibc's defaults a
 # process often takes ~4,000 page faults per round; each is a fresh zeroed 4 KiB page.
@@ -145,3 +147,10 @@ def test_a_traced_forward_writes_the_weights_into_the_last_ones_memory() -> None
         (kept,) = runtime._kept.free  # back once the trace is gone
         assert kept.ctypes.data <= ptrs[-1] < kept.ctypes.data + kept.nbytes
     assert ptrs[0] == ptrs[1]
+
+
+def test_wide_is_float32_for_narrow_floats_and_keeps_float64() -> None:
+    """The one dtype logits and attention summaries are read in (`runtime.wide`)."""
+    for narrow in (torch.float16, torch.bfloat16, torch.float32):
+        assert runtime.wide(narrow) == torch.float32
+    assert runtime.wide(torch.float64) == torch.float64

@@ -15,7 +15,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from attnlab import GPT, GPTConfig, Trace
+from attnlab import GPT, CausalSelfAttention, GPTConfig, Trace, build_mask
 from attnlab.interp.edits import Edit, Edits
 from attnlab.model import summaries, traced_attention
 from attnlab.model.summaries import SUMMARY_NAMES
@@ -265,3 +265,55 @@ def test_a_head_filter_computes_the_kept_heads_alone(
         # layer 0 alike bit for bit; later layers read a fused context (float rounding)
         torch.testing.assert_close(one.values[layer, name], value[:, [3]],
                                    **({"atol": 0, "rtol": 0} if layer == 0 else TOLERANCE))
+
+
+CROSS_NAMES = [name for name in SUMMARY_NAMES if name != "attn_distance"]
+
+
+@settings(max_examples=30, deadline=None)
+@given(B=st.integers(1, 3), T=st.integers(1, 9), S=st.integers(1, 9),
+       n_kv_head=st.sampled_from([1, 2]), padded=st.booleans(), seed=st.integers(0, 2**16))
+def test_cross_attention_summaries_read_every_query_row(
+    B: int, T: int, S: int, n_kv_head: int, padded: bool, seed: int
+) -> None:
+    """Cross-attention (queries from another sequence, T > S too): no query is a pad key, so
+    every row's summaries are its weights' (none read as a pad's zeros); the sink is the
+    context row's first real key."""
+    torch.manual_seed(seed)
+    attn = CausalSelfAttention(8, 8, n_head=2, n_kv_head=n_kv_head, d_context=6).eval()
+    x, context = torch.randn(B, T, 8), torch.randn(B, S, 6)
+    mask = None
+    if padded:  # left and right pads over the context, at least one real key per row
+        mask = torch.zeros(B, S, dtype=torch.long)
+        for b in range(B):
+            left = int(torch.randint(0, S, ()))
+            mask[b, left:int(torch.randint(left + 1, S + 1, ()))] = 1
+    weights, alone, beside = (Trace(names=names) for names in (
+        ["attn_weights"], CROSS_NAMES, ["attn_weights", *CROSS_NAMES]))
+    for trace in (weights, alone, beside):
+        attn(x, mask, context=context, trace=trace)
+    w = weights.get("attn_weights").double()  # (B, nh, T, S)
+    first = torch.zeros(B, dtype=torch.long) if mask is None else mask.argmax(-1)  # (B,)
+    expected = {"attn_entropy": -torch.special.xlogy(w, w).sum(-1),
+                "attn_sink": w[torch.arange(B), :, :, first], "attn_received": w.sum(-2),
+                "attn_max": w.amax(-1)}
+    for name in CROSS_NAMES:
+        for trace in (alone, beside):
+            torch.testing.assert_close(trace.get(name).double(), expected[name], **TOLERANCE)
+
+
+def test_cross_attention_refuses_attn_distance() -> None:
+    """A query of another sequence has no key index, so no distance to a key: the error names
+    cross-attention and the summaries that remain."""
+    attn = CausalSelfAttention(8, 8, n_head=2, d_context=6).eval()
+    with pytest.raises(ValueError, match="attn_distance has no meaning in cross-attention"):
+        attn(torch.randn(1, 5, 8), context=torch.randn(1, 3, 6),
+             trace=Trace(names=["attn_distance"]))
+
+
+def test_cross_attention_masks_keep_away_from_the_summary_kernels() -> None:
+    """The kernels read query row r as key S - T + r: a cross-attention mask is not theirs."""
+    assert traced_attention.kernel_mask(build_mask(5, 3, causal=False))
+    assert not traced_attention.kernel_mask(build_mask(5, 3, causal=False, cross=True))
+    with pytest.raises(ValueError, match="pass causal=False"):
+        build_mask(5, 3, cross=True)

@@ -8,7 +8,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from attnlab import GPT, GPTConfig, Trace
+from attnlab import GPT, CausalSelfAttention, GPTConfig, Trace
 from attnlab.model import traced_attention
 from attnlab.model.trace import NAMES
 from helpers import modern_switches
@@ -275,6 +275,54 @@ def test_may_attend_is_what_the_model_masked_with_or_without_masked_scores() -> 
         Trace(names=["q"]).run(model, idx).may_attend(0)
     with pytest.raises(ValueError, match=r"pass the \(B, 8\) mask"):
         light.may_attend(0, attention_mask=mask[:, :5])
+
+
+@settings(max_examples=40, deadline=None)
+@given(kind=st.sampled_from(["causal", "encoder", "cross"]), B=st.integers(1, 3),
+       T=st.integers(1, 6), extra=st.integers(0, 4), padded=st.booleans(),
+       seed=st.integers(0, 2**16))
+def test_may_attend_without_masked_scores_is_what_masked_scores_say(
+    kind: str, B: int, T: int, extra: int, padded: bool, seed: int
+) -> None:
+    """A standalone module's trace rebuilds the mask it attended under: causal (queries the
+    last T keys), or the padding alone for an encoder (causal=False) and cross-attention,
+    exactly the cells whose masked scores are not -inf."""
+    torch.manual_seed(seed)
+    attn = CausalSelfAttention(8, 8, n_head=2, causal=kind == "causal",
+                               d_context=8 if kind == "cross" else None).eval()
+    x = torch.randn(B, T, 8)
+    source = torch.randn(B, T + extra, 8) if kind == "cross" else x
+    S = source.shape[1]
+    mask = None
+    if padded:  # every row keeps its last key: a causal query always has one to see
+        mask = (torch.rand(B, S) < 0.6).long()
+        mask[:, -1] = 1
+    light, full = Trace(names=["attn_weights"]), Trace(names=["attn_weights", "masked_scores"])
+    for trace in (light, full):
+        attn(x, mask, context=source if kind == "cross" else None, trace=trace)
+    for row in range(B):
+        assert torch.equal(light.may_attend(None, row), full.may_attend(None, row)), row
+
+
+@settings(max_examples=25, deadline=None)
+@given(dtype=st.sampled_from([torch.float16, torch.bfloat16]), size=st.sampled_from([1, 300, 3e4]),
+       padded=st.booleans(), seed=st.integers(0, 2**16))
+def test_a_narrower_trace_dtype_masks_what_the_model_masked(
+    dtype: torch.dtype, size: float, padded: bool, seed: int
+) -> None:
+    """Scores past float16's range are stored as +-65504, not +-inf: only masked cells are
+    -inf, so `may_attend` of a float16 trace is the float32 trace's."""
+    torch.manual_seed(seed)
+    attn = CausalSelfAttention(8, 8, n_head=2).eval()
+    x = torch.randn(2, 5, 8) * size
+    mask = torch.tensor([[1] * 5, [0, 0, 1, 1, 1]]) if padded else None
+    names = ["attn_scores", "masked_scores", "attn_weights"]
+    wide, narrow = Trace(names=names), Trace(names=names, dtype=dtype)
+    for trace in (wide, narrow):
+        attn(x, mask, trace=trace)
+    assert torch.isfinite(narrow.get("attn_scores")).all()
+    for row in range(2):
+        assert torch.equal(narrow.may_attend(None, row), wide.may_attend(None, row))
 
 
 @pytest.mark.parametrize("hs", [64, 80])

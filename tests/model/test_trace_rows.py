@@ -15,7 +15,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from attnlab import GPT, GPTConfig, Trace
 from attnlab.interp.edits import Edits, uniform_attention
-from attnlab.model import summaries
+from attnlab.model import summaries, tf32x3
 from attnlab.model.summaries import SUMMARY_NAMES
 from helpers import modern_switches
 
@@ -122,3 +122,30 @@ def test_a_row_outside_the_pass_is_refused() -> None:
                                          r"9 query rows: 0 to 8, or -9 to -1"):
         Trace(rows=[9, -10, 2]).run(model, torch.zeros(1, 9, dtype=torch.long))
     assert "rows=[-1]" in repr(Trace(rows=-1))
+
+
+def test_the_rows_weights_take_the_traced_paths_3xtf32_products(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The rows' scores come from the traced path's one block function: where 3xTF32 is
+    wanted they run through it too (no diagonal: picked rows need not be consecutive)."""
+    model = _model(n_kv_head=2)
+    ids = torch.randint(0, 65, (2, 9), generator=torch.Generator().manual_seed(0))
+    mask = torch.ones(2, 9, dtype=torch.long)
+    mask[1, :3] = 0
+    whole = Trace(names="attn_weights").run(model, ids, mask)
+    calls: list[int | None] = []
+
+    def matmul(a: torch.Tensor, b: torch.Tensor, alpha: float = 1.0,
+               diagonal: int | None = None, past: str = "-inf") -> torch.Tensor:
+        calls.append(diagonal)
+        return (a @ b) * alpha  # what 3xTF32 computes, within float32's rounding
+
+    # wanted for attention's (B, heads, rows, hs) products, not the linear layers'
+    monkeypatch.setattr(tf32x3, "wanted", lambda a, b, rows: a.dim() == 4)
+    monkeypatch.setattr(tf32x3, "matmul", matmul)
+    some = Trace(names="attn_weights", rows=[-1, 2]).run(model, ids, mask)
+    assert calls and all(diagonal is None for diagonal in calls)
+    for layer in range(model.config.n_layer):
+        torch.testing.assert_close(some.get("attn_weights", layer),
+                                   whole.get("attn_weights", layer)[:, :, [2, 8]], **TOLERANCE)

@@ -32,7 +32,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from .layers import Linear, RMSNorm, apply_rotary
-from .traced_attention import fused_attend, traced_attend, traced_rows
+from .traced_attention import expand_kv, fused_attend, traced_attend, traced_rows
 
 
 class LayerTrace(Protocol):
@@ -48,7 +48,8 @@ class LayerTrace(Protocol):
     values of those names may then come with only these heads, in this order, on dim 1.
     `rows`: the query rows whose scores and weights it keeps (`query_rows` of this pass;
     None: all, or an edit reads every row's); the weights may then come with only these
-    rows on dim 2.
+    rows on dim 2. `note_mask(mask)`: told the `Mask` of each call, so that a trace can say
+    later which cells were masked (`Trace.may_attend`), which the weights cannot.
     """
 
     needs_weights: bool
@@ -58,6 +59,8 @@ class LayerTrace(Protocol):
     def wants(self, name: str) -> bool: ...
 
     def record(self, name: str, value: Tensor) -> Tensor: ...
+
+    def note_mask(self, mask: Mask) -> None: ...
 
 
 class LayerCache(Protocol):
@@ -125,6 +128,8 @@ class Mask:
                   (`summary_kernels.py`): True, the causal mask with cached keys (and `window`)
                   and the padding; False, the padding alone; None, a mask of any other shape.
     window:       the sliding window in may_attend (with causal), or None.
+    cross:        True for cross-attention: the queries come from another sequence, not the
+                  last T of the S keys, so no query is a key (no pad query, no distance).
     spans:        the traced path's key spans per block of queries
                   (`traced_attention.key_spans`), worked out by the first layer that needs
                   them and read by the others.
@@ -136,6 +141,7 @@ class Mask:
     padding: Tensor | None = None
     causal: bool | None = None
     window: int | None = None
+    cross: bool = False
     spans: dict[tuple[int, int, int], list[tuple[int, int, int]]] = field(
         default_factory=dict, init=False, repr=False, compare=False)
 
@@ -148,13 +154,18 @@ def build_mask(
     causal: bool = True,
     device: torch.device | str | None = None,
     window: int | None = None,
+    cross: bool = False,
 ) -> Mask:
     """Combine causal structure and a (B, k_len) padding mask into one `Mask`.
 
     window: sliding-window attention (with `causal`): a query at slot i sees keys at slots
     i - window < j <= i. Slots are absolute cache positions; within a left-padded row the
     real tokens are contiguous, so slot distance is position distance.
+    cross: the keys come from another sequence (cross-attention, never causal).
     """
+    if cross and causal:
+        raise ValueError("cross-attention (cross=True) has no causal mask: its queries are "
+                         "not among the keys; pass causal=False")
     if attention_mask is not None and attention_mask.shape[-1] != k_len:
         raise ValueError(
             f"attention_mask covers {attention_mask.shape[-1]} keys but attention sees "
@@ -167,30 +178,20 @@ def build_mask(
     windowed = window is not None and window < k_len  # else it hides no key
     window = window if windowed else None
     # A single query is the last position, so its causal row is all True: leaving it out lets
-    # a decode step without padding run SDPA with no mask at all.
+    # a decode step without padding run SDPA with no mask at all. (k_len >= 1: with no key,
+    # causal_mask says what is wrong.)
     if causal and (windowed or not (q_len == 1 and k_len >= 1)):
         may_attend = causal_mask(q_len, k_len, device, window=window)[None, None]  # (1, 1, T, S)
     if attention_mask is None:
         return Mask(may_attend, square_causal=causal and q_len == k_len and not windowed,
-                    causal=causal, window=window)
+                    causal=causal, window=window, cross=cross)
     pad = padding_mask(attention_mask.to(device) if device is not None else attention_mask)
     may_attend = pad if may_attend is None else may_attend & pad  # (B, 1, T, S)
     return Mask(may_attend, empty_rows=~may_attend.any(dim=-1, keepdim=True),  # (B, 1, T, 1)
-                padding=pad[:, 0, 0], causal=causal, window=window)  # (B, S)
+                padding=pad[:, 0, 0], causal=causal, window=window, cross=cross)  # (B, S)
 
 
 # ----------------------------------------------------------------------------- attend
-
-
-def _expand_kv(k: Tensor, n_head: int) -> Tensor:
-    """(B, nkv, S, hs) -> (B, nh, S, hs): each key/value head serves nh // nkv query heads."""
-    B, nkv, S, hs = k.shape
-    if nkv == n_head:
-        return k
-    if n_head % nkv:
-        raise ValueError(f"query heads ({n_head}) must be a multiple of key/value heads ({nkv})")
-    k = k[:, :, None].expand(B, nkv, n_head // nkv, S, hs)  # (B, nkv, nh/nkv, S, hs)
-    return k.reshape(B, n_head, S, hs)  # (B, nh, S, hs)
 
 
 def attend(
@@ -211,51 +212,68 @@ def attend(
     can see into): scores = q @ k^T, masked_fill(-inf), softmax(scores * scale),
     dropout on the weights (training only), weights @ v. fused=True calls
     `F.scaled_dot_product_attention` on the same inputs, unless `trace.needs_weights`.
-    Both give zeros, never NaN, for a query row with no key to attend to.
+    Both give zeros, never NaN, for a query row with no key to attend to. The fused path
+    hands SDPA grouped-query k/v as they are (where it takes them, `SDPA_GQA`); the explicit
+    path copies them out to every query head (`expand_kv`).
     """
     if q.dim() != 4 or k.dim() != 4 or v.dim() != 4:
         raise ValueError(
             f"attend expects 4-d (B, heads, len, hs) tensors, got q {tuple(q.shape)}, "
             f"k {tuple(k.shape)}, v {tuple(v.shape)}"
         )
-    if k.shape != v.shape or q.shape[-1] != k.shape[-1] or q.shape[0] != k.shape[0]:
+    if (k.shape != v.shape or q.shape[-1] != k.shape[-1] or q.shape[0] != k.shape[0]
+            or q.shape[1] % k.shape[1]):
         raise ValueError(
             f"q {tuple(q.shape)}, k {tuple(k.shape)}, v {tuple(v.shape)} do not fit: "
-            "need q (B, nh, T, hs) and k == v shape (B, nkv, S, hs)"
+            "need q (B, nh, T, hs) and k == v shape (B, nkv, S, hs), nh a multiple of nkv"
         )
     mask = mask or Mask(None)
+    if trace is not None:
+        trace.note_mask(mask)
     scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
-    k = _expand_kv(k, q.shape[1])  # (B, nh, S, hs)
-    v = _expand_kv(v, q.shape[1])  # (B, nh, S, hs)
     dropout_p = dropout_p if training else 0.0
-    empty = mask.empty_rows
     may_attend = mask.may_attend
-    if may_attend is not None and empty is not None:
+    if may_attend is not None and mask.empty_rows is not None:
         # A row with nothing to attend to would softmax to NaN (and NaN gradients). Let it
         # attend everywhere, which is finite, and zero its output below.
-        may_attend = may_attend | empty  # (B, 1, T, S)
+        may_attend = may_attend | mask.empty_rows  # (B, 1, T, S)
 
     if fused and (trace is None or not trace.needs_weights):
         return fused_attend(q, k, v, mask, may_attend, scale, dropout_p)
-    if trace is not None:
-        # raw or masked scores are computed whole, and dropout reads every weight: then the
-        # traced path runs for every head and row
-        whole = dropout_p > 0.0 or trace.wants("attn_scores") or trace.wants("masked_scores")
-        heads = None if whole else _heads_alone(trace, q.shape[1])
-        rows = None if whole else _rows_alone(trace, q.shape[2])
-        if heads is None and rows is None:
-            return traced_attend(q, k, v, mask, may_attend, scale, dropout_p, trace)
-        # the kept heads' (and rows') weights and summaries on the traced path, every head's
-        # context on the fused one: no (B, nh, T, S) tensor for heads or rows nobody keeps
-        kept = (q, k, v) if heads is None else (q[:, heads], k[:, heads], v[:, heads])
-        if rows is None:
-            traced_attend(*kept, mask, may_attend, scale, 0.0, trace)
-        else:
-            traced_rows(*kept, mask, may_attend, scale, rows, trace)
-        return fused_attend(q, k, v, mask, may_attend, scale, dropout_p)
+    if trace is None:
+        return _explicit(q, k, v, mask, may_attend, scale, dropout_p)
+    nh = q.shape[1]
+    # raw or masked scores are computed whole, and dropout reads every weight: then the
+    # traced path runs for every head and row
+    whole = dropout_p > 0.0 or trace.wants("attn_scores") or trace.wants("masked_scores")
+    heads = None if whole else _heads_alone(trace, nh)
+    rows = None if whole else _rows_alone(trace, q.shape[2])
+    if heads is None:
+        kept = (q, expand_kv(k, nh), expand_kv(v, nh))  # (B, nh, S, hs) k and v
+    else:  # the key/value head each kept query head reads
+        kv_heads = [h // (nh // k.shape[1]) for h in heads]
+        kept = (q[:, heads], k[:, kv_heads], v[:, kv_heads])  # (B, heads, T or S, hs)
+    if heads is None and rows is None:
+        return traced_attend(*kept, mask, may_attend, scale, dropout_p, trace)
+    # the kept heads' (and rows') weights and summaries on the traced path, every head's
+    # context on the fused one: no (B, nh, T, S) tensor for heads or rows nobody keeps
+    if rows is None:
+        traced_attend(*kept, mask, may_attend, scale, 0.0, trace)
+    else:
+        traced_rows(*kept, mask, may_attend, scale, rows, trace)
+    return fused_attend(q, k, v, mask, may_attend, scale, dropout_p)
+
+
+def _explicit(q: Tensor, k: Tensor, v: Tensor, mask: Mask, may_attend: Tensor | None,
+              scale: float, dropout_p: float) -> Tensor:
+    """`attend`'s reference path without a trace, step by step. Grouped-query k and v are
+    copied out to every query head, as the traced path's are, so that an edit or a trace
+    of the scores gives this path's output bit for bit (the same products, the same shapes)."""
+    k = expand_kv(k, q.shape[1])  # (B, nh, S, hs)
+    v = expand_kv(v, q.shape[1])  # (B, nh, S, hs)
     attn_scores = q @ k.transpose(-2, -1)  # (B, nh, T, hs) @ (B, nh, hs, S) -> (B, nh, T, S)
     # Nothing else reads the raw scores, so scale them in place: every (B, nh, T, S) tensor
-    # not allocated is 8 MB of fresh pages at B=8, nh=4, T=S=256.
+    # not allocated is one fewer in fresh pages (docs/performance.md#freed-memory).
     scaled_scores = attn_scores.mul_(scale)
     if may_attend is not None:
         # + 0 or + -inf gives exactly masked_fill(-inf) then * scale, and unlike a
@@ -264,8 +282,8 @@ def attend(
         additive_mask.masked_fill_(~may_attend, float("-inf"))  # (B or 1, 1, T, S)
         scaled_scores.add_(additive_mask)  # (B, nh, T, S)
     attn_weights = torch.softmax(scaled_scores, dim=-1)  # (B, nh, T, S)
-    if empty is not None:
-        attn_weights = attn_weights.masked_fill(empty, 0.0)  # (B, nh, T, S)
+    if mask.empty_rows is not None:
+        attn_weights = attn_weights.masked_fill(mask.empty_rows, 0.0)  # (B, nh, T, S)
     if dropout_p > 0.0:
         attn_weights = F.dropout(attn_weights, p=dropout_p, training=True)  # (B, nh, T, S)
     return attn_weights @ v  # (B, nh, T, S) @ (B, nh, S, hs) -> (B, nh, T, hs)
@@ -400,7 +418,8 @@ class CausalSelfAttention(nn.Module):
         attention_mask: (B, S) 1/0 over the keys (cached + new, or the context). `mask`
         passes a prebuilt `Mask` instead (the model builds one for all layers).
         kv_cache/pos: write this call's keys/values at position `pos` of a cache and attend
-        over everything it holds. fused: None picks fused unless the trace needs weights.
+        over everything it holds. fused: None picks fused unless the trace needs weights
+        (as True does: `attend` decides); False the explicit path.
         rope: cos, sin (B or 1, 1, T, rd) of this call's positions (`layers.Rotary`): q and
         the new k are rotated before k is cached.
         """
@@ -425,14 +444,15 @@ class CausalSelfAttention(nn.Module):
             k = trace.record("k", k)  # an edit here is not written back to the cache: it
             v = trace.record("v", v)  # applies again, to every position, at each call
         if mask is None:
-            causal = self.causal and context is None
-            mask = build_mask(T, k.shape[2], attention_mask, causal=causal, device=x.device)
+            cross = context is not None
+            mask = build_mask(T, k.shape[2], attention_mask, causal=self.causal and not cross,
+                              device=x.device, cross=cross)
         context_vec = attend(
             q, k, v, mask,
             scale=self.scale,
             dropout_p=self.dropout,
             training=self.training,
-            fused=(trace is None or not trace.needs_weights) if fused is None else fused,
+            fused=True if fused is None else fused,  # attend keeps weights off the fused path
             trace=trace,
         )  # (B, nh, T, hs)
         if trace is not None:

@@ -70,14 +70,20 @@ class _Affine(NamedTuple):
         B = x.shape[0]
         if rows:  # blocks of input rows; their partial sums are added
             xs = x.reshape(B, parts, n_in // parts).transpose(0, 1)  # (parts, B, in/parts)
-            y = torch.bmm(xs, w.view(parts, n_in // parts, n_out)).sum(0)  # (B, out)
+            blocks = w.view(parts, n_in // parts, n_out)  # (in, out) -> (parts, in/parts, out)
+            # (parts, B, in/parts) @ (parts, in/parts, out) -> (parts, B, out), summed: (B, out)
+            y = torch.bmm(xs, blocks).sum(0)
             return y if b is None else y.add_(b)
         # (out, in) memory: blocks of outputs, each from the whole input
         blocks = w.t().view(parts, n_out // parts, n_in).transpose(1, 2)  # (parts, in, out/parts)
         xs = x.expand(parts, B, n_in)  # (parts, B, in), no copy
-        y = (torch.bmm(xs, blocks) if b is None else
-             torch.baddbmm(b.view(parts, 1, n_out // parts), xs, blocks))  # (parts, B, out/parts)
-        return y.transpose(0, 1).reshape(B, n_out)  # (B, out)
+        # (parts, B, in) @ (parts, in, out/parts) -> (parts, B, out/parts)
+        if b is None:
+            y = torch.bmm(xs, blocks)
+        else:
+            bias = b.view(parts, 1, n_out // parts)  # (out,) -> (parts, 1, out/parts)
+            y = torch.baddbmm(bias, xs, blocks)
+        return y.transpose(0, 1).reshape(B, n_out)  # (parts, B, out/parts) -> (B, out)
 
 
 # the fewest weights a thread's block holds: below it, handing out blocks costs more than

@@ -1,6 +1,6 @@
 """Process-wide CPU settings that attnlab's commands apply (how freed memory is reused),
-what the hardware does fast (`fast_bf16`, `linear_kernel`), and which device a name means
-(`resolve_device`).
+what the hardware does fast (`fast_bf16`, `linear_kernel`), which device a name means
+(`resolve_device`), and which dtype numbers read from a model are computed in (`wide`).
 
 PyTorch's CPU allocator calls malloc and free directly; it caches nothing (its CUDA
 allocator does). glibc serves blocks of 128 KiB and more with mmap and unmaps them on free;
@@ -136,7 +136,8 @@ class _KeptBuffers:
 
 
 def _keep_limit() -> int:
-    """2 GiB (GPT-2 small's every-name trace at T=1024 is 2.2 GB), at most an 8th of RAM."""
+    """2 GiB, about what a full trace of GPT-2 small at T=1024 keeps
+    (docs/performance.md#kept-buffers), at most an 8th of RAM."""
     try:
         ram = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
     except (AttributeError, ValueError, OSError):  # not POSIX
@@ -217,12 +218,12 @@ def linear_kernel() -> str:
     The environment variable ATTNLAB_LINEAR picks one; unset or "auto", oneDNN runs on AMD
     x86-64 CPUs with AVX-512 (Zen 4 on), where MKL keeps to kernels that leave speed unused:
     GPT-2 small's block products run faster through oneDNN there, and so do the forward and
-    a trace. On AMD CPUs without AVX-512 (Zen 3) oneDNN ran them 1.4-1.7x slower than MKL,
-    and Intel CPUs keep MKL, Intel's own library (oneDNN was the slower on a Xeon with AMX
-    too): see docs/performance.md#linear-kernel. The head's 512-column blocks (`gpt.unembed`) stay
-    with BLAS: they are not dense matrices, which oneDNN multiplies with a reference kernel
-    (minutes for GPT-2's head). The two kernels sum in different orders, so results differ
-    by float32 rounding (about 1e-4 on GPT-2 small's logits).
+    a trace. On AMD CPUs without AVX-512 (Zen 3) oneDNN ran them slower than MKL, and Intel
+    CPUs keep MKL, Intel's own library (oneDNN was the slower on a Xeon with AMX too): see
+    docs/performance.md#linear-kernel. The head's 512-column blocks (`gpt.unembed`) stay
+    with BLAS: they are not dense matrices, which oneDNN multiplies with a slow reference
+    kernel. The two kernels sum in different orders, so results differ by float32 rounding
+    (the figures are in the same section).
     """
     if not _linear:
         set_linear_kernel(os.environ.get("ATTNLAB_LINEAR", "auto"))
@@ -264,6 +265,13 @@ def triton_importable() -> bool:
     return importlib.util.find_spec("triton") is not None
 
 
+def wide(dtype: torch.dtype) -> torch.dtype:
+    """What logits, attention summaries and the numbers read from them are computed in:
+    float32 for bfloat16 and float16, a float64 model's own dtype (float32 would round its
+    values to ~7 digits)."""
+    return torch.promote_types(dtype, torch.float32)
+
+
 def resolve_device(name: str, local_rank: int = 0) -> torch.device:
     """auto -> cuda:LOCAL_RANK when CUDA is there, else cpu; anything else as torch reads it."""
     if name == "auto":
@@ -298,7 +306,7 @@ def one_thread() -> Iterator[None]:
 
 @contextmanager
 def quiet_compile() -> Iterator[None]:
-    """Hide two warnings torch (2.11) gives on a compiled function's first call, where nothing
+    """Hide two warnings torch gives on a compiled function's first call, where nothing
     is wrong: Inductor's CUDA-graph trees open their memory pool with an empty capture, and
     Dynamo reads `.grad` of a non-leaf input (a compiled block's input is the activation
     before it) while it builds the graph."""

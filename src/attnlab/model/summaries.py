@@ -13,11 +13,12 @@ j, and key indices count cached keys too:
     attn_distance  (B, nh, T)  sum_j w_ij (i - j), i the query's own key index (cached + row)
     attn_max       (B, nh, T)  max_j w_ij
 
-A pad query (its own column of attention_mask is 0) counts as a row with nothing to attend
-to: a left pad's row has all weights 0 already (`attend` zeroes them), a right pad's row is
-read as 0 here. So a pad row's entropy, sink, distance and max are 0 and it adds nothing to
-attn_received: the rule `interp/heads.py` follows too, where such rows are left out of a
-mean. The reductions
+In cross-attention (`Mask.cross`) the queries are no keys: every query row counts and
+attn_distance is refused. A pad query (its own column of attention_mask is 0) counts as a
+row with nothing to attend to: a left pad's row has all weights 0 already (`attend` zeroes
+them), a right pad's row is read as 0 here. So a pad row's entropy, sink, distance and max
+are 0 and it adds nothing to attn_received: the rule `interp/heads.py` follows too, where
+such rows are left out of a mean. The reductions
 run in float32 (float64 for a float64 model) whatever the model's dtype, on blocks of at most
 `TILE_BYTES` per tensor, so memory is O(nh x (T + S)) per layer plus one tile.
 """
@@ -26,6 +27,8 @@ from __future__ import annotations
 
 import torch
 from torch import Tensor
+
+from .runtime import wide
 
 #: The summary names, in the order a trace records them (after attn_weights).
 SUMMARY_NAMES = ("attn_entropy", "attn_sink", "attn_received", "attn_distance", "attn_max")
@@ -42,36 +45,40 @@ def tile_elements(device: torch.device) -> int:
     return max(1, TILE_BYTES.get(device.type, TILE_BYTES["default"]) // 4)
 
 
-def accumulation_dtype(dtype: torch.dtype) -> torch.dtype:
-    """The dtype summaries are reduced and kept in: float32, or float64 for a float64 model."""
-    return torch.promote_types(dtype, torch.float32)
-
-
 class Summaries:
     """The wanted summaries of one layer's attention, filled block by block (`add`).
 
     names: a subset of `SUMMARY_NAMES`. shape: (B, nh, T, S) of the weights summarised.
     padding: (B, S) bool, True for real tokens (`Mask.padding`); None: no padding.
+    cross: cross-attention (`Mask.cross`): the queries are not the last T of the S keys, so
+    none is a pad key and none has a distance (attn_distance is refused).
     `values` holds the results, zero until their blocks are added.
     """
 
     def __init__(self, names: list[str], shape: tuple[int, int, int, int],
                  padding: Tensor | None, *, dtype: torch.dtype,
-                 device: torch.device) -> None:
+                 device: torch.device, cross: bool = False) -> None:
         unknown = sorted(set(names) - set(SUMMARY_NAMES))
         if unknown:
             raise ValueError(f"unknown summaries {unknown}; known: {list(SUMMARY_NAMES)}")
+        if cross and "attn_distance" in names:
+            raise ValueError(
+                "attn_distance has no meaning in cross-attention (its queries come from "
+                "another sequence, not among the keys); trace the other summaries, e.g. "
+                f"names={[n for n in SUMMARY_NAMES if n != 'attn_distance']}")
         B, nh, T, S = shape
         if padding is not None and tuple(padding.shape) != (B, S):
             raise ValueError(f"padding of shape {tuple(padding.shape)} for weights of shape "
                              f"{shape}; pass the (B, S) = ({B}, {S}) mask over every key")
-        self.shape, self.dtype, self.device = shape, accumulation_dtype(dtype), device
-        self.offset = S - T  # queries are the last T of S keys: row r is key index offset + r
+        self.shape, self.dtype, self.device = shape, wide(dtype), device
+        # self-attention: queries are the last T of S keys, row r is key index offset + r
+        self.offset = 0 if cross else S - T
         self.first_keys = torch.zeros(B, dtype=torch.long, device=device)  # (B,)
         self.pad_queries: Tensor | None = None  # (B, 1, T, 1) True for a pad's query
         if padding is not None:
             padding = padding.to(device=device, dtype=torch.bool)
             self.first_keys = padding.int().argmax(dim=-1)  # (B,) the first 1: the first max
+        if padding is not None and not cross:
             pads = ~padding[:, self.offset:]  # (B, T)
             self.pad_queries = pads[:, None, :, None] if bool(pads.any()) else None
         self._distances: tuple[tuple[int, int, int, int], Tensor] | None = None

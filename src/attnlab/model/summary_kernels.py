@@ -27,7 +27,7 @@ from . import runtime
 from .summaries import SUMMARY_NAMES
 
 #: Model dtypes the kernels take as is (float64 models keep the torch path: their
-#: summaries are float64, `summaries.accumulation_dtype`).
+#: summaries are float64, `runtime.wide`).
 DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 #: (query rows, keys, warps[, pipeline stages]) per block of the rows pass and of the
 #: received pass, for 16-bit head sizes up to 128 (flash attention's forward tiles), and

@@ -20,6 +20,7 @@ Names and shapes (vocabulary in `attention.py`; heads dimension nh is sliced by 
 from __future__ import annotations
 
 from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol, TypeVar
 
 import torch
@@ -29,6 +30,7 @@ from .attention import causal_mask, query_rows
 from .summaries import SUMMARY_NAMES
 
 if TYPE_CHECKING:
+    from .attention import Mask
     from .config import GPTConfig
     from .gpt import GPT
 
@@ -55,7 +57,8 @@ NAMES: dict[str, str] = {
     "attn_entropy": "(B, nh, T) -sum_j w log w over keys with w > 0, nats (summaries.py)",
     "attn_sink": "(B, nh, T) each query's weight on its row's first real key",
     "attn_received": "(B, nh, S) each key's weight summed over the query rows",
-    "attn_distance": "(B, nh, T) sum_j w_ij (i - j), i the query's key index (cache included)",
+    "attn_distance": "(B, nh, T) sum_j w_ij (i - j), i the query's key index (cache included; "
+                     "none in cross-attention)",
     "attn_max": "(B, nh, T) each query's largest weight",
     "context": "(B, nh, T, hs) weighted values: attn_weights @ v, one slice per head",
     "attn_out": "(B, T, C) heads concatenated and projected (absent without out_proj)",
@@ -139,6 +142,30 @@ class _LayerView:
                 raise _Enough  # Trace.run: nothing after this point is kept
         return value
 
+    def note_mask(self, mask: Mask) -> None:
+        if self.trace is not None:
+            self.trace.note_mask(mask, self.layer)
+
+
+@dataclass(frozen=True)
+class Masked:
+    """How attention masked one layer's last traced pass (`Mask`'s fields): causal, True for
+    the causal mask (queries the last T keys) within `window`, False for the padding alone (an
+    encoder's, cross-attention's, or no mask), None for a mask of another shape; padding
+    (B, S) bool, True for real keys, or None."""
+
+    causal: bool | None
+    window: int | None
+    padding: Tensor | None
+
+    @classmethod
+    def of(cls, mask: Mask) -> Masked:
+        """What `mask` masks, its padding copied (a caller may write the next step's mask into
+        the same buffer)."""
+        causal = False if mask.causal is None and mask.may_attend is None else mask.causal
+        padding = None if mask.padding is None else mask.padding.detach().clone()  # (B, S)
+        return cls(causal, mask.window, padding)
+
 
 class _Enough(Exception):
     """Raised by the seam once a `Trace.run` trace holds all it will keep."""
@@ -179,7 +206,8 @@ class Trace:
     Scores and weights of 4 MiB and more live in buffers (`runtime.kept_empty`) that serve
     the next trace once nothing reads them: after `del trace` the process keeps that memory
     (up to 2 GiB) for the next one; `attnlab.model.runtime.release_kept_memory()` frees it.
-    After a pass, `windows` and `attention_mask` hold what it masked (`begin`).
+    After a pass, `windows` and `attention_mask` hold what it masked (`begin`), and `masked`
+    each traced layer's mask (`note_mask`: causal or not, window, padding).
 
     Args:
         layers: layer indices to capture (None: all; one int: that layer). Other layers run
@@ -197,7 +225,9 @@ class Trace:
             path, and summaries cover every row.
         dtype: floating dtype to store floating values in (None: as computed). float16
             halves a float32 trace; it rounds attention weights (in [0, 1]) by at most
-            2**-12 (2.4e-4) absolute, and scores by 2**-11 relative, until they pass 65504.
+            2**-12 (2.4e-4) absolute, and scores by 2**-11 relative; a value past the dtype's
+            range is stored as its largest finite value (+-65504 in float16), so only a
+            masked score is -inf (`may_attend`).
     """
 
     def __init__(
@@ -238,6 +268,7 @@ class Trace:
         # False = pad; None: no padding)
         self.windows: dict[int, int | None] = {}
         self.attention_mask: Tensor | None = None
+        self.masked: dict[int | None, Masked] = {}
 
     def run(self: _Trace, model: GPT, idx: Tensor, attention_mask: Tensor | None = None, *,
             edits: EditSource | None = None) -> _Trace:
@@ -271,6 +302,7 @@ class Trace:
         model and note each layer's sliding window (`windows`) and the pass's padding."""
         self.check_layers(config.n_layer)
         self.windows = {i: config.window_of(i) for i in range(config.n_layer)}
+        self.masked = {}  # each traced layer notes its own in this pass
         # a copy: a caller may write the next step's mask into the same buffer
         self.attention_mask = None if attention_mask is None else attention_mask.detach().to(
             torch.bool, copy=True)  # (B, S)
@@ -280,13 +312,14 @@ class Trace:
         """(T, S) bool on the CPU, True where a query of batch `row` may attend a key in
         `layer`: what the model masked, which the weights cannot tell (a masked key's weight
         is 0 like one that underflows). From the masked scores when the trace kept them,
-        else the causal mask (queries are the last T of S keys) within the layer's sliding
-        window (`windows`) and the padding: `attention_mask` (B, S) or (S,), default the
-        pass's own; (rows, S) for a trace with a row filter. The figures (`viz`) hatch and
-        the view (`viewer/notebook.py`) greys its False cells.
+        else rebuilt as the layer's mask was (`masked`): the causal mask (queries are the
+        last T of S keys) within its sliding window, or none (an encoder, cross-attention),
+        and the padding: `attention_mask` (B, S) or (S,), default the pass's own; (rows, S)
+        for a trace with a row filter. The figures (`viz`) hatch and the view
+        (`viewer/notebook.py`) greys its False cells.
         """
         if (layer, "masked_scores") in self:
-            return self.get("masked_scores", layer)[row, 0].isfinite().cpu()  # (T, S)
+            return ~self.get("masked_scores", layer)[row, 0].isneginf().cpu()  # (T, S)
         held = [self.get(n, layer) for n in sorted(WEIGHT_NAMES) if (layer, n) in self]
         if not held:
             raise ValueError(f"trace has no scores or weights for layer {layer}, so no (T, S) "
@@ -296,16 +329,28 @@ class Trace:
         if self.rows is not None:  # the weights hold these rows of the pass's queries
             T = self._query_rows.get(layer, T)
             rows = query_rows(self.rows, T)
-        # the window in cache slots, as build_mask counts it (a left-padded row's tokens are
-        # contiguous, so slot distance is position distance)
-        window = None if layer is None else self.windows.get(layer)
-        may = causal_mask(T, S, window=window, rows=rows)  # (T or rows, S)
+        # a layer traced before its mask was noted: the model's causal mask and windows
+        masked = self.masked.get(layer) or Masked(
+            True, None if layer is None else self.windows.get(layer), None)
+        if masked.causal is None:
+            raise ValueError(f"layer {layer} attended under a mask build_mask did not make, "
+                             "which the trace cannot rebuild; trace masked_scores too")
+        if masked.causal:
+            # the window in cache slots, as build_mask counts it (a left-padded row's tokens
+            # are contiguous, so slot distance is position distance)
+            may = causal_mask(T, S, window=masked.window, rows=rows)  # (T or rows, S)
+        else:
+            may = torch.ones(T if rows is None else len(rows), S, dtype=torch.bool)
         if attention_mask is None:
-            attention_mask = self.attention_mask
+            attention_mask = self.attention_mask if masked.padding is None else masked.padding
         if attention_mask is not None:
             pad = padding_of_row(attention_mask, row, S, of="keys")  # (S,)
             may = may & pad.bool().cpu()[None, :]  # (T or rows, S)
         return may
+
+    def note_mask(self, mask: Mask, layer: int | None = None) -> None:
+        """Keep how `mask` masked `layer`'s pass (`masked`), for `may_attend`."""
+        self.masked[layer] = Masked.of(mask)
 
     def check_layers(self, n_layer: int) -> None:
         """Raise unless the layer filter names layers the model has (a trace of layer 7 on a
@@ -361,7 +406,7 @@ class Trace:
             if kept.shape[2] == T > len(rows):  # made whole (attention may make the rows alone)
                 kept, copy = kept[:, :, rows], False
         if self.dtype is not None and kept.is_floating_point() and kept.dtype != self.dtype:
-            kept, copy = kept.to(self.dtype), False
+            kept, copy = narrowed(kept, self.dtype), False
         self.values[(layer, name)] = kept.clone() if copy else kept
         return value
 
@@ -407,11 +452,23 @@ class Trace:
 
     def clear(self) -> None:
         self.values.clear()
-        self.windows, self.attention_mask = {}, None
+        self.windows, self.attention_mask, self.masked = {}, None, {}
 
     def to_dict(self) -> dict[str, Tensor]:
         """Flat `{"name" or "layer.name": tensor}` view, e.g. for safetensors or JSON export."""
         return {(n if lay is None else f"{lay}.{n}"): t for (lay, n), t in self.values.items()}
+
+
+def narrowed(value: Tensor, dtype: torch.dtype) -> Tensor:
+    """value in `dtype`, with values past its range held at +-its largest finite one: large
+    float32 scores would otherwise become +-inf in float16 and read as masked. -inf (a
+    masked score) stays -inf."""
+    largest = torch.finfo(dtype).max
+    if torch.finfo(value.dtype).max <= largest:  # nothing to clamp (a widening)
+        return value.to(dtype)
+    clamped = value.clamp(-largest, largest)  # value's shape
+    clamped.masked_fill_(value.isneginf(), float("-inf"))
+    return clamped.to(dtype)
 
 
 def padding_of_row(attention_mask: Tensor, row: int, S: int, of: str = "ids") -> Tensor:
@@ -425,7 +482,3 @@ def padding_of_row(attention_mask: Tensor, row: int, S: int, of: str = "ids") ->
                          "come from")
     return pad
 
-
-def stack_heads(trace: Trace, name: str, n_layer: int) -> Tensor:
-    """(n_layer, B, nh, ...) stack of a per-head name across layers (all layers must be traced)."""
-    return torch.stack([trace.get(name, layer) for layer in range(n_layer)])

@@ -21,6 +21,7 @@ run each split on the CPU and compare the weights.
 
 from __future__ import annotations
 
+from functools import partial
 from typing import TYPE_CHECKING
 
 import torch
@@ -28,8 +29,8 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from . import summary_kernels, tf32x3
-from .runtime import kept_empty, kept_out
-from .summaries import SUMMARY_NAMES, Summaries, accumulation_dtype, tile_elements
+from .runtime import kept_empty, kept_out, wide
+from .summaries import SUMMARY_NAMES, Summaries, tile_elements
 
 if TYPE_CHECKING:
     from .attention import LayerTrace, Mask
@@ -40,6 +41,9 @@ if TYPE_CHECKING:
 BLOCK_ROWS = 128
 #: Device types whose traced pass computes all query rows as one block (few large kernels).
 ONE_BLOCK = {"cuda"}
+#: Whether `F.scaled_dot_product_attention` takes grouped-query key/value heads as they are
+#: (`enable_gqa`, torch 2.5 on); before it, `fused_attend` copies them out to every query head.
+SDPA_GQA = tuple(int(part) for part in torch.__version__.split(".")[:2]) >= (2, 5)
 
 Span = tuple[int, int, int]
 
@@ -96,35 +100,45 @@ def _spans(mask: Mask, may_attend: Tensor | None, T: int, S: int, rows: int) -> 
 
 def _block_weights(q: Tensor, key_t: Tensor, scores: Tensor | None, mask: Mask,
                    may_attend: Tensor | None, scale: float, i0: int, i1: int, span: Span,
-                   dtype: torch.dtype | None = None, hidden: Tensor | None = None) -> Tensor:
+                   dtype: torch.dtype | None = None, hidden: Tensor | None = None,
+                   picked: Tensor | None = None) -> Tensor:
     """Weights (B, heads, i1 - i0, k1 - k0) of queries i0..i1 over the span's keys, from q
     (B, heads, T, hs) and key_t (B, heads, hs, S), or from the raw `scores` when given;
     softmax in `dtype` (None: q's). hidden: ~may_attend over the block's masked keys, when
-    the caller made it already. Rows with nothing to attend to come out 0."""
+    the caller made it already. picked: the query rows to take (an index into the T, in any
+    order) in place of i0..i1. Rows with nothing to attend to come out 0."""
     k0, k1, m0 = span
     empty = mask.empty_rows
     in_product = False  # whether the product wrote the mask's -inf itself
     if scores is None:
-        q_block, key_block = q[:, :, i0:i1], key_t[..., k0:k1]
-        if tf32x3.wanted(q_block, key_block, i1 - i0):
-            diagonal = _causal_diagonal(mask, may_attend, q.shape[2], key_t.shape[-1], i0, k0)
+        q_block, key_block = _rows_of(q, i0, i1, picked), key_t[..., k0:k1]
+        if tf32x3.wanted(q_block, key_block, q_block.shape[2]):
+            # picked rows need not be consecutive: no one diagonal bounds them
+            diagonal = None if picked is not None else _causal_diagonal(
+                mask, may_attend, q.shape[2], key_t.shape[-1], i0, k0)
             in_product = diagonal is not None
             block = tf32x3.matmul(q_block, key_block, scale, diagonal)  # (B, heads, rows, keys)
         else:
             block = scaled_scores(q_block, key_block, scale)  # (B, heads, rows, keys)
     else:
-        block = scores[:, :, i0:i1, k0:k1] * scale  # (B, heads, rows, keys)
+        block = _rows_of(scores, i0, i1, picked)[..., k0:k1] * scale  # (B, heads, rows, keys)
     if empty is not None:
+        empty = _rows_of(empty, i0, i1, picked)  # (B, 1, rows, 1)
         # a row with no key to attend to: finite everywhere, zeroed below
-        block.masked_fill_(empty[:, :, i0:i1], 0.0)
+        block.masked_fill_(empty, 0.0)
     if may_attend is not None and scores is None and m0 < k1 and not in_product:  # -inf
         if hidden is None:
-            hidden = ~may_attend[:, :, i0:i1, m0:k1]  # (B or 1, 1, rows, keys - m0 + k0)
+            hidden = ~_rows_of(may_attend, i0, i1, picked)[..., m0:k1]  # (B or 1, 1, rows, keys)
         block[..., m0 - k0:].masked_fill_(hidden, float("-inf"))
     weights = torch.softmax(block, dim=-1, dtype=dtype)  # (B, heads, rows, keys)
     if empty is not None:
-        weights.masked_fill_(empty[:, :, i0:i1], 0.0)
+        weights.masked_fill_(empty, 0.0)
     return weights
+
+
+def _rows_of(t: Tensor, i0: int, i1: int, picked: Tensor | None) -> Tensor:
+    """Query rows i0..i1 of t (B, heads, T, ...), or the `picked` ones: (B, heads, rows, ...)."""
+    return t[:, :, i0:i1] if picked is None else t.index_select(2, picked)
 
 
 def _causal_diagonal(mask: Mask, may_attend: Tensor | None, T: int, S: int, i0: int,
@@ -147,8 +161,10 @@ def scaled_scores(q: Tensor, key_t: Tensor, scale: float) -> Tensor:
     B, heads, rows, hs = q.shape
     keys = key_t.shape[-1]
     # beta=0: the (unread) input adds nothing, not even a nan
-    scores = torch.baddbmm(q.new_empty(()), q.reshape(B * heads, rows, hs),
-                           key_t.reshape(B * heads, hs, keys), beta=0.0, alpha=scale)
+    q_3d = q.reshape(B * heads, rows, hs)  # (B, heads, rows, hs) -> (B * heads, rows, hs)
+    key_t_3d = key_t.reshape(B * heads, hs, keys)  # (B, heads, hs, keys) -> (B * heads, hs, keys)
+    # (B * heads, rows, hs) @ (B * heads, hs, keys) -> (B * heads, rows, keys)
+    scores = torch.baddbmm(q.new_empty(()), q_3d, key_t_3d, beta=0.0, alpha=scale)
     return scores.view(B, heads, rows, keys)  # (B * heads, rows, keys) -> (B, heads, rows, keys)
 
 
@@ -158,7 +174,7 @@ def _product(weights: Tensor, v: Tensor, diagonal: int | None = None) -> Tensor:
     so 3xTF32 does not read them."""
     if tf32x3.wanted(weights, v, weights.shape[-2]):
         return tf32x3.matmul(weights, v, diagonal=diagonal, past="zero")
-    return weights @ v
+    return weights @ v  # (B, nh, rows, keys) @ (B, nh, keys, hs) -> (B, nh, rows, hs)
 
 
 def _scores(q: Tensor, key_t: Tensor, mask: Mask, trace: LayerTrace
@@ -170,8 +186,9 @@ def _scores(q: Tensor, key_t: Tensor, mask: Mask, trace: LayerTrace
     B, nh, T, _ = q.shape
     shape = (B, nh, T, key_t.shape[-1])
     # kept tensors of many MiB: in reused buffers where autograd allows out=
-    attn_scores = trace.record("attn_scores", torch.matmul(
-        q, key_t, out=kept_out(shape, q, key_t)))  # (B, nh, T, S)
+    # (B, nh, T, hs) @ (B, nh, hs, S) -> (B, nh, T, S)
+    raw = torch.matmul(q, key_t, out=kept_out(shape, q, key_t))
+    attn_scores = trace.record("attn_scores", raw)  # (B, nh, T, S)
     scores = attn_scores
     if mask.may_attend is not None:
         scores = torch.where(mask.may_attend, attn_scores, q.new_tensor(float("-inf")),
@@ -187,7 +204,8 @@ def _summaries(trace: LayerTrace, q: Tensor, S: int, mask: Mask) -> Summaries | 
     if not names:
         return None
     B, nh, T, _ = q.shape
-    return Summaries(names, (B, nh, T, S), mask.padding, dtype=q.dtype, device=q.device)
+    return Summaries(names, (B, nh, T, S), mask.padding, dtype=q.dtype, device=q.device,
+                     cross=mask.cross)
 
 
 def traced_attend(q: Tensor, k: Tensor, v: Tensor, mask: Mask, may_attend: Tensor | None,
@@ -251,15 +269,11 @@ def traced_rows(q: Tensor, k: Tensor, v: Tensor, mask: Mask, may_attend: Tensor 
     "attn_weights"; and, when the trace wants summaries, every row's (`traced_attend` with
     the weights hidden from it). q (B, heads, T, hs), k and v (B, heads, S, hs) as
     `traced_attend` takes them; the caller computes the context."""
-    index = torch.tensor(rows, device=q.device)
     key_t = k.contiguous().transpose(-2, -1)  # (B, heads, hs, S)
-    block = scaled_scores(q.index_select(2, index), key_t, scale)  # (B, heads, rows, S)
-    if may_attend is not None:
-        hidden = ~may_attend.index_select(2, index)  # (B or 1, 1, rows, S)
-        block.masked_fill_(hidden, float("-inf"))
-    weights = torch.softmax(block, dim=-1)  # (B, heads, rows, S)
-    if mask.empty_rows is not None:  # let through above (finite), 0 here, as every path
-        weights.masked_fill_(mask.empty_rows.index_select(2, index), 0.0)
+    S = key_t.shape[-1]
+    picked = torch.tensor(rows, device=q.device)  # (rows,)
+    weights = _block_weights(q, key_t, None, mask, may_attend, scale, 0, len(rows), (0, S, 0),
+                             picked=picked)  # (B, heads, rows, S)
     trace.record("attn_weights", weights)
     if any(trace.wants(name) for name in SUMMARY_NAMES):
         traced_attend(q, k, v, mask, may_attend, scale, 0.0, _WithoutWeights(trace))
@@ -279,6 +293,9 @@ class _WithoutWeights:
     def record(self, name: str, value: Tensor) -> Tensor:
         return self.trace.record(name, value)
 
+    def note_mask(self, mask: Mask) -> None:
+        self.trace.note_mask(mask)
+
 
 def _whole_weights(q: Tensor, key_t: Tensor, scores: Tensor | None, mask: Mask,
                    may_attend: Tensor | None, scale: float, spans: list[Span], rows: int,
@@ -288,7 +305,7 @@ def _whole_weights(q: Tensor, key_t: Tensor, scores: Tensor | None, mask: Mask,
     B, nh, T, _ = q.shape
     S = key_t.shape[-1]
     # with summaries, the softmax runs in their dtype and the weights are rounded from it
-    dtype = None if summaries is None else accumulation_dtype(q.dtype)
+    dtype = None if summaries is None else wide(q.dtype)
     if len(spans) == 1 and spans[0][:2] == (0, S):
         weights = _block_weights(q, key_t, scores, mask, may_attend, scale, 0, T, spans[0],
                                  dtype)  # (B, nh, T, S)
@@ -332,26 +349,43 @@ def _streamed(q: Tensor, key_t: Tensor, v: Tensor, mask: Mask, may_attend: Tenso
     return context
 
 
+def expand_kv(k: Tensor, n_head: int) -> Tensor:
+    """(B, nkv, S, hs) -> (B, nh, S, hs), a copy: each key/value head serves nh // nkv query
+    heads. For the paths that need one key head per query head (the traced path's weights)."""
+    B, nkv, S, hs = k.shape
+    if nkv == n_head:
+        return k
+    k = k[:, :, None].expand(B, nkv, n_head // nkv, S, hs)  # (B, nkv, nh/nkv, S, hs)
+    return k.reshape(B, n_head, S, hs)  # (B, nh, S, hs)
+
+
 def fused_attend(q: Tensor, k: Tensor, v: Tensor, mask: Mask, may_attend: Tensor | None,
                  scale: float, dropout_p: float) -> Tensor:
-    """`attend`'s fused path: q (B, nh, T, hs), k/v (B, nh, S, hs) -> (B, nh, T, hs);
-    may_attend: the mask with empty rows let through (their output is zeroed here)."""
+    """`attend`'s fused path: q (B, nh, T, hs), k/v (B, nkv, S, hs) -> (B, nh, T, hs);
+    may_attend: the mask with empty rows let through (their output is zeroed here).
+    Grouped-query k/v go to SDPA uncopied where it takes them (`SDPA_GQA`)."""
+    gqa = k.shape[1] != q.shape[1]
+    if gqa and not SDPA_GQA:
+        k, v = expand_kv(k, q.shape[1]), expand_kv(v, q.shape[1])  # (B, nh, S, hs)
+        gqa = False
+    # a keyword torch 2.4 does not know: passed only for grouped heads
+    sdpa = partial(F.scaled_dot_product_attention, enable_gqa=True) if gqa else (
+        F.scaled_dot_product_attention)
     if mask.square_causal:
-        context = F.scaled_dot_product_attention(
-            q, k, v, dropout_p=dropout_p, is_causal=True, scale=scale
-        )  # (B, nh, T, hs)
+        context = sdpa(q, k, v, dropout_p=dropout_p, is_causal=True, scale=scale)  # (B, nh, T, hs)
     else:
-        context = F.scaled_dot_product_attention(
-            q, k, v, attn_mask=may_attend, dropout_p=dropout_p, scale=scale
-        )  # (B, nh, T, hs)
+        context = sdpa(q, k, v, attn_mask=may_attend, dropout_p=dropout_p,
+                       scale=scale)  # (B, nh, T, hs)
     empty = mask.empty_rows
     return context if empty is None else context.masked_fill(empty, 0.0)
 
 
 def kernel_mask(mask: Mask) -> bool:
     """Whether `summary_kernels` rebuild mask from indices: one `build_mask` made (causal
-    with cached keys, a window, key padding), or no mask at all (the kernels also need
-    T <= S: queries are the last T keys)."""
+    with cached keys, a window, key padding), or no mask at all, and not cross-attention (the
+    kernels read the queries as the last T keys, so they also need T <= S)."""
+    if mask.cross:
+        return False
     return mask.causal is not None or (mask.may_attend is None and mask.padding is None)
 
 

@@ -109,7 +109,7 @@ class _ViewTrace(Trace):
 
     def record(self, name: str, value: Tensor, layer: int | None = None) -> Tensor:
         if name == "masked_scores":
-            self.masks[layer] = value[:, 0].isfinite()  # (B, T, S): one mask for all heads
+            self.masks[layer] = ~value[:, 0].isneginf()  # (B, T, S): one mask for all heads
         elif name == "attn_weights" or (name == "attn_scores" and layer == self.steps_layer):
             super().record(name, value, layer)
         return value  # the seam's protocol: the model continues with the value
