@@ -43,8 +43,9 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from ..model.gpt import check_position, per_row_ids, require_eval, unembed, wide
+from ..model.gpt import check_position, per_row_ids, require_eval, unembed
 from ..model.layers import RMSNorm
+from ..model.runtime import wide
 from ..model.trace import Trace
 from ..tokenizers import token_text
 

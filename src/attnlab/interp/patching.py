@@ -27,7 +27,8 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from ..model.gpt import check_position, per_row_ids, require_eval, wide
+from ..model.gpt import check_position, per_row_ids, require_eval
+from ..model.runtime import wide
 from ..model.trace import Trace
 from .edits import Edit, Edits
 

@@ -483,12 +483,6 @@ def check_mask_values(attention_mask: Tensor) -> None:
         )
 
 
-def wide(dtype: torch.dtype) -> torch.dtype:
-    """What logits and the numbers read from them are computed in: float32 for bfloat16 and
-    float16, a float64 model's own dtype (float32 would round its logits to ~7 digits)."""
-    return torch.promote_types(dtype, torch.float32)
-
-
 def next_token_loss(logits: Tensor, targets: Tensor) -> Tensor:
     """Mean cross-entropy of logits (B, T, V) against targets (B, T), ignoring target -1.
 

@@ -2,9 +2,10 @@
 
 `KVCache` is the one to use: preallocated (B, nkv, T_max, hs) buffers per layer, written
 in place by `update(pos, k, v)`, which returns views of the filled prefix; a decode step
-allocates nothing that grows with the context (gpt-fast's `KVCache`). `ConcatKVCache` is
-the textbook version, which concatenates on every step; it is tested equal to the
-static one. Neither knows about masks or positions: `attention.py` and `gpt.py` do.
+allocates nothing that grows with the context (gpt-fast's `KVCache`). `KVCache.concat` (of
+`ConcatLayerKVCache`s) is the textbook version, which concatenates on every step; it is
+tested equal to the static one. A cache keeps the padding mask of its columns for the calls
+that give none (`key_mask`); what masks and positions mean is `attention.py`'s and `gpt.py`'s.
 """
 
 from __future__ import annotations
