@@ -87,6 +87,35 @@ def test_filters_keep_only_what_was_asked() -> None:
         model(torch.randint(0, 65, (1, 5)), trace=Trace(layers=[0, 7]))
 
 
+def test_a_value_is_asked_for_as_get_takes_it_or_as_keys_iterate() -> None:
+    model = _model()
+    trace = Trace(layers=1, names=["attn_weights", "logits"]).run(
+        model, torch.randint(0, 65, (1, 5)))
+    assert trace["attn_weights", 1] is trace.get("attn_weights", 1)
+    assert trace["logits"] is trace.get("logits")
+    for key in (("attn_weights", 1), (1, "attn_weights"), "logits", (None, "logits")):
+        assert key in trace
+    for key in (("attn_weights", 0), (0, "attn_weights"), "q", ("attn_weights",)):
+        assert key not in trace
+    with pytest.raises(KeyError, match="trace has no 'q' for layer 1"):
+        trace["q", 1]
+
+
+def test_filters_that_cannot_be_met_are_refused_when_made() -> None:
+    import numpy as np
+
+    for bad, message in (({"layers": "0"}, r"layers are integers >= 0 .*, not '0'"),
+                         ({"heads": [0, -1]}, r"heads are integers >= 0 .*, not -1"),
+                         ({"layers": [True]}, r"not True"),
+                         ({"rows": [0.5]}, r"rows are integers, not 0.5"),
+                         ({"layers": []}, r"Trace\(layers=\[\]\) would keep nothing"),
+                         ({"names": []}, r"Trace\(names=\[\]\) would keep nothing")):
+        with pytest.raises(ValueError, match=message):
+            Trace(**bad)  # type: ignore[arg-type]
+    trace = Trace(layers=np.int64(1), heads=torch.tensor([0]).tolist(), rows=[np.int32(-1)])
+    assert trace.layers == {1} and trace.heads == [0] and trace.rows == (-1,)
+
+
 def test_head_filter_on_grouped_query_keeps_the_kv_heads_those_heads_read() -> None:
     model = GPT(GPTConfig.from_name("nano", n_head=4, n_kv_head=2, n_embd=16)).eval()
     idx = torch.randint(0, 65, (1, 8))

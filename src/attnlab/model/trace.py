@@ -19,6 +19,7 @@ Names and shapes (vocabulary in `attention.py`; heads dimension nh is sliced by 
 
 from __future__ import annotations
 
+import operator
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol, TypeVar
@@ -244,17 +245,18 @@ class Trace:
         self.dtype = dtype
         self._query_heads: dict[int | None, int] = {}
         # one layer, head or name stands for a list of one (Trace(layers=0, names="q"))
-        self.layers = None if layers is None else frozenset(
-            (layers,) if isinstance(layers, int) else layers)
-        self.heads = None if heads is None else sorted(set(
-            (heads,) if isinstance(heads, int) else heads))
-        self.rows = None if rows is None else tuple((rows,) if isinstance(rows, int) else rows)
+        self.layers = None if layers is None else frozenset(_indices("layers", layers))
+        self.heads = None if heads is None else sorted(set(_indices("heads", heads)))
+        self.rows = None if rows is None else tuple(_indices("rows", rows, negative=True))
         self._query_rows: dict[int | None, int] = {}  # T of each layer's last pass
         if names is not None:
             names = frozenset((names,) if isinstance(names, str) else names)
             unknown = sorted(names - NAMES.keys())
             if unknown:
                 raise ValueError(f"unknown trace names {unknown}; known names: {sorted(NAMES)}")
+            if not names:
+                raise ValueError("Trace(names=[]) would keep nothing; name what to keep, or "
+                                 "pass names=None for every name")
         self.names = names
         # scores and weights exist only on attention's explicit path: run it when they are
         # wanted, and keep the fused path for a trace of, say, the residual stream
@@ -411,6 +413,9 @@ class Trace:
         return value
 
     def get(self, name: str, layer: int | None = None) -> Tensor:
+        """The value kept for `name` at `layer` (None for the model-level names: logits,
+        embeddings); KeyError listing what was kept. Also `trace[name, layer]`,
+        `trace[name]`."""
         try:
             return self.values[(layer, name)]
         except KeyError:
@@ -419,7 +424,18 @@ class Trace:
                 f"trace has no {name!r} for layer {layer}; captured: {have or 'nothing'}"
             ) from None
 
-    def __contains__(self, key: tuple[int | None, str]) -> bool:
+    def __getitem__(self, key: str | tuple[str, int | None]) -> Tensor:
+        """`trace["attn_weights", 0]`, `trace["logits"]`: `get`'s (name, layer), in
+        TransformerLens's cache order."""
+        return self.get(key) if isinstance(key, str) else self.get(*key)
+
+    def __contains__(self, key: object) -> bool:
+        """Whether a value is kept, asked as the keys iterate ((layer, name)) or as `get`
+        takes them ((name, layer), or a model-level name alone)."""
+        if isinstance(key, str):
+            key = (None, key)
+        elif isinstance(key, tuple) and len(key) == 2 and isinstance(key[0], str):
+            key = (key[1], key[0])
         return key in self.values
 
     def __iter__(self) -> Iterator[tuple[int | None, str]]:
@@ -451,12 +467,31 @@ class Trace:
         return f"{size / 1e6:.1f} MB" if size >= 100_000 else f"{size / 1e3:.1f} kB"
 
     def clear(self) -> None:
+        """Forget every kept value and what the last pass masked (the filters stay)."""
         self.values.clear()
         self.windows, self.attention_mask, self.masked = {}, None, {}
 
     def to_dict(self) -> dict[str, Tensor]:
         """Flat `{"name" or "layer.name": tensor}` view, e.g. for safetensors or JSON export."""
         return {(n if lay is None else f"{lay}.{n}"): t for (lay, n), t in self.values.items()}
+
+
+def _indices(what: str, given: int | Iterable[int], negative: bool = False) -> list[int]:
+    """A filter's indices (one int stands for a list of one), refused by name unless they
+    are integers (>= 0 unless `negative`): a string would fail only inside the forward pass."""
+    values: list[int] = []
+    for value in list(given) if isinstance(given, Iterable) else [given]:
+        try:  # numpy's and torch's integers too
+            index = None if isinstance(value, bool) else operator.index(value)
+        except TypeError:
+            index = None
+        if index is None or (index < 0 and not negative):
+            raise ValueError(f"Trace({what}={given!r}): {what} are integers" + (
+                "" if negative else " >= 0 (the last layer is n_layer - 1)") + f", not {value!r}")
+        values.append(index)
+    if not values:
+        raise ValueError(f"Trace({what}=[]) would keep nothing; pass {what}=None for all")
+    return values
 
 
 def narrowed(value: Tensor, dtype: torch.dtype) -> Tensor:
