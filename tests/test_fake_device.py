@@ -14,7 +14,8 @@ import torch
 
 from attnlab import GPT, GPTConfig, Trace
 from attnlab.generate import generate, generate_text
-from attnlab.interp.edits import Edits, ablate, patch
+from attnlab.interp.edits import Edits, ablate, head_means, patch
+from attnlab.interp.heads import detect_heads, head_summaries
 from attnlab.interp.lens import lens_table, logit_attribution, logit_lens
 from attnlab.interp.patching import activation_patching, attribution_patching, logit_diff_metric
 from attnlab.tokenizers import get_tokenizer
@@ -104,6 +105,23 @@ def test_interventions_from_host_ids() -> None:
         assert lens_table(model, tok, [10, 11, 12], 2).probs.shape == (3, 3, 2)
         attribution = logit_attribution(model, clean, 20)
         torch.testing.assert_close(attribution.total(), attribution.logit)
+
+
+
+def test_traces_and_head_scores_from_host_ids() -> None:
+    """Trace.run, the head detectors, head summaries and head means take host ids and masks
+    (detect_heads used to read host ids beside the device's weights)."""
+    model = _model()
+    ids = torch.tensor([[0, 10, 11, 12, 10, 11], [13, 14, 15, 13, 14, 15]])  # (2, 6) host
+    mask = torch.tensor([[0, 1, 1, 1, 1, 1], [1] * 6])
+    expected = detect_heads(model, ids, mask)
+    with on_fake_device(model):
+        trace = Trace(names="attn_weights").run(model, ids, mask)
+        assert place(trace.get("attn_weights", 0)) == "device"
+        for kind, scores in detect_heads(model, ids, mask).items():
+            torch.testing.assert_close(scores.cpu(), expected[kind])
+        assert head_summaries(model, ids, mask)["attn_entropy"].shape == (2, 2)
+        assert len(head_means(model, ids, mask)) == 2
 
 
 def test_viewer_payloads_and_show(tmp_path: Path) -> None:

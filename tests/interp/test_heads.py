@@ -6,12 +6,14 @@ from __future__ import annotations
 import pytest
 import torch
 
-from attnlab import GPT, GPTConfig
+from attnlab import GPT, GPTConfig, Trace
+from attnlab.interp.edits import uniform_attention
 from attnlab.interp.heads import (
     DETECTORS,
     detect_heads,
     detection_pattern,
     head_scores,
+    head_summaries,
     rank_heads,
     repeated_tokens,
 )
@@ -200,3 +202,22 @@ def test_head_summaries_are_means_over_the_real_query_rows() -> None:
     assert v == means["attn_sink"].max().item() and means["attn_sink"][la, h] == v
     (la, h, v), _ = rows["lowest entropy (nats): most peaked"]
     assert v == means["attn_entropy"].min().item()
+
+
+def test_heads_of_an_edited_model_are_scored_as_edited() -> None:
+    """edits= scores the model so edited: a head made uniform scores as a uniform pattern
+    does, by detector and by summary; the other heads as without the edit."""
+    torch.manual_seed(0)
+    model = GPT(GPTConfig.from_name("nano", n_head=4)).eval()
+    ids = repeated_tokens(65, 8, seed=1)  # (B, 16)
+    edit = uniform_attention(1, 2)
+    plain, edited = detect_heads(model, ids), detect_heads(model, ids, edits=edit)
+    weights = Trace(names="attn_weights").run(model, ids, edits=edit).get("attn_weights", 1)
+    for kind in DETECTORS:
+        pattern = detection_pattern(kind, ids, None)
+        torch.testing.assert_close(edited[kind][1], head_scores(weights, pattern, None))
+        assert torch.equal(edited[kind][0], plain[kind][0])
+    entropy = head_summaries(model, ids, edits=edit)["attn_entropy"]
+    T = ids.shape[1]
+    uniform = torch.log(torch.arange(1, T + 1, dtype=torch.float32)).mean()  # row i: log(i+1)
+    torch.testing.assert_close(entropy[1, 2], uniform)

@@ -7,6 +7,7 @@ import pytest
 import torch
 
 from attnlab import GPT, GPTConfig
+from attnlab.interp.edits import ablate
 from attnlab.interp.lens import lens_top, logit_attribution, logit_lens, top_tokens
 from helpers import left_padded, one_head_model
 
@@ -29,6 +30,13 @@ def test_logit_lens_reads_each_layer_and_ends_at_the_logits() -> None:
     assert probs.shape == ids.shape == (3, 2, 6, 3)
     assert torch.all(probs[..., :-1] >= probs[..., 1:])
     assert torch.equal(ids[-1, :, :, 0], lens[-1].argmax(-1))
+    # of an edited model: its last row is the edited model's logits, its top tokens too
+    edit = ablate([(0, 1), (1, 0)])
+    edited = logit_lens(model, idx, mask, edits=edit)
+    assert torch.equal(edited[-1], model(idx, attention_mask=mask, edits=edit).logits)
+    assert not torch.equal(edited[-1], lens[-1])
+    probs, ids = lens_top(model, idx, mask, k=3, edits=edit)
+    assert torch.equal(probs, top_tokens(edited, k=3)[0])
 
 
 def test_lens_top_is_the_lens_top_tokens_one_layer_at_a_time() -> None:

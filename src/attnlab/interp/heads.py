@@ -47,7 +47,7 @@ import torch
 from torch import Tensor
 
 from ..model.gpt import require_eval
-from ..model.trace import Trace
+from ..model.trace import EditSource, Trace
 
 #: Detector names, in the order tables list them.
 DETECTORS = ("previous_token", "duplicate_token", "induction", "first_token")
@@ -159,9 +159,11 @@ def detect_heads(
     exclude_bos: bool = False,
     exclude_current_token: bool = False,
     seed: int = 0,
+    edits: EditSource | None = None,
 ) -> dict[str, Tensor]:
     """Per detector, an (n_layer, nh) tensor of scores on `ids` (B, T), or, when ids is None,
-    on the standard probe: 8 random sequences of min(block_size // 2, 64) ids, each repeated."""
+    on the standard probe: 8 random sequences of min(block_size // 2, 64) ids, each repeated.
+    edits: score the heads of the model so edited (`interp.edits`: an ablation, say)."""
     detectors = (detectors,) if isinstance(detectors, str) else tuple(detectors)
     unknown = sorted(set(detectors) - set(DETECTORS))
     if unknown:
@@ -170,11 +172,13 @@ def detect_heads(
     if ids is None:
         c = model.config
         ids = repeated_tokens(c.vocab_size, min(c.block_size // 2, 64), seed=seed)
-        ids = ids.to(model.wte.weight.device)
+    device = model.wte.weight.device  # the caller's ids may be on the host
+    ids = ids.to(device)
+    attention_mask = None if attention_mask is None else attention_mask.to(device)
     if ids.dim() == 2 and ids.shape[1] < 2:  # a score relates a query to an earlier key
         raise ValueError(f"detect_heads needs 2 or more tokens per row, got ids of shape "
                          f"{tuple(ids.shape)}; pass longer ids, or none for the standard probe")
-    trace = Trace(names=["attn_weights"]).run(model, ids, attention_mask)
+    trace = Trace(names=["attn_weights"]).run(model, ids, attention_mask, edits=edits)
     n_layer = model.config.n_layer
     weights = [trace.get("attn_weights", layer) for layer in range(n_layer)]  # (B, nh, T, T)
     scores = {}
@@ -224,12 +228,13 @@ def summary_means(trace: Trace, layers: Sequence[int], attention_mask: Tensor | 
 
 
 @torch.no_grad()
-def head_summaries(model: Any, ids: Tensor, attention_mask: Tensor | None = None
-                   ) -> dict[str, Tensor]:
+def head_summaries(model: Any, ids: Tensor, attention_mask: Tensor | None = None, *,
+                   edits: EditSource | None = None) -> dict[str, Tensor]:
     """Per summary of `SUMMARY_MEANS`, an (n_layer, nh) tensor of its mean over the real
-    query rows of `ids` (B, T): traced in tiles, never a (T, T) matrix (`summary_means`)."""
+    query rows of `ids` (B, T): traced in tiles, never a (T, T) matrix (`summary_means`).
+    edits: of the model so edited."""
     require_eval(model, "the head summaries")
-    trace = Trace(names=list(SUMMARY_MEANS)).run(model, ids, attention_mask)
+    trace = Trace(names=list(SUMMARY_MEANS)).run(model, ids, attention_mask, edits=edits)
     return summary_means(trace, range(model.config.n_layer), attention_mask)
 
 

@@ -46,16 +46,15 @@ from torch import Tensor, nn
 from ..model.gpt import check_position, per_row_ids, require_eval, unembed
 from ..model.layers import RMSNorm
 from ..model.runtime import wide
-from ..model.trace import Trace
+from ..model.trace import EditSource, Trace
 from ..tokenizers import token_text
 
 
-def _streams(model: Any, ids: Tensor, attention_mask: Tensor | None) -> list[Tensor]:
+def _streams(model: Any, ids: Tensor, attention_mask: Tensor | None,
+             edits: EditSource | None) -> list[Tensor]:
     """The residual stream (B, T, C) entering layer 0, then after each layer."""
     require_eval(model, "the logit lens")
-    device = model.lm_head.weight.device  # the caller's ids may be on the host
-    mask = None if attention_mask is None else attention_mask.to(device)
-    trace = Trace(names=["emb", "block_out"]).run(model, ids.to(device), mask)
+    trace = Trace(names=["emb", "block_out"]).run(model, ids, attention_mask, edits=edits)
     return [trace.get("emb")] + [trace.get("block_out", layer)
                                  for layer in range(model.config.n_layer)]
 
@@ -67,21 +66,24 @@ def _read(model: Any, x: Tensor) -> Tensor:
 
 
 @torch.no_grad()
-def logit_lens(model: Any, ids: Tensor, attention_mask: Tensor | None = None) -> Tensor:
+def logit_lens(model: Any, ids: Tensor, attention_mask: Tensor | None = None, *,
+               edits: EditSource | None = None) -> Tensor:
     """ids (B, T) -> (n_layer + 1, B, T, V) logits: row 0 reads the embeddings, row l + 1 the
     residual after layer l (the last row equals the model's logits). For the top tokens
-    alone, `lens_top` holds one layer's logits at a time."""
-    return torch.stack([_read(model, x) for x in _streams(model, ids, attention_mask)])
+    alone, `lens_top` holds one layer's logits at a time. edits: the lens of the model so
+    edited (`interp.edits`)."""
+    return torch.stack([_read(model, x) for x in _streams(model, ids, attention_mask, edits)])
 
 
 @torch.no_grad()
 def lens_top(model: Any, ids: Tensor, attention_mask: Tensor | None = None, *, k: int = 5,
-             vocab: int | None = None) -> tuple[Tensor, Tensor]:
+             vocab: int | None = None, edits: EditSource | None = None
+             ) -> tuple[Tensor, Tensor]:
     """`top_tokens(logit_lens(...), k)` one layer at a time: (probabilities, ids), each
     (n_layer + 1, B, T, k), without the (n_layer + 1, B, T, V) logits (12 layers, a 50,257
     vocabulary, 1,000 tokens: 2.6 GB). vocab: read the first `vocab` logits only (a
-    tokenizer with fewer ids than the model's vocabulary). The arguments before `*` are
-    `logit_lens`'s."""
+    tokenizer with fewer ids than the model's vocabulary). The arguments before `*`, and
+    edits, are `logit_lens`'s."""
     if isinstance(attention_mask, int):  # the order before attention_mask came third
         raise TypeError(f"lens_top(model, ids, {attention_mask}): the third argument is "
                         f"attention_mask; pass k by name (k={attention_mask})")
@@ -89,7 +91,7 @@ def lens_top(model: Any, ids: Tensor, attention_mask: Tensor | None = None, *, k
         raise ValueError(f"lens_top(k={k}, vocab={vocab}): both must be >= 1 (vocab None: "
                          "every logit), else there is no token to return")
     tops = [top_tokens(_read(model, x)[..., :vocab], k)
-            for x in _streams(model, ids, attention_mask)]
+            for x in _streams(model, ids, attention_mask, edits)]
     return torch.stack([p for p, _ in tops]), torch.stack([i for _, i in tops])
 
 

@@ -283,7 +283,8 @@ class Trace:
         `model(idx, trace=trace)` where you want the logits too; those values are the same.
         The model runs in the mode it is in: in training mode dropout applies (and
         `attn_weights_dropped` exists), so call `model.eval()` first for the weights it
-        computes at inference.
+        computes at inference. idx and attention_mask may be on the host: they are moved to
+        the model's device.
         """
         names = NAMES.keys() if self.names is None else self.names
         layers = range(model.config.n_layer) if self.layers is None else self.layers
@@ -292,7 +293,8 @@ class Trace:
         self.last_place = None if "logits" in names else max(places, default=(-1, -1))
         try:
             with torch.no_grad():
-                model(idx, attention_mask=attention_mask, trace=self, edits=edits)
+                model(idx.to(model.wte.weight.device), attention_mask=attention_mask,
+                      trace=self, edits=edits)
         except _Enough:
             pass
         finally:
