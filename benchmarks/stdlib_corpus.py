@@ -28,9 +28,9 @@ def stdlib_text(limit: int = LIMIT) -> str:
 
 
 def main(argv: list[str]) -> int:
-    if len(argv) != 1:
+    if len(argv) != 1 or argv[0].startswith("-"):  # --help is not a file to write
         print("usage: python -m benchmarks.stdlib_corpus OUT.txt", file=sys.stderr)
-        return 2
+        return 0 if argv in (["-h"], ["--help"]) else 2
     text = stdlib_text()
     Path(argv[0]).write_text(text, encoding="utf-8")
     print(f"wrote {len(text):,} characters of Python {sys.version.split()[0]}'s standard "
