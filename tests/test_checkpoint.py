@@ -272,3 +272,22 @@ def test_writer_raises_a_failed_write_at_wait(tmp_path: Path) -> None:
     writer.save(tmp_path / "ckpt", model, tok)
     writer.wait()
     _assert_same_weights(model, load_checkpoint(tmp_path / "ckpt").model)
+
+
+def test_a_broken_config_says_what_is_broken(tmp_path: Path) -> None:
+    model, tok = GPT(GPTConfig.from_name("nano")).eval(), CharTokenizer.from_text("ab")
+    path = save_checkpoint(tmp_path / "ckpt", model, tok)
+    config = path / "config.json"
+    config.write_text('{"model_type": "llama", ')
+    with pytest.raises(ValueError, match=r"config.json is not JSON \(.*\): the file is "
+                                         r"truncated or corrupted"):
+        load_checkpoint(path)
+    config.write_text("{}")
+    with pytest.raises(ValueError, match=r'has no "model" section, so it is neither'):
+        load_checkpoint(path)
+    with pytest.raises(NotADirectoryError, match=rf"is a file; .*: pass {path}$"):
+        load_checkpoint(config)
+    loose = tmp_path / "loose.txt"  # beside no checkpoint
+    loose.write_text("not a checkpoint")
+    with pytest.raises(NotADirectoryError, match=r"pass a directory holding config\.json"):
+        load_checkpoint(loose)

@@ -217,9 +217,11 @@ def _resolve(directory: Path) -> Path:
     if found is not None:
         return found
     if directory.is_file():
+        holder = directory.parent
         raise NotADirectoryError(
             f"{directory} is a file; a checkpoint is the directory that holds it: pass "
-            f"{directory.parent}"
+            + (str(holder) if (holder / CONFIG_FILE).exists() else "a directory holding "
+               f"{CONFIG_FILE} and {WEIGHTS_FILE} (attnlab train --out writes one)")
         )
     raise FileNotFoundError(
         f"checkpoint directory {directory} does not exist; train one with "
@@ -234,8 +236,16 @@ def read_config(directory: str | Path) -> tuple[GPTConfig, dict[str, Any]]:
     path = directory / CONFIG_FILE
     if not path.exists():
         raise FileNotFoundError(f"{directory} has no {CONFIG_FILE}; is it an attnlab checkpoint?")
-    try:  # JSONDecodeError and UnicodeDecodeError are ValueErrors too
+    try:
         config = json.loads(path.read_text(encoding="utf-8"))
+    except ValueError as err:  # JSONDecodeError and UnicodeDecodeError
+        raise ValueError(f"{path} is not JSON ({err}): the file is truncated or "
+                         "corrupted") from err
+    if not isinstance(config, dict) or "model" not in config:
+        raise ValueError(f"{path} has no \"model\" section, so it is neither an attnlab "
+                         "checkpoint's config nor a Hugging Face one (those name a "
+                         "model_type): corrupted?")
+    try:
         model, meta = config["model"], config.get("meta", {})
         if isinstance(model, dict):  # configs saved before a field changed its type
             model = GPTConfig.upgrade(model)

@@ -62,6 +62,8 @@ def find_checkout() -> Path | None:
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.threads is not None and args.threads < 1:  # here: one line, attnlab's own
+        raise CLIError(f"--threads {args.threads} must be >= 1")
     root = find_checkout()
     if root is None:
         raise CLIError(
