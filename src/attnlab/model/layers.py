@@ -159,7 +159,8 @@ class MLP(nn.Module):
 
 def real_positions(attention_mask: Tensor, T: int) -> Tensor:
     """(B, S) 1/0 mask -> (B, T): the position of each of the last T tokens among the real
-    tokens of its row (cumsum - 1); padding clamps to 0."""
+    tokens of its row (cumsum - 1): a left pad gets 0, a pad after real tokens the last real
+    token's position (pads are masked as keys, so their positions change no real token)."""
     return (attention_mask.long().cumsum(-1) - 1).clamp(min=0)[:, -T:]
 
 

@@ -65,7 +65,7 @@ NAMES: dict[str, str] = {
     "attn_out": "(B, T, C) heads concatenated and projected (absent without out_proj)",
     "mlp_out": "(B, T, C) the MLP's output, before it joins the residual (absent without mlp)",
     "block_out": "(B, T, C) output of the block (the residual stream after it)",
-    "logits": "(B, T, V) next-token logits",
+    "logits": "(B, T, V) next-token logits ((B, 1, V) with last_logits_only)",
 }
 MODEL_NAMES = ("tok_emb", "pos_emb", "emb", "logits")
 #: Names whose dimension 1 is a head dimension (sliced by the `heads` filter).
