@@ -95,7 +95,7 @@ def _seed_002(
     train_config = dataclasses.replace(train_config, device=str(device))
     torch.manual_seed(train_config.seed)  # the untrained model train() starts from
     before = GPT(model_config).to(device).eval()
-    after, how = _trained(name, out, model_config, train_config, dataset, retrain)
+    after, how = _trained(out, model_config, train_config, dataset, retrain)
     tc = train_config
     print(f"model    seed-minimal: 1 layer, 1 head, n_embd {model_config.n_embd}, "
           f"{model_config.vocab_size} words, {after.num_params(non_embedding=False)} parameters")
@@ -123,7 +123,7 @@ def _seed_002(
     return 0
 
 
-def _trained(name: str, out: Path, model_config: Any, train_config: Any, dataset: Any,
+def _trained(out: Path, model_config: Any, train_config: Any, dataset: Any,
              retrain: bool) -> tuple[Any, str]:
     """The trained model: a checkpoint in out/ckpt of this exact recipe, or a new run."""
     from ..load import load_checkpoint

@@ -245,13 +245,13 @@ def _payload(trace: Trace, labels: list[str], *, row: int, layer: int | None,
         "head": "all" if head == "all" else head_labels.index(int(head)),
         "query": query, "rowscale": S > 64, "info": info,
         "precision": "weights to 1/254 of each row's largest",
-        "steps": _steps(trace, row, traced, head_labels, steps, scale, T, S),
+        "steps": _steps(trace, row, traced, head_labels, steps, scale),
     }
     return payload
 
 
 def _steps(trace: Trace, row: int, traced: list[Any], head_labels: list[int],
-           steps: tuple[int | None, int] | None, scale: float | None, T: int, S: int) -> Any:
+           steps: tuple[int | None, int] | None, scale: float | None) -> Any:
     if steps is None:
         return None
     lay, h = steps
