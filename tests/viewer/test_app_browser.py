@@ -155,6 +155,31 @@ def test_hovered_token_shows_the_apis_weights(page: Any, server: str) -> None:
     page.wait_for_selector("#tokens .tok.query[data-i='4']")  # pinned: stays on show
 
 
+def test_the_last_layer_picked_is_drawn_when_an_earlier_answer_comes_late(page: Any) -> None:
+    """Layer 1 asked for, then layer 0 (on hand) before layer 1's answer: the late answer
+    is dropped, and the map, the title and the state all read layer 0."""
+    show(page, "the lazy dog")
+    late: list[Any] = []
+
+    def hold_layer_1(route: Any) -> None:
+        if json.loads(route.request.post_data or "{}").get("layers") == [1]:
+            late.append(route)  # answered below, once layer 0 is drawn
+        else:
+            route.continue_()
+
+    page.route("**/api/attention", hold_layer_1)
+    page.select_option("#layer", "1")
+    wait_until(page, "document.querySelector('#status').textContent === 'running…'")
+    page.select_option("#layer", "0")
+    wait_until(page, "!document.querySelector('#status').textContent")
+    assert len(late) == 1
+    late[0].continue_()
+    page.wait_for_timeout(500)  # the late answer arrives and is dropped
+    assert page.evaluate("window.attnlab.layer") == 0
+    assert "layer 0" in page.eval_on_selector("#map-title", "e => e.textContent")
+    assert not page.evaluate("document.querySelector('#status').textContent")
+
+
 def test_all_heads_grid_and_click_to_open(page: Any) -> None:
     page.select_option("#head", "all")
     page.wait_for_selector("#grid figure.mini")

@@ -181,19 +181,21 @@ async function showLayer(layer) {
     state.layer = layer;
     return;
   }
+  // every switch, to a layer on hand too, makes the answers still on their way stale: the
+  // last layer picked is the one drawn
+  const seq = ++state.seq;
   if (!state.layers.has(layer)) {
-    const seq = ++state.seq;
     setStatus($("status"), "running…");
     try {
       const data = await attention({ ids: state.ids, layers: [layer], norms: true });
       if (seq !== state.seq) return;
       state.layers.set(layer, data.layers[0]);
-      setStatus($("status"), "");
     } catch (err) {
-      setStatus($("status"), err.message, true);
+      if (seq === state.seq) setStatus($("status"), err.message, true);
       return;
     }
   }
+  setStatus($("status"), "");
   state.layer = layer;
   renderMap();
   highlight();
