@@ -124,7 +124,7 @@ def test_generate_with_heads_ablated(checkpoint: tuple,
     plain = generate_text(model, tokenizer, ["abcd|"], max_new_tokens=6, temperature=0)[0]
     assert capsys.readouterr().out == "abcd|" + expected + "\n" and expected != plain
     assert main(["generate", str(path), "ab", "--ablate", "2.0"]) == 1
-    assert "heads ['2.0'] do not exist" in capsys.readouterr().err
+    assert "(layer, head) (2, 0) do not exist" in capsys.readouterr().err
     assert main(["generate", str(path), "ab", "--ablate", "x"]) == 1
     assert "LAYER.HEAD" in capsys.readouterr().err
     assert main(["generate", str(path), "ab", "--ablate", ""]) == 1  # ablated nothing before

@@ -190,7 +190,7 @@ def test_ablate_zero_and_mean_and_head_lists() -> None:
     assert parse_heads("1.0, 0.3") == [(1, 0), (0, 3)]
     with pytest.raises(ValueError, match=r"LAYER\.HEAD"):
         parse_heads("1:0")
-    with pytest.raises(ValueError, match=r"heads \['2.0'\] do not exist"):
+    with pytest.raises(ValueError, match=r"\(layer, head\) \(2, 0\) do not exist"):
         check_heads([(2, 0)], 2, 4)
     with pytest.raises(ValueError, match="needs means"):
         ablate([(0, 0)], "mean")

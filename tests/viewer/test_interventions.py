@@ -4,6 +4,7 @@ Chromium)."""
 
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
 from typing import Any
@@ -76,6 +77,23 @@ def test_bad_requests_say_what_is_wrong(setup: tuple) -> None:
     assert res.status_code == 422 and "at least 2 tokens" in res.json()["error"]
     res = client.post("/api/lens", json={"text": "x" * 40})
     assert res.status_code == 422 and "block_size" in res.json()["error"]
+    for body in ({"text": "ab", "ids": [1, 2]}, {}):  # exactly one of them
+        res = client.post("/api/heads", json=body)
+        assert res.status_code == 422 and "exactly one of 'text' or 'ids'" in res.json()["error"]
+    # true or 1.0 read as an index would hide a typo
+    for path, body in (("/api/heads", {"text": "ab", "ablate": [[1.0, 0]]}),
+                       ("/api/heads", {"ids": [1, True]}), ("/api/lens", {"ids": [2.0]}),
+                       ("/api/attention", {"text": "ab", "layers": [True]})):
+        assert client.post(path, json=body).status_code == 422, body
+
+
+def test_heads_and_lens_of_ids_equal_those_of_their_text(setup: tuple) -> None:
+    """The page scores the tokens it shows (a generation's too) by their ids."""
+    _, tok, client = setup
+    ids = tok.encode(TEXT)
+    for path, extra in (("/api/heads", {"ablate": [[1, 0]]}), ("/api/lens", {})):
+        by_text = client.post(path, json={"text": TEXT, **extra}).json()
+        assert client.post(path, json={"ids": ids, **extra}).json() == by_text
 
 
 @pytest.mark.browser
@@ -150,14 +168,28 @@ def test_the_page_scores_heads_ablates_on_click_and_shows_the_lens(tmp_path: Pat
         wait_until(page, stale)
         page.click("#heads-table tbody tr[data-head='0.0']")
         wait_until(page, "document.querySelector('#heads-status').textContent"
-                         ".includes('not the one scored')")
+                         ".includes('not the ones scored')")
         assert page.text_content("#heads-which") == "1.0, 0.1"  # nothing was sent
-        # back to the scored text: lens and ablation answer again
+        # Score heads scores the generation on show (the Text box still holds TEXT), and
+        # a click then ablates on it
+        generated = page.evaluate("window.attnlab.ids")
+        page.click("#heads-run")
+        wait_until(page, "document.querySelector('#heads-status').textContent"
+                         f".startsWith('scored on {len(generated)} tokens')")
+        page.click("#heads-table tbody tr[data-head='0.0']")
+        wait_until(page, "document.querySelector('#heads-which').textContent === "
+                         "'1.0, 0.1, 0.0'")
+        with torch.no_grad():
+            edited = model(torch.tensor([generated]),
+                           edits=ablate([(1, 0), (0, 1), (0, 0)])).logits[0, -1].argmax()
+        wait_until(page, "document.querySelector('#heads-edited').textContent.startsWith("
+                         f"{json.dumps(tok.decode([int(edited)]))})")
+        page.hover("#tokens .tok[data-i='2']")
+        wait_until(page, "document.querySelectorAll('#lens-table tr').length === 3")
+        # back to TEXT: the scores are the generation's
         show(page, TEXT)
         wait_until(page, "document.querySelector('#heads-status').textContent"
-                         ".startsWith('scored on')")
-        page.hover("#tokens .tok[data-i='4']")
-        wait_until(page, "document.querySelectorAll('#lens-table tr').length === 3")
+                         ".includes('for another text')")
         # another text in the Text box: the same refusal
         show(page, "the dog")
         page.hover("#tokens .tok[data-i='1']")

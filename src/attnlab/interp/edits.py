@@ -323,11 +323,11 @@ def parse_heads(text: str) -> list[tuple[int, int]]:
 
 def check_heads(heads: Iterable[tuple[int, int]], n_layer: int, n_head: int) -> None:
     """ValueError naming any (layer, head) the model does not have."""
-    bad = [f"{la}.{h}" for la, h in heads if not (0 <= la < n_layer and 0 <= h < n_head)]
+    bad = [(la, h) for la, h in heads if not (0 <= la < n_layer and 0 <= h < n_head)]
     if bad:
         raise ValueError(
-            f"heads {bad} do not exist: the model has layers 0-{n_layer - 1} and heads "
-            f"0-{n_head - 1}"
+            f"(layer, head) {', '.join(map(str, bad))} do not exist: the model has layers "
+            f"0-{n_layer - 1} and heads 0-{n_head - 1}"
         )
 
 

@@ -112,6 +112,13 @@ class ViewerState:
         self.check_length(ids)
         return ids
 
+    def request_ids(self, text: str | None, ids: list[int] | None) -> list[int]:
+        """The token ids a request names by exactly one of `text` (tokenized here) or `ids`
+        (a generation's tokens, say), checked."""
+        if (text is None) == (ids is None):
+            raise RequestError("send exactly one of 'text' or 'ids'")
+        return self.checked_ids(ids) if ids is not None else self.encode(text or "")
+
     def checked_ids(self, ids: list[int]) -> list[int]:
         """A request's token `ids`, checked against the vocabulary and block_size."""
         if not ids:

@@ -12,7 +12,7 @@ from typing import Any, Literal
 
 from fastapi import APIRouter
 from fastapi.responses import Response
-from pydantic import BaseModel, ConfigDict, Field, StrictBool
+from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt
 
 from ..payloads import attention_payload
 from ..state import RequestError, ViewerState
@@ -23,8 +23,9 @@ class AttentionRequest(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
     text: str | None = Field(None, description="text to tokenize and run")
-    ids: list[int] | None = Field(None, description="token ids to run instead of text")
-    layers: list[int] | None = Field(None, description="layers to return (default: all)")
+    # strict: true or 1.0 read as an index would hide a typo, as for `norms`
+    ids: list[StrictInt] | None = Field(None, description="token ids to run instead of text")
+    layers: list[StrictInt] | None = Field(None, description="layers to return (default: all)")
     norms: StrictBool = Field(  # "yes" or 1 read as true would hide a typo
         False, description="also return per-token L2 norms of q, k, v")
     encoding: Literal["lists", "float32"] = Field(
@@ -60,9 +61,7 @@ def checked_request(state: ViewerState, body: AttentionRequest) -> list[int]:
     """The token ids `body` asks about, after every check that can refuse it (text or ids,
     layers, the size of the answer)."""
     c = state.model.config
-    if (body.text is None) == (body.ids is None):
-        raise RequestError("send exactly one of 'text' or 'ids'")
-    ids = state.checked_ids(body.ids) if body.ids is not None else state.encode(body.text or "")
+    ids = state.request_ids(body.text, body.ids)
     if body.layers is not None and (
         not body.layers or any(not 0 <= i < c.n_layer for i in body.layers)
     ):

@@ -10,7 +10,7 @@ from __future__ import annotations
 from typing import Any
 
 from fastapi import APIRouter
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, StrictInt
 
 from ...interp.edits import check_heads
 from ..payloads import heads_payload, lens_payload
@@ -18,15 +18,21 @@ from ..state import RequestError, ViewerState
 
 
 class HeadsRequest(BaseModel):
+    """Exactly one of `text` or `ids` (at least 2 tokens)."""
+
     model_config = ConfigDict(extra="forbid")
-    text: str = Field(description="text to score the heads on (at least 2 tokens)")
-    ablate: list[tuple[int, int]] = Field(
+    text: str | None = Field(None, description="text to score the heads on")
+    ids: list[StrictInt] | None = Field(None, description="token ids to score them on instead")
+    ablate: list[tuple[StrictInt, StrictInt]] = Field(
         default_factory=list, description="[layer, head] pairs to zero for the prediction")
 
 
 class LensRequest(BaseModel):
+    """Exactly one of `text` or `ids`."""
+
     model_config = ConfigDict(extra="forbid")
-    text: str = Field(description="text to read the residual stream of")
+    text: str | None = Field(None, description="text to read the residual stream of")
+    ids: list[StrictInt] | None = Field(None, description="token ids to read instead")
 
 
 def router(state: ViewerState) -> APIRouter:
@@ -38,7 +44,7 @@ def router(state: ViewerState) -> APIRouter:
     async def heads(body: HeadsRequest) -> dict[str, Any]:
         """Detector scores per layer and head on the text, and the next-token prediction
         with and without the `ablate` heads (zeroed)."""
-        ids = state.encode(body.text)
+        ids = state.request_ids(body.text, body.ids)
         if len(ids) < 2:
             raise RequestError("head detectors need a text of at least 2 tokens")
         try:
@@ -52,7 +58,7 @@ def router(state: ViewerState) -> APIRouter:
     async def lens(body: LensRequest) -> dict[str, Any]:
         """The logit lens: top-3 next tokens after the embeddings and each layer, per
         position."""
-        ids = state.encode(body.text)
+        ids = state.request_ids(body.text, body.ids)
         return await state.locked(lambda: lens_payload(state.model, state.tokenizer, ids))
 
     return routes

@@ -1,8 +1,8 @@
 // attnlab viewer, heads panel: head detector scores (POST /api/heads), click a head to ablate
 // it and see the next-token prediction change, the heads overview (the same answer's
 // per-head summaries as a layer x head grid, one summary at a time), and the logit lens
-// (POST /api/lens) of the token under the pointer in the Tokens row. Reads the page's #text
-// and #tokens; app.js knows nothing of this file.
+// (POST /api/lens) of the token under the pointer in the Tokens row. Scores the tokens on
+// show (a generation's too), or #text before any is; app.js knows nothing of this file.
 
 import { api } from "./api.js";
 
@@ -10,8 +10,7 @@ const $ = (id) => document.getElementById(id);
 const DETECTORS = ["previous_token", "duplicate_token", "induction", "first_token"];
 
 const heads = {
-  text: null,        // the text the scores and lens are for
-  ids: null,         // its token ids (the lens's), to tell whether the Tokens row shows it
+  ids: null,         // the token ids the scores and lens are for
   scores: null,      // {detector: [[layer][head]]}
   ablated: new Set(), // "layer.head"
   lens: null,        // {layers, top: [layer][position][k] {text, prob}}
@@ -40,17 +39,20 @@ function status(text, isError = false) {
   el.classList.toggle("error", isError);
 }
 
-// Whether the page still shows what the heads were scored on: the same Text box and, in the
-// Tokens row, the same tokens (a generation replaces the row and leaves the Text box).
+function shownIds() {
+  return (window.attnlab && window.attnlab.ids) || [];
+}
+
+// Whether the Tokens row still shows the tokens the heads were scored on.
 function current() {
-  const shown = (window.attnlab && window.attnlab.ids) || [];
-  return heads.text !== null && heads.text === $("text").value &&
-    heads.ids.length === shown.length && heads.ids.every((id, i) => id === shown[i]);
+  const shown = shownIds();
+  return heads.ids !== null && heads.ids.length === shown.length &&
+    heads.ids.every((id, i) => id === shown[i]);
 }
 
 // Forget the scores, predictions and lens, so that nothing on show describes another text.
 function clearHeads() {
-  Object.assign(heads, { text: null, ids: null, scores: null, lens: null, summaries: null });
+  Object.assign(heads, { ids: null, scores: null, lens: null, summaries: null });
   $("heads-table").querySelector("thead").replaceChildren();
   $("heads-table").querySelector("tbody").replaceChildren();
   $("overview-table").replaceChildren();
@@ -58,17 +60,19 @@ function clearHeads() {
   $("lens").textContent = "";
 }
 
+// Score the tokens on show (the Tokens row: a text's, or a generation's), or the Text box's
+// text while the row is empty.
 async function score() {
-  const text = $("text").value;
+  const shown = shownIds();
+  const input = shown.length ? { ids: [...shown] } : { text: $("text").value };
   const seq = ++heads.seq;
   status("scoring heads…");
   try {
     const [result, lens] = await Promise.all([
-      api("/api/heads", { text, ablate: pairs() }),
-      api("/api/lens", { text }),
+      api("/api/heads", { ...input, ablate: pairs() }),
+      api("/api/lens", input),
     ]);
     if (seq !== heads.seq) return;
-    heads.text = text;
     heads.ids = lens.ids;
     heads.scores = result.scores;
     heads.lens = lens;
@@ -89,7 +93,7 @@ async function score() {
 async function predict() {  // only after a click on a head of the text on show
   const seq = ++heads.seq;
   try {
-    const result = await api("/api/heads", { text: heads.text, ablate: pairs() });
+    const result = await api("/api/heads", { ids: heads.ids, ablate: pairs() });
     if (seq === heads.seq) renderPrediction(result.prediction);
   } catch (err) {
     if (seq === heads.seq) status(err.message, true);
@@ -175,7 +179,7 @@ function renderPrediction(prediction) {
 function renderLens(position) {
   const box = $("lens");
   if (!heads.lens || !current() || position >= heads.lens.top[0].length) {
-    box.textContent = "score the heads of this text to see its logit lens";
+    box.textContent = "score the heads of the tokens on show to see their logit lens";
     return;
   }
   const rows = heads.lens.layers.map((name, layer) => {
@@ -205,9 +209,9 @@ function wire() {
   $("overview-which").addEventListener("change", renderOverview);
   const toggle = (e) => {
     const row = e.target.closest("tr[data-head]");
-    if (!row || heads.text === null) return;
-    if (!current()) {  // a prediction for a text no longer on show would mislead
-      status("the text on show is not the one scored; score the heads of this text", true);
+    if (!row || heads.ids === null) return;
+    if (!current()) {  // a prediction for tokens no longer on show would mislead
+      status("the tokens on show are not the ones scored; press Score heads for them", true);
       return;
     }
     const key = row.dataset.head;
