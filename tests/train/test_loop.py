@@ -380,3 +380,18 @@ def test_an_interrupted_evaluation_leaves_training_mode_as_it_was(
     with pytest.raises(KeyboardInterrupt):
         evaluate_module.evaluate(model, dataset, config, model_config.block_size)
     assert model.training
+
+
+@pytest.mark.parametrize("seed", [0, 1, 1337])
+def test_held_out_examples_are_not_the_training_batches(seed: int) -> None:
+    """answer_accuracy's examples come from a seed no training run draws its batches from:
+    with --seed 0 they were the first 256 examples it trained on."""
+    dataset = TaskDataset("copy")
+    model_config, _ = _small(dataset)
+    _, rows = answer_accuracy(GPT(model_config).eval(), dataset, n=256, seed=0)
+    held_out = {prompt for prompt, _, _ in rows}
+    x, _ = dataset.batch("train", 256, dataset.max_block_size,
+                         torch.Generator().manual_seed(seed))
+    trained = {dataset.tokenizer.decode(row[:9].tolist()) for row in x}
+    assert len(held_out) > 250 and len(trained) > 250
+    assert held_out.isdisjoint(trained)

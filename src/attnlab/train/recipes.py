@@ -157,16 +157,23 @@ def seed_experiment(
     return model, config, dataset
 
 
+#: Held-out task examples are drawn from seed HELD_OUT + seed: training draws its batches
+#: from its own small seed (`--seed 0` drew exactly the examples seed 0 gives), never from one
+#: this large (below 2**32: the CPU generator reads a seed's low 32 bits).
+HELD_OUT = 3_000_000_000
+
+
 @torch.no_grad()
 def answer_accuracy(
     model: GPT, dataset: TaskDataset, n: int = 256, seed: int = 0, edits: Edit | Edits | None = None
 ) -> tuple[float, list[tuple[str, str, str]]]:
-    """Greedy exact-match accuracy on n fresh task examples, and (prompt, answer, got) rows.
+    """Greedy exact-match accuracy on n fresh task examples (held out: `HELD_OUT`), and
+    (prompt, answer, got) rows.
 
     edits: score the model with these `interp.edits.Edits` applied (e.g. heads ablated)."""
     from ..generate import generate
 
-    gen = torch.Generator().manual_seed(seed)  # draws the examples on the host
+    gen = torch.Generator().manual_seed(HELD_OUT + seed)  # draws the examples on the host
     examples = [dataset.sample(gen) for _ in range(n)]
     tok = dataset.tokenizer
     prompts = torch.tensor([tok.encode(p) for p, _ in examples],
