@@ -62,6 +62,8 @@ def test_flags_map_onto_the_configs(tmp_path: Path, capsys: pytest.CaptureFixtur
     assert (c.n_layer, c.n_head, c.n_embd, c.block_size, c.bias) == (1, 2, 16, 32, False)
     assert c.vocab_size == ckpt.tokenizer.vocab_size
     assert ckpt.meta["train_config"]["lr"] == 2e-3
+    # the recipe's 50-step warmup, fitted to 12 steps: a tenth of them, then the cosine
+    assert ckpt.meta["train_config"]["warmup_iters"] == 1
     out = capsys.readouterr().out
     assert "sample" in out
     # bits per byte beside each loss (ASCII text, char tokenizer: one byte per token)
@@ -76,6 +78,15 @@ def test_flags_map_onto_the_configs(tmp_path: Path, capsys: pytest.CaptureFixtur
     assert f"val loss {evals[-1]['val_loss']:.4f}, {evals[-1]['val_bpb']:.3f} bits/byte" in out
     assert main(["info", str(tmp_path / "run")]) == 0
     assert f"({evals[-1]['val_bpb']:.3f} bits/byte)" in capsys.readouterr().out
+    lrs = [json.loads(line)["lr"] for line in metrics if '"lr"' in line]
+    assert max(lrs) == pytest.approx(2e-3) and lrs[-1] < 2e-3 / 2  # at lr, then decayed
+    # a warmup given is the one used
+    code = _train(tmp_path / "again", "--data", str(text), "--n_layer", "1", "--n_head", "2",
+                  "--n_embd", "16", "--block_size", "32", "--max_iters", "12",
+                  "--warmup_iters", "8", "--eval_interval", "12", "--eval_iters", "1")
+    assert code == 0, capsys.readouterr().err
+    meta = load_checkpoint(tmp_path / "again" / "run" / "ckpt").meta
+    assert meta["train_config"]["warmup_iters"] == 8
 
 
 def test_a_step_graph_off_a_gpu_is_one_line_before_anything_runs(

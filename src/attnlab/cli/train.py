@@ -264,6 +264,9 @@ def _new_configs(args: argparse.Namespace, dataset: Any, init: Any) -> tuple[Any
     if given.get("optimizer", "adamw") != "adamw" and "cuda_graph" not in given:
         train_config = dataclasses.replace(train_config, cuda_graph=False)  # it records AdamW
     train_config = config_from_flags(args, TrainConfig, train_config)
+    if "warmup_iters" not in given:  # the recipe's warmup, fitted to a short --max_iters
+        train_config = dataclasses.replace(
+            train_config, warmup_iters=train_config.warmup_for(train_config.max_iters))
     if "time_budget" in given and "max_iters" in given:
         raise CLIError(f"--time_budget {train_config.time_budget} and --max_iters "
                        f"{train_config.max_iters}: choose one (a budget sets the steps)")

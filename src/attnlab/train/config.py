@@ -85,6 +85,12 @@ class TrainConfig:
                 "(weight_decay finite)"
             )
 
+    def warmup_for(self, max_iters: int) -> int:
+        """The warmup a run of `max_iters` steps gets from this config: its own, or a tenth of
+        the run where its own is over a quarter of it (a recipe's 50-step warmup would leave
+        a 20-step fine-tune rising all the way, never at lr nor decayed)."""
+        return max_iters // 10 if self.warmup_iters > max_iters // 4 else self.warmup_iters
+
     def lr_at(self, step: int) -> float:
         """Linear warmup to lr, then cosine decay to min_lr at max_iters (nanoGPT's get_lr)."""
         if step < self.warmup_iters:

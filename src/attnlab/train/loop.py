@@ -438,8 +438,7 @@ def _fit(config: TrainConfig, max_iters: int, step: int, steps_per_s: float,
     if config.max_iters == max_iters:
         return
     config.max_iters = max_iters
-    if config.warmup_iters > max_iters // 4:  # a short budget: warm up for a tenth of it
-        config.warmup_iters = max_iters // 10
+    config.warmup_iters = config.warmup_for(max_iters)  # a short budget: a tenth of it
     log({"step": step, "time_budget": config.time_budget, "max_iters": max_iters,
          "warmup_iters": config.warmup_iters, "steps_per_s": steps_per_s})
 
