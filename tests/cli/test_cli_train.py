@@ -9,6 +9,7 @@ import shlex
 from pathlib import Path
 
 import pytest
+import torch
 
 from attnlab import __version__
 from attnlab.cli import main
@@ -360,6 +361,13 @@ def test_a_text_run_resumes_from_its_own_file_and_refuses_another_text(
     # characters, other text
     assert _train(tmp_path, "--data", str(other), "--resume", "--max_iters", "10") == 1
     assert "is not the text" in capsys.readouterr().err
+    # other text with characters the run's tokenizer lacks: named as the wrong data
+    foreign = tmp_path / "foreign.txt"
+    foreign.write_text("# Zebra!\n" * 50)
+    assert _train(tmp_path, "--data", str(foreign), "--resume", "--max_iters", "10") == 1
+    err = capsys.readouterr().err
+    assert "cannot encode character '#'" in err
+    assert err.endswith("trained on 'text.txt': resume on that\n")
     text.unlink()  # the run's file is gone: --data is needed, and the message says so
     assert _train(tmp_path, "--resume", "--max_iters", "10") == 1
     assert "trained on 'text.txt' from" in capsys.readouterr().err
@@ -404,6 +412,19 @@ def test_a_damaged_checkpoint_is_refused_before_resuming(
     assert _train(tmp_path, "--resume") == 1
     out, err = capsys.readouterr()
     assert "resumed" not in out and "has no train_state.pt" in err and "--overwrite" in err
+    # a state file cut short: refused before "resumed" too
+    whole = (tmp_path / "state.pt").read_bytes()
+    (ckpt / "train_state.pt").write_bytes(whole[:3000])
+    assert _train(tmp_path, "--resume") == 1
+    out, err = capsys.readouterr()
+    assert "resumed" not in out and "train_state.pt is damaged (" in err
+    # a state without the optimizer's moments would restart them from zero: refused
+    state = torch.load(tmp_path / "state.pt", weights_only=True)
+    state["optimizer"]["state"] = {}
+    torch.save(state, ckpt / "train_state.pt")
+    assert _train(tmp_path, "--resume") == 1
+    assert "holds moments for 0 of" in capsys.readouterr().err
+    (ckpt / "train_state.pt").unlink()
     (tmp_path / "state.pt").rename(ckpt / "train_state.pt")
     assert _train(tmp_path, "--resume") == 0
     out = capsys.readouterr().out

@@ -189,12 +189,15 @@ def _load_data(args: argparse.Namespace, found: Path | None, data_given: bool) -
     try:
         return load_dataset(args.data, tokenizer or "char"), init
     except ValueError as err:
-        if init is None or "cannot encode" not in str(err):
+        if "cannot encode" not in str(err) or (init is None and found is None):
             raise
-        # its advice (another tokenizer) is not open to a fine-tune: the weights learned these
-        raise CLIError(f"--data {args.data}: {str(err).split('; it is not in')[0]}; the model "
-                       f"of --init_from {args.init_from} reads only its own tokenizer's "
-                       "tokens, so give data they cover") from None
+        # its advice (another tokenizer) is not open to a fine-tune or a resume: the weights
+        # learned these tokens
+        what = (f"the model of --init_from {args.init_from} reads only its own tokenizer's "
+                "tokens, so give data they cover") if init is not None else (
+                f"the run in {found} trained on {_trained_on(found)!r}: resume on that")
+        raise CLIError(f"--data {args.data}: {str(err).split('; it is not in')[0]}; "
+                       f"{what}") from None
 
 
 def _resume(
@@ -374,6 +377,13 @@ def _remove_checkpoint(ckpt: Path) -> None:
         shutil.rmtree(found)
 
 
+def _trained_on(ckpt: Path | None) -> str | None:
+    """The dataset name a run's checkpoint records."""
+    from ..checkpoint import read_config
+
+    return None if ckpt is None else read_config(ckpt)[1].get("dataset")
+
+
 def _run_data(ckpt: Path, meta: dict[str, Any]) -> str:
     """The --data a resume of `ckpt` (whose meta is `meta`) reads when none is given: the file
     or directory the run trained on (kept in its checkpoint), or its built-in dataset."""
@@ -448,6 +458,7 @@ def _resume_configs(
 def _check_resumable(ckpt: Path, finished: bool) -> None:
     """Refuse, before anything is printed or trained, a checkpoint whose weights file is cut
     short or (for an unfinished run) has no training state to continue from."""
+    import torch
     from safetensors import safe_open
 
     from ..checkpoint import STATE_FILE, WEIGHTS_FILE
@@ -459,9 +470,16 @@ def _check_resumable(ckpt: Path, finished: bool) -> None:
     except Exception as err:  # FileNotFoundError, or SafetensorError for a truncated file
         raise CLIError(f"--resume: {ckpt / WEIGHTS_FILE} is missing or damaged "
                        f"({str(err).splitlines()[0]}); {fix}") from None
-    if not finished and not (ckpt / STATE_FILE).is_file():
+    if finished:
+        return
+    if not (ckpt / STATE_FILE).is_file():
         raise CLIError(f"--resume: {ckpt} has no {STATE_FILE} (optimizer, data order and "
                        f"random state), so the run cannot continue exactly; {fix}")
+    try:  # mmap: the zip's directory and records are checked, the tensors not read
+        torch.load(ckpt / STATE_FILE, map_location="cpu", weights_only=True, mmap=True)
+    except Exception as err:  # RuntimeError for a file cut short
+        raise CLIError(f"--resume: {ckpt / STATE_FILE} is damaged "
+                       f"({str(err).splitlines()[0].split('. ')[0]}); {fix}") from None
 
 
 def _slug(name: str) -> str:

@@ -64,12 +64,25 @@ def restore(
         )
     model.load_state_dict(saved.model.state_dict())
     state = load_train_state(ckpt)
+    _check_moments(state, optimizer, ckpt)
     optimizer.load_state_dict(state["optimizer"])
     lay_out_like_params(optimizer)
     ranks = state.get("torch_rng_ranks") or [state["torch_rng"]]
     torch.set_rng_state(ranks[world.rank] if len(ranks) == world.size else state["torch_rng"])
     data_gen.set_state(state["data_rng"])
     return int(state["step"]), list(json.loads(state["history"])), saved.meta
+
+
+def _check_moments(state: dict[str, Any], optimizer: torch.optim.Optimizer, ckpt: Path) -> None:
+    """Refuse a saved AdamW state without moments for every parameter after step 0: loaded,
+    it would restart them from zero, and the run would not continue exactly. (SGD without
+    momentum keeps none.)"""
+    params = sum(len(group["params"]) for group in optimizer.param_groups)
+    kept = len(state["optimizer"].get("state", {}))
+    if isinstance(optimizer, torch.optim.AdamW) and int(state["step"]) > 0 and kept < params:
+        raise ValueError(f"--resume: the optimizer state in {ckpt} holds moments for {kept} "
+                         f"of {params} parameters, so the run cannot continue exactly; the "
+                         "file is damaged: start over with --overwrite")
 
 
 def origin_of(meta: dict[str, Any]) -> dict[str, Any]:
