@@ -346,8 +346,23 @@ def test_show_summary_is_a_self_contained_heads_overview() -> None:
     mask = torch.tensor([[0, 0, 1, 1, 1, 1, 1], [1] * 7])
     trace = Trace(names=list(SUMMARY_MEANS)).run(model, ids, mask)
     padded = show(trace, summary=True, row=0)
-    assert "means over the 5 query rows" in padded.html
+    assert "means over the 5 query rows (pads left out)" in padded.html
+    assert "means over the 22 query rows, computed" in view.html  # no pads to leave out
+    one = show(model, tok, "a", summary=True)
+    assert "heads overview of 1 token<" in one.html and "over the 1 query row," in one.html
     entropy = float(summary_means(trace, [0, 1], row=0)["attn_entropy"][0, 2])
     assert f'title="layer 0, head 2: {entropy:.4g}"' in padded.html
     with pytest.raises(ValueError, match="holds no summaries"):
         show(Trace(names="attn_weights").run(model, ids), summary=True)
+
+
+def test_a_title_given_heads_the_view_escaped_and_one_token_is_one_token() -> None:
+    tok = CharTokenizer(sorted(set("abc <>&'\"")))
+    torch.manual_seed(0)
+    model = GPT(GPTConfig.from_name("nano", vocab_size=tok.vocab_size)).eval()
+    view = show(model, tok, "abc", title="<b>copy</b> & 'layer 0'")
+    assert "<h3" in view.html and "&lt;b&gt;copy&lt;/b&gt; &amp; &#x27;layer 0&#x27;" in view.html
+    assert "<b>copy</b>" not in view.html
+    assert "<h3" not in show(model, tok, "abc").html  # no title given: no heading
+    one = show(model, tok, "a")
+    assert one.title == "attnlab · attention of 1 token" and "1 tokens" not in one.html

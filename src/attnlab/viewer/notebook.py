@@ -288,12 +288,16 @@ def _assets() -> tuple[str, str, str]:
     return js, css, key
 
 
-def _fragment(payload: dict[str, Any]) -> str:
+def _fragment(payload: dict[str, Any], title: str | None = None) -> str:
+    """The view as one HTML fragment: its styles, the data and the script that mounts it;
+    a title given is its heading."""
     js, css, key = _assets()
     uid = f"attnlab-view-{uuid.uuid4().hex[:12]}"
     data = json.dumps(payload, separators=(",", ":")).replace("<", "\\u003c")
+    heading = "" if title is None else (
+        f'<h3 style="margin:0 0 6px;font-family:sans-serif">{html.escape(title)}</h3>\n')
     return (
-        f'<div class="attnlab-view" id="{uid}">\n<style>\n{css}</style>\n'
+        f'<div class="attnlab-view" id="{uid}">\n{heading}<style>\n{css}</style>\n'
         '<div class="alv-app">attnlab view: it needs JavaScript (in Jupyter, trust the '
         "notebook: File &gt; Trust Notebook)</div>\n<script>\n(function () {\n"
         "const NS = (window.attnlabView = window.attnlabView || {});\n"
@@ -431,7 +435,9 @@ def show(
         and T x S <= STEPS_CELLS). attention_mask: (B, S) 1/0 padding, for a model given a
         padded batch's ids (it runs the row with it), or for a trace (default: the padding
         its model ran with); pad positions are masked and labelled PAD_LABEL.
-        scale: the softmax scale, written in the steps view.
+        scale: the softmax scale, written in the steps view. title: a heading over the view
+        (and the saved page's title; default: none inline, "attnlab · attention of T tokens"
+        saved).
     summary: the heads overview instead (`summary_view.py`): a layer x head grid per
         per-head summary (entropy, weight on the first token, distance back, largest
         weight; means over the row's real queries) and the most extreme heads, from a trace
@@ -461,11 +467,12 @@ def show(
         query %= S
     if steps is None:
         steps = _default_steps(trace, traced, layer, head, S)
-    info = ", ".join(x for x in (info, f"{S} tokens") if x)
+    info = ", ".join(x for x in (info, f"{S} token{'s' * (S != 1)}") if x)
     payload = _payload(trace, labels, row=row, layer=layer, head=head, view=view, query=query,
                        layers=layers, max_cells=max_cells, attention_mask=attention_mask,
                        steps=steps, scale=scale, info=info)
     if view == "steps" and payload["steps"] is None:
         raise ValueError("view='steps' needs the raw scores: trace attn_scores (at most "
                          f"{STEPS_CELLS} cells) or pass steps=(layer, head)")
-    return View(_fragment(payload), title or f"attnlab · attention of {S} tokens")
+    return View(_fragment(payload, title),
+                title or f"attnlab · attention of {S} token{'s' * (S != 1)}")

@@ -67,8 +67,8 @@ def summary_page(source: Any, ids: list[int] | None, row: int,
     rows = T if mask is None else int(mask[row, -T:].sum())
     heads = list(trace.heads) if trace.heads is not None else list(
         range(next(iter(means.values())).shape[1]))
-    title = title or f"attnlab · heads overview of {T} tokens"
-    return _fragment(means, layers, heads, rows, title), title
+    title = title or f"attnlab · heads overview of {T} token{'s' * (T != 1)}"
+    return _fragment(means, layers, heads, rows, title, padded=rows < T), title
 
 
 def _grid(name: str, values: Tensor, layers: list[int], heads: list[int]) -> str:
@@ -96,7 +96,7 @@ def _grid(name: str, values: Tensor, layers: list[int], heads: list[int]) -> str
 
 
 def _fragment(means: dict[str, Tensor], layers: list[int], heads: list[int], rows: int,
-              title: str) -> str:
+              title: str, padded: bool) -> str:
     extremes = "".join(
         f'<tr><td style="padding:2px 8px">{html.escape(label)}</td>'
         + "".join(f'<td style="padding:2px 8px">{layers[la]}.{heads[h]} '
@@ -105,9 +105,9 @@ def _fragment(means: dict[str, Tensor], layers: list[int], heads: list[int], row
     grids = "".join(_grid(name, values, layers, heads) for name, values in means.items())
     return (f'<div id="attnlab-summary-{uuid.uuid4().hex[:8]}" style="font-family:sans-serif">'
             f'<h3 style="margin:0 0 6px">{html.escape(title)}</h3>'
-            f'<p style="margin:0 0 8px;font-size:12px">means over the {rows} query rows '
-            "(pads left out), computed in tiles without the T × T weights; hover a cell for "
-            "its value</p>"
+            f'<p style="margin:0 0 8px;font-size:12px">means over the {rows} query '
+            f"row{'s' * (rows != 1)}{' (pads left out)' if padded else ''}, computed in tiles "
+            "without the T × T weights; hover a cell for its value</p>"
             f'<div style="display:flex;flex-wrap:wrap">{grids}</div>'
             f'<table style="border-collapse:collapse;font-size:12px"><tr><th '
             'style="text-align:left;padding:2px 8px">most extreme heads (layer.head mean)'

@@ -29,7 +29,8 @@ class AttentionRequest(BaseModel):
     norms: StrictBool = Field(  # "yes" or 1 read as true would hide a typo
         False, description="also return per-token L2 norms of q, k, v")
     encoding: Literal["lists", "float32"] = Field(
-        "lists", description="lists: each head's rows as numbers rounded to 5 decimals; "
+        "lists", description="lists: each head's rows as numbers rounded to the server's "
+        "decimals (5 unless `attnlab serve --decimals`; GET /api/model's limits say); "
         "float32: each head as one base64 string of little-endian float32, the rows of "
         "the lower triangle one after another (exact, and faster for long texts)")
 
