@@ -44,6 +44,11 @@ ONE_BLOCK = {"cuda"}
 #: Whether `F.scaled_dot_product_attention` takes grouped-query key/value heads as they are
 #: (`enable_gqa`, torch 2.5 on); before it, `fused_attend` copies them out to every query head.
 SDPA_GQA = tuple(int(part) for part in torch.__version__.split(".")[:2]) >= (2, 5)
+#: Devices whose SDPA is handed grouped-query heads uncopied: the CPU, where it was measured
+#: (docs/performance.md#grouped-query-decode). CUDA's flash kernel takes them, but with a
+#: mask (padding, a window, a static cache's slots) SDPA may fall back to its math kernel,
+#: which makes the (T, S) scores, so on a GPU the copy stays until a run measures it.
+GQA_DEVICES = {"cpu"}
 
 Span = tuple[int, int, int]
 
@@ -363,9 +368,9 @@ def fused_attend(q: Tensor, k: Tensor, v: Tensor, mask: Mask, may_attend: Tensor
                  scale: float, dropout_p: float) -> Tensor:
     """`attend`'s fused path: q (B, nh, T, hs), k/v (B, nkv, S, hs) -> (B, nh, T, hs);
     may_attend: the mask with empty rows let through (their output is zeroed here).
-    Grouped-query k/v go to SDPA uncopied where it takes them (`SDPA_GQA`)."""
+    Grouped-query k/v go to SDPA uncopied where it takes them (`SDPA_GQA`, `GQA_DEVICES`)."""
     gqa = k.shape[1] != q.shape[1]
-    if gqa and not SDPA_GQA:
+    if gqa and not (SDPA_GQA and q.device.type in GQA_DEVICES):
         k, v = expand_kv(k, q.shape[1]), expand_kv(v, q.shape[1])  # (B, nh, S, hs)
         gqa = False
     # a keyword torch 2.4 does not know: passed only for grouped heads
