@@ -8,7 +8,8 @@
 # Under $OUT: pytest.txt; t/ (gpu_decode_trace.sh's files for gpu_summaries and gpu_trace);
 # blocks.json (gpu_summary_blocks: block sizes, with the context from SDPA, the rows pass,
 # and SDPA with its lse, at 32k tokens); gemm.json (gpu_gemm: split products and TF32 for
-# the float32 trace, and 3xTF32 Triton linears).
+# the float32 trace, and 3xTF32 Triton linears); gqa.json (gpu_gqa: grouped-query k/v copied
+# or handed to SDPA, which decides whether GQA_DEVICES takes cuda).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT="${OUT:-bench-results/pending}"
@@ -34,6 +35,8 @@ step 120 gpu_gemm "$OUT/gemm.txt" python -m benchmarks.gpu_gemm --out "$OUT/gemm
 cat "$OUT/gemm.txt"
 # after the probe: its 3xTF32 kernels are in triton's cache for gpu_trace's 3xTF32 row
 SUITES="gpu_trace:100" OUT="$OUT/t" bash benchmarks/gpu_decode_trace.sh
+step 60 gpu_gqa "$OUT/gqa.txt" python -m benchmarks.gpu_gqa --out "$OUT/gqa.json"
+cat "$OUT/gqa.txt"
 step 90 gpu_summary_blocks "$OUT/blocks.txt" \
   python -m benchmarks.gpu_summary_blocks --out "$OUT/blocks.json"
 tail -5 "$OUT/blocks.txt"

@@ -20,6 +20,7 @@ from benchmarks import (
     gpu_bandwidth,
     gpu_decode,
     gpu_gemm,
+    gpu_gqa,
     gpu_profile,
     gpu_summaries,
     gpu_trace,
@@ -150,6 +151,25 @@ def test_a_split_product_is_the_linear_it_splits(s: int) -> None:
     expected = torch.nn.functional.linear(x, weight, bias)  # (B, T, N)
     torch.testing.assert_close(gpu_gemm.split_linear(x, weight, bias, s), expected)
     torch.testing.assert_close(gpu_gemm.split_linear(x, weight, None, s), expected - bias)
+
+
+def test_gqa_probe_runs_both_ways_alike_and_leaves_the_devices_as_they_were(
+    tmp_path: Any,
+) -> None:
+    """gpu_gqa's every case on the CPU: grouped-query k/v copied and handed to SDPA give the
+    same output, and GQA_DEVICES is as before once the probe is done."""
+    from attnlab.model import traced_attention
+
+    if not traced_attention.SDPA_GQA:
+        pytest.skip("torch < 2.5: no enable_gqa to compare")
+    before = set(traced_attention.GQA_DEVICES)
+    gpu_gqa.main(["--smoke", "--device", "cpu", "--out", str(tmp_path / "gqa.json")])
+    assert before == traced_attention.GQA_DEVICES
+    rows = json.loads((tmp_path / "gqa.json").read_text())["tables"][0]["rows"]
+    assert [row[0] for row in rows] == [
+        "decode, no mask", "decode, left-padded batch of 4", "decode, static cache slots",
+        "prefill, causal", "prefill, window 16"]
+    assert all(float(row[4]) <= 1e-5 for row in rows)  # max |difference| of the two ways
 
 
 def test_gemm_probe_smoke_times_every_split_and_the_trace(tmp_path: Any) -> None:
