@@ -120,6 +120,34 @@ def test_both_rope_spellings_give_the_same_config() -> None:
     assert ours.rope_scaling == {k: v for k, v in LLAMA3.items() if k != "rope_theta"}
 
 
+def test_a_rope_scaling_beside_rope_parameters_replaces_them_whole() -> None:
+    """transformers 5 reads a legacy rope_scaling added to a config that has rope_parameters
+    (context extended by hand) in place of them, theta and partial factor included: the
+    top-level fields or the defaults fill what it lacks."""
+    llama = hf_dict("Llama", **SMALL, rope_parameters={"rope_type": "default",
+                                                       "rope_theta": 500000.0})
+    llama["rope_scaling"] = {"rope_type": "linear", "factor": 2.0}
+    ours = config_from_hf(llama)
+    assert ours.rope_theta == 10000.0 and ours.rope_scaling == {"rope_type": "linear",
+                                                                 "factor": 2.0}
+    neox = hf_dict("GPTNeoX", **NEOX, rope_parameters={
+        "rope_type": "default", "rope_theta": 1000.0, "partial_rotary_factor": 0.5})
+    neox["rope_scaling"] = {"rope_type": "linear", "factor": 2.0}
+    ours = config_from_hf(neox)
+    assert (ours.rope_theta, ours.rotary_pct) == (10000.0, 0.25)
+
+
+def test_fields_hub_configs_keep_that_no_model_reads_load() -> None:
+    """SmolLM2's, GPT-2 medium's and distilgpt2's config.json as published, and a causal LM
+    saved with is_decoder=True, load as transformers loads them."""
+    for prefix, fields, extra in [
+            ("Llama", SMALL, {"is_llama_config": True, "rope_interleaved": False}),
+            ("GPT2", dict(n_layer=2, n_embd=32, n_head=4),
+             {"n_special": 0, "predict_special_tokens": True, "_num_labels": 1}),
+            ("GPTNeoX", NEOX, {"is_decoder": True, "gradient_checkpointing": False})]:
+        config_from_hf({**hf_dict(prefix, **fields), **extra})
+
+
 def test_legacy_neox_and_qwen_fields() -> None:
     """Pythia's and Qwen2.5's config.json as published (transformers 4 field names)."""
     pythia = {"architectures": ["GPTNeoXForCausalLM"], "model_type": "gpt_neox",

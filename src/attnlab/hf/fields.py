@@ -18,7 +18,9 @@ Fields treated as irrelevant to inference, and why (`IRRELEVANT`):
 - `pretraining_tp`: transformers 4.x only split the Llama matmuls into that many slices
   and summed them (the same product), and transformers 5 ignores it;
 - `max_window_layers` when no sliding window is used (it only says which layers would use
-  one), `classifier_dropout` and GPT-2's `summary_*` (heads attnlab does not build).
+  one), `classifier_dropout` and GPT-2's `summary_*` (heads attnlab does not build);
+- fields hub configs keep that no transformers model reads (SmolLM's `is_llama_config`,
+  `rope_interleaved`; old GPT-2's `n_special`), and `is_decoder` (a causal LM either way).
 The encoder-decoder switches must be off (`is_encoder_decoder`, `add_cross_attention`, ...)
 and `pruned_heads` empty; `quantization_config` is refused (attnlab has no quantized
 kernels).
@@ -37,7 +39,13 @@ IRRELEVANT = frozenset({
     "_name_or_path", "architectures", "model_type", "transformers_version", "dtype",
     "torch_dtype", "use_bfloat16", "id2label", "label2id", "problem_type", "finetuning_task",
     "tokenizer_class", "prefix", "task_specific_params", "_attn_implementation_autoset",
-    "_commit_hash", "torchscript", "tf_legacy_loss",
+    "_commit_hash", "torchscript", "tf_legacy_loss", "_num_labels",
+    # kept by hub configs and read by no transformers model: SmolLM's is_llama_config and
+    # rope_interleaved, old GPT-2's n_special / predict_special_tokens, old fine-tunes'
+    # gradient_checkpointing; is_decoder (a causal LM is one either way: cross-attention
+    # is add_cross_attention's, which must be off)
+    "is_llama_config", "rope_interleaved", "n_special", "predict_special_tokens",
+    "gradient_checkpointing", "is_decoder",
     # outputs and cache
     "output_attentions", "output_hidden_states", "return_dict", "output_scores",
     "return_dict_in_generate", "use_cache",
@@ -57,7 +65,7 @@ IRRELEVANT = frozenset({
 # switches that must hold this value (encoder-decoder and pruning machinery)
 MUST_BE = {
     "is_encoder_decoder": False, "add_cross_attention": False, "tie_encoder_decoder": False,
-    "cross_attention_hidden_size": None, "is_decoder": None, "pruned_heads": None,
+    "cross_attention_hidden_size": None, "pruned_heads": None,
 }
 # Hugging Face hidden_act names for the exact and the tanh GELU (GPTConfig.gelu)
 GELUS = {"gelu": "exact", "gelu_new": "tanh", "gelu_pytorch_tanh": "tanh", "gelu_fast": "tanh"}
@@ -151,7 +159,8 @@ def rope_from_hf(
     """(rope_theta, rope_scaling for GPTConfig or None, partial_rotary_factor) from either
     spelling: transformers 5's `rope_parameters`, or the older `rope_theta` (GPT-NeoX:
     `rotary_emb_base`) + `rope_scaling`. As in transformers 5's `convert_rope_params_to_dict`,
-    a `rope_scaling` dict wins over `rope_parameters`, and a top-level theta fills a gap."""
+    a `rope_scaling` dict replaces `rope_parameters` whole (its theta and partial factor
+    too), and the top-level fields fill what the dict in use lacks."""
     params = fields.get("rope_parameters") or {}
     legacy = fields.get("rope_scaling")
     for key, value in (("rope_parameters", params), ("rope_scaling", legacy or {})):
@@ -163,7 +172,7 @@ def rope_from_hf(
         if isinstance(value, dict):  # per-layer-type parameters (Gemma-style)
             raise fields.refuse(f"{source}.{key}", value, "per-layer-type RoPE parameters are "
                                 "not supported")
-    theta = rope.get("rope_theta", params.get("rope_theta", fields.get(theta_key, default_theta)))
+    theta = rope.get("rope_theta", fields.get(theta_key, default_theta))
     kind_key = "type" if "type" in rope and "rope_type" not in rope else "rope_type"
     kind = rope.get(kind_key, "default")
     if kind not in ROPE_TYPES:
@@ -175,7 +184,7 @@ def rope_from_hf(
                             "as transformers does")
     for key in sorted(_ROPE_KEYS[kind] - set(rope)):
         raise fields.refuse(f"{source}.{key}", None, f"rope_type {kind!r} needs it")
-    partial = rope.get("partial_rotary_factor", params.get("partial_rotary_factor"))
+    partial = rope.get("partial_rotary_factor")
     if partial is None:
         partial = default_partial if partial_key is None else fields.get(partial_key,
                                                                          default_partial)
