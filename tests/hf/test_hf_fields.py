@@ -148,6 +148,12 @@ def test_fields_hub_configs_keep_that_no_model_reads_load() -> None:
         config_from_hf({**hf_dict(prefix, **fields), **extra})
 
 
+def test_a_qwen3_config_without_head_dim_has_transformers_default() -> None:
+    fields = {k: v for k, v in hf_dict("Qwen3", **SMALL).items() if k != "head_dim"}
+    assert config_from_hf(fields).head_dim == 128 == transformers.Qwen3Config(**{
+        k: v for k, v in fields.items() if k != "architectures"}).head_dim
+
+
 def test_legacy_neox_and_qwen_fields() -> None:
     """Pythia's and Qwen2.5's config.json as published (transformers 4 field names)."""
     pythia = {"architectures": ["GPTNeoXForCausalLM"], "model_type": "gpt_neox",

@@ -28,11 +28,13 @@ LLAMA_WEIGHTS = WeightMap(
 )
 
 
-def llama_like_config(f: Fields, *, max_positions: int, **switches: Any) -> dict[str, Any]:
+def llama_like_config(f: Fields, *, max_positions: int, default_head_dim: int | None = None,
+                      **switches: Any) -> dict[str, Any]:
     """GPTConfig keyword arguments for the fields every Llama-style config shares; the
-    family passes its own bias / QK-norm / window switches."""
+    family passes its own bias / QK-norm / window switches, and the head_dim its
+    transformers config defaults to (None: hidden_size / heads)."""
     n_embd, n_head = f.count("hidden_size", 4096), f.count("num_attention_heads", 32)
-    head_dim = f.count("head_dim", n_embd // n_head)
+    head_dim = f.count("head_dim", default_head_dim or n_embd // n_head)
     f.one_of("hidden_act", SILUS, "silu")
     theta, scaling, partial = rope_from_hf(f)
     if partial != 1.0:

@@ -23,8 +23,10 @@ from .registry import Family
 def _config(f: Fields) -> dict[str, Any]:
     n_layer = f.count("num_hidden_layers", 32)
     attention_bias = bool(f.get("attention_bias", False))
-    return llama_like_config(f, max_positions=32768, bias=False, qkv_bias=attention_bias,
-                             out_bias=attention_bias, qk_norm=True, **qwen_window(f, n_layer))
+    # Qwen3Config's head_dim defaults to 128, not hidden_size / heads
+    return llama_like_config(f, max_positions=32768, default_head_dim=128, bias=False,
+                             qkv_bias=attention_bias, out_bias=attention_bias, qk_norm=True,
+                             **qwen_window(f, n_layer))
 
 
 def _misfits(c: GPTConfig) -> list[str]:

@@ -112,9 +112,14 @@ class WeightMap:
                 used.add(head)  # a tied file may store the head too; transformers ignores it
                 continue
             if ours == "lm_head.weight" and head not in names:
+                # GPT-NeoX's module is lm_head in transformers 5, saved as embed_out: a
+                # state_dict written without save_pretrained keeps the module's name
+                found = [names[k] for k in names if k.endswith("lm_head.weight")]
                 raise ValueError(
                     f"{family} config.json has tie_word_embeddings=false but the checkpoint "
-                    f"has no {head}; refusing to run with a random output head"
+                    f"has no {head}" + (f" (it has {found[0]}: a state_dict saved without "
+                    f"save_pretrained? rename it {head})" if found else "")
+                    + "; refusing to run with a random output head"
                 )
             fused = self._is_fused(ours)
             if fused is not None:
