@@ -8,8 +8,16 @@ from pathlib import Path
 import pytest
 import torch
 
+from attnlab import GPT, GPTConfig
 from attnlab.generate import generate
-from attnlab.hf import gpt_from_hf, is_hf_dir, load_hf_checkpoint, load_hf_gpt2, save_hf_gpt2
+from attnlab.hf import (
+    gpt_from_hf,
+    is_hf_dir,
+    load_hf_checkpoint,
+    load_hf_gpt2,
+    save_hf,
+    save_hf_gpt2,
+)
 from helpers import assert_logits_match_hf, left_padded, linears_laid_out
 
 transformers = pytest.importorskip("transformers")
@@ -139,3 +147,10 @@ def test_export_refuses_models_gpt2_cannot_express(tmp_path: Path) -> None:
     model = GPT(GPTConfig.from_name("nano", n_kv_head=1))
     with pytest.raises(ValueError, match=r"n_kv_head in \(None, n_head\)"):
         save_hf_gpt2(tmp_path, model)
+
+
+def test_save_hf_writes_the_weights_dtype_so_from_pretrained_keeps_it(tmp_path: Path) -> None:
+    model = GPT(GPTConfig.from_name("llama-tiny")).eval().to(torch.bfloat16)
+    save_hf(tmp_path, model)
+    assert json.loads((tmp_path / "config.json").read_text())["dtype"] == "bfloat16"
+    assert transformers.AutoModelForCausalLM.from_pretrained(tmp_path).dtype == torch.bfloat16

@@ -253,6 +253,9 @@ def save_hf(path: str | Path, model: GPT, tokenizer: Tokenizer | None = None, *,
         special = {"bos": getattr(tokenizer, "bos_id", None),
                    "eos": eos_field(tokenizer.stop_ids)}
     config = config_to_hf(model.config, family=family, special=special)
+    # the weights' dtype, as save_pretrained writes it: from_pretrained loads a bfloat16
+    # file in bfloat16 (without it, float32 at twice the memory)
+    config["dtype"] = str(model.wte.weight.dtype).removeprefix("torch.")
     weights = family.weights.to_hf(model.state_dict(), model.config)
     sources = [tokenizer.source] if isinstance(tokenizer, HFDirTokenizer) and tokenizer.source \
         else []
