@@ -178,8 +178,9 @@ def test_prompt_past_block_size_errors_or_slides() -> None:
 def test_clear_errors() -> None:
     model = _model()
     ids = torch.zeros(2, 3, dtype=torch.long)
-    with pytest.raises(ValueError, match="temperature=-1"):
-        generate(model, ids, max_new_tokens=2, temperature=-1)
+    for bad in (-1, float("inf"), float("nan")):  # inf spread NaN through the softmax
+        with pytest.raises(ValueError, match=rf"temperature={bad} must be finite and >= 0"):
+            generate(model, ids, max_new_tokens=2, temperature=bad)
     with pytest.raises(ValueError, match="top_k=-2"):
         generate(model, ids, max_new_tokens=2, top_k=-2)
     with pytest.raises(ValueError, match=r"top_p=1.5 must be in \[0, 1\]"):
@@ -238,6 +239,27 @@ def test_a_tokenizer_larger_than_the_model_is_refused_up_front() -> None:
     with pytest.raises(ValueError, match="tokenizer 'byte' has 256 ids but the model's "
                                          "vocab_size is 65: they belong to different models"):
         generate_text(_model(), get_tokenizer("byte"), ["\n !"], max_new_tokens=3)
+
+
+@pytest.mark.parametrize("text,stop,expected", [
+    ("Hi —bye", " —", "Hi"),       # the stop's second character arrives in 3 bytes
+    ("ab😀cd", "b😀", "a"),
+    ("1 é 2", " é", "1"),
+    ("ok日", "zz", "ok"),           # max_new_tokens cuts 日 short: its part is dropped
+])
+def test_a_stream_holds_a_stop_start_before_an_unfinished_character(
+    text: str, stop: str, expected: str, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Not one character of a stop string is emitted, even where the stop goes on with a
+    character still arriving byte by byte (' ' of ' —' was emitted at —'s first byte), and
+    no U+FFFD either."""
+    tok = get_tokenizer("byte")
+    data = list(text.encode())[:-1] if text.endswith("日") else list(text.encode())
+    monkeypatch.setattr(generate_mod, "stream", _scripted([data]))
+    pieces = [p[0] for p in stream_text(_model(vocab_size=256), tok, ["x"],
+                                        max_new_tokens=len(data), stop=[stop])]
+    assert "".join(pieces) == expected
+    assert not any("\ufffd" in piece for piece in pieces)
 
 
 def test_stream_text_stops_at_stop_strings(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -16,6 +16,7 @@ cache know nothing about sampling; this module knows nothing about attention.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
@@ -35,8 +36,8 @@ if TYPE_CHECKING:
 
 
 def _check_sampling(temperature: float, top_k: int, top_p: float) -> None:
-    if not temperature >= 0.0:
-        raise ValueError(f"temperature={temperature} must be >= 0 (0 = greedy)")
+    if not 0.0 <= temperature < math.inf:  # inf would spread NaN, not the uniform
+        raise ValueError(f"temperature={temperature} must be finite and >= 0 (0 = greedy)")
     if not isinstance(top_k, int) or top_k < 0:
         raise ValueError(f"top_k={top_k!r} must be an integer >= 0 (0 = no top-k filtering)")
     if not 0.0 <= top_p <= 1.0:
@@ -369,14 +370,17 @@ def generate(
 
 def _held_back(text: str, stops: Sequence[str]) -> int:
     """How many trailing characters of `text` must wait: an unfinished UTF-8 character
-    (decoded as U+FFFD) or the start of a stop string."""
-    hold = len(text) - len(text.rstrip("\ufffd"))
+    (decoded as U+FFFD) and, before it, the start of a stop string (whose next character
+    may be the one still arriving)."""
+    unfinished = len(text) - len(text.rstrip("\ufffd"))
+    done = text[:len(text) - unfinished]
+    start = 0
     for stop in stops:
-        for k in range(min(len(stop) - 1, len(text)), hold, -1):
-            if text.endswith(stop[:k]):
-                hold = k
+        for k in range(min(len(stop) - 1, len(done)), start, -1):
+            if done.endswith(stop[:k]):
+                start = k
                 break
-    return hold
+    return unfinished + start
 
 
 #: the keyword arguments `stream_text` and `generate_text` pass on to `stream`
@@ -464,15 +468,16 @@ def _text_pieces(
                         if i >= 0]
                 end = min(hits) if hits else None
                 done[b] = end is not None
-            if end is None:
-                end = len(text) if done[b] else len(text) - _held_back(text, stops)
+            if end is None:  # an ended row drops a character its last token left unfinished
+                end = len(text.rstrip("\ufffd")) if done[b] else (
+                    len(text) - _held_back(text, stops))
             pieces[b] = text[emitted[b]:end]
             emitted[b] = max(emitted[b], end)
         yield pieces
         if all(done):
             return
     # max_new_tokens reached: flush what was held back for a stop string that never came
-    tail = [decode(b)[emitted[b]:] if not done[b] else "" for b in range(B)]
+    tail = [decode(b).rstrip("\ufffd")[emitted[b]:] if not done[b] else "" for b in range(B)]
     if any(tail):
         yield tail
 

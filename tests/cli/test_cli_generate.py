@@ -75,6 +75,23 @@ def test_text_reaches_stdout_before_generation_ends(
     assert seen == ["go a", "b", "c"]
 
 
+def test_ctrl_c_ends_the_streamed_line(
+    checkpoint: tuple[Path, GPT, Tokenizer], capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The shell's prompt after an interrupted generation starts a line of its own."""
+    path, _, _ = checkpoint
+
+    def interrupted(*args: Any, **kwargs: Any) -> Iterator[list[str]]:
+        yield ["a"]
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(generate_mod, "stream_text", interrupted)
+    assert main(["generate", str(path), "go ", "--max-new-tokens", "3"]) == 130
+    captured = capsys.readouterr()
+    assert captured.out == "go a\n" and "interrupted" in captured.err
+
+
 def test_prompt_file_runs_batches_and_prints_each_completion(
     checkpoint: tuple[Path, GPT, Tokenizer], tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

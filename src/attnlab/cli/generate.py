@@ -212,6 +212,9 @@ def run(args: argparse.Namespace) -> int:
                                    max_new_tokens)
             else:
                 produced = _print_batches(completions, prompts, shown, args, max_new_tokens)
+    except KeyboardInterrupt:
+        sys.stdout.write("\n")  # the shell's prompt on a line of its own
+        raise
     except torch.OutOfMemoryError as err:
         sys.stdout.write("\n")  # the streamed text ends where memory did
         raise out_of_memory("generate", err, model.wte.weight.device) from None
