@@ -220,7 +220,8 @@ def stream(
     (`model.compiled_decode`: CUDA graphs on a GPU; the first generation of a batch size and
     cache length pays the compilation, later ones reuse it); the same ids as without, up to
     the rounding of a different kernel order; with edits the steps stay eager. Arguments are
-    checked here, before the first step.
+    checked here, before the first step. The weights must not change until the last step
+    (docs/generate.md#how-decoding-works): edit what generation computes with `edits`.
     """
     config = GenerationConfig(max_new_tokens, temperature, top_k, top_p, seed, sliding_window)
     if not isinstance(input_ids, Tensor):

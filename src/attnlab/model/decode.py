@@ -407,8 +407,10 @@ def half_weights(model: GPT) -> GPT:
     by at most 2**-11 of itself; below 2**-14, float16's subnormals, by at most 2**-25).
     Packing the weights for the kernel happens here, once (seconds for GPT-2 small:
     docs/performance.md#float16-weights); `generate`, `stream` and the server reuse it
-    while the weights are unchanged and pack again after they change. x86 CPUs, float32
-    models on the CPU (`check_float16_weights`).
+    while the weights are unchanged and pack again after they change; a matrix changed
+    after this call is no longer float16 values, so call it again to have forward passes
+    compute what decode streams. x86 CPUs, float32 models on the CPU
+    (`check_float16_weights`).
     """
     check_float16_weights(model)
     linears = [(name, m) for name, m in model.named_modules() if isinstance(m, nn.Linear)]
