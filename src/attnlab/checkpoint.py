@@ -464,13 +464,15 @@ def _mismatch(model: GPT, state: dict[str, torch.Tensor], show: int = 3) -> str:
     return "; ".join(parts)
 
 
-def load_train_state(directory: str | Path) -> dict[str, Any]:
-    """The optimizer/step/RNG state saved with a checkpoint, loaded without unpickling code."""
+def load_train_state(directory: str | Path, *, mmap: bool = False) -> dict[str, Any]:
+    """The optimizer/step/RNG state saved with a checkpoint, loaded without unpickling code;
+    mmap=True maps the tensors instead of reading them (a check of the file, cheap)."""
     path = _resolve(Path(directory)) / STATE_FILE
     if not path.exists():
         raise FileNotFoundError(f"{path} is missing: the checkpoint has no training state")
     try:
-        state: dict[str, Any] = torch.load(path, map_location="cpu", weights_only=True)
+        state: dict[str, Any] = torch.load(path, map_location="cpu", weights_only=True,
+                                           mmap=mmap)
     except Exception as err:  # UnpicklingError for unsafe content, RuntimeError for truncation
         raise ValueError(
             f"refusing or unable to load {path}: {_unpickling_reason(err)}. attnlab only loads "

@@ -417,7 +417,7 @@ def test_a_damaged_checkpoint_is_refused_before_resuming(
     (ckpt / "train_state.pt").write_bytes(whole[:3000])
     assert _train(tmp_path, "--resume") == 1
     out, err = capsys.readouterr()
-    assert "resumed" not in out and "train_state.pt is damaged (" in err
+    assert "resumed" not in out and "refusing or unable to load" in err and "train_state.pt" in err
     # a state without the optimizer's moments would restart them from zero: refused
     state = torch.load(tmp_path / "state.pt", weights_only=True)
     state["optimizer"]["state"] = {}

@@ -458,10 +458,9 @@ def _resume_configs(
 def _check_resumable(ckpt: Path, finished: bool) -> None:
     """Refuse, before anything is printed or trained, a checkpoint whose weights file is cut
     short or (for an unfinished run) has no training state to continue from."""
-    import torch
     from safetensors import safe_open
 
-    from ..checkpoint import STATE_FILE, WEIGHTS_FILE
+    from ..checkpoint import STATE_FILE, WEIGHTS_FILE, load_train_state
 
     fix = "start over with --overwrite, or train a new run with --out DIR"
     try:
@@ -476,10 +475,9 @@ def _check_resumable(ckpt: Path, finished: bool) -> None:
         raise CLIError(f"--resume: {ckpt} has no {STATE_FILE} (optimizer, data order and "
                        f"random state), so the run cannot continue exactly; {fix}")
     try:  # mmap: the zip's directory and records are checked, the tensors not read
-        torch.load(ckpt / STATE_FILE, map_location="cpu", weights_only=True, mmap=True)
-    except Exception as err:  # RuntimeError for a file cut short
-        raise CLIError(f"--resume: {ckpt / STATE_FILE} is damaged "
-                       f"({str(err).splitlines()[0].split('. ')[0]}); {fix}") from None
+        load_train_state(ckpt, mmap=True)
+    except ValueError as err:  # a file cut short, or one with code in it
+        raise CLIError(f"--resume: {err}") from None
 
 
 def _slug(name: str) -> str:
