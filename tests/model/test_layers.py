@@ -39,6 +39,12 @@ def test_rms_norm_is_x_over_root_mean_square_times_weight() -> None:
     with torch.no_grad():
         normb.weight.copy_(norm.weight)
     assert torch.equal(normb(xb), expected)
+    # float64: normalised in float64, not rounded through float32
+    xd, normd = x.double(), RMSNorm(8, 1e-6).double()
+    with torch.no_grad():
+        normd.weight.copy_(norm.weight)
+    exact = xd / (xd ** 2).mean(-1, keepdim=True).add(1e-6).sqrt() * normd.weight  # (2, 3, 8)
+    torch.testing.assert_close(normd(xd), exact, rtol=0, atol=1e-12)
 
 
 def test_make_norm_kinds_and_eps() -> None:

@@ -47,6 +47,7 @@ import torch
 from torch import Tensor
 
 from ..model.gpt import require_eval
+from ..model.runtime import wide
 from ..model.trace import EditSource, Trace
 
 #: Detector names, in the order tables list them.
@@ -130,7 +131,7 @@ def head_scores(
             f"attn_weights must be (B, nh, T, T) from a run without a cache, got "
             f"{tuple(attn_weights.shape)}"
         )
-    A = attn_weights.float()
+    A = attn_weights.to(wide(attn_weights.dtype))  # a float64 model's scores stay float64
     B, nh, T, _ = A.shape
     if attention_mask is not None:  # pad queries score nothing (right pads attend to tokens)
         A = A * attention_mask.to(A.device).bool()[:, None, :, None]  # (B, nh, T, T)
@@ -218,10 +219,11 @@ def summary_means(trace: Trace, layers: Sequence[int], attention_mask: Tensor | 
     for name in SUMMARY_MEANS:
         if not all((layer, name) in trace for layer in layers):
             continue
-        stack = torch.stack([trace.get(name, layer)[batch] for layer in layers]).float()
+        stack = torch.stack([trace.get(name, layer)[batch] for layer in layers])
+        stack = stack.to(wide(stack.dtype))  # float32, or a float64 model's float64
         T = stack.shape[-1]  # (layers, B, heads, T)
         real = (torch.ones(stack.shape[1], T, device=stack.device) if attention_mask is None
-                else attention_mask[:, -T:].to(stack.device).float())  # (B, T)
+                else attention_mask[:, -T:].to(stack))  # (B, T)
         total = (stack * real[None, :, None, :]).sum(dim=(1, 3))  # (layers, heads)
         means[name] = total / real.sum()  # (layers, heads)
     return means

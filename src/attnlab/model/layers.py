@@ -89,9 +89,10 @@ def _hooked(module: nn.Module) -> bool:
 
 
 def rms_norm(x: Tensor, weight: Tensor | None, eps: float) -> Tensor:
-    """x (..., C) -> x / sqrt(mean(x^2) + eps) * weight, computed in float32 and cast back
-    before the weight multiplies (Llama's and Qwen's order)."""
-    x32 = x.float()
+    """x (..., C) -> x / sqrt(mean(x^2) + eps) * weight, computed in float32 (a float64
+    model's in float64) and cast back before the weight multiplies (Llama's and Qwen's
+    order)."""
+    x32 = x.to(runtime.wide(x.dtype))
     y = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + eps)  # (..., C)
     y = y.to(x.dtype)
     return y if weight is None else weight * y
