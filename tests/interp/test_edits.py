@@ -274,8 +274,8 @@ def test_edits_the_model_never_reaches_are_refused() -> None:
             generate(model, idx, max_new_tokens=2, temperature=0, edits=edits)
     with pytest.raises(ValueError, match="at layer -1: layers count from 0"):
         ablate([(-1, 0)])
-    with pytest.raises(ValueError, match=r"positions \[-1\]: positions are sequence columns"):
-        scale_heads(0, 0, 0.0, positions=[-1])
+    with pytest.raises(ValueError, match=r"positions \[-33\]: .* or -1 to -32 from the last"):
+        model(idx, edits=scale_heads(0, 0, 0.0, positions=[-33]))
     with pytest.raises(ValueError, match=r"edit heads \[7\] out of range for 2 heads"):
         model(idx, edits=ablate([(0, 7)]))
     # stream checks its edits when called, before the first step (a CLI prints nothing yet)
@@ -404,3 +404,28 @@ def test_one_edit_a_sum_and_nested_sets_act_as_edits_of_them() -> None:
         model(ids, edits=[heads])  # type: ignore[arg-type]
     with pytest.raises(TypeError, match=r"Edits holds Edit and Edits values, not 3"):
         Edits([heads, 3])  # type: ignore[list-item]
+
+
+@torch.no_grad()
+@pytest.mark.parametrize("family", ["nano", "llama-tiny"])
+def test_a_negative_position_counts_from_each_passs_last_column(family: str) -> None:
+    """positions=[-1] edits a prompt's last token, as positions=[T - 1] does, and in
+    generation each step's new token (TransformerLens's pos=-1); patch takes it too."""
+    model = _family(family)
+    idx = _ids(2, 6)
+    for make in (lambda p: zero_heads(0, 1, positions=p), lambda p: uniform_attention(1, 0, p)):
+        assert torch.equal(model(idx, edits=make([-1])).logits,
+                           model(idx, edits=make([5])).logits)
+        assert torch.equal(model(idx, edits=make([-2, -6])).logits,
+                           model(idx, edits=make([4, 0])).logits)
+    clean = Trace(names="resid_pre").run(model, _ids(2, 6, seed=2))
+    assert torch.equal(model(idx, edits=patch(clean, "resid_pre", 1, positions=[-1])).logits,
+                       model(idx, edits=patch(clean, "resid_pre", 1, positions=[5])).logits)
+    # generation: -1 is every step's newest column, so each new token is edited as it comes
+    out = generate(model, idx, max_new_tokens=3, temperature=0,
+                   edits=zero_heads(0, 1, positions=[-1]))
+    for step in range(3):
+        T = 6 + step
+        expected = model(out[:, :T], edits=zero_heads(0, 1, positions=list(range(5, T)))
+                         ).logits[:, -1].argmax(-1)
+        assert torch.equal(out[:, T], expected)

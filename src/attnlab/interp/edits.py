@@ -10,8 +10,10 @@ on the modules; an edit that selects no cell of a value returns the value itself
 Positions are sequence columns, counted from the first column of the (left-padded) input,
 cached columns included: the same numbers as `attention_mask`'s columns. A decode step over
 a KV cache sees only its own column (and, for "k"/"v", every column), so an edit at column 5
-applies when column 5 is computed, in a prefill or a later step alike. Edits of "k" and "v"
-are not written into the cache; they apply again, at every call, to all the keys.
+applies when column 5 is computed, in a prefill or a later step alike. A negative position
+counts from the last column of each forward pass (TransformerLens's pos=-1): -1 is a
+prompt's last token, and in generation the token each step adds. Edits of "k" and "v" are
+not written into the cache; they apply again, at every call, to all the keys.
 
 Only edits of scores or weights ("attn_scores", "masked_scores", "attn_weights",
 "attn_weights_dropped") need attention's explicit path; all others keep the fused one.
@@ -93,10 +95,6 @@ class Edit:
         if self.layer is not None and self.layer < 0:
             raise ValueError(f"edit of {self.name!r} at layer {self.layer}: layers count "
                              "from 0 (the last one is n_layer - 1)")
-        negative = [p for p in self.positions or () if p < 0]
-        if negative:
-            raise ValueError(f"edit of {self.name!r} at positions {negative}: positions are "
-                             "sequence columns counted from 0 (the last one is T - 1)")
 
     # One edit is also a set of one (model.trace.EditSource), so `edits=zero_heads(0, 1)`
     # works wherever `edits=Edits([...])` does.
@@ -131,7 +129,8 @@ class Edit:
             on[list(self.heads)] = True
             select = select & on.view(shape)  # (1, nh, 1, ...)
         if self.positions is not None:
-            columns = [p - first for p in self.positions if first <= p < length]
+            at = (p + length if p < 0 else p for p in self.positions)  # -1: the last column
+            columns = [p - first for p in at if first <= p < length]
             if not columns:
                 return value  # none of the edited columns is computed in this call
             shape = [1] * value.dim()
@@ -200,11 +199,11 @@ class Edits:
             bad = [h for h in edit.heads or () if not 0 <= h < n]
             if bad:
                 raise ValueError(f"edit heads {bad} out of range for {n} heads in {edit.name!r}")
-            beyond = [p for p in edit.positions or () if p >= block_size]
+            beyond = [p for p in edit.positions or () if not -block_size <= p < block_size]
             if beyond:
                 raise ValueError(f"edit of {edit.name!r} at positions {beyond}: the model "
                                  f"reads at most block_size={block_size} columns (0 to "
-                                 f"{block_size - 1})")
+                                 f"{block_size - 1}, or -1 to -{block_size} from the last)")
 
     def touches(self, layer: int | None) -> bool:
         return layer is None or layer in self._layers
@@ -397,7 +396,8 @@ def patch(
                 f"cover the patched run's {tuple(v.shape)} (trace the source with the same "
                 "batch size and length, every head)"
             )
-        wanted = range(first, first + T) if selected is None else selected
+        wanted = range(first, first + T) if selected is None else [
+            p + first + T if p < 0 else p for p in selected]  # -1: this call's last column
         missing = [p for p in wanted if have <= p < first + T]
         if missing:  # e.g. generation past the traced prompt
             raise ValueError(
