@@ -376,3 +376,26 @@ def test_restarted_runs_equal_whole_runs_on_modern_blocks(
     torch.testing.assert_close(restarted.heads, whole.heads, rtol=0, atol=1e-12)
     torch.testing.assert_close(restarted.resid, whole.resid, rtol=0, atol=1e-12)
     assert whole.heads.abs().max() > 1e-3 and whole.resid.abs().max() > 1e-3
+
+
+def test_heads_by_position_are_each_heads_output_at_one_position() -> None:
+    """by_position=True adds (n_layer, nh, T) effects (TransformerLens's
+    get_act_patch_attn_head_out_by_pos): each equals that one cell patched alone, over a
+    left-padded batch, batched or one pass each; the other grids are as without it."""
+    model, clean, corrupt, mask, metric = _left_padded_pair(seed=5, row=0, pads=2)
+    plain = activation_patching(model, clean, corrupt, metric, attention_mask=mask)
+    assert plain.heads_by_position is None and "heads_by_position" not in plain.to_dict()
+    for batch in (None, 1):
+        result = activation_patching(model, clean, corrupt, metric, attention_mask=mask,
+                                     batch=batch, by_position=True)
+        assert result.heads_by_position is not None
+        assert result.heads_by_position.shape == (2, 2, 6)
+        torch.testing.assert_close(result.heads, plain.heads, rtol=0, atol=1e-12)
+        torch.testing.assert_close(result.resid, plain.resid, rtol=0, atol=1e-12)
+    for layer, head, pos in [(0, 0, 5), (0, 1, 3), (1, 1, 5), (1, 0, 0)]:
+        alone = patch_effect(model, clean, corrupt, metric, attention_mask=mask,
+                             make_edits=lambda t, la=layer, h=head, p=pos: Edits(
+                                 [patch(t, "context", la, heads=[h], positions=[p])]))
+        assert alone == pytest.approx(float(result.heads_by_position[layer, head, pos]),
+                                      rel=0, abs=1e-12)
+    assert len(result.to_dict()["heads_by_position"]) == 2

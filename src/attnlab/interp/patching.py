@@ -37,8 +37,9 @@ from .edits import Edit, Edits
 Metric = Callable[[Tensor], Tensor]
 #: (runs done, runs in all): called after each batch of `activation_patching`'s runs.
 Progress = Callable[[int, int], None]
-#: What one corrupted run patches: ("context", layer, head) or ("resid_pre", layer, position).
-Site = tuple[str, int, int]
+#: What one corrupted run patches: ("context", layer, head), ("context", layer, (head,
+#: position)) or ("resid_pre", layer, position).
+Site = tuple[str, int, int | tuple[int, int]]
 #: `activation_patching` runs this many patches per forward pass at most, each on its own
 #: copy of the corrupted batch: fewer, larger matrix products (on a GPU, far fewer launches)
 BATCH = 32
@@ -103,9 +104,13 @@ class Patching:
     resid: Tensor  # (n_layer, T): the residual stream entering each layer, one position
     clean: float  # metric of the clean run
     corrupted: float  # metric of the corrupted run
+    #: (n_layer, nh, T): each head's output at one position (`by_position=True`), else None
+    heads_by_position: Tensor | None = None
 
     def to_dict(self) -> dict[str, Any]:
-        return {"heads": self.heads.tolist(), "resid": self.resid.tolist(),
+        by_position = {} if self.heads_by_position is None else {
+            "heads_by_position": self.heads_by_position.tolist()}
+        return {"heads": self.heads.tolist(), "resid": self.resid.tolist(), **by_position,
                 "clean_metric": self.clean, "corrupted_metric": self.corrupted}
 
 
@@ -231,17 +236,20 @@ class _Runner:
     def _edits(self, group: list[Site]) -> Edits:
         """One edit per (name, layer) the group patches, each over the copies that patch it."""
         B = self.corrupt_ids.shape[0]
-        copies: dict[tuple[str, int], list[tuple[int, int]]] = {}
+        copies: dict[tuple[str, int], list[tuple[int, tuple[int, ...]]]] = {}
         for i, (name, layer, index) in enumerate(group):
-            copies.setdefault((name, layer), []).append((i, index))
+            cell = index if isinstance(index, tuple) else (index,)
+            copies.setdefault((name, layer), []).append((i, cell))
 
-        def edit(name: str, layer: int, cells: list[tuple[int, int]]) -> Edit:
+        def edit(name: str, layer: int, cells: list[tuple[int, tuple[int, ...]]]) -> Edit:
             clean = self.trace.get(name, layer)  # (B, nh, T, hs) or (B, T, C)
 
             def replace(value: Tensor, first: int) -> Tensor:
                 value = value.clone()  # (n B, nh, T, hs) or (n B, T, C)
-                for i, index in cells:  # dimension 1: the head of "context", the position
-                    value[i * B:(i + 1) * B, index] = clean[:, index]  # of "resid_pre"
+                every: tuple[slice | int, ...] = (slice(None),)
+                for i, cell in cells:  # from dimension 1: "context"'s head (and position),
+                    into: tuple[slice | int, ...] = (slice(i * B, (i + 1) * B),)  # or
+                    value[into + cell] = clean[every + cell]  # "resid_pre"'s position
                 return value
 
             return Edit(name, layer, replace)
@@ -269,9 +277,12 @@ def activation_patching(
     *,
     batch: int | None = None,
     progress: Progress | None = None,
+    by_position: bool = False,
 ) -> Patching:
     """Patch every head's output and every (layer, position) of the residual stream from the
-    clean run into the corrupted one; ids (B, T), one attention_mask for both. Each patch is
+    clean run into the corrupted one; ids (B, T), one attention_mask for both. by_position:
+    also every head's output at each position alone (`heads_by_position`, TransformerLens's
+    get_act_patch_attn_head_out_by_pos: n_layer x nh x T more runs). Each patch is
     a corrupted run of its own, `batch` of them per forward pass (None: up to `BATCH`, as
     many as keep their logits within `LOGIT_BYTES`; 1: one pass each); `progress(done,
     total)` hears after each pass. A metric with `last_logits_only` True (`logit_diff_metric`
@@ -284,17 +295,22 @@ def activation_patching(
         batch = max(1, min(BATCH, LOGIT_BYTES // per_patch))
     elif batch < 1:
         raise ValueError(f"batch={batch}: patches per forward pass must be at least 1")
-    sites = ([("context", layer, h) for layer in range(c.n_layer) for h in range(c.n_head)]
-             + [("resid_pre", layer, p) for layer in range(c.n_layer) for p in range(T)])
+    L, H = c.n_layer, c.n_head
+    sites: list[Site] = [("context", layer, h) for layer in range(L) for h in range(H)]
+    sites += [("resid_pre", layer, p) for layer in range(L) for p in range(T)]
+    if by_position:
+        sites += [("context", layer, (h, p)) for layer in range(L) for h in range(H)
+                  for p in range(T)]
     # in layer order, each pass restarts where its first patch is, from the corrupted run's
     # residual stream there: the blocks before it would compute what they did in that run
     order = sorted(range(len(sites)), key=lambda i: sites[i][1])
     effects = torch.empty(len(sites), dtype=wide(model.lm_head.weight.dtype))
     effects[order] = torch.tensor(runner.effects([sites[i] for i in order], batch, progress),
                                   dtype=effects.dtype)
-    heads = effects[:c.n_layer * c.n_head].view(c.n_layer, c.n_head)  # (n_layer, nh)
-    resid = effects[c.n_layer * c.n_head:].view(c.n_layer, T)  # (n_layer, T)
-    return Patching(heads, resid, runner.clean, runner.corrupted)
+    heads = effects[:L * H].view(L, H)  # (n_layer, nh)
+    resid = effects[L * H:L * H + L * T].view(L, T)  # (n_layer, T)
+    by_pos = effects[L * H + L * T:].view(L, H, T) if by_position else None  # (n_layer, nh, T)
+    return Patching(heads, resid, runner.clean, runner.corrupted, by_pos)
 
 
 def attribution_patching(
