@@ -93,6 +93,13 @@ def test_patch_and_lens(checkpoint: tuple, tmp_path: Path, capsys: pytest.Captur
     assert len(result["heads"]) == 2 and len(result["resid"][0]) == 7
     assert result["resid"][0][:2] == [0.0, 0.0]  # positions where clean == corrupt
     assert result["resid"][0][2] == pytest.approx(1.0)  # the only changed input, entering layer 0
+    assert "heads_by_position" not in result
+    assert main([*args, "--by-position"]) == 0
+    assert "heads at one position: " in capsys.readouterr().out
+    by_position = json.loads((tmp_path / "p" / "patch.json").read_text())["heads_by_position"]
+    assert [len(by_position), len(by_position[0]), len(by_position[0][0])] == [2, 2, 7]
+    assert main([*args, "--by-position", "--method", "attribution"]) == 1
+    assert "--method activation only" in capsys.readouterr().err
     assert main(["lens", str(path), "abcd|ab", "--out", str(tmp_path / "l")]) == 0
     lens = json.loads((tmp_path / "l" / "lens.json").read_text())
     assert lens["layers"] == ["emb", "layer 0", "layer 1"] and len(lens["top_tokens"][0]) == 7

@@ -8,6 +8,7 @@ token after the prompt)? Prints the top effects, writes the heatmaps and JSON to
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import sys
 from dataclasses import dataclass
@@ -71,6 +72,11 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
                         help="activation: one corrupted run per head and per (layer, "
                         "position); attribution: every effect to first order from one "
                         "backward pass (fast, approximate: confirm its top heads)")
+    parser.add_argument("--by-position", "--by_position", dest="by_position",
+                        action="store_true",
+                        help="also each head's output at each position alone (activation "
+                        "only; layers x heads x tokens more runs), in patch.json and "
+                        "printed by its largest effects")
     parser.add_argument("--out", default="patch", help="directory for patch.png/json")
     add_device_flags(parser)
     return parser
@@ -118,8 +124,12 @@ def run(args: argparse.Namespace) -> int:
                        "token, so their logit difference is 0 in every run; give two tokens")
     method = METHODS[args.method]
     # activation patching makes a corrupted run per head and per (layer, position): shown
+    if args.by_position and args.method != "activation":
+        raise CLIError("--by-position patches each head at each position: --method "
+                       "activation only (attribution estimates every cell at once)")
     with Counter("run", "patched") as progress:
-        shown = {"progress": progress} if args.method == "activation" else {}
+        shown = {"progress": progress, "by_position": args.by_position} \
+            if args.method == "activation" else {}
         result = getattr(patching, method.function)(
             model, torch.tensor([clean], device=model.wte.weight.device),  # (1, T)
             torch.tensor([corrupt], device=model.wte.weight.device),  # (1, T)
@@ -136,6 +146,13 @@ def run(args: argparse.Namespace) -> int:
                     reverse=True)
     print(f"heads by effect{method.note}: " + ", ".join(f"{la}.{h} {e:+.2f}"
                                                        for e, la, h in ranked[:5]))
+    if result.heads_by_position is not None:
+        cells = sorted(((float(e), la, h, p) for (la, h, p), e in
+                        zip(itertools.product(range(L), range(H), range(len(clean))),
+                            result.heads_by_position.flatten().tolist(), strict=True)),
+                       reverse=True)
+        print("heads at one position: " + ", ".join(
+            f"{la}.{h}@{p} {e:+.2f}" for e, la, h, p in cells[:5]))
     tokens = tok.token_texts(clean)
     for layer in range(L):
         row = " ".join(f"{float(e):+.2f}" for e in result.resid[layer])
