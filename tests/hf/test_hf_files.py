@@ -375,6 +375,13 @@ def test_info_reads_a_directory_without_a_tokenizer(
     out, err = capsys.readouterr()
     assert "has no tokenizer" in err and "tokenizer   none" in out
     assert f"{model.num_params(non_embedding=False):,} parameters" in out
+    # the JSON holds the note and the largest tensor every memory estimate adds
+    assert main(["info", str(tmp_path / "hf"), "--json"]) == 0
+    info = json.loads(capsys.readouterr().out)
+    assert any("has no tokenizer" in note for note in info["notes"])
+    assert info["largest_tensor"] == 16 * 64 * 4  # the MLP's (C, 4C) float32 matrices
+    assert info["memory"]["cpu"]["float32"]["bytes"] == (
+        model.num_params(non_embedding=False) * 4 + info["largest_tensor"])
 
 
 def test_export_writes_a_directory_transformers_loads(

@@ -58,6 +58,7 @@ def _as_dict(model: Any) -> dict[str, Any]:
         "stored": model.stored,
         "tensors": model.tensors,
         "weight_files": model.weight_files,
+        "largest_tensor": model.largest_tensor,  # bytes: what a load holds beside the model
         "memory": memory,
         "tokenizer": tok and {"name": tok.name, "vocab_size": tok.vocab_size,
                               "stop_ids": list(tok.stop_ids),
@@ -70,6 +71,7 @@ def _as_dict(model: Any) -> dict[str, Any]:
         "train_config": meta.get("train_config") or {},
         "resumable": model.resumable,
         "bytes": sum(p.stat().st_size for p in model.path.iterdir() if p.is_file()),
+        "notes": model.notes,
     }
 
 

@@ -41,9 +41,12 @@ def params_text(n: float) -> str:
 
 
 def available_bytes(device: str | torch.device) -> int | None:
-    """Bytes free for a new allocation on `device`; None where that is unknown."""
+    """Bytes free for a new allocation on `device`; None where that is unknown (a device
+    type this machine lacks included)."""
     device = torch.device(device)
     if device.type == "cuda":
+        if not torch.cuda.is_available():
+            return None
         free, _ = torch.cuda.mem_get_info(device)
         return int(free)
     if device.type != "cpu":
