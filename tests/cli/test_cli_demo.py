@@ -69,6 +69,10 @@ def test_demo_animals_prints_a_check_per_sentence(
     assert main(["demo", "animals", "--seed", "5", "--no-figures"]) == 0
     assert "seed 5" in capsys.readouterr().out
     assert sorted(p.name for p in (tmp_path / "attnlab-demo").iterdir()) == ["animals-seed5"]
+    # another recipe's checkpoint in --out is not silently trained over
+    assert main(["demo", "hello", "--out", str(tmp_path), "--no-figures"]) == 1
+    assert "holds a model of another recipe" in capsys.readouterr().err
+    assert main(["demo", "hello", "--out", str(tmp_path), "--no-figures", "--retrain"]) == 0
 
 
 def test_demo_averaging_forms_agree(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

@@ -104,7 +104,7 @@ def _seed_002(
     tok = dataset.tokenizer
     ok = _report_hello(after, tok) if name == "hello" else _report_animals(after, dataset)
     if not ok:
-        print("note     the check did not hold everywhere with recipes.seed_experiment's recipe; "
+        print(f"note     the check did not hold everywhere for this run (seed {tc.seed}); "
               "the figures show what this model does")
     if not formats:
         return 0
@@ -143,6 +143,8 @@ def _trained(out: Path, model_config: Any, train_config: Any, dataset: Any,
         if saved.model.config == model_config and recipe(
                 saved.meta.get("train_config") or {}) == recipe(dataclasses.asdict(train_config)):
             return saved.model, f"reused {ckpt} (--retrain to train again)"
+        raise CLIError(f"{ckpt} holds a model of another recipe (another demo's, or an "
+                       "earlier version's); pass --retrain to replace it, or another --out")
     result = train(model_config, train_config, dataset, out)
     loss = [r["loss"] for r in result.history if "loss" in r][-1]
     return result.model, f"trained in {result.seconds:.1f} s, final loss {loss:.4f}"
@@ -217,8 +219,8 @@ def noun_rows(model: Any, dataset: Any) -> list[dict[str, Any]]:
 
 def _report_animals(model: Any, dataset: Any) -> bool:
     rows = noun_rows(model, dataset)
-    print('check    in the row of " a"/" an", is the noun (word 2) the largest weight? and the '
-          "last word?")
+    print('check    in the row of " a"/" an", is the noun (the second word) the largest '
+          "weight? and the last word?")
     for r in rows:
         weights = " ".join(f"{w:.2f}" for w in r["weights"])
         noun = "✓" if r["noun_largest"] else f"✗ (largest: {r['largest']!r})"
