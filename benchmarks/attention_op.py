@@ -69,7 +69,7 @@ def run(
                 for _ in range(3)
             )
             n = rounds or (3 if quick else max(5, min(30, 30 * 256 // T)))
-            times = alternate(_variants(q, k, v, backward), rounds=n, warmup=1 if quick else 2)
+            times = alternate(_variants(q, k, v, backward), rounds=n, warmup=2)
             ms = {name: median_ms(t[clk]) for name, t in times.items()}
             wall = {name: median_ms(t["wall"]) for name, t in times.items()}
             mode = "fwd+bwd" if backward else "fwd"

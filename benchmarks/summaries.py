@@ -106,7 +106,8 @@ def _run(quick: bool) -> dict[str, Any]:
         + ", ".join(f"{k} {v:.1e}" for k, v in errors.items()) + ".",
         "ratios: " + ", ".join(f"{k} {v:.2f}x" for k, v in ratios.items()),
         f"target summaries <= {TARGET}x the fused forward: "
-        f"{'met' if ratios['vs_forward'] <= TARGET else 'missed'}",
+        + ("not judged on the quick run's toy shape" if quick else
+           'met' if ratios['vs_forward'] <= TARGET else 'missed'),
     ]
     return {
         "suite": "summaries",
