@@ -129,8 +129,8 @@ class Edit:
             on[list(self.heads)] = True
             select = select & on.view(shape)  # (1, nh, 1, ...)
         if self.positions is not None:
-            at = (p + length if p < 0 else p for p in self.positions)  # -1: the last column
-            columns = [p - first for p in at if first <= p < length]
+            columns = [p - first for p in _columns(self.positions, length)
+                       if first <= p < length]
             if not columns:
                 return value  # none of the edited columns is computed in this call
             shape = [1] * value.dim()
@@ -215,6 +215,12 @@ class Edits:
         for edit in self._by_site.get((layer, name), ()):
             value = edit.edited(value, length)
         return value
+
+
+def _columns(positions: Iterable[int], length: int) -> list[int]:
+    """Edit positions as columns of a pass over `length` columns (cached + new): a negative
+    one counts from the last (-1: the newest)."""
+    return [p + length if p < 0 else p for p in positions]
 
 
 def _tuple(xs: int | Iterable[int] | None) -> tuple[int, ...] | None:
@@ -396,8 +402,8 @@ def patch(
                 f"cover the patched run's {tuple(v.shape)} (trace the source with the same "
                 "batch size and length, every head)"
             )
-        wanted = range(first, first + T) if selected is None else [
-            p + first + T if p < 0 else p for p in selected]  # -1: this call's last column
+        wanted = range(first, first + T) if selected is None else _columns(selected,
+                                                                              first + T)
         missing = [p for p in wanted if have <= p < first + T]
         if missing:  # e.g. generation past the traced prompt
             raise ValueError(
