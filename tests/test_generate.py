@@ -298,6 +298,17 @@ def test_generate_text_matches_token_generation() -> None:
         generate_text(model, tok, prompts, max_new_tokens=3, temprature=0.5)
 
 
+def test_sampling_names_every_stream_argument_the_text_functions_leave_to_the_caller() -> None:
+    """SAMPLING is stream()'s keywords less those stream_text sets itself: a keyword added to
+    stream reaches generate_text only once it is named here."""
+    import inspect
+
+    set_by_stream_text = {"model", "input_ids", "attention_mask", "max_new_tokens", "eot_id",
+                          "pad_id", "vocab_size", "unused_ids", "edits"}
+    left = set(inspect.signature(stream).parameters) - set_by_stream_text
+    assert left == generate_mod.SAMPLING
+
+
 def test_generate_takes_what_stream_takes() -> None:
     model = _model()
     ids = torch.randint(0, 65, (3, 4), generator=torch.Generator().manual_seed(0))
