@@ -125,7 +125,8 @@ def _run(args: argparse.Namespace) -> int:
     saved = None if found is None else read_config(found)  # (model config, meta), read once
     if found is not None and saved is not None and not data_given:
         args.data = _run_data(found, saved[1])
-    dataset, init = _load_data(args, found, data_given)
+    trained_on = None if saved is None else saved[1].get("dataset")
+    dataset, init = _load_data(args, found, data_given, trained_on)
 
     if args.resume:
         assert found is not None
@@ -172,9 +173,11 @@ def _check_flags(args: argparse.Namespace) -> None:
                        "run in --out (whose checkpoint holds its own weights): choose one")
 
 
-def _load_data(args: argparse.Namespace, found: Path | None, data_given: bool) -> tuple[Any, Any]:
+def _load_data(args: argparse.Namespace, found: Path | None, data_given: bool,
+               trained_on: str | None = None) -> tuple[Any, Any]:
     """(the dataset, the --init_from checkpoint or None). Text is read with the tokenizer
     the weights learned: a resumed run's own, or the fine-tuned model's."""
+    from ..tokenizers import CannotEncode
     from ..train.data import BUILTINS, load_dataset
 
     tokenizer = args.tokenizer
@@ -188,16 +191,15 @@ def _load_data(args: argparse.Namespace, found: Path | None, data_given: bool) -
         tokenizer = str(init.path)  # its ids are the ones the weights learned
     try:
         return load_dataset(args.data, tokenizer or "char"), init
-    except ValueError as err:
-        if "cannot encode" not in str(err) or (init is None and found is None):
+    except CannotEncode as err:
+        if init is None and found is None:
             raise
         # its advice (another tokenizer) is not open to a fine-tune or a resume: the weights
         # learned these tokens
-        what = (f"the model of --init_from {args.init_from} reads only its own tokenizer's "
-                "tokens, so give data they cover") if init is not None else (
-                f"the run in {found} trained on {_trained_on(found)!r}: resume on that")
-        raise CLIError(f"--data {args.data}: {str(err).split('; it is not in')[0]}; "
-                       f"{what}") from None
+        fix = (f"the model of --init_from {args.init_from} reads only its own tokenizer's "
+               "tokens, so give data they cover") if init is not None else (
+               f"the run in {found} trained on {trained_on!r}: resume on that")
+        raise CLIError(f"--data {args.data}: {err.what}; {fix}") from None
 
 
 def _resume(
@@ -375,13 +377,6 @@ def _remove_checkpoint(ckpt: Path) -> None:
 
     while (found := find_checkpoint(ckpt)) is not None:
         shutil.rmtree(found)
-
-
-def _trained_on(ckpt: Path | None) -> str | None:
-    """The dataset name a run's checkpoint records."""
-    from ..checkpoint import read_config
-
-    return None if ckpt is None else read_config(ckpt)[1].get("dataset")
 
 
 def _run_data(ckpt: Path, meta: dict[str, Any]) -> str:

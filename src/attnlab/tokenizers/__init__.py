@@ -10,6 +10,7 @@ hold part of a UTF-8 character.
 from .core import (
     EOT,
     ByteTokenizer,
+    CannotEncode,
     CharTokenizer,
     HFTokenizer,
     TiktokenTokenizer,
@@ -24,6 +25,7 @@ from .loading import get_tokenizer, load_tokenizer
 __all__ = [
     "EOT",
     "ByteTokenizer",
+    "CannotEncode",
     "CharTokenizer",
     "HFDirTokenizer",
     "HFTokenizer",

@@ -162,13 +162,22 @@ class Tokenizer(ABC):
         return f"{type(self).__name__}(name={self.name!r}, vocab_size={self.vocab_size})"
 
 
-def _unknown(kind: str, text: str, position: int, what: str) -> ValueError:
+class CannotEncode(ValueError):
+    """Text with a character or word outside a vocabulary built from training text. `what`
+    says where; the message adds the advice, which a caller that knows more (the model's
+    tokenizer is fixed, say) replaces."""
+
+    def __init__(self, what: str) -> None:
+        super().__init__(f"{what}; it is not in the vocabulary built from the training text. "
+                         "Remove it from the input, or train with a tokenizer that covers "
+                         "every character (byte or bpe)")
+        self.what = what
+
+
+def _unknown(kind: str, text: str, position: int, what: str) -> CannotEncode:
     context = text[max(0, position - 10): position + 10]
-    return ValueError(
-        f"{kind} tokenizer cannot encode {what} at position {position} (near {context!r}); "
-        "it is not in the vocabulary built from the training text. Remove it from the "
-        "input, or train with a tokenizer that covers every character (byte or bpe)"
-    )
+    return CannotEncode(f"{kind} tokenizer cannot encode {what} at position {position} "
+                        f"(near {context!r})")
 
 
 def _check_ids(kind: str, ids: Sequence[int], vocab_size: int) -> None:
