@@ -37,9 +37,10 @@ from .edits import Edit, Edits
 Metric = Callable[[Tensor], Tensor]
 #: (runs done, runs in all): called after each batch of `activation_patching`'s runs.
 Progress = Callable[[int, int], None]
-#: What one corrupted run patches: ("context", layer, head), ("context", layer, (head,
-#: position)) or ("resid_pre", layer, position).
-Site = tuple[str, int, int | tuple[int, int]]
+#: What one corrupted run patches: a name, a layer and the cell of its value from dimension
+#: 1 on: ("context", layer, (head,)), ("context", layer, (head, position)) or
+#: ("resid_pre", layer, (position,)).
+Site = tuple[str, int, tuple[int, ...]]
 #: `activation_patching` runs this many patches per forward pass at most, each on its own
 #: copy of the corrupted batch: fewer, larger matrix products (on a GPU, far fewer launches)
 BATCH = 32
@@ -237,8 +238,7 @@ class _Runner:
         """One edit per (name, layer) the group patches, each over the copies that patch it."""
         B = self.corrupt_ids.shape[0]
         copies: dict[tuple[str, int], list[tuple[int, tuple[int, ...]]]] = {}
-        for i, (name, layer, index) in enumerate(group):
-            cell = index if isinstance(index, tuple) else (index,)
+        for i, (name, layer, cell) in enumerate(group):
             copies.setdefault((name, layer), []).append((i, cell))
 
         def edit(name: str, layer: int, cells: list[tuple[int, tuple[int, ...]]]) -> Edit:
@@ -247,9 +247,9 @@ class _Runner:
             def replace(value: Tensor, first: int) -> Tensor:
                 value = value.clone()  # (n B, nh, T, hs) or (n B, T, C)
                 every: tuple[slice | int, ...] = (slice(None),)
-                for i, cell in cells:  # from dimension 1: "context"'s head (and position),
-                    into: tuple[slice | int, ...] = (slice(i * B, (i + 1) * B),)  # or
-                    value[into + cell] = clean[every + cell]  # "resid_pre"'s position
+                for i, cell in cells:  # copy i's rows, then the cell from dimension 1 on
+                    into: tuple[slice | int, ...] = (slice(i * B, (i + 1) * B),)
+                    value[into + cell] = clean[every + cell]
                 return value
 
             return Edit(name, layer, replace)
@@ -296,8 +296,8 @@ def activation_patching(
     elif batch < 1:
         raise ValueError(f"batch={batch}: patches per forward pass must be at least 1")
     L, H = c.n_layer, c.n_head
-    sites: list[Site] = [("context", layer, h) for layer in range(L) for h in range(H)]
-    sites += [("resid_pre", layer, p) for layer in range(L) for p in range(T)]
+    sites: list[Site] = [("context", layer, (h,)) for layer in range(L) for h in range(H)]
+    sites += [("resid_pre", layer, (p,)) for layer in range(L) for p in range(T)]
     if by_position:
         sites += [("context", layer, (h, p)) for layer in range(L) for h in range(H)
                   for p in range(T)]
