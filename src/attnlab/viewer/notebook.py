@@ -467,12 +467,12 @@ def show(
         query %= S
     if steps is None:
         steps = _default_steps(trace, traced, layer, head, S)
-    info = ", ".join(x for x in (info, f"{S} token{'s' * (S != 1)}") if x)
+    tokens_of = f"{S} token{'s' * (S != 1)}"
+    info = ", ".join(x for x in (info, tokens_of) if x)
     payload = _payload(trace, labels, row=row, layer=layer, head=head, view=view, query=query,
                        layers=layers, max_cells=max_cells, attention_mask=attention_mask,
                        steps=steps, scale=scale, info=info)
     if view == "steps" and payload["steps"] is None:
         raise ValueError("view='steps' needs the raw scores: trace attn_scores (at most "
                          f"{STEPS_CELLS} cells) or pass steps=(layer, head)")
-    return View(_fragment(payload, title),
-                title or f"attnlab · attention of {S} token{'s' * (S != 1)}")
+    return View(_fragment(payload, title), title or f"attnlab · attention of {tokens_of}")
