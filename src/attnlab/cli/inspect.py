@@ -141,7 +141,7 @@ def run(args: argparse.Namespace) -> int:
     T = len(ids)
     query = _query(args.query, T)
     if args.summary:
-        return _run_summary(args, model, tok, ids, layers, heads, str(ckpt.path))
+        return _run_summary(args, model, tok, ids, layers, heads, str(ckpt.path), out)
 
     names = {"attn_weights"} | {n for k in kinds for n in WHAT[k][0]}
     if page:
@@ -178,7 +178,7 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _run_summary(args: argparse.Namespace, model: Any, tok: Any, ids: list[int],
-                 layers: list[int], heads: list[int], checkpoint: str) -> int:
+                 layers: list[int], heads: list[int], checkpoint: str, out: Path) -> int:
     """`inspect --summary`: the chosen heads' summaries, means over the text's query rows,
     as a grid figure (or page), summary.json and a printed table of the extreme heads."""
     import torch
@@ -191,7 +191,6 @@ def _run_summary(args: argparse.Namespace, model: Any, tok: Any, ids: list[int],
         trace = Trace(layers=layers, heads=heads, names=list(SUMMARY_MEANS)).run(
             model, torch.tensor([ids], device=model.wte.weight.device))
     means = {name: value.cpu() for name, value in summary_means(trace, layers).items()}
-    out = Path(args.out)  # checked by run()
     out.mkdir(parents=True, exist_ok=True)
     title = f"per-head summaries of {args.text[:40]!r}" + ("…" if len(args.text) > 40 else "")
     written: list[Path] = []
