@@ -189,6 +189,8 @@ def test_clear_errors() -> None:
         generate(model, ids, max_new_tokens=0)
     with pytest.raises(ValueError, match="left-padded"):
         generate(model, ids, torch.tensor([[1, 1, 0], [1, 1, 1]]), max_new_tokens=2)
+    with pytest.raises(ValueError, match="attention_mask holds 2"):  # as GPT.forward
+        generate(model, ids, torch.tensor([[0, 1, 2], [1, 1, 1]]), max_new_tokens=2)
     with pytest.raises(ValueError, match="seed or generator"):
         generate(model, ids, max_new_tokens=2, seed=1, generator=torch.Generator())
     with pytest.raises(ValueError, match="input_ids\\[None\\]"):

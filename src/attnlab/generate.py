@@ -26,7 +26,7 @@ from torch import Tensor
 
 from .model.compiled_decode import check_compilable, compiled_decode
 from .model.decode import DecodeStep, decode_step
-from .model.gpt import GPT, require_eval
+from .model.gpt import GPT, check_mask_values, require_eval
 from .model.kv_cache import KVCache
 from .tokenizers import check_fits
 
@@ -173,6 +173,7 @@ def _check_prompt(
         raise ValueError(
             f"attention_mask shape {tuple(attention_mask.shape)} != input_ids shape {(B, P)}"
         )
+    check_mask_values(attention_mask)  # as GPT.forward does: a 2 would read as a token
     keep = attention_mask.to(input_ids.device).bool()  # (B, P)
     if not bool(keep[:, -1].all()) or bool((keep[:, 1:] < keep[:, :-1]).any()):
         raise ValueError(

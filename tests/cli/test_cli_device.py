@@ -57,6 +57,17 @@ def test_every_model_command_takes_device_auto_and_a_dtype() -> None:
             assert actions["--dtype"].default == "float32", name
 
 
+def test_the_dtype_choices_are_the_ones_info_sizes_and_a_load_accepts() -> None:
+    """--dtype's names are kept beside the parser (no torch import there); `attnlab info`'s
+    table (memory.LOAD_DTYPES) and `load_dtype` must name the same dtypes."""
+    from attnlab.cli.common import DTYPES
+    from attnlab.model.materialize import load_dtype
+    from attnlab.model.memory import LOAD_DTYPES
+
+    assert tuple(LOAD_DTYPES) == DTYPES
+    assert all(load_dtype(name) is dtype for name, dtype in LOAD_DTYPES.items())
+
+
 def _argv(command: str, device: str, tmp_path: Path) -> list[str]:
     ckpt = str(tmp_path / "none")  # the device is checked before anything is read
     return {

@@ -143,7 +143,8 @@ def add_checkpoint_argument(parser: argparse.ArgumentParser) -> None:
                         "Hugging Face model directory")
 
 
-#: --dtype's choices: what the model's weights and activations are held in
+#: --dtype's choices: what the model's weights and activations are held in (as names, so the
+#: parser imports no torch; memory.LOAD_DTYPES holds the same, tested)
 DTYPES = ("float32", "bfloat16", "float16")
 DEVICE_HELP = ("auto (CUDA when present, else the CPU), cpu, cuda, cuda:N or mps "
                "(default auto)")

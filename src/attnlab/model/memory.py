@@ -14,7 +14,8 @@ from pathlib import Path
 
 import torch
 
-#: the dtypes a model can be loaded in, as users name them
+#: the dtypes a command can load a model in (the CLI's --dtype choices), as users name them;
+#: the API also takes float64 (`materialize.load_dtype`)
 LOAD_DTYPES: dict[str, torch.dtype] = {
     "float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16,
 }
