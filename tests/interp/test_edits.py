@@ -22,8 +22,9 @@ from attnlab.interp.edits import (
     set_attention,
     uniform_attention,
     zero_heads,
+    zero_neurons,
 )
-from attnlab.model.trace import MODEL_NAMES, NAMES, SUMMARIES, WEIGHT_NAMES
+from attnlab.model.trace import MODEL_NAMES, NAMES, SUMMARIES, WEIGHT_NAMES, absent_names
 from helpers import left_padded
 
 
@@ -61,7 +62,8 @@ def test_identity_edits_leave_logits_bit_for_bit(padded: bool, family: str) -> N
     idx, mask = left_padded([7, 4, 7]) if padded else (_ids(2, 7), None)
     fused = model(idx, attention_mask=mask).logits
     explicit = model(idx, attention_mask=mask, fused=False).logits
-    for name in sorted(set(NAMES) - {"attn_weights_dropped"} - SUMMARIES):
+    absent = set(absent_names(model.config))  # edits there are refused (below)
+    for name in sorted(set(NAMES) - {"attn_weights_dropped"} - SUMMARIES - absent):
         layers = [None] if name in MODEL_NAMES else [0, 1]
         edits = Edits(_identity(name, layer) for layer in layers)
         # scores and weights exist only on the explicit path, which the edit then runs
@@ -429,3 +431,35 @@ def test_a_negative_position_counts_from_each_passs_last_column(family: str) -> 
         expected = model(out[:, :T], edits=zero_heads(0, 1, positions=list(range(5, T)))
                          ).logits[:, -1].argmax(-1)
         assert torch.equal(out[:, T], expected)
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_zero_neurons_equals_removing_their_down_projection_columns(family: str) -> None:
+    """Zeroing hidden activations n at some positions is the model whose down projection lost
+    columns n, at those positions: checked against that weight surgery, row by row."""
+    model = _family(family)
+    idx, neurons, layer = _ids(2, 7), [0, 5, 17], 1
+    edited = model(idx, edits=zero_neurons(layer, neurons)).logits
+    surgery = _family(family)
+    with torch.no_grad():
+        surgery.blocks[layer].mlp.proj.weight[:, neurons] = 0  # (C, d_ff): their columns
+    torch.testing.assert_close(edited, surgery(idx).logits, atol=1e-6, rtol=0)
+    assert not torch.allclose(edited, model(idx).logits, atol=1e-4)
+    at_three = model(idx, edits=zero_neurons(layer, neurons, positions=[3])).logits
+    torch.testing.assert_close(at_three[:, :3], model(idx).logits[:, :3], atol=0, rtol=0)
+    torch.testing.assert_close(at_three[:, 3], surgery(idx).logits[:, 3], atol=1e-6, rtol=0)
+
+
+def test_neuron_and_absent_name_edits_are_refused_in_words() -> None:
+    model = _model()
+    with pytest.raises(ValueError, match=r"neurons \[999\] out of range for layer 0's 64"):
+        model(_ids(1, 3), edits=zero_neurons(0, 999))
+    for bad in ([], 1.5, [True]):
+        with pytest.raises(ValueError, match="neurons="):
+            zero_neurons(0, bad)  # type: ignore[arg-type]
+    neox = _family("neox-tiny")
+    with pytest.raises(ValueError, match=r"'resid_mid'.*never computes it, as its MLP reads "
+                                         r"resid_pre \(parallel_residual=True\)"):
+        neox(_ids(1, 3), edits=_identity("resid_mid", 0))
+    with pytest.raises(ValueError, match=r"'pos_emb'.*never computes it, as its positions"):
+        neox(_ids(1, 3), edits=_identity("pos_emb", None))

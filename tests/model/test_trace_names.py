@@ -7,13 +7,19 @@ steps, training-mode dropout and the filters' exact contents.
 
 from __future__ import annotations
 
+import functools
+
 import pytest
 import torch
+import torch.nn.functional as F
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from attnlab import GPT, CausalSelfAttention, GPTConfig, Trace
-from attnlab.model.layers import apply_rotary
+from attnlab.model.layers import GELUS, apply_rotary
 from attnlab.model.summaries import SUMMARY_NAMES
-from attnlab.model.trace import HEAD_NAMES, MODEL_NAMES, NAMES
+from attnlab.model.trace import HEAD_NAMES, MODEL_NAMES, NAMES, absent_names
+from helpers import modern_switches
 
 
 def _model(name: str = "nano", **overrides: object) -> GPT:
@@ -77,6 +83,7 @@ def test_shapes_with_grouped_heads_and_a_kv_cache(overrides: dict) -> None:
         "attn_weights": (B, nh, T, S), "context": (B, nh, T, hs),
         "attn_out": (B, T, C), "block_out": (B, T, C), "logits": (B, T, c.vocab_size),
         "resid_pre": (B, T, C), "mlp_out": (B, T, C),
+        "resid_mid": (B, T, C), "mlp_hidden": (B, T, c.ff_size),
         "attn_entropy": (B, nh, T), "attn_sink": (B, nh, T), "attn_received": (B, nh, S),
         "attn_distance": (B, nh, T), "attn_max": (B, nh, T),
     }
@@ -198,3 +205,56 @@ def test_pre_rope_queries_are_after_qk_norm() -> None:
         q = q.view(2, 5, attn.n_head, -1).transpose(1, 2)  # (B, nh, T, hs)
         torch.testing.assert_close(trace.get("q_pre_rope", 0), attn.q_norm(q))
     assert not torch.allclose(trace.get("q_pre_rope", 0), q)
+
+
+@settings(max_examples=25, deadline=None)
+@given(switches=modern_switches(), residual=st.booleans(), out_proj=st.booleans())
+def test_the_block_names_add_up_and_absent_names_are_the_unrecorded_ones(
+    switches: dict, residual: bool, out_proj: bool
+) -> None:
+    """resid_mid, mlp_hidden and mlp_out recomputed from their neighbours, over every family
+    switch; the names a model records are exactly those `absent_names` leaves."""
+    head_dim = None if out_proj else 4  # without out_proj the heads must fill n_embd (16)
+    model = _model("nano", n_head=4, **{**switches, "head_dim": head_dim, "residual": residual,
+                                        "attn_out_proj": out_proj})
+    c = model.config
+    trace = Trace()
+    model(_ids(model, 2, 6), trace=trace)
+    made = {name for _, name in trace}
+    assert made == set(NAMES) - {"attn_weights_dropped"} - set(absent_names(c))
+    for name in absent_names(c):  # never empty: learned or no positions have no rotary
+        with pytest.raises(KeyError, match="never computes it, as it"):
+            trace.get(name, None if name in MODEL_NAMES else 0)
+
+
+@pytest.mark.parametrize("overrides", [
+    {}, {"mlp": "swiglu", "norm": "rmsnorm", "pos": "rope", "bias": False},
+    {"parallel_residual": True}, {"residual": False}, {"gelu": "exact", "n_kv_head": 1},
+])
+def test_resid_mid_and_mlp_hidden_are_what_the_block_computes(overrides: dict) -> None:
+    model = _model("nano", **overrides)
+    c = model.config
+    trace = Trace()
+    model(_ids(model, 2, 6), trace=trace)
+    for layer, block in enumerate(model.blocks):
+        get = functools.partial(lambda name, at: trace.get(name, at), at=layer)
+        assert block.mlp is not None and block.ln_2 is not None
+        if c.parallel_residual:
+            mlp_in = get("resid_pre")
+            assert (layer, "resid_mid") not in trace
+        else:
+            attn = get("attn_out")
+            torch.testing.assert_close(get("resid_mid"),
+                                       get("resid_pre") + attn if c.residual else attn)
+            mlp_in = get("resid_mid")
+        x = block.ln_2(mlp_in)  # (B, T, C)
+        if c.mlp == "swiglu":
+            assert block.mlp.gate is not None
+            hidden = F.silu(block.mlp.gate(x)) * block.mlp.fc(x)
+        else:
+            hidden = F.gelu(block.mlp.fc(x), approximate=GELUS[c.gelu])
+        torch.testing.assert_close(get("mlp_hidden"), hidden)
+        torch.testing.assert_close(get("mlp_out"), block.mlp.proj(get("mlp_hidden")))
+        if not c.parallel_residual:
+            out = get("resid_mid") + get("mlp_out") if c.residual else get("mlp_out")
+            torch.testing.assert_close(get("block_out"), out)

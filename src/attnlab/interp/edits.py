@@ -41,6 +41,7 @@ from ..model.trace import (
     SUMMARIES,
     WEIGHT_NAMES,
     Trace,
+    absent_names,
     position_dim,
 )
 
@@ -185,7 +186,11 @@ class Edits:
         that starts at block `start` (`GPT.forward(start_at=...)`) reaches no embedding and no
         earlier block either."""
         n_layer, block_size = config.n_layer, config.block_size
+        absent = absent_names(config)
         for edit in self.edits:
+            if edit.name in absent:
+                raise ValueError(f"edit of {edit.name!r}: this model never computes it, as "
+                                 f"{absent[edit.name]}, so the edit would change nothing")
             if edit.layer is not None and edit.layer >= n_layer:
                 raise ValueError(f"edit of {edit.name!r} at layer {edit.layer}: the model has "
                                  f"{n_layer} layers (0 to {n_layer - 1})")
@@ -227,6 +232,34 @@ def _tuple(xs: int | Iterable[int] | None) -> tuple[int, ...] | None:
     if xs is None:
         return None
     return (xs,) if isinstance(xs, int) else tuple(xs)
+
+
+# ----------------------------------------------------------------------------- MLP neurons
+
+
+def zero_neurons(
+    layer: int, neurons: int | Iterable[int], positions: Iterable[int] | None = None
+) -> Edit:
+    """Zero-ablate MLP neurons: their hidden activations ("mlp_hidden", TransformerLens's
+    mlp.hook_post) become 0, so they write nothing into the residual stream through the down
+    projection (its bias still does)."""
+    given = (neurons,) if not isinstance(neurons, Iterable) else tuple(neurons)
+    if not given or any(isinstance(n, bool) or not hasattr(n, "__index__") for n in given):
+        raise ValueError(f"neurons={neurons!r}: pass one neuron index or several (ints, "
+                         "0 to the MLP's d_ff - 1)")
+    chosen = [n.__index__() for n in given]  # numpy ints too
+
+    def replace(v: Tensor, _: int) -> Tensor:
+        d_ff = v.shape[-1]
+        bad = [n for n in chosen if not 0 <= n < d_ff]
+        if bad:
+            raise ValueError(f"neurons {bad} out of range for layer {layer}'s {d_ff} MLP "
+                             f"neurons (0 to {d_ff - 1})")
+        out = v.clone()  # (B, T, d_ff)
+        out[..., chosen] = 0
+        return out
+
+    return Edit("mlp_hidden", layer, replace, None, _tuple(positions))
 
 
 # ----------------------------------------------------------------------------- head outputs

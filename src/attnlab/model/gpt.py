@@ -72,13 +72,15 @@ class Block(nn.Module):
         if self.parallel:  # GPT-NeoX: both branches read x; its order of the sum
             if self.mlp is None or self.ln_2 is None:
                 return a + x if self.residual else a
-            m = self.mlp(self.ln_2(x))  # (B, T, C)
+            m = self.mlp(self.ln_2(x), trace)  # (B, T, C)
             if trace is not None:
                 m = trace.record("mlp_out", m)
             return m + a + x if self.residual else m + a  # (B, T, C)
         x = x + a if self.residual else a
         if self.mlp is not None and self.ln_2 is not None:
-            m = self.mlp(self.ln_2(x))  # (B, T, C)
+            if trace is not None:
+                x = trace.record("resid_mid", x)
+            m = self.mlp(self.ln_2(x), trace)  # (B, T, C)
             if trace is not None:
                 m = trace.record("mlp_out", m)
             x = x + m if self.residual else m

@@ -145,13 +145,17 @@ class MLP(nn.Module):
         self.dropout = nn.Dropout(dropout)
         self.approximate = GELUS[gelu]
 
-    def forward(self, x: Tensor) -> Tensor:
+    def forward(self, x: Tensor, trace: Any = None) -> Tensor:
+        """x (B, T, C) -> (B, T, C); `trace` (a layer's seam, `model/trace.py`) records the
+        hidden activations as "mlp_hidden" and may replace them (an edit)."""
         if self.gate is None and isinstance(self.fc, Linear):
             h = self.fc.gelu(x, self.approximate)  # (B, T, d_ff)
         elif self.gate is None:  # fc replaced by another module
             h = F.gelu(self.fc(x), approximate=self.approximate)  # (B, T, d_ff)
         else:
             h = F.silu(self.gate(x)) * self.fc(x)  # (B, T, d_ff)
+        if trace is not None:
+            h = trace.record("mlp_hidden", h)
         return self.dropout(self.proj(h))  # (B, T, C)
 
 

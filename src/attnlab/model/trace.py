@@ -63,6 +63,11 @@ NAMES: dict[str, str] = {
     "attn_max": "(B, nh, T) each query's largest weight",
     "context": "(B, nh, T, hs) weighted values: attn_weights @ v, one slice per head",
     "attn_out": "(B, T, C) heads concatenated and projected (absent without out_proj)",
+    "resid_mid": "(B, T, C) the residual stream between attention and the MLP: the MLP's "
+                 "input before its norm (absent without mlp, and with a parallel residual, "
+                 "whose MLP reads resid_pre)",
+    "mlp_hidden": "(B, T, d_ff) the MLP's hidden activations, the input of its down "
+                  "projection: gelu(fc x), or silu(gate x) * fc x (absent without mlp)",
     "mlp_out": "(B, T, C) the MLP's output, before it joins the residual (absent without mlp)",
     "block_out": "(B, T, C) output of the block (the residual stream after it)",
     "logits": "(B, T, V) next-token logits ((B, 1, V) with last_logits_only)",
@@ -86,6 +91,24 @@ _QUERY_HEAD_NAMES = WEIGHT_NAMES | SUMMARIES
 _CACHE_NAMES = frozenset({"k", "v"})
 _ORDER = {name: i for i, name in enumerate(NAMES)}
 __doc__ = (__doc__ or "") + "\n".join(f"    {n:22s} {s}" for n, s in NAMES.items())
+
+
+def absent_names(config: GPTConfig) -> dict[str, str]:
+    """{name: why} for the names a model of `config` never computes: a trace of one stays
+    empty and an edit of one would change nothing, so `get` and `Edits.check` say why."""
+    absent: dict[str, str] = {}
+    if config.pos != "learned":
+        absent["pos_emb"] = f"its positions are pos={config.pos!r}, not a learned table"
+    if config.pos != "rope":
+        absent["q_pre_rope"] = absent["k_pre_rope"] = f"it has no rotary embedding (pos=" \
+            f"{config.pos!r})"
+    if not config.attn_out_proj:
+        absent["attn_out"] = "it has no output projection (attn_out_proj=False)"
+    if config.mlp == "none":
+        absent |= dict.fromkeys(("resid_mid", "mlp_hidden", "mlp_out"), "it has no MLP")
+    elif config.parallel_residual:
+        absent["resid_mid"] = "its MLP reads resid_pre (parallel_residual=True)"
+    return absent
 
 
 def position_dim(name: str) -> int:
@@ -271,6 +294,7 @@ class Trace:
         self.windows: dict[int, int | None] = {}
         self.attention_mask: Tensor | None = None
         self.masked: dict[int | None, Masked] = {}
+        self.absent: dict[str, str] = {}  # names the last traced model never computes
 
     def run(self: _Trace, model: GPT, idx: Tensor, attention_mask: Tensor | None = None, *,
             edits: EditSource | None = None) -> _Trace:
@@ -306,6 +330,7 @@ class Trace:
         model and note each layer's sliding window (`windows`) and the pass's padding."""
         self.check_layers(config.n_layer)
         self.windows = {i: config.window_of(i) for i in range(config.n_layer)}
+        self.absent = absent_names(config)
         self.masked = {}  # each traced layer notes its own in this pass
         # a copy: a caller may write the next step's mask into the same buffer
         self.attention_mask = None if attention_mask is None else attention_mask.detach().to(
@@ -421,6 +446,9 @@ class Trace:
         try:
             return self.values[(layer, name)]
         except KeyError:
+            if name in self.absent:
+                raise KeyError(f"trace has no {name!r}: the traced model never computes it, "
+                               f"as {self.absent[name]}") from None
             have = sorted(f"{n}@{lay}" for lay, n in self.values)
             raise KeyError(
                 f"trace has no {name!r} for layer {layer}; captured: {have or 'nothing'}"
