@@ -104,6 +104,11 @@ def test_patch_and_lens(checkpoint: tuple, tmp_path: Path, capsys: pytest.Captur
     lens = json.loads((tmp_path / "l" / "lens.json").read_text())
     assert lens["layers"] == ["emb", "layer 0", "layer 1"] and len(lens["top_tokens"][0]) == 7
     assert (tmp_path / "l" / "lens.png").stat().st_size > 5000
+    assert main(["lens", str(path), "abcd|ab", "--mid", "--out", str(tmp_path / "m")]) == 0
+    mid = json.loads((tmp_path / "m" / "lens.json").read_text())
+    assert mid["layers"] == ["emb", "layer 0 attn", "layer 0", "layer 1 attn", "layer 1"]
+    assert mid["top_tokens"][::2] == lens["top_tokens"]
+    assert "layer 0 attn" in capsys.readouterr().out
     assert main(["patch", str(path), "--clean", "abc", "--corrupt", "ab", "--answer", "c",
                  "--wrong", "x"]) == 1
     assert "same token length" in capsys.readouterr().err
@@ -203,3 +208,19 @@ def test_patch_help_names_both_methods(capsys: pytest.CaptureFixture[str]) -> No
     with pytest.raises(SystemExit):
         main(["patch", "--help"])
     assert "first order from one backward pass);" in " ".join(capsys.readouterr().out.split())
+
+
+def test_lens_mid_on_a_parallel_residual_model_is_one_line(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    tokenizer = load_dataset("copy").tokenizer
+    config = GPTConfig(vocab_size=tokenizer.vocab_size, block_size=16, n_layer=1, n_head=2,
+                       n_embd=16, parallel_residual=True)
+    path = save_checkpoint(tmp_path / "ckpt", GPT(config), tokenizer)
+    assert main(["lens", str(path), "abc|", "--mid", "--out", str(tmp_path / "l")]) == 1
+    err = capsys.readouterr().err
+    assert "--mid reads each layer between its attention and its MLP, and this model has " \
+           "nothing there, as its MLP reads resid_pre (parallel_residual=True); leave out " \
+           "--mid" in err
+    assert not (tmp_path / "l").exists()
+    assert main(["lens", str(path), "abc|", "--out", str(tmp_path / "l")]) == 0

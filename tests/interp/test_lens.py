@@ -8,7 +8,14 @@ import torch
 
 from attnlab import GPT, GPTConfig
 from attnlab.interp.edits import ablate
-from attnlab.interp.lens import lens_top, logit_attribution, logit_lens, top_tokens
+from attnlab.interp.lens import (
+    lens_labels,
+    lens_top,
+    logit_attribution,
+    logit_lens,
+    top_tokens,
+)
+from attnlab.model.trace import Trace
 from helpers import left_padded, one_head_model
 
 
@@ -37,6 +44,26 @@ def test_logit_lens_reads_each_layer_and_ends_at_the_logits() -> None:
     assert not torch.equal(edited[-1], lens[-1])
     probs, ids = lens_top(model, idx, mask, k=3, edits=edit)
     assert torch.equal(probs, top_tokens(edited, k=3)[0])
+
+
+@pytest.mark.parametrize("overrides", [{}, {"residual": False}])
+def test_the_lens_between_attention_and_mlp_reads_resid_mid(overrides: dict) -> None:
+    model = _model(**overrides)
+    idx, mask = left_padded([6, 4], seed=1)
+    full = logit_lens(model, idx, mask, mid=True)  # (2L + 1, B, T, V)
+    assert lens_labels(model, mid=True) == ["emb", "layer 0 attn", "layer 0", "layer 1 attn",
+                                            "layer 1"]
+    assert torch.equal(full[::2], logit_lens(model, idx, mask))  # the rows after each layer
+    trace = Trace(names="resid_mid").run(model, idx, mask)
+    with torch.no_grad():
+        for layer in range(2):
+            mid = model.lm_head(model.ln_f(trace.get("resid_mid", layer)))  # (B, T, V)
+            torch.testing.assert_close(full[2 * layer + 1], mid, atol=1e-6, rtol=0)
+    probs, _ = lens_top(model, idx, mask, k=2, mid=True)
+    assert torch.equal(probs, top_tokens(full, k=2)[0])
+    neox = _model(parallel_residual=True)
+    with pytest.raises(ValueError, match=r"never computes it, as its MLP reads resid_pre"):
+        logit_lens(neox, idx, mid=True)
 
 
 def test_lens_top_is_the_lens_top_tokens_one_layer_at_a_time() -> None:

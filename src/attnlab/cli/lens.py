@@ -30,6 +30,9 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
     parser.add_argument("text", help="input text")
     parser.add_argument("--top-k", "--top_k", dest="top_k", type=int, default=3,
                         help="tokens per cell in the JSON (default 3)")
+    parser.add_argument("--mid", action="store_true",
+                        help="also read each layer between its attention and its MLP, which "
+                        "tells which of the two made a guess")
     parser.add_argument("--out", default="lens", help="directory for lens.png/json")
     add_device_flags(parser)
     return parser
@@ -37,6 +40,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
 
 def run(args: argparse.Namespace) -> int:
     from ..interp.lens import lens_table
+    from ..model.trace import absent_names
     from ..viz import save_figure
     from ..viz.heads import plot_lens
     if args.top_k < 1:
@@ -45,7 +49,11 @@ def run(args: argparse.Namespace) -> int:
     ckpt = load_model(args)
     model, tok = ckpt.model.eval(), ckpt.tokenizer
     ids = text_ids(tok, args.text, model.config.block_size)
-    lens = lens_table(model, tok, ids, args.top_k)
+    why = absent_names(model.config).get("resid_mid")
+    if args.mid and why:
+        raise CLIError(f"--mid reads each layer between its attention and its MLP, and this "
+                       f"model has nothing there, as {why}; leave out --mid")
+    lens = lens_table(model, tok, ids, args.top_k, mid=args.mid)
     probs, names, words = lens.probs, lens.layers, lens.texts  # probs (L + 1, T, k)
     tokens = tok.token_texts(ids)
     print("position token  " + "  ".join(f"{n:>14s}" for n in names))
@@ -58,6 +66,6 @@ def run(args: argparse.Namespace) -> int:
              "top_probs": probs.tolist()}
     (out / "lens.json").write_text(json.dumps(table, indent=2) + "\n")
     top1 = [[cell[0] for cell in row] for row in words]
-    paths = save_figure(plot_lens(probs[..., 0], top1, tokens), out / "lens.png")
+    paths = save_figure(plot_lens(probs[..., 0], top1, tokens, rows=names), out / "lens.png")
     print(f"wrote {out / 'lens.json'} and {', '.join(str(p) for p in paths)}")
     return 0

@@ -46,17 +46,34 @@ from torch import Tensor, nn
 from ..model.gpt import check_position, per_row_ids, require_eval, unembed
 from ..model.layers import RMSNorm
 from ..model.runtime import wide
-from ..model.trace import EditSource, Trace
+from ..model.trace import EditSource, Trace, absent_names
 from ..tokenizers import token_text
 
 
+def lens_labels(model: Any, mid: bool = False) -> list[str]:
+    """The logit lens's rows: "emb" (the residual entering layer 0), then per layer "layer
+    i" (after it), with `mid` "layer i attn" before that (after its attention, before its
+    MLP: the residual `resid_mid`, TransformerLens's accumulated_resid(incl_mid=True))."""
+    why = absent_names(model.config).get("resid_mid")
+    if mid and why:
+        raise ValueError(f"the lens between attention and MLP (mid=True) reads resid_mid, and "
+                         f"this model never computes it, as {why}; read the lens after each "
+                         "layer (mid=False)")
+    each = [(f"layer {i} attn", f"layer {i}") if mid else (f"layer {i}",)
+            for i in range(model.config.n_layer)]
+    return ["emb"] + [label for labels in each for label in labels]
+
+
 def _streams(model: Any, ids: Tensor, attention_mask: Tensor | None,
-             edits: EditSource | None) -> list[Tensor]:
-    """The residual stream (B, T, C) entering layer 0, then after each layer."""
+             edits: EditSource | None, mid: bool = False) -> list[Tensor]:
+    """The residual stream (B, T, C) at each of `lens_labels(model, mid)`."""
     require_eval(model, "the logit lens")
-    trace = Trace(names=["emb", "block_out"]).run(model, ids, attention_mask, edits=edits)
-    return [trace.get("emb")] + [trace.get("block_out", layer)
-                                 for layer in range(model.config.n_layer)]
+    lens_labels(model, mid)  # refuses mid where there is no resid_mid
+    between = ["resid_mid"] if mid else []
+    trace = Trace(names=["emb", *between, "block_out"]).run(model, ids, attention_mask,
+                                                            edits=edits)
+    return [trace.get("emb")] + [trace.get(name, i) for i in range(model.config.n_layer)
+                                 for name in (*between, "block_out")]
 
 
 def _read(model: Any, x: Tensor) -> Tensor:
@@ -67,23 +84,25 @@ def _read(model: Any, x: Tensor) -> Tensor:
 
 @torch.no_grad()
 def logit_lens(model: Any, ids: Tensor, attention_mask: Tensor | None = None, *,
-               edits: EditSource | None = None) -> Tensor:
+               edits: EditSource | None = None, mid: bool = False) -> Tensor:
     """ids (B, T) -> (n_layer + 1, B, T, V) logits: row 0 reads the embeddings, row l + 1 the
-    residual after layer l (the last row equals the model's logits). For the top tokens
-    alone, `lens_top` holds one layer's logits at a time. edits: the lens of the model so
-    edited (`interp.edits`)."""
-    return torch.stack([_read(model, x) for x in _streams(model, ids, attention_mask, edits)])
+    residual after layer l (the last row equals the model's logits). mid: also read each
+    layer between its attention and its MLP, (2 n_layer + 1, B, T, V) in `lens_labels`'
+    order. For the top tokens alone, `lens_top` holds one row's logits at a time. edits: the
+    lens of the model so edited (`interp.edits`)."""
+    streams = _streams(model, ids, attention_mask, edits, mid)
+    return torch.stack([_read(model, x) for x in streams])
 
 
 @torch.no_grad()
 def lens_top(model: Any, ids: Tensor, attention_mask: Tensor | None = None, *, k: int = 5,
-             vocab: int | None = None, edits: EditSource | None = None
+             vocab: int | None = None, edits: EditSource | None = None, mid: bool = False
              ) -> tuple[Tensor, Tensor]:
     """`top_tokens(logit_lens(...), k)` one layer at a time: (probabilities, ids), each
     (n_layer + 1, B, T, k), without the (n_layer + 1, B, T, V) logits (12 layers, a 50,257
     vocabulary, 1,000 tokens: 2.6 GB). vocab: read the first `vocab` logits only (a
-    tokenizer with fewer ids than the model's vocabulary). The arguments before `*`, and
-    edits, are `logit_lens`'s."""
+    tokenizer with fewer ids than the model's vocabulary). The arguments before `*`, edits
+    and mid are `logit_lens`'s."""
     if isinstance(attention_mask, int):  # the order before attention_mask came third
         raise TypeError(f"lens_top(model, ids, {attention_mask}): the third argument is "
                         f"attention_mask; pass k by name (k={attention_mask})")
@@ -91,7 +110,7 @@ def lens_top(model: Any, ids: Tensor, attention_mask: Tensor | None = None, *, k
         raise ValueError(f"lens_top(k={k}, vocab={vocab}): both must be >= 1 (vocab None: "
                          "every logit), else there is no token to return")
     tops = [top_tokens(_read(model, x)[..., :vocab], k)
-            for x in _streams(model, ids, attention_mask, edits)]
+            for x in _streams(model, ids, attention_mask, edits, mid)]
     return torch.stack([p for p, _ in tops]), torch.stack([i for _, i in tops])
 
 
@@ -100,19 +119,22 @@ class LensTable:
     """The logit lens of one sequence as a reader sees it: what `attnlab lens` prints and
     writes and the viewer's /api/lens sends."""
 
-    layers: list[str]  # (L + 1,) "emb" (read after the embeddings), then "layer i"
-    probs: Tensor  # (L + 1, T, k) the top-k probabilities, most likely first
-    texts: list[list[list[str]]]  # (L + 1, T, k) their tokens' texts
+    layers: list[str]  # (R,) the rows, `lens_labels`: "emb", then "layer i" (R = L + 1)
+    probs: Tensor  # (R, T, k) the top-k probabilities, most likely first
+    texts: list[list[list[str]]]  # (R, T, k) their tokens' texts
 
 
-def lens_table(model: Any, tokenizer: Any, ids: Sequence[int], k: int) -> LensTable:
-    """`lens_top` of one sequence `ids` (T,), its top tokens as text (`token_text`)."""
+def lens_table(model: Any, tokenizer: Any, ids: Sequence[int], k: int, *,
+               mid: bool = False) -> LensTable:
+    """`lens_top` of one sequence `ids` (T,), its top tokens as text (`token_text`); mid:
+    rows between attention and MLP too (`logit_lens`)."""
     idx = torch.tensor([list(ids)], device=model.wte.weight.device)  # (1, T)
-    probs, top_ids = lens_top(model, idx, k=k, vocab=tokenizer.vocab_size)  # (L + 1, 1, T, k)
-    probs, top_ids = probs[:, 0], top_ids[:, 0]  # (L + 1, T, k)
+    probs, top_ids = lens_top(model, idx, k=k, vocab=tokenizer.vocab_size,
+                              mid=mid)  # (R, 1, T, k) each
+    probs, top_ids = probs[:, 0], top_ids[:, 0]  # (R, T, k)
     texts = [[[token_text(tokenizer, i) for i in cell] for cell in row]
              for row in top_ids.tolist()]
-    return LensTable(["emb"] + [f"layer {i}" for i in range(probs.shape[0] - 1)], probs, texts)
+    return LensTable(lens_labels(model, mid), probs, texts)
 
 
 def top_tokens(lens_logits: Tensor, k: int = 5) -> tuple[Tensor, Tensor]:

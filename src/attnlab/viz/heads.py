@@ -104,22 +104,28 @@ def plot_patching(heads: Tensor, resid: Tensor, tokens: Sequence[str],
 
 
 def plot_lens(top_probs: Tensor, top_tokens: Sequence[Sequence[str]], tokens: Sequence[str],
-              title: str = "logit lens: most likely next token after each layer") -> Figure:
-    """(n_layer + 1, T) top-1 probabilities, with each cell's token written in it (up to 42
-    positions; longer texts get the colours and thinned position labels)."""
+              title: str = "logit lens: most likely next token after each layer",
+              rows: Sequence[str] | None = None) -> Figure:
+    """(R, T) top-1 probabilities, with each cell's token written in it (up to 42
+    positions; longer texts get the colours and thinned position labels). rows: the R row
+    labels (`interp.lens.lens_labels`); default "emb", then "layer i"."""
     plt = pyplot()
-    rows, T = top_probs.shape
+    labels = list(rows) if rows is not None else (
+        ["emb"] + [f"layer {i}" for i in range(top_probs.shape[0] - 1)])
+    rows_n, T = top_probs.shape
+    if len(labels) != rows_n:
+        raise ValueError(f"{len(labels)} row labels for {rows_n} rows of lens probabilities")
     # 0.6 in a position, shrunk to fit MAX_INCHES: a long text would otherwise make a PNG
     # tens of thousands of pixels wide and slow to save (docs/performance.md#figures); the
     # tokens are written in the cells while a cell holds one
     width = min(1.2 + 0.6 * T, MAX_INCHES)
     cell = (width - 1.2) / T  # inches a position
-    fig, ax = plt.subplots(figsize=(width, 0.5 * rows + 1.6), dpi=100,
+    fig, ax = plt.subplots(figsize=(width, 0.5 * rows_n + 1.6), dpi=100,
                            layout="constrained")
     image = heatmap(ax, top_probs, vmin=0.0, vmax=1.0, annotate=False,
                     col_labels=[token_label(t) for t in tokens],
-                    row_labels=["emb"] + [f"layer {i}" for i in range(rows - 1)])
-    for i in range(rows if cell >= 0.3 else 0):
+                    row_labels=labels)
+    for i in range(rows_n if cell >= 0.3 else 0):
         for j in range(T):
             ax.text(j, i, token_label(top_tokens[i][j], 6), ha="center", va="center",
                     fontsize=8, color="white" if float(top_probs[i, j]) < 0.5 else "black")
