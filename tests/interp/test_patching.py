@@ -399,3 +399,45 @@ def test_heads_by_position_are_each_heads_output_at_one_position() -> None:
         assert alone == pytest.approx(float(result.heads_by_position[layer, head, pos]),
                                       rel=0, abs=1e-12)
     assert len(result.to_dict()["heads_by_position"]) == 2
+
+
+def test_block_outputs_are_each_layers_attention_and_mlp_output_at_one_position() -> None:
+    """blocks=True adds (n_layer, T) grids of attn_out and mlp_out (TransformerLens's
+    get_act_patch_block_every): each cell equals that output patched alone, batched or one
+    pass each, over a left-padded batch; the other grids are as without it. Patching a
+    layer's resid_pre, attn_out and mlp_out at the last position together patches the next
+    layer's resid_pre there, the residual stream's sum (at an earlier position the patched
+    resid_pre would also reach the later positions through its keys and values)."""
+    model, clean, corrupt, mask, metric = _left_padded_pair(seed=5, row=0, pads=2)
+    plain = activation_patching(model, clean, corrupt, metric, attention_mask=mask)
+    assert plain.attn_out is None and plain.mlp_out is None
+    assert "attn_out" not in plain.to_dict()
+    for batch in (None, 1):
+        result = activation_patching(model, clean, corrupt, metric, attention_mask=mask,
+                                     batch=batch, blocks=True, by_position=batch == 1)
+        assert result.attn_out is not None and result.mlp_out is not None
+        assert result.attn_out.shape == result.mlp_out.shape == (2, 6)
+        torch.testing.assert_close(result.heads, plain.heads, rtol=0, atol=1e-12)
+        torch.testing.assert_close(result.resid, plain.resid, rtol=0, atol=1e-12)
+    for name, grid in (("attn_out", result.attn_out), ("mlp_out", result.mlp_out)):
+        for layer, pos in [(0, 5), (1, 3), (1, 5), (0, 2)]:
+            alone = patch_effect(model, clean, corrupt, metric, attention_mask=mask,
+                                 make_edits=lambda t, n=name, la=layer, p=pos: Edits(
+                                     [patch(t, n, la, positions=[p])]))
+            assert alone == pytest.approx(float(grid[layer, pos]), rel=0, abs=1e-12)
+    assert result.mlp_out.abs().max() > 1e-3 and result.attn_out.abs().max() > 1e-3
+    together = patch_effect(model, clean, corrupt, metric, attention_mask=mask,
+                            make_edits=lambda t: Edits([patch(t, n, 0, positions=[5]) for n in
+                                                        ("resid_pre", "attn_out", "mlp_out")]))
+    assert together == pytest.approx(float(plain.resid[1, 5]), rel=0, abs=1e-9)
+    assert abs(float(plain.resid[1, 5])) > 1e-3
+    assert len(result.to_dict()["mlp_out"]) == 2
+
+
+def test_block_outputs_of_a_model_without_them_are_refused() -> None:
+    _, clean, corrupt, mask, metric = _left_padded_pair(seed=5, row=0, pads=2)
+    torch.manual_seed(0)
+    no_mlp = GPT(GPTConfig.from_name("nano", mlp="none", init_std=0.2)).double().eval()
+    with pytest.raises(ValueError, match=r"blocks=True patches mlp_out, and this model never "
+                                         r"computes it, as it has no MLP"):
+        activation_patching(no_mlp, clean, corrupt, metric, attention_mask=mask, blocks=True)

@@ -204,6 +204,13 @@ def test_lens_and_patching_figures_of_a_long_text_stay_within_the_cap() -> None:
     assert len(fig.axes[0].get_xticklabels()) <= figures.MAX_TICKS
     fig = plot_patching(torch.rand(2, 4), torch.rand(2, T), tokens)
     assert fig.get_size_inches()[0] <= figures.MAX_INCHES
+    blocks = plot_patching(torch.rand(2, 4), torch.rand(2, T), tokens, attn_out=torch.rand(2, T),
+                           mlp_out=torch.rand(2, T) * 3)  # one scale for all four grids: 3
+    titles = [ax.get_title() for ax in blocks.axes]
+    assert "attention output (one position)" in titles and "MLP output (one position)" in titles
+    assert blocks.get_size_inches()[0] <= figures.MAX_INCHES
+    assert {ax.images[0].norm.vmax for ax in blocks.axes if ax.images} == {
+        float(max(1.0, blocks.axes[3].images[0].get_array().max()))}
     short = plot_lens(torch.rand(3, 5), [tokens[:5]] * 3, tokens[:5])
     assert len(short.axes[0].texts) == 15  # short texts keep their tokens in the cells
 

@@ -77,6 +77,10 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
                         help="also each head's output at each position alone (activation "
                         "only; layers x heads x tokens more runs), in patch.json and "
                         "printed by its largest effects")
+    parser.add_argument("--blocks", action="store_true",
+                        help="also each layer's attention output and MLP output at each "
+                        "position (activation only; 2 x layers x tokens more runs), in "
+                        "patch.json, the figure and the printout")
     parser.add_argument("--out", default="patch", help="directory for patch.png/json")
     add_device_flags(parser)
     return parser
@@ -104,6 +108,7 @@ def run(args: argparse.Namespace) -> int:
     import torch
 
     from ..interp import patching
+    from ..model.trace import absent_names
     from ..viz import save_figure
     from ..viz.heads import plot_patching
     out = check_out(args.out)
@@ -127,9 +132,17 @@ def run(args: argparse.Namespace) -> int:
     if args.by_position and args.method != "activation":
         raise CLIError("--by-position patches each head at each position: --method "
                        "activation only (attribution estimates every cell at once)")
+    if args.blocks and args.method != "activation":
+        raise CLIError("--blocks patches each layer's attention and MLP outputs: --method "
+                       "activation only")
+    absent = absent_names(model.config)
+    for name in ("attn_out", "mlp_out") if args.blocks else ():
+        if name in absent:
+            raise CLIError(f"--blocks patches {name}, and this model never computes it, as "
+                           f"{absent[name]}; leave out --blocks")
     with Counter("run", "patched") as progress:
-        shown = {"progress": progress, "by_position": args.by_position} \
-            if args.method == "activation" else {}
+        shown = {"progress": progress, "by_position": args.by_position,
+                 "blocks": args.blocks} if args.method == "activation" else {}
         result = getattr(patching, method.function)(
             model, torch.tensor([clean], device=model.wte.weight.device),  # (1, T)
             torch.tensor([corrupt], device=model.wte.weight.device),  # (1, T)
@@ -154,16 +167,20 @@ def run(args: argparse.Namespace) -> int:
         print("heads at one position: " + ", ".join(
             f"{la}.{h}@{p} {e:+.2f}" for e, la, h, p in cells[:5]))
     tokens = tok.token_texts(clean)
-    for layer in range(L):
-        row = " ".join(f"{float(e):+.2f}" for e in result.resid[layer])
-        print(f"residual entering layer {layer}: {row}")
+    grids = {"residual entering": result.resid, "attention output of": result.attn_out,
+             "MLP output of": result.mlp_out}
+    for what, grid in grids.items():
+        for layer in range(L if grid is not None else 0):
+            row = " ".join(f"{float(e):+.2f}" for e in grid[layer])
+            print(f"{what} layer {layer}: {row}")
     out.mkdir(parents=True, exist_ok=True)
     record = {"clean": args.clean, "corrupt": args.corrupt,
               "answer": {"text": args.answer, "id": answer},
               "wrong": {"text": args.wrong, "id": wrong}, "method": args.method,
               **result.to_dict(), "tokens": tokens}
     (out / "patch.json").write_text(json.dumps(record, indent=2) + "\n")
-    paths = save_figure(plot_patching(result.heads, result.resid, tokens, title=method.title),
-                        out / "patch.png")
+    figure = plot_patching(result.heads, result.resid, tokens, title=method.title,
+                           attn_out=result.attn_out, mlp_out=result.mlp_out)
+    paths = save_figure(figure, out / "patch.png")
     print(f"wrote {out / 'patch.json'} and {', '.join(str(p) for p in paths)}")
     return 0

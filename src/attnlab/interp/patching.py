@@ -9,18 +9,20 @@ token at the last position (mean over the batch); the effect of a patch is norma
 
 so 1 means the patch restores the clean run's metric and 0 means it changes nothing
 (TransformerLens's `patching.py` and the IOI papers use the same normalization).
-`patch_heads` patches each head's output ("context", TransformerLens's hook_z) at every
-position, `patch_residual` the residual stream entering each layer ("resid_pre") at each
-position. `attribution_patching` estimates all of those effects at once from one corrupted
-run and its backward pass (first order: the effect of moving each value from its corrupted
-to its clean state along the metric's gradient). This module runs and scores patches; the
+`activation_patching` patches each head's output ("context", TransformerLens's hook_z) at
+every position and the residual stream entering each layer ("resid_pre") at each position;
+with `blocks=True` also each layer's attention and MLP outputs ("attn_out", "mlp_out") at
+each position (TransformerLens's get_act_patch_block_every). `attribution_patching`
+estimates the head and residual effects at once from one corrupted run and its backward
+pass (first order: the effect of moving each value from its corrupted to its clean state
+along the metric's gradient). This module runs and scores patches; the
 edits are `edits.py`'s, drawing `viz/heads.py`'s.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -29,7 +31,7 @@ from torch import Tensor
 
 from ..model.gpt import check_position, per_row_ids, require_eval
 from ..model.runtime import wide
-from ..model.trace import Trace
+from ..model.trace import NAMES, SUMMARIES, WEIGHT_NAMES, Trace, absent_names
 from .edits import Edit, Edits
 
 #: logits (B, T, V) -> the one number to explain: a scalar tensor, reduced over the batch
@@ -38,8 +40,8 @@ Metric = Callable[[Tensor], Tensor]
 #: (runs done, runs in all): called after each batch of `activation_patching`'s runs.
 Progress = Callable[[int, int], None]
 #: What one corrupted run patches: a name, a layer and the cell of its value from dimension
-#: 1 on: ("context", layer, (head,)), ("context", layer, (head, position)) or
-#: ("resid_pre", layer, (position,)).
+#: 1 on: ("context", layer, (head,)), ("context", layer, (head, position)), or one position
+#: of a (B, T, C) value: ("resid_pre", layer, (position,)), "attn_out" or "mlp_out" alike.
 Site = tuple[str, int, tuple[int, ...]]
 #: `activation_patching` runs this many patches per forward pass at most, each on its own
 #: copy of the corrupted batch: fewer, larger matrix products (on a GPU, far fewer launches)
@@ -107,11 +109,16 @@ class Patching:
     corrupted: float  # metric of the corrupted run
     #: (n_layer, nh, T): each head's output at one position (`by_position=True`), else None
     heads_by_position: Tensor | None = None
+    #: (n_layer, T) each: each layer's attention output and MLP output at one position
+    #: (`blocks=True`), else None
+    attn_out: Tensor | None = None
+    mlp_out: Tensor | None = None
 
     def to_dict(self) -> dict[str, Any]:
-        by_position = {} if self.heads_by_position is None else {
-            "heads_by_position": self.heads_by_position.tolist()}
-        return {"heads": self.heads.tolist(), "resid": self.resid.tolist(), **by_position,
+        extra = {name: value.tolist() for name, value in (
+            ("heads_by_position", self.heads_by_position), ("attn_out", self.attn_out),
+            ("mlp_out", self.mlp_out)) if value is not None}
+        return {"heads": self.heads.tolist(), "resid": self.resid.tolist(), **extra,
                 "clean_metric": self.clean, "corrupted_metric": self.corrupted}
 
 
@@ -119,7 +126,8 @@ class _Runner:
     """The clean trace and the normalization, shared by every patch of one experiment."""
 
     def __init__(self, model: Any, clean_ids: Tensor, corrupt_ids: Tensor, metric: Metric,
-                 attention_mask: Tensor | None, restarts: bool = False) -> None:
+                 attention_mask: Tensor | None, restarts: bool = False,
+                 names: tuple[str, ...] = ("context", "resid_pre")) -> None:
         require_eval(model, "every patching effect")
         if clean_ids.shape != corrupt_ids.shape:
             raise ValueError(
@@ -138,7 +146,7 @@ class _Runner:
         # number (a right-padded batch's last column is a pad in its shorter rows)
         self.pads = None if attention_mask is None or bool(attention_mask.all()) else (
             attention_mask[:, -clean_ids.shape[1]:, None] == 0)  # (B, T, 1)
-        self.trace = Trace(names=["context", "resid_pre"])
+        self.trace = Trace(names=names)  # what the patches take from the clean run
         self.clean = self.score(self.forward(clean_ids, attention_mask, trace=self.trace))
         # restarts: the corrupted run's residual stream entering each block, where a patched
         # run starts (the blocks before its first patch compute what they computed here)
@@ -260,10 +268,15 @@ class _Runner:
 @torch.no_grad()
 def patch_effect(model: Any, clean_ids: Tensor, corrupt_ids: Tensor, metric: Metric,
                  make_edits: Callable[[Trace], Edits],
-                 attention_mask: Tensor | None = None) -> float:
+                 attention_mask: Tensor | None = None, *,
+                 names: Iterable[str] | None = None) -> float:
     """The normalized effect of one patch: `make_edits(clean_trace)` builds the edits
-    (e.g. `lambda t: Edits([patch(t, "resid_pre", 1, positions=[3])])`)."""
-    runner = _Runner(model, clean_ids, corrupt_ids, metric, attention_mask)
+    (e.g. `lambda t: Edits([patch(t, "resid_pre", 1, positions=[3])])`). names: what the
+    clean trace keeps; default every name but the (B, nh, T, S) scores and weights and their
+    summaries (name those to patch them)."""
+    kept = tuple(n for n in NAMES if n not in WEIGHT_NAMES | SUMMARIES) if names is None \
+        else tuple(names)
+    runner = _Runner(model, clean_ids, corrupt_ids, metric, attention_mask, names=kept)
     return runner.effect(make_edits(runner.trace))
 
 
@@ -278,17 +291,28 @@ def activation_patching(
     batch: int | None = None,
     progress: Progress | None = None,
     by_position: bool = False,
+    blocks: bool = False,
 ) -> Patching:
     """Patch every head's output and every (layer, position) of the residual stream from the
     clean run into the corrupted one; ids (B, T), one attention_mask for both. by_position:
     also every head's output at each position alone (`heads_by_position`, TransformerLens's
-    get_act_patch_attn_head_out_by_pos: n_layer x nh x T more runs). Each patch is
+    get_act_patch_attn_head_out_by_pos: n_layer x nh x T more runs). blocks: also each
+    layer's attention output and MLP output at each position (`attn_out`, `mlp_out`:
+    2 x n_layer x T more runs; a model without either is refused). Each patch is
     a corrupted run of its own, `batch` of them per forward pass (None: up to `BATCH`, as
     many as keep their logits within `LOGIT_BYTES`; 1: one pass each); `progress(done,
     total)` hears after each pass. A metric with `last_logits_only` True (`logit_diff_metric`
     at the last position) is handed the last position's logits alone, (B, 1, V)."""
-    runner = _Runner(model, clean_ids, corrupt_ids, metric, attention_mask, RESTARTS)
     c, (B, T) = model.config, clean_ids.shape
+    outputs = ("attn_out", "mlp_out") if blocks else ()
+    absent = absent_names(c)
+    for name in outputs:
+        if name in absent:
+            raise ValueError(f"blocks=True patches {name}, and this model never computes it, "
+                             f"as {absent[name]}; patch heads and the residual stream "
+                             "(blocks=False)")
+    runner = _Runner(model, clean_ids, corrupt_ids, metric, attention_mask, RESTARTS,
+                     ("context", "resid_pre", *outputs))
     if batch is None:
         columns = 1 if runner.last else T  # of logits per row
         per_patch = B * columns * c.vocab_size * model.lm_head.weight.element_size()
@@ -301,16 +325,20 @@ def activation_patching(
     if by_position:
         sites += [("context", layer, (h, p)) for layer in range(L) for h in range(H)
                   for p in range(T)]
+    sites += [(name, layer, (p,)) for name in outputs for layer in range(L) for p in range(T)]
     # in layer order, each pass restarts where its first patch is, from the corrupted run's
     # residual stream there: the blocks before it would compute what they did in that run
     order = sorted(range(len(sites)), key=lambda i: sites[i][1])
     effects = torch.empty(len(sites), dtype=wide(model.lm_head.weight.dtype))
     effects[order] = torch.tensor(runner.effects([sites[i] for i in order], batch, progress),
                                   dtype=effects.dtype)
-    heads = effects[:L * H].view(L, H)  # (n_layer, nh)
-    resid = effects[L * H:L * H + L * T].view(L, T)  # (n_layer, T)
-    by_pos = effects[L * H + L * T:].view(L, H, T) if by_position else None  # (n_layer, nh, T)
-    return Patching(heads, resid, runner.clean, runner.corrupted, by_pos)
+    heads, rest = effects[:L * H].view(L, H), effects[L * H:]  # (n_layer, nh)
+    resid, rest = rest[:L * T].view(L, T), rest[L * T:]  # (n_layer, T)
+    by_pos = rest[:L * H * T].view(L, H, T) if by_position else None  # (n_layer, nh, T)
+    rest = rest[L * H * T:] if by_position else rest
+    grids = rest.view(len(outputs), L, T) if blocks else None  # (2, n_layer, T)
+    return Patching(heads, resid, runner.clean, runner.corrupted, by_pos,
+                    None if grids is None else grids[0], None if grids is None else grids[1])
 
 
 def attribution_patching(

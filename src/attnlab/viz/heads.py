@@ -78,27 +78,40 @@ def plot_head_summaries(means: dict[str, Tensor], labels: dict[str, str] | None 
 
 
 def plot_patching(heads: Tensor, resid: Tensor, tokens: Sequence[str],
-                  title: str = "activation patching (1 = restores the clean run)") -> Figure:
-    """Heads (n_layer, nh) and residual (n_layer, T) normalized patching effects."""
+                  title: str = "activation patching (1 = restores the clean run)", *,
+                  attn_out: Tensor | None = None, mlp_out: Tensor | None = None) -> Figure:
+    """Heads (n_layer, nh) and residual (n_layer, T) normalized patching effects; attn_out
+    and mlp_out (n_layer, T), each layer's attention and MLP outputs at one position, are
+    drawn under the residual's where given."""
     plt = pyplot()
     L, H = heads.shape
     T = resid.shape[1]
+    grids = {"resid": (resid, "residual stream (one position)", "layer (residual stream "
+                       "entering it)")}
+    for key, grid, what in (("attn", attn_out, "attention output"), ("mlp", mlp_out, "MLP output")):
+        if grid is not None:
+            grids[key] = (grid, f"{what} (one position)", "layer")
     # 0.45 in a position, shrunk to fit MAX_INCHES (4 heads, 1000 tokens: 456 in wide)
     width = min(0.45 * T, max(2.0, MAX_INCHES - 4.0 - 0.5 * H))
-    fig, axes = plt.subplots(1, 2, figsize=(2.0 + 0.5 * H + 2.0 + width, 0.5 * L + 2.2),
-                             dpi=100, squeeze=False, layout="constrained",
-                             gridspec_kw={"width_ratios": [max(H, 2), max(T, 2)]})
-    lim = max(1.0, float(heads.abs().max()), float(resid.abs().max()))
-    heatmap(axes[0, 0], heads, cmap="RdBu", vmin=-lim, vmax=lim)
-    _layer_head_axes(axes[0, 0], L, H)
-    axes[0, 0].set_title("head outputs (every position)", fontsize=10)
-    image = heatmap(axes[0, 1], resid, cmap="RdBu", vmin=-lim, vmax=lim,
-                    col_labels=[f"{i} {token_label(t)}" for i, t in enumerate(tokens)],
-                    row_labels=[str(la) for la in range(L)])
-    axes[0, 1].set_xlabel("position")
-    axes[0, 1].set_ylabel("layer (residual stream entering it)")
-    axes[0, 1].set_title("residual stream (one position)", fontsize=10)
-    colorbar(fig, image, axes, label="normalized effect", shrink=0.8)
+    layout = [["heads" if i == 0 else ".", key] for i, key in enumerate(grids)]  # "." empty
+    fig, axes = plt.subplot_mosaic(
+        layout, figsize=(2.0 + 0.5 * H + 2.0 + width, (0.5 * L + 1.2) * len(grids) + 1.0),
+        dpi=100, layout="constrained", width_ratios=[max(H, 2), max(T, 2)])
+    lim = max(1.0, *(float(g.abs().max()) for g in (heads, *(v for v, _, _ in grids.values()))))
+    heatmap(axes["heads"], heads, cmap="RdBu", vmin=-lim, vmax=lim)
+    _layer_head_axes(axes["heads"], L, H)
+    axes["heads"].set_title("head outputs (every position)", fontsize=10)
+    image = None
+    for i, (key, (grid, label, ylabel)) in enumerate(grids.items()):
+        last = i == len(grids) - 1
+        image = heatmap(axes[key], grid, cmap="RdBu", vmin=-lim, vmax=lim,
+                        col_labels=[f"{j} {token_label(t)}" for j, t in enumerate(tokens)],
+                        row_labels=[str(la) for la in range(L)])
+        if last:
+            axes[key].set_xlabel("position")
+        axes[key].set_ylabel(ylabel)
+        axes[key].set_title(label, fontsize=10)
+    colorbar(fig, image, list(axes.values()), label="normalized effect", shrink=0.8)
     fig.suptitle(title, fontsize=11)
     return fig
 
