@@ -274,7 +274,7 @@ def test_edits_the_model_never_reaches_are_refused() -> None:
             model(idx, edits=edits)
         with pytest.raises(ValueError, match=message):
             generate(model, idx, max_new_tokens=2, temperature=0, edits=edits)
-    with pytest.raises(ValueError, match="at layer -1: layers count from 0"):
+    with pytest.raises(ValueError, match="at layer -1: layers are integers from 0"):
         ablate([(-1, 0)])
     with pytest.raises(ValueError, match=r"positions \[-33\]: .* or -1 to -32 from the last"):
         model(idx, edits=scale_heads(0, 0, 0.0, positions=[-33]))
@@ -451,12 +451,33 @@ def test_zero_neurons_equals_removing_their_down_projection_columns(family: str)
 
 
 def test_neuron_and_absent_name_edits_are_refused_in_words() -> None:
+    import numpy as np
+
     model = _model()
     with pytest.raises(ValueError, match=r"neurons \[999\] out of range for layer 0's 64"):
         model(_ids(1, 3), edits=zero_neurons(0, 999))
-    for bad in ([], 1.5, [True]):
-        with pytest.raises(ValueError, match="neurons="):
+    for bad in ([], 1.5, [True], [2.0], "3"):
+        with pytest.raises(ValueError, match=r"zero_neurons\(neurons="):
             zero_neurons(0, bad)  # type: ignore[arg-type]
+    one = model(_ids(1, 3), edits=zero_neurons(0, 3)).logits
+    for same in (torch.tensor(3), np.array(3), np.int64(3), [torch.tensor(3)]):  # 0-d: one
+        assert torch.equal(model(_ids(1, 3), edits=zero_neurons(0, same)).logits, one)
+    # a float position or layer was truncated (1.5 edited column 1); an empty list edited
+    # nothing; a negative position past the first column was skipped
+    for bad, message in (({"positions": [1.5]}, r"Edit\(positions=\[1.5\]\): positions are "
+                                                r"integers, not 1.5"),
+                         ({"positions": "3"}, r"positions are integers, not '3'"),
+                         ({"positions": []}, r"Edit\(positions=\[\]\) would keep nothing"),
+                         ({"heads": []}, r"Edit\(heads=\[\]\) would keep nothing")):
+        with pytest.raises(ValueError, match=message):
+            Edit("context", 0, lambda v, _: v, **bad)  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match=r"at layer 1\.0: layers are integers"):
+        zero_neurons(1.0, [1])  # type: ignore[arg-type]
+    assert zero_neurons(np.int64(1), 2, positions=(np.int32(-1),)).positions == (-1,)
+    with pytest.raises(ValueError, match=r"positions \[-4\]: they count back from the last of "
+                                         r"this pass's 3 columns, past its first; count from -1 "
+                                         r"\(the last\) to -3"):
+        model(_ids(1, 3), edits=zero_neurons(0, 1, positions=[-1, -4]))
     neox = _family("neox-tiny")
     with pytest.raises(ValueError, match=r"'resid_mid'.*never computes it, as its MLP reads "
                                          r"resid_pre \(parallel_residual=True\)"):

@@ -106,7 +106,7 @@ def test_filters_that_cannot_be_met_are_refused_when_made() -> None:
     import numpy as np
 
     for bad, message in (({"layers": "0"}, r"layers are integers >= 0 .*, not '0'"),
-                         ({"heads": [0, -1]}, r"heads are integers >= 0 .*, not -1"),
+                         ({"heads": [0, -1]}, r"heads are integers >= 0, not -1"),
                          ({"layers": [True]}, r"not True"),
                          ({"rows": [0.5]}, r"rows are integers, not 0.5"),
                          ({"layers": []}, r"Trace\(layers=\[\]\) would keep nothing"),
@@ -115,6 +115,7 @@ def test_filters_that_cannot_be_met_are_refused_when_made() -> None:
             Trace(**bad)  # type: ignore[arg-type]
     trace = Trace(layers=np.int64(1), heads=torch.tensor([0]).tolist(), rows=[np.int32(-1)])
     assert trace.layers == {1} and trace.heads == [0] and trace.rows == (-1,)
+    assert Trace(layers=torch.tensor(1), heads=np.array(2)).heads == [2]  # 0-d: one index
 
 
 def test_head_filter_on_grouped_query_keeps_the_kv_heads_those_heads_read() -> None:
@@ -125,8 +126,10 @@ def test_head_filter_on_grouped_query_keeps_the_kv_heads_those_heads_read() -> N
     model(idx, trace=one)
     assert torch.equal(one.get("attn_weights", 0), full.get("attn_weights", 0)[:, [3]])
     assert torch.equal(one.get("k", 0), full.get("k", 0)[:, [1]])  # head 3 reads kv head 1
-    with pytest.raises(ValueError, match=r"trace heads \[4\] out of range for 4 heads"):
-        model(idx, trace=Trace(heads=[4]))
+    for names in (None, ["mlp_hidden"]):  # checked before the pass, whatever it keeps
+        with pytest.raises(ValueError, match=r"Trace\(heads=\[4\]\): the model has 4 heads "
+                                             r"\(0 to 3\); \[4\] are not among them"):
+            model(idx, trace=Trace(heads=[4], names=names))
 
 
 def _reference_weights(

@@ -168,7 +168,7 @@ def test_filters_keep_exactly_what_was_asked_and_memory_adds_up() -> None:
     assert trace.nbytes() == expected
     assert trace.nbytes() < full.nbytes() / 3
     assert set(full.to_dict()) >= {"emb", "0.q", "2.attn_weights", "logits"}
-    with pytest.raises(ValueError, match=r"trace heads \[9\] out of range for 4 heads"):
+    with pytest.raises(ValueError, match=r"Trace\(heads=\[9\]\): the model has 4 heads"):
         model(idx, trace=Trace(heads=[9]))
 
 
@@ -225,6 +225,10 @@ def test_the_block_names_add_up_and_absent_names_are_the_unrecorded_ones(
     for name in absent_names(c):  # never empty: learned or no positions have no rotary
         with pytest.raises(KeyError, match="never computes it, as it"):
             trace.get(name, None if name in MODEL_NAMES else 0)
+    # a trace of absent names alone would come back empty: refused before the pass
+    with pytest.raises(ValueError, match=r"Trace\(names=\[.*\]\) would keep nothing: this "
+                                         r"model never computes (it|them) \("):
+        Trace(names=sorted(absent_names(c))).run(model, _ids(model, 1, 3))
 
 
 @pytest.mark.parametrize("overrides", [

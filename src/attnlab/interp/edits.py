@@ -42,6 +42,7 @@ from ..model.trace import (
     WEIGHT_NAMES,
     Trace,
     absent_names,
+    indices,
     position_dim,
 )
 
@@ -93,9 +94,18 @@ class Edit:
                 f"{self.name!r} has no head dimension; edit heads through one of "
                 f"{sorted(HEAD_NAMES)} (a head's output is 'context')"
             )
-        if self.layer is not None and self.layer < 0:
-            raise ValueError(f"edit of {self.name!r} at layer {self.layer}: layers count "
-                             "from 0 (the last one is n_layer - 1)")
+        if self.layer is not None and (isinstance(self.layer, bool) or not hasattr(
+                self.layer, "__index__") or self.layer < 0):
+            raise ValueError(f"edit of {self.name!r} at layer {self.layer!r}: layers are "
+                             "integers from 0 (the last one is n_layer - 1)")
+        # plain ints, refused by name otherwise: a float position would be truncated
+        for what, negative in (("heads", False), ("positions", True)):
+            given = getattr(self, what)
+            if given is not None:
+                object.__setattr__(self, what, tuple(indices(what, given, negative,
+                                                             owner="Edit")))
+        if self.layer is not None:
+            object.__setattr__(self, "layer", self.layer.__index__())
 
     # One edit is also a set of one (model.trace.EditSource), so `edits=zero_heads(0, 1)`
     # works wherever `edits=Edits([...])` does.
@@ -130,6 +140,11 @@ class Edit:
             on[list(self.heads)] = True
             select = select & on.view(shape)  # (1, nh, 1, ...)
         if self.positions is not None:
+            before = [p for p in self.positions if p < -length]
+            if before:
+                raise ValueError(f"edit of {self.name!r} at positions {before}: they count back "
+                                 f"from the last of this pass's {length} columns, past its "
+                                 f"first; count from -1 (the last) to -{length}")
             columns = [p - first for p in _columns(self.positions, length)
                        if first <= p < length]
             if not columns:
@@ -229,9 +244,10 @@ def _columns(positions: Iterable[int], length: int) -> list[int]:
 
 
 def _tuple(xs: int | Iterable[int] | None) -> tuple[int, ...] | None:
+    """Heads or positions as `Edit` holds them (it checks them): one int is a tuple of one."""
     if xs is None:
         return None
-    return (xs,) if isinstance(xs, int) else tuple(xs)
+    return (xs,) if not isinstance(xs, Iterable) else tuple(xs)
 
 
 # ----------------------------------------------------------------------------- MLP neurons
@@ -243,11 +259,7 @@ def zero_neurons(
     """Zero-ablate MLP neurons: their hidden activations ("mlp_hidden", TransformerLens's
     mlp.hook_post) become 0, so they write nothing into the residual stream through the down
     projection (its bias still does)."""
-    given = (neurons,) if not isinstance(neurons, Iterable) else tuple(neurons)
-    if not given or any(isinstance(n, bool) or not hasattr(n, "__index__") for n in given):
-        raise ValueError(f"neurons={neurons!r}: pass one neuron index or several (ints, "
-                         "0 to the MLP's d_ff - 1)")
-    chosen = [n.__index__() for n in given]  # numpy ints too
+    chosen = indices("neurons", neurons, owner="zero_neurons")  # numpy's and torch's ints too
 
     def replace(v: Tensor, _: int) -> Tensor:
         d_ff = v.shape[-1]

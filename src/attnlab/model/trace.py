@@ -22,7 +22,7 @@ from __future__ import annotations
 import operator
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Protocol, TypeVar
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar, cast
 
 import torch
 from torch import Tensor
@@ -268,9 +268,9 @@ class Trace:
         self.dtype = dtype
         self._query_heads: dict[int | None, int] = {}
         # one layer, head or name stands for a list of one (Trace(layers=0, names="q"))
-        self.layers = None if layers is None else frozenset(_indices("layers", layers))
-        self.heads = None if heads is None else sorted(set(_indices("heads", heads)))
-        self.rows = None if rows is None else tuple(_indices("rows", rows, negative=True))
+        self.layers = None if layers is None else frozenset(indices("layers", layers))
+        self.heads = None if heads is None else sorted(set(indices("heads", heads)))
+        self.rows = None if rows is None else tuple(indices("rows", rows, negative=True))
         self._query_rows: dict[int | None, int] = {}  # T of each layer's last pass
         if names is not None:
             names = frozenset((names,) if isinstance(names, str) else names)
@@ -326,11 +326,16 @@ class Trace:
         return self
 
     def begin(self, config: GPTConfig, attention_mask: Tensor | None) -> None:
-        """Called by `GPT.forward` before a traced pass: check the layer filter against the
-        model and note each layer's sliding window (`windows`) and the pass's padding."""
-        self.check_layers(config.n_layer)
-        self.windows = {i: config.window_of(i) for i in range(config.n_layer)}
+        """Called by `GPT.forward` before a traced pass: check the filters against the model
+        and note each layer's sliding window (`windows`) and the pass's padding."""
+        self.check_filters(config)
         self.absent = absent_names(config)
+        if self.names is not None and self.names <= self.absent.keys():
+            why = "; ".join(f"{n}: {self.absent[n]}" for n in sorted(self.names))
+            raise ValueError(f"Trace(names={sorted(self.names)}) would keep nothing: this "
+                             f"model never computes {'it' if len(self.names) == 1 else 'them'}"
+                             f" ({why})")
+        self.windows = {i: config.window_of(i) for i in range(config.n_layer)}
         self.masked = {}  # each traced layer notes its own in this pass
         # a copy: a caller may write the next step's mask into the same buffer
         self.attention_mask = None if attention_mask is None else attention_mask.detach().to(
@@ -381,14 +386,15 @@ class Trace:
         """Keep how `mask` masked `layer`'s pass (`masked`), for `may_attend`."""
         self.masked[layer] = Masked.of(mask)
 
-    def check_layers(self, n_layer: int) -> None:
-        """Raise unless the layer filter names layers the model has (a trace of layer 7 on a
-        4-layer model would record nothing and fail only at get(); heads are checked where
-        attention records them)."""
-        bad = sorted(i for i in self.layers or () if not 0 <= i < n_layer)
-        if bad:
-            raise ValueError(f"Trace(layers={sorted(self.layers or ())}): the model has "
-                             f"{n_layer} layers (0 to {n_layer - 1}); {bad} are not among them")
+    def check_filters(self, config: GPTConfig) -> None:
+        """Raise unless the layer and head filters name layers and query heads the model has
+        (a trace of layer 7 on a 4-layer model would record nothing and fail only at get())."""
+        for what, chosen, n in (("layers", self.layers, config.n_layer),
+                                ("heads", self.heads, config.n_head)):
+            bad = sorted(i for i in chosen or () if not 0 <= i < n)
+            if bad:
+                raise ValueError(f"Trace({what}={sorted(chosen or ())}): the model has {n} "
+                                 f"{what} (0 to {n - 1}); {bad} are not among them")
 
     def layer(self, index: int) -> _LayerView | None:
         """The sink for layer `index`, or None when the filter leaves that layer out."""
@@ -506,21 +512,26 @@ class Trace:
         return {(n if lay is None else f"{lay}.{n}"): t for (lay, n), t in self.values.items()}
 
 
-def _indices(what: str, given: int | Iterable[int], negative: bool = False) -> list[int]:
-    """A filter's indices (one int stands for a list of one), refused by name unless they
-    are integers (>= 0 unless `negative`): a string would fail only inside the forward pass."""
+def indices(what: str, given: int | Iterable[int], negative: bool = False, *,
+            owner: str = "Trace") -> list[int]:
+    """A filter's or an edit's indices (one int stands for a list of one), refused by name
+    unless they are integers (>= 0 unless `negative`): a string or a float would fail, or be
+    truncated, only inside the forward pass. owner: who took them, for the message."""
+    one = not isinstance(given, Iterable) or getattr(given, "ndim", None) == 0  # 0-d arrays
     values: list[int] = []
-    for value in list(given) if isinstance(given, Iterable) else [given]:
+    listed: list[Any] = [given] if one else list(cast(Iterable[int], given))
+    for value in listed:
         try:  # numpy's and torch's integers too
             index = None if isinstance(value, bool) else operator.index(value)
         except TypeError:
             index = None
         if index is None or (index < 0 and not negative):
-            raise ValueError(f"Trace({what}={given!r}): {what} are integers" + (
-                "" if negative else " >= 0 (the last layer is n_layer - 1)") + f", not {value!r}")
+            last = " (the last layer is n_layer - 1)" if what == "layers" else ""
+            raise ValueError(f"{owner}({what}={given!r}): {what} are integers" + (
+                "" if negative else f" >= 0{last}") + f", not {value!r}")
         values.append(index)
     if not values:
-        raise ValueError(f"Trace({what}=[]) would keep nothing; pass {what}=None for all")
+        raise ValueError(f"{owner}({what}=[]) would keep nothing; pass {what}=None for all")
     return values
 
 
