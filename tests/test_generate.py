@@ -372,3 +372,48 @@ def test_generation_never_samples_an_id_its_tokenizer_has_no_token_for() -> None
     text = generate_text(model, tok, ["abc"], max_new_tokens=25, temperature=2.0, seed=0)[0]
     assert re.fullmatch(r"(a|b|c|<unk>|<s>|</s>){25}", text), text
     assert len(tok.unused_ids) == 94
+
+
+def test_top_p_drops_an_id_once_the_ids_before_it_hold_exactly_top_p() -> None:
+    """Four equal ids (probabilities exactly 0.25): the first two hold exactly 0.5, so with
+    top_p=0.5 the third is dropped (the smallest set holding top_p, as HF's TopP warper);
+    with two equal ids, the first alone holds 0.5."""
+    four = torch.zeros(1, 4)
+    assert (logits_to_probs(four, top_p=0.5) > 0).tolist() == [[True, True, False, False]]
+    assert logits_to_probs(torch.zeros(1, 2), top_p=0.5).tolist() == [[1.0, 0.0]]
+
+
+def test_an_ended_row_is_padded_with_the_eot_id_when_no_pad_id_is_given() -> None:
+    """stream's documented default: pad_id None pads an ended row with the (first) eot id."""
+    model = _model()
+    ids, mask = left_padded([3, 6], seed=2)
+    greedy = generate(model, ids, mask, max_new_tokens=10, temperature=0)
+    eot = int(greedy[0, 6 + 2])  # row 0's third new token
+    out = generate(model, ids, mask, max_new_tokens=10, temperature=0, eot_id=eot)
+    row0 = out[0, 6:].tolist()
+    first = row0.index(eot)
+    assert first < len(row0) - 1  # row 0 ended while row 1 went on
+    assert row0[first + 1:] == [eot] * (len(row0) - first - 1)
+
+
+@pytest.mark.parametrize("mask", [[[1, 0, 1]], [[0, 1, 1], [1, 0, 1]]])
+def test_a_mask_with_a_hole_is_refused_as_not_left_padded(mask: list[list[int]]) -> None:
+    """A pad between tokens (not left padding) would give every later token the wrong
+    position; generate refuses it, as it refuses a pad in the last column."""
+    model = _model()
+    m = torch.tensor(mask)
+    ids = torch.ones_like(m)
+    with pytest.raises(ValueError, match="left-padded"):
+        generate(model, ids, m, max_new_tokens=2, temperature=0)
+
+
+def test_row_seeds_give_each_row_the_ids_it_gets_alone() -> None:
+    """row_seeds: one generator per row, so a row's samples do not depend on the rows that
+    share its batch: each row of a batch equals that prompt generated alone with its seed."""
+    model = _model()
+    ids = torch.randint(0, 65, (3, 4), generator=torch.Generator().manual_seed(0))
+    seeds = [3, 1, 2]
+    batch = generate(model, ids, max_new_tokens=6, row_seeds=seeds)
+    for b, seed in enumerate(seeds):
+        alone = generate(model, ids[b:b + 1], max_new_tokens=6, row_seeds=[seed])
+        assert torch.equal(batch[b:b + 1], alone), b

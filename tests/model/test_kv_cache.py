@@ -94,3 +94,48 @@ def test_the_cache_keeps_a_padded_prefills_mask_for_steps_that_give_none() -> No
         assert (cache.seq_len, cache.attention_mask) == (0, None)
         torch.testing.assert_close(model(idx[:, :3], kv_cache=cache).logits,
                                    model(idx[:, :3]).logits, atol=1e-6, rtol=0)
+
+
+def test_key_mask_counts_columns_written_without_a_mask_as_real() -> None:
+    """A step that writes the cache without updating its kept mask (the compiled decode step
+    does: CompiledDecode advances seq_len alone) leaves the kept mask short; the next call
+    without a mask must still cover every cached column: kept pads, then real tokens."""
+    cache = KVCache.concat(1)
+    cache.key_mask(torch.tensor([[0, 1, 1], [1, 1, 1]]), 3)
+    cache.seq_len = 5  # 3 from the padded call, 2 written since without a mask
+    got = cache.key_mask(None, 1)
+    assert got.tolist() == [[0, 1, 1, 1, 1, 1], [1, 1, 1, 1, 1, 1]]
+
+
+def test_a_step_after_unmasked_writes_equals_recomputation() -> None:
+    """The same through the model: a padded prefill, one step that leaves the kept mask as
+    the prefill's (as a compiled step does), then GPT.forward without a mask equals the whole
+    padded batch recomputed."""
+    model = _model(n_head=4)
+    idx, mask = left_padded([2, 5, 3], seed=3)
+    B, P = idx.shape
+    cache = model.new_cache(B, P + 2)
+    g = torch.Generator().manual_seed(0)
+    with torch.inference_mode():
+        model(idx, attention_mask=mask, kv_cache=cache)
+        kept = cache.attention_mask
+        for _ in range(2):
+            nxt = torch.randint(0, 65, (B, 1), generator=g)
+            idx = torch.cat([idx, nxt], dim=1)
+            mask = torch.cat([mask, torch.ones(B, 1, dtype=torch.long)], dim=1)
+            if cache.seq_len == P:  # the first step: a write the kept mask never hears of
+                DecodeStep(model)(nxt, None, cache)
+                cache.attention_mask = kept
+                continue
+            got = model(nxt, kv_cache=cache).logits[:, -1]
+            full = model(idx, attention_mask=mask).logits[:, -1]
+            torch.testing.assert_close(got, full, atol=1e-5, rtol=0)
+
+
+def test_a_concatenating_cache_refuses_a_write_before_its_end() -> None:
+    """Rewriting earlier positions (a re-prefill from 0, as generate's window crop does with
+    seq_len = 0) cannot work on a cache that only appends: refused, not appended."""
+    layer = KVCache.concat(1).layers[0]
+    layer.update(0, torch.zeros(1, 1, 2, 8), torch.zeros(1, 1, 2, 8))
+    with pytest.raises(ValueError, match="can only append"):
+        layer.update(0, torch.zeros(1, 1, 1, 8), torch.zeros(1, 1, 1, 8))

@@ -376,3 +376,17 @@ def test_scaled_scores_are_the_product_then_the_scale(hs: int) -> None:
     else:
         bound = hs * torch.finfo(torch.float32).eps * (q.abs() @ key_t.abs()) * scale
         assert torch.all((got - expected).abs() <= bound)
+
+
+@pytest.mark.parametrize("heads", [[1], [2], [1, 2]])
+def test_a_head_filter_reads_each_query_heads_own_kv_head(heads: list[int]) -> None:
+    """Grouped-query attention (4 query heads, 2 key/value heads: heads 0-1 read kv head 0,
+    2-3 kv head 1): Trace(heads=...) gives the whole trace's weights of those heads. Head 3
+    alone (the existing test) cannot tell h // 2 from h % 2; heads 1 and 2 can."""
+    torch.manual_seed(0)
+    model = GPT(GPTConfig.from_name("nano", n_head=4, n_kv_head=2)).eval()
+    ids = torch.randint(0, 65, (2, 12), generator=torch.Generator().manual_seed(0))
+    whole = Trace(names=["attn_weights"]).run(model, ids)
+    some = Trace(heads=heads, names=["attn_weights"]).run(model, ids)
+    torch.testing.assert_close(some.get("attn_weights", 0), whole.get("attn_weights", 0)[:, heads],
+                               atol=0, rtol=0)

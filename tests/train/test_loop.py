@@ -395,3 +395,37 @@ def test_held_out_examples_are_not_the_training_batches(seed: int) -> None:
     trained = {dataset.tokenizer.decode(row[:9].tolist()) for row in x}
     assert len(held_out) > 250 and len(trained) > 250
     assert held_out.isdisjoint(trained)
+
+
+def test_warmup_starts_above_zero_and_climbs_linearly_to_lr() -> None:
+    """nanoGPT's get_lr: lr * (step + 1) / (warmup + 1), so the first step already trains
+    (lr / 11 with 10 warmup steps), never a wasted step at lr 0."""
+    c = TrainConfig(max_iters=100, lr=1.0, warmup_iters=10, min_lr=0.1)
+    assert c.lr_at(0) == pytest.approx(1 / 11)
+    assert c.lr_at(9) == pytest.approx(10 / 11)
+    assert c.lr_at(10) == pytest.approx(1.0)
+
+
+def test_lr_stays_at_min_lr_past_max_iters() -> None:
+    """Past max_iters the cosine is over: min_lr, not a cosine climbing back toward lr."""
+    c = TrainConfig(max_iters=100, lr=1.0, warmup_iters=10, min_lr=0.1)
+    assert c.lr_at(150) == pytest.approx(0.1)
+    assert c.lr_at(190) == pytest.approx(0.1)
+
+
+def test_two_micro_batches_of_4_step_as_one_batch_of_8(tmp_path: Path) -> None:
+    """Gradient accumulation averages: with plain SGD (no clipping, constant lr, no dropout)
+    one step over grad_accum=2 micro-batches of 4 copy-task examples (all of one length, so
+    each micro-batch counts as many targets) moves the weights as one batch of the same 8."""
+    dataset = load_dataset("copy")
+    model_config = GPTConfig(vocab_size=dataset.tokenizer.vocab_size,
+                             block_size=dataset.max_block_size, n_layer=1, n_head=2, n_embd=16,
+                             dropout=0.0)
+    base = dict(max_iters=1, lr=0.5, warmup_iters=0, decay_lr=False, optimizer="sgd",
+                grad_clip=0.0, eval_interval=10, eval_iters=1, seed=3)
+    whole = train(model_config, TrainConfig(**base, batch_size=8), dataset, tmp_path / "a")
+    split = train(model_config, TrainConfig(**base, batch_size=4, grad_accum=2), dataset,
+                  tmp_path / "b")
+    for name, value in whole.model.state_dict().items():
+        torch.testing.assert_close(split.model.state_dict()[name], value, atol=1e-6, rtol=1e-5,
+                                   msg=lambda m, n=name: f"{n}: {m}")
