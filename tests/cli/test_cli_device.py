@@ -132,11 +132,11 @@ def test_every_command_on_the_device(
              str(tmp_path / "i"), "--device", fake],
             ["heads", ckpt, "--out", str(tmp_path / "h"), "--device", fake],
             ["patch", ckpt, "--clean", "ab|a", "--corrupt", "cb|c", "--answer", "b",
-             "--wrong", "d", "--out", str(tmp_path / "p"), "--device", fake],
+             "--wrong", "d", "--out", str(tmp_path / "p"), "--device", fake, "--blocks"],
             ["patch", ckpt, "--clean", "ab|a", "--corrupt", "cb|c", "--answer", "b",
              "--wrong", "d", "--method", "attribution", "--out", str(tmp_path / "p"),
              "--device", fake],
-            ["lens", ckpt, "abc|ab", "--out", str(tmp_path / "l"), "--device", fake],
+            ["lens", ckpt, "abc|ab", "--out", str(tmp_path / "l"), "--device", fake, "--mid"],
         ):
             assert main(argv) == 0, (argv, capsys.readouterr().err)
     assert loads and all(place(c.model.wte.weight) == "device" for c in loads)
