@@ -13,6 +13,7 @@ from attnlab.interp.lens import (
     lens_top,
     logit_attribution,
     logit_lens,
+    residual_parts,
     top_tokens,
 )
 from attnlab.model.trace import Trace
@@ -245,3 +246,35 @@ def test_a_float64_models_lens_probabilities_stay_float64() -> None:
     want = torch.softmax(model(idx).logits.detach(), dim=-1).topk(3, dim=-1)
     torch.testing.assert_close(probs[-1], want.values, atol=1e-15, rtol=0)
     assert torch.equal(top[-1], want.indices)
+
+
+@pytest.mark.parametrize("overrides", [
+    {}, {"pos": "rope", "norm": "rmsnorm", "mlp": "swiglu", "n_kv_head": 1},
+    {"parallel_residual": True}, {"mlp": "none"}, {"attn_out_proj": False},
+])
+def test_residual_parts_sum_to_the_residual_stream(overrides: dict) -> None:
+    """decompose_resid: the parts of the stream entering each block, and after the last,
+    sum to the traced stream there; their labels name what wrote them."""
+    model = _model(**overrides)
+    idx, mask = left_padded([6, 4], seed=1)
+    trace = Trace(names=["emb", "resid_pre", "block_out"]).run(model, idx, mask)
+    c = model.config
+    for layer in (0, 1, None):
+        labels, parts = residual_parts(model, idx, mask, layer=layer)
+        want = trace.get("block_out", 1) if layer is None else trace.get("resid_pre", layer)
+        torch.testing.assert_close(parts.sum(0), want, atol=1e-5, rtol=0)
+        blocks = 2 if layer is None else layer
+        per_block = ["attn", "mlp"] if c.mlp != "none" else ["attn"]
+        assert labels == (["tok_emb"] + ["pos_emb"] * (c.pos == "learned")
+                          + [f"{i} {p}" for i in range(blocks) for p in per_block])
+        assert parts.shape == (len(labels), 2, 6, c.n_embd)
+    edit = ablate([(0, 0), (0, 1)])  # layer 0's attention output is its biases alone then
+    labels, parts = residual_parts(model, idx, mask, edits=edit)
+    if c.attn_out_proj:
+        bias = model.blocks[0].attn.out_proj.bias
+        torch.testing.assert_close(parts[labels.index("0 attn")],
+                                   torch.zeros_like(parts[0]) + (0 if bias is None else bias))
+    with pytest.raises(ValueError, match="layer=3: the residual stream enters blocks 0 to 1"):
+        residual_parts(model, idx, layer=3)
+    with pytest.raises(ValueError, match="only with residual connections"):
+        residual_parts(_model(residual=False), idx)

@@ -76,6 +76,42 @@ def _streams(model: Any, ids: Tensor, attention_mask: Tensor | None,
                                  for name in (*between, "block_out")]
 
 
+@torch.no_grad()
+def residual_parts(model: Any, ids: Tensor, attention_mask: Tensor | None = None, *,
+                   layer: int | None = None, edits: EditSource | None = None
+                   ) -> tuple[list[str], Tensor]:
+    """The residual stream entering block `layer` (default None: after the last block, what
+    the final norm reads) split into what wrote it, TransformerLens's `decompose_resid`:
+    (labels, parts (n, B, T, C)) whose sum over n is that stream. The parts: "tok_emb",
+    "pos_emb" (learned positions only), then each earlier block's "i attn" (its attention
+    output, the output projection's bias included; the heads concatenated without one) and
+    "i mlp" (its MLP's output, where it has one). edits: of the model so edited."""
+    c = model.config
+    if not c.residual:
+        raise ValueError("the residual stream is a sum of parts only with residual "
+                         "connections (config.residual)")
+    require_eval(model, "the residual parts")
+    end = c.n_layer if layer is None else layer
+    if not 0 <= end <= c.n_layer:
+        raise ValueError(f"layer={layer}: the residual stream enters blocks 0 to "
+                         f"{c.n_layer - 1} (None: after the last)")
+    absent = absent_names(c)
+    attn = "context" if "attn_out" in absent else "attn_out"
+    names = [n for n in ("tok_emb", "pos_emb") if n not in absent]
+    kept = [*names, attn, "mlp_out"] if end else names  # mlp_out may be absent: skipped
+    trace = Trace(layers=range(end) if end else None, names=kept)
+    trace.run(model, ids, attention_mask, edits=edits)
+    labels, parts = list(names), [trace.get(n) for n in names]  # (B, T, C) each
+    for i in range(end):
+        out = trace.get(attn, i)  # (B, T, C), or (B, nh, T, hs) heads
+        labels.append(f"{i} attn")
+        parts.append(out if attn == "attn_out" else out.transpose(1, 2).flatten(2))
+        if (i, "mlp_out") in trace:
+            labels.append(f"{i} mlp")
+            parts.append(trace.get("mlp_out", i))
+    return labels, torch.stack(parts)  # (n, B, T, C)
+
+
 def _read(model: Any, x: Tensor) -> Tensor:
     """(B, T, C) residual -> (B, T, V) logits through the final norm and the model's own head
     product (unembed), so the last layer's are bit-equal to the model's logits."""
