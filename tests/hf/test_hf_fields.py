@@ -3,11 +3,15 @@ honoured or refused with one line naming it and its value; both RoPE spellings r
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
 from typing import Any
 
 import pytest
+import torch
 
-from attnlab.hf import config_from_hf
+from attnlab import GPT, GPTConfig
+from attnlab.hf import config_from_hf, config_to_hf, save_hf_gpt2
 
 transformers = pytest.importorskip("transformers")
 
@@ -196,3 +200,66 @@ def test_presets_export_as_their_family(preset: str, family: str) -> None:
     exported = config_to_hf(config)
     assert exported["architectures"] == [family_for_config(config).architecture]
     assert config_to_hf(config_from_hf(exported)) == exported  # nothing lost on the way back
+
+
+def test_the_rope_parameters_theta_wins_over_a_top_level_rope_theta() -> None:
+    """A config.json with both (hand-edited, or converted): transformers runs the theta in
+    rope_parameters; the top-level field only fills in when the dict lacks one."""
+    fields = hf_dict("Llama", **SMALL, rope_parameters={"rope_type": "default",
+                                                        "rope_theta": 500000.0})
+    fields["rope_theta"] = 10000.0
+    expected = transformers.LlamaConfig(**fields).rope_parameters["rope_theta"]
+    assert config_from_hf(fields).rope_theta == expected == 500000.0
+
+
+def _without_layer_types(fields: dict[str, Any]) -> dict[str, Any]:
+    return {k: v for k, v in fields.items() if k != "layer_types"}
+
+
+def test_a_qwen2_config_without_layer_types_windows_from_max_window_layers_on() -> None:
+    """Qwen2.5's config.json as published has no layer_types: transformers windows the layers
+    i >= max_window_layers (layer max_window_layers itself included)."""
+    fields = _without_layer_types(hf_dict(
+        "Qwen2", **{**SMALL, "num_hidden_layers": 4}, use_sliding_window=True,
+        sliding_window=5, max_window_layers=2))
+    types = transformers.Qwen2Config(**fields).layer_types
+    expected = [i for i, t in enumerate(types) if t == "sliding_attention"]
+    config = config_from_hf(fields)
+    assert expected == [2, 3]
+    assert (config.sliding_window, config.window_layers) == (5, expected)
+
+
+def test_a_qwen2_export_says_the_first_windowed_layer_to_readers_without_layer_types() -> None:
+    """save_hf's max_window_layers is the first windowed layer, so a reader that predates
+    layer_types (transformers 4) windows the same layers."""
+    fields = hf_dict("Qwen2", **{**SMALL, "num_hidden_layers": 3}, use_sliding_window=True,
+                     sliding_window=5, layer_types=["full_attention", "sliding_attention",
+                                                    "sliding_attention"])
+    config = config_from_hf(fields)
+    assert config.window_layers == [1, 2]
+    exported = _without_layer_types(config_to_hf(config))
+    assert exported["max_window_layers"] == 1
+    assert config_from_hf(exported).window_layers == [1, 2]
+
+
+def test_a_neox_config_without_use_parallel_residual_is_parallel() -> None:
+    fields = hf_dict("GPTNeoX", **NEOX)
+    del fields["use_parallel_residual"]
+    assert transformers.GPTNeoXConfig(**fields).use_parallel_residual is True
+    assert config_from_hf(fields).parallel_residual is True
+
+
+def test_a_mistral_config_without_sliding_window_has_transformers_default() -> None:
+    fields = hf_dict("Mistral", **SMALL)
+    del fields["sliding_window"]
+    assert transformers.MistralConfig(**fields).sliding_window == 4096
+    assert config_from_hf(fields).sliding_window == 4096
+
+
+def test_an_untied_gpt2_exports_tie_word_embeddings_false(tmp_path: Path) -> None:
+    """transformers 5 unties a tied config whose file holds a different head, but the flag
+    itself must say untied (transformers 4 and other readers tie on it)."""
+    torch.manual_seed(0)
+    model = GPT(GPTConfig.from_name("nano", tie_weights=False)).eval()
+    save_hf_gpt2(tmp_path, model)
+    assert json.loads((tmp_path / "config.json").read_text())["tie_word_embeddings"] is False

@@ -278,3 +278,15 @@ def test_residual_parts_sum_to_the_residual_stream(overrides: dict) -> None:
         residual_parts(model, idx, layer=3)
     with pytest.raises(ValueError, match="only with residual connections"):
         residual_parts(_model(residual=False), idx)
+
+
+def test_the_output_projections_bias_is_its_own_term_of_the_logit() -> None:
+    torch.manual_seed(0)
+    model = GPT(GPTConfig.from_name("nano", n_layer=2, init_std=0.3)).eval()
+    with torch.no_grad():
+        for block in model.blocks:
+            block.attn.out_proj.bias.normal_(0.0, 1.0)  # trained or loaded biases are not 0
+    idx = torch.randint(0, 65, (3, 7), generator=torch.Generator().manual_seed(2))
+    parts = logit_attribution(model, idx, torch.tensor([5, 6, 7]), -1)
+    assert parts.attn_bias.abs().min() > 0
+    torch.testing.assert_close(parts.total(), parts.logit, atol=1e-4, rtol=1e-5)

@@ -66,3 +66,50 @@ def test_static_step_refuses_a_full_cache_and_a_wrong_shape() -> None:
         static(step, torch.zeros(2, 1, dtype=torch.long))
     with pytest.raises(ValueError, match="does not cover the 4 filled slots of 2 rows"):
         static.start(torch.ones(2, 3))
+
+
+def test_the_decode_step_norms_queries_and_keys_each_with_its_own_weights() -> None:
+    """QK-norm (Qwen3): q_norm and k_norm hold different weights once loaded or trained; the
+    decode step must apply q_norm to q and k_norm to k, as the forward pass does (freshly
+    built norms are all ones, so a swap shows only with distinct weights)."""
+    torch.manual_seed(0)
+    model = GPT(GPTConfig.from_name("nano", n_head=4, init_std=0.3, norm="rmsnorm",
+                                    pos="rope", qk_norm=True)).eval()
+    with torch.no_grad():
+        for block in model.blocks:
+            block.attn.q_norm.weight.uniform_(0.2, 3.0)
+            block.attn.k_norm.weight.uniform_(0.2, 3.0)
+    ids = torch.tensor([[3, 14, 15, 9, 2, 6]])
+    with torch.inference_mode():
+        expected = model(ids).logits[:, -1]  # (1, V)
+        cache = model.new_cache(1, ids.shape[1])
+        model(ids[:, :-1], kv_cache=cache)
+        got = decode_step(model)(ids[:, -1:], None, cache)  # (1, V)
+    torch.testing.assert_close(got, expected, atol=1e-5, rtol=1e-5)
+
+
+def test_a_static_step_started_again_forgets_the_last_prompts_padding() -> None:
+    """A kept CompiledDecode is reused by the next generation of its shape: `start` must
+    clear the key mask of the previous prompt's padding, or the new prompt's tokens in
+    those slots are hidden."""
+    torch.manual_seed(0)
+    model = GPT(GPTConfig.from_name("nano", n_head=4, init_std=0.3)).eval()
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(compiled_mod.torch, "compile", _identity)
+        static = compiled_mod.CompiledDecode(model, 2, 16)
+    step = decode_step(model)
+    padded_ids, padded_mask = left_padded([2, 6], seed=1)  # row 0: 4 padding slots
+    ids, _ = left_padded([6, 6], seed=2)  # no padding
+    with torch.inference_mode():
+        model(padded_ids, attention_mask=padded_mask, kv_cache=static.cache)
+        static.start(padded_mask)
+        static(step, torch.ones(2, 1, dtype=torch.long))
+        # the next generation of this shape, unpadded
+        static.cache.seq_len = 0
+        cache = model.new_cache(2, 8)
+        logits = model(ids, kv_cache=cache).logits[:, -1]
+        model(ids, kv_cache=static.cache)
+        static.start(None)
+        token = logits.argmax(-1, keepdim=True)  # (2, 1)
+        torch.testing.assert_close(static(step, token), step(token, None, cache),
+                                   atol=1e-5, rtol=1e-5)

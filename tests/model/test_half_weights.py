@@ -10,7 +10,7 @@ import attnlab.generate as generate_mod
 from attnlab import GPT, GPTConfig, half_weights
 from attnlab.generate import generate
 from attnlab.interp.edits import Edits
-from attnlab.model.decode import DecodeStep, decode_step
+from attnlab.model.decode import FLOAT16_MAX, DecodeStep, decode_step
 from helpers import left_padded
 
 pytestmark = pytest.mark.skipif(
@@ -126,3 +126,14 @@ def test_float16_weights_refuse_what_they_cannot_run() -> None:
         generate(cast, ids, max_new_tokens=2, temperature=0)
     cast.decode_weights = "float32"
     assert generate(cast, ids, max_new_tokens=2, temperature=0).shape == (1, 5)
+
+
+def test_half_weights_takes_float16s_largest_value() -> None:
+    """65504 is float16's largest finite value, not beyond it: half_weights keeps it."""
+    torch.manual_seed(0)
+    model = GPT(GPTConfig.from_name("nano", n_head=4)).eval()
+    with torch.no_grad():
+        model.blocks[0].attn.value.weight[0, 0] = FLOAT16_MAX
+    half_weights(model)
+    assert model.blocks[0].attn.value.weight[0, 0].item() == FLOAT16_MAX
+    assert model.decode_weights == "float16"

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -18,6 +19,8 @@ from attnlab.tokenizers import (
     get_tokenizer,
     load_tokenizer,
 )
+from attnlab.tokenizers.hf_dir import load_hf_tokenizer
+from attnlab.tokenizers.token_bytes import bytes_as_chars, bytes_text
 
 CORPUS = "First Citizen:\nBefore we proceed any further, hear me speak.\nAll: Speak, speak!\n"
 
@@ -208,3 +211,52 @@ def test_a_tokenizer_json_with_holes_in_its_ids_decodes_every_id_it_has() -> Non
         tok.decode([97, 50])
     with pytest.raises(ValueError, match=r"cannot decode id 100: its ids are 0\.\.99"):
         tok.decode([100])
+
+
+def test_a_completion_after_a_window_opening_on_a_four_byte_characters_last_byte() -> None:
+    """The 8-id context window opens on the last of 😀's three continuation bytes: it moves
+    back all three to the character's first byte, or the byte-fallback decoder turns the
+    run into U+FFFD."""
+    tok = _byte_fallback_bpe()
+    prompt = tok.encode("a 😀bbbbbbb")  # ▁a, ▁, 4 bytes of 😀, 7 byte tokens
+    assert len(prompt) == 13 and prompt[5] == 1 + "😀".encode()[3]  # window opens at 5
+    new = [1 + b for b in "日本".encode()] + tok.encode_continuation(" a")
+    assert tok.decode_continuation(new, prompt) == "日本 a"
+
+
+def test_a_four_byte_character_reads_as_itself() -> None:
+    assert bytes_text("😀".encode()) == "😀"
+    assert bytes_text("😀".encode()[:3]) == "<f0><9f><98>"
+
+
+def test_gpt2s_byte_table_is_a_bijection_onto_its_printable_characters() -> None:
+    """Bytes 33..126, 161..172 and 174..255 stand for themselves; the other 68 bytes (0xAD,
+    the soft hyphen, among them) for chr(256 + i), in byte order: GPT-2's bytes_to_unicode."""
+    table = bytes_as_chars()
+    assert len(set(table.values())) == 256
+    assert table[0xAC] == "\xac" and table[0xAE] == "\xae"
+    assert table[0xAD] == chr(256 + 67)  # after 0..32 (33 bytes) and 127..160 (34)
+    assert table[ord("!")] == "!" and table[0] == chr(256) and table[ord(" ")] == "Ġ"
+
+
+def test_a_batch_of_empty_texts_has_one_masked_column() -> None:
+    ids, mask = ByteTokenizer().encode_batch(["", ""])
+    assert ids.shape == mask.shape == (2, 1)
+    assert mask.sum() == 0
+
+
+def test_a_tokenizer_json_that_adds_the_bos_itself_gets_no_second_one(tmp_path: Path) -> None:
+    """Llama 3's tokenizer.json prepends <|begin_of_text|> in its post-processor while
+    tokenizer_config.json also says add_bos_token: encode adds it once, as transformers."""
+    tk = pytest.importorskip("tokenizers")
+    words = ["<s>", "</s>", "the", "fox"]
+    backend = tk.Tokenizer(tk.models.WordLevel({w: i for i, w in enumerate(words)},
+                                               unk_token="<s>"))
+    backend.pre_tokenizer = tk.pre_tokenizers.WhitespaceSplit()
+    backend.add_special_tokens(words[:2])
+    backend.post_processor = tk.processors.TemplateProcessing(
+        single="<s> $A", special_tokens=[("<s>", 0)])
+    backend.save(str(tmp_path / "tokenizer.json"))
+    (tmp_path / "tokenizer_config.json").write_text(json.dumps(
+        {"bos_token": "<s>", "eos_token": "</s>", "add_bos_token": True}))
+    assert load_hf_tokenizer(tmp_path).encode("the fox") == [0, 2, 3]

@@ -138,3 +138,13 @@ def test_data_that_is_not_a_regular_file_is_named(tmp_path: Path) -> None:
         with pytest.raises(ValueError, match=f"is {kind}, not a regular file"):
             read_text(path)
         assert main(["train", "--data", path, "--max_iters", "1"]) == 1
+
+
+def test_every_window_of_the_text_can_be_drawn() -> None:
+    """len(ids) - block_size windows of block_size + 1 tokens fit: the last one (ending on
+    the text's last token) is drawn too."""
+    ids = np.arange(6, dtype=np.uint16)
+    data = TextDataset("six", load_dataset("copy").tokenizer, ids, ids)
+    x, y = data.batch("train", 64, 4, torch.Generator().manual_seed(0))
+    assert set(x[:, 0].tolist()) == {0, 1}
+    assert torch.equal(y, x + 1)

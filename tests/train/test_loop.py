@@ -20,7 +20,7 @@ from attnlab.load import load_checkpoint
 from attnlab.model import runtime
 from attnlab.model.gpt import GPT, GPTConfig, count_params
 from attnlab.model.runtime import SlowBF16Warning
-from attnlab.train.data import SentenceDataset, TaskDataset, load_dataset
+from attnlab.train.data import SentenceDataset, TaskDataset, TextDataset, load_dataset
 from attnlab.train.loop import TrainConfig, make_optimizer, train
 from attnlab.train.recipes import answer_accuracy, recipe, seed_experiment
 
@@ -348,7 +348,6 @@ def test_llama_recipe_matches_the_gpt2_recipe_in_parameters(data: str) -> None:
 def test_text_recipe_steps_grow_with_the_corpus() -> None:
     """About one pass over the training split at the recipe's batch, 700 to MAX_TEXT_STEPS."""
     from attnlab.tokenizers import CharTokenizer
-    from attnlab.train.data import TextDataset
     from attnlab.train.recipes import MAX_TEXT_STEPS
 
     tokenizer = CharTokenizer.from_text("abc")
@@ -429,3 +428,21 @@ def test_two_micro_batches_of_4_step_as_one_batch_of_8(tmp_path: Path) -> None:
     for name, value in whole.model.state_dict().items():
         torch.testing.assert_close(split.model.state_dict()[name], value, atol=1e-6, rtol=1e-5,
                                    msg=lambda m, n=name: f"{n}: {m}")
+
+
+def test_a_resume_refuses_moments_missing_for_one_parameter(tmp_path: Path) -> None:
+    """AdamW moments lost for a single parameter would restart it from zero: the run could
+    not continue exactly, so the resume is refused (not only when every moment is gone)."""
+    dataset = load_dataset("copy")
+    model = GPTConfig(vocab_size=dataset.tokenizer.vocab_size,
+                      block_size=dataset.max_block_size, n_layer=1, n_head=2, n_embd=16)
+    config = TrainConfig(max_iters=4, batch_size=4, lr=3e-3, warmup_iters=1,
+                         eval_interval=4, eval_iters=1, seed=3)
+    train(model, config, dataset, tmp_path)
+    path = tmp_path / "ckpt" / STATE_FILE
+    state = torch.load(path, weights_only=True)
+    moments = state["optimizer"]["state"]
+    del moments[next(iter(moments))]  # one parameter's exp_avg / exp_avg_sq
+    torch.save(state, path)
+    with pytest.raises(ValueError, match=r"holds moments for \d+ of \d+ parameters"):
+        train(model, config, dataset, tmp_path, resume=True)

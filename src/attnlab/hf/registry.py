@@ -78,15 +78,6 @@ class WeightMap:
             return None
         return match.group(1), match.group(3)
 
-    def from_hf(self, hf_state: Mapping[str, Tensor], config: GPTConfig, keys: Iterable[str],
-                family: str) -> dict[str, Tensor]:
-        """attnlab tensors for every name in `keys` (views of `hf_state` where possible), as
-        one dict; `iter_from_hf` has the rules."""
-        out = dict(self.iter_from_hf(hf_state, config, keys, family))
-        if config.tie_weights:
-            out["lm_head.weight"] = out["wte.weight"]
-        return out
-
     def iter_from_hf(self, hf_state: Mapping[str, Tensor], config: GPTConfig,
                      keys: Iterable[str], family: str) -> Iterator[tuple[str, Tensor]]:
         """(attnlab name, tensor) for every name in `keys` but a tied head, reading each
