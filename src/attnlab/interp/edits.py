@@ -18,8 +18,9 @@ not written into the cache; they apply again, at every call, to all the keys.
 Only edits of scores or weights ("attn_scores", "masked_scores", "attn_weights",
 "attn_weights_dropped") need attention's explicit path; all others keep the fused one.
 The constructors below are the common cases (TransformerLens's names in brackets): zeroing,
-scaling or mean-replacing heads' outputs (`hook_z` ablation), uniform or given attention
-patterns, and patching a value from another run's `Trace` (activation patching). Which heads
+scaling or mean-replacing heads' outputs (`hook_z` ablation), zeroing MLP neurons
+(`mlp.hook_post`), uniform or given attention patterns, and patching a value from another
+run's `Trace` (activation patching). Which heads
 to edit is `heads.py`'s business; what to patch and how to score it, `patching.py`'s.
 """
 

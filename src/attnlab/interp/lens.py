@@ -1,8 +1,10 @@
 """Logit lens and direct logit attribution: read the residual stream in the vocabulary.
 
-Logit lens (nostalgebraist, 2020): the residual stream after each layer, put through the
-model's final norm and unembedding as if it were the last layer, gives a next-token
-distribution per layer and position: which layer already "knows" the answer. The norm's
+Logit lens (nostalgebraist, 2020): the residual stream after each layer (with `mid`, also
+between each layer's attention and MLP), put through the model's final norm and unembedding
+as if it were the last layer, gives a next-token distribution per layer and position: which
+layer already "knows" the answer. `residual_parts` splits the stream itself into what wrote
+it (TransformerLens's `decompose_resid`). The norm's
 statistics are recomputed for each layer's residual, as TransformerLens 4.3's
 `cache.accumulated_resid(apply_ln=True)` then `model.unembed` does (equal within 1e-5 on
 tiny random GPT-2, Llama, Qwen3 and GPT-NeoX directories:
