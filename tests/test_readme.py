@@ -67,6 +67,9 @@ CHEAP: dict[str, list[tuple[str, str]]] = {
         ('attnlab patch runs/copy/ckpt --clean "qhdkwzpa|qhd" --corrupt "qhdswzpa|qhd" '
          "--answer k --wrong s", "logit difference 'k' - 's'"),
         ('attnlab lens runs/copy/ckpt "qhdkwzpa|qhdk"', "layer 1"),
+        ('attnlab patch runs/copy/ckpt --clean "qhdkwzpa|qhd" --corrupt "qhdswzpa|qhd" '
+         "--answer k --wrong s --blocks --out patch-blocks", "MLP output of layer 1: "),
+        ('attnlab lens runs/copy/ckpt "qhdkwzpa|qhdk" --mid --out lens-mid', "layer 1 attn"),
     ],
 }
 
