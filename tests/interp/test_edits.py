@@ -454,8 +454,10 @@ def test_neuron_and_absent_name_edits_are_refused_in_words() -> None:
     import numpy as np
 
     model = _model()
-    with pytest.raises(ValueError, match=r"neurons \[999\] out of range for layer 0's 64"):
-        model(_ids(1, 3), edits=zero_neurons(0, 999))
+    for where in (None, [20]):  # checked before the pass, even where no column is computed
+        with pytest.raises(ValueError, match=r"neurons \[999\] out of range for layer 0's 64 "
+                                             r"MLP neurons \(0 to 63\)"):
+            model(_ids(1, 3), edits=zero_neurons(0, [1, 999], positions=where))
     for bad in ([], 1.5, [True], [2.0], "3"):
         with pytest.raises(ValueError, match=r"zero_neurons\(neurons="):
             zero_neurons(0, bad)  # type: ignore[arg-type]

@@ -66,6 +66,8 @@ class Edit:
     names (tok_emb, pos_emb, emb, logits). heads: head indices (per-head names only);
     None = all. positions: sequence columns (see the module docstring); None = all.
     replace: (value, first column) -> same-shaped replacement; only selected cells are used.
+    fits: raises ValueError unless the edit fits a model of this config (`Edits.check` calls
+    it before any pass: what `replace` selects beyond heads and positions, e.g. neurons).
     """
 
     name: str
@@ -73,6 +75,7 @@ class Edit:
     replace: Replacement
     heads: tuple[int, ...] | None = None
     positions: tuple[int, ...] | None = None
+    fits: Callable[[GPTConfig], None] | None = None
 
     def __repr__(self) -> str:  # the replace function's repr says nothing
         where = "" if self.layer is None else f", layer={self.layer}"
@@ -216,6 +219,8 @@ class Edits:
                                  f" at layer {edit.layer}") + f": this pass starts at block "
                                  f"{start} (start_at), after it; edit a later value or run "
                                  "the whole model")
+            if edit.fits is not None:
+                edit.fits(config)
             n = config.n_kv_heads if edit.name in _KV_NAMES else config.n_head
             bad = [h for h in edit.heads or () if not 0 <= h < n]
             if bad:
@@ -262,17 +267,18 @@ def zero_neurons(
     projection (its bias still does)."""
     chosen = indices("neurons", neurons, owner="zero_neurons")  # numpy's and torch's ints too
 
-    def replace(v: Tensor, _: int) -> Tensor:
-        d_ff = v.shape[-1]
-        bad = [n for n in chosen if not 0 <= n < d_ff]
+    def fits(config: GPTConfig) -> None:
+        bad = [n for n in chosen if not 0 <= n < config.ff_size]
         if bad:
-            raise ValueError(f"neurons {bad} out of range for layer {layer}'s {d_ff} MLP "
-                             f"neurons (0 to {d_ff - 1})")
+            raise ValueError(f"neurons {bad} out of range for layer {layer}'s "
+                             f"{config.ff_size} MLP neurons (0 to {config.ff_size - 1})")
+
+    def replace(v: Tensor, _: int) -> Tensor:
         out = v.clone()  # (B, T, d_ff)
         out[..., chosen] = 0
         return out
 
-    return Edit("mlp_hidden", layer, replace, None, _tuple(positions))
+    return Edit("mlp_hidden", layer, replace, None, _tuple(positions), fits)
 
 
 # ----------------------------------------------------------------------------- head outputs
