@@ -24,7 +24,7 @@ from attnlab.interp.edits import (
     zero_heads,
     zero_neurons,
 )
-from attnlab.model.trace import MODEL_NAMES, NAMES, SUMMARIES, WEIGHT_NAMES, absent_names
+from attnlab.model.names import MODEL_NAMES, NAMES, SUMMARIES, WEIGHT_NAMES, absent_names
 from helpers import left_padded
 
 

@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 
 from attnlab import GPT, CausalSelfAttention, GPTConfig, Trace
 from attnlab.model import traced_attention
-from attnlab.model.trace import NAMES, absent_names
+from attnlab.model.names import NAMES, absent_names
 from helpers import modern_switches
 
 

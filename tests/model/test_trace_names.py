@@ -17,8 +17,8 @@ from hypothesis import strategies as st
 
 from attnlab import GPT, CausalSelfAttention, GPTConfig, Trace
 from attnlab.model.layers import GELUS, apply_rotary
+from attnlab.model.names import HEAD_NAMES, MODEL_NAMES, NAMES, absent_names
 from attnlab.model.summaries import SUMMARY_NAMES
-from attnlab.model.trace import HEAD_NAMES, MODEL_NAMES, NAMES, absent_names
 from helpers import modern_switches
 
 

@@ -40,7 +40,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
 
 def run(args: argparse.Namespace) -> int:
     from ..interp.lens import lens_table
-    from ..model.trace import absent_names
+    from ..model.names import absent_names
     from ..viz import save_figure
     from ..viz.heads import plot_lens
     if args.top_k < 1:

@@ -108,7 +108,7 @@ def run(args: argparse.Namespace) -> int:
     import torch
 
     from ..interp import patching
-    from ..model.trace import absent_names
+    from ..model.names import absent_names
     from ..viz import save_figure
     from ..viz.heads import plot_patching
     out = check_out(args.out)

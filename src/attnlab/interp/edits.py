@@ -35,17 +35,16 @@ import torch
 from torch import Tensor
 
 from ..model.gpt import require_eval
-from ..model.trace import (
+from ..model.names import (
     HEAD_NAMES,
     MODEL_NAMES,
     NAMES,
     SUMMARIES,
     WEIGHT_NAMES,
-    Trace,
     absent_names,
-    indices,
     position_dim,
 )
+from ..model.trace import Trace, indices
 
 if TYPE_CHECKING:
     from ..model.config import GPTConfig

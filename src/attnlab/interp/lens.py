@@ -47,8 +47,9 @@ from torch import Tensor, nn
 
 from ..model.gpt import check_position, per_row_ids, require_eval, unembed
 from ..model.layers import RMSNorm
+from ..model.names import absent_names
 from ..model.runtime import wide
-from ..model.trace import EditSource, Trace, absent_names
+from ..model.trace import EditSource, Trace
 from ..tokenizers import token_text
 
 

@@ -30,8 +30,9 @@ import torch
 from torch import Tensor
 
 from ..model.gpt import check_position, per_row_ids, require_eval
+from ..model.names import NAMES, SUMMARIES, WEIGHT_NAMES, absent_names
 from ..model.runtime import wide
-from ..model.trace import NAMES, SUMMARIES, WEIGHT_NAMES, Trace, absent_names
+from ..model.trace import Trace
 from .edits import Edit, Edits
 
 #: logits (B, T, V) -> the one number to explain: a scalar tensor, reduced over the batch
