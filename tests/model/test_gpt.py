@@ -347,6 +347,9 @@ def test_decode_step_in_bfloat16_matches_forward_in_bfloat16() -> None:
         ({"head_dim": 6, "attn_out_proj": False}, r"attn_out_proj=False feeds .* 12 dims"),
         ({"dropout": "0.1"}, r"GPTConfig.dropout='0.1' must be a number"),
         ({"attn_scale": True}, r"GPTConfig.attn_scale=True must be a number"),
+        ({"attn_scale": 0.0}, r"attn_scale=0.0 must be > 0 \(None: 1/sqrt of the head size\)"),
+        ({"norm_eps": float("inf")}, r"GPTConfig.norm_eps=inf must be a finite number"),
+        ({"rope_theta": float("nan")}, r"GPTConfig.rope_theta=nan must be a finite number"),
     ],
 )
 def test_refused_config_values_name_the_field_and_value(

@@ -86,8 +86,13 @@ class GPTConfig:
             if value is not None and (isinstance(value, bool) or
                                       not isinstance(value, int | float)):
                 raise ValueError(f"GPTConfig.{name}={value!r} must be a number")
+            if value is not None and not math.isfinite(value):
+                raise ValueError(f"GPTConfig.{name}={value!r} must be a finite number")
         if not 0.0 <= self.dropout < 1.0:
             raise ValueError(f"dropout={self.dropout} must be in [0, 1)")
+        if self.attn_scale is not None and not self.attn_scale > 0:  # 0 * -inf masks: NaN
+            raise ValueError(f"attn_scale={self.attn_scale} must be > 0 (None: 1/sqrt of the "
+                             "head size)")
         if not self.attn_out_proj and self.n_head * self.head_size != self.n_embd:
             raise ValueError(
                 f"attn_out_proj=False feeds the heads' n_head * head_size = "

@@ -1,0 +1,68 @@
+"""The CLI's device check and token limit at their edges (mutation testing,
+round 3)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from attnlab.cli.common import CLIError, check_device, text_ids
+from attnlab.tokenizers import get_tokenizer
+
+
+def test_the_first_index_past_the_gpus_is_refused(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    assert check_device("cuda:1") == torch.device("cuda:1")
+    with pytest.raises(ValueError, match=r"device='cuda:2' but this machine has 2 CUDA devices "
+                                         r"\(cuda:0, cuda:1\)"):
+        check_device("cuda:2")
+
+
+def test_a_text_of_exactly_block_size_tokens_is_read() -> None:
+    tok = get_tokenizer("char", "ab")
+    assert text_ids(tok, "ab" * 4, 8) == tok.encode("ab" * 4)
+    with pytest.raises(CLIError, match=r"the text is 9 tokens, the model reads at most "
+                                       r"block_size=8"):
+        text_ids(tok, "ab" * 4 + "a", 8)
+
+
+@pytest.fixture
+def checkpoint(tmp_path):
+    from attnlab import GPT, GPTConfig
+    from attnlab.checkpoint import save_checkpoint
+
+    tok = get_tokenizer("char", "the quick brown fox\n")
+    torch.manual_seed(0)
+    model = GPT(GPTConfig.from_name("nano", vocab_size=tok.vocab_size, block_size=32)).eval()
+    return save_checkpoint(tmp_path / "ckpt", model, tok)
+
+
+def test_the_default_length_fills_the_context(checkpoint, capsys: pytest.CaptureFixture[str]
+                                              ) -> None:
+    """A 30-token prompt in a 32-token context: 3 new tokens (the last is never fed back)."""
+    from attnlab.cli import main
+
+    assert main(["generate", str(checkpoint), "the quick brown fox the quick ",
+                 "--temperature", "0", "--device", "cpu"]) == 0
+    assert capsys.readouterr().err.startswith("[3 new tokens in ")
+
+
+@pytest.mark.parametrize(("flags", "message"), [
+    (["--threads", "0"], "--threads 0 must be >= 1"),
+    (["--prompt-file", "PROMPTS", "--batch-size", "0"], "--batch-size 0 must be >= 1"),
+    (["--system", "be brief"], "--system goes with --chat"),
+])
+def test_flags_that_cannot_work_are_refused_before_loading(
+        checkpoint, tmp_path, capsys: pytest.CaptureFixture[str], monkeypatch, flags, message
+) -> None:
+    from attnlab.cli import generate as generate_cli
+    from attnlab.cli import main
+
+    monkeypatch.setattr(generate_cli, "load_model", lambda args: pytest.fail("loaded"))
+    (tmp_path / "p.txt").write_text("the\n")
+    flags = [str(tmp_path / "p.txt") if f == "PROMPTS" else f for f in flags]
+    prompt = [] if "--prompt-file" in flags else ["the"]
+    assert main(["generate", str(checkpoint), *prompt, *flags]) == 1
+    err = capsys.readouterr().err
+    assert message in err and err.count("\n") == 1, err

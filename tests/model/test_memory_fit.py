@@ -1,0 +1,109 @@
+"""The fit check's boundaries and message, and where free memory is read from
+(mutation testing, round 3). All fake the free memory; nothing is allocated."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+import attnlab.model.memory as memory
+from attnlab.model.memory import DoesNotFitError, check_memory, fit_report
+
+GB = 10**9
+
+
+def _free(monkeypatch: pytest.MonkeyPatch, nbytes: int | None) -> None:
+    monkeypatch.setattr(memory, "available_bytes", lambda device: nbytes)
+
+
+def test_exactly_the_free_bytes_fit(monkeypatch: pytest.MonkeyPatch) -> None:
+    """needed == free loads (and `info` says it fits); one byte more is refused."""
+    _free(monkeypatch, 4 * 1000 + 100)
+    check_memory(1000, torch.float32, "cpu", extra=100)
+    assert fit_report(1000, "cpu", extra=100)["float32"]["fits"] is True
+    with pytest.raises(DoesNotFitError):
+        check_memory(1000, torch.float32, "cpu", extra=101)
+    assert fit_report(1000, "cpu", extra=101)["float32"]["fits"] is False
+
+
+def test_bfloat16_is_suggested_when_it_exactly_fits(monkeypatch: pytest.MonkeyPatch) -> None:
+    _free(monkeypatch, 8 * GB + 5)
+    with pytest.raises(DoesNotFitError, match=r"in bfloat16 it needs 8\.0 GB, which fits"):
+        check_memory(4 * GB, torch.float32, "cpu", extra=5)
+
+
+def test_the_suggestion_names_the_smaller_need_and_leaves_room_for_the_largest_tensor(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    _free(monkeypatch, 5 * GB)
+    with pytest.raises(DoesNotFitError) as err:
+        check_memory(4 * GB, torch.float32, "cpu")  # 16 GB, 8 GB in bfloat16
+    assert "even bfloat16 needs 8.0 GB" in str(err.value)
+    assert "use a device with 8.0 GB free" in str(err.value)  # the bfloat16 need, not 16 GB
+    _free(monkeypatch, 10 * GB)
+    with pytest.raises(DoesNotFitError) as err:
+        check_memory(8 * GB, torch.bfloat16, "cpu", extra=2 * GB)
+    assert "about 4.00B parameters fit here" in str(err.value)  # (10 - 2) GB / 2 bytes
+
+
+def test_a_bfloat16_load_is_not_told_that_even_bfloat16_needs_more(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    _free(monkeypatch, 1 * GB)
+    for dtype in (torch.bfloat16, torch.float16):
+        with pytest.raises(DoesNotFitError) as err:
+            check_memory(2 * GB, dtype, "cpu")
+        assert "even bfloat16" not in str(err.value) and "which fits" not in str(err.value)
+
+
+@pytest.fixture
+def fake_proc(monkeypatch: pytest.MonkeyPatch, tmp_path: Path):
+    """/proc/meminfo and /sys/fs/cgroup under tmp_path."""
+    monkeypatch.setattr(memory, "Path", lambda p: tmp_path / str(p).lstrip("/"))
+    (tmp_path / "proc").mkdir()
+    (tmp_path / "sys/fs/cgroup").mkdir(parents=True)
+
+    def write(meminfo_kb: int, limit: str | None = None, current: int = 0) -> None:
+        (tmp_path / "proc/meminfo").write_text(
+            f"MemTotal:       99999999 kB\nMemFree:  1 kB\nMemAvailable:   {meminfo_kb} kB\n")
+        cgroup = tmp_path / "sys/fs/cgroup"
+        if limit is not None:
+            (cgroup / "memory.max").write_text(limit + "\n")
+            (cgroup / "memory.current").write_text(f"{current}\n")
+    return write
+
+
+def test_cpu_free_memory_is_memavailable_in_kib(fake_proc) -> None:
+    fake_proc(2_000_000)  # no cgroup limit
+    assert memory.available_bytes("cpu") == 2_000_000 * 1024
+    fake_proc(2_000_000, "max", 123)  # cgroup v2 without a limit
+    assert memory.available_bytes("cpu") == 2_000_000 * 1024
+
+
+def test_cpu_free_memory_is_capped_by_what_the_cgroup_limit_leaves(fake_proc) -> None:
+    fake_proc(2_000_000, str(1_000_000_000), current=300_000_000)
+    assert memory.available_bytes("cpu") == 700_000_000  # limit - current < MemAvailable
+    fake_proc(100, str(1_000_000_000), current=300_000_000)
+    assert memory.available_bytes("cpu") == 100 * 1024  # MemAvailable < what the limit leaves
+    fake_proc(2_000_000, str(1_000), current=5_000)
+    assert memory.available_bytes("cpu") == 0  # over the limit already: nothing, not < 0
+
+
+def test_cuda_free_memory_is_read_from_the_device_asked(monkeypatch: pytest.MonkeyPatch) -> None:
+    asked = []
+
+    def mem_get_info(device=None):
+        asked.append(device)
+        return (7 * GB, 80 * GB)
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "mem_get_info", mem_get_info)
+    assert memory.available_bytes("cuda:1") == 7 * GB
+    assert len(asked) == 1 and torch.device(asked[0]) == torch.device("cuda:1")
+
+
+def test_free_memory_of_a_device_type_neither_cpu_nor_cuda_is_unknown() -> None:
+    """Not the host's memory: a load on such a device is never refused by the CPU's figure."""
+    for device in ("meta", "mps", "xpu"):
+        assert memory.available_bytes(device) is None
+        assert fit_report(10, device)["float32"]["fits"] is None
