@@ -70,6 +70,8 @@ CHEAP: dict[str, list[tuple[str, str]]] = {
         ('attnlab patch runs/copy/ckpt --clean "qhdkwzpa|qhd" --corrupt "qhdswzpa|qhd" '
          "--answer k --wrong s --blocks --out patch-blocks", "MLP output of layer 1: "),
         ('attnlab lens runs/copy/ckpt "qhdkwzpa|qhdk" --mid --out lens-mid', "layer 1 attn"),
+        ('attnlab patch runs/copy/ckpt --clean "qhdkwzpa|qhd" --corrupt "qhdswzpa|qhd" '
+         "--answer k --wrong s --qkv --out patch-qkv", "  through values: "),
     ],
 }
 

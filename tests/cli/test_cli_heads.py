@@ -233,3 +233,39 @@ def test_lens_mid_on_a_parallel_residual_model_is_one_line(
            "--mid" in err
     assert not (tmp_path / "l").exists()
     assert main(["lens", str(path), "abc|", "--out", str(tmp_path / "l")]) == 0
+
+
+@pytest.mark.parametrize("method", ["activation", "attribution"])
+def test_patch_qkv_prints_records_and_draws_each_heads_inputs(
+    checkpoint: tuple, tmp_path: Path, capsys: pytest.CaptureFixture[str], method: str
+) -> None:
+    """--qkv adds each head's queries, keys, values and attention weights: a line of the five
+    largest effects each, the library's grids in patch.json (the other grids unchanged) and a
+    grid each in the figure."""
+    from attnlab.interp import patching
+
+    path, model, tokenizer = checkpoint
+    args = ["patch", str(path), "--clean", "abcd|ab", "--corrupt", "abxd|ab", "--answer", "c",
+            "--wrong", "x", "--method", method]
+    assert main([*args, "--out", str(tmp_path / "plain")]) == 0
+    capsys.readouterr()
+    assert main([*args, "--qkv", "--out", str(tmp_path / "qkv")]) == 0
+    out = capsys.readouterr().out
+    for what in ("queries", "keys", "values", "attention weights"):
+        line = next(line for line in out.splitlines() if line.startswith(f"  through {what}:"))
+        assert len(line.split(", ")) == 4  # 2 layers x 2 heads, all shown
+    plain = json.loads((tmp_path / "plain" / "patch.json").read_text())
+    record = json.loads((tmp_path / "qkv" / "patch.json").read_text())
+    for grid in ("heads", "resid"):  # the clean run's weights take the explicit path: 1e-5
+        assert torch.tensor(record[grid]) == pytest.approx(torch.tensor(plain[grid]), abs=1e-4)
+    ids = [tokenizer.encode(text) for text in ("abcd|ab", "abxd|ab")]
+    clean, corrupt = (torch.tensor([row]) for row in ids)  # (1, T) each
+    metric = patching.logit_diff_metric(*(tokenizer.encode(t)[0] for t in "cx"))
+    expected = getattr(patching, f"{method}_patching")(model, clean, corrupt, metric, qkv=True)
+    for name in ("q", "k", "v", "attn_weights"):
+        assert record[name] == getattr(expected, name).tolist(), name
+        assert name not in plain
+    from PIL import Image
+    with Image.open(tmp_path / "qkv" / "patch.png") as qkv, \
+            Image.open(tmp_path / "plain" / "patch.png") as without:
+        assert qkv.size[1] > without.size[1]  # four more grids under the heads'

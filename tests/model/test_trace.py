@@ -171,6 +171,33 @@ def test_blocked_weights_equal_one_softmax_with_padding_and_a_cache(
         torch.testing.assert_close(trace.get("context", layer), context)
 
 
+@pytest.mark.parametrize("rows", [2, 64])
+def test_gradients_flow_through_traced_weights_with_padding(
+    rows: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A trace of the weights takes attention's explicit path; with autograd on (saliency,
+    attribution patching through queries and keys) its gradients equal the untraced model's,
+    with left-padded rows whose first queries see no key (their weights are zeroed after the
+    softmax, which must not overwrite what the softmax's backward reads)."""
+    monkeypatch.setattr(traced_attention, "BLOCK_ROWS", rows)
+    torch.manual_seed(0)
+    model = GPT(GPTConfig.from_name("nano", init_std=0.2)).double().eval()
+    ids = torch.randint(0, 65, (2, 7), generator=torch.Generator().manual_seed(3))
+    mask = torch.ones(2, 7, dtype=torch.long)
+    mask[1, :3] = 0
+
+    def grads(trace: Trace | None) -> list[torch.Tensor]:
+        model.zero_grad()
+        logits = model(ids, attention_mask=mask, trace=trace).logits  # (B, T, V)
+        logits[:, -1].logsumexp(-1).sum().backward()
+        return [p.grad.clone() for p in model.parameters() if p.grad is not None]
+
+    plain, traced = grads(None), grads(Trace(names=["attn_weights"]))
+    assert len(traced) == len(plain) > 0
+    for a, b in zip(traced, plain, strict=True):
+        torch.testing.assert_close(a, b, rtol=0, atol=1e-12)
+
+
 @settings(max_examples=30, deadline=None)
 @given(rows=st.integers(1, 9), T=st.integers(1, 24), P=st.integers(0, 6),
        pad=st.integers(0, 12), window=st.sampled_from([None, 1, 3, 8]))

@@ -215,6 +215,28 @@ def test_lens_and_patching_figures_of_a_long_text_stay_within_the_cap() -> None:
     assert len(short.axes[0].texts) == 15  # short texts keep their tokens in the cells
 
 
+def test_patching_figure_draws_each_heads_inputs_on_one_scale() -> None:
+    """inputs (qkv=True's grids) go under the head outputs, each titled, keys and values of a
+    grouped-query model over its key-value heads, all on the one colour scale."""
+    from attnlab.viz.heads import plot_patching
+
+    tokens = [f"w{i}" for i in range(6)]
+    inputs = {"q": torch.rand(3, 4), "k": torch.rand(3, 2), "v": torch.rand(3, 2) * 2,
+              "attn_weights": torch.rand(3, 4)}
+    fig = plot_patching(torch.rand(3, 4), torch.rand(3, 6), tokens, inputs=inputs)
+    titled = {ax.get_title(): ax for ax in fig.axes if ax.get_title()}
+    for title, grid in [("head queries (every position)", inputs["q"]),
+                        ("keys of key-value heads (every position)", inputs["k"]),
+                        ("values of key-value heads (every position)", inputs["v"]),
+                        ("head attention weights (every position)", inputs["attn_weights"])]:
+        np.testing.assert_array_equal(titled[title].images[0].get_array(), grid.numpy())
+    assert {ax.images[0].norm.vmax for ax in fig.axes if ax.images} == {
+        float(max(1.0, inputs["v"].max()))}
+    square = plot_patching(torch.rand(3, 4), torch.rand(3, 6), tokens,
+                           inputs={"k": torch.rand(3, 4)})  # every head its own keys
+    assert "keys (every position)" in [ax.get_title() for ax in square.axes]
+
+
 def _hatched(ax: object) -> np.ndarray:
     """(T, S) True where a drawn heatmap hides its cell (drawn hatched grey)."""
     return np.ma.getmaskarray(ax.images[0].get_array())  # type: ignore[attr-defined]

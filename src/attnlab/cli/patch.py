@@ -26,6 +26,9 @@ from .common import (
 from .progress import Counter
 
 if TYPE_CHECKING:
+    from torch import Tensor
+
+    from ..interp.patching import Patching
     from ..tokenizers import Tokenizer
 
 SMALL_GAP = 0.5  # a clean - corrupted logit-difference gap below this: warn
@@ -81,6 +84,11 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
                         help="also each layer's attention output and MLP output at each "
                         "position (activation only; 2 x layers x tokens more runs), in "
                         "patch.json, the figure and the printout")
+    parser.add_argument("--qkv", action="store_true",
+                        help="also each head's queries, keys, values and attention weights "
+                        "at every position: through which input a head acts (activation: "
+                        "2 x layers x (heads + key-value heads) more runs), in patch.json, "
+                        "the figure and the printout")
     parser.add_argument("--out", default="patch", help="directory for patch.png/json")
     add_device_flags(parser)
     return parser
@@ -143,6 +151,7 @@ def run(args: argparse.Namespace) -> int:
     with Counter("run", "patched") as progress:
         shown = {"progress": progress, "by_position": args.by_position,
                  "blocks": args.blocks} if args.method == "activation" else {}
+        shown["qkv"] = args.qkv
         result = getattr(patching, method.function)(
             model, torch.tensor([clean], device=model.wte.weight.device),  # (1, T)
             torch.tensor([corrupt], device=model.wte.weight.device),  # (1, T)
@@ -154,33 +163,49 @@ def run(args: argparse.Namespace) -> int:
         print(f"warning: the clean and corrupted runs differ by only {gap:.3f} in logit "
               "difference, so the effects (ratios to it) are noisy and may fall far outside "
               "[0, 1]; choose prompts and answers the model tells apart", file=sys.stderr)
-    L, H = result.heads.shape
-    ranked = sorted(((float(result.heads[la, h]), la, h) for la in range(L) for h in range(H)),
-                    reverse=True)
-    print(f"heads by effect{method.note}: " + ", ".join(f"{la}.{h} {e:+.2f}"
-                                                       for e, la, h in ranked[:5]))
-    if result.heads_by_position is not None:
-        cells = sorted(((float(e), la, h, p) for (la, h, p), e in
-                        zip(itertools.product(range(L), range(H), range(len(clean))),
-                            result.heads_by_position.flatten().tolist(), strict=True)),
-                       reverse=True)
-        print("heads at one position: " + ", ".join(
-            f"{la}.{h}@{p} {e:+.2f}" for e, la, h, p in cells[:5]))
     tokens = tok.token_texts(clean)
-    grids = {"residual entering": result.resid, "attention output of": result.attn_out,
-             "MLP output of": result.mlp_out}
-    for what, grid in grids.items():
-        for layer in range(L if grid is not None else 0):
-            row = " ".join(f"{float(e):+.2f}" for e in grid[layer])
-            print(f"{what} layer {layer}: {row}")
+    _print_effects(result, method, len(clean), model.config.n_kv_heads < model.config.n_head)
     out.mkdir(parents=True, exist_ok=True)
     record = {"clean": args.clean, "corrupt": args.corrupt,
               "answer": {"text": args.answer, "id": answer},
               "wrong": {"text": args.wrong, "id": wrong}, "method": args.method,
               **result.to_dict(), "tokens": tokens}
     (out / "patch.json").write_text(json.dumps(record, indent=2) + "\n")
+    inputs = {name: getattr(result, name) for name in INPUTS if getattr(result, name) is not None}
     figure = plot_patching(result.heads, result.resid, tokens, title=method.title,
-                           attn_out=result.attn_out, mlp_out=result.mlp_out)
+                           attn_out=result.attn_out, mlp_out=result.mlp_out, inputs=inputs)
     paths = save_figure(figure, out / "patch.png")
     print(f"wrote {out / 'patch.json'} and {', '.join(str(p) for p in paths)}")
     return 0
+
+
+#: `Patching`'s per-head input grids, as the printout names them
+INPUTS = {"q": "queries", "k": "keys", "v": "values", "attn_weights": "attention weights"}
+
+
+def _print_effects(result: Patching, method: Method, T: int, grouped: bool) -> None:
+    """The five largest head effects (through each input, with --qkv; at one position, with
+    --by-position), then every residual (and block output) grid row by row."""
+
+    def top(grid: Tensor, *dims: range) -> str:
+        """The five largest cells of grid: "layer.head effect", or "layer.head@position"."""
+        ranked = sorted(zip(grid.flatten().tolist(), itertools.product(*dims), strict=True),
+                        reverse=True)
+        return ", ".join(f"{cell[0]}.{cell[1]}{''.join(f'@{p}' for p in cell[2:])} {e:+.2f}"
+                         for e, cell in ranked[:5])
+
+    L, H = result.heads.shape
+    print(f"heads by effect{method.note}: {top(result.heads, range(L), range(H))}")
+    for name, what in INPUTS.items():
+        grid = getattr(result, name)
+        if grid is not None:  # keys and values of a grouped model: per key-value head
+            shared = " (key-value heads)" if grouped and name in ("k", "v") else ""
+            print(f"  through {what}{shared}: {top(grid, range(L), range(grid.shape[1]))}")
+    if result.heads_by_position is not None:
+        cells = top(result.heads_by_position, range(L), range(H), range(T))
+        print(f"heads at one position: {cells}")
+    grids = {"residual entering": result.resid, "attention output of": result.attn_out,
+             "MLP output of": result.mlp_out}
+    for what, rows in grids.items():
+        for layer, effects in enumerate(rows.tolist() if rows is not None else []):
+            print(f"{what} layer {layer}: " + " ".join(f"{e:+.2f}" for e in effects))

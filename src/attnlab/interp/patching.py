@@ -12,7 +12,9 @@ so 1 means the patch restores the clean run's metric and 0 means it changes noth
 `activation_patching` patches each head's output ("context", TransformerLens's hook_z) at
 every position and the residual stream entering each layer ("resid_pre") at each position;
 with `blocks=True` also each layer's attention and MLP outputs ("attn_out", "mlp_out") at
-each position (TransformerLens's get_act_patch_block_every). `attribution_patching`
+each position (TransformerLens's get_act_patch_block_every); with `qkv=True` also each head's
+queries, keys, values and attention weights at every position, which tells through which
+input a head's effect runs (get_act_patch_attn_head_all_pos_every). `attribution_patching`
 estimates the head and residual effects at once from one corrupted run and its backward
 pass (first order: the effect of moving each value from its corrupted to its clean state
 along the metric's gradient). This module runs and scores patches; the
@@ -22,7 +24,7 @@ edits are `edits.py`'s, drawing `viz/heads.py`'s.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -114,13 +116,25 @@ class Patching:
     #: (`blocks=True`), else None
     attn_out: Tensor | None = None
     mlp_out: Tensor | None = None
+    #: each head's queries (n_layer, nh), each key-value head's keys and values (n_layer,
+    #: nkv: grouped-query heads share theirs) and each head's attention weights (n_layer,
+    #: nh), every position (`qkv=True`), else None
+    q: Tensor | None = None
+    k: Tensor | None = None
+    v: Tensor | None = None
+    attn_weights: Tensor | None = None
 
     def to_dict(self) -> dict[str, Any]:
-        extra = {name: value.tolist() for name, value in (
-            ("heads_by_position", self.heads_by_position), ("attn_out", self.attn_out),
-            ("mlp_out", self.mlp_out)) if value is not None}
+        extra = {name: getattr(self, name).tolist() for name in OPTIONAL_GRIDS
+                 if getattr(self, name) is not None}
         return {"heads": self.heads.tolist(), "resid": self.resid.tolist(), **extra,
                 "clean_metric": self.clean, "corrupted_metric": self.corrupted}
+
+
+#: `Patching`'s grids that only some experiments fill, in its order
+OPTIONAL_GRIDS = ("heads_by_position", "attn_out", "mlp_out", "q", "k", "v", "attn_weights")
+#: what `qkv=True` patches, each head (or key-value head) at every position
+HEAD_INPUTS = ("q", "k", "v", "attn_weights")
 
 
 class _Runner:
@@ -293,13 +307,17 @@ def activation_patching(
     progress: Progress | None = None,
     by_position: bool = False,
     blocks: bool = False,
+    qkv: bool = False,
 ) -> Patching:
     """Patch every head's output and every (layer, position) of the residual stream from the
     clean run into the corrupted one; ids (B, T), one attention_mask for both. by_position:
     also every head's output at each position alone (`heads_by_position`, TransformerLens's
     get_act_patch_attn_head_out_by_pos: n_layer x nh x T more runs). blocks: also each
     layer's attention output and MLP output at each position (`attn_out`, `mlp_out`:
-    2 x n_layer x T more runs; a model without either is refused). Each patch is
+    2 x n_layer x T more runs; a model without either is refused). qkv: also each head's
+    queries and attention weights and each key-value head's keys and values, every position
+    (`q`, `k`, `v`, `attn_weights`: n_layer x 2 (nh + nkv) more runs; the weights' patches
+    take attention's explicit path). Each patch is
     a corrupted run of its own, `batch` of them per forward pass (None: up to `BATCH`, as
     many as keep their logits within `LOGIT_BYTES`; 1: one pass each); `progress(done,
     total)` hears after each pass. A metric with `last_logits_only` True (`logit_diff_metric`
@@ -312,34 +330,52 @@ def activation_patching(
             raise ValueError(f"blocks=True patches {name}, and this model never computes it, "
                              f"as {absent[name]}; patch heads and the residual stream "
                              "(blocks=False)")
+    inputs = HEAD_INPUTS if qkv else ()
     runner = _Runner(model, clean_ids, corrupt_ids, metric, attention_mask, RESTARTS,
-                     ("context", "resid_pre", *outputs))
+                     ("context", "resid_pre", *outputs, *inputs))
     if batch is None:
         columns = 1 if runner.last else T  # of logits per row
         per_patch = B * columns * c.vocab_size * model.lm_head.weight.element_size()
         batch = max(1, min(BATCH, LOGIT_BYTES // per_patch))
     elif batch < 1:
         raise ValueError(f"batch={batch}: patches per forward pass must be at least 1")
-    L, H = c.n_layer, c.n_head
-    sites: list[Site] = [("context", layer, (h,)) for layer in range(L) for h in range(H)]
-    sites += [("resid_pre", layer, (p,)) for layer in range(L) for p in range(T)]
-    if by_position:
-        sites += [("context", layer, (h, p)) for layer in range(L) for h in range(H)
-                  for p in range(T)]
-    sites += [(name, layer, (p,)) for name in outputs for layer in range(L) for p in range(T)]
+    grids = _grids(c, T, by_position, outputs, inputs)  # {field: (its sites, its shape)}
+    sites = [site for group, _ in grids.values() for site in group]
     # in layer order, each pass restarts where its first patch is, from the corrupted run's
     # residual stream there: the blocks before it would compute what they did in that run
     order = sorted(range(len(sites)), key=lambda i: sites[i][1])
     effects = torch.empty(len(sites), dtype=wide(model.lm_head.weight.dtype))
     effects[order] = torch.tensor(runner.effects([sites[i] for i in order], batch, progress),
                                   dtype=effects.dtype)
-    heads, rest = effects[:L * H].view(L, H), effects[L * H:]  # (n_layer, nh)
-    resid, rest = rest[:L * T].view(L, T), rest[L * T:]  # (n_layer, T)
-    by_pos = rest[:L * H * T].view(L, H, T) if by_position else None  # (n_layer, nh, T)
-    rest = rest[L * H * T:] if by_position else rest
-    grids = rest.view(len(outputs), L, T) if blocks else None  # (2, n_layer, T)
-    return Patching(heads, resid, runner.clean, runner.corrupted, by_pos,
-                    None if grids is None else grids[0], None if grids is None else grids[1])
+    found: dict[str, Tensor] = {}
+    for field, (group, shape) in grids.items():  # effects are in the grids' order
+        found[field], effects = effects[:len(group)].view(shape), effects[len(group):]
+    return Patching(clean=runner.clean, corrupted=runner.corrupted, **found)
+
+
+def _grids(c: Any, T: int, by_position: bool, outputs: tuple[str, ...],
+           inputs: tuple[str, ...]) -> dict[str, tuple[list[Site], tuple[int, ...]]]:
+    """`activation_patching`'s experiments: each `Patching` field it fills, with the sites it
+    patches (layer by layer, then cell by cell, as the grid is laid out) and the grid's
+    shape."""
+    L, H = c.n_layer, c.n_head
+
+    def every_layer(name: str, cells: Sequence[tuple[int, ...]], *dims: int
+                    ) -> tuple[list[Site], tuple[int, ...]]:
+        return [(name, layer, cell) for layer in range(L) for cell in cells], (L, *dims)
+
+    heads = [(h,) for h in range(H)]
+    positions = [(p,) for p in range(T)]
+    grids = {"heads": every_layer("context", heads, H),
+             "resid": every_layer("resid_pre", positions, T)}
+    if by_position:
+        grids["heads_by_position"] = every_layer(
+            "context", [(h, p) for h in range(H) for p in range(T)], H, T)
+    grids |= {name: every_layer(name, positions, T) for name in outputs}
+    kv_heads = [(h,) for h in range(c.n_kv_heads)]  # keys and values: one per group
+    grids |= {name: every_layer(name, kv_heads, len(kv_heads)) if name in ("k", "v")
+              else every_layer(name, heads, H) for name in inputs}
+    return grids
 
 
 def attribution_patching(
@@ -348,21 +384,26 @@ def attribution_patching(
     corrupt_ids: Tensor,
     metric: Metric,
     attention_mask: Tensor | None = None,
+    *,
+    qkv: bool = False,
 ) -> Patching:
     """`activation_patching`'s effects to first order, from a clean run, a corrupted run and
     one backward pass (attribution patching): each value's (clean - corrupted) difference
     times the metric's gradient at the corrupted run, summed over the patched cells and
     normalized as there. Exact for a metric linear in the value; a large effect through
     softmax or a norm may be over- or underestimated, so confirm the heads it ranks first
-    with `activation_patching` or `patch_effect`. The model's parameters get no gradient."""
+    with `activation_patching` or `patch_effect`. The model's parameters get no gradient.
+    qkv: also each head's queries and attention weights and each key-value head's keys and
+    values, as `activation_patching(qkv=True)` patches them."""
     if torch.is_inference_mode_enabled():  # enable_grad cannot undo it: nothing records
         raise ValueError("attribution_patching needs autograd, which torch.inference_mode() "
                          "turns off; call it outside inference mode (it uses its own no_grad "
                          "where it can)")
     with torch.no_grad():
-        runner = _Runner(model, clean_ids, corrupt_ids, metric, attention_mask)
+        names = ("context", "resid_pre", *(HEAD_INPUTS if qkv else ()))
+        runner = _Runner(model, clean_ids, corrupt_ids, metric, attention_mask, names=names)
     n_layer, dtype = model.config.n_layer, wide(model.lm_head.weight.dtype)
-    sites = [(layer, name) for layer in range(n_layer) for name in ("context", "resid_pre")]
+    sites = [(layer, name) for layer in range(n_layer) for name in names]
     held: dict[tuple[int, str], Tensor] = {}
 
     def hold(layer: int, name: str) -> Edit:
@@ -391,8 +432,12 @@ def attribution_patching(
         moved = runner.trace.get(name, layer) - held[(layer, name)].detach()  # clean - corrupted
         return (moved * grads[(layer, name)]).to(dtype) / gap  # same shape as the value
 
-    heads = torch.stack([attribution(layer, "context").sum(dim=(0, 2, 3))  # (nh,)
-                         for layer in range(n_layer)])  # (n_layer, nh)
-    resid = torch.stack([attribution(layer, "resid_pre").sum(dim=(0, 2))  # (T,)
-                         for layer in range(n_layer)])  # (n_layer, T)
-    return Patching(heads.cpu(), resid.cpu(), runner.clean, runner.corrupted)
+    def grid(name: str) -> Tensor:
+        """(n_layer, nh or nkv) summed over all but the head, or (n_layer, T) of resid_pre."""
+        kept = (0, 2) if name == "resid_pre" else (0, 2, 3)  # all but the head or position
+        return torch.stack([attribution(layer, name).sum(dim=kept)
+                            for layer in range(n_layer)]).cpu()
+
+    inputs = {name: grid(name) for name in names[2:]}  # qkv's
+    return Patching(grid("context"), grid("resid_pre"), runner.clean, runner.corrupted,
+                    **inputs)

@@ -136,7 +136,9 @@ def _block_weights(q: Tensor, key_t: Tensor, scores: Tensor | None, mask: Mask,
             hidden = ~_rows_of(may_attend, i0, i1, picked)[..., m0:k1]  # (B or 1, 1, rows, keys)
         block[..., m0 - k0:].masked_fill_(hidden, float("-inf"))
     weights = torch.softmax(block, dim=-1, dtype=dtype)  # (B, heads, rows, keys)
-    if empty is not None:
+    if empty is not None and weights.requires_grad:  # softmax's backward reads its output
+        weights = weights.masked_fill(empty, 0.0)
+    elif empty is not None:
         weights.masked_fill_(empty, 0.0)
     return weights
 

@@ -9,7 +9,7 @@ the lazy matplotlib import, `save_figure`); this module draws what `interp`'s `h
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING
 
 from torch import Tensor
@@ -79,10 +79,12 @@ def plot_head_summaries(means: dict[str, Tensor], labels: dict[str, str] | None 
 
 def plot_patching(heads: Tensor, resid: Tensor, tokens: Sequence[str],
                   title: str = "activation patching (1 = restores the clean run)", *,
-                  attn_out: Tensor | None = None, mlp_out: Tensor | None = None) -> Figure:
+                  attn_out: Tensor | None = None, mlp_out: Tensor | None = None,
+                  inputs: Mapping[str, Tensor] | None = None) -> Figure:
     """Heads (n_layer, nh) and residual (n_layer, T) normalized patching effects; attn_out
     and mlp_out (n_layer, T), each layer's attention and MLP outputs at one position, are
-    drawn under the residual's where given."""
+    drawn under the residual's where given, and `inputs` ({"q": (n_layer, nh), "k":
+    (n_layer, nkv), ...}: each head's inputs at every position) under the heads'."""
     plt = pyplot()
     L, H = heads.shape
     T = resid.shape[1]
@@ -91,16 +93,25 @@ def plot_patching(heads: Tensor, resid: Tensor, tokens: Sequence[str],
     for key, grid, what in (("attn", attn_out, "attention output"), ("mlp", mlp_out, "MLP output")):
         if grid is not None:
             grids[key] = (grid, f"{what} (one position)", "layer")
+    per_head = {"heads": (heads, "head outputs (every position)")}
+    for name, grid in (inputs or {}).items():
+        shared = " of key-value heads" if grid.shape[1] != H else ""  # grouped queries
+        per_head[name] = (grid, f"{INPUT_TITLES.get(name, name)}{shared} (every position)")
     # 0.45 in a position, shrunk to fit MAX_INCHES (4 heads, 1000 tokens: 456 in wide)
     width = min(0.45 * T, max(2.0, MAX_INCHES - 4.0 - 0.5 * H))
-    layout = [["heads" if i == 0 else ".", key] for i, key in enumerate(grids)]  # "." empty
+    left, right = list(per_head), list(grids)
+    rows = max(len(left), len(right))
+    layout = [[left[i] if i < len(left) else ".", right[i] if i < len(right) else "."]
+              for i in range(rows)]  # "." leaves a cell empty
     fig, axes = plt.subplot_mosaic(
-        layout, figsize=(2.0 + 0.5 * H + 2.0 + width, (0.5 * L + 1.2) * len(grids) + 1.0),
+        layout, figsize=(2.0 + 0.5 * H + 2.0 + width, (0.5 * L + 1.2) * rows + 1.0),
         dpi=100, layout="constrained", width_ratios=[max(H, 2), max(T, 2)])
-    lim = max(1.0, *(float(g.abs().max()) for g in (heads, *(v for v, _, _ in grids.values()))))
-    heatmap(axes["heads"], heads, cmap="RdBu", vmin=-lim, vmax=lim)
-    _layer_head_axes(axes["heads"], L, H)
-    axes["heads"].set_title("head outputs (every position)", fontsize=10)
+    every = [v for v, _ in per_head.values()] + [v for v, _, _ in grids.values()]
+    lim = max(1.0, *(float(g.abs().max()) for g in every))
+    for key, (grid, label) in per_head.items():
+        heatmap(axes[key], grid, cmap="RdBu", vmin=-lim, vmax=lim)
+        _layer_head_axes(axes[key], L, grid.shape[1])
+        axes[key].set_title(label, fontsize=10)
     image = None
     for i, (key, (grid, label, ylabel)) in enumerate(grids.items()):
         last = i == len(grids) - 1
@@ -114,6 +125,11 @@ def plot_patching(heads: Tensor, resid: Tensor, tokens: Sequence[str],
     colorbar(fig, image, list(axes.values()), label="normalized effect", shrink=0.8)
     fig.suptitle(title, fontsize=11)
     return fig
+
+
+#: what `plot_patching` calls each head input grid
+INPUT_TITLES = {"q": "head queries", "k": "keys", "v": "values",
+                "attn_weights": "head attention weights"}
 
 
 def plot_lens(top_probs: Tensor, top_tokens: Sequence[Sequence[str]], tokens: Sequence[str],
