@@ -72,6 +72,8 @@ CHEAP: dict[str, list[tuple[str, str]]] = {
         ('attnlab lens runs/copy/ckpt "qhdkwzpa|qhdk" --mid --out lens-mid', "layer 1 attn"),
         ('attnlab patch runs/copy/ckpt --clean "qhdkwzpa|qhd" --corrupt "qhdswzpa|qhd" '
          "--answer k --wrong s --qkv --out patch-qkv", "  through values: "),
+        ('attnlab patch runs/copy/ckpt --clean "qhdkwzpa|qhd" --corrupt "qhdswzpa|qhd" '
+         "--answer k --wrong s --paths-to logits --out patch-paths", "paths to the logits: "),
     ],
 }
 

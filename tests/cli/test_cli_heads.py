@@ -269,3 +269,41 @@ def test_patch_qkv_prints_records_and_draws_each_heads_inputs(
     with Image.open(tmp_path / "qkv" / "patch.png") as qkv, \
             Image.open(tmp_path / "plain" / "patch.png") as without:
         assert qkv.size[1] > without.size[1]  # four more grids under the heads'
+
+
+def test_patch_paths_to_heads_or_the_logits(
+    checkpoint: tuple, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """--paths-to adds path patching: a line of senders, the library's grid in patch.json
+    (null where no path starts) and a grid in the figure; bad receivers, inputs and methods
+    are refused before any run."""
+    from attnlab.interp.patching import logit_diff_metric
+    from attnlab.interp.paths import path_patching
+
+    path, model, tokenizer = checkpoint
+    args = ["patch", str(path), "--clean", "abcd|ab", "--corrupt", "abxd|ab", "--answer", "c",
+            "--wrong", "x", "--out", str(tmp_path / "p")]
+    clean, corrupt = (torch.tensor([tokenizer.encode(t)]) for t in ("abcd|ab", "abxd|ab"))
+    metric = logit_diff_metric(*(tokenizer.encode(t)[0] for t in "cx"))
+    for receivers, flags, title in [([(1, 0)], ["--paths-to", "1.0", "--via", "q"],
+                                     "paths to 1.0 via q"),
+                                    (None, ["--paths-to", "logits"], "paths to the logits")]:
+        assert main([*args, *flags]) == 0
+        line = next(line for line in capsys.readouterr().out.splitlines()
+                    if line.startswith(f"{title}: senders by effect: "))
+        expected = path_patching(model, clean, corrupt, metric, receivers, via="q").senders
+        record = json.loads((tmp_path / "p" / "patch.json").read_text())["paths"]
+        assert record["receivers"] == ([list(r) for r in receivers] if receivers else None)
+        senders = [[float("nan") if e is None else e for e in row] for row in record["senders"]]
+        torch.testing.assert_close(torch.tensor(senders, dtype=expected.dtype), expected,
+                                   equal_nan=True)
+        assert len(line.split(", ")) == (2 if receivers else 4)  # NaN cells left out
+    assert record["senders"][1] != [None, None]  # to the logits, layer 1 sends too
+    refused = [(["--paths-to", "1.0", "--method", "attribution"], "--method activation only"),
+               (["--paths-to", "0.1"], "no head comes before layer 0"),
+               (["--paths-to", "2.0"], "--paths-to: (layer, head) (2, 0) do not exist"),
+               (["--paths-to", "one"], "--paths-to: bad head 'one'"),
+               (["--paths-to", "1.1", "--via", "q,z"], "--via q,z: write some of q, k, v")]
+    for flags, message in refused:
+        assert main([*args, *flags]) == 1
+        assert message in capsys.readouterr().err, flags

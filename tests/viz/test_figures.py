@@ -235,6 +235,13 @@ def test_patching_figure_draws_each_heads_inputs_on_one_scale() -> None:
     square = plot_patching(torch.rand(3, 4), torch.rand(3, 6), tokens,
                            inputs={"k": torch.rand(3, 4)})  # every head its own keys
     assert "keys (every position)" in [ax.get_title() for ax in square.axes]
+    senders = torch.rand(3, 4) * 1.5
+    senders[2] = float("nan")  # path patching: no path from the last receiver's layer
+    paths = plot_patching(torch.rand(3, 4), torch.rand(3, 6), tokens,
+                          inputs={"paths to 2.1 via q": senders})
+    ax = next(ax for ax in paths.axes if ax.get_title() == "paths to 2.1 via q (every position)")
+    assert _hatched(ax).tolist() == [[False] * 4, [False] * 4, [True] * 4]
+    assert ax.images[0].norm.vmax == pytest.approx(max(1.0, float(senders[:2].max())))
 
 
 def _hatched(ax: object) -> np.ndarray:

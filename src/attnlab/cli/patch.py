@@ -29,6 +29,8 @@ if TYPE_CHECKING:
     from torch import Tensor
 
     from ..interp.patching import Patching
+    from ..interp.paths import PathPatching
+    from ..model.config import GPTConfig
     from ..tokenizers import Tokenizer
 
 SMALL_GAP = 0.5  # a clean - corrupted logit-difference gap below this: warn
@@ -89,6 +91,14 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
                         "at every position: through which input a head acts (activation: "
                         "2 x layers x (heads + key-value heads) more runs), in patch.json, "
                         "the figure and the printout")
+    parser.add_argument("--paths-to", "--paths_to", dest="paths_to", metavar="RECEIVERS",
+                        help="also path patching: each earlier head's effect along its paths "
+                        "to these heads' inputs alone (LAYER.HEAD[,LAYER.HEAD], e.g. 1.0,1.3), "
+                        "or to the logits ('logits': through the residual stream and MLPs, "
+                        "no other head); activation only, 2 runs a sender")
+    parser.add_argument("--via", default="q,k,v",
+                        help="with --paths-to heads: the receivers' inputs the paths end in, "
+                        "of q, k, v (default all three)")
     parser.add_argument("--out", default="patch", help="directory for patch.png/json")
     add_device_flags(parser)
     return parser
@@ -116,6 +126,7 @@ def run(args: argparse.Namespace) -> int:
     import torch
 
     from ..interp import patching
+    from ..interp.paths import path_patching
     from ..model.names import absent_names
     from ..viz import save_figure
     from ..viz.heads import plot_patching
@@ -143,6 +154,7 @@ def run(args: argparse.Namespace) -> int:
     if args.blocks and args.method != "activation":
         raise CLIError("--blocks patches each layer's attention and MLP outputs: --method "
                        "activation only")
+    receivers = _receivers(args, model.config)
     absent = absent_names(model.config)
     for name in ("attn_out", "mlp_out") if args.blocks else ():
         if name in absent:
@@ -164,18 +176,30 @@ def run(args: argparse.Namespace) -> int:
               "difference, so the effects (ratios to it) are noisy and may fall far outside "
               "[0, 1]; choose prompts and answers the model tells apart", file=sys.stderr)
     tokens = tok.token_texts(clean)
-    _print_effects(result, method, len(clean), model.config.n_kv_heads < model.config.n_head)
+    _print_effects(result, method, model.config.n_kv_heads < model.config.n_head)
+    paths = None
+    if args.paths_to is not None:
+        with Counter("sender", "patched along its paths") as progress:
+            paths = path_patching(
+                model, torch.tensor([clean], device=model.wte.weight.device),  # (1, T)
+                torch.tensor([corrupt], device=model.wte.weight.device),  # (1, T)
+                patching.logit_diff_metric(answer, wrong), receivers, via=args.via.split(","),
+                progress=progress)
+        print(f"{_paths_title(paths)}: senders by effect: {_top(paths.senders)}")
     out.mkdir(parents=True, exist_ok=True)
     record = {"clean": args.clean, "corrupt": args.corrupt,
               "answer": {"text": args.answer, "id": answer},
               "wrong": {"text": args.wrong, "id": wrong}, "method": args.method,
-              **result.to_dict(), "tokens": tokens}
+              **result.to_dict(), "tokens": tokens,
+              **({"paths": paths.to_dict()} if paths is not None else {})}
     (out / "patch.json").write_text(json.dumps(record, indent=2) + "\n")
     inputs = {name: getattr(result, name) for name in INPUTS if getattr(result, name) is not None}
+    if paths is not None:  # NaN (drawn hatched): no path from a head that late
+        inputs[_paths_title(paths)] = paths.senders
     figure = plot_patching(result.heads, result.resid, tokens, title=method.title,
                            attn_out=result.attn_out, mlp_out=result.mlp_out, inputs=inputs)
-    paths = save_figure(figure, out / "patch.png")
-    print(f"wrote {out / 'patch.json'} and {', '.join(str(p) for p in paths)}")
+    files = save_figure(figure, out / "patch.png")
+    print(f"wrote {out / 'patch.json'} and {', '.join(str(p) for p in files)}")
     return 0
 
 
@@ -183,29 +207,67 @@ def run(args: argparse.Namespace) -> int:
 INPUTS = {"q": "queries", "k": "keys", "v": "values", "attn_weights": "attention weights"}
 
 
-def _print_effects(result: Patching, method: Method, T: int, grouped: bool) -> None:
+def _print_effects(result: Patching, method: Method, grouped: bool) -> None:
     """The five largest head effects (through each input, with --qkv; at one position, with
     --by-position), then every residual (and block output) grid row by row."""
 
-    def top(grid: Tensor, *dims: range) -> str:
-        """The five largest cells of grid: "layer.head effect", or "layer.head@position"."""
-        ranked = sorted(zip(grid.flatten().tolist(), itertools.product(*dims), strict=True),
-                        reverse=True)
-        return ", ".join(f"{cell[0]}.{cell[1]}{''.join(f'@{p}' for p in cell[2:])} {e:+.2f}"
-                         for e, cell in ranked[:5])
-
-    L, H = result.heads.shape
-    print(f"heads by effect{method.note}: {top(result.heads, range(L), range(H))}")
+    print(f"heads by effect{method.note}: {_top(result.heads)}")
     for name, what in INPUTS.items():
         grid = getattr(result, name)
         if grid is not None:  # keys and values of a grouped model: per key-value head
             shared = " (key-value heads)" if grouped and name in ("k", "v") else ""
-            print(f"  through {what}{shared}: {top(grid, range(L), range(grid.shape[1]))}")
+            print(f"  through {what}{shared}: {_top(grid)}")
     if result.heads_by_position is not None:
-        cells = top(result.heads_by_position, range(L), range(H), range(T))
-        print(f"heads at one position: {cells}")
+        print(f"heads at one position: {_top(result.heads_by_position)}")
     grids = {"residual entering": result.resid, "attention output of": result.attn_out,
              "MLP output of": result.mlp_out}
     for what, rows in grids.items():
         for layer, effects in enumerate(rows.tolist() if rows is not None else []):
-            print(f"{what} layer {layer}: " + " ".join(f"{e:+.2f}" for e in effects))
+            print(f"{what} layer {layer}: " + " ".join(map(_signed, effects)))
+
+
+def _top(grid: Tensor) -> str:
+    """The five cells of an (n_layer, heads) or (n_layer, heads, T) grid largest in size:
+    "layer.head effect" or "layer.head@position effect"; NaN cells (no path) left out."""
+    cells = itertools.product(*(range(n) for n in grid.shape))
+    ranked = sorted(((abs(e), e, cell) for e, cell in zip(grid.flatten().tolist(), cells,
+                                                          strict=True) if e == e),
+                    reverse=True)  # largest either way: a head may work against the answer
+    return ", ".join(f"{cell[0]}.{cell[1]}{''.join(f'@{p}' for p in cell[2:])} {_signed(e)}"
+                     for _, e, cell in ranked[:5])
+
+
+def _signed(effect: float) -> str:
+    """+0.25; +0.00 for what rounds to zero either side (not -0.00)."""
+    return f"{round(effect, 2) + 0.0:+.2f}"
+
+
+def _receivers(args: argparse.Namespace, config: GPTConfig) -> list[tuple[int, int]] | None:
+    """--paths-to's receivers, checked before any run (None: the logits, or no --paths-to)."""
+    from ..interp.edits import check_heads, parse_heads
+    if args.paths_to is None:
+        return None
+    if args.method != "activation":
+        raise CLIError("--paths-to runs path patching, which patches: --method activation only")
+    if args.paths_to.strip() == "logits":
+        return None
+    try:
+        receivers = parse_heads(args.paths_to)
+        check_heads(receivers, config.n_layer, config.n_head)
+    except ValueError as err:
+        raise CLIError(f"--paths-to: {err}; or 'logits'") from None
+    if max(layer for layer, _ in receivers) == 0:
+        raise CLIError(f"--paths-to {args.paths_to}: no head comes before layer 0; name "
+                       "receivers in a later layer")
+    via = args.via.split(",")
+    if not via or any(name not in ("q", "k", "v") for name in via):
+        raise CLIError(f"--via {args.via}: write some of q, k, v separated by commas")
+    return receivers
+
+
+def _paths_title(paths: PathPatching) -> str:
+    """What the printout and the figure call a path patching's grid."""
+    if paths.receivers is None:
+        return "paths to the logits"
+    heads = ",".join(f"{layer}.{h}" for layer, h in paths.receivers)
+    return f"paths to {heads} via {','.join(paths.via)}"

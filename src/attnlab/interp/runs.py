@@ -76,6 +76,14 @@ class PatchRuns:
                 "effect can be normalized; pick a corruption that changes the metric"
             )
 
+    def corrupted_value(self, name: str, layer: int) -> Tensor:
+        """The corrupted run's `name` at `layer`, as `corrupt_names` (or restarts, for
+        resid_pre) asked it to be kept."""
+        if self.corrupt_trace is None:
+            raise ValueError(f"the corrupted run kept nothing, so not {name!r}; build PatchRuns "
+                             f"with corrupt_names=({name!r},)")
+        return self.corrupt_trace.get(name, layer)
+
     def per_pass(self, batch: int | None) -> int:
         """How many patched runs share a forward pass: `batch`, checked, or for None as
         many as `BATCH` and `LOGIT_BYTES` allow."""

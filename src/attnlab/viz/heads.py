@@ -84,7 +84,8 @@ def plot_patching(heads: Tensor, resid: Tensor, tokens: Sequence[str],
     """Heads (n_layer, nh) and residual (n_layer, T) normalized patching effects; attn_out
     and mlp_out (n_layer, T), each layer's attention and MLP outputs at one position, are
     drawn under the residual's where given, and `inputs` ({"q": (n_layer, nh), "k":
-    (n_layer, nkv), ...}: each head's inputs at every position) under the heads'."""
+    (n_layer, nkv), ...}: each head's inputs at every position; or path patching's senders,
+    NaN drawn hatched) under the heads'."""
     plt = pyplot()
     L, H = heads.shape
     T = resid.shape[1]
@@ -107,7 +108,7 @@ def plot_patching(heads: Tensor, resid: Tensor, tokens: Sequence[str],
         layout, figsize=(2.0 + 0.5 * H + 2.0 + width, (0.5 * L + 1.2) * rows + 1.0),
         dpi=100, layout="constrained", width_ratios=[max(H, 2), max(T, 2)])
     every = [v for v, _ in per_head.values()] + [v for v, _, _ in grids.values()]
-    lim = max(1.0, *(float(g.abs().max()) for g in every))
+    lim = max(1.0, *(float(g.nan_to_num().abs().max()) for g in every))  # NaN: no path
     for key, (grid, label) in per_head.items():
         heatmap(axes[key], grid, cmap="RdBu", vmin=-lim, vmax=lim)
         _layer_head_axes(axes[key], L, grid.shape[1])

@@ -1,0 +1,147 @@
+"""interp/paths.py: path patching, checked against activation patching where nothing after a
+head can be frozen, and against the two steps written out with the public edits (`patch`,
+`Trace`, `patch_effect`) on GPT-2-style and grouped-query models with left padding."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import pytest
+import torch
+
+from attnlab import GPT, GPTConfig, Trace
+from attnlab.interp.edits import Edits, patch
+from attnlab.interp.patching import LogitDiff, activation_patching, patch_effect
+from attnlab.interp.paths import path_patching
+
+GQA = {"pos": "rope", "norm": "rmsnorm", "mlp": "swiglu", "n_head": 4, "n_kv_head": 2}
+
+
+def _pair(n_layer: int, switches: dict[str, Any] | None = None, seed: int = 0
+          ) -> tuple[GPT, torch.Tensor, torch.Tensor, torch.Tensor, LogitDiff]:
+    """A float64 nano model, clean and corrupted (2, 6) ids (row 1 left-padded by 2), their
+    mask and a logit difference per row."""
+    gen = torch.Generator().manual_seed(seed)
+    clean, corrupt = torch.randint(0, 65, (2, 2, 6), generator=gen)
+    mask = torch.ones(2, 6, dtype=torch.long)
+    mask[1, :2] = 0
+    torch.manual_seed(seed)
+    config = GPTConfig.from_name("nano", n_layer=n_layer, init_std=0.3, **(switches or {}))
+    model = GPT(config).double().eval()
+    return model, clean, corrupt, mask, LogitDiff(torch.tensor([3, 4]), 5, position=-1)
+
+
+@pytest.mark.parametrize("switches", [{}, GQA])
+def test_paths_to_the_logits_of_the_last_layer_are_activation_patching(
+        switches: dict[str, Any]) -> None:
+    """With no head after a sender, nothing is frozen: its path to the logits is its
+    output patched (activation patching's cell), in a one-layer model and in a two-layer
+    model's last layer."""
+    for n_layer in (1, 2):
+        model, clean, corrupt, mask, metric = _pair(n_layer, switches)
+        paths = path_patching(model, clean, corrupt, metric, attention_mask=mask)
+        heads = activation_patching(model, clean, corrupt, metric, attention_mask=mask).heads
+        assert paths.senders.shape == heads.shape
+        torch.testing.assert_close(paths.senders[-1], heads[-1], rtol=0, atol=1e-12)
+        assert paths.receivers is None and paths.via == ()
+        with torch.no_grad():
+            clean_metric = float(metric(model(clean, attention_mask=mask).logits))
+        assert paths.clean == pytest.approx(clean_metric)
+
+
+def _by_hand(model: GPT, clean: torch.Tensor, corrupt: torch.Tensor, mask: torch.Tensor,
+             metric: LogitDiff, sender: tuple[int, int],
+             receivers: list[tuple[int, int]] | None, via: tuple[str, ...]) -> float:
+    """The two steps with public edits: the clean and corrupted runs traced, step 1 as the
+    corrupted run with the sender's output clean and every later layer's heads frozen at
+    their corrupted outputs, step 2 as a patch of the receivers' inputs (or, without
+    receivers, step 1's own metric)."""
+    L = model.config.n_layer
+    runs = {}
+    for name, ids in (("clean", clean), ("corrupt", corrupt)):
+        runs[name] = Trace(names=["context"])
+        model(ids, attention_mask=mask, trace=runs[name])
+    layer, head = sender
+    step_one = [patch(runs["clean"], "context", layer, heads=[head])]
+    step_one += [patch(runs["corrupt"], "context", later) for later in range(layer + 1, L)]
+    if receivers is None:
+        return patch_effect(model, clean, corrupt, metric, lambda t: Edits(step_one),
+                            attention_mask=mask)
+    received = Trace(names=list(via))
+    model(corrupt, attention_mask=mask, edits=Edits(step_one), trace=received)
+    group = model.config.n_head // model.config.n_kv_heads
+    step_two = [patch(received, name, la, heads=[h if name == "q" else h // group])
+                for name in via for la, h in receivers]
+    return patch_effect(model, clean, corrupt, metric, lambda t: Edits(step_two),
+                        attention_mask=mask)
+
+
+@pytest.mark.parametrize(("switches", "receivers", "via"), [
+    ({}, None, ()),
+    ({}, [(3, 1)], ("q",)),
+    ({}, [(1, 0), (3, 1)], ("q", "k", "v")),  # senders in layer 2 reach layer 3's alone
+    (GQA, [(3, 3)], ("k", "v")),
+    (GQA, [(1, 0), (2, 2)], ("v",)),
+])
+def test_each_senders_effect_is_the_two_steps_by_hand(
+        switches: dict[str, Any], receivers: list[tuple[int, int]] | None,
+        via: tuple[str, ...]) -> None:
+    """Every sender's cell equals the two steps written out with `patch` and `patch_effect`
+    (float64, left padding, 1e-10), batched or one pass per sender; heads at or after the
+    last receiver's layer are NaN; progress hears each pass."""
+    model, clean, corrupt, mask, metric = _pair(4, switches, seed=1)
+    heard: list[tuple[int, int]] = []
+    result = path_patching(model, clean, corrupt, metric, receivers, attention_mask=mask,
+                           via=via or ("q", "k", "v"), progress=lambda *n: heard.append(n))
+    one = path_patching(model, clean, corrupt, metric, receivers, attention_mask=mask,
+                        via=via or ("q", "k", "v"), batch=1)
+    torch.testing.assert_close(one.senders, result.senders, rtol=0, atol=1e-12, equal_nan=True)
+    end = 4 if receivers is None else max(layer for layer, _ in receivers)
+    H = model.config.n_head
+    assert heard == [(end * H, end * H)]
+    assert torch.isnan(result.senders[end:]).all() and not torch.isnan(result.senders[:end]).any()
+    for layer in range(end):
+        for head in range(H):
+            expected = _by_hand(model, clean, corrupt, mask, metric, (layer, head), receivers,
+                                via)
+            assert float(result.senders[layer, head]) == pytest.approx(
+                expected, rel=0, abs=1e-10), (layer, head)
+    assert result.senders[:end].abs().max() > 1e-3  # the paths carry something
+    assert result.via == via
+    record = result.to_dict()
+    assert record["senders"][-1] == ([None] * H if end < 4 else result.senders[-1].tolist())
+
+
+def test_a_receivers_queries_see_only_what_reaches_them() -> None:
+    """A path to a head's queries leaves its keys and values as corrupted: in a model whose
+    layer-1 heads attend uniformly (zero query weights), no sender moves them through their
+    queries, while through their values it does."""
+    model, clean, corrupt, mask, metric = _pair(2, seed=2)
+    with torch.no_grad():
+        query = model.blocks[1].attn.query
+        query.weight.zero_()
+        if query.bias is not None:
+            query.bias.zero_()
+    by_q = path_patching(model, clean, corrupt, metric, [(1, 0), (1, 1)], attention_mask=mask,
+                         via="q")
+    by_v = path_patching(model, clean, corrupt, metric, [(1, 0), (1, 1)], attention_mask=mask,
+                         via="v")
+    assert by_q.senders[0].abs().max() < 1e-12
+    assert by_v.senders[0].abs().max() > 1e-3
+
+
+def test_bad_receivers_and_inputs_are_refused() -> None:
+    model, clean, corrupt, _, metric = _pair(2)
+    cases: list[tuple[dict[str, Any], str]] = [
+        ({"receivers": []}, "receivers=\\[\\] names no head"),
+        ({"receivers": [(0, 1)]}, "all in layer 0, which no head comes before"),
+        ({"receivers": [(2, 0)]}, "do not exist: the model has layers 0-1 and heads 0-1"),
+        ({"receivers": [(1, 0)], "via": "z"}, "via=\\['z'\\]: .* choose from \\['q', 'k', 'v'\\]"),
+        ({"receivers": [(1, 0)], "via": []}, "via=\\[\\]"),
+        ({"receivers": [(1, 0)], "batch": 0}, "batch=0: patches per forward pass"),
+    ]
+    for kwargs, message in cases:
+        with pytest.raises(ValueError, match=message):
+            path_patching(model, clean, corrupt, metric, **kwargs)
+    assert math.isnan(path_patching(model, clean, corrupt, metric, [(1, 0)]).senders[1, 0])
