@@ -291,7 +291,8 @@ def test_patch_paths_to_heads_or_the_logits(
         assert main([*args, *flags]) == 0
         line = next(line for line in capsys.readouterr().out.splitlines()
                     if line.startswith(f"{title}: senders by effect: "))
-        expected = path_patching(model, clean, corrupt, metric, receivers, via="q").senders
+        expected = path_patching(model, clean, corrupt, metric, receivers,
+                                 via="q" if receivers else None).senders
         record = json.loads((tmp_path / "p" / "patch.json").read_text())["paths"]
         assert record["receivers"] == ([list(r) for r in receivers] if receivers else None)
         senders = [[float("nan") if e is None else e for e in row] for row in record["senders"]]
@@ -303,7 +304,8 @@ def test_patch_paths_to_heads_or_the_logits(
                (["--paths-to", "0.1"], "no head comes before layer 0"),
                (["--paths-to", "2.0"], "--paths-to: (layer, head) (2, 0) do not exist"),
                (["--paths-to", "one"], "--paths-to: bad head 'one'"),
-               (["--paths-to", "1.1", "--via", "q,z"], "--via q,z: write some of q, k, v")]
+               (["--paths-to", "1.1", "--via", "q,z"], "--via q,z: write some of q, k, v"),
+               (["--paths-to", "logits", "--via", "q"], "--paths-to logits has no receivers")]
     for flags, message in refused:
         assert main([*args, *flags]) == 1
         assert message in capsys.readouterr().err, flags

@@ -450,6 +450,29 @@ def test_zero_neurons_equals_removing_their_down_projection_columns(family: str)
     torch.testing.assert_close(at_three[:, 3], surgery(idx).logits[:, 3], atol=1e-6, rtol=0)
 
 
+@pytest.mark.parametrize("family", FAMILIES)
+def test_an_edit_of_the_mlp_pre_activations_reaches_the_model(family: str) -> None:
+    """The fused GELU never holds "mlp_pre"; an edit of it takes the product and the
+    activation apart. gelu(0) = silu(0) = 0, so zeroing neurons' pre-activations zeroes
+    their hidden activations (`zero_neurons`); a trace of mlp_pre alone changes no logit."""
+    model = _family(family)
+    idx, neurons, layer = _ids(2, 7), [0, 5, 17], 1
+
+    def zero_pre(value: torch.Tensor, first: int) -> torch.Tensor:
+        value = value.clone()  # (B, T, d_ff)
+        value[..., neurons] = 0.0
+        return value
+
+    edited = model(idx, edits=Edit("mlp_pre", layer, zero_pre)).logits
+    torch.testing.assert_close(edited, model(idx, edits=zero_neurons(layer, neurons)).logits,
+                               atol=1e-6, rtol=0)
+    assert not torch.allclose(edited, model(idx).logits, atol=1e-4)
+    trace = Trace(names=["mlp_pre"])
+    torch.testing.assert_close(model(idx, trace=trace).logits, model(idx).logits, atol=1e-6,
+                               rtol=0)
+    assert [name for _, name in trace] == ["mlp_pre"] * model.config.n_layer
+
+
 def test_neuron_and_absent_name_edits_are_refused_in_words() -> None:
     import numpy as np
 

@@ -93,9 +93,9 @@ def test_each_senders_effect_is_the_two_steps_by_hand(
     model, clean, corrupt, mask, metric = _pair(4, switches, seed=1)
     heard: list[tuple[int, int]] = []
     result = path_patching(model, clean, corrupt, metric, receivers, attention_mask=mask,
-                           via=via or ("q", "k", "v"), progress=lambda *n: heard.append(n))
+                           via=via or None, progress=lambda *n: heard.append(n))
     one = path_patching(model, clean, corrupt, metric, receivers, attention_mask=mask,
-                        via=via or ("q", "k", "v"), batch=1)
+                        via=via or None, batch=1)
     torch.testing.assert_close(one.senders, result.senders, rtol=0, atol=1e-12, equal_nan=True)
     end = 4 if receivers is None else max(layer for layer, _ in receivers)
     H = model.config.n_head
@@ -140,8 +140,16 @@ def test_bad_receivers_and_inputs_are_refused() -> None:
         ({"receivers": [(1, 0)], "via": "z"}, "via=\\['z'\\]: .* choose from \\['q', 'k', 'v'\\]"),
         ({"receivers": [(1, 0)], "via": []}, "via=\\[\\]"),
         ({"receivers": [(1, 0)], "batch": 0}, "batch=0: patches per forward pass"),
+        ({"receivers": [1, 0, 1]}, "receivers=\\[1, 0, 1\\]: give \\(layer, head\\) pairs"),
+        ({"via": "q"}, "via='q' names receivers' inputs, and receivers=None asks for the "
+                       "paths to the logits"),
     ]
     for kwargs, message in cases:
         with pytest.raises(ValueError, match=message):
             path_patching(model, clean, corrupt, metric, **kwargs)
-    assert math.isnan(path_patching(model, clean, corrupt, metric, [(1, 0)]).senders[1, 0])
+    one = path_patching(model, clean, corrupt, metric, (1, 0))  # one pair alone
+    assert one.receivers == [(1, 0)] and one.via == ("q", "k", "v")
+    assert math.isnan(one.senders[1, 0])
+    listed = path_patching(model, clean, corrupt, metric, [(1, 0)], via=["v", "k", "q"])
+    assert listed.via == ("q", "k", "v")
+    torch.testing.assert_close(listed.senders, one.senders, rtol=0, atol=0, equal_nan=True)

@@ -46,7 +46,7 @@ def test_every_name_has_its_shape() -> None:
         "attn_weights": (B, nh, T, T), "attn_weights_dropped": (B, nh, T, T),
         "context": (B, nh, T, hs), "attn_out": (B, T, C), "block_out": (B, T, C),
         "resid_pre": (B, T, C), "mlp_out": (B, T, C), "logits": (B, T, c.vocab_size),
-        "resid_mid": (B, T, C), "mlp_hidden": (B, T, c.ff_size),
+        "resid_mid": (B, T, C), "mlp_pre": (B, T, c.ff_size), "mlp_hidden": (B, T, c.ff_size),
         "attn_entropy": (B, nh, T), "attn_sink": (B, nh, T), "attn_received": (B, nh, T),
         "attn_distance": (B, nh, T), "attn_max": (B, nh, T),
     }

@@ -83,7 +83,7 @@ def test_shapes_with_grouped_heads_and_a_kv_cache(overrides: dict) -> None:
         "attn_weights": (B, nh, T, S), "context": (B, nh, T, hs),
         "attn_out": (B, T, C), "block_out": (B, T, C), "logits": (B, T, c.vocab_size),
         "resid_pre": (B, T, C), "mlp_out": (B, T, C),
-        "resid_mid": (B, T, C), "mlp_hidden": (B, T, c.ff_size),
+        "resid_mid": (B, T, C), "mlp_pre": (B, T, c.ff_size), "mlp_hidden": (B, T, c.ff_size),
         "attn_entropy": (B, nh, T), "attn_sink": (B, nh, T), "attn_received": (B, nh, S),
         "attn_distance": (B, nh, T), "attn_max": (B, nh, T),
     }
@@ -235,7 +235,7 @@ def test_the_block_names_add_up_and_absent_names_are_the_unrecorded_ones(
     {}, {"mlp": "swiglu", "norm": "rmsnorm", "pos": "rope", "bias": False},
     {"parallel_residual": True}, {"residual": False}, {"gelu": "exact", "n_kv_head": 1},
 ])
-def test_resid_mid_and_mlp_hidden_are_what_the_block_computes(overrides: dict) -> None:
+def test_resid_mid_and_the_mlp_names_are_what_the_block_computes(overrides: dict) -> None:
     model = _model("nano", **overrides)
     c = model.config
     trace = Trace()
@@ -254,9 +254,12 @@ def test_resid_mid_and_mlp_hidden_are_what_the_block_computes(overrides: dict) -
         x = block.ln_2(mlp_in)  # (B, T, C)
         if c.mlp == "swiglu":
             assert block.mlp.gate is not None
-            hidden = F.silu(block.mlp.gate(x)) * block.mlp.fc(x)
+            pre = block.mlp.gate(x)  # (B, T, d_ff)
+            hidden = F.silu(pre) * block.mlp.fc(x)
         else:
-            hidden = F.gelu(block.mlp.fc(x), approximate=GELUS[c.gelu])
+            pre = block.mlp.fc(x)  # (B, T, d_ff)
+            hidden = F.gelu(pre, approximate=GELUS[c.gelu])
+        torch.testing.assert_close(get("mlp_pre"), pre)
         torch.testing.assert_close(get("mlp_hidden"), hidden)
         torch.testing.assert_close(get("mlp_out"), block.mlp.proj(get("mlp_hidden")))
         if not c.parallel_residual:

@@ -183,8 +183,8 @@ def run(args: argparse.Namespace) -> int:
             paths = path_patching(
                 model, torch.tensor([clean], device=model.wte.weight.device),  # (1, T)
                 torch.tensor([corrupt], device=model.wte.weight.device),  # (1, T)
-                patching.logit_diff_metric(answer, wrong), receivers, via=args.via.split(","),
-                progress=progress)
+                patching.logit_diff_metric(answer, wrong), receivers,
+                via=args.via.split(",") if receivers else None, progress=progress)
         print(f"{_paths_title(paths)}: senders by effect: {_top(paths.senders)}")
     out.mkdir(parents=True, exist_ok=True)
     record = {"clean": args.clean, "corrupt": args.corrupt,
@@ -250,6 +250,9 @@ def _receivers(args: argparse.Namespace, config: GPTConfig) -> list[tuple[int, i
     if args.method != "activation":
         raise CLIError("--paths-to runs path patching, which patches: --method activation only")
     if args.paths_to.strip() == "logits":
+        if args.via != "q,k,v":
+            raise CLIError(f"--via {args.via} names receivers' inputs, and --paths-to logits "
+                           "has no receivers; leave out --via")
         return None
     try:
         receivers = parse_heads(args.paths_to)

@@ -62,15 +62,16 @@ def path_patching(
     clean_ids: Tensor,
     corrupt_ids: Tensor,
     metric: Metric,
-    receivers: Iterable[tuple[int, int]] | None = None,
+    receivers: tuple[int, int] | Iterable[tuple[int, int]] | None = None,
     attention_mask: Tensor | None = None,
     *,
-    via: str | Iterable[str] = INPUTS,
+    via: str | Iterable[str] | None = None,
     batch: int | None = None,
     progress: Progress | None = None,
 ) -> PathPatching:
-    """Each head's effect along its paths to `receivers` ((layer, head) pairs) through their
-    inputs `via` ("q", "k", "v", or several), or with receivers None to the logits through
+    """Each head's effect along its paths to `receivers` (a (layer, head) pair, or several)
+    through their inputs `via` ("q", "k", "v", or several; None: all three), or with
+    receivers None to the logits through
     the residual stream and MLPs alone; ids (B, T), one attention_mask for both. Keys and
     values of a grouped-query model belong to key-value heads: a receiver's are its group's,
     and patching them reaches every query head of the group. Every head before the last
@@ -79,7 +80,10 @@ def path_patching(
     `progress(done, total)` hears after each pass."""
     c = model.config
     chosen = None if receivers is None else _receivers(receivers, c)
-    inputs = () if chosen is None else _inputs(via)
+    if chosen is None and via is not None:
+        raise ValueError(f"via={via!r} names receivers' inputs, and receivers=None asks for "
+                         "the paths to the logits; name receivers, or leave out via")
+    inputs = () if chosen is None else _inputs(INPUTS if via is None else via)
     runs = PatchRuns(model, clean_ids, corrupt_ids, metric, attention_mask, restarts=True,
                      names=("context",), corrupt_names=("context",))
     batch = runs.per_pass(batch)
@@ -160,9 +164,18 @@ def _corrupted_copies(runs: PatchRuns, n: int, first: int, edits: Edits,
                         start_at=(first, resid), trace=trace, check_ids=False)
 
 
-def _receivers(receivers: Iterable[tuple[int, int]], config: Any) -> list[tuple[int, int]]:
-    """The (layer, head) pairs, checked: some, all in the model, and after layer 0."""
-    chosen = sorted({(int(layer), int(h)) for layer, h in receivers})
+def _receivers(receivers: tuple[int, int] | Iterable[tuple[int, int]], config: Any
+               ) -> list[tuple[int, int]]:
+    """The (layer, head) pairs (one pair alone, or several), checked: some, all in the
+    model, and after layer 0."""
+    pairs: list[Any] = list(receivers)
+    if len(pairs) == 2 and all(isinstance(x, int) for x in pairs):  # one pair: (2, 1)
+        pairs = [pairs]
+    try:
+        chosen = sorted({(int(layer), int(h)) for layer, h in pairs})
+    except (TypeError, ValueError):
+        raise ValueError(f"receivers={receivers!r}: give (layer, head) pairs, e.g. "
+                         "[(2, 1), (3, 0)], or one pair") from None
     if not chosen:
         raise ValueError("receivers=[] names no head; give (layer, head) pairs, or None for "
                          "the paths to the logits")

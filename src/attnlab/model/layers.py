@@ -147,13 +147,23 @@ class MLP(nn.Module):
 
     def forward(self, x: Tensor, trace: Any = None) -> Tensor:
         """x (B, T, C) -> (B, T, C); `trace` (a layer's seam, `model/trace.py`) records the
-        hidden activations as "mlp_hidden" and may replace them (an edit)."""
-        if self.gate is None and isinstance(self.fc, Linear):
+        pre-activations as "mlp_pre" and the hidden activations as "mlp_hidden", and may
+        replace them (an edit)."""
+        # the fused GELU never holds the pre-activations: a seam that may read or edit them
+        # takes the product and its activation apart
+        apart = trace is not None and trace.may_see("mlp_pre")
+        if self.gate is None and isinstance(self.fc, Linear) and not apart:
             h = self.fc.gelu(x, self.approximate)  # (B, T, d_ff)
-        elif self.gate is None:  # fc replaced by another module
-            h = F.gelu(self.fc(x), approximate=self.approximate)  # (B, T, d_ff)
+        elif self.gate is None:  # fc replaced by another module, or pre-activations wanted
+            pre = self.fc(x)  # (B, T, d_ff)
+            if trace is not None:
+                pre = trace.record("mlp_pre", pre)
+            h = F.gelu(pre, approximate=self.approximate)  # (B, T, d_ff)
         else:
-            h = F.silu(self.gate(x)) * self.fc(x)  # (B, T, d_ff)
+            pre = self.gate(x)  # (B, T, d_ff)
+            if trace is not None:
+                pre = trace.record("mlp_pre", pre)
+            h = F.silu(pre) * self.fc(x)  # (B, T, d_ff)
         if trace is not None:
             h = trace.record("mlp_hidden", h)
         return self.dropout(self.proj(h))  # (B, T, C)

@@ -44,6 +44,9 @@ NAMES: dict[str, str] = {
     "resid_mid": "(B, T, C) the residual stream between attention and the MLP: the MLP's "
                  "input before its norm (absent without mlp, and with a parallel residual, "
                  "whose MLP reads resid_pre)",
+    "mlp_pre": "(B, T, d_ff) the MLP's pre-activations, what its activation function reads: "
+               "fc x, or gate x (SwiGLU, whose up projection fc x multiplies silu of it) "
+               "(absent without mlp)",
     "mlp_hidden": "(B, T, d_ff) the MLP's hidden activations, the input of its down "
                   "projection: gelu(fc x), or silu(gate x) * fc x (absent without mlp)",
     "mlp_out": "(B, T, C) the MLP's output, before it joins the residual (absent without mlp)",
@@ -76,7 +79,8 @@ def absent_names(config: GPTConfig) -> dict[str, str]:
     if not config.attn_out_proj:
         absent["attn_out"] = "it has no output projection (attn_out_proj=False)"
     if config.mlp == "none":
-        absent |= dict.fromkeys(("resid_mid", "mlp_hidden", "mlp_out"), "it has no MLP")
+        absent |= dict.fromkeys(("resid_mid", "mlp_pre", "mlp_hidden", "mlp_out"),
+                                "it has no MLP")
     elif config.parallel_residual:
         absent["resid_mid"] = "its MLP reads resid_pre (parallel_residual=True)"
     return absent

@@ -91,6 +91,11 @@ class _LayerView:
         return self.edits is not None and name in WEIGHT_NAMES and self.edits.needs_weights(
             self.layer)
 
+    def may_see(self, name: str) -> bool:
+        """True when the trace keeps `name` or an edit touches this layer: a value that a
+        fused kernel never holds (the MLP's pre-activations) must then be made on its own."""
+        return (self.trace is not None and self.trace.wants(name)) or self.edits is not None
+
     def record(self, name: str, value: Tensor) -> Tensor:
         if self.edits is not None:
             value = self.edits.apply(name, value, self.layer, self.length)
