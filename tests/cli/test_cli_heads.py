@@ -98,17 +98,18 @@ def test_patch_and_lens(checkpoint: tuple, tmp_path: Path, capsys: pytest.Captur
     assert "heads at one position: " in capsys.readouterr().out
     by_position = json.loads((tmp_path / "p" / "patch.json").read_text())["heads_by_position"]
     assert [len(by_position), len(by_position[0]), len(by_position[0][0])] == [2, 2, 7]
-    assert main([*args, "--by-position", "--method", "attribution"]) == 1
-    assert "--method activation only" in capsys.readouterr().err
+    assert main([*args, "--by-position", "--method", "attribution"]) == 0  # estimated
+    assert "heads at one position: " in capsys.readouterr().out
     assert main([*args, "--blocks"]) == 0
     out = capsys.readouterr().out
     assert "attention output of layer 1: " in out and "MLP output of layer 0: " in out
     blocks = json.loads((tmp_path / "p" / "patch.json").read_text())
     assert [len(blocks["attn_out"]), len(blocks["mlp_out"][0])] == [2, 7]
     assert blocks["resid"] == result["resid"]
-    assert main([*args, "--blocks", "--method", "attribution"]) == 1
-    assert "--blocks patches each layer's attention and MLP outputs: --method activation " \
-           "only" in capsys.readouterr().err
+    assert main([*args, "--blocks", "--method", "attribution"]) == 0
+    assert "MLP output of layer 0: " in capsys.readouterr().out
+    estimated = json.loads((tmp_path / "p" / "patch.json").read_text())
+    assert estimated["method"] == "attribution" and len(estimated["mlp_out"][0]) == 7
     assert main(["lens", str(path), "abcd|ab", "--out", str(tmp_path / "l")]) == 0
     lens = json.loads((tmp_path / "l" / "lens.json").read_text())
     assert lens["layers"] == ["emb", "layer 0", "layer 1"] and len(lens["top_tokens"][0]) == 7

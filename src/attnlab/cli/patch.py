@@ -79,12 +79,12 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
                         "backward pass (fast, approximate: confirm its top heads)")
     parser.add_argument("--by-position", "--by_position", dest="by_position",
                         action="store_true",
-                        help="also each head's output at each position alone (activation "
-                        "only; layers x heads x tokens more runs), in patch.json and "
-                        "printed by its largest effects")
+                        help="also each head's output at each position alone (activation: "
+                        "layers x heads x tokens more runs), in patch.json and printed by "
+                        "its largest effects")
     parser.add_argument("--blocks", action="store_true",
                         help="also each layer's attention output and MLP output at each "
-                        "position (activation only; 2 x layers x tokens more runs), in "
+                        "position (activation: 2 x layers x tokens more runs), in "
                         "patch.json, the figure and the printout")
     parser.add_argument("--qkv", action="store_true",
                         help="also each head's queries, keys, values and attention weights "
@@ -147,13 +147,6 @@ def run(args: argparse.Namespace) -> int:
         raise CLIError(f"--answer {args.answer!r} and --wrong {args.wrong!r} are the same "
                        "token, so their logit difference is 0 in every run; give two tokens")
     method = METHODS[args.method]
-    # activation patching makes a corrupted run per head and per (layer, position): shown
-    if args.by_position and args.method != "activation":
-        raise CLIError("--by-position patches each head at each position: --method "
-                       "activation only (attribution estimates every cell at once)")
-    if args.blocks and args.method != "activation":
-        raise CLIError("--blocks patches each layer's attention and MLP outputs: --method "
-                       "activation only")
     receivers = _receivers(args, model.config)
     absent = absent_names(model.config)
     for name in ("attn_out", "mlp_out") if args.blocks else ():
@@ -161,13 +154,13 @@ def run(args: argparse.Namespace) -> int:
             raise CLIError(f"--blocks patches {name}, and this model never computes it, as "
                            f"{absent[name]}; leave out --blocks")
     with Counter("run", "patched") as progress:
-        shown = {"progress": progress, "by_position": args.by_position,
-                 "blocks": args.blocks} if args.method == "activation" else {}
-        shown["qkv"] = args.qkv
+        # activation patching makes a corrupted run per cell: shown; attribution, one pass
+        shown = {"progress": progress} if args.method == "activation" else {}
         result = getattr(patching, method.function)(
             model, torch.tensor([clean], device=model.wte.weight.device),  # (1, T)
             torch.tensor([corrupt], device=model.wte.weight.device),  # (1, T)
-            patching.logit_diff_metric(answer, wrong), **shown)
+            patching.logit_diff_metric(answer, wrong), by_position=args.by_position,
+            blocks=args.blocks, qkv=args.qkv, **shown)
     print(f"logit difference {args.answer!r} - {args.wrong!r}: clean {result.clean:.3f}, "
           f"corrupted {result.corrupted:.3f}")
     gap = abs(result.clean - result.corrupted)

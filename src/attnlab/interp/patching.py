@@ -166,13 +166,7 @@ def activation_patching(
     total)` hears after each pass. A metric with `last_logits_only` True (`logit_diff_metric`
     at the last position) is handed the last position's logits alone, (B, 1, V)."""
     c, T = model.config, clean_ids.shape[1]
-    outputs = ("attn_out", "mlp_out") if blocks else ()
-    absent = absent_names(c)
-    for name in outputs:
-        if name in absent:
-            raise ValueError(f"blocks=True patches {name}, and this model never computes it, "
-                             f"as {absent[name]}; patch heads and the residual stream "
-                             "(blocks=False)")
+    outputs = _outputs(c) if blocks else ()
     inputs = HEAD_INPUTS if qkv else ()
     runner = PatchRuns(model, clean_ids, corrupt_ids, metric, attention_mask, RESTARTS,
                      ("context", "resid_pre", *outputs, *inputs))
@@ -189,6 +183,18 @@ def activation_patching(
     for field, (group, shape) in grids.items():  # effects are in the grids' order
         found[field], effects = effects[:len(group)].view(shape), effects[len(group):]
     return Patching(clean=runner.clean, corrupted=runner.corrupted, **found)
+
+
+def _outputs(c: Any) -> tuple[str, ...]:
+    """What blocks=True patches: each layer's attention and MLP outputs, if the model has
+    both (else a ValueError saying which it lacks)."""
+    absent = absent_names(c)
+    for name in ("attn_out", "mlp_out"):
+        if name in absent:
+            raise ValueError(f"blocks=True patches {name}, and this model never computes it, "
+                             f"as {absent[name]}; patch heads and the residual stream "
+                             "(blocks=False)")
+    return ("attn_out", "mlp_out")
 
 
 def _grids(c: Any, T: int, by_position: bool, outputs: tuple[str, ...],
@@ -223,6 +229,8 @@ def attribution_patching(
     metric: Metric,
     attention_mask: Tensor | None = None,
     *,
+    by_position: bool = False,
+    blocks: bool = False,
     qkv: bool = False,
 ) -> Patching:
     """`activation_patching`'s effects to first order, from a clean run, a corrupted run and
@@ -231,14 +239,16 @@ def attribution_patching(
     normalized as there. Exact for a metric linear in the value; a large effect through
     softmax or a norm may be over- or underestimated, so confirm the heads it ranks first
     with `activation_patching` or `patch_effect`. The model's parameters get no gradient.
-    qkv: also each head's queries and attention weights and each key-value head's keys and
-    values, as `activation_patching(qkv=True)` patches them."""
+    by_position, blocks, qkv: the grids `activation_patching` fills with them, from the same
+    pass (each head's output at each position; each layer's attention and MLP outputs at
+    each position; each head's inputs)."""
     if torch.is_inference_mode_enabled():  # enable_grad cannot undo it: nothing records
         raise ValueError("attribution_patching needs autograd, which torch.inference_mode() "
                          "turns off; call it outside inference mode (it uses its own no_grad "
                          "where it can)")
+    outputs = _outputs(model.config) if blocks else ()
     with torch.no_grad():
-        names = ("context", "resid_pre", *(HEAD_INPUTS if qkv else ()))
+        names = ("context", "resid_pre", *outputs, *(HEAD_INPUTS if qkv else ()))
         runner = PatchRuns(model, clean_ids, corrupt_ids, metric, attention_mask, names=names)
     n_layer, dtype = model.config.n_layer, wide(model.lm_head.weight.dtype)
     sites = [(layer, name) for layer in range(n_layer) for name in names]
@@ -270,12 +280,15 @@ def attribution_patching(
         moved = runner.trace.get(name, layer) - held[(layer, name)].detach()  # clean - corrupted
         return (moved * grads[(layer, name)]).to(dtype) / gap  # same shape as the value
 
-    def grid(name: str) -> Tensor:
-        """(n_layer, nh or nkv) summed over all but the head, or (n_layer, T) of resid_pre."""
-        kept = (0, 2) if name == "resid_pre" else (0, 2, 3)  # all but the head or position
-        return torch.stack([attribution(layer, name).sum(dim=kept)
+    def grid(name: str, summed: tuple[int, ...]) -> Tensor:
+        """(n_layer, ...): each layer's attribution summed over the dimensions `summed`."""
+        return torch.stack([attribution(layer, name).sum(dim=summed)
                             for layer in range(n_layer)]).cpu()
 
-    inputs = {name: grid(name) for name in names[2:]}  # qkv's
-    return Patching(grid("context"), grid("resid_pre"), runner.clean, runner.corrupted,
-                    **inputs)
+    per_head = (0, 2, 3)  # (B, nh, T, hs) -> (nh,)
+    found = {"heads": grid("context", per_head), "resid": grid("resid_pre", (0, 2))}  # (T,)
+    if by_position:
+        found["heads_by_position"] = grid("context", (0, 3))  # (n_layer, nh, T)
+    found |= {name: grid(name, (0, 2)) for name in outputs}  # (B, T, C) -> (T,)
+    found |= {name: grid(name, per_head) for name in names if name in HEAD_INPUTS}
+    return Patching(clean=runner.clean, corrupted=runner.corrupted, **found)

@@ -1,6 +1,7 @@
-"""interp/patching.py's qkv=True: each head's queries, keys, values and attention weights
-patched from the clean run, checked cell by cell against one patch alone, against the head's
-output they make up, and (attribution) against a finite difference."""
+"""interp/patching.py's finer grids: qkv=True's queries, keys, values and attention weights
+patched from the clean run, checked cell by cell against one patch alone and against the
+head's output they make up; attribution's estimates of every grid against a finite
+difference."""
 
 from __future__ import annotations
 
@@ -102,36 +103,64 @@ def test_a_heads_inputs_together_patch_its_output(switches: dict[str, Any]) -> N
         assert float((result.q[:, 0] - result.k[:, 0]).abs().max()) > 1e-4
 
 
+def _derivative(model: GPT, clean: torch.Tensor, corrupt: torch.Tensor, mask: torch.Tensor,
+                metric: LogitDiff, name: str, layer: int, **where: tuple[int, ...]) -> float:
+    """The normalized metric's derivative as the cells `where` (heads, positions) of `name`
+    at `layer` move from their corrupted toward their clean values: a central difference."""
+    eps = 1e-5
+
+    def step(sign: float) -> float:
+        def make(t: Any) -> Edits:
+            source = t.get(name, layer)
+
+            def toward(value: torch.Tensor, first: int) -> torch.Tensor:
+                return value + sign * eps * (source - value)
+            return Edits([Edit(name, layer, toward, **where)])
+        return patch_effect(model, clean, corrupt, metric, make, attention_mask=mask,
+                            names=[name])
+
+    return (step(1.0) - step(-1.0)) / (2 * eps)
+
+
 @pytest.mark.parametrize("switches", CONFIGS)
-def test_attribution_of_each_head_input_is_its_directional_derivative(
+def test_attribution_of_each_grid_is_its_directional_derivative(
         switches: dict[str, Any]) -> None:
-    """attribution_patching(qkv=True)'s q, k, v and attn_weights cells are each value's
-    first-order effect: the metric's change when that head's value moves a small step eps
-    from its corrupted toward its clean state, divided by eps, normalized as the effects
-    (a central difference in float64)."""
+    """attribution_patching's cells are each value's first-order effect: the metric's change
+    when that cell moves a small step from its corrupted toward its clean state, divided by
+    the step, normalized as the effects (a central difference in float64), for qkv=True's
+    q, k, v and attn_weights, by_position's heads at one position and blocks' attention and
+    MLP outputs at one position; the heads grid is the same with or without them."""
     model, clean, corrupt, mask, metric = _pair(switches, seed=2)
     c = model.config
-    result = attribution_patching(model, clean, corrupt, metric, attention_mask=mask, qkv=True)
+    result = attribution_patching(model, clean, corrupt, metric, attention_mask=mask, qkv=True,
+                                  by_position=True, blocks=True)
     plain = attribution_patching(model, clean, corrupt, metric, attention_mask=mask)
     torch.testing.assert_close(result.heads, plain.heads, rtol=0, atol=1e-12)
-    assert plain.q is None
-    eps = 1e-5
+    torch.testing.assert_close(result.resid, plain.resid, rtol=0, atol=1e-12)
+    assert plain.q is None and plain.heads_by_position is None and plain.attn_out is None
+    last, T = c.n_layer - 1, clean.shape[1]
     for name, grid in (("q", result.q), ("k", result.k), ("v", result.v),
                        ("attn_weights", result.attn_weights)):
         assert grid is not None
         n = c.n_kv_heads if name in ("k", "v") else c.n_head
         assert grid.shape == (c.n_layer, n)
-        for layer, head in [(0, 0), (c.n_layer - 1, n - 1)]:
-            def step(sign: float, name: str = name, layer: int = layer, head: int = head
-                     ) -> float:
-                def make(t: Any) -> Edits:
-                    source = t.get(name, layer)
-
-                    def toward(value: torch.Tensor, first: int) -> torch.Tensor:
-                        return value + sign * eps * (source - value)
-                    return Edits([Edit(name, layer, toward, heads=(head,))])
-                return patch_effect(model, clean, corrupt, metric, make, attention_mask=mask,
-                                    names=[name])
-            derivative = (step(1.0) - step(-1.0)) / (2 * eps)
+        for layer, head in [(0, 0), (last, n - 1)]:
+            derivative = _derivative(model, clean, corrupt, mask, metric, name, layer,
+                                     heads=(head,))
             assert derivative == pytest.approx(float(grid[layer, head]), rel=1e-5, abs=1e-8)
+        assert grid.abs().max() > 1e-3, name
+    by_position = result.heads_by_position
+    assert by_position is not None and by_position.shape == (c.n_layer, c.n_head, T)
+    torch.testing.assert_close(by_position.sum(-1), result.heads, rtol=0, atol=1e-12)
+    for layer, head, pos in [(0, 1, 5), (last, 0, 3)]:
+        derivative = _derivative(model, clean, corrupt, mask, metric, "context", layer,
+                                 heads=(head,), positions=(pos,))
+        assert derivative == pytest.approx(float(by_position[layer, head, pos]), rel=1e-5,
+                                           abs=1e-8)
+    for name, grid in (("attn_out", result.attn_out), ("mlp_out", result.mlp_out)):
+        assert grid is not None and grid.shape == (c.n_layer, T)
+        for layer, pos in [(0, 5), (last, 4)]:
+            derivative = _derivative(model, clean, corrupt, mask, metric, name, layer,
+                                     positions=(pos,))
+            assert derivative == pytest.approx(float(grid[layer, pos]), rel=1e-5, abs=1e-8)
         assert grid.abs().max() > 1e-3, name
