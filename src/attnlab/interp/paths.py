@@ -14,7 +14,9 @@ logits. In attnlab's direction (the clean run's values into the corrupted run, a
    normalized as `activation_patching`'s, is the sender's effect along those paths.
 
 Without receivers, step 1's own logits are scored: each head's effect through the residual
-stream and the MLPs after it, no other head. The runs are `runs.py`'s, the edits
+stream and the MLPs after it, no other head. The noising direction (the paper's: the clean
+run, the sender's output corrupted) is the same function with the prompts swapped; its
+effects are the share of the corruption's change that each path carries. The runs are `runs.py`'s, the edits
 `edits.py`'s.
 """
 
