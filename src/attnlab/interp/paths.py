@@ -16,8 +16,8 @@ logits. In attnlab's direction (the clean run's values into the corrupted run, a
 Without receivers, step 1's own logits are scored: each head's effect through the residual
 stream and the MLPs after it, no other head. The noising direction (the paper's: the clean
 run, the sender's output corrupted) is the same function with the prompts swapped; its
-effects are the share of the corruption's change that each path carries. The runs are `runs.py`'s, the edits
-`edits.py`'s.
+effects are the share of the corruption's change that each path carries. The runs are
+`runs.py`'s, the edits `edits.py`'s.
 """
 
 from __future__ import annotations
@@ -73,8 +73,8 @@ def path_patching(
 ) -> PathPatching:
     """Each head's effect along its paths to `receivers` (a (layer, head) pair, or several)
     through their inputs `via` ("q", "k", "v", or several; None: all three), or with
-    receivers None to the logits through
-    the residual stream and MLPs alone; ids (B, T), one attention_mask for both. Keys and
+    receivers None to the logits through the residual stream and MLPs alone; ids (B, T),
+    one attention_mask for both. Keys and
     values of a grouped-query model belong to key-value heads: a receiver's are its group's,
     and patching them reaches every query head of the group. Every head before the last
     receiver's layer is a sender (all heads, for the logits), two corrupted runs each,
