@@ -310,3 +310,81 @@ def test_patch_paths_to_heads_or_the_logits(
     for flags, message in refused:
         assert main([*args, *flags]) == 1
         assert message in capsys.readouterr().err, flags
+
+
+def test_the_printout_ranks_effects_by_size_and_prints_no_minus_zero() -> None:
+    """`_top`: the five cells largest in size, either sign (a head against the answer among
+    them), NaN cells (no path) left out, each "layer.head" ("@position" for a position grid)
+    with its signed effect; what rounds to zero prints +0.00 from either side, not -0.00."""
+    nan = float("nan")
+    grid = torch.tensor([[0.1, -0.9, nan], [0.5, -0.004, 0.3], [0.2, 0.0, -0.6]])  # (3, 3)
+    assert patch_cli._top(grid) == "0.1 -0.90, 2.2 -0.60, 1.0 +0.50, 1.2 +0.30, 2.0 +0.20"
+    by_position = torch.tensor([[[0.25, -0.001], [nan, -0.5]]])  # (1, 2, 2)
+    assert patch_cli._top(by_position) == "0.1@1 -0.50, 0.0@0 +0.25, 0.0@1 +0.00"
+    assert [patch_cli._signed(e) for e in (-0.004, -0.0, 0.0, 0.25, -1.25)] == [
+        "+0.00", "+0.00", "+0.00", "+0.25", "-1.25"]
+
+
+@pytest.mark.parametrize("grouped", [True, False])
+def test_the_printout_says_keys_and_values_are_key_value_heads_when_grouped(
+    grouped: bool, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """--qkv on a grouped-query model: its keys and values belong to key-value heads (2
+    columns for 4 query heads), and their lines say so; queries and attention weights, per
+    query head, and every line of an ungrouped model do not."""
+    from attnlab.interp.patching import Patching
+
+    k, v = torch.tensor([[0.1, 0.2], [0.3, 0.4]]), torch.tensor([[0.0, -0.7], [0.0, 0.0]])
+    result = Patching(heads=torch.zeros(2, 4), resid=torch.zeros(2, 3), clean=1.0,
+                      corrupted=0.0, q=torch.zeros(2, 4), k=k, v=v,
+                      attn_weights=torch.zeros(2, 4))
+    patch_cli._print_effects(result, patch_cli.METHODS["activation"], grouped)
+    lines = capsys.readouterr().out.splitlines()
+    shared = " (key-value heads)" if grouped else ""
+    assert f"  through keys{shared}: 1.1 +0.40, 1.0 +0.30, 0.1 +0.20, 0.0 +0.10" in lines
+    assert any(line.startswith(f"  through values{shared}: 0.1 -0.70, ") for line in lines)
+    assert any(line.startswith("  through queries: ") for line in lines)
+    assert any(line.startswith("  through attention weights: ") for line in lines)
+
+
+def test_patch_paths_through_several_inputs_are_titled_recorded_and_drawn(
+    checkpoint: tuple, tmp_path: Path, capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """--paths-to 1.0,1.1 --via k,v patches both inputs named (the library's grid with
+    via=("k", "v")), and the printout, patch.json and the figure's grid (handed to
+    plot_patching) name them; a receiver in layer 0 beside a later one is taken."""
+    import attnlab.viz.heads as viz_heads
+    from attnlab.interp.patching import logit_diff_metric
+    from attnlab.interp.paths import path_patching
+
+    drawn: dict[str, torch.Tensor] = {}
+    plot = viz_heads.plot_patching
+
+    def keep_inputs(*args: object, **kwargs: object) -> object:
+        drawn.update(kwargs.get("inputs") or {})  # type: ignore[call-overload]
+        return plot(*args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(viz_heads, "plot_patching", keep_inputs)
+    path, model, tokenizer = checkpoint
+    args = ["patch", str(path), "--clean", "abcd|ab", "--corrupt", "abxd|ab", "--answer", "c",
+            "--wrong", "x", "--out", str(tmp_path / "p")]
+    clean, corrupt = (torch.tensor([tokenizer.encode(t)]) for t in ("abcd|ab", "abxd|ab"))
+    metric = logit_diff_metric(*(tokenizer.encode(t)[0] for t in "cx"))
+    assert main([*args, "--paths-to", "1.0,1.1", "--via", "k,v"]) == 0
+    title = "paths to 1.0,1.1 via k,v"
+    assert any(line.startswith(f"{title}: senders by effect: ")
+               for line in capsys.readouterr().out.splitlines())
+    expected = path_patching(model, clean, corrupt, metric, [(1, 0), (1, 1)],
+                             via=("k", "v")).senders  # (2, 2): layer 1 NaN
+    only_k = path_patching(model, clean, corrupt, metric, [(1, 0), (1, 1)], via="k").senders
+    assert (expected[0] - only_k[0]).abs().max() > 1e-4  # the values' paths count
+    record = json.loads((tmp_path / "p" / "patch.json").read_text())["paths"]
+    assert record["via"] == ["k", "v"] and record["receivers"] == [[1, 0], [1, 1]]
+    torch.testing.assert_close(torch.tensor(record["senders"][0], dtype=expected.dtype),
+                               expected[0])
+    assert list(drawn) == [title]
+    torch.testing.assert_close(drawn[title], expected, equal_nan=True)
+    assert main([*args, "--paths-to", "0.1,1.0"]) == 0
+    record = json.loads((tmp_path / "p" / "patch.json").read_text())["paths"]
+    assert record["receivers"] == [[0, 1], [1, 0]]

@@ -3,6 +3,7 @@ hand-built two-layer model whose one head carries the answer puts the whole effe
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import pytest
@@ -11,6 +12,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from attnlab import GPT, GPTConfig, Trace
 from attnlab.interp import patching as patching_module
+from attnlab.interp import runs as runs_module
 from attnlab.interp.edits import Edit, Edits, patch
 from attnlab.interp.patching import (
     LogitDiff,
@@ -19,6 +21,7 @@ from attnlab.interp.patching import (
     logit_diff_metric,
     patch_effect,
 )
+from attnlab.interp.runs import PatchRuns
 from helpers import one_head_model
 
 
@@ -441,3 +444,64 @@ def test_block_outputs_of_a_model_without_them_are_refused() -> None:
     with pytest.raises(ValueError, match=r"blocks=True patches mlp_out, and this model never "
                                          r"computes it, as it has no MLP"):
         activation_patching(no_mlp, clean, corrupt, metric, attention_mask=mask, blocks=True)
+
+
+def test_no_change_over_a_negative_gap_is_zero_not_minus_zero() -> None:
+    """An effect is (patched - corrupted) / (clean - corrupted): a patch that changes nothing,
+    over a clean run that scores below the corrupted one, is 0.0 / a negative gap = -0.0,
+    which patch.json would write as -0.0 and a plain format print as -0.00; it is +0.0."""
+    model = one_head_model()
+    clean, corrupt = torch.tensor([[1, 0, 0, 3]]), torch.tensor([[2, 0, 0, 3]])
+    result = activation_patching(model, clean, corrupt, logit_diff_metric(2, 1))  # swapped
+    assert result.clean == pytest.approx(-0.25) and result.corrupted == pytest.approx(0.25)
+    assert torch.equal(result.heads, torch.tensor([[0.0, 0.0], [1.0, 0.0]]))
+    assert not torch.signbit(result.heads).any() and not torch.signbit(result.resid).any()
+    assert "-0.0" not in json.dumps(result.to_dict())
+
+
+def test_a_pass_fits_as_many_copies_as_the_logit_budget_allows(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """`PatchRuns.per_pass(None)`: up to BATCH copies of the batch, as many as fit their
+    logits in LOGIT_BYTES, a copy's logits being B rows x (1 column for a metric of the last
+    logits alone, else T) x V x the element size; one at least; a batch given is kept.
+    activation_patching's passes are that many patches each (progress hears each pass)."""
+    model, clean, corrupt, mask, last = _left_padded_pair(seed=3, row=1, pads=2)  # float64
+
+    def every(logits: torch.Tensor) -> torch.Tensor:  # no last_logits_only: (B, T, V)
+        return last(logits)
+
+    one_column = PatchRuns(model, clean, corrupt, last, mask)
+    all_columns = PatchRuns(model, clean, corrupt, every, mask)
+    assert one_column.per_pass(None) == all_columns.per_pass(None) == runs_module.BATCH
+    copy = 2 * 6 * 65 * 8  # bytes of one copy's logits: B x T x V x float64
+    monkeypatch.setattr(runs_module, "LOGIT_BYTES", 5 * copy + 1)
+    assert all_columns.per_pass(None) == 5
+    assert one_column.per_pass(None) == 30  # each copy's logits: 1 column of 6
+    assert all_columns.per_pass(3) == 3
+    heard: list[tuple[int, int]] = []
+    activation_patching(model, clean, corrupt, every, attention_mask=mask,
+                        progress=lambda *n: heard.append(n))
+    sites = 2 * 2 + 2 * 6
+    assert heard == [(5, sites), (10, sites), (15, sites), (sites, sites)]
+    monkeypatch.setattr(runs_module, "LOGIT_BYTES", copy - 1)
+    assert all_columns.per_pass(None) == 1  # one copy, even over the budget
+
+
+def test_a_pass_of_several_patches_starts_at_its_lowest_layer() -> None:
+    """Patches go into passes in layer order, so a pass of 5 spans one layer or two and
+    restarts at the lower: block i runs in the clean and corrupted runs and once for each
+    pass whose first patch is at layer i or below. (In the grids' order, heads then
+    positions, a pass would span several layers and restart lower: the same effects, more
+    blocks run.)"""
+    model, clean, corrupt, mask, metric = _left_padded_pair(seed=5, row=0, pads=1, n_layer=4)
+    calls = [0] * 4
+    hooks = [block.register_forward_hook(lambda *_, i=i: calls.__setitem__(i, calls[i] + 1))
+             for i, block in enumerate(model.blocks)]
+    try:
+        activation_patching(model, clean, corrupt, metric, attention_mask=mask, batch=5)
+    finally:
+        for hook in hooks:
+            hook.remove()
+    layers = sorted(layer for layer in range(4) for _ in range(2 + 6))  # each patch's layer
+    starts = layers[::5]  # each pass's first patch's layer: [0, 0, 1, 1, 2, 3, 3]
+    assert calls == [2 + sum(start <= i for start in starts) for i in range(4)]

@@ -83,6 +83,7 @@ def _by_hand(model: GPT, clean: torch.Tensor, corrupt: torch.Tensor, mask: torch
     ({}, [(1, 0), (3, 1)], ("q", "k", "v")),  # senders in layer 2 reach layer 3's alone
     (GQA, [(3, 3)], ("k", "v")),
     (GQA, [(1, 0), (2, 2)], ("v",)),
+    (GQA, [(2, 3)], ("q",)),  # queries are per query head, not per key-value head
 ])
 def test_each_senders_effect_is_the_two_steps_by_hand(
         switches: dict[str, Any], receivers: list[tuple[int, int]] | None,
@@ -153,3 +154,57 @@ def test_bad_receivers_and_inputs_are_refused() -> None:
     listed = path_patching(model, clean, corrupt, metric, [(1, 0)], via=["v", "k", "q"])
     assert listed.via == ("q", "k", "v")
     torch.testing.assert_close(listed.senders, one.senders, rtol=0, atol=0, equal_nan=True)
+
+
+def test_each_pass_restarts_at_its_first_sender_or_receiver() -> None:
+    """Before a pass's first sender every copy is the corrupted run: step 1 restarts there (or
+    at an earlier receiver), step 2 at the first receiver, from the corrupted run's residual
+    stream. Block i runs in the clean and corrupted runs and in each step that starts at or
+    before it; passes of 3 senders give passes of 1's effects, and progress hears each."""
+    model, clean, corrupt, mask, metric = _pair(4, seed=1)
+
+    def counted(receivers: list[tuple[int, int]] | None
+                ) -> tuple[list[int], list[tuple[int, int]], torch.Tensor]:
+        """Block i's runs, what progress heard and the senders, passes of 3."""
+        ran, heard = [0] * 4, []
+        hooks = [block.register_forward_hook(lambda *_, i=i: ran.__setitem__(i, ran[i] + 1))
+                 for i, block in enumerate(model.blocks)]
+        try:
+            result = path_patching(model, clean, corrupt, metric, receivers,
+                                   attention_mask=mask, batch=3,
+                                   progress=lambda *n: heard.append(n))
+        finally:
+            for hook in hooks:
+                hook.remove()
+        return ran, heard, result.senders
+
+    # senders 0.0 0.1 1.0 | 1.1: step 1 from layers 0 and 1, step 2 from layer 2 twice
+    # to the logits, senders 0.0 0.1 1.0 | 1.1 2.0 2.1 | 3.0 3.1: step 1 from 0, 1 and 3
+    for receivers, calls, heard in [([(2, 0)], [3, 4, 6, 6], [(3, 4), (4, 4)]),
+                                    (None, [3, 4, 4, 5], [(3, 8), (6, 8), (8, 8)])]:
+        ran, told, senders = counted(receivers)
+        assert ran == calls, receivers
+        assert told == heard, receivers
+        one = path_patching(model, clean, corrupt, metric, receivers, attention_mask=mask,
+                            batch=1)
+        torch.testing.assert_close(senders, one.senders, rtol=0, atol=1e-12, equal_nan=True)
+
+
+def test_a_receiver_in_layer_zero_is_taken_beside_later_ones() -> None:
+    """No head comes before layer 0, so a receiver there gets its corrupted inputs from every
+    sender: beside a later receiver it changes no effect (receivers all in layer 0 are
+    refused, one among others is not)."""
+    model, clean, corrupt, mask, metric = _pair(2, seed=2)
+    both = path_patching(model, clean, corrupt, metric, [(0, 1), (1, 0)], attention_mask=mask)
+    alone = path_patching(model, clean, corrupt, metric, [(1, 0)], attention_mask=mask)
+    assert both.receivers == [(0, 1), (1, 0)]
+    torch.testing.assert_close(both.senders, alone.senders, rtol=0, atol=1e-12, equal_nan=True)
+    assert alone.senders[0].abs().max() > 1e-3
+
+
+def test_one_pair_alone_is_two_integers() -> None:
+    """A pair is taken as one receiver when both entries are integers: (1, 0.5) is refused,
+    not read as head 0 of layer 1."""
+    model, clean, corrupt, _, metric = _pair(2)
+    with pytest.raises(ValueError, match=r"receivers=\(1, 0.5\): give \(layer, head\) pairs"):
+        path_patching(model, clean, corrupt, metric, (1, 0.5))  # type: ignore[arg-type]

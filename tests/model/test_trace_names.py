@@ -265,3 +265,36 @@ def test_resid_mid_and_the_mlp_names_are_what_the_block_computes(overrides: dict
         if not c.parallel_residual:
             out = get("resid_mid") + get("mlp_out") if c.residual else get("mlp_out")
             torch.testing.assert_close(get("block_out"), out)
+
+
+def test_the_fused_gelu_is_taken_apart_only_where_mlp_pre_may_be_seen(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The fused GELU (`Linear.gelu`: the product and its activation in one kernel, never
+    holding the pre-activations) runs in every layer unless the trace keeps mlp_pre there or
+    an edit touches the layer: a trace of other names keeps it in every layer, a trace of
+    mlp_pre in layer 1 alone keeps it in layer 0; the logits are the same either way."""
+    from attnlab.interp.edits import Edit
+    from attnlab.model.layers import Linear
+
+    model = _model("nano")  # GELU, 2 layers
+    fused: list[int] = []
+    gelu = Linear.gelu
+
+    def counted(self: Linear, x: torch.Tensor, approximate: str) -> torch.Tensor:
+        fused.append(1)
+        return gelu(self, x, approximate)
+
+    monkeypatch.setattr(Linear, "gelu", counted)
+    ids = _ids(model, 2, 5)
+    plain = model(ids).logits  # (B, T, V)
+    assert len(fused) == 2
+    unchanged = Edit("mlp_out", 1, lambda value, first: value)
+    for trace, edits, layers in [(Trace(names=["mlp_hidden", "context"]), None, 2),
+                                 (Trace(names=["mlp_pre"]), None, 0),
+                                 (Trace(names=["mlp_pre"], layers=[1]), None, 1),
+                                 (None, unchanged, 1)]:
+        fused.clear()
+        logits = model(ids, trace=trace, edits=edits).logits
+        assert len(fused) == layers, (trace, edits)
+        torch.testing.assert_close(logits, plain, atol=1e-6, rtol=0)

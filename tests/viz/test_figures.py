@@ -377,3 +377,21 @@ def test_head_summaries_figure_has_a_panel_and_a_colorbar_per_summary() -> None:
     assert len(fig.axes) == 4  # two panels, two colorbars: each on its own scale
     assert [t.get_text() for t in panels[0].get_yticklabels()] == ["2", "5", "7"]
     assert panels[1].images[0].norm.vmax == 1.0  # a weight: on [0, 1]
+
+
+def test_patching_figure_counts_each_input_grids_own_heads() -> None:
+    """An input grid's columns are its own heads: the keys of a grouped-query model's 2
+    key-value heads are labelled 0 1 beside its 4 query heads' 0 1 2 3."""
+    from attnlab.viz.heads import plot_patching
+
+    tokens = [f"w{i}" for i in range(6)]
+    fig = plot_patching(torch.rand(3, 4), torch.rand(3, 6), tokens,
+                        inputs={"q": torch.rand(3, 4), "k": torch.rand(3, 2)})
+    titled = {ax.get_title(): ax for ax in fig.axes if ax.get_title()}
+
+    def columns(title: str) -> list[str]:
+        return [label.get_text() for label in titled[title].get_xticklabels()]
+
+    assert columns("keys of key-value heads (every position)") == ["0", "1"]
+    assert columns("head queries (every position)") == ["0", "1", "2", "3"]
+    assert columns("head outputs (every position)") == ["0", "1", "2", "3"]
