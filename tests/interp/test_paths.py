@@ -7,6 +7,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
+import numpy as np
 import pytest
 import torch
 
@@ -208,3 +209,7 @@ def test_one_pair_alone_is_two_integers() -> None:
     model, clean, corrupt, _, metric = _pair(2)
     with pytest.raises(ValueError, match=r"receivers=\(1, 0.5\): give \(layer, head\) pairs"):
         path_patching(model, clean, corrupt, metric, (1, 0.5))  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match=r"receivers=\[\(1.7, 0\)\]: give"):  # not layer 1
+        path_patching(model, clean, corrupt, metric, [(1.7, 0)])  # type: ignore[list-item]
+    numpy_pair = (np.int64(1), np.int64(0))  # one pair of numpy integers
+    assert path_patching(model, clean, corrupt, metric, numpy_pair).receivers == [(1, 0)]

@@ -23,6 +23,7 @@ effects are the share of the corruption's change that each path carries. The run
 from __future__ import annotations
 
 import math
+import operator
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
@@ -171,10 +172,10 @@ def _receivers(receivers: tuple[int, int] | Iterable[tuple[int, int]], config: A
     """The (layer, head) pairs (one pair alone, or several), checked: some, all in the
     model, and after layer 0."""
     pairs: list[Any] = list(receivers)
-    if len(pairs) == 2 and all(isinstance(x, int) for x in pairs):  # one pair: (2, 1)
+    if len(pairs) == 2 and all(_integer(x) for x in pairs):  # one pair: (2, 1)
         pairs = [pairs]
-    try:
-        chosen = sorted({(int(layer), int(h)) for layer, h in pairs})
+    try:  # operator.index: integers (numpy's too), never a float truncated
+        chosen = sorted({(operator.index(layer), operator.index(h)) for layer, h in pairs})
     except (TypeError, ValueError):
         raise ValueError(f"receivers={receivers!r}: give (layer, head) pairs, e.g. "
                          "[(2, 1), (3, 0)], or one pair") from None
@@ -186,6 +187,15 @@ def _receivers(receivers: tuple[int, int] | Iterable[tuple[int, int]], config: A
         raise ValueError(f"receivers {chosen} are all in layer 0, which no head comes before; "
                          "choose receivers in a later layer")
     return chosen
+
+
+def _integer(x: Any) -> bool:
+    """True for an integer index (int, numpy's integers, a 0-d integer tensor), not a bool."""
+    try:
+        operator.index(x)
+    except TypeError:
+        return False
+    return not isinstance(x, bool)
 
 
 def _inputs(via: str | Iterable[str]) -> tuple[str, ...]:
