@@ -133,7 +133,7 @@ def _senders_run(runs: PatchRuns, group: list[tuple[int, int]],
         return Edit("context", layer, replace)
 
     edits = Edits([frozen(layer) for layer in range(first, runs.model.config.n_layer)])
-    return _corrupted_copies(runs, n, first, edits, received)
+    return runs.copies(n, first, edits, received)
 
 
 def _receivers_run(runs: PatchRuns, n: int, receivers: list[tuple[int, int]],
@@ -148,23 +148,12 @@ def _receivers_run(runs: PatchRuns, n: int, receivers: list[tuple[int, int]],
             heads = tuple(sorted({h if name == "q" else h // group
                                   for la, h in receivers if la == layer}))
             edits.append(Edit(name, layer, _taking(received.get(name, layer)), heads))
-    first = min(layer for layer, _ in receivers)
-    return _corrupted_copies(runs, n, first, Edits(edits))
+    return runs.copies(n, min(layer for layer, _ in receivers), Edits(edits))
 
 
 def _taking(source: Tensor) -> Callable[[Tensor, int], Tensor]:
     """An edit's replacement: `source` (n B, heads, T, hs), recorded by step 1."""
     return lambda value, first: source.to(value)
-
-
-def _corrupted_copies(runs: PatchRuns, n: int, first: int, edits: Edits,
-                      trace: Trace | None = None) -> Tensor:
-    """The logits (n B, T or 1, V) of n copies of the corrupted batch under `edits`, run
-    from the corrupted run's residual stream entering layer `first`."""
-    resid = runs.corrupted_value("resid_pre", first).repeat(n, 1, 1)  # (n B, T, C)
-    mask = None if runs.mask is None else runs.mask.repeat(n, 1)  # (n B, S)
-    return runs.forward(runs.corrupt_ids.repeat(n, 1), mask, edits=edits,
-                        start_at=(first, resid), trace=trace, check_ids=False)
 
 
 def _receivers(receivers: tuple[int, int] | Iterable[tuple[int, int]], config: Any

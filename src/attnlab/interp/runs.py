@@ -168,17 +168,23 @@ class PatchRuns:
         for start in range(0, len(sites), batch):
             group = sites[start:start + batch]
             n = len(group)
-            mask = None if self.mask is None else self.mask.repeat(n, 1)  # (n B, S)
             first = min(layer for _, layer, _ in group)
-            start_at = None if self.restarts is None else (
-                first, self.restarts.get("resid_pre", first).repeat(n, 1, 1))  # (n B, T, C)
-            # ids checked by the corrupted run: no read-back of them at every pass
-            logits = self.forward(self.corrupt_ids.repeat(n, 1), mask, edits=self._edits(group),
-                                  start_at=start_at, check_ids=False)  # (n B, T or 1, V)
+            logits = self.copies(n, first, self._edits(group))  # (n B, T or 1, V)
             effects += [self.normalized(value) for value in self.scored_copies(logits, n)]
             if progress is not None:
                 progress(len(effects), len(sites))
         return effects
+
+    def copies(self, n: int, first: int, edits: Edits, trace: Trace | None = None) -> Tensor:
+        """The logits (n B, T or 1, V) of n copies of the corrupted batch under `edits` (copy
+        i is rows i B to (i + 1) B), run from the corrupted run's residual stream entering
+        block `first` where restarts were kept, else from the embeddings."""
+        mask = None if self.mask is None else self.mask.repeat(n, 1)  # (n B, S)
+        start_at = None if self.restarts is None else (
+            first, self.restarts.get("resid_pre", first).repeat(n, 1, 1))  # (n B, T, C)
+        # ids checked by the corrupted run: no read-back of them at every pass
+        return self.forward(self.corrupt_ids.repeat(n, 1), mask, edits=edits,
+                            start_at=start_at, trace=trace, check_ids=False)
 
     def _edits(self, group: list[Site]) -> Edits:
         """One edit per (name, layer) the group patches, each over the copies that patch it."""
