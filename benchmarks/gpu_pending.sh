@@ -1,15 +1,13 @@
 #!/usr/bin/env bash
-# What issue 33 still needs from a lent GPU, in one call of about 6-9 minutes (the device
-# tool's limit is 10): the cuda tests, the summaries and trace suites, and two probes. From
-# the repository root, carrying .gpu-data and .whl:
+# What issue 33 still needs from a lent GPU, in one call of about 4-6 minutes (the device
+# tool's limit is 10): the cuda tests, then the summaries, trace and decode suites. From the
+# repository root, carrying .gpu-data and .whl:
 #
 #     OUT=$OUT bash benchmarks/gpu_pending.sh
 #
-# Under $OUT: pytest.txt; t/ (gpu_decode_trace.sh's files for gpu_summaries and gpu_trace);
-# blocks.json (gpu_summary_blocks: block sizes, with the context from SDPA, the rows pass,
-# and SDPA with its lse, at 32k tokens); gemm.json (gpu_gemm: split products and TF32 for
-# the float32 trace, and 3xTF32 Triton linears); gqa.json (gpu_gqa: grouped-query k/v copied
-# or handed to SDPA, which decides whether GQA_DEVICES takes cuda).
+# Under $OUT: pytest.txt; t/ (gpu_decode_trace.sh's files: gpu_summaries with the forward's
+# lse measured (LSE_FROM_FORWARD), gpu_trace with the weights pass (WEIGHTS_FROM_LSE) and its
+# tiles, gpu_decode with grouped-query heads handed to SDPA on CUDA).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT="${OUT:-bench-results/pending}"
@@ -30,13 +28,5 @@ python -c "import xdist" 2>/dev/null && xdist=(-n 6)
 step 120 pytest "$OUT/pytest.txt" \
   python -m pytest -m cuda -q "${xdist[@]}" -p no:benchmark -p no:cacheprovider -ra
 tail -3 "$OUT/pytest.txt"
-SUITES="gpu_summaries:100" OUT="$OUT/t" bash benchmarks/gpu_decode_trace.sh
-step 120 gpu_gemm "$OUT/gemm.txt" python -m benchmarks.gpu_gemm --out "$OUT/gemm.json"
-cat "$OUT/gemm.txt"
-# after the probe: its 3xTF32 kernels are in triton's cache for gpu_trace's 3xTF32 row
-SUITES="gpu_trace:100" OUT="$OUT/t" bash benchmarks/gpu_decode_trace.sh
-step 60 gpu_gqa "$OUT/gqa.txt" python -m benchmarks.gpu_gqa --out "$OUT/gqa.json"
-cat "$OUT/gqa.txt"
-step 90 gpu_summary_blocks "$OUT/blocks.txt" \
-  python -m benchmarks.gpu_summary_blocks --out "$OUT/blocks.json"
-tail -5 "$OUT/blocks.txt"
+SUITES="gpu_summaries:100 gpu_trace:120 gpu_decode:150" OUT="$OUT/t" \
+  bash benchmarks/gpu_decode_trace.sh

@@ -28,15 +28,18 @@ base model or LM) and than TransformerLens.
 from __future__ import annotations
 
 import importlib.metadata
+import os
 import sys
 import tempfile
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 import torch
 
 from attnlab.hf import gpt_from_hf
+from attnlab.model import summary_kernels
 from attnlab.model.trace import Trace
 
 from .common import table
@@ -65,7 +68,16 @@ HF_BASE = "HF eager base model output_attentions (no head)"
 TL = "TransformerLens run_with_cache: hook_pattern"
 TF32X3 = "attnlab Trace.run, 3xTF32 products (tf32x3.ENABLED)"
 TF32X3_SPLIT = "attnlab Trace.run, 3xTF32 linears, weights split once (probe's patch)"
-THREES = (TF32X3, TF32X3_SPLIT)
+WEIGHTS_ROWS = "attnlab Trace.run, weights pass, lse and context from the rows pass"
+WEIGHTS_SDPA = "attnlab Trace.run, weights pass, lse and context from SDPA"
+WEIGHTS_SPLIT = "attnlab Trace.run, weights pass (SDPA's lse) + 3xTF32 linears split once"
+#: the weights pass's (query rows, keys, warps) tried beside its default, lse from SDPA
+WEIGHTS_TILES = [(32, 64, 4), (64, 32, 4), (128, 64, 8)]
+#: rows that are not attnlab's default way (yet), judged apart -> their ratio's key
+THREES = {TF32X3: "tf32x3", TF32X3_SPLIT: "tf32x3_split", WEIGHTS_ROWS: "weights_rows",
+          WEIGHTS_SDPA: "weights_sdpa", WEIGHTS_SPLIT: "weights_split",
+          **{f"{WEIGHTS_SDPA} {t}": f"weights_sdpa_{'x'.join(map(str, t))}"
+             for t in WEIGHTS_TILES}}
 TARGETS = {"run_vs_forward": 1.3, "hf_vs_run": 1.5, "tl_vs_run": 1.5}
 TOLERANCE = 1e-5
 
@@ -139,6 +151,7 @@ def tf32x3_runs(ours: Any, ids: torch.Tensor) -> tuple[dict[str, Callable[[], An
     best = gpu_gemm.tf32x3_products(rows, ids.shape[1], ids.device, repeats=5,
                                     ways=(gpu_gemm.SPLIT_ONCE,))[gpu_gemm.SPLIT_ONCE]
     split_once: dict[int, Any] = {}  # each weight split at its first call, kept after
+    forced = weights_pass_forced(ids)
 
     def weights() -> list[torch.Tensor]:
         trace = Trace(names="attn_weights").run(ours, ids)
@@ -154,9 +167,67 @@ def tf32x3_runs(ours: Any, ids: torch.Tensor) -> tuple[dict[str, Callable[[], An
         with gpu_gemm.tf32x3_linears(best, split_once):
             return weights()
 
-    return {TF32X3: enabled, TF32X3_SPLIT: split}, (
+    @torch.inference_mode()
+    def split_weights() -> list[torch.Tensor]:
+        with gpu_gemm.tf32x3_linears(best, split_once), summary_flags(
+                WEIGHTS_FROM_LSE=True, LSE_FROM_FORWARD=True, **forced):
+            return weights()
+
+    runs = {TF32X3: enabled, TF32X3_SPLIT: split}
+    if forced or summary_kernels.available(ids.new_empty((1, 1, 1, 64))):
+        runs[WEIGHTS_SPLIT] = split_weights
+    return runs, (
         "3xTF32 tiles: attnlab's row by its rule (tf32x3_triton.tiles); the weight split once, "
         "per (in, out): " + ", ".join(f"{k}: {v}" for k, v in sorted(best.items())))
+
+
+def weights_pass_forced(ids: torch.Tensor) -> dict[str, Any]:
+    """Under Triton's interpreter on a CPU (the smoke test), `summary_kernels.available`
+    made to say yes, as a flag for `summary_flags`; else nothing."""
+    if ids.device.type == "cpu" and os.environ.get("TRITON_INTERPRET") == "1":
+        return {"available": lambda q: True}
+    return {}
+
+
+@contextmanager
+def summary_flags(**flags: Any) -> Iterator[None]:
+    """`summary_kernels`' module flags (and `WEIGHTS_BLOCKS`' float32 entry, as `tiles`) set
+    meanwhile."""
+    saved = {name: getattr(summary_kernels, name) for name in flags if name != "tiles"}
+    blocks = dict(summary_kernels.WEIGHTS_BLOCKS)
+    try:
+        for name, value in flags.items():
+            if name == "tiles":
+                summary_kernels.WEIGHTS_BLOCKS[4] = value
+            else:
+                setattr(summary_kernels, name, value)
+        yield
+    finally:
+        for name, value in saved.items():
+            setattr(summary_kernels, name, value)
+        summary_kernels.WEIGHTS_BLOCKS.update(blocks)
+
+
+def weights_pass_runs(ours: Any, ids: torch.Tensor) -> tuple[dict[str, Callable[[], Any]], str]:
+    """`Trace.run` with the weights pass (`summary_kernels.WEIGHTS_FROM_LSE`): each row's lse
+    and the context from the rows pass or from SDPA's kernel (`LSE_FROM_FORWARD`), at the
+    default tiles and, from SDPA, at `WEIGHTS_TILES`; or ({}, why not)."""
+    forced = weights_pass_forced(ids)
+    if not forced and not summary_kernels.available(ids.new_empty((1, 1, 1, 64))):
+        return {}, "weights pass not run: needs a CUDA GPU with triton"
+
+    def timed(**flags: Any) -> Callable[[], list[torch.Tensor]]:
+        @torch.inference_mode()
+        def call() -> list[torch.Tensor]:
+            with summary_flags(WEIGHTS_FROM_LSE=True, **flags, **forced):
+                trace = Trace(names="attn_weights").run(ours, ids)
+            return [trace.get("attn_weights", i) for i in range(ours.config.n_layer)]
+        return call
+
+    runs = {WEIGHTS_ROWS: timed(LSE_FROM_FORWARD=False), WEIGHTS_SDPA: timed(LSE_FROM_FORWARD=True)}
+    runs |= {f"{WEIGHTS_SDPA} {t}": timed(LSE_FROM_FORWARD=True, tiles=t) for t in WEIGHTS_TILES}
+    return runs, (f"weights pass tiles (query rows, keys, warps): default "
+                  f"{summary_kernels.WEIGHTS_BLOCKS[4]}, then as named")
 
 
 def run(quick: bool = False, device: str | None = None, out: Path | None = None
@@ -181,6 +252,8 @@ def run(quick: bool = False, device: str | None = None, out: Path | None = None
         fns[TL] = tl
     threes, three_note = tf32x3_runs(ours, ids)
     fns |= threes
+    passes, passes_note = weights_pass_runs(ours, ids)
+    fns |= passes
     captured = {name: fn() for name, fn in fns.items()}  # also the warmup
     errors = {name: largest_difference(w, captured[RUN])
               for name, w in captured.items() if w is not None}
@@ -198,17 +271,16 @@ def run(quick: bool = False, device: str | None = None, out: Path | None = None
               "hf_lm_vs_traced": ms[HF_LM] / ms[TRACED]}
     if TL in ms:
         ratios["tl_vs_run"] = ms[TL] / ms[RUN]
-    for name, key in zip(THREES, ("hf_vs_run_tf32x3", "hf_vs_run_tf32x3_split"), strict=True):
+    for name, key in THREES.items():
         if name in ms:
-            ratios[key] = min(ms[HF_LM], ms[HF_BASE]) / ms[name]
+            ratios[f"hf_vs_run_{key}"] = min(ms[HF_LM], ms[HF_BASE]) / ms[name]
     met = {name: ratios[name] >= target if name != "run_vs_forward" else ratios[name] <= target
            for name, target in TARGETS.items() if name in ratios}
     # the 3xTF32 rows are judged apart: they are not attnlab's default way (yet)
     met["weights_equal"] = max(v for k, v in errors.items() if k not in THREES) <= TOLERANCE
-    for name, key in zip(THREES, ("weights_equal_tf32x3", "weights_equal_tf32x3_split"),
-                         strict=True):
+    for name, key in THREES.items():
         if name in errors_vs_hf:
-            met[key] = errors_vs_hf[name] <= TOLERANCE
+            met[f"weights_equal_{key}"] = errors_vs_hf[name] <= TOLERANCE
     m = gpu_machine(where)
     result = {
         "suite": "gpu_trace", "machine": m,
@@ -228,6 +300,7 @@ def run(quick: bool = False, device: str | None = None, out: Path | None = None
             "Hugging Face with eager attention.",
             tl_note,
             three_note,
+            passes_note,
             "ratios: " + ", ".join(f"{k} {v:.2f}x" for k, v in ratios.items()),
             *(f"target {k}: {'met' if ok else 'missed'}" for k, ok in met.items()
               if not quick),

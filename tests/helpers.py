@@ -187,27 +187,31 @@ def read_metrics(run: Path) -> list[dict[str, Any]]:
     return [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
 
 
-def _triton_or(module: str, name: str) -> bool:
-    return name == module or (name.split(".")[0] == "triton"
-                              and not name.startswith("triton._C"))
+def _triton_or_kernels(name: str) -> bool:
+    """triton's own modules (not its compiled core) and attnlab's kernel modules
+    (attnlab.model.*_triton), which import one another."""
+    return ((name.startswith("attnlab.model.") and name.endswith("_triton"))
+            or (name.split(".")[0] == "triton" and not name.startswith("triton._C")))
 
 
 @contextmanager
 def interpreted(monkeypatch: pytest.MonkeyPatch, module: str) -> Iterator[Any]:
     """triton and the kernels' `module` (attnlab.model.NAME) imported afresh under Triton's
-    interpreter (CPU tensors), yielded: triton reads TRITON_INTERPRET as it decorates, its
-    own library included, so the modules imported before (by torch, or an earlier test) are
-    set aside meanwhile."""
+    interpreter (CPU tensors), yielded, with every other kernel module it imports then: triton
+    reads TRITON_INTERPRET as it decorates, its own library included, so the modules imported
+    before (by torch, or an earlier test) are set aside meanwhile."""
     import attnlab.model as package
 
-    attribute = module.rsplit(".", 1)[1]
     monkeypatch.setenv("TRITON_INTERPRET", "1")
-    for name in [name for name in sys.modules if _triton_or(module, name)]:
+    for name in [name for name in sys.modules if _triton_or_kernels(name)]:
         monkeypatch.delitem(sys.modules, name)
-    monkeypatch.delattr(package, attribute, raising=False)
+        if name.startswith("attnlab.model."):
+            monkeypatch.delattr(package, name.rsplit(".", 1)[1], raising=False)
+    monkeypatch.delattr(package, module.rsplit(".", 1)[1], raising=False)
     yield importlib.import_module(module)
     for name in list(sys.modules):  # the interpreted copies; monkeypatch restores the others
-        if _triton_or(module, name):
+        if _triton_or_kernels(name):
             del sys.modules[name]
-    if hasattr(package, attribute):
-        delattr(package, attribute)
+            attribute = name.rsplit(".", 1)[-1]
+            if name.startswith("attnlab.model.") and hasattr(package, attribute):
+                delattr(package, attribute)

@@ -251,7 +251,7 @@ def test_trace_suite_times_the_tf32x3_row_under_the_interpreter(tmp_path: Path) 
     float32), and it leaves the default row's targets to the default rows."""
     result = _interpreted_smoke("gpu_trace", tmp_path)
     assert set(gpu_trace.THREES) <= set(result["ms"])
-    assert {"hf_vs_run_tf32x3", "hf_vs_run_tf32x3_split"} <= set(result["ratios"])
+    assert {f"hf_vs_run_{key}" for key in gpu_trace.THREES.values()} <= set(result["ratios"])
     assert set(result["max_weight_error_vs_hf_base"]) == {gpu_trace.RUN, *gpu_trace.THREES}
     assert max(result["max_weight_error_vs_hf_base"].values()) < 1e-5
     assert max(result["max_weight_error_vs_trace_run"][name] for name in gpu_trace.THREES) < 1e-6

@@ -13,11 +13,12 @@ import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from torch.nn.attention import SDPBackend
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from attnlab import GPT, CausalSelfAttention, GPTConfig, Trace, build_mask
 from attnlab.interp.edits import Edit, Edits
-from attnlab.model import summaries, traced_attention
+from attnlab.model import summaries, summary_kernels, traced_attention
 from attnlab.model.summaries import SUMMARY_NAMES
 from helpers import modern_switches
 
@@ -317,3 +318,12 @@ def test_cross_attention_masks_keep_away_from_the_summary_kernels() -> None:
     assert not traced_attention.kernel_mask(build_mask(5, 3, causal=False, cross=True))
     with pytest.raises(ValueError, match="pass causal=False"):
         build_mask(5, 3, cross=True)
+
+
+def test_sdpa_choice_is_a_backend_member() -> None:
+    """`attend_with_lse` picks its kernel by comparing the choice with `SDPBackend` members:
+    torch returns a plain int, which equals none of them (on a GPU every choice then read as
+    "no fused kernel", and `LSE_FROM_FORWARD` silently fell back)."""
+    q = torch.randn(1, 2, 8, 16)
+    choice = summary_kernels.sdpa_choice(q, q, q, 0.25)
+    assert choice == SDPBackend.FLASH_ATTENTION  # a CPU's fused kernel for float32

@@ -46,6 +46,13 @@ ROWS_MAKE_CONTEXT = False
 #: (`attend_with_lse`), and its row summaries from the given-lse rows pass (no running max,
 #: no sum per block): off until a GPU run measures it faster (`benchmarks/gpu_summaries.py`).
 LSE_FROM_FORWARD = False
+#: Whether a trace of whole attention weights (no scores, no summaries, no dropout) under a
+#: mask the kernels rebuild takes them from `attention_weights` (one pass that writes each
+#: weight once from its row's lse) instead of the explicit path's scores, mask and softmax:
+#: off until a GPU run measures it faster (`benchmarks/gpu_trace.py`).
+WEIGHTS_FROM_LSE = False
+#: (query rows, keys, warps) per block of the weights pass, by model dtype width (bytes)
+WEIGHTS_BLOCKS: dict[int, tuple[int, ...]] = {2: (128, 64, 8), 4: (64, 64, 4)}
 
 
 def available(q: Tensor) -> bool:
@@ -66,7 +73,7 @@ def layer_summaries(names: list[str], q: Tensor, k: Tensor, scale: float, *, cau
     block for both passes instead of the tuned sizes (the tests use small ones). lse: each
     row's natural log-sum-exp (B, nh, T) under the same mask, as the attention forward made
     it (`attend_with_lse`): the row summaries then come from the given-lse pass."""
-    return _run(names, q, k, None, scale, causal, window, padding, blocks, lse)[0]
+    return _run(names, q, k, None, scale, causal, window, padding, blocks, lse, None)[0]
 
 
 def attend_with_lse(q: Tensor, k: Tensor, v: Tensor, scale: float
@@ -85,7 +92,7 @@ def attend_with_lse(q: Tensor, k: Tensor, v: Tensor, scale: float
         context, lse = aten._scaled_dot_product_flash_attention_for_cpu(
             q, k, v, 0.0, True, scale=scale)[:2]
         return context, lse  # (B, nh, T, hs), (B, nh, T)
-    backend = torch._fused_sdp_choice(q, k, v, is_causal=True, scale=scale)
+    backend = sdpa_choice(q, k, v, scale)
     if backend == SDPBackend.CUDNN_ATTENTION:
         context, lse = aten._scaled_dot_product_cudnn_attention(
             q, k, v, None, True, 0.0, True, False, scale=scale)[:2]
@@ -101,6 +108,30 @@ def attend_with_lse(q: Tensor, k: Tensor, v: Tensor, scale: float
     return context, lse.reshape(B, nh, -1)[..., :T]  # (B, nh, T, hs), (B, nh, T)
 
 
+def attention_weights(q: Tensor, k: Tensor, v: Tensor | None, scale: float, *, causal: bool,
+                      window: int | None = None, padding: Tensor | None = None,
+                      lse: Tensor | None = None, blocks: tuple[int, int] | None = None
+                      ) -> tuple[Tensor, Tensor | None]:
+    """The whole weights softmax(q k^T * scale) under the mask, (B, nh, T, S) in q's dtype,
+    with `layer_summaries`' arguments: 0s where the mask hides a key and over a row with no
+    key to attend (a pad's own query). lse: each row's natural log-sum-exp (B, nh, T) as the
+    attention forward made it (`attend_with_lse`); None: the rows pass makes it first, and
+    with v (B, nkv, S, hs) given also the context (B, nh, T, hs), returned beside the weights
+    (else None)."""
+    if lse is not None and v is not None:
+        raise ValueError("pass v or lse, not both: with a given lse no pass makes the context")
+    weights = q.new_empty((q.shape[0], q.shape[1], q.shape[2], k.shape[2]))  # (B, nh, T, S)
+    context = _run([], q, k, v, scale, causal, window, padding, blocks, lse, weights)[1]
+    return weights, context
+
+
+def sdpa_choice(q: Tensor, k: Tensor, v: Tensor, scale: float) -> SDPBackend:
+    """The kernel `F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=scale)`
+    would run. torch hands its choice back as a plain int, which no `SDPBackend` member
+    equals."""
+    return SDPBackend(torch._fused_sdp_choice(q, k, v, is_causal=True, scale=scale))
+
+
 def attend_and_summarise(names: list[str], q: Tensor, k: Tensor, v: Tensor, scale: float, *,
                          causal: bool, window: int | None = None,
                          padding: Tensor | None = None,
@@ -112,16 +143,18 @@ def attend_and_summarise(names: list[str], q: Tensor, k: Tensor, v: Tensor, scal
     if v.shape != k.shape or v.dtype != q.dtype:
         raise ValueError(f"v {tuple(v.shape)} {v.dtype} does not fit k {tuple(k.shape)} and "
                          f"q's {q.dtype}: pass v of k's shape and q's dtype")
-    values, context = _run(names, q, k, v, scale, causal, window, padding, blocks, None)
+    values, context = _run(names, q, k, v, scale, causal, window, padding, blocks, None, None)
     assert context is not None
     return context, values
 
 
 def _run(names: list[str], q: Tensor, k: Tensor, v: Tensor | None, scale: float, causal: bool,
          window: int | None, padding: Tensor | None, blocks: tuple[int, int] | None,
-         lse: Tensor | None) -> tuple[dict[str, Tensor], Tensor | None]:
-    """The checked launch behind both: the summaries, and the context when v is given; lse:
-    the natural one `layer_summaries` was given, or None (the rows pass makes it)."""
+         lse: Tensor | None, weights: Tensor | None
+         ) -> tuple[dict[str, Tensor], Tensor | None]:
+    """The checked launch behind all three: the summaries, the context when v is given and
+    the whole weights into `weights` when given; lse: the natural one the caller was given,
+    or None (the rows pass makes it)."""
     B, nh, T, hs = q.shape
     nkv, S = k.shape[1], k.shape[2]
     unknown = sorted(set(names) - set(SUMMARY_NAMES))
@@ -153,14 +186,15 @@ def _run(names: list[str], q: Tensor, k: Tensor, v: Tensor | None, scale: float,
     if lse is None:  # written by the rows pass
         lse2 = torch.empty((B, nh, T), dtype=torch.float32, device=device)  # (B, nh, T)
     else:
-        lse2 = _given_lse2(lse, padding, (B, nh, T))  # (B, nh, T)
+        # the weights pass weighs a pad's own row (its keys' weights), the summaries do not
+        lse2 = _given_lse2(lse, padding if weights is None else None, (B, nh, T))  # (B, nh, T)
     context = None
     if v is not None:
         v = v if v.stride(-1) == 1 else v.contiguous()  # (B, nkv, S, hs)
         # laid out (B, T, nh, hs), as SDPA's: the heads' merge after it is then a view
         context = q.new_empty((B, T, nh, hs)).transpose(1, 2)  # (B, nh, T, hs)
-    _launch(names, q, k, (pad, first, clean, lse2), values, common, blocks, (v, context),
-            given=lse is not None)
+    _launch(names, q, k, (pad, first, clean, lse2), values, common, blocks,
+            (v, context, weights), given=lse is not None)
     return {name: values[name] for name in SUMMARY_NAMES if name in names}, context
 
 
@@ -192,17 +226,19 @@ def _launch(names: list[str], q: Tensor, k: Tensor,
             masks: tuple[Tensor, Tensor, Tensor, Tensor],
             values: dict[str, Tensor], common: dict[str, Any],
             blocks: tuple[int, int] | None,
-            attention: tuple[Tensor | None, Tensor | None], given: bool) -> None:
+            attention: tuple[Tensor | None, Tensor | None, Tensor | None], given: bool
+            ) -> None:
     """The passes into `values`; masks: the padding (B, S), first real keys (B,), the keys
     from which no mask is needed (B,) and each row's lse (B, nh, T) (base 2) for the
-    received pass, which runs only when wanted: given, or written by the rows pass;
-    attention: v and the context the rows pass writes, or Nones."""
+    received and weights passes, which run only when wanted: given, or written by the rows
+    pass; attention: v, the context the rows pass writes and the weights the weights pass
+    writes, or Nones."""
     from . import summary_triton as kernels  # triton: imported only here
 
     B, nh, T, hs = q.shape
     S = k.shape[2]
     pad, first, clean, lse = masks
-    v, context = attention
+    v, context, weights = attention
     strides = (q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2))
     # without a context the rows pass reads neither: q stands in for both pointers
     v_strides = (0, 0, 0) if v is None else (v.stride(0), v.stride(1), v.stride(2))
@@ -224,7 +260,8 @@ def _launch(names: list[str], q: Tensor, k: Tensor,
             kernels.rows_kernel[grid](q, k, q if v is None else v,
                                       q if context is None else context, pad, first, clean,
                                       lse, *outs, *strides, *v_strides, *context_strides,
-                                      **common, **wants, **tuning, CONTEXT=context is not None)
+                                      **common, **wants, **tuning, CONTEXT=context is not None,
+                                      PAD_ROWS=weights is None)
         if received_wanted:
             received = torch.empty((B, nh, S), dtype=torch.float32,
                                    device=q.device)  # (B, nh, S)
@@ -232,6 +269,21 @@ def _launch(names: list[str], q: Tensor, k: Tensor,
             kernels.received_kernel[(math.ceil(S / tuning["BLOCK_N"]), B * nh)](
                 q, k, pad, first, clean, lse, received, *strides, **common, **tuning)
             values["attn_received"] = received
+        if weights is not None:
+            _weights_pass(q, k, masks, weights, common, blocks)
+
+
+def _weights_pass(q: Tensor, k: Tensor, masks: tuple[Tensor, Tensor, Tensor, Tensor],
+                  weights: Tensor, common: dict[str, Any], blocks: tuple[int, int] | None
+                  ) -> None:
+    """`weights_triton.weights_kernel` into weights (B, nh, T, S), from masks' lse2."""
+    from . import weights_triton  # triton: imported only here
+
+    B, nh, T, _ = q.shape
+    strides = (q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2))
+    tuning = _tuning(WEIGHTS_BLOCKS[4 if q.dtype == torch.float32 else 2], blocks)
+    weights_triton.weights_kernel[(math.ceil(T / tuning["BLOCK_M"]), B * nh)](
+        q, k, *masks, weights, *strides, **common, **tuning)
 
 
 def _tuning(tuned: tuple[int, ...], blocks: tuple[int, int] | None) -> dict[str, Any]:

@@ -31,7 +31,7 @@ import triton.language as tl
 
 
 @triton.jit
-def _keys_ok(rows, cols, row_ok, key_index, S, pad_row, window,
+def keys_ok(rows, cols, row_ok, key_index, S, pad_row, window,
              CAUSAL: tl.constexpr, WINDOWED: tl.constexpr, HAS_PAD: tl.constexpr):
     """(BLOCK_M, BLOCK_N) True where query row `rows` may attend key `cols`: the key exists,
     the row exists, causal with cached keys (key_index: each row's own key), the window and
@@ -73,7 +73,7 @@ def _dot(q, k_t, IEEE: tl.constexpr):
 
 
 @triton.jit
-def _products(q, k_head, start, dims, dim_ok, sks, S, HS: tl.constexpr,
+def products(q, k_head, start, dims, dim_ok, sks, S, HS: tl.constexpr,
               BLOCK_N: tl.constexpr, IEEE: tl.constexpr):
     """(BLOCK_M, BLOCK_N) float32 q . k of q's rows against keys start..+BLOCK_N, unscaled
     (keys past S read as zeros)."""
@@ -84,7 +84,7 @@ def _products(q, k_head, start, dims, dim_ok, sks, S, HS: tl.constexpr,
 
 
 @triton.jit
-def _key_blocks(pid_m, offset, window, S, first, clean, BLOCK_M: tl.constexpr,
+def key_blocks(pid_m, offset, window, S, first, clean, BLOCK_M: tl.constexpr,
                 BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr, WINDOWED: tl.constexpr,
                 HAS_PAD: tl.constexpr):
     """lo <= full_lo <= full_hi <= hi: query block pid_m attends keys in [lo, hi) only (in
@@ -127,7 +127,7 @@ def _full_keys(pid_m, lo, hi, offset, window, S, clean, BLOCK_M: tl.constexpr,
 
 
 @triton.jit
-def _query_block(q_head, pid_m, sqt, T, offset, HS: tl.constexpr, BLOCK_D: tl.constexpr,
+def query_block(q_head, pid_m, sqt, T, offset, HS: tl.constexpr, BLOCK_D: tl.constexpr,
                  BLOCK_M: tl.constexpr):
     """Query block pid_m of one (batch, head) at q_head: its rows, which exist, each row's
     own key index (cached keys come first), the head dims, which exist, and q (BLOCK_M,
@@ -151,10 +151,10 @@ def _rows_block(q, k_head, v_head, start, rows, row_ok, key_index, dims, dim_ok,
     """The rows pass's running (m, l, t, d, acc) after keys start..+BLOCK_N; MASKED: some
     pairs are hidden (else every row attends every key of the block, and no mask is
     computed); CONTEXT: acc (BLOCK_M, BLOCK_D) gathers the values, else it passes through."""
-    qk = _products(q, k_head, start, dims, dim_ok, sks, S, HS, BLOCK_N, IEEE)
+    qk = products(q, k_head, start, dims, dim_ok, sks, S, HS, BLOCK_N, IEEE)
     cols = start + tl.arange(0, BLOCK_N)
     if MASKED:
-        ok = _keys_ok(rows, cols, row_ok, key_index, S, pad_row, window,
+        ok = keys_ok(rows, cols, row_ok, key_index, S, pad_row, window,
                       CAUSAL, WINDOWED, HAS_PAD)
         qk = tl.where(ok, qk, float("-inf"))
     # the scale (> 0) commutes with the max, and s2 - m is then one fused multiply-add per
@@ -194,19 +194,20 @@ def rows_kernel(q_ptr, k_ptr, v_ptr, context_ptr, pad_ptr, first_ptr, clean_ptr,
                 BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr, WINDOWED: tl.constexpr,
                 HAS_PAD: tl.constexpr, WANT_ENTROPY: tl.constexpr, WANT_SINK: tl.constexpr,
                 WANT_DISTANCE: tl.constexpr, WANT_MAX: tl.constexpr, IEEE: tl.constexpr,
-                CONTEXT: tl.constexpr):
+                CONTEXT: tl.constexpr, PAD_ROWS: tl.constexpr):
     """One block of query rows of one (batch, head): their row summaries and lse2 (float32,
-    contiguous (B, nh, T)); a pad row or a row with no key gets 0s and lse2 = +inf. With
+    contiguous (B, nh, T)); a row with no key gets 0s and lse2 = +inf, and so does a pad's
+    own row with PAD_ROWS (the summaries' rule; the weights pass wants its lse). With
     CONTEXT, also their context (v's dtype): sum_j w_ij v_j, 0s for a row with no key."""
     pid_m = tl.program_id(0)
     bh = tl.program_id(1)
     b, h = bh // nh, bh % nh
-    rows, row_ok, key_index, dims, dim_ok, q = _query_block(
+    rows, row_ok, key_index, dims, dim_ok, q = query_block(
         q_ptr + b * sqb + h * sqh, pid_m, sqt, T, offset, HS, BLOCK_D, BLOCK_M)
     kvh = h // group  # grouped-query attention: the key head serving query head h
     pad_row = pad_ptr + b * S
     first = tl.load(first_ptr + b)
-    lo, full_lo, full_hi, hi = _key_blocks(pid_m, offset, window, S, first,
+    lo, full_lo, full_hi, hi = key_blocks(pid_m, offset, window, S, first,
                                            tl.load(clean_ptr + b), BLOCK_M, BLOCK_N,
                                            CAUSAL, WINDOWED, HAS_PAD)
     m = tl.full((BLOCK_M,), float("-inf"), tl.float32)
@@ -232,7 +233,7 @@ def rows_kernel(q_ptr, k_ptr, v_ptr, context_ptr, pad_ptr, first_ptr, clean_ptr,
             pad_row, window, scale2, m, l_sum, t_sum, d_sum, acc, HS, BLOCK_N, CAUSAL,
             WINDOWED, HAS_PAD, WANT_ENTROPY, WANT_DISTANCE, IEEE, True, CONTEXT)
     has = row_ok & (l_sum > 0)
-    if HAS_PAD:  # a pad's own query is a row of 0s
+    if HAS_PAD and PAD_ROWS:  # a pad's own query is a row of 0s
         own = tl.load(pad_row + key_index, mask=row_ok, other=0)
         has = has & (own != 0)
     l_safe = tl.where(has, l_sum, 1.0)
@@ -268,10 +269,10 @@ def _given_block(q, k_head, start, rows, row_ok, key_index, lse2, base, dims, di
     """The given-lse rows pass's (BLOCK_M, BLOCK_N) running tiles after keys start..+BLOCK_N,
     added to element by element: with each row's lse known nothing is rescaled, so nothing
     is summed over a row until the end (base: i - j + start per pair, exact in float32)."""
-    qk = _products(q, k_head, start, dims, dim_ok, sks, S, HS, BLOCK_N, IEEE)
+    qk = products(q, k_head, start, dims, dim_ok, sks, S, HS, BLOCK_N, IEEE)
     x = qk * scale2 - lse2[:, None]  # (BLOCK_M, BLOCK_N) log2 of the weights
     if MASKED:  # where, not a product: a hidden pair's exp2 may overflow
-        ok = _keys_ok(rows, start + tl.arange(0, BLOCK_N), row_ok, key_index, S, pad_row,
+        ok = keys_ok(rows, start + tl.arange(0, BLOCK_N), row_ok, key_index, S, pad_row,
                       window, CAUSAL, WINDOWED, HAS_PAD)
         x = tl.where(ok, x, 0.0)
         p = tl.where(ok, tl.exp2(x), 0.0)  # (BLOCK_M, BLOCK_N)
@@ -306,7 +307,7 @@ def given_rows_kernel(q_ptr, k_ptr, pad_ptr, first_ptr, clean_ptr, lse_ptr,
     pid_m = tl.program_id(0)
     bh = tl.program_id(1)
     b, h = bh // nh, bh % nh
-    rows, row_ok, key_index, dims, dim_ok, q = _query_block(
+    rows, row_ok, key_index, dims, dim_ok, q = query_block(
         q_ptr + b * sqb + h * sqh, pid_m, sqt, T, offset, HS, BLOCK_D, BLOCK_M)
     pad_row = pad_ptr + b * S
     lse2 = tl.load(lse_ptr + bh * T + rows, mask=row_ok, other=float("inf"))
@@ -314,7 +315,7 @@ def given_rows_kernel(q_ptr, k_ptr, pad_ptr, first_ptr, clean_ptr, lse_ptr,
     # a row without weights: a finite lse2 so large that its weights are 0 and p x is -0
     lse2_safe = tl.where(has, lse2, 1e30)
     first = tl.load(first_ptr + b)
-    lo, full_lo, full_hi, hi = _key_blocks(pid_m, offset, window, S, first,
+    lo, full_lo, full_hi, hi = key_blocks(pid_m, offset, window, S, first,
                                            tl.load(clean_ptr + b), BLOCK_M, BLOCK_N,
                                            CAUSAL, WINDOWED, HAS_PAD)
     base = (key_index[:, None] - tl.arange(0, BLOCK_N)[None, :]).to(tl.float32)
@@ -367,7 +368,7 @@ def _received_block(q_head, k_t, lse_row, start, cols, dims, dim_ok, sqt, T, S, 
     lse2 = tl.load(lse_row + rows, mask=row_ok, other=float("inf"))
     p = tl.exp2(_dot(q, k_t, IEEE) * scale2 - lse2[:, None])  # (BLOCK_M, BLOCK_N)
     if MASKED:
-        ok = _keys_ok(rows, cols, row_ok, offset + rows, S, pad_row, window,
+        ok = keys_ok(rows, cols, row_ok, offset + rows, S, pad_row, window,
                       CAUSAL, WINDOWED, HAS_PAD)
         p = tl.where(ok, p, 0.0)
     return p

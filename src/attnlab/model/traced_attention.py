@@ -44,11 +44,10 @@ ONE_BLOCK = {"cuda"}
 #: Whether `F.scaled_dot_product_attention` takes grouped-query key/value heads as they are
 #: (`enable_gqa`, torch 2.5 on); before it, `fused_attend` copies them out to every query head.
 SDPA_GQA = tuple(int(part) for part in torch.__version__.split(".")[:2]) >= (2, 5)
-#: Devices whose SDPA is handed grouped-query heads uncopied: the CPU, where it was measured
-#: (docs/performance.md#grouped-query-decode). CUDA's flash kernel takes them, but with a
-#: mask (padding, a window, a static cache's slots) SDPA may fall back to its math kernel,
-#: which makes the (T, S) scores, so on a GPU the copy stays until a run measures it.
-GQA_DEVICES = {"cpu"}
+#: Devices whose SDPA is handed grouped-query heads uncopied: the CPU and CUDA, where it was
+#: measured no slower in every case, masked ones too (docs/performance.md#grouped-query-decode,
+#: `benchmarks/gpu_gqa.py`).
+GQA_DEVICES = {"cpu", "cuda"}
 
 Span = tuple[int, int, int]
 
@@ -238,6 +237,10 @@ def traced_attend(q: Tensor, k: Tensor, v: Tensor, mask: Mask, may_attend: Tenso
     if not masked_by_mask:
         may_attend = None
     summaries = _summaries(trace, q, S, mask)
+    if (summary_kernels.WEIGHTS_FROM_LSE and summaries is None and scores is None
+            and dropout_p == 0.0 and summary_kernels.available(q) and kernel_mask(mask)
+            and T <= S):  # the weights alone, each written once from its row's lse
+        return _kernel_weights(trace, q, k, v, mask, scale)
     if (summaries is not None and scores is None and dropout_p == 0.0
             and not trace.wants("attn_weights")):  # summaries alone: streamed
         context = _streamed(q, key_t, v, mask, may_attend, scale, summaries)
@@ -421,6 +424,31 @@ def _kernel_summaries(trace: LayerTrace, q: Tensor, k: Tensor, v: Tensor, mask: 
                                                  window=window, padding=padding)
     for name, value in values.items():  # (B, nh, T) or (B, nh, S) float32
         trace.record(name, value)
+    return context
+
+
+def _kernel_weights(trace: LayerTrace, q: Tensor, k: Tensor, v: Tensor, mask: Mask,
+                    scale: float) -> Tensor:
+    """A trace of the weights alone on a GPU (`summary_kernels.WEIGHTS_FROM_LSE`): each row's
+    lse and the context from SDPA's kernel (`LSE_FROM_FORWARD`, the plain causal mask) or from
+    the rows pass, then the weights pass. Returns the context, the product of the recorded
+    weights with v where an edit changed them."""
+    causal, window, padding = bool(mask.causal), mask.window, mask.padding
+    attended = None
+    # SDPA's kernels called by name skip its padding of head sizes to a multiple of 8
+    if summary_kernels.LSE_FROM_FORWARD and mask.square_causal and q.shape[-1] % 8 == 0:
+        attended = summary_kernels.attend_with_lse(q, k, v, scale)
+    if attended is not None:
+        context, lse = attended
+        weights, _ = summary_kernels.attention_weights(q, k, None, scale, causal=True, lse=lse)
+    else:
+        weights, made = summary_kernels.attention_weights(q, k, v, scale, causal=causal,
+                                                          window=window, padding=padding)
+        assert made is not None
+        context = made
+    recorded = trace.record("attn_weights", weights)  # (B, nh, T, S)
+    if recorded is not weights:  # edited: the context of what the model uses
+        return _product(recorded, v)  # (B, nh, T, S) @ (B, nh, S, hs) -> (B, nh, T, hs)
     return context
 
 
