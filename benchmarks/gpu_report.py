@@ -12,7 +12,7 @@ from collections.abc import Callable
 from typing import Any
 
 from .gpu_decode import COMPILED, HF_EAGER, HF_STATIC
-from .gpu_summaries import FORWARD, SUMMARY
+from .gpu_summaries import FORWARD, ROWS_CONTEXT, SUMMARY
 from .gpu_trace import FORWARD as TRACE_FORWARD
 from .gpu_trace import HF_BASE, HF_LM, RUN
 
@@ -64,7 +64,8 @@ def _trace_rows(r: Result) -> list[list[str]]:
 def _summaries_rows(r: Result) -> list[list[str]]:
     lengths, times, forwards, ratios = [], [], [], []
     for T, variants in r.get("lengths", {}).items():
-        s, f = variants.get(SUMMARY, {}), variants.get(FORWARD, {})
+        # a record from before ROWS_MAKE_CONTEXT was on: its rows-pass row is today's default
+        s, f = variants.get(ROWS_CONTEXT, variants.get(SUMMARY, {})), variants.get(FORWARD, {})
         if "ms" in s and "ms" in f:
             peak = (f", peak {s['peak_bytes'] / f['peak_bytes']:.2f}x"
                     if s.get("peak_bytes") and f.get("peak_bytes") else "")

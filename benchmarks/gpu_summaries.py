@@ -9,8 +9,9 @@ vocab 128256, tied) with random bfloat16 weights drawn on the GPU, batch 1, at 8
 - the same forward with a `Trace` of the five summary names (`attn_entropy`, `attn_sink`,
   `attn_received`, `attn_distance`, `attn_max`), which are computed in tiles, never the
   T x S weights;
-- the same trace with `summary_kernels.ROWS_MAKE_CONTEXT` on: each layer's context from the
-  summaries' rows pass (one flash forward that also keeps the row sums) instead of SDPA's;
+  with each layer's context from the summaries' rows pass (`summary_kernels.ROWS_MAKE_CONTEXT`,
+  on: one flash forward that also keeps the row sums);
+- the same trace with `ROWS_MAKE_CONTEXT` off: each layer's context from SDPA's forward;
 - the same trace with `summary_kernels.LSE_FROM_FORWARD` on: each layer's context and each
   row's lse from SDPA's kernel called by name, the row summaries from the given-lse pass;
 - at 8,192 only: Hugging Face eager `output_attentions=True` (its base model, no head) on a
@@ -68,12 +69,16 @@ TOY = GPTConfig(vocab_size=97, block_size=512, n_layer=2, n_head=4, n_kv_head=2,
                 head_dim=8, pos="rope", norm="rmsnorm", mlp="swiglu", bias=False)
 FORWARD, SUMMARY, HF_EAGER = ("attnlab fused forward (no trace)",
                               "attnlab forward + 5 summaries", "HF eager output_attentions")
+#: the way the default took before `ROWS_MAKE_CONTEXT` was on (results recorded before
+#: 2026-11-27 hold it, with the default row then SDPA's context)
 ROWS_CONTEXT = "attnlab forward + 5 summaries, context from the rows pass"
+SDPA_CONTEXT = "attnlab forward + 5 summaries, context from SDPA"
 FORWARD_LSE = "attnlab forward + 5 summaries, lse from the forward"
 #: the target keys' suffixes
-WAYS = {SUMMARY: "", ROWS_CONTEXT: ", rows-pass context", FORWARD_LSE: ", forward's lse"}
-#: variant -> the `summary_kernels` flag it turns on (where this checkout has it)
-FLAGS = {ROWS_CONTEXT: "ROWS_MAKE_CONTEXT", FORWARD_LSE: "LSE_FROM_FORWARD"}
+WAYS = {SUMMARY: "", ROWS_CONTEXT: ", rows-pass context", SDPA_CONTEXT: ", SDPA's context",
+        FORWARD_LSE: ", forward's lse"}
+#: variant -> the `summary_kernels` flag it sets and its value (where this checkout has it)
+FLAGS = {SDPA_CONTEXT: ("ROWS_MAKE_CONTEXT", False), FORWARD_LSE: ("LSE_FROM_FORWARD", True)}
 TARGETS = {"time": 2.0, "memory": 1.2}
 
 
@@ -124,16 +129,17 @@ def attnlab_rows(model: Any, T: int, device: torch.device, rounds: int) -> dict[
     missing = missing_names()
     rows[SUMMARY] = ({"error": f"names not available: {', '.join(missing)}"} if missing
                      else measure(summaries, device, rounds))
-    for variant, flag in FLAGS.items():
+    for variant, (flag, value) in FLAGS.items():
         if not missing and hasattr(summary_kernels, flag):
-            rows[variant] = measure(lambda flag=flag: flagged(flag, summaries), device, rounds)
+            rows[variant] = measure(lambda flag=flag, value=value: flagged(flag, value, summaries),
+                                    device, rounds)
     return rows
 
 
-def flagged(flag: str, fn: Any) -> None:
-    """fn with `summary_kernels`' flag on."""
+def flagged(flag: str, value: bool, fn: Any) -> None:
+    """fn with `summary_kernels`' flag set to value."""
     before = getattr(summary_kernels, flag)
-    setattr(summary_kernels, flag, True)
+    setattr(summary_kernels, flag, value)
     try:
         fn()
     finally:

@@ -23,7 +23,7 @@ import torch
 from attnlab.model import summary_kernels
 
 from .gpu_common import random_gpt
-from .gpu_summaries import FORWARD, FORWARD_LSE, LLAMA_1B, ROWS_CONTEXT, SUMMARY, attnlab_rows
+from .gpu_summaries import FORWARD, FORWARD_LSE, LLAMA_1B, SDPA_CONTEXT, SUMMARY, attnlab_rows
 
 #: (rows pass, received pass) candidates; the first is the default
 CANDIDATES: list[tuple[tuple[int, ...], tuple[int, ...]]] = [
@@ -55,7 +55,7 @@ def main(argv: list[str] | None = None) -> int:
                    "summaries_ms": measured[SUMMARY].get("ms"),
                    "peak_gib": (measured[SUMMARY].get("peak_bytes") or 0) / 2**30}
             row["x_forward"] = row["summaries_ms"] / row["forward_ms"]
-            for variant, key in ((ROWS_CONTEXT, "rows_context"), (FORWARD_LSE, "forward_lse")):
+            for variant, key in ((SDPA_CONTEXT, "sdpa_context"), (FORWARD_LSE, "forward_lse")):
                 if variant in measured:  # the same blocks, the other ways
                     row[f"{key}_ms"] = measured[variant].get("ms")
                     row[f"x_forward_{key}"] = row[f"{key}_ms"] / row["forward_ms"]

@@ -174,7 +174,7 @@ def tf32x3_runs(ours: Any, ids: torch.Tensor) -> tuple[dict[str, Callable[[], An
             return weights()
 
     runs = {TF32X3: enabled, TF32X3_SPLIT: split}
-    if forced or summary_kernels.available(ids.new_empty((1, 1, 1, 64))):
+    if forced or summary_kernels.available(torch.empty(1, 1, 1, 64, device=ids.device)):
         runs[WEIGHTS_SPLIT] = split_weights
     return runs, (
         "3xTF32 tiles: attnlab's row by its rule (tf32x3_triton.tiles); the weight split once, "
@@ -213,7 +213,7 @@ def weights_pass_runs(ours: Any, ids: torch.Tensor) -> tuple[dict[str, Callable[
     and the context from the rows pass or from SDPA's kernel (`LSE_FROM_FORWARD`), at the
     default tiles and, from SDPA, at `WEIGHTS_TILES`; or ({}, why not)."""
     forced = weights_pass_forced(ids)
-    if not forced and not summary_kernels.available(ids.new_empty((1, 1, 1, 64))):
+    if not forced and not summary_kernels.available(torch.empty(1, 1, 1, 64, device=ids.device)):
         return {}, "weights pass not run: needs a CUDA GPU with triton"
 
     def timed(**flags: Any) -> Callable[[], list[torch.Tensor]]:

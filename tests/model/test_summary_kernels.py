@@ -240,6 +240,7 @@ def test_a_model_trace_through_the_kernels_equals_the_torch_trace(
         return launch(*args, **kwargs)
 
     monkeypatch.setattr(summary_kernels, "available", lambda q: True)
+    monkeypatch.setattr(summary_kernels, "ROWS_MAKE_CONTEXT", False)  # SDPA's context
     monkeypatch.setattr(summary_kernels, "layer_summaries", counted)
     got = Trace(names=names).run(model, ids, mask)
     assert calls == [3] + [None] * (model.config.n_layer - 1)

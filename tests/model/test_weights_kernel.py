@@ -135,8 +135,8 @@ def test_cuda_trace_of_weights_through_the_kernel(dtype: torch.dtype, source: st
     ragged blocks; a left-padded batch for the rows pass) and the logits equal the explicit
     path's."""
     _cuda()
-    model = _model(pos="rope", sliding_window=100, window_layers=[0], n_layer=2,
-                   block_size=512).to("cuda", dtype)
+    model = _model(pos="rope", sliding_window=100, window_layers=[0], n_layer=2, n_embd=64,
+                   block_size=512).to("cuda", dtype)  # head size 16: SDPA's kernels take it
     ids = torch.randint(0, 65, (2, 300), device="cuda")
     mask = None
     if source == "rows pass":

@@ -38,18 +38,20 @@ RECEIVED_BLOCKS: dict[int, tuple[int, ...]] = {128: (64, 128, 8), 256: (32, 64, 
 ROW_NAMES = ("attn_entropy", "attn_sink", "attn_distance", "attn_max")
 #: Whether a trace of summaries alone (`traced_attention`) takes each layer's context from
 #: the rows pass (`attend_and_summarise`, one flash forward with the summaries' sums) instead
-#: of SDPA's forward beside the two passes: off until a GPU run measures it faster
+#: of SDPA's forward beside the two passes: on since an H100 measured it faster
 #: (docs/performance.md#summaries-on-a-gpu).
-ROWS_MAKE_CONTEXT = False
+ROWS_MAKE_CONTEXT = True
 #: Whether a trace of summaries alone over the plain causal mask (T == S, no padding, no
 #: window) takes each layer's context and each row's lse from SDPA's own kernel
 #: (`attend_with_lse`), and its row summaries from the given-lse rows pass (no running max,
-#: no sum per block): off until a GPU run measures it faster (`benchmarks/gpu_summaries.py`).
+#: no sum per block): off, since an H100 measured it slower than `ROWS_MAKE_CONTEXT`
+#: (docs/performance.md#summaries-on-a-gpu).
 LSE_FROM_FORWARD = False
 #: Whether a trace of whole attention weights (no scores, no summaries, no dropout) under a
 #: mask the kernels rebuild takes them from `attention_weights` (one pass that writes each
 #: weight once from its row's lse) instead of the explicit path's scores, mask and softmax:
-#: off until a GPU run measures it faster (`benchmarks/gpu_trace.py`).
+#: off, since an H100 measured it slower for float32 GPT-2 small (docs/performance.md#the-
+#: weights-pass); it never holds the scores, which may matter at long context.
 WEIGHTS_FROM_LSE = False
 #: (query rows, keys, warps) per block of the weights pass, by model dtype width (bytes)
 WEIGHTS_BLOCKS: dict[int, tuple[int, ...]] = {2: (128, 64, 8), 4: (64, 64, 4)}
