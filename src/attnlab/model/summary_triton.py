@@ -32,7 +32,7 @@ import triton.language as tl
 
 @triton.jit
 def keys_ok(rows, cols, row_ok, key_index, S, pad_row, window,
-             CAUSAL: tl.constexpr, WINDOWED: tl.constexpr, HAS_PAD: tl.constexpr):
+            CAUSAL: tl.constexpr, WINDOWED: tl.constexpr, HAS_PAD: tl.constexpr):
     """(BLOCK_M, BLOCK_N) True where query row `rows` may attend key `cols`: the key exists,
     the row exists, causal with cached keys (key_index: each row's own key), the window and
     the key padding (pad_row: this batch row's (S,) 0/1 over keys)."""
@@ -74,7 +74,7 @@ def _dot(q, k_t, IEEE: tl.constexpr):
 
 @triton.jit
 def products(q, k_head, start, dims, dim_ok, sks, S, HS: tl.constexpr,
-              BLOCK_N: tl.constexpr, IEEE: tl.constexpr):
+             BLOCK_N: tl.constexpr, IEEE: tl.constexpr):
     """(BLOCK_M, BLOCK_N) float32 q . k of q's rows against keys start..+BLOCK_N, unscaled
     (keys past S read as zeros)."""
     cols = start + tl.arange(0, BLOCK_N)
@@ -85,8 +85,8 @@ def products(q, k_head, start, dims, dim_ok, sks, S, HS: tl.constexpr,
 
 @triton.jit
 def key_blocks(pid_m, offset, window, S, first, clean, BLOCK_M: tl.constexpr,
-                BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr, WINDOWED: tl.constexpr,
-                HAS_PAD: tl.constexpr):
+               BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr, WINDOWED: tl.constexpr,
+               HAS_PAD: tl.constexpr):
     """lo <= full_lo <= full_hi <= hi: query block pid_m attends keys in [lo, hi) only (in
     whole blocks from lo), and every one of its rows attends [full_lo, full_hi) whole. With
     a padding, keys before `first` are pads and keys from `clean` on are all real."""
@@ -128,7 +128,7 @@ def _full_keys(pid_m, lo, hi, offset, window, S, clean, BLOCK_M: tl.constexpr,
 
 @triton.jit
 def query_block(q_head, pid_m, sqt, T, offset, HS: tl.constexpr, BLOCK_D: tl.constexpr,
-                 BLOCK_M: tl.constexpr):
+                BLOCK_M: tl.constexpr):
     """Query block pid_m of one (batch, head) at q_head: its rows, which exist, each row's
     own key index (cached keys come first), the head dims, which exist, and q (BLOCK_M,
     BLOCK_D), zeros past T and HS."""
@@ -155,7 +155,7 @@ def _rows_block(q, k_head, v_head, start, rows, row_ok, key_index, dims, dim_ok,
     cols = start + tl.arange(0, BLOCK_N)
     if MASKED:
         ok = keys_ok(rows, cols, row_ok, key_index, S, pad_row, window,
-                      CAUSAL, WINDOWED, HAS_PAD)
+                     CAUSAL, WINDOWED, HAS_PAD)
         qk = tl.where(ok, qk, float("-inf"))
     # the scale (> 0) commutes with the max, and s2 - m is then one fused multiply-add per
     # pair, as in flash attention: this pass is bound by the instructions it issues, not by
@@ -208,8 +208,8 @@ def rows_kernel(q_ptr, k_ptr, v_ptr, context_ptr, pad_ptr, first_ptr, clean_ptr,
     pad_row = pad_ptr + b * S
     first = tl.load(first_ptr + b)
     lo, full_lo, full_hi, hi = key_blocks(pid_m, offset, window, S, first,
-                                           tl.load(clean_ptr + b), BLOCK_M, BLOCK_N,
-                                           CAUSAL, WINDOWED, HAS_PAD)
+                                          tl.load(clean_ptr + b), BLOCK_M, BLOCK_N,
+                                          CAUSAL, WINDOWED, HAS_PAD)
     m = tl.full((BLOCK_M,), float("-inf"), tl.float32)
     l_sum = tl.zeros((BLOCK_M,), tl.float32)
     t_sum = tl.zeros((BLOCK_M,), tl.float32)
@@ -273,7 +273,7 @@ def _given_block(q, k_head, start, rows, row_ok, key_index, lse2, base, dims, di
     x = qk * scale2 - lse2[:, None]  # (BLOCK_M, BLOCK_N) log2 of the weights
     if MASKED:  # where, not a product: a hidden pair's exp2 may overflow
         ok = keys_ok(rows, start + tl.arange(0, BLOCK_N), row_ok, key_index, S, pad_row,
-                      window, CAUSAL, WINDOWED, HAS_PAD)
+                     window, CAUSAL, WINDOWED, HAS_PAD)
         x = tl.where(ok, x, 0.0)
         p = tl.where(ok, tl.exp2(x), 0.0)  # (BLOCK_M, BLOCK_N)
         if WANT_MAX:
@@ -316,8 +316,8 @@ def given_rows_kernel(q_ptr, k_ptr, pad_ptr, first_ptr, clean_ptr, lse_ptr,
     lse2_safe = tl.where(has, lse2, 1e30)
     first = tl.load(first_ptr + b)
     lo, full_lo, full_hi, hi = key_blocks(pid_m, offset, window, S, first,
-                                           tl.load(clean_ptr + b), BLOCK_M, BLOCK_N,
-                                           CAUSAL, WINDOWED, HAS_PAD)
+                                          tl.load(clean_ptr + b), BLOCK_M, BLOCK_N,
+                                          CAUSAL, WINDOWED, HAS_PAD)
     base = (key_index[:, None] - tl.arange(0, BLOCK_N)[None, :]).to(tl.float32)
     t_acc = tl.zeros((BLOCK_M, BLOCK_N), tl.float32)
     d_acc = tl.zeros((BLOCK_M, BLOCK_N), tl.float32)
@@ -369,7 +369,7 @@ def _received_block(q_head, k_t, lse_row, start, cols, dims, dim_ok, sqt, T, S, 
     p = tl.exp2(_dot(q, k_t, IEEE) * scale2 - lse2[:, None])  # (BLOCK_M, BLOCK_N)
     if MASKED:
         ok = keys_ok(rows, cols, row_ok, offset + rows, S, pad_row, window,
-                      CAUSAL, WINDOWED, HAS_PAD)
+                     CAUSAL, WINDOWED, HAS_PAD)
         p = tl.where(ok, p, 0.0)
     return p
 

@@ -399,6 +399,17 @@ def kernel_mask(mask: Mask) -> bool:
     return mask.causal is not None or (mask.may_attend is None and mask.padding is None)
 
 
+def _forward_lse(q: Tensor, k: Tensor, v: Tensor, mask: Mask, scale: float
+                 ) -> tuple[Tensor, Tensor] | None:
+    """SDPA's context (B, nh, T, hs) and each row's lse (B, nh, T) (`attend_with_lse`) where
+    `summary_kernels.LSE_FROM_FORWARD` asks for them and the mask is the plain causal one;
+    else None."""
+    # SDPA's kernels called by name skip its padding of head sizes to a multiple of 8
+    if summary_kernels.LSE_FROM_FORWARD and mask.square_causal and q.shape[-1] % 8 == 0:
+        return summary_kernels.attend_with_lse(q, k, v, scale)
+    return None
+
+
 def _kernel_summaries(trace: LayerTrace, q: Tensor, k: Tensor, v: Tensor, mask: Mask,
                       may_attend: Tensor | None, scale: float) -> Tensor:
     """A trace of summaries alone on a GPU: the context from the fused path (or, with
@@ -408,10 +419,7 @@ def _kernel_summaries(trace: LayerTrace, q: Tensor, k: Tensor, v: Tensor, mask: 
     `_streamed`'s are."""
     names = [name for name in SUMMARY_NAMES if trace.wants(name)]
     causal, window, padding = bool(mask.causal), mask.window, mask.padding
-    attended = None
-    # SDPA's kernels called by name skip its padding of head sizes to a multiple of 8
-    if summary_kernels.LSE_FROM_FORWARD and mask.square_causal and q.shape[-1] % 8 == 0:
-        attended = summary_kernels.attend_with_lse(q, k, v, scale)
+    attended = _forward_lse(q, k, v, mask, scale)
     if attended is not None:
         context, lse = attended
         values = summary_kernels.layer_summaries(names, q, k, scale, causal=True, lse=lse)
@@ -434,10 +442,7 @@ def _kernel_weights(trace: LayerTrace, q: Tensor, k: Tensor, v: Tensor, mask: Ma
     the rows pass, then the weights pass. Returns the context, the product of the recorded
     weights with v where an edit changed them."""
     causal, window, padding = bool(mask.causal), mask.window, mask.padding
-    attended = None
-    # SDPA's kernels called by name skip its padding of head sizes to a multiple of 8
-    if summary_kernels.LSE_FROM_FORWARD and mask.square_causal and q.shape[-1] % 8 == 0:
-        attended = summary_kernels.attend_with_lse(q, k, v, scale)
+    attended = _forward_lse(q, k, v, mask, scale)
     if attended is not None:
         context, lse = attended
         weights, _ = summary_kernels.attention_weights(q, k, None, scale, causal=True, lse=lse)

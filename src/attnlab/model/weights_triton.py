@@ -31,7 +31,7 @@ def _weights_block(q, k_head, w_rows, start, rows, row_ok, key_index, lse2, dims
     p = tl.exp2(qk * scale2 - lse2[:, None])  # (BLOCK_M, BLOCK_N)
     if MASKED:  # where, not a product: a hidden pair's exp2 may overflow
         ok = keys_ok(rows, cols, row_ok, key_index, S, pad_row, window,
-                      CAUSAL, WINDOWED, HAS_PAD)
+                     CAUSAL, WINDOWED, HAS_PAD)
         p = tl.where(ok, p, 0.0)
     tl.store(w_rows + cols[None, :], p.to(w_rows.dtype.element_ty),
              mask=row_ok[:, None] & (cols < S)[None, :])
@@ -58,8 +58,8 @@ def weights_kernel(q_ptr, k_ptr, pad_ptr, first_ptr, clean_ptr, lse_ptr, w_ptr,
     lse2 = tl.where(lse2 < float("inf"), lse2, 1e30)
     first = tl.load(first_ptr + b)
     lo, full_lo, full_hi, hi = key_blocks(pid_m, offset, window, S, first,
-                                           tl.load(clean_ptr + b), BLOCK_M, BLOCK_N,
-                                           CAUSAL, WINDOWED, HAS_PAD)
+                                          tl.load(clean_ptr + b), BLOCK_M, BLOCK_N,
+                                          CAUSAL, WINDOWED, HAS_PAD)
     # 64-bit offsets: a long context's weights pass 2^31 elements
     w_rows = w_ptr + bh.to(tl.int64) * T * S + rows[:, None].to(tl.int64) * S  # (BLOCK_M, 1)
     k_head = k_ptr + b * skb + (h // group) * skh
