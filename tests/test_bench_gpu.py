@@ -24,6 +24,7 @@ from benchmarks import (
     gpu_profile,
     gpu_summaries,
     gpu_trace,
+    gpu_weights_pass,
 )
 from benchmarks.__main__ import SUITES
 from benchmarks.gpu_report import gpu_summary
@@ -279,3 +280,16 @@ def test_the_fused_qkv_patch_makes_one_product_where_there_were_three(
     assert n_plain - (len(calls) - n_plain) == 2 * gpu_gemm.TOY.n_layer
     torch.testing.assert_close(fused, plain, rtol=0, atol=1e-6)
     assert all("forward" not in vars(m) for m in model.modules())
+
+
+@pytest.mark.skipif(importlib.util.find_spec("triton") is None, reason="needs triton")
+def test_weights_pass_probe_runs_every_way_under_the_interpreter(tmp_path: Path) -> None:
+    """gpu_weights_pass on a CPU under Triton's interpreter (float32 there): the forward, the
+    explicit path and the weights pass from either lse are each timed at both lengths, and
+    the weights pass's weights equal the explicit path's."""
+    result = _interpreted_smoke("gpu_weights_pass", tmp_path)
+    assert result["dtype"] == "float32"
+    for ways in result["lengths"].values():
+        assert set(ways) == {"forward (no trace)", *gpu_weights_pass.WAYS}
+        assert all("ms" in r for r in ways.values())
+        assert all(ways[way]["max_difference"] < 1e-5 for way in gpu_weights_pass.WAYS)
