@@ -302,10 +302,10 @@ def test_patch_paths_to_heads_or_the_logits(
         assert len(line.split(", ")) == (2 if receivers else 4)  # NaN cells left out
     assert record["senders"][1] != [None, None]  # to the logits, layer 1 sends too
     refused = [(["--paths-to", "1.0", "--method", "attribution"], "--method activation only"),
-               (["--paths-to", "0.1"], "no head comes before layer 0"),
+               (["--paths-to", "0.1"], "--paths-to: receivers [(0, 1)] are all in layer 0"),
                (["--paths-to", "2.0"], "--paths-to: (layer, head) (2, 0) do not exist"),
                (["--paths-to", "one"], "--paths-to: bad head 'one'"),
-               (["--paths-to", "1.1", "--via", "q,z"], "--via q,z: write some of q, k, v"),
+               (["--paths-to", "1.1", "--via", "q,z"], "--via q,z: via=['q', 'z']: a path ends"),
                (["--paths-to", "logits", "--via", "q"], "--paths-to logits has no receivers")]
     for flags, message in refused:
         assert main([*args, *flags]) == 1

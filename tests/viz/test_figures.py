@@ -225,10 +225,10 @@ def test_patching_figure_draws_each_heads_inputs_on_one_scale() -> None:
               "attn_weights": torch.rand(3, 4)}
     fig = plot_patching(torch.rand(3, 4), torch.rand(3, 6), tokens, inputs=inputs)
     titled = {ax.get_title(): ax for ax in fig.axes if ax.get_title()}
-    for title, grid in [("head queries (every position)", inputs["q"]),
+    for title, grid in [("queries (every position)", inputs["q"]),
                         ("keys of key-value heads (every position)", inputs["k"]),
                         ("values of key-value heads (every position)", inputs["v"]),
-                        ("head attention weights (every position)", inputs["attn_weights"])]:
+                        ("attention weights (every position)", inputs["attn_weights"])]:
         np.testing.assert_array_equal(titled[title].images[0].get_array(), grid.numpy())
     assert {ax.images[0].norm.vmax for ax in fig.axes if ax.images} == {
         float(max(1.0, inputs["v"].max()))}
@@ -393,5 +393,5 @@ def test_patching_figure_counts_each_input_grids_own_heads() -> None:
         return [label.get_text() for label in titled[title].get_xticklabels()]
 
     assert columns("keys of key-value heads (every position)") == ["0", "1"]
-    assert columns("head queries (every position)") == ["0", "1", "2", "3"]
+    assert columns("queries (every position)") == ["0", "1", "2", "3"]
     assert columns("head outputs (every position)") == ["0", "1", "2", "3"]

@@ -127,7 +127,7 @@ def run(args: argparse.Namespace) -> int:
 
     from ..interp import patching
     from ..interp.paths import path_patching
-    from ..model.names import absent_names
+    from ..model.names import HEAD_INPUTS, absent_names
     from ..viz import save_figure
     from ..viz.heads import plot_patching
     out = check_out(args.out)
@@ -186,7 +186,8 @@ def run(args: argparse.Namespace) -> int:
               **result.to_dict(), "tokens": tokens,
               **({"paths": paths.to_dict()} if paths is not None else {})}
     (out / "patch.json").write_text(json.dumps(record, indent=2) + "\n")
-    inputs = {name: getattr(result, name) for name in INPUTS if getattr(result, name) is not None}
+    inputs = {name: getattr(result, name) for name in HEAD_INPUTS
+              if getattr(result, name) is not None}
     if paths is not None:  # NaN (drawn hatched): no path from a head that late
         inputs[_paths_title(paths)] = paths.senders
     figure = plot_patching(result.heads, result.resid, tokens, title=method.title,
@@ -196,16 +197,14 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-#: `Patching`'s per-head input grids, as the printout names them
-INPUTS = {"q": "queries", "k": "keys", "v": "values", "attn_weights": "attention weights"}
-
-
 def _print_effects(result: Patching, method: Method, grouped: bool) -> None:
     """The five largest head effects (through each input, with --qkv; at one position, with
     --by-position), then every residual (and block output) grid row by row."""
 
+    from ..model.names import HEAD_INPUTS
+
     print(f"heads by effect{method.note}: {_top(result.heads)}")
-    for name, what in INPUTS.items():
+    for name, what in HEAD_INPUTS.items():
         grid = getattr(result, name)
         if grid is not None:  # keys and values of a grouped model: per key-value head
             shared = " (key-value heads)" if grouped and name in ("k", "v") else ""
@@ -237,7 +236,8 @@ def _signed(effect: float) -> str:
 
 def _receivers(args: argparse.Namespace, config: GPTConfig) -> list[tuple[int, int]] | None:
     """--paths-to's receivers, checked before any run (None: the logits, or no --paths-to)."""
-    from ..interp.edits import check_heads, parse_heads
+    from ..interp.edits import parse_heads
+    from ..interp.paths import check_receivers, check_via
     if args.paths_to is None:
         return None
     if args.method != "activation":
@@ -248,16 +248,13 @@ def _receivers(args: argparse.Namespace, config: GPTConfig) -> list[tuple[int, i
                            "has no receivers; leave out --via")
         return None
     try:
-        receivers = parse_heads(args.paths_to)
-        check_heads(receivers, config.n_layer, config.n_head)
+        receivers = check_receivers(parse_heads(args.paths_to), config)
     except ValueError as err:
         raise CLIError(f"--paths-to: {err}; or 'logits'") from None
-    if max(layer for layer, _ in receivers) == 0:
-        raise CLIError(f"--paths-to {args.paths_to}: no head comes before layer 0; name "
-                       "receivers in a later layer")
-    via = args.via.split(",")
-    if not via or any(name not in ("q", "k", "v") for name in via):
-        raise CLIError(f"--via {args.via}: write some of q, k, v separated by commas")
+    try:
+        check_via(args.via.split(","))
+    except ValueError as err:
+        raise CLIError(f"--via {args.via}: {err}") from None
     return receivers
 
 

@@ -31,7 +31,7 @@ import torch
 from torch import Tensor
 
 from ..model.gpt import check_position, per_row_ids
-from ..model.names import NAMES, SUMMARIES, WEIGHT_NAMES, absent_names
+from ..model.names import HEAD_INPUTS, NAMES, SUMMARIES, WEIGHT_NAMES, absent_names
 from ..model.runtime import wide
 from ..model.trace import Trace
 from .edits import Edit, Edits
@@ -119,8 +119,6 @@ class Patching:
 
 #: `Patching`'s grids that only some experiments fill, in its order
 OPTIONAL_GRIDS = ("heads_by_position", "attn_out", "mlp_out", "q", "k", "v", "attn_weights")
-#: what `qkv=True` patches, each head (or key-value head) at every position
-HEAD_INPUTS = ("q", "k", "v", "attn_weights")
 
 
 @torch.no_grad()
@@ -167,7 +165,7 @@ def activation_patching(
     at the last position) is handed the last position's logits alone, (B, 1, V)."""
     c, T = model.config, clean_ids.shape[1]
     outputs = _outputs(c) if blocks else ()
-    inputs = HEAD_INPUTS if qkv else ()
+    inputs = tuple(HEAD_INPUTS) if qkv else ()
     runner = PatchRuns(model, clean_ids, corrupt_ids, metric, attention_mask, RESTARTS,
                      ("context", "resid_pre", *outputs, *inputs))
     batch = runner.per_pass(batch)

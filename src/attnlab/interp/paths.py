@@ -82,11 +82,11 @@ def path_patching(
     `batch` senders per forward pass (None: as `activation_patching` chooses; 1: one each);
     `progress(done, total)` hears after each pass."""
     c = model.config
-    chosen = None if receivers is None else _receivers(receivers, c)
+    chosen = None if receivers is None else check_receivers(receivers, c)
     if chosen is None and via is not None:
         raise ValueError(f"via={via!r} names receivers' inputs, and receivers=None asks for "
                          "the paths to the logits; name receivers, or leave out via")
-    inputs = () if chosen is None else _inputs(INPUTS if via is None else via)
+    inputs = () if chosen is None else check_via(INPUTS if via is None else via)
     runs = PatchRuns(model, clean_ids, corrupt_ids, metric, attention_mask, restarts=True,
                      names=("context",), corrupt_names=("context",))
     batch = runs.per_pass(batch)
@@ -156,10 +156,11 @@ def _taking(source: Tensor) -> Callable[[Tensor, int], Tensor]:
     return lambda value, first: source.to(value)
 
 
-def _receivers(receivers: tuple[int, int] | Iterable[tuple[int, int]], config: Any
+def check_receivers(receivers: tuple[int, int] | Iterable[tuple[int, int]], config: Any
                ) -> list[tuple[int, int]]:
-    """The (layer, head) pairs (one pair alone, or several), checked: some, all in the
-    model, and after layer 0."""
+    """The (layer, head) pairs (one pair alone, or several), sorted and checked: some, all in
+    the model, and after layer 0; else a ValueError that says which. `path_patching` and
+    `attnlab patch --paths-to` both check with it."""
     pairs: list[Any] = list(receivers)
     if len(pairs) == 2 and all(_integer(x) for x in pairs):  # one pair: (2, 1)
         pairs = [pairs]
@@ -187,8 +188,9 @@ def _integer(x: Any) -> bool:
     return not isinstance(x, bool)
 
 
-def _inputs(via: str | Iterable[str]) -> tuple[str, ...]:
-    """`via` as a tuple in INPUTS order, checked."""
+def check_via(via: str | Iterable[str]) -> tuple[str, ...]:
+    """`via` as a tuple in INPUTS order, checked (a ValueError names what is unknown), for
+    `path_patching` and `attnlab patch --via`."""
     names = {via} if isinstance(via, str) else set(via)
     unknown = sorted(names - set(INPUTS))
     if unknown or not names:

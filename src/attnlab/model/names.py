@@ -65,6 +65,9 @@ WEIGHT_NAMES = frozenset({"attn_scores", "masked_scores", "attn_weights", "attn_
 #: Per-head summaries of the weights, streamed in tiles without a (B, nh, T, S) tensor
 #: (`summaries.py`): the explicit path computes them too; they can be read, not edited.
 SUMMARIES = frozenset(SUMMARY_NAMES)
+#: A head's inputs, in a word each: what activation patching's `qkv=True` patches
+#: (`interp.patching`), and how its printout and figure name each grid.
+HEAD_INPUTS = {"q": "queries", "k": "keys", "v": "values", "attn_weights": "attention weights"}
 
 
 def absent_names(config: GPTConfig) -> dict[str, str]:

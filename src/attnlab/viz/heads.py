@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING
 
 from torch import Tensor
 
+from ..model.names import HEAD_INPUTS
 from .core import colorbar, heatmap, pyplot, token_label
 from .figures import MAX_INCHES
 
@@ -97,7 +98,7 @@ def plot_patching(heads: Tensor, resid: Tensor, tokens: Sequence[str],
     per_head = {"heads": (heads, "head outputs (every position)")}
     for name, grid in (inputs or {}).items():
         shared = " of key-value heads" if grid.shape[1] != H else ""  # grouped queries
-        per_head[name] = (grid, f"{INPUT_TITLES.get(name, name)}{shared} (every position)")
+        per_head[name] = (grid, f"{HEAD_INPUTS.get(name, name)}{shared} (every position)")
     # 0.45 in a position, shrunk to fit MAX_INCHES (4 heads, 1000 tokens: 456 in wide)
     width = min(0.45 * T, max(2.0, MAX_INCHES - 4.0 - 0.5 * H))
     left, right = list(per_head), list(grids)
@@ -126,11 +127,6 @@ def plot_patching(heads: Tensor, resid: Tensor, tokens: Sequence[str],
     colorbar(fig, image, list(axes.values()), label="normalized effect", shrink=0.8)
     fig.suptitle(title, fontsize=11)
     return fig
-
-
-#: what `plot_patching` calls each head input grid
-INPUT_TITLES = {"q": "head queries", "k": "keys", "v": "values",
-                "attn_weights": "head attention weights"}
 
 
 def plot_lens(top_probs: Tensor, top_tokens: Sequence[Sequence[str]], tokens: Sequence[str],
