@@ -72,7 +72,7 @@ WEIGHTS_ROWS = "attnlab Trace.run, weights pass, lse and context from the rows p
 WEIGHTS_SDPA = "attnlab Trace.run, weights pass, lse and context from SDPA"
 WEIGHTS_SPLIT = "attnlab Trace.run, weights pass (SDPA's lse) + 3xTF32 linears split once"
 #: the weights pass's (query rows, keys, warps) tried beside its default, lse from SDPA
-WEIGHTS_TILES = [(32, 64, 4), (64, 32, 4), (128, 64, 8)]
+WEIGHTS_TILES = [(64, 64, 4), (64, 32, 4), (128, 64, 8)]
 #: rows that are not attnlab's default way (yet), judged apart -> their ratio's key
 THREES = {TF32X3: "tf32x3", TF32X3_SPLIT: "tf32x3_split", WEIGHTS_ROWS: "weights_rows",
           WEIGHTS_SDPA: "weights_sdpa", WEIGHTS_SPLIT: "weights_split",

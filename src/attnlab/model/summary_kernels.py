@@ -53,8 +53,9 @@ LSE_FROM_FORWARD = False
 #: off, since an H100 measured it slower for float32 GPT-2 small (docs/performance.md#the-
 #: weights-pass); it never holds the scores, which may matter at long context.
 WEIGHTS_FROM_LSE = False
-#: (query rows, keys, warps) per block of the weights pass, by model dtype width (bytes)
-WEIGHTS_BLOCKS: dict[int, tuple[int, ...]] = {2: (128, 64, 8), 4: (64, 64, 4)}
+#: (query rows, keys, warps) per block of the weights pass, by model dtype width (bytes):
+#: float32's the fastest of four an H100 timed (docs/performance.md#the-weights-pass)
+WEIGHTS_BLOCKS: dict[int, tuple[int, ...]] = {2: (128, 64, 8), 4: (32, 64, 4)}
 
 
 def available(q: Tensor) -> bool:
