@@ -153,14 +153,15 @@ def run(args: argparse.Namespace) -> int:
         if name in absent:
             raise CLIError(f"--blocks patches {name}, and this model never computes it, as "
                            f"{absent[name]}; leave out --blocks")
+    device = model.wte.weight.device
+    pair = (torch.tensor([clean], device=device), torch.tensor([corrupt], device=device))  # (1, T)
+    metric = patching.logit_diff_metric(answer, wrong)
     with Counter("run", "patched") as progress:
         # activation patching makes a corrupted run per cell: shown; attribution, one pass
         shown = {"progress": progress} if args.method == "activation" else {}
         result = getattr(patching, method.function)(
-            model, torch.tensor([clean], device=model.wte.weight.device),  # (1, T)
-            torch.tensor([corrupt], device=model.wte.weight.device),  # (1, T)
-            patching.logit_diff_metric(answer, wrong), by_position=args.by_position,
-            blocks=args.blocks, qkv=args.qkv, **shown)
+            model, *pair, metric, by_position=args.by_position, blocks=args.blocks,
+            qkv=args.qkv, **shown)
     print(f"logit difference {args.answer!r} - {args.wrong!r}: clean {result.clean:.3f}, "
           f"corrupted {result.corrupted:.3f}")
     gap = abs(result.clean - result.corrupted)
@@ -173,11 +174,9 @@ def run(args: argparse.Namespace) -> int:
     paths = None
     if args.paths_to is not None:
         with Counter("sender", "patched along its paths") as progress:
-            paths = path_patching(
-                model, torch.tensor([clean], device=model.wte.weight.device),  # (1, T)
-                torch.tensor([corrupt], device=model.wte.weight.device),  # (1, T)
-                patching.logit_diff_metric(answer, wrong), receivers,
-                via=args.via.split(",") if receivers else None, progress=progress)
+            paths = path_patching(model, *pair, metric, receivers,
+                                  via=args.via.split(",") if receivers else None,
+                                  progress=progress)
         print(f"{_paths_title(paths)}: senders by effect: {_top(paths.senders)}")
     out.mkdir(parents=True, exist_ok=True)
     record = {"clean": args.clean, "corrupt": args.corrupt,
@@ -200,7 +199,6 @@ def run(args: argparse.Namespace) -> int:
 def _print_effects(result: Patching, method: Method, grouped: bool) -> None:
     """The five largest head effects (through each input, with --qkv; at one position, with
     --by-position), then every residual (and block output) grid row by row."""
-
     from ..model.names import HEAD_INPUTS
 
     print(f"heads by effect{method.note}: {_top(result.heads)}")

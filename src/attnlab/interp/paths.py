@@ -157,7 +157,7 @@ def _taking(source: Tensor) -> Callable[[Tensor, int], Tensor]:
 
 
 def check_receivers(receivers: tuple[int, int] | Iterable[tuple[int, int]], config: Any
-               ) -> list[tuple[int, int]]:
+                    ) -> list[tuple[int, int]]:
     """The (layer, head) pairs (one pair alone, or several), sorted and checked: some, all in
     the model, and after layer 0; else a ValueError that says which. `path_patching` and
     `attnlab patch --paths-to` both check with it."""

@@ -154,16 +154,12 @@ class MLP(nn.Module):
         apart = trace is not None and trace.may_see("mlp_pre")
         if self.gate is None and isinstance(self.fc, Linear) and not apart:
             h = self.fc.gelu(x, self.approximate)  # (B, T, d_ff)
-        elif self.gate is None:  # fc replaced by another module, or pre-activations wanted
-            pre = self.fc(x)  # (B, T, d_ff)
+        else:  # fc replaced by another module, pre-activations wanted, or SwiGLU
+            pre = (self.fc if self.gate is None else self.gate)(x)  # (B, T, d_ff)
             if trace is not None:
                 pre = trace.record("mlp_pre", pre)
-            h = F.gelu(pre, approximate=self.approximate)  # (B, T, d_ff)
-        else:
-            pre = self.gate(x)  # (B, T, d_ff)
-            if trace is not None:
-                pre = trace.record("mlp_pre", pre)
-            h = F.silu(pre) * self.fc(x)  # (B, T, d_ff)
+            h = (F.gelu(pre, approximate=self.approximate) if self.gate is None
+                 else F.silu(pre) * self.fc(x))  # (B, T, d_ff)
         if trace is not None:
             h = trace.record("mlp_hidden", h)
         return self.dropout(self.proj(h))  # (B, T, C)

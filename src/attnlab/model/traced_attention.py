@@ -225,11 +225,13 @@ def traced_attend(q: Tensor, k: Tensor, v: Tensor, mask: Mask, may_attend: Tenso
     `trace.record` returns is what the computation goes on with.
     """
     T, S = q.shape[2], k.shape[2]
-    if (summary_kernels.available(q) and kernel_mask(mask) and T <= S and dropout_p == 0.0
-            and any(trace.wants(name) for name in SUMMARY_NAMES)
-            and not any(trace.wants(name) for name in ("attn_weights", "attn_scores",
-                                                       "masked_scores"))):
-        return _kernel_summaries(trace, q, k, v, mask, may_attend, scale)  # summaries alone
+    if (dropout_p == 0.0 and T <= S and kernel_mask(mask) and summary_kernels.available(q)
+            and not (trace.wants("attn_scores") or trace.wants("masked_scores"))):
+        summarised = any(trace.wants(name) for name in SUMMARY_NAMES)
+        if summarised and not trace.wants("attn_weights"):  # summaries alone
+            return _kernel_summaries(trace, q, k, v, mask, may_attend, scale)
+        if summary_kernels.WEIGHTS_FROM_LSE and not summarised:  # the weights alone
+            return _kernel_weights(trace, q, k, v, mask, scale)
     # blocks of q and k^T are read many times: lay them out for the matmuls once
     q = q.contiguous()  # (B, nh, T, hs)
     key_t = k.contiguous().transpose(-2, -1)  # (B, nh, hs, S)
@@ -237,10 +239,6 @@ def traced_attend(q: Tensor, k: Tensor, v: Tensor, mask: Mask, may_attend: Tenso
     if not masked_by_mask:
         may_attend = None
     summaries = _summaries(trace, q, S, mask)
-    if (summary_kernels.WEIGHTS_FROM_LSE and summaries is None and scores is None
-            and dropout_p == 0.0 and summary_kernels.available(q) and kernel_mask(mask)
-            and T <= S):  # the weights alone, each written once from its row's lse
-        return _kernel_weights(trace, q, k, v, mask, scale)
     if (summaries is not None and scores is None and dropout_p == 0.0
             and not trace.wants("attn_weights")):  # summaries alone: streamed
         context = _streamed(q, key_t, v, mask, may_attend, scale, summaries)
