@@ -151,7 +151,7 @@ def tf32x3_runs(ours: Any, ids: torch.Tensor) -> tuple[dict[str, Callable[[], An
     best = gpu_gemm.tf32x3_products(rows, ids.shape[1], ids.device, repeats=5,
                                     ways=(gpu_gemm.SPLIT_ONCE,))[gpu_gemm.SPLIT_ONCE]
     split_once: dict[int, Any] = {}  # each weight split at its first call, kept after
-    forced = weights_pass_forced(ids)
+    forced = weights_pass_flags(ids)
 
     def weights() -> list[torch.Tensor]:
         trace = Trace(names="attn_weights").run(ours, ids)
@@ -170,23 +170,24 @@ def tf32x3_runs(ours: Any, ids: torch.Tensor) -> tuple[dict[str, Callable[[], An
     @torch.inference_mode()
     def split_weights() -> list[torch.Tensor]:
         with gpu_gemm.tf32x3_linears(best, split_once), summary_flags(
-                WEIGHTS_FROM_LSE=True, LSE_FROM_FORWARD=True, **forced):
+                WEIGHTS_FROM_LSE=True, LSE_FROM_FORWARD=True, **(forced or {})):
             return weights()
 
     runs = {TF32X3: enabled, TF32X3_SPLIT: split}
-    if forced or summary_kernels.available(torch.empty(1, 1, 1, 64, device=ids.device)):
+    if forced is not None:
         runs[WEIGHTS_SPLIT] = split_weights
     return runs, (
         "3xTF32 tiles: attnlab's row by its rule (tf32x3_triton.tiles); the weight split once, "
         "per (in, out): " + ", ".join(f"{k}: {v}" for k, v in sorted(best.items())))
 
 
-def weights_pass_forced(ids: torch.Tensor) -> dict[str, Any]:
-    """Under Triton's interpreter on a CPU (the smoke test), `summary_kernels.available`
-    made to say yes, as a flag for `summary_flags`; else nothing."""
+def weights_pass_flags(ids: torch.Tensor) -> dict[str, Any] | None:
+    """The `summary_flags` under which the weights pass runs on ids' device: none on a GPU
+    with triton; under Triton's interpreter on a CPU (the smoke tests),
+    `summary_kernels.available` made to say yes. None where it cannot run."""
     if ids.device.type == "cpu" and os.environ.get("TRITON_INTERPRET") == "1":
         return {"available": lambda q: True}
-    return {}
+    return {} if summary_kernels.available(torch.empty(1, 1, 1, 64, device=ids.device)) else None
 
 
 @contextmanager
@@ -212,8 +213,8 @@ def weights_pass_runs(ours: Any, ids: torch.Tensor) -> tuple[dict[str, Callable[
     """`Trace.run` with the weights pass (`summary_kernels.WEIGHTS_FROM_LSE`): each row's lse
     and the context from the rows pass or from SDPA's kernel (`LSE_FROM_FORWARD`), at the
     default tiles and, from SDPA, at `WEIGHTS_TILES`; or ({}, why not)."""
-    forced = weights_pass_forced(ids)
-    if not forced and not summary_kernels.available(torch.empty(1, 1, 1, 64, device=ids.device)):
+    forced = weights_pass_flags(ids)
+    if forced is None:
         return {}, "weights pass not run: needs a CUDA GPU with triton"
 
     def timed(**flags: Any) -> Callable[[], list[torch.Tensor]]:

@@ -29,7 +29,7 @@ from attnlab.model.trace import Trace
 from .common import table
 from .gpu_common import gpu_machine, pick_device, random_gpt, skipped, suite_main, write_partial
 from .gpu_summaries import LLAMA_1B, TOY, measure
-from .gpu_trace import summary_flags, weights_pass_forced
+from .gpu_trace import summary_flags, weights_pass_flags
 
 LENGTHS = (4096, 8192)
 LAYER = 8
@@ -47,7 +47,7 @@ def lengths_rows(model: Any, T: int, layer: int, device: torch.device, rounds: i
     """Every way at T tokens: time, peak and the weights' difference from the explicit path."""
     ids = torch.randint(0, model.config.vocab_size, (1, T),
                         generator=torch.Generator().manual_seed(T)).to(device)
-    forced = weights_pass_forced(ids)
+    forced = weights_pass_flags(ids) or {}  # `run` checked that it can run
 
     @torch.inference_mode()
     def forward() -> None:
@@ -75,6 +75,10 @@ def run(quick: bool = False, device: str | None = None, out: Path | None = None
     where = pick_device(device)
     if where is None:
         return skipped("gpu_weights_pass")
+    if weights_pass_flags(torch.empty(0, device=where)) is None:
+        return {"suite": "gpu_weights_pass",
+                "skipped": "gpu_weights_pass: the weights pass needs triton on a CUDA GPU "
+                           "(pip install triton)"}
     config, lengths, layer = (TOY, (64, 96), 1) if quick else (LLAMA_1B, LENGTHS, LAYER)
     # Triton's interpreter (a smoke run on a CPU) computes bfloat16 through numpy, which has
     # none: there the smoke run takes float32
