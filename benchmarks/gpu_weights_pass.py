@@ -9,7 +9,9 @@ A Llama-3.2-1B-shaped model (`gpu_summaries.LLAMA_1B`) with random bfloat16 weig
 1, `Trace(names="attn_weights", layers=[LAYER])` at `LENGTHS` tokens: the untraced forward
 (the yardstick), the explicit path, and the weights pass with its lse from the rows pass and
 from SDPA's kernel (`LSE_FROM_FORWARD`). Per way: the median of the rounds, the peak memory
-of one call, and the weights' largest difference from the explicit path's.
+of one call, and the weights' largest difference from the explicit path's and from the
+softmax computed in float64 from the same (traced) q and k. Then float16 at `HALF_LENGTHS`,
+and every layer of a GPT-2-small-shaped model at 1,024 tokens in bfloat16 (gpu_trace's case).
 
     python -m benchmarks.gpu_weights_pass --out FILE [--smoke --device cpu]
 """
@@ -24,6 +26,7 @@ from typing import Any
 
 import torch
 
+from attnlab.model.config import GPTConfig
 from attnlab.model.trace import Trace
 
 from .common import table
@@ -31,7 +34,9 @@ from .gpu_common import gpu_machine, pick_device, random_gpt, skipped, suite_mai
 from .gpu_summaries import LLAMA_1B, TOY, measure
 from .gpu_trace import summary_flags, weights_pass_flags
 
-LENGTHS = (4096, 8192)
+GPT2 = GPTConfig(vocab_size=50257, block_size=1024, n_layer=12, n_head=12, n_embd=768)
+LENGTHS = (1024, 2048, 4096, 8192)
+HALF_LENGTHS = (4096,)
 LAYER = 8
 #: way -> the `summary_kernels` flags it runs under
 WAYS: dict[str, dict[str, Any]] = {
@@ -42,7 +47,7 @@ WAYS: dict[str, dict[str, Any]] = {
 FORWARD = "forward (no trace)"
 
 
-def lengths_rows(model: Any, T: int, layer: int, device: torch.device, rounds: int
+def lengths_rows(model: Any, T: int, layers: list[int], device: torch.device, rounds: int
                  ) -> dict[str, Any]:
     """Every way at T tokens: time, peak and the weights' difference from the explicit path."""
     ids = torch.randint(0, model.config.vocab_size, (1, T),
@@ -53,21 +58,42 @@ def lengths_rows(model: Any, T: int, layer: int, device: torch.device, rounds: i
     def forward() -> None:
         model(ids, last_logits_only=True)
 
-    def traced(flags: dict[str, Any]) -> torch.Tensor:
+    def traced(flags: dict[str, Any], names: tuple[str, ...] = ("attn_weights",)) -> Any:
         with torch.inference_mode(), summary_flags(**flags, **forced):
-            return Trace(names="attn_weights", layers=[layer]).run(model, ids).get(
-                "attn_weights", layer)
+            return Trace(names=list(names), layers=layers).run(model, ids)
 
     rows = {FORWARD: measure(forward, device, rounds)}
-    expected = traced(WAYS["explicit path"])  # (1, nh, T, T)
+    trace = traced(WAYS["explicit path"], ("attn_weights", "q", "k"))
     for way, flags in WAYS.items():
         rows[way] = measure(lambda flags=flags: traced(flags), device, rounds)
         if "error" not in rows[way]:
             got = traced(flags)
-            rows[way]["max_difference"] = (got.float() - expected.float()).abs().max().item()
+            rows[way]["max_difference"] = max(
+                (got.get("attn_weights", i).float() - trace.get("attn_weights", i).float()
+                 ).abs().max().item() for i in layers)
+            # q (1, nh, T, hs) and k (1, nkv, T, hs) as the explicit path scored them
+            rows[way]["max_error_vs_float64"] = max(
+                float64_error(got.get("attn_weights", i), trace.get("q", i),
+                              trace.get("k", i), model.config) for i in layers)
             del got
         gc.collect()
     return rows
+
+
+def float64_error(weights: torch.Tensor, q: torch.Tensor, k: torch.Tensor, config: Any
+                  ) -> float:
+    """weights' (1, nh, T, T) largest difference from the causal softmax computed in float64
+    from q (1, nh, T, hs) and k (1, nkv, T, hs), head by head (all at once would take
+    nh T^2 8 bytes)."""
+    nh, nkv, T, hs = q.shape[1], k.shape[1], q.shape[2], q.shape[3]
+    scale = config.attn_scale or hs**-0.5
+    future = torch.ones(T, T, dtype=torch.bool, device=q.device).triu(1)  # (T, T)
+    worst = 0.0
+    for h in range(nh):
+        scores = (q[0, h].double() @ k[0, h // (nh // nkv)].double().T) * scale  # (T, T)
+        exact = torch.softmax(scores.masked_fill(future, float("-inf")), -1)  # (T, T)
+        worst = max(worst, (weights[0, h].double() - exact).abs().max().item())
+    return worst
 
 
 def run(quick: bool = False, device: str | None = None, out: Path | None = None
@@ -79,30 +105,40 @@ def run(quick: bool = False, device: str | None = None, out: Path | None = None
         return {"suite": "gpu_weights_pass",
                 "skipped": "gpu_weights_pass: the weights pass needs triton on a CUDA GPU "
                            "(pip install triton)"}
-    config, lengths, layer = (TOY, (64, 96), 1) if quick else (LLAMA_1B, LENGTHS, LAYER)
-    # Triton's interpreter (a smoke run on a CPU) computes bfloat16 through numpy, which has
-    # none: there the smoke run takes float32
-    dtype = torch.float32 if where.type == "cpu" else torch.bfloat16
-    model = random_gpt(config, where, dtype)
+    # Triton's interpreter (a smoke run on a CPU) computes 16-bit floats through numpy, which
+    # has no bfloat16: there the smoke run takes float32
+    runs = ([("toy", TOY, [1], torch.float32, (64, 96))] if where.type == "cpu" else
+            [("Llama-3.2-1B", LLAMA_1B, [LAYER], torch.bfloat16, LENGTHS),
+             ("Llama-3.2-1B", LLAMA_1B, [LAYER], torch.float16, HALF_LENGTHS),
+             ("GPT-2 small", GPT2, list(range(GPT2.n_layer)), torch.bfloat16, (1024,))])
     result: dict[str, Any] = {"suite": "gpu_weights_pass", "machine": gpu_machine(where),
-                              "dtype": str(dtype).removeprefix("torch."), "layer": layer,
-                              "lengths": {}}
-    for T in lengths:
-        result["lengths"][str(T)] = lengths_rows(model, T, layer, where, 1 if quick else 3)
-        write_partial(out, result)
+                              "runs": []}
+    for shape, config, layers, dtype, lengths in runs:
+        model = random_gpt(config, where, dtype)
+        found: dict[str, Any] = {"shape": shape, "layers": layers,
+                                 "dtype": str(dtype).removeprefix("torch."), "lengths": {}}
+        result["runs"].append(found)
+        for T in lengths:
+            found["lengths"][str(T)] = lengths_rows(model, T, layers, where, 1 if quick else 3)
+            write_partial(out, result)
+        del model
+        gc.collect()
     rows = []
-    for T, ways in result["lengths"].items():
-        base = ways[FORWARD].get("ms")
-        for way, r in ways.items():
-            ms, peak = r.get("ms"), r.get("peak_bytes")
-            rows.append([T, way, ms, ms / base if ms and base else None,
-                         peak / 2**30 if peak else None, r.get("max_difference"),
-                         r.get("error", "")])
-    shape = "toy" if quick else "Llama-3.2-1B"
+    for found in result["runs"]:
+        what = (f"{found['shape']}, "
+                + (f"layer {found['layers'][0]}" if len(found["layers"]) == 1 else "all layers")
+                + f", {found['dtype']}")
+        for T, ways in found["lengths"].items():
+            base = ways[FORWARD].get("ms")
+            for way, r in ways.items():
+                ms, peak = r.get("ms"), r.get("peak_bytes")
+                rows.append([what, T, way, ms, ms / base if ms and base else None,
+                             peak / 2**30 if peak else None, r.get("max_difference"),
+                             r.get("max_error_vs_float64"), r.get("error", "")])
     result["tables"] = [table(
-        f"One layer's whole attention weights at long context ({shape} shape, layer {layer}, "
-        f"{result['dtype']}, batch 1)",
-        ["tokens", "way", "ms", "x forward", "peak GiB", "max |w - explicit's|", "note"], rows)]
+        "Whole attention weights, explicit path or weights pass (batch 1)",
+        ["model, layers, dtype", "tokens", "way", "ms", "x forward", "peak GiB",
+         "max |w - explicit's|", "max |w - float64's|", "note"], rows)]
     result["notes"] = ["median of the rounds, each call synchronised; peak: "
                        "torch.cuda.max_memory_allocated during one call",
                        *(["smoke run: tiny shapes, figures mean nothing"] if quick else [])]
