@@ -99,7 +99,7 @@ def test_a_model_trace_of_weights_through_the_kernel(
     with torch.no_grad():
         logits = model(ids, attention_mask=mask, trace=expected).logits  # (B, T, V)
     monkeypatch.setattr(summary_kernels, "available", lambda q: True)
-    monkeypatch.setattr(summary_kernels, "WEIGHTS_FROM_LSE", True)
+    monkeypatch.setattr(summary_kernels, "WEIGHTS_FROM_LSE", summary_kernels.FLOATS)
     monkeypatch.setattr(summary_kernels, "LSE_FROM_FORWARD", source == "forward lse")
     counts = {"weights": 0, "forward": 0}
     for name, key in (("attention_weights", "weights"), ("attend_with_lse", "forward")):
@@ -118,7 +118,7 @@ def test_a_model_trace_of_weights_through_the_kernel(
     with torch.no_grad():
         edited = model(ids, attention_mask=mask, trace=Trace(names="attn_weights"),
                        edits=edit).logits  # (B, T, V)
-    monkeypatch.setattr(summary_kernels, "WEIGHTS_FROM_LSE", False)
+    monkeypatch.setattr(summary_kernels, "WEIGHTS_FROM_LSE", frozenset())
     with torch.no_grad():
         reference = model(ids, attention_mask=mask, trace=Trace(names="attn_weights"),
                           edits=edit).logits  # (B, T, V)
@@ -149,7 +149,7 @@ def test_cuda_trace_of_weights_through_the_kernel(dtype: torch.dtype, source: st
         calls = []
         real = summary_kernels.attention_weights
         with monkeypatch.context() as patch:
-            patch.setattr(summary_kernels, "WEIGHTS_FROM_LSE", True)
+            patch.setattr(summary_kernels, "WEIGHTS_FROM_LSE", summary_kernels.FLOATS)
             patch.setattr(summary_kernels, "LSE_FROM_FORWARD", source == "forward lse")
             patch.setattr(summary_kernels, "attention_weights",
                           lambda *a, **kw: calls.append(kw.get("lse") is None) or real(*a, **kw))
@@ -161,3 +161,19 @@ def test_cuda_trace_of_weights_through_the_kernel(dtype: torch.dtype, source: st
     for layer in range(2):
         torch.testing.assert_close(got.get("attn_weights", layer),
                                    expected.get("attn_weights", layer), **close)
+
+
+def test_only_16_bit_traces_take_the_weights_pass_by_default(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The default `WEIGHTS_FROM_LSE` holds the 16-bit dtypes (an H100 measured the pass
+    faster there and slower in float32): a float32 trace where the kernels run keeps the
+    explicit path."""
+    assert {torch.bfloat16, torch.float16} == summary_kernels.WEIGHTS_FROM_LSE
+    model = _model()
+    monkeypatch.setattr(summary_kernels, "available", lambda q: True)
+    calls = []
+    monkeypatch.setattr(summary_kernels, "attention_weights",
+                        lambda *a, **kw: calls.append(1))
+    with torch.no_grad():
+        Trace(names="attn_weights").run(model, torch.randint(0, 65, (1, 9)))
+    assert calls == []

@@ -47,12 +47,14 @@ ROWS_MAKE_CONTEXT = True
 #: no sum per block): off, since an H100 measured it slower than `ROWS_MAKE_CONTEXT`
 #: (docs/performance.md#summaries-on-a-gpu).
 LSE_FROM_FORWARD = False
-#: Whether a trace of whole attention weights (no scores, no summaries, no dropout) under a
-#: mask the kernels rebuild takes them from `attention_weights` (one pass that writes each
-#: weight once from its row's lse) instead of the explicit path's scores, mask and softmax:
-#: off, since an H100 measured it slower for float32 GPT-2 small (docs/performance.md#the-
-#: weights-pass); it never holds the scores, which may matter at long context.
-WEIGHTS_FROM_LSE = False
+#: The model dtypes whose traces of whole attention weights (no scores, no summaries, no
+#: dropout) under a mask the kernels rebuild take them from `attention_weights` (one pass
+#: that writes each weight once from its row's lse) instead of the explicit path's scores,
+#: mask and softmax. 16-bit ones: an H100 measured the pass faster there, with less memory
+#: and closer to float64, and slower for float32 (docs/performance.md#the-weights-pass).
+WEIGHTS_FROM_LSE: frozenset[torch.dtype] = frozenset({torch.bfloat16, torch.float16})
+#: every dtype the kernels take (what a benchmark sets `WEIGHTS_FROM_LSE` to, to try it on all)
+FLOATS = frozenset({torch.float32, torch.bfloat16, torch.float16})
 #: (query rows, keys, warps) per block of the weights pass, by model dtype width (bytes):
 #: float32's the fastest of four an H100 timed (docs/performance.md#the-weights-pass)
 WEIGHTS_BLOCKS: dict[int, tuple[int, ...]] = {2: (128, 64, 8), 4: (32, 64, 4)}
