@@ -167,8 +167,8 @@ def tf32x3_runs(ours: Any, ids: torch.Tensor
         return [trace.get("attn_weights", i) for i in range(ours.config.n_layer)]
 
     def ours_with(weights_pass: bool = False, **flags: Any) -> Callable[[], list[torch.Tensor]]:
-        passes = dict(WEIGHTS_FROM_LSE=summary_kernels.FLOATS, LSE_FROM_FORWARD=True,
-                      **(forced or {}))
+        passes = dict(WEIGHTS_FROM_LSE=summary_kernels.FLOATS, WEIGHTS_MIN_KEYS=0,
+                      LSE_FROM_FORWARD=True, **(forced or {}))
 
         @torch.inference_mode()
         def call() -> list[torch.Tensor]:
@@ -244,7 +244,8 @@ def weights_pass_runs(ours: Any, ids: torch.Tensor) -> tuple[dict[str, Callable[
     def timed(**flags: Any) -> Callable[[], list[torch.Tensor]]:
         @torch.inference_mode()
         def call() -> list[torch.Tensor]:
-            with summary_flags(WEIGHTS_FROM_LSE=summary_kernels.FLOATS, **flags, **forced):
+            with summary_flags(WEIGHTS_FROM_LSE=summary_kernels.FLOATS, WEIGHTS_MIN_KEYS=0,
+                               **flags, **forced):
                 trace = Trace(names="attn_weights").run(ours, ids)
             return [trace.get("attn_weights", i) for i in range(ours.config.n_layer)]
         return call

@@ -43,9 +43,9 @@ LAYER = 8
 WAYS: dict[str, dict[str, Any]] = {
     "explicit path": {"WEIGHTS_FROM_LSE": frozenset()},
     "weights pass, rows pass's lse": {"WEIGHTS_FROM_LSE": summary_kernels.FLOATS,
-                                      "LSE_FROM_FORWARD": False},
+                                      "WEIGHTS_MIN_KEYS": 0, "LSE_FROM_FORWARD": False},
     "weights pass, SDPA's lse": {"WEIGHTS_FROM_LSE": summary_kernels.FLOATS,
-                                 "LSE_FROM_FORWARD": True},
+                                 "WEIGHTS_MIN_KEYS": 0, "LSE_FROM_FORWARD": True},
 }
 FORWARD = "forward (no trace)"
 
