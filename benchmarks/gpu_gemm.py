@@ -124,11 +124,8 @@ def tf32x3_ready(device: torch.device) -> str | None:
     return None
 
 
-#: the 3xTF32 kernels' ways: x and the weight split in the kernel, the weight split once
-#: (the probe's kernel, summing into one float32 sum on the tensor cores), and attnlab's
-#: kernel with the weight split once (`tf32x3.split`, each step summed from zero)
+#: the 3xTF32 kernels' ways: x and the weight split in the kernel, or the weight split once
 ON_THE_FLY, SPLIT_ONCE = "split in the kernel", "weight split once"
-ATTNLAB_SPLIT = "attnlab, weight split once"
 #: the end-to-end row of attnlab's own 3xTF32 products (`tf32x3.ENABLED`): its linears and
 #: the trace's scores and context, at the tiles its rule picks
 OURS = "attnlab's 3xTF32 (tf32x3.ENABLED: linears, scores, context)"
@@ -166,9 +163,7 @@ def tf32x3_products(rows: list[dict[str, Any]], T: int, device: torch.device,
         split = kernels.split_weight(w)
         calls = {ON_THE_FLY: (kernels.CONFIGS, functools.partial(tf32x3.linear, x, w, b)),
                  SPLIT_ONCE: (kernels.SPLIT_CONFIGS,
-                              functools.partial(kernels.split_linear, x, split, b)),
-                 ATTNLAB_SPLIT: (kernels.CONFIGS, functools.partial(
-                     tf32x3.linear, x, w, b, parts=tf32x3.split(w)))}
+                              functools.partial(kernels.split_linear, x, split, b))}
         row["tf32x3"] = {}
         for way in ways:
             configs, call = calls[way]

@@ -12,14 +12,11 @@ the GPU. Side by side in alternating rounds, each call synchronised:
   lacks a few of its packages: docs/gpu.md says which wheels to carry), booted from the
   same weights saved to a temporary directory.
 - where triton is installed on the GPU: `Trace.run` with attnlab's 3xTF32 products on
-  (`attnlab.model.tf32x3`: every linear, its weight split once, and the scores and the
-  context as three TF32 tensor-core products, tiles by its rule; off by default until
-  this row says it wins), with the linears alone, with each weight split in every block,
-  and with the weights pass; and with every linear as the gemm probe's
-  weight-split-once kernel (`gpu_tf32x3`, the probe's patch, not attnlab's code) at each
-  shape's fastest tiles; each with the weights' largest difference from Hugging Face's.
-  Each linear's product alone too, by the probe's kernel and attnlab's split-once one at
-  each tile size, with its error against float64 beside cuBLAS's.
+  (`attnlab.model.tf32x3`: every linear, the scores and the context as three TF32
+  tensor-core products, tiles by its rule; off by default until this row says it wins),
+  and with every linear as the gemm probe's weight-split-once kernel (`gpu_tf32x3`, the
+  probe's patch, not attnlab's code) at each shape's fastest tiles, each with the weights'
+  largest difference from Hugging Face's.
 
 The weights are checked equal to Hugging Face's within 1e-5. Targets: `Trace.run` at most
 1.3x the fused forward, and at least 1.5x faster than Hugging Face eager (its faster way,
@@ -42,7 +39,7 @@ from typing import Any
 import torch
 
 from attnlab.hf import gpt_from_hf
-from attnlab.model import summary_kernels, tf32x3
+from attnlab.model import summary_kernels
 from attnlab.model.trace import Trace
 
 from .common import table
@@ -69,18 +66,15 @@ TRACED = "attnlab forward + trace: attn_weights"
 HF_LM = "HF eager output_attentions"
 HF_BASE = "HF eager base model output_attentions (no head)"
 TL = "TransformerLens run_with_cache: hook_pattern"
-TF32X3 = "attnlab Trace.run, 3xTF32 (tf32x3.ENABLED): linears (weight split once), scores, context"
-TF32X3_LINEARS = "attnlab Trace.run, 3xTF32 linears only (weight split once)"
-TF32X3_BOTH = "attnlab Trace.run, 3xTF32, linears' weights split in every block"
+TF32X3 = "attnlab Trace.run, 3xTF32 products (tf32x3.ENABLED)"
 TF32X3_SPLIT = "attnlab Trace.run, 3xTF32 linears, weights split once (probe's patch)"
 WEIGHTS_ROWS = "attnlab Trace.run, weights pass, lse and context from the rows pass"
 WEIGHTS_SDPA = "attnlab Trace.run, weights pass, lse and context from SDPA"
-WEIGHTS_SPLIT = "attnlab Trace.run, weights pass (SDPA's lse) + attnlab's 3xTF32 linears"
+WEIGHTS_SPLIT = "attnlab Trace.run, weights pass (SDPA's lse) + 3xTF32 linears split once"
 #: the weights pass's (query rows, keys, warps) tried beside its default, lse from SDPA
 WEIGHTS_TILES = [(64, 64, 4), (64, 32, 4), (128, 64, 8)]
 #: rows that are not attnlab's default way (yet), judged apart -> their ratio's key
-THREES = {TF32X3: "tf32x3", TF32X3_LINEARS: "tf32x3_linears", TF32X3_BOTH: "tf32x3_both",
-          TF32X3_SPLIT: "tf32x3_split", WEIGHTS_ROWS: "weights_rows",
+THREES = {TF32X3: "tf32x3", TF32X3_SPLIT: "tf32x3_split", WEIGHTS_ROWS: "weights_rows",
           WEIGHTS_SDPA: "weights_sdpa", WEIGHTS_SPLIT: "weights_split",
           **{f"{WEIGHTS_SDPA} {t}": f"weights_sdpa_{'x'.join(map(str, t))}"
              for t in WEIGHTS_TILES}}
@@ -141,24 +135,21 @@ def transformer_lens(hf: Any, ids: torch.Tensor, tmp: str) -> tuple[Callable[[],
     return tl_pattern, f"TransformerLens {importlib.metadata.version('transformer-lens')}"
 
 
-def tf32x3_runs(ours: Any, ids: torch.Tensor
-                ) -> tuple[dict[str, Callable[[], Any]], str, list[dict[str, Any]]]:
-    """`Trace.run` with attnlab's 3xTF32 products on (`tf32x3.ENABLED`): as they are, with
-    the linears alone, with the weights split in every block (`SPLIT_ONCE` off), and with
-    the weights pass; and with every linear as the gemm probe's weight-split-once kernel at
-    each shape's fastest tiles. Also each linear's product alone, as the probe's kernel and
-    attnlab's split-once one at each tile size, with its error against float64 beside
-    cuBLAS's. ({}, why not, []) where triton does not run."""
+def tf32x3_runs(ours: Any, ids: torch.Tensor) -> tuple[dict[str, Callable[[], Any]], str]:
+    """`Trace.run` with attnlab's 3xTF32 products on (`tf32x3.ENABLED`), and with every
+    linear as the gemm probe's weight-split-once kernel at each shape's fastest tiles (timed
+    here: compiled once, then from triton's cache), or ({}, why not)."""
     from . import gpu_gemm
 
     why_not = gpu_gemm.tf32x3_ready(ids.device)
     if why_not is not None:
-        return {}, f"3xTF32 not run: {why_not}", []
+        return {}, f"3xTF32 not run: {why_not}"
     shapes = sorted({(m.in_features, m.out_features) for m in ours.modules()
                      if isinstance(m, torch.nn.Linear) and m is not ours.lm_head})
-    products = [{"K": K, "N": N} for K, N in shapes]
-    best = gpu_gemm.tf32x3_products(products, ids.shape[1], ids.device, repeats=5,
-                                    ways=(gpu_gemm.SPLIT_ONCE, gpu_gemm.ATTNLAB_SPLIT))
+    rows = [{"K": K, "N": N} for K, N in shapes]
+    # attnlab's own row takes the tiles its rule picks: only the split-once kernel's are timed
+    best = gpu_gemm.tf32x3_products(rows, ids.shape[1], ids.device, repeats=5,
+                                    ways=(gpu_gemm.SPLIT_ONCE,))[gpu_gemm.SPLIT_ONCE]
     split_once: dict[int, Any] = {}  # each weight split at its first call, kept after
     forced = weights_pass_flags(ids)
 
@@ -166,43 +157,29 @@ def tf32x3_runs(ours: Any, ids: torch.Tensor
         trace = Trace(names="attn_weights").run(ours, ids)
         return [trace.get("attn_weights", i) for i in range(ours.config.n_layer)]
 
-    def ours_with(weights_pass: bool = False, **flags: Any) -> Callable[[], list[torch.Tensor]]:
-        passes = dict(WEIGHTS_FROM_LSE=summary_kernels.FLOATS, WEIGHTS_MIN_KEYS=0,
-                      LSE_FROM_FORWARD=True, **(forced or {}))
-
-        @torch.inference_mode()
-        def call() -> list[torch.Tensor]:
-            with gpu_gemm.attnlab_tf32x3(ids.device), tf32x3_flags(**flags), \
-                    summary_flags(**(passes if weights_pass else {})):
-                return weights()
-        return call
-
     @torch.inference_mode()
-    def probe() -> list[torch.Tensor]:
-        with gpu_gemm.tf32x3_linears(best[gpu_gemm.SPLIT_ONCE], split_once):
+    def enabled() -> list[torch.Tensor]:
+        with gpu_gemm.attnlab_tf32x3(ids.device):
             return weights()
 
-    runs = {TF32X3: ours_with(), TF32X3_LINEARS: ours_with(ATTENTION=False),
-            TF32X3_BOTH: ours_with(SPLIT_ONCE=False), TF32X3_SPLIT: probe}
+    @torch.inference_mode()
+    def split() -> list[torch.Tensor]:
+        with gpu_gemm.tf32x3_linears(best, split_once):
+            return weights()
+
+    @torch.inference_mode()
+    def split_weights() -> list[torch.Tensor]:
+        with gpu_gemm.tf32x3_linears(best, split_once), summary_flags(
+                WEIGHTS_FROM_LSE=summary_kernels.FLOATS, WEIGHTS_MIN_KEYS=0,
+                LSE_FROM_FORWARD=True, **(forced or {})):
+            return weights()
+
+    runs = {TF32X3: enabled, TF32X3_SPLIT: split}
     if forced is not None:
-        runs[WEIGHTS_SPLIT] = ours_with(weights_pass=True)
+        runs[WEIGHTS_SPLIT] = split_weights
     return runs, (
-        "3xTF32 tiles: attnlab's rows by its rule (tf32x3_triton.tiles); the probe's, per "
-        "(in, out): " + ", ".join(f"{k}: {v}" for k, v in
-                                  sorted(best[gpu_gemm.SPLIT_ONCE].items()))), products
-
-
-@contextmanager
-def tf32x3_flags(**flags: Any) -> Iterator[None]:
-    """`tf32x3`'s module flags (SPLIT_ONCE, ATTENTION) set meanwhile."""
-    saved = {name: getattr(tf32x3, name) for name in flags}
-    try:
-        for name, value in flags.items():
-            setattr(tf32x3, name, value)
-        yield
-    finally:
-        for name, value in saved.items():
-            setattr(tf32x3, name, value)
+        "3xTF32 tiles: attnlab's row by its rule (tf32x3_triton.tiles); the weight split once, "
+        "per (in, out): " + ", ".join(f"{k}: {v}" for k, v in sorted(best.items())))
 
 
 def weights_pass_flags(ids: torch.Tensor) -> dict[str, Any] | None:
@@ -276,7 +253,7 @@ def run(quick: bool = False, device: str | None = None, out: Path | None = None
         tl, tl_note = transformer_lens(hf, ids, tmp)
     if tl is not None:
         fns[TL] = tl
-    threes, three_note, products = tf32x3_runs(ours, ids)
+    threes, three_note = tf32x3_runs(ours, ids)
     fns |= threes
     passes, passes_note = weights_pass_runs(ours, ids)
     fns |= passes
@@ -312,7 +289,7 @@ def run(quick: bool = False, device: str | None = None, out: Path | None = None
         "suite": "gpu_trace", "machine": m,
         "transformers": transformers_version(), "shape": shape, "T": T, "rounds": rounds,
         "ms": ms, "ratios": ratios, "max_weight_error_vs_trace_run": errors,
-        "max_weight_error_vs_hf_base": errors_vs_hf, "tf32x3_products": products,
+        "max_weight_error_vs_hf_base": errors_vs_hf,
         "targets_met": {} if quick else met,
         "tables": [table(
             f"Every layer's attention weights on a GPU ({shape}, T={T}, float32, batch 1)",

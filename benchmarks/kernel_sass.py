@@ -96,7 +96,6 @@ def compile_matmul_for_h100(config: tuple[int, ...], **constants: Any) -> Any:
     block_m, block_n, block_k, warps, stages = config
     unit = {"stride_bn": 1} if "stride_bk" not in constants else {}
     constants = {"HAS_BIAS": True, "EVEN_K": True, "MASK_PAST": False, "ZERO_PAST": False,
-                 "SPLIT_B": False,
                  "BLOCK_M": block_m, "BLOCK_N": block_n, "BLOCK_K": block_k, "stride_ak": 1,
                  **unit, **constants}
 
@@ -171,10 +170,6 @@ def kernels() -> dict[str, Any]:
         # the 3xTF32 product (float32 linears, scores, context) at its largest and smallest
         # tiles: the loop's tensor-core products (HGMMA) are three for each one of TF32's
         **{f"3xTF32 product, {c[0]}x{c[1]} tiles": compile_matmul_for_h100(c)
-           for c in (tf32x3_triton.CONFIGS[0], tf32x3_triton.CONFIGS[-1])},
-        # a linear's weight split once (`tf32x3.split`): only x split in the loop
-        **{f"3xTF32 product, weight split once, {c[0]}x{c[1]} tiles":
-           compile_matmul_for_h100(c, SPLIT_B=True)
            for c in (tf32x3_triton.CONFIGS[0], tf32x3_triton.CONFIGS[-1])},
         # a trace's products under a plain causal mask: the scores (k^T read along K, -inf
         # past the diagonal) and the context (weights read up to it)

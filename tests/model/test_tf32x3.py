@@ -68,58 +68,6 @@ def test_the_kernel_equals_the_float64_product(case: str, kernels: Any) -> None:
     assert _error(kernels.matmul(a, b), exact) <= 4 * _error(a @ b, exact) + 1e-6
 
 
-@pytest.mark.parametrize("case", ["contiguous", "b transposed", "a sliced", "one tile"])
-def test_a_split_b_gives_the_product(case: str, kernels: Any) -> None:
-    """b split once (`tf32x3.split`, at b's strides) and passed as its two parts: as close
-    to float64 at every tile size as torch's float32 product (K = 40: a ragged last step)."""
-    a, b = _operands(case)
-    hi, lo = tf32x3.split(b)
-    assert hi.stride() == lo.stride() == b.stride()
-    exact = a.double() @ b.double()
-    for config in kernels.CONFIGS:
-        out = kernels.matmul(a, hi, config=config, rest=lo)
-        assert _error(out, exact) <= 4 * _error(a @ b, exact) + 1e-6, config
-    for wrong in (lo[:, :-1], lo.transpose(1, 2).contiguous().transpose(1, 2).contiguous()):
-        if wrong.stride() != lo.stride() or wrong.shape != lo.shape:
-            with pytest.raises(ValueError, match="needs b's shape"):
-                kernels.matmul(a, hi, rest=wrong)
-
-
-def test_split_parts_are_tf32_and_sum_to_the_weight() -> None:
-    """Both parts keep 10 mantissa bits (the low 13 of 23 are 0) and add up to the weight
-    within 2^-22 of each entry; the part is the weight rounded to nearest."""
-    w = torch.randn(64, 48, generator=torch.Generator().manual_seed(2)) * 0.02
-    hi, lo = tf32x3.split(w.t())
-    for part in (hi, lo):
-        assert not (part.contiguous().view(torch.int32) & 0x1FFF).any()
-    assert ((hi + lo).t() - w).abs().le(2.0**-22 * w.abs()).all()
-    assert ((hi.t() - w).abs() <= 2.0**-11 * w.abs()).all()
-
-
-def test_a_linear_keeps_its_split_until_the_weight_changes() -> None:
-    """`kept_parts`: made once, the same tensors while the weight is unchanged, made again
-    after an edit in place; none with SPLIT_ONCE off; an inference tensor's made anew."""
-    from attnlab.model.layers import Linear
-
-    layer = Linear(8, 4)
-    first = tf32x3.kept_parts(layer, layer.weight)
-    assert first is not None and tf32x3.kept_parts(layer, layer.weight) is first
-    assert "_tf32x3_parts" not in str(layer.state_dict().keys())
-    with torch.no_grad():
-        layer.weight.mul_(2)
-    again = tf32x3.kept_parts(layer, layer.weight)
-    assert again is not first and torch.equal(again[0], tf32x3.split(layer.weight)[0])
-    with torch.inference_mode():
-        frozen = torch.randn(4, 8)
-    assert tf32x3.kept_parts(layer, frozen)[0].equal(tf32x3.split(frozen)[0])  # type: ignore[index]
-    before = tf32x3.SPLIT_ONCE
-    try:
-        tf32x3.SPLIT_ONCE = False
-        assert tf32x3.kept_parts(layer, layer.weight) is None
-    finally:
-        tf32x3.SPLIT_ONCE = before
-
-
 def _error(out: torch.Tensor, exact: torch.Tensor) -> float:
     return (out.double() - exact).abs().max().item()
 
@@ -278,9 +226,8 @@ def test_the_linear_equals_f_linear_of_any_leading_dims(kernels: Any) -> None:
 @pytest.mark.cuda
 def test_cuda_products_are_as_close_as_float32(cuda_device: torch.device,
                                                monkeypatch: pytest.MonkeyPatch) -> None:
-    """Compiled: GPT-2 small's block products at 1024 tokens (also with the weight split
-    once, as a linear keeps it) and a trace's two products, within 4x cuBLAS's float32 error
-    of float64 (one TF32 product is ~1000x off)."""
+    """Compiled: GPT-2 small's block products at 1024 tokens and a trace's two products,
+    within 4x cuBLAS's float32 error of float64 (one TF32 product is ~1000x off)."""
     from attnlab.model import tf32x3_triton
 
     g = torch.Generator(cuda_device).manual_seed(0)
@@ -293,10 +240,6 @@ def test_cuda_products_are_as_close_as_float32(cuda_device: torch.device,
         cublas = (torch.bmm(a, b).double() - exact).abs().max().item()
         ours = (tf32x3_triton.matmul(a, b).double() - exact).abs().max().item()
         assert ours <= 4 * cublas, (batch, M, K, N, ours, cublas)
-        if batch == 1:
-            hi, lo = tf32x3.split(b)
-            split = (tf32x3_triton.matmul(a, hi, rest=lo).double() - exact).abs().max().item()
-            assert split <= 4 * cublas, (M, K, N, split, cublas)
 
 
 @pytest.mark.cuda

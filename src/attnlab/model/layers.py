@@ -64,8 +64,7 @@ class Linear(nn.Linear):
         if self._onednn(x):
             return torch.ops.mkldnn._linear_pointwise(x, self.weight, self.bias, "none", [], "")
         if tf32x3.wanted(x, self.weight, x.numel() // max(1, self.in_features)):
-            parts = tf32x3.kept_parts(self, self.weight)
-            return tf32x3.linear(x, self.weight, self.bias, parts=parts)  # (..., out)
+            return tf32x3.linear(x, self.weight, self.bias)  # (..., out)
         return F.linear(x, self.weight, self.bias)  # (..., out)
 
     def gelu(self, x: Tensor, approximate: str) -> Tensor:

@@ -25,31 +25,17 @@ CONFIGS: list[Config] = [
 
 
 @triton.jit
-def _split_dot(a, b_hi, b_lo):
-    """a (BLOCK_M, BLOCK_K) @ (b_hi + b_lo) (BLOCK_K, BLOCK_N), b_hi TF32: three TF32 products
-    summed from zero, the small ones first, for the caller to add to its sum in float32
-    (the tensor cores' own adding keeps fewer bits than float32's when a small product
-    joins a large sum)."""
-    bits = a.to(tl.uint32, bitcast=True)
-    a_hi = ((bits + 0x1000) & 0xFFFFE000).to(tl.float32, bitcast=True)  # a's top 19 bits
-    part = tl.dot(a - a_hi, b_hi, input_precision="tf32")  # (BLOCK_M, BLOCK_N)
-    part = tl.dot(a_hi, b_lo, part, input_precision="tf32")
-    return tl.dot(a_hi, b_hi, part, input_precision="tf32")
-
-
-@triton.jit
-def matmul_kernel(a_ptr, b_ptr, b_rest_ptr, bias_ptr, out_ptr, M, N, K,
+def matmul_kernel(a_ptr, b_ptr, bias_ptr, out_ptr, M, N, K,
                   stride_ab, stride_am, stride_ak, stride_bb, stride_bk, stride_bn, alpha,
                   diagonal, HAS_BIAS: tl.constexpr, EVEN_K: tl.constexpr,
-                  MASK_PAST: tl.constexpr, ZERO_PAST: tl.constexpr, SPLIT_B: tl.constexpr,
-                  BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+                  MASK_PAST: tl.constexpr, ZERO_PAST: tl.constexpr, BLOCK_M: tl.constexpr,
+                  BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
     """out[i] (M, N) = alpha * a[i] (M, K) @ b[i] (K, N) + bias (N,), i = program_id(2), for
     float32 a and b of any strides and a contiguous out: one (BLOCK_M, BLOCK_N) tile per
     program. EVEN_K: K is a multiple of BLOCK_K (no mask along K). MASK_PAST: out[r, c] is
     -inf where c > r + diagonal (a causal mask on scores), and a tile wholly there makes no
     product. ZERO_PAST: a[r, c] is 0 where c > r + diagonal (causal weights), so a tile's
-    sum stops at the step that holds its last row's diagonal. SPLIT_B: b arrives split
-    (`tf32x3.split`): b_ptr its TF32 part, b_rest_ptr the rest, at b's strides."""
+    sum stops at the step that holds its last row's diagonal."""
     batch = tl.program_id(2).to(tl.int64)
     rows = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
     cols = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -58,8 +44,8 @@ def matmul_kernel(a_ptr, b_ptr, b_rest_ptr, bias_ptr, out_ptr, M, N, K,
     # 64-bit offsets: a batch of long-context scores passes 2^31 elements
     a = (a_ptr + batch * stride_ab + rows[:, None].to(tl.int64) * stride_am
          + inner[None, :] * stride_ak)  # (BLOCK_M, BLOCK_K) pointers
-    b_at = (batch * stride_bb + inner[:, None] * stride_bk
-            + cols[None, :].to(tl.int64) * stride_bn)  # (BLOCK_K, BLOCK_N) offsets
+    b = (b_ptr + batch * stride_bb + inner[:, None] * stride_bk
+         + cols[None, :].to(tl.int64) * stride_bn)  # (BLOCK_K, BLOCK_N) pointers
     acc = tl.zeros((BLOCK_M, BLOCK_N), tl.float32)
     k_end = K
     # the diagonal of the tile's last row that exists
@@ -69,18 +55,15 @@ def matmul_kernel(a_ptr, b_ptr, b_rest_ptr, bias_ptr, out_ptr, M, N, K,
     if ZERO_PAST:  # zeros past it add nothing (exactly): not read
         k_end = tl.minimum(K, last + 1)
     for k in range(0, k_end, BLOCK_K):
-        a_ok, b_ok = row_ok[:, None], col_ok[None, :]
-        if not EVEN_K:
-            a_ok, b_ok = a_ok & (inner[None, :] < K - k), b_ok & (inner[:, None] < K - k)
-        a_tile = tl.load(a, mask=a_ok, other=0.0)  # (BLOCK_M, BLOCK_K)
-        b_tile = tl.load(b_ptr + b_at, mask=b_ok, other=0.0)  # (BLOCK_K, BLOCK_N)
-        if SPLIT_B:
-            b_rest = tl.load(b_rest_ptr + b_at, mask=b_ok, other=0.0)  # (BLOCK_K, BLOCK_N)
-            acc += _split_dot(a_tile, b_tile, b_rest)  # (BLOCK_M, BLOCK_N)
+        if EVEN_K:
+            a_tile = tl.load(a, mask=row_ok[:, None], other=0.0)  # (BLOCK_M, BLOCK_K)
+            b_tile = tl.load(b, mask=col_ok[None, :], other=0.0)  # (BLOCK_K, BLOCK_N)
         else:
-            acc = tl.dot(a_tile, b_tile, acc, input_precision="tf32x3")  # (BLOCK_M, BLOCK_N)
+            a_tile = tl.load(a, mask=row_ok[:, None] & (inner[None, :] < K - k), other=0.0)
+            b_tile = tl.load(b, mask=(inner[:, None] < K - k) & col_ok[None, :], other=0.0)
+        acc = tl.dot(a_tile, b_tile, acc, input_precision="tf32x3")  # (BLOCK_M, BLOCK_N)
         a += BLOCK_K * stride_ak
-        b_at += BLOCK_K * stride_bk
+        b += BLOCK_K * stride_bk
     acc = acc * alpha
     if MASK_PAST:
         acc = tl.where(cols[None, :] > rows[:, None] + diagonal, float("-inf"), acc)
@@ -115,13 +98,13 @@ def _sms(index: int) -> int:
 
 def matmul(a: Tensor, b: Tensor, alpha: float = 1.0, bias: Tensor | None = None,
            config: Config | None = None, diagonal: int | None = None,
-           past: str = "-inf", rest: Tensor | None = None) -> Tensor:
+           past: str = "-inf") -> Tensor:
     """alpha * a @ b + bias, contiguous float32 (batch, M, N), for float32 a (batch, M, K)
     and b (batch, K, N) of any strides, bias (N,) or None; config: tiles (`CONFIGS`'s form),
     None for `tiles`' choice. A batch stride 0 (b.expand) reads one b for every a.
     diagonal, with past "-inf": out[:, r, c] is -inf where c > r + diagonal, computed or
     not (causal scores); with past "zero": a's entries there are 0 and not read (causal
-    weights). rest: b arrives split (`tf32x3.split`), b its TF32 part and rest the rest."""
+    weights)."""
     batch, M, K = a.shape
     N = b.shape[2]
     if past not in ("-inf", "zero"):
@@ -129,21 +112,16 @@ def matmul(a: Tensor, b: Tensor, alpha: float = 1.0, bias: Tensor | None = None,
     if b.shape[:2] != (batch, K) or a.dtype != torch.float32 or b.dtype != torch.float32:
         raise ValueError(f"a {tuple(a.shape)} {a.dtype} @ b {tuple(b.shape)} {b.dtype}: "
                          "needs float32 (batch, M, K) @ (batch, K, N)")
-    if rest is not None and (rest.shape != b.shape or rest.stride() != b.stride()
-                             or rest.dtype != b.dtype):
-        raise ValueError(f"rest {tuple(rest.shape)} strides {rest.stride()}: needs b's shape "
-                         f"{tuple(b.shape)} and strides {b.stride()} (tf32x3.split(b) makes both)")
     block_m, block_n, block_k, warps, stages = config or tiles(
         batch, M, N, multiprocessors(a.device))
     out = a.new_empty((batch, M, N))  # (batch, M, N)
     grid = (triton.cdiv(M, block_m), triton.cdiv(N, block_n), batch)
-    matmul_kernel[grid](a, b, b if rest is None else rest, out if bias is None else bias,
-                        out, M, N, K, a.stride(0), a.stride(1), a.stride(2),
+    matmul_kernel[grid](a, b, out if bias is None else bias, out, M, N, K,
+                        a.stride(0), a.stride(1), a.stride(2),
                         b.stride(0), b.stride(1), b.stride(2), alpha, diagonal or 0,
                         HAS_BIAS=bias is not None, EVEN_K=K % block_k == 0,
                         MASK_PAST=diagonal is not None and past == "-inf",
                         ZERO_PAST=diagonal is not None and past == "zero",
-                        SPLIT_B=rest is not None,
                         BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k,
                         num_warps=warps, num_stages=stages)
     return out

@@ -116,7 +116,7 @@ def _block_weights(q: Tensor, key_t: Tensor, scores: Tensor | None, mask: Mask,
     in_product = False  # whether the product wrote the mask's -inf itself
     if scores is None:
         q_block, key_block = _rows_of(q, i0, i1, picked), key_t[..., k0:k1]
-        if tf32x3.wanted(q_block, key_block, q_block.shape[2], attention=True):
+        if tf32x3.wanted(q_block, key_block, q_block.shape[2]):
             # picked rows need not be consecutive: no one diagonal bounds them
             diagonal = None if picked is not None else _causal_diagonal(
                 mask, may_attend, q.shape[2], key_t.shape[-1], i0, k0)
@@ -178,7 +178,7 @@ def _product(weights: Tensor, v: Tensor, diagonal: int | None = None) -> Tensor:
     """weights (B, nh, rows, keys) @ v (B, nh, keys, hs) -> (B, nh, rows, hs), as 3xTF32
     where `tf32x3.wanted` says so; diagonal: the weights are 0 past it (`_causal_diagonal`),
     so 3xTF32 does not read them."""
-    if tf32x3.wanted(weights, v, weights.shape[-2], attention=True):
+    if tf32x3.wanted(weights, v, weights.shape[-2]):
         return tf32x3.matmul(weights, v, diagonal=diagonal, past="zero")
     return weights @ v  # (B, nh, rows, keys) @ (B, nh, keys, hs) -> (B, nh, rows, hs)
 
