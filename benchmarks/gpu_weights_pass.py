@@ -1,17 +1,16 @@
-"""The weights pass at long context on a GPU: one layer's whole attention weights, traced by
-the explicit path or written once from each row's lse (`summary_kernels.WEIGHTS_FROM_LSE`,
-off since float32 GPT-2 small at 1,024 tokens measured it slower: docs/performance.md#the-
-weights-pass). A probe for a lent GPU, not a suite: it asks whether the pass pays where its
-memory saving is large (it never holds the (nh, T, T) scores beside the weights) and its
-products run on tensor cores (bfloat16).
+"""The weights pass on a GPU: whole attention weights traced by the explicit path or written
+once from each row's lse (`summary_kernels.WEIGHTS_FROM_LSE`: on for 16-bit traces from
+`WEIGHTS_MIN_KEYS` keys, off for float32, which GPT-2 small at 1,024 tokens measured slower:
+docs/performance.md#the-weights-pass). A probe for a lent GPU, not a suite.
 
 A Llama-3.2-1B-shaped model (`gpu_summaries.LLAMA_1B`) with random bfloat16 weights, batch
 1, `Trace(names="attn_weights", layers=[LAYER])` at `LENGTHS` tokens: the untraced forward
 (the yardstick), the explicit path, and the weights pass with its lse from the rows pass and
-from SDPA's kernel (`LSE_FROM_FORWARD`). Per way: the median of the rounds, the peak memory
-of one call, and the weights' largest difference from the explicit path's and from the
-softmax computed in float64 from the same (traced) q and k. Then float16 at `HALF_LENGTHS`,
-and every layer of a GPT-2-small-shaped model at 1,024 tokens in bfloat16 (gpu_trace's case).
+from SDPA's kernel (`LSE_FROM_FORWARD`); then float16 at `HALF_LENGTHS`, and every layer of
+a GPT-2-small-shaped model at 1,024 tokens in bfloat16 (gpu_trace's case). Per way: the
+median of `ROUNDS`, the peak memory of one call, and the weights' largest difference from
+the explicit path's and from the causal softmax computed in float64 from the same way's
+traced q and k.
 
     python -m benchmarks.gpu_weights_pass --out FILE [--smoke --device cpu]
 """
@@ -31,7 +30,16 @@ from attnlab.model.config import GPTConfig
 from attnlab.model.trace import Trace
 
 from .common import table
-from .gpu_common import gpu_machine, pick_device, random_gpt, skipped, suite_main, write_partial
+from .gpu_common import (
+    cuda_ms,
+    gpu_machine,
+    median,
+    pick_device,
+    random_gpt,
+    skipped,
+    suite_main,
+    write_partial,
+)
 from .gpu_summaries import LLAMA_1B, TOY, measure
 from .gpu_trace import summary_flags, weights_pass_flags
 
@@ -39,6 +47,9 @@ GPT2 = GPTConfig(vocab_size=50257, block_size=1024, n_layer=12, n_head=12, n_emb
 LENGTHS = (1024, 2048, 4096, 8192)
 HALF_LENGTHS = (4096,)
 LAYER = 8
+#: rounds per way (median): at 1k-2k tokens a call is a few milliseconds of launches, and 3
+#: rounds on one H100 lease disagreed between two runs
+ROUNDS = 7
 #: way -> the `summary_kernels` flags it runs under
 WAYS: dict[str, dict[str, Any]] = {
     "explicit path": {"WEIGHTS_FROM_LSE": frozenset()},
@@ -52,7 +63,8 @@ FORWARD = "forward (no trace)"
 
 def lengths_rows(model: Any, T: int, layers: list[int], device: torch.device, rounds: int
                  ) -> dict[str, Any]:
-    """Every way at T tokens: time, peak and the weights' difference from the explicit path."""
+    """Every way at T tokens: time (median of alternating rounds), peak, and the weights'
+    difference from the explicit path's and from float64's."""
     ids = torch.randint(0, model.config.vocab_size, (1, T),
                         generator=torch.Generator().manual_seed(T)).to(device)
     forced = weights_pass_flags(ids) or {}  # `run` checked that it can run
@@ -65,10 +77,11 @@ def lengths_rows(model: Any, T: int, layers: list[int], device: torch.device, ro
         with torch.inference_mode(), summary_flags(**flags, **forced):
             return Trace(names=list(names), layers=layers).run(model, ids)
 
-    rows = {FORWARD: measure(forward, device, rounds)}
+    calls = {FORWARD: forward, **{way: lambda flags=flags: traced(flags)
+                                  for way, flags in WAYS.items()}}
+    rows = {name: measure(call, device, 1) for name, call in calls.items()}  # warm, peak
     trace = traced(WAYS["explicit path"], ("attn_weights", "q", "k"))
     for way, flags in WAYS.items():
-        rows[way] = measure(lambda flags=flags: traced(flags), device, rounds)
         if "error" not in rows[way]:
             got = traced(flags, ("attn_weights", "q", "k"))
             rows[way]["max_difference"] = max(
@@ -81,6 +94,13 @@ def lengths_rows(model: Any, T: int, layers: list[int], device: torch.device, ro
                               model.config) for i in layers)
             del got
         gc.collect()
+    del trace
+    samples: dict[str, list[float]] = {name: [] for name in calls if "error" not in rows[name]}
+    for _ in range(rounds):  # alternating: a drift of the machine reaches every way alike
+        for name in samples:
+            samples[name] += cuda_ms(calls[name], device, rounds=1, warmup=0)
+    for name, times in samples.items():
+        rows[name]["ms"] = median(times)
     return rows
 
 
@@ -123,7 +143,8 @@ def run(quick: bool = False, device: str | None = None, out: Path | None = None
                                  "dtype": str(dtype).removeprefix("torch."), "lengths": {}}
         result["runs"].append(found)
         for T in lengths:
-            found["lengths"][str(T)] = lengths_rows(model, T, layers, where, 1 if quick else 3)
+            found["lengths"][str(T)] = lengths_rows(model, T, layers, where,
+                                                     1 if quick else ROUNDS)
             write_partial(out, result)
         del model
         gc.collect()
