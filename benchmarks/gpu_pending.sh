@@ -1,8 +1,7 @@
 #!/usr/bin/env bash
-# What issue 33 still asks of a lent GPU, in one call of about 3 minutes: the cuda tests, and
-# the weights pass against the explicit path from 1k to 8k tokens at 7 rounds a way (two
-# runs of 3 rounds disagreed under 4k: `summary_kernels.WEIGHTS_MIN_KEYS`). From the
-# repository root, carrying .whl:
+# What a lent GPU can still run for issue 33, in one call of about 2 minutes: the cuda tests,
+# and the weights pass against the explicit path from 1k to 8k tokens (7 alternating rounds
+# a way). From the repository root, carrying .whl:
 #
 #     OUT=$OUT bash benchmarks/gpu_pending.sh
 #

@@ -170,8 +170,7 @@ def tf32x3_runs(ours: Any, ids: torch.Tensor) -> tuple[dict[str, Callable[[], An
     @torch.inference_mode()
     def split_weights() -> list[torch.Tensor]:
         with gpu_gemm.tf32x3_linears(best, split_once), summary_flags(
-                WEIGHTS_FROM_LSE=summary_kernels.FLOATS, WEIGHTS_MIN_KEYS=0,
-                LSE_FROM_FORWARD=True, **(forced or {})):
+                WEIGHTS_FROM_LSE=summary_kernels.FLOATS, LSE_FROM_FORWARD=True, **(forced or {})):
             return weights()
 
     runs = {TF32X3: enabled, TF32X3_SPLIT: split}
@@ -221,8 +220,7 @@ def weights_pass_runs(ours: Any, ids: torch.Tensor) -> tuple[dict[str, Callable[
     def timed(**flags: Any) -> Callable[[], list[torch.Tensor]]:
         @torch.inference_mode()
         def call() -> list[torch.Tensor]:
-            with summary_flags(WEIGHTS_FROM_LSE=summary_kernels.FLOATS, WEIGHTS_MIN_KEYS=0,
-                               **flags, **forced):
+            with summary_flags(WEIGHTS_FROM_LSE=summary_kernels.FLOATS, **flags, **forced):
                 trace = Trace(names="attn_weights").run(ours, ids)
             return [trace.get("attn_weights", i) for i in range(ours.config.n_layer)]
         return call

@@ -100,7 +100,6 @@ def test_a_model_trace_of_weights_through_the_kernel(
         logits = model(ids, attention_mask=mask, trace=expected).logits  # (B, T, V)
     monkeypatch.setattr(summary_kernels, "available", lambda q: True)
     monkeypatch.setattr(summary_kernels, "WEIGHTS_FROM_LSE", summary_kernels.FLOATS)
-    monkeypatch.setattr(summary_kernels, "WEIGHTS_MIN_KEYS", 0)
     monkeypatch.setattr(summary_kernels, "LSE_FROM_FORWARD", source == "forward lse")
     counts = {"weights": 0, "forward": 0}
     for name, key in (("attention_weights", "weights"), ("attend_with_lse", "forward")):
@@ -146,12 +145,13 @@ def test_cuda_trace_of_weights_through_the_kernel(dtype: torch.dtype, source: st
     close = TOLERANCE if dtype == torch.float32 else dict(atol=2e-2, rtol=2e-2)
     with torch.no_grad():
         expected = Trace(names="attn_weights")
-        logits = model(ids, attention_mask=mask, trace=expected).logits  # (B, T, V)
+        with monkeypatch.context() as explicit:  # 16-bit traces take the pass by default
+            explicit.setattr(summary_kernels, "WEIGHTS_FROM_LSE", frozenset())
+            logits = model(ids, attention_mask=mask, trace=expected).logits  # (B, T, V)
         calls = []
         real = summary_kernels.attention_weights
         with monkeypatch.context() as patch:
             patch.setattr(summary_kernels, "WEIGHTS_FROM_LSE", summary_kernels.FLOATS)
-            patch.setattr(summary_kernels, "WEIGHTS_MIN_KEYS", 0)
             patch.setattr(summary_kernels, "LSE_FROM_FORWARD", source == "forward lse")
             patch.setattr(summary_kernels, "attention_weights",
                           lambda *a, **kw: calls.append(kw.get("lse") is None) or real(*a, **kw))
@@ -165,12 +165,11 @@ def test_cuda_trace_of_weights_through_the_kernel(dtype: torch.dtype, source: st
                                    expected.get("attn_weights", layer), **close)
 
 
-def test_only_long_16_bit_traces_take_the_weights_pass_by_default(
+def test_only_16_bit_traces_take_the_weights_pass_by_default(
         monkeypatch: pytest.MonkeyPatch) -> None:
     """The default `WEIGHTS_FROM_LSE` holds the 16-bit dtypes (an H100 measured the pass
-    faster there and slower in float32), from `WEIGHTS_MIN_KEYS` keys: where the kernels
-    run, a float32 trace keeps the explicit path, and so does a listed dtype's short trace
-    until the minimum comes down to its keys."""
+    faster there and slower in float32): where the kernels run, a float32 trace keeps the
+    explicit path, and takes the pass once float32 is listed."""
     assert {torch.bfloat16, torch.float16} == summary_kernels.WEIGHTS_FROM_LSE
     model, ids = _model(), torch.randint(0, 65, (1, 9))
     monkeypatch.setattr(summary_kernels, "available", lambda q: True)
@@ -182,7 +181,5 @@ def test_only_long_16_bit_traces_take_the_weights_pass_by_default(
     with torch.no_grad():
         Trace(names="attn_weights").run(model, ids)  # float32
         monkeypatch.setattr(summary_kernels, "WEIGHTS_FROM_LSE", frozenset({torch.float32}))
-        Trace(names="attn_weights").run(model, ids)  # 9 keys
-        monkeypatch.setattr(summary_kernels, "WEIGHTS_MIN_KEYS", 9)
         with pytest.raises(LookupError, match="the weights pass"):
             Trace(names="attn_weights").run(model, ids)

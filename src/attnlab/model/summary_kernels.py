@@ -50,13 +50,10 @@ LSE_FROM_FORWARD = False
 #: The model dtypes whose traces of whole attention weights (no scores, no summaries, no
 #: dropout) under a mask the kernels rebuild take them from `attention_weights` (one pass
 #: that writes each weight once from its row's lse) instead of the explicit path's scores,
-#: mask and softmax, from `WEIGHTS_MIN_KEYS` keys. 16-bit ones: an H100 measured the pass
-#: faster there, with less memory and closer to float64, and slower for float32
+#: mask and softmax. 16-bit ones: an H100 measured the pass faster there from 1k to 8k
+#: tokens, with less memory and closer to float64, and slower for float32
 #: (docs/performance.md#the-weights-pass).
 WEIGHTS_FROM_LSE: frozenset[torch.dtype] = frozenset({torch.bfloat16, torch.float16})
-#: Fewer keys keep the explicit path: at 1k and 2k tokens two runs on an H100 disagreed on
-#: which way is faster; from 4k on both found the pass faster.
-WEIGHTS_MIN_KEYS = 4096
 #: every dtype the kernels take (what a benchmark sets `WEIGHTS_FROM_LSE` to, to try it on all)
 FLOATS = frozenset({torch.float32, torch.bfloat16, torch.float16})
 #: (query rows, keys, warps) per block of the weights pass, by model dtype width (bytes):

@@ -230,8 +230,7 @@ def traced_attend(q: Tensor, k: Tensor, v: Tensor, mask: Mask, may_attend: Tenso
         summarised = any(trace.wants(name) for name in SUMMARY_NAMES)
         if summarised and not trace.wants("attn_weights"):  # summaries alone
             return _kernel_summaries(trace, q, k, v, mask, may_attend, scale)
-        if (q.dtype in summary_kernels.WEIGHTS_FROM_LSE and not summarised
-                and S >= summary_kernels.WEIGHTS_MIN_KEYS):  # the weights alone
+        if q.dtype in summary_kernels.WEIGHTS_FROM_LSE and not summarised:  # weights alone
             return _kernel_weights(trace, q, k, v, mask, scale)
     # blocks of q and k^T are read many times: lay them out for the matmuls once
     q = q.contiguous()  # (B, nh, T, hs)
