@@ -5,8 +5,12 @@ block: each float32 operand into a TF32 part and the TF32 rest, a b summed as hi
 hi(a) lo(b) + lo(a) hi(b) on TF32 tensor cores. This kernel takes the weight already split
 (`split_weight`: as a model would keep it, beside the weight), so only x is split in the
 kernel and the weight's tiles reach the tensor cores as they are stored: fewer instructions
-per block, twice the weight's memory. Whether that wins is the probe's question. This
-module imports triton at the top: `gpu_gemm` imports it only where triton is.
+per block, twice the weight's memory. Whether that wins is the probe's question. It adds
+each step's three products to the running sum on the tensor cores, where Triton's tf32x3
+sums a step from zero and adds it in float32: an H100 measured it faster than a kernel
+summing as Triton does and 5-11x further from float64 than cuBLAS's float32
+(docs/performance.md#trace-on-a-gpu). This module imports triton at the top: `gpu_gemm`
+imports it only where triton is.
 """
 
 from __future__ import annotations
