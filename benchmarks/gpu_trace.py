@@ -78,6 +78,8 @@ THREES = {TF32X3: "tf32x3", TF32X3_SPLIT: "tf32x3_split", WEIGHTS_ROWS: "weights
           WEIGHTS_SDPA: "weights_sdpa", WEIGHTS_SPLIT: "weights_split",
           **{f"{WEIGHTS_SDPA} {t}": f"weights_sdpa_{'x'.join(map(str, t))}"
              for t in WEIGHTS_TILES}}
+#: `summary_kernels.WEIGHTS_FROM_LSE` with the weights pass on for every dtype it takes
+EVERY_DTYPE = frozenset(summary_kernels.DTYPES)
 TARGETS = {"run_vs_forward": 1.3, "hf_vs_run": 1.5, "tl_vs_run": 1.5}
 TOLERANCE = 1e-5
 
@@ -170,7 +172,7 @@ def tf32x3_runs(ours: Any, ids: torch.Tensor) -> tuple[dict[str, Callable[[], An
     @torch.inference_mode()
     def split_weights() -> list[torch.Tensor]:
         with gpu_gemm.tf32x3_linears(best, split_once), summary_flags(
-                WEIGHTS_FROM_LSE=summary_kernels.FLOATS, LSE_FROM_FORWARD=True, **(forced or {})):
+                WEIGHTS_FROM_LSE=EVERY_DTYPE, LSE_FROM_FORWARD=True, **(forced or {})):
             return weights()
 
     runs = {TF32X3: enabled, TF32X3_SPLIT: split}
@@ -220,7 +222,7 @@ def weights_pass_runs(ours: Any, ids: torch.Tensor) -> tuple[dict[str, Callable[
     def timed(**flags: Any) -> Callable[[], list[torch.Tensor]]:
         @torch.inference_mode()
         def call() -> list[torch.Tensor]:
-            with summary_flags(WEIGHTS_FROM_LSE=summary_kernels.FLOATS, **flags, **forced):
+            with summary_flags(WEIGHTS_FROM_LSE=EVERY_DTYPE, **flags, **forced):
                 trace = Trace(names="attn_weights").run(ours, ids)
             return [trace.get("attn_weights", i) for i in range(ours.config.n_layer)]
         return call

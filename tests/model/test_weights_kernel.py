@@ -99,7 +99,7 @@ def test_a_model_trace_of_weights_through_the_kernel(
     with torch.no_grad():
         logits = model(ids, attention_mask=mask, trace=expected).logits  # (B, T, V)
     monkeypatch.setattr(summary_kernels, "available", lambda q: True)
-    monkeypatch.setattr(summary_kernels, "WEIGHTS_FROM_LSE", summary_kernels.FLOATS)
+    monkeypatch.setattr(summary_kernels, "WEIGHTS_FROM_LSE", frozenset(summary_kernels.DTYPES))
     monkeypatch.setattr(summary_kernels, "LSE_FROM_FORWARD", source == "forward lse")
     counts = {"weights": 0, "forward": 0}
     for name, key in (("attention_weights", "weights"), ("attend_with_lse", "forward")):
@@ -151,7 +151,7 @@ def test_cuda_trace_of_weights_through_the_kernel(dtype: torch.dtype, source: st
         calls = []
         real = summary_kernels.attention_weights
         with monkeypatch.context() as patch:
-            patch.setattr(summary_kernels, "WEIGHTS_FROM_LSE", summary_kernels.FLOATS)
+            patch.setattr(summary_kernels, "WEIGHTS_FROM_LSE", frozenset(summary_kernels.DTYPES))
             patch.setattr(summary_kernels, "LSE_FROM_FORWARD", source == "forward lse")
             patch.setattr(summary_kernels, "attention_weights",
                           lambda *a, **kw: calls.append(kw.get("lse") is None) or real(*a, **kw))

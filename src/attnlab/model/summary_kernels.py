@@ -54,8 +54,6 @@ LSE_FROM_FORWARD = False
 #: tokens, with less memory and closer to float64, and slower for float32
 #: (docs/performance.md#the-weights-pass).
 WEIGHTS_FROM_LSE: frozenset[torch.dtype] = frozenset({torch.bfloat16, torch.float16})
-#: every dtype the kernels take (what a benchmark sets `WEIGHTS_FROM_LSE` to, to try it on all)
-FLOATS = frozenset({torch.float32, torch.bfloat16, torch.float16})
 #: (query rows, keys, warps) per block of the weights pass, by model dtype width (bytes):
 #: float32's the fastest of four an H100 timed (docs/performance.md#the-weights-pass)
 WEIGHTS_BLOCKS: dict[int, tuple[int, ...]] = {2: (128, 64, 8), 4: (32, 64, 4)}
