@@ -5,10 +5,10 @@ Small named functions in the order a token goes through them (gpt-fast's generat
 per row against it, `logits_to_probs` and `sample` turn logits into the next ids. `stream`
 yields each step's ids as they come and `generate` collects them; `stream_text` and
 `generate_text` do the same from and to text with a tokenizer (stop strings live there,
-since they need one). Batched prompts are left-padded (`Tokenizer.encode_batch`): positions
-come from the attention mask, so every row decodes exactly as it would alone. With `edits`
-(`interp.edits.Edits`: ablated heads, patched values) every step runs `GPT.forward` over the KV
-cache, which reports to the edit seam; `DecodeStep` stays edit-free. With `compile=True` the
+since they need one; `tokenizers.streaming` decodes the new ids). Batched prompts are
+left-padded (`Tokenizer.encode_batch`): positions come from the attention mask, so every row
+decodes exactly as it would alone. With `edits` (`interp.edits.Edits`: ablated heads, patched
+values) every step runs `GPT.forward` over the KV cache, which reports to the edit seam; `DecodeStep` stays edit-free. With `compile=True` the
 steps run `model.compiled_decode`'s fixed-shape step (torch.compile, CUDA graphs on a GPU)
 over a static cache kept with the model (edits still take `GPT.forward`). The model and the
 cache know nothing about sampling; this module knows nothing about attention.
@@ -29,6 +29,7 @@ from .model.decode import DecodeStep, decode_step
 from .model.gpt import GPT, check_mask_values, require_eval
 from .model.kv_cache import KVCache
 from .tokenizers import check_fits
+from .tokenizers.streaming import text_pieces
 
 if TYPE_CHECKING:
     from .interp.edits import Edit, Edits
@@ -235,26 +236,31 @@ def stream(
         edits.check(model.config)
     if compile:
         check_compilable(model)
-    given = [name for name, value in (("seed", seed), ("generator", generator),
-                                      ("row_seeds", row_seeds)) if value is not None]
-    if len(given) > 1:
-        raise ValueError(f"pass seed or generator or row_seeds, not {' and '.join(given)}")
-    generators: list[torch.Generator] | None = None
-    if row_seeds is not None:
-        if len(row_seeds) != input_ids.shape[0]:
-            raise ValueError(f"row_seeds has {len(row_seeds)} seeds for {input_ids.shape[0]} "
-                             "rows; give one per prompt")
-        generators = [torch.Generator(device=input_ids.device).manual_seed(int(s))
-                      for s in row_seeds]
-    if seed is not None:
-        generator = torch.Generator(device=input_ids.device).manual_seed(seed)
+    draws = _generators(seed, generator, row_seeds, input_ids)
     stops = [eot_id] if isinstance(eot_id, int) else list(eot_id or ())
     pad = (stops[0] if stops else 0) if pad_id is None else pad_id
     ends = torch.tensor(stops, dtype=torch.long, device=input_ids.device) if stops else None
     unused = torch.tensor(sorted(unused_ids), dtype=torch.long, device=input_ids.device) \
         if unused_ids else None
-    return _steps(model, input_ids, keep, config, ends, pad, generators or generator,
-                  vocab_size, unused, edits, compile and edits is None)
+    return _steps(model, input_ids, keep, config, ends, pad, draws, vocab_size, unused, edits,
+                  compile and edits is None)
+
+
+def _generators(seed: int | None, generator: torch.Generator | None,
+                row_seeds: Sequence[int] | None, input_ids: Tensor,
+                ) -> torch.Generator | list[torch.Generator] | None:
+    """What the steps draw from: one generator (given, or seeded), one per row, or torch's."""
+    given = [name for name, value in (("seed", seed), ("generator", generator),
+                                      ("row_seeds", row_seeds)) if value is not None]
+    if len(given) > 1:
+        raise ValueError(f"pass seed or generator or row_seeds, not {' and '.join(given)}")
+    device = input_ids.device
+    if row_seeds is not None:
+        if len(row_seeds) != input_ids.shape[0]:
+            raise ValueError(f"row_seeds has {len(row_seeds)} seeds for {input_ids.shape[0]} "
+                             "rows; give one per prompt")
+        return [torch.Generator(device=device).manual_seed(int(s)) for s in row_seeds]
+    return generator if seed is None else torch.Generator(device=device).manual_seed(seed)
 
 
 @torch.inference_mode()
@@ -296,15 +302,7 @@ def _steps(
             logits = logits[:, :vocab_size]  # (B, V')
         if unused_ids is not None:  # out of place: logits may be the model's own output
             logits = logits.index_fill(1, unused_ids, float("-inf"))  # (B, V')
-        # sampling in float32 whatever the model computes in (a bfloat16 softmax is coarse)
-        if isinstance(generator, list):  # one generator per row (stream's row_seeds)
-            next_ids = torch.cat([
-                sample(logits[b:b + 1].float(), config.temperature, config.top_k, config.top_p,
-                       row_generator)
-                for b, row_generator in enumerate(generator)])  # (B,)
-        else:
-            next_ids = sample(logits.float(), config.temperature, config.top_k, config.top_p,
-                              generator)
+        next_ids = _draw(logits, config, generator)  # (B,)
         if eot_ids is not None:
             next_ids = next_ids.masked_fill(ended, pad_id)  # (B,)
             ended |= torch.isin(next_ids, eot_ids)
@@ -330,6 +328,17 @@ def _steps(
                 logits = compiled(decode, tokens[:, length:end])  # (B, V)
             else:
                 logits = decode_one_token(decode, tokens[:, length:end], window_mask, cache)
+
+
+def _draw(logits: Tensor, config: GenerationConfig,
+          generator: torch.Generator | list[torch.Generator] | None) -> Tensor:
+    """logits (B, V) -> next ids (B,), sampled in float32 whatever the model computes in (a
+    bfloat16 softmax is coarse); a list holds one generator per row (stream's row_seeds)."""
+    how = config.temperature, config.top_k, config.top_p
+    if isinstance(generator, list):
+        return torch.cat([sample(logits[b:b + 1].float(), *how, row_generator)
+                          for b, row_generator in enumerate(generator)])  # (B,)
+    return sample(logits.float(), *how, generator)  # (B,)
 
 
 def generate(
@@ -368,21 +377,6 @@ def generate(
 
 
 # ----------------------------------------------------------------------------- text
-
-
-def _held_back(text: str, stops: Sequence[str]) -> int:
-    """How many trailing characters of `text` must wait: an unfinished UTF-8 character
-    (decoded as U+FFFD) and, before it, the start of a stop string (whose next character
-    may be the one still arriving)."""
-    unfinished = len(text) - len(text.rstrip("\ufffd"))
-    done = text[:len(text) - unfinished]
-    start = 0
-    for stop in stops:
-        for k in range(min(len(stop) - 1, len(done)), start, -1):
-            if done.endswith(stop[:k]):
-                start = k
-                break
-    return unfinished + start
 
 
 #: the keyword arguments `stream_text` and `generate_text` pass on to `stream`
@@ -439,49 +433,7 @@ def stream_text(
     )
     prompt_ids = [row[keep].tolist() for row, keep in zip(input_ids, attention_mask.bool(),
                                                            strict=True)]
-    return _text_pieces(steps, tokenizer, prompt_ids, stops)
-
-
-def _text_pieces(
-    steps: Iterator[Tensor], tokenizer: Tokenizer, prompts: list[list[int]], stops: list[str]
-) -> Iterator[list[str]]:
-    """`stream_text`'s loop: each step's ids (B,) -> each row's new text (decoded as it
-    continues the row's prompt ids)."""
-    B = len(prompts)
-
-    def decode(b: int) -> str:
-        return tokenizer.decode_continuation(ids[b], prompts[b])
-
-    ids: list[list[int]] = [[] for _ in range(B)]
-    emitted = [0] * B  # characters of each row's text already yielded
-    done = [False] * B
-    for next_ids in steps:
-        pieces = [""] * B
-        for b, token in enumerate(next_ids.tolist()):
-            if done[b]:
-                continue
-            if token in tokenizer.stop_ids:
-                done[b] = True
-                text, end = decode(b), None
-            else:
-                ids[b].append(token)
-                text = decode(b)
-                hits = [i for i in (text.find(s, max(0, emitted[b] - len(s))) for s in stops)
-                        if i >= 0]
-                end = min(hits) if hits else None
-                done[b] = end is not None
-            if end is None:  # an ended row drops a character its last token left unfinished
-                end = len(text.rstrip("\ufffd")) if done[b] else (
-                    len(text) - _held_back(text, stops))
-            pieces[b] = text[emitted[b]:end]
-            emitted[b] = max(emitted[b], end)
-        yield pieces
-        if all(done):
-            return
-    # max_new_tokens reached: flush what was held back for a stop string that never came
-    tail = [decode(b).rstrip("\ufffd")[emitted[b]:] if not done[b] else "" for b in range(B)]
-    if any(tail):
-        yield tail
+    return text_pieces(steps, tokenizer, prompt_ids, stops)
 
 
 def generate_text(

@@ -112,6 +112,18 @@ def padding_mask(attention_mask: Tensor) -> Tensor:
     return attention_mask.bool()[:, None, None, :]  # (B, 1, 1, S)
 
 
+def padding_of_row(attention_mask: Tensor, row: int, S: int, of: str = "ids") -> Tensor:
+    """attention_mask (B, S) or (S,) -> (S,): the 1/0 padding of one batch row, of a model's
+    ids or of a trace's keys (`of`, for the error)."""
+    pad = torch.as_tensor(attention_mask)
+    pad = pad[row] if pad.dim() == 2 else pad  # (S,)
+    if pad.dim() != 1 or pad.shape[0] != S:
+        raise ValueError(f"attention_mask of shape {tuple(torch.as_tensor(attention_mask).shape)}"
+                         f" for {S} {of}; pass the (B, {S}) mask of the batch these {of} "
+                         "come from")
+    return pad
+
+
 @dataclass(frozen=True)
 class Mask:
     """One combined "may attend" mask, built once per forward and shared by all layers.

@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING, Any, Protocol, TypeVar, cast
 import torch
 from torch import Tensor
 
-from .attention import causal_mask, query_rows
+from .attention import causal_mask, padding_of_row, query_rows
 from .names import (
     HEAD_NAMES,
     MODEL_NAMES,
@@ -486,16 +486,4 @@ def narrowed(value: Tensor, dtype: torch.dtype) -> Tensor:
     clamped = value.clamp(-largest, largest)  # value's shape
     clamped.masked_fill_(value.isneginf(), float("-inf"))
     return clamped.to(dtype)
-
-
-def padding_of_row(attention_mask: Tensor, row: int, S: int, of: str = "ids") -> Tensor:
-    """attention_mask (B, S) or (S,) -> (S,): the 1/0 padding of one batch row, of a model's
-    ids or of a trace's keys (`of`, for the error)."""
-    pad = torch.as_tensor(attention_mask)
-    pad = pad[row] if pad.dim() == 2 else pad  # (S,)
-    if pad.dim() != 1 or pad.shape[0] != S:
-        raise ValueError(f"attention_mask of shape {tuple(torch.as_tensor(attention_mask).shape)}"
-                         f" for {S} {of}; pass the (B, {S}) mask of the batch these {of} "
-                         "come from")
-    return pad
 

@@ -4,7 +4,8 @@
 Hugging Face `tokenizers` package, tiktoken); `loading.py` picks one by name or reads one
 from a directory; `hf_dir.py` reads a Hugging Face model directory's tokenizer with its
 special tokens, `chat.py` renders its chat template; `token_bytes.py` labels tokens that
-hold part of a UTF-8 character.
+hold part of a UTF-8 character; `streaming.py` turns a generation's new ids into new text as
+they come (whole characters, stop strings).
 """
 
 from .core import (

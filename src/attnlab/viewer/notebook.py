@@ -40,9 +40,9 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from ..model.attention import causal_mask
+from ..model.attention import causal_mask, padding_of_row
 from ..model.gpt import require_eval
-from ..model.trace import Trace, padding_of_row
+from ..model.trace import Trace
 from ..tokenizers import check_fits
 from .summary_view import summary_page
 

@@ -131,7 +131,6 @@ def token_stream(
     return (int(next_ids[0]) for next_ids in steps)
 
 
-
 def _sse(event: str, data: dict[str, Any]) -> bytes:
     return f"event: {event}\ndata: {json.dumps(data)}\n\n".encode()
 

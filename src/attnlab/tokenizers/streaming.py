@@ -1,0 +1,76 @@
+"""New ids to new text as a generation goes: whole characters, stop ids and stop strings.
+
+A byte-level token can hold half of a UTF-8 character, and a stop string can arrive over
+several tokens, so each row's ids are decoded whole and only the suffix that is settled is
+emitted (`held_back` says how much must wait). `generate.stream_text` feeds `text_pieces`
+the ids its steps sample.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from torch import Tensor
+
+    from .core import Tokenizer
+
+
+def held_back(text: str, stops: Sequence[str]) -> int:
+    """How many trailing characters of `text` must wait: an unfinished UTF-8 character
+    (decoded as U+FFFD) and, before it, the start of a stop string (whose next character
+    may be the one still arriving)."""
+    unfinished = len(text) - len(text.rstrip("\ufffd"))
+    done = text[:len(text) - unfinished]
+    start = 0
+    for stop in stops:
+        for k in range(min(len(stop) - 1, len(done)), start, -1):
+            if done.endswith(stop[:k]):
+                start = k
+                break
+    return unfinished + start
+
+
+def text_pieces(
+    steps: Iterator[Tensor], tokenizer: Tokenizer, prompts: list[list[int]], stops: list[str]
+) -> Iterator[list[str]]:
+    """Each step's new ids (B,) -> each row's new text, decoded as it continues the row's
+    prompt ids (`generate.stream_text`'s loop). A row ends at one of the tokenizer's stop ids
+    (not emitted) or at the first of `stops` (emitted up to it); once steps run out, what was
+    held back for a stop string that never came is flushed."""
+    B = len(prompts)
+
+    def decode(b: int) -> str:
+        return tokenizer.decode_continuation(ids[b], prompts[b])
+
+    ids: list[list[int]] = [[] for _ in range(B)]
+    emitted = [0] * B  # characters of each row's text already yielded
+    done = [False] * B
+    for next_ids in steps:
+        pieces = [""] * B
+        for b, token in enumerate(next_ids.tolist()):
+            if done[b]:
+                continue
+            if token in tokenizer.stop_ids:
+                done[b] = True
+                text, end = decode(b), None
+            else:
+                ids[b].append(token)
+                text = decode(b)
+                hits = [i for i in (text.find(s, max(0, emitted[b] - len(s))) for s in stops)
+                        if i >= 0]
+                end = min(hits) if hits else None
+                done[b] = end is not None
+            if end is None:  # an ended row drops a character its last token left unfinished
+                end = len(text.rstrip("\ufffd")) if done[b] else (
+                    len(text) - held_back(text, stops))
+            pieces[b] = text[emitted[b]:end]
+            emitted[b] = max(emitted[b], end)
+        yield pieces
+        if all(done):
+            return
+    # max_new_tokens reached: flush what was held back for a stop string that never came
+    tail = [decode(b).rstrip("\ufffd")[emitted[b]:] if not done[b] else "" for b in range(B)]
+    if any(tail):
+        yield tail
