@@ -1,17 +1,18 @@
 """Generation: new tokens from a GPT, one decode step at a time over a static KV cache.
 
-Small named functions in the order a token goes through them (gpt-fast's generate.py):
-`prefill` runs the prompt once and fills the cache, `decode_one_token` runs one new token
-per row against it, `logits_to_probs` and `sample` turn logits into the next ids. `stream`
-yields each step's ids as they come and `generate` collects them; `stream_text` and
-`generate_text` do the same from and to text with a tokenizer (stop strings live there,
-since they need one; `tokenizers.streaming` decodes the new ids). Batched prompts are
-left-padded (`Tokenizer.encode_batch`): positions come from the attention mask, so every row
-decodes exactly as it would alone. With `edits` (`interp.edits.Edits`: ablated heads, patched
-values) every step runs `GPT.forward` over the KV cache, which reports to the edit seam; `DecodeStep` stays edit-free. With `compile=True` the
-steps run `model.compiled_decode`'s fixed-shape step (torch.compile, CUDA graphs on a GPU)
-over a static cache kept with the model (edits still take `GPT.forward`). The model and the
-cache know nothing about sampling; this module knows nothing about attention.
+Small named functions in the order a token goes through them (gpt-fast's generate.py): `prefill`
+runs the prompt once and fills the cache, `decode_one_token` runs one new token per row against
+it, `logits_to_probs` and `sample` turn logits into the next ids. `stream` yields each step's
+ids as they come and `generate` collects them; `stream_text` and `generate_text` do the same
+from and to text with a tokenizer (stop strings live there, since they need one;
+`tokenizers.streaming` decodes the new ids). Batched prompts are left-padded
+(`Tokenizer.encode_batch`): positions come from the attention mask, so every row decodes exactly
+as it would alone. With `edits` (`interp.edits.Edits`: ablated heads, patched values) every step
+runs `GPT.forward` over the KV cache, which reports to the edit seam; `DecodeStep` stays edit-
+free. With `compile=True` the steps run `model.compiled_decode`'s fixed-shape step
+(torch.compile, CUDA graphs on a GPU) over a static cache kept with the model (edits still take
+`GPT.forward`). The model and the cache know nothing about sampling; this module knows nothing
+about attention.
 """
 
 from __future__ import annotations
