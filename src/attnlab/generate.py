@@ -8,8 +8,8 @@ from and to text with a tokenizer (stop strings live there, since they need one;
 `tokenizers.streaming` decodes the new ids). Batched prompts are left-padded
 (`Tokenizer.encode_batch`): positions come from the attention mask, so every row decodes exactly
 as it would alone. With `edits` (`interp.edits.Edits`: ablated heads, patched values) every step
-runs `GPT.forward` over the KV cache, which reports to the edit seam; `DecodeStep` stays edit-
-free. With `compile=True` the steps run `model.compiled_decode`'s fixed-shape step
+runs `GPT.forward` over the KV cache, which reports to the edit seam; `DecodeStep` stays
+edit-free. With `compile=True` the steps run `model.compiled_decode`'s fixed-shape step
 (torch.compile, CUDA graphs on a GPU) over a static cache kept with the model (edits still take
 `GPT.forward`). The model and the cache know nothing about sampling; this module knows nothing
 about attention.
