@@ -17,7 +17,8 @@ import pytest
 import torch
 
 import attnlab.model.decode as decode
-from attnlab.model.gpt import laid_out
+from attnlab.model.gpt import GPT, GPTConfig, laid_out
+from attnlab.tokenizers import Tokenizer, get_tokenizer
 
 
 def left_padded(
@@ -32,6 +33,19 @@ def left_padded(
         mask[b, P - n:] = 1
         ids[b, : P - n] = 0
     return ids, mask
+
+
+def seeded_model(preset: str = "nano", **overrides: object) -> GPT:
+    """The `preset` model with `overrides`, initialized after torch.manual_seed(0), in eval
+    mode."""
+    torch.manual_seed(0)
+    return GPT(GPTConfig.from_name(preset, **overrides)).eval()
+
+
+def random_ids(B: int, T: int, seed: int = 1) -> torch.Tensor:
+    """(B, T) ids drawn uniformly from [0, 65) (nano's vocabulary) by a generator seeded
+    `seed`."""
+    return torch.randint(0, 65, (B, T), generator=torch.Generator().manual_seed(seed))
 
 
 @torch.no_grad()
@@ -100,6 +114,20 @@ def make_row_major(model: torch.nn.Module) -> None:
     replaced, which checkpoints saved before it hold and `DecodeStep` must still take."""
     for p in model.parameters():
         p.data = p.data.contiguous()
+
+
+#: the characters the viewer tests' char tokenizer knows
+CORPUS = "abcdefghijklmnopqrstuvwxyz ABCDEFGHIJKLMNOPQRSTUVWXYZ.,;:!?'\n0123456789"
+
+
+def make_tokenizer() -> Tokenizer:
+    """The char tokenizer of CORPUS."""
+    return get_tokenizer("char", CORPUS)
+
+
+def make_model(vocab_size: int, **overrides: Any) -> GPT:
+    """nano over `vocab_size` ids with `overrides` (`seeded_model`)."""
+    return seeded_model("nano", vocab_size=vocab_size, **overrides)
 
 
 @contextmanager
@@ -185,6 +213,13 @@ def split_blocks(threads: int, split_min: int = 1) -> Iterator[None]:
 def read_metrics(run: Path) -> list[dict[str, Any]]:
     """The rows of a training run's metrics.jsonl."""
     return [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+
+
+def cli_train(tmp_path: Path, *flags: str) -> int:
+    """`attnlab train --quiet --out TMP_PATH/run FLAGS`, in-process: its exit code."""
+    from attnlab.cli import main
+
+    return main(["train", "--quiet", "--out", str(tmp_path / "run"), *flags])
 
 
 def _triton_or_kernels(name: str) -> bool:

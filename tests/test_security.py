@@ -207,7 +207,8 @@ def get(path: str) -> bytes:
 
 
 DEEP = b'{"text": "a", "layers": ' + b"[" * 3000 + b"]" * 3000 + b"}"
-# (request, what must come back); paths tests/viewer/test_app.py already tries are not repeated
+# (request, what must come back); paths tests/viewer/test_app_serve.py already tries are not
+# repeated
 HOSTILE: list[tuple[bytes, int | None]] = [
     (get("/static/%2e%2e/app.py"), 404),
     (get("/static/%252e%252e%252fapp.py"), 404),  # double-encoded

@@ -1,23 +1,18 @@
-"""`attnlab train` and `attnlab info` end to end, in-process."""
+"""`attnlab train` and `attnlab info` end to end, in-process (`--resume`:
+test_cli_train_resume.py)."""
 
 from __future__ import annotations
 
 import json
 import math
-import re
-import shlex
 from pathlib import Path
 
 import pytest
-import torch
 
 from attnlab import __version__
 from attnlab.cli import main
 from attnlab.load import load_checkpoint
-
-
-def _train(tmp_path: Path, *flags: str) -> int:
-    return main(["train", "--quiet", "--out", str(tmp_path / "run"), *flags])
+from helpers import cli_train as _train
 
 
 def test_default_task_learns_and_says_so(
@@ -200,22 +195,6 @@ def test_a_tiny_model_is_described_in_whole_words_and_numbers(
     assert model_line.endswith(" parameters") and model_line.split()[-2].replace(",", "").isdigit()
 
 
-def test_resume_without_a_checkpoint(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    assert _train(tmp_path, "--resume") == 1
-    assert "no checkpoint" in capsys.readouterr().err
-
-
-def test_resume_and_overwrite_together_are_refused(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str]
-) -> None:
-    # the run was resumed and --overwrite ignored
-    assert _train(tmp_path, "--max_iters", "2", "--n_layer", "1") == 0
-    capsys.readouterr()
-    assert _train(tmp_path, "--resume", "--overwrite", "--max_iters", "4") == 1
-    assert "--overwrite deletes it to start over: choose one" in capsys.readouterr().err
-    assert load_checkpoint(tmp_path / "run" / "ckpt").meta["step"] == 2
-
-
 def test_arch_llama_trains_a_modern_model_that_every_command_takes(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -261,182 +240,6 @@ def test_arch_llama_trains_a_modern_model_that_every_command_takes(
     assert "--arch applies to text files and tasks" in capsys.readouterr().err
     assert _train(tmp_path, *small, "--arch", "llama", "--preset", "nano", *fresh) == 1
     assert "choose one" in capsys.readouterr().err
-
-
-def _stop_after(monkeypatch: pytest.MonkeyPatch, steps: int) -> None:
-    """Make the training loop see a Ctrl-C after `steps` optimizer steps."""
-    from attnlab.train import loop as train_module
-
-    class StopAfter(train_module.StopFlag):
-        def __init__(self) -> None:
-            super().__init__()
-            self.reads = 0
-
-        @property
-        def requested(self) -> bool:  # read once per step, before it
-            self.reads += 1
-            return self.reads > steps
-
-        @requested.setter
-        def requested(self, value: bool) -> None:
-            pass
-
-    monkeypatch.setattr(train_module, "StopFlag", StopAfter)
-
-
-def _eval_rows(run: Path) -> list[int]:
-    rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
-    return [r["step"] for r in rows if "val_loss" in r]
-
-
-def test_the_printed_resume_hint_continues_the_run_as_started(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
-) -> None:
-    # the hint used to drop --max_iters: a 30-step run interrupted and resumed ran the
-    # recipe's 600 steps; and --resume on a finished run re-ran it and logged a second eval
-    monkeypatch.chdir(tmp_path)
-    _stop_after(monkeypatch, 12)
-    flags = ["--max_iters", "30", "--eval_interval", "10", "--lr", "2e-3"]
-    assert main(["train", "--quiet", *flags]) == 130
-    out = capsys.readouterr().out
-    # the loss printed is the evaluation's at step 10, not the checkpoint's step 12
-    assert re.search(r"^val loss [0-9.]+ at step 10 \(the last evaluation\)", out, re.M), out
-    hint = out.split("continue with: ")[1].splitlines()[0]
-    assert hint == "attnlab train --data copy --out runs/copy --resume"
-    assert main(["info", "runs/copy/ckpt"]) == 0  # info says so too
-    assert re.search(r"^trained +12 steps on copy, val loss [0-9.]+ at step 10$",
-                     capsys.readouterr().out, re.M)
-    monkeypatch.undo()
-    monkeypatch.chdir(tmp_path)
-
-    assert main([*shlex.split(hint)[1:], "--quiet"]) == 0
-    out = capsys.readouterr().out
-    assert "resumed  from step 12 of 30" in out and "before" not in out
-    ckpt = load_checkpoint(tmp_path / "runs" / "copy" / "ckpt")
-    assert ckpt.meta["step"] == 30 and ckpt.meta["train_config"]["lr"] == 2e-3
-    assert _eval_rows(tmp_path / "runs" / "copy") == [10, 20, 30]
-
-    assert main([*shlex.split(hint)[1:], "--quiet"]) == 0
-    out = capsys.readouterr().out
-    assert "is at step 30 of 30; nothing to resume" in out and "before" not in out
-    assert _eval_rows(tmp_path / "runs" / "copy") == [10, 20, 30]
-
-    # a safe flag given again changes the run and says so; one that changes what is learned
-    # is refused with the flags a resume may change
-    assert main([*shlex.split(hint)[1:], "--quiet", "--max_iters", "35"]) == 0
-    out = capsys.readouterr().out
-    assert "changed: --max_iters 30 -> 35" in out and "resumed  from step 30 of 35" in out
-    assert main([*shlex.split(hint)[1:], "--quiet", "--max_iters", "40", "--lr", "1e-3"]) == 1
-    err = capsys.readouterr().err
-    assert "--lr 0.002 -> 0.001" in err and "--max_iters" in err
-    assert load_checkpoint(tmp_path / "runs" / "copy" / "ckpt").meta["step"] == 35
-
-
-def test_a_text_run_resumes_from_its_own_file_and_refuses_another_text(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str]
-) -> None:
-    """--resume without --data reads the file the run trained on (the checkpoint keeps its
-    path); the same name over other text is refused (the checkpoint keeps a hash of it)."""
-    text = tmp_path / "text.txt"
-    text.write_text("to be or not to be, that is the question\n" * 40)
-    small = ["--n_layer", "1", "--n_head", "2", "--n_embd", "16", "--block_size", "16",
-             "--eval_interval", "5", "--eval_iters", "1"]
-    assert _train(tmp_path, "--data", str(text), *small, "--max_iters", "5") == 0
-    meta = load_checkpoint(tmp_path / "run" / "ckpt").meta
-    assert meta["data_source"] == str(text.resolve()) and len(meta["data_fingerprint"]) == 20
-    capsys.readouterr()
-    assert _train(tmp_path, "--resume", "--max_iters", "8") == 0  # no --data
-    out = capsys.readouterr().out
-    assert "resumed  from step 5 of 8" in out and "text.txt" in out
-    # a --max_iters the run already passed: refused, and nothing said changed first
-    assert _train(tmp_path, "--resume", "--max_iters", "6") == 1
-    out, err = capsys.readouterr()
-    assert "changed" not in out
-    assert "is at step 8; --max_iters 6 would not train it further" in err
-    assert _train(tmp_path, "--resume", "--eval_interval", "3") == 0  # finished: not an error
-    assert "is at step 8 of 8; nothing to resume" in capsys.readouterr().out
-    other = tmp_path / "other" / "text.txt"
-    other.parent.mkdir()
-    other.write_text("that is the question, not to be or to be\n" * 30)  # same name and
-    # characters, other text
-    assert _train(tmp_path, "--data", str(other), "--resume", "--max_iters", "10") == 1
-    assert "is not the text" in capsys.readouterr().err
-    # other text with characters the run's tokenizer lacks: named as the wrong data
-    foreign = tmp_path / "foreign.txt"
-    foreign.write_text("# Zebra!\n" * 50)
-    assert _train(tmp_path, "--data", str(foreign), "--resume", "--max_iters", "10") == 1
-    err = capsys.readouterr().err
-    assert "cannot encode character '#'" in err
-    assert err.endswith("trained on 'text.txt': resume on that\n")
-    text.unlink()  # the run's file is gone: --data is needed, and the message says so
-    assert _train(tmp_path, "--resume", "--max_iters", "10") == 1
-    assert "trained on 'text.txt' from" in capsys.readouterr().err
-    assert load_checkpoint(tmp_path / "run" / "ckpt").meta["step"] == 8
-
-
-def test_resume_refuses_another_tokenizer_or_arch(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str]
-) -> None:
-    # --tokenizer and --arch are no config fields: a byte run resumed with --tokenizer char
-    # went on training on char ids (and saved the char tokenizer), --arch llama was ignored
-    text = tmp_path / "text.txt"
-    text.write_text("to be or not to be, that is the question\n" * 40)
-    small = ["--n_layer", "1", "--n_head", "2", "--n_embd", "16", "--block_size", "16",
-             "--eval_interval", "4", "--eval_iters", "1"]
-    assert _train(tmp_path, "--data", str(text), "--tokenizer", "byte", *small,
-                  "--max_iters", "4") == 0
-    capsys.readouterr()
-    for flags, said in ((["--tokenizer", "char"], "--tokenizer byte (256 ids) -> char ("),
-                        (["--arch", "llama"], "--arch gpt2 -> llama")):
-        assert _train(tmp_path, "--resume", "--max_iters", "8", *flags) == 1
-        assert said in capsys.readouterr().err
-    ckpt = load_checkpoint(tmp_path / "run" / "ckpt")
-    assert ckpt.meta["step"] == 4 and ckpt.tokenizer.name == "byte"
-    # the flags as the run began are no change
-    assert _train(tmp_path, "--resume", "--max_iters", "8", "--tokenizer", "byte",
-                  "--arch", "gpt2") == 0, capsys.readouterr().err
-    assert load_checkpoint(tmp_path / "run" / "ckpt").meta["step"] == 8
-
-
-def test_a_damaged_checkpoint_is_refused_before_resuming(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
-) -> None:
-    # a missing train state printed "resumed from step 12 of 30" and then failed; a weights
-    # file cut short on a finished run said "nothing to resume" and exited 0
-    _stop_after(monkeypatch, 12)
-    assert _train(tmp_path, "--max_iters", "30") == 130
-    monkeypatch.undo()
-    capsys.readouterr()
-    ckpt = tmp_path / "run" / "ckpt"
-    (ckpt / "train_state.pt").rename(tmp_path / "state.pt")
-    assert _train(tmp_path, "--resume") == 1
-    out, err = capsys.readouterr()
-    assert "resumed" not in out and "has no train_state.pt" in err and "--overwrite" in err
-    # a state file cut short: refused before "resumed" too
-    whole = (tmp_path / "state.pt").read_bytes()
-    (ckpt / "train_state.pt").write_bytes(whole[:3000])
-    assert _train(tmp_path, "--resume") == 1
-    out, err = capsys.readouterr()
-    assert "resumed" not in out and "refusing or unable to load" in err and "train_state.pt" in err
-    # a state without the optimizer's moments would restart them from zero: refused
-    state = torch.load(tmp_path / "state.pt", weights_only=True)
-    state["optimizer"]["state"] = {}
-    torch.save(state, ckpt / "train_state.pt")
-    assert _train(tmp_path, "--resume") == 1
-    assert "holds moments for 0 of" in capsys.readouterr().err
-    (ckpt / "train_state.pt").unlink()
-    (tmp_path / "state.pt").rename(ckpt / "train_state.pt")
-    assert _train(tmp_path, "--resume") == 0
-    out = capsys.readouterr().out
-    assert "resumed  from step 12 of 30" in out
-    weights = ckpt / "model.safetensors"
-    weights.write_bytes(weights.read_bytes()[: weights.stat().st_size // 2])
-    assert _train(tmp_path, "--resume") == 1  # finished, and damaged
-    out, err = capsys.readouterr()
-    assert "nothing to resume" not in out and "model.safetensors is missing or damaged" in err
-    assert _train(tmp_path, "--resume", "--max_iters", "40") == 1  # refused before "changed"
-    out, err = capsys.readouterr()
-    assert "changed" not in out and "model.safetensors is missing or damaged" in err
 
 
 def test_help_says_what_each_flag_does_and_misspelt_flags_get_a_suggestion(
@@ -494,26 +297,6 @@ def test_text_of_one_distinct_token_is_refused(
     err = capsys.readouterr().err
     assert "4,096 tokens of only 1 distinct one ('\\x00')" in err and "Is it a text file?" in err
     assert err.count("\n") == 1 and not (tmp_path / "run").exists()
-
-
-def test_resuming_with_another_process_count_says_dropout_will_differ(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
-) -> None:
-    monkeypatch.chdir(tmp_path)
-    _stop_after(monkeypatch, 3)
-    flags = ["--max_iters", "6", "--eval_interval", "3", "--dropout", "0.1", "--quiet"]
-    assert main(["train", *flags]) == 130
-    monkeypatch.undo()
-    monkeypatch.chdir(tmp_path)
-    config_file = tmp_path / "runs" / "copy" / "ckpt" / "config.json"
-    config = json.loads(config_file.read_text())
-    assert config["meta"]["world_size"] == 1
-    config["meta"]["world_size"] = 2  # as if torchrun --nproc_per_node 2 had saved it
-    config_file.write_text(json.dumps(config))
-    capsys.readouterr()
-    assert main(["train", "--resume", "--quiet"]) == 0
-    assert ("resume   the run used 2 processes, this one 1 process: dropout draws other masks"
-            in capsys.readouterr().out)
 
 
 def test_init_from_fine_tunes_a_hugging_face_directory_and_keeps_its_family(
