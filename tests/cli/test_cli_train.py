@@ -12,13 +12,13 @@ import pytest
 from attnlab import __version__
 from attnlab.cli import main
 from attnlab.load import load_checkpoint
-from helpers import cli_train as _train
+from helpers import cli_train
 
 
 def test_default_task_learns_and_says_so(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    assert _train(tmp_path, "--max_iters", "250") == 0
+    assert cli_train(tmp_path, "--max_iters", "250") == 0
     out = capsys.readouterr().out
     before, after = (float(line.split("accuracy ")[1].split("%")[0])
                      for line in out.splitlines() if "answer accuracy" in line)
@@ -31,15 +31,15 @@ def test_default_task_learns_and_says_so(
     assert "2 layers, 4 heads, 64 dims" in info and "trained     250 steps on copy" in info
 
     # a second run does not silently overwrite the first; --resume continues it
-    assert _train(tmp_path, "--max_iters", "250") == 1
+    assert cli_train(tmp_path, "--max_iters", "250") == 1
     assert "--resume" in capsys.readouterr().err
-    assert _train(tmp_path, "--max_iters", "260", "--resume") == 0
+    assert cli_train(tmp_path, "--max_iters", "260", "--resume") == 0
     assert load_checkpoint(tmp_path / "run" / "ckpt").meta["step"] == 260
 
     # --overwrite deletes the old checkpoint first: a new run that fails does not leave the
     # old weights beside its own metrics, nor point to them as its last good checkpoint
     capsys.readouterr()
-    assert _train(tmp_path, "--overwrite", "--lr", "1e30", "--grad_clip", "0") == 1
+    assert cli_train(tmp_path, "--overwrite", "--lr", "1e30", "--grad_clip", "0") == 1
     out, err = capsys.readouterr()
     assert f"removed  the checkpoint {tmp_path / 'run' / 'ckpt'} held (--overwrite)" in out
     assert "Last good checkpoint: none written by this run" in err
@@ -49,7 +49,7 @@ def test_default_task_learns_and_says_so(
 def test_flags_map_onto_the_configs(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     text = tmp_path / "text.txt"
     text.write_text("to be or not to be, that is the question\n" * 40)
-    code = _train(tmp_path, "--data", str(text), "--n_layer", "1", "--n_head", "2",
+    code = cli_train(tmp_path, "--data", str(text), "--n_layer", "1", "--n_head", "2",
                   "--n_embd", "16", "--block_size", "32", "--max_iters", "12", "--lr", "2e-3",
                   "--eval_interval", "6", "--eval_iters", "2", "--bias", "false")
     assert code == 0, capsys.readouterr().err
@@ -77,7 +77,7 @@ def test_flags_map_onto_the_configs(tmp_path: Path, capsys: pytest.CaptureFixtur
     lrs = [json.loads(line)["lr"] for line in metrics if '"lr"' in line]
     assert max(lrs) == pytest.approx(2e-3) and lrs[-1] < 2e-3 / 2  # at lr, then decayed
     # a warmup given is the one used
-    code = _train(tmp_path / "again", "--data", str(text), "--n_layer", "1", "--n_head", "2",
+    code = cli_train(tmp_path / "again", "--data", str(text), "--n_layer", "1", "--n_head", "2",
                   "--n_embd", "16", "--block_size", "32", "--max_iters", "12",
                   "--warmup_iters", "8", "--eval_interval", "12", "--eval_iters", "1")
     assert code == 0, capsys.readouterr().err
@@ -88,7 +88,7 @@ def test_flags_map_onto_the_configs(tmp_path: Path, capsys: pytest.CaptureFixtur
 def test_a_step_graph_off_a_gpu_is_one_line_before_anything_runs(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    assert _train(tmp_path, "--cuda_graph", "true", "--device", "cpu") == 1
+    assert cli_train(tmp_path, "--cuda_graph", "true", "--device", "cpu") == 1
     captured = capsys.readouterr()
     assert captured.err.strip() == ("attnlab train: error: --cuda_graph records the training step "
                                     "on one CUDA GPU; this run has 1 process(es) on cpu: pass "
@@ -115,7 +115,7 @@ def test_bad_data_gives_one_line_and_no_checkpoint(
 ) -> None:
     data = tmp_path / "data.txt"
     make(data)  # type: ignore[operator]
-    assert _train(tmp_path, "--data", str(data)) == 1
+    assert cli_train(tmp_path, "--data", str(data)) == 1
     err = capsys.readouterr().err
     assert err.startswith("attnlab train: error:") and message in err
     assert "Traceback" not in err and len(err.strip().splitlines()) == 1
@@ -130,7 +130,7 @@ def test_a_folder_names_the_file_that_is_not_utf8(
     (corpus / "sub").mkdir(parents=True)
     (corpus / "a.txt").write_text("hello world " * 50)
     (corpus / "sub" / "latin1.txt").write_bytes(b"\xff\xfe bad")
-    assert _train(tmp_path, "--data", str(corpus)) == 1
+    assert cli_train(tmp_path, "--data", str(corpus)) == 1
     err = capsys.readouterr().err
     assert f"{corpus / 'sub' / 'latin1.txt'} is not UTF-8 text" in err
     assert len(err.strip().splitlines()) == 1
@@ -141,7 +141,7 @@ def test_characters_the_tokenizer_cannot_encode(
 ) -> None:
     first = tmp_path / "a.txt"
     first.write_text("abcabc " * 50)
-    assert _train(tmp_path, "--data", str(first), "--max_iters", "1", "--n_layer", "1",
+    assert cli_train(tmp_path, "--data", str(first), "--max_iters", "1", "--n_layer", "1",
                   "--n_embd", "8", "--n_head", "1", "--block_size", "8") == 0
     second = tmp_path / "b.txt"
     second.write_text("abc xyz " * 50)
@@ -157,13 +157,13 @@ def test_block_size_larger_than_the_data(
 ) -> None:
     data = tmp_path / "small.txt"
     data.write_text("only a little text here\n")
-    assert _train(tmp_path, "--data", str(data), "--block_size", "64") == 1
+    assert cli_train(tmp_path, "--data", str(data), "--block_size", "64") == 1
     # "only a little text here\n": 24 characters, a validation split of 2
     assert "larger than the data allows (2 tokens in the smaller split); use --block_size 1 " \
         "or less" in capsys.readouterr().err
     assert not (tmp_path / "run").exists()
     data.write_text("hello world\n")  # a split of 1 token: no --block_size can fix that
-    assert _train(tmp_path, "--data", str(data), "--block_size", "1") == 1
+    assert cli_train(tmp_path, "--data", str(data), "--block_size", "1") == 1
     err = capsys.readouterr().err
     assert "is too short to train on: its smaller split has 1 token(s)" in err
     assert "--block_size" not in err
@@ -174,12 +174,12 @@ def test_a_task_longer_than_block_size_is_refused_up_front(
 ) -> None:
     # it used to print the model and fail in the untrained model's report with a message
     # about a prompt the user never gave
-    assert _train(tmp_path, "--block_size", "4") == 1
+    assert cli_train(tmp_path, "--block_size", "4") == 1
     out, err = capsys.readouterr()
     assert "dataset 'copy' needs block_size >= 16, the model has 4" in err
     assert "model" not in out and "prompt" not in err
     # a tokenizer for a built-in dataset, which brings its own, was silently ignored
-    assert _train(tmp_path, "--tokenizer", "bpe") == 1
+    assert cli_train(tmp_path, "--tokenizer", "bpe") == 1
     assert "the built-in dataset 'copy' brings its own tokenizer" in capsys.readouterr().err
 
 
@@ -187,7 +187,7 @@ def test_a_tiny_model_is_described_in_whole_words_and_numbers(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     # it said "1 layers, 1 heads, ...: 0.00M parameters"
-    assert _train(tmp_path, "--n_layer", "1", "--n_head", "1", "--n_embd", "8",
+    assert cli_train(tmp_path, "--n_layer", "1", "--n_head", "1", "--n_embd", "8",
                   "--max_iters", "1") == 0
     model_line = next(line for line in capsys.readouterr().out.splitlines()
                       if line.startswith("model"))
@@ -205,7 +205,7 @@ def test_arch_llama_trains_a_modern_model_that_every_command_takes(
     text.write_text("to be or not to be, that is the question\n" * 40)
     small = ("--data", str(text), "--n_layer", "2", "--n_embd", "32", "--block_size", "24",
              "--max_iters", "6", "--eval_interval", "3", "--eval_iters", "1")
-    assert _train(tmp_path, *small, "--arch", "llama") == 0, capsys.readouterr().err
+    assert cli_train(tmp_path, *small, "--arch", "llama") == 0, capsys.readouterr().err
     ckpt = load_checkpoint(tmp_path / "run" / "ckpt")
     c = ckpt.model.config
     assert (c.pos, c.norm, c.mlp, c.bias, c.n_layer) == ("rope", "rmsnorm", "swiglu", False, 2)
@@ -215,7 +215,7 @@ def test_arch_llama_trains_a_modern_model_that_every_command_takes(
     assert c.d_ff is not None
     capsys.readouterr()
 
-    assert _train(tmp_path, *small, "--arch", "llama", "--max_iters", "8", "--resume") == 0
+    assert cli_train(tmp_path, *small, "--arch", "llama", "--max_iters", "8", "--resume") == 0
     assert load_checkpoint(tmp_path / "run" / "ckpt").meta["step"] == 8
     ckpt_dir = str(tmp_path / "run" / "ckpt")
     assert main(["info", ckpt_dir]) == 0
@@ -236,9 +236,9 @@ def test_arch_llama_trains_a_modern_model_that_every_command_takes(
     # the recipe refuses --arch where it has no meaning, and --arch with --preset (in a new
     # run directory: the one above already holds a checkpoint, which is refused first)
     fresh = ("--out", str(tmp_path / "fresh"))
-    assert _train(tmp_path, "--data", "hello", "--arch", "llama", *fresh) == 1
+    assert cli_train(tmp_path, "--data", "hello", "--arch", "llama", *fresh) == 1
     assert "--arch applies to text files and tasks" in capsys.readouterr().err
-    assert _train(tmp_path, *small, "--arch", "llama", "--preset", "nano", *fresh) == 1
+    assert cli_train(tmp_path, *small, "--arch", "llama", "--preset", "nano", *fresh) == 1
     assert "choose one" in capsys.readouterr().err
 
 
@@ -293,7 +293,7 @@ def test_text_of_one_distinct_token_is_refused(
     # a file of NUL bytes trained silently on a 1-id vocabulary
     data = tmp_path / "zeros.bin"
     data.write_bytes(b"\0" * 4096)
-    assert _train(tmp_path, "--data", str(data)) == 1
+    assert cli_train(tmp_path, "--data", str(data)) == 1
     err = capsys.readouterr().err
     assert "4,096 tokens of only 1 distinct one ('\\x00')" in err and "Is it a text file?" in err
     assert err.count("\n") == 1 and not (tmp_path / "run").exists()
@@ -321,7 +321,7 @@ def test_init_from_fine_tunes_a_hugging_face_directory_and_keeps_its_family(
     flags = ["--data", str(tmp_path / "text.txt"), "--init_from", str(tmp_path / "hf"),
              "--max_iters", "2", "--eval_interval", "2", "--eval_iters", "1",
              "--batch_size", "2", "--lr", "1e-5", "--warmup_iters", "0"]
-    assert _train(tmp_path, *flags) == 0
+    assert cli_train(tmp_path, *flags) == 0
     assert "init     the weights of" in capsys.readouterr().out
     tuned = load_checkpoint(tmp_path / "run")
     assert tuned.model.config == load_checkpoint(tmp_path / "hf").model.config
@@ -371,11 +371,11 @@ def test_seq_len_fine_tunes_a_long_context_model_on_shorter_windows(
     flags = ["--data", str(tmp_path / "text.txt"), "--init_from", str(tmp_path / "hf"),
              "--max_iters", "2", "--eval_interval", "2", "--eval_iters", "1",
              "--batch_size", "2", "--lr", "1e-5", "--warmup_iters", "0"]
-    assert _train(tmp_path, *flags) == 1
+    assert cli_train(tmp_path, *flags) == 1
     assert "block_size=512 is larger than the data allows" in capsys.readouterr().err
-    assert _train(tmp_path, *flags, "--seq_len", "32") == 0
+    assert cli_train(tmp_path, *flags, "--seq_len", "32") == 0
     tuned = load_checkpoint(tmp_path / "run")
     assert tuned.model.config.block_size == 512 and tuned.meta["train_config"]["seq_len"] == 32
-    assert _train(tmp_path, *flags, "--seq_len", "600", "--overwrite") == 1
+    assert cli_train(tmp_path, *flags, "--seq_len", "600", "--overwrite") == 1
     assert "seq_len=600 is longer than the model's context (block_size=512)" in (
         capsys.readouterr().err)

@@ -15,11 +15,11 @@ import torch
 
 from attnlab.cli import main
 from attnlab.load import load_checkpoint
-from helpers import cli_train as _train
+from helpers import cli_train
 
 
 def test_resume_without_a_checkpoint(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    assert _train(tmp_path, "--resume") == 1
+    assert cli_train(tmp_path, "--resume") == 1
     assert "no checkpoint" in capsys.readouterr().err
 
 
@@ -27,9 +27,9 @@ def test_resume_and_overwrite_together_are_refused(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     # the run was resumed and --overwrite ignored
-    assert _train(tmp_path, "--max_iters", "2", "--n_layer", "1") == 0
+    assert cli_train(tmp_path, "--max_iters", "2", "--n_layer", "1") == 0
     capsys.readouterr()
-    assert _train(tmp_path, "--resume", "--overwrite", "--max_iters", "4") == 1
+    assert cli_train(tmp_path, "--resume", "--overwrite", "--max_iters", "4") == 1
     assert "--overwrite deletes it to start over: choose one" in capsys.readouterr().err
     assert load_checkpoint(tmp_path / "run" / "ckpt").meta["step"] == 2
 
@@ -112,35 +112,35 @@ def test_a_text_run_resumes_from_its_own_file_and_refuses_another_text(
     text.write_text("to be or not to be, that is the question\n" * 40)
     small = ["--n_layer", "1", "--n_head", "2", "--n_embd", "16", "--block_size", "16",
              "--eval_interval", "5", "--eval_iters", "1"]
-    assert _train(tmp_path, "--data", str(text), *small, "--max_iters", "5") == 0
+    assert cli_train(tmp_path, "--data", str(text), *small, "--max_iters", "5") == 0
     meta = load_checkpoint(tmp_path / "run" / "ckpt").meta
     assert meta["data_source"] == str(text.resolve()) and len(meta["data_fingerprint"]) == 20
     capsys.readouterr()
-    assert _train(tmp_path, "--resume", "--max_iters", "8") == 0  # no --data
+    assert cli_train(tmp_path, "--resume", "--max_iters", "8") == 0  # no --data
     out = capsys.readouterr().out
     assert "resumed  from step 5 of 8" in out and "text.txt" in out
     # a --max_iters the run already passed: refused, and nothing said changed first
-    assert _train(tmp_path, "--resume", "--max_iters", "6") == 1
+    assert cli_train(tmp_path, "--resume", "--max_iters", "6") == 1
     out, err = capsys.readouterr()
     assert "changed" not in out
     assert "is at step 8; --max_iters 6 would not train it further" in err
-    assert _train(tmp_path, "--resume", "--eval_interval", "3") == 0  # finished: not an error
+    assert cli_train(tmp_path, "--resume", "--eval_interval", "3") == 0  # finished: not an error
     assert "is at step 8 of 8; nothing to resume" in capsys.readouterr().out
     other = tmp_path / "other" / "text.txt"
     other.parent.mkdir()
     other.write_text("that is the question, not to be or to be\n" * 30)  # same name and
     # characters, other text
-    assert _train(tmp_path, "--data", str(other), "--resume", "--max_iters", "10") == 1
+    assert cli_train(tmp_path, "--data", str(other), "--resume", "--max_iters", "10") == 1
     assert "is not the text" in capsys.readouterr().err
     # other text with characters the run's tokenizer lacks: named as the wrong data
     foreign = tmp_path / "foreign.txt"
     foreign.write_text("# Zebra!\n" * 50)
-    assert _train(tmp_path, "--data", str(foreign), "--resume", "--max_iters", "10") == 1
+    assert cli_train(tmp_path, "--data", str(foreign), "--resume", "--max_iters", "10") == 1
     err = capsys.readouterr().err
     assert "cannot encode character '#'" in err
     assert err.endswith("trained on 'text.txt': resume on that\n")
     text.unlink()  # the run's file is gone: --data is needed, and the message says so
-    assert _train(tmp_path, "--resume", "--max_iters", "10") == 1
+    assert cli_train(tmp_path, "--resume", "--max_iters", "10") == 1
     assert "trained on 'text.txt' from" in capsys.readouterr().err
     assert load_checkpoint(tmp_path / "run" / "ckpt").meta["step"] == 8
 
@@ -154,17 +154,17 @@ def test_resume_refuses_another_tokenizer_or_arch(
     text.write_text("to be or not to be, that is the question\n" * 40)
     small = ["--n_layer", "1", "--n_head", "2", "--n_embd", "16", "--block_size", "16",
              "--eval_interval", "4", "--eval_iters", "1"]
-    assert _train(tmp_path, "--data", str(text), "--tokenizer", "byte", *small,
+    assert cli_train(tmp_path, "--data", str(text), "--tokenizer", "byte", *small,
                   "--max_iters", "4") == 0
     capsys.readouterr()
     for flags, said in ((["--tokenizer", "char"], "--tokenizer byte (256 ids) -> char ("),
                         (["--arch", "llama"], "--arch gpt2 -> llama")):
-        assert _train(tmp_path, "--resume", "--max_iters", "8", *flags) == 1
+        assert cli_train(tmp_path, "--resume", "--max_iters", "8", *flags) == 1
         assert said in capsys.readouterr().err
     ckpt = load_checkpoint(tmp_path / "run" / "ckpt")
     assert ckpt.meta["step"] == 4 and ckpt.tokenizer.name == "byte"
     # the flags as the run began are no change
-    assert _train(tmp_path, "--resume", "--max_iters", "8", "--tokenizer", "byte",
+    assert cli_train(tmp_path, "--resume", "--max_iters", "8", "--tokenizer", "byte",
                   "--arch", "gpt2") == 0, capsys.readouterr().err
     assert load_checkpoint(tmp_path / "run" / "ckpt").meta["step"] == 8
 
@@ -175,37 +175,37 @@ def test_a_damaged_checkpoint_is_refused_before_resuming(
     # a missing train state printed "resumed from step 12 of 30" and then failed; a weights
     # file cut short on a finished run said "nothing to resume" and exited 0
     _stop_after(monkeypatch, 12)
-    assert _train(tmp_path, "--max_iters", "30") == 130
+    assert cli_train(tmp_path, "--max_iters", "30") == 130
     monkeypatch.undo()
     capsys.readouterr()
     ckpt = tmp_path / "run" / "ckpt"
     (ckpt / "train_state.pt").rename(tmp_path / "state.pt")
-    assert _train(tmp_path, "--resume") == 1
+    assert cli_train(tmp_path, "--resume") == 1
     out, err = capsys.readouterr()
     assert "resumed" not in out and "has no train_state.pt" in err and "--overwrite" in err
     # a state file cut short: refused before "resumed" too
     whole = (tmp_path / "state.pt").read_bytes()
     (ckpt / "train_state.pt").write_bytes(whole[:3000])
-    assert _train(tmp_path, "--resume") == 1
+    assert cli_train(tmp_path, "--resume") == 1
     out, err = capsys.readouterr()
     assert "resumed" not in out and "refusing or unable to load" in err and "train_state.pt" in err
     # a state without the optimizer's moments would restart them from zero: refused
     state = torch.load(tmp_path / "state.pt", weights_only=True)
     state["optimizer"]["state"] = {}
     torch.save(state, ckpt / "train_state.pt")
-    assert _train(tmp_path, "--resume") == 1
+    assert cli_train(tmp_path, "--resume") == 1
     assert "holds moments for 0 of" in capsys.readouterr().err
     (ckpt / "train_state.pt").unlink()
     (tmp_path / "state.pt").rename(ckpt / "train_state.pt")
-    assert _train(tmp_path, "--resume") == 0
+    assert cli_train(tmp_path, "--resume") == 0
     out = capsys.readouterr().out
     assert "resumed  from step 12 of 30" in out
     weights = ckpt / "model.safetensors"
     weights.write_bytes(weights.read_bytes()[: weights.stat().st_size // 2])
-    assert _train(tmp_path, "--resume") == 1  # finished, and damaged
+    assert cli_train(tmp_path, "--resume") == 1  # finished, and damaged
     out, err = capsys.readouterr()
     assert "nothing to resume" not in out and "model.safetensors is missing or damaged" in err
-    assert _train(tmp_path, "--resume", "--max_iters", "40") == 1  # refused before "changed"
+    assert cli_train(tmp_path, "--resume", "--max_iters", "40") == 1  # refused before "changed"
     out, err = capsys.readouterr()
     assert "changed" not in out and "model.safetensors is missing or damaged" in err
 

@@ -26,9 +26,7 @@ from attnlab.interp.edits import (
     zero_neurons,
 )
 from attnlab.model.names import MODEL_NAMES, NAMES, SUMMARIES, WEIGHT_NAMES, absent_names
-from helpers import left_padded
-from helpers import random_ids as _ids
-from helpers import seeded_model as _model
+from helpers import left_padded, random_ids, seeded_model
 
 # nano with 4 heads; the Llama family (RoPE, RMSNorm, SwiGLU, grouped-query heads); and a
 # GPT-NeoX-style parallel residual with partial rotary
@@ -41,7 +39,7 @@ FAMILIES = {
 
 def _family(name: str, **overrides: object) -> GPT:
     preset = "nano" if name == "neox-tiny" else name
-    return _model(preset, **{**FAMILIES[name], **overrides})
+    return seeded_model(preset, **{**FAMILIES[name], **overrides})
 
 
 def _identity(name: str, layer: int | None, **select: object) -> Edit:
@@ -51,8 +49,8 @@ def _identity(name: str, layer: int | None, **select: object) -> Edit:
 @pytest.mark.parametrize("family", [*FAMILIES, "nano-gqa"])
 @pytest.mark.parametrize("padded", [False, True])
 def test_identity_edits_leave_logits_bit_for_bit(padded: bool, family: str) -> None:
-    model = _model(n_head=4, n_kv_head=2) if family == "nano-gqa" else _family(family)
-    idx, mask = left_padded([7, 4, 7]) if padded else (_ids(2, 7), None)
+    model = seeded_model(n_head=4, n_kv_head=2) if family == "nano-gqa" else _family(family)
+    idx, mask = left_padded([7, 4, 7]) if padded else (random_ids(2, 7), None)
     fused = model(idx, attention_mask=mask).logits
     explicit = model(idx, attention_mask=mask, fused=False).logits
     absent = set(absent_names(model.config))  # edits there are refused (below)
@@ -70,8 +68,8 @@ def test_identity_edits_leave_logits_bit_for_bit(padded: bool, family: str) -> N
 
 
 def test_an_edit_changes_only_what_it_selects_and_the_trace_sees_it() -> None:
-    model = _model(n_head=4)
-    idx = _ids(2, 6)
+    model = seeded_model(n_head=4)
+    idx = random_ids(2, 6)
     clean = Trace()
     model(idx, trace=clean)
     trace = Trace()
@@ -92,7 +90,7 @@ def test_an_edit_changes_only_what_it_selects_and_the_trace_sees_it() -> None:
 
 def _edit_cases(model: GPT, idx: torch.Tensor, mask: torch.Tensor | None) -> dict[str, Edits]:
     source = Trace()
-    model(_ids(*idx.shape, seed=7), attention_mask=mask, trace=source)
+    model(random_ids(*idx.shape, seed=7), attention_mask=mask, trace=source)
     means = head_means(model, idx, mask)
     pattern = torch.eye(idx.shape[1])  # each query reads only itself: allowed for every row
     return {
@@ -111,7 +109,7 @@ def _edit_cases(model: GPT, idx: torch.Tensor, mask: torch.Tensor | None) -> dic
 @pytest.mark.parametrize("padded", [False, True])
 def test_edits_agree_fused_and_explicit(padded: bool, family: str) -> None:
     model = _family(family, init_std=0.2)  # peaked attention, so a uniform one differs
-    idx, mask = left_padded([8, 5], seed=3) if padded else (_ids(2, 8), None)
+    idx, mask = left_padded([8, 5], seed=3) if padded else (random_ids(2, 8), None)
     plain = model(idx, attention_mask=mask).logits
     for case, edits in _edit_cases(model, idx, mask).items():
         fused = model(idx, attention_mask=mask, edits=edits).logits
@@ -121,7 +119,7 @@ def test_edits_agree_fused_and_explicit(padded: bool, family: str) -> None:
 
 
 def test_uniform_attention_spreads_over_allowed_keys_only() -> None:
-    model = _model(n_head=4)
+    model = seeded_model(n_head=4)
     idx, mask = left_padded([6, 3], seed=2)
     trace = Trace(layers=[1], names=["attn_weights"])
     model(idx, attention_mask=mask, trace=trace, edits=Edits([uniform_attention(1, 2)]))
@@ -148,7 +146,7 @@ def _recomputed(model: GPT, idx: torch.Tensor, mask: torch.Tensor | None, edits:
 @pytest.mark.parametrize("padded", [False, True])
 def test_cached_generation_with_edits_equals_recomputing(padded: bool, family: str) -> None:
     model = _family(family, init_std=0.2)  # peaked logits: argmax never hinges on 1e-6
-    idx, mask = left_padded([5, 3], seed=4) if padded else (_ids(2, 5), None)
+    idx, mask = left_padded([5, 3], seed=4) if padded else (random_ids(2, 5), None)
     cases = _edit_cases(model, torch.zeros(2, 14, dtype=torch.long), None)
     unedited = generate(model, idx, mask, max_new_tokens=9, temperature=0)
     changed = []
@@ -161,20 +159,20 @@ def test_cached_generation_with_edits_equals_recomputing(padded: bool, family: s
 
 
 def test_patching_every_position_of_the_clean_run_gives_the_clean_logits() -> None:
-    model = _model()
-    clean_ids, corrupt_ids = _ids(2, 6, seed=1), _ids(2, 6, seed=2)
+    model = seeded_model()
+    clean_ids, corrupt_ids = random_ids(2, 6, seed=1), random_ids(2, 6, seed=2)
     clean = Trace()
     clean_logits = model(clean_ids, trace=clean).logits
     for name, layer in [("resid_pre", 0), ("resid_pre", 1), ("block_out", 1), ("emb", None)]:
         patched = model(corrupt_ids, edits=Edits([patch(clean, name, layer)])).logits
         torch.testing.assert_close(patched, clean_logits, atol=1e-6, rtol=0)
     with pytest.raises(ValueError, match="does not cover"):
-        model(_ids(3, 6), edits=Edits([patch(clean, "context", 0)]))
+        model(random_ids(3, 6), edits=Edits([patch(clean, "context", 0)]))
 
 
 def test_ablate_zero_and_mean_and_head_lists() -> None:
-    model = _model(n_head=4)
-    idx = _ids(4, 8)
+    model = seeded_model(n_head=4)
+    idx = random_ids(4, 8)
     trace = Trace(names=["context"])
     model(idx, trace=trace, edits=ablate([(1, 3), (0, 1), (1, 3)]))
     assert torch.all(trace.get("context", 0)[:, 1] == 0) and torch.all(
@@ -243,8 +241,8 @@ def test_patching_a_prompt_then_generating_past_it() -> None:
     give the same tokens cached and recomputed (recomputing refused the longer run before), and
     patching every position names the generated columns the source lacks (a bare torch error
     from `narrow` before)."""
-    model = _model(init_std=0.2)
-    idx, corrupt = _ids(2, 6, seed=1), _ids(2, 6, seed=2)
+    model = seeded_model(init_std=0.2)
+    idx, corrupt = random_ids(2, 6, seed=1), random_ids(2, 6, seed=2)
     clean = Trace(names=["resid_pre"])
     model(idx, trace=clean)
     edits = Edits([patch(clean, "resid_pre", 1, positions=[2, 5])])
@@ -263,13 +261,13 @@ def test_a_negative_position_counts_from_each_passs_last_column(family: str) -> 
     """positions=[-1] edits a prompt's last token, as positions=[T - 1] does, and in
     generation each step's new token (TransformerLens's pos=-1); patch takes it too."""
     model = _family(family)
-    idx = _ids(2, 6)
+    idx = random_ids(2, 6)
     for make in (lambda p: zero_heads(0, 1, positions=p), lambda p: uniform_attention(1, 0, p)):
         assert torch.equal(model(idx, edits=make([-1])).logits,
                            model(idx, edits=make([5])).logits)
         assert torch.equal(model(idx, edits=make([-2, -6])).logits,
                            model(idx, edits=make([4, 0])).logits)
-    clean = Trace(names="resid_pre").run(model, _ids(2, 6, seed=2))
+    clean = Trace(names="resid_pre").run(model, random_ids(2, 6, seed=2))
     assert torch.equal(model(idx, edits=patch(clean, "resid_pre", 1, positions=[-1])).logits,
                        model(idx, edits=patch(clean, "resid_pre", 1, positions=[5])).logits)
     # generation: -1 is every step's newest column, so each new token is edited as it comes
@@ -287,7 +285,7 @@ def test_zero_neurons_equals_removing_their_down_projection_columns(family: str)
     """Zeroing hidden activations n at some positions is the model whose down projection lost
     columns n, at those positions: checked against that weight surgery, row by row."""
     model = _family(family)
-    idx, neurons, layer = _ids(2, 7), [0, 5, 17], 1
+    idx, neurons, layer = random_ids(2, 7), [0, 5, 17], 1
     edited = model(idx, edits=zero_neurons(layer, neurons)).logits
     surgery = _family(family)
     with torch.no_grad():
@@ -305,7 +303,7 @@ def test_an_edit_of_the_mlp_pre_activations_reaches_the_model(family: str) -> No
     activation apart. gelu(0) = silu(0) = 0, so zeroing neurons' pre-activations zeroes
     their hidden activations (`zero_neurons`); a trace of mlp_pre alone changes no logit."""
     model = _family(family)
-    idx, neurons, layer = _ids(2, 7), [0, 5, 17], 1
+    idx, neurons, layer = random_ids(2, 7), [0, 5, 17], 1
 
     def zero_pre(value: torch.Tensor, first: int) -> torch.Tensor:
         value = value.clone()  # (B, T, d_ff)
@@ -325,17 +323,17 @@ def test_an_edit_of_the_mlp_pre_activations_reaches_the_model(family: str) -> No
 def test_neuron_and_absent_name_edits_are_refused_in_words() -> None:
     import numpy as np
 
-    model = _model()
+    model = seeded_model()
     for where in (None, [20]):  # checked before the pass, even where no column is computed
         with pytest.raises(ValueError, match=r"neurons \[999\] out of range for layer 0's 64 "
                                              r"MLP neurons \(0 to 63\)"):
-            model(_ids(1, 3), edits=zero_neurons(0, [1, 999], positions=where))
+            model(random_ids(1, 3), edits=zero_neurons(0, [1, 999], positions=where))
     for bad in ([], 1.5, [True], [2.0], "3"):
         with pytest.raises(ValueError, match=r"zero_neurons\(neurons="):
             zero_neurons(0, bad)  # type: ignore[arg-type]
-    one = model(_ids(1, 3), edits=zero_neurons(0, 3)).logits
+    one = model(random_ids(1, 3), edits=zero_neurons(0, 3)).logits
     for same in (torch.tensor(3), np.array(3), np.int64(3), [torch.tensor(3)]):  # 0-d: one
-        assert torch.equal(model(_ids(1, 3), edits=zero_neurons(0, same)).logits, one)
+        assert torch.equal(model(random_ids(1, 3), edits=zero_neurons(0, same)).logits, one)
     # a float position or layer was truncated (1.5 edited column 1); an empty list edited
     # nothing; a negative position past the first column was skipped
     for bad, message in (({"positions": [1.5]}, r"Edit\(positions=\[1.5\]\): positions are "
@@ -351,10 +349,10 @@ def test_neuron_and_absent_name_edits_are_refused_in_words() -> None:
     with pytest.raises(ValueError, match=r"positions \[-4\]: they count back from the last of "
                                          r"this pass's 3 columns, past its first; count from -1 "
                                          r"\(the last\) to -3"):
-        model(_ids(1, 3), edits=zero_neurons(0, 1, positions=[-1, -4]))
+        model(random_ids(1, 3), edits=zero_neurons(0, 1, positions=[-1, -4]))
     neox = _family("neox-tiny")
     with pytest.raises(ValueError, match=r"'resid_mid'.*never computes it, as its MLP reads "
                                          r"resid_pre \(parallel_residual=True\)"):
-        neox(_ids(1, 3), edits=_identity("resid_mid", 0))
+        neox(random_ids(1, 3), edits=_identity("resid_mid", 0))
     with pytest.raises(ValueError, match=r"'pos_emb'.*never computes it, as its positions"):
-        neox(_ids(1, 3), edits=_identity("pos_emb", None))
+        neox(random_ids(1, 3), edits=_identity("pos_emb", None))

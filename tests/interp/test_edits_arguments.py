@@ -20,8 +20,7 @@ from attnlab.interp.edits import (
     uniform_attention,
     zero_heads,
 )
-from helpers import random_ids as _ids
-from helpers import seeded_model as _model
+from helpers import random_ids, seeded_model
 
 
 def test_clear_errors() -> None:
@@ -31,9 +30,9 @@ def test_clear_errors() -> None:
         Edit("resid_pre", 0, lambda v, _: v, heads=(0,))
     with pytest.raises(ValueError, match="needs layer=None"):
         Edit("logits", 0, lambda v, _: v)
-    model = _model()
+    model = seeded_model()
     with pytest.raises(ValueError, match=r"edit heads \[5\] out of range for 2 heads"):
-        model(_ids(1, 4), edits=Edits([zero_heads(0, 5)]))
+        model(random_ids(1, 4), edits=Edits([zero_heads(0, 5)]))
 
 
 def test_edits_the_model_never_reaches_are_refused() -> None:
@@ -41,8 +40,8 @@ def test_edits_the_model_never_reaches_are_refused() -> None:
     block_size would leave every output unchanged (read as "this head does not matter"):
     each is refused. A position past this call's columns stays allowed: a later, longer
     call reaches it."""
-    model = _model()  # nano: 2 layers, 2 heads, block_size 32
-    idx = _ids(1, 6)
+    model = seeded_model()  # nano: 2 layers, 2 heads, block_size 32
+    idx = random_ids(1, 6)
     for edits, message in [
         (ablate([(5, 0)]), r"at layer 5: the model has 2 layers \(0 to 1\)"),
         (Edits([uniform_attention(2, 0)]), "at layer 2: the model has 2 layers"),
@@ -72,7 +71,7 @@ def test_one_layer_head_name_or_pair_stands_for_a_list_of_one() -> None:
     ablate((0, 1)) raised bare TypeErrors; Edits + Edit raised an AttributeError."""
     from attnlab.interp.heads import detect_heads
 
-    model, idx = _model(), _ids(1, 6)
+    model, idx = seeded_model(), random_ids(1, 6)
     one, listed = Trace(layers=0, heads=1, names="attn_weights"), Trace([0], [1], ["attn_weights"])
     model(idx, trace=one)
     model(idx, trace=listed)
@@ -91,7 +90,7 @@ def test_shapes_and_ids_that_cannot_fit_are_named() -> None:
     from attnlab.interp.lens import logit_attribution
     from attnlab.interp.patching import logit_diff_metric
 
-    model, idx = _model(), _ids(1, 6)
+    model, idx = seeded_model(), random_ids(1, 6)
     with pytest.raises(ValueError, match=r"must be \(S, S\) or \(B, S, S\).*got shape \(6,\)"):
         set_attention(0, 1, torch.ones(6))
     with pytest.raises(ValueError, match="cover 5 columns, this forward pass 6"):
@@ -128,10 +127,10 @@ def test_traces_edits_and_checkpoints_read_in_one_line() -> None:
     from attnlab.checkpoint import Checkpoint
     from attnlab.tokenizers import CharTokenizer
 
-    model = _model()
+    model = seeded_model()
     trace = Trace(layers=0, names=["attn_weights", "q"])
     assert repr(trace) == "Trace(layers=[0], names=['attn_weights', 'q']; nothing captured yet)"
-    model(_ids(1, 5), trace=trace)
+    model(random_ids(1, 5), trace=trace)
     assert repr(trace) == ("Trace(layers=[0], names=['attn_weights', 'q']; 2 values: layers "
                            "[0], names ['attn_weights', 'q'], 0.5 kB)")  # 520 bytes
     assert repr(ablate([(1, 0)]) + scale_heads(0, 1, 0.5, positions=[3])) == (
@@ -147,7 +146,7 @@ def test_one_edit_a_sum_and_nested_sets_act_as_edits_of_them() -> None:
     """An Edit alone, `a + b` and Edits holding Edits give what Edits([...]) gives, bit for
     bit, in a forward pass (one edit needing the explicit path) and in generation; a list
     or a stray value is refused by name."""
-    model, ids = _model(), _ids(2, 6)
+    model, ids = seeded_model(), random_ids(2, 6)
     heads, spread = zero_heads(0, 1), uniform_attention(1, 0)
     whole = Edits([heads, spread])
     expected = model(ids, edits=whole).logits
