@@ -263,27 +263,9 @@ def run(quick: bool = False, device: str | None = None, out: Path | None = None
     errors_vs_hf = {name: largest_difference(captured[name], captured[HF_BASE])
                     for name in (RUN, *THREES) if name in captured}
     del captured
-    times: dict[str, list[float]] = {name: [] for name in fns}
-    for _ in range(rounds):  # alternating rounds
-        for name, fn in fns.items():
-            times[name] += cuda_ms(fn, where, rounds=1, warmup=0)
-    ms = {name: median(t) for name, t in times.items()}
-    ratios = {"run_vs_forward": ms[RUN] / ms[FORWARD],
-              "traced_vs_forward": ms[TRACED] / ms[FORWARD],
-              "hf_vs_run": min(ms[HF_LM], ms[HF_BASE]) / ms[RUN],
-              "hf_lm_vs_traced": ms[HF_LM] / ms[TRACED]}
-    if TL in ms:
-        ratios["tl_vs_run"] = ms[TL] / ms[RUN]
-    for name, key in THREES.items():
-        if name in ms:
-            ratios[f"hf_vs_run_{key}"] = min(ms[HF_LM], ms[HF_BASE]) / ms[name]
-    met = {name: ratios[name] >= target if name != "run_vs_forward" else ratios[name] <= target
-           for name, target in TARGETS.items() if name in ratios}
-    # the 3xTF32 rows are judged apart: they are not attnlab's default way (yet)
-    met["weights_equal"] = max(v for k, v in errors.items() if k not in THREES) <= TOLERANCE
-    for name, key in THREES.items():
-        if name in errors_vs_hf:
-            met[f"weights_equal_{key}"] = errors_vs_hf[name] <= TOLERANCE
+    ms = alternating_ms(fns, where, rounds)
+    ratios = speed_ratios(ms)
+    met = targets_met(ratios, errors, errors_vs_hf)
     m = gpu_machine(where)
     result = {
         "suite": "gpu_trace", "machine": m,
@@ -312,6 +294,44 @@ def run(quick: bool = False, device: str | None = None, out: Path | None = None
     }
     write_partial(out, result)
     return result
+
+
+def alternating_ms(fns: dict[str, Callable[[], Any]], where: torch.device, rounds: int
+                   ) -> dict[str, float]:
+    """name -> median ms of its synchronised calls, one call of each variant per round."""
+    times: dict[str, list[float]] = {name: [] for name in fns}
+    for _ in range(rounds):  # alternating rounds
+        for name, fn in fns.items():
+            times[name] += cuda_ms(fn, where, rounds=1, warmup=0)
+    return {name: median(t) for name, t in times.items()}
+
+
+def speed_ratios(ms: dict[str, float]) -> dict[str, float]:
+    """The ratios the targets judge, and Hugging Face's faster way over each THREES row."""
+    ratios = {"run_vs_forward": ms[RUN] / ms[FORWARD],
+              "traced_vs_forward": ms[TRACED] / ms[FORWARD],
+              "hf_vs_run": min(ms[HF_LM], ms[HF_BASE]) / ms[RUN],
+              "hf_lm_vs_traced": ms[HF_LM] / ms[TRACED]}
+    if TL in ms:
+        ratios["tl_vs_run"] = ms[TL] / ms[RUN]
+    for name, key in THREES.items():
+        if name in ms:
+            ratios[f"hf_vs_run_{key}"] = min(ms[HF_LM], ms[HF_BASE]) / ms[name]
+    return ratios
+
+
+def targets_met(ratios: dict[str, float], errors: dict[str, float],
+                errors_vs_hf: dict[str, float]) -> dict[str, bool]:
+    """Each speed target met or not, and the weights equal within TOLERANCE: every other
+    row's to Trace.run's, each THREES row's to Hugging Face's base model's."""
+    met = {name: ratios[name] >= target if name != "run_vs_forward" else ratios[name] <= target
+           for name, target in TARGETS.items() if name in ratios}
+    # the 3xTF32 rows are judged apart: they are not attnlab's default way (yet)
+    met["weights_equal"] = max(v for k, v in errors.items() if k not in THREES) <= TOLERANCE
+    for name, key in THREES.items():
+        if name in errors_vs_hf:
+            met[f"weights_equal_{key}"] = errors_vs_hf[name] <= TOLERANCE
+    return met
 
 
 def main(argv: Sequence[str] | None = None) -> int:

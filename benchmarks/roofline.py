@@ -117,34 +117,7 @@ def run(quick: bool = False) -> dict[str, Any]:
     try:
         for threads in (1, 2):
             torch.set_num_threads(threads)
-            kernels = _kernels(rows_in, cols)
-            decoders, rounding = _decoders(shape, new_tokens)
-            variants = {**kernels, **decoders}
-            times = alternate(variants, rounds=rounds, warmup=1)
-            clk = clock()
-            ms = {name: median_ms(t[clk]) for name, t in times.items()}
-            # the best round is the closest to what the memory system can do
-            best = {name: min(t[clk]) * 1e3 for name, t in times.items()}
-            gbps = {name: rows_in * cols * BYTES_PER_WEIGHT[name] / (ms[name] / 1e3) / 1e9
-                    for name in kernels}
-            # the fastest float32 product is what the machine's memory can do for decode
-            bandwidth = max(gbps["float32 x @ W"], gbps.get(BLOCKS, 0.0))
-            roof = bandwidth * 1e9 / step_bytes  # tokens/s if a step only streamed weights
-            tok_s = new_tokens / (ms["attnlab decode"] / 1e3)
-            record = {
-                "threads": threads, "clock": clk, "rounds": rounds, "ms": ms, "best_ms": best,
-                "GB_per_s": gbps, "bandwidth_GB_per_s": bandwidth, "step_bytes": step_bytes,
-                "roofline_tok_s": roof, "decode_tok_s": tok_s, "fraction": tok_s / roof,
-                "matrix_speedup_vs_float32": {n: ms["float32 x @ W"] / ms[n] for n in kernels},
-            }
-            if rounding:
-                # float16 weights: the same bandwidth over half the bytes of each weight
-                tok16 = new_tokens / (ms["attnlab decode, float16 weights"] / 1e3)
-                roof16 = bandwidth * 1e9 / streamed_bytes(config, 2.0)
-                record["float16_weights"] = {
-                    "decode_tok_s": tok16, "speedup": tok16 / tok_s, "roofline_tok_s": roof16,
-                    "fraction": tok16 / roof16, **rounding}
-            records.append(record)
+            records.append(measure(threads, config, (rows_in, cols), shape, new_tokens, rounds))
     finally:
         torch.set_num_threads(threads_before)
     rows = [[r["threads"], r["GB_per_s"]["float32 x @ W"], r["GB_per_s"].get(BLOCKS),
@@ -155,15 +128,7 @@ def run(quick: bool = False) -> dict[str, Any]:
             for r in records]
     halves = [[r["threads"], f16["decode_tok_s"], f16["speedup"], f16["roofline_tok_s"],
                f16["fraction"]] for r in records if (f16 := r.get("float16_weights"))]
-    rooflines = []
-    for name in ROOFLINE_PRESETS:
-        try:
-            preset = GPTConfig.from_name(name)
-        except ValueError:  # a preset another branch adds
-            continue
-        b = streamed_bytes(preset)
-        rooflines.append([name, b / 1e6, *(r["bandwidth_GB_per_s"] * 1e9 / b
-                                          for r in records)])
+    rooflines = preset_rooflines(records)
     one = records[0]
     notes = [
         f"x @ W over a {rows_in} x {cols} float32 matrix ({rows_in * cols * 4 / 1e6:.0f} MB); "
@@ -179,13 +144,7 @@ def run(quick: bool = False) -> dict[str, Any]:
         "fbgemm's linear_dynamic_fp16 (float16 weights, float32 arithmetic).",
     ]
     if halves:
-        f16 = one["float16_weights"]
-        notes.append(
-            "float16 weights: `half_weights` on a copy of the same model (packed before "
-            "timing); their roofline is the same x @ W bandwidth over 2 bytes per weight. "
-            f"Rounding moved the prompt's logits by at most {f16['max_abs_logit_change']:.3g}; "
-            f"greedy ids agreed for {f16['greedy_ids_before_first_difference']} of "
-            f"{new_tokens} new tokens.")
+        notes.append(_float16_note(one["float16_weights"], new_tokens))
     return {
         "suite": "roofline",
         "machine": machine(),
@@ -206,6 +165,67 @@ def run(quick: bool = False) -> dict[str, Any]:
         ],
         "notes": notes,
     }
+
+
+def measure(threads: int, config: GPTConfig, matrix: tuple[int, int], shape: str,
+            new_tokens: int, rounds: int) -> dict[str, Any]:
+    """The record of one thread count (torch's, set by the caller): the kernels' bandwidth,
+    the roofline it sets for `config`, attnlab's decode beside it in alternating rounds."""
+    rows_in, cols = matrix
+    step_bytes = streamed_bytes(config)
+    kernels = _kernels(rows_in, cols)
+    decoders, rounding = _decoders(shape, new_tokens)
+    variants = {**kernels, **decoders}
+    times = alternate(variants, rounds=rounds, warmup=1)
+    clk = clock()
+    ms = {name: median_ms(t[clk]) for name, t in times.items()}
+    # the best round is the closest to what the memory system can do
+    best = {name: min(t[clk]) * 1e3 for name, t in times.items()}
+    gbps = {name: rows_in * cols * BYTES_PER_WEIGHT[name] / (ms[name] / 1e3) / 1e9
+            for name in kernels}
+    # the fastest float32 product is what the machine's memory can do for decode
+    bandwidth = max(gbps["float32 x @ W"], gbps.get(BLOCKS, 0.0))
+    roof = bandwidth * 1e9 / step_bytes  # tokens/s if a step only streamed weights
+    tok_s = new_tokens / (ms["attnlab decode"] / 1e3)
+    record = {
+        "threads": threads, "clock": clk, "rounds": rounds, "ms": ms, "best_ms": best,
+        "GB_per_s": gbps, "bandwidth_GB_per_s": bandwidth, "step_bytes": step_bytes,
+        "roofline_tok_s": roof, "decode_tok_s": tok_s, "fraction": tok_s / roof,
+        "matrix_speedup_vs_float32": {n: ms["float32 x @ W"] / ms[n] for n in kernels},
+    }
+    if rounding:
+        # float16 weights: the same bandwidth over half the bytes of each weight
+        tok16 = new_tokens / (ms["attnlab decode, float16 weights"] / 1e3)
+        roof16 = bandwidth * 1e9 / streamed_bytes(config, 2.0)
+        record["float16_weights"] = {
+            "decode_tok_s": tok16, "speedup": tok16 / tok_s, "roofline_tok_s": roof16,
+            "fraction": tok16 / roof16, **rounding}
+    return record
+
+
+def preset_rooflines(records: list[dict[str, Any]]) -> list[list[Any]]:
+    """Rows of the presets' rooflines at each record's measured bandwidth: (name, MB a step
+    streams, tokens/s per record); presets this branch lacks are left out."""
+    rooflines = []
+    for name in ROOFLINE_PRESETS:
+        try:
+            preset = GPTConfig.from_name(name)
+        except ValueError:  # a preset another branch adds
+            continue
+        b = streamed_bytes(preset)
+        rooflines.append([name, b / 1e6, *(r["bandwidth_GB_per_s"] * 1e9 / b
+                                          for r in records)])
+    return rooflines
+
+
+def _float16_note(f16: dict[str, Any], new_tokens: int) -> str:
+    """The note on the float16-weights decode: how its roofline is set, what rounding moved."""
+    return (
+        "float16 weights: `half_weights` on a copy of the same model (packed before "
+        "timing); their roofline is the same x @ W bandwidth over 2 bytes per weight. "
+        f"Rounding moved the prompt's logits by at most {f16['max_abs_logit_change']:.3g}; "
+        f"greedy ids agreed for {f16['greedy_ids_before_first_difference']} of "
+        f"{new_tokens} new tokens.")
 
 
 def _shape(shape: str) -> dict[str, Any]:

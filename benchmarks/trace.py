@@ -116,7 +116,24 @@ def variants(hf: Any, ids: torch.Tensor, tmp: str) -> dict[str, Callable[[], tup
     `tracer.stop()`; TransformerLens's `stop_at_layer` cannot keep the last layer's pattern
     and skip the head (stop_at_layer=n_layers still runs it here)."""
     ours = gpt_from_hf(hf.config.to_dict(), hf.state_dict()).eval()
-    n_layer = hf.config.n_layer
+    fns = attnlab_variants(ours, ids)
+
+    def hf_eager() -> tuple[Any, Any]:
+        out = hf(ids, output_attentions=True)
+        return out.logits, out.attentions
+
+    fns["HF eager output_attentions"] = hf_eager
+    fns[HF_BASE] = lambda: (None, hf.transformer(ids, output_attentions=True).attentions)
+    if package_version("transformer-lens"):
+        fns |= transformer_lens_variants(hf, ids, tmp)
+    if package_version("nnsight"):
+        fns |= nnsight_variants(hf, ids)
+    return fns
+
+
+def attnlab_variants(ours: GPT, ids: torch.Tensor) -> dict[str, Callable[[], tuple[Any, Any]]]:
+    """attnlab's rows: the untraced forward (the yardstick, timed first), traced forwards,
+    `Trace.run`, and the two floors of matrix products alone."""
 
     def traced(**kwargs: Any) -> Callable[[], tuple[Any, Any]]:
         def run() -> tuple[Any, Any]:
@@ -124,7 +141,7 @@ def variants(hf: Any, ids: torch.Tensor, tmp: str) -> dict[str, Callable[[], tup
             return ours(ids, trace=trace).logits, trace.values
         return run
 
-    fns: dict[str, Callable[[], tuple[Any, Any]]] = {
+    return {
         "attnlab forward (no trace)": lambda: (ours(ids).logits, {}),
         "attnlab trace: attn_weights": traced(names=["attn_weights"]),
         "attnlab trace: attn_weights, float16": traced(names=["attn_weights"],
@@ -135,54 +152,54 @@ def variants(hf: Any, ids: torch.Tensor, tmp: str) -> dict[str, Callable[[], tup
         FLOOR_RUN: products_only(ours, ids.shape[1], stop=True),
     }
 
-    def hf_eager() -> tuple[Any, Any]:
-        out = hf(ids, output_attentions=True)
-        return out.logits, out.attentions
 
-    fns["HF eager output_attentions"] = hf_eager
-    fns[HF_BASE] = lambda: (None, hf.transformer(ids, output_attentions=True).attentions)
-    if package_version("transformer-lens"):
-        from transformer_lens.model_bridge import TransformerBridge
+def transformer_lens_variants(hf: Any, ids: torch.Tensor, tmp: str
+                              ) -> dict[str, Callable[[], tuple[Any, Any]]]:
+    """TransformerLens's rows, booted from the same weights saved to `tmp` (nothing
+    downloaded): the pattern-filtered cache and the full one."""
+    from transformer_lens.model_bridge import TransformerBridge
 
-        hf.save_pretrained(tmp)
-        bridge = TransformerBridge.boot_transformers(tmp, device="cpu")
-        bridge.eval()
+    hf.save_pretrained(tmp)
+    bridge = TransformerBridge.boot_transformers(tmp, device="cpu")
+    bridge.eval()
 
-        def tl_pattern() -> tuple[Any, Any]:
-            logits, cache = bridge.run_with_cache(
-                ids, names_filter=lambda name: name.endswith("hook_pattern"))
-            return logits, dict(cache.items())
+    def tl_pattern() -> tuple[Any, Any]:
+        logits, cache = bridge.run_with_cache(
+            ids, names_filter=lambda name: name.endswith("hook_pattern"))
+        return logits, dict(cache.items())
 
-        def tl_full() -> tuple[Any, Any]:
-            logits, cache = bridge.run_with_cache(ids)
-            return logits, dict(cache.items())
+    def tl_full() -> tuple[Any, Any]:
+        logits, cache = bridge.run_with_cache(ids)
+        return logits, dict(cache.items())
 
-        fns["TransformerLens run_with_cache: hook_pattern"] = tl_pattern
-        fns["TransformerLens run_with_cache: everything"] = tl_full
-    if package_version("nnsight"):
-        from nnsight import NNsight
+    return {TL_PATTERN: tl_pattern, TL_FULL: tl_full}
 
-        wrapped = NNsight(hf)
 
-        def nnsight_weights() -> tuple[Any, Any]:
-            saved: list[Any] = []
-            with wrapped.trace(ids):
-                for i in range(n_layer):
-                    saved.append(wrapped.transformer.h[i].attn.output[1].save())
-                logits = wrapped.lm_head.output.save()
-            return logits, saved
+def nnsight_variants(hf: Any, ids: torch.Tensor) -> dict[str, Callable[[], tuple[Any, Any]]]:
+    """nnsight's rows on the same eager Hugging Face model: every layer's weights saved with
+    the logits, and with `tracer.stop()` after the last layer's (no head)."""
+    from nnsight import NNsight
 
-        def nnsight_stop() -> tuple[Any, Any]:
-            saved: list[Any] = []
-            with wrapped.trace(ids) as tracer:
-                for i in range(n_layer):
-                    saved.append(wrapped.transformer.h[i].attn.output[1].save())
-                tracer.stop()
-            return None, saved
+    wrapped = NNsight(hf)
+    n_layer = hf.config.n_layer
 
-        fns["nnsight: attention weights"] = nnsight_weights
-        fns[NNSIGHT_STOP] = nnsight_stop
-    return fns
+    def nnsight_weights() -> tuple[Any, Any]:
+        saved: list[Any] = []
+        with wrapped.trace(ids):
+            for i in range(n_layer):
+                saved.append(wrapped.transformer.h[i].attn.output[1].save())
+            logits = wrapped.lm_head.output.save()
+        return logits, saved
+
+    def nnsight_stop() -> tuple[Any, Any]:
+        saved: list[Any] = []
+        with wrapped.trace(ids) as tracer:
+            for i in range(n_layer):
+                saved.append(wrapped.transformer.h[i].attn.output[1].save())
+            tracer.stop()
+        return None, saved
+
+    return {"nnsight: attention weights": nnsight_weights, NNSIGHT_STOP: nnsight_stop}
 
 
 def _first_call(fn: Callable[[], tuple[Any, Any]]) -> tuple[tuple[float, int | None, int], Any]:
@@ -204,58 +221,16 @@ def _run(quick: bool) -> dict[str, Any]:
     ids = torch.randint(0, hf.config.vocab_size, (1, T), generator=torch.Generator().manual_seed(1))
     with tempfile.TemporaryDirectory() as tmp:
         fns = variants(hf, ids, tmp)
-        # the first call of each is the warmup; its time, peak RSS rise and captured bytes
-        # are the first-call columns (allocator growth included: what a first capture costs)
-        first: dict[str, tuple[float, int | None, int]] = {}
-        logit_diff: dict[str, float | None] = {}
-        outs: dict[str, Any] = {}  # only the captures the error checks below read
-        reference = None
-        for name, fn in fns.items():
-            first[name], out = _first_call(fn)
-            reference = out[0] if reference is None else reference  # attnlab's forward: first
-            # the floors multiply random inputs: their "logits" are not the model's
-            logit_diff[name] = None if name in FLOORS or out[0] is None else (
-                out[0] - reference).abs().max().item()
-            if name in KEEP:
-                outs[name] = out
-            del out  # a capture of GBs is not held while the next variant is measured
-        ours_w = outs["attnlab trace: attn_weights"][1]
-        ours_w16 = outs["attnlab trace: attn_weights, float16"][1]
-        err16 = max((ours_w16[key].float() - ours_w[key]).abs().max().item() for key in ours_w)
-        err_hf = max((ours_w[(i, "attn_weights")] - w).abs().max().item()
-                     for i, w in enumerate(outs["HF eager output_attentions"][1]))
-        run_equal = outs[RUN][1].keys() == ours_w.keys() and all(
-            torch.equal(outs[RUN][1][key], ours_w[key]) for key in ours_w)
-        del outs, ours_w, ours_w16  # the timed calls start from the same free memory
-
-        def timed(fn: Callable[[], tuple[Any, Any]]) -> Callable[[], None]:
-            def go() -> None:
-                with torch.inference_mode():
-                    fn()
-            return go
-
-        times = alternate({n: timed(f) for n, f in fns.items()}, rounds=rounds, warmup=0)
+        first, logit_diff, checks = first_calls(fns)
+        times = alternate({n: _in_inference_mode(f) for n, f in fns.items()}, rounds=rounds,
+                          warmup=0)
     ms = {name: median_ms(t[clock()]) for name, t in times.items()}
     base = ms["attnlab forward (no trace)"]
 
     rows = [[name, ms[name], ms[name] / base, first[name][0] * 1e3, first[name][2] / 2**20,
              None if first[name][1] is None else first[name][1] / 2**20, logit_diff[name]]
             for name in fns]
-    # targets: each tool's fastest way to every layer's weights against attnlab's (Trace.run);
-    # "_with_logits": like for like, every tool also computing the logits
-    w, full, fast = (ms["attnlab trace: attn_weights"], ms["attnlab trace: every name"],
-                     ms[RUN])
-    ratios: dict[str, float] = {"weights_vs_forward": w / base,
-                                "vs_hf_eager": min(ms["HF eager output_attentions"],
-                                                   ms[HF_BASE]) / fast,
-                                "vs_hf_eager_with_logits": ms["HF eager output_attentions"] / w}
-    if TL_PATTERN in ms:  # no TransformerLens call keeps the last pattern without the head
-        ratios["vs_tl_pattern"] = ms[TL_PATTERN] / fast
-        ratios["vs_tl_pattern_with_logits"] = ms[TL_PATTERN] / w
-        ratios["full_vs_tl"] = ms[TL_FULL] / full
-    if NNSIGHT_STOP in ms:
-        ratios["vs_nnsight"] = min(ms["nnsight: attention weights"], ms[NNSIGHT_STOP]) / fast
-        ratios["vs_nnsight_with_logits"] = ms["nnsight: attention weights"] / w
+    ratios = _ratios(ms)
     # the most any capture of every layer's weights on these kernels could be ahead of each
     # tool: its time over the products Trace.run cannot skip
     ceiling = {name: ms[name] / ms[FLOOR_RUN] for name in ms
@@ -264,13 +239,9 @@ def _run(quick: bool) -> dict[str, Any]:
            for k, v in ratios.items() if k in TARGETS}
     versions = {p: package_version(p)
                 for p in ("torch", "transformers", "transformer-lens", "nnsight")}
+    err16, err_hf, run_equal = checks
     notes = [
-        f"{shape} shape, random weights, batch 1, T={T}, {torch.get_num_threads()} torch "
-        f"thread(s), inference mode; median {clock()} time of {rounds} alternating round(s) "
-        "on a shared, loaded machine. Versions: "
-        + ", ".join(f"{p} {v}" for p, v in versions.items() if v)
-        + ("" if versions["transformer-lens"] else " (TransformerLens not installed: no rows)")
-        + ("" if versions["nnsight"] else " (nnsight not installed: no row)") + ".",
+        _setup_note(shape, T, rounds, versions),
         "first call: each variant's cold call, one-time setup included; attnlab's traced path "
         "then wrote into fresh pages, later calls into the buffers earlier traces freed "
         "(runtime.kept_empty), which the ms column times.",
@@ -285,11 +256,7 @@ def _run(quick: bool) -> dict[str, Any]:
         "ratios (each tool's fastest way to every layer's weights over Trace.run; "
         "_with_logits: every tool computing the logits too, attnlab's traced forward): "
         + ", ".join(f"{k} {v:.2f}x" for k, v in ratios.items()),
-        f"the matrix products a weights trace runs took {ms[FLOOR] / base:.2f}x attnlab's "
-        f"untraced forward on their own, Trace.run's {ms[FLOOR_RUN] / base:.2f}x (no trace, "
-        "nothing between them: floors, up to this run's noise); the most a capture of every "
-        "layer's weights on these kernels can be ahead, about: "
-        + ", ".join(f"{v:.2f}x over {k}" for k, v in ceiling.items()) + ".",
+        _floor_note(ms, ceiling),
         *(f"target {k} ({'<=' if k == 'weights_vs_forward' else '>='} {TARGETS[k]}x): "
           + (f"not judged on the quick run's {shape} shape" if quick else
              'met' if ok else 'missed') for k, ok in met.items()),
@@ -313,3 +280,92 @@ def _run(quick: bool) -> dict[str, Any]:
         )],
         "notes": notes,
     }
+
+
+def first_calls(
+    fns: dict[str, Callable[[], tuple[Any, Any]]],
+) -> tuple[dict[str, tuple[float, int | None, int]], dict[str, float | None],
+           tuple[float, float, bool]]:
+    """Each variant's first call, which is also its warmup: (name -> (seconds, peak RSS rise,
+    bytes captured), name -> max abs logit difference from attnlab's forward or None,
+    `weight_checks` of the captures)."""
+    # the first call of each is the warmup; its time, peak RSS rise and captured bytes
+    # are the first-call columns (allocator growth included: what a first capture costs)
+    first: dict[str, tuple[float, int | None, int]] = {}
+    logit_diff: dict[str, float | None] = {}
+    outs: dict[str, Any] = {}  # only the captures the error checks below read
+    reference = None
+    for name, fn in fns.items():
+        first[name], out = _first_call(fn)
+        reference = out[0] if reference is None else reference  # attnlab's forward: first
+        # the floors multiply random inputs: their "logits" are not the model's
+        logit_diff[name] = None if name in FLOORS or out[0] is None else (
+            out[0] - reference).abs().max().item()
+        if name in KEEP:
+            outs[name] = out
+        del out  # a capture of GBs is not held while the next variant is measured
+    # returning drops outs: the timed calls start from the same free memory
+    return first, logit_diff, weight_checks(outs)
+
+
+def weight_checks(outs: dict[str, Any]) -> tuple[float, float, bool]:
+    """(float16 storage's largest change to attnlab's weights, their largest difference from
+    Hugging Face eager's, whether Trace.run's equal the traced forward's bit for bit)."""
+    ours_w = outs["attnlab trace: attn_weights"][1]
+    ours_w16 = outs["attnlab trace: attn_weights, float16"][1]
+    err16 = max((ours_w16[key].float() - ours_w[key]).abs().max().item() for key in ours_w)
+    err_hf = max((ours_w[(i, "attn_weights")] - w).abs().max().item()
+                 for i, w in enumerate(outs["HF eager output_attentions"][1]))
+    run_equal = outs[RUN][1].keys() == ours_w.keys() and all(
+        torch.equal(outs[RUN][1][key], ours_w[key]) for key in ours_w)
+    return err16, err_hf, run_equal
+
+
+def _in_inference_mode(fn: Callable[[], tuple[Any, Any]]) -> Callable[[], None]:
+    """fn as `alternate` times it: under `torch.inference_mode`, its result dropped."""
+    def go() -> None:
+        with torch.inference_mode():
+            fn()
+    return go
+
+
+def _ratios(ms: dict[str, float]) -> dict[str, float]:
+    """The targets' ratios: each tool's fastest way to every layer's weights against
+    attnlab's (Trace.run); "_with_logits": like for like, every tool also computing the
+    logits."""
+    w, full, fast = (ms["attnlab trace: attn_weights"], ms["attnlab trace: every name"],
+                     ms[RUN])
+    ratios: dict[str, float] = {"weights_vs_forward": w / ms["attnlab forward (no trace)"],
+                                "vs_hf_eager": min(ms["HF eager output_attentions"],
+                                                   ms[HF_BASE]) / fast,
+                                "vs_hf_eager_with_logits": ms["HF eager output_attentions"] / w}
+    if TL_PATTERN in ms:  # no TransformerLens call keeps the last pattern without the head
+        ratios["vs_tl_pattern"] = ms[TL_PATTERN] / fast
+        ratios["vs_tl_pattern_with_logits"] = ms[TL_PATTERN] / w
+        ratios["full_vs_tl"] = ms[TL_FULL] / full
+    if NNSIGHT_STOP in ms:
+        ratios["vs_nnsight"] = min(ms["nnsight: attention weights"], ms[NNSIGHT_STOP]) / fast
+        ratios["vs_nnsight_with_logits"] = ms["nnsight: attention weights"] / w
+    return ratios
+
+
+def _setup_note(shape: str, T: int, rounds: int, versions: dict[str, str | None]) -> str:
+    """The note that says what ran, how it was timed, and which tools' versions."""
+    return (
+        f"{shape} shape, random weights, batch 1, T={T}, {torch.get_num_threads()} torch "
+        f"thread(s), inference mode; median {clock()} time of {rounds} alternating round(s) "
+        "on a shared, loaded machine. Versions: "
+        + ", ".join(f"{p} {v}" for p, v in versions.items() if v)
+        + ("" if versions["transformer-lens"] else " (TransformerLens not installed: no rows)")
+        + ("" if versions["nnsight"] else " (nnsight not installed: no row)") + ".")
+
+
+def _floor_note(ms: dict[str, float], ceiling: dict[str, float]) -> str:
+    """The note that sets the floors beside attnlab's forward and gives each tool's ceiling."""
+    base = ms["attnlab forward (no trace)"]
+    return (
+        f"the matrix products a weights trace runs took {ms[FLOOR] / base:.2f}x attnlab's "
+        f"untraced forward on their own, Trace.run's {ms[FLOOR_RUN] / base:.2f}x (no trace, "
+        "nothing between them: floors, up to this run's noise); the most a capture of every "
+        "layer's weights on these kernels can be ahead, about: "
+        + ", ".join(f"{v:.2f}x over {k}" for k, v in ceiling.items()) + ".")

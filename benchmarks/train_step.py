@@ -165,78 +165,19 @@ def run(
     inner = 1 if quick else 3
     ids = token_array(100_000 if quick else 1_000_000, model_config.vocab_size)
     tokens_per_step = batch * model_config.block_size
-    base_config = TrainConfig(batch_size=batch)
-    restore_threads = torch.get_num_threads()
-
-    records: list[dict[str, Any]] = []
-    peaks: dict[str, dict[int, float]] = {"fp32": {}, "bf16": {}}
-    num_params = 0
-    try:
-        size = 256 if quick else 1024
-        for n in threads:  # one block per thread count: switching per call is not free
-            torch.set_num_threads(n)
-            # peak before and after the steps, best of both: a burst of load from another
-            # process during one of them must not pass for this machine's peak
-            peaks["fp32"][n] = matmul_peak_gflops(torch.float32, size)
-            peaks["bf16"][n] = matmul_peak_gflops(torch.bfloat16, size)
-            variants: dict[str, Callable[[], object]] = {
-                "nanoGPT baseline": baseline_step(model_config, ids, batch)
-            }
-            for name in levers if n == 1 else [x for x in levers if x in OTHER_THREADS_LEVERS]:
-                lever = LEVERS[name]
-                config = dataclasses.replace(base_config, **lever.config)
-                variants[name], model = attnlab_step(model_config, config, ids, lever)
-                num_params = model.num_params()
-            times = alternate(variants, rounds=rounds, warmup=1 if quick else 3, inner=inner)
-            for name, t in times.items():
-                wall, cpu = statistics.median(t["wall"]), statistics.median(t["cpu"])
-                records.append({"variant": name, "threads": n, "ms_per_step": wall * 1e3,
-                                "cpu_ms_per_step": cpu * 1e3,
-                                "tokens_per_s": tokens_per_step / wall})
-            peaks["fp32"][n] = max(peaks["fp32"][n], matmul_peak_gflops(torch.float32, size))
-            peaks["bf16"][n] = max(peaks["bf16"][n], matmul_peak_gflops(torch.bfloat16, size))
-    finally:
-        torch.set_num_threads(restore_threads)
-
+    records, peaks, num_params = measure(model_config, ids, batch, levers, threads,
+                                         rounds=rounds, inner=inner, quick=quick)
     fpt = flops_per_token(model_config, num_params)
-    base = {r["threads"]: r for r in records if r["variant"] == "nanoGPT baseline"}
-    for r in records:
-        same = base[r["threads"]]
-        r["x_baseline"] = r["tokens_per_s"] / same["tokens_per_s"]
-        r["x_baseline_cpu"] = same["cpu_ms_per_step"] / r["cpu_ms_per_step"]
-        # one thread: per CPU-second, like its peak (common.matmul_peak_gflops); else wall
-        seconds = r["cpu_ms_per_step"] / 1e3 if r["threads"] == 1 else r["ms_per_step"] / 1e3
-        gflops = tokens_per_step / seconds * fpt / 1e9
-        r["mfu"] = gflops / peaks[mfu_peak(r["variant"])][r["threads"]]
+    against_baseline(records, peaks, tokens_per_step, fpt)
     if passive_wait if passive_wait is not None else not quick:
         records += passive_wait_records(levers=[BEST], threads=[2], rounds=rounds, batch=batch,
                                         shape=model_config.to_dict(), passive_wait=False)
-    best_base = max(r["tokens_per_s"] for r in records
-                    if r["variant"].startswith("nanoGPT baseline"))
-    rows = []
-    for r in records:
-        r["x_best_baseline"] = r["tokens_per_s"] / best_base
-        rows.append([r["variant"], r["threads"], r["ms_per_step"], r["tokens_per_s"],
-                     r["x_baseline"], r["cpu_ms_per_step"], r["x_baseline_cpu"],
-                     f"{100 * r['mfu']:.1f}%"])
-    ours = [r for r in records if not r["variant"].startswith("nanoGPT baseline")]
-    best = max(ours, key=lambda r: r["x_best_baseline"])
-    # per thread count, in this process: the best variant against the baseline beside it
-    best_at = {n: max((r for r in ours if r["threads"] == n and "PASSIVE" not in r["variant"]),
-                      key=lambda r: r["x_baseline"]) for n in threads}
+    rows = table_rows(records)
+    best, best_at = best_variants(records, threads)
     met = best["x_best_baseline"] >= TARGET
     notes = [
-        f"{model_config.n_layer} layers, {model_config.n_head} heads, {model_config.n_embd} "
-        f"dims, context {model_config.block_size}, batch {batch}, vocab "
-        f"{model_config.vocab_size}: {num_params:,} parameters, {fpt / 1e6:.2f} MFLOP/token. "
-        f"Medians of {rounds} alternating rounds of {inner} step(s); CPU ms is this "
-        "process's CPU time per step (with 2 threads it counts both).",
-        f"matmul peak (GFLOP/s, best torch.mm {256 if quick else 1024}^3): " + ", ".join(
-            f"{k} {n} thread(s) {v:.0f}" for k, d in peaks.items() for n, v in d.items()
-        ) + (". MFU of bf16 variants is against the bf16 peak" if fast_bf16() else
-             ". This CPU emulates bfloat16 (no AVX512-BF16 or AMX), so the MFU of every variant "
-             "is against the fp32 peak") + "; with one thread both the peak and the step are "
-        "timed in CPU time, so load from other processes cancels out.",
+        shape_note(model_config, batch, num_params, fpt, rounds, inner),
+        peak_note(peaks, _peak_size(quick)),
         f"best overall: {best['variant']} at {best['threads']} thread(s), "
         f"{best['x_best_baseline']:.2f}x the baseline's best tokens/s at any thread count "
         f"(target {TARGET}x: {'met' if met else 'missed'}). Best at each thread count: "
@@ -261,6 +202,123 @@ def run(
         )],
         "notes": notes,
     }
+
+
+def _peak_size(quick: bool) -> int:
+    """The side of the square torch.mm that measures the peak: small in a quick run."""
+    return 256 if quick else 1024
+
+
+def measure(
+    model_config: GPTConfig, ids: np.ndarray, batch: int, levers: tuple[str, ...],
+    threads: tuple[int, ...], *, rounds: int, inner: int, quick: bool,
+) -> tuple[list[dict[str, Any]], dict[str, dict[int, float]], int]:
+    """(one record per variant and thread count, the matmul peaks per dtype and thread count,
+    the model's parameter count); torch's thread count is restored after."""
+    tokens_per_step = batch * model_config.block_size
+    base_config = TrainConfig(batch_size=batch)
+    restore_threads = torch.get_num_threads()
+    records: list[dict[str, Any]] = []
+    peaks: dict[str, dict[int, float]] = {"fp32": {}, "bf16": {}}
+    num_params = 0
+    try:
+        for n in threads:  # one block per thread count: switching per call is not free
+            torch.set_num_threads(n)
+            # peak before and after the steps, best of both: a burst of load from another
+            # process during one of them must not pass for this machine's peak
+            before = matmul_peaks(_peak_size(quick))
+            variants: dict[str, Callable[[], object]] = {
+                "nanoGPT baseline": baseline_step(model_config, ids, batch)
+            }
+            for name in levers if n == 1 else [x for x in levers if x in OTHER_THREADS_LEVERS]:
+                lever = LEVERS[name]
+                config = dataclasses.replace(base_config, **lever.config)
+                variants[name], model = attnlab_step(model_config, config, ids, lever)
+                num_params = model.num_params()
+            times = alternate(variants, rounds=rounds, warmup=1 if quick else 3, inner=inner)
+            records += [step_record(name, n, t, tokens_per_step) for name, t in times.items()]
+            after = matmul_peaks(_peak_size(quick))
+            for key in peaks:
+                peaks[key][n] = max(before[key], after[key])
+    finally:
+        torch.set_num_threads(restore_threads)
+    return records, peaks, num_params
+
+
+def matmul_peaks(size: int) -> dict[str, float]:
+    """This machine's fp32 and bf16 torch.mm GFLOP/s at the current thread count, the peaks
+    MFU is measured against."""
+    return {"fp32": matmul_peak_gflops(torch.float32, size),
+            "bf16": matmul_peak_gflops(torch.bfloat16, size)}
+
+
+def step_record(name: str, n: int, t: dict[str, list[float]],
+                tokens_per_step: int) -> dict[str, Any]:
+    """A variant's record at n threads from its per-round times: medians, in ms and tokens/s."""
+    wall, cpu = statistics.median(t["wall"]), statistics.median(t["cpu"])
+    return {"variant": name, "threads": n, "ms_per_step": wall * 1e3,
+            "cpu_ms_per_step": cpu * 1e3, "tokens_per_s": tokens_per_step / wall}
+
+
+def against_baseline(records: list[dict[str, Any]], peaks: dict[str, dict[int, float]],
+                     tokens_per_step: int, fpt: float) -> None:
+    """Add to each record its speed over the baseline at the same thread count (wall and CPU
+    time) and its model FLOPs utilisation against the peak `mfu_peak` picks."""
+    base = {r["threads"]: r for r in records if r["variant"] == "nanoGPT baseline"}
+    for r in records:
+        same = base[r["threads"]]
+        r["x_baseline"] = r["tokens_per_s"] / same["tokens_per_s"]
+        r["x_baseline_cpu"] = same["cpu_ms_per_step"] / r["cpu_ms_per_step"]
+        # one thread: per CPU-second, like its peak (common.matmul_peak_gflops); else wall
+        seconds = r["cpu_ms_per_step"] / 1e3 if r["threads"] == 1 else r["ms_per_step"] / 1e3
+        gflops = tokens_per_step / seconds * fpt / 1e9
+        r["mfu"] = gflops / peaks[mfu_peak(r["variant"])][r["threads"]]
+
+
+def table_rows(records: list[dict[str, Any]]) -> list[list[Any]]:
+    """The table's rows; first adds to each record x_best_baseline, its tokens/s over the
+    baseline's best at any thread count (the PASSIVE run's baseline included)."""
+    best_base = max(r["tokens_per_s"] for r in records
+                    if r["variant"].startswith("nanoGPT baseline"))
+    for r in records:
+        r["x_best_baseline"] = r["tokens_per_s"] / best_base
+    return [[r["variant"], r["threads"], r["ms_per_step"], r["tokens_per_s"], r["x_baseline"],
+             r["cpu_ms_per_step"], r["x_baseline_cpu"], f"{100 * r['mfu']:.1f}%"]
+            for r in records]
+
+
+def best_variants(records: list[dict[str, Any]], threads: tuple[int, ...]
+                  ) -> tuple[dict[str, Any], dict[int, dict[str, Any]]]:
+    """attnlab's best record against the baseline's best anywhere, and its best at each
+    thread count against the baseline beside it."""
+    ours = [r for r in records if not r["variant"].startswith("nanoGPT baseline")]
+    best = max(ours, key=lambda r: r["x_best_baseline"])
+    # per thread count, in this process: the best variant against the baseline beside it
+    best_at = {n: max((r for r in ours if r["threads"] == n and "PASSIVE" not in r["variant"]),
+                      key=lambda r: r["x_baseline"]) for n in threads}
+    return best, best_at
+
+
+def shape_note(model_config: GPTConfig, batch: int, num_params: int, fpt: float, rounds: int,
+               inner: int) -> str:
+    """The note that says what was trained and how the medians were taken."""
+    return (
+        f"{model_config.n_layer} layers, {model_config.n_head} heads, {model_config.n_embd} "
+        f"dims, context {model_config.block_size}, batch {batch}, vocab "
+        f"{model_config.vocab_size}: {num_params:,} parameters, {fpt / 1e6:.2f} MFLOP/token. "
+        f"Medians of {rounds} alternating rounds of {inner} step(s); CPU ms is this "
+        "process's CPU time per step (with 2 threads it counts both).")
+
+
+def peak_note(peaks: dict[str, dict[int, float]], size: int) -> str:
+    """The note that gives the matmul peaks and which one each variant's MFU is against."""
+    return (
+        f"matmul peak (GFLOP/s, best torch.mm {size}^3): " + ", ".join(
+            f"{k} {n} thread(s) {v:.0f}" for k, d in peaks.items() for n, v in d.items()
+        ) + (". MFU of bf16 variants is against the bf16 peak" if fast_bf16() else
+             ". This CPU emulates bfloat16 (no AVX512-BF16 or AMX), so the MFU of every variant "
+             "is against the fp32 peak") + "; with one thread both the peak and the step are "
+        "timed in CPU time, so load from other processes cancels out.")
 
 
 def passive_wait_records(**run_kwargs: Any) -> list[dict[str, Any]]:
