@@ -38,7 +38,7 @@ for `attnlab lens` and the viewer's /api/lens; drawing is `viz/heads.py`'s.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -202,6 +202,32 @@ class Attribution:
 
 
 @torch.no_grad()
+def _frozen_norm(norm: nn.Module, final: Tensor, w_u: Tensor,
+                 ) -> tuple[Callable[[Tensor], Tensor], Tensor | None]:
+    """The final norm with its scale frozen at the residual `final` (B, C), so that it is
+    linear in each part of the residual: (a function from a part (B, C) to its term (B,) of
+    the target logit along w_u (B, C), the norm's bias or None)."""
+    dtype, centre = final.dtype, True
+    if isinstance(norm, nn.LayerNorm):
+        sigma = (final.var(-1, unbiased=False, keepdim=True) + norm.eps).sqrt()  # (B, 1)
+        gamma = norm.weight.to(dtype) if norm.weight is not None else torch.ones_like(final[0])
+        beta = norm.bias.to(dtype) if norm.bias is not None else torch.zeros_like(final[0])
+    elif isinstance(norm, RMSNorm):  # no mean removed, no bias
+        sigma = (final.pow(2).mean(-1, keepdim=True) + norm.eps).sqrt()  # (B, 1)
+        gamma, beta, centre = norm.weight.to(dtype), None, False
+    else:  # no final norm: the residual goes straight to the unembedding
+        sigma, gamma, beta = None, None, None
+
+    def direct(part: Tensor) -> Tensor:
+        """(B, C) residual part -> (B,) its term of the target logit."""
+        part = part.to(dtype)
+        if sigma is not None and gamma is not None:
+            part = (part - part.mean(-1, keepdim=True) if centre else part) / sigma * gamma
+        return (part * w_u).sum(-1)  # (B,)
+
+    return direct, beta
+
+
 def logit_attribution(
     model: Any,
     ids: Tensor,
@@ -236,24 +262,7 @@ def logit_attribution(
     dtype = wide(model.lm_head.weight.dtype)  # a float64 model's terms stay float64
     w_u = model.lm_head.weight[target].to(dtype)  # (B, C): the target's unembedding rows
     final = trace.get("block_out", c.n_layer - 1)[:, position].to(dtype)  # (B, C)
-    norm, centre = model.ln_f, True
-    if isinstance(norm, nn.LayerNorm):
-        sigma = (final.var(-1, unbiased=False, keepdim=True) + norm.eps).sqrt()  # (B, 1)
-        gamma = norm.weight.to(dtype) if norm.weight is not None else torch.ones_like(final[0])
-        beta = norm.bias.to(dtype) if norm.bias is not None else torch.zeros_like(final[0])
-    elif isinstance(norm, RMSNorm):  # no mean removed, no bias
-        sigma = (final.pow(2).mean(-1, keepdim=True) + norm.eps).sqrt()  # (B, 1)
-        gamma, beta, centre = norm.weight.to(dtype), None, False
-    else:  # no final norm: the residual goes straight to the unembedding
-        sigma, gamma, beta = None, None, None
-
-    def direct(part: Tensor) -> Tensor:
-        """(B, C) residual part -> (B,) its term of the target logit."""
-        part = part.to(dtype)
-        if sigma is not None and gamma is not None:
-            part = (part - part.mean(-1, keepdim=True) if centre else part) / sigma * gamma
-        return (part * w_u).sum(-1)  # (B,)
-
+    direct, beta = _frozen_norm(model.ln_f, final, w_u)
     hs = c.head_size
     device = final.device  # the model's: a GPU model's terms are summed on its GPU
     heads = torch.zeros(B, c.n_layer, c.n_head, device=device, dtype=dtype)
