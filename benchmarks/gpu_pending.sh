@@ -1,11 +1,13 @@
 #!/usr/bin/env bash
-# What a lent GPU can still run for issue 33, in one call of about 2 minutes: the cuda tests,
-# and the weights pass against the explicit path from 1k to 8k tokens (7 alternating rounds
-# a way). From the repository root, carrying .whl:
+# What a lent GPU can still run for issue 33, in one call of about 3 minutes: the cuda tests,
+# the weights pass against the explicit path from 1k to 8k tokens (7 alternating rounds a
+# way), and GPT-2 small's trace in bfloat16 beside Hugging Face's (never run on a GPU yet).
+# From the repository root, carrying .whl:
 #
 #     OUT=$OUT bash benchmarks/gpu_pending.sh
 #
-# Under $OUT: pytest.txt; weights.md and weights.json (gpu_weights_pass).
+# Under $OUT: pytest.txt; weights.md and weights.json (gpu_weights_pass); trace_bf16.md and
+# trace_bf16.json (gpu_trace in bfloat16).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT="${OUT:-bench-results/pending}"
@@ -29,3 +31,6 @@ tail -3 "$OUT/pytest.txt"
 step 150 gpu_weights_pass "$OUT/weights.md" \
   python -m benchmarks.gpu_weights_pass --out "$OUT/weights.json"
 cat "$OUT/weights.md"
+GPU_TRACE_DTYPE=bfloat16 step 150 gpu_trace_bf16 "$OUT/trace_bf16.md" \
+  python -m benchmarks.gpu_trace --out "$OUT/trace_bf16.json"
+cat "$OUT/trace_bf16.md"

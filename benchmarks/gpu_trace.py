@@ -22,7 +22,14 @@ The weights are checked equal to Hugging Face's within 1e-5. Targets: `Trace.run
 1.3x the fused forward, and at least 1.5x faster than Hugging Face eager (its faster way,
 base model or LM) and than TransformerLens.
 
-    python -m benchmarks.gpu_trace [--smoke [--device cpu]] [--out FILE]
+`GPU_TRACE_DTYPE=bfloat16` (or float16) runs both models in 16 bits instead, as most GPU
+users load them: attnlab's `Trace.run` as it runs by default (the weights pass, where triton
+is installed on the GPU) and on its explicit path, beside its fused forward and Hugging
+Face's eager weights. The weights' differences are recorded, not judged: two 16-bit
+implementations part by more than 1e-5 after twelve layers, whichever is closer to the
+truth (`gpu_weights_pass` measures each against float64). The targets are float32's.
+
+    [GPU_TRACE_DTYPE=bfloat16] python -m benchmarks.gpu_trace [--smoke [--device cpu]] [--out FILE]
 """
 
 from __future__ import annotations
@@ -71,6 +78,7 @@ TF32X3_SPLIT = "attnlab Trace.run, 3xTF32 linears, weights split once (probe's p
 WEIGHTS_ROWS = "attnlab Trace.run, weights pass, lse and context from the rows pass"
 WEIGHTS_SDPA = "attnlab Trace.run, weights pass, lse and context from SDPA"
 WEIGHTS_SPLIT = "attnlab Trace.run, weights pass (SDPA's lse) + 3xTF32 linears split once"
+EXPLICIT = "attnlab Trace.run, explicit path (no weights pass)"
 #: the weights pass's (query rows, keys, warps) tried beside its default, lse from SDPA
 WEIGHTS_TILES = [(64, 64, 4), (64, 32, 4), (128, 64, 8)]
 #: rows that are not attnlab's default way (yet), judged apart -> their ratio's key
@@ -233,48 +241,79 @@ def weights_pass_runs(ours: Any, ids: torch.Tensor) -> tuple[dict[str, Callable[
                   f"{summary_kernels.WEIGHTS_BLOCKS[4]}, then as named")
 
 
+def explicit_run(ours: Any, ids: torch.Tensor) -> Callable[[], list[torch.Tensor]]:
+    """`Trace.run` with the weights pass off for every dtype: the explicit path's weights."""
+    @torch.inference_mode()
+    def call() -> list[torch.Tensor]:
+        with summary_flags(WEIGHTS_FROM_LSE=frozenset()):
+            trace = Trace(names="attn_weights").run(ours, ids)
+        return [trace.get("attn_weights", i) for i in range(ours.config.n_layer)]
+    return call
+
+
+def float32_rows(hf: Any, ours: Any, ids: torch.Tensor) -> tuple[dict[str, Any], list[str]]:
+    """The rows only float32 has: TransformerLens, the 3xTF32 products, the forced weights
+    pass; and a note on each."""
+    fns: dict[str, Any] = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        tl, tl_note = transformer_lens(hf, ids, tmp)
+    if tl is not None:
+        fns[TL] = tl
+    threes, three_note = tf32x3_runs(ours, ids)
+    passes, passes_note = weights_pass_runs(ours, ids)
+    return fns | threes | passes, [tl_note, three_note, passes_note]
+
+
+def trace_dtype() -> torch.dtype:
+    """GPU_TRACE_DTYPE's dtype (float32 when unset); ValueError naming the choices."""
+    name = os.environ.get("GPU_TRACE_DTYPE", "float32")
+    if name not in ("float32", "bfloat16", "float16"):
+        raise ValueError(f"GPU_TRACE_DTYPE={name!r}: choose float32, bfloat16 or float16")
+    return getattr(torch, name)  # type: ignore[no-any-return]
+
+
 def run(quick: bool = False, device: str | None = None, out: Path | None = None
         ) -> dict[str, Any]:
     """Time every variant; quick: the toy shape at T=64, two rounds (a smoke test)."""
     where = pick_device(device)
     if where is None:
         return skipped("gpu_trace")
+    dtype = trace_dtype()
+    bits = str(dtype).removeprefix("torch.")
     shape, T, rounds = ("toy", 64, 2) if quick else ("gpt2", 1024, 20)  # 64: tf32x3.MIN_ROWS
     # GPT-2's own initializer_range: at 0.1 the deep layers' scores grow so large that any two
     # float32 implementations (HF's and attnlab's, on a CPU too) differ by ~1e-4 in the
     # weights, each as far from a float64 reference (docs/performance.md#trace-on-a-gpu)
-    hf = hf_from_config("GPT2", SHAPES[shape], where, torch.float32, attn="eager",
-                        initializer=0.02)
-    ours = gpt_from_hf(hf.config.to_dict(), hf.state_dict()).to(where)
+    hf = hf_from_config("GPT2", SHAPES[shape], where, dtype, attn="eager", initializer=0.02)
+    ours = gpt_from_hf(hf.config.to_dict(), hf.state_dict()).to(where, dtype)
     ids = torch.randint(0, ours.config.vocab_size, (1, T),
                         generator=torch.Generator().manual_seed(1)).to(where)
     fns = variants(hf, ours, ids)
-    with tempfile.TemporaryDirectory() as tmp:
-        tl, tl_note = transformer_lens(hf, ids, tmp)
-    if tl is not None:
-        fns[TL] = tl
-    threes, three_note = tf32x3_runs(ours, ids)
-    fns |= threes
-    passes, passes_note = weights_pass_runs(ours, ids)
-    fns |= passes
+    if dtype == torch.float32:
+        extra, extra_notes = float32_rows(hf, ours, ids)
+    else:  # 16 bits: Trace.run takes the weights pass where it can; the explicit path beside
+        extra, extra_notes = {EXPLICIT: explicit_run(ours, ids)}, [
+            f"{bits}: Trace.run " + ("takes the weights pass" if weights_pass_flags(ids) == {}
+                                      else "runs the explicit path (no weights pass here)")]
+    fns |= extra
     captured = {name: fn() for name, fn in fns.items()}  # also the warmup
     errors = {name: largest_difference(w, captured[RUN])
               for name, w in captured.items() if w is not None}
     errors_vs_hf = {name: largest_difference(captured[name], captured[HF_BASE])
-                    for name in (RUN, *THREES) if name in captured}
+                    for name in (RUN, EXPLICIT, *THREES) if name in captured}
     del captured
     ms = alternating_ms(fns, where, rounds)
     ratios = speed_ratios(ms)
-    met = targets_met(ratios, errors, errors_vs_hf)
+    met = targets_met(ratios, errors, errors_vs_hf) if dtype == torch.float32 else {}
     m = gpu_machine(where)
     result = {
-        "suite": "gpu_trace", "machine": m,
+        "suite": "gpu_trace", "machine": m, "dtype": bits,
         "transformers": transformers_version(), "shape": shape, "T": T, "rounds": rounds,
         "ms": ms, "ratios": ratios, "max_weight_error_vs_trace_run": errors,
         "max_weight_error_vs_hf_base": errors_vs_hf,
         "targets_met": {} if quick else met,
         "tables": [table(
-            f"Every layer's attention weights on a GPU ({shape}, T={T}, float32, batch 1)",
+            f"Every layer's attention weights on a GPU ({shape}, T={T}, {bits}, batch 1)",
             ["variant", "ms (median)", "x attnlab fused forward",
              "max |weight - Trace.run's|"],
             [[name, ms[name], ms[name] / ms[FORWARD], errors.get(name)] for name in fns])],
@@ -283,9 +322,7 @@ def run(quick: bool = False, device: str | None = None, out: Path | None = None
             "alternating rounds, each call synchronised; random weights (initializer 0.02, "
             "GPT-2's), "
             "Hugging Face with eager attention.",
-            tl_note,
-            three_note,
-            passes_note,
+            *extra_notes,
             "ratios: " + ", ".join(f"{k} {v:.2f}x" for k, v in ratios.items()),
             *(f"target {k}: {'met' if ok else 'missed'}" for k, ok in met.items()
               if not quick),
@@ -314,6 +351,8 @@ def speed_ratios(ms: dict[str, float]) -> dict[str, float]:
               "hf_lm_vs_traced": ms[HF_LM] / ms[TRACED]}
     if TL in ms:
         ratios["tl_vs_run"] = ms[TL] / ms[RUN]
+    if EXPLICIT in ms:  # 16 bits: the explicit path's trace against Hugging Face's too
+        ratios["hf_vs_explicit"] = min(ms[HF_LM], ms[HF_BASE]) / ms[EXPLICIT]
     for name, key in THREES.items():
         if name in ms:
             ratios[f"hf_vs_run_{key}"] = min(ms[HF_LM], ms[HF_BASE]) / ms[name]

@@ -76,6 +76,28 @@ def test_trace_smoke_finds_the_same_weights_as_hugging_face(
     assert result["notes"][2].startswith("3xTF32 not run: ")
 
 
+def test_trace_smoke_in_bfloat16_times_the_explicit_path_beside_and_judges_nothing(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """GPU_TRACE_DTYPE=bfloat16: both models in bfloat16, the explicit path's row beside
+    Trace.run's (here, with no GPU, the same path: equal weights), no float32-only rows, the
+    differences from Hugging Face recorded and no target judged."""
+    monkeypatch.setenv("GPU_TRACE_DTYPE", "bfloat16")
+    result = gpu_trace.run(quick=True, device="cpu")
+    assert result["dtype"] == "bfloat16" and result["targets_met"] == {}
+    errors = result["max_weight_error_vs_trace_run"]
+    assert set(errors) == {gpu_trace.RUN, gpu_trace.TRACED, gpu_trace.HF_LM, gpu_trace.HF_BASE,
+                           gpu_trace.EXPLICIT}
+    assert errors[gpu_trace.EXPLICIT] == 0.0
+    assert 0.0 < errors[gpu_trace.HF_BASE] < 1e-2  # bfloat16's rounding, not a wrong weight
+    assert set(result["max_weight_error_vs_hf_base"]) == {gpu_trace.RUN, gpu_trace.EXPLICIT}
+    assert "hf_vs_explicit" in result["ratios"]
+    assert result["notes"][1] == "bfloat16: Trace.run runs the explicit path (no weights pass here)"
+    monkeypatch.setenv("GPU_TRACE_DTYPE", "float64")
+    with pytest.raises(ValueError, match="choose float32, bfloat16 or float16"):
+        gpu_trace.run(quick=True, device="cpu")
+
+
 def test_summaries_smoke_measures_the_trace_or_says_the_names_are_missing(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
