@@ -66,6 +66,17 @@ def sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
+def alternating_ms(fns: dict[str, Callable[[], object]], device: torch.device, rounds: int
+                   ) -> dict[str, float]:
+    """name -> median ms of its synchronised calls, in `rounds` rounds of one call of each
+    (A B C A B C ...): a drift of the machine reaches every variant alike."""
+    times: dict[str, list[float]] = {name: [] for name in fns}
+    for _ in range(rounds):
+        for name, fn in fns.items():
+            times[name] += cuda_ms(fn, device, rounds=1, warmup=0)
+    return {name: median(t) for name, t in times.items()}
+
+
 def cuda_ms(fn: Callable[[], object], device: torch.device, *, rounds: int,
             warmup: int = 1) -> list[float]:
     """Milliseconds of each of `rounds` calls of fn, synchronised on `device` before and

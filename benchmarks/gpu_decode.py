@@ -37,9 +37,8 @@ from attnlab.model.compiled_decode import compiled_decodes, release_compiled
 from . import decode, decode_models
 from .common import table
 from .gpu_common import (
-    cuda_ms,
+    alternating_ms,
     gpu_machine,
-    median,
     pick_device,
     skipped,
     suite_main,
@@ -114,11 +113,7 @@ def measure_pair(shape: str, device: torch.device, n: int, rounds: int) -> dict[
     first, out, errors = first_calls(fns, device)
     hf_compiled = hasattr(hf, "_compiled_call")  # transformers' own compiled forward
     timed = {name: fns[name] for name in first}
-    times: dict[str, list[float]] = {name: [] for name in timed}
-    for _ in range(rounds):  # alternating: A B C D A B C D ...
-        for name, fn in timed.items():
-            times[name] += cuda_ms(fn, device, rounds=1, warmup=0)
-    tok_s = {name: n / (median(t) / 1e3) for name, t in times.items()}
+    tok_s = {name: n / (ms / 1e3) for name, ms in alternating_ms(timed, device, rounds).items()}
     steps = compiled_decodes(ours)
     reference = out.get(EAGER)
     agreement = {name: (ids_[:, PROMPT:] == reference[:, PROMPT:]).float().mean().item()

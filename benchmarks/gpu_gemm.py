@@ -51,6 +51,7 @@ from attnlab.model import layers, tf32x3
 from attnlab.model.trace import Trace
 
 from .gpu_common import (
+    alternating_ms,
     cuda_ms,
     gpu_machine,
     largest_difference,
@@ -393,11 +394,7 @@ def end_to_end(config: GPTConfig, T: int, device: torch.device, splits: dict[tup
            **({THREE: three, THREE_SPLIT: three_split, OURS: ours} if tf32x3 else {})}
     reference = run()
     errors = {name: largest_difference(fn(), reference) for name, fn in fns.items()}
-    times: dict[str, list[float]] = {name: [] for name in fns}
-    for _ in range(rounds):
-        for name, fn in fns.items():
-            times[name] += cuda_ms(fn, device, rounds=1, warmup=0)
-    return {"ms": {name: median(t) for name, t in times.items()},
+    return {"ms": alternating_ms(fns, device, rounds),
             "max_weight_error_vs_float32": errors, "splits": {str(k): v for k, v in splits.items()}}
 
 

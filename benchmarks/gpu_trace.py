@@ -51,11 +51,10 @@ from attnlab.model.trace import Trace
 
 from .common import table
 from .gpu_common import (
-    cuda_ms,
+    alternating_ms,
     gpu_machine,
     hf_from_config,
     largest_difference,
-    median,
     pick_device,
     skipped,
     suite_main,
@@ -331,16 +330,6 @@ def run(quick: bool = False, device: str | None = None, out: Path | None = None
     }
     write_partial(out, result)
     return result
-
-
-def alternating_ms(fns: dict[str, Callable[[], Any]], where: torch.device, rounds: int
-                   ) -> dict[str, float]:
-    """name -> median ms of its synchronised calls, one call of each variant per round."""
-    times: dict[str, list[float]] = {name: [] for name in fns}
-    for _ in range(rounds):  # alternating rounds
-        for name, fn in fns.items():
-            times[name] += cuda_ms(fn, where, rounds=1, warmup=0)
-    return {name: median(t) for name, t in times.items()}
 
 
 def speed_ratios(ms: dict[str, float]) -> dict[str, float]:

@@ -30,9 +30,8 @@ from attnlab.model.trace import Trace
 
 from .common import table
 from .gpu_common import (
-    cuda_ms,
+    alternating_ms,
     gpu_machine,
-    median,
     pick_device,
     random_gpt,
     skipped,
@@ -94,12 +93,9 @@ def lengths_rows(model: Any, T: int, layers: list[int], device: torch.device, ro
             del got
         gc.collect()
     del trace
-    samples: dict[str, list[float]] = {name: [] for name in calls if "error" not in rows[name]}
-    for _ in range(rounds):  # alternating: a drift of the machine reaches every way alike
-        for name in samples:
-            samples[name] += cuda_ms(calls[name], device, rounds=1, warmup=0)
-    for name, times in samples.items():
-        rows[name]["ms"] = median(times)
+    timed = {name: call for name, call in calls.items() if "error" not in rows[name]}
+    for name, ms in alternating_ms(timed, device, rounds).items():
+        rows[name]["ms"] = ms
     return rows
 
 
