@@ -5,6 +5,7 @@ from __future__ import annotations
 import importlib
 import json
 import socket
+import subprocess
 import sys
 import threading
 import time
@@ -130,14 +131,34 @@ def make_model(vocab_size: int, **overrides: Any) -> GPT:
     return seeded_model("nano", vocab_size=vocab_size, **overrides)
 
 
+def free_port() -> int:
+    """A loopback port no one listens on (the OS's pick, released at once)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def first_answer(proc: subprocess.Popen[str], url: str, seconds: float) -> Any:
+    """The first `httpx.Response` of GET url from the server `proc` is starting, asked every
+    0.2 s; fails (with its output) if the process exits, or once `seconds` have passed."""
+    import httpx
+
+    deadline = time.monotonic() + seconds
+    while True:
+        assert proc.poll() is None, proc.communicate()
+        assert time.monotonic() < deadline, f"attnlab serve did not answer within {seconds:g} s"
+        try:
+            return httpx.get(url, timeout=2)
+        except httpx.TransportError:
+            time.sleep(0.2)
+
+
 @contextmanager
 def serving(app: Any, **config: Any) -> Iterator[int]:
     """uvicorn serving `app` on a free loopback port, in a thread; yields the port."""
     import uvicorn
 
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = free_port()
     server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, **config))
     thread = threading.Thread(target=server.run, daemon=True)
     thread.start()

@@ -15,10 +15,8 @@ import json
 import math
 import os
 import signal
-import socket
 import subprocess
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
@@ -27,7 +25,7 @@ import torch
 
 from attnlab.cli import main
 from attnlab.load import load_checkpoint
-from helpers import read_metrics
+from helpers import first_answer, free_port, read_metrics
 
 pytestmark = pytest.mark.cuda
 
@@ -259,11 +257,6 @@ def test_inspect_writes_the_cpu_weights(
                                    atol=2e-5, rtol=0)
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
 
 def test_serve_answers_over_http_as_the_cpu_does(
     cuda_copy_run: tuple[Path, str], cuda_device: torch.device
@@ -274,22 +267,14 @@ def test_serve_answers_over_http_as_the_cpu_does(
     from attnlab.generate import generate_text
     from attnlab.viewer.payloads import attention_payload
 
-    ckpt, port = cuda_copy_run[0] / "ckpt", _free_port()
+    ckpt, port = cuda_copy_run[0] / "ckpt", free_port()
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
     proc = subprocess.Popen([sys.executable, "-m", "attnlab", "serve", str(ckpt), "--port",
                              str(port), "--device", str(cuda_device)],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
     url = f"http://127.0.0.1:{port}"
     try:
-        deadline = time.monotonic() + 60
-        while True:
-            assert proc.poll() is None, proc.communicate()
-            assert time.monotonic() < deadline, "attnlab serve did not answer within 60 s"
-            try:
-                info = httpx.get(f"{url}/api/model", timeout=2)
-                break
-            except httpx.TransportError:
-                time.sleep(0.2)
+        info = first_answer(proc, f"{url}/api/model", 60)
         assert info.status_code == 200 and info.json()["meta"]["step"] == 600
         cpu = load_checkpoint(ckpt)
         text = "qwertyui|qwer"

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import contextlib
 import math
-import socket
 import warnings
 from collections.abc import Iterator
 from pathlib import Path
@@ -29,6 +28,7 @@ from attnlab.model.summaries import SUMMARY_NAMES
 from attnlab.tokenizers import get_tokenizer
 from attnlab.train.data import load_dataset
 from attnlab.train.recipes import answer_accuracy
+from helpers import free_port
 
 pytestmark = pytest.mark.cuda
 
@@ -209,9 +209,7 @@ def test_nccl_averages_gradients_as_one_process(cuda_device: torch.device) -> No
     import torch.distributed as dist
     from torch.nn.parallel import DistributedDataParallel
 
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = free_port()
     backend = "nccl" if cuda_device.type == "cuda" else "gloo"
     dist.init_process_group(backend, init_method=f"tcp://127.0.0.1:{port}", rank=0,
                             world_size=1)

@@ -28,7 +28,7 @@ from attnlab.checkpoint import save_checkpoint
 from attnlab.cli import main
 from attnlab.tokenizers import Tokenizer, get_tokenizer
 from attnlab.viewer.app import attention_payload
-from helpers import make_model, make_tokenizer, serving
+from helpers import first_answer, free_port, make_model, make_tokenizer, serving
 
 
 def sse_events(body: str) -> list[tuple[str, Any]]:
@@ -143,12 +143,6 @@ def test_cli_port_in_use_is_one_line_and_no_banner(
                    f"for another (e.g. --port {port + 1})\n")
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def test_cli_serves_a_checkpoint(tmp_path: Path) -> None:
     """`attnlab serve CHECKPOINT --port P` in a subprocess answers with that checkpoint."""
     tok = make_tokenizer()
@@ -160,15 +154,7 @@ def test_cli_serves_a_checkpoint(tmp_path: Path) -> None:
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
     )
     try:
-        deadline = time.monotonic() + 30
-        while True:
-            assert proc.poll() is None, proc.communicate()
-            assert time.monotonic() < deadline, "attnlab serve did not answer within 30 s"
-            try:
-                info = httpx.get(f"http://127.0.0.1:{port}/api/model", timeout=2).json()
-                break
-            except httpx.TransportError:
-                time.sleep(0.2)
+        info = first_answer(proc, f"http://127.0.0.1:{port}/api/model", 30).json()
         assert info["config"] == model.config.to_dict() and info["meta"] == {"step": 7}
         r = httpx.post(f"http://127.0.0.1:{port}/api/attention", json={"text": "hi"}, timeout=10)
         expected = attention_payload(model, tok.encode("hi"), tok)
