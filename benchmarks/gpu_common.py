@@ -28,6 +28,7 @@ from typing import Any
 import torch
 
 from attnlab import GPT, GPTConfig
+from attnlab.model import summary_kernels
 from attnlab.model.runtime import reuse_freed_memory
 
 from .common import machine, render
@@ -64,6 +65,25 @@ def gpu_machine(device: torch.device) -> dict[str, Any]:
 def sync(device: torch.device) -> None:
     if device.type == "cuda":
         torch.cuda.synchronize(device)
+
+
+@contextmanager
+def summary_flags(**flags: Any) -> Iterator[None]:
+    """`summary_kernels`' module flags (and `WEIGHTS_BLOCKS`' float32 entry, as `tiles`) set
+    meanwhile."""
+    saved = {name: getattr(summary_kernels, name) for name in flags if name != "tiles"}
+    blocks = dict(summary_kernels.WEIGHTS_BLOCKS)
+    try:
+        for name, value in flags.items():
+            if name == "tiles":
+                summary_kernels.WEIGHTS_BLOCKS[4] = value
+            else:
+                setattr(summary_kernels, name, value)
+        yield
+    finally:
+        for name, value in saved.items():
+            setattr(summary_kernels, name, value)
+        summary_kernels.WEIGHTS_BLOCKS.update(blocks)
 
 
 def alternating_ms(fns: dict[str, Callable[[], object]], device: torch.device, rounds: int

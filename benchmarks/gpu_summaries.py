@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import gc
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -53,6 +53,7 @@ from .gpu_common import (
     reset_peak,
     skipped,
     suite_main,
+    summary_flags,
     transformers_version,
     write_partial,
 )
@@ -125,25 +126,21 @@ def attnlab_rows(model: Any, T: int, device: torch.device, rounds: int) -> dict[
     def summaries() -> None:
         model(ids, trace=Trace(names=list(SUMMARIES)), last_logits_only=True)
 
+    def flagged(flags: dict[str, Any]) -> Callable[[], None]:
+        """summaries with `summary_kernels`' flags set meanwhile."""
+        def call() -> None:
+            with summary_flags(**flags):
+                summaries()
+        return call
+
     rows = {FORWARD: measure(forward, device, rounds)}
     missing = missing_names()
     rows[SUMMARY] = ({"error": f"names not available: {', '.join(missing)}"} if missing
                      else measure(summaries, device, rounds))
     for variant, (flag, value) in FLAGS.items():
         if not missing and hasattr(summary_kernels, flag):
-            rows[variant] = measure(lambda flag=flag, value=value: flagged(flag, value, summaries),
-                                    device, rounds)
+            rows[variant] = measure(flagged({flag: value}), device, rounds)
     return rows
-
-
-def flagged(flag: str, value: bool, fn: Any) -> None:
-    """fn with `summary_kernels`' flag set to value."""
-    before = getattr(summary_kernels, flag)
-    setattr(summary_kernels, flag, value)
-    try:
-        fn()
-    finally:
-        setattr(summary_kernels, flag, before)
 
 
 def sdpa_backend(config: GPTConfig, device: torch.device) -> str:

@@ -38,8 +38,7 @@ import importlib.metadata
 import os
 import sys
 import tempfile
-from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -58,6 +57,7 @@ from .gpu_common import (
     pick_device,
     skipped,
     suite_main,
+    summary_flags,
     transformers_version,
     write_partial,
 )
@@ -197,25 +197,6 @@ def weights_pass_flags(ids: torch.Tensor) -> dict[str, Any] | None:
     if ids.device.type == "cpu" and os.environ.get("TRITON_INTERPRET") == "1":
         return {"available": lambda q: True}
     return {} if summary_kernels.available(torch.empty(1, 1, 1, 64, device=ids.device)) else None
-
-
-@contextmanager
-def summary_flags(**flags: Any) -> Iterator[None]:
-    """`summary_kernels`' module flags (and `WEIGHTS_BLOCKS`' float32 entry, as `tiles`) set
-    meanwhile."""
-    saved = {name: getattr(summary_kernels, name) for name in flags if name != "tiles"}
-    blocks = dict(summary_kernels.WEIGHTS_BLOCKS)
-    try:
-        for name, value in flags.items():
-            if name == "tiles":
-                summary_kernels.WEIGHTS_BLOCKS[4] = value
-            else:
-                setattr(summary_kernels, name, value)
-        yield
-    finally:
-        for name, value in saved.items():
-            setattr(summary_kernels, name, value)
-        summary_kernels.WEIGHTS_BLOCKS.update(blocks)
 
 
 def weights_pass_runs(ours: Any, ids: torch.Tensor) -> tuple[dict[str, Callable[[], Any]], str]:

@@ -36,10 +36,11 @@ from .gpu_common import (
     random_gpt,
     skipped,
     suite_main,
+    summary_flags,
     write_partial,
 )
 from .gpu_summaries import LLAMA_1B, TOY, measure
-from .gpu_trace import EVERY_DTYPE, summary_flags, weights_pass_flags
+from .gpu_trace import EVERY_DTYPE, weights_pass_flags
 
 GPT2 = GPTConfig(vocab_size=50257, block_size=1024, n_layer=12, n_head=12, n_embd=768)
 LENGTHS = (1024, 2048, 4096, 8192)
