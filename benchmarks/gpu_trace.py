@@ -91,27 +91,33 @@ TARGETS = {"run_vs_forward": 1.3, "hf_vs_run": 1.5, "tl_vs_run": 1.5}
 TOLERANCE = 1e-5
 
 
+def run_weights(ours: Any, ids: torch.Tensor) -> list[torch.Tensor]:
+    """Every layer's attention weights from `Trace(names="attn_weights").run`."""
+    trace = Trace(names="attn_weights").run(ours, ids)
+    return [trace.get("attn_weights", i) for i in range(ours.config.n_layer)]
+
+
+def flagged_run(ours: Any, ids: torch.Tensor, **flags: Any) -> Callable[[], list[torch.Tensor]]:
+    """A call of `run_weights` in inference mode with `summary_flags(**flags)` set."""
+    @torch.inference_mode()
+    def call() -> list[torch.Tensor]:
+        with summary_flags(**flags):
+            return run_weights(ours, ids)
+    return call
+
+
 def variants(hf: Any, ours: Any, ids: torch.Tensor) -> dict[str, Callable[[], Any]]:
     """name -> a call returning the attention weights it captured (a list per layer), or
     nothing for the untraced forward."""
-    n_layer = ours.config.n_layer
-
-    def weights(trace: Trace) -> list[torch.Tensor]:
-        return [trace.get("attn_weights", i) for i in range(n_layer)]
-
     @torch.inference_mode()
     def forward() -> None:
         ours(ids)
 
     @torch.inference_mode()
-    def run() -> list[torch.Tensor]:
-        return weights(Trace(names="attn_weights").run(ours, ids))
-
-    @torch.inference_mode()
     def traced() -> list[torch.Tensor]:
         trace = Trace(names="attn_weights")
         ours(ids, trace=trace)
-        return weights(trace)
+        return [trace.get("attn_weights", i) for i in range(ours.config.n_layer)]
 
     @torch.inference_mode()
     def hf_lm() -> list[torch.Tensor]:
@@ -121,7 +127,8 @@ def variants(hf: Any, ours: Any, ids: torch.Tensor) -> dict[str, Callable[[], An
     def hf_base() -> list[torch.Tensor]:
         return list(hf.transformer(ids, output_attentions=True).attentions)
 
-    return {FORWARD: forward, RUN: run, TRACED: traced, HF_LM: hf_lm, HF_BASE: hf_base}
+    return {FORWARD: forward, RUN: flagged_run(ours, ids), TRACED: traced, HF_LM: hf_lm,
+            HF_BASE: hf_base}
 
 
 def transformer_lens(hf: Any, ids: torch.Tensor, tmp: str) -> tuple[Callable[[], Any] | None, str]:
@@ -162,25 +169,21 @@ def tf32x3_runs(ours: Any, ids: torch.Tensor) -> tuple[dict[str, Callable[[], An
     split_once: dict[int, Any] = {}  # each weight split at its first call, kept after
     forced = weights_pass_flags(ids)
 
-    def weights() -> list[torch.Tensor]:
-        trace = Trace(names="attn_weights").run(ours, ids)
-        return [trace.get("attn_weights", i) for i in range(ours.config.n_layer)]
-
     @torch.inference_mode()
     def enabled() -> list[torch.Tensor]:
         with gpu_gemm.attnlab_tf32x3(ids.device):
-            return weights()
+            return run_weights(ours, ids)
 
     @torch.inference_mode()
     def split() -> list[torch.Tensor]:
         with gpu_gemm.tf32x3_linears(best, split_once):
-            return weights()
+            return run_weights(ours, ids)
 
     @torch.inference_mode()
     def split_weights() -> list[torch.Tensor]:
         with gpu_gemm.tf32x3_linears(best, split_once), summary_flags(
                 WEIGHTS_FROM_LSE=EVERY_DTYPE, LSE_FROM_FORWARD=True, **(forced or {})):
-            return weights()
+            return run_weights(ours, ids)
 
     runs = {TF32X3: enabled, TF32X3_SPLIT: split}
     if forced is not None:
@@ -208,27 +211,12 @@ def weights_pass_runs(ours: Any, ids: torch.Tensor) -> tuple[dict[str, Callable[
         return {}, "weights pass not run: needs a CUDA GPU with triton"
 
     def timed(**flags: Any) -> Callable[[], list[torch.Tensor]]:
-        @torch.inference_mode()
-        def call() -> list[torch.Tensor]:
-            with summary_flags(WEIGHTS_FROM_LSE=EVERY_DTYPE, **flags, **forced):
-                trace = Trace(names="attn_weights").run(ours, ids)
-            return [trace.get("attn_weights", i) for i in range(ours.config.n_layer)]
-        return call
+        return flagged_run(ours, ids, WEIGHTS_FROM_LSE=EVERY_DTYPE, **flags, **forced)
 
     runs = {WEIGHTS_ROWS: timed(LSE_FROM_FORWARD=False), WEIGHTS_SDPA: timed(LSE_FROM_FORWARD=True)}
     runs |= {f"{WEIGHTS_SDPA} {t}": timed(LSE_FROM_FORWARD=True, tiles=t) for t in WEIGHTS_TILES}
     return runs, (f"weights pass tiles (query rows, keys, warps): default "
                   f"{summary_kernels.WEIGHTS_BLOCKS[4]}, then as named")
-
-
-def explicit_run(ours: Any, ids: torch.Tensor) -> Callable[[], list[torch.Tensor]]:
-    """`Trace.run` with the weights pass off for every dtype: the explicit path's weights."""
-    @torch.inference_mode()
-    def call() -> list[torch.Tensor]:
-        with summary_flags(WEIGHTS_FROM_LSE=frozenset()):
-            trace = Trace(names="attn_weights").run(ours, ids)
-        return [trace.get("attn_weights", i) for i in range(ours.config.n_layer)]
-    return call
 
 
 def float32_rows(hf: Any, ours: Any, ids: torch.Tensor) -> tuple[dict[str, Any], list[str]]:
@@ -272,7 +260,7 @@ def run(quick: bool = False, device: str | None = None, out: Path | None = None
     if dtype == torch.float32:
         extra, extra_notes = float32_rows(hf, ours, ids)
     else:  # 16 bits: Trace.run takes the weights pass where it can; the explicit path beside
-        extra, extra_notes = {EXPLICIT: explicit_run(ours, ids)}, [
+        extra, extra_notes = {EXPLICIT: flagged_run(ours, ids, WEIGHTS_FROM_LSE=frozenset())}, [
             f"{bits}: Trace.run " + ("takes the weights pass" if weights_pass_flags(ids) == {}
                                       else "runs the explicit path (no weights pass here)")]
     fns |= extra
