@@ -12,11 +12,13 @@ import importlib.util
 from collections.abc import Iterator
 from typing import Any
 
+import kernel_cases as cases
 import pytest
 import torch
+from kernel_cases import CASES, TOLERANCE
 
 import helpers
-from attnlab import GPT, GPTConfig, Trace
+from attnlab import GPT, Trace
 from attnlab.model import summary_kernels, traced_attention
 from attnlab.model.attention import Mask, attend, build_mask
 from attnlab.model.summaries import SUMMARY_NAMES
@@ -24,7 +26,6 @@ from attnlab.model.summaries import SUMMARY_NAMES
 if importlib.util.find_spec("triton") is None:  # found, not imported: see `interpreted`
     pytest.skip("needs triton (pip install triton)", allow_module_level=True)
 
-TOLERANCE = dict(atol=1e-5, rtol=1e-5)  # float32; distances and received weights exceed 1
 KERNELS = "attnlab.model.summary_triton"
 
 
@@ -35,77 +36,19 @@ def interpreted(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
         yield
 
 
-class _Wants:
-    """A LayerTrace of the summaries alone: records what attention hands it."""
-
-    needs_weights = True
-    heads = None
-    rows = None
-
-    def __init__(self, names: list[str]) -> None:
-        self.names, self.values = names, {}
-
-    def wants(self, name: str) -> bool:
-        return name in self.names
-
-    def record(self, name: str, value: torch.Tensor) -> torch.Tensor:
-        self.values[name] = value
-        return value
-
-    def note_mask(self, mask: Mask) -> None:
-        pass  # these tests read summaries, not which cells were masked
-
-
 def _torch_path(q: torch.Tensor, k: torch.Tensor, mask: Mask, scale: float,
                 names: list[str]) -> dict[str, torch.Tensor]:
     """The summaries of the CPU traced path (streamed: summaries alone)."""
-    trace = _Wants(names)
+    trace = cases.Wants(names)
     attend(q, k, torch.randn_like(k), mask, scale=scale, fused=False, trace=trace)
     assert list(trace.values) == names
     return trace.values
 
 
-# (B, nh, nkv, T, S, hs, causal, window, pads per batch row or None, block): a row's pads
-# are its first n keys (left padding) or the keys of a slice
-CASES = {
-    "left padding": (2, 2, 2, 19, 19, 16, True, None, [0, 6], 16),
-    "cached keys and GQA": (1, 4, 2, 7, 23, 8, True, None, None, 16),
-    "window, padding, ragged": (2, 2, 1, 21, 30, 16, True, 5, [3, 0], 16),
-    "no causal, all-pad row": (2, 2, 2, 9, 9, 16, False, None, [0, 9], 16),
-    "one query over a cache": (2, 2, 1, 1, 12, 16, True, None, [4, 0], 16),
-    # no padding: whole blocks below the diagonal and inside the window take the unmasked
-    # path (summary_triton._full_keys), the diagonal and the window's edge the masked one
-    "causal, whole blocks": (1, 2, 1, 70, 70, 16, True, None, None, 16),
-    "window, whole blocks, cached keys": (1, 2, 2, 50, 90, 16, True, 37, None, 16),
-    "no causal, whole blocks": (1, 2, 1, 40, 40, 16, False, None, None, 16),
-    # left padding: blocks of pads alone are skipped, blocks of real keys alone take the
-    # unmasked path (summary_kernels._clean_from); other paddings keep every mask
-    "left padding, whole blocks": (2, 2, 1, 70, 70, 16, True, None, [37, 0], 16),
-    "window, left padding, cached keys": (2, 2, 1, 50, 90, 16, True, 37, [45, 3], 16),
-    "no causal, left padding, whole blocks": (2, 2, 2, 40, 40, 16, False, None, [20, 0], 16),
-    "pads inside and at the end": (2, 2, 1, 60, 60, 16, True, None,
-                                   [slice(17, 40), slice(50, 60)], 16),
-}
-
-
-def _case(case: str) -> tuple[torch.Tensor, torch.Tensor, Mask]:
-    """q (B, nh, T, hs), k (B, nkv, S, hs) and the mask of CASES[case] (seeded by its name)."""
-    B, nh, nkv, T, S, hs, causal, window, pads, _ = CASES[case]
-    gen = torch.Generator().manual_seed(len(case))
-    q = torch.randn(B, nh, T, hs, generator=gen) * 2  # (B, nh, T, hs)
-    k = torch.randn(B, nkv, S, hs, generator=gen)  # (B, nkv, S, hs)
-    attention_mask = None
-    if pads is not None:
-        attention_mask = torch.ones(B, S, dtype=torch.long)
-        for b, n in enumerate(pads):
-            attention_mask[b, n if isinstance(n, slice) else slice(0, n)] = 0
-    return q, k, build_mask(T, S, attention_mask, causal=causal, window=window)
-
-
 @pytest.mark.parametrize("case", list(CASES))
 def test_interpreted_kernels_equal_the_torch_path(case: str, interpreted: None) -> None:
     pads, block = CASES[case][8:]
-    q, k, mask = _case(case)
+    q, k, mask = cases.case_tensors(case)
     S, causal = k.shape[2], bool(mask.causal)
     assert traced_attention.kernel_mask(mask)
     names = list(SUMMARY_NAMES)
@@ -126,7 +69,7 @@ def test_the_rows_pass_context_equals_the_fused_path(case: str, interpreted: Non
     """`attend_and_summarise`: the context equals `attend`'s fused path (rows with no key
     to attend, 0s) and the summaries equal `layer_summaries`' to the last bit."""
     block = CASES[case][9]
-    q, k, mask = _case(case)
+    q, k, mask = cases.case_tensors(case)
     v = torch.randn(k.shape, generator=torch.Generator().manual_seed(7))  # (B, nkv, S, hs)
     where = dict(causal=bool(mask.causal), window=mask.window, padding=mask.padding,
                  blocks=(block, block))
@@ -157,28 +100,18 @@ def test_only_a_left_padding_lets_the_kernels_drop_the_mask() -> None:
     assert summary_kernels._clean_from(pad, first).tolist() == [2, 0, 5, 5, 5]
 
 
-def _lse(q: torch.Tensor, k: torch.Tensor, mask: Mask, scale: float) -> torch.Tensor:
-    """(B, nh, T) each row's natural log-sum-exp under the mask, -inf for a row with no key
-    (as an attention forward would hand it over)."""
-    k = k.repeat_interleave(q.shape[1] // k.shape[1], dim=1)  # (B, nh, S, hs)
-    scores = q @ k.transpose(-1, -2) * scale  # (B, nh, T, S)
-    if mask.may_attend is not None:
-        scores = scores.masked_fill(~mask.may_attend, float("-inf"))
-    return scores.logsumexp(-1)  # (B, nh, T)
-
-
 @pytest.mark.parametrize("case", list(CASES))
 def test_interpreted_given_lse_pass_equals_the_torch_path(case: str, interpreted: None) -> None:
     """Given each row's lse, the given-lse rows pass (tiles summed over rows once, at the end)
     and the received pass make the torch path's summaries: every case above, rows without
     keys and pads' own rows included."""
-    q, k, mask = _case(case)
+    q, k, mask = cases.case_tensors(case)
     block = CASES[case][9]
     names = list(SUMMARY_NAMES)
     expected = _torch_path(q, k, mask, 0.3, names)
     got = summary_kernels.layer_summaries(names, q, k, 0.3, causal=bool(mask.causal),
                                           window=mask.window, padding=mask.padding,
-                                          blocks=(block, block), lse=_lse(q, k, mask, 0.3))
+                                          blocks=(block, block), lse=cases.row_lse(q, k, mask, 0.3))
     assert list(got) == names
     for name in names:
         torch.testing.assert_close(got[name], expected[name], **TOLERANCE,
@@ -203,7 +136,7 @@ def test_attend_with_lse_is_sdpa_and_its_lse() -> None:
     expected = torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True,
                                                                 scale=0.3)
     assert torch.equal(context, expected)
-    torch.testing.assert_close(lse, _lse(q, k, build_mask(37, 37), 0.3), **TOLERANCE)
+    torch.testing.assert_close(lse, cases.row_lse(q, k, build_mask(37, 37), 0.3), **TOLERANCE)
 
 
 def test_only_the_wanted_summaries_are_made(interpreted: None) -> None:
@@ -215,18 +148,12 @@ def test_only_the_wanted_summaries_are_made(interpreted: None) -> None:
         torch.testing.assert_close(value, expected[name], **TOLERANCE)
 
 
-def _model(**overrides: Any) -> GPT:
-    torch.manual_seed(0)
-    config = {"n_head": 4, "n_kv_head": 2, **overrides}
-    return GPT(GPTConfig.from_name("nano", **config)).eval()
-
-
 def test_a_model_trace_through_the_kernels_equals_the_torch_trace(
     interpreted: None, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """With the kernels let run on CPU tensors, a model's trace of summaries alone has the
     torch path's names, shapes, dtypes and values (and takes the kernel path: counted)."""
-    model = _model(pos="rope", sliding_window=3, window_layers=[0])
+    model = cases.small_model(pos="rope", sliding_window=3, window_layers=[0])
     ids = torch.randint(0, 65, (2, 11), generator=torch.Generator().manual_seed(1))
     mask = torch.ones(2, 11, dtype=torch.long)
     mask[1, :4] = 0
@@ -261,7 +188,7 @@ def test_a_model_trace_with_the_rows_pass_context_equals_the_torch_trace(
 ) -> None:
     """`ROWS_MAKE_CONTEXT` on: every layer's context comes from the rows pass (counted), every
     summary equals the torch trace's and the logits the untraced forward's."""
-    model = _model(pos="rope", sliding_window=3, window_layers=[0])
+    model = cases.small_model(pos="rope", sliding_window=3, window_layers=[0])
     ids = torch.randint(0, 65, (2, 11), generator=torch.Generator().manual_seed(1))
     mask = torch.ones(2, 11, dtype=torch.long)
     mask[1, :4] = 0
@@ -295,7 +222,8 @@ def test_a_model_trace_with_the_forward_lse_equals_the_torch_trace(
     equal the torch trace's, the logits the untraced forward's; a padded batch, and heads
     whose size is no multiple of 8 (SDPA pads those before its kernels), keep the rows
     pass (no call), as a layer does where `attend_with_lse` finds no fused kernel (None)."""
-    model = _model(pos="rope", sliding_window=3, window_layers=[0], n_embd=32)  # head size 8
+    model = cases.small_model(pos="rope", sliding_window=3, window_layers=[0],
+                              n_embd=32)  # head size 8
     ids = torch.randint(0, 65, (2, 11), generator=torch.Generator().manual_seed(1))
     names = list(SUMMARY_NAMES)
     with torch.no_grad():
@@ -323,7 +251,7 @@ def test_a_model_trace_with_the_forward_lse_equals_the_torch_trace(
     _assert_same_trace(Trace(names=names).run(model, ids, mask),
                        _torch_trace(model, ids, mask, names, monkeypatch),
                        model.config.n_layer, names)
-    odd = _model(pos="rope", n_embd=24)  # head size 6
+    odd = cases.small_model(pos="rope", n_embd=24)  # head size 6
     Trace(names=names).run(odd, ids)
     assert calls == []
     # where SDPA would run its math path: no lse, the fused path and the rows pass
@@ -342,18 +270,13 @@ def _torch_trace(model: GPT, ids: torch.Tensor, mask: torch.Tensor, names: list[
         return Trace(names=names).run(model, ids, mask)
 
 
-def _cuda() -> None:
-    if not torch.cuda.is_available():
-        pytest.skip("needs a CUDA GPU")
-
-
 @pytest.mark.cuda
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_cuda_kernels_equal_the_torch_path(dtype: torch.dtype) -> None:
     """(B, nh, nkv, T, S, hs) = (2, 8, 2, 300, 700, 64), left pads, a window of 200: the
     compiled kernels against the torch path on the same GPU inputs, in float32 (bfloat16
     inputs: the torch path rounds its scores to bfloat16, so within 2e-2)."""
-    _cuda()
+    cases.need_cuda()
     gen = torch.Generator(device="cuda").manual_seed(0)
     q = torch.randn(2, 8, 300, 64, device="cuda", generator=gen, dtype=dtype)
     k = torch.randn(2, 2, 700, 64, device="cuda", generator=gen, dtype=dtype)
@@ -379,7 +302,7 @@ def test_cuda_rows_pass_context_equals_the_fused_path(dtype: torch.dtype) -> Non
     """The shapes above, GQA read in place: `attend_and_summarise`'s context against
     `attend`'s fused path (SDPA) on the same GPU inputs, to 1e-5 in float32 (2e-2 in
     bfloat16: both round the weights to bfloat16 before the product with v)."""
-    _cuda()
+    cases.need_cuda()
     gen = torch.Generator(device="cuda").manual_seed(0)
     q = torch.randn(2, 8, 300, 64, device="cuda", generator=gen, dtype=dtype)
     k, v = (torch.randn(2, 2, 700, 64, device="cuda", generator=gen, dtype=dtype)
@@ -401,8 +324,8 @@ def test_cuda_rows_pass_context_equals_the_fused_path(dtype: torch.dtype) -> Non
 def test_cuda_trace_of_summaries_takes_the_kernels() -> None:
     """A bfloat16 model's trace of summaries alone at T = 2048, nh = 8 on a GPU peaks well
     below one (nh, T, S) float32 tile (128 MiB): the kernels ran, not the tiled torch path."""
-    _cuda()
-    model = _model(n_head=8, n_layer=2, block_size=2048).to("cuda", torch.bfloat16)
+    cases.need_cuda()
+    model = cases.small_model(n_head=8, n_layer=2, block_size=2048).to("cuda", torch.bfloat16)
     ids = torch.randint(0, 65, (1, 2048), device="cuda")
     names = list(SUMMARY_NAMES)
     Trace(names=names).run(model, ids)  # compiles the kernels
@@ -423,8 +346,8 @@ def test_cuda_trace_with_another_context_equals_the_forward(flag: str) -> None:
     context, over a left-padded row; the forward's lse, in the unwindowed layer of an
     unpadded batch): the traced forward's logits equal the untraced forward's and its
     summaries the two passes' (context from SDPA), to 1e-5."""
-    _cuda()
-    model = _model(pos="rope", sliding_window=100, window_layers=[0], n_layer=2,
+    cases.need_cuda()
+    model = cases.small_model(pos="rope", sliding_window=100, window_layers=[0], n_layer=2,
                    block_size=512).to("cuda")
     ids = torch.randint(0, 65, (2, 300), device="cuda")
     mask = None  # a mask of ones would be a padding to the model
@@ -451,7 +374,7 @@ def test_cuda_given_lse_pass_equals_the_rows_pass(dtype: torch.dtype) -> None:
     attention for bfloat16, memory-efficient attention for float32): its context is SDPA's
     and its lse the scores'; given that lse, the given-lse pass makes the rows pass's
     summaries (T = 1000, a ragged last block; GQA read in place)."""
-    _cuda()
+    cases.need_cuda()
     gen = torch.Generator(device="cuda").manual_seed(1)
     q, k, v = (torch.randn(2, 8, 1000, 64, device="cuda", generator=gen, dtype=dtype)
                for _ in range(3))
@@ -463,13 +386,13 @@ def test_cuda_given_lse_pass_equals_the_rows_pass(dtype: torch.dtype) -> None:
     close = TOLERANCE if dtype == torch.float32 else dict(atol=2e-2, rtol=2e-2)
     torch.testing.assert_close(context, expected, **close)
     mask = build_mask(1000, 1000, device="cuda")
-    torch.testing.assert_close(lse, _lse(q.float(), k.float(), mask, 0.125), **close)
+    torch.testing.assert_close(lse, cases.row_lse(q.float(), k.float(), mask, 0.125), **close)
     names = list(SUMMARY_NAMES)
     k_heads = k[:, ::4]  # (2, 2, 1000, 64): four query heads to a key head
     rows = summary_kernels.layer_summaries(names, q, k_heads, 0.125, causal=True)
     given = summary_kernels.layer_summaries(
         names, q, k_heads, 0.125, causal=True,
-        lse=_lse(q.float(), k_heads.float(), mask, 0.125))
+        lse=cases.row_lse(q.float(), k_heads.float(), mask, 0.125))
     for name in names:
         torch.testing.assert_close(given[name], rows[name], **close,
                                    msg=lambda m, n=name: f"{n}: {m}")

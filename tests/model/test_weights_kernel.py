@@ -2,7 +2,7 @@
 attention weights written once from q, k and each row's lse, equal to the explicit path's.
 
 On a CPU the kernels run under Triton's interpreter (`helpers.interpreted`), over the
-summaries' mask cases (test_summary_kernels.CASES: padding, windows, cached keys, GQA, rows
+summaries' mask cases (kernel_cases.CASES: padding, windows, cached keys, GQA, rows
 with nothing to attend to, ragged blocks). The GPU tests carry the cuda marker.
 """
 
@@ -11,9 +11,10 @@ from __future__ import annotations
 import importlib.util
 from collections.abc import Iterator
 
+import kernel_cases as cases
 import pytest
 import torch
-from test_summary_kernels import CASES, TOLERANCE, _case, _cuda, _lse, _model, _Wants
+from kernel_cases import CASES, TOLERANCE
 
 import helpers
 from attnlab import Trace
@@ -34,7 +35,7 @@ def interpreted(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
 def _torch_weights(q: torch.Tensor, k: torch.Tensor, mask: object, scale: float
                    ) -> torch.Tensor:
     """The explicit path's (B, nh, T, S) weights, as a trace records them."""
-    trace = _Wants(["attn_weights"])
+    trace = cases.Wants(["attn_weights"])
     attend(q, k, torch.randn_like(k), mask, scale=scale, fused=False, trace=trace)  # type: ignore[arg-type]
     return trace.values["attn_weights"]
 
@@ -45,10 +46,10 @@ def test_interpreted_weights_equal_the_explicit_path(case: str, lse_from: str,
                                                      interpreted: None) -> None:
     """Every weight, 0s where the mask hides a key and over rows with no key (an all-pad
     row's, a pad's own query), with the lse from the rows pass or handed over."""
-    q, k, mask = _case(case)
+    q, k, mask = cases.case_tensors(case)
     block = CASES[case][9]
     expected = _torch_weights(q, k, mask, 0.3)
-    lse = _lse(q, k, mask, 0.3) if lse_from == "given" else None
+    lse = cases.row_lse(q, k, mask, 0.3) if lse_from == "given" else None
     weights, context = summary_kernels.attention_weights(
         q, k, None, 0.3, causal=bool(mask.causal), window=mask.window, padding=mask.padding,
         lse=lse, blocks=(block, block))
@@ -63,7 +64,7 @@ def test_interpreted_weights_equal_the_explicit_path(case: str, lse_from: str,
                                   "cached keys and GQA"])
 def test_interpreted_weights_with_the_rows_pass_context(case: str, interpreted: None) -> None:
     """With v and no lse, the rows pass also makes the context: the fused path's."""
-    q, k, mask = _case(case)
+    q, k, mask = cases.case_tensors(case)
     v = torch.randn(k.shape, generator=torch.Generator().manual_seed(7))  # (B, nkv, S, hs)
     weights, context = summary_kernels.attention_weights(
         q, k, v, 0.3, causal=bool(mask.causal), window=mask.window, padding=mask.padding,
@@ -88,7 +89,8 @@ def test_a_model_trace_of_weights_through_the_kernel(
     plain causal mask, from `attend_with_lse` (counted: not the windowed layer 0); weights
     and logits equal the explicit path's, and an edit of the weights still reaches the
     logits."""
-    model = _model(pos="rope", sliding_window=5, window_layers=[0], n_embd=32)  # head size 8
+    model = cases.small_model(pos="rope", sliding_window=5, window_layers=[0],
+                              n_embd=32)  # head size 8
     n_layer = model.config.n_layer
     ids = torch.randint(0, 65, (2, 12), generator=torch.Generator().manual_seed(0))
     mask = None
@@ -134,9 +136,10 @@ def test_cuda_trace_of_weights_through_the_kernel(dtype: torch.dtype, source: st
     """On a GPU, `WEIGHTS_FROM_LSE` on: every layer's weights (a window in layer 0, GQA,
     ragged blocks; a left-padded batch for the rows pass) and the logits equal the explicit
     path's."""
-    _cuda()
-    model = _model(pos="rope", sliding_window=100, window_layers=[0], n_layer=2, n_embd=64,
-                   block_size=512).to("cuda", dtype)  # head size 16: SDPA's kernels take it
+    cases.need_cuda()
+    # head size 16: SDPA's kernels take it
+    model = cases.small_model(pos="rope", sliding_window=100, window_layers=[0], n_layer=2,
+                              n_embd=64, block_size=512).to("cuda", dtype)
     ids = torch.randint(0, 65, (2, 300), device="cuda")
     mask = None
     if source == "rows pass":
@@ -171,7 +174,7 @@ def test_only_16_bit_traces_take_the_weights_pass_by_default(
     faster there and slower in float32): where the kernels run, a float32 trace keeps the
     explicit path, and takes the pass once float32 is listed."""
     assert {torch.bfloat16, torch.float16} == summary_kernels.WEIGHTS_FROM_LSE
-    model, ids = _model(), torch.randint(0, 65, (1, 9))
+    model, ids = cases.small_model(), torch.randint(0, 65, (1, 9))
     monkeypatch.setattr(summary_kernels, "available", lambda q: True)
 
     def called(*args: object, **kwargs: object) -> None:
