@@ -17,6 +17,7 @@ from fastapi.testclient import TestClient
 from attnlab import GPT, ServeConfig, Trace, create_app
 from attnlab.model.runtime import release_kept_memory
 from attnlab.tokenizers import Tokenizer
+from attnlab.viewer.routes.page import WEB_DIR
 from helpers import make_model, make_tokenizer
 
 # ----------------------------------------------------------------------------- attention
@@ -230,8 +231,9 @@ def test_page_and_static_files(setup: tuple[GPT, Tokenizer, TestClient]) -> None
     page = client.get("/")
     assert page.status_code == 200 and 'src="/static/app.js"' in page.text
     assert "default-src 'self'" in page.headers["content-security-policy"]
-    for name, kind in [("app.js", "text/javascript"), ("draw.js", "text/javascript"),
-                       ("style.css", "text/css")]:
+    scripts = sorted(p.name for p in WEB_DIR.glob("*.js"))
+    assert {"app.js", "api.js", "dom.js", "draw.js", "generation.js", "heads.js"} <= set(scripts)
+    for name, kind in [*((n, "text/javascript") for n in scripts), ("style.css", "text/css")]:
         r = client.get(f"/static/{name}")
         assert r.status_code == 200 and r.headers["content-type"].startswith(kind)
         # works offline: nothing is fetched from another host

@@ -20,7 +20,7 @@ from attnlab import GPT, GPTConfig, create_app
 from attnlab.interp.edits import ablate
 from attnlab.interp.heads import SUMMARY_MEANS, detect_heads, head_summaries
 from attnlab.interp.lens import logit_lens
-from attnlab.tokenizers import get_tokenizer
+from attnlab.tokenizers import Tokenizer, get_tokenizer
 
 CORPUS = "abcdefghijklmnopqrstuvwxyz ABCDEFGHIJKLMNOPQRSTUVWXYZ.,;:!?'\n0123456789"
 TEXT = "the cat sat. the cat"
@@ -113,9 +113,13 @@ def _score_heads_and_read_the_overview(page: Any, model: GPT, tok: Any) -> None:
     assert page.evaluate(cell) == f"{float(means['attn_distance'][1, 0]):.2f}"
 
 
+# the lens's line while the scores are for another text than the one on show
+STALE = "document.querySelector('#lens').textContent.startsWith('score the heads')"
+
+
 @pytest.mark.browser
 def test_the_page_scores_heads_ablates_on_click_and_shows_the_lens(tmp_path: Path) -> None:
-    from test_app_browser import CHROMIUM, playwright_api, show, wait_until
+    from test_app_browser import CHROMIUM, playwright_api
 
     from helpers import serving
 
@@ -136,80 +140,100 @@ def test_the_page_scores_heads_ablates_on_click_and_shows_the_lens(tmp_path: Pat
         page.goto(f"http://127.0.0.1:{port}/")
         page.wait_for_selector("body[data-ready='1']", timeout=15_000)
         _score_heads_and_read_the_overview(page, model, tok)
-        before = page.text_content("#heads-intact")
-        assert page.text_content("#heads-edited") == "(no head ablated)"
-        page.click("#heads-table tbody tr[data-head='1.0']")
-        page.click("#heads-table tbody tr[data-head='0.1']")
-        wait_until(page, "document.querySelector('#heads-which').textContent === '1.0, 0.1'")
-        wait_until(page, "document.querySelector('#heads-edited').textContent !== "
-                         "'(no head ablated)'")
-        with torch.no_grad():
-            edited = model(torch.tensor([tok.encode(TEXT)]),
-                           edits=ablate([(1, 0), (0, 1)])).logits[0, -1].argmax()
-        assert page.text_content("#heads-intact") == before
-        assert page.text_content("#heads-edited").startswith(tok.decode([int(edited)]))
-        page.hover("#tokens .tok[data-i='4']")
-        wait_until(page, "document.querySelectorAll('#lens-table tr').length === 3")
-        shots = Path(os.environ.get("ATTNLAB_SCREENSHOTS", tmp_path))
-        page.screenshot(path=str(shots / "viewer-heads.png"), full_page=True)
-
-        # a generation replaces the Tokens row and leaves the Text box: the lens and the
-        # ablations described the scored text at the hovered position of another one
-        page.fill("#prompt", "the")
-        page.fill("#max_new_tokens", "4")
-        page.fill("#temperature", "0")
-        page.click("#gen")
-        wait_until(page, "window.attnlab.generatedFrom === 3")
-        stale = "document.querySelector('#lens').textContent.startsWith('score the heads')"
-        wait_until(page, stale)  # at once, not at the next hover
-        wait_until(page, "document.querySelector('#heads-status').textContent"
-                         ".includes('for another text')")
-        page.hover("#tokens .tok[data-i='2']")
-        wait_until(page, stale)
-        page.click("#heads-table tbody tr[data-head='0.0']")
-        wait_until(page, "document.querySelector('#heads-status').textContent"
-                         ".includes('not the ones scored')")
-        assert page.text_content("#heads-which") == "1.0, 0.1"  # nothing was sent
-        # Score heads scores the generation on show (the Text box still holds TEXT), and
-        # a click then ablates on it
-        generated = page.evaluate("window.attnlab.ids")
-        page.click("#heads-run")
-        wait_until(page, "document.querySelector('#heads-status').textContent"
-                         f".startsWith('scored on {len(generated)} tokens')")
-        page.click("#heads-table tbody tr[data-head='0.0']")
-        wait_until(page, "document.querySelector('#heads-which').textContent === "
-                         "'1.0, 0.1, 0.0'")
-        with torch.no_grad():
-            edited = model(torch.tensor([generated]),
-                           edits=ablate([(1, 0), (0, 1), (0, 0)])).logits[0, -1].argmax()
-        wait_until(page, "document.querySelector('#heads-edited').textContent.startsWith("
-                         f"{json.dumps(tok.decode([int(edited)]))})")
-        page.hover("#tokens .tok[data-i='2']")
-        wait_until(page, "document.querySelectorAll('#lens-table tr').length === 3")
-        # back to TEXT: the scores are the generation's
-        show(page, TEXT)
-        wait_until(page, "document.querySelector('#heads-status').textContent"
-                         ".includes('for another text')")
-        # another text in the Text box: the same refusal
-        show(page, "the dog")
-        page.hover("#tokens .tok[data-i='1']")
-        wait_until(page, stale)
-        # a scoring that fails clears the old table, predictions and lens
-        show(page, "a")
-        page.click("#heads-run")
-        wait_until(page, "document.querySelector('#heads-status').textContent"
-                         ".includes('at least 2 tokens')")
-        assert page.locator("#heads-table tbody tr").count() == 0
-        assert page.text_content("#heads-intact") == "" and page.text_content("#lens") == ""
-        # a text the tokenizer refuses: no layer's title over an empty map
-        page.fill("#text", "the €")
-        page.click("#run")
-        wait_until(page, "document.querySelector('#status').textContent.includes('€')")
-        assert page.text_content("#map-title") == "Attention weights"
-        assert not page.locator("#heatmap-wrap").is_visible()
+        _ablate_two_heads(page, model, tok, tmp_path)
+        _a_generation_leaves_the_scores_stale(page, model, tok)
+        _other_texts_and_failures(page)
         browser.close()
     # the one console error: the browser's own line for the refused 1-token text (422)
     assert [p for p in problems if "status of 422" not in p] == [], problems
+
+
+def _ablate_two_heads(page: Any, model: GPT, tok: Tokenizer, tmp_path: Path) -> None:
+    """Two clicks ablate two heads: the edited prediction is the model's with both
+    ablated, the intact one stays; a hovered token shows its lens."""
+    from test_app_browser import wait_until
+
+    before = page.text_content("#heads-intact")
+    assert page.text_content("#heads-edited") == "(no head ablated)"
+    page.click("#heads-table tbody tr[data-head='1.0']")
+    page.click("#heads-table tbody tr[data-head='0.1']")
+    wait_until(page, "document.querySelector('#heads-which').textContent === '1.0, 0.1'")
+    wait_until(page, "document.querySelector('#heads-edited').textContent !== "
+                     "'(no head ablated)'")
+    with torch.no_grad():
+        edited = model(torch.tensor([tok.encode(TEXT)]),
+                       edits=ablate([(1, 0), (0, 1)])).logits[0, -1].argmax()
+    assert page.text_content("#heads-intact") == before
+    assert page.text_content("#heads-edited").startswith(tok.decode([int(edited)]))
+    page.hover("#tokens .tok[data-i='4']")
+    wait_until(page, "document.querySelectorAll('#lens-table tr').length === 3")
+    shots = Path(os.environ.get("ATTNLAB_SCREENSHOTS", tmp_path))
+    page.screenshot(path=str(shots / "viewer-heads.png"), full_page=True)
+
+
+def _a_generation_leaves_the_scores_stale(page: Any, model: GPT, tok: Tokenizer) -> None:
+    """A generation replaces the Tokens row and leaves the Text box: the lens and the
+    ablations described the scored text, not the one on show, until it is scored."""
+    from test_app_browser import wait_until
+
+    page.fill("#prompt", "the")
+    page.fill("#max_new_tokens", "4")
+    page.fill("#temperature", "0")
+    page.click("#gen")
+    wait_until(page, "window.attnlab.generatedFrom === 3")
+    wait_until(page, STALE)  # at once, not at the next hover
+    wait_until(page, "document.querySelector('#heads-status').textContent"
+                     ".includes('for another text')")
+    page.hover("#tokens .tok[data-i='2']")
+    wait_until(page, STALE)
+    page.click("#heads-table tbody tr[data-head='0.0']")
+    wait_until(page, "document.querySelector('#heads-status').textContent"
+                     ".includes('not the ones scored')")
+    assert page.text_content("#heads-which") == "1.0, 0.1"  # nothing was sent
+    # Score heads scores the generation on show (the Text box still holds TEXT), and
+    # a click then ablates on it
+    generated = page.evaluate("window.attnlab.ids")
+    page.click("#heads-run")
+    wait_until(page, "document.querySelector('#heads-status').textContent"
+                     f".startsWith('scored on {len(generated)} tokens')")
+    page.click("#heads-table tbody tr[data-head='0.0']")
+    wait_until(page, "document.querySelector('#heads-which').textContent === "
+                     "'1.0, 0.1, 0.0'")
+    with torch.no_grad():
+        edited = model(torch.tensor([generated]),
+                       edits=ablate([(1, 0), (0, 1), (0, 0)])).logits[0, -1].argmax()
+    wait_until(page, "document.querySelector('#heads-edited').textContent.startsWith("
+                     f"{json.dumps(tok.decode([int(edited)]))})")
+    page.hover("#tokens .tok[data-i='2']")
+    wait_until(page, "document.querySelectorAll('#lens-table tr').length === 3")
+
+
+def _other_texts_and_failures(page: Any) -> None:
+    """Another text leaves the scores stale; a failed scoring clears them; a refused text
+    draws no layer's title over an empty map."""
+    from test_app_browser import show, wait_until
+
+    # back to TEXT: the scores are the generation's
+    show(page, TEXT)
+    wait_until(page, "document.querySelector('#heads-status').textContent"
+                     ".includes('for another text')")
+    # another text in the Text box: the same refusal
+    show(page, "the dog")
+    page.hover("#tokens .tok[data-i='1']")
+    wait_until(page, STALE)
+    # a scoring that fails clears the old table, predictions and lens
+    show(page, "a")
+    page.click("#heads-run")
+    wait_until(page, "document.querySelector('#heads-status').textContent"
+                     ".includes('at least 2 tokens')")
+    assert page.locator("#heads-table tbody tr").count() == 0
+    assert page.text_content("#heads-intact") == "" and page.text_content("#lens") == ""
+    # a text the tokenizer refuses: no layer's title over an empty map
+    page.fill("#text", "the €")
+    page.click("#run")
+    wait_until(page, "document.querySelector('#status').textContent.includes('€')")
+    assert page.text_content("#map-title") == "Attention weights"
+    assert not page.locator("#heatmap-wrap").is_visible()
 
 
 @pytest.mark.browser

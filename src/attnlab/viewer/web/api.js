@@ -1,5 +1,5 @@
 // attnlab viewer: requests to the JSON API of attnlab/viewer/app.py and the decoding of their
-// answers, shared by app.js and heads.js.
+// answers, shared by app.js, generation.js and heads.js.
 
 // fetch rejects with a TypeError ("Failed to fetch", "network error") only when no answer
 // came back: the server stopped or restarts. Say that, not the browser's words alone.
@@ -52,8 +52,25 @@ export async function errorText(res) {
   }
 }
 
+// The server-sent events of a streamed answer, parsed ({type, data}) as they arrive.
+export async function* events(res) {
+  const reader = res.body.getReader();
+  const decoder = new TextDecoder();
+  let buffer = "";
+  for (;;) {
+    const { value, done } = await reader.read();
+    if (done) return;
+    buffer += decoder.decode(value, { stream: true });
+    let cut;
+    while ((cut = buffer.indexOf("\n\n")) >= 0) {
+      yield parseEvent(buffer.slice(0, cut));
+      buffer = buffer.slice(cut + 2);
+    }
+  }
+}
+
 // One server-sent event block ("event: NAME\ndata: JSON") -> {type, data}.
-export function parseEvent(block) {
+function parseEvent(block) {
   let type = "message";
   let data = "";
   for (const line of block.split("\n")) {

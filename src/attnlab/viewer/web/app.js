@@ -1,13 +1,14 @@
 // attnlab attention viewer: talks to the JSON API of attnlab/viewer/app.py and renders the page.
 // No build step and no dependencies, so the page works offline from the installed package.
 // Weights arrive as the lower triangle (row i: keys 0..i); later keys are masked to 0.
-// Requests and their answers' decoding live in api.js, canvas drawing in draw.js.
-import { api, attention, errorText, parseEvent, reach, unreachable } from "./api.js";
+// Requests and their answers' decoding live in api.js, canvas drawing in draw.js, the Generate
+// panel in generation.js.
+import { api, attention } from "./api.js";
+import { $, setStatus } from "./dom.js";
 import {
   cellAt, colour, drawCells, drawHeatmap, drawMini, headImage, inkFor, placeTip, sees, shown,
 } from "./draw.js";
-
-const $ = (id) => document.getElementById(id);
+import { wireGeneration } from "./generation.js";
 
 const state = {
   model: null,        // GET /api/model
@@ -28,15 +29,6 @@ const state = {
   timings: {},        // milliseconds of the last fetch / render / highlight (read by tests)
 };
 window.attnlab = state;
-
-const countTokens = (n) => `${n} token${n === 1 ? "" : "s"}`;
-
-// ------------------------------------------------------------------ API
-
-function setStatus(el, text, isError = false) {
-  el.textContent = text;
-  el.classList.toggle("error", isError);
-}
 
 // ------------------------------------------------------------------ model and controls
 
@@ -398,87 +390,6 @@ function drawQuery() {
   state.minis.forEach((canvas, h) => drawMini(canvas, imageOf(state.layer, h), px, q));
 }
 
-// ------------------------------------------------------------------ generation
-
-let generation = null; // AbortController of the running generation
-
-async function generate() {
-  const num = (id) => ($(id).value === "" ? undefined : Number($(id).value));
-  const prompt = $("prompt").value;
-  const body = {
-    text: prompt, max_new_tokens: num("max_new_tokens") ?? 40, temperature: num("temperature") ?? 1,
-    top_k: num("top_k"), top_p: num("top_p"), seed: num("seed"),
-  };
-  const out = $("output");
-  out.querySelector(".prompt-text").textContent = prompt;
-  const newText = out.querySelector(".new-text");
-  newText.textContent = "";
-  generation = new AbortController();
-  $("gen").disabled = true;
-  $("stop").disabled = false;
-  setStatus($("gen-status"), "generating…");
-  const t0 = performance.now();
-  let count = 0;
-  let done = null;
-  let ids = [];  // the prompt's (the `start` event), then each new token's
-  let promptLength = 0;
-  try {
-    const res = await reach("/api/generate", {
-      method: "POST", headers: { "Content-Type": "application/json" },
-      body: JSON.stringify(body), signal: generation.signal,
-    });
-    if (!res.ok) throw new Error(await errorText(res));
-    const reader = res.body.getReader();
-    const decoder = new TextDecoder();
-    let buffer = "";
-    for (;;) {
-      const { value, done: ended } = await reader.read();
-      if (ended) break;
-      buffer += decoder.decode(value, { stream: true });
-      let cut;
-      while ((cut = buffer.indexOf("\n\n")) >= 0) {
-        const event = parseEvent(buffer.slice(0, cut));
-        buffer = buffer.slice(cut + 2);
-        if (event.type === "start") {
-          ids = event.data.prompt_ids;
-          promptLength = ids.length;
-        } else if (event.type === "token") {
-          newText.textContent += event.data.text;
-          if (event.data.id !== null) {
-            count += 1;
-            ids.push(event.data.id);
-          }
-          const secs = (performance.now() - t0) / 1000;
-          setStatus($("gen-status"), `${countTokens(count)} · ${(count / secs).toFixed(1)} tokens/s`);
-        } else if (event.type === "done") {
-          done = event.data;
-        } else if (event.type === "error") {
-          throw new Error(event.data.error);
-        }
-      }
-    }
-  } catch (err) {
-    if (err.name === "AbortError") setStatus($("gen-status"), `stopped after ${countTokens(count)}`);
-    else setStatus($("gen-status"), (err instanceof TypeError ? unreachable(err) : err).message, true);
-  } finally {
-    $("gen").disabled = false;
-    $("stop").disabled = true;
-    generation = null;
-  }
-  // The generation's attention goes to the token view; the Text box keeps what the user typed.
-  // A generation that fills the context ends with a token the model never read (as in
-  // `attnlab generate`): the view shows the first block_size tokens.
-  const block = state.model.config.block_size;
-  if (done) {
-    const why = { eot: "end of text", block_size: "context full", max_new_tokens: "max tokens" };
-    const unread = done.ids.length > block ? " (but the last token, which it never read)" : "";
-    setStatus($("gen-status"), `${countTokens(done.new_tokens)} (${why[done.reason] || done.reason}) · its attention is shown above${unread}`);
-    await analyze({ ids: done.ids.slice(0, block) }, done.ids.length - done.new_tokens);
-  } else if (count > 0) {  // stopped: the ids it got (their text need not encode back to them)
-    await analyze({ ids: ids.slice(0, block) }, promptLength);
-  }
-}
-
 // ------------------------------------------------------------------ wiring
 
 let pending = 0;
@@ -556,8 +467,10 @@ function wire() {
     highlight();
   });
 
-  $("gen").addEventListener("click", generate);
-  $("stop").addEventListener("click", () => generation && generation.abort());
+  wireGeneration({
+    show: (ids, generatedFrom) => analyze({ ids }, generatedFrom),
+    blockSize: () => state.model.config.block_size,
+  });
   window.addEventListener("resize", () => renderMap());
 }
 

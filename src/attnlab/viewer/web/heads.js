@@ -5,8 +5,8 @@
 // show (a generation's too), or #text before any is; app.js knows nothing of this file.
 
 import { api } from "./api.js";
+import { $, setStatus } from "./dom.js";
 
-const $ = (id) => document.getElementById(id);
 const DETECTORS = ["previous_token", "duplicate_token", "induction", "first_token"];
 
 const heads = {
@@ -34,9 +34,7 @@ function shownToken(text) {
 }
 
 function status(text, isError = false) {
-  const el = $("heads-status");
-  el.textContent = text;
-  el.classList.toggle("error", isError);
+  setStatus($("heads-status"), text, isError);
 }
 
 function shownIds() {
