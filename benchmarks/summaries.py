@@ -11,21 +11,26 @@ common.py), in alternating rounds:
   and attn_max of every layer and head, streamed in tiles (model/summaries.py); the run ends
   after the last layer's summaries, so it skips the head as `Trace.run` does.
 
-Target (issue 33): the summaries in at most 2x the fused forward's time. Also reported: the
-rise of the process's peak RSS during each variant's first call, the bytes the trace holds
-(O(layers x heads x T)), and, as a check at full size, layer 0's summaries against the same
-quantities computed in float64 from a trace of its (1, 14, T, T) weights.
+Target (issue 33): the summaries in at most 2x the fused forward's time. Also reported: each
+variant's first call in a process of its own, its time and how far that process's peak RSS
+rose during it (one process's later calls find the heap as earlier calls left it), the bytes
+the trace holds (O(layers x heads x T)), and, as a check at full size, layer 0's summaries
+against the same quantities computed in float64 from a trace of its (1, 14, T, T) weights.
 """
 
 from __future__ import annotations
 
+import json
+import subprocess
+import sys
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import torch
 
 from attnlab.model.gpt import GPT, GPTConfig
-from attnlab.model.runtime import one_thread
+from attnlab.model.runtime import one_thread, reuse_freed_memory
 from attnlab.model.summaries import SUMMARY_NAMES
 from attnlab.model.trace import Trace
 
@@ -66,8 +71,11 @@ def run(quick: bool = False) -> dict[str, Any]:
         return _run(quick)
 
 
-def _run(quick: bool) -> dict[str, Any]:
-    T, rounds = (64, 1) if quick else (4096, 3)
+def _setup(quick: bool) -> tuple[GPT, torch.Tensor, dict[str, Callable[[], Any]],
+                                  dict[str, Trace]]:
+    """The model, the ids, each variant's call and where the summaries' call keeps its trace
+    (the same seeds in every process)."""
+    T = 64 if quick else 4096
     torch.manual_seed(0)
     config = (GPTConfig.from_name("llama-tiny", **TOY, block_size=T) if quick
               else GPTConfig.from_name("qwen2.5-0.5b"))
@@ -83,10 +91,41 @@ def _run(quick: bool) -> dict[str, Any]:
         LAST: lambda: model(ids, last_logits_only=True),
         SUMMARIES: summaries,
     }
-    first = {name: cold_call(fn)[:2] for name, fn in fns.items()}
+    return model, ids, fns, held
+
+
+def fresh_first_call(variant: str, quick: bool) -> tuple[float, int | None]:
+    """(seconds, peak RSS rise) of `variant`'s first call in a process of its own: in one
+    process each call's rise depends on what the calls before it left in the heap (the
+    summaries' rose 179 MiB above the last-logits forward after it, and the same in
+    processes of their own; docs/performance.md#summaries-at-long-context)."""
+    code = ("import json, sys; from benchmarks import summaries; "
+            f"print(json.dumps(summaries.first_call({variant!r}, {quick!r})))")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          cwd=Path(__file__).parents[1], check=False)
+    if done.returncode != 0:
+        raise RuntimeError(f"the first call of {variant!r} failed in its own process:\n"
+                           f"{done.stderr[-2000:]}")
+    seconds, rise = json.loads(done.stdout.splitlines()[-1])
+    return seconds, rise
+
+
+def first_call(variant: str, quick: bool) -> tuple[float, int | None]:
+    """`cold_call`'s (seconds, rise) of `variant` here, as the CLI and benchmarks run."""
+    reuse_freed_memory()
+    with one_thread(), torch.inference_mode():
+        fn = _setup(quick)[2][variant]
+        return cold_call(fn)[:2]
+
+
+def _run(quick: bool) -> dict[str, Any]:
+    rounds = 1 if quick else 3
+    model, ids, fns, held = _setup(quick)
+    T, config = ids.shape[1], model.config
+    first = {name: fresh_first_call(name, quick) for name in fns}
+    times = alternate(fns, rounds=rounds, warmup=1)
     errors = _errors(model, ids, held["trace"])
     stored = held["trace"].nbytes()
-    times = alternate(fns, rounds=rounds, warmup=0)
     ms = {name: median_ms(t[clock()]) for name, t in times.items()}
     ratios = {"vs_forward": ms[SUMMARIES] / ms[FORWARD],
               "vs_forward_last_logits": ms[SUMMARIES] / ms[LAST]}
@@ -100,7 +139,8 @@ def _run(quick: bool) -> dict[str, Any]:
         f"{torch.get_num_threads()} torch thread(s), inference mode; median {clock()} time of "
         f"{rounds} alternating round(s) on a shared machine.",
         f"the summaries trace holds {stored / 2**20:.1f} MiB (5 x layers x heads x T floats); "
-        "peak rise: how far the process's peak RSS rose during each variant's first call.",
+        "first call and peak rise: each variant's first call in a process of its own, and "
+        "how far that process's peak RSS rose during it.",
         "layer 0's summaries against the same quantities computed in float64 from its traced "
         "weights, largest error relative to max(|value|, 1): "
         + ", ".join(f"{k} {v:.1e}" for k, v in errors.items()) + ".",
