@@ -2,7 +2,7 @@
 for a lent GPU, not a suite.
 
 Every layer's weights of GPT-2 small at T=1024 in float32 are bound by its matrix products
-(docs/performance.md#where-the-time-goes-on-a-gpu), and Hugging Face's weights-returning
+(docs/performance-gpu.md#where-the-time-goes-on-a-gpu), and Hugging Face's weights-returning
 forward runs the same products, so no trace can be 1.5x faster than it unless attnlab's
 products run faster than cuBLAS's defaults do on these shapes. The H100 profile's busy time
 (9.15 ms for about 210 GFLOP) is about a third of the GPU's float32 rate. A guess to test:

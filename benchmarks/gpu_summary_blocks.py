@@ -1,6 +1,6 @@
 """The summary kernels' block sizes at long context, side by side on one GPU: which
 (rows, keys, warps, stages) per pass makes `Trace(names=SUMMARY_NAMES).run`'s five summaries
-cheapest against the fused forward (docs/performance.md#summaries-on-a-gpu), with the
+cheapest against the fused forward (docs/performance-gpu.md#summaries-on-a-gpu), with the
 context from SDPA, from the rows pass (`summary_kernels.ROWS_MAKE_CONTEXT`) and from SDPA
 with its lse (`LSE_FROM_FORWARD`, whose given-lse pass walks in the rows pass's blocks). A
 probe for a lent GPU, not a suite: the same workload as `gpu_summaries`' longest row

@@ -9,7 +9,7 @@ per block, twice the weight's memory. Whether that wins is the probe's question.
 each step's three products to the running sum on the tensor cores, where Triton's tf32x3
 sums a step from zero and adds it in float32: an H100 measured it faster than a kernel
 summing as Triton does and 5-11x further from float64 than cuBLAS's float32
-(docs/performance.md#trace-on-a-gpu). This module imports triton at the top: `gpu_gemm`
+(docs/performance-gpu.md#trace-on-a-gpu). This module imports triton at the top: `gpu_gemm`
 imports it only where triton is.
 """
 

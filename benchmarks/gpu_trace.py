@@ -251,7 +251,7 @@ def run(quick: bool = False, device: str | None = None, out: Path | None = None
     shape, T, rounds = ("toy", 64, 2) if quick else ("gpt2", 1024, 20)  # 64: tf32x3.MIN_ROWS
     # GPT-2's own initializer_range: at 0.1 the deep layers' scores grow so large that any two
     # float32 implementations (HF's and attnlab's, on a CPU too) differ by ~1e-4 in the
-    # weights, each as far from a float64 reference (docs/performance.md#trace-on-a-gpu)
+    # weights, each as far from a float64 reference (docs/performance-gpu.md#trace-on-a-gpu)
     hf = hf_from_config("GPT2", SHAPES[shape], where, dtype, attn="eager", initializer=0.02)
     ours = gpt_from_hf(hf.config.to_dict(), hf.state_dict()).to(where, dtype)
     ids = torch.randint(0, ours.config.vocab_size, (1, T),

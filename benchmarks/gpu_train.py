@@ -53,7 +53,8 @@ TARGET = 1.47
 PEAK_BF16 = 989e12  # FLOP/s: H100 and H200 SXM, dense bfloat16 (vendor figure)
 EVAL_ITERS = 50
 #: seconds after which nanoGPT's run and each of attnlab's stop short of the target: 210 s in
-#: all with the three attnlab runs, inside gpu_check.sh's 240 (docs/performance.md#nanogpt-on-a-gpu)
+#: all with the three attnlab runs, inside gpu_check.sh's 240
+#: (docs/performance-gpu.md#nanogpt-on-a-gpu)
 CAPS = (90.0, 40.0)
 DATA = Path(__file__).resolve().parents[2] / "shared" / "data" / "tinyshakespeare.txt"
 _ATTNLAB_EVAL = re.compile(r"^step\s+(\d+): train ([\d.]+)\s+val ([\d.]+)")

@@ -1,7 +1,7 @@
 """The weights pass on a GPU: whole attention weights traced by the explicit path or written
 once from each row's lse (`summary_kernels.WEIGHTS_FROM_LSE`: on for 16-bit traces, off for
 float32, which GPT-2 small at 1,024 tokens measured slower:
-docs/performance.md#the-weights-pass). A probe for a lent GPU, not a suite.
+docs/performance-gpu.md#the-weights-pass). A probe for a lent GPU, not a suite.
 
 A Llama-3.2-1B-shaped model (`gpu_summaries.LLAMA_1B`) with random bfloat16 weights, batch
 1, `Trace(names="attn_weights", layers=[LAYER])` at `LENGTHS` tokens: the untraced forward

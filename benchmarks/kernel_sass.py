@@ -9,7 +9,7 @@ tensor-core products (HGMMA) among them.
 
 A warp's MUFU instruction occupies its quarter of the SM for 8 cycles (16 exponentials a
 cycle per SM), any other for about one: a loop issuing more instructions than 8x its MUFU
-count is bound by issue, not by the exponentials (docs/performance.md#summaries-on-a-gpu).
+count is bound by issue, not by the exponentials (docs/performance-gpu.md#summaries-on-a-gpu).
 Static counts, not timings: a GPU measures those (`benchmarks.gpu_summaries`).
 
     python -m benchmarks.kernel_sass [--out FILE]

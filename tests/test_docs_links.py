@@ -40,7 +40,7 @@ def _broken(target: Path, fragment: str) -> str | None:
 
 def test_a_missing_page_or_heading_is_caught() -> None:
     docs = ROOT / "docs"
-    assert _broken(docs / "performance.md", "trace-on-a-gpu") is None
+    assert _broken(docs / "performance.md", "summaries-at-long-context") is None
     assert _broken(docs / "performance.md", "no-such-heading") == "no heading #no-such-heading"
     assert _broken(docs / "no-such-page.md", "") == "no such file"
 

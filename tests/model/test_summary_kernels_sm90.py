@@ -6,7 +6,7 @@ reductions into memory traffic); the rows pass with the context (`attend_and_sum
 adds its second product and not one exponential; the received pass and the given-lse rows
 pass sum over rows outside their loops (no reduction's shuffle in them); the 3xTF32 product
 makes three TF32 tensor-core products for each of one. The timings are a GPU's:
-docs/performance.md#summaries-on-a-gpu."""
+docs/performance-gpu.md#summaries-on-a-gpu."""
 
 from __future__ import annotations
 

@@ -10,7 +10,7 @@ summaries mean exactly what `summaries.py` says (pad rows and rows with nothing 
 to are 0s, the sink is the row's first real key); this module only decides the launch. The
 kernels (`summary_triton.py`) need triton, which attnlab does not depend on: it is imported
 here lazily, on a CUDA tensor only (or under Triton's interpreter, which the tests run on
-CPU tensors). Why two passes and no tiles: docs/performance.md#summaries-on-a-gpu.
+CPU tensors). Why two passes and no tiles: docs/performance-gpu.md#summaries-on-a-gpu.
 """
 
 from __future__ import annotations
@@ -39,23 +39,23 @@ ROW_NAMES = ("attn_entropy", "attn_sink", "attn_distance", "attn_max")
 #: Whether a trace of summaries alone (`traced_attention`) takes each layer's context from
 #: the rows pass (`attend_and_summarise`, one flash forward with the summaries' sums) instead
 #: of SDPA's forward beside the two passes: on since an H100 measured it faster
-#: (docs/performance.md#summaries-on-a-gpu).
+#: (docs/performance-gpu.md#summaries-on-a-gpu).
 ROWS_MAKE_CONTEXT = True
 #: Whether a trace of summaries alone over the plain causal mask (T == S, no padding, no
 #: window) takes each layer's context and each row's lse from SDPA's own kernel
 #: (`attend_with_lse`), and its row summaries from the given-lse rows pass (no running max,
 #: no sum per block): off, since an H100 measured it slower than `ROWS_MAKE_CONTEXT`
-#: (docs/performance.md#summaries-on-a-gpu).
+#: (docs/performance-gpu.md#summaries-on-a-gpu).
 LSE_FROM_FORWARD = False
 #: The model dtypes whose traces of whole attention weights (no scores, no summaries, no
 #: dropout) under a mask the kernels rebuild take them from `attention_weights` (one pass
 #: that writes each weight once from its row's lse) instead of the explicit path's scores,
 #: mask and softmax. 16-bit ones: an H100 measured the pass faster there from 1k to 8k
 #: tokens, with less memory and closer to float64, and slower for float32
-#: (docs/performance.md#the-weights-pass).
+#: (docs/performance-gpu.md#the-weights-pass).
 WEIGHTS_FROM_LSE: frozenset[torch.dtype] = frozenset({torch.bfloat16, torch.float16})
 #: (query rows, keys, warps) per block of the weights pass, by model dtype width (bytes):
-#: float32's the fastest of four an H100 timed (docs/performance.md#the-weights-pass)
+#: float32's the fastest of four an H100 timed (docs/performance-gpu.md#the-weights-pass)
 WEIGHTS_BLOCKS: dict[int, tuple[int, ...]] = {2: (128, 64, 8), 4: (32, 64, 4)}
 
 

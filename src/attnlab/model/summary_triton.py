@@ -159,7 +159,7 @@ def _rows_block(q, k_head, v_head, start, rows, row_ok, key_index, dims, dim_ok,
         qk = tl.where(ok, qk, float("-inf"))
     # the scale (> 0) commutes with the max, and s2 - m is then one fused multiply-add per
     # pair, as in flash attention: this pass is bound by the instructions it issues, not by
-    # its exponentials (docs/performance.md#summaries-on-a-gpu)
+    # its exponentials (docs/performance-gpu.md#summaries-on-a-gpu)
     m_new = tl.maximum(m, tl.max(qk, 1) * scale2)
     m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)  # a row with no key yet
     alpha = tl.exp2(m - m_safe)  # 0 while m is -inf

@@ -107,7 +107,7 @@ def gpu_text_recipe(vocab_size: int, processes: int = 1) -> tuple[GPTConfig, Tra
     384 wide, context 256, batch 64, dropout 0.2, no biases, exact GELU, AdamW lr 1e-3 with
     betas (0.9, 0.99), 100 warmup steps, cosine to 1e-4, bfloat16 autocast), with a shorter
     schedule and a stop at the best val loss. nanoGPT's run decays over 5000 steps, though
-    its val loss is best near 2000 (docs/performance.md#nanogpt-on-a-gpu), so this one
+    its val loss is best near 2000 (docs/performance-gpu.md#nanogpt-on-a-gpu), so this one
     decays over 2000, evaluates every 250 steps on 50 batches of each split (819,200
     tokens), and stops after two evaluations without a better val loss, keeping the best
     one's checkpoint (`patience`). Fused AdamW (make_optimizer) runs one kernel per step on
