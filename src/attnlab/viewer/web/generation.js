@@ -12,7 +12,7 @@ let running = null; // AbortController of the running generation
 // show(ids, generatedFrom): draw the attention of `ids`, whose new tokens start at
 // generatedFrom; blockSize(): the model's context length.
 export function wireGeneration({ show, blockSize }) {
-  $("gen").addEventListener("click", () => generate(show, blockSize()));
+  $("gen").addEventListener("click", () => generate(show, blockSize));
   $("stop").addEventListener("click", () => running && running.abort());
 }
 
@@ -25,7 +25,7 @@ function request() {
   };
 }
 
-async function generate(show, block) {
+async function generate(show, blockSize) {
   const body = request();
   const out = $("output");
   out.querySelector(".prompt-text").textContent = body.text;
@@ -75,6 +75,7 @@ async function generate(show, block) {
   // The generation's attention goes to the token view; the Text box keeps what the user typed.
   // A generation that fills the context ends with a token the model never read (as in
   // `attnlab generate`): the view shows the first block tokens.
+  const block = blockSize();
   if (done) {
     const why = { eot: "end of text", block_size: "context full", max_new_tokens: "max tokens" };
     const unread = done.ids.length > block ? " (but the last token, which it never read)" : "";
