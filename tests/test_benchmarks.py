@@ -233,6 +233,8 @@ def test_summaries_suite_times_the_summaries_against_the_forward() -> None:
     assert result["target_met"] is None  # a quick run claims no target
     (t,) = result["tables"]
     assert len(t["rows"]) == 3 and all(len(r) == len(t["columns"]) for r in t["rows"])
+    # each first call ran in a process of its own and came back with its time
+    assert all(row[3] > 0 for row in t["rows"])
 
 
 def test_patching_suite_times_every_way_on_the_same_grid() -> None:
