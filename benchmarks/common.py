@@ -11,11 +11,15 @@ from __future__ import annotations
 
 import gc
 import importlib.metadata
+import json
 import os
 import platform
 import statistics
+import subprocess
+import sys
 import time
 from collections.abc import Callable, Sequence
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -183,6 +187,21 @@ def cold_call(fn: Callable[[], Any]) -> tuple[float, int | None, Any]:
         out = fn()
     seconds = now() - start
     return seconds, None if rss0 is None else (status_kb("VmHWM") - rss0) * 1024, out
+
+
+def in_own_process(module: str, function: str, *args: Any) -> Any:
+    """`benchmarks.<module>.<function>(*args)` run in a fresh Python process, and its result
+    (JSON) here. A first call measured there starts from an empty heap; in the benchmark's
+    own process its peak RSS rise would depend on what the calls before it left in the heap
+    (docs/performance.md#summaries-at-long-context)."""
+    code = (f"import json; from benchmarks import {module}; "
+            f"print(json.dumps({module}.{function}(*{args!r})))")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          cwd=Path(__file__).parents[1], check=False)
+    if done.returncode != 0:
+        raise RuntimeError(f"benchmarks.{module}.{function}{args!r} failed in its own "
+                           f"process:\n{done.stderr[-2000:]}")
+    return json.loads(done.stdout.splitlines()[-1])
 
 
 def status_kb(field: str) -> int:

@@ -20,11 +20,7 @@ against the same quantities computed in float64 from a trace of its (1, 14, T, T
 
 from __future__ import annotations
 
-import json
-import subprocess
-import sys
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
 import torch
@@ -34,7 +30,7 @@ from attnlab.model.runtime import one_thread, reuse_freed_memory
 from attnlab.model.summaries import SUMMARY_NAMES
 from attnlab.model.trace import Trace
 
-from .common import alternate, clock, cold_call, median_ms, table
+from .common import alternate, clock, cold_call, in_own_process, median_ms, table
 
 TARGET = 2.0  # summaries / fused forward, at most
 FORWARD, LAST, SUMMARIES = ("attnlab forward (no trace)", "attnlab forward, last logits only",
@@ -94,24 +90,9 @@ def _setup(quick: bool) -> tuple[GPT, torch.Tensor, dict[str, Callable[[], Any]]
     return model, ids, fns, held
 
 
-def fresh_first_call(variant: str, quick: bool) -> tuple[float, int | None]:
-    """(seconds, peak RSS rise) of `variant`'s first call in a process of its own: in one
-    process each call's rise depends on what the calls before it left in the heap (the
-    summaries' rose 179 MiB above the last-logits forward after it, and the same in
-    processes of their own; docs/performance.md#summaries-at-long-context)."""
-    code = ("import json, sys; from benchmarks import summaries; "
-            f"print(json.dumps(summaries.first_call({variant!r}, {quick!r})))")
-    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                          cwd=Path(__file__).parents[1], check=False)
-    if done.returncode != 0:
-        raise RuntimeError(f"the first call of {variant!r} failed in its own process:\n"
-                           f"{done.stderr[-2000:]}")
-    seconds, rise = json.loads(done.stdout.splitlines()[-1])
-    return seconds, rise
-
-
 def first_call(variant: str, quick: bool) -> tuple[float, int | None]:
-    """`cold_call`'s (seconds, rise) of `variant` here, as the CLI and benchmarks run."""
+    """`cold_call`'s (seconds, peak RSS rise) of `variant` in this process, memory set up as
+    the CLI and benchmarks set it (`common.in_own_process` runs it alone)."""
     reuse_freed_memory()
     with one_thread(), torch.inference_mode():
         fn = _setup(quick)[2][variant]
@@ -122,7 +103,7 @@ def _run(quick: bool) -> dict[str, Any]:
     rounds = 1 if quick else 3
     model, ids, fns, held = _setup(quick)
     T, config = ids.shape[1], model.config
-    first = {name: fresh_first_call(name, quick) for name in fns}
+    first = {name: in_own_process("summaries", "first_call", name, quick) for name in fns}
     times = alternate(fns, rounds=rounds, warmup=1)
     errors = _errors(model, ids, held["trace"])
     stored = held["trace"].nbytes()

@@ -18,8 +18,10 @@ nnsight: with or without `stop()`) >= 1.5x slower than attnlab's (`Trace.run`) f
 TransformerLens `run_with_cache` with a pattern filter and Hugging Face eager
 `output_attentions=True`, also reported like for like with every tool computing the logits;
 a full trace >= 1.3x faster than TransformerLens's full cache. Memory: bytes the stored
-capture holds, and the rise of the process's peak RSS during each variant's first call
-(VmHWM after a reset through /proc/self/clear_refs).
+capture holds, and the rise of the peak RSS during each variant's first call, in a process
+of its own (VmHWM after a reset through /proc/self/clear_refs). A quick run measures its first
+calls one after another in the suite's process: a process per variant would import
+transformers anew each time, which costs a smoke test more than all its calls.
 """
 
 from __future__ import annotations
@@ -32,11 +34,20 @@ import torch
 
 from attnlab.hf import gpt_from_hf
 from attnlab.model.gpt import GPT, unembed
-from attnlab.model.runtime import one_thread
+from attnlab.model.runtime import one_thread, reuse_freed_memory
 from attnlab.model.trace import Trace
 from attnlab.model.traced_attention import BLOCK_ROWS
 
-from .common import alternate, clock, cold_call, machine, median_ms, package_version, table
+from .common import (
+    alternate,
+    clock,
+    cold_call,
+    in_own_process,
+    machine,
+    median_ms,
+    package_version,
+    table,
+)
 
 SHAPES: dict[str, dict[str, Any]] = {
     "gpt2": dict(n_layer=12, n_head=12, n_embd=768, vocab_size=50257),
@@ -215,13 +226,33 @@ def run(quick: bool = False) -> dict[str, Any]:
         return _run(quick)
 
 
-def _run(quick: bool) -> dict[str, Any]:
-    shape, T, rounds = ("toy", 32, 1) if quick else ("gpt2", 1024, 5)
+def _inputs(quick: bool) -> tuple[str, int, Any, torch.Tensor]:
+    """(shape, T, the Hugging Face model, the (1, T) ids): the same seeds in every process."""
+    shape, T = ("toy", 32) if quick else ("gpt2", 1024)
     hf = _hf_model(shape, block_size=max(64, T))
     ids = torch.randint(0, hf.config.vocab_size, (1, T), generator=torch.Generator().manual_seed(1))
+    return shape, T, hf, ids
+
+
+def first_call(name: str, quick: bool) -> tuple[float, int | None]:
+    """`cold_call`'s (seconds, peak RSS rise) of variant `name` in this process, every variant
+    set up as `_run` sets them up (`common.in_own_process` runs it alone)."""
+    reuse_freed_memory()
+    with one_thread(), tempfile.TemporaryDirectory() as tmp:
+        _, _, hf, ids = _inputs(quick)
+        seconds, rise, _ = cold_call(variants(hf, ids, tmp)[name])
+    return seconds, rise
+
+
+def _run(quick: bool) -> dict[str, Any]:
+    shape, T, hf, ids = _inputs(quick)
+    rounds = 1 if quick else 5
     with tempfile.TemporaryDirectory() as tmp:
         fns = variants(hf, ids, tmp)
         first, logit_diff, checks = first_calls(fns)
+        if not quick:  # each variant's first call alone (the module docstring: why not quick)
+            first = {name: (*in_own_process("trace", "first_call", name, quick), first[name][2])
+                     for name in fns}
         times = alternate({n: _in_inference_mode(f) for n, f in fns.items()}, rounds=rounds,
                           warmup=0)
     ms = {name: median_ms(t[clock()]) for name, t in times.items()}
@@ -242,13 +273,13 @@ def _run(quick: bool) -> dict[str, Any]:
     err16, err_hf, run_equal = checks
     notes = [
         _setup_note(shape, T, rounds, versions),
-        "first call: each variant's cold call, one-time setup included; attnlab's traced path "
-        "then wrote into fresh pages, later calls into the buffers earlier traces freed "
-        "(runtime.kept_empty), which the ms column times.",
+        "first call and peak rise: each variant's first call, one-time setup included, and how "
+        "far the peak RSS rose during it, "
+        + ("in this process after the variants above it (a quick run)" if quick else
+           "in a process of its own") + "; attnlab's traced path then wrote into fresh pages, "
+        "the ms column's calls into the buffers earlier traces freed (runtime.kept_empty).",
         "stored: bytes of what the call returns as captured (attnlab: the trace, HF: "
-        "attentions, TransformerLens: the cache); peak rise: how far the process's peak RSS "
-        "rose during the variant's first call (memory freed by earlier calls and kept by the "
-        "allocator is reused, not counted).",
+        "attentions, TransformerLens: the cache).",
         f"attnlab's weights equal Hugging Face eager's to {err_hf:.1e}; Trace.run's are "
         f"{'bit-equal to' if run_equal else 'NOT equal to'} the whole traced forward's; "
         f"float16 storage changes them by at most {err16:.1e} (bound 2**-12 = 2.4e-4) and "

@@ -299,3 +299,13 @@ def test_roofline_suite_relates_decode_to_the_measured_bandwidth() -> None:
     names = [t["title"] for t in result["tables"]]
     assert ("Decode with float16 weights" in names[1]) == roofline.FBGEMM
     assert [row[0] for row in result["tables"][-1]["rows"]][:2] == ["gpt2", "gpt2-medium"]
+
+
+def test_a_trace_variants_first_call_runs_alone_as_a_full_run_measures_it() -> None:
+    """A full run measures each variant's first call in a process of its own (`first_call`,
+    through `common.in_own_process`); the quick run above keeps its own process."""
+    from benchmarks import trace as trace_suite
+    from benchmarks.common import in_own_process
+
+    seconds, rise = in_own_process("trace", "first_call", trace_suite.RUN, True)
+    assert seconds > 0 and (rise is None or rise >= 0)
