@@ -102,7 +102,7 @@ def first_call(variant: str, quick: bool) -> tuple[float, int | None]:
 def _run(quick: bool) -> dict[str, Any]:
     rounds = 1 if quick else 3
     model, ids, fns, held = _setup(quick)
-    T, config = ids.shape[1], model.config
+    T, c = ids.shape[1], model.config
     first = {name: in_own_process("summaries", "first_call", name, quick) for name in fns}
     times = alternate(fns, rounds=rounds, warmup=1)
     errors = _errors(model, ids, held["trace"])
@@ -112,7 +112,6 @@ def _run(quick: bool) -> dict[str, Any]:
               "vs_forward_last_logits": ms[SUMMARIES] / ms[LAST]}
     rows = [[name, ms[name], ms[name] / ms[FORWARD], first[name][0] * 1e3,
              None if first[name][1] is None else first[name][1] / 2**20] for name in fns]
-    c = config
     notes = [
         f"{'toy' if quick else 'qwen2.5-0.5b'} shape ({c.n_layer} layers, {c.n_head} query "
         f"heads, {c.n_kv_heads} key/value heads, {c.n_embd} wide, head_dim {c.head_size}, "
