@@ -24,7 +24,12 @@ from typing import Any
 
 import torch
 
-from attnlab.model.runtime import linear_kernel, release_kept_memory
+from attnlab.model.runtime import (
+    linear_kernel,
+    one_thread,
+    release_kept_memory,
+    reuse_freed_memory,
+)
 
 
 def package_version(package: str) -> str | None:
@@ -187,6 +192,15 @@ def cold_call(fn: Callable[[], Any]) -> tuple[float, int | None, Any]:
         out = fn()
     seconds = now() - start
     return seconds, None if rss0 is None else (status_kb("VmHWM") - rss0) * 1024, out
+
+
+def alone_first_call(make: Callable[[], Callable[[], Any]]) -> tuple[float, int | None]:
+    """`cold_call`'s (seconds, peak RSS rise) of the function `make` sets up, with freed
+    memory reused and one torch thread as the CLI and the suites set them: the body of a
+    suite's `first_call`, which `in_own_process` runs alone."""
+    reuse_freed_memory()
+    with one_thread():
+        return cold_call(make())[:2]
 
 
 def in_own_process(module: str, function: str, *args: Any) -> Any:

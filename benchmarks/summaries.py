@@ -26,11 +26,11 @@ from typing import Any
 import torch
 
 from attnlab.model.gpt import GPT, GPTConfig
-from attnlab.model.runtime import one_thread, reuse_freed_memory
+from attnlab.model.runtime import one_thread
 from attnlab.model.summaries import SUMMARY_NAMES
 from attnlab.model.trace import Trace
 
-from .common import alternate, clock, cold_call, in_own_process, median_ms, table
+from .common import alone_first_call, alternate, clock, in_own_process, median_ms, table
 
 TARGET = 2.0  # summaries / fused forward, at most
 FORWARD, LAST, SUMMARIES = ("attnlab forward (no trace)", "attnlab forward, last logits only",
@@ -91,12 +91,9 @@ def _setup(quick: bool) -> tuple[GPT, torch.Tensor, dict[str, Callable[[], Any]]
 
 
 def first_call(variant: str, quick: bool) -> tuple[float, int | None]:
-    """`cold_call`'s (seconds, peak RSS rise) of `variant` in this process, memory set up as
-    the CLI and benchmarks set it (`common.in_own_process` runs it alone)."""
-    reuse_freed_memory()
-    with one_thread(), torch.inference_mode():
-        fn = _setup(quick)[2][variant]
-        return cold_call(fn)[:2]
+    """`common.alone_first_call` of `variant`, set up as `_run` sets it up: what
+    `common.in_own_process` runs alone."""
+    return alone_first_call(lambda: _setup(quick)[2][variant])
 
 
 def _run(quick: bool) -> dict[str, Any]:

@@ -34,11 +34,12 @@ import torch
 
 from attnlab.hf import gpt_from_hf
 from attnlab.model.gpt import GPT, unembed
-from attnlab.model.runtime import one_thread, reuse_freed_memory
+from attnlab.model.runtime import one_thread
 from attnlab.model.trace import Trace
 from attnlab.model.traced_attention import BLOCK_ROWS
 
 from .common import (
+    alone_first_call,
     alternate,
     clock,
     cold_call,
@@ -120,29 +121,40 @@ def _linears(module: torch.nn.Module) -> list[torch.nn.Linear]:
             and m is not getattr(module, "lm_head", None)]
 
 
-def variants(hf: Any, ids: torch.Tensor, tmp: str) -> dict[str, Callable[[], tuple[Any, Any]]]:
-    """name -> function returning (logits or None, what it captured), all on the same
-    weights. Each tool's way to the weights without the head is there where it has one:
-    `Trace.run`, Hugging Face's base model (`AutoModel`, as bertviz loads it), nnsight's
-    `tracer.stop()`; TransformerLens's `stop_at_layer` cannot keep the last layer's pattern
-    and skip the head (stop_at_layer=n_layers still runs it here)."""
-    ours = gpt_from_hf(hf.config.to_dict(), hf.state_dict()).eval()
-    fns = attnlab_variants(ours, ids)
+Variants = dict[str, Callable[[], tuple[Any, Any]]]
+
+
+def families(hf: Any, ids: torch.Tensor, tmp: str) -> dict[str, Callable[[], Variants]]:
+    """tool -> what builds its variants (name -> function returning (logits or None, what
+    it captured)), all on the same weights; TransformerLens and nnsight where they import.
+    Each tool's way to the weights without the head is there where it has one: `Trace.run`,
+    Hugging Face's base model (`AutoModel`, as bertviz loads it), nnsight's `tracer.stop()`;
+    TransformerLens's `stop_at_layer` cannot keep the last layer's pattern and skip the head
+    (stop_at_layer=n_layers still runs it here)."""
+    built: dict[str, Callable[[], Variants]] = {
+        "attnlab": lambda: attnlab_variants(
+            gpt_from_hf(hf.config.to_dict(), hf.state_dict()).eval(), ids),
+        "HF": lambda: hf_variants(hf, ids),
+    }
+    if package_version("transformer-lens"):
+        built["TransformerLens"] = lambda: transformer_lens_variants(hf, ids, tmp)
+    if package_version("nnsight"):
+        built["nnsight"] = lambda: nnsight_variants(hf, ids)
+    return built
+
+
+def hf_variants(hf: Any, ids: torch.Tensor) -> Variants:
+    """Hugging Face eager's rows: the LM with the logits, and its base model without."""
 
     def hf_eager() -> tuple[Any, Any]:
         out = hf(ids, output_attentions=True)
         return out.logits, out.attentions
 
-    fns["HF eager output_attentions"] = hf_eager
-    fns[HF_BASE] = lambda: (None, hf.transformer(ids, output_attentions=True).attentions)
-    if package_version("transformer-lens"):
-        fns |= transformer_lens_variants(hf, ids, tmp)
-    if package_version("nnsight"):
-        fns |= nnsight_variants(hf, ids)
-    return fns
+    return {"HF eager output_attentions": hf_eager,
+            HF_BASE: lambda: (None, hf.transformer(ids, output_attentions=True).attentions)}
 
 
-def attnlab_variants(ours: GPT, ids: torch.Tensor) -> dict[str, Callable[[], tuple[Any, Any]]]:
+def attnlab_variants(ours: GPT, ids: torch.Tensor) -> Variants:
     """attnlab's rows: the untraced forward (the yardstick, timed first), traced forwards,
     `Trace.run`, and the two floors of matrix products alone."""
 
@@ -164,8 +176,7 @@ def attnlab_variants(ours: GPT, ids: torch.Tensor) -> dict[str, Callable[[], tup
     }
 
 
-def transformer_lens_variants(hf: Any, ids: torch.Tensor, tmp: str
-                              ) -> dict[str, Callable[[], tuple[Any, Any]]]:
+def transformer_lens_variants(hf: Any, ids: torch.Tensor, tmp: str) -> Variants:
     """TransformerLens's rows, booted from the same weights saved to `tmp` (nothing
     downloaded): the pattern-filtered cache and the full one."""
     from transformer_lens.model_bridge import TransformerBridge
@@ -186,7 +197,7 @@ def transformer_lens_variants(hf: Any, ids: torch.Tensor, tmp: str
     return {TL_PATTERN: tl_pattern, TL_FULL: tl_full}
 
 
-def nnsight_variants(hf: Any, ids: torch.Tensor) -> dict[str, Callable[[], tuple[Any, Any]]]:
+def nnsight_variants(hf: Any, ids: torch.Tensor) -> Variants:
     """nnsight's rows on the same eager Hugging Face model: every layer's weights saved with
     the logits, and with `tracer.stop()` after the last layer's (no head)."""
     from nnsight import NNsight
@@ -234,25 +245,25 @@ def _inputs(quick: bool) -> tuple[str, int, Any, torch.Tensor]:
     return shape, T, hf, ids
 
 
-def first_call(name: str, quick: bool) -> tuple[float, int | None]:
-    """`cold_call`'s (seconds, peak RSS rise) of variant `name` in this process, every variant
-    set up as `_run` sets them up (`common.in_own_process` runs it alone)."""
-    reuse_freed_memory()
-    with one_thread(), tempfile.TemporaryDirectory() as tmp:
+def first_call(family: str, name: str, quick: bool) -> tuple[float, int | None]:
+    """`common.alone_first_call` of variant `name`, built as `_run` builds it, with only
+    its tool's variants (`families`) set up: what `common.in_own_process` runs alone."""
+    with tempfile.TemporaryDirectory() as tmp:
         _, _, hf, ids = _inputs(quick)
-        seconds, rise, _ = cold_call(variants(hf, ids, tmp)[name])
-    return seconds, rise
+        return alone_first_call(lambda: families(hf, ids, tmp)[family]()[name])
 
 
 def _run(quick: bool) -> dict[str, Any]:
     shape, T, hf, ids = _inputs(quick)
     rounds = 1 if quick else 5
     with tempfile.TemporaryDirectory() as tmp:
-        fns = variants(hf, ids, tmp)
+        built = {tool: build() for tool, build in families(hf, ids, tmp).items()}
+        fns = {name: fn for variants in built.values() for name, fn in variants.items()}
         first, logit_diff, checks = first_calls(fns)
         if not quick:  # each variant's first call alone (the module docstring: why not quick)
-            first = {name: (*in_own_process("trace", "first_call", name, quick), first[name][2])
-                     for name in fns}
+            first = {name: (*in_own_process("trace", "first_call", tool, name, quick),
+                            first[name][2])
+                     for tool, variants in built.items() for name in variants}
         times = alternate({n: _in_inference_mode(f) for n, f in fns.items()}, rounds=rounds,
                           warmup=0)
     ms = {name: median_ms(t[clock()]) for name, t in times.items()}
@@ -314,7 +325,7 @@ def _run(quick: bool) -> dict[str, Any]:
 
 
 def first_calls(
-    fns: dict[str, Callable[[], tuple[Any, Any]]],
+    fns: Variants,
 ) -> tuple[dict[str, tuple[float, int | None, int]], dict[str, float | None],
            tuple[float, float, bool]]:
     """Each variant's first call, which is also its warmup: (name -> (seconds, peak RSS rise,

@@ -307,5 +307,22 @@ def test_a_trace_variants_first_call_runs_alone_as_a_full_run_measures_it() -> N
     from benchmarks import trace as trace_suite
     from benchmarks.common import in_own_process
 
-    seconds, rise = in_own_process("trace", "first_call", trace_suite.RUN, True)
+    seconds, rise = in_own_process("trace", "first_call", "attnlab", trace_suite.RUN, True)
     assert seconds > 0 and (rise is None or rise >= 0)
+
+
+def test_a_trace_variants_first_call_sets_up_only_its_own_tool(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A child process measuring Hugging Face's row builds no attnlab model (and with the
+    `bench` extra, boots no TransformerLens bridge): only its tool's variants."""
+    from benchmarks import trace as trace_suite
+
+    def fail(*args: object) -> None:
+        raise AssertionError("attnlab's variants were built for Hugging Face's first call")
+
+    monkeypatch.setattr(trace_suite, "attnlab_variants", fail)
+    seconds, rise = trace_suite.first_call("HF", trace_suite.HF_BASE, True)
+    assert seconds > 0 and (rise is None or rise >= 0)
+    with pytest.raises(AssertionError, match="attnlab's variants were built"):
+        trace_suite.first_call("attnlab", trace_suite.RUN, True)
