@@ -232,7 +232,8 @@ def test_page_and_static_files(setup: tuple[GPT, Tokenizer, TestClient]) -> None
     assert page.status_code == 200 and 'src="/static/app.js"' in page.text
     assert "default-src 'self'" in page.headers["content-security-policy"]
     scripts = sorted(p.name for p in WEB_DIR.glob("*.js"))
-    assert {"app.js", "api.js", "dom.js", "draw.js", "generation.js", "heads.js"} <= set(scripts)
+    served = {"app.js", "api.js", "chips.js", "dom.js", "draw.js", "generation.js", "heads.js"}
+    assert served <= set(scripts)
     for name, kind in [*((n, "text/javascript") for n in scripts), ("style.css", "text/css")]:
         r = client.get(f"/static/{name}")
         assert r.status_code == 200 and r.headers["content-type"].startswith(kind)

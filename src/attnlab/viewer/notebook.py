@@ -2,10 +2,10 @@
 
 `show(trace)` or `show(model, tokenizer, text)` returns a `View`; a notebook displays it
 through `_repr_html_`, and `View.save("x.html")` writes the same view as a page. The HTML
-carries its own script and styles (the viewer's `web/draw.js`, `web/view_data.js` and
-`web/view.js`, inlined as one classic script, and `web/view.css`): no CDN, no server, no
-require.js, no network request, so it works offline in JupyterLab, Notebook 7, VS Code,
-Colab and a plain browser.
+carries its own script and styles (the viewer's `web/draw.js`, `web/chips.js`,
+`web/view_data.js` and `web/view.js`, inlined as one classic script, and `web/view.css`): no
+CDN, no server, no require.js, no network request, so it works offline in JupyterLab,
+Notebook 7, VS Code, Colab and a plain browser.
 Each view gets a unique element id and the page gets one global, `window.attnlabView`.
 
 Views (tabs): head view (one layer; one head or all; hover or click a token to see what it
@@ -283,7 +283,7 @@ def _classic(source: str) -> str:
 def _assets() -> tuple[str, str, str]:
     """(script body defining mount, css, version key) from the package's web/ files."""
     js = "\n".join(_classic((WEB_DIR / name).read_text())
-                   for name in ("draw.js", "view_data.js", "view.js"))
+                   for name in ("draw.js", "chips.js", "view_data.js", "view.js"))
     css = (WEB_DIR / "view.css").read_text()
     key = hashlib.sha256((js + css).encode()).hexdigest()[:12]
     return js, css, key

@@ -2,8 +2,9 @@
 // No build step and no dependencies, so the page works offline from the installed package.
 // Weights arrive as the lower triangle (row i: keys 0..i); later keys are masked to 0.
 // Requests and their answers' decoding live in api.js, canvas drawing in draw.js, the Generate
-// panel in generation.js.
+// panel in generation.js, the token chips' pointer and keyboard handling in chips.js.
 import { api, attention } from "./api.js";
+import { wireChips } from "./chips.js";
 import { $, setStatus } from "./dom.js";
 import {
   cellAt, colour, drawCells, drawHeatmap, drawMini, headImage, inkFor, placeTip, sees, shown,
@@ -415,27 +416,7 @@ function wire() {
   });
   $("rowscale").addEventListener("change", () => { renderMap(); highlight(); });
 
-  const tokens = $("tokens");
-  tokens.addEventListener("mouseover", (e) => {
-    const chip = e.target.closest(".tok");
-    if (chip) { state.hover = Number(chip.dataset.i); scheduleHighlight(); }
-  });
-  tokens.addEventListener("mouseleave", () => { state.hover = null; scheduleHighlight(); });
-  tokens.addEventListener("focusin", (e) => {
-    const chip = e.target.closest(".tok");
-    if (chip) { state.hover = Number(chip.dataset.i); scheduleHighlight(); }
-  });
-  tokens.addEventListener("focusout", () => { state.hover = null; scheduleHighlight(); });
-  tokens.addEventListener("keydown", (e) => {
-    if ((e.key === "Enter" || e.key === " ") && e.target.closest(".tok")) {
-      e.preventDefault();  // Space would scroll the page
-      e.target.click();
-    }
-  });
-  tokens.addEventListener("click", (e) => {
-    const chip = e.target.closest(".tok");
-    if (!chip) return;
-    const i = Number(chip.dataset.i);
+  wireChips($("tokens"), ".tok", (i) => { state.hover = i; scheduleHighlight(); }, (i) => {
     state.pinned = state.pinned === i ? null : i;
     highlight();
   });

@@ -1,5 +1,5 @@
 // attnlab.show()'s view: one self-contained attention view, for a notebook output or an
-// HTML file. viewer/notebook.py inlines draw.js, view_data.js and this file into one classic
+// HTML file. viewer/notebook.py inlines draw.js, chips.js, view_data.js and this file into one classic
 // script (no module, no network, no global but window.attnlabView) and calls mount(root,
 // data) with the payload it built; several views on one page share nothing but that code.
 // The payload's format and its decoding are view_data.js's.
@@ -8,6 +8,7 @@ import {
   cellAt, colour, drawCells, drawHeatmap, drawMini, inkFor, matrixImage, placeTip, scoreRGB,
   shown, weightRGB,
 } from "./draw.js";
+import { wireChips } from "./chips.js";
 import { decode } from "./view_data.js";
 
 // ------------------------------------------------------------------ one mounted view
@@ -399,28 +400,11 @@ class View {
 
   wireTokens() {
     const { state } = this;
-    const tokens = this.ui.tokens;
-    tokens.addEventListener("mouseover", (e) => {
-      const chip = e.target.closest(".alv-tok");
-      if (chip && state.hover !== Number(chip.dataset.i)) { state.hover = Number(chip.dataset.i); this.highlight(); }
-    });
-    tokens.addEventListener("mouseleave", () => { state.hover = null; this.highlight(); });
-    tokens.addEventListener("focusin", (e) => {  // the keyboard: focus shows, Enter/Space pins
-      const chip = e.target.closest(".alv-tok");
-      if (chip) { state.hover = Number(chip.dataset.i); this.highlight(); }
-    });
-    tokens.addEventListener("focusout", () => { state.hover = null; this.highlight(); });
-    tokens.addEventListener("keydown", (e) => {
-      if ((e.key === "Enter" || e.key === " ") && e.target.closest(".alv-tok")) {
-        e.preventDefault();
-        e.target.click();
-      }
-    });
-    tokens.addEventListener("click", (e) => {
-      const chip = e.target.closest(".alv-tok");
-      if (!chip) return;
-      const p = Number(chip.dataset.i);
-      state.pinned = state.pinned === p ? null : p;
+    const hover = (i) => {
+      if (state.hover !== i) { state.hover = i; this.highlight(); }
+    };
+    wireChips(this.ui.tokens, ".alv-tok", hover, (i) => {
+      state.pinned = state.pinned === i ? null : i;
       this.highlight();
     });
   }
