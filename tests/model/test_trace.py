@@ -11,6 +11,7 @@ from hypothesis import strategies as st
 from attnlab import GPT, CausalSelfAttention, GPTConfig, Trace
 from attnlab.model import traced_attention
 from attnlab.model.names import NAMES, absent_names
+from attnlab.model.trace import narrowed
 from helpers import modern_switches
 
 
@@ -387,6 +388,25 @@ def test_a_narrower_trace_dtype_masks_what_the_model_masked(
     assert torch.isfinite(narrow.get("attn_scores")).all()
     for row in range(2):
         assert torch.equal(narrow.may_attend(None, row), wide.may_attend(None, row))
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_narrowed_holds_values_past_the_range_and_keeps_the_rest_as_a_cast(
+    dtype: torch.dtype,
+) -> None:
+    """In range (weights), a plain cast; past it, +-the largest finite value, -inf (masked)
+    and nan as they were; an empty tensor stays empty."""
+    largest = torch.finfo(dtype).max
+    inside = torch.rand(3, 40) * 2 - 1  # (3, 40)
+    assert torch.equal(narrowed(inside, dtype), inside.to(dtype))
+    wild = inside.double()  # float64: past bfloat16's range too
+    wild[0, :4] = torch.tensor([1e39, -1e39, float("inf"), float("-inf")], dtype=torch.float64)
+    wild[1, 0] = float("nan")
+    out = narrowed(wild, dtype)
+    assert out.dtype == dtype
+    assert out[0, :4].tolist() == [largest, -largest, largest, float("-inf")]
+    assert out[1, 0].isnan() and torch.equal(out[2], inside[2].to(dtype))
+    assert narrowed(torch.empty(0, 5), dtype).shape == (0, 5)
 
 
 @pytest.mark.parametrize("hs", [64, 80])

@@ -481,8 +481,12 @@ def narrowed(value: Tensor, dtype: torch.dtype) -> Tensor:
     float32 scores would otherwise become +-inf in float16 and read as masked. -inf (a
     masked score) stays -inf."""
     largest = torch.finfo(dtype).max
-    if torch.finfo(value.dtype).max <= largest:  # nothing to clamp (a widening)
+    if torch.finfo(value.dtype).max <= largest or value.numel() == 0:  # nothing to clamp
         return value.to(dtype)
+    if value.device.type == "cpu":  # one read spares most values (weights) three passes;
+        low, high = torch.aminmax(value)  # a GPU would wait on .item()
+        if -largest <= low.item() and high.item() <= largest:
+            return value.to(dtype)
     clamped = value.clamp(-largest, largest)  # value's shape
     clamped.masked_fill_(value.isneginf(), float("-inf"))
     return clamped.to(dtype)
