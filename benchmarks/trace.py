@@ -22,8 +22,8 @@ but the per-head summaries, which TransformerLens has no hook for; `Trace()`, wh
 computes them too, has a row of its own). Memory: bytes the stored capture holds, and the
 rise of the peak RSS during each variant's first call, in a process of its own (VmHWM after
 a reset through /proc/self/clear_refs). A quick run measures its first calls one after
-another in the suite's process: a process per variant would import
-transformers anew each time, which costs a smoke test more than all its calls.
+another in the suite's process: a process per variant would import transformers anew each
+time, which costs a smoke test more than all its calls.
 """
 
 from __future__ import annotations
