@@ -9,8 +9,6 @@ reported as the median, which a burst of load from another process moves least.
 
 from __future__ import annotations
 
-import ctypes
-import ctypes.util
 import gc
 import importlib.metadata
 import json
@@ -31,6 +29,7 @@ from attnlab.model.runtime import (
     one_thread,
     release_kept_memory,
     reuse_freed_memory,
+    trim_heap,
 )
 
 
@@ -175,23 +174,15 @@ def render(result: dict[str, Any]) -> str:
     return "\n\n".join(parts)
 
 
-def _trim_heap() -> None:
-    """Give the heap's free pages back to the kernel (glibc's malloc_trim), so that a first
-    call's peak rise counts the pages it needs, not fewer where its set-up happened to free
-    some (docs/performance.md#kept-buffers)."""
-    if platform.system() == "Linux" and platform.libc_ver()[0] == "glibc":
-        ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6").malloc_trim(0)
-
-
 def cold_call(fn: Callable[[], Any]) -> tuple[float, int | None, Any]:
     """(seconds, rise of this process's peak RSS during the call, fn's result) of a cold call:
     attnlab keeps no freed buffer (`release_kept_memory`) and the heap no free page
-    (`_trim_heap`), so its scores and weights go into fresh pages, as every other tool's do
-    on every call. The rise is None where Linux's peak reset (/proc/self/clear_refs) is not
+    (`trim_heap`), so its scores and weights go into fresh pages, as every other tool's do on
+    every call. The rise is None where Linux's peak reset (/proc/self/clear_refs) is not
     available."""
     gc.collect()
     release_kept_memory()
-    _trim_heap()
+    trim_heap()
     try:
         with open("/proc/self/clear_refs", "w") as f:
             f.write("5")  # reset VmHWM to the current RSS

@@ -49,12 +49,22 @@ def reuse_freed_memory() -> bool:
     Process-wide and meant for programs (the attnlab CLI and benchmarks call it at start),
     not for a library import. Does nothing, and returns False, on other C libraries.
     """
-    if platform.system() != "Linux" or platform.libc_ver()[0] != "glibc":
+    if not _glibc():
         return False
     libc = _libc()
     return bool(libc.mallopt(_M_MMAP_THRESHOLD, _MMAP_THRESHOLD_MAX)) and bool(
         libc.mallopt(_M_TRIM_THRESHOLD, _TRIM_THRESHOLD)
     )
+
+
+def trim_heap() -> bool:
+    """Give the heap's free pages back to the kernel (glibc's malloc_trim), which keeps up to
+    `_TRIM_THRESHOLD` of them once `reuse_freed_memory` ran; True if applied (Linux with
+    glibc). The benchmarks call it before measuring a call's peak memory."""
+    if not _glibc():
+        return False
+    _libc().malloc_trim(0)  # returns whether it freed any: 0 is no failure
+    return True
 
 
 _HUGE_PAGE = 2 << 20  # x86-64 transparent huge page
@@ -172,6 +182,11 @@ def release_kept_memory() -> int:
     forward's logits, after they are gone); returns the bytes freed. Like
     `torch.cuda.empty_cache()`: memory in use is not touched."""
     return _kept.release()
+
+
+def _glibc() -> bool:
+    """Whether this process runs on Linux with glibc (mallopt, malloc_trim)."""
+    return platform.system() == "Linux" and platform.libc_ver()[0] == "glibc"
 
 
 @functools.cache
