@@ -1,5 +1,6 @@
 // attnlab viewer: requests to the JSON API of attnlab/viewer/app.py and the decoding of their
 // answers, shared by app.js, generation.js and heads.js.
+import { bytesOf } from "./view_data.js";
 
 // fetch rejects with a TypeError ("Failed to fetch", "network error") only when no answer
 // came back: the server stopped or restarts. Say that, not the browser's words alone.
@@ -22,10 +23,7 @@ export async function attention(body) {
   const T = data.tokens.length;
   for (const layer of data.layers) {
     layer.heads = layer.heads.map((b64) => {
-      const bytes = atob(b64);
-      const buf = new Uint8Array(bytes.length);
-      for (let k = 0; k < bytes.length; k++) buf[k] = bytes.charCodeAt(k);
-      const flat = new Float32Array(buf.buffer);  // little-endian, as every browser's CPU
+      const flat = new Float32Array(bytesOf(b64).buffer);  // little-endian, as every browser's CPU
       const rows = [];
       for (let i = 0, at = 0; i < T; at += ++i) rows.push(Array.from(flat.subarray(at, at + i + 1)));
       return rows;

@@ -1,5 +1,5 @@
 // attnlab.show()'s view: the payload notebook.py writes, decoded into what each cell holds
-// (nothing about the page). Inlined with draw.js and view.js into one classic script.
+// (nothing about the page). Inlined with draw.js, chips.js and view.js into one classic script.
 //
 // The payload (viewer/notebook.py writes it; all arrays are base64 of zlib-compressed bytes):
 //   tokens[S]         labels of the key tokens; queries are the last T of them (off = S - T)
@@ -15,7 +15,8 @@
 //   steps             {layer, head, scores, weights, scale}: one head's raw scores and
 //                     weights, float32 (T, S), for the raw -> masked -> softmax view
 
-function bytesOf(b64) {
+// base64 -> bytes (api.js decodes the served page's weights with it too)
+export function bytesOf(b64) {
   const bin = atob(b64);
   const out = new Uint8Array(bin.length);
   for (let k = 0; k < bin.length; k++) out[k] = bin.charCodeAt(k);
