@@ -359,3 +359,7 @@ def test_inspect_summary_draws_the_heads_overview_without_weights(
     record = json.loads((tmp_path / "one" / "summary.json").read_text())
     assert record["layers"] == [1] and record["heads"] == [0]
     assert torch.tensor(record["means"]["attn_entropy"]).shape == (1, 1)
+    capsys.readouterr()
+    code = main(["inspect", str(checkpoint), text, "--out", str(tmp_path), "--summary",
+                 "--query", "3"])
+    assert code != 0 and "--summary averages over every query row" in capsys.readouterr().err

@@ -34,6 +34,9 @@ class Wants:
     def note_mask(self, mask: Mask) -> None:
         pass  # these tests read summaries, not which cells were masked
 
+    def named(self, name: str) -> bool:
+        return name in self.names
+
 
 # (B, nh, nkv, T, S, hs, causal, window, pads per batch row or None, block): a row's pads
 # are its first n keys (left padding) or the keys of a slice

@@ -304,12 +304,17 @@ def test_cross_attention_summaries_read_every_query_row(
 
 
 def test_cross_attention_refuses_attn_distance() -> None:
-    """A query of another sequence has no key index, so no distance to a key: the error names
-    cross-attention and the summaries that remain."""
+    """A query of another sequence has no key index, so no distance to a key: asked for by
+    name, the error names cross-attention and the summaries that remain; a default trace
+    (every name) goes without it and keeps the others."""
     attn = CausalSelfAttention(8, 8, n_head=2, d_context=6).eval()
+    x, context = torch.randn(1, 5, 8), torch.randn(1, 3, 6)
     with pytest.raises(ValueError, match="attn_distance has no meaning in cross-attention"):
-        attn(torch.randn(1, 5, 8), context=torch.randn(1, 3, 6),
-             trace=Trace(names=["attn_distance"]))
+        attn(x, context=context, trace=Trace(names=["attn_distance"]))
+    every = Trace()
+    attn(x, context=context, trace=every)
+    assert sorted(name for layer, name in every.values if name in SUMMARY_NAMES) == sorted(
+        CROSS_NAMES)
 
 
 def test_cross_attention_masks_keep_away_from_the_summary_kernels() -> None:

@@ -356,6 +356,46 @@ def test_show_summary_is_a_self_contained_heads_overview() -> None:
         show(Trace(names="attn_weights").run(model, ids), summary=True)
 
 
+def test_show_summary_takes_rows_and_masks_as_the_head_view_does() -> None:
+    """The overview reads `row` and `attention_mask` as the head view does: a negative row
+    counts from the end, a row's own (S,) mask serves, and a mask of another shape, a row
+    out of range or empty text get errors that say so. A trace holding some of the
+    summaries shows those."""
+    import re
+
+    from attnlab.interp.heads import SUMMARY_MEANS
+
+    tok = CharTokenizer(sorted(set("abcdefghijklmnopqrstuvwxyz .")))
+    torch.manual_seed(0)
+    model = GPT(GPTConfig.from_name("nano", n_head=4, vocab_size=tok.vocab_size)).eval()
+    ids = torch.tensor([tok.encode("the mat"), [0, 0, *tok.encode("a cat")]])  # (2, 7)
+    mask = torch.tensor([[1] * 7, [0, 0, 1, 1, 1, 1, 1]])
+
+    def cells(view: View) -> list[str]:
+        return re.findall(r'title="layer \d+, head \d+: [^"]+"', view.html)
+
+    last = show(model, tok, ids=ids, row=1, attention_mask=mask, summary=True)
+    assert "means over the 5 query rows (pads left out)" in last.html
+    for again in (show(model, tok, ids=ids, row=-1, attention_mask=mask, summary=True),
+                  show(model, tok, ids=ids, row=1, attention_mask=mask[1], summary=True)):
+        assert cells(again) == cells(last) and len(cells(last)) == 4 * 2 * 4
+    trace = Trace(names=list(SUMMARY_MEANS)).run(model, ids, mask)
+    assert cells(show(trace, row=-1, summary=True)) == cells(last)
+    assert cells(show(trace, row=1, attention_mask=mask[1], summary=True)) == cells(last)
+    with pytest.raises(ValueError, match=r"attention_mask of shape \(2, 5\) for a trace of 2 "):
+        show(trace, attention_mask=mask[:, :5], summary=True)
+    with pytest.raises(ValueError, match=r"row=2 out of range for a batch of 2 rows \(0 to 1"):
+        show(trace, row=2, summary=True)
+    with pytest.raises(ValueError, match="attention_mask of shape"):
+        show(model, tok, ids=ids, row=1, attention_mask=mask[:, :5], summary=True)
+    with pytest.raises(ValueError, match="was given empty text"):
+        show(model, tok, "", summary=True)
+    some = Trace(names=["attn_sink", "attn_max"]).run(model, ids, mask)
+    view = show(some, row=1, summary=True)
+    assert SUMMARY_MEANS["attn_sink"] in view.html
+    assert SUMMARY_MEANS["attn_entropy"] not in view.html
+
+
 def test_a_title_given_heads_the_view_escaped_and_one_token_is_one_token() -> None:
     tok = CharTokenizer(sorted(set("abc <>&'\"")))
     torch.manual_seed(0)

@@ -127,6 +127,9 @@ def run(args: argparse.Namespace) -> int:
     if args.summary and args.what != DEFAULT_WHAT:
         raise CLIError(f"--summary draws the summaries instead of --what {args.what}; drop "
                        "one of them")
+    if args.summary and args.query is not None:
+        raise CLIError(f"--summary averages over every query row; --query {args.query} picks "
+                       "one for --what row; drop one of them")
     formats, page = _formats(args.format)
     if page and not formats:
         kinds = []  # only the page (and attention.json)

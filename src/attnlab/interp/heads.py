@@ -52,7 +52,9 @@ from ..model.trace import EditSource, Trace
 
 #: Detector names, in the order tables list them.
 DETECTORS = ("previous_token", "duplicate_token", "induction", "first_token")
-#: The summaries `head_summaries` averages over query rows, and what each mean says.
+#: The summaries `head_summaries` averages over query rows, and what each mean says. Not
+#: attn_received: each row's weights sum to 1, so its mean over the keys is the same in every
+#: head (rows / keys); what it says is in its values, key by key.
 SUMMARY_MEANS = {
     "attn_entropy": "entropy (nats)",
     "attn_sink": "weight on the first token",
@@ -209,24 +211,47 @@ def summary_means(trace: Trace, layers: Sequence[int], attention_mask: Tensor | 
     """Per summary of `SUMMARY_MEANS` the trace holds for `layers`, a (len(layers), heads)
     tensor: its mean over the batch's real query rows (attention_mask (B, S), default the
     padding the trace's pass ran with; pad rows left out; NaN when no row is real), or over
-    batch row `row`'s alone."""
+    batch row `row`'s alone (negative counts from the end; the mask may then be the row's
+    own (S,))."""
     if attention_mask is None:
         attention_mask = trace.attention_mask
-    batch = slice(None) if row is None else slice(row, row + 1)
-    if attention_mask is not None:
-        attention_mask = attention_mask[batch]
     means = {}
     for name in SUMMARY_MEANS:
-        if not all((layer, name) in trace for layer in layers):
+        if not layers or not all((layer, name) in trace for layer in layers):
             continue
-        stack = torch.stack([trace.get(name, layer)[batch] for layer in layers])
+        stack = torch.stack([trace.get(name, layer) for layer in layers])
         stack = stack.to(wide(stack.dtype))  # float32, or a float64 model's float64
-        T = stack.shape[-1]  # (layers, B, heads, T)
-        real = (torch.ones(stack.shape[1], T, device=stack.device) if attention_mask is None
-                else attention_mask[:, -T:].to(stack))  # (B, T)
+        B, T = stack.shape[1], stack.shape[-1]  # (layers, B, heads, T)
+        real = real_queries(attention_mask, B, T, row).to(stack)  # (B or 1, T)
+        if row is not None:
+            stack = stack[:, row % B, None]  # (layers, 1, heads, T)
         total = (stack * real[None, :, None, :]).sum(dim=(1, 3))  # (layers, heads)
         means[name] = total / real.sum()  # (layers, heads)
     return means
+
+
+def real_queries(attention_mask: Tensor | None, B: int, T: int, row: int | None = None
+                 ) -> Tensor:
+    """1 for each real query of a trace's B rows of T queries, 0 for a pad's: the last T
+    columns of attention_mask (B, S >= T; None: all real), (B, T); or batch row `row`'s,
+    (1, T), from the (B, S) mask or the row's own (S,). A ValueError names a row out of
+    range or a mask of another shape."""
+    if row is not None and not -B <= row < B:
+        raise ValueError(f"row={row} out of range for a batch of {B} rows (0 to {B - 1}, or "
+                         "negative from the end)")
+    n = B if row is None else 1
+    if attention_mask is None:
+        return torch.ones(n, T)
+    mask = torch.as_tensor(attention_mask)
+    if mask.dim() == 2 and mask.shape[0] == B and row is not None:
+        mask = mask[row, None]  # (1, S)
+    elif mask.dim() == 1 and row is not None:
+        mask = mask[None]  # (1, S): the row's own
+    if mask.dim() != 2 or mask.shape[0] != n or mask.shape[1] < T:
+        raise ValueError(f"attention_mask of shape {tuple(torch.as_tensor(attention_mask).shape)}"
+                         f" for a trace of {B} row{'s' * (B != 1)} of {T} queries; pass the "
+                         f"(B, S) = ({B}, >= {T}) mask its model ran with")
+    return mask[:, -T:]
 
 
 @torch.no_grad()

@@ -50,6 +50,9 @@ class LayerTrace(Protocol):
     None: all, or an edit reads every row's); the weights may then come with only these
     rows on dim 2. `note_mask(mask)`: told the `Mask` of each call, so that a trace can say
     later which cells were masked (`Trace.may_attend`), which the weights cannot.
+    `named(name)`: whether the sink asked for `name` itself, not among every name by default
+    (cross-attention then refuses attn_distance, which it has no meaning for, where a default
+    trace goes without it).
     """
 
     needs_weights: bool
@@ -61,6 +64,8 @@ class LayerTrace(Protocol):
     def record(self, name: str, value: Tensor) -> Tensor: ...
 
     def note_mask(self, mask: Mask) -> None: ...
+
+    def named(self, name: str) -> bool: ...
 
 
 class LayerCache(Protocol):

@@ -111,6 +111,9 @@ class _LayerView:
         if self.trace is not None:
             self.trace.note_mask(mask, self.layer)
 
+    def named(self, name: str) -> bool:
+        return self.trace is not None and self.trace.named(name)
+
 
 @dataclass(frozen=True)
 class Masked:
@@ -344,6 +347,10 @@ class Trace:
     def wants(self, name: str) -> bool:
         """True when the filters keep `name`."""
         return self.names is None or name in self.names
+
+    def named(self, name: str) -> bool:
+        """True when `names` lists `name` itself (not None, every name)."""
+        return self.names is not None and name in self.names
 
     def record(self, name: str, value: Tensor, layer: int | None = None) -> Tensor:
         """Keep `value`, detached, under (layer, name) if the filters want it, and return

@@ -207,6 +207,8 @@ def _scores(q: Tensor, key_t: Tensor, mask: Mask, trace: LayerTrace
 def _summaries(trace: LayerTrace, q: Tensor, S: int, mask: Mask) -> Summaries | None:
     """The summaries the trace wants of this layer, empty, or None when it wants none."""
     names = [name for name in SUMMARY_NAMES if trace.wants(name)]
+    if mask.cross and not trace.named("attn_distance"):  # none in cross-attention (NAMES)
+        names = [name for name in names if name != "attn_distance"]
     if not names:
         return None
     B, nh, T, _ = q.shape
@@ -303,6 +305,9 @@ class _WithoutWeights:
 
     def note_mask(self, mask: Mask) -> None:
         self.trace.note_mask(mask)
+
+    def named(self, name: str) -> bool:
+        return self.trace.named(name)
 
 
 def _whole_weights(q: Tensor, key_t: Tensor, scores: Tensor | None, mask: Mask,

@@ -326,8 +326,8 @@ def _ids_of_row(ids: Sequence[int] | Tensor, row: int) -> list[int]:
 
 def _ids_to_show(source: Any, tokenizer: Any, text: str | None,
                  ids: Sequence[int] | Tensor | None, row: int, view: str) -> list[int] | None:
-    """The token ids the view labels (and a model runs on), from `text` or `ids` (one
-    sequence, or row `row` of a batch), after the checks of show's arguments."""
+    """The token ids the view labels (and a model runs on: then at least one), from `text` or
+    `ids` (one sequence, or row `row` of a batch), after the checks of show's arguments."""
     if view not in VIEWS:
         raise ValueError(f"view={view!r}; choose one of {', '.join(VIEWS)}")
     if isinstance(tokenizer, str):  # show(model, "text"): the tokenizer slot, not the text's
@@ -346,17 +346,19 @@ def _ids_to_show(source: Any, tokenizer: Any, text: str | None,
         if ids is not None:
             raise ValueError("pass text or ids, not both")
         ids = tokenizer.encode(text)
-    return None if ids is None else _ids_of_row(ids, row)
+    ids = None if ids is None else _ids_of_row(ids, row)
+    if isinstance(source, torch.nn.Module) and not ids:  # a model runs on them
+        raise ValueError("show(model, ...) was given empty text; pass some text" if (
+            text is not None) else "show(model, ...) needs text (with a tokenizer) or ids")
+    return ids
 
 
-def _run_model(model: Any, ids: list[int] | None, text: str | None, layer: int | None,
+def _run_model(model: Any, ids: list[int] | None, layer: int | None,
                attention_mask: Tensor | None, row: int,
                scale: float | None) -> tuple[_ViewTrace, float, str]:
     """(trace, softmax scale, info line) of `model` run once on `ids`, with the padding of
     `attention_mask`'s row `row`; the steps layer's raw scores kept while they are small."""
-    if not ids:
-        raise ValueError("show(model, ...) was given empty text; pass some text" if (
-            text is not None) else "show(model, ...) needs text (with a tokenizer) or ids")
+    assert ids, "show() checks a model's ids"
     require_eval(model, "the view")
     c: Any = model.config
     if len(ids) > c.block_size:
@@ -451,7 +453,7 @@ def show(
     if isinstance(source, Trace):
         trace = source
     elif isinstance(source, torch.nn.Module) and hasattr(source, "config"):
-        trace, scale, info = _run_model(source, ids, text, layer, attention_mask, row, scale)
+        trace, scale, info = _run_model(source, ids, layer, attention_mask, row, scale)
         row, attention_mask = 0, None  # the one sequence run; its masks are in the trace
     else:
         raise TypeError(f"show() takes a Trace or a GPT model, got {type(source).__name__}")

@@ -19,7 +19,8 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from ..interp.heads import SUMMARY_MEANS, extreme_heads, summary_means
+from ..interp.heads import SUMMARY_MEANS, extreme_heads, real_queries, summary_means
+from ..model.attention import padding_of_row
 from ..model.gpt import require_eval
 from ..model.trace import Trace
 
@@ -40,31 +41,30 @@ def summary_page(source: Any, ids: list[int] | None, row: int,
                  attention_mask: Tensor | None, title: str | None) -> tuple[str, str]:
     """(HTML fragment, title) of the heads overview of batch row `row` of a `Trace` holding
     the summaries of its layers, or of a model run on `ids` (with row `row`'s padding of
-    `attention_mask`)."""
+    `attention_mask`, (B, S) or the row's own (S,))."""
     if isinstance(source, torch.nn.Module) and hasattr(source, "config"):
-        if not ids:
-            raise ValueError("show(model, ..., summary=True) needs text (with a tokenizer) "
-                             "or ids")
         model: Any = source
         require_eval(model, "the heads overview")
+        assert ids, "show() checks a model's ids"
         device = next(model.parameters()).device
-        mask = None if attention_mask is None else attention_mask[row:row + 1].to(device)
+        mask = None if attention_mask is None else padding_of_row(
+            attention_mask, row, len(ids))[None].to(device)  # (1, T)
         source = Trace(names=list(SUMMARY_MEANS)).run(
             model, torch.tensor([ids], device=device), mask)  # (1, T)
         row, attention_mask = 0, mask
     elif not isinstance(source, Trace):
         raise TypeError(f"show() takes a Trace or a GPT model, got {type(source).__name__}")
     trace = source
-    layers = sorted(lay for lay, name in trace if name == "attn_entropy" and lay is not None)
-    if not layers:
-        raise ValueError("the trace holds no summaries; trace with names including "
-                         f"{sorted(SUMMARY_MEANS)} (or no names filter)")
-    if not 0 <= row < trace.get("attn_entropy", layers[0]).shape[0]:
-        raise ValueError(f"row={row} out of range for the trace's batch")
+    held = [(lay, name) for lay, name in trace if name in SUMMARY_MEANS and lay is not None]
+    layers = sorted({lay for lay, _ in held})
     means = summary_means(trace, layers, attention_mask, row)
-    T = trace.get("attn_entropy", layers[0]).shape[-1]
+    if not means:
+        why = "no summary in every layer it traced" if held else "no summaries"
+        raise ValueError(f"the trace holds {why}; trace with names including "
+                         f"{list(SUMMARY_MEANS)} (or no names filter)")
+    B, _, T = trace.get(next(iter(means)), layers[0]).shape  # (B, heads, T)
     mask = attention_mask if attention_mask is not None else trace.attention_mask
-    rows = T if mask is None else int(mask[row, -T:].sum())
+    rows = int(real_queries(mask, B, T, row).sum())
     heads = list(trace.heads) if trace.heads is not None else list(
         range(next(iter(means.values())).shape[1]))
     title = title or f"attnlab · heads overview of {T} token{'s' * (T != 1)}"
