@@ -103,6 +103,16 @@ def test_two_views_on_one_page_are_independent(browser: Any, tmp_path: Path) -> 
         page.click(f"{a} .alv-mini[data-layer='1'][data-head='0']")
         assert page.input_value(f"{a} .alv-layer") == "1"
         assert page.input_value(f"{a} .alv-head") == "0"
+        # and on Enter or Space: each thumbnail is a button with a tab stop (it took clicks)
+        for key, head in (("Enter", 1), (" ", 0)):
+            page.click(f"{a} .alv-tab[data-view='model']")
+            mini = f"{a} .alv-mini[data-layer='0'][data-head='{head}']"
+            assert page.get_attribute(mini, "role") == "button"
+            page.focus(mini)
+            page.keyboard.press(key)
+            assert page.get_attribute(f"{a} .alv-app", "data-view") == "head"
+            assert page.input_value(f"{a} .alv-layer") == "0"
+            assert page.input_value(f"{a} .alv-head") == str(head)
         assert page.get_attribute(f"{b} .alv-app", "data-view") == "head"
         assert page.input_value(f"{b} .alv-layer") == "0"
         assert page.input_value(f"{b} .alv-head") == "1"

@@ -5,6 +5,7 @@
 // show (a generation's too), or #text before any is; app.js knows nothing of this file.
 
 import { api } from "./api.js";
+import { clickOnKeys } from "./chips.js";
 import { $, setStatus } from "./dom.js";
 
 const DETECTORS = ["previous_token", "duplicate_token", "induction", "first_token"];
@@ -219,11 +220,7 @@ function wire() {
     predict();
   };
   $("heads-table").addEventListener("click", toggle);
-  $("heads-table").addEventListener("keydown", (e) => {
-    if (e.key !== "Enter" && e.key !== " ") return;
-    e.preventDefault();  // Space would scroll the page
-    toggle(e);
-  });
+  clickOnKeys($("heads-table"), "tr[data-head]");
   // a new Tokens row (another text, or a generation): the lens and the status on show
   // described the scored one; back on it, the scores answer again
   new MutationObserver(() => {

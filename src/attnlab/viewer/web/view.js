@@ -8,7 +8,7 @@ import {
   cellAt, colour, drawCells, drawHeatmap, drawMini, inkFor, matrixImage, placeTip, scoreRGB,
   shown, weightRGB,
 } from "./draw.js";
-import { wireChips } from "./chips.js";
+import { asButton, clickOnKeys, wireChips } from "./chips.js";
 import { decode } from "./view_data.js";
 
 // ------------------------------------------------------------------ one mounted view
@@ -277,6 +277,7 @@ class View {
       fig.dataset.layer = li;
       fig.dataset.head = h;
       fig.title = m.isFull(li) ? `open ${this.layerName(li)}, head ${m.heads[h]}` : `${this.layerName(li)} is only in the overview`;
+      asButton(fig, fig.title);
       const c = el("canvas");
       drawMini(c, imageOf(li, h), px, null);
       fig.append(c, el("figcaption", null, cap));
@@ -441,5 +442,6 @@ class View {
       state.view = "head";
       this.render();
     });
+    clickOnKeys(grid, ".alv-mini");
   }
 }
