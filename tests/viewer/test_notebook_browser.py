@@ -176,3 +176,21 @@ def test_the_map_stays_under_the_pointer(browser: Any, tmp_path: Path) -> None:
         assert page.locator(".alv-heatmap").bounding_box() == where
         assert not page.locator(".alv-detail").is_visible()
         assert seen.requests == [] and seen.problems == []
+
+
+def test_the_legend_names_the_scale_rows_to_max_draws(browser: Any, tmp_path: Path) -> None:
+    """Above 64 tokens a view opens with "rows to max" ticked: the darkest colour is each
+    row's largest weight, and the legend says so (it read 0 … 1), as the served page's does."""
+    torch.manual_seed(0)
+    long = GPT(GPTConfig.from_name("nano", vocab_size=TOK.vocab_size, block_size=128)).eval()
+    path = show(long, TOK, "the cat sat on the mat. " * 3).save(tmp_path / "view.html")
+    with offline(browser, path) as seen:
+        page, legend = seen.page, ".alv-legend"
+        assert page.is_checked(".alv-check input")
+        assert page.inner_text(legend).split()[:3] == ["0", "row", "max"]
+        page.click(".alv-check input")
+        assert page.inner_text(legend).split()[:2] == ["0", "1"]
+        page.click(".alv-tab[data-view='model']")  # the thumbnails follow the box too
+        page.click(".alv-check input")
+        assert page.inner_text(legend).split()[:3] == ["0", "row", "max"]
+        assert seen.requests == [] and seen.problems == []

@@ -7,7 +7,8 @@ import { api, attention } from "./api.js";
 import { asButton, clickOnKeys, wireChips } from "./chips.js";
 import { $, setStatus } from "./dom.js";
 import {
-  cellAt, colour, drawCells, drawHeatmap, drawMini, headImage, inkFor, placeTip, sees, shown,
+  cellAt, colour, drawCells, drawHeatmap, drawMini, headImage, inkFor, placeTip, rampEnd, sees,
+  shown,
 } from "./draw.js";
 import { wireGeneration } from "./generation.js";
 
@@ -346,7 +347,7 @@ function renderMap() {
   const all = state.head === "all";
   $("heatmap-wrap").hidden = all;
   $("grid").hidden = !all;
-  $("ramp-max").textContent = $("rowscale").checked ? "row max" : "1";
+  $("ramp-max").textContent = rampEnd($("rowscale").checked);
   const win = state.layers.get(state.layer).window;
   $("masked-label").textContent = win
     ? `masked: later token or outside the sliding window of ${win}` : "later token (masked)";

@@ -29,6 +29,12 @@ export function colour(t) {
   return `rgb(${r},${g},${b})`;
 }
 
+/**
+ * The legend's label for the darkest colour: weight 1, or with "scale rows to max" each row's
+ * largest weight (headImage's rowscale).
+ */
+export const rampEnd = (rowscale) => (rowscale ? "row max" : "1");
+
 /** Text colour that stays readable on colour(t). */
 export const inkFor = (t) => (t > 0.55 ? "#fff" : "#111");
 

@@ -5,8 +5,8 @@
 // The payload's format and its decoding are view_data.js's.
 
 import {
-  cellAt, colour, drawCells, drawHeatmap, drawMini, inkFor, matrixImage, placeTip, scoreRGB,
-  shown, weightRGB,
+  cellAt, colour, drawCells, drawHeatmap, drawMini, inkFor, matrixImage, placeTip, rampEnd,
+  scoreRGB, shown, weightRGB,
 } from "./draw.js";
 import { asButton, clickOnKeys, wireChips } from "./chips.js";
 import { decode } from "./view_data.js";
@@ -87,10 +87,11 @@ class View {
       tokens: el("div", "alv-tokens"), detail: el("div", "alv-detail"),
       mapBox: el("div", "alv-map"), canvas: el("canvas", "alv-heatmap"), tip: el("div", "alv-tip"),
       grid: el("div", "alv-grid"), stepsBox: el("div", "alv-steps"), legend: el("div", "alv-legend"),
+      rampEnd: el("span"),
     };
     ui.tip.hidden = true;
     ui.mapBox.append(ui.canvas, ui.tip);
-    ui.legend.append(el("span", null, "0"), el("i", "alv-ramp"), el("span", null, "1"),
+    ui.legend.append(el("span", null, "0"), el("i", "alv-ramp"), ui.rampEnd,
       el("i", "alv-masked"), el("span", null, "masked: may not attend"));
     this.app.replaceChildren(bar, ui.note, ui.tokens, ui.detail, ui.legend, ui.mapBox, ui.grid,
       ui.stepsBox);
@@ -360,6 +361,7 @@ class View {
     ui.tokens.hidden = !(v === "head" || v === "text");
     ui.tokens.classList.toggle("alv-flow", v === "text");
     ui.legend.hidden = v === "steps";
+    ui.rampEnd.textContent = rampEnd(state.rowscale);
     ui.scaleLabel.hidden = v === "steps";  // the steps draw scores and weights as they are
     ui.mapBox.hidden = ui.grid.hidden = ui.stepsBox.hidden = true;
     ui.note.textContent = "";
