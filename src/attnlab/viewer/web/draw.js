@@ -38,8 +38,13 @@ export const rampEnd = (rowscale) => (rowscale ? "row max" : "1");
 /** Text colour that stays readable on colour(t). */
 export const inkFor = (t) => (t > 0.55 ? "#fff" : "#111");
 
-/** A token as text a reader can see: whitespace made visible, long pieces cut. */
+/**
+ * A token as text a reader can see: whitespace made visible, an empty one ∅, long pieces cut.
+ * Every token text of the page and of a notebook view goes through it; the tokenizers write
+ * control characters visible before (tokenizers/token_bytes.py's visible_controls).
+ */
 export function shown(piece, max = 12) {
+  if (piece === "") return "∅";
   let s = piece.replace(/\n/g, "↵").replace(/\t/g, "⇥").replace(/\r/g, "␍");
   if (s.trim() === "") s = s.replace(/ /g, "␣");
   return s.length > max ? s.slice(0, max - 1) + "…" : s;

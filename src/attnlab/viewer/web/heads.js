@@ -7,6 +7,7 @@
 import { api } from "./api.js";
 import { clickOnKeys } from "./chips.js";
 import { $, setStatus } from "./dom.js";
+import { shown } from "./draw.js";
 
 const DETECTORS = ["previous_token", "duplicate_token", "induction", "first_token"];
 
@@ -28,10 +29,6 @@ function scored() {
 
 function pairs() {
   return [...heads.ablated].map((key) => key.split(".").map(Number));
-}
-
-function shownToken(text) {
-  return JSON.stringify(text).slice(1, -1) || "∅";
 }
 
 function status(text, isError = false) {
@@ -167,7 +164,7 @@ function renderOverview() {
 }
 
 function renderPrediction(prediction) {
-  const list = (items) => items.map((t) => `${shownToken(t.text)} ${(t.prob * 100).toFixed(1)}%`)
+  const list = (items) => items.map((t) => `${shown(t.text)} ${(t.prob * 100).toFixed(1)}%`)
     .join(" · ");
   $("heads-intact").textContent = list(prediction.intact);
   $("heads-edited").textContent = heads.ablated.size
@@ -188,7 +185,7 @@ function renderLens(position) {
     tr.appendChild(th);
     for (const t of heads.lens.top[layer][position]) {
       const td = document.createElement("td");
-      td.textContent = `${shownToken(t.text)} ${(t.prob * 100).toFixed(1)}%`;
+      td.textContent = `${shown(t.text)} ${(t.prob * 100).toFixed(1)}%`;
       td.style.setProperty("--score", t.prob);
       tr.appendChild(td);
     }
