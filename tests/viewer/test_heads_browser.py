@@ -59,3 +59,35 @@ def test_a_space_reads_as_in_the_tokens_row(browser: Any, nano: str) -> None:
         page.hover("#tokens .tok[data-i='2']")
         wait_until(page, "document.querySelector('#lens-table td')")
         assert page.inner_text("#lens-table td").startswith("␣ ")  # after the embeddings
+
+
+def scored(page: Any, n: int) -> None:
+    """Press Score heads and wait for the scores of the n tokens on show."""
+    page.click("#heads-run")
+    wait_until(page, "document.querySelector('#heads-status').textContent"
+                     f".startsWith('scored on {n} tokens')")
+
+
+def test_scoring_again_redraws_the_lens(browser: Any, nano: str) -> None:
+    """Score, show another text, score again: the lens kept asking to score the heads. It
+    shows the pinned token's lens, or how to see one; so does going back to a scored text."""
+    lens = "document.querySelector('#lens').textContent"
+    hint = "hover a token to see its logit lens"
+    with opened(browser, nano) as (page, _):
+        show(page, "a cat")
+        scored(page, 5)
+        show(page, "the dog")
+        wait_until(page, f"{lens}.startsWith('score the heads')")
+        scored(page, 7)
+        assert page.inner_text("#lens") == hint
+        show(page, "a cat")
+        page.click("#tokens .tok[data-i='2']")  # pinned: the lens of token 2, when scored
+        page.mouse.move(1, 1)
+        wait_until(page, f"{lens}.startsWith('score the heads')")
+        scored(page, 5)
+        assert page.inner_text("#lens").startswith("logit lens at token 2")
+        show(page, "the dog")  # another text, then back on the scored one
+        show(page, "a cat")
+        wait_until(page, "document.querySelector('#heads-status').textContent"
+                         ".startsWith('scored on 5 tokens')")
+        assert page.inner_text("#lens") == hint

@@ -21,6 +21,7 @@ const heads = {
   seq: 0,
 };
 window.attnlabHeads = heads;
+const LENS_HINT = $("lens").textContent;  // index.html's: how to see a token's lens
 
 // The status while the text on show is the one scored.
 function scored() {
@@ -78,6 +79,7 @@ async function score() {
     renderOverview();
     renderPrediction(result.prediction);
     scored();
+    redrawLens();
   } catch (err) {
     if (seq === heads.seq) {
       clearHeads();
@@ -200,6 +202,14 @@ function renderLens(position) {
   box.replaceChildren(title, table);
 }
 
+// The lens box once the scores are the tokens on show's: the pinned token's lens, or how to
+// see one (not what it said of the text before).
+function redrawLens() {
+  const pinned = window.attnlab ? window.attnlab.pinned : null;
+  if (pinned === null) $("lens").textContent = LENS_HINT;
+  else renderLens(pinned);
+}
+
 function wire() {
   $("heads-run").addEventListener("click", score);
   $("overview-which").addEventListener("change", renderOverview);
@@ -224,6 +234,7 @@ function wire() {
     if (!heads.lens) return;
     if (current()) {
       scored();
+      redrawLens();
     } else {
       renderLens(0);
       status("the scores below are for another text; press Score heads for this one");
