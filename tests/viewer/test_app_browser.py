@@ -341,10 +341,11 @@ def test_256_tokens_stay_responsive(page: Any, tmp_path: Path) -> None:
 
 
 @contextlib.contextmanager
-def opened(browser: Any, url: str, *, offline: bool = False) -> Iterator[tuple[Any, list[str]]]:
-    """A page at `url`; offline: every request to a host other than 127.0.0.1 is aborted
-    (and listed), as on a machine without network."""
-    context = browser.new_context(viewport={"width": 1400, "height": 950})
+def opened(browser: Any, url: str, *, offline: bool = False,
+           width: int = 1400) -> Iterator[tuple[Any, list[str]]]:
+    """A page at `url` in a window `width` px wide; offline: every request to a host other
+    than 127.0.0.1 is aborted (and listed), as on a machine without network."""
+    context = browser.new_context(viewport={"width": width, "height": 950})
     blocked: list[str] = []
     if offline:
         def route(r: Any) -> None:

@@ -1,6 +1,6 @@
-"""The served page's heads panel in headless Chromium (web/heads.js): how it writes the
-predicted tokens and the logit lens. (test_interventions.py checks its numbers against the
-library's.)"""
+"""The served page's heads panel in headless Chromium (web/heads.js, web/overview.js): how it
+writes the predicted tokens and the logit lens, and the heads overview of a model with many
+heads. (test_interventions.py checks their numbers against the library's.)"""
 
 from __future__ import annotations
 
@@ -91,3 +91,86 @@ def test_scoring_again_redraws_the_lens(browser: Any, nano: str) -> None:
         wait_until(page, "document.querySelector('#heads-status').textContent"
                          ".startsWith('scored on 5 tokens')")
         assert page.inner_text("#lens") == hint
+
+
+@pytest.fixture(scope="module")
+def many_heads() -> Iterator[str]:
+    """The URL of a page over 12 layers x 16 heads (untrained; the shape is what counts)."""
+    tok = get_tokenizer("char", CORPUS)
+    torch.manual_seed(0)
+    model = GPT(GPTConfig(vocab_size=tok.vocab_size, block_size=64, n_layer=12, n_head=16,
+                          n_embd=32)).eval()
+    with serving(create_app(model, tok), log_level="error") as port:
+        yield f"http://127.0.0.1:{port}/"
+
+
+BOX = "#overview .table-wrap"
+CAPTION = "document.querySelector('#overview-cell').textContent"
+
+
+def test_a_12_x_16_overview_keeps_its_labels_in_sight(browser: Any, many_heads: str) -> None:
+    """The grid scrolls in its box under a header row and a column of layers that stay put
+    (scrolled, it showed values without labels), under a one-line corner label (it wrapped to
+    three lines)."""
+    with opened(browser, many_heads) as (page, _):
+        show(page, "the cat sat")
+        scored(page, 11)
+        assert page.locator("#overview-table tbody tr").count() == 12
+        height = "e => e.getBoundingClientRect().height"
+        corner = page.eval_on_selector("#overview-table thead th", height)
+        assert corner == page.eval_on_selector("#overview-table thead th:last-child", height)
+        page.eval_on_selector(BOX, "w => { w.style.maxHeight = '8rem'; }")  # a short screen
+        page.eval_on_selector(BOX, "w => { w.scrollTop = 1e4; w.scrollLeft = 1e4; }")
+        at = page.evaluate("""() => {
+            const box = document.querySelector('#overview .table-wrap');
+            const r = (sel) => document.querySelector(sel).getBoundingClientRect();
+            return {scrolled: box.scrollTop > 0 && box.scrollLeft > 0,
+                    box: box.getBoundingClientRect().toJSON(),
+                    head15: r('#overview-table thead th:last-child').toJSON(),
+                    layer11: r('#overview-table tbody tr:last-child th').toJSON()};
+        }""")
+        assert at["scrolled"]
+        assert abs(at["head15"]["top"] - at["box"]["top"]) <= 2  # the header row, on top
+        assert abs(at["layer11"]["left"] - at["box"]["left"]) <= 2  # the layers, at the left
+
+
+def test_an_overview_cell_opens_its_layer_and_head(browser: Any, many_heads: str) -> None:
+    """A click on a cell, or Enter or Space on it, picks its layer and head in the page's
+    menus (it did nothing); the arrow keys move between cells; a line under the grid names
+    the cell pointed at or focused, and its value."""
+    picked = "window.attnlab.layer === {} && window.attnlab.head === {}"
+    with opened(browser, many_heads) as (page, _):
+        show(page, "the cat sat")
+        scored(page, 11)
+        page.click("#overview-table td[data-cell='3.5']")
+        wait_until(page, picked.format(3, 5))
+        assert (page.input_value("#layer"), page.input_value("#head")) == ("3", "5")
+        page.hover("#overview-table td[data-cell='2.9']")
+        value = page.inner_text("#overview-table td[data-cell='2.9']")
+        assert page.evaluate(CAPTION).startswith(f"layer 2, head 9: entropy (nats) {value}")
+        page.mouse.move(1, 1)  # the pointer gone: the line names the cell on show
+        assert page.evaluate(CAPTION).startswith("layer 3, head 5")
+        page.focus("#overview-table td[data-cell='7.12']")
+        page.keyboard.press("ArrowLeft")
+        assert page.evaluate("document.activeElement.dataset.cell") == "7.11"
+        assert page.evaluate(CAPTION).startswith("layer 7, head 11")
+        page.keyboard.press("Enter")
+        wait_until(page, picked.format(7, 11))
+        page.keyboard.press("ArrowUp")
+        page.keyboard.press(" ")
+        wait_until(page, picked.format(6, 11))
+        assert page.evaluate("document.activeElement.dataset.cell") == "6.11"
+
+
+def test_a_narrow_window_scrolls_the_grids_not_the_page(browser: Any, many_heads: str) -> None:
+    """At 600 px the overview and the heads table scroll in their boxes: the whole page
+    scrolled sideways."""
+    with opened(browser, many_heads, width=600) as (page, _):
+        show(page, "the cat sat")
+        scored(page, 11)
+        sizes = page.evaluate("""() => ({
+            page: document.documentElement.scrollWidth, window: innerWidth,
+            box: document.querySelector('#overview .table-wrap').clientWidth,
+            grid: document.querySelector('#overview .table-wrap').scrollWidth})""")
+        assert sizes["page"] <= sizes["window"], sizes
+        assert sizes["grid"] > sizes["box"], sizes
