@@ -4,6 +4,8 @@ heads. (test_interventions.py checks their numbers against the library's.)"""
 
 from __future__ import annotations
 
+import html
+import re
 from collections.abc import Iterator
 from typing import Any
 
@@ -15,6 +17,7 @@ pytest.importorskip("fastapi", reason="the serve extra (fastapi, uvicorn) is not
 from test_app_browser import CORPUS, opened, show, wait_until
 
 from attnlab import GPT, GPTConfig, create_app
+from attnlab import show as show_view
 from attnlab.tokenizers import get_tokenizer
 from helpers import serving
 from offline_page import chromium, needs_chromium
@@ -28,13 +31,19 @@ def browser() -> Iterator[Any]:
         yield b
 
 
+TOK = get_tokenizer("char", CORPUS)
+
+
+def nano_model() -> GPT:
+    """nano (2 layers x 2 heads) on the test pages' characters, the same each call."""
+    torch.manual_seed(0)
+    return GPT(GPTConfig.from_name("nano", vocab_size=TOK.vocab_size, block_size=64)).eval()
+
+
 @pytest.fixture(scope="module")
 def nano() -> Iterator[str]:
-    """The URL of a page over nano (2 layers x 2 heads) on the test pages' characters."""
-    tok = get_tokenizer("char", CORPUS)
-    torch.manual_seed(0)
-    model = GPT(GPTConfig.from_name("nano", vocab_size=tok.vocab_size, block_size=64)).eval()
-    with serving(create_app(model, tok), log_level="error") as port:
+    """The URL of a page over nano_model()."""
+    with serving(create_app(nano_model(), TOK), log_level="error") as port:
         yield f"http://127.0.0.1:{port}/"
 
 
@@ -174,3 +183,36 @@ def test_a_narrow_window_scrolls_the_grids_not_the_page(browser: Any, many_heads
             grid: document.querySelector('#overview .table-wrap').scrollWidth})""")
         assert sizes["page"] <= sizes["window"], sizes
         assert sizes["grid"] > sizes["box"], sizes
+
+
+def test_the_overview_colours_a_number_as_the_notebook_does(browser: Any, nano: str) -> None:
+    """Each summary's grid is coloured as `show(..., summary=True)` colours it, a legend
+    saying the scale: 0 to 1 for the shares of a row's weight (first token, largest), 0 to
+    the grid's largest for the others (the page had no legend and shaded every summary
+    relative to its grid's largest)."""
+    text = "the cat sat on the mat"
+    notebook = show_view(nano_model(), TOK, text, summary=True).html
+    with opened(browser, nano) as (page, _):
+        show(page, text)
+        scored(page, len(text))
+        labels = page.eval_on_selector_all("#overview-which option",
+                                           "os => os.map(o => [o.value, o.textContent])")
+        for name, label in labels:
+            page.select_option("#overview-which", name)
+            figure = next(f for f in notebook.split("<figure")[1:]
+                          if f">{html.escape(label)}</figcaption>" in f)
+            want = [tuple(map(int, rgb)) for rgb in
+                    re.findall(r"background:rgb\((\d+),(\d+),(\d+)\)", figure)]
+            got = [tuple(map(int, re.findall(r"\d+", c))) for c in page.eval_on_selector_all(
+                "#overview-table td", "tds => tds.map(td => getComputedStyle(td).backgroundColor)")]
+            assert len(got) == len(want) == 4
+            # the page's numbers are rounded to 4 decimals: a colour may differ by one step
+            assert all(abs(g - w) <= 1 for gs, ws in zip(got, want, strict=True)
+                       for g, w in zip(gs, ws, strict=True)), (name, got, want)
+            legend = " ".join(page.inner_text("#overview-legend").split())
+            if name in ("attn_sink", "attn_max"):
+                assert legend == "0 1 a share of each row's weight", legend
+            else:
+                top = max(float(td) for td in page.eval_on_selector_all(
+                    "#overview-table td", "tds => tds.map(td => td.textContent)"))
+                assert legend == f"0 {top:.2f} the largest here", legend

@@ -4,10 +4,13 @@
 // on a cell, or Enter or Space on it, picks its layer and head in the page's Layer and Head
 // menus, as a user picking them would (app.js draws them); the arrow keys move between the
 // cells, which are one tab stop; the line under the grid names the cell pointed at or
-// focused, else the one on show.
+// focused, else the one on show. Its colours and scales are those of the notebook's heads
+// overview (show(..., summary=True), viewer/summary_view.py), so that a number is the same
+// colour in both; a legend says the scale.
 
 import { clickOnKeys } from "./chips.js";
 import { $ } from "./dom.js";
+import { overviewColours } from "./draw.js";
 
 const overview = {
   summaries: null,  // {summary: [[layer][head]]}
@@ -15,6 +18,10 @@ const overview = {
   pointed: null,    // the cell under the pointer
   focused: null,    // the cell with the keyboard focus
 };
+
+// the summaries that are shares of a row's weight, coloured on 0..1 in every grid; the others
+// on 0..the grid's largest value (summary_view.py's _grid)
+const SHARES = new Set(["attn_sink", "attn_max"]);
 
 const STEPS = { ArrowLeft: [0, -1], ArrowRight: [0, 1], ArrowUp: [-1, 0], ArrowDown: [1, 0] };
 
@@ -35,17 +42,20 @@ function cell(tag, text) {
   return c;
 }
 
-// The chosen summary's mean per layer (rows) and head (columns), each cell shaded by its
-// share of the grid's largest value.
+// The chosen summary's mean per layer (rows) and head (columns), and the legend of its scale.
 function render() {
   const name = $("overview-which").value;
   const grid = overview.summaries && overview.summaries[name];
+  $("overview-legend").hidden = !grid;
   if (!grid) {
     $("overview-table").replaceChildren();
     $("overview-cell").textContent = "";
     return;
   }
-  const top = Math.max(...grid.flat().filter(Number.isFinite), 1e-12);
+  const share = SHARES.has(name);
+  const top = share ? 1 : Math.max(0, ...grid.flat().filter(Number.isFinite)) || 1;
+  $("overview-top").textContent = share ? "1" : top.toFixed(2);
+  $("overview-scale").textContent = share ? "a share of each row's weight" : "the largest here";
   const corner = cell("th", "L \\ H");
   corner.title = "rows: layers (L) · columns: heads (H)";
   const header = document.createElement("tr");
@@ -57,7 +67,7 @@ function render() {
       const td = cell("td", value.toFixed(2));
       td.dataset.cell = `${layer}.${h}`;
       td.tabIndex = -1;  // one tab stop for the grid (markOnShow's cell); arrows move
-      td.style.setProperty("--score", value / top);
+      Object.assign(td.style, overviewColours(value / top));
       tr.appendChild(td);
     }
     return tr;
