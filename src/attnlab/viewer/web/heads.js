@@ -161,7 +161,7 @@ function renderLens(position) {
   box.replaceChildren(title, table);
 }
 
-// The lens box once the scores are the tokens on show's: the pinned token's lens, or how to
+// The lens box once the scores are for the tokens on show: the pinned token's lens, or how to
 // see one (not what it said of the text before).
 function redrawLens() {
   const pinned = window.attnlab ? window.attnlab.pinned : null;
