@@ -188,6 +188,16 @@ def test_all_heads_grid_and_click_to_open(page: Any) -> None:
     page.click("#grid figure.mini[data-head='1']")
     assert page.input_value("#head") == "1"
     assert page.is_visible("#heatmap") and page.is_hidden("#grid")
+    # the keyboard opens one too: each thumbnail is a button with a tab stop (they took
+    # only clicks), Enter or Space opens it
+    for key, head in (("Enter", 0), (" ", 1)):
+        page.select_option("#head", "all")
+        mini = f"#grid figure.mini[data-head='{head}']"
+        assert page.get_attribute(mini, "role") == "button"
+        page.focus(mini)
+        assert page.evaluate("document.activeElement.dataset.head") == str(head)
+        page.keyboard.press(key)
+        assert page.input_value("#head") == str(head) and page.is_visible("#heatmap")
 
 
 def test_keys_outside_a_sliding_window_are_shown_masked(browser: Any) -> None:
@@ -331,10 +341,11 @@ def test_256_tokens_stay_responsive(page: Any, tmp_path: Path) -> None:
 
 
 @contextlib.contextmanager
-def opened(browser: Any, url: str, *, offline: bool = False) -> Iterator[tuple[Any, list[str]]]:
-    """A page at `url`; offline: every request to a host other than 127.0.0.1 is aborted
-    (and listed), as on a machine without network."""
-    context = browser.new_context(viewport={"width": 1400, "height": 950})
+def opened(browser: Any, url: str, *, offline: bool = False,
+           width: int = 1400) -> Iterator[tuple[Any, list[str]]]:
+    """A page at `url` in a window `width` px wide; offline: every request to a host other
+    than 127.0.0.1 is aborted (and listed), as on a machine without network."""
+    context = browser.new_context(viewport={"width": width, "height": 950})
     blocked: list[str] = []
     if offline:
         def route(r: Any) -> None:

@@ -289,3 +289,19 @@ def test_predicted_byte_tokens_read_as_their_bytes(tmp_path: Path) -> None:
     assert main(["lens", str(tmp_path / "ckpt"), "日本", "--out", str(tmp_path / "l")]) == 0
     words = (tmp_path / "l" / "lens.json").read_text(encoding="utf-8")
     assert "\\ufffd" not in words and "\ufffd" not in words and '"<' in words
+
+
+def test_predicted_tokens_are_written_as_the_tokens_row_writes_them() -> None:
+    """The prediction and the lens write a token as /api/attention's tokens do, control
+    characters visible ("\\n", "<01>"): the page printed them raw, or as JSON escapes."""
+    from attnlab.viewer.payloads import heads_payload, lens_payload
+
+    tok = get_tokenizer("byte")
+    torch.manual_seed(0)
+    model = GPT(GPTConfig.from_name("nano", vocab_size=256)).eval()
+    ids = tok.encode("ab")
+    pieces = set(tok.pieces(list(range(256))))  # the Tokens row's "\\n", "<01>", " ", "<e6>"
+    intact = heads_payload(model, tok, ids, [], k=256)["prediction"]["intact"]
+    assert {t["text"] for t in intact} == pieces
+    top = lens_payload(model, tok, ids, k=256)["top"]
+    assert {t["text"] for t in top[1][0]} == pieces

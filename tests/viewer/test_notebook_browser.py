@@ -103,6 +103,16 @@ def test_two_views_on_one_page_are_independent(browser: Any, tmp_path: Path) -> 
         page.click(f"{a} .alv-mini[data-layer='1'][data-head='0']")
         assert page.input_value(f"{a} .alv-layer") == "1"
         assert page.input_value(f"{a} .alv-head") == "0"
+        # and on Enter or Space: each thumbnail is a button with a tab stop (it took clicks)
+        for key, head in (("Enter", 1), (" ", 0)):
+            page.click(f"{a} .alv-tab[data-view='model']")
+            mini = f"{a} .alv-mini[data-layer='0'][data-head='{head}']"
+            assert page.get_attribute(mini, "role") == "button"
+            page.focus(mini)
+            page.keyboard.press(key)
+            assert page.get_attribute(f"{a} .alv-app", "data-view") == "head"
+            assert page.input_value(f"{a} .alv-layer") == "0"
+            assert page.input_value(f"{a} .alv-head") == str(head)
         assert page.get_attribute(f"{b} .alv-app", "data-view") == "head"
         assert page.input_value(f"{b} .alv-layer") == "0"
         assert page.input_value(f"{b} .alv-head") == "1"
@@ -165,4 +175,22 @@ def test_the_map_stays_under_the_pointer(browser: Any, tmp_path: Path) -> None:
         page.wait_for_selector(".alv-tok.alv-query", state="detached")
         assert page.locator(".alv-heatmap").bounding_box() == where
         assert not page.locator(".alv-detail").is_visible()
+        assert seen.requests == [] and seen.problems == []
+
+
+def test_the_legend_names_the_scale_rows_to_max_draws(browser: Any, tmp_path: Path) -> None:
+    """Above 64 tokens a view opens with "rows to max" ticked: the darkest colour is each
+    row's largest weight, and the legend says so (it read 0 … 1), as the served page's does."""
+    torch.manual_seed(0)
+    long = GPT(GPTConfig.from_name("nano", vocab_size=TOK.vocab_size, block_size=128)).eval()
+    path = show(long, TOK, "the cat sat on the mat. " * 3).save(tmp_path / "view.html")
+    with offline(browser, path) as seen:
+        page, legend = seen.page, ".alv-legend"
+        assert page.is_checked(".alv-check input")
+        assert page.inner_text(legend).split()[:3] == ["0", "row", "max"]
+        page.click(".alv-check input")
+        assert page.inner_text(legend).split()[:2] == ["0", "1"]
+        page.click(".alv-tab[data-view='model']")  # the thumbnails follow the box too
+        page.click(".alv-check input")
+        assert page.inner_text(legend).split()[:3] == ["0", "row", "max"]
         assert seen.requests == [] and seen.problems == []

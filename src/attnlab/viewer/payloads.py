@@ -27,6 +27,7 @@ from ..interp.lens import lens_table, top_tokens
 from ..model.gpt import GPT
 from ..model.trace import Trace
 from ..tokenizers import token_text
+from ..tokenizers.token_bytes import visible_controls
 
 
 class TextTokenizer(Protocol):
@@ -186,7 +187,8 @@ def heads_payload(model: Any, tokenizer: Any, ids: list[int], ablated: list[tupl
                   k: int = 5) -> dict[str, Any]:
     """Detector scores on `ids`, the heads overview (each per-head summary's mean over the
     query rows, `head_summaries`, with its label) and the next-token top-k intact and with
-    `ablated` heads."""
+    `ablated` heads, each token's text written as `attention_payload`'s tokens (control
+    characters visible)."""
     idx = torch.tensor([ids], device=model.wte.weight.device)  # (1, T)
     with torch.no_grad():
         scores = detect_heads(model, idx)
@@ -196,7 +198,7 @@ def heads_payload(model: Any, tokenizer: Any, ids: list[int], ablated: list[tupl
 
     def top(logits: Tensor) -> list[dict[str, Any]]:
         probs, top_ids = top_tokens(logits[: tokenizer.vocab_size], k)
-        return [{"id": i, "text": token_text(tokenizer, i), "prob": round(p, 4)}
+        return [{"id": i, "text": visible_controls(token_text(tokenizer, i)), "prob": round(p, 4)}
                 for p, i in zip(probs.tolist(), top_ids.tolist(), strict=True)]
 
     return {
@@ -212,12 +214,13 @@ def heads_payload(model: Any, tokenizer: Any, ids: list[int], ablated: list[tupl
 
 
 def lens_payload(model: Any, tokenizer: Any, ids: list[int], k: int = 3) -> dict[str, Any]:
-    """Top-k next tokens read after the embeddings and after each layer, at every position."""
+    """Top-k next tokens read after the embeddings and after each layer, at every position;
+    their texts written as `attention_payload`'s tokens (control characters visible)."""
     table = lens_table(model, tokenizer, ids, k)
     return {
         "ids": ids,  # the tokens read: the page shows the lens only while it shows these
         "layers": table.layers,
-        "top": [[[{"text": text, "prob": round(float(p), 4)}
+        "top": [[[{"text": visible_controls(text), "prob": round(float(p), 4)}
                   for p, text in zip(ps, texts, strict=True)]
                  for ps, texts in zip(p_row, t_row, strict=True)]
                 for p_row, t_row in zip(table.probs.tolist(), table.texts, strict=True)],

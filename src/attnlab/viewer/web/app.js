@@ -4,10 +4,11 @@
 // Requests and their answers' decoding live in api.js, canvas drawing in draw.js, the Generate
 // panel in generation.js, the token chips' pointer and keyboard handling in chips.js.
 import { api, attention } from "./api.js";
-import { wireChips } from "./chips.js";
+import { asButton, clickOnKeys, wireChips } from "./chips.js";
 import { $, setStatus } from "./dom.js";
 import {
-  cellAt, colour, drawCells, drawHeatmap, drawMini, headImage, inkFor, placeTip, sees, shown,
+  cellAt, colour, drawCells, drawHeatmap, drawMini, headImage, inkFor, placeTip, rampEnd, sees,
+  shown,
 } from "./draw.js";
 import { wireGeneration } from "./generation.js";
 
@@ -346,7 +347,7 @@ function renderMap() {
   const all = state.head === "all";
   $("heatmap-wrap").hidden = all;
   $("grid").hidden = !all;
-  $("ramp-max").textContent = $("rowscale").checked ? "row max" : "1";
+  $("ramp-max").textContent = rampEnd($("rowscale").checked);
   const win = state.layers.get(state.layer).window;
   $("masked-label").textContent = win
     ? `masked: later token or outside the sliding window of ${win}` : "later token (masked)";
@@ -366,7 +367,7 @@ function buildGrid() {
   const n = state.layers.get(state.layer).heads.length;
   const frag = document.createDocumentFragment();
   state.minis = Array.from({ length: n }, (_, h) => {
-    const fig = document.createElement("figure");
+    const fig = asButton(document.createElement("figure"), `open head ${h}`);
     fig.className = "mini";
     fig.dataset.head = h;
     fig.title = `open head ${h}`;
@@ -447,6 +448,7 @@ function wire() {
     renderMap();
     highlight();
   });
+  clickOnKeys($("grid"), ".mini");
 
   wireGeneration({
     show: (ids, generatedFrom) => analyze({ ids }, generatedFrom),

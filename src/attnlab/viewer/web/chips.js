@@ -1,7 +1,28 @@
-// attnlab viewer: the token chips' pointer and keyboard handling, which the served page
-// (app.js) and the notebook view (view.js) share. viewer/notebook.py inlines this file into a
-// classic script as it does draw.js, so it keeps to top-level `export function` and imports
-// nothing.
+// attnlab viewer: what acts on a click, for the pointer and the keyboard alike: the token
+// chips, and the buttons that are not <button>s (thumbnails, the heads table's rows, the
+// heads overview's cells). The served page (app.js, heads.js) and the notebook view (view.js)
+// share it. viewer/notebook.py inlines this file into a classic script as it does draw.js, so
+// it keeps to top-level `export function` and imports nothing.
+
+// Enter or Space on an element of `box` matching `selector` clicks it, as on a <button>.
+export function clickOnKeys(box, selector) {
+  box.addEventListener("keydown", (e) => {
+    const target = e.target.closest(selector);
+    if ((e.key === "Enter" || e.key === " ") && target && box.contains(target)) {
+      e.preventDefault();  // Space would scroll the page
+      target.click();
+    }
+  });
+}
+
+// `el` as a button for the keyboard and a screen reader: a tab stop, announced as a button
+// named `label`; the box it sits in takes Enter and Space with clickOnKeys.
+export function asButton(el, label) {
+  el.setAttribute("role", "button");
+  el.setAttribute("aria-label", label);
+  el.tabIndex = 0;
+  return el;
+}
 
 // Wire a box of token chips (its elements matching `selector`, each with a data-i): pointing
 // at or focusing chip i calls hover(i), leaving the box hover(null); a click, Enter or Space
@@ -19,12 +40,7 @@ export function wireChips(box, selector, hover, pin) {
   box.addEventListener("focusin", show);
   box.addEventListener("mouseleave", () => hover(null));
   box.addEventListener("focusout", () => hover(null));
-  box.addEventListener("keydown", (e) => {
-    if ((e.key === "Enter" || e.key === " ") && chipAt(e) !== null) {
-      e.preventDefault();  // Space would scroll the page
-      e.target.click();
-    }
-  });
+  clickOnKeys(box, selector);
   box.addEventListener("click", (e) => {
     const i = chipAt(e);
     if (i !== null) pin(i);

@@ -6,22 +6,35 @@
 // A head's T x S weights become one T x S image (a pixel per cell) that the canvas scales
 // up without smoothing, so 256 tokens (65,536 cells) draw in a few milliseconds.
 
-// 256-entry lookup tables between colour stops; LUT is white-to-navy (ColorBrewer "Blues").
-function ramp(stops) {
-  return Array.from({ length: 256 }, (_, n) => {
-    const x = (n / 255) * (stops.length - 1);
-    const k = Math.min(Math.floor(x), stops.length - 2);
-    const f = x - k;
-    return stops[k].map((c, m) => Math.round(c + f * (stops[k + 1][m] - c)));
-  });
+// The [r, g, b] at t in [0, 1] between evenly spaced colour stops.
+function between(stops, t) {
+  const x = Math.max(0, Math.min(1, t)) * (stops.length - 1);
+  const k = Math.min(Math.floor(x), stops.length - 2);
+  const f = x - k;
+  return stops[k].map((c, m) => Math.round(c + f * (stops[k + 1][m] - c)));
 }
+
+// 256-entry lookup tables between colour stops; LUT is white-to-navy (ColorBrewer "Blues").
+const ramp = (stops) => Array.from({ length: 256 }, (_, n) => between(stops, n / 255));
 const LUT = ramp([[247, 251, 255], [198, 219, 239], [107, 174, 214], [33, 113, 181], [8, 48, 107]]);
 const FUTURE = [228, 228, 234]; // cells of later keys: masked, drawn apart from weight 0
 const OUTLINE = "#e4572e";
 // scores: blue (negative) - white - red (positive), ColorBrewer "RdBu" reversed
 const DIVERGING = ramp([[33, 102, 172], [146, 197, 222], [247, 247, 247], [244, 165, 130], [178, 24, 43]]);
 
+// viridis at five stops (matplotlib's), low dark and high light: the heads overviews' colours
+const VIRIDIS = [[68, 1, 84], [59, 82, 139], [33, 145, 140], [94, 201, 98], [253, 231, 37]];
+
 const lut = (t) => LUT[Math.max(0, Math.min(255, Math.round(t * 255)))];
+
+/**
+ * Background and text colours of a heads overview's cell at t in [0, 1]: viridis, with black
+ * or white ink by its luminance, as viewer/summary_view.py colours show(..., summary=True)'s.
+ */
+export function overviewColours(t) {
+  const [r, g, b] = between(VIRIDIS, t);
+  return { background: `rgb(${r},${g},${b})`, color: 0.299 * r + 0.587 * g + 0.114 * b > 140 ? "#000" : "#fff" };
+}
 
 /** CSS colour of a weight t in [0, 1]. */
 export function colour(t) {
@@ -29,11 +42,22 @@ export function colour(t) {
   return `rgb(${r},${g},${b})`;
 }
 
+/**
+ * The legend's label for the darkest colour: weight 1, or with "scale rows to max" each row's
+ * largest weight (headImage's rowscale).
+ */
+export const rampEnd = (rowscale) => (rowscale ? "row max" : "1");
+
 /** Text colour that stays readable on colour(t). */
 export const inkFor = (t) => (t > 0.55 ? "#fff" : "#111");
 
-/** A token as text a reader can see: whitespace made visible, long pieces cut. */
+/**
+ * A token as text a reader can see: whitespace made visible, an empty one ∅, long pieces cut.
+ * Every token text of the page and of a notebook view goes through it; the tokenizers write
+ * control characters visible before (tokenizers/token_bytes.py's visible_controls).
+ */
 export function shown(piece, max = 12) {
+  if (piece === "") return "∅";
   let s = piece.replace(/\n/g, "↵").replace(/\t/g, "⇥").replace(/\r/g, "␍");
   if (s.trim() === "") s = s.replace(/ /g, "␣");
   return s.length > max ? s.slice(0, max - 1) + "…" : s;

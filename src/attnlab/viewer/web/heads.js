@@ -1,11 +1,14 @@
 // attnlab viewer, heads panel: head detector scores (POST /api/heads), click a head to ablate
 // it and see the next-token prediction change, the heads overview (the same answer's
-// per-head summaries as a layer x head grid, one summary at a time), and the logit lens
-// (POST /api/lens) of the token under the pointer in the Tokens row. Scores the tokens on
-// show (a generation's too), or #text before any is; app.js knows nothing of this file.
+// per-head summaries, drawn by overview.js), and the logit lens (POST /api/lens) of the
+// token under the pointer in the Tokens row. Scores the tokens on show (a generation's too),
+// or #text before any is; app.js knows nothing of this file.
 
 import { api } from "./api.js";
+import { clickOnKeys } from "./chips.js";
 import { $, setStatus } from "./dom.js";
+import { shown } from "./draw.js";
+import { showOverview } from "./overview.js";
 
 const DETECTORS = ["previous_token", "duplicate_token", "induction", "first_token"];
 
@@ -14,11 +17,10 @@ const heads = {
   scores: null,      // {detector: [[layer][head]]}
   ablated: new Set(), // "layer.head"
   lens: null,        // {layers, top: [layer][position][k] {text, prob}}
-  summaries: null,   // {summary: [[layer][head]]}, labels in summaryLabels
-  summaryLabels: {},
   seq: 0,
 };
 window.attnlabHeads = heads;
+const LENS_HINT = $("lens").textContent;  // index.html's: how to see a token's lens
 
 // The status while the text on show is the one scored.
 function scored() {
@@ -27,10 +29,6 @@ function scored() {
 
 function pairs() {
   return [...heads.ablated].map((key) => key.split(".").map(Number));
-}
-
-function shownToken(text) {
-  return JSON.stringify(text).slice(1, -1) || "∅";
 }
 
 function status(text, isError = false) {
@@ -43,17 +41,17 @@ function shownIds() {
 
 // Whether the Tokens row still shows the tokens the heads were scored on.
 function current() {
-  const shown = shownIds();
-  return heads.ids !== null && heads.ids.length === shown.length &&
-    heads.ids.every((id, i) => id === shown[i]);
+  const onShow = shownIds();
+  return heads.ids !== null && heads.ids.length === onShow.length &&
+    heads.ids.every((id, i) => id === onShow[i]);
 }
 
 // Forget the scores, predictions and lens, so that nothing on show describes another text.
 function clearHeads() {
-  Object.assign(heads, { ids: null, scores: null, lens: null, summaries: null });
+  Object.assign(heads, { ids: null, scores: null, lens: null });
   $("heads-table").querySelector("thead").replaceChildren();
   $("heads-table").querySelector("tbody").replaceChildren();
-  $("overview-table").replaceChildren();
+  showOverview(null);
   for (const id of ["heads-intact", "heads-edited", "heads-which"]) $(id).textContent = "";
   $("lens").textContent = "";
 }
@@ -74,12 +72,11 @@ async function score() {
     heads.ids = lens.ids;
     heads.scores = result.scores;
     heads.lens = lens;
-    heads.summaries = result.summaries;
-    heads.summaryLabels = result.summary_labels;
     renderTable(result.induction_ranking);
-    renderOverview();
+    showOverview(result.summaries, result.summary_labels);
     renderPrediction(result.prediction);
     scored();
+    redrawLens();
   } catch (err) {
     if (seq === heads.seq) {
       clearHeads();
@@ -127,46 +124,8 @@ function renderTable(ranking) {
   $("heads-table").querySelector("tbody").replaceChildren(...rows);
 }
 
-// The heads overview: the chosen summary's mean per layer (rows) and head (columns), each
-// cell shaded by its share of the grid's largest value; the select lists the summaries.
-function renderOverview() {
-  const select = $("overview-which");
-  const names = Object.keys(heads.summaries || {});
-  if (select.options.length !== names.length) {
-    select.replaceChildren(...names.map((name) => new Option(heads.summaryLabels[name], name)));
-  }
-  const grid = heads.summaries && heads.summaries[select.value];
-  if (!grid) {
-    $("overview-table").replaceChildren();
-    return;
-  }
-  const top = Math.max(...grid.flat().filter(Number.isFinite), 1e-12);
-  const header = document.createElement("tr");
-  header.append(...["layer \\ head", ...grid[0].map((_, h) => String(h))].map((text) => {
-    const th = document.createElement("th");
-    th.textContent = text;
-    return th;
-  }));
-  const rows = grid.map((values, layer) => {
-    const tr = document.createElement("tr");
-    const th = document.createElement("th");
-    th.textContent = String(layer);
-    tr.appendChild(th);
-    for (const [h, value] of values.entries()) {
-      const td = document.createElement("td");
-      td.textContent = value.toFixed(2);
-      td.title = `layer ${layer}, head ${h}: ${heads.summaryLabels[select.value]} ${value}`;
-      td.dataset.cell = `${layer}.${h}`;
-      td.style.setProperty("--score", value / top);
-      tr.appendChild(td);
-    }
-    return tr;
-  });
-  $("overview-table").replaceChildren(header, ...rows);
-}
-
 function renderPrediction(prediction) {
-  const list = (items) => items.map((t) => `${shownToken(t.text)} ${(t.prob * 100).toFixed(1)}%`)
+  const list = (items) => items.map((t) => `${shown(t.text)} ${(t.prob * 100).toFixed(1)}%`)
     .join(" · ");
   $("heads-intact").textContent = list(prediction.intact);
   $("heads-edited").textContent = heads.ablated.size
@@ -187,7 +146,7 @@ function renderLens(position) {
     tr.appendChild(th);
     for (const t of heads.lens.top[layer][position]) {
       const td = document.createElement("td");
-      td.textContent = `${shownToken(t.text)} ${(t.prob * 100).toFixed(1)}%`;
+      td.textContent = `${shown(t.text)} ${(t.prob * 100).toFixed(1)}%`;
       td.style.setProperty("--score", t.prob);
       tr.appendChild(td);
     }
@@ -202,9 +161,16 @@ function renderLens(position) {
   box.replaceChildren(title, table);
 }
 
+// The lens box once the scores are for the tokens on show: the pinned token's lens, or how to
+// see one (not what it said of the text before).
+function redrawLens() {
+  const pinned = window.attnlab ? window.attnlab.pinned : null;
+  if (pinned === null) $("lens").textContent = LENS_HINT;
+  else renderLens(pinned);
+}
+
 function wire() {
   $("heads-run").addEventListener("click", score);
-  $("overview-which").addEventListener("change", renderOverview);
   const toggle = (e) => {
     const row = e.target.closest("tr[data-head]");
     if (!row || heads.ids === null) return;
@@ -219,17 +185,14 @@ function wire() {
     predict();
   };
   $("heads-table").addEventListener("click", toggle);
-  $("heads-table").addEventListener("keydown", (e) => {
-    if (e.key !== "Enter" && e.key !== " ") return;
-    e.preventDefault();  // Space would scroll the page
-    toggle(e);
-  });
+  clickOnKeys($("heads-table"), "tr[data-head]");
   // a new Tokens row (another text, or a generation): the lens and the status on show
   // described the scored one; back on it, the scores answer again
   new MutationObserver(() => {
     if (!heads.lens) return;
     if (current()) {
       scored();
+      redrawLens();
     } else {
       renderLens(0);
       status("the scores below are for another text; press Score heads for this one");

@@ -5,10 +5,10 @@
 // The payload's format and its decoding are view_data.js's.
 
 import {
-  cellAt, colour, drawCells, drawHeatmap, drawMini, inkFor, matrixImage, placeTip, scoreRGB,
-  shown, weightRGB,
+  cellAt, colour, drawCells, drawHeatmap, drawMini, inkFor, matrixImage, placeTip, rampEnd,
+  scoreRGB, shown, weightRGB,
 } from "./draw.js";
-import { wireChips } from "./chips.js";
+import { asButton, clickOnKeys, wireChips } from "./chips.js";
 import { decode } from "./view_data.js";
 
 // ------------------------------------------------------------------ one mounted view
@@ -87,10 +87,11 @@ class View {
       tokens: el("div", "alv-tokens"), detail: el("div", "alv-detail"),
       mapBox: el("div", "alv-map"), canvas: el("canvas", "alv-heatmap"), tip: el("div", "alv-tip"),
       grid: el("div", "alv-grid"), stepsBox: el("div", "alv-steps"), legend: el("div", "alv-legend"),
+      rampEnd: el("span"),
     };
     ui.tip.hidden = true;
     ui.mapBox.append(ui.canvas, ui.tip);
-    ui.legend.append(el("span", null, "0"), el("i", "alv-ramp"), el("span", null, "1"),
+    ui.legend.append(el("span", null, "0"), el("i", "alv-ramp"), ui.rampEnd,
       el("i", "alv-masked"), el("span", null, "masked: may not attend"));
     this.app.replaceChildren(bar, ui.note, ui.tokens, ui.detail, ui.legend, ui.mapBox, ui.grid,
       ui.stepsBox);
@@ -277,6 +278,7 @@ class View {
       fig.dataset.layer = li;
       fig.dataset.head = h;
       fig.title = m.isFull(li) ? `open ${this.layerName(li)}, head ${m.heads[h]}` : `${this.layerName(li)} is only in the overview`;
+      asButton(fig, fig.title);
       const c = el("canvas");
       drawMini(c, imageOf(li, h), px, null);
       fig.append(c, el("figcaption", null, cap));
@@ -359,6 +361,7 @@ class View {
     ui.tokens.hidden = !(v === "head" || v === "text");
     ui.tokens.classList.toggle("alv-flow", v === "text");
     ui.legend.hidden = v === "steps";
+    ui.rampEnd.textContent = rampEnd(state.rowscale);
     ui.scaleLabel.hidden = v === "steps";  // the steps draw scores and weights as they are
     ui.mapBox.hidden = ui.grid.hidden = ui.stepsBox.hidden = true;
     ui.note.textContent = "";
@@ -441,5 +444,6 @@ class View {
       state.view = "head";
       this.render();
     });
+    clickOnKeys(grid, ".alv-mini");
   }
 }

@@ -1,0 +1,218 @@
+"""The served page's heads panel in headless Chromium (web/heads.js, web/overview.js): how it
+writes the predicted tokens and the logit lens, and the heads overview of a model with many
+heads. (test_interventions.py checks their numbers against the library's.)"""
+
+from __future__ import annotations
+
+import html
+import re
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+import torch
+
+pytest.importorskip("fastapi", reason="the serve extra (fastapi, uvicorn) is not installed")
+
+from test_app_browser import CORPUS, opened, show, wait_until
+
+from attnlab import GPT, GPTConfig, create_app
+from attnlab import show as show_view
+from attnlab.tokenizers import get_tokenizer
+from helpers import serving
+from offline_page import chromium, needs_chromium
+
+pytestmark = [pytest.mark.browser, needs_chromium]
+
+
+@pytest.fixture(scope="module")
+def browser() -> Iterator[Any]:
+    with chromium() as b:
+        yield b
+
+
+TOK = get_tokenizer("char", CORPUS)
+
+
+def nano_model() -> GPT:
+    """nano (2 layers x 2 heads) on the test pages' characters, the same each call."""
+    torch.manual_seed(0)
+    return GPT(GPTConfig.from_name("nano", vocab_size=TOK.vocab_size, block_size=64)).eval()
+
+
+@pytest.fixture(scope="module")
+def nano() -> Iterator[str]:
+    """The URL of a page over nano_model()."""
+    with serving(create_app(nano_model(), TOK), log_level="error") as port:
+        yield f"http://127.0.0.1:{port}/"
+
+
+def test_a_space_reads_as_in_the_tokens_row(browser: Any, nano: str) -> None:
+    """A predicted space showed as nothing in Next token and in the lens, where the Tokens
+    row writes it ␣: every token text goes through the chips' one function."""
+    def space_first(route: Any) -> None:  # the answers, their first token made a space
+        answer = route.fetch()
+        body = answer.json()
+        tops = body["prediction"]["intact"] if "prediction" in body else body["top"][0][2]
+        tops[0]["text"] = " "
+        route.fulfill(response=answer, json=body)
+
+    with opened(browser, nano) as (page, _):
+        page.route("**/api/heads", space_first)
+        page.route("**/api/lens", space_first)
+        show(page, "a cat")
+        page.click("#heads-run")
+        wait_until(page, "document.querySelector('#heads-intact').textContent")
+        assert page.inner_text("#tokens .tok[data-i='1']") == "␣"
+        assert page.inner_text("#heads-intact").startswith("␣ ")
+        page.hover("#tokens .tok[data-i='2']")
+        wait_until(page, "document.querySelector('#lens-table td')")
+        assert page.inner_text("#lens-table td").startswith("␣ ")  # after the embeddings
+
+
+def scored(page: Any, n: int) -> None:
+    """Press Score heads and wait for the scores of the n tokens on show."""
+    page.click("#heads-run")
+    wait_until(page, "document.querySelector('#heads-status').textContent"
+                     f".startsWith('scored on {n} tokens')")
+
+
+def test_scoring_again_redraws_the_lens(browser: Any, nano: str) -> None:
+    """Score, show another text, score again: the lens kept asking to score the heads. It
+    shows the pinned token's lens, or how to see one; so does going back to a scored text."""
+    lens = "document.querySelector('#lens').textContent"
+    hint = "hover a token to see its logit lens"
+    with opened(browser, nano) as (page, _):
+        show(page, "a cat")
+        scored(page, 5)
+        show(page, "the dog")
+        wait_until(page, f"{lens}.startsWith('score the heads')")
+        scored(page, 7)
+        assert page.inner_text("#lens") == hint
+        show(page, "a cat")
+        page.click("#tokens .tok[data-i='2']")  # pinned: the lens of token 2, when scored
+        page.mouse.move(1, 1)
+        wait_until(page, f"{lens}.startsWith('score the heads')")
+        scored(page, 5)
+        assert page.inner_text("#lens").startswith("logit lens at token 2")
+        show(page, "the dog")  # another text, then back on the scored one
+        show(page, "a cat")
+        wait_until(page, "document.querySelector('#heads-status').textContent"
+                         ".startsWith('scored on 5 tokens')")
+        assert page.inner_text("#lens") == hint
+
+
+@pytest.fixture(scope="module")
+def many_heads() -> Iterator[str]:
+    """The URL of a page over 12 layers x 16 heads (untrained; the shape is what counts)."""
+    tok = get_tokenizer("char", CORPUS)
+    torch.manual_seed(0)
+    model = GPT(GPTConfig(vocab_size=tok.vocab_size, block_size=64, n_layer=12, n_head=16,
+                          n_embd=32)).eval()
+    with serving(create_app(model, tok), log_level="error") as port:
+        yield f"http://127.0.0.1:{port}/"
+
+
+BOX = "#overview .table-wrap"
+CAPTION = "document.querySelector('#overview-cell').textContent"
+
+
+def test_a_12_x_16_overview_keeps_its_labels_in_sight(browser: Any, many_heads: str) -> None:
+    """The grid scrolls in its box under a header row and a column of layers that stay put
+    (scrolled, it showed values without labels), under a one-line corner label (it wrapped to
+    three lines)."""
+    with opened(browser, many_heads) as (page, _):
+        show(page, "the cat sat")
+        scored(page, 11)
+        assert page.locator("#overview-table tbody tr").count() == 12
+        height = "e => e.getBoundingClientRect().height"
+        corner = page.eval_on_selector("#overview-table thead th", height)
+        assert corner == page.eval_on_selector("#overview-table thead th:last-child", height)
+        page.eval_on_selector(BOX, "w => { w.style.maxHeight = '8rem'; }")  # a short screen
+        page.eval_on_selector(BOX, "w => { w.scrollTop = 1e4; w.scrollLeft = 1e4; }")
+        at = page.evaluate("""() => {
+            const box = document.querySelector('#overview .table-wrap');
+            const r = (sel) => document.querySelector(sel).getBoundingClientRect();
+            return {scrolled: box.scrollTop > 0 && box.scrollLeft > 0,
+                    box: box.getBoundingClientRect().toJSON(),
+                    head15: r('#overview-table thead th:last-child').toJSON(),
+                    layer11: r('#overview-table tbody tr:last-child th').toJSON()};
+        }""")
+        assert at["scrolled"]
+        assert abs(at["head15"]["top"] - at["box"]["top"]) <= 2  # the header row, on top
+        assert abs(at["layer11"]["left"] - at["box"]["left"]) <= 2  # the layers, at the left
+
+
+def test_an_overview_cell_opens_its_layer_and_head(browser: Any, many_heads: str) -> None:
+    """A click on a cell, or Enter or Space on it, picks its layer and head in the page's
+    menus (it did nothing); the arrow keys move between cells; a line under the grid names
+    the cell pointed at or focused, and its value."""
+    picked = "window.attnlab.layer === {} && window.attnlab.head === {}"
+    with opened(browser, many_heads) as (page, _):
+        show(page, "the cat sat")
+        scored(page, 11)
+        page.click("#overview-table td[data-cell='3.5']")
+        wait_until(page, picked.format(3, 5))
+        assert (page.input_value("#layer"), page.input_value("#head")) == ("3", "5")
+        page.hover("#overview-table td[data-cell='2.9']")
+        value = page.inner_text("#overview-table td[data-cell='2.9']")
+        assert page.evaluate(CAPTION).startswith(f"layer 2, head 9: entropy (nats) {value}")
+        page.mouse.move(1, 1)  # the pointer gone: the line names the cell on show
+        assert page.evaluate(CAPTION).startswith("layer 3, head 5")
+        page.focus("#overview-table td[data-cell='7.12']")
+        page.keyboard.press("ArrowLeft")
+        assert page.evaluate("document.activeElement.dataset.cell") == "7.11"
+        assert page.evaluate(CAPTION).startswith("layer 7, head 11")
+        page.keyboard.press("Enter")
+        wait_until(page, picked.format(7, 11))
+        page.keyboard.press("ArrowUp")
+        page.keyboard.press(" ")
+        wait_until(page, picked.format(6, 11))
+        assert page.evaluate("document.activeElement.dataset.cell") == "6.11"
+
+
+def test_a_narrow_window_scrolls_the_grids_not_the_page(browser: Any, many_heads: str) -> None:
+    """At 600 px the overview and the heads table scroll in their boxes: the whole page
+    scrolled sideways."""
+    with opened(browser, many_heads, width=600) as (page, _):
+        show(page, "the cat sat")
+        scored(page, 11)
+        sizes = page.evaluate("""() => ({
+            page: document.documentElement.scrollWidth, window: innerWidth,
+            box: document.querySelector('#overview .table-wrap').clientWidth,
+            grid: document.querySelector('#overview .table-wrap').scrollWidth})""")
+        assert sizes["page"] <= sizes["window"], sizes
+        assert sizes["grid"] > sizes["box"], sizes
+
+
+def test_the_overview_colours_a_number_as_the_notebook_does(browser: Any, nano: str) -> None:
+    """Each summary's grid is coloured as `show(..., summary=True)` colours it, a legend
+    saying the scale: 0 to 1 for the shares of a row's weight (first token, largest), 0 to
+    the grid's largest for the others (the page had no legend and shaded every summary
+    relative to its grid's largest)."""
+    text = "the cat sat on the mat"
+    notebook = show_view(nano_model(), TOK, text, summary=True).html
+    with opened(browser, nano) as (page, _):
+        show(page, text)
+        scored(page, len(text))
+        labels = page.eval_on_selector_all("#overview-which option",
+                                           "os => os.map(o => [o.value, o.textContent])")
+        for name, label in labels:
+            page.select_option("#overview-which", name)
+            figure = next(f for f in notebook.split("<figure")[1:]
+                          if f">{html.escape(label)}</figcaption>" in f)
+            want = [tuple(map(int, rgb)) for rgb in
+                    re.findall(r"background:rgb\((\d+),(\d+),(\d+)\)", figure)]
+            got = [tuple(map(int, re.findall(r"\d+", c))) for c in page.eval_on_selector_all(
+                "#overview-table td", "tds => tds.map(td => getComputedStyle(td).backgroundColor)")]
+            assert len(got) == len(want) == 4
+            # the page's numbers are rounded to 4 decimals: a colour may differ by one step
+            assert all(abs(g - w) <= 1 for gs, ws in zip(got, want, strict=True)
+                       for g, w in zip(gs, ws, strict=True)), (name, got, want)
+            legend = " ".join(page.inner_text("#overview-legend").split())
+            if name in ("attn_sink", "attn_max"):
+                assert legend == "0 1 a share of each row's weight", legend
+            else:
+                top = max(float(td) for td in page.eval_on_selector_all(
+                    "#overview-table td", "tds => tds.map(td => td.textContent)"))
+                assert legend == f"0 {top:.2f} the largest here", legend
