@@ -53,6 +53,7 @@ def test_heads_api_equals_the_library(setup: tuple) -> None:
     # the heads overview: each summary's mean per layer and head, as head_summaries gives it
     means = head_summaries(model, idx)
     assert body["summary_labels"] == SUMMARY_MEANS
+    assert body["summary_shares"] == ["attn_sink", "attn_max"]  # coloured on 0..1
     for name, values in body["summaries"].items():
         torch.testing.assert_close(torch.tensor(values), means[name], atol=1e-4, rtol=0)
 

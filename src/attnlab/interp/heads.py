@@ -61,6 +61,9 @@ SUMMARY_MEANS = {
     "attn_distance": "distance back (tokens)",
     "attn_max": "largest weight",
 }
+#: The summaries that are shares of a row's weight: the overviews colour them on 0..1, the
+#: others on 0..their grid's largest value.
+SHARE_SUMMARIES = ("attn_sink", "attn_max")
 
 
 def repeated_tokens(

@@ -22,7 +22,13 @@ from torch import Tensor
 
 from ..generate import stream as generate_stream
 from ..interp.edits import ablate
-from ..interp.heads import SUMMARY_MEANS, detect_heads, head_summaries, rank_heads
+from ..interp.heads import (
+    SHARE_SUMMARIES,
+    SUMMARY_MEANS,
+    detect_heads,
+    head_summaries,
+    rank_heads,
+)
 from ..interp.lens import lens_table, top_tokens
 from ..model.gpt import GPT
 from ..model.trace import Trace
@@ -208,6 +214,7 @@ def heads_payload(model: Any, tokenizer: Any, ids: list[int], ablated: list[tupl
         "summaries": {name: [[round(float(x), 4) for x in row] for row in m.tolist()]
                       for name, m in means.items()},
         "summary_labels": dict(SUMMARY_MEANS),
+        "summary_shares": list(SHARE_SUMMARIES),
         "ablated": [[la, h] for la, h in ablated],
         "prediction": {"intact": top(intact), "ablated": top(edited)},
     }

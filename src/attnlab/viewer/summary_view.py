@@ -19,7 +19,13 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from ..interp.heads import SUMMARY_MEANS, extreme_heads, real_queries, summary_means
+from ..interp.heads import (
+    SHARE_SUMMARIES,
+    SUMMARY_MEANS,
+    extreme_heads,
+    real_queries,
+    summary_means,
+)
 from ..model.attention import padding_of_row
 from ..model.gpt import require_eval
 from ..model.trace import Trace
@@ -75,7 +81,7 @@ def _grid(name: str, values: Tensor, layers: list[int], heads: list[int]) -> str
     """One summary's layer x head table, each cell coloured on the summary's own scale."""
     values = values.cpu()  # one copy from a GPU, not a read per cell
     finite = [v for v in values.flatten().tolist() if math.isfinite(v)]
-    top = 1.0 if name in ("attn_sink", "attn_max") else max(finite, default=1.0) or 1.0
+    top = 1.0 if name in SHARE_SUMMARIES else max(finite, default=1.0) or 1.0
     cells = []
     for i, layer in enumerate(layers):
         tds = []

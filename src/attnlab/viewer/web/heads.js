@@ -73,7 +73,7 @@ async function score() {
     heads.scores = result.scores;
     heads.lens = lens;
     renderTable(result.induction_ranking);
-    showOverview(result.summaries, result.summary_labels);
+    showOverview(result.summaries, result.summary_labels, result.summary_shares);
     renderPrediction(result.prediction);
     scored();
     redrawLens();

@@ -15,19 +15,19 @@ import { overviewColours } from "./draw.js";
 const overview = {
   summaries: null,  // {summary: [[layer][head]]}
   labels: {},       // {summary: its label}
+  shares: new Set(),  // the summaries that are shares of a row's weight, coloured on 0..1
   pointed: null,    // the cell under the pointer
   focused: null,    // the cell with the keyboard focus
 };
 
-// the summaries that are shares of a row's weight, coloured on 0..1 in every grid; the others
-// on 0..the grid's largest value (summary_view.py's _grid)
-const SHARES = new Set(["attn_sink", "attn_max"]);
-
 const STEPS = { ArrowLeft: [0, -1], ArrowRight: [0, 1], ArrowUp: [-1, 0], ArrowDown: [1, 0] };
 
-/** Show these summaries (null: none), keeping the summary picked in the menu. */
-export function showOverview(summaries, labels = {}) {
-  Object.assign(overview, { summaries, labels, pointed: null, focused: null });
+/**
+ * Show these summaries (null: none), keeping the summary picked in the menu; shares: those
+ * coloured on 0..1 (the others on 0..the grid's largest value), as /api/heads names them.
+ */
+export function showOverview(summaries, labels = {}, shares = []) {
+  Object.assign(overview, { summaries, labels, shares: new Set(shares), pointed: null, focused: null });
   const select = $("overview-which");
   const names = Object.keys(summaries || {});
   if (select.options.length !== names.length) {
@@ -52,7 +52,7 @@ function render() {
     $("overview-cell").textContent = "";
     return;
   }
-  const share = SHARES.has(name);
+  const share = overview.shares.has(name);
   const top = share ? 1 : Math.max(0, ...grid.flat().filter(Number.isFinite)) || 1;
   $("overview-top").textContent = share ? "1" : top.toFixed(2);
   $("overview-scale").textContent = share ? "a share of each row's weight" : "the largest here";
