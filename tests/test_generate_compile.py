@@ -127,6 +127,28 @@ def test_compiled_sliding_window_past_block_size() -> None:
     assert torch.equal(compiled, eager)
 
 
+def test_two_live_compiled_streams_of_one_shape_give_the_eager_ids() -> None:
+    """One static cache per shape: a second stream started while the first still runs
+    decodes eagerly (with a warning) instead of overwriting the first one's cache; once
+    both end, the compiled step serves the next generation again."""
+    model = SHARED["gpt2"]()
+    a, _ = _prompt([5], seed=3)
+    b, _ = _prompt([5], seed=4)
+    want = [generate(model, p, max_new_tokens=12, temperature=0)[0, 5:] for p in (a, b)]
+    first = stream(model, a, max_new_tokens=12, temperature=0, compile=True)
+    got_a = [next(first)]
+    with pytest.warns(UserWarning, match="serves a generation still running"):
+        second = stream(model, b, max_new_tokens=12, temperature=0, compile=True)
+        got_b = [next(second)]
+    got_a += list(first)
+    got_b += list(second)
+    assert torch.equal(torch.cat(got_a), want[0]) and torch.equal(torch.cat(got_b), want[1])
+    (step,) = [s for s in compiled_decodes(model) if (s.batch_size, s.max_len) == (1, 32)]
+    assert not step.in_use  # both streams ended
+    again = generate(model, b, max_new_tokens=12, temperature=0, compile=True)  # no warning
+    assert torch.equal(again[0, 5:], want[1])
+
+
 def test_edits_take_the_eager_path_with_compile() -> None:
     model = SHARED["gpt2"]()
     ids, _ = _prompt([5])

@@ -291,44 +291,50 @@ def _steps(
         mask_buf[:, :P] = keep
     start = max(0, P - block)  # first position inside the window (sliding_window only)
     compiled = compiled_decode(model, B, min(P + N, block)) if compile else None
-    cache = model.new_cache(B, min(P + N, block)) if compiled is None else compiled.cache
-    window_mask = None if mask_buf is None else mask_buf[:, start:P]
-    logits = prefill(model, tokens[:, start:P], window_mask, cache, edits)  # (B, V)
     if compiled is not None:
-        compiled.start(window_mask)
-    decode = decode_step(model) if edits is None else None
-    ended = torch.zeros(B, dtype=torch.bool, device=device)  # (B,) rows that sampled an eot
-    for length in range(P, P + N):
-        if vocab_size is not None:
-            logits = logits[:, :vocab_size]  # (B, V')
-        if unused_ids is not None:  # out of place: logits may be the model's own output
-            logits = logits.index_fill(1, unused_ids, float("-inf"))  # (B, V')
-        next_ids = _draw(logits, config, generator)  # (B,)
-        if eot_ids is not None:
-            next_ids = next_ids.masked_fill(ended, pad_id)  # (B,)
-            ended |= torch.isin(next_ids, eot_ids)
-        tokens[:, length] = next_ids
-        yield next_ids
-        end = length + 1
-        # without eot ids nothing ends a row: no device sync per step to ask
-        if end == P + N or (eot_ids is not None and bool(ended.all())):
-            return
-        if cache.seq_len == cache.max_len:
-            # Window full. Positions are learned absolute embeddings, so cached keys cannot be
-            # shifted: re-encode the last block_size tokens from position 0 (nanoGPT's crop).
-            start, cache.seq_len = end - block, 0
-            window_mask = None if mask_buf is None else mask_buf[:, start:end]
-            logits = prefill(model, tokens[:, start:end], window_mask, cache, edits)
-            if compiled is not None:
-                compiled.start(window_mask)
-        else:
-            window_mask = None if mask_buf is None else mask_buf[:, start:end]
-            if decode is None:  # edits: the model's own forward, which reports to the seam
-                logits = prefill(model, tokens[:, length:end], window_mask, cache, edits)
-            elif compiled is not None:
-                logits = compiled(decode, tokens[:, length:end])  # (B, V)
+        compiled.in_use = True  # its static cache is this generation's until it ends
+    try:
+        cache = model.new_cache(B, min(P + N, block)) if compiled is None else compiled.cache
+        window_mask = None if mask_buf is None else mask_buf[:, start:P]
+        logits = prefill(model, tokens[:, start:P], window_mask, cache, edits)  # (B, V)
+        if compiled is not None:
+            compiled.start(window_mask)
+        decode = decode_step(model) if edits is None else None
+        ended = torch.zeros(B, dtype=torch.bool, device=device)  # (B,) rows that sampled an eot
+        for length in range(P, P + N):
+            if vocab_size is not None:
+                logits = logits[:, :vocab_size]  # (B, V')
+            if unused_ids is not None:  # out of place: logits may be the model's own output
+                logits = logits.index_fill(1, unused_ids, float("-inf"))  # (B, V')
+            next_ids = _draw(logits, config, generator)  # (B,)
+            if eot_ids is not None:
+                next_ids = next_ids.masked_fill(ended, pad_id)  # (B,)
+                ended |= torch.isin(next_ids, eot_ids)
+            tokens[:, length] = next_ids
+            yield next_ids
+            end = length + 1
+            # without eot ids nothing ends a row: no device sync per step to ask
+            if end == P + N or (eot_ids is not None and bool(ended.all())):
+                return
+            if cache.seq_len == cache.max_len:
+                # Window full. Positions are learned absolute embeddings, so cached keys cannot be
+                # shifted: re-encode the last block_size tokens from position 0 (nanoGPT's crop).
+                start, cache.seq_len = end - block, 0
+                window_mask = None if mask_buf is None else mask_buf[:, start:end]
+                logits = prefill(model, tokens[:, start:end], window_mask, cache, edits)
+                if compiled is not None:
+                    compiled.start(window_mask)
             else:
-                logits = decode_one_token(decode, tokens[:, length:end], window_mask, cache)
+                window_mask = None if mask_buf is None else mask_buf[:, start:end]
+                if decode is None:  # edits: the model's own forward, which reports to the seam
+                    logits = prefill(model, tokens[:, length:end], window_mask, cache, edits)
+                elif compiled is not None:
+                    logits = compiled(decode, tokens[:, length:end])  # (B, V)
+                else:
+                    logits = decode_one_token(decode, tokens[:, length:end], window_mask, cache)
+    finally:
+        if compiled is not None:
+            compiled.in_use = False
 
 
 def _draw(logits: Tensor, config: GenerationConfig,

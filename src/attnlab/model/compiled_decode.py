@@ -31,6 +31,7 @@ from __future__ import annotations
 import contextlib
 import time
 import types
+import warnings
 from collections.abc import Callable
 from typing import TYPE_CHECKING, cast
 from weakref import WeakKeyDictionary
@@ -107,6 +108,7 @@ class CompiledDecode:
                                       fullgraph=True, dynamic=False)
         self.compile_seconds: float | None = None
         self.cuda_graph: bool | None = None
+        self.in_use = False  # serving a generation (`generate` sets it while it runs)
         self._marked: DecodeStep | None = None  # the step whose weights are marked static
 
     @property
@@ -195,10 +197,12 @@ def check_compilable(model: GPT) -> None:
         )
 
 
-def compiled_decode(model: GPT, batch_size: int, needed: int) -> CompiledDecode:
+def compiled_decode(model: GPT, batch_size: int, needed: int) -> CompiledDecode | None:
     """The `CompiledDecode` for `batch_size` rows and `needed` cache slots (prompt + new
     tokens, at most block_size), kept with the model: the same shape next time reuses it
-    and its compiled graph. Its cache is fresh (seq_len 0)."""
+    and its compiled graph. Its cache is fresh (seq_len 0). None, with a warning, while it
+    is `in_use` by a generation still running (two live streams of one shape): one static
+    cache cannot hold both, so the caller decodes eagerly, with the same ids."""
     check_compilable(model)
     weight = model.lm_head.weight
     max_len = cache_length(needed, model.config.block_size)
@@ -207,6 +211,12 @@ def compiled_decode(model: GPT, batch_size: int, needed: int) -> CompiledDecode:
     if key not in held:
         held[key] = CompiledDecode(model, batch_size, max_len)
     compiled = held[key]
+    if compiled.in_use:
+        warnings.warn(f"the compiled decode step for {batch_size} row(s) and {max_len} "
+                      "cache slots serves a generation still running; this one decodes "
+                      "without it (the same ids, uncompiled speed): finish or close the "
+                      "other stream first", stacklevel=3)
+        return None
     compiled.cache.seq_len = 0
     return compiled
 
