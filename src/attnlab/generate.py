@@ -30,7 +30,7 @@ from .model.decode import DecodeStep, decode_step
 from .model.gpt import GPT, check_mask_values, require_eval
 from .model.kv_cache import KVCache
 from .tokenizers import check_fits
-from .tokenizers.streaming import text_pieces
+from .tokenizers.streaming import TextPieces
 
 if TYPE_CHECKING:
     from .interp.edits import Edit, Edits
@@ -400,8 +400,9 @@ def stream_text(
     stop: str | Sequence[str] = (),
     edits: Edit | Edits | None = None,
     **sampling: float | int | bool | Sequence[int] | None,
-) -> Iterator[list[str]]:
-    """Yield, per step, the new text of every prompt ("" when a row has nothing new yet).
+) -> TextPieces:
+    """Yield, per step, the new text of every prompt ("" when a row has nothing new yet);
+    the iterator's `made` counts each prompt's new tokens so far.
 
     Each row's generated ids are decoded whole and only the new suffix is emitted, so a
     character split over several byte-level tokens comes out once it is complete. A row ends
@@ -440,7 +441,7 @@ def stream_text(
     )
     prompt_ids = [row[keep].tolist() for row, keep in zip(input_ids, attention_mask.bool(),
                                                            strict=True)]
-    return text_pieces(steps, tokenizer, prompt_ids, stops)
+    return TextPieces(steps, tokenizer, prompt_ids, stops)
 
 
 def generate_text(

@@ -65,12 +65,16 @@ def test_text_reaches_stdout_before_generation_ends(
     path, _, _ = checkpoint
     seen: list[str] = []
 
-    def scripted(*args: Any, **kwargs: Any) -> Iterator[list[str]]:
-        for piece in ["a", "b", "c"]:
-            yield [piece]
-            seen.append(capsys.readouterr().out)  # what the terminal shows after this step
+    class Scripted:  # stream_text's pieces, and the tokens made (TextPieces.made)
+        def __init__(self) -> None:
+            self.made = [3]
 
-    monkeypatch.setattr(generate_mod, "stream_text", scripted)
+        def __iter__(self) -> Iterator[list[str]]:
+            for piece in ["a", "b", "c"]:
+                yield [piece]
+                seen.append(capsys.readouterr().out)  # what the terminal shows after this
+
+    monkeypatch.setattr(generate_mod, "stream_text", lambda *args, **kwargs: Scripted())
     assert main(["generate", str(path), "go ", "--max-new-tokens", "3"]) == 0
     assert seen == ["go a", "b", "c"]
 
@@ -107,6 +111,38 @@ def test_prompt_file_runs_batches_and_prints_each_completion(
     for prompt, block in zip(prompts, blocks, strict=True):
         alone = generate_text(model, tokenizer, [prompt], max_new_tokens=8, temperature=0)[0]
         assert block.split("\n", 1)[1] == prompt + alone + "\n"
+
+
+def test_a_prompt_file_counts_each_rows_tokens_and_checks_every_prompt_first(
+    checkpoint: tuple[Path, GPT, Tokenizer], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The new tokens of a batch are each row's own (a row ended by a stop string makes no
+    more), as each prompt run alone counts them; a prompt too long for the context is named
+    before any batch runs; --seed outside what seeds take is refused."""
+    path, model, tokenizer = checkpoint
+    full = generate_text(model, tokenizer, ["the"], max_new_tokens=20, temperature=0)[0]
+    flags = ["--max-new-tokens", "20", "--temperature", "0", "--stop", full[6:8]]
+    prompts = ["the", "quick"]
+    made = []
+    for prompt in prompts:
+        assert main(["generate", str(path), prompt, *flags]) == 0
+        made.append(int(capsys.readouterr().err.split("[")[1].split(" new token")[0]))
+    assert made[0] < 20 and made[0] != made[1]  # the stop string ended one row early
+    (tmp_path / "prompts.txt").write_text("\n".join(prompts) + "\n")
+    assert main(["generate", str(path), "--prompt-file", str(tmp_path / "prompts.txt"),
+                 *flags]) == 0
+    assert f"[{sum(made)} new tokens in " in capsys.readouterr().err
+    (tmp_path / "long.txt").write_text("the\n" + "a" * 40 + "\nthe\n")  # block_size 32
+    assert main(["generate", str(path), "--prompt-file", str(tmp_path / "long.txt"),
+                 "--batch-size", "1", "--max-new-tokens", "4"]) == 1
+    captured = capsys.readouterr()
+    assert captured.out == ""  # refused before the first batch ran
+    assert "prompt 2/3 has 40 tokens; with 4 new tokens it runs past the model's context " \
+        "(block_size=32); lower --max-new-tokens, shorten it, or pass --sliding-window" \
+        in captured.err
+    for seed in ("-1", str(2**64)):
+        assert main(["generate", str(path), "the", "--seed", seed]) == 1
+        assert f"--seed {seed} is out of range; use 0 to 2**64 - 1" in capsys.readouterr().err
 
 
 def test_sampling_flags_are_seeded(
@@ -166,7 +202,7 @@ def test_errors_name_the_problem(
     long_prompt = "the lazy dog jumps over the fox"  # 31 characters, block_size 32
     assert main(["generate", str(path), long_prompt, "--max-new-tokens", "5"]) == 1
     err = capsys.readouterr().err
-    assert "exceeds block_size=32" in err and "--sliding-window" in err
+    assert "runs past the model's context (block_size=32)" in err and "--sliding-window" in err
     args = ["generate", str(path), long_prompt, "--max-new-tokens", "5", "--sliding-window"]
     assert main(args) == 0
     assert capsys.readouterr().out.startswith(long_prompt)
@@ -277,7 +313,8 @@ def test_a_too_long_request_fails_before_the_prompt_is_echoed(
     assert main(["generate", str(path), "the fox", "--max-new-tokens", "40"]) != 0
     captured = capsys.readouterr()
     assert captured.out == ""
-    assert "exceeds block_size=32" in captured.err and "--sliding-window" in captured.err
+    assert "runs past the model's context (block_size=32)" in captured.err
+    assert "--sliding-window" in captured.err
 
 
 @pytest.mark.parametrize("command", ["generate", "train", "load_checkpoint", "load_hf"])

@@ -286,7 +286,7 @@ def test_a_completion_keeps_the_space_its_first_word_carries(tmp_path: Path) -> 
     and the viewer streamed the same. New ids are decoded as they continue the prompt."""
     import asyncio
 
-    from attnlab.tokenizers.streaming import text_pieces
+    from attnlab.tokenizers.streaming import TextPieces
     from attnlab.viewer.payloads import stream_events
 
     sentencepiece_like(tmp_path)
@@ -296,7 +296,7 @@ def test_a_completion_keeps_the_space_its_first_word_carries(tmp_path: Path) -> 
     assert tok.decode([paris]) == "Paris"  # the decoder strips a text's first space
     assert tok.decode_continuation([paris], prompt) == " Paris"
     steps = iter([torch.tensor([paris]), torch.tensor([the])])
-    assert list(text_pieces(steps, tok, [prompt], [])) == [[" Paris"], [" The"]]
+    assert list(TextPieces(steps, tok, [prompt], [])) == [[" Paris"], [" The"]]
 
     async def events() -> list[str]:
         new = iter([paris, the, None])

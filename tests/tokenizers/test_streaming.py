@@ -7,7 +7,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from attnlab.tokenizers import ByteTokenizer
-from attnlab.tokenizers.streaming import held_back, text_pieces
+from attnlab.tokenizers.streaming import TextPieces, held_back
 
 
 def test_held_back_waits_for_a_character_and_a_stop_strings_start() -> None:
@@ -25,6 +25,6 @@ def test_pieces_add_up_to_the_text_up_to_the_stop_string(text: str, stop: str) -
     tok = ByteTokenizer()
     ids = tok.encode(text)
     steps = iter([torch.tensor([i]) for i in ids])
-    joined = "".join(p[0] for p in text_pieces(steps, tok, [[]], [stop]))
+    joined = "".join(p[0] for p in TextPieces(steps, tok, [[]], [stop]))
     at = text.find(stop)
     assert joined == (text if at < 0 else text[:at])

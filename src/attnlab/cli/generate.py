@@ -29,7 +29,9 @@ from .common import (
 )
 
 if TYPE_CHECKING:
-    from collections.abc import Callable, Iterator
+    from collections.abc import Callable
+
+    from ..tokenizers.streaming import TextPieces
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
@@ -190,7 +192,7 @@ def run(args: argparse.Namespace) -> int:
     stops = [unescape(s) for s in args.stop]
     edits = _ablation(args.ablate, model.config)
 
-    def completions(prompts: list[str], first: int = 0) -> Iterator[list[str]]:
+    def completions(prompts: list[str], first: int = 0) -> TextPieces:
         seeds: dict[str, Any] = {"seed": args.seed}
         if args.prompt_file is not None and args.seed is not None:
             # prompt i draws from its own seeded generator: the same completions whatever
@@ -208,10 +210,9 @@ def run(args: argparse.Namespace) -> int:
         with cpu_memory_errors():
             if args.prompt_file is None:
                 streamed = completions(prompts)  # checks the request before the prompt is echoed
-                produced = _stream(streamed, shown[0] + "\n" if args.chat else shown[0],
-                                   max_new_tokens)
+                produced = _stream(streamed, shown[0] + "\n" if args.chat else shown[0])
             else:
-                produced = _print_batches(completions, prompts, shown, args, max_new_tokens)
+                produced = _print_batches(completions, prompts, shown, args)
     except KeyboardInterrupt:
         sys.stdout.write("\n")  # the shell's prompt on a line of its own
         raise
@@ -254,6 +255,8 @@ def _check_flags(args: argparse.Namespace) -> None:
     args.batch_size = 16 if args.batch_size is None else args.batch_size
     if args.batch_size < 1:
         raise CLIError(f"--batch-size {args.batch_size} must be >= 1")
+    if args.seed is not None and not 0 <= args.seed < 2**64:
+        raise CLIError(f"--seed {args.seed} is out of range; use 0 to 2**64 - 1")
     if "" in args.stop:
         raise CLIError("--stop '': an empty stop string matches nothing; give some text")
     if args.system is not None and not args.chat:
@@ -298,13 +301,24 @@ def _max_new_tokens(args: argparse.Namespace, model: Any, tokenizer: Any,
             where = "" if args.prompt_file is None else f"prompt {i + 1}/{len(prompts)}: "
             raise CLIError(f"{where}{err}") from None
     max_new_tokens: int | None = args.max_new_tokens
+    block = model.config.block_size
     if max_new_tokens is None and args.sliding_window:
         max_new_tokens = 200
     elif max_new_tokens is None:
         longest = max(max(lengths), 1)
         # the default fits the context (the last new token is never fed back); ask for more
         # with --max-new-tokens and --sliding-window
-        max_new_tokens = max(1, min(200, model.config.block_size - longest + 1))
+        max_new_tokens = max(1, min(200, block - longest + 1))
+    for i, n in enumerate(lengths):  # before the first batch runs: name the prompt
+        if not args.sliding_window and max(n, 1) + max_new_tokens - 1 > block:
+            where = "the prompt" if args.prompt_file is None else f"prompt {i + 1}/{len(prompts)}"
+            fix = ("lower --max-new-tokens, shorten it" if args.max_new_tokens is not None
+                   else "shorten it")
+            raise CLIError(f"{where} has {count(n, 'token')}; with "
+                           f"{count(max_new_tokens, 'new token')} it runs past the model's "
+                           f"context (block_size={block}); "
+                           f"{fix}, or pass --sliding-window to condition on the last "
+                           f"{block} tokens")
     return max_new_tokens
 
 
@@ -319,34 +333,30 @@ def _ablation(heads_text: str | None, config: Any) -> Any:
     return ablate(heads)
 
 
-def _stream(streamed: Iterator[list[str]], echo: str, max_new_tokens: int) -> int:
+def _stream(streamed: TextPieces, echo: str) -> int:
     """Write `echo`, then one completion's text to stdout as it comes: the tokens made."""
-    produced = 0
     sys.stdout.write(echo)
     sys.stdout.flush()
     for pieces in streamed:
-        produced = min(produced + 1, max_new_tokens)  # the last yield may only flush text
         if pieces[0]:
             sys.stdout.write(pieces[0])
             sys.stdout.flush()
     sys.stdout.write("\n")
-    return produced
+    return sum(streamed.made)
 
 
-def _print_batches(completions: Callable[[list[str], int], Iterator[list[str]]],
-                   prompts: list[str], shown: list[str], args: argparse.Namespace,
-                   max_new_tokens: int) -> int:
+def _print_batches(completions: Callable[[list[str], int], TextPieces],
+                   prompts: list[str], shown: list[str], args: argparse.Namespace) -> int:
     """Run the prompts in batches of --batch-size, printing each completion once its batch
-    is done: the tokens made."""
+    is done: the tokens made (a row's pads after its stop id not counted)."""
     produced = 0
     for first in range(0, len(prompts), args.batch_size):
         batch = prompts[first:first + args.batch_size]
         texts = [""] * len(batch)
-        steps = 0
-        for pieces in completions(batch, first):
-            steps = min(steps + 1, max_new_tokens)
+        streamed = completions(batch, first)
+        for pieces in streamed:
             texts = [t + p for t, p in zip(texts, pieces, strict=True)]
-        produced += steps * len(batch)
+        produced += sum(streamed.made)
         for i, completion in enumerate(texts):
             print(f"=== prompt {first + i + 1}/{len(prompts)}")
             prompt = shown[first + i]

@@ -2,7 +2,7 @@
 
 A byte-level token can hold half of a UTF-8 character, and a stop string can arrive over
 several tokens, so each row's ids are decoded whole and only the suffix that is settled is
-emitted (`held_back` says how much must wait). `generate.stream_text` feeds `text_pieces`
+emitted (`held_back` says how much must wait). `generate.stream_text` feeds `TextPieces`
 the ids its steps sample.
 """
 
@@ -32,45 +32,56 @@ def held_back(text: str, stops: Sequence[str]) -> int:
     return unfinished + start
 
 
-def text_pieces(
-    steps: Iterator[Tensor], tokenizer: Tokenizer, prompts: list[list[int]], stops: list[str]
-) -> Iterator[list[str]]:
+class TextPieces(Iterator[list[str]]):
     """Each step's new ids (B,) -> each row's new text, decoded as it continues the row's
     prompt ids (`generate.stream_text`'s loop). A row ends at one of the tokenizer's stop ids
     (not emitted) or at the first of `stops` (emitted up to it); once steps run out, what was
-    held back for a stop string that never came is flushed."""
-    B = len(prompts)
+    held back for a stop string that never came is flushed. `made[b]`: the ids row b has
+    taken so far (its stop id included, nothing after it ended), for counting new tokens."""
 
-    def decode(b: int) -> str:
-        return tokenizer.decode_continuation(ids[b], prompts[b])
+    def __init__(self, steps: Iterator[Tensor], tokenizer: Tokenizer, prompts: list[list[int]],
+                 stops: list[str]) -> None:
+        self.made = [0] * len(prompts)
+        self._pieces = self._run(steps, tokenizer, prompts, stops)
 
-    ids: list[list[int]] = [[] for _ in range(B)]
-    emitted = [0] * B  # characters of each row's text already yielded
-    done = [False] * B
-    for next_ids in steps:
-        pieces = [""] * B
-        for b, token in enumerate(next_ids.tolist()):
-            if done[b]:
-                continue
-            if token in tokenizer.stop_ids:
-                done[b] = True
-                text, end = decode(b), None
-            else:
-                ids[b].append(token)
-                text = decode(b)
-                hits = [i for i in (text.find(s, max(0, emitted[b] - len(s))) for s in stops)
-                        if i >= 0]
-                end = min(hits) if hits else None
-                done[b] = end is not None
-            if end is None:  # an ended row drops a character its last token left unfinished
-                end = len(text.rstrip("\ufffd")) if done[b] else (
-                    len(text) - held_back(text, stops))
-            pieces[b] = text[emitted[b]:end]
-            emitted[b] = max(emitted[b], end)
-        yield pieces
-        if all(done):
-            return
-    # max_new_tokens reached: flush what was held back for a stop string that never came
-    tail = [decode(b).rstrip("\ufffd")[emitted[b]:] if not done[b] else "" for b in range(B)]
-    if any(tail):
-        yield tail
+    def __next__(self) -> list[str]:
+        return next(self._pieces)
+
+    def _run(self, steps: Iterator[Tensor], tokenizer: Tokenizer, prompts: list[list[int]],
+             stops: list[str]) -> Iterator[list[str]]:
+        B = len(prompts)
+
+        def decode(b: int) -> str:
+            return tokenizer.decode_continuation(ids[b], prompts[b])
+
+        ids: list[list[int]] = [[] for _ in range(B)]
+        emitted = [0] * B  # characters of each row's text already yielded
+        done = [False] * B
+        for next_ids in steps:
+            pieces = [""] * B
+            for b, token in enumerate(next_ids.tolist()):
+                if done[b]:
+                    continue
+                self.made[b] += 1
+                if token in tokenizer.stop_ids:
+                    done[b] = True
+                    text, end = decode(b), None
+                else:
+                    ids[b].append(token)
+                    text = decode(b)
+                    hits = [i for i in (text.find(s, max(0, emitted[b] - len(s))) for s in stops)
+                            if i >= 0]
+                    end = min(hits) if hits else None
+                    done[b] = end is not None
+                if end is None:  # an ended row drops a character its last token left unfinished
+                    end = len(text.rstrip("\ufffd")) if done[b] else (
+                        len(text) - held_back(text, stops))
+                pieces[b] = text[emitted[b]:end]
+                emitted[b] = max(emitted[b], end)
+            yield pieces
+            if all(done):
+                return
+        # max_new_tokens reached: flush what was held back for a stop string that never came
+        tail = [decode(b).rstrip("\ufffd")[emitted[b]:] if not done[b] else "" for b in range(B)]
+        if any(tail):
+            yield tail
