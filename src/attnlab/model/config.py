@@ -190,9 +190,11 @@ POS = ("learned", "rope", "none")
 _LLAMA: dict[str, Any] = dict(pos="rope", norm="rmsnorm", mlp="swiglu", bias=False)
 
 PRESETS: dict[str, dict[str, Any]] = {
-    # The hello-world model of `recipes.seed_experiment`: GPT-2 BPE ids, 3-dim embeddings, one
-    # single-head attention without q/k/v bias, scores scaled by 1/sqrt(3), a linear head; no
-    # MLP, norm or residual (docs/notebooks/002_hello_world_and_animals.ipynb).
+    # Seed 002's hello-world model: GPT-2 BPE's 50,257 ids (as the seed's tiktoken gives
+    # them), 3-dim embeddings, one single-head attention without q/k/v bias, scores scaled by
+    # 1/sqrt(3), a linear head; no MLP, norm or residual. `recipes.seed_experiment` trains it
+    # on word ids instead (vocab_size set to the sentences' words: tiktoken's GPT-2 table is a
+    # download; docs/notebooks/002_hello_world_and_animals.ipynb).
     "seed-minimal": dict(
         vocab_size=50257, block_size=5, n_layer=1, n_head=1, n_embd=3, bias=False, mlp="none",
         norm="none", residual=False, attn_out_proj=False, tie_weights=False,
