@@ -49,6 +49,10 @@ def test_a_file_given_as_out_is_named_before_any_work(
         err = capsys.readouterr().err
         assert err == (f"attnlab {name}: error: --out {afile} is a file; give a directory "
                        "(it is created if missing)\n"), name
+        # below a file no directory can be made: said before any work, too
+        assert main([*argv, "--out", str(afile / "sub")]) == 1, name
+        assert f"{afile} is a file, so no directory can be made below it" in (
+            capsys.readouterr().err), name
     assert afile.read_text() == "mine"
 
 

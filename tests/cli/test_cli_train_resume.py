@@ -228,3 +228,62 @@ def test_resuming_with_another_process_count_says_dropout_will_differ(
     assert main(["train", "--resume", "--quiet"]) == 0
     assert ("resume   the run used 2 processes, this one 1 process: dropout draws other masks"
             in capsys.readouterr().out)
+
+
+def _interrupt_at_evaluation(monkeypatch: pytest.MonkeyPatch, nth: int, times: int) -> None:
+    """Send this process `times` SIGINTs during the loop's `nth` evaluation (1-based)."""
+    import os
+    import signal
+
+    from attnlab.train import loop as train_module
+
+    original, seen = train_module.evaluate, [0]
+
+    def evaluate(*args: object, **kwargs: object) -> dict[str, float]:
+        seen[0] += 1
+        if seen[0] == nth:
+            for _ in range(times):
+                os.kill(os.getpid(), signal.SIGINT)
+        return original(*args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(train_module, "evaluate", evaluate)
+
+
+def test_ctrl_c_in_the_last_evaluation_still_saves_it_and_a_second_names_the_checkpoint(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The last evaluation runs under the stop flag too: a Ctrl-C there lets it finish and
+    save (it raised KeyboardInterrupt, and the checkpoint stayed at the one before). A
+    second Ctrl-C quits at once and says where the last checkpoint is and how to go on."""
+    flags = ["--max_iters", "20", "--eval_interval", "10", "--n_layer", "1"]
+    _interrupt_at_evaluation(monkeypatch, nth=2, times=1)  # the last: at step 20
+    assert cli_train(tmp_path, *flags) == 0
+    assert load_checkpoint(tmp_path / "run" / "ckpt").meta["step"] == 20
+    capsys.readouterr()
+    _interrupt_at_evaluation(monkeypatch, nth=2, times=2)
+    assert cli_train(tmp_path / "again", *flags) == 130
+    err = capsys.readouterr().err
+    run = tmp_path / "again" / "run"
+    assert (f"quit: the last checkpoint, at step 10, is {run / 'ckpt'}; continue with: "
+            f"attnlab train --data copy --out {run} --resume") in err
+    monkeypatch.undo()
+    _stop_after(monkeypatch, 1)  # resumed, then stopped before any evaluation of its own
+    assert cli_train(tmp_path / "again", *flags, "--resume") == 130
+    # the checkpoint's evaluation is still the one reported (it read as none)
+    assert re.search(r"^val loss [0-9.]+ at step 10 \(the last evaluation\)",
+                     capsys.readouterr().out, re.M)
+
+
+def test_a_patience_run_that_ended_has_nothing_to_resume(tmp_path: Path) -> None:
+    """A --patience run's checkpoint keeps its best evaluation's step, so where it ended
+    comes from metrics.jsonl: `patience` evaluations past the best, or max_iters."""
+    from attnlab.cli.train import _patience_end
+
+    metrics = tmp_path / "metrics.jsonl"
+    losses = {10: 3.0, 20: 2.0, 30: 2.5, 40: 2.2}
+    metrics.write_text("".join(json.dumps({"step": s, "val_loss": v}) + "\n"
+                               for s, v in losses.items()) + '{"step": 41, "loss": 1}\n')
+    assert _patience_end(metrics, patience=2, max_iters=100) == 40
+    assert _patience_end(metrics, patience=3, max_iters=100) is None  # it had more to go
+    assert _patience_end(metrics, patience=3, max_iters=40) == 40
+    assert _patience_end(tmp_path / "gone.jsonl", patience=1, max_iters=40) is None

@@ -11,6 +11,7 @@ import contextlib
 import dataclasses
 import functools
 import json
+import os
 import re
 import types
 from collections.abc import Iterator
@@ -262,6 +263,15 @@ def check_out(path: str | Path, flag: str = "--out") -> Path:
     out = Path(path)
     if out.exists() and not out.is_dir():
         raise CLIError(f"{flag} {out} is a file; give a directory (it is created if missing)")
+    there = out.absolute()
+    while not there.exists():  # the directory it would be made in
+        there = there.parent
+    if not there.is_dir():
+        raise CLIError(f"{flag} {out}: {there} is a file, so no directory can be made "
+                       "below it; give another path")
+    if not os.access(there, os.W_OK | os.X_OK):
+        raise CLIError(f"{flag} {out}: {there} is not writable; give a directory you can "
+                       "write to")
     return out
 
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import dataclasses
+import json
 import os
 from pathlib import Path
 from typing import Any
@@ -28,7 +29,7 @@ from .common import (
     out_of_memory,
 )
 from .progress import Progress
-from .train_report import describe, report, report_task
+from .train_report import describe, report, report_task, say_last_checkpoint
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
@@ -153,7 +154,11 @@ def _run(args: argparse.Namespace) -> int:
 
         torch.manual_seed(train_config.seed)  # the untrained model train() starts from
         report_task(GPT(model_config), dataset, "before")
-    result = _train(args, model_config, train_config, dataset, out, init)
+    try:
+        result = _train(args, model_config, train_config, dataset, out, init)
+    except KeyboardInterrupt:  # a second Ctrl-C: quit at once, the last save kept
+        say_last_checkpoint(args, out)
+        raise
     return report(args, result, dataset, out, train_config)
 
 
@@ -222,6 +227,13 @@ def _resume(
         print(f"finished {found} is at step {step} of {train_config.max_iters}; "
               f"nothing to resume (pass --max_iters N > {step} to train further)")
         return None
+    # a --patience run's checkpoint keeps its best evaluation's step, not where it ended
+    end = None if train_config.patience is None or changed else _patience_end(
+        found.parent / "metrics.jsonl", train_config.patience, train_config.max_iters)
+    if end is not None:
+        print(f"finished {found.parent} ended at step {end} (--patience); its checkpoint "
+              f"keeps step {step}'s weights, the best evaluation; nothing to resume")
+        return None
     if changed:
         print(f"resume   changed: {', '.join(changed)}")
     before, now = saved[1].get("world_size", 1), processes()
@@ -231,6 +243,22 @@ def _resume(
               "masks from here, so the losses will not match an uninterrupted run's bit "
               "for bit")
     return model_config, train_config, step
+
+
+def _patience_end(metrics: Path, patience: int, max_iters: int) -> int | None:
+    """The step a --patience run ended at, read from its metrics.jsonl: its last evaluation,
+    where `patience` evaluations had passed without a better val loss or max_iters was
+    reached; None while it has steps left (or the file is gone)."""
+    try:
+        rows = [json.loads(line) for line in metrics.read_text().splitlines() if line.strip()]
+    except (OSError, ValueError):
+        return None
+    evals = [row for row in rows if "val_loss" in row]
+    if not evals:
+        return None
+    best = min(range(len(evals)), key=lambda i: evals[i]["val_loss"])  # the first best
+    last = evals[-1]["step"]
+    return last if len(evals) - 1 - best >= patience or last >= max_iters else None
 
 
 def _new_configs(args: argparse.Namespace, dataset: Any, init: Any) -> tuple[Any, Any]:

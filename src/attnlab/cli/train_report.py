@@ -6,10 +6,33 @@ from __future__ import annotations
 
 import argparse
 import shlex
+import sys
 from pathlib import Path
 from typing import Any
 
 from .common import check_device, count
+
+
+def resume_command(args: argparse.Namespace, out: Path) -> str:
+    """The command that continues the run in `out`: the checkpoint holds the run's configs
+    and tokenizer, so these three flags are enough."""
+    return (f"attnlab train --data {shlex.quote(args.data)} --out {shlex.quote(str(out))} "
+            "--resume")
+
+
+def say_last_checkpoint(args: argparse.Namespace, out: Path) -> None:
+    """On stderr, after a second Ctrl-C quit at once: where the last saved checkpoint is (its
+    saves are atomic, so it is whole) and how to continue from it, or that none was saved."""
+    from ..checkpoint import read_config
+
+    ckpt = out / "ckpt"
+    try:
+        step = read_config(ckpt)[1].get("step")
+    except (OSError, ValueError):  # none yet (or unreadable: said by --resume)
+        print("quit before the first checkpoint: nothing saved", file=sys.stderr)
+        return
+    print(f"quit: the last checkpoint, at step {step}, is {ckpt}; continue with: "
+          f"{resume_command(args, out)}", file=sys.stderr)
 
 
 def report(args: argparse.Namespace, result: Any, dataset: Any, out: Path,
@@ -35,17 +58,14 @@ def report(args: argparse.Namespace, result: Any, dataset: Any, out: Path,
               f"{count(train_config.patience, 'evaluation')} without a better val loss than "
               f"step {result.val_step}'s, whose weights the checkpoint keeps (--patience)")
     if result.interrupted:
-        # the checkpoint holds the run's configs and tokenizer: these three flags are enough
-        print(
-            f"interrupted: checkpoint saved in {result.checkpoint}; continue with: "
-            f"attnlab train --data {shlex.quote(args.data)} --out {shlex.quote(str(out))} "
-            "--resume"
-        )
+        print(f"interrupted: checkpoint saved in {result.checkpoint}; continue with: "
+              f"{resume_command(args, out)}")
         return 130
+    example = "..."  # a prompt for the "next" line's generate
     if isinstance(dataset, TaskDataset):
-        report_task(result.model, dataset, "after")
+        example = report_task(result.model, dataset, "after")
     elif isinstance(dataset, SentenceDataset):
-        report_sentences(result.model, dataset)
+        example = report_sentences(result.model, dataset)
     else:
         sample_text(result.model, dataset)
     print(
@@ -54,7 +74,7 @@ def report(args: argparse.Namespace, result: Any, dataset: Any, out: Path,
     )
     print(
         f"next     attnlab info {result.checkpoint}\n"
-        f'         attnlab generate {result.checkpoint} "..."\n'
+        f"         attnlab generate {result.checkpoint} {shlex.quote(example)}\n"
         f"         attnlab serve {result.checkpoint}"
     )
     return 0
@@ -96,7 +116,9 @@ def describe(dataset: Any, model_config: Any, train_config: Any, resumed: bool) 
     )
 
 
-def report_task(model: Any, dataset: Any, when: str) -> None:
+def report_task(model: Any, dataset: Any, when: str) -> str:
+    """Print the answer accuracy on held-out examples and three of them: the first one's
+    prompt (a prompt the task's tokenizer encodes, for the "next" line)."""
     from ..train.recipes import answer_accuracy
 
     accuracy, rows = answer_accuracy(model, dataset, n=256)
@@ -104,9 +126,10 @@ def report_task(model: Any, dataset: Any, when: str) -> None:
     for prompt, answer, got in rows[:3]:
         mark = "✓" if got == answer else "✗"
         print(f"           {prompt}{got}   {mark} (expected {answer})")
+    return str(rows[0][0])
 
 
-def report_sentences(model: Any, dataset: Any) -> None:
+def report_sentences(model: Any, dataset: Any) -> str:
     import torch
 
     with torch.no_grad():
@@ -116,6 +139,7 @@ def report_sentences(model: Any, dataset: Any) -> None:
     print(f"after    last word right in {right}/{len(rows)} sentences")
     for prompt, expected, got in rows:
         print(f"           {prompt!r} -> {got!r}  {'✓' if got == expected else '✗'}")
+    return str(rows[0][0])
 
 
 def sample_text(model: Any, dataset: Any) -> None:

@@ -137,6 +137,7 @@ class _Run:
         # a fine-tune's source, kept in every checkpoint (export keeps the family: a Mistral
         # stays a Mistral): from `init`, or from the checkpoint a resume continues
         self.origin = {} if init is None else {**origin_of(init.meta), "init_from": str(init.path)}
+        saved_meta: dict[str, Any] = {}
         if resume:
             self.start, self.history, saved_meta = restore(
                 self.ckpt, self.model, self.optimizer, self.data_gen, model_config, world)
@@ -173,6 +174,10 @@ class _Run:
         self.budget = self._budget(resume)
         self.result = TrainResult(self.model, dataset.tokenizer, self.history,
                                   self.ckpt if resume else None)
+        # the checkpoint's evaluation, until this call evaluates (what --patience keeps)
+        self.result.val_loss = saved_meta.get("val_loss")
+        self.result.val_step = saved_meta.get("val_step")
+        self.result.val_bpb = saved_meta.get("val_bpb")
         # the best val loss so far and the evaluations since it (TrainConfig.patience)
         val = [r["val_loss"] for r in self.history if "val_loss" in r]
         self.best = min(val, default=math.inf)
@@ -241,8 +246,9 @@ class _Run:
                     self.result.interrupted = True
                     return self.finish()
                 step = self.train_step(step)
-        self.read_losses()
-        self.evaluate_and_save(config.max_iters)
+            # still under the flag: a stop asked for now lets this last save finish
+            self.read_losses()
+            self.evaluate_and_save(config.max_iters)
         return self.finish()
 
     def train_step(self, step: int) -> int:
