@@ -107,7 +107,8 @@ def test_a_text_run_resumes_from_its_own_file_and_refuses_another_text(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     """--resume without --data reads the file the run trained on (the checkpoint keeps its
-    path); the same name over other text is refused (the checkpoint keeps a hash of it)."""
+    path); the same name over other text is refused (the checkpoint keeps a hash of it), and
+    the same text under another name resumes."""
     text = tmp_path / "text.txt"
     text.write_text("to be or not to be, that is the question\n" * 40)
     small = ["--n_layer", "1", "--n_head", "2", "--n_embd", "16", "--block_size", "16",
@@ -139,10 +140,15 @@ def test_a_text_run_resumes_from_its_own_file_and_refuses_another_text(
     err = capsys.readouterr().err
     assert "cannot encode character '#'" in err
     assert err.endswith("trained on 'text.txt': resume on that\n")
-    text.unlink()  # the run's file is gone: --data is needed, and the message says so
+    moved = tmp_path / "renamed.txt"
+    text.rename(moved)  # the run's file is gone: --data is needed, and the message says so
     assert cli_train(tmp_path, "--resume", "--max_iters", "10") == 1
     assert "trained on 'text.txt' from" in capsys.readouterr().err
     assert load_checkpoint(tmp_path / "run" / "ckpt").meta["step"] == 8
+    # the same text under another name: resumed (it was refused by its name)
+    assert cli_train(tmp_path, "--data", str(moved), "--resume", "--max_iters", "10") == 0
+    assert "--data text.txt -> renamed.txt (the same text)" in capsys.readouterr().out
+    assert load_checkpoint(tmp_path / "run" / "ckpt").meta["step"] == 10
 
 
 def test_resume_refuses_another_tokenizer_or_arch(

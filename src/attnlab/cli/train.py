@@ -440,15 +440,18 @@ def _resume_configs(
         raise CLIError(f"--resume: {ckpt} has no training config or step; it was not written "
                        "by attnlab train")
     train_config = TrainConfig(**saved)
-    if meta.get("dataset") not in (None, dataset.name):
+    changed: list[str] = []
+    fingerprint = getattr(dataset, "fingerprint", None)
+    if fingerprint is not None and meta.get("data_fingerprint") == fingerprint and (
+            meta.get("dataset") != dataset.name):  # the same text, moved or renamed
+        changed.append(f"--data {meta['dataset']} -> {dataset.name} (the same text)")
+    elif meta.get("dataset") not in (None, dataset.name):
         raise CLIError(f"--resume: {ckpt} was trained on {meta['dataset']!r}, not "
                        f"{dataset.name!r}; pass --data for that data or --out for a new run")
-    fingerprint = getattr(dataset, "fingerprint", None)
     if meta.get("data_fingerprint") not in (None, fingerprint):
         raise CLIError(f"--resume: {args.data} is not the text {ckpt} trained on (its "
                        f"contents differ from {meta.get('data_source', 'that file')}'s then); "
                        "pass --data for that text, or --out DIR for a new run")
-    changed: list[str] = []
     refused: list[str] = []
     for cls, base in ((GPTConfig, model_config), (TrainConfig, train_config)):
         for name, value in config_overrides(args, cls).items():
