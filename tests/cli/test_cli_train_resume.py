@@ -195,6 +195,9 @@ def test_a_damaged_checkpoint_is_refused_before_resuming(
     assert cli_train(tmp_path, "--resume") == 1
     out, err = capsys.readouterr()
     assert "resumed" not in out and "refusing or unable to load" in err and "train_state.pt" in err
+    assert main(["info", str(ckpt)]) == 0  # info agrees: it said "resumable yes"
+    assert re.search(r"^resumable +no \(refusing or unable to load .*train_state\.pt",
+                     capsys.readouterr().out, re.M)
     # a state without the optimizer's moments would restart them from zero: refused
     state = torch.load(tmp_path / "state.pt", weights_only=True)
     state["optimizer"]["state"] = {}
