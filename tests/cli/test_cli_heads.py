@@ -306,7 +306,8 @@ def test_patch_paths_to_heads_or_the_logits(
                (["--paths-to", "2.0"], "--paths-to: (layer, head) (2, 0) do not exist"),
                (["--paths-to", "one"], "--paths-to: bad head 'one'"),
                (["--paths-to", "1.1", "--via", "q,z"], "--via q,z: via=['q', 'z']: a path ends"),
-               (["--paths-to", "logits", "--via", "q"], "--paths-to logits has no receivers")]
+               (["--paths-to", "logits", "--via", "q"], "--paths-to logits has no receivers"),
+               (["--via", "q"], "--via q goes with --paths-to")]
     for flags, message in refused:
         assert main([*args, *flags]) == 1
         assert message in capsys.readouterr().err, flags

@@ -41,6 +41,19 @@ def test_a_header_length_one_byte_past_the_file_is_refused(tmp_path: Path) -> No
         read_header(path)
 
 
+def test_a_header_over_the_limit_is_named_as_such(tmp_path: Path,
+                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    """A whole header longer than MAX_HEADER is refused for its size (it was called a
+    truncated file, though the file held all of it)."""
+    from attnlab.model import tensorfile
+
+    path = _write(tmp_path / "m.safetensors", {"__metadata__": {"format": "pt"}}, b"")
+    monkeypatch.setattr(tensorfile, "MAX_HEADER", 8)
+    with pytest.raises(ValueError, match=r"its header is \d+ bytes, over safetensors' limit "
+                                         r"of 8; the file is not one this reads"):
+        read_header(path)
+
+
 def test_data_that_ends_past_the_file_is_refused_from_the_header(tmp_path: Path) -> None:
     """A file cut inside its data, however little: refused before a tensor is read."""
     header = {"a": {"dtype": "F32", "shape": [4], "data_offsets": [0, 16]}}

@@ -237,6 +237,9 @@ def _receivers(args: argparse.Namespace, config: GPTConfig) -> list[tuple[int, i
     from ..interp.edits import parse_heads
     from ..interp.paths import check_receivers, check_via
     if args.paths_to is None:
+        if args.via != "q,k,v":
+            raise CLIError(f"--via {args.via} goes with --paths-to (the receivers' inputs that "
+                           "path patching patches); add --paths-to HEADS or leave out --via")
         return None
     if args.method != "activation":
         raise CLIError("--paths-to runs path patching, which patches: --method activation only")

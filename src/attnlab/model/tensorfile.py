@@ -69,9 +69,12 @@ def read_header(path: Path) -> dict[str, TensorInfo]:
                 raise ValueError(f"{path} is {size} bytes, too short for a safetensors file "
                                  "(8-byte header length first); it is truncated or not one")
             (length,) = struct.unpack("<Q", head)
-            if length > min(size - 8, MAX_HEADER):
+            if length > size - 8:
                 raise ValueError(f"{path}: its header claims {length:,} bytes but the file is "
                                  f"{size:,} bytes; the file is truncated or not safetensors")
+            if length > MAX_HEADER:  # safetensors' own limit: 100 MB
+                raise ValueError(f"{path}: its header is {length:,} bytes, over safetensors' "
+                                 f"limit of {MAX_HEADER:,}; the file is not one this reads")
             text = f.read(length)
     except OSError as err:
         raise ValueError(f"cannot read {path}: {err.strerror or err}") from err
