@@ -482,6 +482,17 @@ def load_train_state(directory: str | Path, *, mmap: bool = False) -> dict[str, 
     return state
 
 
+def train_state_problem(directory: str | Path) -> str | None:
+    """Why the training state saved with a checkpoint cannot be resumed from (missing, cut
+    short, or with code in it), or None; mmap: the zip's directory and records are checked,
+    the tensors not read. `attnlab train --resume` refuses on it, `attnlab info` says it."""
+    try:
+        load_train_state(directory, mmap=True)
+    except (OSError, ValueError) as err:
+        return str(err)
+    return None
+
+
 def _unpickling_reason(err: Exception) -> str:
     """The line of torch's message that says what was refused ("Trying to load unsupported
     GLOBAL posix.system ..."), without the paragraphs around it that suggest weights_only=False

@@ -6,9 +6,9 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from pathlib import Path
 from typing import Any
 
+from ..checkpoint import train_state_problem
 from ..model.memory import gb
 from .common import add_checkpoint_argument, count
 
@@ -70,7 +70,7 @@ def _as_dict(model: Any) -> dict[str, Any]:
         "val_loss": meta.get("val_loss"),
         "dataset": meta.get("dataset"),
         "train_config": meta.get("train_config") or {},
-        "resumable": model.resumable and _state_damage(model.path) is None,
+        "resumable": model.resumable and train_state_problem(model.path) is None,
         "bytes": sum(p.stat().st_size for p in model.path.iterdir() if p.is_file()),
         "notes": model.notes,
     }
@@ -109,7 +109,7 @@ def _print(model: Any, info: dict[str, Any]) -> None:
     if info["train_config"]:
         print("train       " + ", ".join(f"{k}={v}" for k, v in info["train_config"].items()))
     if model.source == "attnlab":
-        why = "no training state saved" if not model.resumable else _state_damage(model.path)
+        why = "no training state saved" if not model.resumable else train_state_problem(model.path)
         print(f"resumable   {'yes' if info['resumable'] else f'no ({why})'}")
 
 
@@ -131,15 +131,3 @@ def _specials(tok: Any, about: dict[str, Any]) -> str:
     if about["adds_bos"] and about["bos_id"] is not None:
         text += f"; {named(about['bos_id'])} prepended"
     return text
-
-
-def _state_damage(path: Path) -> str | None:
-    """What is wrong with the checkpoint's training state, as --resume would refuse it (a
-    file cut short, or one with code in it), or None; mmap: the tensors are not read."""
-    from ..checkpoint import load_train_state
-
-    try:
-        load_train_state(path, mmap=True)
-    except (OSError, ValueError) as err:
-        return str(err).splitlines()[0]
-    return None

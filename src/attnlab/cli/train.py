@@ -253,12 +253,14 @@ def _patience_end(metrics: Path, patience: int, max_iters: int) -> int | None:
         rows = [json.loads(line) for line in metrics.read_text().splitlines() if line.strip()]
     except (OSError, ValueError):
         return None
+    from ..train.state import since_best
+
     evals = [row for row in rows if "val_loss" in row]
     if not evals:
         return None
-    best = min(range(len(evals)), key=lambda i: evals[i]["val_loss"])  # the first best
+    _, stale = since_best([row["val_loss"] for row in evals])
     last = evals[-1]["step"]
-    return last if len(evals) - 1 - best >= patience or last >= max_iters else None
+    return last if stale >= patience or last >= max_iters else None
 
 
 def _new_configs(args: argparse.Namespace, dataset: Any, init: Any) -> tuple[Any, Any]:
@@ -486,7 +488,7 @@ def _check_resumable(ckpt: Path, finished: bool) -> None:
     short or (for an unfinished run) has no training state to continue from."""
     from safetensors import safe_open
 
-    from ..checkpoint import STATE_FILE, WEIGHTS_FILE, load_train_state
+    from ..checkpoint import STATE_FILE, WEIGHTS_FILE, train_state_problem
 
     fix = "start over with --overwrite, or train a new run with --out DIR"
     try:
@@ -500,10 +502,9 @@ def _check_resumable(ckpt: Path, finished: bool) -> None:
     if not (ckpt / STATE_FILE).is_file():
         raise CLIError(f"--resume: {ckpt} has no {STATE_FILE} (optimizer, data order and "
                        f"random state), so the run cannot continue exactly; {fix}")
-    try:  # mmap: the zip's directory and records are checked, the tensors not read
-        load_train_state(ckpt, mmap=True)
-    except ValueError as err:  # a file cut short, or one with code in it
-        raise CLIError(f"--resume: {err}") from None
+    problem = train_state_problem(ckpt)  # a file cut short, or one with code in it
+    if problem is not None:
+        raise CLIError(f"--resume: {problem}")
 
 
 def _slug(name: str) -> str:

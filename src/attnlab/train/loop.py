@@ -33,7 +33,15 @@ from .data import Dataset, bits_per_byte, sequence_length
 from .distributed import World, setup, teardown
 from .evaluate import autocast_for, evaluate, fused_attention, to_device
 from .graph_step import GraphedStep, check_graph_device, plain_state
-from .state import StopFlag, check_writable, compile_blocks, origin_of, release_blocks, restore
+from .state import (
+    StopFlag,
+    check_writable,
+    compile_blocks,
+    origin_of,
+    release_blocks,
+    restore,
+    since_best,
+)
 
 # training steps whose losses wait on a GPU before one read (train_step)
 READ_EVERY = 20
@@ -179,9 +187,8 @@ class _Run:
         self.result.val_step = saved_meta.get("val_step")
         self.result.val_bpb = saved_meta.get("val_bpb")
         # the best val loss so far and the evaluations since it (TrainConfig.patience)
-        val = [r["val_loss"] for r in self.history if "val_loss" in r]
-        self.best = min(val, default=math.inf)
-        self.stale = len(val) - 1 - val.index(self.best) if val else 0
+        self.best, self.stale = since_best([r["val_loss"] for r in self.history
+                                            if "val_loss" in r])
         if world.main:  # a fresh run starts a fresh log; a resume drops rows after its checkpoint
             self.metrics_file.write_text("".join(json.dumps(r) + "\n" for r in self.history))
 

@@ -4,6 +4,7 @@ checks before a run writes anything, and restoring a run from its checkpoint."""
 from __future__ import annotations
 
 import json
+import math
 import os
 import shutil
 import signal
@@ -48,6 +49,15 @@ class StopFlag:
     def __exit__(self, *exc: object) -> None:
         for sig, handler in self._old.items():
             signal.signal(sig, handler)
+
+
+def since_best(val_losses: list[float]) -> tuple[float, int]:
+    """(the best val loss, how many evaluations came after its first occurrence): what
+    TrainConfig.patience counts; (inf, 0) before any evaluation."""
+    if not val_losses:
+        return math.inf, 0
+    best = min(val_losses)
+    return best, len(val_losses) - 1 - val_losses.index(best)
 
 
 def restore(
