@@ -169,6 +169,12 @@ def test_a_row_with_no_attention_left_is_left_out_of_the_mean() -> None:
         one["previous_token"],
         (detect_heads(model, ids[:1], exclude_bos=True)["previous_token"]
          + alone["previous_token"]) / 2, atol=1e-6, rtol=0)
+    # a row of one real token, with no exclusion, attends only to itself: left out too
+    one_token = torch.stack([row, torch.cat([torch.zeros(7, dtype=torch.long), row[:1]])])
+    lone = detect_heads(model, one_token, torch.tensor([[1] * 8, [0] * 7 + [1]]))
+    for kind in DETECTORS:
+        torch.testing.assert_close(lone[kind], detect_heads(model, ids[:1])[kind], atol=1e-6,
+                                   rtol=0, msg=kind)  # it scored 0 (1 for first_token) before
     # heads with nothing to score rank last
     nan = float("nan")
     assert rank_heads(torch.tensor([[nan, 0.2], [0.7, nan]])) == [(1, 0), (0, 1), (0, 0), (1, 1)]

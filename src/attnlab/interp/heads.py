@@ -129,8 +129,9 @@ def head_scores(
     exclude_current_token: bool = False,
 ) -> Tensor:
     """attn_weights (B, nh, T, T) and pattern (B, T, T) -> (nh,) mean over rows of
-    sum(A * P) / sum(A) (TransformerLens's "mul" score), over the rows with sum(A) > 0 only
-    (after the exclusions); NaN for a head with no such row."""
+    sum(A * P) / sum(A) (TransformerLens's "mul" score), over the rows with 2 or more real
+    tokens and sum(A) > 0 after the exclusions only; NaN for a head with no such row. A row of
+    one real token relates no query to an earlier key: alone it is refused (detect_heads)."""
     if attn_weights.dim() != 4 or attn_weights.shape[-1] != attn_weights.shape[-2]:
         raise ValueError(
             f"attn_weights must be (B, nh, T, T) from a run without a cache, got "
@@ -138,8 +139,10 @@ def head_scores(
         )
     A = attn_weights.to(wide(attn_weights.dtype))  # a float64 model's scores stay float64
     B, nh, T, _ = A.shape
+    tokens = torch.full((B,), T, device=A.device)  # (B,): real tokens per row
     if attention_mask is not None:  # pad queries score nothing (right pads attend to tokens)
         A = A * attention_mask.to(A.device).bool()[:, None, :, None]  # (B, nh, T, T)
+        tokens = attention_mask.to(A.device).bool().sum(-1)  # (B,)
     if exclude_bos:
         first = torch.zeros(B, T, dtype=torch.long, device=A.device)
         if attention_mask is not None:  # the first real column, whatever the padding
@@ -150,7 +153,7 @@ def head_scores(
         A = A * (1 - torch.eye(T, device=A.device))  # (B, nh, T, T)
     on_target = (A * pattern[:, None]).sum(dim=(-2, -1))  # (B, nh)
     total = A.sum(dim=(-2, -1))  # (B, nh)
-    scored = total > 0  # (B, nh): rows with attention left to score
+    scored = (total > 0) & (tokens >= 2)[:, None]  # (B, nh): rows with something to score
     share = on_target / total.clamp(min=torch.finfo(A.dtype).tiny)  # (B, nh)
     return (share * scored).sum(0) / scored.sum(0)  # (nh,): 0 / 0 = NaN where none is left
 
