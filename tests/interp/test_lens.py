@@ -86,7 +86,7 @@ def test_lens_top_is_the_lens_top_tokens_one_layer_at_a_time() -> None:
         lens_top(model, idx, 3)  # type: ignore[arg-type]
 
 
-@pytest.mark.parametrize("overrides", [{}, {"layer_norm": False}, {"mlp": False},
+@pytest.mark.parametrize("overrides", [{}, {"norm": "none"}, {"mlp": "none"},
                                        {"n_head": 4, "n_kv_head": 2}, {"attn_out_proj": False},
                                        {"norm": "rmsnorm", "mlp": "swiglu", "pos": "rope"}])
 def test_attributions_sum_to_the_logit(overrides: dict) -> None:
@@ -198,7 +198,7 @@ def test_imported_gpt2_against_a_plain_torch_reference(tmp_path) -> None:
     assert expected.abs().max() > 0.1  # terms large enough for the tolerance to mean something
 
 
-@pytest.mark.parametrize("overrides", [{}, {"layer_norm": False}])
+@pytest.mark.parametrize("overrides", [{}, {"norm": "none"}])
 def test_every_term_is_on_the_model_device(overrides: dict) -> None:
     """With the model on a GPU, heads, attn_bias, mlp (and bias without a final norm) were
     made on the default device, the CPU, and `total()` raised a device mismatch. No GPU here:

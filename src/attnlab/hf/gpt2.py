@@ -68,7 +68,7 @@ def _config(f: Fields) -> dict[str, Any]:
 
 
 def _misfits(c: GPTConfig) -> list[str]:
-    return misfits_of(c, {
+    return misfits_of({
         "pos='learned'": c.pos == "learned", "norm='layernorm'": c.norm == "layernorm",
         "mlp='gelu'": c.mlp == "gelu", "bias=True": c.bias,
         "qkv_bias/out_bias unset or True": c.qkv_bias in (None, True)

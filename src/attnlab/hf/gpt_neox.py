@@ -68,7 +68,7 @@ def _config(f: Fields) -> dict[str, Any]:
 def _misfits(c: GPTConfig) -> list[str]:
     qkv_bias = c.bias if c.qkv_bias is None else c.qkv_bias
     out_bias = c.bias if c.out_bias is None else c.out_bias
-    return misfits_of(c, {
+    return misfits_of({
         "pos='rope'": c.pos == "rope", "norm='layernorm'": c.norm == "layernorm",
         "mlp='gelu'": c.mlp == "gelu", "bias=True": c.bias, "qkv_bias == out_bias":
         qkv_bias == out_bias, "n_kv_head=n_head": c.n_kv_heads == c.n_head,

@@ -75,7 +75,7 @@ def llama_like_to_hf(config: GPTConfig, family: Family, **extra: Any) -> dict[st
 def llama_like_misfits(config: GPTConfig, **needed: bool) -> list[str]:
     """What keeps `config` from being a Llama-style model, plus the family's own needs."""
     c = config
-    return misfits_of(c, {
+    return misfits_of({
         "pos='rope'": c.pos == "rope", "norm='rmsnorm'": c.norm == "rmsnorm",
         "mlp='swiglu'": c.mlp == "swiglu", "rotary_pct=1.0": c.rotary_pct == 1.0,
         "parallel_residual=False": not c.parallel_residual,

@@ -169,8 +169,8 @@ class Family:
     irrelevant: frozenset[str] = field(default_factory=frozenset)  # see fields.py
 
 
-def misfits_of(config: GPTConfig, needed: Mapping[str, bool]) -> list[str]:
-    """The names of the requirements in `needed` that `config` does not meet."""
+def misfits_of(needed: Mapping[str, bool]) -> list[str]:
+    """The names of the requirements in `needed` that are not met."""
     return [name for name, ok in needed.items() if not ok]
 
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from dataclasses import InitVar, dataclass
+from dataclasses import dataclass
 from typing import Any
 
 from .layers import GELUS, MLPS, NORMS, check_rope_scaling
@@ -20,9 +20,9 @@ class GPTConfig:
     """Shape and structure of a GPT. Presets: `GPTConfig.from_name(name)`, see `PRESETS`.
 
     The defaults are GPT-2's. The modern-family switches (RoPE, RMSNorm, SwiGLU, head_dim,
-    QK-norm, separate attention biases, parallel residual, sliding window) follow
-    CONFIG_SPEC's names. Saved configs with the older `layer_norm: bool` and `mlp: bool`
-    load as norm "layernorm"/"none" and mlp "gelu"/"none".
+    QK-norm, separate attention biases, parallel residual, sliding window) keep the names
+    the Hugging Face mapping (`hf`) reads. Saved configs with the older `layer_norm: bool`
+    and `mlp: bool` load through `from_dict` (`upgrade`).
     """
 
     vocab_size: int = 65  # V: number of token ids (65 = tiny Shakespeare characters)
@@ -54,13 +54,8 @@ class GPTConfig:
     parallel_residual: bool = False  # x + attn(ln_1(x)) + mlp(ln_2(x)) (GPT-NeoX)
     sliding_window: int | None = None  # query i sees keys i - sliding_window < j <= i
     window_layers: list[int] | None = None  # layers with the window; None = all
-    layer_norm: InitVar[bool | None] = None  # old spelling of norm: True/False
 
-    def __post_init__(self, layer_norm: bool | None) -> None:
-        if layer_norm is not None:  # a saved config with the older spelling layer_norm
-            self.norm = "layernorm" if layer_norm else "none"
-        if isinstance(self.mlp, bool):  # a saved config with the older mlp: bool
-            self.mlp = "gelu" if self.mlp else "none"
+    def __post_init__(self) -> None:
         positive = ("vocab_size", "block_size", "n_layer", "n_head", "n_embd")
         for name in positive:
             value = getattr(self, name)
@@ -168,14 +163,15 @@ class GPTConfig:
         values = dict(values)
         if isinstance(values.get("mlp"), bool):
             values["mlp"] = "gelu" if values["mlp"] else "none"
-        if isinstance(values.get("layer_norm"), bool) and "norm" not in values:
-            values["norm"] = "layernorm" if values.pop("layer_norm") else "none"
+        if isinstance(values.get("layer_norm"), bool):
+            layer_norm = values.pop("layer_norm")
+            values.setdefault("norm", "layernorm" if layer_norm else "none")
         return values
 
     @classmethod
     def from_dict(cls, values: dict[str, Any]) -> GPTConfig:
         values = cls.upgrade(values)
-        known = {f.name for f in dataclasses.fields(cls)} | {"layer_norm"}
+        known = {f.name for f in dataclasses.fields(cls)}
         unknown = sorted(set(values) - known)
         if unknown:
             raise ValueError(f"unknown GPTConfig fields {unknown}; known fields: {sorted(known)}")

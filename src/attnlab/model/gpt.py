@@ -411,21 +411,8 @@ def unembed(head: nn.Linear, x: Tensor) -> Tensor:
             torch.mm(x2, w, out=out[:, cols])  # (B*T, n) into its columns
         else:
             torch.addmm(head.bias[cols], x2, w, out=out[:, cols])
-    return out.view(B, T, V)
+    return out.view(B, T, V)  # (B, T, V)
 
-
-def empty_gpt(config: GPTConfig) -> GPT:
-    """GPT(config) on the CPU with uninitialised weights in its layout, ties kept: for loaders,
-    which overwrite every weight (no time spent drawing an init they would discard)."""
-    with on_meta():
-        model = GPT(config)
-    # to_empty(device="cpu"), but by empty_strided: empty_like of a meta tensor goes through
-    # torch._refs, which imports sympy (docs/performance.md#loading-without-init); the meta
-    # tensors' strides (the layout) hold
-    model = model._apply(lambda t: torch.empty_strided(t.shape, t.stride(), dtype=t.dtype))
-    if config.tie_weights:
-        model.lm_head.weight = model.wte.weight  # _apply gave each module its own tensor
-    return model
 
 
 def count_params(config: GPTConfig) -> int:

@@ -31,10 +31,10 @@ import triton.language as tl
 
 
 @triton.jit
-def keys_ok(rows, cols, row_ok, key_index, S, pad_row, window,
+def keys_ok(cols, row_ok, key_index, S, pad_row, window,
             CAUSAL: tl.constexpr, WINDOWED: tl.constexpr, HAS_PAD: tl.constexpr):
-    """(BLOCK_M, BLOCK_N) True where query row `rows` may attend key `cols`: the key exists,
-    the row exists, causal with cached keys (key_index: each row's own key), the window and
+    """(BLOCK_M, BLOCK_N) True where each query row may attend key `cols`: the key exists,
+    the row exists (row_ok), causal with cached keys (key_index: each row's own key), the window and
     the key padding (pad_row: this batch row's (S,) 0/1 over keys)."""
     col_ok = cols < S
     ok = row_ok[:, None] & col_ok[None, :]
@@ -73,7 +73,7 @@ def _dot(q, k_t, IEEE: tl.constexpr):
 
 
 @triton.jit
-def products(q, k_head, start, dims, dim_ok, sks, S, HS: tl.constexpr,
+def products(q, k_head, start, dims, dim_ok, sks, S,
              BLOCK_N: tl.constexpr, IEEE: tl.constexpr):
     """(BLOCK_M, BLOCK_N) float32 q . k of q's rows against keys start..+BLOCK_N, unscaled
     (keys past S read as zeros)."""
@@ -151,10 +151,10 @@ def _rows_block(q, k_head, v_head, start, rows, row_ok, key_index, dims, dim_ok,
     """The rows pass's running (m, l, t, d, acc) after keys start..+BLOCK_N; MASKED: some
     pairs are hidden (else every row attends every key of the block, and no mask is
     computed); CONTEXT: acc (BLOCK_M, BLOCK_D) gathers the values, else it passes through."""
-    qk = products(q, k_head, start, dims, dim_ok, sks, S, HS, BLOCK_N, IEEE)
+    qk = products(q, k_head, start, dims, dim_ok, sks, S, BLOCK_N, IEEE)
     cols = start + tl.arange(0, BLOCK_N)
     if MASKED:
-        ok = keys_ok(rows, cols, row_ok, key_index, S, pad_row, window,
+        ok = keys_ok(cols, row_ok, key_index, S, pad_row, window,
                      CAUSAL, WINDOWED, HAS_PAD)
         qk = tl.where(ok, qk, float("-inf"))
     # the scale (> 0) commutes with the max, and s2 - m is then one fused multiply-add per
@@ -269,10 +269,10 @@ def _given_block(q, k_head, start, rows, row_ok, key_index, lse2, base, dims, di
     """The given-lse rows pass's (BLOCK_M, BLOCK_N) running tiles after keys start..+BLOCK_N,
     added to element by element: with each row's lse known nothing is rescaled, so nothing
     is summed over a row until the end (base: i - j + start per pair, exact in float32)."""
-    qk = products(q, k_head, start, dims, dim_ok, sks, S, HS, BLOCK_N, IEEE)
+    qk = products(q, k_head, start, dims, dim_ok, sks, S, BLOCK_N, IEEE)
     x = qk * scale2 - lse2[:, None]  # (BLOCK_M, BLOCK_N) log2 of the weights
     if MASKED:  # where, not a product: a hidden pair's exp2 may overflow
-        ok = keys_ok(rows, start + tl.arange(0, BLOCK_N), row_ok, key_index, S, pad_row,
+        ok = keys_ok(start + tl.arange(0, BLOCK_N), row_ok, key_index, S, pad_row,
                      window, CAUSAL, WINDOWED, HAS_PAD)
         x = tl.where(ok, x, 0.0)
         p = tl.where(ok, tl.exp2(x), 0.0)  # (BLOCK_M, BLOCK_N)
@@ -368,7 +368,7 @@ def _received_block(q_head, k_t, lse_row, start, cols, dims, dim_ok, sqt, T, S, 
     lse2 = tl.load(lse_row + rows, mask=row_ok, other=float("inf"))
     p = tl.exp2(_dot(q, k_t, IEEE) * scale2 - lse2[:, None])  # (BLOCK_M, BLOCK_N)
     if MASKED:
-        ok = keys_ok(rows, cols, row_ok, offset + rows, S, pad_row, window,
+        ok = keys_ok(cols, row_ok, offset + rows, S, pad_row, window,
                      CAUSAL, WINDOWED, HAS_PAD)
         p = tl.where(ok, p, 0.0)
     return p
