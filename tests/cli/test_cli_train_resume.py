@@ -286,13 +286,13 @@ def test_ctrl_c_in_the_last_evaluation_still_saves_it_and_a_second_names_the_che
 def test_a_patience_run_that_ended_has_nothing_to_resume(tmp_path: Path) -> None:
     """A --patience run's checkpoint keeps its best evaluation's step, so where it ended
     comes from metrics.jsonl: `patience` evaluations past the best, or max_iters."""
-    from attnlab.cli.train import _patience_end
+    from attnlab.cli.train_resume import patience_end
 
     metrics = tmp_path / "metrics.jsonl"
     losses = {10: 3.0, 20: 2.0, 30: 2.5, 40: 2.2}
     metrics.write_text("".join(json.dumps({"step": s, "val_loss": v}) + "\n"
                                for s, v in losses.items()) + '{"step": 41, "loss": 1}\n')
-    assert _patience_end(metrics, patience=2, max_iters=100) == 40
-    assert _patience_end(metrics, patience=3, max_iters=100) is None  # it had more to go
-    assert _patience_end(metrics, patience=3, max_iters=40) == 40
-    assert _patience_end(tmp_path / "gone.jsonl", patience=1, max_iters=40) is None
+    assert patience_end(metrics, patience=2, max_iters=100) == 40
+    assert patience_end(metrics, patience=3, max_iters=100) is None  # it had more to go
+    assert patience_end(metrics, patience=3, max_iters=40) == 40
+    assert patience_end(tmp_path / "gone.jsonl", patience=1, max_iters=40) is None
