@@ -87,3 +87,22 @@ def test_text_the_tokenizer_cannot_encode_is_named_by_its_flag(
     assert capsys.readouterr().err == (f"attnlab generate: error: --prompt-file {tmp_path} is "
                                        "a directory; give a text file with one prompt per "
                                        "line\n")
+
+
+def test_train_refuses_an_out_that_is_a_model_and_init_from_a_built_in(
+    ckpt: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A run saves into OUT/ckpt: with OUT a model directory (or a run's own ckpt) it was
+    saved where nothing that loads OUT looks, and --resume then advised training afresh."""
+    for resume in ([], ["--resume"]):
+        assert main(["train", "--max_iters", "1", "--out", ckpt, *resume]) == 1
+        assert capsys.readouterr().err.endswith(
+            f"--out {ckpt} holds a model (config.json); a run keeps its checkpoint in "
+            f"DIR/ckpt: pass --out {Path(ckpt).parent}\n")
+    assert not (Path(ckpt) / "ckpt").exists()
+    # --data copy was given: "--init_from needs --data" said otherwise
+    assert main(["train", "--data", "copy", "--init_from", ckpt,
+                 "--out", str(tmp_path / "run")]) == 1
+    assert capsys.readouterr().err.endswith(
+        "--init_from fine-tunes on text; --data copy is a built-in task with its own "
+        "tokenizer: give a text file or folder\n")

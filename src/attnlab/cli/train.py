@@ -120,7 +120,7 @@ def _run(args: argparse.Namespace) -> int:
     _check_flags(args)
     # a resume finds its checkpoint first: it reads the data with the run's tokenizer
     data_given, args.data = args.data is not None, args.data or "copy"
-    check_out(_out_dir(args))  # before the data, the model and the first evaluation
+    _check_run_dir(check_out(_out_dir(args)))  # before the data, model and first evaluation
     found = _find_run(args) if args.resume else None
     saved = None if found is None else read_config(found)  # (model config, meta), read once
     if found is not None and saved is not None and not data_given:
@@ -175,6 +175,15 @@ def _check_flags(args: argparse.Namespace) -> None:
     if args.resume and args.init_from:  # before the resume looks for its checkpoint
         raise CLIError("--init_from starts a new run from a model and --resume continues the "
                        "run in --out (whose checkpoint holds its own weights): choose one")
+
+
+def _check_run_dir(out: Path) -> None:
+    """Refuse an --out that is a model directory itself (an attnlab checkpoint or a Hugging
+    Face directory): the run would save into out/ckpt, where nothing that loads `out` looks."""
+    if (out / "config.json").is_file():
+        run = f"--out {out.parent}" if out.name == "ckpt" else "--out DIR of its own"
+        raise CLIError(f"--out {out} holds a model (config.json); a run keeps its checkpoint "
+                       f"in DIR/ckpt: pass {run}")
 
 
 def _load_data(args: argparse.Namespace, found: Path | None, data_given: bool,
@@ -293,8 +302,11 @@ def _init_source(args: argparse.Namespace, data_given: bool) -> Any:
     from ..model.gpt import GPTConfig
     from ..train.data import BUILTINS
 
-    if not data_given or args.data in BUILTINS:  # a built-in brings its own tokenizer
+    if not data_given:
         raise CLIError("--init_from needs --data: the text file or folder to fine-tune on")
+    if args.data in BUILTINS:  # a built-in brings its own tokenizer, not the model's
+        raise CLIError(f"--init_from fine-tunes on text; --data {args.data} is a built-in "
+                       "task with its own tokenizer: give a text file or folder")
     model_flags = sorted(set(config_overrides(args, GPTConfig)) - {"dropout"})
     given = [f"--{n}" for n in model_flags] + [
         f"--{n}" for n in ("arch", "preset", "tokenizer") if getattr(args, n) is not None]
