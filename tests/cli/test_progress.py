@@ -131,3 +131,15 @@ def test_blocks_shown_counts_a_forward_pass_and_removes_its_hooks() -> None:
     with blocks_shown(model, "traced", stream=log, delay_s=0.0):
         Trace(names="attn_weights").run(model, torch.zeros(1, 5, dtype=torch.long))
     assert log.getvalue() == ""  # a log gets a line only every 10 s
+
+
+def test_a_stop_request_is_said_at_once_with_how_to_quit() -> None:
+    """train() tells the callback of a stop request; the CLI's progress says it on stderr,
+    quiet or not (the step, or an evaluation of many batches, may take a while yet)."""
+    stream = io.StringIO()
+    progress = Progress(10, quiet=True, stream=stream, out=io.StringIO())
+    progress({"signal": "SIGINT"})
+    progress({"signal": "SIGTERM"})
+    assert stream.getvalue() == (
+        "\nSIGINT: stopping after this step, then saving a checkpoint (Ctrl-C again: quit "
+        "now)\n\nSIGTERM: stopping after this step, then saving a checkpoint\n")

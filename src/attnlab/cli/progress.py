@@ -55,6 +55,15 @@ class Progress:
         self.total_fitted: int | None = None  # the step count a time budget last set
 
     def __call__(self, row: dict[str, Any]) -> None:
+        if "signal" in row:  # a stop request, said at once: the step may take a while yet
+            again = " (Ctrl-C again: quit now)" if row["signal"] == "SIGINT" else ""
+            line = (f"{row['signal']}: stopping after this step, then saving a "
+                    f"checkpoint{again}")
+            if self.bar is not None:
+                self.bar.write(line, file=self.stream)
+            else:
+                print(f"\n{line}", file=self.stream, flush=True)
+            return
         if "val_loss" in row:
             self._say(eval_line(row))
             return

@@ -5,11 +5,10 @@ from __future__ import annotations
 
 import json
 import math
-import os
 import shutil
 import signal
-import sys
 import threading
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -23,21 +22,22 @@ from .distributed import World
 class StopFlag:
     """Turns SIGINT/SIGTERM/SIGHUP into a request to stop after the current optimizer step
     (SIGHUP: the terminal or ssh session of a run logging to a file was closed). A second
-    Ctrl-C quits at once (KeyboardInterrupt), leaving the last saved checkpoint."""
+    Ctrl-C quits at once (KeyboardInterrupt), leaving the last saved checkpoint.
 
-    def __init__(self) -> None:
+    on_stop gets the signal's name at the first request, at once: the step (or an evaluation
+    of many batches) may take a while yet, and whoever shows the run says so meanwhile."""
+
+    def __init__(self, on_stop: Callable[[str], None] | None = None) -> None:
         self.requested = False
+        self.on_stop = on_stop
         self._old: dict[int, Any] = {}
 
     def _handler(self, signum: int, frame: Any) -> None:
         if self.requested and signum == signal.SIGINT:
             raise KeyboardInterrupt  # saves are atomic: the last checkpoint stays whole
-        if not self.requested and os.environ.get("RANK", "0") == "0":
-            # at once: the step (or an evaluation of many batches) may take a while yet
-            again = " (Ctrl-C again: quit now)" if signum == signal.SIGINT else ""
-            print(f"\n{signal.Signals(signum).name}: stopping after this step, then saving a "
-                  f"checkpoint{again}", file=sys.stderr, flush=True)
-        self.requested = True
+        first, self.requested = not self.requested, True
+        if first and self.on_stop is not None:
+            self.on_stop(signal.Signals(signum).name)
 
     def __enter__(self) -> StopFlag:
         if threading.current_thread() is threading.main_thread():
