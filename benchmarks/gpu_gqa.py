@@ -1,7 +1,7 @@
 """Grouped-query key/value heads on a GPU: copied out to every query head (what attnlab does
 there) or handed to SDPA as they are (`enable_gqa`, what it does on a CPU:
 docs/performance.md#grouped-query-decode). A probe for a lent GPU, not a suite: it decides
-whether `traced_attention.GQA_DEVICES` may take "cuda".
+whether `sdpa.GQA_DEVICES` may take "cuda".
 
 Each case runs `attend`'s fused path both ways on Qwen2.5-0.5B's attention shape (14 query
 heads, 2 key/value heads, head size 64, bfloat16 on a GPU): decode steps (one query over
@@ -21,7 +21,7 @@ from typing import Any
 
 import torch
 
-from attnlab.model import traced_attention
+from attnlab.model import sdpa
 from attnlab.model.attention import Mask, attend, build_mask
 
 from .gpu_common import (
@@ -59,8 +59,8 @@ def _cases(S: int, window: int, device: torch.device) -> dict[str, tuple[int, in
 def _take(way: str, device: torch.device) -> None:
     """Set GQA_DEVICES so that `attend` takes `way` on `device`'s type."""
     devices = {"cpu"} - {device.type} if way == "copied" else {"cpu", device.type}
-    traced_attention.GQA_DEVICES.clear()
-    traced_attention.GQA_DEVICES.update(devices)
+    sdpa.GQA_DEVICES.clear()
+    sdpa.GQA_DEVICES.update(devices)
 
 
 def _case(batch: int, T: int, mask: Mask, S: int, dtype: torch.dtype, device: torch.device,
@@ -88,11 +88,11 @@ def run(quick: bool = False, device: str | None = None, out: Any = None) -> dict
     where = pick_device(device)
     if where is None:
         return skipped("gpu_gqa")
-    if not traced_attention.SDPA_GQA:
+    if not sdpa.SDPA_GQA:
         return {"suite": "gpu_gqa", "skipped": "gpu_gqa: torch < 2.5 has no enable_gqa"}
     S, window = (64, 16) if quick else (4096, 1024)
     dtype = torch.float32 if where.type == "cpu" else torch.bfloat16
-    before = set(traced_attention.GQA_DEVICES)
+    before = set(sdpa.GQA_DEVICES)
     rows = []
     try:
         for name, (batch, T, mask) in _cases(S, window, where).items():
@@ -101,8 +101,8 @@ def run(quick: bool = False, device: str | None = None, out: Any = None) -> dict
                          f"{measured['copied_vs_gqa']:.2f}", f"{measured['max_difference']:.1e}",
                          *(_mib(measured[f"{w}_peak_mib"]) for w in WAYS)])
     finally:
-        traced_attention.GQA_DEVICES.clear()
-        traced_attention.GQA_DEVICES.update(before)
+        sdpa.GQA_DEVICES.clear()
+        sdpa.GQA_DEVICES.update(before)
     title = (f"Grouped-query heads copied or handed to SDPA ({HEADS} query, {KV_HEADS} key/value "
              f"heads, head size {HEAD_SIZE}, {S} keys, {str(dtype).removeprefix('torch.')})")
     return {"suite": "gpu_gqa", "machine": gpu_machine(where), "tables": [{

@@ -181,13 +181,13 @@ def test_gqa_probe_runs_both_ways_alike_and_leaves_the_devices_as_they_were(
 ) -> None:
     """gpu_gqa's every case on the CPU: grouped-query k/v copied and handed to SDPA give the
     same output, and GQA_DEVICES is as before once the probe is done."""
-    from attnlab.model import traced_attention
+    from attnlab.model import sdpa
 
-    if not traced_attention.SDPA_GQA:
+    if not sdpa.SDPA_GQA:
         pytest.skip("torch < 2.5: no enable_gqa to compare")
-    before = set(traced_attention.GQA_DEVICES)
+    before = set(sdpa.GQA_DEVICES)
     gpu_gqa.main(["--smoke", "--device", "cpu", "--out", str(tmp_path / "gqa.json")])
-    assert before == traced_attention.GQA_DEVICES
+    assert before == sdpa.GQA_DEVICES
     rows = json.loads((tmp_path / "gqa.json").read_text())["tables"][0]["rows"]
     assert [row[0] for row in rows] == [
         "decode, no mask", "decode, left-padded batch of 4", "decode, static cache slots",

@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from attnlab import CausalSelfAttention, Mask, Trace, attend, build_mask, causal_mask
-from attnlab.model import traced_attention
+from attnlab.model import sdpa
 
 ATOL = 1e-5
 
@@ -140,7 +140,7 @@ def test_grouped_query_heads_equal_copied_out_heads(
     mask = build_mask(T, S, attention_mask, causal=causal, window=window if causal else None)
     k_out, v_out = (t.repeat_interleave(group, dim=1) for t in (k, v))  # (B, nh, S, hs)
     with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(traced_attention, "SDPA_GQA", sdpa_gqa and traced_attention.SDPA_GQA)
+        patch.setattr(sdpa, "SDPA_GQA", sdpa_gqa and sdpa.SDPA_GQA)
         for fused in (True, False):
             torch.testing.assert_close(attend(q, k, v, mask, fused=fused),
                                        attend(q, k_out, v_out, mask, fused=fused),
@@ -166,7 +166,7 @@ class _Shapes(TorchDispatchMode):
 def test_grouped_query_attention_copies_no_key_head_per_query_head(padded: bool) -> None:
     """A decode step of a GQA model reads its 2 key/value heads as they are: no (B, nh, S, hs)
     copy of the cache's k or v (the fused path, where SDPA takes enable_gqa)."""
-    if not traced_attention.SDPA_GQA:
+    if not sdpa.SDPA_GQA:
         pytest.skip("torch < 2.5: SDPA takes no enable_gqa, the fused path copies k and v")
     B, nh, nkv, S, hs = 2, 6, 2, 16, 8
     q, k, v = _qkv(B, nh, nkv, 1, S, hs)

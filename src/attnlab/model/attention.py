@@ -32,7 +32,8 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from .layers import Linear, RMSNorm, apply_rotary
-from .traced_attention import expand_kv, fused_attend, traced_attend, traced_rows
+from .sdpa import expand_kv, fused_attend
+from .traced_attention import traced_attend, traced_rows
 
 
 class LayerTrace(Protocol):

@@ -14,14 +14,13 @@ made). What a summary means is `summaries.py`'s; storing what comes out is `trac
 Blocks by device: a CPU runs `BLOCK_ROWS` queries at a time (a block's scores stay in its
 cache); a device in `ONE_BLOCK` (CUDA) runs all queries as one block, a few large kernels
 per layer, since many small matrix products leave a GPU waiting on kernel launches
-(issue 33's profile: 184 small bmm's per GPT-2 small trace). Streamed summaries go in tiles
+(docs/performance-gpu.md#trace-on-a-gpu). Streamed summaries go in tiles
 of `summaries.TILE_BYTES` on every device. The choice changes speed, never a result: tests
 run each split on the CPU and compare the weights.
 """
 
 from __future__ import annotations
 
-from functools import partial
 from typing import TYPE_CHECKING
 
 import torch
@@ -30,6 +29,7 @@ from torch import Tensor
 
 from . import summary_kernels, tf32x3
 from .runtime import kept_empty, kept_out, wide
+from .sdpa import fused_attend
 from .summaries import SUMMARY_NAMES, Summaries, tile_elements
 
 if TYPE_CHECKING:
@@ -41,14 +41,6 @@ if TYPE_CHECKING:
 BLOCK_ROWS = 128
 #: Device types whose traced pass computes all query rows as one block (few large kernels).
 ONE_BLOCK = {"cuda"}
-#: Whether `F.scaled_dot_product_attention` takes grouped-query key/value heads as they are
-#: (`enable_gqa`, torch 2.5 on); before it, `fused_attend` copies them out to every query head.
-SDPA_GQA = tuple(int(part) for part in torch.__version__.split(".")[:2]) >= (2, 5)
-#: Devices whose SDPA is handed grouped-query heads uncopied: the CPU and CUDA, where it was
-#: measured no slower in every case, masked ones too (docs/performance.md#grouped-query-decode,
-#: `benchmarks/gpu_gqa.py`).
-GQA_DEVICES = {"cpu", "cuda"}
-
 Span = tuple[int, int, int]
 
 
@@ -360,37 +352,6 @@ def _streamed(q: Tensor, key_t: Tensor, v: Tensor, mask: Mask, may_attend: Tenso
             # (B, heads, rows, keys) @ (B, heads, keys, hs) -> (B, heads, rows, hs)
             context[:, h, i0:i1] = weights.to(v.dtype) @ v[:, h, k0:k1]
     return context
-
-
-def expand_kv(k: Tensor, n_head: int) -> Tensor:
-    """(B, nkv, S, hs) -> (B, nh, S, hs), a copy: each key/value head serves nh // nkv query
-    heads. For the paths that need one key head per query head (the traced path's weights)."""
-    B, nkv, S, hs = k.shape
-    if nkv == n_head:
-        return k
-    k = k[:, :, None].expand(B, nkv, n_head // nkv, S, hs)  # (B, nkv, nh/nkv, S, hs)
-    return k.reshape(B, n_head, S, hs)  # (B, nh, S, hs)
-
-
-def fused_attend(q: Tensor, k: Tensor, v: Tensor, mask: Mask, may_attend: Tensor | None,
-                 scale: float, dropout_p: float) -> Tensor:
-    """`attend`'s fused path: q (B, nh, T, hs), k/v (B, nkv, S, hs) -> (B, nh, T, hs);
-    may_attend: the mask with empty rows let through (their output is zeroed here).
-    Grouped-query k/v go to SDPA uncopied where it takes them (`SDPA_GQA`, `GQA_DEVICES`)."""
-    gqa = k.shape[1] != q.shape[1]
-    if gqa and not (SDPA_GQA and q.device.type in GQA_DEVICES):
-        k, v = expand_kv(k, q.shape[1]), expand_kv(v, q.shape[1])  # (B, nh, S, hs)
-        gqa = False
-    # a keyword torch 2.4 does not know: passed only for grouped heads
-    sdpa = partial(F.scaled_dot_product_attention, enable_gqa=True) if gqa else (
-        F.scaled_dot_product_attention)
-    if mask.square_causal:
-        context = sdpa(q, k, v, dropout_p=dropout_p, is_causal=True, scale=scale)  # (B, nh, T, hs)
-    else:
-        context = sdpa(q, k, v, attn_mask=may_attend, dropout_p=dropout_p,
-                       scale=scale)  # (B, nh, T, hs)
-    empty = mask.empty_rows
-    return context if empty is None else context.masked_fill(empty, 0.0)
 
 
 def kernel_mask(mask: Mask) -> bool:

@@ -20,17 +20,17 @@ from .summary_triton import key_blocks, keys_ok, products, query_block
 
 
 @triton.jit
-def _weights_block(q, k_head, w_rows, start, rows, row_ok, key_index, lse2, dims, dim_ok,
-                   sks, S, pad_row, window, scale2, HS: tl.constexpr, BLOCK_N: tl.constexpr,
+def _weights_block(q, k_head, w_rows, start, row_ok, key_index, lse2, dims, dim_ok,
+                   sks, S, pad_row, window, scale2, BLOCK_N: tl.constexpr,
                    CAUSAL: tl.constexpr, WINDOWED: tl.constexpr, HAS_PAD: tl.constexpr,
                    IEEE: tl.constexpr, MASKED: tl.constexpr):
     """Store the weights of the block's rows over keys start..+BLOCK_N: 2^(s2 - lse2), 0
     where the mask hides a pair (MASKED: some pair may be hidden)."""
-    qk = products(q, k_head, start, dims, dim_ok, sks, S, HS, BLOCK_N, IEEE)
+    qk = products(q, k_head, start, dims, dim_ok, sks, S, BLOCK_N, IEEE)
     cols = start + tl.arange(0, BLOCK_N)
     p = tl.exp2(qk * scale2 - lse2[:, None])  # (BLOCK_M, BLOCK_N)
     if MASKED:  # where, not a product: a hidden pair's exp2 may overflow
-        ok = keys_ok(rows, cols, row_ok, key_index, S, pad_row, window,
+        ok = keys_ok(cols, row_ok, key_index, S, pad_row, window,
                      CAUSAL, WINDOWED, HAS_PAD)
         p = tl.where(ok, p, 0.0)
     tl.store(w_rows + cols[None, :], p.to(w_rows.dtype.element_ty),
@@ -68,16 +68,16 @@ def weights_kernel(q_ptr, k_ptr, pad_ptr, first_ptr, clean_ptr, lse_ptr, w_ptr,
         cols = start + tl.arange(0, BLOCK_N)
         tl.store(w_rows + cols[None, :], zeros, mask=row_ok[:, None] & (cols < S)[None, :])
     for start in range(lo, full_lo, BLOCK_N):  # before the window's full blocks: masked
-        _weights_block(q, k_head, w_rows, start, rows, row_ok, key_index, lse2, dims, dim_ok,
-                       sks, S, pad_row, window, scale2, HS, BLOCK_N, CAUSAL, WINDOWED,
+        _weights_block(q, k_head, w_rows, start, row_ok, key_index, lse2, dims, dim_ok,
+                       sks, S, pad_row, window, scale2, BLOCK_N, CAUSAL, WINDOWED,
                        HAS_PAD, IEEE, True)
     for start in range(full_lo, full_hi, BLOCK_N):
-        _weights_block(q, k_head, w_rows, start, rows, row_ok, key_index, lse2, dims, dim_ok,
-                       sks, S, pad_row, window, scale2, HS, BLOCK_N, CAUSAL, WINDOWED,
+        _weights_block(q, k_head, w_rows, start, row_ok, key_index, lse2, dims, dim_ok,
+                       sks, S, pad_row, window, scale2, BLOCK_N, CAUSAL, WINDOWED,
                        HAS_PAD, IEEE, False)
     for start in range(tl.maximum(full_hi, lo), hi, BLOCK_N):  # the diagonal, the last keys
-        _weights_block(q, k_head, w_rows, start, rows, row_ok, key_index, lse2, dims, dim_ok,
-                       sks, S, pad_row, window, scale2, HS, BLOCK_N, CAUSAL, WINDOWED,
+        _weights_block(q, k_head, w_rows, start, row_ok, key_index, lse2, dims, dim_ok,
+                       sks, S, pad_row, window, scale2, BLOCK_N, CAUSAL, WINDOWED,
                        HAS_PAD, IEEE, True)
     # past the last block computed (lo is a whole block; hi need not be): after the diagonal
     for start in range(tl.maximum(lo, tl.cdiv(hi, BLOCK_N) * BLOCK_N), S, BLOCK_N):
