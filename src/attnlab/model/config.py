@@ -135,6 +135,11 @@ class GPTConfig:
         return self.n_embd // self.n_head if self.head_dim is None else self.head_dim
 
     @property
+    def score_scale(self) -> float:
+        """The multiplier of the attention scores: attn_scale, or 1/sqrt(head size)."""
+        return self.head_size ** -0.5 if self.attn_scale is None else self.attn_scale
+
+    @property
     def n_kv_heads(self) -> int:
         return self.n_head if self.n_kv_head is None else self.n_kv_head
 

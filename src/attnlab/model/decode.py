@@ -25,6 +25,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from .attention import Mask, attend, build_mask
+from .gpt import require_eval
 from .kv_cache import KVCache
 from .layers import GELUS, MLP, RMSNorm, apply_rotary, real_positions, rms_norm
 
@@ -234,8 +235,7 @@ class DecodeStep:
     """
 
     def __init__(self, model: GPT, weights: str = "float32") -> None:
-        if model.training and model.config.dropout > 0:
-            raise ValueError("a decode step runs without dropout; call model.eval() first")
+        require_eval(model, "a decode step")
         if weights not in ("float32", "float16"):
             raise ValueError(f"weights={weights!r}: pick 'float32' or 'float16'")
         if weights == "float16":

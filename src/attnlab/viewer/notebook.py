@@ -371,7 +371,7 @@ def _run_model(model: Any, ids: list[int] | None, layer: int | None,
     padding = None if attention_mask is None else padding_of_row(attention_mask, row, len(ids))
     trace = _trace_model(model, ids, steps_layer if small else None, padding)
     if scale is None:
-        scale = c.attn_scale if c.attn_scale is not None else c.head_size ** -0.5
+        scale = c.score_scale
     return trace, scale, f"{c.n_layer} layers × {c.n_head} heads"
 
 
