@@ -12,6 +12,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from attnlab import CausalSelfAttention, Mask, Trace, attend, build_mask, causal_mask
 from attnlab.model import traced_attention
+from helpers import assert_dropped
 
 ATOL = 1e-5
 
@@ -194,6 +195,45 @@ def test_dropout_only_in_training() -> None:
     torch.manual_seed(0)
     train_out = attend(q, k, v, mask, dropout_p=0.5, training=True, fused=False)
     assert not torch.allclose(train_out, eval_out)
+
+
+def test_the_fused_path_drops_attention_weights_in_training() -> None:
+    """Training runs the fused path (SDPA; `train.evaluate.fused_attention`): there, as on the
+    explicit path, dropout zeroes attention weights, the rest scaled by 1 / (1 - p), the
+    same under the same seed. With v the identity the context is the weights themselves."""
+    B, nh, T, p = 4, 2, 16, 0.5
+    q, k, _ = _qkv(B, nh, nh, T, T, T)
+    v = torch.eye(T).expand(B, nh, T, T)  # (B, nh, S, hs = S): context = attn_weights
+    mask = build_mask(T, T)
+    weights = attend(q, k, v, mask, dropout_p=p, training=False)  # (B, nh, T, S)
+    for fused in (True, False):
+        torch.manual_seed(0)
+        dropped = attend(q, k, v, mask, dropout_p=p, training=True, fused=fused)
+        assert_dropped(dropped, weights, p)
+        torch.manual_seed(0)
+        assert torch.equal(attend(q, k, v, mask, dropout_p=p, training=True, fused=fused),
+                           dropped)
+
+
+def test_either_dropout_alone_changes_the_attention_output() -> None:
+    """`dropout` also drops the attention's output (the residual branch, GPT-2's
+    resid_pdrop): with the weights' dropout off that alone changes the output, element by
+    element; with the output's off, the weights' changes it (fused, as training runs it)."""
+    p = 0.5
+    torch.manual_seed(0)
+    attn = CausalSelfAttention(16, n_head=2, dropout=p)
+    x = torch.randn(4, 8, 16)
+    whole = attn.eval()(x)  # (B, T, C)
+    attn.train()
+    attn.dropout = 0.0  # the weights' dropout off
+    torch.manual_seed(1)
+    assert_dropped(attn(x), whole, p)
+    attn.dropout, attn.out_dropout.p = p, 0.0  # the output's off
+    torch.manual_seed(1)
+    dropped = attn(x, fused=True)
+    assert not torch.allclose(dropped, whole)
+    torch.manual_seed(1)
+    assert torch.equal(attn(x, fused=True), dropped)
 
 
 # ------------------------------------------------------------------ seed 000: SDPA
