@@ -67,6 +67,16 @@ def assert_logits_match_hf(ours: Any, hf: Any, lengths: list[int], *, low: int =
     assert (got[real] - expected[real]).abs().max() > 0  # two implementations, not one
 
 
+def assert_dropped(dropped: torch.Tensor, whole: torch.Tensor, p: float) -> None:
+    """`dropped` is `whole` through dropout p: each element zeroed or scaled by 1 / (1 - p),
+    and of the nonzero ones in `whole` a share p zeroed (within 0.1: the tests' seeded draws of
+    a thousand elements and more land well inside it)."""
+    kept = dropped != 0
+    torch.testing.assert_close(dropped[kept], whole[kept] / (1 - p))
+    zeroed = (~kept)[whole != 0].float().mean().item()
+    assert abs(zeroed - p) < 0.1, f"dropout {p} zeroed {zeroed:.3f} of the elements"
+
+
 def one_head_model() -> Any:
     """Two attention-only layers of two heads; every q/k weight is 0, so attention is uniform
     over the causal keys. Token t embeds as e_t (dims 0-3). Only head 0 of layer 1 has values:

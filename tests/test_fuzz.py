@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import io
 import json
+import math
 import re
 import shutil
 import sys
@@ -22,7 +23,7 @@ from typing import Any
 
 import pytest
 import torch
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from attnlab import GPT, GPTConfig
@@ -148,22 +149,45 @@ SETTINGS = dict(
 )
 
 
+def documented_valid(prompt_len: int, pad: int, *, temperature: float, top_k: int,
+                     top_p: float, seed: int | None, max_new_tokens: int) -> bool:
+    """Whether generate's documented rules (GenerationConfig's comments, `stream`'s and
+    `_check_prompt`'s, docs/generate.md) take these settings for the 12-position model: a token
+    in every row; max_new_tokens >= 1, the prompt and all new tokens but the last within
+    block_size; temperature finite and >= 0 (0 = greedy); top_k an integer >= 0 (0 or >= V =
+    all); top_p in [0, 1]; a seed torch.Generator.manual_seed takes (-2**63 to 2**64 - 1)."""
+    return (prompt_len >= 1 and max_new_tokens >= 1 and pad + prompt_len + max_new_tokens - 1
+            <= 12 and 0 <= temperature < math.inf and top_k >= 0 and 0 <= top_p <= 1
+            and (seed is None or -(2**63) <= seed < 2**64))
+
+
 @FUZZ
 @given(prompt_len=st.integers(0, 4), pad=st.integers(0, 4), rows=st.integers(1, 3),
        **SETTINGS)
+# the edges of the documented ranges, every one valid
+@example(prompt_len=2, pad=1, rows=2, temperature=1e30, top_k=10**30, top_p=1.0,
+         seed=2**64 - 1, max_new_tokens=3)
+@example(prompt_len=1, pad=0, rows=1, temperature=-0.0, top_k=V + 1, top_p=0.0,
+         seed=-(2**63), max_new_tokens=12)
+@example(prompt_len=3, pad=0, rows=1, temperature=1e308, top_k=0, top_p=1e-30, seed=None,
+         max_new_tokens=1)
 def test_generate_extreme_settings(model: GPT, prompt_len: int, pad: int, rows: int,
                                    **kwargs: Any) -> None:
+    """A result where the documented rules take the settings, a ValueError with a message
+    where they do not: a valid setting refused fails, not only an invalid one taken."""
     g = torch.Generator().manual_seed(prompt_len * 7 + pad)
     ids = torch.randint(0, V, (rows, pad + prompt_len), generator=g)  # (B, P)
     mask = torch.ones_like(ids)
     mask[:, :pad] = 0  # left padding; prompt_len 0 leaves rows of nothing but padding
+    valid = documented_valid(prompt_len, pad, **kwargs)
     try:
         out = generate(model, ids, mask if pad else None, **kwargs)
     except ValueError as err:
         assert str(err), "an empty message names nothing"
+        assert not valid, f"documented-valid settings {kwargs} refused: {err}"
         return
     n = kwargs["max_new_tokens"]
-    assert prompt_len >= 1 and n >= 1 and pad + prompt_len + n - 1 <= 12
+    assert valid, f"settings {kwargs} taken, against the documented rules"
     assert out.shape == (rows, pad + prompt_len + n) and torch.equal(out[:, :ids.shape[1]], ids)
     assert bool(((out >= 0) & (out < V)).all())
     narrowest = kwargs["temperature"] == 0 or kwargs["top_k"] == 1 or kwargs["top_p"] == 0

@@ -28,6 +28,41 @@ def hf_dict(prefix: str, **fields: Any) -> dict[str, Any]:
     return {**config.to_dict(), "architectures": [f"{prefix}{head}"]}
 
 
+def assert_read_as_transformers_reads(fields: dict[str, Any]) -> None:
+    """config_from_hf(fields) gives the numbers the math uses as transformers' own config class
+    reads them from config.json `fields` (its attribute map gives GPT-2's n_embd etc. the
+    common names): sizes, heads, RoPE, norm epsilon, each layer's window, tying."""
+    hf = transformers.AutoConfig.for_model(**fields)
+    ours = config_from_hf(fields)
+    heads, layers = hf.num_attention_heads, hf.num_hidden_layers
+    rope = getattr(hf, "rope_parameters", None)  # None: learned positions (GPT-2)
+    types = getattr(hf, "layer_types", None) or ["sliding_attention"] * layers  # Mistral: all
+    window = getattr(hf, "sliding_window", None)
+    eps = next(getattr(hf, name) for name in ("rms_norm_eps", "layer_norm_eps",
+                                              "layer_norm_epsilon") if hasattr(hf, name))
+    theirs = (hf.vocab_size, hf.max_position_embeddings, layers, heads,
+              getattr(hf, "num_key_value_heads", None) or heads, hf.hidden_size,
+              getattr(hf, "head_dim", None) or hf.hidden_size // heads,
+              getattr(hf, "intermediate_size", None) or getattr(hf, "n_inner", None)
+              or 4 * hf.hidden_size,
+              rope and rope["rope_theta"], rope and rope.get("partial_rotary_factor", 1.0), eps,
+              [window if t == "sliding_attention" else None for t in types],
+              hf.tie_word_embeddings)
+    rotary = ours.pos == "rope"
+    assert (ours.vocab_size, ours.block_size, ours.n_layer, ours.n_head, ours.n_kv_heads,
+            ours.n_embd, ours.head_size, ours.ff_size, ours.rope_theta if rotary else None,
+            ours.rotary_pct if rotary else None, ours.norm_eps,
+            [ours.window_of(i) for i in range(ours.n_layer)], ours.tie_weights) == theirs
+
+
+# fields off every default, so that one read wrong or not at all shows
+ODD = dict(rope_parameters={"rope_type": "default", "rope_theta": 123456.0}, rms_norm_eps=3e-6)
+ODD_QWEN = dict(**ODD, use_sliding_window=True, sliding_window=6, max_window_layers=1)
+ODD_NEOX = dict(layer_norm_eps=2e-5, rope_parameters={"rope_type": "default", "rope_theta": 777.0,
+                                                      "partial_rotary_factor": 0.5})
+ODD_GPT2 = dict(n_layer=2, n_embd=32, n_head=4, vocab_size=71, n_positions=96, n_inner=40,
+                layer_norm_epsilon=2e-5, bos_token_id=0, eos_token_id=0)  # ids in the vocab
+
 LLAMA3 = {"rope_type": "llama3", "rope_theta": 500000.0, "factor": 8.0, "low_freq_factor": 1.0,
           "high_freq_factor": 4.0, "original_max_position_embeddings": 16}
 # (case, config.json dict, the one line expected)
@@ -105,11 +140,16 @@ def test_refused_field_gets_one_line_naming_it(case: str, make: Any, line: str) 
 
 
 def test_the_hugging_face_configs_as_saved_all_map() -> None:
-    """Every field transformers 5 writes for these families is read or known irrelevant."""
-    for prefix, fields in [("Llama", SMALL), ("Mistral", SMALL), ("Qwen2", SMALL),
-                           ("Qwen3", SMALL), ("GPTNeoX", NEOX),
-                           ("GPT2", dict(n_layer=2, n_embd=32, n_head=4))]:
-        config_from_hf(hf_dict(prefix, **fields))
+    """Every field transformers 5 writes for these families is read or known irrelevant, and
+    read as transformers reads it: with the defaults, and with fields off them."""
+    for prefix, fields in [
+            ("Llama", SMALL), ("Mistral", SMALL), ("Qwen2", SMALL), ("Qwen3", SMALL),
+            ("GPTNeoX", NEOX), ("GPT2", dict(n_layer=2, n_embd=32, n_head=4)),
+            ("Llama", {**SMALL, **ODD, "tie_word_embeddings": True}),
+            ("Mistral", {**SMALL, **ODD, "sliding_window": 7}), ("Qwen2", {**SMALL, **ODD_QWEN}),
+            ("Qwen3", {**SMALL, **ODD_QWEN, "head_dim": 16}), ("GPTNeoX", {**NEOX, **ODD_NEOX}),
+            ("GPT2", ODD_GPT2)]:
+        assert_read_as_transformers_reads(hf_dict(prefix, **fields))
 
 
 def test_both_rope_spellings_give_the_same_config() -> None:
@@ -145,11 +185,13 @@ def test_fields_hub_configs_keep_that_no_model_reads_load() -> None:
     """SmolLM2's, GPT-2 medium's and distilgpt2's config.json as published, and a causal LM
     saved with is_decoder=True, load as transformers loads them."""
     for prefix, fields, extra in [
-            ("Llama", SMALL, {"is_llama_config": True, "rope_interleaved": False}),
+            ("Llama", {**SMALL, "rope_parameters": {"rope_type": "default", "rope_theta": 1e5},
+                       "rms_norm_eps": 1e-5, "tie_word_embeddings": True},  # SmolLM2's
+             {"is_llama_config": True, "rope_interleaved": False}),
             ("GPT2", dict(n_layer=2, n_embd=32, n_head=4),
              {"n_special": 0, "predict_special_tokens": True, "_num_labels": 1}),
             ("GPTNeoX", NEOX, {"is_decoder": True, "gradient_checkpointing": False})]:
-        config_from_hf({**hf_dict(prefix, **fields), **extra})
+        assert_read_as_transformers_reads({**hf_dict(prefix, **fields), **extra})
 
 
 def test_a_qwen3_config_without_head_dim_has_transformers_default() -> None:

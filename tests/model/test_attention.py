@@ -10,8 +10,18 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from attnlab import CausalSelfAttention, Mask, Trace, attend, build_mask, causal_mask
+from attnlab import (
+    GPT,
+    CausalSelfAttention,
+    GPTConfig,
+    Mask,
+    Trace,
+    attend,
+    build_mask,
+    causal_mask,
+)
 from attnlab.model import sdpa
+from helpers import assert_dropped
 
 ATOL = 1e-5
 
@@ -44,6 +54,53 @@ def test_causal_mask_is_seed003_trimmed_tril(T: int, S: int) -> None:
 def test_causal_mask_rejects_more_queries_than_keys() -> None:
     with pytest.raises(ValueError, match="q_len=4, k_len=3"):
         causal_mask(4, 3)
+
+
+def _sees(query: int, key: int, window: int | None) -> bool:
+    """GPTConfig.sliding_window's definition, written out: query i sees keys
+    i - window < j <= i (window None: every key j <= i)."""
+    return key <= query and (window is None or query - window < key)
+
+
+def _by_definition(T: int, S: int, window: int | None, pad: torch.Tensor) -> torch.Tensor:
+    """(B, T, S): the real keys (pad (B, S), 1 = real) each of T queries, the last T of S
+    positions, sees by `_sees`."""
+    return torch.tensor([[[_sees(S - T + t, j, window) and bool(row[j]) for j in range(S)]
+                          for t in range(T)] for row in pad])
+
+
+@pytest.mark.parametrize(("T", "S", "window"), [
+    (6, 6, 2), (3, 9, 4), (1, 9, 3), (5, 9, 1), (2, 7, 7), (4, 6, 9)])
+def test_the_window_mask_is_its_definition(T: int, S: int, window: int) -> None:
+    """causal_mask and build_mask as the definition says, not as each other: queries after
+    S - T cached keys, rows left-padded, windows of one key, of all of them and wider."""
+    pad = _left_pad_mask([S, S - 2, 1], S)
+    may_attend = build_mask(T, S, pad, window=window).may_attend
+    assert may_attend is not None
+    assert torch.equal(may_attend[:, 0], _by_definition(T, S, window, pad))  # (B, T, S)
+    every = torch.ones(1, S, dtype=torch.long)
+    assert torch.equal(causal_mask(T, S, window=window), _by_definition(T, S, window, every)[0])
+
+
+@torch.no_grad()
+def test_a_windowed_models_weights_follow_the_definition_through_a_cache() -> None:
+    """A left-padded prefill into a KV cache, then decode steps: every layer's attention
+    weights are nonzero exactly on the keys the definition gives each query."""
+    torch.manual_seed(0)
+    window = 3
+    model = GPT(GPTConfig.from_name("nano", sliding_window=window)).eval()
+    ids = torch.randint(0, 65, (3, 6))  # (B, P)
+    pad = _left_pad_mask([6, 4, 1], 6)  # (B, S), S growing by one per step
+    cache = model.new_cache(3, 9)
+    for _ in range(4):
+        trace = Trace(names=["attn_weights"])
+        model(ids, attention_mask=pad, kv_cache=cache, trace=trace)
+        expected = _by_definition(ids.shape[1], pad.shape[1], window, pad)  # (B, T, S)
+        for layer in range(model.config.n_layer):
+            weights = trace.get("attn_weights", layer)  # (B, nh, T, S)
+            assert torch.equal(weights > 0, expected[:, None].expand_as(weights)), layer
+        ids = torch.randint(0, 65, (3, 1))  # (B, 1)
+        pad = torch.cat([pad, torch.ones(3, 1, dtype=torch.long)], dim=1)
 
 
 def test_build_mask_rejects_mask_of_wrong_length() -> None:
@@ -194,6 +251,45 @@ def test_dropout_only_in_training() -> None:
     torch.manual_seed(0)
     train_out = attend(q, k, v, mask, dropout_p=0.5, training=True, fused=False)
     assert not torch.allclose(train_out, eval_out)
+
+
+def test_the_fused_path_drops_attention_weights_in_training() -> None:
+    """Training runs the fused path (SDPA; `train.evaluate.fused_attention`): there, as on the
+    explicit path, dropout zeroes attention weights, the rest scaled by 1 / (1 - p), the
+    same under the same seed. With v the identity the context is the weights themselves."""
+    B, nh, T, p = 4, 2, 16, 0.5
+    q, k, _ = _qkv(B, nh, nh, T, T, T)
+    v = torch.eye(T).expand(B, nh, T, T)  # (B, nh, S, hs = S): context = attn_weights
+    mask = build_mask(T, T)
+    weights = attend(q, k, v, mask, dropout_p=p, training=False)  # (B, nh, T, S)
+    for fused in (True, False):
+        torch.manual_seed(0)
+        dropped = attend(q, k, v, mask, dropout_p=p, training=True, fused=fused)
+        assert_dropped(dropped, weights, p)
+        torch.manual_seed(0)
+        assert torch.equal(attend(q, k, v, mask, dropout_p=p, training=True, fused=fused),
+                           dropped)
+
+
+def test_either_dropout_alone_changes_the_attention_output() -> None:
+    """`dropout` also drops the attention's output (the residual branch, GPT-2's
+    resid_pdrop): with the weights' dropout off that alone changes the output, element by
+    element; with the output's off, the weights' changes it (fused, as training runs it)."""
+    p = 0.5
+    torch.manual_seed(0)
+    attn = CausalSelfAttention(16, n_head=2, dropout=p)
+    x = torch.randn(4, 8, 16)
+    whole = attn.eval()(x)  # (B, T, C)
+    attn.train()
+    attn.dropout = 0.0  # the weights' dropout off
+    torch.manual_seed(1)
+    assert_dropped(attn(x), whole, p)
+    attn.dropout, attn.out_dropout.p = p, 0.0  # the output's off
+    torch.manual_seed(1)
+    dropped = attn(x, fused=True)
+    assert not torch.allclose(dropped, whole)
+    torch.manual_seed(1)
+    assert torch.equal(attn(x, fused=True), dropped)
 
 
 # ------------------------------------------------------------------ seed 000: SDPA

@@ -17,6 +17,7 @@ from attnlab.model.layers import (
     rope_inv_freq,
     rotate_half,
 )
+from helpers import assert_dropped
 
 
 def test_rms_norm_is_x_over_root_mean_square_times_weight() -> None:
@@ -67,6 +68,16 @@ def test_swiglu_and_gelu_mlps() -> None:
     gelu = MLP(6, 10, gelu="exact")
     assert gelu.gate is None and gelu.fc.weight.shape == (10, 6)
     torch.testing.assert_close(gelu(x), gelu.proj(torch.nn.functional.gelu(gelu.fc(x))))
+
+
+def test_the_mlp_drops_its_output_in_training_only() -> None:
+    """The MLP's dropout is on its output, the residual branch (GPT-2's resid_pdrop)."""
+    torch.manual_seed(0)
+    mlp = MLP(16, 32, dropout=0.5)
+    x = torch.randn(4, 8, 16)
+    whole = mlp.eval()(x)  # (B, T, C)
+    torch.manual_seed(1)
+    assert_dropped(mlp.train()(x), whole, 0.5)
 
 
 def test_default_and_linear_inv_freq() -> None:

@@ -37,11 +37,28 @@ def rehearse(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(graph_step, "DEVICES", ("cuda", "cpu"))
 
 
+@pytest.fixture
+def graph_steps(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """The steps GraphedStep took, in order: "eager" (a warm-up step) or "replay" (the
+    recorded step; on a CPU, its rehearsal). The loop's plain step adds nothing."""
+    taken: list[str] = []
+    step = graph_step.GraphedStep.step
+
+    def spied(self: graph_step.GraphedStep, *args: Any) -> Any:
+        loss = step(self, *args)
+        taken.append("eager" if self.graph is None else "replay")
+        return loss
+
+    monkeypatch.setattr(graph_step.GraphedStep, "step", spied)
+    return taken
+
+
 def _losses(out: Path) -> list[tuple[int, float]]:
     return [(r["step"], r.get("loss", r.get("val_loss"))) for r in read_metrics(out)]
 
 
-def test_the_graph_step_trains_as_the_plain_step(tmp_path: Path, rehearse: None) -> None:
+def test_the_graph_step_trains_as_the_plain_step(tmp_path: Path, rehearse: None,
+                                                  graph_steps: list[str]) -> None:
     """Same batches, dropout draws and updates: the same losses (the learning rate, a float32
     scalar for AdamW, rounds the schedule's float64 by 1e-8) and weights, through the eager
     warm-up steps, the recording and the replays, with two micro-batches a step."""
@@ -50,7 +67,9 @@ def test_the_graph_step_trains_as_the_plain_step(tmp_path: Path, rehearse: None)
     plain = train(model, config, dataset, tmp_path / "plain")
     graphed = train(model, TrainConfig(**{**config.__dict__, "cuda_graph": True}), dataset,
                     tmp_path / "graph")
-    assert config.max_iters > graph_step.WARMUP + 1  # steps replayed, not only warm-up
+    # the graph step took every step: the warm-up, then the recording's replays
+    assert graph_steps == ["eager"] * graph_step.WARMUP + ["replay"] * (
+        config.max_iters - graph_step.WARMUP)
     got, want = _losses(tmp_path / "graph"), _losses(tmp_path / "plain")
     assert [s for s, _ in got] == [s for s, _ in want]
     assert [v for _, v in got] == pytest.approx([v for _, v in want], rel=1e-5)
@@ -59,17 +78,20 @@ def test_the_graph_step_trains_as_the_plain_step(tmp_path: Path, rehearse: None)
     assert all(p.grad is None for p in graphed.model.parameters())  # released with the graph
 
 
-def test_its_checkpoint_resumes_without_a_graph(tmp_path: Path, rehearse: None) -> None:
+def test_its_checkpoint_resumes_without_a_graph(tmp_path: Path, rehearse: None,
+                                                graph_steps: list[str]) -> None:
     """The optimizer state saves the learning rate as a number and capturable off, as a plain
     step saves it: a run without the graph (on a CPU) resumes and continues it."""
     model, config = _config(max_iters=5)
     dataset = load_dataset("copy")
     train(model, TrainConfig(**{**config.__dict__, "cuda_graph": True}), dataset, tmp_path)
+    assert graph_steps[-1] == "replay" and len(graph_steps) == 5  # saved after a recording
     groups = load_train_state(tmp_path / "ckpt")["optimizer"]["param_groups"]
     assert all(type(g["lr"]) is float and g["capturable"] is False for g in groups)
     result = train(model, TrainConfig(**{**config.__dict__, "max_iters": 9}), dataset, tmp_path,
                    resume=True)
     assert result.val_step == 9 and math.isfinite(result.val_loss or math.nan)
+    assert len(graph_steps) == 5  # steps 6 to 9 were plain ones
 
 
 def test_the_recorded_step_reads_nothing_back(tmp_path: Path, rehearse: None,

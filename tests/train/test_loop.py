@@ -163,9 +163,14 @@ def test_interrupted_and_resumed_equals_uninterrupted(
             m["exp_avg"], m["exp_avg_sq"] = m["exp_avg"].contiguous(), m["exp_avg_sq"].contiguous()
         torch.save(state, path)
     assert signal.getsignal(signal.SIGINT) is before  # handler restored
-    rest = train(model_config, config, dataset, tmp_path / "split", resume=True)
+    seen: list[dict[str, Any]] = []
+    rest = train(model_config, config, dataset, tmp_path / "split", resume=True,
+                 callback=seen.append)
 
     assert not rest.interrupted
+    # it went on from the checkpoint: a rerun from step 0 would give the same losses too
+    resumed = [r["step"] for r in seen if "loss" in r]
+    assert resumed == list(range(stop_at + 1, config.max_iters + 1))
     assert _losses(rest.history) == _losses(whole.history)  # every loss, bit for bit
     assert rest.val_loss == whole.val_loss
     for (name, a), b in zip(whole.model.state_dict().items(), rest.model.state_dict().values(),
