@@ -173,7 +173,8 @@ def _check_prompt(
         return None
     if attention_mask.shape != input_ids.shape:
         raise ValueError(
-            f"attention_mask shape {tuple(attention_mask.shape)} != input_ids shape {(B, P)}"
+            f"attention_mask shape {tuple(attention_mask.shape)} != input_ids shape {(B, P)}; "
+            "pass the mask made with the ids (Tokenizer.encode_batch gives both)"
         )
     check_mask_values(attention_mask)  # as GPT.forward does: a 2 would read as a token
     keep = attention_mask.to(input_ids.device).bool()  # (B, P)

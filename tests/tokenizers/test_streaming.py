@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import torch
-from hypothesis import given
+from hypothesis import example, given
 from hypothesis import strategies as st
 
 from attnlab.tokenizers import ByteTokenizer
@@ -19,9 +19,12 @@ def test_held_back_waits_for_a_character_and_a_stop_strings_start() -> None:
 
 
 @given(st.text(min_size=1, max_size=12), st.text(min_size=1, max_size=3))
+@example("\ufffd", "0")  # a U+FFFD written whole was dropped at the end as half a character
+@example("\x80", "\ufffd")  # U+0080's first byte alone decodes as U+FFFD: no stop string yet
 def test_pieces_add_up_to_the_text_up_to_the_stop_string(text: str, stop: str) -> None:
     """Streamed byte by byte, a row's pieces join to its text cut just before the first
-    `stop` (half characters and stop-string starts held back, nothing emitted twice)."""
+    `stop` (half characters and stop-string starts held back, nothing emitted twice, a
+    U+FFFD in the text kept)."""
     tok = ByteTokenizer()
     ids = tok.encode(text)
     steps = iter([torch.tensor([i]) for i in ids])

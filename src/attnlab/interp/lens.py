@@ -29,8 +29,8 @@ on a bridge with only the final norm's scale folded into W_U,
 fold_value_biases=False)`. Its defaults (HookedTransformer's processing) differ by
 definition: `center_unembed` subtracts each unembedding column's mean over the vocabulary,
 which shifts every single-token term (a difference of two tokens' terms is unchanged), and
-`fold_value_biases` moves b_V W_O out of each head's term (tiny GPT-2: heads differ by up to
-0.22); on raw weights `logit_attrs` leaves the final norm's scale out.
+`fold_value_biases` moves b_V W_O out of each head's term; on raw weights `logit_attrs`
+leaves the final norm's scale out.
 
 This module reads traces, and writes the lens of one sequence as text once (`lens_table`)
 for `attnlab lens` and the viewer's /api/lens; drawing is `viz/heads.py`'s.
@@ -108,6 +108,7 @@ def residual_parts(model: Any, ids: Tensor, attention_mask: Tensor | None = None
     for i in range(end):
         out = trace.get(attn, i)  # (B, T, C), or (B, nh, T, hs) heads
         labels.append(f"{i} attn")
+        # (B, T, C), or heads (B, nh, T, hs) -> (B, T, nh*hs) side by side
         parts.append(out if attn == "attn_out" else out.transpose(1, 2).flatten(2))
         if (i, "mlp_out") in trace:
             labels.append(f"{i} mlp")

@@ -179,6 +179,7 @@ def activation_patching(
                                   dtype=effects.dtype)
     found: dict[str, Tensor] = {}
     for field, (group, shape) in grids.items():  # effects are in the grids' order
+        # (len(group),) -> the grid's shape, e.g. (n_layer, nh) or (n_layer, T)
         found[field], effects = effects[:len(group)].view(shape), effects[len(group):]
     return Patching(clean=runner.clean, corrupted=runner.corrupted, **found)
 

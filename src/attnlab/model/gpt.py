@@ -195,7 +195,8 @@ class GPT(nn.Module):
                 f"({B}, {pos + T}); it must cover every key, cached ones included"
             )
         if targets is not None and targets.shape != (B, T):
-            raise ValueError(f"targets shape {tuple(targets.shape)} != idx shape {(B, T)}")
+            raise ValueError(f"targets shape {tuple(targets.shape)} != idx shape {(B, T)}; "
+                             "give one target id per input id (the ids shifted by one)")
         if check_ids and not torch.compiler.is_compiling():  # a read-back breaks a graph
             check_token_ids(idx, targets, c.vocab_size)
             if attention_mask is not None:

@@ -48,7 +48,8 @@ class LayerKVCache:
         if k.shape[:2] != self.k.shape[:2] or k.shape[3] != self.k.shape[3]:
             raise ValueError(
                 f"keys of shape {tuple(k.shape)} do not fit cache buffers "
-                f"{tuple(self.k.shape)} (B, nkv, T_max, hs)"
+                f"{tuple(self.k.shape)} (B, nkv, T_max, hs); make the cache for this batch "
+                "and model: model.new_cache(B, max_len)"
             )
         # narrow + copy_ rather than slice assignment: half the Python overhead, which is
         # most of what a one-token write costs

@@ -239,6 +239,8 @@ class Rotary:
     ) -> None:
         self.dims = int(head_size * rotary_pct)  # rd
         self.inv_freq = rope_inv_freq(self.dims, theta, rope_scaling)  # (rd/2,)
+        # inv_freq per device, copied once: a host-to-device copy in every forward could not
+        # be captured in a CUDA graph (compiled decode, the graphed training step)
         self._on: dict[torch.device, Tensor] = {}
 
     def cos_sin(self, positions: Tensor) -> tuple[Tensor, Tensor]:

@@ -61,7 +61,7 @@ def linear(x: Tensor, weight: Tensor, bias: Tensor | None, config: Config | None
     *lead, K = x.shape
     x2 = x.reshape(1, -1, K)  # (1, M, K)
     out = kernels.matmul(x2, weight.t().unsqueeze(0), 1.0, bias, config)  # (1, M, N)
-    return out.view(*lead, weight.shape[0])
+    return out.view(*lead, weight.shape[0])  # (..., N)
 
 
 def matmul(a: Tensor, b: Tensor, alpha: float = 1.0, diagonal: int | None = None,
@@ -78,4 +78,4 @@ def matmul(a: Tensor, b: Tensor, alpha: float = 1.0, diagonal: int | None = None
 
     out = kernels.matmul(a.reshape(-1, M, K), b.reshape(-1, K, N), alpha,
                          diagonal=diagonal, past=past)  # (batch, M, N)
-    return out.view(*lead, M, N)
+    return out.view(*lead, M, N)  # (..., M, N)

@@ -48,9 +48,13 @@ def render_chat(template: str, messages: Sequence[Mapping[str, str]], *,
     """The prompt text of `messages` ([{"role": "user", "content": "..."}, ...]); `variables`
     are the template's own switches, as apply_chat_template's extra keyword arguments
     (Qwen3: enable_thinking=False)."""
-    import jinja2
-    import jinja2.ext  # a submodule `import jinja2` leaves out: loopcontrols is in it
-    from jinja2.sandbox import ImmutableSandboxedEnvironment
+    try:
+        import jinja2
+        import jinja2.ext  # a submodule `import jinja2` leaves out: loopcontrols is in it
+        from jinja2.sandbox import ImmutableSandboxedEnvironment
+    except ImportError as err:
+        raise ImportError("jinja2 renders chat templates and is missing: pip install "
+                          "'attnlab[bpe]'") from err
 
     def raise_exception(message: str) -> None:
         raise ValueError(f"the chat template refused these messages: {message}")

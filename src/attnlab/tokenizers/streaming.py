@@ -32,6 +32,40 @@ def held_back(text: str, stops: Sequence[str]) -> int:
     return unfinished + start
 
 
+def ends_inside_a_character(tokenizer: Tokenizer, ids: Sequence[int]) -> bool:
+    """Whether `ids` end with the first bytes of a UTF-8 character whose rest never came, so
+    their text's trailing U+FFFD stands for that half character, not for a U+FFFD written
+    whole. Where the tokenizer does not know its tokens' bytes, a trailing U+FFFD is taken
+    for a half character."""
+    tail = b""
+    for i in reversed(ids[-4:]):  # a character has at most 4 bytes
+        data = tokenizer.token_bytes(i)
+        if data is None:
+            return True
+        tail = data + tail
+        if len(tail) >= 4:
+            break
+    for k in range(1, min(4, len(tail)) + 1):
+        byte = tail[-k]
+        if byte < 0x80:  # ASCII: whatever came before it, the text does not end inside one
+            return False
+        if byte >= 0xC0:  # a first byte: it announces 2, 3 or 4 bytes, and k of them came
+            return (2 if byte < 0xE0 else 3 if byte < 0xF0 else 4) > k
+    return False
+
+
+def first_stop(text: str, stops: Sequence[str], emitted: int) -> int | None:
+    """Where the first of `stops` starts in `text` (None: nowhere), searching only where one
+    could begin that was not there before the `emitted` characters were yielded."""
+    hits = [i for i in (text.find(s, max(0, emitted - len(s))) for s in stops) if i >= 0]
+    return min(hits) if hits else None
+
+
+def _settled(text: str, tokenizer: Tokenizer, ids: Sequence[int]) -> int:
+    """The length of a row's final text once its ids have ended: a half character dropped."""
+    return len(text.rstrip("\ufffd")) if ends_inside_a_character(tokenizer, ids) else len(text)
+
+
 class TextPieces(Iterator[list[str]]):
     """Each step's new ids (B,) -> each row's new text, decoded as it continues the row's
     prompt ids (`generate.stream_text`'s loop). A row ends at one of the tokenizer's stop ids
@@ -69,12 +103,11 @@ class TextPieces(Iterator[list[str]]):
                 else:
                     ids[b].append(token)
                     text = decode(b)
-                    hits = [i for i in (text.find(s, max(0, emitted[b] - len(s))) for s in stops)
-                            if i >= 0]
-                    end = min(hits) if hits else None
+                    # not in a trailing U+FFFD: it may be half a character still arriving
+                    end = first_stop(text.rstrip("\ufffd"), stops, emitted[b])
                     done[b] = end is not None
                 if end is None:  # an ended row drops a character its last token left unfinished
-                    end = len(text.rstrip("\ufffd")) if done[b] else (
+                    end = _settled(text, tokenizer, ids[b]) if done[b] else (
                         len(text) - held_back(text, stops))
                 pieces[b] = text[emitted[b]:end]
                 emitted[b] = max(emitted[b], end)
@@ -82,6 +115,12 @@ class TextPieces(Iterator[list[str]]):
             if all(done):
                 return
         # max_new_tokens reached: flush what was held back for a stop string that never came
-        tail = [decode(b).rstrip("\ufffd")[emitted[b]:] if not done[b] else "" for b in range(B)]
+        tail = [""] * B
+        for b in range(B):
+            if not done[b]:
+                text = decode(b)
+                text = text[:_settled(text, tokenizer, ids[b])]
+                end = first_stop(text, stops, emitted[b])  # a stop a U+FFFD written whole ends
+                tail[b] = text[emitted[b]:end]
         if any(tail):
             yield tail

@@ -25,8 +25,9 @@ if TYPE_CHECKING:
 
 #: `attnlab train --arch`: the block style of the recipe's model.
 ARCHS = ("gpt2", "llama")
-#: The text recipe's most steps when no flag sets them (one pass over 7.7M tokens, about 7x
-#: the 700 steps' time); for longer runs, say how long: --time_budget.
+#: The text recipe's most steps when no flag sets them (one pass over a corpus of a few
+#: million tokens); for longer runs, say how long: --time_budget
+#: (docs/train.md#train-for-a-time-budget).
 MAX_TEXT_STEPS = 5000
 
 
@@ -43,6 +44,9 @@ def recipe(dataset: Dataset, arch: str = "gpt2", device: str = "cpu",
     """
     if arch not in ARCHS:
         raise ValueError(f"arch={arch!r} must be one of {list(ARCHS)}")
+    if not isinstance(dataset, (SentenceDataset, TaskDataset, TextDataset)):
+        raise TypeError(f"recipe() knows text, task and sentence datasets, not "
+                        f"{type(dataset).__name__}; make one with load_dataset(name or path)")
     if isinstance(dataset, SentenceDataset):
         if arch != "gpt2":
             raise ValueError(
@@ -92,7 +96,7 @@ def _gpt2_recipe(dataset: Dataset) -> tuple[GPTConfig, TrainConfig]:
     # (docs/performance.md#text-recipe). 700 steps is about one pass over tiny Shakespeare; a
     # larger corpus gets one pass over its training split (docs/train.md#train-for-a-time-budget
     # for both on a second corpus), up to MAX_TEXT_STEPS.
-    assert isinstance(dataset, TextDataset), type(dataset)
+    assert isinstance(dataset, TextDataset), type(dataset)  # recipe() refused the rest
     model = GPTConfig.from_name("tiny", vocab_size=vocab)
     batch_size = 24
     one_pass = len(dataset.train) // (batch_size * model.block_size)
@@ -134,11 +138,10 @@ def seed_experiment(
     animals: n_embd 5, AdamW lr 3e-2 decayed (cosine) to 3e-3 over 600 steps (the original: lr
     1e-4 for 10,000). At a constant 3e-2 the loss spikes now and then after it reaches its
     floor, so the last step's predictions hung on where the spikes fell, which a CPU's float32
-    rounding moves; the decay ends in a calm minimum (the same predictions from inits moved
-    by 1e-4). What the model learns depends on its initial weights: over init seeds 0-18 and
-    1337 it predicts every last word for 12/20, and puts the " a"/" an" row's largest weight
-    on the noun in all six sentences for 1/20 (seed 17, used here); the others encode the
-    noun in how that row splits its weight between " is" and " a".
+    rounding moves; the decay ends in a calm minimum. What the model learns depends on its
+    initial weights: seed 17, used here, is one whose " a"/" an" row puts its largest weight
+    on the noun in all six sentences; others encode the noun in how that row splits its
+    weight between " is" and " a" (docs/inspect.md#the-seed-experiments-attnlab-demo).
     """
     dataset = dataset if dataset is not None else load_dataset(name)
     vocab = dataset.tokenizer.vocab_size

@@ -102,7 +102,9 @@ class ViewerState:
         """The token ids of a request's `text`, checked against the limits and block_size."""
         max_chars = self.limits.max_text_chars
         if len(text) > max_chars:
-            raise RequestError(f"text has {len(text)} characters; the limit is {max_chars}")
+            raise RequestError(f"text has {len(text)} characters; the limit is {max_chars} "
+                               "(shorten it, or start the server with a larger "
+                               "--max_text_chars)")
         try:
             ids = list(self.tokenizer.encode(text))
         except ValueError as err:  # a character the vocabulary lacks: the tokenizer says which

@@ -140,7 +140,8 @@ def plot_lens(top_probs: Tensor, top_tokens: Sequence[Sequence[str]], tokens: Se
         ["emb"] + [f"layer {i}" for i in range(top_probs.shape[0] - 1)])
     rows_n, T = top_probs.shape
     if len(labels) != rows_n:
-        raise ValueError(f"{len(labels)} row labels for {rows_n} rows of lens probabilities")
+        raise ValueError(f"{len(labels)} row labels for {rows_n} rows of lens probabilities; "
+                         "give one label per row, or rows=None for emb, layer 0, ...")
     # 0.6 in a position, shrunk to fit MAX_INCHES: a long text would otherwise make a PNG
     # tens of thousands of pixels wide and slow to save (docs/performance.md#figures); the
     # tokens are written in the cells while a cell holds one

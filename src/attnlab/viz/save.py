@@ -154,7 +154,7 @@ class _Blit:
         image = PIL.Image.frombuffer("RGBA", (width, height), canvas.buffer_rgba(), "raw",
                                      "RGBA", 0, 1).crop((x0, height - y1, x1, height - y0))
         if image.getchannel("A").getextrema()[0] == 255:
-            image = image.convert("RGB")  # opaque: 25% less to compress
+            image = image.convert("RGB")  # opaque: no alpha channel to compress
         # zlib level 1: files a little larger than at the default 6, written much faster
         # (docs/performance.md#figures)
         image.save(target, format="png", compress_level=1, dpi=(fig.dpi, fig.dpi))
