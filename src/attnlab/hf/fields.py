@@ -34,6 +34,8 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from typing import Any
 
+from ..model.layers import check_rope_scaling
+
 IRRELEVANT = frozenset({
     # bookkeeping
     "_name_or_path", "architectures", "model_type", "transformers_version", "dtype",
@@ -194,6 +196,7 @@ def rope_from_hf(
     scaling = None
     if kind != "default":
         scaling = {"rope_type": kind, **{k: rope[k] for k in sorted(_ROPE_KEYS[kind])}}
+        check_rope_scaling(scaling, where=f"{fields.family} config.json has {source}")
     if isinstance(theta, bool) or not isinstance(theta, (int, float)) or \
             not 0 < theta < float("inf"):
         raise fields.refuse("rope_theta", theta, "expected a positive number")
