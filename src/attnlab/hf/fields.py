@@ -125,6 +125,14 @@ class Fields:
             raise self.refuse(key, value, "expected a positive number")
         return float(value)
 
+    def flag(self, key: str, default: bool) -> bool:
+        """A true/false field. Anything else is refused: transformers stores the value as
+        written and tests it for truth, so "false" (a string) would count as true."""
+        value = self.get(key, default)
+        if not isinstance(value, bool):
+            raise self.refuse(key, value, "expected true or false (JSON booleans, unquoted)")
+        return value
+
     def one_of(self, key: str, allowed: Iterable[Any], default: Any) -> Any:
         value = self.get(key, default)
         allowed = list(allowed)
