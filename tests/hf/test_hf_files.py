@@ -454,3 +454,17 @@ def test_a_sentencepiece_model_alone_is_named_with_its_conversion(tmp_path: Path
         f"{tmp_path} has only tokenizer.model, a sentencepiece file attnlab does not read: "
         "write its tokenizer.json with transformers (pip install sentencepiece protobuf): "
         f"AutoTokenizer.from_pretrained('{tmp_path}').save_pretrained('{tmp_path}')")
+
+
+def test_a_stale_single_file_beside_an_index_is_read_and_named(tmp_path: Path) -> None:
+    """transformers reads model.safetensors before model.safetensors.index.json; so does
+    attnlab, and an error about the weights says which file it read."""
+    llama(tie=False).save_pretrained(tmp_path, max_shard_size="40KB")
+    from safetensors.torch import save_file
+
+    save_file({"lm_head.weight": torch.zeros(64, 32)}, str(tmp_path / "model.safetensors"),
+              {"format": "pt"})
+    with pytest.raises(ValueError, match=r"; read from model\.safetensors, not "
+                       r"model\.safetensors\.index\.json beside it \(transformers reads the "
+                       r"same one\); remove the stale file$"):
+        load_hf(tmp_path)

@@ -39,7 +39,7 @@ from ..tokenizers.hf_dir import (
     read_hf_config,
 )
 from .fields import Fields
-from .files import SAFETENSORS_FILE, read_weights, write_hf_dir
+from .files import SAFETENSORS_FILE, chosen_weights, read_weights, write_hf_dir
 from .gpt2 import GPT2
 from .gpt_neox import GPT_NEOX
 from .llama import LLAMA, MISTRAL
@@ -176,14 +176,17 @@ def open_hf_weights(path: str | Path, *, dropout: float = 0.0,
     family = family_of(hf_config)
     files = read_weights(directory)
     names = family.weights
-    check_layer_count(config.n_layer, files, names.layer, base=names.base)
-    if read_head and config.tie_weights and names.head_is_untied(files):
-        config = dataclasses.replace(config, tie_weights=False)
-    model = meta_gpt(config)
-    keys = list(model.state_dict())
-    meta = _Recording(files.meta())
-    check_shapes(model, names.iter_from_hf(meta, config, keys, family.name),
-                 lambda ours: f"{ours} ({files.describe(meta.last)})")
+    try:
+        check_layer_count(config.n_layer, files, names.layer, base=names.base)
+        if read_head and config.tie_weights and names.head_is_untied(files):
+            config = dataclasses.replace(config, tie_weights=False)
+        model = meta_gpt(config)
+        keys = list(model.state_dict())
+        meta = _Recording(files.meta())
+        check_shapes(model, names.iter_from_hf(meta, config, keys, family.name),
+                     lambda ours: f"{ours} ({files.describe(meta.last)})")
+    except ValueError as err:
+        raise ValueError(f"{err}{chosen_weights(directory)}") from None
     return OpenedWeights(config, model, files,
                          lambda: names.iter_from_hf(files, config, keys, family.name))
 

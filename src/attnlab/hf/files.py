@@ -50,6 +50,20 @@ def read_weights(directory: Path) -> TensorFiles | BinTensors:
     )
 
 
+def chosen_weights(directory: Path) -> str:
+    """"; read from model.safetensors, not model.safetensors.index.json beside it" where the
+    directory holds more than one kind of weights (a stale file from an older download), ""
+    otherwise: what an error about the weights adds, so that it names the file read.
+    `read_weights` picks in transformers' order (modeling_utils: model.safetensors, then the
+    index, then pytorch_model.bin)."""
+    present = [name for name in (SAFETENSORS_FILE, SAFETENSORS_INDEX, TORCH_FILE)
+               if (directory / name).is_file()]
+    if len(present) < 2:
+        return ""
+    return (f"; read from {present[0]}, not {' or '.join(present[1:])} beside it (transformers "
+            "reads the same one); remove the stale file")
+
+
 def _sharded(directory: Path) -> TensorFiles:
     """The shard files model.safetensors.index.json names, checked: plain file names next to
     it, each tensor in the shard the index says."""
