@@ -363,6 +363,22 @@ class Opaque(Tokenizer):
         return {}
 
 
+def test_info_reports_special_ids_outside_the_tokenizer_and_finishes(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """generation_config.json may name ids the tokenizer lacks (generate runs: it never
+    samples them); info said "cannot decode id 999999" and stopped mid-report."""
+    llama(tie=True).save_pretrained(tmp_path)
+    write_tokenizer(tmp_path)
+    (tmp_path / "generation_config.json").write_text(json.dumps(
+        {"eos_token_id": [999999, 1], "bos_token_id": 50}))
+    assert main(["info", str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    assert ("generation stops at eos id 999999 (not in the tokenizer) or '</s>' (1); "
+            "bos id 50 (not in the tokenizer) prepended") in out
+    assert "generation  bos_token_id=50, eos_token_id=[999999, 1]" in out  # the last line
+
+
 def test_info_reads_a_directory_without_a_tokenizer(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
