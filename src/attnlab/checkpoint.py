@@ -475,7 +475,7 @@ def load_train_state(directory: str | Path, *, mmap: bool = False) -> dict[str, 
                                            mmap=mmap)
     except Exception as err:  # UnpicklingError for unsafe content, RuntimeError for truncation
         raise ValueError(
-            f"refusing or unable to load {path}: {_unpickling_reason(err)}. attnlab only loads "
+            f"refusing or unable to load {path}: {unpickling_reason(err)}. attnlab only loads "
             "plain tensors and containers (weights_only=True); the file is corrupted or not "
             "from attnlab"
         ) from err
@@ -493,7 +493,7 @@ def train_state_problem(directory: str | Path) -> str | None:
     return None
 
 
-def _unpickling_reason(err: Exception) -> str:
+def unpickling_reason(err: Exception) -> str:
     """The line of torch's message that says what was refused ("Trying to load unsupported
     GLOBAL posix.system ..."), without the paragraphs around it that suggest weights_only=False
     or allowlisting the global, i.e. running the code after all."""

@@ -484,3 +484,51 @@ def test_a_stale_single_file_beside_an_index_is_read_and_named(tmp_path: Path) -
                        r"model\.safetensors\.index\.json beside it \(transformers reads the "
                        r"same one\); remove the stale file$"):
         load_hf(tmp_path)
+
+
+def test_a_legacy_pytorch_bin_loads_after_the_fit_check_counts_it_whole(
+        tmp_path: Path) -> None:
+    """torch.save's pre-1.6 format cannot be memory-mapped (torch's mmap refused it): opening
+    reads its names and shapes alone, the load reads it whole, and the fit check counts
+    that (every tensor beside the model, not the largest one)."""
+    from attnlab.load import inspect_dir
+
+    hf = llama(tie=False)
+    hf.save_pretrained(tmp_path / "hf")
+    (tmp_path / "bin").mkdir()
+    (tmp_path / "bin" / "config.json").write_text((tmp_path / "hf" / "config.json").read_text())
+    state = hf.state_dict()
+    torch.save(state, tmp_path / "bin" / "pytorch_model.bin",
+               _use_new_zipfile_serialization=False)
+    info = inspect_dir(tmp_path / "bin")
+    assert info.largest_tensor == sum(t.nbytes for t in state.values())
+    logits_equal(hf, load_hf(tmp_path / "bin"))
+
+
+class _Payload:
+    """Unpickling this calls os.mkdir(marker): code from the file."""
+
+    def __init__(self, marker: Path) -> None:
+        self.marker = marker
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        import os
+
+        return os.mkdir, (str(self.marker),)
+
+
+@pytest.mark.parametrize("legacy", [False, True])
+def test_a_pytorch_bin_with_code_is_refused_for_safety_without_torchs_advice(
+        tmp_path: Path, legacy: bool) -> None:
+    llama(tie=False).save_pretrained(tmp_path)
+    (tmp_path / "model.safetensors").unlink()
+    marker = tmp_path / "pwned"
+    torch.save({"lm_head.weight": _Payload(marker)}, tmp_path / "pytorch_model.bin",
+               _use_new_zipfile_serialization=not legacy)
+    with pytest.raises(ValueError) as refused:
+        load_hf(tmp_path)
+    message = str(refused.value)
+    assert not marker.exists() and "\n" not in message
+    assert message.startswith(f"refusing {tmp_path / 'pytorch_model.bin'} for safety: ")
+    assert "convert it to model.safetensors" in message
+    assert "weights_only` set to `False`" not in message and "will likely succeed" not in message
