@@ -340,23 +340,36 @@ _READ_TRIES = 5
 @dataclass
 class OpenedWeights:
     """A model directory opened and checked, nothing allocated: its config and meta-device
-    model, the weight files (headers read), and which file tensor fills each parameter."""
+    model, the weight files (headers read), and which file tensor fills each parameter.
+
+    `decide` is set where the config ties the head to the token table but the files store a
+    head too (Hugging Face directories): until then the head counts as its own parameter
+    (the worst case), and `decided()` compares the two a slice at a time and returns the
+    weights as they load: tied if equal, untied (as transformers does) if not."""
 
     config: GPTConfig
     model: GPT  # on the meta device
     files: WeightFiles
     #: (parameter, tensor) for every parameter but a tied head, read as it is iterated
     tensors: Callable[[], Iterable[tuple[str, torch.Tensor]]]
+    decide: Callable[[], OpenedWeights] | None = None
+
+    def decided(self) -> OpenedWeights:
+        """These weights with a stored head's tie settled (`decide`): reads the head and the
+        token table a slice at a time, never either whole."""
+        return self if self.decide is None else self.decide()
 
     def fill(self, dtype: torch.dtype | str | None, device: torch.device, force: bool,
              progress: Progress | None = None) -> GPT:
-        """The model on `device` in `dtype`, once `check_memory` agrees (or `force`);
-        progress: `materialize`'s."""
+        """The model on `device` in `dtype`, once `check_memory` agrees (or `force`), before
+        any tensor is read (a stored head counted as its own: `decide`); progress:
+        `materialize`'s."""
         dtype = load_dtype(dtype)
         check_memory(self.model.num_params(non_embedding=False), dtype or torch.float32,
                      device, extra=self.files.largest(), force=force)
         try:
-            return materialize(self.model, self.tensors(), dtype=dtype, device=device,
+            opened = self.decided()
+            return materialize(opened.model, opened.tensors(), dtype=dtype, device=device,
                                progress=progress)
         finally:
             self.files.forget()

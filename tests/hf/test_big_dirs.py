@@ -8,12 +8,15 @@ in the suite; peak memory is each subprocess's own VmHWM (benchmarks/loading.py)
 from __future__ import annotations
 
 import json
+import math
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
 
+import attnlab.model.tensorfile as tensorfile
 from attnlab import inspect_dir, load_hf
 from attnlab.model.memory import DoesNotFitError, check_memory
 
@@ -161,3 +164,71 @@ def test_force_loads_what_the_check_would_refuse(monkeypatch: pytest.MonkeyPatch
     assert "(7,024 parameters) but this machine has 1.0 kB free" in err and "--force" in err, err
     assert main([*argv, "--force"]) == 0
     assert main(["heads", str(data), "--force"]) == 0
+
+
+def _tied_with_a_stored_head(directory: Path, **values: Any) -> Path:
+    """TINY's files (which store lm_head.weight) under a config that ties the head."""
+    sparse_hf_dir(directory, TINY, shards=2, **values)
+    config = json.loads((directory / "config.json").read_text())
+    (directory / "config.json").write_text(json.dumps({**config, "tie_word_embeddings": True}))
+    return directory
+
+
+def _reads(monkeypatch: pytest.MonkeyPatch) -> list[tuple[str, int]]:
+    """(tensor, bytes) of every read from a safetensors file from now on."""
+    reads: list[tuple[str, int]] = []
+    read_tensor, read_rows = tensorfile.read_tensor, tensorfile.read_rows
+
+    def whole(info: Any) -> torch.Tensor:
+        reads.append((info.name, info.nbytes))
+        return read_tensor(info)
+
+    def rows(info: Any, start: int, stop: int) -> torch.Tensor:
+        out = read_rows(info, start, stop)
+        reads.append((info.name, out.nbytes))
+        return out
+
+    monkeypatch.setattr(tensorfile, "read_tensor", whole)
+    monkeypatch.setattr(tensorfile, "read_rows", rows)
+    return reads
+
+
+UNTIED = sum(math.prod(shape) for shape in hf_shapes(TINY).values())  # a head of its own
+
+
+def test_a_stored_head_of_a_tied_config_is_counted_before_it_is_read(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The fit check comes first and counts the head as its own (the worst case): a 70B-shaped
+    directory read its head and token table whole (3.1 GB, 14 s) only to be refused."""
+    import attnlab.model.memory as memory
+
+    directory = _tied_with_a_stored_head(tmp_path / "tied", seed=0)
+    reads = _reads(monkeypatch)
+    monkeypatch.setattr(memory, "available_bytes", lambda device: 1000)
+    with pytest.raises(DoesNotFitError, match=rf"\({UNTIED:,} parameters\)"):
+        load_hf(directory)
+    assert reads == []
+
+
+@pytest.mark.parametrize("equal", [False, True])
+def test_info_compares_a_stored_head_in_slices_and_agrees_with_the_load(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, equal: bool) -> None:
+    """info counted a stored head that differs from the table as tied (fewer parameters and
+    bytes than the load holds); now it compares them, COMPARE_PIECE bytes at a time."""
+    directory = _tied_with_a_stored_head(tmp_path / "tied", **(
+        {"fill": b"\x3c\x3f"} if equal else {"seed": 0}))  # fill: every tensor alike
+    monkeypatch.setattr(tensorfile, "COMPARE_PIECE", 1000)
+    reads = _reads(monkeypatch)
+    info = inspect_dir(directory)
+    table = TINY["vocab_size"] * TINY["hidden_size"] * 2  # bf16 bytes
+    assert reads and all(nbytes <= 1000 for _, nbytes in reads), reads
+    assert {name for name, _ in reads} == {"lm_head.weight", "model.embed_tokens.weight"}
+    assert sum(nbytes for _, nbytes in reads) == (2 * table if equal else 2 * 896)  # (7, 64)
+    tied = UNTIED - TINY["vocab_size"] * TINY["hidden_size"]
+    assert info.parameters == (tied if equal else UNTIED)
+    assert info.config.tie_weights is equal
+    assert any(("equal to the table" if equal else "differs from it") in n for n in info.notes)
+    model = load_hf(directory)
+    assert model.num_params(non_embedding=False) == info.parameters
+    assert (model.lm_head.weight is model.wte.weight) is equal
+

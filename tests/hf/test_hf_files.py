@@ -532,3 +532,19 @@ def test_a_pytorch_bin_with_code_is_refused_for_safety_without_torchs_advice(
     assert message.startswith(f"refusing {tmp_path / 'pytorch_model.bin'} for safety: ")
     assert "convert it to model.safetensors" in message
     assert "weights_only` set to `False`" not in message and "will likely succeed" not in message
+
+
+def test_a_tied_pytorch_bin_with_a_stored_head_is_compared_as_safetensors_are(
+        tmp_path: Path) -> None:
+    hf = llama(tie=True)
+    hf.save_pretrained(tmp_path)
+    (tmp_path / "model.safetensors").unlink()
+    state = {k: v.clone() for k, v in hf.state_dict().items()}  # lm_head.weight included
+    torch.save(state, tmp_path / "pytorch_model.bin")
+    ours = load_hf(tmp_path)
+    assert ours.lm_head.weight is ours.wte.weight
+    state["lm_head.weight"] = torch.randn_like(state["lm_head.weight"])
+    torch.save(state, tmp_path / "pytorch_model.bin")
+    ours = load_hf(tmp_path)
+    assert not ours.config.tie_weights
+    assert torch.equal(ours.lm_head.weight, state["lm_head.weight"])

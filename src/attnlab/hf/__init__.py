@@ -29,6 +29,7 @@ from ..model.materialize import (
     meta_gpt,
 )
 from ..model.runtime import resolve_device
+from ..model.tensorfile import TensorFiles
 from ..tokenizers import Tokenizer, check_fits
 from ..tokenizers.hf_dir import (
     CONFIG_FILE,
@@ -39,7 +40,7 @@ from ..tokenizers.hf_dir import (
     read_hf_config,
 )
 from .fields import Fields
-from .files import SAFETENSORS_FILE, chosen_weights, read_weights, write_hf_dir
+from .files import SAFETENSORS_FILE, BinTensors, chosen_weights, read_weights, write_hf_dir
 from .gpt2 import GPT2
 from .gpt_neox import GPT_NEOX
 from .llama import LLAMA, MISTRAL
@@ -164,12 +165,13 @@ def load_hf(
     return open_hf_weights(path, dropout=dropout).fill(dtype, device, force, progress)
 
 
-def open_hf_weights(path: str | Path, *, dropout: float = 0.0,
-                    read_head: bool = True) -> OpenedWeights:
+def open_hf_weights(path: str | Path, *, dropout: float = 0.0) -> OpenedWeights:
     """A Hugging Face directory's config and weight files, checked against each other by
-    the headers alone, nothing allocated; ValueError naming the first tensor that does not
-    fit. A tied config whose file stores a head is read to see whether the head is the
-    token table (transformers unties it otherwise); `read_head=False` trusts the config."""
+    the headers alone, nothing allocated or read; ValueError naming the first tensor that
+    does not fit. A tied config whose files store a head too opens untied, the head counted
+    as its own (the worst case), with `decide` set: `OpenedWeights.decided()` compares head
+    and token table a slice at a time and ties them if equal (transformers 5 unties them
+    otherwise), after the fit check (`fill`) or for `inspect_dir`."""
     directory = Path(path)
     hf_config = read_hf_config(directory)
     config = config_from_hf(hf_config, dropout=dropout)  # before the weights are opened
@@ -178,15 +180,33 @@ def open_hf_weights(path: str | Path, *, dropout: float = 0.0,
     names = family.weights
     try:
         check_layer_count(config.n_layer, files, names.layer, base=names.base)
-        if read_head and config.tie_weights and names.head_is_untied(files):
-            config = dataclasses.replace(config, tie_weights=False)
-        model = meta_gpt(config)
-        keys = list(model.state_dict())
+        stored = names.stored_head(files) if config.tie_weights else None
+        untied = config if stored is None else dataclasses.replace(config, tie_weights=False)
+        opened = _opened(untied, files, family)
+    except ValueError as err:
+        raise ValueError(f"{err}{chosen_weights(directory)}") from None
+    if stored is None:
+        return opened
+
+    def decide() -> OpenedWeights:
+        # the head was checked in its own right; tied, it is the token table, checked too
+        return _opened(config, files, family, check=False) if files.same(*stored) else \
+            dataclasses.replace(opened, decide=None)
+
+    return dataclasses.replace(opened, decide=decide)
+
+
+def _opened(config: GPTConfig, files: TensorFiles | BinTensors, family: Family,
+            check: bool = True) -> OpenedWeights:
+    """`config`'s meta model and the file tensors that fill it, their names, shapes and
+    dtypes checked from the headers (`check`)."""
+    names = family.weights
+    model = meta_gpt(config)
+    keys = list(model.state_dict())
+    if check:
         meta = _Recording(files.meta())
         check_shapes(model, names.iter_from_hf(meta, config, keys, family.name),
                      lambda ours: f"{ours} ({files.describe(meta.last)})")
-    except ValueError as err:
-        raise ValueError(f"{err}{chosen_weights(directory)}") from None
     return OpenedWeights(config, model, files,
                          lambda: names.iter_from_hf(files, config, keys, family.name))
 

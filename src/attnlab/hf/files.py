@@ -29,7 +29,7 @@ import torch
 from torch import Tensor
 
 from ..checkpoint import unpickling_reason
-from ..model.tensorfile import TensorFiles, by_dtype
+from ..model.tensorfile import COMPARE_PIECE, TensorFiles, by_dtype
 from ..tokenizers import HFTokenizer, TiktokenTokenizer, Tokenizer
 from ..tokenizers.hf_dir import CONFIG_FILE, TOKENIZER_CONFIG, TOKENIZER_FILES, as_hf_backend
 
@@ -168,6 +168,18 @@ class BinTensors(Mapping[str, Tensor]):
         legacy one, read whole."""
         sizes = self._sizes()
         return sum(sizes) if self.legacy else max(sizes, default=0)
+
+    def same(self, a: str, b: str) -> bool:
+        """Whether tensors `a` and `b` hold equal values, compared COMPARE_PIECE bytes of
+        rows at a time (a mapped file's pages are read as each slice is compared)."""
+        x, y = self[a], self[b]
+        if x.shape != y.shape:
+            return False
+        if x.dim() == 0:
+            return torch.equal(x, y)
+        rows = max(1, COMPARE_PIECE * x.shape[0] // max(x.nbytes, y.nbytes, 1))
+        return all(torch.equal(x[start:start + rows], y[start:start + rows])
+                   for start in range(0, x.shape[0], rows))
 
     def stored(self) -> dict[torch.dtype, int]:
         return by_dtype((dtype, math.prod(shape) * dtype.itemsize)
