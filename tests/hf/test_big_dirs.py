@@ -39,7 +39,11 @@ TINY = {**LLAMA_1B, "hidden_size": 64, "intermediate_size": 128, "num_hidden_lay
 
 @pytest.fixture(scope="module")
 def llama_70b(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return sparse_hf_dir(tmp_path_factory.mktemp("big") / "llama-70b", LLAMA_70B)
+    directory = sparse_hf_dir(tmp_path_factory.mktemp("big") / "llama-70b", LLAMA_70B)
+    # a tokenizer: a directory without one is refused for that first, before the fit check
+    tokenizer = Path(__file__).resolve().parents[1] / "data" / "v0.2_hf_llama" / "tokenizer.json"
+    (directory / "tokenizer.json").write_bytes(tokenizer.read_bytes())
+    return directory
 
 
 def test_info_on_a_70b_directory_reads_metadata_only(llama_70b: Path) -> None:
@@ -59,7 +63,7 @@ def test_info_on_a_70b_directory_reads_metadata_only(llama_70b: Path) -> None:
 
 
 def test_loading_what_cannot_fit_is_one_line(llama_70b: Path) -> None:
-    run = measure(CLI_RUN, argv=["generate", str(llama_70b), "hi", "--max_new_tokens", "1"])
+    run = measure(CLI_RUN, argv=["generate", str(llama_70b), "hat", "--max_new_tokens", "1"])
     line = run["stderr"]
     assert run["exit"] == 1 and len(line.splitlines()) == 1 and "Traceback" not in line, run
     assert "needs 284.3 GB in float32 (70.55B parameters)" in line and "--force" in line
@@ -232,3 +236,15 @@ def test_info_compares_a_stored_head_in_slices_and_agrees_with_the_load(
     assert model.num_params(non_embedding=False) == info.parameters
     assert (model.lm_head.weight is model.wte.weight) is equal
 
+
+def test_a_directory_without_a_tokenizer_fails_before_its_weights_are_read(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A 1B directory without a tokenizer was loaded whole (21 s, 2.7 GB) before it failed."""
+    from attnlab.load import load_checkpoint
+    from attnlab.tokenizers import NoTokenizerError
+
+    directory = sparse_hf_dir(tmp_path / "notok", TINY, shards=2)
+    reads = _reads(monkeypatch)
+    with pytest.raises(NoTokenizerError):
+        load_checkpoint(directory)
+    assert reads == []

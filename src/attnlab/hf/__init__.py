@@ -240,11 +240,13 @@ def load_hf_checkpoint(
     progress: Progress | None = None,
 ) -> Checkpoint:
     """Model and tokenizer of a Hugging Face directory, as `load_checkpoint` returns them;
-    meta names the family and architecture."""
-    model = load_hf(directory, dtype, map_location=map_location, force=force,
-                    progress=progress)
-    tokenizer = load_hf_tokenizer(directory, model.config.vocab_size)
-    check_fits(tokenizer, model.config.vocab_size)
+    meta names the family and architecture. The tokenizer is read and checked before the
+    weights: a directory without one fails at once, not after the load."""
+    device = resolve_device(str(map_location))  # a missing CUDA named before any reading
+    opened = open_hf_weights(directory)
+    tokenizer = load_hf_tokenizer(directory, opened.config.vocab_size)
+    check_fits(tokenizer, opened.config.vocab_size)
+    model = opened.fill(dtype, device, force, progress)
     family = family_of(read_hf_config(directory))
     meta = {"source": "huggingface", "family": family.name,
             "architecture": family.architecture}
