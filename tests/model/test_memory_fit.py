@@ -107,3 +107,29 @@ def test_free_memory_of_a_device_type_neither_cpu_nor_cuda_is_unknown() -> None:
     for device in ("meta", "mps", "xpu"):
         assert memory.available_bytes(device) is None
         assert fit_report(10, device)["float32"]["fits"] is None
+
+
+def test_cpu_free_memory_is_capped_by_a_cgroup_v1_limit(fake_proc, tmp_path: Path) -> None:
+    v1 = tmp_path / "sys/fs/cgroup/memory"
+    v1.mkdir()
+    fake_proc(2_000_000)
+    (v1 / "memory.limit_in_bytes").write_text("1000000000\n")
+    (v1 / "memory.usage_in_bytes").write_text("400000000\n")
+    assert memory.available_bytes("cpu") == 600_000_000
+    (v1 / "memory.limit_in_bytes").write_text("9223372036854771712\n")  # v1's "no limit"
+    assert memory.available_bytes("cpu") == 2_000_000 * 1024
+
+
+def test_cpu_free_memory_is_capped_by_the_address_space_limit(
+        fake_proc, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """prlimit --as / ulimit -v: past it every allocation fails whatever MemAvailable says."""
+    import resource
+
+    fake_proc(8_000_000)
+    (tmp_path / "proc/self").mkdir()
+    (tmp_path / "proc/self/status").write_text("Name: python\nVmSize:  1000000 kB\n")
+    monkeypatch.setattr(resource, "getrlimit", lambda which: (
+        (4 * GB, resource.RLIM_INFINITY) if which == resource.RLIMIT_AS else (-1, -1)))
+    assert memory.available_bytes("cpu") == 4 * GB - 1_000_000 * 1024
+    monkeypatch.setattr(resource, "getrlimit", lambda which: (resource.RLIM_INFINITY,) * 2)
+    assert memory.available_bytes("cpu") == 8_000_000 * 1024

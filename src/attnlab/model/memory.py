@@ -2,9 +2,10 @@
 line that says so before a load starts instead of the out-of-memory killer after.
 
 `check_memory` is what loaders call with the bytes they are about to allocate; `fit_report`
-is what `attnlab info` prints for every dtype. Free memory is the kernel's MemAvailable
-(capped by the container's cgroup limit) for the CPU and `torch.cuda.mem_get_info` for a
-GPU; elsewhere (MPS) it is unknown and nothing is refused.
+is what `attnlab info` prints for every dtype. Free memory on the CPU is the least of the
+kernel's MemAvailable, what the container's memory limit leaves (cgroup v2 or v1) and what
+the process's address-space limit leaves (RLIMIT_AS: `ulimit -v`, `prlimit --as`); on a GPU
+`torch.cuda.mem_get_info`; elsewhere (MPS) it is unknown and nothing is refused.
 """
 
 from __future__ import annotations
@@ -52,7 +53,8 @@ def available_bytes(device: str | torch.device) -> int | None:
         return int(free)
     if device.type != "cpu":
         return None
-    known = [n for n in (_meminfo_available(), _cgroup_free()) if n is not None]
+    known = [n for n in (_meminfo_available(), _cgroup_free(), _cgroup_v1_free(),
+                         _address_space_free()) if n is not None]
     return min(known) if known else None
 
 
@@ -79,6 +81,42 @@ def _cgroup_free() -> int | None:
         return max(int(limit) - int((root / "memory.current").read_text()), 0)
     except (OSError, ValueError):
         return None
+
+
+#: cgroup v1 writes "no limit" as the largest page-aligned signed 64-bit count (2**63 - 4096
+#: on x86-64); anything this large is no limit
+_V1_UNLIMITED = 1 << 60
+
+
+def _cgroup_v1_free() -> int | None:
+    """What the container's memory limit leaves (cgroup v1), or None without one."""
+    root = Path("/sys/fs/cgroup/memory")
+    try:
+        limit = int((root / "memory.limit_in_bytes").read_text())
+        if limit >= _V1_UNLIMITED:
+            return None
+        return max(limit - int((root / "memory.usage_in_bytes").read_text()), 0)
+    except (OSError, ValueError):
+        return None
+
+
+def _address_space_free() -> int | None:
+    """What the process's address-space limit (RLIMIT_AS) leaves of its virtual size, or
+    None without one: past it every allocation fails, however much memory is free."""
+    try:
+        import resource  # POSIX only
+    except ImportError:
+        return None
+    soft, _ = resource.getrlimit(resource.RLIMIT_AS)
+    if soft == resource.RLIM_INFINITY:
+        return None
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("VmSize:"):
+                return max(soft - int(line.split()[1]) * 1024, 0)
+    except (OSError, ValueError, IndexError):
+        pass
+    return soft  # the virtual size unknown: the limit itself bounds what is left
 
 
 def check_memory(params: int, dtype: torch.dtype, device: str | torch.device, *,
