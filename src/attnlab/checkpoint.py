@@ -24,7 +24,6 @@ import shutil
 import threading
 import time
 import types
-from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Union, get_args, get_origin, get_type_hints
@@ -33,16 +32,15 @@ import torch
 
 from .model.gpt import GPT, GPTConfig
 from .model.materialize import (
+    OpenedWeights,
     Progress,
     check_layer_count,
     check_shapes,
-    load_dtype,
-    materialize,
     meta_gpt,
+    mismatch,
 )
-from .model.memory import check_memory
 from .model.runtime import resolve_device
-from .model.tensorfile import TensorFiles, WeightFiles
+from .model.tensorfile import TensorFiles
 from .tokenizers import Tokenizer, check_fits, load_tokenizer
 
 WEIGHTS_FILE = "model.safetensors"
@@ -337,44 +335,6 @@ def _identity(directory: Path) -> tuple[int, int] | None:
 _READ_TRIES = 5
 
 
-@dataclass
-class OpenedWeights:
-    """A model directory opened and checked, nothing allocated: its config and meta-device
-    model, the weight files (headers read), and which file tensor fills each parameter.
-
-    `decide` is set where the config ties the head to the token table but the files store a
-    head too (Hugging Face directories): until then the head counts as its own parameter
-    (the worst case), and `decided()` compares the two a slice at a time and returns the
-    weights as they load: tied if equal, untied (as transformers does) if not."""
-
-    config: GPTConfig
-    model: GPT  # on the meta device
-    files: WeightFiles
-    #: (parameter, tensor) for every parameter but a tied head, read as it is iterated
-    tensors: Callable[[], Iterable[tuple[str, torch.Tensor]]]
-    decide: Callable[[], OpenedWeights] | None = None
-
-    def decided(self) -> OpenedWeights:
-        """These weights with a stored head's tie settled (`decide`): reads the head and the
-        token table a slice at a time, never either whole."""
-        return self if self.decide is None else self.decide()
-
-    def fill(self, dtype: torch.dtype | str | None, device: torch.device, force: bool,
-             progress: Progress | None = None) -> GPT:
-        """The model on `device` in `dtype`, once `check_memory` agrees (or `force`), before
-        any tensor is read (a stored head counted as its own: `decide`); progress:
-        `materialize`'s."""
-        dtype = load_dtype(dtype)
-        check_memory(self.model.num_params(non_embedding=False), dtype or torch.float32,
-                     device, extra=self.files.largest(), force=force)
-        try:
-            opened = self.decided()
-            return materialize(opened.model, opened.tensors(), dtype=dtype, device=device,
-                               progress=progress)
-        finally:
-            self.files.forget()
-
-
 def open_attnlab_weights(directory: Path, config: GPTConfig) -> OpenedWeights:
     """The checkpoint's model.safetensors checked against `config` by its header alone;
     ValueError naming the first tensor that does not fit."""
@@ -387,7 +347,7 @@ def open_attnlab_weights(directory: Path, config: GPTConfig) -> OpenedWeights:
         names = _file_names(files, config)
         model = meta_gpt(config)
         metas = files.meta()
-        summary = _mismatch(model, {ours: metas[name] for ours, name in names.items()})
+        summary = mismatch(model, {ours: metas[name] for ours, name in names.items()})
         if summary:
             raise ValueError(summary)
         if config.tie_weights:  # one tensor, filled under the table's name
@@ -451,30 +411,6 @@ def _weights(model: GPT, to_host: bool = False
         del state[dropped]
         metadata[dropped] = kept
     return state, metadata
-
-
-def _mismatch(model: GPT, state: dict[str, torch.Tensor], show: int = 3) -> str:
-    """One line saying how `state` differs from `model`'s tensors ("" if it fits): counts,
-    and the first few names with both shapes (torch lists every tensor, 32 lines for a
-    2-layer model of another width)."""
-    expected = {name: tuple(t.shape) for name, t in model.state_dict().items()}
-
-    def first(names: list[str]) -> str:
-        return ", ".join(names[:show]) + (", ..." if len(names) > show else "")
-
-    shapes = [f"{n} {tuple(state[n].shape)} vs {expected[n]}" for n in expected
-              if n in state and tuple(state[n].shape) != expected[n]]
-    missing = [n for n in expected if n not in state]
-    unexpected = [n for n in state if n not in expected]
-    parts = []
-    if shapes:
-        parts.append(f"{len(shapes)} of {len(expected)} tensors have other shapes (file vs "
-                     f"config: {first(shapes)})")
-    if missing:
-        parts.append(f"{len(missing)} missing ({first(missing)})")
-    if unexpected:
-        parts.append(f"{len(unexpected)} unexpected ({first(unexpected)})")
-    return "; ".join(parts)
 
 
 def load_train_state(directory: str | Path, *, mmap: bool = False) -> dict[str, Any]:

@@ -16,13 +16,12 @@ import torch
 from .checkpoint import (
     STATE_FILE,
     Checkpoint,
-    OpenedWeights,
     load_attnlab_checkpoint,
     open_attnlab_dir,
 )
 from .hf import family_of, load_hf_checkpoint, open_hf_weights
 from .model.config import GPTConfig
-from .model.materialize import Progress
+from .model.materialize import OpenedWeights, Progress
 from .model.memory import fit_report
 from .tokenizers import NoTokenizerError, Tokenizer, check_fits, load_hf_tokenizer, load_tokenizer
 from .tokenizers.hf_dir import GENERATION_CONFIG, is_hf_dir, read_hf_config, read_json

@@ -19,9 +19,10 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from ..checkpoint import Checkpoint, OpenedWeights
+from ..checkpoint import Checkpoint
 from ..model.gpt import GPT, GPTConfig
 from ..model.materialize import (
+    OpenedWeights,
     Progress,
     check_layer_count,
     check_shapes,
