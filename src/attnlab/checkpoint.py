@@ -24,6 +24,7 @@ import shutil
 import threading
 import time
 import types
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Union, get_args, get_origin, get_type_hints
@@ -39,6 +40,7 @@ from .model.materialize import (
     meta_gpt,
     mismatch,
 )
+from .model.memory import Use
 from .model.runtime import resolve_device
 from .model.tensorfile import TensorFiles
 from .tokenizers import Tokenizer, check_fits, load_tokenizer
@@ -369,22 +371,54 @@ def open_attnlab_dir(directory: str | Path) -> tuple[Path, dict[str, Any], Opene
     return directory, meta, open_attnlab_weights(directory, config)
 
 
+def open_attnlab_checkpoint(directory: str | Path) -> OpenedCheckpoint:
+    """An attnlab checkpoint (or run) directory opened: config, meta, tokenizer (read and
+    checked against the config) and the weights' header, nothing allocated."""
+    directory, meta, opened = open_attnlab_dir(directory)
+    tokenizer = load_tokenizer(directory)
+    check_fits(tokenizer, opened.config.vocab_size)
+    return OpenedCheckpoint(directory, opened, tokenizer, meta)
+
+
 def _load(directory: Path, map_location: str | torch.device,
           dtype: torch.dtype | str | None = None,
           force: bool = False, progress: Progress | None = None) -> Checkpoint:
-    directory, meta, opened = open_attnlab_dir(directory)
-    config = opened.config
-    device = resolve_device(str(map_location))  # a missing CUDA is not a corrupted file
-    tokenizer = load_tokenizer(directory)
-    check_fits(tokenizer, config.vocab_size)
-    try:
-        model = opened.fill(dtype, device, force, progress)
-    except ValueError as err:  # e.g. the file ended early: was it replaced meanwhile?
-        if (directory / WEIGHTS_FILE).exists():
-            raise
-        raise FileNotFoundError(f"{directory / WEIGHTS_FILE} was removed while it was read (a "
-                                "training run replacing the checkpoint?); load it again") from err
-    return Checkpoint(model, tokenizer, meta, directory)
+    opened = open_attnlab_checkpoint(directory)
+    return opened.load(map_location=map_location, dtype=dtype, force=force, progress=progress)
+
+
+@dataclass
+class OpenedCheckpoint:
+    """A model directory opened and checked, the tensors not read: its config, meta-device
+    model, tokenizer and meta (`attnlab.load.open_checkpoint`). A caller sizes its work by
+    them (prompt lengths, a KV cache) and then `load`s it with that work counted in the fit
+    check. `weights.model` counts a tied config's stored head as its own until the load
+    compares it with the token table (`OpenedWeights.decide`)."""
+
+    path: Path
+    weights: OpenedWeights
+    tokenizer: Tokenizer
+    meta: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def config(self) -> GPTConfig:
+        return self.weights.config
+
+    def load(self, *, map_location: str | torch.device = "cpu",
+             dtype: torch.dtype | str | None = None, force: bool = False,
+             progress: Progress | None = None, uses: Sequence[Use] = ()) -> Checkpoint:
+        """The checkpoint, as `load_checkpoint` returns it, once the model and `uses` (what
+        the caller allocates beside it) fit in the memory `map_location` has free."""
+        device = resolve_device(str(map_location))  # a missing CUDA is not a corrupted file
+        try:
+            model = self.weights.fill(dtype, device, force, progress, uses)
+        except ValueError as err:  # e.g. a file ended early: was it replaced meanwhile?
+            gone = [p for p in self.weights.files.paths() if not p.exists()]
+            if not gone:
+                raise
+            raise FileNotFoundError(f"{gone[0]} was removed while it was read (a training run "
+                                    "replacing the checkpoint?); load it again") from err
+        return Checkpoint(model, self.tokenizer, self.meta, self.path)
 
 
 def _file_names(files: TensorFiles, config: GPTConfig) -> dict[str, str]:

@@ -16,10 +16,12 @@ import torch
 from .checkpoint import (
     STATE_FILE,
     Checkpoint,
+    OpenedCheckpoint,
     load_attnlab_checkpoint,
+    open_attnlab_checkpoint,
     open_attnlab_dir,
 )
-from .hf import family_of, load_hf_checkpoint, open_hf_weights
+from .hf import family_of, load_hf_checkpoint, open_hf_checkpoint, open_hf_weights
 from .model.config import GPTConfig
 from .model.materialize import OpenedWeights, Progress
 from .model.memory import fit_report
@@ -50,6 +52,16 @@ def load_checkpoint(
                                   force=force, progress=progress)
     return load_attnlab_checkpoint(directory, map_location=map_location, dtype=dtype,
                                    force=force, progress=progress)
+
+
+def open_checkpoint(directory: str | Path) -> OpenedCheckpoint:
+    """A model directory of either kind opened and checked as `load_checkpoint` checks it
+    (config, weight headers, tokenizer), nothing allocated: `.config`, `.tokenizer` and
+    `.weights.model` (meta device) size what a caller will run, and `.load(...,
+    uses=[memory.Use(...)])` loads it once the model and those uses fit."""
+    if is_hf_dir(directory):
+        return open_hf_checkpoint(directory)
+    return open_attnlab_checkpoint(directory)
 
 
 @dataclass

@@ -77,7 +77,7 @@ def test_the_message_names_what_would_fit(monkeypatch: pytest.MonkeyPatch) -> No
 
     monkeypatch.setattr(memory, "available_bytes", lambda device: 10 * 10**9)
     with pytest.raises(DoesNotFitError, match=r"in bfloat16 it needs 8\.0 GB, which fits: "
-                                              r"--dtype bfloat16"):
+                                              r"dtype=torch\.bfloat16; force=True tries"):
         check_memory(4 * 10**9, torch.float32, "cpu")
     with pytest.raises(DoesNotFitError, match=r"about 5\.00B parameters fit here"):
         check_memory(8 * 10**9, torch.bfloat16, "cpu")
@@ -165,7 +165,8 @@ def test_force_loads_what_the_check_would_refuse(monkeypatch: pytest.MonkeyPatch
     assert main(argv) == 1
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "the model needs 32.2 kB in float32" in err, err
-    assert "(7,024 parameters) but this machine has 1.0 kB free" in err and "--force" in err, err
+    assert "(7,024 parameters), the KV cache for 1 row of 4 positions" in err, err
+    assert "but this machine has 1.0 kB free" in err and "--force tries anyway" in err, err
     assert main([*argv, "--force"]) == 0
     assert main(["heads", str(data), "--force"]) == 0
 
@@ -248,3 +249,29 @@ def test_a_directory_without_a_tokenizer_fails_before_its_weights_are_read(
     with pytest.raises(NoTokenizerError):
         load_checkpoint(directory)
     assert reads == []
+
+
+def test_generate_counts_its_kv_cache_and_packed_weights_before_loading(
+        monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    """The fit check counted the weights and one tensor; a 131,000-token generation then
+    allocated its KV cache (GBs) past what was free. Now it counts the cache for the batch
+    and prompt + new tokens, the decode step's stacked q/k/v copy (2 layers of three 16 x 16
+    float32 matrices here) and --weights float16's packed copies."""
+    import attnlab.model.memory as memory
+    from attnlab.cli import main
+
+    data = Path(__file__).resolve().parents[1] / "data" / "v0.2_checkpoint"
+    weights = inspect_dir(data).memory("cpu")["float32"]["bytes"]
+    stacked = 2 * 3 * 16 * 16 * 4
+    monkeypatch.setattr(memory, "available_bytes", lambda device: weights + stacked + 2000)
+    argv = ["generate", str(data), "cat", "--device", "cpu", "--temperature", "0"]
+    assert main([*argv, "--max-new-tokens", "1"]) == 0  # 4 positions: 1,024 bytes
+    capsys.readouterr()
+    assert main([*argv, "--max-new-tokens", "13"]) == 1  # 16 positions: 4,096 bytes
+    err = capsys.readouterr().err
+    assert "the KV cache for 1 row of 16 positions 4.1 kB more" in err, err
+    assert "the decode step's stacked q/k/v matrices 6.1 kB more" in err, err
+    assert main([*argv, "--max-new-tokens", "13", "--force"]) == 0
+    capsys.readouterr()
+    assert main([*argv, "--max-new-tokens", "1", "--weights", "float16"]) == 1
+    assert "the packed float16 copies of the matrices" in capsys.readouterr().err

@@ -450,6 +450,34 @@ def test_export_writes_a_directory_transformers_loads(
     assert listed == "config.json, model.safetensors, tokenizer.json, tokenizer_config.json"
 
 
+def test_export_writes_bfloat16_and_its_refusal_names_its_own_flags(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """export had no --dtype or --force, yet its refusal told users to pass them; and it
+    holds a copy of the weights beside the model (save_hf), which the check now counts."""
+    from safetensors import safe_open
+
+    import attnlab.model.memory as memory
+
+    hf = llama(tie=False)
+    hf.save_pretrained(tmp_path / "hf")
+    write_tokenizer(tmp_path / "hf")
+    params = sum(p.numel() for p in hf.parameters())
+    largest = max(p.numel() for p in hf.parameters()) * 4
+    # float32: model + largest tensor + the copy; bfloat16: half of the model and the copy
+    monkeypatch.setattr(memory, "available_bytes", lambda device: params * 4 + largest)
+    assert main(["export", str(tmp_path / "hf"), str(tmp_path / "out")]) == 1
+    err = capsys.readouterr().err
+    assert f"the model needs {memory.gb(params * 4 + largest)} in float32" in err
+    assert "the copy of the weights written out" in err
+    assert err.rstrip().endswith("which fits: --dtype bfloat16; --force tries anyway"), err
+    assert main(["export", str(tmp_path / "hf"), str(tmp_path / "out"), "--dtype",
+                 "bfloat16"]) == 0
+    with safe_open(str(tmp_path / "out" / "model.safetensors"), "pt") as f:
+        assert {f.get_slice(k).get_dtype() for k in f.keys()} == {"BF16"}  # noqa: SIM118
+    assert json.loads((tmp_path / "out" / "config.json").read_text())["dtype"] == "bfloat16"
+
+
 def test_save_hf_with_its_arguments_swapped_says_which_comes_first(tmp_path: Path) -> None:
     from attnlab import GPT, GPTConfig
     model = GPT(GPTConfig.from_name("nano"))

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 import attnlab.model.memory as memory
-from attnlab.model.memory import DoesNotFitError, check_memory, fit_report
+from attnlab.model.memory import DoesNotFitError, Use, check_memory, fit_report
 
 GB = 10**9
 
@@ -133,3 +133,35 @@ def test_cpu_free_memory_is_capped_by_the_address_space_limit(
     assert memory.available_bytes("cpu") == 4 * GB - 1_000_000 * 1024
     monkeypatch.setattr(resource, "getrlimit", lambda which: (resource.RLIM_INFINITY,) * 2)
     assert memory.available_bytes("cpu") == 8_000_000 * 1024
+
+
+def test_uses_beside_the_model_are_counted_and_named(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A generation's KV cache scales with the dtype (`elements`); packed float16 copies do
+    not (`nbytes`)."""
+    cache = Use("the KV cache for 1 row of 8 positions", elements=250)
+    packed = Use("the packed float16 copies of the matrices", nbytes=60)
+    _free(monkeypatch, 1000 * 4 + 100 + 250 * 4 + 60)
+    check_memory(1000, torch.float32, "cpu", extra=100, uses=[cache, packed])
+    assert fit_report(1000, "cpu", 100, [cache, packed])["float32"]["fits"] is True
+    assert fit_report(1000, "cpu", 100, [cache, packed])["bfloat16"]["bytes"] == 2660
+    with pytest.raises(DoesNotFitError) as err:
+        check_memory(1000, torch.float32, "cpu", extra=101, uses=[cache, packed])
+    assert str(err.value).startswith(
+        "the model needs 4.1 kB in float32 (1,000 parameters), the KV cache for 1 row of 8 "
+        "positions 1.0 kB more, the packed float16 copies of the matrices 60 bytes more: "
+        "5.2 kB in all, but this machine has 5.2 kB free; in bfloat16 it needs 2.7 kB")
+
+
+def test_the_advice_names_only_the_ways_out_a_caller_has(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    _free(monkeypatch, 3 * GB)
+    with pytest.raises(DoesNotFitError) as err:
+        check_memory(1 * GB, torch.float32, "cpu")  # 4 GB; 2 GB in bfloat16 would fit
+    assert str(err.value).endswith("which fits: dtype=torch.bfloat16; force=True tries anyway")
+    flags = err.value.advice(dtype="--dtype bfloat16", force="--force")
+    assert flags.endswith("which fits: --dtype bfloat16; --force tries anyway")
+    # a command that cannot load in bfloat16 (train --init_from) is not told to
+    neither = err.value.advice()
+    assert "bfloat16" not in neither and "tries anyway" not in neither
+    assert neither.endswith("use a device with 4.0 GB free or a smaller model (about 750.0M "
+                            "parameters fit here in float32)")

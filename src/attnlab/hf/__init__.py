@@ -19,7 +19,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from ..checkpoint import Checkpoint
+from ..checkpoint import Checkpoint, OpenedCheckpoint
 from ..model.gpt import GPT, GPTConfig
 from ..model.materialize import (
     OpenedWeights,
@@ -68,6 +68,7 @@ __all__ = [
     "load_hf_checkpoint",
     "load_hf_gpt2",
     "load_hf_tokenizer",
+    "open_hf_checkpoint",
     "save_hf",
     "save_hf_gpt2",
 ]
@@ -235,23 +236,29 @@ def load_hf_gpt2(
     return load_hf(directory, dropout=dropout, map_location=map_location)
 
 
+def open_hf_checkpoint(directory: str | Path) -> OpenedCheckpoint:
+    """A Hugging Face directory opened as `attnlab.load.open_checkpoint` opens one: the
+    weights' headers checked against the config, then the tokenizer read and checked
+    (before the weights: a directory without one fails at once, not after the load)."""
+    opened = open_hf_weights(directory)
+    tokenizer = load_hf_tokenizer(directory, opened.config.vocab_size)
+    check_fits(tokenizer, opened.config.vocab_size)
+    family = family_of(read_hf_config(directory))
+    meta = {"source": "huggingface", "family": family.name,
+            "architecture": family.architecture}
+    return OpenedCheckpoint(Path(directory), opened, tokenizer, meta)
+
+
 def load_hf_checkpoint(
     directory: str | Path, *, map_location: str | torch.device = "cpu",
     dtype: torch.dtype | str | None = None, force: bool = False,
     progress: Progress | None = None,
 ) -> Checkpoint:
     """Model and tokenizer of a Hugging Face directory, as `load_checkpoint` returns them;
-    meta names the family and architecture. The tokenizer is read and checked before the
-    weights: a directory without one fails at once, not after the load."""
-    device = resolve_device(str(map_location))  # a missing CUDA named before any reading
-    opened = open_hf_weights(directory)
-    tokenizer = load_hf_tokenizer(directory, opened.config.vocab_size)
-    check_fits(tokenizer, opened.config.vocab_size)
-    model = opened.fill(dtype, device, force, progress)
-    family = family_of(read_hf_config(directory))
-    meta = {"source": "huggingface", "family": family.name,
-            "architecture": family.architecture}
-    return Checkpoint(model, tokenizer, meta, Path(directory))
+    meta names the family and architecture."""
+    resolve_device(str(map_location))  # a missing CUDA named before any reading
+    return open_hf_checkpoint(directory).load(map_location=map_location, dtype=dtype,
+                                              force=force, progress=progress)
 
 
 def save_hf(path: str | Path, model: GPT, tokenizer: Tokenizer | None = None, *,

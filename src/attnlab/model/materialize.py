@@ -18,7 +18,7 @@ agrees. What the names mean and where tensors come from is the loaders'; memory 
 from __future__ import annotations
 
 import re
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -26,7 +26,7 @@ from torch import Tensor
 
 from .config import GPTConfig
 from .gpt import GPT, on_meta
-from .memory import check_memory
+from .memory import Use, check_memory
 from .tensorfile import WeightFiles
 
 #: (tensors filled, tensors in all): called after each tensor a load copies in
@@ -179,13 +179,13 @@ class OpenedWeights:
         return self if self.decide is None else self.decide()
 
     def fill(self, dtype: torch.dtype | str | None, device: torch.device, force: bool,
-             progress: Progress | None = None) -> GPT:
-        """The model on `device` in `dtype`, once `check_memory` agrees (or `force`), before
-        any tensor is read (a stored head counted as its own: `decide`); progress:
-        `materialize`'s."""
+             progress: Progress | None = None, uses: Sequence[Use] = ()) -> GPT:
+        """The model on `device` in `dtype`, once `check_memory` agrees (or `force`) that it
+        fits with `uses` beside it, before any tensor is read (a stored head counted as its
+        own: `decide`); progress: `materialize`'s."""
         dtype = load_dtype(dtype)
         check_memory(self.model.num_params(non_embedding=False), dtype or torch.float32,
-                     device, extra=self.files.largest(), force=force)
+                     device, extra=self.files.largest(), uses=uses, force=force)
         try:
             opened = self.decided()
             return materialize(opened.model, opened.tensors(), dtype=dtype, device=device,
