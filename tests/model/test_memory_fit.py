@@ -165,3 +165,13 @@ def test_the_advice_names_only_the_ways_out_a_caller_has(
     assert "bfloat16" not in neither and "tries anyway" not in neither
     assert neither.endswith("use a device with 4.0 GB free or a smaller model (about 750.0M "
                             "parameters fit here in float32)")
+
+
+def test_the_refusal_is_public_api_beside_the_loaders_that_raise_it() -> None:
+    """load_checkpoint / load_hf raise it; callers catch it without reaching into
+    attnlab.model.memory (as attnlab.tokenizers exports NoTokenizerError)."""
+    import attnlab
+    import attnlab.model
+
+    assert attnlab.DoesNotFitError is attnlab.model.DoesNotFitError is DoesNotFitError
+    assert "DoesNotFitError" in attnlab.__all__ and "DoesNotFitError" in attnlab.model.__all__
