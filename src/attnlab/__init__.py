@@ -27,6 +27,7 @@ from .model.decode import DecodeStep, half_weights
 from .model.gpt import GPT, GPTConfig, ModelOutput, next_token_loss
 from .model.kv_cache import KVCache
 from .model.layers import RMSNorm
+from .model.memory import DoesNotFitError
 from .model.trace import Trace
 from .tokenizers import Tokenizer, get_tokenizer, load_tokenizer
 from .train.config import TrainConfig, TrainResult
@@ -41,6 +42,7 @@ __all__ = [
     "CausalSelfAttention",
     "Checkpoint",
     "DecodeStep",
+    "DoesNotFitError",
     "Edit",
     "Edits",
     "GPTConfig",

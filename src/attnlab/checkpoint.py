@@ -24,7 +24,7 @@ import shutil
 import threading
 import time
 import types
-from collections.abc import Callable, Iterable
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Union, get_args, get_origin, get_type_hints
@@ -33,16 +33,16 @@ import torch
 
 from .model.gpt import GPT, GPTConfig
 from .model.materialize import (
+    OpenedWeights,
     Progress,
     check_layer_count,
     check_shapes,
-    load_dtype,
-    materialize,
     meta_gpt,
+    mismatch,
 )
-from .model.memory import check_memory
+from .model.memory import Use
 from .model.runtime import resolve_device
-from .model.tensorfile import TensorFiles, WeightFiles
+from .model.tensorfile import TensorFiles
 from .tokenizers import Tokenizer, check_fits, load_tokenizer
 
 WEIGHTS_FILE = "model.safetensors"
@@ -337,31 +337,6 @@ def _identity(directory: Path) -> tuple[int, int] | None:
 _READ_TRIES = 5
 
 
-@dataclass
-class OpenedWeights:
-    """A model directory opened and checked, nothing allocated: its config and meta-device
-    model, the weight files (headers read), and which file tensor fills each parameter."""
-
-    config: GPTConfig
-    model: GPT  # on the meta device
-    files: WeightFiles
-    #: (parameter, tensor) for every parameter but a tied head, read as it is iterated
-    tensors: Callable[[], Iterable[tuple[str, torch.Tensor]]]
-
-    def fill(self, dtype: torch.dtype | str | None, device: torch.device, force: bool,
-             progress: Progress | None = None) -> GPT:
-        """The model on `device` in `dtype`, once `check_memory` agrees (or `force`);
-        progress: `materialize`'s."""
-        dtype = load_dtype(dtype)
-        check_memory(self.model.num_params(non_embedding=False), dtype or torch.float32,
-                     device, extra=self.files.largest(), force=force)
-        try:
-            return materialize(self.model, self.tensors(), dtype=dtype, device=device,
-                               progress=progress)
-        finally:
-            self.files.forget()
-
-
 def open_attnlab_weights(directory: Path, config: GPTConfig) -> OpenedWeights:
     """The checkpoint's model.safetensors checked against `config` by its header alone;
     ValueError naming the first tensor that does not fit."""
@@ -374,7 +349,7 @@ def open_attnlab_weights(directory: Path, config: GPTConfig) -> OpenedWeights:
         names = _file_names(files, config)
         model = meta_gpt(config)
         metas = files.meta()
-        summary = _mismatch(model, {ours: metas[name] for ours, name in names.items()})
+        summary = mismatch(model, {ours: metas[name] for ours, name in names.items()})
         if summary:
             raise ValueError(summary)
         if config.tie_weights:  # one tensor, filled under the table's name
@@ -396,22 +371,54 @@ def open_attnlab_dir(directory: str | Path) -> tuple[Path, dict[str, Any], Opene
     return directory, meta, open_attnlab_weights(directory, config)
 
 
+def open_attnlab_checkpoint(directory: str | Path) -> OpenedCheckpoint:
+    """An attnlab checkpoint (or run) directory opened: config, meta, tokenizer (read and
+    checked against the config) and the weights' header, nothing allocated."""
+    directory, meta, opened = open_attnlab_dir(directory)
+    tokenizer = load_tokenizer(directory)
+    check_fits(tokenizer, opened.config.vocab_size)
+    return OpenedCheckpoint(directory, opened, tokenizer, meta)
+
+
 def _load(directory: Path, map_location: str | torch.device,
           dtype: torch.dtype | str | None = None,
           force: bool = False, progress: Progress | None = None) -> Checkpoint:
-    directory, meta, opened = open_attnlab_dir(directory)
-    config = opened.config
-    device = resolve_device(str(map_location))  # a missing CUDA is not a corrupted file
-    tokenizer = load_tokenizer(directory)
-    check_fits(tokenizer, config.vocab_size)
-    try:
-        model = opened.fill(dtype, device, force, progress)
-    except ValueError as err:  # e.g. the file ended early: was it replaced meanwhile?
-        if (directory / WEIGHTS_FILE).exists():
-            raise
-        raise FileNotFoundError(f"{directory / WEIGHTS_FILE} was removed while it was read (a "
-                                "training run replacing the checkpoint?); load it again") from err
-    return Checkpoint(model, tokenizer, meta, directory)
+    opened = open_attnlab_checkpoint(directory)
+    return opened.load(map_location=map_location, dtype=dtype, force=force, progress=progress)
+
+
+@dataclass
+class OpenedCheckpoint:
+    """A model directory opened and checked, the tensors not read: its config, meta-device
+    model, tokenizer and meta (`attnlab.load.open_checkpoint`). A caller sizes its work by
+    them (prompt lengths, a KV cache) and then `load`s it with that work counted in the fit
+    check. `weights.model` counts a tied config's stored head as its own until the load
+    compares it with the token table (`OpenedWeights.decide`)."""
+
+    path: Path
+    weights: OpenedWeights
+    tokenizer: Tokenizer
+    meta: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def config(self) -> GPTConfig:
+        return self.weights.config
+
+    def load(self, *, map_location: str | torch.device = "cpu",
+             dtype: torch.dtype | str | None = None, force: bool = False,
+             progress: Progress | None = None, uses: Sequence[Use] = ()) -> Checkpoint:
+        """The checkpoint, as `load_checkpoint` returns it, once the model and `uses` (what
+        the caller allocates beside it) fit in the memory `map_location` has free."""
+        device = resolve_device(str(map_location))  # a missing CUDA is not a corrupted file
+        try:
+            model = self.weights.fill(dtype, device, force, progress, uses)
+        except ValueError as err:  # e.g. a file ended early: was it replaced meanwhile?
+            gone = [p for p in self.weights.files.paths() if not p.exists()]
+            if not gone:
+                raise
+            raise FileNotFoundError(f"{gone[0]} was removed while it was read (a training run "
+                                    "replacing the checkpoint?); load it again") from err
+        return Checkpoint(model, self.tokenizer, self.meta, self.path)
 
 
 def _file_names(files: TensorFiles, config: GPTConfig) -> dict[str, str]:
@@ -440,30 +447,6 @@ def _weights(model: GPT, to_host: bool = False
     return state, metadata
 
 
-def _mismatch(model: GPT, state: dict[str, torch.Tensor], show: int = 3) -> str:
-    """One line saying how `state` differs from `model`'s tensors ("" if it fits): counts,
-    and the first few names with both shapes (torch lists every tensor, 32 lines for a
-    2-layer model of another width)."""
-    expected = {name: tuple(t.shape) for name, t in model.state_dict().items()}
-
-    def first(names: list[str]) -> str:
-        return ", ".join(names[:show]) + (", ..." if len(names) > show else "")
-
-    shapes = [f"{n} {tuple(state[n].shape)} vs {expected[n]}" for n in expected
-              if n in state and tuple(state[n].shape) != expected[n]]
-    missing = [n for n in expected if n not in state]
-    unexpected = [n for n in state if n not in expected]
-    parts = []
-    if shapes:
-        parts.append(f"{len(shapes)} of {len(expected)} tensors have other shapes (file vs "
-                     f"config: {first(shapes)})")
-    if missing:
-        parts.append(f"{len(missing)} missing ({first(missing)})")
-    if unexpected:
-        parts.append(f"{len(unexpected)} unexpected ({first(unexpected)})")
-    return "; ".join(parts)
-
-
 def load_train_state(directory: str | Path, *, mmap: bool = False) -> dict[str, Any]:
     """The optimizer/step/RNG state saved with a checkpoint, loaded without unpickling code;
     mmap=True maps the tensors instead of reading them (a check of the file, cheap)."""
@@ -475,7 +458,7 @@ def load_train_state(directory: str | Path, *, mmap: bool = False) -> dict[str, 
                                            mmap=mmap)
     except Exception as err:  # UnpicklingError for unsafe content, RuntimeError for truncation
         raise ValueError(
-            f"refusing or unable to load {path}: {_unpickling_reason(err)}. attnlab only loads "
+            f"refusing or unable to load {path}: {unpickling_reason(err)}. attnlab only loads "
             "plain tensors and containers (weights_only=True); the file is corrupted or not "
             "from attnlab"
         ) from err
@@ -493,7 +476,7 @@ def train_state_problem(directory: str | Path) -> str | None:
     return None
 
 
-def _unpickling_reason(err: Exception) -> str:
+def unpickling_reason(err: Exception) -> str:
     """The line of torch's message that says what was refused ("Trying to load unsupported
     GLOBAL posix.system ..."), without the paragraphs around it that suggest weights_only=False
     or allowlisting the global, i.e. running the code after all."""

@@ -20,20 +20,22 @@ from __future__ import annotations
 import math
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, cast
 
 import torch
-from torch import Tensor
+from torch import Tensor, nn
 
 from .model.compiled_decode import check_compilable, compiled_decode
 from .model.decode import DecodeStep, decode_step
 from .model.gpt import GPT, check_mask_values, require_eval
 from .model.kv_cache import KVCache
+from .model.memory import Use
 from .tokenizers import check_fits
 from .tokenizers.streaming import TextPieces
 
 if TYPE_CHECKING:
     from .interp.edits import Edit, Edits
+    from .model.gpt import Block
     from .tokenizers import Tokenizer
 
 
@@ -347,6 +349,27 @@ def _draw(logits: Tensor, config: GenerationConfig,
         return torch.cat([sample(logits[b:b + 1].float(), *how, row_generator)
                           for b, row_generator in enumerate(generator)])  # (B,)
     return sample(logits.float(), *how, generator)  # (B,)
+
+
+def generation_memory(model: GPT, batch_size: int, length: int, *,
+                      float16_weights: bool = False) -> list[Use]:
+    """What generating `batch_size` rows of `length` tokens (prompt + new) allocates beside
+    the weights, for a load's fit check (`OpenedCheckpoint.load(uses=...)`; `model` may be
+    on the meta device): the KV cache (`_steps`' `model.new_cache`), the decode step's q/k/v
+    matrices stacked into one per layer (`DecodeStep`, kept with the model), and with
+    `float16_weights` the packed float16 copy of every matrix (`decode.half_weights`)."""
+    c = model.config
+    slots = min(length, c.block_size)
+    cache = 2 * c.n_layer * batch_size * c.n_kv_heads * slots * c.head_size  # k and v
+    stacked = sum(sum(m.weight.numel() for m in (b.attn.query, b.attn.key, b.attn.value))
+                  for b in cast("list[Block]", list(model.blocks)))
+    rows = f"{batch_size} row{'s' if batch_size != 1 else ''}"
+    uses = [Use(f"the KV cache for {rows} of {slots:,} positions", elements=cache),
+            Use("the decode step's stacked q/k/v matrices", elements=stacked)]
+    if float16_weights:
+        matrices = sum(m.weight.numel() for m in model.modules() if isinstance(m, nn.Linear))
+        uses.append(Use("the packed float16 copies of the matrices", nbytes=2 * matrices))
+    return uses
 
 
 def generate(

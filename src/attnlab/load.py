@@ -16,13 +16,14 @@ import torch
 from .checkpoint import (
     STATE_FILE,
     Checkpoint,
-    OpenedWeights,
+    OpenedCheckpoint,
     load_attnlab_checkpoint,
+    open_attnlab_checkpoint,
     open_attnlab_dir,
 )
-from .hf import family_of, load_hf_checkpoint, open_hf_weights
+from .hf import family_of, load_hf_checkpoint, open_hf_checkpoint, open_hf_weights
 from .model.config import GPTConfig
-from .model.materialize import Progress
+from .model.materialize import OpenedWeights, Progress
 from .model.memory import fit_report
 from .tokenizers import NoTokenizerError, Tokenizer, check_fits, load_hf_tokenizer, load_tokenizer
 from .tokenizers.hf_dir import GENERATION_CONFIG, is_hf_dir, read_hf_config, read_json
@@ -53,6 +54,16 @@ def load_checkpoint(
                                    force=force, progress=progress)
 
 
+def open_checkpoint(directory: str | Path) -> OpenedCheckpoint:
+    """A model directory of either kind opened and checked as `load_checkpoint` checks it
+    (config, weight headers, tokenizer), nothing allocated: `.config`, `.tokenizer` and
+    `.weights.model` (meta device) size what a caller will run, and `.load(...,
+    uses=[memory.Use(...)])` loads it once the model and those uses fit."""
+    if is_hf_dir(directory):
+        return open_hf_checkpoint(directory)
+    return open_attnlab_checkpoint(directory)
+
+
 @dataclass
 class ModelInfo:
     """What a model directory holds, read from its metadata alone (`inspect_dir`)."""
@@ -80,15 +91,20 @@ class ModelInfo:
 
 def inspect_dir(directory: str | Path) -> ModelInfo:
     """Describe a model directory from config.json, the weight files' headers and the
-    tokenizer files, never the tensors: instant and flat in memory for a model of any size.
-    The headers are checked against the config as a load would check them (ValueError
-    naming the first tensor that does not fit)."""
+    tokenizer files, never the tensors whole: instant and flat in memory for a model of any
+    size. The headers are checked against the config as a load would check them (ValueError
+    naming the first tensor that does not fit). A tied Hugging Face config whose files store
+    a head too has the head compared with the token table, a slice at a time, so that the
+    parameters and memory reported are what the load holds (a note says what was found)."""
     notes: list[str] = []
     if is_hf_dir(directory):
         path = Path(directory)
         hf_config = read_hf_config(path)
         family = family_of(hf_config)
-        opened = open_hf_weights(path, read_head=False)
+        opened = open_hf_weights(path)
+        if opened.decide is not None:  # count what the load will hold: compare, in slices
+            opened = opened.decided()
+            notes.append(_stored_head_note(opened.config.tie_weights))
         try:
             tokenizer: Tokenizer | None = load_hf_tokenizer(path, opened.config.vocab_size)
             check_fits(tokenizer, opened.config.vocab_size)
@@ -102,6 +118,16 @@ def inspect_dir(directory: str | Path) -> ModelInfo:
     check_fits(tokenizer, opened.config.vocab_size)
     return _info(path, "attnlab", opened, tokenizer, notes, meta=meta,
                  resumable=(path / STATE_FILE).exists())
+
+
+def _stored_head_note(tied: bool) -> str:
+    """What `inspect_dir` found in a tied config's files that store a head too."""
+    if tied:
+        return ("config.json ties the output head to the token table and the weights store "
+                "lm_head.weight too, equal to the table: one tensor, tied")
+    return ("config.json ties the output head to the token table but the weights store an "
+            "lm_head.weight that differs from it: loaded as a separate head, as transformers "
+            "does, and counted in the parameters")
 
 
 def _info(path: Path, source: str, opened: OpenedWeights, tokenizer: Tokenizer | None,

@@ -59,7 +59,7 @@ def test_flags_that_cannot_work_are_refused_before_loading(
     from attnlab.cli import generate as generate_cli
     from attnlab.cli import main
 
-    monkeypatch.setattr(generate_cli, "load_model", lambda args: pytest.fail("loaded"))
+    monkeypatch.setattr(generate_cli, "load_opened", lambda *args: pytest.fail("loaded"))
     (tmp_path / "p.txt").write_text("the\n")
     flags = [str(tmp_path / "p.txt") if f == "PROMPTS" else f for f in flags]
     prompt = [] if "--prompt-file" in flags else ["the"]

@@ -14,8 +14,8 @@ from typing import Any
 import pytest
 import torch
 
-import attnlab.load
 import attnlab.train.recipes
+from attnlab.checkpoint import OpenedCheckpoint
 from attnlab.cli import build_parser, main
 from attnlab.cli import heads as heads_cli
 from fake_device import FAKE, mark, on_fake_device, place
@@ -25,21 +25,20 @@ MODEL_COMMANDS = ("generate", "inspect", "serve", "heads", "patch", "lens")
 
 @pytest.fixture
 def loads(monkeypatch: pytest.MonkeyPatch) -> list[Any]:
-    """load_checkpoint onto FAKE as described above; the checkpoints loaded, in order."""
-    original = attnlab.load.load_checkpoint
+    """Every load (an opened directory's `load`, which load_checkpoint runs too) onto FAKE
+    as described above; the checkpoints loaded, in order."""
+    original = OpenedCheckpoint.load
     loaded: list[Any] = []
 
-    def load(directory: Any, *, map_location: Any = "cpu", dtype: Any = None,
-             force: bool = False, progress: Any = None) -> Any:
+    def load(self: OpenedCheckpoint, *, map_location: Any = "cpu", **rest: Any) -> Any:
         fake = torch.device(map_location) == FAKE
-        ckpt = original(directory, map_location="cpu" if fake else map_location, dtype=dtype,
-                        force=force, progress=progress)
+        ckpt = original(self, map_location="cpu" if fake else map_location, **rest)
         if fake:
             mark(ckpt.model)
         loaded.append(ckpt)
         return ckpt
 
-    monkeypatch.setattr(attnlab.load, "load_checkpoint", load)
+    monkeypatch.setattr(OpenedCheckpoint, "load", load)
     return loaded
 
 

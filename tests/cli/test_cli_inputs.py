@@ -34,6 +34,7 @@ def test_a_file_given_as_out_is_named_before_any_work(
         raise AssertionError("loaded a model before checking --out")
 
     monkeypatch.setattr(load, "load_checkpoint", no_loading)
+    monkeypatch.setattr(load, "open_checkpoint", no_loading)  # the model commands' way in
     commands = {
         "heads": ["heads", ckpt],
         "lens": ["lens", ckpt, "abcd"],

@@ -87,6 +87,22 @@ def test_generate_names_what_to_reduce(
             "prompts, or --dtype bfloat16\n")
 
 
+@pytest.mark.parametrize("command", ["generate", "inspect"])
+def test_out_of_memory_while_loading_says_so_not_what_the_command_would_reduce(
+    command: str, trained: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """--batch-size or --max-new-tokens cannot help a model that does not load."""
+    monkeypatch.setattr(GPT, "load_state_dict", _raise)  # the load's last step
+    argv = {"generate": ["generate", str(trained), "abc|", "--max-new-tokens", "2"],
+            "inspect": ["inspect", str(trained), "abc|", "--out", str(tmp_path / "i")]}
+    assert main([*argv[command], "--device", "cpu"]) == 1
+    assert capsys.readouterr().err == (
+        f"attnlab {command}: error: out of memory on cpu while loading the model (CUDA out "
+        "of memory. Tried to allocate 2.00 GiB); try --dtype bfloat16, a device with more "
+        "free memory, or a smaller model\n")
+
+
 def test_inspect_names_what_to_reduce(
     trained: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str],
     monkeypatch: pytest.MonkeyPatch,

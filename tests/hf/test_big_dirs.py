@@ -8,12 +8,15 @@ in the suite; peak memory is each subprocess's own VmHWM (benchmarks/loading.py)
 from __future__ import annotations
 
 import json
+import math
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
 
+import attnlab.model.tensorfile as tensorfile
 from attnlab import inspect_dir, load_hf
 from attnlab.model.memory import DoesNotFitError, check_memory
 
@@ -36,7 +39,11 @@ TINY = {**LLAMA_1B, "hidden_size": 64, "intermediate_size": 128, "num_hidden_lay
 
 @pytest.fixture(scope="module")
 def llama_70b(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return sparse_hf_dir(tmp_path_factory.mktemp("big") / "llama-70b", LLAMA_70B)
+    directory = sparse_hf_dir(tmp_path_factory.mktemp("big") / "llama-70b", LLAMA_70B)
+    # a tokenizer: a directory without one is refused for that first, before the fit check
+    tokenizer = Path(__file__).resolve().parents[1] / "data" / "v0.2_hf_llama" / "tokenizer.json"
+    (directory / "tokenizer.json").write_bytes(tokenizer.read_bytes())
+    return directory
 
 
 def test_info_on_a_70b_directory_reads_metadata_only(llama_70b: Path) -> None:
@@ -56,7 +63,7 @@ def test_info_on_a_70b_directory_reads_metadata_only(llama_70b: Path) -> None:
 
 
 def test_loading_what_cannot_fit_is_one_line(llama_70b: Path) -> None:
-    run = measure(CLI_RUN, argv=["generate", str(llama_70b), "hi", "--max_new_tokens", "1"])
+    run = measure(CLI_RUN, argv=["generate", str(llama_70b), "hat", "--max_new_tokens", "1"])
     line = run["stderr"]
     assert run["exit"] == 1 and len(line.splitlines()) == 1 and "Traceback" not in line, run
     assert "needs 284.3 GB in float32 (70.55B parameters)" in line and "--force" in line
@@ -70,7 +77,7 @@ def test_the_message_names_what_would_fit(monkeypatch: pytest.MonkeyPatch) -> No
 
     monkeypatch.setattr(memory, "available_bytes", lambda device: 10 * 10**9)
     with pytest.raises(DoesNotFitError, match=r"in bfloat16 it needs 8\.0 GB, which fits: "
-                                              r"--dtype bfloat16"):
+                                              r"dtype=torch\.bfloat16; force=True tries"):
         check_memory(4 * 10**9, torch.float32, "cpu")
     with pytest.raises(DoesNotFitError, match=r"about 5\.00B parameters fit here"):
         check_memory(8 * 10**9, torch.bfloat16, "cpu")
@@ -158,6 +165,113 @@ def test_force_loads_what_the_check_would_refuse(monkeypatch: pytest.MonkeyPatch
     assert main(argv) == 1
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "the model needs 32.2 kB in float32" in err, err
-    assert "(7,024 parameters) but this machine has 1.0 kB free" in err and "--force" in err, err
+    assert "(7,024 parameters), the KV cache for 1 row of 4 positions" in err, err
+    assert "but this machine has 1.0 kB free" in err and "--force tries anyway" in err, err
     assert main([*argv, "--force"]) == 0
     assert main(["heads", str(data), "--force"]) == 0
+
+
+def _tied_with_a_stored_head(directory: Path, **values: Any) -> Path:
+    """TINY's files (which store lm_head.weight) under a config that ties the head."""
+    sparse_hf_dir(directory, TINY, shards=2, **values)
+    config = json.loads((directory / "config.json").read_text())
+    (directory / "config.json").write_text(json.dumps({**config, "tie_word_embeddings": True}))
+    return directory
+
+
+def _reads(monkeypatch: pytest.MonkeyPatch) -> list[tuple[str, int]]:
+    """(tensor, bytes) of every read from a safetensors file from now on."""
+    reads: list[tuple[str, int]] = []
+    read_tensor, read_rows = tensorfile.read_tensor, tensorfile.read_rows
+
+    def whole(info: Any) -> torch.Tensor:
+        reads.append((info.name, info.nbytes))
+        return read_tensor(info)
+
+    def rows(info: Any, start: int, stop: int) -> torch.Tensor:
+        out = read_rows(info, start, stop)
+        reads.append((info.name, out.nbytes))
+        return out
+
+    monkeypatch.setattr(tensorfile, "read_tensor", whole)
+    monkeypatch.setattr(tensorfile, "read_rows", rows)
+    return reads
+
+
+UNTIED = sum(math.prod(shape) for shape in hf_shapes(TINY).values())  # a head of its own
+
+
+def test_a_stored_head_of_a_tied_config_is_counted_before_it_is_read(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The fit check comes first and counts the head as its own (the worst case): a 70B-shaped
+    directory read its head and token table whole (3.1 GB, 14 s) only to be refused."""
+    import attnlab.model.memory as memory
+
+    directory = _tied_with_a_stored_head(tmp_path / "tied", seed=0)
+    reads = _reads(monkeypatch)
+    monkeypatch.setattr(memory, "available_bytes", lambda device: 1000)
+    with pytest.raises(DoesNotFitError, match=rf"\({UNTIED:,} parameters\)"):
+        load_hf(directory)
+    assert reads == []
+
+
+@pytest.mark.parametrize("equal", [False, True])
+def test_info_compares_a_stored_head_in_slices_and_agrees_with_the_load(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, equal: bool) -> None:
+    """info counted a stored head that differs from the table as tied (fewer parameters and
+    bytes than the load holds); now it compares them, COMPARE_PIECE bytes at a time."""
+    directory = _tied_with_a_stored_head(tmp_path / "tied", **(
+        {"fill": b"\x3c\x3f"} if equal else {"seed": 0}))  # fill: every tensor alike
+    monkeypatch.setattr(tensorfile, "COMPARE_PIECE", 1000)
+    reads = _reads(monkeypatch)
+    info = inspect_dir(directory)
+    table = TINY["vocab_size"] * TINY["hidden_size"] * 2  # bf16 bytes
+    assert reads and all(nbytes <= 1000 for _, nbytes in reads), reads
+    assert {name for name, _ in reads} == {"lm_head.weight", "model.embed_tokens.weight"}
+    assert sum(nbytes for _, nbytes in reads) == (2 * table if equal else 2 * 896)  # (7, 64)
+    tied = UNTIED - TINY["vocab_size"] * TINY["hidden_size"]
+    assert info.parameters == (tied if equal else UNTIED)
+    assert info.config.tie_weights is equal
+    assert any(("equal to the table" if equal else "differs from it") in n for n in info.notes)
+    model = load_hf(directory)
+    assert model.num_params(non_embedding=False) == info.parameters
+    assert (model.lm_head.weight is model.wte.weight) is equal
+
+
+def test_a_directory_without_a_tokenizer_fails_before_its_weights_are_read(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A 1B directory without a tokenizer was loaded whole (21 s, 2.7 GB) before it failed."""
+    from attnlab.load import load_checkpoint
+    from attnlab.tokenizers import NoTokenizerError
+
+    directory = sparse_hf_dir(tmp_path / "notok", TINY, shards=2)
+    reads = _reads(monkeypatch)
+    with pytest.raises(NoTokenizerError):
+        load_checkpoint(directory)
+    assert reads == []
+
+
+def test_generate_counts_its_kv_cache_and_packed_weights_before_loading(
+        monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    """The fit check counted the weights and one tensor; a 131,000-token generation then
+    allocated its KV cache (GBs) past what was free. Now it counts the cache for the batch
+    and prompt + new tokens, the decode step's stacked q/k/v copy (2 layers of three 16 x 16
+    float32 matrices here) and --weights float16's packed copies."""
+    import attnlab.model.memory as memory
+    from attnlab.cli import main
+
+    data = Path(__file__).resolve().parents[1] / "data" / "v0.2_checkpoint"
+    weights = inspect_dir(data).memory("cpu")["float32"]["bytes"]
+    stacked = 2 * 3 * 16 * 16 * 4
+    monkeypatch.setattr(memory, "available_bytes", lambda device: weights + stacked + 2000)
+    argv = ["generate", str(data), "cat", "--device", "cpu", "--temperature", "0"]
+    assert main([*argv, "--max-new-tokens", "1"]) == 0  # 4 positions: 1,024 bytes
+    capsys.readouterr()
+    assert main([*argv, "--max-new-tokens", "13"]) == 1  # 16 positions: 4,096 bytes
+    err = capsys.readouterr().err
+    assert "the KV cache for 1 row of 16 positions 4.1 kB more" in err, err
+    assert "the decode step's stacked q/k/v matrices 6.1 kB more" in err, err
+    assert main([*argv, "--max-new-tokens", "13", "--force"]) == 0
+    capsys.readouterr()
+    assert main([*argv, "--max-new-tokens", "1", "--weights", "float16"]) == 1
+    assert "the packed float16 copies of the matrices" in capsys.readouterr().err

@@ -84,6 +84,18 @@ REFUSED: list[tuple[str, Any, str]] = [
     ("llama3 without a key", lambda: {**hf_dict("Llama", **SMALL), "rope_parameters": {
         k: v for k, v in LLAMA3.items() if k != "high_freq_factor"}},
      "llama config.json has rope_parameters.high_freq_factor=None: rope_type 'llama3' needs it"),
+    ("rope factor zero", lambda: {**hf_dict("Llama", **SMALL), "rope_scaling": {
+        "rope_type": "linear", "factor": 0}},
+     "llama config.json has rope_scaling.factor=0: expected a finite number > 0"),
+    ("rope factor text", lambda: {**hf_dict("Llama", **SMALL), "rope_parameters": {
+        **LLAMA3, "factor": "8"}},
+     "llama config.json has rope_parameters.factor='8': expected a finite number > 0"),
+    ("tie flag as text", lambda: {**hf_dict("Llama", **SMALL), "tie_word_embeddings": "false"},
+     "llama config.json has tie_word_embeddings='false': expected true or false (JSON "
+     "booleans, unquoted)"),
+    ("bias flag as a number", lambda: {**hf_dict("Qwen3", **SMALL), "attention_bias": 1},
+     "qwen3 config.json has attention_bias=1: expected true or false (JSON booleans, "
+     "unquoted)"),
     ("partial rotary on llama", lambda: {**hf_dict("Mistral", **SMALL), "rope_parameters": {
         "rope_type": "default", "rope_theta": 1e4, "partial_rotary_factor": 0.5}},
      "mistral config.json has rope_parameters.partial_rotary_factor=0.5: mistral rotates whole "

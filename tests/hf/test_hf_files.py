@@ -363,6 +363,22 @@ class Opaque(Tokenizer):
         return {}
 
 
+def test_info_reports_special_ids_outside_the_tokenizer_and_finishes(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """generation_config.json may name ids the tokenizer lacks (generate runs: it never
+    samples them); info said "cannot decode id 999999" and stopped mid-report."""
+    llama(tie=True).save_pretrained(tmp_path)
+    write_tokenizer(tmp_path)
+    (tmp_path / "generation_config.json").write_text(json.dumps(
+        {"eos_token_id": [999999, 1], "bos_token_id": 50}))
+    assert main(["info", str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    assert ("generation stops at eos id 999999 (not in the tokenizer) or '</s>' (1); "
+            "bos id 50 (not in the tokenizer) prepended") in out
+    assert "generation  bos_token_id=50, eos_token_id=[999999, 1]" in out  # the last line
+
+
 def test_info_reads_a_directory_without_a_tokenizer(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -434,6 +450,34 @@ def test_export_writes_a_directory_transformers_loads(
     assert listed == "config.json, model.safetensors, tokenizer.json, tokenizer_config.json"
 
 
+def test_export_writes_bfloat16_and_its_refusal_names_its_own_flags(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """export had no --dtype or --force, yet its refusal told users to pass them; and it
+    holds a copy of the weights beside the model (save_hf), which the check now counts."""
+    from safetensors import safe_open
+
+    import attnlab.model.memory as memory
+
+    hf = llama(tie=False)
+    hf.save_pretrained(tmp_path / "hf")
+    write_tokenizer(tmp_path / "hf")
+    params = sum(p.numel() for p in hf.parameters())
+    largest = max(p.numel() for p in hf.parameters()) * 4
+    # float32: model + largest tensor + the copy; bfloat16: half of the model and the copy
+    monkeypatch.setattr(memory, "available_bytes", lambda device: params * 4 + largest)
+    assert main(["export", str(tmp_path / "hf"), str(tmp_path / "out")]) == 1
+    err = capsys.readouterr().err
+    assert f"the model needs {memory.gb(params * 4 + largest)} in float32" in err
+    assert "the copy of the weights written out" in err
+    assert err.rstrip().endswith("which fits: --dtype bfloat16; --force tries anyway"), err
+    assert main(["export", str(tmp_path / "hf"), str(tmp_path / "out"), "--dtype",
+                 "bfloat16"]) == 0
+    with safe_open(str(tmp_path / "out" / "model.safetensors"), "pt") as f:
+        assert {f.get_slice(k).get_dtype() for k in f.keys()} == {"BF16"}  # noqa: SIM118
+    assert json.loads((tmp_path / "out" / "config.json").read_text())["dtype"] == "bfloat16"
+
+
 def test_save_hf_with_its_arguments_swapped_says_which_comes_first(tmp_path: Path) -> None:
     from attnlab import GPT, GPTConfig
     model = GPT(GPTConfig.from_name("nano"))
@@ -454,3 +498,81 @@ def test_a_sentencepiece_model_alone_is_named_with_its_conversion(tmp_path: Path
         f"{tmp_path} has only tokenizer.model, a sentencepiece file attnlab does not read: "
         "write its tokenizer.json with transformers (pip install sentencepiece protobuf): "
         f"AutoTokenizer.from_pretrained('{tmp_path}').save_pretrained('{tmp_path}')")
+
+
+def test_a_stale_single_file_beside_an_index_is_read_and_named(tmp_path: Path) -> None:
+    """transformers reads model.safetensors before model.safetensors.index.json; so does
+    attnlab, and an error about the weights says which file it read."""
+    llama(tie=False).save_pretrained(tmp_path, max_shard_size="40KB")
+    from safetensors.torch import save_file
+
+    save_file({"lm_head.weight": torch.zeros(64, 32)}, str(tmp_path / "model.safetensors"),
+              {"format": "pt"})
+    with pytest.raises(ValueError, match=r"; read from model\.safetensors, not "
+                       r"model\.safetensors\.index\.json beside it \(transformers reads the "
+                       r"same one\); remove the stale file$"):
+        load_hf(tmp_path)
+
+
+def test_a_legacy_pytorch_bin_loads_after_the_fit_check_counts_it_whole(
+        tmp_path: Path) -> None:
+    """torch.save's pre-1.6 format cannot be memory-mapped (torch's mmap refused it): opening
+    reads its names and shapes alone, the load reads it whole, and the fit check counts
+    that (every tensor beside the model, not the largest one)."""
+    from attnlab.load import inspect_dir
+
+    hf = llama(tie=False)
+    hf.save_pretrained(tmp_path / "hf")
+    (tmp_path / "bin").mkdir()
+    (tmp_path / "bin" / "config.json").write_text((tmp_path / "hf" / "config.json").read_text())
+    state = hf.state_dict()
+    torch.save(state, tmp_path / "bin" / "pytorch_model.bin",
+               _use_new_zipfile_serialization=False)
+    info = inspect_dir(tmp_path / "bin")
+    assert info.largest_tensor == sum(t.nbytes for t in state.values())
+    logits_equal(hf, load_hf(tmp_path / "bin"))
+
+
+class _Payload:
+    """Unpickling this calls os.mkdir(marker): code from the file."""
+
+    def __init__(self, marker: Path) -> None:
+        self.marker = marker
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        import os
+
+        return os.mkdir, (str(self.marker),)
+
+
+@pytest.mark.parametrize("legacy", [False, True])
+def test_a_pytorch_bin_with_code_is_refused_for_safety_without_torchs_advice(
+        tmp_path: Path, legacy: bool) -> None:
+    llama(tie=False).save_pretrained(tmp_path)
+    (tmp_path / "model.safetensors").unlink()
+    marker = tmp_path / "pwned"
+    torch.save({"lm_head.weight": _Payload(marker)}, tmp_path / "pytorch_model.bin",
+               _use_new_zipfile_serialization=not legacy)
+    with pytest.raises(ValueError) as refused:
+        load_hf(tmp_path)
+    message = str(refused.value)
+    assert not marker.exists() and "\n" not in message
+    assert message.startswith(f"refusing {tmp_path / 'pytorch_model.bin'} for safety: ")
+    assert "convert it to model.safetensors" in message
+    assert "weights_only` set to `False`" not in message and "will likely succeed" not in message
+
+
+def test_a_tied_pytorch_bin_with_a_stored_head_is_compared_as_safetensors_are(
+        tmp_path: Path) -> None:
+    hf = llama(tie=True)
+    hf.save_pretrained(tmp_path)
+    (tmp_path / "model.safetensors").unlink()
+    state = {k: v.clone() for k, v in hf.state_dict().items()}  # lm_head.weight included
+    torch.save(state, tmp_path / "pytorch_model.bin")
+    ours = load_hf(tmp_path)
+    assert ours.lm_head.weight is ours.wte.weight
+    state["lm_head.weight"] = torch.randn_like(state["lm_head.weight"])
+    torch.save(state, tmp_path / "pytorch_model.bin")
+    ours = load_hf(tmp_path)
+    assert not ours.config.tie_weights
+    assert torch.equal(ours.lm_head.weight, state["lm_head.weight"])

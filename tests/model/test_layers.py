@@ -7,6 +7,7 @@ import math
 import pytest
 import torch
 
+from attnlab.model.config import GPTConfig
 from attnlab.model.layers import (
     MLP,
     RMSNorm,
@@ -18,6 +19,9 @@ from attnlab.model.layers import (
     rotate_half,
 )
 from helpers import assert_dropped
+
+LLAMA3_SCALING = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
+                  "high_freq_factor": 4.0, "original_max_position_embeddings": 64}
 
 
 def test_rms_norm_is_x_over_root_mean_square_times_weight() -> None:
@@ -122,6 +126,30 @@ def test_llama3_inv_freq_matches_the_formula_by_hand() -> None:
 def test_unsupported_rope_scaling_is_refused_by_name(scaling: object, message: str) -> None:
     with pytest.raises(ValueError, match=message):
         rope_inv_freq(8, 10000.0, scaling)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(
+    "scaling, message",
+    [({"rope_type": "linear", "factor": 0},
+      r"^rope_scaling\.factor=0: expected a finite number > 0$"),
+     ({"rope_type": "linear", "factor": -2.0}, r"^rope_scaling\.factor=-2\.0: expected"),
+     ({"rope_type": "linear", "factor": "2"}, r"^rope_scaling\.factor='2': expected"),
+     ({"rope_type": "linear", "factor": math.inf}, r"^rope_scaling\.factor=inf: expected"),
+     ({"rope_type": "linear", "factor": True}, r"^rope_scaling\.factor=True: expected"),
+     ({**LLAMA3_SCALING, "low_freq_factor": "1"},
+      r"^rope_scaling\.low_freq_factor='1': expected a finite number > 0$"),
+     ({**LLAMA3_SCALING, "original_max_position_embeddings": 64.5},
+      r"^rope_scaling\.original_max_position_embeddings=64\.5: expected a positive integer$"),
+     ({**LLAMA3_SCALING, "high_freq_factor": 1.0},
+      r"^rope_scaling\.high_freq_factor=1\.0: expected more than low_freq_factor=1\.0")],
+)
+def test_rope_scaling_values_the_math_cannot_use_are_refused_by_name(
+        scaling: dict[str, object], message: str) -> None:
+    """A factor of 0 divided by zero (NaN logits); a string raised a bare TypeError."""
+    with pytest.raises(ValueError, match=message):
+        rope_inv_freq(8, 10000.0, scaling)
+    with pytest.raises(ValueError, match=message):
+        GPTConfig(pos="rope", rope_scaling=scaling)
 
 
 def test_rotate_half() -> None:

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 import attnlab.model.memory as memory
-from attnlab.model.memory import DoesNotFitError, check_memory, fit_report
+from attnlab.model.memory import DoesNotFitError, Use, check_memory, fit_report
 
 GB = 10**9
 
@@ -107,3 +107,71 @@ def test_free_memory_of_a_device_type_neither_cpu_nor_cuda_is_unknown() -> None:
     for device in ("meta", "mps", "xpu"):
         assert memory.available_bytes(device) is None
         assert fit_report(10, device)["float32"]["fits"] is None
+
+
+def test_cpu_free_memory_is_capped_by_a_cgroup_v1_limit(fake_proc, tmp_path: Path) -> None:
+    v1 = tmp_path / "sys/fs/cgroup/memory"
+    v1.mkdir()
+    fake_proc(2_000_000)
+    (v1 / "memory.limit_in_bytes").write_text("1000000000\n")
+    (v1 / "memory.usage_in_bytes").write_text("400000000\n")
+    assert memory.available_bytes("cpu") == 600_000_000
+    (v1 / "memory.limit_in_bytes").write_text("9223372036854771712\n")  # v1's "no limit"
+    assert memory.available_bytes("cpu") == 2_000_000 * 1024
+
+
+def test_cpu_free_memory_is_capped_by_the_address_space_limit(
+        fake_proc, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """prlimit --as / ulimit -v: past it every allocation fails whatever MemAvailable says."""
+    import resource
+
+    fake_proc(8_000_000)
+    (tmp_path / "proc/self").mkdir()
+    (tmp_path / "proc/self/status").write_text("Name: python\nVmSize:  1000000 kB\n")
+    monkeypatch.setattr(resource, "getrlimit", lambda which: (
+        (4 * GB, resource.RLIM_INFINITY) if which == resource.RLIMIT_AS else (-1, -1)))
+    assert memory.available_bytes("cpu") == 4 * GB - 1_000_000 * 1024
+    monkeypatch.setattr(resource, "getrlimit", lambda which: (resource.RLIM_INFINITY,) * 2)
+    assert memory.available_bytes("cpu") == 8_000_000 * 1024
+
+
+def test_uses_beside_the_model_are_counted_and_named(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A generation's KV cache scales with the dtype (`elements`); packed float16 copies do
+    not (`nbytes`)."""
+    cache = Use("the KV cache for 1 row of 8 positions", elements=250)
+    packed = Use("the packed float16 copies of the matrices", nbytes=60)
+    _free(monkeypatch, 1000 * 4 + 100 + 250 * 4 + 60)
+    check_memory(1000, torch.float32, "cpu", extra=100, uses=[cache, packed])
+    assert fit_report(1000, "cpu", 100, [cache, packed])["float32"]["fits"] is True
+    assert fit_report(1000, "cpu", 100, [cache, packed])["bfloat16"]["bytes"] == 2660
+    with pytest.raises(DoesNotFitError) as err:
+        check_memory(1000, torch.float32, "cpu", extra=101, uses=[cache, packed])
+    assert str(err.value).startswith(
+        "the model needs 4.1 kB in float32 (1,000 parameters), the KV cache for 1 row of 8 "
+        "positions 1.0 kB more, the packed float16 copies of the matrices 60 bytes more: "
+        "5.2 kB in all, but this machine has 5.2 kB free; in bfloat16 it needs 2.7 kB")
+
+
+def test_the_advice_names_only_the_ways_out_a_caller_has(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    _free(monkeypatch, 3 * GB)
+    with pytest.raises(DoesNotFitError) as err:
+        check_memory(1 * GB, torch.float32, "cpu")  # 4 GB; 2 GB in bfloat16 would fit
+    assert str(err.value).endswith("which fits: dtype=torch.bfloat16; force=True tries anyway")
+    flags = err.value.advice(dtype="--dtype bfloat16", force="--force")
+    assert flags.endswith("which fits: --dtype bfloat16; --force tries anyway")
+    # a command that cannot load in bfloat16 (train --init_from) is not told to
+    neither = err.value.advice()
+    assert "bfloat16" not in neither and "tries anyway" not in neither
+    assert neither.endswith("use a device with 4.0 GB free or a smaller model (about 750.0M "
+                            "parameters fit here in float32)")
+
+
+def test_the_refusal_is_public_api_beside_the_loaders_that_raise_it() -> None:
+    """load_checkpoint / load_hf raise it; callers catch it without reaching into
+    attnlab.model.memory (as attnlab.tokenizers exports NoTokenizerError)."""
+    import attnlab
+    import attnlab.model
+
+    assert attnlab.DoesNotFitError is attnlab.model.DoesNotFitError is DoesNotFitError
+    assert "DoesNotFitError" in attnlab.__all__ and "DoesNotFitError" in attnlab.model.__all__

@@ -123,3 +123,25 @@ def test_a_checkpoint_config_with_a_non_finite_number_is_refused(
     (path / "config.json").write_text(json.dumps(blob))
     with pytest.raises(ValueError, match=rf"not a valid attnlab config .*GPTConfig\.{field}="):
         load_checkpoint(path)
+
+
+def test_rows_read_alone_equal_the_tensors_slices_and_same_rows_compares_in_slices(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from attnlab.model import tensorfile
+    from attnlab.model.tensorfile import read_rows, same_rows
+
+    values = [float(i) for i in range(12)]
+    header = {"a": {"dtype": "F32", "shape": [4, 3], "data_offsets": [0, 48]},
+              "b": {"dtype": "F32", "shape": [4, 3], "data_offsets": [48, 96]},
+              "c": {"dtype": "F32", "shape": [3, 4], "data_offsets": [96, 144]}}
+    changed = [*values[:11], 99.0]  # b differs from a in its last row only
+    infos = read_header(_write(tmp_path / "m.safetensors", header,
+                               _f32(*values, *changed, *values)))
+    whole = read_tensor(infos["a"])
+    assert torch.equal(read_rows(infos["a"], 1, 3), whole[1:3])
+    assert read_rows(infos["a"], 2, 2).shape == (0, 3)
+    with pytest.raises(ValueError, match=r"rows 3\.\.5 of tensor 'a' \(4, 3\): expected"):
+        read_rows(infos["a"], 3, 5)
+    monkeypatch.setattr(tensorfile, "COMPARE_PIECE", 12)  # one row of each at a time
+    assert same_rows(infos["a"], infos["a"]) and not same_rows(infos["a"], infos["b"])
+    assert not same_rows(infos["a"], infos["c"])  # the same values, another shape

@@ -1,8 +1,9 @@
 """What every subcommand shares: `CLIError`, config dataclasses as flags (`add_config_flags`,
 `config_from_flags`), the checkpoint argument, the device and dtype flags of every command that
-runs a model (`add_device_flags`, `device_of`, `load_model`), the one line a command prints
-when the device runs out of memory (`out_of_memory`), and small text helpers. The parser and
-`main` are the package's `__init__`."""
+runs a model (`add_device_flags`, `device_of`; `open_model` and `load_opened`, or
+`load_model` for both, which word a refusal in the command's own flags), the one line a
+command prints when the device runs out of memory (`out_of_memory`), and small text
+helpers. The parser and `main` are the package's `__init__`."""
 
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ import json
 import os
 import re
 import types
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from inspect import getsource  # (`import inspect` would be shadowed by cli/inspect.py)
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar, Union, get_args, get_origin, get_type_hints
@@ -22,7 +23,8 @@ from typing import TYPE_CHECKING, Any, TypeVar, Union, get_args, get_origin, get
 if TYPE_CHECKING:
     import torch
 
-    from ..checkpoint import Checkpoint
+    from ..checkpoint import Checkpoint, OpenedCheckpoint
+    from ..model.memory import Use
 
 T = TypeVar("T")
 
@@ -195,22 +197,53 @@ def device_of(args: argparse.Namespace) -> torch.device:
 
 
 def dtype_of(args: argparse.Namespace) -> torch.dtype:
-    """The torch dtype the command's --dtype names."""
+    """The torch dtype the command's --dtype names (float32 for a command without one)."""
     import torch
 
-    dtype: torch.dtype = getattr(torch, args.dtype)
+    dtype: torch.dtype = getattr(torch, getattr(args, "dtype", "float32"))
     return dtype
 
 
-def load_model(args: argparse.Namespace) -> Checkpoint:
-    """The checkpoint args.checkpoint names, loaded onto --device in --dtype (`load_checkpoint`
-    reads attnlab's and Hugging Face's directories)."""
-    from ..load import load_checkpoint
+def open_model(args: argparse.Namespace) -> OpenedCheckpoint:
+    """The directory args.checkpoint names, opened and checked (config, weight headers,
+    tokenizer), nothing loaded: what a command sizes its work by before `load_opened`."""
+    from ..load import open_checkpoint
+
+    return open_checkpoint(args.checkpoint)
+
+
+def load_opened(args: argparse.Namespace, opened: OpenedCheckpoint,
+                uses: Sequence[Use] = ()) -> Checkpoint:
+    """`opened` loaded onto --device in --dtype, once it fits with `uses` beside it (or
+    --force). A refusal names only the flags this command has; running out of memory while
+    loading says so, not what the command would reduce once running."""
+    import torch
+
+    from ..model.memory import DoesNotFitError
     from .progress import Counter
 
-    with Counter("tensor", "loaded", delay_s=2.0) as progress:  # a large model takes a while
-        return load_checkpoint(args.checkpoint, map_location=device_of(args),
-                               dtype=dtype_of(args), force=args.force, progress=progress)
+    device = device_of(args) if hasattr(args, "device") else torch.device("cpu")
+    try:
+        with Counter("tensor", "loaded", delay_s=2.0) as progress, cpu_memory_errors():
+            # a large model takes a while: the bar
+            return opened.load(map_location=device, dtype=dtype_of(args),
+                               force=getattr(args, "force", False), progress=progress,
+                               uses=uses)
+    except DoesNotFitError as err:
+        raise CLIError(err.advice(
+            dtype="--dtype bfloat16" if hasattr(args, "dtype") else None,
+            force="--force" if hasattr(args, "force") else None)) from None
+    except torch.OutOfMemoryError as err:
+        fix = "a device with more free memory, or a smaller model"
+        if hasattr(args, "dtype") and args.dtype == "float32":
+            fix = "--dtype bfloat16, " + fix
+        raise out_of_memory("load", err, device, hint=fix) from None
+
+
+def load_model(args: argparse.Namespace, uses: Sequence[Use] = ()) -> Checkpoint:
+    """The checkpoint args.checkpoint names, loaded onto --device in --dtype (`open_model`,
+    then `load_opened`)."""
+    return load_opened(args, open_model(args), uses)
 
 
 #: what each command can do with less memory, for `out_of_memory`'s line
@@ -242,15 +275,18 @@ def cpu_memory_errors() -> Iterator[None]:
         raise torch.OutOfMemoryError(said) from err
 
 
-def out_of_memory(command: str, err: BaseException, device: Any = None) -> CLIError:
+def out_of_memory(command: str, err: BaseException, device: Any = None,
+                  hint: str | None = None) -> CLIError:
     """The one line `attnlab COMMAND` says when the device ran out of memory: on which device,
-    and what to reduce. Frees what the CUDA allocator caches first."""
+    and what to reduce (`hint`, else the command's MEMORY_HINTS; command "load": while the
+    model was loaded). Frees what the CUDA allocator caches first."""
     import torch
 
     if torch.cuda.is_available():
         torch.cuda.empty_cache()
     where = f" on {device}" if device is not None else ""
-    hint = MEMORY_HINTS.get(command, "a smaller input, or --dtype bfloat16")
+    where += " while loading the model" if command == "load" else ""
+    hint = hint or MEMORY_HINTS.get(command, "a smaller input, or --dtype bfloat16")
     # torch's CUDA message goes on about the allocator; its first two sentences say how much
     said = ". ".join(str(err).split("\n")[0].split(". ")[:2]).rstrip(".") or type(err).__name__
     return CLIError(f"out of memory{where} ({said}); try {hint}")

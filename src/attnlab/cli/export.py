@@ -1,6 +1,7 @@
-"""`attnlab export CHECKPOINT OUT [--family NAME]`: write a checkpoint as a Hugging Face model
-directory (config.json, model.safetensors, tokenizer.json) that transformers'
-`AutoModelForCausalLM.from_pretrained(OUT)` and every attnlab command load.
+"""`attnlab export CHECKPOINT OUT [--family NAME] [--dtype bfloat16]`: write a checkpoint as a
+Hugging Face model directory (config.json, model.safetensors, tokenizer.json) that
+transformers' `AutoModelForCausalLM.from_pretrained(OUT)` and every attnlab command load.
+The weights are written in the dtype they were loaded in (--dtype).
 """
 
 from __future__ import annotations
@@ -10,7 +11,14 @@ import time
 from pathlib import Path
 from typing import Any
 
-from .common import CLIError, add_checkpoint_argument
+from .common import (
+    DTYPES,
+    CLIError,
+    add_checkpoint_argument,
+    add_force_flag,
+    load_opened,
+    open_model,
+)
 
 # hf.FAMILIES' names, listed here so `attnlab --help` imports nothing heavy (a test holds them
 # equal)
@@ -33,13 +41,19 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
                         "default blocks, llama for --arch llama)")
     parser.add_argument("--overwrite", action="store_true",
                         help="replace the model in OUT if it holds one")
+    parser.add_argument(
+        "--dtype", choices=DTYPES, default="float32",
+        help="the dtype the weights are loaded and written in: bfloat16 halves the memory "
+        "and the files, and loses nothing for a directory stored in bfloat16 (most hub "
+        "models); float32 keeps a float32 checkpoint exact (default float32)")
+    add_force_flag(parser)
     return parser
 
 
 def run(args: argparse.Namespace) -> int:
     from ..checkpoint import find_checkpoint
     from ..hf import family_for_config, is_hf_dir, read_hf_config, save_hf
-    from ..load import load_checkpoint
+    from ..model.memory import Use
 
     out = Path(args.out)
     if find_checkpoint(out / "ckpt") is not None or (out / "ckpt").exists():
@@ -56,7 +70,12 @@ def run(args: argparse.Namespace) -> int:
         raise CLIError(f"OUT {out} is a file; give a directory (created if missing)")
     began = time.perf_counter()
     before = {p.name: p.stat().st_mtime_ns for p in out.iterdir()} if out.is_dir() else {}
-    ckpt = load_checkpoint(args.checkpoint)
+    opened = open_model(args)
+    # save_hf writes a contiguous copy of every tensor (hf registry: WeightMap.to_hf), held
+    # with the model until the file is written
+    copy = Use("the copy of the weights written out",
+               elements=opened.weights.model.num_params(non_embedding=False))
+    ckpt = load_opened(args, opened, [copy])
     family = args.family or _source_family(ckpt) or family_for_config(ckpt.model.config).name
     save_hf(out, ckpt.model, ckpt.tokenizer, family=family)
     architecture = read_hf_config(out)["architectures"][0]

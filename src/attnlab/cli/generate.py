@@ -23,7 +23,8 @@ from .common import (
     count,
     cpu_memory_errors,
     device_of,
-    load_model,
+    load_opened,
+    open_model,
     out_of_memory,
     unescape,
 )
@@ -186,11 +187,15 @@ def run(args: argparse.Namespace) -> int:
 
     _check_flags(args)
     shown = _read_prompts(args)  # what the user wrote: echoed before each completion
-    model, tokenizer = _load_model(args)
+    opened = open_model(args)  # config and tokenizer: the request is checked before the load
+    tokenizer = opened.tokenizer
     prompts = _chat_prompts(tokenizer, shown, args) if args.chat else shown
-    max_new_tokens = _max_new_tokens(args, model, tokenizer, prompts)
+    lengths = _prompt_lengths(args, tokenizer, prompts)
+    max_new_tokens = _max_new_tokens(args, opened.config.block_size, lengths)
     stops = [unescape(s) for s in args.stop]
-    edits = _ablation(args.ablate, model.config)
+    edits = _ablation(args.ablate, opened.config)
+    model = _load_model(args, opened, min(len(prompts), args.batch_size),
+                        max(*lengths, 1) + max_new_tokens)
 
     def completions(prompts: list[str], first: int = 0) -> TextPieces:
         seeds: dict[str, Any] = {"seed": args.seed}
@@ -273,35 +278,41 @@ def _check_flags(args: argparse.Namespace) -> None:
                        f"{device_of(args)} use --dtype float16 or bfloat16 instead")
 
 
-def _load_model(args: argparse.Namespace) -> tuple[Any, Any]:
-    """(model on --device in --dtype, with --weights float16 packed; tokenizer) of the
-    checkpoint."""
+def _load_model(args: argparse.Namespace, opened: Any, rows: int, length: int) -> Any:
+    """The model on --device in --dtype, with --weights float16 packed, once it fits with
+    what generating `rows` rows of `length` tokens allocates beside it (the KV cache, the
+    decode step's matrices, the packed copies: `generation_memory`)."""
+    from ..generate import generation_memory
     from ..model.decode import half_weights
     from ..model.runtime import warn_if_slow_bf16
 
-    ckpt = load_model(args)
-    model, tokenizer = ckpt.model, ckpt.tokenizer
+    uses = generation_memory(opened.weights.model, rows, length,
+                             float16_weights=args.weights == "float16")
+    model = load_opened(args, opened, uses).model
     warn_if_slow_bf16(args.dtype, model.wte.weight.device)
     if args.weights == "float16":
         began = time.perf_counter()
         half_weights(model)
         print(f"[float16 weights packed in {time.perf_counter() - began:.1f} s]", file=sys.stderr)
-    return model, tokenizer
+    return model
 
 
-def _max_new_tokens(args: argparse.Namespace, model: Any, tokenizer: Any,
-                    prompts: list[str]) -> int:
-    """--max-new-tokens, or a default that fits the context; a prompt the tokenizer cannot
-    encode is refused by its number."""
-    lengths = []  # tokens per prompt
+def _prompt_lengths(args: argparse.Namespace, tokenizer: Any, prompts: list[str]) -> list[int]:
+    """Tokens per prompt; a prompt the tokenizer cannot encode is refused by its number."""
+    lengths = []
     for i, prompt in enumerate(prompts):
         try:
             lengths.append(len(tokenizer.encode(prompt)))
         except ValueError as err:
             where = "" if args.prompt_file is None else f"prompt {i + 1}/{len(prompts)}: "
             raise CLIError(f"{where}{err}") from None
+    return lengths
+
+
+def _max_new_tokens(args: argparse.Namespace, block: int, lengths: list[int]) -> int:
+    """--max-new-tokens, or a default that fits the context (`block` tokens) after prompts of
+    `lengths` tokens; a prompt that leaves no room is refused by its number."""
     max_new_tokens: int | None = args.max_new_tokens
-    block = model.config.block_size
     if max_new_tokens is None and args.sliding_window:
         max_new_tokens = 200
     elif max_new_tokens is None:
@@ -311,7 +322,7 @@ def _max_new_tokens(args: argparse.Namespace, model: Any, tokenizer: Any,
         max_new_tokens = max(1, min(200, block - longest + 1))
     for i, n in enumerate(lengths):  # before the first batch runs: name the prompt
         if not args.sliding_window and max(n, 1) + max_new_tokens - 1 > block:
-            where = "the prompt" if args.prompt_file is None else f"prompt {i + 1}/{len(prompts)}"
+            where = "the prompt" if args.prompt_file is None else f"prompt {i + 1}/{len(lengths)}"
             fix = ("lower --max-new-tokens, shorten it" if args.max_new_tokens is not None
                    else "shorten it")
             raise CLIError(f"{where} has {count(n, 'token')}; with "

@@ -122,12 +122,16 @@ def _memory_line(device: str, report: dict[str, dict[str, Any]]) -> str:
 
 def _specials(tok: Any, about: dict[str, Any]) -> str:
     """"; generation stops at '</s>' (2); '<s>' (1) prepended" for the tokenizer line."""
-    def named(i: int) -> str:
-        return f"{tok.decode([i])!r} ({i})"
+    def named(i: int, role: str) -> str:
+        try:
+            return f"{tok.decode([i])!r} ({i})"
+        except ValueError:  # a config's id past the tokenizer: say so, finish the report
+            return f"{role} id {i} (not in the tokenizer)"
 
     text = ""
     if about["stop_ids"]:
-        text += "; generation stops at " + " or ".join(map(named, about["stop_ids"]))
+        text += "; generation stops at " + " or ".join(named(i, "eos")
+                                                       for i in about["stop_ids"])
     if about["adds_bos"] and about["bos_id"] is not None:
-        text += f"; {named(about['bos_id'])} prepended"
+        text += f"; {named(about['bos_id'], 'bos')} prepended"
     return text

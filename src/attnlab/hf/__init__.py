@@ -19,9 +19,10 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from ..checkpoint import Checkpoint, OpenedWeights
+from ..checkpoint import Checkpoint, OpenedCheckpoint
 from ..model.gpt import GPT, GPTConfig
 from ..model.materialize import (
+    OpenedWeights,
     Progress,
     check_layer_count,
     check_shapes,
@@ -29,6 +30,7 @@ from ..model.materialize import (
     meta_gpt,
 )
 from ..model.runtime import resolve_device
+from ..model.tensorfile import TensorFiles
 from ..tokenizers import Tokenizer, check_fits
 from ..tokenizers.hf_dir import (
     CONFIG_FILE,
@@ -39,7 +41,7 @@ from ..tokenizers.hf_dir import (
     read_hf_config,
 )
 from .fields import Fields
-from .files import SAFETENSORS_FILE, read_weights, write_hf_dir
+from .files import SAFETENSORS_FILE, BinTensors, chosen_weights, read_weights, write_hf_dir
 from .gpt2 import GPT2
 from .gpt_neox import GPT_NEOX
 from .llama import LLAMA, MISTRAL
@@ -66,6 +68,7 @@ __all__ = [
     "load_hf_checkpoint",
     "load_hf_gpt2",
     "load_hf_tokenizer",
+    "open_hf_checkpoint",
     "save_hf",
     "save_hf_gpt2",
 ]
@@ -164,26 +167,48 @@ def load_hf(
     return open_hf_weights(path, dropout=dropout).fill(dtype, device, force, progress)
 
 
-def open_hf_weights(path: str | Path, *, dropout: float = 0.0,
-                    read_head: bool = True) -> OpenedWeights:
+def open_hf_weights(path: str | Path, *, dropout: float = 0.0) -> OpenedWeights:
     """A Hugging Face directory's config and weight files, checked against each other by
-    the headers alone, nothing allocated; ValueError naming the first tensor that does not
-    fit. A tied config whose file stores a head is read to see whether the head is the
-    token table (transformers unties it otherwise); `read_head=False` trusts the config."""
+    the headers alone, nothing allocated or read; ValueError naming the first tensor that
+    does not fit. A tied config whose files store a head too opens untied, the head counted
+    as its own (the worst case), with `decide` set: `OpenedWeights.decided()` compares head
+    and token table a slice at a time and ties them if equal (transformers 5 unties them
+    otherwise), after the fit check (`fill`) or for `inspect_dir`."""
     directory = Path(path)
     hf_config = read_hf_config(directory)
     config = config_from_hf(hf_config, dropout=dropout)  # before the weights are opened
     family = family_of(hf_config)
     files = read_weights(directory)
     names = family.weights
-    check_layer_count(config.n_layer, files, names.layer, base=names.base)
-    if read_head and config.tie_weights and names.head_is_untied(files):
-        config = dataclasses.replace(config, tie_weights=False)
+    try:
+        check_layer_count(config.n_layer, files, names.layer, base=names.base)
+        stored = names.stored_head(files) if config.tie_weights else None
+        untied = config if stored is None else dataclasses.replace(config, tie_weights=False)
+        opened = _opened(untied, files, family)
+    except ValueError as err:
+        raise ValueError(f"{err}{chosen_weights(directory)}") from None
+    if stored is None:
+        return opened
+
+    def decide() -> OpenedWeights:
+        # the head was checked in its own right; tied, it is the token table, checked too
+        return _opened(config, files, family, check=False) if files.same(*stored) else \
+            dataclasses.replace(opened, decide=None)
+
+    return dataclasses.replace(opened, decide=decide)
+
+
+def _opened(config: GPTConfig, files: TensorFiles | BinTensors, family: Family,
+            check: bool = True) -> OpenedWeights:
+    """`config`'s meta model and the file tensors that fill it, their names, shapes and
+    dtypes checked from the headers (`check`)."""
+    names = family.weights
     model = meta_gpt(config)
     keys = list(model.state_dict())
-    meta = _Recording(files.meta())
-    check_shapes(model, names.iter_from_hf(meta, config, keys, family.name),
-                 lambda ours: f"{ours} ({files.describe(meta.last)})")
+    if check:
+        meta = _Recording(files.meta())
+        check_shapes(model, names.iter_from_hf(meta, config, keys, family.name),
+                     lambda ours: f"{ours} ({files.describe(meta.last)})")
     return OpenedWeights(config, model, files,
                          lambda: names.iter_from_hf(files, config, keys, family.name))
 
@@ -211,6 +236,19 @@ def load_hf_gpt2(
     return load_hf(directory, dropout=dropout, map_location=map_location)
 
 
+def open_hf_checkpoint(directory: str | Path) -> OpenedCheckpoint:
+    """A Hugging Face directory opened as `attnlab.load.open_checkpoint` opens one: the
+    weights' headers checked against the config, then the tokenizer read and checked
+    (before the weights: a directory without one fails at once, not after the load)."""
+    opened = open_hf_weights(directory)
+    tokenizer = load_hf_tokenizer(directory, opened.config.vocab_size)
+    check_fits(tokenizer, opened.config.vocab_size)
+    family = family_of(read_hf_config(directory))
+    meta = {"source": "huggingface", "family": family.name,
+            "architecture": family.architecture}
+    return OpenedCheckpoint(Path(directory), opened, tokenizer, meta)
+
+
 def load_hf_checkpoint(
     directory: str | Path, *, map_location: str | torch.device = "cpu",
     dtype: torch.dtype | str | None = None, force: bool = False,
@@ -218,14 +256,9 @@ def load_hf_checkpoint(
 ) -> Checkpoint:
     """Model and tokenizer of a Hugging Face directory, as `load_checkpoint` returns them;
     meta names the family and architecture."""
-    model = load_hf(directory, dtype, map_location=map_location, force=force,
-                    progress=progress)
-    tokenizer = load_hf_tokenizer(directory, model.config.vocab_size)
-    check_fits(tokenizer, model.config.vocab_size)
-    family = family_of(read_hf_config(directory))
-    meta = {"source": "huggingface", "family": family.name,
-            "architecture": family.architecture}
-    return Checkpoint(model, tokenizer, meta, Path(directory))
+    resolve_device(str(map_location))  # a missing CUDA named before any reading
+    return open_hf_checkpoint(directory).load(map_location=map_location, dtype=dtype,
+                                              force=force, progress=progress)
 
 
 def save_hf(path: str | Path, model: GPT, tokenizer: Tokenizer | None = None, *,

@@ -34,6 +34,8 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from typing import Any
 
+from ..model.layers import check_rope_scaling
+
 IRRELEVANT = frozenset({
     # bookkeeping
     "_name_or_path", "architectures", "model_type", "transformers_version", "dtype",
@@ -123,6 +125,14 @@ class Fields:
             raise self.refuse(key, value, "expected a positive number")
         return float(value)
 
+    def flag(self, key: str, default: bool) -> bool:
+        """A true/false field. Anything else is refused: transformers stores the value as
+        written and tests it for truth, so "false" (a string) would count as true."""
+        value = self.get(key, default)
+        if not isinstance(value, bool):
+            raise self.refuse(key, value, "expected true or false (JSON booleans, unquoted)")
+        return value
+
     def one_of(self, key: str, allowed: Iterable[Any], default: Any) -> Any:
         value = self.get(key, default)
         allowed = list(allowed)
@@ -194,6 +204,7 @@ def rope_from_hf(
     scaling = None
     if kind != "default":
         scaling = {"rope_type": kind, **{k: rope[k] for k in sorted(_ROPE_KEYS[kind])}}
+        check_rope_scaling(scaling, where=f"{fields.family} config.json has {source}")
     if isinstance(theta, bool) or not isinstance(theta, (int, float)) or \
             not 0 < theta < float("inf"):
         raise fields.refuse("rope_theta", theta, "expected a positive number")

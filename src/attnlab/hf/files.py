@@ -3,7 +3,8 @@
 A directory (`save_pretrained`, or a hub snapshot copied by hand) holds
     config.json                      model_type and the architecture's fields
     model.safetensors                weights; or model.safetensors.index.json and its shards;
-                                     or pytorch_model.bin, read with weights_only=True
+                                     or pytorch_model.bin (zip or legacy), read with
+                                     weights_only=True
     tokenizer.json                   (or vocab.json + merges.txt for GPT-2)
     tokenizer_config.json            optional: bos/eos/pad tokens, add_bos_token
     generation_config.json           optional: bos/eos/pad token ids (these win)
@@ -15,17 +16,20 @@ nothing is ever downloaded. What the weights and fields mean is the families' bu
 
 from __future__ import annotations
 
+import contextlib
 import json
+import math
 import shutil
 import warnings
-from collections.abc import Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 import torch
 from torch import Tensor
 
-from ..model.tensorfile import TensorFiles, by_dtype
+from ..checkpoint import unpickling_reason
+from ..model.tensorfile import COMPARE_PIECE, TensorFiles, by_dtype
 from ..tokenizers import HFTokenizer, TiktokenTokenizer, Tokenizer
 from ..tokenizers.hf_dir import CONFIG_FILE, TOKENIZER_CONFIG, TOKENIZER_FILES, as_hf_backend
 
@@ -36,7 +40,7 @@ TORCH_FILE = "pytorch_model.bin"
 
 def read_weights(directory: Path) -> TensorFiles | BinTensors:
     """The directory's weights by Hugging Face name, as a mapping that reads a tensor when it
-    is asked for (`TensorFiles`; a pytorch_model.bin is memory-mapped). Every safetensors
+    is asked for (`TensorFiles`; `BinTensors` for a pytorch_model.bin). Every safetensors
     header is checked first, and the index must name files next to it, each tensor once."""
     if (directory / SAFETENSORS_FILE).is_file():
         return TensorFiles([directory / SAFETENSORS_FILE])
@@ -48,6 +52,20 @@ def read_weights(directory: Path) -> TensorFiles | BinTensors:
         f"{directory} has no weights: expected {SAFETENSORS_FILE}, {SAFETENSORS_INDEX} or "
         f"{TORCH_FILE} next to its {CONFIG_FILE}"
     )
+
+
+def chosen_weights(directory: Path) -> str:
+    """"; read from model.safetensors, not model.safetensors.index.json beside it" where the
+    directory holds more than one kind of weights (a stale file from an older download), ""
+    otherwise: what an error about the weights adds, so that it names the file read.
+    `read_weights` picks in transformers' order (modeling_utils: model.safetensors, then the
+    index, then pytorch_model.bin)."""
+    present = [name for name in (SAFETENSORS_FILE, SAFETENSORS_INDEX, TORCH_FILE)
+               if (directory / name).is_file()]
+    if len(present) < 2:
+        return ""
+    return (f"; read from {present[0]}, not {' or '.join(present[1:])} beside it (transformers "
+            "reads the same one); remove the stale file")
 
 
 def _sharded(directory: Path) -> TensorFiles:
@@ -80,41 +98,107 @@ def _sharded(directory: Path) -> TensorFiles:
     return files
 
 
-class BinTensors(dict[str, Tensor]):
-    """A pytorch_model.bin's tensors, memory-mapped (read with weights_only=True: plain
-    tensors only), with TensorFiles' `meta` and `describe`."""
+class BinTensors(Mapping[str, Tensor]):
+    """A pytorch_model.bin's tensors, read with weights_only=True (plain tensors only; a
+    pickle that would run code is refused), with TensorFiles' `meta` and `describe`.
+
+    A zip file (torch.save's format since PyTorch 1.6) is memory-mapped: a tensor is read
+    from the file when it is copied. A legacy (non-zip) file cannot be mapped: opening it
+    reads the names, shapes and dtypes alone, and the first tensor asked for reads the whole
+    file, which a load then holds beside the model until it is done (`largest` says so, so
+    the fit check counts it)."""
 
     def __init__(self, path: Path) -> None:
-        try:
-            state = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
-        except Exception as err:  # UnpicklingError for unsafe content, RuntimeError if truncated
-            raise ValueError(
-                f"refusing or unable to load {path}: {err}. attnlab reads "
-                "plain tensors only (weights_only=True); convert it to model.safetensors"
-            ) from err
-        if not isinstance(state, dict) or not all(isinstance(t, Tensor) for t in state.values()):
-            raise ValueError(f"{path} is not a state dict of tensors")
-        super().__init__(state)
         self.path = path
+        with open(path, "rb") as f:
+            self.legacy = f.read(4) != b"PK\x03\x04"  # a zip's first local file header
+        self._tensors = self._load(meta=self.legacy)
+        self._shapes = {name: (t.shape, t.dtype) for name, t in self._tensors.items()}
+        self._read = not self.legacy
+
+    def _load(self, meta: bool) -> dict[str, Tensor]:
+        """The state dict, memory-mapped (zip), or for a legacy file meta tensors (`meta`)
+        or every tensor read into memory."""
+        try:
+            with _skipping_data() if meta else contextlib.nullcontext():
+                state = torch.load(self.path, map_location="meta" if meta else "cpu",
+                                   weights_only=True, mmap=not self.legacy)
+        except Exception as err:
+            # weights_only's refusal (code in the pickle) is pickle.UnpicklingError, named
+            # here: the package never imports pickle (tests/test_security.py)
+            if type(err).__name__ != "UnpicklingError":
+                said = unpickling_reason(err).split(". ")[0]  # torch goes on for a paragraph
+                raise ValueError(f"unable to read {self.path}: {said}; the file is truncated "
+                                 "or not a torch.save file") from None
+            raise ValueError(
+                f"refusing {self.path} for safety: {unpickling_reason(err)}. A pickle can "
+                "run code, so attnlab reads plain tensors only (weights_only=True); if you "
+                "trust its source, convert it to model.safetensors (safetensors.torch."
+                "save_file of its state dict) and load that") from None
+        if not isinstance(state, dict) or not all(isinstance(t, Tensor) for t in state.values()):
+            raise ValueError(f"{self.path} is not a state dict of tensors")
+        return state
+
+    def __getitem__(self, name: str) -> Tensor:
+        if not self._read:
+            self._tensors, self._read = self._load(meta=False), True
+        return self._tensors[name]
+
+    def __contains__(self, name: object) -> bool:
+        return name in self._shapes
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._shapes)
+
+    def __len__(self) -> int:
+        return len(self._shapes)
 
     def meta(self) -> dict[str, Tensor]:
-        return {name: torch.empty(t.shape, dtype=t.dtype, device="meta")
-                for name, t in self.items()}
+        return {name: torch.empty(shape, dtype=dtype, device="meta")
+                for name, (shape, dtype) in self._shapes.items()}
 
     def describe(self, name: str) -> str:
         return f"tensor {name!r} of {self.path.name}"
 
+    def _sizes(self) -> list[int]:
+        return [math.prod(shape) * dtype.itemsize for shape, dtype in self._shapes.values()]
+
     def largest(self) -> int:
-        return max((t.nbytes for t in self.values()), default=0)
+        """Bytes a load holds besides the model: one tensor of a mapped file; all of a
+        legacy one, read whole."""
+        sizes = self._sizes()
+        return sum(sizes) if self.legacy else max(sizes, default=0)
+
+    def same(self, a: str, b: str) -> bool:
+        """Whether tensors `a` and `b` hold equal values, compared COMPARE_PIECE bytes of
+        rows at a time (a mapped file's pages are read as each slice is compared)."""
+        x, y = self[a], self[b]
+        if x.shape != y.shape:
+            return False
+        if x.dim() == 0:
+            return torch.equal(x, y)
+        rows = max(1, COMPARE_PIECE * x.shape[0] // max(x.nbytes, y.nbytes, 1))
+        return all(torch.equal(x[start:start + rows], y[start:start + rows])
+                   for start in range(0, x.shape[0], rows))
 
     def stored(self) -> dict[torch.dtype, int]:
-        return by_dtype((t.dtype, t.nbytes) for t in self.values())
+        return by_dtype((dtype, math.prod(shape) * dtype.itemsize)
+                        for shape, dtype in self._shapes.values())
 
     def paths(self) -> list[Path]:
         return [self.path]
 
     def forget(self) -> None:
-        self.clear()
+        """Drop what was read: a legacy file's tensors (the next read loads them again)."""
+        if self.legacy:
+            self._tensors, self._read = {}, False
+
+
+def _skipping_data() -> contextlib.AbstractContextManager[None]:
+    """torch.load reading a file's pickle without its tensor data (torch 2.5 and later;
+    before, a legacy file's data is read once, and dropped)."""
+    skip = getattr(torch.serialization, "skip_data", None)
+    return contextlib.nullcontext() if skip is None else skip()
 
 
 def write_hf_dir(directory: Path, config: dict[str, Any], weights: dict[str, Tensor],

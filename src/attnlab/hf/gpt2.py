@@ -52,7 +52,7 @@ IRRELEVANT = frozenset({"reorder_and_upcast_attn", "n_ctx"})
 
 def _config(f: Fields) -> dict[str, Any]:
     n_embd = f.count("n_embd", 768)
-    if f.get("scale_attn_by_inverse_layer_idx", False):
+    if f.flag("scale_attn_by_inverse_layer_idx", False):
         raise f.refuse("scale_attn_by_inverse_layer_idx", True, "attnlab scales every "
                        "layer's scores alike (1/sqrt(hs))")
     return dict(
@@ -62,8 +62,8 @@ def _config(f: Fields) -> dict[str, Any]:
         d_ff=f.count("n_inner", 4 * n_embd),
         norm_eps=f.number("layer_norm_epsilon", 1e-5),
         gelu=f.gelu("activation_function", "gelu_new"),
-        tie_weights=bool(f.get("tie_word_embeddings", True)),
-        attn_scale=None if f.get("scale_attn_weights", True) else 1.0,
+        tie_weights=f.flag("tie_word_embeddings", True),
+        attn_scale=None if f.flag("scale_attn_weights", True) else 1.0,
     )
 
 

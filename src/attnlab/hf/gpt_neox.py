@@ -50,7 +50,7 @@ def _config(f: Fields) -> dict[str, Any]:
     n_embd, n_head = f.count("hidden_size", 6144), f.count("num_attention_heads", 64)
     theta, scaling, partial = rope_from_hf(f, theta_key="rotary_emb_base",
                                            partial_key="rotary_pct", default_partial=0.25)
-    attention_bias = bool(f.get("attention_bias", True))
+    attention_bias = f.flag("attention_bias", True)
     return dict(
         vocab_size=f.count("vocab_size", 50432),
         block_size=f.count("max_position_embeddings", 2048, MAX_CONTEXT),
@@ -60,8 +60,8 @@ def _config(f: Fields) -> dict[str, Any]:
         norm="layernorm", norm_eps=f.number("layer_norm_eps", 1e-5),
         mlp="gelu", gelu=f.gelu("hidden_act", "gelu"), bias=True,
         qkv_bias=attention_bias, out_bias=attention_bias,
-        parallel_residual=bool(f.get("use_parallel_residual", True)),
-        tie_weights=bool(f.get("tie_word_embeddings", False)),
+        parallel_residual=f.flag("use_parallel_residual", True),
+        tie_weights=f.flag("tie_word_embeddings", False),
     )
 
 

@@ -53,7 +53,7 @@ def llama_like_config(f: Fields, *, max_positions: int, default_head_dim: int | 
         pos="rope", rope_theta=theta, rope_scaling=scaling,
         norm="rmsnorm", norm_eps=f.number("rms_norm_eps", 1e-6),
         mlp="swiglu",
-        tie_weights=bool(f.get("tie_word_embeddings", False)),
+        tie_weights=f.flag("tie_word_embeddings", False),
         **switches,
     )
 
@@ -93,9 +93,9 @@ def out_bias_of(c: GPTConfig) -> bool:
 
 
 def _llama_config(f: Fields) -> dict[str, Any]:
-    attention_bias = bool(f.get("attention_bias", False))
+    attention_bias = f.flag("attention_bias", False)
     return llama_like_config(
-        f, max_positions=2048, bias=bool(f.get("mlp_bias", False)),
+        f, max_positions=2048, bias=f.flag("mlp_bias", False),
         qkv_bias=attention_bias, out_bias=attention_bias,
     )
 

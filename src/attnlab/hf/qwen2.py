@@ -27,7 +27,7 @@ def qwen_window(f: Fields, n_layer: int) -> dict[str, Any]:
     """sliding_window / window_layers from Qwen's fields, as transformers 5's Qwen2Config
     derives them: a window only with use_sliding_window, on layers >= max_window_layers
     unless `layer_types` names the layers."""
-    use = bool(f.get("use_sliding_window", False))
+    use = f.flag("use_sliding_window", False)
     window = f.get("sliding_window", 4096)
     window = window if use else None
     first = f.get("max_window_layers", 28)

@@ -22,7 +22,7 @@ from .registry import Family
 
 def _config(f: Fields) -> dict[str, Any]:
     n_layer = f.count("num_hidden_layers", 32)
-    attention_bias = bool(f.get("attention_bias", False))
+    attention_bias = f.flag("attention_bias", False)
     # Qwen3Config's head_dim defaults to 128, not hidden_size / heads
     return llama_like_config(f, max_positions=32768, default_head_dim=128, bias=False,
                              qkv_bias=attention_bias, out_bias=attention_bias, qk_norm=True,

@@ -11,7 +11,7 @@ module and one line in `FAMILIES` (hf/__init__.py). Directory reading is `files.
 from __future__ import annotations
 
 import re
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Container, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -53,15 +53,21 @@ class WeightMap:
     split_qkv: SplitQKV | None = None
     join_qkv: JoinQKV | None = None
 
+    def stored_head(self, hf_state: Container[str]) -> tuple[str, str] | None:
+        """(the head's name, the token table's name) as the file stores them, where it
+        stores both; None otherwise. A tied config's file may hold the head too."""
+        head = f"{self.top['lm_head']}.weight"
+        table = f"{self.top['wte']}.weight"
+        stored = next((k for k in (table, table.removeprefix(self.base)) if k in hf_state),
+                      None)  # a bare body's file lacks the base prefix
+        return (head, stored) if head in hf_state and stored is not None else None
+
     def head_is_untied(self, hf_state: Mapping[str, Tensor]) -> bool:
-        """Whether the file stores an output head that differs from the token embedding:
-        transformers 5 then leaves a tie_word_embeddings=true model untied (with a warning),
-        so attnlab does the same."""
-        head = hf_state.get(f"{self.top['lm_head']}.weight")
-        embed = next((hf_state[k] for k in (f"{self.top['wte']}.weight",
-                                            f"{self.top['wte']}.weight".removeprefix(self.base))
-                      if k in hf_state), None)
-        return head is not None and embed is not None and not torch.equal(head, embed)
+        """Whether a state dict in memory stores an output head that differs from the token
+        embedding: transformers 5 then leaves a tie_word_embeddings=true model untied (with a
+        warning), so attnlab does the same. (Files compare a slice at a time: `same`.)"""
+        pair = self.stored_head(hf_state)
+        return pair is not None and not torch.equal(hf_state[pair[0]], hf_state[pair[1]])
 
     def _name(self, ours: str) -> str:
         """The HF name of an attnlab (non-q/k/v-fused) parameter name."""

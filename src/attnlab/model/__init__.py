@@ -21,6 +21,7 @@ from .decode import DecodeStep, half_weights
 from .gpt import GPT, ModelOutput, count_params, next_token_loss
 from .kv_cache import KVCache
 from .layers import RMSNorm
+from .memory import DoesNotFitError
 from .trace import Trace
 
 __all__ = [
@@ -28,6 +29,7 @@ __all__ = [
     "PRESETS",
     "CausalSelfAttention",
     "DecodeStep",
+    "DoesNotFitError",
     "GPTConfig",
     "KVCache",
     "Mask",

@@ -175,23 +175,45 @@ def real_positions(attention_mask: Tensor, T: int) -> Tensor:
     return (attention_mask.long().cumsum(-1) - 1).clamp(min=0)[:, -T:]
 
 
-def check_rope_scaling(rope_scaling: Mapping[str, Any] | None) -> None:
-    """Refuse, in one line naming the field and value, a rope_scaling attnlab cannot honour."""
+def check_rope_scaling(rope_scaling: Mapping[str, Any] | None, where: str = "rope_scaling"
+                       ) -> None:
+    """Refuse, in one line naming the field and value, a rope_scaling attnlab cannot honour:
+    an unknown type, a missing key, or a value the scaling math cannot use (a factor of 0
+    divides by zero; a string cannot divide at all). `where` names the dict in messages
+    ("llama config.json has rope_scaling")."""
     if rope_scaling is None:
         return
     if not isinstance(rope_scaling, Mapping):
         raise ValueError(
-            f"rope_scaling={rope_scaling!r} must be a dict with a 'rope_type' key, or None"
+            f"{where}={rope_scaling!r} must be a dict with a 'rope_type' key, or None"
         )
     kind = rope_scaling.get("rope_type", rope_scaling.get("type"))
     if kind not in ROPE_SCALINGS:
         raise ValueError(
-            f"rope_scaling rope_type={kind!r} is not supported; supported types: "
+            f"{where} rope_type={kind!r} is not supported; supported types: "
             f"{sorted(ROPE_SCALINGS)} (None for no scaling)"
         )
     missing = [key for key in ROPE_SCALINGS[kind] if key not in rope_scaling]
     if missing:
-        raise ValueError(f"rope_scaling of rope_type={kind!r} lacks {missing}; add them")
+        raise ValueError(f"{where} of rope_type={kind!r} lacks {missing}; add them")
+    for key in ROPE_SCALINGS[kind]:
+        value = rope_scaling[key]
+        whole = key == "original_max_position_embeddings"
+        if not _positive(value, whole):
+            raise ValueError(f"{where}.{key}={value!r}: expected "
+                             f"{'a positive integer' if whole else 'a finite number > 0'}")
+    if kind == "llama3" and rope_scaling["high_freq_factor"] <= rope_scaling["low_freq_factor"]:
+        # the blend between the bands divides by their difference
+        raise ValueError(f"{where}.high_freq_factor={rope_scaling['high_freq_factor']!r}: "
+                         "expected more than low_freq_factor="
+                         f"{rope_scaling['low_freq_factor']!r} (Llama 3.1: 4.0 and 1.0)")
+
+
+def _positive(value: object, whole: bool) -> bool:
+    """A number > 0 (finite; an int if `whole`), not a bool or a string."""
+    if isinstance(value, bool) or not isinstance(value, int if whole else (int, float)):
+        return False
+    return 0 < value < math.inf
 
 
 def rope_inv_freq(

@@ -10,20 +10,24 @@ model as a config plus a stream of (attnlab name, tensor) pairs. This module:
    `GPT.lay_out_weights` gives it, and copies the tensor in: `materialize`. Only the tensor
    being copied exists twice, never the model: peak memory is the model plus its largest
    tensor as the file stores it (docs/performance.md#lazy-loading).
-What the names mean and where tensors come from is the loaders'; memory budgets are
+`OpenedWeights` is a directory at step 2, ready for 3 (`fill`) once `memory.py`'s check
+agrees. What the names mean and where tensors come from is the loaders'; memory budgets are
 `memory.py`'s.
 """
 
 from __future__ import annotations
 
 import re
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
 
 import torch
 from torch import Tensor
 
 from .config import GPTConfig
 from .gpt import GPT, on_meta
+from .memory import Use, check_memory
+from .tensorfile import WeightFiles
 
 #: (tensors filled, tensors in all): called after each tensor a load copies in
 Progress = Callable[[int, int], None]
@@ -100,6 +104,30 @@ def check_shapes(model: GPT, tensors: Iterable[tuple[str, Tensor]],
                          "model or the files are incomplete")
 
 
+def mismatch(model: GPT, state: dict[str, Tensor], show: int = 3) -> str:
+    """One line saying how `state` differs from `model`'s tensors ("" if it fits): counts,
+    and the first few names with both shapes (torch lists every tensor, 32 lines for a
+    2-layer model of another width)."""
+    expected = {name: tuple(t.shape) for name, t in model.state_dict().items()}
+
+    def first(names: list[str]) -> str:
+        return ", ".join(names[:show]) + (", ..." if len(names) > show else "")
+
+    shapes = [f"{n} {tuple(state[n].shape)} vs {expected[n]}" for n in expected
+              if n in state and tuple(state[n].shape) != expected[n]]
+    missing = [n for n in expected if n not in state]
+    unexpected = [n for n in state if n not in expected]
+    parts = []
+    if shapes:
+        parts.append(f"{len(shapes)} of {len(expected)} tensors have other shapes (file vs "
+                     f"config: {first(shapes)})")
+    if missing:
+        parts.append(f"{len(missing)} missing ({first(missing)})")
+    if unexpected:
+        parts.append(f"{len(unexpected)} unexpected ({first(unexpected)})")
+    return "; ".join(parts)
+
+
 def materialize(model: GPT, tensors: Iterable[tuple[str, Tensor]], *,
                 dtype: torch.dtype | None = None, device: str | torch.device = "cpu",
                 progress: Progress | None = None) -> GPT:
@@ -126,3 +154,41 @@ def materialize(model: GPT, tensors: Iterable[tuple[str, Tensor]], *,
     if model.config.tie_weights:
         model.lm_head.weight = model.wte.weight  # assign gave each name its own Parameter
     return model.eval()
+
+
+@dataclass
+class OpenedWeights:
+    """A model directory opened and checked, nothing allocated: its config and meta-device
+    model, the weight files (headers read), and which file tensor fills each parameter.
+
+    `decide` is set where the config ties the head to the token table but the files store a
+    head too (Hugging Face directories): until then the head counts as its own parameter
+    (the worst case), and `decided()` compares the two a slice at a time and returns the
+    weights as they load: tied if equal, untied (as transformers does) if not."""
+
+    config: GPTConfig
+    model: GPT  # on the meta device
+    files: WeightFiles
+    #: (parameter, tensor) for every parameter but a tied head, read as it is iterated
+    tensors: Callable[[], Iterable[tuple[str, torch.Tensor]]]
+    decide: Callable[[], OpenedWeights] | None = None
+
+    def decided(self) -> OpenedWeights:
+        """These weights with a stored head's tie settled (`decide`): reads the head and the
+        token table a slice at a time, never either whole."""
+        return self if self.decide is None else self.decide()
+
+    def fill(self, dtype: torch.dtype | str | None, device: torch.device, force: bool,
+             progress: Progress | None = None, uses: Sequence[Use] = ()) -> GPT:
+        """The model on `device` in `dtype`, once `check_memory` agrees (or `force`) that it
+        fits with `uses` beside it, before any tensor is read (a stored head counted as its
+        own: `decide`); progress: `materialize`'s."""
+        dtype = load_dtype(dtype)
+        check_memory(self.model.num_params(non_embedding=False), dtype or torch.float32,
+                     device, extra=self.files.largest(), uses=uses, force=force)
+        try:
+            opened = self.decided()
+            return materialize(opened.model, opened.tensors(), dtype=dtype, device=device,
+                               progress=progress)
+        finally:
+            self.files.forget()

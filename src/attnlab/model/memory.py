@@ -1,15 +1,20 @@
 """Will it fit? The memory a model needs at a dtype, the memory a device has free, and one
 line that says so before a load starts instead of the out-of-memory killer after.
 
-`check_memory` is what loaders call with the bytes they are about to allocate; `fit_report`
-is what `attnlab info` prints for every dtype. Free memory is the kernel's MemAvailable
-(capped by the container's cgroup limit) for the CPU and `torch.cuda.mem_get_info` for a
-GPU; elsewhere (MPS) it is unknown and nothing is refused.
+`check_memory` is what loaders call with the bytes they are about to allocate: the weights,
+the largest tensor read on the way, and what the caller will allocate beside the model
+(`Use`: a generation's KV cache, an export's copy of the weights); `fit_report` is what
+`attnlab info` prints for every dtype. Free memory on the CPU is the least of the kernel's
+MemAvailable, what the container's memory limit leaves (cgroup v2 or v1) and what the
+process's address-space limit leaves (RLIMIT_AS: `ulimit -v`, `prlimit --as`); on a GPU
+`torch.cuda.mem_get_info`; elsewhere (MPS) it is unknown and nothing is refused.
 """
 
 from __future__ import annotations
 
 import os
+from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -19,10 +24,68 @@ import torch
 LOAD_DTYPES: dict[str, torch.dtype] = {
     "float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16,
 }
+#: how `DoesNotFitError`'s own message names the ways out: the API's arguments (a command
+#: words them as its flags: `DoesNotFitError.advice`)
+API_DTYPE, API_FORCE = "dtype=torch.bfloat16", "force=True"
+
+
+@dataclass(frozen=True)
+class Use:
+    """Memory a caller allocates beside the model's weights, counted by the fit check:
+    `elements` in the model's dtype (a KV cache, a copy of the weights) plus `nbytes`
+    whatever the dtype (float16 packed matrices)."""
+
+    what: str  # "the KV cache for 4 rows of 1,024 positions"
+    elements: int = 0
+    nbytes: int = 0
+
+    def bytes_in(self, dtype: torch.dtype) -> int:
+        return self.elements * dtype.itemsize + self.nbytes
+
+
+@dataclass(frozen=True)
+class Shortfall:
+    """What a refused load needed and had: the numbers behind `DoesNotFitError`'s advice."""
+
+    needs: str  # "the model needs 16.1 GB in float32 (4.01B parameters) but ... 8.0 GB free"
+    free: int
+    params: int
+    dtype: torch.dtype
+    extra: int  # the largest tensor, read on the way
+    needed: int  # bytes in `dtype`: weights, extra and uses
+    half: int | None  # the same in bfloat16, where `dtype` is wider
 
 
 class DoesNotFitError(ValueError):
-    """The model cannot fit in the memory the device has free (the message says what would)."""
+    """The model cannot fit in the memory the device has free. The message says what it
+    needs, what there is, and the ways out in the API's words (dtype=torch.bfloat16,
+    force=True); `advice(dtype=..., force=...)` words them as a command's flags, and leaves
+    out a way the command lacks."""
+
+    def __init__(self, shortfall: Shortfall) -> None:
+        self.shortfall = shortfall
+        super().__init__(self.advice(dtype=API_DTYPE, force=API_FORCE))
+
+    def advice(self, *, dtype: str | None = None, force: str | None = None) -> str:
+        """The one line, with `dtype` (how to load in bfloat16, e.g. "--dtype bfloat16") and
+        `force` (how to skip the check) where the caller has them, None where not."""
+        s = self.shortfall
+        parts = [s.needs]
+        halves = s.half is not None and dtype is not None
+        if halves and s.half is not None and s.half <= s.free:
+            parts.append(f"in bfloat16 it needs {gb(s.half)}, which fits: {dtype}")
+        else:
+            if halves and s.half is not None:
+                parts.append(f"even bfloat16 needs {gb(s.half)}")
+            target, name = ((s.half, "bfloat16") if halves and s.half is not None
+                            else (s.needed, _name(s.dtype)))
+            # the uses (a KV cache, a copy) grow with the model as its weights do
+            fits = params_text(max(s.free - s.extra, 0) * s.params // max(target - s.extra, 1))
+            parts.append(f"use a device with {gb(target)} free or a smaller model (about "
+                         f"{fits} parameters fit here in {name})")
+        if force is not None:
+            parts.append(f"{force} tries anyway")
+        return "; ".join(parts)
 
 
 def gb(nbytes: float) -> str:
@@ -52,7 +115,8 @@ def available_bytes(device: str | torch.device) -> int | None:
         return int(free)
     if device.type != "cpu":
         return None
-    known = [n for n in (_meminfo_available(), _cgroup_free()) if n is not None]
+    known = [n for n in (_meminfo_available(), _cgroup_free(), _cgroup_v1_free(),
+                         _address_space_free()) if n is not None]
     return min(known) if known else None
 
 
@@ -81,39 +145,76 @@ def _cgroup_free() -> int | None:
         return None
 
 
+#: cgroup v1 writes "no limit" as the largest page-aligned signed 64-bit count (2**63 - 4096
+#: on x86-64); anything this large is no limit
+_V1_UNLIMITED = 1 << 60
+
+
+def _cgroup_v1_free() -> int | None:
+    """What the container's memory limit leaves (cgroup v1), or None without one."""
+    root = Path("/sys/fs/cgroup/memory")
+    try:
+        limit = int((root / "memory.limit_in_bytes").read_text())
+        if limit >= _V1_UNLIMITED:
+            return None
+        return max(limit - int((root / "memory.usage_in_bytes").read_text()), 0)
+    except (OSError, ValueError):
+        return None
+
+
+def _address_space_free() -> int | None:
+    """What the process's address-space limit (RLIMIT_AS) leaves of its virtual size, or
+    None without one: past it every allocation fails, however much memory is free."""
+    try:
+        import resource  # POSIX only
+    except ImportError:
+        return None
+    soft, _ = resource.getrlimit(resource.RLIMIT_AS)
+    if soft == resource.RLIM_INFINITY:
+        return None
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("VmSize:"):
+                return max(soft - int(line.split()[1]) * 1024, 0)
+    except (OSError, ValueError, IndexError):
+        pass
+    return soft  # the virtual size unknown: the limit itself bounds what is left
+
+
 def check_memory(params: int, dtype: torch.dtype, device: str | torch.device, *,
-               extra: int = 0, force: bool = False) -> None:
-    """DoesNotFitError unless `params` parameters in `dtype` (plus `extra` bytes, e.g. the
-    largest tensor read on the way) fit in what `device` has free; `force` skips the check."""
+                 extra: int = 0, uses: Sequence[Use] = (), force: bool = False) -> None:
+    """DoesNotFitError unless `params` parameters in `dtype`, plus `extra` bytes (the
+    largest tensor read on the way) and `uses` (what the caller allocates beside the model),
+    fit in what `device` has free; `force` skips the check."""
     device = torch.device(device)
     free = available_bytes(device)
-    needed = params * dtype.itemsize + extra
+    other = extra + sum(use.bytes_in(dtype) for use in uses)
+    needed = params * dtype.itemsize + other
     if force or free is None or needed <= free:
         return
     where = "this machine has" if device.type == "cpu" else f"{device} has"
-    half = params * 2 + extra
-    parts = [f"the model needs {gb(needed)} in {str(dtype).removeprefix('torch.')} "
-             f"({params_text(params)} parameters) but {where} {gb(free)} free"]
-    if dtype.itemsize > 2 and half <= free:
-        parts.append(f"in bfloat16 it needs {gb(half)}, which fits: --dtype bfloat16 "
-                     "(dtype=torch.bfloat16)")
-    else:
-        if dtype.itemsize > 2:
-            parts.append(f"even bfloat16 needs {gb(half)}")
-        fits = params_text(max(free - extra, 0) // 2)
-        parts.append(f"use a device with {gb(min(needed, half))} free or a smaller model "
-                     f"(about {fits} parameters fit here in bfloat16)")
-    parts.append("--force (force=True) tries anyway")
-    raise DoesNotFitError("; ".join(parts))
+    needs = (f"the model needs {gb(params * dtype.itemsize + extra)} in {_name(dtype)} "
+             f"({params_text(params)} parameters)")
+    if uses:
+        needs += "".join(f", {use.what} {gb(use.bytes_in(dtype))} more" for use in uses)
+        needs += f": {gb(needed)} in all,"
+    half = params * 2 + extra + sum(use.bytes_in(torch.bfloat16) for use in uses)
+    raise DoesNotFitError(Shortfall(
+        needs=f"{needs} but {where} {gb(free)} free", free=free, params=params, dtype=dtype,
+        extra=extra, needed=needed, half=half if dtype.itemsize > 2 else None))
 
 
-def fit_report(params: int, device: str | torch.device = "cpu", extra: int = 0
-               ) -> dict[str, dict[str, object]]:
+def fit_report(params: int, device: str | torch.device = "cpu", extra: int = 0,
+               uses: Sequence[Use] = ()) -> dict[str, dict[str, object]]:
     """{dtype name: {"bytes": needed, "fits": bool | None}} for every dtype in LOAD_DTYPES
-    on `device` (None: free memory unknown)."""
+    on `device` (None: free memory unknown): what `check_memory` would ask at each."""
     free = available_bytes(device)
     report: dict[str, dict[str, object]] = {}
     for name, dtype in LOAD_DTYPES.items():
-        needed = params * dtype.itemsize + extra
+        needed = params * dtype.itemsize + extra + sum(use.bytes_in(dtype) for use in uses)
         report[name] = {"bytes": needed, "fits": None if free is None else needed <= free}
     return report
+
+
+def _name(dtype: torch.dtype) -> str:
+    return str(dtype).removeprefix("torch.")

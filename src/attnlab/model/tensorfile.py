@@ -40,6 +40,9 @@ DTYPES: dict[str, torch.dtype] = {
 MAX_HEADER = 100_000_000
 # one read() returns at most ~2 GiB on Linux, so bigger tensors are read in pieces
 _READ_PIECE = 1 << 30
+#: bytes of each tensor `same_rows` holds at a time: small beside any model it compares,
+#: large enough that a read's own cost is lost in it
+COMPARE_PIECE = 1 << 26
 
 
 @dataclass(frozen=True)
@@ -136,19 +139,54 @@ def _check_overlaps(path: Path, infos: Iterable[TensorInfo]) -> None:
 def read_tensor(info: TensorInfo) -> Tensor:
     """The tensor's data, read from its file into a new CPU tensor of the file's dtype."""
     out = torch.empty(info.shape, dtype=info.dtype)  # what the header promised
-    if info.nbytes == 0:
-        return out
+    _read_into(info, out, info.start)
+    return out
+
+
+def read_rows(info: TensorInfo, start: int, stop: int) -> Tensor:
+    """Rows start..stop-1 of the tensor (along its first dimension), read from its file
+    alone: a slice of a table too big to hold twice."""
+    if not info.shape or not 0 <= start <= stop <= info.shape[0]:
+        raise ValueError(f"rows {start}..{stop} of tensor {info.name!r} {info.shape}: expected "
+                         f"0 <= start <= stop <= {info.shape[0] if info.shape else 0}")
+    out = torch.empty((stop - start, *info.shape[1:]), dtype=info.dtype)
+    row_bytes = math.prod(info.shape[1:]) * info.dtype.itemsize
+    _read_into(info, out, info.start + start * row_bytes)
+    return out
+
+
+def _read_into(info: TensorInfo, out: Tensor, offset: int) -> None:
+    """Fill `out` (contiguous, CPU) with its nbytes from `info`'s file at byte `offset`."""
+    nbytes = out.numel() * out.element_size()
+    if nbytes == 0:
+        return
     buffer = memoryview(out.reshape(-1).view(torch.uint8).numpy().data)  # nbytes, writable
     with open(info.path, "rb") as f:
-        f.seek(info.start)
+        f.seek(offset)
         done = 0
-        while done < info.nbytes:
+        while done < nbytes:
             got = f.readinto(buffer[done:done + _READ_PIECE])
             if not got:
                 raise ValueError(f"{info.path} ended inside tensor {info.name!r} (it was "
                                  "truncated after its header was read)")
             done += got
-    return out
+
+
+def same_rows(a: TensorInfo, b: TensorInfo) -> bool:
+    """Whether two stored tensors hold equal values (`torch.equal`), read COMPARE_PIECE
+    bytes of rows at a time from each file: never either tensor whole, so a large model's
+    token table and head are compared in 2 * COMPARE_PIECE of memory."""
+    if a.shape != b.shape:
+        return False
+    if not a.shape:
+        return torch.equal(read_tensor(a), read_tensor(b))
+    row_bytes = max(a.nbytes, b.nbytes) // max(a.shape[0], 1)
+    rows = max(1, COMPARE_PIECE // max(row_bytes, 1))
+    for start in range(0, a.shape[0], rows):
+        stop = min(start + rows, a.shape[0])
+        if not torch.equal(read_rows(a, start, stop), read_rows(b, start, stop)):
+            return False  # a head that differs differs in its first rows: one slice read
+    return True
 
 
 class WeightFiles(Protocol):
@@ -162,6 +200,7 @@ class WeightFiles(Protocol):
     def meta(self) -> dict[str, Tensor]: ...
     def describe(self, name: str) -> str: ...
     def largest(self) -> int: ...
+    def same(self, a: str, b: str) -> bool: ...
     def stored(self) -> dict[torch.dtype, int]: ...
     def paths(self) -> list[Path]: ...
     def forget(self) -> None: ...
@@ -218,6 +257,11 @@ class TensorFiles(Mapping[str, Tensor]):
     def largest(self) -> int:
         """Bytes of the largest tensor: what reading one at a time holds besides the model."""
         return max((i.nbytes for i in self.infos.values()), default=0)
+
+    def same(self, a: str, b: str) -> bool:
+        """Whether tensors `a` and `b` hold equal values, compared a slice at a time
+        (`same_rows`): what a loader asks of a tied config's stored head."""
+        return same_rows(self.infos[a], self.infos[b])
 
     def stored(self) -> dict[torch.dtype, int]:
         """Bytes the files hold per dtype."""
