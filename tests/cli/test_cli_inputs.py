@@ -107,3 +107,24 @@ def test_train_refuses_an_out_that_is_a_model_and_init_from_a_built_in(
     assert capsys.readouterr().err.endswith(
         "--init_from fine-tunes on text; --data copy is a built-in task with its own "
         "tokenizer: give a text file or folder\n")
+
+
+def test_init_from_counts_what_training_holds_and_words_the_refusal_as_flags(
+    ckpt: str, tmp_path: Path, capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Fine-tuning on the CPU holds the loaded weights and, beside them, the run's own copy,
+    its gradients and AdamW's two moments: free memory for twice the weights passed the check
+    before, and the refusal spoke the API's words (dtype=torch.bfloat16, force=True)."""
+    import attnlab.model.memory as memory
+
+    text = tmp_path / "text.txt"
+    text.write_text("abcdx|" * 50)
+    weights = 4 * sum(p.numel() for p in load.load_checkpoint(ckpt).model.parameters())
+    monkeypatch.setattr(memory, "available_bytes", lambda device: 3 * weights)
+    argv = ["train", "--init_from", ckpt, "--data", str(text), "--device", "cpu",
+            "--max_iters", "1", "--out", str(tmp_path / "run")]
+    assert main(argv) == 1
+    err = capsys.readouterr().err
+    assert f"--init_from {ckpt}: " in err and "AdamW's two moments" in err
+    assert "--force" in err and "force=True" not in err and "dtype=" not in err

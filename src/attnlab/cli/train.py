@@ -298,8 +298,10 @@ def _train(args: argparse.Namespace, model_config: Any, train_config: Any, datas
 def _init_source(args: argparse.Namespace, data_given: bool) -> Any:
     """The checkpoint --init_from names (attnlab's or a Hugging Face directory), after
     refusing the flags that would contradict it: its model and tokenizer are the run's."""
-    from ..load import load_checkpoint
+    from ..load import open_checkpoint
     from ..model.gpt import GPTConfig
+    from ..model.memory import DoesNotFitError, Use
+    from ..train.config import TrainConfig
     from ..train.data import BUILTINS
 
     if not data_given:
@@ -315,7 +317,17 @@ def _init_source(args: argparse.Namespace, data_given: bool) -> Any:
                        f"{', '.join(given)} would change them (of the model flags only "
                        "--dropout applies)")
     try:
-        init = load_checkpoint(args.init_from, force=args.force)
+        opened = open_checkpoint(args.init_from)
+        # loaded in float32 on the CPU; training on the CPU then holds its own copy of the
+        # weights, their gradients and AdamW's two moments beside it
+        device = config_overrides(args, TrainConfig).get("device", "auto")
+        on_cpu = check_device(device).type == "cpu"
+        n = sum(p.numel() for p in opened.weights.model.parameters())
+        uses = [Use("training's copy of the weights, gradients and AdamW's two moments",
+                    elements=4 * n)] if on_cpu else []
+        init = opened.load(force=args.force, uses=uses)
+    except DoesNotFitError as err:  # --dtype is autocast here: the weights stay float32
+        raise CLIError(f"--init_from {args.init_from}: {err.advice(force='--force')}") from None
     except (OSError, ValueError) as err:
         raise CLIError(f"--init_from {args.init_from}: {err}") from None
     init.path = Path(args.init_from)
