@@ -9,6 +9,7 @@ import json
 import re
 import shlex
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -39,8 +40,8 @@ def _stop_after(monkeypatch: pytest.MonkeyPatch, steps: int) -> None:
     from attnlab.train import loop as train_module
 
     class StopAfter(train_module.StopFlag):
-        def __init__(self) -> None:
-            super().__init__()
+        def __init__(self, **kwargs: Any) -> None:
+            super().__init__(**kwargs)
             self.reads = 0
 
         @property

@@ -138,8 +138,8 @@ def test_a_stop_request_is_said_at_once_with_how_to_quit() -> None:
     quiet or not (the step, or an evaluation of many batches, may take a while yet)."""
     stream = io.StringIO()
     progress = Progress(10, quiet=True, stream=stream, out=io.StringIO())
-    progress({"signal": "SIGINT"})
-    progress({"signal": "SIGTERM"})
+    progress({"step": 3, "signal": "SIGINT"})
+    progress({"step": 3, "signal": "SIGTERM"})
     assert stream.getvalue() == (
         "\nSIGINT: stopping after this step, then saving a checkpoint (Ctrl-C again: quit "
         "now)\n\nSIGTERM: stopping after this step, then saving a checkpoint\n")

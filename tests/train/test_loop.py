@@ -201,7 +201,7 @@ def test_a_second_ctrl_c_quits_at_once_and_keeps_the_last_checkpoint(
         train(model_config, config, dataset, tmp_path, callback=callback)
     assert signal.getsignal(signal.SIGINT) is before  # handler restored
     assert load_checkpoint(tmp_path / "ckpt").meta["step"] == 10  # the last evaluation's
-    assert rows[-1] == {"signal": "SIGINT"}  # told once, at the first
+    assert rows[-1] == {"step": 12, "signal": "SIGINT"}  # told once, at the first
 
 
 @pytest.mark.skipif(not hasattr(signal, "SIGHUP"), reason="no SIGHUP on this system")
@@ -235,7 +235,7 @@ def test_sigterm_and_sighup_save_and_stop_like_ctrl_c(
     assert load_checkpoint(tmp_path / "ckpt").meta["step"] == 7
     # told at once (an evaluation of many batches can take seconds before the save), to the
     # callback only: the library prints nothing, and a stop is no metric
-    assert rows[rows.index({"signal": name}) - 1]["step"] == 7
+    assert rows[rows.index({"step": 7, "signal": name}) - 1]["step"] == 7
     assert capsys.readouterr() == ("", "")
     assert "signal" not in (tmp_path / "metrics.jsonl").read_text()
 

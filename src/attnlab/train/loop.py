@@ -81,8 +81,8 @@ def train(
     """Train a GPT on `dataset`; checkpoints in out_dir/ckpt, metrics in out_dir/metrics.jsonl.
 
     callback gets every metrics row ({"step", "loss", "lr", "tokens_per_s", ...} and eval rows
-    with "val_loss"), and {"signal": "SIGINT"} (or SIGTERM, SIGHUP) at once when a stop is
-    asked for. Ctrl-C (SIGINT, SIGTERM, SIGHUP) saves a checkpoint and returns with
+    with "val_loss"), and {"step", "signal": "SIGINT" (or SIGTERM, SIGHUP)} at once when a
+    stop is asked for. Ctrl-C (SIGINT, SIGTERM, SIGHUP) saves a checkpoint and returns with
     `interrupted=True`. init (fine-tuning): a checkpoint whose weights the run starts from,
     e.g. `load_checkpoint("smollm")`; its model's config must equal `model_config` except
     for dropout, and the run's checkpoints keep its path and Hugging Face family. Under
@@ -229,7 +229,7 @@ class _Run:
         """Train to max_iters, evaluating and saving every eval_interval steps and at the end;
         a stop request (Ctrl-C) saves and returns between two optimizer steps."""
         config, budget = self.config, self.budget
-        stop = StopFlag(on_stop=lambda name: self.log({"signal": name}, keep=False))
+        stop = StopFlag(on_stop=self.said_stop)
         with stop:
             step = self.start
             # a time budget sets max_iters after its calibration steps; until then it runs on
@@ -417,6 +417,12 @@ class _Run:
                              meta=meta)
         result.checkpoint = self.ckpt
         world.barrier()  # no rank runs ahead of a checkpoint it may have to resume from
+
+    def said_stop(self, signal_name: str) -> None:
+        """Tell the callback at once that a stop was asked for, with the last step logged
+        (the rows a callback reads all have a step)."""
+        step = self.history[-1].get("step", self.start) if self.history else self.start
+        self.log({"step": step, "signal": signal_name}, keep=False)
 
     def log(self, row: dict[str, Any], keep: bool = True) -> None:
         """Append a metrics row to the history, metrics.jsonl and the callback (rank 0);
