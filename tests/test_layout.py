@@ -1,5 +1,5 @@
 """The package's shape: imports run one way, no private name crosses a module, functions fit a
-screen.
+screen and modules (Python, JavaScript, CSS) stay under MAX_MODULE_LINES.
 
 Every `import` in `src/attnlab` is read with `ast`, lazy ones inside functions too (only
 `if TYPE_CHECKING:` blocks are left out: they never run). `LAYERS` is the one place the order
@@ -35,6 +35,7 @@ LAYERS = (
     "__main__",
 )
 MAX_FUNCTION_LINES = 80
+MAX_MODULE_LINES = 500
 
 
 def module_name(path: Path, root: Path) -> str:
@@ -146,12 +147,27 @@ def long_functions(root: Path, limit: int = MAX_FUNCTION_LINES) -> list[str]:
     return out
 
 
+def long_modules(root: Path, limit: int = MAX_MODULE_LINES) -> list[str]:
+    """Source files (Python, and the viewer's JavaScript and CSS) longer than `limit`."""
+    out = []
+    for path in sorted(root.rglob("*")):
+        if path.suffix in (".py", ".js", ".css"):
+            lines = len(path.read_text(encoding="utf-8").splitlines())
+            if lines > limit:
+                out.append(f"{path.relative_to(root)}: {lines}")
+    return out
+
+
 def test_imports_run_one_way_with_no_cycle_and_no_private_name() -> None:
     assert problems(SRC) == []
 
 
 def test_no_function_is_longer_than_a_screen() -> None:
     assert long_functions(SRC) == []
+
+
+def test_no_module_is_longer_than_a_sitting() -> None:
+    assert long_modules(SRC) == []
 
 
 def test_the_package_root_holds_at_most_fourteen_entries() -> None:
@@ -207,3 +223,9 @@ def test_a_planted_long_function_is_found(copy: Path) -> None:
     body = "\n".join("    x = 1" for _ in range(MAX_FUNCTION_LINES))
     (copy / "model" / "planted.py").write_text(f"def long():\n{body}\n", encoding="utf-8")
     assert f"model/planted.py:1 long: {MAX_FUNCTION_LINES + 1}" in long_functions(copy)
+
+
+def test_a_planted_long_module_is_found(copy: Path) -> None:
+    lines = "\n".join(f"x{i} = {i}" for i in range(MAX_MODULE_LINES + 1))
+    (copy / "model" / "planted.py").write_text(lines + "\n", encoding="utf-8")
+    assert f"model/planted.py: {MAX_MODULE_LINES + 1}" in long_modules(copy)
