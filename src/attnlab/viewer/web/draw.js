@@ -1,7 +1,7 @@
 // Drawing for the attention viewer and for attnlab.show()'s views: colours, token labels,
 // heatmaps on canvas. It knows nothing of the API or the page's state; app.js (the served
 // page) and view.js (the self-contained notebook view) pass in what to draw.
-// viewer/notebook.py inlines this file into a classic script by dropping the `export` keywords, so
+// viewer/fragment.py inlines this file into a classic script by dropping the `export` keywords, so
 // it keeps to top-level `export function` / `export const` and imports nothing.
 // A head's T x S weights become one T x S image (a pixel per cell) that the canvas scales
 // up without smoothing, so 256 tokens (65,536 cells) draw in a few milliseconds.
