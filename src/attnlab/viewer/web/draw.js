@@ -28,8 +28,9 @@ const VIRIDIS = [[68, 1, 84], [59, 82, 139], [33, 145, 140], [94, 201, 98], [253
 const lut = (t) => LUT[Math.max(0, Math.min(255, Math.round(t * 255)))];
 
 /**
- * Background and text colours of a heads overview's cell at t in [0, 1]: viridis, with black
- * or white ink by its luminance, as viewer/summary_view.py colours show(..., summary=True)'s.
+ * Background and text colours of a heads overview's cell at t in [0, 1] (overview.js): viridis,
+ * with black or white ink by its luminance, as viewer/summary_view.py colours
+ * show(..., summary=True)'s.
  */
 export function overviewColours(t) {
   const [r, g, b] = between(VIRIDIS, t);
