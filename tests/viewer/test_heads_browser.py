@@ -1,11 +1,10 @@
 """The served page's heads panel in headless Chromium (web/heads.js, web/overview.js): how it
 writes the predicted tokens and the logit lens, and the heads overview of a model with many
-heads. (test_interventions.py checks their numbers against the library's.)"""
+heads. (test_interventions.py checks their numbers against the library's; the same
+overview.js in show(..., summary=True) is test_notebook_browser.py's.)"""
 
 from __future__ import annotations
 
-import html
-import re
 from collections.abc import Iterator
 from typing import Any
 
@@ -17,7 +16,6 @@ pytest.importorskip("fastapi", reason="the serve extra (fastapi, uvicorn) is not
 from test_app_browser import CORPUS, opened, show, wait_until
 
 from attnlab import GPT, GPTConfig, create_app
-from attnlab import show as show_view
 from attnlab.tokenizers import get_tokenizer
 from helpers import serving
 from offline_page import chromium, needs_chromium
@@ -232,26 +230,3 @@ def test_the_overview_says_its_scale_and_opens_the_extreme_heads(browser: Any,
         layer, head = other.split(".")
         assert page.evaluate(CAPTION).startswith(f"layer {layer}, head {head}: ")
         assert page.evaluate(CAPTION).endswith(" · on show above")
-
-
-def test_the_overview_colours_a_number_as_the_notebook_does(browser: Any, nano: str) -> None:
-    """Each summary's grid is coloured as `show(..., summary=True)` colours it."""
-    text = "the cat sat on the mat"
-    notebook = show_view(nano_model(), TOK, text, summary=True).html
-    with opened(browser, nano) as (page, _):
-        show(page, text)
-        scored(page, len(text))
-        labels = page.eval_on_selector_all("#overview .alo-which option",
-                                           "os => os.map(o => [o.value, o.textContent])")
-        for name, label in labels:
-            page.select_option("#overview .alo-which", name)
-            figure = next(f for f in notebook.split("<figure")[1:]
-                          if f">{html.escape(label)}</figcaption>" in f)
-            want = [tuple(map(int, rgb)) for rgb in
-                    re.findall(r"background:rgb\((\d+),(\d+),(\d+)\)", figure)]
-            got = [tuple(map(int, re.findall(r"\d+", c))) for c in page.eval_on_selector_all(
-                f"{GRID} td", "tds => tds.map(td => getComputedStyle(td).backgroundColor)")]
-            assert len(got) == len(want) == 4
-            # the page's numbers are rounded to 4 decimals: a colour may differ by one step
-            assert all(abs(g - w) <= 1 for gs, ws in zip(got, want, strict=True)
-                       for g, w in zip(gs, ws, strict=True)), (name, got, want)

@@ -9,8 +9,8 @@ Colab and a plain browser. The page serves the same modules (`routes/page.py`), 
 page and a notebook draw with one renderer. Each fragment has a unique element id; a page
 gets one global, `window.attnlabView`, which keeps each bundle's code once under the hash of
 its text, so several views on a page (of one bundle or several, of one attnlab version or
-two) share nothing else. What goes in the data is the caller's (`notebook.py`); drawing is
-the JavaScript's.
+two) share nothing else. What goes in the data is the caller's (`notebook.py`,
+`summary_view.py`); drawing is the JavaScript's.
 """
 
 from __future__ import annotations
@@ -41,6 +41,9 @@ class Bundle:
 
 #: the attention view (`show()`): tabs of heatmaps and tokens
 ATTENTION = Bundle(("draw.js", "chips.js", "view_data.js", "view.js"), ("view.css",), "mount")
+#: the heads overview (`show(..., summary=True)`): the page's heads panel draws it too
+OVERVIEW = Bundle(("draw.js", "chips.js", "overview.js"), ("view.css", "overview.css"),
+                  "mountOverview")
 
 
 class View:

@@ -10,7 +10,8 @@ Views (tabs): head view (one layer; one head or all; hover or click a token to s
 attends to), model view (every layer x head, click to open), steps (one head's raw scores
 -> masked -> softmax), text (tokens coloured by a query's attention). Masked cells are
 drawn and labelled as masked, never as weight 0. `show(..., summary=True)` gives the heads
-overview instead (`summary_view.py`): per-head summaries, no weights, any text length.
+overview instead (`summary_view.py`, drawn by the page's `web/overview.js`): per-head
+summaries, no weights, any text length.
 
 Size: weights go as one byte per cell (the weight as a fraction of its row's largest, so
 the error is at most 1/508 of that row's largest weight), lower triangle only, zlib
@@ -38,7 +39,7 @@ from ..model.gpt import require_eval
 from ..model.trace import Trace
 from ..tokenizers import check_fits
 from .fragment import ATTENTION, View, fragment
-from .summary_view import summary_page
+from .summary_view import summary_view
 
 MAX_CELLS = 1 << 23  # weights embedded at full resolution: about 8 MB before compression
 THUMB = 96  # model view: each head max-pooled to at most this many cells a side
@@ -356,14 +357,14 @@ def show(
         scale: the softmax scale, written in the steps view. title: a heading over the view
         (and the saved page's title; default: none inline, "attnlab · attention of T tokens"
         saved).
-    summary: the heads overview instead (`summary_view.py`): a layer x head grid per
-        per-head summary (entropy, weight on the first token, distance back, largest
-        weight; means over the row's real queries) and the most extreme heads, from a trace
-        holding the summaries, or a model run on the text without any (T, T) weights.
+    summary: the heads overview instead, as the page draws it (`summary_view.py`): a layer
+        x head grid per summary (entropy, first-token weight, distance back, largest weight:
+        means over the row's real queries) and the most extreme heads, from a trace of the
+        summaries or a model run on the text without any (T, T) weights.
     """
     ids = _ids_to_show(source, tokenizer, text, ids, row, view)
     if summary:
-        return View(*summary_page(source, ids, row, attention_mask, title))
+        return summary_view(source, ids, row, attention_mask, title)
     info = ""
     if isinstance(source, Trace):
         trace = source

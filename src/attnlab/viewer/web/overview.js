@@ -1,7 +1,8 @@
-// attnlab's heads overview: the per-head summaries as viewer/payloads.py's overview_payload
-// writes them; the page's heads panel (heads.js) gets them in POST /api/heads's answer. It
-// imports nothing but draw.js and chips.js and keeps to top-level declarations, so that
-// viewer/fragment.py can inline it as it does view.js.
+// attnlab's heads overview, one renderer for the served page and for notebooks: the per-head
+// summaries as viewer/payloads.py's overview_payload writes them. The page's heads panel
+// (heads.js) gets them in POST /api/heads's answer; show(..., summary=True) inlines this file
+// with draw.js and chips.js as one classic script (viewer/fragment.py) and calls
+// mountOverview(root, data), so it keeps to top-level declarations and imports nothing else.
 //
 // The data: summaries {name: [[layer][head]] means, null where no query row was real},
 // summary_labels {name: label}, summary_shares [the names that are shares of a row's weight],
@@ -236,4 +237,10 @@ export class Overview {
     follow("pointed", "mouseover", "mouseleave", () => this.caption());
     follow("focused", "focusin", "focusout", () => this.markOnShow());
   }
+}
+
+/** show(..., summary=True)'s view: every summary side by side in the root's .alv-app. */
+export function mountOverview(root, data) {
+  new Overview(root.querySelector(".alv-app")).show(data);
+  root.dataset.ready = "1";
 }
