@@ -33,7 +33,8 @@ from .tokenizers import Tokenizer, get_tokenizer, load_tokenizer
 from .train.config import TrainConfig, TrainResult
 from .train.data import load_dataset
 from .viewer.app import ServeConfig, create_app
-from .viewer.notebook import View, show
+from .viewer.fragment import View
+from .viewer.notebook import show
 
 __version__ = "0.1.0"
 

@@ -234,7 +234,8 @@ def test_page_and_static_files(setup: tuple[GPT, Tokenizer, TestClient]) -> None
     scripts = sorted(p.name for p in WEB_DIR.glob("*.js"))
     served = {"app.js", "api.js", "chips.js", "dom.js", "draw.js", "generation.js", "heads.js"}
     assert served <= set(scripts)
-    for name, kind in [*((n, "text/javascript") for n in scripts), ("style.css", "text/css")]:
+    for name, kind in [*((n, "text/javascript") for n in scripts), ("style.css", "text/css"),
+                       ("overview.css", "text/css")]:
         r = client.get(f"/static/{name}")
         assert r.status_code == 200 and r.headers["content-type"].startswith(kind)
         # works offline: nothing is fetched from another host

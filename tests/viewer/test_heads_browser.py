@@ -1,11 +1,10 @@
 """The served page's heads panel in headless Chromium (web/heads.js, web/overview.js): how it
 writes the predicted tokens and the logit lens, and the heads overview of a model with many
-heads. (test_interventions.py checks their numbers against the library's.)"""
+heads. (test_interventions.py checks their numbers against the library's; the same
+overview.js in show(..., summary=True) is test_notebook_browser.py's.)"""
 
 from __future__ import annotations
 
-import html
-import re
 from collections.abc import Iterator
 from typing import Any
 
@@ -17,7 +16,6 @@ pytest.importorskip("fastapi", reason="the serve extra (fastapi, uvicorn) is not
 from test_app_browser import CORPUS, opened, show, wait_until
 
 from attnlab import GPT, GPTConfig, create_app
-from attnlab import show as show_view
 from attnlab.tokenizers import get_tokenizer
 from helpers import serving
 from offline_page import chromium, needs_chromium
@@ -113,8 +111,9 @@ def many_heads() -> Iterator[str]:
         yield f"http://127.0.0.1:{port}/"
 
 
-BOX = "#overview .table-wrap"
-CAPTION = "document.querySelector('#overview-cell').textContent"
+BOX = "#overview .alo-wrap"
+GRID = "#overview .alo-table"
+CAPTION = "document.querySelector('#overview .alo-cell').textContent"
 
 
 def test_a_12_x_16_overview_keeps_its_labels_in_sight(browser: Any, many_heads: str) -> None:
@@ -124,19 +123,19 @@ def test_a_12_x_16_overview_keeps_its_labels_in_sight(browser: Any, many_heads: 
     with opened(browser, many_heads) as (page, _):
         show(page, "the cat sat")
         scored(page, 11)
-        assert page.locator("#overview-table tbody tr").count() == 12
+        assert page.locator(f"{GRID} tbody tr").count() == 12
         height = "e => e.getBoundingClientRect().height"
-        corner = page.eval_on_selector("#overview-table thead th", height)
-        assert corner == page.eval_on_selector("#overview-table thead th:last-child", height)
+        corner = page.eval_on_selector(f"{GRID} thead th", height)
+        assert corner == page.eval_on_selector(f"{GRID} thead th:last-child", height)
         page.eval_on_selector(BOX, "w => { w.style.maxHeight = '8rem'; }")  # a short screen
         page.eval_on_selector(BOX, "w => { w.scrollTop = 1e4; w.scrollLeft = 1e4; }")
         at = page.evaluate("""() => {
-            const box = document.querySelector('#overview .table-wrap');
+            const box = document.querySelector('#overview .alo-wrap');
             const r = (sel) => document.querySelector(sel).getBoundingClientRect();
             return {scrolled: box.scrollTop > 0 && box.scrollLeft > 0,
                     box: box.getBoundingClientRect().toJSON(),
-                    head15: r('#overview-table thead th:last-child').toJSON(),
-                    layer11: r('#overview-table tbody tr:last-child th').toJSON()};
+                    head15: r('#overview .alo-table thead th:last-child').toJSON(),
+                    layer11: r('#overview .alo-table tbody tr:last-child th').toJSON()};
         }""")
         assert at["scrolled"]
         assert abs(at["head15"]["top"] - at["box"]["top"]) <= 2  # the header row, on top
@@ -151,15 +150,15 @@ def test_an_overview_cell_opens_its_layer_and_head(browser: Any, many_heads: str
     with opened(browser, many_heads) as (page, _):
         show(page, "the cat sat")
         scored(page, 11)
-        page.click("#overview-table td[data-cell='3.5']")
+        page.click(f"{GRID} td[data-cell='3.5']")
         wait_until(page, picked.format(3, 5))
         assert (page.input_value("#layer"), page.input_value("#head")) == ("3", "5")
-        page.hover("#overview-table td[data-cell='2.9']")
-        value = page.inner_text("#overview-table td[data-cell='2.9']")
+        page.hover(f"{GRID} td[data-cell='2.9']")
+        value = page.inner_text(f"{GRID} td[data-cell='2.9']")
         assert page.evaluate(CAPTION).startswith(f"layer 2, head 9: entropy (nats) {value}")
         page.mouse.move(1, 1)  # the pointer gone: the line names the cell on show
         assert page.evaluate(CAPTION).startswith("layer 3, head 5")
-        page.focus("#overview-table td[data-cell='7.12']")
+        page.focus(f"{GRID} td[data-cell='7.12']")
         page.keyboard.press("ArrowLeft")
         assert page.evaluate("document.activeElement.dataset.cell") == "7.11"
         assert page.evaluate(CAPTION).startswith("layer 7, head 11")
@@ -179,40 +178,55 @@ def test_a_narrow_window_scrolls_the_grids_not_the_page(browser: Any, many_heads
         scored(page, 11)
         sizes = page.evaluate("""() => ({
             page: document.documentElement.scrollWidth, window: innerWidth,
-            box: document.querySelector('#overview .table-wrap').clientWidth,
-            grid: document.querySelector('#overview .table-wrap').scrollWidth})""")
+            box: document.querySelector('#overview .alo-wrap').clientWidth,
+            grid: document.querySelector('#overview .alo-wrap').scrollWidth})""")
         assert sizes["page"] <= sizes["window"], sizes
         assert sizes["grid"] > sizes["box"], sizes
 
 
-def test_the_overview_colours_a_number_as_the_notebook_does(browser: Any, nano: str) -> None:
-    """Each summary's grid is coloured as `show(..., summary=True)` colours it, a legend
-    saying the scale: 0 to 1 for the shares of a row's weight (first token, largest), 0 to
-    the grid's largest for the others (the page had no legend and shaded every summary
-    relative to its grid's largest)."""
+def test_the_overview_says_its_scale_and_opens_the_extreme_heads(browser: Any,
+                                                                  nano: str) -> None:
+    """Each summary's legend says its scale: 0 to 1 for the shares of a row's weight (first
+    token, largest), 0 to the grid's largest for the others, whose largest cell is the top
+    colour (the page had no legend and shaded every summary relative to its grid's largest).
+    The most extreme heads are listed under the grid, and one opens its layer and head as a
+    cell does."""
     text = "the cat sat on the mat"
-    notebook = show_view(nano_model(), TOK, text, summary=True).html
+    picked = "window.attnlab.layer === {} && window.attnlab.head === {}"
     with opened(browser, nano) as (page, _):
         show(page, text)
         scored(page, len(text))
-        labels = page.eval_on_selector_all("#overview-which option",
-                                           "os => os.map(o => [o.value, o.textContent])")
-        for name, label in labels:
-            page.select_option("#overview-which", name)
-            figure = next(f for f in notebook.split("<figure")[1:]
-                          if f">{html.escape(label)}</figcaption>" in f)
-            want = [tuple(map(int, rgb)) for rgb in
-                    re.findall(r"background:rgb\((\d+),(\d+),(\d+)\)", figure)]
-            got = [tuple(map(int, re.findall(r"\d+", c))) for c in page.eval_on_selector_all(
-                "#overview-table td", "tds => tds.map(td => getComputedStyle(td).backgroundColor)")]
-            assert len(got) == len(want) == 4
-            # the page's numbers are rounded to 4 decimals: a colour may differ by one step
-            assert all(abs(g - w) <= 1 for gs, ws in zip(got, want, strict=True)
-                       for g, w in zip(gs, ws, strict=True)), (name, got, want)
-            legend = " ".join(page.inner_text("#overview-legend").split())
+        names = page.eval_on_selector_all("#overview .alo-which option",
+                                          "os => os.map(o => o.value)")
+        assert names == ["attn_entropy", "attn_sink", "attn_distance", "attn_max"]
+        for name in names:
+            page.focus("#overview .alo-which")
+            page.select_option("#overview .alo-which", name)
+            # the menu keeps the focus: its grid is redrawn, not the menu with it
+            assert page.evaluate("document.activeElement.className") == "alo-which"
+            legend = " ".join(page.inner_text("#overview .alo-legend").split())
+            cells = page.eval_on_selector_all(f"{GRID} td", """tds => tds.map(td =>
+                [+td.textContent, getComputedStyle(td).backgroundColor])""")
+            assert len(cells) == 4
             if name in ("attn_sink", "attn_max"):
                 assert legend == "0 1 a share of each row's weight", legend
             else:
-                top = max(float(td) for td in page.eval_on_selector_all(
-                    "#overview-table td", "tds => tds.map(td => td.textContent)"))
+                top = max(value for value, _ in cells)
                 assert legend == f"0 {top:.2f} the largest here", legend
+                assert ("rgb(253, 231, 37)" in [c for v, c in cells if v == top]), cells
+        rows = page.eval_on_selector_all("#overview .alo-extremes tr",
+                                         "trs => trs.map(tr => tr.innerText)")
+        assert rows[0].startswith("most extreme heads") and len(rows) == 5, rows
+        assert rows[1].startswith("most weight on the first token"), rows
+        listed = page.eval_on_selector_all("#overview .alo-extremes td[data-cell]",
+                                           "tds => tds.map(td => td.dataset.cell)")
+        first = listed[0]
+        other = next(cell for cell in listed if cell != first)
+        page.click(f"#overview .alo-extremes td[data-cell='{first}']")
+        wait_until(page, picked.format(*first.split(".")))
+        page.focus(f"#overview .alo-extremes td[data-cell='{other}']")
+        page.keyboard.press("Enter")
+        wait_until(page, picked.format(*other.split(".")))
+        layer, head = other.split(".")
+        assert page.evaluate(CAPTION).startswith(f"layer {layer}, head {head}: ")
+        assert page.evaluate(CAPTION).endswith(" · on show above")

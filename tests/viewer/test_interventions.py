@@ -56,6 +56,13 @@ def test_heads_api_equals_the_library(setup: tuple) -> None:
     assert body["summary_shares"] == ["attn_sink", "attn_max"]  # coloured on 0..1
     for name, values in body["summaries"].items():
         torch.testing.assert_close(torch.tensor(values), means[name], atol=1e-4, rtol=0)
+    assert body["summary_layers"] == [0, 1] and body["summary_heads"] == [0, 1]
+    sink = body["summary_extremes"][0]
+    assert sink["what"] == "most weight on the first token"
+    layer, head, value = sink["heads"][0]
+    assert value == pytest.approx(float(means["attn_sink"].max()), abs=1e-4)
+    assert value == pytest.approx(float(means["attn_sink"][layer, head]), abs=1e-4)
+    assert body["summary_note"].startswith(f"means over the {len(TEXT)} query rows, computed")
 
 
 def test_lens_api_equals_the_library(setup: tuple) -> None:
@@ -106,11 +113,11 @@ def _score_heads_and_read_the_overview(page: Any, model: GPT, tok: Any) -> None:
     show(page, TEXT)
     page.click("#heads-run")
     wait_until(page, "document.querySelectorAll('#heads-table tbody tr').length === 4")
-    assert page.eval_on_selector_all("#overview-table tr", "rows => rows.length") == 3
+    assert page.eval_on_selector_all("#overview .alo-table tr", "rows => rows.length") == 3
     means = head_summaries(model, torch.tensor([tok.encode(TEXT)]))
-    cell = "document.querySelector('#overview-table td[data-cell=\"1.0\"]').textContent"
+    cell = "document.querySelector('#overview .alo-table td[data-cell=\"1.0\"]').textContent"
     assert page.evaluate(cell) == f"{float(means['attn_entropy'][1, 0]):.2f}"
-    page.select_option("#overview-which", "attn_distance")
+    page.select_option("#overview .alo-which", "attn_distance")
     assert page.evaluate(cell) == f"{float(means['attn_distance'][1, 0]):.2f}"
 
 

@@ -1,7 +1,8 @@
 """attnlab.show(): the HTML fragment's payload decodes back to the trace, masks stay masks,
 the fragment is self-contained, and `attnlab inspect --format html` writes it as a file.
 
-The page itself (hover, network blocked, two views) is tests/test_show_browser.py's.
+The page itself (hover, network blocked, two views) is test_notebook_browser.py's;
+show(..., summary=True) is test_notebook_summary.py's.
 """
 
 from __future__ import annotations
@@ -321,79 +322,6 @@ def test_pad_positions_are_labelled_as_padding() -> None:
     assert payload(show(light, row=0))["tokens"] == [f"#{j}" for j in range(T)]  # no pads
     # tokens= are the caller's own labels, kept as given
     assert payload(show(light, tokens=list("x" * T), row=1))["tokens"] == list("x" * T)
-
-
-def test_show_summary_is_a_self_contained_heads_overview() -> None:
-    """show(..., summary=True): a grid cell per layer and head of each summary, titled with
-    its value, and the extreme heads; from a model (no weights traced) or a trace of a
-    left-padded batch's row (its pads left out of the means)."""
-    from attnlab.interp.heads import SUMMARY_MEANS, head_summaries, summary_means
-
-    tok = CharTokenizer(sorted(set("abcdefghijklmnopqrstuvwxyz .")))
-    torch.manual_seed(0)
-    model = GPT(GPTConfig.from_name("nano", n_head=4, vocab_size=tok.vocab_size)).eval()
-    view = show(model, tok, "the cat sat on the mat", summary=True)
-    assert isinstance(view, View) and "heads overview of 22 tokens" in view.html
-    assert "<script" not in view.html and "http" not in view.html
-    means = head_summaries(model, torch.tensor([tok.encode("the cat sat on the mat")]))
-    for name, label in SUMMARY_MEANS.items():
-        assert label in view.html
-        value = float(means[name][1, 3])
-        assert f'title="layer 1, head 3: {value:.4g}"' in view.html, name
-    assert "most weight on the first token" in view.html
-
-    ids = torch.tensor([[0, 0, *tok.encode("a cat")], tok.encode("the mat")])  # (2, 7)
-    mask = torch.tensor([[0, 0, 1, 1, 1, 1, 1], [1] * 7])
-    trace = Trace(names=list(SUMMARY_MEANS)).run(model, ids, mask)
-    padded = show(trace, summary=True, row=0)
-    assert "means over the 5 query rows (pads left out)" in padded.html
-    assert "means over the 22 query rows, computed" in view.html  # no pads to leave out
-    one = show(model, tok, "a", summary=True)
-    assert "heads overview of 1 token<" in one.html and "over the 1 query row," in one.html
-    entropy = float(summary_means(trace, [0, 1], row=0)["attn_entropy"][0, 2])
-    assert f'title="layer 0, head 2: {entropy:.4g}"' in padded.html
-    with pytest.raises(ValueError, match="holds no summaries"):
-        show(Trace(names="attn_weights").run(model, ids), summary=True)
-
-
-def test_show_summary_takes_rows_and_masks_as_the_head_view_does() -> None:
-    """The overview reads `row` and `attention_mask` as the head view does: a negative row
-    counts from the end, a row's own (S,) mask serves, and a mask of another shape, a row
-    out of range or empty text get errors that say so. A trace holding some of the
-    summaries shows those."""
-    import re
-
-    from attnlab.interp.heads import SUMMARY_MEANS
-
-    tok = CharTokenizer(sorted(set("abcdefghijklmnopqrstuvwxyz .")))
-    torch.manual_seed(0)
-    model = GPT(GPTConfig.from_name("nano", n_head=4, vocab_size=tok.vocab_size)).eval()
-    ids = torch.tensor([tok.encode("the mat"), [0, 0, *tok.encode("a cat")]])  # (2, 7)
-    mask = torch.tensor([[1] * 7, [0, 0, 1, 1, 1, 1, 1]])
-
-    def cells(view: View) -> list[str]:
-        return re.findall(r'title="layer \d+, head \d+: [^"]+"', view.html)
-
-    last = show(model, tok, ids=ids, row=1, attention_mask=mask, summary=True)
-    assert "means over the 5 query rows (pads left out)" in last.html
-    for again in (show(model, tok, ids=ids, row=-1, attention_mask=mask, summary=True),
-                  show(model, tok, ids=ids, row=1, attention_mask=mask[1], summary=True)):
-        assert cells(again) == cells(last) and len(cells(last)) == 4 * 2 * 4
-    trace = Trace(names=list(SUMMARY_MEANS)).run(model, ids, mask)
-    assert cells(show(trace, row=-1, summary=True)) == cells(last)
-    assert cells(show(trace, row=1, attention_mask=mask[1], summary=True)) == cells(last)
-    with pytest.raises(ValueError, match=r"attention_mask of shape \(2, 5\) for a trace of 2 "):
-        show(trace, attention_mask=mask[:, :5], summary=True)
-    with pytest.raises(ValueError, match=r"row=2 out of range for a batch of 2 rows \(0 to 1"):
-        show(trace, row=2, summary=True)
-    with pytest.raises(ValueError, match="attention_mask of shape"):
-        show(model, tok, ids=ids, row=1, attention_mask=mask[:, :5], summary=True)
-    with pytest.raises(ValueError, match="was given empty text"):
-        show(model, tok, "", summary=True)
-    some = Trace(names=["attn_sink", "attn_max"]).run(model, ids, mask)
-    view = show(some, row=1, summary=True)
-    assert SUMMARY_MEANS["attn_sink"] in view.html
-    assert SUMMARY_MEANS["attn_entropy"] not in view.html
 
 
 def test_a_title_given_heads_the_view_escaped_and_one_token_is_one_token() -> None:

@@ -1,6 +1,8 @@
 """attnlab.show()'s HTML in headless Chromium with the network cut: an `inspect --format
 html` file shows the weights its attention.json holds, and two views on one page work
-independently (hover, pin, tabs, the model view's click-to-open).
+independently (hover, pin, tabs, the model view's click-to-open); show(..., summary=True)
+draws its grids, legends and extreme heads with the page's overview.js, and picks a head
+by pointer and keyboard, view by view.
 """
 
 from __future__ import annotations
@@ -193,4 +195,129 @@ def test_the_legend_names_the_scale_rows_to_max_draws(browser: Any, tmp_path: Pa
         page.click(".alv-tab[data-view='model']")  # the thumbnails follow the box too
         page.click(".alv-check input")
         assert page.inner_text(legend).split()[:3] == ["0", "row", "max"]
+        assert seen.requests == [] and seen.problems == []
+
+
+# ----------------------------------------------------------------------------- heads overview
+
+
+def peaked(n_head: int = 4) -> GPT:
+    """A nano model whose heads differ (a larger init spreads their summaries apart)."""
+    torch.manual_seed(0)
+    return GPT(GPTConfig.from_name("nano", vocab_size=TOK.vocab_size, block_size=64,
+                                   n_head=n_head, init_std=1.0)).eval()
+
+
+GRIDS = """root => [...document.querySelectorAll(root + ' .alo-figure')].map(fig => ({
+    name: fig.dataset.summary, title: fig.querySelector('.alo-title').innerText,
+    legend: fig.querySelector('.alo-legend').innerText.split(/\\s+/).join(' '),
+    cells: [...fig.querySelectorAll('td')].map(td => [td.dataset.cell, td.textContent,
+        getComputedStyle(td).backgroundColor, td.title]),
+    stops: fig.querySelectorAll("td[tabindex='0']").length}))"""
+
+
+def test_the_heads_overview_draws_every_summary_offline(browser: Any, tmp_path: Path) -> None:
+    """show(..., summary=True) saved as a page: the page's overview.js draws a grid per
+    summary side by side, each cell labelled with its value and coloured on its summary's
+    scale (a share on 0..1, the others on 0..the grid's largest, which is the top colour),
+    a legend saying which; then the most extreme heads and what the means are over."""
+    from test_notebook import payload
+
+    text = "the cat sat on the mat. the cat sat"
+    view = show(peaked(), TOK, text, summary=True)
+    data = payload(view)
+    with offline(browser, view.save(tmp_path / "summary.html")) as seen:
+        page = seen.page
+        assert page.inner_text("h3") == "attnlab · heads overview of 35 tokens"
+        grids = page.evaluate(GRIDS, ".attnlab-view")
+        assert [g["name"] for g in grids] == list(data["summaries"])
+        for grid in grids:
+            name = grid["name"]
+            values = [v for row in data["summaries"][name] for v in row]
+            assert grid["title"] == data["summary_labels"][name] and grid["stops"] == 1
+            keys = [f"{la}.{h}" for la in range(2) for h in range(4)]
+            assert [c[0] for c in grid["cells"]] == keys
+            assert [c[1] for c in grid["cells"]] == [f"{v:.2f}" for v in values]
+            assert grid["cells"][5][3] == f"layer 1, head 1: {grid['title']} {values[5]}"
+            assert len({c[2] for c in grid["cells"]}) > 2  # coloured by value
+            if name in data["summary_shares"]:
+                assert grid["legend"] == "0 1 a share of each row's weight"
+            else:
+                assert grid["legend"] == f"0 {max(values):.2f} the largest here"
+                top = values.index(max(values))
+                assert grid["cells"][top][2] == "rgb(253, 231, 37)"  # viridis's top
+        rows = page.eval_on_selector_all(".alo-extremes tr", "trs => trs.map(tr => tr.innerText)")
+        assert rows[0] == "most extreme heads (layer.head mean)"
+        for row, extreme in zip(rows[1:], data["summary_extremes"], strict=True):
+            heads = [f"{la}.{h} {v:.3f}" for la, h, v in extreme["heads"]]
+            assert row.split("\t") == [extreme["what"], *heads], row
+        assert page.inner_text(".alo-note") == data["summary_note"]
+        assert page.inner_text(".alo-cell").startswith("point at a cell")
+        assert seen.requests == [] and seen.problems == []
+
+
+def test_overview_cells_are_picked_by_pointer_and_keyboard_per_view(
+    browser: Any, tmp_path: Path
+) -> None:
+    """Two overviews and an attention view on one page: a click on a cell, or Enter or Space
+    on it, or on an extreme head, picks that head in every grid of its own view (marked, and
+    the line under the grids gives its value in each summary); the arrow keys move within a
+    grid, one tab stop each; the other views take nothing of it."""
+    from test_notebook import payload
+
+    a = show(peaked(), TOK, "the cat sat on the mat", summary=True)
+    b = show(peaked(), TOK, "a dog ran", summary=True)
+    c = show(peaked(), TOK, "a dog ran", head=1)
+    path = tmp_path / "three.html"
+    path.write_text("<!doctype html><meta charset='utf-8'><body>" + a.html + c.html + b.html
+                    + "</body>")
+    means = payload(a)["summaries"]
+    labels = payload(a)["summary_labels"]
+    with offline(browser, path) as seen:
+        page = seen.page
+        va, vc, vb = (f"#{page.locator('.attnlab-view').nth(k).get_attribute('id')}"
+                      for k in (0, 1, 2))
+        line = f"{va} .alo-cell"
+        on = ("(root) => [...document.querySelectorAll(root + ' td.alo-on')]"
+              ".map(td => td.dataset.cell)")
+
+        def values(layer: int, head: int) -> str:
+            return " · ".join(f"{labels[n]} {means[n][layer][head]}" for n in means)
+
+        page.click(f"{va} figure[data-summary='attn_entropy'] td[data-cell='1.2']")
+        assert page.evaluate(on, va) == ["1.2"] * 4 and page.evaluate(on, vb) == []
+        page.mouse.move(1, 1)
+        assert page.inner_text(line) == f"layer 1, head 2: {values(1, 2)} · picked"
+        page.hover(f"{va} figure[data-summary='attn_max'] td[data-cell='0.3']")
+        assert page.inner_text(line) == f"layer 0, head 3: {values(0, 3)}"
+        # the keyboard: arrows within the grid, Enter and Space pick
+        distance = f"{va} figure[data-summary='attn_distance']"
+        page.mouse.move(1, 1)
+        page.focus(f"{distance} td[data-cell='0.0']")
+        for key, cell in (("ArrowRight", "0.1"), ("ArrowDown", "1.1"), ("ArrowDown", "1.1")):
+            page.keyboard.press(key)
+            assert page.evaluate("document.activeElement.dataset.cell") == cell
+            assert page.evaluate("document.activeElement.closest('figure').dataset.summary") \
+                == "attn_distance"
+        assert page.inner_text(line).startswith("layer 1, head 1: ")
+        page.keyboard.press("Enter")
+        assert page.evaluate(on, va) == ["1.1"] * 4
+        page.keyboard.press("ArrowLeft")
+        page.keyboard.press(" ")
+        assert page.evaluate(on, va) == ["1.0"] * 4
+        stops = page.eval_on_selector_all(
+            f"{va} .alo-table td[tabindex='0']",
+            "tds => tds.map(td => td.closest('figure').dataset.summary + td.dataset.cell)")
+        assert sorted(stops) == sorted(f"{n}1.0" for n in means)  # one per grid: the pick
+        # an extreme head picks its cell; the other overview and the attention view are as
+        # they were
+        first = page.get_attribute(f"{va} .alo-extremes td[data-cell]", "data-cell")
+        page.click(f"{va} .alo-extremes td[data-cell='{first}']")
+        assert page.evaluate(on, va) == [first] * 4 and page.evaluate(on, vb) == []
+        assert page.inner_text(f"{vb} .alo-cell").startswith("point at a cell")
+        page.hover(f"{vc} .alv-tok[data-i='4']")
+        page.wait_for_selector(f"{vc} .alv-tok.alv-query[data-i='4']")
+        assert page.evaluate("Object.keys(window).filter(k => k.startsWith('attnlab'))") == [
+            "attnlabView"]
+        assert page.evaluate("Object.keys(window.attnlabView).length") == 2  # two bundles
         assert seen.requests == [] and seen.problems == []

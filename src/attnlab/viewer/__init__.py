@@ -4,10 +4,12 @@
 routes are in `routes/` (the page, /api/model and /api/attention, /api/generate, /api/heads
 and /api/lens), what they share in `state.py`, the error format in `errors.py`, and the
 request-body limit in `asgi.py`. `payloads.py` says what the answers hold, and `notebook.py`
-is `attnlab.show()`: one self-contained HTML view, inline in a notebook or saved.
+is `attnlab.show()` (its heads overview `summary_view.py`'s): one self-contained HTML view
+(`fragment.py`'s `View`) of the page's own scripts, inline in a notebook or saved.
 """
 
 from .app import ServeConfig, create_app
-from .notebook import View, show
+from .fragment import View
+from .notebook import show
 
 __all__ = ["ServeConfig", "View", "create_app", "show"]

@@ -2,38 +2,31 @@
 
 `show(trace)` or `show(model, tokenizer, text)` returns a `View`; a notebook displays it
 through `_repr_html_`, and `View.save("x.html")` writes the same view as a page. The HTML
-carries its own script and styles (the viewer's `web/draw.js`, `web/chips.js`,
-`web/view_data.js` and `web/view.js`, inlined as one classic script, and `web/view.css`): no
-CDN, no server, no require.js, no network request, so it works offline in JupyterLab,
-Notebook 7, VS Code, Colab and a plain browser.
-Each view gets a unique element id and the page gets one global, `window.attnlabView`.
+carries the viewer's own script and styles (`web/draw.js`, `web/chips.js`,
+`web/view_data.js` and `web/view.js`, and `web/view.css`), inlined by `fragment.py`: no
+CDN, no server, no require.js, no network request.
 
 Views (tabs): head view (one layer; one head or all; hover or click a token to see what it
 attends to), model view (every layer x head, click to open), steps (one head's raw scores
 -> masked -> softmax), text (tokens coloured by a query's attention). Masked cells are
 drawn and labelled as masked, never as weight 0. `show(..., summary=True)` gives the heads
-overview instead (`summary_view.py`): per-head summaries, no weights, any text length.
+overview instead (`summary_view.py`, drawn by the page's `web/overview.js`): per-head
+summaries, no weights, any text length.
 
 Size: weights go as one byte per cell (the weight as a fraction of its row's largest, so
 the error is at most 1/508 of that row's largest weight), lower triangle only, zlib
 compressed and base64'd; the model view gets every head max-pooled to at most `THUMB`
 cells a side. Layers are embedded at full resolution while they fit `max_cells` (the
-layer on show first); the others appear in the model view only. This module encodes and
-assembles; drawing is the JavaScript's, capture is `model/trace.py`'s.
+layer on show first); the others appear in the model view only. This module checks show's
+arguments, encodes and assembles; drawing is the JavaScript's, capture is
+`model/trace.py`'s, the fragment `fragment.py`'s.
 """
 
 from __future__ import annotations
 
 import base64
-import hashlib
-import html
-import json
-import re
-import uuid
 import zlib
 from collections.abc import Sequence
-from functools import lru_cache
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -45,49 +38,14 @@ from ..model.attention import causal_mask, padding_of_row
 from ..model.gpt import require_eval
 from ..model.trace import Trace
 from ..tokenizers import check_fits
-from .summary_view import summary_page
+from .fragment import ATTENTION, View, fragment
+from .summary_view import summary_view
 
-WEB_DIR = Path(__file__).parent / "web"
 MAX_CELLS = 1 << 23  # weights embedded at full resolution: about 8 MB before compression
 THUMB = 96  # model view: each head max-pooled to at most this many cells a side
 STEPS_CELLS = 256 * 256  # the steps view is included up to this many cells (T x S)
 VIEWS = ("head", "model", "steps", "text")
 PAD_LABEL = "<pad>"  # the label of a padding position (its key column and query row masked)
-
-
-class View:
-    """One attention view: `_repr_html_` for notebooks, `save()` for a file, `html` as text."""
-
-    def __init__(self, fragment: str, title: str) -> None:
-        self.html = fragment
-        self.title = title
-
-    def _repr_html_(self) -> str:
-        return self.html
-
-    @property
-    def nbytes(self) -> int:
-        """Size of the HTML fragment in bytes (UTF-8)."""
-        return len(self.html.encode())
-
-    def page(self) -> str:
-        """The view as a whole HTML document."""
-        return (
-            '<!doctype html>\n<html lang="en">\n<head>\n<meta charset="utf-8">\n'
-            '<meta name="viewport" content="width=device-width, initial-scale=1">\n'
-            f"<title>{html.escape(self.title)}</title>\n</head>\n"
-            f'<body style="margin: 16px">\n{self.html}\n</body>\n</html>\n'
-        )
-
-    def save(self, path: str | Path) -> Path:
-        """Write the view as a standalone HTML file that opens with no network."""
-        path = Path(path)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(self.page(), encoding="utf-8")
-        return path
-
-    def __repr__(self) -> str:
-        return f"<attnlab View {self.title!r}: {self.nbytes / 1e6:.2f} MB of HTML>"
 
 
 # ----------------------------------------------------------------------------- capture
@@ -267,48 +225,6 @@ def _steps(trace: Trace, row: int, traced: list[Any], head_labels: list[int],
             "weights": _b64z(weights.astype(np.float32).tobytes())}
 
 
-# ----------------------------------------------------------------------------- html
-
-
-_IMPORT = re.compile(r"^import \{.*?\} from \"[^\"]+\";\n", re.M | re.S)
-_EXPORT = re.compile(r"^export (?=(?:async )?function |const |let |class )", re.M)
-
-
-def _classic(source: str) -> str:
-    """An ES module of top-level functions as plain script text: imports and `export` go."""
-    return _EXPORT.sub("", _IMPORT.sub("", source))
-
-
-@lru_cache(maxsize=1)
-def _assets() -> tuple[str, str, str]:
-    """(script body defining mount, css, version key) from the package's web/ files."""
-    js = "\n".join(_classic((WEB_DIR / name).read_text())
-                   for name in ("draw.js", "chips.js", "view_data.js", "view.js"))
-    css = (WEB_DIR / "view.css").read_text()
-    key = hashlib.sha256((js + css).encode()).hexdigest()[:12]
-    return js, css, key
-
-
-def _fragment(payload: dict[str, Any], title: str | None = None) -> str:
-    """The view as one HTML fragment: its styles, the data and the script that mounts it;
-    a title given is its heading."""
-    js, css, key = _assets()
-    uid = f"attnlab-view-{uuid.uuid4().hex[:12]}"
-    data = json.dumps(payload, separators=(",", ":")).replace("<", "\\u003c")
-    heading = "" if title is None else (
-        f'<h3 style="margin:0 0 6px;font-family:sans-serif">{html.escape(title)}</h3>\n')
-    return (
-        f'<div class="attnlab-view" id="{uid}">\n{heading}<style>\n{css}</style>\n'
-        '<div class="alv-app">attnlab view: it needs JavaScript (in Jupyter, trust the '
-        "notebook: File &gt; Trust Notebook)</div>\n<script>\n(function () {\n"
-        "const NS = (window.attnlabView = window.attnlabView || {});\n"
-        f'if (!NS["{key}"]) NS["{key}"] = (function () {{\n{js}\nreturn mount;\n}})();\n'
-        "const me = document.currentScript;\n"
-        f'const root = (me && me.closest(".attnlab-view")) || document.getElementById("{uid}");\n'
-        f'NS["{key}"](root, {data});\n}})();\n</script>\n</div>'
-    )
-
-
 # ----------------------------------------------------------------------------- show
 
 
@@ -441,14 +357,14 @@ def show(
         scale: the softmax scale, written in the steps view. title: a heading over the view
         (and the saved page's title; default: none inline, "attnlab · attention of T tokens"
         saved).
-    summary: the heads overview instead (`summary_view.py`): a layer x head grid per
-        per-head summary (entropy, weight on the first token, distance back, largest
-        weight; means over the row's real queries) and the most extreme heads, from a trace
-        holding the summaries, or a model run on the text without any (T, T) weights.
+    summary: the heads overview instead, as the page draws it (`summary_view.py`): a layer
+        x head grid per summary (entropy, first-token weight, distance back, largest weight:
+        means over the row's real queries) and the most extreme heads, from a trace of the
+        summaries or a model run on the text without any (T, T) weights.
     """
     ids = _ids_to_show(source, tokenizer, text, ids, row, view)
     if summary:
-        return View(*summary_page(source, ids, row, attention_mask, title))
+        return summary_view(source, ids, row, attention_mask, title)
     info = ""
     if isinstance(source, Trace):
         trace = source
@@ -478,4 +394,4 @@ def show(
     if view == "steps" and payload["steps"] is None:
         raise ValueError("view='steps' needs the raw scores: trace attn_scores (at most "
                          f"{STEPS_CELLS} cells) or pass steps=(layer, head)")
-    return View(_fragment(payload, title), title or f"attnlab · attention of {tokens_of}")
+    return View(fragment(ATTENTION, payload, title), title or f"attnlab · attention of {tokens_of}")

@@ -14,6 +14,7 @@ from __future__ import annotations
 import base64
 import contextlib
 import json
+import math
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Sequence
 from typing import Any, Protocol
 
@@ -26,6 +27,7 @@ from ..interp.heads import (
     SHARE_SUMMARIES,
     SUMMARY_MEANS,
     detect_heads,
+    extreme_heads,
     head_summaries,
     rank_heads,
 )
@@ -189,12 +191,42 @@ async def stream_events(
         yield _sse("error", {"error": str(err)})
 
 
+def _mean(x: float) -> float | None:
+    """A summary's mean as the overview writes it: 4 decimals, None (null) for NaN (a row
+    with no real query)."""
+    return round(x, 4) if math.isfinite(x) else None
+
+
+def overview_payload(means: dict[str, Tensor], layers: Sequence[int], heads: Sequence[int],
+                     *, rows: int, padded: bool = False) -> dict[str, Any]:
+    """The heads overview as `web/overview.js` draws it, in the page's heads panel (a part of
+    /api/heads's answer) and in `show(..., summary=True)`: per summary of `means` ((layers,
+    heads) each, `interp.heads.summary_means`) its means, its label and whether it is a
+    share of a row's weight (drawn on 0..1); the layers' and heads' labels; the most extreme
+    heads (`interp.heads.extreme_heads`, named by those labels) and a note saying what the
+    means are over: `rows` query rows, some left out as pads where `padded`."""
+    layers, heads = list(layers), list(heads)
+    over = f"{rows} query row{'s' * (rows != 1)}" + (" (pads left out)" if padded else "")
+    return {
+        "summaries": {name: [[_mean(x) for x in row] for row in m.tolist()]
+                      for name, m in means.items()},
+        "summary_labels": dict(SUMMARY_MEANS),
+        "summary_shares": list(SHARE_SUMMARIES),
+        "summary_layers": layers,
+        "summary_heads": heads,
+        "summary_extremes": [
+            {"what": what, "heads": [[layers[la], heads[h], _mean(v)] for la, h, v in top]}
+            for what, top in extreme_heads(means)],
+        "summary_note": f"means over the {over}, computed in tiles without the T × T weights",
+    }
+
+
 def heads_payload(model: Any, tokenizer: Any, ids: list[int], ablated: list[tuple[int, int]],
                   k: int = 5) -> dict[str, Any]:
-    """Detector scores on `ids`, the heads overview (each per-head summary's mean over the
-    query rows, `head_summaries`, with its label) and the next-token top-k intact and with
-    `ablated` heads, each token's text written as `attention_payload`'s tokens (control
-    characters visible)."""
+    """Detector scores on `ids`, the heads overview (`overview_payload` of each per-head
+    summary's mean over the query rows, `head_summaries`) and the next-token top-k intact
+    and with `ablated` heads, each token's text written as `attention_payload`'s tokens
+    (control characters visible)."""
     idx = torch.tensor([ids], device=model.wte.weight.device)  # (1, T)
     with torch.no_grad():
         scores = detect_heads(model, idx)
@@ -211,10 +243,8 @@ def heads_payload(model: Any, tokenizer: Any, ids: list[int], ablated: list[tupl
         "scores": {kind: [[round(float(x), 4) for x in row] for row in s.tolist()]
                    for kind, s in scores.items()},
         "induction_ranking": [[la, h] for la, h in rank_heads(scores["induction"])],
-        "summaries": {name: [[round(float(x), 4) for x in row] for row in m.tolist()]
-                      for name, m in means.items()},
-        "summary_labels": dict(SUMMARY_MEANS),
-        "summary_shares": list(SHARE_SUMMARIES),
+        **overview_payload(means, range(model.config.n_layer), range(model.config.n_head),
+                           rows=len(ids)),
         "ablated": [[la, h] for la, h in ablated],
         "prediction": {"intact": top(intact), "ablated": top(edited)},
     }

@@ -42,8 +42,9 @@ def router(state: ViewerState) -> APIRouter:
 
     @routes.post("/api/heads")
     async def heads(body: HeadsRequest) -> dict[str, Any]:
-        """Detector scores per layer and head on the text, and the next-token prediction
-        with and without the `ablate` heads (zeroed)."""
+        """Detector scores per layer and head on the text, the heads overview (per-head
+        summary means, `summary_*`, as show(..., summary=True) draws them too), and the
+        next-token prediction with and without the `ablate` heads (zeroed)."""
         ids = state.request_ids(body.text, body.ids)
         if len(ids) < 2:
             raise RequestError("head detectors need a text of at least 2 tokens")

@@ -1,8 +1,8 @@
 // attnlab viewer: what acts on a click, for the pointer and the keyboard alike: the token
 // chips, and the buttons that are not <button>s (thumbnails, the heads table's rows, the
-// heads overview's cells). The served page (app.js, heads.js) and the notebook view (view.js)
-// share it. viewer/notebook.py inlines this file into a classic script as it does draw.js, so
-// it keeps to top-level `export function` and imports nothing.
+// heads overview's cells). The served page (app.js, heads.js) and the notebook views (view.js,
+// overview.js) share it. viewer/fragment.py inlines this file into a classic script as it does
+// draw.js, so it keeps to top-level `export function` and imports nothing.
 
 // Enter or Space on an element of `box` matching `selector` clicks it, as on a <button>.
 export function clickOnKeys(box, selector) {

@@ -1,8 +1,9 @@
 // Drawing for the attention viewer and for attnlab.show()'s views: colours, token labels,
 // heatmaps on canvas. It knows nothing of the API or the page's state; app.js (the served
-// page) and view.js (the self-contained notebook view) pass in what to draw.
-// viewer/notebook.py inlines this file into a classic script by dropping the `export` keywords, so
-// it keeps to top-level `export function` / `export const` and imports nothing.
+// page), view.js (the self-contained notebook view) and overview.js (the heads overview, in
+// both) pass in what to draw. viewer/fragment.py inlines this file into a classic script by
+// dropping the `export` keywords, so it keeps to top-level `export function` / `export const`
+// and imports nothing.
 // A head's T x S weights become one T x S image (a pixel per cell) that the canvas scales
 // up without smoothing, so 256 tokens (65,536 cells) draw in a few milliseconds.
 
@@ -22,14 +23,14 @@ const OUTLINE = "#e4572e";
 // scores: blue (negative) - white - red (positive), ColorBrewer "RdBu" reversed
 const DIVERGING = ramp([[33, 102, 172], [146, 197, 222], [247, 247, 247], [244, 165, 130], [178, 24, 43]]);
 
-// viridis at five stops (matplotlib's), low dark and high light: the heads overviews' colours
+// viridis at five stops (matplotlib's), low dark and high light: the heads overview's colours
 const VIRIDIS = [[68, 1, 84], [59, 82, 139], [33, 145, 140], [94, 201, 98], [253, 231, 37]];
 
 const lut = (t) => LUT[Math.max(0, Math.min(255, Math.round(t * 255)))];
 
 /**
- * Background and text colours of a heads overview's cell at t in [0, 1]: viridis, with black
- * or white ink by its luminance, as viewer/summary_view.py colours show(..., summary=True)'s.
+ * Background and text colours of a heads overview's cell at t in [0, 1] (overview.js): viridis,
+ * with black or white ink by its luminance.
  */
 export function overviewColours(t) {
   const [r, g, b] = between(VIRIDIS, t);

@@ -8,7 +8,7 @@ import { api } from "./api.js";
 import { clickOnKeys } from "./chips.js";
 import { $, setStatus } from "./dom.js";
 import { shown } from "./draw.js";
-import { showOverview } from "./overview.js";
+import { Overview } from "./overview.js";
 
 const DETECTORS = ["previous_token", "duplicate_token", "induction", "first_token"];
 
@@ -21,6 +21,11 @@ const heads = {
 };
 window.attnlabHeads = heads;
 const LENS_HINT = $("lens").textContent;  // index.html's: how to see a token's lens
+// the heads overview, one summary at a time; its cells open a head in the Layer and Head menus
+const overview = new Overview($("overview"), {
+  pick: true,
+  page: { onShow: () => `${$("layer").value}.${$("head").value}`, open: pickHead },
+});
 
 // The status while the text on show is the one scored.
 function scored() {
@@ -51,7 +56,7 @@ function clearHeads() {
   Object.assign(heads, { ids: null, scores: null, lens: null });
   $("heads-table").querySelector("thead").replaceChildren();
   $("heads-table").querySelector("tbody").replaceChildren();
-  showOverview(null);
+  overview.show(null);
   for (const id of ["heads-intact", "heads-edited", "heads-which"]) $(id).textContent = "";
   $("lens").textContent = "";
 }
@@ -73,7 +78,7 @@ async function score() {
     heads.scores = result.scores;
     heads.lens = lens;
     renderTable(result.induction_ranking);
-    showOverview(result.summaries, result.summary_labels, result.summary_shares);
+    overview.show(result);
     renderPrediction(result.prediction);
     scored();
     redrawLens();
@@ -92,6 +97,16 @@ async function predict() {  // only after a click on a head of the text on show
     if (seq === heads.seq) renderPrediction(result.prediction);
   } catch (err) {
     if (seq === heads.seq) status(err.message, true);
+  }
+}
+
+// Pick a layer and head in the page's menus, as a user would: app.js draws them.
+function pickHead(layer, h) {
+  for (const [id, value] of [["head", h], ["layer", layer]]) {
+    const select = $(id);
+    if (select.value === value) continue;
+    select.value = value;
+    select.dispatchEvent(new Event("change"));
   }
 }
 
@@ -198,6 +213,7 @@ function wire() {
       status("the scores below are for another text; press Score heads for this one");
     }
   }).observe($("tokens"), { childList: true });
+  for (const id of ["layer", "head"]) $(id).addEventListener("change", () => overview.markOnShow());
   for (const type of ["mouseover", "focusin"]) {  // pointer or keyboard on a token
     $("tokens").addEventListener(type, (e) => {
       const chip = e.target.closest(".tok");

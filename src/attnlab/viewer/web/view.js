@@ -1,8 +1,8 @@
 // attnlab.show()'s view: one self-contained attention view, for a notebook output or an
-// HTML file. viewer/notebook.py inlines draw.js, chips.js, view_data.js and this file into one classic
-// script (no module, no network, no global but window.attnlabView) and calls mount(root,
-// data) with the payload it built; several views on one page share nothing but that code.
-// The payload's format and its decoding are view_data.js's.
+// HTML file. viewer/fragment.py inlines draw.js, chips.js, view_data.js and this file into one
+// classic script (no module, no network, no global but window.attnlabView) and calls
+// mount(root, data) with the payload viewer/notebook.py built; several views on one page
+// share nothing but that code. The payload's format and its decoding are view_data.js's.
 
 import {
   cellAt, colour, drawCells, drawHeatmap, drawMini, inkFor, matrixImage, placeTip, rampEnd,
