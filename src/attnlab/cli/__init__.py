@@ -3,8 +3,9 @@ export | heads | patch | lens`.
 
 Only the CLI prints. Each subcommand lives in its own module in this package, exposing
 `add_parser(subparsers)` and `run(args) -> int`, and imports heavy dependencies inside
-`run` so `attnlab --help` stays fast. Config dataclasses map onto flags one to one
-(`--n_layer 4 --lr 1e-3`) through `add_config_flags` / `config_from_flags`.
+`run`; only the command named on the command line has its parser built, so `attnlab --help`,
+`--version` and a Ctrl-C while torch loads need no torch. Config dataclasses map onto flags
+one to one (`--n_layer 4 --lr 1e-3`) through `add_config_flags` / `config_from_flags`.
 """
 
 from __future__ import annotations
@@ -16,16 +17,27 @@ import os
 import re
 import sys
 import warnings
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from typing import NoReturn
 
-import torch
-
-from ..model.runtime import reuse_freed_memory
 from .common import CLIError, check_device, cpu_memory_errors, out_of_memory
 
-COMMANDS = ("train", "generate", "inspect", "serve", "bench", "demo", "info", "export", "heads",
-            "patch", "lens")
+#: each command's line in `attnlab --help`, here so that the list loads none of the commands
+#: (train's flags come from GPTConfig, whose module imports torch); each module's parser says
+#: the same (tested)
+COMMANDS = {
+    "train": "train a model (default: the copy task, under a minute on a CPU)",
+    "generate": "extend a prompt with a trained model (streams text as it comes)",
+    "inspect": "draw a text's attention (heatmaps, layer x head grid) and save it as JSON",
+    "serve": "web page to explore attention and stream generations",
+    "bench": "run the speed and quality benchmarks (needs a source checkout)",
+    "demo": "run a seed experiment (hello, animals, averaging) and draw it",
+    "info": "print a model directory's config, size, tokenizer and training state",
+    "export": "write a checkpoint as a Hugging Face model directory",
+    "heads": "find previous-token, duplicate-token, induction and first-token heads",
+    "patch": "activation or attribution patching of heads and residual positions",
+    "lens": "logit lens: which layer already predicts the next token",
+}
 
 def _check_device(args: argparse.Namespace) -> None:
     """Every command's --device, checked once before it runs: a device this machine lacks
@@ -85,15 +97,21 @@ def known_flags(parser: argparse.ArgumentParser) -> list[str]:
 
 def _version() -> str:
     import platform
-
-    import torch
+    from importlib.metadata import PackageNotFoundError, version
 
     from .. import __version__
 
-    return f"attnlab {__version__} (torch {torch.__version__}, Python {platform.python_version()})"
+    try:  # the installed version, read without importing torch (seconds)
+        torch_version = version("torch")
+    except PackageNotFoundError:
+        torch_version = "not installed"
+    return f"attnlab {__version__} (torch {torch_version}, Python {platform.python_version()})"
 
 
-def build_parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.ArgumentParser]]:
+def build_parser(commands: Collection[str] = tuple(COMMANDS)
+                 ) -> tuple[argparse.ArgumentParser, dict[str, argparse.ArgumentParser]]:
+    """The `attnlab` parser and the parsers of `commands`, built in full; the other commands
+    are listed by their line alone (building train's imports torch)."""
     parser = _Parser(  # subcommand parsers take the same class
         prog="attnlab",
         description="Build, train, generate with and look inside causal attention models.",
@@ -101,7 +119,10 @@ def build_parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.Argument
     parser.add_argument("--version", action="version", version=_version())
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     parsers: dict[str, argparse.ArgumentParser] = {}
-    for name in COMMANDS:
+    for name, line in COMMANDS.items():
+        if name not in commands:
+            sub.add_parser(name, help=line)
+            continue
         try:
             module = importlib.import_module(f"attnlab.cli.{name}")
         except ModuleNotFoundError as err:
@@ -114,8 +135,19 @@ def build_parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.Argument
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    reuse_freed_memory()
-    parser, parsers = build_parser()
+    argv = list(sys.argv[1:] if argv is None else argv)
+    # the first word is the command: `attnlab` itself takes no flag with a value
+    command = next((word for word in argv if not word.startswith("-")), None)
+    try:
+        return _main(argv, command)
+    except KeyboardInterrupt:  # also while torch or a model loads: one line, no traceback
+        print(f"attnlab{' ' + command if command in COMMANDS else ''}: interrupted",
+              file=sys.stderr)
+        return 130
+
+
+def _main(argv: list[str], command: str | None) -> int:
+    parser, parsers = build_parser([command] if command in COMMANDS else [])
     args, unknown = parser.parse_known_args(argv)
     if args.command is None:
         parser.print_help()
@@ -139,6 +171,16 @@ def main(argv: Sequence[str] | None = None) -> int:
             file=sys.stderr,
         )
         return 2
+    return _run(args)
+
+
+def _run(args: argparse.Namespace) -> int:
+    """Run the parsed command: its errors as one line each, the exit status."""
+    import torch
+
+    from ..model.runtime import reuse_freed_memory
+
+    reuse_freed_memory()
     formatwarning = warnings.formatwarning  # library warnings as one line, like errors
     warnings.formatwarning = lambda message, *_, **__: (
         f"attnlab {args.command}: warning: {message}\n")
@@ -162,9 +204,6 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"attnlab {args.command}: error: {out_of_memory(args.command, err)}",
               file=sys.stderr)
         return 1
-    except KeyboardInterrupt:
-        print(f"attnlab {args.command}: interrupted", file=sys.stderr)
-        return 130
     finally:
         warnings.formatwarning = formatwarning
 

@@ -1,0 +1,87 @@
+"""The `attnlab` entry point itself (cli/__init__.py): what it imports before a command runs,
+how it ends on Ctrl-C, and how it reads the words and flags of any command."""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+import attnlab.cli
+from attnlab import GPT, GPTConfig
+from attnlab.checkpoint import save_checkpoint
+from attnlab.cli import COMMANDS, build_parser, main
+from attnlab.tokenizers import CharTokenizer
+
+SRC = Path(attnlab.cli.__file__).resolve().parents[2]
+
+
+@pytest.fixture(scope="module")
+def checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    tok = CharTokenizer(sorted(set("abcdefghijklmnopqrstuvwxyz|")))
+    torch.manual_seed(0)
+    model = GPT(GPTConfig.from_name("nano", vocab_size=tok.vocab_size, block_size=32))
+    return save_checkpoint(tmp_path_factory.mktemp("ckpt") / "ckpt", model, tok)
+
+
+def _python(code: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          env={"PYTHONPATH": str(SRC), "PATH": "/usr/bin:/bin"}, timeout=60)
+
+
+@pytest.mark.parametrize("argv", [["--version"], ["--help"], [], ["generate", "--help"]])
+def test_version_and_help_import_no_torch(argv: list[str]) -> None:
+    """`attnlab --version` took 3 s: the package and the CLI imported torch at their top."""
+    done = _python(f"import sys\nfrom attnlab.cli import main\ntry:\n    main({argv!r})\n"
+                   "except SystemExit:\n    pass\nprint(sorted(m for m in sys.modules "
+                   "if m.split('.')[0] == 'torch')[:3])")
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.splitlines()[-1] == "[]"
+
+
+def test_the_command_list_is_each_commands_own_line() -> None:
+    parser, parsers = build_parser()
+    listed = {a.dest: a.help for a in parser._subparsers._group_actions[0]._choices_actions}
+    assert listed == COMMANDS and set(parsers) == set(COMMANDS)
+
+
+def test_public_names_load_on_first_use() -> None:
+    import attnlab
+
+    for name in attnlab.__all__:
+        assert getattr(attnlab, name) is not None, name
+    assert attnlab.viz.__name__ == "attnlab.viz"  # a subpackage, as when imports were eager
+    with pytest.raises(AttributeError, match="has no attribute 'nothing'"):
+        attnlab.nothing  # noqa: B018
+
+
+def test_ctrl_c_while_the_command_loads_is_one_line(
+        monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    """Ctrl-C in the first seconds (torch importing, parsers building) printed a traceback."""
+    def interrupted(*args: object) -> None:
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(attnlab.cli, "build_parser", interrupted)
+    assert main(["generate", "CKPT", "abc"]) == 130
+    assert capsys.readouterr().err == "attnlab generate: interrupted\n"
+
+
+def test_ctrl_c_at_any_moment_is_one_line(checkpoint: Path) -> None:
+    """A real SIGINT, early: stderr is the one line, the status that of an interrupt."""
+    command = [sys.executable, "-m", "attnlab", "generate", str(checkpoint), "abc|",
+               "--sliding-window", "--max-new-tokens", "1000000", "--device", "cpu"]
+    with subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                          text=True, env={"PYTHONPATH": str(SRC), "PATH": "/usr/bin:/bin"}
+                          ) as process:
+        time.sleep(0.5)
+        process.send_signal(signal.SIGINT)
+        _, err = process.communicate(timeout=60)
+    # 130, or killed by SIGINT where torch's import ran Python code that the interrupt left
+    # (CPython then exits by the signal; a shell shows 130 for both)
+    assert process.returncode in (130, -signal.SIGINT)
+    assert err == "attnlab generate: interrupted\n"
