@@ -3,6 +3,7 @@ how it ends on Ctrl-C, and how it reads the words and flags of any command."""
 
 from __future__ import annotations
 
+import importlib
 import signal
 import subprocess
 import sys
@@ -16,6 +17,7 @@ import attnlab.cli
 from attnlab import GPT, GPTConfig
 from attnlab.checkpoint import save_checkpoint
 from attnlab.cli import COMMANDS, build_parser, main
+from attnlab.cli.common import spell_flags
 from attnlab.tokenizers import CharTokenizer
 
 SRC = Path(attnlab.cli.__file__).resolve().parents[2]
@@ -85,3 +87,35 @@ def test_ctrl_c_at_any_moment_is_one_line(checkpoint: Path) -> None:
     # (CPython then exits by the signal; a shell shows 130 for both)
     assert process.returncode in (130, -signal.SIGINT)
     assert err == "attnlab generate: interrupted\n"
+
+
+def test_spell_flags_maps_either_spelling_of_every_flag_onto_the_one_added() -> None:
+    _, parsers = build_parser()
+    for parser in parsers.values():
+        for flag in (f for a in parser._actions for f in a.option_strings if f[2:].count("-")
+                     or "_" in f):
+            for spelling in (flag.replace("_", "-"), "--" + flag[2:].replace("-", "_")):
+                assert spell_flags(parser, [spelling, f"{spelling}=1"]) == [flag, f"{flag}=1"]
+    assert spell_flags(parsers["generate"], ["--", "--top_k"]) == ["--", "--top_k"]
+
+
+@pytest.mark.parametrize(("argv", "dest", "value"), [
+    # serve and train took only `_`, demo and heads only `-`
+    (["serve", "CKPT", "--max-new-tokens", "5"], "ServeConfig.max_new_tokens", 5),
+    (["train", "--max-iters", "7"], "TrainConfig.max_iters", 7),
+    (["train", "--decay-lr=no"], "TrainConfig.decay_lr", False),
+    (["generate", "CKPT", "--max_new_tokens", "5"], "max_new_tokens", 5),
+    (["demo", "hello", "--no_figures"], "figures", False),
+    (["heads", "CKPT", "--no_ablation"], "ablation", False),
+    # a bool config field alone is true, as generate's switch --compile is
+    (["train", "--compile"], "TrainConfig.compile", True),
+    (["train", "--compile", "--lr", "1"], "TrainConfig.compile", True),
+    (["train", "--compile", "false"], "TrainConfig.compile", False),
+])
+def test_every_command_takes_either_spelling_of_a_flag(
+        monkeypatch: pytest.MonkeyPatch, argv: list[str], dest: str, value: object) -> None:
+    seen: dict[str, object] = {}
+    module = importlib.import_module(f"attnlab.cli.{argv[0]}")
+    monkeypatch.setattr(module, "run", lambda args: seen.update(vars(args)) or 0)
+    assert main(argv) == 0
+    assert seen[dest] == value

@@ -20,7 +20,7 @@ import warnings
 from collections.abc import Collection, Sequence
 from typing import NoReturn
 
-from .common import CLIError, check_device, cpu_memory_errors, out_of_memory
+from .common import CLIError, check_device, cpu_memory_errors, out_of_memory, spell_flags
 
 #: each command's line in `attnlab --help`, here so that the list loads none of the commands
 #: (train's flags come from GPTConfig, whose module imports torch); each module's parser says
@@ -67,12 +67,8 @@ class _Parser(argparse.ArgumentParser):
 
 
 def _close_flags(flag: str, known: list[str]) -> list[str]:
-    """Known flags close to a misspelt one (`--n_layers`, `--max-iters` -> `--max_iters`)."""
-    name = flag.split("=", 1)[0]
-    underscored = "--" + name.lstrip("-").replace("-", "_")
-    if underscored in known:
-        return [underscored]
-    return difflib.get_close_matches(name, known, n=2, cutoff=0.75)
+    """Known flags close to a misspelt one (`--n_layers` -> `--n_layer`)."""
+    return difflib.get_close_matches(flag.split("=", 1)[0], known, n=2, cutoff=0.75)
 
 
 def _late_positionals(sub: argparse.ArgumentParser, args: argparse.Namespace,
@@ -148,6 +144,8 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def _main(argv: list[str], command: str | None) -> int:
     parser, parsers = build_parser([command] if command in COMMANDS else [])
+    if command in parsers:
+        argv = spell_flags(parsers[command], argv)
     args, unknown = parser.parse_known_args(argv)
     if args.command is None:
         parser.print_help()

@@ -1,8 +1,9 @@
 """What every subcommand shares: `CLIError`, config dataclasses as flags (`add_config_flags`,
-`config_from_flags`), the checkpoint argument, the device and dtype flags of every command that
-runs a model (`add_device_flags`, `device_of`, `load_model`), the one line a command prints
-when the device runs out of memory (`out_of_memory`), and small text helpers. The parser and
-`main` are the package's `__init__`."""
+`config_from_flags`), either spelling of a flag (`spell_flags`), the checkpoint argument, the
+device and dtype flags of every command that runs a model (`add_device_flags`, `device_of`,
+`load_model`), the one line a command prints when the device runs out of memory
+(`out_of_memory`), and small text helpers. The parser and `main` are the package's
+`__init__`."""
 
 from __future__ import annotations
 
@@ -98,12 +99,32 @@ def add_config_flags(parser: argparse.ArgumentParser, cls: type, title: str) -> 
 
         default = f.default if f.default is not dataclasses.MISSING else None
         doc = docs.get(f.name, "").replace("%", "%%")  # argparse formats help with %
+        # `--compile` alone is `--compile true`, as the other commands' switches read
+        alone: dict[str, Any] = {"nargs": "?", "const": True} if base is bool else {}
         group.add_argument(
             f"--{f.name}", dest=f"{cls.__name__}.{f.name}", type=convert, default=None,
             metavar=getattr(get_origin(base) or base, "__name__", "VALUE").upper()
             .replace("DICT", "JSON").replace("LIST", "JSON"),
-            help=f"{doc + ' ' if doc else ''}({cls.__name__} default: {default})",
+            help=f"{doc + ' ' if doc else ''}({cls.__name__} default: {default}"
+            f"{'; alone: true' if alone else ''})", **alone,
         )
+
+
+def spell_flags(parser: argparse.ArgumentParser, argv: list[str]) -> list[str]:
+    """`argv` with each flag of `parser` in the spelling it was added with: every command takes
+    `--max-new-tokens` and `--max_new_tokens` alike (train's flags are its config fields, with
+    `_`; the other commands' are written with `-`), and its --help shows one spelling."""
+    spelt = {flag.replace("_", "-"): flag for action in parser._actions
+             for flag in action.option_strings if flag.startswith("--")}
+    out: list[str] = []
+    for i, word in enumerate(argv):
+        if word == "--":  # what follows is positional, whatever it looks like
+            return out + argv[i:]
+        name, equals, value = word.partition("=")
+        if name.startswith("--"):
+            name = spelt.get(name.replace("_", "-"), name)
+        out.append(name + equals + value)
+    return out
 
 
 def _parse_json(kind: type, name: str, text: str) -> Any:

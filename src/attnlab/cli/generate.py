@@ -48,22 +48,22 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
         help="text to continue (empty: start from end-of-text, if the tokenizer has it)",
     )
     parser.add_argument(
-        "--prompt-file", "--prompt_file", dest="prompt_file",
+        "--prompt-file",
         help="a file with one prompt per line (- reads stdin); they run as batches",
     )
     parser.add_argument(
-        "--max-new-tokens", "--max_new_tokens", dest="max_new_tokens", type=int,
+        "--max-new-tokens", type=int,
         help="tokens to add (default: 200, or as many as the context has room for)",
     )
     parser.add_argument(
         "--temperature", type=float, default=0.8, help="0 = greedy (default 0.8)"
     )
     parser.add_argument(
-        "--top-k", "--top_k", dest="top_k", type=int, default=0,
+        "--top-k", type=int, default=0,
         help="sample among the k most likely tokens (default 0: all)",
     )
     parser.add_argument(
-        "--top-p", "--top_p", dest="top_p", type=float, default=1.0,
+        "--top-p", type=float, default=1.0,
         help="nucleus sampling: smallest set of tokens holding this mass (default 1: all)",
     )
     parser.add_argument("--seed", type=int, help="same seed, same text")
@@ -72,11 +72,13 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
         help="end a completion at this string (repeatable; \\n and \\t are understood)",
     )
     parser.add_argument(
-        "--sliding-window", "--sliding_window", dest="sliding_window", action="store_true",
-        help="past block_size, condition on the last block_size tokens instead of failing",
+        "--sliding-window", action="store_true",
+        help="past block_size, condition on the last block_size tokens instead of failing "
+        "(a window over the text fed in; not the model's attention window, which is its "
+        "config's sliding_window, set by train --sliding_window N)",
     )
     parser.add_argument(
-        "--batch-size", "--batch_size", dest="batch_size", type=int, default=None,
+        "--batch-size", type=int, default=None,
         help="prompts per batch with --prompt-file (default 16)",
     )
     add_device_flags(
