@@ -66,3 +66,16 @@ def test_flags_that_cannot_work_are_refused_before_loading(
     assert main(["generate", str(checkpoint), *prompt, *flags]) == 1
     err = capsys.readouterr().err
     assert message in err and err.count("\n") == 1, err
+
+
+@pytest.mark.parametrize("command", [["generate", "CKPT", "abc"], ["bench", "attention"]])
+def test_threads_is_one_flag_with_one_check_and_a_default(
+        command: list[str], capsys: pytest.CaptureFixture[str]) -> None:
+    from attnlab.cli import build_parser, main
+
+    assert main([*command, "--threads", "0"]) == 1
+    assert capsys.readouterr().err == (f"attnlab {command[0]}: error: --threads 0 must be >= 1; "
+                                       "leave it out for torch's choice\n")
+    _, parsers = build_parser([command[0]])
+    threads = next(a for a in parsers[command[0]]._actions if a.dest == "threads")
+    assert "(default: torch's choice, one per physical core" in str(threads.help)

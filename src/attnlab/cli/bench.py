@@ -14,7 +14,7 @@ import importlib
 import sys
 from pathlib import Path
 
-from .common import CLIError, check_out
+from .common import CLIError, add_threads_flag, apply_threads, check_out
 
 # benchmarks/__main__.py's SUITES (not importable from an installed package; a test holds
 # the two equal), then its two special names
@@ -41,7 +41,8 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
     parser.add_argument("--record", action="store_true",
                         help="write to the checkout's benchmarks/results/ and rebuild its "
                         "README's benchmark block (maintainers)")
-    parser.add_argument("--threads", type=int, help="torch threads for suites without their own")
+    add_threads_flag(parser, "CPU threads for torch in suites that do not set their own "
+                     "(default: torch's choice, one per physical core)")
     return parser
 
 
@@ -62,8 +63,7 @@ def find_checkout() -> Path | None:
 
 
 def run(args: argparse.Namespace) -> int:
-    if args.threads is not None and args.threads < 1:  # here: one line, attnlab's own
-        raise CLIError(f"--threads {args.threads} must be >= 1")
+    apply_threads(args)  # here: one line, attnlab's own (the suites' own parser also checks)
     root = find_checkout()
     if root is None:
         raise CLIError(

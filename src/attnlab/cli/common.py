@@ -1,9 +1,9 @@
 """What every subcommand shares: `CLIError`, config dataclasses as flags (`add_config_flags`,
 `config_from_flags`), either spelling of a flag (`spell_flags`), the checkpoint argument, the
 device and dtype flags of every command that runs a model (`add_device_flags`, `device_of`,
-`load_model`), the one line a command prints when the device runs out of memory
-(`out_of_memory`), and small text helpers. The parser and `main` are the package's
-`__init__`."""
+`load_model`), --threads (`add_threads_flag`, `apply_threads`), the one line a command prints
+when the device runs out of memory (`out_of_memory`), and small text helpers. The parser and
+`main` are the package's `__init__`."""
 
 from __future__ import annotations
 
@@ -184,6 +184,26 @@ def add_device_flags(parser: argparse.ArgumentParser, dtype_help: str = "",
         help=dtype_help or "the model's weights and activations; bfloat16 and float16 halve "
         "the memory, and run fastest on a GPU (default float32)")
     add_force_flag(parser)
+
+
+THREADS_HELP = ("CPU threads for torch (default: torch's choice, one per physical core; "
+                "small models are often fastest with 1)")
+
+
+def add_threads_flag(parser: argparse.ArgumentParser, help_text: str = THREADS_HELP) -> None:
+    """--threads of a command that runs torch on the CPU (`apply_threads` checks and sets it)."""
+    parser.add_argument("--threads", type=int, metavar="N", help=help_text)
+
+
+def apply_threads(args: argparse.Namespace) -> None:
+    """Hand --threads to torch, refused in one line below 1; none given: torch's choice."""
+    if args.threads is None:
+        return
+    if args.threads < 1:
+        raise CLIError(f"--threads {args.threads} must be >= 1; leave it out for torch's choice")
+    import torch
+
+    torch.set_num_threads(args.threads)
 
 
 def add_force_flag(parser: argparse.ArgumentParser) -> None:

@@ -20,6 +20,8 @@ from .common import (
     CLIError,
     add_checkpoint_argument,
     add_device_flags,
+    add_threads_flag,
+    apply_threads,
     count,
     cpu_memory_errors,
     device_of,
@@ -91,7 +93,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
         "decode, arithmetic still float32 (x86 CPUs; 1.4-2.2x tokens/s for GPT-2 small here, "
         "after ~2 s of packing) (default float32)",
     )
-    parser.add_argument("--threads", type=int, help="CPU threads for torch")
+    add_threads_flag(parser)
     parser.add_argument("--compile", action="store_true", help="decode through a compiled "
                         "fixed-shape step (CUDA graphs on a GPU; docs/generate.md)")
     parser.add_argument(
@@ -245,12 +247,7 @@ def _report_compiled(model: Any) -> None:
 def _check_flags(args: argparse.Namespace) -> None:
     """Apply --threads and --batch-size's default; refuse flags that contradict each other,
     before the model is loaded."""
-    import torch
-
-    if args.threads is not None:
-        if args.threads < 1:
-            raise CLIError(f"--threads {args.threads} must be >= 1")
-        torch.set_num_threads(args.threads)
+    apply_threads(args)
     if args.batch_size is not None and args.prompt_file is None:
         raise CLIError(f"--batch-size {args.batch_size} groups the prompts of --prompt-file; "
                        "one PROMPT runs alone (drop --batch-size)")
