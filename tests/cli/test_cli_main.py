@@ -119,3 +119,34 @@ def test_every_command_takes_either_spelling_of_a_flag(
     monkeypatch.setattr(module, "run", lambda args: seen.update(vars(args)) or 0)
     assert main(argv) == 0
     assert seen[dest] == value
+
+
+@pytest.mark.parametrize(("argv", "said"), [
+    # the second word of an unquoted prompt: it said "unknown arguments ['extra']" and listed
+    # every flag
+    (["generate", "CKPT", "abc|", "extra"], "unexpected word 'extra' after PROMPT 'abc|'; a "
+     "PROMPT of several words goes in quotes: 'abc| extra'"),
+    (["inspect", "CKPT", "the", "cat", "sat"], "unexpected words 'cat sat' after TEXT 'the'"),
+    (["info", "CKPT", "extra"], "unexpected word 'extra' (attnlab info takes CHECKPOINT)"),
+    # a switch takes no value: "true" became the prompt, and "false" meant true
+    (["generate", "CKPT", "--compile", "true"], "--compile takes no value: give --compile "
+     "alone, or leave it out ('true' after it would be read as an argument of its own)"),
+    (["heads", "CKPT", "--no-ablation", "False"], "--no-ablation takes no value"),
+])
+def test_words_a_command_cannot_place_say_what_to_write(
+        monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str],
+        argv: list[str], said: str) -> None:
+    module = importlib.import_module(f"attnlab.cli.{argv[0]}")
+    monkeypatch.setattr(module, "run", lambda args: pytest.fail("ran"))
+    with pytest.raises(SystemExit) as exit_:
+        main(argv)
+    err = capsys.readouterr().err
+    assert exit_.value.code == 2 and said in err and err.count("\n") == 1, err
+
+
+def test_a_prompt_true_before_a_switch_is_a_prompt(monkeypatch: pytest.MonkeyPatch) -> None:
+    seen: dict[str, object] = {}
+    monkeypatch.setattr(importlib.import_module("attnlab.cli.generate"), "run",
+                        lambda args: seen.update(vars(args)) or 0)
+    assert main(["generate", "CKPT", "true", "--compile"]) == 0
+    assert seen["prompt"] == "true" and seen["compile"] is True

@@ -13,8 +13,10 @@ from __future__ import annotations
 import argparse
 import difflib
 import importlib
+import itertools
 import os
 import re
+import shlex
 import sys
 import warnings
 from collections.abc import Collection, Sequence
@@ -87,6 +89,35 @@ def _late_positionals(sub: argparse.ArgumentParser, args: argparse.Namespace,
     return rest
 
 
+def _switch_values(sub: argparse.ArgumentParser, argv: list[str]) -> None:
+    """Refuse true/false after a switch (`generate CKPT --compile false`): a switch takes no
+    value, so the word would become the prompt, or an unknown argument, and false mean true."""
+    switches = {flag for action in sub._actions if action.nargs == 0
+                for flag in action.option_strings}
+    for flag, word in itertools.pairwise(argv):
+        if flag == "--":
+            return
+        if flag in switches and word.lower() in ("true", "false"):
+            sub.error(f"{flag} takes no value: give {flag} alone, or leave it out ({word!r} "
+                      "after it would be read as an argument of its own)")
+
+
+def _stray_words(sub: argparse.ArgumentParser, args: argparse.Namespace,
+                 words: list[str]) -> str:
+    """What to say of words past the last positional: for a text (`generate CKPT abc extra`),
+    to quote it."""
+    positionals = [action for action in sub._actions if not action.option_strings]
+    stray = f"{'word' if len(words) == 1 else 'words'} {' '.join(words)!r}"
+    if not positionals or positionals[-1].dest not in ("prompt", "text"):
+        takes = " ".join(str(a.metavar or a.dest) + (" ..." if a.nargs in ("*", "+") else "")
+                         for a in positionals)
+        return f"unexpected {stray} ({sub.prog} takes {takes or 'flags only'})"
+    text = positionals[-1]
+    name, value = str(text.metavar or text.dest.upper()), getattr(args, text.dest)
+    return (f"unexpected {stray} after {name} {value!r}; a {name} of several words goes in "
+            f"quotes: {shlex.quote(' '.join([value, *words]))}")
+
+
 def known_flags(parser: argparse.ArgumentParser) -> list[str]:
     return sorted(s for a in parser._actions for s in a.option_strings if s.startswith("--"))
 
@@ -146,6 +177,7 @@ def _main(argv: list[str], command: str | None) -> int:
     parser, parsers = build_parser([command] if command in COMMANDS else [])
     if command in parsers:
         argv = spell_flags(parsers[command], argv)
+        _switch_values(parsers[command], argv)
     args, unknown = parser.parse_known_args(argv)
     if args.command is None:
         parser.print_help()
@@ -157,6 +189,8 @@ def _main(argv: list[str], command: str | None) -> int:
         if stores_one and getattr(args, action.dest, None) == []:
             sub.error(f"argument {action.option_strings[0]}: expected one argument")
     unknown = _late_positionals(sub, args, unknown)
+    if unknown and not any(word.startswith("-") for word in unknown):
+        sub.error(_stray_words(sub, args, unknown))
     if unknown:
         known = known_flags(sub)
         hints = [f"{flag} (did you mean {' or '.join(close)}?)"
