@@ -87,3 +87,15 @@ def test_an_interrupted_summary_leaves_the_last_one_whole(
     monkeypatch.setattr(attnlab.viz, "save_figure", stopped)
     assert main(["inspect", str(checkpoint), "a dog", *flags]) == 130
     assert {p.name: p.read_bytes() for p in tmp_path.iterdir()} == before
+
+
+def test_what_with_the_page_alone_is_refused(
+        checkpoint: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """--format html --what qkv wrote the page and no qkv figure, without a word."""
+    assert main(["inspect", str(checkpoint), "the", "--out", str(tmp_path), "--format",
+                 "html", "--what", "qkv"]) == 1
+    assert capsys.readouterr().err == (
+        "attnlab inspect: error: --what qkv picks figures, and --format html writes the page "
+        "alone; add a figure format (--format html,png) or drop --what\n")
+    assert not any(tmp_path.iterdir())
+

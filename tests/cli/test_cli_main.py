@@ -150,3 +150,16 @@ def test_a_prompt_true_before_a_switch_is_a_prompt(monkeypatch: pytest.MonkeyPat
                         lambda args: seen.update(vars(args)) or 0)
     assert main(["generate", "CKPT", "true", "--compile"]) == 0
     assert seen["prompt"] == "true" and seen["compile"] is True
+
+
+@pytest.mark.parametrize(("command", "default"), [("patch", "./patch"), ("lens", "./lens"),
+                                                  ("inspect", "inspect"), ("heads", "./heads")])
+def test_help_says_where_out_goes_by_default(command: str, default: str) -> None:
+    _, parsers = build_parser([command])
+    out = next(a for a in parsers[command]._actions if a.dest == "out")
+    assert f"(default: {default})" in str(out.help) or f"(default {default})" in str(out.help)
+
+
+def test_bench_help_says_a_quick_run_writes_no_readme_table() -> None:
+    _, parsers = build_parser(["bench"])
+    assert "so a --quick run writes none" in " ".join(str(parsers["bench"].description).split())

@@ -27,17 +27,18 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
     parser = subparsers.add_parser(
         "bench",
         help="run the speed and quality benchmarks (needs a source checkout)",
-        description="Run benchmark suites, print markdown tables, write JSON and "
-        "README_table.md to bench-results/ in the current directory (--out DIR elsewhere). "
-        "Same as `python -m benchmarks` in a checkout.",
+        description="Run benchmark suites, print markdown tables and write each suite's "
+        "JSON (SUITE.json; with --quick SUITE.quick.json) to bench-results/ in the current "
+        "directory (--out DIR elsewhere), and README_table.md from the full runs' JSON there "
+        "(so a --quick run writes none). Same as `python -m benchmarks` in a checkout.",
     )
     # checked by `type`, not `choices`: Python 3.11's argparse checks a list default against
     # `choices` as one value and refused the plain `attnlab bench` ("invalid choice: ['all']")
     parser.add_argument("suites", nargs="*", default=["all"], type=_suite, metavar="SUITE",
                         help=f"{', '.join(SUITES)} (default: all)")
     parser.add_argument("--quick", action="store_true", help="small sizes, few repeats")
-    parser.add_argument("--out", help="directory for JSON results (default: bench-results/ "
-                        "in the current directory)")
+    parser.add_argument("--out", help="directory for the JSON results and README_table.md "
+                        "(default: bench-results/ in the current directory)")
     parser.add_argument("--record", action="store_true",
                         help="write to the checkout's benchmarks/results/ and rebuild its "
                         "README's benchmark block (maintainers)")

@@ -66,7 +66,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
                         help="heads to draw (default: all)")
     parser.add_argument("--what", default=DEFAULT_WHAT, metavar="KINDS",
                         help=f"figures to draw, comma-separated (default: {DEFAULT_WHAT}); "
-                        "see below")
+                        "see below; --format html alone draws none")
     parser.add_argument("--summary", action="store_true",
                         help="instead of weights, the per-head summaries (entropy, weight on "
                         "the first token, distance back, largest weight; no T x T, so long "
@@ -136,6 +136,10 @@ def run(args: argparse.Namespace) -> int:
                        "one for --what row; drop one of them")
     formats, page = _formats(args.format)
     if page and not formats:
+        if args.what != DEFAULT_WHAT:  # it was ignored without a word
+            raise CLIError(f"--what {args.what} picks figures, and --format {args.format} "
+                           "writes the page alone; add a figure format (--format html,png) or "
+                           "drop --what")
         kinds = []  # only the page (and attention.json)
     out = check_out(args.out)
     ckpt = load_model(args)

@@ -33,7 +33,8 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
     parser.add_argument("--mid", action="store_true",
                         help="also read each layer between its attention and its MLP, which "
                         "tells which of the two made a guess")
-    parser.add_argument("--out", default="lens", help="directory for lens.png/json")
+    parser.add_argument("--out", default="lens",
+                        help="directory for lens.png and lens.json (default: ./lens)")
     add_device_flags(parser)
     return parser
 

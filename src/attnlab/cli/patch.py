@@ -98,7 +98,8 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
     parser.add_argument("--via", default="q,k,v",
                         help="with --paths-to heads: the receivers' inputs the paths end in, "
                         "of q, k, v (default all three)")
-    parser.add_argument("--out", default="patch", help="directory for patch.png/json")
+    parser.add_argument("--out", default="patch",
+                        help="directory for patch.png and patch.json (default: ./patch)")
     add_device_flags(parser)
     return parser
 
