@@ -22,7 +22,14 @@ import warnings
 from collections.abc import Collection, Sequence
 from typing import NoReturn
 
-from .common import CLIError, check_device, cpu_memory_errors, out_of_memory, spell_flags
+from .common import (
+    CLIError,
+    check_device,
+    cpu_memory_errors,
+    expand_paths,
+    out_of_memory,
+    spell_flags,
+)
 
 #: each command's line in `attnlab --help`, here so that the list loads none of the commands
 #: (train's flags come from GPTConfig, whose module imports torch); each module's parser says
@@ -203,6 +210,7 @@ def _main(argv: list[str], command: str | None) -> int:
             file=sys.stderr,
         )
         return 2
+    expand_paths(args)
     return _run(args)
 
 

@@ -1,9 +1,10 @@
 """What every subcommand shares: `CLIError`, config dataclasses as flags (`add_config_flags`,
-`config_from_flags`), either spelling of a flag (`spell_flags`), the checkpoint argument, the
-device and dtype flags of every command that runs a model (`add_device_flags`, `device_of`,
-`load_model`), --threads (`add_threads_flag`, `apply_threads`), the one line a command prints
-when the device runs out of memory (`out_of_memory`), and small text helpers. The parser and
-`main` are the package's `__init__`."""
+`config_from_flags`), either spelling of a flag (`spell_flags`), `~` in paths
+(`expand_paths`), the checkpoint argument, the device and dtype flags of every command that
+runs a model (`add_device_flags`, `device_of`, `load_model`), --threads (`add_threads_flag`,
+`apply_threads`), the one line a command prints when the device runs out of memory
+(`out_of_memory`), and small text helpers. The parser and `main` are the package's
+`__init__`."""
 
 from __future__ import annotations
 
@@ -163,6 +164,19 @@ def add_checkpoint_argument(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("checkpoint", metavar="CHECKPOINT",
                         help="checkpoint directory, a run directory holding ckpt/, or a "
                         "Hugging Face model directory")
+
+
+#: the arguments that name a file or directory, in whichever command takes them
+PATH_ARGUMENTS = ("checkpoint", "out", "prompt_file", "data", "init_from", "tokenizer")
+
+
+def expand_paths(args: argparse.Namespace) -> None:
+    """`~` at the start of a path argument, as a shell expands it where it is not quoted: a
+    quoted "~/runs/copy", or --out=~/figures, reached the command as it was written."""
+    for name in PATH_ARGUMENTS:
+        value = getattr(args, name, None)
+        if isinstance(value, str) and value.startswith("~"):
+            setattr(args, name, os.path.expanduser(value))
 
 
 #: --dtype's choices: what the model's weights and activations are held in (as names, so the

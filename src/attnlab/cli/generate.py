@@ -248,6 +248,7 @@ def _check_flags(args: argparse.Namespace) -> None:
     """Apply --threads and --batch-size's default; refuse flags that contradict each other,
     before the model is loaded."""
     apply_threads(args)
+    _check_sampling(args)
     if args.batch_size is not None and args.prompt_file is None:
         raise CLIError(f"--batch-size {args.batch_size} groups the prompts of --prompt-file; "
                        "one PROMPT runs alone (drop --batch-size)")
@@ -270,6 +271,22 @@ def _check_flags(args: argparse.Namespace) -> None:
     if args.weights == "float16" and device_of(args).type != "cpu":
         raise CLIError(f"--weights float16 packs the matrices for CPU kernels (fbgemm); on "
                        f"{device_of(args)} use --dtype float16 or bfloat16 instead")
+
+
+def _check_sampling(args: argparse.Namespace) -> None:
+    """--max-new-tokens, --temperature, --top-k and --top-p, checked as GenerationConfig checks
+    them; its message names the field (`top_k=-1 must be ...`), this one the flag."""
+    from ..generate import GenerationConfig
+
+    given = {"max_new_tokens": 1 if args.max_new_tokens is None else args.max_new_tokens,
+             "temperature": args.temperature, "top_k": args.top_k, "top_p": args.top_p}
+    try:
+        GenerationConfig(**given)
+    except ValueError as err:
+        field, _, rest = str(err).partition("=")
+        if field not in given:
+            raise
+        raise CLIError(f"--{field.replace('_', '-')} {rest}") from None
 
 
 def _load_model(args: argparse.Namespace) -> tuple[Any, Any]:
@@ -299,6 +316,12 @@ def _max_new_tokens(args: argparse.Namespace, model: Any, tokenizer: Any,
         except ValueError as err:
             where = "" if args.prompt_file is None else f"prompt {i + 1}/{len(prompts)}: "
             raise CLIError(f"{where}{err}") from None
+    start = getattr(tokenizer, "bos_id", None)  # what an empty prompt starts from (generate)
+    start = getattr(tokenizer, "eot_id", None) if start is None else start
+    if min(lengths) == 0 and start is None:
+        raise CLIError(f"PROMPT is empty, and tokenizer {tokenizer.name!r} has no begin- or "
+                       "end-of-text token to start from; give a prompt: attnlab generate "
+                       f"{args.checkpoint} 'some text'")
     max_new_tokens: int | None = args.max_new_tokens
     block = model.config.block_size
     if max_new_tokens is None and args.sliding_window:
