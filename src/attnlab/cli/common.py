@@ -187,17 +187,16 @@ DEVICE_HELP = ("auto (CUDA when present, else the CPU), cpu, cuda, cuda:N or mps
 
 
 def add_device_flags(parser: argparse.ArgumentParser, dtype_help: str = "",
-                     dtype: bool = True) -> None:
-    """--device (default auto) and, with `dtype`, --dtype (default float32) and --force of a
-    command that loads a model."""
+                     dtypes: tuple[str, ...] = DTYPES, force: bool = True) -> None:
+    """--device (default auto), --dtype (default float32, one of `dtypes`) and, with `force`,
+    --force of a command that loads a model."""
     parser.add_argument("--device", default="auto", help=DEVICE_HELP)
-    if not dtype:
-        return
     parser.add_argument(
-        "--dtype", choices=DTYPES, default="float32",
+        "--dtype", choices=dtypes, default="float32",
         help=dtype_help or "the model's weights and activations; bfloat16 and float16 halve "
         "the memory, and run fastest on a GPU (default float32)")
-    add_force_flag(parser)
+    if force:
+        add_force_flag(parser)
 
 
 THREADS_HELP = ("CPU threads for torch (default: torch's choice, one per physical core; "
