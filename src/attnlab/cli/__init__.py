@@ -48,6 +48,7 @@ COMMANDS = {
     "lens": "logit lens: which layer already predicts the next token",
 }
 
+
 def _check_device(args: argparse.Namespace) -> None:
     """Every command's --device, checked once before it runs: a device this machine lacks
     (no CUDA, no MPS, cuda:7 on a one-GPU machine) is named as such in one line (loading
