@@ -104,7 +104,9 @@ def test_a_run_directory_stands_for_its_checkpoint(
     assert main(["info", str(tmp_path / "run")]) == 0
     assert f"checkpoint  {tmp_path / 'run' / 'ckpt'}" in capsys.readouterr().out
     (tmp_path / "empty").mkdir()
-    with pytest.raises(FileNotFoundError, match=r"no config\.json; is it an attnlab checkpoint"):
+    with pytest.raises(FileNotFoundError, match=r"empty has no config\.json, so it holds no "
+                       r"model: pass an attnlab checkpoint \(`attnlab train --out DIR` writes "
+                       r"one to DIR/ckpt\) or a Hugging Face model directory"):
         load_checkpoint(tmp_path / "empty")
 
 

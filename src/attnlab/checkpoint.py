@@ -235,7 +235,11 @@ def read_config(directory: str | Path) -> tuple[GPTConfig, dict[str, Any]]:
     directory = _resolve(Path(directory))
     path = directory / CONFIG_FILE
     if not path.exists():
-        raise FileNotFoundError(f"{directory} has no {CONFIG_FILE}; is it an attnlab checkpoint?")
+        raise FileNotFoundError(
+            f"{directory} has no {CONFIG_FILE}, so it holds no model: pass an attnlab checkpoint "
+            "(`attnlab train --out DIR` writes one to DIR/ckpt) or a Hugging Face model "
+            f"directory ({CONFIG_FILE} and weights, as `attnlab export` or save_pretrained "
+            "write)")
     try:
         config = json.loads(path.read_text(encoding="utf-8"))
     except ValueError as err:  # JSONDecodeError and UnicodeDecodeError

@@ -52,7 +52,10 @@ def _check_sampling(temperature: float, top_k: int, top_p: float) -> None:
 class GenerationConfig:
     """How to extend a prompt: keyword arguments of `generate`, `stream` and
     `generate_text`, checked together when made (`generate_text(model, tok, prompts,
-    **dataclasses.asdict(config))`). `attnlab generate` has a flag for each (`--top_k 40`)."""
+    **dataclasses.asdict(config))`). `attnlab generate` has a flag for each (`--top-k 40`),
+    with two defaults of its own: --temperature 0.8 (nanoGPT's sample.py's; 1.0 here samples
+    the model's distribution as it is) and, without --max-new-tokens, 200 tokens or as many as
+    the context has room for."""
 
     max_new_tokens: int = 200  # tokens to add to every prompt
     temperature: float = 1.0  # divides the logits; 0 = greedy (argmax)

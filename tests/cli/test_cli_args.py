@@ -52,6 +52,10 @@ def test_the_default_length_fills_the_context(checkpoint, capsys: pytest.Capture
     (["--threads", "0"], "--threads 0 must be >= 1"),
     (["--prompt-file", "PROMPTS", "--batch-size", "0"], "--batch-size 0 must be >= 1"),
     (["--system", "be brief"], "--system goes with --chat"),
+    # GenerationConfig's checks, named by the flag (they said max_new_tokens=0, top_k=-1)
+    (["--max-new-tokens", "0"], "--max-new-tokens 0 must be a positive integer"),
+    (["--top-k", "-1"], "--top-k -1 must be an integer >= 0"),
+    (["--temperature", "-1"], "--temperature -1.0 must be finite and >= 0"),
 ])
 def test_flags_that_cannot_work_are_refused_before_loading(
         checkpoint, tmp_path, capsys: pytest.CaptureFixture[str], monkeypatch, flags, message
@@ -66,3 +70,40 @@ def test_flags_that_cannot_work_are_refused_before_loading(
     assert main(["generate", str(checkpoint), *prompt, *flags]) == 1
     err = capsys.readouterr().err
     assert message in err and err.count("\n") == 1, err
+
+
+@pytest.mark.parametrize("command", [["generate", "CKPT", "abc"], ["bench", "attention"]])
+def test_threads_is_one_flag_with_one_check_and_a_default(
+        command: list[str], capsys: pytest.CaptureFixture[str]) -> None:
+    from attnlab.cli import build_parser, main
+
+    assert main([*command, "--threads", "0"]) == 1
+    assert capsys.readouterr().err == (f"attnlab {command[0]}: error: --threads 0 must be >= 1; "
+                                       "leave it out for torch's choice\n")
+    _, parsers = build_parser([command[0]])
+    threads = next(a for a in parsers[command[0]]._actions if a.dest == "threads")
+    assert "(default: torch's choice, one per physical core" in str(threads.help)
+
+
+def test_an_empty_prompt_says_to_give_one(checkpoint, capsys: pytest.CaptureFixture[str]
+                                          ) -> None:
+    """It said "prompts[0] is empty", the library's name for it."""
+    from attnlab.cli import main
+
+    for prompt in ([""], []):
+        assert main(["generate", str(checkpoint), *prompt, "--device", "cpu"]) == 1
+        assert capsys.readouterr().err == (
+            "attnlab generate: error: PROMPT is empty, and tokenizer 'char' has no begin- or "
+            f"end-of-text token to start from; give a prompt: attnlab generate {checkpoint} "
+            "'some text'\n")
+
+
+def test_a_quoted_tilde_is_the_home_directory(checkpoint, tmp_path, monkeypatch,
+                                              capsys: pytest.CaptureFixture[str]) -> None:
+    """A shell leaves "~/runs/copy" quoted, and --out=~/x, as written."""
+    from attnlab.cli import main
+
+    monkeypatch.setenv("HOME", str(checkpoint.parent))
+    assert main(["generate", f"~/{checkpoint.name}", "the", "--max-new-tokens", "2",
+                 "--device", "cpu"]) == 0
+    assert capsys.readouterr().out.startswith("the")

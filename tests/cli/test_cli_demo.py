@@ -45,6 +45,29 @@ def test_demo_hello_predicts_world_and_reuses_its_checkpoint(
     assert torch.get_num_threads() >= 1  # the demo's one-thread setting was undone
 
 
+def test_demo_dtype_trains_under_autocast_in_its_own_folder(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """demo took no --dtype, though every command that trains or runs a model does."""
+    import attnlab.train.loop
+
+    trained = []
+    real = attnlab.train.loop.train
+
+    def recorded(model: object, config: object, *args: object, **kwargs: object) -> object:
+        trained.append(config)
+        return real(model, config, *args, **kwargs)
+
+    monkeypatch.setattr(attnlab.train.loop, "train", recorded)
+    monkeypatch.chdir(tmp_path)
+    assert main(["demo", "hello", "--dtype", "bfloat16", "--no-figures"]) == 0
+    assert [c.dtype for c in trained] == ["bfloat16"]  # type: ignore[attr-defined]
+    assert "bfloat16 autocast: trained in" in capsys.readouterr().out
+    assert (tmp_path / "attnlab-demo" / "hello-bfloat16" / "ckpt").is_dir()
+    assert main(["demo", "averaging", "--dtype", "bfloat16"]) == 1
+    assert "--dtype bfloat16 applies to hello and animals" in capsys.readouterr().err
+
+
 def test_demo_animals_prints_a_check_per_sentence(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -61,6 +61,42 @@ def test_heads_table_figure_json_and_ablation(
     assert report["ablation"] == {"skipped": "best induction score 0.000 < 0.1"}
 
 
+def test_heads_says_when_a_checkpoint_names_no_task_to_probe_with(
+    checkpoint: tuple, tmp_path: Path, capsys: pytest.CaptureFixture[str],
+) -> None:
+    """An exported Hugging Face copy of a copy-task model ranked its heads on random repeats,
+    not on the task's examples, without a word of it."""
+    _, model, tokenizer = checkpoint
+    bare = save_checkpoint(tmp_path / "bare", model, tokenizer)  # no meta: as a HF directory
+    assert main(["heads", str(bare), "--out", str(tmp_path / "h")]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0] == "probe: 8 random sequences of 8 tokens, each repeated"
+    assert lines[1].startswith(f"note:  {bare} records no data it was trained on")
+    assert main(["heads", str(checkpoint[0]), "--out", str(tmp_path / "h")]) == 0
+    assert "note:" not in capsys.readouterr().out  # the copy task's examples, said above
+
+
+def test_heads_on_one_token_says_how_many_it_needs(
+    checkpoint: tuple, tmp_path: Path, capsys: pytest.CaptureFixture[str],
+) -> None:
+    assert main(["heads", str(checkpoint[0]), "a", "--out", str(tmp_path)]) == 1
+    assert capsys.readouterr().err == (
+        "attnlab heads: error: the probe text 'a' is 1 token; head detectors need at least 2 "
+        "tokens (a query and a key before it): give a longer text, or none for the standard "
+        "probe\n")
+
+
+def test_the_standard_probe_is_the_one_detect_heads_scores_on_by_default() -> None:
+    from attnlab.interp.heads import detect_heads, standard_probe
+
+    torch.manual_seed(0)
+    model = GPT(GPTConfig(vocab_size=12, block_size=10, n_layer=1, n_head=2, n_embd=8)).eval()
+    assert standard_probe(model.config, 3).shape == (8, 10)  # 5 ids, repeated
+    for name, scores in detect_heads(model, seed=3).items():
+        torch.testing.assert_close(scores, detect_heads(
+            model, standard_probe(model.config, 3))[name], rtol=0, atol=0)
+
+
 @pytest.mark.parametrize("command", ["heads", "lens", "inspect"])
 def test_text_longer_than_the_model_reads_is_refused_not_cut(
     command: str, checkpoint: tuple, tmp_path: Path, capsys: pytest.CaptureFixture[str],

@@ -260,3 +260,10 @@ def test_a_tokenizer_json_that_adds_the_bos_itself_gets_no_second_one(tmp_path: 
     (tmp_path / "tokenizer_config.json").write_text(json.dumps(
         {"bos_token": "<s>", "eos_token": "</s>", "add_bos_token": True}))
     assert load_hf_tokenizer(tmp_path).encode("the fox") == [0, 2, 3]
+
+
+def test_a_directory_with_no_tokenizer_says_what_would_hold_one(tmp_path: Path) -> None:
+    """It asked "is it an attnlab checkpoint?" instead of saying what to pass."""
+    with pytest.raises(FileNotFoundError, match=r"has no tokenizer_config\.json, so it holds no "
+                       r"tokenizer: pass a directory Tokenizer\.save wrote"):
+        load_tokenizer(tmp_path)

@@ -148,3 +148,12 @@ def test_every_window_of_the_text_can_be_drawn() -> None:
     x, y = data.batch("train", 64, 4, torch.Generator().manual_seed(0))
     assert set(x[:, 0].tolist()) == {0, 1}
     assert torch.equal(y, x + 1)
+
+
+def test_datasets_repr_as_they_describe_themselves(tmp_path: Path) -> None:
+    """The repr was object's (`<attnlab.train.data.TaskDataset object at 0x...>`)."""
+    assert repr(load_dataset("copy")) == (
+        "<TaskDataset copy (char tokenizer, 38 ids): length 8, examples of 17 tokens>")
+    (tmp_path / "t.txt").write_text("abcd" * 50)
+    text = load_dataset(str(tmp_path / "t.txt"), cache_dir=tmp_path / "cache")
+    assert repr(text) == "<TextDataset t.txt (char tokenizer, 4 ids): 180 train + 20 val tokens>"

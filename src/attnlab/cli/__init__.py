@@ -3,8 +3,9 @@ export | heads | patch | lens`.
 
 Only the CLI prints. Each subcommand lives in its own module in this package, exposing
 `add_parser(subparsers)` and `run(args) -> int`, and imports heavy dependencies inside
-`run` so `attnlab --help` stays fast. Config dataclasses map onto flags one to one
-(`--n_layer 4 --lr 1e-3`) through `add_config_flags` / `config_from_flags`.
+`run`; only the command named on the command line has its parser built, so `attnlab --help`,
+`--version` and a Ctrl-C while torch loads need no torch. Config dataclasses map onto flags
+one to one (`--n_layer 4 --lr 1e-3`) through `add_config_flags` / `config_from_flags`.
 """
 
 from __future__ import annotations
@@ -12,20 +13,41 @@ from __future__ import annotations
 import argparse
 import difflib
 import importlib
+import itertools
 import os
 import re
+import shlex
 import sys
 import warnings
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from typing import NoReturn
 
-import torch
+from .common import (
+    CLIError,
+    check_device,
+    cpu_memory_errors,
+    expand_paths,
+    out_of_memory,
+    spell_flags,
+)
 
-from ..model.runtime import reuse_freed_memory
-from .common import CLIError, check_device, cpu_memory_errors, out_of_memory
+#: each command's line in `attnlab --help`, here so that the list loads none of the commands
+#: (train's flags come from GPTConfig, whose module imports torch); each module's parser says
+#: the same (tested)
+COMMANDS = {
+    "train": "train a model (default: the copy task, under a minute on a CPU)",
+    "generate": "extend a prompt with a trained model (streams text as it comes)",
+    "inspect": "draw a text's attention (heatmaps, layer x head grid) and save it as JSON",
+    "serve": "web page to explore attention and stream generations",
+    "bench": "run the speed and quality benchmarks (needs a source checkout)",
+    "demo": "run a seed experiment (hello, animals, averaging) and draw it",
+    "info": "print a model directory's config, size, tokenizer and training state",
+    "export": "write a checkpoint as a Hugging Face model directory",
+    "heads": "find previous-token, duplicate-token, induction and first-token heads",
+    "patch": "activation or attribution patching of heads and residual positions",
+    "lens": "logit lens: which layer already predicts the next token",
+}
 
-COMMANDS = ("train", "generate", "inspect", "serve", "bench", "demo", "info", "export", "heads",
-            "patch", "lens")
 
 def _check_device(args: argparse.Namespace) -> None:
     """Every command's --device, checked once before it runs: a device this machine lacks
@@ -55,12 +77,8 @@ class _Parser(argparse.ArgumentParser):
 
 
 def _close_flags(flag: str, known: list[str]) -> list[str]:
-    """Known flags close to a misspelt one (`--n_layers`, `--max-iters` -> `--max_iters`)."""
-    name = flag.split("=", 1)[0]
-    underscored = "--" + name.lstrip("-").replace("-", "_")
-    if underscored in known:
-        return [underscored]
-    return difflib.get_close_matches(name, known, n=2, cutoff=0.75)
+    """Known flags close to a misspelt one (`--n_layers` -> `--n_layer`)."""
+    return difflib.get_close_matches(flag.split("=", 1)[0], known, n=2, cutoff=0.75)
 
 
 def _late_positionals(sub: argparse.ArgumentParser, args: argparse.Namespace,
@@ -79,21 +97,56 @@ def _late_positionals(sub: argparse.ArgumentParser, args: argparse.Namespace,
     return rest
 
 
+def _switch_values(sub: argparse.ArgumentParser, argv: list[str]) -> None:
+    """Refuse true/false after a switch (`generate CKPT --compile false`): a switch takes no
+    value, so the word would become the prompt, or an unknown argument, and false mean true."""
+    switches = {flag for action in sub._actions if action.nargs == 0
+                for flag in action.option_strings}
+    for flag, word in itertools.pairwise(argv):
+        if flag == "--":
+            return
+        if flag in switches and word.lower() in ("true", "false"):
+            sub.error(f"{flag} takes no value: give {flag} alone, or leave it out ({word!r} "
+                      "after it would be read as an argument of its own)")
+
+
+def _stray_words(sub: argparse.ArgumentParser, args: argparse.Namespace,
+                 words: list[str]) -> str:
+    """What to say of words past the last positional: for a text (`generate CKPT abc extra`),
+    to quote it."""
+    positionals = [action for action in sub._actions if not action.option_strings]
+    stray = f"{'word' if len(words) == 1 else 'words'} {' '.join(words)!r}"
+    if not positionals or positionals[-1].dest not in ("prompt", "text"):
+        takes = " ".join(str(a.metavar or a.dest) + (" ..." if a.nargs in ("*", "+") else "")
+                         for a in positionals)
+        return f"unexpected {stray} ({sub.prog} takes {takes or 'flags only'})"
+    text = positionals[-1]
+    name, value = str(text.metavar or text.dest.upper()), getattr(args, text.dest)
+    return (f"unexpected {stray} after {name} {value!r}; a {name} of several words goes in "
+            f"quotes: {shlex.quote(' '.join([value, *words]))}")
+
+
 def known_flags(parser: argparse.ArgumentParser) -> list[str]:
     return sorted(s for a in parser._actions for s in a.option_strings if s.startswith("--"))
 
 
 def _version() -> str:
     import platform
-
-    import torch
+    from importlib.metadata import PackageNotFoundError, version
 
     from .. import __version__
 
-    return f"attnlab {__version__} (torch {torch.__version__}, Python {platform.python_version()})"
+    try:  # the installed version, read without importing torch (seconds)
+        torch_version = version("torch")
+    except PackageNotFoundError:
+        torch_version = "not installed"
+    return f"attnlab {__version__} (torch {torch_version}, Python {platform.python_version()})"
 
 
-def build_parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.ArgumentParser]]:
+def build_parser(commands: Collection[str] = tuple(COMMANDS)
+                 ) -> tuple[argparse.ArgumentParser, dict[str, argparse.ArgumentParser]]:
+    """The `attnlab` parser and the parsers of `commands`, built in full; the other commands
+    are listed by their line alone (building train's imports torch)."""
     parser = _Parser(  # subcommand parsers take the same class
         prog="attnlab",
         description="Build, train, generate with and look inside causal attention models.",
@@ -101,7 +154,10 @@ def build_parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.Argument
     parser.add_argument("--version", action="version", version=_version())
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     parsers: dict[str, argparse.ArgumentParser] = {}
-    for name in COMMANDS:
+    for name, line in COMMANDS.items():
+        if name not in commands:
+            sub.add_parser(name, help=line)
+            continue
         try:
             module = importlib.import_module(f"attnlab.cli.{name}")
         except ModuleNotFoundError as err:
@@ -114,8 +170,22 @@ def build_parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.Argument
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    reuse_freed_memory()
-    parser, parsers = build_parser()
+    argv = list(sys.argv[1:] if argv is None else argv)
+    # the first word is the command: `attnlab` itself takes no flag with a value
+    command = next((word for word in argv if not word.startswith("-")), None)
+    try:
+        return _main(argv, command)
+    except KeyboardInterrupt:  # also while torch or a model loads: one line, no traceback
+        print(f"attnlab{' ' + command if command in COMMANDS else ''}: interrupted",
+              file=sys.stderr)
+        return 130
+
+
+def _main(argv: list[str], command: str | None) -> int:
+    parser, parsers = build_parser([command] if command in COMMANDS else [])
+    if command in parsers:
+        argv = spell_flags(parsers[command], argv)
+        _switch_values(parsers[command], argv)
     args, unknown = parser.parse_known_args(argv)
     if args.command is None:
         parser.print_help()
@@ -127,6 +197,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         if stores_one and getattr(args, action.dest, None) == []:
             sub.error(f"argument {action.option_strings[0]}: expected one argument")
     unknown = _late_positionals(sub, args, unknown)
+    if unknown and not any(word.startswith("-") for word in unknown):
+        sub.error(_stray_words(sub, args, unknown))
     if unknown:
         known = known_flags(sub)
         hints = [f"{flag} (did you mean {' or '.join(close)}?)"
@@ -139,6 +211,17 @@ def main(argv: Sequence[str] | None = None) -> int:
             file=sys.stderr,
         )
         return 2
+    expand_paths(args)
+    return _run(args)
+
+
+def _run(args: argparse.Namespace) -> int:
+    """Run the parsed command: its errors as one line each, the exit status."""
+    import torch
+
+    from ..model.runtime import reuse_freed_memory
+
+    reuse_freed_memory()
     formatwarning = warnings.formatwarning  # library warnings as one line, like errors
     warnings.formatwarning = lambda message, *_, **__: (
         f"attnlab {args.command}: warning: {message}\n")
@@ -162,9 +245,6 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"attnlab {args.command}: error: {out_of_memory(args.command, err)}",
               file=sys.stderr)
         return 1
-    except KeyboardInterrupt:
-        print(f"attnlab {args.command}: interrupted", file=sys.stderr)
-        return 130
     finally:
         warnings.formatwarning = formatwarning
 

@@ -14,7 +14,7 @@ import importlib
 import sys
 from pathlib import Path
 
-from .common import CLIError, check_out
+from .common import CLIError, add_threads_flag, apply_threads, check_out
 
 # benchmarks/__main__.py's SUITES (not importable from an installed package; a test holds
 # the two equal), then its two special names
@@ -27,21 +27,23 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
     parser = subparsers.add_parser(
         "bench",
         help="run the speed and quality benchmarks (needs a source checkout)",
-        description="Run benchmark suites, print markdown tables, write JSON and "
-        "README_table.md to bench-results/ in the current directory (--out DIR elsewhere). "
-        "Same as `python -m benchmarks` in a checkout.",
+        description="Run benchmark suites, print markdown tables and write each suite's "
+        "JSON (SUITE.json; with --quick SUITE.quick.json) to bench-results/ in the current "
+        "directory (--out DIR elsewhere), and README_table.md from the full runs' JSON there "
+        "(so a --quick run writes none). Same as `python -m benchmarks` in a checkout.",
     )
     # checked by `type`, not `choices`: Python 3.11's argparse checks a list default against
     # `choices` as one value and refused the plain `attnlab bench` ("invalid choice: ['all']")
     parser.add_argument("suites", nargs="*", default=["all"], type=_suite, metavar="SUITE",
                         help=f"{', '.join(SUITES)} (default: all)")
     parser.add_argument("--quick", action="store_true", help="small sizes, few repeats")
-    parser.add_argument("--out", help="directory for JSON results (default: bench-results/ "
-                        "in the current directory)")
+    parser.add_argument("--out", help="directory for the JSON results and README_table.md "
+                        "(default: bench-results/ in the current directory)")
     parser.add_argument("--record", action="store_true",
                         help="write to the checkout's benchmarks/results/ and rebuild its "
                         "README's benchmark block (maintainers)")
-    parser.add_argument("--threads", type=int, help="torch threads for suites without their own")
+    add_threads_flag(parser, "CPU threads for torch in suites that do not set their own "
+                     "(default: torch's choice, one per physical core)")
     return parser
 
 
@@ -62,8 +64,7 @@ def find_checkout() -> Path | None:
 
 
 def run(args: argparse.Namespace) -> int:
-    if args.threads is not None and args.threads < 1:  # here: one line, attnlab's own
-        raise CLIError(f"--threads {args.threads} must be >= 1")
+    apply_threads(args)  # here: one line, attnlab's own (the suites' own parser also checks)
     root = find_checkout()
     if root is None:
         raise CLIError(

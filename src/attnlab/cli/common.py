@@ -1,9 +1,11 @@
 """What every subcommand shares: `CLIError`, config dataclasses as flags (`add_config_flags`,
-`config_from_flags`), the checkpoint argument, the device and dtype flags of every command that
+`config_from_flags`), either spelling of a flag (`spell_flags`), `~` in paths
+(`expand_paths`), the checkpoint argument, the device and dtype flags of every command that
 runs a model (`add_device_flags`, `device_of`; `open_model` and `load_opened`, or
-`load_model` for both, which word a refusal in the command's own flags), the one line a
-command prints when the device runs out of memory (`out_of_memory`), and small text
-helpers. The parser and `main` are the package's `__init__`."""
+`load_model` for both, which word a refusal in the command's own flags), --threads
+(`add_threads_flag`, `apply_threads`), the one line a command prints when the device runs out
+of memory (`out_of_memory`), and small text helpers. The parser and `main` are the package's
+`__init__`."""
 
 from __future__ import annotations
 
@@ -100,12 +102,32 @@ def add_config_flags(parser: argparse.ArgumentParser, cls: type, title: str) -> 
 
         default = f.default if f.default is not dataclasses.MISSING else None
         doc = docs.get(f.name, "").replace("%", "%%")  # argparse formats help with %
+        # `--compile` alone is `--compile true`, as the other commands' switches read
+        alone: dict[str, Any] = {"nargs": "?", "const": True} if base is bool else {}
         group.add_argument(
             f"--{f.name}", dest=f"{cls.__name__}.{f.name}", type=convert, default=None,
             metavar=getattr(get_origin(base) or base, "__name__", "VALUE").upper()
             .replace("DICT", "JSON").replace("LIST", "JSON"),
-            help=f"{doc + ' ' if doc else ''}({cls.__name__} default: {default})",
+            help=f"{doc + ' ' if doc else ''}({cls.__name__} default: {default}"
+            f"{'; alone: true' if alone else ''})", **alone,
         )
+
+
+def spell_flags(parser: argparse.ArgumentParser, argv: list[str]) -> list[str]:
+    """`argv` with each flag of `parser` in the spelling it was added with: every command takes
+    `--max-new-tokens` and `--max_new_tokens` alike (train's flags are its config fields, with
+    `_`; the other commands' are written with `-`), and its --help shows one spelling."""
+    spelt = {flag.replace("_", "-"): flag for action in parser._actions
+             for flag in action.option_strings if flag.startswith("--")}
+    out: list[str] = []
+    for i, word in enumerate(argv):
+        if word == "--":  # what follows is positional, whatever it looks like
+            return out + argv[i:]
+        name, equals, value = word.partition("=")
+        if name.startswith("--"):
+            name = spelt.get(name.replace("_", "-"), name)
+        out.append(name + equals + value)
+    return out
 
 
 def _parse_json(kind: type, name: str, text: str) -> Any:
@@ -146,6 +168,19 @@ def add_checkpoint_argument(parser: argparse.ArgumentParser) -> None:
                         "Hugging Face model directory")
 
 
+#: the arguments that name a file or directory, in whichever command takes them
+PATH_ARGUMENTS = ("checkpoint", "out", "prompt_file", "data", "init_from", "tokenizer")
+
+
+def expand_paths(args: argparse.Namespace) -> None:
+    """`~` at the start of a path argument, as a shell expands it where it is not quoted: a
+    quoted "~/runs/copy", or --out=~/figures, reached the command as it was written."""
+    for name in PATH_ARGUMENTS:
+        value = getattr(args, name, None)
+        if isinstance(value, str) and value.startswith("~"):
+            setattr(args, name, os.path.expanduser(value))
+
+
 #: --dtype's choices: what the model's weights and activations are held in (as names, so the
 #: parser imports no torch; memory.LOAD_DTYPES holds the same, tested)
 DTYPES = ("float32", "bfloat16", "float16")
@@ -154,17 +189,36 @@ DEVICE_HELP = ("auto (CUDA when present, else the CPU), cpu, cuda, cuda:N or mps
 
 
 def add_device_flags(parser: argparse.ArgumentParser, dtype_help: str = "",
-                     dtype: bool = True) -> None:
-    """--device (default auto) and, with `dtype`, --dtype (default float32) and --force of a
-    command that loads a model."""
+                     dtypes: tuple[str, ...] = DTYPES, force: bool = True) -> None:
+    """--device (default auto), --dtype (default float32, one of `dtypes`) and, with `force`,
+    --force of a command that loads a model."""
     parser.add_argument("--device", default="auto", help=DEVICE_HELP)
-    if not dtype:
-        return
     parser.add_argument(
-        "--dtype", choices=DTYPES, default="float32",
+        "--dtype", choices=dtypes, default="float32",
         help=dtype_help or "the model's weights and activations; bfloat16 and float16 halve "
         "the memory, and run fastest on a GPU (default float32)")
-    add_force_flag(parser)
+    if force:
+        add_force_flag(parser)
+
+
+THREADS_HELP = ("CPU threads for torch (default: torch's choice, one per physical core; "
+                "small models are often fastest with 1)")
+
+
+def add_threads_flag(parser: argparse.ArgumentParser, help_text: str = THREADS_HELP) -> None:
+    """--threads of a command that runs torch on the CPU (`apply_threads` checks and sets it)."""
+    parser.add_argument("--threads", type=int, metavar="N", help=help_text)
+
+
+def apply_threads(args: argparse.Namespace) -> None:
+    """Hand --threads to torch, refused in one line below 1; none given: torch's choice."""
+    if args.threads is None:
+        return
+    if args.threads < 1:
+        raise CLIError(f"--threads {args.threads} must be >= 1; leave it out for torch's choice")
+    import torch
+
+    torch.set_num_threads(args.threads)
 
 
 def add_force_flag(parser: argparse.ArgumentParser) -> None:

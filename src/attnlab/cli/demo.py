@@ -45,7 +45,9 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
                         help="train with this seed instead of the recipe's (hello, animals)")
     parser.add_argument("--no-figures", dest="figures", action="store_false",
                         help="train and check only; draw nothing")
-    add_device_flags(parser, dtype=False)
+    add_device_flags(parser, "bfloat16: train under autocast, as attnlab train --dtype does "
+                     "(hello, animals; default float32)", dtypes=("float32", "bfloat16"),
+                     force=False)
     return parser
 
 
@@ -53,8 +55,9 @@ FIGURE_FORMATS = ("png", "svg", "pdf")  # viz.save.FORMATS, without importing ma
 
 
 def run(args: argparse.Namespace) -> int:
-    # another seed is another model: its own folder, not the recipe's checkpoint retrained
-    name = args.name if args.seed is None else f"{args.name}-seed{args.seed}"
+    # another seed or dtype is another model: its own folder, not the recipe's retrained
+    name = args.name + ("" if args.seed is None else f"-seed{args.seed}") + (
+        "" if args.dtype == "float32" else f"-{args.dtype}")
     out = check_out(Path(args.out) if args.out else Path("attnlab-demo") / name)
     formats = [f.strip() for f in args.format.split(",") if f.strip()] if args.figures else []
     bad = [f for f in formats if f not in FIGURE_FORMATS]
@@ -64,6 +67,9 @@ def run(args: argparse.Namespace) -> int:
     if args.seed is not None and args.name == "averaging":
         raise CLIError("--seed applies to hello and animals, which train; averaging trains "
                        "nothing and draws fixed inputs (torch.manual_seed(1337))")
+    if args.dtype != "float32" and args.name == "averaging":
+        raise CLIError(f"--dtype {args.dtype} applies to hello and animals, which train; "
+                       "averaging compares three float32 forms of the running mean")
     from ..model.runtime import one_thread
 
     device = device_of(args)
@@ -72,14 +78,15 @@ def run(args: argparse.Namespace) -> int:
     with one_thread():
         if args.name == "averaging":
             return _averaging(out, formats, device)
-        return _seed_002(args.name, out, formats, args.retrain, args.seed, device)
+        return _seed_002(args.name, out, formats, args.retrain, args.seed, device, args.dtype)
 
 
 # --------------------------------------------------------------------- seed 002
 
 
 def _seed_002(
-    name: str, out: Path, formats: list[str], retrain: bool, seed: int | None, device: Any
+    name: str, out: Path, formats: list[str], retrain: bool, seed: int | None, device: Any,
+    dtype: str = "float32",
 ) -> int:
     import torch
 
@@ -92,14 +99,15 @@ def _seed_002(
         raise CLIError(f"seed_experiment({name!r}) gave {dataset.name!r}, not seed 002's sentences")
     if seed is not None:
         train_config = dataclasses.replace(train_config, seed=seed)
-    train_config = dataclasses.replace(train_config, device=str(device))
+    train_config = dataclasses.replace(train_config, device=str(device), dtype=dtype)
     torch.manual_seed(train_config.seed)  # the untrained model train() starts from
     before = GPT(model_config).to(device).eval()
     after, how = _trained(out, model_config, train_config, dataset, retrain)
     tc = train_config
     print(f"model    seed-minimal: 1 layer, 1 head, n_embd {model_config.n_embd}, "
           f"{model_config.vocab_size} words, {after.num_params(non_embedding=False)} parameters")
-    print(f"train    {tc.optimizer} lr {tc.lr:g}, {tc.max_iters} steps, seed {tc.seed}: {how}")
+    print(f"train    {tc.optimizer} lr {tc.lr:g}, {tc.max_iters} steps, seed {tc.seed}"
+          f"{'' if tc.dtype == 'float32' else ', ' + tc.dtype + ' autocast'}: {how}")
 
     tok = dataset.tokenizer
     ok = _report_hello(after, tok) if name == "hello" else _report_animals(after, dataset)

@@ -20,6 +20,8 @@ from .common import (
     CLIError,
     add_checkpoint_argument,
     add_device_flags,
+    add_threads_flag,
+    apply_threads,
     count,
     cpu_memory_errors,
     device_of,
@@ -49,22 +51,22 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
         help="text to continue (empty: start from end-of-text, if the tokenizer has it)",
     )
     parser.add_argument(
-        "--prompt-file", "--prompt_file", dest="prompt_file",
+        "--prompt-file",
         help="a file with one prompt per line (- reads stdin); they run as batches",
     )
     parser.add_argument(
-        "--max-new-tokens", "--max_new_tokens", dest="max_new_tokens", type=int,
+        "--max-new-tokens", type=int,
         help="tokens to add (default: 200, or as many as the context has room for)",
     )
     parser.add_argument(
         "--temperature", type=float, default=0.8, help="0 = greedy (default 0.8)"
     )
     parser.add_argument(
-        "--top-k", "--top_k", dest="top_k", type=int, default=0,
+        "--top-k", type=int, default=0,
         help="sample among the k most likely tokens (default 0: all)",
     )
     parser.add_argument(
-        "--top-p", "--top_p", dest="top_p", type=float, default=1.0,
+        "--top-p", type=float, default=1.0,
         help="nucleus sampling: smallest set of tokens holding this mass (default 1: all)",
     )
     parser.add_argument("--seed", type=int, help="same seed, same text")
@@ -73,11 +75,13 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
         help="end a completion at this string (repeatable; \\n and \\t are understood)",
     )
     parser.add_argument(
-        "--sliding-window", "--sliding_window", dest="sliding_window", action="store_true",
-        help="past block_size, condition on the last block_size tokens instead of failing",
+        "--sliding-window", action="store_true",
+        help="past block_size, condition on the last block_size tokens instead of failing "
+        "(a window over the text fed in; not the model's attention window, which is its "
+        "config's sliding_window, set by train --sliding_window N)",
     )
     parser.add_argument(
-        "--batch-size", "--batch_size", dest="batch_size", type=int, default=None,
+        "--batch-size", type=int, default=None,
         help="prompts per batch with --prompt-file (default 16)",
     )
     add_device_flags(
@@ -90,7 +94,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
         "decode, arithmetic still float32 (x86 CPUs; 1.4-2.2x tokens/s for GPT-2 small here, "
         "after ~2 s of packing) (default float32)",
     )
-    parser.add_argument("--threads", type=int, help="CPU threads for torch")
+    add_threads_flag(parser)
     parser.add_argument("--compile", action="store_true", help="decode through a compiled "
                         "fixed-shape step (CUDA graphs on a GPU; docs/generate.md)")
     parser.add_argument(
@@ -248,12 +252,8 @@ def _report_compiled(model: Any) -> None:
 def _check_flags(args: argparse.Namespace) -> None:
     """Apply --threads and --batch-size's default; refuse flags that contradict each other,
     before the model is loaded."""
-    import torch
-
-    if args.threads is not None:
-        if args.threads < 1:
-            raise CLIError(f"--threads {args.threads} must be >= 1")
-        torch.set_num_threads(args.threads)
+    apply_threads(args)
+    _check_sampling(args)
     if args.batch_size is not None and args.prompt_file is None:
         raise CLIError(f"--batch-size {args.batch_size} groups the prompts of --prompt-file; "
                        "one PROMPT runs alone (drop --batch-size)")
@@ -276,6 +276,22 @@ def _check_flags(args: argparse.Namespace) -> None:
     if args.weights == "float16" and device_of(args).type != "cpu":
         raise CLIError(f"--weights float16 packs the matrices for CPU kernels (fbgemm); on "
                        f"{device_of(args)} use --dtype float16 or bfloat16 instead")
+
+
+def _check_sampling(args: argparse.Namespace) -> None:
+    """--max-new-tokens, --temperature, --top-k and --top-p, checked as GenerationConfig checks
+    them; its message names the field (`top_k=-1 must be ...`), this one the flag."""
+    from ..generate import GenerationConfig
+
+    given = {"max_new_tokens": 1 if args.max_new_tokens is None else args.max_new_tokens,
+             "temperature": args.temperature, "top_k": args.top_k, "top_p": args.top_p}
+    try:
+        GenerationConfig(**given)
+    except ValueError as err:
+        field, _, rest = str(err).partition("=")
+        if field not in given:
+            raise
+        raise CLIError(f"--{field.replace('_', '-')} {rest}") from None
 
 
 def _load_model(args: argparse.Namespace, opened: Any, rows: int, length: int) -> Any:
@@ -306,6 +322,12 @@ def _prompt_lengths(args: argparse.Namespace, tokenizer: Any, prompts: list[str]
         except ValueError as err:
             where = "" if args.prompt_file is None else f"prompt {i + 1}/{len(prompts)}: "
             raise CLIError(f"{where}{err}") from None
+    start = getattr(tokenizer, "bos_id", None)  # what an empty prompt starts from (generate)
+    start = getattr(tokenizer, "eot_id", None) if start is None else start
+    if min(lengths) == 0 and start is None:
+        raise CLIError(f"PROMPT is empty, and tokenizer {tokenizer.name!r} has no begin- or "
+                       "end-of-text token to start from; give a prompt: attnlab generate "
+                       f"{args.checkpoint} 'some text'")
     return lengths
 
 

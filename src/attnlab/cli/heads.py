@@ -2,7 +2,8 @@
 model, ablate the top induction heads to see whether they do the task.
 
 The probe: TEXT when given; for a model trained on a task (`attnlab train` without
-arguments: copy), the task's own examples; otherwise a random token sequence repeated twice.
+arguments: copy), the task's own examples; otherwise (a text model, or a Hugging Face
+directory, which records no task: said in a note) random token sequences repeated twice.
 Prints a table (one row per head, best induction score first) and writes a layer x head
 heatmap of each detector and the scores as JSON to --out.
 """
@@ -18,6 +19,7 @@ from .common import (
     add_checkpoint_argument,
     add_device_flags,
     check_out,
+    count,
     load_model,
     text_ids,
 )
@@ -45,34 +47,23 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
 
 
 def run(args: argparse.Namespace) -> int:
-    import torch
-
-    from ..interp.heads import DETECTORS, detect_heads, rank_heads, repeated_tokens, task_probe
-    from ..train.data import TaskDataset, load_dataset
+    from ..interp.heads import DETECTORS, detect_heads, rank_heads
+    from ..train.data import TASKS, TaskDataset, load_dataset
     from ..viz import save_figure
     from ..viz.heads import plot_head_scores
     out = check_out(args.out)
     ckpt = load_model(args)
-    model, tok = ckpt.model.eval(), ckpt.tokenizer
-    c = model.config
-    dataset: Any = None
+    model = ckpt.model.eval()
     name = ckpt.meta.get("dataset")
-    if name in ("copy", "recall", "reverse"):
-        dataset = load_dataset(name)
-    if args.text is not None:
-        ids = torch.tensor([text_ids(tok, args.text, c.block_size, "the probe text")])
-        if ids.shape[1] < 2:
-            raise CLIError("the probe text needs at least 2 tokens")
-        probe = f"the text ({ids.shape[1]} tokens)"
-    elif isinstance(dataset, TaskDataset):
-        ids = task_probe(dataset, seed=args.seed)
-        probe = f"{ids.shape[0]} examples of the {name} task"
-    else:
-        ids = repeated_tokens(c.vocab_size, min(c.block_size // 2, 64), seed=args.seed)
-        probe = f"{ids.shape[0]} random sequences of {ids.shape[1] // 2} tokens, each repeated"
+    dataset = load_dataset(name) if name in TASKS else None
+    ids, probe = _probe(args, ckpt, dataset)
     scores = detect_heads(model, ids.to(model.wte.weight.device))
     ranked = rank_heads(scores["induction"])
     print(f"probe: {probe}")
+    if args.text is None and name is None:  # a task model's copy ranks differently on these
+        print(f"note:  {args.checkpoint} records no data it was trained on (a Hugging Face "
+              "directory keeps none), so it is probed with random repeats; a task model's "
+              "attnlab checkpoint is probed with its task's examples, or pass TEXT")
     print("head   " + "  ".join(f"{k:>15s}" for k in DETECTORS))
     for layer, head in ranked:
         cells = "  ".join(f"{float(scores[k][layer, head]):15.3f}" for k in DETECTORS)
@@ -87,6 +78,28 @@ def run(args: argparse.Namespace) -> int:
                         out / "heads.png")
     print(f"wrote {out / 'heads.json'} and {', '.join(str(p) for p in paths)}")
     return 0
+
+
+def _probe(args: argparse.Namespace, ckpt: Any, dataset: Any) -> tuple[Any, str]:
+    """(ids, what they are): TEXT, the task's examples, or the standard probe."""
+    import torch
+
+    from ..interp.heads import standard_probe, task_probe
+
+    c = ckpt.model.config
+    if args.text is not None:
+        ids = text_ids(ckpt.tokenizer, args.text, c.block_size, "the probe text")
+        if len(ids) < 2:  # a score relates a query to an earlier key
+            raise CLIError(f"the probe text {args.text!r} is {count(len(ids), 'token')}; head "
+                           "detectors need at least 2 tokens (a query and a key before it): "
+                           "give a longer text, or none for the standard probe")
+        return torch.tensor([ids]), f"the text ({len(ids)} tokens)"
+    if dataset is not None:
+        examples = task_probe(dataset, seed=args.seed)
+        return examples, f"{examples.shape[0]} examples of the {dataset.name} task"
+    repeats = standard_probe(c, args.seed)
+    return repeats, (f"{repeats.shape[0]} random sequences of {repeats.shape[1] // 2} tokens, "
+                     "each repeated")
 
 
 def _ablation(model: Any, dataset: Any, induction: Any, ranked: list[tuple[int, int]]

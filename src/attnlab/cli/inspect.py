@@ -9,9 +9,13 @@ interactive view of `attnlab.show()` as one file that opens offline (show.py).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
+import os
+import shutil
 import sys
-from collections.abc import Callable
+import tempfile
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -62,7 +66,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
                         help="heads to draw (default: all)")
     parser.add_argument("--what", default=DEFAULT_WHAT, metavar="KINDS",
                         help=f"figures to draw, comma-separated (default: {DEFAULT_WHAT}); "
-                        "see below")
+                        "see below; --format html alone draws none")
     parser.add_argument("--summary", action="store_true",
                         help="instead of weights, the per-head summaries (entropy, weight on "
                         "the first token, distance back, largest weight; no T x T, so long "
@@ -132,6 +136,10 @@ def run(args: argparse.Namespace) -> int:
                        "one for --what row; drop one of them")
     formats, page = _formats(args.format)
     if page and not formats:
+        if args.what != DEFAULT_WHAT:  # it was ignored without a word
+            raise CLIError(f"--what {args.what} picks figures, and --format {args.format} "
+                           "writes the page alone; add a figure format (--format html,png) or "
+                           "drop --what")
         kinds = []  # only the page (and attention.json)
     out = check_out(args.out)
     ckpt = load_model(args)
@@ -159,18 +167,19 @@ def run(args: argparse.Namespace) -> int:
         raise out_of_memory("inspect", err, idx.device) from None
 
     head_of = _head_getter(trace, c, heads)
-    written = _draw(kinds, formats, out, trace, c, layers, heads, head_of, tokens, query,
-                    args.text)
-    record = _record(str(ckpt.path), args.text, tokens, ids, layers, heads, head_of, rows)
-    if page:
-        from ..viewer.notebook import show
+    with staging(out) as stage:
+        written = _draw(kinds, formats, stage, trace, c, layers, heads, head_of, tokens, query,
+                        args.text)
+        record = _record(str(ckpt.path), args.text, tokens, ids, layers, heads, head_of, rows)
+        if page:
+            from ..viewer.notebook import show
 
-        # pinned only when asked: a pinned token holds the page still under the pointer
-        view = show(trace, tok, ids=ids, layer=layers[0], head=heads[0],
-                    query=None if args.query is None else query,
-                    scale=_scale(c), title=f"attnlab inspect · {args.text[:40]}")
-        written.append(view.save(out / "attention.html"))
-    stale = _write_record(out, record, written)
+            # pinned only when asked: a pinned token holds the page still under the pointer
+            view = show(trace, tok, ids=ids, layer=layers[0], head=heads[0],
+                        query=None if args.query is None else query,
+                        scale=_scale(c), title=f"attnlab inspect · {args.text[:40]}")
+            written.append(view.save(stage / "attention.html"))
+        written, stale = _move_in(out, stage, record, [p.name for p in written])
 
     print(f"text     {count(T, 'token')}: {' '.join(repr(t) for t in tokens[:16])}"
           + (" …" if T > 16 else ""))
@@ -194,19 +203,7 @@ def _run_summary(args: argparse.Namespace, model: Any, tok: Any, ids: list[int],
         trace = Trace(layers=layers, heads=heads, names=list(SUMMARY_MEANS)).run(
             model, torch.tensor([ids], device=model.wte.weight.device))
     means = {name: value.cpu() for name, value in summary_means(trace, layers).items()}
-    out.mkdir(parents=True, exist_ok=True)
     title = f"per-head summaries of {args.text[:40]!r}" + ("…" if len(args.text) > 40 else "")
-    written: list[Path] = []
-    if formats:
-        from .. import viz
-
-        fig = viz.plot_head_summaries(means, SUMMARY_MEANS, title, layers=layers, heads=heads)
-        written += viz.save_figure(fig, out / "summary", formats)
-    if page:
-        from ..viewer.notebook import show
-
-        written.append(show(trace, tok, ids=ids, summary=True, title=title).save(
-            out / "summary.html"))
     # the extreme heads, named by the model's layer and head indices
     extremes = [(label, [(layers[la], heads[h], v) for la, h, v in top])
                 for label, top in extreme_heads(means)]
@@ -215,8 +212,24 @@ def _run_summary(args: argparse.Namespace, model: Any, tok: Any, ids: list[int],
               "means": {name: value.tolist() for name, value in means.items()},
               "extremes": [{"what": label, "heads": [[la, h, v] for la, h, v in top]}
                            for label, top in extremes]}
-    (out / "summary.json").write_text(json.dumps(record))
-    written.append(out / "summary.json")
+    names: list[str] = []
+    with staging(out) as stage:  # the set whole, or none of it
+        if formats:
+            from .. import viz
+
+            fig = viz.plot_head_summaries(means, SUMMARY_MEANS, title, layers=layers,
+                                          heads=heads)
+            names += [p.name for p in viz.save_figure(fig, stage / "summary", formats)]
+        if page:
+            from ..viewer.notebook import show
+
+            names.append(show(trace, tok, ids=ids, summary=True, title=title).save(
+                stage / "summary.html").name)
+        (stage / "summary.json").write_text(json.dumps(record))
+        names.append("summary.json")  # moved last: the record says the set is whole
+        for name in names:
+            os.replace(stage / name, out / name)
+    written = [out / name for name in names]
     print(f"text     {count(len(ids), 'token')}")
     print(f"traced   layers {_ranges(layers)}, heads {_ranges(heads)}: "
           f"{', '.join(SUMMARY_MEANS)} ({trace.size_text()}, no T x T)")
@@ -333,18 +346,44 @@ def _draw(kinds: list[str], formats: list[str], out: Path, trace: Any, c: Any,
     return written
 
 
-def _write_record(out: Path, record: dict[str, Any], written: list[Path]) -> set[str]:
-    """Write attention.json (the record, and the files of this run) into `out` and remove
-    the files an earlier inspect there wrote that this one did not: their names."""
+@contextlib.contextmanager
+def staging(out: Path) -> Iterator[Path]:
+    """A hidden directory in `out` that a run writes its files into, removed however the run
+    ends: a run stopped halfway (Ctrl-C) leaves none of its files in `out`, which stays as the
+    last finished run left it, for the next run to tidy."""
+    made = not out.exists()
+    out.mkdir(parents=True, exist_ok=True)
+    stage = Path(tempfile.mkdtemp(prefix=".inspect-", dir=out))  # in out: os.replace moves
+    try:
+        yield stage
+    finally:
+        shutil.rmtree(stage, ignore_errors=True)
+        if made and not any(out.iterdir()):  # a failed first run leaves no empty directory
+            out.rmdir()
+
+
+def _move_in(out: Path, stage: Path, record: dict[str, Any], names: list[str]
+             ) -> tuple[list[Path], set[str]]:
+    """Move the files `names` from `stage` into `out` with attention.json (the record, and the
+    files of this run), and remove the files an earlier inspect there wrote that this one did
+    not: (the files now in `out`, the names removed)."""
     json_path = out / "attention.json"
-    stale = _earlier_files(json_path) - {p.name for p in written} - {json_path.name}
-    json_path.parent.mkdir(parents=True, exist_ok=True)
-    record["files"] = sorted(p.name for p in written)  # what the next run into --out removes
-    json_path.write_text(json.dumps(record))
-    written.append(json_path)
+    stale = _earlier_files(json_path) - set(names) - {json_path.name}
+
+    def write_record(files: set[str]) -> None:
+        record["files"] = sorted(files)  # what the next run into --out removes
+        (stage / json_path.name).write_text(json.dumps(record))
+        os.replace(stage / json_path.name, json_path)
+
+    # attention.json lists the earlier files too until they are gone: a run stopped between
+    # two moves leaves a list of every file the next run into `out` must remove
+    write_record(set(names) | stale)
+    for name in names:
+        os.replace(stage / name, out / name)
     for name in sorted(stale):
         (out / name).unlink(missing_ok=True)
-    return stale
+    write_record(set(names))
+    return [out / name for name in names] + [json_path], stale
 
 
 def _list_files(out: Path, written: list[Path], stale: set[str]) -> None:

@@ -28,12 +28,13 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
     )
     add_checkpoint_argument(parser)
     parser.add_argument("text", help="input text")
-    parser.add_argument("--top-k", "--top_k", dest="top_k", type=int, default=3,
+    parser.add_argument("--top-k", type=int, default=3,
                         help="tokens per cell in the JSON (default 3)")
     parser.add_argument("--mid", action="store_true",
                         help="also read each layer between its attention and its MLP, which "
                         "tells which of the two made a guess")
-    parser.add_argument("--out", default="lens", help="directory for lens.png/json")
+    parser.add_argument("--out", default="lens",
+                        help="directory for lens.png and lens.json (default: ./lens)")
     add_device_flags(parser)
     return parser
 

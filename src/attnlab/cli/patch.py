@@ -77,8 +77,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
                         help="activation: one corrupted run per head and per (layer, "
                         "position); attribution: every effect to first order from one "
                         "backward pass (fast, approximate: confirm its top heads)")
-    parser.add_argument("--by-position", "--by_position", dest="by_position",
-                        action="store_true",
+    parser.add_argument("--by-position", action="store_true",
                         help="also each head's output at each position alone (activation: "
                         "layers x heads x tokens more runs), in patch.json and printed by "
                         "its largest effects")
@@ -91,7 +90,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
                         "at every position: through which input a head acts (activation: "
                         "2 x layers x (heads + key-value heads) more runs), in patch.json, "
                         "the figure and the printout")
-    parser.add_argument("--paths-to", "--paths_to", dest="paths_to", metavar="RECEIVERS",
+    parser.add_argument("--paths-to", metavar="RECEIVERS",
                         help="also path patching: each earlier head's effect along its paths "
                         "to these heads' inputs alone (LAYER.HEAD[,LAYER.HEAD], e.g. 1.0,1.3), "
                         "or to the logits ('logits': through the residual stream and MLPs, "
@@ -99,7 +98,8 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
     parser.add_argument("--via", default="q,k,v",
                         help="with --paths-to heads: the receivers' inputs the paths end in, "
                         "of q, k, v (default all three)")
-    parser.add_argument("--out", default="patch", help="directory for patch.png/json")
+    parser.add_argument("--out", default="patch",
+                        help="directory for patch.png and patch.json (default: ./patch)")
     add_device_flags(parser)
     return parser
 

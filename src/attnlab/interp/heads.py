@@ -24,7 +24,7 @@ Padded rows (left padding, or right padding as many Hugging Face tokenizers make
 patterns are built over each row's real tokens only, so a pad never counts as a target
 (even where a pad id equals a real token), and pad queries add nothing to either sum (a
 right pad's query attends to the real tokens before it, so its weights are zeroed first).
-The standard probe (`repeated_tokens`) is a random token sequence repeated twice, on which
+The standard probe (`standard_probe`) is random token sequences repeated twice, on which
 an induction head scores near 1; a model trained on a task (`attnlab train`'s copy task) is
 better probed with the task's own examples (`task_probe`), the input it learned to copy in.
 
@@ -78,6 +78,13 @@ def repeated_tokens(
     gen = torch.Generator().manual_seed(seed)
     half = torch.randint(low, vocab_size, (batch, length), generator=gen)  # (B, L)
     return torch.cat([half, half], dim=1)  # (B, 2L)
+
+
+def standard_probe(config: Any, seed: int = 0) -> Tensor:
+    """(8, 2L) ids: the probe `detect_heads` scores on when given no ids, 8 random sequences
+    of L = min(block_size // 2, 64) ids of the model's vocabulary `config` holds, each
+    repeated (twice L fits the context; 64 keeps a long context's probe quick)."""
+    return repeated_tokens(config.vocab_size, min(config.block_size // 2, 64), seed=seed)
 
 
 def task_probe(dataset: Any, n: int = 16, *, seed: int = 0) -> Tensor:
@@ -171,7 +178,7 @@ def detect_heads(
     edits: EditSource | None = None,
 ) -> dict[str, Tensor]:
     """Per detector, an (n_layer, nh) tensor of scores on `ids` (B, T), or, when ids is None,
-    on the standard probe: 8 random sequences of min(block_size // 2, 64) ids, each repeated.
+    on the standard probe (`standard_probe`: 8 random sequences, each repeated).
     edits: score the heads of the model so edited (`interp.edits`: an ablation, say)."""
     detectors = (detectors,) if isinstance(detectors, str) else tuple(detectors)
     unknown = sorted(set(detectors) - set(DETECTORS))
@@ -179,8 +186,7 @@ def detect_heads(
         raise ValueError(f"unknown detectors {unknown}; known detectors: {list(DETECTORS)}")
     require_eval(model, "the head scores")
     if ids is None:
-        c = model.config
-        ids = repeated_tokens(c.vocab_size, min(c.block_size // 2, 64), seed=seed)
+        ids = standard_probe(model.config, seed)
     device = model.wte.weight.device  # the caller's ids may be on the host
     ids = ids.to(device)
     attention_mask = None if attention_mask is None else attention_mask.to(device)

@@ -69,7 +69,10 @@ def load_tokenizer(directory: str | Path) -> Tokenizer:
         vocab = read_hf_config(directory).get("vocab_size")
         return load_hf_tokenizer(directory, vocab if isinstance(vocab, int) else None)
     if not path.exists():
-        raise FileNotFoundError(f"no {CONFIG_FILE} in {directory}; is it an attnlab checkpoint?")
+        raise FileNotFoundError(
+            f"{directory} has no {CONFIG_FILE}, so it holds no tokenizer: pass a directory "
+            "Tokenizer.save wrote (every attnlab checkpoint holds one) or a Hugging Face model "
+            "directory with tokenizer.json")
     try:  # a damaged file gets one ValueError naming it, whatever part of it broke
         config = json.loads(path.read_text(encoding="utf-8"))
         if not isinstance(config, dict):

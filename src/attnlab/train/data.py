@@ -72,6 +72,13 @@ class Dataset(ABC):
     def describe(self) -> str:
         return f"{self.name} ({self.tokenizer.name} tokenizer, {self.tokenizer.vocab_size} ids)"
 
+    def __repr__(self) -> str:  # the default named only the class and an address
+        return f"<{type(self).__name__} {self.describe()}{self._sizes()}>"
+
+    def _sizes(self) -> str:
+        """What follows the description in the repr: how much data there is."""
+        return ""
+
     def bytes_per_token(self, split: str) -> float | None:
         """UTF-8 bytes of text per token in `split`, which turns a loss per token into bits
         per byte; None where the loss is not over the whole text (tasks score answers only)."""
@@ -130,6 +137,9 @@ class TextDataset(Dataset):
         # from_file: the path read (absolute) and a hash of its text, which checkpoints keep
         # so a resume finds the data and knows it is the same text
         self.source, self.fingerprint = source, fingerprint
+
+    def _sizes(self) -> str:
+        return f": {len(self.train):,} train + {len(self.val):,} val tokens"
 
     @classmethod
     def from_file(
@@ -270,6 +280,9 @@ class TaskDataset(Dataset):
             raise ValueError(f"task length={length} must be in [1, 26]")
         self.name, self.length = name, length
         self.tokenizer = CharTokenizer(sorted(_SYMBOLS + _DIGITS + "|?"))
+
+    def _sizes(self) -> str:
+        return f": length {self.length}, examples of {self.sample_len} tokens"
 
     @property
     def sample_len(self) -> int:

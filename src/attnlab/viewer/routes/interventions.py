@@ -47,7 +47,9 @@ def router(state: ViewerState) -> APIRouter:
         next-token prediction with and without the `ablate` heads (zeroed)."""
         ids = state.request_ids(body.text, body.ids)
         if len(ids) < 2:
-            raise RequestError("head detectors need a text of at least 2 tokens")
+            tokens = f"{len(ids)} token{'' if len(ids) == 1 else 's'}"
+            raise RequestError(f"the text is {tokens}; head detectors need at least 2 tokens "
+                               "(a query and a key before it): give a longer text")
         try:
             check_heads(body.ablate, c.n_layer, c.n_head)
         except ValueError as err:

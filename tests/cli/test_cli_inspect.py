@@ -1,0 +1,101 @@
+"""`attnlab inspect` stopped halfway, and the flags it reads: run in-process through the CLI
+entry point (its figures and JSON: test_cli_demo.py)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+import attnlab.viz
+from attnlab import GPT, GPTConfig
+from attnlab.checkpoint import save_checkpoint
+from attnlab.cli import main
+from attnlab.tokenizers import CharTokenizer
+
+pytest.importorskip("matplotlib")
+
+
+@pytest.fixture(scope="module")
+def checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    tok = CharTokenizer(sorted(set("abcdefghijklmnopqrstuvwxyz .")))
+    torch.manual_seed(0)
+    model = GPT(GPTConfig.from_name("nano", vocab_size=tok.vocab_size, block_size=32))
+    return save_checkpoint(tmp_path_factory.mktemp("ckpt") / "ckpt", model, tok)
+
+
+def _names(out: Path) -> set[str]:
+    return {p.name for p in out.iterdir()}
+
+
+def test_an_interrupted_inspect_leaves_no_figure_a_rerun_keeps(
+        checkpoint: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    """Ctrl-C while the figures were drawn left some of them and no attention.json listing
+    them, so the next inspect into the same --out kept them beside its own."""
+    out = tmp_path / "out"
+    flags = ["--out", str(out), "--what", "weights"]
+    assert main(["inspect", str(checkpoint), "the cat", *flags, "--layer", "0"]) == 0
+    finished = _names(out)
+    assert finished == {"weights_L0_H0.png", "weights_L0_H1.png", "attention.json"}
+
+    save, saved = attnlab.viz.save_figure, []
+
+    def stopped(*args: Any, **kwargs: Any) -> list[Path]:
+        if saved:  # the second figure: Ctrl-C
+            raise KeyboardInterrupt
+        saved.append(save(*args, **kwargs))
+        return saved[-1]
+
+    monkeypatch.setattr(attnlab.viz, "save_figure", stopped)
+    assert main(["inspect", str(checkpoint), "the dog", *flags, "--layer", "1"]) == 130
+    assert saved and _names(out) == finished  # the interrupted run's figure is not there
+    assert json.loads((out / "attention.json").read_text())["text"] == "the cat"
+
+    monkeypatch.undo()
+    assert main(["inspect", str(checkpoint), "the", "--out", str(out), "--what", "grid"]) == 0
+    assert _names(out) == {"grid.png", "attention.json"}
+    assert "removed  2 files an earlier inspect wrote" in capsys.readouterr().out
+
+
+def test_an_inspect_that_fails_leaves_no_directory(
+        checkpoint: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    def fails(*args: Any, **kwargs: Any) -> list[Path]:
+        raise OSError("disk full")
+
+    monkeypatch.setattr(attnlab.viz, "save_figure", fails)
+    assert main(["inspect", str(checkpoint), "the", "--out", str(tmp_path / "new")]) == 1
+    assert not (tmp_path / "new").exists()
+
+
+def test_an_interrupted_summary_leaves_the_last_one_whole(
+        checkpoint: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    flags = ["--out", str(tmp_path), "--summary", "--format", "png,svg"]
+    assert main(["inspect", str(checkpoint), "the cat", *flags]) == 0
+    before = {p.name: p.read_bytes() for p in tmp_path.iterdir()}
+    assert set(before) == {"summary.png", "summary.svg", "summary.json"}
+
+    save = attnlab.viz.save_figure
+
+    def stopped(*args: Any, **kwargs: Any) -> list[Path]:
+        save(*args, **kwargs)  # the new figure is drawn, summary.json not yet: Ctrl-C
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(attnlab.viz, "save_figure", stopped)
+    assert main(["inspect", str(checkpoint), "a dog", *flags]) == 130
+    assert {p.name: p.read_bytes() for p in tmp_path.iterdir()} == before
+
+
+def test_what_with_the_page_alone_is_refused(
+        checkpoint: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """--format html --what qkv wrote the page and no qkv figure, without a word."""
+    assert main(["inspect", str(checkpoint), "the", "--out", str(tmp_path), "--format",
+                 "html", "--what", "qkv"]) == 1
+    assert capsys.readouterr().err == (
+        "attnlab inspect: error: --what qkv picks figures, and --format html writes the page "
+        "alone; add a figure format (--format html,png) or drop --what\n")
+    assert not any(tmp_path.iterdir())
+
