@@ -188,7 +188,7 @@ def _draw_phase(model: Any, x: Any, pick: int, tokens: list[str], out: Path, pha
         formats)
     files += viz.save_figure(viz.plot_attention_steps(
         head("attn_scores"), head("masked_scores"), head("attn_weights"), tokens,
-        scale=model.config.attn_scale, title=f"{text!r}: attention {phase} training"),
+        scale=model.config.score_scale, title=f"{text!r}: attention {phase} training"),
         out / f"{phase}_attention", formats)
     return files
 

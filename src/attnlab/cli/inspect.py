@@ -177,7 +177,7 @@ def run(args: argparse.Namespace) -> int:
             # pinned only when asked: a pinned token holds the page still under the pointer
             view = show(trace, tok, ids=ids, layer=layers[0], head=heads[0],
                         query=None if args.query is None else query,
-                        scale=_scale(c), title=f"attnlab inspect · {args.text[:40]}")
+                        scale=c.score_scale, title=f"attnlab inspect · {args.text[:40]}")
             written.append(view.save(stage / "attention.html"))
         written, stale = _move_in(out, stage, record, [p.name for p in written])
 
@@ -339,7 +339,7 @@ def _draw(kinds: list[str], formats: list[str], out: Path, trace: Any, c: Any,
         else:
             fig = None  # one figure per kind, refilled head after head: its ticks built once
             for i, (la, h) in enumerate(pairs):
-                fig, stem = _head_figure(kind, fig, head_of, la, h, tokens, query, _scale(c),
+                fig, stem = _head_figure(kind, fig, head_of, la, h, tokens, query, c.score_scale,
                                          group, may_attend[la])
                 save(fig, stem, close=i == len(pairs) - 1)
     bar.close()
@@ -446,10 +446,6 @@ def _head_figure(kind: str, into: Any, head_of: Callable[[str, int, int], Any], 
     return viz.plot_row(row(head_of("attn_weights", la, h)), tokens, query,
                         may_attend=None if may_attend is None else row(may_attend),
                         into=into), f"row_L{la}_H{h}_q{query}"
-
-
-def _scale(config: Any) -> float:
-    return config.attn_scale if config.attn_scale is not None else config.head_size ** -0.5
 
 
 def _ranges(values: list[int]) -> str:

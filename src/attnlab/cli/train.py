@@ -19,6 +19,8 @@ from .common import (
     CLIError,
     add_config_flags,
     add_force_flag,
+    add_threads_flag,
+    apply_threads,
     check_device,
     check_out,
     config_from_flags,
@@ -52,9 +54,9 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
     )
     parser.add_argument(
         "--tokenizer",
-        help="for text: char, byte, word, bpe[:VOCAB], tiktoken:NAME or a tokenizer.json path "
-        "(default: char, or the run's own when resuming; built-in datasets bring their "
-        "own)",
+        help="for text: char, byte, word, bpe[:VOCAB], tiktoken:NAME, a tokenizer.json path or "
+        "a checkpoint directory to reuse its tokenizer (default: char, or the run's own when "
+        "resuming; built-in datasets bring their own)",
     )
     parser.add_argument(
         "--arch",
@@ -86,12 +88,8 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
         "--overwrite", action="store_true",
         help="start over even if --out holds a checkpoint (deleted before training starts)"
     )
-    parser.add_argument(
-        "--threads",
-        type=int,
-        help="CPU threads for torch (default: torch's choice; small models are often "
-        "fastest with 1)",
-    )
+    add_threads_flag(parser, "CPU threads for torch (default: torch's choice; small models "
+                             "are often fastest with 1)")
     parser.add_argument("--quiet", action="store_true",
                         help="no progress bar or progress lines (evaluations still print)")
     # the dataclass defaults: a run starts from its dataset's recipe (the data/model/train
@@ -163,12 +161,7 @@ def _run(args: argparse.Namespace) -> int:
 
 def _check_flags(args: argparse.Namespace) -> None:
     """Apply --threads and refuse flags that contradict each other, before anything is read."""
-    import torch
-
-    if args.threads is not None:
-        if args.threads < 1:
-            raise CLIError(f"--threads {args.threads} must be >= 1")
-        torch.set_num_threads(args.threads)
+    apply_threads(args)
     if args.resume and args.overwrite:  # resumed silently, the old run kept
         raise CLIError("--resume continues the run in --out and --overwrite deletes it to "
                        "start over: choose one")

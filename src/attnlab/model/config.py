@@ -52,7 +52,9 @@ class GPTConfig:
     qkv_bias: bool | None = None  # bias on query/key/value; None = bias
     out_bias: bool | None = None  # bias on the attention output projection; None = bias
     parallel_residual: bool = False  # x + attn(ln_1(x)) + mlp(ln_2(x)) (GPT-NeoX)
-    sliding_window: int | None = None  # query i sees keys i - sliding_window < j <= i
+    # the model's attention window: query i sees keys i - sliding_window < j <= i (not
+    # generate's --sliding-window, which keeps the last block_size tokens of a long text)
+    sliding_window: int | None = None
     window_layers: list[int] | None = None  # layers with the window; None = all
 
     def __post_init__(self) -> None:
