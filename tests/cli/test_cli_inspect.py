@@ -61,6 +61,25 @@ def test_an_interrupted_inspect_leaves_no_figure_a_rerun_keeps(
     assert "removed  2 files an earlier inspect wrote" in capsys.readouterr().out
 
 
+def test_a_stage_a_killed_run_left_is_tidied_and_a_running_ones_kept(
+        checkpoint: Path, tmp_path: Path) -> None:
+    """SIGKILL skips every cleanup: the killed run's hidden stage stayed in --out for good.
+    The next run removes the stages of processes that are gone, not those of one running."""
+    import os
+    import subprocess
+    import sys
+
+    out = tmp_path / "out"
+    gone = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"],
+                          capture_output=True, text=True, check=True).stdout.strip()
+    (out / f".inspect-{gone}-abc").mkdir(parents=True)
+    (out / f".inspect-{gone}-abc" / "weights_L0_H0.png").write_bytes(b"half")
+    (out / f".inspect-{os.getpid()}-xyz").mkdir()  # this process: alive
+    assert main(["inspect", str(checkpoint), "the cat", "--out", str(out), "--what",
+                 "grid"]) == 0
+    assert _names(out) == {"grid.png", "attention.json", f".inspect-{os.getpid()}-xyz"}
+
+
 def test_an_inspect_that_fails_leaves_no_directory(
         checkpoint: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     def fails(*args: Any, **kwargs: Any) -> list[Path]:

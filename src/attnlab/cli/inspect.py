@@ -353,13 +353,29 @@ def staging(out: Path) -> Iterator[Path]:
     last finished run left it, for the next run to tidy."""
     made = not out.exists()
     out.mkdir(parents=True, exist_ok=True)
-    stage = Path(tempfile.mkdtemp(prefix=".inspect-", dir=out))  # in out: os.replace moves
+    for left in out.glob(".inspect-*-*"):  # a run killed outright (SIGKILL) left its stage
+        pid = left.name.split("-")[1]
+        if pid.isdigit() and not _alive(int(pid)):
+            shutil.rmtree(left, ignore_errors=True)
+    # in out: os.replace moves; the pid names the run, for the next run to tidy after a kill
+    stage = Path(tempfile.mkdtemp(prefix=f".inspect-{os.getpid()}-", dir=out))
     try:
         yield stage
     finally:
         shutil.rmtree(stage, ignore_errors=True)
         if made and not any(out.iterdir()):  # a failed first run leaves no empty directory
             out.rmdir()
+
+
+def _alive(pid: int) -> bool:
+    """Whether process `pid` runs (or may: one of another user's is not ours to judge)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
 
 
 def _move_in(out: Path, stage: Path, record: dict[str, Any], names: list[str]
