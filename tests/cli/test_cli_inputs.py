@@ -128,3 +128,25 @@ def test_init_from_counts_what_training_holds_and_words_the_refusal_as_flags(
     err = capsys.readouterr().err
     assert f"--init_from {ckpt}: " in err and "AdamW's two moments" in err
     assert "--force" in err and "force=True" not in err and "dtype=" not in err
+
+
+def test_under_torchrun_only_rank_0_removes_the_run_overwrite_replaces(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Every rank deleted the old checkpoint at once, and one found its files gone
+    ('No such file or directory: model.safetensors') now and then."""
+    from attnlab.cli import train as train_cli
+
+    out = tmp_path / "run"
+    assert main(["train", "--max_iters", "2", "--eval_interval", "1", "--quiet", "--out",
+                 str(out)]) == 0
+    removed: list[int] = []
+    monkeypatch.setattr(train_cli, "_remove_checkpoint", lambda ckpt: removed.append(1))
+    monkeypatch.setattr(train_cli, "_train", lambda *args: (_ for _ in ()).throw(
+        KeyboardInterrupt))  # stop right after the configs: no training needed here
+    for rank, expected in (("1", []), ("0", [1])):
+        monkeypatch.setenv("RANK", rank)
+        removed.clear()
+        assert main(["train", "--max_iters", "2", "--out", str(out), "--overwrite",
+                     "--quiet"]) == 130  # the stop _train stands in for
+        assert removed == expected, rank

@@ -48,6 +48,30 @@ def test_tokenized_once_then_read_from_the_cache(
     assert len(list((cache / "data").iterdir())) == 2
 
 
+def test_a_cache_another_process_wrote_first_is_read(
+    corpus: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Two runs (or torchrun's ranks) tokenizing one new text: the second to rename its cache
+    into place found the first's there and failed with 'Directory not empty'."""
+    import os
+    import shutil
+
+    from attnlab.train import data
+
+    cache, replace = tmp_path / "c", os.replace
+    theirs = TextDataset.from_file(corpus, "char", cache_dir=tmp_path / "theirs")
+    (entry,) = (tmp_path / "theirs" / "data").iterdir()
+
+    def after_theirs(src: str, dst: str) -> None:  # the other process renames first
+        shutil.copytree(entry, dst)
+        replace(src, dst)
+
+    monkeypatch.setattr(data.os, "replace", after_theirs)
+    ours = TextDataset.from_file(corpus, "char", cache_dir=cache)
+    assert np.array_equal(ours.train, theirs.train)
+    assert [p.name for p in (cache / "data").iterdir()] == [entry.name]  # no .tmp left
+
+
 def test_a_directory_of_txt_files(tmp_path: Path) -> None:
     (tmp_path / "d").mkdir()
     (tmp_path / "d" / "a.txt").write_text("abc" * 50)

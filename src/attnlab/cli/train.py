@@ -256,7 +256,8 @@ def _new_configs(args: argparse.Namespace, dataset: Any, init: Any) -> tuple[Any
         raise CLIError(str(err)) from None
     old = _find_run(args)  # refuses to overwrite a run unless --overwrite
     if old is not None:  # --overwrite: the old run's checkpoint goes, not later
-        _remove_checkpoint(_out_dir(args) / "ckpt")
+        if os.environ.get("RANK", "0") == "0":  # under torchrun: one process deletes it
+            _remove_checkpoint(_out_dir(args) / "ckpt")
         print(f"removed  the checkpoint {old} held (--overwrite)")
     return model_config, train_config
 

@@ -19,6 +19,7 @@ import json
 import math
 import os
 import shutil
+import uuid
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
 from pathlib import Path
@@ -211,16 +212,20 @@ def _write_split(
     directory: Path, train: np.ndarray, val: np.ndarray, tok: Tokenizer, dtype: type
 ) -> None:
     # write to a temporary directory and rename, so an interrupted run leaves no half cache
-    tmp = directory.with_name(directory.name + f".tmp-{os.getpid()}")
+    # unique across processes and machines that share the cache
+    tmp = directory.with_name(f"{directory.name}.tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}")
     tmp.mkdir(parents=True, exist_ok=True)
     train.astype(dtype).tofile(tmp / "train.bin")
     val.astype(dtype).tofile(tmp / "val.bin")
     tok.save(tmp)
     (tmp / "meta.json").write_text(json.dumps({"train": len(train), "val": len(val)}))
-    if directory.exists():  # another process cached the same text meanwhile
-        shutil.rmtree(tmp, ignore_errors=True)
-    else:
+    try:
         os.replace(tmp, directory)
+    except OSError:
+        shutil.rmtree(tmp, ignore_errors=True)
+        if not directory.exists():
+            raise
+        # another process cached the same text first (two runs, or torchrun's ranks): theirs
 
 
 # ------------------------------------------------------------------------ sentences
