@@ -297,3 +297,20 @@ def test_a_patience_run_that_ended_has_nothing_to_resume(tmp_path: Path) -> None
     assert patience_end(metrics, patience=3, max_iters=100) is None  # it had more to go
     assert patience_end(metrics, patience=3, max_iters=40) == 40
     assert patience_end(tmp_path / "gone.jsonl", patience=1, max_iters=40) is None
+
+
+def test_the_resume_hint_of_a_torchrun_run_continues_under_torchrun(
+    monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Run as printed, a 2-process run's hint resumed it in one process."""
+    import argparse
+
+    from attnlab.cli.train_report import resume_command
+
+    args = argparse.Namespace(data="my text.txt")
+    assert resume_command(args, Path("runs/x")) == (
+        "attnlab train --data 'my text.txt' --out runs/x --resume")
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    assert resume_command(args, Path("runs/x")) == (
+        "torchrun --standalone --nproc_per_node 2 -m attnlab train --data 'my text.txt' "
+        "--out runs/x --resume")

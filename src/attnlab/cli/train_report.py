@@ -5,6 +5,7 @@ a text sample) and what to run next. `cli/train.py` runs it."""
 from __future__ import annotations
 
 import argparse
+import os
 import shlex
 import sys
 from pathlib import Path
@@ -15,8 +16,12 @@ from .common import check_device, count
 
 def resume_command(args: argparse.Namespace, out: Path) -> str:
     """The command that continues the run in `out`: the checkpoint holds the run's configs
-    and tokenizer, so these three flags are enough."""
-    return (f"attnlab train --data {shlex.quote(args.data)} --out {shlex.quote(str(out))} "
+    and tokenizer, so these three flags are enough; a run under torchrun continues under it,
+    with as many processes (it may take another count: docs/train.md)."""
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    launch = (f"torchrun --standalone --nproc_per_node {world} -m attnlab" if world > 1
+              else "attnlab")
+    return (f"{launch} train --data {shlex.quote(args.data)} --out {shlex.quote(str(out))} "
             "--resume")
 
 
