@@ -72,6 +72,23 @@ def test_a_cache_another_process_wrote_first_is_read(
     assert [p.name for p in (cache / "data").iterdir()] == [entry.name]  # no .tmp left
 
 
+def test_a_damaged_cache_is_made_again(corpus: Path, tmp_path: Path) -> None:
+    """A cache file cut short (a full disk, a copy) failed every later run with numpy's
+    'mmap length is greater than file size', naming neither the file nor the fix."""
+    cache = tmp_path / "c"
+    whole = TextDataset.from_file(corpus, "char", cache_dir=cache)
+    train, val = np.array(whole.train), np.array(whole.val)  # copies: the files get cut
+    del whole
+    (entry,) = (cache / "data").iterdir()
+    for damage in ("train.bin", "meta.json"):
+        path = entry / damage
+        path.write_bytes(path.read_bytes()[:10])
+        again = TextDataset.from_file(corpus, "char", cache_dir=cache)
+        assert np.array_equal(again.train, train), damage
+        assert np.array_equal(again.val, val), damage
+        del again
+
+
 def test_a_directory_of_txt_files(tmp_path: Path) -> None:
     (tmp_path / "d").mkdir()
     (tmp_path / "d" / "a.txt").write_text("abc" * 50)

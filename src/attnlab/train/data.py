@@ -162,6 +162,8 @@ class TextDataset(Dataset):
         root = Path(cache_dir) if cache_dir is not None else default_cache_dir()
         cached = root / "data" / key
         dtype = np.uint16 if tok.vocab_size <= 2**16 else np.uint32
+        if (cached / "meta.json").exists() and not _whole_cache(cached, dtype):
+            shutil.rmtree(cached, ignore_errors=True)  # cut short or edited: made again
         if not (cached / "meta.json").exists():
             ids = np.array(tok.encode(text), dtype=dtype)
             n_val = max(1, int(len(ids) * val_fraction))
@@ -206,6 +208,17 @@ class TextDataset(Dataset):
         window = starts[rows].numpy()[:, None] + np.arange(block_size + 1)  # (B, T + 1)
         chunk = torch.from_numpy(ids[window].astype(np.int64))  # (B, T + 1)
         return chunk[:, :-1], chunk[:, 1:]  # (B, T), (B, T)
+
+
+def _whole_cache(cached: Path, dtype: type) -> bool:
+    """Whether a cache entry's files hold the token counts its meta.json says."""
+    try:
+        meta = json.loads((cached / "meta.json").read_text())
+        size = np.dtype(dtype).itemsize
+        return all((cached / f"{split}.bin").stat().st_size == int(meta[split]) * size
+                   for split in ("train", "val"))
+    except (OSError, ValueError, KeyError, TypeError):
+        return False
 
 
 def _write_split(
