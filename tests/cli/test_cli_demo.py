@@ -17,16 +17,14 @@ from attnlab.checkpoint import save_checkpoint
 from attnlab.cli import main
 from attnlab.cli.inspect import WHAT
 from attnlab.tokenizers import CharTokenizer
+from helpers import nano_checkpoint
 
 pytest.importorskip("matplotlib")
 
 
 @pytest.fixture(scope="module")
 def checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    tok = CharTokenizer(sorted(set("abcdefghijklmnopqrstuvwxyz .")))
-    torch.manual_seed(0)
-    model = GPT(GPTConfig.from_name("nano", vocab_size=tok.vocab_size, block_size=32))
-    return save_checkpoint(tmp_path_factory.mktemp("ckpt") / "ckpt", model, tok)
+    return nano_checkpoint(tmp_path_factory.mktemp("ckpt"), "abcdefghijklmnopqrstuvwxyz .")
 
 
 def test_demo_hello_predicts_world_and_reuses_its_checkpoint(

@@ -11,24 +11,18 @@ import time
 from pathlib import Path
 
 import pytest
-import torch
 
 import attnlab.cli
-from attnlab import GPT, GPTConfig
-from attnlab.checkpoint import save_checkpoint
 from attnlab.cli import COMMANDS, build_parser, main
 from attnlab.cli.common import spell_flags
-from attnlab.tokenizers import CharTokenizer
+from helpers import nano_checkpoint
 
 SRC = Path(attnlab.cli.__file__).resolve().parents[2]
 
 
 @pytest.fixture(scope="module")
 def checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    tok = CharTokenizer(sorted(set("abcdefghijklmnopqrstuvwxyz|")))
-    torch.manual_seed(0)
-    model = GPT(GPTConfig.from_name("nano", vocab_size=tok.vocab_size, block_size=32))
-    return save_checkpoint(tmp_path_factory.mktemp("ckpt") / "ckpt", model, tok)
+    return nano_checkpoint(tmp_path_factory.mktemp("ckpt"), "abcdefghijklmnopqrstuvwxyz|")
 
 
 def _python(code: str) -> subprocess.CompletedProcess[str]:
