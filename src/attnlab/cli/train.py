@@ -26,6 +26,7 @@ from .common import (
     config_from_flags,
     config_overrides,
     cpu_memory_errors,
+    load_opened,
     out_of_memory,
 )
 from .progress import Progress
@@ -294,7 +295,7 @@ def _init_source(args: argparse.Namespace, data_given: bool) -> Any:
     refusing the flags that would contradict it: its model and tokenizer are the run's."""
     from ..load import open_checkpoint
     from ..model.gpt import GPTConfig
-    from ..model.memory import DoesNotFitError, Use
+    from ..model.memory import Use
     from ..train.config import TrainConfig
     from ..train.data import BUILTINS
 
@@ -312,17 +313,16 @@ def _init_source(args: argparse.Namespace, data_given: bool) -> Any:
                        "--dropout applies)")
     try:
         opened = open_checkpoint(args.init_from)
-        # loaded in float32 on the CPU; training on the CPU then holds its own copy of the
+        # loaded in float32 on the CPU (train's --dtype is autocast, its --device the run's:
+        # load_opened sees neither); training on the CPU then holds its own copy of the
         # weights, their gradients and AdamW's two moments beside it
         device = config_overrides(args, TrainConfig).get("device", "auto")
         on_cpu = check_device(device).type == "cpu"
         n = sum(p.numel() for p in opened.weights.model.parameters())
         uses = [Use("training's copy of the weights, gradients and AdamW's two moments",
                     elements=4 * n)] if on_cpu else []
-        init = opened.load(force=args.force, uses=uses)
-    except DoesNotFitError as err:  # --dtype is autocast here: the weights stay float32
-        raise CLIError(f"--init_from {args.init_from}: {err.advice(force='--force')}") from None
-    except (OSError, ValueError) as err:
+        init = load_opened(args, opened, uses)
+    except (CLIError, OSError, ValueError) as err:
         raise CLIError(f"--init_from {args.init_from}: {err}") from None
     init.path = Path(args.init_from)
     return init
