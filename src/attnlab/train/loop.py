@@ -422,18 +422,16 @@ class _Run:
         """Tell the callback at once that a stop was asked for, with the last step logged
         (the rows a callback reads all have a step)."""
         step = self.history[-1].get("step", self.start) if self.history else self.start
-        self.log({"step": step, "signal": signal_name}, keep=False)
+        if self.world.main and self.callback is not None:  # no metric: not in the history
+            self.callback({"step": step, "signal": signal_name})
 
-    def log(self, row: dict[str, Any], keep: bool = True) -> None:
-        """Append a metrics row to the history, metrics.jsonl and the callback (rank 0);
-        keep=False: to the callback only (a stop request, which is no metric)."""
-        if keep:
-            self.history.append(row)
+    def log(self, row: dict[str, Any]) -> None:
+        """Append a metrics row to the history, metrics.jsonl and the callback (rank 0)."""
+        self.history.append(row)
         if not self.world.main:
             return
-        if keep:
-            with open(self.metrics_file, "a") as f:
-                f.write(json.dumps(row) + "\n")
+        with open(self.metrics_file, "a") as f:
+            f.write(json.dumps(row) + "\n")
         if self.callback is not None:
             self.callback(row)
 
