@@ -131,6 +131,23 @@ def make_row_major(model: torch.nn.Module) -> None:
 CORPUS = "abcdefghijklmnopqrstuvwxyz ABCDEFGHIJKLMNOPQRSTUVWXYZ.,;:!?'\n0123456789"
 
 
+def byte_fallback_bpe() -> Any:
+    """Llama 2's / Mistral's shape: words with their "▁", every byte as a <0xNN> token for
+    the text the words do not cover."""
+    tk = pytest.importorskip("tokenizers")
+    vocab = {"<unk>": 0, **{f"<0x{b:02X}>": 1 + b for b in range(256)}, "▁": 257, "a": 258,
+             "▁a": 259}
+    backend = tk.Tokenizer(tk.models.BPE(vocab, [("▁", "a")], unk_token="<unk>",
+                                         byte_fallback=True))
+    backend.pre_tokenizer = tk.pre_tokenizers.Metaspace(replacement="▁", prepend_scheme="first")
+    backend.decoder = tk.decoders.Sequence([tk.decoders.Replace("▁", " "),
+                                            tk.decoders.ByteFallback(), tk.decoders.Fuse(),
+                                            tk.decoders.Strip(" ", 1, 0)])
+    from attnlab.tokenizers import HFTokenizer
+
+    return HFTokenizer(backend, name="hf:tokenizer.json")
+
+
 def make_tokenizer() -> Tokenizer:
     """The char tokenizer of CORPUS."""
     return get_tokenizer("char", CORPUS)

@@ -21,6 +21,7 @@ from attnlab.tokenizers import (
 )
 from attnlab.tokenizers.hf_dir import load_hf_tokenizer
 from attnlab.tokenizers.token_bytes import bytes_as_chars, bytes_text
+from helpers import byte_fallback_bpe
 
 CORPUS = "First Citizen:\nBefore we proceed any further, hear me speak.\nAll: Speak, speak!\n"
 
@@ -158,26 +159,11 @@ def test_a_run_directory_names_its_checkpoint_tokenizer_and_a_bad_path_says_so(
         get_tokenizer("bep")
 
 
-def _byte_fallback_bpe() -> HFTokenizer:
-    """Llama 2's / Mistral's shape: words with their "▁", every byte as a <0xNN> token for
-    the text the words do not cover."""
-    tk = pytest.importorskip("tokenizers")
-    vocab = {"<unk>": 0, **{f"<0x{b:02X}>": 1 + b for b in range(256)}, "▁": 257, "a": 258,
-             "▁a": 259}
-    backend = tk.Tokenizer(tk.models.BPE(vocab, [("▁", "a")], unk_token="<unk>",
-                                         byte_fallback=True))
-    backend.pre_tokenizer = tk.pre_tokenizers.Metaspace(replacement="▁", prepend_scheme="first")
-    backend.decoder = tk.decoders.Sequence([tk.decoders.Replace("▁", " "),
-                                            tk.decoders.ByteFallback(), tk.decoders.Fuse(),
-                                            tk.decoders.Strip(" ", 1, 0)])
-    return HFTokenizer(backend, name="hf:tokenizer.json")
-
-
 @pytest.mark.parametrize("kind", ["byte", "bpe", "byte-fallback"])
 def test_a_token_holding_part_of_a_character_is_labelled_by_its_bytes(kind: str) -> None:
     """Labels (inspect, viewer chips, figures) of "日" split over byte tokens read "�",
     "�", "�" (byte fallback) or "�", "", "�" (byte-level BPE: an empty chip)."""
-    tok = {"byte": ByteTokenizer, "byte-fallback": _byte_fallback_bpe,
+    tok = {"byte": ByteTokenizer, "byte-fallback": byte_fallback_bpe,
            "bpe": lambda: HFTokenizer.train(CORPUS, 300)}[kind]()
     ids = tok.encode("a 日 a")
     for labels in (tok.token_texts(ids), tok.pieces(ids)):
@@ -190,7 +176,7 @@ def test_a_completion_after_a_prompt_of_byte_tokens_keeps_its_characters() -> No
     """The prompt's last 8 ids, the context a completion is decoded after, opened inside a
     character: the byte-fallback decoder turned the whole run of byte tokens, the new 日本
     included, into U+FFFD (`generate` printed "�" x 6 after a Japanese prompt)."""
-    tok = _byte_fallback_bpe()
+    tok = byte_fallback_bpe()
     prompt = tok.encode("a 日本語です")  # ▁a, ▁, then 15 byte tokens
     new = [1 + b for b in "日本".encode()] + tok.encode_continuation(" a")
     assert tok.decode_continuation(new, prompt) == "日本 a"
@@ -217,7 +203,7 @@ def test_a_completion_after_a_window_opening_on_a_four_byte_characters_last_byte
     """The 8-id context window opens on the last of 😀's three continuation bytes: it moves
     back all three to the character's first byte, or the byte-fallback decoder turns the
     run into U+FFFD."""
-    tok = _byte_fallback_bpe()
+    tok = byte_fallback_bpe()
     prompt = tok.encode("a 😀bbbbbbb")  # ▁a, ▁, 4 bytes of 😀, 7 byte tokens
     assert len(prompt) == 13 and prompt[5] == 1 + "😀".encode()[3]  # window opens at 5
     new = [1 + b for b in "日本".encode()] + tok.encode_continuation(" a")

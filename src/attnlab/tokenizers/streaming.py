@@ -8,6 +8,7 @@ the ids its steps sample.
 
 from __future__ import annotations
 
+import codecs
 from collections.abc import Iterator, Sequence
 from typing import TYPE_CHECKING
 
@@ -32,26 +33,50 @@ def held_back(text: str, stops: Sequence[str]) -> int:
     return unfinished + start
 
 
-def ends_inside_a_character(tokenizer: Tokenizer, ids: Sequence[int]) -> bool:
-    """Whether `ids` end with the first bytes of a UTF-8 character whose rest never came, so
-    their text's trailing U+FFFD stands for that half character, not for a U+FFFD written
-    whole. Where the tokenizer does not know its tokens' bytes, a trailing U+FFFD is taken
-    for a half character."""
-    tail = b""
-    for i in reversed(ids[-4:]):  # a character has at most 4 bytes
+def _unfinished(tail: bytes) -> int:
+    """How many of `tail`'s last bytes begin a UTF-8 character whose rest is missing (0: it
+    ends on a whole character, or on bytes no byte could complete, like 0xF5, or 0xE0 0x80):
+    the bytes UTF-8's incremental decoder keeps waiting on."""
+    decoder = codecs.getincrementaldecoder("utf-8")("replace")
+    decoder.decode(tail, final=False)
+    return len(decoder.getstate()[0])
+
+
+def half_character(tokenizer: Tokenizer, ids: Sequence[int]) -> tuple[int, bytes]:
+    """Where `ids` end with the first bytes of a character whose rest never came: how many
+    trailing ids hold those bytes, from the start of a character on, and the bytes those ids
+    hold before the half character ((0, b""): no half character). A token whose bytes the
+    tokenizer does not know ("▁the", a word) is text: whole characters."""
+    known: list[bytes] = []
+    for i in reversed(ids):  # a character has at most 4 bytes
         data = tokenizer.token_bytes(i)
-        if data is None:
-            return True
-        tail = data + tail
-        if len(tail) >= 4:
+        if data is None or sum(map(len, known)) >= 4:
             break
-    for k in range(1, min(4, len(tail)) + 1):
-        byte = tail[-k]
-        if byte < 0x80:  # ASCII: whatever came before it, the text does not end inside one
-            return False
-        if byte >= 0xC0:  # a first byte: it announces 2, 3 or 4 bytes, and k of them came
-            return (2 if byte < 0xE0 else 3 if byte < 0xF0 else 4) > k
-    return False
+        known.insert(0, data)
+    k = _unfinished(b"".join(known))
+    if k == 0:
+        return 0, b""
+    cut, held = 0, b""
+    while len(held) < k or (cut < len(known) and 0x80 <= held[0] < 0xC0):
+        # the ids holding the k bytes, then back to a character's first byte (a token can
+        # end one character and start the next)
+        cut += 1
+        held = known[-cut] + held
+    return cut, held[:-k]
+
+
+def settled_text(tokenizer: Tokenizer, ids: Sequence[int], context: Sequence[int]) -> str:
+    """A row's final text once its ids have ended: decoded as it continues `context`, less
+    a half character its last ids left unfinished. That half decodes as one U+FFFD or, in a
+    byte-fallback decoder (Llama 2, Mistral), turns its whole run of byte tokens into one
+    U+FFFD per byte: so the ids holding it are decoded without it, and a U+FFFD standing for
+    bytes no later byte could complete (or written whole) is kept, as `decode` shows it."""
+    text = tokenizer.decode_continuation(ids, context)
+    cut, before = half_character(tokenizer, ids) if text.endswith("\ufffd") else (0, b"")
+    if cut == 0:
+        return text
+    return (tokenizer.decode_continuation(ids[:len(ids) - cut], context)
+            + before.decode("utf-8", errors="replace"))
 
 
 def first_stop(text: str, stops: Sequence[str], emitted: int) -> int | None:
@@ -59,11 +84,6 @@ def first_stop(text: str, stops: Sequence[str], emitted: int) -> int | None:
     could begin that was not there before the `emitted` characters were yielded."""
     hits = [i for i in (text.find(s, max(0, emitted - len(s))) for s in stops) if i >= 0]
     return min(hits) if hits else None
-
-
-def _settled(text: str, tokenizer: Tokenizer, ids: Sequence[int]) -> int:
-    """The length of a row's final text once its ids have ended: a half character dropped."""
-    return len(text.rstrip("\ufffd")) if ends_inside_a_character(tokenizer, ids) else len(text)
 
 
 class TextPieces(Iterator[list[str]]):
@@ -106,9 +126,11 @@ class TextPieces(Iterator[list[str]]):
                     # not in a trailing U+FFFD: it may be half a character still arriving
                     end = first_stop(text.rstrip("\ufffd"), stops, emitted[b])
                     done[b] = end is not None
-                if end is None:  # an ended row drops a character its last token left unfinished
-                    end = _settled(text, tokenizer, ids[b]) if done[b] else (
-                        len(text) - held_back(text, stops))
+                if end is None and done[b]:  # less a character its last ids left unfinished
+                    text = settled_text(tokenizer, ids[b], prompts[b])
+                    end = len(text)
+                elif end is None:
+                    end = len(text) - held_back(text, stops)
                 pieces[b] = text[emitted[b]:end]
                 emitted[b] = max(emitted[b], end)
             yield pieces
@@ -118,8 +140,7 @@ class TextPieces(Iterator[list[str]]):
         tail = [""] * B
         for b in range(B):
             if not done[b]:
-                text = decode(b)
-                text = text[:_settled(text, tokenizer, ids[b])]
+                text = settled_text(tokenizer, ids[b], prompts[b])
                 end = first_stop(text, stops, emitted[b])  # a stop a U+FFFD written whole ends
                 tail[b] = text[emitted[b]:end]
         if any(tail):
