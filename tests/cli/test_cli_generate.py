@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import json
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -379,3 +380,47 @@ def test_counts_of_one_are_singular(tmp_path: Path, capsys: pytest.CaptureFixtur
     assert "[1 new token in " in capsys.readouterr().err
     assert main(["inspect", str(path), "t", "--out", str(tmp_path / "fig")]) == 0
     assert "text     1 token: 't'" in capsys.readouterr().out
+
+
+@pytest.fixture
+def hf_dir(tmp_path: Path) -> Path:
+    pytest.importorskip("tokenizers")
+    from attnlab.hf import save_hf_gpt2
+
+    tokenizer = get_tokenizer("bpe:300", TEXT * 20)
+    return save_hf_gpt2(tmp_path / "hf", _model_and_tokenizer(tokenizer), tokenizer)
+
+
+def test_a_model_directorys_generation_config_sets_the_sampling_flags_not_given(
+    hf_dir: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """As transformers' generate() reads generation_config.json: do_sample false is greedy,
+    do_sample true samples with its temperature, top_k and top_p (transformers' defaults
+    where it leaves one out: 1.0, 50, 1.0); a flag given wins; without do_sample, attnlab's
+    own default (temperature 0.8)."""
+    def run(*flags: str, config: dict[str, Any] | None = None) -> tuple[str, str]:
+        (hf_dir / "generation_config.json").write_text(json.dumps(config or {}))
+        assert main(["generate", str(hf_dir), "the", "--max-new-tokens", "12", "--seed", "3",
+                     *flags]) == 0
+        captured = capsys.readouterr()
+        return captured.out, captured.err
+
+    greedy, _ = run("--temperature", "0")
+    out, err = run(config={"do_sample": False, "temperature": 0.6})
+    assert out == greedy and "[sampling: greedy, from generation_config.json" in err
+    sampled, _ = run("--temperature", "1.3", "--top-k", "50", "--top-p", "0.9")
+    assert sampled != greedy
+    out, err = run(config={"do_sample": True, "temperature": 1.3, "top_p": 0.9,
+                           "repetition_penalty": 1.1})
+    assert out == sampled
+    assert "temperature 1.3, top_k 50, top_p 0.9, from generation_config.json" in err
+    assert "repetition_penalty 1.1; attnlab samples with temperature" in err
+    assert run("--temperature", "1.3", config={"do_sample": False})[0] == run(
+        "--temperature", "1.3")[0] != greedy  # the flag wins over do_sample false
+    assert run(config={"temperature": 0.1})[0] == run("--temperature", "0.8")[0]
+    out, err = run("--top-p", "0.5", config={"do_sample": False})
+    assert out == greedy and "temperature 0 is greedy: --top-k and --top-p do nothing" in err
+    (hf_dir / "generation_config.json").write_text(json.dumps({"do_sample": True,
+                                                               "top_p": 1.5}))
+    assert main(["generate", str(hf_dir), "the", "--max-new-tokens", "2"]) == 1
+    assert "generation_config.json's top_p 1.5 must be in" in capsys.readouterr().err

@@ -48,7 +48,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
     add_checkpoint_argument(parser)
     parser.add_argument(
         "prompt", nargs="?", default=None,
-        help="text to continue (empty: start from end-of-text, if the tokenizer has it)",
+        help="text to continue (empty: start from the tokenizer's begin- or end-of-text)",
     )
     parser.add_argument(
         "--prompt-file",
@@ -59,14 +59,16 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
         help="tokens to add (default: 200, or as many as the context has room for)",
     )
     parser.add_argument(
-        "--temperature", type=float, default=0.8, help="0 = greedy (default 0.8)"
+        "--temperature", type=float,
+        help="0 = greedy, which ignores --top-k and --top-p (default 0.8, or what the "
+        "model directory's generation_config.json sets: see docs/generate.md)",
     )
     parser.add_argument(
-        "--top-k", type=int, default=0,
+        "--top-k", type=int,
         help="sample among the k most likely tokens (default 0: all)",
     )
     parser.add_argument(
-        "--top-p", type=float, default=1.0,
+        "--top-p", type=float,
         help="nucleus sampling: smallest set of tokens holding this mass (default 1: all)",
     )
     parser.add_argument("--seed", type=int, help="same seed, same text")
@@ -192,6 +194,7 @@ def run(args: argparse.Namespace) -> int:
     _check_flags(args)
     shown = _read_prompts(args)  # what the user wrote: echoed before each completion
     opened = open_model(args)  # config and tokenizer: the request is checked before the load
+    _sampling(args, opened.path)
     tokenizer = opened.tokenizer
     prompts = _chat_prompts(tokenizer, shown, args) if args.chat else shown
     lengths = _prompt_lengths(args, tokenizer, prompts)
@@ -278,20 +281,66 @@ def _check_flags(args: argparse.Namespace) -> None:
                        f"{device_of(args)} use --dtype float16 or bfloat16 instead")
 
 
-def _check_sampling(args: argparse.Namespace) -> None:
+def _check_sampling(args: argparse.Namespace, source: str = "--") -> None:
     """--max-new-tokens, --temperature, --top-k and --top-p, checked as GenerationConfig checks
-    them; its message names the field (`top_k=-1 must be ...`), this one the flag."""
+    them; its message names the field (`top_k=-1 must be ...`), this one the flag (or, with
+    `source`, the file a value came from). A flag not given is checked at its default."""
     from ..generate import GenerationConfig
 
     given = {"max_new_tokens": 1 if args.max_new_tokens is None else args.max_new_tokens,
-             "temperature": args.temperature, "top_k": args.top_k, "top_p": args.top_p}
+             **{name: value for name in SAMPLING
+                if (value := getattr(args, name)) is not None}}
     try:
         GenerationConfig(**given)
     except ValueError as err:
         field, _, rest = str(err).partition("=")
         if field not in given:
             raise
-        raise CLIError(f"--{field.replace('_', '-')} {rest}") from None
+        name = f"--{field.replace('_', '-')}" if source == "--" else f"{source}'s {field}"
+        raise CLIError(f"{name} {rest}") from None
+
+
+#: the sampling flags and their defaults where neither they nor the model directory say
+SAMPLING = {"temperature": 0.8, "top_k": 0, "top_p": 1.0}
+#: what transformers' generate() samples with where a generation_config.json that sets
+#: do_sample leaves a field out (GenerationConfig's defaults)
+HF_SAMPLING = {"temperature": 1.0, "top_k": 50, "top_p": 1.0}
+
+
+def _sampling(args: argparse.Namespace, directory: Path) -> None:
+    """Fill the sampling flags not given: from the directory's generation_config.json where
+    it sets do_sample (as transformers' generate() reads it: do_sample false is greedy), else
+    SAMPLING. Says on stderr where the values came from, and what the file asks that attnlab
+    does not do (a repetition penalty)."""
+    from ..tokenizers.hf_dir import GENERATION_CONFIG, read_json
+
+    path = directory / GENERATION_CONFIG
+    try:
+        shipped = read_json(path)
+    except ValueError as err:
+        raise CLIError(f"{err}; fix or remove it") from None
+    given = [name for name in SAMPLING if getattr(args, name) is not None]
+    do_sample = shipped.get("do_sample")
+    if isinstance(do_sample, bool) and len(given) < len(SAMPLING):
+        taken = {"temperature": 0.0} if not do_sample else {
+            name: shipped.get(name, HF_SAMPLING[name]) for name in SAMPLING}
+        for name, value in taken.items():
+            if getattr(args, name) is None:
+                setattr(args, name, value)
+        _check_sampling(args, source=str(path))
+        said = "greedy" if args.temperature == 0 else ", ".join(
+            f"{name} {getattr(args, name)}" for name in SAMPLING)
+        print(f"[sampling: {said}, from {GENERATION_CONFIG} where no flag says; flags "
+              "override]", file=sys.stderr)
+    for name, value in SAMPLING.items():
+        if getattr(args, name) is None:
+            setattr(args, name, value)
+    penalty = shipped.get("repetition_penalty")
+    if isinstance(penalty, (int, float)) and penalty != 1:
+        print(f"[{GENERATION_CONFIG} asks for repetition_penalty {penalty}; attnlab samples "
+              "with temperature, top-k and top-p only, so it is not applied]", file=sys.stderr)
+    if args.temperature == 0 and ("top_k" in given or "top_p" in given):
+        print("[temperature 0 is greedy: --top-k and --top-p do nothing]", file=sys.stderr)
 
 
 def _load_model(args: argparse.Namespace, opened: Any, rows: int, length: int) -> Any:
