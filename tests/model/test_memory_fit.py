@@ -175,3 +175,35 @@ def test_the_refusal_is_public_api_beside_the_loaders_that_raise_it() -> None:
 
     assert attnlab.DoesNotFitError is attnlab.model.DoesNotFitError is DoesNotFitError
     assert "DoesNotFitError" in attnlab.__all__ and "DoesNotFitError" in attnlab.model.__all__
+
+
+def test_a_use_held_a_piece_at_a_time_counts_at_most_its_piece(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """An export's shard: the whole model's elements where it is smaller, `most` where not,
+    in any dtype."""
+    shard = Use("the shard being written", elements=1000, most=3000)
+    assert shard.bytes_in(torch.float32) == 3000 and shard.bytes_in(torch.bfloat16) == 2000
+    _free(monkeypatch, 1000 * 4 + 3000)
+    check_memory(1000, torch.float32, "cpu", uses=[shard])
+    with pytest.raises(DoesNotFitError, match=r"the shard being written 3\.0 kB more"):
+        check_memory(1000, torch.float32, "cpu", extra=1, uses=[shard])
+
+
+def test_a_use_that_alone_does_not_fit_is_named_with_its_fix(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Where the model alone fits, the refusal says so and how the caller holds less beside
+    it (each fix once), and does not send the user to a smaller model."""
+    trace = Use("the traced weights", elements=2000, fix="a shorter text")
+    json_text = Use("attention.json", nbytes=9000, fix="a shorter text")
+    _free(monkeypatch, 1000 * 4 + 100)
+    with pytest.raises(DoesNotFitError) as err:
+        check_memory(1000, torch.float32, "cpu", uses=[trace, json_text])
+    said = err.value.advice(dtype="--dtype bfloat16", force="--force")
+    assert "; the model alone fits (4.0 kB); to hold less beside it: a shorter text; " in said
+    assert said.count("a shorter text") == 1
+    assert "smaller model" not in said and said.endswith("--force tries anyway")
+    _free(monkeypatch, 1000 * 4 - 1)  # the model alone does not fit: the usual advice
+    with pytest.raises(DoesNotFitError) as err:
+        check_memory(1000, torch.float32, "cpu", uses=[trace, json_text])
+    assert "alone fits" not in str(err.value) and "a shorter text" not in str(err.value)
+

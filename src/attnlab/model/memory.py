@@ -3,7 +3,7 @@ line that says so before a load starts instead of the out-of-memory killer after
 
 `check_memory` is what loaders call with the bytes they are about to allocate: the weights,
 the largest tensor read on the way, and what the caller will allocate beside the model
-(`Use`: a generation's KV cache, an export's copy of the weights); `fit_report` is what
+(`Use`: a generation's KV cache, the shard an export writes); `fit_report` is what
 `attnlab info` prints for every dtype. Free memory on the CPU is the least of the kernel's
 MemAvailable, what the container's memory limit leaves (cgroup v2 or v1) and what the
 process's address-space limit leaves (RLIMIT_AS: `ulimit -v`, `prlimit --as`); on a GPU
@@ -32,15 +32,21 @@ API_DTYPE, API_FORCE = "dtype=torch.bfloat16", "force=True"
 @dataclass(frozen=True)
 class Use:
     """Memory a caller allocates beside the model's weights, counted by the fit check:
-    `elements` in the model's dtype (a KV cache, a copy of the weights) plus `nbytes`
-    whatever the dtype (float16 packed matrices)."""
+    `elements` in the model's dtype (a KV cache, traced activations) plus `nbytes` whatever
+    the dtype (float16 packed matrices), at `most` bytes where it is held a piece at a time
+    (an export's shards). `fix`: how the caller holds less of it, in its own words (a
+    command's flags), for the refusal to say when this use, not the model, is what does not
+    fit."""
 
     what: str  # "the KV cache for 4 rows of 1,024 positions"
     elements: int = 0
     nbytes: int = 0
+    most: int | None = None
+    fix: str = ""  # "a shorter text, or fewer layers (--layer)"
 
     def bytes_in(self, dtype: torch.dtype) -> int:
-        return self.elements * dtype.itemsize + self.nbytes
+        total = self.elements * dtype.itemsize + self.nbytes
+        return total if self.most is None else min(total, self.most)
 
 
 @dataclass(frozen=True)
@@ -54,6 +60,7 @@ class Shortfall:
     extra: int  # the largest tensor, read on the way
     needed: int  # bytes in `dtype`: weights, extra and uses
     half: int | None  # the same in bfloat16, where `dtype` is wider
+    fixes: tuple[str, ...] = ()  # the uses' own fixes, where the model alone fits
 
 
 class DoesNotFitError(ValueError):
@@ -71,6 +78,9 @@ class DoesNotFitError(ValueError):
         `force` (how to skip the check) where the caller has them, None where not."""
         s = self.shortfall
         parts = [s.needs]
+        if s.fixes:  # the model alone fits: what the caller holds beside it is the cause
+            parts.append(f"the model alone fits ({gb(s.params * s.dtype.itemsize + s.extra)}); "
+                         f"to hold less beside it: {'; or '.join(s.fixes)}")
         halves = s.half is not None and dtype is not None
         if halves and s.half is not None and s.half <= s.free:
             parts.append(f"in bfloat16 it needs {gb(s.half)}, which fits: {dtype}")
@@ -81,8 +91,8 @@ class DoesNotFitError(ValueError):
                             else (s.needed, _name(s.dtype)))
             # the uses (a KV cache, a copy) grow with the model as its weights do
             fits = params_text(max(s.free - s.extra, 0) * s.params // max(target - s.extra, 1))
-            parts.append(f"use a device with {gb(target)} free or a smaller model (about "
-                         f"{fits} parameters fit here in {name})")
+            parts.append(f"use a device with {gb(target)} free" + ("" if s.fixes else
+                         f" or a smaller model (about {fits} parameters fit here in {name})"))
         if force is not None:
             parts.append(f"{force} tries anyway")
         return "; ".join(parts)
@@ -199,9 +209,11 @@ def check_memory(params: int, dtype: torch.dtype, device: str | torch.device, *,
         needs += "".join(f", {use.what} {gb(use.bytes_in(dtype))} more" for use in uses)
         needs += f": {gb(needed)} in all,"
     half = params * 2 + extra + sum(use.bytes_in(torch.bfloat16) for use in uses)
+    alone = params * dtype.itemsize + extra <= free
+    fixes = tuple(dict.fromkeys(use.fix for use in uses if use.fix)) if alone else ()
     raise DoesNotFitError(Shortfall(
         needs=f"{needs} but {where} {gb(free)} free", free=free, params=params, dtype=dtype,
-        extra=extra, needed=needed, half=half if dtype.itemsize > 2 else None))
+        extra=extra, needed=needed, half=half if dtype.itemsize > 2 else None, fixes=fixes))
 
 
 def fit_report(params: int, device: str | torch.device = "cpu", extra: int = 0,
