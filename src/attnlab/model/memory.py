@@ -3,21 +3,30 @@ line that says so before a load starts instead of the out-of-memory killer after
 
 `check_memory` is what loaders call with the bytes they are about to allocate: the weights,
 the largest tensor read on the way, and what the caller will allocate beside the model
-(`Use`: a generation's KV cache, the shard an export writes); `fit_report` is what
-`attnlab info` prints for every dtype. Free memory on the CPU is the least of the kernel's
-MemAvailable, what the container's memory limit leaves (cgroup v2 or v1) and what the
-process's address-space limit leaves (RLIMIT_AS: `ulimit -v`, `prlimit --as`); on a GPU
-`torch.cuda.mem_get_info`; elsewhere (MPS) it is unknown and nothing is refused.
+(`Use`: a generation's KV cache, the shard an export writes, what `inspect` traces and
+writes); `fit_report` is what `attnlab info` prints for every dtype. Free memory on the CPU
+is the least of the kernel's MemAvailable, what the container's memory limit leaves (cgroup
+v2 or v1) and what the process's address-space limit leaves (RLIMIT_AS: `ulimit -v`,
+`prlimit --as`); on a GPU `torch.cuda.mem_get_info`; elsewhere (MPS) it is unknown and
+nothing is refused.
 """
 
 from __future__ import annotations
 
+import math
 import os
-from collections.abc import Sequence
+import re
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
+
+from .names import MODEL_NAMES, NAMES, WEIGHT_NAMES, absent_names
+
+if TYPE_CHECKING:
+    from .config import GPTConfig
 
 #: the dtypes a command can load a model in (the CLI's --dtype choices), as users name them;
 #: the API also takes float64 (`materialize.load_dtype`)
@@ -214,6 +223,34 @@ def check_memory(params: int, dtype: torch.dtype, device: str | torch.device, *,
     raise DoesNotFitError(Shortfall(
         needs=f"{needs} but {where} {gb(free)} free", free=free, params=params, dtype=dtype,
         extra=extra, needed=needed, half=half if dtype.itemsize > 2 else None, fixes=fixes))
+
+
+def trace_use(config: GPTConfig, tokens: int, names: Iterable[str], *, layers: int,
+              heads: int, rows: int | None = None, fix: str = "") -> Use:
+    """What a `Trace` of `names` keeps over `layers` layers and `heads` query heads for one
+    text of `tokens` tokens (`rows` query rows of the scores and weights; None: every one),
+    in the model's dtype, and the traced layer's working copies of its raw, masked and
+    softmaxed scores while the forward runs: for a load's fit check (`fix` as `Use`'s). Each
+    name's size is read from its shape in `names.NAMES`; names the model never computes
+    count nothing."""
+    absent = absent_names(config)
+    kept = [n for n in dict.fromkeys(names) if n not in absent]
+    R = tokens if rows is None else min(rows, tokens)
+    sizes = {"B": 1, "nh": heads, "nkv": min(heads, config.n_kv_heads), "T": tokens,
+             "S": tokens, "hs": config.head_size, "C": config.n_embd,
+             "d_ff": config.d_ff or 4 * config.n_embd, "V": config.vocab_size}
+    elements = 0
+    for name in kept:
+        dims = re.match(r"\(([^)]*)\)", NAMES[name])
+        assert dims is not None, f"names.NAMES[{name!r}] opens with its shape"
+        shape = [R if name in WEIGHT_NAMES and i == 2 else sizes[d]
+                 for i, d in enumerate(dims.group(1).split(", "))]
+        elements += math.prod(shape) * (1 if name in MODEL_NAMES else layers)
+    if set(kept) & WEIGHT_NAMES:  # summaries alone are made in tiles: no (T, S) at all
+        elements += 3 * heads * R * tokens
+    shown = ", ".join(kept[:3]) + (f" and {len(kept) - 3} more" if len(kept) > 3 else "")
+    return Use(f"the traced {shown} of {layers} layer{'s' * (layers != 1)} x {heads} "
+               f"head{'s' * (heads != 1)} over {tokens:,} tokens", elements=elements, fix=fix)
 
 
 def fit_report(params: int, device: str | torch.device = "cpu", extra: int = 0,
