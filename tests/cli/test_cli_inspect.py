@@ -112,3 +112,40 @@ def test_what_with_the_page_alone_is_refused(
         "alone; add a figure format (--format html,png) or drop --what\n")
     assert not any(tmp_path.iterdir())
 
+
+
+def test_an_inspect_that_cannot_hold_its_trace_is_refused_before_the_load(
+        checkpoint: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    """The fit check counted the weights alone: a long text's (T, T) attention weights per
+    layer and head, and attention.json's and the figures' copies of them, passed it and
+    then ran out of memory. They are counted, the refusal comes before a tensor is read,
+    and it names the cause and inspect's own ways out; a smaller selection still runs."""
+    import attnlab.model.materialize as materialize
+    import attnlab.model.memory as memory
+    from attnlab.load import open_checkpoint
+
+    weights = open_checkpoint(checkpoint).weights
+    model_bytes = weights.model.num_params(non_embedding=False) * 4 + weights.files.largest()
+    monkeypatch.setattr(memory, "available_bytes", lambda device: model_bytes + 200_000)
+    loads: list[int] = []
+    real = materialize.materialize
+    monkeypatch.setattr(materialize, "materialize",
+                        lambda *args, **kwargs: loads.append(1) or real(*args, **kwargs))
+    text = "the quick brown fox jumps over"  # 30 tokens of 32
+    flags = ["--out", str(tmp_path / "out"), "--device", "cpu"]
+    c = weights.config
+    assert main(["inspect", str(checkpoint), text, *flags, "--what", "grid"]) == 1
+    err = capsys.readouterr().err
+    assert not loads and not (tmp_path / "out").exists()
+    assert (f"the traced attn_weights of {c.n_layer} layers x {c.n_head} heads over 30 tokens"
+            in err)
+    n = c.n_layer * c.n_head * 30 * 30
+    assert f"attention.json's and the figures' copies of its {n:,} weights" in err
+    assert ("the model alone fits" in err and "a shorter text, fewer layers or heads "
+            "(--layer, --head), --what row (one query's weights), or --summary" in err)
+    assert "smaller model" not in err and err.rstrip().endswith("--force tries anyway")
+    # 2 x 2 heads of 30 x 30 weights: 360 kB in attention.json and the grid; one head's fit
+    for fewer in (["--what", "grid", "--layer", "0", "--head", "0"], ["--summary"]):
+        assert main(["inspect", str(checkpoint), text, *flags, *fewer]) == 0
+        assert loads

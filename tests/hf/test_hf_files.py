@@ -454,7 +454,8 @@ def test_export_writes_bfloat16_and_its_refusal_names_its_own_flags(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """export had no --dtype or --force, yet its refusal told users to pass them; and it
-    holds a copy of the weights beside the model (save_hf), which the check now counts."""
+    holds a shard of the weights beside the model (save_hf), which the check counts: here
+    the whole model, smaller than one shard."""
     from safetensors import safe_open
 
     import attnlab.model.memory as memory
@@ -469,7 +470,8 @@ def test_export_writes_bfloat16_and_its_refusal_names_its_own_flags(
     assert main(["export", str(tmp_path / "hf"), str(tmp_path / "out")]) == 1
     err = capsys.readouterr().err
     assert f"the model needs {memory.gb(params * 4 + largest)} in float32" in err
-    assert "the copy of the weights written out" in err
+    assert f"the shard being written (--max_shard_size) {memory.gb(params * 4)} more" in err
+    assert "the model alone fits" in err and "a smaller --max_shard_size" in err
     assert err.rstrip().endswith("which fits: --dtype bfloat16; --force tries anyway"), err
     assert main(["export", str(tmp_path / "hf"), str(tmp_path / "out"), "--dtype",
                  "bfloat16"]) == 0

@@ -175,3 +175,74 @@ def test_the_refusal_is_public_api_beside_the_loaders_that_raise_it() -> None:
 
     assert attnlab.DoesNotFitError is attnlab.model.DoesNotFitError is DoesNotFitError
     assert "DoesNotFitError" in attnlab.__all__ and "DoesNotFitError" in attnlab.model.__all__
+
+
+def test_a_use_held_a_piece_at_a_time_counts_at_most_its_piece(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """An export's shard: the whole model's elements where it is smaller, `most` where not,
+    in any dtype."""
+    shard = Use("the shard being written", elements=1000, most=3000)
+    assert shard.bytes_in(torch.float32) == 3000 and shard.bytes_in(torch.bfloat16) == 2000
+    _free(monkeypatch, 1000 * 4 + 3000)
+    check_memory(1000, torch.float32, "cpu", uses=[shard])
+    with pytest.raises(DoesNotFitError, match=r"the shard being written 3\.0 kB more"):
+        check_memory(1000, torch.float32, "cpu", extra=1, uses=[shard])
+
+
+def test_a_use_that_alone_does_not_fit_is_named_with_its_fix(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Where the model alone fits, the refusal says so and how the caller holds less beside
+    it (each fix once), and does not send the user to a smaller model."""
+    trace = Use("the traced weights", elements=2000, fix="a shorter text")
+    json_text = Use("attention.json", nbytes=9000, fix="a shorter text")
+    _free(monkeypatch, 1000 * 4 + 100)
+    with pytest.raises(DoesNotFitError) as err:
+        check_memory(1000, torch.float32, "cpu", uses=[trace, json_text])
+    said = err.value.advice(dtype="--dtype bfloat16", force="--force")
+    assert "; the model alone fits (4.0 kB); to hold less beside it: a shorter text; " in said
+    assert said.count("a shorter text") == 1
+    assert "smaller model" not in said and said.endswith("--force tries anyway")
+    _free(monkeypatch, 1000 * 4 - 1)  # the model alone does not fit: the usual advice
+    with pytest.raises(DoesNotFitError) as err:
+        check_memory(1000, torch.float32, "cpu", uses=[trace, json_text])
+    assert "alone fits" not in str(err.value) and "a shorter text" not in str(err.value)
+
+
+@pytest.mark.parametrize("names, heads, rows", [
+    (["attn_weights"], [0, 1, 2, 3], None),
+    (["attn_scores", "masked_scores", "attn_weights"], [1, 3], None),
+    (["attn_weights"], [2], [-1]),
+    (["q", "k", "v", "context", "tok_emb", "pos_emb", "emb"], [0, 1, 2, 3], None),
+    (["resid_pre", "mlp_pre", "mlp_hidden", "block_out", "logits"], [0], None),
+    (["attn_entropy", "attn_sink", "attn_distance", "attn_max", "attn_received"], [0, 2], None),
+])
+def test_a_traces_use_is_what_the_trace_keeps(names: list[str], heads: list[int],
+                                              rows: list[int] | None) -> None:
+    """trace_use reads each name's shape from names.NAMES: the bytes it counts are the
+    bytes a real trace keeps, plus a layer's three (T, S) working copies where the trace
+    needs attention's explicit path."""
+    from attnlab import GPT, GPTConfig
+    from attnlab.model.memory import trace_use
+    from attnlab.model.trace import Trace
+
+    config = GPTConfig(vocab_size=37, block_size=32, n_layer=3, n_head=4, n_embd=16)
+    model = GPT(config).eval()
+    T, layers = 20, [0, 2]
+    trace = Trace(layers=layers, heads=heads, names=names, rows=rows).run(
+        model, torch.randint(0, 37, (1, T)))
+    use = trace_use(config, T, names, layers=len(layers), heads=len(heads),
+                    rows=None if rows is None else len(rows))
+    R = T if rows is None else len(rows)
+    working = 3 * len(heads) * R * T if {"attn_scores", "attn_weights"} & set(names) else 0
+    assert use.bytes_in(torch.float32) == trace.nbytes() + 4 * working
+    assert use.bytes_in(torch.bfloat16) == (trace.nbytes() + 4 * working) // 2
+    assert f"of 2 layers x {len(heads)} head" in use.what and "over 20 tokens" in use.what
+
+
+def test_a_traces_use_counts_nothing_for_names_the_model_never_computes() -> None:
+    from attnlab import GPTConfig
+    from attnlab.model.memory import trace_use
+
+    rope = GPTConfig(vocab_size=37, block_size=32, n_layer=2, n_head=2, n_embd=16, pos="rope")
+    assert trace_use(rope, 10, ["pos_emb"], layers=2, heads=2).elements == 0
+    assert trace_use(rope, 10, ["tok_emb"], layers=2, heads=2).elements == 10 * 16

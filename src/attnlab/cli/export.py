@@ -1,15 +1,18 @@
 """`attnlab export CHECKPOINT OUT [--family NAME] [--dtype bfloat16]`: write a checkpoint as a
 Hugging Face model directory (config.json, model.safetensors, tokenizer.json) that
 transformers' `AutoModelForCausalLM.from_pretrained(OUT)` and every attnlab command load.
-The weights are written in the dtype they were loaded in (--dtype).
+The weights are written in the dtype they were loaded in (--dtype), in shards of at most
+--max_shard_size (model-00001-of-0000N.safetensors and model.safetensors.index.json) where
+they do not fit in one: the export holds one shard beside the model while it writes.
 """
 
 from __future__ import annotations
 
 import argparse
+import re
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from .common import (
     DTYPES,
@@ -20,9 +23,16 @@ from .common import (
     open_model,
 )
 
+if TYPE_CHECKING:
+    from ..model.memory import Use
+
 # hf.FAMILIES' names, listed here so `attnlab --help` imports nothing heavy (a test holds them
 # equal)
 FAMILY_NAMES = ("gpt2", "llama", "mistral", "qwen2", "qwen3", "gpt_neox")
+#: --max_shard_size's units, as huggingface_hub reads them ("5GB" is 5 * 10**9 bytes)
+UNITS = {"": 1, "B": 1, "KB": 10**3, "MB": 10**6, "GB": 10**9, "TB": 10**12,
+         "KIB": 2**10, "MIB": 2**20, "GIB": 2**30, "TIB": 2**40}
+DEFAULT_SHARD = "5GB"  # hf.MAX_SHARD_SIZE, written as users write it (a test holds them equal)
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
@@ -46,14 +56,37 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
         help="the dtype the weights are loaded and written in: bfloat16 halves the memory "
         "and the files, and loses nothing for a directory stored in bfloat16 (most hub "
         "models); float32 keeps a float32 checkpoint exact (default float32)")
+    parser.add_argument(
+        "--max_shard_size", type=shard_size, default=shard_size(DEFAULT_SHARD), metavar="SIZE",
+        help="the largest weight file to write, e.g. 5GB, 500MB or 2GiB: a model larger than "
+        "that is written as Hugging Face's shards, made and written one at a time, so the "
+        f"export holds one shard beside the model (default {DEFAULT_SHARD})")
     add_force_flag(parser)
     return parser
 
 
+def shard_size(text: str) -> int:
+    """--max_shard_size in bytes: a whole number with an optional unit (UNITS)."""
+    match = re.fullmatch(r"\s*(\d+)\s*([a-zA-Z]*)\s*", text)
+    unit = match.group(2).upper() if match else ""
+    if match is None or unit not in UNITS or int(match.group(1)) * UNITS[unit] < 1:
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is not a size; write a positive whole number and a unit, e.g. 5GB, "
+            "500MB or 2GiB")
+    return int(match.group(1)) * UNITS[unit]
+
+
 def run(args: argparse.Namespace) -> int:
     from ..checkpoint import find_checkpoint
-    from ..hf import family_for_config, is_hf_dir, read_hf_config, save_hf
-    from ..model.memory import Use
+    from ..hf import (
+        FAMILY_BY_NAME,
+        SHARD_FILE,
+        config_to_hf,
+        family_for_config,
+        is_hf_dir,
+        read_hf_config,
+        save_hf,
+    )
 
     out = Path(args.out)
     if find_checkpoint(out / "ckpt") is not None or (out / "ckpt").exists():
@@ -71,16 +104,18 @@ def run(args: argparse.Namespace) -> int:
     began = time.perf_counter()
     before = {p.name: p.stat().st_mtime_ns for p in out.iterdir()} if out.is_dir() else {}
     opened = open_model(args)
-    # save_hf writes a contiguous copy of every tensor (hf registry: WeightMap.to_hf), held
-    # with the model until the file is written
-    copy = Use("the copy of the weights written out",
-               elements=opened.weights.model.num_params(non_embedding=False))
-    ckpt = load_opened(args, opened, [copy])
-    family = args.family or _source_family(ckpt) or family_for_config(ckpt.model.config).name
-    save_hf(out, ckpt.model, ckpt.tokenizer, family=family)
+    family = args.family or _source_family(opened.meta, opened.config) or \
+        family_for_config(opened.config).name
+    config_to_hf(opened.config, family=FAMILY_BY_NAME[family])  # one it cannot express: now
+    ckpt = load_opened(args, opened, [_shard_use(opened, family, args.max_shard_size)])
+    save_hf(out, ckpt.model, ckpt.tokenizer, family=family, max_shard_size=args.max_shard_size)
     architecture = read_hf_config(out)["architectures"][0]
     files = sorted(p.name for p in out.iterdir()  # what this export wrote, not OUT's others
                    if p.is_file() and before.get(p.name) != p.stat().st_mtime_ns)
+    shards = [name for name in files if SHARD_FILE.fullmatch(name)]
+    if len(shards) > 2:  # one line however many: the first and last name the count
+        files = [name for name in files if name not in shards[1:-1]]
+        files[files.index(shards[0])] += " ..."
     print(f"wrote    {out}/ as {architecture} ({family}) in "
           f"{time.perf_counter() - began:.1f} s: {', '.join(files)}")
     print(f"next     attnlab info {out}\n"
@@ -88,13 +123,26 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def _source_family(ckpt: Any) -> str | None:
+def _shard_use(opened: Any, family: str, max_shard_size: int) -> Use:
+    """What save_hf holds beside the model while it writes: one shard's tensors (those laid
+    out as Hugging Face's own: transposed, or q/k/v joined), never more than the model's
+    weights; a tensor larger than a shard is a shard of its own."""
+    from ..hf import hf_layout
+    from ..model.memory import Use
+
+    numels = [t.numel() for t in hf_layout(opened.weights.model, family).values()]
+    # `most` in float32 bytes: no fewer than any dtype's, so the bfloat16 advice is safe too
+    return Use("the shard being written (--max_shard_size)", elements=sum(numels),
+               most=max(max_shard_size, 4 * max(numels, default=0)),
+               fix="a smaller --max_shard_size")
+
+
+def _source_family(meta: dict[str, Any], config: Any) -> str | None:
     """The family the checkpoint came from (a Hugging Face directory, or a fine-tune of one:
     meta "family") where it still expresses the model: a Mistral without a window stays a
     Mistral, not the first family that fits (Llama)."""
     from ..hf import FAMILY_BY_NAME
 
-    name = ckpt.meta.get("family")
+    name = meta.get("family")
     family = FAMILY_BY_NAME.get(name) if isinstance(name, str) else None
-    return name if family is not None and not family.misfits(ckpt.model.config) else None
-
+    return name if family is not None and not family.misfits(config) else None

@@ -15,7 +15,7 @@ import os
 import shutil
 import sys
 import tempfile
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -26,7 +26,9 @@ from .common import (
     check_out,
     count,
     cpu_memory_errors,
-    load_model,
+    device_of,
+    load_opened,
+    open_model,
     out_of_memory,
     text_ids,
 )
@@ -125,6 +127,7 @@ def _pick(given: list[int] | None, n: int, flag: str) -> list[int]:
 def run(args: argparse.Namespace) -> int:
     import torch
 
+    from ..interp.heads import SUMMARY_MEANS
     from ..model.trace import Trace
 
     kinds = parse_what(args.what)
@@ -142,23 +145,27 @@ def run(args: argparse.Namespace) -> int:
                            "drop --what")
         kinds = []  # only the page (and attention.json)
     out = check_out(args.out)
-    ckpt = load_model(args)
-    model, tok = ckpt.model, ckpt.tokenizer
-    c = model.config
+    opened = open_model(args)  # config and tokenizer: the text is sized before the load
+    c = opened.config
     layers = _pick(args.layer, c.n_layer, "--layer")
     heads = _pick(args.head, c.n_head, "--head")
-    ids = text_ids(tok, args.text, c.block_size)
-    tokens = tok.token_texts(ids)
+    ids = text_ids(opened.tokenizer, args.text, c.block_size)
     T = len(ids)
     query = _query(args.query, T)
-    if args.summary:
-        return _run_summary(args, model, tok, ids, layers, heads, str(ckpt.path), out)
+    if args.summary:  # the summaries alone: no attention.json of weights, no T x T
+        ckpt = load_opened(args, opened, inspect_memory(args, c, T, SUMMARY_MEANS, layers,
+                                                        heads, written=False))
+        return _run_summary(args, ckpt.model, ckpt.tokenizer, ids, layers, heads,
+                            str(ckpt.path), out)
 
     names = {"attn_weights"} | {n for k in kinds for n in WHAT[k][0]}
     if page:
         names |= {"attn_scores", "masked_scores"}  # the steps view and exact masks
     # bars of one query's weights need that row alone: no (T, T) weights, so long texts too
     rows = [query] if kinds == ["row"] and not page else None
+    ckpt = load_opened(args, opened, inspect_memory(args, c, T, names, layers, heads, rows))
+    model, tok = ckpt.model, ckpt.tokenizer
+    tokens = tok.token_texts(ids)
     idx = torch.tensor([ids], device=model.wte.weight.device)  # (1, T)
     try:
         with cpu_memory_errors(), blocks_shown(model, "traced"):
@@ -187,6 +194,30 @@ def run(args: argparse.Namespace) -> int:
           f"{', '.join(sorted(names))} ({trace.size_text()})")
     _list_files(out, written, stale)
     return 0
+
+
+#: host bytes per traced weight for attention.json (Python floats, its text) and the figures
+#: (a stacked copy, matplotlib's arrays): 92 measured, docs/performance.md#inspect-memory
+OUTPUT_BYTES_PER_WEIGHT = 100
+INSPECT_FIX = ("a shorter text, fewer layers or heads (--layer, --head), --what row (one "
+               "query's weights), or --summary (per-head summaries, no T x T)")
+
+
+def inspect_memory(args: argparse.Namespace, config: Any, T: int, names: Iterable[str],
+                   layers: list[int], heads: list[int], rows: list[int] | None = None,
+                   written: bool = True) -> list[Any]:
+    """What inspect holds beside the model, for the load's fit check: the trace (on the
+    device) and, on the CPU, what attention.json and the figures hold of its weights."""
+    from ..model.memory import Use, trace_use
+
+    R = T if rows is None else len(rows)  # the query rows kept of each head's (T, T)
+    uses = [trace_use(config, T, sorted(names), layers=len(layers), heads=len(heads),
+                      rows=None if rows is None else R, fix=INSPECT_FIX)]
+    weights = len(layers) * len(heads) * R * T
+    if written and device_of(args).type == "cpu":  # a GPU's check reads the GPU's memory
+        uses.append(Use(f"attention.json's and the figures' copies of its {weights:,} "
+                        "weights", nbytes=OUTPUT_BYTES_PER_WEIGHT * weights, fix=INSPECT_FIX))
+    return uses
 
 
 def _run_summary(args: argparse.Namespace, model: Any, tok: Any, ids: list[int],

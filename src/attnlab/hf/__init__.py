@@ -41,7 +41,15 @@ from ..tokenizers.hf_dir import (
     read_hf_config,
 )
 from .fields import Fields
-from .files import SAFETENSORS_FILE, BinTensors, chosen_weights, read_weights, write_hf_dir
+from .files import (
+    MAX_SHARD_SIZE,
+    SAFETENSORS_FILE,
+    SHARD_FILE,
+    BinTensors,
+    chosen_weights,
+    read_weights,
+    write_hf_dir,
+)
 from .gpt2 import GPT2
 from .gpt_neox import GPT_NEOX
 from .llama import LLAMA, MISTRAL
@@ -56,13 +64,16 @@ FAMILY_BY_NAME: dict[str, Family] = {f.name: f for f in FAMILIES}
 __all__ = [
     "CONFIG_FILE",
     "FAMILIES",
+    "MAX_SHARD_SIZE",
     "SAFETENSORS_FILE",
+    "SHARD_FILE",
     "Family",
     "config_from_hf",
     "config_to_hf",
     "family_for_config",
     "family_of",
     "gpt_from_hf",
+    "hf_layout",
     "is_hf_dir",
     "load_hf",
     "load_hf_checkpoint",
@@ -262,23 +273,25 @@ def load_hf_checkpoint(
 
 
 def save_hf(path: str | Path, model: GPT, tokenizer: Tokenizer | None = None, *,
-            family: Family | str | None = None) -> Path:
-    """Write config.json + model.safetensors (+ the tokenizer's files) so that transformers'
+            family: Family | str | None = None, max_shard_size: int = MAX_SHARD_SIZE) -> Path:
+    """Write config.json + the weights (+ the tokenizer's files) so that transformers'
     `AutoModelForCausalLM.from_pretrained(path)` loads the same model.
 
     family: a Family or its name ("llama", "mistral", ...; a loaded directory's is
     `load_checkpoint(dir).meta["family"]`); default: the first family that expresses the
     config exactly (`family_for_config`), e.g. Llama for a Mistral without a window
-    (Mistral-7B v0.2 and later), the same computation."""
+    (Mistral-7B v0.2 and later), the same computation.
+
+    max_shard_size: bytes per weight file (default 5 GB). A model that fits in one is
+    written as model.safetensors; a larger one as Hugging Face's shards
+    (model-00001-of-0000N.safetensors and model.safetensors.index.json), made and written
+    one at a time: the export holds one shard's worth of tensors beside the model at most
+    (the tensors Hugging Face lays out otherwise: transposes, joined q/k/v), never a copy of
+    the whole model (docs/models.md#export)."""
     if not isinstance(model, GPT):
         raise TypeError(f"save_hf(path, model, tokenizer): model is a {type(model).__name__}, "
                         "not an attnlab GPT (the directory comes first)")
-    if isinstance(family, str):
-        if family not in FAMILY_BY_NAME:
-            raise ValueError(f"unknown family {family!r}; choose one of "
-                             f"{sorted(FAMILY_BY_NAME)}")
-        family = FAMILY_BY_NAME[family]
-    family = family or family_for_config(model.config)
+    family = _family(family) or family_for_config(model.config)
     # null ids without a tokenizer: transformers would fill in the family's own (GPT-2's
     # 50256), outside a small vocabulary
     special: dict[str, int | list[int] | None] = {"bos": None, "eos": None}
@@ -289,12 +302,34 @@ def save_hf(path: str | Path, model: GPT, tokenizer: Tokenizer | None = None, *,
     # the weights' dtype, as save_pretrained writes it: from_pretrained loads a bfloat16
     # file in bfloat16 (without it, float32 at twice the memory)
     config["dtype"] = str(model.wte.weight.dtype).removeprefix("torch.")
-    weights = family.weights.to_hf(model.state_dict(), model.config)
+    state = model.state_dict()
+    sizes = {name: t.numel() * t.element_size() for name, t in hf_layout(model, family).items()}
     sources = [tokenizer.source] if isinstance(tokenizer, HFDirTokenizer) and tokenizer.source \
         else []
     directory = Path(path)
-    write_hf_dir(directory, config, weights, tokenizer, sources)
+    write_hf_dir(directory, config, family.weights.iter_to_hf(state, model.config), sizes,
+                 tokenizer, sources, max_shard_size=max_shard_size)
     return directory
+
+
+def hf_layout(model: GPT, family: Family | str | None = None) -> dict[str, Tensor]:
+    """The tensors `save_hf` writes for `model` as `family` (default: `family_for_config`),
+    by Hugging Face name, in the order written, as meta tensors (names, shapes, dtypes):
+    `model` may be on the meta device itself (an opened checkpoint's, sized before it is
+    loaded); nothing is allocated."""
+    family = _family(family) or family_for_config(model.config)
+    meta = {name: tensor.to("meta") for name, tensor in model.state_dict().items()}
+    return dict(family.weights.iter_to_hf(meta, model.config))
+
+
+def _family(family: Family | str | None) -> Family | None:
+    """A Family given by itself or by its name; ValueError listing the names for another."""
+    if isinstance(family, str):
+        if family not in FAMILY_BY_NAME:
+            raise ValueError(f"unknown family {family!r}; choose one of "
+                             f"{sorted(FAMILY_BY_NAME)}")
+        return FAMILY_BY_NAME[family]
+    return family
 
 
 def save_hf_gpt2(directory: str | Path, model: GPT, tokenizer: Tokenizer | None = None) -> Path:

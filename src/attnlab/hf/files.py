@@ -19,9 +19,10 @@ from __future__ import annotations
 import contextlib
 import json
 import math
+import re
 import shutil
 import warnings
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -35,6 +36,12 @@ from ..tokenizers.hf_dir import CONFIG_FILE, TOKENIZER_CONFIG, TOKENIZER_FILES, 
 
 SAFETENSORS_FILE = "model.safetensors"
 SAFETENSORS_INDEX = "model.safetensors.index.json"
+#: the largest weight file an export writes before it starts another: huggingface_hub's
+#: default ("5GB"; transformers 5's save_pretrained writes up to 50GB); an export holds one
+#: shard's tensors beside the model while it writes (`write_weights`)
+MAX_SHARD_SIZE = 5_000_000_000
+#: the names of the shards `write_weights` writes (and transformers' save_pretrained)
+SHARD_FILE = re.compile(r"model-\d{5}-of-\d{5}\.safetensors")
 TORCH_FILE = "pytorch_model.bin"
 
 
@@ -201,22 +208,22 @@ def _skipping_data() -> contextlib.AbstractContextManager[None]:
     return contextlib.nullcontext() if skip is None else skip()
 
 
-def write_hf_dir(directory: Path, config: dict[str, Any], weights: dict[str, Tensor],
-                 tokenizer: Tokenizer | None, copy_from: Sequence[Path] = ()) -> None:
-    """config.json + model.safetensors, the tokenizer's tokenizer.json, and the tokenizer
-    files (TOKENIZER_FILES) of the directories in `copy_from` that have them."""
-    from safetensors.torch import save_file
-
+def write_hf_dir(directory: Path, config: dict[str, Any],
+                 weights: Iterable[tuple[str, Tensor]], sizes: Mapping[str, int],
+                 tokenizer: Tokenizer | None, copy_from: Sequence[Path] = (), *,
+                 max_shard_size: int = MAX_SHARD_SIZE) -> list[str]:
+    """config.json + the weights (`write_weights`), the tokenizer's tokenizer.json, and the
+    tokenizer files (TOKENIZER_FILES) of the directories in `copy_from` that have them; the
+    names of the weight files written."""
     directory.mkdir(parents=True, exist_ok=True)
-    # transformers refuses safetensors files without format metadata
-    save_file(weights, str(directory / SAFETENSORS_FILE), {"format": "pt"})
+    written = write_weights(directory, weights, sizes, max_shard_size)
     (directory / CONFIG_FILE).write_text(json.dumps(config, indent=2))
     for source in copy_from:
         for name in TOKENIZER_FILES:
             if (source / name).is_file() and source.resolve() != directory.resolve():
                 shutil.copyfile(source / name, directory / name)
     if tokenizer is None or (directory / "tokenizer.json").is_file():
-        return
+        return written
     backend = tokenizer.backend if isinstance(tokenizer, HFTokenizer) else as_hf_backend(tokenizer)
     if backend is not None:
         backend.save(str(directory / "tokenizer.json"))
@@ -231,5 +238,92 @@ def write_hf_dir(directory: Path, config: dict[str, Any], weights: dict[str, Ten
                       "form, so the directory has no tokenizer (attnlab's commands "
                       "and transformers need one; save_checkpoint keeps any tokenizer)",
                       stacklevel=3)
+    return written
+
+
+def shards_of(sizes: Mapping[str, int], max_shard_size: int) -> list[list[str]]:
+    """The tensor names of each shard, in order, for tensors of `sizes` bytes (in the order
+    they are made): a shard takes tensors until the next would pass `max_shard_size`, and a
+    tensor larger than that has a shard of its own. huggingface_hub's rule
+    (`split_torch_state_dict_into_shards`), but that the hub keeps filling the shard it holds
+    past such a tensor, where this closes it: each shard's tensors come one after another,
+    so a shard is written whole before the next one's tensors are made."""
+    if max_shard_size < 1:
+        raise ValueError(f"max_shard_size={max_shard_size} bytes; give a positive size, e.g. "
+                         f"{MAX_SHARD_SIZE} (5 GB, the default)")
+    groups: list[list[str]] = []
+    held = max_shard_size + 1  # no shard open yet
+    for name, nbytes in sizes.items():
+        if held + nbytes > max_shard_size:
+            groups.append([])
+            held = 0
+        groups[-1].append(name)
+        held += nbytes
+    return groups
+
+
+def shard_files(count: int) -> list[str]:
+    """The weight files of `count` shards: model.safetensors alone, or transformers' names
+    model-00001-of-00003.safetensors ..."""
+    if count == 1:
+        return [SAFETENSORS_FILE]
+    return [f"model-{i:05d}-of-{count:05d}.safetensors" for i in range(1, count + 1)]
+
+
+def write_weights(directory: Path, weights: Iterable[tuple[str, Tensor]],
+                  sizes: Mapping[str, int], max_shard_size: int = MAX_SHARD_SIZE) -> list[str]:
+    """Write `weights` (name, tensor), which come in the order and sizes of `sizes`, as
+    safetensors shards of at most `max_shard_size` bytes each (a larger tensor alone), and
+    model.safetensors.index.json after them; one model.safetensors when all fit in one.
+    Only one shard's tensors are held at a time: `weights` may make each as it is asked for
+    (`WeightMap.iter_to_hf`), so an export holds one shard beside the model, not a copy of
+    it. Weight files an earlier export left (another shard count) are removed first, so a
+    reader finds these alone. The names of the files written."""
+    from safetensors.torch import save_file
+
+    groups = shards_of(sizes, max_shard_size)
+    files = shard_files(len(groups))
+    _remove_weights(directory, keep=files)
+    stream = iter(weights)
+    for file, group in zip(files, groups, strict=True):
+        shard: dict[str, Tensor] = {}
+        for expected in group:
+            name, tensor = next(stream)
+            if name != expected:
+                raise ValueError(f"weights came as {name!r} where the sizes listed "
+                                 f"{expected!r}: they must list the same tensors in order")
+            shard[name] = _writable(tensor, shard.values())
+        # transformers refuses safetensors files without format metadata
+        save_file(shard, str(directory / file), {"format": "pt"})
+    if len(files) == 1:
+        return files
+    index = {"metadata": {"total_size": sum(sizes.values())},
+             "weight_map": {name: file for file, group in zip(files, groups, strict=True)
+                            for name in group}}
+    # written last: a reader that finds the index finds every shard it names
+    (directory / SAFETENSORS_INDEX).write_text(json.dumps(index, indent=2))
+    return [*files, SAFETENSORS_INDEX]
+
+
+def _writable(tensor: Tensor, others: Iterable[Tensor]) -> Tensor:
+    """`tensor` as safetensors writes it: on the host, contiguous (a copy of that tensor
+    alone where it is a transposed view), and sharing no memory with the shard's `others`
+    (safetensors refuses tensors that overlap)."""
+    tensor = tensor.detach().to("cpu").contiguous()
+    storage = tensor.untyped_storage().data_ptr()
+    if any(other.untyped_storage().data_ptr() == storage for other in others):
+        tensor = tensor.clone()
+    return tensor
+
+
+def _remove_weights(directory: Path, keep: Sequence[str]) -> None:
+    """Remove the safetensors weights an earlier export left in `directory` that are not
+    about to be rewritten (`keep`): a model.safetensors would shadow a new index (readers
+    take it first), an index would name shards of another count."""
+    stale = {SAFETENSORS_FILE, SAFETENSORS_INDEX}
+    stale |= {p.name for p in directory.glob("model-*-of-*.safetensors")
+              if SHARD_FILE.fullmatch(p.name)}
+    for name in sorted(stale - set(keep)):
+        (directory / name).unlink(missing_ok=True)
 
 

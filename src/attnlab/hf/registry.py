@@ -137,10 +137,14 @@ class WeightMap:
                 "weights disagree (e.g. a bias flag)"
             )
 
-    def to_hf(self, state: Mapping[str, Tensor], config: GPTConfig) -> dict[str, Tensor]:
-        """Hugging Face tensors (contiguous, unshared: ready for safetensors) for an attnlab
-        state dict; a tied head is left out (transformers ties it on load)."""
-        out: dict[str, Tensor] = {}
+    def iter_to_hf(self, state: Mapping[str, Tensor], config: GPTConfig
+                   ) -> Iterator[tuple[str, Tensor]]:
+        """(Hugging Face name, tensor) for an attnlab state dict, one at a time in the state
+        dict's order, each made only when its turn comes: a view of the model's own tensor
+        where the name alone or a transpose differs (no memory), a new tensor where q, k and
+        v are joined into one; a tied head is left out (transformers ties it on load). A view
+        may not be contiguous (`.contiguous()` copies that tensor alone). Works on the meta
+        device too: the names, shapes and dtypes an export writes, nothing allocated."""
         for ours, tensor in state.items():
             if ours == "lm_head.weight" and config.tie_weights:
                 continue
@@ -152,12 +156,16 @@ class WeightMap:
                 assert self.join_qkv is not None
                 parts = [state[f"blocks.{i}.attn.{n}.{param}"] for n in QKV]
                 name = f"{self.layer.format(i=i)}{self.fused_qkv}.{param}"
-                out[name] = self.join_qkv(parts[0], parts[1], parts[2], config)
+                yield name, self.join_qkv(parts[0], parts[1], parts[2], config)
                 continue
             inner = ours.split(".", 2)[-1].rsplit(".", 1)[0] if ours.startswith("blocks.") else ""
-            out[self._name(ours)] = tensor.t() if inner in self.transposed and tensor.dim() == 2 \
-                else tensor
-        return {k: v.detach().contiguous().clone() for k, v in out.items()}
+            yield self._name(ours), (tensor.t() if inner in self.transposed and tensor.dim() == 2
+                                     else tensor)
+
+    def to_hf(self, state: Mapping[str, Tensor], config: GPTConfig) -> dict[str, Tensor]:
+        """Every tensor of `iter_to_hf` at once, contiguous and unshared (ready for one
+        safetensors file): a second copy of the weights (`save_hf` writes shard by shard)."""
+        return {k: v.detach().contiguous().clone() for k, v in self.iter_to_hf(state, config)}
 
 
 @dataclass(frozen=True)

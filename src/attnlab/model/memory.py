@@ -3,21 +3,30 @@ line that says so before a load starts instead of the out-of-memory killer after
 
 `check_memory` is what loaders call with the bytes they are about to allocate: the weights,
 the largest tensor read on the way, and what the caller will allocate beside the model
-(`Use`: a generation's KV cache, an export's copy of the weights); `fit_report` is what
-`attnlab info` prints for every dtype. Free memory on the CPU is the least of the kernel's
-MemAvailable, what the container's memory limit leaves (cgroup v2 or v1) and what the
-process's address-space limit leaves (RLIMIT_AS: `ulimit -v`, `prlimit --as`); on a GPU
-`torch.cuda.mem_get_info`; elsewhere (MPS) it is unknown and nothing is refused.
+(`Use`: a generation's KV cache, the shard an export writes, what `inspect` traces and
+writes); `fit_report` is what `attnlab info` prints for every dtype. Free memory on the CPU
+is the least of the kernel's MemAvailable, what the container's memory limit leaves (cgroup
+v2 or v1) and what the process's address-space limit leaves (RLIMIT_AS: `ulimit -v`,
+`prlimit --as`); on a GPU `torch.cuda.mem_get_info`; elsewhere (MPS) it is unknown and
+nothing is refused.
 """
 
 from __future__ import annotations
 
+import math
 import os
-from collections.abc import Sequence
+import re
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
+
+from .names import MODEL_NAMES, NAMES, WEIGHT_NAMES, absent_names
+
+if TYPE_CHECKING:
+    from .config import GPTConfig
 
 #: the dtypes a command can load a model in (the CLI's --dtype choices), as users name them;
 #: the API also takes float64 (`materialize.load_dtype`)
@@ -32,15 +41,21 @@ API_DTYPE, API_FORCE = "dtype=torch.bfloat16", "force=True"
 @dataclass(frozen=True)
 class Use:
     """Memory a caller allocates beside the model's weights, counted by the fit check:
-    `elements` in the model's dtype (a KV cache, a copy of the weights) plus `nbytes`
-    whatever the dtype (float16 packed matrices)."""
+    `elements` in the model's dtype (a KV cache, traced activations) plus `nbytes` whatever
+    the dtype (float16 packed matrices), at `most` bytes where it is held a piece at a time
+    (an export's shards). `fix`: how the caller holds less of it, in its own words (a
+    command's flags), for the refusal to say when this use, not the model, is what does not
+    fit."""
 
     what: str  # "the KV cache for 4 rows of 1,024 positions"
     elements: int = 0
     nbytes: int = 0
+    most: int | None = None
+    fix: str = ""  # "a shorter text, or fewer layers (--layer)"
 
     def bytes_in(self, dtype: torch.dtype) -> int:
-        return self.elements * dtype.itemsize + self.nbytes
+        total = self.elements * dtype.itemsize + self.nbytes
+        return total if self.most is None else min(total, self.most)
 
 
 @dataclass(frozen=True)
@@ -54,6 +69,7 @@ class Shortfall:
     extra: int  # the largest tensor, read on the way
     needed: int  # bytes in `dtype`: weights, extra and uses
     half: int | None  # the same in bfloat16, where `dtype` is wider
+    fixes: tuple[str, ...] = ()  # the uses' own fixes, where the model alone fits
 
 
 class DoesNotFitError(ValueError):
@@ -71,6 +87,9 @@ class DoesNotFitError(ValueError):
         `force` (how to skip the check) where the caller has them, None where not."""
         s = self.shortfall
         parts = [s.needs]
+        if s.fixes:  # the model alone fits: what the caller holds beside it is the cause
+            parts.append(f"the model alone fits ({gb(s.params * s.dtype.itemsize + s.extra)}); "
+                         f"to hold less beside it: {'; or '.join(s.fixes)}")
         halves = s.half is not None and dtype is not None
         if halves and s.half is not None and s.half <= s.free:
             parts.append(f"in bfloat16 it needs {gb(s.half)}, which fits: {dtype}")
@@ -81,8 +100,8 @@ class DoesNotFitError(ValueError):
                             else (s.needed, _name(s.dtype)))
             # the uses (a KV cache, a copy) grow with the model as its weights do
             fits = params_text(max(s.free - s.extra, 0) * s.params // max(target - s.extra, 1))
-            parts.append(f"use a device with {gb(target)} free or a smaller model (about "
-                         f"{fits} parameters fit here in {name})")
+            parts.append(f"use a device with {gb(target)} free" + ("" if s.fixes else
+                         f" or a smaller model (about {fits} parameters fit here in {name})"))
         if force is not None:
             parts.append(f"{force} tries anyway")
         return "; ".join(parts)
@@ -199,9 +218,39 @@ def check_memory(params: int, dtype: torch.dtype, device: str | torch.device, *,
         needs += "".join(f", {use.what} {gb(use.bytes_in(dtype))} more" for use in uses)
         needs += f": {gb(needed)} in all,"
     half = params * 2 + extra + sum(use.bytes_in(torch.bfloat16) for use in uses)
+    alone = params * dtype.itemsize + extra <= free
+    fixes = tuple(dict.fromkeys(use.fix for use in uses if use.fix)) if alone else ()
     raise DoesNotFitError(Shortfall(
         needs=f"{needs} but {where} {gb(free)} free", free=free, params=params, dtype=dtype,
-        extra=extra, needed=needed, half=half if dtype.itemsize > 2 else None))
+        extra=extra, needed=needed, half=half if dtype.itemsize > 2 else None, fixes=fixes))
+
+
+def trace_use(config: GPTConfig, tokens: int, names: Iterable[str], *, layers: int,
+              heads: int, rows: int | None = None, fix: str = "") -> Use:
+    """What a `Trace` of `names` keeps over `layers` layers and `heads` query heads for one
+    text of `tokens` tokens (`rows` query rows of the scores and weights; None: every one),
+    in the model's dtype, and the traced layer's working copies of its raw, masked and
+    softmaxed scores while the forward runs: for a load's fit check (`fix` as `Use`'s). Each
+    name's size is read from its shape in `names.NAMES`; names the model never computes
+    count nothing."""
+    absent = absent_names(config)
+    kept = [n for n in dict.fromkeys(names) if n not in absent]
+    R = tokens if rows is None else min(rows, tokens)
+    sizes = {"B": 1, "nh": heads, "nkv": min(heads, config.n_kv_heads), "T": tokens,
+             "S": tokens, "hs": config.head_size, "C": config.n_embd,
+             "d_ff": config.d_ff or 4 * config.n_embd, "V": config.vocab_size}
+    elements = 0
+    for name in kept:
+        dims = re.match(r"\(([^)]*)\)", NAMES[name])
+        assert dims is not None, f"names.NAMES[{name!r}] opens with its shape"
+        shape = [R if name in WEIGHT_NAMES and i == 2 else sizes[d]
+                 for i, d in enumerate(dims.group(1).split(", "))]
+        elements += math.prod(shape) * (1 if name in MODEL_NAMES else layers)
+    if set(kept) & WEIGHT_NAMES:  # summaries alone are made in tiles: no (T, S) at all
+        elements += 3 * heads * R * tokens
+    shown = ", ".join(kept[:3]) + (f" and {len(kept) - 3} more" if len(kept) > 3 else "")
+    return Use(f"the traced {shown} of {layers} layer{'s' * (layers != 1)} x {heads} "
+               f"head{'s' * (heads != 1)} over {tokens:,} tokens", elements=elements, fix=fix)
 
 
 def fit_report(params: int, device: str | torch.device = "cpu", extra: int = 0,
