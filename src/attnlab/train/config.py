@@ -34,7 +34,9 @@ class TrainConfig:
     beta2: float = 0.99  # AdamW beta2; 0.99 suits small batches (nanoGPT char)
     grad_clip: float = 1.0  # max global grad norm; 0 disables clipping
     eval_interval: int = 250  # evaluate and checkpoint every this many steps
-    eval_iters: int = 20  # val batches per evaluation
+    # batches of each split per evaluation, each of the optimizer's batch_size x grad_accum
+    # sequences (run as micro-batches of batch_size): the same sequences however it is split
+    eval_iters: int = 20
     # stop after this many evaluations without a better val loss, the checkpoint keeping the
     # best one's weights; None: train to max_iters, checkpointing at every evaluation
     patience: int | None = None

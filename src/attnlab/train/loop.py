@@ -223,9 +223,11 @@ class _Run:
         fit_saved = any("max_iters" in row for row in self.history)
         if config.time_budget is None or (resume and fit_saved):
             return None
+        # an evaluation: eval_iters optimizer batches of each split, forward only (a third
+        # of a step's work each)
         return Budget(parse_duration(config.time_budget), step=self.start, now=self.t_start,
                       eval_interval=config.eval_interval, reduce=self.world.mean,
-                      eval_share=2 * config.eval_iters / (3 * config.grad_accum))
+                      eval_share=2 * config.eval_iters / 3)
 
     def fit(self) -> TrainResult:
         """Train to max_iters, evaluating and saving every eval_interval steps and at the end;
