@@ -138,9 +138,9 @@ class FittedSchedule:
     """Where a time budget's last fit (`TrainConfig.refit`) left the lr schedule: the warmup
     climbs at the slope of a `warmup_iters`-step one and reaches lr at step `warmup_end`
     (not a whole step where it went on from the lr of the step fitted at), then the cosine
-    decay goes from `decay_from` (0: at lr) to min_lr at max_iters. A run logs each fit's in
-    its metrics (a row with "max_iters"), and a resumed run goes on with its last one
-    (`fitted_schedule`)."""
+    decay goes from `decay_from` (0: at lr) to min_lr at max_iters. Each fit's row in a run's
+    metrics (the row with "max_iters") holds its schedule, and a resumed run goes on with
+    the last one (`fitted_schedule`)."""
 
     warmup_iters: int  # the warmup's slope: lr / (warmup_iters + 1) a step
     warmup_end: float  # the step the warmup reaches lr at
