@@ -4,9 +4,10 @@ The run takes its first steps on the recipe's warmup, times `CALIBRATION_STEPS` 
 sets `max_iters` to the steps that fit in the budget, evaluations included; after every
 evaluation it fits again from the speed of the steps since the last fit (the first steps of a
 run are often slower than the rest, and a shared machine's speed drifts). The cosine
-schedule ends at the fitted last step. A resumed run keeps the step count its checkpoint
-saved: the budget is not fitted again (a run stopped before its first fit fits when it
-resumes, to the whole budget from there).
+schedule ends at the fitted last step, and each fit goes on from the lr the run has, with no
+jump, its warmup fitted from the recipe's (`TrainConfig.refit`). A resumed run keeps the
+step count and schedule its checkpoint saved: the budget is not fitted again (a run stopped
+before its first fit fits when it resumes, to the whole budget from there).
 """
 
 from __future__ import annotations

@@ -1,10 +1,11 @@
-"""`TrainConfig`: how to train, validated, with the learning-rate schedule; `TrainResult`:
-what a run returns. Every field of TrainConfig is an `attnlab train` flag, its comment the
-flag's help."""
+"""`TrainConfig`: how to train, validated, with the learning-rate schedule; `FittedSchedule`:
+where a time budget's fits (budget.py) left that schedule; `TrainResult`: what a run returns.
+Every field of TrainConfig is an `attnlab train` flag, its comment the flag's help."""
 
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -33,7 +34,9 @@ class TrainConfig:
     beta2: float = 0.99  # AdamW beta2; 0.99 suits small batches (nanoGPT char)
     grad_clip: float = 1.0  # max global grad norm; 0 disables clipping
     eval_interval: int = 250  # evaluate and checkpoint every this many steps
-    eval_iters: int = 20  # val batches per evaluation
+    # batches of each split per evaluation, each of the optimizer's batch_size x grad_accum
+    # sequences (run as micro-batches of batch_size): the same sequences however it is split
+    eval_iters: int = 20
     # stop after this many evaluations without a better val loss, the checkpoint keeping the
     # best one's weights; None: train to max_iters, checkpointing at every evaluation
     patience: int | None = None
@@ -91,16 +94,67 @@ class TrainConfig:
         a 20-step fine-tune rising all the way, never at lr nor decayed)."""
         return max_iters // 10 if self.warmup_iters > max_iters // 4 else self.warmup_iters
 
-    def lr_at(self, step: int) -> float:
-        """Linear warmup to lr, then cosine decay to min_lr at max_iters (nanoGPT's get_lr)."""
-        if step < self.warmup_iters:
-            return self.lr * (step + 1) / (self.warmup_iters + 1)
+    def lr_at(self, step: int, fitted: FittedSchedule | None = None) -> float:
+        """Linear warmup to lr, then cosine decay to min_lr at max_iters (nanoGPT's get_lr);
+        `fitted`: the schedule as a time budget's last fit left it (`refit`)."""
+        fitted = fitted or FittedSchedule(self.warmup_iters, self.warmup_iters)
+        warmup, end = fitted.warmup_iters, fitted.warmup_end
+        if step < end:  # a warmup of `warmup` steps, moved to end at `end`
+            return self.lr * (step + 1 + warmup - end) / (warmup + 1)
         if not self.decay_lr:
             return self.lr
         min_lr = self.lr / 10 if self.min_lr is None else self.min_lr
-        span = max(1, self.max_iters - self.warmup_iters)
-        progress = min(1.0, (step - self.warmup_iters) / span)
+        progress = self._progress(step, fitted)
         return min_lr + 0.5 * (1.0 + math.cos(math.pi * progress)) * (self.lr - min_lr)
+
+    def _progress(self, step: int, fitted: FittedSchedule) -> float:
+        """How far the cosine decay has come at `step` (past the warmup): from
+        fitted.decay_from at the warmup's end to 1 at max_iters, and 1 from there on."""
+        start, end = fitted.decay_from, fitted.warmup_end
+        span = self.max_iters - end
+        if span <= 0:  # a warmup to max_iters or past it: step is past max_iters
+            return 1.0
+        return min(1.0, start + (1 - start) * (step - end) / span)
+
+    def refit(self, step: int, max_iters: int, fitted: FittedSchedule | None) -> FittedSchedule:
+        """The schedule from `step` on when a time budget fits the run, which this config's
+        max_iters and `fitted` describe until now, to `max_iters` steps. Its warmup is
+        `warmup_for(max_iters)` of this config's warmup_iters (the recipe's, whatever an
+        earlier fit took), and it goes on from the lr `step` has now, so a fit never makes
+        the lr jump: a warmup under way climbs on at that warmup's slope (a shorter warmup
+        than the run has done gets steeper, not cut short), and a decay under way goes on
+        from where it is to min_lr at the new end."""
+        fitted = fitted or FittedSchedule(self.warmup_iters, self.warmup_iters)
+        warmup = self.warmup_for(max_iters)
+        if step < fitted.warmup_end:
+            climbed = (step + 1 + fitted.warmup_iters - fitted.warmup_end) / (
+                fitted.warmup_iters + 1)  # the share of lr reached at `step`
+            return FittedSchedule(warmup, step + (1 - climbed) * (warmup + 1))
+        return FittedSchedule(warmup, float(step), self._progress(step, fitted))
+
+
+@dataclass(frozen=True)
+class FittedSchedule:
+    """Where a time budget's last fit (`TrainConfig.refit`) left the lr schedule: the warmup
+    climbs at the slope of a `warmup_iters`-step one and reaches lr at step `warmup_end`
+    (not a whole step where it went on from the lr of the step fitted at), then the cosine
+    decay goes from `decay_from` (0: at lr) to min_lr at max_iters. Each fit's row in a run's
+    metrics (the row with "max_iters") holds its schedule, and a resumed run goes on with
+    the last one (`fitted_schedule`)."""
+
+    warmup_iters: int  # the warmup's slope: lr / (warmup_iters + 1) a step
+    warmup_end: float  # the step the warmup reaches lr at
+    decay_from: float = 0.0  # the cosine decay's progress at warmup_end, 0 to 1
+
+
+def fitted_schedule(history: Sequence[dict[str, Any]]) -> FittedSchedule | None:
+    """The schedule a run's last fit left (its row in the run's `history`); None before a fit,
+    and for runs saved before fits kept theirs (their config holds the fitted warmup)."""
+    fits = [row for row in history if "warmup_end" in row]
+    if not fits:
+        return None
+    return FittedSchedule(fits[-1]["warmup_iters"], fits[-1]["warmup_end"],
+                          fits[-1]["decay_from"])
 
 
 @dataclass

@@ -37,20 +37,32 @@ def evaluate(
 
 def _split_loss(model: GPT, dataset: Dataset, config: TrainConfig, seq_len: int,
                 world: World, split: str) -> float:
-    """The mean loss of `split` on its fixed evaluation batches (all processes' mean)."""
-    rows = world.rows(config.batch_size)
+    """The mean loss of `split` on its fixed evaluation batches (all processes' mean): eval_iters
+    batches of the optimizer's batch_size x grad_accum sequences, each drawn whole, so two runs
+    that split the same batch into other micro-batches evaluate on the same sequences; run
+    as micro-batches of batch_size (the memory a training step takes)."""
+    batch_size = config.batch_size * config.grad_accum  # the optimizer's batch
+    rows = world.rows(batch_size)
+    micro = config.batch_size // world.size  # rows of a micro-batch on this process
     fused = fused_attention(config, world.device)
     gen = torch.Generator().manual_seed(config.seed + (1 if split == "train" else 2))
     total = torch.zeros((), dtype=torch.float64, device=world.device)
+    count = 0
     for _ in range(config.eval_iters):
-        x, y = dataset.batch(split, config.batch_size, seq_len, gen, rows)
-        check_token_ids(x, y, model.config.vocab_size)  # on the host: no wait for the device
-        with autocast_for(config, world.device):
-            loss = model(to_device(x, world.device), to_device(y, world.device),
-                         fused=fused, check_ids=False).loss
-        assert loss is not None
-        total += loss.detach()  # summed on the device: one read per split, not per batch
-    return world.mean(float(total) / config.eval_iters)
+        # (B * accum / world, T): this process's rows of the whole batch
+        batch_x, batch_y = dataset.batch(split, batch_size, seq_len, gen, rows)
+        check_token_ids(batch_x, batch_y, model.config.vocab_size)  # on the host: no wait
+        # (B / world, T) each
+        for x, y in zip(batch_x.split(micro), batch_y.split(micro), strict=True):
+            with autocast_for(config, world.device):
+                loss = model(to_device(x, world.device), to_device(y, world.device),
+                             fused=fused, check_ids=False).loss
+            assert loss is not None
+            # weighted by its rows: the mean over every sequence, whatever the split (a
+            # sentence dataset's batch is all its sentences, whatever batch_size asks)
+            total += loss.detach().double() * len(x)  # on the device: one read per split
+            count += len(x)
+    return world.mean(float(total) / count)
 
 
 def to_device(batch: torch.Tensor, device: torch.device) -> torch.Tensor:

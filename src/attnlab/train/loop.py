@@ -28,7 +28,7 @@ from ..checkpoint import Checkpoint, CheckpointWriter, load_attnlab_checkpoint
 from ..model.gpt import GPT, GPTConfig, check_token_ids
 from ..model.runtime import quiet_compile, warn_if_slow_bf16
 from .budget import Budget, parse_duration
-from .config import TrainConfig, TrainResult
+from .config import FittedSchedule, TrainConfig, TrainResult, fitted_schedule
 from .data import Dataset, bits_per_byte, sequence_length
 from .distributed import World, setup, teardown
 from .evaluate import autocast_for, evaluate, fused_attention, to_device
@@ -181,6 +181,8 @@ class _Run:
         self.first: tuple[int, float] = (0, 0.0)
         self.timed: tuple[int, float] = (0, 0.0)
         self.budget = self._budget(resume)
+        # the schedule as the budget's last fit left it (a resume's, from its history)
+        self.schedule = fitted_schedule(self.history)
         self.result = TrainResult(self.model, dataset.tokenizer, self.history,
                                   self.ckpt if resume else None)
         # the checkpoint's evaluation, until this call evaluates (what --patience keeps)
@@ -221,9 +223,11 @@ class _Run:
         fit_saved = any("max_iters" in row for row in self.history)
         if config.time_budget is None or (resume and fit_saved):
             return None
+        # an evaluation: eval_iters optimizer batches of each split, forward only (a third
+        # of a step's work each)
         return Budget(parse_duration(config.time_budget), step=self.start, now=self.t_start,
                       eval_interval=config.eval_interval, reduce=self.world.mean,
-                      eval_share=2 * config.eval_iters / (3 * config.grad_accum))
+                      eval_share=2 * config.eval_iters / 3)
 
     def fit(self) -> TrainResult:
         """Train to max_iters, evaluating and saving every eval_interval steps and at the end;
@@ -263,7 +267,7 @@ class _Run:
         """One optimizer step from `step` (grad_accum micro-batches); returns step + 1. Its
         loss stays on the device until `read_losses` (every `read_every` steps)."""
         config = self.config
-        lr = config.lr_at(step)
+        lr = config.lr_at(step, self.schedule)
         if not self.pending:
             self.window_start = time.perf_counter()
         if self.graph_step is not None:  # the whole step, one replay (graph_step.py)
@@ -284,7 +288,8 @@ class _Run:
             self.read_losses()
         budget = self.budget
         if budget is not None and (fitted := budget.after_step(step, time.perf_counter())):
-            _fit(config, fitted, step, 1 / budget.step_s, self.log)
+            self.schedule = _fit(config, self.schedule, fitted, step, 1 / budget.step_s,
+                                 self.log)
         return step
 
     def _update(self) -> None:
@@ -453,15 +458,18 @@ class _Run:
         return result
 
 
-def _fit(config: TrainConfig, max_iters: int, step: int, steps_per_s: float,
-         log: Callable[[dict[str, Any]], None]) -> None:
-    """Apply a time budget's step count (budget.py): the cosine schedule now ends there."""
+def _fit(config: TrainConfig, schedule: FittedSchedule | None, max_iters: int, step: int,
+         steps_per_s: float, log: Callable[[dict[str, Any]], None]) -> FittedSchedule | None:
+    """Apply a time budget's step count (budget.py) from `step` on: the schedule goes on from
+    the lr it has there and ends at max_iters (TrainConfig.refit); the fit's row keeps it
+    for a resume. config.warmup_iters stays the recipe's, which every fit starts from."""
     if config.max_iters == max_iters:
-        return
+        return schedule
+    schedule = config.refit(step, max_iters, schedule)  # from the schedule until now
     config.max_iters = max_iters
-    config.warmup_iters = config.warmup_for(max_iters)  # a short budget: a tenth of it
     log({"step": step, "time_budget": config.time_budget, "max_iters": max_iters,
-         "warmup_iters": config.warmup_iters, "steps_per_s": steps_per_s})
+         **dataclasses.asdict(schedule), "steps_per_s": steps_per_s})
+    return schedule
 
 
 def _check_finite(loss: float, step: int, checkpoint: Path | None,
