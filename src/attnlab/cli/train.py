@@ -107,19 +107,20 @@ STOPPED = 130
 
 
 def run(args: argparse.Namespace) -> int:
-    if not _rank_0():  # under torchrun only rank 0 speaks
+    if _rank_0():
+        status = _run(args)
+    else:  # under torchrun only rank 0 speaks
         args.quiet = True
         with open(os.devnull, "w") as sink, contextlib.redirect_stdout(sink):
             try:
                 status = _run(args)
             except KeyboardInterrupt:  # quit at once (a second Ctrl-C): rank 0 says so
                 return STOPPED
-        # its exit status too: rank 0 reports the stop all ranks took at the same step (130).
-        # torchrun's report of the run then names rank 0 alone, with its resume line
-        # (tell_torchrun), and torchrun does not kill rank 0 mid-report, as it kills the rest
-        # as soon as one process exits non-zero (docs/train.md#stopping-a-torchrun-run)
-        return 0 if status == STOPPED else status
-    return _run(args)
+    # a stop all ranks took at the same step: one process per torchrun (its local rank 0)
+    # exits with its status, so torchrun's report names that one, with the resume line it
+    # wrote (tell_torchrun), and torchrun does not kill it mid-report, as it kills the rest
+    # once one exits non-zero (docs/train.md#stopping-a-torchrun-run)
+    return 0 if status == STOPPED and os.environ.get("LOCAL_RANK", "0") != "0" else status
 
 
 def _run(args: argparse.Namespace) -> int:
@@ -171,7 +172,7 @@ def _run(args: argparse.Namespace) -> int:
             say_last_checkpoint(args, out)
         raise
     status = report(args, result, dataset, out, train_config)
-    if result.interrupted and _rank_0():  # the end of torchrun's report says how to go on too
+    if result.interrupted and os.environ.get("LOCAL_RANK", "0") == "0":  # see run()
         tell_torchrun(f"interrupted: checkpoint saved in {result.checkpoint}; continue with: "
                       f"{resume_command(args, out)}")
     return status
