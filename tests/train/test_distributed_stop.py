@@ -135,7 +135,8 @@ def test_a_stop_torchrun_did_not_send_ends_in_a_report_of_rank_0_and_its_resume_
     """A SIGTERM to one process (not to torchrun): torchrun reports its processes' exit
     statuses. It reported every rank (a rank that exited first got rank 0 killed, maybe
     before it printed the resume line), under "To enable traceback see ...". Now rank 0
-    alone exits non-zero, and its report holds the resume line."""
+    (local rank 0: one process per torchrun) alone exits non-zero, and the report of it holds
+    the resume line."""
     run = tmp_path / "run"
 
     def stop_rank_1(proc: subprocess.Popen[str]) -> None:
