@@ -30,7 +30,7 @@ from .common import (
     out_of_memory,
 )
 from .progress import Progress
-from .train_report import describe, report, report_task, say_last_checkpoint
+from .train_report import describe, report, report_task, resume_command, say_last_checkpoint
 from .train_resume import resume_run, run_data
 
 
@@ -102,18 +102,31 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
     return parser
 
 
+# report's exit status for a run stopped on request (128 + SIGINT, what a shell gives Ctrl-C)
+STOPPED = 130
+
+
 def run(args: argparse.Namespace) -> int:
-    if os.environ.get("RANK", "0") != "0":  # under torchrun only rank 0 speaks
+    if _rank_0():
+        status = _run(args)
+    else:  # under torchrun only rank 0 speaks
         args.quiet = True
         with open(os.devnull, "w") as sink, contextlib.redirect_stdout(sink):
-            return _run(args)
-    return _run(args)
+            try:
+                status = _run(args)
+            except KeyboardInterrupt:  # quit at once (a second Ctrl-C): rank 0 says so
+                return STOPPED
+    # a stop all ranks took at the same step: one process per torchrun (its local rank 0)
+    # exits with its status, so torchrun's report names that one, with the resume line it
+    # wrote (tell_torchrun), and torchrun does not kill it mid-report, as it kills the rest
+    # once one exits non-zero (docs/train.md#stopping-a-torchrun-run)
+    return 0 if status == STOPPED and os.environ.get("LOCAL_RANK", "0") != "0" else status
 
 
 def _run(args: argparse.Namespace) -> int:
     from ..checkpoint import read_config
     from ..train.data import TaskDataset
-    from ..train.distributed import processes
+    from ..train.distributed import processes, tell_torchrun
     from ..train.graph_step import check_graph_device
 
     _check_flags(args)
@@ -155,9 +168,19 @@ def _run(args: argparse.Namespace) -> int:
     try:
         result = _train(args, model_config, train_config, dataset, out, init)
     except KeyboardInterrupt:  # a second Ctrl-C: quit at once, the last save kept
-        say_last_checkpoint(args, out)
+        if _rank_0():  # said once, under torchrun too
+            say_last_checkpoint(args, out)
         raise
-    return report(args, result, dataset, out, train_config)
+    status = report(args, result, dataset, out, train_config)
+    if result.interrupted and os.environ.get("LOCAL_RANK", "0") == "0":  # see run()
+        tell_torchrun(f"interrupted: checkpoint saved in {result.checkpoint}; continue with: "
+                      f"{resume_command(args, out)}")
+    return status
+
+
+def _rank_0() -> bool:
+    """Whether this is the process that speaks and writes: rank 0 under torchrun, or the one."""
+    return os.environ.get("RANK", "0") == "0"
 
 
 def _check_flags(args: argparse.Namespace) -> None:
@@ -257,7 +280,7 @@ def _new_configs(args: argparse.Namespace, dataset: Any, init: Any) -> tuple[Any
         raise CLIError(str(err)) from None
     old = _find_run(args)  # refuses to overwrite a run unless --overwrite
     if old is not None:  # --overwrite: the old run's checkpoint goes, not later
-        if os.environ.get("RANK", "0") == "0":  # under torchrun: one process deletes it
+        if _rank_0():  # under torchrun: one process deletes it
             _remove_checkpoint(_out_dir(args) / "ckpt")
         print(f"removed  the checkpoint {old} held (--overwrite)")
     return model_config, train_config

@@ -5,12 +5,15 @@ sets RANK / WORLD_SIZE / LOCAL_RANK, `setup` joins the process group (gloo on CP
 CUDA). The global batch stays what TrainConfig.batch_size says; each rank draws the same
 batch indices and reads only its own rows of them, so N processes give the loss curve of
 one. Only rank 0 writes. One process (no torchrun) is the world of one: every method here
-is then free.
+is then free. How a stop reaches the processes under torchrun, and what torchrun prints then:
+docs/train.md#stopping-a-torchrun-run.
 """
 
 from __future__ import annotations
 
+import json
 import os
+import time
 from dataclasses import dataclass
 
 import torch
@@ -78,6 +81,25 @@ class World:
 def processes() -> int:
     """How many processes train together: torchrun's WORLD_SIZE, 1 without torchrun."""
     return int(os.environ.get("WORLD_SIZE", "1"))
+
+
+def under_torchrun() -> bool:
+    """Whether torchrun's agent started this process (it sets TORCHELASTIC_RUN_ID): then the
+    terminal's Ctrl-C reaches the agent, not this process, which runs in a session of its own;
+    the agent passes the first on as SIGINT and answers a second with SIGTERM."""
+    return "TORCHELASTIC_RUN_ID" in os.environ
+
+
+def tell_torchrun(message: str) -> None:
+    """Make `message` what torchrun's report of this failed process says (its "traceback"
+    field), written to the error file torchrun reads (TORCHELASTIC_ERROR_FILE), in the layout
+    torch's own `ErrorHandler.record_exception` writes; nothing without torchrun."""
+    path = os.environ.get("TORCHELASTIC_ERROR_FILE")
+    if not path:
+        return
+    blob = {"message": {"message": message, "extraInfo": {"timestamp": str(int(time.time()))}}}
+    with open(path, "w") as f:
+        json.dump(blob, f)
 
 
 def setup(device: str = "auto") -> tuple[World, bool]:

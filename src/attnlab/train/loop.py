@@ -30,7 +30,7 @@ from ..model.runtime import quiet_compile, warn_if_slow_bf16
 from .budget import Budget, parse_duration
 from .config import FittedSchedule, TrainConfig, TrainResult, fitted_schedule
 from .data import Dataset, bits_per_byte, sequence_length
-from .distributed import World, setup, teardown
+from .distributed import World, setup, teardown, under_torchrun
 from .evaluate import autocast_for, evaluate, fused_attention, to_device
 from .graph_step import GraphedStep, check_graph_device, plain_state
 from .state import (
@@ -233,7 +233,7 @@ class _Run:
         """Train to max_iters, evaluating and saving every eval_interval steps and at the end;
         a stop request (Ctrl-C) saves and returns between two optimizer steps."""
         config, budget = self.config, self.budget
-        stop = StopFlag(on_stop=self.said_stop)
+        stop = StopFlag(on_stop=self.said_stop, torchrun=under_torchrun())
         with stop:
             step = self.start
             # a time budget sets max_iters after its calibration steps; until then it runs on

@@ -25,17 +25,26 @@ class StopFlag:
     Ctrl-C quits at once (KeyboardInterrupt), leaving the last saved checkpoint.
 
     on_stop gets the signal's name at the first request, at once: the step (or an evaluation
-    of many batches) may take a while yet, and whoever shows the run says so meanwhile."""
+    of many batches) may take a while yet, and whoever shows the run says so meanwhile.
+    torchrun: the process runs under torchrun's agent, which passes a Ctrl-C on as SIGINT and
+    answers a second with SIGTERM (distributed.under_torchrun): then any signal after a SIGINT
+    quits at once too."""
 
-    def __init__(self, on_stop: Callable[[str], None] | None = None) -> None:
+    def __init__(self, on_stop: Callable[[str], None] | None = None,
+                 torchrun: bool = False) -> None:
         self.requested = False
         self.on_stop = on_stop
+        self.torchrun = torchrun
+        self._first: int | None = None  # the signal of the first request
         self._old: dict[int, Any] = {}
 
     def _handler(self, signum: int, frame: Any) -> None:
-        if self.requested and signum == signal.SIGINT:
+        again = signum == signal.SIGINT or (self.torchrun and self._first == signal.SIGINT)
+        if self.requested and again:
             raise KeyboardInterrupt  # saves are atomic: the last checkpoint stays whole
         first, self.requested = not self.requested, True
+        if first:
+            self._first = signum
         if first and self.on_stop is not None:
             self.on_stop(signal.Signals(signum).name)
 
