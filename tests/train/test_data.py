@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+import shutil
 from pathlib import Path
 
 import numpy as np
@@ -75,7 +76,7 @@ def test_a_cache_another_process_wrote_first_is_read(
 
 @pytest.mark.parametrize(("spec", "damage"), [
     ("char", "train.bin"), ("char", "meta.json"), ("char", "tokenizer_config.json"),
-    ("bpe:300", "tokenizer.json"),
+    ("bpe:300", "tokenizer.json"), ("bpe:300", "index"),
 ])
 def test_a_damaged_cache_is_made_again(
     corpus: Path, tmp_path: Path, spec: str, damage: str
@@ -88,7 +89,8 @@ def test_a_damaged_cache_is_made_again(
     train, val = np.array(whole.train), np.array(whole.val)  # copies: the files get cut
     del whole
     (entry,) = (cache / "data").iterdir()
-    path = entry / damage
+    (index,) = (cache / "data-index").iterdir()  # the spec's: which entry holds its ids
+    path = index if damage == "index" else entry / damage
     path.write_bytes(path.read_bytes()[:10])
     again = TextDataset.from_file(corpus, spec, cache_dir=cache)
     assert np.array_equal(again.train, train) and np.array_equal(again.val, val)
@@ -129,6 +131,28 @@ def test_an_entry_per_tokenizer_spec_val_fraction_and_text(corpus: Path, tmp_pat
     corpus.write_text(TEXT + "more\n")
     TextDataset.from_file(corpus, "bpe:300", cache_dir=cache)
     assert len(list((cache / "data").iterdir())) == len(runs) + 2
+
+
+def test_a_spec_and_a_checkpoints_copy_of_its_tokenizer_share_an_entry(
+    corpus: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A resume reads its text with the checkpoint's tokenizer (a path): it finds the entry
+    the run's spec made. An entry made before specs were indexed (keyed by the tokenizer
+    alone, as every entry still is) is found by its spec after one build, not encoded again."""
+    cache = tmp_path / "c"
+    first = TextDataset.from_file(corpus, "bpe:300", cache_dir=cache)
+    first.tokenizer.save(tmp_path / "ckpt")
+
+    def no_encoding(self: object, pieces: object) -> list[list[int]]:
+        raise AssertionError("the cached text was encoded again")
+
+    monkeypatch.setattr(tokenizers.HFTokenizer, "encode_pieces", no_encoding)
+    resumed = TextDataset.from_file(corpus, str(tmp_path / "ckpt"), cache_dir=cache)
+    shutil.rmtree(cache / "data-index")
+    indexed = TextDataset.from_file(corpus, "bpe:300", cache_dir=cache)
+    for ds in (resumed, indexed):
+        assert np.array_equal(ds.train, first.train) and np.array_equal(ds.val, first.val)
+    assert len(list((cache / "data").iterdir())) == len(list((cache / "data-index").iterdir()))
 
 
 def test_a_tokenizer_path_is_keyed_by_what_it_holds(corpus: Path, tmp_path: Path) -> None:

@@ -20,6 +20,7 @@ import itertools
 import json
 import math
 import os
+import re
 import shutil
 import uuid
 from abc import ABC, abstractmethod
@@ -168,36 +169,15 @@ class TextDataset(Dataset):
         progress: Progress | None = None,
     ) -> TextDataset:
         """Tokenize once to `cache_dir/data/<key>/{train,val}.bin`, the tokenizer beside them;
-        later calls reuse the files. progress(characters encoded, characters in all) hears
-        while a text is encoded."""
+        later calls reuse the files (`_token_cache`). progress(characters encoded, characters
+        in all) hears while a text is encoded."""
         if not 0.0 < val_fraction < 1.0:
             raise ValueError(f"val_fraction={val_fraction} must be in (0, 1)")
         text = read_text(path)
         fingerprint = _text_hash(text)  # the text alone
-        spec = named_spec(tokenizer) if isinstance(tokenizer, str) else None
-        # A named spec (char, word, bpe:N, byte, tiktoken:ENC) fixes the tokenizer given the
-        # text, so the entry is found before one is built (a bpe trained). A path or a
-        # Tokenizer can hold anything under one name: keyed by the tokenizer itself.
-        tok = None if spec is not None else (
-            get_tokenizer(tokenizer, text) if isinstance(tokenizer, str) else tokenizer)
-        what = f"spec:{spec}" if tok is None else tok.identity()
-        key = hashlib.sha256(f"{what}|{val_fraction}|{fingerprint}".encode()).hexdigest()[:20]
         root = Path(cache_dir) if cache_dir is not None else default_cache_dir()
-        cached = root / "data" / key
-        opened = _open_cache(cached)
-        if opened is None:  # none yet, or cut short or edited: made (again)
-            shutil.rmtree(cached, ignore_errors=True)
-            tok = tok if tok is not None else get_tokenizer(str(spec), text)
-            dtype = _dtype(tok)
-            ids = _encode(tok, text, dtype, progress)
-            n_val = max(1, int(len(ids) * val_fraction))
-            _write_split(cached, ids[: len(ids) - n_val], ids[len(ids) - n_val:], tok, dtype)
-            del ids
-            opened = _open_cache(cached)
-            if opened is None:
-                raise RuntimeError(f"the token cache {cached}, just written, does not read back "
-                                   "(a full disk?); remove it and run again")
-        cached_tok, train, val = opened
+        cached_tok, train, val = _token_cache(root, tokenizer, text, fingerprint, val_fraction,
+                                              progress)
         # checked on what is read, cached or not (a cache written before this check held one)
         first = train[0]
         if (train == first).all() and (val == first).all():  # e.g. a file of NUL bytes
@@ -235,6 +215,56 @@ class TextDataset(Dataset):
         window = starts[rows].numpy()[:, None] + np.arange(block_size + 1)  # (B, T + 1)
         chunk = torch.from_numpy(ids[window].astype(np.int64))  # (B, T + 1)
         return chunk[:, :-1], chunk[:, 1:]  # (B, T), (B, T)
+
+
+def _token_cache(
+    root: Path, tokenizer: str | Tokenizer, text: str, fingerprint: str, val_fraction: float,
+    progress: Progress | None,
+) -> tuple[Tokenizer, np.ndarray, np.ndarray]:
+    """The tokenizer and the train and val ids of `text`, from `root/data/<key>`, made there
+    if it holds none. The key is the tokenizer's own hash with val_fraction and the text's, so
+    a spec, a checkpoint's copy of its tokenizer (a resume) and a Tokenizer share an entry. A
+    named spec (char, word, bpe:N, byte, tiktoken:ENC) fixes the tokenizer given the text, so
+    `root/data-index/<spec key>` names its entry: found before a tokenizer is built (a bpe
+    trained on all the text again)."""
+    data, spec = root / "data", named_spec(tokenizer) if isinstance(tokenizer, str) else None
+    index = root / "data-index" / _hash(f"{spec}|{val_fraction}|{fingerprint}") if spec else None
+    entry = _indexed(data, index) if index is not None else None
+    opened = _open_cache(entry) if entry is not None else None
+    if opened is not None:
+        return opened
+    tok = get_tokenizer(tokenizer, text) if isinstance(tokenizer, str) else tokenizer
+    key = _hash(f"{tok.identity()}|{val_fraction}|{fingerprint}")
+    cached = data / key
+    opened = _open_cache(cached)
+    if opened is None:  # none yet, or cut short or edited: made (again)
+        shutil.rmtree(cached, ignore_errors=True)
+        dtype = _dtype(tok)
+        ids = _encode(tok, text, dtype, progress)
+        n_val = max(1, int(len(ids) * val_fraction))
+        _write_split(cached, ids[: len(ids) - n_val], ids[len(ids) - n_val:], tok, dtype)
+        del ids
+        opened = _open_cache(cached)
+        if opened is None:
+            raise RuntimeError(f"the token cache {cached}, just written, does not read back "
+                               "(a full disk?); remove it and run again")
+    if index is not None:  # one write: a torn one names no entry, and is made again
+        index.parent.mkdir(parents=True, exist_ok=True)
+        index.write_text(key)
+    return opened
+
+
+def _indexed(data: Path, index: Path) -> Path | None:
+    """The entry a spec's index file names; None where the file is missing or garbled."""
+    try:
+        key = index.read_text().strip()
+    except (OSError, UnicodeDecodeError):
+        return None
+    return data / key if re.fullmatch(r"[0-9a-f]{20}", key) else None
+
+
+def _hash(key: str) -> str:
+    return hashlib.sha256(key.encode()).hexdigest()[:20]
 
 
 def _text_hash(text: str) -> str:
