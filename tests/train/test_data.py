@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import hashlib
+import shutil
 from pathlib import Path
 
 import numpy as np
@@ -72,21 +74,122 @@ def test_a_cache_another_process_wrote_first_is_read(
     assert [p.name for p in (cache / "data").iterdir()] == [entry.name]  # no .tmp left
 
 
-def test_a_damaged_cache_is_made_again(corpus: Path, tmp_path: Path) -> None:
+@pytest.mark.parametrize(("spec", "damage"), [
+    ("char", "train.bin"), ("char", "meta.json"), ("char", "tokenizer_config.json"),
+    ("bpe:300", "tokenizer.json"), ("bpe:300", "index"),
+])
+def test_a_damaged_cache_is_made_again(
+    corpus: Path, tmp_path: Path, spec: str, damage: str
+) -> None:
     """A cache file cut short (a full disk, a copy) failed every later run with numpy's
-    'mmap length is greater than file size', naming neither the file nor the fix."""
+    'mmap length is greater than file size', naming neither the file nor the fix; a damaged
+    tokenizer file beside the ids failed every later run as 'not a valid tokenizer'."""
     cache = tmp_path / "c"
-    whole = TextDataset.from_file(corpus, "char", cache_dir=cache)
+    whole = TextDataset.from_file(corpus, spec, cache_dir=cache)
     train, val = np.array(whole.train), np.array(whole.val)  # copies: the files get cut
     del whole
     (entry,) = (cache / "data").iterdir()
-    for damage in ("train.bin", "meta.json"):
-        path = entry / damage
-        path.write_bytes(path.read_bytes()[:10])
-        again = TextDataset.from_file(corpus, "char", cache_dir=cache)
-        assert np.array_equal(again.train, train), damage
-        assert np.array_equal(again.val, val), damage
-        del again
+    (index,) = (cache / "data-index").iterdir()  # the spec's: which entry holds its ids
+    path = index if damage == "index" else entry / damage
+    path.write_bytes(path.read_bytes()[:10])
+    again = TextDataset.from_file(corpus, spec, cache_dir=cache)
+    assert np.array_equal(again.train, train) and np.array_equal(again.val, val)
+    assert again.tokenizer.decode(np.concatenate([train, val]).tolist()) == TEXT
+
+
+@pytest.mark.parametrize(("spec", "builder"), [
+    ("char", "CharTokenizer.from_text"), ("word", "WordTokenizer.from_text"),
+    ("bpe:300", "HFTokenizer.train"),
+])
+def test_a_second_run_builds_no_tokenizer(
+    corpus: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, spec: str, builder: str
+) -> None:
+    """The cache was keyed by the built tokenizer, so every run trained the bpe on the whole
+    text again before it could look: the entry it finds holds the tokenizer."""
+    cache = tmp_path / "c"
+    first = TextDataset.from_file(corpus, spec, cache_dir=cache)
+
+    def built_again(*args: object) -> None:
+        raise AssertionError(f"{builder} ran again on a cached text")
+
+    cls, name = builder.split(".")
+    monkeypatch.setattr(getattr(tokenizers, cls), name, built_again)
+    again = TextDataset.from_file(corpus, spec, cache_dir=cache)
+    assert np.array_equal(first.train, again.train) and np.array_equal(first.val, again.val)
+    assert again.tokenizer.identity() == first.tokenizer.identity()
+
+
+def test_an_entry_per_tokenizer_spec_val_fraction_and_text(corpus: Path, tmp_path: Path) -> None:
+    cache = tmp_path / "c"
+    runs = [("char", 0.1), ("word", 0.1), ("bpe:300", 0.1), ("bpe:301", 0.1), ("char", 0.2)]
+    for spec, val_fraction in runs:
+        TextDataset.from_file(corpus, spec, val_fraction=val_fraction, cache_dir=cache)
+    assert len(list((cache / "data").iterdir())) == len(runs)
+    for same in ("bpe", "bpe:512"):  # one tokenizer, spelt two ways: one entry
+        TextDataset.from_file(corpus, same, cache_dir=cache)
+    assert len(list((cache / "data").iterdir())) == len(runs) + 1
+    corpus.write_text(TEXT + "more\n")
+    TextDataset.from_file(corpus, "bpe:300", cache_dir=cache)
+    assert len(list((cache / "data").iterdir())) == len(runs) + 2
+
+
+def test_a_spec_and_a_checkpoints_copy_of_its_tokenizer_share_an_entry(
+    corpus: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A resume reads its text with the checkpoint's tokenizer (a path): it finds the entry
+    the run's spec made. An entry made before specs were indexed (keyed by the tokenizer
+    alone, as every entry still is) is found by its spec after one build, not encoded again."""
+    cache = tmp_path / "c"
+    first = TextDataset.from_file(corpus, "bpe:300", cache_dir=cache)
+    first.tokenizer.save(tmp_path / "ckpt")
+
+    def no_encoding(self: object, pieces: object) -> list[list[int]]:
+        raise AssertionError("the cached text was encoded again")
+
+    monkeypatch.setattr(tokenizers.HFTokenizer, "encode_pieces", no_encoding)
+    resumed = TextDataset.from_file(corpus, str(tmp_path / "ckpt"), cache_dir=cache)
+    shutil.rmtree(cache / "data-index")
+    indexed = TextDataset.from_file(corpus, "bpe:300", cache_dir=cache)
+    for ds in (resumed, indexed):
+        assert np.array_equal(ds.train, first.train) and np.array_equal(ds.val, first.val)
+    assert len(list((cache / "data").iterdir())) == len(list((cache / "data-index").iterdir()))
+
+
+def test_a_tokenizer_path_is_keyed_by_what_it_holds(corpus: Path, tmp_path: Path) -> None:
+    """A checkpoint's tokenizer can change under the same path: its ids are not reused."""
+    saved = tmp_path / "tok"
+    tokenizers.CharTokenizer.from_text(TEXT).save(saved)
+    first = TextDataset.from_file(corpus, str(saved), cache_dir=tmp_path / "c")
+    tokenizers.CharTokenizer.from_text(TEXT + "XYZ").save(saved)  # another id for each
+    again = TextDataset.from_file(corpus, str(saved), cache_dir=tmp_path / "c")
+    assert again.tokenizer.vocab_size == first.tokenizer.vocab_size + 3
+    assert not np.array_equal(first.train, again.train)
+    assert again.tokenizer.decode(np.concatenate([again.train, again.val]).tolist()) == TEXT
+
+
+@pytest.mark.parametrize("spec", ["char", "word", "byte", "bpe:300"])
+def test_a_long_text_is_encoded_in_pieces_to_the_ids_of_the_whole(
+    tmp_path: Path, spec: str
+) -> None:
+    """Several batches of pieces (64k characters, 8 at once): the ids of encoding it whole;
+    its fingerprint (hashed a MiB at a time) the hash of the whole file, as a resume checks."""
+    path, text = tmp_path / "long.txt", TEXT * 100  # 1.06M characters
+    path.write_text(text)
+    heard: list[tuple[int, int]] = []
+    ds = TextDataset.from_file(path, spec, cache_dir=tmp_path / "c",
+                               progress=lambda done, total: heard.append((done, total)))
+    assert np.concatenate([ds.train, ds.val]).tolist() == ds.tokenizer.encode(text)
+    assert ds.fingerprint == hashlib.sha256(path.read_bytes()).hexdigest()[:20]
+    assert len(heard) == 3 and heard[-1] == (len(text), len(text))
+    assert heard[0][0] < heard[1][0] < heard[2][0]
+
+
+def test_a_character_outside_the_vocabulary_is_placed_in_the_whole_text(tmp_path: Path) -> None:
+    path, text = tmp_path / "long.txt", TEXT * 70 + "QED\n"
+    path.write_text(text)
+    tok = tokenizers.CharTokenizer.from_text(TEXT)  # no capitals
+    with pytest.raises(tokenizers.CannotEncode, match=f"'Q' at position {len(TEXT) * 70}"):
+        TextDataset.from_file(path, tok, cache_dir=tmp_path / "c")
 
 
 def test_a_directory_of_txt_files(tmp_path: Path) -> None:

@@ -26,6 +26,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from .pieces import cuts_like_gpt2, text_pieces
 from .token_bytes import bytes_text, chars_as_bytes, visible_controls
 
 CONFIG_FILE = "tokenizer_config.json"
@@ -66,6 +67,8 @@ class Tokenizer(ABC):
     pad_id: int = 0  # id placed at padding positions (masked out, any valid id works)
     # ids below vocab_size that name no token (a tokenizer.json's holes): never sampled
     unused_ids: frozenset[int] = frozenset()
+    # whether a text's `pieces.text_pieces`, encoded one by one, give the ids of the whole
+    encodes_in_pieces: bool = False
 
     @property
     def stop_ids(self) -> tuple[int, ...]:
@@ -82,6 +85,10 @@ class Tokenizer(ABC):
     @abstractmethod
     def _config(self) -> dict[str, Any]:
         """JSON-serialisable state for `save` (plus "type")."""
+
+    def encode_pieces(self, pieces: Sequence[str]) -> list[list[int]]:
+        """The ids of each of a text's `text_pieces` (where `encodes_in_pieces`)."""
+        return [self.encode(piece) for piece in pieces]
 
     def encode_continuation(self, text: str) -> list[int]:
         """Ids of `text` as it reads after other text: without the BOS or other special
@@ -207,6 +214,7 @@ class CharTokenizer(Tokenizer):
         self.chars = list(chars)
         self.stoi = {c: i for i, c in enumerate(self.chars)}
         self.name, self.vocab_size = "char", len(self.chars)
+        self.encodes_in_pieces = True
 
     @classmethod
     def from_text(cls, text: str) -> CharTokenizer:
@@ -228,7 +236,7 @@ class CharTokenizer(Tokenizer):
 
 
 class ByteTokenizer(Tokenizer):
-    name, vocab_size = "byte", 256
+    name, vocab_size, encodes_in_pieces = "byte", 256, True
 
     def encode(self, text: str) -> list[int]:
         return list(_utf8("byte", text))
@@ -258,10 +266,14 @@ class WordTokenizer(Tokenizer):
         self.words = list(words)
         self.stoi = {w: i for i, w in enumerate(self.words)}
         self.name, self.vocab_size = "word", len(self.words)
+        self.encodes_in_pieces = True
 
     @classmethod
     def from_text(cls, text: str) -> WordTokenizer:
-        return cls(sorted(set(WORD_PATTERN.findall(text))))
+        words: set[str] = set()
+        for piece in text_pieces(text):  # a list of every word of a long text held ~60 B a char
+            words.update(WORD_PATTERN.findall(piece))
+        return cls(sorted(words))
 
     def encode(self, text: str) -> list[int]:
         ids, pos = [], 0
@@ -303,6 +315,11 @@ class HFTokenizer(Tokenizer):
         self.eot_id = eot
         self.pad_id = eot if eot is not None else 0
 
+    @property
+    def encodes_in_pieces(self) -> bool:  # type: ignore[override]
+        # not where a subclass's encode adds to the text (a directory's BOS): each piece would
+        return type(self).encode is HFTokenizer.encode and cuts_like_gpt2(self.backend)
+
     @classmethod
     def train(cls, text: str, vocab_size: int = 512) -> HFTokenizer:
         tk = import_tokenizers()
@@ -315,9 +332,9 @@ class HFTokenizer(Tokenizer):
             vocab_size=vocab_size, special_tokens=[EOT], show_progress=False,
             initial_alphabet=tk.pre_tokenizers.ByteLevel.alphabet(),
         )
-        # The trainer reads from an iterator; chunk the text so lines stay natural.
-        chunks = text.splitlines(keepends=True) or [text]
-        backend.train_from_iterator(chunks, trainer=trainer)
+        # pieces, not the text's lines: a list of them took ~100 bytes a character, and a cut
+        # before a line's leading spaces made words that encoding the text never makes
+        backend.train_from_iterator(text_pieces(text), trainer=trainer)
         return cls(backend)
 
     @classmethod
@@ -333,6 +350,13 @@ class HFTokenizer(Tokenizer):
 
     def encode(self, text: str) -> list[int]:
         return self._encode(text, special=True)
+
+    def encode_pieces(self, pieces: Sequence[str]) -> list[list[int]]:
+        for piece in pieces:
+            _utf8(self.name, piece)
+        # in parallel; encode_batch_fast (tokenizers 0.20+) keeps no offsets
+        encode = getattr(self.backend, "encode_batch_fast", self.backend.encode_batch)
+        return [list(encoding.ids) for encoding in encode(list(pieces))]
 
     def encode_continuation(self, text: str) -> list[int]:
         # no post-processor template (Llama 3's tokenizer.json adds <|begin_of_text|>)
@@ -426,6 +450,7 @@ class TiktokenTokenizer(Tokenizer):
         self.encoding = tiktoken.get_encoding(encoding)
         self.name, self.vocab_size = f"tiktoken:{encoding}", self.encoding.n_vocab
         self.eot_id = self.pad_id = self.encoding.eot_token
+        self.encodes_in_pieces = True  # gpt2, cl100k and o200k words end at a pieces.PIECE_CUT
 
     def encode(self, text: str) -> list[int]:
         return list(self.encoding.encode(text, allowed_special={EOT}))

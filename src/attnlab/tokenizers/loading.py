@@ -20,10 +20,27 @@ from .core import (
 )
 from .hf_dir import HFDirTokenizer, is_hf_dir, load_hf_tokenizer, read_hf_config
 
+BPE_VOCAB = 512  # a bpe spec's vocabulary size when it names none
+
+
+def named_spec(spec: str) -> str | None:
+    """`spec` spelt one way ("bpe" is "bpe:512") where it names a kind of tokenizer, which the
+    spec and the training text fix: char, word, bpe:N, byte, tiktoken:ENC. None for a path,
+    whose file can change under the same name. Raises for a bpe size that is no number."""
+    kind, _, arg = spec.partition(":")
+    if kind in ("char", "word", "byte"):
+        return kind
+    if kind == "bpe":
+        try:
+            return f"bpe:{int(arg) if arg else BPE_VOCAB}"
+        except ValueError:
+            raise ValueError(f"bad bpe vocab size {arg!r} in {spec!r}; e.g. bpe:1024") from None
+    return f"tiktoken:{arg or 'gpt2'}" if kind == "tiktoken" else None
+
 
 def get_tokenizer(spec: str, text: str | None = None) -> Tokenizer:
     """Build a tokenizer from a spec (see the module docstring); `text` trains corpus-based ones."""
-    kind, _, arg = spec.partition(":")
+    kind, _, arg = (named_spec(spec) or spec).partition(":")
     if kind in ("char", "word", "bpe"):
         if text is None:
             raise ValueError(f"the {kind!r} tokenizer is built from the training text; pass text")
@@ -31,15 +48,11 @@ def get_tokenizer(spec: str, text: str | None = None) -> Tokenizer:
             return CharTokenizer.from_text(text)
         if kind == "word":
             return WordTokenizer.from_text(text)
-        try:
-            size = int(arg) if arg else 512
-        except ValueError:
-            raise ValueError(f"bad bpe vocab size {arg!r} in {spec!r}; e.g. bpe:1024") from None
-        return HFTokenizer.train(text, size)
+        return HFTokenizer.train(text, int(arg))
     if kind == "byte":
         return ByteTokenizer()
     if kind == "tiktoken":
-        return TiktokenTokenizer(arg or "gpt2")
+        return TiktokenTokenizer(arg)
     path = Path(spec)
     if path.is_dir() and not (path / CONFIG_FILE).exists() and (path / "ckpt").is_dir():
         path = path / "ckpt"  # a run directory stands for its checkpoint, as in every command

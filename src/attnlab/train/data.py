@@ -3,7 +3,8 @@
 Three kinds of dataset share one interface, `Dataset.batch(split, batch_size, block_size,
 generator) -> (x, y)` with x, y (B, T) long and y == -1 where no loss is wanted:
     TextDataset      a text file or a directory of .txt files, tokenized once to a uint16/
-                     uint32 memmap cached by content hash, random windows (nanoGPT)
+                     uint32 memmap cached with its tokenizer under the text's hash and the
+                     tokenizer spec, random windows (nanoGPT)
     SentenceDataset  the hello-world and animals sentences (`hello`, `animals`), the whole
                      set every batch
     TaskDataset      synthetic tasks only attention can solve, generated on the fly:
@@ -15,13 +16,15 @@ batches. Training policy lives in `loop.py`.
 from __future__ import annotations
 
 import hashlib
+import itertools
 import json
 import math
 import os
+import re
 import shutil
 import uuid
 from abc import ABC, abstractmethod
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import numpy as np
@@ -29,7 +32,16 @@ import torch
 from torch import Tensor
 
 from ..model.config import GPTConfig
-from ..tokenizers import CharTokenizer, Tokenizer, WordTokenizer, get_tokenizer, load_tokenizer
+from ..tokenizers import (
+    CannotEncode,
+    CharTokenizer,
+    Tokenizer,
+    WordTokenizer,
+    get_tokenizer,
+    load_tokenizer,
+)
+from ..tokenizers.loading import named_spec
+from ..tokenizers.pieces import text_pieces
 
 SENTENCES: dict[str, list[str]] = {
     "hello": ["Hello World!"],
@@ -44,6 +56,10 @@ SENTENCES: dict[str, list[str]] = {
 }
 TASKS = ("copy", "recall", "reverse")
 BUILTINS = (*SENTENCES, *TASKS)
+# pieces of 64k characters (pieces.text_pieces) encoded at once: Hugging Face encodes them in
+# parallel, and holds ~420 bytes a token of them meanwhile (docs/performance.md#token-cache)
+PIECES_AT_ONCE = 8
+Progress = Callable[[int, int], None]  # (done, in all)
 
 
 def default_cache_dir() -> Path:
@@ -150,36 +166,27 @@ class TextDataset(Dataset):
         *,
         val_fraction: float = 0.1,
         cache_dir: str | Path | None = None,
+        progress: Progress | None = None,
     ) -> TextDataset:
-        """Tokenize once to `cache_dir/<hash>/{train,val}.bin`; later calls reuse the files."""
+        """Tokenize once to `cache_dir/data/<key>/{train,val}.bin`, the tokenizer beside them;
+        later calls reuse the files (`_token_cache`). progress(characters encoded, characters
+        in all) hears while a text is encoded."""
         if not 0.0 < val_fraction < 1.0:
             raise ValueError(f"val_fraction={val_fraction} must be in (0, 1)")
         text = read_text(path)
-        tok = get_tokenizer(tokenizer, text) if isinstance(tokenizer, str) else tokenizer
-        fingerprint = hashlib.sha256(text.encode()).hexdigest()[:20]  # the text alone
-        key = hashlib.sha256(f"{tok.identity()}|{val_fraction}|{fingerprint}".encode()
-                             ).hexdigest()[:20]
+        fingerprint = _text_hash(text)  # the text alone
         root = Path(cache_dir) if cache_dir is not None else default_cache_dir()
-        cached = root / "data" / key
-        dtype = np.uint16 if tok.vocab_size <= 2**16 else np.uint32
-        if (cached / "meta.json").exists() and not _whole_cache(cached, dtype):
-            shutil.rmtree(cached, ignore_errors=True)  # cut short or edited: made again
-        if not (cached / "meta.json").exists():
-            ids = np.array(tok.encode(text), dtype=dtype)
-            n_val = max(1, int(len(ids) * val_fraction))
-            _write_split(cached, ids[: len(ids) - n_val], ids[len(ids) - n_val:], tok, dtype)
-        meta = json.loads((cached / "meta.json").read_text())
-        train = np.memmap(cached / "train.bin", dtype=dtype, mode="r", shape=(meta["train"],))
-        val = np.memmap(cached / "val.bin", dtype=dtype, mode="r", shape=(meta["val"],))
+        cached_tok, train, val = _token_cache(root, tokenizer, text, fingerprint, val_fraction,
+                                              progress)
         # checked on what is read, cached or not (a cache written before this check held one)
         first = train[0]
         if (train == first).all() and (val == first).all():  # e.g. a file of NUL bytes
             raise ValueError(
                 f"data {path} is {len(train) + len(val):,} tokens of only 1 distinct one "
-                f"({tok.decode([int(first)])!r}); a model learns nothing from it. "
+                f"({cached_tok.decode([int(first)])!r}); a model learns nothing from it. "
                 "Is it a text file? Train on text with at least 2 different tokens"
             )
-        return cls(Path(path).name, load_tokenizer(cached) if isinstance(tokenizer, str) else tok,
+        return cls(Path(path).name, cached_tok if isinstance(tokenizer, str) else tokenizer,
                    train, val, source=str(Path(path).resolve()), fingerprint=fingerprint)
 
     @property
@@ -208,6 +215,104 @@ class TextDataset(Dataset):
         window = starts[rows].numpy()[:, None] + np.arange(block_size + 1)  # (B, T + 1)
         chunk = torch.from_numpy(ids[window].astype(np.int64))  # (B, T + 1)
         return chunk[:, :-1], chunk[:, 1:]  # (B, T), (B, T)
+
+
+def _token_cache(
+    root: Path, tokenizer: str | Tokenizer, text: str, fingerprint: str, val_fraction: float,
+    progress: Progress | None,
+) -> tuple[Tokenizer, np.ndarray, np.ndarray]:
+    """The tokenizer and the train and val ids of `text`, from `root/data/<key>`, made there
+    if it holds none. The key is the tokenizer's own hash with val_fraction and the text's, so
+    a spec, a checkpoint's copy of its tokenizer (a resume) and a Tokenizer share an entry. A
+    named spec (char, word, bpe:N, byte, tiktoken:ENC) fixes the tokenizer given the text, so
+    `root/data-index/<spec key>` names its entry: found before a tokenizer is built (a bpe
+    trained on all the text again)."""
+    data, spec = root / "data", named_spec(tokenizer) if isinstance(tokenizer, str) else None
+    index = root / "data-index" / _hash(f"{spec}|{val_fraction}|{fingerprint}") if spec else None
+    entry = _indexed(data, index) if index is not None else None
+    opened = _open_cache(entry) if entry is not None else None
+    if opened is not None:
+        return opened
+    tok = get_tokenizer(tokenizer, text) if isinstance(tokenizer, str) else tokenizer
+    key = _hash(f"{tok.identity()}|{val_fraction}|{fingerprint}")
+    cached = data / key
+    opened = _open_cache(cached)
+    if opened is None:  # none yet, or cut short or edited: made (again)
+        shutil.rmtree(cached, ignore_errors=True)
+        dtype = _dtype(tok)
+        ids = _encode(tok, text, dtype, progress)
+        n_val = max(1, int(len(ids) * val_fraction))
+        _write_split(cached, ids[: len(ids) - n_val], ids[len(ids) - n_val:], tok, dtype)
+        del ids
+        opened = _open_cache(cached)
+        if opened is None:
+            raise RuntimeError(f"the token cache {cached}, just written, does not read back "
+                               "(a full disk?); remove it and run again")
+    if index is not None:  # one write: a torn one names no entry, and is made again
+        index.parent.mkdir(parents=True, exist_ok=True)
+        index.write_text(key)
+    return opened
+
+
+def _indexed(data: Path, index: Path) -> Path | None:
+    """The entry a spec's index file names; None where the file is missing or garbled."""
+    try:
+        key = index.read_text().strip()
+    except (OSError, UnicodeDecodeError):
+        return None
+    return data / key if re.fullmatch(r"[0-9a-f]{20}", key) else None
+
+
+def _hash(key: str) -> str:
+    return hashlib.sha256(key.encode()).hexdigest()[:20]
+
+
+def _text_hash(text: str) -> str:
+    """sha256 of the text's UTF-8, a slice at a time (not a second copy of all of it)."""
+    digest = hashlib.sha256()
+    for start in range(0, len(text), 1 << 20):
+        digest.update(text[start:start + (1 << 20)].encode())
+    return digest.hexdigest()[:20]
+
+
+def _dtype(tok: Tokenizer) -> type:
+    return np.uint16 if tok.vocab_size <= 2**16 else np.uint32
+
+
+def _encode(tok: Tokenizer, text: str, dtype: type, progress: Progress | None) -> np.ndarray:
+    """`text`'s ids, encoded a few of its `text_pieces` at a time where that gives the ids of
+    the whole text (`Tokenizer.encodes_in_pieces`; else all at once)."""
+    pieces = text_pieces(text) if tok.encodes_in_pieces else iter([text])
+    parts: list[np.ndarray] = []
+    done = 0
+    while batch := list(itertools.islice(pieces, PIECES_AT_ONCE)):
+        try:
+            parts += [np.array(ids, dtype=dtype) for ids in tok.encode_pieces(batch)]
+        except CannotEncode:  # said again from the text's start, so its position is the text's
+            tok.encode(text[:done + sum(map(len, batch))])
+            raise
+        done += sum(map(len, batch))
+        if progress is not None:
+            progress(done, len(text))
+    return np.concatenate(parts)
+
+
+def _open_cache(cached: Path) -> tuple[Tokenizer, np.ndarray, np.ndarray] | None:
+    """The tokenizer and the train and val ids of a cache entry, or None where there is none
+    or it is damaged (files cut short, edited or missing)."""
+    if not (cached / "meta.json").exists():
+        return None
+    try:
+        tok = load_tokenizer(cached)
+    except (OSError, ValueError):
+        return None
+    dtype = _dtype(tok)
+    if not _whole_cache(cached, dtype):
+        return None
+    meta = json.loads((cached / "meta.json").read_text())
+    train = np.memmap(cached / "train.bin", dtype=dtype, mode="r", shape=(meta["train"],))
+    val = np.memmap(cached / "val.bin", dtype=dtype, mode="r", shape=(meta["val"],))
+    return tok, train, val
 
 
 def _whole_cache(cached: Path, dtype: type) -> bool:
@@ -349,13 +454,16 @@ def load_dataset(
     *,
     val_fraction: float = 0.1,
     cache_dir: str | Path | None = None,
+    progress: Progress | None = None,
 ) -> Dataset:
-    """A built-in name (hello, animals, copy, recall, reverse) or a path to text."""
+    """A built-in name (hello, animals, copy, recall, reverse) or a path to text
+    (`TextDataset.from_file`, which `progress` is for)."""
     if source in SENTENCES:
         return SentenceDataset(source, SENTENCES[source])
     if source in TASKS:
         return TaskDataset(source)
-    return TextDataset.from_file(source, tokenizer, val_fraction=val_fraction, cache_dir=cache_dir)
+    return TextDataset.from_file(source, tokenizer, val_fraction=val_fraction,
+                                 cache_dir=cache_dir, progress=progress)
 
 
 def sequence_length(model_config: GPTConfig, dataset: Dataset, seq_len: int | None = None) -> int:
