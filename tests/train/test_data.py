@@ -58,7 +58,7 @@ def test_a_cache_another_process_wrote_first_is_read(
     import os
     import shutil
 
-    from attnlab.train import data
+    from attnlab.train import token_cache
 
     cache, replace = tmp_path / "c", os.replace
     theirs = TextDataset.from_file(corpus, "char", cache_dir=tmp_path / "theirs")
@@ -68,7 +68,7 @@ def test_a_cache_another_process_wrote_first_is_read(
         shutil.copytree(entry, dst)
         replace(src, dst)
 
-    monkeypatch.setattr(data.os, "replace", after_theirs)
+    monkeypatch.setattr(token_cache.os, "replace", after_theirs)
     ours = TextDataset.from_file(corpus, "char", cache_dir=cache)
     assert np.array_equal(ours.train, theirs.train)
     assert [p.name for p in (cache / "data").iterdir()] == [entry.name]  # no .tmp left
