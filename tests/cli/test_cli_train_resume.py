@@ -314,3 +314,7 @@ def test_the_resume_hint_of_a_torchrun_run_continues_under_torchrun(
     assert resume_command(args, Path("runs/x")) == (
         "torchrun --standalone --nproc_per_node 2 -m attnlab train --data 'my text.txt' "
         "--out runs/x --resume")
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "1")  # two nodes of one process each
+    assert resume_command(args, Path("runs/x")).startswith(
+        "torchrun --nnodes 2 --nproc_per_node 1 <this run's --rdzv flags, on each node> -m "
+        "attnlab train")

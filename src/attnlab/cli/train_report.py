@@ -17,10 +17,16 @@ from .common import check_device, count
 def resume_command(args: argparse.Namespace, out: Path) -> str:
     """The command that continues the run in `out`: the checkpoint holds the run's configs
     and tokenizer, so these three flags are enough; a run under torchrun continues under it,
-    with as many processes (it may take another count: docs/train.md)."""
+    with as many processes on as many nodes (it may take another count: docs/train.md)."""
     world = int(os.environ.get("WORLD_SIZE", "1"))
-    launch = (f"torchrun --standalone --nproc_per_node {world} -m attnlab" if world > 1
-              else "attnlab")
+    local = int(os.environ.get("LOCAL_WORLD_SIZE", world))  # torchrun's processes per node
+    if world == 1:
+        launch = "attnlab"
+    elif local == world:
+        launch = f"torchrun --standalone --nproc_per_node {world} -m attnlab"
+    else:  # several nodes: their rendezvous (host, port, id) is the user's to give again
+        launch = (f"torchrun --nnodes {world // local} --nproc_per_node {local} "
+                  "<this run's --rdzv flags, on each node> -m attnlab")
     return (f"{launch} train --data {shlex.quote(args.data)} --out {shlex.quote(str(out))} "
             "--resume")
 
