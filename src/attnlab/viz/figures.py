@@ -29,6 +29,8 @@ from .core import (
     ANNOTATE_MAX,
     MAX_TICKS,
     ArrayLike,
+    as_bool,
+    as_floats,
     as_numpy,
     colorbar,
     hatch_columns,
@@ -150,16 +152,34 @@ def weight_vmax(weights: ArrayLike, may_attend: ArrayLike | None = None) -> floa
     if values.shape[-1] <= ANNOTATE_MAX:
         return 1.0
     T, S = values.shape[-2:]
-    may = _may_attend((T, S), None) if may_attend is None else as_numpy(may_attend).astype(bool)
+    may = _may_attend((T, S), None) if may_attend is None else as_bool(may_attend)
     try:
         visible = values[np.broadcast_to(may, values.shape)]
     except ValueError:
         raise ValueError(f"may_attend of shape {may.shape} does not broadcast to weights of "
                          f"shape {values.shape}; give one (T, S) = ({T}, {S}) mask, or one "
                          "per leading dimension") from None
+    return _visible_vmax(visible, S)
+
+
+def _visible_vmax(visible: np.ndarray, S: int) -> float:
+    """weight_vmax of the visible weights `visible` (1-d, a copy: partitioned in place)."""
     if not visible.size:  # every cell masked (a row of pads): any scale
         return 1.0
-    return float(min(1.0, max(np.quantile(visible, 0.995), 2.0 / S)))
+    return float(min(1.0, max(np.quantile(visible, 0.995, overwrite_input=True), 2.0 / S)))
+
+
+def _visible(values: list[np.ndarray], mays: np.ndarray) -> np.ndarray:
+    """The weights of every layer's (nh, T, S) `values` where its (T, S) `mays` is True, in
+    one 1-d array filled layer by layer (one layer's selection at a time beside it): what
+    weight_vmax reads of the stacked (L, nh, T, S) weights."""
+    counts = [int(may.sum()) * v.shape[0] for v, may in zip(values, mays, strict=True)]
+    visible = np.empty(sum(counts), dtype=values[0].dtype)
+    at = 0
+    for v, may, n in zip(values, mays, counts, strict=True):
+        visible[at:at + n] = v[:, may].ravel()  # (nh, visible cells)
+        at += n
+    return visible
 
 
 def _may_attend(shape: tuple[int, ...], may_attend: ArrayLike | None) -> np.ndarray:
@@ -168,7 +188,7 @@ def _may_attend(shape: tuple[int, ...], may_attend: ArrayLike | None) -> np.ndar
     T, S = shape
     if may_attend is None:
         return np.arange(S)[None, :] <= np.arange(S - T, S)[:, None]  # (T, S)
-    may = as_numpy(may_attend).astype(bool)
+    may = as_bool(may_attend)
     if may.shape != (T, S):
         raise ValueError(f"may_attend of shape {may.shape} for a ({T}, {S}) matrix; pass the "
                          "(T, S) mask of the layer and row drawn, e.g. "
@@ -228,7 +248,7 @@ def _suptitle(fig: Figure, title: str, refill: bool) -> None:
 
 
 def plot_grid(
-    weights: ArrayLike,
+    weights: ArrayLike | Sequence[ArrayLike],
     tokens: Sequence[str],
     *,
     layers: Sequence[int] | None = None,
@@ -238,22 +258,29 @@ def plot_grid(
 ) -> Figure:
     """(L, nh, T, S) weights as a grid: one row per layer, one column per head.
 
-    `layers`/`heads` name the rows and columns (default 0..L-1, 0..nh-1). Token labels
-    appear on the left column and bottom row only, thinned to fit the panel size. Cells
-    where `may_attend` is False are hatched: (T, S) for every layer or (L, T, S) one per
-    layer (layers' sliding windows differ), default the causal future.
+    `weights` may also be a sequence of L (nh, T, S) arrays, a trace's layers as they are:
+    no stacked copy of them all. `layers`/`heads` name the rows and columns (default
+    0..L-1, 0..nh-1). Token labels appear on the left column and bottom row only, thinned to
+    fit the panel size. Cells where `may_attend` is False are hatched: (T, S) for every
+    layer or (L, T, S) one per layer (layers' sliding windows differ), default the causal
+    future.
     """
     plt = pyplot()
-    values = as_numpy(weights)
-    if values.ndim != 4:
-        raise ValueError(f"plot_grid needs (layers, heads, T, S) weights, got {values.shape}")
-    L, H, T, S = values.shape
+    if isinstance(weights, ArrayLike) and weights.ndim != 4:
+        raise ValueError(f"plot_grid needs (layers, heads, T, S) weights, got "
+                         f"{tuple(weights.shape)}")
+    values = [as_floats(layer) for layer in weights]  # (nh, T, S) each: a float32 tensor's view
+    shapes = sorted({v.shape for v in values})
+    if len(shapes) != 1 or len(shapes[0]) != 3:
+        raise ValueError(f"plot_grid needs one (heads, T, S) array per layer, all of one "
+                         f"shape, got shapes {shapes}")
+    L, (H, T, S) = len(values), values[0].shape
     layers = list(range(L)) if layers is None else list(layers)
     heads = list(range(H)) if heads is None else list(heads)
-    if may_attend is None or as_numpy(may_attend).ndim == 2:
+    if may_attend is None or as_bool(may_attend).ndim == 2:
         mays = np.stack([_may_attend((T, S), may_attend)] * L)  # (L, T, S)
     else:
-        mays = as_numpy(may_attend).astype(bool)
+        mays = as_bool(may_attend)
         if mays.shape != (L, T, S):
             raise ValueError(f"may_attend of shape {mays.shape} for {L} layers of ({T}, {S}) "
                              f"weights; pass one (T, S) mask or ({L}, {T}, {S}), one per layer")
@@ -262,12 +289,12 @@ def plot_grid(
                              squeeze=False, layout="constrained")
     ticks = max(2, int(panel * 7))  # about 7 labels per inch of panel (7 pt text)
     annotate = T <= 6 and panel >= 2.0
-    vmax = weight_vmax(values, mays[:, None])  # (L, 1, T, S) over (L, nh, T, S)
+    vmax = 1.0 if S <= ANNOTATE_MAX else _visible_vmax(_visible(values, mays), S)
     image = None
     for i in range(L):
         for j in range(H):
             ax = axes[i, j]
-            image = heatmap(ax, values[i, j], row_labels=tokens, col_labels=tokens,
+            image = heatmap(ax, values[i][j], row_labels=tokens, col_labels=tokens,
                             masked=~mays[i], vmin=0.0, vmax=vmax, annotate=annotate,
                             max_ticks=ticks)
             if i < L - 1:
