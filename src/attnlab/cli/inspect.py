@@ -201,9 +201,11 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-#: host bytes per traced weight for attention.json (Python floats, its text) and the figures
-#: (a stacked copy, matplotlib's arrays): 92 measured, docs/performance.md#inspect-memory
-OUTPUT_BYTES_PER_WEIGHT = 100
+#: host bytes per traced weight for what attention.json and the figures hold of them (the
+#: grid's image of every head, one head's working copies), 5-9 measured, and for the figure
+#: being drawn whatever the text (its canvas, ~45 MB): docs/performance.md#inspect-memory
+OUTPUT_BYTES_PER_WEIGHT = 16
+FIGURE_BYTES = 64 * 2**20
 INSPECT_FIX = ("a shorter text, fewer layers or heads (--layer, --head), --what row (one "
                "query's weights), or --summary (per-head summaries, no T x T)")
 
@@ -221,7 +223,8 @@ def inspect_memory(args: argparse.Namespace, config: Any, T: int, names: Iterabl
     weights = len(layers) * len(heads) * R * T
     if written and device_of(args).type == "cpu":  # a GPU's check reads the GPU's memory
         uses.append(Use(f"attention.json's and the figures' copies of its {weights:,} "
-                        "weights", nbytes=OUTPUT_BYTES_PER_WEIGHT * weights, fix=INSPECT_FIX))
+                        "weights", nbytes=OUTPUT_BYTES_PER_WEIGHT * weights + FIGURE_BYTES,
+                        fix=INSPECT_FIX))
     return uses
 
 

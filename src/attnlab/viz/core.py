@@ -169,8 +169,11 @@ def heatmap(
                        shown.max() if vmax is None else vmax)
     else:
         ax.add_patch(_hatch_patch(values.shape))
+        # colours after sampling the cells a pixel shows: the same pixels as matplotlib's
+        # "auto" (colours of every cell, then sampled, past 3 cells a pixel), drawn with a
+        # tenth of the memory (9 against 98 bytes a cell: docs/performance.md#inspect-memory)
         image = ax.imshow(shown, cmap=cmap, vmin=vmin, vmax=vmax, interpolation="nearest",
-                          aspect="auto")
+                          interpolation_stage="data", aspect="auto")
         ax.set_xlim(-0.5, cols - 0.5)
         ax.set_ylim(rows - 0.5, -0.5)
     set_ticks(ax, "x", col_labels, cols, max_ticks)
