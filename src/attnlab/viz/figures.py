@@ -3,8 +3,8 @@
 Every function takes plain tensors or arrays (what a `Trace` holds, already indexed to one
 sequence and head) and returns a matplotlib `Figure`; `save_figure` writes it as PNG and/or
 SVG and closes it. This module draws; `model/trace.py` captures and the CLI decides what to
-draw. The shared pieces (`heatmap`, tick labels, colorbars) are `core.py`'s, `save_figure`
-`save.py`'s.
+draw. The shared pieces (`heatmap`, tick labels, colorbars) are `core.py`'s, the cells shown
+and the weights' colour scale (`weight_vmax`) `visible.py`'s, `save_figure` `save.py`'s.
 
 Cells a query may not attend (the causal future, keys outside a sliding window, pad keys)
 are hatched, never drawn as weight 0: the figures of weights and masked scores take
@@ -39,6 +39,7 @@ from .core import (
     set_ticks,
     token_label,
 )
+from .visible import may_attend_mask, visible_vmax, visible_weights, weight_vmax
 
 if TYPE_CHECKING:
     from matplotlib.axes import Axes
@@ -118,7 +119,7 @@ def _draw_kind(fig: Figure, ax: Axes, values: np.ndarray, rows: Sequence[str],
                cols: Sequence[str], kind: str, ticks: int = MAX_TICKS,
                may_attend: ArrayLike | None = None) -> Any:
     if kind == "weights":
-        may = _may_attend(values.shape, may_attend)  # (T, S)
+        may = may_attend_mask(values.shape, may_attend)  # (T, S)
         image = heatmap(ax, values, row_labels=rows, col_labels=cols, masked=~may,
                         vmin=0.0, vmax=weight_vmax(values, may), max_ticks=ticks)
     elif kind in ("scores", "masked"):
@@ -126,7 +127,7 @@ def _draw_kind(fig: Figure, ax: Axes, values: np.ndarray, rows: Sequence[str],
         lim = float(np.abs(finite).max()) if finite.size else 0.0
         lim = lim or 1.0  # all zeros (equal scores: a running mean): any symmetric scale
         # masked scores are -inf where masked; a may_attend given says so for other scores
-        masked = None if kind == "scores" or may_attend is None else ~_may_attend(
+        masked = None if kind == "scores" or may_attend is None else ~may_attend_mask(
             values.shape, may_attend)  # (T, S)
         image = heatmap(ax, values, row_labels=rows, col_labels=cols, cmap="RdBu_r",
                         vmin=-lim, vmax=lim, masked=masked,
@@ -137,63 +138,6 @@ def _draw_kind(fig: Figure, ax: Axes, values: np.ndarray, rows: Sequence[str],
     ax.set_ylabel("query", fontsize=8)
     colorbar(fig, image, ax, fraction=0.035, pad=0.03)
     return image
-
-
-def weight_vmax(weights: ArrayLike, may_attend: ArrayLike | None = None) -> float:
-    """Top of the colour scale for attention weights: 1 for short texts.
-
-    Over hundreds of keys typical weights are ~1/T and would all be one dark colour on a
-    0..1 scale, so long texts use the 99.5th percentile of the visible weights instead (the
-    colorbar then ends in an arrow: brighter cells are clipped, not hidden). Visible: where
-    `may_attend` (broadcast to the weights' shape (..., T, S)) is True, default the causal
-    past; the 0s of masked cells (a window, padding) would pull the percentile down.
-    """
-    values = as_numpy(weights)
-    if values.shape[-1] <= ANNOTATE_MAX:
-        return 1.0
-    T, S = values.shape[-2:]
-    may = _may_attend((T, S), None) if may_attend is None else as_bool(may_attend)
-    try:
-        visible = values[np.broadcast_to(may, values.shape)]
-    except ValueError:
-        raise ValueError(f"may_attend of shape {may.shape} does not broadcast to weights of "
-                         f"shape {values.shape}; give one (T, S) = ({T}, {S}) mask, or one "
-                         "per leading dimension") from None
-    return _visible_vmax(visible, S)
-
-
-def _visible_vmax(visible: np.ndarray, S: int) -> float:
-    """weight_vmax of the visible weights `visible` (1-d, a copy: partitioned in place)."""
-    if not visible.size:  # every cell masked (a row of pads): any scale
-        return 1.0
-    return float(min(1.0, max(np.quantile(visible, 0.995, overwrite_input=True), 2.0 / S)))
-
-
-def _visible(values: list[np.ndarray], mays: np.ndarray) -> np.ndarray:
-    """The weights of every layer's (nh, T, S) `values` where its (T, S) `mays` is True, in
-    one 1-d array filled layer by layer (one layer's selection at a time beside it): what
-    weight_vmax reads of the stacked (L, nh, T, S) weights."""
-    counts = [int(may.sum()) * v.shape[0] for v, may in zip(values, mays, strict=True)]
-    visible = np.empty(sum(counts), dtype=values[0].dtype)
-    at = 0
-    for v, may, n in zip(values, mays, counts, strict=True):
-        visible[at:at + n] = v[:, may].ravel()  # (nh, visible cells)
-        at += n
-    return visible
-
-
-def _may_attend(shape: tuple[int, ...], may_attend: ArrayLike | None) -> np.ndarray:
-    """(T, S) bool: `may_attend` checked against a (T, S) matrix, or by default the causal
-    past (queries being the last T of S positions)."""
-    T, S = shape
-    if may_attend is None:
-        return np.arange(S)[None, :] <= np.arange(S - T, S)[:, None]  # (T, S)
-    may = as_bool(may_attend)
-    if may.shape != (T, S):
-        raise ValueError(f"may_attend of shape {may.shape} for a ({T}, {S}) matrix; pass the "
-                         "(T, S) mask of the layer and row drawn, e.g. "
-                         "trace.may_attend(layer, row)")
-    return may
 
 
 def plot_attention_steps(
@@ -217,7 +161,7 @@ def plot_attention_steps(
     """
     values = [as_numpy(scores), as_numpy(masked_scores), as_numpy(weights)]
     T, S = values[0].shape
-    may = np.isfinite(values[1]) if may_attend is None else _may_attend((T, S), may_attend)
+    may = np.isfinite(values[1]) if may_attend is None else may_attend_mask((T, S), may_attend)
     size, ticks = _layout(T, S, panels=3)
     if into is None:
         fig, axes = pyplot().subplots(1, 3, figsize=size, dpi=DPI, layout="tight")
@@ -278,7 +222,7 @@ def plot_grid(
     layers = list(range(L)) if layers is None else list(layers)
     heads = list(range(H)) if heads is None else list(heads)
     if may_attend is None or as_bool(may_attend).ndim == 2:
-        mays = np.stack([_may_attend((T, S), may_attend)] * L)  # (L, T, S)
+        mays = np.stack([may_attend_mask((T, S), may_attend)] * L)  # (L, T, S)
     else:
         mays = as_bool(may_attend)
         if mays.shape != (L, T, S):
@@ -289,7 +233,7 @@ def plot_grid(
                              squeeze=False, layout="constrained")
     ticks = max(2, int(panel * 7))  # about 7 labels per inch of panel (7 pt text)
     annotate = T <= 6 and panel >= 2.0
-    vmax = 1.0 if S <= ANNOTATE_MAX else _visible_vmax(_visible(values, mays), S)
+    vmax = 1.0 if S <= ANNOTATE_MAX else visible_vmax(visible_weights(values, mays), S)
     image = None
     for i in range(L):
         for j in range(H):
@@ -486,7 +430,7 @@ def plot_panels(
     for i, (ax, m, toks, name) in enumerate(zip(axes.flat, matrices, token_lists, titles,
                                                 strict=False)):
         v = as_numpy(m)
-        may = _may_attend(v.shape, None if may_attend is None else may_attend[i])  # (T, T)
+        may = may_attend_mask(v.shape, None if may_attend is None else may_attend[i])  # (T, T)
         image = heatmap(ax, v, row_labels=toks, col_labels=toks, masked=~may, vmin=0.0,
                         vmax=1.0)
         ax.set_title(name, fontsize=9)
