@@ -202,10 +202,11 @@ def run(args: argparse.Namespace) -> int:
 
 
 #: host bytes per traced weight for what attention.json and the figures hold of them (the
-#: grid's image of every head, one head's working copies), 5-9 measured, and for the figure
-#: being drawn whatever the text (its canvas, ~45 MB): docs/performance.md#inspect-memory
+#: grid's image of every head, one head's working copies), 5-9 measured, and whatever the
+#: text for matplotlib and the figure being drawn (its import, a canvas and its copies:
+#: ~110 MB measured with one head): docs/performance.md#inspect-memory
 OUTPUT_BYTES_PER_WEIGHT = 16
-FIGURE_BYTES = 64 * 2**20
+FIGURE_BYTES = 128 * 2**20
 INSPECT_FIX = ("a shorter text, fewer layers or heads (--layer, --head), --what row (one "
                "query's weights), or --summary (per-head summaries, no T x T)")
 
