@@ -3,14 +3,17 @@ entry point (its figures and JSON: test_cli_demo.py)."""
 
 from __future__ import annotations
 
+import argparse
 import json
 from pathlib import Path
 from typing import Any
 
 import pytest
+import torch
 
 import attnlab.viz
 from attnlab.cli import main
+from attnlab.cli.inspect import FIGURE_BYTES
 from helpers import nano_checkpoint
 
 pytest.importorskip("matplotlib")
@@ -127,7 +130,9 @@ def test_an_inspect_that_cannot_hold_its_trace_is_refused_before_the_load(
 
     weights = open_checkpoint(checkpoint).weights
     model_bytes = weights.model.num_params(non_embedding=False) * 4 + weights.files.largest()
-    monkeypatch.setattr(memory, "available_bytes", lambda device: model_bytes + 200_000)
+    # the figure's fixed bytes and 60 kB: not all heads (94 kB), one head's (29 kB)
+    monkeypatch.setattr(memory, "available_bytes",
+                        lambda device: model_bytes + FIGURE_BYTES + 60_000)
     loads: list[int] = []
     real = materialize.materialize
     monkeypatch.setattr(materialize, "materialize",
@@ -145,7 +150,67 @@ def test_an_inspect_that_cannot_hold_its_trace_is_refused_before_the_load(
     assert ("the model alone fits" in err and "a shorter text, fewer layers or heads "
             "(--layer, --head), --what row (one query's weights), or --summary" in err)
     assert "smaller model" not in err and err.rstrip().endswith("--force tries anyway")
-    # 2 x 2 heads of 30 x 30 weights: 360 kB in attention.json and the grid; one head's fit
+    # 2 x 2 heads of 30 x 30 weights: 58 kB in attention.json and the grid, 36 kB traced;
+    # one head's fit
     for fewer in (["--what", "grid", "--layer", "0", "--head", "0"], ["--summary"]):
         assert main(["inspect", str(checkpoint), text, *flags, *fewer]) == 0
         assert loads
+
+
+@pytest.fixture(scope="module")
+def long_checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A seeded 2-layer, 4-head model over 9 characters that reads 500-token texts."""
+    from attnlab import GPT, GPTConfig
+    from attnlab.checkpoint import save_checkpoint
+    from attnlab.tokenizers import CharTokenizer
+
+    tok = CharTokenizer(list("abcdefgh "))
+    torch.manual_seed(0)
+    model = GPT(GPTConfig(vocab_size=tok.vocab_size, block_size=512, n_layer=2, n_head=4,
+                          n_embd=32))
+    return save_checkpoint(tmp_path_factory.mktemp("long") / "ckpt", model, tok)
+
+
+@pytest.mark.parametrize("flags", [["--what", "grid"],
+                                   ["--what", "weights,row", "--layer", "0", "--head", "0"]])
+def test_inspects_host_memory_is_what_its_fit_check_counts(
+        long_checkpoint: Path, tmp_path: Path, flags: list[str],
+        capsys: pytest.CaptureFixture[str]) -> None:
+    """attention.json was built as Python lists of floats and its text in memory, twice, and
+    the grid drew a float64 copy of a stacked copy: ~92 bytes per traced weight on the host,
+    where the trace holds 4. Now the host's allocations (tracemalloc: numpy's and Python's,
+    not the trace's tensors) beyond the trace stay within what the fit check counts for them
+    (inspect_memory), and the grid's run takes under half the bytes that the weights as
+    Python lists alone took; the rerun into the same --out reads the earlier attention.json's
+    list of files, not its weights."""
+    import tracemalloc
+
+    from attnlab.cli.inspect import inspect_memory
+    from attnlab.load import open_checkpoint
+
+    text = "".join("abcdefgh "[(i * 7 + i // 9) % 9] for i in range(500))
+    out = str(tmp_path / "out")
+    attnlab.viz.core.pyplot()  # matplotlib's import is not inspect's to count
+    assert main(["inspect", str(long_checkpoint), text, "--out", out, "--what", "grid"]) == 0
+    tracemalloc.start()
+    try:
+        assert main(["inspect", str(long_checkpoint), text, "--out", out, *flags]) == 0
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    capsys.readouterr()
+    c = open_checkpoint(long_checkpoint).config
+    layers, heads = ([0], [0]) if "--layer" in flags else (list(range(2)), list(range(4)))
+    args = argparse.Namespace(device="cpu")
+    _, written = inspect_memory(args, c, 500, {"attn_weights"}, layers, heads)
+    assert peak <= written.bytes_in(torch.float32), (peak, written)
+    if "--layer" not in flags:
+        record = json.loads((tmp_path / "out" / "attention.json").read_text())
+        tracemalloc.start()
+        try:
+            as_lists = [attnlab.viz.to_list(torch.tensor(head["weights"]))
+                        for head in record["attention"]]
+            lists_bytes = tracemalloc.get_traced_memory()[0]
+        finally:
+            tracemalloc.stop()
+        assert len(as_lists) == 8 and peak < lists_bytes / 2, (peak, lists_bytes)

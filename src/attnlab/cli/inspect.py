@@ -3,19 +3,19 @@
 Runs the model once with a `Trace` that keeps only what the chosen figures need, writes
 the figures (viz.py) and `attention.json` (tokens and the attention weights of the chosen
 layers and heads) to DIR. `--format html` writes `attention.html` instead of figures: the
-interactive view of `attnlab.show()` as one file that opens offline (show.py).
+interactive view of `attnlab.show()` as one file that opens offline (show.py). How the files
+reach DIR (a hidden stage, attention.json written a few rows at a time, earlier runs' files
+tidied) is inspect_files.py's.
 """
 
 from __future__ import annotations
 
 import argparse
-import contextlib
+import gc
 import json
 import os
-import shutil
 import sys
-import tempfile
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
@@ -32,6 +32,7 @@ from .common import (
     out_of_memory,
     text_ids,
 )
+from .inspect_files import AttentionRecord, list_files, move_in, staging
 from .progress import blocks_shown
 
 #: what -> (trace names it needs, description for --help)
@@ -177,7 +178,11 @@ def run(args: argparse.Namespace) -> int:
     with staging(out) as stage:
         written = _draw(kinds, formats, stage, trace, c, layers, heads, head_of, tokens, query,
                         args.text)
-        record = _record(str(ckpt.path), args.text, tokens, ids, layers, heads, head_of, rows)
+        record = AttentionRecord(
+            {**({} if rows is None else {"query_rows": rows}), "checkpoint": str(ckpt.path),
+             "text": args.text, "tokens": tokens, "token_ids": ids, "layers": layers,
+             "heads": heads},
+            layers, heads, lambda la, h: head_of("attn_weights", la, h))
         if page:
             from ..viewer.notebook import show
 
@@ -186,19 +191,22 @@ def run(args: argparse.Namespace) -> int:
                         query=None if args.query is None else query,
                         scale=c.score_scale, title=f"attnlab inspect · {args.text[:40]}")
             written.append(view.save(stage / "attention.html"))
-        written, stale = _move_in(out, stage, record, [p.name for p in written])
+        written, stale = move_in(out, stage, record, [p.name for p in written])
 
     print(f"text     {count(T, 'token')}: {' '.join(repr(t) for t in tokens[:16])}"
           + (" …" if T > 16 else ""))
     print(f"traced   layers {_ranges(layers)}, heads {_ranges(heads)}: "
           f"{', '.join(sorted(names))} ({trace.size_text()})")
-    _list_files(out, written, stale)
+    list_files(out, written, stale)
     return 0
 
 
-#: host bytes per traced weight for attention.json (Python floats, its text) and the figures
-#: (a stacked copy, matplotlib's arrays): 92 measured, docs/performance.md#inspect-memory
-OUTPUT_BYTES_PER_WEIGHT = 100
+#: host bytes per traced weight for what attention.json and the figures hold of them (the
+#: grid's image of every head, one head's working copies), 5-9 measured, and whatever the
+#: text for matplotlib and the figure being drawn (its import, a canvas and its copies:
+#: ~110 MB measured with one head): docs/performance.md#inspect-memory
+OUTPUT_BYTES_PER_WEIGHT = 16
+FIGURE_BYTES = 128 * 2**20
 INSPECT_FIX = ("a shorter text, fewer layers or heads (--layer, --head), --what row (one "
                "query's weights), or --summary (per-head summaries, no T x T)")
 
@@ -216,7 +224,8 @@ def inspect_memory(args: argparse.Namespace, config: Any, T: int, names: Iterabl
     weights = len(layers) * len(heads) * R * T
     if written and device_of(args).type == "cpu":  # a GPU's check reads the GPU's memory
         uses.append(Use(f"attention.json's and the figures' copies of its {weights:,} "
-                        "weights", nbytes=OUTPUT_BYTES_PER_WEIGHT * weights, fix=INSPECT_FIX))
+                        "weights", nbytes=OUTPUT_BYTES_PER_WEIGHT * weights + FIGURE_BYTES,
+                        fix=INSPECT_FIX))
     return uses
 
 
@@ -267,7 +276,7 @@ def _run_summary(args: argparse.Namespace, model: Any, tok: Any, ids: list[int],
     print(f"heads    the most extreme (layer.head mean over the {count(len(ids), 'query row')})")
     for label, top in extremes:
         print(f"  {label:<36s}" + "  ".join(f"{f'{la}.{h}':>5s} {v:.3f}" for la, h, v in top))
-    _list_files(out, written, set())
+    list_files(out, written, set())
     return 0
 
 
@@ -278,28 +287,6 @@ def _query(given: int | None, T: int) -> int:
     if not 0 <= query < T:
         raise CLIError(f"--query {asked} out of range for {T} tokens (use 0..{T - 1} or -1)")
     return query
-
-
-def _record(checkpoint: str, text: str, tokens: list[str], ids: list[int], layers: list[int],
-            heads: list[int], head_of: Callable[[str, int, int], Any],
-            rows: list[int] | None = None) -> dict[str, Any]:
-    """What attention.json holds: the text, its tokens, and each chosen head's weights:
-    (T, S), or (len(rows), S) of the query rows a row-only trace kept."""
-    from .. import viz
-
-    return {
-        **({} if rows is None else {"query_rows": rows}),
-        "checkpoint": checkpoint,
-        "text": text,
-        "tokens": tokens,
-        "token_ids": ids,
-        "layers": layers,
-        "heads": heads,
-        "attention": [
-            {"layer": la, "head": h, "weights": viz.to_list(head_of("attn_weights", la, h))}
-            for la in layers for h in heads
-        ],
-    }
 
 
 def _formats(text: str) -> tuple[list[str], bool]:
@@ -361,7 +348,8 @@ def _draw(kinds: list[str], formats: list[str], out: Path, trace: Any, c: Any,
             save(viz.plot_embeddings(tok_emb, pos_emb, trace.get("emb")[0], tokens, title=title),
                  "embeddings")
         elif kind == "grid":
-            weights = torch.stack([trace.get("attn_weights", la)[0] for la in layers])
+            # the traced layers as they are: a stacked copy would be one more trace
+            weights = [trace.get("attn_weights", la)[0] for la in layers]  # (nh, T, S) each
             shown = text if len(text) <= 40 else text[:39] + "…"
             save(viz.plot_grid(weights, tokens, layers=layers, heads=heads,
                                title=f"attention weights of {shown!r}",
@@ -374,84 +362,10 @@ def _draw(kinds: list[str], formats: list[str], out: Path, trace: Any, c: Any,
                                          group, may_attend[la])
                 save(fig, stem, close=i == len(pairs) - 1)
     bar.close()
+    # a closed figure's images (the grid's: a trace's worth) live in reference cycles until
+    # a collection: free them before attention.json and the page are written
+    gc.collect()
     return written
-
-
-@contextlib.contextmanager
-def staging(out: Path) -> Iterator[Path]:
-    """A hidden directory in `out` that a run writes its files into, removed however the run
-    ends: a run stopped halfway (Ctrl-C) leaves none of its files in `out`, which stays as the
-    last finished run left it, for the next run to tidy."""
-    made = not out.exists()
-    out.mkdir(parents=True, exist_ok=True)
-    for left in out.glob(".inspect-*-*"):  # a run killed outright (SIGKILL) left its stage
-        pid = left.name.split("-")[1]
-        if pid.isdigit() and not _alive(int(pid)):
-            shutil.rmtree(left, ignore_errors=True)
-    # in out: os.replace moves; the pid names the run, for the next run to tidy after a kill
-    stage = Path(tempfile.mkdtemp(prefix=f".inspect-{os.getpid()}-", dir=out))
-    try:
-        yield stage
-    finally:
-        shutil.rmtree(stage, ignore_errors=True)
-        if made and not any(out.iterdir()):  # a failed first run leaves no empty directory
-            out.rmdir()
-
-
-def _alive(pid: int) -> bool:
-    """Whether process `pid` runs (or may: one of another user's is not ours to judge)."""
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
-def _move_in(out: Path, stage: Path, record: dict[str, Any], names: list[str]
-             ) -> tuple[list[Path], set[str]]:
-    """Move the files `names` from `stage` into `out` with attention.json (the record, and the
-    files of this run), and remove the files an earlier inspect there wrote that this one did
-    not: (the files now in `out`, the names removed)."""
-    json_path = out / "attention.json"
-    stale = _earlier_files(json_path) - set(names) - {json_path.name}
-
-    def write_record(files: set[str]) -> None:
-        record["files"] = sorted(files)  # what the next run into --out removes
-        (stage / json_path.name).write_text(json.dumps(record))
-        os.replace(stage / json_path.name, json_path)
-
-    # attention.json lists the earlier files too until they are gone: a run stopped between
-    # two moves leaves a list of every file the next run into `out` must remove
-    write_record(set(names) | stale)
-    for name in names:
-        os.replace(stage / name, out / name)
-    for name in sorted(stale):
-        (out / name).unlink(missing_ok=True)
-    write_record(set(names))
-    return [out / name for name in names] + [json_path], stale
-
-
-def _list_files(out: Path, written: list[Path], stale: set[str]) -> None:
-    print(f"wrote    {count(len(written), 'file')} to {out}/")
-    for path in written[:12]:
-        print(f"         {path.name}")
-    if len(written) > 12:
-        print(f"         … and {len(written) - 12} more")
-    if stale:
-        print(f"removed  {len(stale)} files an earlier inspect wrote to {out}/ "
-              "(figures of another text or selection)")
-
-
-def _earlier_files(json_path: Path) -> set[str]:
-    """The files an earlier `inspect` into the same directory wrote (its attention.json
-    lists them); names only, so nothing outside the directory is ever touched."""
-    try:
-        files = json.loads(json_path.read_text()).get("files", [])
-    except (OSError, ValueError, AttributeError):
-        return set()
-    return {f for f in files if isinstance(f, str) and f == Path(f).name}
 
 
 def _head_figure(kind: str, into: Any, head_of: Callable[[str, int, int], Any], la: int,

@@ -3,7 +3,8 @@
 `figures.py` draws attention (heatmaps with token labels, layer x head grids, one query's
 row, the loss curve), `heads.py` draws interventions (detector scores, per-head summaries,
 patching effects, the logit lens), `core.py` holds what they share (the lazy matplotlib
-import, tick labels, `heatmap`, colorbars) and `save.py` writes a figure as PNG / SVG / PDF.
+import, tick labels, `heatmap`, colorbars), `visible.py` the cells a figure shows and the
+weights' colour scale over them, and `save.py` writes a figure as PNG / SVG / PDF.
 Nothing here knows the model: the callers index a `Trace` and pass tensors.
 """
 
@@ -18,10 +19,10 @@ from .figures import (
     plot_panels,
     plot_qkv,
     plot_row,
-    weight_vmax,
 )
 from .heads import plot_head_scores, plot_head_summaries, plot_lens, plot_patching
 from .save import save_figure
+from .visible import weight_vmax
 
 __all__ = [
     "heatmap",

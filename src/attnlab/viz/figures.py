@@ -3,8 +3,8 @@
 Every function takes plain tensors or arrays (what a `Trace` holds, already indexed to one
 sequence and head) and returns a matplotlib `Figure`; `save_figure` writes it as PNG and/or
 SVG and closes it. This module draws; `model/trace.py` captures and the CLI decides what to
-draw. The shared pieces (`heatmap`, tick labels, colorbars) are `core.py`'s, `save_figure`
-`save.py`'s.
+draw. The shared pieces (`heatmap`, tick labels, colorbars) are `core.py`'s, the cells shown
+and the weights' colour scale (`weight_vmax`) `visible.py`'s, `save_figure` `save.py`'s.
 
 Cells a query may not attend (the causal future, keys outside a sliding window, pad keys)
 are hatched, never drawn as weight 0: the figures of weights and masked scores take
@@ -29,6 +29,8 @@ from .core import (
     ANNOTATE_MAX,
     MAX_TICKS,
     ArrayLike,
+    as_bool,
+    as_floats,
     as_numpy,
     colorbar,
     hatch_columns,
@@ -37,6 +39,7 @@ from .core import (
     set_ticks,
     token_label,
 )
+from .visible import may_attend_mask, visible_vmax, visible_weights, weight_vmax
 
 if TYPE_CHECKING:
     from matplotlib.axes import Axes
@@ -116,7 +119,7 @@ def _draw_kind(fig: Figure, ax: Axes, values: np.ndarray, rows: Sequence[str],
                cols: Sequence[str], kind: str, ticks: int = MAX_TICKS,
                may_attend: ArrayLike | None = None) -> Any:
     if kind == "weights":
-        may = _may_attend(values.shape, may_attend)  # (T, S)
+        may = may_attend_mask(values.shape, may_attend)  # (T, S)
         image = heatmap(ax, values, row_labels=rows, col_labels=cols, masked=~may,
                         vmin=0.0, vmax=weight_vmax(values, may), max_ticks=ticks)
     elif kind in ("scores", "masked"):
@@ -124,7 +127,7 @@ def _draw_kind(fig: Figure, ax: Axes, values: np.ndarray, rows: Sequence[str],
         lim = float(np.abs(finite).max()) if finite.size else 0.0
         lim = lim or 1.0  # all zeros (equal scores: a running mean): any symmetric scale
         # masked scores are -inf where masked; a may_attend given says so for other scores
-        masked = None if kind == "scores" or may_attend is None else ~_may_attend(
+        masked = None if kind == "scores" or may_attend is None else ~may_attend_mask(
             values.shape, may_attend)  # (T, S)
         image = heatmap(ax, values, row_labels=rows, col_labels=cols, cmap="RdBu_r",
                         vmin=-lim, vmax=lim, masked=masked,
@@ -135,45 +138,6 @@ def _draw_kind(fig: Figure, ax: Axes, values: np.ndarray, rows: Sequence[str],
     ax.set_ylabel("query", fontsize=8)
     colorbar(fig, image, ax, fraction=0.035, pad=0.03)
     return image
-
-
-def weight_vmax(weights: ArrayLike, may_attend: ArrayLike | None = None) -> float:
-    """Top of the colour scale for attention weights: 1 for short texts.
-
-    Over hundreds of keys typical weights are ~1/T and would all be one dark colour on a
-    0..1 scale, so long texts use the 99.5th percentile of the visible weights instead (the
-    colorbar then ends in an arrow: brighter cells are clipped, not hidden). Visible: where
-    `may_attend` (broadcast to the weights' shape (..., T, S)) is True, default the causal
-    past; the 0s of masked cells (a window, padding) would pull the percentile down.
-    """
-    values = as_numpy(weights)
-    if values.shape[-1] <= ANNOTATE_MAX:
-        return 1.0
-    T, S = values.shape[-2:]
-    may = _may_attend((T, S), None) if may_attend is None else as_numpy(may_attend).astype(bool)
-    try:
-        visible = values[np.broadcast_to(may, values.shape)]
-    except ValueError:
-        raise ValueError(f"may_attend of shape {may.shape} does not broadcast to weights of "
-                         f"shape {values.shape}; give one (T, S) = ({T}, {S}) mask, or one "
-                         "per leading dimension") from None
-    if not visible.size:  # every cell masked (a row of pads): any scale
-        return 1.0
-    return float(min(1.0, max(np.quantile(visible, 0.995), 2.0 / S)))
-
-
-def _may_attend(shape: tuple[int, ...], may_attend: ArrayLike | None) -> np.ndarray:
-    """(T, S) bool: `may_attend` checked against a (T, S) matrix, or by default the causal
-    past (queries being the last T of S positions)."""
-    T, S = shape
-    if may_attend is None:
-        return np.arange(S)[None, :] <= np.arange(S - T, S)[:, None]  # (T, S)
-    may = as_numpy(may_attend).astype(bool)
-    if may.shape != (T, S):
-        raise ValueError(f"may_attend of shape {may.shape} for a ({T}, {S}) matrix; pass the "
-                         "(T, S) mask of the layer and row drawn, e.g. "
-                         "trace.may_attend(layer, row)")
-    return may
 
 
 def plot_attention_steps(
@@ -197,7 +161,7 @@ def plot_attention_steps(
     """
     values = [as_numpy(scores), as_numpy(masked_scores), as_numpy(weights)]
     T, S = values[0].shape
-    may = np.isfinite(values[1]) if may_attend is None else _may_attend((T, S), may_attend)
+    may = np.isfinite(values[1]) if may_attend is None else may_attend_mask((T, S), may_attend)
     size, ticks = _layout(T, S, panels=3)
     if into is None:
         fig, axes = pyplot().subplots(1, 3, figsize=size, dpi=DPI, layout="tight")
@@ -228,7 +192,7 @@ def _suptitle(fig: Figure, title: str, refill: bool) -> None:
 
 
 def plot_grid(
-    weights: ArrayLike,
+    weights: ArrayLike | Sequence[ArrayLike],
     tokens: Sequence[str],
     *,
     layers: Sequence[int] | None = None,
@@ -238,22 +202,29 @@ def plot_grid(
 ) -> Figure:
     """(L, nh, T, S) weights as a grid: one row per layer, one column per head.
 
-    `layers`/`heads` name the rows and columns (default 0..L-1, 0..nh-1). Token labels
-    appear on the left column and bottom row only, thinned to fit the panel size. Cells
-    where `may_attend` is False are hatched: (T, S) for every layer or (L, T, S) one per
-    layer (layers' sliding windows differ), default the causal future.
+    `weights` may also be a sequence of L (nh, T, S) arrays, a trace's layers as they are:
+    no stacked copy of them all. `layers`/`heads` name the rows and columns (default
+    0..L-1, 0..nh-1). Token labels appear on the left column and bottom row only, thinned to
+    fit the panel size. Cells where `may_attend` is False are hatched: (T, S) for every
+    layer or (L, T, S) one per layer (layers' sliding windows differ), default the causal
+    future.
     """
     plt = pyplot()
-    values = as_numpy(weights)
-    if values.ndim != 4:
-        raise ValueError(f"plot_grid needs (layers, heads, T, S) weights, got {values.shape}")
-    L, H, T, S = values.shape
+    if isinstance(weights, ArrayLike) and weights.ndim != 4:
+        raise ValueError(f"plot_grid needs (layers, heads, T, S) weights, got "
+                         f"{tuple(weights.shape)}")
+    values = [as_floats(layer) for layer in weights]  # (nh, T, S) each: a float32 tensor's view
+    shapes = sorted({v.shape for v in values})
+    if len(shapes) != 1 or len(shapes[0]) != 3:
+        raise ValueError(f"plot_grid needs one (heads, T, S) array per layer, all of one "
+                         f"shape, got shapes {shapes}")
+    L, (H, T, S) = len(values), values[0].shape
     layers = list(range(L)) if layers is None else list(layers)
     heads = list(range(H)) if heads is None else list(heads)
-    if may_attend is None or as_numpy(may_attend).ndim == 2:
-        mays = np.stack([_may_attend((T, S), may_attend)] * L)  # (L, T, S)
+    if may_attend is None or as_bool(may_attend).ndim == 2:
+        mays = np.stack([may_attend_mask((T, S), may_attend)] * L)  # (L, T, S)
     else:
-        mays = as_numpy(may_attend).astype(bool)
+        mays = as_bool(may_attend)
         if mays.shape != (L, T, S):
             raise ValueError(f"may_attend of shape {mays.shape} for {L} layers of ({T}, {S}) "
                              f"weights; pass one (T, S) mask or ({L}, {T}, {S}), one per layer")
@@ -262,12 +233,12 @@ def plot_grid(
                              squeeze=False, layout="constrained")
     ticks = max(2, int(panel * 7))  # about 7 labels per inch of panel (7 pt text)
     annotate = T <= 6 and panel >= 2.0
-    vmax = weight_vmax(values, mays[:, None])  # (L, 1, T, S) over (L, nh, T, S)
+    vmax = 1.0 if S <= ANNOTATE_MAX else visible_vmax(visible_weights(values, mays), S)
     image = None
     for i in range(L):
         for j in range(H):
             ax = axes[i, j]
-            image = heatmap(ax, values[i, j], row_labels=tokens, col_labels=tokens,
+            image = heatmap(ax, values[i][j], row_labels=tokens, col_labels=tokens,
                             masked=~mays[i], vmin=0.0, vmax=vmax, annotate=annotate,
                             max_ticks=ticks)
             if i < L - 1:
@@ -459,7 +430,7 @@ def plot_panels(
     for i, (ax, m, toks, name) in enumerate(zip(axes.flat, matrices, token_lists, titles,
                                                 strict=False)):
         v = as_numpy(m)
-        may = _may_attend(v.shape, None if may_attend is None else may_attend[i])  # (T, T)
+        may = may_attend_mask(v.shape, None if may_attend is None else may_attend[i])  # (T, T)
         image = heatmap(ax, v, row_labels=toks, col_labels=toks, masked=~may, vmin=0.0,
                         vmax=1.0)
         ax.set_title(name, fontsize=9)
