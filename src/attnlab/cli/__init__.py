@@ -17,10 +17,12 @@ import itertools
 import os
 import re
 import shlex
+import signal
 import sys
+import threading
 import warnings
 from collections.abc import Collection, Sequence
-from typing import NoReturn
+from typing import Any, NoReturn
 
 from .common import (
     CLIError,
@@ -215,10 +217,31 @@ def _main(argv: list[str], command: str | None) -> int:
     return _run(args)
 
 
+def _import_torch() -> Any:
+    """torch (numpy, attnlab's model) imported with a Ctrl-C held until the import is done,
+    then raised: raised inside it, in a C extension's initialisation, the interrupt left a
+    half-imported numpy ("cannot load module more than once"), an abort, or was swallowed,
+    and `generate` went on generating (tests/cli/test_cli_main.py, under load)."""
+    if threading.current_thread() is not threading.main_thread():  # no handler to set there
+        import torch
+
+        return torch
+    held: list[int] = []
+    old = signal.signal(signal.SIGINT, lambda signum, frame: held.append(signum))
+    try:
+        import torch
+
+        import attnlab.model.runtime  # noqa: F401  (the rest of what every command imports)
+    finally:
+        signal.signal(signal.SIGINT, old if old is not None else signal.default_int_handler)
+    if held:
+        raise KeyboardInterrupt
+    return torch
+
+
 def _run(args: argparse.Namespace) -> int:
     """Run the parsed command: its errors as one line each, the exit status."""
-    import torch
-
+    torch = _import_torch()
     from ..model.runtime import reuse_freed_memory
 
     reuse_freed_memory()
