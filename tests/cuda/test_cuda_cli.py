@@ -127,10 +127,14 @@ def test_the_step_as_one_cuda_graph_trains_as_the_eager_step(
 
 @pytest.mark.filterwarnings("ignore::DeprecationWarning:torch")  # inductor's own imports
 def test_compiled_blocks_inside_the_step_graph_follow_the_eager_curve(
-    tmp_path: Path, cuda_device: torch.device
+    tmp_path: Path, cuda_device: torch.device, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """--compile with --cuda_graph: Inductor's kernels (the blocks compiled without graphs of
-    their own) recorded in the step's graph, with dropout and bfloat16 as the GPU recipe."""
+    their own) recorded in the step's graph, with dropout and bfloat16 as the GPU recipe.
+    On the CPU (the dry run) it is rehearsed."""
+    from attnlab.train import graph_step
+
+    monkeypatch.setattr(graph_step, "DEVICES", ("cuda", "cpu"))
     flags = ("--quiet", "--max_iters", "100", "--eval_interval", "50", "--eval_iters", "4",
              "--dtype", "bfloat16", "--device", str(cuda_device))
     _main("train", "--out", str(tmp_path / "both"), "--compile", "true", "--cuda_graph", "true",

@@ -228,6 +228,8 @@ def test_cuda_products_are_as_close_as_float32(cuda_device: torch.device,
                                                monkeypatch: pytest.MonkeyPatch) -> None:
     """Compiled: GPT-2 small's block products at 1024 tokens and a trace's two products,
     within 4x cuBLAS's float32 error of float64 (one TF32 product is ~1000x off)."""
+    if cuda_device.type != "cuda" and os.environ.get("TRITON_INTERPRET") != "1":
+        pytest.skip("a CPU dry run calls the kernel only under TRITON_INTERPRET=1")
     from attnlab.model import tf32x3_triton
 
     g = torch.Generator(cuda_device).manual_seed(0)
