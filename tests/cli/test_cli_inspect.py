@@ -13,6 +13,7 @@ import torch
 
 import attnlab.viz
 from attnlab.cli import main
+from attnlab.cli.common import CLIError
 from attnlab.cli.inspect import FIGURE_BYTES
 from helpers import nano_checkpoint
 
@@ -155,6 +156,40 @@ def test_an_inspect_that_cannot_hold_its_trace_is_refused_before_the_load(
     for fewer in (["--what", "grid", "--layer", "0", "--head", "0"], ["--summary"]):
         assert main(["inspect", str(checkpoint), text, *flags, *fewer]) == 0
         assert loads
+
+
+def test_on_a_gpu_the_hosts_copies_are_checked_against_the_hosts_memory(
+        checkpoint: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """On a GPU the load's check reads the GPU's memory, and attention.json's and the
+    figures' copies on the host were counted nowhere: a long text passed the GPU's check and
+    then filled the host. They are checked against the host's free memory before the load;
+    --force skips it, and --summary (no copies of the weights) needs none."""
+
+    import attnlab.cli.inspect as inspect
+    import attnlab.model.memory as memory
+    from attnlab.load import open_checkpoint
+
+    c = open_checkpoint(checkpoint).config
+    monkeypatch.setattr(inspect, "device_of", lambda args: torch.device("cuda", 0))
+    weights = c.n_layer * c.n_head * 30 * 30
+    need = (4 + inspect.OUTPUT_BYTES_PER_WEIGHT) * weights + FIGURE_BYTES
+    layers, heads = list(range(c.n_layer)), list(range(c.n_head))
+    for free, force, written, refused in [(need - 1, False, True, True),
+                                          (need, False, True, False),
+                                          (need - 1, True, True, False),
+                                          (need - 1, False, False, False)]:
+        monkeypatch.setattr(memory, "available_bytes",
+                            lambda device, free=free: free if device == "cpu" else None)
+        args = argparse.Namespace(device="cuda", force=force)
+        if refused:
+            with pytest.raises(CLIError, match=f"copies of its {weights:,} weights .* on this "
+                               "machine but this machine has .* free; to hold less: a shorter "
+                               "text.*--force tries anyway"):
+                inspect.inspect_memory(args, c, 30, ["attn_weights"], layers, heads)
+        else:  # the GPU's own check is the load's: the trace alone
+            uses = inspect.inspect_memory(args, c, 30, ["attn_weights"], layers, heads,
+                                          written=written)
+            assert [u.what.split(" of ")[0] for u in uses] == ["the traced attn_weights"]
 
 
 @pytest.fixture(scope="module")

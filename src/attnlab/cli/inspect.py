@@ -215,18 +215,33 @@ def inspect_memory(args: argparse.Namespace, config: Any, T: int, names: Iterabl
                    layers: list[int], heads: list[int], rows: list[int] | None = None,
                    written: bool = True) -> list[Any]:
     """What inspect holds beside the model, for the load's fit check: the trace (on the
-    device) and, on the CPU, what attention.json and the figures hold of its weights."""
+    device) and, on the CPU, what attention.json and the figures hold of its weights. On a
+    GPU those copies (and the weights' own copy on the host) are checked here, against the
+    host's memory, before the load."""
     from ..model.memory import Use, trace_use
 
     R = T if rows is None else len(rows)  # the query rows kept of each head's (T, T)
     uses = [trace_use(config, T, sorted(names), layers=len(layers), heads=len(heads),
                       rows=None if rows is None else R, fix=INSPECT_FIX)]
     weights = len(layers) * len(heads) * R * T
-    if written and device_of(args).type == "cpu":  # a GPU's check reads the GPU's memory
-        uses.append(Use(f"attention.json's and the figures' copies of its {weights:,} "
-                        "weights", nbytes=OUTPUT_BYTES_PER_WEIGHT * weights + FIGURE_BYTES,
-                        fix=INSPECT_FIX))
+    copies = f"attention.json's and the figures' copies of its {weights:,} weights"
+    output = OUTPUT_BYTES_PER_WEIGHT * weights + FIGURE_BYTES
+    if written and device_of(args).type == "cpu":
+        uses.append(Use(copies, nbytes=output, fix=INSPECT_FIX))
+    elif written and not getattr(args, "force", False):  # float32 on the host, then copies
+        _check_host(f"{copies} (and the weights themselves) on this machine",
+                    4 * weights + output)
     return uses
+
+
+def _check_host(what: str, nbytes: int) -> None:
+    """A CLIError unless this machine has `nbytes` free for `what`."""
+    from ..model.memory import available_bytes, gb
+
+    free = available_bytes("cpu")
+    if free is not None and nbytes > free:
+        raise CLIError(f"inspect needs {gb(nbytes)} for {what} but this machine has "
+                       f"{gb(free)} free; to hold less: {INSPECT_FIX}; --force tries anyway")
 
 
 def _run_summary(args: argparse.Namespace, model: Any, tok: Any, ids: list[int],
