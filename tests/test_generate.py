@@ -1,4 +1,4 @@
-"""generate.py: cached == recomputed, padded rows == rows alone, sampling, windows, text."""
+"""generate/: cached == recomputed, padded rows == rows alone, sampling, windows, text."""
 
 from __future__ import annotations
 

@@ -13,7 +13,7 @@ This module assembles the app: the error format (`errors.py`), one router per gr
 routes (`routes/`: page, attention, generate, interventions) over the state they share
 (`state.py`: limits, request checks, the model lock), and the request-body limit
 (`asgi.py`). What the answers hold is `payloads.py`'s; the model math is `model/`'s, the
-sampling `generate.py`'s, and the drawing the page's (`web/app.js`). Starting a server
+sampling `generate/`'s, and the drawing the page's (`web/app.js`). Starting a server
 (uvicorn) is `cli/serve.py`'s job.
 
 Every bad request gets a 4xx JSON body `{"error": "...", "detail": [...]}`, never a 500; a

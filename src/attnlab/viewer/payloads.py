@@ -5,7 +5,7 @@ prediction under ablation, the logit lens, and sample texts that fit a model's t
 context (what the page starts from).
 
 Nothing here knows about routes: validation, limits and locking are `state.py`'s and the
-routes' (`routes/`); the model math is `model/gpt.py`'s, sampling `generate.py`'s, the
+routes' (`routes/`); the model math is `model/gpt.py`'s, sampling `generate/`'s, the
 captured weights `model/trace.py`'s, detectors, edits and the lens `interp/`'s.
 """
 

@@ -4,7 +4,7 @@
 are the app's (`ServeConfig.max_new_tokens`, the model's vocab_size), so `router` subclasses
 it per app as `GenerateRequest` (the name /openapi.json shows), and the schema and the 422
 messages name the app's own bounds. The events are `payloads.stream_events`'; the sampling
-is `generate.py`'s.
+is `generate/sampling.py`'s.
 
 No `from __future__ import annotations` here: the endpoint's body is that per-app class, a
 local name FastAPI can only read from an annotation evaluated when the endpoint is defined.
