@@ -67,16 +67,18 @@ class SeenIds:
 
 def _divide(logits: Tensor, temperature: float) -> Tensor:
     """logits / temperature (B, V), as transformers' TemperatureLogitsWarper divides. Where a
-    temperature near 0 overflows a row to inf, the row is shifted by its max first: 0 at the
-    max and -inf elsewhere, i.e. greedy, rather than inf - inf = nan."""
+    temperature near 0 takes a row's largest logit past the largest float, the row is shifted
+    by that max first: 0 at the max and -inf elsewhere, i.e. greedy, rather than
+    inf - inf = nan (an entry lower down that overflows to -inf is harmless: its
+    probability is 0 either way)."""
     # at least the smallest normal float: a float32 temperature must not round to 0
     scale = max(temperature, torch.finfo(logits.dtype).tiny)
     scores = logits / scale  # (B, V)
-    if temperature >= 1.0:  # finite logits cannot grow past the largest float
+    if temperature >= 1.0:  # dividing cannot grow a finite logit
         return scores
-    overflow = (scores.isinf() & logits.isfinite()).any(dim=-1, keepdim=True)  # (B, 1)
-    shifted = (logits - logits.amax(dim=-1, keepdim=True)) / scale  # (B, V)
-    return torch.where(overflow, shifted, scores)  # (B, V)
+    row_max = logits.amax(dim=-1, keepdim=True)  # (B, 1)
+    overflow = (row_max / scale).isinf()  # (B, 1): checked on the device, no sync
+    return torch.where(overflow, (logits - row_max) / scale, scores)  # (B, V)
 
 
 def _top_p(scores: Tensor, order_key: Tensor, top_p: float) -> Tensor:
