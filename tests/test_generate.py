@@ -1,4 +1,4 @@
-"""generate.py: cached == recomputed, padded rows == rows alone, sampling, windows, text."""
+"""generate/: cached == recomputed, padded rows == rows alone, sampling, windows, text."""
 
 from __future__ import annotations
 
@@ -375,12 +375,13 @@ def test_generation_never_samples_an_id_its_tokenizer_has_no_token_for() -> None
 
 
 def test_top_p_drops_an_id_once_the_ids_before_it_hold_exactly_top_p() -> None:
-    """Four equal ids (probabilities exactly 0.25): the first two hold exactly 0.5, so with
-    top_p=0.5 the third is dropped (the smallest set holding top_p, as HF's TopP warper);
-    with two equal ids, the first alone holds 0.5."""
+    """Four equal ids (probabilities exactly 0.25): sorted ascending, the first two hold
+    exactly 1 - top_p = 0.5, so with top_p=0.5 they are dropped and two stay (the smallest
+    set holding top_p, as HF's TopP warper); which two is the sort's tie order, here the
+    higher ids, as transformers keeps (tests/test_sampling.py compares many more)."""
     four = torch.zeros(1, 4)
-    assert (logits_to_probs(four, top_p=0.5) > 0).tolist() == [[True, True, False, False]]
-    assert logits_to_probs(torch.zeros(1, 2), top_p=0.5).tolist() == [[1.0, 0.0]]
+    assert (logits_to_probs(four, top_p=0.5) > 0).tolist() == [[False, False, True, True]]
+    assert logits_to_probs(torch.zeros(1, 2), top_p=0.5).tolist() == [[0.0, 1.0]]
 
 
 def test_an_ended_row_is_padded_with_the_eot_id_when_no_pad_id_is_given() -> None:

@@ -80,6 +80,22 @@ def test_compiled_greedy_ids_equal_eager(kind: str, batch: str) -> None:
     assert step.cuda_graph is False  # a CPU compiles without graphs
 
 
+@pytest.mark.parametrize(("kind", "batch"), [("gpt2", "batch1"), ("llama", "left_padded")])
+def test_a_repetition_penalty_leaves_the_compiled_graph_alone(kind: str, batch: str) -> None:
+    """The seen ids live outside the compiled step (a fixed (B, V + 1) buffer the loop writes
+    in place), so a penalized generation replays the graph compiled without one and gives
+    the eager ids."""
+    model = SHARED[kind]()
+    ids, mask = _prompt(BATCHES[batch])
+    plain = generate(model, ids, mask, max_new_tokens=12, temperature=0, compile=True)
+    graphs = _unique_graphs()
+    eager = generate(model, ids, mask, max_new_tokens=12, temperature=0, repetition_penalty=3.0)
+    compiled = generate(model, ids, mask, max_new_tokens=12, temperature=0,
+                        repetition_penalty=3.0, compile=True)
+    assert torch.equal(compiled, eager) and not torch.equal(compiled, plain)
+    assert _unique_graphs() == graphs  # replayed, not compiled again
+
+
 def test_each_compiled_step_has_a_compilation_budget_of_its_own() -> None:
     """Dynamo fails (fullgraph=True) once one code object holds recompile_limit compilations;
     every kept step compiles its own copy, so two shapes fit a limit of one. (Set through
@@ -212,6 +228,11 @@ def test_cuda_graph_ids_equal_eager_in_float32(batch: str) -> None:
     assert torch.equal(compiled, eager)
     (step,) = compiled_decodes(model)
     assert step.cuda_graph  # recorded as a CUDA graph: Inductor skipped nothing
+    penalized = {"temperature": 0, "repetition_penalty": 3.0}
+    eager = generate(model, ids, mask, max_new_tokens=16, **penalized)  # type: ignore[arg-type]
+    assert torch.equal(generate(model, ids, mask, max_new_tokens=16, compile=True,
+                                **penalized), eager)  # type: ignore[arg-type]
+    assert compiled_decodes(model) == [step]  # the same graph replayed
 
 
 @pytest.mark.cuda

@@ -408,19 +408,75 @@ def test_a_model_directorys_generation_config_sets_the_sampling_flags_not_given(
     greedy, _ = run("--temperature", "0")
     out, err = run(config={"do_sample": False, "temperature": 0.6})
     assert out == greedy and "[sampling: greedy, from generation_config.json" in err
-    sampled, _ = run("--temperature", "1.3", "--top-k", "50", "--top-p", "0.9")
+    sampled, _ = run("--temperature", "1.3", "--top-k", "50", "--top-p", "0.9", "--min-p",
+                     "0.05", "--repetition-penalty", "1.1")
     assert sampled != greedy
     out, err = run(config={"do_sample": True, "temperature": 1.3, "top_p": 0.9,
-                           "repetition_penalty": 1.1})
+                           "min_p": 0.05, "repetition_penalty": 1.1})
     assert out == sampled
-    assert "temperature 1.3, top_k 50, top_p 0.9, from generation_config.json" in err
-    assert "repetition_penalty 1.1; attnlab samples with temperature" in err
+    assert ("temperature 1.3, top_k 50, top_p 0.9, min_p 0.05, repetition_penalty 1.1, from "
+            "generation_config.json") in err
     assert run("--temperature", "1.3", config={"do_sample": False})[0] == run(
         "--temperature", "1.3")[0] != greedy  # the flag wins over do_sample false
     assert run(config={"temperature": 0.1})[0] == run("--temperature", "0.8")[0]
     out, err = run("--top-p", "0.5", config={"do_sample": False})
-    assert out == greedy and "temperature 0 is greedy: --top-k and --top-p do nothing" in err
+    assert out == greedy and "temperature 0 is greedy: --top-k, --top-p and --min-p do" in err
     (hf_dir / "generation_config.json").write_text(json.dumps({"do_sample": True,
                                                                "top_p": 1.5}))
     assert main(["generate", str(hf_dir), "the", "--max-new-tokens", "2"]) == 1
     assert "generation_config.json's top_p 1.5 must be in" in capsys.readouterr().err
+
+
+def test_repetition_penalty_and_min_p_flags_reach_generation(
+    checkpoint: tuple[Path, GPT, Tokenizer], capsys: pytest.CaptureFixture[str]
+) -> None:
+    """--repetition-penalty (greedy too) and --min-p, in either spelling, generate what
+    generate_text does with them; out-of-range values are named by their flag."""
+    path, model, tokenizer = checkpoint
+
+    def run(*flags: str) -> str:
+        assert main(["generate", str(path), "the fox", "--max-new-tokens", "20", *flags]) == 0
+        return capsys.readouterr().out
+
+    def expected(**how: Any) -> str:
+        return "the fox" + generate_text(model, tokenizer, ["the fox"], max_new_tokens=20,
+                                         **how)[0] + "\n"
+
+    greedy = run("--temperature", "0")
+    penalized = run("--temperature", "0", "--repetition-penalty", "3")
+    assert penalized == expected(temperature=0, repetition_penalty=3.0) != greedy
+    assert run("--temperature", "0", "--repetition_penalty", "3") == penalized
+    narrowed = run("--temperature", "2", "--min_p", "0.5", "--seed", "4")
+    assert narrowed == expected(temperature=2.0, min_p=0.5, seed=4)
+    assert narrowed != run("--temperature", "2", "--seed", "4")
+    for flags, message in ((["--min-p", "1.5"], "--min-p 1.5 must be in [0, 1]"),
+                           (["--repetition-penalty", "0"],
+                            "--repetition-penalty 0.0 must be finite and > 0")):
+        assert main(["generate", str(path), "the", *flags]) == 1
+        assert message in capsys.readouterr().err
+
+
+def test_generation_config_repetition_penalty_applies_to_greedy_and_without_do_sample(
+    hf_dir: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """transformers applies a generation_config.json's repetition_penalty whether it samples
+    or not: so does attnlab, where --repetition-penalty is left out."""
+    def run(*flags: str, config: dict[str, Any] | None = None) -> tuple[str, str]:
+        (hf_dir / "generation_config.json").write_text(json.dumps(config or {}))
+        assert main(["generate", str(hf_dir), "the", "--max-new-tokens", "16", "--seed", "3",
+                     *flags]) == 0
+        captured = capsys.readouterr()
+        return captured.out, captured.err
+
+    greedy, _ = run("--temperature", "0")
+    penalized, _ = run("--temperature", "0", "--repetition-penalty", "3")
+    assert penalized != greedy
+    out, err = run(config={"do_sample": False, "repetition_penalty": 3.0})
+    assert out == penalized
+    assert "[sampling: greedy, repetition_penalty 3.0, from generation_config.json" in err
+    out, err = run("--temperature", "0", config={"repetition_penalty": 3.0})
+    assert out == penalized and "[sampling: repetition_penalty 3.0, from" in err
+    assert run("--repetition-penalty", "1", config={"do_sample": False,
+                                                      "repetition_penalty": 3.0})[0] == greedy
+    out, err = run(config={"do_sample": True, "min_p": None, "repetition_penalty": None})
+    assert "min_p 0.0, repetition_penalty 1.0, from" in err  # null: the processor is left out

@@ -121,6 +121,29 @@ def test_greedy_40_tokens_are_hugging_faces(pair: tuple) -> None:
     assert torch.equal(generate(ours, single, max_new_tokens=40, temperature=0), expected)
 
 
+def test_greedy_with_a_repetition_penalty_is_hugging_faces(pair: tuple) -> None:
+    """generate(repetition_penalty=...) against transformers' generate(): greedy ids equal for
+    a left-padded batch (its padding holds real ids, which neither side may count) and a row
+    alone; sampled ids too, with every processor on and torch's RNG seeded alike."""
+    hf, ours, _ = pair
+    V = ours.config.vocab_size
+    ids, mask = left_padded([4, 12, 9], vocab=V, low=1, seed=2)
+    ids = torch.where(mask.bool(), ids, torch.randint(1, V, ids.shape))  # (B, P)
+    kwargs = dict(max_new_tokens=30, min_new_tokens=30, eos_token_id=None, pad_token_id=0)
+    for rows in (slice(None), slice(1, 2)):
+        expected = hf.generate(ids[rows], attention_mask=mask[rows], do_sample=False,
+                               repetition_penalty=2.0, **kwargs)
+        got = generate(ours, ids[rows], mask[rows], max_new_tokens=30, temperature=0,
+                       repetition_penalty=2.0)
+        assert torch.equal(got, expected)
+    assert not torch.equal(got, generate(ours, ids[1:2], max_new_tokens=30, temperature=0))
+    how = dict(temperature=0.8, top_k=20, top_p=0.9, min_p=0.05, repetition_penalty=1.3)
+    torch.manual_seed(5)
+    expected = hf.generate(ids, attention_mask=mask, do_sample=True, **how, **kwargs)
+    torch.manual_seed(5)  # generator=None: both draw from torch's global generator
+    assert torch.equal(generate(ours, ids, mask, max_new_tokens=30, **how), expected)
+
+
 @torch.no_grad()
 def test_save_hf_reloads_in_transformers_with_the_same_logits(pair: tuple, tmp_path: Path) -> None:
     hf, ours, _ = pair

@@ -78,7 +78,8 @@ def test_generate_same_seed_same_tokens(setup: tuple[GPT, Tokenizer, TestClient]
     assert first == again and first != other
 
 
-@pytest.mark.parametrize("sampling", [{"top_k": 1}, {"top_p": 1e-6}, {"temperature": 0}])
+@pytest.mark.parametrize("sampling", [{"top_k": 1}, {"top_p": 1e-6}, {"temperature": 0},
+                                      {"min_p": 1.0}])
 def test_generate_narrowest_sampling_is_greedy(
     setup: tuple[GPT, Tokenizer, TestClient], sampling: dict[str, Any]
 ) -> None:
@@ -86,6 +87,21 @@ def test_generate_narrowest_sampling_is_greedy(
     body = {"text": "Once", "max_new_tokens": 8, "temperature": 1.5, "seed": 0, **sampling}
     done = sse_events(client.post("/api/generate", json=body).text)[-1][1]
     assert done["ids"][4:] == greedy_without_cache(model, tok.encode("Once"), 8)
+
+
+def test_generate_takes_a_repetition_penalty(setup: tuple[GPT, Tokenizer, TestClient]) -> None:
+    """The body's repetition_penalty reaches generation (greedy too): the ids are the
+    library's with the same penalty, not the plain greedy ones."""
+    from attnlab.generate import generate
+
+    model, tok, client = setup
+    body = {"text": "Once", "max_new_tokens": 12, "temperature": 0, "repetition_penalty": 3.0}
+    done = sse_events(client.post("/api/generate", json=body).text)[-1][1]
+    prompt = torch.tensor([tok.encode("Once")])  # (1, P)
+    expected = generate(model, prompt, max_new_tokens=12, temperature=0, repetition_penalty=3.0,
+                        eot_id=tok.stop_ids, vocab_size=tok.vocab_size)
+    assert done["ids"] == expected[0].tolist()
+    assert done["ids"][4:] != greedy_without_cache(model, tok.encode("Once"), 12)
 
 
 def test_streamed_pieces_add_up_to_the_text_with_bytes() -> None:

@@ -58,19 +58,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
         "--max-new-tokens", type=int,
         help="tokens to add (default: 200, or as many as the context has room for)",
     )
-    parser.add_argument(
-        "--temperature", type=float,
-        help="0 = greedy, which ignores --top-k and --top-p (default 0.8, or what the "
-        "model directory's generation_config.json sets: see docs/generate.md)",
-    )
-    parser.add_argument(
-        "--top-k", type=int,
-        help="sample among the k most likely tokens (default 0: all)",
-    )
-    parser.add_argument(
-        "--top-p", type=float,
-        help="nucleus sampling: smallest set of tokens holding this mass (default 1: all)",
-    )
+    _add_sampling_flags(parser)
     parser.add_argument("--seed", type=int, help="same seed, same text")
     parser.add_argument(
         "--stop", action="append", default=[],
@@ -117,6 +105,35 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
         help="zero these heads' outputs while generating, e.g. 0.1,1.3 (see attnlab heads)",
     )
     return parser
+
+
+def _add_sampling_flags(parser: argparse.ArgumentParser) -> None:
+    """--temperature, --top-k, --top-p, --min-p and --repetition-penalty: `SAMPLING`'s names,
+    None when not given (`_sampling` fills them)."""
+    parser.add_argument(
+        "--temperature", type=float,
+        help="0 = greedy, which ignores --top-k, --top-p and --min-p (default 0.8, or what "
+        "the model directory's generation_config.json sets: see docs/generate.md)",
+    )
+    parser.add_argument(
+        "--top-k", type=int,
+        help="sample among the k most likely tokens (default 0: all)",
+    )
+    parser.add_argument(
+        "--top-p", type=float,
+        help="nucleus sampling: smallest set of tokens holding this mass (default 1: all)",
+    )
+    parser.add_argument(
+        "--min-p", type=float,
+        help="sample only tokens at least this fraction as likely as the most likely one, "
+        "after --top-k and --top-p (default 0: all)",
+    )
+    parser.add_argument(
+        "--repetition-penalty", type=float,
+        help="divide the logits of tokens already in the prompt or the completion by this "
+        "(multiply negative ones), greedy or not, as transformers does (default 1: off; "
+        "1.1-1.3 discourages repeats)",
+    )
 
 
 def _read_prompts(args: argparse.Namespace) -> list[str]:
@@ -213,8 +230,9 @@ def run(args: argparse.Namespace) -> int:
                                    for i in range(first, first + len(prompts))]}
         return stream_text(
             model, tokenizer, prompts, max_new_tokens=max_new_tokens, stop=stops,
-            temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
-            sliding_window=args.sliding_window, edits=edits, compile=args.compile, **seeds,
+            temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, min_p=args.min_p,
+            repetition_penalty=args.repetition_penalty, sliding_window=args.sliding_window,
+            edits=edits, compile=args.compile, **seeds,
         )
 
     start = time.perf_counter()
@@ -282,7 +300,7 @@ def _check_flags(args: argparse.Namespace) -> None:
 
 
 def _check_sampling(args: argparse.Namespace, source: str = "--") -> None:
-    """--max-new-tokens, --temperature, --top-k and --top-p, checked as GenerationConfig checks
+    """--max-new-tokens and the sampling flags (`SAMPLING`), checked as GenerationConfig checks
     them; its message names the field (`top_k=-1 must be ...`), this one the flag (or, with
     `source`, the file a value came from). A flag not given is checked at its default."""
     from ..generate import GenerationConfig
@@ -301,17 +319,40 @@ def _check_sampling(args: argparse.Namespace, source: str = "--") -> None:
 
 
 #: the sampling flags and their defaults where neither they nor the model directory say
-SAMPLING = {"temperature": 0.8, "top_k": 0, "top_p": 1.0}
+SAMPLING = {"temperature": 0.8, "top_k": 0, "top_p": 1.0, "min_p": 0.0,
+            "repetition_penalty": 1.0}
 #: what transformers' generate() samples with where a generation_config.json that sets
 #: do_sample leaves a field out (GenerationConfig's defaults)
-HF_SAMPLING = {"temperature": 1.0, "top_k": 50, "top_p": 1.0}
+HF_SAMPLING = {"temperature": 1.0, "top_k": 50, "top_p": 1.0, "min_p": 0.0,
+               "repetition_penalty": 1.0}
+#: each field's value that changes nothing: what transformers makes of a field set to null
+#: (its processor is left out)
+OFF = {"temperature": 1.0, "top_k": 0, "top_p": 1.0, "min_p": 0.0, "repetition_penalty": 1.0}
+
+
+def _from_generation_config(shipped: dict[str, Any]) -> dict[str, Any]:
+    """The sampling fields a generation_config.json sets, as transformers' generate() reads
+    it: do_sample false is greedy (temperature 0), do_sample true samples with its
+    temperature, top_k, top_p and min_p (HF_SAMPLING's where it leaves one out). Its
+    repetition_penalty applies either way, and without do_sample: transformers penalizes
+    greedy decoding too."""
+    def value(name: str) -> Any:
+        return OFF[name] if (v := shipped.get(name, HF_SAMPLING[name])) is None else v
+
+    taken: dict[str, Any] = {}
+    do_sample = shipped.get("do_sample")
+    if do_sample is False:
+        taken["temperature"] = 0.0
+    elif do_sample is True:
+        taken = {name: value(name) for name in SAMPLING if name != "repetition_penalty"}
+    if "repetition_penalty" in shipped:
+        taken["repetition_penalty"] = value("repetition_penalty")
+    return taken
 
 
 def _sampling(args: argparse.Namespace, directory: Path) -> None:
-    """Fill the sampling flags not given: from the directory's generation_config.json where
-    it sets do_sample (as transformers' generate() reads it: do_sample false is greedy), else
-    SAMPLING. Says on stderr where the values came from, and what the file asks that attnlab
-    does not do (a repetition penalty)."""
+    """Fill the sampling flags not given: from the directory's generation_config.json
+    (`_from_generation_config`), else SAMPLING. Says on stderr what came from the file."""
     from ..tokenizers.hf_dir import GENERATION_CONFIG, read_json
 
     path = directory / GENERATION_CONFIG
@@ -320,27 +361,22 @@ def _sampling(args: argparse.Namespace, directory: Path) -> None:
     except ValueError as err:
         raise CLIError(f"{err}; fix or remove it") from None
     given = [name for name in SAMPLING if getattr(args, name) is not None]
-    do_sample = shipped.get("do_sample")
-    if isinstance(do_sample, bool) and len(given) < len(SAMPLING):
-        taken = {"temperature": 0.0} if not do_sample else {
-            name: shipped.get(name, HF_SAMPLING[name]) for name in SAMPLING}
+    taken = {name: value for name, value in _from_generation_config(shipped).items()
+             if name not in given}
+    if taken:
         for name, value in taken.items():
-            if getattr(args, name) is None:
-                setattr(args, name, value)
+            setattr(args, name, value)
         _check_sampling(args, source=str(path))
-        said = "greedy" if args.temperature == 0 else ", ".join(
-            f"{name} {getattr(args, name)}" for name in SAMPLING)
+        said = ", ".join("greedy" if (name, value) == ("temperature", 0) else f"{name} {value}"
+                         for name, value in taken.items())
         print(f"[sampling: {said}, from {GENERATION_CONFIG} where no flag says; flags "
               "override]", file=sys.stderr)
     for name, value in SAMPLING.items():
         if getattr(args, name) is None:
             setattr(args, name, value)
-    penalty = shipped.get("repetition_penalty")
-    if isinstance(penalty, (int, float)) and penalty != 1:
-        print(f"[{GENERATION_CONFIG} asks for repetition_penalty {penalty}; attnlab samples "
-              "with temperature, top-k and top-p only, so it is not applied]", file=sys.stderr)
-    if args.temperature == 0 and ("top_k" in given or "top_p" in given):
-        print("[temperature 0 is greedy: --top-k and --top-p do nothing]", file=sys.stderr)
+    if args.temperature == 0 and {"top_k", "top_p", "min_p"} & set(given):
+        print("[temperature 0 is greedy: --top-k, --top-p and --min-p do nothing]",
+              file=sys.stderr)
 
 
 def _load_model(args: argparse.Namespace, opened: Any, rows: int, length: int) -> Any:

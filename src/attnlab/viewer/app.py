@@ -4,7 +4,8 @@
     GET  /                 the page (web/index.html; web/app.js and web/style.css under /static/)
     GET  /api/model        config, parameter count, tokenizer, training summary, limits
     POST /api/attention    {text | ids, layers?, norms?} -> tokens and attention weights
-    POST /api/generate     {text, max_new_tokens, temperature, top_k, top_p, seed} -> SSE stream
+    POST /api/generate     {text, max_new_tokens, temperature, top_k, top_p, min_p,
+                            repetition_penalty, seed} -> SSE stream
     POST /api/heads        {text, ablate?} -> head detector scores, next token with heads ablated
     POST /api/lens         {text} -> logit lens: top tokens after each layer
     GET  /openapi.json     the schema (FastAPI); GET /docs renders it (web/docs.html, offline)
@@ -12,7 +13,7 @@ This module assembles the app: the error format (`errors.py`), one router per gr
 routes (`routes/`: page, attention, generate, interventions) over the state they share
 (`state.py`: limits, request checks, the model lock), and the request-body limit
 (`asgi.py`). What the answers hold is `payloads.py`'s; the model math is `model/`'s, the
-sampling `generate.py`'s, and the drawing the page's (`web/app.js`). Starting a server
+sampling `generate/`'s, and the drawing the page's (`web/app.js`). Starting a server
 (uvicorn) is `cli/serve.py`'s job.
 
 Every bad request gets a 4xx JSON body `{"error": "...", "detail": [...]}`, never a 500; a

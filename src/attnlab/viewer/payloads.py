@@ -5,7 +5,7 @@ prediction under ablation, the logit lens, and sample texts that fit a model's t
 context (what the page starts from).
 
 Nothing here knows about routes: validation, limits and locking are `state.py`'s and the
-routes' (`routes/`); the model math is `model/gpt.py`'s, sampling `generate.py`'s, the
+routes' (`routes/`); the model math is `model/gpt.py`'s, sampling `generate/`'s, the
 captured weights `model/trace.py`'s, detectors, edits and the lens `interp/`'s.
 """
 
@@ -128,13 +128,16 @@ def token_stream(
     eot_ids: Sequence[int],
     vocab_size: int,
     unused_ids: Sequence[int] = (),
+    min_p: float | None = None,
+    repetition_penalty: float = 1.0,
 ) -> Iterator[int]:
     """New token ids, one per `next()`, from `generate.stream` (KV cache, sampling, eot);
     never an id at or past vocab_size, or in unused_ids (a tokenizer's holes)."""
     idx = torch.tensor([ids], dtype=torch.long, device=model.wte.weight.device)  # (1, P)
     steps = generate_stream(
         model, idx, max_new_tokens=max_new_tokens, temperature=temperature, top_k=top_k or 0,
-        top_p=1.0 if top_p is None else top_p, seed=seed, eot_id=eot_ids, vocab_size=vocab_size,
+        top_p=1.0 if top_p is None else top_p, min_p=0.0 if min_p is None else min_p,
+        repetition_penalty=repetition_penalty, seed=seed, eot_id=eot_ids, vocab_size=vocab_size,
         unused_ids=unused_ids,
     )
     return (int(next_ids[0]) for next_ids in steps)

@@ -4,7 +4,7 @@
 are the app's (`ServeConfig.max_new_tokens`, the model's vocab_size), so `router` subclasses
 it per app as `GenerateRequest` (the name /openapi.json shows), and the schema and the 422
 messages name the app's own bounds. The events are `payloads.stream_events`'; the sampling
-is `generate.py`'s.
+is `generate/sampling.py`'s.
 
 No `from __future__ import annotations` here: the endpoint's body is that per-app class, a
 local name FastAPI can only read from an annotation evaluated when the endpoint is defined.
@@ -43,6 +43,15 @@ class GenerateRequestBase(BaseModel):
     top_p: float | None = Field(
         None, gt=0.0, le=1.0, allow_inf_nan=False, description="nucleus: smallest set of mass p"
     )
+    min_p: float | None = Field(
+        None, ge=0.0, le=1.0, allow_inf_nan=False,
+        description="drop tokens less likely than min_p times the most likely one",
+    )
+    repetition_penalty: float = Field(
+        1.0, gt=0.0, allow_inf_nan=False,
+        description="divide the logits of tokens already in the text by this (multiply "
+        "negative ones), greedy too; 1: off",
+    )
     # at most 2**53 - 1: the largest integer JavaScript (the page, /docs) holds exactly
     seed: int | None = Field(None, ge=0, le=2**53 - 1, description="same seed, same tokens")
 
@@ -60,7 +69,8 @@ def event_stream(
     reason = "max_new_tokens" if new_tokens == body.max_new_tokens else "block_size"
     tokens = token_stream(
         state.model, ids, max_new_tokens=new_tokens, temperature=body.temperature,
-        top_k=body.top_k, top_p=body.top_p, seed=body.seed, eot_ids=state.stop_ids,
+        top_k=body.top_k, top_p=body.top_p, min_p=body.min_p,
+        repetition_penalty=body.repetition_penalty, seed=body.seed, eot_ids=state.stop_ids,
         vocab_size=state.tokenizer.vocab_size,  # a larger model vocabulary has ids it cannot decode
         unused_ids=sorted(getattr(state.tokenizer, "unused_ids", ())),
     )

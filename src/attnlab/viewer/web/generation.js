@@ -21,7 +21,7 @@ function request() {
   return {
     text: $("prompt").value, max_new_tokens: num("max_new_tokens") ?? 40,
     temperature: num("temperature") ?? 1, top_k: num("top_k"), top_p: num("top_p"),
-    seed: num("seed"),
+    min_p: num("min_p"), repetition_penalty: num("repetition_penalty"), seed: num("seed"),
   };
 }
 

@@ -2,7 +2,9 @@
 
 Small named functions in the order a token goes through them (gpt-fast's generate.py): `prefill`
 runs the prompt once and fills the cache, `decode_one_token` runs one new token per row against
-it, `logits_to_probs` and `sample` turn logits into the next ids. `stream` yields each step's
+it, and `sampling.py`'s processors (`SeenIds.penalize`, `logits_to_probs`, `sample`: transformers'
+repetition penalty, temperature, top-k, top-p and min-p) turn logits into the next ids. `stream`
+yields each step's
 ids as they come and `generate` collects them; `stream_text` and `generate_text` do the same
 from and to text with a tokenizer (stop strings live there, since they need one;
 `tokenizers.streaming` decodes the new ids). Batched prompts are left-padded
@@ -17,7 +19,6 @@ about attention.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, cast
@@ -25,27 +26,23 @@ from typing import TYPE_CHECKING, cast
 import torch
 from torch import Tensor, nn
 
-from .model.compiled_decode import check_compilable, compiled_decode
-from .model.decode import DecodeStep, decode_step
-from .model.gpt import GPT, check_mask_values, require_eval
-from .model.kv_cache import KVCache
-from .model.memory import Use
-from .tokenizers import check_fits
-from .tokenizers.streaming import TextPieces
+from ..model.compiled_decode import check_compilable, compiled_decode
+from ..model.decode import DecodeStep, decode_step
+from ..model.gpt import GPT, check_mask_values, require_eval
+from ..model.kv_cache import KVCache
+from ..model.memory import Use
+from ..tokenizers import check_fits
+from ..tokenizers.streaming import TextPieces
+
+# logits_to_probs and sample re-exported: `from attnlab.generate import sample` still works
+from .sampling import SeenIds, check_sampling
+from .sampling import logits_to_probs as logits_to_probs
+from .sampling import sample as sample
 
 if TYPE_CHECKING:
-    from .interp.edits import Edit, Edits
-    from .model.gpt import Block
-    from .tokenizers import Tokenizer
-
-
-def _check_sampling(temperature: float, top_k: int, top_p: float) -> None:
-    if not 0.0 <= temperature < math.inf:  # inf would spread NaN, not the uniform
-        raise ValueError(f"temperature={temperature} must be finite and >= 0 (0 = greedy)")
-    if not isinstance(top_k, int) or top_k < 0:
-        raise ValueError(f"top_k={top_k!r} must be an integer >= 0 (0 = no top-k filtering)")
-    if not 0.0 <= top_p <= 1.0:
-        raise ValueError(f"top_p={top_p} must be in [0, 1] (1 = no nucleus filtering)")
+    from ..interp.edits import Edit, Edits
+    from ..model.gpt import Block
+    from ..tokenizers import Tokenizer
 
 
 @dataclass
@@ -61,61 +58,16 @@ class GenerationConfig:
     temperature: float = 1.0  # divides the logits; 0 = greedy (argmax)
     top_k: int = 0  # sample among the k most likely ids; 0 (or >= V) = all of them
     top_p: float = 1.0  # nucleus: smallest set of ids holding top_p of the mass; 1 = all
+    min_p: float = 0.0  # drop ids less likely than min_p x the most likely one; 0 = none
+    repetition_penalty: float = 1.0  # seen ids' logits / it (x it if < 0); greedy too; 1 = off
     seed: int | None = None  # seeds a private generator (reproducible); None = torch's RNG
     sliding_window: bool = False  # past block_size, condition on the last block_size tokens
 
     def __post_init__(self) -> None:
         if not isinstance(self.max_new_tokens, int) or self.max_new_tokens < 1:
             raise ValueError(f"max_new_tokens={self.max_new_tokens!r} must be a positive integer")
-        _check_sampling(self.temperature, self.top_k, self.top_p)
-
-
-# ----------------------------------------------------------------------------- sampling
-
-
-def logits_to_probs(
-    logits: Tensor, temperature: float = 1.0, top_k: int = 0, top_p: float = 1.0
-) -> Tensor:
-    """logits (B, V) -> probabilities (B, V) after temperature, top-k and top-p filtering."""
-    _check_sampling(temperature, top_k, top_p)
-    if temperature == 0.0:
-        raise ValueError("temperature=0 has no distribution (it is greedy); call sample()")
-    # Shift by the max first (softmax does not change) and divide by at least the smallest
-    # normal float: a tiny temperature then gives 0 and -inf, i.e. greedy, not inf - inf = nan
-    scale = max(temperature, torch.finfo(logits.dtype).tiny)
-    scaled = (logits - logits.amax(dim=-1, keepdim=True)) / scale  # (B, V)
-    # Which ids are the top k, and their order for top-p, do not depend on the temperature:
-    # take them from the unscaled logits, which a huge temperature cannot round into ties.
-    V = logits.shape[-1]
-    if 0 < top_k < V:
-        kth = torch.topk(logits, top_k, dim=-1).values[..., -1:]  # (B, 1)
-        scaled = scaled.masked_fill(logits < kth, float("-inf"))  # (B, V)
-    if top_p < 1.0:
-        # stable: among equal logits the lowest id comes first, as for argmax
-        order = torch.sort(logits, dim=-1, descending=True, stable=True).indices  # (B, V)
-        sorted_probs = torch.softmax(scaled.gather(-1, order), dim=-1)  # (B, V)
-        # drop an id once the ids before it already hold top_p; the most likely id always
-        # stays, so top_p=0 is greedy rather than an empty distribution (HF's TopPLogitsWarper)
-        drop_sorted = sorted_probs.cumsum(dim=-1) - sorted_probs >= top_p  # (B, V)
-        drop_sorted[..., 0] = False
-        drop = drop_sorted.scatter(-1, order, drop_sorted)  # (B, V) back in id order
-        scaled = scaled.masked_fill(drop, float("-inf"))  # (B, V)
-    return torch.softmax(scaled, dim=-1)  # (B, V)
-
-
-def sample(
-    logits: Tensor,
-    temperature: float = 1.0,
-    top_k: int = 0,
-    top_p: float = 1.0,
-    generator: torch.Generator | None = None,
-) -> Tensor:
-    """logits (B, V) -> next ids (B,). temperature=0 is greedy and ignores top_k/top_p."""
-    _check_sampling(temperature, top_k, top_p)
-    if temperature == 0.0:
-        return torch.argmax(logits, dim=-1)  # (B,)
-    probs = logits_to_probs(logits, temperature, top_k, top_p)  # (B, V)
-    return torch.multinomial(probs, 1, generator=generator)[:, 0]  # (B,)
+        check_sampling(self.temperature, self.top_k, self.top_p, self.min_p,
+                       self.repetition_penalty)
 
 
 # ----------------------------------------------------------------------------- model steps
@@ -201,6 +153,8 @@ def stream(
     temperature: float = 1.0,
     top_k: int = 0,
     top_p: float = 1.0,
+    min_p: float = 0.0,
+    repetition_penalty: float = 1.0,
     eot_id: int | Sequence[int] | None = None,
     pad_id: int | None = None,
     seed: int | None = None,
@@ -214,12 +168,15 @@ def stream(
 ) -> Iterator[Tensor]:
     """Yield the new ids (B,) of each step as they are sampled, up to max_new_tokens steps.
 
-    input_ids (B, P) with a left-padded attention_mask (B, P), 1 = token, 0 = pad. A row
-    that samples eot_id (an id, or several: any of them) has ended: it yields pad_id
-    (default: the first eot id) from then on, and the loop stops early once every row has
-    ended. seed gives a private generator, so the same
-    seed gives the same ids. vocab_size: sample only ids below it (a tokenizer smaller than
-    the model's embedding table). unused_ids: never sample these either (ids below
+    input_ids (B, P) with a left-padded attention_mask (B, P), 1 = token, 0 = pad.
+    temperature, top_k, top_p and min_p shape the distribution sampled from, in transformers'
+    order (temperature 0: greedy, the others ignored); repetition_penalty scales the logits of
+    every id a row holds (prompt and new ids, not its padding) before them, greedy or not
+    (`sampling.py`). A row that samples eot_id (an id, or several: any of them) has ended:
+    it yields pad_id (default: the first eot id) from then on, and the loop stops early once
+    every row has ended. seed gives a private generator, so the same seed gives the same ids.
+    vocab_size: sample only ids below it (a tokenizer smaller than the model's embedding
+    table). unused_ids: never sample these either (ids below
     vocab_size that name no token: `Tokenizer.unused_ids`). row_seeds: one seed per row
     instead, each row drawing from its own generator, so a row's draws do not depend on which
     rows share its batch (one generator's draws for row b depend on how many rows come before
@@ -232,7 +189,8 @@ def stream(
     checked here, before the first step. The weights must not change until the last step
     (docs/generate.md#how-decoding-works): edit what generation computes with `edits`.
     """
-    config = GenerationConfig(max_new_tokens, temperature, top_k, top_p, seed, sliding_window)
+    config = GenerationConfig(max_new_tokens, temperature, top_k, top_p, min_p,
+                              repetition_penalty, seed, sliding_window)
     if not isinstance(input_ids, Tensor):
         raise TypeError(f"input_ids is a {type(input_ids).__name__}; pass a (B, P) tensor of "
                         "token ids, e.g. torch.tensor([ids])")
@@ -296,6 +254,10 @@ def _steps(
         mask_buf = torch.ones(B, P + N, dtype=torch.bool, device=device)  # (B, P + N)
         mask_buf[:, :P] = keep
     start = max(0, P - block)  # first position inside the window (sliding_window only)
+    # which ids each row holds, for the repetition penalty: a fixed (B, V + 1) buffer written
+    # in place, outside the decode step (compiled or not), which only returns logits
+    seen = SeenIds(input_ids, keep, model.config.vocab_size) \
+        if config.repetition_penalty != 1.0 else None
     compiled = compiled_decode(model, B, min(P + N, block)) if compile else None
     if compiled is not None:
         compiled.in_use = True  # its static cache is this generation's until it ends
@@ -312,10 +274,12 @@ def _steps(
                 logits = logits[:, :vocab_size]  # (B, V')
             if unused_ids is not None:  # out of place: logits may be the model's own output
                 logits = logits.index_fill(1, unused_ids, float("-inf"))  # (B, V')
-            next_ids = _draw(logits, config, generator)  # (B,)
+            next_ids = _draw(logits, config, generator, seen)  # (B,)
             if eot_ids is not None:
                 next_ids = next_ids.masked_fill(ended, pad_id)  # (B,)
                 ended |= torch.isin(next_ids, eot_ids)
+            if seen is not None:
+                seen.add(next_ids)
             tokens[:, length] = next_ids
             yield next_ids
             end = length + 1
@@ -344,14 +308,19 @@ def _steps(
 
 
 def _draw(logits: Tensor, config: GenerationConfig,
-          generator: torch.Generator | list[torch.Generator] | None) -> Tensor:
+          generator: torch.Generator | list[torch.Generator] | None,
+          seen: SeenIds | None) -> Tensor:
     """logits (B, V) -> next ids (B,), sampled in float32 whatever the model computes in (a
-    bfloat16 softmax is coarse); a list holds one generator per row (stream's row_seeds)."""
+    bfloat16 softmax is coarse; transformers' generate() casts too), after the repetition
+    penalty when `seen` is kept; a list holds one generator per row (stream's row_seeds)."""
+    logits = logits.float()  # (B, V)
+    if seen is not None:
+        logits = seen.penalize(logits, config.repetition_penalty)  # (B, V)
     how = config.temperature, config.top_k, config.top_p
     if isinstance(generator, list):
-        return torch.cat([sample(logits[b:b + 1].float(), *how, row_generator)
+        return torch.cat([sample(logits[b:b + 1], *how, row_generator, min_p=config.min_p)
                           for b, row_generator in enumerate(generator)])  # (B,)
-    return sample(logits.float(), *how, generator)  # (B,)
+    return sample(logits, *how, generator, min_p=config.min_p)  # (B,)
 
 
 def generation_memory(model: GPT, batch_size: int, length: int, *,
@@ -384,6 +353,8 @@ def generate(
     temperature: float = 1.0,
     top_k: int = 0,
     top_p: float = 1.0,
+    min_p: float = 0.0,
+    repetition_penalty: float = 1.0,
     eot_id: int | Sequence[int] | None = None,
     pad_id: int | None = None,
     seed: int | None = None,
@@ -402,8 +373,9 @@ def generate(
     """
     steps = list(stream(
         model, input_ids, attention_mask, max_new_tokens=max_new_tokens,
-        temperature=temperature, top_k=top_k, top_p=top_p, eot_id=eot_id, pad_id=pad_id,
-        seed=seed, generator=generator, sliding_window=sliding_window, vocab_size=vocab_size,
+        temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p,
+        repetition_penalty=repetition_penalty, eot_id=eot_id, pad_id=pad_id, seed=seed,
+        generator=generator, sliding_window=sliding_window, vocab_size=vocab_size,
         row_seeds=row_seeds, edits=edits, unused_ids=unused_ids, compile=compile,
     ))
     new_ids = torch.stack(steps, dim=1)  # (B, n) on the model's device
@@ -414,8 +386,8 @@ def generate(
 
 
 #: the keyword arguments `stream_text` and `generate_text` pass on to `stream`
-SAMPLING = frozenset({"temperature", "top_k", "top_p", "seed", "generator", "row_seeds",
-                      "sliding_window", "compile"})
+SAMPLING = frozenset({"temperature", "top_k", "top_p", "min_p", "repetition_penalty", "seed",
+                      "generator", "row_seeds", "sliding_window", "compile"})
 
 
 def stream_text(
@@ -435,7 +407,8 @@ def stream_text(
     character split over several byte-level tokens comes out once it is complete. A row ends
     at one of the tokenizer's stop ids (not emitted) or at a stop string (emitted up to it);
     `stop` is one string or several.
-    sampling: `SAMPLING`'s names (temperature, top_k, top_p, seed, ...) as for `stream`.
+    sampling: `SAMPLING`'s names (temperature, top_k, top_p, min_p, repetition_penalty,
+    seed, ...) as for `stream`.
     Arguments are checked here, before the first step (so a CLI can fail before it prints
     the prompt).
     edits: `interp.edits.Edits` applied at every step.
