@@ -184,6 +184,18 @@ def test_a_long_text_is_encoded_in_pieces_to_the_ids_of_the_whole(
     assert heard[0][0] < heard[1][0] < heard[2][0]
 
 
+def test_a_tokenizer_trained_on_the_text_is_heard_of_first_and_a_cached_one_not(
+    corpus: Path, tmp_path: Path
+) -> None:
+    """A BPE's trainer reports no progress: `training` hears before it starts (the CLI says
+    so); a tokenizer not built from the text (byte), or a cached text, is not heard of."""
+    heard: list[tuple[str, int]] = []
+    for spec in ("bpe", "byte", "bpe:512", "word"):
+        TextDataset.from_file(corpus, spec, cache_dir=tmp_path / "c",
+                              training=lambda *said: heard.append(said))
+    assert heard == [("bpe:512", len(TEXT)), ("word", len(TEXT))]
+
+
 def test_a_character_outside_the_vocabulary_is_placed_in_the_whole_text(tmp_path: Path) -> None:
     path, text = tmp_path / "long.txt", TEXT * 70 + "QED\n"
     path.write_text(text)

@@ -30,24 +30,32 @@ from ..tokenizers.pieces import text_pieces
 # parallel, and holds ~420 bytes a token of them meanwhile (docs/performance.md#token-cache)
 PIECES_AT_ONCE = 8
 Progress = Callable[[int, int], None]  # (done, in all)
+# (spec, characters): a tokenizer is about to be trained on the text; a BPE's trainer
+# (Hugging Face tokenizers) takes all the text at once and reports no progress of its own
+Training = Callable[[str, int], None]
+TRAINED_SPECS = ("char", "word", "bpe")  # the kinds of named spec built from the text
 
 
 def token_cache(
     root: Path, tokenizer: str | Tokenizer, text: str, fingerprint: str, val_fraction: float,
-    progress: Progress | None,
+    progress: Progress | None, training: Training | None = None,
 ) -> tuple[Tokenizer, np.ndarray, np.ndarray]:
     """The tokenizer and the train and val ids of `text`, from `root/data/<key>`, made there
     if it holds none. The key is the tokenizer's own hash with val_fraction and the text's, so
     a spec, a checkpoint's copy of its tokenizer (a resume) and a Tokenizer share an entry. A
     named spec (char, word, bpe:N, byte, tiktoken:ENC) fixes the tokenizer given the text, so
     `root/data-index/<spec key>` names its entry: found before a tokenizer is built (a bpe
-    trained on all the text again)."""
+    trained on all the text again). Only where no entry is found: `training(spec,
+    characters)` hears before a tokenizer is trained on the text, `progress(characters
+    encoded, characters)` while it is encoded."""
     data, spec = root / "data", named_spec(tokenizer) if isinstance(tokenizer, str) else None
     index = root / "data-index" / _hash(f"{spec}|{val_fraction}|{fingerprint}") if spec else None
     entry = _indexed(data, index) if index is not None else None
     opened = _open_cache(entry) if entry is not None else None
     if opened is not None:
         return opened
+    if spec is not None and training is not None and spec.split(":")[0] in TRAINED_SPECS:
+        training(spec, len(text))
     tok = get_tokenizer(tokenizer, text) if isinstance(tokenizer, str) else tokenizer
     key = _hash(f"{tok.identity()}|{val_fraction}|{fingerprint}")
     cached = data / key
