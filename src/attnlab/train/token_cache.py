@@ -104,8 +104,9 @@ def _dtype(tok: Tokenizer) -> type:
 
 def _encode(tok: Tokenizer, text: str, dtype: type, progress: Progress | None) -> np.ndarray:
     """`text`'s ids, encoded a few of its `text_pieces` at a time where that gives the ids of
-    the whole text (`Tokenizer.encodes_in_pieces`; else all at once)."""
-    pieces = text_pieces(text) if tok.encodes_in_pieces else iter([text])
+    the whole text (`Tokenizer.encodes_in_pieces`, cut at its `piece_cut`; else all at
+    once)."""
+    pieces = text_pieces(text, cut=tok.piece_cut) if tok.encodes_in_pieces else iter([text])
     parts: list[np.ndarray] = []
     done = 0
     while batch := list(itertools.islice(pieces, PIECES_AT_ONCE)):
