@@ -164,8 +164,9 @@ class TextDataset(Dataset):
         text = read_text(path)
         fingerprint = text_hash(text)  # the text alone
         root = Path(cache_dir) if cache_dir is not None else default_cache_dir()
+        source = str(Path(path).resolve())
         cached_tok, train, val = token_cache(root, tokenizer, text, fingerprint, val_fraction,
-                                             progress, training)
+                                             progress, training, source)
         # checked on what is read, cached or not (a cache written before this check held one)
         first = train[0]
         if (train == first).all() and (val == first).all():  # e.g. a file of NUL bytes
@@ -175,7 +176,7 @@ class TextDataset(Dataset):
                 "Is it a text file? Train on text with at least 2 different tokens"
             )
         return cls(Path(path).name, cached_tok if isinstance(tokenizer, str) else tokenizer,
-                   train, val, source=str(Path(path).resolve()), fingerprint=fingerprint)
+                   train, val, source=source, fingerprint=fingerprint)
 
     @property
     def max_block_size(self) -> int:
