@@ -85,6 +85,44 @@ def test_flags_map_onto_the_configs(tmp_path: Path, capsys: pytest.CaptureFixtur
     assert meta["train_config"]["warmup_iters"] == 8
 
 
+def test_a_first_tokenization_shows_its_progress_on_stderr_a_cached_one_nothing(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A long text's first run trained a BPE and encoded the text for seconds before its first
+    step, silently; now it says so on stderr (here at any length and every call, as a log
+    would get it every 10 s), stdout as before. A second run reads the cache: nothing."""
+    from attnlab.cli import progress
+
+    monkeypatch.setenv("ATTNLAB_CACHE", str(tmp_path / "cache"))
+    # raising=False: the test fails on its assertions where these do not exist
+    monkeypatch.setattr(progress, "TOKENIZE_INTERVAL_S", 0.0, raising=False)
+    monkeypatch.setattr(progress, "TRAINING_LINE_CHARS", 1, raising=False)
+    text = tmp_path / "text.txt"
+    text.write_text("to be or not to be, that is the question\n" * 15000)  # 10 pieces
+    n = len(text.read_text())
+    flags = ["train", "--data", str(text), "--tokenizer", "bpe:300", "--n_layer", "1",
+             "--n_head", "2", "--n_embd", "16", "--block_size", "32", "--max_iters", "1",
+             "--eval_iters", "1"]
+    assert main([*flags, "--out", str(tmp_path / "first")]) == 0
+    out, err = capsys.readouterr()
+    shown = [line for line in err.splitlines() if not line.startswith("step")]
+    assert shown[0] == (f"tokenizer  training bpe:300 on {n:,} characters (once: later runs "
+                        "on this text read the token cache)")
+    assert [line.split()[0] for line in shown[1:]] == ["tokenized", "tokenized"]  # 8 + 2
+    assert shown[-1].startswith(f"tokenized {n}/{n} characters")
+    assert "tokenizer  " not in out and "tokenized" not in out
+    assert "data     text.txt (bpe tokenizer" in out
+    assert main([*flags, "--out", str(tmp_path / "second")]) == 0
+    out, err = capsys.readouterr()
+    assert "tokenize" not in err and "tokenizer  " not in out and "tokenized" not in out
+    assert "step      1/1" in err  # the steps' progress is still shown
+    # under torchrun only rank 0 shows it (the others are quiet): a first run again
+    monkeypatch.setenv("ATTNLAB_CACHE", str(tmp_path / "cache-rank-1"))
+    monkeypatch.setenv("RANK", "1")
+    assert main([*flags, "--out", str(tmp_path / "rank-1")]) == 0
+    assert "tokenize" not in capsys.readouterr().err
+
+
 def test_a_step_graph_off_a_gpu_is_one_line_before_anything_runs(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import io
 
-from attnlab.cli.progress import Counter, Progress, blocks_shown
+from attnlab.cli.progress import Counter, Progress, blocks_shown, tokenizing_shown
 
 
 class Terminal(io.StringIO):
@@ -110,6 +110,25 @@ def test_a_counter_draws_a_bar_on_a_terminal_and_lines_in_a_log() -> None:
         counter(70, 70)
         counter.close()
         assert stream.getvalue() == "", type(stream).__name__
+
+
+def test_tokenizing_shown_draws_millions_of_characters_and_says_a_long_training() -> None:
+    """A first run's tokenization (seconds on 11 MB): a bar of characters in millions, a
+    line before a tokenizer trains on a long text; --quiet (and torchrun's other ranks):
+    no callbacks at all."""
+    term = Terminal()
+    with tokenizing_shown(stream=term) as (progress, training):
+        assert progress is not None and training is not None
+        training("bpe:512", 999_999)  # short: trained before a person notices
+        training("bpe:1024", 11_153_940)
+        assert isinstance(progress, Counter)
+        progress.delay_s = 0.0
+        progress(2_630_000, 11_153_940)
+    drawn = term.getvalue()
+    assert drawn.startswith("tokenizer  training bpe:1024 on 11,153,940 characters (once")
+    assert "/11.2M [" in drawn and "character/s]" in drawn and drawn.endswith("\r")
+    with tokenizing_shown(quiet=True, stream=term) as callbacks:
+        assert callbacks == (None, None)
 
 
 def test_blocks_shown_counts_a_forward_pass_and_removes_its_hooks() -> None:

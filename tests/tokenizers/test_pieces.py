@@ -21,22 +21,33 @@ from attnlab.tokenizers import (
     WordTokenizer,
 )
 from attnlab.tokenizers.core import EOT, import_tokenizers
-from attnlab.tokenizers.pieces import PIECE_CUT, cuts_like_gpt2, text_pieces
+from attnlab.tokenizers.pieces import GPT2_PIECE_CUT, PIECE_CUT, cuts_like_gpt2, text_pieces
 
 # the characters around a word's edge in every pre-tokenizer: spaces, newlines (a CRLF too),
 # tabs, punctuation, an apostrophe (contractions), digits, a capital, multi-byte letters, a
-# combining mark, an emoji; and any other character hypothesis draws
+# combining mark, an emoji; CJK letters, kana, hangul, CJK punctuation (the katakana middle
+# dot U+30FB, the prolonged sound mark U+30FC, a letter to some engines), the ideographic
+# space, "/" (o200k's punctuation takes it in after newlines); and any other character
 EDGES = ["a", "s", "Z", "1", "7", " ", " ", "\n", "\n", "\r", "\t", "!", ".", "'", "é", "日",
-         "\u0301", "😀", "_", EOT]
-TEXTS = st.lists(st.one_of(st.sampled_from(EDGES), st.characters(codec="utf-8")),
-                 max_size=120).map("".join)
+         "\u0301", "😀", "_", EOT, "我", "の", "カ", "한", "。", "」", "・", "ー", "\u3000", "/"]
+# any characters, or lines of them: a line's last character and the next one's first meet
+# across each kind of line end
+LINES = st.lists(st.tuples(st.lists(st.sampled_from(EDGES), max_size=4).map("".join),
+                           st.sampled_from(["\n", "\r\n", "\n\n", " \n", "\r\n\r\n"])
+                           ).map("".join), max_size=30).map("".join)
+TEXTS = st.one_of(st.lists(st.one_of(st.sampled_from(EDGES), st.characters(codec="utf-8")),
+                           max_size=120).map("".join), LINES)
 # random draws of them: a bpe trained on it merges across every such edge ("\n ", " \n",
 # "\r\n\r", "\n\n\n", ...), so a cut inside a word changes ids
 CORPUS = "".join(random.Random(0).choices(EDGES, k=30_000))
 # where a cut elsewhere than PIECE_CUT changes ids (cut before any newline: " \n"; after one:
 # "\n ", "\na" (word); after a letter's newline: "a\n\n" (o200k); before a newline after
-# any non-space: "!\n" (cl100k and o200k take a newline into punctuation's word)
-CUT_ELSEWHERE = [" \n", "a \n", "\n ", "\na", "a\na", "a\n ", "a\n\n", "!\n", "é\n\n"]
+# any non-space: "!\n", "。\n", "・\n" (cl100k and o200k take a newline into punctuation's
+# word); between "\r" and "\n": "a\r\n"), or elsewhere than GPT2_PIECE_CUT (after "\r\n"
+# (GPT-2), after a space's or a newline's newline, before "/" (o200k))
+CUT_ELSEWHERE = [" \n", "a \n", "\n ", "\na", "a\na", "a\n ", "a\n\n", "!\n", "é\n\n",
+                 "a\r\n", "。\n", "・\n", "我\r\n", "。\r\n我", "。\n\n我", "\u3000\n我",
+                 " \n我", "。\n/", "。\n我", "a\nカ", "한\n\r\n"]
 
 
 def with_cut_elsewhere(test: Any) -> Any:
@@ -47,17 +58,46 @@ def with_cut_elsewhere(test: Any) -> Any:
 
 
 def pieced(tok: Tokenizer, text: str, size: int) -> list[int]:
-    return [i for ids in tok.encode_pieces(list(text_pieces(text, size))) for i in ids]
+    pieces = list(text_pieces(text, size, tok.piece_cut))
+    return [i for ids in tok.encode_pieces(pieces) for i in ids]
 
 
 @with_cut_elsewhere
 @given(TEXTS, st.integers(1, 6))
 def test_pieces_are_the_text_cut_where_a_word_ends(text: str, size: int) -> None:
-    pieces = list(text_pieces(text, size))
-    assert "".join(pieces) == text and all(pieces)
-    for piece, after in itertools.pairwise(pieces):
-        assert len(piece) >= size and after.startswith("\n") and piece[-1].isascii()
-        assert PIECE_CUT.match(piece[-1] + after, 1)
+    for cut in (PIECE_CUT, GPT2_PIECE_CUT):
+        pieces = list(text_pieces(text, size, cut))
+        assert "".join(pieces) == text and all(pieces)
+        start = 0
+        for piece, after in itertools.pairwise(pieces):
+            start += len(piece)
+            assert len(piece) >= size and cut.match(text, start)
+            line_end = not piece[-1].isspace() and after.startswith(("\n", "\r\n"))
+            assert line_end or (cut is GPT2_PIECE_CUT and text[start - 1] == "\n"
+                                and not text[start - 2].isspace() and not after[0].isspace())
+
+
+def test_lines_of_cjk_and_crlf_text_are_cut() -> None:
+    """A CJK line ends in punctuation ("。"), a Windows one in "\r\n": such a text was one
+    piece, encoded all at once (Hugging Face: ~420 bytes a token)."""
+    cjk, crlf = "我是猫。\n名前はまだない\n한국어\r\n" * 30, "To be, or not to be\r\n" * 30
+    # before "\n" or "\r\n" after a letter; for GPT-2's regex and tiktoken's, after "。\n" too
+    ends = [{piece[-2:] for piece in list(text_pieces(cjk, 4, cut))[:-1]}
+            for cut in (PIECE_CUT, GPT2_PIECE_CUT)]
+    assert ends == [{"ない", "국어"}, {"ない", "국어", "。\n"}]
+    assert [piece[-2:] for piece in text_pieces(crlf, 100)][:3] == ["be", "be", "be"]
+    assert HFTokenizer.piece_cut is GPT2_PIECE_CUT and WordTokenizer(["a"]).piece_cut is PIECE_CUT
+
+
+def test_the_word_pattern_takes_a_newline_into_the_word_after_it() -> None:
+    """Why words are cut at PIECE_CUT only: "\n我" is one word of core.WORD_PATTERN, so the cut
+    after "。\n" that GPT-2's regex and tiktoken's allow would change its ids."""
+    text = "我。\n我。\n"
+    tok = WordTokenizer.from_text(text)
+    assert tok.encode(text) == [tok.stoi[w] for w in ("我", "。", "\n我", "。", "\n")]
+    pieces = list(text_pieces(text, 1, GPT2_PIECE_CUT))
+    assert pieces == ["我。\n", "我。\n"]
+    assert [i for ids in tok.encode_pieces(pieces) for i in ids] != tok.encode(text)
 
 
 @settings(deadline=None)
@@ -128,7 +168,7 @@ def _tiktoken_encodings(monkeypatch: pytest.MonkeyPatch) -> list[Any]:
 def test_tiktoken_patterns_encode_the_same_in_pieces(text: str, size: int) -> None:
     for encoding in tiktoken_encodings():
         whole = encoding.encode(text, allowed_special={EOT})
-        pieces = [i for piece in text_pieces(text, size)
+        pieces = [i for piece in text_pieces(text, size, GPT2_PIECE_CUT)
                   for i in encoding.encode(piece, allowed_special={EOT})]
         assert pieces == whole, encoding.name
 
@@ -160,10 +200,12 @@ def test_bpe_training_is_deterministic_and_sees_the_words_of_the_whole_text() ->
     and training on pieces gives the merges of training on the whole text in one go: the
     words the trainer counts are the ones encoding makes (a text's lines were not: a line's
     leading spaces were a word of their own)."""
-    text = CORPUS * 2 + "".join(f"  line {i}\n" for i in range(3000))
+    text = (CORPUS + "".join(f"行{i}。\n" for i in range(5000)) + CORPUS
+            + "".join(f"  line {i}\n" for i in range(3000)))
     first, again = HFTokenizer.train(text, 400), HFTokenizer.train(text, 400)
     assert first.backend.to_str() == again.backend.to_str()
-    assert len(list(text_pieces(text))) > 1
+    pieces = list(text_pieces(text, cut=GPT2_PIECE_CUT))  # the first cut after a "。\n"
+    assert len(pieces) > 1 and pieces[0].endswith("。\n")
     tk = import_tokenizers()
     whole = tk.Tokenizer(tk.models.BPE())
     whole.pre_tokenizer = tk.pre_tokenizers.ByteLevel(add_prefix_space=False)

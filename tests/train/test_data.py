@@ -184,6 +184,32 @@ def test_a_long_text_is_encoded_in_pieces_to_the_ids_of_the_whole(
     assert heard[0][0] < heard[1][0] < heard[2][0]
 
 
+@pytest.mark.parametrize("spec", ["char", "bpe:300"])
+def test_a_cjk_text_is_encoded_in_pieces_too(tmp_path: Path, spec: str) -> None:
+    """Its lines end in "。", where cl100k's punctuation takes in the newline: it was one
+    piece, encoded at once (Hugging Face: ~420 bytes a token). A bpe cuts after such a
+    newline (pieces.GPT2_PIECE_CUT), a char tokenizer before one after a letter."""
+    path, text = tmp_path / "cjk.txt", "吾輩は猫である。\n名前はまだ無い\n" * 40_000  # 680k
+    path.write_text(text, encoding="utf-8")
+    heard: list[tuple[int, int]] = []
+    ds = TextDataset.from_file(path, spec, cache_dir=tmp_path / "c",
+                               progress=lambda done, total: heard.append((done, total)))
+    assert np.concatenate([ds.train, ds.val]).tolist() == ds.tokenizer.encode(text)
+    assert len(heard) == 2 and heard[-1] == (len(text), len(text))  # 8 pieces, then 2
+
+
+def test_a_tokenizer_trained_on_the_text_is_heard_of_first_and_a_cached_one_not(
+    corpus: Path, tmp_path: Path
+) -> None:
+    """A BPE's trainer reports no progress: `training` hears before it starts (the CLI says
+    so); a tokenizer not built from the text (byte), or a cached text, is not heard of."""
+    heard: list[tuple[str, int]] = []
+    for spec in ("bpe", "byte", "bpe:512", "word"):
+        TextDataset.from_file(corpus, spec, cache_dir=tmp_path / "c",
+                              training=lambda *said: heard.append(said))
+    assert heard == [("bpe:512", len(TEXT)), ("word", len(TEXT))]
+
+
 def test_a_character_outside_the_vocabulary_is_placed_in_the_whole_text(tmp_path: Path) -> None:
     path, text = tmp_path / "long.txt", TEXT * 70 + "QED\n"
     path.write_text(text)

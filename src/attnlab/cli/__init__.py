@@ -1,5 +1,5 @@
 """The `attnlab` command: `attnlab train | generate | inspect | serve | bench | demo | info |
-export | heads | patch | lens`.
+cache | export | heads | patch | lens`.
 
 Only the CLI prints. Each subcommand lives in its own module in this package, exposing
 `add_parser(subparsers)` and `run(args) -> int`, and imports heavy dependencies inside
@@ -44,6 +44,7 @@ COMMANDS = {
     "bench": "run the speed and quality benchmarks (needs a source checkout)",
     "demo": "run a seed experiment (hello, animals, averaging) and draw it",
     "info": "print a model directory's config, size, tokenizer and training state",
+    "cache": "list the token cache (texts tokenized for training) or clear it",
     "export": "write a checkpoint as a Hugging Face model directory",
     "heads": "find previous-token, duplicate-token, induction and first-token heads",
     "patch": "activation or attribution patching of heads and residual positions",

@@ -1,6 +1,8 @@
 """How `attnlab train` shows a run's progress: one line per evaluation on stdout, and the
 steps between as a tqdm bar when stderr is a terminal, or as a plain line every few seconds
 when it is not (a log file or a pipe would otherwise fill with carriage-return redraws).
+Before the first step, a text tokenized for the first time shows its progress the same way
+(`tokenizing_shown`), and other long work too (`Counter`).
 
 The training loop (`train/loop.py`) only calls back with its metrics rows; this module decides
 what a person sees.
@@ -11,7 +13,7 @@ from __future__ import annotations
 import os
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any, TextIO
 
@@ -121,8 +123,9 @@ class Counter:
     as `with Counter(...) as progress:`."""
 
     def __init__(self, unit: str, verb: str, *, stream: TextIO | None = None,
-                 interval_s: float = 10.0, delay_s: float = 1.0) -> None:
+                 interval_s: float = 10.0, delay_s: float = 1.0, scale: bool = False) -> None:
         self.unit, self.verb = unit, verb  # "run", "patched"
+        self.scale = scale  # the bar's counts as 2.63M/11.2M (millions of characters)
         self.stream = stream or sys.stderr
         self.interval_s, self.delay_s = interval_s, delay_s
         self.bar: Any = None
@@ -135,7 +138,8 @@ class Counter:
                 from tqdm import tqdm
 
                 self.bar = tqdm(total=total, unit=self.unit, dynamic_ncols=True,
-                                file=self.stream, leave=False, delay=self.delay_s)
+                                file=self.stream, leave=False, delay=self.delay_s,
+                                unit_scale=self.scale)
             self.bar.update(done - self.bar.n)
             return
         now = time.monotonic()
@@ -172,3 +176,32 @@ def blocks_shown(model: Any, verb: str, *, stream: TextIO | None = None,
         finally:
             for handle in handles:
                 handle.remove()
+
+
+# a text tokenized for the first time: its bar after this long on a terminal, a line this
+# often in a log (shorter work shows nothing); the line saying a tokenizer is being trained
+# from this many characters (bpe:1024 trained on 11M in ~3 s, docs/performance.md#token-cache)
+TOKENIZE_DELAY_S = 1.0
+TOKENIZE_INTERVAL_S = 10.0
+TRAINING_LINE_CHARS = 1_000_000
+
+
+@contextmanager
+def tokenizing_shown(*, quiet: bool = False, stream: TextIO | None = None) -> Iterator[
+        tuple[Callable[[int, int], None] | None, Callable[[str, int], None] | None]]:
+    """The `progress` and `training` callbacks of `load_dataset` (train/token_cache.py): the
+    encoding as a `Counter` of characters, and a line on `stream` (stderr) before a long
+    text trains a tokenizer; with `quiet`, none. A cached text calls neither."""
+    if quiet:
+        yield None, None
+        return
+    out = stream or sys.stderr
+
+    def training(spec: str, characters: int) -> None:
+        if characters >= TRAINING_LINE_CHARS:
+            print(f"tokenizer  training {spec} on {characters:,} characters (once: later runs "
+                  "on this text read the token cache)", file=out, flush=True)
+
+    with Counter("character", "tokenized", stream=out, interval_s=TOKENIZE_INTERVAL_S,
+                 delay_s=TOKENIZE_DELAY_S, scale=True) as counter:
+        yield counter, training

@@ -29,7 +29,7 @@ from .common import (
     load_opened,
     out_of_memory,
 )
-from .progress import Progress
+from .progress import Progress, tokenizing_shown
 from .train_report import describe, report, report_task, resume_command, say_last_checkpoint
 from .train_resume import resume_run, run_data
 
@@ -219,8 +219,10 @@ def _load_data(args: argparse.Namespace, found: Path | None, data_given: bool,
     init = _init_source(args, data_given) if args.init_from else None
     if init is not None:
         tokenizer = str(init.path)  # its ids are the ones the weights learned
-    try:
-        return load_dataset(args.data, tokenizer or "char"), init
+    try:  # a first tokenization's progress: on stderr, by rank 0 alone (run() quiets the rest)
+        with tokenizing_shown(quiet=args.quiet or not _rank_0()) as (progress, training):
+            return load_dataset(args.data, tokenizer or "char", progress=progress,
+                                training=training), init
     except CannotEncode as err:
         if init is None and found is None:
             raise

@@ -26,7 +26,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from .pieces import cuts_like_gpt2, text_pieces
+from .pieces import GPT2_PIECE_CUT, PIECE_CUT, cuts_like_gpt2, text_pieces
 from .token_bytes import bytes_text, chars_as_bytes, visible_controls
 
 CONFIG_FILE = "tokenizer_config.json"
@@ -67,8 +67,10 @@ class Tokenizer(ABC):
     pad_id: int = 0  # id placed at padding positions (masked out, any valid id works)
     # ids below vocab_size that name no token (a tokenizer.json's holes): never sampled
     unused_ids: frozenset[int] = frozenset()
-    # whether a text's `pieces.text_pieces`, encoded one by one, give the ids of the whole
+    # whether a text's `pieces.text_pieces`, encoded one by one, give the ids of the whole;
+    # where they are cut (pieces.PIECE_CUT; GPT-2's regex and tiktoken's allow more)
     encodes_in_pieces: bool = False
+    piece_cut: re.Pattern[str] = PIECE_CUT
 
     @property
     def stop_ids(self) -> tuple[int, ...]:
@@ -87,7 +89,8 @@ class Tokenizer(ABC):
         """JSON-serialisable state for `save` (plus "type")."""
 
     def encode_pieces(self, pieces: Sequence[str]) -> list[list[int]]:
-        """The ids of each of a text's `text_pieces` (where `encodes_in_pieces`)."""
+        """The ids of each of a text's `text_pieces` cut at `piece_cut` (where
+        `encodes_in_pieces`)."""
         return [self.encode(piece) for piece in pieces]
 
     def encode_continuation(self, text: str) -> list[int]:
@@ -298,6 +301,8 @@ class WordTokenizer(Tokenizer):
 class HFTokenizer(Tokenizer):
     """A Hugging Face `tokenizers` tokenizer (trained byte-level BPE or a tokenizer.json)."""
 
+    piece_cut = GPT2_PIECE_CUT  # where it encodes in pieces: cuts_like_gpt2
+
     def __init__(self, backend: Any, name: str = "bpe") -> None:
         self.backend = backend
         # ids run to the largest one in the vocabulary, added tokens included; a
@@ -334,7 +339,7 @@ class HFTokenizer(Tokenizer):
         )
         # pieces, not the text's lines: a list of them took ~100 bytes a character, and a cut
         # before a line's leading spaces made words that encoding the text never makes
-        backend.train_from_iterator(text_pieces(text), trainer=trainer)
+        backend.train_from_iterator(text_pieces(text, cut=GPT2_PIECE_CUT), trainer=trainer)
         return cls(backend)
 
     @classmethod
@@ -450,7 +455,8 @@ class TiktokenTokenizer(Tokenizer):
         self.encoding = tiktoken.get_encoding(encoding)
         self.name, self.vocab_size = f"tiktoken:{encoding}", self.encoding.n_vocab
         self.eot_id = self.pad_id = self.encoding.eot_token
-        self.encodes_in_pieces = True  # gpt2, cl100k and o200k words end at a pieces.PIECE_CUT
+        # gpt2's (r50k, p50k), cl100k's and o200k's words end at a pieces.GPT2_PIECE_CUT
+        self.encodes_in_pieces, self.piece_cut = True, GPT2_PIECE_CUT
 
     def encode(self, text: str) -> list[int]:
         return list(self.encoding.encode(text, allowed_special={EOT}))

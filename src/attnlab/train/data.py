@@ -31,7 +31,7 @@ from ..tokenizers import (
     Tokenizer,
     WordTokenizer,
 )
-from .token_cache import Progress, text_hash, token_cache
+from .token_cache import Progress, Training, text_hash, token_cache
 
 SENTENCES: dict[str, list[str]] = {
     "hello": ["Hello World!"],
@@ -153,17 +153,20 @@ class TextDataset(Dataset):
         val_fraction: float = 0.1,
         cache_dir: str | Path | None = None,
         progress: Progress | None = None,
+        training: Training | None = None,
     ) -> TextDataset:
         """Tokenize once to `cache_dir/data/<key>/{train,val}.bin`, the tokenizer beside them;
         later calls reuse the files (token_cache.py). progress(characters encoded, characters
-        in all) hears while a text is encoded."""
+        in all) hears while a text is encoded; training(spec, characters) before a tokenizer
+        (char, word, bpe:N) is trained on it. A cached text hears neither."""
         if not 0.0 < val_fraction < 1.0:
             raise ValueError(f"val_fraction={val_fraction} must be in (0, 1)")
         text = read_text(path)
         fingerprint = text_hash(text)  # the text alone
         root = Path(cache_dir) if cache_dir is not None else default_cache_dir()
+        source = str(Path(path).resolve())
         cached_tok, train, val = token_cache(root, tokenizer, text, fingerprint, val_fraction,
-                                             progress)
+                                             progress, training, source)
         # checked on what is read, cached or not (a cache written before this check held one)
         first = train[0]
         if (train == first).all() and (val == first).all():  # e.g. a file of NUL bytes
@@ -173,7 +176,7 @@ class TextDataset(Dataset):
                 "Is it a text file? Train on text with at least 2 different tokens"
             )
         return cls(Path(path).name, cached_tok if isinstance(tokenizer, str) else tokenizer,
-                   train, val, source=str(Path(path).resolve()), fingerprint=fingerprint)
+                   train, val, source=source, fingerprint=fingerprint)
 
     @property
     def max_block_size(self) -> int:
@@ -312,15 +315,16 @@ def load_dataset(
     val_fraction: float = 0.1,
     cache_dir: str | Path | None = None,
     progress: Progress | None = None,
+    training: Training | None = None,
 ) -> Dataset:
     """A built-in name (hello, animals, copy, recall, reverse) or a path to text
-    (`TextDataset.from_file`, which `progress` is for)."""
+    (`TextDataset.from_file`, which `progress` and `training` are for)."""
     if source in SENTENCES:
         return SentenceDataset(source, SENTENCES[source])
     if source in TASKS:
         return TaskDataset(source)
     return TextDataset.from_file(source, tokenizer, val_fraction=val_fraction,
-                                 cache_dir=cache_dir, progress=progress)
+                                 cache_dir=cache_dir, progress=progress, training=training)
 
 
 def sequence_length(model_config: GPTConfig, dataset: Dataset, seq_len: int | None = None) -> int:
