@@ -43,6 +43,14 @@ def _cpu_unless_marked_cuda(request: pytest.FixtureRequest,
         monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
 
 
+@pytest.fixture(autouse=True, scope="session")
+def _token_cache_of_the_session(tmp_path_factory: pytest.TempPathFactory) -> None:
+    """The token cache (train/token_cache.py) in a folder of this session's, for it and the
+    commands it starts: the tests filled the user's ~/.cache/attnlab, and an entry an
+    earlier session (older code) wrote could answer a test's first run."""
+    os.environ["ATTNLAB_CACHE"] = str(tmp_path_factory.mktemp("attnlab-cache"))
+
+
 @pytest.fixture(scope="session")
 def cuda_device() -> torch.device:
     """The device the cuda tests run on (see the module docstring)."""
