@@ -11,6 +11,7 @@ one to one (`--n_layer 4 --lr 1e-3`) through `add_config_flags` / `config_from_f
 from __future__ import annotations
 
 import argparse
+import contextlib
 import difflib
 import importlib
 import itertools
@@ -21,7 +22,7 @@ import signal
 import sys
 import threading
 import warnings
-from collections.abc import Collection, Sequence
+from collections.abc import Collection, Iterator, Sequence
 from typing import Any, NoReturn
 
 from .common import (
@@ -160,27 +161,39 @@ def build_parser(commands: Collection[str] = tuple(COMMANDS)
         if name not in commands:
             sub.add_parser(name, help=line)
             continue
-        try:
-            module = importlib.import_module(f"attnlab.cli.{name}")
-        except ModuleNotFoundError as err:
-            if err.name != f"attnlab.cli.{name}":
-                raise
-            continue
-        parsers[name] = module.add_parser(sub)
+        # train's, serve's and info's parsers import torch (GPTConfig's fields are flags)
+        with interrupts_held():
+            try:
+                module = importlib.import_module(f"attnlab.cli.{name}")
+            except ModuleNotFoundError as err:
+                if err.name != f"attnlab.cli.{name}":
+                    raise
+                continue
+            parsers[name] = module.add_parser(sub)
         parsers[name].set_defaults(_run=module.run)
     return parser, parsers
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    """Run `attnlab ARGV...`: the exit status. argv None: the program itself (the console
+    script, `python -m attnlab`), which exits when this returns."""
+    program = argv is None
     argv = list(sys.argv[1:] if argv is None else argv)
     # the first word is the command: `attnlab` itself takes no flag with a value
     command = next((word for word in argv if not word.startswith("-")), None)
     try:
-        return _main(argv, command)
+        status = _main(argv, command)
     except KeyboardInterrupt:  # also while torch or a model loads: one line, no traceback
         print(f"attnlab{' ' + command if command in COMMANDS else ''}: interrupted",
               file=sys.stderr)
-        return 130
+        status = 130
+    if program and threading.current_thread() is threading.main_thread():
+        # the command is over, its output written: the second or so the interpreter takes to
+        # tear torch down is not to be interrupted (a Ctrl-C there killed a finished run,
+        # status -SIGINT, or printed "Exception ignored ... KeyboardInterrupt"; SIG_IGN,
+        # unlike a handler, is kept through the interpreter's finalization)
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+    return status
 
 
 def _main(argv: list[str], command: str | None) -> int:
@@ -217,25 +230,33 @@ def _main(argv: list[str], command: str | None) -> int:
     return _run(args)
 
 
-def _import_torch() -> Any:
-    """torch (numpy, attnlab's model) imported with a Ctrl-C held until the import is done,
-    then raised: raised inside it, in a C extension's initialisation, the interrupt left a
-    half-imported numpy ("cannot load module more than once"), an abort, or was swallowed,
-    and `generate` went on generating (tests/cli/test_cli_main.py, under load)."""
+@contextlib.contextmanager
+def interrupts_held() -> Iterator[None]:
+    """Hold a Ctrl-C until the block is done, then raise it (KeyboardInterrupt): for imports
+    of torch (numpy, attnlab's model). Raised inside one, in a C extension's initialisation,
+    the interrupt left a half-imported numpy ("cannot load module more than once"), an abort
+    in pybind11, or was swallowed, and `generate` or `train` went on (tests/cli/
+    test_cli_main.py, under load). A SIGINT ignored (a background job's) stays ignored."""
     if threading.current_thread() is not threading.main_thread():  # no handler to set there
-        import torch
-
-        return torch
+        yield
+        return
     held: list[int] = []
     old = signal.signal(signal.SIGINT, lambda signum, frame: held.append(signum))
     try:
-        import torch
-
-        import attnlab.model.runtime  # noqa: F401  (the rest of what every command imports)
+        yield
     finally:
         signal.signal(signal.SIGINT, old if old is not None else signal.default_int_handler)
-    if held:
+    if held and old is not signal.SIG_IGN:
         raise KeyboardInterrupt
+
+
+def _import_torch() -> Any:
+    """torch, and the rest of what every command imports, with a Ctrl-C held over the import
+    (interrupts_held)."""
+    with interrupts_held():
+        import torch
+
+        import attnlab.model.runtime  # noqa: F401
     return torch
 
 
