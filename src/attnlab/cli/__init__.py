@@ -11,7 +11,6 @@ one to one (`--n_layer 4 --lr 1e-3`) through `add_config_flags` / `config_from_f
 from __future__ import annotations
 
 import argparse
-import contextlib
 import difflib
 import importlib
 import itertools
@@ -22,7 +21,7 @@ import signal
 import sys
 import threading
 import warnings
-from collections.abc import Collection, Iterator, Sequence
+from collections.abc import Collection, Sequence
 from typing import Any, NoReturn
 
 from .common import (
@@ -30,6 +29,7 @@ from .common import (
     check_device,
     cpu_memory_errors,
     expand_paths,
+    interrupts_held,
     out_of_memory,
     spell_flags,
 )
@@ -228,26 +228,6 @@ def _main(argv: list[str], command: str | None) -> int:
         return 2
     expand_paths(args)
     return _run(args)
-
-
-@contextlib.contextmanager
-def interrupts_held() -> Iterator[None]:
-    """Hold a Ctrl-C until the block is done, then raise it (KeyboardInterrupt): for imports
-    of torch (numpy, attnlab's model). Raised inside one, in a C extension's initialisation,
-    the interrupt left a half-imported numpy ("cannot load module more than once"), an abort
-    in pybind11, or was swallowed, and `generate` or `train` went on (tests/cli/
-    test_cli_main.py, under load). A SIGINT ignored (a background job's) stays ignored."""
-    if threading.current_thread() is not threading.main_thread():  # no handler to set there
-        yield
-        return
-    held: list[int] = []
-    old = signal.signal(signal.SIGINT, lambda signum, frame: held.append(signum))
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGINT, old if old is not None else signal.default_int_handler)
-    if held and old is not signal.SIG_IGN:
-        raise KeyboardInterrupt
 
 
 def _import_torch() -> Any:
