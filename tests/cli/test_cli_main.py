@@ -88,6 +88,41 @@ def test_ctrl_c_at_any_moment_is_one_line(checkpoint: Path) -> None:
     assert err == "attnlab generate: interrupted\n"
 
 
+def test_ctrl_c_while_a_parser_imports_torch_waits_for_the_import(
+        monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    """train's parser imports torch (GPTConfig's fields are its flags): a Ctrl-C there
+    (under load, 0.4-0.6 s after Enter) left a half-imported numpy ("cannot load module more
+    than once"), aborted in pybind11, or was swallowed and the run trained to its end."""
+    real_import = importlib.import_module
+    imported: list[str] = []
+
+    def import_interrupted(name: str, package: str | None = None) -> object:
+        if name != "attnlab.cli.train":
+            return real_import(name, package)
+        signal.raise_signal(signal.SIGINT)  # lands in the import, as a real Ctrl-C may
+        module = real_import(name)
+        imported.append(name)
+        return module
+
+    monkeypatch.setattr(attnlab.cli.importlib, "import_module", import_interrupted)
+    assert main(["train", "--max_iters", "1"]) == 130
+    assert imported == ["attnlab.cli.train"]  # the import ran to its end, then the interrupt
+    assert capsys.readouterr().err == "attnlab train: interrupted\n"
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+
+
+def test_ctrl_c_after_the_command_is_over_keeps_its_status() -> None:
+    """Once the command is done the interpreter takes a second to tear torch down; a Ctrl-C
+    there made a finished `attnlab train` exit by SIGINT (a failure to a shell) or print
+    "Exception ignored ... KeyboardInterrupt"."""
+    done = _python("import os, signal, sys, time\nfrom attnlab.cli import main\n"
+                   "sys.argv = ['attnlab']\nstatus = main()\n"
+                   "os.kill(os.getpid(), signal.SIGINT)\ntime.sleep(0.2)\nsys.exit(status)")
+    assert done.returncode == 2, done.stderr  # `attnlab` alone: the help, status 2
+    assert done.stderr == ""
+    assert done.stdout.startswith("usage: attnlab")
+
+
 def test_spell_flags_maps_either_spelling_of_every_flag_onto_the_one_added() -> None:
     _, parsers = build_parser()
     for parser in parsers.values():

@@ -29,6 +29,7 @@ from .common import (
     check_device,
     cpu_memory_errors,
     expand_paths,
+    interrupts_held,
     out_of_memory,
     spell_flags,
 )
@@ -161,27 +162,39 @@ def build_parser(commands: Collection[str] = tuple(COMMANDS)
         if name not in commands:
             sub.add_parser(name, help=line)
             continue
-        try:
-            module = importlib.import_module(f"attnlab.cli.{name}")
-        except ModuleNotFoundError as err:
-            if err.name != f"attnlab.cli.{name}":
-                raise
-            continue
-        parsers[name] = module.add_parser(sub)
+        # train's, serve's and info's parsers import torch (GPTConfig's fields are flags)
+        with interrupts_held():
+            try:
+                module = importlib.import_module(f"attnlab.cli.{name}")
+            except ModuleNotFoundError as err:
+                if err.name != f"attnlab.cli.{name}":
+                    raise
+                continue
+            parsers[name] = module.add_parser(sub)
         parsers[name].set_defaults(_run=module.run)
     return parser, parsers
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    """Run `attnlab ARGV...`: the exit status. argv None: the program itself (the console
+    script, `python -m attnlab`), which exits when this returns."""
+    program = argv is None
     argv = list(sys.argv[1:] if argv is None else argv)
     # the first word is the command: `attnlab` itself takes no flag with a value
     command = next((word for word in argv if not word.startswith("-")), None)
     try:
-        return _main(argv, command)
+        status = _main(argv, command)
     except KeyboardInterrupt:  # also while torch or a model loads: one line, no traceback
         print(f"attnlab{' ' + command if command in COMMANDS else ''}: interrupted",
               file=sys.stderr)
-        return 130
+        status = 130
+    if program and threading.current_thread() is threading.main_thread():
+        # the command is over, its output written: the second or so the interpreter takes to
+        # tear torch down is not to be interrupted (a Ctrl-C there killed a finished run,
+        # status -SIGINT, or printed "Exception ignored ... KeyboardInterrupt"; SIG_IGN,
+        # unlike a handler, is kept through the interpreter's finalization)
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+    return status
 
 
 def _main(argv: list[str], command: str | None) -> int:
@@ -219,24 +232,12 @@ def _main(argv: list[str], command: str | None) -> int:
 
 
 def _import_torch() -> Any:
-    """torch (numpy, attnlab's model) imported with a Ctrl-C held until the import is done,
-    then raised: raised inside it, in a C extension's initialisation, the interrupt left a
-    half-imported numpy ("cannot load module more than once"), an abort, or was swallowed,
-    and `generate` went on generating (tests/cli/test_cli_main.py, under load)."""
-    if threading.current_thread() is not threading.main_thread():  # no handler to set there
+    """torch, and the rest of what every command imports, with a Ctrl-C held over the import
+    (interrupts_held)."""
+    with interrupts_held():
         import torch
 
-        return torch
-    held: list[int] = []
-    old = signal.signal(signal.SIGINT, lambda signum, frame: held.append(signum))
-    try:
-        import torch
-
-        import attnlab.model.runtime  # noqa: F401  (the rest of what every command imports)
-    finally:
-        signal.signal(signal.SIGINT, old if old is not None else signal.default_int_handler)
-    if held:
-        raise KeyboardInterrupt
+        import attnlab.model.runtime  # noqa: F401
     return torch
 
 

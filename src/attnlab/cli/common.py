@@ -4,7 +4,8 @@
 runs a model (`add_device_flags`, `device_of`; `open_model` and `load_opened`, or
 `load_model` for both, which word a refusal in the command's own flags), --threads
 (`add_threads_flag`, `apply_threads`), the one line a command prints when the device runs out
-of memory (`out_of_memory`), and small text helpers. The parser and `main` are the package's
+of memory (`out_of_memory`), a Ctrl-C held over what it must not cut short
+(`interrupts_held`), and small text helpers. The parser and `main` are the package's
 `__init__`."""
 
 from __future__ import annotations
@@ -16,6 +17,8 @@ import functools
 import json
 import os
 import re
+import signal
+import threading
 import types
 from collections.abc import Iterator, Sequence
 from inspect import getsource  # (`import inspect` would be shadowed by cli/inspect.py)
@@ -33,6 +36,26 @@ T = TypeVar("T")
 
 class CLIError(Exception):
     """A user error the CLI reports in one line, without a traceback."""
+
+
+@contextlib.contextmanager
+def interrupts_held() -> Iterator[None]:
+    """Hold a Ctrl-C until the block is done, then raise it (KeyboardInterrupt): for imports
+    of torch (numpy, attnlab's model). Raised inside one, in a C extension's initialisation,
+    the interrupt left a half-imported numpy ("cannot load module more than once"), an abort
+    in pybind11, or was swallowed, and `generate` or `train` went on (tests/cli/
+    test_cli_main.py, under load). A SIGINT ignored (a background job's) stays ignored."""
+    if threading.current_thread() is not threading.main_thread():  # no handler to set there
+        yield
+        return
+    held: list[int] = []
+    old = signal.signal(signal.SIGINT, lambda signum, frame: held.append(signum))
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, old if old is not None else signal.default_int_handler)
+    if held and old is not signal.SIG_IGN:
+        raise KeyboardInterrupt
 
 
 def _parse_bool(text: str) -> bool:

@@ -23,6 +23,7 @@ from .common import (
     load_model,
     text_ids,
 )
+from .outputs import written_together
 
 MIN_INDUCTION = 0.1  # a best induction score below this: no induction heads to ablate
 
@@ -68,15 +69,15 @@ def run(args: argparse.Namespace) -> int:
     for layer, head in ranked:
         cells = "  ".join(f"{float(scores[k][layer, head]):15.3f}" for k in DETECTORS)
         print(f"{layer}.{head:<4d} {cells}")
-    out.mkdir(parents=True, exist_ok=True)
     report: dict[str, Any] = {"probe": probe, "scores": {k: v.tolist() for k, v in scores.items()},
                               "induction_ranking": [f"{la}.{h}" for la, h in ranked]}
     if isinstance(dataset, TaskDataset) and args.ablation:
         report["ablation"] = _ablation(model, dataset, scores["induction"], ranked)
-    (out / "heads.json").write_text(json.dumps(report, indent=2) + "\n")
-    paths = save_figure(plot_head_scores(scores, f"head detector scores on {probe}"),
-                        out / "heads.png")
-    print(f"wrote {out / 'heads.json'} and {', '.join(str(p) for p in paths)}")
+    with written_together(out, "heads") as stage:  # not a new JSON beside an old figure
+        (stage / "heads.json").write_text(json.dumps(report, indent=2) + "\n")
+        paths = save_figure(plot_head_scores(scores, f"head detector scores on {probe}"),
+                            stage / "heads.png")
+    print(f"wrote {out / 'heads.json'} and {', '.join(str(out / p.name) for p in paths)}")
     return 0
 
 

@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import IO, Any
 
 from .common import count
+from .outputs import process_alive
 
 #: float32 bytes of a head's weights rounded and formatted at once: their Python floats and
 #: text are about 12x that, so a few MB of a head, whatever the text's length
@@ -108,7 +109,7 @@ def staging(out: Path) -> Iterator[Path]:
     out.mkdir(parents=True, exist_ok=True)
     for left in out.glob(".inspect-*-*"):  # a run killed outright (SIGKILL) left its stage
         pid = left.name.split("-")[1]
-        if pid.isdigit() and not _alive(int(pid)):
+        if pid.isdigit() and not process_alive(int(pid)):
             shutil.rmtree(left, ignore_errors=True)
     # in out: os.replace moves; the pid names the run, for the next run to tidy after a kill
     stage = Path(tempfile.mkdtemp(prefix=f".inspect-{os.getpid()}-", dir=out))
@@ -118,17 +119,6 @@ def staging(out: Path) -> Iterator[Path]:
         shutil.rmtree(stage, ignore_errors=True)
         if made and not any(out.iterdir()):  # a failed first run leaves no empty directory
             out.rmdir()
-
-
-def _alive(pid: int) -> bool:
-    """Whether process `pid` runs (or may: one of another user's is not ours to judge)."""
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 def move_in(out: Path, stage: Path, record: AttentionRecord, names: list[str]

@@ -18,6 +18,7 @@ from .common import (
     load_model,
     text_ids,
 )
+from .outputs import written_together
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
@@ -62,11 +63,12 @@ def run(args: argparse.Namespace) -> int:
         cells = "  ".join(f"{words[i][j][0]!r:>8s} {float(probs[i, j, 0]):.2f}"
                           for i in range(len(names)))
         print(f"{j:8d} {t!r:6s} {cells}")
-    out.mkdir(parents=True, exist_ok=True)
     table = {"tokens": tokens, "layers": names, "top_tokens": words,
              "top_probs": probs.tolist()}
-    (out / "lens.json").write_text(json.dumps(table, indent=2) + "\n")
     top1 = [[cell[0] for cell in row] for row in words]
-    paths = save_figure(plot_lens(probs[..., 0], top1, tokens, rows=names), out / "lens.png")
-    print(f"wrote {out / 'lens.json'} and {', '.join(str(p) for p in paths)}")
+    with written_together(out, "lens") as stage:  # not a new JSON beside an old figure
+        (stage / "lens.json").write_text(json.dumps(table, indent=2) + "\n")
+        paths = save_figure(plot_lens(probs[..., 0], top1, tokens, rows=names),
+                            stage / "lens.png")
+    print(f"wrote {out / 'lens.json'} and {', '.join(str(out / p.name) for p in paths)}")
     return 0

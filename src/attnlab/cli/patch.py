@@ -23,6 +23,7 @@ from .common import (
     text_ids,
     unescape,
 )
+from .outputs import written_together
 from .progress import Counter
 
 if TYPE_CHECKING:
@@ -178,21 +179,21 @@ def run(args: argparse.Namespace) -> int:
                                   via=args.via.split(",") if receivers else None,
                                   progress=progress)
         print(f"{_paths_title(paths)}: senders by effect: {_top(paths.senders)}")
-    out.mkdir(parents=True, exist_ok=True)
     record = {"clean": args.clean, "corrupt": args.corrupt,
               "answer": {"text": args.answer, "id": answer},
               "wrong": {"text": args.wrong, "id": wrong}, "method": args.method,
               **result.to_dict(), "tokens": tokens,
               **({"paths": paths.to_dict()} if paths is not None else {})}
-    (out / "patch.json").write_text(json.dumps(record, indent=2) + "\n")
     inputs = {name: getattr(result, name) for name in HEAD_INPUTS
               if getattr(result, name) is not None}
     if paths is not None:  # NaN (drawn hatched): no path from a head that late
         inputs[_paths_title(paths)] = paths.senders
     figure = plot_patching(result.heads, result.resid, tokens, title=method.title,
                            attn_out=result.attn_out, mlp_out=result.mlp_out, inputs=inputs)
-    files = save_figure(figure, out / "patch.png")
-    print(f"wrote {out / 'patch.json'} and {', '.join(str(p) for p in files)}")
+    with written_together(out, "patch") as stage:  # not a new JSON beside an old figure
+        (stage / "patch.json").write_text(json.dumps(record, indent=2) + "\n")
+        files = save_figure(figure, stage / "patch.png")
+    print(f"wrote {out / 'patch.json'} and {', '.join(str(out / p.name) for p in files)}")
     return 0
 
 

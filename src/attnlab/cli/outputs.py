@@ -1,0 +1,53 @@
+"""How a command's files reach its --out directory together: written into a hidden stage in
+it, then moved in at the end with a Ctrl-C held over the moves (`written_together`), so a
+run stopped halfway leaves --out as the last finished run left it. `heads`, `lens` and
+`patch` write a JSON and its figure this way (a Ctrl-C while the figure was drawn left the
+new JSON beside the earlier run's figure). `attnlab inspect`'s files, whose set changes
+from run to run, have their own (inspect_files.py); a checkpoint's are checkpoint.py's."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+
+from .common import interrupts_held
+
+
+@contextlib.contextmanager
+def written_together(out: Path, command: str) -> Iterator[Path]:
+    """A hidden directory in `out` (made if missing) to write the files of `command` into;
+    when the block ends without an error they are moved into `out`, replacing the files of
+    the same names, and the directory is removed however the block ends. A stage that a
+    killed run left (SIGKILL: nothing runs) is removed by the next run into `out`."""
+    made = not out.exists()
+    out.mkdir(parents=True, exist_ok=True)
+    for left in out.glob(f".{command}-*-*"):
+        pid = left.name.split("-")[1]
+        if pid.isdigit() and not process_alive(int(pid)):
+            shutil.rmtree(left, ignore_errors=True)
+    # in out, for os.replace to move (a rename); the pid names the run, for the tidy above
+    stage = Path(tempfile.mkdtemp(prefix=f".{command}-{os.getpid()}-", dir=out))
+    try:
+        yield stage
+        with interrupts_held():  # all of them or none: a few renames
+            for path in sorted(stage.iterdir()):
+                os.replace(path, out / path.name)
+    finally:
+        shutil.rmtree(stage, ignore_errors=True)
+        if made and not any(out.iterdir()):  # a failed first run leaves no empty directory
+            out.rmdir()
+
+
+def process_alive(pid: int) -> bool:
+    """Whether process `pid` runs (or may: one of another user's is not ours to judge)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
