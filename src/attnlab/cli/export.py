@@ -22,6 +22,7 @@ from .common import (
     load_opened,
     open_model,
 )
+from .outputs import written_together
 
 if TYPE_CHECKING:
     from ..model.memory import Use
@@ -102,16 +103,18 @@ def run(args: argparse.Namespace) -> int:
     if out.exists() and not out.is_dir():
         raise CLIError(f"OUT {out} is a file; give a directory (created if missing)")
     began = time.perf_counter()
-    before = {p.name: p.stat().st_mtime_ns for p in out.iterdir()} if out.is_dir() else {}
     opened = open_model(args)
     family = args.family or _source_family(opened.meta, opened.config) or \
         family_for_config(opened.config).name
     config_to_hf(opened.config, family=FAMILY_BY_NAME[family])  # one it cannot express: now
     ckpt = load_opened(args, opened, [_shard_use(opened, family, args.max_shard_size)])
-    save_hf(out, ckpt.model, ckpt.tokenizer, family=family, max_shard_size=args.max_shard_size)
-    architecture = read_hf_config(out)["architectures"][0]
-    files = sorted(p.name for p in out.iterdir()  # what this export wrote, not OUT's others
-                   if p.is_file() and before.get(p.name) != p.stat().st_mtime_ns)
+    # written beside OUT's files, then moved in with the earlier export's removed: a run
+    # stopped halfway leaves the earlier export whole, not its tokenizer beside new weights
+    with written_together(out, "export", replacing=exported_files) as stage:
+        save_hf(stage, ckpt.model, ckpt.tokenizer, family=family,
+                max_shard_size=args.max_shard_size)
+        architecture = read_hf_config(stage)["architectures"][0]
+        files = sorted(p.name for p in stage.iterdir())  # this export's, not OUT's others
     shards = [name for name in files if SHARD_FILE.fullmatch(name)]
     if len(shards) > 2:  # one line however many: the first and last name the count
         files = [name for name in files if name not in shards[1:-1]]
@@ -121,6 +124,16 @@ def run(args: argparse.Namespace) -> int:
     print(f"next     attnlab info {out}\n"
           f"         transformers.AutoModelForCausalLM.from_pretrained({str(out)!r})")
     return 0
+
+
+def exported_files(out: Path) -> list[str]:
+    """The files in `out` an export writes (an earlier export's, replaced by the next)."""
+    from ..hf.files import SAFETENSORS_FILE, SAFETENSORS_INDEX, SHARD_FILE, TORCH_FILE
+    from ..tokenizers.hf_dir import CONFIG_FILE, TOKENIZER_FILES
+
+    names = {CONFIG_FILE, SAFETENSORS_FILE, SAFETENSORS_INDEX, TORCH_FILE, *TOKENIZER_FILES}
+    return sorted(p.name for p in out.iterdir() if p.is_file() and (
+        p.name in names or SHARD_FILE.fullmatch(p.name)))
 
 
 def _shard_use(opened: Any, family: str, max_shard_size: int) -> Use:

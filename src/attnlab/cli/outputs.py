@@ -11,18 +11,21 @@ import contextlib
 import os
 import shutil
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 
 from .common import interrupts_held
 
 
 @contextlib.contextmanager
-def written_together(out: Path, command: str) -> Iterator[Path]:
+def written_together(out: Path, command: str,
+                     replacing: Callable[[Path], Iterable[str]] | None = None) -> Iterator[Path]:
     """A hidden directory in `out` (made if missing) to write the files of `command` into;
     when the block ends without an error they are moved into `out`, replacing the files of
-    the same names, and the directory is removed however the block ends. A stage that a
-    killed run left (SIGKILL: nothing runs) is removed by the next run into `out`."""
+    the same names, and the directory is removed however the block ends. `replacing(out)`:
+    the names in `out` of the set the new files replace (an earlier export's shards), removed
+    in the same held moment unless the stage brings them. A stage that a killed run left
+    (SIGKILL: nothing runs) is removed by the next run into `out`."""
     made = not out.exists()
     out.mkdir(parents=True, exist_ok=True)
     for left in out.glob(f".{command}-*-*"):
@@ -34,6 +37,9 @@ def written_together(out: Path, command: str) -> Iterator[Path]:
     try:
         yield stage
         with interrupts_held():  # all of them or none: a few renames
+            new = {path.name for path in stage.iterdir()}
+            for name in sorted(set(replacing(out) if replacing else ()) - new):
+                (out / name).unlink(missing_ok=True)
             for path in sorted(stage.iterdir()):
                 os.replace(path, out / path.name)
     finally:

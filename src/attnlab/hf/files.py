@@ -218,16 +218,20 @@ def write_hf_dir(directory: Path, config: dict[str, Any],
     directory.mkdir(parents=True, exist_ok=True)
     written = write_weights(directory, weights, sizes, max_shard_size)
     (directory / CONFIG_FILE).write_text(json.dumps(config, indent=2))
+    copied = set()  # the source's own files (a directory written over itself keeps them)
     for source in copy_from:
         for name in TOKENIZER_FILES:
-            if (source / name).is_file() and source.resolve() != directory.resolve():
-                shutil.copyfile(source / name, directory / name)
-    if tokenizer is None or (directory / "tokenizer.json").is_file():
+            if (source / name).is_file():
+                if source.resolve() != directory.resolve():
+                    shutil.copyfile(source / name, directory / name)
+                copied.add(name)
+    # a tokenizer.json already there but not the source's is an earlier export's: replaced
+    if tokenizer is None or "tokenizer.json" in copied:
         return written
     backend = tokenizer.backend if isinstance(tokenizer, HFTokenizer) else as_hf_backend(tokenizer)
     if backend is not None:
         backend.save(str(directory / "tokenizer.json"))
-        if not (directory / TOKENIZER_CONFIG).is_file():
+        if TOKENIZER_CONFIG not in copied:
             # names the class that reads tokenizer.json: without it transformers'
             # AutoTokenizer picks the model type's own (GPT2Tokenizer) and gets other ids
             (directory / TOKENIZER_CONFIG).write_text(json.dumps(
