@@ -113,3 +113,31 @@ def test_inspects_attention_json_is_what_the_whole_record_gave(tmp_path: Path) -
     weights = {(la, h): trace.get("attn_weights", la)[0, h] for la in layers for h in heads}
     written = (tmp_path / "out" / "attention.json").read_bytes()
     assert written == _dumped(fields, weights, ["grid.png"])
+
+
+def test_a_ctrl_c_among_the_moves_lands_after_the_last(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A Ctrl-C between two of move_in's renames left the new attention.json beside the
+    earlier run's figures; it is held until the set is whole, then raised."""
+    import os
+    import signal
+
+    out, stage = tmp_path / "out", tmp_path / "stage"
+    out.mkdir()
+    stage.mkdir()
+    for name in ("grid.png", "weights.png"):
+        (stage / name).write_text("new")
+        (out / name).write_text("old")
+    real, moves = os.replace, []
+
+    def replace(src: Any, dst: Any) -> None:
+        moves.append(dst)
+        if len(moves) == 2:  # attention.json is in, the figures not yet
+            signal.raise_signal(signal.SIGINT)
+        real(src, dst)
+
+    monkeypatch.setattr(inspect_files.os, "replace", replace)
+    record = AttentionRecord({"tokens": ["a"]}, [], [], lambda layer, head: None)
+    with pytest.raises(KeyboardInterrupt):
+        inspect_files.move_in(out, stage, record, ["grid.png", "weights.png"])
+    assert [(out / name).read_text() for name in ("grid.png", "weights.png")] == ["new", "new"]

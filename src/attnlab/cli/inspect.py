@@ -27,6 +27,7 @@ from .common import (
     count,
     cpu_memory_errors,
     device_of,
+    interrupts_held,
     load_opened,
     open_model,
     out_of_memory,
@@ -282,8 +283,9 @@ def _run_summary(args: argparse.Namespace, model: Any, tok: Any, ids: list[int],
                 stage / "summary.html").name)
         (stage / "summary.json").write_text(json.dumps(record))
         names.append("summary.json")  # moved last: the record says the set is whole
-        for name in names:
-            os.replace(stage / name, out / name)
+        with interrupts_held():  # a few renames: the set whole before a Ctrl-C lands
+            for name in names:
+                os.replace(stage / name, out / name)
     written = [out / name for name in names]
     print(f"text     {count(len(ids), 'token')}")
     print(f"traced   layers {_ranges(layers)}, heads {_ranges(heads)}: "

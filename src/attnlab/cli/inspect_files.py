@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
 
-from .common import count
+from .common import count, interrupts_held
 from .outputs import process_alive
 
 #: float32 bytes of a head's weights rounded and formatted at once: their Python floats and
@@ -133,11 +133,12 @@ def move_in(out: Path, stage: Path, record: AttentionRecord, names: list[str]
     # two moves leaves a list of every file the next run into `out` must remove
     with staged.open("wb") as file:
         tail_at = record.write(file, sorted(set(names) | stale))
-    os.replace(staged, json_path)
-    for name in names:
-        os.replace(stage / name, out / name)
-    for name in sorted(stale):
-        (out / name).unlink(missing_ok=True)
+    with interrupts_held():  # a few renames: the new set whole before a Ctrl-C lands
+        os.replace(staged, json_path)
+        for name in names:
+            os.replace(stage / name, out / name)
+        for name in sorted(stale):
+            (out / name).unlink(missing_ok=True)
     if stale:  # the same record, listing this run's files alone
         rewrite_files(json_path, staged, tail_at, sorted(names))
         os.replace(staged, json_path)
