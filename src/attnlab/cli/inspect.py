@@ -33,7 +33,8 @@ from .common import (
     out_of_memory,
     text_ids,
 )
-from .inspect_files import AttentionRecord, list_files, move_in, staging
+from .inspect_files import AttentionRecord, list_files, move_in
+from .outputs import staging
 from .progress import blocks_shown
 
 #: what -> (trace names it needs, description for --help)
@@ -176,7 +177,7 @@ def run(args: argparse.Namespace) -> int:
         raise out_of_memory("inspect", err, idx.device) from None
 
     head_of = _head_getter(trace, c, heads)
-    with staging(out) as stage:
+    with staging(out, "inspect") as stage:
         written = _draw(kinds, formats, stage, trace, c, layers, heads, head_of, tokens, query,
                         args.text)
         record = AttentionRecord(
@@ -269,7 +270,7 @@ def _run_summary(args: argparse.Namespace, model: Any, tok: Any, ids: list[int],
               "extremes": [{"what": label, "heads": [[la, h, v] for la, h, v in top]}
                            for label, top in extremes]}
     names: list[str] = []
-    with staging(out) as stage:  # the set whole, or none of it
+    with staging(out, "inspect") as stage:  # the set whole, or none of it
         if formats:
             from .. import viz
 

@@ -1,5 +1,5 @@
 """The files `attnlab inspect` writes into --out, and how they get there: a hidden stage a
-stopped run leaves nothing of (`staging`), attention.json written a few query rows at a time
+stopped run leaves nothing of (outputs.py's `staging`), attention.json written a few query rows at a time
 (`AttentionRecord`), and the move into --out that removes what an earlier run there wrote and
 this one did not (`move_in`, `list_files`).
 
@@ -13,18 +13,14 @@ at a time, so its memory is a few rows of Python floats, not 30-odd bytes per we
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
-import shutil
-import tempfile
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
 
 from .common import count, interrupts_held
-from .outputs import process_alive
 
 #: float32 bytes of a head's weights rounded and formatted at once: their Python floats and
 #: text are about 12x that, so a few MB of a head, whatever the text's length
@@ -98,27 +94,6 @@ def rewrite_files(path: Path, to: Path, tail_at: int, files: list[str]) -> None:
             target.write(chunk)
             left -= len(chunk)
         target.write(files_tail(files))
-
-
-@contextlib.contextmanager
-def staging(out: Path) -> Iterator[Path]:
-    """A hidden directory in `out` that a run writes its files into, removed however the run
-    ends: a run stopped halfway (Ctrl-C) leaves none of its files in `out`, which stays as the
-    last finished run left it, for the next run to tidy."""
-    made = not out.exists()
-    out.mkdir(parents=True, exist_ok=True)
-    for left in out.glob(".inspect-*-*"):  # a run killed outright (SIGKILL) left its stage
-        pid = left.name.split("-")[1]
-        if pid.isdigit() and not process_alive(int(pid)):
-            shutil.rmtree(left, ignore_errors=True)
-    # in out: os.replace moves; the pid names the run, for the next run to tidy after a kill
-    stage = Path(tempfile.mkdtemp(prefix=f".inspect-{os.getpid()}-", dir=out))
-    try:
-        yield stage
-    finally:
-        shutil.rmtree(stage, ignore_errors=True)
-        if made and not any(out.iterdir()):  # a failed first run leaves no empty directory
-            out.rmdir()
 
 
 def move_in(out: Path, stage: Path, record: AttentionRecord, names: list[str]

@@ -3,7 +3,8 @@ it, then moved in at the end with a Ctrl-C held over the moves (`written_togethe
 run stopped halfway leaves --out as the last finished run left it. `heads`, `lens` and
 `patch` write a JSON and its figure this way (a Ctrl-C while the figure was drawn left the
 new JSON beside the earlier run's figure). `attnlab inspect`'s files, whose set changes
-from run to run, have their own (inspect_files.py); a checkpoint's are checkpoint.py's."""
+from run to run, share its `staging` and are moved in by inspect_files.py; a checkpoint's
+are checkpoint.py's."""
 
 from __future__ import annotations
 
@@ -18,14 +19,11 @@ from .common import interrupts_held
 
 
 @contextlib.contextmanager
-def written_together(out: Path, command: str,
-                     replacing: Callable[[Path], Iterable[str]] | None = None) -> Iterator[Path]:
-    """A hidden directory in `out` (made if missing) to write the files of `command` into;
-    when the block ends without an error they are moved into `out`, replacing the files of
-    the same names, and the directory is removed however the block ends. `replacing(out)`:
-    the names in `out` of the set the new files replace (an earlier export's shards), removed
-    in the same held moment unless the stage brings them. A stage that a killed run left
-    (SIGKILL: nothing runs) is removed by the next run into `out`."""
+def staging(out: Path, command: str) -> Iterator[Path]:
+    """A hidden directory in `out` (made if missing) that a run of `command` writes its files
+    into, removed however the run ends: a run stopped halfway (Ctrl-C) leaves none of its
+    files in `out`, which stays as the last finished run left it. A stage that a killed run
+    left (SIGKILL: nothing runs) is removed by the next run into `out`."""
     made = not out.exists()
     out.mkdir(parents=True, exist_ok=True)
     for left in out.glob(f".{command}-*-*"):
@@ -36,16 +34,27 @@ def written_together(out: Path, command: str,
     stage = Path(tempfile.mkdtemp(prefix=f".{command}-{os.getpid()}-", dir=out))
     try:
         yield stage
+    finally:
+        shutil.rmtree(stage, ignore_errors=True)
+        if made and not any(out.iterdir()):  # a failed first run leaves no empty directory
+            out.rmdir()
+
+
+@contextlib.contextmanager
+def written_together(out: Path, command: str,
+                     replacing: Callable[[Path], Iterable[str]] | None = None) -> Iterator[Path]:
+    """A `staging` directory to write the files of `command` into; when the block ends
+    without an error they are moved into `out`, replacing the files of the same names.
+    `replacing(out)`: the names in `out` of the set the new files replace (an earlier
+    export's shards), removed in the same held moment unless the stage brings them."""
+    with staging(out, command) as stage:
+        yield stage
         with interrupts_held():  # all of them or none: a few renames
             new = {path.name for path in stage.iterdir()}
             for name in sorted(set(replacing(out) if replacing else ()) - new):
                 (out / name).unlink(missing_ok=True)
             for path in sorted(stage.iterdir()):
                 os.replace(path, out / path.name)
-    finally:
-        shutil.rmtree(stage, ignore_errors=True)
-        if made and not any(out.iterdir()):  # a failed first run leaves no empty directory
-            out.rmdir()
 
 
 def process_alive(pid: int) -> bool:
