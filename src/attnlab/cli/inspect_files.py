@@ -1,7 +1,7 @@
 """The files `attnlab inspect` writes into --out, and how they get there: a hidden stage a
-stopped run leaves nothing of (outputs.py's `staging`), attention.json written a few query rows at a time
-(`AttentionRecord`), and the move into --out that removes what an earlier run there wrote and
-this one did not (`move_in`, `list_files`).
+stopped run leaves nothing of (outputs.py's `staging`), attention.json written a few query
+rows at a time (`AttentionRecord`), and the move into --out that removes what an earlier run
+there wrote and this one did not (`move_in`, `list_files`).
 
 What to trace, the figures and the fit check are inspect.py's; this module only writes.
 
