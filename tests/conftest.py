@@ -14,6 +14,7 @@ the CPU expectations those tests compute.
 import contextlib
 import io
 import os
+import signal
 from pathlib import Path
 
 import pytest
@@ -49,6 +50,15 @@ def _token_cache_of_the_session(tmp_path_factory: pytest.TempPathFactory) -> Non
     commands it starts: the tests filled the user's ~/.cache/attnlab, and an entry an
     earlier session (older code) wrote could answer a test's first run."""
     os.environ["ATTNLAB_CACHE"] = str(tmp_path_factory.mktemp("attnlab-cache"))
+
+
+@pytest.fixture(autouse=True, scope="session")
+def _ctrl_c_as_at_a_terminal() -> None:
+    """SIGINT raises KeyboardInterrupt here and in the commands the tests start, as at a
+    terminal. A shell starts a background job (`pytest ... &`, nohup) with SIGINT ignored;
+    Python and its children then keep it ignored, and the Ctrl-C tests' signals were lost."""
+    if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 @pytest.fixture(scope="session")
