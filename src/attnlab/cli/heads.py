@@ -22,7 +22,7 @@ from .common import (
     load_model,
     text_ids,
 )
-from .outputs import write_json_and_figure
+from .outputs import add_out_argument, write_json_and_figure
 
 MIN_INDUCTION = 0.1  # a best induction score below this: no induction heads to ablate
 
@@ -37,8 +37,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
     add_checkpoint_argument(parser)
     parser.add_argument("text", nargs="?", default=None,
                         help="probe text (default: the task's examples, or repeated tokens)")
-    parser.add_argument("--out", default="heads",
-                        help="directory for heads.png and heads.json (default ./heads)")
+    add_out_argument(parser, "heads")
     parser.add_argument("--seed", type=int, default=0, help="seed of the probe (default 0)")
     parser.add_argument("--no-ablation", dest="ablation", action="store_false",
                         help="skip the accuracy check with heads ablated (task models)")

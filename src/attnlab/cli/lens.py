@@ -17,7 +17,7 @@ from .common import (
     load_model,
     text_ids,
 )
-from .outputs import write_json_and_figure
+from .outputs import add_out_argument, write_json_and_figure
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
@@ -33,8 +33,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
     parser.add_argument("--mid", action="store_true",
                         help="also read each layer between its attention and its MLP, which "
                         "tells which of the two made a guess")
-    parser.add_argument("--out", default="lens",
-                        help="directory for lens.png and lens.json (default: ./lens)")
+    add_out_argument(parser, "lens")
     add_device_flags(parser)
     return parser
 

@@ -1,13 +1,14 @@
 """How a command's files reach its --out directory together: written into a hidden stage in
 it, then moved in at the end with a Ctrl-C held over the moves (`written_together`), so a
 run stopped halfway leaves --out as the last finished run left it. `heads`, `lens` and
-`patch` write a JSON and its figure this way (`write_json_and_figure`: a Ctrl-C while the
-figure was drawn left the new JSON beside the earlier run's figure). `attnlab inspect`'s
-files, whose set changes from run to run, share its `staging` and are moved in by
-inspect_files.py; a checkpoint's are checkpoint.py's."""
+`patch` write a JSON and its figure this way (`add_out_argument`, `write_json_and_figure`: a
+Ctrl-C while the figure was drawn left the new JSON beside the earlier run's figure).
+`attnlab inspect`'s files, whose set changes from run to run, share its `staging` and are
+moved in by inspect_files.py; a checkpoint's are checkpoint.py's."""
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import json
 import os
@@ -60,6 +61,14 @@ def written_together(out: Path, command: str,
                 (out / name).unlink(missing_ok=True)
             for path in sorted(stage.iterdir()):
                 os.replace(path, out / path.name)
+
+
+def add_out_argument(parser: argparse.ArgumentParser, command: str) -> None:
+    """--out of a command whose JSON and figure `write_json_and_figure` writes (default
+    ./`command`)."""
+    parser.add_argument("--out", default=command,
+                        help=f"directory for {command}.png and {command}.json "
+                        f"(default: ./{command})")
 
 
 def write_json_and_figure(out: Path, command: str, record: Any, figure: Figure) -> None:

@@ -22,7 +22,7 @@ from .common import (
     text_ids,
     unescape,
 )
-from .outputs import write_json_and_figure
+from .outputs import add_out_argument, write_json_and_figure
 from .progress import Counter
 
 if TYPE_CHECKING:
@@ -98,8 +98,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
     parser.add_argument("--via", default="q,k,v",
                         help="with --paths-to heads: the receivers' inputs the paths end in, "
                         "of q, k, v (default all three)")
-    parser.add_argument("--out", default="patch",
-                        help="directory for patch.png and patch.json (default: ./patch)")
+    add_out_argument(parser, "patch")
     add_device_flags(parser)
     return parser
 
