@@ -36,6 +36,28 @@ def left_padded(
     return ids, mask
 
 
+def assert_fixed_steps_match(model: GPT, fixed: Any, ids: torch.Tensor,
+                             mask: torch.Tensor | None, steps: int = 6) -> Any:
+    """Prefill `ids` into `fixed.cache` (a `CompiledDecode`) and a KV cache of its own, then
+    decode `steps` greedy tokens: `fixed`'s logits equal `DecodeStep`'s at every step within
+    float32 rounding (it attends over its whole masked buffer). mask: None when no row is
+    padded. Returns the eager cache."""
+    B, P = ids.shape
+    cache = model.new_cache(B, P + steps)
+    step = decode.decode_step(model)
+    with torch.inference_mode():
+        logits = model(ids, attention_mask=mask, kv_cache=cache).logits[:, -1]  # (B, V)
+        model(ids, attention_mask=mask, kv_cache=fixed.cache)
+        fixed.start(mask)
+        keep = torch.ones_like(ids, dtype=torch.bool) if mask is None else mask.bool()  # (B, P)
+        for _ in range(steps):
+            token = logits.argmax(-1, keepdim=True)  # (B, 1)
+            keep = torch.cat([keep, torch.ones_like(token, dtype=torch.bool)], dim=1)
+            logits = step(token, None if mask is None else keep, cache)  # (B, V)
+            torch.testing.assert_close(fixed(step, token), logits, atol=1e-5, rtol=1e-5)
+    return cache
+
+
 def seeded_model(preset: str = "nano", **overrides: object) -> GPT:
     """The `preset` model with `overrides`, initialized after torch.manual_seed(0), in eval
     mode."""

@@ -175,6 +175,17 @@ def test_prompt_past_block_size_errors_or_slides() -> None:
     assert torch.equal(out, expected)
 
 
+def test_float_ids_are_not_told_to_add_a_batch_dimension() -> None:
+    """A float (B, P) tensor was told "add a batch dimension with input_ids[None]"; it has
+    one (GPT.forward's copy of the check said nothing of a fix)."""
+    model = _model()
+    with pytest.raises(ValueError, match=r"input_ids must be .*torch.float32 of shape "
+                       r"\(2, 3\); pass the tokenizer's ids as torch.long"):
+        generate(model, torch.zeros(2, 3), max_new_tokens=2)
+    with pytest.raises(ValueError, match=r"input_ids has no tokens"):
+        generate(model, torch.zeros(2, 0, dtype=torch.long), max_new_tokens=2)
+
+
 def test_clear_errors() -> None:
     model = _model()
     ids = torch.zeros(2, 3, dtype=torch.long)

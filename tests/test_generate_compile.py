@@ -17,8 +17,8 @@ from attnlab import GPT, GPTConfig
 from attnlab.generate import generate, stream
 from attnlab.interp.edits import ablate
 from attnlab.model.compiled_decode import cache_length, compiled_decode, compiled_decodes
-from attnlab.model.decode import decode_step, half_weights
-from helpers import left_padded
+from attnlab.model.decode import half_weights
+from helpers import assert_fixed_steps_match, left_padded
 
 V = 97
 
@@ -117,19 +117,7 @@ def test_compiled_step_logits_equal_the_decode_step() -> None:
     ids, mask = _prompt([5, 2, 4])
     assert mask is not None
     compiled = compiled_decode(model, 3, 17)
-    eager_cache = model.new_cache(3, 17)
-    step = decode_step(model)
-    with torch.inference_mode():
-        logits = model(ids, attention_mask=mask, kv_cache=eager_cache).logits[:, -1]
-        model(ids, attention_mask=mask, kv_cache=compiled.cache)
-        compiled.start(mask)
-        keep = mask.bool()
-        for _ in range(6):
-            token = logits.argmax(-1, keepdim=True)  # (B, 1)
-            keep = torch.cat([keep, torch.ones_like(token, dtype=torch.bool)], dim=1)
-            logits = step(token, keep, eager_cache)
-            got = compiled(step, token)
-            torch.testing.assert_close(got, logits, atol=1e-5, rtol=1e-5)
+    eager_cache = assert_fixed_steps_match(model, compiled, ids, mask)
     assert compiled.cache.seq_len == eager_cache.seq_len == 11
 
 

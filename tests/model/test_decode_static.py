@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 import attnlab.model.compiled_decode as compiled_mod
 from attnlab import GPT, GPTConfig
 from attnlab.model.decode import decode_step
-from helpers import left_padded, modern_switches
+from helpers import assert_fixed_steps_match, left_padded, modern_switches
 
 
 def _identity(fn: Callable[..., Any], **options: Any) -> Callable[..., Any]:
@@ -32,24 +32,11 @@ def test_static_step_equals_the_decode_step(
     torch.manual_seed(seed)
     model = GPT(GPTConfig.from_name("nano", n_head=4, init_std=0.3, **switches)).eval()
     ids, mask = left_padded(lengths, seed=seed)
-    B, P = ids.shape
     padded = bool((mask == 0).any())
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(compiled_mod.torch, "compile", _identity)
-        static = compiled_mod.CompiledDecode(model, B, 16)  # 16 slots, P + 6 used
-    cache = model.new_cache(B, P + 6)
-    step = decode_step(model)
-    with torch.inference_mode():
-        given_mask = mask if padded else None
-        logits = model(ids, attention_mask=given_mask, kv_cache=cache).logits[:, -1]
-        model(ids, attention_mask=given_mask, kv_cache=static.cache)
-        static.start(given_mask)
-        keep = mask.bool()
-        for _ in range(6):
-            token = logits.argmax(-1, keepdim=True)  # (B, 1)
-            keep = torch.cat([keep, torch.ones_like(token, dtype=torch.bool)], dim=1)
-            logits = step(token, keep if padded else None, cache)  # (B, V)
-            torch.testing.assert_close(static(step, token), logits, atol=1e-5, rtol=1e-5)
+        static = compiled_mod.CompiledDecode(model, ids.shape[0], 16)  # 16 slots, P + 6 used
+    assert_fixed_steps_match(model, static, ids, mask if padded else None)
 
 
 def test_static_step_refuses_a_full_cache_and_a_wrong_shape() -> None:

@@ -119,6 +119,19 @@ def test_loss_ignores_minus_one_and_padding() -> None:
     assert all_ignored is not None and all_ignored.item() == 0.0
 
 
+def test_ids_of_the_wrong_shape_or_dtype_are_told_their_fix() -> None:
+    """A float (B, T) tensor was told no fix (generate's copy of the check told one)."""
+    model = _model()
+    with pytest.raises(ValueError, match=r"idx must be .*; add a batch dimension with "
+                       r"idx\[None\]"):
+        model(torch.zeros(4, dtype=torch.long))
+    with pytest.raises(ValueError, match=r"idx must be .*torch.float32 of shape \(1, 4\); "
+                       "pass the tokenizer's ids as torch.long"):
+        model(torch.zeros(1, 4))
+    with pytest.raises(ValueError, match=r"idx has no tokens \(T=0\)"):
+        model(torch.zeros(1, 0, dtype=torch.long))
+
+
 def test_bad_inputs_give_clear_errors() -> None:
     model = _model()
     with pytest.raises(ValueError, match=r"sequence of 33 tokens .* block_size=32"):

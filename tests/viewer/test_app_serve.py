@@ -159,6 +159,17 @@ def test_cli_port_in_use_is_one_line_and_no_banner(
                    f"for another (e.g. --port {port + 1})\n")
 
 
+def test_cli_float16_weights_with_a_dtype_are_refused_naming_the_fix(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """serve told `--dtype bfloat16 --weights float16` to "use --dtype float16 or bfloat16
+    instead", which it had; the fix is to drop --dtype (as generate says)."""
+    assert main(["serve", str(tmp_path / "ckpt"), "--weights", "float16",
+                 "--dtype", "bfloat16"]) == 1
+    assert capsys.readouterr().err == ("attnlab serve: error: --weights float16 computes in "
+                                       "float32; drop --dtype bfloat16\n")
+
+
 def test_cli_serves_a_checkpoint(tmp_path: Path) -> None:
     """`attnlab serve CHECKPOINT --port P` in a subprocess answers with that checkpoint."""
     tok = make_tokenizer()

@@ -21,10 +21,11 @@ from .common import (
     add_checkpoint_argument,
     add_device_flags,
     add_threads_flag,
+    add_weights_flag,
     apply_threads,
+    check_weights_flag,
     count,
     cpu_memory_errors,
-    device_of,
     load_opened,
     open_model,
     out_of_memory,
@@ -78,12 +79,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
         parser, "weights and activations; bfloat16 and float16 halve the bytes read per token: "
         "on a GPU, and for large models on a CPU whose bfloat16 kernels keep up (AMX: yes; "
         "measure yours) (default float32)")
-    parser.add_argument(
-        "--weights", choices=("float32", "float16"), default="float32",
-        help="float16: round every matrix to float16 and stream 2 bytes per weight in "
-        "decode, arithmetic still float32 (x86 CPUs; 1.4-2.2x tokens/s for GPT-2 small here, "
-        "after ~2 s of packing) (default float32)",
-    )
+    add_weights_flag(parser)
     add_threads_flag(parser)
     parser.add_argument("--compile", action="store_true", help="decode through a compiled "
                         "fixed-shape step (CUDA graphs on a GPU; docs/generate.md)")
@@ -289,14 +285,10 @@ def _check_flags(args: argparse.Namespace) -> None:
         raise CLIError("--system goes with --chat (a system message in the chat template)")
     if args.chat_var and not args.chat:
         raise CLIError("--chat-var goes with --chat (a variable of the chat template)")
-    if args.weights == "float16" and args.dtype != "float32":
-        raise CLIError(f"--weights float16 computes in float32; drop --dtype {args.dtype}")
+    check_weights_flag(args)
     if args.compile and args.weights == "float16":
         raise CLIError("--compile reads the model's own weights, --weights float16 packed "
                        "copies; drop one of them")
-    if args.weights == "float16" and device_of(args).type != "cpu":
-        raise CLIError(f"--weights float16 packs the matrices for CPU kernels (fbgemm); on "
-                       f"{device_of(args)} use --dtype float16 or bfloat16 instead")
 
 
 def _check_sampling(args: argparse.Namespace, source: str = "--") -> None:

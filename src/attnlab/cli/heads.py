@@ -11,7 +11,6 @@ heatmap of each detector and the scores as JSON to --out.
 from __future__ import annotations
 
 import argparse
-import json
 from typing import Any
 
 from .common import (
@@ -23,7 +22,7 @@ from .common import (
     load_model,
     text_ids,
 )
-from .outputs import written_together
+from .outputs import add_out_argument, write_json_and_figure
 
 MIN_INDUCTION = 0.1  # a best induction score below this: no induction heads to ablate
 
@@ -38,8 +37,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
     add_checkpoint_argument(parser)
     parser.add_argument("text", nargs="?", default=None,
                         help="probe text (default: the task's examples, or repeated tokens)")
-    parser.add_argument("--out", default="heads",
-                        help="directory for heads.png and heads.json (default ./heads)")
+    add_out_argument(parser, "heads")
     parser.add_argument("--seed", type=int, default=0, help="seed of the probe (default 0)")
     parser.add_argument("--no-ablation", dest="ablation", action="store_false",
                         help="skip the accuracy check with heads ablated (task models)")
@@ -50,7 +48,6 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
 def run(args: argparse.Namespace) -> int:
     from ..interp.heads import DETECTORS, detect_heads, rank_heads
     from ..train.data import TASKS, TaskDataset, load_dataset
-    from ..viz import save_figure
     from ..viz.heads import plot_head_scores
     out = check_out(args.out)
     ckpt = load_model(args)
@@ -73,11 +70,8 @@ def run(args: argparse.Namespace) -> int:
                               "induction_ranking": [f"{la}.{h}" for la, h in ranked]}
     if isinstance(dataset, TaskDataset) and args.ablation:
         report["ablation"] = _ablation(model, dataset, scores["induction"], ranked)
-    with written_together(out, "heads") as stage:  # not a new JSON beside an old figure
-        (stage / "heads.json").write_text(json.dumps(report, indent=2) + "\n")
-        paths = save_figure(plot_head_scores(scores, f"head detector scores on {probe}"),
-                            stage / "heads.png")
-    print(f"wrote {out / 'heads.json'} and {', '.join(str(out / p.name) for p in paths)}")
+    write_json_and_figure(out, "heads", report,
+                          plot_head_scores(scores, f"head detector scores on {probe}"))
     return 0
 
 

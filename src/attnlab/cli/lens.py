@@ -8,7 +8,6 @@ layer and position) and the top-k table as JSON to --out.
 from __future__ import annotations
 
 import argparse
-import json
 
 from .common import (
     CLIError,
@@ -18,7 +17,7 @@ from .common import (
     load_model,
     text_ids,
 )
-from .outputs import written_together
+from .outputs import add_out_argument, write_json_and_figure
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
@@ -34,8 +33,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
     parser.add_argument("--mid", action="store_true",
                         help="also read each layer between its attention and its MLP, which "
                         "tells which of the two made a guess")
-    parser.add_argument("--out", default="lens",
-                        help="directory for lens.png and lens.json (default: ./lens)")
+    add_out_argument(parser, "lens")
     add_device_flags(parser)
     return parser
 
@@ -43,7 +41,6 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
 def run(args: argparse.Namespace) -> int:
     from ..interp.lens import lens_table
     from ..model.names import absent_names
-    from ..viz import save_figure
     from ..viz.heads import plot_lens
     if args.top_k < 1:
         raise CLIError(f"--top-k {args.top_k} must be >= 1")
@@ -66,9 +63,5 @@ def run(args: argparse.Namespace) -> int:
     table = {"tokens": tokens, "layers": names, "top_tokens": words,
              "top_probs": probs.tolist()}
     top1 = [[cell[0] for cell in row] for row in words]
-    with written_together(out, "lens") as stage:  # not a new JSON beside an old figure
-        (stage / "lens.json").write_text(json.dumps(table, indent=2) + "\n")
-        paths = save_figure(plot_lens(probs[..., 0], top1, tokens, rows=names),
-                            stage / "lens.png")
-    print(f"wrote {out / 'lens.json'} and {', '.join(str(out / p.name) for p in paths)}")
+    write_json_and_figure(out, "lens", table, plot_lens(probs[..., 0], top1, tokens, rows=names))
     return 0

@@ -1,21 +1,27 @@
 """How a command's files reach its --out directory together: written into a hidden stage in
 it, then moved in at the end with a Ctrl-C held over the moves (`written_together`), so a
 run stopped halfway leaves --out as the last finished run left it. `heads`, `lens` and
-`patch` write a JSON and its figure this way (a Ctrl-C while the figure was drawn left the
-new JSON beside the earlier run's figure). `attnlab inspect`'s files, whose set changes
-from run to run, share its `staging` and are moved in by inspect_files.py; a checkpoint's
-are checkpoint.py's."""
+`patch` write a JSON and its figure this way (`add_out_argument`, `write_json_and_figure`: a
+Ctrl-C while the figure was drawn left the new JSON beside the earlier run's figure).
+`attnlab inspect`'s files, whose set changes from run to run, share its `staging` and are
+moved in by inspect_files.py; a checkpoint's are checkpoint.py's."""
 
 from __future__ import annotations
 
+import argparse
 import contextlib
+import json
 import os
 import shutil
 import tempfile
 from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 from .common import interrupts_held
+
+if TYPE_CHECKING:
+    from matplotlib.figure import Figure
 
 
 @contextlib.contextmanager
@@ -55,6 +61,26 @@ def written_together(out: Path, command: str,
                 (out / name).unlink(missing_ok=True)
             for path in sorted(stage.iterdir()):
                 os.replace(path, out / path.name)
+
+
+def add_out_argument(parser: argparse.ArgumentParser, command: str) -> None:
+    """--out of a command whose JSON and figure `write_json_and_figure` writes (default
+    ./`command`)."""
+    parser.add_argument("--out", default=command,
+                        help=f"directory for {command}.png and {command}.json "
+                        f"(default: ./{command})")
+
+
+def write_json_and_figure(out: Path, command: str, record: Any, figure: Figure) -> None:
+    """`record` as `command`.json and `figure` as `command`.png, moved into `out` together,
+    then one line naming them."""
+    from ..viz import save_figure
+
+    with written_together(out, command) as stage:  # not a new JSON beside an old figure
+        (stage / f"{command}.json").write_text(json.dumps(record, indent=2) + "\n")
+        paths = save_figure(figure, stage / f"{command}.png")
+    print(f"wrote {out / f'{command}.json'} and "
+          f"{', '.join(str(out / p.name) for p in paths)}")
 
 
 def process_alive(pid: int) -> bool:

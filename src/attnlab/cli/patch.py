@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import argparse
 import itertools
-import json
 import sys
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
@@ -23,7 +22,7 @@ from .common import (
     text_ids,
     unescape,
 )
-from .outputs import written_together
+from .outputs import add_out_argument, write_json_and_figure
 from .progress import Counter
 
 if TYPE_CHECKING:
@@ -99,8 +98,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
     parser.add_argument("--via", default="q,k,v",
                         help="with --paths-to heads: the receivers' inputs the paths end in, "
                         "of q, k, v (default all three)")
-    parser.add_argument("--out", default="patch",
-                        help="directory for patch.png and patch.json (default: ./patch)")
+    add_out_argument(parser, "patch")
     add_device_flags(parser)
     return parser
 
@@ -129,7 +127,6 @@ def run(args: argparse.Namespace) -> int:
     from ..interp import patching
     from ..interp.paths import path_patching
     from ..model.names import HEAD_INPUTS, absent_names
-    from ..viz import save_figure
     from ..viz.heads import plot_patching
     out = check_out(args.out)
     ckpt = load_model(args)
@@ -190,10 +187,7 @@ def run(args: argparse.Namespace) -> int:
         inputs[_paths_title(paths)] = paths.senders
     figure = plot_patching(result.heads, result.resid, tokens, title=method.title,
                            attn_out=result.attn_out, mlp_out=result.mlp_out, inputs=inputs)
-    with written_together(out, "patch") as stage:  # not a new JSON beside an old figure
-        (stage / "patch.json").write_text(json.dumps(record, indent=2) + "\n")
-        files = save_figure(figure, stage / "patch.png")
-    print(f"wrote {out / 'patch.json'} and {', '.join(str(out / p.name) for p in files)}")
+    write_json_and_figure(out, "patch", record, figure)
     return 0
 
 

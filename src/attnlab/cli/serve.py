@@ -12,9 +12,10 @@ from .common import (
     add_checkpoint_argument,
     add_config_flags,
     add_device_flags,
+    add_weights_flag,
+    check_weights_flag,
     config_from_flags,
     count,
-    device_of,
     load_model,
 )
 
@@ -33,12 +34,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
         help="address to bind (default 127.0.0.1: this machine only; 0.0.0.0 exposes it)",
     )
     parser.add_argument("--port", type=int, default=8000, help="TCP port (default 8000)")
-    parser.add_argument(
-        "--weights", choices=("float32", "float16"), default="float32",
-        help="float16: the model's matrices rounded to float16 and streamed as float16 in "
-        "decode, arithmetic float32 (x86 CPUs; see attnlab generate --weights) (default "
-        "float32)",
-    )
+    add_weights_flag(parser)
     add_device_flags(parser)
     add_config_flags(parser, ServeConfig, "request limits")
     return parser
@@ -61,9 +57,7 @@ def run(args: argparse.Namespace) -> int:
 
     from ..model.decode import half_weights
 
-    if args.weights == "float16" and (args.dtype != "float32" or device_of(args).type != "cpu"):
-        raise CLIError("--weights float16 packs float32 matrices for CPU kernels (fbgemm); "
-                       "on a GPU, or with --dtype, use --dtype float16 or bfloat16 instead")
+    check_weights_flag(args)
     checkpoint = load_model(args)  # an attnlab checkpoint or a Hugging Face dir
     if args.weights == "float16":
         half_weights(checkpoint.model)  # packed once, before the first request

@@ -28,7 +28,7 @@ from torch import Tensor, nn
 
 from ..model.compiled_decode import check_compilable, compiled_decode
 from ..model.decode import DecodeStep, decode_step
-from ..model.gpt import GPT, check_mask_values, require_eval
+from ..model.gpt import GPT, check_id_batch, check_mask_values, require_eval
 from ..model.kv_cache import KVCache
 from ..model.memory import Use
 from ..tokenizers import check_fits
@@ -106,14 +106,8 @@ def _check_prompt(
     model: GPT, input_ids: Tensor, attention_mask: Tensor | None, config: GenerationConfig
 ) -> Tensor | None:
     """Validate once, before the loop; returns the mask, or None when nothing is padded."""
-    if input_ids.dim() != 2 or input_ids.dtype not in (torch.int64, torch.int32):
-        raise ValueError(
-            f"input_ids must be a (B, P) integer tensor, got {input_ids.dtype} of shape "
-            f"{tuple(input_ids.shape)}; add a batch dimension with input_ids[None]"
-        )
+    check_id_batch(input_ids, "input_ids")
     B, P = input_ids.shape
-    if P == 0:
-        raise ValueError("input_ids has no tokens; a prompt needs at least one id")
     require_eval(model, "generation")
     block = model.config.block_size
     # the last new token is never fed back, so P + max_new_tokens - 1 positions are run

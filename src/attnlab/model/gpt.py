@@ -175,14 +175,8 @@ class GPT(nn.Module):
         check_ids: bool = True,
     ) -> None:
         c = self.config
-        if idx.dim() != 2 or idx.dtype not in (torch.int64, torch.int32):
-            raise ValueError(
-                f"idx must be a (B, T) integer tensor of token ids, got {idx.dtype} "
-                f"of shape {tuple(idx.shape)}"
-            )
+        check_id_batch(idx, "idx")
         B, T = idx.shape
-        if T == 0:
-            raise ValueError("idx has no tokens (T=0); pass at least one token id")
         if pos + T > c.block_size:
             raise ValueError(
                 f"sequence of {pos + T} tokens ({pos} cached + {T} new) exceeds "
@@ -440,6 +434,18 @@ def on_meta() -> Iterator[None]:
     """Build modules on the meta device without drawing their initial weights."""
     with torch.device("meta"), _SkipInit():
         yield
+
+
+def check_id_batch(ids: Tensor, name: str) -> None:
+    """Raise ValueError unless `ids` (`name` in the message) is a batch of token ids: a
+    (B, T) int64 or int32 tensor with T >= 1. Reads no values (`check_token_ids` does)."""
+    if ids.dim() != 2 or ids.dtype not in (torch.int64, torch.int32):
+        fix = (f"add a batch dimension with {name}[None]" if ids.dim() == 1
+               else "pass the tokenizer's ids as torch.long, one row per sequence")
+        raise ValueError(f"{name} must be a (B, T) integer tensor of token ids, got "
+                         f"{ids.dtype} of shape {tuple(ids.shape)}; {fix}")
+    if ids.shape[1] == 0:
+        raise ValueError(f"{name} has no tokens (T=0); pass at least one token id")
 
 
 def check_token_ids(idx: Tensor, targets: Tensor | None, vocab_size: int) -> None:
