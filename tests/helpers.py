@@ -247,6 +247,8 @@ def modern_switches(n_layer: int = 2) -> Any:
         {"rope_type": "linear", "factor": 2.0},
         {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
          "original_max_position_embeddings": 8},
+        # an attention factor of 1.14 on cos and sin: every path must apply it
+        {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 8},
     ]
 
     @st.composite

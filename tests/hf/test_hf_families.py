@@ -4,7 +4,9 @@ eager attention on the same random weights (nothing downloaded), and exports bac
 Two shapes per family, between them: GQA, tied and untied heads, head_dim != C / nh,
 attention / MLP biases, partial rotary, rope_theta != 10000, llama3 and linear RoPE scaling,
 sliding windows shorter than the sequence (all layers, and some layers), QK-norm, parallel
-and sequential residual. Each model is written with `save_pretrained` and read back with
+and sequential residual; and one yarn case per family, its original_max_position_embeddings
+(16) shorter than the sequences, its attention factor derived (from factor, or mscale /
+mscale_all_dim) or given. Each model is written with `save_pretrained` and read back with
 `load_hf`, so the directory reading is exercised too.
 """
 
@@ -74,6 +76,31 @@ CASES: dict[str, tuple[str, dict[str, Any]]] = {
         num_attention_heads=3, max_position_embeddings=128, use_parallel_residual=False,
         attention_bias=False, tie_word_embeddings=True,
         rope_parameters={"rope_type": "default", "rope_theta": 1000.0,
+                         "partial_rotary_factor": 0.5})),
+    # yarn as the Qwen3 model card adds it (factor 4, attention factor derived), GQA, untied
+    "llama-yarn": ("Llama", dict(**SMALL, num_key_value_heads=2, tie_word_embeddings=False,
+                                 rope_parameters={"rope_type": "yarn", "rope_theta": 10000.0,
+                                                  "factor": 4.0,
+                                                  "original_max_position_embeddings": 16})),
+    # yarn with DeepSeek's mscale / mscale_all_dim, its own betas, rope_theta 1e6, tied
+    "qwen2-yarn-mscale": ("Qwen2", dict(**SMALL, num_key_value_heads=1, tie_word_embeddings=True,
+                                        rope_parameters={
+                                            "rope_type": "yarn", "rope_theta": 1e6, "factor": 8.0,
+                                            "original_max_position_embeddings": 16,
+                                            "beta_fast": 16, "beta_slow": 2, "mscale": 1.0,
+                                            "mscale_all_dim": 0.5})),
+    # yarn with QK-norm and a head_dim of 16; its ramp untruncated
+    "qwen3-yarn": ("Qwen3", dict(**SMALL, num_key_value_heads=2, head_dim=16,
+                                 tie_word_embeddings=False,
+                                 rope_parameters={"rope_type": "yarn", "rope_theta": 1e6,
+                                                  "factor": 4.0, "truncate": False,
+                                                  "original_max_position_embeddings": 16})),
+    # yarn on half of each head with a given attention factor
+    "neox-yarn": ("GPTNeoX", dict(
+        vocab_size=101, hidden_size=64, intermediate_size=64, num_hidden_layers=2,
+        num_attention_heads=4, max_position_embeddings=128, tie_word_embeddings=False,
+        rope_parameters={"rope_type": "yarn", "rope_theta": 10000.0, "factor": 2.0,
+                         "original_max_position_embeddings": 16, "attention_factor": 1.25,
                          "partial_rotary_factor": 0.5})),
 }
 

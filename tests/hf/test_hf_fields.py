@@ -65,18 +65,52 @@ ODD_GPT2 = dict(n_layer=2, n_embd=32, n_head=4, vocab_size=71, n_positions=96, n
 
 LLAMA3 = {"rope_type": "llama3", "rope_theta": 500000.0, "factor": 8.0, "low_freq_factor": 1.0,
           "high_freq_factor": 4.0, "original_max_position_embeddings": 16}
+YARN = {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 32}
 # (case, config.json dict, the one line expected)
 REFUSED: list[tuple[str, Any, str]] = [
     ("hidden_act", lambda: {**hf_dict("Llama", **SMALL), "hidden_act": "gelu"},
      "llama config.json has hidden_act='gelu': attnlab supports 'silu' or 'swish'"),
-    ("rope_type", lambda: {**hf_dict("Llama", **SMALL),
-                           "rope_parameters": {"rope_type": "yarn", "factor": 4.0}},
-     "llama config.json has rope_parameters.rope_type='yarn': attnlab supports RoPE types "
-     "default, linear, llama3"),
+    ("rope_type", lambda: {**hf_dict("Llama", **SMALL), "rope_parameters": {
+        "rope_type": "longrope", "short_factor": [1.0] * 4, "long_factor": [2.0] * 4,
+        "original_max_position_embeddings": 16}},
+     "llama config.json has rope_parameters.rope_type='longrope': Phi-3's two frequency sets "
+     "are not implemented; attnlab supports RoPE types default, linear, llama3, yarn"),
     ("legacy rope_scaling.type", lambda: {**hf_dict("Qwen2", **SMALL), "rope_scaling":
                                           {"type": "dynamic", "factor": 2.0}},
-     "qwen2 config.json has rope_scaling.type='dynamic': attnlab supports RoPE types default, "
-     "linear, llama3"),
+     "qwen2 config.json has rope_scaling.type='dynamic': it rescales RoPE only past "
+     "max_position_embeddings, where attnlab does not run and transformers' numbers depend on "
+     "its earlier calls (up to there it equals 'default': use that); attnlab supports RoPE "
+     "types default, linear, llama3, yarn"),
+    ("unknown rope type", lambda: {**hf_dict("Qwen3", **SMALL), "rope_parameters": {
+        "rope_type": "ntk", "factor": 2.0}},
+     "qwen3 config.json has rope_parameters.rope_type='ntk': not a RoPE type attnlab knows; "
+     "attnlab supports RoPE types default, linear, llama3, yarn"),
+    ("yarn beta", lambda: {**hf_dict("Qwen3", **SMALL), "rope_scaling": {**YARN,
+                                                                         "beta_fast": -32}},
+     "qwen3 config.json has rope_scaling.beta_fast=-32: expected a finite number >= 0 (0 or "
+     "null: transformers' default)"),
+    ("yarn attention factor", lambda: {**hf_dict("Qwen2", **SMALL), "rope_parameters": {
+        **YARN, "attention_factor": 0}},
+     "qwen2 config.json has rope_parameters.attention_factor=0: expected a finite number > 0"),
+    ("yarn truncate", lambda: {**hf_dict("Llama", **SMALL), "rope_parameters": {
+        **YARN, "truncate": "false"}},
+     "llama config.json has rope_parameters.truncate='false': expected true or false"),
+    ("yarn mscale", lambda: {**hf_dict("Llama", **SMALL), "rope_parameters": {
+        **YARN, "mscale": [1.0]}},
+     "llama config.json has rope_parameters.mscale=[1.0]: expected a finite number >= 0 (0 or "
+     "null: transformers' default)"),
+    ("yarn original length", lambda: {**hf_dict("Llama", **SMALL), "rope_parameters": {
+        **YARN, "original_max_position_embeddings": 0}},
+     "llama config.json has rope_parameters.original_max_position_embeddings=0: expected a "
+     "positive integer"),
+    ("yarn key of llama3", lambda: {**hf_dict("Llama", **SMALL), "rope_parameters": {
+        **YARN, "low_freq_factor": 1.0}},
+     "llama config.json has rope_parameters.low_freq_factor=1.0: not a parameter of rope_type "
+     "'yarn', which attnlab implements as transformers does"),
+    ("yarn base of one", lambda: {**hf_dict("Llama", **SMALL), "rope_parameters": {
+        **YARN, "rope_theta": 1.0}},
+     "llama config.json has rope_parameters rope_type 'yarn' with rope_theta=1.0: its "
+     "frequency ramp divides by log(rope_theta); use the model's base (e.g. 10000.0)"),
     ("rope key of another type", lambda: {**hf_dict("Llama", **SMALL), "rope_parameters": {
         "rope_type": "linear", "factor": 2.0, "attention_factor": 1.5}},
      "llama config.json has rope_parameters.attention_factor=1.5: not a parameter of rope_type "

@@ -1,4 +1,5 @@
-"""model/layers.py: RMSNorm math, MLP forms, RoPE frequencies (linear, llama3), rotate-half."""
+"""model/layers.py: RMSNorm math, MLP forms, RoPE frequencies (linear, llama3, yarn) and
+yarn's attention factor, rotate-half."""
 
 from __future__ import annotations
 
@@ -20,6 +21,7 @@ from attnlab.model.layers import (
 )
 from helpers import assert_dropped
 
+YARN_SCALING = {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 16}
 LLAMA3_SCALING = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
                   "high_freq_factor": 4.0, "original_max_position_embeddings": 64}
 
@@ -116,9 +118,16 @@ def test_llama3_inv_freq_matches_the_formula_by_hand() -> None:
 
 @pytest.mark.parametrize(
     "scaling, message",
-    [({"rope_type": "yarn", "factor": 2.0},
-      r"rope_scaling rope_type='yarn' is not supported; supported types: \['default', 'linear', "
-      r"'llama3'\]"),
+    [({"rope_type": "longrope", "factor": 2.0},
+      r"rope_scaling rope_type='longrope' is not supported: Phi-3's two frequency sets are not "
+      r"implemented; supported types: \['default', 'linear', 'llama3', 'yarn'\]"),
+     ({"rope_type": "dynamic", "factor": 2.0},
+      r"rope_scaling rope_type='dynamic' is not supported: it rescales RoPE only past "
+      r"max_position_embeddings"),
+     ({"rope_type": "ntk", "factor": 2.0},
+      r"rope_scaling rope_type='ntk' is not supported; supported types"),
+     ({"rope_type": "yarn", "factor": 2.0},
+      r"rope_scaling of rope_type='yarn' lacks \['original_max_position_embeddings'\]"),
      ({"rope_type": "llama3", "factor": 8.0},
       r"rope_scaling of rope_type='llama3' lacks \['low_freq_factor'"),
      ("linear", r"rope_scaling='linear' must be a dict")],
@@ -141,7 +150,15 @@ def test_unsupported_rope_scaling_is_refused_by_name(scaling: object, message: s
      ({**LLAMA3_SCALING, "original_max_position_embeddings": 64.5},
       r"^rope_scaling\.original_max_position_embeddings=64\.5: expected a positive integer$"),
      ({**LLAMA3_SCALING, "high_freq_factor": 1.0},
-      r"^rope_scaling\.high_freq_factor=1\.0: expected more than low_freq_factor=1\.0")],
+      r"^rope_scaling\.high_freq_factor=1\.0: expected more than low_freq_factor=1\.0"),
+     ({**YARN_SCALING, "attention_factor": 0.0},
+      r"^rope_scaling\.attention_factor=0\.0: expected a finite number > 0$"),
+     ({**YARN_SCALING, "beta_slow": -1},
+      r"^rope_scaling\.beta_slow=-1: expected a finite number >= 0 \(0 or null: transformers' "
+      r"default\)$"),
+     ({**YARN_SCALING, "mscale": True}, r"^rope_scaling\.mscale=True: expected a finite"),
+     ({**YARN_SCALING, "truncate": None}, r"^rope_scaling\.truncate=None: expected true or "
+                                          r"false$")],
 )
 def test_rope_scaling_values_the_math_cannot_use_are_refused_by_name(
         scaling: dict[str, object], message: str) -> None:
@@ -150,6 +167,28 @@ def test_rope_scaling_values_the_math_cannot_use_are_refused_by_name(
         rope_inv_freq(8, 10000.0, scaling)
     with pytest.raises(ValueError, match=message):
         GPTConfig(pos="rope", rope_scaling=scaling)
+
+
+def test_yarn_on_a_base_of_one_is_refused_by_name() -> None:
+    """yarn's ramp divides by log(rope_theta): transformers raises ZeroDivisionError."""
+    message = (r"^rope_scaling rope_type 'yarn' with rope_theta=1\.0: its frequency ramp "
+               r"divides by log\(rope_theta\)")
+    with pytest.raises(ValueError, match=message):
+        rope_inv_freq(8, 1.0, YARN_SCALING)
+    with pytest.raises(ValueError, match=message):
+        GPTConfig(pos="rope", rope_theta=1.0, rope_scaling=YARN_SCALING)
+
+
+def test_yarn_attention_factor_scales_cos_and_sin() -> None:
+    """Factor 4 with nothing else given: 0.1 ln 4 + 1 (YaRN's sqrt(1/t)), on cos and sin."""
+    rotary = Rotary(8, theta=10000.0, rope_scaling=YARN_SCALING)
+    assert rotary.attention_factor == 0.1 * math.log(4.0) + 1.0
+    positions = torch.arange(20)[None]  # (1, T)
+    freqs = positions[:, None, :, None].float() * rotary.inv_freq  # (1, 1, T, rd/2)
+    cos, sin = rotary.cos_sin(positions)
+    emb = torch.cat((freqs, freqs), dim=-1)  # (1, 1, T, rd)
+    assert torch.equal(cos, emb.cos() * rotary.attention_factor)
+    assert torch.equal(sin, emb.sin() * rotary.attention_factor)
 
 
 def test_rotate_half() -> None:

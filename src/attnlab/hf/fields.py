@@ -34,7 +34,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from ..model.layers import check_rope_scaling
+from ..model.layers import ROPE_OPTIONAL, ROPE_REFUSALS, check_rope_scaling
 
 IRRELEVANT = frozenset({
     # bookkeeping
@@ -72,13 +72,14 @@ MUST_BE = {
 # Hugging Face hidden_act names for the exact and the tanh GELU (GPTConfig.gelu)
 GELUS = {"gelu": "exact", "gelu_new": "tanh", "gelu_pytorch_tanh": "tanh", "gelu_fast": "tanh"}
 SILUS = ("silu", "swish")
-ROPE_TYPES = ("default", "linear", "llama3")
-# rope dict keys each supported type reads (transformers' _compute_*_parameters)
+ROPE_TYPES = ("default", "linear", "llama3", "yarn")
+# rope dict keys each supported type needs (transformers' _compute_*_parameters)
 _ROPE_KEYS = {
     "default": set(),
     "linear": {"factor"},
     "llama3": {"factor", "low_freq_factor", "high_freq_factor",
                "original_max_position_embeddings"},
+    "yarn": {"factor", "original_max_position_embeddings"},
 }
 _ROPE_COMMON = {"rope_type", "type", "rope_theta", "partial_rotary_factor"}
 
@@ -163,14 +164,15 @@ class Fields:
 
 
 def rope_from_hf(
-    fields: Fields, *, theta_key: str = "rope_theta", default_theta: float = 10000.0,
-    partial_key: str | None = None, default_partial: float = 1.0,
+    fields: Fields, *, max_positions: int, theta_key: str = "rope_theta",
+    default_theta: float = 10000.0, partial_key: str | None = None, default_partial: float = 1.0,
 ) -> tuple[float, dict[str, Any] | None, float]:
     """(rope_theta, rope_scaling for GPTConfig or None, partial_rotary_factor) from either
     spelling: transformers 5's `rope_parameters`, or the older `rope_theta` (GPT-NeoX:
     `rotary_emb_base`) + `rope_scaling`. As in transformers 5's `convert_rope_params_to_dict`,
     a `rope_scaling` dict replaces `rope_parameters` whole (its theta and partial factor
-    too), and the top-level fields fill what the dict in use lacks."""
+    too), and the top-level fields fill what the dict in use lacks. `max_positions` is the
+    config's max_position_embeddings, which some scalings fall back on."""
     params = fields.get("rope_parameters") or {}
     legacy = fields.get("rope_scaling")
     for key, value in (("rope_parameters", params), ("rope_scaling", legacy or {})):
@@ -186,12 +188,16 @@ def rope_from_hf(
     kind_key = "type" if "type" in rope and "rope_type" not in rope else "rope_type"
     kind = rope.get(kind_key, "default")
     if kind not in ROPE_TYPES:
+        why = ROPE_REFUSALS.get(kind, "not a RoPE type attnlab knows")
         raise fields.refuse(f"{source}.{kind_key}", kind,
-                            f"attnlab supports RoPE types {', '.join(ROPE_TYPES)}")
-    for key in sorted(set(rope) - _ROPE_COMMON - _ROPE_KEYS[kind]):
+                            f"{why}; attnlab supports RoPE types {', '.join(ROPE_TYPES)}")
+    optional = set(ROPE_OPTIONAL.get(kind, ()))
+    for key in sorted(set(rope) - _ROPE_COMMON - _ROPE_KEYS[kind] - optional):
         raise fields.refuse(f"{source}.{key}", rope[key],
                             f"not a parameter of rope_type {kind!r}, which attnlab implements "
                             "as transformers does")
+    if "original_max_position_embeddings" in _ROPE_KEYS[kind]:
+        _original_length(fields, rope, max_positions)
     for key in sorted(_ROPE_KEYS[kind] - set(rope)):
         raise fields.refuse(f"{source}.{key}", None, f"rope_type {kind!r} needs it")
     partial = rope.get("partial_rotary_factor")
@@ -204,11 +210,30 @@ def rope_from_hf(
     scaling = None
     if kind != "default":
         scaling = {"rope_type": kind, **{k: rope[k] for k in sorted(_ROPE_KEYS[kind])}}
-        check_rope_scaling(scaling, where=f"{fields.family} config.json has {source}")
+        # null means unset to transformers, but for truncate (null: false), which is refused
+        scaling.update({k: rope[k] for k in sorted(optional) if k in rope
+                        and (rope[k] is not None or k == "truncate")})
     if isinstance(theta, bool) or not isinstance(theta, (int, float)) or \
             not 0 < theta < float("inf"):
         raise fields.refuse("rope_theta", theta, "expected a positive number")
+    if scaling is not None:
+        check_rope_scaling(scaling, where=f"{fields.family} config.json has {source}",
+                           theta=theta)
     return float(theta), scaling, float(partial)
+
+
+def _original_length(fields: Fields, rope: dict[str, Any], max_positions: int) -> None:
+    """Fill `rope` (llama3, yarn) as transformers' `standardize_rope_params` does: a top-level
+    original_max_position_embeddings wins (Phi-3 keeps it there), else the dict's own, else
+    max_position_embeddings; and yarn's factor, when null, is max_position_embeddings over
+    it (`_compute_yarn_parameters`)."""
+    if fields.has("original_max_position_embeddings"):
+        rope["original_max_position_embeddings"] = fields.get("original_max_position_embeddings")
+    rope.setdefault("original_max_position_embeddings", max_positions)
+    original = rope["original_max_position_embeddings"]
+    if rope.get("rope_type", rope.get("type")) == "yarn" and "factor" in rope and \
+            rope["factor"] is None and isinstance(original, int) and original > 0:
+        rope["factor"] = max_positions / original
 
 
 def rope_to_hf(config: Any, partial: bool = False) -> dict[str, Any]:

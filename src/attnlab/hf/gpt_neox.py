@@ -48,12 +48,14 @@ WEIGHTS = WeightMap(
 
 def _config(f: Fields) -> dict[str, Any]:
     n_embd, n_head = f.count("hidden_size", 6144), f.count("num_attention_heads", 64)
-    theta, scaling, partial = rope_from_hf(f, theta_key="rotary_emb_base",
+    block_size = f.count("max_position_embeddings", 2048, MAX_CONTEXT)
+    theta, scaling, partial = rope_from_hf(f, max_positions=block_size,
+                                           theta_key="rotary_emb_base",
                                            partial_key="rotary_pct", default_partial=0.25)
     attention_bias = f.flag("attention_bias", True)
     return dict(
         vocab_size=f.count("vocab_size", 50432),
-        block_size=f.count("max_position_embeddings", 2048, MAX_CONTEXT),
+        block_size=block_size,
         n_layer=f.count("num_hidden_layers", 44), n_head=n_head, n_embd=n_embd,
         d_ff=f.count("intermediate_size", 24576),
         pos="rope", rope_theta=theta, rope_scaling=scaling, rotary_pct=partial,

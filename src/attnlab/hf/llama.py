@@ -36,14 +36,15 @@ def llama_like_config(f: Fields, *, max_positions: int, default_head_dim: int | 
     n_embd, n_head = f.count("hidden_size", 4096), f.count("num_attention_heads", 32)
     head_dim = f.count("head_dim", default_head_dim or n_embd // n_head)
     f.one_of("hidden_act", SILUS, "silu")
-    theta, scaling, partial = rope_from_hf(f)
+    block_size = f.count("max_position_embeddings", max_positions, MAX_CONTEXT)
+    theta, scaling, partial = rope_from_hf(f, max_positions=block_size)
     if partial != 1.0:
         raise f.refuse("rope_parameters.partial_rotary_factor", partial,
                        f"{f.family} rotates whole heads in transformers (partial rotary is "
                        "GPT-NeoX's)")
     return dict(
         vocab_size=f.count("vocab_size", 32000),
-        block_size=f.count("max_position_embeddings", max_positions, MAX_CONTEXT),
+        block_size=block_size,
         n_layer=f.count("num_hidden_layers", 32),
         n_head=n_head,
         n_kv_head=f.count("num_key_value_heads", n_head),

@@ -44,7 +44,7 @@ class GPTConfig:
     pos: str = "learned"  # positions: "learned" (wpe table), "rope" (rotary), "none"
     rope_theta: float = 10000.0  # RoPE base
     rotary_pct: float = 1.0  # fraction of each head's dims rotated (Pythia: 0.25)
-    rope_scaling: dict[str, Any] | None = None  # HF's dict: rope_type "linear" or "llama3"
+    rope_scaling: dict[str, Any] | None = None  # HF's dict: rope_type linear, llama3 or yarn
     norm_eps: float = 1e-5  # epsilon of every norm (QK-norm included)
     d_ff: int | None = None  # MLP hidden width; None = 4 * n_embd
     head_dim: int | None = None  # hs; None = n_embd // n_head
@@ -117,7 +117,7 @@ class GPTConfig:
                 f"rotary_pct={self.rotary_pct} rotates {rotary_dims} of {self.head_size} dims; "
                 "RoPE needs at least 2: raise rotary_pct or head_dim"
             )
-        check_rope_scaling(self.rope_scaling)
+        check_rope_scaling(self.rope_scaling, theta=self.rope_theta)
         if self.rope_scaling is not None and self.pos != "rope":
             raise ValueError(
                 f"rope_scaling={self.rope_scaling} needs pos='rope', not pos={self.pos!r}"

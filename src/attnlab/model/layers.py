@@ -3,7 +3,7 @@
 Each is one `GPTConfig` switch (see `config.py`): `norm` picks LayerNorm, RMSNorm or none;
 `mlp` the GELU MLP or the gated SiLU one (SwiGLU); `pos == "rope"` rotates queries and keys
 by their positions (RoPE, in Hugging Face's rotate-half layout, optionally on only the
-first `rotary_pct` of each head's dims, with `rope_scaling` of type linear or llama3). The
+first `rotary_pct` of each head's dims, with `rope_scaling` of type linear, llama3 or yarn). The
 math follows Hugging Face transformers so imported weights give its numbers. This module
 owns the layers; wiring them into blocks is `gpt.py`'s, attention is `attention.py`'s.
 
@@ -33,6 +33,18 @@ ROPE_SCALINGS: dict[str, tuple[str, ...]] = {
     "default": (),
     "linear": ("factor",),
     "llama3": ("factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings"),
+    "yarn": ("factor", "original_max_position_embeddings"),
+}
+#: the keys a type may have besides (transformers' `_validate_yarn_rope_parameters`)
+ROPE_OPTIONAL: dict[str, tuple[str, ...]] = {
+    "yarn": ("attention_factor", "beta_fast", "beta_slow", "mscale", "mscale_all_dim", "truncate"),
+}
+#: why transformers' other RoPE types are refused (the evidence: docs/models.md#rope-scaling)
+ROPE_REFUSALS = {
+    "dynamic": "it rescales RoPE only past max_position_embeddings, where attnlab does not "
+               "run and transformers' numbers depend on its earlier calls (up to there it "
+               "equals 'default': use that)",
+    "longrope": "Phi-3's two frequency sets are not implemented",
 }
 
 
@@ -175,12 +187,12 @@ def real_positions(attention_mask: Tensor, T: int) -> Tensor:
     return (attention_mask.long().cumsum(-1) - 1).clamp(min=0)[:, -T:]
 
 
-def check_rope_scaling(rope_scaling: Mapping[str, Any] | None, where: str = "rope_scaling"
-                       ) -> None:
+def check_rope_scaling(rope_scaling: Mapping[str, Any] | None, where: str = "rope_scaling",
+                       theta: float | None = None) -> None:
     """Refuse, in one line naming the field and value, a rope_scaling attnlab cannot honour:
     an unknown type, a missing key, or a value the scaling math cannot use (a factor of 0
-    divides by zero; a string cannot divide at all). `where` names the dict in messages
-    ("llama config.json has rope_scaling")."""
+    divides by zero; a string cannot divide at all; yarn divides by log(theta), so theta 1).
+    `where` names the dict in messages ("llama config.json has rope_scaling")."""
     if rope_scaling is None:
         return
     if not isinstance(rope_scaling, Mapping):
@@ -189,8 +201,9 @@ def check_rope_scaling(rope_scaling: Mapping[str, Any] | None, where: str = "rop
         )
     kind = rope_scaling.get("rope_type", rope_scaling.get("type"))
     if kind not in ROPE_SCALINGS:
+        why = f": {ROPE_REFUSALS[kind]}" if kind in ROPE_REFUSALS else ""
         raise ValueError(
-            f"{where} rope_type={kind!r} is not supported; supported types: "
+            f"{where} rope_type={kind!r} is not supported{why}; supported types: "
             f"{sorted(ROPE_SCALINGS)} (None for no scaling)"
         )
     missing = [key for key in ROPE_SCALINGS[kind] if key not in rope_scaling]
@@ -207,6 +220,31 @@ def check_rope_scaling(rope_scaling: Mapping[str, Any] | None, where: str = "rop
         raise ValueError(f"{where}.high_freq_factor={rope_scaling['high_freq_factor']!r}: "
                          "expected more than low_freq_factor="
                          f"{rope_scaling['low_freq_factor']!r} (Llama 3.1: 4.0 and 1.0)")
+    if kind == "yarn":
+        _check_yarn(rope_scaling, where)
+        if theta == 1:
+            raise ValueError(f"{where} rope_type 'yarn' with rope_theta={theta!r}: its "
+                             "frequency ramp divides by log(rope_theta); use the model's base "
+                             "(e.g. 10000.0)")
+
+
+def _check_yarn(rope_scaling: Mapping[str, Any], where: str) -> None:
+    """yarn's optional keys, each absent or null (transformers' default) or a value its math
+    can use: attention_factor > 0 (0 would zero every rotated q and k); beta_fast, beta_slow,
+    mscale, mscale_all_dim >= 0 (transformers reads 0 as unset; a negative beta takes the
+    log of a negative number); truncate a boolean (transformers tests it for truth)."""
+    for key in ROPE_OPTIONAL["yarn"]:
+        value = rope_scaling.get(key)
+        if key == "truncate":
+            if key in rope_scaling and not isinstance(value, bool):
+                raise ValueError(f"{where}.truncate={value!r}: expected true or false")
+        elif key == "attention_factor":
+            if value is not None and not _positive(value, False):
+                raise ValueError(f"{where}.{key}={value!r}: expected a finite number > 0")
+        elif value is not None and not (_positive(value, False) or
+                                        (type(value) in (int, float) and value == 0)):
+            raise ValueError(f"{where}.{key}={value!r}: expected a finite number >= 0 (0 or "
+                             "null: transformers' default)")
 
 
 def _positive(value: object, whole: bool) -> bool:
@@ -220,11 +258,12 @@ def rope_inv_freq(
     rotary_dims: int, theta: float = 10000.0, rope_scaling: Mapping[str, Any] | None = None
 ) -> Tensor:
     """(rd / 2,) float32 inverse frequencies theta^(-2i / rd), scaled as transformers does
-    (`_compute_linear_scaling_rope_parameters`, `_compute_llama3_parameters`). On the CPU,
-    whatever the default device (a model built on the meta device still gets real values)."""
+    (`_compute_linear_scaling_rope_parameters`, `_compute_llama3_parameters`,
+    `_compute_yarn_parameters`). On the CPU, whatever the default device (a model built on
+    the meta device still gets real values)."""
     if rotary_dims < 2 or rotary_dims % 2:
         raise ValueError(f"rotary dims={rotary_dims} must be a positive even number")
-    check_rope_scaling(rope_scaling)
+    check_rope_scaling(rope_scaling, theta=theta)
     exponents = torch.arange(0, rotary_dims, 2, dtype=torch.int64, device="cpu").float()
     inv_freq = 1.0 / (theta ** (exponents / rotary_dims))  # (rd/2,)
     if rope_scaling is None:
@@ -244,7 +283,60 @@ def rope_inv_freq(
         smoothed = (1 - smooth) * scaled / factor + smooth * scaled
         medium = ~(wavelen < high_freq_wavelen) * ~(wavelen > low_freq_wavelen)
         return torch.where(medium, smoothed, scaled)
+    if kind == "yarn":
+        return _yarn_inv_freq(rotary_dims, theta, rope_scaling)
     return inv_freq  # "default"
+
+
+def _yarn_inv_freq(dim: int, theta: float, rope_scaling: Mapping[str, Any]) -> Tensor:
+    """YaRN (arXiv 2309.00071) as transformers' `_compute_yarn_parameters` computes it, in
+    the same operations so the float32 roundings agree: dims that turn fewer than beta_slow
+    times over original_max_position_embeddings are interpolated (divided by factor), those
+    that turn more than beta_fast times kept, and a linear ramp blends the dims between."""
+    factor, old_len = rope_scaling["factor"], rope_scaling["original_max_position_embeddings"]
+    beta_fast = rope_scaling.get("beta_fast") or 32  # transformers' defaults, for 0 too
+    beta_slow = rope_scaling.get("beta_slow") or 1
+
+    def correction_dim(rotations: float) -> float:  # the dim that turns `rotations` times
+        return (dim * math.log(old_len / (rotations * 2 * math.pi))) / (2 * math.log(theta))
+
+    low, high = correction_dim(beta_fast), correction_dim(beta_slow)
+    if rope_scaling.get("truncate", True):
+        low, high = math.floor(low), math.ceil(high)
+    low, high = max(low, 0), min(high, dim - 1)
+    if low == high:
+        high += 0.001  # transformers' guard against dividing by zero
+    ramp = (torch.arange(dim // 2, dtype=torch.float32, device="cpu") - low) / (high - low)
+    extrapolated = 1 - torch.clamp(ramp, 0, 1)  # (rd/2,) 1: keep, 0: interpolate
+    pos_freqs = theta ** (torch.arange(0, dim, 2, device="cpu").float() / dim)  # (rd/2,)
+    return (1.0 / (factor * pos_freqs)) * (1 - extrapolated) + (1.0 / pos_freqs) * extrapolated
+
+
+def rope_attention_factor(rope_scaling: Mapping[str, Any] | None) -> float:
+    """What transformers multiplies cos and sin by (its rotary classes' `attention_scaling`),
+    so every rotated q and k: 1.0 but for yarn, whose attention_factor is given or derived
+    from factor (and mscale / mscale_all_dim when both are set), as in
+    `_compute_yarn_parameters`."""
+    check_rope_scaling(rope_scaling)
+    if rope_scaling is None or rope_scaling.get("rope_type",
+                                                rope_scaling.get("type")) != "yarn":
+        return 1.0
+    given = rope_scaling.get("attention_factor")
+    if given is not None:
+        return float(given)
+    factor = rope_scaling["factor"]
+    mscale, mscale_all_dim = rope_scaling.get("mscale"), rope_scaling.get("mscale_all_dim")
+    if mscale and mscale_all_dim:
+        return float(_mscale(factor, mscale) / _mscale(factor, mscale_all_dim))
+    return _mscale(factor)
+
+
+def _mscale(scale: float, mscale: float = 1) -> float:
+    """YaRN's attention temperature for a context `scale` times longer (transformers'
+    `get_mscale`, the same expression)."""
+    if scale <= 1:
+        return 1.0
+    return 0.1 * mscale * math.log(scale) + 1.0
 
 
 class Rotary:
@@ -261,20 +353,26 @@ class Rotary:
     ) -> None:
         self.dims = int(head_size * rotary_pct)  # rd
         self.inv_freq = rope_inv_freq(self.dims, theta, rope_scaling)  # (rd/2,)
+        # cos and sin are multiplied by it, as transformers does: yarn's attention factor
+        self.attention_factor = rope_attention_factor(rope_scaling)
         # inv_freq per device, copied once: a host-to-device copy in every forward could not
         # be captured in a CUDA graph (compiled decode, the graphed training step)
         self._on: dict[torch.device, Tensor] = {}
 
     def cos_sin(self, positions: Tensor) -> tuple[Tensor, Tensor]:
         """positions (B or 1, T) -> cos, sin (B or 1, 1, T, rd) in float32, broadcasting over
-        heads: Hugging Face's `cat((freqs, freqs))` layout."""
+        heads: Hugging Face's `cat((freqs, freqs))` layout, times the attention factor. Every
+        path that rotates q and k (explicit, fused, traced, the decode step, the compiled
+        decode) takes them from here."""
         device = positions.device
         inv_freq = self._on.get(device)
         if inv_freq is None:
             inv_freq = self._on[device] = self.inv_freq.to(device)
         freqs = positions[:, None, :, None].float() * inv_freq  # (B, 1, T, rd/2)
         emb = torch.cat((freqs, freqs), dim=-1)  # (B, 1, T, rd)
-        return emb.cos(), emb.sin()
+        if self.attention_factor == 1.0:  # all but yarn: skip two multiplications by 1
+            return emb.cos(), emb.sin()
+        return emb.cos() * self.attention_factor, emb.sin() * self.attention_factor
 
 
 def rotate_half(x: Tensor) -> Tensor:
