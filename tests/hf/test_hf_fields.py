@@ -300,6 +300,21 @@ def test_the_rope_parameters_theta_wins_over_a_top_level_rope_theta() -> None:
     assert config_from_hf(fields).rope_theta == expected == 500000.0
 
 
+@pytest.mark.parametrize("rope", [{"rope_type": "default", "rope_theta": 10000.0},
+                                  {"rope_type": "linear", "rope_theta": 10000.0, "factor": 2.0}])
+def test_a_top_level_original_length_is_ignored_where_transformers_ignores_it(
+        rope: dict[str, Any]) -> None:
+    """A top-level original_max_position_embeddings (Phi-3 style; kept by converted
+    configs) feeds only llama3, yarn and longrope in transformers: beside default or linear
+    RoPE it changes nothing, so it loads rather than being refused as an unknown field."""
+    fields = hf_dict("Llama", **SMALL, rope_parameters=rope)
+    plain = config_from_hf(fields)
+    fields["original_max_position_embeddings"] = 8
+    hf = transformers.LlamaConfig(**fields)
+    assert "original_max_position_embeddings" not in hf.rope_parameters
+    assert config_from_hf(fields) == plain
+
+
 def _without_layer_types(fields: dict[str, Any]) -> dict[str, Any]:
     return {k: v for k, v in fields.items() if k != "layer_types"}
 

@@ -198,6 +198,8 @@ def rope_from_hf(
                             "as transformers does")
     if "original_max_position_embeddings" in _ROPE_KEYS[kind]:
         _original_length(fields, rope, max_positions)
+    else:  # transformers reads a top-level one for llama3, yarn and longrope only
+        fields.get("original_max_position_embeddings")
     for key in sorted(_ROPE_KEYS[kind] - set(rope)):
         raise fields.refuse(f"{source}.{key}", None, f"rope_type {kind!r} needs it")
     partial = rope.get("partial_rotary_factor")
