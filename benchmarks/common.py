@@ -136,8 +136,12 @@ def describe_machine(m: dict[str, Any]) -> str:
     shared = f"; 1-min load {load:.1f} at start (shared machine)" if load is not None else ""
     kernel = f", float32 linears through {m['linear_kernel']}" if "linear_kernel" in m else ""
     if m.get("gpu"):  # a GPU suite (gpu_common.gpu_machine): the GPU first, its host after
-        return (f"{m['gpu']} ({m.get('gpu_memory_gib')} GiB, CUDA {m.get('cuda')}), torch "
-                f"{m['torch']}, host {m['cpu']} ({m['cores']} cores), Python {m['python']}")
+        # an early gpu.json recorded neither the memory nor the CUDA version
+        known = [f"{m['gpu_memory_gib']} GiB" if m.get("gpu_memory_gib") else "",
+                 f"CUDA {m['cuda']}" if m.get("cuda") else ""]
+        about = f" ({', '.join(part for part in known if part)})" if any(known) else ""
+        return (f"{m['gpu']}{about}, torch {m['torch']}, host {m['cpu']} ({m['cores']} "
+                f"cores), Python {m['python']}")
     return (f"{m['cpu']} ({m['cores']} cores{isa}), torch {m['torch']}{kernel}, "
             f"Python {m['python']}{shared}")
 
