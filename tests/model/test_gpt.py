@@ -128,6 +128,8 @@ def test_ids_of_the_wrong_shape_or_dtype_are_told_their_fix() -> None:
     with pytest.raises(ValueError, match=r"idx must be .*torch.float32 of shape \(1, 4\); "
                        "pass the tokenizer's ids as torch.long"):
         model(torch.zeros(1, 4))
+    with pytest.raises(ValueError, match=r"\(4,\); pass the tokenizer's ids as torch.long"):
+        model(torch.zeros(4))  # floats in one row: a batch dimension alone would not do
     with pytest.raises(ValueError, match=r"idx has no tokens \(T=0\)"):
         model(torch.zeros(1, 0, dtype=torch.long))
 

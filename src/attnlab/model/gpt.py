@@ -440,7 +440,8 @@ def check_id_batch(ids: Tensor, name: str) -> None:
     """Raise ValueError unless `ids` (`name` in the message) is a batch of token ids: a
     (B, T) int64 or int32 tensor with T >= 1. Reads no values (`check_token_ids` does)."""
     if ids.dim() != 2 or ids.dtype not in (torch.int64, torch.int32):
-        fix = (f"add a batch dimension with {name}[None]" if ids.dim() == 1
+        integer = ids.dtype in (torch.int64, torch.int32)
+        fix = (f"add a batch dimension with {name}[None]" if ids.dim() == 1 and integer
                else "pass the tokenizer's ids as torch.long, one row per sequence")
         raise ValueError(f"{name} must be a (B, T) integer tensor of token ids, got "
                          f"{ids.dtype} of shape {tuple(ids.shape)}; {fix}")
