@@ -14,6 +14,7 @@ import io
 import re
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -64,6 +65,30 @@ def test_a_prompts_prefill_is_counted_before_the_prompt_is_echoed(
     assert _counts(shown, "prefilled", "block") == ["1/2", "2/2"]
     assert shown.index("prefilled 2/2 blocks") < shown.index("the fox")
     assert re.search(r"^the fox.{3}\n\[3 new tokens in ", shown, flags=re.M), shown
+
+
+def test_compile_is_said_and_done_before_the_prompt_is_echoed(
+        checkpoint: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """--compile compiled at the second token: GPT-2 small's stream stopped after its first
+    token for 24 s on a CPU. Now a line says so and the compile runs before the echo."""
+    screen = _screen(monkeypatch)
+    import attnlab.model.compiled_decode as compiled_mod
+
+    seen_then: list[str] = []  # the screen when the compiled step first runs
+
+    def compile(fn: Any, **options: Any) -> Any:
+        def first_call(*args: Any) -> Any:
+            if not seen_then:
+                seen_then.append(screen.getvalue())
+            return fn(*args)
+        return first_call
+
+    monkeypatch.setattr(compiled_mod.torch, "compile", compile)
+    assert main(["generate", str(checkpoint), "the fox", "--max-new-tokens", "4",
+                 "--temperature", "0", "--compile"]) == 0
+    assert seen_then and seen_then[0].endswith(
+        "[compiling the decode step: tens of seconds on a CPU]\n")
+    assert "the fox" not in seen_then[0] and "the fox" in screen.getvalue()
 
 
 def test_a_prompt_files_batches_count_their_prefill_and_tokens(
@@ -126,7 +151,8 @@ def test_inspect_counts_its_figures_and_attention_json_in_a_log(
                  "--format", "png,svg,pdf"]) \
         == 0
     shown = screen.getvalue()
-    assert "drawing  9 figures as png, svg, pdf" in shown  # the grid, 4 heads' weights, rows
+    # the grid, 4 heads' weights and rows; the grid first, one figure that takes longest
+    assert "drawing  9 figures as png, svg, pdf (first the grid of 4 heads)\n" in shown
     assert _counts(shown, "drew", "figure") == [f"{i}/9" for i in range(1, 10)]
     assert _counts(shown, "wrote attention.json", "head") == ["1/4", "2/4", "3/4", "4/4"]
     assert shown.index("drew 9/9") < shown.index("4/4 heads") < shown.index("text     7 tokens")

@@ -4,9 +4,8 @@ CHECKPOINT is an attnlab checkpoint directory or a Hugging Face model directory 
 `attnlab.hf` supports (config.json + model.safetensors, with tokenizer.json). One prompt
 streams to stdout as its tokens come; `--prompt-file` runs many prompts as left-padded
 batches and prints each completion once its batch is done. Timing goes to stderr, so
-stdout holds only text, and so does progress: a long prompt's prefill (before the prompt
-is echoed, so a bar never shares the streamed text's line), a batch's tokens, the packing
-of --weights float16 (cli/progress.py).
+stdout holds only text, and so does progress (a prefill, before the echo; a batch's tokens;
+--weights float16 packing).
 """
 
 from __future__ import annotations
@@ -241,7 +240,7 @@ def run(args: argparse.Namespace) -> int:
             if args.prompt_file is None:
                 streamed = completions(prompts)  # checks the request before the prompt is echoed
                 produced = _stream(streamed, shown[0] + "\n" if args.chat else shown[0],
-                                   model)
+                                   model, args.compile)
             else:
                 produced = _print_batches(completions, prompts, shown, args, model,
                                           max_new_tokens)
@@ -450,16 +449,21 @@ def _ablation(heads_text: str | None, config: Any) -> Any:
     return ablate(heads)
 
 
-def _stream(streamed: TextPieces, echo: str, model: Any) -> int:
+def _stream(streamed: TextPieces, echo: str, model: Any, compiled: bool = False) -> int:
     """Write `echo`, then one completion's text to stdout as it comes: the tokens made.
-    The prefill runs first, its blocks counted on stderr (a long prompt on a large model
-    takes minutes on a CPU), so the echo follows the bar rather than share its line."""
+    The prefill runs first, its blocks counted on stderr (a long prompt on a large model:
+    minutes on a CPU), so the bar never shares the echo's line; with `compiled` the second
+    token too, whose step compiles (GPT-2 small on a CPU: 10-24 s after the first token)."""
     steps = iter(streamed)
     with blocks_shown(model, "prefilled"):
         first = next(steps, None)  # the prefill and the first new token
+    held = [] if first is None else [first]
+    if compiled and first is not None:
+        print("[compiling the decode step: tens of seconds on a CPU]", file=sys.stderr, flush=True)
+        held += [] if (second := next(steps, None)) is None else [second]
     sys.stdout.write(echo)
     sys.stdout.flush()
-    for pieces in itertools.chain([] if first is None else [first], steps):
+    for pieces in itertools.chain(held, steps):
         if pieces[0]:
             sys.stdout.write(pieces[0])
             sys.stdout.flush()

@@ -106,13 +106,17 @@ def parse_what(text: str) -> list[str]:
     return kinds
 
 
-def _figure_bar(n: int, formats: list[str]) -> Any:
+def _figure_bar(n: int, formats: list[str], grid_heads: int = 0) -> Any:
     """A `Counter` of the figures drawn, when there are enough to wait for (24 files or
     more: docs/performance.md#figures), after one line on stderr saying so: a bar on a
-    terminal, a line every few seconds in a log (which had nothing for minutes)."""
+    terminal, a line every few seconds in a log (which had nothing for minutes).
+    grid_heads: the heads of a grid drawn first, named in the line (one figure, but 512
+    heads of a 1B model took 24 s before the bar's first step)."""
     many = n * len(formats) >= 24
     if many:
-        print(f"drawing  {n} figures as {', '.join(formats)}", file=sys.stderr, flush=True)
+        grid = f" (first the grid of {grid_heads} heads)" if grid_heads > 1 else ""
+        print(f"drawing  {n} figures as {', '.join(formats)}{grid}", file=sys.stderr,
+              flush=True)
     return Counter("figure", "drew", delay_s=0.0) if many else None
 
 
@@ -349,7 +353,7 @@ def _draw(kinds: list[str], formats: list[str], out: Path, trace: Any, c: Any,
     # future): hatched in the figures, not drawn as weight 0
     may_attend = {la: trace.may_attend(la) for la in layers}  # (T, S) each
     n_figures = sum(len(pairs) if k not in ("embeddings", "grid") else 1 for k in kinds)
-    bar = _figure_bar(n_figures, formats)
+    bar = _figure_bar(n_figures, formats, len(pairs) if kinds[:1] == ["grid"] else 0)
 
     def save(fig: Any, stem: str, close: bool = True) -> None:
         written.extend(viz.save_figure(fig, out / stem, formats, close=close))
