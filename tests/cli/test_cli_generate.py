@@ -290,8 +290,8 @@ def test_float16_weights_generate_what_the_rounded_model_does(
     path, model, tokenizer = checkpoint
     real, halved = decode_mod.half_weights, []
 
-    def spy(m: GPT) -> GPT:  # the model the command generates with
-        halved.append(real(m))
+    def spy(m: GPT, progress: Any = None) -> GPT:  # the model the command generates with
+        halved.append(real(m, progress))
         return m
 
     monkeypatch.setattr(decode_mod, "half_weights", spy)

@@ -162,3 +162,18 @@ def test_a_stop_request_is_said_at_once_with_how_to_quit() -> None:
     assert stream.getvalue() == (
         "\nSIGINT: stopping after this step, then saving a checkpoint (Ctrl-C again: quit "
         "now)\n\nSIGTERM: stopping after this step, then saving a checkpoint\n")
+
+
+def test_a_counters_delay_counts_from_its_start_and_its_bar_names_the_work() -> None:
+    """A model whose first tensor took 2.3 s to load showed its bar only 2 s after that
+    (the delay counted from the first call), as a bare "30/146 [...]"; now the bar comes at
+    the first call past the delay, and says what it counts."""
+    import time
+
+    term = Terminal()
+    counter = Counter("tensor", "loaded", stream=term, delay_s=0.05)
+    time.sleep(0.1)  # the first tensor, longer than the delay
+    counter(1, 146)
+    drawn = term.getvalue()
+    assert "loaded:" in drawn and "/146 [" in drawn, drawn  # drawn at once
+    counter.close()

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import re
+import sys
 import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -19,10 +20,12 @@ from .common import (
     CLIError,
     add_checkpoint_argument,
     add_force_flag,
+    count,
     load_opened,
     open_model,
 )
 from .outputs import written_together
+from .progress import Counter
 
 if TYPE_CHECKING:
     from ..model.memory import Use
@@ -110,9 +113,11 @@ def run(args: argparse.Namespace) -> int:
     ckpt = load_opened(args, opened, [_shard_use(opened, family, args.max_shard_size)])
     # written beside OUT's files, then moved in with the earlier export's removed: a run
     # stopped halfway leaves the earlier export whole, not its tokenizer beside new weights
-    with written_together(out, "export", replacing=exported_files) as stage:
+    _say_writing(ckpt.model, family, args.max_shard_size)
+    with written_together(out, "export", replacing=exported_files) as stage, \
+            Counter("shard", "wrote", delay_s=0.0) as progress:
         save_hf(stage, ckpt.model, ckpt.tokenizer, family=family,
-                max_shard_size=args.max_shard_size)
+                max_shard_size=args.max_shard_size, progress=progress)
         architecture = read_hf_config(stage)["architectures"][0]
         files = sorted(p.name for p in stage.iterdir())  # this export's, not OUT's others
     shards = [name for name in files if SHARD_FILE.fullmatch(name)]
@@ -124,6 +129,25 @@ def run(args: argparse.Namespace) -> int:
     print(f"next     attnlab info {out}\n"
           f"         transformers.AutoModelForCausalLM.from_pretrained({str(out)!r})")
     return 0
+
+
+#: a model of this many bytes or more takes seconds to write: a line on stderr says so first
+WRITING_LINE_BYTES = 10**9
+
+
+def _say_writing(model: Any, family: str, max_shard_size: int) -> None:
+    """One line on stderr before a large model's weights are written (a 1B model in float32:
+    ~10 s with nothing else on the screen); each shard's progress follows (`save_hf`'s)."""
+    from ..hf import hf_layout
+    from ..hf.files import shards_of
+    from ..model.memory import gb
+
+    sizes = {name: t.numel() * t.element_size() for name, t in hf_layout(model, family).items()}
+    total = sum(sizes.values())
+    if total >= WRITING_LINE_BYTES:
+        shards = len(shards_of(sizes, max_shard_size))
+        print(f"writing  {gb(total)} of weights as {count(shards, 'file')}", file=sys.stderr,
+              flush=True)
 
 
 def exported_files(out: Path) -> list[str]:

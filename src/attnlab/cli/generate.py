@@ -4,12 +4,14 @@ CHECKPOINT is an attnlab checkpoint directory or a Hugging Face model directory 
 `attnlab.hf` supports (config.json + model.safetensors, with tokenizer.json). One prompt
 streams to stdout as its tokens come; `--prompt-file` runs many prompts as left-padded
 batches and prints each completion once its batch is done. Timing goes to stderr, so
-stdout holds only text.
+stdout holds only text, and so does progress (a prefill, before the echo; a batch's tokens;
+--weights float16 packing).
 """
 
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import sys
 import time
@@ -31,6 +33,7 @@ from .common import (
     out_of_memory,
     unescape,
 )
+from .progress import Counter, blocks_shown
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -236,9 +239,11 @@ def run(args: argparse.Namespace) -> int:
         with cpu_memory_errors():
             if args.prompt_file is None:
                 streamed = completions(prompts)  # checks the request before the prompt is echoed
-                produced = _stream(streamed, shown[0] + "\n" if args.chat else shown[0])
+                produced = _stream(streamed, shown[0] + "\n" if args.chat else shown[0],
+                                   model, args.compile)
             else:
-                produced = _print_batches(completions, prompts, shown, args)
+                produced = _print_batches(completions, prompts, shown, args, model,
+                                          max_new_tokens)
     except KeyboardInterrupt:
         sys.stdout.write("\n")  # the shell's prompt on a line of its own
         raise
@@ -385,7 +390,8 @@ def _load_model(args: argparse.Namespace, opened: Any, rows: int, length: int) -
     warn_if_slow_bf16(args.dtype, model.wte.weight.device)
     if args.weights == "float16":
         began = time.perf_counter()
-        half_weights(model)
+        with Counter("tensor", "float16 packing", delay_s=2.0) as progress:
+            half_weights(model, progress=progress)  # a 1B model: a minute on 2 cores
         print(f"[float16 weights packed in {time.perf_counter() - began:.1f} s]", file=sys.stderr)
     return model
 
@@ -443,11 +449,21 @@ def _ablation(heads_text: str | None, config: Any) -> Any:
     return ablate(heads)
 
 
-def _stream(streamed: TextPieces, echo: str) -> int:
-    """Write `echo`, then one completion's text to stdout as it comes: the tokens made."""
+def _stream(streamed: TextPieces, echo: str, model: Any, compiled: bool = False) -> int:
+    """Write `echo`, then one completion's text to stdout as it comes: the tokens made.
+    The prefill runs first, its blocks counted on stderr (a long prompt on a large model:
+    minutes on a CPU), so the bar never shares the echo's line; with `compiled` the second
+    token too, whose step compiles (GPT-2 small on a CPU: 10-24 s after the first token)."""
+    steps = iter(streamed)
+    with blocks_shown(model, "prefilled"):
+        first = next(steps, None)  # the prefill and the first new token
+    held = [] if first is None else [first]
+    if compiled and first is not None:
+        print("[compiling the decode step: tens of seconds on a CPU]", file=sys.stderr, flush=True)
+        held += [] if (second := next(steps, None)) is None else [second]
     sys.stdout.write(echo)
     sys.stdout.flush()
-    for pieces in streamed:
+    for pieces in itertools.chain(held, steps):
         if pieces[0]:
             sys.stdout.write(pieces[0])
             sys.stdout.flush()
@@ -456,16 +472,26 @@ def _stream(streamed: TextPieces, echo: str) -> int:
 
 
 def _print_batches(completions: Callable[[list[str], int], TextPieces],
-                   prompts: list[str], shown: list[str], args: argparse.Namespace) -> int:
+                   prompts: list[str], shown: list[str], args: argparse.Namespace,
+                   model: Any, max_new_tokens: int) -> int:
     """Run the prompts in batches of --batch-size, printing each completion once its batch
-    is done: the tokens made (a row's pads after its stop id not counted)."""
+    is done: the tokens made (a row's pads after its stop id not counted). Meanwhile stderr
+    counts the batch's prefill blocks, then its steps (max_new_tokens at most)."""
     produced = 0
     for first in range(0, len(prompts), args.batch_size):
         batch = prompts[first:first + args.batch_size]
         texts = [""] * len(batch)
         streamed = completions(batch, first)
-        for pieces in streamed:
-            texts = [t + p for t, p in zip(texts, pieces, strict=True)]
+        steps = iter(streamed)
+        with blocks_shown(model, "prefilled"):
+            pieces = next(steps, None)
+        done = 0
+        with Counter("token", "generated", delay_s=2.0) as progress:
+            while pieces is not None:
+                texts = [t + p for t, p in zip(texts, pieces, strict=True)]
+                done += 1
+                progress(done, max_new_tokens)
+                pieces = next(steps, None)
         produced += sum(streamed.made)
         for i, completion in enumerate(texts):
             print(f"=== prompt {first + i + 1}/{len(prompts)}")

@@ -23,6 +23,7 @@ from .common import (
     text_ids,
 )
 from .outputs import add_out_argument, write_json_and_figure
+from .progress import blocks_shown
 
 MIN_INDUCTION = 0.1  # a best induction score below this: no induction heads to ablate
 
@@ -55,7 +56,8 @@ def run(args: argparse.Namespace) -> int:
     name = ckpt.meta.get("dataset")
     dataset = load_dataset(name) if name in TASKS else None
     ids, probe = _probe(args, ckpt, dataset)
-    scores = detect_heads(model, ids.to(model.wte.weight.device))
+    with blocks_shown(model, "traced"):  # a large model on a CPU: a minute
+        scores = detect_heads(model, ids.to(model.wte.weight.device))
     ranked = rank_heads(scores["induction"])
     print(f"probe: {probe}")
     if args.text is None and name is None:  # a task model's copy ranks differently on these

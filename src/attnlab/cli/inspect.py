@@ -35,7 +35,7 @@ from .common import (
 )
 from .inspect_files import AttentionRecord, list_files, move_in
 from .outputs import staging
-from .progress import blocks_shown
+from .progress import Counter, blocks_shown
 
 #: what -> (trace names it needs, description for --help)
 WHAT: dict[str, tuple[tuple[str, ...], str]] = {
@@ -106,16 +106,18 @@ def parse_what(text: str) -> list[str]:
     return kinds
 
 
-def _figure_bar(n: int, formats: list[str]) -> Any:
-    """A tqdm bar over the figures on a terminal, when there are enough to wait for (24
-    files or more: docs/performance.md#figures), after one line on stderr saying so."""
-    from tqdm import tqdm
-
+def _figure_bar(n: int, formats: list[str], grid_heads: int = 0) -> Any:
+    """A `Counter` of the figures drawn, when there are enough to wait for (24 files or
+    more: docs/performance.md#figures), after one line on stderr saying so: a bar on a
+    terminal, a line every few seconds in a log (which had nothing for minutes).
+    grid_heads: the heads of a grid drawn first, named in the line (one figure, but 512
+    heads of a 1B model took 24 s before the bar's first step)."""
     many = n * len(formats) >= 24
     if many:
-        print(f"drawing  {n} figures as {', '.join(formats)}", file=sys.stderr, flush=True)
-    return tqdm(total=n, unit="figure", file=sys.stderr, leave=False,
-                disable=not (many and sys.stderr.isatty()))
+        grid = f" (first the grid of {grid_heads} heads)" if grid_heads > 1 else ""
+        print(f"drawing  {n} figures as {', '.join(formats)}{grid}", file=sys.stderr,
+              flush=True)
+    return Counter("figure", "drew", delay_s=0.0) if many else None
 
 
 def _pick(given: list[int] | None, n: int, flag: str) -> list[int]:
@@ -193,7 +195,8 @@ def run(args: argparse.Namespace) -> int:
                         query=None if args.query is None else query,
                         scale=c.score_scale, title=f"attnlab inspect · {args.text[:40]}")
             written.append(view.save(stage / "attention.html"))
-        written, stale = move_in(out, stage, record, [p.name for p in written])
+        with Counter("head", "wrote attention.json", delay_s=2.0) as progress:
+            written, stale = move_in(out, stage, record, [p.name for p in written], progress)
 
     print(f"text     {count(T, 'token')}: {' '.join(repr(t) for t in tokens[:16])}"
           + (" …" if T > 16 else ""))
@@ -350,11 +353,12 @@ def _draw(kinds: list[str], formats: list[str], out: Path, trace: Any, c: Any,
     # future): hatched in the figures, not drawn as weight 0
     may_attend = {la: trace.may_attend(la) for la in layers}  # (T, S) each
     n_figures = sum(len(pairs) if k not in ("embeddings", "grid") else 1 for k in kinds)
-    bar = _figure_bar(n_figures, formats)
+    bar = _figure_bar(n_figures, formats, len(pairs) if kinds[:1] == ["grid"] else 0)
 
     def save(fig: Any, stem: str, close: bool = True) -> None:
         written.extend(viz.save_figure(fig, out / stem, formats, close=close))
-        bar.update(1)
+        if bar is not None:
+            bar(len(written) // len(formats), n_figures)
 
     for kind in kinds:
         if kind == "embeddings":
@@ -379,7 +383,8 @@ def _draw(kinds: list[str], formats: list[str], out: Path, trace: Any, c: Any,
                 fig, stem = _head_figure(kind, fig, head_of, la, h, tokens, query, c.score_scale,
                                          group, may_attend[la])
                 save(fig, stem, close=i == len(pairs) - 1)
-    bar.close()
+    if bar is not None:
+        bar.close()
     # a closed figure's images (the grid's: a trace's worth) live in reference cycles until
     # a collection: free them before attention.json and the page are written
     gc.collect()

@@ -18,6 +18,7 @@ from .common import (
     text_ids,
 )
 from .outputs import add_out_argument, write_json_and_figure
+from .progress import Counter, blocks_shown
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
@@ -52,7 +53,10 @@ def run(args: argparse.Namespace) -> int:
     if args.mid and why:
         raise CLIError(f"--mid reads each layer between its attention and its MLP, and this "
                        f"model has nothing there, as {why}; leave out --mid")
-    lens = lens_table(model, tok, ids, args.top_k, mid=args.mid)
+    # the trace, then each row's logits over the vocabulary: on a CPU, a large model over a
+    # long text spends seconds on each
+    with blocks_shown(model, "traced"), Counter("row", "read", delay_s=2.0) as progress:
+        lens = lens_table(model, tok, ids, args.top_k, mid=args.mid, progress=progress)
     probs, names, words = lens.probs, lens.layers, lens.texts  # probs (L + 1, T, k)
     tokens = tok.token_texts(ids)
     print("position token  " + "  ".join(f"{n:>14s}" for n in names))

@@ -115,19 +115,25 @@ class Progress:
             self.bar.close()
 
 
+#: how often a `Counter` prints its plain line where there is no bar (a log, a pipe)
+LINE_INTERVAL_S = 10.0
+
+
 class Counter:
     """Progress of long work other than training (`attnlab patch`'s corrupted runs, loading
     a model), called as (done, total): a tqdm bar on a sized terminal once the work has
-    taken `delay_s`, else a plain line on `stream` every `interval_s` seconds with the time
-    left (work shorter than either shows nothing); `close()` when the work ends, or use it
-    as `with Counter(...) as progress:`."""
+    taken `delay_s` (from the Counter's start), named by `verb`, else a plain line on
+    `stream` every `interval_s` seconds with the time left (work shorter than either shows
+    nothing); `close()` when the work ends, or use it as `with Counter(...) as progress:`."""
 
     def __init__(self, unit: str, verb: str, *, stream: TextIO | None = None,
-                 interval_s: float = 10.0, delay_s: float = 1.0, scale: bool = False) -> None:
+                 interval_s: float | None = None, delay_s: float = 1.0,
+                 scale: bool = False) -> None:
         self.unit, self.verb = unit, verb  # "run", "patched"
         self.scale = scale  # the bar's counts as 2.63M/11.2M (millions of characters)
         self.stream = stream or sys.stderr
-        self.interval_s, self.delay_s = interval_s, delay_s
+        self.interval_s = LINE_INTERVAL_S if interval_s is None else interval_s
+        self.delay_s = delay_s
         self.bar: Any = None
         self._terminal = _sized_terminal(self.stream)
         self._started = self._last_line = time.monotonic()
@@ -137,9 +143,13 @@ class Counter:
             if self.bar is None:
                 from tqdm import tqdm
 
-                self.bar = tqdm(total=total, unit=self.unit, dynamic_ncols=True,
-                                file=self.stream, leave=False, delay=self.delay_s,
-                                unit_scale=self.scale)
+                # the delay counts from this Counter's start, not the first call's: work
+                # whose first unit is long (a model's first tensor, a prefill's first
+                # block) shows its bar at the next call after `delay_s`, not `delay_s` later
+                waited = time.monotonic() - self._started
+                self.bar = tqdm(total=total, desc=self.verb, unit=self.unit, dynamic_ncols=True,
+                                file=self.stream, leave=False,
+                                delay=max(0.0, self.delay_s - waited), unit_scale=self.scale)
             self.bar.update(done - self.bar.n)
             return
         now = time.monotonic()

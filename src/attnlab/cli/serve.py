@@ -18,6 +18,7 @@ from .common import (
     count,
     load_model,
 )
+from .progress import Counter
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
@@ -59,8 +60,9 @@ def run(args: argparse.Namespace) -> int:
 
     check_weights_flag(args)
     checkpoint = load_model(args)  # an attnlab checkpoint or a Hugging Face dir
-    if args.weights == "float16":
-        half_weights(checkpoint.model)  # packed once, before the first request
+    if args.weights == "float16":  # packed once, before the first request
+        with Counter("tensor", "float16 packing", delay_s=2.0) as progress:
+            half_weights(checkpoint.model, progress=progress)
     app = create_app(checkpoint.model, checkpoint.tokenizer, checkpoint.meta, config)
     c = checkpoint.model.config
     sock = _bind(args.host, args.port)  # before the banner: a port in use is one line

@@ -273,7 +273,8 @@ def load_hf_checkpoint(
 
 
 def save_hf(path: str | Path, model: GPT, tokenizer: Tokenizer | None = None, *,
-            family: Family | str | None = None, max_shard_size: int = MAX_SHARD_SIZE) -> Path:
+            family: Family | str | None = None, max_shard_size: int = MAX_SHARD_SIZE,
+            progress: Progress | None = None) -> Path:
     """Write config.json + the weights (+ the tokenizer's files) so that transformers'
     `AutoModelForCausalLM.from_pretrained(path)` loads the same model.
 
@@ -287,7 +288,8 @@ def save_hf(path: str | Path, model: GPT, tokenizer: Tokenizer | None = None, *,
     (model-00001-of-0000N.safetensors and model.safetensors.index.json), made and written
     one at a time: the export holds one shard's worth of tensors beside the model at most
     (the tensors Hugging Face lays out otherwise: transposes, joined q/k/v), never a copy of
-    the whole model (docs/models.md#export)."""
+    the whole model (docs/models.md#export). progress: called as (shards written, shards)
+    after each."""
     if not isinstance(model, GPT):
         raise TypeError(f"save_hf(path, model, tokenizer): model is a {type(model).__name__}, "
                         "not an attnlab GPT (the directory comes first)")
@@ -308,7 +310,7 @@ def save_hf(path: str | Path, model: GPT, tokenizer: Tokenizer | None = None, *,
         else []
     directory = Path(path)
     write_hf_dir(directory, config, family.weights.iter_to_hf(state, model.config), sizes,
-                 tokenizer, sources, max_shard_size=max_shard_size)
+                 tokenizer, sources, max_shard_size=max_shard_size, progress=progress)
     return directory
 
 

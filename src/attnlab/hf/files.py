@@ -22,7 +22,7 @@ import math
 import re
 import shutil
 import warnings
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -211,12 +211,13 @@ def _skipping_data() -> contextlib.AbstractContextManager[None]:
 def write_hf_dir(directory: Path, config: dict[str, Any],
                  weights: Iterable[tuple[str, Tensor]], sizes: Mapping[str, int],
                  tokenizer: Tokenizer | None, copy_from: Sequence[Path] = (), *,
-                 max_shard_size: int = MAX_SHARD_SIZE) -> list[str]:
-    """config.json + the weights (`write_weights`), the tokenizer's tokenizer.json, and the
-    tokenizer files (TOKENIZER_FILES) of the directories in `copy_from` that have them; the
-    names of the weight files written."""
+                 max_shard_size: int = MAX_SHARD_SIZE,
+                 progress: Callable[[int, int], None] | None = None) -> list[str]:
+    """config.json + the weights (`write_weights`, with its `progress`), the tokenizer's
+    tokenizer.json, and the tokenizer files (TOKENIZER_FILES) of the directories in
+    `copy_from` that have them; the names of the weight files written."""
     directory.mkdir(parents=True, exist_ok=True)
-    written = write_weights(directory, weights, sizes, max_shard_size)
+    written = write_weights(directory, weights, sizes, max_shard_size, progress)
     (directory / CONFIG_FILE).write_text(json.dumps(config, indent=2))
     copied = set()  # the source's own files (a directory written over itself keeps them)
     for source in copy_from:
@@ -275,14 +276,16 @@ def shard_files(count: int) -> list[str]:
 
 
 def write_weights(directory: Path, weights: Iterable[tuple[str, Tensor]],
-                  sizes: Mapping[str, int], max_shard_size: int = MAX_SHARD_SIZE) -> list[str]:
+                  sizes: Mapping[str, int], max_shard_size: int = MAX_SHARD_SIZE,
+                  progress: Callable[[int, int], None] | None = None) -> list[str]:
     """Write `weights` (name, tensor), which come in the order and sizes of `sizes`, as
     safetensors shards of at most `max_shard_size` bytes each (a larger tensor alone), and
     model.safetensors.index.json after them; one model.safetensors when all fit in one.
     Only one shard's tensors are held at a time: `weights` may make each as it is asked for
     (`WeightMap.iter_to_hf`), so an export holds one shard beside the model, not a copy of
     it. Weight files an earlier export left (another shard count) are removed first, so a
-    reader finds these alone. The names of the files written."""
+    reader finds these alone. The names of the files written. progress: called as (shards
+    written, shards) after each."""
     from safetensors.torch import save_file
 
     groups = shards_of(sizes, max_shard_size)
@@ -299,6 +302,8 @@ def write_weights(directory: Path, weights: Iterable[tuple[str, Tensor]],
             shard[name] = _writable(tensor, shard.values())
         # transformers refuses safetensors files without format metadata
         save_file(shard, str(directory / file), {"format": "pt"})
+        if progress is not None:
+            progress(files.index(file) + 1, len(files))
     if len(files) == 1:
         return files
     index = {"metadata": {"total_size": sum(sizes.values())},

@@ -136,21 +136,26 @@ def logit_lens(model: Any, ids: Tensor, attention_mask: Tensor | None = None, *,
 
 @torch.no_grad()
 def lens_top(model: Any, ids: Tensor, attention_mask: Tensor | None = None, *, k: int = 5,
-             vocab: int | None = None, edits: EditSource | None = None, mid: bool = False
-             ) -> tuple[Tensor, Tensor]:
+             vocab: int | None = None, edits: EditSource | None = None, mid: bool = False,
+             progress: Callable[[int, int], None] | None = None) -> tuple[Tensor, Tensor]:
     """`top_tokens(logit_lens(...), k)` one layer at a time: (probabilities, ids), each
     (n_layer + 1, B, T, k), without the (n_layer + 1, B, T, V) logits (12 layers, a 50,257
     vocabulary, 1,000 tokens: 2.6 GB). vocab: read the first `vocab` logits only (a
     tokenizer with fewer ids than the model's vocabulary). The arguments before `*`, edits
-    and mid are `logit_lens`'s."""
+    and mid are `logit_lens`'s. progress: called as (rows read, rows) after each row's
+    logits (a large vocabulary over a long text: seconds a row on a CPU)."""
     if isinstance(attention_mask, int):  # the order before attention_mask came third
         raise TypeError(f"lens_top(model, ids, {attention_mask}): the third argument is "
                         f"attention_mask; pass k by name (k={attention_mask})")
     if k < 1 or (vocab is not None and vocab < 1):
         raise ValueError(f"lens_top(k={k}, vocab={vocab}): both must be >= 1 (vocab None: "
                          "every logit), else there is no token to return")
-    tops = [top_tokens(_read(model, x)[..., :vocab], k)
-            for x in _streams(model, ids, attention_mask, edits, mid)]
+    streams = _streams(model, ids, attention_mask, edits, mid)
+    tops = []
+    for x in streams:
+        tops.append(top_tokens(_read(model, x)[..., :vocab], k))
+        if progress is not None:
+            progress(len(tops), len(streams))
     return torch.stack([p for p, _ in tops]), torch.stack([i for _, i in tops])
 
 
@@ -165,12 +170,13 @@ class LensTable:
 
 
 def lens_table(model: Any, tokenizer: Any, ids: Sequence[int], k: int, *,
-               mid: bool = False) -> LensTable:
+               mid: bool = False, progress: Callable[[int, int], None] | None = None
+               ) -> LensTable:
     """`lens_top` of one sequence `ids` (T,), its top tokens as text (`token_text`); mid:
-    rows between attention and MLP too (`logit_lens`)."""
+    rows between attention and MLP too (`logit_lens`); progress: `lens_top`'s."""
     idx = torch.tensor([list(ids)], device=model.wte.weight.device)  # (1, T)
-    probs, top_ids = lens_top(model, idx, k=k, vocab=tokenizer.vocab_size,
-                              mid=mid)  # (R, 1, T, k) each
+    probs, top_ids = lens_top(model, idx, k=k, vocab=tokenizer.vocab_size, mid=mid,
+                              progress=progress)  # (R, 1, T, k) each
     probs, top_ids = probs[:, 0], top_ids[:, 0]  # (R, T, k)
     texts = [[[token_text(tokenizer, i) for i in cell] for cell in row]
              for row in top_ids.tolist()]

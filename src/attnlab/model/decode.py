@@ -234,7 +234,10 @@ class DecodeStep:
     `half_weights` makes the model itself.
     """
 
-    def __init__(self, model: GPT, weights: str = "float32") -> None:
+    def __init__(self, model: GPT, weights: str = "float32",
+                 progress: Callable[[int, int], None] | None = None) -> None:
+        """progress: called as (matrices packed, in all) while float16 ones pack, a
+        layer's stacked q/k/v counted as the 3 Linear layers it joins."""
         require_eval(model, "a decode step")
         if weights not in ("float32", "float16"):
             raise ValueError(f"weights={weights!r}: pick 'float32' or 'float16'")
@@ -258,10 +261,20 @@ class DecodeStep:
         if weights == "float16":
             # packing runs outside the GIL: a thread per torch thread, up to 8
             # (docs/performance.md#float16-weights)
+            sizes = [sum(isinstance(m, nn.Linear) for m in block.modules())
+                     for block in model.blocks]
+            total = sum(sizes) + 1  # and the head
             with ThreadPoolExecutor(min(torch.get_num_threads(), 8)) as pool:
                 head = pool.submit(_Packed16.of, self.lm_head)  # the largest first
-                self.layers = list(pool.map(_DecodeLayer.packed16, self.layers))
+                packed = []
+                for layer in pool.map(_DecodeLayer.packed16, self.layers):  # in layer order
+                    packed.append(layer)
+                    if progress is not None:
+                        progress(sum(sizes[:len(packed)]), total)
+                self.layers = packed
                 self.lm_head = head.result()
+            if progress is not None:
+                progress(total, total)
 
     def refresh(self) -> None:
         """Copy the model's q/k/v weights into the stacked matrices again (float32 steps;
@@ -396,7 +409,7 @@ def check_float16_weights(model: GPT) -> None:
         )
 
 
-def half_weights(model: GPT) -> GPT:
+def half_weights(model: GPT, progress: Callable[[int, int], None] | None = None) -> GPT:
     """Round every matrix of `model` to float16 values, in place, and have generation stream
     them as float16: 2 bytes per weight instead of 4 in each decode step. Returns `model`.
 
@@ -411,6 +424,9 @@ def half_weights(model: GPT) -> GPT:
     after this call is no longer float16 values, so call it again to have forward passes
     compute what decode streams. x86 CPUs, float32 models on the CPU
     (`check_float16_weights`).
+
+    progress: called as (done, in all) over every matrix rounded, then every one packed
+    (a minute for a 1B model on 2 cores: the CLI shows it).
     """
     check_float16_weights(model)
     linears = [(name, m) for name, m in model.named_modules() if isinstance(m, nn.Linear)]
@@ -423,12 +439,17 @@ def half_weights(model: GPT) -> GPT:
                     f"{name}.weight holds |w| = {largest:.6g}, beyond float16's largest "
                     f"value {FLOAT16_MAX:g}; keep float32 weights for this model"
                 )
-        for _, module in linears:
+        for i, (_, module) in enumerate(linears):
             memory = _in_memory_order(module.weight)
             memory.copy_(memory.half())  # in place: layout and ties kept
+            if progress is not None:
+                progress(i + 1, 2 * len(linears))
     model.decode_weights = "float16"
     if not (model.training and model.config.dropout > 0):
-        decode_step(model)  # pack now rather than in the first generation
+        # pack now rather than in the first generation
+        n = len(linears)
+        decode_step(model, None if progress is None else
+                    lambda done, total: progress(n + done, n + total))
     return model
 
 
@@ -437,7 +458,8 @@ _STEPS: WeakKeyDictionary[GPT, tuple[tuple[object, ...], DecodeStep]] = WeakKeyD
 
 
 @torch.inference_mode()
-def decode_step(model: GPT) -> DecodeStep:
+def decode_step(model: GPT, progress: Callable[[int, int], None] | None = None
+                ) -> DecodeStep:
     """The `DecodeStep` a generation runs, kept with the model while every parameter is the
     same tensor at the same version and `model.decode_weights` is unchanged, else built again.
 
@@ -448,6 +470,7 @@ def decode_step(model: GPT) -> DecodeStep:
     every in-place change. float16 (a
     model of `half_weights`): the packed step (packing costs seconds), packed again after
     a tracked change; an edit through `.data` goes unseen, so call `half_weights` again.
+    progress: `DecodeStep`'s, where a step is built.
     """
     key = (model.decode_weights, *((p.data_ptr(), p._version) for p in model.parameters()))
     held = _STEPS.get(model)
@@ -456,7 +479,7 @@ def decode_step(model: GPT) -> DecodeStep:
             held[1].refresh()
         return held[1]
     try:
-        step = DecodeStep(model, model.decode_weights)
+        step = DecodeStep(model, model.decode_weights, progress)
     except ValueError as err:
         if model.decode_weights == "float32":
             raise
