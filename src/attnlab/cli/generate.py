@@ -3,9 +3,8 @@
 CHECKPOINT is an attnlab checkpoint directory or a Hugging Face model directory of a family
 `attnlab.hf` supports (config.json + model.safetensors, with tokenizer.json). One prompt
 streams to stdout as its tokens come; `--prompt-file` runs many prompts as left-padded
-batches and prints each completion once its batch is done. Timing goes to stderr, so
-stdout holds only text, and so does progress (a prefill, before the echo; a batch's tokens;
---weights float16 packing).
+batches and prints each completion once its batch is done. Timing and progress (the
+prefill, a batch's tokens, float16 packing) go to stderr, so stdout holds only text.
 """
 
 from __future__ import annotations
@@ -391,7 +390,7 @@ def _load_model(args: argparse.Namespace, opened: Any, rows: int, length: int) -
     if args.weights == "float16":
         began = time.perf_counter()
         with Counter("tensor", "float16 packing", delay_s=2.0) as progress:
-            half_weights(model, progress=progress)  # a 1B model: a minute on 2 cores
+            half_weights(model, progress=progress)  # large models: long enough to show
         print(f"[float16 weights packed in {time.perf_counter() - began:.1f} s]", file=sys.stderr)
     return model
 
@@ -453,13 +452,14 @@ def _stream(streamed: TextPieces, echo: str, model: Any, compiled: bool = False)
     """Write `echo`, then one completion's text to stdout as it comes: the tokens made.
     The prefill runs first, its blocks counted on stderr (a long prompt on a large model:
     minutes on a CPU), so the bar never shares the echo's line; with `compiled` the second
-    token too, whose step compiles (GPT-2 small on a CPU: 10-24 s after the first token)."""
+    token too, whose step compiles on its first call."""
     steps = iter(streamed)
     with blocks_shown(model, "prefilled"):
         first = next(steps, None)  # the prefill and the first new token
     held = [] if first is None else [first]
     if compiled and first is not None:
-        print("[compiling the decode step: tens of seconds on a CPU]", file=sys.stderr, flush=True)
+        print("[compiling the decode step: its first call takes tens of seconds]",
+              file=sys.stderr, flush=True)
         held += [] if (second := next(steps, None)) is None else [second]
     sys.stdout.write(echo)
     sys.stdout.flush()
