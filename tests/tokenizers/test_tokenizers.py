@@ -253,3 +253,17 @@ def test_a_directory_with_no_tokenizer_says_what_would_hold_one(tmp_path: Path) 
     with pytest.raises(FileNotFoundError, match=r"has no tokenizer_config\.json, so it holds no "
                        r"tokenizer: pass a directory Tokenizer\.save wrote"):
         load_tokenizer(tmp_path)
+
+
+def test_pieces_a_word_level_vocabulary_cannot_encode_are_one_clear_error() -> None:
+    """A word-level tokenizer.json with no unknown token: encoding a text in pieces (a
+    training text, train/token_cache.py) raised the Rust side's bare Exception ("Missing
+    [UNK] token from the vocabulary"), a traceback in `attnlab train --init_from`."""
+    tk = pytest.importorskip("tokenizers")
+    backend = tk.Tokenizer(tk.models.WordLevel({"the": 0, "fox": 1}, unk_token="[UNK]"))
+    backend.pre_tokenizer = tk.pre_tokenizers.WhitespaceSplit()
+    tok = HFTokenizer(backend)
+    assert tok.encode_pieces(["the fox", "fox"]) == [[0, 1], [1]]
+    with pytest.raises(ValueError, match=r"cannot encode 'the cat': .*; use only text its "
+                       "vocabulary covers"):
+        tok.encode_pieces(["the fox", "the cat"])

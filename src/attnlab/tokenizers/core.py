@@ -361,7 +361,12 @@ class HFTokenizer(Tokenizer):
             _utf8(self.name, piece)
         # in parallel; encode_batch_fast (tokenizers 0.20+) keeps no offsets
         encode = getattr(self.backend, "encode_batch_fast", self.backend.encode_batch)
-        return [list(encoding.ids) for encoding in encode(list(pieces))]
+        try:
+            return [list(encoding.ids) for encoding in encode(list(pieces))]
+        except Exception:  # the Rust side's bare Exception: `_encode` names the piece
+            for piece in pieces:
+                self._encode(piece, special=True)
+            raise
 
     def encode_continuation(self, text: str) -> list[int]:
         # no post-processor template (Llama 3's tokenizer.json adds <|begin_of_text|>)
