@@ -159,7 +159,8 @@ def test_serve_binds_loopback_unless_told(ckpt: Path, monkeypatch: pytest.Monkey
         import attnlab.model.decode as decode_mod
 
         real, halved = decode_mod.half_weights, []
-        monkeypatch.setattr(decode_mod, "half_weights", lambda m: halved.append(real(m)))
+        monkeypatch.setattr(decode_mod, "half_weights",
+                            lambda m, **kw: halved.append(real(m, **kw)))
         assert main(["serve", str(ckpt), "--port", port, "--weights", "float16"]) == 0
         assert binds[-1] == "127.0.0.1" and halved[0].decode_weights == "float16"
 
