@@ -1,13 +1,17 @@
 """viewer/payloads.py: the texts the viewer starts from fit the model's vocabulary and context; an
-attention payload runs the model only as far as the layers it returns."""
+attention payload runs the model only as far as the layers it returns, and is written as JSON
+a head at a time into json.dumps's very text."""
 
 from __future__ import annotations
+
+import json
 
 import pytest
 
 from attnlab.tokenizers import get_tokenizer
 from attnlab.train.data import TaskDataset
-from attnlab.viewer.payloads import DEFAULT_TEXT, sample_texts
+from attnlab.viewer.payloads import DEFAULT_TEXT, attention_json, attention_payload, sample_texts
+from helpers import make_model
 
 
 def test_a_task_model_starts_from_its_own_example() -> None:
@@ -53,3 +57,13 @@ def test_one_layer_of_attention_runs_the_model_up_to_that_layer() -> None:
     payload = attention_payload(model, tok.encode("The cat sat"), tok, layers=[1], norms=True)
     assert [entry["layer"] for entry in payload["layers"]] == [1]
     assert started == ["block 0", "block 1"]
+
+
+@pytest.mark.parametrize("options", [{}, {"encoding": "float32"}, {"norms": True, "layers": [1]}])
+def test_attention_json_is_json_dumps_text(options: dict[str, object]) -> None:
+    """The server writes /api/attention's answer with attention_json (a head at a time, so
+    its event loop runs between heads): the same text as one json.dumps, quotes and all."""
+    tok = get_tokenizer("byte")  # every character: quotes, a newline, a backslash, é
+    payload = attention_payload(make_model(tok.vocab_size), tok.encode('Say "hé"\n\\'), tok,
+                                **options)  # type: ignore[arg-type]
+    assert attention_json(payload) == json.dumps(payload)

@@ -4,8 +4,12 @@ from __future__ import annotations
 
 import argparse
 import errno
+import logging
+import signal
 import socket
 import sys
+import threading
+from typing import Any
 
 from .common import (
     CLIError,
@@ -49,7 +53,7 @@ def run(args: argparse.Namespace) -> int:
     config = config_from_flags(args, ServeConfig)
 
     try:
-        import uvicorn
+        import uvicorn  # noqa: F401  (here: before the model loads, the message names the fix)
     except ImportError as err:
         raise ImportError(
             f"attnlab serve needs FastAPI and uvicorn ({err.name} is missing); "
@@ -63,7 +67,8 @@ def run(args: argparse.Namespace) -> int:
     if args.weights == "float16":  # packed once, before the first request
         with Counter("tensor", "float16 packing", delay_s=2.0) as progress:
             half_weights(checkpoint.model, progress=progress)
-    app = create_app(checkpoint.model, checkpoint.tokenizer, checkpoint.meta, config)
+    stopping = threading.Event()
+    app = create_app(checkpoint.model, checkpoint.tokenizer, checkpoint.meta, config, stopping)
     c = checkpoint.model.config
     sock = _bind(args.host, args.port)  # before the banner: a port in use is one line
     print(
@@ -74,9 +79,47 @@ def run(args: argparse.Namespace) -> int:
         f"http://{args.host}:{args.port}/  (Ctrl-C stops)",
         file=sys.stderr,
     )
-    server = uvicorn.Server(uvicorn.Config(app, log_level="warning"))
-    server.run(sockets=[sock])
+    _serve(app, sock, stopping)
     return 0
+
+
+# seconds a stopping server waits for its answers to go out before it cuts them: a client that
+# stopped reading holds its answer forever (uvicorn's default waits as long)
+SHUTDOWN_GRACE = 3
+
+
+def _serve(app: Any, sock: socket.socket, stopping: threading.Event) -> None:
+    """Run uvicorn on `sock` until Ctrl-C or SIGTERM. The first signal sets `stopping`, so open
+    generations end at their next token instead of running to max_new_tokens while uvicorn
+    waits for them; uvicorn re-raises the signal once it has stopped, and SIGTERM, like
+    SIGINT, then raises KeyboardInterrupt: `main` prints the one `interrupted` line (130)
+    where SIGTERM's default would end the process without a word."""
+    import uvicorn  # `run` checked that it is installed
+
+    class Server(uvicorn.Server):
+        def handle_exit(self, sig: int, frame: Any) -> None:
+            stopping.set()
+            super().handle_exit(sig, frame)
+
+    # lifespan off: the app has no startup or shutdown work, and a second Ctrl-C (uvicorn's
+    # forced exit) left the lifespan task to be cancelled, a traceback on the way out
+    server = Server(uvicorn.Config(app, log_level="warning", lifespan="off",
+                                   timeout_graceful_shutdown=SHUTDOWN_GRACE))
+    logging.getLogger("uvicorn.error").addFilter(_not_cut_tasks)  # once: same function
+    if threading.current_thread() is not threading.main_thread():  # no signals to handle
+        server.run(sockets=[sock])
+        return
+    previous = signal.signal(signal.SIGTERM, signal.default_int_handler)
+    try:
+        server.run(sockets=[sock])
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def _not_cut_tasks(record: logging.LogRecord) -> bool:
+    """Leave out uvicorn's "Cancel N running task(s)" at the end of SHUTDOWN_GRACE: the clients
+    cut stopped reading, no one to tell, and it would come before the one `interrupted` line."""
+    return not str(record.msg).startswith("Cancel %s running task")
 
 
 def _bind(host: str, port: int) -> socket.socket:

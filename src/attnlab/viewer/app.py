@@ -19,8 +19,11 @@ sampling `generate/`'s, and the drawing the page's (`web/app.js`). Starting a se
 Every bad request gets a 4xx JSON body `{"error": "...", "detail": [...]}`, never a 500; a
 request the device has no memory for gets a 503 in the same format, naming the limits to lower
 (`state.ViewerState.out_of_memory`), and the server goes on serving.
-Model calls run in the threadpool, one at a time behind a lock (a generation takes the
-lock per token, so attention requests interleave with a long generation).
+Model calls run in the threadpool, one at a time behind a lock, in the order they came (a
+generation takes the lock per token, so attention requests interleave with a long
+generation); a request whose client left while it waited is dropped, not computed. Setting
+`stopping` (`attnlab serve` does on Ctrl-C) ends every generation at its next token with an
+`error` event and answers waiting requests with a 503, so a server stops within one model call.
 
 FastAPI and pydantic (the `serve` extra) are imported inside `create_app`, with the modules
 that need them (`errors.py`, `routes/`), so importing this module, and `attnlab --help`,
@@ -29,6 +32,7 @@ work without them.
 
 from __future__ import annotations
 
+import threading
 from typing import TYPE_CHECKING, Any
 
 from ..model.gpt import GPT
@@ -61,10 +65,13 @@ def create_app(
     tokenizer: TextTokenizer,
     meta: dict[str, Any] | None = None,
     config: ServeConfig | None = None,
+    stopping: threading.Event | None = None,
 ) -> FastAPI:
     """The viewer's ASGI app for `model` (put in eval mode) and its `tokenizer`.
 
     meta: what the page shows as the training summary (a checkpoint's meta).
+    stopping: set it when the server begins to stop, so that open generations end at once
+    rather than run to max_new_tokens while the server waits for them.
     """
     _require_serve_extra()
     from fastapi import FastAPI
@@ -72,7 +79,7 @@ def create_app(
     from .errors import ErrorResponse, add_error_handlers
     from .routes import attention, generate, interventions, page
 
-    state = ViewerState.of(model, tokenizer, meta, config or ServeConfig())
+    state = ViewerState.of(model, tokenizer, meta, config or ServeConfig(), stopping)
     app = FastAPI(
         title="attnlab attention viewer",
         version="1",

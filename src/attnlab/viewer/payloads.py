@@ -98,9 +98,10 @@ def attention_payload(
         weights = trace.get("attn_weights", layer)[0]  # (nh, T, S) with S == T
         entry: dict[str, Any] = {
             "layer": layer,
+            # rounded a head at a time: one tolist of every head holds the GIL (attention_json)
             "heads": _triangles(weights, below) if encoding == "float32" else [
-                [row[: i + 1] for i, row in enumerate(head)]
-                for head in _rounded(weights, decimals)],
+                [row[: i + 1] for i, row in enumerate(_rounded(head, decimals))]
+                for head in weights],
             "future_max": float(weights.masked_select(future.to(weights.device)).max())
             if T > 1 else 0.0,
             # query i sees keys i - window < j <= i: the page draws the others as masked
@@ -114,6 +115,21 @@ def attention_payload(
     pieces = tokenizer.pieces(list(ids))
     tokens = [{"id": i, "text": p} for i, p in zip(ids, pieces, strict=True)]
     return {"tokens": tokens, "n_head": model.config.n_head, "layers": out_layers}
+
+
+def attention_json(payload: dict[str, Any]) -> str:
+    """`json.dumps(payload)`'s very text for an `attention_payload`, written a head at a time.
+    One dumps of millions of rounded weights holds the GIL for seconds, so a server's event
+    loop waits through it even with the encoding in a worker thread; between two heads' dumps
+    it runs."""
+
+    def pairs(entry: dict[str, Any], inner: str, write: Callable[[Any], str]) -> str:
+        return "{" + ", ".join(
+            f"{json.dumps(key)}: " + ("[" + ", ".join(map(write, value)) + "]" if key == inner
+                                      else json.dumps(value))
+            for key, value in entry.items()) + "}"
+
+    return pairs(payload, "layers", lambda layer: pairs(layer, "heads", json.dumps))
 
 
 def token_stream(

@@ -1,15 +1,19 @@
 """What every route of the viewer shares: its limits (`ServeConfig`), the error a route raises
 for a bad request (`RequestError`), and `ViewerState`, the one served model with its tokenizer,
-its lock and the checks that turn a request's text or ids into token ids.
+its queue (`locked`: one model call at a time, in turn), the flag that says the server is
+stopping, and the checks that turn a request's text or ids into token ids.
 
-The routes (`routes/`) and `app.py` import this module; it imports no web framework, so
-`import attnlab` works without the `serve` extra. What the answers hold is `payloads.py`'s.
+The routes (`routes/`) and `app.py` import this module; it imports no web framework at import
+time (anyio, the serve extra's, only inside `ViewerState`'s methods), so `import attnlab`
+works without the `serve` extra. What the answers hold is `payloads.py`'s.
 """
 
 from __future__ import annotations
 
+import asyncio
 import threading
-from collections.abc import Callable
+import weakref
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -86,17 +90,28 @@ class ViewerState:
     limits: ServeConfig
     stop_ids: tuple[int, ...]  # token ids that end a generation (the tokenizer's)
     summary: dict[str, Any]  # the body of /api/model, built once
+    # set when the server stops (`attnlab serve` sets it on Ctrl-C or SIGTERM): a generation
+    # ends at its next token and a waiting request gets a 503, so shutdown takes one model call
+    stopping: threading.Event = field(default_factory=threading.Event)
     # one forward at a time: torch already uses every core
     lock: threading.Lock = field(default_factory=threading.Lock)
+    # the requests waiting for `lock`, first come first served: an anyio.Lock (the serve
+    # extra's, made on first use) per event loop, so that they wait in the loop, not in the
+    # threadpool, whose 40 threads also read the page's static files. Per loop: a TestClient
+    # runs each request in a loop of its own; `lock` still keeps the loops' calls apart
+    turns: weakref.WeakKeyDictionary[Any, Any] = field(
+        default_factory=weakref.WeakKeyDictionary)
 
     @classmethod
     def of(cls, model: GPT, tokenizer: TextTokenizer, meta: dict[str, Any] | None,
-           limits: ServeConfig) -> ViewerState:
-        """The state of an app serving `model` (put in eval mode) and its `tokenizer`."""
+           limits: ServeConfig, stopping: threading.Event | None = None) -> ViewerState:
+        """The state of an app serving `model` (put in eval mode) and its `tokenizer`;
+        `stopping`: the event that says the server is stopping (a new one if None)."""
         check_fits(tokenizer, model.config.vocab_size)
         model.eval()
         return cls(model, tokenizer, limits, tuple(getattr(tokenizer, "stop_ids", ())),
-                   model_summary(model, tokenizer, meta, limits))
+                   model_summary(model, tokenizer, meta, limits),
+                   stopping if stopping is not None else threading.Event())
 
     def encode(self, text: str) -> list[int]:
         """The token ids of a request's `text`, checked against the limits and block_size."""
@@ -155,11 +170,16 @@ class ViewerState:
             f"(--max_text_chars {limits.max_text_chars}, --max_weights {limits.max_weights}, "
             f"--max_new_tokens {limits.max_new_tokens}) or --dtype bfloat16", status=503)
 
-    async def locked(self, fn: Callable[[], Any]) -> Any:
-        """fn() in the threadpool under the model lock (a generation takes it per token, so
-        attention requests interleave with a long generation). A request the device has no
-        memory for raises `RequestError` (503, `out_of_memory`)."""
-        from starlette.concurrency import run_in_threadpool  # the serve extra: routes only
+    async def locked(self, fn: Callable[[], Any],
+                     left: Callable[[], Awaitable[bool]] | None = None) -> Any:
+        """fn() in the threadpool under the model lock, in the order the requests came (a
+        generation takes its turn per token, so attention requests interleave with a long
+        generation). `left()` says whether the client went away: a request whose client left
+        while it waited is dropped (499) rather than computed for no one. While the server
+        stops, or when the device has no memory for the request, it raises `RequestError`
+        (503: `stopping`, `out_of_memory`)."""
+        import anyio  # the serve extra: routes only
+        from starlette.concurrency import run_in_threadpool
 
         def call() -> Any:
             with self.lock:
@@ -173,4 +193,14 @@ class ViewerState:
                     # (docs/performance.md#viewer-memory)
                     release_kept_memory()
 
-        return await run_in_threadpool(call)
+        turn = self.turns.setdefault(asyncio.get_running_loop(), anyio.Lock())
+        async with turn:
+            if self.stopping.is_set():
+                raise RequestError("attnlab serve is stopping; start it again and resend "
+                                   "the request", status=503)
+            if left is not None and await left():
+                # nginx's code for a client that closed the connection; nobody reads it
+                raise RequestError("the client left before its turn", status=499)
+            # anyio waits for the thread even when this request is cancelled (its client
+            # left), so the turn is held until the model is free
+            return await run_in_threadpool(call)

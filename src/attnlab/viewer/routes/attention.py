@@ -7,14 +7,14 @@ The request and response models are the schema /openapi.json shows; the payload 
 
 from __future__ import annotations
 
-import json
 from typing import Any, Literal
 
-from fastapi import APIRouter
+from fastapi import APIRouter, Request
 from fastapi.responses import Response
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt
+from starlette.concurrency import run_in_threadpool
 
-from ..payloads import attention_payload
+from ..payloads import attention_json, attention_payload
 from ..state import RequestError, ViewerState
 
 
@@ -91,17 +91,20 @@ def router(state: ViewerState) -> APIRouter:
         return state.summary
 
     @routes.post("/api/attention", response_model=AttentionResponse)
-    async def attention(body: AttentionRequest) -> Response:
+    async def attention(body: AttentionRequest, request: Request) -> Response:
         """Tokens and per-layer, per-head attention weights (lower triangle) of one text."""
         ids = checked_request(state, body)
         payload = await state.locked(
             lambda: attention_payload(
                 state.model, ids, state.tokenizer, layers=body.layers, norms=body.norms,
                 decimals=state.limits.decimals, encoding=body.encoding,
-            )
+            ),
+            left=request.is_disconnected,
         )
         # json.dumps directly: FastAPI's encoder walks every float, far slower on an answer
-        # of this size (docs/performance.md#viewer-json)
-        return Response(json.dumps(payload), media_type="application/json")
+        # of this size (docs/performance.md#viewer-json); in the threadpool, outside the model
+        # lock, a head at a time: seconds for 8M rounded weights, while the loop serves others
+        return Response(await run_in_threadpool(attention_json, payload),
+                        media_type="application/json")
 
     return routes

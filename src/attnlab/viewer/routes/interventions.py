@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from fastapi import APIRouter
+from fastapi import APIRouter, Request
 from pydantic import BaseModel, ConfigDict, Field, StrictInt
 
 from ...interp.edits import check_heads
@@ -41,7 +41,7 @@ def router(state: ViewerState) -> APIRouter:
     routes = APIRouter()
 
     @routes.post("/api/heads")
-    async def heads(body: HeadsRequest) -> dict[str, Any]:
+    async def heads(body: HeadsRequest, request: Request) -> dict[str, Any]:
         """Detector scores per layer and head on the text, the heads overview (per-head
         summary means, `summary_*`, as show(..., summary=True) draws them too), and the
         next-token prediction with and without the `ablate` heads (zeroed)."""
@@ -55,13 +55,15 @@ def router(state: ViewerState) -> APIRouter:
         except ValueError as err:
             raise RequestError(str(err)) from None
         return await state.locked(
-            lambda: heads_payload(state.model, state.tokenizer, ids, body.ablate))
+            lambda: heads_payload(state.model, state.tokenizer, ids, body.ablate),
+            left=request.is_disconnected)
 
     @routes.post("/api/lens")
-    async def lens(body: LensRequest) -> dict[str, Any]:
+    async def lens(body: LensRequest, request: Request) -> dict[str, Any]:
         """The logit lens: top-3 next tokens after the embeddings and each layer, per
         position."""
         ids = state.request_ids(body.text, body.ids)
-        return await state.locked(lambda: lens_payload(state.model, state.tokenizer, ids))
+        return await state.locked(lambda: lens_payload(state.model, state.tokenizer, ids),
+                                  left=request.is_disconnected)
 
     return routes
