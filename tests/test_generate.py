@@ -109,6 +109,23 @@ def test_greedy_with_a_repetition_penalty_equals_recomputation_row_by_row(
         assert torch.equal(out[b, -(n + steps):], row), (b, pad_id)
 
 
+def test_a_bfloat16_model_is_sampled_in_float32(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every step's logits reach the sampler as float32 (transformers' generate() casts
+    too): a bfloat16 softmax, cumulative sum and top-p cut are coarse (2**-8)."""
+    model = _model().to(torch.bfloat16)
+    ids, mask = left_padded([3, 5], seed=1)
+    seen: list[torch.dtype] = []
+
+    def spy(logits: torch.Tensor, *args: object, **kwargs: object) -> torch.Tensor:
+        seen.append(logits.dtype)
+        return sample(logits, *args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(generate_mod, "sample", spy)
+    generate(model, ids, mask, max_new_tokens=4, temperature=1.0, top_p=0.9, seed=0,
+             repetition_penalty=1.3)
+    assert seen == [torch.float32] * 4
+
+
 def test_seeded_sampling_is_reproducible() -> None:
     model = _model()
     ids, mask = left_padded([4, 2])
