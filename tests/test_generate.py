@@ -82,6 +82,50 @@ def test_each_padded_row_equals_the_prompt_alone() -> None:
         torch.testing.assert_close(padded_logits, alone_logits, atol=1e-4, rtol=0)
 
 
+@settings(max_examples=12, deadline=None)
+@given(pad_id=st.integers(0, 64), penalty=st.sampled_from([1e-3, 0.5, 2.0, 1e3]),
+       seed=st.integers(0, 99))
+def test_greedy_with_a_repetition_penalty_equals_recomputation_row_by_row(
+    pad_id: int, penalty: float, seed: int
+) -> None:
+    """Greedy generation with a repetition penalty, left-padded batch: each row's ids are
+    what rerunning that row alone gives with every id it holds penalized, its prompt's and
+    each one generated since, and never the id its padding is filled with (a penalty below
+    1 favours seen ids, so a pad counted as seen, or a new id not counted, changes the ids)."""
+    model = _model()
+    lengths, steps = [2, 7, 4], 6
+    ids, mask = left_padded(lengths, seed=seed)
+    ids = ids.masked_fill(mask == 0, pad_id)  # (B, P)
+    out = generate(model, ids, mask, max_new_tokens=steps, temperature=0,
+                   repetition_penalty=penalty)
+    for b, n in enumerate(lengths):
+        row = ids[b, -n:]  # (n,)
+        for _ in range(steps):
+            with torch.no_grad():
+                logits = model(row[None]).logits[0, -1]  # (V,)
+            seen = torch.zeros_like(logits, dtype=torch.bool).index_fill(0, row, True)
+            penalized = torch.where(logits < 0, logits * penalty, logits / penalty)
+            row = torch.cat([row, torch.where(seen, penalized, logits).argmax()[None]])
+        assert torch.equal(out[b, -(n + steps):], row), (b, pad_id)
+
+
+def test_a_bfloat16_model_is_sampled_in_float32(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every step's logits reach the sampler as float32 (transformers' generate() casts
+    too): a bfloat16 softmax, cumulative sum and top-p cut are coarse (2**-8)."""
+    model = _model().to(torch.bfloat16)
+    ids, mask = left_padded([3, 5], seed=1)
+    seen: list[torch.dtype] = []
+
+    def spy(logits: torch.Tensor, *args: object, **kwargs: object) -> torch.Tensor:
+        seen.append(logits.dtype)
+        return sample(logits, *args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(generate_mod, "sample", spy)
+    generate(model, ids, mask, max_new_tokens=4, temperature=1.0, top_p=0.9, seed=0,
+             repetition_penalty=1.3)
+    assert seen == [torch.float32] * 4
+
+
 def test_seeded_sampling_is_reproducible() -> None:
     model = _model()
     ids, mask = left_padded([4, 2])
@@ -406,6 +450,25 @@ def test_an_ended_row_is_padded_with_the_eot_id_when_no_pad_id_is_given() -> Non
     first = row0.index(eot)
     assert first < len(row0) - 1  # row 0 ended while row 1 went on
     assert row0[first + 1:] == [eot] * (len(row0) - first - 1)
+
+
+def test_a_row_ended_stays_ended_when_its_pad_id_is_no_eot_id() -> None:
+    """A pad_id that is no eot id (a tokenizer's own pad) fed back does not end the row
+    again; the row must stay ended, padded to the last step, while the others sample on. (A
+    greedy untrained model repeats the id it was fed, which hides a row that starts again:
+    sampling does not.)"""
+    model = _model()
+    ids, mask = left_padded([3, 6], seed=2)
+    kwargs: dict = dict(max_new_tokens=12, temperature=3.0, row_seeds=[1, 2])
+    free = generate(model, ids, mask, **kwargs)  # (2, 6 + 12)
+    eot = next(int(t) for t in free[0, 6:] if t not in free[1, 6:])  # row 0's alone
+    pad = 0 if eot else 1
+    out = generate(model, ids, mask, eot_id=eot, pad_id=pad, **kwargs)
+    first = free[0, 6:].tolist().index(eot)
+    assert first < 11  # row 0 ended before the last step
+    assert torch.equal(out[0, :6 + first + 1], free[0, :6 + first + 1])
+    assert out[0, 6 + first + 1:].tolist() == [pad] * (11 - first)
+    assert torch.equal(out[1], free[1])
 
 
 @pytest.mark.parametrize("mask", [[[1, 0, 1]], [[0, 1, 1], [1, 0, 1]]])

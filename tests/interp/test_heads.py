@@ -227,3 +227,28 @@ def test_heads_of_an_edited_model_are_scored_as_edited() -> None:
     T = ids.shape[1]
     uniform = torch.log(torch.arange(1, T + 1, dtype=torch.float32)).mean()  # row i: log(i+1)
     torch.testing.assert_close(entropy[1, 2], uniform)
+
+
+def test_summary_means_of_a_cached_pass_read_the_masks_last_columns() -> None:
+    """A trace of T new queries after P cached ones holds the (B, P + T) mask; its real
+    query rows are the mask's last T columns, so a row padded into the new tokens leaves
+    those pads out (its first T columns would be another set of rows)."""
+    from attnlab.interp.heads import SUMMARY_MEANS, summary_means
+
+    torch.manual_seed(0)
+    model = GPT(GPTConfig.from_name("nano", n_head=4)).eval()
+    P, T = 3, 6
+    ids = torch.randint(0, 65, (2, P + T), generator=torch.Generator().manual_seed(1))
+    mask = torch.ones(2, P + T, dtype=torch.long)
+    mask[1, :P + 2] = 0  # row 1: the cached columns and the first 2 new ones are pads
+    cache = model.new_cache(2, P + T)
+    model(ids[:, :P], attention_mask=mask[:, :P], kv_cache=cache)
+    trace = Trace(names=list(SUMMARY_MEANS))
+    model(ids[:, P:], attention_mask=mask, kv_cache=cache, trace=trace)
+    means = summary_means(trace, [0, 1])  # the trace's own (B, P + T) mask
+    for name, value in means.items():
+        for layer in range(2):
+            rows = trace.get(name, layer)  # (B, nh, T)
+            by_hand = (rows[0].sum(-1) + rows[1, :, 2:].sum(-1)) / (T + T - 2)
+            torch.testing.assert_close(value[layer], by_hand)
+

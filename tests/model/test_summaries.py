@@ -170,6 +170,32 @@ def test_a_trace_of_summaries_alone_never_makes_the_weights(
         assert (largest >= full // 2) == makes_weights, (names, largest)
 
 
+@settings(max_examples=200, deadline=None)
+@given(B=st.integers(1, 6), nh=st.integers(1, 12), T=st.integers(1, 300),
+       extra=st.integers(0, 300), tile=st.integers(1, 1 << 16))
+def test_a_streamed_tile_fits_its_bytes_and_fills_them(
+    B: int, nh: int, T: int, extra: int, tile: int
+) -> None:
+    """`stream_tile`'s (rows, heads) of (B, nh, T, S) weights: at most a tile of elements
+    (but one row of one head, whatever its size), no fewer than BLOCK_ROWS rows while heads
+    can be split off instead, and as much as fits: one more head, or with every head one
+    more row, would pass the tile. (A tile B times too large, or a head short, changes no
+    value, only the memory and speed `summaries.TILE_BYTES` is set for.)"""
+    S = T + extra
+    with mock.patch.dict(summaries.TILE_BYTES, {"cpu": 4 * tile}):
+        rows, heads = traced_attention.stream_tile(torch.empty(B, nh, T, 1), S)
+    per_row = B * S  # elements of one query row of one head
+    assert 1 <= rows <= T and 1 <= heads <= nh
+    assert rows * heads * per_row <= max(tile, per_row)
+    least = min(T, traced_attention.BLOCK_ROWS)
+    if least * per_row <= tile:
+        assert rows >= least
+    if heads < nh:
+        assert (heads + 1) * rows * per_row > tile
+    elif rows < T:
+        assert heads * (rows + 1) * per_row > tile
+
+
 def test_bfloat16_models_reduce_in_float32() -> None:
     """A bfloat16 model's summaries are float32 and equal the reference from its weights
     within bfloat16's rounding of those weights (2**-8 relative)."""
@@ -202,6 +228,38 @@ def test_summaries_of_edited_weights_are_of_what_the_model_used() -> None:
                                torch.arange(1, 9).float().log())
     with pytest.raises(ValueError, match="'attn_entropy' is a summary the model never reads"):
         Edit("attn_entropy", 0, lambda w, _: w)
+
+
+def test_edited_bfloat16_weights_are_summarised_in_float32() -> None:
+    """The summaries of a bfloat16 model's edited weights (bfloat16, as the edit returns
+    them) are reduced in float32 too: float32's rounding of the sums of those very weights,
+    not bfloat16's (2**-8 relative, over 32 keys)."""
+    model = _model(dtype=torch.bfloat16)
+    ids = torch.randint(0, 65, (2, 32), generator=torch.Generator().manual_seed(0))
+    halved = Edit("attn_weights", 0, lambda w, _: w * 0.5)  # a new bfloat16 tensor
+    trace = Trace(layers=0, names=["attn_weights", *SUMMARY_NAMES])
+    model(ids, trace=trace, edits=Edits([halved]))
+    assert trace.get("attn_weights", 0).dtype == torch.bfloat16
+    expected = reference(trace.get("attn_weights", 0), None)
+    for name in SUMMARY_NAMES:
+        torch.testing.assert_close(trace.get(name, 0).double(), expected[name], **TOLERANCE,
+                                   msg=lambda m, n=name: f"{n}: {m}")
+
+
+def test_entropy_counts_weights_far_below_any_eps() -> None:
+    """attn_entropy is -sum w log w over every w > 0: a peaked row whose other 4095 weights
+    are 1e-9 each gets their 4095e-9 * 20.7 nats, within float32's rounding of the sum
+    (clamping w to an eps such as 1e-6 before the log would read log(1e-6) = -13.8)."""
+    S = 4096
+    w = torch.full((1, 1, 1, S), 1e-9, dtype=torch.float64)
+    w[..., 0] = 1 - (S - 1) * 1e-9
+    sums = summaries.Summaries(["attn_entropy"], (1, 1, 1, S), None, dtype=torch.float32,
+                               device=torch.device("cpu"))
+    w = w.float()
+    sums.add(w, 0, 0)
+    expected = -torch.special.xlogy(w.double(), w.double()).sum(-1)  # (1, 1, 1)
+    torch.testing.assert_close(sums.values["attn_entropy"].double(), expected, atol=0,
+                               rtol=1e-4)
 
 
 @settings(max_examples=15, deadline=None)
