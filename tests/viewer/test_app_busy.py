@@ -188,11 +188,8 @@ def test_a_big_answer_is_encoded_off_the_event_loop(
     assert on_loop and not any(on_loop), "the weights were encoded on the event loop"
 
 
-@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
-def test_cli_stops_mid_stream_with_one_line(tmp_path: Path, sig: signal.Signals) -> None:
-    """Ctrl-C (or SIGTERM) with a generation streaming: the server ran the generation to
-    max_new_tokens before it exited (minutes on a large model); SIGTERM ended it without a
-    word. Now the stream ends with an `error` event, and the one `interrupted` line, 130."""
+def _serve_a_model(tmp_path: Path) -> tuple[subprocess.Popen[str], int]:
+    """`attnlab serve` of a small saved model on a free port, as its own process."""
     tok = make_tokenizer()
     save_checkpoint(tmp_path / "ckpt", make_model(tok.vocab_size, block_size=1024), tok)
     port = free_port()
@@ -201,6 +198,15 @@ def test_cli_stops_mid_stream_with_one_line(tmp_path: Path, sig: signal.Signals)
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
         env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)},
     )
+    return proc, port
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
+def test_cli_stops_mid_stream_with_one_line(tmp_path: Path, sig: signal.Signals) -> None:
+    """Ctrl-C (or SIGTERM) with a generation streaming: the server ran the generation to
+    max_new_tokens before it exited (minutes on a large model); SIGTERM ended it without a
+    word. Now the stream ends with an `error` event, and the one `interrupted` line, 130."""
+    proc, port = _serve_a_model(tmp_path)
     try:
         first_answer(proc, f"http://127.0.0.1:{port}/api/model", 30)
         body = {"text": "a", "max_new_tokens": 1000, "temperature": 1.0}
@@ -226,14 +232,7 @@ def test_cli_stops_with_a_client_that_stopped_reading(tmp_path: Path, presses: i
     forever: uvicorn waited for the answer to go out, and a second Ctrl-C (uvicorn's forced
     exit) printed a traceback. Now the answer is cut after SHUTDOWN_GRACE seconds, or at
     the second Ctrl-C, with the one `interrupted` line and no log of the cut."""
-    tok = make_tokenizer()
-    save_checkpoint(tmp_path / "ckpt", make_model(tok.vocab_size, block_size=1024), tok)
-    port = free_port()
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "attnlab", "serve", str(tmp_path / "ckpt"), "--port", str(port)],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-        env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)},
-    )
+    proc, port = _serve_a_model(tmp_path)
     stalled = socket.socket()
     try:
         first_answer(proc, f"http://127.0.0.1:{port}/api/model", 30)
