@@ -89,6 +89,39 @@ def assert_logits_match_hf(ours: Any, hf: Any, lengths: list[int], *, low: int =
     assert (got[real] - expected[real]).abs().max() > 0  # two implementations, not one
 
 
+def assert_ngrams_and_typical_p_match_hf(ours: Any, hf: Any) -> None:
+    """generate(no_repeat_ngram_size=..., typical_p=...) against transformers' generate():
+    greedy ids equal for a left-padded batch and a row alone, sampled ids too with every
+    processor on and torch's RNG seeded alike. The padding holds id 0, which neither side
+    may generate (attnlab's unused_ids, transformers' suppress_tokens: both -inf before
+    sampling, and -inf passes the penalty and the ban unchanged), so transformers' processor,
+    which reads a padded row's padding as ids, bans what attnlab's bans the row alone."""
+    from attnlab.generate import generate
+
+    ids, mask = left_padded([4, 12, 9], vocab=ours.config.vocab_size, low=1, seed=2)
+    N = 24  # within the smallest position table (40) after the 12-token prompt
+    kwargs = dict(max_new_tokens=N, min_new_tokens=N, eos_token_id=None, pad_token_id=0,
+                  suppress_tokens=[0])
+    plain = generate(ours, ids, mask, max_new_tokens=N, temperature=0, unused_ids=[0])
+    for size in (1, 2, 3):
+        for rows in (slice(None), slice(1, 2)):
+            expected = hf.generate(ids[rows], attention_mask=mask[rows], do_sample=False,
+                                   no_repeat_ngram_size=size, **kwargs)
+            got = generate(ours, ids[rows], mask[rows], max_new_tokens=N, temperature=0,
+                           no_repeat_ngram_size=size, unused_ids=[0])
+            assert torch.equal(got, expected), (size, rows)
+        if size == 1:
+            assert not torch.equal(got, plain[1:2])  # the ban changed the greedy ids
+    how = dict(temperature=0.9, top_k=30, top_p=0.95, min_p=0.02, typical_p=0.7,
+               repetition_penalty=1.2, no_repeat_ngram_size=2)
+    for seed in (5, 6):
+        torch.manual_seed(seed)
+        expected = hf.generate(ids, attention_mask=mask, do_sample=True, **how, **kwargs)
+        torch.manual_seed(seed)  # generator=None: both draw from torch's global generator
+        got = generate(ours, ids, mask, max_new_tokens=N, unused_ids=[0], **how)
+        assert torch.equal(got, expected), seed
+
+
 def assert_dropped(dropped: torch.Tensor, whole: torch.Tensor, p: float) -> None:
     """`dropped` is `whole` through dropout p: each element zeroed or scaled by 1 / (1 - p),
     and of the nonzero ones in `whole` a share p zeroed (within 0.1: the tests' seeded draws of

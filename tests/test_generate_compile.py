@@ -83,16 +83,18 @@ def test_compiled_greedy_ids_equal_eager(kind: str, batch: str) -> None:
 @pytest.mark.parametrize(("kind", "batch"), [("gpt2", "batch1"), ("llama", "left_padded")])
 def test_a_repetition_penalty_leaves_the_compiled_graph_alone(kind: str, batch: str) -> None:
     """The seen ids live outside the compiled step (a fixed (B, V + 1) buffer the loop writes
-    in place), so a penalized generation replays the graph compiled without one and gives
-    the eager ids."""
+    in place), and so does the n-gram ban (read from the loop's history of ids), so a
+    penalized or banned generation replays the graph compiled without one and gives the
+    eager ids."""
     model = SHARED[kind]()
     ids, mask = _prompt(BATCHES[batch])
     plain = generate(model, ids, mask, max_new_tokens=12, temperature=0, compile=True)
     graphs = _unique_graphs()
-    eager = generate(model, ids, mask, max_new_tokens=12, temperature=0, repetition_penalty=3.0)
-    compiled = generate(model, ids, mask, max_new_tokens=12, temperature=0,
-                        repetition_penalty=3.0, compile=True)
-    assert torch.equal(compiled, eager) and not torch.equal(compiled, plain)
+    for how in ({"repetition_penalty": 3.0}, {"no_repeat_ngram_size": 1}):
+        eager = generate(model, ids, mask, max_new_tokens=12, temperature=0, **how)
+        compiled = generate(model, ids, mask, max_new_tokens=12, temperature=0, compile=True,
+                            **how)
+        assert torch.equal(compiled, eager) and not torch.equal(compiled, plain), how
     assert _unique_graphs() == graphs  # replayed, not compiled again
 
 
@@ -216,10 +218,11 @@ def test_cuda_graph_ids_equal_eager_in_float32(batch: str) -> None:
     assert torch.equal(compiled, eager)
     (step,) = compiled_decodes(model)
     assert step.cuda_graph  # recorded as a CUDA graph: Inductor skipped nothing
-    penalized = {"temperature": 0, "repetition_penalty": 3.0}
-    eager = generate(model, ids, mask, max_new_tokens=16, **penalized)  # type: ignore[arg-type]
-    assert torch.equal(generate(model, ids, mask, max_new_tokens=16, compile=True,
-                                **penalized), eager)  # type: ignore[arg-type]
+    for penalized in ({"temperature": 0, "repetition_penalty": 3.0},
+                      {"temperature": 0, "no_repeat_ngram_size": 2}):
+        eager = generate(model, ids, mask, max_new_tokens=16, **penalized)  # type: ignore[arg-type]
+        assert torch.equal(generate(model, ids, mask, max_new_tokens=16, compile=True,
+                                    **penalized), eager)  # type: ignore[arg-type]
     assert compiled_decodes(model) == [step]  # the same graph replayed
 
 

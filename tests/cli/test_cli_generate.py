@@ -414,13 +414,14 @@ def test_a_model_directorys_generation_config_sets_the_sampling_flags_not_given(
     out, err = run(config={"do_sample": True, "temperature": 1.3, "top_p": 0.9,
                            "min_p": 0.05, "repetition_penalty": 1.1})
     assert out == sampled
-    assert ("temperature 1.3, top_k 50, top_p 0.9, min_p 0.05, repetition_penalty 1.1, from "
-            "generation_config.json") in err
+    assert ("temperature 1.3, top_k 50, top_p 0.9, min_p 0.05, typical_p 1.0, "
+            "repetition_penalty 1.1, from generation_config.json") in err
     assert run("--temperature", "1.3", config={"do_sample": False})[0] == run(
         "--temperature", "1.3")[0] != greedy  # the flag wins over do_sample false
     assert run(config={"temperature": 0.1})[0] == run("--temperature", "0.8")[0]
     out, err = run("--top-p", "0.5", config={"do_sample": False})
-    assert out == greedy and "temperature 0 is greedy: --top-k, --top-p and --min-p do" in err
+    assert out == greedy and ("temperature 0 is greedy: --top-k, --top-p, --min-p and "
+                              "--typical-p do") in err
     (hf_dir / "generation_config.json").write_text(json.dumps({"do_sample": True,
                                                                "top_p": 1.5}))
     assert main(["generate", str(hf_dir), "the", "--max-new-tokens", "2"]) == 1
@@ -479,4 +480,4 @@ def test_generation_config_repetition_penalty_applies_to_greedy_and_without_do_s
     assert run("--repetition-penalty", "1", config={"do_sample": False,
                                                       "repetition_penalty": 3.0})[0] == greedy
     out, err = run(config={"do_sample": True, "min_p": None, "repetition_penalty": None})
-    assert "min_p 0.0, repetition_penalty 1.0, from" in err  # null: the processor is left out
+    assert "min_p 0.0, typical_p 1.0, repetition_penalty 1.0, from" in err  # null: left out

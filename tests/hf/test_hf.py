@@ -18,7 +18,12 @@ from attnlab.hf import (
     save_hf,
     save_hf_gpt2,
 )
-from helpers import assert_logits_match_hf, left_padded, linears_laid_out
+from helpers import (
+    assert_logits_match_hf,
+    assert_ngrams_and_typical_p_match_hf,
+    left_padded,
+    linears_laid_out,
+)
 
 transformers = pytest.importorskip("transformers")
 
@@ -75,6 +80,11 @@ def test_greedy_generation_gives_hugging_faces_ids(pair: tuple) -> None:
         eos_token_id=None, pad_token_id=0,
     )
     assert torch.equal(generate(ours, single, max_new_tokens=n, temperature=0), expected)
+
+
+def test_no_repeat_ngrams_and_typical_p_are_hugging_faces(pair: tuple) -> None:
+    hf, ours, _ = pair
+    assert_ngrams_and_typical_p_match_hf(ours, hf)
 
 
 @torch.no_grad()

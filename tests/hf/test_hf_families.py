@@ -20,7 +20,7 @@ import torch
 
 from attnlab import load_hf, save_hf
 from attnlab.generate import generate
-from helpers import assert_logits_match_hf, left_padded
+from helpers import assert_logits_match_hf, assert_ngrams_and_typical_p_match_hf, left_padded
 
 transformers = pytest.importorskip("transformers")
 
@@ -169,6 +169,11 @@ def test_greedy_with_a_repetition_penalty_is_hugging_faces(pair: tuple) -> None:
     expected = hf.generate(ids, attention_mask=mask, do_sample=True, **how, **kwargs)
     torch.manual_seed(5)  # generator=None: both draw from torch's global generator
     assert torch.equal(generate(ours, ids, mask, max_new_tokens=30, **how), expected)
+
+
+def test_no_repeat_ngrams_and_typical_p_are_hugging_faces(pair: tuple) -> None:
+    hf, ours, _ = pair
+    assert_ngrams_and_typical_p_match_hf(ours, hf)
 
 
 @torch.no_grad()

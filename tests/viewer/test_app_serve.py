@@ -104,6 +104,28 @@ def test_generate_takes_a_repetition_penalty(setup: tuple[GPT, Tokenizer, TestCl
     assert done["ids"][4:] != greedy_without_cache(model, tok.encode("Once"), 12)
 
 
+@pytest.mark.parametrize("how", [{"temperature": 0, "no_repeat_ngram_size": 1},
+                                 {"temperature": 1.5, "typical_p": 0.2, "seed": 3}])
+def test_generate_takes_typical_p_and_no_repeat_ngram_size(
+    setup: tuple[GPT, Tokenizer, TestClient], how: dict[str, Any]
+) -> None:
+    """Fails before (422: extra inputs): the body's typical_p and no_repeat_ngram_size reach
+    generation; the ids are the library's with the same settings, not those without."""
+    from attnlab.generate import generate
+
+    model, tok, client = setup
+    body = {"text": "Once", "max_new_tokens": 12, **how}
+    done = sse_events(client.post("/api/generate", json=body).text)[-1][1]
+    prompt = torch.tensor([tok.encode("Once")])  # (1, P)
+    expected = generate(model, prompt, max_new_tokens=12, eot_id=tok.stop_ids,
+                        vocab_size=tok.vocab_size, **how)
+    assert done["ids"] == expected[0].tolist()
+    plain = {k: v for k, v in how.items() if k in ("temperature", "seed")}
+    without = sse_events(client.post("/api/generate", json={
+        "text": "Once", "max_new_tokens": 12, **plain}).text)[-1][1]
+    assert without["ids"] != done["ids"]
+
+
 def test_streamed_pieces_add_up_to_the_text_with_bytes() -> None:
     """Byte tokens can split a character: the stream holds it back until it is whole."""
     tok = get_tokenizer("byte")

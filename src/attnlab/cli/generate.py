@@ -4,7 +4,9 @@ CHECKPOINT is an attnlab checkpoint directory or a Hugging Face model directory 
 `attnlab.hf` supports (config.json + model.safetensors, with tokenizer.json). One prompt
 streams to stdout as its tokens come; `--prompt-file` runs many prompts as left-padded
 batches and prints each completion once its batch is done. Timing and progress (the
-prefill, a batch's tokens, float16 packing) go to stderr, so stdout holds only text.
+prefill, a batch's tokens, float16 packing) go to stderr, so stdout holds only text. The
+sampling flags, and what a model directory's generation_config.json fills in, are
+`sampling_flags.py`'s.
 """
 
 from __future__ import annotations
@@ -33,6 +35,7 @@ from .common import (
     unescape,
 )
 from .progress import Counter, blocks_shown
+from .sampling_flags import add_sampling_flags, check_sampling_flags, fill_sampling
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -61,7 +64,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
         "--max-new-tokens", type=int,
         help="tokens to add (default: 200, or as many as the context has room for)",
     )
-    _add_sampling_flags(parser)
+    add_sampling_flags(parser)
     parser.add_argument("--seed", type=int, help="same seed, same text")
     parser.add_argument(
         "--stop", action="append", default=[],
@@ -103,35 +106,6 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
         help="zero these heads' outputs while generating, e.g. 0.1,1.3 (see attnlab heads)",
     )
     return parser
-
-
-def _add_sampling_flags(parser: argparse.ArgumentParser) -> None:
-    """--temperature, --top-k, --top-p, --min-p and --repetition-penalty: `SAMPLING`'s names,
-    None when not given (`_sampling` fills them)."""
-    parser.add_argument(
-        "--temperature", type=float,
-        help="0 = greedy, which ignores --top-k, --top-p and --min-p (default 0.8, or what "
-        "the model directory's generation_config.json sets: see docs/generate.md)",
-    )
-    parser.add_argument(
-        "--top-k", type=int,
-        help="sample among the k most likely tokens (default 0: all)",
-    )
-    parser.add_argument(
-        "--top-p", type=float,
-        help="nucleus sampling: smallest set of tokens holding this mass (default 1: all)",
-    )
-    parser.add_argument(
-        "--min-p", type=float,
-        help="sample only tokens at least this fraction as likely as the most likely one, "
-        "after --top-k and --top-p (default 0: all)",
-    )
-    parser.add_argument(
-        "--repetition-penalty", type=float,
-        help="divide the logits of tokens already in the prompt or the completion by this "
-        "(multiply negative ones), greedy or not, as transformers does (default 1: off; "
-        "1.1-1.3 discourages repeats)",
-    )
 
 
 def _read_prompts(args: argparse.Namespace) -> list[str]:
@@ -209,7 +183,7 @@ def run(args: argparse.Namespace) -> int:
     _check_flags(args)
     shown = _read_prompts(args)  # what the user wrote: echoed before each completion
     opened = open_model(args)  # config and tokenizer: the request is checked before the load
-    _sampling(args, opened.path)
+    fill_sampling(args, opened.path)
     tokenizer = opened.tokenizer
     prompts = _chat_prompts(tokenizer, shown, args) if args.chat else shown
     lengths = _prompt_lengths(args, tokenizer, prompts)
@@ -229,7 +203,8 @@ def run(args: argparse.Namespace) -> int:
         return stream_text(
             model, tokenizer, prompts, max_new_tokens=max_new_tokens, stop=stops,
             temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, min_p=args.min_p,
-            repetition_penalty=args.repetition_penalty, sliding_window=args.sliding_window,
+            typical_p=args.typical_p, repetition_penalty=args.repetition_penalty,
+            no_repeat_ngram_size=args.no_repeat_ngram_size, sliding_window=args.sliding_window,
             edits=edits, compile=args.compile, **seeds,
         )
 
@@ -274,7 +249,7 @@ def _check_flags(args: argparse.Namespace) -> None:
     """Apply --threads and --batch-size's default; refuse flags that contradict each other,
     before the model is loaded."""
     apply_threads(args)
-    _check_sampling(args)
+    check_sampling_flags(args)
     if args.batch_size is not None and args.prompt_file is None:
         raise CLIError(f"--batch-size {args.batch_size} groups the prompts of --prompt-file; "
                        "one PROMPT runs alone (drop --batch-size)")
@@ -293,86 +268,6 @@ def _check_flags(args: argparse.Namespace) -> None:
     if args.compile and args.weights == "float16":
         raise CLIError("--compile reads the model's own weights, --weights float16 packed "
                        "copies; drop one of them")
-
-
-def _check_sampling(args: argparse.Namespace, source: str = "--") -> None:
-    """--max-new-tokens and the sampling flags (`SAMPLING`), checked as GenerationConfig checks
-    them; its message names the field (`top_k=-1 must be ...`), this one the flag (or, with
-    `source`, the file a value came from). A flag not given is checked at its default."""
-    from ..generate import GenerationConfig
-
-    given = {"max_new_tokens": 1 if args.max_new_tokens is None else args.max_new_tokens,
-             **{name: value for name in SAMPLING
-                if (value := getattr(args, name)) is not None}}
-    try:
-        GenerationConfig(**given)
-    except ValueError as err:
-        field, _, rest = str(err).partition("=")
-        if field not in given:
-            raise
-        name = f"--{field.replace('_', '-')}" if source == "--" else f"{source}'s {field}"
-        raise CLIError(f"{name} {rest}") from None
-
-
-#: the sampling flags and their defaults where neither they nor the model directory say
-SAMPLING = {"temperature": 0.8, "top_k": 0, "top_p": 1.0, "min_p": 0.0,
-            "repetition_penalty": 1.0}
-#: what transformers' generate() samples with where a generation_config.json that sets
-#: do_sample leaves a field out (GenerationConfig's defaults)
-HF_SAMPLING = {"temperature": 1.0, "top_k": 50, "top_p": 1.0, "min_p": 0.0,
-               "repetition_penalty": 1.0}
-#: each field's value that changes nothing: what transformers makes of a field set to null
-#: (its processor is left out)
-OFF = {"temperature": 1.0, "top_k": 0, "top_p": 1.0, "min_p": 0.0, "repetition_penalty": 1.0}
-
-
-def _from_generation_config(shipped: dict[str, Any]) -> dict[str, Any]:
-    """The sampling fields a generation_config.json sets, as transformers' generate() reads
-    it: do_sample false is greedy (temperature 0), do_sample true samples with its
-    temperature, top_k, top_p and min_p (HF_SAMPLING's where it leaves one out). Its
-    repetition_penalty applies either way, and without do_sample: transformers penalizes
-    greedy decoding too."""
-    def value(name: str) -> Any:
-        return OFF[name] if (v := shipped.get(name, HF_SAMPLING[name])) is None else v
-
-    taken: dict[str, Any] = {}
-    do_sample = shipped.get("do_sample")
-    if do_sample is False:
-        taken["temperature"] = 0.0
-    elif do_sample is True:
-        taken = {name: value(name) for name in SAMPLING if name != "repetition_penalty"}
-    if "repetition_penalty" in shipped:
-        taken["repetition_penalty"] = value("repetition_penalty")
-    return taken
-
-
-def _sampling(args: argparse.Namespace, directory: Path) -> None:
-    """Fill the sampling flags not given: from the directory's generation_config.json
-    (`_from_generation_config`), else SAMPLING. Says on stderr what came from the file."""
-    from ..tokenizers.hf_dir import GENERATION_CONFIG, read_json
-
-    path = directory / GENERATION_CONFIG
-    try:
-        shipped = read_json(path)
-    except ValueError as err:
-        raise CLIError(f"{err}; fix or remove it") from None
-    given = [name for name in SAMPLING if getattr(args, name) is not None]
-    taken = {name: value for name, value in _from_generation_config(shipped).items()
-             if name not in given}
-    if taken:
-        for name, value in taken.items():
-            setattr(args, name, value)
-        _check_sampling(args, source=str(path))
-        said = ", ".join("greedy" if (name, value) == ("temperature", 0) else f"{name} {value}"
-                         for name, value in taken.items())
-        print(f"[sampling: {said}, from {GENERATION_CONFIG} where no flag says; flags "
-              "override]", file=sys.stderr)
-    for name, value in SAMPLING.items():
-        if getattr(args, name) is None:
-            setattr(args, name, value)
-    if args.temperature == 0 and {"top_k", "top_p", "min_p"} & set(given):
-        print("[temperature 0 is greedy: --top-k, --top-p and --min-p do nothing]",
-              file=sys.stderr)
 
 
 def _load_model(args: argparse.Namespace, opened: Any, rows: int, length: int) -> Any:

@@ -2,9 +2,9 @@
 
 Small named functions in the order a token goes through them (gpt-fast's generate.py): `prefill`
 runs the prompt once and fills the cache, `decode_one_token` runs one new token per row against
-it, and `sampling.py`'s processors (`SeenIds.penalize`, `logits_to_probs`, `sample`: transformers'
-repetition penalty, temperature, top-k, top-p and min-p) turn logits into the next ids. `stream`
-yields each step's
+it, and `sampling.py`'s processors (`SeenIds.penalize`, `ban_repeated_ngrams`,
+`logits_to_probs`, `sample`: transformers' repetition penalty, no-repeat n-grams, temperature,
+top-k, top-p, min-p and typical-p) turn logits into the next ids. `stream` yields each step's
 ids as they come and `generate` collects them; `stream_text` and `generate_text` do the same
 from and to text with a tokenizer (stop strings live there, since they need one;
 `tokenizers.streaming` decodes the new ids). Batched prompts are left-padded
@@ -35,7 +35,7 @@ from ..tokenizers import check_fits
 from ..tokenizers.streaming import TextPieces
 
 # logits_to_probs and sample re-exported: `from attnlab.generate import sample` still works
-from .sampling import SeenIds, check_sampling
+from .sampling import SeenIds, ban_repeated_ngrams, check_sampling
 from .sampling import logits_to_probs as logits_to_probs
 from .sampling import sample as sample
 
@@ -59,7 +59,9 @@ class GenerationConfig:
     top_k: int = 0  # sample among the k most likely ids; 0 (or >= V) = all of them
     top_p: float = 1.0  # nucleus: smallest set of ids holding top_p of the mass; 1 = all
     min_p: float = 0.0  # drop ids less likely than min_p x the most likely one; 0 = none
+    typical_p: float = 1.0  # keep the ids nearest the entropy holding this mass; 1 = all
     repetition_penalty: float = 1.0  # seen ids' logits / it (x it if < 0); greedy too; 1 = off
+    no_repeat_ngram_size: int = 0  # never make an n-gram of this size twice; greedy too; 0 = off
     seed: int | None = None  # seeds a private generator (reproducible); None = torch's RNG
     sliding_window: bool = False  # past block_size, condition on the last block_size tokens
 
@@ -67,7 +69,7 @@ class GenerationConfig:
         if not isinstance(self.max_new_tokens, int) or self.max_new_tokens < 1:
             raise ValueError(f"max_new_tokens={self.max_new_tokens!r} must be a positive integer")
         check_sampling(self.temperature, self.top_k, self.top_p, self.min_p,
-                       self.repetition_penalty)
+                       self.repetition_penalty, self.typical_p, self.no_repeat_ngram_size)
 
 
 # ----------------------------------------------------------------------------- model steps
@@ -148,7 +150,9 @@ def stream(
     top_k: int = 0,
     top_p: float = 1.0,
     min_p: float = 0.0,
+    typical_p: float = 1.0,
     repetition_penalty: float = 1.0,
+    no_repeat_ngram_size: int = 0,
     eot_id: int | Sequence[int] | None = None,
     pad_id: int | None = None,
     seed: int | None = None,
@@ -163,15 +167,16 @@ def stream(
     """Yield the new ids (B,) of each step as they are sampled, up to max_new_tokens steps.
 
     input_ids (B, P) with a left-padded attention_mask (B, P), 1 = token, 0 = pad.
-    temperature, top_k, top_p and min_p shape the distribution sampled from, in transformers'
-    order (temperature 0: greedy, the others ignored); repetition_penalty scales the logits of
-    every id a row holds (prompt and new ids, not its padding) before them, greedy or not
-    (`sampling.py`). A row that samples eot_id (an id, or several: any of them) has ended:
-    it yields pad_id (default: the first eot id) from then on, and the loop stops early once
-    every row has ended. seed gives a private generator, so the same seed gives the same ids.
-    vocab_size: sample only ids below it (a tokenizer smaller than the model's embedding
-    table). unused_ids: never sample these either (ids below
-    vocab_size that name no token: `Tokenizer.unused_ids`). row_seeds: one seed per row
+    temperature, top_k, top_p, min_p and typical_p shape the distribution sampled from, in
+    transformers' order (temperature 0: greedy, the others ignored); before them, greedy or
+    not, repetition_penalty scales the logits of every id a row holds (prompt and new ids, not
+    its padding) and no_repeat_ngram_size > 0 bans each id that would repeat an n-gram of
+    that many ids the row holds (`sampling.py`). A row that samples eot_id (an id, or
+    several: any of them) has ended: it yields pad_id (default: the first eot id) from then
+    on, and the loop stops early once every row has ended. seed gives a private generator,
+    so the same seed gives the same ids. vocab_size: sample only ids below it (a tokenizer
+    smaller than the model's embedding table). unused_ids: never sample these either (ids
+    below vocab_size that name no token: `Tokenizer.unused_ids`). row_seeds: one seed per row
     instead, each row drawing from its own generator, so a row's draws do not depend on which
     rows share its batch (one generator's draws for row b depend on how many rows come before
     it). edits: generate with these `interp.edits.Edits` applied at every step (slower:
@@ -183,8 +188,10 @@ def stream(
     checked here, before the first step. The weights must not change until the last step
     (docs/generate.md#how-decoding-works): edit what generation computes with `edits`.
     """
-    config = GenerationConfig(max_new_tokens, temperature, top_k, top_p, min_p,
-                              repetition_penalty, seed, sliding_window)
+    config = GenerationConfig(
+        max_new_tokens=max_new_tokens, temperature=temperature, top_k=top_k, top_p=top_p,
+        min_p=min_p, typical_p=typical_p, repetition_penalty=repetition_penalty,
+        no_repeat_ngram_size=no_repeat_ngram_size, seed=seed, sliding_window=sliding_window)
     if not isinstance(input_ids, Tensor):
         raise TypeError(f"input_ids is a {type(input_ids).__name__}; pass a (B, P) tensor of "
                         "token ids, e.g. torch.tensor([ids])")
@@ -268,7 +275,8 @@ def _steps(
                 logits = logits[:, :vocab_size]  # (B, V')
             if unused_ids is not None:  # out of place: logits may be the model's own output
                 logits = logits.index_fill(1, unused_ids, float("-inf"))  # (B, V')
-            next_ids = _draw(logits, config, generator, seen)  # (B,)
+            held = None if mask_buf is None else mask_buf[:, :length]  # (B, length)
+            next_ids = _draw(logits, config, generator, seen, tokens[:, :length], held)  # (B,)
             if eot_ids is not None:
                 next_ids = next_ids.masked_fill(ended, pad_id)  # (B,)
                 ended |= torch.isin(next_ids, eot_ids)
@@ -303,18 +311,24 @@ def _steps(
 
 def _draw(logits: Tensor, config: GenerationConfig,
           generator: torch.Generator | list[torch.Generator] | None,
-          seen: SeenIds | None) -> Tensor:
+          seen: SeenIds | None, ids: Tensor, keep: Tensor | None) -> Tensor:
     """logits (B, V) -> next ids (B,), sampled in float32 whatever the model computes in (a
     bfloat16 softmax is coarse; transformers' generate() casts too), after the repetition
-    penalty when `seen` is kept; a list holds one generator per row (stream's row_seeds)."""
+    penalty when `seen` is kept and the no-repeat n-gram ban over each row's ids so far (B, L)
+    (keep (B, L): real, not padding; None: no padding), in transformers' order; a list holds
+    one generator per row (stream's row_seeds)."""
     logits = logits.float()  # (B, V)
     if seen is not None:
         logits = seen.penalize(logits, config.repetition_penalty)  # (B, V)
+    if config.no_repeat_ngram_size > 0:
+        logits = ban_repeated_ngrams(logits, ids, keep, config.no_repeat_ngram_size)  # (B, V)
     how = config.temperature, config.top_k, config.top_p
+    min_p, typical_p = config.min_p, config.typical_p
     if isinstance(generator, list):
-        return torch.cat([sample(logits[b:b + 1], *how, row_generator, min_p=config.min_p)
+        return torch.cat([sample(logits[b:b + 1], *how, row_generator, min_p=min_p,
+                                 typical_p=typical_p)
                           for b, row_generator in enumerate(generator)])  # (B,)
-    return sample(logits, *how, generator, min_p=config.min_p)  # (B,)
+    return sample(logits, *how, generator, min_p=min_p, typical_p=typical_p)  # (B,)
 
 
 def generation_memory(model: GPT, batch_size: int, length: int, *,
@@ -348,7 +362,9 @@ def generate(
     top_k: int = 0,
     top_p: float = 1.0,
     min_p: float = 0.0,
+    typical_p: float = 1.0,
     repetition_penalty: float = 1.0,
+    no_repeat_ngram_size: int = 0,
     eot_id: int | Sequence[int] | None = None,
     pad_id: int | None = None,
     seed: int | None = None,
@@ -367,8 +383,9 @@ def generate(
     """
     steps = list(stream(
         model, input_ids, attention_mask, max_new_tokens=max_new_tokens,
-        temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p,
-        repetition_penalty=repetition_penalty, eot_id=eot_id, pad_id=pad_id, seed=seed,
+        temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p, typical_p=typical_p,
+        repetition_penalty=repetition_penalty, no_repeat_ngram_size=no_repeat_ngram_size,
+        eot_id=eot_id, pad_id=pad_id, seed=seed,
         generator=generator, sliding_window=sliding_window, vocab_size=vocab_size,
         row_seeds=row_seeds, edits=edits, unused_ids=unused_ids, compile=compile,
     ))
@@ -380,8 +397,9 @@ def generate(
 
 
 #: the keyword arguments `stream_text` and `generate_text` pass on to `stream`
-SAMPLING = frozenset({"temperature", "top_k", "top_p", "min_p", "repetition_penalty", "seed",
-                      "generator", "row_seeds", "sliding_window", "compile"})
+SAMPLING = frozenset({"temperature", "top_k", "top_p", "min_p", "typical_p",
+                      "repetition_penalty", "no_repeat_ngram_size", "seed", "generator",
+                      "row_seeds", "sliding_window", "compile"})
 
 
 def stream_text(
@@ -401,8 +419,8 @@ def stream_text(
     character split over several byte-level tokens comes out once it is complete. A row ends
     at one of the tokenizer's stop ids (not emitted) or at a stop string (emitted up to it);
     `stop` is one string or several.
-    sampling: `SAMPLING`'s names (temperature, top_k, top_p, min_p, repetition_penalty,
-    seed, ...) as for `stream`.
+    sampling: `SAMPLING`'s names (temperature, top_k, top_p, min_p, typical_p,
+    repetition_penalty, no_repeat_ngram_size, seed, ...) as for `stream`.
     Arguments are checked here, before the first step (so a CLI can fail before it prints
     the prompt).
     edits: `interp.edits.Edits` applied at every step.

@@ -4,8 +4,8 @@
     GET  /                 the page (web/index.html; web/app.js and web/style.css under /static/)
     GET  /api/model        config, parameter count, tokenizer, training summary, limits
     POST /api/attention    {text | ids, layers?, norms?} -> tokens and attention weights
-    POST /api/generate     {text, max_new_tokens, temperature, top_k, top_p, min_p,
-                            repetition_penalty, seed} -> SSE stream
+    POST /api/generate     {text, max_new_tokens, temperature, top_k, top_p, min_p, typical_p,
+                            repetition_penalty, no_repeat_ngram_size, seed} -> SSE stream
     POST /api/heads        {text, ablate?} -> head detector scores, next token with heads ablated
     POST /api/lens         {text} -> logit lens: top tokens after each layer
     GET  /openapi.json     the schema (FastAPI); GET /docs renders it (web/docs.html, offline)

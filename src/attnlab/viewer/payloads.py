@@ -145,7 +145,9 @@ def token_stream(
     vocab_size: int,
     unused_ids: Sequence[int] = (),
     min_p: float | None = None,
+    typical_p: float | None = None,
     repetition_penalty: float = 1.0,
+    no_repeat_ngram_size: int = 0,
 ) -> Iterator[int]:
     """New token ids, one per `next()`, from `generate.stream` (KV cache, sampling, eot);
     never an id at or past vocab_size, or in unused_ids (a tokenizer's holes)."""
@@ -153,7 +155,9 @@ def token_stream(
     steps = generate_stream(
         model, idx, max_new_tokens=max_new_tokens, temperature=temperature, top_k=top_k or 0,
         top_p=1.0 if top_p is None else top_p, min_p=0.0 if min_p is None else min_p,
-        repetition_penalty=repetition_penalty, seed=seed, eot_id=eot_ids, vocab_size=vocab_size,
+        typical_p=1.0 if typical_p is None else typical_p,
+        repetition_penalty=repetition_penalty, no_repeat_ngram_size=no_repeat_ngram_size,
+        seed=seed, eot_id=eot_ids, vocab_size=vocab_size,
         unused_ids=unused_ids,
     )
     return (int(next_ids[0]) for next_ids in steps)

@@ -47,10 +47,19 @@ class GenerateRequestBase(BaseModel):
         None, ge=0.0, le=1.0, allow_inf_nan=False,
         description="drop tokens less likely than min_p times the most likely one",
     )
+    typical_p: float | None = Field(
+        None, gt=0.0, le=1.0, allow_inf_nan=False,
+        description="keep the tokens whose surprisal is nearest the entropy, holding this "
+        "mass (after min_p); 1: all",
+    )
     repetition_penalty: float = Field(
         1.0, gt=0.0, allow_inf_nan=False,
         description="divide the logits of tokens already in the text by this (multiply "
         "negative ones), greedy too; 1: off",
+    )
+    no_repeat_ngram_size: int = Field(
+        0, ge=0, description="never make an n-gram of this many tokens the text already "
+        "holds, greedy too; 0: off",
     )
     # at most 2**53 - 1: the largest integer JavaScript (the page, /docs) holds exactly
     seed: int | None = Field(None, ge=0, le=2**53 - 1, description="same seed, same tokens")
@@ -69,8 +78,9 @@ def event_stream(
     reason = "max_new_tokens" if new_tokens == body.max_new_tokens else "block_size"
     tokens = token_stream(
         state.model, ids, max_new_tokens=new_tokens, temperature=body.temperature,
-        top_k=body.top_k, top_p=body.top_p, min_p=body.min_p,
-        repetition_penalty=body.repetition_penalty, seed=body.seed, eot_ids=state.stop_ids,
+        top_k=body.top_k, top_p=body.top_p, min_p=body.min_p, typical_p=body.typical_p,
+        repetition_penalty=body.repetition_penalty,
+        no_repeat_ngram_size=body.no_repeat_ngram_size, seed=body.seed, eot_ids=state.stop_ids,
         vocab_size=state.tokenizer.vocab_size,  # a larger model vocabulary has ids it cannot decode
         unused_ids=sorted(getattr(state.tokenizer, "unused_ids", ())),
     )

@@ -21,7 +21,9 @@ function request() {
   return {
     text: $("prompt").value, max_new_tokens: num("max_new_tokens") ?? 40,
     temperature: num("temperature") ?? 1, top_k: num("top_k"), top_p: num("top_p"),
-    min_p: num("min_p"), repetition_penalty: num("repetition_penalty"), seed: num("seed"),
+    min_p: num("min_p"), typical_p: num("typical_p"),
+    repetition_penalty: num("repetition_penalty"),
+    no_repeat_ngram_size: num("no_repeat_ngram_size"), seed: num("seed"),
   };
 }
 
