@@ -265,3 +265,11 @@ def test_row_seeds_sample_each_row_with_typical_p_as_alone() -> None:
         plain = generate(model, ids[b:b + 1, -n:], seed=seed, max_new_tokens=20,
                          temperature=1.5)
         assert not torch.equal(plain, alone)
+
+
+def test_sampling_with_every_id_banned_names_the_row_and_the_setting() -> None:
+    # 5 ids and no repeated 1-gram: the fourth new token has nothing left to draw
+    model = GPT(GPTConfig(n_layer=1, n_head=1, n_embd=8, block_size=16, vocab_size=5)).eval()
+    with pytest.raises(ValueError, match=r"row\(s\) \[0\] have no id left.*no_repeat_ngram_size"):
+        generate(model, torch.tensor([[1, 2]]), max_new_tokens=4, temperature=1.0,
+                 no_repeat_ngram_size=1, seed=0)

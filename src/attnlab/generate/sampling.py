@@ -212,4 +212,13 @@ def sample(
     if temperature == 0.0:
         return torch.argmax(logits, dim=-1)  # (B,)
     probs = logits_to_probs(logits, temperature, top_k, top_p, min_p, typical_p)  # (B, V)
-    return torch.multinomial(probs, 1, generator=generator)[:, 0]  # (B,)
+    try:
+        return torch.multinomial(probs, 1, generator=generator)[:, 0]  # (B,)
+    except RuntimeError:  # checked only on failure: a check per token would sync a GPU
+        rows = torch.isneginf(logits).all(dim=-1).nonzero().flatten().tolist()
+        if not rows:
+            raise
+        raise ValueError(
+            f"row(s) {rows} have no id left to sample: every id is banned (-inf logits), e.g. "
+            "by no_repeat_ngram_size after the row used every n-gram a small vocabulary has, "
+            "or by unused_ids; lower no_repeat_ngram_size or max_new_tokens") from None
