@@ -301,8 +301,8 @@ def write_weights(directory: Path, weights: Iterable[tuple[str, Tensor]],
                                  f"{expected!r}: they must list the same tensors in order")
             shard[name] = tensor
         # transformers refuses safetensors files without format metadata
-        done += write_tensors(directory / file, shard, {"format": "pt"}, None if progress is None
-                              else lambda written, before=done: progress(before + written, total))
+        done += write_tensors(directory / file, shard, {"format": "pt"},
+                              None if progress is None else _counting(progress, done, total))
     if len(files) == 1:
         return files
     index = {"metadata": {"total_size": total},
@@ -311,6 +311,12 @@ def write_weights(directory: Path, weights: Iterable[tuple[str, Tensor]],
     # written last: a reader that finds the index finds every shard it names
     (directory / SAFETENSORS_INDEX).write_text(json.dumps(index, indent=2))
     return [*files, SAFETENSORS_INDEX]
+
+
+def _counting(progress: Callable[[int, int], None], before: int, total: int
+              ) -> Callable[[int], None]:
+    """One file's progress (its bytes written) as the export's: (bytes written, total)."""
+    return lambda written: progress(before + written, total)
 
 
 def _remove_weights(directory: Path, keep: Sequence[str]) -> None:

@@ -223,7 +223,7 @@ def write_tensors(path: Path, tensors: Mapping[str, Tensor], metadata: Mapping[s
             # the host's byte order is the format's (little-endian: every machine torch's
             # wheels are built for)
             data = tensor.detach().to("cpu").contiguous().reshape(-1).view(torch.uint8)
-            buffer = memoryview(data.numpy())  # (nbytes,)
+            buffer = memoryview(data.numpy().data)  # nbytes
             for start in range(0, len(buffer), WRITE_PIECE):
                 piece = buffer[start:start + WRITE_PIECE]
                 f.write(piece)
