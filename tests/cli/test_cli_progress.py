@@ -201,3 +201,20 @@ def test_export_to_one_file_counts_its_bytes_as_it_writes(
     assert sorted(p.name for p in (tmp_path / "hf").glob("*.safetensors")) == [
         "model.safetensors"]
     _bytes_counted(screen.getvalue(), _weight_bytes(tmp_path / "hf"))
+
+
+def test_patch_counts_its_runs_block_by_block(
+        checkpoint: Path, monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """patch's bar moved once per pass of up to 32 patched runs: on a 1B model on a CPU a
+    pass is one long forward pass, so the bar sat still for as long. Now the runs of a pass
+    count as its blocks finish: nano's 2 blocks, so half of a pass's runs after the first
+    (a pass restarting at layer 1 runs only the second)."""
+    screen = _screen(monkeypatch)
+    assert main(["patch", str(checkpoint), "--clean", "the fox", "--corrupt", "the dog",
+                 "--answer", " ", "--wrong", "o", "--out", str(tmp_path / "patch")]) == 0
+    counts = [tuple(map(int, c.split("/"))) for c in _counts(screen.getvalue(), "patched",
+                                                             "run")]
+    runs = counts[-1][1]  # 2 layers x 2 heads, and 2 layers x 7 positions of the residual
+    assert runs == 2 * 2 + 2 * 7 and counts[-1] == (runs, runs)
+    # one pass of all 18 from layer 0: 9 after its first block, all once scored
+    assert counts == [(9, runs), (runs, runs)]
