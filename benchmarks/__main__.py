@@ -16,8 +16,10 @@ import argparse
 import importlib
 import json
 import sys
+import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -25,6 +27,7 @@ import torch
 
 from attnlab.model.runtime import reuse_freed_memory
 
+from . import common
 from .common import describe_machine, machine, render
 
 # suite name -> module in this package, in the order `all` runs them
@@ -64,12 +67,35 @@ def run_suite(name: str, quick: bool) -> dict[str, Any]:
             raise
         return {"suite": name, "skipped": f"{module_name} is not there yet; skipped"}
     t0 = time.perf_counter()
-    result = dict(module.run(quick=quick))
+    with _still_running(name):
+        result = dict(module.run(quick=quick))
     result.setdefault("suite", name)
     result.setdefault("machine", machine())
     result["quick"] = quick
     result["seconds"] = round(time.perf_counter() - t0, 2)
     return result
+
+
+@contextmanager
+def _still_running(name: str) -> Iterator[None]:
+    """Inside: a line on stderr whenever the suite has said nothing for `common.QUIET_S`
+    (its cases say what they timed, `common.note`; a case may take minutes), from a thread
+    that ends on the way out."""
+    stop = threading.Event()
+    began = common.last_note = time.monotonic()
+
+    def watch() -> None:
+        while not stop.wait(min(1.0, common.QUIET_S)):
+            if time.monotonic() - common.last_note >= common.QUIET_S:
+                common.note(f"{name}: still running ({time.monotonic() - began:.0f} s so far)")
+
+    thread = threading.Thread(target=watch, name=f"bench-{name}-progress", daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        thread.join()
 
 
 def render_any(result: dict[str, Any]) -> str:

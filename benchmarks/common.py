@@ -4,7 +4,9 @@ A suite is a module with `run(quick: bool, ...) -> dict` returning a *result*:
     {"suite": name, "tables": [{"title", "columns", "rows"}], "notes": [str], ...}
 `__main__.py` prints the tables as markdown and writes the whole dict as JSON. Timings on
 a shared CPU are noisy, so variants are timed in alternating rounds (A B C A B C ...) and
-reported as the median, which a burst of load from another process moves least.
+reported as the median, which a burst of load from another process moves least. While a
+suite runs, each case it times says so on stderr (`note`; `alternate` does it), and
+`__main__.py` adds a line when none came for `QUIET_S`: a full suite runs for minutes.
 """
 
 from __future__ import annotations
@@ -41,6 +43,19 @@ def package_version(package: str) -> str | None:
         return None
 
 
+#: seconds without a line on stderr after which `__main__.py` says the suite still runs
+QUIET_S = 10.0
+#: when the last line of a suite's progress went out (`note`)
+last_note = time.monotonic()
+
+
+def note(text: str) -> None:
+    """One line of a suite's progress on stderr (stdout holds the tables)."""
+    global last_note
+    print(f"  {text}", file=sys.stderr, flush=True)
+    last_note = time.monotonic()
+
+
 def median_ms(times_s: Sequence[float]) -> float:
     return statistics.median(times_s) * 1e3
 
@@ -55,6 +70,7 @@ def alternate(
     CPU time is what wall time would be on an idle core, and other processes on a shared
     machine move it far less than they move wall time.
     """
+    began = time.perf_counter()
     for fn in variants.values():
         for _ in range(warmup):
             fn()
@@ -66,6 +82,7 @@ def alternate(
                 fn()
             times[name]["wall"].append((time.perf_counter() - w0) / inner)
             times[name]["cpu"].append((time.process_time() - c0) / inner)
+    note(f"timed {', '.join(variants)}: {rounds} rounds in {time.perf_counter() - began:.1f} s")
     return times
 
 

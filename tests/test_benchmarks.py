@@ -327,3 +327,36 @@ def test_a_trace_variants_first_call_sets_up_only_its_own_tool(
     assert seconds > 0 and (rise is None or rise >= 0)
     with pytest.raises(AssertionError, match="attnlab's variants were built"):
         trace_suite.first_call("attnlab", trace_suite.RUN, True)
+
+
+def test_a_suite_says_what_it_timed_and_that_it_still_runs(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A full suite printed nothing between "running suite 1 of 1" and its tables, minutes
+    apart. Now each case `alternate` times is a line on stderr, and a case that runs on
+    without one (a training run, a subprocess) gets a line every QUIET_S; stdout keeps the
+    tables alone."""
+    import time
+    import types
+
+    from benchmarks import __main__ as entry
+    from benchmarks import common
+
+    def run(quick: bool) -> dict[str, object]:
+        common.alternate({"one": lambda: None, "two": lambda: None}, rounds=3, warmup=0)
+        time.sleep(0.5)  # a case that says nothing itself
+        return {"tables": [common.table("T", ["a"], [[1]])]}
+
+    suite = types.ModuleType("benchmarks.silent_suite")
+    suite.run = run  # type: ignore[attr-defined]
+    monkeypatch.setitem(sys.modules, "benchmarks.silent_suite", suite)
+    monkeypatch.setitem(entry.SUITES, "silent", "silent_suite")
+    monkeypatch.setattr(common, "QUIET_S", 0.1)
+    assert bench_main(["silent", "--quick", "--out", str(tmp_path)]) == 0
+    out, err = capsys.readouterr()
+    lines = err.splitlines()
+    timed = [i for i, line in enumerate(lines) if line.startswith("  timed one, two: 3 rounds")]
+    still = [i for i, line in enumerate(lines)
+             if line.startswith("  silent: still running (")]
+    assert len(timed) == 1 and len(still) >= 2, err
+    assert timed[0] < still[0] and "still running" not in out and "timed" not in out

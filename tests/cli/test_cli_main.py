@@ -111,6 +111,31 @@ def test_ctrl_c_while_a_parser_imports_torch_waits_for_the_import(
     assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
 
 
+@pytest.mark.parametrize("command", [["info", "somewhere"], []])
+def test_ctrl_c_while_the_console_script_loads_the_cli_is_one_line(command: list[str]) -> None:
+    """The `attnlab` script imported `attnlab.cli` before calling its main, so a Ctrl-C in
+    those first ~0.1 s (25-42 of 60 Ctrl-Cs sent 0.06-0.14 s after the start, under load)
+    printed a KeyboardInterrupt traceback. Here the Ctrl-C lands in the import of
+    cli/common.py, through the script's target as pyproject names it."""
+    import tomllib
+
+    target = tomllib.loads((SRC.parent / "pyproject.toml").read_text())["project"]["scripts"]
+    module, function = target["attnlab"].split(":")
+    done = _python(
+        "import importlib, os, signal, sys\n"
+        "class Interrupt:\n"
+        "    def find_spec(self, name, path=None, target=None):\n"
+        "        if name == 'attnlab.cli.common':\n"
+        "            os.kill(os.getpid(), signal.SIGINT)\n"
+        "        return None\n"
+        "sys.meta_path.insert(0, Interrupt())\n"
+        f"sys.argv = ['attnlab', *{command!r}]\n"
+        f"main = getattr(importlib.import_module({module!r}), {function!r})\n"
+        "sys.exit(main())")
+    assert done.stderr == f"attnlab{' info' if command else ''}: interrupted\n"
+    assert done.returncode == 130 and done.stdout == ""
+
+
 def test_ctrl_c_after_the_command_is_over_keeps_its_status() -> None:
     """Once the command is done the interpreter takes a second to tear torch down; a Ctrl-C
     there made a finished `attnlab train` exit by SIGINT (a failure to a shell) or print

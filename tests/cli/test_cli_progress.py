@@ -158,7 +158,23 @@ def test_inspect_counts_its_figures_and_attention_json_in_a_log(
     assert shown.index("drew 9/9") < shown.index("4/4 heads") < shown.index("text     7 tokens")
 
 
-def test_export_says_what_it_writes_and_counts_its_shards(
+def _weight_bytes(directory: Path) -> int:
+    """The tensor data the safetensors files in `directory` hold."""
+    from attnlab.model.tensorfile import read_header
+
+    return sum(info.nbytes for path in directory.glob("*.safetensors")
+               for info in read_header(path).values())
+
+
+def _bytes_counted(shown: str, total: int) -> None:
+    """Byte counts that rise, more than one of them, to `total`."""
+    counts = [tuple(map(int, c.split("/"))) for c in _counts(shown, "wrote", "byte")]
+    assert len(counts) > 1 and {t for _, t in counts} == {total}, shown
+    done = [d for d, _ in counts]
+    assert done == sorted(set(done)) and done[-1] == total
+
+
+def test_export_says_what_it_writes_and_counts_its_shards_bytes(
         checkpoint: Path, monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     """A 1B model's 4.9 GB took 10 s to write after the load's bar, with nothing shown."""
     screen = _screen(monkeypatch)
@@ -171,6 +187,34 @@ def test_export_says_what_it_writes_and_counts_its_shards(
     line = re.search(r"^writing  [\d.]+ kB of weights as (\d) files$", shown, flags=re.M)
     assert line is not None, shown
     shards = int(line.group(1))
-    assert shards > 1 and _counts(shown, "wrote", "shard") == [
-        f"{i}/{shards}" for i in range(1, shards + 1)]
-    assert len(list((tmp_path / "hf").glob("model-*-of-*.safetensors"))) == shards
+    assert shards > 1 and len(list((tmp_path / "hf").glob("model-*-of-*.safetensors"))) == shards
+    _bytes_counted(shown, _weight_bytes(tmp_path / "hf"))
+    assert shown.index("wrote ") < shown.index("wrote    ")  # the count, then the files
+
+
+def test_export_to_one_file_counts_its_bytes_as_it_writes(
+        checkpoint: Path, monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """One model.safetensors (the default, for any model under 5 GB) was written by one
+    call: 11 s for a 1.2B model with nothing on the screen after "writing 2.5 GB"."""
+    screen = _screen(monkeypatch)
+    assert main(["export", str(checkpoint), str(tmp_path / "hf")]) == 0
+    assert sorted(p.name for p in (tmp_path / "hf").glob("*.safetensors")) == [
+        "model.safetensors"]
+    _bytes_counted(screen.getvalue(), _weight_bytes(tmp_path / "hf"))
+
+
+def test_patch_counts_its_runs_block_by_block(
+        checkpoint: Path, monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """patch's bar moved once per pass of up to 32 patched runs: on a 1B model on a CPU a
+    pass is one long forward pass, so the bar sat still for as long. Now the runs of a pass
+    count as its blocks finish: nano's 2 blocks, so half of a pass's runs after the first
+    (a pass restarting at layer 1 runs only the second)."""
+    screen = _screen(monkeypatch)
+    assert main(["patch", str(checkpoint), "--clean", "the fox", "--corrupt", "the dog",
+                 "--answer", " ", "--wrong", "o", "--out", str(tmp_path / "patch")]) == 0
+    counts = [tuple(map(int, c.split("/"))) for c in _counts(screen.getvalue(), "patched",
+                                                             "run")]
+    runs = counts[-1][1]  # 2 layers x 2 heads, and 2 layers x 7 positions of the residual
+    assert runs == 2 * 2 + 2 * 7 and counts[-1] == (runs, runs)
+    # one pass of all 18 from layer 0: 9 after its first block, all once scored
+    assert counts == [(9, runs), (runs, runs)]

@@ -135,8 +135,7 @@ def test_save_hf_makes_one_shard_at_a_time(tmp_path: Path,
                                            monkeypatch: pytest.MonkeyPatch) -> None:
     """Each shard is written before the next one's tensors are made (the converted tensors
     of a whole model were held at once: twice the model's memory)."""
-    import safetensors.torch
-
+    from attnlab.hf import files as hf_files
     from attnlab.hf.registry import WeightMap
 
     ours = attnlab_model("gpt2", tmp_path)
@@ -151,13 +150,13 @@ def test_save_hf_makes_one_shard_at_a_time(tmp_path: Path,
 
     monkeypatch.setattr(WeightMap, "iter_to_hf", counting)
     saved: list[tuple[list[str], list[str]]] = []
-    real_save = safetensors.torch.save_file
+    real_write = hf_files.write_tensors
 
-    def save_file(tensors: dict[str, torch.Tensor], *args: Any) -> None:
+    def write_tensors(path: Path, tensors: dict[str, torch.Tensor], *args: Any) -> int:
         saved.append((list(tensors), list(made)))
-        real_save(tensors, *args)
+        return real_write(path, tensors, *args)
 
-    monkeypatch.setattr(safetensors.torch, "save_file", save_file)
+    monkeypatch.setattr(hf_files, "write_tensors", write_tensors)
     save_hf(tmp_path / "out", ours, max_shard_size=SHARD)
     assert len(saved) > 2
     written: list[str] = []

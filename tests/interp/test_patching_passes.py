@@ -43,7 +43,8 @@ def _left_padded_pair(seed: int, row: int, pads: int, n_layer: int = 2
 def test_patches_batched_into_one_pass_equal_one_pass_each() -> None:
     """Several corrupted runs share a forward pass, each on its own copy of the batch: every
     effect equals that patch run alone (`patch_effect`), over groups that mix heads,
-    positions and layers, with a left-padded batch of two; progress hears each pass."""
+    positions and layers, with a left-padded batch of two; progress hears each block of
+    each pass."""
     model, clean, corrupt, mask, metric = _left_padded_pair(seed=3, row=1, pads=2)
     heard: list[tuple[int, int]] = []
     one = activation_patching(model, clean, corrupt, metric, attention_mask=mask, batch=1)
@@ -53,7 +54,12 @@ def test_patches_batched_into_one_pass_equal_one_pass_each() -> None:
         torch.testing.assert_close(many.heads, one.heads, rtol=0, atol=1e-12)
         torch.testing.assert_close(many.resid, one.resid, rtol=0, atol=1e-12)
     sites = 2 * 2 + 2 * 6
-    assert heard == [(sites, sites), (5, sites), (10, sites), (15, sites), (sites, sites)]
+    # heard as each pass goes: after its first block half its runs (a pass from layer 0 runs
+    # 2 blocks, one restarting at layer 1 runs 1), all of them once scored. One pass of 16;
+    # passes of 5 (layer 0's 8 sites, then layer 1's): 0-4 and 5-9 from layer 0, the rest
+    # from layer 1
+    assert heard == [(8, sites), (sites, sites),
+                     (2, sites), (5, sites), (7, sites), (10, sites), (15, sites), (sites, sites)]
 
     def alone(name: str, layer: int, **where: list[int]) -> float:
         return patch_effect(model, clean, corrupt, metric, attention_mask=mask,
@@ -289,7 +295,8 @@ def test_a_pass_fits_as_many_copies_as_the_logit_budget_allows(
     activation_patching(model, clean, corrupt, every, attention_mask=mask,
                         progress=lambda *n: heard.append(n))
     sites = 2 * 2 + 2 * 6
-    assert heard == [(5, sites), (10, sites), (15, sites), (sites, sites)]
+    # passes of 5, each heard after its first block too where it runs two (from layer 0)
+    assert heard == [(2, sites), (5, sites), (7, sites), (10, sites), (15, sites), (sites, sites)]
     monkeypatch.setattr(runs_module, "LOGIT_BYTES", copy - 1)
     assert all_columns.per_pass(None) == 1  # one copy, even over the budget
 

@@ -4,6 +4,7 @@ head can be frozen, and against the two steps written out with the public edits 
 
 from __future__ import annotations
 
+import itertools
 import math
 from typing import Any
 
@@ -91,7 +92,7 @@ def test_each_senders_effect_is_the_two_steps_by_hand(
         via: tuple[str, ...]) -> None:
     """Every sender's cell equals the two steps written out with `patch` and `patch_effect`
     (float64, left padding, 1e-10), batched or one pass per sender; heads at or after the
-    last receiver's layer are NaN; progress hears each pass."""
+    last receiver's layer are NaN; progress hears the pass block by block."""
     model, clean, corrupt, mask, metric = _pair(4, switches, seed=1)
     heard: list[tuple[int, int]] = []
     result = path_patching(model, clean, corrupt, metric, receivers, attention_mask=mask,
@@ -101,7 +102,11 @@ def test_each_senders_effect_is_the_two_steps_by_hand(
     torch.testing.assert_close(one.senders, result.senders, rtol=0, atol=1e-12, equal_nan=True)
     end = 4 if receivers is None else max(layer for layer, _ in receivers)
     H = model.config.n_head
-    assert heard == [(end * H, end * H)]
+    # one pass of every sender, heard block by block as it goes, rising to all of them
+    total = end * H
+    assert heard[-1] == (total, total) and len(heard) > 1
+    assert all(t == total for _, t in heard) and all(
+        a[0] < b[0] for a, b in itertools.pairwise(heard))
     assert torch.isnan(result.senders[end:]).all() and not torch.isnan(result.senders[:end]).any()
     for layer in range(end):
         for head in range(H):
@@ -161,7 +166,8 @@ def test_each_pass_restarts_at_its_first_sender_or_receiver() -> None:
     """Before a pass's first sender every copy is the corrupted run: step 1 restarts there (or
     at an earlier receiver), step 2 at the first receiver, from the corrupted run's residual
     stream. Block i runs in the clean and corrupted runs and in each step that starts at or
-    before it; passes of 3 senders give passes of 1's effects, and progress hears each."""
+    before it; passes of 3 senders give passes of 1's effects, and progress hears each, block
+    by block."""
     model, clean, corrupt, mask, metric = _pair(4, seed=1)
 
     def counted(receivers: list[tuple[int, int]] | None
@@ -181,8 +187,12 @@ def test_each_pass_restarts_at_its_first_sender_or_receiver() -> None:
 
     # senders 0.0 0.1 1.0 | 1.1: step 1 from layers 0 and 1, step 2 from layer 2 twice
     # to the logits, senders 0.0 0.1 1.0 | 1.1 2.0 2.1 | 3.0 3.1: step 1 from 0, 1 and 3
-    for receivers, calls, heard in [([(2, 0)], [3, 4, 6, 6], [(3, 4), (4, 4)]),
-                                    (None, [3, 4, 4, 5], [(3, 8), (6, 8), (8, 8)])]:
+    # progress, block by block: a pass's runs count in proportion to the blocks its steps
+    # have run (to (2, 0): the first pass runs 4 + 2 blocks, the second 3 + 2; to the
+    # logits: 4, 3 and 1), all of them once scored
+    for receivers, calls, heard in [
+            ([(2, 0)], [3, 4, 6, 6], [(1, 4), (2, 4), (3, 4), (4, 4)]),
+            (None, [3, 4, 4, 5], [(1, 8), (2, 8), (3, 8), (4, 8), (5, 8), (6, 8), (8, 8)])]:
         ran, told, senders = counted(receivers)
         assert ran == calls, receivers
         assert told == heard, receivers

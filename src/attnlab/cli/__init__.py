@@ -180,13 +180,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     script, `python -m attnlab`), which exits when this returns."""
     program = argv is None
     argv = list(sys.argv[1:] if argv is None else argv)
-    # the first word is the command: `attnlab` itself takes no flag with a value
-    command = next((word for word in argv if not word.startswith("-")), None)
+    command = command_of(argv)
     try:
         status = _main(argv, command)
     except KeyboardInterrupt:  # also while torch or a model loads: one line, no traceback
-        print(f"attnlab{' ' + command if command in COMMANDS else ''}: interrupted",
-              file=sys.stderr)
+        print(interrupted_line(command), file=sys.stderr)
         status = 130
     if program and threading.current_thread() is threading.main_thread():
         # the command is over, its output written: the second or so the interpreter takes to
@@ -195,6 +193,18 @@ def main(argv: Sequence[str] | None = None) -> int:
         # unlike a handler, is kept through the interpreter's finalization)
         signal.signal(signal.SIGINT, signal.SIG_IGN)
     return status
+
+
+def command_of(argv: Sequence[str]) -> str | None:
+    """The command of `attnlab ARGV...`: the first word, as `attnlab` itself takes no flag
+    with a value."""
+    return next((word for word in argv if not word.startswith("-")), None)
+
+
+def interrupted_line(command: str | None) -> str:
+    """What a Ctrl-C prints: `attnlab train: interrupted` (`attnlab: interrupted` without
+    a command)."""
+    return f"attnlab{' ' + command if command in COMMANDS else ''}: interrupted"
 
 
 def _main(argv: list[str], command: str | None) -> int:

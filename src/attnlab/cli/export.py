@@ -115,7 +115,7 @@ def run(args: argparse.Namespace) -> int:
     # stopped halfway leaves the earlier export whole, not its tokenizer beside new weights
     _say_writing(ckpt.model, family, args.max_shard_size)
     with written_together(out, "export", replacing=exported_files) as stage, \
-            Counter("shard", "wrote", delay_s=0.0) as progress:
+            Counter("byte", "wrote", delay_s=0.0, scale=True) as progress:
         save_hf(stage, ckpt.model, ckpt.tokenizer, family=family,
                 max_shard_size=args.max_shard_size, progress=progress)
         architecture = read_hf_config(stage)["architectures"][0]
@@ -137,7 +137,8 @@ WRITING_LINE_BYTES = 10**9
 
 def _say_writing(model: Any, family: str, max_shard_size: int) -> None:
     """One line on stderr before a large model's weights are written (a 1B model in float32:
-    ~10 s with nothing else on the screen); each shard's progress follows (`save_hf`'s)."""
+    ~10 s with nothing else on the screen); the bytes written follow (`save_hf`'s progress),
+    in one file or many."""
     from ..hf import hf_layout
     from ..hf.files import shards_of
     from ..model.memory import gb

@@ -110,8 +110,8 @@ def _figure_bar(n: int, formats: list[str], grid_heads: int = 0) -> Any:
     """A `Counter` of the figures drawn, when there are enough to wait for (24 files or
     more: docs/performance.md#figures), after one line on stderr saying so: a bar on a
     terminal, a line every few seconds in a log (which had nothing for minutes).
-    grid_heads: the heads of a grid drawn first, named in the line (one figure, but 512
-    heads of a 1B model took 24 s before the bar's first step)."""
+    grid_heads: the heads of a grid drawn first, named in the line (one figure, the
+    longest: 512 heads of a 1B model take seconds before the bar's first step)."""
     many = n * len(formats) >= 24
     if many:
         grid = f" (first the grid of {grid_heads} heads)" if grid_heads > 1 else ""

@@ -288,8 +288,8 @@ def save_hf(path: str | Path, model: GPT, tokenizer: Tokenizer | None = None, *,
     (model-00001-of-0000N.safetensors and model.safetensors.index.json), made and written
     one at a time: the export holds one shard's worth of tensors beside the model at most
     (the tensors Hugging Face lays out otherwise: transposes, joined q/k/v), never a copy of
-    the whole model (docs/models.md#export). progress: called as (shards written, shards)
-    after each."""
+    the whole model (docs/models.md#export). progress: called as (bytes written, bytes to
+    write) as the files are written, a piece of a few tens of MB at a time."""
     if not isinstance(model, GPT):
         raise TypeError(f"save_hf(path, model, tokenizer): model is a {type(model).__name__}, "
                         "not an attnlab GPT (the directory comes first)")

@@ -30,7 +30,7 @@ import torch
 from torch import Tensor
 
 from ..checkpoint import unpickling_reason
-from ..model.tensorfile import COMPARE_PIECE, TensorFiles, by_dtype
+from ..model.tensorfile import COMPARE_PIECE, TensorFiles, by_dtype, write_tensors
 from ..tokenizers import HFTokenizer, TiktokenTokenizer, Tokenizer
 from ..tokenizers.hf_dir import CONFIG_FILE, TOKENIZER_CONFIG, TOKENIZER_FILES, as_hf_backend
 
@@ -284,14 +284,14 @@ def write_weights(directory: Path, weights: Iterable[tuple[str, Tensor]],
     Only one shard's tensors are held at a time: `weights` may make each as it is asked for
     (`WeightMap.iter_to_hf`), so an export holds one shard beside the model, not a copy of
     it. Weight files an earlier export left (another shard count) are removed first, so a
-    reader finds these alone. The names of the files written. progress: called as (shards
-    written, shards) after each."""
-    from safetensors.torch import save_file
-
+    reader finds these alone. The names of the files written. progress: called as (bytes
+    written, bytes to write) as each file is written, a piece at a time (`write_tensors`):
+    one file of a large model takes seconds."""
     groups = shards_of(sizes, max_shard_size)
     files = shard_files(len(groups))
     _remove_weights(directory, keep=files)
     stream = iter(weights)
+    total, done = sum(sizes.values()), 0
     for file, group in zip(files, groups, strict=True):
         shard: dict[str, Tensor] = {}
         for expected in group:
@@ -299,14 +299,13 @@ def write_weights(directory: Path, weights: Iterable[tuple[str, Tensor]],
             if name != expected:
                 raise ValueError(f"weights came as {name!r} where the sizes listed "
                                  f"{expected!r}: they must list the same tensors in order")
-            shard[name] = _writable(tensor, shard.values())
+            shard[name] = tensor
         # transformers refuses safetensors files without format metadata
-        save_file(shard, str(directory / file), {"format": "pt"})
-        if progress is not None:
-            progress(files.index(file) + 1, len(files))
+        done += write_tensors(directory / file, shard, {"format": "pt"},
+                              None if progress is None else _counting(progress, done, total))
     if len(files) == 1:
         return files
-    index = {"metadata": {"total_size": sum(sizes.values())},
+    index = {"metadata": {"total_size": total},
              "weight_map": {name: file for file, group in zip(files, groups, strict=True)
                             for name in group}}
     # written last: a reader that finds the index finds every shard it names
@@ -314,15 +313,10 @@ def write_weights(directory: Path, weights: Iterable[tuple[str, Tensor]],
     return [*files, SAFETENSORS_INDEX]
 
 
-def _writable(tensor: Tensor, others: Iterable[Tensor]) -> Tensor:
-    """`tensor` as safetensors writes it: on the host, contiguous (a copy of that tensor
-    alone where it is a transposed view), and sharing no memory with the shard's `others`
-    (safetensors refuses tensors that overlap)."""
-    tensor = tensor.detach().to("cpu").contiguous()
-    storage = tensor.untyped_storage().data_ptr()
-    if any(other.untyped_storage().data_ptr() == storage for other in others):
-        tensor = tensor.clone()
-    return tensor
+def _counting(progress: Callable[[int, int], None], before: int, total: int
+              ) -> Callable[[int], None]:
+    """One file's progress (its bytes written) as the export's: (bytes written, total)."""
+    return lambda written: progress(before + written, total)
 
 
 def _remove_weights(directory: Path, keep: Sequence[str]) -> None:

@@ -161,8 +161,9 @@ def activation_patching(
     take attention's explicit path). Each patch is
     a corrupted run of its own, `batch` of them per forward pass (None: `PatchRuns.per_pass`'s
     choice, up to 32 as long as their logits fit 256 MiB; 1: one pass each); `progress(done,
-    total)` hears after each pass. A metric with `last_logits_only` True (`logit_diff_metric`
-    at the last position) is handed the last position's logits alone, (B, 1, V)."""
+    total)` hears as each pass goes, block by block (`runs.PassProgress`). A metric with
+    `last_logits_only` True (`logit_diff_metric` at the last position) is handed the last
+    position's logits alone, (B, 1, V)."""
     c, T = model.config, clean_ids.shape[1]
     outputs = _outputs(c) if blocks else ()
     inputs = tuple(HEAD_INPUTS) if qkv else ()

@@ -34,7 +34,7 @@ from torch import Tensor
 from ..model.runtime import wide
 from ..model.trace import Trace
 from .edits import Edit, Edits, check_heads
-from .runs import Metric, PatchRuns, Progress
+from .runs import Metric, PassProgress, PatchRuns, Progress
 
 #: the receiver inputs a path can end in
 INPUTS = ("q", "k", "v")
@@ -80,7 +80,7 @@ def path_patching(
     and patching them reaches every query head of the group. Every head before the last
     receiver's layer is a sender (all heads, for the logits), two corrupted runs each,
     `batch` senders per forward pass (None: as `activation_patching` chooses; 1: one each);
-    `progress(done, total)` hears after each pass."""
+    `progress(done, total)` hears as each pass goes, block by block (`runs.PassProgress`)."""
     c = model.config
     chosen = None if receivers is None else check_receivers(receivers, c)
     if chosen is None and via is not None:
@@ -94,18 +94,21 @@ def path_patching(
     senders = [(layer, h) for layer in range(end) for h in range(c.n_head)]
     effects = torch.full((c.n_layer, c.n_head), math.nan,
                          dtype=wide(model.lm_head.weight.dtype))  # (n_layer, nh)
+    heard = PassProgress(model, progress, len(senders))
     for start in range(0, len(senders), batch):
         group = senders[start:start + batch]
         received = None if chosen is None else Trace(
             names=inputs, layers=sorted({layer for layer, _ in chosen}))
-        logits = _senders_run(runs, group, chosen, received)  # (n B, T or 1, V)
-        if chosen is not None and received is not None:
-            logits = _receivers_run(runs, len(group), chosen, inputs, received)
-        for (layer, h), value in zip(group, runs.scored_copies(logits, len(group)),
-                                     strict=True):
-            effects[layer, h] = runs.normalized(value)
-        if progress is not None:
-            progress(start + len(group), len(senders))
+        # step 1 from its first sender or receiver, step 2 from its first receiver
+        blocks = runs.blocks_from(min(layer for layer, _ in group + (chosen or []))) + (
+            0 if chosen is None else runs.blocks_from(min(layer for layer, _ in chosen)))
+        with heard.runs(len(group), blocks):
+            logits = _senders_run(runs, group, chosen, received)  # (n B, T or 1, V)
+            if chosen is not None and received is not None:
+                logits = _receivers_run(runs, len(group), chosen, inputs, received)
+            for (layer, h), value in zip(group, runs.scored_copies(logits, len(group)),
+                                         strict=True):
+                effects[layer, h] = runs.normalized(value)
     return PathPatching(effects, chosen, inputs, runs.clean, runs.corrupted)
 
 

@@ -7,7 +7,8 @@ build their experiments on `PatchRuns`; the edits are `edits.py`'s.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import torch
@@ -20,7 +21,7 @@ from .edits import Edit, Edits
 #: logits (B, T, V) -> the one number to explain: a scalar tensor, reduced over the batch
 #: (`.mean()`); activation patching also takes a Python float, attribution needs the graph.
 Metric = Callable[[Tensor], Tensor]
-#: (runs done, runs in all): called after each batch of `activation_patching`'s runs.
+#: (runs done, runs in all): called as each pass of patched runs goes (`PassProgress`).
 Progress = Callable[[int, int], None]
 #: What one corrupted run patches: a name, a layer and the cell of its value from dimension
 #: 1 on: ("context", layer, (head,)), ("context", layer, (head, position)), or one position
@@ -163,17 +164,22 @@ class PatchRuns:
     def effects(self, sites: list[Site], batch: int, progress: Progress | None) -> list[float]:
         """Each site's effect patched alone, `batch` sites per forward pass: copy i of the
         corrupted batch takes site i's cells from the clean trace. With `restarts`, a pass
-        starts at the lowest layer it patches (so pass sites in layer order)."""
+        starts at the lowest layer it patches (so pass sites in layer order). progress:
+        heard as each pass goes (`PassProgress`)."""
         effects: list[float] = []
+        heard = PassProgress(self.model, progress, len(sites))
         for start in range(0, len(sites), batch):
             group = sites[start:start + batch]
             n = len(group)
             first = min(layer for _, layer, _ in group)
-            logits = self.copies(n, first, self._edits(group))  # (n B, T or 1, V)
-            effects += [self.normalized(value) for value in self.scored_copies(logits, n)]
-            if progress is not None:
-                progress(len(effects), len(sites))
+            with heard.runs(n, blocks=self.blocks_from(first)):
+                logits = self.copies(n, first, self._edits(group))  # (n B, T or 1, V)
+                effects += [self.normalized(value) for value in self.scored_copies(logits, n)]
         return effects
+
+    def blocks_from(self, first: int) -> int:
+        """The blocks a pass of `copies(..., first, ...)` runs."""
+        return self.model.config.n_layer - (first if self.restarts is not None else 0)
 
     def copies(self, n: int, first: int, edits: Edits, trace: Trace | None = None) -> Tensor:
         """The logits (n B, T or 1, V) of n copies of the corrupted batch under `edits` (copy
@@ -207,3 +213,43 @@ class PatchRuns:
             return Edit(name, layer, replace)
 
         return Edits([edit(name, layer, cells) for (name, layer), cells in copies.items()])
+
+
+class PassProgress:
+    """A `Progress` heard during each pass of patched runs, not only after it: a pass of 32
+    runs of a large model is one long forward pass (seconds to minutes on a CPU). After each
+    block the pass runs, its runs count as done in proportion to its blocks run (32 runs
+    over 16 blocks: 2 more a block), and all of them once the pass is scored; each count
+    heard once, rising, up to `total`. No progress: no hooks, nothing heard."""
+
+    def __init__(self, model: Any, progress: Progress | None, total: int) -> None:
+        self.model, self.progress, self.total = model, progress, total
+        self.done = 0  # the runs of the passes finished
+        self.heard = 0  # the count last heard
+
+    @contextmanager
+    def runs(self, n: int, blocks: int) -> Iterator[None]:
+        """Inside: the forward passes of `n` runs, `blocks` blocks run in all (the blocks
+        each forward pass runs, summed)."""
+        progress = self.progress
+        if progress is None:
+            yield
+            return
+        ran = 0
+
+        def block_done(*_: Any) -> None:
+            nonlocal ran
+            ran += 1
+            count = self.done + n * min(ran, blocks) // max(blocks, 1)
+            if self.heard < count < self.done + n:  # the last: after scoring, below
+                self.heard = count
+                progress(count, self.total)
+
+        hooks = [block.register_forward_hook(block_done) for block in self.model.blocks]
+        try:
+            yield
+        finally:
+            for hook in hooks:
+                hook.remove()
+        self.done = self.heard = self.done + n
+        progress(self.done, self.total)

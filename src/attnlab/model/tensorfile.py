@@ -9,6 +9,7 @@ an unknown dtype, a byte count that disagrees with the shape, and data that runs
 file or overlaps another tensor's. A shape may be huge (a 70B model's header describes
 141 GB): nothing here allocates by the header's word. `TensorFiles` joins the headers of
 a model's shards into one name -> tensor table, refusing a tensor found in two shards.
+`write_tensors` writes such a file a piece at a time, saying how many bytes it has written.
 
 This module knows files and bytes; which tensors a model needs and what they mean is the
 loaders' (`model/materialize.py` builds a GPT from named tensors, `checkpoint.py` and `hf`
@@ -21,7 +22,7 @@ import itertools
 import json
 import math
 import struct
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
@@ -36,10 +37,14 @@ DTYPES: dict[str, torch.dtype] = {
     "I64": torch.int64, "I32": torch.int32, "I16": torch.int16, "I8": torch.int8,
     "U8": torch.uint8, "BOOL": torch.bool,
 }
+_DTYPE_NAMES = {dtype: name for name, dtype in DTYPES.items()}
 # safetensors' own reader refuses headers over 100 MB; a real one is well under 1 MB
 MAX_HEADER = 100_000_000
 # one read() returns at most ~2 GiB on Linux, so bigger tensors are read in pieces
 _READ_PIECE = 1 << 30
+#: bytes `write_tensors` writes between two calls of its progress: a 1B model's 2 GB
+#: file in ~32 steps, each well under a second
+WRITE_PIECE = 1 << 26
 #: bytes of each tensor `same_rows` holds at a time: small beside any model it compares,
 #: large enough that a read's own cost is lost in it
 COMPARE_PIECE = 1 << 26
@@ -187,6 +192,45 @@ def same_rows(a: TensorInfo, b: TensorInfo) -> bool:
         if not torch.equal(read_rows(a, start, stop), read_rows(b, start, stop)):
             return False  # a head that differs differs in its first rows: one slice read
     return True
+
+
+def write_tensors(path: Path, tensors: Mapping[str, Tensor], metadata: Mapping[str, str],
+                  progress: Callable[[int], None] | None = None) -> int:
+    """Write `tensors` as the safetensors file `path` (the format above, as safetensors'
+    `save_file` writes it) in the mapping's order; the bytes of tensor data written. Each
+    tensor is made contiguous on the host only when its turn comes, so a transposed view
+    costs a copy of itself alone, and views that share memory need no copies (save_file
+    refuses them). progress: called with the data bytes written so far after each
+    WRITE_PIECE bytes or less of a tensor (save_file writes a whole file in one call: a 1B
+    model's 2 GB took seconds with nothing to show)."""
+    header: dict[str, object] = {"__metadata__": dict(metadata)}
+    offset = 0
+    for name, tensor in tensors.items():
+        if tensor.dtype not in _DTYPE_NAMES:
+            raise ValueError(f"tensor {name!r} is {tensor.dtype}; safetensors holds "
+                             f"{', '.join(map(str, _DTYPE_NAMES))}: convert it first")
+        nbytes = tensor.numel() * tensor.element_size()
+        header[name] = {"dtype": _DTYPE_NAMES[tensor.dtype], "shape": list(tensor.shape),
+                        "data_offsets": [offset, offset + nbytes]}
+        offset += nbytes
+    # compact JSON padded with spaces to 8 bytes, so the data is aligned (as save_file does)
+    text = json.dumps(header, separators=(",", ":")).encode()
+    text += b" " * (-len(text) % 8)
+    written = 0
+    with open(path, "wb") as f:
+        f.write(struct.pack("<Q", len(text)) + text)
+        for tensor in tensors.values():
+            # the host's byte order is the format's (little-endian: every machine torch's
+            # wheels are built for)
+            data = tensor.detach().to("cpu").contiguous().reshape(-1).view(torch.uint8)
+            buffer = memoryview(data.numpy().data)  # nbytes
+            for start in range(0, len(buffer), WRITE_PIECE):
+                piece = buffer[start:start + WRITE_PIECE]
+                f.write(piece)
+                written += len(piece)
+                if progress is not None:
+                    progress(written)
+    return written
 
 
 class WeightFiles(Protocol):

@@ -86,9 +86,10 @@ def _tick_positions(n: int, max_ticks: int = MAX_TICKS) -> list[int]:
     return list(range(0, n, step))
 
 
-def set_ticks(ax: Axes, axis: str, labels: Sequence[str] | None, n: int,
-               max_ticks: int = MAX_TICKS) -> None:
-    """Label every cell when they fit, else every k-th as "position token"."""
+def tick_labels(labels: Sequence[str] | None, n: int, max_ticks: int = MAX_TICKS
+                ) -> tuple[list[int], list[str], int]:
+    """(positions, texts, font size) of one axis of `n` cells: every cell labelled when
+    they fit, else every k-th as "position token"."""
     where = _tick_positions(n, max_ticks)
     if labels is None:
         text = [str(i) for i in where]
@@ -96,15 +97,25 @@ def set_ticks(ax: Axes, axis: str, labels: Sequence[str] | None, n: int,
         text = [token_label(labels[i]) for i in where]
     else:
         text = [f"{i} {token_label(labels[i], 8)}" for i in where]
-    size = 9 if n <= ANNOTATE_MAX else 7 if n <= 64 else 6
+    return where, text, 9 if n <= ANNOTATE_MAX else 7 if n <= 64 else 6
+
+
+def sideways(text: Sequence[str]) -> bool:
+    """Whether x tick labels turn sideways: once words would collide (single characters
+    and numbers fit)."""
+    return (len(text) > 4 and max(map(len, text), default=0) > 2) or len(text) > 16
+
+
+def set_ticks(ax: Axes, axis: str, labels: Sequence[str] | None, n: int,
+              max_ticks: int = MAX_TICKS) -> None:
+    """Label every cell when they fit, else every k-th as "position token"."""
+    where, text, size = tick_labels(labels, n, max_ticks)
     held = ax.__dict__.setdefault("_attnlab_ticks", {})
     if held.get(axis) == (where, text, size):
         return  # a refill with the same labels: setting them again costs more than a draw
     held[axis] = (where, text, size)
     if axis == "x":
-        # turn words sideways once they would collide; single characters and numbers fit
-        turn = (len(where) > 4 and max(map(len, text)) > 2) or len(where) > 16
-        ax.set_xticks(where, text, rotation=90 if turn else 0, fontsize=size)
+        ax.set_xticks(where, text, rotation=90 if sideways(text) else 0, fontsize=size)
     else:
         ax.set_yticks(where, text, fontsize=size)
 
@@ -181,18 +192,27 @@ def heatmap(
     if annotate is None:
         annotate = rows <= ANNOTATE_MAX and cols <= ANNOTATE_MAX
     if annotate:
-        colours = np.asarray(image.cmap(image.norm(values)))  # (rows, cols, 4) RGBA per cell
-        luminance = colours[..., :3] @ np.array([0.299, 0.587, 0.114])  # (rows, cols)
-        for i in range(rows):
-            for j in range(cols):
-                if hide[i, j]:
-                    if masked_text:
-                        ax.text(j, i, masked_text, ha="center", va="center", fontsize=8,
-                                color="#555555")
-                    continue
-                ax.text(j, i, _fmt(values[i, j]), ha="center", va="center", fontsize=8,
-                        color="white" if luminance[i, j] < 0.5 else "black")
+        write_values(ax, values, hide, image, masked_text)
     return image
+
+
+def write_values(ax: Axes, values: np.ndarray, hide: np.ndarray, image: Any,
+                 masked_text: str = "", at: tuple[int, int] = (0, 0)) -> None:
+    """Each cell's value written in it, white on dark colours and black on light ones
+    (`image`'s colours); `masked_text` in the cells `hide` marks. at: the (row, column) of
+    the matrix's first cell in `ax`'s data (a panel of a mosaic: `grid.py`)."""
+    colours = np.asarray(image.cmap(image.norm(values)))  # (rows, cols, 4) RGBA per cell
+    luminance = colours[..., :3] @ np.array([0.299, 0.587, 0.114])  # (rows, cols)
+    top, left = at
+    for i in range(values.shape[0]):
+        for j in range(values.shape[1]):
+            if hide[i, j]:
+                if masked_text:
+                    ax.text(left + j, top + i, masked_text, ha="center", va="center",
+                            fontsize=8, color="#555555")
+                continue
+            ax.text(left + j, top + i, _fmt(values[i, j]), ha="center", va="center",
+                    fontsize=8, color="white" if luminance[i, j] < 0.5 else "black")
 
 
 def _hatch_patch(shape: tuple[int, ...]) -> Any:

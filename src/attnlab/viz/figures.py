@@ -29,8 +29,6 @@ from .core import (
     ANNOTATE_MAX,
     MAX_TICKS,
     ArrayLike,
-    as_bool,
-    as_floats,
     as_numpy,
     colorbar,
     hatch_columns,
@@ -39,7 +37,7 @@ from .core import (
     set_ticks,
     token_label,
 )
-from .visible import may_attend_mask, visible_vmax, visible_weights, weight_vmax
+from .visible import may_attend_mask, weight_vmax
 
 if TYPE_CHECKING:
     from matplotlib.axes import Axes
@@ -189,69 +187,6 @@ def _suptitle(fig: Figure, title: str, refill: bool) -> None:
         fig.texts[0].set_text(title)
     else:
         fig.suptitle(title, fontsize=11)
-
-
-def plot_grid(
-    weights: ArrayLike | Sequence[ArrayLike],
-    tokens: Sequence[str],
-    *,
-    layers: Sequence[int] | None = None,
-    heads: Sequence[int] | None = None,
-    title: str = "attention weights by layer and head",
-    may_attend: ArrayLike | None = None,
-) -> Figure:
-    """(L, nh, T, S) weights as a grid: one row per layer, one column per head.
-
-    `weights` may also be a sequence of L (nh, T, S) arrays, a trace's layers as they are:
-    no stacked copy of them all. `layers`/`heads` name the rows and columns (default
-    0..L-1, 0..nh-1). Token labels appear on the left column and bottom row only, thinned to
-    fit the panel size. Cells where `may_attend` is False are hatched: (T, S) for every
-    layer or (L, T, S) one per layer (layers' sliding windows differ), default the causal
-    future.
-    """
-    plt = pyplot()
-    if isinstance(weights, ArrayLike) and weights.ndim != 4:
-        raise ValueError(f"plot_grid needs (layers, heads, T, S) weights, got "
-                         f"{tuple(weights.shape)}")
-    values = [as_floats(layer) for layer in weights]  # (nh, T, S) each: a float32 tensor's view
-    shapes = sorted({v.shape for v in values})
-    if len(shapes) != 1 or len(shapes[0]) != 3:
-        raise ValueError(f"plot_grid needs one (heads, T, S) array per layer, all of one "
-                         f"shape, got shapes {shapes}")
-    L, (H, T, S) = len(values), values[0].shape
-    layers = list(range(L)) if layers is None else list(layers)
-    heads = list(range(H)) if heads is None else list(heads)
-    if may_attend is None or as_bool(may_attend).ndim == 2:
-        mays = np.stack([may_attend_mask((T, S), may_attend)] * L)  # (L, T, S)
-    else:
-        mays = as_bool(may_attend)
-        if mays.shape != (L, T, S):
-            raise ValueError(f"may_attend of shape {mays.shape} for {L} layers of ({T}, {S}) "
-                             f"weights; pass one (T, S) mask or ({L}, {T}, {S}), one per layer")
-    panel = min(2.6, MAX_INCHES / max(L, H))
-    fig, axes = plt.subplots(L, H, figsize=(panel * H + 1.6, panel * L + 1.0), dpi=DPI,
-                             squeeze=False, layout="constrained")
-    ticks = max(2, int(panel * 7))  # about 7 labels per inch of panel (7 pt text)
-    annotate = T <= 6 and panel >= 2.0
-    vmax = 1.0 if S <= ANNOTATE_MAX else visible_vmax(visible_weights(values, mays), S)
-    image = None
-    for i in range(L):
-        for j in range(H):
-            ax = axes[i, j]
-            image = heatmap(ax, values[i][j], row_labels=tokens, col_labels=tokens,
-                            masked=~mays[i], vmin=0.0, vmax=vmax, annotate=annotate,
-                            max_ticks=ticks)
-            if i < L - 1:
-                ax.set_xticklabels([])
-            if j > 0:
-                ax.set_yticklabels([])
-            if i == 0:
-                ax.set_title(f"head {heads[j]}", fontsize=9)
-            if j == 0:
-                ax.set_ylabel(f"layer {layers[i]}", fontsize=9)
-    colorbar(fig, image, axes, label="weight", shrink=0.6)
-    fig.suptitle(f"{title}  (rows: queries, columns: keys)", fontsize=10)
-    return fig
 
 
 def plot_row(
