@@ -1,6 +1,7 @@
 """viewer/app.py under a busy model, served by uvicorn: requests wait their turn without holding
 the threadpool (the page's static files still load), a request whose client left while it
-waited is not computed, a stopping server ends its open generations and refuses waiting
+waited is not computed, one whose client leaves while it computes stops at its next block, a
+stopping server stops the call under way, ends its open generations and refuses waiting
 requests, a big answer is encoded off the event loop, and `attnlab serve` stops on Ctrl-C or
 SIGTERM mid-stream with one line.
 
@@ -29,11 +30,13 @@ import pytest
 
 pytest.importorskip("fastapi", reason="the serve extra (fastapi, uvicorn) is not installed")
 
+import attnlab.generate as generation
 from attnlab import ServeConfig, create_app
 from attnlab.checkpoint import save_checkpoint
 from helpers import first_answer, free_port, make_model, make_tokenizer, serving
 
 WAIT = 20  # seconds: a bound that only a broken server reaches, never a measurement
+N_LAYER = 6  # the `layered` model's blocks
 
 
 class Gate:
@@ -72,6 +75,48 @@ def busy() -> Iterator[tuple[str, Gate, threading.Event]]:
     app = create_app(model, tok, config=ServeConfig(max_new_tokens=250), stopping=stopping)
     with serving(app, log_level="error") as port:
         yield f"http://127.0.0.1:{port}", gate, stopping
+
+
+class Blocks:
+    """Forward pre-hooks that count the blocks a model begins (`begun`), the first block's
+    holding it (`gate`, a `Gate`) so that a call stops in the middle of a pass."""
+
+    def __init__(self, model: Any) -> None:
+        self.begun = 0
+        self.gate = Gate()
+        for block in model.blocks:
+            block.register_forward_pre_hook(self.count)
+        model.blocks[0].register_forward_pre_hook(self.gate)
+
+    def count(self, *_: Any) -> None:
+        self.begun += 1
+
+
+@pytest.fixture(scope="module")
+def layered() -> Iterator[tuple[str, Blocks, threading.Event]]:
+    """uvicorn serving a nano model of N_LAYER blocks whose pass `Blocks` counts and can hold
+    before its first block, with the app's `stopping` event."""
+    tok = make_tokenizer()
+    model = make_model(tok.vocab_size, block_size=256, n_layer=N_LAYER)
+    blocks = Blocks(model)
+    stopping = threading.Event()
+    app = create_app(model, tok, config=ServeConfig(max_new_tokens=200), stopping=stopping)
+    with serving(app, log_level="error") as port:
+        yield f"http://127.0.0.1:{port}", blocks, stopping
+
+
+@pytest.fixture
+def decodes(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """The generations' decode steps: one entry per new token past the first."""
+    steps: list[int] = []
+    decode_one_token = generation.decode_one_token
+
+    def counted(*args: Any) -> Any:
+        steps.append(1)
+        return decode_one_token(*args)
+
+    monkeypatch.setattr(generation, "decode_one_token", counted)
+    return steps
 
 
 def raw_post(base: str, path: str, body: dict[str, Any]) -> socket.socket:
@@ -153,13 +198,98 @@ def test_stopping_ends_a_generation_and_refuses_waiting_requests(
                 stopping.set()
                 gate.open()
                 rest = "\n".join(lines)
-            assert held.result().status_code == 200  # the model call under way finishes
+            # the call under way stops at its next block: the server stops within one block
+            assert held.result().status_code == 503
             answer = waiting.result()
     finally:
         stopping.clear()
     events = [line for line in rest.split("\n") if line.startswith("event: ")]
     assert events == ["event: error"], events
     assert "attnlab serve is stopping" in rest
+    assert answer.status_code == 503 and "stopping" in answer.json()["error"]
+
+
+@pytest.mark.parametrize("path, body", [
+    ("/api/attention", {"text": "left while computing"}),
+    ("/api/heads", {"text": "left while computing"}),
+    ("/api/lens", {"text": "left while computing"}),
+])
+def test_a_request_whose_client_left_while_computing_stops_at_its_next_block(
+    layered: tuple[str, Blocks, threading.Event], path: str, body: dict[str, Any],
+) -> None:
+    """A request's client leaves while the model computes it: the server ran the rest of its
+    passes for no one (the heads panel's are four), the next client waiting behind. Now it
+    stops before its next block and the next request runs at once."""
+    base, blocks, _ = layered
+    blocks.gate.close()
+    left = raw_post(base, path, body)
+    assert blocks.gate.entered.wait(WAIT), "the model never ran"
+    with ThreadPoolExecutor(1) as pool:
+        after = pool.submit(httpx.post, base + "/api/attention", json={"text": "next"},
+                            timeout=WAIT)
+        left.close()
+        time.sleep(1.0)  # the server sees it go (a longer wait changes nothing)
+        before = blocks.begun
+        blocks.gate.open()
+        assert after.result().status_code == 200
+    ran = blocks.begun - before - N_LAYER  # the next request's pass begins N_LAYER blocks
+    assert ran == 0, f"{ran} blocks computed for a client that had left"
+
+
+def test_a_generation_whose_client_left_during_its_prefill_stops(
+    layered: tuple[str, Blocks, threading.Event], decodes: list[int],
+) -> None:
+    """A generation's client leaves after its first event (`start`), while the prompt's
+    prefill computes: the prefill ran through every block for no one. Now it stops before
+    the next block, decodes no token, and the next request runs at once."""
+    base, blocks, _ = layered
+    body = {"text": "abcd" * 32, "max_new_tokens": 120, "temperature": 1.0}
+    blocks.gate.close()
+    with httpx.stream("POST", base + "/api/generate", json=body, timeout=WAIT) as r:
+        lines = r.iter_lines()  # kept: a dropped line iterator closes the connection
+        assert next(lines) == "event: start"
+        assert blocks.gate.entered.wait(WAIT), "the prefill never ran"
+    with ThreadPoolExecutor(1) as pool:  # the stream above is closed: its client has left
+        after = pool.submit(httpx.post, base + "/api/attention", json={"text": "next"},
+                            timeout=WAIT)
+        time.sleep(1.0)  # the server sees it go
+        before = blocks.begun
+        blocks.gate.open()
+        assert after.result().status_code == 200
+    ran = blocks.begun - before - N_LAYER
+    assert ran == 0, f"{ran} prefill blocks computed for a client that had left"
+    assert decodes == [], f"{len(decodes)} of 120 tokens decoded for no one"
+
+
+def test_stopping_stops_a_prefill_under_way(
+    layered: tuple[str, Blocks, threading.Event],
+) -> None:
+    """The server stops (Ctrl-C) while a generation's prefill computes, behind it an
+    attention request: the prefill ran through every block and its first token went out
+    before the stream ended. Now the stream's only event after `start` is the `error`, no
+    block begins after the stop, and the waiting request gets a 503."""
+    base, blocks, stopping = layered
+    body = {"text": "abcd" * 32, "max_new_tokens": 120, "temperature": 1.0}
+    try:
+        with httpx.Client(base_url=base, timeout=WAIT) as client, ThreadPoolExecutor(1) as pool:
+            blocks.gate.close()
+            with client.stream("POST", "/api/generate", json=body) as r:
+                lines = r.iter_lines()
+                assert next(lines) == "event: start"
+                assert blocks.gate.entered.wait(WAIT), "the prefill never ran"
+                waiting = pool.submit(client.post, "/api/attention", json={"text": "queued"})
+                time.sleep(0.5)  # the attention request waits its turn
+                before = blocks.begun
+                stopping.set()
+                blocks.gate.open()
+                rest = "\n".join(lines)
+            answer = waiting.result()
+    finally:
+        stopping.clear()
+    events = [line for line in rest.split("\n") if line.startswith("event: ")]
+    assert events == ["event: error"], events
+    assert "attnlab serve is stopping" in rest
+    assert blocks.begun == before, f"{blocks.begun - before} blocks begun after the stop"
     assert answer.status_code == 503 and "stopping" in answer.json()["error"]
 
 

@@ -19,11 +19,13 @@ sampling `generate/`'s, and the drawing the page's (`web/app.js`). Starting a se
 Every bad request gets a 4xx JSON body `{"error": "...", "detail": [...]}`, never a 500; a
 request the device has no memory for gets a 503 in the same format, naming the limits to lower
 (`state.ViewerState.out_of_memory`), and the server goes on serving.
-Model calls run in the threadpool, one at a time behind a lock, in the order they came (a
+Model calls run in a worker thread, one at a time behind a lock, in the order they came (a
 generation takes the lock per token, so attention requests interleave with a long
-generation); a request whose client left while it waited is dropped, not computed. Setting
-`stopping` (`attnlab serve` does on Ctrl-C) ends every generation at its next token with an
-`error` event and answers waiting requests with a 503, so a server stops within one model call.
+generation); a request whose client left while it waited is dropped, not computed, and one
+whose client leaves while it computes stops before the model's next block. Setting
+`stopping` (`attnlab serve` does on Ctrl-C) stops the call under way before its next block,
+ends every generation with an `error` event and answers waiting requests with a 503, so a
+server stops within one block (or one decoded token).
 
 FastAPI and pydantic (the `serve` extra) are imported inside `create_app`, with the modules
 that need them (`errors.py`, `routes/`), so importing this module, and `attnlab --help`,
@@ -70,8 +72,9 @@ def create_app(
     """The viewer's ASGI app for `model` (put in eval mode) and its `tokenizer`.
 
     meta: what the page shows as the training summary (a checkpoint's meta).
-    stopping: set it when the server begins to stop, so that open generations end at once
-    rather than run to max_new_tokens while the server waits for them.
+    stopping: set it when the server begins to stop, so that the model call under way ends
+    before its next block and open generations end at once, rather than run to their end
+    (max_new_tokens) while the server waits for them.
     """
     _require_serve_extra()
     from fastapi import FastAPI

@@ -1,7 +1,8 @@
 """What every route of the viewer shares: its limits (`ServeConfig`), the error a route raises
 for a bad request (`RequestError`), and `ViewerState`, the one served model with its tokenizer,
-its queue (`locked`: one model call at a time, in turn), the flag that says the server is
-stopping, and the checks that turn a request's text or ids into token ids.
+its queue (`locked`: one model call at a time, in turn, stopped at its next block when its
+client leaves or the server stops), the flag that says the server is stopping, and the checks
+that turn a request's text or ids into token ids.
 
 The routes (`routes/`) and `app.py` import this module; it imports no web framework at import
 time (anyio, the serve extra's, only inside `ViewerState`'s methods), so `import attnlab`
@@ -49,12 +50,41 @@ class ServeConfig:
             )
 
 
+# seconds between two looks at whether a computing request's client is still there: a
+# request stops within this (and one block) of its client leaving
+LEFT_POLL_S = 0.05
+
+
 class RequestError(Exception):
     """A bad request: its message (what was wrong, how to fix it) goes back as JSON."""
 
     def __init__(self, message: str, status: int = 422) -> None:
         super().__init__(message)
         self.status = status
+
+
+class _Stopped(Exception):
+    """Raised before a block of a model call whose request was cancelled (`_BlockStops`), so
+    the call ends there; `ViewerState.locked` turns it into a `RequestError`."""
+
+
+class _BlockStops:
+    """A forward pre-hook on each block of a model that raises `_Stopped` in the thread that
+    runs a viewer call once that call is cancelled: put on once, when the app is made, and
+    armed per call (`thread`, `cancelled`), since hooks put on and taken off per call cost
+    a generation about 13 us a token per block (docs/performance.md#viewer-cancel). Outside
+    the app's calls, and in any other thread, it does nothing. A decode step never calls
+    the blocks (`DecodeStep` runs their weights itself): a generation stops between tokens."""
+
+    def __init__(self, model: GPT) -> None:
+        self.thread: int | None = None  # the thread running the app's call; None: none runs
+        self.cancelled: Callable[[], bool] = bool  # that call's: whether to stop
+        for block in model.blocks:
+            block.register_forward_pre_hook(self)
+
+    def __call__(self, *_: Any) -> None:
+        if self.thread == threading.get_ident() and self.cancelled():
+            raise _Stopped
 
 
 def model_summary(
@@ -90,8 +120,9 @@ class ViewerState:
     limits: ServeConfig
     stop_ids: tuple[int, ...]  # token ids that end a generation (the tokenizer's)
     summary: dict[str, Any]  # the body of /api/model, built once
-    # set when the server stops (`attnlab serve` sets it on Ctrl-C or SIGTERM): a generation
-    # ends at its next token and a waiting request gets a 503, so shutdown takes one model call
+    # set when the server stops (`attnlab serve` sets it on Ctrl-C or SIGTERM): the call under
+    # way ends before its next block, a generation at its next token, and a waiting request
+    # gets a 503, so shutdown takes at most one block (or one token)
     stopping: threading.Event = field(default_factory=threading.Event)
     # one forward at a time: torch already uses every core
     lock: threading.Lock = field(default_factory=threading.Lock)
@@ -101,6 +132,10 @@ class ViewerState:
     # runs each request in a loop of its own; `lock` still keeps the loops' calls apart
     turns: weakref.WeakKeyDictionary[Any, Any] = field(
         default_factory=weakref.WeakKeyDictionary)
+    stops: _BlockStops = field(init=False)  # ends a cancelled call before its next block
+
+    def __post_init__(self) -> None:
+        self.stops = _BlockStops(self.model)
 
     @classmethod
     def of(cls, model: GPT, tokenizer: TextTokenizer, meta: dict[str, Any] | None,
@@ -170,24 +205,45 @@ class ViewerState:
             f"(--max_text_chars {limits.max_text_chars}, --max_weights {limits.max_weights}, "
             f"--max_new_tokens {limits.max_new_tokens}) or --dtype bfloat16", status=503)
 
+    def stopped(self) -> RequestError:
+        """The answer to a request the stopping server will not compute (503)."""
+        return RequestError("attnlab serve is stopping; start it again and resend the request",
+                            status=503)
+
     async def locked(self, fn: Callable[[], Any],
                      left: Callable[[], Awaitable[bool]] | None = None) -> Any:
-        """fn() in the threadpool under the model lock, in the order the requests came (a
+        """fn() in a worker thread under the model lock, in the order the requests came (a
         generation takes its turn per token, so attention requests interleave with a long
         generation). `left()` says whether the client went away: a request whose client left
-        while it waited is dropped (499) rather than computed for no one. While the server
-        stops, or when the device has no memory for the request, it raises `RequestError`
-        (503: `stopping`, `out_of_memory`)."""
+        while it waited is dropped (499) rather than computed for no one, and one whose client
+        leaves while it computes (or whose task is cancelled: a stream's client left, the
+        server cut it) stops before the model's next block, as every call does once the server
+        is stopping; the next request's turn comes then. Raises `RequestError` for those (499
+        for the client, nobody reads it; 503: `stopped`) and when the device has no memory
+        for the request (503: `out_of_memory`)."""
         import anyio  # the serve extra: routes only
-        from starlette.concurrency import run_in_threadpool
+
+        # this call's own flag: one set late (its client left as the call ended) is read by no
+        # later call, and `stops` reads it only in this call's thread, while it runs
+        cancel = threading.Event()
+
+        def cancelled() -> bool:
+            return cancel.is_set() or self.stopping.is_set()
 
         def call() -> Any:
             with self.lock:
                 try:
+                    if cancelled():  # it went while this thread started: not one block
+                        raise _Stopped
+                    self.stops.thread, self.stops.cancelled = threading.get_ident(), cancelled
                     return fn()
+                except _Stopped:
+                    raise (self.stopped() if self.stopping.is_set() else RequestError(
+                        "the client left while its request computed", status=499)) from None
                 except torch.OutOfMemoryError as err:  # this request's: the next one is served
                     raise self.out_of_memory(err) from None
                 finally:
+                    self.stops.thread = None
                     # runtime keeps a trace's freed (nh, T, T) buffers for a later one of the
                     # same size; texts of every length would pile them up
                     # (docs/performance.md#viewer-memory)
@@ -196,11 +252,47 @@ class ViewerState:
         turn = self.turns.setdefault(asyncio.get_running_loop(), anyio.Lock())
         async with turn:
             if self.stopping.is_set():
-                raise RequestError("attnlab serve is stopping; start it again and resend "
-                                   "the request", status=503)
+                raise self.stopped()
             if left is not None and await left():
                 # nginx's code for a client that closed the connection; nobody reads it
                 raise RequestError("the client left before its turn", status=499)
-            # anyio waits for the thread even when this request is cancelled (its client
-            # left), so the turn is held until the model is free
-            return await run_in_threadpool(call)
+            return await _watched(call, cancel, left)
+
+
+async def _watched(call: Callable[[], Any], cancel: threading.Event,
+                   left: Callable[[], Awaitable[bool]] | None) -> Any:
+    """call() in a worker thread, `cancel` set once `left()` (asked every LEFT_POLL_S while
+    the call runs) says the client went away, or once this task is cancelled (a stream's
+    client left, the server cut it). The task waits for the thread even then, so its turn is
+    held until the model is free: `cancel` ends the call at its next block meanwhile. A timer
+    asks `left`, not a task that waits beside the call: a generation comes here per token,
+    and a task group per call cost it 0.1-0.3 ms a token (docs/performance.md#viewer-cancel)."""
+    import anyio
+
+    loop = asyncio.get_running_loop()
+    job = loop.run_in_executor(None, call)
+    asking: set[asyncio.Task[None]] = set()  # the loop holds its tasks weakly
+
+    async def ask(probe: Callable[[], Awaitable[bool]]) -> None:
+        if await probe():
+            cancel.set()
+        elif not job.done():
+            timer[0] = loop.call_later(LEFT_POLL_S, look, probe)
+
+    def look(probe: Callable[[], Awaitable[bool]]) -> None:
+        task = loop.create_task(ask(probe))
+        asking.add(task)
+        task.add_done_callback(asking.discard)
+
+    timer = [loop.call_later(LEFT_POLL_S, look, left)] if left is not None else []
+    try:
+        return await asyncio.shield(job)
+    except asyncio.CancelledError:  # anyio's cancellation too, on asyncio
+        cancel.set()
+        with anyio.CancelScope(shield=True):
+            await asyncio.wait({job})
+        job.exception()  # read: its RequestError (499, 503) goes to no one, unlogged
+        raise
+    finally:
+        for handle in timer:
+            handle.cancel()

@@ -87,8 +87,11 @@ def event_stream(
 
     async def step() -> int | None:
         try:
-            token: int | None = await state.locked(lambda: next(tokens, None))
-        except RequestError as err:  # out of memory: the stream's `error` event says so
+            # `left`: a step stops between blocks when the client leaves (a long prompt's
+            # prefill is one step); an ASGI 2.4 server cancels no stream when its client goes
+            token: int | None = await state.locked(lambda: next(tokens, None),
+                                                   left=request.is_disconnected)
+        except RequestError as err:  # out of memory, stopping: the `error` event says so
             raise ValueError(str(err)) from None
         return token
 
