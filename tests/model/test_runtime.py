@@ -161,15 +161,16 @@ def test_a_traced_forward_writes_the_weights_into_the_last_ones_memory() -> None
     model = GPT(GPTConfig(vocab_size=11, block_size=1024, n_layer=1, n_head=9, n_embd=36))
     ids = torch.zeros(1, 1024, dtype=torch.long)
     ptrs = []
+    weights_bytes = 9 * 1024 * 1024 * 4
     for _ in range(2):
-        assert len(runtime._kept.free) == len(ptrs)
         trace = Trace(names=["attn_weights"])
         with torch.no_grad():
             model.eval()(ids, trace=trace)
-        assert not runtime._kept.free  # the first trace's buffer taken by the second
+        # the first trace's buffer taken by the second (the block scratch is back already)
+        assert all(b.nbytes < weights_bytes for b in runtime._kept.free)
         ptrs.append(trace.get("attn_weights", 0).data_ptr())
         del trace
-        (kept,) = runtime._kept.free  # back once the trace is gone
+        (kept,) = [b for b in runtime._kept.free if b.nbytes >= weights_bytes]  # back now
         assert kept.ctypes.data <= ptrs[-1] < kept.ctypes.data + kept.nbytes
     assert ptrs[0] == ptrs[1]
 

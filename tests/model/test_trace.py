@@ -7,9 +7,12 @@ import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from kernel_cases import Wants
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from attnlab import GPT, CausalSelfAttention, GPTConfig, Trace
 from attnlab.model import traced_attention
+from attnlab.model.attention import attend, build_mask
 from attnlab.model.names import NAMES, absent_names
 from attnlab.model.trace import narrowed
 from helpers import modern_switches
@@ -441,3 +444,47 @@ def test_a_head_filter_reads_each_query_heads_own_kv_head(heads: list[int]) -> N
     some = Trace(heads=heads, names=["attn_weights"]).run(model, ids)
     torch.testing.assert_close(some.get("attn_weights", 0), whole.get("attn_weights", 0)[:, heads],
                                atol=0, rtol=0)
+
+
+class _Ops(TorchDispatchMode):
+    """Records each aten op called under it with its first argument's shape."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.calls: list[tuple[object, tuple[int, ...]]] = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
+        first = args[0] if args and isinstance(args[0], torch.Tensor) else None
+        self.calls.append((func, () if first is None else tuple(first.shape)))
+        return func(*args, **(kwargs or {}))
+
+
+@pytest.mark.parametrize("hs", [8, 16])
+def test_traced_blocks_of_one_sequence_work_in_one_scratch(
+    hs: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A traced CPU pass of one sequence without autograd multiplies q and k where they lie
+    (no contiguous copy of either), masks each block's scores with one add (no masked_fill
+    over every head) and runs each block's softmax in place in one scratch (no fresh block
+    per step); its weights and output equal the reference path's (`attend(fused=False)`, no
+    trace)."""
+    monkeypatch.setattr(traced_attention, "BLOCK_ROWS", 4)
+    B, nh, T = 1, 3, 13
+    qkv = torch.randn(B, T, 3, nh, hs, generator=torch.Generator().manual_seed(0))
+    q, k, v = (qkv[:, :, i].transpose(1, 2) for i in range(3))  # (B, nh, T, hs) views
+    mask = build_mask(T, T)
+    trace = Wants(["attn_weights"])
+    with torch.no_grad(), _Ops() as ops:
+        out = attend(q, k, v, mask, fused=False, trace=trace)  # (B, nh, T, hs)
+    called = [func for func, _ in ops.calls]
+    assert torch.ops.aten.clone.default not in called  # q.contiguous(), k.contiguous()
+    aten = torch.ops.aten
+    assert aten._softmax.default not in called and aten.softmax.int not in called  # fresh
+    assert called.count(aten.softmax.int_out) == -(-T // 4)  # one in place per block
+    assert all(shape[1] == 1 for func, shape in ops.calls  # only the (1, 1, rows, keys) add
+               if func == aten.masked_fill_.Scalar)
+    may_attend = torch.ones(T, T, dtype=torch.bool).tril()  # (T, S)
+    scores = (q @ k.transpose(-2, -1)) * hs**-0.5  # (B, nh, T, S)
+    expected = torch.softmax(scores.masked_fill(~may_attend, float("-inf")), dim=-1)
+    torch.testing.assert_close(trace.values["attn_weights"], expected, atol=1e-6, rtol=0)
+    torch.testing.assert_close(out, attend(q, k, v, mask, fused=False), atol=1e-6, rtol=0)

@@ -21,6 +21,7 @@ run each split on the CPU and compare the weights.
 
 from __future__ import annotations
 
+import math
 from typing import TYPE_CHECKING
 
 import torch
@@ -96,13 +97,15 @@ def _spans(mask: Mask, may_attend: Tensor | None, T: int, S: int, rows: int) -> 
 
 def _block_weights(q: Tensor, key_t: Tensor, scores: Tensor | None, mask: Mask,
                    may_attend: Tensor | None, scale: float, i0: int, i1: int, span: Span,
-                   dtype: torch.dtype | None = None, hidden: Tensor | None = None,
-                   picked: Tensor | None = None) -> Tensor:
+                   dtype: torch.dtype | None = None, masked_add: Tensor | None = None,
+                   picked: Tensor | None = None, out: Tensor | None = None) -> Tensor:
     """Weights (B, heads, i1 - i0, k1 - k0) of queries i0..i1 over the span's keys, from q
     (B, heads, T, hs) and key_t (B, heads, hs, S), or from the raw `scores` when given;
-    softmax in `dtype` (None: q's). hidden: ~may_attend over the block's masked keys, when
-    the caller made it already. picked: the query rows to take (an index into the T, in any
-    order) in place of i0..i1. Rows with nothing to attend to come out 0."""
+    softmax in `dtype` (None: q's). masked_add: `_masked_add` over the block's masked keys,
+    when the caller made it already. picked: the query rows to take (an index into the T, in
+    any order) in place of i0..i1. out: memory of at least the block's size (`kept_out`)
+    for its scores, and for its weights too where the softmax keeps their dtype (a softmax
+    in place: no fresh block per step). Rows with nothing to attend to come out 0."""
     k0, k1, m0 = span
     empty = mask.empty_rows
     in_product = False  # whether the product wrote the mask's -inf itself
@@ -115,23 +118,49 @@ def _block_weights(q: Tensor, key_t: Tensor, scores: Tensor | None, mask: Mask,
             in_product = diagonal is not None
             block = tf32x3.matmul(q_block, key_block, scale, diagonal)  # (B, heads, rows, keys)
         else:
-            block = scaled_scores(q_block, key_block, scale)  # (B, heads, rows, keys)
+            block = scaled_scores(q_block, key_block, scale, out)  # (B, heads, rows, keys)
     else:
-        block = _rows_of(scores, i0, i1, picked)[..., k0:k1] * scale  # (B, heads, rows, keys)
+        raw = _rows_of(scores, i0, i1, picked)[..., k0:k1]  # (B, heads, rows, keys)
+        block = torch.mul(raw, scale, out=_leading(out, raw.shape))  # (B, heads, rows, keys)
     if empty is not None:
         empty = _rows_of(empty, i0, i1, picked)  # (B, 1, rows, 1)
         # a row with no key to attend to: finite everywhere, zeroed below
         block.masked_fill_(empty, 0.0)
     if may_attend is not None and scores is None and m0 < k1 and not in_product:  # -inf
-        if hidden is None:
-            hidden = ~_rows_of(may_attend, i0, i1, picked)[..., m0:k1]  # (B or 1, 1, rows, keys)
-        block[..., m0 - k0:].masked_fill_(hidden, float("-inf"))
-    weights = torch.softmax(block, dim=-1, dtype=dtype)  # (B, heads, rows, keys)
+        if masked_add is None:
+            masked_add = _masked_add(may_attend, i0, i1, picked, m0, k1, block.dtype)
+        block[..., m0 - k0:].add_(masked_add)  # (B, heads, rows, masked keys)
+    if out is not None and dtype in (None, block.dtype):
+        weights = torch.softmax(block, dim=-1, out=block)  # (B, heads, rows, keys)
+    else:
+        weights = torch.softmax(block, dim=-1, dtype=dtype)  # (B, heads, rows, keys)
     if empty is not None and weights.requires_grad:  # softmax's backward reads its output
         weights = weights.masked_fill(empty, 0.0)
     elif empty is not None:
         weights.masked_fill_(empty, 0.0)
     return weights
+
+
+def _masked_add(may_attend: Tensor, i0: int, i1: int, picked: Tensor | None, m0: int, k1: int,
+                dtype: torch.dtype) -> Tensor:
+    """0 where query i0 + r (or picked[r]) may attend key m0 + c, -inf where not:
+    (B or 1, 1, rows, k1 - m0). Added to the scores it masks them as the reference path
+    does (`attention._explicit`), in one pass that costs a fraction of a masked_fill_'s with
+    the mask broadcast over the heads (docs/performance.md#trace-on-an-intel-xeon)."""
+    allowed = _rows_of(may_attend, i0, i1, picked)[..., m0:k1]  # (B or 1, 1, rows, keys)
+    return torch.zeros(allowed.shape, dtype=dtype, device=allowed.device).masked_fill_(
+        ~allowed, float("-inf"))
+
+
+def _for_blocks(x: Tensor) -> Tensor:
+    """q or k (B, heads, len, hs) as the block products read it. Blocks of it are read many
+    times, so it is laid out contiguous once, except one sequence's on a CPU: there each
+    block is already a batch of matrices with rows of unit stride, which the BLAS reads
+    where they lie, and the copy cost more than it saved
+    (docs/performance.md#trace-on-an-intel-xeon)."""
+    if x.shape[0] == 1 and x.device.type == "cpu" and x.stride(-1) == 1 and 0 not in x.stride():
+        return x
+    return x.contiguous()
 
 
 def _rows_of(t: Tensor, i0: int, i1: int, picked: Tensor | None) -> Tensor:
@@ -149,21 +178,28 @@ def _causal_diagonal(mask: Mask, may_attend: Tensor | None, T: int, S: int, i0: 
     return i0 + S - T - k0
 
 
-def scaled_scores(q: Tensor, key_t: Tensor, scale: float) -> Tensor:
+def scaled_scores(q: Tensor, key_t: Tensor, scale: float, out: Tensor | None = None) -> Tensor:
     """scale * (q @ key_t): q (B, heads, rows, hs), key_t (B, heads, hs, keys) -> (B, heads,
-    rows, keys). The BLAS applies the scale inside the product, one pass over the scores
-    fewer than a `mul_` after it. A power-of-two scale (head size 4, 16, 64, 256) is exact
-    either way, so those weights are bit for bit product-then-scale's; with other scales the
-    BLAS may scale an operand before it sums, which rounds within float32's bound for the
-    sum."""
+    rows, keys), written to the start of `out` when given (contiguous, at least that
+    size). The BLAS applies the scale inside the product, one pass over the scores fewer
+    than a `mul_` after it. A power-of-two scale (head size 4, 16, 64, 256) is exact either
+    way, so those weights are bit for bit product-then-scale's; with other scales the BLAS
+    may scale an operand before it sums, which rounds within float32's bound for the sum."""
     B, heads, rows, hs = q.shape
     keys = key_t.shape[-1]
     # beta=0: the (unread) input adds nothing, not even a nan
     q_3d = q.reshape(B * heads, rows, hs)  # (B, heads, rows, hs) -> (B * heads, rows, hs)
     key_t_3d = key_t.reshape(B * heads, hs, keys)  # (B, heads, hs, keys) -> (B * heads, hs, keys)
     # (B * heads, rows, hs) @ (B * heads, hs, keys) -> (B * heads, rows, keys)
-    scores = torch.baddbmm(q.new_empty(()), q_3d, key_t_3d, beta=0.0, alpha=scale)
+    into = _leading(out, (B * heads, rows, keys))  # (B * heads, rows, keys)
+    scores = torch.baddbmm(q.new_empty(()), q_3d, key_t_3d, beta=0.0, alpha=scale, out=into)
     return scores.view(B, heads, rows, keys)  # (B * heads, rows, keys) -> (B, heads, rows, keys)
+
+
+def _leading(out: Tensor | None, shape: tuple[int, ...]) -> Tensor | None:
+    """The first prod(shape) elements of `out` (contiguous) as a tensor of `shape`; None
+    without `out`."""
+    return None if out is None else out.view(-1)[:math.prod(shape)].view(shape)
 
 
 def _product(weights: Tensor, v: Tensor, diagonal: int | None = None) -> Tensor:
@@ -226,9 +262,8 @@ def traced_attend(q: Tensor, k: Tensor, v: Tensor, mask: Mask, may_attend: Tenso
             return _kernel_summaries(trace, q, k, v, mask, may_attend, scale)
         if q.dtype in summary_kernels.WEIGHTS_FROM_LSE and not summarised:  # weights alone
             return _kernel_weights(trace, q, k, v, mask, scale)
-    # blocks of q and k^T are read many times: lay them out for the matmuls once
-    q = q.contiguous()  # (B, nh, T, hs)
-    key_t = k.contiguous().transpose(-2, -1)  # (B, nh, hs, S)
+    q = _for_blocks(q)  # (B, nh, T, hs)
+    key_t = _for_blocks(k).transpose(-2, -1)  # (B, nh, S, hs) -> (B, nh, hs, S)
     scores, masked_by_mask = _scores(q, key_t, mask, trace)
     if not masked_by_mask:
         may_attend = None
@@ -318,10 +353,13 @@ def _whole_weights(q: Tensor, key_t: Tensor, scores: Tensor | None, mask: Mask,
             summaries.add(weights, 0, 0)
         return weights.to(q.dtype)
     attn_weights = kept_empty((B, nh, T, S), q)  # (B, nh, T, S)
+    # one block's memory for every block's scores and softmax: no fresh block per step
+    scratch = kept_out((B, nh, rows, S), q, key_t,
+                       *([] if scores is None else [scores]))  # (B, nh, rows, S)
     for i0, (k0, k1, m0) in zip(range(0, T, rows), spans, strict=True):
         i1 = min(i0 + rows, T)
         block = _block_weights(q, key_t, scores, mask, may_attend, scale, i0, i1,
-                               (k0, k1, m0), dtype)  # (B, nh, rows, keys)
+                               (k0, k1, m0), dtype, out=scratch)  # (B, nh, rows, keys)
         if summaries is not None:
             summaries.add(block, i0, k0)
         out = attn_weights[:, :, i0:i1]  # (B, nh, rows, S)
@@ -342,12 +380,12 @@ def _streamed(q: Tensor, key_t: Tensor, v: Tensor, mask: Mask, may_attend: Tenso
     context = v.new_empty((B, nh, T, v.shape[-1]))  # (B, nh, T, hs)
     for i0, (k0, k1, m0) in zip(range(0, T, rows), spans, strict=True):
         i1 = min(i0 + rows, T)
-        hidden = (None if may_attend is None or m0 == k1
-                  else ~may_attend[:, :, i0:i1, m0:k1])  # (B or 1, 1, rows, masked keys)
+        masked_add = (None if may_attend is None or m0 == k1
+                      else _masked_add(may_attend, i0, i1, None, m0, k1, q.dtype))
         for h0 in range(0, nh, heads):
             h = slice(h0, h0 + heads)
             weights = _block_weights(q[:, h], key_t[:, h], None, mask, may_attend, scale, i0, i1,
-                                     (k0, k1, m0), summaries.dtype, hidden)
+                                     (k0, k1, m0), summaries.dtype, masked_add)
             summaries.add(weights, i0, k0, h0)  # (B, heads, rows, keys)
             # (B, heads, rows, keys) @ (B, heads, keys, hs) -> (B, heads, rows, hs)
             context[:, h, i0:i1] = weights.to(v.dtype) @ v[:, h, k0:k1]
