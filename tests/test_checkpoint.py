@@ -293,3 +293,55 @@ def test_a_broken_config_says_what_is_broken(tmp_path: Path) -> None:
     loose.write_text("not a checkpoint")
     with pytest.raises(NotADirectoryError, match=r"pass a directory holding config\.json"):
         load_checkpoint(loose)
+
+
+def _held_writes(monkeypatch: pytest.MonkeyPatch, log: list[str], hold: float) -> None:
+    """Make each of the writer's writes log its start and end, `hold` seconds apart."""
+    import time
+
+    from attnlab import checkpoint
+
+    write = checkpoint._write
+
+    def held(directory: Path, *args: object) -> Path:
+        log.append(f"start {directory.name}")
+        time.sleep(hold)
+        done = write(directory, *args)  # type: ignore[arg-type]
+        log.append(f"end {directory.name}")
+        return done
+
+    monkeypatch.setattr(checkpoint, "_write", held)
+
+
+def test_writer_writes_one_checkpoint_at_a_time(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Two writes of one directory at once would share its temporary directory and its
+    renames: a second save waits until the first write is complete."""
+    from attnlab.checkpoint import CheckpointWriter, read_config
+
+    log: list[str] = []
+    _held_writes(monkeypatch, log, hold=0.3)
+    model, tok = _model(True), CharTokenizer.from_text("abc")
+    writer = CheckpointWriter()
+    writer.save(tmp_path / "ckpt", model, tok, meta={"step": 1})
+    writer.save(tmp_path / "ckpt", model, tok, meta={"step": 2})
+    writer.wait()
+    assert log == ["start ckpt", "end ckpt", "start ckpt", "end ckpt"]
+    assert read_config(tmp_path / "ckpt")[1] == {"step": 2}
+
+
+def test_writer_saves_the_meta_of_the_moment_it_was_called(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """meta is copied before save returns, as the weights and train_state are: a list in it
+    that the caller changes meanwhile (a history) reaches the file as it was."""
+    from attnlab.checkpoint import CheckpointWriter, read_config
+
+    _held_writes(monkeypatch, [], hold=0.3)
+    meta = {"step": 3, "history": [{"step": 3, "loss": 1.5}]}
+    writer = CheckpointWriter()
+    writer.save(tmp_path / "ckpt", _model(True), CharTokenizer.from_text("abc"), meta=meta)
+    meta["history"].append({"step": 4, "loss": 1.25})  # type: ignore[attr-defined]
+    meta["step"] = 4
+    writer.wait()
+    assert read_config(tmp_path / "ckpt")[1] == {"step": 3, "history": [{"step": 3,
+                                                                          "loss": 1.5}]}

@@ -318,3 +318,62 @@ def test_the_resume_hint_of_a_torchrun_run_continues_under_torchrun(
     assert resume_command(args, Path("runs/x")).startswith(
         "torchrun --nnodes 2 --nproc_per_node 1 <this run's --rdzv flags, on each node> -m "
         "attnlab train")
+
+
+def test_a_max_iters_the_run_has_reached_is_refused_not_taken_for_its_end(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A run stopped at step 4 of 8, resumed with --max_iters 4: the user asked for more
+    steps than it has and would get none, which is said as an error, not as a finished
+    run."""
+    assert cli_train(tmp_path, "--max_iters", "4", "--eval_interval", "2",
+                     "--n_layer", "1") == 0
+    config_file = tmp_path / "run" / "ckpt" / "config.json"
+    config = json.loads(config_file.read_text())
+    config["meta"]["train_config"]["max_iters"] = 8  # as if stopped at step 4 of 8
+    config_file.write_text(json.dumps(config))
+    capsys.readouterr()
+    assert cli_train(tmp_path, "--resume", "--max_iters", "4") == 1
+    assert "is at step 4; --max_iters 4 would not train it further (pass --max_iters N > 4)" \
+        in capsys.readouterr().err
+
+
+def test_a_resume_may_change_patience_and_says_nothing_of_dropout_it_does_not_use(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """--patience is how long, not what is learned (RESUME_SAFE); a run without dropout
+    resumed with another process count draws no dropout masks to differ."""
+    _stop_after(monkeypatch, 3)
+    flags = ["--max_iters", "6", "--eval_interval", "3", "--n_layer", "1", "--dropout", "0"]
+    assert cli_train(tmp_path, *flags) == 130
+    monkeypatch.undo()
+    config_file = tmp_path / "run" / "ckpt" / "config.json"
+    config = json.loads(config_file.read_text())
+    config["meta"]["world_size"] = 2  # as if torchrun --nproc_per_node 2 had saved it
+    config_file.write_text(json.dumps(config))
+    capsys.readouterr()
+    assert cli_train(tmp_path, "--resume", "--patience", "5") == 0
+    out = capsys.readouterr().out
+    assert "resume   changed: --patience None -> 5" in out and "dropout" not in out
+    assert load_checkpoint(tmp_path / "run" / "ckpt").meta["train_config"]["patience"] == 5
+
+
+def test_a_patience_run_that_ended_resumes_when_a_flag_asks_for_more(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A --patience run that ended (its metrics say so) has nothing to resume as it is; a
+    changed --max_iters is a new request, which resumes it."""
+    assert cli_train(tmp_path, "--max_iters", "4", "--eval_interval", "2", "--n_layer", "1",
+                     "--patience", "1") == 0
+    metrics = tmp_path / "run" / "metrics.jsonl"
+    rows = [json.loads(line) for line in metrics.read_text().splitlines()]
+    for row in rows:  # the best evaluation first, a worse one last: patience 1 has run out
+        if "val_loss" in row:
+            row["val_loss"] = float(row["step"])
+    metrics.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    capsys.readouterr()
+    assert cli_train(tmp_path, "--resume", "--max_iters", "4") == 0
+    assert "nothing to resume" in capsys.readouterr().out
+    assert cli_train(tmp_path, "--resume", "--max_iters", "8") == 0
+    out = capsys.readouterr().out
+    assert "nothing to resume" not in out and "resume   changed: --max_iters 4 -> 8" in out

@@ -100,3 +100,35 @@ def test_a_static_step_started_again_forgets_the_last_prompts_padding() -> None:
         token = logits.argmax(-1, keepdim=True)  # (2, 1)
         torch.testing.assert_close(static(step, token), step(token, None, cache),
                                    atol=1e-5, rtol=1e-5)
+
+
+def test_static_step_scales_the_scores_by_the_configs_attn_scale() -> None:
+    """A config's attn_scale (Gemma's query_pre_attn_scalar, muP) replaces 1/sqrt(hs): the
+    static step must pass it on, as the decode step does (the switches above keep the
+    default, so only a scale of its own shows a step that drops it)."""
+    torch.manual_seed(0)
+    model = GPT(GPTConfig.from_name("nano", n_head=4, init_std=0.3, attn_scale=0.9)).eval()
+    ids, mask = left_padded([3, 5], seed=3)
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(compiled_mod.torch, "compile", _identity)
+        static = compiled_mod.CompiledDecode(model, 2, 16)
+    assert_fixed_steps_match(model, static, ids, mask)
+
+
+def test_a_model_cast_to_another_dtype_gets_a_compiled_step_of_that_dtype() -> None:
+    """Compiled steps are kept per (batch size, cache length, dtype, device): after
+    `model.double()` the float32 step's cache cannot hold the model's keys, so the next
+    generation needs a step of its own and decodes the eager path's ids."""
+    from attnlab.generate import generate
+
+    torch.manual_seed(0)
+    model = GPT(GPTConfig.from_name("nano", n_head=4, init_std=0.3)).eval()
+    ids, mask = left_padded([3, 5], seed=4)
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(compiled_mod.torch, "compile", _identity)
+        generate(model, ids, mask, max_new_tokens=4, temperature=0, compile=True)
+        model.double()
+        compiled = generate(model, ids, mask, max_new_tokens=4, temperature=0, compile=True)
+    assert torch.equal(compiled, generate(model, ids, mask, max_new_tokens=4, temperature=0))
+    dtypes = {step.cache.layers[0].k.dtype for step in compiled_mod.compiled_decodes(model)}
+    assert dtypes == {torch.float32, torch.float64}

@@ -145,3 +145,52 @@ def test_rows_read_alone_equal_the_tensors_slices_and_same_rows_compares_in_slic
     monkeypatch.setattr(tensorfile, "COMPARE_PIECE", 12)  # one row of each at a time
     assert same_rows(infos["a"], infos["a"]) and not same_rows(infos["a"], infos["b"])
     assert not same_rows(infos["a"], infos["c"])  # the same values, another shape
+
+
+def test_data_offsets_spanning_more_bytes_than_the_shape_are_refused(tmp_path: Path) -> None:
+    """A span too long is as wrong as one too short: the reader would take the shape's bytes
+    and leave the rest, so the next tensor's data might be what the header says it is not."""
+    header = {"a": {"dtype": "F32", "shape": [1], "data_offsets": [0, 8]}}
+    path = _write(tmp_path / "m.safetensors", header, _f32(1, 2))
+    with pytest.raises(ValueError, match=r"tensor 'a' is F32 \(1,\), 4 bytes, but its "
+                                         r"data_offsets span 8 bytes"):
+        read_header(path)
+
+
+def test_a_header_listing_tensors_out_of_offset_order_is_read(tmp_path: Path) -> None:
+    """Overlaps are looked for in offset order, not the header's (a header is a JSON table in
+    any order): tensors listed after one stored later are not taken for overlapping it."""
+    header = {"late": {"dtype": "F32", "shape": [2], "data_offsets": [8, 16]},
+              "early": {"dtype": "F32", "shape": [2], "data_offsets": [0, 8]}}
+    infos = read_header(_write(tmp_path / "m.safetensors", header, _f32(1, 2, 3, 4)))
+    assert torch.equal(read_tensor(infos["early"]), torch.tensor([1.0, 2.0]))
+    assert torch.equal(read_tensor(infos["late"]), torch.tensor([3.0, 4.0]))
+
+
+def test_a_file_cut_short_after_its_header_was_read_is_an_error_not_zeros(
+        tmp_path: Path) -> None:
+    """The header is checked against the file's size once; a file replaced or truncated
+    before a tensor is read must fail that read, not return a tensor half of whose bytes
+    were never read."""
+    header = {"a": {"dtype": "F32", "shape": [4], "data_offsets": [0, 16]}}
+    path = _write(tmp_path / "m.safetensors", header, _f32(1, 2, 3, 4))
+    info = read_header(path)["a"]
+    with open(path, "r+b") as f:
+        f.truncate(path.stat().st_size - 6)
+    with pytest.raises(ValueError, match=r"ended inside tensor 'a'"):
+        read_tensor(info)
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32, torch.float16,
+                                   torch.bfloat16, torch.int64, torch.int32, torch.int16,
+                                   torch.int8, torch.uint8, torch.bool])
+def test_every_dtype_safetensors_writes_reads_back_as_itself(
+        tmp_path: Path, dtype: torch.dtype) -> None:
+    """The dtype table against safetensors' own writer: a name mapped to another dtype of
+    the same size (F16 read as bfloat16) keeps the byte counts right and every value wrong."""
+    from safetensors.torch import save_file
+
+    value = (torch.arange(-3, 5) * 1.25).to(dtype)  # values each dtype holds differently
+    save_file({"a": value}, str(tmp_path / "m.safetensors"))
+    got = TensorFiles([tmp_path / "m.safetensors"])["a"]
+    assert got.dtype == dtype and torch.equal(got, value)
