@@ -97,12 +97,13 @@ def test_tensors_sharing_memory_are_written_each_whole(tmp_path: Path) -> None:
     assert torch.equal(back["tied"], fused)
 
 
-def test_progress_counts_the_shards_written(tmp_path: Path) -> None:
+def test_progress_counts_the_bytes_written_over_the_shards(tmp_path: Path) -> None:
     heard: list[tuple[int, int]] = []
     weights = [(name, torch.zeros(2)) for name in "abc"]
     written = write_weights(tmp_path, iter(weights), dict.fromkeys("abc", 8), 8,
                             progress=lambda done, total: heard.append((done, total)))
-    assert heard == [(1, 3), (2, 3), (3, 3)]
+    # three shards of one (2,) float32 tensor each: 8 bytes apiece, 24 in all
+    assert heard == [(8, 24), (16, 24), (24, 24)]
     assert written[-1] == SAFETENSORS_INDEX and len(written) == 4
 
 
