@@ -274,11 +274,12 @@ def test_inspect_hatches_the_keys_outside_a_sliding_window(tmp_path: Path) -> No
     save_figure = viz.save_figure
 
     def spy(fig: object, stem: Path, *args: object, **kwargs: object) -> object:
-        drawn[stem.name] = [  # each heatmap's hidden cells, or a row's hatched bands
-            np.ma.getmaskarray(ax.images[0].get_array()) if ax.images else sorted(
-                (p.get_x(), p.get_x() + p.get_width()) for p in ax.patches
-                if p.get_gid() == "masked")
-            for ax in fig.axes if ax.images or ax.containers]  # type: ignore[attr-defined]
+        drawn[stem.name] = [  # each image's hidden cells (the grid: one per panel on one
+            # Axes), or a row's hatched bands
+            drawing for ax in fig.axes if ax.images or ax.containers  # type: ignore[attr-defined]
+            for drawing in ([np.ma.getmaskarray(image.get_array()) for image in ax.images]
+                            or [sorted((p.get_x(), p.get_x() + p.get_width())
+                                       for p in ax.patches if p.get_gid() == "masked")])]
         return save_figure(fig, stem, *args, **kwargs)  # type: ignore[arg-type]
 
     with mock.patch.object(viz, "save_figure", spy):
