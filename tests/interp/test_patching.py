@@ -213,3 +213,15 @@ def test_no_change_over_a_negative_gap_is_zero_not_minus_zero() -> None:
     assert torch.equal(result.heads, torch.tensor([[0.0, 0.0], [1.0, 0.0]]))
     assert not torch.signbit(result.heads).any() and not torch.signbit(result.resid).any()
     assert "-0.0" not in json.dumps(result.to_dict())
+
+
+
+def test_a_metric_used_on_batches_of_other_sizes_reads_every_row() -> None:
+    """logit_diff_metric keeps its checked ids per batch size: one metric used on 2 rows and
+    then on 3 reads all 3 rows, not the 2 whose ids it kept first."""
+    logits = torch.randn(3, 4, 7, generator=torch.Generator().manual_seed(0))  # (B, T, V)
+    metric = logit_diff_metric(1, 2)
+    two = metric(logits[:2])
+    torch.testing.assert_close(two, (logits[:2, -1, 1] - logits[:2, -1, 2]).mean().to(two))
+    three = metric(logits)
+    torch.testing.assert_close(three, (logits[:, -1, 1] - logits[:, -1, 2]).mean().to(three))
