@@ -203,10 +203,7 @@ def test_stopping_ends_a_generation_and_refuses_waiting_requests(
             answer = waiting.result()
     finally:
         stopping.clear()
-    events = [line for line in rest.split("\n") if line.startswith("event: ")]
-    assert events == ["event: error"], events
-    assert "attnlab serve is stopping" in rest
-    assert answer.status_code == 503 and "stopping" in answer.json()["error"]
+    _assert_stopped(rest, answer)
 
 
 @pytest.mark.parametrize("path, body", [
@@ -286,11 +283,8 @@ def test_stopping_stops_a_prefill_under_way(
             answer = waiting.result()
     finally:
         stopping.clear()
-    events = [line for line in rest.split("\n") if line.startswith("event: ")]
-    assert events == ["event: error"], events
-    assert "attnlab serve is stopping" in rest
     assert blocks.begun == before, f"{blocks.begun - before} blocks begun after the stop"
-    assert answer.status_code == 503 and "stopping" in answer.json()["error"]
+    _assert_stopped(rest, answer)
 
 
 def test_a_big_answer_is_encoded_off_the_event_loop(
@@ -383,3 +377,12 @@ def test_cli_stops_with_a_client_that_stopped_reading(tmp_path: Path, presses: i
         _, err = proc.communicate(timeout=WAIT)
     assert status == 130
     assert err.splitlines()[1:] == ["attnlab serve: interrupted"], err
+
+
+def _assert_stopped(rest: str, answer: httpx.Response) -> None:
+    """A stream cut by the server's stop: after `start`, only an `error` event saying the
+    server stops; the request that waited behind it got a 503."""
+    events = [line for line in rest.split("\n") if line.startswith("event: ")]
+    assert events == ["event: error"], events
+    assert "attnlab serve is stopping" in rest
+    assert answer.status_code == 503 and "stopping" in answer.json()["error"]
