@@ -9,7 +9,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -367,3 +367,23 @@ def interpreted(monkeypatch: pytest.MonkeyPatch, module: str) -> Iterator[Any]:
             attribute = name.rsplit(".", 1)[-1]
             if name.startswith("attnlab.model.") and hasattr(package, attribute):
                 delattr(package, attribute)
+
+
+def generate_flag_runs(path: Path, model: GPT, tokenizer: Tokenizer,
+                       capsys: pytest.CaptureFixture[str], new_tokens: int
+                       ) -> tuple[Callable[..., str], Callable[..., str]]:
+    """run(*flags): what `attnlab generate PATH "the fox"` prints with the flags, and
+    expected(**how): what generate_text gives with the same settings, printed alike."""
+    from attnlab.cli import main
+    from attnlab.generate import generate_text
+
+    def run(*flags: str) -> str:
+        assert main(["generate", str(path), "the fox", "--max-new-tokens", str(new_tokens),
+                     *flags]) == 0
+        return capsys.readouterr().out
+
+    def expected(**how: Any) -> str:
+        return "the fox" + generate_text(model, tokenizer, ["the fox"],
+                                         max_new_tokens=new_tokens, **how)[0] + "\n"
+
+    return run, expected

@@ -20,6 +20,7 @@ from attnlab.cli import main
 from attnlab.generate import generate_text
 from attnlab.model import runtime
 from attnlab.tokenizers import Tokenizer, get_tokenizer
+from helpers import generate_flag_runs
 
 TEXT = "the quick brown fox jumps over the lazy dog\n"
 
@@ -435,13 +436,7 @@ def test_repetition_penalty_and_min_p_flags_reach_generation(
     generate_text does with them; out-of-range values are named by their flag."""
     path, model, tokenizer = checkpoint
 
-    def run(*flags: str) -> str:
-        assert main(["generate", str(path), "the fox", "--max-new-tokens", "20", *flags]) == 0
-        return capsys.readouterr().out
-
-    def expected(**how: Any) -> str:
-        return "the fox" + generate_text(model, tokenizer, ["the fox"], max_new_tokens=20,
-                                         **how)[0] + "\n"
+    run, expected = generate_flag_runs(path, model, tokenizer, capsys, 20)
 
     greedy = run("--temperature", "0")
     penalized = run("--temperature", "0", "--repetition-penalty", "3")

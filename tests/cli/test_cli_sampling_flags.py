@@ -14,8 +14,8 @@ import torch
 from attnlab import GPT, GPTConfig
 from attnlab.checkpoint import save_checkpoint
 from attnlab.cli import main
-from attnlab.generate import generate_text
 from attnlab.tokenizers import Tokenizer, get_tokenizer
+from helpers import generate_flag_runs
 
 TEXT = "the quick brown fox jumps over the lazy dog\n"
 
@@ -36,13 +36,7 @@ def test_typical_p_and_ngram_flags_reach_generation(
     model = _model(tokenizer)
     path = save_checkpoint(tmp_path / "ckpt", model, tokenizer)
 
-    def run(*flags: str) -> str:
-        assert main(["generate", str(path), "the fox", "--max-new-tokens", "30", *flags]) == 0
-        return capsys.readouterr().out
-
-    def expected(**how: Any) -> str:
-        return "the fox" + generate_text(model, tokenizer, ["the fox"], max_new_tokens=30,
-                                         **how)[0] + "\n"
+    run, expected = generate_flag_runs(path, model, tokenizer, capsys, 30)
 
     greedy = run("--temperature", "0")
     banned = run("--temperature", "0", "--no-repeat-ngram-size", "2")
