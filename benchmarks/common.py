@@ -75,13 +75,16 @@ def alternate(
         for _ in range(warmup):
             fn()
     times: dict[str, dict[str, list[float]]] = {n: {"wall": [], "cpu": []} for n in variants}
-    for _ in range(rounds):
+    for done in range(1, rounds + 1):
         for name, fn in variants.items():
             w0, c0 = time.perf_counter(), time.process_time()
             for _ in range(inner):
                 fn()
             times[name]["wall"].append((time.perf_counter() - w0) / inner)
             times[name]["cpu"].append((time.process_time() - c0) / inner)
+        # slow rounds (whole seconds each) say how far they are; fast ones stay quiet
+        if done < rounds and time.monotonic() - last_note >= QUIET_S / 2:
+            note(f"round {done} of {rounds} ({time.perf_counter() - began:.0f} s so far)")
     note(f"timed {', '.join(variants)}: {rounds} rounds in {time.perf_counter() - began:.1f} s")
     return times
 
@@ -234,11 +237,13 @@ def in_own_process(module: str, function: str, *args: Any) -> Any:
     (docs/performance.md#summaries-at-long-context)."""
     code = (f"import json; from benchmarks import {module}; "
             f"print(json.dumps({module}.{function}(*{args!r})))")
+    began = time.perf_counter()
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                           cwd=Path(__file__).parents[1], check=False)
     if done.returncode != 0:
         raise RuntimeError(f"benchmarks.{module}.{function}{args!r} failed in its own "
                            f"process:\n{done.stderr[-2000:]}")
+    note(f"{function}{args!r} in its own process: {time.perf_counter() - began:.1f} s")
     return json.loads(done.stdout.splitlines()[-1])
 
 

@@ -49,6 +49,7 @@ from .common import (
     in_own_process,
     machine,
     median_ms,
+    note,
     package_version,
     table,
 )
@@ -345,6 +346,7 @@ def first_calls(
     reference = None
     for name, fn in fns.items():
         first[name], out = _first_call(fn)
+        note(f"first call of {name}: {first[name][0]:.1f} s")
         reference = out[0] if reference is None else reference  # attnlab's forward: first
         # the floors multiply random inputs: their "logits" are not the model's
         logit_diff[name] = None if name in FLOORS or out[0] is None else (

@@ -360,3 +360,22 @@ def test_a_suite_says_what_it_timed_and_that_it_still_runs(
              if line.startswith("  silent: still running (")]
     assert len(timed) == 1 and len(still) >= 2, err
     assert timed[0] < still[0] and "still running" not in out and "timed" not in out
+
+
+def test_slow_rounds_say_how_far_they_are(monkeypatch: pytest.MonkeyPatch,
+                                          capsys: pytest.CaptureFixture[str]) -> None:
+    """The trace suite's five rounds took eight minutes with only "still running" lines
+    between them. A round after QUIET_S / 2 of silence now says which it was; the last round
+    is the "timed" line, and fast rounds stay quiet."""
+    import time
+
+    from benchmarks import common
+
+    monkeypatch.setattr(common, "QUIET_S", 0.1)
+    common.alternate({"slow": lambda: time.sleep(0.06)}, rounds=3, warmup=0)
+    monkeypatch.setattr(common, "QUIET_S", 60.0)
+    common.alternate({"fast": lambda: None}, rounds=50, warmup=0)
+    lines = capsys.readouterr().err.splitlines()
+    assert [line.split(" (")[0].split(" in ")[0] for line in lines] == [
+        "  round 1 of 3", "  round 2 of 3", "  timed slow: 3 rounds",
+        "  timed fast: 50 rounds"], lines
