@@ -1,13 +1,15 @@
-"""hf/: attnlab on Llama / Mistral / Qwen2 / Qwen3 / GPT-NeoX weights equals transformers'
-eager attention on the same random weights (nothing downloaded), and exports back.
+"""hf/: attnlab on Llama / Mistral / Qwen2 / Qwen3 / GPT-NeoX / Gemma weights equals
+transformers' eager attention on the same random weights (nothing downloaded), and exports back.
 
 Two shapes per family, between them: GQA, tied and untied heads, head_dim != C / nh,
 attention / MLP biases, partial rotary, rope_theta != 10000, llama3 and linear RoPE scaling,
 sliding windows shorter than the sequence (all layers, and some layers), QK-norm, parallel
-and sequential residual; and one yarn case per family, its original_max_position_embeddings
-(16) shorter than the sequences, its attention factor derived (from factor, or mscale /
-mscale_all_dim) or given. Each model is written with `save_pretrained` and read back with
-`load_hf`, so the directory reading is exercised too.
+and sequential residual, Gemma's scaled embeddings, (1 + w) norm and GeGLU, Gemma 3's sandwich
+norms and per-layer-type RoPE; and one yarn
+case per family, its original_max_position_embeddings (16) shorter than the sequences, its
+attention factor derived (from factor, or mscale / mscale_all_dim) or given. Each model is
+written with `save_pretrained` and read back with `load_hf`, so the directory reading is
+exercised too.
 """
 
 from __future__ import annotations
@@ -102,7 +104,33 @@ CASES: dict[str, tuple[str, dict[str, Any]]] = {
         rope_parameters={"rope_type": "yarn", "rope_theta": 10000.0, "factor": 2.0,
                          "original_max_position_embeddings": 16, "attention_factor": 1.25,
                          "partial_rotary_factor": 0.5})),
+    # Gemma: scaled embeddings, (1 + w) RMSNorm, GeGLU; multi-query, head_dim 16 (wider than
+    # 32 / 4), tied
+    "gemma-mqa": ("Gemma", dict(**SMALL, num_key_value_heads=1, head_dim=16)),
+    # the first releases' legacy hidden_act "gelu" (tanh in transformers 5), attention
+    # bias, GQA, untied, rope_theta 1e5, a hub config's hidden_activation beside it
+    "gemma-bias-untied": ("Gemma", dict(
+        **{**SMALL, "num_hidden_layers": 3}, num_key_value_heads=2, head_dim=8,
+        hidden_act="gelu", hidden_activation="gelu_pytorch_tanh", attention_bias=True,
+        tie_word_embeddings=False,
+        rope_parameters={"rope_type": "default", "rope_theta": 100000.0})),
+    # Gemma 3: sandwich norms, (1 + w) QK-norm, query_pre_attn_scalar 24 (not head_dim),
+    # window 5 on every other layer with its own RoPE base, linear scaling on the full ones
+    "gemma3-local-rope": ("Gemma3Text", dict(
+        **{**SMALL, "num_hidden_layers": 4}, num_key_value_heads=2, head_dim=16,
+        sliding_window=5, sliding_window_pattern=2, query_pre_attn_scalar=24,
+        rope_parameters={
+            "full_attention": {"rope_type": "linear", "factor": 2.0, "rope_theta": 1e6},
+            "sliding_attention": {"rope_type": "default", "rope_theta": 1e4}})),
+    # every layer full, one RoPE, attention bias, multi-query, untied
+    "gemma3-full-untied": ("Gemma3Text", dict(
+        **SMALL, num_key_value_heads=1, head_dim=8, attention_bias=True,
+        tie_word_embeddings=False, layer_types=["full_attention"] * 2,
+        rope_parameters={"full_attention": {"rope_type": "default", "rope_theta": 1e4},
+                         "sliding_attention": {"rope_type": "default", "rope_theta": 1e4}})),
 }
+# the model class where it is not f"{prefix}ForCausalLM"
+MODEL_CLASS = {"Gemma3Text": "Gemma3ForCausalLM"}
 
 
 def hf_model(case: str) -> Any:
@@ -115,7 +143,7 @@ def hf_model(case: str) -> Any:
         initializer_range=0.2, bos_token_id=0, eos_token_id=0, pad_token_id=0,
     )
     config._attn_implementation = "eager"
-    model = getattr(transformers, f"{prefix}ForCausalLM")(config).eval()
+    model = getattr(transformers, MODEL_CLASS.get(prefix, f"{prefix}ForCausalLM"))(config).eval()
     with torch.no_grad():  # norms start at 1 (and biases at 0): give them values to map
         for name, p in model.named_parameters():
             if "norm" in name or name.endswith("bias"):
@@ -134,6 +162,27 @@ def pair(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactor
 def test_logits_equal_eager_single_and_left_padded(pair: tuple) -> None:
     hf, ours, _ = pair
     assert_logits_match_hf(ours, hf, [5, 17, 11])
+
+
+@torch.no_grad()
+def test_traced_attention_weights_are_hugging_faces(pair: tuple) -> None:
+    """Every layer's traced weights equal transformers' output_attentions on a left-padded
+    batch (real query rows; windows, per-layer RoPE and sandwich norms included), and the
+    entropy summary equals the entropy of those weights."""
+    from attnlab import Trace
+
+    hf, ours, _ = pair
+    ids, mask = left_padded([5, 17, 11], vocab=ours.config.vocab_size, low=1, seed=3)
+    trace = Trace(names=["attn_weights", "attn_entropy"])
+    ours(ids, attention_mask=mask, trace=trace)
+    theirs = hf(ids, attention_mask=mask, output_attentions=True).attentions
+    real = mask.bool()[:, None, :, None]  # (B, 1, T, 1): rows of real queries
+    for i, expected in enumerate(theirs):
+        weights = trace.get("attn_weights", i)  # (B, nh, T, S)
+        assert ((weights - expected).abs() * real).max() < 1e-5, i
+        entropy = -torch.where(weights > 0, weights * weights.log(), 0.0).sum(-1)  # (B, nh, T)
+        torch.testing.assert_close(trace.get("attn_entropy", i) * real[..., 0],
+                                   entropy * real[..., 0], atol=1e-5, rtol=0)
 
 
 def test_greedy_40_tokens_are_hugging_faces(pair: tuple) -> None:
@@ -229,3 +278,41 @@ def test_a_mistral_without_a_window_exports_as_mistral_when_asked(tmp_path: Path
         torch.testing.assert_close(reloaded(ids).logits, hf(ids).logits, atol=1e-4, rtol=0)
     with pytest.raises(ValueError, match="unknown family 'mistrel'; choose one of"):
         save_hf(tmp_path / "bad", model, family="mistrel")
+
+
+def test_gemma3_reads_the_older_rope_and_window_spelling(tmp_path: Path) -> None:
+    """Hub Gemma 3 configs written before transformers 5 spell RoPE as rope_theta,
+    rope_local_base_freq and rope_scaling, and the layers as sliding_window_pattern (every
+    Nth full) with no layer_types: the same model as transformers 5's spelling."""
+    import json
+
+    hf = hf_model("gemma3-local-rope")
+    hf.save_pretrained(tmp_path / "new")
+    hf_config = json.loads((tmp_path / "new" / "config.json").read_text())
+    for key in ("rope_parameters", "layer_types", "_sliding_window_pattern"):
+        hf_config.pop(key, None)
+    hf_config.update(rope_theta=1e6, rope_local_base_freq=1e4, sliding_window_pattern=2,
+                     rope_scaling={"rope_type": "linear", "factor": 2.0})
+    (tmp_path / "old").mkdir()
+    for name in ("model.safetensors",):
+        (tmp_path / "old" / name).write_bytes((tmp_path / "new" / name).read_bytes())
+    (tmp_path / "old" / "config.json").write_text(json.dumps(hf_config))
+    new, old = load_hf(tmp_path / "new"), load_hf(tmp_path / "old")
+    assert old.config == new.config
+    assert (new.config.window_layers, new.config.local_rope_theta) == ([0, 2], 1e4)
+
+
+@pytest.mark.parametrize(("field", "value", "why"), [
+    ("attn_logit_softcapping", 50.0, "soft-capping"),
+    ("final_logit_softcapping", 30.0, "soft-capping"),
+    ("use_bidirectional_attention", True, "causal"),
+])
+def test_gemma3_refuses_what_it_cannot_compute(tmp_path: Path, field: str, value: Any,
+                                               why: str) -> None:
+    import json
+
+    hf_model("gemma3-full-untied").save_pretrained(tmp_path)
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps({**json.loads(path.read_text()), field: value}))
+    with pytest.raises(ValueError, match=rf"gemma3 config.json has {field}=.*{why}"):
+        load_hf(tmp_path)

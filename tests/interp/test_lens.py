@@ -88,7 +88,9 @@ def test_lens_top_is_the_lens_top_tokens_one_layer_at_a_time() -> None:
 
 @pytest.mark.parametrize("overrides", [{}, {"norm": "none"}, {"mlp": "none"},
                                        {"n_head": 4, "n_kv_head": 2}, {"attn_out_proj": False},
-                                       {"norm": "rmsnorm", "mlp": "swiglu", "pos": "rope"}])
+                                       {"norm": "rmsnorm", "mlp": "swiglu", "pos": "rope"},
+                                       {"norm": "gemma_rmsnorm", "mlp": "geglu", "pos": "rope",
+                                        "scale_embeddings": True}])
 def test_attributions_sum_to_the_logit(overrides: dict) -> None:
     model = _model(**overrides)
     idx = torch.randint(0, 65, (3, 7), generator=torch.Generator().manual_seed(2))
@@ -290,3 +292,16 @@ def test_the_output_projections_bias_is_its_own_term_of_the_logit() -> None:
     parts = logit_attribution(model, idx, torch.tensor([5, 6, 7]), -1)
     assert parts.attn_bias.abs().min() > 0
     torch.testing.assert_close(parts.total(), parts.logit, atol=1e-4, rtol=1e-5)
+
+
+def test_decompositions_refuse_sandwich_norms() -> None:
+    """A Gemma 3 block norms its attention's and MLP's outputs before adding them, so the
+    heads' terms would not sum to the logit: both decompositions say so, not a wrong split."""
+    from attnlab.interp.lens import residual_parts
+
+    model = _model(norm="gemma_rmsnorm", mlp="geglu", pos="rope", sandwich_norm=True)
+    idx = torch.randint(0, 65, (1, 5), generator=torch.Generator().manual_seed(0))
+    with pytest.raises(ValueError, match=r"direct logit attribution .*sandwich_norm"):
+        logit_attribution(model, idx, 3)
+    with pytest.raises(ValueError, match=r"the residual parts .*sandwich_norm"):
+        residual_parts(model, idx)

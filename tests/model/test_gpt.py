@@ -340,8 +340,8 @@ def test_decode_step_in_bfloat16_matches_forward_in_bfloat16() -> None:
     "overrides, message",
     [
         ({"pos": "alibi"}, r"pos='alibi' must be one of \['learned', 'none', 'rope'\]"),
-        ({"norm": "batchnorm"}, r"norm='batchnorm' must be one of \['layernorm', 'none', "),
-        ({"mlp": "relu"}, r"mlp='relu' must be one of \['gelu', 'none', 'swiglu'\]"),
+        ({"norm": "batchnorm"}, r"norm='batchnorm' must be one of \['gemma_rmsnorm', "),
+        ({"mlp": "relu"}, r"mlp='relu' must be one of \['geglu', 'gelu', 'none', 'swiglu'\]"),
         ({"pos": "rope", "rope_scaling": {"rope_type": "longrope", "factor": 4.0}},
          r"rope_scaling rope_type='longrope' is not supported: Phi-3's two frequency sets"),
         ({"pos": "rope", "rope_scaling": {"rope_type": "yarn", "factor": 4.0}},

@@ -41,7 +41,7 @@ from .sampling import sample as sample
 
 if TYPE_CHECKING:
     from ..interp.edits import Edit, Edits
-    from ..model.gpt import Block
+    from ..model.block import Block
     from ..tokenizers import Tokenizer
 
 

@@ -79,6 +79,8 @@ def _misfits(c: GPTConfig) -> list[str]:
         "attn_scale in (None, 1.0)": c.attn_scale in (None, 1.0),
         "parallel_residual=False": not c.parallel_residual, "qk_norm=False": not c.qk_norm,
         "sliding_window=None": c.sliding_window is None,
+        "scale_embeddings=False": not c.scale_embeddings, "sandwich_norm=False":
+        not c.sandwich_norm,
     })
 
 

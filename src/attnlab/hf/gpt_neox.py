@@ -72,7 +72,10 @@ def _misfits(c: GPTConfig) -> list[str]:
     out_bias = c.bias if c.out_bias is None else c.out_bias
     return misfits_of({
         "pos='rope'": c.pos == "rope", "norm='layernorm'": c.norm == "layernorm",
-        "mlp='gelu'": c.mlp == "gelu", "bias=True": c.bias, "qkv_bias == out_bias":
+        "mlp='gelu'": c.mlp == "gelu", "bias=True": c.bias,
+        "scale_embeddings=False": not c.scale_embeddings, "sandwich_norm=False":
+        not c.sandwich_norm, "local_rope_theta=None": c.local_rope_theta is None,
+        "qkv_bias == out_bias":
         qkv_bias == out_bias, "n_kv_head=n_head": c.n_kv_heads == c.n_head,
         "head_dim=None": c.head_dim in (None, c.n_embd // c.n_head),
         "qk_norm=False": not c.qk_norm, "sliding_window=None": c.sliding_window is None,

@@ -31,18 +31,22 @@ LLAMA_WEIGHTS = WeightMap(
 def llama_like_config(f: Fields, *, max_positions: int, default_head_dim: int | None = None,
                       **switches: Any) -> dict[str, Any]:
     """GPTConfig keyword arguments for the fields every Llama-style config shares; the
-    family passes its own bias / QK-norm / window switches, and the head_dim its
-    transformers config defaults to (None: hidden_size / heads)."""
+    family passes its own bias / QK-norm / window switches (which win over these: Gemma's
+    norm and MLP), and the head_dim its transformers config defaults to (None: hidden_size
+    / heads)."""
     n_embd, n_head = f.count("hidden_size", 4096), f.count("num_attention_heads", 32)
     head_dim = f.count("head_dim", default_head_dim or n_embd // n_head)
-    f.one_of("hidden_act", SILUS, "silu")
+    if "mlp" not in switches:  # SwiGLU's activation; a family with another MLP reads its own
+        f.one_of("hidden_act", SILUS, "silu")
     block_size = f.count("max_position_embeddings", max_positions, MAX_CONTEXT)
-    theta, scaling, partial = rope_from_hf(f, max_positions=block_size)
+    # a family that reads its RoPE its own way (Gemma 3: per layer type) passes rope_theta
+    theta, scaling, partial = (0.0, None, 1.0) if "rope_theta" in switches else (
+        rope_from_hf(f, max_positions=block_size))
     if partial != 1.0:
         raise f.refuse("rope_parameters.partial_rotary_factor", partial,
                        f"{f.family} rotates whole heads in transformers (partial rotary is "
                        "GPT-NeoX's)")
-    return dict(
+    return {**dict(
         vocab_size=f.count("vocab_size", 32000),
         block_size=block_size,
         n_layer=f.count("num_hidden_layers", 32),
@@ -55,8 +59,7 @@ def llama_like_config(f: Fields, *, max_positions: int, default_head_dim: int | 
         norm="rmsnorm", norm_eps=f.number("rms_norm_eps", 1e-6),
         mlp="swiglu",
         tie_weights=f.flag("tie_word_embeddings", False),
-        **switches,
-    )
+    ), **switches}
 
 
 def llama_like_to_hf(config: GPTConfig, family: Family, **extra: Any) -> dict[str, Any]:
@@ -81,7 +84,9 @@ def llama_like_misfits(config: GPTConfig, **needed: bool) -> list[str]:
         "mlp='swiglu'": c.mlp == "swiglu", "rotary_pct=1.0": c.rotary_pct == 1.0,
         "parallel_residual=False": not c.parallel_residual,
         "residual=True": c.residual, "attn_out_proj=True": c.attn_out_proj,
-        "attn_scale=None": c.attn_scale is None, **needed,
+        "attn_scale=None": c.attn_scale is None,
+        "scale_embeddings=False": not c.scale_embeddings, "sandwich_norm=False":
+        not c.sandwich_norm, "local_rope_theta=None": c.local_rope_theta is None, **needed,
     })
 
 

@@ -46,7 +46,7 @@ import torch
 from torch import Tensor, nn
 
 from ..model.gpt import check_position, per_row_ids, require_eval, unembed
-from ..model.layers import RMSNorm
+from ..model.layers import GemmaRMSNorm, RMSNorm
 from ..model.names import absent_names
 from ..model.runtime import wide
 from ..model.trace import EditSource, Trace
@@ -93,6 +93,7 @@ def residual_parts(model: Any, ids: Tensor, attention_mask: Tensor | None = None
     if not c.residual:
         raise ValueError("the residual stream is a sum of parts only with residual "
                          "connections (config.residual)")
+    _check_linear(c, "the residual parts")
     require_eval(model, "the residual parts")
     end = c.n_layer if layer is None else layer
     if not 0 <= end <= c.n_layer:
@@ -114,6 +115,16 @@ def residual_parts(model: Any, ids: Tensor, attention_mask: Tensor | None = None
             labels.append(f"{i} mlp")
             parts.append(trace.get("mlp_out", i))
     return labels, torch.stack(parts)  # (n, B, T, C)
+
+
+def _check_linear(config: Any, what: str) -> None:
+    """Refuse a model whose branches are normed before their residual add (Gemma 2 / 3's
+    sandwich norms): what a block adds is then no sum of its heads' or its MLP's outputs."""
+    if config.sandwich_norm:
+        raise ValueError(f"{what} splits each block's addition to the residual stream into its "
+                         "heads and MLP, but this model norms each branch's output before "
+                         "adding it (sandwich_norm, Gemma 2 / 3): that norm is not linear, so "
+                         "the parts would not sum; use the logit lens or patching instead")
 
 
 def _read(model: Any, x: Tensor) -> Tensor:
@@ -219,9 +230,11 @@ def _frozen_norm(norm: nn.Module, final: Tensor, w_u: Tensor,
         sigma = (final.var(-1, unbiased=False, keepdim=True) + norm.eps).sqrt()  # (B, 1)
         gamma = norm.weight.to(dtype) if norm.weight is not None else torch.ones_like(final[0])
         beta = norm.bias.to(dtype) if norm.bias is not None else torch.zeros_like(final[0])
-    elif isinstance(norm, RMSNorm):  # no mean removed, no bias
+    elif isinstance(norm, RMSNorm | GemmaRMSNorm):  # no mean removed, no bias
         sigma = (final.pow(2).mean(-1, keepdim=True) + norm.eps).sqrt()  # (B, 1)
         gamma, beta, centre = norm.weight.to(dtype), None, False
+        if isinstance(norm, GemmaRMSNorm):
+            gamma = 1.0 + gamma  # (C,): Gemma scales by 1 + weight
     else:  # no final norm: the residual goes straight to the unembedding
         sigma, gamma, beta = None, None, None
 
@@ -246,6 +259,7 @@ def logit_attribution(
     c = model.config
     if not c.residual:
         raise ValueError("direct logit attribution needs a residual stream (config.residual)")
+    _check_linear(c, "direct logit attribution")
     require_eval(model, "the attribution")
     if ids.dim() != 2:
         raise ValueError(f"ids must be a (B, T) integer tensor, got shape {tuple(ids.shape)}; "

@@ -31,7 +31,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from .layers import Linear, RMSNorm, apply_rotary
+from .layers import Linear, apply_rotary, make_norm
 from .sdpa import expand_kv, fused_attend
 from .traced_attention import traced_attend, traced_rows
 
@@ -356,8 +356,8 @@ class CausalSelfAttention(nn.Module):
         n_head: query heads nh. n_kv_head: key/value heads nkv (GQA), defaults to n_head.
         bias: bias on the q/k/v (and output) projections.
         out_bias: bias on the output projection; None = `bias` (Qwen2: q/k/v only).
-        qk_norm: RMSNorm (weight (hs,), eps `norm_eps`) on each head's q and k before RoPE
-            (Qwen3).
+        qk_norm: a norm (weight (hs,), eps `norm_eps`) on each head's q and k before RoPE
+            (Qwen3, Gemma 3): `qk_norm_kind` "rmsnorm" or "gemma_rmsnorm".
         out_proj: add the output projection back to d_in (GPT-2's attention); False returns
             the concatenated heads of width d_out (the book's `CausalAttention`, the
             hello-world model).
@@ -384,6 +384,7 @@ class CausalSelfAttention(nn.Module):
         out_bias: bool | None = None,
         qk_norm: bool = False,
         norm_eps: float = 1e-5,
+        qk_norm_kind: str = "rmsnorm",
     ) -> None:
         super().__init__()
         d_out = d_in if d_out is None else d_out
@@ -411,8 +412,8 @@ class CausalSelfAttention(nn.Module):
         out_bias = bias if out_bias is None else out_bias
         self.out_proj = Linear(d_out, d_in, bias=out_bias) if out_proj else None
         self.out_dropout = nn.Dropout(dropout)
-        self.q_norm = RMSNorm(self.head_size, norm_eps) if qk_norm else None
-        self.k_norm = RMSNorm(self.head_size, norm_eps) if qk_norm else None
+        self.q_norm = make_norm(qk_norm_kind, self.head_size, eps=norm_eps) if qk_norm else None
+        self.k_norm = make_norm(qk_norm_kind, self.head_size, eps=norm_eps) if qk_norm else None
 
     def _heads(self, x: Tensor, n: int) -> Tensor:
         B, T, _ = x.shape

@@ -33,9 +33,13 @@ class GPTConfig:
     n_embd: int = 128  # C: residual stream width
     dropout: float = 0.0  # on embeddings, attention weights and residual branches (training)
     bias: bool = True  # biases in MLP Linears and LayerNorms (GPT-2: True)
-    mlp: str = "gelu"  # "gelu": proj(gelu(fc(x))); "swiglu": proj(silu(gate(x)) * fc(x)); "none"
+    # "gelu": proj(gelu(fc(x))); "swiglu": proj(silu(gate(x)) * fc(x)); "geglu" (Gemma):
+    # proj(gelu(gate(x)) * fc(x)), with the `gelu` form; "none"
+    mlp: str = "gelu"
     gelu: str = "tanh"  # "tanh" (GPT-2's approximation) or "exact" (erf: nanoGPT, faster on CPU)
-    norm: str = "layernorm"  # pre-norm in blocks and final norm: "layernorm", "rmsnorm", "none"
+    # pre-norm in blocks and final norm: "layernorm", "rmsnorm", "gemma_rmsnorm" (scaled by
+    # 1 + weight, in float32), "none"
+    norm: str = "layernorm"
     residual: bool = True  # residual connections (False: attention output feeds the head)
     attn_out_proj: bool = True  # output projection after the heads are concatenated
     tie_weights: bool = True  # lm_head shares the token embedding matrix
@@ -56,6 +60,14 @@ class GPTConfig:
     # generate's --sliding-window, which keeps the last block_size tokens of a long text)
     sliding_window: int | None = None
     window_layers: list[int] | None = None  # layers with the window; None = all
+    # token embeddings times sqrt(n_embd), rounded to the weights' dtype first (Gemma); the
+    # tied head reads the table unscaled
+    scale_embeddings: bool = False
+    # a norm on each branch's output too, before its residual add (Gemma 2 and 3's "sandwich")
+    sandwich_norm: bool = False
+    # RoPE base of the layers with a sliding window, unscaled (Gemma 3: 10,000 there, the
+    # others rope_theta and rope_scaling); None = every layer the same
+    local_rope_theta: float | None = None
 
     def __post_init__(self) -> None:
         positive = ("vocab_size", "block_size", "n_layer", "n_head", "n_embd")
@@ -78,7 +90,8 @@ class GPTConfig:
                 f"n_kv_head={self.n_kv_head} must divide n_head={self.n_head} "
                 "(each key/value head serves a whole number of query heads)"
             )
-        for name in ("dropout", "norm_eps", "rope_theta", "rotary_pct", "attn_scale", "init_std"):
+        for name in ("dropout", "norm_eps", "rope_theta", "rotary_pct", "attn_scale", "init_std",
+                     "local_rope_theta"):
             value = getattr(self, name)  # "0.1" would fail below with a bare TypeError
             if value is not None and (isinstance(value, bool) or
                                       not isinstance(value, int | float)):
@@ -122,6 +135,14 @@ class GPTConfig:
             raise ValueError(
                 f"rope_scaling={self.rope_scaling} needs pos='rope', not pos={self.pos!r}"
             )
+        if self.sandwich_norm and (self.parallel_residual or not self.residual):
+            raise ValueError("sandwich_norm norms each branch before its residual add: it needs "
+                             "residual=True and parallel_residual=False")
+        if self.local_rope_theta is not None and (
+                self.pos != "rope" or self.sliding_window is None or not self.local_rope_theta > 0):
+            raise ValueError(f"local_rope_theta={self.local_rope_theta} is the RoPE base of the "
+                             "sliding-window layers: it needs pos='rope', a sliding_window and "
+                             "a value > 0")
         if self.window_layers is not None:
             if self.sliding_window is None:
                 raise ValueError(

@@ -27,10 +27,24 @@ from torch import Tensor, nn
 from .attention import Mask, attend, build_mask
 from .gpt import require_eval
 from .kv_cache import KVCache
-from .layers import GELUS, MLP, RMSNorm, apply_rotary, real_positions, rms_norm
+from .layers import (
+    GELUS,
+    MLP,
+    GemmaRMSNorm,
+    RMSNorm,
+    apply_rotary,
+    embedding_scale,
+    gate_activation,
+    gemma_rms_norm,
+    layer_ropes,
+    real_positions,
+    rms_norm,
+)
+from .runtime import check_float16_weights
 
 if TYPE_CHECKING:
-    from .gpt import GPT, Block
+    from .block import Block
+    from .gpt import GPT
 
 # one layer's attention in a decode step: (layer index, its sliding window, q (B, nh, 1, hs),
 # new k and v (B, nkv, 1, hs)) -> context (B, nh, 1, hs); `DecodeStep.forward_with`
@@ -155,8 +169,11 @@ class _Norm(NamedTuple):
     bias: Tensor | None
     eps: float
     rms: bool
+    gemma: bool = False  # Gemma's RMSNorm: scaled by 1 + weight
 
     def __call__(self, x: Tensor) -> Tensor:
+        if self.gemma:
+            return gemma_rms_norm(x, cast(Tensor, self.weight), self.eps)
         if self.rms:
             return rms_norm(x, self.weight, self.eps)
         # torch.layer_norm: F.layer_norm's Python checks cost more than a (B, C) norm here
@@ -164,8 +181,9 @@ class _Norm(NamedTuple):
 
 
 def _norm_of(module: nn.Module | None) -> _Norm | None:
-    if isinstance(module, RMSNorm):
-        return _Norm(module.weight.detach(), None, module.eps, True)
+    if isinstance(module, RMSNorm | GemmaRMSNorm):
+        return _Norm(module.weight.detach(), None, module.eps, True,
+                     isinstance(module, GemmaRMSNorm))
     if not isinstance(module, nn.LayerNorm):
         return None  # nn.Identity (norm="none")
     bias = None if module.bias is None else module.bias.detach()
@@ -185,6 +203,8 @@ class _DecodeLayer(NamedTuple):
     gate: _Matrix | None  # SwiGLU's gate projection
     proj: _Matrix | None  # down projection
     window: int | None  # this layer's sliding window
+    attn_post: _Norm | None = None  # sandwich norms (Gemma 2 / 3) on each branch's output
+    mlp_post: _Norm | None = None
 
     @classmethod
     def of(cls, block: Block, window: int | None) -> _DecodeLayer:
@@ -199,7 +219,7 @@ class _DecodeLayer(NamedTuple):
             None if mlp is None else _Affine.stack(mlp.fc),
             None if mlp is None or mlp.gate is None else _Affine.stack(mlp.gate),
             None if mlp is None else _Affine.stack(mlp.proj),
-            window,
+            window, _norm_of(block.ln_attn_post), _norm_of(block.ln_mlp_post),
         )
 
     def packed16(self) -> _DecodeLayer:
@@ -245,6 +265,7 @@ class DecodeStep:
             check_float16_weights(model)
         c = self.config = model.config
         self.approximate = GELUS[c.gelu]
+        self.gate_act = gate_activation("gelu" if c.mlp == "geglu" else "silu", self.approximate)
         self.layers = [
             _DecodeLayer.of(cast("Block", block), c.window_of(i))
             for i, block in enumerate(model.blocks)
@@ -254,8 +275,9 @@ class DecodeStep:
                              for b in cast("list[Block]", list(model.blocks))]
         self.ln_f = _norm_of(model.ln_f)
         self.wte = model.wte.weight.detach()
+        self.embed_scale = embedding_scale(c.n_embd, self.wte) if c.scale_embeddings else None
         self.wpe = None if model.wpe is None else model.wpe.weight.detach()
-        self.rotary = model.rotary
+        self.rotary, self.local_rotary = model.rotary, model.local_rotary
         self.lm_head: _Matrix = _Affine.stack(model.lm_head)  # weight (C, V)
         self.weights = weights
         if weights == "float16":
@@ -291,7 +313,7 @@ class DecodeStep:
         fc, proj = cast(_Matrix, layer.fc), cast(_Matrix, layer.proj)
         if layer.gate is None:
             return proj(F.gelu(fc(h), approximate=self.approximate))  # (B, d_ff) -> (B, C)
-        return proj(F.silu(layer.gate(h)) * fc(h))  # (B, d_ff) -> (B, C)
+        return proj(self.gate_act(layer.gate(h)) * fc(h))  # (B, d_ff) -> (B, C)
 
     @torch.inference_mode()
     def __call__(self, token: Tensor, attention_mask: Tensor | None, cache: KVCache) -> Tensor:
@@ -339,14 +361,14 @@ class DecodeStep:
         """
         c = self.config
         x = F.embedding(token[:, 0], self.wte)  # (B, C)
+        if self.embed_scale is not None:
+            x = x * self.embed_scale  # (B, C)
         if self.wpe is not None:
             # (C,): every row is at position pos, or (B, C) at its own
             x = x + (self.wpe[pos] if positions is None else F.embedding(positions, self.wpe))
-        rope = None
-        if self.rotary is not None:
-            at = torch.full((1, 1), pos, device=token.device) if positions is None else (
-                positions[:, None])  # (B or 1, 1)
-            rope = self.rotary.cos_sin(at)  # (B or 1, 1, 1, rd) each
+        at = torch.full((1, 1), pos, device=token.device) if positions is None else (
+            positions[:, None])  # (B or 1, 1)
+        ropes = layer_ropes(self.rotary, self.local_rotary, at)  # (B|1, 1, 1, rd) each
         B, nh, nkv, hs = token.shape[0], c.n_head, c.n_kv_heads, c.head_size
         for i, layer in enumerate(self.layers):
             h = _apply(layer.ln_1, x)  # (B, C)
@@ -355,6 +377,7 @@ class DecodeStep:
             q, k, v = qkv.view(B, nh + 2 * nkv, 1, hs).split_with_sizes((nh, nkv, nkv), dim=1)
             if layer.q_norm is not None and layer.k_norm is not None:
                 q, k = layer.q_norm(q), layer.k_norm(k)  # per head, over hs
+            rope = ropes[layer.window is not None]
             if rope is not None:
                 q, k = apply_rotary(q, *rope), apply_rotary(k, *rope)  # (B, nh|nkv, 1, hs)
             a = attention(i, layer.window, q, k, v)  # (B, nh, 1, hs)
@@ -365,9 +388,9 @@ class DecodeStep:
                 m = 0.0 if layer.fc is None else self._mlp(layer, _apply(layer.ln_2, x))
                 x = m + a + x if c.residual else m + a  # GPT-NeoX's order of the sum
                 continue
-            x = x + a if c.residual else a
+            x = x + _apply(layer.attn_post, a) if c.residual else a
             if layer.fc is not None:
-                m = self._mlp(layer, _apply(layer.ln_2, x))  # (B, C)
+                m = _apply(layer.mlp_post, self._mlp(layer, _apply(layer.ln_2, x)))  # (B, C)
                 x = x + m if c.residual else m
         return self.lm_head(_apply(self.ln_f, x))  # (B, V)
 
@@ -387,26 +410,6 @@ def _tensors_in(part: object) -> list[Tensor]:
     if isinstance(part, tuple):
         return [t for item in part for t in _tensors_in(item)]
     return []
-
-
-def check_float16_weights(model: GPT) -> None:
-    """Raise unless `model` can stream float16 weights: float32 on the CPU, fbgemm built in."""
-    weight = model.lm_head.weight
-    if weight.device.type != "cpu":
-        raise ValueError(
-            f"float16 weights are a CPU path (fbgemm) and the model is on {weight.device}; "
-            "on a GPU cast the model instead (--dtype bfloat16, model.to(torch.bfloat16))"
-        )
-    if weight.dtype != torch.float32:
-        raise ValueError(
-            f"float16 weights need a float32 model (the arithmetic stays float32), not "
-            f"{weight.dtype}; drop the cast (--dtype float32)"
-        )
-    if "fbgemm" not in torch.backends.quantized.supported_engines:
-        raise ValueError(
-            "this PyTorch build has no fbgemm, the kernel behind float16 weights (x86 CPUs "
-            "only); keep float32 weights"
-        )
 
 
 def half_weights(model: GPT, progress: Callable[[int, int], None] | None = None) -> GPT:

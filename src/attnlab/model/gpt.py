@@ -1,11 +1,11 @@
 """The GPT model: token (+ position) embeddings -> blocks -> final norm -> linear head.
 
-One `GPTConfig` spans a one-layer model (`seed-minimal`: one single-head attention and a
-linear head, nothing else), a nanoGPT/GPT-2 pre-LayerNorm stack and the modern family
-(Llama, Mistral, Qwen, GPT-NeoX: RoPE, RMSNorm, SwiGLU, GQA, QK-norm, parallel residual,
-sliding window). Attention math is `attention.py`'s, the norms, MLPs and rotary embeddings
-are `layers.py`'s, the one-token decode path is `decode.py`'s; this module wires them, owns
-positions and the loss. Hugging Face weights: `hf/`.
+One `GPTConfig` spans a one-layer model (`seed-minimal`: one single-head attention and a linear
+head, nothing else), a nanoGPT/GPT-2 pre-LayerNorm stack and the modern family (Llama, Mistral,
+Qwen, GPT-NeoX, Gemma: RoPE, RMSNorm, SwiGLU / GeGLU, GQA, QK-norm, parallel residual, sliding
+window, scaled embeddings). Attention math is `attention.py`'s, the norms, MLPs and rotary
+embeddings are `layers.py`'s, the one-token decode path is `decode.py`'s; this module wires
+them, owns positions and the loss. Hugging Face weights: `hf/`.
 """
 
 from __future__ import annotations
@@ -20,10 +20,11 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.overrides import TorchFunctionMode
 
-from .attention import CausalSelfAttention, Mask, build_mask
+from .attention import Mask, build_mask
+from .block import Block, norm_of
 from .config import GPTConfig
 from .kv_cache import KVCache
-from .layers import MLP, Linear, Rotary, make_norm, real_positions
+from .layers import Linear, Rope, Rotary, embedding_scale, layer_ropes, real_positions
 from .runtime import kept_out
 from .trace import EditSource, Seam, Trace
 
@@ -31,60 +32,6 @@ from .trace import EditSource, Seam, Trace
 class ModelOutput(NamedTuple):
     logits: Tensor  # (B, T, V), or (B, 1, V) with last_logits_only
     loss: Tensor | None  # mean next-token cross-entropy over non-ignored targets
-
-
-def _norm(config: GPTConfig) -> nn.Module:
-    return make_norm(config.norm, config.n_embd, eps=config.norm_eps, bias=config.bias)
-
-
-class Block(nn.Module):
-    def __init__(self, config: GPTConfig) -> None:
-        super().__init__()
-        c = config
-        self.residual, self.parallel = c.residual, c.parallel_residual
-        self.ln_1 = _norm(c)
-        self.attn = CausalSelfAttention(
-            c.n_embd, c.n_head * c.head_size, c.n_head, c.n_kv_head,
-            bias=c.bias if c.qkv_bias is None else c.qkv_bias,
-            out_bias=c.bias if c.out_bias is None else c.out_bias,
-            out_proj=c.attn_out_proj, dropout=c.dropout, scale=c.attn_scale,
-            qk_norm=c.qk_norm, norm_eps=c.norm_eps,
-        )
-        has_mlp = c.mlp != "none"
-        self.ln_2 = _norm(c) if has_mlp else None
-        self.mlp = MLP(
-            c.n_embd, c.ff_size, gated=c.mlp == "swiglu", gelu=c.gelu, bias=c.bias,
-            dropout=c.dropout,
-        ) if has_mlp else None
-
-    def forward(
-        self,
-        x: Tensor,
-        mask: Mask,
-        kv_cache: Any = None,
-        pos: int = 0,
-        trace: Any = None,
-        fused: bool | None = None,
-        rope: tuple[Tensor, Tensor] | None = None,
-    ) -> Tensor:
-        a = self.attn(self.ln_1(x), mask=mask, kv_cache=kv_cache, pos=pos, trace=trace,
-                      fused=fused, rope=rope)  # (B, T, C)
-        if self.parallel:  # GPT-NeoX: both branches read x; its order of the sum
-            if self.mlp is None or self.ln_2 is None:
-                return a + x if self.residual else a
-            m = self.mlp(self.ln_2(x), trace)  # (B, T, C)
-            if trace is not None:
-                m = trace.record("mlp_out", m)
-            return m + a + x if self.residual else m + a  # (B, T, C)
-        x = x + a if self.residual else a
-        if self.mlp is not None and self.ln_2 is not None:
-            if trace is not None:
-                x = trace.record("resid_mid", x)
-            m = self.mlp(self.ln_2(x), trace)  # (B, T, C)
-            if trace is not None:
-                m = trace.record("mlp_out", m)
-            x = x + m if self.residual else m
-        return x
 
 
 class GPT(nn.Module):
@@ -100,9 +47,12 @@ class GPT(nn.Module):
         # rotary: float32 frequencies, cos/sin computed per call (no block_size table)
         self.rotary = Rotary(c.head_size, c.rotary_pct, c.rope_theta, c.rope_scaling) if (
             c.pos == "rope") else None
+        # the sliding-window layers' own RoPE base (Gemma 3); None: they use `rotary`
+        self.local_rotary = None if c.local_rope_theta is None else Rotary(
+            c.head_size, c.rotary_pct, c.local_rope_theta, None)
         self.drop = nn.Dropout(c.dropout)
         self.blocks = nn.ModuleList([Block(c) for _ in range(c.n_layer)])
-        self.ln_f = _norm(c)
+        self.ln_f = norm_of(c)
         self.lm_head = Linear(c.n_embd, c.vocab_size, bias=False)
         if c.tie_weights:
             self.lm_head.weight = self.wte.weight
@@ -255,9 +205,8 @@ class GPT(nn.Module):
 
         seam = None if trace is None and edits is None else Seam(trace, edits, pos + T)
         x = self._embed(idx, positions, seam) if start_at is None else start_at[1]  # (B, T, C)
-        rope = None if self.rotary is None else self.rotary.cos_sin(positions)  # (B|1, 1, T, rd)
-        x = self._run_blocks(x, pos, attention_mask, kv_cache, seam, fused, rope,
-                             start or 0)  # (B, T, C)
+        x = self._run_blocks(x, pos, attention_mask, kv_cache, seam, fused,
+                             self.ropes(positions), start or 0)  # (B, T, C)
         return self._head(x, targets, attention_mask, seam, last_logits_only)
 
     def _check_start(self, start_at: tuple[int, Tensor], shape: torch.Size,
@@ -284,6 +233,8 @@ class GPT(nn.Module):
         """Token (+ learned position) embeddings of idx (B, T), after dropout: (B, T, C)."""
         B, T = idx.shape
         tok_emb = self.wte(idx)  # (B, T, C)
+        if self.config.scale_embeddings:
+            tok_emb = tok_emb * embedding_scale(self.config.n_embd, tok_emb)  # (B, T, C)
         pos_emb = None if self.wpe is None else self.wpe(positions).expand(B, T, -1)  # (B, T, C)
         if seam is not None:
             tok_emb = seam.record("tok_emb", tok_emb)
@@ -294,9 +245,14 @@ class GPT(nn.Module):
             x = seam.record("emb", x)
         return x
 
+    def ropes(self, positions: Tensor) -> dict[bool, Rope | None]:
+        """{windowed: cos, sin (B|1, 1, T, rd) each, or None without RoPE} at `positions`
+        (B|1, T): the sliding-window layers' under True, the others' under False."""
+        return layer_ropes(self.rotary, self.local_rotary, positions)
+
     def _run_blocks(
         self, x: Tensor, pos: int, attention_mask: Tensor | None, kv_cache: KVCache | None,
-        seam: Seam | None, fused: bool | None, rope: tuple[Tensor, Tensor] | None,
+        seam: Seam | None, fused: bool | None, ropes: dict[bool, Rope | None],
         first: int = 0,
     ) -> Tensor:
         """x (B, T, C) through the blocks from `first` on, the new keys/values written to
@@ -314,7 +270,8 @@ class GPT(nn.Module):
             layer_cache = None if kv_cache is None else kv_cache.layers[i]
             if sink is not None:
                 x = sink.record("resid_pre", x)
-            x = block(x, masks[window], layer_cache, pos, sink, fused, rope)  # (B, T, C)
+            x = block(x, masks[window], layer_cache, pos, sink, fused,
+                      ropes[window is not None])  # (B, T, C)
             if sink is not None:
                 x = sink.record("block_out", x)
         if kv_cache is not None:

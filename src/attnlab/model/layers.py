@@ -1,11 +1,11 @@
 """Building blocks of the modern decoder family: norms, MLPs and rotary position embeddings.
 
-Each is one `GPTConfig` switch (see `config.py`): `norm` picks LayerNorm, RMSNorm or none;
-`mlp` the GELU MLP or the gated SiLU one (SwiGLU); `pos == "rope"` rotates queries and keys
-by their positions (RoPE, in Hugging Face's rotate-half layout, optionally on only the
-first `rotary_pct` of each head's dims, with `rope_scaling` of type linear, llama3 or yarn). The
-math follows Hugging Face transformers so imported weights give its numbers. This module
-owns the layers; wiring them into blocks is `gpt.py`'s, attention is `attention.py`'s.
+Each is one `GPTConfig` switch (see `config.py`): `norm` picks LayerNorm, RMSNorm, Gemma's
+RMSNorm or none; `mlp` the GELU MLP or a gated one (SwiGLU, GeGLU); `pos == "rope"` rotates
+queries and keys by their positions (RoPE, in Hugging Face's rotate-half layout, optionally on
+only the first `rotary_pct` of each head's dims, with `rope_scaling` of type linear, llama3 or
+yarn). The math follows Hugging Face transformers so imported weights give its numbers. This
+module owns the layers; wiring them into blocks is `gpt.py`'s, attention is `attention.py`'s.
 
 Shapes use `attention.py`'s vocabulary (B, T, C, nh, hs); rd = rotary dims per head.
 """
@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
+from functools import partial
 from typing import Any
 
 import torch
@@ -26,8 +27,8 @@ from . import runtime, tf32x3
 #: imported weights need it; the exact (erf) form is faster on CPUs, forward and backward
 #: (docs/performance.md#gelu), and nanoGPT and Pythia use it.
 GELUS = {"tanh": "tanh", "exact": "none"}
-NORMS = ("layernorm", "rmsnorm", "none")
-MLPS = ("gelu", "swiglu", "none")
+NORMS = ("layernorm", "rmsnorm", "gemma_rmsnorm", "none")
+MLPS = ("gelu", "swiglu", "geglu", "none")
 #: rope_scaling["rope_type"] -> the keys it needs besides rope_type.
 ROPE_SCALINGS: dict[str, tuple[str, ...]] = {
     "default": (),
@@ -125,12 +126,41 @@ class RMSNorm(nn.Module):
         return f"{self.weight.shape[0]}, eps={self.eps}"
 
 
+def gemma_rms_norm(x: Tensor, weight: Tensor, eps: float) -> Tensor:
+    """x (..., C) -> x / sqrt(mean(x^2) + eps) * (1 + weight), all in float32 (a float64
+    model's in float64), cast back at the end: Gemma's order, which differs from
+    `rms_norm`'s in 16 bits. The stored weight is Gemma's, zero for the identity."""
+    wide = runtime.wide(x.dtype)
+    x32 = x.to(wide)
+    y = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + eps)  # (..., C)
+    return (y * (1.0 + weight.to(wide))).to(x.dtype)
+
+
+class GemmaRMSNorm(nn.Module):
+    """Gemma's RMSNorm: scaled by (1 + weight), the weight starting at zero. Not an
+    `RMSNorm` subclass, so code written for RMSNorm's plain scale never takes it for one."""
+
+    def __init__(self, dim: int, eps: float = 1e-6) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.zeros(dim))
+        self.eps = eps
+
+    def forward(self, x: Tensor) -> Tensor:
+        return gemma_rms_norm(x, self.weight, self.eps)  # (..., C)
+
+    def extra_repr(self) -> str:
+        return f"{self.weight.shape[0]}, eps={self.eps}"
+
+
 def make_norm(kind: str, dim: int, *, eps: float = 1e-5, bias: bool = True) -> nn.Module:
-    """GPTConfig.norm -> the module: LayerNorm (bias if `bias`), RMSNorm, or Identity."""
+    """GPTConfig.norm -> the module: LayerNorm (bias if `bias`), RMSNorm, Gemma's RMSNorm,
+    or Identity."""
     if kind == "layernorm":
         return nn.LayerNorm(dim, eps=eps, bias=bias)
     if kind == "rmsnorm":
         return RMSNorm(dim, eps)
+    if kind == "gemma_rmsnorm":
+        return GemmaRMSNorm(dim, eps)
     if kind == "none":
         return nn.Identity()
     raise ValueError(f"norm={kind!r} must be one of {list(NORMS)}")
@@ -139,8 +169,17 @@ def make_norm(kind: str, dim: int, *, eps: float = 1e-5, bias: bool = True) -> n
 # ----------------------------------------------------------------------------- MLPs
 
 
+def gate_activation(gate_act: str, approximate: str) -> Any:
+    """The function a gated MLP applies to its gate: SiLU (SwiGLU) or GELU (GeGLU, with
+    F.gelu's `approximate`)."""
+    if gate_act == "silu":
+        return F.silu
+    return partial(F.gelu, approximate=approximate)  # a partial pickles, a lambda would not
+
+
 class MLP(nn.Module):
-    """GELU: proj(gelu(fc(x))). SwiGLU (gated=True): proj(silu(gate(x)) * fc(x)).
+    """GELU: proj(gelu(fc(x))). Gated (gated=True): proj(act(gate(x)) * fc(x)), act SiLU
+    (SwiGLU, gate_act="silu") or GELU (GeGLU, gate_act="gelu": Gemma).
 
     fc is the up projection (the only input projection of the GELU form), gate the gate
     projection (Llama's gate_proj), proj the down projection; all (C <-> d_ff).
@@ -148,7 +187,7 @@ class MLP(nn.Module):
 
     def __init__(
         self, n_embd: int, d_ff: int, *, gated: bool = False, gelu: str = "tanh",
-        bias: bool = True, dropout: float = 0.0,
+        bias: bool = True, dropout: float = 0.0, gate_act: str = "silu",
     ) -> None:
         super().__init__()
         self.fc = Linear(n_embd, d_ff, bias=bias)
@@ -156,6 +195,7 @@ class MLP(nn.Module):
         self.proj = Linear(d_ff, n_embd, bias=bias)
         self.dropout = nn.Dropout(dropout)
         self.approximate = GELUS[gelu]
+        self.gate_act = gate_activation(gate_act, self.approximate)
 
     def forward(self, x: Tensor, trace: Any = None) -> Tensor:
         """x (B, T, C) -> (B, T, C); `trace` (a layer's seam, `model/trace.py`) records the
@@ -166,18 +206,26 @@ class MLP(nn.Module):
         apart = trace is not None and trace.may_see("mlp_pre")
         if self.gate is None and isinstance(self.fc, Linear) and not apart:
             h = self.fc.gelu(x, self.approximate)  # (B, T, d_ff)
-        else:  # fc replaced by another module, pre-activations wanted, or SwiGLU
+        else:  # fc replaced by another module, pre-activations wanted, or gated
             pre = (self.fc if self.gate is None else self.gate)(x)  # (B, T, d_ff)
             if trace is not None:
                 pre = trace.record("mlp_pre", pre)
             h = (F.gelu(pre, approximate=self.approximate) if self.gate is None
-                 else F.silu(pre) * self.fc(x))  # (B, T, d_ff)
+                 else self.gate_act(pre) * self.fc(x))  # (B, T, d_ff)
         if trace is not None:
             h = trace.record("mlp_hidden", h)
         return self.dropout(self.proj(h))  # (B, T, C)
 
 
 # ----------------------------------------------------------------------------- positions
+
+
+def embedding_scale(n_embd: int, like: Tensor) -> Tensor:
+    """sqrt(n_embd) rounded to the dtype of `like`, on its device (a 0-dim tensor, which
+    torch.compile keeps as a constant): the factor Gemma multiplies its token embeddings by
+    (in bfloat16 sqrt(2048) = 45.2548... is 45.25)."""
+    return torch.tensor(n_embd ** 0.5, dtype=like.dtype, device=like.device)
+
 
 
 def real_positions(attention_mask: Tensor, T: int) -> Tensor:
@@ -373,6 +421,18 @@ class Rotary:
         if self.attention_factor == 1.0:  # all but yarn: skip two multiplications by 1
             return emb.cos(), emb.sin()
         return emb.cos() * self.attention_factor, emb.sin() * self.attention_factor
+
+
+Rope = tuple[Tensor, Tensor]  # cos, sin (B|1, 1, T, rd)
+
+
+def layer_ropes(rotary: Rotary | None, local: Rotary | None,
+                positions: Tensor) -> dict[bool, Rope | None]:
+    """{windowed: cos, sin (B|1, 1, T, rd) each, or None without RoPE} at `positions`
+    (B|1, T): the sliding-window layers' under True (`local`'s where there is one, Gemma 3),
+    the others' under False."""
+    rope = None if rotary is None else rotary.cos_sin(positions)
+    return {False: rope, True: rope if local is None else local.cos_sin(positions)}
 
 
 def rotate_half(x: Tensor) -> Tensor:

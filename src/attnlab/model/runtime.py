@@ -31,6 +31,7 @@ import warnings
 import weakref
 from collections.abc import Iterator
 from contextlib import contextmanager
+from typing import Any
 
 import numpy as np
 import torch
@@ -330,3 +331,24 @@ def quiet_compile() -> Iterator[None]:
         warnings.filterwarnings("ignore", message="The .grad attribute of a Tensor that is not "
                                 "a leaf Tensor is being accessed", category=UserWarning)
         yield
+
+
+def check_float16_weights(model: Any) -> None:
+    """Raise unless the GPT `model` can stream float16 weights (`decode.half_weights`):
+    float32 on the CPU, fbgemm built in."""
+    weight = model.lm_head.weight
+    if weight.device.type != "cpu":
+        raise ValueError(
+            f"float16 weights are a CPU path (fbgemm) and the model is on {weight.device}; "
+            "on a GPU cast the model instead (--dtype bfloat16, model.to(torch.bfloat16))"
+        )
+    if weight.dtype != torch.float32:
+        raise ValueError(
+            f"float16 weights need a float32 model (the arithmetic stays float32), not "
+            f"{weight.dtype}; drop the cast (--dtype float32)"
+        )
+    if "fbgemm" not in torch.backends.quantized.supported_engines:
+        raise ValueError(
+            "this PyTorch build has no fbgemm, the kernel behind float16 weights (x86 CPUs "
+            "only); keep float32 weights"
+        )

@@ -1,0 +1,135 @@
+"""Gemma3ForCausalLM (model_type "gemma3_text", the text-only Gemma 3 such as gemma-3-1b):
+Gemma's scaled embeddings, (1 + w) RMSNorm and GeGLU, plus
+
+- sandwich norms (`sandwich_norm`): input_layernorm -> attention -> post_attention_layernorm
+  -> residual add, pre_feedforward_layernorm -> MLP -> post_feedforward_layernorm -> residual
+  add (so `post_attention_layernorm` here is not Llama's pre-MLP norm);
+- QK-norm with Gemma's (1 + w) norm, and scores scaled by query_pre_attn_scalar ** -0.5;
+- sliding-window and full layers (`layer_types`, or the older `sliding_window_pattern`: every
+  Nth layer full), with RoPE per layer type: the sliding layers' base (`local_rope_theta`,
+  unscaled; older configs' `rope_local_base_freq`), the full layers' rope_theta and scaling.
+
+Soft-capping (Gemma 2's) and bidirectional attention are refused by name; the multimodal
+Gemma3ForConditionalGeneration (model_type "gemma3") is not this family.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ..model.gpt import GPTConfig
+from .fields import MAX_CONTEXT, Fields, rope_from_hf, rope_to_hf
+from .llama import LLAMA_WEIGHTS, llama_like_config, llama_like_to_hf, out_bias_of, qkv_bias_of
+from .qwen2 import LAYER_TYPES
+from .registry import Family, WeightMap, misfits_of, window_layers_to_hf
+
+WEIGHTS = WeightMap(
+    top=LLAMA_WEIGHTS.top, layer=LLAMA_WEIGHTS.layer, base=LLAMA_WEIGHTS.base,
+    block={
+        "ln_1": "input_layernorm", "ln_attn_post": "post_attention_layernorm",
+        "ln_2": "pre_feedforward_layernorm", "ln_mlp_post": "post_feedforward_layernorm",
+        "attn.query": "self_attn.q_proj", "attn.key": "self_attn.k_proj",
+        "attn.value": "self_attn.v_proj", "attn.out_proj": "self_attn.o_proj",
+        "attn.q_norm": "self_attn.q_norm", "attn.k_norm": "self_attn.k_norm",
+        "mlp.gate": "mlp.gate_proj", "mlp.fc": "mlp.up_proj", "mlp.proj": "mlp.down_proj",
+    },
+)
+# hub configs ask generate for the sliding-window cache (attnlab has its own);
+# transformers 5 saves its private _sliding_window_pattern beside layer_types, which decide
+# (reloading, it reads sliding_window_pattern only)
+IRRELEVANT = frozenset({"cache_implementation", "_sliding_window_pattern"})
+
+
+def _layer_types(f: Fields, n_layer: int) -> list[str]:
+    pattern = f.count("sliding_window_pattern", 6)
+    types = f.get("layer_types") or ["sliding_attention" if (i + 1) % pattern else
+                                     "full_attention" for i in range(n_layer)]
+    if len(types) != n_layer or any(t not in LAYER_TYPES for t in types):
+        raise f.refuse("layer_types", types,
+                       f"expected {n_layer} entries, each one of {', '.join(LAYER_TYPES)}")
+    return list(types)
+
+
+def _ropes(f: Fields, block_size: int) -> tuple[dict[str, Any], float | None]:
+    """(the full layers' rope GPTConfig fields, the sliding layers' base or None when they
+    share the full layers' RoPE) from either spelling: transformers 5's rope_parameters
+    keyed by layer type, or the older rope_theta / rope_scaling / rope_local_base_freq."""
+    params = f.get("rope_parameters") or {}
+    if not isinstance(params, dict) or set(params) - set(LAYER_TYPES):
+        raise f.refuse("rope_parameters", params, "Gemma 3 keys its RoPE parameters by layer "
+                       f"type: {', '.join(LAYER_TYPES)}")
+    full = dict(params.get("full_attention") or {"rope_type": "default"})
+    full.update(f.get("rope_scaling") or {})
+    full.setdefault("rope_theta", f.get("rope_theta", 1_000_000.0))
+    local = dict(params.get("sliding_attention") or {"rope_type": "default"})
+    local.setdefault("rope_theta", f.get("rope_local_base_freq", 10_000.0))
+    theta, scaling, _ = rope_from_hf(Fields({"rope_parameters": full}, f.family),
+                                     max_positions=block_size)
+    if local == full:
+        return dict(rope_theta=theta, rope_scaling=scaling), None
+    if local.get("rope_type", "default") != "default" or set(local) - {"rope_type",
+                                                                      "rope_theta"}:
+        raise f.refuse("rope_parameters.sliding_attention", local, "attnlab's sliding layers "
+                       "take a RoPE base of their own, unscaled (rope_type 'default')")
+    local_theta, _, _ = rope_from_hf(Fields({"rope_parameters": local}, f.family),
+                                     max_positions=block_size)
+    return dict(rope_theta=theta, rope_scaling=scaling), local_theta
+
+
+def _config(f: Fields) -> dict[str, Any]:
+    for key in ("final_logit_softcapping", "attn_logit_softcapping"):
+        if f.get(key) is not None:
+            raise f.refuse(key, f.get(key), "soft-capping (Gemma 2's) is not supported")
+    if f.get("use_bidirectional_attention"):
+        raise f.refuse("use_bidirectional_attention", True, "attnlab's attention is causal")
+    n_layer = f.count("num_hidden_layers", 26)
+    types = _layer_types(f, n_layer)
+    windowed = [i for i, t in enumerate(types) if t == "sliding_attention"]
+    window = f.count("sliding_window", 4096)
+    attention_bias = f.flag("attention_bias", False)
+    rope, local_theta = _ropes(f, f.count("max_position_embeddings", 131072, MAX_CONTEXT))
+    return llama_like_config(
+        f, max_positions=131072, default_head_dim=256, bias=False, qkv_bias=attention_bias,
+        out_bias=attention_bias, norm="gemma_rmsnorm", mlp="geglu",
+        gelu=f.gelu("hidden_activation", "gelu_pytorch_tanh"), scale_embeddings=True,
+        sandwich_norm=True, qk_norm=True, tie_weights=f.flag("tie_word_embeddings", True),
+        attn_scale=f.number("query_pre_attn_scalar", 256) ** -0.5,
+        sliding_window=window if windowed else None,
+        window_layers=None if len(windowed) in (0, n_layer) else windowed,
+        local_rope_theta=local_theta if windowed else None, **rope,
+    )
+
+
+def _misfits(c: GPTConfig) -> list[str]:
+    return misfits_of({
+        "pos='rope'": c.pos == "rope", "norm='gemma_rmsnorm'": c.norm == "gemma_rmsnorm",
+        "mlp='geglu'": c.mlp == "geglu", "scale_embeddings=True": c.scale_embeddings,
+        "sandwich_norm=True": c.sandwich_norm, "qk_norm=True": c.qk_norm,
+        "bias=False": not c.bias, "qkv_bias == out_bias": qkv_bias_of(c) == out_bias_of(c),
+        "rotary_pct=1.0": c.rotary_pct == 1.0, "attn_out_proj=True": c.attn_out_proj,
+    })
+
+
+def _to_hf(c: GPTConfig) -> dict[str, Any]:
+    full = rope_to_hf(c)
+    local = full if c.local_rope_theta is None else {"rope_type": "default",
+                                                     "rope_theta": c.local_rope_theta}
+    scalar = c.score_scale ** -2
+    out = llama_like_to_hf(
+        c, GEMMA3, attention_bias=qkv_bias_of(c), layer_types=window_layers_to_hf(c),
+        hidden_activation={"tanh": "gelu_pytorch_tanh", "exact": "gelu"}[c.gelu],
+        # transformers builds the sliding mask even where no layer uses it: a size it accepts
+        sliding_window=c.sliding_window or 4096,
+        query_pre_attn_scalar=round(scalar) if abs(scalar - round(scalar)) < 1e-9 else scalar,
+        rope_parameters={"full_attention": full, "sliding_attention": local},
+        final_logit_softcapping=None, attn_logit_softcapping=None,
+    )
+    del out["hidden_act"]  # Gemma 3 reads hidden_activation
+    return out
+
+
+GEMMA3 = Family(
+    name="gemma3", model_type="gemma3_text", architecture="Gemma3ForCausalLM",
+    base_architecture="Gemma3TextModel", config_from_hf=_config, config_to_hf=_to_hf,
+    misfits=_misfits, weights=WEIGHTS, irrelevant=IRRELEVANT,
+)

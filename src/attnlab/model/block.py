@@ -1,0 +1,77 @@
+"""One transformer block: norm -> attention -> residual add, norm -> MLP -> residual add, in
+the variants `GPTConfig` switches on (GPT-NeoX's parallel residual, Gemma's sandwich norms).
+`gpt.py` stacks the blocks; `decode.py` runs the same wiring for one token at a time.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from torch import Tensor, nn
+
+from .attention import CausalSelfAttention, Mask
+from .config import GPTConfig
+from .layers import MLP, make_norm
+
+
+def norm_of(config: GPTConfig) -> nn.Module:
+    """The norm `config.norm` names, over the residual stream's n_embd."""
+    return make_norm(config.norm, config.n_embd, eps=config.norm_eps, bias=config.bias)
+
+
+class Block(nn.Module):
+    def __init__(self, config: GPTConfig) -> None:
+        super().__init__()
+        c = config
+        self.residual, self.parallel = c.residual, c.parallel_residual
+        self.ln_1 = norm_of(c)
+        has_mlp = c.mlp != "none"
+        # Gemma 2 / 3: each branch's output normed again before its residual add
+        self.ln_attn_post = norm_of(c) if c.sandwich_norm else None
+        self.ln_mlp_post = norm_of(c) if c.sandwich_norm and has_mlp else None
+        self.attn = CausalSelfAttention(
+            c.n_embd, c.n_head * c.head_size, c.n_head, c.n_kv_head,
+            bias=c.bias if c.qkv_bias is None else c.qkv_bias,
+            out_bias=c.bias if c.out_bias is None else c.out_bias,
+            out_proj=c.attn_out_proj, dropout=c.dropout, scale=c.attn_scale,
+            qk_norm=c.qk_norm, norm_eps=c.norm_eps,
+            qk_norm_kind="gemma_rmsnorm" if c.norm == "gemma_rmsnorm" else "rmsnorm",
+        )
+        self.ln_2 = norm_of(c) if has_mlp else None
+        self.mlp = MLP(
+            c.n_embd, c.ff_size, gated=c.mlp in ("swiglu", "geglu"), gelu=c.gelu, bias=c.bias,
+            dropout=c.dropout, gate_act="gelu" if c.mlp == "geglu" else "silu",
+        ) if has_mlp else None
+
+    def forward(
+        self,
+        x: Tensor,
+        mask: Mask,
+        kv_cache: Any = None,
+        pos: int = 0,
+        trace: Any = None,
+        fused: bool | None = None,
+        rope: tuple[Tensor, Tensor] | None = None,
+    ) -> Tensor:
+        a = self.attn(self.ln_1(x), mask=mask, kv_cache=kv_cache, pos=pos, trace=trace,
+                      fused=fused, rope=rope)  # (B, T, C)
+        if self.parallel:  # GPT-NeoX: both branches read x; its order of the sum
+            if self.mlp is None or self.ln_2 is None:
+                return a + x if self.residual else a
+            m = self.mlp(self.ln_2(x), trace)  # (B, T, C)
+            if trace is not None:
+                m = trace.record("mlp_out", m)
+            return m + a + x if self.residual else m + a  # (B, T, C)
+        if self.ln_attn_post is not None:
+            a = self.ln_attn_post(a)  # (B, T, C)
+        x = x + a if self.residual else a
+        if self.mlp is not None and self.ln_2 is not None:
+            if trace is not None:
+                x = trace.record("resid_mid", x)
+            m = self.mlp(self.ln_2(x), trace)  # (B, T, C)
+            if trace is not None:
+                m = trace.record("mlp_out", m)
+            if self.ln_mlp_post is not None:
+                m = self.ln_mlp_post(m)  # (B, T, C)
+            x = x + m if self.residual else m
+        return x
