@@ -23,7 +23,7 @@ from torch.overrides import TorchFunctionMode
 from .attention import CausalSelfAttention, Mask, build_mask
 from .config import GPTConfig
 from .kv_cache import KVCache
-from .layers import MLP, Linear, Rotary, make_norm, real_positions
+from .layers import MLP, Linear, Rotary, make_norm, real_positions, soft_cap
 from .runtime import kept_out
 from .trace import EditSource, Seam, Trace
 
@@ -48,7 +48,7 @@ class Block(nn.Module):
             bias=c.bias if c.qkv_bias is None else c.qkv_bias,
             out_bias=c.bias if c.out_bias is None else c.out_bias,
             out_proj=c.attn_out_proj, dropout=c.dropout, scale=c.attn_scale,
-            qk_norm=c.qk_norm, norm_eps=c.norm_eps,
+            qk_norm=c.qk_norm, norm_eps=c.norm_eps, softcap=c.attn_logit_softcapping,
         )
         has_mlp = c.mlp != "none"
         self.ln_2 = _norm(c) if has_mlp else None
@@ -325,12 +325,14 @@ class GPT(nn.Module):
         self, x: Tensor, targets: Tensor | None, attention_mask: Tensor | None,
         seam: Seam | None, last_logits_only: bool,
     ) -> ModelOutput:
-        """Final norm and unembedding of x (B, T, C), and the loss when there are targets."""
+        """Final norm, unembedding and cap (final_logit_softcapping) of x (B, T, C), and the
+        loss of the capped logits when there are targets (transformers' Gemma 2 order)."""
         T = x.shape[1]
         x = self.ln_f(x)  # (B, T, C)
         if last_logits_only:
             x = x[:, -1:]  # (B, 1, C)
         logits = unembed(self.lm_head, x)  # (B, T, V)
+        logits = soft_cap(logits, self.config.final_logit_softcapping, inplace=True)  # (B, T, V)
         if seam is not None:
             logits = seam.record("logits", logits)
         if targets is None:
