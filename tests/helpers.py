@@ -270,9 +270,9 @@ def serving(app: Any, **config: Any) -> Iterator[int]:
 def modern_switches(n_layer: int = 2) -> Any:
     """Hypothesis strategy: GPTConfig overrides over the modern-family switches (RoPE with
     partial rotary and scaling, RMSNorm, SwiGLU, head_dim, QK-norm, attention biases,
-    parallel residual, sliding windows), valid for a model with 4 query heads (head size 4
-    or 8). The property tests of model, attention, cache, trace and generation draw from it
-    so every invariant runs over every switch."""
+    parallel residual, sliding windows, Gemma 2's soft caps of scores and logits), valid for
+    a model with 4 query heads (head size 4 or 8). The property tests of model, attention,
+    cache, trace and generation draw from it so every invariant runs over every switch."""
     from hypothesis import strategies as st
 
     scalings = [
@@ -298,6 +298,9 @@ def modern_switches(n_layer: int = 2) -> Any:
             "out_bias": draw(st.sampled_from([None, True, False])),
             "parallel_residual": draw(st.booleans()),
             "norm_eps": draw(st.sampled_from([1e-5, 1e-6])),
+            # 0.5 saturates most scores of an init_std=0.3 model; 5.0 bends few of its logits
+            "attn_logit_softcapping": draw(st.sampled_from([None, 0.5, 5.0])),
+            "final_logit_softcapping": draw(st.sampled_from([None, 5.0])),
         }
         if pos == "rope":
             switches["rotary_pct"] = draw(st.sampled_from([1.0, 0.5]))

@@ -32,11 +32,13 @@ def _gpt2() -> GPT:
 
 def _llama() -> GPT:
     """Llama's wiring with grouped-query attention (4 query heads, 2 key/value heads), RoPE,
-    RMSNorm, SwiGLU, no biases, an untied head; layer 0 with a sliding window of 6."""
+    RMSNorm, SwiGLU, no biases, an untied head; layer 0 with a sliding window of 6; Gemma 2's
+    soft caps of the scores and the logits (small enough to bend them)."""
     torch.manual_seed(0)
     return GPT(GPTConfig(vocab_size=V, block_size=64, n_layer=2, n_head=4, n_kv_head=2,
                          n_embd=32, pos="rope", norm="rmsnorm", mlp="swiglu", bias=False,
                          tie_weights=False, sliding_window=6, window_layers=[0],
+                         attn_logit_softcapping=2.0, final_logit_softcapping=5.0,
                          init_std=0.3)).eval()
 
 

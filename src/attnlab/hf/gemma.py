@@ -5,8 +5,7 @@ itself, so export writes what it read), and a GeGLU MLP (`mlp="geglu"`, tanh GEL
 Heads are often wider than hidden_size / heads (head_dim 256), the head is tied, and the
 weight names are Llama's (`post_attention_layernorm` is the norm before the MLP, as in Llama).
 
-Gemma 3 (text) is `gemma3.py`. Gemma 2 (soft-capping) is not supported: its directories are
-refused by model_type before any weight is read.
+Gemma 2 is `gemma2.py`, Gemma 3 (text) `gemma3.py`.
 """
 
 from __future__ import annotations
@@ -16,7 +15,7 @@ from typing import Any
 from ..model.gpt import GPTConfig
 from .fields import GELUS, Fields
 from .llama import LLAMA_WEIGHTS, llama_like_config, llama_like_to_hf, out_bias_of, qkv_bias_of
-from .registry import Family, misfits_of
+from .registry import Family, misfits_of, uncapped
 
 # transformers 5's GemmaConfig turns the legacy "gelu" of the first releases into the tanh form
 # (`hidden_act="gelu"` ... "is meant to target the tanh approximation"), so every GELU name is it
@@ -48,7 +47,7 @@ def _misfits(c: GPTConfig) -> list[str]:
         "residual=True": c.residual, "attn_out_proj=True": c.attn_out_proj,
         "attn_scale=None": c.attn_scale is None, "qk_norm=False": not c.qk_norm,
         "sliding_window=None": c.sliding_window is None, "sandwich_norm=False":
-        not c.sandwich_norm,
+        not c.sandwich_norm, **uncapped(c),
     })
 
 

@@ -9,8 +9,8 @@ Gemma's scaled embeddings, (1 + w) RMSNorm and GeGLU, plus
   Nth layer full), with RoPE per layer type: the sliding layers' base (`local_rope_theta`,
   unscaled; older configs' `rope_local_base_freq`), the full layers' rope_theta and scaling.
 
-Soft-capping (Gemma 2's) and bidirectional attention are refused by name; the multimodal
-Gemma3ForConditionalGeneration (model_type "gemma3") is not this family.
+Soft-capping (Gemma 2's: `gemma2.py`) and bidirectional attention are refused by name; the
+multimodal Gemma3ForConditionalGeneration (model_type "gemma3") is not this family.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from ..model.gpt import GPTConfig
 from .fields import MAX_CONTEXT, Fields, rope_from_hf, rope_to_hf
 from .llama import LLAMA_WEIGHTS, llama_like_config, llama_like_to_hf, out_bias_of, qkv_bias_of
 from .qwen2 import LAYER_TYPES
-from .registry import Family, WeightMap, misfits_of, window_layers_to_hf
+from .registry import Family, WeightMap, misfits_of, uncapped, window_layers_to_hf
 
 WEIGHTS = WeightMap(
     top=LLAMA_WEIGHTS.top, layer=LLAMA_WEIGHTS.layer, base=LLAMA_WEIGHTS.base,
@@ -40,8 +40,10 @@ WEIGHTS = WeightMap(
 IRRELEVANT = frozenset({"cache_implementation", "_sliding_window_pattern"})
 
 
-def _layer_types(f: Fields, n_layer: int) -> list[str]:
-    pattern = f.count("sliding_window_pattern", 6)
+def layer_types(f: Fields, n_layer: int, pattern: int | None = None) -> list[str]:
+    """Each layer's "sliding_attention" or "full_attention": `layer_types`, else every
+    `pattern`-th layer full (None: Gemma 3's `sliding_window_pattern`, 6 by default)."""
+    pattern = f.count("sliding_window_pattern", 6) if pattern is None else pattern
     types = f.get("layer_types") or ["sliding_attention" if (i + 1) % pattern else
                                      "full_attention" for i in range(n_layer)]
     if len(types) != n_layer or any(t not in LAYER_TYPES for t in types):
@@ -83,7 +85,7 @@ def _config(f: Fields) -> dict[str, Any]:
     if f.get("use_bidirectional_attention"):
         raise f.refuse("use_bidirectional_attention", True, "attnlab's attention is causal")
     n_layer = f.count("num_hidden_layers", 26)
-    types = _layer_types(f, n_layer)
+    types = layer_types(f, n_layer)
     windowed = [i for i, t in enumerate(types) if t == "sliding_attention"]
     window = f.count("sliding_window", 4096)
     attention_bias = f.flag("attention_bias", False)
@@ -107,6 +109,7 @@ def _misfits(c: GPTConfig) -> list[str]:
         "sandwich_norm=True": c.sandwich_norm, "qk_norm=True": c.qk_norm,
         "bias=False": not c.bias, "qkv_bias == out_bias": qkv_bias_of(c) == out_bias_of(c),
         "rotary_pct=1.0": c.rotary_pct == 1.0, "attn_out_proj=True": c.attn_out_proj,
+        **uncapped(c),
     })
 
 

@@ -16,7 +16,7 @@ from torch import Tensor
 
 from ..model.gpt import GPTConfig
 from .fields import MAX_CONTEXT, Fields
-from .registry import Family, WeightMap, misfits_of
+from .registry import Family, WeightMap, misfits_of, uncapped
 
 
 def _split(qkv: Tensor, config: GPTConfig) -> tuple[Tensor, Tensor, Tensor]:
@@ -78,7 +78,7 @@ def _misfits(c: GPTConfig) -> list[str]:
         "head_dim=None": c.head_dim in (None, c.n_embd // c.n_head),
         "attn_scale in (None, 1.0)": c.attn_scale in (None, 1.0),
         "parallel_residual=False": not c.parallel_residual, "qk_norm=False": not c.qk_norm,
-        "sliding_window=None": c.sliding_window is None,
+        "sliding_window=None": c.sliding_window is None, **uncapped(c),
         "scale_embeddings=False": not c.scale_embeddings, "sandwich_norm=False":
         not c.sandwich_norm,
     })

@@ -188,6 +188,13 @@ def misfits_of(needed: Mapping[str, bool]) -> list[str]:
     return [name for name, ok in needed.items() if not ok]
 
 
+def uncapped(config: GPTConfig) -> dict[str, bool]:
+    """The requirements of a family without Gemma 2's soft caps: neither is set (its
+    config.json has no field for them, so an export would drop them silently)."""
+    return {"attn_logit_softcapping=None": config.attn_logit_softcapping is None,
+            "final_logit_softcapping=None": config.final_logit_softcapping is None}
+
+
 def window_layers_to_hf(config: GPTConfig) -> list[str]:
     """Hugging Face layer_types for a GPTConfig's sliding_window / window_layers."""
     windowed = set(range(config.n_layer) if config.window_layers is None

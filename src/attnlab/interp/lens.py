@@ -3,13 +3,14 @@
 Logit lens (nostalgebraist, 2020): the residual stream after each layer (with `mid`, also
 between each layer's attention and MLP), put through the model's final norm and unembedding
 as if it were the last layer, gives a next-token distribution per layer and position: which
-layer already "knows" the answer. `residual_parts` splits the stream itself into what wrote
-it (TransformerLens's `decompose_resid`). The norm's
-statistics are recomputed for each layer's residual, as TransformerLens 4.3's
-`cache.accumulated_resid(apply_ln=True)` then `model.unembed` does (equal within 1e-5 on
-tiny random GPT-2, Llama, Qwen3 and GPT-NeoX directories:
-docs/performance.md#logit-lens-against-transformerlens); on weights processed
-with its `center_unembed`, TransformerLens's logits are shifted by a constant per position.
+layer already "knows" the answer. A model that caps its logits (Gemma 2's
+final_logit_softcapping) has every layer's lens logits capped as the model caps its own.
+`residual_parts` splits the stream itself into what wrote it (TransformerLens's
+`decompose_resid`). The norm's statistics are recomputed for each layer's residual, as
+TransformerLens 4.3's `cache.accumulated_resid(apply_ln=True)` then `model.unembed` does
+(equal within 1e-5 on tiny random GPT-2, Llama, Qwen3 and GPT-NeoX directories:
+docs/performance.md#logit-lens-against-transformerlens); on weights processed with its
+`center_unembed`, TransformerLens's logits are shifted by a constant per position.
 
 Direct logit attribution: the final residual is a sum of parts (the embedding, each head's
 output through its slice of the output projection, each output-projection bias, each MLP),
@@ -18,9 +19,11 @@ term per part: (part - mean(part)) / sigma * gamma @ W_U[target], with sigma the
 residual's own norm scale, as TransformerLens's `ActivationCache.logit_attrs` does. The terms
 sum to the logit exactly (up to float rounding); `bias` holds the norm's and unembedding's
 constant terms. A head's term includes its value bias (b_V reaches the head's output through
-its attention weights); `attn_bias` is the output projection's bias alone. Only the *direct*
-path is measured: what a head does through later layers is patching's question
-(`patching.py`).
+its attention weights); `attn_bias` is the output projection's bias alone. With a logit cap
+(final_logit_softcapping) the terms split the logit before the cap, cap * tanh(logit / cap)
+being no sum of parts: `logit` is then that uncapped logit (the cap keeps its order among
+tokens). Only the *direct* path is measured: what a head does through later layers is
+patching's question (`patching.py`).
 
 Against TransformerLens 4.3 (same directories): `heads` equals
 `cache.logit_attrs(cache.stack_head_results(pos_slice=-1), tokens, pos_slice=-1)` within 1e-6
@@ -46,7 +49,7 @@ import torch
 from torch import Tensor, nn
 
 from ..model.gpt import check_position, per_row_ids, require_eval, unembed
-from ..model.layers import GemmaRMSNorm, RMSNorm
+from ..model.layers import GemmaRMSNorm, RMSNorm, soft_cap
 from ..model.names import absent_names
 from ..model.runtime import wide
 from ..model.trace import EditSource, Trace
@@ -128,9 +131,11 @@ def _check_linear(config: Any, what: str) -> None:
 
 
 def _read(model: Any, x: Tensor) -> Tensor:
-    """(B, T, C) residual -> (B, T, V) logits through the final norm and the model's own head
-    product (unembed), so the last layer's are bit-equal to the model's logits."""
-    return unembed(model.lm_head, model.ln_f(x))
+    """(B, T, C) residual -> (B, T, V) logits through the final norm, the model's own head
+    product (unembed) and its logit cap (final_logit_softcapping, as the model caps), so the
+    last layer's are bit-equal to the model's logits."""
+    logits = unembed(model.lm_head, model.ln_f(x))  # (B, T, V)
+    return soft_cap(logits, model.config.final_logit_softcapping, inplace=True)  # (B, T, V)
 
 
 @torch.no_grad()
@@ -212,7 +217,7 @@ class Attribution:
     attn_bias: Tensor  # (B, n_layer): the output projection's bias
     mlp: Tensor  # (B, n_layer): each MLP's output (zeros without MLPs)
     bias: Tensor  # (B,): the final norm's bias and centring constants through W_U
-    logit: Tensor  # (B,): the model's logit for the target
+    logit: Tensor  # (B,): the model's logit for the target (before a final_logit_softcapping)
 
     def total(self) -> Tensor:
         return (self.emb + self.heads.sum((1, 2)) + self.attn_bias.sum(1) + self.mlp.sum(1)

@@ -31,7 +31,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from .layers import Linear, apply_rotary, make_norm
+from .layers import Linear, apply_rotary, make_norm, soft_cap
 from .sdpa import expand_kv, fused_attend
 from .traced_attention import traced_attend, traced_rows
 
@@ -223,6 +223,7 @@ def attend(
     training: bool = False,
     fused: bool = True,
     trace: LayerTrace | None = None,
+    softcap: float | None = None,
 ) -> Tensor:
     """Scaled dot-product attention. q (B, nh, T, hs), k/v (B, nkv, S, hs) -> (B, nh, T, hs).
 
@@ -233,6 +234,11 @@ def attend(
     Both give zeros, never NaN, for a query row with no key to attend to. The fused path
     hands SDPA grouped-query k/v as they are (where it takes them, `SDPA_GQA`); the explicit
     path copies them out to every query head (`expand_kv`).
+
+    softcap: scaled scores become softcap * tanh(scores / softcap) before the mask (Gemma
+    2's attn_logit_softcapping; None: no cap). SDPA computes its scores inside its kernels
+    and has no step between product and softmax to cap them, so a capped call always takes
+    the explicit path (exact; it holds the (B, nh, T, S) scores: docs/models.md#soft-capping).
     """
     if q.dim() != 4 or k.dim() != 4 or v.dim() != 4:
         raise ValueError(
@@ -245,6 +251,8 @@ def attend(
             f"q {tuple(q.shape)}, k {tuple(k.shape)}, v {tuple(v.shape)} do not fit: "
             "need q (B, nh, T, hs) and k == v shape (B, nkv, S, hs), nh a multiple of nkv"
         )
+    if softcap is not None and not softcap > 0:
+        raise ValueError(f"softcap={softcap} must be > 0 (None: no cap)")
     mask = mask or Mask(None)
     if trace is not None:
         trace.note_mask(mask)
@@ -256,10 +264,10 @@ def attend(
         # attend everywhere, which is finite, and zero its output below.
         may_attend = may_attend | mask.empty_rows  # (B, 1, T, S)
 
-    if fused and (trace is None or not trace.needs_weights):
+    if fused and softcap is None and (trace is None or not trace.needs_weights):
         return fused_attend(q, k, v, mask, may_attend, scale, dropout_p)
     if trace is None:
-        return _explicit(q, k, v, mask, may_attend, scale, dropout_p)
+        return _explicit(q, k, v, mask, may_attend, scale, dropout_p, softcap)
     nh = q.shape[1]
     # raw or masked scores are computed whole, and dropout reads every weight: then the
     # traced path runs for every head and row
@@ -272,27 +280,30 @@ def attend(
         kv_heads = [h // (nh // k.shape[1]) for h in heads]
         kept = (q[:, heads], k[:, kv_heads], v[:, kv_heads])  # (B, heads, T or S, hs)
     if heads is None and rows is None:
-        return traced_attend(*kept, mask, may_attend, scale, dropout_p, trace)
-    # the kept heads' (and rows') weights and summaries on the traced path, every head's
-    # context on the fused one: no (B, nh, T, S) tensor for heads or rows nobody keeps
+        return traced_attend(*kept, mask, may_attend, scale, dropout_p, trace, softcap)
+    # the kept heads' (and rows') weights and summaries on the traced path, every head's context
+    # on the fused one (explicit with a cap): no (B, nh, T, S) tensor for heads or rows unkept
     if rows is None:
-        traced_attend(*kept, mask, may_attend, scale, 0.0, trace)
+        traced_attend(*kept, mask, may_attend, scale, 0.0, trace, softcap)
     else:
-        traced_rows(*kept, mask, may_attend, scale, rows, trace)
+        traced_rows(*kept, mask, may_attend, scale, rows, trace, softcap)
+    if softcap is not None:
+        return _explicit(q, k, v, mask, may_attend, scale, dropout_p, softcap)
     return fused_attend(q, k, v, mask, may_attend, scale, dropout_p)
 
 
 def _explicit(q: Tensor, k: Tensor, v: Tensor, mask: Mask, may_attend: Tensor | None,
-              scale: float, dropout_p: float) -> Tensor:
-    """`attend`'s reference path without a trace, step by step. Grouped-query k and v are
-    copied out to every query head, as the traced path's are, so that an edit or a trace
-    of the scores gives this path's output bit for bit (the same products, the same shapes)."""
+              scale: float, dropout_p: float, softcap: float | None = None) -> Tensor:
+    """`attend`'s reference path without a trace, step by step (scale, cap, mask, softmax,
+    dropout, weights @ v). Grouped-query k and v are copied out to every query head, as the
+    traced path's are, so that an edit or a trace of the scores gives this path's output bit
+    for bit (the same products, the same shapes)."""
     k = expand_kv(k, q.shape[1])  # (B, nh, S, hs)
     v = expand_kv(v, q.shape[1])  # (B, nh, S, hs)
     attn_scores = q @ k.transpose(-2, -1)  # (B, nh, T, hs) @ (B, nh, hs, S) -> (B, nh, T, S)
     # Nothing else reads the raw scores, so scale them in place: every (B, nh, T, S) tensor
     # not allocated is one fewer in fresh pages (docs/performance.md#freed-memory).
-    scaled_scores = attn_scores.mul_(scale)
+    scaled_scores = soft_cap(attn_scores.mul_(scale), softcap, inplace=True)  # (B, nh, T, S)
     if may_attend is not None:
         # + 0 or + -inf gives exactly masked_fill(-inf) then * scale, and unlike a
         # masked_fill it costs backward nothing.
@@ -365,6 +376,8 @@ class CausalSelfAttention(nn.Module):
         causal: False gives encoder-style attention with no causal mask (every query sees
             every key).
         scale: multiplier of the scores; None means 1/sqrt(hs).
+        softcap: cap of the scaled scores, softcap * tanh(scores / softcap), before the
+            mask (Gemma 2); None: no cap. A capped module takes the explicit path (`attend`).
         d_context: width of the sequence keys/values come from in cross-attention.
     """
 
@@ -385,6 +398,7 @@ class CausalSelfAttention(nn.Module):
         qk_norm: bool = False,
         norm_eps: float = 1e-5,
         qk_norm_kind: str = "rmsnorm",
+        softcap: float | None = None,
     ) -> None:
         super().__init__()
         d_out = d_in if d_out is None else d_out
@@ -403,7 +417,7 @@ class CausalSelfAttention(nn.Module):
             raise ValueError(f"dropout={dropout} must be in [0, 1)")
         self.n_head, self.n_kv_head = n_head, n_kv_head
         self.head_size = d_out // n_head
-        self.causal, self.scale, self.dropout = causal, scale, dropout
+        self.causal, self.scale, self.dropout, self.softcap = causal, scale, dropout, softcap
         d_kv_in = d_in if d_context is None else d_context
         d_kv = n_kv_head * self.head_size
         self.query = Linear(d_in, d_out, bias=bias)
@@ -473,6 +487,7 @@ class CausalSelfAttention(nn.Module):
             training=self.training,
             fused=True if fused is None else fused,  # attend keeps weights off the fused path
             trace=trace,
+            softcap=self.softcap,
         )  # (B, nh, T, hs)
         if trace is not None:
             context_vec = trace.record("context", context_vec)

@@ -36,6 +36,7 @@ class Block(nn.Module):
             out_proj=c.attn_out_proj, dropout=c.dropout, scale=c.attn_scale,
             qk_norm=c.qk_norm, norm_eps=c.norm_eps,
             qk_norm_kind="gemma_rmsnorm" if c.norm == "gemma_rmsnorm" else "rmsnorm",
+            softcap=c.attn_logit_softcapping,
         )
         self.ln_2 = norm_of(c) if has_mlp else None
         self.mlp = MLP(

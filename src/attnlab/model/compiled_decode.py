@@ -66,7 +66,8 @@ def _static_step(
         if window not in masks:
             may_attend = seen if window is None else seen & (slots > slot - window)
             masks[window] = Mask(may_attend[:, None, None, :])  # (B, 1, 1, S_max)
-        return attend(q, keys, values, masks[window], scale=step.config.attn_scale)
+        return attend(q, keys, values, masks[window], scale=step.config.attn_scale,
+                      softcap=step.config.attn_logit_softcapping)  # (B, nh, 1, hs)
 
     return step.forward_with(token, slot - pads, 0, attention)  # (B, V)
 

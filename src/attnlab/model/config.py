@@ -44,6 +44,10 @@ class GPTConfig:
     attn_out_proj: bool = True  # output projection after the heads are concatenated
     tie_weights: bool = True  # lm_head shares the token embedding matrix
     attn_scale: float | None = None  # score multiplier; None = 1/sqrt(head size)
+    # Gemma 2's soft caps, cap * tanh(x / cap), of the scaled scores before the mask and of
+    # the logits; a capped model takes attention's explicit path (SDPA cannot cap its scores)
+    attn_logit_softcapping: float | None = None  # scores' cap (Gemma 2: 50); None: no cap
+    final_logit_softcapping: float | None = None  # logits' cap (Gemma 2: 30); None: no cap
     init_std: float | None = 0.02  # normal init std (GPT-2); None keeps PyTorch's defaults
     pos: str = "learned"  # positions: "learned" (wpe table), "rope" (rotary), "none"
     rope_theta: float = 10000.0  # RoPE base
@@ -130,6 +134,13 @@ class GPTConfig:
                 f"rotary_pct={self.rotary_pct} rotates {rotary_dims} of {self.head_size} dims; "
                 "RoPE needs at least 2: raise rotary_pct or head_dim"
             )
+        for name in ("attn_logit_softcapping", "final_logit_softcapping"):
+            cap = getattr(self, name)
+            if cap is not None and (isinstance(cap, bool) or not isinstance(cap, int | float)
+                                    or not math.isfinite(cap) or not cap > 0):
+                raise ValueError(f"GPTConfig.{name}={cap!r} must be a positive finite number "
+                                 "(the cap of cap * tanh(x / cap); Gemma 2: 50.0 for "
+                                 "attention, 30.0 for logits), or None for no cap")
         check_rope_scaling(self.rope_scaling, theta=self.rope_theta)
         if self.rope_scaling is not None and self.pos != "rope":
             raise ValueError(

@@ -4,9 +4,9 @@ At T = 1 a small GPT does little arithmetic and much Python: module calls, and t
 projections where one would do. This module owns that fast path: it reads a `GPT`'s weights
 once into plain tensors (`_DecodeLayer`) and runs `Block`'s wiring with tensor calls,
 honouring every `GPTConfig` switch (norms, MLP kind, RoPE at each row's real position,
-QK-norm, biases, parallel residual, sliding window, head_dim). The model, masks and rotary
-math stay in `gpt.py`, `attention.py` and `layers.py`; it is tested equal to `GPT.forward`
-(tests/model/test_gpt.py).
+QK-norm, biases, parallel residual, sliding window, head_dim, soft caps). The model, masks
+and rotary math stay in `gpt.py`, `attention.py` and `layers.py`; it is tested equal to
+`GPT.forward` (tests/model/test_gpt.py).
 
 `half_weights(model)` has decode stream every matrix as float16 (fbgemm's kernel on x86
 CPUs: float16 weights, float32 arithmetic), after rounding the model's own matrices to the
@@ -39,6 +39,7 @@ from .layers import (
     layer_ropes,
     real_positions,
     rms_norm,
+    soft_cap,
 )
 from .runtime import check_float16_weights
 
@@ -344,7 +345,8 @@ class DecodeStep:
                     1, pos + 1, attention_mask, device=token.device, window=window
                 )
             k, v = cache.layers[i].update(pos, k, v)  # (B, nkv, pos + 1, hs) each
-            return attend(q, k, v, masks[window], scale=c.attn_scale)  # (B, nh, 1, hs)
+            return attend(q, k, v, masks[window], scale=c.attn_scale,
+                          softcap=c.attn_logit_softcapping)  # (B, nh, 1, hs)
 
         logits = self.forward_with(token, positions, pos, attention)  # (B, V)
         cache.seq_len = pos + 1
@@ -392,7 +394,8 @@ class DecodeStep:
             if layer.fc is not None:
                 m = _apply(layer.mlp_post, self._mlp(layer, _apply(layer.ln_2, x)))  # (B, C)
                 x = x + m if c.residual else m
-        return self.lm_head(_apply(self.ln_f, x))  # (B, V)
+        logits = self.lm_head(_apply(self.ln_f, x))  # (B, V)
+        return soft_cap(logits, c.final_logit_softcapping, inplace=True)  # (B, V)
 
     def tensors(self) -> list[Tensor]:
         """Every tensor the step reads its weights from (`compiled_decode` marks them as

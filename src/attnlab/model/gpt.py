@@ -24,7 +24,7 @@ from .attention import Mask, build_mask
 from .block import Block, norm_of
 from .config import GPTConfig
 from .kv_cache import KVCache
-from .layers import Linear, Rope, Rotary, embedding_scale, layer_ropes, real_positions
+from .layers import Linear, Rope, Rotary, embedding_scale, layer_ropes, real_positions, soft_cap
 from .runtime import kept_out
 from .trace import EditSource, Seam, Trace
 
@@ -282,12 +282,14 @@ class GPT(nn.Module):
         self, x: Tensor, targets: Tensor | None, attention_mask: Tensor | None,
         seam: Seam | None, last_logits_only: bool,
     ) -> ModelOutput:
-        """Final norm and unembedding of x (B, T, C), and the loss when there are targets."""
+        """Final norm, unembedding and cap (final_logit_softcapping) of x (B, T, C), and the
+        loss of the capped logits when there are targets (transformers' Gemma 2 order)."""
         T = x.shape[1]
         x = self.ln_f(x)  # (B, T, C)
         if last_logits_only:
             x = x[:, -1:]  # (B, 1, C)
         logits = unembed(self.lm_head, x)  # (B, T, V)
+        logits = soft_cap(logits, self.config.final_logit_softcapping, inplace=True)  # (B, T, V)
         if seam is not None:
             logits = seam.record("logits", logits)
         if targets is None:

@@ -98,6 +98,24 @@ def _hooked(module: nn.Module) -> bool:
                 or hooks._global_forward_hooks or hooks._global_forward_pre_hooks)
 
 
+# ----------------------------------------------------------------------------- soft-capping
+
+
+def soft_cap(x: Tensor, cap: float | None, *, inplace: bool = False) -> Tensor:
+    """cap * tanh(x / cap): x squashed smoothly into (-cap, cap), Gemma 2's capping of
+    attention scores (`GPTConfig.attn_logit_softcapping`) and of the head's logits
+    (`final_logit_softcapping`); x itself when cap is None. Divide, tanh, multiply, in x's
+    dtype: transformers' order, so it rounds as transformers does (modeling_gemma2.py).
+    -inf comes out -cap, not -inf: cap scores before they are masked. inplace: overwrite x,
+    where autograd does not need it (tanh's backward reads its output, which the multiply
+    would overwrite)."""
+    if cap is None:
+        return x
+    if inplace and not x.requires_grad:
+        return x.div_(cap).tanh_().mul_(cap)
+    return torch.tanh(x / cap) * cap
+
+
 # ----------------------------------------------------------------------------- norms
 
 

@@ -31,7 +31,9 @@ NAMES: dict[str, str] = {
     "v": "(B, nkv, S, hs) values (cached + new)",
     "attn_scores": "(B, nh, T, S) raw scores q @ k^T, before scaling",
     "masked_scores": "(B, nh, T, S) raw scores with -inf where a query may not attend",
-    "attn_weights": "(B, nh, T, S) softmax(masked_scores * scale); masked cells exactly 0",
+    "attn_weights": "(B, nh, T, S) softmax(masked_scores * scale), the scaled scores capped "
+                    "first where the model caps them (attn_logit_softcapping); masked cells "
+                    "exactly 0",
     "attn_weights_dropped": "(B, nh, T, S) attention weights after dropout (training only)",
     "attn_entropy": "(B, nh, T) -sum_j w log w over keys with w > 0, nats (summaries.py)",
     "attn_sink": "(B, nh, T) each query's weight on its row's first real key",
@@ -51,7 +53,8 @@ NAMES: dict[str, str] = {
                   "projection: gelu(fc x), or silu(gate x) * fc x (absent without mlp)",
     "mlp_out": "(B, T, C) the MLP's output, before it joins the residual (absent without mlp)",
     "block_out": "(B, T, C) output of the block (the residual stream after it)",
-    "logits": "(B, T, V) next-token logits ((B, 1, V) with last_logits_only)",
+    "logits": "(B, T, V) next-token logits ((B, 1, V) with last_logits_only), capped where "
+              "the model caps them (final_logit_softcapping)",
 }
 MODEL_NAMES = ("tok_emb", "pos_emb", "emb", "logits")
 #: Names whose dimension 1 is a head dimension (sliced by the `heads` filter).

@@ -2,14 +2,16 @@
 
 `attention.py` owns the attention math and calls `traced_attend` when a trace or an edit
 reads scores, weights or summaries; this module owns how that work is split. Each block of
-query rows gets its scores over the keys those queries may attend, scaled and masked as the
-reference path does, its softmax, and then either a place in the one (B, nh, T, S) weights
-tensor a trace keeps or, when only summaries are wanted, its reductions
-(`summaries.Summaries`) and its share of the context, after which it is discarded: a trace
-of summaries alone never holds a (B, nh, T, S) tensor. On a GPU with triton, such a trace
-runs no explicit path at all: the fused path gives the context and `summary_kernels.py` the
-summaries, from q and k with no weight tile in memory (`kernel_mask`: masks `build_mask`
-made). What a summary means is `summaries.py`'s; storing what comes out is `trace.py`'s.
+query rows gets its scores over the keys those queries may attend, scaled, capped (`attend`'s
+softcap) and masked as the reference path does, its softmax, and then either a place in the
+one (B, nh, T, S) weights tensor a trace keeps or, when only summaries are wanted, its
+reductions (`summaries.Summaries`) and its share of the context, after which it is
+discarded: a trace of summaries alone never holds a (B, nh, T, S) tensor. On a GPU with
+triton, such a trace runs no explicit path at all: the fused path gives the context and
+`summary_kernels.py` the summaries, from q and k with no weight tile in memory
+(`kernel_mask`: masks `build_mask` made), unless the scores are capped, which neither SDPA
+nor those kernels can do: a capped trace takes the tiles here on every device. What a
+summary means is `summaries.py`'s; storing what comes out is `trace.py`'s.
 
 Blocks by device: a CPU runs `BLOCK_ROWS` queries at a time (a block's scores stay in its
 cache); a device in `ONE_BLOCK` (CUDA) runs all queries as one block, a few large kernels
@@ -29,6 +31,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from . import summary_kernels, tf32x3
+from .layers import soft_cap
 from .runtime import kept_empty, kept_out, wide
 from .sdpa import fused_attend
 from .summaries import SUMMARY_NAMES, Summaries, tile_elements
@@ -98,22 +101,25 @@ def _spans(mask: Mask, may_attend: Tensor | None, T: int, S: int, rows: int) -> 
 def _block_weights(q: Tensor, key_t: Tensor, scores: Tensor | None, mask: Mask,
                    may_attend: Tensor | None, scale: float, i0: int, i1: int, span: Span,
                    dtype: torch.dtype | None = None, masked_add: Tensor | None = None,
-                   picked: Tensor | None = None, out: Tensor | None = None) -> Tensor:
+                   picked: Tensor | None = None, out: Tensor | None = None,
+                   softcap: float | None = None) -> Tensor:
     """Weights (B, heads, i1 - i0, k1 - k0) of queries i0..i1 over the span's keys, from q
     (B, heads, T, hs) and key_t (B, heads, hs, S), or from the raw `scores` when given;
     softmax in `dtype` (None: q's). masked_add: `_masked_add` over the block's masked keys,
     when the caller made it already. picked: the query rows to take (an index into the T, in
     any order) in place of i0..i1. out: memory of at least the block's size (`kept_out`)
     for its scores, and for its weights too where the softmax keeps their dtype (a softmax
-    in place: no fresh block per step). Rows with nothing to attend to come out 0."""
+    in place: no fresh block per step). softcap: the scaled scores capped before the mask
+    (`attend`'s). Rows with nothing to attend to come out 0."""
     k0, k1, m0 = span
     empty = mask.empty_rows
     in_product = False  # whether the product wrote the mask's -inf itself
     if scores is None:
         q_block, key_block = _rows_of(q, i0, i1, picked), key_t[..., k0:k1]
         if tf32x3.wanted(q_block, key_block, q_block.shape[2]):
-            # picked rows need not be consecutive: no one diagonal bounds them
-            diagonal = None if picked is not None else _causal_diagonal(
+            # picked rows need not be consecutive: no one diagonal bounds them; a cap would
+            # turn the product's -inf into -softcap: then the mask is added after the cap
+            diagonal = None if picked is not None or softcap is not None else _causal_diagonal(
                 mask, may_attend, q.shape[2], key_t.shape[-1], i0, k0)
             in_product = diagonal is not None
             block = tf32x3.matmul(q_block, key_block, scale, diagonal)  # (B, heads, rows, keys)
@@ -122,6 +128,10 @@ def _block_weights(q: Tensor, key_t: Tensor, scores: Tensor | None, mask: Mask,
     else:
         raw = _rows_of(scores, i0, i1, picked)[..., k0:k1]  # (B, heads, rows, keys)
         block = torch.mul(raw, scale, out=_leading(out, raw.shape))  # (B, heads, rows, keys)
+    if softcap is not None:
+        block = soft_cap(block, softcap, inplace=True)  # (B, heads, rows, keys)
+        if scores is not None:  # masked (or edited) scores: their -inf stays -inf, as if
+            block.masked_fill_(raw.isneginf(), float("-inf"))  # masked after the cap
     if empty is not None:
         empty = _rows_of(empty, i0, i1, picked)  # (B, 1, rows, 1)
         # a row with no key to attend to: finite everywhere, zeroed below
@@ -245,17 +255,20 @@ def _summaries(trace: LayerTrace, q: Tensor, S: int, mask: Mask) -> Summaries | 
 
 
 def traced_attend(q: Tensor, k: Tensor, v: Tensor, mask: Mask, may_attend: Tensor | None,
-                  scale: float, dropout_p: float, trace: LayerTrace) -> Tensor:
+                  scale: float, dropout_p: float, trace: LayerTrace,
+                  softcap: float | None = None) -> Tensor:
     """`attend`'s explicit path with a trace: q (B, nh, T, hs), k and v (B, nh, S, hs) with
     the key/value heads already expanded; may_attend: the mask with empty rows let through.
 
     The raw and masked scores are computed whole, and only when the trace wants them. The
     weights are computed block by block: into the one (B, nh, T, S) tensor the trace keeps
     (or an edit or dropout reads), or, for a trace of summaries alone, streamed. Whatever
-    `trace.record` returns is what the computation goes on with.
+    `trace.record` returns is what the computation goes on with. softcap: `attend`'s cap of
+    the scaled scores; the GPU kernels have none, so a capped trace never takes them.
     """
     T, S = q.shape[2], k.shape[2]
-    if (dropout_p == 0.0 and T <= S and kernel_mask(mask) and summary_kernels.available(q)
+    if (softcap is None and dropout_p == 0.0 and T <= S and kernel_mask(mask)
+            and summary_kernels.available(q)
             and not (trace.wants("attn_scores") or trace.wants("masked_scores"))):
         summarised = any(trace.wants(name) for name in SUMMARY_NAMES)
         if summarised and not trace.wants("attn_weights"):  # summaries alone
@@ -270,14 +283,14 @@ def traced_attend(q: Tensor, k: Tensor, v: Tensor, mask: Mask, may_attend: Tenso
     summaries = _summaries(trace, q, S, mask)
     if (summaries is not None and scores is None and dropout_p == 0.0
             and not trace.wants("attn_weights")):  # summaries alone: streamed
-        context = _streamed(q, key_t, v, mask, may_attend, scale, summaries)
+        context = _streamed(q, key_t, v, mask, may_attend, scale, summaries, softcap)
         _record_summaries(trace, summaries)
         return context
     rows = block_rows(q)
     spans = (_spans(mask, may_attend, T, S, rows) if masked_by_mask
              else key_spans(None, T, S, rows))
     attn_weights = _whole_weights(q, key_t, scores, mask, may_attend, scale, spans, rows,
-                                  summaries)
+                                  summaries, softcap)
     made = attn_weights
     attn_weights = trace.record("attn_weights", attn_weights)
     if summaries is not None and attn_weights is not made:  # edited: what the model uses
@@ -301,7 +314,8 @@ def traced_attend(q: Tensor, k: Tensor, v: Tensor, mask: Mask, may_attend: Tenso
 
 
 def traced_rows(q: Tensor, k: Tensor, v: Tensor, mask: Mask, may_attend: Tensor | None,
-                scale: float, rows: list[int], trace: LayerTrace) -> None:
+                scale: float, rows: list[int], trace: LayerTrace,
+                softcap: float | None = None) -> None:
     """The weights of the query `rows` alone, (B, heads, len(rows), S), recorded as
     "attn_weights"; and, when the trace wants summaries, every row's (`traced_attend` with
     the weights hidden from it). q (B, heads, T, hs), k and v (B, heads, S, hs) as
@@ -310,10 +324,10 @@ def traced_rows(q: Tensor, k: Tensor, v: Tensor, mask: Mask, may_attend: Tensor 
     S = key_t.shape[-1]
     picked = torch.tensor(rows, device=q.device)  # (rows,)
     weights = _block_weights(q, key_t, None, mask, may_attend, scale, 0, len(rows), (0, S, 0),
-                             picked=picked)  # (B, heads, rows, S)
+                             picked=picked, softcap=softcap)  # (B, heads, rows, S)
     trace.record("attn_weights", weights)
     if any(trace.wants(name) for name in SUMMARY_NAMES):
-        traced_attend(q, k, v, mask, may_attend, scale, 0.0, _WithoutWeights(trace))
+        traced_attend(q, k, v, mask, may_attend, scale, 0.0, _WithoutWeights(trace), softcap)
 
 
 class _WithoutWeights:
@@ -339,7 +353,7 @@ class _WithoutWeights:
 
 def _whole_weights(q: Tensor, key_t: Tensor, scores: Tensor | None, mask: Mask,
                    may_attend: Tensor | None, scale: float, spans: list[Span], rows: int,
-                   summaries: Summaries | None) -> Tensor:
+                   summaries: Summaries | None, softcap: float | None = None) -> Tensor:
     """The (B, nh, T, S) weights, block by block (the summaries reduced from each block):
     one block over every key is the softmax's own result, else a kept buffer filled in."""
     B, nh, T, _ = q.shape
@@ -348,7 +362,7 @@ def _whole_weights(q: Tensor, key_t: Tensor, scores: Tensor | None, mask: Mask,
     dtype = None if summaries is None else wide(q.dtype)
     if len(spans) == 1 and spans[0][:2] == (0, S):
         weights = _block_weights(q, key_t, scores, mask, may_attend, scale, 0, T, spans[0],
-                                 dtype)  # (B, nh, T, S)
+                                 dtype, softcap=softcap)  # (B, nh, T, S)
         if summaries is not None:
             summaries.add(weights, 0, 0)
         return weights.to(q.dtype)
@@ -359,7 +373,8 @@ def _whole_weights(q: Tensor, key_t: Tensor, scores: Tensor | None, mask: Mask,
     for i0, (k0, k1, m0) in zip(range(0, T, rows), spans, strict=True):
         i1 = min(i0 + rows, T)
         block = _block_weights(q, key_t, scores, mask, may_attend, scale, i0, i1,
-                               (k0, k1, m0), dtype, out=scratch)  # (B, nh, rows, keys)
+                               (k0, k1, m0), dtype, out=scratch,
+                               softcap=softcap)  # (B, nh, rows, keys)
         if summaries is not None:
             summaries.add(block, i0, k0)
         out = attn_weights[:, :, i0:i1]  # (B, nh, rows, S)
@@ -370,7 +385,7 @@ def _whole_weights(q: Tensor, key_t: Tensor, scores: Tensor | None, mask: Mask,
 
 
 def _streamed(q: Tensor, key_t: Tensor, v: Tensor, mask: Mask, may_attend: Tensor | None,
-              scale: float, summaries: Summaries) -> Tensor:
+              scale: float, summaries: Summaries, softcap: float | None = None) -> Tensor:
     """A trace of summaries alone: each tile's weights (`stream_tile`) reduced into
     `summaries`, its context kept, the weights discarded. Returns the context (B, nh, T, hs)."""
     B, nh, T, _ = q.shape
@@ -385,7 +400,8 @@ def _streamed(q: Tensor, key_t: Tensor, v: Tensor, mask: Mask, may_attend: Tenso
         for h0 in range(0, nh, heads):
             h = slice(h0, h0 + heads)
             weights = _block_weights(q[:, h], key_t[:, h], None, mask, may_attend, scale, i0, i1,
-                                     (k0, k1, m0), summaries.dtype, masked_add)
+                                     (k0, k1, m0), summaries.dtype, masked_add,
+                                     softcap=softcap)
             summaries.add(weights, i0, k0, h0)  # (B, heads, rows, keys)
             # (B, heads, rows, keys) @ (B, heads, keys, hs) -> (B, heads, rows, hs)
             context[:, h, i0:i1] = weights.to(v.dtype) @ v[:, h, k0:k1]
