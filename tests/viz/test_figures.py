@@ -404,3 +404,16 @@ def test_patching_figure_counts_each_input_grids_own_heads() -> None:
     assert columns("keys of key-value heads (every position)") == ["0", "1"]
     assert columns("queries (every position)") == ["0", "1", "2", "3"]
     assert columns("head outputs (every position)") == ["0", "1", "2", "3"]
+
+
+def test_steps_title_names_a_soft_cap() -> None:
+    """A capped model's weights are softmax(cap * tanh(masked * scale / cap)), not
+    softmax(masked * scale): the third panel's title said the latter for Gemma 2."""
+    scores = torch.randn(4, 4)
+    masked = scores.masked_fill(torch.ones(4, 4).triu(1).bool(), float("-inf"))
+    weights = torch.softmax(masked, -1)
+    titles = [ax.get_title() for ax in viz.plot_attention_steps(
+        scores, masked, weights, list("abcd"), scale=0.25, softcap=50.0).axes if ax.images]
+    assert titles[2] == "softmax(50·tanh(masked × 0.25 / 50))"
+    plain = viz.plot_attention_steps(scores, masked, weights, list("abcd"), scale=0.25)
+    assert [ax.get_title() for ax in plain.axes if ax.images][2] == "softmax(masked × 0.25)"

@@ -149,8 +149,11 @@ def plot_attention_steps(
     names: Sequence[str] | None = None,
     may_attend: ArrayLike | None = None,
     into: Figure | None = None,
+    softcap: float | None = None,
 ) -> Figure:
-    """Attention's three steps side by side: raw scores q @ k^T, masked, scaled softmax.
+    """Attention's three steps side by side: raw scores q @ k^T, masked, scaled softmax
+    (of the scores capped at `softcap`, cap * tanh(x / cap), where the model caps them: its
+    title says so).
 
     The masked scores and the weights hatch the cells where `may_attend` (T, S) is False,
     default where the masked scores are -inf (the causal future, a window, padding).
@@ -165,7 +168,9 @@ def plot_attention_steps(
         fig, axes = pyplot().subplots(1, 3, figsize=size, dpi=DPI, layout="tight")
     else:
         fig, axes = into, _panels(into, 3, "plot_attention_steps")
-    softmax = "softmax(masked × scale)" if scale is None else f"softmax(masked × {scale:.3g})"
+    scaled = "masked × scale" if scale is None else f"masked × {scale:.3g}"
+    softmax = f"softmax({scaled})" if softcap is None else (
+        f"softmax({softcap:g}·tanh({scaled} / {softcap:g}))")
     names = names or ("raw scores  q @ kᵀ", "masked  (-inf above the diagonal)", softmax)
     for ax, v, kind, name in zip(axes, values, ("scores", "masked", "weights"), names,
                                  strict=True):
