@@ -8,10 +8,12 @@ the files). Timing, greedy-id check and ratio (HF time / attnlab time) are decod
 batch 1 and 8, a 16-token prompt, alternating rounds. Target: >= 1.3x at batch 1.
 
     python -m benchmarks models_decode [--quick]
+    MODELS_DECODE_SHAPES=gemma-3-270m python -m benchmarks models_decode   # other shapes
 """
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 import torch
@@ -31,6 +33,11 @@ SHAPES: dict[str, tuple[str, dict[str, Any]]] = {
         intermediate_size=4864, vocab_size=151936, tie_word_embeddings=True, rms_norm_eps=1e-6,
         max_position_embeddings=32768,
         rope_parameters={"rope_type": "default", "rope_theta": 1e6})),
+    # Gemma 3 270M (Gemma3ForCausalLM): not in the default run, MODELS_DECODE_SHAPES picks it
+    "gemma-3-270m": ("Gemma3Text", dict(
+        num_hidden_layers=18, num_attention_heads=4, num_key_value_heads=1, head_dim=256,
+        hidden_size=640, intermediate_size=2048, vocab_size=262144, sliding_window=512,
+        query_pre_attn_scalar=256, max_position_embeddings=32768)),
     "llama-toy": ("Llama", dict(  # --quick
         num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, hidden_size=32,
         intermediate_size=48, vocab_size=97, tie_word_embeddings=True,
@@ -50,7 +57,8 @@ def build_pair(shape: str, seed: int = 0) -> tuple[Any, Any]:
         # wider than 0.02 so logits are peaked: greedy ids then do not hinge on rounding
         initializer_range=0.1, bos_token_id=None, eos_token_id=None, pad_token_id=0,
     )
-    hf = getattr(transformers, f"{prefix}ForCausalLM")(config).eval()
+    model_class = "Gemma3ForCausalLM" if prefix == "Gemma3Text" else f"{prefix}ForCausalLM"
+    hf = getattr(transformers, model_class)(config).eval()
     return hf, gpt_from_hf(config.to_dict(), hf.state_dict())
 
 
@@ -58,6 +66,8 @@ def run(quick: bool = False) -> dict[str, Any]:
     """Measure both shapes; quick: the toy Llama, 16 new tokens, one round (a smoke test)."""
     shapes, new_tokens, rounds = (["llama-toy"], 16, 1) if quick else (
         ["smollm-135m", "qwen2.5-0.5b"], 32, 3)
+    if os.environ.get("MODELS_DECODE_SHAPES"):  # e.g. gemma-3-270m: other shapes of SHAPES
+        shapes = os.environ["MODELS_DECODE_SHAPES"].split(",")
     records = []
     for shape in shapes:
         pair = build_pair(shape)
