@@ -75,7 +75,7 @@ def random_ids(B: int, T: int, seed: int = 1) -> torch.Tensor:
 def assert_logits_match_hf(ours: Any, hf: Any, lengths: list[int], *, low: int = 1) -> None:
     """Logits equal a transformers model's within 1e-4 (float32): one row of 20 ids in
     [low, V), then a batch left-padded to `lengths` (HF given the real positions, as its
-    generate does), compared at the real tokens; and not bit-equal (two implementations)."""
+    generate does), compared at the real tokens."""
     V = ours.config.vocab_size
     ids = torch.randint(low, V, (1, 20), generator=torch.Generator().manual_seed(0))
     torch.testing.assert_close(ours(ids).logits, hf(ids).logits, atol=1e-4, rtol=0)
@@ -86,7 +86,10 @@ def assert_logits_match_hf(ours: Any, hf: Any, lengths: list[int], *, low: int =
     got = ours(ids, attention_mask=mask).logits
     real = mask.bool()  # pad positions' logits mean nothing; compare the real tokens
     torch.testing.assert_close(got[real], expected[real], atol=1e-4, rtol=0)
-    assert (got[real] - expected[real]).abs().max() > 0  # two implementations, not one
+    # two implementations, not one model compared with itself (their logits may still be
+    # bit-equal: Gemma 2's capped scores take the same explicit steps on both sides)
+    assert type(ours).__module__.startswith("attnlab") and type(hf).__module__.startswith(
+        "transformers")
 
 
 def assert_ngrams_and_typical_p_match_hf(ours: Any, hf: Any) -> None:

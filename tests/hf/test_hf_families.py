@@ -5,7 +5,7 @@ Two shapes per family, between them: GQA, tied and untied heads, head_dim != C /
 attention / MLP biases, partial rotary, rope_theta != 10000, llama3 and linear RoPE scaling,
 sliding windows shorter than the sequence (all layers, and some layers), QK-norm, parallel
 and sequential residual, Gemma's scaled embeddings, (1 + w) norm and GeGLU, Gemma 3's sandwich
-norms and per-layer-type RoPE; and one yarn
+norms and per-layer-type RoPE, Gemma 2's soft caps; and one yarn
 case per family, its original_max_position_embeddings (16) shorter than the sequences, its
 attention factor derived (from factor, or mscale / mscale_all_dim) or given. Each model is
 written with `save_pretrained` and read back with `load_hf`, so the directory reading is
@@ -128,6 +128,17 @@ CASES: dict[str, tuple[str, dict[str, Any]]] = {
         tie_word_embeddings=False, layer_types=["full_attention"] * 2,
         rope_parameters={"full_attention": {"rope_type": "default", "rope_theta": 1e4},
                          "sliding_attention": {"rope_type": "default", "rope_theta": 1e4}})),
+    # Gemma 2: soft caps of 50 (scores) and 30 (logits) by default, window 6 on the first and
+    # third layers, query_pre_attn_scalar 24, GQA, tied; caps small enough to bite at init 0.2
+    "gemma2-caps-window": ("Gemma2", dict(
+        **{**SMALL, "num_hidden_layers": 3}, num_key_value_heads=2, head_dim=16,
+        sliding_window=6, query_pre_attn_scalar=24, attn_logit_softcapping=2.0,
+        final_logit_softcapping=3.0)),
+    # Gemma 2 without caps (null), attention bias, multi-query, untied, rope_theta 1e5
+    "gemma2-uncapped-untied": ("Gemma2", dict(
+        **SMALL, num_key_value_heads=1, head_dim=8, attention_bias=True,
+        tie_word_embeddings=False, attn_logit_softcapping=None, final_logit_softcapping=None,
+        rope_parameters={"rope_type": "default", "rope_theta": 100000.0})),
 }
 # the model class where it is not f"{prefix}ForCausalLM"
 MODEL_CLASS = {"Gemma3Text": "Gemma3ForCausalLM"}
@@ -316,3 +327,19 @@ def test_gemma3_refuses_what_it_cannot_compute(tmp_path: Path, field: str, value
     path.write_text(json.dumps({**json.loads(path.read_text()), field: value}))
     with pytest.raises(ValueError, match=rf"gemma3 config.json has {field}=.*{why}"):
         load_hf(tmp_path)
+
+
+def test_gemma2_caps_default_to_transformers_when_absent(tmp_path: Path) -> None:
+    """Gemma2Config caps scores at 50 and logits at 30 when config.json has no such field;
+    a null is no cap (the uncapped case above)."""
+    import json
+
+    hf_model("gemma2-uncapped-untied").save_pretrained(tmp_path)
+    path = tmp_path / "config.json"
+    fields = json.loads(path.read_text())
+    assert fields["attn_logit_softcapping"] is None  # what the parametrized cases load
+    del fields["attn_logit_softcapping"], fields["final_logit_softcapping"]
+    path.write_text(json.dumps(fields))
+    config = load_hf(tmp_path).config
+    assert (config.attn_logit_softcapping, config.final_logit_softcapping) == (50.0, 30.0)
+    assert transformers.AutoConfig.from_pretrained(tmp_path).attn_logit_softcapping == 50.0

@@ -169,9 +169,9 @@ REFUSED: list[tuple[str, Any, str]] = [
      "'rope_theta': 10000.0}: per-layer-type RoPE parameters are not supported"),
     ("model_type", lambda: {"model_type": "falcon", "hidden_size": 32},
      "config.json has model_type='falcon'; attnlab imports gpt2, llama, mistral, qwen2, qwen3, "
-     "gpt_neox, gemma, gemma3_text (GPT2LMHeadModel, LlamaForCausalLM, MistralForCausalLM, "
-     "Qwen2ForCausalLM, Qwen3ForCausalLM, GPTNeoXForCausalLM, GemmaForCausalLM, "
-     "Gemma3ForCausalLM)"),
+     "gpt_neox, gemma, gemma2, gemma3_text (GPT2LMHeadModel, LlamaForCausalLM, "
+     "MistralForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM, GPTNeoXForCausalLM, "
+     "GemmaForCausalLM, Gemma2ForCausalLM, Gemma3ForCausalLM)"),
     ("architecture", lambda: {**hf_dict("Llama", **SMALL),
                               "architectures": ["LlamaForSequenceClassification"]},
      "llama config.json has architectures=['LlamaForSequenceClassification']: attnlab builds "
