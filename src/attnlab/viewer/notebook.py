@@ -391,6 +391,9 @@ def show(
     payload = _payload(trace, labels, row=row, layer=layer, head=head, view=view, query=query,
                        layers=layers, max_cells=max_cells, attention_mask=attention_mask,
                        steps=steps, scale=scale, info=info)
+    if payload["steps"] is not None:  # a model's soft cap (Gemma 2), named in the steps' title
+        payload["steps"]["softcap"] = getattr(getattr(source, "config", None),
+                                              "attn_logit_softcapping", None)
     if view == "steps" and payload["steps"] is None:
         raise ValueError("view='steps' needs the raw scores: trace attn_scores (at most "
                          f"{STEPS_CELLS} cells) or pass steps=(layer, head)")

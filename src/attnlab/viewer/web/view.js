@@ -302,6 +302,11 @@ class View {
 
   // ------------------------------------------------------------ steps
   renderSteps() {
+    // softmax(masked × s), of the scores capped first where the model caps them (Gemma 2)
+    const softmaxOf = (s) => {
+      const scaled = `masked${s.scale === null ? " × scale" : ` × ${s.scale.toPrecision(4)}`}`;
+      return s.softcap ? `softmax(${s.softcap}·tanh(${scaled} / ${s.softcap}))` : `softmax(${scaled})`;
+    };
     const { m } = this;
     const s = m.steps;
     const li = m.layers.indexOf(s.layer);
@@ -313,7 +318,7 @@ class View {
       ["1 · raw scores q·kᵀ", (i, j) => scoreRGB(s.scores[at(i, j)], lim), (i, j) => s.scores[at(i, j)].toFixed(4)],
       ["2 · masked: −∞ where a query may not attend", (i, j) => scoreRGB(masked(i, j) ? -Infinity : s.scores[at(i, j)], lim),
         (i, j) => (masked(i, j) ? "−inf" : s.scores[at(i, j)].toFixed(4))],
-      [`3 · softmax(masked${s.scale === null ? " × scale" : ` × ${s.scale.toPrecision(4)}`}): the weights`,
+      [`3 · ${softmaxOf(s)}: the weights`,
         (i, j) => weightRGB(masked(i, j) ? NaN : s.weights[at(i, j)]),
         (i, j) => (masked(i, j) ? "masked" : s.weights[at(i, j)].toFixed(4))],
     ];
