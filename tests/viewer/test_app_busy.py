@@ -386,3 +386,33 @@ def _assert_stopped(rest: str, answer: httpx.Response) -> None:
     assert events == ["event: error"], events
     assert "attnlab serve is stopping" in rest
     assert answer.status_code == 503 and "stopping" in answer.json()["error"]
+
+
+def test_apps_made_again_on_one_model_share_its_block_hooks() -> None:
+    """Each app put a stop hook on every block of its model, and FastAPI's caches keep an
+    app's endpoints (so its state) alive: a notebook making apps again and again on one model
+    piled the hooks up, every forward running them all. The apps of one model now share one
+    set, and a cancelled call of one stops at its next block while the other's call runs on
+    (armed per thread)."""
+    import torch
+
+    from attnlab import GPT, GPTConfig
+    from attnlab.tokenizers import CharTokenizer
+    from attnlab.viewer.state import _BlockStops, _Stopped
+
+    tok = CharTokenizer(sorted(set("abc ")))
+    model = GPT(GPTConfig.from_name("nano", vocab_size=tok.vocab_size)).eval()
+    for _ in range(3):
+        create_app(model, tok)
+    assert [len(block._forward_pre_hooks) for block in model.blocks] == [1, 1]
+    stops = _BlockStops.of(model)
+    ids = torch.tensor([[1, 2, 3]])
+    stops.armed[threading.get_ident()] = lambda: True
+    try:
+        with pytest.raises(_Stopped):
+            model(ids)
+        other = ThreadPoolExecutor(1).submit(model, ids)  # not armed there: it runs
+        assert other.result().logits.shape == (1, 3, tok.vocab_size)
+    finally:
+        stops.armed.clear()
+    model(ids)  # disarmed: runs

@@ -69,22 +69,38 @@ class _Stopped(Exception):
 
 
 class _BlockStops:
-    """A forward pre-hook on each block of a model that raises `_Stopped` in the thread that
-    runs a viewer call once that call is cancelled: put on once, when the app is made, and
-    armed per call (`thread`, `cancelled`), since hooks put on and taken off per call cost
-    a generation about 13 us a token per block (docs/performance.md#viewer-cancel). Outside
-    the app's calls, and in any other thread, it does nothing. A decode step never calls
-    the blocks (`DecodeStep` runs their weights itself): a generation stops between tokens."""
+    """A forward pre-hook on each block of a model that raises `_Stopped` in a thread that
+    runs a viewer call once that call is cancelled: put on once per model (`of`: every app
+    made on that model shares it), and armed per call in its own thread (`armed`), since
+    hooks put on and taken off per call cost a generation about 13 us a token per block
+    (docs/performance.md#viewer-cancel). Outside the apps' calls it does nothing. A decode
+    step never calls the blocks (`DecodeStep` runs their weights itself): a generation stops
+    between tokens."""
 
     def __init__(self, model: GPT) -> None:
-        self.thread: int | None = None  # the thread running the app's call; None: none runs
-        self.cancelled: Callable[[], bool] = bool  # that call's: whether to stop
+        # thread id -> whether the call it runs is cancelled, for the calls under way
+        self.armed: dict[int, Callable[[], bool]] = {}
         for block in model.blocks:
             block.register_forward_pre_hook(self)
 
+    @classmethod
+    def of(cls, model: GPT) -> _BlockStops:
+        """The model's hooks, put on by the first app made on it: one app after another on
+        one model (a notebook) piled a set up per app, each run by every forward after. The
+        hook holds no reference to the model, so the model still goes when nothing else
+        holds it."""
+        stops = _STOPS.get(model)
+        if stops is None:
+            stops = _STOPS[model] = cls(model)
+        return stops
+
     def __call__(self, *_: Any) -> None:
-        if self.thread == threading.get_ident() and self.cancelled():
+        cancelled = self.armed.get(threading.get_ident())
+        if cancelled is not None and cancelled():
             raise _Stopped
+
+
+_STOPS: weakref.WeakKeyDictionary[GPT, _BlockStops] = weakref.WeakKeyDictionary()
 
 
 def model_summary(
@@ -135,7 +151,7 @@ class ViewerState:
     stops: _BlockStops = field(init=False)  # ends a cancelled call before its next block
 
     def __post_init__(self) -> None:
-        self.stops = _BlockStops(self.model)
+        self.stops = _BlockStops.of(self.model)
 
     @classmethod
     def of(cls, model: GPT, tokenizer: TextTokenizer, meta: dict[str, Any] | None,
@@ -235,7 +251,7 @@ class ViewerState:
                 try:
                     if cancelled():  # it went while this thread started: not one block
                         raise _Stopped
-                    self.stops.thread, self.stops.cancelled = threading.get_ident(), cancelled
+                    self.stops.armed[threading.get_ident()] = cancelled
                     return fn()
                 except _Stopped:
                     raise (self.stopped() if self.stopping.is_set() else RequestError(
@@ -243,7 +259,7 @@ class ViewerState:
                 except torch.OutOfMemoryError as err:  # this request's: the next one is served
                     raise self.out_of_memory(err) from None
                 finally:
-                    self.stops.thread = None
+                    self.stops.armed.pop(threading.get_ident(), None)
                     # runtime keeps a trace's freed (nh, T, T) buffers for a later one of the
                     # same size; texts of every length would pile them up
                     # (docs/performance.md#viewer-memory)
