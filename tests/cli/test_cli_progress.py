@@ -49,8 +49,9 @@ def _screen(monkeypatch: pytest.MonkeyPatch) -> io.StringIO:
 
 
 def _counts(shown: str, verb: str, unit: str) -> list[str]:
-    """The "done/total" of each progress line `verb N/M units  T s left`."""
-    return re.findall(rf"^{re.escape(verb)} +(\d+/\d+) {unit}s  [\d,]+ s left$", shown,
+    """The "done/total" of each progress line `verb N/M units  T s left` (the first has no
+    time left: no unit is timed yet)."""
+    return re.findall(rf"^{re.escape(verb)} +(\d+/\d+) {unit}s(?:  [\d,]+ s left)?$", shown,
                       flags=re.M)
 
 

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import io
 
+import pytest
+
 from attnlab.cli.progress import Counter, Progress, blocks_shown, tokenizing_shown
 
 
@@ -103,7 +105,9 @@ def test_a_counter_draws_a_bar_on_a_terminal_and_lines_in_a_log() -> None:
     lines = log.getvalue().splitlines()
     assert "\r" not in log.getvalue() and [line.split()[:3] for line in lines] == [
         ["patched", "32/70", "runs"], ["patched", "64/70", "runs"], ["patched", "70/70", "runs"]]
-    assert all(line.endswith(" s left") for line in lines) and lines[-1].endswith(" 0 s left")
+    # the first line has no estimate yet (nothing timed since the first call)
+    assert lines[0] == "patched 32/70 runs" and lines[-1].endswith(" 0 s left")
+    assert all(line.endswith(" s left") for line in lines[1:])
     quiet, still = io.StringIO(), Terminal()
     for stream in (quiet, still):  # work shorter than the interval, or the bar's delay
         counter = Counter("run", "patched", stream=stream, interval_s=3600.0, delay_s=3600.0)
@@ -177,3 +181,21 @@ def test_a_counters_delay_counts_from_its_start_and_its_bar_names_the_work() -> 
     drawn = term.getvalue()
     assert "loaded:" in drawn and "/146 [" in drawn, drawn  # drawn at once
     counter.close()
+
+
+def test_time_left_is_timed_from_the_first_unit_not_the_start(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """`attnlab patch` starts with set-up (the clean and corrupted runs) before its first
+    counted run; timed from the Counter's start, its first estimates said 5-10x the time
+    the runs took. Set-up of 99 s, then a run a second: 89 s left after 11 of 100."""
+    from attnlab.cli import progress
+
+    clock = iter([0.0, 100.0, 110.0, 150.0])  # start, then each call
+    monkeypatch.setattr(progress.time, "monotonic", lambda: next(clock))
+    log = io.StringIO()
+    counter = Counter("run", "patched", stream=log, interval_s=0.0)
+    for done in (1, 11, 51):
+        counter(done, 100)
+    assert log.getvalue().splitlines() == [
+        "patched   1/100 runs", "patched  11/100 runs  89 s left",
+        "patched  51/100 runs  49 s left"]

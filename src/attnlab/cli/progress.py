@@ -137,6 +137,10 @@ class Counter:
         self.bar: Any = None
         self._terminal = _sized_terminal(self.stream)
         self._started = self._last_line = time.monotonic()
+        # (when, done) at the first call: the rate is timed from there, not from the start,
+        # whose set-up before the first unit (a clean run, a model's first tensor) would
+        # inflate every estimate (patch's first said 5-10x the time it took)
+        self._first: tuple[float, int] | None = None
 
     def __call__(self, done: int, total: int) -> None:
         if self._terminal:
@@ -153,11 +157,15 @@ class Counter:
             self.bar.update(done - self.bar.n)
             return
         now = time.monotonic()
+        if self._first is None:
+            self._first = (now, done)
         if now - self._last_line < self.interval_s:
             return
         self._last_line = now
-        left = (total - done) * (now - self._started) / max(done, 1)
-        print(f"{self.verb} {done:>{len(str(total))}}/{total} {self.unit}s  {left:,.0f} s left",
+        since, done_then = self._first
+        left = "" if done <= done_then else (  # no unit timed yet: no estimate
+            f"  {(total - done) * (now - since) / (done - done_then):,.0f} s left")
+        print(f"{self.verb} {done:>{len(str(total))}}/{total} {self.unit}s{left}",
               file=self.stream, flush=True)
 
     def close(self) -> None:
