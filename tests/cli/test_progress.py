@@ -186,8 +186,9 @@ def test_a_counters_delay_counts_from_its_start_and_its_bar_names_the_work() -> 
 def test_time_left_is_timed_from_the_first_unit_not_the_start(
         monkeypatch: pytest.MonkeyPatch) -> None:
     """`attnlab patch` starts with set-up (the clean and corrupted runs) before its first
-    counted run; timed from the Counter's start, its first estimates said 5-10x the time
-    the runs took. Set-up of 99 s, then a run a second: 89 s left after 11 of 100."""
+    counted run; timed from the Counter's start, its estimates counted the set-up as if
+    every run took part of it. Set-up of 99 s, then a run a second: 89 s left after 11 of
+    100 (890 s before)."""
     from attnlab.cli import progress
 
     clock = iter([0.0, 100.0, 110.0, 150.0])  # start, then each call

@@ -139,7 +139,7 @@ class Counter:
         self._started = self._last_line = time.monotonic()
         # (when, done) at the first call: the rate is timed from there, not from the start,
         # whose set-up before the first unit (a clean run, a model's first tensor) would
-        # inflate every estimate (patch's first said 5-10x the time it took)
+        # inflate every estimate
         self._first: tuple[float, int] | None = None
 
     def __call__(self, done: int, total: int) -> None:
