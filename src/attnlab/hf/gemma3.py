@@ -78,28 +78,52 @@ def _ropes(f: Fields, block_size: int) -> tuple[dict[str, Any], float | None]:
     return dict(rope_theta=theta, rope_scaling=scaling), local_theta
 
 
+def sandwich_config(f: Fields, *, max_positions: int, pattern: int | None,
+                    **switches: Any) -> dict[str, Any]:
+    """GPTConfig keyword arguments for what Gemma 2 and 3 share (sandwich norms, Gemma's norm,
+    GeGLU and embeddings, query_pre_attn_scalar, windowed layers by `layer_types` or every
+    `pattern`-th full: `layer_types`), the family's own `switches` added."""
+    if f.get("use_bidirectional_attention"):
+        raise f.refuse("use_bidirectional_attention", True, "attnlab's attention is causal")
+    n_layer = f.count("num_hidden_layers", 26)
+    windowed = [i for i, t in enumerate(layer_types(f, n_layer, pattern))
+                if t == "sliding_attention"]
+    window = f.count("sliding_window", 4096)
+    attention_bias = f.flag("attention_bias", False)
+    return llama_like_config(
+        f, max_positions=max_positions, default_head_dim=256, bias=False,
+        qkv_bias=attention_bias, out_bias=attention_bias, norm="gemma_rmsnorm", mlp="geglu",
+        gelu=f.gelu("hidden_activation", "gelu_pytorch_tanh"), scale_embeddings=True,
+        sandwich_norm=True, tie_weights=f.flag("tie_word_embeddings", True),
+        attn_scale=f.number("query_pre_attn_scalar", 256) ** -0.5,
+        sliding_window=window if windowed else None,
+        window_layers=None if len(windowed) in (0, n_layer) else windowed, **switches,
+    )
+
+
+def sandwich_to_hf(c: GPTConfig, family: Family, **extra: Any) -> dict[str, Any]:
+    """The config.json fields Gemma 2 and 3 share, the family's own `extra` added."""
+    scalar = c.score_scale ** -2
+    out = llama_like_to_hf(
+        c, family, attention_bias=qkv_bias_of(c), layer_types=window_layers_to_hf(c),
+        hidden_activation={"tanh": "gelu_pytorch_tanh", "exact": "gelu"}[c.gelu],
+        # transformers builds the sliding mask even where no layer uses it: a size it accepts
+        sliding_window=c.sliding_window or 4096,
+        query_pre_attn_scalar=round(scalar) if abs(scalar - round(scalar)) < 1e-9 else scalar,
+        **extra,
+    )
+    del out["hidden_act"]  # Gemma 2 and 3 read hidden_activation
+    return out
+
+
 def _config(f: Fields) -> dict[str, Any]:
     for key in ("final_logit_softcapping", "attn_logit_softcapping"):
         if f.get(key) is not None:
             raise f.refuse(key, f.get(key), "soft-capping (Gemma 2's) is not supported")
-    if f.get("use_bidirectional_attention"):
-        raise f.refuse("use_bidirectional_attention", True, "attnlab's attention is causal")
-    n_layer = f.count("num_hidden_layers", 26)
-    types = layer_types(f, n_layer)
-    windowed = [i for i, t in enumerate(types) if t == "sliding_attention"]
-    window = f.count("sliding_window", 4096)
-    attention_bias = f.flag("attention_bias", False)
     rope, local_theta = _ropes(f, f.count("max_position_embeddings", 131072, MAX_CONTEXT))
-    return llama_like_config(
-        f, max_positions=131072, default_head_dim=256, bias=False, qkv_bias=attention_bias,
-        out_bias=attention_bias, norm="gemma_rmsnorm", mlp="geglu",
-        gelu=f.gelu("hidden_activation", "gelu_pytorch_tanh"), scale_embeddings=True,
-        sandwich_norm=True, qk_norm=True, tie_weights=f.flag("tie_word_embeddings", True),
-        attn_scale=f.number("query_pre_attn_scalar", 256) ** -0.5,
-        sliding_window=window if windowed else None,
-        window_layers=None if len(windowed) in (0, n_layer) else windowed,
-        local_rope_theta=local_theta if windowed else None, **rope,
-    )
+    config = sandwich_config(f, max_positions=131072, pattern=None, qk_norm=True, **rope)
+    return {**config, "local_rope_theta": None if config["sliding_window"] is None
+            else local_theta}
 
 
 def _misfits(c: GPTConfig) -> list[str]:
@@ -117,18 +141,8 @@ def _to_hf(c: GPTConfig) -> dict[str, Any]:
     full = rope_to_hf(c)
     local = full if c.local_rope_theta is None else {"rope_type": "default",
                                                      "rope_theta": c.local_rope_theta}
-    scalar = c.score_scale ** -2
-    out = llama_like_to_hf(
-        c, GEMMA3, attention_bias=qkv_bias_of(c), layer_types=window_layers_to_hf(c),
-        hidden_activation={"tanh": "gelu_pytorch_tanh", "exact": "gelu"}[c.gelu],
-        # transformers builds the sliding mask even where no layer uses it: a size it accepts
-        sliding_window=c.sliding_window or 4096,
-        query_pre_attn_scalar=round(scalar) if abs(scalar - round(scalar)) < 1e-9 else scalar,
-        rope_parameters={"full_attention": full, "sliding_attention": local},
-        final_logit_softcapping=None, attn_logit_softcapping=None,
-    )
-    del out["hidden_act"]  # Gemma 3 reads hidden_activation
-    return out
+    return sandwich_to_hf(c, GEMMA3, final_logit_softcapping=None, attn_logit_softcapping=None,
+                          rope_parameters={"full_attention": full, "sliding_attention": local})
 
 
 GEMMA3 = Family(
