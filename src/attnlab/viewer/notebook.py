@@ -146,7 +146,7 @@ def _payload(trace: Trace, labels: list[str], *, row: int, layer: int | None,
              head: int | str | None,
              view: str, query: int | None, layers: Sequence[int] | None, max_cells: int,
              attention_mask: Tensor | None, steps: tuple[int | None, int] | None,
-             scale: float | None, info: str) -> dict[str, Any]:
+             scale: float | None, info: str, softcap: float | None = None) -> dict[str, Any]:
     traced = sorted({lay for lay, n in trace if n == "attn_weights"},
                     key=lambda lay: -1 if lay is None else lay)
     if not traced:
@@ -206,7 +206,16 @@ def _payload(trace: Trace, labels: list[str], *, row: int, layer: int | None,
         "precision": "weights to 1/254 of each row's largest",
         "steps": _steps(trace, row, traced, head_labels, steps, scale),
     }
+    if payload["steps"] is not None:  # a model's soft cap (Gemma 2), named in the steps' title
+        payload["steps"]["softcap"] = softcap
     return payload
+
+
+def _query_in(query: int | None, S: int) -> int | None:
+    """The token position `query` picks among S (negative counts from the end), or None."""
+    if query is not None and not -S <= query < S:
+        raise ValueError(f"query={query} out of range for {S} tokens")
+    return None if query is None else query % S
 
 
 def _steps(trace: Trace, row: int, traced: list[Any], head_labels: list[int],
@@ -380,20 +389,15 @@ def show(
     padding = None if attention_mask is None else padding_of_row(attention_mask, row, S,
                                                                   of="keys")  # (S,)
     labels = _labels(tokenizer, ids, tokens, S, padding)
-    if query is not None:
-        if not -S <= query < S:
-            raise ValueError(f"query={query} out of range for {S} tokens")
-        query %= S
+    query = _query_in(query, S)
     if steps is None:
         steps = _default_steps(trace, traced, layer, head, S)
     tokens_of = f"{S} token{'s' * (S != 1)}"
     info = ", ".join(x for x in (info, tokens_of) if x)
     payload = _payload(trace, labels, row=row, layer=layer, head=head, view=view, query=query,
                        layers=layers, max_cells=max_cells, attention_mask=attention_mask,
-                       steps=steps, scale=scale, info=info)
-    if payload["steps"] is not None:  # a model's soft cap (Gemma 2), named in the steps' title
-        payload["steps"]["softcap"] = getattr(getattr(source, "config", None),
-                                              "attn_logit_softcapping", None)
+                       steps=steps, scale=scale, info=info, softcap=getattr(
+                           getattr(source, "config", None), "attn_logit_softcapping", None))
     if view == "steps" and payload["steps"] is None:
         raise ValueError("view='steps' needs the raw scores: trace attn_scores (at most "
                          f"{STEPS_CELLS} cells) or pass steps=(layer, head)")
