@@ -124,7 +124,11 @@ class Counter:
     a model), called as (done, total): a tqdm bar on a sized terminal once the work has
     taken `delay_s` (from the Counter's start), named by `verb`, else a plain line on
     `stream` every `interval_s` seconds with the time left (work shorter than either shows
-    nothing); `close()` when the work ends, or use it as `with Counter(...) as progress:`."""
+    nothing); `close()` when the work ends, or use it as `with Counter(...) as progress:`.
+    Where the units cost unequal time and the caller knows the work they take (patched runs
+    cost less the later their pass restarts: `interp.runs.PassProgress`), it says that
+    work by `work(done, total)` before each count, and the time left (the bar's too) goes by
+    the work; the counts shown are still the units."""
 
     def __init__(self, unit: str, verb: str, *, stream: TextIO | None = None,
                  interval_s: float | None = None, delay_s: float = 1.0,
@@ -141,32 +145,51 @@ class Counter:
         # whose set-up before the first unit (a clean run, a model's first tensor) would
         # inflate every estimate
         self._first: tuple[float, int] | None = None
+        self._work: tuple[int, int] | None = None  # (done, total) as `work` last said
+
+    def work(self, done: int, total: int) -> None:
+        """The work done of the work in all, said before a count: what the time left is
+        timed by, where the units take unequal time."""
+        self._work = (done, total)
 
     def __call__(self, done: int, total: int) -> None:
+        # what the time left is in proportion to: the work where it is said, else the units
+        timed, timed_total = self._work or (done, total)
         if self._terminal:
-            if self.bar is None:
-                from tqdm import tqdm
-
-                # the delay counts from this Counter's start, not the first call's: work
-                # whose first unit is long (a model's first tensor, a prefill's first
-                # block) shows its bar at the next call after `delay_s`, not `delay_s` later
-                waited = time.monotonic() - self._started
-                self.bar = tqdm(total=total, desc=self.verb, unit=self.unit, dynamic_ncols=True,
-                                file=self.stream, leave=False,
-                                delay=max(0.0, self.delay_s - waited), unit_scale=self.scale)
-            self.bar.update(done - self.bar.n)
+            self._draw(done, total, timed, timed_total)
             return
         now = time.monotonic()
         if self._first is None:
-            self._first = (now, done)
+            self._first = (now, timed)
         if now - self._last_line < self.interval_s:
             return
         self._last_line = now
-        since, done_then = self._first
-        left = "" if done <= done_then else (  # no unit timed yet: no estimate
-            f"  {(total - done) * (now - since) / (done - done_then):,.0f} s left")
+        since, timed_then = self._first
+        left = "" if timed <= timed_then else (  # no unit timed yet: no estimate
+            f"  {(timed_total - timed) * (now - since) / (timed - timed_then):,.0f} s left")
         print(f"{self.verb} {done:>{len(str(total))}}/{total} {self.unit}s{left}",
               file=self.stream, flush=True)
+
+    def _draw(self, done: int, total: int, timed: int, timed_total: int) -> None:
+        """The bar at `done` of `total`; where work is said, the bar moves by the work (so
+        tqdm's time left is timed by it) and its text says the units."""
+        if self.bar is None:
+            from tqdm import tqdm
+
+            # the delay counts from this Counter's start, not the first call's: work whose
+            # first unit is long (a model's first tensor, a prefill's first block) shows its
+            # bar at the next call after `delay_s`, not `delay_s` later
+            waited = time.monotonic() - self._started
+            shown = {} if self._work is None else {
+                "bar_format": "{desc} {percentage:3.0f}%|{bar}| [{elapsed}<{remaining}]"}
+            self.bar = tqdm(total=timed_total, desc=self.verb, unit=self.unit,
+                            dynamic_ncols=True, file=self.stream, leave=False,
+                            delay=max(0.0, self.delay_s - waited), unit_scale=self.scale,
+                            **shown)
+        if self._work is not None:
+            self.bar.set_description_str(f"{self.verb} {done}/{total} {self.unit}s",
+                                         refresh=False)
+        self.bar.update(timed - self.bar.n)
 
     def close(self) -> None:
         if self.bar is not None:

@@ -94,15 +94,17 @@ def path_patching(
     senders = [(layer, h) for layer in range(end) for h in range(c.n_head)]
     effects = torch.full((c.n_layer, c.n_head), math.nan,
                          dtype=wide(model.lm_head.weight.dtype))  # (n_layer, nh)
-    heard = PassProgress(model, progress, len(senders))
-    for start in range(0, len(senders), batch):
-        group = senders[start:start + batch]
+    groups = [senders[start:start + batch] for start in range(0, len(senders), batch)]
+    # step 1 from its first sender or receiver, step 2 from its first receiver
+    step2 = 0 if chosen is None else runs.blocks_from(min(layer for layer, _ in chosen))
+    firsts = [min(layer for layer, _ in group + (chosen or [])) for group in groups]
+    passes = [(len(group), runs.blocks_from(first) + step2)
+              for group, first in zip(groups, firsts, strict=True)]
+    heard = PassProgress(model, progress, passes)
+    for group, (n, blocks) in zip(groups, passes, strict=True):
         received = None if chosen is None else Trace(
             names=inputs, layers=sorted({layer for layer, _ in chosen}))
-        # step 1 from its first sender or receiver, step 2 from its first receiver
-        blocks = runs.blocks_from(min(layer for layer, _ in group + (chosen or []))) + (
-            0 if chosen is None else runs.blocks_from(min(layer for layer, _ in chosen)))
-        with heard.runs(len(group), blocks):
+        with heard.runs(n, blocks):
             logits = _senders_run(runs, group, chosen, received)  # (n B, T or 1, V)
             if chosen is not None and received is not None:
                 logits = _receivers_run(runs, len(group), chosen, inputs, received)

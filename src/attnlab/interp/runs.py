@@ -21,7 +21,8 @@ from .edits import Edit, Edits
 #: logits (B, T, V) -> the one number to explain: a scalar tensor, reduced over the batch
 #: (`.mean()`); activation patching also takes a Python float, attribution needs the graph.
 Metric = Callable[[Tensor], Tensor]
-#: (runs done, runs in all): called as each pass of patched runs goes (`PassProgress`).
+#: (runs done, runs in all): called as each pass of patched runs goes (`PassProgress`). One
+#: with a `work(done, total)` method hears the passes' work there too, before each count.
 Progress = Callable[[int, int], None]
 #: What one corrupted run patches: a name, a layer and the cell of its value from dimension
 #: 1 on: ("context", layer, (head,)), ("context", layer, (head, position)), or one position
@@ -167,11 +168,13 @@ class PatchRuns:
         starts at the lowest layer it patches (so pass sites in layer order). progress:
         heard as each pass goes (`PassProgress`)."""
         effects: list[float] = []
-        heard = PassProgress(self.model, progress, len(sites))
-        for start in range(0, len(sites), batch):
-            group = sites[start:start + batch]
+        groups = [sites[start:start + batch] for start in range(0, len(sites), batch)]
+        firsts = [min(layer for _, layer, _ in group) for group in groups]
+        heard = PassProgress(self.model, progress, [
+            (len(group), self.blocks_from(first)) for group, first in zip(groups, firsts,
+                                                                          strict=True)])
+        for group, first in zip(groups, firsts, strict=True):
             n = len(group)
-            first = min(layer for _, layer, _ in group)
             with heard.runs(n, blocks=self.blocks_from(first)):
                 logits = self.copies(n, first, self._edits(group))  # (n B, T or 1, V)
                 effects += [self.normalized(value) for value in self.scored_copies(logits, n)]
@@ -220,12 +223,30 @@ class PassProgress:
     runs of a large model is one long forward pass (seconds to minutes on a CPU). After each
     block the pass runs, its runs count as done in proportion to its blocks run (32 runs
     over 16 blocks: 2 more a block), and all of them once the pass is scored; each count
-    heard once, rising, up to `total`. No progress: no hooks, nothing heard."""
+    heard once, rising, up to the runs of all `passes`. No progress: no hooks, nothing heard.
 
-    def __init__(self, model: Any, progress: Progress | None, total: int) -> None:
-        self.model, self.progress, self.total = model, progress, total
+    A progress with a `work(done, total)` method hears before each count the work done: the
+    blocks run, each times the runs that went through it, of all passes. Time goes with the
+    work, not the runs: a pass that restarts at a later layer runs fewer blocks, and the
+    passes go in layer order, so a run costs less the later it comes (a GPT-2-small-shaped
+    model's last tenth of runs went 12x as fast as its first:
+    docs/performance.md#patch-progress)."""
+
+    def __init__(self, model: Any, progress: Progress | None,
+                 passes: list[tuple[int, int]]) -> None:
+        """passes: (runs, blocks) of each pass to come, in order, as `runs` will be told."""
+        self.model, self.progress = model, progress
+        self.total = sum(n for n, _ in passes)
+        self.work = getattr(progress, "work", None)
+        self.work_total = sum(n * blocks for n, blocks in passes)
         self.done = 0  # the runs of the passes finished
         self.heard = 0  # the count last heard
+        self.worked = 0  # the work of the passes finished
+
+    def _hear(self, progress: Progress, count: int, worked: int) -> None:
+        if self.work is not None:
+            self.work(worked, self.work_total)
+        progress(count, self.total)
 
     @contextmanager
     def runs(self, n: int, blocks: int) -> Iterator[None]:
@@ -243,7 +264,7 @@ class PassProgress:
             count = self.done + n * min(ran, blocks) // max(blocks, 1)
             if self.heard < count < self.done + n:  # the last: after scoring, below
                 self.heard = count
-                progress(count, self.total)
+                self._hear(progress, count, self.worked + n * min(ran, blocks))
 
         hooks = [block.register_forward_hook(block_done) for block in self.model.blocks]
         try:
@@ -252,4 +273,5 @@ class PassProgress:
             for hook in hooks:
                 hook.remove()
         self.done = self.heard = self.done + n
-        progress(self.done, self.total)
+        self.worked += n * blocks
+        self._hear(progress, self.done, self.worked)
