@@ -154,7 +154,7 @@ def test_blocks_shown_counts_a_forward_pass_and_removes_its_hooks() -> None:
     log = io.StringIO()
     with blocks_shown(model, "traced", stream=log, delay_s=0.0):
         Trace(names="attn_weights").run(model, torch.zeros(1, 5, dtype=torch.long))
-    assert log.getvalue() == ""  # a log gets a line only every 10 s
+    assert log.getvalue() == ""  # a log's first line: after FIRST_LINE_S at the soonest
 
 
 def test_a_stop_request_is_said_at_once_with_how_to_quit() -> None:
@@ -245,3 +245,21 @@ def test_a_bar_told_the_work_moves_by_it_and_says_the_units() -> None:
     counter(3, 10)
     assert str(counter.bar).startswith("patched 3/10 runs  90%|")  # as it is drawn next
     counter.close()
+
+
+def test_a_logs_first_line_comes_when_a_terminals_bar_would(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A 1.04B model's load (2 GB of bfloat16, 146 tensors) printed nothing in a log until
+    10 s after it began, the whole line interval, where a terminal drew its bar after 2 s.
+    Now the first line comes after the delay too (2 s at the soonest), then one every
+    interval; work shorter than that still prints nothing."""
+    from attnlab.cli import progress
+
+    now = [0.0]
+    monkeypatch.setattr(progress.time, "monotonic", lambda: now[0])
+    log = io.StringIO()
+    counter = Counter("tensor", "loaded", stream=log, interval_s=10.0, delay_s=2.0)
+    for now[0], done in [(0.7, 1), (1.9, 10), (2.1, 12), (5.0, 40), (12.0, 100), (12.2, 101)]:
+        counter(done, 146)
+    assert log.getvalue().splitlines() == [
+        "loaded  12/146 tensors  17 s left", "loaded 101/146 tensors  5 s left"]

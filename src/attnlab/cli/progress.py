@@ -117,14 +117,18 @@ class Progress:
 
 #: how often a `Counter` prints its plain line where there is no bar (a log, a pipe)
 LINE_INTERVAL_S = 10.0
+#: ... and its first no sooner than this, whatever its bar's delay: work of a second or two
+#: (a small model's export, whose bar comes at once) is over before a line would help
+FIRST_LINE_S = 2.0
 
 
 class Counter:
     """Progress of long work other than training (`attnlab patch`'s corrupted runs, loading
     a model), called as (done, total): a tqdm bar on a sized terminal once the work has
     taken `delay_s` (from the Counter's start), named by `verb`, else a plain line on
-    `stream` every `interval_s` seconds with the time left (work shorter than either shows
-    nothing); `close()` when the work ends, or use it as `with Counter(...) as progress:`.
+    `stream` with the time left, the first after `delay_s` or `FIRST_LINE_S`, the longer
+    (`interval_s` if sooner), then every `interval_s` seconds (work shorter than either
+    shows nothing); `close()` when the work ends, or `with Counter(...) as progress:`.
     Where the units cost unequal time and the caller knows the work they take (patched runs
     cost less the later their pass restarts: `interp.runs.PassProgress`), it says that
     work by `work(done, total)` before each count, and the time left (the bar's too) goes by
@@ -140,7 +144,11 @@ class Counter:
         self.delay_s = delay_s
         self.bar: Any = None
         self._terminal = _sized_terminal(self.stream)
-        self._started = self._last_line = time.monotonic()
+        self._started = time.monotonic()
+        # a log's first line about when a terminal's bar would come: a model's load waited
+        # the whole interval, 10 s, before its first line (docs/performance.md#load-progress)
+        first = min(max(self.delay_s, FIRST_LINE_S), self.interval_s)
+        self._next_line = self._started + first
         # (when, done) at the first call: the rate is timed from there, not from the start,
         # whose set-up before the first unit (a clean run, a model's first tensor) would
         # inflate every estimate
@@ -161,9 +169,9 @@ class Counter:
         now = time.monotonic()
         if self._first is None:
             self._first = (now, timed)
-        if now - self._last_line < self.interval_s:
+        if now < self._next_line:
             return
-        self._last_line = now
+        self._next_line = now + self.interval_s
         since, timed_then = self._first
         left = "" if timed <= timed_then else (  # no unit timed yet: no estimate
             f"  {(timed_total - timed) * (now - since) / (timed - timed_then):,.0f} s left")
