@@ -216,7 +216,8 @@ def test_the_block_names_add_up_and_absent_names_are_the_unrecorded_ones(
     switch; the names a model records are exactly those `absent_names` leaves."""
     head_dim = None if out_proj else 4  # without out_proj the heads must fill n_embd (16)
     model = _model("nano", n_head=4, **{**switches, "head_dim": head_dim, "residual": residual,
-                                        "attn_out_proj": out_proj})
+                                        "attn_out_proj": out_proj,
+                                        "sandwich_norm": switches["sandwich_norm"] and residual})
     c = model.config
     trace = Trace()
     model(_ids(model, 2, 6), trace=trace)
