@@ -343,3 +343,46 @@ def test_gemma2_caps_default_to_transformers_when_absent(tmp_path: Path) -> None
     config = load_hf(tmp_path).config
     assert (config.attn_logit_softcapping, config.final_logit_softcapping) == (50.0, 30.0)
     assert transformers.AutoConfig.from_pretrained(tmp_path).attn_logit_softcapping == 50.0
+
+
+
+@pytest.mark.parametrize("case", ["gemma-mqa", "gemma3-local-rope", "gemma2-caps-window"])
+@torch.no_grad()
+def test_bfloat16_embeddings_and_norms_round_as_transformers(case: str, tmp_path: Path) -> None:
+    """In bfloat16 the scaled embeddings are bit-equal to transformers' (the factor
+    sqrt(hidden_size) rounded to bfloat16 before it multiplies: 5.65625 for 32, not
+    5.6568...), and so is every (1 + w) norm on the same input (float32 inside, one cast at
+    the end); the logits stay within bfloat16's reach of transformers' bfloat16 logits."""
+    from attnlab import Trace
+
+    hf_model(case).save_pretrained(tmp_path)
+    ours = load_hf(tmp_path, dtype=torch.bfloat16)
+    hf = transformers.AutoModelForCausalLM.from_pretrained(
+        tmp_path, dtype=torch.bfloat16, attn_implementation="eager").eval()
+    ids, mask = left_padded([5, 17, 11], vocab=ours.config.vocab_size, low=1, seed=1)
+    positions = (mask.cumsum(-1) - 1).clamp(min=0)  # (B, P): the real positions
+    out = hf(ids, attention_mask=mask, position_ids=positions, output_hidden_states=True)
+    trace = Trace(names=["emb", "logits"])
+    ours(ids, attention_mask=mask, trace=trace)
+    assert trace.get("emb").dtype == torch.bfloat16
+    assert torch.equal(trace.get("emb"), out.hidden_states[0])
+    x = 3 * torch.randn(2, 7, ours.config.n_embd, generator=torch.Generator().manual_seed(0))
+    x = x.bfloat16()  # (B, T, C)
+    norms = [(ours.ln_f, hf.model.norm)]
+    for block, layer in zip(ours.blocks, hf.model.layers, strict=True):
+        norms += [(block.ln_1, layer.input_layernorm), (block.ln_2, layer.post_attention_layernorm
+                                                        if block.ln_attn_post is None else
+                                                        layer.pre_feedforward_layernorm)]
+        if block.ln_attn_post is not None:
+            norms += [(block.ln_attn_post, layer.post_attention_layernorm),
+                      (block.ln_mlp_post, layer.post_feedforward_layernorm)]
+    for mine, theirs in norms:
+        assert torch.equal(mine(x), theirs(x)), theirs
+    heads = x[..., :ours.config.head_size]  # (B, T, hs): the QK-norm's input is one head's
+    for block, layer in zip(ours.blocks, hf.model.layers, strict=True):
+        if block.attn.q_norm is not None:  # Gemma 3
+            assert torch.equal(block.attn.q_norm(heads), layer.self_attn.q_norm(heads))
+            assert torch.equal(block.attn.k_norm(heads), layer.self_attn.k_norm(heads))
+    real = mask.bool()
+    logits, expected = trace.get("logits").float(), out.logits.float()  # (B, P, V)
+    assert (logits - expected)[real].abs().max() < 0.05 * expected[real].abs().max()
