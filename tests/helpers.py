@@ -273,7 +273,9 @@ def serving(app: Any, **config: Any) -> Iterator[int]:
 def modern_switches(n_layer: int = 2) -> Any:
     """Hypothesis strategy: GPTConfig overrides over the modern-family switches (RoPE with
     partial rotary and scaling, RMSNorm, SwiGLU, head_dim, QK-norm, attention biases,
-    parallel residual, sliding windows, Gemma 2's soft caps of scores and logits), valid for
+    parallel residual, sliding windows, Gemma's (1 + w) norm, GeGLU, scaled embeddings and
+    sandwich norms, Gemma 3's RoPE base of its windowed layers, Gemma 2's soft caps of scores
+    and logits), valid for
     a model with 4 query heads (head size 4 or 8). The property tests of model, attention,
     cache, trace and generation draw from it so every invariant runs over every switch."""
     from hypothesis import strategies as st
@@ -292,8 +294,9 @@ def modern_switches(n_layer: int = 2) -> Any:
         pos = draw(st.sampled_from(["learned", "rope", "none"]))
         switches: dict[str, Any] = {
             "pos": pos,
-            "norm": draw(st.sampled_from(["layernorm", "rmsnorm", "none"])),
-            "mlp": draw(st.sampled_from(["gelu", "swiglu", "none"])),
+            "norm": draw(st.sampled_from(["layernorm", "rmsnorm", "gemma_rmsnorm", "none"])),
+            "mlp": draw(st.sampled_from(["gelu", "swiglu", "geglu", "none"])),
+            "scale_embeddings": draw(st.booleans()),
             "head_dim": draw(st.sampled_from([None, 8])),
             "d_ff": draw(st.sampled_from([None, 24])),
             "qk_norm": draw(st.booleans()),
@@ -309,12 +312,16 @@ def modern_switches(n_layer: int = 2) -> Any:
             switches["rotary_pct"] = draw(st.sampled_from([1.0, 0.5]))
             switches["rope_theta"] = draw(st.sampled_from([10000.0, 500.0]))
             switches["rope_scaling"] = draw(st.sampled_from(scalings))
+        # sandwich norms need the sequential residual
+        switches["sandwich_norm"] = not switches["parallel_residual"] and draw(st.booleans())
         window = draw(st.sampled_from([None, 2, 3]))
         if window is not None:
             switches["sliding_window"] = window
             switches["window_layers"] = draw(
                 st.sampled_from([None, [0], list(range(1, n_layer))])
             )
+            if pos == "rope":  # the windowed layers' own RoPE base (Gemma 3)
+                switches["local_rope_theta"] = draw(st.sampled_from([None, 100.0]))
         return switches
 
     return draw()

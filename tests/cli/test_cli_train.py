@@ -280,6 +280,41 @@ def test_arch_llama_trains_a_modern_model_that_every_command_takes(
     assert "choose one" in capsys.readouterr().err
 
 
+def test_arch_gemma3_trains_a_model_that_resumes_and_exports_as_gemma3(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """--arch gemma3: Gemma 3's blocks (sandwich norms, (1 + w) QK-norm, GeGLU, scaled
+    embeddings); the run resumes under the same --arch, refuses another, and `attnlab export`
+    writes a Gemma3ForCausalLM directory that attnlab reads back with the same logits."""
+    import torch
+
+    from attnlab.hf import load_hf
+
+    pytest.importorskip("matplotlib")
+    text = tmp_path / "text.txt"
+    text.write_text("to be or not to be, that is the question\n" * 40)
+    small = ("--data", str(text), "--n_layer", "2", "--n_embd", "32", "--block_size", "24",
+             "--max_iters", "6", "--eval_interval", "3", "--eval_iters", "1")
+    assert cli_train(tmp_path, *small, "--arch", "gemma3") == 0, capsys.readouterr().err
+    ckpt_dir = tmp_path / "run" / "ckpt"
+    model = load_checkpoint(ckpt_dir).model
+    c = model.config
+    assert (c.norm, c.mlp, c.sandwich_norm, c.qk_norm, c.scale_embeddings) == (
+        "gemma_rmsnorm", "geglu", True, True, True)
+    assert cli_train(tmp_path, *small, "--arch", "gemma3", "--max_iters", "8", "--resume") == 0
+    assert cli_train(tmp_path, *small, "--arch", "llama", "--max_iters", "9", "--resume") == 1
+    assert "--arch gemma3 -> llama" in capsys.readouterr().err
+    out = tmp_path / "hf"
+    assert main(["export", str(ckpt_dir), str(out)]) == 0, capsys.readouterr().err
+    assert json.loads((out / "config.json").read_text())["architectures"] == [
+        "Gemma3ForCausalLM"]
+    model = load_checkpoint(ckpt_dir).model
+    ids = torch.tensor([[3, 1, 4, 1, 5, 9, 2, 6]])
+    with torch.no_grad():
+        torch.testing.assert_close(load_hf(out)(ids).logits, model(ids).logits, atol=1e-5,
+                                   rtol=0)
+
+
 def test_help_says_what_each_flag_does_and_misspelt_flags_get_a_suggestion(
     capsys: pytest.CaptureFixture[str],
 ) -> None:

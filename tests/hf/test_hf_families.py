@@ -14,6 +14,7 @@ exercised too.
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
@@ -268,7 +269,6 @@ def test_a_mistral_without_a_window_exports_as_mistral_when_asked(tmp_path: Path
     """Mistral v0.2+ has sliding_window null: the same computation as Llama, which is what
     save_hf picks by default; family="mistral" (the loaded directory's meta) keeps the
     family. It was refused ("needs sliding_window set")."""
-    import json
 
     from attnlab.hf import family_of
 
@@ -295,7 +295,6 @@ def test_gemma3_reads_the_older_rope_and_window_spelling(tmp_path: Path) -> None
     """Hub Gemma 3 configs written before transformers 5 spell RoPE as rope_theta,
     rope_local_base_freq and rope_scaling, and the layers as sliding_window_pattern (every
     Nth full) with no layer_types: the same model as transformers 5's spelling."""
-    import json
 
     hf = hf_model("gemma3-local-rope")
     hf.save_pretrained(tmp_path / "new")
@@ -320,7 +319,6 @@ def test_gemma3_reads_the_older_rope_and_window_spelling(tmp_path: Path) -> None
 ])
 def test_gemma3_refuses_what_it_cannot_compute(tmp_path: Path, field: str, value: Any,
                                                why: str) -> None:
-    import json
 
     hf_model("gemma3-full-untied").save_pretrained(tmp_path)
     path = tmp_path / "config.json"
@@ -332,7 +330,6 @@ def test_gemma3_refuses_what_it_cannot_compute(tmp_path: Path, field: str, value
 def test_gemma2_caps_default_to_transformers_when_absent(tmp_path: Path) -> None:
     """Gemma2Config caps scores at 50 and logits at 30 when config.json has no such field;
     a null is no cap (the uncapped case above)."""
-    import json
 
     hf_model("gemma2-uncapped-untied").save_pretrained(tmp_path)
     path = tmp_path / "config.json"
@@ -343,3 +340,72 @@ def test_gemma2_caps_default_to_transformers_when_absent(tmp_path: Path) -> None
     config = load_hf(tmp_path).config
     assert (config.attn_logit_softcapping, config.final_logit_softcapping) == (50.0, 30.0)
     assert transformers.AutoConfig.from_pretrained(tmp_path).attn_logit_softcapping == 50.0
+
+
+
+@pytest.mark.parametrize("case", ["gemma-mqa", "gemma3-local-rope", "gemma2-caps-window"])
+@torch.no_grad()
+def test_bfloat16_embeddings_and_norms_round_as_transformers(case: str, tmp_path: Path) -> None:
+    """In bfloat16 the scaled embeddings are bit-equal to transformers' (the factor
+    sqrt(hidden_size) rounded to bfloat16 before it multiplies: 5.65625 for 32, not
+    5.6568...), and so is every (1 + w) norm on the same input (float32 inside, one cast at
+    the end); the logits stay within bfloat16's reach of transformers' bfloat16 logits."""
+    from attnlab import Trace
+
+    hf_model(case).save_pretrained(tmp_path)
+    ours = load_hf(tmp_path, dtype=torch.bfloat16)
+    hf = transformers.AutoModelForCausalLM.from_pretrained(
+        tmp_path, dtype=torch.bfloat16, attn_implementation="eager").eval()
+    ids, mask = left_padded([5, 17, 11], vocab=ours.config.vocab_size, low=1, seed=1)
+    positions = (mask.cumsum(-1) - 1).clamp(min=0)  # (B, P): the real positions
+    out = hf(ids, attention_mask=mask, position_ids=positions, output_hidden_states=True)
+    trace = Trace(names=["emb", "logits"])
+    ours(ids, attention_mask=mask, trace=trace)
+    assert trace.get("emb").dtype == torch.bfloat16
+    assert torch.equal(trace.get("emb"), out.hidden_states[0])
+    x = 3 * torch.randn(2, 7, ours.config.n_embd, generator=torch.Generator().manual_seed(0))
+    x = x.bfloat16()  # (B, T, C)
+    norms = [(ours.ln_f, hf.model.norm)]
+    for block, layer in zip(ours.blocks, hf.model.layers, strict=True):
+        norms += [(block.ln_1, layer.input_layernorm), (block.ln_2, layer.post_attention_layernorm
+                                                        if block.ln_attn_post is None else
+                                                        layer.pre_feedforward_layernorm)]
+        if block.ln_attn_post is not None:
+            norms += [(block.ln_attn_post, layer.post_attention_layernorm),
+                      (block.ln_mlp_post, layer.post_feedforward_layernorm)]
+    for mine, theirs in norms:
+        assert torch.equal(mine(x), theirs(x)), theirs
+    heads = x[..., :ours.config.head_size]  # (B, T, hs): the QK-norm's input is one head's
+    for block, layer in zip(ours.blocks, hf.model.layers, strict=True):
+        if block.attn.q_norm is not None:  # Gemma 3
+            assert torch.equal(block.attn.q_norm(heads), layer.self_attn.q_norm(heads))
+            assert torch.equal(block.attn.k_norm(heads), layer.self_attn.k_norm(heads))
+    real = mask.bool()
+    logits, expected = trace.get("logits").float(), out.logits.float()  # (B, P, V)
+    assert (logits - expected)[real].abs().max() < 0.05 * expected[real].abs().max()
+
+
+@pytest.mark.parametrize("case", ["gemma-mqa", "gemma3-local-rope", "gemma2-caps-window"])
+def test_info_on_a_gemma_directory(case: str, tmp_path: Path,
+                                   capsys: pytest.CaptureFixture[str]) -> None:
+    """`attnlab info` on a Gemma directory, from its config.json and headers alone: the
+    family, transformers' parameter count (sandwich norms and QK-norms included, the tied head
+    once) and the switches that make it Gemma."""
+    from attnlab.cli import main
+
+    hf = hf_model(case)
+    hf.save_pretrained(tmp_path)
+    assert main(["info", str(tmp_path), "--json"]) == 0
+    info = json.loads(capsys.readouterr().out)
+    assert (info["family"], info["architecture"]) == ({"Gemma": "gemma", "Gemma2": "gemma2",
+                                                       "Gemma3Text": "gemma3"}[CASES[case][0]],
+                                                      type(hf).__name__)
+    assert info["parameters"] == hf.num_parameters()
+    config = info["config"]
+    assert (config["norm"], config["mlp"], config["scale_embeddings"]) == (
+        "gemma_rmsnorm", "geglu", True)
+    assert config["sandwich_norm"] == (case != "gemma-mqa")
+    assert main(["info", str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    assert f"family      {type(hf).__name__} (Hugging Face {info['family']} directory)" in out
+    assert f"{hf.num_parameters():,} parameters" in out

@@ -172,6 +172,12 @@ REFUSED: list[tuple[str, Any, str]] = [
      "gpt_neox, gemma, gemma2, gemma3_text (GPT2LMHeadModel, LlamaForCausalLM, "
      "MistralForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM, GPTNeoXForCausalLM, "
      "GemmaForCausalLM, Gemma2ForCausalLM, Gemma3ForCausalLM)"),
+    ("multimodal gemma3", lambda: {"model_type": "gemma3", "architectures": [
+        "Gemma3ForConditionalGeneration"], "text_config": {"model_type": "gemma3_text"}},
+     "config.json has model_type='gemma3': that is the multimodal "
+     "Gemma3ForConditionalGeneration (a vision tower and a language model: gemma-3-4b and "
+     "larger); attnlab reads the text-only Gemma3ForCausalLM (model_type 'gemma3_text': "
+     "gemma-3-270m, gemma-3-1b)"),
     ("architecture", lambda: {**hf_dict("Llama", **SMALL),
                               "architectures": ["LlamaForSequenceClassification"]},
      "llama config.json has architectures=['LlamaForSequenceClassification']: attnlab builds "

@@ -253,10 +253,13 @@ def test_a_float64_models_lens_probabilities_stay_float64() -> None:
 @pytest.mark.parametrize("overrides", [
     {}, {"pos": "rope", "norm": "rmsnorm", "mlp": "swiglu", "n_kv_head": 1},
     {"parallel_residual": True}, {"mlp": "none"}, {"attn_out_proj": False},
+    {"norm": "gemma_rmsnorm", "mlp": "geglu", "pos": "rope", "sandwich_norm": True},
+    {"norm": "gemma_rmsnorm", "mlp": "none", "pos": "rope", "sandwich_norm": True},
 ])
 def test_residual_parts_sum_to_the_residual_stream(overrides: dict) -> None:
     """decompose_resid: the parts of the stream entering each block, and after the last,
-    sum to the traced stream there; their labels name what wrote them."""
+    sum to the traced stream there; their labels name what wrote them. With sandwich norms
+    (Gemma 2 / 3) a block's parts are its branches after their post-norms."""
     model = _model(**overrides)
     idx, mask = left_padded([6, 4], seed=1)
     trace = Trace(names=["emb", "resid_pre", "block_out"]).run(model, idx, mask)
@@ -274,8 +277,10 @@ def test_residual_parts_sum_to_the_residual_stream(overrides: dict) -> None:
     labels, parts = residual_parts(model, idx, mask, edits=edit)
     if c.attn_out_proj:
         bias = model.blocks[0].attn.out_proj.bias
+        alone = torch.zeros_like(parts[0]) + (0 if bias is None else bias)  # (B, T, C)
+        post = model.blocks[0].ln_attn_post
         torch.testing.assert_close(parts[labels.index("0 attn")],
-                                   torch.zeros_like(parts[0]) + (0 if bias is None else bias))
+                                   alone if post is None else post(alone))
     with pytest.raises(ValueError, match="layer=3: the residual stream enters blocks 0 to 1"):
         residual_parts(model, idx, layer=3)
     with pytest.raises(ValueError, match="only with residual connections"):
@@ -294,14 +299,12 @@ def test_the_output_projections_bias_is_its_own_term_of_the_logit() -> None:
     torch.testing.assert_close(parts.total(), parts.logit, atol=1e-4, rtol=1e-5)
 
 
-def test_decompositions_refuse_sandwich_norms() -> None:
-    """A Gemma 3 block norms its attention's and MLP's outputs before adding them, so the
-    heads' terms would not sum to the logit: both decompositions say so, not a wrong split."""
-    from attnlab.interp.lens import residual_parts
-
+def test_logit_attribution_refuses_sandwich_norms() -> None:
+    """A Gemma 3 block norms its attention's output before adding it, so the heads' terms
+    would not sum to the logit: the attribution says so, not a wrong split (residual_parts,
+    whole branches, works: test_residual_parts_sum_to_the_residual_stream)."""
     model = _model(norm="gemma_rmsnorm", mlp="geglu", pos="rope", sandwich_norm=True)
     idx = torch.randint(0, 65, (1, 5), generator=torch.Generator().manual_seed(0))
-    with pytest.raises(ValueError, match=r"direct logit attribution .*sandwich_norm"):
+    with pytest.raises(ValueError, match=r"direct logit attribution .*sandwich_norm.*"
+                                         r"use residual_parts"):
         logit_attribution(model, idx, 3)
-    with pytest.raises(ValueError, match=r"the residual parts .*sandwich_norm"):
-        residual_parts(model, idx)

@@ -258,6 +258,8 @@ def test_decode_step_equals_forward(
     of a `half_weights` model (fbgemm builds only)."""
     if not flags["attn_out_proj"]:
         switches.pop("head_dim")  # without out_proj, the heads' width is the stream's
+    # sandwich norms go before a residual add
+    switches["sandwich_norm"] = bool(switches.get("sandwich_norm")) and flags["residual"]
     model = _model("nano", n_head=4, **flags, **switches)
     if not laid_out:
         make_row_major(model)  # DecodeStep copies

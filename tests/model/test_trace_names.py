@@ -64,10 +64,13 @@ def test_traced_values_recompute_the_block() -> None:
     torch.testing.assert_close(out, model.lm_head(get("block_out", 0)))
 
 
-@pytest.mark.parametrize("overrides", [{}, {"pos": "rope", "head_dim": 6, "rotary_pct": 0.34}])
+@pytest.mark.parametrize("overrides", [{}, {"pos": "rope", "head_dim": 6, "rotary_pct": 0.34},
+                                       {"pos": "rope", "norm": "gemma_rmsnorm",
+                                        "sandwich_norm": True}])
 def test_shapes_with_grouped_heads_and_a_kv_cache(overrides: dict) -> None:
     """Learned positions record pos_emb; rotary ones record q and k before rotation instead
-    (here partial rotary: 2 of 6 dims, head_dim 6 with n_embd 16)."""
+    (here partial rotary: 2 of 6 dims, head_dim 6 with n_embd 16); sandwich norms record
+    each branch's output after its post-norm too."""
     model = _model("nano", n_head=4, n_kv_head=2, **overrides)
     c, B = model.config, 2
     nh, nkv, hs, C = c.n_head, c.n_kv_heads, c.head_size, c.n_embd
@@ -93,6 +96,10 @@ def test_shapes_with_grouped_heads_and_a_kv_cache(overrides: dict) -> None:
     else:
         shapes |= {"pos_emb": (B, T, C)}
         not_recorded = {"q_pre_rope", "k_pre_rope"}
+    if c.sandwich_norm:
+        shapes |= {"attn_out_normed": (B, T, C), "mlp_out_normed": (B, T, C)}
+    else:
+        not_recorded |= {"attn_out_normed", "mlp_out_normed"}
     assert set(shapes) == set(NAMES) - {"attn_weights_dropped"} - not_recorded  # eval
     for name, shape in shapes.items():
         layers = [None] if name in MODEL_NAMES else range(c.n_layer)
@@ -108,7 +115,8 @@ def test_shapes_with_grouped_heads_and_a_kv_cache(overrides: dict) -> None:
             q0, k0 = trace.get("q_pre_rope", layer), trace.get("k_pre_rope", layer)
             torch.testing.assert_close(trace.get("q", layer), apply_rotary(q0, cos, sin))
             torch.testing.assert_close(trace.get("k", layer)[:, :, 5:], apply_rotary(k0, cos, sin))
-            assert torch.equal(trace.get("q", layer)[..., 2:], q0[..., 2:])
+            if c.rotary_pct < 1:  # 2 of 6 dims rotate
+                assert torch.equal(trace.get("q", layer)[..., 2:], q0[..., 2:])
             assert not torch.allclose(trace.get("q", layer)[..., :2], q0[..., :2])
 
 
@@ -216,7 +224,8 @@ def test_the_block_names_add_up_and_absent_names_are_the_unrecorded_ones(
     switch; the names a model records are exactly those `absent_names` leaves."""
     head_dim = None if out_proj else 4  # without out_proj the heads must fill n_embd (16)
     model = _model("nano", n_head=4, **{**switches, "head_dim": head_dim, "residual": residual,
-                                        "attn_out_proj": out_proj})
+                                        "attn_out_proj": out_proj,
+                                        "sandwich_norm": switches["sandwich_norm"] and residual})
     c = model.config
     trace = Trace()
     model(_ids(model, 2, 6), trace=trace)
@@ -234,10 +243,18 @@ def test_the_block_names_add_up_and_absent_names_are_the_unrecorded_ones(
 @pytest.mark.parametrize("overrides", [
     {}, {"mlp": "swiglu", "norm": "rmsnorm", "pos": "rope", "bias": False},
     {"parallel_residual": True}, {"residual": False}, {"gelu": "exact", "n_kv_head": 1},
+    {"norm": "gemma_rmsnorm", "mlp": "geglu", "pos": "rope", "sandwich_norm": True},
 ])
 def test_resid_mid_and_the_mlp_names_are_what_the_block_computes(overrides: dict) -> None:
+    """Each block name recomputed from its neighbours; with sandwich norms (Gemma 2 / 3) the
+    branches' outputs through their post-norms are what the residual adds."""
     model = _model("nano", **overrides)
     c = model.config
+    if c.sandwich_norm:  # Gemma's norms start as the identity scale: give them values to map
+        with torch.no_grad():
+            for p in model.parameters():
+                if p.dim() == 1:
+                    p.normal_(0.0, 0.5)
     trace = Trace()
     model(_ids(model, 2, 6), trace=trace)
     for layer, block in enumerate(model.blocks):
@@ -248,23 +265,49 @@ def test_resid_mid_and_the_mlp_names_are_what_the_block_computes(overrides: dict
             assert (layer, "resid_mid") not in trace
         else:
             attn = get("attn_out")
+            if block.ln_attn_post is not None:
+                torch.testing.assert_close(get("attn_out_normed"), block.ln_attn_post(attn))
+                attn = get("attn_out_normed")
             torch.testing.assert_close(get("resid_mid"),
                                        get("resid_pre") + attn if c.residual else attn)
             mlp_in = get("resid_mid")
         x = block.ln_2(mlp_in)  # (B, T, C)
-        if c.mlp == "swiglu":
-            assert block.mlp.gate is not None
+        if block.mlp.gate is not None:  # SwiGLU, GeGLU
             pre = block.mlp.gate(x)  # (B, T, d_ff)
-            hidden = F.silu(pre) * block.mlp.fc(x)
+            act = F.silu if c.mlp == "swiglu" else functools.partial(
+                F.gelu, approximate=GELUS[c.gelu])
+            hidden = act(pre) * block.mlp.fc(x)
         else:
             pre = block.mlp.fc(x)  # (B, T, d_ff)
             hidden = F.gelu(pre, approximate=GELUS[c.gelu])
         torch.testing.assert_close(get("mlp_pre"), pre)
         torch.testing.assert_close(get("mlp_hidden"), hidden)
         torch.testing.assert_close(get("mlp_out"), block.mlp.proj(get("mlp_hidden")))
+        mlp = get("mlp_out")
+        if block.ln_mlp_post is not None:
+            torch.testing.assert_close(get("mlp_out_normed"), block.ln_mlp_post(mlp))
+            mlp = get("mlp_out_normed")
+            assert not torch.allclose(mlp, get("mlp_out"))  # the norm did something
         if not c.parallel_residual:
-            out = get("resid_mid") + get("mlp_out") if c.residual else get("mlp_out")
+            out = get("resid_mid") + mlp if c.residual else mlp
             torch.testing.assert_close(get("block_out"), out)
+
+
+def test_an_edit_of_a_post_norm_output_is_what_the_residual_adds() -> None:
+    """Zeroing attn_out_normed / mlp_out_normed (sandwich norms) removes that branch from
+    the stream: resid_mid is then resid_pre, block_out resid_mid."""
+    from attnlab.interp.edits import Edit
+
+    model = _model("nano", norm="gemma_rmsnorm", mlp="geglu", pos="rope", sandwich_norm=True)
+    ids = _ids(model, 2, 5)
+    plain = model(ids).logits  # (B, T, V)
+    for name, before, after in (("attn_out_normed", "resid_pre", "resid_mid"),
+                                ("mlp_out_normed", "resid_mid", "block_out")):
+        zero = Edit(name, 1, lambda value, first: torch.zeros_like(value))
+        trace = Trace(layers=[1], names=[before, after])
+        edited = model(ids, trace=trace, edits=zero).logits
+        torch.testing.assert_close(trace.get(after, 1), trace.get(before, 1), atol=0, rtol=0)
+        assert not torch.allclose(edited, plain)
 
 
 def test_the_fused_gelu_is_taken_apart_only_where_mlp_pre_may_be_seen(

@@ -267,3 +267,49 @@ def test_pieces_a_word_level_vocabulary_cannot_encode_are_one_clear_error() -> N
     with pytest.raises(ValueError, match=r"cannot encode 'the cat': .*; use only text its "
                        "vocabulary covers"):
         tok.encode_pieces(["the fox", "the cat"])
+
+
+def _gemma_style_dir(directory: Path) -> Path:
+    """A tokenizer directory shaped as Gemma's (1, 2 and 3): BPE with byte fallback, spaces
+    replaced by "▁" in a normalizer (no pre-tokenizer, no space prepended), <bos> prepended
+    by the post-processor and by tokenizer_config.json's add_bos_token."""
+    tk = pytest.importorskip("tokenizers")
+    specials = ["<pad>", "<eos>", "<bos>", "<unk>"]
+    vocab = {**{s: i for i, s in enumerate(specials)},
+             **{f"<0x{b:02X}>": 4 + b for b in range(256)}}
+    for piece in ["▁", "h", "e", "l", "o", "w", "r", "d", "he", "ll", "hell", "hello", "▁w",
+                  "▁wo", "▁wor", "▁worl", "▁world"]:
+        vocab[piece] = len(vocab)
+    merges = [("h", "e"), ("l", "l"), ("he", "ll"), ("hell", "o"), ("▁", "w"), ("▁w", "o"),
+              ("▁wo", "r"), ("▁wor", "l"), ("▁worl", "d")]
+    backend = tk.Tokenizer(tk.models.BPE(vocab, merges, unk_token="<unk>", byte_fallback=True,
+                                         fuse_unk=True))
+    backend.normalizer = tk.normalizers.Replace(" ", "▁")
+    backend.decoder = tk.decoders.Sequence([tk.decoders.Replace("▁", " "),
+                                            tk.decoders.ByteFallback(), tk.decoders.Fuse()])
+    backend.add_special_tokens(specials)
+    backend.post_processor = tk.processors.TemplateProcessing(
+        single="<bos> $A", special_tokens=[("<bos>", 2)])
+    backend.save(str(directory / "tokenizer.json"))
+    (directory / "tokenizer_config.json").write_text(json.dumps(
+        {"bos_token": "<bos>", "eos_token": "<eos>", "pad_token": "<pad>",
+         "unk_token": "<unk>", "add_bos_token": True, "add_eos_token": False}))
+    return directory
+
+
+@pytest.mark.parametrize("text", ["hello world", " hello  world ", "héllo 日本 world😀", "\n"])
+def test_a_gemma_style_tokenizer_encodes_as_transformers_and_round_trips(
+    tmp_path: Path, text: str
+) -> None:
+    """Gemma's tokenizer.json (no space prepended, leading and doubled spaces kept as "▁",
+    every other character as <0xNN> bytes): encode gives transformers' ids, <bos> once, and
+    decode gives the text back."""
+    transformers = pytest.importorskip("transformers")
+    directory = _gemma_style_dir(tmp_path)
+    tok = load_hf_tokenizer(directory)
+    theirs = transformers.PreTrainedTokenizerFast(tokenizer_file=str(directory /
+                                                                     "tokenizer.json"))
+    ids = tok.encode(text)
+    assert ids == theirs(text)["input_ids"]
+    assert ids[0] == 2 and ids.count(2) == 1  # <bos>, once
+    assert tok.decode(ids[1:]) == text

@@ -22,7 +22,7 @@ from attnlab.model.gpt import GPT, GPTConfig, count_params
 from attnlab.model.runtime import SlowBF16Warning
 from attnlab.train.data import SentenceDataset, TaskDataset, TextDataset, load_dataset
 from attnlab.train.loop import TrainConfig, make_optimizer, train
-from attnlab.train.recipes import answer_accuracy, recipe, seed_experiment
+from attnlab.train.recipes import answer_accuracy, arch_of, recipe, seed_experiment
 
 
 def _losses(history: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -341,9 +341,10 @@ def test_attention_path_for_training() -> None:
 
 
 @pytest.mark.parametrize("data", ["copy", "shakespeare"])
-def test_llama_recipe_matches_the_gpt2_recipe_in_parameters(data: str) -> None:
+def test_llama_and_gemma3_recipes_match_the_gpt2_recipe_in_parameters(data: str) -> None:
     """--arch llama keeps the shape and schedule and picks d_ff for the same parameter count
-    (within 0.5%): RoPE + RMSNorm + SwiGLU, no biases, no position table."""
+    (within 0.5%): RoPE + RMSNorm + SwiGLU, no biases, no position table; --arch gemma3
+    likewise with Gemma 3's blocks."""
     if data == "shakespeare":
         text = Path(__file__).parents[2] / ".." / "shared" / "data" / "tinyshakespeare.txt"
         if not text.is_file():
@@ -357,6 +358,16 @@ def test_llama_recipe_matches_the_gpt2_recipe_in_parameters(data: str) -> None:
     assert (llama.pos, llama.norm, llama.mlp, llama.bias) == ("rope", "rmsnorm", "swiglu", False)
     assert (llama.n_layer, llama.n_head, llama.n_embd) == (gpt2.n_layer, gpt2.n_head, gpt2.n_embd)
     assert abs(count_params(llama) / count_params(gpt2) - 1) < 0.005
+    # --arch gemma3 likewise, with Gemma 3's blocks (sandwich norms, QK-norm, GeGLU)
+    gemma3, gemma3_train = recipe(dataset, "gemma3")
+    assert gemma3_train == gpt2_train
+    assert (gemma3.pos, gemma3.norm, gemma3.mlp, gemma3.bias, gemma3.sandwich_norm,
+            gemma3.qk_norm, gemma3.scale_embeddings) == ("rope", "gemma_rmsnorm", "geglu",
+                                                         False, True, True, True)
+    assert (gemma3.n_layer, gemma3.n_head, gemma3.n_embd) == (gpt2.n_layer, gpt2.n_head,
+                                                              gpt2.n_embd)
+    assert abs(count_params(gemma3) / count_params(gpt2) - 1) < 0.005
+    assert [arch_of(c) for c in (gpt2, llama, gemma3)] == ["gpt2", "llama", "gemma3"]
     with pytest.raises(ValueError, match="arch='mamba' must be one of"):
         recipe(dataset, "mamba")
 

@@ -63,8 +63,9 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
         "--arch",
         choices=ARCHS,
         help="block style of the recipe's model: gpt2 (learned positions, LayerNorm, GELU, "
-        "biases; default) or llama (RoPE, RMSNorm, SwiGLU, no biases) at the same parameter "
-        "count",
+        "biases; default), llama (RoPE, RMSNorm, SwiGLU, no biases) or gemma3 (RoPE, "
+        "Gemma's RMSNorm before and after each branch and on q and k, GeGLU, scaled "
+        "embeddings, no biases) at the same parameter count",
     )
     parser.add_argument(
         "--preset",

@@ -54,6 +54,7 @@ from .files import (
 from .gemma import GEMMA
 from .gemma2 import GEMMA2
 from .gemma3 import GEMMA3
+from .gemma3 import NEAR_MISSES as GEMMA3_NEAR_MISSES
 from .gpt2 import GPT2
 from .gpt_neox import GPT_NEOX
 from .llama import LLAMA, MISTRAL
@@ -94,6 +95,9 @@ def family_of(hf_config: Mapping[str, Any]) -> Family:
     """The family of a Hugging Face config dict, by model_type (architectures must agree)."""
     model_type = hf_config.get("model_type")
     by_type = {f.model_type: f for f in FAMILIES}
+    if model_type in GEMMA3_NEAR_MISSES:
+        raise ValueError(f"config.json has model_type={model_type!r}: "
+                         f"{GEMMA3_NEAR_MISSES[model_type]}")
     if not isinstance(model_type, str) or model_type not in by_type:
         raise ValueError(
             f"config.json has model_type={model_type!r}; attnlab imports "

@@ -38,6 +38,12 @@ WEIGHTS = WeightMap(
 # transformers 5 saves its private _sliding_window_pattern beside layer_types, which decide
 # (reloading, it reads sliding_window_pattern only)
 IRRELEVANT = frozenset({"cache_implementation", "_sliding_window_pattern"})
+#: model_types beside this family's that attnlab does not read, and what to read instead
+NEAR_MISSES = {
+    "gemma3": "that is the multimodal Gemma3ForConditionalGeneration (a vision tower and a "
+              "language model: gemma-3-4b and larger); attnlab reads the text-only "
+              "Gemma3ForCausalLM (model_type 'gemma3_text': gemma-3-270m, gemma-3-1b)",
+}
 
 
 def layer_types(f: Fields, n_layer: int, pattern: int | None = None) -> list[str]:

@@ -91,12 +91,13 @@ def residual_parts(model: Any, ids: Tensor, attention_mask: Tensor | None = None
     (labels, parts (n, B, T, C)) whose sum over n is that stream. The parts: "tok_emb",
     "pos_emb" (learned positions only), then each earlier block's "i attn" (its attention
     output, the output projection's bias included; the heads concatenated without one) and
-    "i mlp" (its MLP's output, where it has one). edits: of the model so edited."""
+    "i mlp" (its MLP's output, where it has one); with sandwich norms (Gemma 2 / 3) each
+    branch's output after its post-norm, which is what the stream adds. edits: of the model
+    so edited."""
     c = model.config
     if not c.residual:
         raise ValueError("the residual stream is a sum of parts only with residual "
                          "connections (config.residual)")
-    _check_linear(c, "the residual parts")
     require_eval(model, "the residual parts")
     end = c.n_layer if layer is None else layer
     if not 0 <= end <= c.n_layer:
@@ -104,8 +105,11 @@ def residual_parts(model: Any, ids: Tensor, attention_mask: Tensor | None = None
                          f"{c.n_layer - 1} (None: after the last)")
     absent = absent_names(c)
     attn = "context" if "attn_out" in absent else "attn_out"
+    mlp = "mlp_out"
+    if c.sandwich_norm:  # the post-norms' outputs are what the stream adds
+        attn, mlp = "attn_out_normed", "mlp_out_normed"
     names = [n for n in ("tok_emb", "pos_emb") if n not in absent]
-    kept = [*names, attn, "mlp_out"] if end else names  # mlp_out may be absent: skipped
+    kept = [*names, attn, mlp] if end else names  # the MLP's may be absent: skipped
     trace = Trace(layers=range(end) if end else None, names=kept)
     trace.run(model, ids, attention_mask, edits=edits)
     labels, parts = list(names), [trace.get(n) for n in names]  # (B, T, C) each
@@ -113,10 +117,10 @@ def residual_parts(model: Any, ids: Tensor, attention_mask: Tensor | None = None
         out = trace.get(attn, i)  # (B, T, C), or (B, nh, T, hs) heads
         labels.append(f"{i} attn")
         # (B, T, C), or heads (B, nh, T, hs) -> (B, T, nh*hs) side by side
-        parts.append(out if attn == "attn_out" else out.transpose(1, 2).flatten(2))
-        if (i, "mlp_out") in trace:
+        parts.append(out if attn != "context" else out.transpose(1, 2).flatten(2))
+        if (i, mlp) in trace:
             labels.append(f"{i} mlp")
-            parts.append(trace.get("mlp_out", i))
+            parts.append(trace.get(mlp, i))
     return labels, torch.stack(parts)  # (n, B, T, C)
 
 
@@ -127,7 +131,8 @@ def _check_linear(config: Any, what: str) -> None:
         raise ValueError(f"{what} splits each block's addition to the residual stream into its "
                          "heads and MLP, but this model norms each branch's output before "
                          "adding it (sandwich_norm, Gemma 2 / 3): that norm is not linear, so "
-                         "the parts would not sum; use the logit lens or patching instead")
+                         "the heads' terms would not sum; use residual_parts (whole "
+                         "branches), the logit lens or patching instead")
 
 
 def _read(model: Any, x: Tensor) -> Tensor:

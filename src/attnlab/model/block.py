@@ -65,6 +65,8 @@ class Block(nn.Module):
             return m + a + x if self.residual else m + a  # (B, T, C)
         if self.ln_attn_post is not None:
             a = self.ln_attn_post(a)  # (B, T, C)
+            if trace is not None:
+                a = trace.record("attn_out_normed", a)
         x = x + a if self.residual else a
         if self.mlp is not None and self.ln_2 is not None:
             if trace is not None:
@@ -74,5 +76,7 @@ class Block(nn.Module):
                 m = trace.record("mlp_out", m)
             if self.ln_mlp_post is not None:
                 m = self.ln_mlp_post(m)  # (B, T, C)
+                if trace is not None:
+                    m = trace.record("mlp_out_normed", m)
             x = x + m if self.residual else m
         return x

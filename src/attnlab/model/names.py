@@ -42,7 +42,11 @@ NAMES: dict[str, str] = {
                      "none in cross-attention)",
     "attn_max": "(B, nh, T) each query's largest weight",
     "context": "(B, nh, T, hs) weighted values: attn_weights @ v, one slice per head",
-    "attn_out": "(B, T, C) heads concatenated and projected (absent without out_proj)",
+    "attn_out": "(B, T, C) heads concatenated and projected (absent without out_proj); with "
+                "sandwich norms, before the attention's post-norm",
+    "attn_out_normed": "(B, T, C) the attention's output through its post-norm (Gemma 2 / 3's "
+                       "post_attention_layernorm): what joins the residual (sandwich_norm "
+                       "only)",
     "resid_mid": "(B, T, C) the residual stream between attention and the MLP: the MLP's "
                  "input before its norm (absent without mlp, and with a parallel residual, "
                  "whose MLP reads resid_pre)",
@@ -51,7 +55,11 @@ NAMES: dict[str, str] = {
                "(absent without mlp)",
     "mlp_hidden": "(B, T, d_ff) the MLP's hidden activations, the input of its down "
                   "projection: gelu(fc x), or silu(gate x) * fc x (absent without mlp)",
-    "mlp_out": "(B, T, C) the MLP's output, before it joins the residual (absent without mlp)",
+    "mlp_out": "(B, T, C) the MLP's output (absent without mlp); with sandwich norms, before "
+               "the MLP's post-norm",
+    "mlp_out_normed": "(B, T, C) the MLP's output through its post-norm (Gemma 2 / 3's "
+                      "post_feedforward_layernorm): what joins the residual (sandwich_norm "
+                      "only)",
     "block_out": "(B, T, C) output of the block (the residual stream after it)",
     "logits": "(B, T, V) next-token logits ((B, 1, V) with last_logits_only), capped where "
               "the model caps them (final_logit_softcapping)",
@@ -84,9 +92,12 @@ def absent_names(config: GPTConfig) -> dict[str, str]:
             f"{config.pos!r})"
     if not config.attn_out_proj:
         absent["attn_out"] = "it has no output projection (attn_out_proj=False)"
+    if not config.sandwich_norm:
+        absent |= dict.fromkeys(("attn_out_normed", "mlp_out_normed"), "it norms no branch's "
+                                "output before its residual add (sandwich_norm=False)")
     if config.mlp == "none":
-        absent |= dict.fromkeys(("resid_mid", "mlp_pre", "mlp_hidden", "mlp_out"),
-                                "it has no MLP")
+        absent |= dict.fromkeys(("resid_mid", "mlp_pre", "mlp_hidden", "mlp_out",
+                                 "mlp_out_normed"), "it has no MLP")
     elif config.parallel_residual:
         absent["resid_mid"] = "its MLP reads resid_pre (parallel_residual=True)"
     return absent

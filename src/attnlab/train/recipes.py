@@ -1,7 +1,7 @@
 """What `attnlab train` trains when no flag says otherwise, and how a task run is scored.
 
 `recipe(dataset, arch, device)` picks the model and schedule per kind of data (`arch`:
-GPT-2-style or Llama-style blocks at the same parameter count; `device`: text on a GPU gets a
+GPT-2-, Llama- or Gemma-3-style blocks at the same parameter count; `device`: text on a GPU gets a
 GPU-sized model); `seed_experiment` is the hello-world and
 animals experiments; `answer_accuracy` is the task datasets' held-out exact-match score.
 The loop itself is `loop.py`'s.
@@ -24,7 +24,7 @@ if TYPE_CHECKING:
 
 
 #: `attnlab train --arch`: the block style of the recipe's model.
-ARCHS = ("gpt2", "llama")
+ARCHS = ("gpt2", "llama", "gemma3")
 #: The text recipe's most steps when no flag sets them (one pass over a corpus of a few
 #: million tokens); for longer runs, say how long: --time_budget
 #: (docs/train.md#train-for-a-time-budget).
@@ -40,7 +40,8 @@ def recipe(dataset: Dataset, arch: str = "gpt2", device: str = "cpu",
     shakespeare_char CPU recipe shape (4 layers, 4 heads, 128 dims, context 64); on a CUDA
     `device` ("cuda", "cuda:1"), its GPU recipe (`gpu_text_recipe`), for `processes` processes
     (torchrun's WORLD_SIZE).
-    arch "llama" keeps the shape and schedule but builds Llama-style blocks (`llama_style`).
+    arch "llama" keeps the shape and schedule but builds Llama-style blocks (`llama_style`),
+    "gemma3" Gemma-3-style ones (`gemma3_style`).
     """
     if arch not in ARCHS:
         raise ValueError(f"arch={arch!r} must be one of {list(ARCHS)}")
@@ -59,28 +60,47 @@ def recipe(dataset: Dataset, arch: str = "gpt2", device: str = "cpu",
         model, config = gpu_text_recipe(dataset.tokenizer.vocab_size, processes)
     else:
         model, config = _gpt2_recipe(dataset)
-    return (llama_style(model) if arch == "llama" else model), config
+    styles = {"llama": llama_style, "gemma3": gemma3_style}
+    return (styles[arch](model) if arch in styles else model), config
 
 
 def llama_style(config: GPTConfig) -> GPTConfig:
     """`config` with Llama's blocks: RoPE instead of a position table, RMSNorm, SwiGLU, no
     biases; d_ff chosen so the parameter count is the closest to `config`'s (SwiGLU has
     three d_ff x C matrices where GELU has two)."""
-    llama = dataclasses.replace(
+    return _same_count(config, dataclasses.replace(
         config, pos="rope", norm="rmsnorm", mlp="swiglu", bias=False, qkv_bias=None,
         out_bias=None, gelu="tanh",
-    )
+    ))
+
+
+def gemma3_style(config: GPTConfig) -> GPTConfig:
+    """`config` with Gemma 3's blocks: RoPE, Gemma's (1 + w) RMSNorm before and after each
+    branch (sandwich norms) and on queries and keys (QK-norm), GeGLU with the tanh GELU,
+    embeddings times sqrt(n_embd), no biases; d_ff chosen as `llama_style` does. Every layer
+    attends over the whole context: Gemma 3's windows (512 tokens and more, on five layers of
+    six) are longer than the recipes' contexts."""
+    return _same_count(config, dataclasses.replace(
+        config, pos="rope", norm="gemma_rmsnorm", mlp="geglu", bias=False, qkv_bias=None,
+        out_bias=None, gelu="tanh", scale_embeddings=True, sandwich_norm=True, qk_norm=True,
+    ))
+
+
+def _same_count(config: GPTConfig, styled: GPTConfig) -> GPTConfig:
+    """`styled` with the d_ff that brings its parameter count closest to `config`'s."""
     target = count_params(config)
-    one = count_params(dataclasses.replace(llama, d_ff=1))
-    per_unit = count_params(dataclasses.replace(llama, d_ff=2)) - one  # params per d_ff unit
+    one = count_params(dataclasses.replace(styled, d_ff=1))
+    per_unit = count_params(dataclasses.replace(styled, d_ff=2)) - one  # params per d_ff unit
     d_ff = max(1, round((target - one) / per_unit) + 1)
-    return dataclasses.replace(llama, d_ff=d_ff)
+    return dataclasses.replace(styled, d_ff=d_ff)
 
 
 def arch_of(config: GPTConfig) -> str:
-    """The ARCHS entry whose blocks `config` has: "llama" where `llama_style` switched them."""
-    return "llama" if (config.pos, config.norm, config.mlp) == ("rope", "rmsnorm",
-                                                               "swiglu") else "gpt2"
+    """The ARCHS entry whose blocks `config` has: "llama" or "gemma3" where `llama_style` or
+    `gemma3_style` switched them."""
+    blocks = (config.pos, config.norm, config.mlp, config.sandwich_norm)
+    return {("rope", "rmsnorm", "swiglu", False): "llama",
+            ("rope", "gemma_rmsnorm", "geglu", True): "gemma3"}.get(blocks, "gpt2")
 
 
 def _gpt2_recipe(dataset: Dataset) -> tuple[GPTConfig, TrainConfig]:
