@@ -299,12 +299,42 @@ def test_the_output_projections_bias_is_its_own_term_of_the_logit() -> None:
     torch.testing.assert_close(parts.total(), parts.logit, atol=1e-4, rtol=1e-5)
 
 
-def test_logit_attribution_refuses_sandwich_norms() -> None:
-    """A Gemma 3 block norms its attention's output before adding it, so the heads' terms
-    would not sum to the logit: the attribution says so, not a wrong split (residual_parts,
-    whole branches, works: test_residual_parts_sum_to_the_residual_stream)."""
-    model = _model(norm="gemma_rmsnorm", mlp="geglu", pos="rope", sandwich_norm=True)
-    idx = torch.randint(0, 65, (1, 5), generator=torch.Generator().manual_seed(0))
-    with pytest.raises(ValueError, match=r"direct logit attribution .*sandwich_norm.*"
-                                         r"use residual_parts"):
-        logit_attribution(model, idx, 3)
+@pytest.mark.parametrize("overrides", [
+    {"norm": "gemma_rmsnorm", "mlp": "geglu", "pos": "rope", "sandwich_norm": True},
+    {"sandwich_norm": True},  # LayerNorms with biases: the post-norm's bias is a constant
+    {"sandwich_norm": True, "attn_out_proj": False, "mlp": "none"},
+])
+def test_attribution_through_sandwich_norms(overrides: dict) -> None:
+    """A Gemma 2 / 3 block norms its attention's output before adding it: each head's term
+    goes through that post-norm with its scale frozen at the whole attention output, so the
+    terms sum to the logit, and one layer's heads and attn_bias sum to the direct term of
+    what the block adds (attn_out_normed through the final norm frozen at the final
+    residual). This was refused before."""
+    model = _model(**overrides)
+    with torch.no_grad():  # Gemma's norms start at the identity scale: make them matter
+        for name, p in model.named_parameters():
+            if name.startswith(("blocks.", "ln_f")) and ".ln_" in f".{name}":
+                p.normal_(0.0, 0.5)
+    idx = torch.randint(0, 65, (3, 7), generator=torch.Generator().manual_seed(2))
+    target = torch.tensor([5, 6, 7])
+    parts = logit_attribution(model, idx, target, -1)
+    torch.testing.assert_close(parts.total(), parts.logit, atol=1e-4, rtol=1e-5)
+    logits = model(idx).logits[:, -1]  # (3, V)
+    torch.testing.assert_close(parts.logit, logits[torch.arange(3), target], atol=1e-6, rtol=0)
+    trace = Trace(names=["attn_out_normed", "block_out"]).run(model, idx)
+    final = trace.get("block_out", 1)[:, -1]  # (3, C)
+    ln_f = model.ln_f
+    layer_norm = isinstance(ln_f, torch.nn.LayerNorm)  # else Gemma's (1 + w) RMSNorm
+    moment = final.var(-1, unbiased=False, keepdim=True) if layer_norm else final.pow(2).mean(
+        -1, keepdim=True)  # (3, 1)
+    sigma = (moment + ln_f.eps).sqrt()  # (3, 1)
+    gamma = ln_f.weight if layer_norm else 1.0 + ln_f.weight  # (C,)
+    w_u = model.lm_head.weight[target]  # (3, C)
+    for layer in range(2):
+        added = trace.get("attn_out_normed", layer)[:, -1]  # (3, C): what the block adds
+        if layer_norm:
+            added = added - added.mean(-1, keepdim=True)
+        expected = (added / sigma * gamma * w_u).sum(-1)  # (3,)
+        torch.testing.assert_close(parts.heads[:, layer].sum(1) + parts.attn_bias[:, layer],
+                                   expected, atol=1e-5, rtol=1e-5)
+        assert parts.heads[:, layer].abs().min() > 0

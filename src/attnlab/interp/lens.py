@@ -22,8 +22,11 @@ constant terms. A head's term includes its value bias (b_V reaches the head's ou
 its attention weights); `attn_bias` is the output projection's bias alone. With a logit cap
 (final_logit_softcapping) the terms split the logit before the cap, cap * tanh(logit / cap)
 being no sum of parts: `logit` is then that uncapped logit (the cap keeps its order among
-tokens). Only the *direct* path is measured: what a head does through later layers is
-patching's question (`patching.py`).
+tokens). With sandwich norms (Gemma 2 / 3) each branch is normed before the residual adds
+it: a head's output then goes through its layer's post-norm with that norm's scale frozen at
+the whole attention output, in the same way, and the terms still sum to the logit (a
+post-norm's bias joins the layer's `attn_bias`). Only the *direct* path is measured: what a
+head does through later layers is patching's question (`patching.py`).
 
 Against TransformerLens 4.3 (same directories): `heads` equals
 `cache.logit_attrs(cache.stack_head_results(pos_slice=-1), tokens, pos_slice=-1)` within 1e-6
@@ -48,6 +51,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
+from ..model.block import Block
 from ..model.gpt import check_position, per_row_ids, require_eval, unembed
 from ..model.layers import GemmaRMSNorm, RMSNorm, soft_cap
 from ..model.names import absent_names
@@ -122,17 +126,6 @@ def residual_parts(model: Any, ids: Tensor, attention_mask: Tensor | None = None
             labels.append(f"{i} mlp")
             parts.append(trace.get(mlp, i))
     return labels, torch.stack(parts)  # (n, B, T, C)
-
-
-def _check_linear(config: Any, what: str) -> None:
-    """Refuse a model whose branches are normed before their residual add (Gemma 2 / 3's
-    sandwich norms): what a block adds is then no sum of its heads' or its MLP's outputs."""
-    if config.sandwich_norm:
-        raise ValueError(f"{what} splits each block's addition to the residual stream into its "
-                         "heads and MLP, but this model norms each branch's output before "
-                         "adding it (sandwich_norm, Gemma 2 / 3): that norm is not linear, so "
-                         "the heads' terms would not sum; use residual_parts (whole "
-                         "branches), the logit lens or patching instead")
 
 
 def _read(model: Any, x: Tensor) -> Tensor:
@@ -219,7 +212,7 @@ class Attribution:
 
     emb: Tensor  # (B,): token + position embeddings
     heads: Tensor  # (B, n_layer, nh): each head's output through its slice of out_proj
-    attn_bias: Tensor  # (B, n_layer): the output projection's bias
+    attn_bias: Tensor  # (B, n_layer): the output projection's bias (and a post-norm's bias)
     mlp: Tensor  # (B, n_layer): each MLP's output (zeros without MLPs)
     bias: Tensor  # (B,): the final norm's bias and centring constants through W_U
     logit: Tensor  # (B,): the model's logit for the target (before a final_logit_softcapping)
@@ -229,33 +222,31 @@ class Attribution:
                 + self.bias)
 
 
-@torch.no_grad()
-def _frozen_norm(norm: nn.Module, final: Tensor, w_u: Tensor,
-                 ) -> tuple[Callable[[Tensor], Tensor], Tensor | None]:
-    """The final norm with its scale frozen at the residual `final` (B, C), so that it is
-    linear in each part of the residual: (a function from a part (B, C) to its term (B,) of
-    the target logit along w_u (B, C), the norm's bias or None)."""
-    dtype, centre = final.dtype, True
+def _frozen(norm: nn.Module | None, full: Tensor
+            ) -> tuple[Callable[[Tensor], Tensor], Tensor | None]:
+    """The norm `norm` with its scale frozen at its input `full` (B, C), so that it is linear
+    in each part of that input: (the map of a part (B, C) to its share of the output (B, C),
+    the norm's bias (C,) or None). The shares of parts summing to `full`, plus the bias, sum
+    to norm(full). A model without the norm (None, or nn.Identity) passes parts through."""
+    dtype, centre = full.dtype, True
     if isinstance(norm, nn.LayerNorm):
-        sigma = (final.var(-1, unbiased=False, keepdim=True) + norm.eps).sqrt()  # (B, 1)
-        gamma = norm.weight.to(dtype) if norm.weight is not None else torch.ones_like(final[0])
-        beta = norm.bias.to(dtype) if norm.bias is not None else torch.zeros_like(final[0])
+        sigma = (full.var(-1, unbiased=False, keepdim=True) + norm.eps).sqrt()  # (B, 1)
+        gamma = norm.weight.to(dtype) if norm.weight is not None else torch.ones_like(full[0])
+        beta = norm.bias.to(dtype) if norm.bias is not None else None
     elif isinstance(norm, RMSNorm | GemmaRMSNorm):  # no mean removed, no bias
-        sigma = (final.pow(2).mean(-1, keepdim=True) + norm.eps).sqrt()  # (B, 1)
+        sigma = (full.pow(2).mean(-1, keepdim=True) + norm.eps).sqrt()  # (B, 1)
         gamma, beta, centre = norm.weight.to(dtype), None, False
         if isinstance(norm, GemmaRMSNorm):
             gamma = 1.0 + gamma  # (C,): Gemma scales by 1 + weight
-    else:  # no final norm: the residual goes straight to the unembedding
-        sigma, gamma, beta = None, None, None
+    else:  # no norm: the part goes on as it is
+        return (lambda part: part.to(dtype)), None
 
-    def direct(part: Tensor) -> Tensor:
-        """(B, C) residual part -> (B,) its term of the target logit."""
+    def share(part: Tensor) -> Tensor:
+        """(B, C) part of the norm's input -> (B, C) its share of the norm's output."""
         part = part.to(dtype)
-        if sigma is not None and gamma is not None:
-            part = (part - part.mean(-1, keepdim=True) if centre else part) / sigma * gamma
-        return (part * w_u).sum(-1)  # (B,)
+        return (part - part.mean(-1, keepdim=True) if centre else part) / sigma * gamma
 
-    return direct, beta
+    return share, beta
 
 
 def logit_attribution(
@@ -269,7 +260,6 @@ def logit_attribution(
     c = model.config
     if not c.residual:
         raise ValueError("direct logit attribution needs a residual stream (config.residual)")
-    _check_linear(c, "direct logit attribution")
     require_eval(model, "the attribution")
     if ids.dim() != 2:
         raise ValueError(f"ids must be a (B, T) integer tensor, got shape {tuple(ids.shape)}; "
@@ -288,36 +278,62 @@ def logit_attribution(
             raise ValueError(f"position {position} is padding in rows {pads} (attention_mask "
                              "0), so those rows have no logit there; pad on the left, which "
                              "puts every row's last token in the last column")
-    trace = Trace(names=["emb", "context", "mlp_out", "block_out"])
+    post = "_normed" if c.sandwich_norm else ""  # with sandwich norms, what the stream adds
+    trace = Trace(names=["emb", "context", *(["attn_out"] if post else []), f"mlp_out{post}",
+                         "block_out"])
     trace.run(model, ids, attention_mask)  # up to the last block: the head runs below
     dtype = wide(model.lm_head.weight.dtype)  # a float64 model's terms stay float64
     w_u = model.lm_head.weight[target].to(dtype)  # (B, C): the target's unembedding rows
     final = trace.get("block_out", c.n_layer - 1)[:, position].to(dtype)  # (B, C)
-    direct, beta = _frozen_norm(model.ln_f, final, w_u)
-    hs = c.head_size
-    device = final.device  # the model's: a GPU model's terms are summed on its GPU
-    heads = torch.zeros(B, c.n_layer, c.n_head, device=device, dtype=dtype)
-    attn_bias = torch.zeros(B, c.n_layer, device=device, dtype=dtype)
-    mlp = torch.zeros(B, c.n_layer, device=device, dtype=dtype)
-    for layer, block in enumerate(model.blocks):
-        context = trace.get("context", layer)[:, :, position]  # (B, nh, hs)
-        out_proj = block.attn.out_proj
-        for h in range(c.n_head):
-            piece = context[:, h]  # (B, hs)
-            if out_proj is None:  # heads are concatenated into the residual as they are
-                part = torch.zeros(B, c.n_embd, device=piece.device, dtype=piece.dtype)
-                part[:, h * hs:(h + 1) * hs] = piece
-            else:
-                w = out_proj.weight[:, h * hs:(h + 1) * hs]  # (C, hs): head h's input columns
-                part = piece @ w.t()  # (B, hs) @ (hs, C) -> (B, C)
-            heads[:, layer, h] = direct(part)
-        if out_proj is not None and out_proj.bias is not None:
-            attn_bias[:, layer] = direct(out_proj.bias.expand(B, -1))
-        if (layer, "mlp_out") in trace:
-            mlp[:, layer] = direct(trace.get("mlp_out", layer)[:, position])
+    share, beta = _frozen(model.ln_f, final)
+
+    def direct(part: Tensor) -> Tensor:
+        """(B, C) part of the final residual -> (B,) its term of the target logit."""
+        return (share(part) * w_u).sum(-1)  # (B,)
+
+    terms = [_layer_terms(block, trace, layer, position, direct)
+             for layer, block in enumerate(model.blocks)]
+    heads, attn_bias, mlp = (torch.stack(t, 1) for t in zip(*terms, strict=True))
     emb = direct(trace.get("emb")[:, position])
-    bias = (beta * w_u).sum(-1) if beta is not None else torch.zeros(B, device=device, dtype=dtype)
+    bias = (beta * w_u).sum(-1) if beta is not None else torch.zeros_like(emb)  # (B,)
     # the model's logit, the head at this position only
     last = model.ln_f(trace.get("block_out", c.n_layer - 1)[:, position])  # (B, C)
     logit = model.lm_head(last).to(dtype).gather(-1, target[:, None])[:, 0]  # (B,)
     return Attribution(emb, heads, attn_bias, mlp, bias, logit)
+
+
+def _layer_terms(block: Block, trace: Trace, layer: int, position: int,
+                 direct: Callable[[Tensor], Tensor]) -> tuple[Tensor, Tensor, Tensor]:
+    """Block `layer`'s direct terms at `position`: (heads (B, nh), attn_bias (B,), mlp (B,)).
+    With sandwich norms each head's output goes through the attention's post-norm frozen at
+    the whole attention output, as the final norm is frozen at the final residual."""
+    context = trace.get("context", layer)[:, :, position]  # (B, nh, hs)
+    B, nh, hs = context.shape
+    out_proj, post = block.attn.out_proj, block.ln_attn_post
+    # the post-norm's input: the projected heads, or without a projection the heads
+    full = (trace.get("attn_out", layer)[:, position] if (layer, "attn_out") in trace
+            else context.flatten(1))  # (B, C)
+    # without a post-norm (None) each part goes on as it is
+    normed, constant = _frozen(post, full.to(wide(full.dtype)))
+    heads = []
+    for h in range(nh):
+        piece = context[:, h]  # (B, hs)
+        if out_proj is None:  # heads are concatenated into the residual as they are
+            part = torch.zeros(B, nh * hs, device=piece.device, dtype=piece.dtype)
+            part[:, h * hs:(h + 1) * hs] = piece
+        else:
+            w = out_proj.weight[:, h * hs:(h + 1) * hs]  # (C, hs): head h's input columns
+            part = piece @ w.t()  # (B, hs) @ (hs, C) -> (B, C)
+        heads.append(direct(normed(part)))
+    heads_t = torch.stack(heads, 1)  # (B, nh)
+    attn_bias = torch.zeros_like(heads_t[:, 0])  # (B,)
+    if out_proj is not None and out_proj.bias is not None:
+        attn_bias += direct(normed(out_proj.bias.expand(B, -1)))
+    if constant is not None:
+        attn_bias += direct(constant.expand(B, -1))
+    mlp = torch.zeros_like(attn_bias)  # (B,)
+    for name in ("mlp_out_normed", "mlp_out"):  # the first the model computes is what it adds
+        if (layer, name) in trace:
+            mlp = direct(trace.get(name, layer)[:, position])
+            break
+    return heads_t, attn_bias, mlp
