@@ -191,7 +191,7 @@ def run(args: argparse.Namespace) -> int:
     stops = [unescape(s) for s in args.stop]
     edits = _ablation(args.ablate, opened.config)
     model = _load_model(args, opened, min(len(prompts), args.batch_size),
-                        max(*lengths, 1) + max_new_tokens)
+                        max(*lengths, 1) + max_new_tokens, max(*lengths, 1))
 
     def completions(prompts: list[str], first: int = 0) -> TextPieces:
         seeds: dict[str, Any] = {"seed": args.seed}
@@ -270,15 +270,17 @@ def _check_flags(args: argparse.Namespace) -> None:
                        "copies; drop one of them")
 
 
-def _load_model(args: argparse.Namespace, opened: Any, rows: int, length: int) -> Any:
+def _load_model(args: argparse.Namespace, opened: Any, rows: int, length: int,
+                prompt: int) -> Any:
     """The model on --device in --dtype, with --weights float16 packed, once it fits with
-    what generating `rows` rows of `length` tokens allocates beside it (the KV cache, the
-    decode step's matrices, the packed copies: `generation_memory`)."""
+    what generating `rows` rows of `length` tokens from prompts of up to `prompt` allocates
+    beside it (the KV cache, the decode step's matrices, a capped model's prefill scores,
+    the packed copies: `generation_memory`)."""
     from ..generate import generation_memory
     from ..model.decode import half_weights
     from ..model.runtime import warn_if_slow_bf16
 
-    uses = generation_memory(opened.weights.model, rows, length,
+    uses = generation_memory(opened.weights.model, rows, length, prompt=prompt,
                              float16_weights=args.weights == "float16")
     model = load_opened(args, opened, uses).model
     warn_if_slow_bf16(args.dtype, model.wte.weight.device)

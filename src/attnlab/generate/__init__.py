@@ -30,7 +30,7 @@ from ..model.compiled_decode import check_compilable, compiled_decode
 from ..model.decode import DecodeStep, decode_step
 from ..model.gpt import GPT, check_id_batch, check_mask_values, require_eval
 from ..model.kv_cache import KVCache
-from ..model.memory import Use
+from ..model.memory import Use, capped_scores
 from ..tokenizers import check_fits
 from ..tokenizers.streaming import TextPieces
 
@@ -331,13 +331,14 @@ def _draw(logits: Tensor, config: GenerationConfig,
     return sample(logits, *how, generator, min_p=min_p, typical_p=typical_p)  # (B,)
 
 
-def generation_memory(model: GPT, batch_size: int, length: int, *,
+def generation_memory(model: GPT, batch_size: int, length: int, *, prompt: int = 0,
                       float16_weights: bool = False) -> list[Use]:
     """What generating `batch_size` rows of `length` tokens (prompt + new) allocates beside
     the weights, for a load's fit check (`OpenedCheckpoint.load(uses=...)`; `model` may be
     on the meta device): the KV cache (`_steps`' `model.new_cache`), the decode step's q/k/v
-    matrices stacked into one per layer (`DecodeStep`, kept with the model), and with
-    `float16_weights` the packed float16 copy of every matrix (`decode.half_weights`)."""
+    matrices stacked into one per layer (`DecodeStep`, kept with the model), with a
+    soft-capped model the prefill's scores over the longest `prompt` (`capped_scores`), and
+    with `float16_weights` the packed float16 copy of every matrix (`decode.half_weights`)."""
     c = model.config
     slots = min(length, c.block_size)
     cache = 2 * c.n_layer * batch_size * c.n_kv_heads * slots * c.head_size  # k and v
@@ -346,6 +347,10 @@ def generation_memory(model: GPT, batch_size: int, length: int, *,
     rows = f"{batch_size} row{'s' if batch_size != 1 else ''}"
     uses = [Use(f"the KV cache for {rows} of {slots:,} positions", elements=cache),
             Use("the decode step's stacked q/k/v matrices", elements=stacked)]
+    scores = capped_scores(c, min(prompt, c.block_size), batch_size)
+    if scores:
+        uses.append(Use(f"the capped attention scores of a {prompt:,}-token prefill",
+                        elements=scores, fix="a shorter prompt, or fewer rows (--batch_size)"))
     if float16_weights:
         matrices = sum(m.weight.numel() for m in model.modules() if isinstance(m, nn.Linear))
         uses.append(Use("the packed float16 copies of the matrices", nbytes=2 * matrices))

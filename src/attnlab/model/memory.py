@@ -246,11 +246,23 @@ def trace_use(config: GPTConfig, tokens: int, names: Iterable[str], *, layers: i
         shape = [R if name in WEIGHT_NAMES and i == 2 else sizes[d]
                  for i, d in enumerate(dims.group(1).split(", "))]
         elements += math.prod(shape) * (1 if name in MODEL_NAMES else layers)
-    if set(kept) & WEIGHT_NAMES:  # summaries alone are made in tiles: no (T, S) at all
-        elements += 3 * heads * R * tokens
+    # summaries alone are made in tiles: no (T, S) at all; the traced layer's working
+    # copies and a capped model's explicit path (every layer, every head) come one at a time
+    working = 3 * heads * R * tokens if set(kept) & WEIGHT_NAMES else 0
+    elements += max(working, capped_scores(config, tokens))
     shown = ", ".join(kept[:3]) + (f" and {len(kept) - 3} more" if len(kept) > 3 else "")
     return Use(f"the traced {shown} of {layers} layer{'s' * (layers != 1)} x {heads} "
                f"head{'s' * (heads != 1)} over {tokens:,} tokens", elements=elements, fix=fix)
+
+
+def capped_scores(config: GPTConfig, tokens: int, batch: int = 1) -> int:
+    """Elements a model that caps its attention scores (attn_logit_softcapping, Gemma 2)
+    holds at once in each layer's forward over `tokens` tokens: SDPA has no cap step, so its
+    attention takes the explicit path, with (B, nh, T, T) scores and weights and a (B, 1, T,
+    T) mask. 0 for an uncapped model, whose fused attention holds no (T, T)."""
+    if config.attn_logit_softcapping is None:
+        return 0
+    return (2 * config.n_head + 1) * batch * tokens * tokens
 
 
 def fit_report(params: int, device: str | torch.device = "cpu", extra: int = 0,
