@@ -35,7 +35,8 @@ work without them.
 from __future__ import annotations
 
 import threading
-from typing import TYPE_CHECKING, Any
+import weakref
+from typing import TYPE_CHECKING, Any, cast
 
 from ..model.gpt import GPT
 from .asgi import BodyLimit
@@ -93,9 +94,14 @@ def create_app(
         docs_url=None, redoc_url=None,
     )
     add_error_handlers(app)
+    # The app holds its state; its routes reach it through a weak proxy, because FastAPI
+    # caches endpoint callables (up to 4,096, module-wide) and would otherwise keep every
+    # dropped app's model alive: a notebook that serves model after model held them all.
+    app.state.viewer = state
+    shared = cast(ViewerState, weakref.proxy(state))
     app.include_router(page.router())
-    app.include_router(attention.router(state))
-    app.include_router(generate.router(state))
-    app.include_router(interventions.router(state))
+    app.include_router(attention.router(shared))
+    app.include_router(generate.router(shared))
+    app.include_router(interventions.router(shared))
     app.add_middleware(BodyLimit, max_bytes=state.limits.max_body_bytes)
     return app
