@@ -33,11 +33,19 @@ from helpers import free_port
 pytestmark = pytest.mark.cuda
 
 TEXT = "the cat sat on the mat. abcdefghijklmnopqrstuvwxyz"
-# GPT-2 blocks, and Llama-style ones with grouped-query attention, QK-norm and a window
+# GPT-2 blocks; Llama-style ones with grouped-query attention, QK-norm and a window; Gemma 2's
+# (scaled embeddings, (1 + w) norms, GeGLU, sandwich norms, soft caps: the CUDA summary and
+# weight kernels are routed around a cap); Gemma 3's (QK-norm, a RoPE base per layer type)
+GEMMA = {"pos": "rope", "norm": "gemma_rmsnorm", "mlp": "geglu", "bias": False, "n_kv_head": 2,
+         "scale_embeddings": True, "sandwich_norm": True, "sliding_window": 8,
+         "window_layers": [0]}
 FAMILIES = {
     "gpt2": {},
     "llama": {"pos": "rope", "norm": "rmsnorm", "mlp": "swiglu", "bias": False,
               "n_kv_head": 2, "qk_norm": True, "sliding_window": 8, "window_layers": [1]},
+    "gemma2": {**GEMMA, "attn_logit_softcapping": 2.0, "final_logit_softcapping": 3.0,
+               "init_std": 0.3},  # wide enough for the caps to bend scores and logits
+    "gemma3": {**GEMMA, "qk_norm": True, "rope_theta": 1e6, "local_rope_theta": 1e4},
 }
 
 

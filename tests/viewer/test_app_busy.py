@@ -391,9 +391,9 @@ def _assert_stopped(rest: str, answer: httpx.Response) -> None:
 def test_apps_made_again_on_one_model_share_its_block_hooks() -> None:
     """Each app put a stop hook on every block of its model, and FastAPI's caches kept an
     app's endpoints (so its state) alive (test_app_lifetime.py): a notebook making apps again
-    and again on one model piled the hooks up, every forward running them all. The apps of one model now share one
-    set, and a cancelled call of one stops at its next block while the other's call runs on
-    (armed per thread)."""
+    and again on one model piled the hooks up, every forward running them all. The apps of
+    one model now share one set, and a cancelled call of one stops at its next block while
+    the other's call runs on (armed per thread)."""
     import torch
 
     from attnlab import GPT, GPTConfig
