@@ -1,11 +1,12 @@
-"""hf/: attnlab on Llama / Mistral / Qwen2 / Qwen3 / GPT-NeoX / Gemma weights equals
+"""hf/: attnlab on Llama / Mistral / Qwen2 / Qwen3 / GPT-NeoX / Gemma / Phi-3 weights equals
 transformers' eager attention on the same random weights (nothing downloaded), and exports back.
 
 Two shapes per family, between them: GQA, tied and untied heads, head_dim != C / nh,
 attention / MLP biases, partial rotary, rope_theta != 10000, llama3 and linear RoPE scaling,
 sliding windows shorter than the sequence (all layers, and some layers), QK-norm, parallel
 and sequential residual, Gemma's scaled embeddings, (1 + w) norm and GeGLU, Gemma 3's sandwich
-norms and per-layer-type RoPE, Gemma 2's soft caps; and one yarn
+norms and per-layer-type RoPE, Gemma 2's soft caps, Phi-3's fused q/k/v and gate/up
+projections; and one yarn
 case per family, its original_max_position_embeddings (16) shorter than the sequences, its
 attention factor derived (from factor, or mscale / mscale_all_dim) or given. Each model is
 written with `save_pretrained` and read back with `load_hf`, so the directory reading is
@@ -23,6 +24,7 @@ import torch
 
 from attnlab import load_hf, save_hf
 from attnlab.generate import generate
+from attnlab.hf import family_of
 from helpers import assert_logits_match_hf, assert_ngrams_and_typical_p_match_hf, left_padded
 
 transformers = pytest.importorskip("transformers")
@@ -140,6 +142,16 @@ CASES: dict[str, tuple[str, dict[str, Any]]] = {
         **SMALL, num_key_value_heads=1, head_dim=8, attention_bias=True,
         tie_word_embeddings=False, attn_logit_softcapping=None, final_logit_softcapping=None,
         rope_parameters={"rope_type": "default", "rope_theta": 100000.0})),
+    # Phi-3: q/k/v in one qkv_proj and gate/up in one gate_up_proj; GQA, window 5 on every
+    # layer (Phi-3-mini-4k: 2047), untied
+    "phi3-gqa-window": ("Phi3", dict(
+        **SMALL, num_key_value_heads=2, sliding_window=5, tie_word_embeddings=False,
+        original_max_position_embeddings=128)),
+    # Phi-4-mini's shape: RoPE on 3/4 of each head, tied, rope_theta 1e4, no window
+    "phi3-partial-tied": ("Phi3", dict(
+        **{**SMALL, "num_hidden_layers": 3}, tie_word_embeddings=True,
+        rope_parameters={"rope_type": "default", "rope_theta": 10000.0,
+                         "partial_rotary_factor": 0.75})),
 }
 # the model class where it is not f"{prefix}ForCausalLM"
 MODEL_CLASS = {"Gemma3Text": "Gemma3ForCausalLM"}
@@ -239,8 +251,11 @@ def test_no_repeat_ngrams_and_typical_p_are_hugging_faces(pair: tuple) -> None:
 
 @torch.no_grad()
 def test_save_hf_reloads_in_transformers_with_the_same_logits(pair: tuple, tmp_path: Path) -> None:
-    hf, ours, _ = pair
-    save_hf(tmp_path, ours)
+    hf, ours, directory = pair
+    # as `attnlab export` does, the family the directory came from: a Phi-3 with a window
+    # is also a Mistral, which save_hf would pick by default
+    source = family_of(json.loads((directory / "config.json").read_text())).name
+    save_hf(tmp_path, ours, family=source)
     reloaded = transformers.AutoModelForCausalLM.from_pretrained(
         tmp_path, attn_implementation="eager").eval()
     assert type(reloaded) is type(hf)  # the same family, not merely the same numbers
@@ -269,8 +284,6 @@ def test_a_mistral_without_a_window_exports_as_mistral_when_asked(tmp_path: Path
     """Mistral v0.2+ has sliding_window null: the same computation as Llama, which is what
     save_hf picks by default; family="mistral" (the loaded directory's meta) keeps the
     family. It was refused ("needs sliding_window set")."""
-
-    from attnlab.hf import family_of
 
     torch.manual_seed(0)
     config = transformers.MistralConfig(**SMALL, num_key_value_heads=2, sliding_window=None,
@@ -383,6 +396,37 @@ def test_bfloat16_embeddings_and_norms_round_as_transformers(case: str, tmp_path
     real = mask.bool()
     logits, expected = trace.get("logits").float(), out.logits.float()  # (B, P, V)
     assert (logits - expected)[real].abs().max() < 0.05 * expected[real].abs().max()
+
+
+@pytest.mark.parametrize("case", ["phi3-gqa-window", "phi3-partial-tied"])
+def test_a_phi3_directory_splits_its_fused_matrices_and_exports_as_phi3(
+        case: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Phi-3's qkv_proj and gate_up_proj become attnlab's separate projections (each q
+    head's rows where a Llama keeps them), `attnlab info` names the family and counts
+    transformers' parameters, and `attnlab export` (the loaded directory's family) writes
+    the fused matrices back bit for bit."""
+    from test_hf_files import write_tokenizer
+
+    from attnlab.cli import main
+
+    hf = hf_model(case)
+    hf.save_pretrained(tmp_path / "src")
+    write_tokenizer(tmp_path / "src")  # export needs one
+    ours = load_hf(tmp_path / "src")
+    c, layer = ours.config, hf.model.layers[1]
+    q_rows = c.n_head * c.head_size
+    assert torch.equal(ours.blocks[1].attn.query.weight, layer.self_attn.qkv_proj.weight[:q_rows])
+    assert torch.equal(ours.blocks[1].mlp.fc.weight, layer.mlp.gate_up_proj.weight[c.d_ff:])
+    assert main(["info", str(tmp_path / "src"), "--json"]) == 0
+    info = json.loads(capsys.readouterr().out)
+    assert (info["family"], info["architecture"]) == ("phi3", "Phi3ForCausalLM")
+    assert info["parameters"] == hf.num_parameters()
+    assert main(["export", str(tmp_path / "src"), str(tmp_path / "out")]) == 0
+    written = json.loads((tmp_path / "out" / "config.json").read_text())
+    assert written["architectures"] == ["Phi3ForCausalLM"]
+    reloaded = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "out")
+    for name, tensor in hf.state_dict().items():
+        assert torch.equal(reloaded.state_dict()[name], tensor), name
 
 
 @pytest.mark.parametrize("case", ["gemma-mqa", "gemma3-local-rope", "gemma2-caps-window"])

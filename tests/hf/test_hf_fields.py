@@ -169,9 +169,9 @@ REFUSED: list[tuple[str, Any, str]] = [
      "'rope_theta': 10000.0}: per-layer-type RoPE parameters are not supported"),
     ("model_type", lambda: {"model_type": "falcon", "hidden_size": 32},
      "config.json has model_type='falcon'; attnlab imports gpt2, llama, mistral, qwen2, qwen3, "
-     "gpt_neox, gemma, gemma2, gemma3_text (GPT2LMHeadModel, LlamaForCausalLM, "
+     "gpt_neox, gemma, gemma2, gemma3_text, phi3 (GPT2LMHeadModel, LlamaForCausalLM, "
      "MistralForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM, GPTNeoXForCausalLM, "
-     "GemmaForCausalLM, Gemma2ForCausalLM, Gemma3ForCausalLM)"),
+     "GemmaForCausalLM, Gemma2ForCausalLM, Gemma3ForCausalLM, Phi3ForCausalLM)"),
     ("multimodal gemma3", lambda: {"model_type": "gemma3", "architectures": [
         "Gemma3ForConditionalGeneration"], "text_config": {"model_type": "gemma3_text"}},
      "config.json has model_type='gemma3': that is the multimodal "
@@ -201,8 +201,47 @@ def test_the_hugging_face_configs_as_saved_all_map() -> None:
             ("Llama", {**SMALL, **ODD, "tie_word_embeddings": True}),
             ("Mistral", {**SMALL, **ODD, "sliding_window": 7}), ("Qwen2", {**SMALL, **ODD_QWEN}),
             ("Qwen3", {**SMALL, **ODD_QWEN, "head_dim": 16}), ("GPTNeoX", {**NEOX, **ODD_NEOX}),
-            ("GPT2", ODD_GPT2)]:
+            ("GPT2", ODD_GPT2), ("Phi3", {**SMALL, "pad_token_id": None}),
+            ("Phi3", {**SMALL, **ODD, "sliding_window": 7, "pad_token_id": None,
+                      "partial_rotary_factor": 0.5})]:
         assert_read_as_transformers_reads(hf_dict(prefix, **fields))
+
+
+#: Phi-3-mini-4k-instruct's config.json as published (transformers 4.40 names, the custom
+#: code's auto_map kept from before transformers had the family)
+PHI3_MINI = {
+    "_name_or_path": "Phi-3-mini-4k-instruct", "architectures": ["Phi3ForCausalLM"],
+    "attention_bias": False, "attention_dropout": 0.0,
+    "auto_map": {"AutoConfig": "configuration_phi3.Phi3Config",
+                 "AutoModelForCausalLM": "modeling_phi3.Phi3ForCausalLM"},
+    "bos_token_id": 1, "embd_pdrop": 0.0, "eos_token_id": 32000, "hidden_act": "silu",
+    "hidden_size": 3072, "initializer_range": 0.02, "intermediate_size": 8192,
+    "max_position_embeddings": 4096, "model_type": "phi3", "num_attention_heads": 32,
+    "num_hidden_layers": 32, "num_key_value_heads": 32, "original_max_position_embeddings": 4096,
+    "pad_token_id": 32000, "resid_pdrop": 0.0, "rms_norm_eps": 1e-05, "rope_scaling": None,
+    "rope_theta": 10000.0, "sliding_window": 2047, "tie_word_embeddings": False,
+    "torch_dtype": "bfloat16", "transformers_version": "4.40.2", "use_cache": True,
+    "vocab_size": 32064,
+}
+
+
+def test_phi3_mini_as_published_loads_and_its_long_rope_is_refused() -> None:
+    """Phi-3-mini-4k's config.json reads as transformers reads it (a window of 2047 on every
+    layer, whole-head RoPE); the 128k variants' longrope, in either spelling (and the "su"
+    and "yarn" names Phi3Config reads as longrope), is refused in one line."""
+    assert_read_as_transformers_reads(PHI3_MINI)
+    assert config_from_hf(PHI3_MINI).window_of(0) == 2047
+    factors = {"short_factor": [1.0] * 48, "long_factor": [2.0] * 48}
+    for key, rope in (("rope_scaling", {"type": "longrope", **factors}),
+                      ("rope_scaling", {"type": "su", **factors}),
+                      ("rope_parameters", {"rope_type": "yarn", "rope_theta": 1e4, **factors})):
+        kind = rope.get("type", rope.get("rope_type"))
+        with pytest.raises(ValueError) as err:
+            config_from_hf({**PHI3_MINI, "rope_scaling": None, key: rope})
+        assert str(err.value) == (
+            f"phi3 config.json has {key}.rope_type={kind!r}: Phi-3's long-context RoPE "
+            "(longrope) switches frequency sets with the sequence's length, which attnlab does "
+            "not implement; a 4k-context Phi-3 has none")
 
 
 def test_both_rope_spellings_give_the_same_config() -> None:

@@ -3,11 +3,11 @@ GPT, and export a GPT back to a directory transformers loads.
 
 Families (one module each, listed in `FAMILIES`): GPT2LMHeadModel, LlamaForCausalLM,
 MistralForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM, GPTNeoXForCausalLM,
-GemmaForCausalLM, Gemma2ForCausalLM, Gemma3ForCausalLM. `registry.py` holds the Family /
-WeightMap machinery, `fields.py` the config-field bookkeeping (every field is honoured,
-refused by name, or listed there as irrelevant), `files.py` the directory reading and
-writing (the tokenizer files themselves are `attnlab.tokenizers.hf_dir`'s). Nothing is
-downloaded; `transformers` is never imported.
+GemmaForCausalLM, Gemma2ForCausalLM, Gemma3ForCausalLM, Phi3ForCausalLM. `registry.py`
+holds the Family / WeightMap machinery, `fields.py` the config-field bookkeeping (every
+field is honoured, refused by name, or listed there as irrelevant), `files.py` the directory
+reading and writing (the tokenizer files themselves are `attnlab.tokenizers.hf_dir`'s).
+Nothing is downloaded; `transformers` is never imported.
 """
 
 from __future__ import annotations
@@ -58,13 +58,14 @@ from .gemma3 import NEAR_MISSES as GEMMA3_NEAR_MISSES
 from .gpt2 import GPT2
 from .gpt_neox import GPT_NEOX
 from .llama import LLAMA, MISTRAL
+from .phi3 import PHI3
 from .qwen2 import QWEN2
 from .qwen3 import QWEN3
 from .registry import Family
 
 # export picks the first family a GPTConfig fits, so the plainest comes first
 FAMILIES: tuple[Family, ...] = (GPT2, LLAMA, MISTRAL, QWEN2, QWEN3, GPT_NEOX, GEMMA, GEMMA2,
-                               GEMMA3)
+                               GEMMA3, PHI3)
 FAMILY_BY_NAME: dict[str, Family] = {f.name: f for f in FAMILIES}
 
 __all__ = [
@@ -304,11 +305,13 @@ def save_hf(path: str | Path, model: GPT, tokenizer: Tokenizer | None = None, *,
                         "not an attnlab GPT (the directory comes first)")
     family = _family(family) or family_for_config(model.config)
     # null ids without a tokenizer: transformers would fill in the family's own (GPT-2's
-    # 50256), outside a small vocabulary
-    special: dict[str, int | list[int] | None] = {"bos": None, "eos": None}
+    # 50256), outside a small vocabulary. Padding is always null: Phi-3's default (32000)
+    # is an Embedding's padding_idx, refused past a small vocabulary, and the padding id
+    # changes no number a forward computes
+    special: dict[str, int | list[int] | None] = {"bos": None, "eos": None, "pad": None}
     if tokenizer is not None:
-        special = {"bos": getattr(tokenizer, "bos_id", None),
-                   "eos": eos_field(tokenizer.stop_ids)}
+        special |= {"bos": getattr(tokenizer, "bos_id", None),
+                    "eos": eos_field(tokenizer.stop_ids)}
     config = config_to_hf(model.config, family=family, special=special)
     # the weights' dtype, as save_pretrained writes it: from_pretrained loads a bfloat16
     # file in bfloat16 (without it, float32 at twice the memory)

@@ -202,10 +202,12 @@ def rope_from_hf(
         fields.get("original_max_position_embeddings")
     for key in sorted(_ROPE_KEYS[kind] - set(rope)):
         raise fields.refuse(f"{source}.{key}", None, f"rope_type {kind!r} needs it")
+    # a top-level partial factor fills the dict's where it lacks one (setdefault), so a
+    # config.json written with both (Phi-3's) reads the dict's
+    top = default_partial if partial_key is None else fields.get(partial_key, default_partial)
     partial = rope.get("partial_rotary_factor")
     if partial is None:
-        partial = default_partial if partial_key is None else fields.get(partial_key,
-                                                                         default_partial)
+        partial = top
     if isinstance(partial, bool) or not isinstance(partial, (int, float)) or \
             not 0.0 < partial <= 1.0:
         raise fields.refuse(f"{source}.partial_rotary_factor", partial, "must be in (0, 1]")

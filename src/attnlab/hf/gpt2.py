@@ -9,6 +9,7 @@ on export joins back).
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 import torch
@@ -16,7 +17,7 @@ from torch import Tensor
 
 from ..model.gpt import GPTConfig
 from .fields import MAX_CONTEXT, Fields
-from .registry import Family, WeightMap, misfits_of, uncapped
+from .registry import QKV, Family, Fused, WeightMap, misfits_of, uncapped
 
 
 def _split(qkv: Tensor, config: GPTConfig) -> tuple[Tensor, Tensor, Tensor]:
@@ -31,7 +32,8 @@ def _split(qkv: Tensor, config: GPTConfig) -> tuple[Tensor, Tensor, Tensor]:
     return (q.t(), k.t(), v.t()) if qkv.dim() == 2 else (q, k, v)
 
 
-def _join(q: Tensor, k: Tensor, v: Tensor, config: GPTConfig) -> Tensor:
+def _join(parts: Sequence[Tensor], config: GPTConfig) -> Tensor:
+    q, k, v = parts
     return torch.cat([q, k, v], dim=0).t() if q.dim() == 2 else torch.cat([q, k, v])  # (C, 3C)
 
 
@@ -43,7 +45,7 @@ WEIGHTS = WeightMap(
            "mlp.fc": "mlp.c_fc", "mlp.proj": "mlp.c_proj"},
     base="transformer.",
     transposed=frozenset({"attn.out_proj", "mlp.fc", "mlp.proj"}),
-    fused_qkv="attn.c_attn", split_qkv=_split, join_qkv=_join,
+    fused=(Fused("attn.c_attn", QKV, _split, _join),),
 )
 # reorder_and_upcast_attn only changes the order and precision of the score product
 # (the same math); n_ctx is an old alias of n_positions that nothing reads

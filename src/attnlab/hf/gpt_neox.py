@@ -10,6 +10,7 @@ the logits are wider than the vocabulary, as in transformers.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 import torch
@@ -17,7 +18,7 @@ from torch import Tensor
 
 from ..model.gpt import GPTConfig
 from .fields import MAX_CONTEXT, Fields, rope_from_hf, rope_to_hf
-from .registry import Family, WeightMap, misfits_of, uncapped
+from .registry import QKV, Family, Fused, WeightMap, misfits_of, uncapped
 
 
 def _split(qkv: Tensor, config: GPTConfig) -> tuple[Tensor, Tensor, Tensor]:
@@ -28,7 +29,8 @@ def _split(qkv: Tensor, config: GPTConfig) -> tuple[Tensor, Tensor, Tensor]:
     return q, k, v
 
 
-def _join(q: Tensor, k: Tensor, v: Tensor, config: GPTConfig) -> Tensor:
+def _join(parts: Sequence[Tensor], config: GPTConfig) -> Tensor:
+    q, k, v = parts
     nh = config.n_head
     per_head = [t.reshape(nh, 1, -1, *t.shape[1:]) for t in (q, k, v)]  # (nh, 1, hs[, C])
     return torch.cat(per_head, dim=1).reshape(-1, *q.shape[1:])  # (nh*3*hs[, C])
@@ -42,7 +44,7 @@ WEIGHTS = WeightMap(
            "attn.out_proj": "attention.dense", "mlp.fc": "mlp.dense_h_to_4h",
            "mlp.proj": "mlp.dense_4h_to_h"},
     base="gpt_neox.",
-    fused_qkv="attention.query_key_value", split_qkv=_split, join_qkv=_join,
+    fused=(Fused("attention.query_key_value", QKV, _split, _join),),
 )
 
 

@@ -29,11 +29,12 @@ LLAMA_WEIGHTS = WeightMap(
 
 
 def llama_like_config(f: Fields, *, max_positions: int, default_head_dim: int | None = None,
-                      **switches: Any) -> dict[str, Any]:
+                      partial_key: str | None = None, **switches: Any) -> dict[str, Any]:
     """GPTConfig keyword arguments for the fields every Llama-style config shares; the
     family passes its own bias / QK-norm / window switches (which win over these: Gemma's
-    norm and MLP), and the head_dim its transformers config defaults to (None: hidden_size
-    / heads)."""
+    norm and MLP), the head_dim its transformers config defaults to (None: hidden_size /
+    heads), and where its transformers rotates part of each head (Phi-3), the top-level
+    field naming that part (else a partial factor is refused)."""
     n_embd, n_head = f.count("hidden_size", 4096), f.count("num_attention_heads", 32)
     head_dim = f.count("head_dim", default_head_dim or n_embd // n_head)
     if "mlp" not in switches:  # SwiGLU's activation; a family with another MLP reads its own
@@ -41,8 +42,8 @@ def llama_like_config(f: Fields, *, max_positions: int, default_head_dim: int | 
     block_size = f.count("max_position_embeddings", max_positions, MAX_CONTEXT)
     # a family that reads its RoPE its own way (Gemma 3: per layer type) passes rope_theta
     theta, scaling, partial = (0.0, None, 1.0) if "rope_theta" in switches else (
-        rope_from_hf(f, max_positions=block_size))
-    if partial != 1.0:
+        rope_from_hf(f, max_positions=block_size, partial_key=partial_key))
+    if partial != 1.0 and partial_key is None:
         raise f.refuse("rope_parameters.partial_rotary_factor", partial,
                        f"{f.family} rotates whole heads in transformers (partial rotary is "
                        "GPT-NeoX's)")
@@ -55,7 +56,7 @@ def llama_like_config(f: Fields, *, max_positions: int, default_head_dim: int | 
         n_embd=n_embd,
         head_dim=None if head_dim * n_head == n_embd else head_dim,
         d_ff=f.count("intermediate_size", 11008),
-        pos="rope", rope_theta=theta, rope_scaling=scaling,
+        pos="rope", rope_theta=theta, rope_scaling=scaling, rotary_pct=partial,
         norm="rmsnorm", norm_eps=f.number("rms_norm_eps", 1e-6),
         mlp="swiglu",
         tie_weights=f.flag("tie_word_embeddings", False),

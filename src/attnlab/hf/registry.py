@@ -1,17 +1,18 @@
 """The family registry: which Hugging Face architecture maps onto which GPTConfig, and the
 one weight-renaming engine every family declares its names to.
 
-A family (one small module each: gpt2.py, llama.py, qwen2.py, qwen3.py, gpt_neox.py) is a
-`Family`: its model_type and architecture names, a config mapping each way (`Fields` in,
-a config.json dict out), `misfits` (why a GPTConfig cannot be exported as this family) and
-a `WeightMap` (attnlab's state-dict names <-> Hugging Face's). Adding a family is one new
+A family (one small module each: gpt2.py, llama.py, qwen2.py, qwen3.py, gpt_neox.py, the
+gemma*.py, phi3.py) is a `Family`: its model_type and architecture names, a config mapping
+each way (`Fields` in, a config.json dict out), `misfits` (why a GPTConfig cannot be
+exported as this family) and a `WeightMap` (attnlab's state-dict names <-> Hugging Face's,
+with the modules a family fuses into one Linear: `Fused`). Adding a family is one new
 module and one line in `FAMILIES` (hf/__init__.py). Directory reading is `files.py`'s.
 """
 
 from __future__ import annotations
 
 import re
-from collections.abc import Callable, Container, Iterable, Iterator, Mapping
+from collections.abc import Callable, Container, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -21,14 +22,26 @@ from torch import Tensor
 from ..model.gpt import GPTConfig
 from .fields import Fields
 
-QKV = ("query", "key", "value")
+#: the attention projections a fused q/k/v module holds, in its rows' usual order
+QKV = ("attn.query", "attn.key", "attn.value")
 # Buffers older checkpoints saved next to the weights: causal-mask tables and RoPE
 # frequencies, which attnlab recomputes (GPT-2 `attn.bias` / `attn.masked_bias`,
 # GPT-NeoX `attention.bias` / `attention.masked_bias`, `rotary_emb.inv_freq`).
 BUFFERS = re.compile(r"(\.attn\.(masked_)?bias|\.attention\.(masked_)?bias|rotary_emb\.inv_freq)$")
 
-SplitQKV = Callable[[Tensor, GPTConfig], tuple[Tensor, Tensor, Tensor]]
-JoinQKV = Callable[[Tensor, Tensor, Tensor, GPTConfig], Tensor]
+
+
+@dataclass(frozen=True)
+class Fused:
+    """Block modules a family holds in one Linear: attnlab's `parts` (in the order of the
+    fused output's rows) from Hugging Face's `module`, whose weight (and bias) `split`
+    cuts into one tensor per part, (out, in) as nn.Linear stores them, and `join` puts
+    back together (GPT-2's c_attn, Phi-3's qkv_proj and gate_up_proj)."""
+
+    module: str  # the Hugging Face module in the block: "self_attn.qkv_proj"
+    parts: tuple[str, ...]  # attnlab's modules in the block: ("attn.query", ...)
+    split: Callable[[Tensor, GPTConfig], tuple[Tensor, ...]]
+    join: Callable[[Sequence[Tensor], GPTConfig], Tensor]
 
 
 @dataclass(frozen=True)
@@ -39,8 +52,7 @@ class WeightMap:
     layer: the HF prefix of block i ("model.layers.{i}.").
     block: attnlab module inside a block -> HF module ("attn.query" -> "self_attn.q_proj").
     transposed: block modules HF stores (in, out) (GPT-2's Conv1D).
-    fused_qkv: the HF module holding q, k and v in one Linear, with split/join for its
-    weight and bias layout; None when q, k, v are separate (`block` names them).
+    fused: block modules HF holds in one Linear (`Fused`); the others `block` names.
     base: the prefix of the body; files of the bare body (GPT2Model, LlamaModel) lack it.
     """
 
@@ -49,9 +61,7 @@ class WeightMap:
     block: Mapping[str, str]
     base: str
     transposed: frozenset[str] = frozenset()
-    fused_qkv: str | None = None
-    split_qkv: SplitQKV | None = None
-    join_qkv: JoinQKV | None = None
+    fused: tuple[Fused, ...] = ()
 
     def stored_head(self, hf_state: Container[str]) -> tuple[str, str] | None:
         """(the head's name, the token table's name) as the file stores them, where it
@@ -77,12 +87,17 @@ class WeightMap:
             return f"{self.layer.format(i=i)}{self.block[inner]}.{param}"
         return f"{self.top[module]}.{param}"
 
-    def _is_fused(self, ours: str) -> tuple[str, str] | None:
-        """(block prefix i, param) when `ours` is a q/k/v weight held in the fused module."""
-        match = re.fullmatch(r"blocks\.(\d+)\.attn\.(query|key|value)\.(weight|bias)", ours)
-        if match is None or self.fused_qkv is None:
+    def _is_fused(self, ours: str) -> tuple[Fused, str, str] | None:
+        """(its fusion, the HF name of the fused tensor, the block's prefix "blocks.i.")
+        where `ours` is a weight or bias a fused module holds."""
+        match = re.fullmatch(r"blocks\.(\d+)\.(.+)\.(weight|bias)", ours)
+        if match is None:
             return None
-        return match.group(1), match.group(3)
+        i, inner, param = match.groups()
+        for fused in self.fused:
+            if inner in fused.parts:
+                return fused, f"{self.layer.format(i=i)}{fused.module}.{param}", f"blocks.{i}."
+        return None
 
     def iter_from_hf(self, hf_state: Mapping[str, Tensor], config: GPTConfig,
                      keys: Iterable[str], family: str) -> Iterator[tuple[str, Tensor]]:
@@ -120,11 +135,9 @@ class WeightMap:
                 )
             fused = self._is_fused(ours)
             if fused is not None:
-                i, param = fused
-                assert self.split_qkv is not None
-                whole = take(f"{self.layer.format(i=i)}{self.fused_qkv}.{param}")
-                q, k, v = self.split_qkv(whole, config)
-                yield ours, {"query": q, "key": k, "value": v}[ours.split(".")[-2]]
+                fusion, name, block = fused
+                pieces = fusion.split(take(name), config)
+                yield ours, pieces[fusion.parts.index(ours.removeprefix(block).rsplit(".", 1)[0])]
                 continue
             tensor = take(self._name(ours))
             inner = ours.split(".", 2)[-1].rsplit(".", 1)[0] if ours.startswith("blocks.") else ""
@@ -150,13 +163,12 @@ class WeightMap:
                 continue
             fused = self._is_fused(ours)
             if fused is not None:
-                if ours.split(".")[-2] != "query":
-                    continue  # written with the query
-                i, param = fused
-                assert self.join_qkv is not None
-                parts = [state[f"blocks.{i}.attn.{n}.{param}"] for n in QKV]
-                name = f"{self.layer.format(i=i)}{self.fused_qkv}.{param}"
-                yield name, self.join_qkv(parts[0], parts[1], parts[2], config)
+                fusion, name, block = fused
+                param = ours.rsplit(".", 1)[1]
+                if ours != f"{block}{fusion.parts[0]}.{param}":
+                    continue  # written with the first part
+                yield name, fusion.join([state[f"{block}{p}.{param}"] for p in fusion.parts],
+                                        config)
                 continue
             inner = ours.split(".", 2)[-1].rsplit(".", 1)[0] if ours.startswith("blocks.") else ""
             yield self._name(ours), (tensor.t() if inner in self.transposed and tensor.dim() == 2
