@@ -29,6 +29,7 @@ from .common import (
     check_weights_flag,
     count,
     cpu_memory_errors,
+    device_of,
     load_opened,
     open_model,
     out_of_memory,
@@ -281,7 +282,7 @@ def _load_model(args: argparse.Namespace, opened: Any, rows: int, length: int,
     from ..model.runtime import warn_if_slow_bf16
 
     uses = generation_memory(opened.weights.model, rows, length, prompt=prompt,
-                             float16_weights=args.weights == "float16")
+                             device=device_of(args), float16_weights=args.weights == "float16")
     model = load_opened(args, opened, uses).model
     warn_if_slow_bf16(args.dtype, model.wte.weight.device)
     if args.weights == "float16":

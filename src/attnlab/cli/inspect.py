@@ -227,7 +227,7 @@ def inspect_memory(args: argparse.Namespace, config: Any, T: int, names: Iterabl
 
     R = T if rows is None else len(rows)  # the query rows kept of each head's (T, T)
     uses = [trace_use(config, T, sorted(names), layers=len(layers), heads=len(heads),
-                      rows=None if rows is None else R, fix=INSPECT_FIX)]
+                      rows=None if rows is None else R, fix=INSPECT_FIX, device=device_of(args))]
     weights = len(layers) * len(heads) * R * T
     copies = f"attention.json's and the figures' copies of its {weights:,} weights"
     output = OUTPUT_BYTES_PER_WEIGHT * weights + FIGURE_BYTES

@@ -332,12 +332,14 @@ def _draw(logits: Tensor, config: GenerationConfig,
 
 
 def generation_memory(model: GPT, batch_size: int, length: int, *, prompt: int = 0,
+                      device: str | torch.device | None = None,
                       float16_weights: bool = False) -> list[Use]:
     """What generating `batch_size` rows of `length` tokens (prompt + new) allocates beside
     the weights, for a load's fit check (`OpenedCheckpoint.load(uses=...)`; `model` may be
     on the meta device): the KV cache (`_steps`' `model.new_cache`), the decode step's q/k/v
     matrices stacked into one per layer (`DecodeStep`, kept with the model), with a
-    soft-capped model the prefill's scores over the longest `prompt` (`capped_scores`), and
+    soft-capped model the prefill's scores over the longest `prompt` on `device`
+    (`capped_scores`), and
     with `float16_weights` the packed float16 copy of every matrix (`decode.half_weights`)."""
     c = model.config
     slots = min(length, c.block_size)
@@ -347,7 +349,7 @@ def generation_memory(model: GPT, batch_size: int, length: int, *, prompt: int =
     rows = f"{batch_size} row{'s' if batch_size != 1 else ''}"
     uses = [Use(f"the KV cache for {rows} of {slots:,} positions", elements=cache),
             Use("the decode step's stacked q/k/v matrices", elements=stacked)]
-    scores = capped_scores(c, min(prompt, c.block_size), batch_size)
+    scores = capped_scores(c, min(prompt, c.block_size), batch_size, device)
     if scores:
         uses.append(Use(f"the capped attention scores of a {prompt:,}-token prefill",
                         elements=scores, fix="a shorter prompt, or fewer rows (--batch_size)"))

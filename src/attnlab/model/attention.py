@@ -28,10 +28,10 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor, nn
 
-from .layers import Linear, apply_rotary, make_norm, soft_cap
+from .explicit import explicit_attend
+from .layers import Linear, apply_rotary, make_norm
 from .sdpa import expand_kv, fused_attend
 from .traced_attention import traced_attend, traced_rows
 
@@ -267,7 +267,7 @@ def attend(
     if fused and softcap is None and (trace is None or not trace.needs_weights):
         return fused_attend(q, k, v, mask, may_attend, scale, dropout_p)
     if trace is None:
-        return _explicit(q, k, v, mask, may_attend, scale, dropout_p, softcap)
+        return explicit_attend(q, k, v, mask, may_attend, scale, dropout_p, softcap)
     nh = q.shape[1]
     # raw or masked scores are computed whole, and dropout reads every weight: then the
     # traced path runs for every head and row
@@ -288,34 +288,8 @@ def attend(
     else:
         traced_rows(*kept, mask, may_attend, scale, rows, trace, softcap)
     if softcap is not None:
-        return _explicit(q, k, v, mask, may_attend, scale, dropout_p, softcap)
+        return explicit_attend(q, k, v, mask, may_attend, scale, dropout_p, softcap)
     return fused_attend(q, k, v, mask, may_attend, scale, dropout_p)
-
-
-def _explicit(q: Tensor, k: Tensor, v: Tensor, mask: Mask, may_attend: Tensor | None,
-              scale: float, dropout_p: float, softcap: float | None = None) -> Tensor:
-    """`attend`'s reference path without a trace, step by step (scale, cap, mask, softmax,
-    dropout, weights @ v). Grouped-query k and v are copied out to every query head, as the
-    traced path's are, so that an edit or a trace of the scores gives this path's output bit
-    for bit (the same products, the same shapes)."""
-    k = expand_kv(k, q.shape[1])  # (B, nh, S, hs)
-    v = expand_kv(v, q.shape[1])  # (B, nh, S, hs)
-    attn_scores = q @ k.transpose(-2, -1)  # (B, nh, T, hs) @ (B, nh, hs, S) -> (B, nh, T, S)
-    # Nothing else reads the raw scores, so scale them in place: every (B, nh, T, S) tensor
-    # not allocated is one fewer in fresh pages (docs/performance.md#freed-memory).
-    scaled_scores = soft_cap(attn_scores.mul_(scale), softcap, inplace=True)  # (B, nh, T, S)
-    if may_attend is not None:
-        # + 0 or + -inf gives exactly masked_fill(-inf) then * scale, and unlike a
-        # masked_fill it costs backward nothing.
-        additive_mask = torch.zeros(may_attend.shape, dtype=attn_scores.dtype, device=q.device)
-        additive_mask.masked_fill_(~may_attend, float("-inf"))  # (B or 1, 1, T, S)
-        scaled_scores.add_(additive_mask)  # (B, nh, T, S)
-    attn_weights = torch.softmax(scaled_scores, dim=-1)  # (B, nh, T, S)
-    if mask.empty_rows is not None:
-        attn_weights = attn_weights.masked_fill(mask.empty_rows, 0.0)  # (B, nh, T, S)
-    if dropout_p > 0.0:
-        attn_weights = F.dropout(attn_weights, p=dropout_p, training=True)  # (B, nh, T, S)
-    return attn_weights @ v  # (B, nh, T, S) @ (B, nh, S, hs) -> (B, nh, T, hs)
 
 
 def _heads_alone(trace: LayerTrace, n_head: int) -> list[int] | None:

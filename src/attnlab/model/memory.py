@@ -226,11 +226,13 @@ def check_memory(params: int, dtype: torch.dtype, device: str | torch.device, *,
 
 
 def trace_use(config: GPTConfig, tokens: int, names: Iterable[str], *, layers: int,
-              heads: int, rows: int | None = None, fix: str = "") -> Use:
+              heads: int, rows: int | None = None, fix: str = "",
+              device: str | torch.device | None = None) -> Use:
     """What a `Trace` of `names` keeps over `layers` layers and `heads` query heads for one
     text of `tokens` tokens (`rows` query rows of the scores and weights; None: every one),
     in the model's dtype, and the traced layer's working copies of its raw, masked and
-    softmaxed scores while the forward runs: for a load's fit check (`fix` as `Use`'s). Each
+    softmaxed scores while the forward runs, or a capped model's on `device`
+    (`capped_scores`): for a load's fit check (`fix` as `Use`'s). Each
     name's size is read from its shape in `names.NAMES`; names the model never computes
     count nothing."""
     absent = absent_names(config)
@@ -249,18 +251,22 @@ def trace_use(config: GPTConfig, tokens: int, names: Iterable[str], *, layers: i
     # summaries alone are made in tiles: no (T, S) at all; the traced layer's working
     # copies and a capped model's explicit path (every layer, every head) come one at a time
     working = 3 * heads * R * tokens if set(kept) & WEIGHT_NAMES else 0
-    elements += max(working, capped_scores(config, tokens))
+    elements += max(working, capped_scores(config, tokens, device=device))
     shown = ", ".join(kept[:3]) + (f" and {len(kept) - 3} more" if len(kept) > 3 else "")
     return Use(f"the traced {shown} of {layers} layer{'s' * (layers != 1)} x {heads} "
                f"head{'s' * (heads != 1)} over {tokens:,} tokens", elements=elements, fix=fix)
 
 
-def capped_scores(config: GPTConfig, tokens: int, batch: int = 1) -> int:
+def capped_scores(config: GPTConfig, tokens: int, batch: int = 1,
+                  device: str | torch.device | None = None) -> int:
     """Elements a model that caps its attention scores (attn_logit_softcapping, Gemma 2)
-    holds at once in each layer's forward over `tokens` tokens: SDPA has no cap step, so its
-    attention takes the explicit path, with (B, nh, T, T) scores and weights and a (B, 1, T,
-    T) mask. 0 for an uncapped model, whose fused attention holds no (T, T)."""
-    if config.attn_logit_softcapping is None:
+    holds at once in each layer's forward over `tokens` tokens on `device` without
+    autograd: SDPA has no cap step, so its attention takes the explicit path, whole on a GPU,
+    with (B, nh, T, T) scores and weights and a (B, 1, T, T) mask. 0 for an uncapped model,
+    whose fused attention holds no (T, T), and on a CPU, where that path runs in tiles of a
+    few MB (`explicit.explicit_attend`). device None: counted as on a GPU."""
+    on_cpu = device is not None and torch.device(device).type == "cpu"
+    if config.attn_logit_softcapping is None or on_cpu:
         return 0
     return (2 * config.n_head + 1) * batch * tokens * tokens
 

@@ -155,7 +155,7 @@ def _masked_add(may_attend: Tensor, i0: int, i1: int, picked: Tensor | None, m0:
                 dtype: torch.dtype) -> Tensor:
     """0 where query i0 + r (or picked[r]) may attend key m0 + c, -inf where not:
     (B or 1, 1, rows, k1 - m0). Added to the scores it masks them as the reference path
-    does (`attention._explicit`), in one pass that costs a fraction of a masked_fill_'s with
+    does (`explicit._whole`), in one pass that costs a fraction of a masked_fill_'s with
     the mask broadcast over the heads (docs/performance.md#trace-on-an-intel-xeon)."""
     allowed = _rows_of(may_attend, i0, i1, picked)[..., m0:k1]  # (B or 1, 1, rows, keys)
     return torch.zeros(allowed.shape, dtype=dtype, device=allowed.device).masked_fill_(
@@ -384,15 +384,28 @@ def _whole_weights(q: Tensor, key_t: Tensor, scores: Tensor | None, mask: Mask,
     return attn_weights
 
 
+def tiled_attend(q: Tensor, k: Tensor, v: Tensor, mask: Mask, may_attend: Tensor | None,
+                 scale: float, softcap: float | None = None) -> Tensor:
+    """`attend`'s explicit steps a tile of queries and heads at a time (`stream_tile`), over
+    each tile's keys alone (none past a causal diagonal), the weights discarded: no (B, nh,
+    T, S) tensor. For a soft-capped model's forward without autograd, which SDPA cannot
+    compute (docs/models.md#soft-capping). q (B, nh, T, hs), k and v (B, nh, S, hs) as
+    `traced_attend` takes them; returns the context (B, nh, T, hs)."""
+    key_t = _for_blocks(k).transpose(-2, -1)  # (B, nh, S, hs) -> (B, nh, hs, S)
+    return _streamed(_for_blocks(q), key_t, v, mask, may_attend, scale, None, softcap)
+
+
 def _streamed(q: Tensor, key_t: Tensor, v: Tensor, mask: Mask, may_attend: Tensor | None,
-              scale: float, summaries: Summaries, softcap: float | None = None) -> Tensor:
+              scale: float, summaries: Summaries | None, softcap: float | None = None) -> Tensor:
     """A trace of summaries alone: each tile's weights (`stream_tile`) reduced into
-    `summaries`, its context kept, the weights discarded. Returns the context (B, nh, T, hs)."""
+    `summaries` (None: none kept), its context kept, the weights discarded. Returns the
+    context (B, nh, T, hs)."""
     B, nh, T, _ = q.shape
     S = key_t.shape[-1]
     rows, heads = stream_tile(q, S)
     spans = _spans(mask, may_attend, T, S, rows)
     context = v.new_empty((B, nh, T, v.shape[-1]))  # (B, nh, T, hs)
+    dtype = None if summaries is None else summaries.dtype  # the softmax's
     for i0, (k0, k1, m0) in zip(range(0, T, rows), spans, strict=True):
         i1 = min(i0 + rows, T)
         masked_add = (None if may_attend is None or m0 == k1
@@ -400,9 +413,10 @@ def _streamed(q: Tensor, key_t: Tensor, v: Tensor, mask: Mask, may_attend: Tenso
         for h0 in range(0, nh, heads):
             h = slice(h0, h0 + heads)
             weights = _block_weights(q[:, h], key_t[:, h], None, mask, may_attend, scale, i0, i1,
-                                     (k0, k1, m0), summaries.dtype, masked_add,
-                                     softcap=softcap)
-            summaries.add(weights, i0, k0, h0)  # (B, heads, rows, keys)
+                                     (k0, k1, m0), dtype, masked_add,
+                                     softcap=softcap)  # (B, heads, rows, keys)
+            if summaries is not None:
+                summaries.add(weights, i0, k0, h0)
             # (B, heads, rows, keys) @ (B, heads, keys, hs) -> (B, heads, rows, hs)
             context[:, h, i0:i1] = weights.to(v.dtype) @ v[:, h, k0:k1]
     return context

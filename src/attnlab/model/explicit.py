@@ -1,0 +1,61 @@
+"""`attend`'s explicit path without a trace: scale, cap, mask, softmax, dropout and the
+product with the values, step by step, as the seeds write them (`_whole`), or for a
+soft-capped model's forward without autograd a tile of queries and heads at a time
+(`traced_attention.tiled_attend`). `attention.attend` picks the path; the traced path is
+`traced_attention.py`'s.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from .layers import soft_cap
+from .sdpa import expand_kv
+from .traced_attention import tiled_attend
+
+if TYPE_CHECKING:
+    from .attention import Mask
+
+
+def explicit_attend(q: Tensor, k: Tensor, v: Tensor, mask: Mask, may_attend: Tensor | None,
+                    scale: float, dropout_p: float, softcap: float | None) -> Tensor:
+    """`attend`'s path without a trace where SDPA does not serve (a soft cap, or
+    fused=False): a capped model's in tiles (`tiled_attend`) on a CPU where nothing needs
+    its gradient or dropout, as fast as SDPA with no (B, nh, T, S) tensor
+    (docs/models.md#soft-capping); else the steps whole (`_whole`)."""
+    needs_grad = torch.is_grad_enabled() and (q.requires_grad or k.requires_grad
+                                              or v.requires_grad)
+    if softcap is None or dropout_p > 0.0 or needs_grad or q.device.type != "cpu":
+        return _whole(q, k, v, mask, may_attend, scale, dropout_p, softcap)
+    nh = q.shape[1]
+    return tiled_attend(q, expand_kv(k, nh), expand_kv(v, nh), mask, may_attend, scale, softcap)
+
+
+def _whole(q: Tensor, k: Tensor, v: Tensor, mask: Mask, may_attend: Tensor | None,
+           scale: float, dropout_p: float, softcap: float | None = None) -> Tensor:
+    """`attend`'s reference path without a trace, step by step (scale, cap, mask, softmax,
+    dropout, weights @ v). Grouped-query k and v are copied out to every query head, as the
+    traced path's are, so that an edit or a trace of the scores gives this path's output bit
+    for bit (the same products, the same shapes)."""
+    k = expand_kv(k, q.shape[1])  # (B, nh, S, hs)
+    v = expand_kv(v, q.shape[1])  # (B, nh, S, hs)
+    attn_scores = q @ k.transpose(-2, -1)  # (B, nh, T, hs) @ (B, nh, hs, S) -> (B, nh, T, S)
+    # Nothing else reads the raw scores, so scale them in place: every (B, nh, T, S) tensor
+    # not allocated is one fewer in fresh pages (docs/performance.md#freed-memory).
+    scaled_scores = soft_cap(attn_scores.mul_(scale), softcap, inplace=True)  # (B, nh, T, S)
+    if may_attend is not None:
+        # + 0 or + -inf gives exactly masked_fill(-inf) then * scale, and unlike a
+        # masked_fill it costs backward nothing.
+        additive_mask = torch.zeros(may_attend.shape, dtype=attn_scores.dtype, device=q.device)
+        additive_mask.masked_fill_(~may_attend, float("-inf"))  # (B or 1, 1, T, S)
+        scaled_scores.add_(additive_mask)  # (B, nh, T, S)
+    attn_weights = torch.softmax(scaled_scores, dim=-1)  # (B, nh, T, S)
+    if mask.empty_rows is not None:
+        attn_weights = attn_weights.masked_fill(mask.empty_rows, 0.0)  # (B, nh, T, S)
+    if dropout_p > 0.0:
+        attn_weights = F.dropout(attn_weights, p=dropout_p, training=True)  # (B, nh, T, S)
+    return attn_weights @ v  # (B, nh, T, S) @ (B, nh, S, hs) -> (B, nh, T, hs)
