@@ -25,11 +25,15 @@ def explicit_attend(q: Tensor, k: Tensor, v: Tensor, mask: Mask, may_attend: Ten
                     scale: float, dropout_p: float, softcap: float | None) -> Tensor:
     """`attend`'s path without a trace where SDPA does not serve (a soft cap, or
     fused=False): a capped model's in tiles (`tiled_attend`) on a CPU where nothing needs
-    its gradient or dropout, as fast as SDPA with no (B, nh, T, S) tensor
-    (docs/models.md#soft-capping); else the steps whole (`_whole`)."""
+    its gradient or dropout and more than one query runs uncompiled, as fast as SDPA with
+    no (B, nh, T, S) tensor (docs/models.md#soft-capping); else the steps whole
+    (`_whole`)."""
     needs_grad = torch.is_grad_enabled() and (q.requires_grad or k.requires_grad
                                               or v.requires_grad)
-    if softcap is None or dropout_p > 0.0 or needs_grad or q.device.type != "cpu":
+    # a decode step's one query row is small whole; the tiles' spans are data-dependent,
+    # which a compiled step cannot trace
+    whole = q.shape[2] == 1 or torch.compiler.is_compiling()
+    if softcap is None or dropout_p > 0.0 or needs_grad or q.device.type != "cpu" or whole:
         return _whole(q, k, v, mask, may_attend, scale, dropout_p, softcap)
     nh = q.shape[1]
     return tiled_attend(q, expand_kv(k, nh), expand_kv(v, nh), mask, may_attend, scale, softcap)
