@@ -275,7 +275,8 @@ def modern_switches(n_layer: int = 2) -> Any:
     partial rotary and scaling, RMSNorm, SwiGLU, head_dim, QK-norm, attention biases,
     parallel residual, sliding windows, Gemma's (1 + w) norm, GeGLU, scaled embeddings and
     sandwich norms, Gemma 3's RoPE base of its windowed layers, Gemma 2's soft caps of scores
-    and logits), valid for
+    and logits, OLMo 2's blocks without pre-norms and its QK-norm over whole q and k), valid
+    for
     a model with 4 query heads (head size 4 or 8). The property tests of model, attention,
     cache, trace and generation draw from it so every invariant runs over every switch."""
     from hypothesis import strategies as st
@@ -300,6 +301,7 @@ def modern_switches(n_layer: int = 2) -> Any:
             "head_dim": draw(st.sampled_from([None, 8])),
             "d_ff": draw(st.sampled_from([None, 24])),
             "qk_norm": draw(st.booleans()),
+            "pre_norm": draw(st.booleans()),
             "qkv_bias": draw(st.sampled_from([None, True, False])),
             "out_bias": draw(st.sampled_from([None, True, False])),
             "parallel_residual": draw(st.booleans()),
@@ -312,8 +314,9 @@ def modern_switches(n_layer: int = 2) -> Any:
             switches["rotary_pct"] = draw(st.sampled_from([1.0, 0.5]))
             switches["rope_theta"] = draw(st.sampled_from([10000.0, 500.0]))
             switches["rope_scaling"] = draw(st.sampled_from(scalings))
-        # sandwich norms need the sequential residual
+        # sandwich norms need the sequential residual; the whole-width QK-norm, QK-norm
         switches["sandwich_norm"] = not switches["parallel_residual"] and draw(st.booleans())
+        switches["qk_norm_whole"] = switches["qk_norm"] and draw(st.booleans())
         window = draw(st.sampled_from([None, 2, 3]))
         if window is not None:
             switches["sliding_window"] = window

@@ -1,4 +1,5 @@
-"""hf/: attnlab on Llama / Mistral / Qwen2 / Qwen3 / GPT-NeoX / Gemma / Phi-3 weights equals
+"""hf/: attnlab on Llama / Mistral / Qwen2 / Qwen3 / GPT-NeoX / Gemma / Phi-3 / OLMo 2 weights
+equals
 transformers' eager attention on the same random weights (nothing downloaded), and exports back.
 
 Two shapes per family, between them: GQA, tied and untied heads, head_dim != C / nh,
@@ -6,7 +7,7 @@ attention / MLP biases, partial rotary, rope_theta != 10000, llama3 and linear R
 sliding windows shorter than the sequence (all layers, and some layers), QK-norm, parallel
 and sequential residual, Gemma's scaled embeddings, (1 + w) norm and GeGLU, Gemma 3's sandwich
 norms and per-layer-type RoPE, Gemma 2's soft caps, Phi-3's fused q/k/v and gate/up
-projections; and one yarn
+projections, OLMo 2's output-only norms and whole-width QK-norm; and one yarn
 case per family, its original_max_position_embeddings (16) shorter than the sequences, its
 attention factor derived (from factor, or mscale / mscale_all_dim) or given. Each model is
 written with `save_pretrained` and read back with `load_hf`, so the directory reading is
@@ -152,6 +153,15 @@ CASES: dict[str, tuple[str, dict[str, Any]]] = {
         **{**SMALL, "num_hidden_layers": 3}, tie_word_embeddings=True,
         rope_parameters={"rope_type": "default", "rope_theta": 10000.0,
                          "partial_rotary_factor": 0.75})),
+    # OLMo 2: norms on the branches' outputs alone, QK-norm over the whole q and k; GQA,
+    # untied, rope_theta 5e5
+    "olmo2-gqa": ("Olmo2", dict(
+        **SMALL, num_key_value_heads=2, tie_word_embeddings=False,
+        rope_parameters={"rope_type": "default", "rope_theta": 500000.0})),
+    # attention biases on all four projections, multi-query, tied, head_dim 16 != 32 / 4
+    "olmo2-bias-mqa": ("Olmo2", dict(
+        **{**SMALL, "num_hidden_layers": 3}, num_key_value_heads=1, head_dim=16,
+        attention_bias=True, tie_word_embeddings=True)),
 }
 # the model class where it is not f"{prefix}ForCausalLM"
 MODEL_CLASS = {"Gemma3Text": "Gemma3ForCausalLM"}
@@ -427,6 +437,34 @@ def test_a_phi3_directory_splits_its_fused_matrices_and_exports_as_phi3(
     reloaded = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "out")
     for name, tensor in hf.state_dict().items():
         assert torch.equal(reloaded.state_dict()[name], tensor), name
+
+
+def test_an_olmo2_directory_reads_its_norms_and_no_other_family_writes_it(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """OLMo 2's blocks: no norm before a branch, one after each (its post_attention_layernorm
+    is the attention's output norm, not Llama's pre-MLP norm), QK-norm weights as wide as a
+    token's q and k; `attnlab info` names the family and counts transformers' parameters;
+    exporting it as Llama or Gemma 2 is refused with what those lack."""
+    from attnlab.cli import main
+
+    hf = hf_model("olmo2-gqa")
+    hf.save_pretrained(tmp_path)
+    ours = load_hf(tmp_path)
+    block, layer = ours.blocks[0], hf.model.layers[0]
+    assert isinstance(block.ln_1, torch.nn.Identity) and isinstance(block.ln_2, torch.nn.Identity)
+    assert torch.equal(block.ln_attn_post.weight, layer.post_attention_layernorm.weight)
+    assert torch.equal(block.ln_mlp_post.weight, layer.post_feedforward_layernorm.weight)
+    assert block.attn.q_norm.weight.shape == (32,) and block.attn.k_norm.weight.shape == (16,)
+    assert main(["info", str(tmp_path), "--json"]) == 0
+    info = json.loads(capsys.readouterr().out)
+    assert (info["family"], info["architecture"]) == ("olmo2", "Olmo2ForCausalLM")
+    assert info["parameters"] == hf.num_parameters()
+    with pytest.raises(ValueError, match=r"LlamaForCausalLM cannot express this model: it "
+                                         r"needs pre_norm=True, qk_norm_whole=False, "
+                                         r"sandwich_norm=False, qk_norm=False"):
+        save_hf(tmp_path / "llama", ours, family="llama")
+    with pytest.raises(ValueError, match=r"Gemma2ForCausalLM .* pre_norm=True"):
+        save_hf(tmp_path / "gemma2", ours, family="gemma2")
 
 
 @pytest.mark.parametrize("case", ["gemma-mqa", "gemma3-local-rope", "gemma2-caps-window"])

@@ -169,9 +169,10 @@ REFUSED: list[tuple[str, Any, str]] = [
      "'rope_theta': 10000.0}: per-layer-type RoPE parameters are not supported"),
     ("model_type", lambda: {"model_type": "falcon", "hidden_size": 32},
      "config.json has model_type='falcon'; attnlab imports gpt2, llama, mistral, qwen2, qwen3, "
-     "gpt_neox, gemma, gemma2, gemma3_text, phi3 (GPT2LMHeadModel, LlamaForCausalLM, "
+     "gpt_neox, gemma, gemma2, gemma3_text, phi3, olmo2 (GPT2LMHeadModel, LlamaForCausalLM, "
      "MistralForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM, GPTNeoXForCausalLM, "
-     "GemmaForCausalLM, Gemma2ForCausalLM, Gemma3ForCausalLM, Phi3ForCausalLM)"),
+     "GemmaForCausalLM, Gemma2ForCausalLM, Gemma3ForCausalLM, Phi3ForCausalLM, "
+     "Olmo2ForCausalLM)"),
     ("multimodal gemma3", lambda: {"model_type": "gemma3", "architectures": [
         "Gemma3ForConditionalGeneration"], "text_config": {"model_type": "gemma3_text"}},
      "config.json has model_type='gemma3': that is the multimodal "
@@ -202,8 +203,12 @@ def test_the_hugging_face_configs_as_saved_all_map() -> None:
             ("Mistral", {**SMALL, **ODD, "sliding_window": 7}), ("Qwen2", {**SMALL, **ODD_QWEN}),
             ("Qwen3", {**SMALL, **ODD_QWEN, "head_dim": 16}), ("GPTNeoX", {**NEOX, **ODD_NEOX}),
             ("GPT2", ODD_GPT2), ("Phi3", {**SMALL, "pad_token_id": None}),
-            ("Phi3", {**SMALL, **ODD, "sliding_window": 7, "pad_token_id": None,
-                      "partial_rotary_factor": 0.5})]:
+            # a copy of ODD's RoPE: Phi3Config writes the partial factor into the dict given
+            ("Phi3", {**SMALL, **ODD, "rope_parameters": dict(ODD["rope_parameters"]),
+                      "sliding_window": 7, "pad_token_id": None, "partial_rotary_factor": 0.5}),
+            ("Olmo2", {**SMALL, "pad_token_id": None, "eos_token_id": None}),
+            ("Olmo2", {**SMALL, **ODD, "attention_bias": True, "pad_token_id": None,
+                       "eos_token_id": None})]:
         assert_read_as_transformers_reads(hf_dict(prefix, **fields))
 
 

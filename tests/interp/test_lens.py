@@ -16,6 +16,7 @@ from attnlab.interp.lens import (
     residual_parts,
     top_tokens,
 )
+from attnlab.model.layers import GemmaRMSNorm
 from attnlab.model.trace import Trace
 from helpers import left_padded, one_head_model
 
@@ -303,6 +304,9 @@ def test_the_output_projections_bias_is_its_own_term_of_the_logit() -> None:
     {"norm": "gemma_rmsnorm", "mlp": "geglu", "pos": "rope", "sandwich_norm": True},
     {"sandwich_norm": True},  # LayerNorms with biases: the post-norm's bias is a constant
     {"sandwich_norm": True, "attn_out_proj": False, "mlp": "none"},
+    # OLMo 2: no pre-norms, QK-norm over whole q and k
+    {"norm": "rmsnorm", "mlp": "swiglu", "pos": "rope", "sandwich_norm": True,
+     "pre_norm": False, "qk_norm": True, "qk_norm_whole": True},
 ])
 def test_attribution_through_sandwich_norms(overrides: dict) -> None:
     """A Gemma 2 / 3 block norms its attention's output before adding it: each head's term
@@ -324,11 +328,12 @@ def test_attribution_through_sandwich_norms(overrides: dict) -> None:
     trace = Trace(names=["attn_out_normed", "block_out"]).run(model, idx)
     final = trace.get("block_out", 1)[:, -1]  # (3, C)
     ln_f = model.ln_f
-    layer_norm = isinstance(ln_f, torch.nn.LayerNorm)  # else Gemma's (1 + w) RMSNorm
+    layer_norm = isinstance(ln_f, torch.nn.LayerNorm)  # else an RMSNorm
     moment = final.var(-1, unbiased=False, keepdim=True) if layer_norm else final.pow(2).mean(
         -1, keepdim=True)  # (3, 1)
     sigma = (moment + ln_f.eps).sqrt()  # (3, 1)
-    gamma = ln_f.weight if layer_norm else 1.0 + ln_f.weight  # (C,)
+    gemma = isinstance(ln_f, GemmaRMSNorm)  # scales by 1 + w
+    gamma = 1.0 + ln_f.weight if gemma else ln_f.weight  # (C,)
     w_u = model.lm_head.weight[target]  # (3, C)
     for layer in range(2):
         added = trace.get("attn_out_normed", layer)[:, -1]  # (3, C): what the block adds

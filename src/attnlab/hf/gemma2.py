@@ -15,7 +15,7 @@ from ..model.gpt import GPTConfig
 from .fields import Fields
 from .gemma3 import WEIGHTS, sandwich_config, sandwich_to_hf
 from .llama import out_bias_of, qkv_bias_of
-from .registry import Family, misfits_of
+from .registry import Family, misfits_of, pre_normed
 
 # hub configs carry hidden_act beside hidden_activation, which Gemma 2's MLP reads in
 # transformers 5; and ask generate for the sliding-window cache (attnlab has its own)
@@ -45,6 +45,7 @@ def _misfits(c: GPTConfig) -> list[str]:
         "local_rope_theta=None": c.local_rope_theta is None, "bias=False": not c.bias,
         "qkv_bias == out_bias": qkv_bias_of(c) == out_bias_of(c),
         "rotary_pct=1.0": c.rotary_pct == 1.0, "attn_out_proj=True": c.attn_out_proj,
+        **pre_normed(c),
     })
 
 

@@ -21,7 +21,14 @@ from ..model.gpt import GPTConfig
 from .fields import MAX_CONTEXT, Fields, rope_from_hf, rope_to_hf
 from .llama import LLAMA_WEIGHTS, llama_like_config, llama_like_to_hf, out_bias_of, qkv_bias_of
 from .qwen2 import LAYER_TYPES
-from .registry import Family, WeightMap, misfits_of, uncapped, window_layers_to_hf
+from .registry import (
+    Family,
+    WeightMap,
+    misfits_of,
+    pre_normed,
+    uncapped,
+    window_layers_to_hf,
+)
 
 WEIGHTS = WeightMap(
     top=LLAMA_WEIGHTS.top, layer=LLAMA_WEIGHTS.layer, base=LLAMA_WEIGHTS.base,
@@ -139,7 +146,7 @@ def _misfits(c: GPTConfig) -> list[str]:
         "sandwich_norm=True": c.sandwich_norm, "qk_norm=True": c.qk_norm,
         "bias=False": not c.bias, "qkv_bias == out_bias": qkv_bias_of(c) == out_bias_of(c),
         "rotary_pct=1.0": c.rotary_pct == 1.0, "attn_out_proj=True": c.attn_out_proj,
-        **uncapped(c),
+        **uncapped(c), **pre_normed(c),
     })
 
 

@@ -17,7 +17,7 @@ from torch import Tensor
 
 from ..model.gpt import GPTConfig
 from .fields import MAX_CONTEXT, Fields
-from .registry import QKV, Family, Fused, WeightMap, misfits_of, uncapped
+from .registry import QKV, Family, Fused, WeightMap, misfits_of, pre_normed, uncapped
 
 
 def _split(qkv: Tensor, config: GPTConfig) -> tuple[Tensor, Tensor, Tensor]:
@@ -80,7 +80,7 @@ def _misfits(c: GPTConfig) -> list[str]:
         "head_dim=None": c.head_dim in (None, c.n_embd // c.n_head),
         "attn_scale in (None, 1.0)": c.attn_scale in (None, 1.0),
         "parallel_residual=False": not c.parallel_residual, "qk_norm=False": not c.qk_norm,
-        "sliding_window=None": c.sliding_window is None, **uncapped(c),
+        "sliding_window=None": c.sliding_window is None, **uncapped(c), **pre_normed(c),
         "scale_embeddings=False": not c.scale_embeddings, "sandwich_norm=False":
         not c.sandwich_norm,
     })

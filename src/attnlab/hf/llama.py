@@ -12,7 +12,7 @@ from typing import Any
 
 from ..model.gpt import GPTConfig
 from .fields import MAX_CONTEXT, SILUS, Fields, rope_from_hf, rope_to_hf
-from .registry import Family, WeightMap, misfits_of, uncapped
+from .registry import Family, WeightMap, misfits_of, pre_normed, uncapped
 
 LLAMA_WEIGHTS = WeightMap(
     top={"wte": "model.embed_tokens", "ln_f": "model.norm", "lm_head": "lm_head"},
@@ -78,17 +78,19 @@ def llama_like_to_hf(config: GPTConfig, family: Family, **extra: Any) -> dict[st
 
 
 def llama_like_misfits(config: GPTConfig, **needed: bool) -> list[str]:
-    """What keeps `config` from being a Llama-style model, plus the family's own needs."""
+    """What keeps `config` from being a Llama-style model, plus the family's own needs, which
+    replace Llama's on the same field (OLMo 2's "pre_norm=False" Llama's "pre_norm=True")."""
     c = config
-    return misfits_of({
+    own = {name.split("=")[0].rstrip() for name in needed}
+    return misfits_of({name: ok for name, ok in {
         "pos='rope'": c.pos == "rope", "norm='rmsnorm'": c.norm == "rmsnorm",
         "mlp='swiglu'": c.mlp == "swiglu", "rotary_pct=1.0": c.rotary_pct == 1.0,
         "parallel_residual=False": not c.parallel_residual,
         "residual=True": c.residual, "attn_out_proj=True": c.attn_out_proj,
-        "attn_scale=None": c.attn_scale is None, **uncapped(c),
+        "attn_scale=None": c.attn_scale is None, **uncapped(c), **pre_normed(c),
         "scale_embeddings=False": not c.scale_embeddings, "sandwich_norm=False":
-        not c.sandwich_norm, "local_rope_theta=None": c.local_rope_theta is None, **needed,
-    })
+        not c.sandwich_norm, "local_rope_theta=None": c.local_rope_theta is None,
+    }.items() if name.split("=")[0].rstrip() not in own} | needed)
 
 
 def qkv_bias_of(c: GPTConfig) -> bool:

@@ -207,6 +207,12 @@ def uncapped(config: GPTConfig) -> dict[str, bool]:
             "final_logit_softcapping=None": config.final_logit_softcapping is None}
 
 
+def pre_normed(config: GPTConfig) -> dict[str, bool]:
+    """The requirements of a family whose blocks norm each branch's input and whose QK-norm
+    (if any) is per head: every one but OLMo 2 (an export would drop the difference)."""
+    return {"pre_norm=True": config.pre_norm, "qk_norm_whole=False": not config.qk_norm_whole}
+
+
 def window_layers_to_hf(config: GPTConfig) -> list[str]:
     """Hugging Face layer_types for a GPTConfig's sliding_window / window_layers."""
     windowed = set(range(config.n_layer) if config.window_layers is None

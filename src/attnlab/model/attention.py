@@ -342,7 +342,8 @@ class CausalSelfAttention(nn.Module):
         bias: bias on the q/k/v (and output) projections.
         out_bias: bias on the output projection; None = `bias` (Qwen2: q/k/v only).
         qk_norm: a norm (weight (hs,), eps `norm_eps`) on each head's q and k before RoPE
-            (Qwen3, Gemma 3): `qk_norm_kind` "rmsnorm" or "gemma_rmsnorm".
+            (Qwen3, Gemma 3): `qk_norm_kind` "rmsnorm" or "gemma_rmsnorm"; with
+            `qk_norm_whole`, one over each token's whole q (d_out) and k (OLMo 2).
         out_proj: add the output projection back to d_in (GPT-2's attention); False returns
             the concatenated heads of width d_out (the book's `CausalAttention`, the
             hello-world model).
@@ -373,6 +374,7 @@ class CausalSelfAttention(nn.Module):
         norm_eps: float = 1e-5,
         qk_norm_kind: str = "rmsnorm",
         softcap: float | None = None,
+        qk_norm_whole: bool = False,
     ) -> None:
         super().__init__()
         d_out = d_in if d_out is None else d_out
@@ -400,8 +402,11 @@ class CausalSelfAttention(nn.Module):
         out_bias = bias if out_bias is None else out_bias
         self.out_proj = Linear(d_out, d_in, bias=out_bias) if out_proj else None
         self.out_dropout = nn.Dropout(dropout)
-        self.q_norm = make_norm(qk_norm_kind, self.head_size, eps=norm_eps) if qk_norm else None
-        self.k_norm = make_norm(qk_norm_kind, self.head_size, eps=norm_eps) if qk_norm else None
+        # over each head's hs, or (qk_norm_whole, OLMo 2) each token's whole q and k
+        q_dim, k_dim = (d_out, d_kv) if qk_norm_whole else (self.head_size, self.head_size)
+        self.qk_norm_whole = qk_norm_whole
+        self.q_norm = make_norm(qk_norm_kind, q_dim, eps=norm_eps) if qk_norm else None
+        self.k_norm = make_norm(qk_norm_kind, k_dim, eps=norm_eps) if qk_norm else None
 
     def _heads(self, x: Tensor, n: int) -> Tensor:
         B, T, _ = x.shape
@@ -434,11 +439,15 @@ class CausalSelfAttention(nn.Module):
             raise ValueError(f"x must be (B, T, C), got shape {tuple(x.shape)}")
         source = x if context is None else context
         B, T, _ = x.shape
-        q = self._heads(self.query(x), self.n_head)  # (B, nh, T, hs)
-        k = self._heads(self.key(source), self.n_kv_head)  # (B, nkv, S_new, hs)
+        q, k = self.query(x), self.key(source)  # (B, T, nh * hs), (B, S_new, nkv * hs)
+        q_norm, k_norm = self.q_norm, self.k_norm
+        if q_norm is not None and k_norm is not None and self.qk_norm_whole:
+            q, k = q_norm(q), k_norm(k)  # over each token's whole q and k
+        q = self._heads(q, self.n_head)  # (B, nh, T, hs)
+        k = self._heads(k, self.n_kv_head)  # (B, nkv, S_new, hs)
         v = self._heads(self.value(source), self.n_kv_head)  # (B, nkv, S_new, hs)
-        if self.q_norm is not None and self.k_norm is not None:
-            q, k = self.q_norm(q), self.k_norm(k)  # per head, over hs
+        if q_norm is not None and k_norm is not None and not self.qk_norm_whole:
+            q, k = q_norm(q), k_norm(k)  # per head, over hs
         if rope is not None:
             if trace is not None:
                 q = trace.record("q_pre_rope", q)

@@ -1,5 +1,6 @@
 """One transformer block: norm -> attention -> residual add, norm -> MLP -> residual add, in
-the variants `GPTConfig` switches on (GPT-NeoX's parallel residual, Gemma's sandwich norms).
+the variants `GPTConfig` switches on (GPT-NeoX's parallel residual, Gemma's sandwich norms,
+OLMo 2's norms on the branches' outputs alone).
 `gpt.py` stacks the blocks; `decode.py` runs the same wiring for one token at a time.
 """
 
@@ -24,7 +25,8 @@ class Block(nn.Module):
         super().__init__()
         c = config
         self.residual, self.parallel = c.residual, c.parallel_residual
-        self.ln_1 = norm_of(c)
+        # OLMo 2 norms no branch's input (pre_norm=False): the identity stands in
+        self.ln_1 = norm_of(c) if c.pre_norm else nn.Identity()
         has_mlp = c.mlp != "none"
         # Gemma 2 / 3: each branch's output normed again before its residual add
         self.ln_attn_post = norm_of(c) if c.sandwich_norm else None
@@ -34,11 +36,11 @@ class Block(nn.Module):
             bias=c.bias if c.qkv_bias is None else c.qkv_bias,
             out_bias=c.bias if c.out_bias is None else c.out_bias,
             out_proj=c.attn_out_proj, dropout=c.dropout, scale=c.attn_scale,
-            qk_norm=c.qk_norm, norm_eps=c.norm_eps,
+            qk_norm=c.qk_norm, qk_norm_whole=c.qk_norm_whole, norm_eps=c.norm_eps,
             qk_norm_kind="gemma_rmsnorm" if c.norm == "gemma_rmsnorm" else "rmsnorm",
             softcap=c.attn_logit_softcapping,
         )
-        self.ln_2 = norm_of(c) if has_mlp else None
+        self.ln_2 = (norm_of(c) if c.pre_norm else nn.Identity()) if has_mlp else None
         self.mlp = MLP(
             c.n_embd, c.ff_size, gated=c.mlp in ("swiglu", "geglu"), gelu=c.gelu, bias=c.bias,
             dropout=c.dropout, gate_act="gelu" if c.mlp == "geglu" else "silu",

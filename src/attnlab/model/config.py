@@ -57,6 +57,8 @@ class GPTConfig:
     d_ff: int | None = None  # MLP hidden width; None = 4 * n_embd
     head_dim: int | None = None  # hs; None = n_embd // n_head
     qk_norm: bool = False  # RMSNorm on each head's q and k before RoPE (Qwen3)
+    # QK-norm over each token's whole q (nh * hs) and k (nkv * hs), not each head's (OLMo 2)
+    qk_norm_whole: bool = False
     qkv_bias: bool | None = None  # bias on query/key/value; None = bias
     out_bias: bool | None = None  # bias on the attention output projection; None = bias
     parallel_residual: bool = False  # x + attn(ln_1(x)) + mlp(ln_2(x)) (GPT-NeoX)
@@ -69,6 +71,9 @@ class GPTConfig:
     scale_embeddings: bool = False
     # a norm on each branch's output too, before its residual add (Gemma 2 and 3's "sandwich")
     sandwich_norm: bool = False
+    # a norm on each branch's input (False: none, OLMo 2's blocks, which with sandwich_norm
+    # norm only each branch's output)
+    pre_norm: bool = True
     # RoPE base of the layers with a sliding window, unscaled (Gemma 3: 10,000 there, the
     # others rope_theta and rope_scaling); None = every layer the same
     local_rope_theta: float | None = None
@@ -149,6 +154,9 @@ class GPTConfig:
         if self.sandwich_norm and (self.parallel_residual or not self.residual):
             raise ValueError("sandwich_norm norms each branch before its residual add: it needs "
                              "residual=True and parallel_residual=False")
+        if self.qk_norm_whole and not self.qk_norm:
+            raise ValueError("qk_norm_whole=True says how QK-norm spans q and k: it needs "
+                             "qk_norm=True")
         if self.local_rope_theta is not None and (
                 self.pos != "rope" or self.sliding_window is None or not self.local_rope_theta > 0):
             raise ValueError(f"local_rope_theta={self.local_rope_theta} is the RoPE base of the "

@@ -173,6 +173,9 @@ class _Norm(NamedTuple):
     gemma: bool = False  # Gemma's RMSNorm: scaled by 1 + weight
 
     def __call__(self, x: Tensor) -> Tensor:
+        if self.weight is not None and self.weight.shape[-1] != x.shape[-1]:
+            # QK-norm over each row's whole q or k (OLMo 2): (B, heads, 1, hs) as (B, heads * hs)
+            return self(x.reshape(x.shape[0], -1)).view(x.shape)
         if self.gemma:
             return gemma_rms_norm(x, cast(Tensor, self.weight), self.eps)
         if self.rms:
@@ -378,7 +381,7 @@ class DecodeStep:
             # one position per row: (B, heads * hs) is (B, heads, 1, hs) as it lies in memory
             q, k, v = qkv.view(B, nh + 2 * nkv, 1, hs).split_with_sizes((nh, nkv, nkv), dim=1)
             if layer.q_norm is not None and layer.k_norm is not None:
-                q, k = layer.q_norm(q), layer.k_norm(k)  # per head, over hs
+                q, k = layer.q_norm(q), layer.k_norm(k)  # per head, or (OLMo 2) whole
             rope = ropes[layer.window is not None]
             if rope is not None:
                 q, k = apply_rotary(q, *rope), apply_rotary(k, *rope)  # (B, nh|nkv, 1, hs)

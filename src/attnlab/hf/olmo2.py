@@ -1,0 +1,57 @@
+"""Olmo2ForCausalLM (OLMo 2): Llama-style attention and SwiGLU MLP in blocks that norm no
+branch's input, only each branch's output before its residual add (`pre_norm=False` with
+`sandwich_norm`: x + norm(attn(x)), then h + norm(mlp(h))), and QK-norm over each token's
+whole q and k, not each head's (`qk_norm_whole`), before RoPE. `attention_bias` puts a bias
+on all four projections. OLMo 2's RMSNorm multiplies by its weight before casting back to
+the input's dtype (Llama's casts first): the same in float32.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ..model.gpt import GPTConfig
+from .fields import Fields
+from .llama import (
+    LLAMA_WEIGHTS,
+    llama_like_config,
+    llama_like_misfits,
+    llama_like_to_hf,
+    out_bias_of,
+    qkv_bias_of,
+)
+from .registry import Family, WeightMap
+
+WEIGHTS = WeightMap(
+    top=LLAMA_WEIGHTS.top, layer=LLAMA_WEIGHTS.layer, base=LLAMA_WEIGHTS.base,
+    block={**{k: v for k, v in LLAMA_WEIGHTS.block.items() if k not in ("ln_1", "ln_2")},
+           "ln_attn_post": "post_attention_layernorm",
+           "ln_mlp_post": "post_feedforward_layernorm"},
+)
+
+
+def _config(f: Fields) -> dict[str, Any]:
+    attention_bias = f.flag("attention_bias", False)
+    return llama_like_config(f, max_positions=2048, bias=False, qkv_bias=attention_bias,
+                             out_bias=attention_bias, qk_norm=True, qk_norm_whole=True,
+                             pre_norm=False, sandwich_norm=True)
+
+
+def _misfits(c: GPTConfig) -> list[str]:
+    return llama_like_misfits(
+        c, **{"pre_norm=False": not c.pre_norm, "sandwich_norm=True": c.sandwich_norm,
+              "qk_norm=True": c.qk_norm, "qk_norm_whole=True": c.qk_norm_whole,
+              "bias=False": not c.bias, "sliding_window=None": c.sliding_window is None,
+              "qkv_bias == out_bias": qkv_bias_of(c) == out_bias_of(c)},
+    )
+
+
+def _to_hf(c: GPTConfig) -> dict[str, Any]:
+    return llama_like_to_hf(c, OLMO2, attention_bias=qkv_bias_of(c))
+
+
+OLMO2 = Family(
+    name="olmo2", model_type="olmo2", architecture="Olmo2ForCausalLM",
+    base_architecture="Olmo2Model", config_from_hf=_config, config_to_hf=_to_hf,
+    misfits=_misfits, weights=WEIGHTS,
+)
