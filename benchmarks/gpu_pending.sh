@@ -1,13 +1,14 @@
 #!/usr/bin/env bash
-# What a lent GPU can still run for issue 33, in one call of about 3 minutes: the cuda tests,
+# What a lent GPU can still run for issue 33, in one call of about 4 minutes: the cuda tests,
 # the weights pass against the explicit path from 1k to 8k tokens (7 alternating rounds a
-# way), and GPT-2 small's trace in bfloat16 beside Hugging Face's (never run on a GPU yet).
+# way), GPT-2 small's trace in bfloat16 beside Hugging Face's (never run on a GPU yet), and a
+# soft-capped forward whole or in tiles (whether explicit.TILE_DEVICES should take cuda).
 # From the repository root, carrying .whl:
 #
 #     OUT=$OUT bash benchmarks/gpu_pending.sh
 #
 # Under $OUT: pytest.txt; weights.md and weights.json (gpu_weights_pass); trace_bf16.md and
-# trace_bf16.json (gpu_trace in bfloat16).
+# trace_bf16.json (gpu_trace in bfloat16); capped.md and capped.json (gpu_capped).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT="${OUT:-bench-results/pending}"
@@ -34,3 +35,6 @@ cat "$OUT/weights.md"
 GPU_TRACE_DTYPE=bfloat16 step 150 gpu_trace_bf16 "$OUT/trace_bf16.md" \
   python -m benchmarks.gpu_trace --out "$OUT/trace_bf16.json"
 cat "$OUT/trace_bf16.md"
+step 90 gpu_capped "$OUT/capped.md" \
+  python -m benchmarks.gpu_capped --out "$OUT/capped.json"
+cat "$OUT/capped.md"

@@ -18,6 +18,7 @@ import pytest
 import torch
 from benchmarks import (
     gpu_bandwidth,
+    gpu_capped,
     gpu_decode,
     gpu_gemm,
     gpu_gqa,
@@ -318,3 +319,28 @@ def test_weights_pass_probe_runs_every_way_under_the_interpreter(tmp_path: Path)
         assert all("ms" in r for r in ways.values())
         assert all(ways[way]["max_difference"] < 1e-5 for way in gpu_weights_pass.WAYS)
         assert all(0 < ways[way]["max_error_vs_float64"] < 1e-5 for way in gpu_weights_pass.WAYS)
+
+
+def test_capped_probe_times_the_whole_path_and_the_tiles_alike(monkeypatch: Any) -> None:
+    """gpu_capped's smoke run on the CPU: each way timed at both lengths, the tiles' logits
+    the whole path's, and the tiles really taken (counted) and only in their way; the
+    devices that take tiles are as they were after it."""
+    from attnlab.model import explicit
+
+    taken: list[int] = []
+    tiled = explicit.tiled_attend
+
+    def counted(*args: Any) -> Any:
+        taken.append(1)
+        return tiled(*args)
+
+    monkeypatch.setattr(explicit, "tiled_attend", counted)
+    result = gpu_capped.run(quick=True, device="cpu")
+    [found] = result["runs"]
+    for ways in found["lengths"].values():
+        assert list(ways) == list(gpu_capped.WAYS) and all("ms" in r for r in ways.values())
+        assert ways["capped, tiles"]["max_difference"] < 1e-5
+    # two lengths x (measure's warm-up, peak and timed calls, the difference's call, one
+    # alternating round) x 2 layers
+    assert len(taken) == 2 * 5 * 2
+    assert sorted(explicit.TILE_DEVICES) == ["cpu"]

@@ -15,27 +15,35 @@ from torch import Tensor
 
 from .layers import soft_cap
 from .sdpa import expand_kv
+from .summaries import tile_elements
 from .traced_attention import tiled_attend
 
 if TYPE_CHECKING:
     from .attention import Mask
+
+#: devices where a capped forward without autograd runs in tiles: the CPU, where they were
+#: measured faster than the whole path (docs/models.md#soft-capping); on a GPU not yet
+#: measured (`benchmarks/gpu_capped.py` times both)
+TILE_DEVICES = {"cpu"}
 
 
 def explicit_attend(q: Tensor, k: Tensor, v: Tensor, mask: Mask, may_attend: Tensor | None,
                     scale: float, dropout_p: float, softcap: float | None) -> Tensor:
     """`attend`'s path without a trace where SDPA does not serve (a soft cap, or
     fused=False): a capped model's in tiles (`tiled_attend`) on a CPU where nothing needs
-    its gradient or dropout and more than one query runs uncompiled, as fast as SDPA with
-    no (B, nh, T, S) tensor (docs/models.md#soft-capping); else the steps whole
+    its gradient or dropout, its scores outgrow one tile and it runs uncompiled, as fast as
+    SDPA with no (B, nh, T, S) tensor (docs/models.md#soft-capping); else the steps whole
     (`_whole`)."""
     needs_grad = torch.is_grad_enabled() and (q.requires_grad or k.requires_grad
                                               or v.requires_grad)
-    # a decode step's one query row is small whole; the tiles' spans are data-dependent,
-    # which a compiled step cannot trace
-    whole = q.shape[2] == 1 or torch.compiler.is_compiling()
-    if softcap is None or dropout_p > 0.0 or needs_grad or q.device.type != "cpu" or whole:
+    # scores that fit one tile are faster whole (the tiles' set-up is most of a small
+    # call's time); the tiles' spans are data-dependent, which a compiled step cannot trace
+    B, nh, T, _ = q.shape
+    whole = B * nh * T * k.shape[2] <= tile_elements(q.device) or (
+        torch.compiler.is_compiling())
+    if softcap is None or dropout_p > 0.0 or needs_grad or whole or (
+            q.device.type not in TILE_DEVICES):
         return _whole(q, k, v, mask, may_attend, scale, dropout_p, softcap)
-    nh = q.shape[1]
     return tiled_attend(q, expand_kv(k, nh), expand_kv(v, nh), mask, may_attend, scale, softcap)
 
 
