@@ -203,6 +203,28 @@ def test_words_a_command_cannot_place_say_what_to_write(
     assert exit_.value.code == 2 and said in err and err.count("\n") == 1, err
 
 
+@pytest.mark.parametrize(("argv", "said"), [
+    # argparse took --prompt for an abbreviated --prompt-file, then said the file "Hi" did not
+    # exist
+    (["generate", "CKPT", "--prompt", "Hi"], "unknown  --prompt (the prompt is positional, "
+     "without a flag: attnlab generate CHECKPOINT prompt)"),
+    (["heads", "CKPT", "--text=cat"], "unknown  --text=cat (the text is positional, without "
+     "a flag: attnlab heads CHECKPOINT text)"),
+    # an abbreviation is named, not taken
+    (["generate", "CKPT", "x", "--max-new", "3"], "unknown  --max-new (did you mean "
+     "--max-new-tokens?)"),
+    (["train", "--max_it", "3"], "unknown  --max_it (did you mean --max_iters?)"),
+])
+def test_a_flag_for_a_positional_or_an_abbreviated_flag_is_named(
+        monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str],
+        argv: list[str], said: str) -> None:
+    module = importlib.import_module(f"attnlab.cli.{argv[0]}")
+    monkeypatch.setattr(module, "run", lambda args: pytest.fail("ran"))
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert said in err and "known flags: " in err, err
+
+
 def test_a_prompt_true_before_a_switch_is_a_prompt(monkeypatch: pytest.MonkeyPatch) -> None:
     seen: dict[str, object] = {}
     monkeypatch.setattr(importlib.import_module("attnlab.cli.generate"), "run",

@@ -35,7 +35,8 @@ pytestmark = pytest.mark.cuda
 TEXT = "the cat sat on the mat. abcdefghijklmnopqrstuvwxyz"
 # GPT-2 blocks; Llama-style ones with grouped-query attention, QK-norm and a window; Gemma 2's
 # (scaled embeddings, (1 + w) norms, GeGLU, sandwich norms, soft caps: the CUDA summary and
-# weight kernels are routed around a cap); Gemma 3's (QK-norm, a RoPE base per layer type)
+# weight kernels are routed around a cap); Gemma 3's (QK-norm, a RoPE base per layer type);
+# OLMo 2's (below)
 GEMMA = {"pos": "rope", "norm": "gemma_rmsnorm", "mlp": "geglu", "bias": False, "n_kv_head": 2,
          "scale_embeddings": True, "sandwich_norm": True, "sliding_window": 8,
          "window_layers": [0]}
@@ -46,6 +47,10 @@ FAMILIES = {
     "gemma2": {**GEMMA, "attn_logit_softcapping": 2.0, "final_logit_softcapping": 3.0,
                "init_std": 0.3},  # wide enough for the caps to bend scores and logits
     "gemma3": {**GEMMA, "qk_norm": True, "rope_theta": 1e6, "local_rope_theta": 1e4},
+    # OLMo 2's: norms on the branches' outputs alone, QK-norm over whole q and k
+    "olmo2": {"pos": "rope", "norm": "rmsnorm", "mlp": "swiglu", "bias": False, "n_kv_head": 2,
+              "sandwich_norm": True, "pre_norm": False, "qk_norm": True,
+              "qk_norm_whole": True},
 }
 
 

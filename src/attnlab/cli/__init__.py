@@ -64,7 +64,12 @@ def _check_device(args: argparse.Namespace) -> None:
 
 class _Parser(argparse.ArgumentParser):
     """argparse with one-line usage errors: the full usage of `attnlab train` is dozens of
-    lines that bury the one that says what was wrong (`--help` still shows it)."""
+    lines that bury the one that says what was wrong (`--help` still shows it); and no
+    abbreviated flags, which took `generate DIR --prompt "Hi"` for --prompt-file and then
+    said the file "Hi" did not exist (an unknown flag is named, with the close ones)."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **{"allow_abbrev": False, **kwargs})
 
     def error(self, message: str) -> NoReturn:
         # `attnlab trian`, `--dtype bf16`: name the closest choice (Python 3.14 does this too)
@@ -78,6 +83,26 @@ class _Parser(argparse.ArgumentParser):
         if missing:
             message += f" (a value that starts with '-' is written {missing[1]}=VALUE)"
         self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+
+def _flag_hint(flag: str, known: list[str]) -> str | None:
+    """`--flag (did you mean ...?)`: the flags it abbreviates, else the close ones."""
+    name = flag.split("=", 1)[0]
+    close = [k for k in known if k.startswith(name)][:3] or _close_flags(flag, known)
+    return f"{flag} (did you mean {' or '.join(close)}?)" if close else None
+
+
+def _positional_hint(parser: argparse.ArgumentParser, command: str, flag: str) -> str | None:
+    """What to say of `--prompt` or `--text` given to a command whose text is positional
+    (`attnlab generate DIR "text"`), as other tools take it by flag."""
+    name = flag.lstrip("-").split("=", 1)[0].replace("-", "_")
+    positionals = [a for a in parser._actions if not a.option_strings]
+    texts = [a for a in positionals if a.dest in ("text", "prompt")]
+    if not texts or name not in ("text", "prompt", texts[0].dest):
+        return None
+    usage = " ".join(a.metavar if isinstance(a.metavar, str) else a.dest for a in positionals)
+    return (f"{flag} (the {texts[0].dest} is positional, without a flag: attnlab {command} "
+            f"{usage})")
 
 
 def _close_flags(flag: str, known: list[str]) -> list[str]:
@@ -227,9 +252,9 @@ def _main(argv: list[str], command: str | None) -> int:
         sub.error(_stray_words(sub, args, unknown))
     if unknown:
         known = known_flags(sub)
-        hints = [f"{flag} (did you mean {' or '.join(close)}?)"
-                 for flag in unknown if flag.startswith("-")
-                 for close in [_close_flags(flag, known)] if close]
+        hints = [hint for flag in unknown if flag.startswith("-")
+                 for hint in [_positional_hint(sub, args.command, flag)
+                              or _flag_hint(flag, known)] if hint]
         print(
             f"attnlab {args.command}: unknown arguments {unknown}\n"
             + "".join(f"unknown  {hint}\n" for hint in hints)
