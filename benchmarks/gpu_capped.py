@@ -29,6 +29,7 @@ from .gpu_common import (
     alternating_ms,
     gpu_machine,
     pick_device,
+    probe_notes,
     random_gpt,
     skipped,
     suite_main,
@@ -113,9 +114,7 @@ def run(quick: bool = False, device: str | None = None, out: Path | None = None
         "A capped forward, whole or in tiles (GPT-2 small's shape, batch 1)",
         ["dtype", "tokens", "way", "ms", "x uncapped", "peak GiB", "max |logits - whole's|",
          "note"], rows)]
-    result["notes"] = ["median of alternating rounds, each call synchronised; peak: "
-                       "torch.cuda.max_memory_allocated during one call",
-                       *(["smoke run: tiny shapes, figures mean nothing"] if quick else [])]
+    result["notes"] = probe_notes(quick)
     write_partial(out, result)
     return result
 

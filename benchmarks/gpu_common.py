@@ -211,6 +211,14 @@ def largest_difference(got: Sequence[torch.Tensor], expected: Sequence[torch.Ten
                for a, b in zip(got, expected, strict=True))
 
 
+def probe_notes(quick: bool) -> list[str]:
+    """The notes under a probe's table (gpu_weights_pass, gpu_capped): how it timed and
+    measured, and that a smoke run's figures mean nothing."""
+    return ["median of alternating rounds, each call synchronised; peak: "
+            "torch.cuda.max_memory_allocated during one call",
+            *(["smoke run: tiny shapes, figures mean nothing"] if quick else [])]
+
+
 def write_partial(path: Path | None, result: dict[str, Any]) -> None:
     """Write what a suite has so far (a long suite stopped by a time limit keeps it)."""
     if path is not None:

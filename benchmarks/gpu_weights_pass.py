@@ -33,6 +33,7 @@ from .gpu_common import (
     alternating_ms,
     gpu_machine,
     pick_device,
+    probe_notes,
     random_gpt,
     skipped,
     suite_main,
@@ -160,9 +161,7 @@ def run(quick: bool = False, device: str | None = None, out: Path | None = None
         "Whole attention weights, explicit path or weights pass (batch 1)",
         ["model, layers, dtype", "tokens", "way", "ms", "x forward", "peak GiB",
          "max |w - explicit's|", "max |w - float64's|", "note"], rows)]
-    result["notes"] = ["median of alternating rounds, each call synchronised; peak: "
-                       "torch.cuda.max_memory_allocated during one call",
-                       *(["smoke run: tiny shapes, figures mean nothing"] if quick else [])]
+    result["notes"] = probe_notes(quick)
     write_partial(out, result)
     return result
 
