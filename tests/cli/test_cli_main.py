@@ -191,6 +191,9 @@ def test_every_command_takes_either_spelling_of_a_flag(
     (["generate", "CKPT", "--compile", "true"], "--compile takes no value: give --compile "
      "alone, or leave it out ('true' after it would be read as an argument of its own)"),
     (["heads", "CKPT", "--no-ablation", "False"], "--no-ablation takes no value"),
+    # a flag for the positional text, which is then missing
+    (["lens", "CKPT", "--prompt=abc"], "the following arguments are required: text; "
+     "--prompt=abc (the text is positional, without a flag: attnlab lens CHECKPOINT text)"),
 ])
 def test_words_a_command_cannot_place_say_what_to_write(
         monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str],

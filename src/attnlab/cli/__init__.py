@@ -70,6 +70,11 @@ class _Parser(argparse.ArgumentParser):
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **{"allow_abbrev": False, **kwargs})
+        self.words: list[str] = []  # what this parser was given, for `error` to read
+
+    def parse_known_args(self, args: Any = None, namespace: Any = None) -> Any:
+        self.words = list(sys.argv[1:] if args is None else args)
+        return super().parse_known_args(args, namespace)
 
     def error(self, message: str) -> NoReturn:
         # `attnlab trian`, `--dtype bf16`: name the closest choice (Python 3.14 does this too)
@@ -82,6 +87,11 @@ class _Parser(argparse.ArgumentParser):
         missing = re.match(r"argument (--[\w-]+)[^:]*: expected one argument", message)
         if missing:
             message += f" (a value that starts with '-' is written {missing[1]}=VALUE)"
+        # `inspect DIR --text "the cat"`: the text is positional (and so still missing)
+        flagged = [w for w in self.words if w.split("=", 1)[0] in ("--text", "--prompt")]
+        hint = flagged and _positional_hint(self, self.prog.split()[-1], flagged[0])
+        if hint and "arguments are required" in message:
+            message += f"; {hint}"
         self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
 
 
