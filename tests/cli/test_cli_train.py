@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import math
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -280,12 +281,20 @@ def test_arch_llama_trains_a_modern_model_that_every_command_takes(
     assert "choose one" in capsys.readouterr().err
 
 
-def test_arch_gemma3_trains_a_model_that_resumes_and_exports_as_gemma3(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+@pytest.mark.parametrize("arch, blocks, architecture", [
+    ("gemma3", {"norm": "gemma_rmsnorm", "mlp": "geglu", "sandwich_norm": True, "qk_norm": True,
+                "scale_embeddings": True}, "Gemma3ForCausalLM"),
+    ("olmo2", {"norm": "rmsnorm", "mlp": "swiglu", "sandwich_norm": True, "pre_norm": False,
+               "qk_norm_whole": True}, "Olmo2ForCausalLM"),
+])
+def test_an_arch_trains_a_model_that_resumes_and_exports_as_its_family(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], arch: str, blocks: dict[str, Any],
+    architecture: str,
 ) -> None:
     """--arch gemma3: Gemma 3's blocks (sandwich norms, (1 + w) QK-norm, GeGLU, scaled
-    embeddings); the run resumes under the same --arch, refuses another, and `attnlab export`
-    writes a Gemma3ForCausalLM directory that attnlab reads back with the same logits."""
+    embeddings); --arch olmo2: OLMo 2's (norms after each branch alone, QK-norm over whole q
+    and k). The run resumes under the same --arch, refuses another, and `attnlab export`
+    writes that family's directory, which attnlab reads back with the same logits."""
     import torch
 
     from attnlab.hf import load_hf
@@ -295,19 +304,16 @@ def test_arch_gemma3_trains_a_model_that_resumes_and_exports_as_gemma3(
     text.write_text("to be or not to be, that is the question\n" * 40)
     small = ("--data", str(text), "--n_layer", "2", "--n_embd", "32", "--block_size", "24",
              "--max_iters", "6", "--eval_interval", "3", "--eval_iters", "1")
-    assert cli_train(tmp_path, *small, "--arch", "gemma3") == 0, capsys.readouterr().err
+    assert cli_train(tmp_path, *small, "--arch", arch) == 0, capsys.readouterr().err
     ckpt_dir = tmp_path / "run" / "ckpt"
     model = load_checkpoint(ckpt_dir).model
-    c = model.config
-    assert (c.norm, c.mlp, c.sandwich_norm, c.qk_norm, c.scale_embeddings) == (
-        "gemma_rmsnorm", "geglu", True, True, True)
-    assert cli_train(tmp_path, *small, "--arch", "gemma3", "--max_iters", "8", "--resume") == 0
+    assert {name: getattr(model.config, name) for name in blocks} == blocks
+    assert cli_train(tmp_path, *small, "--arch", arch, "--max_iters", "8", "--resume") == 0
     assert cli_train(tmp_path, *small, "--arch", "llama", "--max_iters", "9", "--resume") == 1
-    assert "--arch gemma3 -> llama" in capsys.readouterr().err
+    assert f"--arch {arch} -> llama" in capsys.readouterr().err
     out = tmp_path / "hf"
     assert main(["export", str(ckpt_dir), str(out)]) == 0, capsys.readouterr().err
-    assert json.loads((out / "config.json").read_text())["architectures"] == [
-        "Gemma3ForCausalLM"]
+    assert json.loads((out / "config.json").read_text())["architectures"] == [architecture]
     model = load_checkpoint(ckpt_dir).model
     ids = torch.tensor([[3, 1, 4, 1, 5, 9, 2, 6]])
     with torch.no_grad():

@@ -341,7 +341,7 @@ def test_attention_path_for_training() -> None:
 
 
 @pytest.mark.parametrize("data", ["copy", "shakespeare"])
-def test_llama_and_gemma3_recipes_match_the_gpt2_recipe_in_parameters(data: str) -> None:
+def test_llama_gemma3_and_olmo2_recipes_match_the_gpt2_recipe_in_parameters(data: str) -> None:
     """--arch llama keeps the shape and schedule and picks d_ff for the same parameter count
     (within 0.5%): RoPE + RMSNorm + SwiGLU, no biases, no position table; --arch gemma3
     likewise with Gemma 3's blocks."""
@@ -367,7 +367,14 @@ def test_llama_and_gemma3_recipes_match_the_gpt2_recipe_in_parameters(data: str)
     assert (gemma3.n_layer, gemma3.n_head, gemma3.n_embd) == (gpt2.n_layer, gpt2.n_head,
                                                               gpt2.n_embd)
     assert abs(count_params(gemma3) / count_params(gpt2) - 1) < 0.005
-    assert [arch_of(c) for c in (gpt2, llama, gemma3)] == ["gpt2", "llama", "gemma3"]
+    # --arch olmo2: Llama's blocks with norms after each branch alone, whole-width QK-norm
+    olmo2, olmo2_train = recipe(dataset, "olmo2")
+    assert olmo2_train == gpt2_train
+    assert (olmo2.pos, olmo2.norm, olmo2.mlp, olmo2.bias, olmo2.pre_norm, olmo2.sandwich_norm,
+            olmo2.qk_norm_whole) == ("rope", "rmsnorm", "swiglu", False, False, True, True)
+    assert abs(count_params(olmo2) / count_params(gpt2) - 1) < 0.005
+    assert [arch_of(c) for c in (gpt2, llama, gemma3, olmo2)] == ["gpt2", "llama", "gemma3",
+                                                                  "olmo2"]
     with pytest.raises(ValueError, match="arch='mamba' must be one of"):
         recipe(dataset, "mamba")
 

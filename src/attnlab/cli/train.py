@@ -63,9 +63,10 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
         "--arch",
         choices=ARCHS,
         help="block style of the recipe's model: gpt2 (learned positions, LayerNorm, GELU, "
-        "biases; default), llama (RoPE, RMSNorm, SwiGLU, no biases) or gemma3 (RoPE, "
+        "biases; default), llama (RoPE, RMSNorm, SwiGLU, no biases), gemma3 (RoPE, "
         "Gemma's RMSNorm before and after each branch and on q and k, GeGLU, scaled "
-        "embeddings, no biases) at the same parameter count",
+        "embeddings, no biases) or olmo2 (llama's, with RMSNorm after each branch only and "
+        "on the whole q and k) at the same parameter count",
     )
     parser.add_argument(
         "--preset",

@@ -24,7 +24,7 @@ if TYPE_CHECKING:
 
 
 #: `attnlab train --arch`: the block style of the recipe's model.
-ARCHS = ("gpt2", "llama", "gemma3")
+ARCHS = ("gpt2", "llama", "gemma3", "olmo2")
 #: The text recipe's most steps when no flag sets them (one pass over a corpus of a few
 #: million tokens); for longer runs, say how long: --time_budget
 #: (docs/train.md#train-for-a-time-budget).
@@ -41,7 +41,7 @@ def recipe(dataset: Dataset, arch: str = "gpt2", device: str = "cpu",
     `device` ("cuda", "cuda:1"), its GPU recipe (`gpu_text_recipe`), for `processes` processes
     (torchrun's WORLD_SIZE).
     arch "llama" keeps the shape and schedule but builds Llama-style blocks (`llama_style`),
-    "gemma3" Gemma-3-style ones (`gemma3_style`).
+    "gemma3" Gemma-3-style ones (`gemma3_style`), "olmo2" OLMo-2-style ones (`olmo2_style`).
     """
     if arch not in ARCHS:
         raise ValueError(f"arch={arch!r} must be one of {list(ARCHS)}")
@@ -60,7 +60,7 @@ def recipe(dataset: Dataset, arch: str = "gpt2", device: str = "cpu",
         model, config = gpu_text_recipe(dataset.tokenizer.vocab_size, processes)
     else:
         model, config = _gpt2_recipe(dataset)
-    styles = {"llama": llama_style, "gemma3": gemma3_style}
+    styles = {"llama": llama_style, "gemma3": gemma3_style, "olmo2": olmo2_style}
     return (styles[arch](model) if arch in styles else model), config
 
 
@@ -86,6 +86,16 @@ def gemma3_style(config: GPTConfig) -> GPTConfig:
     ))
 
 
+def olmo2_style(config: GPTConfig) -> GPTConfig:
+    """`config` with OLMo 2's blocks: Llama's (RoPE, RMSNorm, SwiGLU, no biases) with no
+    norm before a branch and one after each (`pre_norm=False`, `sandwich_norm`), and QK-norm
+    over each token's whole q and k (`qk_norm_whole`); d_ff chosen as `llama_style` does."""
+    return _same_count(config, dataclasses.replace(
+        llama_style(config), pre_norm=False, sandwich_norm=True, qk_norm=True,
+        qk_norm_whole=True, d_ff=None,
+    ))
+
+
 def _same_count(config: GPTConfig, styled: GPTConfig) -> GPTConfig:
     """`styled` with the d_ff that brings its parameter count closest to `config`'s."""
     target = count_params(config)
@@ -96,11 +106,12 @@ def _same_count(config: GPTConfig, styled: GPTConfig) -> GPTConfig:
 
 
 def arch_of(config: GPTConfig) -> str:
-    """The ARCHS entry whose blocks `config` has: "llama" or "gemma3" where `llama_style` or
-    `gemma3_style` switched them."""
-    blocks = (config.pos, config.norm, config.mlp, config.sandwich_norm)
-    return {("rope", "rmsnorm", "swiglu", False): "llama",
-            ("rope", "gemma_rmsnorm", "geglu", True): "gemma3"}.get(blocks, "gpt2")
+    """The ARCHS entry whose blocks `config` has: "llama", "gemma3" or "olmo2" where
+    `llama_style`, `gemma3_style` or `olmo2_style` switched them."""
+    blocks = (config.pos, config.norm, config.mlp, config.sandwich_norm, config.pre_norm)
+    return {("rope", "rmsnorm", "swiglu", False, True): "llama",
+            ("rope", "gemma_rmsnorm", "geglu", True, True): "gemma3",
+            ("rope", "rmsnorm", "swiglu", True, False): "olmo2"}.get(blocks, "gpt2")
 
 
 def _gpt2_recipe(dataset: Dataset) -> tuple[GPTConfig, TrainConfig]:
