@@ -97,7 +97,7 @@ def family_of(hf_config: Mapping[str, Any]) -> Family:
     """The family of a Hugging Face config dict, by model_type (architectures must agree)."""
     model_type = hf_config.get("model_type")
     by_type = {f.model_type: f for f in FAMILIES}
-    if model_type in GEMMA3_NEAR_MISSES:
+    if isinstance(model_type, str) and model_type in GEMMA3_NEAR_MISSES:
         raise ValueError(f"config.json has model_type={model_type!r}: "
                          f"{GEMMA3_NEAR_MISSES[model_type]}")
     if not isinstance(model_type, str) or model_type not in by_type:
