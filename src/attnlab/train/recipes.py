@@ -1,16 +1,16 @@
 """What `attnlab train` trains when no flag says otherwise, and how a task run is scored.
 
 `recipe(dataset, arch, device)` picks the model and schedule per kind of data (`arch`:
-GPT-2-, Llama- or Gemma-3-style blocks at the same parameter count; `device`: text on a GPU gets a
-GPU-sized model); `seed_experiment` is the hello-world and
-animals experiments; `answer_accuracy` is the task datasets' held-out exact-match score.
+GPT-2-, Llama-, Gemma-3- or OLMo-2-style blocks at the same parameter count; `device`: text
+on a GPU gets a GPU-sized model); `seed_experiment` is the hello-world and animals
+experiments; `answer_accuracy` is the task datasets' held-out exact-match score.
 The loop itself is `loop.py`'s.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -64,14 +64,16 @@ def recipe(dataset: Dataset, arch: str = "gpt2", device: str = "cpu",
     return (styles[arch](model) if arch in styles else model), config
 
 
+#: Llama's blocks, as `llama_style` and `olmo2_style` switch them on
+LLAMA_BLOCKS: dict[str, Any] = dict(pos="rope", norm="rmsnorm", mlp="swiglu", bias=False,
+                                    qkv_bias=None, out_bias=None, gelu="tanh")
+
+
 def llama_style(config: GPTConfig) -> GPTConfig:
     """`config` with Llama's blocks: RoPE instead of a position table, RMSNorm, SwiGLU, no
     biases; d_ff chosen so the parameter count is the closest to `config`'s (SwiGLU has
     three d_ff x C matrices where GELU has two)."""
-    return _same_count(config, dataclasses.replace(
-        config, pos="rope", norm="rmsnorm", mlp="swiglu", bias=False, qkv_bias=None,
-        out_bias=None, gelu="tanh",
-    ))
+    return _same_count(config, dataclasses.replace(config, **LLAMA_BLOCKS))
 
 
 def gemma3_style(config: GPTConfig) -> GPTConfig:
@@ -91,8 +93,8 @@ def olmo2_style(config: GPTConfig) -> GPTConfig:
     norm before a branch and one after each (`pre_norm=False`, `sandwich_norm`), and QK-norm
     over each token's whole q and k (`qk_norm_whole`); d_ff chosen as `llama_style` does."""
     return _same_count(config, dataclasses.replace(
-        llama_style(config), pre_norm=False, sandwich_norm=True, qk_norm=True,
-        qk_norm_whole=True, d_ff=None,
+        config, **LLAMA_BLOCKS, pre_norm=False, sandwich_norm=True, qk_norm=True,
+        qk_norm_whole=True,
     ))
 
 
