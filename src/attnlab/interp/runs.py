@@ -170,12 +170,11 @@ class PatchRuns:
         effects: list[float] = []
         groups = [sites[start:start + batch] for start in range(0, len(sites), batch)]
         firsts = [min(layer for _, layer, _ in group) for group in groups]
-        heard = PassProgress(self.model, progress, [
-            (len(group), self.blocks_from(first)) for group, first in zip(groups, firsts,
-                                                                          strict=True)])
-        for group, first in zip(groups, firsts, strict=True):
-            n = len(group)
-            with heard.runs(n, blocks=self.blocks_from(first)):
+        passes = [(len(group), self.blocks_from(first))
+                  for group, first in zip(groups, firsts, strict=True)]
+        heard = PassProgress(self.model, progress, passes)
+        for group, first, (n, blocks) in zip(groups, firsts, passes, strict=True):
+            with heard.runs(n, blocks):
                 logits = self.copies(n, first, self._edits(group))  # (n B, T or 1, V)
                 effects += [self.normalized(value) for value in self.scored_copies(logits, n)]
         return effects
