@@ -13,9 +13,8 @@ from typing import Any
 
 from ..model.gpt import GPTConfig
 from .fields import Fields
-from .gemma3 import WEIGHTS, sandwich_config, sandwich_to_hf
-from .llama import out_bias_of, qkv_bias_of
-from .registry import Family, misfits_of, pre_normed
+from .gemma3 import WEIGHTS, sandwich_config, sandwich_misfits, sandwich_to_hf
+from .registry import Family
 
 # hub configs carry hidden_act beside hidden_activation, which Gemma 2's MLP reads in
 # transformers 5; and ask generate for the sliding-window cache (attnlab has its own)
@@ -38,15 +37,8 @@ def _config(f: Fields) -> dict[str, Any]:
 
 
 def _misfits(c: GPTConfig) -> list[str]:
-    return misfits_of({
-        "pos='rope'": c.pos == "rope", "norm='gemma_rmsnorm'": c.norm == "gemma_rmsnorm",
-        "mlp='geglu'": c.mlp == "geglu", "scale_embeddings=True": c.scale_embeddings,
-        "sandwich_norm=True": c.sandwich_norm, "qk_norm=False": not c.qk_norm,
-        "local_rope_theta=None": c.local_rope_theta is None, "bias=False": not c.bias,
-        "qkv_bias == out_bias": qkv_bias_of(c) == out_bias_of(c),
-        "rotary_pct=1.0": c.rotary_pct == 1.0, "attn_out_proj=True": c.attn_out_proj,
-        **pre_normed(c),
-    })
+    return sandwich_misfits(c, **{"qk_norm=False": not c.qk_norm,
+                                  "local_rope_theta=None": c.local_rope_theta is None})
 
 
 def _to_hf(c: GPTConfig) -> dict[str, Any]:

@@ -139,15 +139,20 @@ def _config(f: Fields) -> dict[str, Any]:
             else local_theta}
 
 
-def _misfits(c: GPTConfig) -> list[str]:
+def sandwich_misfits(c: GPTConfig, **needed: bool) -> list[str]:
+    """What keeps `c` from being a Gemma 2 or 3 model, the family's own `needed` added."""
     return misfits_of({
         "pos='rope'": c.pos == "rope", "norm='gemma_rmsnorm'": c.norm == "gemma_rmsnorm",
         "mlp='geglu'": c.mlp == "geglu", "scale_embeddings=True": c.scale_embeddings,
-        "sandwich_norm=True": c.sandwich_norm, "qk_norm=True": c.qk_norm,
-        "bias=False": not c.bias, "qkv_bias == out_bias": qkv_bias_of(c) == out_bias_of(c),
+        "sandwich_norm=True": c.sandwich_norm, "bias=False": not c.bias,
+        "qkv_bias == out_bias": qkv_bias_of(c) == out_bias_of(c),
         "rotary_pct=1.0": c.rotary_pct == 1.0, "attn_out_proj=True": c.attn_out_proj,
-        **uncapped(c), **pre_normed(c),
+        **pre_normed(c), **needed,
     })
+
+
+def _misfits(c: GPTConfig) -> list[str]:
+    return sandwich_misfits(c, **{"qk_norm=True": c.qk_norm}, **uncapped(c))
 
 
 def _to_hf(c: GPTConfig) -> dict[str, Any]:
