@@ -339,8 +339,8 @@ def generation_memory(model: GPT, batch_size: int, length: int, *, prompt: int =
     on the meta device): the KV cache (`_steps`' `model.new_cache`), the decode step's q/k/v
     matrices stacked into one per layer (`DecodeStep`, kept with the model), with a
     soft-capped model the prefill's scores over the longest `prompt` on `device`
-    (`capped_scores`), and
-    with `float16_weights` the packed float16 copy of every matrix (`decode.half_weights`)."""
+    (`capped_scores`), and with `float16_weights` the packed float16 copy of every matrix
+    (`decode.half_weights`)."""
     c = model.config
     slots = min(length, c.block_size)
     cache = 2 * c.n_layer * batch_size * c.n_kv_heads * slots * c.head_size  # k and v

@@ -83,6 +83,7 @@ def _config(f: Fields) -> dict[str, Any]:
 
 
 def _misfits(c: GPTConfig) -> list[str]:
+    # "rotary_pct=1.0": True lifts Llama's requirement: Phi-3 rotates any part of each head
     return llama_like_misfits(
         c, **{"rotary_pct=1.0": True, "qk_norm=False": not c.qk_norm, "bias=False": not c.bias,
               "qkv_bias=False": not qkv_bias_of(c), "out_bias=False": not out_bias_of(c),

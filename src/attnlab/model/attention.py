@@ -238,7 +238,8 @@ def attend(
     softcap: scaled scores become softcap * tanh(scores / softcap) before the mask (Gemma
     2's attn_logit_softcapping; None: no cap). SDPA computes its scores inside its kernels
     and has no step between product and softmax to cap them, so a capped call always takes
-    the explicit path (exact; it holds the (B, nh, T, S) scores: docs/models.md#soft-capping).
+    the explicit path (exact): whole, holding the (B, nh, T, S) scores, or without autograd
+    on a CPU in tiles (`explicit.explicit_attend`, docs/models.md#soft-capping).
     """
     if q.dim() != 4 or k.dim() != 4 or v.dim() != 4:
         raise ValueError(
