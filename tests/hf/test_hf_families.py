@@ -7,9 +7,10 @@ attention / MLP biases, partial rotary, rope_theta != 10000, llama3 and linear R
 sliding windows shorter than the sequence (all layers, and some layers), QK-norm, parallel
 and sequential residual, Gemma's scaled embeddings, (1 + w) norm and GeGLU, Gemma 3's sandwich
 norms and per-layer-type RoPE, Gemma 2's soft caps, Phi-3's fused q/k/v and gate/up
-projections, OLMo 2's output-only norms and whole-width QK-norm; and one yarn
+projections, OLMo 2's output-only norms and whole-width QK-norm; one yarn
 case per family, its original_max_position_embeddings (16) shorter than the sequences, its
-attention factor derived (from factor, or mscale / mscale_all_dim) or given. Each model is
+attention factor derived (from factor, or mscale / mscale_all_dim) or given; and Phi-3's
+longrope, whose switch (16) the sequences and generations cross. Each model is
 written with `save_pretrained` and read back with `load_hf`, so the directory reading is
 exercised too.
 """
@@ -153,6 +154,14 @@ CASES: dict[str, tuple[str, dict[str, Any]]] = {
         **{**SMALL, "num_hidden_layers": 3}, tie_word_embeddings=True,
         rope_parameters={"rope_type": "default", "rope_theta": 10000.0,
                          "partial_rotary_factor": 0.75})),
+    # Phi-3.5 / Phi-4-mini's longrope: two frequency sets, the long one past
+    # original_max_position_embeddings (16), which the sequences and generations cross (the
+    # generations encode the sequence again there); its attention factor from 128 / 16
+    "phi3-longrope": ("Phi3", dict(
+        **SMALL, num_key_value_heads=2, original_max_position_embeddings=16,
+        rope_parameters={"rope_type": "longrope", "rope_theta": 10000.0,
+                         "short_factor": [1.0, 1.1, 1.5, 2.0],
+                         "long_factor": [1.2, 3.0, 7.5, 16.0]})),
     # OLMo 2: norms on the branches' outputs alone, QK-norm over the whole q and k; GQA,
     # untied, rope_theta 5e5
     "olmo2-gqa": ("Olmo2", dict(

@@ -73,8 +73,9 @@ REFUSED: list[tuple[str, Any, str]] = [
     ("rope_type", lambda: {**hf_dict("Llama", **SMALL), "rope_parameters": {
         "rope_type": "longrope", "short_factor": [1.0] * 4, "long_factor": [2.0] * 4,
         "original_max_position_embeddings": 16}},
-     "llama config.json has rope_parameters.rope_type='longrope': Phi-3's two frequency sets "
-     "are not implemented; attnlab supports RoPE types default, linear, llama3, yarn"),
+     "llama config.json has rope_parameters.rope_type='longrope': transformers' llama would "
+     "keep the cached keys' frequencies when a generation crosses longrope's switch (only "
+     "Phi-3 encodes again); attnlab supports RoPE types default, linear, llama3, yarn"),
     ("legacy rope_scaling.type", lambda: {**hf_dict("Qwen2", **SMALL), "rope_scaling":
                                           {"type": "dynamic", "factor": 2.0}},
      "qwen2 config.json has rope_scaling.type='dynamic': it rescales RoPE only past "
@@ -237,23 +238,11 @@ PHI3_MINI = {
 }
 
 
-def test_phi3_mini_as_published_loads_and_its_long_rope_is_refused() -> None:
+def test_phi3_mini_as_published_loads() -> None:
     """Phi-3-mini-4k's config.json reads as transformers reads it (a window of 2047 on every
-    layer, whole-head RoPE); the 128k variants' longrope, in either spelling (and the "su"
-    and "yarn" names Phi3Config reads as longrope), is refused in one line."""
+    layer, whole-head RoPE); the 128k variants' longrope: tests/hf/test_rope_longrope.py."""
     assert_read_as_transformers_reads(PHI3_MINI)
     assert config_from_hf(PHI3_MINI).window_of(0) == 2047
-    factors = {"short_factor": [1.0] * 48, "long_factor": [2.0] * 48}
-    for key, rope in (("rope_scaling", {"type": "longrope", **factors}),
-                      ("rope_scaling", {"type": "su", **factors}),
-                      ("rope_parameters", {"rope_type": "yarn", "rope_theta": 1e4, **factors})):
-        kind = rope.get("type", rope.get("rope_type"))
-        with pytest.raises(ValueError) as err:
-            config_from_hf({**PHI3_MINI, "rope_scaling": None, key: rope})
-        assert str(err.value) == (
-            f"phi3 config.json has {key}.rope_type={kind!r}: Phi-3's long-context RoPE "
-            "(longrope) switches frequency sets with the sequence's length, which attnlab does "
-            "not implement; a 4k-context Phi-3 has none")
 
 
 def test_both_rope_spellings_give_the_same_config() -> None:

@@ -1,4 +1,4 @@
-"""YaRN RoPE scaling (model/layers.py, hf/fields.py) against transformers 5.
+"""YaRN RoPE scaling (model/rope.py, hf/fields.py) against transformers 5.
 
 Its inverse frequencies and attention factor equal `_compute_yarn_parameters`' for random
 valid parameters; the factor reaches every path that rotates q and k on Hugging Face
@@ -22,7 +22,7 @@ from test_hf_families import hf_model
 from attnlab import GPT, Trace, load_hf
 from attnlab.generate import generate
 from attnlab.hf import config_from_hf
-from attnlab.model.layers import Rotary
+from attnlab.model.rope import Rotary
 from helpers import left_padded
 
 transformers = pytest.importorskip("transformers")
@@ -189,7 +189,7 @@ def test_compiled_decode_gives_hugging_faces_greedy_ids(tmp_path: Path) -> None:
 
 
 def test_dynamic_changes_only_what_attnlab_does_not_run() -> None:
-    """Why rope_type 'dynamic' stays refused (layers.ROPE_REFUSALS), in transformers' own
+    """Why rope_type 'dynamic' stays refused (rope.ROPE_REFUSALS), in transformers' own
     numbers: up to max_position_embeddings it is the plain RoPE (so 'default' is the fix);
     past it, the same ids give other logits after a longer call (inv_freq is kept between
     calls), which no stateless model can match, and attnlab stops at block_size."""

@@ -1,4 +1,4 @@
-"""model/layers.py: RMSNorm math, MLP forms, RoPE frequencies (linear, llama3, yarn) and
+"""model/layers.py and rope.py: RMSNorm math, MLP forms, RoPE frequencies (linear, llama3, yarn) and
 yarn's attention factor, rotate-half."""
 
 from __future__ import annotations
@@ -9,16 +9,8 @@ import pytest
 import torch
 
 from attnlab.model.config import GPTConfig
-from attnlab.model.layers import (
-    MLP,
-    RMSNorm,
-    Rotary,
-    apply_rotary,
-    make_norm,
-    real_positions,
-    rope_inv_freq,
-    rotate_half,
-)
+from attnlab.model.layers import MLP, RMSNorm, make_norm
+from attnlab.model.rope import Rotary, apply_rotary, real_positions, rope_inv_freq, rotate_half
 from helpers import assert_dropped
 
 YARN_SCALING = {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 16}
@@ -119,8 +111,8 @@ def test_llama3_inv_freq_matches_the_formula_by_hand() -> None:
 @pytest.mark.parametrize(
     "scaling, message",
     [({"rope_type": "longrope", "factor": 2.0},
-      r"rope_scaling rope_type='longrope' is not supported: Phi-3's two frequency sets are not "
-      r"implemented; supported types: \['default', 'linear', 'llama3', 'yarn'\]"),
+      r"rope_scaling of rope_type='longrope' lacks \['short_factor', 'long_factor', "
+      r"'original_max_position_embeddings'\]; add them"),
      ({"rope_type": "dynamic", "factor": 2.0},
       r"rope_scaling rope_type='dynamic' is not supported: it rescales RoPE only past "
       r"max_position_embeddings"),

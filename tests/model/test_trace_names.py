@@ -16,8 +16,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from attnlab import GPT, CausalSelfAttention, GPTConfig, Trace
-from attnlab.model.layers import GELUS, apply_rotary
+from attnlab.model.layers import GELUS
 from attnlab.model.names import HEAD_NAMES, MODEL_NAMES, NAMES, absent_names
+from attnlab.model.rope import apply_rotary
 from attnlab.model.summaries import SUMMARY_NAMES
 from helpers import modern_switches
 

@@ -255,6 +255,7 @@ def _steps(
         mask_buf = torch.ones(B, P + N, dtype=torch.bool, device=device)  # (B, P + N)
         mask_buf[:, :P] = keep
     start = max(0, P - block)  # first position inside the window (sliding_window only)
+    switch = None if model.rotary is None else model.rotary.switch  # longrope's
     # which ids each row holds, for the repetition penalty: a fixed (B, V + 1) buffer written
     # in place, outside the decode step (compiled or not), which only returns logits
     seen = SeenIds(input_ids, keep, model.config.vocab_size) \
@@ -288,10 +289,8 @@ def _steps(
             # without eot ids nothing ends a row: no device sync per step to ask
             if end == P + N or (eot_ids is not None and bool(ended.all())):
                 return
-            if cache.seq_len == cache.max_len:
-                # Window full. Positions are learned absolute embeddings, so cached keys cannot be
-                # shifted: re-encode the last block_size tokens from position 0 (nanoGPT's crop).
-                start, cache.seq_len = end - block, 0
+            if _encode_again(cache, switch, end):
+                start, cache.seq_len = max(0, end - block), 0
                 window_mask = None if mask_buf is None else mask_buf[:, start:end]
                 logits = prefill(model, tokens[:, start:end], window_mask, cache, edits)
                 if compiled is not None:
@@ -307,6 +306,16 @@ def _steps(
     finally:
         if compiled is not None:
             compiled.in_use = False
+
+
+def _encode_again(cache: KVCache, switch: int | None, end: int) -> bool:
+    """Whether the next step encodes the sequence again instead of decoding one token:
+    when the window is full (positions are learned absolute embeddings, so cached keys
+    cannot be shifted: the last block_size tokens from position 0, nanoGPT's crop), or when
+    the sequence crosses longrope's `switch` (every position takes the long frequencies, the
+    cached keys too, as transformers' Phi-3 `generate` does)."""
+    return cache.seq_len == cache.max_len or (switch is not None and
+                                              cache.seq_len <= switch < end)
 
 
 def _draw(logits: Tensor, config: GenerationConfig,

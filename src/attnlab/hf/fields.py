@@ -34,7 +34,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from ..model.layers import ROPE_OPTIONAL, ROPE_REFUSALS, check_rope_scaling
+from ..model.rope import ROPE_OPTIONAL, ROPE_REFUSALS, check_rope_scaling
 
 IRRELEVANT = frozenset({
     # bookkeeping
@@ -72,7 +72,7 @@ MUST_BE = {
 # Hugging Face hidden_act names for the exact and the tanh GELU (GPTConfig.gelu)
 GELUS = {"gelu": "exact", "gelu_new": "tanh", "gelu_pytorch_tanh": "tanh", "gelu_fast": "tanh"}
 SILUS = ("silu", "swish")
-ROPE_TYPES = ("default", "linear", "llama3", "yarn")
+ROPE_TYPES = ("default", "linear", "llama3", "yarn")  # longrope: Phi-3's alone (phi3.py)
 # rope dict keys each supported type needs (transformers' _compute_*_parameters)
 _ROPE_KEYS = {
     "default": set(),
@@ -80,6 +80,7 @@ _ROPE_KEYS = {
     "llama3": {"factor", "low_freq_factor", "high_freq_factor",
                "original_max_position_embeddings"},
     "yarn": {"factor", "original_max_position_embeddings"},
+    "longrope": {"short_factor", "long_factor", "original_max_position_embeddings"},
 }
 _ROPE_COMMON = {"rope_type", "type", "rope_theta", "partial_rotary_factor"}
 
@@ -166,13 +167,16 @@ class Fields:
 def rope_from_hf(
     fields: Fields, *, max_positions: int, theta_key: str = "rope_theta",
     default_theta: float = 10000.0, partial_key: str | None = None, default_partial: float = 1.0,
+    types: tuple[str, ...] = ROPE_TYPES, original_default: int | None = None,
 ) -> tuple[float, dict[str, Any] | None, float]:
     """(rope_theta, rope_scaling for GPTConfig or None, partial_rotary_factor) from either
     spelling: transformers 5's `rope_parameters`, or the older `rope_theta` (GPT-NeoX:
     `rotary_emb_base`) + `rope_scaling`. As in transformers 5's `convert_rope_params_to_dict`,
     a `rope_scaling` dict replaces `rope_parameters` whole (its theta and partial factor
     too), and the top-level fields fill what the dict in use lacks. `max_positions` is the
-    config's max_position_embeddings, which some scalings fall back on."""
+    config's max_position_embeddings, which some scalings fall back on; `types` the RoPE
+    types the family's transformers class computes; `original_default` the top-level
+    original_max_position_embeddings its config class holds when config.json has none."""
     params = fields.get("rope_parameters") or {}
     legacy = fields.get("rope_scaling")
     for key, value in (("rope_parameters", params), ("rope_scaling", legacy or {})):
@@ -187,17 +191,20 @@ def rope_from_hf(
     theta = rope.get("rope_theta", fields.get(theta_key, default_theta))
     kind_key = "type" if "type" in rope and "rope_type" not in rope else "rope_type"
     kind = rope.get(kind_key, "default")
-    if kind not in ROPE_TYPES:
+    if kind not in types:
         why = ROPE_REFUSALS.get(kind, "not a RoPE type attnlab knows")
+        if kind == "longrope":
+            why = (f"transformers' {fields.family} would keep the cached keys' frequencies when "
+                   "a generation crosses longrope's switch (only Phi-3 encodes again)")
         raise fields.refuse(f"{source}.{kind_key}", kind,
-                            f"{why}; attnlab supports RoPE types {', '.join(ROPE_TYPES)}")
+                            f"{why}; attnlab supports RoPE types {', '.join(types)}")
     optional = set(ROPE_OPTIONAL.get(kind, ()))
     for key in sorted(set(rope) - _ROPE_COMMON - _ROPE_KEYS[kind] - optional):
         raise fields.refuse(f"{source}.{key}", rope[key],
                             f"not a parameter of rope_type {kind!r}, which attnlab implements "
                             "as transformers does")
     if "original_max_position_embeddings" in _ROPE_KEYS[kind]:
-        _original_length(fields, rope, max_positions)
+        _original_length(fields, rope, max_positions, original_default)
     else:  # transformers reads a top-level one for llama3, yarn and longrope only
         fields.get("original_max_position_embeddings")
     for key in sorted(_ROPE_KEYS[kind] - set(rope)):
@@ -226,17 +233,23 @@ def rope_from_hf(
     return float(theta), scaling, float(partial)
 
 
-def _original_length(fields: Fields, rope: dict[str, Any], max_positions: int) -> None:
-    """Fill `rope` (llama3, yarn) as transformers' `standardize_rope_params` does: a top-level
-    original_max_position_embeddings wins (Phi-3 keeps it there), else the dict's own, else
-    max_position_embeddings; and yarn's factor, when null, is max_position_embeddings over
-    it (`_compute_yarn_parameters`)."""
-    if fields.has("original_max_position_embeddings"):
-        rope["original_max_position_embeddings"] = fields.get("original_max_position_embeddings")
+def _original_length(fields: Fields, rope: dict[str, Any], max_positions: int,
+                     original_default: int | None) -> None:
+    """Fill `rope` (llama3, yarn, longrope) as transformers' `standardize_rope_params` does: a
+    top-level original_max_position_embeddings wins (Phi-3 keeps it there, and its config
+    class holds 4096 when config.json has none), else the dict's own, else
+    max_position_embeddings; and a null factor (yarn; longrope's, absent too) is
+    max_position_embeddings over it (`_compute_yarn_parameters`,
+    `_compute_longrope_parameters`)."""
+    top = fields.get("original_max_position_embeddings", original_default)
+    if top is not None:
+        rope["original_max_position_embeddings"] = top
     rope.setdefault("original_max_position_embeddings", max_positions)
     original = rope["original_max_position_embeddings"]
-    if rope.get("rope_type", rope.get("type")) == "yarn" and "factor" in rope and \
-            rope["factor"] is None and isinstance(original, int) and original > 0:
+    kind = rope.get("rope_type", rope.get("type"))
+    if (kind == "longrope" or (kind == "yarn" and "factor" in rope)) and \
+            rope.get("factor") is None and \
+            isinstance(original, int) and original > 0:
         rope["factor"] = max_positions / original
 
 

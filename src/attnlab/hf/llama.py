@@ -12,7 +12,7 @@ from typing import Any
 
 from ..model.gpt import GPTConfig
 from .fields import MAX_CONTEXT, SILUS, Fields, rope_from_hf, rope_to_hf
-from .registry import Family, WeightMap, misfits_of, pre_normed, uncapped
+from .registry import Family, WeightMap, misfits_of, pre_normed, short_rope, uncapped
 
 LLAMA_WEIGHTS = WeightMap(
     top={"wte": "model.embed_tokens", "ln_f": "model.norm", "lm_head": "lm_head"},
@@ -29,12 +29,14 @@ LLAMA_WEIGHTS = WeightMap(
 
 
 def llama_like_config(f: Fields, *, max_positions: int, default_head_dim: int | None = None,
-                      partial_key: str | None = None, **switches: Any) -> dict[str, Any]:
+                      partial_key: str | None = None, rope: dict[str, Any] | None = None,
+                      **switches: Any) -> dict[str, Any]:
     """GPTConfig keyword arguments for the fields every Llama-style config shares; the
     family passes its own bias / QK-norm / window switches (which win over these: Gemma's
     norm and MLP), the head_dim its transformers config defaults to (None: hidden_size /
-    heads), and where its transformers rotates part of each head (Phi-3), the top-level
-    field naming that part (else a partial factor is refused)."""
+    heads), where its transformers rotates part of each head (Phi-3), the top-level field
+    naming that part (else a partial factor is refused), and its own `rope_from_hf`
+    arguments (Phi-3: its RoPE types)."""
     n_embd, n_head = f.count("hidden_size", 4096), f.count("num_attention_heads", 32)
     head_dim = f.count("head_dim", default_head_dim or n_embd // n_head)
     if "mlp" not in switches:  # SwiGLU's activation; a family with another MLP reads its own
@@ -42,7 +44,7 @@ def llama_like_config(f: Fields, *, max_positions: int, default_head_dim: int | 
     block_size = f.count("max_position_embeddings", max_positions, MAX_CONTEXT)
     # a family that reads its RoPE its own way (Gemma 3: per layer type) passes rope_theta
     theta, scaling, partial = (0.0, None, 1.0) if "rope_theta" in switches else (
-        rope_from_hf(f, max_positions=block_size, partial_key=partial_key))
+        rope_from_hf(f, max_positions=block_size, partial_key=partial_key, **(rope or {})))
     if partial != 1.0 and partial_key is None:
         raise f.refuse("rope_parameters.partial_rotary_factor", partial,
                        f"{f.family} rotates whole heads in transformers (partial rotary is "
@@ -87,7 +89,7 @@ def llama_like_misfits(config: GPTConfig, **needed: bool) -> list[str]:
         "mlp='swiglu'": c.mlp == "swiglu", "rotary_pct=1.0": c.rotary_pct == 1.0,
         "parallel_residual=False": not c.parallel_residual,
         "residual=True": c.residual, "attn_out_proj=True": c.attn_out_proj,
-        "attn_scale=None": c.attn_scale is None, **uncapped(c), **pre_normed(c),
+        "attn_scale=None": c.attn_scale is None, **uncapped(c), **pre_normed(c), **short_rope(c),
         "scale_embeddings=False": not c.scale_embeddings, "sandwich_norm=False":
         not c.sandwich_norm, "local_rope_theta=None": c.local_rope_theta is None,
     }.items() if name.split("=")[0].rstrip() not in own} | needed)

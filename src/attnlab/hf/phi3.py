@@ -6,8 +6,10 @@ GPT-NeoX), and Mistral's sliding window on every layer where `sliding_window` is
 (Phi-3-mini-4k: 2047).
 
 Phi-3's long-context RoPE ("longrope", which transformers also reads from the older "su"
-and "yarn" spellings: Phi-3-mini-128k, Phi-3.5, Phi-4-mini) switches between two frequency
-sets by the sequence's length; it is refused by name.
+and "yarn" spellings: Phi-3-mini-128k, Phi-3.5, Phi-4-mini) has two frequency sets, the long
+one for a call reaching past original_max_position_embeddings (`model/rope.py`), and a
+generation crossing it encodes the sequence again, as transformers' Phi-3 does. Other RoPE
+types are refused, as transformers' Phi3Config refuses them.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ import torch
 from torch import Tensor
 
 from ..model.gpt import GPTConfig
+from ..model.rope import scaling_kind
 from .fields import Fields, rope_to_hf
 from .llama import LLAMA_WEIGHTS, llama_like_config, llama_like_misfits, out_bias_of, qkv_bias_of
 from .registry import QKV, Family, Fused, WeightMap
@@ -27,7 +30,8 @@ from .registry import QKV, Family, Fused, WeightMap
 # custom-code pointers (auto_map) only with trust_remote_code, whose modules hub Phi-3
 # repositories keep from before transformers had the family
 IRRELEVANT = frozenset({"attention_bias", "auto_map"})
-LONGROPE = ("longrope", "su", "yarn")  # Phi3Config reads "su" and "yarn" as longrope
+OLD_LONGROPE = ("su", "yarn")  # Phi3Config reads these as longrope
+ROPE = dict(types=("default", "longrope"), original_default=4096)  # Phi3Config's
 
 
 def _qkv_widths(config: GPTConfig) -> list[int]:
@@ -72,14 +76,12 @@ WEIGHTS = WeightMap(
 def _config(f: Fields) -> dict[str, Any]:
     for key in ("rope_parameters", "rope_scaling"):
         rope = f.hf.get(key)
-        kind = rope.get("rope_type", rope.get("type")) if isinstance(rope, dict) else None
-        if kind in LONGROPE:
-            raise f.refuse(f"{key}.rope_type", kind, "Phi-3's long-context RoPE (longrope) "
-                           "switches frequency sets with the sequence's length, which attnlab "
-                           "does not implement; a 4k-context Phi-3 has none")
+        kind_key = "rope_type" if isinstance(rope, dict) and "rope_type" in rope else "type"
+        if isinstance(rope, dict) and rope.get(kind_key) in OLD_LONGROPE:
+            f.hf[key] = {**rope, kind_key: "longrope"}
     window = f.get("sliding_window")  # Phi3Config's default: none
     return llama_like_config(f, max_positions=4096, partial_key="partial_rotary_factor",
-                             bias=False, sliding_window=window)
+                             rope=ROPE, bias=False, sliding_window=window)
 
 
 def _misfits(c: GPTConfig) -> list[str]:
@@ -87,7 +89,8 @@ def _misfits(c: GPTConfig) -> list[str]:
     return llama_like_misfits(
         c, **{"rotary_pct=1.0": True, "qk_norm=False": not c.qk_norm, "bias=False": not c.bias,
               "qkv_bias=False": not qkv_bias_of(c), "out_bias=False": not out_bias_of(c),
-              "window_layers=None": c.window_layers is None},
+              "window_layers=None": c.window_layers is None,
+              "rope_scaling=None or longrope": scaling_kind(c.rope_scaling) in (None, "longrope")},
     )
 
 
@@ -100,7 +103,9 @@ def _to_hf(c: GPTConfig) -> dict[str, Any]:
         "num_attention_heads": c.n_head, "num_key_value_heads": c.n_kv_heads,
         **({} if hs * c.n_head == c.n_embd else {"head_dim": hs}),
         "hidden_act": "silu", "max_position_embeddings": c.block_size,
-        "original_max_position_embeddings": c.block_size, "rms_norm_eps": c.norm_eps,
+        "original_max_position_embeddings": (c.rope_scaling or {}).get(
+            "original_max_position_embeddings", c.block_size),
+        "rms_norm_eps": c.norm_eps,
         "tie_word_embeddings": c.tie_weights, "sliding_window": c.sliding_window,
         "rope_parameters": rope_to_hf(c, partial=True),
     }

@@ -20,6 +20,7 @@ import torch
 from torch import Tensor
 
 from ..model.gpt import GPTConfig
+from ..model.rope import scaling_kind
 from .fields import Fields
 
 #: the attention projections a fused q/k/v module holds, in its rows' usual order
@@ -211,6 +212,12 @@ def pre_normed(config: GPTConfig) -> dict[str, bool]:
     """The requirements of a family whose blocks norm each branch's input and whose QK-norm
     (if any) is per head: every one but OLMo 2 (an export would drop the difference)."""
     return {"pre_norm=True": config.pre_norm, "qk_norm_whole=False": not config.qk_norm_whole}
+
+
+def short_rope(config: GPTConfig) -> dict[str, bool]:
+    """The requirement of every family but Phi-3: no longrope (their transformers classes
+    would switch frequency sets mid-generation without encoding the cached keys again)."""
+    return {"rope_scaling=not longrope": scaling_kind(config.rope_scaling) != "longrope"}
 
 
 def window_layers_to_hf(config: GPTConfig) -> list[str]:

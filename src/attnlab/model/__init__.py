@@ -1,18 +1,18 @@
 """The model: everything `GPT.forward` runs.
 
-`config.py` (`GPTConfig`, presets), `layers.py` (norms, MLPs, rotary embeddings, the CPU
-`Linear`), `attention.py` (masks, `attend`, `CausalSelfAttention`: all attention math, with
-`sdpa.py`, its fused path, `traced_attention.py`, its traced path in blocks of queries, and
-`summaries.py`, per-head summaries reduced from those blocks; on a GPU `summary_kernels.py`
-runs them as the Triton kernels of `summary_triton.py` and `weights_triton.py`, and
-`tf32x3.py` / `tf32x3_triton.py` run float32 products on tensor cores), `kv_cache.py`,
-`gpt.py` (the GPT), `decode.py` (the one-token decode step without modules),
-`compiled_decode.py` (that step at fixed shapes, compiled: CUDA graphs on a GPU),
-`names.py` (the names a trace holds and an edit replaces), `trace.py` (the recording seam:
-what a forward pass can capture and where edits apply), `runtime.py` (which device a name
-means, CPU kernel and memory choices), and the loaders' parts: `tensorfile.py` (safetensors
-read without trusting them), `materialize.py` (a GPT built from named tensors) and
-`memory.py` (will it fit).
+`config.py` (`GPTConfig`, presets), `layers.py` (norms, MLPs, the CPU `Linear`), `rope.py`
+(rotary embeddings and their scalings), `attention.py` (masks, `attend`,
+`CausalSelfAttention`: all attention math, with `sdpa.py`, its fused path,
+`traced_attention.py`, its traced path in blocks of queries, and `summaries.py`, per-head
+summaries reduced from those blocks; on a GPU `summary_kernels.py` runs them as the Triton
+kernels of `summary_triton.py` and `weights_triton.py`, and `tf32x3.py` / `tf32x3_triton.py`
+run float32 products on tensor cores), `kv_cache.py`, `gpt.py` (the GPT), `decode.py` (the
+one-token decode step without modules), `compiled_decode.py` (that step at fixed shapes,
+compiled: CUDA graphs on a GPU), `names.py` (the names a trace holds and an edit replaces),
+`trace.py` (the recording seam: what a forward pass can capture and where edits apply),
+`runtime.py` (which device a name means, CPU kernel and memory choices), and the loaders'
+parts: `tensorfile.py` (safetensors read without trusting them), `materialize.py` (a GPT
+built from named tensors) and `memory.py` (will it fit).
 """
 
 from .attention import CausalSelfAttention, Mask, attend, build_mask, causal_mask, padding_mask

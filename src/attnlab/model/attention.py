@@ -31,7 +31,8 @@ import torch
 from torch import Tensor, nn
 
 from .explicit import explicit_attend
-from .layers import Linear, apply_rotary, make_norm
+from .layers import Linear, make_norm
+from .rope import apply_rotary
 from .sdpa import expand_kv, fused_attend
 from .traced_attention import traced_attend, traced_rows
 
@@ -433,7 +434,7 @@ class CausalSelfAttention(nn.Module):
         kv_cache/pos: write this call's keys/values at position `pos` of a cache and attend
         over everything it holds. fused: None picks fused unless the trace needs weights
         (as True does: `attend` decides); False the explicit path.
-        rope: cos, sin (B or 1, 1, T, rd) of this call's positions (`layers.Rotary`): q and
+        rope: cos, sin (B or 1, 1, T, rd) of this call's positions (`rope.Rotary`): q and
         the new k are rotated before k is cached.
         """
         if x.dim() != 3:

@@ -12,7 +12,8 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
-from .layers import GELUS, MLPS, NORMS, check_rope_scaling
+from .layers import GELUS, MLPS, NORMS
+from .rope import check_rope_scaling
 
 
 @dataclass
@@ -52,7 +53,7 @@ class GPTConfig:
     pos: str = "learned"  # positions: "learned" (wpe table), "rope" (rotary), "none"
     rope_theta: float = 10000.0  # RoPE base
     rotary_pct: float = 1.0  # fraction of each head's dims rotated (Pythia: 0.25)
-    rope_scaling: dict[str, Any] | None = None  # HF's dict: rope_type linear, llama3 or yarn
+    rope_scaling: dict[str, Any] | None = None  # HF's: linear, llama3, yarn, longrope
     norm_eps: float = 1e-5  # epsilon of every norm (QK-norm included)
     d_ff: int | None = None  # MLP hidden width; None = 4 * n_embd
     head_dim: int | None = None  # hs; None = n_embd // n_head
@@ -146,7 +147,8 @@ class GPTConfig:
                 raise ValueError(f"GPTConfig.{name}={cap!r} must be a positive finite number "
                                  "(the cap of cap * tanh(x / cap); Gemma 2: 50.0 for "
                                  "attention, 30.0 for logits), or None for no cap")
-        check_rope_scaling(self.rope_scaling, theta=self.rope_theta)
+        check_rope_scaling(self.rope_scaling, theta=self.rope_theta,
+                           rotary_dims=rotary_dims if self.pos == "rope" else None)
         if self.rope_scaling is not None and self.pos != "rope":
             raise ValueError(
                 f"rope_scaling={self.rope_scaling} needs pos='rope', not pos={self.pos!r}"

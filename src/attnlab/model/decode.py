@@ -5,7 +5,7 @@ projections where one would do. This module owns that fast path: it reads a `GPT
 once into plain tensors (`_DecodeLayer`) and runs `Block`'s wiring with tensor calls,
 honouring every `GPTConfig` switch (norms, MLP kind, RoPE at each row's real position,
 QK-norm, biases, parallel residual, sliding window, head_dim, soft caps). The model, masks
-and rotary math stay in `gpt.py`, `attention.py` and `layers.py`; it is tested equal to
+and rotary math stay in `gpt.py`, `attention.py` and `rope.py`; it is tested equal to
 `GPT.forward` (tests/model/test_gpt.py).
 
 `half_weights(model)` has decode stream every matrix as float16 (fbgemm's kernel on x86
@@ -32,15 +32,13 @@ from .layers import (
     MLP,
     GemmaRMSNorm,
     RMSNorm,
-    apply_rotary,
     embedding_scale,
     gate_activation,
     gemma_rms_norm,
-    layer_ropes,
-    real_positions,
     rms_norm,
     soft_cap,
 )
+from .rope import apply_rotary, layer_ropes, real_positions
 from .runtime import check_float16_weights
 
 if TYPE_CHECKING:

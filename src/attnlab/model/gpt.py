@@ -3,8 +3,8 @@
 One `GPTConfig` spans a one-layer model (`seed-minimal`: one single-head attention and a linear
 head, nothing else), a nanoGPT/GPT-2 pre-LayerNorm stack and the modern family (Llama, Mistral,
 Qwen, GPT-NeoX, Gemma: RoPE, RMSNorm, SwiGLU / GeGLU, GQA, QK-norm, parallel residual, sliding
-window, scaled embeddings). Attention math is `attention.py`'s, the norms, MLPs and rotary
-embeddings are `layers.py`'s, the one-token decode path is `decode.py`'s; this module wires
+window, scaled embeddings). Attention math is `attention.py`'s, the norms and MLPs `layers.py`'s,
+rotary embeddings `rope.py`'s, the one-token decode path is `decode.py`'s; this module wires
 them, owns positions and the loss. Hugging Face weights: `hf/`.
 """
 
@@ -24,7 +24,8 @@ from .attention import Mask, build_mask
 from .block import Block, norm_of
 from .config import GPTConfig
 from .kv_cache import KVCache
-from .layers import Linear, Rope, Rotary, embedding_scale, layer_ropes, real_positions, soft_cap
+from .layers import Linear, embedding_scale, soft_cap
+from .rope import Rope, Rotary, layer_ropes, real_positions
 from .runtime import kept_out
 from .trace import EditSource, Seam, Trace
 
