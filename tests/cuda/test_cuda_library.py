@@ -36,7 +36,7 @@ TEXT = "the cat sat on the mat. abcdefghijklmnopqrstuvwxyz"
 # GPT-2 blocks; Llama-style ones with grouped-query attention, QK-norm and a window; Gemma 2's
 # (scaled embeddings, (1 + w) norms, GeGLU, sandwich norms, soft caps: the CUDA summary and
 # weight kernels are routed around a cap); Gemma 3's (QK-norm, a RoPE base per layer type);
-# OLMo 2's (below)
+# OLMo 2's and OLMo 3's (below); Phi-3.5's longrope, its switch (8) inside the sequences
 GEMMA = {"pos": "rope", "norm": "gemma_rmsnorm", "mlp": "geglu", "bias": False, "n_kv_head": 2,
          "scale_embeddings": True, "sandwich_norm": True, "sliding_window": 8,
          "window_layers": [0]}
@@ -51,6 +51,17 @@ FAMILIES = {
     "olmo2": {"pos": "rope", "norm": "rmsnorm", "mlp": "swiglu", "bias": False, "n_kv_head": 2,
               "sandwich_norm": True, "pre_norm": False, "qk_norm": True,
               "qk_norm_whole": True},
+    "olmo3": {"pos": "rope", "norm": "rmsnorm", "mlp": "swiglu", "bias": False, "n_kv_head": 2,
+              "sandwich_norm": True, "pre_norm": False, "qk_norm": True,
+              "qk_norm_whole": True, "sliding_window": 6, "window_layers": [0],
+              "local_rope_theta": 1e4, "rope_theta": 5e5,
+              "rope_scaling": {"rope_type": "yarn", "factor": 4.0,
+                               "original_max_position_embeddings": 8}},
+    "phi3_longrope": {"pos": "rope", "norm": "rmsnorm", "mlp": "swiglu", "bias": False,
+                      "rope_scaling": {"rope_type": "longrope", "factor": 4.0,
+                                       "original_max_position_embeddings": 8,
+                                       "short_factor": [1.0, 1.2, 1.5, 2.0],
+                                       "long_factor": [1.5, 3.0, 6.0, 12.0]}},
 }
 
 
@@ -148,6 +159,22 @@ def test_load_hf_onto_the_device_in_bfloat16(tmp_path: Path, cuda_device: torch.
     with torch.no_grad():
         got = loaded(ids.to(cuda_device)).logits.float().cpu()
         torch.testing.assert_close(got, cpu(ids).logits, atol=0.1, rtol=0.05)
+
+
+@pytest.mark.parametrize("family", ["phi3_longrope", "olmo3"])
+def test_the_graphed_decode_crosses_the_longrope_switch_as_the_eager_one(
+        family: str, cuda_device: torch.device) -> None:
+    """generate(compile=True) on the device: the CUDA graph replays longrope's choice of
+    frequency set (a tensor condition) and the static cache is filled again where a
+    left-padded batch crosses the switch (8); OLMo 3's scaled full and unscaled windowed
+    layers beside it. Greedy ids equal the eager decode's on the same device."""
+    _, model = _pair(cuda_device, family, init_std=0.3)  # wide: no near-tied argmax
+    ids = _ids(T=6).to(cuda_device)
+    mask = torch.ones_like(ids)
+    mask[0, :2] = 0  # row 0 left-padded by two
+    eager = generate(model, ids, mask, max_new_tokens=14, temperature=0)
+    graphed = generate(model, ids, mask, max_new_tokens=14, temperature=0, compile=True)
+    assert torch.equal(graphed, eager)
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])

@@ -1,13 +1,14 @@
-"""hf/: attnlab on Llama / Mistral / Qwen2 / Qwen3 / GPT-NeoX / Gemma / Phi-3 / OLMo 2 weights
-equals
-transformers' eager attention on the same random weights (nothing downloaded), and exports back.
+"""hf/: attnlab on Llama / Mistral / Qwen2 / Qwen3 / GPT-NeoX / Gemma / Phi-3 / OLMo 2 / OLMo 3
+weights equals transformers' eager attention on the same random weights (nothing
+downloaded), and exports back.
 
 Two shapes per family, between them: GQA, tied and untied heads, head_dim != C / nh,
 attention / MLP biases, partial rotary, rope_theta != 10000, llama3 and linear RoPE scaling,
 sliding windows shorter than the sequence (all layers, and some layers), QK-norm, parallel
 and sequential residual, Gemma's scaled embeddings, (1 + w) norm and GeGLU, Gemma 3's sandwich
 norms and per-layer-type RoPE, Gemma 2's soft caps, Phi-3's fused q/k/v and gate/up
-projections, OLMo 2's output-only norms and whole-width QK-norm; one yarn
+projections, OLMo 2's output-only norms and whole-width QK-norm, OLMo 3's windowed
+layers with RoPE per layer type; one yarn
 case per family, its original_max_position_embeddings (16) shorter than the sequences, its
 attention factor derived (from factor, or mscale / mscale_all_dim) or given; and Phi-3's
 longrope, whose switch (16) the sequences and generations cross. Each model is
@@ -18,15 +19,16 @@ exercised too.
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
 
-from attnlab import load_hf, save_hf
+from attnlab import GPT, load_hf, save_hf
 from attnlab.generate import generate
-from attnlab.hf import family_of
+from attnlab.hf import config_to_hf, family_of
 from helpers import assert_logits_match_hf, assert_ngrams_and_typical_p_match_hf, left_padded
 
 transformers = pytest.importorskip("transformers")
@@ -171,6 +173,21 @@ CASES: dict[str, tuple[str, dict[str, Any]]] = {
     "olmo2-bias-mqa": ("Olmo2", dict(
         **{**SMALL, "num_hidden_layers": 3}, num_key_value_heads=1, head_dim=16,
         attention_bias=True, tie_word_embeddings=True)),
+    # OLMo 3: OLMo 2's blocks, three windowed layers (window 5) then a full one by default,
+    # GQA, untied, both layer types at Olmo3Config's base (500,000)
+    "olmo3-windows": ("Olmo3", dict(
+        **{**SMALL, "num_hidden_layers": 4}, num_key_value_heads=2, sliding_window=5,
+        tie_word_embeddings=False)),
+    # layer types given, yarn on the full layers only, the windowed layers' own base (1e4),
+    # biases on all four projections, tied
+    "olmo3-yarn-full": ("Olmo3", dict(
+        **{**SMALL, "num_hidden_layers": 3}, sliding_window=6, attention_bias=True,
+        tie_word_embeddings=True,
+        layer_types=["full_attention", "sliding_attention", "full_attention"],
+        rope_parameters={
+            "full_attention": {"rope_type": "yarn", "factor": 8.0, "rope_theta": 500000.0,
+                               "original_max_position_embeddings": 16},
+            "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0}})),
 }
 # the model class where it is not f"{prefix}ForCausalLM"
 MODEL_CLASS = {"Gemma3Text": "Gemma3ForCausalLM"}
@@ -474,6 +491,35 @@ def test_an_olmo2_directory_reads_its_norms_and_no_other_family_writes_it(
         save_hf(tmp_path / "llama", ours, family="llama")
     with pytest.raises(ValueError, match=r"Gemma2ForCausalLM .* pre_norm=True"):
         save_hf(tmp_path / "gemma2", ours, family="gemma2")
+
+
+@torch.no_grad()
+def test_an_olmo3_config_reads_its_layer_types_as_transformers(tmp_path: Path) -> None:
+    """A legacy top-level rope_theta and rope_scaling reach the full layers alone (the
+    windowed layers keep Olmo3Config's base, 500,000, unscaled), as transformers reads them:
+    logits equal its eager attention's; an OLMo 3 with windows is no OLMo 2, and one without
+    is exported as OLMo 2 unless the family is named."""
+    torch.manual_seed(0)
+    fields = dict(**{**SMALL, "num_hidden_layers": 4}, sliding_window=4, initializer_range=0.2,
+                  rope_theta=20000.0, rope_scaling={"rope_type": "linear", "factor": 2.0})
+    hf = transformers.Olmo3ForCausalLM(transformers.Olmo3Config(**fields)).eval()
+    hf.config._attn_implementation = "eager"
+    hf.save_pretrained(tmp_path)
+    ours = load_hf(tmp_path)
+    c = ours.config
+    assert (c.rope_theta, c.rope_scaling, c.local_rope_theta) == (
+        20000.0, {"rope_type": "linear", "factor": 2.0}, 500000.0)
+    assert (c.sliding_window, c.window_layers) == (4, [0, 1, 2])
+    ids = torch.randint(1, 97, (1, 24), generator=torch.Generator().manual_seed(0))
+    torch.testing.assert_close(ours(ids).logits, hf(ids).logits, atol=1e-5, rtol=0)
+    with pytest.raises(ValueError, match=r"Olmo2ForCausalLM .* sliding_window=None"):
+        save_hf(tmp_path / "olmo2", ours, family="olmo2")
+    plain = GPT(replace(c, sliding_window=None, window_layers=None, local_rope_theta=None))
+    assert family_of(config_to_hf(plain.config)).name == "olmo2"
+    save_hf(tmp_path / "olmo3", plain, family="olmo3")
+    written = json.loads((tmp_path / "olmo3" / "config.json").read_text())
+    assert written["layer_types"] == ["full_attention"] * 4
+    assert load_hf(tmp_path / "olmo3").config.rope_scaling == c.rope_scaling
 
 
 @pytest.mark.parametrize("case", ["gemma-mqa", "gemma3-local-rope", "gemma2-caps-window"])

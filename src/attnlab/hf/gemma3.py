@@ -66,19 +66,22 @@ def layer_types(f: Fields, n_layer: int, pattern: int | None = None) -> list[str
     return list(types)
 
 
-def _ropes(f: Fields, block_size: int) -> tuple[dict[str, Any], float | None]:
+def type_ropes(f: Fields, block_size: int, *, full_theta: float,
+               local_theta: float) -> tuple[dict[str, Any], float | None]:
     """(the full layers' rope GPTConfig fields, the sliding layers' base or None when they
     share the full layers' RoPE) from either spelling: transformers 5's rope_parameters
-    keyed by layer type, or the older rope_theta / rope_scaling / rope_local_base_freq."""
+    keyed by layer type, or the older rope_scaling (the full layers'); each type's
+    rope_theta where its dict has none is the caller's (Gemma 3: rope_theta and
+    rope_local_base_freq)."""
     params = f.get("rope_parameters") or {}
     if not isinstance(params, dict) or set(params) - set(LAYER_TYPES):
-        raise f.refuse("rope_parameters", params, "Gemma 3 keys its RoPE parameters by layer "
-                       f"type: {', '.join(LAYER_TYPES)}")
+        raise f.refuse("rope_parameters", params, f"{f.family} keys its RoPE parameters by "
+                       f"layer type: {', '.join(LAYER_TYPES)}")
     full = dict(params.get("full_attention") or {"rope_type": "default"})
     full.update(f.get("rope_scaling") or {})
-    full.setdefault("rope_theta", f.get("rope_theta", 1_000_000.0))
+    full.setdefault("rope_theta", full_theta)
     local = dict(params.get("sliding_attention") or {"rope_type": "default"})
-    local.setdefault("rope_theta", f.get("rope_local_base_freq", 10_000.0))
+    local.setdefault("rope_theta", local_theta)
     theta, scaling, _ = rope_from_hf(Fields({"rope_parameters": full}, f.family),
                                      max_positions=block_size)
     if local == full:
@@ -134,7 +137,10 @@ def _config(f: Fields) -> dict[str, Any]:
     for key in ("final_logit_softcapping", "attn_logit_softcapping"):
         if f.get(key) is not None:
             raise f.refuse(key, f.get(key), "soft-capping (Gemma 2's) is not supported")
-    rope, local_theta = _ropes(f, f.count("max_position_embeddings", 131072, MAX_CONTEXT))
+    rope, local_theta = type_ropes(
+        f, f.count("max_position_embeddings", 131072, MAX_CONTEXT),
+        full_theta=f.get("rope_theta", 1_000_000.0),
+        local_theta=f.get("rope_local_base_freq", 10_000.0))
     config = sandwich_config(f, max_positions=131072, pattern=None, qk_norm=True, **rope)
     return {**config, "local_rope_theta": None if config["sliding_window"] is None
             else local_theta}

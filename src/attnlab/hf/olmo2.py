@@ -30,11 +30,17 @@ WEIGHTS = WeightMap(
 )
 
 
-def _config(f: Fields) -> dict[str, Any]:
+def olmo2_config(f: Fields, **switches: Any) -> dict[str, Any]:
+    """GPTConfig keyword arguments for OLMo 2's blocks, OLMo 3's `switches` (windows, RoPE
+    per layer type) added."""
     attention_bias = f.flag("attention_bias", False)
     return llama_like_config(f, max_positions=2048, bias=False, qkv_bias=attention_bias,
                              out_bias=attention_bias, qk_norm=True, qk_norm_whole=True,
-                             pre_norm=False, sandwich_norm=True)
+                             pre_norm=False, sandwich_norm=True, **switches)
+
+
+def _config(f: Fields) -> dict[str, Any]:
+    return olmo2_config(f)
 
 
 def _misfits(c: GPTConfig) -> list[str]:
