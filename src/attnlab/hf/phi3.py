@@ -28,8 +28,9 @@ from .registry import QKV, Family, Fused, WeightMap
 
 # transformers' Phi3 builds no attention bias whatever config.json says, and reads the
 # custom-code pointers (auto_map) only with trust_remote_code, whose modules hub Phi-3
-# repositories keep from before transformers had the family
-IRRELEVANT = frozenset({"attention_bias", "auto_map"})
+# repositories keep from before transformers had the family; Phi-4-mini's config.json has
+# two more fields that code reads (full_attn_mod 1: every layer full; interpolate_factor 1)
+IRRELEVANT = frozenset({"attention_bias", "auto_map", "full_attn_mod", "interpolate_factor"})
 OLD_LONGROPE = ("su", "yarn")  # Phi3Config reads these as longrope
 ROPE = dict(types=("default", "longrope"), original_default=4096)  # Phi3Config's
 
@@ -79,6 +80,10 @@ def _config(f: Fields) -> dict[str, Any]:
         kind_key = "rope_type" if isinstance(rope, dict) and "rope_type" in rope else "type"
         if isinstance(rope, dict) and rope.get(kind_key) in OLD_LONGROPE:
             f.hf[key] = {**rope, kind_key: "longrope"}
+    for key in ("mlp_bias", "lm_head_bias"):  # Phi-4-mini's, false
+        if f.flag(key, False):
+            raise f.refuse(key, True, "transformers' Phi-3 builds no such bias (the hub's "
+                           "custom code would)")
     window = f.get("sliding_window")  # Phi3Config's default: none
     return llama_like_config(f, max_positions=4096, partial_key="partial_rotary_factor",
                              rope=ROPE, bias=False, sliding_window=window)
