@@ -522,6 +522,33 @@ def test_an_olmo3_config_reads_its_layer_types_as_transformers(tmp_path: Path) -
     assert load_hf(tmp_path / "olmo3").config.rope_scaling == c.rope_scaling
 
 
+def test_olmo3_7bs_yarn_reaches_the_full_layers_alone_as_in_transformers() -> None:
+    """OLMo-3-7B's RoPE as its config.json spells it (top-level rope_theta and a yarn
+    rope_scaling with its attention factor): each layer type's cos and sin equal
+    transformers' Olmo3RotaryEmbedding's at 12,000 positions (past the 8,192 it extends)."""
+    from attnlab.hf import config_from_hf
+
+    olmo3 = pytest.importorskip("transformers.models.olmo3.modeling_olmo3")
+    fields = {"architectures": ["Olmo3ForCausalLM"], "model_type": "olmo3",
+              "hidden_size": 64, "num_attention_heads": 2, "num_hidden_layers": 4,
+              "intermediate_size": 8, "vocab_size": 11, "max_position_embeddings": 65536,
+              "rope_theta": 500000, "sliding_window": 4096,
+              "rope_scaling": {"attention_factor": 1.2079441541679836, "beta_fast": 32.0,
+                               "beta_slow": 1.0, "factor": 8.0, "rope_type": "yarn",
+                               "original_max_position_embeddings": 8192}}
+    model = GPT(config_from_hf(fields))
+    theirs = olmo3.Olmo3RotaryEmbedding(transformers.AutoConfig.for_model(**fields))
+    positions = torch.arange(12000)[None]  # (1, T)
+    x = torch.zeros(1, 1, 32)
+    for layer_type, rotary in (("full_attention", model.rotary),
+                               ("sliding_attention", model.local_rotary)):
+        assert rotary is not None
+        cos, sin = rotary.cos_sin(positions)  # (1, 1, T, hs)
+        their_cos, their_sin = theirs(x, positions, layer_type)  # (1, T, hs)
+        assert torch.equal(cos[:, 0], their_cos) and torch.equal(sin[:, 0], their_sin)
+    assert model.local_rotary is not None and model.local_rotary.attention_factor == 1.0
+
+
 @pytest.mark.parametrize("case", ["gemma-mqa", "gemma3-local-rope", "gemma2-caps-window"])
 def test_info_on_a_gemma_directory(case: str, tmp_path: Path,
                                    capsys: pytest.CaptureFixture[str]) -> None:
