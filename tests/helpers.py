@@ -295,7 +295,8 @@ def modern_switches(n_layer: int = 2) -> Any:
         pos = draw(st.sampled_from(["learned", "rope", "none"]))
         switches: dict[str, Any] = {
             "pos": pos,
-            "norm": draw(st.sampled_from(["layernorm", "rmsnorm", "gemma_rmsnorm", "none"])),
+            "norm": draw(st.sampled_from(["layernorm", "rmsnorm", "gemma_rmsnorm", "olmo_rmsnorm",
+                                          "none"])),
             "mlp": draw(st.sampled_from(["gelu", "swiglu", "geglu", "none"])),
             "scale_embeddings": draw(st.booleans()),
             "head_dim": draw(st.sampled_from([None, 8])),
@@ -317,6 +318,7 @@ def modern_switches(n_layer: int = 2) -> Any:
         # sandwich norms need the sequential residual; the whole-width QK-norm, QK-norm
         switches["sandwich_norm"] = not switches["parallel_residual"] and draw(st.booleans())
         switches["qk_norm_whole"] = switches["qk_norm"] and draw(st.booleans())
+        switches["rope_in_float32"] = pos == "rope" and draw(st.booleans())
         window = draw(st.sampled_from([None, 2, 3]))
         if window is not None:
             switches["sliding_window"] = window

@@ -284,8 +284,9 @@ def test_arch_llama_trains_a_modern_model_that_every_command_takes(
 @pytest.mark.parametrize("arch, blocks, architecture", [
     ("gemma3", {"norm": "gemma_rmsnorm", "mlp": "geglu", "sandwich_norm": True, "qk_norm": True,
                 "scale_embeddings": True}, "Gemma3ForCausalLM"),
-    ("olmo2", {"norm": "rmsnorm", "mlp": "swiglu", "sandwich_norm": True, "pre_norm": False,
-               "qk_norm_whole": True}, "Olmo2ForCausalLM"),
+    ("olmo2", {"norm": "olmo_rmsnorm", "mlp": "swiglu", "sandwich_norm": True,
+               "pre_norm": False, "qk_norm_whole": True, "rope_in_float32": True},
+     "Olmo2ForCausalLM"),
 ])
 def test_an_arch_trains_a_model_that_resumes_and_exports_as_its_family(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], arch: str, blocks: dict[str, Any],

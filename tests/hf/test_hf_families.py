@@ -315,6 +315,32 @@ def test_bfloat16_load_runs_close_to_float32(pair: tuple) -> None:
     assert (low - full).abs().max() < 0.1 * scale  # bfloat16 keeps ~3 significant digits
 
 
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@torch.no_grad()
+def test_the_explicit_path_in_16_bits_is_transformers_bit_for_bit(
+        pair: tuple, dtype: torch.dtype) -> None:
+    """Loaded in bfloat16 or float16, the explicit path (fused=False: transformers' eager
+    steps one by one) gives transformers' eager logits bit for bit at a left-padded batch's
+    real tokens: each rounding lands where transformers' does (norms, RoPE, scores, the
+    softmax in float32 then cast, every product; OLMo's norms scaled and RoPE turned in
+    float32). Without OLMo's roundings its logits differ."""
+    _, ours, directory = pair
+    hf = transformers.AutoModelForCausalLM.from_pretrained(
+        directory, dtype=dtype, attn_implementation="eager").eval()
+    ids, mask = left_padded([5, 17, 11], vocab=ours.config.vocab_size, low=1, seed=1)
+    positions = (mask.cumsum(-1) - 1).clamp(min=0)  # (B, P): the real positions
+    expected = hf(ids, attention_mask=mask, position_ids=positions).logits  # (B, P, V)
+    real = mask.bool()
+    half = load_hf(directory, dtype=dtype)
+    got = half(ids, attention_mask=mask, fused=False).logits  # (B, P, V)
+    assert got.dtype == dtype and torch.equal(got[real], expected[real])
+    if half.config.norm == "olmo_rmsnorm":
+        plain = GPT(replace(half.config, norm="rmsnorm", rope_in_float32=False)).to(dtype)
+        plain.load_state_dict(half.state_dict())
+        assert not torch.equal(plain(ids, attention_mask=mask, fused=False).logits[real],
+                               expected[real])
+
+
 @torch.no_grad()
 def test_a_mistral_without_a_window_exports_as_mistral_when_asked(tmp_path: Path) -> None:
     """Mistral v0.2+ has sliding_window null: the same computation as Llama, which is what
@@ -486,7 +512,8 @@ def test_an_olmo2_directory_reads_its_norms_and_no_other_family_writes_it(
     assert (info["family"], info["architecture"]) == ("olmo2", "Olmo2ForCausalLM")
     assert info["parameters"] == hf.num_parameters()
     with pytest.raises(ValueError, match=r"LlamaForCausalLM cannot express this model: it "
-                                         r"needs pre_norm=True, qk_norm_whole=False, "
+                                         r"needs norm='rmsnorm', pre_norm=True, "
+                                         r"qk_norm_whole=False, rope_in_float32=False, "
                                          r"sandwich_norm=False, qk_norm=False"):
         save_hf(tmp_path / "llama", ours, family="llama")
     with pytest.raises(ValueError, match=r"Gemma2ForCausalLM .* pre_norm=True"):

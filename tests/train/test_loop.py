@@ -371,7 +371,8 @@ def test_llama_gemma3_and_olmo2_recipes_match_the_gpt2_recipe_in_parameters(data
     olmo2, olmo2_train = recipe(dataset, "olmo2")
     assert olmo2_train == gpt2_train
     assert (olmo2.pos, olmo2.norm, olmo2.mlp, olmo2.bias, olmo2.pre_norm, olmo2.sandwich_norm,
-            olmo2.qk_norm_whole) == ("rope", "rmsnorm", "swiglu", False, False, True, True)
+            olmo2.qk_norm_whole, olmo2.rope_in_float32) == (
+        "rope", "olmo_rmsnorm", "swiglu", False, False, True, True, True)
     assert abs(count_params(olmo2) / count_params(gpt2) - 1) < 0.005
     assert [arch_of(c) for c in (gpt2, llama, gemma3, olmo2)] == ["gpt2", "llama", "gemma3",
                                                                   "olmo2"]

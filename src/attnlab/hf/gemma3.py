@@ -25,8 +25,8 @@ from .registry import (
     Family,
     WeightMap,
     misfits_of,
+    plain_rope,
     pre_normed,
-    short_rope,
     uncapped,
     window_layers_to_hf,
 )
@@ -154,7 +154,7 @@ def sandwich_misfits(c: GPTConfig, **needed: bool) -> list[str]:
         "sandwich_norm=True": c.sandwich_norm, "bias=False": not c.bias,
         "qkv_bias == out_bias": qkv_bias_of(c) == out_bias_of(c),
         "rotary_pct=1.0": c.rotary_pct == 1.0, "attn_out_proj=True": c.attn_out_proj,
-        **pre_normed(c), **short_rope(c), **needed,
+        **pre_normed(c), **plain_rope(c), **needed,
     })
 
 

@@ -2,8 +2,10 @@
 branch's input, only each branch's output before its residual add (`pre_norm=False` with
 `sandwich_norm`: x + norm(attn(x)), then h + norm(mlp(h))), and QK-norm over each token's
 whole q and k, not each head's (`qk_norm_whole`), before RoPE. `attention_bias` puts a bias
-on all four projections. OLMo 2's RMSNorm multiplies by its weight before casting back to
-the input's dtype (Llama's casts first): the same in float32.
+on all four projections. OLMo 2 rounds as its transformers class does: its RMSNorm
+multiplies by its weight before casting back to the input's dtype (norm="olmo_rmsnorm";
+Llama's casts first), and RoPE turns q and k in float32 (`rope_in_float32`); the same in
+float32.
 """
 
 from __future__ import annotations
@@ -36,20 +38,26 @@ def olmo2_config(f: Fields, **switches: Any) -> dict[str, Any]:
     attention_bias = f.flag("attention_bias", False)
     return llama_like_config(f, max_positions=2048, bias=False, qkv_bias=attention_bias,
                              out_bias=attention_bias, qk_norm=True, qk_norm_whole=True,
-                             pre_norm=False, sandwich_norm=True, **switches)
+                             pre_norm=False, sandwich_norm=True, norm="olmo_rmsnorm",
+                             rope_in_float32=True, **switches)
 
 
 def _config(f: Fields) -> dict[str, Any]:
     return olmo2_config(f)
 
 
+def olmo_blocks(c: GPTConfig) -> dict[str, bool]:
+    """The requirements OLMo 2 and 3 share, replacing Llama's on the same fields."""
+    return {"norm='olmo_rmsnorm'": c.norm == "olmo_rmsnorm", "pre_norm=False": not c.pre_norm,
+            "sandwich_norm=True": c.sandwich_norm, "qk_norm=True": c.qk_norm,
+            "qk_norm_whole=True": c.qk_norm_whole, "bias=False": not c.bias,
+            "qkv_bias == out_bias": qkv_bias_of(c) == out_bias_of(c),
+            "rope_in_float32=True": c.rope_in_float32}
+
+
 def _misfits(c: GPTConfig) -> list[str]:
-    return llama_like_misfits(
-        c, **{"pre_norm=False": not c.pre_norm, "sandwich_norm=True": c.sandwich_norm,
-              "qk_norm=True": c.qk_norm, "qk_norm_whole=True": c.qk_norm_whole,
-              "bias=False": not c.bias, "sliding_window=None": c.sliding_window is None,
-              "qkv_bias == out_bias": qkv_bias_of(c) == out_bias_of(c)},
-    )
+    return llama_like_misfits(c, **olmo_blocks(c),
+                              **{"sliding_window=None": c.sliding_window is None})
 
 
 def _to_hf(c: GPTConfig) -> dict[str, Any]:

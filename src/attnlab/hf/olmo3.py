@@ -16,8 +16,8 @@ from typing import Any
 from ..model.gpt import GPTConfig
 from .fields import MAX_CONTEXT, Fields, rope_to_hf
 from .gemma3 import layer_types, type_ropes
-from .llama import llama_like_misfits, llama_like_to_hf, out_bias_of, qkv_bias_of
-from .olmo2 import WEIGHTS, olmo2_config
+from .llama import llama_like_misfits, llama_like_to_hf, qkv_bias_of
+from .olmo2 import WEIGHTS, olmo2_config, olmo_blocks
 from .registry import Family, window_layers_to_hf
 
 THETA = 500_000.0  # Olmo3Config's default_theta
@@ -38,12 +38,7 @@ def _config(f: Fields) -> dict[str, Any]:
 
 
 def _misfits(c: GPTConfig) -> list[str]:
-    return llama_like_misfits(
-        c, **{"pre_norm=False": not c.pre_norm, "sandwich_norm=True": c.sandwich_norm,
-              "qk_norm=True": c.qk_norm, "qk_norm_whole=True": c.qk_norm_whole,
-              "bias=False": not c.bias, "local_rope_theta=any": True,
-              "qkv_bias == out_bias": qkv_bias_of(c) == out_bias_of(c)},
-    )
+    return llama_like_misfits(c, **olmo_blocks(c), **{"local_rope_theta=any": True})
 
 
 def _to_hf(c: GPTConfig) -> dict[str, Any]:

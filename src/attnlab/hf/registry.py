@@ -214,10 +214,12 @@ def pre_normed(config: GPTConfig) -> dict[str, bool]:
     return {"pre_norm=True": config.pre_norm, "qk_norm_whole=False": not config.qk_norm_whole}
 
 
-def short_rope(config: GPTConfig) -> dict[str, bool]:
-    """The requirement of every family but Phi-3: no longrope (their transformers classes
-    would switch frequency sets mid-generation without encoding the cached keys again)."""
-    return {"rope_scaling=not longrope": scaling_kind(config.rope_scaling) != "longrope"}
+def plain_rope(config: GPTConfig) -> dict[str, bool]:
+    """The requirements of every family but Phi-3 and OLMo: no longrope (their transformers
+    classes would switch frequency sets mid-generation without encoding the cached keys
+    again), and RoPE in q's and k's own dtype (OLMo's rotates in float32)."""
+    return {"rope_scaling=not longrope": scaling_kind(config.rope_scaling) != "longrope",
+            "rope_in_float32=False": not config.rope_in_float32}
 
 
 def window_layers_to_hf(config: GPTConfig) -> list[str]:

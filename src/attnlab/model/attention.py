@@ -344,8 +344,9 @@ class CausalSelfAttention(nn.Module):
         bias: bias on the q/k/v (and output) projections.
         out_bias: bias on the output projection; None = `bias` (Qwen2: q/k/v only).
         qk_norm: a norm (weight (hs,), eps `norm_eps`) on each head's q and k before RoPE
-            (Qwen3, Gemma 3): `qk_norm_kind` "rmsnorm" or "gemma_rmsnorm"; with
+            (Qwen3, Gemma 3): `qk_norm_kind` "rmsnorm", "gemma_rmsnorm" or "olmo_rmsnorm"; with
             `qk_norm_whole`, one over each token's whole q (d_out) and k (OLMo 2).
+        rope_in_float32: q and k rotated in float32 and cast back (OLMo's rounding).
         out_proj: add the output projection back to d_in (GPT-2's attention); False returns
             the concatenated heads of width d_out (the book's `CausalAttention`, the
             hello-world model).
@@ -377,6 +378,7 @@ class CausalSelfAttention(nn.Module):
         qk_norm_kind: str = "rmsnorm",
         softcap: float | None = None,
         qk_norm_whole: bool = False,
+        rope_in_float32: bool = False,
     ) -> None:
         super().__init__()
         d_out = d_in if d_out is None else d_out
@@ -406,7 +408,7 @@ class CausalSelfAttention(nn.Module):
         self.out_dropout = nn.Dropout(dropout)
         # over each head's hs, or (qk_norm_whole, OLMo 2) each token's whole q and k
         q_dim, k_dim = (d_out, d_kv) if qk_norm_whole else (self.head_size, self.head_size)
-        self.qk_norm_whole = qk_norm_whole
+        self.qk_norm_whole, self.rope_in_float32 = qk_norm_whole, rope_in_float32
         self.q_norm = make_norm(qk_norm_kind, q_dim, eps=norm_eps) if qk_norm else None
         self.k_norm = make_norm(qk_norm_kind, k_dim, eps=norm_eps) if qk_norm else None
 
@@ -454,7 +456,8 @@ class CausalSelfAttention(nn.Module):
             if trace is not None:
                 q = trace.record("q_pre_rope", q)
                 k = trace.record("k_pre_rope", k)
-            q, k = apply_rotary(q, *rope), apply_rotary(k, *rope)  # same shapes
+            wide = self.rope_in_float32
+            q, k = apply_rotary(q, *rope, wide), apply_rotary(k, *rope, wide)  # same shapes
         if kv_cache is not None:
             k, v = kv_cache.update(pos, k, v)  # (B, nkv, S, hs) with S = pos + S_new
         if trace is not None:

@@ -39,7 +39,7 @@ class GPTConfig:
     mlp: str = "gelu"
     gelu: str = "tanh"  # "tanh" (GPT-2's approximation) or "exact" (erf: nanoGPT, faster on CPU)
     # pre-norm in blocks and final norm: "layernorm", "rmsnorm", "gemma_rmsnorm" (scaled by
-    # 1 + weight, in float32), "none"
+    # 1 + weight, in float32), "olmo_rmsnorm" (scaled before the cast back), "none"
     norm: str = "layernorm"
     residual: bool = True  # residual connections (False: attention output feeds the head)
     attn_out_proj: bool = True  # output projection after the heads are concatenated
@@ -60,6 +60,9 @@ class GPTConfig:
     qk_norm: bool = False  # RMSNorm on each head's q and k before RoPE (Qwen3)
     # QK-norm over each token's whole q (nh * hs) and k (nkv * hs), not each head's (OLMo 2)
     qk_norm_whole: bool = False
+    # q and k rotated in float32 and cast back (OLMo's), not in their own dtype (Llama's): the
+    # same in float32, not in 16 bits
+    rope_in_float32: bool = False
     qkv_bias: bool | None = None  # bias on query/key/value; None = bias
     out_bias: bool | None = None  # bias on the attention output projection; None = bias
     parallel_residual: bool = False  # x + attn(ln_1(x)) + mlp(ln_2(x)) (GPT-NeoX)
@@ -149,6 +152,9 @@ class GPTConfig:
                                  "attention, 30.0 for logits), or None for no cap")
         check_rope_scaling(self.rope_scaling, theta=self.rope_theta,
                            rotary_dims=rotary_dims if self.pos == "rope" else None)
+        if self.rope_in_float32 and self.pos != "rope":
+            raise ValueError(f"rope_in_float32=True says how RoPE rounds: it needs pos='rope', "
+                             f"not pos={self.pos!r}")
         if self.rope_scaling is not None and self.pos != "rope":
             raise ValueError(
                 f"rope_scaling={self.rope_scaling} needs pos='rope', not pos={self.pos!r}"

@@ -169,6 +169,7 @@ class _Norm(NamedTuple):
     eps: float
     rms: bool
     gemma: bool = False  # Gemma's RMSNorm: scaled by 1 + weight
+    wide: bool = False  # OLMo's: scaled before the cast back
 
     def __call__(self, x: Tensor) -> Tensor:
         if self.weight is not None and self.weight.shape[-1] != x.shape[-1]:
@@ -177,7 +178,7 @@ class _Norm(NamedTuple):
         if self.gemma:
             return gemma_rms_norm(x, cast(Tensor, self.weight), self.eps)
         if self.rms:
-            return rms_norm(x, self.weight, self.eps)
+            return rms_norm(x, self.weight, self.eps, self.wide)
         # torch.layer_norm: F.layer_norm's Python checks cost more than a (B, C) norm here
         return torch.layer_norm(x, x.shape[-1:], self.weight, self.bias, self.eps)
 
@@ -185,7 +186,7 @@ class _Norm(NamedTuple):
 def _norm_of(module: nn.Module | None) -> _Norm | None:
     if isinstance(module, RMSNorm | GemmaRMSNorm):
         return _Norm(module.weight.detach(), None, module.eps, True,
-                     isinstance(module, GemmaRMSNorm))
+                     isinstance(module, GemmaRMSNorm), getattr(module, "wide_scale", False))
     if not isinstance(module, nn.LayerNorm):
         return None  # nn.Identity (norm="none")
     bias = None if module.bias is None else module.bias.detach()
@@ -382,7 +383,8 @@ class DecodeStep:
                 q, k = layer.q_norm(q), layer.k_norm(k)  # per head, or (OLMo 2) whole
             rope = ropes[layer.window is not None]
             if rope is not None:
-                q, k = apply_rotary(q, *rope), apply_rotary(k, *rope)  # (B, nh|nkv, 1, hs)
+                wide = c.rope_in_float32  # (B, nh|nkv, 1, hs) each
+                q, k = apply_rotary(q, *rope, wide), apply_rotary(k, *rope, wide)
             a = attention(i, layer.window, q, k, v)  # (B, nh, 1, hs)
             a = a.view(B, nh * hs)  # (B, nh * hs)
             if layer.out_proj is not None:

@@ -24,7 +24,7 @@ from . import runtime, tf32x3
 #: imported weights need it; the exact (erf) form is faster on CPUs, forward and backward
 #: (docs/performance.md#gelu), and nanoGPT and Pythia use it.
 GELUS = {"tanh": "tanh", "exact": "none"}
-NORMS = ("layernorm", "rmsnorm", "gemma_rmsnorm", "none")
+NORMS = ("layernorm", "rmsnorm", "gemma_rmsnorm", "olmo_rmsnorm", "none")
 MLPS = ("gelu", "swiglu", "geglu", "none")
 # ----------------------------------------------------------------------------- linear
 
@@ -96,29 +96,34 @@ def soft_cap(x: Tensor, cap: float | None, *, inplace: bool = False) -> Tensor:
 # ----------------------------------------------------------------------------- norms
 
 
-def rms_norm(x: Tensor, weight: Tensor | None, eps: float) -> Tensor:
+def rms_norm(x: Tensor, weight: Tensor | None, eps: float, wide_scale: bool = False) -> Tensor:
     """x (..., C) -> x / sqrt(mean(x^2) + eps) * weight, computed in float32 (a float64
     model's in float64) and cast back before the weight multiplies (Llama's and Qwen's
-    order)."""
+    order), or after it with `wide_scale` (OLMo 2's): the same in float32, not in 16 bits."""
     x32 = x.to(runtime.wide(x.dtype))
     y = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + eps)  # (..., C)
+    if weight is not None and wide_scale:
+        return (weight * y).to(x.dtype)  # the weight promoted to y's float32
     y = y.to(x.dtype)
     return y if weight is None else weight * y
 
 
 class RMSNorm(nn.Module):
-    """Root-mean-square norm with a learned scale (no bias, no mean subtraction)."""
+    """Root-mean-square norm with a learned scale (no bias, no mean subtraction); with
+    `wide_scale` the scale multiplies before the cast back (`rms_norm`; norm="olmo_rmsnorm")."""
 
-    def __init__(self, dim: int, eps: float = 1e-5) -> None:
+    def __init__(self, dim: int, eps: float = 1e-5, wide_scale: bool = False) -> None:
         super().__init__()
         self.weight = nn.Parameter(torch.ones(dim))
         self.eps = eps
+        self.wide_scale = wide_scale
 
     def forward(self, x: Tensor) -> Tensor:
-        return rms_norm(x, self.weight, self.eps)  # (..., C)
+        return rms_norm(x, self.weight, self.eps, self.wide_scale)  # (..., C)
 
     def extra_repr(self) -> str:
-        return f"{self.weight.shape[0]}, eps={self.eps}"
+        return f"{self.weight.shape[0]}, eps={self.eps}" + (
+            ", wide_scale=True" if self.wide_scale else "")
 
 
 def gemma_rms_norm(x: Tensor, weight: Tensor, eps: float) -> Tensor:
@@ -148,12 +153,12 @@ class GemmaRMSNorm(nn.Module):
 
 
 def make_norm(kind: str, dim: int, *, eps: float = 1e-5, bias: bool = True) -> nn.Module:
-    """GPTConfig.norm -> the module: LayerNorm (bias if `bias`), RMSNorm, Gemma's RMSNorm,
-    or Identity."""
+    """GPTConfig.norm -> the module: LayerNorm (bias if `bias`), RMSNorm (OLMo's scaling in
+    float32), Gemma's RMSNorm, or Identity."""
     if kind == "layernorm":
         return nn.LayerNorm(dim, eps=eps, bias=bias)
-    if kind == "rmsnorm":
-        return RMSNorm(dim, eps)
+    if kind in ("rmsnorm", "olmo_rmsnorm"):
+        return RMSNorm(dim, eps, wide_scale=kind == "olmo_rmsnorm")
     if kind == "gemma_rmsnorm":
         return GemmaRMSNorm(dim, eps)
     if kind == "none":

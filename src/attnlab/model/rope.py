@@ -326,11 +326,16 @@ def rotate_half(x: Tensor) -> Tensor:
     return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
 
 
-def apply_rotary(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
+def apply_rotary(x: Tensor, cos: Tensor, sin: Tensor, wide: bool = False) -> Tensor:
     """Rotate the first rd = cos.shape[-1] dims of x (B, heads, T, hs) by cos/sin (B or 1, 1,
     T, rd); the other hs - rd dims pass through. cos/sin are cast to x's dtype first, as
-    Hugging Face does."""
+    Hugging Face's Llama does, or with `wide` x's rotated dims are rotated in float32 and
+    cast back, as its OLMo does (`GPTConfig.rope_in_float32`)."""
     rd = cos.shape[-1]
+    if wide and x.dtype in (torch.bfloat16, torch.float16):
+        rot = x[..., :rd]  # (B, heads, T, rd): times float32 cos and sin, in float32
+        turned = (rot * cos + rotate_half(rot) * sin).to(x.dtype)  # (B, heads, T, rd)
+        return turned if rd == x.shape[-1] else torch.cat((turned, x[..., rd:]), dim=-1)
     cos, sin = cos.to(x.dtype), sin.to(x.dtype)
     if rd == x.shape[-1]:
         return x * cos + rotate_half(x) * sin  # (B, heads, T, hs)

@@ -91,10 +91,11 @@ def gemma3_style(config: GPTConfig) -> GPTConfig:
 def olmo2_style(config: GPTConfig) -> GPTConfig:
     """`config` with OLMo 2's blocks: Llama's (RoPE, RMSNorm, SwiGLU, no biases) with no
     norm before a branch and one after each (`pre_norm=False`, `sandwich_norm`), and QK-norm
-    over each token's whole q and k (`qk_norm_whole`); d_ff chosen as `llama_style` does."""
+    over each token's whole q and k (`qk_norm_whole`), rounding as OLMo's (norms scaled
+    before the cast back, RoPE in float32); d_ff chosen as `llama_style` does."""
     return _same_count(config, dataclasses.replace(
-        config, **LLAMA_BLOCKS, pre_norm=False, sandwich_norm=True, qk_norm=True,
-        qk_norm_whole=True,
+        config, **{**LLAMA_BLOCKS, "norm": "olmo_rmsnorm"}, pre_norm=False, sandwich_norm=True,
+        qk_norm=True, qk_norm_whole=True, rope_in_float32=True,
     ))
 
 
@@ -113,7 +114,7 @@ def arch_of(config: GPTConfig) -> str:
     blocks = (config.pos, config.norm, config.mlp, config.sandwich_norm, config.pre_norm)
     return {("rope", "rmsnorm", "swiglu", False, True): "llama",
             ("rope", "gemma_rmsnorm", "geglu", True, True): "gemma3",
-            ("rope", "rmsnorm", "swiglu", True, False): "olmo2"}.get(blocks, "gpt2")
+            ("rope", "olmo_rmsnorm", "swiglu", True, False): "olmo2"}.get(blocks, "gpt2")
 
 
 def _gpt2_recipe(dataset: Dataset) -> tuple[GPTConfig, TrainConfig]:
