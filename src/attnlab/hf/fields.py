@@ -192,7 +192,7 @@ def rope_from_hf(
     kind_key = "type" if "type" in rope and "rope_type" not in rope else "rope_type"
     kind = rope.get(kind_key, "default")
     if kind not in types:
-        why = ROPE_REFUSALS.get(kind, "not a RoPE type attnlab knows")
+        why = (isinstance(kind, str) and ROPE_REFUSALS.get(kind)) or "not a RoPE type attnlab knows"
         if kind == "longrope":
             why = (f"transformers' {fields.family} would keep the cached keys' frequencies when "
                    "a generation crosses longrope's switch (only Phi-3 encodes again)")

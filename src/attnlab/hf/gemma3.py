@@ -60,7 +60,8 @@ def layer_types(f: Fields, n_layer: int, pattern: int | None = None) -> list[str
     pattern = f.count("sliding_window_pattern", 6) if pattern is None else pattern
     types = f.get("layer_types") or ["sliding_attention" if (i + 1) % pattern else
                                      "full_attention" for i in range(n_layer)]
-    if len(types) != n_layer or any(t not in LAYER_TYPES for t in types):
+    if not isinstance(types, list) or len(types) != n_layer or any(
+            t not in LAYER_TYPES for t in types):
         raise f.refuse("layer_types", types,
                        f"expected {n_layer} entries, each one of {', '.join(LAYER_TYPES)}")
     return list(types)
@@ -77,6 +78,10 @@ def type_ropes(f: Fields, block_size: int, *, full_theta: float,
     if not isinstance(params, dict) or set(params) - set(LAYER_TYPES):
         raise f.refuse("rope_parameters", params, f"{f.family} keys its RoPE parameters by "
                        f"layer type: {', '.join(LAYER_TYPES)}")
+    given = {f"rope_parameters.{kind}": params.get(kind) for kind in LAYER_TYPES}
+    for key, value in {**given, "rope_scaling": f.get("rope_scaling")}.items():
+        if value is not None and not isinstance(value, dict):
+            raise f.refuse(key, value, "expected an object of RoPE parameters or null")
     full = dict(params.get("full_attention") or {"rope_type": "default"})
     full.update(f.get("rope_scaling") or {})
     full.setdefault("rope_theta", full_theta)

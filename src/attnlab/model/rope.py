@@ -71,8 +71,8 @@ def check_rope_scaling(rope_scaling: Mapping[str, Any] | None, where: str = "rop
             f"{where}={rope_scaling!r} must be a dict with a 'rope_type' key, or None"
         )
     kind = scaling_kind(rope_scaling)
-    if kind not in ROPE_SCALINGS:
-        why = f": {ROPE_REFUSALS[kind]}" if kind in ROPE_REFUSALS else ""
+    if not isinstance(kind, str) or kind not in ROPE_SCALINGS:
+        why = f": {ROPE_REFUSALS[kind]}" if isinstance(kind, str) and kind in ROPE_REFUSALS else ""
         raise ValueError(
             f"{where} rope_type={kind!r} is not supported{why}; supported types: "
             f"{sorted(ROPE_SCALINGS)} (None for no scaling)"
@@ -124,10 +124,16 @@ def _check_longrope(rope_scaling: Mapping[str, Any], where: str) -> None:
         value = rope_scaling.get(key)
         if value is not None and not _positive(value, False):
             raise ValueError(f"{where}.{key}={value!r}: expected a finite number > 0")
-    if rope_scaling.get("factor") is None and rope_scaling.get("attention_factor") is None:
-        raise ValueError(f"{where} of rope_type 'longrope' needs factor (max_position_embeddings"
-                         " / original_max_position_embeddings; Phi-3.5-mini: 32.0) or "
-                         "attention_factor; add one")
+    factor = rope_scaling.get("factor")
+    if rope_scaling.get("attention_factor") is None:
+        if factor is None:
+            raise ValueError(f"{where} of rope_type 'longrope' needs factor (max_position_"
+                             "embeddings / original_max_position_embeddings; Phi-3.5-mini: "
+                             "32.0) or attention_factor; add one")
+        if factor > 1 and rope_scaling["original_max_position_embeddings"] == 1:
+            raise ValueError(f"{where} of rope_type 'longrope' has original_max_position_"
+                             "embeddings=1: its attention factor divides by ln(1); give "
+                             "attention_factor or the pretraining length")
 
 
 def _check_yarn(rope_scaling: Mapping[str, Any], where: str) -> None:
@@ -282,8 +288,16 @@ class Rotary:
         if rope_scaling is not None and scaling_kind(rope_scaling) == "longrope":
             self.switch = rope_scaling["original_max_position_embeddings"]
             self.long_inv_freq = longrope_inv_freq(self.dims, theta, rope_scaling["long_factor"])
+        for freqs in (self.inv_freq, self.long_inv_freq):
+            if freqs is not None and not torch.isfinite(freqs).all():
+                raise ValueError(f"RoPE with rope_theta={theta!r} and rope_scaling="
+                                 f"{reprlib.repr(rope_scaling)} gives infinite or NaN "
+                                 "frequencies; use the model's base (e.g. 10000.0) and scaling")
         # cos and sin are multiplied by it, as transformers does: yarn's and longrope's
         self.attention_factor = rope_attention_factor(rope_scaling)
+        if not self.attention_factor <= torch.finfo(torch.float32).max:  # sin 0 * inf: NaN
+            raise ValueError(f"rope_scaling attention factor {self.attention_factor!r} is "
+                             "past float32's range; the models that set it use 1 to 2")
         # the sets per device, copied once: a host-to-device copy in every forward could not
         # be captured in a CUDA graph (compiled decode, the graphed training step)
         self._on: dict[torch.device, tuple[Tensor, Tensor | None]] = {}
