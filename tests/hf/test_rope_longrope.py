@@ -12,6 +12,7 @@ family suite (test_hf_families.py's "phi3-longrope") runs every other check on s
 
 from __future__ import annotations
 
+import json
 import math
 from pathlib import Path
 from typing import Any
@@ -229,6 +230,24 @@ PHI4_MINI = {
     "torch_dtype": "bfloat16", "transformers_version": "4.45.0", "use_cache": True,
     "vocab_size": 200064,
 }
+
+
+def test_info_cuts_the_factor_lists_short_and_its_json_keeps_them(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Twelve factors per list (heads of 24): the config line shows six of each."""
+    from attnlab.cli import main
+
+    long = [1.0 + i for i in range(12)]
+    transformers.Phi3ForCausalLM(transformers.Phi3Config(
+        **{**SMALL, "hidden_size": 48, "num_attention_heads": 2, "num_key_value_heads": 2},
+        pad_token_id=None, original_max_position_embeddings=16,
+        rope_parameters={"rope_type": "longrope", "rope_theta": 1e4, "long_factor": long,
+                         "short_factor": [1.0] * 12})).save_pretrained(tmp_path)
+    assert main(["info", str(tmp_path)]) == 0
+    line = next(x for x in capsys.readouterr().out.splitlines() if x.startswith("config"))
+    assert "'long_factor': [1.0, 2.0, 3.0, 4.0, 5.0, 6.0, ...]" in line
+    assert main(["info", str(tmp_path), "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["config"]["rope_scaling"]["long_factor"] == long
 
 
 def test_phi4_minis_config_as_published_reads_as_transformers_reads_it() -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import reprlib
 import sys
 from typing import Any
 
@@ -76,13 +77,22 @@ def _as_dict(model: Any) -> dict[str, Any]:
     }
 
 
+_CUT = reprlib.Repr()
+_CUT.maxlist = 6  # longrope's factor lists: 48 numbers each in Phi-4-mini (--json has all)
+
+
+def _value(value: Any) -> str:
+    """A config value as the config line shows it: lists within cut short, the rest as is."""
+    return _CUT.repr(value) if isinstance(value, dict | list) else str(value)
+
+
 def _print(model: Any, info: dict[str, Any]) -> None:
     meta, tok, c = model.meta, model.tokenizer, info["config"]
     print(f"checkpoint  {info['path']}  ({gb(info['bytes'])})")
     print(f"model       {count(c['n_layer'], 'layer')}, {count(c['n_head'], 'head')}, "
           f"{c['n_embd']} dims, context {c['block_size']}, vocab {c['vocab_size']}: "
           f"{info['parameters']:,} parameters")
-    print("config      " + ", ".join(f"{k}={v}" for k, v in c.items()))
+    print("config      " + ", ".join(f"{k}={_value(v)}" for k, v in c.items()))
     if meta.get("init_from"):  # a fine-tune (attnlab train --init_from)
         family = f" (Hugging Face {meta['family']})" if meta.get("family") else ""
         print(f"fine-tuned  from {meta['init_from']}{family}")
