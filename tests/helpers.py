@@ -54,7 +54,10 @@ def assert_fixed_steps_match(model: GPT, fixed: Any, ids: torch.Tensor,
             token = logits.argmax(-1, keepdim=True)  # (B, 1)
             keep = torch.cat([keep, torch.ones_like(token, dtype=torch.bool)], dim=1)
             logits = step(token, None if mask is None else keep, cache)  # (B, V)
-            torch.testing.assert_close(fixed(step, token), logits, atol=1e-5, rtol=1e-5)
+            # float32 rounding grows with the values: a model without norms reaches logits
+            # in the hundreds, where 1e-5 of the largest is the rounding of one sum
+            atol = 1e-5 * max(1.0, float(logits.abs().max()))
+            torch.testing.assert_close(fixed(step, token), logits, atol=atol, rtol=1e-5)
     return cache
 
 
@@ -315,6 +318,7 @@ def modern_switches(n_layer: int = 2) -> Any:
             switches["rotary_pct"] = draw(st.sampled_from([1.0, 0.5]))
             switches["rope_theta"] = draw(st.sampled_from([10000.0, 500.0]))
             switches["rope_scaling"] = draw(st.sampled_from(scalings))
+            switches["nope_layers"] = draw(st.sampled_from([None, [0], [n_layer - 1]]))
         # sandwich norms need the sequential residual; the whole-width QK-norm, QK-norm
         switches["sandwich_norm"] = not switches["parallel_residual"] and draw(st.booleans())
         switches["qk_norm_whole"] = switches["qk_norm"] and draw(st.booleans())

@@ -36,7 +36,8 @@ TEXT = "the cat sat on the mat. abcdefghijklmnopqrstuvwxyz"
 # GPT-2 blocks; Llama-style ones with grouped-query attention, QK-norm and a window; Gemma 2's
 # (scaled embeddings, (1 + w) norms, GeGLU, sandwich norms, soft caps: the CUDA summary and
 # weight kernels are routed around a cap); Gemma 3's (QK-norm, a RoPE base per layer type);
-# OLMo 2's and OLMo 3's (below); Phi-3.5's longrope, its switch (8) inside the sequences
+# OLMo 2's and OLMo 3's (below); SmolLM3's, one layer without RoPE; Phi-3.5's longrope, its
+# switch (8) inside the sequences
 GEMMA = {"pos": "rope", "norm": "gemma_rmsnorm", "mlp": "geglu", "bias": False, "n_kv_head": 2,
          "scale_embeddings": True, "sandwich_norm": True, "sliding_window": 8,
          "window_layers": [0]}
@@ -57,6 +58,8 @@ FAMILIES = {
               "local_rope_theta": 1e4, "rope_theta": 5e5,
               "rope_scaling": {"rope_type": "yarn", "factor": 4.0,
                                "original_max_position_embeddings": 8}},
+    "smollm3": {"pos": "rope", "norm": "rmsnorm", "mlp": "swiglu", "bias": False, "n_kv_head": 2,
+                "nope_layers": [1], "sliding_window": 6, "window_layers": [1]},
     "phi3_longrope": {"pos": "rope", "norm": "rmsnorm", "mlp": "swiglu", "bias": False,
                       "rope_scaling": {"rope_type": "longrope", "factor": 4.0,
                                        "original_max_position_embeddings": 8,

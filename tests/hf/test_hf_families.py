@@ -1,5 +1,5 @@
-"""hf/: attnlab on Llama / Mistral / Qwen2 / Qwen3 / GPT-NeoX / Gemma / Phi-3 / OLMo 2 / OLMo 3
-weights equals transformers' eager attention on the same random weights (nothing
+"""hf/: attnlab on Llama / Mistral / Qwen2 / Qwen3 / GPT-NeoX / Gemma / Phi-3 / OLMo 2 / OLMo 3 /
+SmolLM3 weights equals transformers' eager attention on the same random weights (nothing
 downloaded), and exports back.
 
 Two shapes per family, between them: GQA, tied and untied heads, head_dim != C / nh,
@@ -8,7 +8,7 @@ sliding windows shorter than the sequence (all layers, and some layers), QK-norm
 and sequential residual, Gemma's scaled embeddings, (1 + w) norm and GeGLU, Gemma 3's sandwich
 norms and per-layer-type RoPE, Gemma 2's soft caps, Phi-3's fused q/k/v and gate/up
 projections, OLMo 2's output-only norms and whole-width QK-norm, OLMo 3's windowed
-layers with RoPE per layer type; one yarn
+layers with RoPE per layer type, SmolLM3's layers without RoPE; one yarn
 case per family, its original_max_position_embeddings (16) shorter than the sequences, its
 attention factor derived (from factor, or mscale / mscale_all_dim) or given; and Phi-3's
 longrope, whose switch (16) the sequences and generations cross. Each model is
@@ -188,6 +188,16 @@ CASES: dict[str, tuple[str, dict[str, Any]]] = {
             "full_attention": {"rope_type": "yarn", "factor": 8.0, "rope_theta": 500000.0,
                                "original_max_position_embeddings": 16},
             "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0}})),
+    # SmolLM3: no RoPE in every fourth layer (SmolLM3Config's default), GQA, untied, its
+    # default base (2e6)
+    "smollm3-nope": ("SmolLM3", dict(
+        **{**SMALL, "num_hidden_layers": 4}, num_key_value_heads=2, tie_word_embeddings=False)),
+    # no RoPE in layers 1 and 3, which also take a window of 5 (use_sliding_window), biases on
+    # the attention and the MLP, tied
+    "smollm3-nope-windows": ("SmolLM3", dict(
+        **{**SMALL, "num_hidden_layers": 4}, no_rope_layers=[1, 0, 1, 0],
+        use_sliding_window=True, sliding_window=5, attention_bias=True, mlp_bias=True,
+        rope_parameters={"rope_type": "default", "rope_theta": 10000.0})),
 }
 # the model class where it is not f"{prefix}ForCausalLM"
 MODEL_CLASS = {"Gemma3Text": "Gemma3ForCausalLM"}
@@ -574,6 +584,32 @@ def test_olmo3_7bs_yarn_reaches_the_full_layers_alone_as_in_transformers() -> No
         their_cos, their_sin = theirs(x, positions, layer_type)  # (1, T, hs)
         assert torch.equal(cos[:, 0], their_cos) and torch.equal(sin[:, 0], their_sin)
     assert model.local_rotary is not None and model.local_rotary.attention_factor == 1.0
+
+
+@torch.no_grad()
+def test_smollm3s_nope_layers_turn_nothing_and_no_other_family_writes_them(
+        tmp_path: Path) -> None:
+    """The NoPE layers' traced q and k are the unrotated ones, the others' are not; a
+    config.json's no_rope_layers must hold one 0 or 1 per layer; Llama cannot express it."""
+    from attnlab import Trace
+    from attnlab.hf import config_from_hf
+
+    hf = hf_model("smollm3-nope-windows")
+    hf.save_pretrained(tmp_path)
+    ours = load_hf(tmp_path)
+    assert ours.config.nope_layers == [1, 3]
+    trace = Trace(names=["q_pre_rope", "q", "k_pre_rope", "k"])
+    ours(torch.randint(1, 97, (1, 9), generator=torch.Generator().manual_seed(0)), trace=trace)
+    for layer in range(4):
+        turned = not torch.equal(trace.get("q", layer), trace.get("q_pre_rope", layer))
+        assert turned == (layer in (0, 2)), layer
+        assert torch.equal(trace.get("k", layer), trace.get("k_pre_rope", layer)) != turned
+    fields = json.loads((tmp_path / "config.json").read_text())
+    with pytest.raises(ValueError, match=r"smollm3 config.json has no_rope_layers=\[1, 2, 1, 0\]: "
+                                         r"expected 4 entries, each 1 \(the layer uses RoPE\)"):
+        config_from_hf({**fields, "no_rope_layers": [1, 2, 1, 0]})
+    with pytest.raises(ValueError, match=r"LlamaForCausalLM .* nope_layers=None"):
+        save_hf(tmp_path / "llama", ours, family="llama")
 
 
 @pytest.mark.parametrize("case", ["gemma-mqa", "gemma3-local-rope", "gemma2-caps-window"])

@@ -35,7 +35,8 @@ def qwen_window(f: Fields, n_layer: int) -> dict[str, Any]:
         "sliding_attention" if window is not None and i >= first else "full_attention"
         for i in range(n_layer)
     ]
-    if len(types) != n_layer or any(t not in LAYER_TYPES for t in types):
+    if not isinstance(types, list) or len(types) != n_layer or any(
+            t not in LAYER_TYPES for t in types):
         raise f.refuse("layer_types", types,
                        f"expected {n_layer} entries, each one of {', '.join(LAYER_TYPES)}")
     windowed = [i for i, t in enumerate(types) if t == "sliding_attention"]

@@ -215,11 +215,13 @@ def pre_normed(config: GPTConfig) -> dict[str, bool]:
 
 
 def plain_rope(config: GPTConfig) -> dict[str, bool]:
-    """The requirements of every family but Phi-3 and OLMo: no longrope (their transformers
+    """The requirements of every family but Phi-3, OLMo and SmolLM3: no longrope (their transformers
     classes would switch frequency sets mid-generation without encoding the cached keys
-    again), and RoPE in q's and k's own dtype (OLMo's rotates in float32)."""
+    again), RoPE in q's and k's own dtype (OLMo's rotates in float32), and in every layer
+    (SmolLM3 leaves some out)."""
     return {"rope_scaling=not longrope": scaling_kind(config.rope_scaling) != "longrope",
-            "rope_in_float32=False": not config.rope_in_float32}
+            "rope_in_float32=False": not config.rope_in_float32,
+            "nope_layers=None": config.nope_layers is None}
 
 
 def window_layers_to_hf(config: GPTConfig) -> list[str]:

@@ -347,6 +347,8 @@ class CausalSelfAttention(nn.Module):
             (Qwen3, Gemma 3): `qk_norm_kind` "rmsnorm", "gemma_rmsnorm" or "olmo_rmsnorm"; with
             `qk_norm_whole`, one over each token's whole q (d_out) and k (OLMo 2).
         rope_in_float32: q and k rotated in float32 and cast back (OLMo's rounding).
+        rope_names: record q_pre_rope / k_pre_rope on calls without `rope` too (a RoPE
+            model's layers without it, NoPE: equal to q and k).
         out_proj: add the output projection back to d_in (GPT-2's attention); False returns
             the concatenated heads of width d_out (the book's `CausalAttention`, the
             hello-world model).
@@ -379,6 +381,7 @@ class CausalSelfAttention(nn.Module):
         softcap: float | None = None,
         qk_norm_whole: bool = False,
         rope_in_float32: bool = False,
+        rope_names: bool = False,
     ) -> None:
         super().__init__()
         d_out = d_in if d_out is None else d_out
@@ -409,6 +412,8 @@ class CausalSelfAttention(nn.Module):
         # over each head's hs, or (qk_norm_whole, OLMo 2) each token's whole q and k
         q_dim, k_dim = (d_out, d_kv) if qk_norm_whole else (self.head_size, self.head_size)
         self.qk_norm_whole, self.rope_in_float32 = qk_norm_whole, rope_in_float32
+        # a RoPE model's layer names q_pre_rope / k_pre_rope even where it turns nothing (NoPE)
+        self.rope_names = rope_names
         self.q_norm = make_norm(qk_norm_kind, q_dim, eps=norm_eps) if qk_norm else None
         self.k_norm = make_norm(qk_norm_kind, k_dim, eps=norm_eps) if qk_norm else None
 
@@ -452,10 +457,10 @@ class CausalSelfAttention(nn.Module):
         v = self._heads(self.value(source), self.n_kv_head)  # (B, nkv, S_new, hs)
         if q_norm is not None and k_norm is not None and not self.qk_norm_whole:
             q, k = q_norm(q), k_norm(k)  # per head, over hs
+        if trace is not None and (rope is not None or self.rope_names):
+            q = trace.record("q_pre_rope", q)  # a NoPE layer's: q itself
+            k = trace.record("k_pre_rope", k)
         if rope is not None:
-            if trace is not None:
-                q = trace.record("q_pre_rope", q)
-                k = trace.record("k_pre_rope", k)
             wide = self.rope_in_float32
             q, k = apply_rotary(q, *rope, wide), apply_rotary(k, *rope, wide)  # same shapes
         if kv_cache is not None:

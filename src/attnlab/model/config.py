@@ -81,6 +81,8 @@ class GPTConfig:
     # RoPE base of the layers with a sliding window, unscaled (Gemma 3: 10,000 there, the
     # others rope_theta and rope_scaling); None = every layer the same
     local_rope_theta: float | None = None
+    # layers that rotate no q or k (NoPE: SmolLM3's every fourth); None = every layer rotates
+    nope_layers: list[int] | None = None
 
     def __post_init__(self) -> None:
         positive = ("vocab_size", "block_size", "n_layer", "n_head", "n_embd")
@@ -179,6 +181,11 @@ class GPTConfig:
             bad = [i for i in self.window_layers if not 0 <= i < self.n_layer]
             if bad:
                 raise ValueError(f"window_layers has {bad}, outside layers 0..{self.n_layer - 1}")
+        if self.nope_layers is not None:
+            bad = [i for i in self.nope_layers if not 0 <= i < self.n_layer]
+            if self.pos != "rope" or bad:
+                raise ValueError(f"nope_layers={self.nope_layers} names layers without RoPE: it "
+                                 f"needs pos='rope' and layers within 0..{self.n_layer - 1}")
 
     @property
     def head_size(self) -> int:
@@ -197,6 +204,10 @@ class GPTConfig:
     def ff_size(self) -> int:
         """The MLP hidden width: d_ff, or 4 * n_embd."""
         return 4 * self.n_embd if self.d_ff is None else self.d_ff
+
+    def rotates(self, layer: int) -> bool:
+        """Whether `layer` turns q and k by RoPE (not where pos != "rope", nor a NoPE layer)."""
+        return self.pos == "rope" and (self.nope_layers is None or layer not in self.nope_layers)
 
     def window_of(self, layer: int) -> int | None:
         """The sliding window of `layer`, or None when it attends to the whole context."""

@@ -381,7 +381,7 @@ class DecodeStep:
             q, k, v = qkv.view(B, nh + 2 * nkv, 1, hs).split_with_sizes((nh, nkv, nkv), dim=1)
             if layer.q_norm is not None and layer.k_norm is not None:
                 q, k = layer.q_norm(q), layer.k_norm(k)  # per head, or (OLMo 2) whole
-            rope = ropes[layer.window is not None]
+            rope = ropes[layer.window is not None] if c.rotates(i) else None
             if rope is not None:
                 wide = c.rope_in_float32  # (B, nh|nkv, 1, hs) each
                 q, k = apply_rotary(q, *rope, wide), apply_rotary(k, *rope, wide)

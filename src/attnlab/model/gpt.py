@@ -271,8 +271,8 @@ class GPT(nn.Module):
             layer_cache = None if kv_cache is None else kv_cache.layers[i]
             if sink is not None:
                 x = sink.record("resid_pre", x)
-            x = block(x, masks[window], layer_cache, pos, sink, fused,
-                      ropes[window is not None])  # (B, T, C)
+            rope = ropes[window is not None] if self.config.rotates(i) else None
+            x = block(x, masks[window], layer_cache, pos, sink, fused, rope)  # (B, T, C)
             if sink is not None:
                 x = sink.record("block_out", x)
         if kv_cache is not None:

@@ -23,9 +23,9 @@ NAMES: dict[str, str] = {
     "emb": "(B, T, C) tok_emb (+ pos_emb), the input of layer 0",
     "resid_pre": "(B, T, C) the residual stream entering the block (layer 0: emb)",
     "q_pre_rope": "(B, nh, T, hs) queries before rotary embedding, after QK-norm if any "
-                  "(pos='rope' only)",
+                  "(pos='rope' only; a layer without RoPE, nope_layers: q itself)",
     "k_pre_rope": "(B, nkv, T, hs) this call's keys before rotary embedding, after QK-norm if "
-                  "any (pos='rope' only)",
+                  "any (pos='rope' only; a layer without RoPE: k itself)",
     "q": "(B, nh, T, hs) queries as scored (after QK-norm and rotary embedding, if any)",
     "k": "(B, nkv, S, hs) keys as scored (cached + new; cached keys are rotated)",
     "v": "(B, nkv, S, hs) values (cached + new)",
