@@ -605,6 +605,8 @@ def test_smollm3s_nope_layers_turn_nothing_and_no_other_family_writes_them(
         assert turned == (layer in (0, 2)), layer
         assert torch.equal(trace.get("k", layer), trace.get("k_pre_rope", layer)) != turned
     fields = json.loads((tmp_path / "config.json").read_text())
+    # a field transformers 5's SmolLM3 reads nowhere changes nothing
+    assert config_from_hf({**fields, "max_window_layers": 28}) == ours.config
     with pytest.raises(ValueError, match=r"smollm3 config.json has no_rope_layers=\[1, 2, 1, 0\]: "
                                          r"expected 4 entries, each 1 \(the layer uses RoPE\)"):
         config_from_hf({**fields, "no_rope_layers": [1, 2, 1, 0]})

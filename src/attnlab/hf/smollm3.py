@@ -22,6 +22,10 @@ from .llama import (
 from .qwen2 import LAYER_TYPES
 from .registry import Family, window_layers_to_hf
 
+# Qwen2's window field, which a SmolLM3 config.json may carry and transformers 5's SmolLM3
+# reads nowhere (its layer_types decide the windows)
+IRRELEVANT = frozenset({"max_window_layers"})
+
 
 def _rotating(f: Fields, n_layer: int) -> list[bool]:
     """Whether each layer rotates q and k: `no_rope_layers`, else all but every
@@ -89,5 +93,5 @@ def _to_hf(c: GPTConfig) -> dict[str, Any]:
 SMOLLM3 = Family(
     name="smollm3", model_type="smollm3", architecture="SmolLM3ForCausalLM",
     base_architecture="SmolLM3Model", config_from_hf=_config, config_to_hf=_to_hf,
-    misfits=_misfits, weights=LLAMA_WEIGHTS,
+    misfits=_misfits, weights=LLAMA_WEIGHTS, irrelevant=IRRELEVANT,
 )
