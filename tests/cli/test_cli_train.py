@@ -337,7 +337,7 @@ def test_help_says_what_each_flag_does_and_misspelt_flags_get_a_suggestion(
     assert main(["train", "--n_layers", "4"]) == 2
     err = capsys.readouterr().err
     # the closest first (GPTConfig's --window_layers is a second, farther match)
-    assert "--n_layers (did you mean --n_layer or --window_layers?)" in err
+    assert "--n_layers (did you mean --n_layer or --nope_layers?)" in err
     # a misspelt command or choice names the closest one
     for args, hint in ((["trian"], "did you mean 'train'?"),
                        (["generate", "ckpt", "--dtype", "bf16"], "did you mean 'bfloat16'?")):
