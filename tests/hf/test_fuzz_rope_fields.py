@@ -1,8 +1,8 @@
-"""Fuzzing the RoPE fields longrope (Phi-3.5 / Phi-4-mini) and per-layer-type RoPE (OLMo 3)
-brought: any value in any of their keys either loads, building a model whose cos and sin
-hold no NaN (an attention factor near float32's largest makes some inf, as transformers'
-do), or is refused with one ValueError line naming the field; never another exception (a
-TypeError from a list where a name belongs, a KeyError from a missing key, a
+"""Fuzzing the RoPE fields longrope (Phi-3.5 / Phi-4-mini), per-layer-type RoPE (OLMo 3) and
+NoPE layers (SmolLM3) brought: any value in any of their keys either loads, building a model
+whose cos and sin hold no NaN (an attention factor near float32's largest makes some inf, as
+transformers' do), or is refused with one ValueError line naming the field; never another
+exception (a TypeError from a list where a name belongs, a KeyError from a missing key, a
 ZeroDivisionError from log(1))."""
 
 from __future__ import annotations
@@ -39,6 +39,9 @@ OLMO3 = {**BASE, "architectures": ["Olmo3ForCausalLM"], "model_type": "olmo3",
              "full_attention": {"rope_type": "yarn", "factor": 4.0, "rope_theta": 5e5,
                                 "original_max_position_embeddings": 16},
              "sliding_attention": {"rope_type": "default", "rope_theta": 1e4}}}
+SMOLLM3 = {**BASE, "architectures": ["SmolLM3ForCausalLM"], "model_type": "smollm3",
+           "no_rope_layers": [1, 0], "use_sliding_window": True, "sliding_window": 4,
+           "layer_types": ["full_attention", "sliding_attention"]}
 # (where in the config: a top-level key, or a key inside a nested dict)
 PLACES = [(PHI, ("rope_scaling", key)) for key in (
     "type", "short_factor", "long_factor", "factor", "attention_factor",
@@ -48,7 +51,9 @@ PLACES = [(PHI, ("rope_scaling", key)) for key in (
     (OLMO3, ("rope_parameters",)), (OLMO3, ("rope_theta",)), (OLMO3, ("rope_scaling",)),
 ] + [(OLMO3, ("rope_parameters", kind, key)) for kind in ("full_attention",
                                                             "sliding_attention")
-     for key in ("rope_type", "rope_theta", "factor")]
+     for key in ("rope_type", "rope_theta", "factor")] + [
+    (SMOLLM3, (key,)) for key in ("no_rope_layers", "no_rope_layer_interval", "layer_types",
+                                  "use_sliding_window", "sliding_window", "rope_theta")]
 
 
 def _with(fields: dict[str, Any], path: tuple[str, ...], value: Any) -> dict[str, Any]:
