@@ -166,6 +166,19 @@ def test_greedy_ids_at_past_and_across_the_switch_are_transformers(
     assert torch.equal(got, expected)
 
 
+def test_edited_generation_encodes_again_at_the_switch_too(pair: tuple) -> None:
+    """With edits, every step is the model's own forward over the cache; it too encodes the
+    sequence again at the switch: an empty edit set gives transformers' ids."""
+    from attnlab.interp.edits import Edits
+
+    hf, ours = pair
+    ids, mask = left_padded([SWITCH - 3, 9], vocab=97, low=1, seed=7)
+    expected = hf.generate(ids, attention_mask=mask, max_new_tokens=8, min_new_tokens=8,
+                           **KWARGS)
+    got = generate(ours, ids, mask, max_new_tokens=8, temperature=0, edits=Edits())
+    assert torch.equal(got, expected)
+
+
 @pytest.mark.slow
 def test_compiled_decode_crosses_the_switch_as_transformers(tmp_path: Path) -> None:
     """generate(..., compile=True): the compiled step picks the set with a tensor condition
