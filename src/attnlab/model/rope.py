@@ -283,7 +283,7 @@ class Rotary:
     ) -> None:
         self.dims = int(head_size * rotary_pct)  # rd
         self.inv_freq = rope_inv_freq(self.dims, theta, rope_scaling)  # (rd/2,)
-        self.switch: int | None = None  # longrope: the last position of the short set
+        self.switch: int | None = None  # longrope: how many positions the short set covers
         self.long_inv_freq: Tensor | None = None  # (rd/2,) longrope's long set
         if rope_scaling is not None and scaling_kind(rope_scaling) == "longrope":
             self.switch = rope_scaling["original_max_position_embeddings"]
