@@ -34,7 +34,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from ..model.rope import ROPE_OPTIONAL, ROPE_REFUSALS, check_rope_scaling
+from ..model.rope import ROPE_OPTIONAL, ROPE_REFUSALS, check_rope_scaling, scaling_kind
 
 IRRELEVANT = frozenset({
     # bookkeeping
@@ -246,7 +246,7 @@ def _original_length(fields: Fields, rope: dict[str, Any], max_positions: int,
         rope["original_max_position_embeddings"] = top
     rope.setdefault("original_max_position_embeddings", max_positions)
     original = rope["original_max_position_embeddings"]
-    kind = rope.get("rope_type", rope.get("type"))
+    kind = scaling_kind(rope)
     if (kind == "longrope" or (kind == "yarn" and "factor" in rope)) and \
             rope.get("factor") is None and \
             isinstance(original, int) and original > 0:

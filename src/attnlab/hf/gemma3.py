@@ -20,7 +20,7 @@ from typing import Any
 from ..model.gpt import GPTConfig
 from .fields import MAX_CONTEXT, Fields, rope_from_hf, rope_to_hf
 from .llama import LLAMA_WEIGHTS, llama_like_config, llama_like_to_hf, out_bias_of, qkv_bias_of
-from .qwen2 import LAYER_TYPES
+from .qwen2 import LAYER_TYPES, checked_layer_types
 from .registry import (
     Family,
     WeightMap,
@@ -58,13 +58,8 @@ def layer_types(f: Fields, n_layer: int, pattern: int | None = None) -> list[str
     """Each layer's "sliding_attention" or "full_attention": `layer_types`, else every
     `pattern`-th layer full (None: Gemma 3's `sliding_window_pattern`, 6 by default)."""
     pattern = f.count("sliding_window_pattern", 6) if pattern is None else pattern
-    types = f.get("layer_types") or ["sliding_attention" if (i + 1) % pattern else
-                                     "full_attention" for i in range(n_layer)]
-    if not isinstance(types, list) or len(types) != n_layer or any(
-            t not in LAYER_TYPES for t in types):
-        raise f.refuse("layer_types", types,
-                       f"expected {n_layer} entries, each one of {', '.join(LAYER_TYPES)}")
-    return list(types)
+    return checked_layer_types(f, ["sliding_attention" if (i + 1) % pattern else
+                                   "full_attention" for i in range(n_layer)])
 
 
 def type_ropes(f: Fields, block_size: int, *, full_theta: float,

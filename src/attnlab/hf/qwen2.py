@@ -23,6 +23,17 @@ from .registry import Family, window_layers_to_hf
 LAYER_TYPES = ("full_attention", "sliding_attention")
 
 
+def checked_layer_types(f: Fields, default: list[str]) -> list[str]:
+    """config.json's `layer_types`, else `default` (one per layer): each one of LAYER_TYPES,
+    as many as the layers (Qwen2, Gemma 3, OLMo 3 and SmolLM3 read them alike)."""
+    types = f.get("layer_types") or default
+    if not isinstance(types, list) or len(types) != len(default) or any(
+            t not in LAYER_TYPES for t in types):
+        raise f.refuse("layer_types", types, f"expected {len(default)} entries, each one of "
+                       f"{', '.join(LAYER_TYPES)}")
+    return list(types)
+
+
 def qwen_window(f: Fields, n_layer: int) -> dict[str, Any]:
     """sliding_window / window_layers from Qwen's fields, as transformers 5's Qwen2Config
     derives them: a window only with use_sliding_window, on layers >= max_window_layers
@@ -31,14 +42,10 @@ def qwen_window(f: Fields, n_layer: int) -> dict[str, Any]:
     window = f.get("sliding_window", 4096)
     window = window if use else None
     first = f.get("max_window_layers", 28)
-    types = f.get("layer_types") or [
+    types = checked_layer_types(f, [
         "sliding_attention" if window is not None and i >= first else "full_attention"
         for i in range(n_layer)
-    ]
-    if not isinstance(types, list) or len(types) != n_layer or any(
-            t not in LAYER_TYPES for t in types):
-        raise f.refuse("layer_types", types,
-                       f"expected {n_layer} entries, each one of {', '.join(LAYER_TYPES)}")
+    ])
     windowed = [i for i, t in enumerate(types) if t == "sliding_attention"]
     if windowed and window is None:
         raise f.refuse("layer_types", types, "names sliding_attention layers but "

@@ -19,7 +19,7 @@ from .llama import (
     out_bias_of,
     qkv_bias_of,
 )
-from .qwen2 import LAYER_TYPES
+from .qwen2 import checked_layer_types
 from .registry import Family, window_layers_to_hf
 
 # Qwen2's window field, which a SmolLM3 config.json may carry and transformers 5's SmolLM3
@@ -47,13 +47,9 @@ def _windows(f: Fields, rotating: list[bool]) -> dict[str, Any]:
     `layer_types` names sliding (by default the NoPE ones, with use_sliding_window and a
     sliding_window), each with `sliding_window`."""
     use, window = f.flag("use_sliding_window", False), f.get("sliding_window")
-    types = f.get("layer_types") or [
+    types = checked_layer_types(f, [
         "sliding_attention" if use and window is not None and not rope else "full_attention"
-        for rope in rotating]
-    if not isinstance(types, list) or len(types) != len(rotating) or any(
-            t not in LAYER_TYPES for t in types):
-        raise f.refuse("layer_types", types, f"expected {len(rotating)} entries, each one of "
-                       f"{', '.join(LAYER_TYPES)}")
+        for rope in rotating])
     windowed = [i for i, t in enumerate(types) if t == "sliding_attention"]
     if not windowed:
         return dict(sliding_window=None, window_layers=None)
