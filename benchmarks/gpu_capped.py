@@ -33,6 +33,7 @@ from .gpu_common import (
     random_gpt,
     skipped,
     suite_main,
+    timing_cells,
     write_partial,
 )
 from .gpu_summaries import measure
@@ -106,10 +107,8 @@ def run(quick: bool = False, device: str | None = None, out: Path | None = None
         for T, ways in found["lengths"].items():
             base = ways[WAYS[0]].get("ms")
             for way, r in ways.items():
-                ms, peak = r.get("ms"), r.get("peak_bytes")
-                rows.append([found["dtype"], T, way, ms, ms / base if ms and base else None,
-                             peak / 2**30 if peak else None, r.get("max_difference"),
-                             r.get("error", "")])
+                rows.append([found["dtype"], T, way, *timing_cells(r, base),
+                             r.get("max_difference"), r.get("error", "")])
     result["tables"] = [table(
         "A capped forward, whole or in tiles (GPT-2 small's shape, batch 1)",
         ["dtype", "tokens", "way", "ms", "x uncapped", "peak GiB", "max |logits - whole's|",

@@ -211,6 +211,13 @@ def largest_difference(got: Sequence[torch.Tensor], expected: Sequence[torch.Ten
                for a, b in zip(got, expected, strict=True))
 
 
+def timing_cells(r: dict[str, Any], base: float | None) -> list[float | None]:
+    """A probe's row cells for one way's result `r` (gpu_weights_pass, gpu_capped): its ms,
+    that over the `base` way's ms, its peak in GiB; None where it did not run."""
+    ms, peak = r.get("ms"), r.get("peak_bytes")
+    return [ms, ms / base if ms and base else None, peak / 2**30 if peak else None]
+
+
 def probe_notes(quick: bool) -> list[str]:
     """The notes under a probe's table (gpu_weights_pass, gpu_capped): how it timed and
     measured, and that a smoke run's figures mean nothing."""

@@ -38,6 +38,7 @@ from .gpu_common import (
     skipped,
     suite_main,
     summary_flags,
+    timing_cells,
     write_partial,
 )
 from .gpu_summaries import LLAMA_1B, TOY, measure
@@ -153,9 +154,7 @@ def run(quick: bool = False, device: str | None = None, out: Path | None = None
         for T, ways in found["lengths"].items():
             base = ways[FORWARD].get("ms")
             for way, r in ways.items():
-                ms, peak = r.get("ms"), r.get("peak_bytes")
-                rows.append([what, T, way, ms, ms / base if ms and base else None,
-                             peak / 2**30 if peak else None, r.get("max_difference"),
+                rows.append([what, T, way, *timing_cells(r, base), r.get("max_difference"),
                              r.get("max_error_vs_float64"), r.get("error", "")])
     result["tables"] = [table(
         "Whole attention weights, explicit path or weights pass (batch 1)",
