@@ -4,7 +4,7 @@ A batch-1 decode step multiplies one row by every weight matrix: it reads each w
 and does 2 flops per weight, so its speed is bounded by memory bandwidth, not arithmetic.
 This suite measures that bandwidth the way decode uses it (`x @ W`, x (1, in), W (in, out)
 float32 over a few hundred MB, 1 and 2 threads: `torch.mm`, and at 2 threads also attnlab's
-product in one block per thread, `decode._Affine`; the faster is the bandwidth), divides it
+product in one block per thread, `decode.Affine`; the faster is the bandwidth), divides it
 by the bytes a step streams
 (`streamed_bytes`: every weight, the tied head once, not the position table nor an untied
 token table, of which a step reads one row), and sets attnlab's measured batch-1 greedy
@@ -28,7 +28,8 @@ from typing import Any
 import torch
 
 from attnlab.generate import generate
-from attnlab.model.decode import _Affine, half_weights
+from attnlab.model.decode import half_weights
+from attnlab.model.decode_parts import Affine
 from attnlab.model.gpt import GPT, GPTConfig
 
 from .common import alternate, clock, machine, median_ms, table
@@ -64,8 +65,8 @@ def _kernels(rows: int, cols: int) -> dict[str, Callable[[], object]]:
         "float32 x @ W": lambda: torch.mm(x32, w32),  # (1, in) @ (in, out)
         "bfloat16 x @ W": lambda: torch.mm(x16, w16),
     }
-    if torch.get_num_threads() > 1:  # at one thread _Affine is torch.mm
-        blocks = _Affine(w32, None)
+    if torch.get_num_threads() > 1:  # at one thread Affine is torch.mm
+        blocks = Affine(w32, None)
         fns[BLOCKS] = lambda: blocks(x32)  # (1, out)
     int8mm = getattr(torch.ops.aten, "_weight_int8pack_mm", None)
     if int8mm is not None:

@@ -18,6 +18,7 @@ import pytest
 import torch
 
 import attnlab.model.decode as decode
+import attnlab.model.decode_parts as decode_parts
 from attnlab.model.gpt import GPT, GPTConfig, laid_out
 from attnlab.tokenizers import Tokenizer, get_tokenizer
 
@@ -339,14 +340,14 @@ def modern_switches(n_layer: int = 2) -> Any:
 @contextmanager
 def split_blocks(threads: int, split_min: int = 1) -> Iterator[None]:
     """torch at `threads` threads, and every matrix of >= split_min weights cut into blocks."""
-    before, old_min = torch.get_num_threads(), decode.SPLIT_MIN
+    before, old_min = torch.get_num_threads(), decode_parts.SPLIT_MIN
     torch.set_num_threads(threads)
-    decode.SPLIT_MIN = split_min
+    decode_parts.SPLIT_MIN = split_min
     try:
         yield
     finally:
         torch.set_num_threads(before)
-        decode.SPLIT_MIN = old_min
+        decode_parts.SPLIT_MIN = old_min
 
 
 def read_metrics(run: Path) -> list[dict[str, Any]]:

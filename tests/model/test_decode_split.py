@@ -1,20 +1,20 @@
-"""decode._Affine at several torch threads: the matrix cut into one block per thread."""
+"""decode.Affine at several torch threads: the matrix cut into one block per thread."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 
-from attnlab.model.decode import _Affine, _parts
+from attnlab.model.decode_parts import Affine, thread_parts
 from helpers import split_blocks
 
 
-def _affine(n_in: int, n_out: int, rows: bool, bias: bool) -> _Affine:
+def _affine(n_in: int, n_out: int, rows: bool, bias: bool) -> Affine:
     gen = torch.Generator().manual_seed(n_in * n_out)
     w = torch.randn(n_in, n_out, generator=gen)  # (in, out)
     if not rows:
         w = w.t().contiguous().t()  # (in, out) over (out, in) memory
-    return _Affine(w, torch.randn(n_out, generator=gen) if bias else None)
+    return Affine(w, torch.randn(n_out, generator=gen) if bias else None)
 
 
 def _spy(monkeypatch: pytest.MonkeyPatch) -> list[tuple[int, ...]]:
@@ -53,21 +53,21 @@ def test_blocks_per_thread_need_enough_weights_and_an_even_cut(
 ) -> None:
     w = torch.zeros(6, 40)  # 240 weights
     with split_blocks(4, split_min=60):
-        assert _parts(6, w) == 3  # 4 does not divide 6
-        assert _parts(7, w) == 1  # a prime side: kept whole
-        assert _parts(40, w) == 4
+        assert thread_parts(6, w) == 3  # 4 does not divide 6
+        assert thread_parts(7, w) == 1  # a prime side: kept whole
+        assert thread_parts(40, w) == 4
     with split_blocks(4, split_min=100):
-        assert _parts(40, w) == 2  # two blocks of 120 weights, not four of 60
+        assert thread_parts(40, w) == 2  # two blocks of 120 weights, not four of 60
     with split_blocks(4, split_min=241):
-        assert _parts(40, w) == 1  # too small to share out
+        assert thread_parts(40, w) == 1  # too small to share out
     with split_blocks(1):
-        assert _parts(40, w) == 1  # one thread: torch.mm
+        assert thread_parts(40, w) == 1  # one thread: torch.mm
     with split_blocks(4):
-        assert _parts(40, w.double()) == 1  # float32 only
+        assert thread_parts(40, w.double()) == 1  # float32 only
     calls = _spy(monkeypatch)
     with split_blocks(4):
         bf = torch.ones(6, 40, dtype=torch.bfloat16)
-        assert _Affine(bf, None)(torch.ones(1, 6, dtype=torch.bfloat16)).shape == (1, 40)
+        assert Affine(bf, None)(torch.ones(1, 6, dtype=torch.bfloat16)).shape == (1, 40)
         assert calls == []  # bfloat16 products stay whole (only float32 was measured)
-        _Affine(w, None)(torch.ones(1, 6))
+        Affine(w, None)(torch.ones(1, 6))
         assert calls == [(3, 2, 40)]

@@ -25,19 +25,20 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from .attention import Mask, attend, build_mask
+from .decode_parts import (
+    FLOAT16_MAX,
+    Affine,
+    Matrix,
+    Packed16,
+    StepNorm,
+    in_memory_order,
+    largest_magnitude,
+    pack,
+    step_norm,
+)
 from .gpt import require_eval
 from .kv_cache import KVCache
-from .layers import (
-    GELUS,
-    MLP,
-    GemmaRMSNorm,
-    RMSNorm,
-    embedding_scale,
-    gate_activation,
-    gemma_rms_norm,
-    rms_norm,
-    soft_cap,
-)
+from .layers import GELUS, MLP, embedding_scale, gate_activation, soft_cap
 from .rope import apply_rotary, layer_ropes, real_positions
 from .runtime import check_float16_weights
 
@@ -49,191 +50,48 @@ if TYPE_CHECKING:
 # new k and v (B, nkv, 1, hs)) -> context (B, nh, 1, hs); `DecodeStep.forward_with`
 LayerAttention = Callable[[int, "int | None", Tensor, Tensor, Tensor], Tensor]
 
-class _Affine(NamedTuple):
-    """x (B, in) -> x @ weight + bias (B, out), for the one-token decode step."""
-
-    weight: Tensor  # (in, out), over (in, out) or (out, in) memory: GPT.lay_out_weights
-    bias: Tensor | None  # (out,)
-
-    @classmethod
-    def stack(cls, *linears: nn.Linear, into: _Affine | None = None) -> _Affine:
-        """Linear layers fed the same input as one: their (in, out) weights side by side and
-        biases end to end. One layer's own tensors when there is one (in either memory order:
-        BLAS reads both), else a copy: into the tensors of `into`, a stack of the same
-        layers, when given."""
-        weights = [lin.weight.detach().t() for lin in linears]  # (in, out) each
-        biases = [lin.bias.detach() for lin in linears if lin.bias is not None]
-        if len(weights) == 1:
-            weight = weights[0]
-            if not (weight.is_contiguous() or weight.t().is_contiguous()):
-                weight = weight.contiguous()
-            return cls(weight, biases[0] if biases else None)
-        weight = torch.cat(weights, dim=1, out=None if into is None else into.weight)
-        bias = None if not biases else torch.cat(
-            biases, out=None if into is None else into.bias)
-        return cls(weight, bias)
-
-    def __call__(self, x: Tensor) -> Tensor:
-        w, b = self.weight, self.bias  # (in, out), (out,)
-        (n_in, n_out), rows = w.shape, w.is_contiguous()  # rows: over (in, out) memory
-        parts = _parts(n_in if rows else n_out, w)
-        if parts == 1:
-            return torch.mm(x, w) if b is None else torch.addmm(b, x, w)  # (B, out)
-        # one block of the matrix per thread, a contiguous run of memory each: torch.bmm
-        # runs the blocks on parallel threads, where one mm streams on one
-        B = x.shape[0]
-        if rows:  # blocks of input rows; their partial sums are added
-            xs = x.reshape(B, parts, n_in // parts).transpose(0, 1)  # (parts, B, in/parts)
-            blocks = w.view(parts, n_in // parts, n_out)  # (in, out) -> (parts, in/parts, out)
-            # (parts, B, in/parts) @ (parts, in/parts, out) -> (parts, B, out), summed: (B, out)
-            y = torch.bmm(xs, blocks).sum(0)
-            return y if b is None else y.add_(b)
-        # (out, in) memory: blocks of outputs, each from the whole input
-        blocks = w.t().view(parts, n_out // parts, n_in).transpose(1, 2)  # (parts, in, out/parts)
-        xs = x.expand(parts, B, n_in)  # (parts, B, in), no copy
-        # (parts, B, in) @ (parts, in, out/parts) -> (parts, B, out/parts)
-        if b is None:
-            y = torch.bmm(xs, blocks)
-        else:
-            bias = b.view(parts, 1, n_out // parts)  # (out,) -> (parts, 1, out/parts)
-            y = torch.baddbmm(bias, xs, blocks)
-        return y.transpose(0, 1).reshape(B, n_out)  # (parts, B, out/parts) -> (B, out)
-
-
-# the fewest weights a thread's block holds: below it, handing out blocks costs more than
-# it saves (docs/performance.md#decode-blocks)
-SPLIT_MIN = 1 << 17
-
-
-def _parts(side: int, w: Tensor) -> int:
-    """Into how many equal blocks along `side` to cut the matrix `w` for the product: one per
-    torch thread, each of at least SPLIT_MIN weights; 1: keep it whole. float32 on the CPU
-    only (the case measured: docs/performance.md#decode-blocks; bfloat16 products have other
-    kernels, GPUs their own threads), and not under torch.compile (`compiled_decode`), whose
-    Inductor chooses its own kernels."""
-    if w.device.type != "cpu" or w.dtype != torch.float32 or torch.compiler.is_compiling():
-        return 1
-    parts = min(torch.get_num_threads(), w.numel() // SPLIT_MIN)
-    while parts > 1 and side % parts:
-        parts -= 1
-    return max(parts, 1)
-
-
-FLOAT16_MAX = 65504.0  # float16's largest finite value
-
-
-def _in_memory_order(w: Tensor) -> Tensor:
-    """w, or w.t() where that is contiguous (GPT lays the wide Linear weights out as (in,
-    out) memory): whole-tensor ops run several times faster over contiguous memory than
-    over the strided view (docs/performance.md#contiguous-memory)."""
-    return w.t() if w.dim() == 2 and not w.is_contiguous() and w.t().is_contiguous() else w
-
-
-def _largest(w: Tensor) -> float:
-    low, high = torch.aminmax(_in_memory_order(w))
-    return max(-low.item(), high.item())
-
-
-class _Packed16(NamedTuple):
-    """x (B, in) -> x @ W + b with W held as float16 in fbgemm's packed layout and the
-    products summed in float32: `_Affine` over W rounded to float16, reading half the bytes.
-    The bias stays float32."""
-
-    packed: torch.ScriptObject  # quantized.linear_prepack_fp16 of W (out, in) and b
-
-    @classmethod
-    def of(cls, affine: _Affine) -> _Packed16:
-        w = affine.weight.t()  # (out, in)
-        largest = _largest(w)
-        if largest > FLOAT16_MAX:  # fbgemm would clamp it with a warning
-            raise ValueError(
-                f"a {tuple(w.shape)} matrix holds |w| = {largest:.6g}, beyond float16's "
-                f"largest value {FLOAT16_MAX:g}; keep float32 weights for this model"
-            )
-        return cls(torch.ops.quantized.linear_prepack_fp16(w.contiguous(), affine.bias))
-
-    def __call__(self, x: Tensor) -> Tensor:
-        return cast(Tensor, torch.ops.quantized.linear_dynamic_fp16(x, self.packed))  # (B, out)
-
-
-_Matrix = _Affine | _Packed16
-
-
-def _pack(matrix: _Matrix | None) -> _Matrix | None:
-    return None if matrix is None else _Packed16.of(cast(_Affine, matrix))
-
-
-class _Norm(NamedTuple):
-    weight: Tensor | None
-    bias: Tensor | None
-    eps: float
-    rms: bool
-    gemma: bool = False  # Gemma's RMSNorm: scaled by 1 + weight
-    wide: bool = False  # OLMo's: scaled before the cast back
-
-    def __call__(self, x: Tensor) -> Tensor:
-        if self.weight is not None and self.weight.shape[-1] != x.shape[-1]:
-            # QK-norm over each row's whole q or k (OLMo 2): (B, heads, 1, hs) as (B, heads * hs)
-            return self(x.reshape(x.shape[0], -1)).view(x.shape)
-        if self.gemma:
-            return gemma_rms_norm(x, cast(Tensor, self.weight), self.eps)
-        if self.rms:
-            return rms_norm(x, self.weight, self.eps, self.wide)
-        # torch.layer_norm: F.layer_norm's Python checks cost more than a (B, C) norm here
-        return torch.layer_norm(x, x.shape[-1:], self.weight, self.bias, self.eps)
-
-
-def _norm_of(module: nn.Module | None) -> _Norm | None:
-    if isinstance(module, RMSNorm | GemmaRMSNorm):
-        return _Norm(module.weight.detach(), None, module.eps, True,
-                     isinstance(module, GemmaRMSNorm), getattr(module, "wide_scale", False))
-    if not isinstance(module, nn.LayerNorm):
-        return None  # nn.Identity (norm="none")
-    bias = None if module.bias is None else module.bias.detach()
-    return _Norm(module.weight.detach(), bias, module.eps, False)
-
 
 class _DecodeLayer(NamedTuple):
     """One block's weights for `DecodeStep`; None where the config leaves a part out."""
 
-    ln_1: _Norm | None
-    qkv: _Matrix  # query, key, value side by side: weight (C, nh*hs + 2*nkv*hs)
-    q_norm: _Norm | None  # QK-norm, over hs
-    k_norm: _Norm | None
-    out_proj: _Matrix | None
-    ln_2: _Norm | None
-    fc: _Matrix | None  # up projection
-    gate: _Matrix | None  # SwiGLU's gate projection
-    proj: _Matrix | None  # down projection
+    ln_1: StepNorm | None
+    qkv: Matrix  # query, key, value side by side: weight (C, nh*hs + 2*nkv*hs)
+    q_norm: StepNorm | None  # QK-norm, over hs
+    k_norm: StepNorm | None
+    out_proj: Matrix | None
+    ln_2: StepNorm | None
+    fc: Matrix | None  # up projection
+    gate: Matrix | None  # SwiGLU's gate projection
+    proj: Matrix | None  # down projection
     window: int | None  # this layer's sliding window
-    attn_post: _Norm | None = None  # sandwich norms (Gemma 2 / 3) on each branch's output
-    mlp_post: _Norm | None = None
+    attn_post: StepNorm | None = None  # sandwich norms (Gemma 2 / 3) on each branch's output
+    mlp_post: StepNorm | None = None
 
     @classmethod
     def of(cls, block: Block, window: int | None) -> _DecodeLayer:
         attn, mlp = block.attn, cast(MLP | None, block.mlp)
         return cls(
-            _norm_of(block.ln_1),
-            _Affine.stack(attn.query, attn.key, attn.value),
-            _norm_of(attn.q_norm),
-            _norm_of(attn.k_norm),
-            None if attn.out_proj is None else _Affine.stack(attn.out_proj),
-            _norm_of(block.ln_2),
-            None if mlp is None else _Affine.stack(mlp.fc),
-            None if mlp is None or mlp.gate is None else _Affine.stack(mlp.gate),
-            None if mlp is None else _Affine.stack(mlp.proj),
-            window, _norm_of(block.ln_attn_post), _norm_of(block.ln_mlp_post),
+            step_norm(block.ln_1),
+            Affine.stack(attn.query, attn.key, attn.value),
+            step_norm(attn.q_norm),
+            step_norm(attn.k_norm),
+            None if attn.out_proj is None else Affine.stack(attn.out_proj),
+            step_norm(block.ln_2),
+            None if mlp is None else Affine.stack(mlp.fc),
+            None if mlp is None or mlp.gate is None else Affine.stack(mlp.gate),
+            None if mlp is None else Affine.stack(mlp.proj),
+            window, step_norm(block.ln_attn_post), step_norm(block.ln_mlp_post),
         )
 
     def packed16(self) -> _DecodeLayer:
-        """The same layer with every matrix as `_Packed16`."""
+        """The same layer with every matrix as `Packed16`."""
         return self._replace(
-            qkv=_Packed16.of(cast(_Affine, self.qkv)), out_proj=_pack(self.out_proj),
-            fc=_pack(self.fc), gate=_pack(self.gate), proj=_pack(self.proj),
+            qkv=Packed16.of(cast(Affine, self.qkv)), out_proj=pack(self.out_proj),
+            fc=pack(self.fc), gate=pack(self.gate), proj=pack(self.proj),
         )
 
 
-def _apply(norm: _Norm | None, x: Tensor) -> Tensor:
+def _apply(norm: StepNorm | None, x: Tensor) -> Tensor:
     return x if norm is None else norm(x)
 
 
@@ -246,7 +104,7 @@ class DecodeStep:
     weights are final, for eval.
 
     At two or more torch threads a float32 CPU matrix is multiplied in one block per thread
-    (`torch.bmm` over views of its memory; `_Affine`): MKL's product of one row by a matrix
+    (`torch.bmm` over views of its memory; `Affine`): MKL's product of one row by a matrix
     runs on one thread whatever the thread count, so one block per thread streams the
     weights faster (docs/performance.md#decode-blocks).
 
@@ -276,12 +134,12 @@ class DecodeStep:
         # each layer's q, k, v Linear layers, whose weights `layers[i].qkv` copies
         self._qkv_sources = [(b.attn.query, b.attn.key, b.attn.value)
                              for b in cast("list[Block]", list(model.blocks))]
-        self.ln_f = _norm_of(model.ln_f)
+        self.ln_f = step_norm(model.ln_f)
         self.wte = model.wte.weight.detach()
         self.embed_scale = embedding_scale(c.n_embd, self.wte) if c.scale_embeddings else None
         self.wpe = None if model.wpe is None else model.wpe.weight.detach()
         self.rotary, self.local_rotary = model.rotary, model.local_rotary
-        self.lm_head: _Matrix = _Affine.stack(model.lm_head)  # weight (C, V)
+        self.lm_head: Matrix = Affine.stack(model.lm_head)  # weight (C, V)
         self.weights = weights
         if weights == "float16":
             # packing runs outside the GIL: a thread per torch thread, up to 8
@@ -290,7 +148,7 @@ class DecodeStep:
                      for block in model.blocks]
             total = sum(sizes) + 1  # and the head
             with ThreadPoolExecutor(min(torch.get_num_threads(), 8)) as pool:
-                head = pool.submit(_Packed16.of, self.lm_head)  # the largest first
+                head = pool.submit(Packed16.of, self.lm_head)  # the largest first
                 packed = []
                 for layer in pool.map(_DecodeLayer.packed16, self.layers):  # in layer order
                     packed.append(layer)
@@ -309,11 +167,11 @@ class DecodeStep:
         if self.weights != "float32":
             raise ValueError("a float16 step holds packed copies; build a new DecodeStep")
         for layer, linears in zip(self.layers, self._qkv_sources, strict=True):
-            _Affine.stack(*linears, into=cast(_Affine, layer.qkv))
+            Affine.stack(*linears, into=cast(Affine, layer.qkv))
 
     def _mlp(self, layer: _DecodeLayer, h: Tensor) -> Tensor:
         """h (B, C) -> the MLP's output (B, C); the layer must have one."""
-        fc, proj = cast(_Matrix, layer.fc), cast(_Matrix, layer.proj)
+        fc, proj = cast(Matrix, layer.fc), cast(Matrix, layer.proj)
         if layer.gate is None:
             return proj(F.gelu(fc(h), approximate=self.approximate))  # (B, d_ff) -> (B, C)
         return proj(self.gate_act(layer.gate(h)) * fc(h))  # (B, d_ff) -> (B, C)
@@ -410,7 +268,7 @@ class DecodeStep:
 
 
 def _tensors_in(part: object) -> list[Tensor]:
-    """The tensors held by a tuple of weights (`_DecodeLayer`, `_Affine`, `_Norm`), nested."""
+    """The tensors held by a tuple of weights (`_DecodeLayer`, `Affine`, `StepNorm`), nested."""
     if isinstance(part, Tensor):
         return [part]
     if isinstance(part, tuple):
@@ -442,14 +300,14 @@ def half_weights(model: GPT, progress: Callable[[int, int], None] | None = None)
     with torch.no_grad():
         # every matrix checked before any is rounded: a refusal leaves the model as it was
         for name, module in linears:
-            largest = _largest(module.weight)
+            largest = largest_magnitude(module.weight)
             if largest > FLOAT16_MAX:
                 raise ValueError(
                     f"{name}.weight holds |w| = {largest:.6g}, beyond float16's largest "
                     f"value {FLOAT16_MAX:g}; keep float32 weights for this model"
                 )
         for i, (_, module) in enumerate(linears):
-            memory = _in_memory_order(module.weight)
+            memory = in_memory_order(module.weight)
             memory.copy_(memory.half())  # in place: layout and ties kept
             if progress is not None:
                 progress(i + 1, 2 * len(linears))
