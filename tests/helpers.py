@@ -279,10 +279,10 @@ def modern_switches(n_layer: int = 2) -> Any:
     partial rotary and scaling, RMSNorm, SwiGLU, head_dim, QK-norm, attention biases,
     parallel residual, sliding windows, Gemma's (1 + w) norm, GeGLU, scaled embeddings and
     sandwich norms, Gemma 3's RoPE base of its windowed layers, Gemma 2's soft caps of scores
-    and logits, OLMo 2's blocks without pre-norms and its QK-norm over whole q and k), valid
-    for
-    a model with 4 query heads (head size 4 or 8). The property tests of model, attention,
-    cache, trace and generation draw from it so every invariant runs over every switch."""
+    and logits, OLMo 2's blocks without pre-norms and its QK-norm over whole q and k, Phi's
+    one norm for a parallel block and bias on the head), valid for a model with 4 query
+    heads (head size 4 or 8). The property tests of model, attention, cache, trace and
+    generation draw from it so every invariant runs over every switch."""
     from hypothesis import strategies as st
 
     scalings = [
@@ -314,6 +314,7 @@ def modern_switches(n_layer: int = 2) -> Any:
             # 0.5 saturates most scores of an init_std=0.3 model; 5.0 bends few of its logits
             "attn_logit_softcapping": draw(st.sampled_from([None, 0.5, 5.0])),
             "final_logit_softcapping": draw(st.sampled_from([None, 5.0])),
+            "head_bias": draw(st.booleans()),
         }
         if pos == "rope":
             switches["rotary_pct"] = draw(st.sampled_from([1.0, 0.5]))
@@ -322,6 +323,7 @@ def modern_switches(n_layer: int = 2) -> Any:
             switches["nope_layers"] = draw(st.sampled_from([None, [0], [n_layer - 1]]))
         # sandwich norms need the sequential residual; the whole-width QK-norm, QK-norm
         switches["sandwich_norm"] = not switches["parallel_residual"] and draw(st.booleans())
+        switches["shared_norm"] = switches["parallel_residual"] and draw(st.booleans())
         switches["qk_norm_whole"] = switches["qk_norm"] and draw(st.booleans())
         switches["rope_in_float32"] = pos == "rope" and draw(st.booleans())
         window = draw(st.sampled_from([None, 2, 3]))

@@ -287,6 +287,8 @@ def test_arch_llama_trains_a_modern_model_that_every_command_takes(
     ("olmo2", {"norm": "olmo_rmsnorm", "mlp": "swiglu", "sandwich_norm": True,
                "pre_norm": False, "qk_norm_whole": True, "rope_in_float32": True},
      "Olmo2ForCausalLM"),
+    ("phi", {"norm": "layernorm", "mlp": "gelu", "parallel_residual": True, "shared_norm": True,
+             "head_bias": True}, "PhiForCausalLM"),
 ])
 def test_an_arch_trains_a_model_that_resumes_and_exports_as_its_family(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], arch: str, blocks: dict[str, Any],
@@ -294,8 +296,9 @@ def test_an_arch_trains_a_model_that_resumes_and_exports_as_its_family(
 ) -> None:
     """--arch gemma3: Gemma 3's blocks (sandwich norms, (1 + w) QK-norm, GeGLU, scaled
     embeddings); --arch olmo2: OLMo 2's (norms after each branch alone, QK-norm over whole q
-    and k). The run resumes under the same --arch, refuses another, and `attnlab export`
-    writes that family's directory, which attnlab reads back with the same logits."""
+    and k); --arch phi: Phi-2's (attention and MLP on one norm, a bias on the head). The run
+    resumes under the same --arch, refuses another, and `attnlab export` writes that
+    family's directory, which attnlab reads back with the same logits."""
     import torch
 
     from attnlab.hf import load_hf

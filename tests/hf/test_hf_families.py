@@ -1,14 +1,15 @@
-"""hf/: attnlab on Llama / Mistral / Qwen2 / Qwen3 / GPT-NeoX / Gemma / Phi-3 / OLMo 2 / OLMo 3 /
-SmolLM3 weights equals transformers' eager attention on the same random weights (nothing
+"""hf/: attnlab on Llama / Mistral / Qwen2 / Qwen3 / GPT-NeoX / Gemma / Phi / Phi-3 / OLMo 2 /
+OLMo 3 / SmolLM3 weights equals transformers' eager attention on the same random weights (nothing
 downloaded), and exports back.
 
 Two shapes per family, between them: GQA, tied and untied heads, head_dim != C / nh,
 attention / MLP biases, partial rotary, rope_theta != 10000, llama3 and linear RoPE scaling,
 sliding windows shorter than the sequence (all layers, and some layers), QK-norm, parallel
 and sequential residual, Gemma's scaled embeddings, (1 + w) norm and GeGLU, Gemma 3's sandwich
-norms and per-layer-type RoPE, Gemma 2's soft caps, Phi-3's fused q/k/v and gate/up
-projections, OLMo 2's output-only norms and whole-width QK-norm, OLMo 3's windowed
-layers with RoPE per layer type, SmolLM3's layers without RoPE; one yarn
+norms and per-layer-type RoPE, Gemma 2's soft caps, Phi's one norm for a parallel block and
+bias on the head, Phi-3's fused q/k/v and gate/up projections, OLMo 2's output-only norms
+and whole-width QK-norm, OLMo 3's windowed layers with RoPE per layer type, SmolLM3's
+layers without RoPE; one yarn
 case per family, its original_max_position_embeddings (16) shorter than the sequences, its
 attention factor derived (from factor, or mscale / mscale_all_dim) or given; and Phi-3's
 longrope, whose switch (16) the sequences and generations cross. Each model is
@@ -146,6 +147,19 @@ CASES: dict[str, tuple[str, dict[str, Any]]] = {
         **SMALL, num_key_value_heads=1, head_dim=8, attention_bias=True,
         tie_word_embeddings=False, attn_logit_softcapping=None, final_logit_softcapping=None,
         rope_parameters={"rope_type": "default", "rope_theta": 100000.0})),
+    # Phi-2's shape: one LayerNorm for the parallel attention and MLP, biases on every
+    # projection and on the head, RoPE on 0.4 of each head (head_dim 10), untied
+    "phi-partial": ("Phi", dict(
+        vocab_size=97, hidden_size=40, intermediate_size=64, num_hidden_layers=2,
+        num_attention_heads=4, max_position_embeddings=128, tie_word_embeddings=False,
+        rope_parameters={"rope_type": "default", "rope_theta": 10000.0,
+                         "partial_rotary_factor": 0.4})),
+    # GQA 4:2, a tied head with its own bias, the exact GELU, linear scaling of half of
+    # each head (PhiConfig's default part)
+    "phi-gqa-tied": ("Phi", dict(
+        **{**SMALL, "num_hidden_layers": 3}, num_key_value_heads=2, tie_word_embeddings=True,
+        hidden_act="gelu", rope_parameters={"rope_type": "linear", "rope_theta": 500.0,
+                                            "factor": 2.0})),
     # Phi-3: q/k/v in one qkv_proj and gate/up in one gate_up_proj; GQA, window 5 on every
     # layer (Phi-3-mini-4k: 2047), untied
     "phi3-gqa-window": ("Phi3", dict(
@@ -333,10 +347,21 @@ def test_the_explicit_path_in_16_bits_is_transformers_bit_for_bit(
     steps one by one) gives transformers' eager logits bit for bit at a left-padded batch's
     real tokens: each rounding lands where transformers' does (norms, RoPE, scores, the
     softmax in float32 then cast, every product; OLMo's norms scaled and RoPE turned in
-    float32). Without OLMo's roundings its logits differ."""
+    float32). Without OLMo's roundings its logits differ. transformers' `gelu_new` (Phi's
+    MLP) rounds each step of the tanh formula, attnlab's one F.gelu (tanh) call once: with
+    that activation made F.gelu's (transformers' gelu_pytorch_tanh), Phi is bit for bit too,
+    and differs without."""
     _, ours, directory = pair
     hf = transformers.AutoModelForCausalLM.from_pretrained(
         directory, dtype=dtype, attn_implementation="eager").eval()
+    stepwise = [m for m in hf.modules() if hasattr(m, "activation_fn") and isinstance(
+        m.activation_fn, transformers.activations.NewGELUActivation)]
+    if stepwise:
+        ids, mask = left_padded([5, 17, 11], vocab=ours.config.vocab_size, low=1, seed=1)
+        before = hf(ids, attention_mask=mask).logits
+        for module in stepwise:
+            module.activation_fn = transformers.activations.GELUTanh()
+        assert not torch.equal(hf(ids, attention_mask=mask).logits, before)
     ids, mask = left_padded([5, 17, 11], vocab=ours.config.vocab_size, low=1, seed=1)
     positions = (mask.cumsum(-1) - 1).clamp(min=0)  # (B, P): the real positions
     expected = hf(ids, attention_mask=mask, position_ids=positions).logits  # (B, P, V)

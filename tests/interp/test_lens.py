@@ -91,9 +91,14 @@ def test_lens_top_is_the_lens_top_tokens_one_layer_at_a_time() -> None:
                                        {"n_head": 4, "n_kv_head": 2}, {"attn_out_proj": False},
                                        {"norm": "rmsnorm", "mlp": "swiglu", "pos": "rope"},
                                        {"norm": "gemma_rmsnorm", "mlp": "geglu", "pos": "rope",
-                                        "scale_embeddings": True}])
+                                        "scale_embeddings": True},
+                                       {"pos": "rope", "parallel_residual": True,
+                                        "shared_norm": True, "head_bias": True}])
 def test_attributions_sum_to_the_logit(overrides: dict) -> None:
     model = _model(**overrides)
+    if model.lm_head.bias is not None:  # Phi's head bias, 0 at init: give it values
+        with torch.no_grad():
+            model.lm_head.bias.normal_(0.0, 1.0)
     idx = torch.randint(0, 65, (3, 7), generator=torch.Generator().manual_seed(2))
     for position in (-1, 2):
         parts = logit_attribution(model, idx, torch.tensor([5, 6, 7]), position)

@@ -374,8 +374,14 @@ def test_llama_gemma3_and_olmo2_recipes_match_the_gpt2_recipe_in_parameters(data
             olmo2.qk_norm_whole, olmo2.rope_in_float32) == (
         "rope", "olmo_rmsnorm", "swiglu", False, False, True, True, True)
     assert abs(count_params(olmo2) / count_params(gpt2) - 1) < 0.005
-    assert [arch_of(c) for c in (gpt2, llama, gemma3, olmo2)] == ["gpt2", "llama", "gemma3",
-                                                                  "olmo2"]
+    # --arch phi: attention and MLP side by side on one LayerNorm, a bias on the head
+    phi, phi_train = recipe(dataset, "phi")
+    assert phi_train == gpt2_train
+    assert (phi.pos, phi.rotary_pct, phi.norm, phi.mlp, phi.parallel_residual, phi.shared_norm,
+            phi.head_bias) == ("rope", 0.5, "layernorm", "gelu", True, True, True)
+    assert abs(count_params(phi) / count_params(gpt2) - 1) < 0.005
+    assert [arch_of(c) for c in (gpt2, llama, gemma3, olmo2, phi)] == [
+        "gpt2", "llama", "gemma3", "olmo2", "phi"]
     with pytest.raises(ValueError, match="arch='mamba' must be one of"):
         recipe(dataset, "mamba")
 

@@ -65,8 +65,9 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
         help="block style of the recipe's model: gpt2 (learned positions, LayerNorm, GELU, "
         "biases; default), llama (RoPE, RMSNorm, SwiGLU, no biases), gemma3 (RoPE, "
         "Gemma's RMSNorm before and after each branch and on q and k, GeGLU, scaled "
-        "embeddings, no biases) or olmo2 (llama's, with RMSNorm after each branch only and "
-        "on the whole q and k) at the same parameter count",
+        "embeddings, no biases), olmo2 (llama's, with RMSNorm after each branch only and "
+        "on the whole q and k) or phi (RoPE on half of each head, attention and MLP side "
+        "by side on one LayerNorm, biases, the head's too) at the same parameter count",
     )
     parser.add_argument(
         "--preset",

@@ -3,8 +3,8 @@ GPT, and export a GPT back to a directory transformers loads.
 
 Families (one module each, listed in `FAMILIES`): GPT2LMHeadModel, LlamaForCausalLM,
 MistralForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM, GPTNeoXForCausalLM,
-GemmaForCausalLM, Gemma2ForCausalLM, Gemma3ForCausalLM, Phi3ForCausalLM, Olmo2ForCausalLM,
-Olmo3ForCausalLM, SmolLM3ForCausalLM.
+GemmaForCausalLM, Gemma2ForCausalLM, Gemma3ForCausalLM, PhiForCausalLM, Phi3ForCausalLM,
+Olmo2ForCausalLM, Olmo3ForCausalLM, SmolLM3ForCausalLM.
 `registry.py` holds the Family / WeightMap machinery, `fields.py` the config-field
 bookkeeping (every field is honoured, refused by name, or listed there as irrelevant),
 `files.py` the directory reading and writing (the tokenizer files themselves are
@@ -61,6 +61,7 @@ from .gpt_neox import GPT_NEOX
 from .llama import LLAMA, MISTRAL
 from .olmo2 import OLMO2
 from .olmo3 import OLMO3
+from .phi import PHI
 from .phi3 import PHI3
 from .qwen2 import QWEN2
 from .qwen3 import QWEN3
@@ -69,7 +70,7 @@ from .smollm3 import SMOLLM3
 
 # export picks the first family a GPTConfig fits, so the plainest comes first
 FAMILIES: tuple[Family, ...] = (GPT2, LLAMA, MISTRAL, QWEN2, QWEN3, GPT_NEOX, GEMMA, GEMMA2,
-                               GEMMA3, PHI3, OLMO2, OLMO3, SMOLLM3)
+                               GEMMA3, PHI, PHI3, OLMO2, OLMO3, SMOLLM3)
 FAMILY_BY_NAME: dict[str, Family] = {f.name: f for f in FAMILIES}
 
 __all__ = [

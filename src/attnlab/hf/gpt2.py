@@ -17,7 +17,17 @@ from torch import Tensor
 
 from ..model.gpt import GPTConfig
 from .fields import MAX_CONTEXT, Fields
-from .registry import QKV, Family, Fused, WeightMap, misfits_of, plain_rope, pre_normed, uncapped
+from .registry import (
+    QKV,
+    Family,
+    Fused,
+    WeightMap,
+    misfits_of,
+    own_norms,
+    plain_rope,
+    pre_normed,
+    uncapped,
+)
 
 
 def _split(qkv: Tensor, config: GPTConfig) -> tuple[Tensor, Tensor, Tensor]:
@@ -81,7 +91,7 @@ def _misfits(c: GPTConfig) -> list[str]:
         "attn_scale in (None, 1.0)": c.attn_scale in (None, 1.0),
         "parallel_residual=False": not c.parallel_residual, "qk_norm=False": not c.qk_norm,
         "sliding_window=None": c.sliding_window is None, **uncapped(c), **pre_normed(c),
-        **plain_rope(c),
+        **plain_rope(c), **own_norms(c),
         "scale_embeddings=False": not c.scale_embeddings, "sandwich_norm=False":
         not c.sandwich_norm,
     })

@@ -18,7 +18,17 @@ from torch import Tensor
 
 from ..model.gpt import GPTConfig
 from .fields import MAX_CONTEXT, Fields, rope_from_hf, rope_to_hf
-from .registry import QKV, Family, Fused, WeightMap, misfits_of, plain_rope, pre_normed, uncapped
+from .registry import (
+    QKV,
+    Family,
+    Fused,
+    WeightMap,
+    misfits_of,
+    own_norms,
+    plain_rope,
+    pre_normed,
+    uncapped,
+)
 
 
 def _split(qkv: Tensor, config: GPTConfig) -> tuple[Tensor, Tensor, Tensor]:
@@ -83,6 +93,7 @@ def _misfits(c: GPTConfig) -> list[str]:
         "qk_norm=False": not c.qk_norm, "sliding_window=None": c.sliding_window is None,
         "residual=True": c.residual, "attn_out_proj=True": c.attn_out_proj,
         "attn_scale=None": c.attn_scale is None, **uncapped(c), **pre_normed(c), **plain_rope(c),
+        **own_norms(c),
     })
 
 

@@ -106,7 +106,8 @@ class WeightMap:
         `hf_state[name]` only when its turn comes (a lazy mapping holds one at a time);
         ValueError for a missing weight, a missing untied head, or a weight left over."""
         head = f"{self.top['lm_head']}.weight"
-        names = {k if k.startswith(self.base) or k == head else self.base + k: k
+        outside = f"{self.top['lm_head']}."  # the head lies outside the body: no base
+        names = {k if k.startswith((self.base, outside)) else self.base + k: k
                  for k in hf_state}  # full name -> the file's name (a bare body lacks base)
         used: set[str] = set()
 
@@ -212,6 +213,12 @@ def pre_normed(config: GPTConfig) -> dict[str, bool]:
     """The requirements of a family whose blocks norm each branch's input and whose QK-norm
     (if any) is per head: every one but OLMo 2 (an export would drop the difference)."""
     return {"pre_norm=True": config.pre_norm, "qk_norm_whole=False": not config.qk_norm_whole}
+
+
+def own_norms(config: GPTConfig) -> dict[str, bool]:
+    """The requirements of every family but Phi: each branch of a block its own norm, and an
+    output head without a bias (an export would drop the difference)."""
+    return {"shared_norm=False": not config.shared_norm, "head_bias=False": not config.head_bias}
 
 
 def plain_rope(config: GPTConfig) -> dict[str, bool]:

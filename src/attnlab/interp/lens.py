@@ -214,7 +214,7 @@ class Attribution:
     heads: Tensor  # (B, n_layer, nh): each head's output through its slice of out_proj
     attn_bias: Tensor  # (B, n_layer): the output projection's bias (and a post-norm's bias)
     mlp: Tensor  # (B, n_layer): each MLP's output (zeros without MLPs)
-    bias: Tensor  # (B,): the final norm's bias and centring constants through W_U
+    bias: Tensor  # (B,): the final norm's bias through W_U, plus the head's bias (Phi)
     logit: Tensor  # (B,): the model's logit for the target (before a final_logit_softcapping)
 
     def total(self) -> Tensor:
@@ -296,6 +296,8 @@ def logit_attribution(
     heads, attn_bias, mlp = (torch.stack(t, 1) for t in zip(*terms, strict=True))
     emb = direct(trace.get("emb")[:, position])
     bias = (beta * w_u).sum(-1) if beta is not None else torch.zeros_like(emb)  # (B,)
+    if model.lm_head.bias is not None:  # the head's own (Phi)
+        bias = bias + model.lm_head.bias[target].to(dtype)  # (B,)
     # the model's logit, the head at this position only
     last = model.ln_f(trace.get("block_out", c.n_layer - 1)[:, position])  # (B, C)
     logit = model.lm_head(last).to(dtype).gather(-1, target[:, None])[:, 0]  # (B,)

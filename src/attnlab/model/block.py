@@ -1,6 +1,6 @@
 """One transformer block: norm -> attention -> residual add, norm -> MLP -> residual add, in
-the variants `GPTConfig` switches on (GPT-NeoX's parallel residual, Gemma's sandwich norms,
-OLMo 2's norms on the branches' outputs alone).
+the variants `GPTConfig` switches on (GPT-NeoX's parallel residual, Phi's and GPT-J's with one
+norm for both branches, Gemma's sandwich norms, OLMo 2's norms on the branches' outputs alone).
 `gpt.py` stacks the blocks; `decode.py` runs the same wiring for one token at a time.
 """
 
@@ -41,7 +41,9 @@ class Block(nn.Module):
             qk_norm_kind=c.norm if c.norm in ("gemma_rmsnorm", "olmo_rmsnorm") else "rmsnorm",
             softcap=c.attn_logit_softcapping,
         )
-        self.ln_2 = (norm_of(c) if c.pre_norm else nn.Identity()) if has_mlp else None
+        # None without an MLP, and where the MLP reads ln_1's output (shared_norm)
+        self.ln_2 = (norm_of(c) if c.pre_norm else nn.Identity()) if (
+            has_mlp and not c.shared_norm) else None
         self.mlp = MLP(
             c.n_embd, c.ff_size, gated=c.mlp in ("swiglu", "geglu"), gelu=c.gelu, bias=c.bias,
             dropout=c.dropout, gate_act="gelu" if c.mlp == "geglu" else "silu",
@@ -57,12 +59,13 @@ class Block(nn.Module):
         fused: bool | None = None,
         rope: tuple[Tensor, Tensor] | None = None,
     ) -> Tensor:
-        a = self.attn(self.ln_1(x), mask=mask, kv_cache=kv_cache, pos=pos, trace=trace,
-                      fused=fused, rope=rope)  # (B, T, C)
+        h = self.ln_1(x)  # (B, T, C)
+        a = self.attn(h, mask=mask, kv_cache=kv_cache, pos=pos, trace=trace, fused=fused,
+                      rope=rope)  # (B, T, C)
         if self.parallel:  # GPT-NeoX: both branches read x; its order of the sum
-            if self.mlp is None or self.ln_2 is None:
+            if self.mlp is None:
                 return a + x if self.residual else a
-            m = self.mlp(self.ln_2(x), trace)  # (B, T, C)
+            m = self.mlp(h if self.ln_2 is None else self.ln_2(x), trace)  # (B, T, C)
             if trace is not None:
                 m = trace.record("mlp_out", m)
             return m + a + x if self.residual else m + a  # (B, T, C)

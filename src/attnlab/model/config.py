@@ -66,6 +66,10 @@ class GPTConfig:
     qkv_bias: bool | None = None  # bias on query/key/value; None = bias
     out_bias: bool | None = None  # bias on the attention output projection; None = bias
     parallel_residual: bool = False  # x + attn(ln_1(x)) + mlp(ln_2(x)) (GPT-NeoX)
+    # the parallel residual's branches read one norm: x + attn(ln_1(x)) + mlp(ln_1(x)), no
+    # ln_2 (Phi-1 / 1.5 / 2, GPT-J)
+    shared_norm: bool = False
+    head_bias: bool = False  # a bias on the output head, lm_head (Phi-1 / 1.5 / 2, GPT-J)
     # the model's attention window: query i sees keys i - sliding_window < j <= i (not
     # generate's --sliding-window, which keeps the last block_size tokens of a long text)
     sliding_window: int | None = None
@@ -164,6 +168,9 @@ class GPTConfig:
         if self.sandwich_norm and (self.parallel_residual or not self.residual):
             raise ValueError("sandwich_norm norms each branch before its residual add: it needs "
                              "residual=True and parallel_residual=False")
+        if self.shared_norm and not self.parallel_residual:
+            raise ValueError("shared_norm=True has both branches of a parallel residual read "
+                             "ln_1: it needs parallel_residual=True")
         if self.qk_norm_whole and not self.qk_norm:
             raise ValueError("qk_norm_whole=True says how QK-norm spans q and k: it needs "
                              "qk_norm=True")

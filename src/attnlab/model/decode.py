@@ -247,8 +247,9 @@ class DecodeStep:
             a = a.view(B, nh * hs)  # (B, nh * hs)
             if layer.out_proj is not None:
                 a = layer.out_proj(a)  # (B, C)
-            if c.parallel_residual:
-                m = 0.0 if layer.fc is None else self._mlp(layer, _apply(layer.ln_2, x))
+            if c.parallel_residual:  # the MLP reads ln_1's output where shared_norm
+                m = 0.0 if layer.fc is None else self._mlp(
+                    layer, h if c.shared_norm else _apply(layer.ln_2, x))
                 x = m + a + x if c.residual else m + a  # GPT-NeoX's order of the sum
                 continue
             x = x + _apply(layer.attn_post, a) if c.residual else a

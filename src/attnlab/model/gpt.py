@@ -54,7 +54,7 @@ class GPT(nn.Module):
         self.drop = nn.Dropout(c.dropout)
         self.blocks = nn.ModuleList([Block(c) for _ in range(c.n_layer)])
         self.ln_f = norm_of(c)
-        self.lm_head = Linear(c.n_embd, c.vocab_size, bias=False)
+        self.lm_head = Linear(c.n_embd, c.vocab_size, bias=c.head_bias)
         if c.tie_weights:
             self.lm_head.weight = self.wte.weight
         # what decode streams the matrices as: "float16" after decode.half_weights(model)

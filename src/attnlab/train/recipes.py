@@ -24,7 +24,7 @@ if TYPE_CHECKING:
 
 
 #: `attnlab train --arch`: the block style of the recipe's model.
-ARCHS = ("gpt2", "llama", "gemma3", "olmo2")
+ARCHS = ("gpt2", "llama", "gemma3", "olmo2", "phi")
 #: The text recipe's most steps when no flag sets them (one pass over a corpus of a few
 #: million tokens); for longer runs, say how long: --time_budget
 #: (docs/train.md#train-for-a-time-budget).
@@ -41,7 +41,8 @@ def recipe(dataset: Dataset, arch: str = "gpt2", device: str = "cpu",
     `device` ("cuda", "cuda:1"), its GPU recipe (`gpu_text_recipe`), for `processes` processes
     (torchrun's WORLD_SIZE).
     arch "llama" keeps the shape and schedule but builds Llama-style blocks (`llama_style`),
-    "gemma3" Gemma-3-style ones (`gemma3_style`), "olmo2" OLMo-2-style ones (`olmo2_style`).
+    "gemma3" Gemma-3-style ones (`gemma3_style`), "olmo2" OLMo-2-style ones (`olmo2_style`),
+    "phi" Phi-2-style ones (`phi_style`).
     """
     if arch not in ARCHS:
         raise ValueError(f"arch={arch!r} must be one of {list(ARCHS)}")
@@ -60,7 +61,8 @@ def recipe(dataset: Dataset, arch: str = "gpt2", device: str = "cpu",
         model, config = gpu_text_recipe(dataset.tokenizer.vocab_size, processes)
     else:
         model, config = _gpt2_recipe(dataset)
-    styles = {"llama": llama_style, "gemma3": gemma3_style, "olmo2": olmo2_style}
+    styles = {"llama": llama_style, "gemma3": gemma3_style, "olmo2": olmo2_style,
+              "phi": phi_style}
     return (styles[arch](model) if arch in styles else model), config
 
 
@@ -99,6 +101,16 @@ def olmo2_style(config: GPTConfig) -> GPTConfig:
     ))
 
 
+def phi_style(config: GPTConfig) -> GPTConfig:
+    """`config` with Phi-2's blocks: attention and the GELU MLP side by side on one
+    LayerNorm's output (`parallel_residual`, `shared_norm`), RoPE on half of each head (Phi-2:
+    0.4 of 80 dims), biases everywhere, the head's too; d_ff chosen as `llama_style` does."""
+    return _same_count(config, dataclasses.replace(
+        config, pos="rope", rotary_pct=0.5, parallel_residual=True, shared_norm=True,
+        head_bias=True, bias=True, qkv_bias=None, out_bias=None, gelu="tanh",
+    ))
+
+
 def _same_count(config: GPTConfig, styled: GPTConfig) -> GPTConfig:
     """`styled` with the d_ff that brings its parameter count closest to `config`'s."""
     target = count_params(config)
@@ -109,8 +121,10 @@ def _same_count(config: GPTConfig, styled: GPTConfig) -> GPTConfig:
 
 
 def arch_of(config: GPTConfig) -> str:
-    """The ARCHS entry whose blocks `config` has: "llama", "gemma3" or "olmo2" where
-    `llama_style`, `gemma3_style` or `olmo2_style` switched them."""
+    """The ARCHS entry whose blocks `config` has: "llama", "gemma3", "olmo2" or "phi" where
+    `llama_style`, `gemma3_style`, `olmo2_style` or `phi_style` switched them."""
+    if config.shared_norm:
+        return "phi"
     blocks = (config.pos, config.norm, config.mlp, config.sandwich_norm, config.pre_norm)
     return {("rope", "rmsnorm", "swiglu", False, True): "llama",
             ("rope", "gemma_rmsnorm", "geglu", True, True): "gemma3",
