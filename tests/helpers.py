@@ -326,6 +326,7 @@ def modern_switches(n_layer: int = 2) -> Any:
         switches["shared_norm"] = switches["parallel_residual"] and draw(st.booleans())
         switches["qk_norm_whole"] = switches["qk_norm"] and draw(st.booleans())
         switches["rope_in_float32"] = pos == "rope" and draw(st.booleans())
+        switches["rope_interleaved"] = pos == "rope" and draw(st.booleans())
         window = draw(st.sampled_from([None, 2, 3]))
         if window is not None:
             switches["sliding_window"] = window

@@ -37,7 +37,8 @@ TEXT = "the cat sat on the mat. abcdefghijklmnopqrstuvwxyz"
 # (scaled embeddings, (1 + w) norms, GeGLU, sandwich norms, soft caps: the CUDA summary and
 # weight kernels are routed around a cap); Gemma 3's (QK-norm, a RoPE base per layer type);
 # OLMo 2's and OLMo 3's (below); SmolLM3's, one layer without RoPE; Phi-3.5's longrope, its
-# switch (8) inside the sequences; Phi-2's parallel blocks on one norm, a bias on the head
+# switch (8) inside the sequences; Phi-2's parallel blocks on one norm, a bias on the head;
+# GPT-J's RoPE on adjacent pairs
 GEMMA = {"pos": "rope", "norm": "gemma_rmsnorm", "mlp": "geglu", "bias": False, "n_kv_head": 2,
          "scale_embeddings": True, "sandwich_norm": True, "sliding_window": 8,
          "window_layers": [0]}
@@ -67,6 +68,9 @@ FAMILIES = {
                                        "long_factor": [1.5, 3.0, 6.0, 12.0]}},
     "phi": {"pos": "rope", "rotary_pct": 0.5, "parallel_residual": True, "shared_norm": True,
             "head_bias": True},
+    "gptj": {"pos": "rope", "rotary_pct": 0.5, "rope_interleaved": True, "qkv_bias": False,
+             "out_bias": False, "parallel_residual": True, "shared_norm": True,
+             "head_bias": True},
 }
 
 

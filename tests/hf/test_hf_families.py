@@ -1,20 +1,19 @@
 """hf/: attnlab on Llama / Mistral / Qwen2 / Qwen3 / GPT-NeoX / Gemma / Phi / Phi-3 / OLMo 2 /
-OLMo 3 / SmolLM3 weights equals transformers' eager attention on the same random weights (nothing
-downloaded), and exports back.
+OLMo 3 / SmolLM3 / GPT-J weights equals transformers' eager attention on the same random
+weights (nothing downloaded), and exports back.
 
 Two shapes per family, between them: GQA, tied and untied heads, head_dim != C / nh,
 attention / MLP biases, partial rotary, rope_theta != 10000, llama3 and linear RoPE scaling,
 sliding windows shorter than the sequence (all layers, and some layers), QK-norm, parallel
 and sequential residual, Gemma's scaled embeddings, (1 + w) norm and GeGLU, Gemma 3's sandwich
 norms and per-layer-type RoPE, Gemma 2's soft caps, Phi's one norm for a parallel block and
-bias on the head, Phi-3's fused q/k/v and gate/up projections, OLMo 2's output-only norms
-and whole-width QK-norm, OLMo 3's windowed layers with RoPE per layer type, SmolLM3's
-layers without RoPE; one yarn
-case per family, its original_max_position_embeddings (16) shorter than the sequences, its
-attention factor derived (from factor, or mscale / mscale_all_dim) or given; and Phi-3's
-longrope, whose switch (16) the sequences and generations cross. Each model is
-written with `save_pretrained` and read back with `load_hf`, so the directory reading is
-exercised too.
+bias on the head, GPT-J's RoPE on adjacent pairs, Phi-3's fused q/k/v and gate/up
+projections, OLMo 2's output-only norms and whole-width QK-norm, OLMo 3's windowed layers
+with RoPE per layer type, SmolLM3's layers without RoPE; one yarn case per family, its
+original_max_position_embeddings (16) shorter than the sequences, its attention factor
+derived (from factor, or mscale / mscale_all_dim) or given; and Phi-3's longrope, whose
+switch (16) the sequences and generations cross. Each model is written with
+`save_pretrained` and read back with `load_hf`, so the directory reading is exercised too.
 """
 
 from __future__ import annotations
@@ -160,6 +159,14 @@ CASES: dict[str, tuple[str, dict[str, Any]]] = {
         **{**SMALL, "num_hidden_layers": 3}, num_key_value_heads=2, tie_word_embeddings=True,
         hidden_act="gelu", rope_parameters={"rope_type": "linear", "rope_theta": 500.0,
                                             "factor": 2.0})),
+    # GPT-J: Phi's block without attention biases, RoPE on 4 of each head's 8 dims turned in
+    # adjacent pairs (GPT-J-6B: 64 of 256), untied
+    "gptj-pairs": ("GPTJ", dict(vocab_size=97, n_embd=32, n_layer=2, n_head=4, n_positions=128,
+                                rotary_dim=4)),
+    # the whole head turned, a tied head with its own bias, the exact GELU, n_inner 40
+    "gptj-whole-tied": ("GPTJ", dict(vocab_size=89, n_embd=32, n_layer=3, n_head=4,
+                                     n_positions=128, rotary_dim=8, n_inner=40,
+                                     activation_function="gelu", tie_word_embeddings=True)),
     # Phi-3: q/k/v in one qkv_proj and gate/up in one gate_up_proj; GQA, window 5 on every
     # layer (Phi-3-mini-4k: 2047), untied
     "phi3-gqa-window": ("Phi3", dict(
@@ -339,29 +346,50 @@ def test_bfloat16_load_runs_close_to_float32(pair: tuple) -> None:
     assert (low - full).abs().max() < 0.1 * scale  # bfloat16 keeps ~3 significant digits
 
 
+def _rounding_as_attnlabs(hf: Any, vocab: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Give transformers' model the two roundings attnlab does not copy, each checked to
+    change its logits: `gelu_new` (Phi's and GPT-J's MLP), whose tanh formula transformers
+    rounds step by step and attnlab's one F.gelu (tanh) call once, becomes F.gelu's
+    (transformers' gelu_pytorch_tanh); GPT-J's eager attention, which multiplies q and k in
+    float32, becomes Llama's steps, which multiply them in their own dtype as attnlab does."""
+    ids, mask = left_padded([5, 17, 11], vocab=vocab, low=1, seed=1)
+    stepwise = [m for m in hf.modules() if isinstance(
+        getattr(m, "activation_fn", getattr(m, "act", None)),
+        transformers.activations.NewGELUActivation)]
+    for module in stepwise:
+        before = hf(ids, attention_mask=mask).logits
+        setattr(module, "activation_fn" if hasattr(module, "activation_fn") else "act",
+                transformers.activations.GELUTanh())
+        assert not torch.equal(hf(ids, attention_mask=mask).logits, before)
+    if hf.config.model_type == "gptj":
+        from transformers.models.gptj import modeling_gptj
+
+        def own_dtype(module: Any, q: Any, k: Any, v: Any, attention_mask: Any,
+                      scaling: float, **_: Any) -> tuple[Any, Any]:
+            scores = torch.matmul(q, k.transpose(2, 3)) * scaling + attention_mask
+            weights = torch.softmax(scores, dim=-1, dtype=torch.float32).to(q.dtype)
+            return torch.matmul(weights, v).transpose(1, 2).contiguous(), weights
+
+        before = hf(ids, attention_mask=mask).logits
+        monkeypatch.setattr(modeling_gptj, "eager_attention_forward", own_dtype)
+        assert not torch.equal(hf(ids, attention_mask=mask).logits, before)
+
+
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 @torch.no_grad()
 def test_the_explicit_path_in_16_bits_is_transformers_bit_for_bit(
-        pair: tuple, dtype: torch.dtype) -> None:
+        pair: tuple, dtype: torch.dtype, monkeypatch: pytest.MonkeyPatch) -> None:
     """Loaded in bfloat16 or float16, the explicit path (fused=False: transformers' eager
     steps one by one) gives transformers' eager logits bit for bit at a left-padded batch's
     real tokens: each rounding lands where transformers' does (norms, RoPE, scores, the
     softmax in float32 then cast, every product; OLMo's norms scaled and RoPE turned in
-    float32). Without OLMo's roundings its logits differ. transformers' `gelu_new` (Phi's
-    MLP) rounds each step of the tanh formula, attnlab's one F.gelu (tanh) call once: with
-    that activation made F.gelu's (transformers' gelu_pytorch_tanh), Phi is bit for bit too,
-    and differs without."""
+    float32). Without OLMo's roundings its logits differ. Two roundings attnlab does not
+    copy (`gelu_new`'s steps, GPT-J's float32 scores) are given to transformers' model
+    first: `_rounding_as_attnlabs`."""
     _, ours, directory = pair
     hf = transformers.AutoModelForCausalLM.from_pretrained(
         directory, dtype=dtype, attn_implementation="eager").eval()
-    stepwise = [m for m in hf.modules() if hasattr(m, "activation_fn") and isinstance(
-        m.activation_fn, transformers.activations.NewGELUActivation)]
-    if stepwise:
-        ids, mask = left_padded([5, 17, 11], vocab=ours.config.vocab_size, low=1, seed=1)
-        before = hf(ids, attention_mask=mask).logits
-        for module in stepwise:
-            module.activation_fn = transformers.activations.GELUTanh()
-        assert not torch.equal(hf(ids, attention_mask=mask).logits, before)
+    _rounding_as_attnlabs(hf, ours.config.vocab_size, monkeypatch)
     ids, mask = left_padded([5, 17, 11], vocab=ours.config.vocab_size, low=1, seed=1)
     positions = (mask.cumsum(-1) - 1).clamp(min=0)  # (B, P): the real positions
     expected = hf(ids, attention_mask=mask, position_ids=positions).logits  # (B, P, V)

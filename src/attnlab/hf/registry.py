@@ -222,12 +222,14 @@ def own_norms(config: GPTConfig) -> dict[str, bool]:
 
 
 def plain_rope(config: GPTConfig) -> dict[str, bool]:
-    """The requirements of every family but Phi-3, OLMo and SmolLM3: no longrope (their transformers
-    classes would switch frequency sets mid-generation without encoding the cached keys
-    again), RoPE in q's and k's own dtype (OLMo's rotates in float32), and in every layer
-    (SmolLM3 leaves some out)."""
+    """The requirements of every family but Phi-3, OLMo, SmolLM3 and GPT-J: no longrope (their
+    transformers classes would switch frequency sets mid-generation without encoding the
+    cached keys again), RoPE in q's and k's own dtype (OLMo's rotates in float32), on halves
+    of the rotated dims (GPT-J turns adjacent pairs), and in every layer (SmolLM3 leaves some
+    out)."""
     return {"rope_scaling=not longrope": scaling_kind(config.rope_scaling) != "longrope",
             "rope_in_float32=False": not config.rope_in_float32,
+            "rope_interleaved=False": not config.rope_interleaved,
             "nope_layers=None": config.nope_layers is None}
 
 

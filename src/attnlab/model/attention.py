@@ -347,6 +347,7 @@ class CausalSelfAttention(nn.Module):
             (Qwen3, Gemma 3): `qk_norm_kind` "rmsnorm", "gemma_rmsnorm" or "olmo_rmsnorm"; with
             `qk_norm_whole`, one over each token's whole q (d_out) and k (OLMo 2).
         rope_in_float32: q and k rotated in float32 and cast back (OLMo's rounding).
+        rope_pairs: RoPE turns adjacent pairs of dims (GPT-J's layout), not halves.
         rope_names: record q_pre_rope / k_pre_rope on calls without `rope` too (a RoPE
             model's layers without it, NoPE: equal to q and k).
         out_proj: add the output projection back to d_in (GPT-2's attention); False returns
@@ -382,6 +383,7 @@ class CausalSelfAttention(nn.Module):
         qk_norm_whole: bool = False,
         rope_in_float32: bool = False,
         rope_names: bool = False,
+        rope_pairs: bool = False,
     ) -> None:
         super().__init__()
         d_out = d_in if d_out is None else d_out
@@ -412,6 +414,7 @@ class CausalSelfAttention(nn.Module):
         # over each head's hs, or (qk_norm_whole, OLMo 2) each token's whole q and k
         q_dim, k_dim = (d_out, d_kv) if qk_norm_whole else (self.head_size, self.head_size)
         self.qk_norm_whole, self.rope_in_float32 = qk_norm_whole, rope_in_float32
+        self.rope_pairs = rope_pairs
         # a RoPE model's layer names q_pre_rope / k_pre_rope even where it turns nothing (NoPE)
         self.rope_names = rope_names
         self.q_norm = make_norm(qk_norm_kind, q_dim, eps=norm_eps) if qk_norm else None
@@ -461,8 +464,8 @@ class CausalSelfAttention(nn.Module):
             q = trace.record("q_pre_rope", q)  # a NoPE layer's: q itself
             k = trace.record("k_pre_rope", k)
         if rope is not None:
-            wide = self.rope_in_float32
-            q, k = apply_rotary(q, *rope, wide), apply_rotary(k, *rope, wide)  # same shapes
+            how = self.rope_in_float32, self.rope_pairs
+            q, k = apply_rotary(q, *rope, *how), apply_rotary(k, *rope, *how)  # same shapes
         if kv_cache is not None:
             k, v = kv_cache.update(pos, k, v)  # (B, nkv, S, hs) with S = pos + S_new
         if trace is not None:

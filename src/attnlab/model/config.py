@@ -63,6 +63,9 @@ class GPTConfig:
     # q and k rotated in float32 and cast back (OLMo's), not in their own dtype (Llama's): the
     # same in float32, not in 16 bits
     rope_in_float32: bool = False
+    # RoPE turns adjacent pairs of dims (GPT-J's rotate_every_two), not the two halves of the
+    # rotated part (Llama's and GPT-NeoX's rotate_half)
+    rope_interleaved: bool = False
     qkv_bias: bool | None = None  # bias on query/key/value; None = bias
     out_bias: bool | None = None  # bias on the attention output projection; None = bias
     parallel_residual: bool = False  # x + attn(ln_1(x)) + mlp(ln_2(x)) (GPT-NeoX)
@@ -158,9 +161,10 @@ class GPTConfig:
                                  "attention, 30.0 for logits), or None for no cap")
         check_rope_scaling(self.rope_scaling, theta=self.rope_theta,
                            rotary_dims=rotary_dims if self.pos == "rope" else None)
-        if self.rope_in_float32 and self.pos != "rope":
-            raise ValueError(f"rope_in_float32=True says how RoPE rounds: it needs pos='rope', "
-                             f"not pos={self.pos!r}")
+        for name in ("rope_in_float32", "rope_interleaved"):
+            if getattr(self, name) and self.pos != "rope":
+                raise ValueError(f"{name}=True says how RoPE turns q and k: it needs "
+                                 f"pos='rope', not pos={self.pos!r}")
         if self.rope_scaling is not None and self.pos != "rope":
             raise ValueError(
                 f"rope_scaling={self.rope_scaling} needs pos='rope', not pos={self.pos!r}"

@@ -241,8 +241,8 @@ class DecodeStep:
                 q, k = layer.q_norm(q), layer.k_norm(k)  # per head, or (OLMo 2) whole
             rope = ropes[layer.window is not None] if c.rotates(i) else None
             if rope is not None:
-                wide = c.rope_in_float32  # (B, nh|nkv, 1, hs) each
-                q, k = apply_rotary(q, *rope, wide), apply_rotary(k, *rope, wide)
+                how = c.rope_in_float32, c.rope_interleaved  # (B, nh|nkv, 1, hs) each
+                q, k = apply_rotary(q, *rope, *how), apply_rotary(k, *rope, *how)
             a = attention(i, layer.window, q, k, v)  # (B, nh, 1, hs)
             a = a.view(B, nh * hs)  # (B, nh * hs)
             if layer.out_proj is not None:

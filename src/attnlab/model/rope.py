@@ -279,9 +279,10 @@ class Rotary:
 
     def __init__(
         self, head_size: int, rotary_pct: float = 1.0, theta: float = 10000.0,
-        rope_scaling: Mapping[str, Any] | None = None,
+        rope_scaling: Mapping[str, Any] | None = None, interleaved: bool = False,
     ) -> None:
         self.dims = int(head_size * rotary_pct)  # rd
+        self.interleaved = interleaved  # cos and sin laid out for adjacent pairs (GPT-J)
         self.inv_freq = rope_inv_freq(self.dims, theta, rope_scaling)  # (rd/2,)
         self.switch: int | None = None  # longrope: how many positions the short set covers
         self.long_inv_freq: Tensor | None = None  # (rd/2,) longrope's long set
@@ -304,7 +305,8 @@ class Rotary:
 
     def cos_sin(self, positions: Tensor) -> tuple[Tensor, Tensor]:
         """positions (B or 1, T) -> cos, sin (B or 1, 1, T, rd) in float32, broadcasting over
-        heads: Hugging Face's `cat((freqs, freqs))` layout, times the attention factor. Every
+        heads: Hugging Face's `cat((freqs, freqs))` layout (`interleaved`: each frequency twice
+        in a row, GPT-J's `repeat_interleave`), times the attention factor. Every
         path that rotates q and k (explicit, fused, traced, the decode step, the compiled
         decode) takes them from here."""
         sets = self._on.get(positions.device)
@@ -316,7 +318,8 @@ class Rotary:
             # a tensor condition: no device sync, and a CUDA graph replays the choice
             inv_freq = torch.where(positions.max() + 1 > self.switch, long, inv_freq)  # (rd/2,)
         freqs = positions[:, None, :, None].float() * inv_freq  # (B, 1, T, rd/2)
-        emb = torch.cat((freqs, freqs), dim=-1)  # (B, 1, T, rd)
+        emb = freqs.repeat_interleave(2, dim=-1) if self.interleaved else torch.cat(
+            (freqs, freqs), dim=-1)  # (B, 1, T, rd)
         if self.attention_factor == 1.0:  # skip two multiplications by 1
             return emb.cos(), emb.sin()
         return emb.cos() * self.attention_factor, emb.sin() * self.attention_factor
@@ -340,18 +343,26 @@ def rotate_half(x: Tensor) -> Tensor:
     return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
 
 
-def apply_rotary(x: Tensor, cos: Tensor, sin: Tensor, wide: bool = False) -> Tensor:
+def rotate_pairs(x: Tensor) -> Tensor:
+    """(..., d) -> (..., d): each adjacent pair (a, b) -> (-b, a) (GPT-J's rotate_every_two)."""
+    return torch.stack((-x[..., 1::2], x[..., ::2]), dim=-1).flatten(-2)
+
+
+def apply_rotary(x: Tensor, cos: Tensor, sin: Tensor, wide: bool = False,
+                 pairs: bool = False) -> Tensor:
     """Rotate the first rd = cos.shape[-1] dims of x (B, heads, T, hs) by cos/sin (B or 1, 1,
     T, rd); the other hs - rd dims pass through. cos/sin are cast to x's dtype first, as
     Hugging Face's Llama does, or with `wide` x's rotated dims are rotated in float32 and
-    cast back, as its OLMo does (`GPTConfig.rope_in_float32`)."""
+    cast back, as its OLMo does (`GPTConfig.rope_in_float32`). `pairs`: the dims turn in
+    adjacent pairs, cos/sin in `Rotary`'s interleaved layout (`GPTConfig.rope_interleaved`)."""
     rd = cos.shape[-1]
+    turn = rotate_pairs if pairs else rotate_half
     if wide and x.dtype in (torch.bfloat16, torch.float16):
         rot = x[..., :rd]  # (B, heads, T, rd): times float32 cos and sin, in float32
-        turned = (rot * cos + rotate_half(rot) * sin).to(x.dtype)  # (B, heads, T, rd)
+        turned = (rot * cos + turn(rot) * sin).to(x.dtype)  # (B, heads, T, rd)
         return turned if rd == x.shape[-1] else torch.cat((turned, x[..., rd:]), dim=-1)
     cos, sin = cos.to(x.dtype), sin.to(x.dtype)
     if rd == x.shape[-1]:
-        return x * cos + rotate_half(x) * sin  # (B, heads, T, hs)
+        return x * cos + turn(x) * sin  # (B, heads, T, hs)
     rot, passed = x[..., :rd], x[..., rd:]  # (B, heads, T, rd), (B, heads, T, hs - rd)
-    return torch.cat((rot * cos + rotate_half(rot) * sin, passed), dim=-1)  # (B, heads, T, hs)
+    return torch.cat((rot * cos + turn(rot) * sin, passed), dim=-1)  # (B, heads, T, hs)
