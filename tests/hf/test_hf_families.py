@@ -1,5 +1,5 @@
 """hf/: attnlab on Llama / Mistral / Qwen2 / Qwen3 / GPT-NeoX / Gemma / Phi / Phi-3 / OLMo 2 /
-OLMo 3 / SmolLM3 / GPT-J weights equals transformers' eager attention on the same random
+OLMo 3 / SmolLM3 / GPT-J / GPT-Neo weights equals transformers' eager attention on the same random
 weights (nothing downloaded), and exports back.
 
 Two shapes per family, between them: GQA, tied and untied heads, head_dim != C / nh,
@@ -7,7 +7,8 @@ attention / MLP biases, partial rotary, rope_theta != 10000, llama3 and linear R
 sliding windows shorter than the sequence (all layers, and some layers), QK-norm, parallel
 and sequential residual, Gemma's scaled embeddings, (1 + w) norm and GeGLU, Gemma 3's sandwich
 norms and per-layer-type RoPE, Gemma 2's soft caps, Phi's one norm for a parallel block and
-bias on the head, GPT-J's RoPE on adjacent pairs, Phi-3's fused q/k/v and gate/up
+bias on the head, GPT-J's RoPE on adjacent pairs, GPT-Neo's unscaled scores and local
+layers, Phi-3's fused q/k/v and gate/up
 projections, OLMo 2's output-only norms and whole-width QK-norm, OLMo 3's windowed layers
 with RoPE per layer type, SmolLM3's layers without RoPE; one yarn case per family, its
 original_max_position_embeddings (16) shorter than the sequences, its attention factor
@@ -167,6 +168,17 @@ CASES: dict[str, tuple[str, dict[str, Any]]] = {
     "gptj-whole-tied": ("GPTJ", dict(vocab_size=89, n_embd=32, n_layer=3, n_head=4,
                                      n_positions=128, rotary_dim=8, n_inner=40,
                                      activation_function="gelu", tie_word_embeddings=True)),
+    # GPT-Neo (TinyStories): unscaled scores, no q/k/v bias, a window of 5 on its "local"
+    # layers between "global" ones, tied
+    "gpt_neo-local": ("GPTNeo", dict(vocab_size=97, hidden_size=32, num_heads=4,
+                                     max_position_embeddings=128, num_layers=2, window_size=5,
+                                     attention_types=[[["global", "local"], 1]])),
+    # every layer local (window 6), untied, the exact GELU, intermediate_size 40
+    "gpt_neo-all-local": ("GPTNeo", dict(vocab_size=89, hidden_size=32, num_heads=4,
+                                         max_position_embeddings=128, num_layers=3,
+                                         window_size=6, attention_types=[[["local"], 3]],
+                                         tie_word_embeddings=False, intermediate_size=40,
+                                         activation_function="gelu")),
     # Phi-3: q/k/v in one qkv_proj and gate/up in one gate_up_proj; GQA, window 5 on every
     # layer (Phi-3-mini-4k: 2047), untied
     "phi3-gqa-window": ("Phi3", dict(
@@ -266,7 +278,9 @@ def test_traced_attention_weights_are_hugging_faces(pair: tuple) -> None:
     ids, mask = left_padded([5, 17, 11], vocab=ours.config.vocab_size, low=1, seed=3)
     trace = Trace(names=["attn_weights", "attn_entropy"])
     ours(ids, attention_mask=mask, trace=trace)
-    theirs = hf(ids, attention_mask=mask, output_attentions=True).attentions
+    positions = (mask.cumsum(-1) - 1).clamp(min=0)  # (B, T): learned positions need them
+    theirs = hf(ids, attention_mask=mask, position_ids=positions,
+                output_attentions=True).attentions
     real = mask.bool()[:, None, :, None]  # (B, 1, T, 1): rows of real queries
     for i, expected in enumerate(theirs):
         weights = trace.get("attn_weights", i)  # (B, nh, T, S)
@@ -350,8 +364,9 @@ def _rounding_as_attnlabs(hf: Any, vocab: int, monkeypatch: pytest.MonkeyPatch) 
     """Give transformers' model the two roundings attnlab does not copy, each checked to
     change its logits: `gelu_new` (Phi's and GPT-J's MLP), whose tanh formula transformers
     rounds step by step and attnlab's one F.gelu (tanh) call once, becomes F.gelu's
-    (transformers' gelu_pytorch_tanh); GPT-J's eager attention, which multiplies q and k in
-    float32, becomes Llama's steps, which multiply them in their own dtype as attnlab does."""
+    (transformers' gelu_pytorch_tanh); GPT-J's and GPT-Neo's eager attention, which multiply
+    q and k in float32, become Llama's steps, which multiply them in their own dtype as
+    attnlab does."""
     ids, mask = left_padded([5, 17, 11], vocab=vocab, low=1, seed=1)
     stepwise = [m for m in hf.modules() if isinstance(
         getattr(m, "activation_fn", getattr(m, "act", None)),
@@ -360,6 +375,22 @@ def _rounding_as_attnlabs(hf: Any, vocab: int, monkeypatch: pytest.MonkeyPatch) 
         before = hf(ids, attention_mask=mask).logits
         setattr(module, "activation_fn" if hasattr(module, "activation_fn") else "act",
                 transformers.activations.GELUTanh())
+        assert not torch.equal(hf(ids, attention_mask=mask).logits, before)
+    if hf.config.model_type == "gpt_neo":
+        from transformers.models.gpt_neo import modeling_gpt_neo
+
+        def attn(module: Any, q: Any, k: Any, v: Any, attention_mask: Any = None
+                 ) -> tuple[Any, Any]:
+            scores = torch.matmul(q, k.transpose(-1, -2))  # in q's dtype, not float32
+            causal = module.bias[:, :, k.size(-2) - q.size(-2):k.size(-2), :k.size(-2)]
+            scores = torch.where(causal, scores, torch.finfo(scores.dtype).min)
+            if attention_mask is not None:
+                scores = scores + attention_mask
+            weights = torch.softmax(scores, dim=-1, dtype=torch.float32).to(v.dtype)
+            return torch.matmul(weights, v), weights
+
+        before = hf(ids, attention_mask=mask).logits
+        monkeypatch.setattr(modeling_gpt_neo.GPTNeoSelfAttention, "_attn", attn)
         assert not torch.equal(hf(ids, attention_mask=mask).logits, before)
     if hf.config.model_type == "gptj":
         from transformers.models.gptj import modeling_gptj

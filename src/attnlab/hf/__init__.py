@@ -4,7 +4,7 @@ GPT, and export a GPT back to a directory transformers loads.
 Families (one module each, listed in `FAMILIES`): GPT2LMHeadModel, LlamaForCausalLM,
 MistralForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM, GPTNeoXForCausalLM,
 GemmaForCausalLM, Gemma2ForCausalLM, Gemma3ForCausalLM, PhiForCausalLM, Phi3ForCausalLM,
-Olmo2ForCausalLM, Olmo3ForCausalLM, SmolLM3ForCausalLM, GPTJForCausalLM.
+Olmo2ForCausalLM, Olmo3ForCausalLM, SmolLM3ForCausalLM, GPTJForCausalLM, GPTNeoForCausalLM.
 `registry.py` holds the Family / WeightMap machinery, `fields.py` the config-field
 bookkeeping (every field is honoured, refused by name, or listed there as irrelevant),
 `files.py` the directory reading and writing (the tokenizer files themselves are
@@ -57,6 +57,7 @@ from .gemma2 import GEMMA2
 from .gemma3 import GEMMA3
 from .gemma3 import NEAR_MISSES as GEMMA3_NEAR_MISSES
 from .gpt2 import GPT2
+from .gpt_neo import GPT_NEO
 from .gpt_neox import GPT_NEOX
 from .gptj import GPTJ
 from .llama import LLAMA, MISTRAL
@@ -71,7 +72,7 @@ from .smollm3 import SMOLLM3
 
 # export picks the first family a GPTConfig fits, so the plainest comes first
 FAMILIES: tuple[Family, ...] = (GPT2, LLAMA, MISTRAL, QWEN2, QWEN3, GPT_NEOX, GEMMA, GEMMA2,
-                               GEMMA3, PHI, PHI3, OLMO2, OLMO3, SMOLLM3, GPTJ)
+                               GEMMA3, PHI, PHI3, OLMO2, OLMO3, SMOLLM3, GPTJ, GPT_NEO)
 FAMILY_BY_NAME: dict[str, Family] = {f.name: f for f in FAMILIES}
 
 __all__ = [

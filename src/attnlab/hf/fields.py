@@ -60,7 +60,8 @@ IRRELEVANT = frozenset({
     "bos_token_id", "eos_token_id", "pad_token_id", "sep_token_id", "decoder_start_token_id",
     # training only
     "initializer_range", "attention_dropout", "hidden_dropout", "resid_pdrop", "embd_pdrop",
-    "attn_pdrop", "classifier_dropout", "chunk_size_feed_forward", "pretraining_tp",
+    "attn_pdrop", "classifier_dropout", "embed_dropout", "resid_dropout",
+    "chunk_size_feed_forward", "pretraining_tp",
     "summary_type", "summary_use_proj", "summary_activation", "summary_proj_to_labels",
     "summary_first_dropout",
 })

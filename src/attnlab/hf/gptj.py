@@ -22,8 +22,8 @@ from .registry import Family, WeightMap, misfits_of, uncapped
 # GPTJConfig holds neither: transformers' GPT-J always scales by 1/sqrt(head_dim) and always
 # rotates (`rotary`, `scale_attn_weights` are GPT-J-6B config.json's, from mesh-transformer-
 # jax's export); the rest are the converted checkpoint's own bookkeeping
-IRRELEVANT = frozenset({"rotary", "scale_attn_weights", "gradient_checkpointing",
-                        "task_specific_params", "tokenizer_class"})
+IRRELEVANT = frozenset({"rotary", "scale_attn_weights", "task_specific_params",
+                        "tokenizer_class"})
 
 WEIGHTS = WeightMap(
     top={"wte": "transformer.wte", "ln_f": "transformer.ln_f", "lm_head": "lm_head"},
