@@ -301,7 +301,7 @@ def modern_switches(n_layer: int = 2) -> Any:
             "pos": pos,
             "norm": draw(st.sampled_from(["layernorm", "rmsnorm", "gemma_rmsnorm", "olmo_rmsnorm",
                                           "none"])),
-            "mlp": draw(st.sampled_from(["gelu", "swiglu", "geglu", "none"])),
+            "mlp": draw(st.sampled_from(["gelu", "relu", "swiglu", "geglu", "none"])),
             "scale_embeddings": draw(st.booleans()),
             "head_dim": draw(st.sampled_from([None, 8])),
             "d_ff": draw(st.sampled_from([None, 24])),

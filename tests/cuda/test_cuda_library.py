@@ -38,7 +38,8 @@ TEXT = "the cat sat on the mat. abcdefghijklmnopqrstuvwxyz"
 # weight kernels are routed around a cap); Gemma 3's (QK-norm, a RoPE base per layer type);
 # OLMo 2's and OLMo 3's (below); SmolLM3's, one layer without RoPE; Phi-3.5's longrope, its
 # switch (8) inside the sequences; Phi-2's parallel blocks on one norm, a bias on the head;
-# GPT-J's RoPE on adjacent pairs; GPT-Neo's unscaled scores and a window on one layer
+# GPT-J's RoPE on adjacent pairs; GPT-Neo's unscaled scores and a window on one layer; OPT's
+# ReLU MLP
 GEMMA = {"pos": "rope", "norm": "gemma_rmsnorm", "mlp": "geglu", "bias": False, "n_kv_head": 2,
          "scale_embeddings": True, "sandwich_norm": True, "sliding_window": 8,
          "window_layers": [0]}
@@ -72,6 +73,7 @@ FAMILIES = {
              "out_bias": False, "parallel_residual": True, "shared_norm": True,
              "head_bias": True},
     "gpt_neo": {"attn_scale": 1.0, "qkv_bias": False, "sliding_window": 8, "window_layers": [1]},
+    "opt": {"mlp": "relu"},
 }
 
 

@@ -314,7 +314,7 @@ def test_an_edit_of_a_post_norm_output_is_what_the_residual_adds() -> None:
 def test_the_fused_gelu_is_taken_apart_only_where_mlp_pre_may_be_seen(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    """The fused GELU (`Linear.gelu`: the product and its activation in one kernel, never
+    """The fused GELU (`Linear.activated`: the product and its activation in one kernel, never
     holding the pre-activations) runs in every layer unless the trace keeps mlp_pre there or
     an edit touches the layer: a trace of other names keeps it in every layer, a trace of
     mlp_pre in layer 1 alone keeps it in layer 0; the logits are the same either way."""
@@ -323,13 +323,13 @@ def test_the_fused_gelu_is_taken_apart_only_where_mlp_pre_may_be_seen(
 
     model = _model("nano")  # GELU, 2 layers
     fused: list[int] = []
-    gelu = Linear.gelu
+    activated = Linear.activated
 
-    def counted(self: Linear, x: torch.Tensor, approximate: str) -> torch.Tensor:
+    def counted(self: Linear, x: torch.Tensor, act: str, approximate: str) -> torch.Tensor:
         fused.append(1)
-        return gelu(self, x, approximate)
+        return activated(self, x, act, approximate)
 
-    monkeypatch.setattr(Linear, "gelu", counted)
+    monkeypatch.setattr(Linear, "activated", counted)
     ids = _ids(model, 2, 5)
     plain = model(ids).logits  # (B, T, V)
     assert len(fused) == 2

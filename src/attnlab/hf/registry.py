@@ -2,7 +2,7 @@
 one weight-renaming engine every family declares its names to.
 
 A family (one small module each: gpt2.py, gpt_neo.py, llama.py, qwen2.py, qwen3.py,
-gpt_neox.py, gptj.py, the gemma*.py, phi.py, phi3.py, the olmo*.py, smollm3.py) is a
+gpt_neox.py, gptj.py, opt.py, the gemma*.py, phi.py, phi3.py, the olmo*.py, smollm3.py) is a
 `Family`: its model_type and architecture names, a config mapping each way (`Fields` in, a
 config.json dict out), `misfits` (why a GPTConfig cannot be exported as this family) and a
 `WeightMap` (attnlab's state-dict names <-> Hugging Face's, with the modules a family fuses
@@ -33,6 +33,9 @@ BUFFERS = re.compile(r"(\.attn\.(masked_)?bias|\.attention\.(masked_)?bias|rotar
 
 
 
+Reshape = Callable[[Tensor], Tensor]
+
+
 @dataclass(frozen=True)
 class Fused:
     """Block modules a family holds in one Linear: attnlab's `parts` (in the order of the
@@ -56,6 +59,8 @@ class WeightMap:
     transposed: block modules HF stores (in, out) (GPT-2's Conv1D).
     fused: block modules HF holds in one Linear (`Fused`); the others `block` names.
     base: the prefix of the body; files of the bare body (GPT2Model, LlamaModel) lack it.
+    reshaped: top-level tensors HF stores in another shape: attnlab name -> (from HF, to
+    HF) (OPT's position table, two rows longer).
     """
 
     top: Mapping[str, str]
@@ -64,6 +69,7 @@ class WeightMap:
     base: str
     transposed: frozenset[str] = frozenset()
     fused: tuple[Fused, ...] = ()
+    reshaped: Mapping[str, tuple[Reshape, Reshape]] = field(default_factory=dict)
 
     def stored_head(self, hf_state: Container[str]) -> tuple[str, str] | None:
         """(the head's name, the token table's name) as the file stores them, where it
@@ -143,6 +149,8 @@ class WeightMap:
                 yield ours, pieces[fusion.parts.index(ours.removeprefix(block).rsplit(".", 1)[0])]
                 continue
             tensor = take(self._name(ours))
+            if ours in self.reshaped:
+                tensor = self.reshaped[ours][0](tensor)
             inner = ours.split(".", 2)[-1].rsplit(".", 1)[0] if ours.startswith("blocks.") else ""
             yield ours, tensor.t() if inner in self.transposed and tensor.dim() == 2 else tensor
         leftover = sorted(k for k in set(names) - used if not BUFFERS.search(k))
@@ -173,6 +181,8 @@ class WeightMap:
                 yield name, fusion.join([state[f"{block}{p}.{param}"] for p in fusion.parts],
                                         config)
                 continue
+            if ours in self.reshaped:
+                tensor = self.reshaped[ours][1](tensor)
             inner = ours.split(".", 2)[-1].rsplit(".", 1)[0] if ours.startswith("blocks.") else ""
             yield self._name(ours), (tensor.t() if inner in self.transposed and tensor.dim() == 2
                                      else tensor)

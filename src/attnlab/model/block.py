@@ -48,6 +48,7 @@ class Block(nn.Module):
         self.mlp = MLP(
             c.n_embd, c.ff_size, gated=c.mlp in ("swiglu", "geglu"), gelu=c.gelu, bias=c.bias,
             dropout=c.dropout, gate_act="gelu" if c.mlp == "geglu" else "silu",
+            act="relu" if c.mlp == "relu" else "gelu",
         ) if has_mlp else None
 
     def forward(

@@ -34,8 +34,9 @@ class GPTConfig:
     n_embd: int = 128  # C: residual stream width
     dropout: float = 0.0  # on embeddings, attention weights and residual branches (training)
     bias: bool = True  # biases in MLP Linears and LayerNorms (GPT-2: True)
-    # "gelu": proj(gelu(fc(x))); "swiglu": proj(silu(gate(x)) * fc(x)); "geglu" (Gemma):
-    # proj(gelu(gate(x)) * fc(x)), with the `gelu` form; "none"
+    # "gelu": proj(gelu(fc(x))); "relu" (OPT): proj(relu(fc(x))); "swiglu":
+    # proj(silu(gate(x)) * fc(x)); "geglu" (Gemma): proj(gelu(gate(x)) * fc(x)), with the
+    # `gelu` form; "none"
     mlp: str = "gelu"
     gelu: str = "tanh"  # "tanh" (GPT-2's approximation) or "exact" (erf: nanoGPT, faster on CPU)
     # pre-norm in blocks and final norm: "layernorm", "rmsnorm", "gemma_rmsnorm" (scaled by

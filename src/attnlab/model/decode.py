@@ -38,7 +38,7 @@ from .decode_parts import (
 )
 from .gpt import require_eval
 from .kv_cache import KVCache
-from .layers import GELUS, MLP, embedding_scale, gate_activation, soft_cap
+from .layers import GELUS, MLP, activation, embedding_scale, soft_cap
 from .rope import apply_rotary, layer_ropes, real_positions
 from .runtime import check_float16_weights
 
@@ -125,8 +125,9 @@ class DecodeStep:
         if weights == "float16":
             check_float16_weights(model)
         c = self.config = model.config
-        self.approximate = GELUS[c.gelu]
-        self.gate_act = gate_activation("gelu" if c.mlp == "geglu" else "silu", self.approximate)
+        approximate = GELUS[c.gelu]
+        self.up_act = activation("relu" if c.mlp == "relu" else "gelu", approximate)
+        self.gate_act = activation("gelu" if c.mlp == "geglu" else "silu", approximate)
         self.layers = [
             _DecodeLayer.of(cast("Block", block), c.window_of(i))
             for i, block in enumerate(model.blocks)
@@ -173,7 +174,7 @@ class DecodeStep:
         """h (B, C) -> the MLP's output (B, C); the layer must have one."""
         fc, proj = cast(Matrix, layer.fc), cast(Matrix, layer.proj)
         if layer.gate is None:
-            return proj(F.gelu(fc(h), approximate=self.approximate))  # (B, d_ff) -> (B, C)
+            return proj(self.up_act(fc(h)))  # (B, d_ff) -> (B, C)
         return proj(self.gate_act(layer.gate(h)) * fc(h))  # (B, d_ff) -> (B, C)
 
     @torch.inference_mode()

@@ -25,7 +25,7 @@ from . import runtime, tf32x3
 #: (docs/performance.md#gelu), and nanoGPT and Pythia use it.
 GELUS = {"tanh": "tanh", "exact": "none"}
 NORMS = ("layernorm", "rmsnorm", "gemma_rmsnorm", "olmo_rmsnorm", "none")
-MLPS = ("gelu", "swiglu", "geglu", "none")
+MLPS = ("gelu", "relu", "swiglu", "geglu", "none")
 # ----------------------------------------------------------------------------- linear
 
 
@@ -57,15 +57,16 @@ class Linear(nn.Linear):
             return tf32x3.linear(x, self.weight, self.bias)  # (..., out)
         return F.linear(x, self.weight, self.bias)  # (..., out)
 
-    def gelu(self, x: Tensor, approximate: str) -> Tensor:
-        """F.gelu(self(x), approximate=approximate) (..., out): one oneDNN call, the GELU
-        applied as each block of the product is written, where `forward` runs oneDNN and no
-        hook watches this layer (a hook sees the product before the GELU). One pass over
-        the output instead of two (docs/performance.md#linear-kernel)."""
+    def activated(self, x: Tensor, act: str, approximate: str) -> Tensor:
+        """act(self(x)) (..., out), act "gelu" (F.gelu with `approximate`) or "relu": one
+        oneDNN call, the activation applied as each block of the product is written, where
+        `forward` runs oneDNN and no hook watches this layer (a hook sees the product before
+        the activation). One pass over the output instead of two
+        (docs/performance.md#linear-kernel)."""
         if self._onednn(x) and not _hooked(self):
             return torch.ops.mkldnn._linear_pointwise(
-                x, self.weight, self.bias, "gelu", [], approximate)  # (..., out)
-        return F.gelu(self(x), approximate=approximate)  # (..., out)
+                x, self.weight, self.bias, act, [], approximate if act == "gelu" else "")
+        return activation(act, approximate)(self(x))  # (..., out)
 
 
 def _hooked(module: nn.Module) -> bool:
@@ -169,17 +170,20 @@ def make_norm(kind: str, dim: int, *, eps: float = 1e-5, bias: bool = True) -> n
 # ----------------------------------------------------------------------------- MLPs
 
 
-def gate_activation(gate_act: str, approximate: str) -> Any:
-    """The function a gated MLP applies to its gate: SiLU (SwiGLU) or GELU (GeGLU, with
-    F.gelu's `approximate`)."""
-    if gate_act == "silu":
+def activation(name: str, approximate: str) -> Any:
+    """The function an MLP applies: "silu" (SwiGLU's gate), "relu" (OPT) or "gelu" (with
+    F.gelu's `approximate`: GPT-2's MLP, GeGLU's gate)."""
+    if name == "silu":
         return F.silu
+    if name == "relu":
+        return F.relu
     return partial(F.gelu, approximate=approximate)  # a partial pickles, a lambda would not
 
 
 class MLP(nn.Module):
-    """GELU: proj(gelu(fc(x))). Gated (gated=True): proj(act(gate(x)) * fc(x)), act SiLU
-    (SwiGLU, gate_act="silu") or GELU (GeGLU, gate_act="gelu": Gemma).
+    """GELU: proj(gelu(fc(x))), or with act="relu" proj(relu(fc(x))) (OPT). Gated
+    (gated=True): proj(act(gate(x)) * fc(x)), act SiLU (SwiGLU, gate_act="silu") or GELU
+    (GeGLU, gate_act="gelu": Gemma).
 
     fc is the up projection (the only input projection of the GELU form), gate the gate
     projection (Llama's gate_proj), proj the down projection; all (C <-> d_ff).
@@ -187,7 +191,7 @@ class MLP(nn.Module):
 
     def __init__(
         self, n_embd: int, d_ff: int, *, gated: bool = False, gelu: str = "tanh",
-        bias: bool = True, dropout: float = 0.0, gate_act: str = "silu",
+        bias: bool = True, dropout: float = 0.0, gate_act: str = "silu", act: str = "gelu",
     ) -> None:
         super().__init__()
         self.fc = Linear(n_embd, d_ff, bias=bias)
@@ -195,7 +199,8 @@ class MLP(nn.Module):
         self.proj = Linear(d_ff, n_embd, bias=bias)
         self.dropout = nn.Dropout(dropout)
         self.approximate = GELUS[gelu]
-        self.gate_act = gate_activation(gate_act, self.approximate)
+        self.act = act  # the ungated form's
+        self.gate_act = activation(gate_act, self.approximate)
 
     def forward(self, x: Tensor, trace: Any = None) -> Tensor:
         """x (B, T, C) -> (B, T, C); `trace` (a layer's seam, `model/trace.py`) records the
@@ -205,12 +210,12 @@ class MLP(nn.Module):
         # takes the product and its activation apart
         apart = trace is not None and trace.may_see("mlp_pre")
         if self.gate is None and isinstance(self.fc, Linear) and not apart:
-            h = self.fc.gelu(x, self.approximate)  # (B, T, d_ff)
+            h = self.fc.activated(x, self.act, self.approximate)  # (B, T, d_ff)
         else:  # fc replaced by another module, pre-activations wanted, or gated
             pre = (self.fc if self.gate is None else self.gate)(x)  # (B, T, d_ff)
             if trace is not None:
                 pre = trace.record("mlp_pre", pre)
-            h = (F.gelu(pre, approximate=self.approximate) if self.gate is None
+            h = (activation(self.act, self.approximate)(pre) if self.gate is None
                  else self.gate_act(pre) * self.fc(x))  # (B, T, d_ff)
         if trace is not None:
             h = trace.record("mlp_hidden", h)
