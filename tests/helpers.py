@@ -315,6 +315,7 @@ def modern_switches(n_layer: int = 2) -> Any:
             "attn_logit_softcapping": draw(st.sampled_from([None, 0.5, 5.0])),
             "final_logit_softcapping": draw(st.sampled_from([None, 5.0])),
             "head_bias": draw(st.booleans()),
+            "norm_bias": draw(st.sampled_from([None, True, False])),
         }
         if pos == "rope":
             switches["rotary_pct"] = draw(st.sampled_from([1.0, 0.5]))

@@ -1,6 +1,6 @@
 """hf/: attnlab on Llama / Mistral / Qwen2 / Qwen3 / GPT-NeoX / Gemma / Phi / Phi-3 / OLMo 2 /
-OLMo 3 / SmolLM3 / GPT-J / GPT-Neo / OPT weights equals transformers' eager attention on the
-same random weights (nothing downloaded), and exports back.
+OLMo 3 / SmolLM3 / GPT-J / GPT-Neo / OPT / StableLM weights equals transformers' eager
+attention on the same random weights (nothing downloaded), and exports back.
 
 Two shapes per family, between them: GQA, tied and untied heads, head_dim != C / nh,
 attention / MLP biases, partial rotary, rope_theta != 10000, llama3 and linear RoPE scaling,
@@ -8,7 +8,8 @@ sliding windows shorter than the sequence (all layers, and some layers), QK-norm
 and sequential residual, Gemma's scaled embeddings, (1 + w) norm and GeGLU, Gemma 3's sandwich
 norms and per-layer-type RoPE, Gemma 2's soft caps, Phi's one norm for a parallel block and
 bias on the head, GPT-J's RoPE on adjacent pairs, GPT-Neo's unscaled scores and local
-layers, OPT's ReLU and offset position table, Phi-3's fused q/k/v and gate/up
+layers, OPT's ReLU and offset position table, StableLM's biased LayerNorms beside unbiased
+Linears, Phi-3's fused q/k/v and gate/up
 projections, OLMo 2's output-only norms and whole-width QK-norm, OLMo 3's windowed layers
 with RoPE per layer type, SmolLM3's layers without RoPE; one yarn case per family, its
 original_max_position_embeddings (16) shorter than the sequences, its attention factor
@@ -188,6 +189,14 @@ CASES: dict[str, tuple[str, dict[str, Any]]] = {
                                num_attention_heads=4, num_hidden_layers=3, ffn_dim=40,
                                max_position_embeddings=128, init_std=0.2,
                                tie_word_embeddings=False)),
+    # StableLM 2: Llama's weights with LayerNorms (biased), RoPE on a quarter of each head
+    # (StableLmConfig's default), GQA, untied
+    "stablelm-gqa": ("StableLm", dict(**SMALL, num_key_value_heads=2)),
+    # q/k/v biases, RoPE on half of each head at base 500, tied
+    "stablelm-qkv-bias-tied": ("StableLm", dict(
+        **{**SMALL, "num_hidden_layers": 3}, num_key_value_heads=4, use_qkv_bias=True,
+        tie_word_embeddings=True, rope_parameters={"rope_type": "default", "rope_theta": 500.0,
+                                                   "partial_rotary_factor": 0.5})),
     # Phi-3: q/k/v in one qkv_proj and gate/up in one gate_up_proj; GQA, window 5 on every
     # layer (Phi-3-mini-4k: 2047), untied
     "phi3-gqa-window": ("Phi3", dict(

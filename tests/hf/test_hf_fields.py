@@ -171,24 +171,24 @@ REFUSED: list[tuple[str, Any, str]] = [
     ("model_type", lambda: {"model_type": "falcon", "hidden_size": 32},
      "config.json has model_type='falcon'; attnlab imports gpt2, llama, mistral, qwen2, qwen3, "
      "gpt_neox, gemma, gemma2, gemma3_text, phi, phi3, olmo2, olmo3, smollm3, gptj, gpt_neo, "
-     "opt "
+     "opt, stablelm "
      "(GPT2LMHeadModel, "
      "LlamaForCausalLM, "
      "MistralForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM, GPTNeoXForCausalLM, "
      "GemmaForCausalLM, Gemma2ForCausalLM, Gemma3ForCausalLM, PhiForCausalLM, Phi3ForCausalLM, "
      "Olmo2ForCausalLM, Olmo3ForCausalLM, SmolLM3ForCausalLM, GPTJForCausalLM, "
-     "GPTNeoForCausalLM, OPTForCausalLM)"),
+     "GPTNeoForCausalLM, OPTForCausalLM, StableLmForCausalLM)"),
     # a list is no model_type (it raised a bare TypeError: unhashable type)
     ("model_type list", lambda: {"model_type": [], "hidden_size": 32},
      "config.json has model_type=[]; attnlab imports gpt2, llama, mistral, qwen2, qwen3, "
      "gpt_neox, gemma, gemma2, gemma3_text, phi, phi3, olmo2, olmo3, smollm3, gptj, gpt_neo, "
-     "opt "
+     "opt, stablelm "
      "(GPT2LMHeadModel, "
      "LlamaForCausalLM, "
      "MistralForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM, GPTNeoXForCausalLM, "
      "GemmaForCausalLM, Gemma2ForCausalLM, Gemma3ForCausalLM, PhiForCausalLM, Phi3ForCausalLM, "
      "Olmo2ForCausalLM, Olmo3ForCausalLM, SmolLM3ForCausalLM, GPTJForCausalLM, "
-     "GPTNeoForCausalLM, OPTForCausalLM)"),
+     "GPTNeoForCausalLM, OPTForCausalLM, StableLmForCausalLM)"),
     ("multimodal gemma3", lambda: {"model_type": "gemma3", "architectures": [
         "Gemma3ForConditionalGeneration"], "text_config": {"model_type": "gemma3_text"}},
      "config.json has model_type='gemma3': that is the multimodal "

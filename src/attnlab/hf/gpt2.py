@@ -83,6 +83,7 @@ def _misfits(c: GPTConfig) -> list[str]:
     return misfits_of({
         "pos='learned'": c.pos == "learned", "norm='layernorm'": c.norm == "layernorm",
         "mlp='gelu'": c.mlp == "gelu", "bias=True": c.bias,
+        "norm_bias unset or True": c.norm_biased,
         "qkv_bias/out_bias unset or True": c.qkv_bias in (None, True)
         and c.out_bias in (None, True),
         "residual=True": c.residual, "attn_out_proj=True": c.attn_out_proj,

@@ -80,7 +80,8 @@ def _config(f: Fields) -> dict[str, Any]:
 def _misfits(c: GPTConfig) -> list[str]:
     return misfits_of({
         "pos='learned'": c.pos == "learned", "norm='layernorm'": c.norm == "layernorm",
-        "mlp='gelu'": c.mlp == "gelu", "bias=True": c.bias, "qkv_bias=False": not qkv_bias_of(c),
+        "mlp='gelu'": c.mlp == "gelu", "bias=True": c.bias,
+        "norm_bias unset or True": c.norm_biased, "qkv_bias=False": not qkv_bias_of(c),
         "out_bias=True": out_bias_of(c), "attn_scale=1.0": c.attn_scale == 1.0,
         "residual=True": c.residual, "attn_out_proj=True": c.attn_out_proj,
         "n_kv_head=n_head": c.n_kv_heads == c.n_head,

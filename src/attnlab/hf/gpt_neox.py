@@ -85,6 +85,7 @@ def _misfits(c: GPTConfig) -> list[str]:
     return misfits_of({
         "pos='rope'": c.pos == "rope", "norm='layernorm'": c.norm == "layernorm",
         "mlp='gelu'": c.mlp == "gelu", "bias=True": c.bias,
+        "norm_bias unset or True": c.norm_biased,
         "scale_embeddings=False": not c.scale_embeddings, "sandwich_norm=False":
         not c.sandwich_norm, "local_rope_theta=None": c.local_rope_theta is None,
         "qkv_bias == out_bias":

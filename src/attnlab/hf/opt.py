@@ -78,6 +78,7 @@ def _misfits(c: GPTConfig) -> list[str]:
     return misfits_of({
         "pos='learned'": c.pos == "learned", "norm='layernorm'": c.norm == "layernorm",
         "norm_eps=1e-5": c.norm_eps == 1e-5, "mlp='relu'": c.mlp == "relu", "bias=True": c.bias,
+        "norm_bias unset or True": c.norm_biased,
         "qkv_bias/out_bias unset or True": qkv_bias_of(c) and out_bias_of(c),
         "attn_scale=None": c.attn_scale is None, "n_kv_head=n_head": c.n_kv_heads == c.n_head,
         "head_dim=None": c.head_dim in (None, c.n_embd // c.n_head),

@@ -58,7 +58,8 @@ def _config(f: Fields) -> dict[str, Any]:
 def _misfits(c: GPTConfig) -> list[str]:
     return misfits_of({
         "pos='rope'": c.pos == "rope", "norm='layernorm'": c.norm == "layernorm",
-        "mlp='gelu'": c.mlp == "gelu", "bias=True": c.bias, "qkv_bias=True": qkv_bias_of(c),
+        "mlp='gelu'": c.mlp == "gelu", "bias=True": c.bias,
+        "norm_bias unset or True": c.norm_biased, "qkv_bias=True": qkv_bias_of(c),
         "out_bias=True": out_bias_of(c), "parallel_residual=True": c.parallel_residual,
         "shared_norm=True": c.shared_norm, "head_bias=True": c.head_bias,
         "qk_norm=False": not c.qk_norm, "sliding_window=None": c.sliding_window is None,

@@ -17,7 +17,7 @@ from .layers import MLP, make_norm
 
 def norm_of(config: GPTConfig) -> nn.Module:
     """The norm `config.norm` names, over the residual stream's n_embd."""
-    return make_norm(config.norm, config.n_embd, eps=config.norm_eps, bias=config.bias)
+    return make_norm(config.norm, config.n_embd, eps=config.norm_eps, bias=config.norm_biased)
 
 
 class Block(nn.Module):

@@ -34,6 +34,8 @@ class GPTConfig:
     n_embd: int = 128  # C: residual stream width
     dropout: float = 0.0  # on embeddings, attention weights and residual branches (training)
     bias: bool = True  # biases in MLP Linears and LayerNorms (GPT-2: True)
+    # bias on the LayerNorms; None = bias (StableLM: True beside bias=False)
+    norm_bias: bool | None = None
     # "gelu": proj(gelu(fc(x))); "relu" (OPT): proj(relu(fc(x))); "swiglu":
     # proj(silu(gate(x)) * fc(x)); "geglu" (Gemma): proj(gelu(gate(x)) * fc(x)), with the
     # `gelu` form; "none"
@@ -198,6 +200,11 @@ class GPTConfig:
             if self.pos != "rope" or bad:
                 raise ValueError(f"nope_layers={self.nope_layers} names layers without RoPE: it "
                                  f"needs pos='rope' and layers within 0..{self.n_layer - 1}")
+
+    @property
+    def norm_biased(self) -> bool:
+        """Whether the LayerNorms have a bias: norm_bias, or bias where it is None."""
+        return self.bias if self.norm_bias is None else self.norm_bias
 
     @property
     def head_size(self) -> int:

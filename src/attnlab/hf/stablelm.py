@@ -1,0 +1,69 @@
+"""StableLmForCausalLM (StableLM-2-1.6B, StableLM-2-Zephyr, StableLM-3B-4E1T): Llama's
+weights and SwiGLU MLP with LayerNorms (their bias kept where no Linear has one:
+`norm_bias=True`, `bias=False`), RoPE on the first `partial_rotary_factor` of each head
+(0.25 by default), q/k/v biases where `use_qkv_bias` says so, and with
+`use_parallel_residual` attention and MLP side by side on one norm (`shared_norm`).
+
+transformers' parallel block adds (x + attn) + mlp, attnlab's (mlp + attn) + x: in float32
+a rounding apart. `qk_layernorm` (one LayerNorm per head, StableLM-2-12B's) is refused.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ..model.gpt import GPTConfig
+from .fields import Fields, rope_to_hf
+from .llama import LLAMA_WEIGHTS, llama_like_config, llama_like_misfits, out_bias_of, qkv_bias_of
+from .registry import Family
+
+# StableLmConfig's defaults, where they differ from the Llama ones llama_like_config holds
+DEFAULTS = {"vocab_size": 50304, "hidden_size": 2560, "intermediate_size": 6912,
+            "max_position_embeddings": 4096}
+
+
+def _config(f: Fields) -> dict[str, Any]:
+    if f.flag("qk_layernorm", False):
+        raise f.refuse("qk_layernorm", True, "attnlab's QK-norm is one RMSNorm shared by "
+                       "the heads, StableLM's a LayerNorm per head")
+    for key, value in DEFAULTS.items():
+        f.hf.setdefault(key, value)
+    parallel = f.flag("use_parallel_residual", False)
+    return llama_like_config(
+        f, max_positions=4096, partial_key="partial_rotary_factor",
+        rope={"default_partial": 0.25}, norm="layernorm",
+        norm_eps=f.number("layer_norm_eps", 1e-5), norm_bias=True, bias=False,
+        qkv_bias=f.flag("use_qkv_bias", False), out_bias=False,
+        parallel_residual=parallel, shared_norm=parallel,
+    )
+
+
+def _misfits(c: GPTConfig) -> list[str]:
+    return llama_like_misfits(c, **{
+        "norm='layernorm'": c.norm == "layernorm", "norm_bias=True": c.norm_biased,
+        "bias=False": not c.bias, "out_bias=False": not out_bias_of(c),
+        "rotary_pct=any": True, "parallel_residual=any": True,
+        "shared_norm == parallel_residual": c.shared_norm == c.parallel_residual,
+        "qk_norm=False": not c.qk_norm, "sliding_window=None": c.sliding_window is None,
+        "head_dim=None": c.head_dim in (None, c.n_embd // c.n_head),
+    })
+
+
+def _to_hf(c: GPTConfig) -> dict[str, Any]:
+    return {
+        "architectures": [STABLELM.architecture], "model_type": STABLELM.model_type,
+        "vocab_size": c.vocab_size, "hidden_size": c.n_embd, "intermediate_size": c.ff_size,
+        "num_hidden_layers": c.n_layer, "num_attention_heads": c.n_head,
+        "num_key_value_heads": c.n_kv_heads, "hidden_act": "silu",
+        "max_position_embeddings": c.block_size, "layer_norm_eps": c.norm_eps,
+        "use_qkv_bias": qkv_bias_of(c), "qk_layernorm": False,
+        "use_parallel_residual": c.parallel_residual, "tie_word_embeddings": c.tie_weights,
+        "rope_parameters": rope_to_hf(c, partial=True),
+    }
+
+
+STABLELM = Family(
+    name="stablelm", model_type="stablelm", architecture="StableLmForCausalLM",
+    base_architecture="StableLmModel", config_from_hf=_config, config_to_hf=_to_hf,
+    misfits=_misfits, weights=LLAMA_WEIGHTS,
+)
