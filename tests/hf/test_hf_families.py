@@ -1,6 +1,6 @@
 """hf/: attnlab on Llama / Mistral / Qwen2 / Qwen3 / GPT-NeoX / Gemma / Phi / Phi-3 / OLMo 2 /
-OLMo 3 / SmolLM3 / GPT-J / GPT-Neo / OPT / StableLM weights equals transformers' eager
-attention on the same random weights (nothing downloaded), and exports back.
+OLMo 3 / SmolLM3 / GPT-J / GPT-Neo / OPT / StableLM / Granite weights equals transformers'
+eager attention on the same random weights (nothing downloaded), and exports back.
 
 Two shapes per family, between them: GQA, tied and untied heads, head_dim != C / nh,
 attention / MLP biases, partial rotary, rope_theta != 10000, llama3 and linear RoPE scaling,
@@ -9,7 +9,7 @@ and sequential residual, Gemma's scaled embeddings, (1 + w) norm and GeGLU, Gemm
 norms and per-layer-type RoPE, Gemma 2's soft caps, Phi's one norm for a parallel block and
 bias on the head, GPT-J's RoPE on adjacent pairs, GPT-Neo's unscaled scores and local
 layers, OPT's ReLU and offset position table, StableLM's biased LayerNorms beside unbiased
-Linears, Phi-3's fused q/k/v and gate/up
+Linears, Granite's four scalars, Phi-3's fused q/k/v and gate/up
 projections, OLMo 2's output-only norms and whole-width QK-norm, OLMo 3's windowed layers
 with RoPE per layer type, SmolLM3's layers without RoPE; one yarn case per family, its
 original_max_position_embeddings (16) shorter than the sequences, its attention factor
@@ -197,6 +197,16 @@ CASES: dict[str, tuple[str, dict[str, Any]]] = {
         **{**SMALL, "num_hidden_layers": 3}, num_key_value_heads=4, use_qkv_bias=True,
         tie_word_embeddings=True, rope_parameters={"rope_type": "default", "rope_theta": 500.0,
                                                    "partial_rotary_factor": 0.5})),
+    # Granite: Llama with embeddings times 12, branches times 0.22, scores times 1/16 (not
+    # 1/sqrt(8)), logits divided by 2; GQA, untied
+    "granite-gqa": ("Granite", dict(**SMALL, num_key_value_heads=2, embedding_multiplier=12.0,
+                                    residual_multiplier=0.22, attention_multiplier=0.0625,
+                                    logits_scaling=2.0)),
+    # attention and MLP biases, tied, other scalars
+    "granite-bias-tied": ("Granite", dict(
+        **{**SMALL, "num_hidden_layers": 3}, num_key_value_heads=4, attention_bias=True,
+        mlp_bias=True, tie_word_embeddings=True, embedding_multiplier=6.0,
+        residual_multiplier=0.8, attention_multiplier=0.25, logits_scaling=1.25)),
     # Phi-3: q/k/v in one qkv_proj and gate/up in one gate_up_proj; GQA, window 5 on every
     # layer (Phi-3-mini-4k: 2047), untied
     "phi3-gqa-window": ("Phi3", dict(

@@ -67,6 +67,16 @@ LLAMA3 = {"rope_type": "llama3", "rope_theta": 500000.0, "factor": 8.0, "low_fre
           "high_freq_factor": 4.0, "original_max_position_embeddings": 16}
 YARN = {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 32}
 # (case, config.json dict, the one line expected)
+#: what a config.json of no known model_type is told attnlab imports
+IMPORTS = (
+    "gpt2, llama, mistral, qwen2, qwen3, gpt_neox, gemma, gemma2, gemma3_text, phi, phi3, "
+    "olmo2, olmo3, smollm3, gptj, gpt_neo, opt, stablelm, granite (GPT2LMHeadModel, "
+    "LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM, "
+    "GPTNeoXForCausalLM, GemmaForCausalLM, Gemma2ForCausalLM, Gemma3ForCausalLM, "
+    "PhiForCausalLM, Phi3ForCausalLM, Olmo2ForCausalLM, Olmo3ForCausalLM, SmolLM3ForCausalLM, "
+    "GPTJForCausalLM, GPTNeoForCausalLM, OPTForCausalLM, StableLmForCausalLM, "
+    "GraniteForCausalLM)"
+)
 REFUSED: list[tuple[str, Any, str]] = [
     ("hidden_act", lambda: {**hf_dict("Llama", **SMALL), "hidden_act": "gelu"},
      "llama config.json has hidden_act='gelu': attnlab supports 'silu' or 'swish'"),
@@ -169,26 +179,10 @@ REFUSED: list[tuple[str, Any, str]] = [
      "llama config.json has rope_parameters.full_attention={'rope_type': 'default', "
      "'rope_theta': 10000.0}: per-layer-type RoPE parameters are not supported"),
     ("model_type", lambda: {"model_type": "falcon", "hidden_size": 32},
-     "config.json has model_type='falcon'; attnlab imports gpt2, llama, mistral, qwen2, qwen3, "
-     "gpt_neox, gemma, gemma2, gemma3_text, phi, phi3, olmo2, olmo3, smollm3, gptj, gpt_neo, "
-     "opt, stablelm "
-     "(GPT2LMHeadModel, "
-     "LlamaForCausalLM, "
-     "MistralForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM, GPTNeoXForCausalLM, "
-     "GemmaForCausalLM, Gemma2ForCausalLM, Gemma3ForCausalLM, PhiForCausalLM, Phi3ForCausalLM, "
-     "Olmo2ForCausalLM, Olmo3ForCausalLM, SmolLM3ForCausalLM, GPTJForCausalLM, "
-     "GPTNeoForCausalLM, OPTForCausalLM, StableLmForCausalLM)"),
+     f"config.json has model_type='falcon'; attnlab imports {IMPORTS}"),
     # a list is no model_type (it raised a bare TypeError: unhashable type)
     ("model_type list", lambda: {"model_type": [], "hidden_size": 32},
-     "config.json has model_type=[]; attnlab imports gpt2, llama, mistral, qwen2, qwen3, "
-     "gpt_neox, gemma, gemma2, gemma3_text, phi, phi3, olmo2, olmo3, smollm3, gptj, gpt_neo, "
-     "opt, stablelm "
-     "(GPT2LMHeadModel, "
-     "LlamaForCausalLM, "
-     "MistralForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM, GPTNeoXForCausalLM, "
-     "GemmaForCausalLM, Gemma2ForCausalLM, Gemma3ForCausalLM, PhiForCausalLM, Phi3ForCausalLM, "
-     "Olmo2ForCausalLM, Olmo3ForCausalLM, SmolLM3ForCausalLM, GPTJForCausalLM, "
-     "GPTNeoForCausalLM, OPTForCausalLM, StableLmForCausalLM)"),
+     f"config.json has model_type=[]; attnlab imports {IMPORTS}"),
     ("multimodal gemma3", lambda: {"model_type": "gemma3", "architectures": [
         "Gemma3ForConditionalGeneration"], "text_config": {"model_type": "gemma3_text"}},
      "config.json has model_type='gemma3': that is the multimodal "

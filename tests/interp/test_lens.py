@@ -93,7 +93,10 @@ def test_lens_top_is_the_lens_top_tokens_one_layer_at_a_time() -> None:
                                        {"norm": "gemma_rmsnorm", "mlp": "geglu", "pos": "rope",
                                         "scale_embeddings": True},
                                        {"pos": "rope", "parallel_residual": True,
-                                        "shared_norm": True, "head_bias": True}])
+                                        "shared_norm": True, "head_bias": True},
+                                       {"pos": "rope", "norm": "rmsnorm", "mlp": "swiglu",
+                                        "embedding_multiplier": 3.0, "residual_multiplier": 0.5,
+                                        "logits_scaling": 2.0}])
 def test_attributions_sum_to_the_logit(overrides: dict) -> None:
     model = _model(**overrides)
     if model.lm_head.bias is not None:  # Phi's head bias, 0 at init: give it values
@@ -261,6 +264,9 @@ def test_a_float64_models_lens_probabilities_stay_float64() -> None:
     {"parallel_residual": True}, {"mlp": "none"}, {"attn_out_proj": False},
     {"norm": "gemma_rmsnorm", "mlp": "geglu", "pos": "rope", "sandwich_norm": True},
     {"norm": "gemma_rmsnorm", "mlp": "none", "pos": "rope", "sandwich_norm": True},
+    # Granite's scalars: embeddings x 3, branches x 0.5, logits / 2
+    {"pos": "rope", "norm": "rmsnorm", "mlp": "swiglu", "embedding_multiplier": 3.0,
+     "residual_multiplier": 0.5, "logits_scaling": 2.0},
 ])
 def test_residual_parts_sum_to_the_residual_stream(overrides: dict) -> None:
     """decompose_resid: the parts of the stream entering each block, and after the last,

@@ -5,7 +5,7 @@ Families (one module each, listed in `FAMILIES`): GPT2LMHeadModel, LlamaForCausa
 MistralForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM, GPTNeoXForCausalLM,
 GemmaForCausalLM, Gemma2ForCausalLM, Gemma3ForCausalLM, PhiForCausalLM, Phi3ForCausalLM,
 Olmo2ForCausalLM, Olmo3ForCausalLM, SmolLM3ForCausalLM, GPTJForCausalLM, GPTNeoForCausalLM,
-OPTForCausalLM, StableLmForCausalLM.
+OPTForCausalLM, StableLmForCausalLM, GraniteForCausalLM.
 `registry.py` holds the Family / WeightMap machinery, `fields.py` the config-field
 bookkeeping (every field is honoured, refused by name, or listed there as irrelevant),
 `files.py` the directory reading and writing (the tokenizer files themselves are
@@ -61,6 +61,7 @@ from .gpt2 import GPT2
 from .gpt_neo import GPT_NEO
 from .gpt_neox import GPT_NEOX
 from .gptj import GPTJ
+from .granite import GRANITE
 from .llama import LLAMA, MISTRAL
 from .olmo2 import OLMO2
 from .olmo3 import OLMO3
@@ -76,7 +77,7 @@ from .stablelm import STABLELM
 # export picks the first family a GPTConfig fits, so the plainest comes first
 FAMILIES: tuple[Family, ...] = (GPT2, LLAMA, MISTRAL, QWEN2, QWEN3, GPT_NEOX, GEMMA, GEMMA2,
                                GEMMA3, PHI, PHI3, OLMO2, OLMO3, SMOLLM3, GPTJ, GPT_NEO, OPT,
-                               STABLELM)
+                               STABLELM, GRANITE)
 FAMILY_BY_NAME: dict[str, Family] = {f.name: f for f in FAMILIES}
 
 __all__ = [

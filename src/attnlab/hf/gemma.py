@@ -15,7 +15,7 @@ from typing import Any
 from ..model.gpt import GPTConfig
 from .fields import GELUS, Fields
 from .llama import LLAMA_WEIGHTS, llama_like_config, llama_like_to_hf, out_bias_of, qkv_bias_of
-from .registry import Family, misfits_of, own_norms, plain_rope, pre_normed, uncapped
+from .registry import Family, misfits_of, own_norms, plain_rope, plain_scalars, pre_normed, uncapped
 
 # transformers 5's GemmaConfig turns the legacy "gelu" of the first releases into the tanh form
 # (`hidden_act="gelu"` ... "is meant to target the tanh approximation"), so every GELU name is it
@@ -47,7 +47,8 @@ def _misfits(c: GPTConfig) -> list[str]:
         "residual=True": c.residual, "attn_out_proj=True": c.attn_out_proj,
         "attn_scale=None": c.attn_scale is None, "qk_norm=False": not c.qk_norm,
         "sliding_window=None": c.sliding_window is None, "sandwich_norm=False":
-        not c.sandwich_norm, **uncapped(c), **pre_normed(c), **plain_rope(c), **own_norms(c),
+        not c.sandwich_norm, **uncapped(c), **pre_normed(c),
+        **plain_scalars(c), **plain_rope(c), **own_norms(c),
     })
 
 

@@ -27,6 +27,7 @@ from .registry import (
     misfits_of,
     own_norms,
     plain_rope,
+    plain_scalars,
     pre_normed,
     uncapped,
     window_layers_to_hf,
@@ -155,7 +156,7 @@ def sandwich_misfits(c: GPTConfig, **needed: bool) -> list[str]:
         "sandwich_norm=True": c.sandwich_norm, "bias=False": not c.bias,
         "qkv_bias == out_bias": qkv_bias_of(c) == out_bias_of(c),
         "rotary_pct=1.0": c.rotary_pct == 1.0, "attn_out_proj=True": c.attn_out_proj,
-        **pre_normed(c), **plain_rope(c), **own_norms(c), **needed,
+        **pre_normed(c), **plain_scalars(c), **plain_rope(c), **own_norms(c), **needed,
     })
 
 

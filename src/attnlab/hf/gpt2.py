@@ -25,6 +25,7 @@ from .registry import (
     misfits_of,
     own_norms,
     plain_rope,
+    plain_scalars,
     pre_normed,
     uncapped,
 )
@@ -92,6 +93,7 @@ def _misfits(c: GPTConfig) -> list[str]:
         "attn_scale in (None, 1.0)": c.attn_scale in (None, 1.0),
         "parallel_residual=False": not c.parallel_residual, "qk_norm=False": not c.qk_norm,
         "sliding_window=None": c.sliding_window is None, **uncapped(c), **pre_normed(c),
+        **plain_scalars(c),
         **plain_rope(c), **own_norms(c),
         "scale_embeddings=False": not c.scale_embeddings, "sandwich_norm=False":
         not c.sandwich_norm,

@@ -23,6 +23,7 @@ from .registry import (
     misfits_of,
     own_norms,
     plain_rope,
+    plain_scalars,
     pre_normed,
     uncapped,
 )
@@ -89,6 +90,7 @@ def _misfits(c: GPTConfig) -> list[str]:
         "parallel_residual=False": not c.parallel_residual, "qk_norm=False": not c.qk_norm,
         "scale_embeddings=False": not c.scale_embeddings,
         "sandwich_norm=False": not c.sandwich_norm, **uncapped(c), **pre_normed(c),
+        **plain_scalars(c),
         **plain_rope(c), **own_norms(c),
     })
 

@@ -26,6 +26,7 @@ from .registry import (
     misfits_of,
     own_norms,
     plain_rope,
+    plain_scalars,
     pre_normed,
     uncapped,
 )
@@ -93,7 +94,8 @@ def _misfits(c: GPTConfig) -> list[str]:
         "head_dim=None": c.head_dim in (None, c.n_embd // c.n_head),
         "qk_norm=False": not c.qk_norm, "sliding_window=None": c.sliding_window is None,
         "residual=True": c.residual, "attn_out_proj=True": c.attn_out_proj,
-        "attn_scale=None": c.attn_scale is None, **uncapped(c), **pre_normed(c), **plain_rope(c),
+        "attn_scale=None": c.attn_scale is None, **uncapped(c), **pre_normed(c),
+        **plain_scalars(c), **plain_rope(c),
         **own_norms(c),
     })
 

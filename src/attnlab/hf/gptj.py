@@ -17,7 +17,7 @@ from typing import Any
 from ..model.gpt import GPTConfig
 from .fields import MAX_CONTEXT, Fields
 from .llama import out_bias_of, qkv_bias_of
-from .registry import Family, WeightMap, misfits_of, uncapped
+from .registry import Family, WeightMap, misfits_of, plain_scalars, uncapped
 
 # GPTJConfig holds neither: transformers' GPT-J always scales by 1/sqrt(head_dim) and always
 # rotates (`rotary`, `scale_attn_weights` are GPT-J-6B config.json's, from mesh-transformer-
@@ -82,7 +82,7 @@ def _misfits(c: GPTConfig) -> list[str]:
         "residual=True": c.residual, "attn_out_proj=True": c.attn_out_proj,
         "attn_scale=None": c.attn_scale is None, "pre_norm=True": c.pre_norm,
         "scale_embeddings=False": not c.scale_embeddings,
-        "local_rope_theta=None": c.local_rope_theta is None, **uncapped(c),
+        "local_rope_theta=None": c.local_rope_theta is None, **uncapped(c), **plain_scalars(c),
         "rope_in_float32=False": not c.rope_in_float32, "nope_layers=None": c.nope_layers is None,
     })
 

@@ -12,7 +12,16 @@ from typing import Any
 
 from ..model.gpt import GPTConfig
 from .fields import MAX_CONTEXT, SILUS, Fields, rope_from_hf, rope_to_hf
-from .registry import Family, WeightMap, misfits_of, own_norms, plain_rope, pre_normed, uncapped
+from .registry import (
+    Family,
+    WeightMap,
+    misfits_of,
+    own_norms,
+    plain_rope,
+    plain_scalars,
+    pre_normed,
+    uncapped,
+)
 
 LLAMA_WEIGHTS = WeightMap(
     top={"wte": "model.embed_tokens", "ln_f": "model.norm", "lm_head": "lm_head"},
@@ -89,7 +98,8 @@ def llama_like_misfits(config: GPTConfig, **needed: bool) -> list[str]:
         "mlp='swiglu'": c.mlp == "swiglu", "rotary_pct=1.0": c.rotary_pct == 1.0,
         "parallel_residual=False": not c.parallel_residual,
         "residual=True": c.residual, "attn_out_proj=True": c.attn_out_proj,
-        "attn_scale=None": c.attn_scale is None, **uncapped(c), **pre_normed(c), **plain_rope(c),
+        "attn_scale=None": c.attn_scale is None, **uncapped(c), **pre_normed(c),
+        **plain_scalars(c), **plain_rope(c),
         **own_norms(c),
         "scale_embeddings=False": not c.scale_embeddings, "sandwich_norm=False":
         not c.sandwich_norm, "local_rope_theta=None": c.local_rope_theta is None,

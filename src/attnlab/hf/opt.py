@@ -24,7 +24,16 @@ from torch import Tensor
 from ..model.gpt import GPTConfig
 from .fields import MAX_CONTEXT, Fields
 from .llama import out_bias_of, qkv_bias_of
-from .registry import Family, WeightMap, misfits_of, own_norms, plain_rope, pre_normed, uncapped
+from .registry import (
+    Family,
+    WeightMap,
+    misfits_of,
+    own_norms,
+    plain_rope,
+    plain_scalars,
+    pre_normed,
+    uncapped,
+)
 
 OFFSET = 2  # rows of OPT's position table before position 0's
 # training-only fields OPT names its own way, and the prompt prefix fairseq generated with
@@ -86,6 +95,7 @@ def _misfits(c: GPTConfig) -> list[str]:
         "sliding_window=None": c.sliding_window is None, "residual=True": c.residual,
         "attn_out_proj=True": c.attn_out_proj, "scale_embeddings=False": not c.scale_embeddings,
         "sandwich_norm=False": not c.sandwich_norm, **uncapped(c), **pre_normed(c),
+        **plain_scalars(c),
         **plain_rope(c), **own_norms(c),
     })
 

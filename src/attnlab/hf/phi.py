@@ -15,7 +15,7 @@ from typing import Any
 from ..model.gpt import GPTConfig
 from .fields import MAX_CONTEXT, Fields, rope_from_hf, rope_to_hf
 from .llama import out_bias_of, qkv_bias_of
-from .registry import Family, WeightMap, misfits_of, plain_rope, uncapped
+from .registry import Family, WeightMap, misfits_of, plain_rope, plain_scalars, uncapped
 
 # transformers reads the custom-code pointers (auto_map) only with trust_remote_code, whose
 # modules early Phi-2 revisions and many fine-tunes keep from before transformers had Phi
@@ -67,6 +67,7 @@ def _misfits(c: GPTConfig) -> list[str]:
         "attn_scale=None": c.attn_scale is None, "pre_norm=True": c.pre_norm,
         "scale_embeddings=False": not c.scale_embeddings,
         "local_rope_theta=None": c.local_rope_theta is None, **uncapped(c), **plain_rope(c),
+        **plain_scalars(c),
     })
 
 

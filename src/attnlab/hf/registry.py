@@ -3,11 +3,11 @@ one weight-renaming engine every family declares its names to.
 
 A family (one small module each: gpt2.py, gpt_neo.py, llama.py, qwen2.py, qwen3.py,
 gpt_neox.py, gptj.py, opt.py, the gemma*.py, phi.py, phi3.py, the olmo*.py, smollm3.py,
-stablelm.py) is a `Family`: its model_type and architecture names, a config mapping each way
-(`Fields` in, a config.json dict out), `misfits` (why a GPTConfig cannot be exported as this
-family) and a `WeightMap` (attnlab's state-dict names <-> Hugging Face's, with the modules a
-family fuses into one Linear: `Fused`). Adding a family is one new module and one line in
-`FAMILIES` (hf/__init__.py). Directory reading is `files.py`'s.
+stablelm.py, granite.py) is a `Family`: its model_type and architecture names, a config
+mapping each way (`Fields` in, a config.json dict out), `misfits` (why a GPTConfig cannot be
+exported as this family) and a `WeightMap` (attnlab's state-dict names <-> Hugging Face's,
+with the modules a family fuses into one Linear: `Fused`). Adding a family is one new module
+and one line in `FAMILIES` (hf/__init__.py). Directory reading is `files.py`'s.
 """
 
 from __future__ import annotations
@@ -224,6 +224,13 @@ def pre_normed(config: GPTConfig) -> dict[str, bool]:
     """The requirements of a family whose blocks norm each branch's input and whose QK-norm
     (if any) is per head: every one but OLMo 2 (an export would drop the difference)."""
     return {"pre_norm=True": config.pre_norm, "qk_norm_whole=False": not config.qk_norm_whole}
+
+
+def plain_scalars(config: GPTConfig) -> dict[str, bool]:
+    """The requirements of every family but Granite: none of its three scalars (an export
+    would drop them)."""
+    return {f"{name}=1.0": getattr(config, name) == 1.0
+            for name in ("embedding_multiplier", "residual_multiplier", "logits_scaling")}
 
 
 def own_norms(config: GPTConfig) -> dict[str, bool]:

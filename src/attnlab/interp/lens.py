@@ -52,7 +52,7 @@ import torch
 from torch import Tensor, nn
 
 from ..model.block import Block
-from ..model.gpt import check_position, per_row_ids, require_eval, unembed
+from ..model.gpt import check_position, per_row_ids, require_eval, unembed_scaled
 from ..model.layers import GemmaRMSNorm, RMSNorm, soft_cap
 from ..model.names import absent_names
 from ..model.runtime import wide
@@ -117,22 +117,27 @@ def residual_parts(model: Any, ids: Tensor, attention_mask: Tensor | None = None
     trace = Trace(layers=range(end) if end else None, names=kept)
     trace.run(model, ids, attention_mask, edits=edits)
     labels, parts = list(names), [trace.get(n) for n in names]  # (B, T, C) each
+
+    def branch(out: Tensor) -> Tensor:
+        """A branch's output as the stream adds it (Granite: times residual_multiplier)."""
+        return out if c.residual_multiplier == 1.0 else out * c.residual_multiplier
+
     for i in range(end):
         out = trace.get(attn, i)  # (B, T, C), or (B, nh, T, hs) heads
         labels.append(f"{i} attn")
         # (B, T, C), or heads (B, nh, T, hs) -> (B, T, nh*hs) side by side
-        parts.append(out if attn != "context" else out.transpose(1, 2).flatten(2))
+        parts.append(branch(out if attn != "context" else out.transpose(1, 2).flatten(2)))
         if (i, mlp) in trace:
             labels.append(f"{i} mlp")
-            parts.append(trace.get(mlp, i))
+            parts.append(branch(trace.get(mlp, i)))
     return labels, torch.stack(parts)  # (n, B, T, C)
 
 
 def _read(model: Any, x: Tensor) -> Tensor:
     """(B, T, C) residual -> (B, T, V) logits through the final norm, the model's own head
-    product (unembed) and its logit cap (final_logit_softcapping, as the model caps), so the
-    last layer's are bit-equal to the model's logits."""
-    logits = unembed(model.lm_head, model.ln_f(x))  # (B, T, V)
+    product (unembed, divided by a logits_scaling) and its logit cap (final_logit_softcapping,
+    as the model caps), so the last layer's are bit-equal to the model's logits."""
+    logits = unembed_scaled(model, model.ln_f(x))  # (B, T, V)
     return soft_cap(logits, model.config.final_logit_softcapping, inplace=True)  # (B, T, V)
 
 
@@ -288,20 +293,24 @@ def logit_attribution(
     share, beta = _frozen(model.ln_f, final)
 
     def direct(part: Tensor) -> Tensor:
-        """(B, C) part of the final residual -> (B,) its term of the target logit."""
-        return (share(part) * w_u).sum(-1)  # (B,)
+        """(B, C) part of the final residual -> (B,) its term of the target logit (Granite's
+        logits divided by logits_scaling)."""
+        return (share(part) * w_u).sum(-1) / c.logits_scaling  # (B,)
 
     terms = [_layer_terms(block, trace, layer, position, direct)
              for layer, block in enumerate(model.blocks)]
-    heads, attn_bias, mlp = (torch.stack(t, 1) for t in zip(*terms, strict=True))
+    # each branch as the stream adds it (Granite: times residual_multiplier)
+    heads, attn_bias, mlp = (torch.stack(t, 1) * c.residual_multiplier
+                             for t in zip(*terms, strict=True))
     emb = direct(trace.get("emb")[:, position])
     bias = (beta * w_u).sum(-1) if beta is not None else torch.zeros_like(emb)  # (B,)
     if model.lm_head.bias is not None:  # the head's own (Phi)
         bias = bias + model.lm_head.bias[target].to(dtype)  # (B,)
+    bias = bias / c.logits_scaling  # (B,)
     # the model's logit, the head at this position only
     last = model.ln_f(trace.get("block_out", c.n_layer - 1)[:, position])  # (B, C)
     logit = model.lm_head(last).to(dtype).gather(-1, target[:, None])[:, 0]  # (B,)
-    return Attribution(emb, heads, attn_bias, mlp, bias, logit)
+    return Attribution(emb, heads, attn_bias, mlp, bias, logit / c.logits_scaling)
 
 
 def _layer_terms(block: Block, trace: Trace, layer: int, position: int,

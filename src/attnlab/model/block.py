@@ -25,6 +25,7 @@ class Block(nn.Module):
         super().__init__()
         c = config
         self.residual, self.parallel = c.residual, c.parallel_residual
+        self.branch_scale = c.residual_multiplier  # Granite's; 1.0: none
         # OLMo 2 norms no branch's input (pre_norm=False): the identity stands in
         self.ln_1 = norm_of(c) if c.pre_norm else nn.Identity()
         has_mlp = c.mlp != "none"
@@ -65,16 +66,22 @@ class Block(nn.Module):
         a = self.attn(h, mask=mask, kv_cache=kv_cache, pos=pos, trace=trace, fused=fused,
                       rope=rope)  # (B, T, C)
         if self.parallel:  # GPT-NeoX: both branches read x; its order of the sum
+            if self.branch_scale != 1.0:
+                a = a * self.branch_scale  # (B, T, C)
             if self.mlp is None:
                 return a + x if self.residual else a
             m = self.mlp(h if self.ln_2 is None else self.ln_2(x), trace)  # (B, T, C)
             if trace is not None:
                 m = trace.record("mlp_out", m)
+            if self.branch_scale != 1.0:
+                m = m * self.branch_scale  # (B, T, C)
             return m + a + x if self.residual else m + a  # (B, T, C)
         if self.ln_attn_post is not None:
             a = self.ln_attn_post(a)  # (B, T, C)
             if trace is not None:
                 a = trace.record("attn_out_normed", a)
+        if self.branch_scale != 1.0:
+            a = a * self.branch_scale  # (B, T, C)
         x = x + a if self.residual else a
         if self.mlp is not None and self.ln_2 is not None:
             if trace is not None:
@@ -86,5 +93,7 @@ class Block(nn.Module):
                 m = self.ln_mlp_post(m)  # (B, T, C)
                 if trace is not None:
                     m = trace.record("mlp_out_normed", m)
+            if self.branch_scale != 1.0:
+                m = m * self.branch_scale  # (B, T, C)
             x = x + m if self.residual else m
         return x

@@ -93,6 +93,12 @@ class GPTConfig:
     local_rope_theta: float | None = None
     # layers that rotate no q or k (NoPE: SmolLM3's every fourth); None = every layer rotates
     nope_layers: list[int] | None = None
+    # Granite's three scalars: token embeddings times embedding_multiplier, each branch's
+    # output times residual_multiplier before its residual add, logits divided by
+    # logits_scaling (1.0: none of them)
+    embedding_multiplier: float = 1.0
+    residual_multiplier: float = 1.0
+    logits_scaling: float = 1.0
 
     def __post_init__(self) -> None:
         positive = ("vocab_size", "block_size", "n_layer", "n_head", "n_embd")
@@ -140,6 +146,12 @@ class GPTConfig:
         self._check_modern()
 
     def _check_modern(self) -> None:
+        for name in ("embedding_multiplier", "residual_multiplier", "logits_scaling"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int | float) or not (
+                    math.isfinite(value) and value > 0):
+                raise ValueError(f"GPTConfig.{name}={value!r} must be a positive finite "
+                                 "number (Granite's; 1.0 leaves the model as it is)")
         if not self.norm_eps > 0:
             raise ValueError(f"norm_eps={self.norm_eps} must be > 0")
         if not self.rope_theta > 0:

@@ -25,6 +25,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from .attention import Mask, attend, build_mask
+from .config import GPTConfig
 from .decode_parts import (
     FLOAT16_MAX,
     Affine,
@@ -89,6 +90,12 @@ class _DecodeLayer(NamedTuple):
             qkv=Packed16.of(cast(Affine, self.qkv)), out_proj=pack(self.out_proj),
             fc=pack(self.fc), gate=pack(self.gate), proj=pack(self.proj),
         )
+
+
+def _branch(out: Tensor, config: GPTConfig) -> Tensor:
+    """A branch's output as the residual adds it: times residual_multiplier (Granite's)."""
+    scale = config.residual_multiplier
+    return out if scale == 1.0 else out * scale
 
 
 def _apply(norm: StepNorm | None, x: Tensor) -> Tensor:
@@ -226,6 +233,8 @@ class DecodeStep:
         x = F.embedding(token[:, 0], self.wte)  # (B, C)
         if self.embed_scale is not None:
             x = x * self.embed_scale  # (B, C)
+        if c.embedding_multiplier != 1.0:  # Granite
+            x = x * c.embedding_multiplier  # (B, C)
         if self.wpe is not None:
             # (C,): every row is at position pos, or (B, C) at its own
             x = x + (self.wpe[pos] if positions is None else F.embedding(positions, self.wpe))
@@ -249,15 +258,19 @@ class DecodeStep:
             if layer.out_proj is not None:
                 a = layer.out_proj(a)  # (B, C)
             if c.parallel_residual:  # the MLP reads ln_1's output where shared_norm
-                m = 0.0 if layer.fc is None else self._mlp(
-                    layer, h if c.shared_norm else _apply(layer.ln_2, x))
+                m = 0.0 if layer.fc is None else _branch(self._mlp(
+                    layer, h if c.shared_norm else _apply(layer.ln_2, x)), c)
+                a = _branch(a, c)
                 x = m + a + x if c.residual else m + a  # GPT-NeoX's order of the sum
                 continue
-            x = x + _apply(layer.attn_post, a) if c.residual else a
+            a = _branch(_apply(layer.attn_post, a), c)  # (B, C)
+            x = x + a if c.residual else a
             if layer.fc is not None:
                 m = _apply(layer.mlp_post, self._mlp(layer, _apply(layer.ln_2, x)))  # (B, C)
-                x = x + m if c.residual else m
+                x = x + _branch(m, c) if c.residual else _branch(m, c)
         logits = self.lm_head(_apply(self.ln_f, x))  # (B, V)
+        if c.logits_scaling != 1.0:  # Granite
+            logits = logits.div_(c.logits_scaling)  # (B, V)
         return soft_cap(logits, c.final_logit_softcapping, inplace=True)  # (B, V)
 
     def tensors(self) -> list[Tensor]:

@@ -236,6 +236,8 @@ class GPT(nn.Module):
         tok_emb = self.wte(idx)  # (B, T, C)
         if self.config.scale_embeddings:
             tok_emb = tok_emb * embedding_scale(self.config.n_embd, tok_emb)  # (B, T, C)
+        if self.config.embedding_multiplier != 1.0:  # Granite
+            tok_emb = tok_emb * self.config.embedding_multiplier  # (B, T, C)
         pos_emb = None if self.wpe is None else self.wpe(positions).expand(B, T, -1)  # (B, T, C)
         if seam is not None:
             tok_emb = seam.record("tok_emb", tok_emb)
@@ -289,7 +291,7 @@ class GPT(nn.Module):
         x = self.ln_f(x)  # (B, T, C)
         if last_logits_only:
             x = x[:, -1:]  # (B, 1, C)
-        logits = unembed(self.lm_head, x)  # (B, T, V)
+        logits = unembed_scaled(self, x)  # (B, T, V)
         logits = soft_cap(logits, self.config.final_logit_softcapping, inplace=True)  # (B, T, V)
         if seam is not None:
             logits = seam.record("logits", logits)
@@ -343,6 +345,14 @@ def laid_out(linear: nn.Linear) -> bool:
 
 _BIG_LOGITS = 64 << 20  # bytes
 _HEAD_COLUMNS = 512  # vocabulary entries per product in unembed
+
+
+def unembed_scaled(model: GPT, x: Tensor) -> Tensor:
+    """x (B, T, C) -> the logits (B, T, V) before any cap: `unembed`, divided by
+    logits_scaling where the model has one (Granite)."""
+    logits = unembed(model.lm_head, x)  # (B, T, V)
+    scaling = model.config.logits_scaling
+    return logits if scaling == 1.0 else logits.div_(scaling)  # (B, T, V)
 
 
 def unembed(head: nn.Linear, x: Tensor) -> Tensor:

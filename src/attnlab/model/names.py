@@ -43,7 +43,8 @@ NAMES: dict[str, str] = {
     "attn_max": "(B, nh, T) each query's largest weight",
     "context": "(B, nh, T, hs) weighted values: attn_weights @ v, one slice per head",
     "attn_out": "(B, T, C) heads concatenated and projected (absent without out_proj); with "
-                "sandwich norms, before the attention's post-norm",
+                "sandwich norms, before the attention's post-norm; before a "
+                "residual_multiplier (Granite)",
     "attn_out_normed": "(B, T, C) the attention's output through its post-norm (Gemma 2 / 3's "
                        "post_attention_layernorm): what joins the residual (sandwich_norm "
                        "only)",
@@ -56,7 +57,7 @@ NAMES: dict[str, str] = {
     "mlp_hidden": "(B, T, d_ff) the MLP's hidden activations, the input of its down "
                   "projection: gelu(fc x), or silu(gate x) * fc x (absent without mlp)",
     "mlp_out": "(B, T, C) the MLP's output (absent without mlp); with sandwich norms, before "
-               "the MLP's post-norm",
+               "the MLP's post-norm; before a residual_multiplier (Granite)",
     "mlp_out_normed": "(B, T, C) the MLP's output through its post-norm (Gemma 2 / 3's "
                       "post_feedforward_layernorm): what joins the residual (sandwich_norm "
                       "only)",
