@@ -418,3 +418,31 @@ def generate_flag_runs(path: Path, model: GPT, tokenizer: Tokenizer,
                                          max_new_tokens=new_tokens, **how)[0] + "\n"
 
     return run, expected
+
+
+def transformers_shapes(hf_config: dict[str, Any]) -> tuple[dict[str, tuple[int, ...]], int]:
+    """(name -> shape of every tensor, parameter count) of transformers' own class for
+    `hf_config` (its first architecture), built on the meta device: what a family's names and
+    shapes (`benchmarks.loading.hf_shapes`) must equal. A tied head is left out, as attnlab
+    writes the table once."""
+    transformers = pytest.importorskip("transformers")
+    cls = getattr(transformers, hf_config["architectures"][0])
+    with torch.device("meta"):
+        model = cls(cls.config_class(**hf_config))
+    shapes = {name: tuple(t.shape) for name, t in model.state_dict().items()}
+    if model.config.tie_word_embeddings:
+        del shapes["lm_head.weight"]
+    return shapes, model.num_parameters()
+
+
+def sparse_dir_with_tokenizer(directory: Path, hf_config: dict[str, Any]) -> Path:
+    """`benchmarks.loading.sparse_hf_dir` (two shards that take no disk) with a small
+    tokenizer.json beside them: a directory without one is refused, and one of GPT-2's
+    vocabulary size would send the reader to tiktoken's files (a download)."""
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+    from benchmarks.loading import sparse_hf_dir
+
+    sparse_hf_dir(directory, hf_config, shards=2)
+    tokenizer = Path(__file__).resolve().parent / "data" / "v0.2_hf_llama" / "tokenizer.json"
+    (directory / "tokenizer.json").write_bytes(tokenizer.read_bytes())
+    return directory

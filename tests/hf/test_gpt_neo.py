@@ -10,13 +10,14 @@ import sys
 from pathlib import Path
 
 import pytest
-import torch
 
 from attnlab import inspect_dir
 from attnlab.hf import config_from_hf, config_to_hf, family_for_config
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
-from benchmarks.loading import hf_shapes, sparse_hf_dir
+from benchmarks.loading import hf_shapes
+
+from helpers import sparse_dir_with_tokenizer, transformers_shapes
 
 #: roneneldan/TinyStories-1M's config.json as published
 TINYSTORIES_1M = {
@@ -53,19 +54,10 @@ def test_tinystories_config_as_published_reads_as_gpt_neo() -> None:
 
 
 def test_gpt_neo_125ms_tensors_are_transformers_names_and_shapes(tmp_path: Path) -> None:
-    transformers = pytest.importorskip("transformers")
-    with torch.device("meta"):
-        theirs = transformers.GPTNeoForCausalLM(transformers.GPTNeoConfig(**GPT_NEO_125M))
-    shapes = {n: tuple(t.shape) for n, t in theirs.state_dict().items()}
-    del shapes["lm_head.weight"]  # tied: the token table, written once
-    assert hf_shapes(GPT_NEO_125M) == shapes
-    directory = sparse_hf_dir(tmp_path / "gpt-neo-125m", GPT_NEO_125M, shards=2)
-    # a tokenizer, or GPT-2's vocabulary size sends the reader to tiktoken's (a download)
-    tokenizer = Path(__file__).resolve().parents[1] / "data" / "v0.2_hf_llama" / "tokenizer.json"
-    (directory / "tokenizer.json").write_bytes(tokenizer.read_bytes())
-    info = inspect_dir(directory)
+    shapes, count = transformers_shapes(GPT_NEO_125M)
+    assert hf_shapes(GPT_NEO_125M) == shapes and count == 125_198_592
+    info = inspect_dir(sparse_dir_with_tokenizer(tmp_path / "gpt-neo-125m", GPT_NEO_125M))
     assert (info.family, info.parameters) == ("gpt_neo", 125_198_592)
-    assert theirs.num_parameters() == 125_198_592
 
 
 @pytest.mark.parametrize("types", [

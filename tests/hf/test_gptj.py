@@ -20,6 +20,8 @@ from attnlab.model.rope import Rotary, apply_rotary
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 from benchmarks.loading import hf_shapes, sparse_hf_dir
 
+from helpers import transformers_shapes
+
 #: EleutherAI/gpt-j-6b's config.json as published
 GPTJ_6B = {
     "activation_function": "gelu_new", "architectures": ["GPTJForCausalLM"],
@@ -49,12 +51,10 @@ def test_gptj_6bs_config_as_published_reads_as_gptj() -> None:
 
 
 def test_gptj_6bs_tensors_are_transformers_names_and_shapes(tmp_path: Path) -> None:
-    transformers = pytest.importorskip("transformers")
-    with torch.device("meta"):
-        theirs = transformers.GPTJForCausalLM(transformers.GPTJConfig(**GPTJ_6B))
-    assert hf_shapes(GPTJ_6B) == {n: tuple(t.shape) for n, t in theirs.state_dict().items()}
+    shapes, count = transformers_shapes(GPTJ_6B)
+    assert hf_shapes(GPTJ_6B) == shapes
     info = inspect_dir(sparse_hf_dir(tmp_path / "gpt-j-6b", GPTJ_6B, shards=2))
-    assert (info.family, info.parameters) == ("gptj", theirs.num_parameters())
+    assert (info.family, info.parameters) == ("gptj", count)
 
 
 @pytest.mark.parametrize("rotary_dim", [2, 6, 8])

@@ -9,13 +9,14 @@ import sys
 from pathlib import Path
 
 import pytest
-import torch
 
 from attnlab import inspect_dir
 from attnlab.hf import config_from_hf, config_to_hf, family_for_config
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
-from benchmarks.loading import hf_shapes, sparse_hf_dir
+from benchmarks.loading import hf_shapes
+
+from helpers import sparse_dir_with_tokenizer, transformers_shapes
 
 #: facebook/opt-6.7b's config.json as published
 OPT_6_7B = {
@@ -42,22 +43,14 @@ def test_opt_config_as_published_reads_as_opt() -> None:
 
 
 def test_opt_tensors_are_transformers_names_and_shapes(tmp_path: Path) -> None:
-    transformers = pytest.importorskip("transformers")
-    with torch.device("meta"):
-        theirs = transformers.OPTForCausalLM(transformers.OPTConfig(**OPT_6_7B))
-    shapes = {n: tuple(t.shape) for n, t in theirs.state_dict().items()}
-    del shapes["lm_head.weight"]  # tied: the token table, written once
     ours = hf_shapes(OPT_6_7B)
-    assert ours == shapes and ours["model.decoder.embed_positions.weight"] == (2050, 4096)
+    assert ours == transformers_shapes(OPT_6_7B)[0]
+    assert ours["model.decoder.embed_positions.weight"] == (2050, 4096)
     small = {**OPT_6_7B, "hidden_size": 64, "ffn_dim": 128, "num_hidden_layers": 2,
              "num_attention_heads": 4, "word_embed_proj_dim": 64}
-    directory = sparse_hf_dir(tmp_path / "opt", small, shards=2)
-    # a tokenizer, or a GPT-2-sized vocabulary sends the reader to tiktoken's (a download)
-    tokenizer = Path(__file__).resolve().parents[1] / "data" / "v0.2_hf_llama" / "tokenizer.json"
-    (directory / "tokenizer.json").write_bytes(tokenizer.read_bytes())
-    with torch.device("meta"):
-        count = transformers.OPTForCausalLM(transformers.OPTConfig(**small)).num_parameters()
-    info = inspect_dir(directory)  # attnlab's model: the two offset rows left out
+    count = transformers_shapes(small)[1]
+    info = inspect_dir(sparse_dir_with_tokenizer(tmp_path / "opt", small))
+    # attnlab's model: the two offset rows left out
     assert (info.family, info.parameters) == ("opt", count - 2 * 64)
 
 

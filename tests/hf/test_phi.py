@@ -19,6 +19,8 @@ from attnlab.hf import FAMILY_BY_NAME, config_from_hf, config_to_hf, family_for_
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 from benchmarks.loading import hf_shapes, sparse_hf_dir
 
+from helpers import transformers_shapes
+
 #: microsoft/phi-2's config.json as published
 PHI2 = {
     "_name_or_path": "microsoft/phi-2", "architectures": ["PhiForCausalLM"],
@@ -53,12 +55,8 @@ def test_phi2s_tensors_are_transformers_names_and_shapes(tmp_path: Path) -> None
     """Every tensor of transformers' PhiForCausalLM for Phi-2, by name and shape, is what
     attnlab writes and reads (the head's bias included), 2,779,683,840 parameters; `info`
     on a directory of them counts the same from its headers."""
-    transformers = pytest.importorskip("transformers")
-    with torch.device("meta"):
-        theirs = transformers.PhiForCausalLM(transformers.PhiConfig(**PHI2))
-    shapes = {name: tuple(t.shape) for name, t in theirs.state_dict().items()}
-    assert hf_shapes(PHI2) == shapes
-    assert theirs.num_parameters() == 2_779_683_840
+    shapes, count = transformers_shapes(PHI2)
+    assert hf_shapes(PHI2) == shapes and count == 2_779_683_840
     info = inspect_dir(sparse_hf_dir(tmp_path / "phi-2", PHI2, shards=2))
     assert (info.family, info.parameters) == ("phi", 2_779_683_840)
 
