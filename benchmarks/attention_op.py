@@ -13,7 +13,8 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from attnlab.model.attention import attend, build_mask
+from attnlab.model.attention import attend
+from attnlab.model.masks import build_mask
 
 from .common import alternate, clock, machine, median_ms, table
 

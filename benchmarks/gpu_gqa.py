@@ -22,7 +22,8 @@ from typing import Any
 import torch
 
 from attnlab.model import sdpa
-from attnlab.model.attention import Mask, attend, build_mask
+from attnlab.model.attention import attend
+from attnlab.model.masks import Mask, build_mask
 
 from .gpu_common import (
     cuda_ms,

@@ -316,6 +316,7 @@ def modern_switches(n_layer: int = 2) -> Any:
             "final_logit_softcapping": draw(st.sampled_from([None, 5.0])),
             "head_bias": draw(st.booleans()),
             "norm_bias": draw(st.sampled_from([None, True, False])),
+            "scores_in_float32": draw(st.booleans()),
             # Granite's scalars
             "embedding_multiplier": draw(st.sampled_from([1.0, 3.0])),
             "residual_multiplier": draw(st.sampled_from([1.0, 0.5])),

@@ -21,18 +21,12 @@ if TYPE_CHECKING:  # the names for type checkers; at run time each loads on firs
     from .hf import load_hf, load_hf_gpt2, save_hf, save_hf_gpt2
     from .interp.edits import Edit, Edits
     from .load import ModelInfo, inspect_dir, load_checkpoint
-    from .model.attention import (
-        CausalSelfAttention,
-        Mask,
-        attend,
-        build_mask,
-        causal_mask,
-        padding_mask,
-    )
+    from .model.attention import CausalSelfAttention, attend
     from .model.decode import DecodeStep, half_weights
     from .model.gpt import GPT, GPTConfig, ModelOutput, next_token_loss
     from .model.kv_cache import KVCache
     from .model.layers import RMSNorm
+    from .model.masks import Mask, build_mask, causal_mask, padding_mask
     from .model.memory import DoesNotFitError
     from .model.trace import Trace
     from .tokenizers import Tokenizer, get_tokenizer, load_tokenizer
@@ -53,8 +47,8 @@ _FROM = {
     "hf": ("load_hf", "load_hf_gpt2", "save_hf", "save_hf_gpt2"),
     "interp.edits": ("Edit", "Edits"),
     "load": ("ModelInfo", "inspect_dir", "load_checkpoint"),
-    "model.attention": ("CausalSelfAttention", "Mask", "attend", "build_mask", "causal_mask",
-                        "padding_mask"),
+    "model.attention": ("CausalSelfAttention", "attend"),
+    "model.masks": ("Mask", "build_mask", "causal_mask", "padding_mask"),
     "model.decode": ("DecodeStep", "half_weights"),
     "model.gpt": ("GPT", "GPTConfig", "ModelOutput", "next_token_loss"),
     "model.kv_cache": ("KVCache",),

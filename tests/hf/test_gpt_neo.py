@@ -47,7 +47,8 @@ def test_tinystories_config_as_published_reads_as_gpt_neo() -> None:
     assert (config.n_layer, config.n_head, config.n_embd, config.head_size, config.ff_size) == (
         8, 16, 64, 4, 256)
     assert (config.pos, config.attn_scale, config.qkv_bias, config.out_bias, config.gelu,
-            config.tie_weights) == ("learned", 1.0, False, True, "tanh", True)
+            config.tie_weights, config.scores_in_float32) == (
+        "learned", 1.0, False, True, "tanh", True, True)
     assert (config.sliding_window, config.window_layers) == (256, [1, 3, 5, 7])
     assert config_to_hf(config)["attention_types"] == [[["global", "local"] * 4, 1]]
     assert config_from_hf(config_to_hf(config)) == config

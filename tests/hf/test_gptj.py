@@ -43,8 +43,12 @@ def test_gptj_6bs_config_as_published_reads_as_gptj() -> None:
     assert (config.n_layer, config.n_head, config.n_embd, config.head_size, config.ff_size) == (
         28, 16, 4096, 256, 16384)
     assert (config.rope_interleaved, config.shared_norm, config.head_bias, config.qkv_bias,
-            config.out_bias, config.bias, config.gelu) == (
-        True, True, True, False, False, True, "tanh")
+            config.out_bias, config.bias, config.gelu, config.scores_in_float32) == (
+        True, True, True, False, False, True, "tanh", True)
+    # the float32 scores are GPT-J's and GPT-Neo's: every other family refuses them
+    for name, family in FAMILY_BY_NAME.items():
+        refused = "scores_in_float32=False" in family.misfits(config)
+        assert refused == (name not in ("gptj", "gpt_neo")), name
     with torch.device("meta"):
         rotary = GPT(config).rotary
     assert rotary is not None and rotary.dims == 64
@@ -97,7 +101,8 @@ def test_pairs_export_as_gptj_and_no_other_family() -> None:
     phi = dataclasses.replace(gptj, qkv_bias=True, out_bias=True)  # GPT-J with Phi's biases
     with pytest.raises(ValueError, match="rope_interleaved=False"):
         config_to_hf(phi, family=FAMILY_BY_NAME["phi"])
-    assert family_for_config(dataclasses.replace(phi, rope_interleaved=False)).name == "phi"
+    assert family_for_config(dataclasses.replace(phi, rope_interleaved=False,
+                                                 scores_in_float32=False)).name == "phi"
     halves = dataclasses.replace(gptj, rope_interleaved=False)
     with pytest.raises(ValueError, match="rope_interleaved=True"):
         config_to_hf(halves, family=FAMILY_BY_NAME["gptj"])

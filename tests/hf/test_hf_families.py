@@ -394,11 +394,11 @@ def test_bfloat16_load_runs_close_to_float32(pair: tuple) -> None:
 
 def _rounding_as_attnlabs(hf: Any, vocab: int, monkeypatch: pytest.MonkeyPatch) -> None:
     """Give transformers' model the two roundings attnlab does not copy, each checked to
-    change its logits: `gelu_new` (Phi's and GPT-J's MLP), whose tanh formula transformers
-    rounds step by step and attnlab's one F.gelu (tanh) call once, becomes F.gelu's
-    (transformers' gelu_pytorch_tanh); GPT-J's and GPT-Neo's eager attention, which multiply
-    q and k in float32, become Llama's steps, which multiply them in their own dtype as
-    attnlab does."""
+    change its logits: `gelu_new` (Phi's, GPT-J's and GPT-Neo's MLP), whose tanh formula
+    transformers rounds step by step and attnlab's one F.gelu (tanh) call once, becomes
+    F.gelu's (transformers' gelu_pytorch_tanh); OPT's attention, which scales q before its
+    product with k, scales the product, as attnlab does. (GPT-J's and GPT-Neo's q and k
+    multiplied in float32 attnlab copies: `GPTConfig.scores_in_float32`.)"""
     ids, mask = left_padded([5, 17, 11], vocab=vocab, low=1, seed=1)
     stepwise = [m for m in hf.modules() if isinstance(
         getattr(m, "activation_fn", getattr(m, "act", None)),
@@ -407,22 +407,6 @@ def _rounding_as_attnlabs(hf: Any, vocab: int, monkeypatch: pytest.MonkeyPatch) 
         before = hf(ids, attention_mask=mask).logits
         setattr(module, "activation_fn" if hasattr(module, "activation_fn") else "act",
                 transformers.activations.GELUTanh())
-        assert not torch.equal(hf(ids, attention_mask=mask).logits, before)
-    if hf.config.model_type == "gpt_neo":
-        from transformers.models.gpt_neo import modeling_gpt_neo
-
-        def attn(module: Any, q: Any, k: Any, v: Any, attention_mask: Any = None
-                 ) -> tuple[Any, Any]:
-            scores = torch.matmul(q, k.transpose(-1, -2))  # in q's dtype, not float32
-            causal = module.bias[:, :, k.size(-2) - q.size(-2):k.size(-2), :k.size(-2)]
-            scores = torch.where(causal, scores, torch.finfo(scores.dtype).min)
-            if attention_mask is not None:
-                scores = scores + attention_mask
-            weights = torch.softmax(scores, dim=-1, dtype=torch.float32).to(v.dtype)
-            return torch.matmul(weights, v), weights
-
-        before = hf(ids, attention_mask=mask).logits
-        monkeypatch.setattr(modeling_gpt_neo.GPTNeoSelfAttention, "_attn", attn)
         assert not torch.equal(hf(ids, attention_mask=mask).logits, before)
     if hf.config.model_type == "opt":  # q scaled before its product with k: after it
         from transformers.models.opt import modeling_opt
@@ -439,18 +423,6 @@ def _rounding_as_attnlabs(hf: Any, vocab: int, monkeypatch: pytest.MonkeyPatch) 
                 monkeypatch.setattr(module, "scaling", 1.0)
         monkeypatch.setattr(modeling_opt, "eager_attention_forward", scaled_after)
         assert not torch.equal(hf(ids, attention_mask=mask).logits, before)
-    if hf.config.model_type == "gptj":
-        from transformers.models.gptj import modeling_gptj
-
-        def own_dtype(module: Any, q: Any, k: Any, v: Any, attention_mask: Any,
-                      scaling: float, **_: Any) -> tuple[Any, Any]:
-            scores = torch.matmul(q, k.transpose(2, 3)) * scaling + attention_mask
-            weights = torch.softmax(scores, dim=-1, dtype=torch.float32).to(q.dtype)
-            return torch.matmul(weights, v).transpose(1, 2).contiguous(), weights
-
-        before = hf(ids, attention_mask=mask).logits
-        monkeypatch.setattr(modeling_gptj, "eager_attention_forward", own_dtype)
-        assert not torch.equal(hf(ids, attention_mask=mask).logits, before)
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
@@ -461,9 +433,10 @@ def test_the_explicit_path_in_16_bits_is_transformers_bit_for_bit(
     steps one by one) gives transformers' eager logits bit for bit at a left-padded batch's
     real tokens: each rounding lands where transformers' does (norms, RoPE, scores, the
     softmax in float32 then cast, every product; OLMo's norms scaled and RoPE turned in
-    float32). Without OLMo's roundings its logits differ. Two roundings attnlab does not
-    copy (`gelu_new`'s steps, GPT-J's float32 scores) are given to transformers' model
-    first: `_rounding_as_attnlabs`."""
+    float32; GPT-J's and GPT-Neo's q and k multiplied in float32). Without OLMo's roundings,
+    or GPT-J's and GPT-Neo's float32 scores, their logits differ. Two roundings attnlab does
+    not copy (`gelu_new`'s steps, OPT's scaled q) are given to transformers' model first:
+    `_rounding_as_attnlabs`."""
     _, ours, directory = pair
     hf = transformers.AutoModelForCausalLM.from_pretrained(
         directory, dtype=dtype, attn_implementation="eager").eval()
@@ -475,6 +448,11 @@ def test_the_explicit_path_in_16_bits_is_transformers_bit_for_bit(
     half = load_hf(directory, dtype=dtype)
     got = half(ids, attention_mask=mask, fused=False).logits  # (B, P, V)
     assert got.dtype == dtype and torch.equal(got[real], expected[real])
+    if half.config.scores_in_float32:
+        plain = GPT(replace(half.config, scores_in_float32=False)).to(dtype)
+        plain.load_state_dict(half.state_dict())
+        assert not torch.equal(plain(ids, attention_mask=mask, fused=False).logits[real],
+                               expected[real])
     if half.config.norm == "olmo_rmsnorm":
         plain = GPT(replace(half.config, norm="rmsnorm", rope_in_float32=False)).to(dtype)
         plain.load_state_dict(half.state_dict())

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from attnlab import GPT, GPTConfig
-from attnlab.model.attention import Mask, build_mask
+from attnlab.model.masks import Mask, build_mask
 
 TOLERANCE = dict(atol=1e-5, rtol=1e-5)  # float32; distances and received weights exceed 1
 

@@ -12,8 +12,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from attnlab.model import explicit, summaries
-from attnlab.model.attention import attend, build_mask
+from attnlab.model.attention import attend
 from attnlab.model.explicit import _whole
+from attnlab.model.masks import build_mask
 from attnlab.model.sdpa import expand_kv
 from attnlab.model.traced_attention import tiled_attend
 

@@ -14,8 +14,8 @@ from torch.utils._pytree import tree_leaves
 
 from attnlab import GPT, GPTConfig
 from attnlab.generate import generation_memory
-from attnlab.model.attention import build_mask
 from attnlab.model.explicit import _whole
+from attnlab.model.masks import build_mask
 from attnlab.model.memory import capped_scores, trace_use
 from attnlab.model.traced_attention import tiled_attend
 

@@ -17,7 +17,8 @@ from attnlab.model import runtime
 # process often takes ~4,000 page faults per round; each is a fresh zeroed 4 KiB page.
 SCRIPT = """
 import resource, sys, torch
-from attnlab.model.attention import attend, build_mask
+from attnlab.model.attention import attend
+from attnlab.model.masks import build_mask
 from attnlab.model.runtime import reuse_freed_memory
 
 applied = reuse_freed_memory() if sys.argv[1] == "reuse" else None

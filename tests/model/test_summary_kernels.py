@@ -20,7 +20,8 @@ from kernel_cases import CASES, TOLERANCE
 import helpers
 from attnlab import GPT, Trace
 from attnlab.model import summary_kernels, traced_attention
-from attnlab.model.attention import Mask, attend, build_mask
+from attnlab.model.attention import attend
+from attnlab.model.masks import Mask, build_mask
 from attnlab.model.summaries import SUMMARY_NAMES
 
 if importlib.util.find_spec("triton") is None:  # found, not imported: see `interpreted`

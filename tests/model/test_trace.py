@@ -12,7 +12,8 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from attnlab import GPT, CausalSelfAttention, GPTConfig, Trace
 from attnlab.model import traced_attention
-from attnlab.model.attention import attend, build_mask
+from attnlab.model.attention import attend
+from attnlab.model.masks import build_mask
 from attnlab.model.names import NAMES, absent_names
 from attnlab.model.trace import narrowed
 from helpers import modern_switches

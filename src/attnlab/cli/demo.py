@@ -265,7 +265,7 @@ def _averaging(out: Path, formats: list[str], device: Any) -> int:
 
     from .. import viz
     from ..demos.averaging import AVERAGING_FORMS
-    from ..model.attention import causal_mask
+    from ..model.masks import causal_mask
 
     torch.manual_seed(1337)
     B, T, C = 4, 8, 2  # seed 004's sizes

@@ -18,7 +18,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from ..model.attention import causal_mask
+from ..model.masks import causal_mask
 
 
 def average_loops(x: Tensor) -> Tensor:

@@ -72,7 +72,8 @@ def _config(f: Fields) -> dict[str, Any]:
         d_ff=None if f.get("intermediate_size") is None else f.count("intermediate_size"),
         norm_eps=f.number("layer_norm_epsilon", 1e-5),
         gelu=f.gelu("activation_function", "gelu_new"), bias=True, qkv_bias=False,
-        out_bias=True, attn_scale=1.0, sliding_window=window if local else None,
+        out_bias=True, attn_scale=1.0, scores_in_float32=True,
+        sliding_window=window if local else None,
         window_layers=None if len(local) == n_layer else local or None,
         tie_weights=f.flag("tie_word_embeddings", True),
     )
@@ -90,7 +91,7 @@ def _misfits(c: GPTConfig) -> list[str]:
         "parallel_residual=False": not c.parallel_residual, "qk_norm=False": not c.qk_norm,
         "scale_embeddings=False": not c.scale_embeddings,
         "sandwich_norm=False": not c.sandwich_norm, **uncapped(c), **pre_normed(c),
-        **plain_scalars(c),
+        **plain_scalars(c, float32_scores=True),
         **plain_rope(c), **own_norms(c),
     })
 

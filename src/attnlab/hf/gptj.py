@@ -59,7 +59,7 @@ def _config(f: Fields) -> dict[str, Any]:
         n_layer=f.count("n_layer", 28), n_head=n_head, n_embd=n_embd,
         d_ff=None if f.get("n_inner") is None else f.count("n_inner"),
         pos="rope", rope_theta=10000.0, rotary_pct=_rotary_part(f, n_embd // n_head, n_embd),
-        rope_interleaved=True,
+        rope_interleaved=True, scores_in_float32=True,
         norm="layernorm", norm_eps=f.number("layer_norm_epsilon", 1e-5),
         mlp="gelu", gelu=f.gelu("activation_function", "gelu_new"), bias=True,
         qkv_bias=False, out_bias=False, parallel_residual=True, shared_norm=True,
@@ -82,7 +82,8 @@ def _misfits(c: GPTConfig) -> list[str]:
         "residual=True": c.residual, "attn_out_proj=True": c.attn_out_proj,
         "attn_scale=None": c.attn_scale is None, "pre_norm=True": c.pre_norm,
         "scale_embeddings=False": not c.scale_embeddings,
-        "local_rope_theta=None": c.local_rope_theta is None, **uncapped(c), **plain_scalars(c),
+        "local_rope_theta=None": c.local_rope_theta is None, **uncapped(c),
+        **plain_scalars(c, float32_scores=True),
         "rope_in_float32=False": not c.rope_in_float32, "nope_layers=None": c.nope_layers is None,
     })
 

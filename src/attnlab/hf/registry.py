@@ -226,11 +226,15 @@ def pre_normed(config: GPTConfig) -> dict[str, bool]:
     return {"pre_norm=True": config.pre_norm, "qk_norm_whole=False": not config.qk_norm_whole}
 
 
-def plain_scalars(config: GPTConfig) -> dict[str, bool]:
-    """The requirements of every family but Granite: none of its three scalars (an export
-    would drop them)."""
-    return {f"{name}=1.0": getattr(config, name) == 1.0
-            for name in ("embedding_multiplier", "residual_multiplier", "logits_scaling")}
+def plain_scalars(config: GPTConfig, float32_scores: bool = False) -> dict[str, bool]:
+    """The requirements of every family but Granite: none of its three scalars; and unless
+    the family multiplies q and k in float32 (`float32_scores`: GPT-J, GPT-Neo), scores in
+    the model's dtype (an export would drop the difference)."""
+    needed = {f"{name}=1.0": getattr(config, name) == 1.0
+              for name in ("embedding_multiplier", "residual_multiplier", "logits_scaling")}
+    if not float32_scores:
+        needed["scores_in_float32=False"] = not config.scores_in_float32
+    return needed
 
 
 def own_norms(config: GPTConfig) -> dict[str, bool]:

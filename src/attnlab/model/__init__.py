@@ -15,12 +15,13 @@ parts: `tensorfile.py` (safetensors read without trusting them), `materialize.py
 built from named tensors) and `memory.py` (will it fit).
 """
 
-from .attention import CausalSelfAttention, Mask, attend, build_mask, causal_mask, padding_mask
+from .attention import CausalSelfAttention, attend
 from .config import PRESETS, GPTConfig
 from .decode import DecodeStep, half_weights
 from .gpt import GPT, ModelOutput, count_params, next_token_loss
 from .kv_cache import KVCache
 from .layers import RMSNorm
+from .masks import Mask, build_mask, causal_mask, padding_mask
 from .memory import DoesNotFitError
 from .trace import Trace
 

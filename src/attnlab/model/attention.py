@@ -15,16 +15,12 @@ Shape vocabulary, used in every shape comment in attnlab:
     hs  head size              C    channels (embedding width)
     V   vocabulary size
 
-Masks are boolean "may attend" tensors: True where a query may look at a key. The
-causal mask treats the queries as the *last* T of S positions (the trim
-`tril(S, S)[-T:, -S:]` of the full mask), which is what a KV cache needs, and is built from two
-`arange`s so a decode step never allocates an S x S matrix.
+Masks are boolean "may attend" tensors (`masks.py`): True where a query may look at a key.
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
 from typing import Protocol
 
 import torch
@@ -32,6 +28,7 @@ from torch import Tensor, nn
 
 from .explicit import explicit_attend
 from .layers import Linear, make_norm
+from .masks import Mask, build_mask, query_rows
 from .rope import apply_rotary
 from .sdpa import expand_kv, fused_attend
 from .traced_attention import traced_attend, traced_rows
@@ -76,143 +73,6 @@ class LayerCache(Protocol):
     def update(self, pos: int, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]: ...
 
 
-# ----------------------------------------------------------------------------- masks
-
-
-def causal_mask(
-    q_len: int,
-    k_len: int,
-    device: torch.device | str | None = None,
-    *,
-    window: int | None = None,
-    rows: list[int] | None = None,
-) -> Tensor:
-    """(T, S) bool: query i (absolute position k_len - q_len + i) may attend key j iff j <= it
-    (and, with a sliding `window`, iff it - window < j: the last `window` keys, itself included).
-    rows: those queries' rows alone (indices into the T), (len(rows), S).
-
-    Equals `torch.tril(torch.ones(k_len, k_len, dtype=bool))[-q_len:, -k_len:]` without
-    allocating the k_len x k_len matrix.
-    """
-    if q_len < 1 or k_len < q_len:
-        raise ValueError(
-            f"causal_mask needs 1 <= q_len <= k_len, got q_len={q_len}, k_len={k_len}; "
-            "queries are the last q_len of k_len positions, so a cache must hold the new keys too"
-        )
-    query_pos = torch.arange(k_len - q_len, k_len, device=device)  # (T,)
-    if rows is not None:
-        query_pos = query_pos[torch.tensor(rows, device=device)]  # (rows,)
-    key_pos = torch.arange(k_len, device=device)  # (S,)
-    may_attend = key_pos[None, :] <= query_pos[:, None]  # (T, S)
-    if window is not None:
-        may_attend &= key_pos[None, :] > query_pos[:, None] - window  # (T, S)
-    return may_attend
-
-
-def padding_mask(attention_mask: Tensor) -> Tensor:
-    """(B, S) with 1 = real token, 0 = pad  ->  (B, 1, 1, S) bool "may attend" over keys."""
-    if attention_mask.dim() != 2:
-        raise ValueError(
-            f"attention_mask must be (B, S) with 1 for tokens and 0 for padding, "
-            f"got shape {tuple(attention_mask.shape)}"
-        )
-    return attention_mask.bool()[:, None, None, :]  # (B, 1, 1, S)
-
-
-def padding_of_row(attention_mask: Tensor, row: int, S: int, of: str = "ids") -> Tensor:
-    """attention_mask (B, S) or (S,) -> (S,): the 1/0 padding of one batch row, of a model's
-    ids or of a trace's keys (`of`, for the error)."""
-    pad = torch.as_tensor(attention_mask)
-    pad = pad[row] if pad.dim() == 2 else pad  # (S,)
-    if pad.dim() != 1 or pad.shape[0] != S:
-        raise ValueError(f"attention_mask of shape {tuple(torch.as_tensor(attention_mask).shape)}"
-                         f" for {S} {of}; pass the (B, {S}) mask of the batch these {of} "
-                         "come from")
-    return pad
-
-
-@dataclass(frozen=True)
-class Mask:
-    """One combined "may attend" mask, built once per forward and shared by all layers.
-
-    may_attend:   (B or 1, 1, T, S) bool, or None when every query may see every key.
-    square_causal: True when may_attend is exactly the T == S causal mask, so the fused
-                  path can use SDPA's `is_causal=True` kernel instead of a mask tensor.
-    empty_rows:   (B, 1, T, 1) bool, True for queries with no key to attend to (left-pad
-                  positions), or None when there are none possible. Their output is zero.
-    padding:      (B, S) bool, True for real tokens (the attention mask), or None without
-                  one: which key is a row's first real one and which queries are pads, for
-                  the summaries (`summaries.py`).
-    causal:       how `build_mask` made may_attend, for kernels that rebuild it from indices
-                  (`summary_kernels.py`): True, the causal mask with cached keys (and `window`)
-                  and the padding; False, the padding alone; None, a mask of any other shape.
-    window:       the sliding window in may_attend (with causal), or None.
-    cross:        True for cross-attention: the queries come from another sequence, not the
-                  last T of the S keys, so no query is a key (no pad query, no distance).
-    spans:        the traced path's key spans per block of queries
-                  (`traced_attention.key_spans`), worked out by the first layer that needs
-                  them and read by the others.
-    """
-
-    may_attend: Tensor | None
-    square_causal: bool = False
-    empty_rows: Tensor | None = None
-    padding: Tensor | None = None
-    causal: bool | None = None
-    window: int | None = None
-    cross: bool = False
-    spans: dict[tuple[int, int, int], list[tuple[int, int, int]]] = field(
-        default_factory=dict, init=False, repr=False, compare=False)
-
-
-def build_mask(
-    q_len: int,
-    k_len: int,
-    attention_mask: Tensor | None = None,
-    *,
-    causal: bool = True,
-    device: torch.device | str | None = None,
-    window: int | None = None,
-    cross: bool = False,
-) -> Mask:
-    """Combine causal structure and a (B, k_len) padding mask into one `Mask`.
-
-    window: sliding-window attention (with `causal`): a query at slot i sees keys at slots
-    i - window < j <= i. Slots are absolute cache positions; within a left-padded row the
-    real tokens are contiguous, so slot distance is position distance.
-    cross: the keys come from another sequence (cross-attention, never causal).
-    """
-    if cross and causal:
-        raise ValueError("cross-attention (cross=True) has no causal mask: its queries are "
-                         "not among the keys; pass causal=False")
-    if attention_mask is not None and attention_mask.shape[-1] != k_len:
-        raise ValueError(
-            f"attention_mask covers {attention_mask.shape[-1]} keys but attention sees "
-            f"k_len={k_len}; with a KV cache pass the mask for cached + new tokens "
-            f"(shape (B, {k_len}))"
-        )
-    may_attend: Tensor | None = None
-    if window is not None and (not causal or window < 1):
-        raise ValueError(f"a sliding window={window} needs causal attention and window >= 1")
-    windowed = window is not None and window < k_len  # else it hides no key
-    window = window if windowed else None
-    # A single query is the last position, so its causal row is all True: leaving it out lets
-    # a decode step without padding run SDPA with no mask at all. (k_len >= 1: with no key,
-    # causal_mask says what is wrong.)
-    if causal and (windowed or not (q_len == 1 and k_len >= 1)):
-        may_attend = causal_mask(q_len, k_len, device, window=window)[None, None]  # (1, 1, T, S)
-    if attention_mask is None:
-        return Mask(may_attend, square_causal=causal and q_len == k_len and not windowed,
-                    causal=causal, window=window, cross=cross)
-    pad = padding_mask(attention_mask.to(device) if device is not None else attention_mask)
-    may_attend = pad if may_attend is None else may_attend & pad  # (B, 1, T, S)
-    return Mask(may_attend, empty_rows=~may_attend.any(dim=-1, keepdim=True),  # (B, 1, T, 1)
-                padding=pad[:, 0, 0], causal=causal, window=window, cross=cross)  # (B, S)
-
-
-# ----------------------------------------------------------------------------- attend
-
-
 def attend(
     q: Tensor,
     k: Tensor,
@@ -225,6 +85,7 @@ def attend(
     fused: bool = True,
     trace: LayerTrace | None = None,
     softcap: float | None = None,
+    wide: bool = False,
 ) -> Tensor:
     """Scaled dot-product attention. q (B, nh, T, hs), k/v (B, nkv, S, hs) -> (B, nh, T, hs).
 
@@ -241,20 +102,11 @@ def attend(
     and has no step between product and softmax to cap them, so a capped call always takes
     the explicit path (exact): whole, holding the (B, nh, T, S) scores, or without autograd
     on a CPU in tiles (`explicit.explicit_attend`, docs/models.md#soft-capping).
+
+    wide: in 16 bits, the explicit and traced paths multiply q and k in float32 (GPT-J's and
+    GPT-Neo's scores, which float16's range may not hold); SDPA sums in float32 already.
     """
-    if q.dim() != 4 or k.dim() != 4 or v.dim() != 4:
-        raise ValueError(
-            f"attend expects 4-d (B, heads, len, hs) tensors, got q {tuple(q.shape)}, "
-            f"k {tuple(k.shape)}, v {tuple(v.shape)}"
-        )
-    if (k.shape != v.shape or q.shape[-1] != k.shape[-1] or q.shape[0] != k.shape[0]
-            or q.shape[1] % k.shape[1]):
-        raise ValueError(
-            f"q {tuple(q.shape)}, k {tuple(k.shape)}, v {tuple(v.shape)} do not fit: "
-            "need q (B, nh, T, hs) and k == v shape (B, nkv, S, hs), nh a multiple of nkv"
-        )
-    if softcap is not None and not softcap > 0:
-        raise ValueError(f"softcap={softcap} must be > 0 (None: no cap)")
+    _check_inputs(q, k, v, softcap)
     mask = mask or Mask(None)
     if trace is not None:
         trace.note_mask(mask)
@@ -268,6 +120,13 @@ def attend(
 
     if fused and softcap is None and (trace is None or not trace.needs_weights):
         return fused_attend(q, k, v, mask, may_attend, scale, dropout_p)
+    if wide and q.dtype in (torch.float16, torch.bfloat16):
+        if trace is None:  # transformers' steps: the weights back in v's dtype for the product
+            return explicit_attend(q.float(), k.float(), v, mask, may_attend, scale, dropout_p,
+                                   softcap)
+        # traced, every step in float32 (the weights and summaries too)
+        return attend(q.float(), k.float(), v.float(), mask, scale=scale, dropout_p=dropout_p,
+                      training=training, fused=fused, trace=trace, softcap=softcap).to(v.dtype)
     if trace is None:
         return explicit_attend(q, k, v, mask, may_attend, scale, dropout_p, softcap)
     nh = q.shape[1]
@@ -294,6 +153,24 @@ def attend(
     return fused_attend(q, k, v, mask, may_attend, scale, dropout_p)
 
 
+def _check_inputs(q: Tensor, k: Tensor, v: Tensor, softcap: float | None) -> None:
+    """Raise unless q (B, nh, T, hs) and k, v (B, nkv, S, hs) fit `attend`, and a softcap
+    is None or positive."""
+    if q.dim() != 4 or k.dim() != 4 or v.dim() != 4:
+        raise ValueError(
+            f"attend expects 4-d (B, heads, len, hs) tensors, got q {tuple(q.shape)}, "
+            f"k {tuple(k.shape)}, v {tuple(v.shape)}"
+        )
+    if (k.shape != v.shape or q.shape[-1] != k.shape[-1] or q.shape[0] != k.shape[0]
+            or q.shape[1] % k.shape[1]):
+        raise ValueError(
+            f"q {tuple(q.shape)}, k {tuple(k.shape)}, v {tuple(v.shape)} do not fit: "
+            "need q (B, nh, T, hs) and k == v shape (B, nkv, S, hs), nh a multiple of nkv"
+        )
+    if softcap is not None and not softcap > 0:
+        raise ValueError(f"softcap={softcap} must be > 0 (None: no cap)")
+
+
 def _heads_alone(trace: LayerTrace, n_head: int) -> list[int] | None:
     """The query heads whose weights and summaries alone the trace needs (`trace.heads`, a
     subset of the n_head), or None when there is no such head filter."""
@@ -313,16 +190,6 @@ def _rows_alone(trace: LayerTrace, T: int) -> list[int] | None:
         return None
     rows = query_rows(trace.rows, T)
     return rows if len(rows) < T else None
-
-
-def query_rows(rows: tuple[int, ...], T: int) -> list[int]:
-    """The rows of a pass's T queries that `rows` names (negative counts from the end: -1 is
-    the last), ascending, each once."""
-    bad = [r for r in rows if not -T <= r < T]
-    if bad:
-        raise ValueError(f"trace rows {bad} out of range for this pass's {T} query rows: "
-                         f"0 to {T - 1}, or -{T} to -1 counting from the last")
-    return sorted({r % T for r in rows})
 
 
 # ----------------------------------------------------------------------------- module
@@ -348,6 +215,7 @@ class CausalSelfAttention(nn.Module):
             `qk_norm_whole`, one over each token's whole q (d_out) and k (OLMo 2).
         rope_in_float32: q and k rotated in float32 and cast back (OLMo's rounding).
         rope_pairs: RoPE turns adjacent pairs of dims (GPT-J's layout), not halves.
+        scores_in_float32: `attend`'s `wide` (GPT-J's and GPT-Neo's scores).
         rope_names: record q_pre_rope / k_pre_rope on calls without `rope` too (a RoPE
             model's layers without it, NoPE: equal to q and k).
         out_proj: add the output projection back to d_in (GPT-2's attention); False returns
@@ -384,6 +252,7 @@ class CausalSelfAttention(nn.Module):
         rope_in_float32: bool = False,
         rope_names: bool = False,
         rope_pairs: bool = False,
+        scores_in_float32: bool = False,
     ) -> None:
         super().__init__()
         d_out = d_in if d_out is None else d_out
@@ -414,7 +283,7 @@ class CausalSelfAttention(nn.Module):
         # over each head's hs, or (qk_norm_whole, OLMo 2) each token's whole q and k
         q_dim, k_dim = (d_out, d_kv) if qk_norm_whole else (self.head_size, self.head_size)
         self.qk_norm_whole, self.rope_in_float32 = qk_norm_whole, rope_in_float32
-        self.rope_pairs = rope_pairs
+        self.rope_pairs, self.scores_in_float32 = rope_pairs, scores_in_float32
         # a RoPE model's layer names q_pre_rope / k_pre_rope even where it turns nothing (NoPE)
         self.rope_names = rope_names
         self.q_norm = make_norm(qk_norm_kind, q_dim, eps=norm_eps) if qk_norm else None
@@ -484,6 +353,7 @@ class CausalSelfAttention(nn.Module):
             fused=True if fused is None else fused,  # attend keeps weights off the fused path
             trace=trace,
             softcap=self.softcap,
+            wide=self.scores_in_float32,
         )  # (B, nh, T, hs)
         if trace is not None:
             context_vec = trace.record("context", context_vec)

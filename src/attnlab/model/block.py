@@ -10,9 +10,10 @@ from typing import Any
 
 from torch import Tensor, nn
 
-from .attention import CausalSelfAttention, Mask
+from .attention import CausalSelfAttention
 from .config import GPTConfig
 from .layers import MLP, make_norm
+from .masks import Mask
 
 
 def norm_of(config: GPTConfig) -> nn.Module:
@@ -39,7 +40,7 @@ class Block(nn.Module):
             out_proj=c.attn_out_proj, dropout=c.dropout, scale=c.attn_scale,
             qk_norm=c.qk_norm, qk_norm_whole=c.qk_norm_whole, norm_eps=c.norm_eps,
             rope_in_float32=c.rope_in_float32, rope_names=c.pos == "rope",
-            rope_pairs=c.rope_interleaved,
+            rope_pairs=c.rope_interleaved, scores_in_float32=c.scores_in_float32,
             qk_norm_kind=c.norm if c.norm in ("gemma_rmsnorm", "olmo_rmsnorm") else "rmsnorm",
             softcap=c.attn_logit_softcapping,
         )

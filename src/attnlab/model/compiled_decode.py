@@ -39,9 +39,10 @@ from weakref import WeakKeyDictionary
 import torch
 from torch import Tensor
 
-from .attention import Mask, attend
+from .attention import attend
 from .decode import DecodeStep
 from .kv_cache import KVCache, LayerKVCache
+from .masks import Mask
 from .runtime import quiet_compile
 
 if TYPE_CHECKING:
@@ -67,7 +68,8 @@ def _static_step(
             may_attend = seen if window is None else seen & (slots > slot - window)
             masks[window] = Mask(may_attend[:, None, None, :])  # (B, 1, 1, S_max)
         return attend(q, keys, values, masks[window], scale=step.config.attn_scale,
-                      softcap=step.config.attn_logit_softcapping)  # (B, nh, 1, hs)
+                      softcap=step.config.attn_logit_softcapping,
+                      wide=step.config.scores_in_float32)  # (B, nh, 1, hs)
 
     return step.forward_with(token, slot - pads, 0, attention)  # (B, V)
 

@@ -91,6 +91,9 @@ class GPTConfig:
     # RoPE base of the layers with a sliding window, unscaled (Gemma 3: 10,000 there, the
     # others rope_theta and rope_scaling); None = every layer the same
     local_rope_theta: float | None = None
+    # in 16 bits, the explicit and traced paths multiply q and k in float32 and give the
+    # weights back to v's dtype (GPT-J's and GPT-Neo's eager attention); float32: the same
+    scores_in_float32: bool = False
     # layers that rotate no q or k (NoPE: SmolLM3's every fourth); None = every layer rotates
     nope_layers: list[int] | None = None
     # Granite's three scalars: token embeddings times embedding_multiplier, each branch's

@@ -24,7 +24,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from .attention import Mask, attend, build_mask
+from .attention import attend
 from .config import GPTConfig
 from .decode_parts import (
     FLOAT16_MAX,
@@ -40,6 +40,7 @@ from .decode_parts import (
 from .gpt import require_eval
 from .kv_cache import KVCache
 from .layers import GELUS, MLP, activation, embedding_scale, soft_cap
+from .masks import Mask, build_mask
 from .rope import apply_rotary, layer_ropes, real_positions
 from .runtime import check_float16_weights
 
@@ -214,7 +215,8 @@ class DecodeStep:
                 )
             k, v = cache.layers[i].update(pos, k, v)  # (B, nkv, pos + 1, hs) each
             return attend(q, k, v, masks[window], scale=c.attn_scale,
-                          softcap=c.attn_logit_softcapping)  # (B, nh, 1, hs)
+                          softcap=c.attn_logit_softcapping,
+                          wide=c.scores_in_float32)  # (B, nh, 1, hs)
 
         logits = self.forward_with(token, positions, pos, attention)  # (B, V)
         cache.seq_len = pos + 1

@@ -19,7 +19,7 @@ from .summaries import tile_elements
 from .traced_attention import tiled_attend
 
 if TYPE_CHECKING:
-    from .attention import Mask
+    from .masks import Mask
 
 #: devices where a capped forward without autograd runs in tiles: the CPU, where they were
 #: measured faster than the whole path (docs/models.md#soft-capping); on a GPU not yet
@@ -42,7 +42,7 @@ def explicit_attend(q: Tensor, k: Tensor, v: Tensor, mask: Mask, may_attend: Ten
     whole = B * nh * T * k.shape[2] <= tile_elements(q.device) or (
         torch.compiler.is_compiling())
     if softcap is None or dropout_p > 0.0 or needs_grad or whole or (
-            q.device.type not in TILE_DEVICES):
+            q.device.type not in TILE_DEVICES) or q.dtype != v.dtype:
         return _whole(q, k, v, mask, may_attend, scale, dropout_p, softcap)
     return tiled_attend(q, expand_kv(k, nh), expand_kv(v, nh), mask, may_attend, scale, softcap)
 
@@ -70,4 +70,6 @@ def _whole(q: Tensor, k: Tensor, v: Tensor, mask: Mask, may_attend: Tensor | Non
         attn_weights = attn_weights.masked_fill(mask.empty_rows, 0.0)  # (B, nh, T, S)
     if dropout_p > 0.0:
         attn_weights = F.dropout(attn_weights, p=dropout_p, training=True)  # (B, nh, T, S)
-    return attn_weights @ v  # (B, nh, T, S) @ (B, nh, S, hs) -> (B, nh, T, hs)
+    # float32 weights of 16-bit q and k (GPT-J's, GPT-Neo's: `attend`'s wide) go back to v's
+    # dtype first, as transformers' eager attention casts them
+    return attn_weights.to(v.dtype) @ v  # (B, nh, T, S) @ (B, nh, S, hs) -> (B, nh, T, hs)

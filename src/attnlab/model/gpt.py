@@ -20,11 +20,11 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.overrides import TorchFunctionMode
 
-from .attention import Mask, build_mask
 from .block import Block, norm_of
 from .config import GPTConfig
 from .kv_cache import KVCache
 from .layers import Linear, embedding_scale, soft_cap
+from .masks import Mask, build_mask
 from .rope import Rope, Rotary, layer_ropes, real_positions
 from .runtime import kept_out
 from .trace import EditSource, Seam, Trace

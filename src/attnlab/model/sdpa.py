@@ -13,7 +13,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 if TYPE_CHECKING:
-    from .attention import Mask
+    from .masks import Mask
 
 #: Whether `F.scaled_dot_product_attention` takes grouped-query key/value heads as they are
 #: (`enable_gqa`, torch 2.5 on); before it, `fused_attend` copies them out to every query head.

@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING, Any, Protocol, TypeVar, cast
 import torch
 from torch import Tensor
 
-from .attention import causal_mask, padding_of_row, query_rows
+from .masks import causal_mask, padding_of_row, query_rows
 from .names import (
     HEAD_NAMES,
     MODEL_NAMES,
@@ -38,9 +38,9 @@ from .names import (
 )
 
 if TYPE_CHECKING:
-    from .attention import Mask
     from .config import GPTConfig
     from .gpt import GPT
+    from .masks import Mask
 
 _Trace = TypeVar("_Trace", bound="Trace")
 

@@ -37,7 +37,8 @@ from .sdpa import fused_attend
 from .summaries import SUMMARY_NAMES, Summaries, tile_elements
 
 if TYPE_CHECKING:
-    from .attention import LayerTrace, Mask
+    from .attention import LayerTrace
+    from .masks import Mask
 
 #: Query rows per block of a traced CPU pass: a block's (B, nh, rows, S) scores stay in cache
 #: (at GPT-2 small's nh = 12, S = 1024: 6 MiB), where one (B, nh, T, S) temporary per step

@@ -34,8 +34,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from ..model.attention import causal_mask, padding_of_row
 from ..model.gpt import require_eval
+from ..model.masks import causal_mask, padding_of_row
 from ..model.trace import Trace
 from ..tokenizers import check_fits
 from .fragment import ATTENTION, View, fragment

@@ -19,8 +19,8 @@ import torch
 from torch import Tensor
 
 from ..interp.heads import SUMMARY_MEANS, real_queries, summary_means
-from ..model.attention import padding_of_row
 from ..model.gpt import require_eval
+from ..model.masks import padding_of_row
 from ..model.trace import Trace
 from .fragment import OVERVIEW, View, fragment
 from .payloads import overview_payload
