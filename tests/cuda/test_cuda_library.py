@@ -39,7 +39,8 @@ TEXT = "the cat sat on the mat. abcdefghijklmnopqrstuvwxyz"
 # OLMo 2's and OLMo 3's (below); SmolLM3's, one layer without RoPE; Phi-3.5's longrope, its
 # switch (8) inside the sequences; Phi-2's parallel blocks on one norm, a bias on the head;
 # GPT-J's RoPE on adjacent pairs; GPT-Neo's unscaled scores and a window on one layer; OPT's
-# ReLU MLP; StableLM's biased LayerNorms beside unbiased Linears; Granite's four scalars
+# ReLU MLP; StableLM's biased LayerNorms beside unbiased Linears; Granite's four scalars;
+# Falcon-7B's one-norm parallel block with one key/value head
 GEMMA = {"pos": "rope", "norm": "gemma_rmsnorm", "mlp": "geglu", "bias": False, "n_kv_head": 2,
          "scale_embeddings": True, "sandwich_norm": True, "sliding_window": 8,
          "window_layers": [0]}
@@ -79,6 +80,8 @@ FAMILIES = {
     "granite": {"pos": "rope", "norm": "rmsnorm", "mlp": "swiglu", "bias": False,
                 "attn_scale": 0.25, "embedding_multiplier": 6.0, "residual_multiplier": 0.5,
                 "logits_scaling": 2.0},
+    "falcon": {"pos": "rope", "bias": False, "norm_bias": True, "gelu": "exact", "n_kv_head": 1,
+               "parallel_residual": True, "shared_norm": True},
 }
 
 

@@ -1,6 +1,7 @@
 """hf/: attnlab on Llama / Mistral / Qwen2 / Qwen3 / GPT-NeoX / Gemma / Phi / Phi-3 / OLMo 2 /
-OLMo 3 / SmolLM3 / GPT-J / GPT-Neo / OPT / StableLM / Granite weights equals transformers'
-eager attention on the same random weights (nothing downloaded), and exports back.
+OLMo 3 / SmolLM3 / GPT-J / GPT-Neo / OPT / StableLM / Granite / Falcon weights equals
+transformers' eager attention on the same random weights (nothing downloaded), and exports
+back.
 
 Two shapes per family, between them: GQA, tied and untied heads, head_dim != C / nh,
 attention / MLP biases, partial rotary, rope_theta != 10000, llama3 and linear RoPE scaling,
@@ -9,7 +10,7 @@ and sequential residual, Gemma's scaled embeddings, (1 + w) norm and GeGLU, Gemm
 norms and per-layer-type RoPE, Gemma 2's soft caps, Phi's one norm for a parallel block and
 bias on the head, GPT-J's RoPE on adjacent pairs, GPT-Neo's unscaled scores and local
 layers, OPT's ReLU and offset position table, StableLM's biased LayerNorms beside unbiased
-Linears, Granite's four scalars, Phi-3's fused q/k/v and gate/up
+Linears, Granite's four scalars, Falcon's multi-query fused q/k/v, Phi-3's fused q/k/v and gate/up
 projections, OLMo 2's output-only norms and whole-width QK-norm, OLMo 3's windowed layers
 with RoPE per layer type, SmolLM3's layers without RoPE; one yarn case per family, its
 original_max_position_embeddings (16) shorter than the sequences, its attention factor
@@ -207,6 +208,16 @@ CASES: dict[str, tuple[str, dict[str, Any]]] = {
         **{**SMALL, "num_hidden_layers": 3}, num_key_value_heads=4, attention_bias=True,
         mlp_bias=True, tie_word_embeddings=True, embedding_multiplier=6.0,
         residual_multiplier=0.8, attention_multiplier=0.25, logits_scaling=1.25)),
+    # Falcon-7B's layout: attention and MLP on one LayerNorm (biased, beside unbiased
+    # Linears), multi-query q/k/v in one query_key_value, the exact GELU, tied
+    "falcon-parallel-mqa": ("Falcon", dict(vocab_size=97, hidden_size=32, num_attention_heads=4,
+                                           num_hidden_layers=2, max_position_embeddings=128)),
+    # one block after the other, a key/value head per query head (per-head fused q/k/v),
+    # biases everywhere, the tanh GELU, untied
+    "falcon-sequential": ("Falcon", dict(
+        vocab_size=89, hidden_size=32, num_attention_heads=4, num_hidden_layers=3,
+        max_position_embeddings=128, multi_query=False, parallel_attn=False, bias=True,
+        tie_word_embeddings=False, activation="gelu_pytorch_tanh")),
     # Phi-3: q/k/v in one qkv_proj and gate/up in one gate_up_proj; GQA, window 5 on every
     # layer (Phi-3-mini-4k: 2047), untied
     "phi3-gqa-window": ("Phi3", dict(
@@ -397,8 +408,12 @@ def _rounding_as_attnlabs(hf: Any, vocab: int, monkeypatch: pytest.MonkeyPatch) 
     change its logits: `gelu_new` (Phi's, GPT-J's and GPT-Neo's MLP), whose tanh formula
     transformers rounds step by step and attnlab's one F.gelu (tanh) call once, becomes
     F.gelu's (transformers' gelu_pytorch_tanh); OPT's attention, which scales q before its
-    product with k, scales the product, as attnlab does. (GPT-J's and GPT-Neo's q and k
-    multiplied in float32 attnlab copies: `GPTConfig.scores_in_float32`.)"""
+    product with k, scales the product, and Falcon's, which divides the scores by sqrt(hs)
+    and adds each Linear's bias after its product, multiplies them by the inverse and adds
+    the bias in the product (nn.Linear), as attnlab does; Falcon's two checked together, in
+    float16.
+    (GPT-J's and GPT-Neo's q and k multiplied in float32 attnlab copies:
+    `GPTConfig.scores_in_float32`.)"""
     ids, mask = left_padded([5, 17, 11], vocab=vocab, low=1, seed=1)
     stepwise = [m for m in hf.modules() if isinstance(
         getattr(m, "activation_fn", getattr(m, "act", None)),
@@ -423,6 +438,31 @@ def _rounding_as_attnlabs(hf: Any, vocab: int, monkeypatch: pytest.MonkeyPatch) 
                 monkeypatch.setattr(module, "scaling", 1.0)
         monkeypatch.setattr(modeling_opt, "eager_attention_forward", scaled_after)
         assert not torch.equal(hf(ids, attention_mask=mask).logits, before)
+    if hf.config.model_type == "falcon":  # scores divided by sqrt(hs), a bias added after
+        # the product (FalconLinear): multiplied by 1/sqrt(hs), added in it (nn.Linear)
+        from transformers.models.falcon import modeling_falcon
+
+        def multiplied(module: Any, hidden_states: Any, alibi: Any, attention_mask: Any,
+                       layer_past: Any = None, position_embeddings: Any = None,
+                       **_: Any) -> tuple[Any, Any]:
+            q, k, v = module._split_heads(module.query_key_value(hidden_states))
+            B, T, nh, hs = q.shape
+            q, k, v = (t.transpose(1, 2) for t in (q, k, v))  # (B, heads, T, hs)
+            q, k = modeling_falcon.apply_rotary_pos_emb(q, k, *position_embeddings)
+            if layer_past is not None:
+                k, v = layer_past.update(k, v, module.layer_idx)
+            scores = q @ k.transpose(-1, -2) * hs ** -0.5 + attention_mask
+            weights = torch.softmax(scores, dim=-1, dtype=hidden_states.dtype)
+            return module.dense((weights @ v).transpose(1, 2).reshape(B, T, nh * hs)), weights
+
+        def linear(module: Any, x: Any) -> Any:  # the bias added inside the product
+            return torch.nn.functional.linear(x, module.weight, module.bias)
+
+        before = hf(ids, attention_mask=mask).logits
+        monkeypatch.setattr(modeling_falcon.FalconAttention, "forward", multiplied)
+        monkeypatch.setattr(modeling_falcon.FalconLinear, "forward", linear)
+        if hf.dtype == torch.float16:  # bfloat16 rounds these test models' two ways alike
+            assert not torch.equal(hf(ids, attention_mask=mask).logits, before)
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
@@ -435,7 +475,8 @@ def test_the_explicit_path_in_16_bits_is_transformers_bit_for_bit(
     softmax in float32 then cast, every product; OLMo's norms scaled and RoPE turned in
     float32; GPT-J's and GPT-Neo's q and k multiplied in float32). Without OLMo's roundings,
     or GPT-J's and GPT-Neo's float32 scores, their logits differ. Two roundings attnlab does
-    not copy (`gelu_new`'s steps, OPT's scaled q) are given to transformers' model first:
+    not copy (`gelu_new`'s steps, OPT's scaled q, Falcon's division and bias add) are given
+    to transformers' model first:
     `_rounding_as_attnlabs`."""
     _, ours, directory = pair
     hf = transformers.AutoModelForCausalLM.from_pretrained(

@@ -70,12 +70,12 @@ YARN = {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 
 #: what a config.json of no known model_type is told attnlab imports
 IMPORTS = (
     "gpt2, llama, mistral, qwen2, qwen3, gpt_neox, gemma, gemma2, gemma3_text, phi, phi3, "
-    "olmo2, olmo3, smollm3, gptj, gpt_neo, opt, stablelm, granite (GPT2LMHeadModel, "
+    "olmo2, olmo3, smollm3, gptj, gpt_neo, opt, stablelm, granite, falcon (GPT2LMHeadModel, "
     "LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM, "
     "GPTNeoXForCausalLM, GemmaForCausalLM, Gemma2ForCausalLM, Gemma3ForCausalLM, "
     "PhiForCausalLM, Phi3ForCausalLM, Olmo2ForCausalLM, Olmo3ForCausalLM, SmolLM3ForCausalLM, "
     "GPTJForCausalLM, GPTNeoForCausalLM, OPTForCausalLM, StableLmForCausalLM, "
-    "GraniteForCausalLM)"
+    "GraniteForCausalLM, FalconForCausalLM)"
 )
 REFUSED: list[tuple[str, Any, str]] = [
     ("hidden_act", lambda: {**hf_dict("Llama", **SMALL), "hidden_act": "gelu"},
@@ -178,8 +178,8 @@ REFUSED: list[tuple[str, Any, str]] = [
         "full_attention": {"rope_type": "default", "rope_theta": 1e4}}},
      "llama config.json has rope_parameters.full_attention={'rope_type': 'default', "
      "'rope_theta': 10000.0}: per-layer-type RoPE parameters are not supported"),
-    ("model_type", lambda: {"model_type": "falcon", "hidden_size": 32},
-     f"config.json has model_type='falcon'; attnlab imports {IMPORTS}"),
+    ("model_type", lambda: {"model_type": "mpt", "hidden_size": 32},
+     f"config.json has model_type='mpt'; attnlab imports {IMPORTS}"),
     # a list is no model_type (it raised a bare TypeError: unhashable type)
     ("model_type list", lambda: {"model_type": [], "hidden_size": 32},
      f"config.json has model_type=[]; attnlab imports {IMPORTS}"),

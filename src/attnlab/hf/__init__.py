@@ -5,7 +5,7 @@ Families (one module each, listed in `FAMILIES`): GPT2LMHeadModel, LlamaForCausa
 MistralForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM, GPTNeoXForCausalLM,
 GemmaForCausalLM, Gemma2ForCausalLM, Gemma3ForCausalLM, PhiForCausalLM, Phi3ForCausalLM,
 Olmo2ForCausalLM, Olmo3ForCausalLM, SmolLM3ForCausalLM, GPTJForCausalLM, GPTNeoForCausalLM,
-OPTForCausalLM, StableLmForCausalLM, GraniteForCausalLM.
+OPTForCausalLM, StableLmForCausalLM, GraniteForCausalLM, FalconForCausalLM.
 `registry.py` holds the Family / WeightMap machinery, `fields.py` the config-field
 bookkeeping (every field is honoured, refused by name, or listed there as irrelevant),
 `files.py` the directory reading and writing (the tokenizer files themselves are
@@ -43,6 +43,7 @@ from ..tokenizers.hf_dir import (
     load_hf_tokenizer,
     read_hf_config,
 )
+from .falcon import FALCON
 from .fields import Fields
 from .files import (
     MAX_SHARD_SIZE,
@@ -77,7 +78,7 @@ from .stablelm import STABLELM
 # export picks the first family a GPTConfig fits, so the plainest comes first
 FAMILIES: tuple[Family, ...] = (GPT2, LLAMA, MISTRAL, QWEN2, QWEN3, GPT_NEOX, GEMMA, GEMMA2,
                                GEMMA3, PHI, PHI3, OLMO2, OLMO3, SMOLLM3, GPTJ, GPT_NEO, OPT,
-                               STABLELM, GRANITE)
+                               STABLELM, GRANITE, FALCON)
 FAMILY_BY_NAME: dict[str, Family] = {f.name: f for f in FAMILIES}
 
 __all__ = [

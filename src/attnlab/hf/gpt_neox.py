@@ -32,7 +32,7 @@ from .registry import (
 )
 
 
-def _split(qkv: Tensor, config: GPTConfig) -> tuple[Tensor, Tensor, Tensor]:
+def split_per_head(qkv: Tensor, config: GPTConfig) -> tuple[Tensor, Tensor, Tensor]:
     """query_key_value weight (nh*3*hs, C) or bias (nh*3*hs,) -> q, k, v (nh*hs, ...)."""
     nh = config.n_head
     per_head = qkv.view(nh, 3, -1, *qkv.shape[1:])  # (nh, 3, hs[, C])
@@ -40,7 +40,7 @@ def _split(qkv: Tensor, config: GPTConfig) -> tuple[Tensor, Tensor, Tensor]:
     return q, k, v
 
 
-def _join(parts: Sequence[Tensor], config: GPTConfig) -> Tensor:
+def join_per_head(parts: Sequence[Tensor], config: GPTConfig) -> Tensor:
     q, k, v = parts
     nh = config.n_head
     per_head = [t.reshape(nh, 1, -1, *t.shape[1:]) for t in (q, k, v)]  # (nh, 1, hs[, C])
@@ -55,7 +55,7 @@ WEIGHTS = WeightMap(
            "attn.out_proj": "attention.dense", "mlp.fc": "mlp.dense_h_to_4h",
            "mlp.proj": "mlp.dense_4h_to_h"},
     base="gpt_neox.",
-    fused=(Fused("attention.query_key_value", QKV, _split, _join),),
+    fused=(Fused("attention.query_key_value", QKV, split_per_head, join_per_head),),
 )
 
 

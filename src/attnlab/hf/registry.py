@@ -3,7 +3,7 @@ one weight-renaming engine every family declares its names to.
 
 A family (one small module each: gpt2.py, gpt_neo.py, llama.py, qwen2.py, qwen3.py,
 gpt_neox.py, gptj.py, opt.py, the gemma*.py, phi.py, phi3.py, the olmo*.py, smollm3.py,
-stablelm.py, granite.py) is a `Family`: its model_type and architecture names, a config
+stablelm.py, granite.py, falcon.py) is a `Family`: its model_type and architecture names, a config
 mapping each way (`Fields` in, a config.json dict out), `misfits` (why a GPTConfig cannot be
 exported as this family) and a `WeightMap` (attnlab's state-dict names <-> Hugging Face's,
 with the modules a family fuses into one Linear: `Fused`). Adding a family is one new module
