@@ -53,7 +53,7 @@ from torch import Tensor, nn
 
 from ..model.block import Block
 from ..model.gpt import check_position, per_row_ids, require_eval, unembed_scaled
-from ..model.layers import GemmaRMSNorm, RMSNorm, soft_cap
+from ..model.layers import GemmaRMSNorm, RMSNorm, branch_scaled, soft_cap
 from ..model.names import absent_names
 from ..model.runtime import wide
 from ..model.trace import EditSource, Trace
@@ -117,19 +117,16 @@ def residual_parts(model: Any, ids: Tensor, attention_mask: Tensor | None = None
     trace = Trace(layers=range(end) if end else None, names=kept)
     trace.run(model, ids, attention_mask, edits=edits)
     labels, parts = list(names), [trace.get(n) for n in names]  # (B, T, C) each
-
-    def branch(out: Tensor) -> Tensor:
-        """A branch's output as the stream adds it (Granite: times residual_multiplier)."""
-        return out if c.residual_multiplier == 1.0 else out * c.residual_multiplier
-
+    scale = c.residual_multiplier  # each branch as the stream adds it (Granite's)
     for i in range(end):
         out = trace.get(attn, i)  # (B, T, C), or (B, nh, T, hs) heads
         labels.append(f"{i} attn")
         # (B, T, C), or heads (B, nh, T, hs) -> (B, T, nh*hs) side by side
-        parts.append(branch(out if attn != "context" else out.transpose(1, 2).flatten(2)))
+        parts.append(branch_scaled(out if attn != "context" else out.transpose(1, 2).flatten(2),
+                                   scale))
         if (i, mlp) in trace:
             labels.append(f"{i} mlp")
-            parts.append(branch(trace.get(mlp, i)))
+            parts.append(branch_scaled(trace.get(mlp, i), scale))
     return labels, torch.stack(parts)  # (n, B, T, C)
 
 

@@ -12,7 +12,7 @@ from torch import Tensor, nn
 
 from .attention import CausalSelfAttention
 from .config import GPTConfig
-from .layers import MLP, make_norm
+from .layers import MLP, branch_scaled, make_norm
 from .masks import Mask
 
 
@@ -67,22 +67,19 @@ class Block(nn.Module):
         a = self.attn(h, mask=mask, kv_cache=kv_cache, pos=pos, trace=trace, fused=fused,
                       rope=rope)  # (B, T, C)
         if self.parallel:  # GPT-NeoX: both branches read x; its order of the sum
-            if self.branch_scale != 1.0:
-                a = a * self.branch_scale  # (B, T, C)
+            a = branch_scaled(a, self.branch_scale)  # (B, T, C)
             if self.mlp is None:
                 return a + x if self.residual else a
             m = self.mlp(h if self.ln_2 is None else self.ln_2(x), trace)  # (B, T, C)
             if trace is not None:
                 m = trace.record("mlp_out", m)
-            if self.branch_scale != 1.0:
-                m = m * self.branch_scale  # (B, T, C)
+            m = branch_scaled(m, self.branch_scale)  # (B, T, C)
             return m + a + x if self.residual else m + a  # (B, T, C)
         if self.ln_attn_post is not None:
             a = self.ln_attn_post(a)  # (B, T, C)
             if trace is not None:
                 a = trace.record("attn_out_normed", a)
-        if self.branch_scale != 1.0:
-            a = a * self.branch_scale  # (B, T, C)
+        a = branch_scaled(a, self.branch_scale)  # (B, T, C)
         x = x + a if self.residual else a
         if self.mlp is not None and self.ln_2 is not None:
             if trace is not None:
@@ -94,7 +91,6 @@ class Block(nn.Module):
                 m = self.ln_mlp_post(m)  # (B, T, C)
                 if trace is not None:
                     m = trace.record("mlp_out_normed", m)
-            if self.branch_scale != 1.0:
-                m = m * self.branch_scale  # (B, T, C)
+            m = branch_scaled(m, self.branch_scale)  # (B, T, C)
             x = x + m if self.residual else m
         return x

@@ -25,7 +25,6 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from .attention import attend
-from .config import GPTConfig
 from .decode_parts import (
     FLOAT16_MAX,
     Affine,
@@ -39,7 +38,7 @@ from .decode_parts import (
 )
 from .gpt import require_eval
 from .kv_cache import KVCache
-from .layers import GELUS, MLP, activation, embedding_scale, soft_cap
+from .layers import GELUS, MLP, activation, branch_scaled, embedding_scale, soft_cap
 from .masks import Mask, build_mask
 from .rope import apply_rotary, layer_ropes, real_positions
 from .runtime import check_float16_weights
@@ -91,12 +90,6 @@ class _DecodeLayer(NamedTuple):
             qkv=Packed16.of(cast(Affine, self.qkv)), out_proj=pack(self.out_proj),
             fc=pack(self.fc), gate=pack(self.gate), proj=pack(self.proj),
         )
-
-
-def _branch(out: Tensor, config: GPTConfig) -> Tensor:
-    """A branch's output as the residual adds it: times residual_multiplier (Granite's)."""
-    scale = config.residual_multiplier
-    return out if scale == 1.0 else out * scale
 
 
 def _apply(norm: StepNorm | None, x: Tensor) -> Tensor:
@@ -244,6 +237,7 @@ class DecodeStep:
             positions[:, None])  # (B or 1, 1)
         ropes = layer_ropes(self.rotary, self.local_rotary, at)  # (B|1, 1, 1, rd) each
         B, nh, nkv, hs = token.shape[0], c.n_head, c.n_kv_heads, c.head_size
+        scale = c.residual_multiplier  # of each branch's output (Granite's)
         for i, layer in enumerate(self.layers):
             h = _apply(layer.ln_1, x)  # (B, C)
             qkv = layer.qkv(h)  # (B, (nh + 2*nkv) * hs)
@@ -260,16 +254,17 @@ class DecodeStep:
             if layer.out_proj is not None:
                 a = layer.out_proj(a)  # (B, C)
             if c.parallel_residual:  # the MLP reads ln_1's output where shared_norm
-                m = 0.0 if layer.fc is None else _branch(self._mlp(
-                    layer, h if c.shared_norm else _apply(layer.ln_2, x)), c)
-                a = _branch(a, c)
+                m = 0.0 if layer.fc is None else branch_scaled(self._mlp(
+                    layer, h if c.shared_norm else _apply(layer.ln_2, x)), scale)
+                a = branch_scaled(a, scale)
                 x = m + a + x if c.residual else m + a  # GPT-NeoX's order of the sum
                 continue
-            a = _branch(_apply(layer.attn_post, a), c)  # (B, C)
+            a = branch_scaled(_apply(layer.attn_post, a), scale)  # (B, C)
             x = x + a if c.residual else a
             if layer.fc is not None:
                 m = _apply(layer.mlp_post, self._mlp(layer, _apply(layer.ln_2, x)))  # (B, C)
-                x = x + _branch(m, c) if c.residual else _branch(m, c)
+                m = branch_scaled(m, scale)  # (B, C)
+                x = x + m if c.residual else m
         logits = self.lm_head(_apply(self.ln_f, x))  # (B, V)
         if c.logits_scaling != 1.0:  # Granite
             logits = logits.div_(c.logits_scaling)  # (B, V)

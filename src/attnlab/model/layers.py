@@ -76,6 +76,16 @@ def _hooked(module: nn.Module) -> bool:
                 or hooks._global_forward_hooks or hooks._global_forward_pre_hooks)
 
 
+# ----------------------------------------------------------------------------- branches
+
+
+def branch_scaled(out: Tensor, scale: float) -> Tensor:
+    """A block branch's output (..., C) as the residual adds it: times `scale` (Granite's
+    residual_multiplier); `out` itself at 1.0. The block, the decode step and
+    `interp.lens.residual_parts` all scale through it."""
+    return out if scale == 1.0 else out * scale
+
+
 # ----------------------------------------------------------------------------- soft-capping
 
 
@@ -199,7 +209,8 @@ class MLP(nn.Module):
         self.proj = Linear(d_ff, n_embd, bias=bias)
         self.dropout = nn.Dropout(dropout)
         self.approximate = GELUS[gelu]
-        self.act = act  # the ungated form's
+        self.act = act  # the ungated form's: fused into fc's product where it can be
+        self.up_act = activation(act, self.approximate)
         self.gate_act = activation(gate_act, self.approximate)
 
     def forward(self, x: Tensor, trace: Any = None) -> Tensor:
@@ -215,7 +226,7 @@ class MLP(nn.Module):
             pre = (self.fc if self.gate is None else self.gate)(x)  # (B, T, d_ff)
             if trace is not None:
                 pre = trace.record("mlp_pre", pre)
-            h = (activation(self.act, self.approximate)(pre) if self.gate is None
+            h = (self.up_act(pre) if self.gate is None
                  else self.gate_act(pre) * self.fc(x))  # (B, T, d_ff)
         if trace is not None:
             h = trace.record("mlp_hidden", h)
