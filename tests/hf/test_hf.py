@@ -155,7 +155,7 @@ def test_clear_errors(tmp_path: Path) -> None:
 def test_export_refuses_models_gpt2_cannot_express(tmp_path: Path) -> None:
     from attnlab import GPT, GPTConfig
     model = GPT(GPTConfig.from_name("nano", n_kv_head=1))
-    with pytest.raises(ValueError, match=r"n_kv_head in \(None, n_head\)"):
+    with pytest.raises(ValueError, match=r"it needs n_kv_head=2 \(not 1\)"):
         save_hf_gpt2(tmp_path, model)
 
 

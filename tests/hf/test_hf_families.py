@@ -672,9 +672,11 @@ def test_an_olmo2_directory_reads_its_norms_and_no_other_family_writes_it(
     assert (info["family"], info["architecture"]) == ("olmo2", "Olmo2ForCausalLM")
     assert info["parameters"] == hf.num_parameters()
     with pytest.raises(ValueError, match=r"LlamaForCausalLM cannot express this model: it "
-                                         r"needs norm='rmsnorm', pre_norm=True, "
-                                         r"qk_norm_whole=False, rope_in_float32=False, "
-                                         r"sandwich_norm=False, qk_norm=False"):
+                                         r"needs norm='rmsnorm' \(not 'olmo_rmsnorm'\), "
+                                         r"qk_norm=False \(not True\), qk_norm_whole=False "
+                                         r"\(not True\), rope_in_float32=False \(not True\), "
+                                         r"sandwich_norm=False \(not True\), pre_norm=True "
+                                         r"\(not False\)"):
         save_hf(tmp_path / "llama", ours, family="llama")
     with pytest.raises(ValueError, match=r"Gemma2ForCausalLM .* pre_norm=True"):
         save_hf(tmp_path / "gemma2", ours, family="gemma2")

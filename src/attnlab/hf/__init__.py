@@ -44,7 +44,6 @@ from ..tokenizers.hf_dir import (
     read_hf_config,
 )
 from .falcon import FALCON
-from .fields import Fields
 from .files import (
     MAX_SHARD_SIZE,
     SAFETENSORS_FILE,
@@ -136,11 +135,7 @@ def family_of(hf_config: Mapping[str, Any]) -> Family:
 def config_from_hf(hf_config: Mapping[str, Any], *, dropout: float = 0.0) -> GPTConfig:
     """GPTConfig for a Hugging Face config dict of any supported family; ValueError with one
     line naming the first field (and its value) attnlab cannot honour."""
-    family = family_of(hf_config)
-    fields = Fields(hf_config, family.name)
-    values = family.config_from_hf(fields)
-    fields.finish(family.irrelevant)
-    return GPTConfig(**values, dropout=dropout, init_std=None)
+    return family_of(hf_config).read(hf_config, dropout=dropout)
 
 
 def family_for_config(config: GPTConfig) -> Family:

@@ -21,7 +21,7 @@ from torch import Tensor
 from ..model.gpt import GPTConfig
 from .fields import MAX_CONTEXT, Fields, rope_from_hf, rope_to_hf
 from .gpt_neox import join_per_head, split_per_head
-from .registry import QKV, Family, Fused, WeightMap, misfits_of, plain_rope, plain_scalars, uncapped
+from .registry import QKV, Family, Fused, WeightMap
 
 # transformers reads neither (the first is a pre-port field the model never applied; the
 # second points to the hub's custom code, read only with trust_remote_code)
@@ -87,26 +87,6 @@ def _config(f: Fields) -> dict[str, Any]:
     )
 
 
-def _misfits(c: GPTConfig) -> list[str]:
-    return misfits_of({
-        "pos='rope'": c.pos == "rope", "rotary_pct=1.0": c.rotary_pct == 1.0,
-        "norm='layernorm'": c.norm == "layernorm", "norm_bias unset or True": c.norm_biased,
-        "mlp='gelu'": c.mlp == "gelu", "qkv_bias == out_bias == bias": (
-            c.bias if c.qkv_bias is None else c.qkv_bias) == c.bias == (
-            c.bias if c.out_bias is None else c.out_bias),
-        "n_kv_head in (1, n_head)": c.n_kv_heads in (1, c.n_head),
-        "head_dim=None": c.head_dim in (None, c.n_embd // c.n_head),
-        "shared_norm == parallel_residual": c.shared_norm == c.parallel_residual,
-        "head_bias=False": not c.head_bias, "qk_norm=False": not c.qk_norm,
-        "sliding_window=None": c.sliding_window is None, "residual=True": c.residual,
-        "attn_out_proj=True": c.attn_out_proj, "attn_scale=None": c.attn_scale is None,
-        "pre_norm=True": c.pre_norm, "scale_embeddings=False": not c.scale_embeddings,
-        "sandwich_norm=False": not c.sandwich_norm,
-        "local_rope_theta=None": c.local_rope_theta is None, **uncapped(c), **plain_rope(c),
-        **plain_scalars(c),
-    })
-
-
 def _to_hf(c: GPTConfig) -> dict[str, Any]:
     return {
         "architectures": [FALCON.architecture], "model_type": FALCON.model_type,
@@ -123,5 +103,5 @@ def _to_hf(c: GPTConfig) -> dict[str, Any]:
 FALCON = Family(
     name="falcon", model_type="falcon", architecture="FalconForCausalLM",
     base_architecture="FalconModel", config_from_hf=_config, config_to_hf=_to_hf,
-    misfits=_misfits, weights=WEIGHTS, irrelevant=IRRELEVANT,
+    weights=WEIGHTS, irrelevant=IRRELEVANT,
 )

@@ -14,8 +14,8 @@ from typing import Any
 
 from ..model.gpt import GPTConfig
 from .fields import GELUS, Fields
-from .llama import LLAMA_WEIGHTS, llama_like_config, llama_like_to_hf, out_bias_of, qkv_bias_of
-from .registry import Family, misfits_of, own_norms, plain_rope, plain_scalars, pre_normed, uncapped
+from .llama import LLAMA_WEIGHTS, llama_like_config, llama_like_to_hf
+from .registry import Family
 
 # transformers 5's GemmaConfig turns the legacy "gelu" of the first releases into the tanh form
 # (`hidden_act="gelu"` ... "is meant to target the tanh approximation"), so every GELU name is it
@@ -37,28 +37,13 @@ def _config(f: Fields) -> dict[str, Any]:
     )
 
 
-def _misfits(c: GPTConfig) -> list[str]:
-    return misfits_of({
-        "pos='rope'": c.pos == "rope", "norm='gemma_rmsnorm'": c.norm == "gemma_rmsnorm",
-        "mlp='geglu'": c.mlp == "geglu", "gelu='tanh'": c.gelu == "tanh",
-        "scale_embeddings=True": c.scale_embeddings, "bias=False": not c.bias,
-        "qkv_bias == out_bias": qkv_bias_of(c) == out_bias_of(c),
-        "rotary_pct=1.0": c.rotary_pct == 1.0, "parallel_residual=False": not c.parallel_residual,
-        "residual=True": c.residual, "attn_out_proj=True": c.attn_out_proj,
-        "attn_scale=None": c.attn_scale is None, "qk_norm=False": not c.qk_norm,
-        "sliding_window=None": c.sliding_window is None, "sandwich_norm=False":
-        not c.sandwich_norm, **uncapped(c), **pre_normed(c),
-        **plain_scalars(c), **plain_rope(c), **own_norms(c),
-    })
-
-
 def _to_hf(c: GPTConfig) -> dict[str, Any]:
     return llama_like_to_hf(c, GEMMA, hidden_act="gelu_pytorch_tanh",
-                            attention_bias=qkv_bias_of(c))
+                            attention_bias=c.qkv_biased)
 
 
 GEMMA = Family(
     name="gemma", model_type="gemma", architecture="GemmaForCausalLM",
     base_architecture="GemmaModel", config_from_hf=_config, config_to_hf=_to_hf,
-    misfits=_misfits, weights=LLAMA_WEIGHTS, irrelevant=frozenset(IRRELEVANT),
+    weights=LLAMA_WEIGHTS, irrelevant=frozenset(IRRELEVANT),
 )

@@ -13,7 +13,7 @@ from typing import Any
 
 from ..model.gpt import GPTConfig
 from .fields import Fields
-from .gemma3 import WEIGHTS, sandwich_config, sandwich_misfits, sandwich_to_hf
+from .gemma3 import WEIGHTS, sandwich_config, sandwich_to_hf
 from .registry import Family
 
 # hub configs carry hidden_act beside hidden_activation, which Gemma 2's MLP reads in
@@ -36,11 +36,6 @@ def _config(f: Fields) -> dict[str, Any]:
     )
 
 
-def _misfits(c: GPTConfig) -> list[str]:
-    return sandwich_misfits(c, **{"qk_norm=False": not c.qk_norm,
-                                  "local_rope_theta=None": c.local_rope_theta is None})
-
-
 def _to_hf(c: GPTConfig) -> dict[str, Any]:
     return sandwich_to_hf(c, GEMMA2, attn_logit_softcapping=c.attn_logit_softcapping,
                           final_logit_softcapping=c.final_logit_softcapping)
@@ -49,5 +44,5 @@ def _to_hf(c: GPTConfig) -> dict[str, Any]:
 GEMMA2 = Family(
     name="gemma2", model_type="gemma2", architecture="Gemma2ForCausalLM",
     base_architecture="Gemma2Model", config_from_hf=_config, config_to_hf=_to_hf,
-    misfits=_misfits, weights=WEIGHTS, irrelevant=IRRELEVANT,
+    weights=WEIGHTS, irrelevant=IRRELEVANT,
 )

@@ -19,19 +19,9 @@ from typing import Any
 
 from ..model.gpt import GPTConfig
 from .fields import MAX_CONTEXT, Fields, rope_from_hf, rope_to_hf
-from .llama import LLAMA_WEIGHTS, llama_like_config, llama_like_to_hf, out_bias_of, qkv_bias_of
+from .llama import LLAMA_WEIGHTS, llama_like_config, llama_like_to_hf
 from .qwen2 import LAYER_TYPES, checked_layer_types
-from .registry import (
-    Family,
-    WeightMap,
-    misfits_of,
-    own_norms,
-    plain_rope,
-    plain_scalars,
-    pre_normed,
-    uncapped,
-    window_layers_to_hf,
-)
+from .registry import Family, WeightMap, window_layers_to_hf
 
 WEIGHTS = WeightMap(
     top=LLAMA_WEIGHTS.top, layer=LLAMA_WEIGHTS.layer, base=LLAMA_WEIGHTS.base,
@@ -124,7 +114,7 @@ def sandwich_to_hf(c: GPTConfig, family: Family, **extra: Any) -> dict[str, Any]
     """The config.json fields Gemma 2 and 3 share, the family's own `extra` added."""
     scalar = c.score_scale ** -2
     out = llama_like_to_hf(
-        c, family, attention_bias=qkv_bias_of(c), layer_types=window_layers_to_hf(c),
+        c, family, attention_bias=c.qkv_biased, layer_types=window_layers_to_hf(c),
         hidden_activation={"tanh": "gelu_pytorch_tanh", "exact": "gelu"}[c.gelu],
         # transformers builds the sliding mask even where no layer uses it: a size it accepts
         sliding_window=c.sliding_window or 4096,
@@ -148,22 +138,6 @@ def _config(f: Fields) -> dict[str, Any]:
             else local_theta}
 
 
-def sandwich_misfits(c: GPTConfig, **needed: bool) -> list[str]:
-    """What keeps `c` from being a Gemma 2 or 3 model, the family's own `needed` added."""
-    return misfits_of({
-        "pos='rope'": c.pos == "rope", "norm='gemma_rmsnorm'": c.norm == "gemma_rmsnorm",
-        "mlp='geglu'": c.mlp == "geglu", "scale_embeddings=True": c.scale_embeddings,
-        "sandwich_norm=True": c.sandwich_norm, "bias=False": not c.bias,
-        "qkv_bias == out_bias": qkv_bias_of(c) == out_bias_of(c),
-        "rotary_pct=1.0": c.rotary_pct == 1.0, "attn_out_proj=True": c.attn_out_proj,
-        **pre_normed(c), **plain_scalars(c), **plain_rope(c), **own_norms(c), **needed,
-    })
-
-
-def _misfits(c: GPTConfig) -> list[str]:
-    return sandwich_misfits(c, **{"qk_norm=True": c.qk_norm}, **uncapped(c))
-
-
 def _to_hf(c: GPTConfig) -> dict[str, Any]:
     full = rope_to_hf(c)
     local = full if c.local_rope_theta is None else {"rope_type": "default",
@@ -175,5 +149,5 @@ def _to_hf(c: GPTConfig) -> dict[str, Any]:
 GEMMA3 = Family(
     name="gemma3", model_type="gemma3_text", architecture="Gemma3ForCausalLM",
     base_architecture="Gemma3TextModel", config_from_hf=_config, config_to_hf=_to_hf,
-    misfits=_misfits, weights=WEIGHTS, irrelevant=IRRELEVANT,
+    weights=WEIGHTS, irrelevant=IRRELEVANT,
 )

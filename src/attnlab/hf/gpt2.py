@@ -17,18 +17,7 @@ from torch import Tensor
 
 from ..model.gpt import GPTConfig
 from .fields import MAX_CONTEXT, Fields
-from .registry import (
-    QKV,
-    Family,
-    Fused,
-    WeightMap,
-    misfits_of,
-    own_norms,
-    plain_rope,
-    plain_scalars,
-    pre_normed,
-    uncapped,
-)
+from .registry import QKV, Family, Fused, WeightMap
 
 
 def _split(qkv: Tensor, config: GPTConfig) -> tuple[Tensor, Tensor, Tensor]:
@@ -80,26 +69,6 @@ def _config(f: Fields) -> dict[str, Any]:
     )
 
 
-def _misfits(c: GPTConfig) -> list[str]:
-    return misfits_of({
-        "pos='learned'": c.pos == "learned", "norm='layernorm'": c.norm == "layernorm",
-        "mlp='gelu'": c.mlp == "gelu", "bias=True": c.bias,
-        "norm_bias unset or True": c.norm_biased,
-        "qkv_bias/out_bias unset or True": c.qkv_bias in (None, True)
-        and c.out_bias in (None, True),
-        "residual=True": c.residual, "attn_out_proj=True": c.attn_out_proj,
-        "n_kv_head in (None, n_head)": c.n_kv_heads == c.n_head,
-        "head_dim=None": c.head_dim in (None, c.n_embd // c.n_head),
-        "attn_scale in (None, 1.0)": c.attn_scale in (None, 1.0),
-        "parallel_residual=False": not c.parallel_residual, "qk_norm=False": not c.qk_norm,
-        "sliding_window=None": c.sliding_window is None, **uncapped(c), **pre_normed(c),
-        **plain_scalars(c),
-        **plain_rope(c), **own_norms(c),
-        "scale_embeddings=False": not c.scale_embeddings, "sandwich_norm=False":
-        not c.sandwich_norm,
-    })
-
-
 def _to_hf(c: GPTConfig) -> dict[str, Any]:
     return {
         "architectures": [GPT2.architecture], "model_type": GPT2.model_type,
@@ -116,5 +85,5 @@ def _to_hf(c: GPTConfig) -> dict[str, Any]:
 GPT2 = Family(
     name="gpt2", model_type="gpt2", architecture="GPT2LMHeadModel",
     base_architecture="GPT2Model", config_from_hf=_config, config_to_hf=_to_hf,
-    misfits=_misfits, weights=WEIGHTS, irrelevant=IRRELEVANT,
+    weights=WEIGHTS, irrelevant=IRRELEVANT,
 )

@@ -16,17 +16,7 @@ from typing import Any
 
 from ..model.gpt import GPTConfig
 from .fields import MAX_CONTEXT, Fields
-from .llama import out_bias_of, qkv_bias_of
-from .registry import (
-    Family,
-    WeightMap,
-    misfits_of,
-    own_norms,
-    plain_rope,
-    plain_scalars,
-    pre_normed,
-    uncapped,
-)
+from .registry import Family, WeightMap
 
 WEIGHTS = WeightMap(
     top={"wte": "transformer.wte", "wpe": "transformer.wpe", "ln_f": "transformer.ln_f",
@@ -79,23 +69,6 @@ def _config(f: Fields) -> dict[str, Any]:
     )
 
 
-def _misfits(c: GPTConfig) -> list[str]:
-    return misfits_of({
-        "pos='learned'": c.pos == "learned", "norm='layernorm'": c.norm == "layernorm",
-        "mlp='gelu'": c.mlp == "gelu", "bias=True": c.bias,
-        "norm_bias unset or True": c.norm_biased, "qkv_bias=False": not qkv_bias_of(c),
-        "out_bias=True": out_bias_of(c), "attn_scale=1.0": c.attn_scale == 1.0,
-        "residual=True": c.residual, "attn_out_proj=True": c.attn_out_proj,
-        "n_kv_head=n_head": c.n_kv_heads == c.n_head,
-        "head_dim=None": c.head_dim in (None, c.n_embd // c.n_head),
-        "parallel_residual=False": not c.parallel_residual, "qk_norm=False": not c.qk_norm,
-        "scale_embeddings=False": not c.scale_embeddings,
-        "sandwich_norm=False": not c.sandwich_norm, **uncapped(c), **pre_normed(c),
-        **plain_scalars(c, float32_scores=True),
-        **plain_rope(c), **own_norms(c),
-    })
-
-
 def _to_hf(c: GPTConfig) -> dict[str, Any]:
     windowed = set(range(c.n_layer) if c.window_layers is None else c.window_layers)
     kinds = ["local" if c.sliding_window is not None and i in windowed else "global"
@@ -114,5 +87,5 @@ def _to_hf(c: GPTConfig) -> dict[str, Any]:
 GPT_NEO = Family(
     name="gpt_neo", model_type="gpt_neo", architecture="GPTNeoForCausalLM",
     base_architecture="GPTNeoModel", config_from_hf=_config, config_to_hf=_to_hf,
-    misfits=_misfits, weights=WEIGHTS, irrelevant=IRRELEVANT,
+    weights=WEIGHTS, irrelevant=IRRELEVANT,
 )

@@ -18,18 +18,7 @@ from torch import Tensor
 
 from ..model.gpt import GPTConfig
 from .fields import MAX_CONTEXT, Fields, rope_from_hf, rope_to_hf
-from .registry import (
-    QKV,
-    Family,
-    Fused,
-    WeightMap,
-    misfits_of,
-    own_norms,
-    plain_rope,
-    plain_scalars,
-    pre_normed,
-    uncapped,
-)
+from .registry import QKV, Family, Fused, WeightMap
 
 
 def split_per_head(qkv: Tensor, config: GPTConfig) -> tuple[Tensor, Tensor, Tensor]:
@@ -80,26 +69,6 @@ def _config(f: Fields) -> dict[str, Any]:
     )
 
 
-def _misfits(c: GPTConfig) -> list[str]:
-    qkv_bias = c.bias if c.qkv_bias is None else c.qkv_bias
-    out_bias = c.bias if c.out_bias is None else c.out_bias
-    return misfits_of({
-        "pos='rope'": c.pos == "rope", "norm='layernorm'": c.norm == "layernorm",
-        "mlp='gelu'": c.mlp == "gelu", "bias=True": c.bias,
-        "norm_bias unset or True": c.norm_biased,
-        "scale_embeddings=False": not c.scale_embeddings, "sandwich_norm=False":
-        not c.sandwich_norm, "local_rope_theta=None": c.local_rope_theta is None,
-        "qkv_bias == out_bias":
-        qkv_bias == out_bias, "n_kv_head=n_head": c.n_kv_heads == c.n_head,
-        "head_dim=None": c.head_dim in (None, c.n_embd // c.n_head),
-        "qk_norm=False": not c.qk_norm, "sliding_window=None": c.sliding_window is None,
-        "residual=True": c.residual, "attn_out_proj=True": c.attn_out_proj,
-        "attn_scale=None": c.attn_scale is None, **uncapped(c), **pre_normed(c),
-        **plain_scalars(c), **plain_rope(c),
-        **own_norms(c),
-    })
-
-
 def _to_hf(c: GPTConfig) -> dict[str, Any]:
     return {
         "architectures": [GPT_NEOX.architecture], "model_type": GPT_NEOX.model_type,
@@ -109,7 +78,7 @@ def _to_hf(c: GPTConfig) -> dict[str, Any]:
         "max_position_embeddings": c.block_size, "layer_norm_eps": c.norm_eps,
         "rope_parameters": rope_to_hf(c, partial=True),
         "use_parallel_residual": c.parallel_residual,
-        "attention_bias": c.bias if c.qkv_bias is None else c.qkv_bias,
+        "attention_bias": c.qkv_biased,
         "tie_word_embeddings": c.tie_weights,
     }
 
@@ -117,5 +86,5 @@ def _to_hf(c: GPTConfig) -> dict[str, Any]:
 GPT_NEOX = Family(
     name="gpt_neox", model_type="gpt_neox", architecture="GPTNeoXForCausalLM",
     base_architecture="GPTNeoXModel", config_from_hf=_config, config_to_hf=_to_hf,
-    misfits=_misfits, weights=WEIGHTS,
+    weights=WEIGHTS,
 )

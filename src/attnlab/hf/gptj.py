@@ -16,8 +16,7 @@ from typing import Any
 
 from ..model.gpt import GPTConfig
 from .fields import MAX_CONTEXT, Fields
-from .llama import out_bias_of, qkv_bias_of
-from .registry import Family, WeightMap, misfits_of, plain_scalars, uncapped
+from .registry import Family, WeightMap
 
 # GPTJConfig holds neither: transformers' GPT-J always scales by 1/sqrt(head_dim) and always
 # rotates (`rotary`, `scale_attn_weights` are GPT-J-6B config.json's, from mesh-transformer-
@@ -67,27 +66,6 @@ def _config(f: Fields) -> dict[str, Any]:
     )
 
 
-def _misfits(c: GPTConfig) -> list[str]:
-    return misfits_of({
-        "pos='rope'": c.pos == "rope", "rope_interleaved=True": c.rope_interleaved,
-        "rope_theta=10000": c.rope_theta == 10000.0, "rope_scaling=None": c.rope_scaling is None,
-        "norm='layernorm'": c.norm == "layernorm", "mlp='gelu'": c.mlp == "gelu",
-        "bias=True": c.bias,
-        "norm_bias unset or True": c.norm_biased, "qkv_bias=False": not qkv_bias_of(c),
-        "out_bias=False": not out_bias_of(c), "parallel_residual=True": c.parallel_residual,
-        "shared_norm=True": c.shared_norm, "head_bias=True": c.head_bias,
-        "n_kv_head=n_head": c.n_kv_heads == c.n_head,
-        "head_dim=None": c.head_dim in (None, c.n_embd // c.n_head),
-        "qk_norm=False": not c.qk_norm, "sliding_window=None": c.sliding_window is None,
-        "residual=True": c.residual, "attn_out_proj=True": c.attn_out_proj,
-        "attn_scale=None": c.attn_scale is None, "pre_norm=True": c.pre_norm,
-        "scale_embeddings=False": not c.scale_embeddings,
-        "local_rope_theta=None": c.local_rope_theta is None, **uncapped(c),
-        **plain_scalars(c, float32_scores=True),
-        "rope_in_float32=False": not c.rope_in_float32, "nope_layers=None": c.nope_layers is None,
-    })
-
-
 def _to_hf(c: GPTConfig) -> dict[str, Any]:
     return {
         "architectures": [GPTJ.architecture], "model_type": GPTJ.model_type,
@@ -102,5 +80,5 @@ def _to_hf(c: GPTConfig) -> dict[str, Any]:
 GPTJ = Family(
     name="gptj", model_type="gptj", architecture="GPTJForCausalLM",
     base_architecture="GPTJModel", config_from_hf=_config, config_to_hf=_to_hf,
-    misfits=_misfits, weights=WEIGHTS, irrelevant=IRRELEVANT,
+    weights=WEIGHTS, irrelevant=IRRELEVANT,
 )

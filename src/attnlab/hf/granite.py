@@ -10,14 +10,7 @@ from typing import Any
 
 from ..model.gpt import GPTConfig
 from .fields import Fields
-from .llama import (
-    LLAMA_WEIGHTS,
-    llama_like_config,
-    llama_like_misfits,
-    llama_like_to_hf,
-    out_bias_of,
-    qkv_bias_of,
-)
+from .llama import LLAMA_WEIGHTS, llama_like_config, llama_like_to_hf
 from .registry import Family
 
 SCALARS = ("embedding_multiplier", "residual_multiplier", "logits_scaling")
@@ -32,18 +25,8 @@ def _config(f: Fields) -> dict[str, Any]:
     )
 
 
-def _misfits(c: GPTConfig) -> list[str]:
-    return llama_like_misfits(c, **{
-        "attn_scale=any": True, "qk_norm=False": not c.qk_norm,
-        "sliding_window=None": c.sliding_window is None,
-        "qkv_bias == out_bias": qkv_bias_of(c) == out_bias_of(c),
-        "embedding_multiplier=any": True, "residual_multiplier=any": True,
-        "logits_scaling=any": True,
-    })
-
-
 def _to_hf(c: GPTConfig) -> dict[str, Any]:
-    return llama_like_to_hf(c, GRANITE, attention_bias=qkv_bias_of(c), mlp_bias=c.bias,
+    return llama_like_to_hf(c, GRANITE, attention_bias=c.qkv_biased, mlp_bias=c.bias,
                             attention_multiplier=c.score_scale,
                             **{name: getattr(c, name) for name in SCALARS})
 
@@ -51,5 +34,5 @@ def _to_hf(c: GPTConfig) -> dict[str, Any]:
 GRANITE = Family(
     name="granite", model_type="granite", architecture="GraniteForCausalLM",
     base_architecture="GraniteModel", config_from_hf=_config, config_to_hf=_to_hf,
-    misfits=_misfits, weights=LLAMA_WEIGHTS,
+    weights=LLAMA_WEIGHTS,
 )

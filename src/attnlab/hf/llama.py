@@ -12,16 +12,7 @@ from typing import Any
 
 from ..model.gpt import GPTConfig
 from .fields import MAX_CONTEXT, SILUS, Fields, rope_from_hf, rope_to_hf
-from .registry import (
-    Family,
-    WeightMap,
-    misfits_of,
-    own_norms,
-    plain_rope,
-    plain_scalars,
-    pre_normed,
-    uncapped,
-)
+from .registry import Family, WeightMap
 
 LLAMA_WEIGHTS = WeightMap(
     top={"wte": "model.embed_tokens", "ln_f": "model.norm", "lm_head": "lm_head"},
@@ -88,32 +79,6 @@ def llama_like_to_hf(config: GPTConfig, family: Family, **extra: Any) -> dict[st
     }
 
 
-def llama_like_misfits(config: GPTConfig, **needed: bool) -> list[str]:
-    """What keeps `config` from being a Llama-style model, plus the family's own needs, which
-    replace Llama's on the same field (OLMo 2's "pre_norm=False" Llama's "pre_norm=True")."""
-    c = config
-    own = {name.split("=")[0].rstrip() for name in needed}
-    return misfits_of({name: ok for name, ok in {
-        "pos='rope'": c.pos == "rope", "norm='rmsnorm'": c.norm == "rmsnorm",
-        "mlp='swiglu'": c.mlp == "swiglu", "rotary_pct=1.0": c.rotary_pct == 1.0,
-        "parallel_residual=False": not c.parallel_residual,
-        "residual=True": c.residual, "attn_out_proj=True": c.attn_out_proj,
-        "attn_scale=None": c.attn_scale is None, **uncapped(c), **pre_normed(c),
-        **plain_scalars(c), **plain_rope(c),
-        **own_norms(c),
-        "scale_embeddings=False": not c.scale_embeddings, "sandwich_norm=False":
-        not c.sandwich_norm, "local_rope_theta=None": c.local_rope_theta is None,
-    }.items() if name.split("=")[0].rstrip() not in own} | needed)
-
-
-def qkv_bias_of(c: GPTConfig) -> bool:
-    return c.bias if c.qkv_bias is None else c.qkv_bias
-
-
-def out_bias_of(c: GPTConfig) -> bool:
-    return c.bias if c.out_bias is None else c.out_bias
-
-
 def _llama_config(f: Fields) -> dict[str, Any]:
     attention_bias = f.flag("attention_bias", False)
     return llama_like_config(
@@ -122,15 +87,8 @@ def _llama_config(f: Fields) -> dict[str, Any]:
     )
 
 
-def _llama_misfits(c: GPTConfig) -> list[str]:
-    return llama_like_misfits(
-        c, **{"qk_norm=False": not c.qk_norm, "sliding_window=None": c.sliding_window is None,
-              "qkv_bias == out_bias": qkv_bias_of(c) == out_bias_of(c)},
-    )
-
-
 def _llama_to_hf(c: GPTConfig) -> dict[str, Any]:
-    return llama_like_to_hf(c, LLAMA, attention_bias=qkv_bias_of(c), mlp_bias=c.bias)
+    return llama_like_to_hf(c, LLAMA, attention_bias=c.qkv_biased, mlp_bias=c.bias)
 
 
 def _mistral_config(f: Fields) -> dict[str, Any]:
@@ -140,14 +98,6 @@ def _mistral_config(f: Fields) -> dict[str, Any]:
     return llama_like_config(f, max_positions=131072, bias=False, sliding_window=window)
 
 
-def _mistral_misfits(c: GPTConfig) -> list[str]:
-    return llama_like_misfits(
-        c, **{"qk_norm=False": not c.qk_norm, "bias=False": not c.bias,
-              "qkv_bias=False": not qkv_bias_of(c), "out_bias=False": not out_bias_of(c),
-              "window_layers=None": c.window_layers is None},
-    )
-
-
 def _mistral_to_hf(c: GPTConfig) -> dict[str, Any]:
     return llama_like_to_hf(c, MISTRAL, sliding_window=c.sliding_window)
 
@@ -155,10 +105,10 @@ def _mistral_to_hf(c: GPTConfig) -> dict[str, Any]:
 LLAMA = Family(
     name="llama", model_type="llama", architecture="LlamaForCausalLM",
     base_architecture="LlamaModel", config_from_hf=_llama_config, config_to_hf=_llama_to_hf,
-    misfits=_llama_misfits, weights=LLAMA_WEIGHTS,
+    weights=LLAMA_WEIGHTS,
 )
 MISTRAL = Family(
     name="mistral", model_type="mistral", architecture="MistralForCausalLM",
     base_architecture="MistralModel", config_from_hf=_mistral_config,
-    config_to_hf=_mistral_to_hf, misfits=_mistral_misfits, weights=LLAMA_WEIGHTS,
+    config_to_hf=_mistral_to_hf, weights=LLAMA_WEIGHTS,
 )

@@ -14,14 +14,7 @@ from typing import Any
 
 from ..model.gpt import GPTConfig
 from .fields import Fields
-from .llama import (
-    LLAMA_WEIGHTS,
-    llama_like_config,
-    llama_like_misfits,
-    llama_like_to_hf,
-    out_bias_of,
-    qkv_bias_of,
-)
+from .llama import LLAMA_WEIGHTS, llama_like_config, llama_like_to_hf
 from .registry import Family, WeightMap
 
 WEIGHTS = WeightMap(
@@ -46,26 +39,12 @@ def _config(f: Fields) -> dict[str, Any]:
     return olmo2_config(f)
 
 
-def olmo_blocks(c: GPTConfig) -> dict[str, bool]:
-    """The requirements OLMo 2 and 3 share, replacing Llama's on the same fields."""
-    return {"norm='olmo_rmsnorm'": c.norm == "olmo_rmsnorm", "pre_norm=False": not c.pre_norm,
-            "sandwich_norm=True": c.sandwich_norm, "qk_norm=True": c.qk_norm,
-            "qk_norm_whole=True": c.qk_norm_whole, "bias=False": not c.bias,
-            "qkv_bias == out_bias": qkv_bias_of(c) == out_bias_of(c),
-            "rope_in_float32=True": c.rope_in_float32}
-
-
-def _misfits(c: GPTConfig) -> list[str]:
-    return llama_like_misfits(c, **olmo_blocks(c),
-                              **{"sliding_window=None": c.sliding_window is None})
-
-
 def _to_hf(c: GPTConfig) -> dict[str, Any]:
-    return llama_like_to_hf(c, OLMO2, attention_bias=qkv_bias_of(c))
+    return llama_like_to_hf(c, OLMO2, attention_bias=c.qkv_biased)
 
 
 OLMO2 = Family(
     name="olmo2", model_type="olmo2", architecture="Olmo2ForCausalLM",
     base_architecture="Olmo2Model", config_from_hf=_config, config_to_hf=_to_hf,
-    misfits=_misfits, weights=WEIGHTS,
+    weights=WEIGHTS,
 )

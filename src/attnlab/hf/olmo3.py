@@ -16,8 +16,8 @@ from typing import Any
 from ..model.gpt import GPTConfig
 from .fields import MAX_CONTEXT, Fields, rope_to_hf
 from .gemma3 import layer_types, type_ropes
-from .llama import llama_like_misfits, llama_like_to_hf, qkv_bias_of
-from .olmo2 import WEIGHTS, olmo2_config, olmo_blocks
+from .llama import llama_like_to_hf
+from .olmo2 import WEIGHTS, olmo2_config
 from .registry import Family, window_layers_to_hf
 
 THETA = 500_000.0  # Olmo3Config's default_theta
@@ -37,16 +37,12 @@ def _config(f: Fields) -> dict[str, Any]:
         window_layers=None if len(windowed) in (0, n_layer) else windowed, **rope)
 
 
-def _misfits(c: GPTConfig) -> list[str]:
-    return llama_like_misfits(c, **olmo_blocks(c), **{"local_rope_theta=any": True})
-
-
 def _to_hf(c: GPTConfig) -> dict[str, Any]:
     full = rope_to_hf(c)
     local = full if c.local_rope_theta is None else {"rope_type": "default",
                                                      "rope_theta": c.local_rope_theta}
     return llama_like_to_hf(
-        c, OLMO3, attention_bias=qkv_bias_of(c), layer_types=window_layers_to_hf(c),
+        c, OLMO3, attention_bias=c.qkv_biased, layer_types=window_layers_to_hf(c),
         # transformers builds the sliding mask even where no layer uses it: a size it accepts
         sliding_window=c.sliding_window or 4096,
         rope_parameters={"full_attention": full, "sliding_attention": local})
@@ -55,5 +51,5 @@ def _to_hf(c: GPTConfig) -> dict[str, Any]:
 OLMO3 = Family(
     name="olmo3", model_type="olmo3", architecture="Olmo3ForCausalLM",
     base_architecture="Olmo3Model", config_from_hf=_config, config_to_hf=_to_hf,
-    misfits=_misfits, weights=WEIGHTS,
+    weights=WEIGHTS,
 )

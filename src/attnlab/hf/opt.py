@@ -23,17 +23,7 @@ from torch import Tensor
 
 from ..model.gpt import GPTConfig
 from .fields import MAX_CONTEXT, Fields
-from .llama import out_bias_of, qkv_bias_of
-from .registry import (
-    Family,
-    WeightMap,
-    misfits_of,
-    own_norms,
-    plain_rope,
-    plain_scalars,
-    pre_normed,
-    uncapped,
-)
+from .registry import Family, WeightMap
 
 OFFSET = 2  # rows of OPT's position table before position 0's
 # training-only fields OPT names its own way, and the prompt prefix fairseq generated with
@@ -83,23 +73,6 @@ def _config(f: Fields) -> dict[str, Any]:
     )
 
 
-def _misfits(c: GPTConfig) -> list[str]:
-    return misfits_of({
-        "pos='learned'": c.pos == "learned", "norm='layernorm'": c.norm == "layernorm",
-        "norm_eps=1e-5": c.norm_eps == 1e-5, "mlp='relu'": c.mlp == "relu", "bias=True": c.bias,
-        "norm_bias unset or True": c.norm_biased,
-        "qkv_bias/out_bias unset or True": qkv_bias_of(c) and out_bias_of(c),
-        "attn_scale=None": c.attn_scale is None, "n_kv_head=n_head": c.n_kv_heads == c.n_head,
-        "head_dim=None": c.head_dim in (None, c.n_embd // c.n_head),
-        "parallel_residual=False": not c.parallel_residual, "qk_norm=False": not c.qk_norm,
-        "sliding_window=None": c.sliding_window is None, "residual=True": c.residual,
-        "attn_out_proj=True": c.attn_out_proj, "scale_embeddings=False": not c.scale_embeddings,
-        "sandwich_norm=False": not c.sandwich_norm, **uncapped(c), **pre_normed(c),
-        **plain_scalars(c),
-        **plain_rope(c), **own_norms(c),
-    })
-
-
 def _to_hf(c: GPTConfig) -> dict[str, Any]:
     return {
         "architectures": [OPT.architecture], "model_type": OPT.model_type,
@@ -113,5 +86,5 @@ def _to_hf(c: GPTConfig) -> dict[str, Any]:
 OPT = Family(
     name="opt", model_type="opt", architecture="OPTForCausalLM",
     base_architecture="OPTModel", config_from_hf=_config, config_to_hf=_to_hf,
-    misfits=_misfits, weights=WEIGHTS, irrelevant=IRRELEVANT,
+    weights=WEIGHTS, irrelevant=IRRELEVANT,
 )

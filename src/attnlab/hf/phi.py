@@ -14,8 +14,7 @@ from typing import Any
 
 from ..model.gpt import GPTConfig
 from .fields import MAX_CONTEXT, Fields, rope_from_hf, rope_to_hf
-from .llama import out_bias_of, qkv_bias_of
-from .registry import Family, WeightMap, misfits_of, plain_rope, plain_scalars, uncapped
+from .registry import Family, WeightMap
 
 # transformers reads the custom-code pointers (auto_map) only with trust_remote_code, whose
 # modules early Phi-2 revisions and many fine-tunes keep from before transformers had Phi
@@ -55,22 +54,6 @@ def _config(f: Fields) -> dict[str, Any]:
     )
 
 
-def _misfits(c: GPTConfig) -> list[str]:
-    return misfits_of({
-        "pos='rope'": c.pos == "rope", "norm='layernorm'": c.norm == "layernorm",
-        "mlp='gelu'": c.mlp == "gelu", "bias=True": c.bias,
-        "norm_bias unset or True": c.norm_biased, "qkv_bias=True": qkv_bias_of(c),
-        "out_bias=True": out_bias_of(c), "parallel_residual=True": c.parallel_residual,
-        "shared_norm=True": c.shared_norm, "head_bias=True": c.head_bias,
-        "qk_norm=False": not c.qk_norm, "sliding_window=None": c.sliding_window is None,
-        "residual=True": c.residual, "attn_out_proj=True": c.attn_out_proj,
-        "attn_scale=None": c.attn_scale is None, "pre_norm=True": c.pre_norm,
-        "scale_embeddings=False": not c.scale_embeddings,
-        "local_rope_theta=None": c.local_rope_theta is None, **uncapped(c), **plain_rope(c),
-        **plain_scalars(c),
-    })
-
-
 def _to_hf(c: GPTConfig) -> dict[str, Any]:
     hs = c.head_size
     return {
@@ -89,5 +72,5 @@ def _to_hf(c: GPTConfig) -> dict[str, Any]:
 PHI = Family(
     name="phi", model_type="phi", architecture="PhiForCausalLM",
     base_architecture="PhiModel", config_from_hf=_config, config_to_hf=_to_hf,
-    misfits=_misfits, weights=WEIGHTS, irrelevant=IRRELEVANT,
+    weights=WEIGHTS, irrelevant=IRRELEVANT,
 )

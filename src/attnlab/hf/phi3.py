@@ -21,9 +21,8 @@ import torch
 from torch import Tensor
 
 from ..model.gpt import GPTConfig
-from ..model.rope import scaling_kind
 from .fields import Fields, rope_to_hf
-from .llama import LLAMA_WEIGHTS, llama_like_config, llama_like_misfits, out_bias_of, qkv_bias_of
+from .llama import LLAMA_WEIGHTS, llama_like_config
 from .registry import QKV, Family, Fused, WeightMap
 
 # transformers' Phi3 builds no attention bias whatever config.json says, and reads the
@@ -89,16 +88,6 @@ def _config(f: Fields) -> dict[str, Any]:
                              rope=ROPE, bias=False, sliding_window=window)
 
 
-def _misfits(c: GPTConfig) -> list[str]:
-    # "rotary_pct=1.0": True lifts Llama's requirement: Phi-3 rotates any part of each head
-    return llama_like_misfits(
-        c, **{"rotary_pct=1.0": True, "qk_norm=False": not c.qk_norm, "bias=False": not c.bias,
-              "qkv_bias=False": not qkv_bias_of(c), "out_bias=False": not out_bias_of(c),
-              "window_layers=None": c.window_layers is None,
-              "rope_scaling=None or longrope": scaling_kind(c.rope_scaling) in (None, "longrope")},
-    )
-
-
 def _to_hf(c: GPTConfig) -> dict[str, Any]:
     hs = c.head_size
     return {
@@ -119,5 +108,5 @@ def _to_hf(c: GPTConfig) -> dict[str, Any]:
 PHI3 = Family(
     name="phi3", model_type="phi3", architecture="Phi3ForCausalLM",
     base_architecture="Phi3Model", config_from_hf=_config, config_to_hf=_to_hf,
-    misfits=_misfits, weights=WEIGHTS, irrelevant=IRRELEVANT,
+    weights=WEIGHTS, irrelevant=IRRELEVANT,
 )

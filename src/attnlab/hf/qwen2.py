@@ -10,14 +10,7 @@ from typing import Any
 
 from ..model.gpt import GPTConfig
 from .fields import Fields
-from .llama import (
-    LLAMA_WEIGHTS,
-    llama_like_config,
-    llama_like_misfits,
-    llama_like_to_hf,
-    out_bias_of,
-    qkv_bias_of,
-)
+from .llama import LLAMA_WEIGHTS, llama_like_config, llama_like_to_hf
 from .registry import Family, window_layers_to_hf
 
 LAYER_TYPES = ("full_attention", "sliding_attention")
@@ -73,13 +66,6 @@ def _config(f: Fields) -> dict[str, Any]:
                              out_bias=False, **qwen_window(f, n_layer))
 
 
-def _misfits(c: GPTConfig) -> list[str]:
-    return llama_like_misfits(
-        c, **{"qk_norm=False": not c.qk_norm, "bias=False": not c.bias,
-              "qkv_bias=True": qkv_bias_of(c), "out_bias=False": not out_bias_of(c)},
-    )
-
-
 def _to_hf(c: GPTConfig) -> dict[str, Any]:
     return llama_like_to_hf(c, QWEN2, **qwen_window_to_hf(c))
 
@@ -87,5 +73,5 @@ def _to_hf(c: GPTConfig) -> dict[str, Any]:
 QWEN2 = Family(
     name="qwen2", model_type="qwen2", architecture="Qwen2ForCausalLM",
     base_architecture="Qwen2Model", config_from_hf=_config, config_to_hf=_to_hf,
-    misfits=_misfits, weights=LLAMA_WEIGHTS,
+    weights=LLAMA_WEIGHTS,
 )

@@ -8,14 +8,7 @@ from typing import Any
 
 from ..model.gpt import GPTConfig
 from .fields import Fields
-from .llama import (
-    LLAMA_WEIGHTS,
-    llama_like_config,
-    llama_like_misfits,
-    llama_like_to_hf,
-    out_bias_of,
-    qkv_bias_of,
-)
+from .llama import LLAMA_WEIGHTS, llama_like_config, llama_like_to_hf
 from .qwen2 import qwen_window, qwen_window_to_hf
 from .registry import Family
 
@@ -29,19 +22,12 @@ def _config(f: Fields) -> dict[str, Any]:
                              **qwen_window(f, n_layer))
 
 
-def _misfits(c: GPTConfig) -> list[str]:
-    return llama_like_misfits(
-        c, **{"qk_norm=True": c.qk_norm, "bias=False": not c.bias,
-              "qkv_bias == out_bias": qkv_bias_of(c) == out_bias_of(c)},
-    )
-
-
 def _to_hf(c: GPTConfig) -> dict[str, Any]:
-    return llama_like_to_hf(c, QWEN3, attention_bias=qkv_bias_of(c), **qwen_window_to_hf(c))
+    return llama_like_to_hf(c, QWEN3, attention_bias=c.qkv_biased, **qwen_window_to_hf(c))
 
 
 QWEN3 = Family(
     name="qwen3", model_type="qwen3", architecture="Qwen3ForCausalLM",
     base_architecture="Qwen3Model", config_from_hf=_config, config_to_hf=_to_hf,
-    misfits=_misfits, weights=LLAMA_WEIGHTS,
+    weights=LLAMA_WEIGHTS,
 )

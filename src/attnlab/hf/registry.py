@@ -3,11 +3,11 @@ one weight-renaming engine every family declares its names to.
 
 A family (one small module each: gpt2.py, gpt_neo.py, llama.py, qwen2.py, qwen3.py,
 gpt_neox.py, gptj.py, opt.py, the gemma*.py, phi.py, phi3.py, the olmo*.py, smollm3.py,
-stablelm.py, granite.py, falcon.py) is a `Family`: its model_type and architecture names, a config
-mapping each way (`Fields` in, a config.json dict out), `misfits` (why a GPTConfig cannot be
-exported as this family) and a `WeightMap` (attnlab's state-dict names <-> Hugging Face's,
-with the modules a family fuses into one Linear: `Fused`). Adding a family is one new module
-and one line in `FAMILIES` (hf/__init__.py). Directory reading is `files.py`'s.
+stablelm.py, granite.py, falcon.py) is a `Family`: its model_type and architecture names, a
+config mapping each way (`Fields` in, a config.json dict out, which `misfits` reads back to
+know whether the family holds a GPTConfig) and a `WeightMap` (attnlab's state-dict names <->
+Hugging Face's, with the modules a family fuses into one Linear: `Fused`). Adding a family is
+one new module and one line in `FAMILIES` (hf/__init__.py). Directory reading is `files.py`'s.
 """
 
 from __future__ import annotations
@@ -21,7 +21,6 @@ import torch
 from torch import Tensor
 
 from ..model.gpt import GPTConfig
-from ..model.rope import scaling_kind
 from .fields import Fields
 
 #: the attention projections a fused q/k/v module holds, in its rows' usual order
@@ -203,56 +202,29 @@ class Family:
     base_architecture: str  # the bare body's class (no head), also accepted
     config_from_hf: Callable[[Fields], dict[str, Any]]  # GPTConfig keyword arguments
     config_to_hf: Callable[[GPTConfig], dict[str, Any]]
-    misfits: Callable[[GPTConfig], list[str]]  # why a GPTConfig is not this family; [] fits
     weights: WeightMap
     irrelevant: frozenset[str] = field(default_factory=frozenset)  # see fields.py
 
+    def read(self, hf_config: Mapping[str, Any], *, dropout: float = 0.0) -> GPTConfig:
+        """The GPTConfig of this family's config.json dict; ValueError naming the first field
+        (and its value) attnlab cannot honour."""
+        fields = Fields(hf_config, self.name)
+        values = self.config_from_hf(fields)
+        fields.finish(self.irrelevant)
+        return GPTConfig(**values, dropout=dropout, init_std=None)
 
-def misfits_of(needed: Mapping[str, bool]) -> list[str]:
-    """The names of the requirements in `needed` that are not met."""
-    return [name for name, ok in needed.items() if not ok]
-
-
-def uncapped(config: GPTConfig) -> dict[str, bool]:
-    """The requirements of a family without Gemma 2's soft caps: neither is set (its
-    config.json has no field for them, so an export would drop them silently)."""
-    return {"attn_logit_softcapping=None": config.attn_logit_softcapping is None,
-            "final_logit_softcapping=None": config.final_logit_softcapping is None}
-
-
-def pre_normed(config: GPTConfig) -> dict[str, bool]:
-    """The requirements of a family whose blocks norm each branch's input and whose QK-norm
-    (if any) is per head: every one but OLMo 2 (an export would drop the difference)."""
-    return {"pre_norm=True": config.pre_norm, "qk_norm_whole=False": not config.qk_norm_whole}
-
-
-def plain_scalars(config: GPTConfig, float32_scores: bool = False) -> dict[str, bool]:
-    """The requirements of every family but Granite: none of its three scalars; and unless
-    the family multiplies q and k in float32 (`float32_scores`: GPT-J, GPT-Neo), scores in
-    the model's dtype (an export would drop the difference)."""
-    needed = {f"{name}=1.0": getattr(config, name) == 1.0
-              for name in ("embedding_multiplier", "residual_multiplier", "logits_scaling")}
-    if not float32_scores:
-        needed["scores_in_float32=False"] = not config.scores_in_float32
-    return needed
-
-
-def own_norms(config: GPTConfig) -> dict[str, bool]:
-    """The requirements of every family but Phi: each branch of a block its own norm, and an
-    output head without a bias (an export would drop the difference)."""
-    return {"shared_norm=False": not config.shared_norm, "head_bias=False": not config.head_bias}
-
-
-def plain_rope(config: GPTConfig) -> dict[str, bool]:
-    """The requirements of every family but Phi-3, OLMo, SmolLM3 and GPT-J: no longrope (their
-    transformers classes would switch frequency sets mid-generation without encoding the
-    cached keys again), RoPE in q's and k's own dtype (OLMo's rotates in float32), on halves
-    of the rotated dims (GPT-J turns adjacent pairs), and in every layer (SmolLM3 leaves some
-    out)."""
-    return {"rope_scaling=not longrope": scaling_kind(config.rope_scaling) != "longrope",
-            "rope_in_float32=False": not config.rope_in_float32,
-            "rope_interleaved=False": not config.rope_interleaved,
-            "nope_layers=None": config.nope_layers is None}
+    def misfits(self, config: GPTConfig) -> list[str]:
+        """Why this family cannot hold `config`, or [] when it can: the config.json it would
+        write is read back, and each field that reads back as another model is named with the
+        value this family holds instead ("shared_norm=False (not True)"). A switch a family
+        has no field for therefore refuses the export, never drops out of it."""
+        try:
+            back = self.read(self.config_to_hf(config)).computed()
+        except ValueError as err:  # e.g. a RoPE scaling only another family reads
+            return [f"a config.json it can read back ({err})"]
+        ours = config.computed()  # a field idle on one side follows from one named here
+        return [f"{name}={back[name]!r} (not {ours[name]!r})" for name in ours
+                if name in back and ours[name] != back[name]]
 
 
 def window_layers_to_hf(config: GPTConfig) -> list[str]:

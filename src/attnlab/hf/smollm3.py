@@ -11,14 +11,7 @@ from typing import Any
 
 from ..model.gpt import GPTConfig
 from .fields import Fields
-from .llama import (
-    LLAMA_WEIGHTS,
-    llama_like_config,
-    llama_like_misfits,
-    llama_like_to_hf,
-    out_bias_of,
-    qkv_bias_of,
-)
+from .llama import LLAMA_WEIGHTS, llama_like_config, llama_like_to_hf
 from .qwen2 import checked_layer_types
 from .registry import Family, window_layers_to_hf
 
@@ -71,17 +64,10 @@ def _config(f: Fields) -> dict[str, Any]:
         **_windows(f, rotating))
 
 
-def _misfits(c: GPTConfig) -> list[str]:
-    return llama_like_misfits(
-        c, **{"qk_norm=False": not c.qk_norm, "nope_layers=any": True,
-              "qkv_bias == out_bias": qkv_bias_of(c) == out_bias_of(c)},
-    )
-
-
 def _to_hf(c: GPTConfig) -> dict[str, Any]:
     types = window_layers_to_hf(c)
     return llama_like_to_hf(
-        c, SMOLLM3, attention_bias=qkv_bias_of(c), mlp_bias=c.bias, layer_types=types,
+        c, SMOLLM3, attention_bias=c.qkv_biased, mlp_bias=c.bias, layer_types=types,
         no_rope_layers=[int(c.rotates(i)) for i in range(c.n_layer)],
         use_sliding_window="sliding_attention" in types, sliding_window=c.sliding_window)
 
@@ -89,5 +75,5 @@ def _to_hf(c: GPTConfig) -> dict[str, Any]:
 SMOLLM3 = Family(
     name="smollm3", model_type="smollm3", architecture="SmolLM3ForCausalLM",
     base_architecture="SmolLM3Model", config_from_hf=_config, config_to_hf=_to_hf,
-    misfits=_misfits, weights=LLAMA_WEIGHTS, irrelevant=IRRELEVANT,
+    weights=LLAMA_WEIGHTS, irrelevant=IRRELEVANT,
 )

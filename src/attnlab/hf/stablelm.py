@@ -14,7 +14,7 @@ from typing import Any
 
 from ..model.gpt import GPTConfig
 from .fields import Fields, rope_to_hf
-from .llama import LLAMA_WEIGHTS, llama_like_config, llama_like_misfits, out_bias_of, qkv_bias_of
+from .llama import LLAMA_WEIGHTS, llama_like_config
 from .registry import Family
 
 # StableLmConfig's defaults, where they differ from the Llama ones llama_like_config holds
@@ -38,17 +38,6 @@ def _config(f: Fields) -> dict[str, Any]:
     )
 
 
-def _misfits(c: GPTConfig) -> list[str]:
-    return llama_like_misfits(c, **{
-        "norm='layernorm'": c.norm == "layernorm", "norm_bias=True": c.norm_biased,
-        "bias=False": not c.bias, "out_bias=False": not out_bias_of(c),
-        "rotary_pct=any": True, "parallel_residual=any": True,
-        "shared_norm == parallel_residual": c.shared_norm == c.parallel_residual,
-        "qk_norm=False": not c.qk_norm, "sliding_window=None": c.sliding_window is None,
-        "head_dim=None": c.head_dim in (None, c.n_embd // c.n_head),
-    })
-
-
 def _to_hf(c: GPTConfig) -> dict[str, Any]:
     return {
         "architectures": [STABLELM.architecture], "model_type": STABLELM.model_type,
@@ -56,7 +45,7 @@ def _to_hf(c: GPTConfig) -> dict[str, Any]:
         "num_hidden_layers": c.n_layer, "num_attention_heads": c.n_head,
         "num_key_value_heads": c.n_kv_heads, "hidden_act": "silu",
         "max_position_embeddings": c.block_size, "layer_norm_eps": c.norm_eps,
-        "use_qkv_bias": qkv_bias_of(c), "qk_layernorm": False,
+        "use_qkv_bias": c.qkv_biased, "qk_layernorm": False,
         "use_parallel_residual": c.parallel_residual, "tie_word_embeddings": c.tie_weights,
         "rope_parameters": rope_to_hf(c, partial=True),
     }
@@ -65,5 +54,5 @@ def _to_hf(c: GPTConfig) -> dict[str, Any]:
 STABLELM = Family(
     name="stablelm", model_type="stablelm", architecture="StableLmForCausalLM",
     base_architecture="StableLmModel", config_from_hf=_config, config_to_hf=_to_hf,
-    misfits=_misfits, weights=LLAMA_WEIGHTS,
+    weights=LLAMA_WEIGHTS,
 )

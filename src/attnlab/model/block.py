@@ -35,8 +35,8 @@ class Block(nn.Module):
         self.ln_mlp_post = norm_of(c) if c.sandwich_norm and has_mlp else None
         self.attn = CausalSelfAttention(
             c.n_embd, c.n_head * c.head_size, c.n_head, c.n_kv_head,
-            bias=c.bias if c.qkv_bias is None else c.qkv_bias,
-            out_bias=c.bias if c.out_bias is None else c.out_bias,
+            bias=c.qkv_biased,
+            out_bias=c.out_biased,
             out_proj=c.attn_out_proj, dropout=c.dropout, scale=c.attn_scale,
             qk_norm=c.qk_norm, qk_norm_whole=c.qk_norm_whole, norm_eps=c.norm_eps,
             rope_in_float32=c.rope_in_float32, rope_names=c.pos == "rope",

@@ -222,6 +222,16 @@ class GPTConfig:
         return self.bias if self.norm_bias is None else self.norm_bias
 
     @property
+    def qkv_biased(self) -> bool:
+        """Whether query, key and value have a bias: qkv_bias, or bias where it is None."""
+        return self.bias if self.qkv_bias is None else self.qkv_bias
+
+    @property
+    def out_biased(self) -> bool:
+        """Whether the attention's output projection has a bias: out_bias, or bias."""
+        return self.bias if self.out_bias is None else self.out_bias
+
+    @property
     def head_size(self) -> int:
         return self.n_embd // self.n_head if self.head_dim is None else self.head_dim
 
@@ -248,6 +258,28 @@ class GPTConfig:
         if self.window_layers is not None and layer not in self.window_layers:
             return None
         return self.sliding_window
+
+    def computed(self) -> dict[str, Any]:
+        """Every field as what the model computes: each default resolved (n_kv_head, head_dim,
+        d_ff, the three biases, attn_scale, window_layers) and the fields that change nothing
+        under the other switches left out (RoPE's without RoPE, `gelu` without a GELU, the
+        LayerNorms' bias without LayerNorms, `bias` without an MLP), training's too (dropout,
+        init_std). Configs with equal `computed()` make the same function of the same weights;
+        the Hugging Face export compares them to know what a family's config.json holds."""
+        fields = self.to_dict()
+        for name in ("dropout", "init_std"):
+            del fields[name]
+        fields.update(n_kv_head=self.n_kv_heads, head_dim=self.head_size, d_ff=self.ff_size,
+                      qkv_bias=self.qkv_biased, out_bias=self.out_biased,
+                      norm_bias=self.norm_biased, attn_scale=self.score_scale)
+        if self.sliding_window is not None:
+            fields["window_layers"] = [i for i in range(self.n_layer) if self.window_of(i)]
+        idle = {"rope_theta", "rotary_pct", "rope_scaling", "rope_in_float32", "rope_interleaved",
+                "nope_layers", "local_rope_theta"} if self.pos != "rope" else set()
+        idle |= {"gelu"} if self.mlp not in ("gelu", "geglu") else set()
+        idle |= {"norm_bias"} if self.norm != "layernorm" else set()
+        idle |= {"bias"} if self.mlp == "none" else set()
+        return {name: value for name, value in fields.items() if name not in idle}
 
     @classmethod
     def from_name(cls, name: str, **overrides: Any) -> GPTConfig:
