@@ -280,9 +280,9 @@ def modern_switches(n_layer: int = 2) -> Any:
     parallel residual, sliding windows, Gemma's (1 + w) norm, GeGLU, scaled embeddings and
     sandwich norms, Gemma 3's RoPE base of its windowed layers, Gemma 2's soft caps of scores
     and logits, OLMo 2's blocks without pre-norms and its QK-norm over whole q and k, Phi's
-    one norm for a parallel block and bias on the head), valid for a model with 4 query
-    heads (head size 4 or 8). The property tests of model, attention, cache, trace and
-    generation draw from it so every invariant runs over every switch."""
+    one norm for a parallel block and bias on the head, a mixture of 3 experts), valid for a
+    model with 4 query heads (head size 4 or 8). The property tests of model, attention,
+    cache, trace and generation draw from it so every invariant runs over every switch."""
     from hypothesis import strategies as st
 
     scalings = [
@@ -333,6 +333,9 @@ def modern_switches(n_layer: int = 2) -> Any:
         switches["qk_norm_whole"] = switches["qk_norm"] and draw(st.booleans())
         switches["rope_in_float32"] = pos == "rope" and draw(st.booleans())
         switches["rope_interleaved"] = pos == "rope" and draw(st.booleans())
+        if switches["mlp"] != "none" and draw(st.booleans()):  # a mixture of 3 experts
+            switches.update(n_experts=3, experts_per_token=draw(st.sampled_from([1, 2])),
+                            experts_normalized=draw(st.booleans()))
         window = draw(st.sampled_from([None, 2, 3]))
         if window is not None:
             switches["sliding_window"] = window

@@ -103,7 +103,8 @@ OTHER: dict[str, Any] = dict(
     rope_theta=123.0, rotary_pct=0.5, rope_scaling=None, rope_in_float32=False,
     rope_interleaved=False, nope_layers=None, local_rope_theta=None,
     gelu={"tanh": "exact", "exact": "tanh"}, norm_bias={True: False, False: True, None: False},
-    bias={True: False, False: True})
+    bias={True: False, False: True}, experts_per_token=1,
+    experts_normalized={True: False, False: True})
 
 
 def _same_model_spelled_otherwise(config: GPTConfig) -> GPTConfig:

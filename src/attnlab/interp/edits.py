@@ -19,9 +19,9 @@ Only edits of scores or weights ("attn_scores", "masked_scores", "attn_weights",
 "attn_weights_dropped") need attention's explicit path; all others keep the fused one.
 The constructors below are the common cases (TransformerLens's names in brackets): zeroing,
 scaling or mean-replacing heads' outputs (`hook_z` ablation), zeroing MLP neurons
-(`mlp.hook_post`), uniform or given attention patterns, and patching a value from another
-run's `Trace` (activation patching). Which heads
-to edit is `heads.py`'s business; what to patch and how to score it, `patching.py`'s.
+(`mlp.hook_post`) or a mixture's experts, uniform or given attention patterns, and patching a
+value from another run's `Trace` (activation patching). Which heads to edit is `heads.py`'s
+business; what to patch and how to score it, `patching.py`'s.
 """
 
 from __future__ import annotations
@@ -278,6 +278,28 @@ def zero_neurons(
         return out
 
     return Edit("mlp_hidden", layer, replace, None, _tuple(positions), fits)
+
+
+def zero_experts(
+    layer: int, experts: int | Iterable[int], positions: Iterable[int] | None = None
+) -> Edit:
+    """Ablate experts of a mixture: their weights ("expert_weights") become 0, so they write
+    nothing for the tokens that chose them; the other chosen experts keep their weights."""
+    chosen = indices("experts", experts, owner="zero_experts")
+
+    def fits(config: GPTConfig) -> None:  # a model without a mixture: `absent_names` says so
+        n = config.n_experts or 0
+        bad = [e for e in chosen if not 0 <= e < n]
+        if bad:
+            raise ValueError(f"experts {bad} out of range: layer {layer} has {n} experts "
+                             f"(0 to {n - 1})")
+
+    def replace(v: Tensor, _: int) -> Tensor:
+        out = v.clone()  # (B, T, n_experts)
+        out[..., chosen] = 0
+        return out
+
+    return Edit("expert_weights", layer, replace, None, _tuple(positions), fits)
 
 
 # ----------------------------------------------------------------------------- head outputs

@@ -14,6 +14,7 @@ from .attention import CausalSelfAttention
 from .config import GPTConfig
 from .layers import MLP, branch_scaled, make_norm
 from .masks import Mask
+from .moe import MoE
 
 
 def norm_of(config: GPTConfig) -> nn.Module:
@@ -47,11 +48,15 @@ class Block(nn.Module):
         # None without an MLP, and where the MLP reads ln_1's output (shared_norm)
         self.ln_2 = (norm_of(c) if c.pre_norm else nn.Identity()) if (
             has_mlp and not c.shared_norm) else None
-        self.mlp = MLP(
-            c.n_embd, c.ff_size, gated=c.mlp in ("swiglu", "geglu"), gelu=c.gelu, bias=c.bias,
-            dropout=c.dropout, gate_act="gelu" if c.mlp == "geglu" else "silu",
-            act="relu" if c.mlp == "relu" else "gelu",
-        ) if has_mlp else None
+        def mlp() -> MLP:
+            return MLP(
+                c.n_embd, c.ff_size, gated=c.mlp in ("swiglu", "geglu"), gelu=c.gelu,
+                bias=c.bias, dropout=c.dropout, gate_act="gelu" if c.mlp == "geglu" else "silu",
+                act="relu" if c.mlp == "relu" else "gelu",
+            )
+
+        self.mlp: MLP | MoE | None = None if not has_mlp else mlp() if c.n_experts is None \
+            else MoE(c.n_embd, c.n_experts, c.experts_per_token, c.experts_normalized, mlp)
 
     def forward(
         self,

@@ -102,6 +102,13 @@ class GPTConfig:
     embedding_multiplier: float = 1.0
     residual_multiplier: float = 1.0
     logits_scaling: float = 1.0
+    # a sparse mixture of n_experts MLPs (each of the `mlp` kind, d_ff wide) in every block,
+    # each token through the experts_per_token its router ranks first, weighted by their
+    # softmax probabilities, renormalised over the chosen where experts_normalized (Mixtral:
+    # True, OLMoE: False); None: one dense MLP (`moe.py`)
+    n_experts: int | None = None
+    experts_per_token: int = 2
+    experts_normalized: bool = True
 
     def __post_init__(self) -> None:
         positive = ("vocab_size", "block_size", "n_layer", "n_head", "n_embd")
@@ -155,6 +162,13 @@ class GPTConfig:
                     math.isfinite(value) and value > 0):
                 raise ValueError(f"GPTConfig.{name}={value!r} must be a positive finite "
                                  "number (Granite's; 1.0 leaves the model as it is)")
+        if self.n_experts is not None and (
+                isinstance(self.n_experts, bool) or not isinstance(self.n_experts, int)
+                or not 1 <= self.experts_per_token <= self.n_experts or self.mlp == "none"):
+            raise ValueError(
+                f"n_experts={self.n_experts!r}, experts_per_token={self.experts_per_token!r}: "
+                "a mixture of experts needs an MLP kind (mlp != 'none'), a positive number of "
+                "experts and 1 <= experts_per_token <= n_experts")
         if not self.norm_eps > 0:
             raise ValueError(f"norm_eps={self.norm_eps} must be > 0")
         if not self.rope_theta > 0:
@@ -279,6 +293,7 @@ class GPTConfig:
         idle |= {"gelu"} if self.mlp not in ("gelu", "geglu") else set()
         idle |= {"norm_bias"} if self.norm != "layernorm" else set()
         idle |= {"bias"} if self.mlp == "none" else set()
+        idle |= {"experts_per_token", "experts_normalized"} if self.n_experts is None else set()
         return {name: value for name, value in fields.items() if name not in idle}
 
     @classmethod

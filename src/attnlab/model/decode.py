@@ -40,6 +40,7 @@ from .gpt import require_eval
 from .kv_cache import KVCache
 from .layers import GELUS, MLP, activation, branch_scaled, embedding_scale, soft_cap
 from .masks import Mask, build_mask
+from .moe import MoE
 from .rope import apply_rotary, layer_ropes, real_positions
 from .runtime import check_float16_weights
 
@@ -67,10 +68,12 @@ class _DecodeLayer(NamedTuple):
     window: int | None  # this layer's sliding window
     attn_post: StepNorm | None = None  # sandwich norms (Gemma 2 / 3) on each branch's output
     mlp_post: StepNorm | None = None
+    moe: MoE | None = None  # a mixture of experts, run as the block runs it (fc etc. None)
 
     @classmethod
     def of(cls, block: Block, window: int | None) -> _DecodeLayer:
-        attn, mlp = block.attn, cast(MLP | None, block.mlp)
+        attn, moe = block.attn, block.mlp if isinstance(block.mlp, MoE) else None
+        mlp = None if moe is not None else cast(MLP | None, block.mlp)
         return cls(
             step_norm(block.ln_1),
             Affine.stack(attn.query, attn.key, attn.value),
@@ -81,8 +84,12 @@ class _DecodeLayer(NamedTuple):
             None if mlp is None else Affine.stack(mlp.fc),
             None if mlp is None or mlp.gate is None else Affine.stack(mlp.gate),
             None if mlp is None else Affine.stack(mlp.proj),
-            window, step_norm(block.ln_attn_post), step_norm(block.ln_mlp_post),
+            window, step_norm(block.ln_attn_post), step_norm(block.ln_mlp_post), moe,
         )
+
+    @property
+    def has_mlp(self) -> bool:
+        return self.fc is not None or self.moe is not None
 
     def packed16(self) -> _DecodeLayer:
         """The same layer with every matrix as `Packed16`."""
@@ -173,6 +180,8 @@ class DecodeStep:
 
     def _mlp(self, layer: _DecodeLayer, h: Tensor) -> Tensor:
         """h (B, C) -> the MLP's output (B, C); the layer must have one."""
+        if layer.moe is not None:
+            return layer.moe(h[:, None])[:, 0]  # (B, 1, C) -> (B, C)
         fc, proj = cast(Matrix, layer.fc), cast(Matrix, layer.proj)
         if layer.gate is None:
             return proj(self.up_act(fc(h)))  # (B, d_ff) -> (B, C)
@@ -254,14 +263,14 @@ class DecodeStep:
             if layer.out_proj is not None:
                 a = layer.out_proj(a)  # (B, C)
             if c.parallel_residual:  # the MLP reads ln_1's output where shared_norm
-                m = 0.0 if layer.fc is None else branch_scaled(self._mlp(
+                m = 0.0 if not layer.has_mlp else branch_scaled(self._mlp(
                     layer, h if c.shared_norm else _apply(layer.ln_2, x)), scale)
                 a = branch_scaled(a, scale)
                 x = m + a + x if c.residual else m + a  # GPT-NeoX's order of the sum
                 continue
             a = branch_scaled(_apply(layer.attn_post, a), scale)  # (B, C)
             x = x + a if c.residual else a
-            if layer.fc is not None:
+            if layer.has_mlp:
                 m = _apply(layer.mlp_post, self._mlp(layer, _apply(layer.ln_2, x)))  # (B, C)
                 m = branch_scaled(m, scale)  # (B, C)
                 x = x + m if c.residual else m

@@ -69,9 +69,11 @@ class GPT(nn.Module):
                 nn.init.normal_(module.weight, mean=0.0, std=std)
             if isinstance(module, nn.Linear) and module.bias is not None:
                 nn.init.zeros_(module.bias)
-        # GPT-2: scale the residual projections by 1/sqrt(2 * n_layer) (one per sublayer)
+        # GPT-2: scale the residual projections by 1/sqrt(2 * n_layer) (one per sublayer;
+        # each expert's of a mixture)
         for name, p in self.named_parameters():
-            if name.endswith(("attn.out_proj.weight", "mlp.proj.weight")):
+            if name.endswith(("attn.out_proj.weight", "mlp.proj.weight")) or (
+                    ".experts." in name and name.endswith(".proj.weight")):
                 nn.init.normal_(p, mean=0.0, std=std / math.sqrt(2 * self.config.n_layer))
 
     def lay_out_weights(self) -> None:

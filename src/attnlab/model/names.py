@@ -56,6 +56,11 @@ NAMES: dict[str, str] = {
                "(absent without mlp)",
     "mlp_hidden": "(B, T, d_ff) the MLP's hidden activations, the input of its down "
                   "projection: gelu(fc x), or silu(gate x) * fc x (absent without mlp)",
+    "router_logits": "(B, T, n_experts) the router's score of each expert (a mixture of "
+                     "experts only, n_experts)",
+    "expert_weights": "(B, T, n_experts) each expert's weight in the token's output: its "
+                      "softmax probability among the token's top experts (renormalised "
+                      "where experts_normalized), 0 for the others (n_experts only)",
     "mlp_out": "(B, T, C) the MLP's output (absent without mlp); with sandwich norms, before "
                "the MLP's post-norm; before a residual_multiplier (Granite)",
     "mlp_out_normed": "(B, T, C) the MLP's output through its post-norm (Gemma 2 / 3's "
@@ -101,6 +106,12 @@ def absent_names(config: GPTConfig) -> dict[str, str]:
                                  "mlp_out_normed"), "it has no MLP")
     elif config.parallel_residual:
         absent["resid_mid"] = "its MLP reads resid_pre (parallel_residual=True)"
+    if config.n_experts is None:
+        absent |= dict.fromkeys(("router_logits", "expert_weights"),
+                                "its MLP is one dense MLP, not a mixture of experts")
+    elif config.mlp != "none":
+        absent |= dict.fromkeys(("mlp_pre", "mlp_hidden"), "its mixture of experts runs each "
+                                "expert on its own rows (trace expert_weights and mlp_out)")
     return absent
 
 

@@ -1,0 +1,59 @@
+"""`MoE`: a sparse mixture of experts in place of a block's MLP (Mixtral, OLMoE, Qwen3-MoE).
+
+A router (one Linear, no bias) scores each token against `n_experts` MLPs; the token goes
+through the `top_k` most probable, whose outputs are summed weighted by their softmax
+probabilities (computed in float32), renormalised over the chosen ones where `normalized`
+(Mixtral) or left as they are (OLMoE). The weights live in one dense (B, T, n_experts)
+tensor, zero for the experts a token skips, which a trace reads as "expert_weights" and an
+edit may replace: zero an expert's column to ablate it, or give a token experts the router
+did not choose. Each expert then runs once on the rows that give it a weight, in expert
+order, its output scaled and added into the rows it came from: Hugging Face's eager loop,
+so its numbers are transformers'.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+
+from .layers import MLP, Linear
+
+
+class MoE(nn.Module):
+    """x (B, T, C) -> (B, T, C) through each token's top-k experts (see module doc)."""
+
+    def __init__(self, n_embd: int, n_experts: int, top_k: int, normalized: bool,
+                 expert: Callable[[], MLP]) -> None:
+        super().__init__()
+        self.top_k, self.normalized = top_k, normalized
+        self.router = Linear(n_embd, n_experts, bias=False)
+        self.experts = nn.ModuleList(expert() for _ in range(n_experts))
+
+    def weights(self, x: Tensor, trace: Any = None) -> Tensor:
+        """x (B, T, C) -> each expert's weight in each token's output (B, T, n_experts),
+        float32, zero off the token's top-k; `trace` records (and may replace) the router's
+        logits as "router_logits" and the weights as "expert_weights"."""
+        logits = self.router(x)  # (B, T, E)
+        if trace is not None:
+            logits = trace.record("router_logits", logits)
+        probs = logits.float().softmax(dim=-1)  # (B, T, E)
+        top, chosen = probs.topk(self.top_k, dim=-1)  # (B, T, k) each
+        if self.normalized:
+            top = top / top.sum(dim=-1, keepdim=True)  # (B, T, k)
+        weights = torch.zeros_like(probs).scatter_(-1, chosen, top)  # (B, T, E)
+        return weights if trace is None else trace.record("expert_weights", weights)
+
+    def forward(self, x: Tensor, trace: Any = None) -> Tensor:
+        B, T, C = x.shape
+        weights = self.weights(x, trace).view(B * T, -1)  # (N, E)
+        flat = x.reshape(B * T, C)  # (N, C)
+        out = torch.zeros_like(flat)  # (N, C)
+        used = (weights != 0).any(dim=0).nonzero()[:, 0].tolist()  # experts some row uses
+        for e in used:
+            rows = weights[:, e].nonzero()[:, 0]  # (n,)
+            y = self.experts[e](flat[rows][None])[0]  # (n, C)
+            out.index_add_(0, rows, (y * weights[rows, e, None]).to(out.dtype))
+        return out.view(B, T, C)
