@@ -82,6 +82,13 @@ FAMILIES = {
                 "logits_scaling": 2.0},
     "falcon": {"pos": "rope", "bias": False, "norm_bias": True, "gelu": "exact", "n_kv_head": 1,
                "parallel_residual": True, "shared_norm": True},
+    # a mixture of 4 experts, top 2 (Mixtral's), and top 3 as the router's probabilities
+    # with QK-norm over whole q and k (OLMoE's)
+    "mixtral": {"pos": "rope", "norm": "rmsnorm", "mlp": "swiglu", "bias": False, "n_kv_head": 2,
+                "n_experts": 4, "experts_per_token": 2},
+    "olmoe": {"pos": "rope", "norm": "rmsnorm", "mlp": "swiglu", "bias": False, "qk_norm": True,
+              "qk_norm_whole": True, "n_experts": 4, "experts_per_token": 3,
+              "experts_normalized": False, "expert_weights_in_float32": False},
 }
 
 

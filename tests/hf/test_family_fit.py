@@ -104,7 +104,8 @@ OTHER: dict[str, Any] = dict(
     rope_interleaved=False, nope_layers=None, local_rope_theta=None,
     gelu={"tanh": "exact", "exact": "tanh"}, norm_bias={True: False, False: True, None: False},
     bias={True: False, False: True}, experts_per_token=1,
-    experts_normalized={True: False, False: True})
+    experts_normalized={True: False, False: True},
+    expert_weights_in_float32={True: False, False: True})
 
 
 def _same_model_spelled_otherwise(config: GPTConfig) -> GPTConfig:

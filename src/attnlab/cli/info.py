@@ -11,6 +11,7 @@ from typing import Any
 
 from ..checkpoint import train_state_problem
 from ..model.memory import gb
+from ..model.moe import idle_parameters
 from .common import add_checkpoint_argument, count
 
 
@@ -57,6 +58,7 @@ def _as_dict(model: Any) -> dict[str, Any]:
         "architecture": model.architecture,
         "config": model.config.to_dict(),
         "parameters": model.parameters,
+        "active_parameters": model.parameters - idle_parameters(model.config),  # per token
         "stored": model.stored,
         "tensors": model.tensors,
         "weight_files": model.weight_files,
@@ -89,9 +91,11 @@ def _value(value: Any) -> str:
 def _print(model: Any, info: dict[str, Any]) -> None:
     meta, tok, c = model.meta, model.tokenizer, info["config"]
     print(f"checkpoint  {info['path']}  ({gb(info['bytes'])})")
+    idle = idle_parameters(model.config)
+    active = f" ({info['parameters'] - idle:,} active per token)" if idle else ""
     print(f"model       {count(c['n_layer'], 'layer')}, {count(c['n_head'], 'head')}, "
           f"{c['n_embd']} dims, context {c['block_size']}, vocab {c['vocab_size']}: "
-          f"{info['parameters']:,} parameters")
+          f"{info['parameters']:,} parameters{active}")
     print("config      " + ", ".join(f"{k}={_value(v)}" for k, v in c.items()))
     if meta.get("init_from"):  # a fine-tune (attnlab train --init_from)
         family = f" (Hugging Face {meta['family']})" if meta.get("family") else ""

@@ -63,13 +63,16 @@ from .gpt_neox import GPT_NEOX
 from .gptj import GPTJ
 from .granite import GRANITE
 from .llama import LLAMA, MISTRAL
+from .mixtral import MIXTRAL
 from .olmo2 import OLMO2
 from .olmo3 import OLMO3
+from .olmoe import OLMOE
 from .opt import OPT
 from .phi import PHI
 from .phi3 import PHI3
 from .qwen2 import QWEN2
 from .qwen3 import QWEN3
+from .qwen3_moe import QWEN3_MOE
 from .registry import Family
 from .smollm3 import SMOLLM3
 from .stablelm import STABLELM
@@ -77,7 +80,7 @@ from .stablelm import STABLELM
 # export picks the first family a GPTConfig fits, so the plainest comes first
 FAMILIES: tuple[Family, ...] = (GPT2, LLAMA, MISTRAL, QWEN2, QWEN3, GPT_NEOX, GEMMA, GEMMA2,
                                GEMMA3, PHI, PHI3, OLMO2, OLMO3, SMOLLM3, GPTJ, GPT_NEO, OPT,
-                               STABLELM, GRANITE, FALCON)
+                               STABLELM, GRANITE, FALCON, MIXTRAL, OLMOE, QWEN3_MOE)
 FAMILY_BY_NAME: dict[str, Family] = {f.name: f for f in FAMILIES}
 
 __all__ = [

@@ -54,7 +54,8 @@ class WeightMap:
 
     top: attnlab module -> HF module outside the blocks ("wte" -> "model.embed_tokens").
     layer: the HF prefix of block i ("model.layers.{i}.").
-    block: attnlab module inside a block -> HF module ("attn.query" -> "self_attn.q_proj").
+    block: attnlab module inside a block -> HF module ("attn.query" -> "self_attn.q_proj");
+    a mixture's experts once, "{e}" for the index ("mlp.experts.{e}.fc").
     transposed: block modules HF stores (in, out) (GPT-2's Conv1D).
     fused: block modules HF holds in one Linear (`Fused`); the others `block` names.
     base: the prefix of the body; files of the bare body (GPT2Model, LlamaModel) lack it.
@@ -91,8 +92,16 @@ class WeightMap:
         module, param = ours.rsplit(".", 1)
         if module.startswith("blocks."):
             _, i, inner = module.split(".", 2)
-            return f"{self.layer.format(i=i)}{self.block[inner]}.{param}"
+            return f"{self.layer.format(i=i)}{self._block_module(inner)}.{param}"
         return f"{self.top[module]}.{param}"
+
+    def _block_module(self, inner: str) -> str:
+        """The HF module of a block's module: `block`'s entry, or for an expert of a mixture
+        the entry with "{e}" for its index ("mlp.experts.{e}.fc")."""
+        expert = re.fullmatch(r"(.*\.experts\.)(\d+)(\..*)", inner)
+        if inner in self.block or expert is None:
+            return self.block[inner]
+        return self.block[f"{expert[1]}{{e}}{expert[3]}"].format(e=expert[2])
 
     def _is_fused(self, ours: str) -> tuple[Fused, str, str] | None:
         """(its fusion, the HF name of the fused tensor, the block's prefix "blocks.i.")

@@ -56,7 +56,8 @@ class Block(nn.Module):
             )
 
         self.mlp: MLP | MoE | None = None if not has_mlp else mlp() if c.n_experts is None \
-            else MoE(c.n_embd, c.n_experts, c.experts_per_token, c.experts_normalized, mlp)
+            else MoE(c.n_embd, c.n_experts, c.experts_per_token, c.experts_normalized, mlp,
+                     wide=c.expert_weights_in_float32)
 
     def forward(
         self,

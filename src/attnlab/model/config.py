@@ -109,6 +109,9 @@ class GPTConfig:
     n_experts: int | None = None
     experts_per_token: int = 2
     experts_normalized: bool = True
+    # in 16 bits, each expert's output times its weight in float32 (Mixtral's), not with the
+    # weight rounded to the model's dtype first (OLMoE's, Qwen3-MoE's); float32: the same
+    expert_weights_in_float32: bool = True
 
     def __post_init__(self) -> None:
         positive = ("vocab_size", "block_size", "n_layer", "n_head", "n_embd")
@@ -293,7 +296,8 @@ class GPTConfig:
         idle |= {"gelu"} if self.mlp not in ("gelu", "geglu") else set()
         idle |= {"norm_bias"} if self.norm != "layernorm" else set()
         idle |= {"bias"} if self.mlp == "none" else set()
-        idle |= {"experts_per_token", "experts_normalized"} if self.n_experts is None else set()
+        idle |= {"experts_per_token", "experts_normalized", "expert_weights_in_float32"} if (
+            self.n_experts is None) else set()
         return {name: value for name, value in fields.items() if name not in idle}
 
     @classmethod

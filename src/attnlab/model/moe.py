@@ -3,7 +3,8 @@
 A router (one Linear, no bias) scores each token against `n_experts` MLPs; the token goes
 through the `top_k` most probable, whose outputs are summed weighted by their softmax
 probabilities (computed in float32), renormalised over the chosen ones where `normalized`
-(Mixtral) or left as they are (OLMoE). The weights live in one dense (B, T, n_experts)
+(Mixtral) or left as they are (OLMoE), and multiplied in float32 (`wide`: Mixtral) or first
+rounded to the model's dtype (OLMoE, Qwen3-MoE). The weights live in one dense (B, T, n_experts)
 tensor, zero for the experts a token skips, which a trace reads as "expert_weights" and an
 edit may replace: zero an expert's column to ablate it, or give a token experts the router
 did not choose. Each expert then runs once on the rows that give it a weight, in expert
@@ -14,21 +15,24 @@ so its numbers are transformers'.
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import Tensor, nn
 
 from .layers import MLP, Linear
 
+if TYPE_CHECKING:
+    from .config import GPTConfig
+
 
 class MoE(nn.Module):
     """x (B, T, C) -> (B, T, C) through each token's top-k experts (see module doc)."""
 
     def __init__(self, n_embd: int, n_experts: int, top_k: int, normalized: bool,
-                 expert: Callable[[], MLP]) -> None:
+                 expert: Callable[[], MLP], wide: bool = True) -> None:
         super().__init__()
-        self.top_k, self.normalized = top_k, normalized
+        self.top_k, self.normalized, self.wide = top_k, normalized, wide
         self.router = Linear(n_embd, n_experts, bias=False)
         self.experts = nn.ModuleList(expert() for _ in range(n_experts))
 
@@ -55,5 +59,18 @@ class MoE(nn.Module):
         for e in used:
             rows = weights[:, e].nonzero()[:, 0]  # (n,)
             y = self.experts[e](flat[rows][None])[0]  # (n, C)
-            out.index_add_(0, rows, (y * weights[rows, e, None]).to(out.dtype))
+            w = weights[rows, e, None]  # (n, 1)
+            out.index_add_(0, rows, (y * (w if self.wide else w.to(y.dtype))).to(out.dtype))
         return out.view(B, T, C)
+
+
+def idle_parameters(config: GPTConfig) -> int:
+    """The parameters a token's forward leaves unused: in every layer, the experts outside its
+    top k (0 without a mixture). Total minus this is the count active per token."""
+    if config.n_experts is None:
+        return 0
+    C, F = config.n_embd, config.ff_size
+    gated = config.mlp in ("swiglu", "geglu")
+    per_expert = (3 if gated else 2) * C * F + (((2 if gated else 1) * F + C) if config.bias
+                                                 else 0)
+    return config.n_layer * (config.n_experts - config.experts_per_token) * per_expert
