@@ -8,15 +8,18 @@ transformers."""
 
 from __future__ import annotations
 
+import dataclasses
 import re
 import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
+import torch
 
+from attnlab import GPT
 from attnlab.cli import main
-from attnlab.hf import FAMILY_BY_NAME, config_from_hf, config_to_hf, family_for_config
+from attnlab.hf import FAMILY_BY_NAME, config_from_hf, config_to_hf, family_for_config, load_hf
 from attnlab.load import inspect_dir
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
@@ -142,3 +145,38 @@ def test_no_dense_family_writes_a_mixture_and_no_mixture_family_a_dense_model() 
                             "architectures": ["MistralForCausalLM"], "model_type": "mistral"})
     assert dense.n_experts is None and family_for_config(dense).name == "llama"  # no window
     assert "n_experts=8 (not None)" in FAMILY_BY_NAME["mixtral"].misfits(dense)
+
+
+@pytest.mark.parametrize("prefix,experts", [("Mixtral", "num_local_experts"),
+                                            ("Olmoe", "num_experts")])
+def test_the_training_loss_with_the_balance_term_is_transformers(prefix: str, experts: str,
+                                                                 tmp_path: Path) -> None:
+    """router_aux_loss_coef: the next-token loss plus coef times the load-balancing term,
+    equal to transformers' loss with output_router_logits, over a left-padded batch (its
+    labels also drop the first real token's, which attnlab's targets leave out: the position
+    before it is padding)."""
+    transformers = pytest.importorskip("transformers")
+    hf_config = getattr(transformers, f"{prefix}Config")(
+        vocab_size=97, hidden_size=32, intermediate_size=48, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=128,
+        num_experts_per_tok=2, router_aux_loss_coef=0.02, **{experts: 4})
+    hf_config._attn_implementation, hf_config._experts_implementation = "eager", "eager"
+    torch.manual_seed(0)
+    hf = getattr(transformers, f"{prefix}ForCausalLM")(hf_config)
+    hf.save_pretrained(tmp_path)
+    loaded = load_hf(tmp_path)
+    ours = GPT(dataclasses.replace(loaded.config, router_aux_loss_coef=0.02))
+    ours.load_state_dict(loaded.state_dict())
+    hf.train(), ours.train()
+    ids = torch.randint(0, 97, (3, 12), generator=torch.Generator().manual_seed(1))
+    mask = torch.ones(3, 12, dtype=torch.long)
+    mask[1, :4] = 0
+    labels = ids.masked_fill(mask == 0, -100)
+    labels[1, 4] = -100
+    positions = (mask.cumsum(-1) - 1).clamp(min=0)
+    expected = hf(ids, attention_mask=mask, position_ids=positions, labels=labels,
+                  output_router_logits=True)
+    targets = torch.cat([ids[:, 1:], torch.full((3, 1), -1)], dim=1)  # (B, T)
+    loss = ours(ids, attention_mask=mask, targets=targets).loss
+    assert float(expected.aux_loss.detach()) > 1.0  # the term is there: 2 for an even router
+    torch.testing.assert_close(loss, expected.loss, atol=2e-6, rtol=0)

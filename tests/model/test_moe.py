@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 from attnlab import GPT, GPTConfig, Trace
 from attnlab.generate import generate
 from attnlab.interp.edits import zero_experts
-from attnlab.model.moe import MoE
+from attnlab.model.moe import MoE, balance_loss
 
 
 def _model(**overrides: object) -> GPT:
@@ -111,3 +111,27 @@ def test_a_mixture_is_refused_where_it_cannot_run() -> None:
                 {"n_experts": 2, "mlp": "none"}):
         with pytest.raises(ValueError, match="1 <= experts_per_token <= n_experts"):
             GPTConfig(**bad)  # type: ignore[arg-type]
+
+
+def test_the_balance_term_is_k_for_a_uniform_router_and_joins_the_training_loss() -> None:
+    """n_experts * sum_e f_e * P_e with every P_e = 1/n_experts is sum_e f_e: the picks per
+    token, k, whatever the picks; the loss adds router_aux_loss_coef times it in training."""
+    model = _model(experts_per_token=2, router_aux_loss_coef=0.5).train()
+    ids = torch.randint(0, 65, (2, 9), generator=torch.Generator().manual_seed(3))
+    targets = ids.roll(-1, dims=1)
+    with torch.no_grad():
+        plain = GPT(GPTConfig.from_name("llama-tiny", n_experts=4)).train()  # no balance term
+        for block in model.blocks:
+            assert isinstance(block.mlp, MoE)
+            block.mlp.router.weight.zero_()  # every expert equally probable
+        plain.load_state_dict(model.state_dict())
+        ce = plain(ids, targets=targets).loss
+        loss = model(ids, targets=targets).loss
+    torch.testing.assert_close(loss, ce + 0.5 * 2.0)
+    moes = [block.mlp for block in model.blocks]
+    with pytest.raises(ValueError, match="a mixture kept no routing"):
+        balance_loss(moes, None)  # type: ignore[arg-type]  # used up by the forward
+    model.eval()
+    with torch.no_grad():
+        assert torch.equal(model(ids, targets=targets).loss, plain.eval()(ids, targets=targets)
+                           .loss)  # not at evaluation

@@ -58,6 +58,8 @@ class Block(nn.Module):
         self.mlp: MLP | MoE | None = None if not has_mlp else mlp() if c.n_experts is None \
             else MoE(c.n_embd, c.n_experts, c.experts_per_token, c.experts_normalized, mlp,
                      wide=c.expert_weights_in_float32)
+        if isinstance(self.mlp, MoE):  # for the load-balancing loss (GPT's)
+            self.mlp.keep_routing = c.router_aux_loss_coef > 0
 
     def forward(
         self,

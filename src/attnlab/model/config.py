@@ -112,6 +112,10 @@ class GPTConfig:
     # in 16 bits, each expert's output times its weight in float32 (Mixtral's), not with the
     # weight rounded to the model's dtype first (OLMoE's, Qwen3-MoE's); float32: the same
     expert_weights_in_float32: bool = True
+    # training: the loss adds this times Mixtral's load-balancing term (Switch Transformer's:
+    # n_experts * sum_e share of picks_e * mean probability_e, over every layer's tokens), which
+    # keeps a mixture from sending every token to a few experts; 0: none
+    router_aux_loss_coef: float = 0.0
 
     def __post_init__(self) -> None:
         positive = ("vocab_size", "block_size", "n_layer", "n_head", "n_embd")
@@ -172,6 +176,11 @@ class GPTConfig:
                 f"n_experts={self.n_experts!r}, experts_per_token={self.experts_per_token!r}: "
                 "a mixture of experts needs an MLP kind (mlp != 'none'), a positive number of "
                 "experts and 1 <= experts_per_token <= n_experts")
+        coef = self.router_aux_loss_coef
+        if isinstance(coef, bool) or not isinstance(coef, int | float) or not (
+                math.isfinite(coef) and coef >= 0):
+            raise ValueError(f"GPTConfig.router_aux_loss_coef={coef!r} must be a finite "
+                             "number >= 0 (Mixtral trained with 0.02; 0: no balancing term)")
         if not self.norm_eps > 0:
             raise ValueError(f"norm_eps={self.norm_eps} must be > 0")
         if not self.rope_theta > 0:
@@ -281,10 +290,11 @@ class GPTConfig:
         d_ff, the three biases, attn_scale, window_layers) and the fields that change nothing
         under the other switches left out (RoPE's without RoPE, `gelu` without a GELU, the
         LayerNorms' bias without LayerNorms, `bias` without an MLP), training's too (dropout,
-        init_std). Configs with equal `computed()` make the same function of the same weights;
-        the Hugging Face export compares them to know what a family's config.json holds."""
+        init_std, router_aux_loss_coef). Configs with equal `computed()` make the same function
+        of the same weights; the Hugging Face export compares them to know what a family's
+        config.json holds."""
         fields = self.to_dict()
-        for name in ("dropout", "init_std"):
+        for name in ("dropout", "init_std", "router_aux_loss_coef"):
             del fields[name]
         fields.update(n_kv_head=self.n_kv_heads, head_dim=self.head_size, d_ff=self.ff_size,
                       qkv_bias=self.qkv_biased, out_bias=self.out_biased,

@@ -25,6 +25,7 @@ from .config import GPTConfig
 from .kv_cache import KVCache
 from .layers import Linear, embedding_scale, soft_cap
 from .masks import Mask, build_mask
+from .moe import MoE, balance_loss
 from .rope import Rope, Rotary, layer_ropes, real_positions
 from .runtime import kept_out
 from .trace import EditSource, Seam, Trace
@@ -303,7 +304,19 @@ class GPT(nn.Module):
             raise ValueError("targets need logits at every position; drop last_logits_only")
         if attention_mask is not None:
             targets = targets.masked_fill(attention_mask[:, -T:] == 0, -1)  # (B, T)
-        return ModelOutput(logits, next_token_loss(logits, targets))
+        loss = next_token_loss(logits, targets)
+        moes = self._balanced_mixtures()
+        if moes:
+            mask = None if attention_mask is None else attention_mask[:, -T:]  # (B, T)
+            loss = loss + self.config.router_aux_loss_coef * balance_loss(moes, mask)
+        return ModelOutput(logits, loss)
+
+    def _balanced_mixtures(self) -> list[MoE]:
+        """The mixtures whose routing the load-balancing loss reads: every block's, in a
+        training forward with router_aux_loss_coef > 0; else none."""
+        if not (self.training and self.config.router_aux_loss_coef > 0):
+            return []
+        return [block.mlp for block in self.blocks if isinstance(block.mlp, MoE)]
 
 
 def require_eval(model: Any, what: str) -> None:

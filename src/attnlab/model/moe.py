@@ -35,6 +35,10 @@ class MoE(nn.Module):
         self.top_k, self.normalized, self.wide = top_k, normalized, wide
         self.router = Linear(n_embd, n_experts, bias=False)
         self.experts = nn.ModuleList(expert() for _ in range(n_experts))
+        # the last training forward's router probabilities (N, E) and picks (N, k), kept for
+        # the load-balancing loss (`balance_loss`) when `keep_routing`; None otherwise
+        self.keep_routing = False
+        self.routing: tuple[Tensor, Tensor] | None = None
 
     def weights(self, x: Tensor, trace: Any = None) -> Tensor:
         """x (B, T, C) -> each expert's weight in each token's output (B, T, n_experts),
@@ -45,6 +49,8 @@ class MoE(nn.Module):
             logits = trace.record("router_logits", logits)
         probs = logits.float().softmax(dim=-1)  # (B, T, E)
         top, chosen = probs.topk(self.top_k, dim=-1)  # (B, T, k) each
+        if self.keep_routing and self.training:
+            self.routing = probs.flatten(0, 1), chosen.flatten(0, 1)  # (N, E), (N, k)
         if self.normalized:
             top = top / top.sum(dim=-1, keepdim=True)  # (B, T, k)
         weights = torch.zeros_like(probs).scatter_(-1, chosen, top)  # (B, T, E)
@@ -74,3 +80,27 @@ def idle_parameters(config: GPTConfig) -> int:
     per_expert = (3 if gated else 2) * C * F + (((2 if gated else 1) * F + C) if config.bias
                                                  else 0)
     return config.n_layer * (config.n_experts - config.experts_per_token) * per_expert
+
+
+def balance_loss(moes: list[MoE], attention_mask: Tensor | None) -> Tensor:
+    """Mixtral's load-balancing term (transformers' `load_balancing_loss_func`) over the last
+    training forward of each mixture in `moes`: n_experts * sum_e f_e * P_e, f_e the picks of
+    expert e per token and P_e its mean router probability, both over every layer's tokens
+    together, a padded token left out (attention_mask (B, T), 0 at padding). Each mixture's
+    kept routing is used up."""
+    routings = [moe.routing for moe in moes if moe.routing is not None]
+    if len(routings) < len(moes):
+        raise ValueError("a mixture kept no routing: the load-balancing loss needs a training "
+                         "forward with keep_routing set (GPT.forward sets it)")
+    E = moes[0].router.out_features
+    picks = torch.zeros(E, device=moes[0].router.weight.device)  # (E,)
+    probs_sum = torch.zeros_like(picks)  # (E,)
+    rows = picks.new_zeros(())  # ()
+    for moe, (probs, chosen) in zip(moes, routings, strict=True):  # (N, E), (N, k)
+        moe.routing = None
+        w = (torch.ones(probs.shape[0], device=probs.device) if attention_mask is None
+             else attention_mask.reshape(-1).to(probs))  # (N,)
+        picks = picks.scatter_add(0, chosen.reshape(-1), w.repeat_interleave(chosen.shape[1]))
+        probs_sum = probs_sum + (probs * w[:, None]).sum(dim=0)  # (E,)
+        rows = rows + w.sum()
+    return E * ((picks / rows) * (probs_sum / rows)).sum()
