@@ -9,6 +9,7 @@ batch 1 and 8, a 16-token prompt, alternating rounds. Target: >= 1.3x at batch 1
 
     python -m benchmarks models_decode [--quick]
     MODELS_DECODE_SHAPES=gemma-3-270m python -m benchmarks models_decode   # other shapes
+    MODELS_DECODE_SHAPES=qwen3-moe-0.7b python -m benchmarks models_decode   # a mixture
 """
 
 from __future__ import annotations
@@ -38,6 +39,13 @@ SHAPES: dict[str, tuple[str, dict[str, Any]]] = {
         num_hidden_layers=18, num_attention_heads=4, num_key_value_heads=1, head_dim=256,
         hidden_size=640, intermediate_size=2048, vocab_size=262144, sliding_window=512,
         query_pre_attn_scalar=256, max_position_embeddings=32768)),
+    # a mixture of experts of Qwen3-MoE's make at 0.7B (32 experts 512 wide, top 4 renormalised,
+    # QK-norm): not in the default run, MODELS_DECODE_SHAPES picks it
+    "qwen3-moe-0.7b": ("Qwen3Moe", dict(
+        num_hidden_layers=12, num_attention_heads=16, num_key_value_heads=4, head_dim=64,
+        hidden_size=1024, moe_intermediate_size=512, num_experts=32, num_experts_per_tok=4,
+        norm_topk_prob=True, vocab_size=32000, tie_word_embeddings=True, rms_norm_eps=1e-6,
+        max_position_embeddings=4096)),
     "llama-toy": ("Llama", dict(  # --quick
         num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, hidden_size=32,
         intermediate_size=48, vocab_size=97, tie_word_embeddings=True,

@@ -19,7 +19,14 @@ import torch
 
 from attnlab import GPT
 from attnlab.cli import main
-from attnlab.hf import FAMILY_BY_NAME, config_from_hf, config_to_hf, family_for_config, load_hf
+from attnlab.hf import (
+    FAMILY_BY_NAME,
+    config_from_hf,
+    config_to_hf,
+    family_for_config,
+    gpt_from_hf,
+    load_hf,
+)
 from attnlab.load import inspect_dir
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
@@ -180,3 +187,24 @@ def test_the_training_loss_with_the_balance_term_is_transformers(prefix: str, ex
     loss = ours(ids, attention_mask=mask, targets=targets).loss
     assert float(expected.aux_loss.detach()) > 1.0  # the term is there: 2 for an even router
     torch.testing.assert_close(loss, expected.loss, atol=2e-6, rtol=0)
+
+
+@pytest.mark.parametrize("prefix,fields", [
+    ("Mixtral", dict(num_local_experts=4)), ("Olmoe", dict(num_experts=4)),
+    ("Qwen3Moe", dict(num_experts=4, moe_intermediate_size=24, norm_topk_prob=True))])
+def test_a_state_dict_in_memory_splits_its_experts(prefix: str, fields: dict[str, Any]) -> None:
+    """gpt_from_hf(model.config.to_dict(), model.state_dict()): transformers 5 holds each
+    layer's experts as two 3-D tensors in memory (not the files' tensor per expert), which
+    attnlab splits; the logits are transformers'."""
+    transformers = pytest.importorskip("transformers")
+    config = getattr(transformers, f"{prefix}Config")(
+        vocab_size=97, hidden_size=32, intermediate_size=48, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=2, num_experts_per_tok=2, **fields)
+    config._attn_implementation, config._experts_implementation = "eager", "eager"
+    torch.manual_seed(0)
+    hf = getattr(transformers, f"{prefix}ForCausalLM")(config).eval()
+    assert any(name.endswith("experts.gate_up_proj") for name in hf.state_dict())
+    ours = gpt_from_hf(config.to_dict(), hf.state_dict())
+    ids = torch.randint(0, 97, (2, 9), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        torch.testing.assert_close(ours(ids).logits, hf(ids).logits, atol=1e-6, rtol=0)

@@ -11,6 +11,7 @@ from attnlab import GPT, GPTConfig, half_weights
 from attnlab.generate import generate
 from attnlab.interp.edits import Edits
 from attnlab.model.decode import FLOAT16_MAX, DecodeStep, decode_step
+from attnlab.model.decode_parts import Packed16
 from helpers import left_padded
 
 pytestmark = pytest.mark.skipif(
@@ -24,6 +25,9 @@ CONFIGS = {
                     "tie_weights": False, "n_kv_head": 2},
     "qwen3-neox": {"norm": "rmsnorm", "pos": "rope", "qk_norm": True, "qkv_bias": True,
                    "parallel_residual": True, "tie_weights": False},
+    # a mixture of 3 experts, top 2: each expert's matrices packed, the router rounded
+    "mixtral-style": {"norm": "rmsnorm", "pos": "rope", "mlp": "swiglu", "bias": False,
+                      "tie_weights": False, "n_experts": 3, "experts_per_token": 2},
 }
 
 
@@ -57,6 +61,8 @@ def test_decode_streams_what_the_rounded_model_computes(flags: dict[str, object]
     B, P = ids.shape
     step = decode_step(model)
     assert step.weights == "float16"
+    assert all(isinstance(m, Packed16) for layer in step.layers for expert in layer.experts
+               for m in expert if m is not None)  # a mixture's experts are packed too
     caches = [model.new_cache(B, P + 3) for _ in range(3)]
     gen = torch.Generator().manual_seed(0)
     with torch.inference_mode():

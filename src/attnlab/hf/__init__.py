@@ -63,7 +63,7 @@ from .gpt_neox import GPT_NEOX
 from .gptj import GPTJ
 from .granite import GRANITE
 from .llama import LLAMA, MISTRAL
-from .mixtral import MIXTRAL
+from .mixtral import MIXTRAL, split_experts
 from .olmo2 import OLMO2
 from .olmo3 import OLMO3
 from .olmoe import OLMOE
@@ -173,6 +173,8 @@ def gpt_from_hf(
     memory, e.g. `gpt_from_hf(hf_model.config.to_dict(), hf_model.state_dict())`."""
     config = config_from_hf(hf_config, dropout=dropout)
     family = family_of(hf_config)
+    if "mlp.router" in family.weights.block:  # a mixture's experts, as transformers holds them
+        hf_state = split_experts(hf_state, family.weights)
     if config.tie_weights and family.weights.head_is_untied(hf_state):
         config = dataclasses.replace(config, tie_weights=False)
     model = meta_gpt(config)

@@ -5,12 +5,17 @@ token to its `num_experts_per_tok` most probable of `num_local_experts` SwiGLU e
 renormalised over the chosen. The expert helpers here serve OLMoE and Qwen3-MoE too.
 
 transformers 5 holds each layer's experts as two 3-D tensors in memory and writes them
-per expert, as the released files store them: attnlab reads and writes the files' names.
+per expert, as the released files store them: attnlab reads and writes the files' names,
+and `split_experts` turns a state dict in memory into them.
 """
 
 from __future__ import annotations
 
+import re
+from collections.abc import Mapping
 from typing import Any
+
+from torch import Tensor
 
 from ..model.gpt import GPTConfig
 from .fields import Fields
@@ -31,6 +36,31 @@ def moe_weights(moe: str, experts: str, gate: str, up: str, down: str) -> Weight
                             "mlp.experts.{e}.gate": f"{experts}.{{e}}.{gate}",
                             "mlp.experts.{e}.fc": f"{experts}.{{e}}.{up}",
                             "mlp.experts.{e}.proj": f"{experts}.{{e}}.{down}"})
+
+
+def split_experts(state: Mapping[str, Tensor], weights: WeightMap) -> dict[str, Tensor]:
+    """A transformers 5 model's state dict in memory, whose mixtures hold each layer's router
+    at mlp.gate and its experts in mlp.experts.gate_up_proj (E, 2F, C: gate rows, then up)
+    and mlp.experts.down_proj (E, C, F), under the names its files use (`weights`'): views,
+    one per expert. Other names pass as they are; a state dict of files' names, unchanged."""
+    out: dict[str, Tensor] = {}
+    for name, tensor in state.items():
+        match = re.fullmatch(r"(.*layers\.\d+\.)mlp\.(gate\.weight|experts\.gate_up_proj|"
+                             r"experts\.down_proj)", name)
+        if match is None:
+            out[name] = tensor
+            continue
+        layer, part = match.groups()
+        if part == "gate.weight":
+            out[f"{layer}{weights.block['mlp.router']}.weight"] = tensor
+            continue
+        halves = tensor.chunk(2, dim=1) if part.endswith("gate_up_proj") else (tensor,)
+        ours = ("gate", "fc") if part.endswith("gate_up_proj") else ("proj",)
+        for e in range(tensor.shape[0]):
+            for module, half in zip(ours, halves, strict=True):
+                hf = weights.block[f"mlp.experts.{{e}}.{module}"].format(e=e)
+                out[f"{layer}{hf}.weight"] = half[e]  # (F, C) or (C, F)
+    return out
 
 
 def experts_from_hf(f: Fields, count_key: str, normalized: bool) -> dict[str, Any]:

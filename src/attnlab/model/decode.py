@@ -68,12 +68,14 @@ class _DecodeLayer(NamedTuple):
     window: int | None  # this layer's sliding window
     attn_post: StepNorm | None = None  # sandwich norms (Gemma 2 / 3) on each branch's output
     mlp_post: StepNorm | None = None
-    moe: MoE | None = None  # a mixture of experts, run as the block runs it (fc etc. None)
+    moe: MoE | None = None  # a mixture of experts' router (fc, gate, proj None)
+    experts: tuple[tuple[Matrix, Matrix | None, Matrix], ...] = ()  # its (fc, gate, proj)
 
     @classmethod
     def of(cls, block: Block, window: int | None) -> _DecodeLayer:
         attn, moe = block.attn, block.mlp if isinstance(block.mlp, MoE) else None
         mlp = None if moe is not None else cast(MLP | None, block.mlp)
+        fc, gate, proj = (None, None, None) if mlp is None else _matrices(mlp)
         return cls(
             step_norm(block.ln_1),
             Affine.stack(attn.query, attn.key, attn.value),
@@ -81,10 +83,9 @@ class _DecodeLayer(NamedTuple):
             step_norm(attn.k_norm),
             None if attn.out_proj is None else Affine.stack(attn.out_proj),
             step_norm(block.ln_2),
-            None if mlp is None else Affine.stack(mlp.fc),
-            None if mlp is None or mlp.gate is None else Affine.stack(mlp.gate),
-            None if mlp is None else Affine.stack(mlp.proj),
+            fc, gate, proj,
             window, step_norm(block.ln_attn_post), step_norm(block.ln_mlp_post), moe,
+            () if moe is None else tuple(_matrices(cast(MLP, e)) for e in moe.experts),
         )
 
     @property
@@ -96,7 +97,15 @@ class _DecodeLayer(NamedTuple):
         return self._replace(
             qkv=Packed16.of(cast(Affine, self.qkv)), out_proj=pack(self.out_proj),
             fc=pack(self.fc), gate=pack(self.gate), proj=pack(self.proj),
+            experts=tuple((cast(Matrix, pack(fc)), pack(gate), cast(Matrix, pack(proj)))
+                          for fc, gate, proj in self.experts),
         )
+
+
+def _matrices(mlp: MLP) -> tuple[Matrix, Matrix | None, Matrix]:
+    """An MLP's (fc, gate or None, proj) for the decode step, in place."""
+    return (Affine.stack(mlp.fc), None if mlp.gate is None else Affine.stack(mlp.gate),
+            Affine.stack(mlp.proj))
 
 
 def _apply(norm: StepNorm | None, x: Tensor) -> Tensor:
@@ -181,11 +190,16 @@ class DecodeStep:
     def _mlp(self, layer: _DecodeLayer, h: Tensor) -> Tensor:
         """h (B, C) -> the MLP's output (B, C); the layer must have one."""
         if layer.moe is not None:
-            return layer.moe(h[:, None])[:, 0]  # (B, 1, C) -> (B, C)
-        fc, proj = cast(Matrix, layer.fc), cast(Matrix, layer.proj)
-        if layer.gate is None:
+            weights = layer.moe.weights(h[:, None])[:, 0]  # (B, E)
+            return layer.moe.combine(h, weights, lambda e, rows: self._dense(
+                *layer.experts[e], rows))  # (B, C)
+        return self._dense(cast(Matrix, layer.fc), layer.gate, cast(Matrix, layer.proj), h)
+
+    def _dense(self, fc: Matrix, gate: Matrix | None, proj: Matrix, h: Tensor) -> Tensor:
+        """h (B, C) through one MLP's matrices -> (B, C)."""
+        if gate is None:
             return proj(self.up_act(fc(h)))  # (B, d_ff) -> (B, C)
-        return proj(self.gate_act(layer.gate(h)) * fc(h))  # (B, d_ff) -> (B, C)
+        return proj(self.gate_act(gate(h)) * fc(h))  # (B, d_ff) -> (B, C)
 
     @torch.inference_mode()
     def __call__(self, token: Tensor, attention_mask: Tensor | None, cache: KVCache) -> Tensor:

@@ -59,15 +59,23 @@ class MoE(nn.Module):
     def forward(self, x: Tensor, trace: Any = None) -> Tensor:
         B, T, C = x.shape
         weights = self.weights(x, trace).view(B * T, -1)  # (N, E)
-        flat = x.reshape(B * T, C)  # (N, C)
-        out = torch.zeros_like(flat)  # (N, C)
+        out = self.combine(x.reshape(B * T, C), weights,
+                           lambda e, rows: self.experts[e](rows[None])[0])  # (N, C)
+        return out.view(B, T, C)
+
+    def combine(self, x: Tensor, weights: Tensor, expert: Callable[[int, Tensor], Tensor]
+                ) -> Tensor:
+        """x (N, C) and weights (N, E) -> (N, C): `expert(e, rows)` (n, C) -> (n, C) run once on
+        the rows that give expert e a weight, in expert order, scaled and added up (the decode
+        step passes its own layout of the experts' matrices)."""
+        out = torch.zeros_like(x)  # (N, C)
         used = (weights != 0).any(dim=0).nonzero()[:, 0].tolist()  # experts some row uses
         for e in used:
             rows = weights[:, e].nonzero()[:, 0]  # (n,)
-            y = self.experts[e](flat[rows][None])[0]  # (n, C)
+            y = expert(e, x[rows])  # (n, C)
             w = weights[rows, e, None]  # (n, 1)
             out.index_add_(0, rows, (y * (w if self.wide else w.to(y.dtype))).to(out.dtype))
-        return out.view(B, T, C)
+        return out
 
 
 def idle_parameters(config: GPTConfig) -> int:
