@@ -220,15 +220,17 @@ def make_model(vocab_size: int, **overrides: Any) -> GPT:
     return seeded_model("nano", vocab_size=vocab_size, **overrides)
 
 
-def nano_checkpoint(directory: Path, alphabet: str) -> Path:
-    """A seeded, untrained nano model (block_size 32) over the characters of `alphabet`,
-    saved as an attnlab checkpoint in directory/ckpt: what the CLI tests run commands on."""
+def nano_checkpoint(directory: Path, alphabet: str, **overrides: Any) -> Path:
+    """A seeded, untrained nano model (block_size 32, `overrides` to its config) over the
+    characters of `alphabet`, saved as an attnlab checkpoint in directory/ckpt: what the CLI
+    tests run commands on."""
     from attnlab.checkpoint import save_checkpoint
     from attnlab.tokenizers import CharTokenizer
 
     tok = CharTokenizer(sorted(set(alphabet)))
     torch.manual_seed(0)
-    model = GPT(GPTConfig.from_name("nano", vocab_size=tok.vocab_size, block_size=32))
+    model = GPT(GPTConfig.from_name("nano", vocab_size=tok.vocab_size, block_size=32,
+                                    **overrides))
     return save_checkpoint(directory / "ckpt", model, tok)
 
 

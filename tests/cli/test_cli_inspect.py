@@ -249,3 +249,34 @@ def test_inspects_host_memory_is_what_its_fit_check_counts(
         finally:
             tracemalloc.stop()
         assert len(as_lists) == 8 and peak < lists_bytes / 2, (peak, lists_bytes)
+
+
+def test_experts_draws_a_mixtures_routing_and_a_dense_model_refuses_it(
+        checkpoint: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """--what experts: one figure, a token x expert panel per chosen layer; --what all on a
+    dense model leaves it out, and --what experts there is refused by name."""
+    moe = nano_checkpoint(tmp_path / "moe", "abcdefghijklmnopqrstuvwxyz .", n_experts=3,
+                          experts_per_token=2)
+    drawn: list[Any] = []
+    original = attnlab.viz.plot_experts
+
+    def spy(weights: list[torch.Tensor], *args: Any, **kwargs: Any) -> Any:
+        drawn.append(weights)
+        return original(weights, *args, **kwargs)
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(attnlab.viz, "plot_experts", spy)
+        assert main(["inspect", str(moe), "the cat", "--out", str(tmp_path / "a"),
+                     "--what", "experts", "--layer", "1"]) == 0
+    assert "experts.png" in _names(tmp_path / "a")
+    [weights] = drawn
+    assert len(weights) == 1 and weights[0].shape == (7, 3)  # layer 1: 7 tokens x 3 experts
+    assert ((weights[0] != 0).sum(-1) == 2).all()
+    out = tmp_path / "b"
+    assert main(["inspect", str(checkpoint), "the cat", "--out", str(out), "--what", "all",
+                 "--layer", "0", "--head", "0"]) == 0
+    assert "experts.png" not in _names(out)
+    capsys.readouterr()
+    assert main(["inspect", str(checkpoint), "the cat", "--out", str(tmp_path / "c"),
+                 "--what", "experts"]) == 1
+    assert "this model has one dense MLP a block (n_experts unset)" in capsys.readouterr().err

@@ -135,3 +135,14 @@ def test_the_balance_term_is_k_for_a_uniform_router_and_joins_the_training_loss(
     with torch.no_grad():
         assert torch.equal(model(ids, targets=targets).loss, plain.eval()(ids, targets=targets)
                            .loss)  # not at evaluation
+
+
+def test_a_trace_of_the_routing_is_counted_before_a_load() -> None:
+    """The fit check counts router_logits and expert_weights as (B, T, n_experts) a layer."""
+    from attnlab.model.memory import trace_use
+
+    config = GPTConfig.from_name("llama-tiny", n_experts=4)
+    plain = trace_use(config, 8, ["mlp_out"], layers=2, heads=4).elements
+    routed = trace_use(config, 8, ["mlp_out", "router_logits", "expert_weights"], layers=2,
+                       heads=4).elements
+    assert routed - plain == 2 * 2 * 8 * 4  # two names, two layers, 8 tokens x 4 experts

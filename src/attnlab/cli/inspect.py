@@ -48,6 +48,8 @@ WHAT: dict[str, tuple[tuple[str, ...], str]] = {
     "embeddings": (("tok_emb", "pos_emb", "emb"), "token, position and summed embeddings"),
     "row": (("attn_weights",), "one query's weights as bars over the tokens (--query)"),
     "grid": (("attn_weights",), "every chosen layer x head in one figure"),
+    "experts": (("expert_weights",), "a mixture of experts' routing: each token's experts "
+                "and their weights, a panel per layer"),
 }
 DEFAULT_WHAT = "grid,weights,row"
 
@@ -152,6 +154,11 @@ def run(args: argparse.Namespace) -> int:
     out = check_out(args.out)
     opened = open_model(args)  # config and tokenizer: the text is sized before the load
     c = opened.config
+    if c.n_experts is None and "experts" in kinds:
+        if args.what != "all":
+            raise CLIError(f"--what {args.what}: experts draws a mixture of experts' routing, "
+                           "and this model has one dense MLP a block (n_experts unset)")
+        kinds.remove("experts")
     layers = _pick(args.layer, c.n_layer, "--layer")
     heads = _pick(args.head, c.n_head, "--head")
     ids = text_ids(opened.tokenizer, args.text, c.block_size)
@@ -352,7 +359,8 @@ def _draw(kinds: list[str], formats: list[str], out: Path, trace: Any, c: Any,
     # which keys each layer's queries could see (a sliding window hides more than the
     # future): hatched in the figures, not drawn as weight 0
     may_attend = {la: trace.may_attend(la) for la in layers}  # (T, S) each
-    n_figures = sum(len(pairs) if k not in ("embeddings", "grid") else 1 for k in kinds)
+    n_figures = sum(len(pairs) if k not in ("embeddings", "grid", "experts") else 1
+                    for k in kinds)
     bar = _figure_bar(n_figures, formats, len(pairs) if kinds[:1] == ["grid"] else 0)
 
     def save(fig: Any, stem: str, close: bool = True) -> None:
@@ -369,6 +377,10 @@ def _draw(kinds: list[str], formats: list[str], out: Path, trace: Any, c: Any,
             title = "embeddings" if c.pos == "learned" else f"embeddings (pos={c.pos}: none added)"
             save(viz.plot_embeddings(tok_emb, pos_emb, trace.get("emb")[0], tokens, title=title),
                  "embeddings")
+        elif kind == "experts":
+            save(viz.plot_experts([trace.get("expert_weights", la)[0] for la in layers],
+                                  tokens, layers, title=f"expert weights of {text[:40]!r}"),
+                 "experts")
         elif kind == "grid":
             # the traced layers as they are: a stacked copy would be one more trace
             weights = [trace.get("attn_weights", la)[0] for la in layers]  # (nh, T, S) each

@@ -240,7 +240,8 @@ def trace_use(config: GPTConfig, tokens: int, names: Iterable[str], *, layers: i
     R = tokens if rows is None else min(rows, tokens)
     sizes = {"B": 1, "nh": heads, "nkv": min(heads, config.n_kv_heads), "T": tokens,
              "S": tokens, "hs": config.head_size, "C": config.n_embd,
-             "d_ff": config.d_ff or 4 * config.n_embd, "V": config.vocab_size}
+             "d_ff": config.d_ff or 4 * config.n_embd, "V": config.vocab_size,
+             "n_experts": config.n_experts or 0}
     elements = 0
     for name in kept:
         dims = re.match(r"\(([^)]*)\)", NAMES[name])

@@ -21,7 +21,13 @@ from .figures import (
     plot_row,
 )
 from .grid import plot_grid
-from .heads import plot_head_scores, plot_head_summaries, plot_lens, plot_patching
+from .heads import (
+    plot_experts,
+    plot_head_scores,
+    plot_head_summaries,
+    plot_lens,
+    plot_patching,
+)
 from .save import save_figure
 from .visible import weight_vmax
 
@@ -30,6 +36,7 @@ __all__ = [
     "plot_attention",
     "plot_attention_steps",
     "plot_embeddings",
+    "plot_experts",
     "plot_grid",
     "plot_head_scores",
     "plot_head_summaries",

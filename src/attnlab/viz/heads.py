@@ -1,6 +1,6 @@
 """Figures of interventions: detector scores, per-head attention summaries and patching effects
-per layer and head, the residual stream's patching effects per position, and the logit
-lens's top tokens.
+per layer and head, the residual stream's patching effects per position, the logit lens's
+top tokens, and a mixture of experts' routing.
 
 `figures.py` draws attention and `core.py` / `save.py` own the shared pieces (`heatmap`,
 the lazy matplotlib import, `save_figure`); this module draws what `interp`'s `heads.py`,
@@ -158,5 +158,33 @@ def plot_lens(top_probs: Tensor, top_tokens: Sequence[Sequence[str]], tokens: Se
                     fontsize=8, color="white" if float(top_probs[i, j]) < 0.5 else "black")
     ax.set_xlabel("input token (the prediction is for the next one)")
     colorbar(fig, image, ax, label="probability of the token shown")
+    fig.suptitle(title, fontsize=11)
+    return fig
+
+
+def plot_experts(weights: Sequence[Tensor], tokens: Sequence[str], layers: Sequence[int],
+                 title: str = "expert weights") -> Figure:
+    """A mixture of experts' routing: one token x expert heatmap per layer (each (T, E), a
+    trace's "expert_weights" of one row), the weight each expert has in each token's output;
+    an expert the token skipped is hatched. Four layers a row of panels."""
+    plt = pyplot()
+    T, E = weights[0].shape
+    columns = min(len(weights), 4)
+    rows = -(-len(weights) // columns)
+    panel = (min(0.3 * E + 1.2, MAX_INCHES / columns), min(0.25 * T + 1.0, 12.0))
+    fig, axes = plt.subplots(rows, columns, figsize=(panel[0] * columns + 1.0, panel[1] * rows
+                                                      + 0.8), dpi=100, squeeze=False,
+                             layout="constrained")
+    image = None
+    for ax, la, w in zip(axes.flat, layers, weights, strict=False):
+        image = heatmap(ax, w, vmin=0.0, vmax=1.0, masked=w == 0, annotate=T * E <= 16 * 8,
+                        row_labels=[token_label(t) for t in tokens],
+                        col_labels=[str(e) for e in range(E)])
+        ax.set_title(f"layer {la}", fontsize=10)
+        ax.set_xlabel("expert")
+    for ax in list(axes.flat)[len(weights):]:
+        ax.set_visible(False)
+    colorbar(fig, image, axes, label="weight in the token's output (hatched: not chosen)",
+             shrink=0.8)
     fig.suptitle(title, fontsize=11)
     return fig
