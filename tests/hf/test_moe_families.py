@@ -132,6 +132,7 @@ def test_its_tensors_are_the_ones_transformers_writes(family: str, tmp_path: Pat
     ("qwen3_moe", "mlp_only_layers", [0, 5], "attnlab supports \\[\\]"),
     ("qwen3_moe", "decoder_sparse_step", 2, "attnlab supports 1"),
     ("qwen3_moe", "use_sliding_window", True, "attnlab supports False"),
+    ("qwen3_moe", "num_local_experts", 64, "num_experts=128 names the experts too; keep one"),
 ])
 def test_what_a_mixture_family_cannot_express_is_refused(family: str, field: str, value: Any,
                                                          why: str) -> None:

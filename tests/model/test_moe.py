@@ -80,7 +80,8 @@ def test_a_trace_reads_the_router_and_an_edit_ablates_an_expert() -> None:
     # the other tokens' outputs stay (an expert's product over fewer rows may round apart)
     torch.testing.assert_close(trace.get("mlp_out", 1)[0, :-1], edited.get("mlp_out", 1)[0, :-1],
                                atol=1e-6, rtol=0)
-    with pytest.raises(ValueError, match=r"experts \[4\] out of range: layer 0 has 4 experts"):
+    with pytest.raises(ValueError, match=r"experts \[4\] out of range for layer 0's 4 "
+                                         r"experts \(0 to 3\)"):
         model(ids, edits=zero_experts(0, 4))
     with pytest.raises(ValueError, match="its MLP is one dense MLP, not a mixture of experts"):
         GPT(GPTConfig.from_name("llama-tiny"))(ids, edits=zero_experts(0, 1))

@@ -68,8 +68,9 @@ def experts_from_hf(f: Fields, count_key: str, normalized: bool) -> dict[str, An
     which transformers maps onto it), the top-k, and whether the chosen are renormalised."""
     other = {"num_local_experts": "num_experts", "num_experts": "num_local_experts"}[count_key]
     key = other if f.has(other) and not f.has(count_key) else count_key
-    f.read.add(other)
     n = f.count(key, 8)
+    if f.has(other) and f.count(other) != n:
+        raise f.refuse(other, f.hf[other], f"{key}={n} names the experts too; keep one")
     return dict(n_experts=n, experts_per_token=f.count("num_experts_per_tok", 2, limit=n),
                 experts_normalized=normalized)
 

@@ -265,19 +265,8 @@ def zero_neurons(
     mlp.hook_post) become 0, so they write nothing into the residual stream through the down
     projection (its bias still does)."""
     chosen = indices("neurons", neurons, owner="zero_neurons")  # numpy's and torch's ints too
-
-    def fits(config: GPTConfig) -> None:
-        bad = [n for n in chosen if not 0 <= n < config.ff_size]
-        if bad:
-            raise ValueError(f"neurons {bad} out of range for layer {layer}'s "
-                             f"{config.ff_size} MLP neurons (0 to {config.ff_size - 1})")
-
-    def replace(v: Tensor, _: int) -> Tensor:
-        out = v.clone()  # (B, T, d_ff)
-        out[..., chosen] = 0
-        return out
-
-    return Edit("mlp_hidden", layer, replace, None, _tuple(positions), fits)
+    return _zero_columns("mlp_hidden", layer, chosen, positions, "neurons",
+                         lambda c: (c.ff_size, "MLP neurons"))
 
 
 def zero_experts(
@@ -286,20 +275,29 @@ def zero_experts(
     """Ablate experts of a mixture: their weights ("expert_weights") become 0, so they write
     nothing for the tokens that chose them; the other chosen experts keep their weights."""
     chosen = indices("experts", experts, owner="zero_experts")
+    # a model without a mixture: `absent_names` refuses the edit first
+    return _zero_columns("expert_weights", layer, chosen, positions, "experts",
+                         lambda c: (c.n_experts or 0, "experts"))
 
-    def fits(config: GPTConfig) -> None:  # a model without a mixture: `absent_names` says so
-        n = config.n_experts or 0
-        bad = [e for e in chosen if not 0 <= e < n]
+
+def _zero_columns(name: str, layer: int, chosen: list[int], positions: Iterable[int] | None,
+                  what: str, size: Callable[[GPTConfig], tuple[int, str]]) -> Edit:
+    """An edit zeroing the `chosen` entries of `name`'s last dimension at `layer`; `size`
+    gives a config's count of them and what they are, for the range check."""
+
+    def fits(config: GPTConfig) -> None:
+        n, kind = size(config)
+        bad = [i for i in chosen if not 0 <= i < n]
         if bad:
-            raise ValueError(f"experts {bad} out of range: layer {layer} has {n} experts "
+            raise ValueError(f"{what} {bad} out of range for layer {layer}'s {n} {kind} "
                              f"(0 to {n - 1})")
 
     def replace(v: Tensor, _: int) -> Tensor:
-        out = v.clone()  # (B, T, n_experts)
+        out = v.clone()  # (B, T, d_ff or n_experts)
         out[..., chosen] = 0
         return out
 
-    return Edit("expert_weights", layer, replace, None, _tuple(positions), fits)
+    return Edit(name, layer, replace, None, _tuple(positions), fits)
 
 
 # ----------------------------------------------------------------------------- head outputs

@@ -99,7 +99,8 @@ def balance_loss(moes: list[MoE], attention_mask: Tensor | None) -> Tensor:
     routings = [moe.routing for moe in moes if moe.routing is not None]
     if len(routings) < len(moes):
         raise ValueError("a mixture kept no routing: the load-balancing loss needs a training "
-                         "forward with keep_routing set (GPT.forward sets it)")
+                         "forward with keep_routing set (Block sets it where "
+                         "router_aux_loss_coef > 0)")
     E = moes[0].router.out_features
     picks = torch.zeros(E, device=moes[0].router.weight.device)  # (E,)
     probs_sum = torch.zeros_like(picks)  # (E,)
