@@ -13,7 +13,7 @@ import pytest
 from attnlab import __version__
 from attnlab.cli import main
 from attnlab.load import load_checkpoint
-from helpers import cli_train
+from helpers import cli_train, read_metrics
 
 
 def test_default_task_learns_and_says_so(
@@ -431,6 +431,38 @@ def test_init_from_fine_tunes_a_hugging_face_directory_and_keeps_its_family(
         assert main(["train", "--quiet", "--out", str(tmp_path / "other"), *flags,
                      *extra]) == 1
         assert refused in capsys.readouterr().err
+
+
+def test_a_mixture_fine_tunes_with_its_balance_term(tmp_path: Path) -> None:
+    """--init_from a Mixtral directory with --router_aux_loss_coef: a training field, which a
+    fine-tune takes (as --dropout); the first step's training loss then holds the balance
+    term (2.0 or more times the coefficient; the evaluations, which do not train, leave it
+    out), and the checkpoint keeps the model's config otherwise."""
+    import torch
+
+    from attnlab import GPT, GPTConfig, save_hf
+    from attnlab.tokenizers import CharTokenizer
+
+    text = "the quick brown fox jumps over the lazy dog\n" * 80
+    (tmp_path / "text.txt").write_text(text)
+    config = GPTConfig(vocab_size=32, block_size=16, n_layer=2, n_head=4, n_kv_head=2,
+                       n_embd=32, bias=False, mlp="swiglu", norm="rmsnorm", pos="rope",
+                       n_experts=4, experts_per_token=2, init_std=None)
+    torch.manual_seed(0)
+    save_hf(tmp_path / "hf", GPT(config), CharTokenizer.from_text(text))
+    flags = ["--data", str(tmp_path / "text.txt"), "--init_from", str(tmp_path / "hf"),
+             "--max_iters", "2", "--eval_interval", "2", "--eval_iters", "1",
+             "--batch_size", "2", "--lr", "1e-5", "--warmup_iters", "0"]
+    losses = {}
+    for coef in ("0", "10"):
+        out = tmp_path / f"run{coef}"
+        assert main(["train", "--quiet", "--out", str(out), *flags,
+                     "--router_aux_loss_coef", coef]) == 0
+        losses[coef] = read_metrics(out)[0]["loss"]  # step 1's training loss
+        tuned = load_checkpoint(out).model.config
+        assert tuned.computed() == config.computed()
+        assert tuned.router_aux_loss_coef == float(coef)
+    assert losses["10"] - losses["0"] > 10 * 2.0 * 0.9  # the term is at least k = 2 each
 
 
 def test_seq_len_fine_tunes_a_long_context_model_on_shorter_windows(

@@ -81,7 +81,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
         help="fine-tune: start from this attnlab checkpoint or Hugging Face model directory "
         "(its config, weights and tokenizer) instead of a fresh model; the schedule stays "
         "the recipe's unless given (--lr, --max_iters, ...), and of the model flags only "
-        "--dropout applies",
+        "the training ones apply (--dropout, --router_aux_loss_coef)",
     )
     add_force_flag(parser)
     parser.add_argument("--out", help="run directory (default: runs/<data name>)")
@@ -332,13 +332,15 @@ def _init_source(args: argparse.Namespace, data_given: bool) -> Any:
     if args.data in BUILTINS:  # a built-in brings its own tokenizer, not the model's
         raise CLIError(f"--init_from fine-tunes on text; --data {args.data} is a built-in "
                        "task with its own tokenizer: give a text file or folder")
-    model_flags = sorted(set(config_overrides(args, GPTConfig)) - {"dropout"})
+    # a fine-tune keeps the model; these say only how it trains
+    model_flags = sorted(set(config_overrides(args, GPTConfig))
+                         - {"dropout", "router_aux_loss_coef"})
     given = [f"--{n}" for n in model_flags] + [
         f"--{n}" for n in ("arch", "preset", "tokenizer") if getattr(args, n) is not None]
     if given:
         raise CLIError(f"--init_from {args.init_from} brings its model and tokenizer; "
                        f"{', '.join(given)} would change them (of the model flags only "
-                       "--dropout applies)")
+                       "the training ones apply: --dropout, --router_aux_loss_coef)")
     try:
         opened = open_checkpoint(args.init_from)
         # loaded in float32 on the CPU (train's --dtype is autocast, its --device the run's:

@@ -94,11 +94,11 @@ def train(
             f"model vocab_size={model_config.vocab_size} < tokenizer's "
             f"{dataset.tokenizer.vocab_size}; leave --vocab_size unset to take the tokenizer's"
         )
-    if init is not None and dataclasses.replace(init.model.config, dropout=0.0) != \
-            dataclasses.replace(model_config, dropout=0.0):
+    if init is not None and init.model.config.computed() != model_config.computed():
         raise ValueError(f"init: the checkpoint in {init.path} has config "
                          f"{init.model.config}, this run asks for {model_config}; fine-tune "
-                         "with the checkpoint's own config (dropout may differ)")
+                         "with the checkpoint's own config (dropout and "
+                         "router_aux_loss_coef may differ)")
     seq_len = sequence_length(model_config, dataset, config.seq_len)
     config = dataclasses.replace(config)  # a time budget fits max_iters: not the caller's
     world, started = setup(config.device)
