@@ -114,10 +114,11 @@ def _same_model_spelled_otherwise(config: GPTConfig) -> GPTConfig:
     computed = config.computed()
     fields = config.to_dict()
     spelled = {name: computed[name] for name in computed if computed[name] != fields[name]}
-    for name in set(fields) - set(computed) - {"dropout", "init_std"}:
+    for name in set(fields) - set(computed) - {"dropout", "init_std", "router_aux_loss_coef"}:
         other = OTHER[name]  # KeyError: give the newly idle field another value here
         spelled[name] = other[fields[name]] if isinstance(other, dict) else other
-    return dataclasses.replace(config, **spelled, dropout=0.1, init_std=None)
+    return dataclasses.replace(config, **spelled, dropout=0.1, init_std=None,
+                               router_aux_loss_coef=0.5)
 
 
 @settings(max_examples=40, deadline=None)
