@@ -15,7 +15,7 @@ from __future__ import annotations
 import re
 from collections.abc import Callable, Container, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
 import torch
 from torch import Tensor
@@ -49,6 +49,17 @@ class Fused:
 
 
 @dataclass(frozen=True)
+class Stacked:
+    """A mixture's expert matrices a family holds in one 3-D tensor a layer: Hugging Face's
+    `module` weight, (n_experts, rows, in), holds expert e's `parts` (attnlab modules of
+    mlp.experts.{e}) one after the other along its rows (GraniteMoE's input_linear: gate,
+    then up)."""
+
+    module: str  # the Hugging Face module in the block: "block_sparse_moe.input_linear"
+    parts: tuple[str, ...]  # each expert's modules, in the rows' order: ("gate", "fc")
+
+
+@dataclass(frozen=True)
 class WeightMap:
     """attnlab state-dict names <-> one family's Hugging Face names.
 
@@ -61,6 +72,7 @@ class WeightMap:
     base: the prefix of the body; files of the bare body (GPT2Model, LlamaModel) lack it.
     reshaped: top-level tensors HF stores in another shape: attnlab name -> (from HF, to
     HF) (OPT's position table, two rows longer).
+    stacked: a mixture's experts HF holds in one 3-D tensor a layer (`Stacked`).
     """
 
     top: Mapping[str, str]
@@ -70,6 +82,7 @@ class WeightMap:
     transposed: frozenset[str] = frozenset()
     fused: tuple[Fused, ...] = ()
     reshaped: Mapping[str, tuple[Reshape, Reshape]] = field(default_factory=dict)
+    stacked: tuple[Stacked, ...] = ()
 
     def stored_head(self, hf_state: Container[str]) -> tuple[str, str] | None:
         """(the head's name, the token table's name) as the file stores them, where it
@@ -115,6 +128,40 @@ class WeightMap:
                 return fused, f"{self.layer.format(i=i)}{fused.module}.{param}", f"blocks.{i}."
         return None
 
+    def _is_stacked(self, ours: str) -> tuple[Stacked, str, int, int] | None:
+        """(its stacking, the HF name of the stacked tensor, the expert, the part's index)
+        where `ours` is an expert's weight a stacked module holds."""
+        match = re.fullmatch(r"blocks\.(\d+)\.mlp\.experts\.(\d+)\.(\w+)\.weight", ours)
+        if match is None:
+            return None
+        i, e, part = match.groups()
+        for stacked in self.stacked:
+            if part in stacked.parts:
+                return (stacked, f"{self.layer.format(i=i)}{stacked.module}.weight", int(e),
+                        stacked.parts.index(part))
+        return None
+
+    def _source(self, ours: str, config: GPTConfig) -> tuple[str, Reshape]:
+        """The HF tensor an attnlab name is read from, and its piece of it: a fused module's
+        share, an expert's rows of a stacked tensor, the tensor reshaped or transposed, or
+        the tensor itself."""
+        fused = self._is_fused(ours)
+        if fused is not None:
+            fusion, name, block = fused
+            index = fusion.parts.index(ours.removeprefix(block).rsplit(".", 1)[0])
+            return name, lambda t: fusion.split(t, config)[index]
+        stacked = self._is_stacked(ours)
+        if stacked is not None:
+            spec, name, e, index = stacked
+            return name, lambda t: t[e].chunk(len(spec.parts))[index]  # (rows, in)
+        name = self._name(ours)
+        if ours in self.reshaped:
+            return name, self.reshaped[ours][0]
+        inner = ours.split(".", 2)[-1].rsplit(".", 1)[0] if ours.startswith("blocks.") else ""
+        if inner in self.transposed:
+            return name, lambda t: t.t() if t.dim() == 2 else t
+        return name, lambda t: t
+
     def iter_from_hf(self, hf_state: Mapping[str, Tensor], config: GPTConfig,
                      keys: Iterable[str], family: str) -> Iterator[tuple[str, Tensor]]:
         """(attnlab name, tensor) for every name in `keys` but a tied head, reading each
@@ -136,6 +183,7 @@ class WeightMap:
             used.add(name)
             return hf_state[names[name]]
 
+        sources: dict[str, tuple[str, Reshape]] = {}  # ours -> (HF name, its piece of it)
         for ours in keys:
             if ours == "lm_head.weight" and config.tie_weights:
                 used.add(head)  # a tied file may store the head too; transformers ignores it
@@ -150,17 +198,17 @@ class WeightMap:
                     f"save_pretrained? rename it {head})" if found else "")
                     + "; refusing to run with a random output head"
                 )
-            fused = self._is_fused(ours)
-            if fused is not None:
-                fusion, name, block = fused
-                pieces = fusion.split(take(name), config)
-                yield ours, pieces[fusion.parts.index(ours.removeprefix(block).rsplit(".", 1)[0])]
-                continue
-            tensor = take(self._name(ours))
-            if ours in self.reshaped:
-                tensor = self.reshaped[ours][0](tensor)
-            inner = ours.split(".", 2)[-1].rsplit(".", 1)[0] if ours.startswith("blocks.") else ""
-            yield ours, tensor.t() if inner in self.transposed and tensor.dim() == 2 else tensor
+            sources[ours] = self._source(ours, config)
+        # the names one HF tensor gives (fused q/k/v, stacked experts) one after the other,
+        # so each is read once and held alone
+        first = {name: i for i, (name, _) in reversed(list(enumerate(sources.values())))}
+        held: tuple[str, Tensor] | None = None
+        for ours in sorted(sources, key=lambda k: first[sources[k][0]]):
+            name, piece = sources[ours]
+            if held is None or held[0] != name:
+                held = None  # the last one freed before the next is read
+                held = name, take(name)
+            yield ours, piece(held[1])
         leftover = sorted(k for k in set(names) - used if not BUFFERS.search(k))
         if leftover:
             raise ValueError(
@@ -188,6 +236,15 @@ class WeightMap:
                     continue  # written with the first part
                 yield name, fusion.join([state[f"{block}{p}.{param}"] for p in fusion.parts],
                                         config)
+                continue
+            stacked = self._is_stacked(ours)
+            if stacked is not None:
+                spec, name, e, index = stacked
+                if (e, index) == (0, 0):  # written with the first expert's first part
+                    experts = ours.rsplit(".experts.", 1)[0] + ".experts"
+                    yield name, torch.stack([torch.cat(
+                        [state[f"{experts}.{j}.{part}.weight"] for part in spec.parts])
+                        for j in range(cast(int, config.n_experts))])  # (E, rows, in)
                 continue
             if ours in self.reshaped:
                 tensor = self.reshaped[ours][1](tensor)
