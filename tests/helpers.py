@@ -336,8 +336,11 @@ def modern_switches(n_layer: int = 2) -> Any:
         switches["rope_in_float32"] = pos == "rope" and draw(st.booleans())
         switches["rope_interleaved"] = pos == "rope" and draw(st.booleans())
         if switches["mlp"] != "none" and draw(st.booleans()):  # a mixture of 3 experts
+            normalized = draw(st.booleans())
             switches.update(n_experts=3, experts_per_token=draw(st.sampled_from([1, 2])),
-                            experts_normalized=draw(st.booleans()))
+                            experts_normalized=normalized,
+                            experts_from_top_logits=normalized and draw(st.booleans()),
+                            expert_weights_in_float32=draw(st.booleans()))
         window = draw(st.sampled_from([None, 2, 3]))
         if window is not None:
             switches["sliding_window"] = window

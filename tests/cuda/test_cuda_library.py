@@ -89,6 +89,11 @@ FAMILIES = {
     "olmoe": {"pos": "rope", "norm": "rmsnorm", "mlp": "swiglu", "bias": False, "qk_norm": True,
               "qk_norm_whole": True, "n_experts": 4, "experts_per_token": 3,
               "experts_normalized": False, "expert_weights_in_float32": False},
+    # GraniteMoE's: Granite's scalars, the top experts weighed by a softmax of their logits
+    "granitemoe": {"pos": "rope", "norm": "rmsnorm", "mlp": "swiglu", "bias": False,
+                   "embedding_multiplier": 6.0, "residual_multiplier": 0.5, "logits_scaling": 2.0,
+                   "n_experts": 4, "experts_per_token": 2, "experts_from_top_logits": True,
+                   "expert_weights_in_float32": False},
 }
 
 

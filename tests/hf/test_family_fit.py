@@ -104,7 +104,7 @@ OTHER: dict[str, Any] = dict(
     rope_interleaved=False, nope_layers=None, local_rope_theta=None,
     gelu={"tanh": "exact", "exact": "tanh"}, norm_bias={True: False, False: True, None: False},
     bias={True: False, False: True}, experts_per_token=1,
-    experts_normalized={True: False, False: True},
+    experts_normalized=True, experts_from_top_logits=True,  # the one needs the other
     expert_weights_in_float32={True: False, False: True})
 
 

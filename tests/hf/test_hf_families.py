@@ -293,6 +293,18 @@ CASES: dict[str, tuple[str, dict[str, Any]]] = {
     "qwen3_moe-top1-bias": ("Qwen3Moe", dict(
         **{**SMALL, "num_hidden_layers": 3}, num_experts=4, num_experts_per_tok=1,
         moe_intermediate_size=40, attention_bias=True, tie_word_embeddings=True)),
+    # GraniteMoE: Granite's scalars, 4 experts in two 3-D tensors a layer, top 2 weighed by a
+    # softmax of their logits; GQA, untied
+    "granitemoe-top2": ("GraniteMoe", dict(
+        **SMALL, num_key_value_heads=2, num_local_experts=4, num_experts_per_tok=2,
+        embedding_multiplier=12.0, residual_multiplier=0.22, attention_multiplier=0.0625,
+        logits_scaling=2.0)),
+    # top 3 of 5, attention biases, tied, other scalars
+    "granitemoe-bias-tied": ("GraniteMoe", dict(
+        **{**SMALL, "num_hidden_layers": 3}, num_key_value_heads=4, num_local_experts=5,
+        num_experts_per_tok=3, attention_bias=True, tie_word_embeddings=True,
+        embedding_multiplier=6.0, residual_multiplier=0.8, attention_multiplier=0.25,
+        logits_scaling=1.25)),
 }
 # the model class where it is not f"{prefix}ForCausalLM"
 MODEL_CLASS = {"Gemma3Text": "Gemma3ForCausalLM"}

@@ -1,9 +1,11 @@
-"""The mixture-of-experts families (`hf/mixtral.py`, `olmoe.py`, `qwen3_moe.py`): Mixtral-8x7B's
-and Qwen3-30B-A3B's config.json as published, and a config of OLMoE-1B-7B's shape, read as
-transformers reads them; their tensors named and shaped as transformers writes them (one
-tensor per expert, where its classes hold each layer's experts in two in memory); what they
-cannot express refused by name. The family suite (test_hf_families.py's "mixtral-*",
-"olmoe-*" and "qwen3_moe-*" cases) checks logits, traces, generation and export against
+"""The mixture-of-experts families (`hf/mixtral.py`, `olmoe.py`, `qwen3_moe.py`,
+`granitemoe.py`): Mixtral-8x7B's and Qwen3-30B-A3B's config.json as published, and configs of
+OLMoE-1B-7B's and Granite-3.0-1B-A400M's shape, read as transformers reads them; their
+tensors named and shaped as transformers writes them (one tensor per expert, or GraniteMoE's
+two 3-D ones a layer, where its classes hold each layer's experts in two in memory); what they
+cannot express refused by name; the balance term of the training loss and a state dict in
+memory as transformers'. The family suite (test_hf_families.py's "mixtral-*", "olmoe-*",
+"qwen3_moe-*" and "granitemoe-*" cases) checks logits, traces, generation and export against
 transformers."""
 
 from __future__ import annotations
@@ -69,13 +71,30 @@ OLMOE_1B_7B = {
     "rms_norm_eps": 1e-05, "rope_theta": 10000.0, "tie_word_embeddings": False,
     "vocab_size": 50304, "output_router_logits": False, "router_aux_loss_coef": 0.01,
 }
-CONFIGS = {"mixtral": MIXTRAL_8X7B, "qwen3_moe": QWEN3_30B_A3B, "olmoe": OLMOE_1B_7B}
+#: a config of Granite-3.0-1B-A400M's shape and scalars (32 experts 512 wide in two 3-D
+#: tensors a layer, top 8 weighed by a softmax of their logits)
+GRANITEMOE_1B = {
+    "architectures": ["GraniteMoeForCausalLM"], "model_type": "granitemoe", "hidden_size": 1024,
+    "intermediate_size": 512, "num_hidden_layers": 24, "num_attention_heads": 16,
+    "num_key_value_heads": 8, "num_local_experts": 32, "num_experts_per_tok": 8,
+    "vocab_size": 49155, "tie_word_embeddings": True, "embedding_multiplier": 12.0,
+    "residual_multiplier": 0.22, "attention_multiplier": 0.015625, "logits_scaling": 6.0,
+    "rms_norm_eps": 1e-06, "rope_theta": 10000.0, "max_position_embeddings": 4096,
+}
+CONFIGS = {"mixtral": MIXTRAL_8X7B, "qwen3_moe": QWEN3_30B_A3B, "olmoe": OLMOE_1B_7B,
+           "granitemoe": GRANITEMOE_1B}
 
 
 def _per_expert(shapes: dict[str, tuple[int, ...]], family: str) -> dict[str, tuple[int, ...]]:
     """transformers' in-memory names and shapes as its save_pretrained writes them: each
     layer's experts.gate_up_proj (E, 2F, C) and experts.down_proj (E, C, F) as E tensors
     each, under the family's names."""
+    if family == "granitemoe":  # its files stack the experts too, under other names
+        renamed = {"router.weight": "router.layer.weight",
+                   "experts.gate_up_proj": "input_linear.weight",
+                   "experts.down_proj": "output_linear.weight"}
+        return {re.sub(r"block_sparse_moe\.(.*)$", lambda m: "block_sparse_moe."
+                       + renamed.get(m[1], m[1]), name): shape for name, shape in shapes.items()}
     names = {"mixtral": ("block_sparse_moe", "w1", "w3", "w2")}.get(
         family, ("mlp", "gate_proj", "up_proj", "down_proj"))
     moe, gate, up, down = names
@@ -102,12 +121,13 @@ def test_a_published_config_reads_and_writes_as_its_family(family: str) -> None:
     config = config_from_hf(CONFIGS[family])
     assert family_for_config(config).name == family
     assert config_from_hf(config_to_hf(config)) == config
-    expected = {"mixtral": (8, 2, True, True, 14336, 128, False),
-                "qwen3_moe": (128, 8, True, False, 768, 128, False),
-                "olmoe": (64, 8, False, False, 1024, 128, True)}[family]
+    expected = {"mixtral": (8, 2, True, True, 14336, 128, False, False),
+                "qwen3_moe": (128, 8, True, False, 768, 128, False, False),
+                "olmoe": (64, 8, False, False, 1024, 128, True, False),
+                "granitemoe": (32, 8, True, False, 512, 64, False, True)}[family]
     assert (config.n_experts, config.experts_per_token, config.experts_normalized,
             config.expert_weights_in_float32, config.ff_size, config.head_size,
-            config.qk_norm_whole) == expected
+            config.qk_norm_whole, config.experts_from_top_logits) == expected
 
 
 @pytest.mark.parametrize("family", sorted(CONFIGS))
@@ -119,9 +139,9 @@ def test_its_tensors_are_the_ones_transformers_writes(family: str, tmp_path: Pat
     info = inspect_dir(directory)
     assert (info.family, info.parameters) == (family, count)
     # the parameters a token's forward uses: Mixtral-8x7B's 12.9B, Qwen3-30B-A3B's 3.3B,
-    # OLMoE-1B-7B's 1.3B
+    # OLMoE-1B-7B's 1.3B, Granite-3.0-1B-A400M's 0.43B (of 1.33B)
     active = {"mixtral": 12_879_925_248, "qwen3_moe": 3_353_032_704,
-              "olmoe": 1_282_017_280}[family]
+              "olmoe": 1_282_017_280, "granitemoe": 428_658_688}[family]
     assert main(["info", str(directory)]) == 0
     assert f"{count:,} parameters ({active:,} active per token)" in capsys.readouterr().out
 
@@ -192,11 +212,13 @@ def test_the_training_loss_with_the_balance_term_is_transformers(prefix: str, ex
 
 @pytest.mark.parametrize("prefix,fields", [
     ("Mixtral", dict(num_local_experts=4)), ("Olmoe", dict(num_experts=4)),
-    ("Qwen3Moe", dict(num_experts=4, moe_intermediate_size=24, norm_topk_prob=True))])
+    ("Qwen3Moe", dict(num_experts=4, moe_intermediate_size=24, norm_topk_prob=True)),
+    ("GraniteMoe", dict(num_local_experts=4, embedding_multiplier=2.0))])
 def test_a_state_dict_in_memory_splits_its_experts(prefix: str, fields: dict[str, Any]) -> None:
     """gpt_from_hf(model.config.to_dict(), model.state_dict()): transformers 5 holds each
-    layer's experts as two 3-D tensors in memory (not the files' tensor per expert), which
-    attnlab splits; the logits are transformers'."""
+    layer's experts as two 3-D tensors in memory (not the files' tensor per expert; GraniteMoE's
+    files stack them too, under other names), which attnlab splits; the logits are
+    transformers'."""
     transformers = pytest.importorskip("transformers")
     config = getattr(transformers, f"{prefix}Config")(
         vocab_size=97, hidden_size=32, intermediate_size=48, num_hidden_layers=2,
@@ -204,7 +226,7 @@ def test_a_state_dict_in_memory_splits_its_experts(prefix: str, fields: dict[str
     config._attn_implementation, config._experts_implementation = "eager", "eager"
     torch.manual_seed(0)
     hf = getattr(transformers, f"{prefix}ForCausalLM")(config).eval()
-    assert any(name.endswith("experts.gate_up_proj") for name in hf.state_dict())
+    assert any(name.endswith("experts.gate_up_proj") for name in hf.state_dict())  # 3-D
     ours = gpt_from_hf(config.to_dict(), hf.state_dict())
     ids = torch.randint(0, 97, (2, 9), generator=torch.Generator().manual_seed(0))
     with torch.no_grad():

@@ -38,10 +38,13 @@ def _reference(moe: MoE, x: torch.Tensor, normalized: bool) -> torch.Tensor:
 
 @settings(max_examples=10, deadline=None)
 @given(k=st.integers(1, 4), normalized=st.booleans(), mlp=st.sampled_from(["swiglu", "gelu"]),
-       seed=st.integers(0, 100))
+       top_logits=st.booleans(), seed=st.integers(0, 100))
 def test_each_token_is_the_weighted_sum_of_its_top_experts(k: int, normalized: bool, mlp: str,
-                                                           seed: int) -> None:
-    model = _model(experts_per_token=k, experts_normalized=normalized, mlp=mlp)
+                                                           top_logits: bool, seed: int) -> None:
+    """Renormalised or not; a softmax over the top logits alone (GraniteMoE's) is the
+    renormalised probabilities, rounded otherwise."""
+    model = _model(experts_per_token=k, experts_normalized=normalized, mlp=mlp,
+                   experts_from_top_logits=normalized and top_logits)
     moe = model.blocks[0].mlp
     assert isinstance(moe, MoE)
     x = torch.randn(2, 5, 32, generator=torch.Generator().manual_seed(seed))

@@ -62,8 +62,9 @@ from .gpt_neo import GPT_NEO
 from .gpt_neox import GPT_NEOX
 from .gptj import GPTJ
 from .granite import GRANITE
+from .granitemoe import GRANITEMOE
 from .llama import LLAMA, MISTRAL
-from .mixtral import MIXTRAL, split_experts
+from .mixtral import MIXTRAL
 from .olmo2 import OLMO2
 from .olmo3 import OLMO3
 from .olmoe import OLMOE
@@ -80,7 +81,8 @@ from .stablelm import STABLELM
 # export picks the first family a GPTConfig fits, so the plainest comes first
 FAMILIES: tuple[Family, ...] = (GPT2, LLAMA, MISTRAL, QWEN2, QWEN3, GPT_NEOX, GEMMA, GEMMA2,
                                GEMMA3, PHI, PHI3, OLMO2, OLMO3, SMOLLM3, GPTJ, GPT_NEO, OPT,
-                               STABLELM, GRANITE, FALCON, MIXTRAL, OLMOE, QWEN3_MOE)
+                               STABLELM, GRANITE, FALCON, MIXTRAL, OLMOE, QWEN3_MOE,
+                               GRANITEMOE)
 FAMILY_BY_NAME: dict[str, Family] = {f.name: f for f in FAMILIES}
 
 __all__ = [
@@ -173,8 +175,8 @@ def gpt_from_hf(
     memory, e.g. `gpt_from_hf(hf_model.config.to_dict(), hf_model.state_dict())`."""
     config = config_from_hf(hf_config, dropout=dropout)
     family = family_of(hf_config)
-    if "mlp.router" in family.weights.block:  # a mixture's experts, as transformers holds them
-        hf_state = split_experts(hf_state, family.weights)
+    if family.from_memory is not None:  # a mixture's experts, as transformers holds them
+        hf_state = family.from_memory(hf_state)
     if config.tie_weights and family.weights.head_is_untied(hf_state):
         config = dataclasses.replace(config, tie_weights=False)
     model = meta_gpt(config)

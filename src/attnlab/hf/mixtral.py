@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Mapping
+from functools import partial
 from typing import Any
 
 from torch import Tensor
@@ -88,9 +89,10 @@ def _to_hf(c: GPTConfig) -> dict[str, Any]:
                             num_experts_per_tok=c.experts_per_token)
 
 
+WEIGHTS = moe_weights("block_sparse_moe", "block_sparse_moe.experts", "w1", "w3", "w2")
 MIXTRAL = Family(
     name="mixtral", model_type="mixtral", architecture="MixtralForCausalLM",
     base_architecture="MixtralModel", config_from_hf=_config, config_to_hf=_to_hf,
-    weights=moe_weights("block_sparse_moe", "block_sparse_moe.experts", "w1", "w3", "w2"),
-    irrelevant=ROUTER_TRAINING,
+    weights=WEIGHTS, irrelevant=ROUTER_TRAINING,
+    from_memory=partial(split_experts, weights=WEIGHTS),
 )

@@ -7,12 +7,13 @@ top `num_experts_per_tok` weights are the router's probabilities as they are
 
 from __future__ import annotations
 
+from functools import partial
 from typing import Any
 
 from ..model.gpt import GPTConfig
 from .fields import Fields
 from .llama import llama_like_config, llama_like_to_hf
-from .mixtral import ROUTER_TRAINING, experts_from_hf, moe_weights
+from .mixtral import ROUTER_TRAINING, experts_from_hf, moe_weights, split_experts
 from .registry import Family
 
 EXPERT_WEIGHTS = moe_weights("mlp", "mlp.experts", "gate_proj", "up_proj", "down_proj")
@@ -37,5 +38,6 @@ def _to_hf(c: GPTConfig) -> dict[str, Any]:
 OLMOE = Family(
     name="olmoe", model_type="olmoe", architecture="OlmoeForCausalLM",
     base_architecture="OlmoeModel", config_from_hf=_config, config_to_hf=_to_hf,
-    weights=EXPERT_WEIGHTS, irrelevant=ROUTER_TRAINING,
+    weights=EXPERT_WEIGHTS, from_memory=partial(split_experts, weights=EXPERT_WEIGHTS),
+    irrelevant=ROUTER_TRAINING,
 )

@@ -7,12 +7,13 @@ refused: no released model uses them.
 
 from __future__ import annotations
 
+from functools import partial
 from typing import Any
 
 from ..model.gpt import GPTConfig
 from .fields import Fields
 from .llama import llama_like_config, llama_like_to_hf
-from .mixtral import ROUTER_TRAINING, experts_from_hf
+from .mixtral import ROUTER_TRAINING, experts_from_hf, split_experts
 from .olmoe import EXPERT_WEIGHTS
 from .registry import Family
 
@@ -41,5 +42,6 @@ def _to_hf(c: GPTConfig) -> dict[str, Any]:
 QWEN3_MOE = Family(
     name="qwen3_moe", model_type="qwen3_moe", architecture="Qwen3MoeForCausalLM",
     base_architecture="Qwen3MoeModel", config_from_hf=_config, config_to_hf=_to_hf,
-    weights=EXPERT_WEIGHTS, irrelevant=ROUTER_TRAINING | {"sliding_window", "max_window_layers"},
+    weights=EXPERT_WEIGHTS, from_memory=partial(split_experts, weights=EXPERT_WEIGHTS),
+    irrelevant=ROUTER_TRAINING | {"sliding_window", "max_window_layers"},
 )

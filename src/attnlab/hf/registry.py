@@ -270,6 +270,9 @@ class Family:
     config_to_hf: Callable[[GPTConfig], dict[str, Any]]
     weights: WeightMap
     irrelevant: frozenset[str] = field(default_factory=frozenset)  # see fields.py
+    # a transformers model's state dict in memory -> the names its files use, where they
+    # differ (transformers 5 holds a mixture's experts in other tensors than it writes)
+    from_memory: Callable[[Mapping[str, Tensor]], Mapping[str, Tensor]] | None = None
 
     def read(self, hf_config: Mapping[str, Any], *, dropout: float = 0.0) -> GPTConfig:
         """The GPTConfig of this family's config.json dict; ValueError naming the first field

@@ -112,6 +112,10 @@ class GPTConfig:
     # in 16 bits, each expert's output times its weight in float32 (Mixtral's), not with the
     # weight rounded to the model's dtype first (OLMoE's, Qwen3-MoE's); float32: the same
     expert_weights_in_float32: bool = True
+    # the chosen experts' weights as the softmax of their logits alone (GraniteMoE's), not
+    # their probabilities renormalised: the same numbers, rounded otherwise; needs
+    # experts_normalized
+    experts_from_top_logits: bool = False
     # training: the loss adds this times Mixtral's load-balancing term (Switch Transformer's:
     # n_experts * sum_e share of picks_e * mean probability_e, over every layer's tokens), which
     # keeps a mixture from sending every token to a few experts; 0: none
@@ -169,18 +173,7 @@ class GPTConfig:
                     math.isfinite(value) and value > 0):
                 raise ValueError(f"GPTConfig.{name}={value!r} must be a positive finite "
                                  "number (Granite's; 1.0 leaves the model as it is)")
-        if self.n_experts is not None and (
-                isinstance(self.n_experts, bool) or not isinstance(self.n_experts, int)
-                or not 1 <= self.experts_per_token <= self.n_experts or self.mlp == "none"):
-            raise ValueError(
-                f"n_experts={self.n_experts!r}, experts_per_token={self.experts_per_token!r}: "
-                "a mixture of experts needs an MLP kind (mlp != 'none'), a positive number of "
-                "experts and 1 <= experts_per_token <= n_experts")
-        coef = self.router_aux_loss_coef
-        if isinstance(coef, bool) or not isinstance(coef, int | float) or not (
-                math.isfinite(coef) and coef >= 0):
-            raise ValueError(f"GPTConfig.router_aux_loss_coef={coef!r} must be a finite "
-                             "number >= 0 (Mixtral trained with 0.02; 0: no balancing term)")
+        self._check_experts()
         if not self.norm_eps > 0:
             raise ValueError(f"norm_eps={self.norm_eps} must be > 0")
         if not self.rope_theta > 0:
@@ -241,6 +234,24 @@ class GPTConfig:
             if self.pos != "rope" or bad:
                 raise ValueError(f"nope_layers={self.nope_layers} names layers without RoPE: it "
                                  f"needs pos='rope' and layers within 0..{self.n_layer - 1}")
+
+    def _check_experts(self) -> None:
+        if self.n_experts is not None and (
+                isinstance(self.n_experts, bool) or not isinstance(self.n_experts, int)
+                or not 1 <= self.experts_per_token <= self.n_experts or self.mlp == "none"):
+            raise ValueError(
+                f"n_experts={self.n_experts!r}, experts_per_token={self.experts_per_token!r}: "
+                "a mixture of experts needs an MLP kind (mlp != 'none'), a positive number of "
+                "experts and 1 <= experts_per_token <= n_experts")
+        if self.experts_from_top_logits and not self.experts_normalized:
+            raise ValueError("experts_from_top_logits=True weighs the chosen experts by the "
+                             "softmax of their logits, which sums to 1: it needs "
+                             "experts_normalized=True")
+        coef = self.router_aux_loss_coef
+        if isinstance(coef, bool) or not isinstance(coef, int | float) or not (
+                math.isfinite(coef) and coef >= 0):
+            raise ValueError(f"GPTConfig.router_aux_loss_coef={coef!r} must be a finite "
+                             "number >= 0 (Mixtral trained with 0.02; 0: no balancing term)")
 
     @property
     def norm_biased(self) -> bool:
@@ -306,8 +317,8 @@ class GPTConfig:
         idle |= {"gelu"} if self.mlp not in ("gelu", "geglu") else set()
         idle |= {"norm_bias"} if self.norm != "layernorm" else set()
         idle |= {"bias"} if self.mlp == "none" else set()
-        idle |= {"experts_per_token", "experts_normalized", "expert_weights_in_float32"} if (
-            self.n_experts is None) else set()
+        idle |= {"experts_per_token", "experts_normalized", "expert_weights_in_float32",
+                 "experts_from_top_logits"} if self.n_experts is None else set()
         return {name: value for name, value in fields.items() if name not in idle}
 
     @classmethod

@@ -1,15 +1,17 @@
-"""`MoE`: a sparse mixture of experts in place of a block's MLP (Mixtral, OLMoE, Qwen3-MoE).
+"""`MoE`: a sparse mixture of experts in place of a block's MLP (Mixtral, OLMoE, Qwen3-MoE,
+GraniteMoE).
 
 A router (one Linear, no bias) scores each token against `n_experts` MLPs; the token goes
 through the `top_k` most probable, whose outputs are summed weighted by their softmax
 probabilities (computed in float32), renormalised over the chosen ones where `normalized`
-(Mixtral) or left as they are (OLMoE), and multiplied in float32 (`wide`: Mixtral) or first
-rounded to the model's dtype (OLMoE, Qwen3-MoE). The weights live in one dense (B, T, n_experts)
-tensor, zero for the experts a token skips, which a trace reads as "expert_weights" and an
-edit may replace: zero an expert's column to ablate it, or give a token experts the router
-did not choose. Each expert then runs once on the rows that give it a weight, in expert
-order, its output scaled and added into the rows it came from: Hugging Face's eager loop,
-so its numbers are transformers'.
+(Mixtral; GraniteMoE as a softmax of the chosen logits alone: `top_logits`) or left as they
+are (OLMoE), and multiplied in float32 (`wide`: Mixtral) or first rounded to the model's
+dtype (OLMoE, Qwen3-MoE, GraniteMoE). The weights live in one dense (B, T, n_experts) tensor,
+zero for the experts a token skips, which a trace reads as "expert_weights" and an edit may
+replace: zero an expert's column to ablate it, or give a token experts the router did not
+choose. Each expert then runs once on the rows that give it a weight, in expert order, its
+output scaled and added into the rows it came from: Hugging Face's eager loop, so its
+numbers are transformers'.
 """
 
 from __future__ import annotations
@@ -30,9 +32,11 @@ class MoE(nn.Module):
     """x (B, T, C) -> (B, T, C) through each token's top-k experts (see module doc)."""
 
     def __init__(self, n_embd: int, n_experts: int, top_k: int, normalized: bool,
-                 expert: Callable[[], MLP], wide: bool = True) -> None:
+                 expert: Callable[[], MLP], wide: bool = True, top_logits: bool = False
+                 ) -> None:
         super().__init__()
         self.top_k, self.normalized, self.wide = top_k, normalized, wide
+        self.top_logits = top_logits  # the chosen weights: a softmax of their logits alone
         self.router = Linear(n_embd, n_experts, bias=False)
         self.experts = nn.ModuleList(expert() for _ in range(n_experts))
         # the last training forward's router probabilities (N, E) and picks (N, k), kept for
@@ -47,12 +51,17 @@ class MoE(nn.Module):
         logits = self.router(x)  # (B, T, E)
         if trace is not None:
             logits = trace.record("router_logits", logits)
-        probs = logits.float().softmax(dim=-1)  # (B, T, E)
-        top, chosen = probs.topk(self.top_k, dim=-1)  # (B, T, k) each
+        wide = logits.float()  # (B, T, E)
+        probs = wide.softmax(dim=-1)  # (B, T, E)
+        if self.top_logits:  # GraniteMoE: the top logits, then a softmax over them alone
+            top, chosen = wide.topk(self.top_k, dim=-1)  # (B, T, k) each
+            top = top.softmax(dim=-1)  # (B, T, k)
+        else:
+            top, chosen = probs.topk(self.top_k, dim=-1)  # (B, T, k) each
+            if self.normalized:
+                top = top / top.sum(dim=-1, keepdim=True)  # (B, T, k)
         if self.keep_routing and self.training:
             self.routing = probs.flatten(0, 1), chosen.flatten(0, 1)  # (N, E), (N, k)
-        if self.normalized:
-            top = top / top.sum(dim=-1, keepdim=True)  # (B, T, k)
         weights = torch.zeros_like(probs).scatter_(-1, chosen, top)  # (B, T, E)
         return weights if trace is None else trace.record("expert_weights", weights)
 
