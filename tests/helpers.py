@@ -340,7 +340,8 @@ def modern_switches(n_layer: int = 2) -> Any:
             switches.update(n_experts=3, experts_per_token=draw(st.sampled_from([1, 2])),
                             experts_normalized=normalized,
                             experts_from_top_logits=normalized and draw(st.booleans()),
-                            expert_weights_in_float32=draw(st.booleans()))
+                            expert_weights_in_float32=draw(st.booleans()),
+                            shared_expert_size=draw(st.sampled_from([None, 12])))
         window = draw(st.sampled_from([None, 2, 3]))
         if window is not None:
             switches["sliding_window"] = window

@@ -94,6 +94,10 @@ FAMILIES = {
                    "embedding_multiplier": 6.0, "residual_multiplier": 0.5, "logits_scaling": 2.0,
                    "n_experts": 4, "experts_per_token": 2, "experts_from_top_logits": True,
                    "expert_weights_in_float32": False},
+    # Qwen2-MoE's: a shared expert beside the routed ones, behind its sigmoid gate
+    "qwen2_moe": {"pos": "rope", "norm": "rmsnorm", "mlp": "swiglu", "bias": False,
+                  "qkv_bias": True, "out_bias": False, "n_experts": 4, "experts_per_token": 2,
+                  "experts_normalized": False, "shared_expert_size": 24},
 }
 
 

@@ -305,6 +305,17 @@ CASES: dict[str, tuple[str, dict[str, Any]]] = {
         num_experts_per_tok=3, attention_bias=True, tie_word_embeddings=True,
         embedding_multiplier=6.0, residual_multiplier=0.8, attention_multiplier=0.25,
         logits_scaling=1.25)),
+    # Qwen2-MoE: 4 experts 24 wide, top 2 as the router's probabilities, and a shared expert
+    # 40 wide behind its sigmoid gate; q/k/v bias, GQA, untied
+    "qwen2_moe-shared": ("Qwen2Moe", dict(
+        **SMALL, num_key_value_heads=2, num_experts=4, num_experts_per_tok=2,
+        moe_intermediate_size=24, shared_expert_intermediate_size=40)),
+    # top 3 of 5 renormalised, no q/k/v bias, a window of 6 from layer 1 on, tied
+    "qwen2_moe-normed-window": ("Qwen2Moe", dict(
+        **{**SMALL, "num_hidden_layers": 3}, num_key_value_heads=4, num_experts=5,
+        num_experts_per_tok=3, moe_intermediate_size=16, shared_expert_intermediate_size=32,
+        norm_topk_prob=True, qkv_bias=False, use_sliding_window=True, sliding_window=6,
+        max_window_layers=1, tie_word_embeddings=True)),
 }
 # the model class where it is not f"{prefix}ForCausalLM"
 MODEL_CLASS = {"Gemma3Text": "Gemma3ForCausalLM"}

@@ -1,12 +1,12 @@
 """The mixture-of-experts families (`hf/mixtral.py`, `olmoe.py`, `qwen3_moe.py`,
-`granitemoe.py`): Mixtral-8x7B's and Qwen3-30B-A3B's config.json as published, and configs of
-OLMoE-1B-7B's and Granite-3.0-1B-A400M's shape, read as transformers reads them; their
-tensors named and shaped as transformers writes them (one tensor per expert, or GraniteMoE's
-two 3-D ones a layer, where its classes hold each layer's experts in two in memory); what they
-cannot express refused by name; the balance term of the training loss and a state dict in
-memory as transformers'. The family suite (test_hf_families.py's "mixtral-*", "olmoe-*",
-"qwen3_moe-*" and "granitemoe-*" cases) checks logits, traces, generation and export against
-transformers."""
+`granitemoe.py`, `qwen2_moe.py`): Mixtral-8x7B's and Qwen3-30B-A3B's config.json as
+published, and configs of OLMoE-1B-7B's, Granite-3.0-1B-A400M's and Qwen1.5-MoE-A2.7B's
+shape, read as transformers reads them; their tensors named and shaped as transformers
+writes them (one tensor per expert, or GraniteMoE's two 3-D ones a layer, where its classes
+hold each layer's experts in two in memory); what they cannot express refused by name; the
+balance term of the training loss and a state dict in memory as transformers'. The family
+suite (test_hf_families.py's "mixtral-*", "olmoe-*", "qwen3_moe-*", "granitemoe-*" and
+"qwen2_moe-*" cases) checks logits, traces, generation and export against transformers."""
 
 from __future__ import annotations
 
@@ -81,8 +81,20 @@ GRANITEMOE_1B = {
     "residual_multiplier": 0.22, "attention_multiplier": 0.015625, "logits_scaling": 6.0,
     "rms_norm_eps": 1e-06, "rope_theta": 10000.0, "max_position_embeddings": 4096,
 }
+#: a config of Qwen1.5-MoE-A2.7B's shape (60 experts 1408 wide, top 4 as the router's
+#: probabilities, a shared expert 5632 wide)
+QWEN1_5_MOE = {
+    "architectures": ["Qwen2MoeForCausalLM"], "model_type": "qwen2_moe", "hidden_size": 2048,
+    "intermediate_size": 5632, "moe_intermediate_size": 1408,
+    "shared_expert_intermediate_size": 5632, "num_hidden_layers": 24, "num_attention_heads": 16,
+    "num_key_value_heads": 16, "num_experts": 60, "num_experts_per_tok": 4,
+    "norm_topk_prob": False, "decoder_sparse_step": 1, "max_position_embeddings": 8192,
+    "max_window_layers": 21, "rms_norm_eps": 1e-06, "rope_theta": 1000000.0,
+    "sliding_window": 32768, "use_sliding_window": False, "tie_word_embeddings": False,
+    "vocab_size": 151936, "router_aux_loss_coef": 0.001,
+}
 CONFIGS = {"mixtral": MIXTRAL_8X7B, "qwen3_moe": QWEN3_30B_A3B, "olmoe": OLMOE_1B_7B,
-           "granitemoe": GRANITEMOE_1B}
+           "granitemoe": GRANITEMOE_1B, "qwen2_moe": QWEN1_5_MOE}
 
 
 def _per_expert(shapes: dict[str, tuple[int, ...]], family: str) -> dict[str, tuple[int, ...]]:
@@ -124,7 +136,8 @@ def test_a_published_config_reads_and_writes_as_its_family(family: str) -> None:
     expected = {"mixtral": (8, 2, True, True, 14336, 128, False, False),
                 "qwen3_moe": (128, 8, True, False, 768, 128, False, False),
                 "olmoe": (64, 8, False, False, 1024, 128, True, False),
-                "granitemoe": (32, 8, True, False, 512, 64, False, True)}[family]
+                "granitemoe": (32, 8, True, False, 512, 64, False, True),
+                "qwen2_moe": (60, 4, False, False, 1408, 128, False, False)}[family]
     assert (config.n_experts, config.experts_per_token, config.experts_normalized,
             config.expert_weights_in_float32, config.ff_size, config.head_size,
             config.qk_norm_whole, config.experts_from_top_logits) == expected
@@ -139,9 +152,11 @@ def test_its_tensors_are_the_ones_transformers_writes(family: str, tmp_path: Pat
     info = inspect_dir(directory)
     assert (info.family, info.parameters) == (family, count)
     # the parameters a token's forward uses: Mixtral-8x7B's 12.9B, Qwen3-30B-A3B's 3.3B,
-    # OLMoE-1B-7B's 1.3B, Granite-3.0-1B-A400M's 0.43B (of 1.33B)
+    # OLMoE-1B-7B's 1.3B, Granite-3.0-1B-A400M's 0.43B (of 1.33B), Qwen1.5-MoE-A2.7B's 2.7B
+    # (its shared expert included)
     active = {"mixtral": 12_879_925_248, "qwen3_moe": 3_353_032_704,
-              "olmoe": 1_282_017_280, "granitemoe": 428_658_688}[family]
+              "olmoe": 1_282_017_280, "granitemoe": 428_658_688,
+              "qwen2_moe": 2_689_173_504}[family]
     assert main(["info", str(directory)]) == 0
     assert f"{count:,} parameters ({active:,} active per token)" in capsys.readouterr().out
 
@@ -213,7 +228,9 @@ def test_the_training_loss_with_the_balance_term_is_transformers(prefix: str, ex
 @pytest.mark.parametrize("prefix,fields", [
     ("Mixtral", dict(num_local_experts=4)), ("Olmoe", dict(num_experts=4)),
     ("Qwen3Moe", dict(num_experts=4, moe_intermediate_size=24, norm_topk_prob=True)),
-    ("GraniteMoe", dict(num_local_experts=4, embedding_multiplier=2.0))])
+    ("GraniteMoe", dict(num_local_experts=4, embedding_multiplier=2.0)),
+    ("Qwen2Moe", dict(num_experts=4, moe_intermediate_size=24,
+                      shared_expert_intermediate_size=40))])
 def test_a_state_dict_in_memory_splits_its_experts(prefix: str, fields: dict[str, Any]) -> None:
     """gpt_from_hf(model.config.to_dict(), model.state_dict()): transformers 5 holds each
     layer's experts as two 3-D tensors in memory (not the files' tensor per expert; GraniteMoE's

@@ -28,6 +28,9 @@ CONFIGS = {
     # a mixture of 3 experts, top 2: each expert's matrices packed, the router rounded
     "mixtral-style": {"norm": "rmsnorm", "pos": "rope", "mlp": "swiglu", "bias": False,
                       "tie_weights": False, "n_experts": 3, "experts_per_token": 2},
+    # and Qwen2-MoE's shared expert beside them, rounded as every matrix
+    "qwen2-moe-style": {"norm": "rmsnorm", "pos": "rope", "mlp": "swiglu", "bias": False,
+                        "n_experts": 3, "experts_per_token": 1, "shared_expert_size": 24},
 }
 
 

@@ -150,3 +150,21 @@ def test_a_trace_of_the_routing_is_counted_before_a_load() -> None:
     routed = trace_use(config, 8, ["mlp_out", "router_logits", "expert_weights"], layers=2,
                        heads=4).elements
     assert routed - plain == 2 * 2 * 8 * 4  # two names, two layers, 8 tokens x 4 experts
+
+
+def test_a_shared_expert_adds_its_gated_output_to_every_token() -> None:
+    """Qwen2-MoE's: every token's output is its routed experts' plus sigmoid(gate x) times
+    the shared expert's, in training too (where it learns)."""
+    model = _model(experts_per_token=2, shared_expert_size=24)
+    moe = model.blocks[0].mlp
+    assert isinstance(moe, MoE) and moe.shared is not None and moe.shared_gate is not None
+    assert moe.shared.fc.out_features == 24
+    x = torch.randn(2, 5, 32, generator=torch.Generator().manual_seed(4))
+    with torch.no_grad():
+        routed = _reference(moe, x.view(10, 32), normalized=True)  # (10, C)
+        shared = torch.sigmoid(moe.shared_gate(x.view(10, 32))) * moe.shared(x).view(10, 32)
+        torch.testing.assert_close(moe(x).view(10, 32), routed + shared, atol=1e-6, rtol=0)
+    model.train()
+    ids = torch.randint(0, 65, (2, 9), generator=torch.Generator().manual_seed(5))
+    model(ids, targets=ids.roll(-1, dims=1)).loss.backward()
+    assert moe.shared_gate.weight.grad is not None and moe.shared.proj.weight.grad is not None

@@ -72,6 +72,7 @@ from .opt import OPT
 from .phi import PHI
 from .phi3 import PHI3
 from .qwen2 import QWEN2
+from .qwen2_moe import QWEN2_MOE
 from .qwen3 import QWEN3
 from .qwen3_moe import QWEN3_MOE
 from .registry import Family
@@ -82,7 +83,7 @@ from .stablelm import STABLELM
 FAMILIES: tuple[Family, ...] = (GPT2, LLAMA, MISTRAL, QWEN2, QWEN3, GPT_NEOX, GEMMA, GEMMA2,
                                GEMMA3, PHI, PHI3, OLMO2, OLMO3, SMOLLM3, GPTJ, GPT_NEO, OPT,
                                STABLELM, GRANITE, FALCON, MIXTRAL, OLMOE, QWEN3_MOE,
-                               GRANITEMOE)
+                               GRANITEMOE, QWEN2_MOE)
 FAMILY_BY_NAME: dict[str, Family] = {f.name: f for f in FAMILIES}
 
 __all__ = [

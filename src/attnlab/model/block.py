@@ -48,16 +48,17 @@ class Block(nn.Module):
         # None without an MLP, and where the MLP reads ln_1's output (shared_norm)
         self.ln_2 = (norm_of(c) if c.pre_norm else nn.Identity()) if (
             has_mlp and not c.shared_norm) else None
-        def mlp() -> MLP:
+        def mlp(width: int | None = None) -> MLP:
             return MLP(
-                c.n_embd, c.ff_size, gated=c.mlp in ("swiglu", "geglu"), gelu=c.gelu,
+                c.n_embd, width or c.ff_size, gated=c.mlp in ("swiglu", "geglu"), gelu=c.gelu,
                 bias=c.bias, dropout=c.dropout, gate_act="gelu" if c.mlp == "geglu" else "silu",
                 act="relu" if c.mlp == "relu" else "gelu",
             )
 
         self.mlp: MLP | MoE | None = None if not has_mlp else mlp() if c.n_experts is None \
             else MoE(c.n_embd, c.n_experts, c.experts_per_token, c.experts_normalized, mlp,
-                     wide=c.expert_weights_in_float32, top_logits=c.experts_from_top_logits)
+                     wide=c.expert_weights_in_float32, top_logits=c.experts_from_top_logits,
+                     shared_size=c.shared_expert_size)
         if isinstance(self.mlp, MoE):  # for the load-balancing loss (GPT's)
             self.mlp.keep_routing = c.router_aux_loss_coef > 0
 

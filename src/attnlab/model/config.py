@@ -116,6 +116,9 @@ class GPTConfig:
     # their probabilities renormalised: the same numbers, rounded otherwise; needs
     # experts_normalized
     experts_from_top_logits: bool = False
+    # an expert this wide that every token goes through beside its routed ones, its output
+    # times sigmoid(a gate's score) (Qwen2-MoE's shared expert); None: none
+    shared_expert_size: int | None = None
     # training: the loss adds this times Mixtral's load-balancing term (Switch Transformer's:
     # n_experts * sum_e share of picks_e * mean probability_e, over every layer's tokens), which
     # keeps a mixture from sending every token to a few experts; 0: none
@@ -243,6 +246,11 @@ class GPTConfig:
                 f"n_experts={self.n_experts!r}, experts_per_token={self.experts_per_token!r}: "
                 "a mixture of experts needs an MLP kind (mlp != 'none'), a positive number of "
                 "experts and 1 <= experts_per_token <= n_experts")
+        shared = self.shared_expert_size
+        if shared is not None and (isinstance(shared, bool) or not isinstance(shared, int)
+                                   or shared < 1 or self.n_experts is None):
+            raise ValueError(f"shared_expert_size={shared!r} is the width of a mixture's "
+                             "shared expert: a positive integer beside n_experts")
         if self.experts_from_top_logits and not self.experts_normalized:
             raise ValueError("experts_from_top_logits=True weighs the chosen experts by the "
                              "softmax of their logits, which sums to 1: it needs "
@@ -318,7 +326,8 @@ class GPTConfig:
         idle |= {"norm_bias"} if self.norm != "layernorm" else set()
         idle |= {"bias"} if self.mlp == "none" else set()
         idle |= {"experts_per_token", "experts_normalized", "expert_weights_in_float32",
-                 "experts_from_top_logits"} if self.n_experts is None else set()
+                 "experts_from_top_logits", "shared_expert_size"} if self.n_experts is None \
+            else set()
         return {name: value for name, value in fields.items() if name not in idle}
 
     @classmethod

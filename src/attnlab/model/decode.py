@@ -191,8 +191,9 @@ class DecodeStep:
         """h (B, C) -> the MLP's output (B, C); the layer must have one."""
         if layer.moe is not None:
             weights = layer.moe.weights(h[:, None])[:, 0]  # (B, E)
-            return layer.moe.combine(h, weights, lambda e, rows: self._dense(
+            out = layer.moe.combine(h, weights, lambda e, rows: self._dense(
                 *layer.experts[e], rows))  # (B, C)
+            return layer.moe.plus_shared(out, h)  # (B, C)
         return self._dense(cast(Matrix, layer.fc), layer.gate, cast(Matrix, layer.proj), h)
 
     def _dense(self, fc: Matrix, gate: Matrix | None, proj: Matrix, h: Tensor) -> Tensor:

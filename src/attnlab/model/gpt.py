@@ -71,9 +71,10 @@ class GPT(nn.Module):
             if isinstance(module, nn.Linear) and module.bias is not None:
                 nn.init.zeros_(module.bias)
         # GPT-2: scale the residual projections by 1/sqrt(2 * n_layer) (one per sublayer;
-        # each expert's of a mixture)
+        # each expert's of a mixture, its shared expert's)
         for name, p in self.named_parameters():
-            if name.endswith(("attn.out_proj.weight", "mlp.proj.weight")) or (
+            if name.endswith(("attn.out_proj.weight", "mlp.proj.weight",
+                              "mlp.shared.proj.weight")) or (
                     ".experts." in name and name.endswith(".proj.weight")):
                 nn.init.normal_(p, mean=0.0, std=std / math.sqrt(2 * self.config.n_layer))
 

@@ -32,13 +32,17 @@ class MoE(nn.Module):
     """x (B, T, C) -> (B, T, C) through each token's top-k experts (see module doc)."""
 
     def __init__(self, n_embd: int, n_experts: int, top_k: int, normalized: bool,
-                 expert: Callable[[], MLP], wide: bool = True, top_logits: bool = False
-                 ) -> None:
+                 expert: Callable[[int | None], MLP], wide: bool = True,
+                 top_logits: bool = False, shared_size: int | None = None) -> None:
+        """expert(width): a new MLP, `width` wide (None: the config's d_ff)."""
         super().__init__()
         self.top_k, self.normalized, self.wide = top_k, normalized, wide
         self.top_logits = top_logits  # the chosen weights: a softmax of their logits alone
         self.router = Linear(n_embd, n_experts, bias=False)
-        self.experts = nn.ModuleList(expert() for _ in range(n_experts))
+        self.experts = nn.ModuleList(expert(None) for _ in range(n_experts))
+        # Qwen2-MoE: an expert every token goes through, scaled by sigmoid(its gate's score)
+        self.shared = None if shared_size is None else expert(shared_size)
+        self.shared_gate = None if shared_size is None else Linear(n_embd, 1, bias=False)
         # the last training forward's router probabilities (N, E) and picks (N, k), kept for
         # the load-balancing loss (`balance_loss`) when `keep_routing`; None otherwise
         self.keep_routing = False
@@ -68,9 +72,17 @@ class MoE(nn.Module):
     def forward(self, x: Tensor, trace: Any = None) -> Tensor:
         B, T, C = x.shape
         weights = self.weights(x, trace).view(B * T, -1)  # (N, E)
-        out = self.combine(x.reshape(B * T, C), weights,
-                           lambda e, rows: self.experts[e](rows[None])[0])  # (N, C)
-        return out.view(B, T, C)
+        flat = x.reshape(B * T, C)  # (N, C)
+        out = self.combine(flat, weights, lambda e, rows: self.experts[e](rows[None])[0])
+        return self.plus_shared(out, flat).view(B, T, C)
+
+    def plus_shared(self, out: Tensor, x: Tensor) -> Tensor:
+        """The routed experts' output (N, C) plus the shared expert's of x (N, C), scaled by
+        sigmoid of its gate's score (Qwen2-MoE's order); `out` itself without one."""
+        if self.shared is None or self.shared_gate is None:
+            return out
+        shared = self.shared(x[None])[0]  # (N, C)
+        return out + torch.sigmoid(self.shared_gate(x)) * shared  # (N, C)
 
     def combine(self, x: Tensor, weights: Tensor, expert: Callable[[int, Tensor], Tensor]
                 ) -> Tensor:
