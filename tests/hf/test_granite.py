@@ -56,6 +56,8 @@ def test_a_scalar_is_refused_by_every_other_family(scalar: str) -> None:
         elif name == "falcon":  # its first architecture has no grouped-query attention
             assert misfits[0].startswith("a config.json it can read back (falcon config.json "
                                          "has num_kv_heads=8"), misfits
+        elif name == "granitemoe":  # the scalars too, with a mixture of experts for the MLP
+            assert misfits == ["n_experts=8 (not None)"], misfits
         else:
             assert f"{scalar}=1.0 (not 2.0)" in misfits, name
 
