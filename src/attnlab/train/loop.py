@@ -204,7 +204,10 @@ class _Run:
 
             device = self.world.device
             ids = [device.index] if device.type == "cuda" else None
-            ddp = DistributedDataParallel(self.model, device_ids=ids)
+            # a mixture's experts a rank's rows never chose have no gradient there: DDP then
+            # looks for them each step rather than wait for them
+            ddp = DistributedDataParallel(self.model, device_ids=ids, find_unused_parameters=(
+                self.model.config.n_experts is not None))
         step_fn: Any = ddp or self.model
         if self.config.compile and ddp is None:
             # each block compiled once for all (half the whole model's compile time on a CPU,
