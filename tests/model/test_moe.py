@@ -6,6 +6,8 @@ decode and padding properties draw it from `helpers.modern_switches`."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 import torch
 from hypothesis import given, settings
@@ -168,3 +170,18 @@ def test_a_shared_expert_adds_its_gated_output_to_every_token() -> None:
     ids = torch.randint(0, 65, (2, 9), generator=torch.Generator().manual_seed(5))
     model(ids, targets=ids.roll(-1, dims=1)).loss.backward()
     assert moe.shared_gate.weight.grad is not None and moe.shared.proj.weight.grad is not None
+
+
+def test_a_recorded_training_step_refuses_a_mixture(tmp_path: Path) -> None:
+    """--cuda_graph records one fixed step; a mixture's shapes change every step, so training
+    refuses the pair by name, before any device check. (The CLI leaves the GPU recipe's
+    cuda_graph off for a mixture: not run here, there is no GPU.)"""
+    from attnlab.train.config import TrainConfig
+    from attnlab.train.data import load_dataset
+    from attnlab.train.loop import train
+
+    dataset = load_dataset("copy")
+    config = GPTConfig.from_name("llama-tiny", n_experts=4, vocab_size=dataset.tokenizer.vocab_size)
+    with pytest.raises(ValueError, match="cuda_graph records one fixed training step, and a "
+                                         "mixture of experts runs each expert"):
+        train(config, TrainConfig(cuda_graph=True, max_iters=1), dataset, tmp_path / "run")

@@ -270,8 +270,10 @@ def _new_configs(args: argparse.Namespace, dataset: Any, init: Any) -> tuple[Any
         model_config = dataclasses.replace(
             model_config, vocab_size=dataset.tokenizer.vocab_size)
     given = config_overrides(args, TrainConfig)
-    if given.get("optimizer", "adamw") != "adamw" and "cuda_graph" not in given:
-        train_config = dataclasses.replace(train_config, cuda_graph=False)  # it records AdamW
+    if "cuda_graph" not in given and (given.get("optimizer", "adamw") != "adamw"
+                                      or model_config.n_experts is not None):
+        # it records AdamW's step, and one fixed step (a mixture's shapes change each step)
+        train_config = dataclasses.replace(train_config, cuda_graph=False)
     train_config = config_from_flags(args, TrainConfig, train_config)
     if "warmup_iters" not in given:  # the recipe's warmup, fitted to a short --max_iters
         train_config = dataclasses.replace(

@@ -84,10 +84,10 @@ def train(
     with "val_loss"), and {"step", "signal": "SIGINT" (or SIGTERM, SIGHUP)} at once when a
     stop is asked for. Ctrl-C (SIGINT, SIGTERM, SIGHUP) saves a checkpoint and returns with
     `interrupted=True`. init (fine-tuning): a checkpoint whose weights the run starts from,
-    e.g. `load_checkpoint("smollm")`; its model's config must equal `model_config` except
-    for dropout, and the run's checkpoints keep its path and Hugging Face family. Under
-    torchrun every process calls this; they share the work (distributed.py) and only rank 0
-    writes files and calls callback.
+    e.g. `load_checkpoint("smollm")`; its model's config must compute what `model_config`
+    does (dropout and router_aux_loss_coef may differ), and the run's checkpoints keep its
+    path and Hugging Face family. Under torchrun every process calls this; they share the
+    work (distributed.py) and only rank 0 writes files and calls callback.
     """
     if model_config.vocab_size < dataset.tokenizer.vocab_size:
         raise ValueError(
@@ -99,6 +99,10 @@ def train(
                          f"{init.model.config}, this run asks for {model_config}; fine-tune "
                          "with the checkpoint's own config (dropout and "
                          "router_aux_loss_coef may differ)")
+    if config.cuda_graph and model_config.n_experts is not None:
+        raise ValueError("cuda_graph records one fixed training step, and a mixture of experts "
+                         "runs each expert on the rows its router picks, a shape each step: "
+                         "pass --cuda_graph false")
     seq_len = sequence_length(model_config, dataset, config.seq_len)
     config = dataclasses.replace(config)  # a time budget fits max_iters: not the caller's
     world, started = setup(config.device)
@@ -156,7 +160,7 @@ class _Run:
         # one process compiles its blocks (compile_blocks), on a GPU as CUDA graphs unless
         # the whole step is one (cuda_graph)
         self.graphed = (config.compile and world.device.type == "cuda" and world.size == 1
-                        and not config.cuda_graph)
+                        and not config.cuda_graph and model_config.n_experts is None)
         self.ddp, self.step_fn = self._wrap()
         # fused AdamW skips its update on the device when this is 1 (train_step); other
         # optimizers are checked on the host before they update
