@@ -91,8 +91,8 @@ def _value(value: Any) -> str:
 def _print(model: Any, info: dict[str, Any]) -> None:
     meta, tok, c = model.meta, model.tokenizer, info["config"]
     print(f"checkpoint  {info['path']}  ({gb(info['bytes'])})")
-    idle = idle_parameters(model.config)
-    active = f" ({info['parameters'] - idle:,} active per token)" if idle else ""
+    active = (f" ({info['active_parameters']:,} active per token)"
+              if info["active_parameters"] != info["parameters"] else "")
     print(f"model       {count(c['n_layer'], 'layer')}, {count(c['n_head'], 'head')}, "
           f"{c['n_embd']} dims, context {c['block_size']}, vocab {c['vocab_size']}: "
           f"{info['parameters']:,} parameters{active}")

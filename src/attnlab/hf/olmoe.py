@@ -19,20 +19,30 @@ from .registry import Family
 EXPERT_WEIGHTS = moe_weights("mlp", "mlp.experts", "gate_proj", "up_proj", "down_proj")
 
 
+def topk_experts(f: Fields) -> dict[str, Any]:
+    """GPTConfig's mixture fields where transformers routes as OLMoE, Qwen2-MoE and Qwen3-MoE
+    do (one router class): `num_experts`, the top `num_experts_per_tok` renormalised where
+    `norm_topk_prob`, each weight rounded to the model's dtype before it multiplies."""
+    return {**experts_from_hf(f, "num_experts", normalized=f.flag("norm_topk_prob", False)),
+            "expert_weights_in_float32": False}
+
+
+def topk_experts_to_hf(c: GPTConfig) -> dict[str, Any]:
+    """`topk_experts` the other way: the config.json fields of the mixture."""
+    return dict(num_experts=c.n_experts, num_experts_per_tok=c.experts_per_token,
+                norm_topk_prob=c.experts_normalized)
+
+
 def _config(f: Fields) -> dict[str, Any]:
     f.one_of("clip_qkv", [None], None)
     attention_bias = f.flag("attention_bias", False)
     return llama_like_config(
         f, max_positions=4096, bias=False, qkv_bias=attention_bias, out_bias=attention_bias,
-        qk_norm=True, qk_norm_whole=True,
-        **experts_from_hf(f, "num_experts", normalized=f.flag("norm_topk_prob", False)),
-        expert_weights_in_float32=False)
+        qk_norm=True, qk_norm_whole=True, **topk_experts(f))
 
 
 def _to_hf(c: GPTConfig) -> dict[str, Any]:
-    return llama_like_to_hf(c, OLMOE, attention_bias=c.qkv_biased, num_experts=c.n_experts,
-                            num_experts_per_tok=c.experts_per_token,
-                            norm_topk_prob=c.experts_normalized)
+    return llama_like_to_hf(c, OLMOE, attention_bias=c.qkv_biased, **topk_experts_to_hf(c))
 
 
 OLMOE = Family(

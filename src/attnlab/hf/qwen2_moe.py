@@ -17,8 +17,9 @@ from typing import Any
 from ..model.gpt import GPTConfig
 from .fields import Fields
 from .llama import llama_like_config, llama_like_to_hf
-from .mixtral import ROUTER_TRAINING, experts_from_hf, moe_weights, split_experts
+from .mixtral import ROUTER_TRAINING, moe_weights, split_experts
 from .qwen2 import qwen_window, qwen_window_to_hf
+from .qwen3_moe import qwen_experts, qwen_experts_to_hf
 from .registry import Family
 
 _EXPERTS = moe_weights("mlp", "mlp.experts", "gate_proj", "up_proj", "down_proj")
@@ -29,26 +30,17 @@ WEIGHTS = dataclasses.replace(_EXPERTS, block={
 
 
 def _config(f: Fields) -> dict[str, Any]:
-    f.one_of("decoder_sparse_step", [1], 1)
-    f.one_of("mlp_only_layers", [[]], [])
-    f.get("intermediate_size")  # the dense MLP's width: no layer has one
     n_layer = f.count("num_hidden_layers", 24)
-    experts = experts_from_hf(f, "num_experts", normalized=f.flag("norm_topk_prob", False))
-    return {**llama_like_config(
+    return llama_like_config(
         f, max_positions=32768, bias=False, qkv_bias=f.flag("qkv_bias", True), out_bias=False,
-        expert_weights_in_float32=False, **experts, **qwen_window(f, n_layer)),
-        "d_ff": f.count("moe_intermediate_size", 1408),
-        "shared_expert_size": f.count("shared_expert_intermediate_size", 5632)}
+        shared_expert_size=f.count("shared_expert_intermediate_size", 5632),
+        **qwen_experts(f, 1408), **qwen_window(f, n_layer))
 
 
 def _to_hf(c: GPTConfig) -> dict[str, Any]:
-    return {**llama_like_to_hf(c, QWEN2_MOE, qkv_bias=c.qkv_biased, num_experts=c.n_experts,
-                               num_experts_per_tok=c.experts_per_token,
-                               norm_topk_prob=c.experts_normalized,
-                               moe_intermediate_size=c.ff_size,
-                               shared_expert_intermediate_size=c.shared_expert_size,
-                               **qwen_window_to_hf(c)),
-            "intermediate_size": c.ff_size}
+    return llama_like_to_hf(c, QWEN2_MOE, qkv_bias=c.qkv_biased,
+                            shared_expert_intermediate_size=c.shared_expert_size,
+                            **qwen_experts_to_hf(c), **qwen_window_to_hf(c))
 
 
 QWEN2_MOE = Family(

@@ -13,30 +13,34 @@ from typing import Any
 from ..model.gpt import GPTConfig
 from .fields import Fields
 from .llama import llama_like_config, llama_like_to_hf
-from .mixtral import ROUTER_TRAINING, experts_from_hf, split_experts
-from .olmoe import EXPERT_WEIGHTS
+from .mixtral import ROUTER_TRAINING, split_experts
+from .olmoe import EXPERT_WEIGHTS, topk_experts, topk_experts_to_hf
 from .registry import Family
 
 
-def _config(f: Fields) -> dict[str, Any]:
+def qwen_experts(f: Fields, width: int) -> dict[str, Any]:
+    """GPTConfig's mixture fields from a Qwen MoE config.json: `topk_experts`' in every layer
+    (`decoder_sparse_step` 1, no `mlp_only_layers`), `moe_intermediate_size` wide (default
+    `width`; `intermediate_size`, the dense MLP's, sizes nothing then)."""
     f.one_of("decoder_sparse_step", [1], 1)
     f.one_of("mlp_only_layers", [[]], [])
+    return {**topk_experts(f), "d_ff": f.count("moe_intermediate_size", width)}
+
+
+def qwen_experts_to_hf(c: GPTConfig) -> dict[str, Any]:
+    return {**topk_experts_to_hf(c), "moe_intermediate_size": c.ff_size}
+
+
+def _config(f: Fields) -> dict[str, Any]:
     f.one_of("use_sliding_window", [False], False)
-    f.get("intermediate_size")  # the dense MLP's width: no layer has one
     attention_bias = f.flag("attention_bias", False)
-    experts = experts_from_hf(f, "num_experts", normalized=f.flag("norm_topk_prob", False))
-    return {**llama_like_config(
+    return llama_like_config(
         f, max_positions=32768, bias=False, qkv_bias=attention_bias, out_bias=attention_bias,
-        qk_norm=True, expert_weights_in_float32=False, **experts),
-        "d_ff": f.count("moe_intermediate_size", 768)}
+        qk_norm=True, **qwen_experts(f, 768))
 
 
 def _to_hf(c: GPTConfig) -> dict[str, Any]:
-    return {**llama_like_to_hf(c, QWEN3_MOE, attention_bias=c.qkv_biased,
-                               num_experts=c.n_experts, num_experts_per_tok=c.experts_per_token,
-                               norm_topk_prob=c.experts_normalized,
-                               moe_intermediate_size=c.ff_size),
-            "intermediate_size": c.ff_size}
+    return llama_like_to_hf(c, QWEN3_MOE, attention_bias=c.qkv_biased, **qwen_experts_to_hf(c))
 
 
 QWEN3_MOE = Family(

@@ -3,10 +3,12 @@ one weight-renaming engine every family declares its names to.
 
 A family (one small module each: gpt2.py, gpt_neo.py, llama.py, qwen2.py, qwen3.py,
 gpt_neox.py, gptj.py, opt.py, the gemma*.py, phi.py, phi3.py, the olmo*.py, smollm3.py,
-stablelm.py, granite.py, falcon.py) is a `Family`: its model_type and architecture names, a
-config mapping each way (`Fields` in, a config.json dict out, which `misfits` reads back to
-know whether the family holds a GPTConfig) and a `WeightMap` (attnlab's state-dict names <->
-Hugging Face's, with the modules a family fuses into one Linear: `Fused`). Adding a family is
+stablelm.py, granite.py, falcon.py; the mixtures of experts mixtral.py, olmoe.py,
+qwen3_moe.py, qwen2_moe.py, granitemoe.py) is a `Family`: its model_type and architecture
+names, a config mapping each way (`Fields` in, a config.json dict out, which `misfits` reads
+back to know whether the family holds a GPTConfig) and a `WeightMap` (attnlab's state-dict
+names <-> Hugging Face's, with the modules a family fuses into one Linear: `Fused`, and a
+mixture's experts held as one 3-D tensor: `Stacked`). Adding a family is
 one new module and one line in `FAMILIES` (hf/__init__.py). Directory reading is `files.py`'s.
 """
 
@@ -157,10 +159,16 @@ class WeightMap:
         name = self._name(ours)
         if ours in self.reshaped:
             return name, self.reshaped[ours][0]
+        return name, self._transpose if self._transposed(ours) else lambda t: t
+
+    def _transposed(self, ours: str) -> bool:
+        """Whether HF stores the block module of `ours` (in, out) (GPT-2's Conv1D)."""
         inner = ours.split(".", 2)[-1].rsplit(".", 1)[0] if ours.startswith("blocks.") else ""
-        if inner in self.transposed:
-            return name, lambda t: t.t() if t.dim() == 2 else t
-        return name, lambda t: t
+        return inner in self.transposed
+
+    @staticmethod
+    def _transpose(t: Tensor) -> Tensor:
+        return t.t() if t.dim() == 2 else t  # a Conv1D's bias stays as it is
 
     def iter_from_hf(self, hf_state: Mapping[str, Tensor], config: GPTConfig,
                      keys: Iterable[str], family: str) -> Iterator[tuple[str, Tensor]]:
@@ -248,9 +256,7 @@ class WeightMap:
                 continue
             if ours in self.reshaped:
                 tensor = self.reshaped[ours][1](tensor)
-            inner = ours.split(".", 2)[-1].rsplit(".", 1)[0] if ours.startswith("blocks.") else ""
-            yield self._name(ours), (tensor.t() if inner in self.transposed and tensor.dim() == 2
-                                     else tensor)
+            yield self._name(ours), self._transpose(tensor) if self._transposed(ours) else tensor
 
     def to_hf(self, state: Mapping[str, Tensor], config: GPTConfig) -> dict[str, Tensor]:
         """Every tensor of `iter_to_hf` at once, contiguous and unshared (ready for one

@@ -58,9 +58,8 @@ class Block(nn.Module):
         self.mlp: MLP | MoE | None = None if not has_mlp else mlp() if c.n_experts is None \
             else MoE(c.n_embd, c.n_experts, c.experts_per_token, c.experts_normalized, mlp,
                      wide=c.expert_weights_in_float32, top_logits=c.experts_from_top_logits,
-                     shared_size=c.shared_expert_size)
-        if isinstance(self.mlp, MoE):  # for the load-balancing loss (GPT's)
-            self.mlp.keep_routing = c.router_aux_loss_coef > 0
+                     shared_size=c.shared_expert_size,
+                     keep_routing=c.router_aux_loss_coef > 0)  # for GPT's balance loss
 
     def forward(
         self,

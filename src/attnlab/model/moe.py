@@ -33,7 +33,8 @@ class MoE(nn.Module):
 
     def __init__(self, n_embd: int, n_experts: int, top_k: int, normalized: bool,
                  expert: Callable[[int | None], MLP], wide: bool = True,
-                 top_logits: bool = False, shared_size: int | None = None) -> None:
+                 top_logits: bool = False, shared_size: int | None = None,
+                 keep_routing: bool = False) -> None:
         """expert(width): a new MLP, `width` wide (None: the config's d_ff)."""
         super().__init__()
         self.top_k, self.normalized, self.wide = top_k, normalized, wide
@@ -45,7 +46,7 @@ class MoE(nn.Module):
         self.shared_gate = None if shared_size is None else Linear(n_embd, 1, bias=False)
         # the last training forward's router probabilities (N, E) and picks (N, k), kept for
         # the load-balancing loss (`balance_loss`) when `keep_routing`; None otherwise
-        self.keep_routing = False
+        self.keep_routing = keep_routing
         self.routing: tuple[Tensor, Tensor] | None = None
 
     def weights(self, x: Tensor, trace: Any = None) -> Tensor:
