@@ -282,7 +282,8 @@ def modern_switches(n_layer: int = 2) -> Any:
     parallel residual, sliding windows, Gemma's (1 + w) norm, GeGLU, scaled embeddings and
     sandwich norms, Gemma 3's RoPE base of its windowed layers, Gemma 2's soft caps of scores
     and logits, OLMo 2's blocks without pre-norms and its QK-norm over whole q and k, Phi's
-    one norm for a parallel block and bias on the head, a mixture of 3 experts), valid for a
+    one norm for a parallel block and bias on the head, a mixture of 3 experts, gpt-oss's
+    attention sinks and clamped SwiGLU), valid for a
     model with 4 query heads (head size 4 or 8). The property tests of model, attention,
     cache, trace and generation draw from it so every invariant runs over every switch."""
     from hypothesis import strategies as st
@@ -303,7 +304,8 @@ def modern_switches(n_layer: int = 2) -> Any:
             "pos": pos,
             "norm": draw(st.sampled_from(["layernorm", "rmsnorm", "gemma_rmsnorm", "olmo_rmsnorm",
                                           "none"])),
-            "mlp": draw(st.sampled_from(["gelu", "relu", "swiglu", "geglu", "none"])),
+            "mlp": draw(st.sampled_from(["gelu", "relu", "swiglu", "geglu", "clamped_swiglu",
+                                         "none"])),
             "scale_embeddings": draw(st.booleans()),
             "head_dim": draw(st.sampled_from([None, 8])),
             "d_ff": draw(st.sampled_from([None, 24])),
@@ -319,6 +321,7 @@ def modern_switches(n_layer: int = 2) -> Any:
             "head_bias": draw(st.booleans()),
             "norm_bias": draw(st.sampled_from([None, True, False])),
             "scores_in_float32": draw(st.booleans()),
+            "attn_sinks": draw(st.booleans()),  # gpt-oss's, drawn at init_std as other weights
             # Granite's scalars
             "embedding_multiplier": draw(st.sampled_from([1.0, 3.0])),
             "residual_multiplier": draw(st.sampled_from([1.0, 0.5])),
@@ -341,7 +344,8 @@ def modern_switches(n_layer: int = 2) -> Any:
                             experts_normalized=normalized,
                             experts_from_top_logits=normalized and draw(st.booleans()),
                             expert_weights_in_float32=draw(st.booleans()),
-                            shared_expert_size=draw(st.sampled_from([None, 12])))
+                            shared_expert_size=draw(st.sampled_from([None, 12])),
+                            router_bias=draw(st.booleans()))
         window = draw(st.sampled_from([None, 2, 3]))
         if window is not None:
             switches["sliding_window"] = window

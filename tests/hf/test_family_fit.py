@@ -105,7 +105,8 @@ OTHER: dict[str, Any] = dict(
     gelu={"tanh": "exact", "exact": "tanh"}, norm_bias={True: False, False: True, None: False},
     bias={True: False, False: True}, experts_per_token=1,
     experts_normalized=True, experts_from_top_logits=True,  # the one needs the other
-    expert_weights_in_float32={True: False, False: True}, shared_expert_size=None)
+    expert_weights_in_float32={True: False, False: True}, shared_expert_size=None,
+    router_bias={True: False, False: True}, swiglu_alpha=2.0, swiglu_limit=3.0)
 
 
 def _same_model_spelled_otherwise(config: GPTConfig) -> GPTConfig:

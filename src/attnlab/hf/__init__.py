@@ -60,6 +60,7 @@ from .gemma3 import NEAR_MISSES as GEMMA3_NEAR_MISSES
 from .gpt2 import GPT2
 from .gpt_neo import GPT_NEO
 from .gpt_neox import GPT_NEOX
+from .gpt_oss import GPT_OSS
 from .gptj import GPTJ
 from .granite import GRANITE
 from .granitemoe import GRANITEMOE
@@ -83,7 +84,7 @@ from .stablelm import STABLELM
 FAMILIES: tuple[Family, ...] = (GPT2, LLAMA, MISTRAL, QWEN2, QWEN3, GPT_NEOX, GEMMA, GEMMA2,
                                GEMMA3, PHI, PHI3, OLMO2, OLMO3, SMOLLM3, GPTJ, GPT_NEO, OPT,
                                STABLELM, GRANITE, FALCON, MIXTRAL, OLMOE, QWEN3_MOE,
-                               GRANITEMOE, QWEN2_MOE)
+                               GRANITEMOE, QWEN2_MOE, GPT_OSS)
 FAMILY_BY_NAME: dict[str, Family] = {f.name: f for f in FAMILIES}
 
 __all__ = [

@@ -27,8 +27,8 @@ WEIGHTS = WeightMap(
     top=LLAMA_WEIGHTS.top, layer=LLAMA_WEIGHTS.layer, base=LLAMA_WEIGHTS.base,
     block={**{k: v for k, v in LLAMA_WEIGHTS.block.items() if not k.startswith("mlp.")},
            "mlp.router": "block_sparse_moe.router.layer"},
-    stacked=(Stacked("block_sparse_moe.input_linear", ("gate", "fc")),
-             Stacked("block_sparse_moe.output_linear", ("proj",))),
+    stacked=(Stacked("block_sparse_moe.input_linear.weight", ("gate", "fc")),
+             Stacked("block_sparse_moe.output_linear.weight", ("proj",))),
 )
 # transformers 5's names in memory -> its files' (the same tensors, other names)
 IN_MEMORY = {"router.weight": "router.layer.weight", "experts.gate_up_proj": "input_linear.weight",

@@ -53,12 +53,31 @@ class Fused:
 @dataclass(frozen=True)
 class Stacked:
     """A mixture's expert matrices a family holds in one 3-D tensor a layer: Hugging Face's
-    `module` weight, (n_experts, rows, in), holds expert e's `parts` (attnlab modules of
-    mlp.experts.{e}) one after the other along its rows (GraniteMoE's input_linear: gate,
-    then up)."""
+    `weight`, (n_experts, rows, in) or with `transposed` (n_experts, in, rows), holds expert
+    e's `parts` (attnlab modules of mlp.experts.{e}) one after the other along its rows
+    (GraniteMoE's input_linear: gate, then up) or, `interleaved`, row by row in turn
+    (gpt-oss's gate_up_proj: gate row 0, up row 0, gate row 1, ...); `bias`, where the
+    experts have biases, the (n_experts, rows) tensor that holds them alike."""
 
-    module: str  # the Hugging Face module in the block: "block_sparse_moe.input_linear"
+    weight: str  # the Hugging Face tensor in the block: "block_sparse_moe.input_linear.weight"
     parts: tuple[str, ...]  # each expert's modules, in the rows' order: ("gate", "fc")
+    bias: str | None = None  # "mlp.experts.gate_up_proj_bias"
+    interleaved: bool = False
+    transposed: bool = False
+
+    def piece(self, t: Tensor, e: int, index: int) -> Tensor:
+        """Expert e's part `index` of the stacked weight (E, rows, in) or bias (E, rows):
+        (out, in) as nn.Linear stores it, or its bias (out,)."""
+        x = t[e].t() if self.transposed and t.dim() == 3 else t[e]  # (rows, in) or (rows,)
+        n = len(self.parts)
+        return x[index::n] if self.interleaved else x.chunk(n)[index]
+
+    def join(self, pieces: Sequence[Tensor]) -> Tensor:
+        """`piece` the other way for one expert: its parts' weights (out, in) or biases (out,)
+        -> its slice of the stacked tensor, (rows, in) ((in, rows) transposed) or (rows,)."""
+        parts = list(pieces)
+        x = torch.stack(parts, dim=1).flatten(0, 1) if self.interleaved else torch.cat(parts)
+        return x.t() if self.transposed and x.dim() == 2 else x
 
 
 @dataclass(frozen=True)
@@ -132,14 +151,16 @@ class WeightMap:
 
     def _is_stacked(self, ours: str) -> tuple[Stacked, str, int, int] | None:
         """(its stacking, the HF name of the stacked tensor, the expert, the part's index)
-        where `ours` is an expert's weight a stacked module holds."""
-        match = re.fullmatch(r"blocks\.(\d+)\.mlp\.experts\.(\d+)\.(\w+)\.weight", ours)
+        where `ours` is an expert's weight or bias a stacked tensor holds."""
+        match = re.fullmatch(r"blocks\.(\d+)\.mlp\.experts\.(\d+)\.(\w+)\.(weight|bias)",
+                             ours)
         if match is None:
             return None
-        i, e, part = match.groups()
+        i, e, part, param = match.groups()
         for stacked in self.stacked:
-            if part in stacked.parts:
-                return (stacked, f"{self.layer.format(i=i)}{stacked.module}.weight", int(e),
+            name = stacked.weight if param == "weight" else stacked.bias
+            if part in stacked.parts and name is not None:
+                return (stacked, f"{self.layer.format(i=i)}{name}", int(e),
                         stacked.parts.index(part))
         return None
 
@@ -155,7 +176,7 @@ class WeightMap:
         stacked = self._is_stacked(ours)
         if stacked is not None:
             spec, name, e, index = stacked
-            return name, lambda t: t[e].chunk(len(spec.parts))[index]  # (rows, in)
+            return name, lambda t: spec.piece(t, e, index)  # (out, in) or (out,)
         name = self._name(ours)
         if ours in self.reshaped:
             return name, self.reshaped[ours][0]
@@ -250,8 +271,9 @@ class WeightMap:
                 spec, name, e, index = stacked
                 if (e, index) == (0, 0):  # written with the first expert's first part
                     experts = ours.rsplit(".experts.", 1)[0] + ".experts"
-                    yield name, torch.stack([torch.cat(
-                        [state[f"{experts}.{j}.{part}.weight"] for part in spec.parts])
+                    param = ours.rsplit(".", 1)[1]
+                    yield name, torch.stack([spec.join(
+                        [state[f"{experts}.{j}.{part}.{param}"] for part in spec.parts])
                         for j in range(cast(int, config.n_experts))])  # (E, rows, in)
                 continue
             if ours in self.reshaped:

@@ -86,6 +86,7 @@ def attend(
     trace: LayerTrace | None = None,
     softcap: float | None = None,
     wide: bool = False,
+    sinks: Tensor | None = None,
 ) -> Tensor:
     """Scaled dot-product attention. q (B, nh, T, hs), k/v (B, nkv, S, hs) -> (B, nh, T, hs).
 
@@ -105,8 +106,13 @@ def attend(
 
     wide: in 16 bits, the explicit and traced paths multiply q and k in float32 (GPT-J's and
     GPT-Neo's scores, which float16's range may not hold); SDPA sums in float32 already.
+
+    sinks: (nh,) a logit per query head that each row's softmax counts beside the keys and
+    then drops (gpt-oss's attention sinks, `layers.sink_softmax`): the weights sum to less
+    than 1. SDPA has no such column, so a call with sinks takes the explicit path, as a
+    capped one does; None: no sink.
     """
-    _check_inputs(q, k, v, softcap)
+    _check_inputs(q, k, v, softcap, sinks)
     mask = mask or Mask(None)
     if trace is not None:
         trace.note_mask(mask)
@@ -118,44 +124,58 @@ def attend(
         # attend everywhere, which is finite, and zero its output below.
         may_attend = may_attend | mask.empty_rows  # (B, 1, T, S)
 
-    if fused and softcap is None and (trace is None or not trace.needs_weights):
+    if fused and softcap is None and sinks is None and (
+            trace is None or not trace.needs_weights):
         return fused_attend(q, k, v, mask, may_attend, scale, dropout_p)
     if wide and q.dtype in (torch.float16, torch.bfloat16):
         if trace is None:  # transformers' steps: the weights back in v's dtype for the product
             return explicit_attend(q.float(), k.float(), v, mask, may_attend, scale, dropout_p,
-                                   softcap)
+                                   softcap, sinks)
         # traced, every step in float32 (the weights and summaries too)
         return attend(q.float(), k.float(), v.float(), mask, scale=scale, dropout_p=dropout_p,
-                      training=training, fused=fused, trace=trace, softcap=softcap).to(v.dtype)
+                      training=training, fused=fused, trace=trace, softcap=softcap,
+                      sinks=sinks).to(v.dtype)
     if trace is None:
-        return explicit_attend(q, k, v, mask, may_attend, scale, dropout_p, softcap)
+        return explicit_attend(q, k, v, mask, may_attend, scale, dropout_p, softcap, sinks)
+    return _traced(q, k, v, mask, may_attend, scale, dropout_p, trace, softcap, sinks)
+
+
+def _traced(q: Tensor, k: Tensor, v: Tensor, mask: Mask, may_attend: Tensor | None,
+            scale: float, dropout_p: float, trace: LayerTrace, softcap: float | None,
+            sinks: Tensor | None) -> Tensor:
+    """`attend` under a trace: the traced path for every head and row it keeps, the context
+    of the others from the fused path (explicit with a cap or sinks)."""
     nh = q.shape[1]
     # raw or masked scores are computed whole, and dropout reads every weight: then the
     # traced path runs for every head and row
     whole = dropout_p > 0.0 or trace.wants("attn_scores") or trace.wants("masked_scores")
     heads = None if whole else _heads_alone(trace, nh)
     rows = None if whole else _rows_alone(trace, q.shape[2])
+    kept_sinks = sinks
     if heads is None:
         kept = (q, expand_kv(k, nh), expand_kv(v, nh))  # (B, nh, S, hs) k and v
     else:  # the key/value head each kept query head reads
         kv_heads = [h // (nh // k.shape[1]) for h in heads]
         kept = (q[:, heads], k[:, kv_heads], v[:, kv_heads])  # (B, heads, T or S, hs)
+        kept_sinks = None if sinks is None else sinks[heads]  # (heads,)
     if heads is None and rows is None:
-        return traced_attend(*kept, mask, may_attend, scale, dropout_p, trace, softcap)
+        return traced_attend(*kept, mask, may_attend, scale, dropout_p, trace, softcap, sinks)
     # the kept heads' (and rows') weights and summaries on the traced path, every head's context
-    # on the fused one (explicit with a cap): no (B, nh, T, S) tensor for heads or rows unkept
+    # on the fused one (explicit with a cap or sinks): no (B, nh, T, S) tensor for heads or
+    # rows unkept
     if rows is None:
-        traced_attend(*kept, mask, may_attend, scale, 0.0, trace, softcap)
+        traced_attend(*kept, mask, may_attend, scale, 0.0, trace, softcap, kept_sinks)
     else:
-        traced_rows(*kept, mask, may_attend, scale, rows, trace, softcap)
-    if softcap is not None:
-        return explicit_attend(q, k, v, mask, may_attend, scale, dropout_p, softcap)
+        traced_rows(*kept, mask, may_attend, scale, rows, trace, softcap, kept_sinks)
+    if softcap is not None or sinks is not None:
+        return explicit_attend(q, k, v, mask, may_attend, scale, dropout_p, softcap, sinks)
     return fused_attend(q, k, v, mask, may_attend, scale, dropout_p)
 
 
-def _check_inputs(q: Tensor, k: Tensor, v: Tensor, softcap: float | None) -> None:
-    """Raise unless q (B, nh, T, hs) and k, v (B, nkv, S, hs) fit `attend`, and a softcap
-    is None or positive."""
+def _check_inputs(q: Tensor, k: Tensor, v: Tensor, softcap: float | None,
+                  sinks: Tensor | None) -> None:
+    """Raise unless q (B, nh, T, hs) and k, v (B, nkv, S, hs) fit `attend`, a softcap is None
+    or positive and sinks None or (nh,)."""
     if q.dim() != 4 or k.dim() != 4 or v.dim() != 4:
         raise ValueError(
             f"attend expects 4-d (B, heads, len, hs) tensors, got q {tuple(q.shape)}, "
@@ -169,6 +189,9 @@ def _check_inputs(q: Tensor, k: Tensor, v: Tensor, softcap: float | None) -> Non
         )
     if softcap is not None and not softcap > 0:
         raise ValueError(f"softcap={softcap} must be > 0 (None: no cap)")
+    if sinks is not None and tuple(sinks.shape) != (q.shape[1],):
+        raise ValueError(f"sinks of shape {tuple(sinks.shape)} for {q.shape[1]} query heads: "
+                         f"pass one logit per query head, ({q.shape[1]},)")
 
 
 def _heads_alone(trace: LayerTrace, n_head: int) -> list[int] | None:
@@ -227,6 +250,8 @@ class CausalSelfAttention(nn.Module):
         scale: multiplier of the scores; None means 1/sqrt(hs).
         softcap: cap of the scaled scores, softcap * tanh(scores / softcap), before the
             mask (Gemma 2); None: no cap. A capped module takes the explicit path (`attend`).
+        sinks: a learned logit per query head in each row's softmax (`sinks`, (nh,), zero at
+            first: gpt-oss's attention sinks); such a module takes the explicit path too.
         d_context: width of the sequence keys/values come from in cross-attention.
     """
 
@@ -253,6 +278,7 @@ class CausalSelfAttention(nn.Module):
         rope_names: bool = False,
         rope_pairs: bool = False,
         scores_in_float32: bool = False,
+        sinks: bool = False,
     ) -> None:
         super().__init__()
         d_out = d_in if d_out is None else d_out
@@ -288,6 +314,7 @@ class CausalSelfAttention(nn.Module):
         self.rope_names = rope_names
         self.q_norm = make_norm(qk_norm_kind, q_dim, eps=norm_eps) if qk_norm else None
         self.k_norm = make_norm(qk_norm_kind, k_dim, eps=norm_eps) if qk_norm else None
+        self.sinks = nn.Parameter(torch.zeros(n_head)) if sinks else None  # (nh,)
 
     def _heads(self, x: Tensor, n: int) -> Tensor:
         B, T, _ = x.shape
@@ -354,6 +381,7 @@ class CausalSelfAttention(nn.Module):
             trace=trace,
             softcap=self.softcap,
             wide=self.scores_in_float32,
+            sinks=self.sinks,
         )  # (B, nh, T, hs)
         if trace is not None:
             context_vec = trace.record("context", context_vec)

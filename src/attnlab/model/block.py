@@ -12,7 +12,7 @@ from torch import Tensor, nn
 
 from .attention import CausalSelfAttention
 from .config import GPTConfig
-from .layers import MLP, branch_scaled, make_norm
+from .layers import GATED, MLP, branch_scaled, make_norm
 from .masks import Mask
 from .moe import MoE
 
@@ -43,22 +43,22 @@ class Block(nn.Module):
             rope_in_float32=c.rope_in_float32, rope_names=c.pos == "rope",
             rope_pairs=c.rope_interleaved, scores_in_float32=c.scores_in_float32,
             qk_norm_kind=c.norm if c.norm in ("gemma_rmsnorm", "olmo_rmsnorm") else "rmsnorm",
-            softcap=c.attn_logit_softcapping,
+            softcap=c.attn_logit_softcapping, sinks=c.attn_sinks,
         )
         # None without an MLP, and where the MLP reads ln_1's output (shared_norm)
         self.ln_2 = (norm_of(c) if c.pre_norm else nn.Identity()) if (
             has_mlp and not c.shared_norm) else None
         def mlp(width: int | None = None) -> MLP:
             return MLP(
-                c.n_embd, width or c.ff_size, gated=c.mlp in ("swiglu", "geglu"), gelu=c.gelu,
+                c.n_embd, width or c.ff_size, gated=c.mlp in GATED, gelu=c.gelu,
                 bias=c.bias, dropout=c.dropout, gate_act="gelu" if c.mlp == "geglu" else "silu",
-                act="relu" if c.mlp == "relu" else "gelu",
+                act="relu" if c.mlp == "relu" else "gelu", clamp=c.swiglu_clamp,
             )
 
         self.mlp: MLP | MoE | None = None if not has_mlp else mlp() if c.n_experts is None \
             else MoE(c.n_embd, c.n_experts, c.experts_per_token, c.experts_normalized, mlp,
                      wide=c.expert_weights_in_float32, top_logits=c.experts_from_top_logits,
-                     shared_size=c.shared_expert_size,
+                     shared_size=c.shared_expert_size, router_bias=c.router_bias,
                      keep_routing=c.router_aux_loss_coef > 0)  # for GPT's balance loss
 
     def forward(

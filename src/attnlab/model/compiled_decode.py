@@ -69,7 +69,8 @@ def _static_step(
             masks[window] = Mask(may_attend[:, None, None, :])  # (B, 1, 1, S_max)
         return attend(q, keys, values, masks[window], scale=step.config.attn_scale,
                       softcap=step.config.attn_logit_softcapping,
-                      wide=step.config.scores_in_float32)  # (B, nh, 1, hs)
+                      wide=step.config.scores_in_float32,
+                      sinks=step.layers[i].sinks)  # (B, nh, 1, hs)
 
     return step.forward_with(token, slot - pads, 0, attention)  # (B, V)
 

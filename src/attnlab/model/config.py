@@ -38,7 +38,8 @@ class GPTConfig:
     norm_bias: bool | None = None
     # "gelu": proj(gelu(fc(x))); "relu" (OPT): proj(relu(fc(x))); "swiglu":
     # proj(silu(gate(x)) * fc(x)); "geglu" (Gemma): proj(gelu(gate(x)) * fc(x)), with the
-    # `gelu` form; "none"
+    # `gelu` form; "clamped_swiglu" (gpt-oss): proj(g * sigmoid(swiglu_alpha * g) * (u + 1)),
+    # g = gate(x) capped at swiglu_limit, u = fc(x) clamped to +-swiglu_limit; "none"
     mlp: str = "gelu"
     gelu: str = "tanh"  # "tanh" (GPT-2's approximation) or "exact" (erf: nanoGPT, faster on CPU)
     # pre-norm in blocks and final norm: "layernorm", "rmsnorm", "gemma_rmsnorm" (scaled by
@@ -123,6 +124,13 @@ class GPTConfig:
     # n_experts * sum_e share of picks_e * mean probability_e, over every layer's tokens), which
     # keeps a mixture from sending every token to a few experts; 0: none
     router_aux_loss_coef: float = 0.0
+    router_bias: bool = False  # a bias on the router's Linear (gpt-oss)
+    swiglu_alpha: float = 1.702  # "clamped_swiglu"'s sigmoid slope (gpt-oss: 1.702)
+    swiglu_limit: float = 7.0  # "clamped_swiglu"'s clamp of gate and up (gpt-oss: 7.0)
+    # a learned logit per query head in each layer's softmax, which takes weight and adds
+    # nothing to the context: the weights over the keys sum to less than 1 (gpt-oss's
+    # attention sinks); the model then takes attention's explicit path, as transformers does
+    attn_sinks: bool = False
 
     def __post_init__(self) -> None:
         positive = ("vocab_size", "block_size", "n_layer", "n_head", "n_embd")
@@ -290,6 +298,11 @@ class GPTConfig:
         return self.n_head if self.n_kv_head is None else self.n_kv_head
 
     @property
+    def swiglu_clamp(self) -> tuple[float, float] | None:
+        """"clamped_swiglu"'s (alpha, limit) for `layers.glu`; None for every other MLP."""
+        return (self.swiglu_alpha, self.swiglu_limit) if self.mlp == "clamped_swiglu" else None
+
+    @property
     def ff_size(self) -> int:
         """The MLP hidden width: d_ff, or 4 * n_embd."""
         return 4 * self.n_embd if self.d_ff is None else self.d_ff
@@ -323,10 +336,12 @@ class GPTConfig:
         idle = {"rope_theta", "rotary_pct", "rope_scaling", "rope_in_float32", "rope_interleaved",
                 "nope_layers", "local_rope_theta"} if self.pos != "rope" else set()
         idle |= {"gelu"} if self.mlp not in ("gelu", "geglu") else set()
+        idle |= {"swiglu_alpha", "swiglu_limit"} if self.mlp != "clamped_swiglu" else set()
         idle |= {"norm_bias"} if self.norm != "layernorm" else set()
         idle |= {"bias"} if self.mlp == "none" else set()
         idle |= {"experts_per_token", "experts_normalized", "expert_weights_in_float32",
-                 "experts_from_top_logits", "shared_expert_size"} if self.n_experts is None \
+                 "experts_from_top_logits", "shared_expert_size", "router_bias"} \
+            if self.n_experts is None \
             else set()
         return {name: value for name, value in fields.items() if name not in idle}
 

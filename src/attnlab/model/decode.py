@@ -38,7 +38,7 @@ from .decode_parts import (
 )
 from .gpt import require_eval
 from .kv_cache import KVCache
-from .layers import GELUS, MLP, activation, branch_scaled, embedding_scale, soft_cap
+from .layers import GELUS, MLP, activation, branch_scaled, embedding_scale, glu, soft_cap
 from .masks import Mask, build_mask
 from .moe import MoE
 from .rope import apply_rotary, layer_ropes, real_positions
@@ -70,6 +70,7 @@ class _DecodeLayer(NamedTuple):
     mlp_post: StepNorm | None = None
     moe: MoE | None = None  # a mixture of experts' router (fc, gate, proj None)
     experts: tuple[tuple[Matrix, Matrix | None, Matrix], ...] = ()  # its (fc, gate, proj)
+    sinks: Tensor | None = None  # (nh,) the attention's sink logits (gpt-oss)
 
     @classmethod
     def of(cls, block: Block, window: int | None) -> _DecodeLayer:
@@ -86,6 +87,7 @@ class _DecodeLayer(NamedTuple):
             fc, gate, proj,
             window, step_norm(block.ln_attn_post), step_norm(block.ln_mlp_post), moe,
             () if moe is None else tuple(_matrices(cast(MLP, e)) for e in moe.experts),
+            None if attn.sinks is None else attn.sinks.detach(),
         )
 
     @property
@@ -200,7 +202,7 @@ class DecodeStep:
         """h (B, C) through one MLP's matrices -> (B, C)."""
         if gate is None:
             return proj(self.up_act(fc(h)))  # (B, d_ff) -> (B, C)
-        return proj(self.gate_act(gate(h)) * fc(h))  # (B, d_ff) -> (B, C)
+        return proj(glu(gate(h), fc(h), self.gate_act, self.config.swiglu_clamp))  # (B, C)
 
     @torch.inference_mode()
     def __call__(self, token: Tensor, attention_mask: Tensor | None, cache: KVCache) -> Tensor:
@@ -232,8 +234,8 @@ class DecodeStep:
                 )
             k, v = cache.layers[i].update(pos, k, v)  # (B, nkv, pos + 1, hs) each
             return attend(q, k, v, masks[window], scale=c.attn_scale,
-                          softcap=c.attn_logit_softcapping,
-                          wide=c.scores_in_float32)  # (B, nh, 1, hs)
+                          softcap=c.attn_logit_softcapping, wide=c.scores_in_float32,
+                          sinks=self.layers[i].sinks)  # (B, nh, 1, hs)
 
         logits = self.forward_with(token, positions, pos, attention)  # (B, V)
         cache.seq_len = pos + 1

@@ -13,7 +13,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from .layers import soft_cap
+from .layers import sink_softmax, soft_cap
 from .sdpa import expand_kv
 from .summaries import tile_elements
 from .traced_attention import tiled_attend
@@ -28,12 +28,13 @@ TILE_DEVICES = {"cpu"}
 
 
 def explicit_attend(q: Tensor, k: Tensor, v: Tensor, mask: Mask, may_attend: Tensor | None,
-                    scale: float, dropout_p: float, softcap: float | None) -> Tensor:
-    """`attend`'s path without a trace where SDPA does not serve (a soft cap, or
-    fused=False): a capped model's in tiles (`tiled_attend`) on a CPU where nothing needs
-    its gradient or dropout, its scores outgrow one tile and it runs uncompiled, as fast as
-    SDPA with no (B, nh, T, S) tensor (docs/models.md#soft-capping); else the steps whole
-    (`_whole`)."""
+                    scale: float, dropout_p: float, softcap: float | None,
+                    sinks: Tensor | None = None) -> Tensor:
+    """`attend`'s path without a trace where SDPA does not serve (a soft cap, sinks, or
+    fused=False): a capped model's (or one with sinks) in tiles (`tiled_attend`) on a CPU
+    where nothing needs its gradient or dropout, its scores outgrow one tile and it runs
+    uncompiled, as fast as SDPA with no (B, nh, T, S) tensor (docs/models.md#soft-capping);
+    else the steps whole (`_whole`)."""
     needs_grad = torch.is_grad_enabled() and (q.requires_grad or k.requires_grad
                                               or v.requires_grad)
     # scores that fit one tile are faster whole (the tiles' set-up is most of a small
@@ -41,18 +42,20 @@ def explicit_attend(q: Tensor, k: Tensor, v: Tensor, mask: Mask, may_attend: Ten
     B, nh, T, _ = q.shape
     whole = B * nh * T * k.shape[2] <= tile_elements(q.device) or (
         torch.compiler.is_compiling())
-    if softcap is None or dropout_p > 0.0 or needs_grad or whole or (
+    if (softcap is None and sinks is None) or dropout_p > 0.0 or needs_grad or whole or (
             q.device.type not in TILE_DEVICES) or q.dtype != v.dtype:
-        return _whole(q, k, v, mask, may_attend, scale, dropout_p, softcap)
-    return tiled_attend(q, expand_kv(k, nh), expand_kv(v, nh), mask, may_attend, scale, softcap)
+        return _whole(q, k, v, mask, may_attend, scale, dropout_p, softcap, sinks)
+    return tiled_attend(q, expand_kv(k, nh), expand_kv(v, nh), mask, may_attend, scale, softcap,
+                        sinks)
 
 
 def _whole(q: Tensor, k: Tensor, v: Tensor, mask: Mask, may_attend: Tensor | None,
-           scale: float, dropout_p: float, softcap: float | None = None) -> Tensor:
-    """`attend`'s reference path without a trace, step by step (scale, cap, mask, softmax,
-    dropout, weights @ v). Grouped-query k and v are copied out to every query head, as the
-    traced path's are, so that an edit or a trace of the scores gives this path's output bit
-    for bit (the same products, the same shapes)."""
+           scale: float, dropout_p: float, softcap: float | None = None,
+           sinks: Tensor | None = None) -> Tensor:
+    """`attend`'s reference path without a trace, step by step (scale, cap, mask, softmax
+    (with sinks: `sink_softmax`), dropout, weights @ v). Grouped-query k and v are copied out
+    to every query head, as the traced path's are, so that an edit or a trace of the scores
+    gives this path's output bit for bit (the same products, the same shapes)."""
     k = expand_kv(k, q.shape[1])  # (B, nh, S, hs)
     v = expand_kv(v, q.shape[1])  # (B, nh, S, hs)
     attn_scores = q @ k.transpose(-2, -1)  # (B, nh, T, hs) @ (B, nh, hs, S) -> (B, nh, T, S)
@@ -65,7 +68,7 @@ def _whole(q: Tensor, k: Tensor, v: Tensor, mask: Mask, may_attend: Tensor | Non
         additive_mask = torch.zeros(may_attend.shape, dtype=attn_scores.dtype, device=q.device)
         additive_mask.masked_fill_(~may_attend, float("-inf"))  # (B or 1, 1, T, S)
         scaled_scores.add_(additive_mask)  # (B, nh, T, S)
-    attn_weights = torch.softmax(scaled_scores, dim=-1)  # (B, nh, T, S)
+    attn_weights = sink_softmax(scaled_scores, sinks)  # (B, nh, T, S)
     if mask.empty_rows is not None:
         attn_weights = attn_weights.masked_fill(mask.empty_rows, 0.0)  # (B, nh, T, S)
     if dropout_p > 0.0:

@@ -70,6 +70,9 @@ class GPT(nn.Module):
                 nn.init.normal_(module.weight, mean=0.0, std=std)
             if isinstance(module, nn.Linear) and module.bias is not None:
                 nn.init.zeros_(module.bias)
+        for name, p in self.named_parameters():
+            if name.endswith("attn.sinks"):  # gpt-oss's sink logits, drawn as transformers does
+                nn.init.normal_(p, mean=0.0, std=std)
         # GPT-2: scale the residual projections by 1/sqrt(2 * n_layer) (one per sublayer;
         # each expert's of a mixture, its shared expert's)
         for name, p in self.named_parameters():

@@ -25,7 +25,8 @@ from . import runtime, tf32x3
 #: (docs/performance.md#gelu), and nanoGPT and Pythia use it.
 GELUS = {"tanh": "tanh", "exact": "none"}
 NORMS = ("layernorm", "rmsnorm", "gemma_rmsnorm", "olmo_rmsnorm", "none")
-MLPS = ("gelu", "relu", "swiglu", "geglu", "none")
+MLPS = ("gelu", "relu", "swiglu", "geglu", "clamped_swiglu", "none")
+GATED = ("swiglu", "geglu", "clamped_swiglu")  # the MLP kinds with a gate projection
 # ----------------------------------------------------------------------------- linear
 
 
@@ -102,6 +103,22 @@ def soft_cap(x: Tensor, cap: float | None, *, inplace: bool = False) -> Tensor:
     if inplace and not x.requires_grad:
         return x.div_(cap).tanh_().mul_(cap)
     return torch.tanh(x / cap) * cap
+
+
+def sink_softmax(scores: Tensor, sinks: Tensor | None, dtype: torch.dtype | None = None
+                 ) -> Tensor:
+    """Softmax over the keys of scores (B, heads, rows, keys) with one more logit per head,
+    sinks (heads,), in each row: the sink takes weight and is dropped, so a row's weights sum
+    to less than 1 (gpt-oss's learned attention sinks). transformers' steps: the sink as one
+    more column, the row's max subtracted in the scores' dtype, softmax (in `dtype`, None:
+    the scores'), the column dropped. A row masked everywhere gives the sink all its weight:
+    zeros, never NaN. sinks None: a plain softmax."""
+    if sinks is None:
+        return torch.softmax(scores, dim=-1, dtype=dtype)  # (B, heads, rows, keys)
+    sink = sinks.to(scores.dtype).view(1, -1, 1, 1).expand(*scores.shape[:-1], 1)
+    combined = torch.cat([scores, sink], dim=-1)  # (B, heads, rows, keys + 1)
+    combined = combined - combined.amax(dim=-1, keepdim=True)  # (B, heads, rows, keys + 1)
+    return torch.softmax(combined, dim=-1, dtype=dtype)[..., :-1]  # (B, heads, rows, keys)
 
 
 # ----------------------------------------------------------------------------- norms
@@ -190,10 +207,23 @@ def activation(name: str, approximate: str) -> Any:
     return partial(F.gelu, approximate=approximate)  # a partial pickles, a lambda would not
 
 
+def glu(gate: Tensor, up: Tensor, act: Any, clamp: tuple[float, float] | None = None) -> Tensor:
+    """A gated MLP's hidden activations from its gate's and up projection's outputs (both
+    (..., d_ff)): act(gate) * up, or with clamp = (alpha, limit) gpt-oss's clamped SwiGLU,
+    g * sigmoid(alpha * g) * (u + 1) with g = gate capped at limit and u = up clamped to
+    +-limit (transformers' order of operations)."""
+    if clamp is None:
+        return act(gate) * up  # (..., d_ff)
+    alpha, limit = clamp
+    g = gate.clamp(max=limit)  # (..., d_ff)
+    return (up.clamp(-limit, limit) + 1) * (g * torch.sigmoid(g * alpha))  # (..., d_ff)
+
+
 class MLP(nn.Module):
     """GELU: proj(gelu(fc(x))), or with act="relu" proj(relu(fc(x))) (OPT). Gated
     (gated=True): proj(act(gate(x)) * fc(x)), act SiLU (SwiGLU, gate_act="silu") or GELU
-    (GeGLU, gate_act="gelu": Gemma).
+    (GeGLU, gate_act="gelu": Gemma); with clamp = (alpha, limit) gpt-oss's clamped SwiGLU
+    (`glu`).
 
     fc is the up projection (the only input projection of the GELU form), gate the gate
     projection (Llama's gate_proj), proj the down projection; all (C <-> d_ff).
@@ -202,6 +232,7 @@ class MLP(nn.Module):
     def __init__(
         self, n_embd: int, d_ff: int, *, gated: bool = False, gelu: str = "tanh",
         bias: bool = True, dropout: float = 0.0, gate_act: str = "silu", act: str = "gelu",
+        clamp: tuple[float, float] | None = None,
     ) -> None:
         super().__init__()
         self.fc = Linear(n_embd, d_ff, bias=bias)
@@ -212,6 +243,7 @@ class MLP(nn.Module):
         self.act = act  # the ungated form's: fused into fc's product where it can be
         self.up_act = activation(act, self.approximate)
         self.gate_act = activation(gate_act, self.approximate)
+        self.clamp = clamp  # gpt-oss's (alpha, limit); None: act(gate) * up
 
     def forward(self, x: Tensor, trace: Any = None) -> Tensor:
         """x (B, T, C) -> (B, T, C); `trace` (a layer's seam, `model/trace.py`) records the
@@ -227,7 +259,7 @@ class MLP(nn.Module):
             if trace is not None:
                 pre = trace.record("mlp_pre", pre)
             h = (self.up_act(pre) if self.gate is None
-                 else self.gate_act(pre) * self.fc(x))  # (B, T, d_ff)
+                 else glu(pre, self.fc(x), self.gate_act, self.clamp))  # (B, T, d_ff)
         if trace is not None:
             h = trace.record("mlp_hidden", h)
         return self.dropout(self.proj(h))  # (B, T, C)

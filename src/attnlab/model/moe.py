@@ -1,8 +1,8 @@
 """`MoE`: a sparse mixture of experts in place of a block's MLP (Mixtral, OLMoE, Qwen3-MoE,
-GraniteMoE).
+GraniteMoE, gpt-oss).
 
-A router (one Linear, no bias) scores each token against `n_experts` MLPs; the token goes
-through the `top_k` most probable, whose outputs are summed weighted by their softmax
+A router (one Linear; gpt-oss's with a bias) scores each token against `n_experts` MLPs;
+the token goes through the `top_k` most probable, whose outputs are summed weighted by their softmax
 probabilities (computed in float32), renormalised over the chosen ones where `normalized`
 (Mixtral; GraniteMoE as a softmax of the chosen logits alone: `top_logits`) or left as they
 are (OLMoE), and multiplied in float32 (`wide`: Mixtral) or first rounded to the model's
@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch import Tensor, nn
 
-from .layers import MLP, Linear
+from .layers import GATED, MLP, Linear
 
 if TYPE_CHECKING:
     from .config import GPTConfig
@@ -34,12 +34,12 @@ class MoE(nn.Module):
     def __init__(self, n_embd: int, n_experts: int, top_k: int, normalized: bool,
                  expert: Callable[[int | None], MLP], wide: bool = True,
                  top_logits: bool = False, shared_size: int | None = None,
-                 keep_routing: bool = False) -> None:
+                 keep_routing: bool = False, router_bias: bool = False) -> None:
         """expert(width): a new MLP, `width` wide (None: the config's d_ff)."""
         super().__init__()
         self.top_k, self.normalized, self.wide = top_k, normalized, wide
         self.top_logits = top_logits  # the chosen weights: a softmax of their logits alone
-        self.router = Linear(n_embd, n_experts, bias=False)
+        self.router = Linear(n_embd, n_experts, bias=router_bias)  # gpt-oss's has a bias
         self.experts = nn.ModuleList(expert(None) for _ in range(n_experts))
         # Qwen2-MoE: an expert every token goes through, scaled by sigmoid(its gate's score)
         self.shared = None if shared_size is None else expert(shared_size)
@@ -106,7 +106,7 @@ def idle_parameters(config: GPTConfig) -> int:
     if config.n_experts is None:
         return 0
     C, F = config.n_embd, config.ff_size
-    gated = config.mlp in ("swiglu", "geglu")
+    gated = config.mlp in GATED
     per_expert = (3 if gated else 2) * C * F + (((2 if gated else 1) * F + C) if config.bias
                                                  else 0)
     return config.n_layer * (config.n_experts - config.experts_per_token) * per_expert

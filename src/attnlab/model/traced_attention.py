@@ -7,18 +7,15 @@ softcap) and masked as the reference path does, its softmax, and then either a p
 one (B, nh, T, S) weights tensor a trace keeps or, when only summaries are wanted, its
 reductions (`summaries.Summaries`) and its share of the context, after which it is
 discarded: a trace of summaries alone never holds a (B, nh, T, S) tensor. On a GPU with
-triton, such a trace runs no explicit path at all: the fused path gives the context and
-`summary_kernels.py` the summaries, from q and k with no weight tile in memory
-(`kernel_mask`: masks `build_mask` made), unless the scores are capped, which neither SDPA
-nor those kernels can do: a capped trace takes the tiles here on every device. What a
-summary means is `summaries.py`'s; storing what comes out is `trace.py`'s.
+triton it runs no explicit path: SDPA gives the context and `summary_kernels.py` the
+summaries from q and k (`kernel_mask`: masks `build_mask` made), but where scores are
+capped or softmaxed with sinks, which neither can do. Summaries mean what `summaries.py`
+says; `trace.py` stores them.
 
-Blocks by device: a CPU runs `BLOCK_ROWS` queries at a time (a block's scores stay in its
-cache); a device in `ONE_BLOCK` (CUDA) runs all queries as one block, a few large kernels
-per layer, since many small matrix products leave a GPU waiting on kernel launches
-(docs/performance-gpu.md#trace-on-a-gpu). Streamed summaries go in tiles
-of `summaries.TILE_BYTES` on every device. The choice changes speed, never a result: tests
-run each split on the CPU and compare the weights.
+Blocks by device: a CPU runs `BLOCK_ROWS` queries at a time (its scores stay in cache); CUDA
+(`ONE_BLOCK`) all as one, since small products leave a GPU waiting on launches
+(docs/performance-gpu.md#trace-on-a-gpu); summaries stream in tiles of `summaries.TILE_BYTES`.
+The split changes speed, never a result (tests compare each split's weights on the CPU).
 """
 
 from __future__ import annotations
@@ -31,7 +28,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from . import summary_kernels, tf32x3
-from .layers import soft_cap
+from .layers import sink_softmax, soft_cap
 from .runtime import kept_empty, kept_out, wide
 from .sdpa import fused_attend
 from .summaries import SUMMARY_NAMES, Summaries, tile_elements
@@ -103,15 +100,15 @@ def _block_weights(q: Tensor, key_t: Tensor, scores: Tensor | None, mask: Mask,
                    may_attend: Tensor | None, scale: float, i0: int, i1: int, span: Span,
                    dtype: torch.dtype | None = None, masked_add: Tensor | None = None,
                    picked: Tensor | None = None, out: Tensor | None = None,
-                   softcap: float | None = None) -> Tensor:
+                   softcap: float | None = None, sinks: Tensor | None = None) -> Tensor:
     """Weights (B, heads, i1 - i0, k1 - k0) of queries i0..i1 over the span's keys, from q
     (B, heads, T, hs) and key_t (B, heads, hs, S), or from the raw `scores` when given;
     softmax in `dtype` (None: q's). masked_add: `_masked_add` over the block's masked keys,
     when the caller made it already. picked: the query rows to take (an index into the T, in
     any order) in place of i0..i1. out: memory of at least the block's size (`kept_out`)
     for its scores, and for its weights too where the softmax keeps their dtype (a softmax
-    in place: no fresh block per step). softcap: the scaled scores capped before the mask
-    (`attend`'s). Rows with nothing to attend to come out 0."""
+    in place: no fresh block per step). softcap, sinks (heads,): `attend`'s (the cap before
+    the mask, the sinks in the softmax). Rows with nothing to attend to come out 0."""
     k0, k1, m0 = span
     empty = mask.empty_rows
     in_product = False  # whether the product wrote the mask's -inf itself
@@ -141,7 +138,9 @@ def _block_weights(q: Tensor, key_t: Tensor, scores: Tensor | None, mask: Mask,
         if masked_add is None:
             masked_add = _masked_add(may_attend, i0, i1, picked, m0, k1, block.dtype)
         block[..., m0 - k0:].add_(masked_add)  # (B, heads, rows, masked keys)
-    if out is not None and dtype in (None, block.dtype):
+    if sinks is not None:
+        weights = sink_softmax(block, sinks, dtype)  # (B, heads, rows, keys)
+    elif out is not None and dtype in (None, block.dtype):
         weights = torch.softmax(block, dim=-1, out=block)  # (B, heads, rows, keys)
     else:
         weights = torch.softmax(block, dim=-1, dtype=dtype)  # (B, heads, rows, keys)
@@ -257,18 +256,17 @@ def _summaries(trace: LayerTrace, q: Tensor, S: int, mask: Mask) -> Summaries | 
 
 def traced_attend(q: Tensor, k: Tensor, v: Tensor, mask: Mask, may_attend: Tensor | None,
                   scale: float, dropout_p: float, trace: LayerTrace,
-                  softcap: float | None = None) -> Tensor:
+                  softcap: float | None = None, sinks: Tensor | None = None) -> Tensor:
     """`attend`'s explicit path with a trace: q (B, nh, T, hs), k and v (B, nh, S, hs) with
     the key/value heads already expanded; may_attend: the mask with empty rows let through.
 
     The raw and masked scores are computed whole, and only when the trace wants them. The
     weights are computed block by block: into the one (B, nh, T, S) tensor the trace keeps
     (or an edit or dropout reads), or, for a trace of summaries alone, streamed. Whatever
-    `trace.record` returns is what the computation goes on with. softcap: `attend`'s cap of
-    the scaled scores; the GPU kernels have none, so a capped trace never takes them.
-    """
+    `trace.record` returns is what the computation goes on with. softcap and sinks (nh,):
+    `attend`'s, which the GPU kernels lack: such a trace never takes them."""
     T, S = q.shape[2], k.shape[2]
-    if (softcap is None and dropout_p == 0.0 and T <= S and kernel_mask(mask)
+    if (softcap is None and sinks is None and dropout_p == 0.0 and T <= S and kernel_mask(mask)
             and summary_kernels.available(q)
             and not (trace.wants("attn_scores") or trace.wants("masked_scores"))):
         summarised = any(trace.wants(name) for name in SUMMARY_NAMES)
@@ -284,14 +282,14 @@ def traced_attend(q: Tensor, k: Tensor, v: Tensor, mask: Mask, may_attend: Tenso
     summaries = _summaries(trace, q, S, mask)
     if (summaries is not None and scores is None and dropout_p == 0.0
             and not trace.wants("attn_weights")):  # summaries alone: streamed
-        context = _streamed(q, key_t, v, mask, may_attend, scale, summaries, softcap)
+        context = _streamed(q, key_t, v, mask, may_attend, scale, summaries, softcap, sinks)
         _record_summaries(trace, summaries)
         return context
     rows = block_rows(q)
     spans = (_spans(mask, may_attend, T, S, rows) if masked_by_mask
              else key_spans(None, T, S, rows))
     attn_weights = _whole_weights(q, key_t, scores, mask, may_attend, scale, spans, rows,
-                                  summaries, softcap)
+                                  summaries, softcap, sinks)
     made = attn_weights
     attn_weights = trace.record("attn_weights", attn_weights)
     if summaries is not None and attn_weights is not made:  # edited: what the model uses
@@ -316,7 +314,7 @@ def traced_attend(q: Tensor, k: Tensor, v: Tensor, mask: Mask, may_attend: Tenso
 
 def traced_rows(q: Tensor, k: Tensor, v: Tensor, mask: Mask, may_attend: Tensor | None,
                 scale: float, rows: list[int], trace: LayerTrace,
-                softcap: float | None = None) -> None:
+                softcap: float | None = None, sinks: Tensor | None = None) -> None:
     """The weights of the query `rows` alone, (B, heads, len(rows), S), recorded as
     "attn_weights"; and, when the trace wants summaries, every row's (`traced_attend` with
     the weights hidden from it). q (B, heads, T, hs), k and v (B, heads, S, hs) as
@@ -325,10 +323,12 @@ def traced_rows(q: Tensor, k: Tensor, v: Tensor, mask: Mask, may_attend: Tensor 
     S = key_t.shape[-1]
     picked = torch.tensor(rows, device=q.device)  # (rows,)
     weights = _block_weights(q, key_t, None, mask, may_attend, scale, 0, len(rows), (0, S, 0),
-                             picked=picked, softcap=softcap)  # (B, heads, rows, S)
+                             picked=picked, softcap=softcap,
+                             sinks=sinks)  # (B, heads, rows, S)
     trace.record("attn_weights", weights)
     if any(trace.wants(name) for name in SUMMARY_NAMES):
-        traced_attend(q, k, v, mask, may_attend, scale, 0.0, _WithoutWeights(trace), softcap)
+        traced_attend(q, k, v, mask, may_attend, scale, 0.0, _WithoutWeights(trace), softcap,
+                      sinks)
 
 
 class _WithoutWeights:
@@ -354,7 +354,8 @@ class _WithoutWeights:
 
 def _whole_weights(q: Tensor, key_t: Tensor, scores: Tensor | None, mask: Mask,
                    may_attend: Tensor | None, scale: float, spans: list[Span], rows: int,
-                   summaries: Summaries | None, softcap: float | None = None) -> Tensor:
+                   summaries: Summaries | None, softcap: float | None = None,
+                   sinks: Tensor | None = None) -> Tensor:
     """The (B, nh, T, S) weights, block by block (the summaries reduced from each block):
     one block over every key is the softmax's own result, else a kept buffer filled in."""
     B, nh, T, _ = q.shape
@@ -363,7 +364,7 @@ def _whole_weights(q: Tensor, key_t: Tensor, scores: Tensor | None, mask: Mask,
     dtype = None if summaries is None else wide(q.dtype)
     if len(spans) == 1 and spans[0][:2] == (0, S):
         weights = _block_weights(q, key_t, scores, mask, may_attend, scale, 0, T, spans[0],
-                                 dtype, softcap=softcap)  # (B, nh, T, S)
+                                 dtype, softcap=softcap, sinks=sinks)  # (B, nh, T, S)
         if summaries is not None:
             summaries.add(weights, 0, 0)
         return weights.to(q.dtype)
@@ -375,7 +376,7 @@ def _whole_weights(q: Tensor, key_t: Tensor, scores: Tensor | None, mask: Mask,
         i1 = min(i0 + rows, T)
         block = _block_weights(q, key_t, scores, mask, may_attend, scale, i0, i1,
                                (k0, k1, m0), dtype, out=scratch,
-                               softcap=softcap)  # (B, nh, rows, keys)
+                               softcap=softcap, sinks=sinks)  # (B, nh, rows, keys)
         if summaries is not None:
             summaries.add(block, i0, k0)
         out = attn_weights[:, :, i0:i1]  # (B, nh, rows, S)
@@ -386,18 +387,20 @@ def _whole_weights(q: Tensor, key_t: Tensor, scores: Tensor | None, mask: Mask,
 
 
 def tiled_attend(q: Tensor, k: Tensor, v: Tensor, mask: Mask, may_attend: Tensor | None,
-                 scale: float, softcap: float | None = None) -> Tensor:
+                 scale: float, softcap: float | None = None,
+                 sinks: Tensor | None = None) -> Tensor:
     """`attend`'s explicit steps a tile of queries and heads at a time (`stream_tile`), over
     each tile's keys alone (none past a causal diagonal), the weights discarded: no (B, nh,
-    T, S) tensor. For a soft-capped model's forward without autograd, which SDPA cannot
-    compute (docs/models.md#soft-capping). q (B, nh, T, hs), k and v (B, nh, S, hs) as
-    `traced_attend` takes them; returns the context (B, nh, T, hs)."""
+    T, S) tensor. For a forward without autograd with a soft cap or sinks, which SDPA cannot
+    compute (docs/models.md#soft-capping). q, k, v as `traced_attend` takes them; returns
+    the context (B, nh, T, hs)."""
     key_t = _for_blocks(k).transpose(-2, -1)  # (B, nh, S, hs) -> (B, nh, hs, S)
-    return _streamed(_for_blocks(q), key_t, v, mask, may_attend, scale, None, softcap)
+    return _streamed(_for_blocks(q), key_t, v, mask, may_attend, scale, None, softcap, sinks)
 
 
 def _streamed(q: Tensor, key_t: Tensor, v: Tensor, mask: Mask, may_attend: Tensor | None,
-              scale: float, summaries: Summaries | None, softcap: float | None = None) -> Tensor:
+              scale: float, summaries: Summaries | None, softcap: float | None = None,
+              sinks: Tensor | None = None) -> Tensor:
     """A trace of summaries alone: each tile's weights (`stream_tile`) reduced into
     `summaries` (None: none kept), its context kept, the weights discarded. Returns the
     context (B, nh, T, hs)."""
@@ -414,8 +417,9 @@ def _streamed(q: Tensor, key_t: Tensor, v: Tensor, mask: Mask, may_attend: Tenso
         for h0 in range(0, nh, heads):
             h = slice(h0, h0 + heads)
             weights = _block_weights(q[:, h], key_t[:, h], None, mask, may_attend, scale, i0, i1,
-                                     (k0, k1, m0), dtype, masked_add,
-                                     softcap=softcap)  # (B, heads, rows, keys)
+                                     (k0, k1, m0), dtype, masked_add, softcap=softcap,
+                                     sinks=None if sinks is None else sinks[h]
+                                     )  # (B, heads, rows, keys)
             if summaries is not None:
                 summaries.add(weights, i0, k0, h0)
             # (B, heads, rows, keys) @ (B, heads, keys, hs) -> (B, heads, rows, hs)
