@@ -101,7 +101,7 @@ def test_model_info(setup: tuple[GPT, Tokenizer, TestClient]) -> None:
 def test_openapi_schema_lists_the_api(setup: tuple[GPT, Tokenizer, TestClient]) -> None:
     schema = setup[2].get("/openapi.json").json()
     assert set(schema["paths"]) == {"/api/model", "/api/attention", "/api/generate", "/api/heads",
-                                    "/api/lens"}
+                                    "/api/lens", "/api/routing"}
     body = schema["components"]["schemas"]["GenerateRequest"]["properties"]
     assert body["temperature"]["maximum"] == 5.0 and body["max_new_tokens"]["maximum"] == 40
 

@@ -8,9 +8,10 @@
                             repetition_penalty, no_repeat_ngram_size, seed} -> SSE stream
     POST /api/heads        {text, ablate?} -> head detector scores, next token with heads ablated
     POST /api/lens         {text} -> logit lens: top tokens after each layer
+    POST /api/routing      {text | ids, layers?} -> a mixture of experts' routing per layer
     GET  /openapi.json     the schema (FastAPI); GET /docs renders it (web/docs.html, offline)
 This module assembles the app: the error format (`errors.py`), one router per group of
-routes (`routes/`: page, attention, generate, interventions) over the state they share
+routes (`routes/`: page, attention, generate, interventions, routing) over the state they share
 (`state.py`: limits, request checks, the model lock), and the request-body limit
 (`asgi.py`). What the answers hold is `payloads.py`'s; the model math is `model/`'s, the
 sampling `generate/`'s, and the drawing the page's (`web/app.js`). Starting a server
@@ -81,7 +82,7 @@ def create_app(
     from fastapi import FastAPI
 
     from .errors import ErrorResponse, add_error_handlers
-    from .routes import attention, generate, interventions, page
+    from .routes import attention, generate, interventions, page, routing
 
     state = ViewerState.of(model, tokenizer, meta, config or ServeConfig(), stopping)
     app = FastAPI(
@@ -103,5 +104,6 @@ def create_app(
     app.include_router(attention.router(shared))
     app.include_router(generate.router(shared))
     app.include_router(interventions.router(shared))
+    app.include_router(routing.router(shared))
     app.add_middleware(BodyLimit, max_bytes=state.limits.max_body_bytes)
     return app

@@ -39,8 +39,10 @@ class Bundle:
     entry: str
 
 
-#: the attention view (`show()`): tabs of heatmaps and tokens
-ATTENTION = Bundle(("draw.js", "chips.js", "view_data.js", "view.js"), ("view.css",), "mount")
+#: the attention view (`show()`): tabs of heatmaps and tokens, and a mixture of experts'
+#: routing (the page's routing panel draws it too)
+ATTENTION = Bundle(("draw.js", "chips.js", "view_data.js", "routing.js", "view.js"),
+                   ("view.css", "routing.css"), "mount")
 #: the heads overview (`show(..., summary=True)`): the page's heads panel draws it too
 OVERVIEW = Bundle(("draw.js", "chips.js", "overview.js"), ("view.css", "overview.css"),
                   "mountOverview")

@@ -8,7 +8,9 @@ CDN, no server, no require.js, no network request.
 
 Views (tabs): head view (one layer; one head or all; hover or click a token to see what it
 attends to), model view (every layer x head, click to open), steps (one head's raw scores
--> masked -> softmax), text (tokens coloured by a query's attention). Masked cells are
+-> masked -> softmax), text (tokens coloured by a query's attention), and, for a mixture of
+experts, routing (a token x expert grid per layer and each expert's share of the tokens,
+`web/routing.js`, as the served page's routing panel draws it). Masked cells are
 drawn and labelled as masked, never as weight 0. `show(..., summary=True)` gives the heads
 overview instead (`summary_view.py`, drawn by the page's `web/overview.js`): per-head
 summaries, no weights, any text length.
@@ -39,12 +41,13 @@ from ..model.masks import causal_mask, padding_of_row
 from ..model.trace import Trace
 from ..tokenizers import check_fits
 from .fragment import ATTENTION, View, fragment
+from .payloads import routing_payload
 from .summary_view import summary_view
 
 MAX_CELLS = 1 << 23  # weights embedded at full resolution: about 8 MB before compression
 THUMB = 96  # model view: each head max-pooled to at most this many cells a side
 STEPS_CELLS = 256 * 256  # the steps view is included up to this many cells (T x S)
-VIEWS = ("head", "model", "steps", "text")
+VIEWS = ("head", "model", "steps", "text", "routing")
 PAD_LABEL = "<pad>"  # the label of a padding position (its key column and query row masked)
 
 
@@ -52,12 +55,14 @@ PAD_LABEL = "<pad>"  # the label of a padding position (its key column and query
 
 
 class _ViewTrace(Trace):
-    """A trace that keeps only what a view needs: every layer's weights and mask, and the
-    raw scores of the steps layer (a full trace of GPT-2 small at 1024 tokens is GBs)."""
+    """A trace that keeps only what a view needs: every layer's weights and mask, the raw
+    scores of the steps layer (a full trace of GPT-2 small at 1024 tokens is GBs), and a
+    mixture of experts' routing (`routing`: the model has n_experts)."""
 
-    def __init__(self, steps_layer: int | None) -> None:
+    def __init__(self, steps_layer: int | None, routing: bool = False) -> None:
         super().__init__(names=["attn_weights"] + (["attn_scores"] if steps_layer is not None
-                                                   else []))
+                                                   else []) + (["expert_weights"] if routing
+                                                               else []))
         self.steps_layer = steps_layer
         self.masks: dict[int | None, Tensor] = {}
 
@@ -69,7 +74,8 @@ class _ViewTrace(Trace):
     def record(self, name: str, value: Tensor, layer: int | None = None) -> Tensor:
         if name == "masked_scores":
             self.masks[layer] = ~value[:, 0].isneginf()  # (B, T, S): one mask for all heads
-        elif name == "attn_weights" or (name == "attn_scores" and layer == self.steps_layer):
+        elif name in ("attn_weights", "expert_weights") or (
+                name == "attn_scores" and layer == self.steps_layer):
             super().record(name, value, layer)
         return value  # the seam's protocol: the model continues with the value
 
@@ -105,11 +111,13 @@ def _labels(tokenizer: Any, ids: Sequence[int] | None, tokens: Sequence[str] | N
 
 def _trace_model(model: Any, ids: list[int], steps_layer: int | None,
                  padding: Tensor | None) -> _ViewTrace:
-    """The view's trace of `ids` (T,), with `padding` (T,) 1/0 as the model's attention mask."""
+    """The view's trace of `ids` (T,), with `padding` (T,) 1/0 as the model's attention mask;
+    the routing too where the model is a mixture of experts."""
     device = next(model.parameters()).device
     mask = None if padding is None else padding.to(device)[None]  # (1, T)
-    return _ViewTrace(steps_layer).run(model, torch.tensor([ids], device=device),  # (1, T)
-                                       mask)
+    routing = getattr(model.config, "n_experts", None) is not None
+    return _ViewTrace(steps_layer, routing).run(model, torch.tensor([ids], device=device),
+                                                mask)  # ids as (1, T)
 
 
 # ----------------------------------------------------------------------------- encoding
@@ -209,6 +217,27 @@ def _payload(trace: Trace, labels: list[str], *, row: int, layer: int | None,
     if payload["steps"] is not None:  # a model's soft cap (Gemma 2), named in the steps' title
         payload["steps"]["softcap"] = softcap
     return payload
+
+
+def _routing(trace: Trace, labels: list[str], row: int, padding: Tensor | None,
+             max_cells: int, view: str) -> dict[str, Any]:
+    """{"routing": the routing tab's data} (`payloads.routing_payload`) of batch row `row`:
+    its expert_weights in each layer the trace holds them, in order while they fit
+    `max_cells` (at least one), pads (`padding` (S,) 0) left out of the shares; {} without
+    any (a dense model: its payload carries nothing), which view="routing" refuses."""
+    layers = sorted(lay for lay, name in trace if name == "expert_weights" and lay is not None)
+    if not layers and view == "routing":
+        raise ValueError("view='routing' draws a mixture of experts' routing, and there is "
+                         "none here: the model has one dense MLP a block (n_experts unset), or "
+                         "the trace kept no expert_weights (trace them, or no names filter)")
+    if not layers:
+        return {}
+    T, E = trace.get("expert_weights", layers[0]).shape[1:]
+    layers = layers[: max(1, max_cells // max(1, T * E))]
+    off = len(labels) - T  # the routed tokens are the pass's queries: the last T keys
+    return {"routing": routing_payload(
+        [trace.get("expert_weights", lay)[row] for lay in layers],  # (T, E) each
+        layers, labels[off:], first=off, real=None if padding is None else padding[off:].bool())}
 
 
 def _query_in(query: int | None, S: int) -> int | None:
@@ -354,18 +383,19 @@ def show(
         pieces of `ids` (or of `tokenizer.encode(text)`); ids alone label tokens by id. ids
         may be the (B, T) batch the model ran on: row `row`'s label the tokens. A
         trace holds no ids, so `show(trace)` with none of these labels them #0, #1, ...
-    row: which sequence of the batch. layer, head: what the head view opens on (head may
-        be "all"; default: the first traced layer and head). view: "head", "model",
-        "steps" or "text". query: token position picked first (negative counts from the
-        end). layers: layers embedded at full resolution (default: as many as fit
-        `max_cells` cells, `layer` first). steps: (layer, head)
-        for the steps view (default: the head on show when the trace has its attn_scores
-        and T x S <= STEPS_CELLS). attention_mask: (B, S) 1/0 padding, for a model given a
-        padded batch's ids (it runs the row with it), or for a trace (default: the padding
-        its model ran with); pad positions are masked and labelled PAD_LABEL.
-        scale: the softmax scale, written in the steps view. title: a heading over the view
-        (and the saved page's title; default: none inline, "attnlab · attention of T tokens"
-        saved).
+    row: which sequence of the batch. layer, head: what the head view opens on (head may be
+        "all"; default: the first traced layer and head). view: "head", "model", "steps",
+        "text" or, for a mixture of experts, "routing" (each token's experts and their weights
+        per layer, from the trace's expert_weights). query: token position picked first
+        (negative counts from the end). layers: layers embedded at full resolution (default: as
+        many as fit `max_cells` cells, `layer` first; the routing tab's layers too,
+        T x n_experts cells each). steps: (layer, head) for the steps view (default: the head
+        on show when the trace has its attn_scores and T x S <= STEPS_CELLS). attention_mask:
+        (B, S) 1/0 padding, for a model given a padded batch's ids (it runs the row with it),
+        or for a trace (default: the padding its model ran with); pad positions are masked and
+        labelled PAD_LABEL. scale: the softmax scale, written in the steps view. title: a
+        heading over the view (and the saved page's title; default: none inline, "attnlab ·
+        attention of T tokens" saved).
     summary: the heads overview instead, as the page draws it (`summary_view.py`): a layer
         x head grid per summary (entropy, first-token weight, distance back, largest weight:
         means over the row's real queries) and the most extreme heads, from a trace of the
@@ -401,4 +431,5 @@ def show(
     if view == "steps" and payload["steps"] is None:
         raise ValueError("view='steps' needs the raw scores: trace attn_scores (at most "
                          f"{STEPS_CELLS} cells) or pass steps=(layer, head)")
+    payload |= _routing(trace, labels, row, padding, max_cells, view)  # a mixture of experts
     return View(fragment(ATTENTION, payload, title), title or f"attnlab · attention of {tokens_of}")

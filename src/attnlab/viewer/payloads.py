@@ -1,8 +1,8 @@
 """What the attention viewer's API answers with, as plain data: one text's attention
 weights per layer and head, a generation's token ids one at a time and the server-sent events
 that carry them, head detector scores and the heads overview (per-head summaries) with a
-prediction under ablation, the logit lens, and sample texts that fit a model's tokenizer and
-context (what the page starts from).
+prediction under ablation, the logit lens, a mixture of experts' routing, and sample texts
+that fit a model's tokenizer and context (what the page starts from).
 
 Nothing here knows about routes: validation, limits and locking are `state.py`'s and the
 routes' (`routes/`); the model math is `model/gpt.py`'s, sampling `generate/`'s, the
@@ -285,6 +285,57 @@ def lens_payload(model: Any, tokenizer: Any, ids: list[int], k: int = 3) -> dict
                  for ps, texts in zip(p_row, t_row, strict=True)]
                 for p_row, t_row in zip(table.probs.tolist(), table.texts, strict=True)],
     }
+
+def _significant(t: Tensor, digits: int) -> Any:
+    """Nested lists of t (L, T, E) to `digits` significant digits, in float64 as `_rounded`;
+    0 stays an int 0 (short in JSON). Significant digits, not decimals: a chosen expert's
+    small weight stays above 0, where decimals would round it to a skipped expert's 0."""
+    x = t.double()  # (L, T, E)
+    scale = torch.pow(10.0, digits - 1 - x.abs().clamp_min(1e-300).log10().floor())  # (L, T, E)
+    return [[[w if w else 0 for w in row] for row in layer]
+            for layer in x.mul(scale).round().div(scale).tolist()]
+
+
+def routing_payload(weights: Sequence[Tensor], layers: Sequence[int], tokens: Sequence[str],
+                    *, first: int = 0, real: Tensor | None = None) -> dict[str, Any]:
+    """A mixture of experts' routing of one row as `web/routing.js` draws it, in the page's
+    routing panel (/api/routing's answer) and in show()'s routing tab: per layer of `layers`
+    its `weights` (T, E) (a trace's "expert_weights" of the row: each expert's weight in each
+    token's output, 0 where the token skipped it) to 4 significant digits, and each expert's
+    share of the tokens (the fraction that chose it, 4 decimals: a layer's shares add up to
+    the experts a token chooses, top_k); `tokens` label the T rows, the first one token
+    #`first` (queries after a KV cache); real (T,) bool leaves pads out of the shares."""
+    stacked = torch.stack([w.detach().float().cpu() for w in weights])  # (L, T, E)
+    T, E = stacked.shape[1:]
+    if len(tokens) != T:
+        raise ValueError(f"{len(tokens)} token labels for {T} routed tokens")
+    keep = torch.ones(T, dtype=torch.bool) if real is None else real.cpu().bool()  # (T,)
+    chosen = stacked != 0  # (L, T, E) the experts each token goes through (moe.py)
+    n = int(keep.sum())
+    shares = chosen[:, keep].sum(dim=1) / max(n, 1)  # (L, E)
+    over = f"{n} token{'s' * (n != 1)}" + (" (pads left out)" if n < T else "")
+    return {
+        "layers": list(layers), "tokens": list(tokens), "first": first, "experts": E,
+        "top_k": int(chosen.sum(dim=-1).max()) if T else 0,
+        "weights": _significant(stacked, 4), "shares": _rounded(shares, 4),
+        "note": f"shares of the {over} that chose each expert; weights to 4 significant "
+                "digits",
+    }
+
+
+def routing_answer(model: GPT, ids: Sequence[int], tokenizer: TextTokenizer,
+                   layers: Sequence[int] | None = None) -> dict[str, Any]:
+    """The JSON body of /api/routing: `routing_payload` of `ids` run once with a trace of
+    the routing (up to the last layer asked, its router), each token's text written as
+    `attention_payload`'s tokens, and the ids."""
+    wanted = list(range(model.config.n_layer)) if layers is None else list(
+        dict.fromkeys(layers))
+    idx = torch.tensor([list(ids)], dtype=torch.long, device=model.wte.weight.device)  # (1, T)
+    trace = Trace(layers=wanted, names=["expert_weights"]).run(model, idx)
+    weights = [trace.get("expert_weights", layer)[0] for layer in wanted]  # (T, E) each
+    return {"ids": list(ids),
+            **routing_payload(weights, wanted, tokenizer.pieces(list(ids)))}
+
 
 # what the page shows first when the model can read it (English text, char or BPE tokenizer)
 DEFAULT_TEXT = "The cat sat on the mat. The dog sat on the log."

@@ -35,7 +35,8 @@ class ServeConfig:
     max_new_tokens: int = 1024  # upper bound of `max_new_tokens` (block_size caps it too)
     decimals: int = 5  # attention weights are rounded to this many decimals in JSON
     # weights in one /api/attention answer (layers x heads x T(T+1)/2): 10M fits one layer
-    # of GPT-2 medium (16 heads) at 1024 tokens and keeps all-layer requests from gigabytes
+    # of GPT-2 medium (16 heads) at 1024 tokens and keeps all-layer requests from gigabytes;
+    # and in one /api/routing answer (layers x T x n_experts)
     max_weights: int = 10_000_000
 
     def __post_init__(self) -> None:
@@ -197,6 +198,17 @@ class ViewerState:
             raise RequestError(f"token ids {bad[:5]} are outside the vocabulary [0, {vocab_size})")
         self.check_length(ids)
         return ids
+
+    def layer_count(self, layers: list[int] | None) -> int:
+        """How many layers a request's `layers` asks for (None: every one), once checked to
+        be a non-empty list of the model's layer indices (a repeat counts once)."""
+        n_layer = self.model.config.n_layer
+        if layers is None:
+            return n_layer
+        if not layers or any(not 0 <= i < n_layer for i in layers):
+            raise RequestError(
+                f"layers {layers} must be a non-empty list of layer indices in [0, {n_layer})")
+        return len(set(layers))
 
     def check_length(self, ids: list[int]) -> None:
         """Reject more than block_size tokens."""

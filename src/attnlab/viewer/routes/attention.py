@@ -63,13 +63,7 @@ def checked_request(state: ViewerState, body: AttentionRequest) -> list[int]:
     layers, the size of the answer)."""
     c = state.model.config
     ids = state.request_ids(body.text, body.ids)
-    if body.layers is not None and (
-        not body.layers or any(not 0 <= i < c.n_layer for i in body.layers)
-    ):
-        raise RequestError(
-            f"layers {body.layers} must be a non-empty list of layer indices in [0, {c.n_layer})"
-        )
-    n_layers = c.n_layer if body.layers is None else len(set(body.layers))
+    n_layers = state.layer_count(body.layers)
     n_weights = n_layers * c.n_head * len(ids) * (len(ids) + 1) // 2
     max_weights = state.limits.max_weights
     if n_weights > max_weights:

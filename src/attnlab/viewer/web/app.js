@@ -56,6 +56,7 @@ function switches(c) {
   if (c.qk_norm) out.push("QK-norm");
   if (c.parallel_residual) out.push("parallel residual");
   if (c.sliding_window) out.push(`window ${c.sliding_window}`);
+  if (c.n_experts) out.push(`${c.n_experts} experts, top ${c.experts_per_token}`);  // the Routing panel
   return out;
 }
 

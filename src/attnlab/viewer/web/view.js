@@ -1,5 +1,6 @@
 // attnlab.show()'s view: one self-contained attention view, for a notebook output or an
-// HTML file. viewer/fragment.py inlines draw.js, chips.js, view_data.js and this file into one
+// HTML file. viewer/fragment.py inlines draw.js, chips.js, view_data.js, routing.js (a mixture
+// of experts' routing tab, as the served page's routing panel draws it) and this file into one
 // classic script (no module, no network, no global but window.attnlabView) and calls
 // mount(root, data) with the payload viewer/notebook.py built; several views on one page
 // share nothing but that code. The payload's format and its decoding are view_data.js's.
@@ -9,6 +10,7 @@ import {
   scoreRGB, shown, weightRGB,
 } from "./draw.js";
 import { asButton, clickOnKeys, wireChips } from "./chips.js";
+import { Routing } from "./routing.js";
 import { decode } from "./view_data.js";
 
 // ------------------------------------------------------------------ one mounted view
@@ -61,9 +63,9 @@ class View {
     const { m, state } = this;
     const bar = el("div", "alv-bar");
     const tabs = el("span", "alv-tabs");
-    const names = { head: "head view", model: "model view", steps: "steps", text: "text" };
+    const names = { head: "head view", model: "model view", steps: "steps", text: "text", routing: "routing" };
     for (const v of Object.keys(names)) {
-      if (v === "steps" && !m.steps) continue;
+      if ((v === "steps" && !m.steps) || (v === "routing" && !m.routing)) continue;
       const b = el("button", "alv-tab", names[v]);
       b.type = "button";
       b.dataset.view = v;
@@ -87,14 +89,17 @@ class View {
       tokens: el("div", "alv-tokens"), detail: el("div", "alv-detail"),
       mapBox: el("div", "alv-map"), canvas: el("canvas", "alv-heatmap"), tip: el("div", "alv-tip"),
       grid: el("div", "alv-grid"), stepsBox: el("div", "alv-steps"), legend: el("div", "alv-legend"),
-      rampEnd: el("span"),
+      rampEnd: el("span"), routingBox: el("div", "alv-routing"),
     };
     ui.tip.hidden = true;
     ui.mapBox.append(ui.canvas, ui.tip);
     ui.legend.append(el("span", null, "0"), el("i", "alv-ramp"), ui.rampEnd,
       el("i", "alv-masked"), el("span", null, "masked: may not attend"));
     this.app.replaceChildren(bar, ui.note, ui.tokens, ui.detail, ui.legend, ui.mapBox, ui.grid,
-      ui.stepsBox);
+      ui.stepsBox, ui.routingBox);
+    // a mixture of experts: its routing, opened on the layer on show
+    ui.routing = m.routing ? new Routing(ui.routingBox) : null;
+    ui.routing?.show(m.routing, m.layers[state.li]);
     ui.chips = m.tokens.map((t, p) => {
       const chip = el("span", "alv-tok", shown(t));
       chip.dataset.i = p;
@@ -362,13 +367,15 @@ class View {
     ui.tabs.querySelectorAll("button").forEach((b) => b.classList.toggle("alv-on", b.dataset.view === v));
     ui.layerSel.value = `${state.li}`;
     ui.headSel.value = `${state.head}`;
-    ui.layerSel.hidden = ui.headSel.hidden = v === "model" || v === "steps";
+    ui.layerSel.hidden = ui.headSel.hidden = v === "model" || v === "steps" || v === "routing";
     ui.tokens.hidden = !(v === "head" || v === "text");
     ui.tokens.classList.toggle("alv-flow", v === "text");
-    ui.legend.hidden = v === "steps";
+    ui.legend.hidden = v === "steps" || v === "routing";  // the routing has its own
     ui.rampEnd.textContent = rampEnd(state.rowscale);
-    ui.scaleLabel.hidden = v === "steps";  // the steps draw scores and weights as they are
+    // the steps draw scores and weights as they are; the routing, experts' weights
+    ui.scaleLabel.hidden = v === "steps" || v === "routing";
     ui.mapBox.hidden = ui.grid.hidden = ui.stepsBox.hidden = true;
+    ui.routingBox.hidden = v !== "routing";
     ui.note.textContent = "";
     if (v === "head") this.renderMap();
     if (v === "model") {
@@ -398,7 +405,11 @@ class View {
       const b = e.target.closest("button");
       if (b) { state.view = b.dataset.view; this.render(); }
     });
-    ui.layerSel.addEventListener("change", () => { state.li = Number(ui.layerSel.value); this.render(); });
+    ui.layerSel.addEventListener("change", () => {
+      state.li = Number(ui.layerSel.value);
+      ui.routing?.pick(this.m.layers[state.li]);  // the routing tab opens on that layer too
+      this.render();
+    });
     ui.headSel.addEventListener("change", () => {
       state.head = ui.headSel.value === "all" ? "all" : Number(ui.headSel.value);
       this.render();
