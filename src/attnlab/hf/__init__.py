@@ -60,12 +60,13 @@ from .gemma3 import NEAR_MISSES as GEMMA3_NEAR_MISSES
 from .gpt2 import GPT2
 from .gpt_neo import GPT_NEO
 from .gpt_neox import GPT_NEOX
-from .gpt_oss import GPT_OSS
+from .gpt_oss import GPT_OSS, MXFP4
 from .gptj import GPTJ
 from .granite import GRANITE
 from .granitemoe import GRANITEMOE
 from .llama import LLAMA, MISTRAL
 from .mixtral import MIXTRAL
+from .mxfp4 import Mxfp4Files
 from .olmo2 import OLMO2
 from .olmo3 import OLMO3
 from .olmoe import OLMOE
@@ -216,7 +217,9 @@ def open_hf_weights(path: str | Path, *, dropout: float = 0.0) -> OpenedWeights:
     hf_config = read_hf_config(directory)
     config = config_from_hf(hf_config, dropout=dropout)  # before the weights are opened
     family = family_of(hf_config)
-    files = read_weights(directory)
+    files: TensorFiles | BinTensors | Mxfp4Files = read_weights(directory)
+    if (hf_config.get("quantization_config") or {}).get("quant_method") == MXFP4:
+        files = Mxfp4Files(files)  # gpt-oss's experts, dequantized as they are read
     names = family.weights
     try:
         check_layer_count(config.n_layer, files, names.layer, base=names.base)
@@ -236,7 +239,7 @@ def open_hf_weights(path: str | Path, *, dropout: float = 0.0) -> OpenedWeights:
     return dataclasses.replace(opened, decide=decide)
 
 
-def _opened(config: GPTConfig, files: TensorFiles | BinTensors, family: Family,
+def _opened(config: GPTConfig, files: TensorFiles | BinTensors | Mxfp4Files, family: Family,
             check: bool = True) -> OpenedWeights:
     """`config`'s meta model and the file tensors that fill it, their names, shapes and
     dtypes checked from the headers (`check`)."""

@@ -156,7 +156,8 @@ class Fields:
             if value not in (needed, None, False, {}, []):
                 raise self.refuse(key, value, "attnlab runs decoder-only models; it must be "
                                   f"{'false' if needed is False else 'unset'}")
-        if self.hf.get("quantization_config") is not None:
+        if self.hf.get("quantization_config") is not None and (
+                "quantization_config" not in self.read):  # a family that reads it (gpt-oss)
             raise self.refuse("quantization_config", self.hf["quantization_config"],
                               "attnlab loads unquantized float weights only")
         known = self.read | IRRELEVANT | set(MUST_BE) | set(irrelevant)

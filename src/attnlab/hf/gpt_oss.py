@@ -16,8 +16,8 @@ Its files hold each layer's experts as 3-D tensors, (in, out) per expert: `gate_
 (E, C, 2F) with gate and up columns interleaved and its bias (E, 2F) alike, `down_proj`
 (E, F, C) and its bias (E, C) (`Stacked`, interleaved and transposed). The released
 checkpoints store these four as MXFP4 blocks and scales (`quantization_config` mxfp4),
-which attnlab does not read yet: a dequantized copy (transformers' `Mxfp4Config(
-dequantize=True)` then `save_pretrained`) loads.
+which attnlab dequantizes to bfloat16 as it reads each (`mxfp4.Mxfp4Files`, exact: the
+values transformers' own dequantization gives).
 """
 
 from __future__ import annotations
@@ -42,6 +42,7 @@ WEIGHTS = WeightMap(
 )
 # what transformers' GptOssConfig falls back on where config.json is silent
 DEFAULT_WINDOW = 128
+MXFP4 = "mxfp4"  # the released checkpoints' quant_method: experts as `mxfp4.Mxfp4Files` read
 SWIGLU = {"swiglu_alpha": 1.702, "swiglu_limit": 7.0}
 
 
@@ -71,6 +72,11 @@ def _config(f: Fields) -> dict[str, Any]:
         raise f.refuse("experts_per_token", f.hf["experts_per_token"],
                        f"num_experts_per_tok={experts['experts_per_token']} says otherwise")
     f.get("initial_context_length")  # YaRN's original length, which rope_scaling holds
+    quantized = f.get("quantization_config")
+    if quantized is not None and (not isinstance(quantized, dict)
+                                  or quantized.get("quant_method") != MXFP4):
+        raise f.refuse("quantization_config", quantized, "attnlab reads gpt-oss's float "
+                       "weights, or its experts in MXFP4 (quant_method 'mxfp4'), only")
     attention_bias = f.flag("attention_bias", True)
     return llama_like_config(
         f, max_positions=131072, rope=dict(default_theta=150000.0), bias=True,
