@@ -118,5 +118,5 @@ def test_other_quantizations_are_refused(tmp_path: Path) -> None:
     written = json.loads((directory / "config.json").read_text())
     written["quantization_config"] = {"quant_method": "bitsandbytes"}
     (directory / "config.json").write_text(json.dumps(written))
-    with pytest.raises(ValueError, match="quantization_config.*quant_method 'mxfp4'"):
+    with pytest.raises(ValueError, match=r"quantization_config.*quant_method .mxfp4."):
         load_hf(directory)
