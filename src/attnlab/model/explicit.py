@@ -58,6 +58,12 @@ def _whole(q: Tensor, k: Tensor, v: Tensor, mask: Mask, may_attend: Tensor | Non
     gives this path's output bit for bit (the same products, the same shapes)."""
     k = expand_kv(k, q.shape[1])  # (B, nh, S, hs)
     v = expand_kv(v, q.shape[1])  # (B, nh, S, hs)
+    if q.dtype in (torch.float16, torch.bfloat16):
+        # contiguous, as transformers' cache hands them to its eager attention: a CPU's
+        # 16-bit product may sum in another order for another layout (see
+        # docs/models.md#in-16-bits-bit-for-bit); float32 sums are compared within a
+        # tolerance, where a copy of the cache each decode step would only cost time
+        k, v = k.contiguous(), v.contiguous()  # (B, nh, S, hs) each
     attn_scores = q @ k.transpose(-2, -1)  # (B, nh, T, hs) @ (B, nh, hs, S) -> (B, nh, T, S)
     # Nothing else reads the raw scores, so scale them in place: every (B, nh, T, S) tensor
     # not allocated is one fewer in fresh pages (docs/performance.md#freed-memory).
