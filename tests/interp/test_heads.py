@@ -194,7 +194,7 @@ def test_head_summaries_are_means_over_the_real_query_rows() -> None:
     mask = torch.tensor([[1] * 7, [0, 0, 0, 1, 1, 1, 1]])
     means = head_summaries(model, ids, mask)
     trace = Trace(names=list(SUMMARY_MEANS)).run(model, ids, mask)
-    assert set(means) == set(SUMMARY_MEANS)
+    assert set(means) == set(SUMMARY_MEANS) - {"attn_learned_sink"}  # no sinks: absent
     for name, value in means.items():
         assert value.shape == (2, 4)
         for layer in range(2):

@@ -4,6 +4,9 @@ kept heads and rows, the decode step) giving the same weights and context."""
 
 from __future__ import annotations
 
+import dataclasses
+
+import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -79,7 +82,7 @@ def test_every_path_gives_the_whole_paths_weights_and_context(
                                  None, sinks)  # (B, nh, T, 8)
             trace = Trace(names=["attn_weights"])
             traced = attend(q, k, v, mask, scale=0.3, trace=trace.layer(0), sinks=sinks)
-            streamed = Trace(names=["attn_entropy", "attn_max"])
+            streamed = Trace(names=["attn_entropy", "attn_max", "attn_learned_sink"])
             attend(q, k, v, mask, scale=0.3, trace=streamed.layer(0), sinks=sinks)
     finally:
         summaries.TILE_BYTES["cpu"] = saved
@@ -100,6 +103,12 @@ def test_every_path_gives_the_whole_paths_weights_and_context(
                                entropy * real[..., 0], atol=1e-5, rtol=0)
     torch.testing.assert_close(streamed.get("attn_max", 0) * real[..., 0],
                                weights.amax(-1) * real[..., 0], atol=1e-6, rtol=0)
+    # the sink's share by its own definition: exp(sink) / (sum_j exp(s_ij) + exp(sink))
+    masked = scores if may_attend is None else scores.masked_fill(~may_attend, float("-inf"))
+    sink = sinks.double().view(1, -1, 1)  # (1, nh, 1)
+    share = torch.sigmoid(sink - masked.double().logsumexp(-1))  # (B, nh, T)
+    torch.testing.assert_close(streamed.get("attn_learned_sink", 0).double(),
+                               share * real[..., 0], atol=1e-6, rtol=0)
 
 
 def _sinks_model() -> GPT:
@@ -131,6 +140,14 @@ def test_the_sinks_learn_and_a_cached_decode_is_the_forward() -> None:
     model(ids, trace=sunk)
     weights = sunk.get("attn_weights", 1)  # (B, nh, T, S)
     assert (weights.sum(-1) < 1).all() and weights.sum(-1).min() < 0.5  # the sink's shares
+    padded = Trace(names=["attn_learned_sink"])  # a left pad's row gives its sink nothing
+    model(ids, attention_mask=torch.tensor([[0, 0] + [1] * 10, [1] * 12]), trace=padded)
+    shares = padded.get("attn_learned_sink", 1)  # (B, nh, T)
+    assert (shares[0, :, :2] == 0).all() and (shares[0, :, 2:] > 0).all()
+    plain, none = GPT(dataclasses.replace(model.config, attn_sinks=False)), Trace()
+    plain(ids, trace=none)
+    with pytest.raises(KeyError, match="has no learned sinks"):
+        none.get("attn_learned_sink", 0)
     # a trace of one head alone (the others' context fused) and of some rows alone
     one, rows = Trace(names=["attn_weights"], heads=[2]), Trace(names=["attn_weights"],
                                                                 rows=[3, 9])
@@ -140,3 +157,23 @@ def test_the_sinks_learn_and_a_cached_decode_is_the_forward() -> None:
                                rtol=0)
     torch.testing.assert_close(rows.get("attn_weights", 1), weights[:, :, [3, 9]], atol=1e-6,
                                rtol=0)
+
+
+def test_the_heads_overview_shows_the_learned_sinks_share() -> None:
+    """head_summaries (inspect --summary, show(summary=True), the viewer's overview) holds the
+    mean share of each head's sink, equal to 1 - the weights' row sums; a share on 0..1."""
+    from attnlab.interp.heads import extreme_heads, head_summaries
+    from attnlab.viewer.payloads import overview_payload
+
+    model = _sinks_model()
+    ids = torch.randint(0, 40, (2, 12), generator=torch.Generator().manual_seed(2))
+    means = head_summaries(model, ids)  # {name: (n_layer, nh)}
+    weights = Trace(names=["attn_weights"]).run(model, ids)
+    for layer in range(2):
+        expected = (1 - weights.get("attn_weights", layer).sum(-1)).mean(dim=(0, 2))  # (nh,)
+        torch.testing.assert_close(means["attn_learned_sink"][layer], expected, atol=1e-6,
+                                   rtol=0)
+    data = overview_payload(means, [0, 1], [0, 1, 2, 3], rows=12)
+    assert data["summary_labels"]["attn_learned_sink"] == "weight on the learned sink"
+    assert "attn_learned_sink" in data["summary_shares"]
+    assert any(what == "most weight on the learned sink" for what, _ in extreme_heads(means))

@@ -58,7 +58,8 @@ def test_every_name_has_its_shape() -> None:
     # learned positions: no rotary, so no q/k before rotation; no sandwich norms, so no
     # post-norm outputs (test_trace_names has them)
     assert set(shapes) == set(NAMES) - {"q_pre_rope", "k_pre_rope", "attn_out_normed",
-                                        "mlp_out_normed", "router_logits", "expert_weights"}
+                                        "mlp_out_normed", "router_logits", "expert_weights",
+                                        "attn_learned_sink"}
     for name, shape in shapes.items():
         layer = None if name in ("tok_emb", "pos_emb", "emb", "logits") else 1
         assert tuple(trace.get(name, layer).shape) == shape, name

@@ -60,10 +60,12 @@ SUMMARY_MEANS = {
     "attn_sink": "weight on the first token",
     "attn_distance": "distance back (tokens)",
     "attn_max": "largest weight",
+    # a model with learned attention sinks alone (gpt-oss's); absent elsewhere, so skipped
+    "attn_learned_sink": "weight on the learned sink",
 }
 #: The summaries that are shares of a row's weight: the overviews colour them on 0..1, the
 #: others on 0..their grid's largest value.
-SHARE_SUMMARIES = ("attn_sink", "attn_max")
+SHARE_SUMMARIES = ("attn_sink", "attn_max", "attn_learned_sink")
 
 
 def repeated_tokens(
@@ -280,6 +282,7 @@ def head_summaries(model: Any, ids: Tensor, attention_mask: Tensor | None = None
 #: The most extreme heads `extreme_heads` lists: (summary, largest first, what it says).
 EXTREMES = (
     ("attn_sink", True, "most weight on the first token"),
+    ("attn_learned_sink", True, "most weight on the learned sink"),
     ("attn_entropy", False, "lowest entropy (nats): most peaked"),
     ("attn_distance", True, "longest distance back (tokens)"),
     ("attn_distance", False, "shortest distance back (tokens)"),

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from .summaries import SUMMARY_NAMES
+from .summaries import LEARNED_SINK, SUMMARY_NAMES
 
 if TYPE_CHECKING:
     from .config import GPTConfig
@@ -41,6 +41,8 @@ NAMES: dict[str, str] = {
     "attn_distance": "(B, nh, T) sum_j w_ij (i - j), i the query's key index (cache included; "
                      "none in cross-attention)",
     "attn_max": "(B, nh, T) each query's largest weight",
+    "attn_learned_sink": "(B, nh, T) the weight each query gives its head's learned sink, "
+                         "1 - sum_j w_ij (attn_sinks only: gpt-oss)",
     "context": "(B, nh, T, hs) weighted values: attn_weights @ v, one slice per head",
     "attn_out": "(B, T, C) heads concatenated and projected (absent without out_proj); with "
                 "sandwich norms, before the attention's post-norm; before a "
@@ -74,14 +76,14 @@ MODEL_NAMES = ("tok_emb", "pos_emb", "emb", "logits")
 #: Names whose dimension 1 is a head dimension (sliced by the `heads` filter).
 HEAD_NAMES = frozenset(
     {"q_pre_rope", "k_pre_rope", "q", "k", "v", "attn_scores", "masked_scores",
-     "attn_weights", "attn_weights_dropped", "context", *SUMMARY_NAMES}
+     "attn_weights", "attn_weights_dropped", "context", *SUMMARY_NAMES, LEARNED_SINK}
 )
 #: The (B, nh, T, S) names only attention's explicit path computes: a sink that reads or edits
 #: one needs it.
 WEIGHT_NAMES = frozenset({"attn_scores", "masked_scores", "attn_weights", "attn_weights_dropped"})
 #: Per-head summaries of the weights, streamed in tiles without a (B, nh, T, S) tensor
 #: (`summaries.py`): the explicit path computes them too; they can be read, not edited.
-SUMMARIES = frozenset(SUMMARY_NAMES)
+SUMMARIES = frozenset({*SUMMARY_NAMES, LEARNED_SINK})
 #: A head's inputs, in a word each: what activation patching's `qkv=True` patches
 #: (`interp.patching`), and how its printout and figure name each grid.
 HEAD_INPUTS = {"q": "queries", "k": "keys", "v": "values", "attn_weights": "attention weights"}
@@ -106,6 +108,8 @@ def absent_names(config: GPTConfig) -> dict[str, str]:
                                  "mlp_out_normed"), "it has no MLP")
     elif config.parallel_residual:
         absent["resid_mid"] = "its MLP reads resid_pre (parallel_residual=True)"
+    if not config.attn_sinks:
+        absent[LEARNED_SINK] = "its attention has no learned sinks (attn_sinks=False)"
     if config.n_experts is None:
         absent |= dict.fromkeys(("router_logits", "expert_weights"),
                                 "its MLP is one dense MLP, not a mixture of experts")

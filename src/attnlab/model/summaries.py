@@ -12,6 +12,8 @@ j, and key indices count cached keys too:
     attn_received  (B, nh, S)  sum_i w_ij over the query rows: the weight key j receives
     attn_distance  (B, nh, T)  sum_j w_ij (i - j), i the query's own key index (cached + row)
     attn_max       (B, nh, T)  max_j w_ij
+    attn_learned_sink (B, nh, T)  1 - sum_j w_ij: the weight the head's learned sink takes
+                   (a model with attn_sinks only, gpt-oss's; never a GPU kernel's)
 
 In cross-attention (`Mask.cross`) the queries are no keys: every query row counts and
 attn_distance is refused. A pad query (its own column of attention_mask is 0) counts as a
@@ -32,6 +34,9 @@ from .runtime import wide
 
 #: The summary names, in the order a trace records them (after attn_weights).
 SUMMARY_NAMES = ("attn_entropy", "attn_sink", "attn_received", "attn_distance", "attn_max")
+#: The summary of a model with learned attention sinks alone (`GPTConfig.attn_sinks`), which
+#: the GPU summary kernels never see (a model with sinks takes the explicit path).
+LEARNED_SINK = "attn_learned_sink"
 
 #: Bytes of one float32 tile of weights (B, nh, rows, keys) per device type: the reductions
 #: hold two such temporaries, the traced path's streamed blocks a few more. A CPU tile stays
@@ -58,9 +63,10 @@ class Summaries:
     def __init__(self, names: list[str], shape: tuple[int, int, int, int],
                  padding: Tensor | None, *, dtype: torch.dtype,
                  device: torch.device, cross: bool = False) -> None:
-        unknown = sorted(set(names) - set(SUMMARY_NAMES))
+        unknown = sorted(set(names) - {*SUMMARY_NAMES, LEARNED_SINK})
         if unknown:
-            raise ValueError(f"unknown summaries {unknown}; known: {list(SUMMARY_NAMES)}")
+            raise ValueError(f"unknown summaries {unknown}; known: "
+                             f"{[*SUMMARY_NAMES, LEARNED_SINK]}")
         if cross and "attn_distance" in names:
             raise ValueError(
                 "attn_distance has no meaning in cross-attention (its queries come from "
@@ -85,7 +91,7 @@ class Summaries:
         self.values: dict[str, Tensor] = {
             name: torch.zeros((B, nh, S if name == "attn_received" else T), dtype=self.dtype,
                               device=device)
-            for name in SUMMARY_NAMES if name in names
+            for name in (*SUMMARY_NAMES, LEARNED_SINK) if name in names
         }
 
     def add(self, weights: Tensor, i0: int, k0: int, h0: int = 0) -> None:
@@ -128,6 +134,9 @@ class Summaries:
             out["attn_distance"][:, h, rows] = torch.mul(w, distance, out=scratch).sum(-1)
         if "attn_max" in out:
             out["attn_max"][:, h, rows] = w.amax(-1)  # (B, heads, r)
+        if LEARNED_SINK in out:  # a row with no weight at all (a pad's) gives the sink 0 too
+            kept = w.sum(-1)  # (B, heads, r)
+            out[LEARNED_SINK][:, h, rows] = torch.where(kept > 0, 1 - kept, 0.0)
 
     def _distance(self, i0: int, r: int, k0: int, keys: int) -> Tensor:
         """(r, keys) i - j for query key indices i0.. and keys k0..: exact integers in the

@@ -31,7 +31,7 @@ from . import summary_kernels, tf32x3
 from .layers import sink_softmax, soft_cap
 from .runtime import kept_empty, kept_out, wide
 from .sdpa import fused_attend
-from .summaries import SUMMARY_NAMES, Summaries, tile_elements
+from .summaries import LEARNED_SINK, SUMMARY_NAMES, Summaries, tile_elements
 
 if TYPE_CHECKING:
     from .attention import LayerTrace
@@ -163,11 +163,9 @@ def _masked_add(may_attend: Tensor, i0: int, i1: int, picked: Tensor | None, m0:
 
 
 def _for_blocks(x: Tensor) -> Tensor:
-    """q or k (B, heads, len, hs) as the block products read it. Blocks of it are read many
-    times, so it is laid out contiguous once, except one sequence's on a CPU: there each
-    block is already a batch of matrices with rows of unit stride, which the BLAS reads
-    where they lie, and the copy cost more than it saved
-    (docs/performance.md#trace-on-an-intel-xeon)."""
+    """q or k (B, heads, len, hs) as the block products read it: contiguous once (its blocks
+    are read many times), but one sequence's on a CPU, whose blocks the BLAS reads where they
+    lie (the copy cost more: docs/performance.md#trace-on-an-intel-xeon)."""
     if x.shape[0] == 1 and x.device.type == "cpu" and x.stride(-1) == 1 and 0 not in x.stride():
         return x
     return x.contiguous()
@@ -242,9 +240,10 @@ def _scores(q: Tensor, key_t: Tensor, mask: Mask, trace: LayerTrace
     return scores, scores is made  # edited: its -inf cells, not the mask's, say what is masked
 
 
-def _summaries(trace: LayerTrace, q: Tensor, S: int, mask: Mask) -> Summaries | None:
-    """The summaries the trace wants of this layer, empty, or None when it wants none."""
-    names = [name for name in SUMMARY_NAMES if trace.wants(name)]
+def _summaries(trace: LayerTrace, q: Tensor, S: int, mask: Mask, sinks: bool = False
+               ) -> Summaries | None:
+    """The summaries (empty) the trace wants of the layer, or None; the sinks' if `sinks`."""
+    names = [name for name in (*SUMMARY_NAMES, *[LEARNED_SINK] * sinks) if trace.wants(name)]
     if mask.cross and not trace.named("attn_distance"):  # none in cross-attention (NAMES)
         names = [name for name in names if name != "attn_distance"]
     if not names:
@@ -279,7 +278,7 @@ def traced_attend(q: Tensor, k: Tensor, v: Tensor, mask: Mask, may_attend: Tenso
     scores, masked_by_mask = _scores(q, key_t, mask, trace)
     if not masked_by_mask:
         may_attend = None
-    summaries = _summaries(trace, q, S, mask)
+    summaries = _summaries(trace, q, S, mask, sinks is not None)
     if (summaries is not None and scores is None and dropout_p == 0.0
             and not trace.wants("attn_weights")):  # summaries alone: streamed
         context = _streamed(q, key_t, v, mask, may_attend, scale, summaries, softcap, sinks)
@@ -293,7 +292,7 @@ def traced_attend(q: Tensor, k: Tensor, v: Tensor, mask: Mask, may_attend: Tenso
     made = attn_weights
     attn_weights = trace.record("attn_weights", attn_weights)
     if summaries is not None and attn_weights is not made:  # edited: what the model uses
-        summaries = _summaries(trace, q, S, mask)
+        summaries = _summaries(trace, q, S, mask, sinks is not None)
         assert summaries is not None
         summaries.add(attn_weights, 0, 0)
     if dropout_p > 0.0:
@@ -326,7 +325,7 @@ def traced_rows(q: Tensor, k: Tensor, v: Tensor, mask: Mask, may_attend: Tensor 
                              picked=picked, softcap=softcap,
                              sinks=sinks)  # (B, heads, rows, S)
     trace.record("attn_weights", weights)
-    if any(trace.wants(name) for name in SUMMARY_NAMES):
+    if any(trace.wants(name) for name in (*SUMMARY_NAMES, LEARNED_SINK)):
         traced_attend(q, k, v, mask, may_attend, scale, 0.0, _WithoutWeights(trace), softcap,
                       sinks)
 

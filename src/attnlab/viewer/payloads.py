@@ -233,8 +233,8 @@ def overview_payload(means: dict[str, Tensor], layers: Sequence[int], heads: Seq
     return {
         "summaries": {name: [[_mean(x) for x in row] for row in m.tolist()]
                       for name, m in means.items()},
-        "summary_labels": dict(SUMMARY_MEANS),
-        "summary_shares": list(SHARE_SUMMARIES),
+        "summary_labels": {name: SUMMARY_MEANS[name] for name in means},
+        "summary_shares": [name for name in SHARE_SUMMARIES if name in means],
         "summary_layers": layers,
         "summary_heads": heads,
         "summary_extremes": [
