@@ -317,6 +317,16 @@ CASES: dict[str, tuple[str, dict[str, Any]]] = {
         num_experts_per_tok=3, moe_intermediate_size=16, shared_expert_intermediate_size=32,
         norm_topk_prob=True, qkv_bias=False, use_sliding_window=True, sliding_window=6,
         max_window_layers=1, tie_word_embeddings=True)),
+    # GLM: half of each head turned on adjacent pairs, q/k/v biases, fused gate and up
+    "glm-gqa": ("Glm", dict(**SMALL, num_key_value_heads=2, head_dim=16,
+                            rope_parameters=dict(rope_type="default", rope_theta=5e5,
+                                                 partial_rotary_factor=0.5))),
+    # GLM-4: sandwich norms, heads of 8 (4 dims turned), no attention bias, tied
+    "glm4-sandwich": ("Glm4", dict(
+        **SMALL, num_key_value_heads=4, head_dim=8, attention_bias=False,
+        tie_word_embeddings=True, rms_norm_eps=1e-5,
+        rope_parameters=dict(rope_type="default", rope_theta=1e4,
+                             partial_rotary_factor=0.5))),
     # gpt-oss: sinks, windowed and full layers in turn, YaRN, top 2 of 4 clamped experts
     "gpt_oss-windows": ("GptOss", dict(
         **SMALL, num_key_value_heads=2, head_dim=8, num_local_experts=4, num_experts_per_tok=2,

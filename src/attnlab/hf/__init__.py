@@ -5,7 +5,9 @@ Families (one module each, listed in `FAMILIES`): GPT2LMHeadModel, LlamaForCausa
 MistralForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM, GPTNeoXForCausalLM,
 GemmaForCausalLM, Gemma2ForCausalLM, Gemma3ForCausalLM, PhiForCausalLM, Phi3ForCausalLM,
 Olmo2ForCausalLM, Olmo3ForCausalLM, SmolLM3ForCausalLM, GPTJForCausalLM, GPTNeoForCausalLM,
-OPTForCausalLM, StableLmForCausalLM, GraniteForCausalLM, FalconForCausalLM.
+OPTForCausalLM, StableLmForCausalLM, GraniteForCausalLM, FalconForCausalLM, the mixtures
+MixtralForCausalLM, OlmoeForCausalLM, Qwen3MoeForCausalLM, GraniteMoeForCausalLM,
+Qwen2MoeForCausalLM and GptOssForCausalLM, GlmForCausalLM and Glm4ForCausalLM.
 `registry.py` holds the Family / WeightMap machinery, `fields.py` the config-field
 bookkeeping (every field is honoured, refused by name, or listed there as irrelevant),
 `files.py` the directory reading and writing (the tokenizer files themselves are
@@ -57,6 +59,7 @@ from .gemma import GEMMA
 from .gemma2 import GEMMA2
 from .gemma3 import GEMMA3
 from .gemma3 import NEAR_MISSES as GEMMA3_NEAR_MISSES
+from .glm import GLM, GLM4
 from .gpt2 import GPT2
 from .gpt_neo import GPT_NEO
 from .gpt_neox import GPT_NEOX
@@ -85,7 +88,7 @@ from .stablelm import STABLELM
 FAMILIES: tuple[Family, ...] = (GPT2, LLAMA, MISTRAL, QWEN2, QWEN3, GPT_NEOX, GEMMA, GEMMA2,
                                GEMMA3, PHI, PHI3, OLMO2, OLMO3, SMOLLM3, GPTJ, GPT_NEO, OPT,
                                STABLELM, GRANITE, FALCON, MIXTRAL, OLMOE, QWEN3_MOE,
-                               GRANITEMOE, QWEN2_MOE, GPT_OSS)
+                               GRANITEMOE, QWEN2_MOE, GPT_OSS, GLM, GLM4)
 FAMILY_BY_NAME: dict[str, Family] = {f.name: f for f in FAMILIES}
 
 __all__ = [

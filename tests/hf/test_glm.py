@@ -1,0 +1,46 @@
+"""GLM and GLM-4 beyond the family suite (tests/hf/test_hf_families.py runs their random-weight
+cases through every family test): configs of the released models' shape."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+from benchmarks.loading import hf_shapes, sparse_hf_dir
+
+from attnlab.cli import main
+from attnlab.hf import config_from_hf
+from attnlab.load import inspect_dir
+from helpers import transformers_shapes
+
+# GLM-4-9B-0414's shape (its config.json's fields as THUDM released them)
+GLM4_9B: dict[str, Any] = {
+    "architectures": ["Glm4ForCausalLM"], "attention_bias": True, "attention_dropout": 0.0,
+    "eos_token_id": [151329, 151336, 151338], "head_dim": 128, "hidden_act": "silu",
+    "hidden_size": 4096, "initializer_range": 0.02, "intermediate_size": 13696,
+    "max_position_embeddings": 32768, "model_type": "glm4", "num_attention_heads": 32,
+    "num_hidden_layers": 40, "num_key_value_heads": 2, "pad_token_id": 151329,
+    "partial_rotary_factor": 0.5, "rms_norm_eps": 1e-05, "rope_theta": 10000.0,
+    "tie_word_embeddings": False, "torch_dtype": "bfloat16", "use_cache": True,
+    "vocab_size": 151552,
+}
+# GLM-4-9B-chat-hf's shape: the same body without the branch norms
+GLM_9B = {**GLM4_9B, "architectures": ["GlmForCausalLM"], "model_type": "glm",
+          "max_position_embeddings": 131072, "rms_norm_eps": 1.5625e-07}
+
+
+@pytest.mark.parametrize("hf_config", [GLM4_9B, GLM_9B], ids=["glm4", "glm"])
+def test_a_released_shape_reads_and_its_tensors_are_transformers(
+        hf_config: dict[str, Any], tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    config = config_from_hf(hf_config)
+    assert (config.rotary_pct, config.rope_interleaved, config.qkv_biased, config.out_biased,
+            config.bias) == (0.5, True, True, False, False)
+    assert config.sandwich_norm == (hf_config["model_type"] == "glm4")
+    shapes, count = transformers_shapes(hf_config)
+    assert hf_shapes(hf_config) == shapes
+    directory = sparse_hf_dir(tmp_path / "glm", hf_config, shards=2)
+    info = inspect_dir(directory)
+    assert (info.family, info.parameters) == (hf_config["model_type"], count)
+    assert main(["info", str(directory)]) == 0
+    assert f"{count:,} parameters" in capsys.readouterr().out
