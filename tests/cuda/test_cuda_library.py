@@ -98,6 +98,17 @@ FAMILIES = {
     "qwen2_moe": {"pos": "rope", "norm": "rmsnorm", "mlp": "swiglu", "bias": False,
                   "qkv_bias": True, "out_bias": False, "n_experts": 4, "experts_per_token": 2,
                   "experts_normalized": False, "shared_expert_size": 24},
+    # gpt-oss's: learned attention sinks (the explicit path on every device), windowed and
+    # full layers, clamped SwiGLU experts with biases behind a biased router
+    "gpt_oss": {"pos": "rope", "norm": "olmo_rmsnorm", "mlp": "clamped_swiglu", "bias": True,
+                "n_kv_head": 2, "attn_sinks": True, "sliding_window": 6, "window_layers": [0],
+                "n_experts": 4, "experts_per_token": 2, "experts_from_top_logits": True,
+                "expert_weights_in_float32": False, "router_bias": True, "swiglu_limit": 1.0,
+                "init_std": 0.3},
+    # GLM-4's: half of each head turned on adjacent pairs, q/k/v biases, branch norms
+    "glm4": {"pos": "rope", "norm": "rmsnorm", "mlp": "swiglu", "bias": False, "n_kv_head": 2,
+             "rotary_pct": 0.5, "rope_interleaved": True, "qkv_bias": True, "out_bias": False,
+             "sandwich_norm": True},
 }
 
 
