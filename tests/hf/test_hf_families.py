@@ -327,6 +327,14 @@ CASES: dict[str, tuple[str, dict[str, Any]]] = {
         tie_word_embeddings=True, rms_norm_eps=1e-5,
         rope_parameters=dict(rope_type="default", rope_theta=1e4,
                              partial_rotary_factor=0.5))),
+    # StarCoder2: GPT-2's blocks with GQA, RoPE and a window of 6, tied
+    "starcoder2-window": ("Starcoder2", dict(
+        **SMALL, num_key_value_heads=2, sliding_window=6, norm_epsilon=1e-5,
+        rope_parameters=dict(rope_type="default", rope_theta=1e5))),
+    # no biases, multi-query, exact GELU, untied
+    "starcoder2-mqa": ("Starcoder2", dict(
+        **SMALL, num_key_value_heads=1, use_bias=False, hidden_act="gelu",
+        tie_word_embeddings=False)),
     # gpt-oss: sinks, windowed and full layers in turn, YaRN, top 2 of 4 clamped experts
     "gpt_oss-windows": ("GptOss", dict(
         **SMALL, num_key_value_heads=2, head_dim=8, num_local_experts=4, num_experts_per_tok=2,

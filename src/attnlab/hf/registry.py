@@ -3,13 +3,14 @@ one weight-renaming engine every family declares its names to.
 
 A family (one small module each: gpt2.py, gpt_neo.py, llama.py, qwen2.py, qwen3.py,
 gpt_neox.py, gptj.py, opt.py, the gemma*.py, phi.py, phi3.py, the olmo*.py, smollm3.py,
-stablelm.py, granite.py, falcon.py, glm.py; the mixtures of experts mixtral.py, olmoe.py,
-qwen3_moe.py, qwen2_moe.py, granitemoe.py, gpt_oss.py) is a `Family`: its model_type and
-architecture names, a config mapping each way (`Fields` in, a config.json dict out, which
-`misfits` reads back to know whether the family holds a GPTConfig) and a `WeightMap`
-(attnlab's state-dict names <-> Hugging Face's, with the modules a family fuses into one
-Linear: `Fused`, and a mixture's experts held as one 3-D tensor: `Stacked`). Adding a family is
-one new module and one line in `FAMILIES` (hf/__init__.py). Directory reading is `files.py`'s.
+stablelm.py, granite.py, falcon.py, glm.py, starcoder2.py; the mixtures of experts
+mixtral.py, olmoe.py, qwen3_moe.py, qwen2_moe.py, granitemoe.py, gpt_oss.py) is a `Family`:
+its model_type and architecture names, a config mapping each way (`Fields` in, a config.json
+dict out, which `misfits` reads back to know whether the family holds a GPTConfig) and a
+`WeightMap` (attnlab's state-dict names <-> Hugging Face's, with the modules a family fuses
+into one Linear: `Fused`, and a mixture's experts held as one 3-D tensor: `Stacked`). Adding
+a family is one new module and one line in `FAMILIES` (hf/__init__.py). Directory reading is
+`files.py`'s.
 """
 
 from __future__ import annotations

@@ -1,5 +1,6 @@
-"""GLM and GLM-4 beyond the family suite (tests/hf/test_hf_families.py runs their random-weight
-cases through every family test): configs of the released models' shape."""
+"""GLM, GLM-4 and StarCoder2 beyond the family suite (tests/hf/test_hf_families.py runs their
+random-weight cases through every family test): configs of the released models' shape read
+with the tensor names, shapes and parameter counts transformers' own classes hold."""
 
 from __future__ import annotations
 
@@ -44,3 +45,29 @@ def test_a_released_shape_reads_and_its_tensors_are_transformers(
     assert (info.family, info.parameters) == (hf_config["model_type"], count)
     assert main(["info", str(directory)]) == 0
     assert f"{count:,} parameters" in capsys.readouterr().out
+
+
+# StarCoder2-3B's config.json as BigCode released it (its training code's switches included)
+STARCODER2_3B: dict[str, Any] = {
+    "architectures": ["Starcoder2ForCausalLM"], "attention_dropout": 0.1,
+    "residual_dropout": 0.1, "embedding_dropout": 0.1, "bos_token_id": 0, "eos_token_id": 0,
+    "hidden_act": "gelu_pytorch_tanh", "hidden_size": 3072, "initializer_range": 0.018042,
+    "intermediate_size": 12288, "max_position_embeddings": 16384, "mlp_type": "default",
+    "model_type": "starcoder2", "norm_epsilon": 1e-05, "norm_type": "layer_norm",
+    "num_attention_heads": 24, "num_hidden_layers": 30, "num_key_value_heads": 2,
+    "rope_theta": 999999.4420358813, "sliding_window": 4096, "torch_dtype": "bfloat16",
+    "use_bias": True, "use_cache": True, "vocab_size": 49152,
+}
+
+
+def test_starcoder2_3b_reads_with_transformers_tensors(tmp_path: Path) -> None:
+    config = config_from_hf(STARCODER2_3B)
+    assert (config.norm, config.mlp, config.gelu, config.sliding_window, config.tie_weights,
+            config.n_kv_heads) == ("layernorm", "gelu", "tanh", 4096, True, 2)
+    shapes, count = transformers_shapes(STARCODER2_3B)
+    assert hf_shapes(STARCODER2_3B) == shapes
+    info = inspect_dir(sparse_hf_dir(tmp_path / "sc2", STARCODER2_3B, shards=2))
+    assert (info.family, info.parameters) == ("starcoder2", count)
+    assert 3.0e9 < count < 3.1e9  # "3B"
+    with pytest.raises(ValueError, match="mlp_type"):
+        config_from_hf({**STARCODER2_3B, "mlp_type": "gated"})
