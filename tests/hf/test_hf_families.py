@@ -335,6 +335,17 @@ CASES: dict[str, tuple[str, dict[str, Any]]] = {
     "starcoder2-mqa": ("Starcoder2", dict(
         **SMALL, num_key_value_heads=1, use_bias=False, hidden_act="gelu",
         tie_word_embeddings=False)),
+    # EXAONE 4.0: post-norms alone, QK-norm, three windowed layers with RoPE then a full
+    # NoPE one
+    "exaone4-hybrid": ("Exaone4", dict(
+        **{**SMALL, "num_hidden_layers": 4}, num_key_value_heads=2, head_dim=16,
+        sliding_window=6, sliding_window_pattern=4, tie_word_embeddings=True)),
+    # no window: every layer full and rotating, multi-query (layer_types named: transformers'
+    # default divides by a pattern of 0 without a window)
+    "exaone4-global": ("Exaone4", dict(
+        **SMALL, num_key_value_heads=1, sliding_window=None,
+        layer_types=["full_attention"] * 2,
+        rope_parameters=dict(rope_type="default", rope_theta=1e6))),
     # gpt-oss: sinks, windowed and full layers in turn, YaRN, top 2 of 4 clamped experts
     "gpt_oss-windows": ("GptOss", dict(
         **SMALL, num_key_value_heads=2, head_dim=8, num_local_experts=4, num_experts_per_tok=2,

@@ -71,7 +71,8 @@ YARN = {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 
 IMPORTS = (
     "gpt2, llama, mistral, qwen2, qwen3, gpt_neox, gemma, gemma2, gemma3_text, phi, phi3, "
     "olmo2, olmo3, smollm3, gptj, gpt_neo, opt, stablelm, granite, falcon, mixtral, olmoe, "
-    "qwen3_moe, granitemoe, qwen2_moe, gpt_oss, glm, glm4, starcoder2 (GPT2LMHeadModel, "
+    "qwen3_moe, granitemoe, qwen2_moe, gpt_oss, glm, glm4, starcoder2, exaone4 "
+    "(GPT2LMHeadModel, "
     "LlamaForCausalLM, "
     "MistralForCausalLM, "
     "Qwen2ForCausalLM, Qwen3ForCausalLM, GPTNeoXForCausalLM, GemmaForCausalLM, "
@@ -79,7 +80,8 @@ IMPORTS = (
     "Olmo3ForCausalLM, SmolLM3ForCausalLM, GPTJForCausalLM, GPTNeoForCausalLM, OPTForCausalLM, "
     "StableLmForCausalLM, GraniteForCausalLM, FalconForCausalLM, MixtralForCausalLM, "
     "OlmoeForCausalLM, Qwen3MoeForCausalLM, GraniteMoeForCausalLM, Qwen2MoeForCausalLM, "
-    "GptOssForCausalLM, GlmForCausalLM, Glm4ForCausalLM, Starcoder2ForCausalLM)"
+    "GptOssForCausalLM, GlmForCausalLM, Glm4ForCausalLM, Starcoder2ForCausalLM, "
+    "Exaone4ForCausalLM)"
 )
 REFUSED: list[tuple[str, Any, str]] = [
     ("hidden_act", lambda: {**hf_dict("Llama", **SMALL), "hidden_act": "gelu"},

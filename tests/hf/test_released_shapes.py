@@ -1,6 +1,6 @@
-"""GLM, GLM-4 and StarCoder2 beyond the family suite (tests/hf/test_hf_families.py runs their
-random-weight cases through every family test): configs of the released models' shape read
-with the tensor names, shapes and parameter counts transformers' own classes hold."""
+"""GLM, GLM-4, StarCoder2 and EXAONE 4.0 beyond the family suite (test_hf_families.py runs
+their random-weight cases through every family test): configs of the released models' shape
+read with the tensor names, shapes and parameter counts transformers' own classes hold."""
 
 from __future__ import annotations
 
@@ -71,3 +71,40 @@ def test_starcoder2_3b_reads_with_transformers_tensors(tmp_path: Path) -> None:
     assert 3.0e9 < count < 3.1e9  # "3B"
     with pytest.raises(ValueError, match="mlp_type"):
         config_from_hf({**STARCODER2_3B, "mlp_type": "gated"})
+
+
+# EXAONE-4.0-1.2B's shape (global attention on every layer, Llama 3's RoPE scaling) and
+# EXAONE-4.0-32B's (three windowed layers of 4,096 then a full NoPE one, its pattern a string)
+EXAONE4_1B: dict[str, Any] = {
+    "architectures": ["Exaone4ForCausalLM"], "bos_token_id": 1, "eos_token_id": 361,
+    "head_dim": 64, "hidden_act": "silu", "hidden_size": 2048, "initializer_range": 0.02,
+    "intermediate_size": 4096, "layer_types": ["full_attention"] * 30,
+    "max_position_embeddings": 65536, "model_type": "exaone4", "num_attention_heads": 32,
+    "num_hidden_layers": 30, "num_key_value_heads": 8, "pad_token_id": 0,
+    "rms_norm_eps": 1e-05, "rope_scaling": {
+        "factor": 16.0, "high_freq_factor": 4.0, "low_freq_factor": 1.0,
+        "original_max_position_embeddings": 8192, "rope_type": "llama3"},
+    "rope_theta": 1000000, "sliding_window": None, "sliding_window_pattern": None,
+    "tie_word_embeddings": True, "vocab_size": 102400,
+}
+EXAONE4_32B = {
+    **EXAONE4_1B, "hidden_size": 5120, "intermediate_size": 27392, "num_attention_heads": 40,
+    "num_hidden_layers": 64, "layer_types": ["sliding_attention"] * 3 + ["full_attention"],
+    "sliding_window": 4096, "sliding_window_pattern": "LLLG", "tie_word_embeddings": False,
+}
+EXAONE4_32B["layer_types"] = EXAONE4_32B["layer_types"] * 16
+
+
+@pytest.mark.parametrize("hf_config", [EXAONE4_1B, EXAONE4_32B], ids=["1.2b", "32b"])
+def test_exaone4_shapes_read_with_transformers_tensors(hf_config: dict[str, Any],
+                                                       tmp_path: Path) -> None:
+    config = config_from_hf(hf_config)
+    full = [i for i, t in enumerate(hf_config["layer_types"]) if t == "full_attention"]
+    windowed = hf_config["sliding_window"] is not None
+    assert config.nope_layers == (full if windowed else None)
+    assert config.sliding_window == hf_config["sliding_window"]
+    assert (config.qk_norm, config.pre_norm, config.sandwich_norm) == (True, False, True)
+    shapes, count = transformers_shapes(hf_config)
+    assert hf_shapes(hf_config) == shapes
+    info = inspect_dir(sparse_hf_dir(tmp_path / "exaone", hf_config, shards=2))
+    assert (info.family, info.parameters) == ("exaone4", count)

@@ -7,8 +7,8 @@ GemmaForCausalLM, Gemma2ForCausalLM, Gemma3ForCausalLM, PhiForCausalLM, Phi3ForC
 Olmo2ForCausalLM, Olmo3ForCausalLM, SmolLM3ForCausalLM, GPTJForCausalLM, GPTNeoForCausalLM,
 OPTForCausalLM, StableLmForCausalLM, GraniteForCausalLM, FalconForCausalLM, the mixtures
 MixtralForCausalLM, OlmoeForCausalLM, Qwen3MoeForCausalLM, GraniteMoeForCausalLM,
-Qwen2MoeForCausalLM and GptOssForCausalLM, GlmForCausalLM, Glm4ForCausalLM and
-Starcoder2ForCausalLM.
+Qwen2MoeForCausalLM and GptOssForCausalLM, GlmForCausalLM, Glm4ForCausalLM,
+Starcoder2ForCausalLM and Exaone4ForCausalLM.
 `registry.py` holds the Family / WeightMap machinery, `fields.py` the config-field
 bookkeeping (every field is honoured, refused by name, or listed there as irrelevant),
 `files.py` the directory reading and writing (the tokenizer files themselves are
@@ -46,6 +46,7 @@ from ..tokenizers.hf_dir import (
     load_hf_tokenizer,
     read_hf_config,
 )
+from .exaone4 import EXAONE4
 from .falcon import FALCON
 from .files import (
     MAX_SHARD_SIZE,
@@ -90,7 +91,8 @@ from .starcoder2 import STARCODER2
 FAMILIES: tuple[Family, ...] = (GPT2, LLAMA, MISTRAL, QWEN2, QWEN3, GPT_NEOX, GEMMA, GEMMA2,
                                GEMMA3, PHI, PHI3, OLMO2, OLMO3, SMOLLM3, GPTJ, GPT_NEO, OPT,
                                STABLELM, GRANITE, FALCON, MIXTRAL, OLMOE, QWEN3_MOE,
-                               GRANITEMOE, QWEN2_MOE, GPT_OSS, GLM, GLM4, STARCODER2)
+                               GRANITEMOE, QWEN2_MOE, GPT_OSS, GLM, GLM4, STARCODER2,
+                               EXAONE4)
 FAMILY_BY_NAME: dict[str, Family] = {f.name: f for f in FAMILIES}
 
 __all__ = [
