@@ -326,6 +326,7 @@ def modern_switches(n_layer: int = 2) -> Any:
             "embedding_multiplier": draw(st.sampled_from([1.0, 3.0])),
             "residual_multiplier": draw(st.sampled_from([1.0, 0.5])),
             "logits_scaling": draw(st.sampled_from([1.0, 2.0])),
+            "logit_scale": draw(st.sampled_from([1.0, 0.25])),  # Cohere's
         }
         if pos == "rope":
             switches["rotary_pct"] = draw(st.sampled_from([1.0, 0.5]))
@@ -337,6 +338,7 @@ def modern_switches(n_layer: int = 2) -> Any:
         switches["shared_norm"] = switches["parallel_residual"] and draw(st.booleans())
         switches["qk_norm_whole"] = switches["qk_norm"] and draw(st.booleans())
         switches["rope_in_float32"] = pos == "rope" and draw(st.booleans())
+        switches["rope_tables_rounded"] = switches["rope_in_float32"] and draw(st.booleans())
         switches["rope_interleaved"] = pos == "rope" and draw(st.booleans())
         if switches["mlp"] != "none" and draw(st.booleans()):  # a mixture of 3 experts
             normalized = draw(st.booleans())

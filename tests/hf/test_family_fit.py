@@ -106,7 +106,8 @@ OTHER: dict[str, Any] = dict(
     bias={True: False, False: True}, experts_per_token=1,
     experts_normalized=True, experts_from_top_logits=True,  # the one needs the other
     expert_weights_in_float32={True: False, False: True}, shared_expert_size=None,
-    router_bias={True: False, False: True}, swiglu_alpha=2.0, swiglu_limit=3.0)
+    router_bias={True: False, False: True}, swiglu_alpha=2.0, swiglu_limit=3.0,
+    rope_tables_rounded={True: False, False: True})
 
 
 def _same_model_spelled_otherwise(config: GPTConfig) -> GPTConfig:

@@ -346,6 +346,16 @@ CASES: dict[str, tuple[str, dict[str, Any]]] = {
         **SMALL, num_key_value_heads=1, sliding_window=None,
         layer_types=["full_attention"] * 2,
         rope_parameters=dict(rope_type="default", rope_theta=1e6))),
+    # Command-R: parallel blocks on one unbiased LayerNorm, RoPE on pairs, logits x 0.25, tied
+    "cohere-gqa": ("Cohere", dict(**SMALL, num_key_value_heads=2, logit_scale=0.25,
+                                  layer_norm_eps=1e-5)),
+    # attention biases, untied, logit_scale 1
+    "cohere-bias": ("Cohere", dict(**SMALL, attention_bias=True, tie_word_embeddings=False,
+                                   logit_scale=1.0)),
+    # Command R7B: three windowed RoPE layers, then a full NoPE one
+    "cohere2-hybrid": ("Cohere2", dict(
+        **{**SMALL, "num_hidden_layers": 4}, num_key_value_heads=2, sliding_window=6,
+        logit_scale=0.5)),
     # gpt-oss: sinks, windowed and full layers in turn, YaRN, top 2 of 4 clamped experts
     "gpt_oss-windows": ("GptOss", dict(
         **SMALL, num_key_value_heads=2, head_dim=8, num_local_experts=4, num_experts_per_tok=2,
@@ -575,6 +585,8 @@ def _rounding_as_attnlabs(hf: Any, vocab: int, monkeypatch: pytest.MonkeyPatch) 
         monkeypatch.setattr(modeling_falcon.FalconLinear, "forward", linear)
         if hf.dtype == torch.float16:  # bfloat16 rounds these test models' two ways alike
             assert not torch.equal(hf(ids, attention_mask=mask).logits, before)
+    if hf.config.model_type in ("cohere", "cohere2"):
+        _cohere_sum_as_attnlabs(hf, ids, mask, monkeypatch)
     if hf.config.model_type == "gpt_oss":
         _oss_experts_as_attnlabs(hf, ids, mask, monkeypatch)
         kept = [p for name, p in hf.named_parameters() if "norm" in name and p.dtype != hf.dtype]
@@ -585,6 +597,21 @@ def _rounding_as_attnlabs(hf: Any, vocab: int, monkeypatch: pytest.MonkeyPatch) 
             for p in kept:
                 p.data = p.data.to(hf.dtype).to(p.dtype)
             assert not torch.equal(hf(ids, attention_mask=mask).logits, before)
+
+
+def _cohere_sum_as_attnlabs(hf: Any, ids: Any, mask: Any, monkeypatch: pytest.MonkeyPatch
+                            ) -> None:
+    """Cohere's parallel block adds (x + attn) + mlp, attnlab's (mlp + attn) + x (GPT-NeoX's
+    order, which every parallel family shares): given to transformers' layers, checked to
+    change its logits."""
+    def summed(module: Any, hidden_states: Any, **kwargs: Any) -> Any:
+        h = module.input_layernorm(hidden_states)
+        attn, _ = module.self_attn(hidden_states=h, **kwargs)
+        return module.mlp(h) + attn + hidden_states
+
+    before = hf(ids, attention_mask=mask).logits
+    monkeypatch.setattr(type(hf.model.layers[0]), "forward", summed)
+    assert not torch.equal(hf(ids, attention_mask=mask).logits, before)
 
 
 def _oss_experts_as_attnlabs(hf: Any, ids: Any, mask: Any, monkeypatch: pytest.MonkeyPatch

@@ -71,7 +71,8 @@ YARN = {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 
 IMPORTS = (
     "gpt2, llama, mistral, qwen2, qwen3, gpt_neox, gemma, gemma2, gemma3_text, phi, phi3, "
     "olmo2, olmo3, smollm3, gptj, gpt_neo, opt, stablelm, granite, falcon, mixtral, olmoe, "
-    "qwen3_moe, granitemoe, qwen2_moe, gpt_oss, glm, glm4, starcoder2, exaone4 "
+    "qwen3_moe, granitemoe, qwen2_moe, gpt_oss, glm, glm4, starcoder2, exaone4, cohere, "
+    "cohere2 "
     "(GPT2LMHeadModel, "
     "LlamaForCausalLM, "
     "MistralForCausalLM, "
@@ -81,7 +82,7 @@ IMPORTS = (
     "StableLmForCausalLM, GraniteForCausalLM, FalconForCausalLM, MixtralForCausalLM, "
     "OlmoeForCausalLM, Qwen3MoeForCausalLM, GraniteMoeForCausalLM, Qwen2MoeForCausalLM, "
     "GptOssForCausalLM, GlmForCausalLM, Glm4ForCausalLM, Starcoder2ForCausalLM, "
-    "Exaone4ForCausalLM)"
+    "Exaone4ForCausalLM, CohereForCausalLM, Cohere2ForCausalLM)"
 )
 REFUSED: list[tuple[str, Any, str]] = [
     ("hidden_act", lambda: {**hf_dict("Llama", **SMALL), "hidden_act": "gelu"},

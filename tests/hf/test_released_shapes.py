@@ -108,3 +108,20 @@ def test_exaone4_shapes_read_with_transformers_tensors(hf_config: dict[str, Any]
     assert hf_shapes(hf_config) == shapes
     info = inspect_dir(sparse_hf_dir(tmp_path / "exaone", hf_config, shards=2))
     assert (info.family, info.parameters) == ("exaone4", count)
+
+
+@pytest.mark.parametrize("arch", ["Cohere", "Cohere2"])
+def test_cohere_defaults_read_as_transformers_builds_them(arch: str, tmp_path: Path) -> None:
+    """A config.json naming only its class reads as transformers' defaults (CohereConfig's are
+    Command-R's 35B shape; Cohere2Config's windows three layers in four, the fourth NoPE) with
+    its tensor names, shapes and count."""
+    hf_config = {"architectures": [f"{arch}ForCausalLM"], "model_type": arch.lower()}
+    config = config_from_hf(hf_config)
+    assert (config.logit_scale, config.parallel_residual, config.shared_norm,
+            config.norm_biased, config.rope_interleaved) == (0.0625, True, True, False, True)
+    if arch == "Cohere2":
+        assert (config.sliding_window, config.nope_layers) == (4096, list(range(3, 40, 4)))
+    shapes, count = transformers_shapes(hf_config)
+    assert hf_shapes(hf_config) == shapes
+    info = inspect_dir(sparse_hf_dir(tmp_path / arch, hf_config, shards=2))
+    assert (info.family, info.parameters) == (arch.lower(), count)

@@ -8,7 +8,7 @@ Olmo2ForCausalLM, Olmo3ForCausalLM, SmolLM3ForCausalLM, GPTJForCausalLM, GPTNeoF
 OPTForCausalLM, StableLmForCausalLM, GraniteForCausalLM, FalconForCausalLM, the mixtures
 MixtralForCausalLM, OlmoeForCausalLM, Qwen3MoeForCausalLM, GraniteMoeForCausalLM,
 Qwen2MoeForCausalLM and GptOssForCausalLM, GlmForCausalLM, Glm4ForCausalLM,
-Starcoder2ForCausalLM and Exaone4ForCausalLM.
+Starcoder2ForCausalLM, Exaone4ForCausalLM, CohereForCausalLM and Cohere2ForCausalLM.
 `registry.py` holds the Family / WeightMap machinery, `fields.py` the config-field
 bookkeeping (every field is honoured, refused by name, or listed there as irrelevant),
 `files.py` the directory reading and writing (the tokenizer files themselves are
@@ -46,6 +46,7 @@ from ..tokenizers.hf_dir import (
     load_hf_tokenizer,
     read_hf_config,
 )
+from .cohere import COHERE, COHERE2
 from .exaone4 import EXAONE4
 from .falcon import FALCON
 from .files import (
@@ -92,7 +93,7 @@ FAMILIES: tuple[Family, ...] = (GPT2, LLAMA, MISTRAL, QWEN2, QWEN3, GPT_NEOX, GE
                                GEMMA3, PHI, PHI3, OLMO2, OLMO3, SMOLLM3, GPTJ, GPT_NEO, OPT,
                                STABLELM, GRANITE, FALCON, MIXTRAL, OLMOE, QWEN3_MOE,
                                GRANITEMOE, QWEN2_MOE, GPT_OSS, GLM, GLM4, STARCODER2,
-                               EXAONE4)
+                               EXAONE4, COHERE, COHERE2)
 FAMILY_BY_NAME: dict[str, Family] = {f.name: f for f in FAMILIES}
 
 __all__ = [

@@ -132,7 +132,7 @@ def residual_parts(model: Any, ids: Tensor, attention_mask: Tensor | None = None
 
 def _read(model: Any, x: Tensor) -> Tensor:
     """(B, T, C) residual -> (B, T, V) logits through the final norm, the model's own head
-    product (unembed, divided by a logits_scaling) and its logit cap (final_logit_softcapping,
+    product (unembed, scaled as its logits are) and its logit cap (final_logit_softcapping,
     as the model caps), so the last layer's are bit-equal to the model's logits."""
     logits = unembed_scaled(model, model.ln_f(x))  # (B, T, V)
     return soft_cap(logits, model.config.final_logit_softcapping, inplace=True)  # (B, T, V)
@@ -290,9 +290,9 @@ def logit_attribution(
     share, beta = _frozen(model.ln_f, final)
 
     def direct(part: Tensor) -> Tensor:
-        """(B, C) part of the final residual -> (B,) its term of the target logit (Granite's
-        logits divided by logits_scaling)."""
-        return (share(part) * w_u).sum(-1) / c.logits_scaling  # (B,)
+        """(B, C) part of the final residual -> (B,) its term of the target logit (scaled as
+        the model scales its logits: Granite's, Cohere's)."""
+        return c.scaled_logits((share(part) * w_u).sum(-1))  # (B,)
 
     terms = [_layer_terms(block, trace, layer, position, direct)
              for layer, block in enumerate(model.blocks)]
@@ -303,11 +303,11 @@ def logit_attribution(
     bias = (beta * w_u).sum(-1) if beta is not None else torch.zeros_like(emb)  # (B,)
     if model.lm_head.bias is not None:  # the head's own (Phi)
         bias = bias + model.lm_head.bias[target].to(dtype)  # (B,)
-    bias = bias / c.logits_scaling  # (B,)
+    bias = c.scaled_logits(bias)  # (B,)
     # the model's logit, the head at this position only
     last = model.ln_f(trace.get("block_out", c.n_layer - 1)[:, position])  # (B, C)
     logit = model.lm_head(last).to(dtype).gather(-1, target[:, None])[:, 0]  # (B,)
-    return Attribution(emb, heads, attn_bias, mlp, bias, logit / c.logits_scaling)
+    return Attribution(emb, heads, attn_bias, mlp, bias, c.scaled_logits(logit))
 
 
 def _layer_terms(block: Block, trace: Trace, layer: int, position: int,

@@ -236,7 +236,8 @@ class CausalSelfAttention(nn.Module):
         qk_norm: a norm (weight (hs,), eps `norm_eps`) on each head's q and k before RoPE
             (Qwen3, Gemma 3): `qk_norm_kind` "rmsnorm", "gemma_rmsnorm" or "olmo_rmsnorm"; with
             `qk_norm_whole`, one over each token's whole q (d_out) and k (OLMo 2).
-        rope_in_float32: q and k rotated in float32 and cast back (OLMo's rounding).
+        rope_in_float32: q and k rotated in float32 and cast back (OLMo's rounding);
+            rope_tables_rounded: by cos and sin rounded to their dtype first (Cohere's).
         rope_pairs: RoPE turns adjacent pairs of dims (GPT-J's layout), not halves.
         scores_in_float32: `attend`'s `wide` (GPT-J's and GPT-Neo's scores).
         rope_names: record q_pre_rope / k_pre_rope on calls without `rope` too (a RoPE
@@ -275,6 +276,7 @@ class CausalSelfAttention(nn.Module):
         softcap: float | None = None,
         qk_norm_whole: bool = False,
         rope_in_float32: bool = False,
+        rope_tables_rounded: bool = False,
         rope_names: bool = False,
         rope_pairs: bool = False,
         scores_in_float32: bool = False,
@@ -309,6 +311,7 @@ class CausalSelfAttention(nn.Module):
         # over each head's hs, or (qk_norm_whole, OLMo 2) each token's whole q and k
         q_dim, k_dim = (d_out, d_kv) if qk_norm_whole else (self.head_size, self.head_size)
         self.qk_norm_whole, self.rope_in_float32 = qk_norm_whole, rope_in_float32
+        self.rope_tables_rounded = rope_tables_rounded
         self.rope_pairs, self.scores_in_float32 = rope_pairs, scores_in_float32
         # a RoPE model's layer names q_pre_rope / k_pre_rope even where it turns nothing (NoPE)
         self.rope_names = rope_names
@@ -360,7 +363,7 @@ class CausalSelfAttention(nn.Module):
             q = trace.record("q_pre_rope", q)  # a NoPE layer's: q itself
             k = trace.record("k_pre_rope", k)
         if rope is not None:
-            how = self.rope_in_float32, self.rope_pairs
+            how = self.rope_in_float32, self.rope_pairs, self.rope_tables_rounded
             q, k = apply_rotary(q, *rope, *how), apply_rotary(k, *rope, *how)  # same shapes
         if kv_cache is not None:
             k, v = kv_cache.update(pos, k, v)  # (B, nkv, S, hs) with S = pos + S_new

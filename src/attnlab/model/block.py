@@ -41,6 +41,7 @@ class Block(nn.Module):
             out_proj=c.attn_out_proj, dropout=c.dropout, scale=c.attn_scale,
             qk_norm=c.qk_norm, qk_norm_whole=c.qk_norm_whole, norm_eps=c.norm_eps,
             rope_in_float32=c.rope_in_float32, rope_names=c.pos == "rope",
+            rope_tables_rounded=c.rope_tables_rounded,
             rope_pairs=c.rope_interleaved, scores_in_float32=c.scores_in_float32,
             qk_norm_kind=c.norm if c.norm in ("gemma_rmsnorm", "olmo_rmsnorm") else "rmsnorm",
             softcap=c.attn_logit_softcapping, sinks=c.attn_sinks,

@@ -10,10 +10,13 @@ from __future__ import annotations
 import dataclasses
 import math
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from .layers import GELUS, MLPS, NORMS
 from .rope import check_rope_scaling
+
+if TYPE_CHECKING:
+    from torch import Tensor
 
 
 @dataclass
@@ -67,6 +70,9 @@ class GPTConfig:
     # q and k rotated in float32 and cast back (OLMo's), not in their own dtype (Llama's): the
     # same in float32, not in 16 bits
     rope_in_float32: bool = False
+    # with rope_in_float32: cos and sin rounded to the model's dtype before that float32
+    # rotation (Cohere's), not kept in float32 (OLMo's); float32: the same
+    rope_tables_rounded: bool = False
     # RoPE turns adjacent pairs of dims (GPT-J's rotate_every_two), not the two halves of the
     # rotated part (Llama's and GPT-NeoX's rotate_half)
     rope_interleaved: bool = False
@@ -103,6 +109,7 @@ class GPTConfig:
     embedding_multiplier: float = 1.0
     residual_multiplier: float = 1.0
     logits_scaling: float = 1.0
+    logit_scale: float = 1.0  # logits times this (Cohere's logit_scale); 1.0: none
     # a sparse mixture of n_experts MLPs (each of the `mlp` kind, d_ff wide) in every block,
     # each token through the experts_per_token its router ranks first, weighted by their
     # softmax probabilities, renormalised over the chosen where experts_normalized (Mixtral:
@@ -178,7 +185,8 @@ class GPTConfig:
         self._check_modern()
 
     def _check_modern(self) -> None:
-        for name in ("embedding_multiplier", "residual_multiplier", "logits_scaling"):
+        for name in ("embedding_multiplier", "residual_multiplier", "logits_scaling",
+                     "logit_scale"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int | float) or not (
                     math.isfinite(value) and value > 0):
@@ -209,6 +217,7 @@ class GPTConfig:
                                  "attention, 30.0 for logits), or None for no cap")
         check_rope_scaling(self.rope_scaling, theta=self.rope_theta,
                            rotary_dims=rotary_dims if self.pos == "rope" else None)
+        # (rope_tables_rounded refines rope_in_float32: idle without it, whatever pos is)
         for name in ("rope_in_float32", "rope_interleaved"):
             if getattr(self, name) and self.pos != "rope":
                 raise ValueError(f"{name}=True says how RoPE turns q and k: it needs "
@@ -297,6 +306,16 @@ class GPTConfig:
     def n_kv_heads(self) -> int:
         return self.n_head if self.n_kv_head is None else self.n_kv_head
 
+    def scaled_logits(self, logits: Tensor, inplace: bool = False) -> Tensor:
+        """The head's output as logits: divided by logits_scaling (Granite), times
+        logit_scale (Cohere), each where it is not 1; in place where `inplace`."""
+        if self.logits_scaling != 1.0:
+            logits = logits.div_(self.logits_scaling) if inplace else (
+                logits / self.logits_scaling)
+        if self.logit_scale != 1.0:
+            logits = logits.mul_(self.logit_scale) if inplace else logits * self.logit_scale
+        return logits
+
     @property
     def swiglu_clamp(self) -> tuple[float, float] | None:
         """"clamped_swiglu"'s (alpha, limit) for `layers.glu`; None for every other MLP."""
@@ -335,6 +354,8 @@ class GPTConfig:
             fields["window_layers"] = [i for i in range(self.n_layer) if self.window_of(i)]
         idle = {"rope_theta", "rotary_pct", "rope_scaling", "rope_in_float32", "rope_interleaved",
                 "nope_layers", "local_rope_theta"} if self.pos != "rope" else set()
+        # the tables are rounded to the dtype either way without a float32 rotation
+        idle |= {"rope_tables_rounded"} if not self.rope_in_float32 else set()
         idle |= {"gelu"} if self.mlp not in ("gelu", "geglu") else set()
         idle |= {"swiglu_alpha", "swiglu_limit"} if self.mlp != "clamped_swiglu" else set()
         idle |= {"norm_bias"} if self.norm != "layernorm" else set()

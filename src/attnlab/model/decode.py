@@ -273,7 +273,7 @@ class DecodeStep:
                 q, k = layer.q_norm(q), layer.k_norm(k)  # per head, or (OLMo 2) whole
             rope = ropes[layer.window is not None] if c.rotates(i) else None
             if rope is not None:
-                how = c.rope_in_float32, c.rope_interleaved  # (B, nh|nkv, 1, hs) each
+                how = c.rope_in_float32, c.rope_interleaved, c.rope_tables_rounded
                 q, k = apply_rotary(q, *rope, *how), apply_rotary(k, *rope, *how)
             a = attention(i, layer.window, q, k, v)  # (B, nh, 1, hs)
             a = a.view(B, nh * hs)  # (B, nh * hs)
@@ -292,8 +292,7 @@ class DecodeStep:
                 m = branch_scaled(m, scale)  # (B, C)
                 x = x + m if c.residual else m
         logits = self.lm_head(_apply(self.ln_f, x))  # (B, V)
-        if c.logits_scaling != 1.0:  # Granite
-            logits = logits.div_(c.logits_scaling)  # (B, V)
+        logits = c.scaled_logits(logits, inplace=True)  # (B, V): Granite's, Cohere's
         return soft_cap(logits, c.final_logit_softcapping, inplace=True)  # (B, V)
 
     def tensors(self) -> list[Tensor]:

@@ -367,11 +367,10 @@ _HEAD_COLUMNS = 512  # vocabulary entries per product in unembed
 
 
 def unembed_scaled(model: GPT, x: Tensor) -> Tensor:
-    """x (B, T, C) -> the logits (B, T, V) before any cap: `unembed`, divided by
-    logits_scaling where the model has one (Granite)."""
+    """x (B, T, C) -> the logits (B, T, V) before any cap: `unembed`, scaled where the model
+    scales them (Granite's logits_scaling, Cohere's logit_scale: `GPTConfig.scaled_logits`)."""
     logits = unembed(model.lm_head, x)  # (B, T, V)
-    scaling = model.config.logits_scaling
-    return logits if scaling == 1.0 else logits.div_(scaling)  # (B, T, V)
+    return model.config.scaled_logits(logits, inplace=True)  # (B, T, V)
 
 
 def unembed(head: nn.Linear, x: Tensor) -> Tensor:

@@ -349,15 +349,18 @@ def rotate_pairs(x: Tensor) -> Tensor:
 
 
 def apply_rotary(x: Tensor, cos: Tensor, sin: Tensor, wide: bool = False,
-                 pairs: bool = False) -> Tensor:
+                 pairs: bool = False, rounded: bool = False) -> Tensor:
     """Rotate the first rd = cos.shape[-1] dims of x (B, heads, T, hs) by cos/sin (B or 1, 1,
     T, rd); the other hs - rd dims pass through. cos/sin are cast to x's dtype first, as
     Hugging Face's Llama does, or with `wide` x's rotated dims are rotated in float32 and
-    cast back, as its OLMo does (`GPTConfig.rope_in_float32`). `pairs`: the dims turn in
-    adjacent pairs, cos/sin in `Rotary`'s interleaved layout (`GPTConfig.rope_interleaved`)."""
+    cast back, as its OLMo does (`GPTConfig.rope_in_float32`), with `rounded` by cos/sin
+    rounded to x's dtype first, as its Cohere does (`rope_tables_rounded`). `pairs`: the dims
+    turn in adjacent pairs, cos/sin in `Rotary`'s interleaved layout (`rope_interleaved`)."""
     rd = cos.shape[-1]
     turn = rotate_pairs if pairs else rotate_half
     if wide and x.dtype in (torch.bfloat16, torch.float16):
+        if rounded:  # (B or 1, 1, T, rd) float32 again, holding x's dtype's values
+            cos, sin = cos.to(x.dtype).float(), sin.to(x.dtype).float()
         rot = x[..., :rd]  # (B, heads, T, rd): times float32 cos and sin, in float32
         turned = (rot * cos + turn(rot) * sin).to(x.dtype)  # (B, heads, T, rd)
         return turned if rd == x.shape[-1] else torch.cat((turned, x[..., rd:]), dim=-1)
