@@ -177,3 +177,16 @@ def test_the_heads_overview_shows_the_learned_sinks_share() -> None:
     assert data["summary_labels"]["attn_learned_sink"] == "weight on the learned sink"
     assert "attn_learned_sink" in data["summary_shares"]
     assert any(what == "most weight on the learned sink" for what, _ in extreme_heads(means))
+
+
+def test_the_steps_figure_names_the_sink() -> None:
+    pytest.importorskip("matplotlib")
+    from attnlab import viz
+
+    model = _sinks_model()
+    trace = Trace(names=["attn_scores", "masked_scores", "attn_weights"]).run(
+        model, torch.arange(6)[None])
+    fig = viz.plot_attention_steps(*(trace.get(n, 0)[0, 0] for n in (
+        "attn_scores", "masked_scores", "attn_weights")), list("abcdef"), scale=0.25,
+        sinks=True)
+    assert fig.axes[2].get_title() == "softmax([masked × 0.25, sink])"

@@ -326,14 +326,15 @@ def test_overview_cells_are_picked_by_pointer_and_keyboard_per_view(
 def test_the_steps_of_a_capped_model_name_its_cap(browser: Any, tmp_path: Path) -> None:
     """A Gemma-2-style model's weights are softmax(cap * tanh(masked * s / cap)): the steps
     view said softmax(masked * s) for it. Its payload now carries the cap and the third
-    panel's caption names it; an uncapped model's caption is as before."""
+    panel's caption names it; an uncapped model's caption is as before, and a model with
+    learned sinks (gpt-oss's) names its sink beside the keys."""
     captions = []
-    for cap in (2.0, None):
+    for cap, sinks in ((2.0, False), (None, False), (None, True)):
         torch.manual_seed(0)
         capped = GPT(GPTConfig.from_name("nano", vocab_size=TOK.vocab_size, block_size=64,
-                                         attn_logit_softcapping=cap)).eval()
+                                         attn_logit_softcapping=cap, attn_sinks=sinks)).eval()
         view = show(capped, TOK, text="the cat sat", view="steps")
-        page_path = tmp_path / f"steps{cap}.html"
+        page_path = tmp_path / f"steps{cap}{sinks}.html"
         page_path.write_text("<!doctype html><meta charset='utf-8'><body>" + view.html
                              + "</body>")
         with offline(browser, page_path) as seen:
@@ -343,3 +344,4 @@ def test_the_steps_of_a_capped_model_name_its_cap(browser: Any, tmp_path: Path) 
             assert seen.problems == []
     assert "softmax(2·tanh(masked × 0.3536 / 2))" in captions[0], captions
     assert "softmax(masked × 0.3536)" in captions[1], captions
+    assert "softmax([masked × 0.3536, sink])" in captions[2], captions

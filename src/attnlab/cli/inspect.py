@@ -393,7 +393,8 @@ def _draw(kinds: list[str], formats: list[str], out: Path, trace: Any, c: Any,
             fig = None  # one figure per kind, refilled head after head: its ticks built once
             for i, (la, h) in enumerate(pairs):
                 fig, stem = _head_figure(kind, fig, head_of, la, h, tokens, query, c.score_scale,
-                                         group, may_attend[la], c.attn_logit_softcapping)
+                                         group, may_attend[la], c.attn_logit_softcapping,
+                                         c.attn_sinks)
                 save(fig, stem, close=i == len(pairs) - 1)
     if bar is not None:
         bar.close()
@@ -406,11 +407,12 @@ def _draw(kinds: list[str], formats: list[str], out: Path, trace: Any, c: Any,
 def _head_figure(kind: str, into: Any, head_of: Callable[[str, int, int], Any], la: int,
                  h: int, tokens: list[str], query: int, scale: float,
                  group: int = 1, may_attend: Any = None,
-                 softcap: float | None = None) -> tuple[Any, str]:
+                 softcap: float | None = None, sinks: bool = False) -> tuple[Any, str]:
     """The figure of `kind` for layer `la`, head `h` (`into` refilled when given), and the
     name of its file. group: query heads per key/value head (grouped-query attention).
     may_attend: the layer's (T, S) mask, hatched in weights and masked scores (default the
-    causal future). softcap: the model's attention soft cap, named in the steps' title."""
+    causal future). softcap, sinks: the model's attention soft cap and whether it has learned
+    sinks, named in the steps' title."""
     from .. import viz
 
     where = f"layer {la}, head {h}"
@@ -426,7 +428,8 @@ def _head_figure(kind: str, into: Any, head_of: Callable[[str, int, int], Any], 
     if kind == "steps":
         return viz.plot_attention_steps(
             head_of("attn_scores", la, h), head_of("masked_scores", la, h),
-            head_of("attn_weights", la, h), tokens, scale=scale, softcap=softcap, title=where,
+            head_of("attn_weights", la, h), tokens, scale=scale, softcap=softcap, sinks=sinks,
+            title=where,
             may_attend=may_attend, into=into,
         ), f"steps_L{la}_H{h}"
     if kind == "qkv":

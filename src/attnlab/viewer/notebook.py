@@ -154,7 +154,7 @@ def _payload(trace: Trace, labels: list[str], *, row: int, layer: int | None,
              head: int | str | None,
              view: str, query: int | None, layers: Sequence[int] | None, max_cells: int,
              attention_mask: Tensor | None, steps: tuple[int | None, int] | None,
-             scale: float | None, info: str, softcap: float | None = None) -> dict[str, Any]:
+             scale: float | None, info: str, config: Any = None) -> dict[str, Any]:
     traced = sorted({lay for lay, n in trace if n == "attn_weights"},
                     key=lambda lay: -1 if lay is None else lay)
     if not traced:
@@ -214,8 +214,10 @@ def _payload(trace: Trace, labels: list[str], *, row: int, layer: int | None,
         "precision": "weights to 1/254 of each row's largest",
         "steps": _steps(trace, row, traced, head_labels, steps, scale),
     }
-    if payload["steps"] is not None:  # a model's soft cap (Gemma 2), named in the steps' title
-        payload["steps"]["softcap"] = softcap
+    if payload["steps"] is not None:  # a model's soft cap (Gemma 2) and learned sinks
+        payload["steps"].update(  # (gpt-oss), named in the steps' title
+            softcap=getattr(config, "attn_logit_softcapping", None),
+            sinks=bool(getattr(config, "attn_sinks", False)))
     return payload
 
 
@@ -426,8 +428,7 @@ def show(
     info = ", ".join(x for x in (info, tokens_of) if x)
     payload = _payload(trace, labels, row=row, layer=layer, head=head, view=view, query=query,
                        layers=layers, max_cells=max_cells, attention_mask=attention_mask,
-                       steps=steps, scale=scale, info=info, softcap=getattr(
-                           getattr(source, "config", None), "attn_logit_softcapping", None))
+                       steps=steps, scale=scale, info=info, config=getattr(source, "config", None))
     if view == "steps" and payload["steps"] is None:
         raise ValueError("view='steps' needs the raw scores: trace attn_scores (at most "
                          f"{STEPS_CELLS} cells) or pass steps=(layer, head)")

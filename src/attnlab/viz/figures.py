@@ -150,10 +150,11 @@ def plot_attention_steps(
     may_attend: ArrayLike | None = None,
     into: Figure | None = None,
     softcap: float | None = None,
+    sinks: bool = False,
 ) -> Figure:
     """Attention's three steps side by side: raw scores q @ k^T, masked, scaled softmax
-    (of the scores capped at `softcap`, cap * tanh(x / cap), where the model caps them: its
-    title says so).
+    (of the scores capped at `softcap`, cap * tanh(x / cap), where the model caps them, and
+    with the head's learned sink beside the keys where `sinks`: its title says so).
 
     The masked scores and the weights hatch the cells where `may_attend` (T, S) is False,
     default where the masked scores are -inf (the causal future, a window, padding).
@@ -169,8 +170,9 @@ def plot_attention_steps(
     else:
         fig, axes = into, _panels(into, 3, "plot_attention_steps")
     scaled = "masked × scale" if scale is None else f"masked × {scale:.3g}"
-    softmax = f"softmax({scaled})" if softcap is None else (
-        f"softmax({softcap:g}·tanh({scaled} / {softcap:g}))")
+    if softcap is not None:
+        scaled = f"{softcap:g}·tanh({scaled} / {softcap:g})"
+    softmax = f"softmax([{scaled}, sink])" if sinks else f"softmax({scaled})"
     names = names or ("raw scores  q @ kᵀ", "masked  (-inf above the diagonal)", softmax)
     for ax, v, kind, name in zip(axes, values, ("scores", "masked", "weights"), names,
                                  strict=True):

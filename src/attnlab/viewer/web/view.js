@@ -307,10 +307,12 @@ class View {
 
   // ------------------------------------------------------------ steps
   renderSteps() {
-    // softmax(masked × s), of the scores capped first where the model caps them (Gemma 2)
+    // softmax(masked × s), of the scores capped first where the model caps them (Gemma 2),
+    // with the head's learned sink beside the keys where it has one (gpt-oss)
     const softmaxOf = (s) => {
-      const scaled = `masked${s.scale === null ? " × scale" : ` × ${s.scale.toPrecision(4)}`}`;
-      return s.softcap ? `softmax(${s.softcap}·tanh(${scaled} / ${s.softcap}))` : `softmax(${scaled})`;
+      let scaled = `masked${s.scale === null ? " × scale" : ` × ${s.scale.toPrecision(4)}`}`;
+      if (s.softcap) scaled = `${s.softcap}·tanh(${scaled} / ${s.softcap})`;
+      return s.sinks ? `softmax([${scaled}, sink])` : `softmax(${scaled})`;
     };
     const { m } = this;
     const s = m.steps;
