@@ -46,6 +46,16 @@ SHAPES: dict[str, tuple[str, dict[str, Any]]] = {
         hidden_size=1024, moe_intermediate_size=512, num_experts=32, num_experts_per_tok=4,
         norm_topk_prob=True, vocab_size=32000, tie_word_embeddings=True, rms_norm_eps=1e-6,
         max_position_embeddings=4096)),
+    # gpt-oss's make at 0.7B (attention sinks, windows of 128 on every other layer, 32 clamped
+    # experts 512 wide with biases, top 4): not in the default run, MODELS_DECODE_SHAPES picks
+    # it; transformers runs its eager attention (it has no SDPA for sinks)
+    "gpt-oss-0.7b": ("GptOss", dict(
+        num_hidden_layers=12, num_attention_heads=16, num_key_value_heads=4, head_dim=64,
+        hidden_size=1024, intermediate_size=512, num_local_experts=32, num_experts_per_tok=4,
+        vocab_size=32000, sliding_window=128, max_position_embeddings=4096,
+        rope_parameters={"rope_type": "yarn", "rope_theta": 150000.0, "factor": 32.0,
+                         "beta_fast": 32.0, "beta_slow": 1.0, "truncate": False,
+                         "original_max_position_embeddings": 4096})),
     "llama-toy": ("Llama", dict(  # --quick
         num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, hidden_size=32,
         intermediate_size=48, vocab_size=97, tie_word_embeddings=True,
