@@ -190,3 +190,17 @@ def test_the_steps_figure_names_the_sink() -> None:
         "attn_scores", "masked_scores", "attn_weights")), list("abcdef"), scale=0.25,
         sinks=True)
     assert fig.axes[2].get_title() == "softmax([masked × 0.25, sink])"
+
+
+def test_a_sink_at_minus_infinity_is_no_sink() -> None:
+    """Every sink set to -inf: the logits of the same weights' model without sinks, bit for
+    bit on the explicit path (the intervention docs/interventions.md names)."""
+    model = _sinks_model()
+    plain = GPT(dataclasses.replace(model.config, attn_sinks=False)).eval()
+    plain.load_state_dict({k: v for k, v in model.state_dict().items()
+                           if not k.endswith("attn.sinks")})
+    ids = torch.randint(0, 40, (2, 10), generator=torch.Generator().manual_seed(3))
+    with torch.no_grad():
+        for block in model.blocks:
+            block.attn.sinks.fill_(float("-inf"))
+        assert torch.equal(model(ids).logits, plain(ids, fused=False).logits)
