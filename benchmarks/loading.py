@@ -43,7 +43,8 @@ LLAMA_70B: dict[str, Any] = {
 LLAMA_1B = {**LLAMA_70B, "hidden_size": 2048, "intermediate_size": 8192,
             "num_hidden_layers": 16, "num_attention_heads": 32, "num_key_value_heads": 8,
             "vocab_size": 32000, "max_position_embeddings": 4096, "rope_scaling": None}
-SAFETENSORS_NAMES = {torch.bfloat16: "BF16", torch.float16: "F16", torch.float32: "F32"}
+SAFETENSORS_NAMES = {torch.bfloat16: "BF16", torch.float16: "F16", torch.float32: "F32",
+                     torch.uint8: "U8"}
 
 
 def hf_shapes(hf_config: Mapping[str, Any]) -> dict[str, tuple[int, ...]]:

@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 import torch
-from benchmarks.loading import sparse_hf_dir
+from benchmarks.loading import hf_shapes, sparse_hf_dir
 
 from attnlab import load_hf
 from attnlab.cli import main
@@ -120,3 +120,32 @@ def test_other_quantizations_are_refused(tmp_path: Path) -> None:
     (directory / "config.json").write_text(json.dumps(written))
     with pytest.raises(ValueError, match=r"quantization_config.*quant_method .mxfp4."):
         load_hf(directory)
+
+
+def test_the_released_quantized_directory_opens_as_20b_parameters(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """gpt-oss-20b's directory as released, its experts as MXFP4 bytes (a sparse file of its
+    tensors' names, shapes and dtypes): `attnlab info` counts the dequantized model's
+    parameters, nothing read, and says what loading it in bfloat16 needs."""
+    from benchmarks.loading import write_safetensors
+
+    shapes = hf_shapes({k: v for k, v in GPT_OSS_20B.items() if k != "quantization_config"})
+    floats, packed = {}, {}
+    for name, shape in shapes.items():
+        if name.endswith(EXPERTS):  # (E, in, out) -> blocks (E, out, in / 32, 16), scales
+            E, n_in, n_out = shape
+            packed[f"{name}_blocks"] = (E, n_out, n_in // 32, 16)
+            packed[f"{name}_scales"] = (E, n_out, n_in // 32)
+        else:
+            floats[name] = shape
+    directory = tmp_path / "gpt-oss-20b"
+    directory.mkdir()
+    write_safetensors(directory / "model-00001-of-00002.safetensors", floats)
+    write_safetensors(directory / "model-00002-of-00002.safetensors", packed, torch.uint8)
+    index = {**dict.fromkeys(floats, "model-00001-of-00002.safetensors"),
+             **dict.fromkeys(packed, "model-00002-of-00002.safetensors")}
+    (directory / "model.safetensors.index.json").write_text(json.dumps({"weight_map": index}))
+    (directory / "config.json").write_text(json.dumps(GPT_OSS_20B))
+    assert inspect_dir(directory).parameters == 20_914_757_184
+    assert main(["info", str(directory)]) == 0
+    assert "20,914,757,184 parameters" in capsys.readouterr().out
