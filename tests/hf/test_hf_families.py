@@ -356,6 +356,20 @@ CASES: dict[str, tuple[str, dict[str, Any]]] = {
     "cohere2-hybrid": ("Cohere2", dict(
         **{**SMALL, "num_hidden_layers": 4}, num_key_value_heads=2, sliding_window=6,
         logit_scale=0.5)),
+    # Seed-OSS: q/k/v biases (its default), head_dim 16, GQA
+    "seed_oss-qkv-bias": ("SeedOss", dict(**SMALL, num_key_value_heads=2, head_dim=16)),
+    # every bias off but the output projection's and the MLP's, tied
+    "seed_oss-out-bias": ("SeedOss", dict(
+        **SMALL, num_key_value_heads=4, head_dim=8, attention_bias=False,
+        attention_out_bias=True, mlp_bias=True, tie_word_embeddings=True)),
+    # ERNIE 4.5: RoPE on pairs in float32, tied (its default), GQA
+    "ernie4_5-tied": ("Ernie4_5", dict(**SMALL, num_key_value_heads=2, head_dim=8)),
+    # every bias on, untied
+    "ernie4_5-bias": ("Ernie4_5", dict(**SMALL, head_dim=8, use_bias=True,
+                                       tie_word_embeddings=False)),
+    # Helium: RoPE on pairs, norms scaled in float32, q/k/v biases
+    "helium-bias": ("Helium", dict(**SMALL, num_key_value_heads=4, head_dim=8,
+                                   attention_bias=True, rms_norm_eps=1e-6)),
     # gpt-oss: sinks, windowed and full layers in turn, YaRN, top 2 of 4 clamped experts
     "gpt_oss-windows": ("GptOss", dict(
         **SMALL, num_key_value_heads=2, head_dim=8, num_local_experts=4, num_experts_per_tok=2,

@@ -72,7 +72,7 @@ IMPORTS = (
     "gpt2, llama, mistral, qwen2, qwen3, gpt_neox, gemma, gemma2, gemma3_text, phi, phi3, "
     "olmo2, olmo3, smollm3, gptj, gpt_neo, opt, stablelm, granite, falcon, mixtral, olmoe, "
     "qwen3_moe, granitemoe, qwen2_moe, gpt_oss, glm, glm4, starcoder2, exaone4, cohere, "
-    "cohere2 "
+    "cohere2, seed_oss, ernie4_5, helium "
     "(GPT2LMHeadModel, "
     "LlamaForCausalLM, "
     "MistralForCausalLM, "
@@ -82,7 +82,8 @@ IMPORTS = (
     "StableLmForCausalLM, GraniteForCausalLM, FalconForCausalLM, MixtralForCausalLM, "
     "OlmoeForCausalLM, Qwen3MoeForCausalLM, GraniteMoeForCausalLM, Qwen2MoeForCausalLM, "
     "GptOssForCausalLM, GlmForCausalLM, Glm4ForCausalLM, Starcoder2ForCausalLM, "
-    "Exaone4ForCausalLM, CohereForCausalLM, Cohere2ForCausalLM)"
+    "Exaone4ForCausalLM, CohereForCausalLM, Cohere2ForCausalLM, SeedOssForCausalLM, "
+    "Ernie4_5ForCausalLM, HeliumForCausalLM)"
 )
 REFUSED: list[tuple[str, Any, str]] = [
     ("hidden_act", lambda: {**hf_dict("Llama", **SMALL), "hidden_act": "gelu"},

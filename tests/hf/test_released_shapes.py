@@ -125,3 +125,19 @@ def test_cohere_defaults_read_as_transformers_builds_them(arch: str, tmp_path: P
     assert hf_shapes(hf_config) == shapes
     info = inspect_dir(sparse_hf_dir(tmp_path / arch, hf_config, shards=2))
     assert (info.family, info.parameters) == (arch.lower(), count)
+
+
+@pytest.mark.parametrize("arch,model_type", [("SeedOss", "seed_oss"), ("Ernie4_5", "ernie4_5"),
+                                             ("Helium", "helium")])
+def test_llama_kin_defaults_read_as_transformers_builds_them(arch: str, model_type: str,
+                                                             tmp_path: Path) -> None:
+    """Seed-OSS-36B's, ERNIE-4.5-0.3B's and Helium-1 2B's shapes (each transformers class's
+    defaults) read with transformers' own tensor names, shapes and counts."""
+    hf_config = {"architectures": [f"{arch}ForCausalLM"], "model_type": model_type}
+    transformers = pytest.importorskip("transformers")
+    theirs = getattr(transformers, f"{arch}Config")()
+    assert config_from_hf(hf_config).rope_theta == theirs.rope_parameters["rope_theta"]
+    shapes, count = transformers_shapes(hf_config)
+    assert hf_shapes(hf_config) == shapes
+    info = inspect_dir(sparse_hf_dir(tmp_path / arch, hf_config, shards=2))
+    assert (info.family, info.parameters) == (model_type, count)

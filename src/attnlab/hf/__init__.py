@@ -8,7 +8,8 @@ Olmo2ForCausalLM, Olmo3ForCausalLM, SmolLM3ForCausalLM, GPTJForCausalLM, GPTNeoF
 OPTForCausalLM, StableLmForCausalLM, GraniteForCausalLM, FalconForCausalLM, the mixtures
 MixtralForCausalLM, OlmoeForCausalLM, Qwen3MoeForCausalLM, GraniteMoeForCausalLM,
 Qwen2MoeForCausalLM and GptOssForCausalLM, GlmForCausalLM, Glm4ForCausalLM,
-Starcoder2ForCausalLM, Exaone4ForCausalLM, CohereForCausalLM and Cohere2ForCausalLM.
+Starcoder2ForCausalLM, Exaone4ForCausalLM, CohereForCausalLM, Cohere2ForCausalLM,
+SeedOssForCausalLM, Ernie4_5ForCausalLM and HeliumForCausalLM.
 `registry.py` holds the Family / WeightMap machinery, `fields.py` the config-field
 bookkeeping (every field is honoured, refused by name, or listed there as irrelevant),
 `files.py` the directory reading and writing (the tokenizer files themselves are
@@ -47,6 +48,7 @@ from ..tokenizers.hf_dir import (
     read_hf_config,
 )
 from .cohere import COHERE, COHERE2
+from .ernie4_5 import ERNIE4_5
 from .exaone4 import EXAONE4
 from .falcon import FALCON
 from .files import (
@@ -70,6 +72,7 @@ from .gpt_oss import GPT_OSS, MXFP4
 from .gptj import GPTJ
 from .granite import GRANITE
 from .granitemoe import GRANITEMOE
+from .helium import HELIUM
 from .llama import LLAMA, MISTRAL
 from .mixtral import MIXTRAL
 from .mxfp4 import Mxfp4Files
@@ -84,6 +87,7 @@ from .qwen2_moe import QWEN2_MOE
 from .qwen3 import QWEN3
 from .qwen3_moe import QWEN3_MOE
 from .registry import Family
+from .seed_oss import SEED_OSS
 from .smollm3 import SMOLLM3
 from .stablelm import STABLELM
 from .starcoder2 import STARCODER2
@@ -93,7 +97,7 @@ FAMILIES: tuple[Family, ...] = (GPT2, LLAMA, MISTRAL, QWEN2, QWEN3, GPT_NEOX, GE
                                GEMMA3, PHI, PHI3, OLMO2, OLMO3, SMOLLM3, GPTJ, GPT_NEO, OPT,
                                STABLELM, GRANITE, FALCON, MIXTRAL, OLMOE, QWEN3_MOE,
                                GRANITEMOE, QWEN2_MOE, GPT_OSS, GLM, GLM4, STARCODER2,
-                               EXAONE4, COHERE, COHERE2)
+                               EXAONE4, COHERE, COHERE2, SEED_OSS, ERNIE4_5, HELIUM)
 FAMILY_BY_NAME: dict[str, Family] = {f.name: f for f in FAMILIES}
 
 __all__ = [
