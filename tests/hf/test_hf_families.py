@@ -370,6 +370,12 @@ CASES: dict[str, tuple[str, dict[str, Any]]] = {
     # Helium: RoPE on pairs, norms scaled in float32, q/k/v biases
     "helium-bias": ("Helium", dict(**SMALL, num_key_value_heads=4, head_dim=8,
                                    attention_bias=True, rms_norm_eps=1e-6)),
+    # Arcee (AFM): an ungated relu^2 MLP, GQA, YaRN
+    "arcee-yarn": ("Arcee", dict(**SMALL, num_key_value_heads=2, rope_parameters=dict(
+        rope_type="yarn", rope_theta=1e4, factor=4.0, original_max_position_embeddings=32))),
+    # attention and MLP biases, tied
+    "arcee-bias": ("Arcee", dict(**SMALL, attention_bias=True, mlp_bias=True,
+                                 tie_word_embeddings=True)),
     # gpt-oss: sinks, windowed and full layers in turn, YaRN, top 2 of 4 clamped experts
     "gpt_oss-windows": ("GptOss", dict(
         **SMALL, num_key_value_heads=2, head_dim=8, num_local_experts=4, num_experts_per_tok=2,

@@ -72,7 +72,7 @@ IMPORTS = (
     "gpt2, llama, mistral, qwen2, qwen3, gpt_neox, gemma, gemma2, gemma3_text, phi, phi3, "
     "olmo2, olmo3, smollm3, gptj, gpt_neo, opt, stablelm, granite, falcon, mixtral, olmoe, "
     "qwen3_moe, granitemoe, qwen2_moe, gpt_oss, glm, glm4, starcoder2, exaone4, cohere, "
-    "cohere2, seed_oss, ernie4_5, helium "
+    "cohere2, seed_oss, ernie4_5, helium, arcee "
     "(GPT2LMHeadModel, "
     "LlamaForCausalLM, "
     "MistralForCausalLM, "
@@ -83,7 +83,7 @@ IMPORTS = (
     "OlmoeForCausalLM, Qwen3MoeForCausalLM, GraniteMoeForCausalLM, Qwen2MoeForCausalLM, "
     "GptOssForCausalLM, GlmForCausalLM, Glm4ForCausalLM, Starcoder2ForCausalLM, "
     "Exaone4ForCausalLM, CohereForCausalLM, Cohere2ForCausalLM, SeedOssForCausalLM, "
-    "Ernie4_5ForCausalLM, HeliumForCausalLM)"
+    "Ernie4_5ForCausalLM, HeliumForCausalLM, ArceeForCausalLM)"
 )
 REFUSED: list[tuple[str, Any, str]] = [
     ("hidden_act", lambda: {**hf_dict("Llama", **SMALL), "hidden_act": "gelu"},

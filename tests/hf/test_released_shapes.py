@@ -128,7 +128,7 @@ def test_cohere_defaults_read_as_transformers_builds_them(arch: str, tmp_path: P
 
 
 @pytest.mark.parametrize("arch,model_type", [("SeedOss", "seed_oss"), ("Ernie4_5", "ernie4_5"),
-                                             ("Helium", "helium")])
+                                             ("Helium", "helium"), ("Arcee", "arcee")])
 def test_llama_kin_defaults_read_as_transformers_builds_them(arch: str, model_type: str,
                                                              tmp_path: Path) -> None:
     """Seed-OSS-36B's, ERNIE-4.5-0.3B's and Helium-1 2B's shapes (each transformers class's

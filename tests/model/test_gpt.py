@@ -345,7 +345,7 @@ def test_decode_step_in_bfloat16_matches_forward_in_bfloat16() -> None:
         ({"norm": "batchnorm"}, r"norm='batchnorm' must be one of \['gemma_rmsnorm', "),
         ({"mlp": "tanh"},
          r"mlp='tanh' must be one of \['clamped_swiglu', 'geglu', 'gelu', 'none', 'relu', "
-         r"'swiglu'\]"),
+         r"'relu2', 'swiglu'\]"),
         ({"pos": "rope", "rope_scaling": {"rope_type": "longrope", "factor": 4.0}},
          r"rope_scaling of rope_type='longrope' lacks \['short_factor', 'long_factor'"),
         ({"pos": "rope", "rope_scaling": {"rope_type": "yarn", "factor": 4.0}},

@@ -9,7 +9,7 @@ OPTForCausalLM, StableLmForCausalLM, GraniteForCausalLM, FalconForCausalLM, the 
 MixtralForCausalLM, OlmoeForCausalLM, Qwen3MoeForCausalLM, GraniteMoeForCausalLM,
 Qwen2MoeForCausalLM and GptOssForCausalLM, GlmForCausalLM, Glm4ForCausalLM,
 Starcoder2ForCausalLM, Exaone4ForCausalLM, CohereForCausalLM, Cohere2ForCausalLM,
-SeedOssForCausalLM, Ernie4_5ForCausalLM and HeliumForCausalLM.
+SeedOssForCausalLM, Ernie4_5ForCausalLM, HeliumForCausalLM and ArceeForCausalLM.
 `registry.py` holds the Family / WeightMap machinery, `fields.py` the config-field
 bookkeeping (every field is honoured, refused by name, or listed there as irrelevant),
 `files.py` the directory reading and writing (the tokenizer files themselves are
@@ -47,6 +47,7 @@ from ..tokenizers.hf_dir import (
     load_hf_tokenizer,
     read_hf_config,
 )
+from .arcee import ARCEE
 from .cohere import COHERE, COHERE2
 from .ernie4_5 import ERNIE4_5
 from .exaone4 import EXAONE4
@@ -97,7 +98,8 @@ FAMILIES: tuple[Family, ...] = (GPT2, LLAMA, MISTRAL, QWEN2, QWEN3, GPT_NEOX, GE
                                GEMMA3, PHI, PHI3, OLMO2, OLMO3, SMOLLM3, GPTJ, GPT_NEO, OPT,
                                STABLELM, GRANITE, FALCON, MIXTRAL, OLMOE, QWEN3_MOE,
                                GRANITEMOE, QWEN2_MOE, GPT_OSS, GLM, GLM4, STARCODER2,
-                               EXAONE4, COHERE, COHERE2, SEED_OSS, ERNIE4_5, HELIUM)
+                               EXAONE4, COHERE, COHERE2, SEED_OSS, ERNIE4_5, HELIUM,
+                               ARCEE)
 FAMILY_BY_NAME: dict[str, Family] = {f.name: f for f in FAMILIES}
 
 __all__ = [

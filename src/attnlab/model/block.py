@@ -53,7 +53,7 @@ class Block(nn.Module):
             return MLP(
                 c.n_embd, width or c.ff_size, gated=c.mlp in GATED, gelu=c.gelu,
                 bias=c.bias, dropout=c.dropout, gate_act="gelu" if c.mlp == "geglu" else "silu",
-                act="relu" if c.mlp == "relu" else "gelu", clamp=c.swiglu_clamp,
+                act=c.mlp if c.mlp in ("relu", "relu2") else "gelu", clamp=c.swiglu_clamp,
             )
 
         self.mlp: MLP | MoE | None = None if not has_mlp else mlp() if c.n_experts is None \

@@ -39,10 +39,11 @@ class GPTConfig:
     bias: bool = True  # biases in MLP Linears and LayerNorms (GPT-2: True)
     # bias on the LayerNorms; None = bias (StableLM: True beside bias=False)
     norm_bias: bool | None = None
-    # "gelu": proj(gelu(fc(x))); "relu" (OPT): proj(relu(fc(x))); "swiglu":
-    # proj(silu(gate(x)) * fc(x)); "geglu" (Gemma): proj(gelu(gate(x)) * fc(x)), with the
-    # `gelu` form; "clamped_swiglu" (gpt-oss): proj(g * sigmoid(swiglu_alpha * g) * (u + 1)),
-    # g = gate(x) capped at swiglu_limit, u = fc(x) clamped to +-swiglu_limit; "none"
+    # "gelu": proj(gelu(fc(x))); "relu" (OPT): proj(relu(fc(x))); "relu2" (Arcee):
+    # proj(relu(fc(x))^2); "swiglu": proj(silu(gate(x)) * fc(x)); "geglu" (Gemma):
+    # proj(gelu(gate(x)) * fc(x)), with the `gelu` form; "clamped_swiglu" (gpt-oss):
+    # proj(g * sigmoid(swiglu_alpha * g) * (u + 1)), g = gate(x) capped at swiglu_limit, u =
+    # fc(x) clamped to +-swiglu_limit; "none"
     mlp: str = "gelu"
     gelu: str = "tanh"  # "tanh" (GPT-2's approximation) or "exact" (erf: nanoGPT, faster on CPU)
     # pre-norm in blocks and final norm: "layernorm", "rmsnorm", "gemma_rmsnorm" (scaled by

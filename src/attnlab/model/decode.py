@@ -145,7 +145,7 @@ class DecodeStep:
             check_float16_weights(model)
         c = self.config = model.config
         approximate = GELUS[c.gelu]
-        self.up_act = activation("relu" if c.mlp == "relu" else "gelu", approximate)
+        self.up_act = activation(c.mlp if c.mlp in ("relu", "relu2") else "gelu", approximate)
         self.gate_act = activation("gelu" if c.mlp == "geglu" else "silu", approximate)
         self.layers = [
             _DecodeLayer.of(cast("Block", block), c.window_of(i))

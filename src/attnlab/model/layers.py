@@ -25,7 +25,7 @@ from . import runtime, tf32x3
 #: (docs/performance.md#gelu), and nanoGPT and Pythia use it.
 GELUS = {"tanh": "tanh", "exact": "none"}
 NORMS = ("layernorm", "rmsnorm", "gemma_rmsnorm", "olmo_rmsnorm", "none")
-MLPS = ("gelu", "relu", "swiglu", "geglu", "clamped_swiglu", "none")
+MLPS = ("gelu", "relu", "relu2", "swiglu", "geglu", "clamped_swiglu", "none")
 GATED = ("swiglu", "geglu", "clamped_swiglu")  # the MLP kinds with a gate projection
 # ----------------------------------------------------------------------------- linear
 
@@ -64,7 +64,7 @@ class Linear(nn.Linear):
         `forward` runs oneDNN and no hook watches this layer (a hook sees the product before
         the activation). One pass over the output instead of two
         (docs/performance.md#linear-kernel)."""
-        if self._onednn(x) and not _hooked(self):
+        if act in ("gelu", "relu") and self._onednn(x) and not _hooked(self):
             return torch.ops.mkldnn._linear_pointwise(
                 x, self.weight, self.bias, act, [], approximate if act == "gelu" else "")
         return activation(act, approximate)(self(x))  # (..., out)
@@ -197,13 +197,20 @@ def make_norm(kind: str, dim: int, *, eps: float = 1e-5, bias: bool = True) -> n
 # ----------------------------------------------------------------------------- MLPs
 
 
+def relu_squared(x: Tensor) -> Tensor:
+    """relu(x) squared (Primer's; Arcee's MLP): transformers' two steps."""
+    return torch.square(F.relu(x))
+
+
 def activation(name: str, approximate: str) -> Any:
-    """The function an MLP applies: "silu" (SwiGLU's gate), "relu" (OPT) or "gelu" (with
-    F.gelu's `approximate`: GPT-2's MLP, GeGLU's gate)."""
+    """The function an MLP applies: "silu" (SwiGLU's gate), "relu" (OPT), "relu2" (relu
+    squared: Arcee) or "gelu" (with F.gelu's `approximate`: GPT-2's MLP, GeGLU's gate)."""
     if name == "silu":
         return F.silu
     if name == "relu":
         return F.relu
+    if name == "relu2":
+        return relu_squared
     return partial(F.gelu, approximate=approximate)  # a partial pickles, a lambda would not
 
 
@@ -220,7 +227,8 @@ def glu(gate: Tensor, up: Tensor, act: Any, clamp: tuple[float, float] | None = 
 
 
 class MLP(nn.Module):
-    """GELU: proj(gelu(fc(x))), or with act="relu" proj(relu(fc(x))) (OPT). Gated
+    """GELU: proj(gelu(fc(x))), or with act="relu" proj(relu(fc(x))) (OPT), act="relu2"
+    proj(relu(fc(x))^2) (Arcee). Gated
     (gated=True): proj(act(gate(x)) * fc(x)), act SiLU (SwiGLU, gate_act="silu") or GELU
     (GeGLU, gate_act="gelu": Gemma); with clamp = (alpha, limit) gpt-oss's clamped SwiGLU
     (`glu`).
