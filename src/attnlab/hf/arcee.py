@@ -21,8 +21,7 @@ DEFAULTS = {"hidden_size": 2560, "intermediate_size": 18432}
 
 
 def _config(f: Fields) -> dict[str, Any]:
-    for key, value in DEFAULTS.items():
-        f.hf.setdefault(key, value)
+    f.setdefaults(DEFAULTS)
     f.one_of("hidden_act", ["relu2"], "relu2")
     attention_bias = f.flag("attention_bias", False)
     return llama_like_config(

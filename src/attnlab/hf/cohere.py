@@ -16,7 +16,7 @@ from ..model.gpt import GPTConfig
 from .fields import Fields
 from .llama import LLAMA_WEIGHTS, llama_like_config, llama_like_to_hf
 from .qwen2 import checked_layer_types
-from .registry import Family, window_layers_to_hf
+from .registry import Family, window_layers_from, window_layers_to_hf
 
 # CohereConfig's defaults, where they differ from the Llama ones llama_like_config holds
 DEFAULTS = {"vocab_size": 256000, "hidden_size": 8192, "intermediate_size": 22528,
@@ -24,8 +24,7 @@ DEFAULTS = {"vocab_size": 256000, "hidden_size": 8192, "intermediate_size": 2252
 
 
 def _config(f: Fields, windows: bool) -> dict[str, Any]:
-    for key, value in DEFAULTS.items():
-        f.hf.setdefault(key, value)
+    f.setdefaults(DEFAULTS)
     if f.flag("use_qk_norm", False):
         raise f.refuse("use_qk_norm", True, "Command R+'s QK-norm has one weight per head; "
                        "attnlab's shares one across the heads")
@@ -52,7 +51,7 @@ def _windows(f: Fields, n_layer: int) -> dict[str, Any]:
     full = [i for i in range(n_layer) if i not in windowed]
     window = f.count("sliding_window", 4096) if windowed else f.get("sliding_window")
     return dict(sliding_window=window if windowed else None,
-                window_layers=None if len(windowed) in (0, n_layer) else windowed,
+                window_layers=window_layers_from(windowed, n_layer),
                 nope_layers=full or None)
 
 

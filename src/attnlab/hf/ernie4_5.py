@@ -19,8 +19,7 @@ DEFAULTS = {"vocab_size": 103424, "hidden_size": 1024, "intermediate_size": 3072
 
 
 def _config(f: Fields) -> dict[str, Any]:
-    for key, value in DEFAULTS.items():
-        f.hf.setdefault(key, value)
+    f.setdefaults(DEFAULTS)
     bias = f.flag("use_bias", False)
     return llama_like_config(
         f, max_positions=131072, default_head_dim=128, rope=dict(default_theta=500000.0),

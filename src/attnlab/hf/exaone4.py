@@ -15,7 +15,7 @@ from .fields import Fields
 from .llama import llama_like_config, llama_like_to_hf
 from .olmo2 import WEIGHTS
 from .qwen2 import checked_layer_types
-from .registry import Family, window_layers_to_hf
+from .registry import Family, window_layers_from, window_layers_to_hf
 
 
 def _layers(f: Fields, n_layer: int) -> dict[str, Any]:
@@ -47,7 +47,7 @@ def _layers(f: Fields, n_layer: int) -> dict[str, Any]:
         raise f.refuse("sliding_window", window, "expected a positive integer or null")
     full = [i for i in range(n_layer) if i not in windowed]
     return dict(sliding_window=window if windowed else None,
-                window_layers=None if len(windowed) in (0, n_layer) else windowed,
+                window_layers=window_layers_from(windowed, n_layer),
                 nope_layers=full or None)
 
 

@@ -108,6 +108,12 @@ class Fields:
     def has(self, key: str) -> bool:
         return self.hf.get(key) is not None
 
+    def setdefaults(self, defaults: Mapping[str, Any]) -> None:
+        """Fill the keys config.json lacks with the family's config class's defaults, where
+        they differ from those the shared readers (`llama_like_config`) assume."""
+        for key, value in defaults.items():
+            self.hf.setdefault(key, value)
+
     def refuse(self, key: str, value: Any, why: str) -> ValueError:
         """The one-line error for a field attnlab cannot honour."""
         return ValueError(f"{self.family} config.json has {key}={value!r}: {why}")

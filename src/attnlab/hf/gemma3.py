@@ -21,7 +21,7 @@ from ..model.gpt import GPTConfig
 from .fields import MAX_CONTEXT, Fields, rope_from_hf, rope_to_hf
 from .llama import LLAMA_WEIGHTS, llama_like_config, llama_like_to_hf
 from .qwen2 import LAYER_TYPES, checked_layer_types
-from .registry import Family, WeightMap, window_layers_to_hf
+from .registry import Family, WeightMap, window_layers_from, window_layers_to_hf
 
 WEIGHTS = WeightMap(
     top=LLAMA_WEIGHTS.top, layer=LLAMA_WEIGHTS.layer, base=LLAMA_WEIGHTS.base,
@@ -106,7 +106,7 @@ def sandwich_config(f: Fields, *, max_positions: int, pattern: int | None,
         sandwich_norm=True, tie_weights=f.flag("tie_word_embeddings", True),
         attn_scale=f.number("query_pre_attn_scalar", 256) ** -0.5,
         sliding_window=window if windowed else None,
-        window_layers=None if len(windowed) in (0, n_layer) else windowed, **switches,
+        window_layers=window_layers_from(windowed, n_layer), **switches,
     )
 
 

@@ -29,7 +29,7 @@ from .fields import Fields
 from .llama import LLAMA_WEIGHTS, llama_like_config, llama_like_to_hf
 from .mixtral import ROUTER_TRAINING, experts_from_hf
 from .qwen2 import checked_layer_types
-from .registry import Family, Stacked, WeightMap, window_layers_to_hf
+from .registry import Family, Stacked, WeightMap, window_layers_from, window_layers_to_hf
 
 WEIGHTS = WeightMap(
     top=LLAMA_WEIGHTS.top, layer=LLAMA_WEIGHTS.layer, base=LLAMA_WEIGHTS.base,
@@ -55,8 +55,7 @@ def _window(f: Fields, n_layer: int) -> dict[str, Any]:
     window = f.count("sliding_window", DEFAULT_WINDOW) if windowed else f.get("sliding_window")
     if not windowed:
         return dict(sliding_window=None, window_layers=None)
-    return dict(sliding_window=window, window_layers=None if len(windowed) == n_layer
-                else windowed)
+    return dict(sliding_window=window, window_layers=window_layers_from(windowed, n_layer))
 
 
 def _config(f: Fields) -> dict[str, Any]:

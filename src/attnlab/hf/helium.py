@@ -19,8 +19,7 @@ DEFAULTS = {"vocab_size": 48000, "hidden_size": 2560, "intermediate_size": 7040,
 
 
 def _config(f: Fields) -> dict[str, Any]:
-    for key, value in DEFAULTS.items():
-        f.hf.setdefault(key, value)
+    f.setdefaults(DEFAULTS)
     return llama_like_config(
         f, max_positions=4096, default_head_dim=128, rope=dict(default_theta=100000.0),
         bias=f.flag("mlp_bias", False), qkv_bias=f.flag("attention_bias", False),

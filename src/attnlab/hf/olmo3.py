@@ -18,7 +18,7 @@ from .fields import MAX_CONTEXT, Fields, rope_to_hf
 from .gemma3 import layer_types, type_ropes
 from .llama import llama_like_to_hf
 from .olmo2 import WEIGHTS, olmo2_config
-from .registry import Family, window_layers_to_hf
+from .registry import Family, window_layers_from, window_layers_to_hf
 
 THETA = 500_000.0  # Olmo3Config's default_theta
 
@@ -34,7 +34,7 @@ def _config(f: Fields) -> dict[str, Any]:
     window = f.count("sliding_window", 4096) if windowed else None
     return olmo2_config(
         f, sliding_window=window, local_rope_theta=None if window is None else local_theta,
-        window_layers=None if len(windowed) in (0, n_layer) else windowed, **rope)
+        window_layers=window_layers_from(windowed, n_layer), **rope)
 
 
 def _to_hf(c: GPTConfig) -> dict[str, Any]:

@@ -11,7 +11,7 @@ from typing import Any
 from ..model.gpt import GPTConfig
 from .fields import Fields
 from .llama import LLAMA_WEIGHTS, llama_like_config, llama_like_to_hf
-from .registry import Family, window_layers_to_hf
+from .registry import Family, window_layers_from, window_layers_to_hf
 
 LAYER_TYPES = ("full_attention", "sliding_attention")
 
@@ -48,7 +48,7 @@ def qwen_window(f: Fields, n_layer: int) -> dict[str, Any]:
     if isinstance(window, bool) or not isinstance(window, int) or window < 1:
         raise f.refuse("sliding_window", window, "expected a positive integer")
     return dict(sliding_window=window,
-                window_layers=None if len(windowed) == n_layer else windowed)
+                window_layers=window_layers_from(windowed, n_layer))
 
 
 def qwen_window_to_hf(c: GPTConfig) -> dict[str, Any]:

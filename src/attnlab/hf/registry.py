@@ -326,6 +326,12 @@ class Family:
                 if name in back and ours[name] != back[name]]
 
 
+def window_layers_from(windowed: Sequence[int], n_layer: int) -> list[int] | None:
+    """`window_layers_to_hf` the other way: the layers with a window as
+    `GPTConfig.window_layers` holds them, None where every layer has it (or none does)."""
+    return None if len(windowed) in (0, n_layer) else list(windowed)
+
+
 def window_layers_to_hf(config: GPTConfig) -> list[str]:
     """Hugging Face layer_types for a GPTConfig's sliding_window / window_layers."""
     windowed = set(range(config.n_layer) if config.window_layers is None

@@ -19,8 +19,7 @@ DEFAULTS = {"vocab_size": 155136, "hidden_size": 4096, "intermediate_size": 2764
 
 
 def _config(f: Fields) -> dict[str, Any]:
-    for key, value in DEFAULTS.items():
-        f.hf.setdefault(key, value)
+    f.setdefaults(DEFAULTS)
     return llama_like_config(
         f, max_positions=524288, default_head_dim=128, bias=f.flag("mlp_bias", False),
         qkv_bias=f.flag("attention_bias", True), out_bias=f.flag("attention_out_bias", False))

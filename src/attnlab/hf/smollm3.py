@@ -13,7 +13,7 @@ from ..model.gpt import GPTConfig
 from .fields import Fields
 from .llama import LLAMA_WEIGHTS, llama_like_config, llama_like_to_hf
 from .qwen2 import checked_layer_types
-from .registry import Family, window_layers_to_hf
+from .registry import Family, window_layers_from, window_layers_to_hf
 
 # Qwen2's window field, which a SmolLM3 config.json may carry and transformers 5's SmolLM3
 # reads nowhere (its layer_types decide the windows)
@@ -50,7 +50,7 @@ def _windows(f: Fields, rotating: list[bool]) -> dict[str, Any]:
         raise f.refuse("sliding_window", window, "layer_types names sliding_attention layers: "
                        "expected use_sliding_window true and a positive integer window")
     return dict(sliding_window=window,
-                window_layers=None if len(windowed) == len(rotating) else windowed)
+                window_layers=window_layers_from(windowed, len(rotating)))
 
 
 def _config(f: Fields) -> dict[str, Any]:

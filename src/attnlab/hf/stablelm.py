@@ -26,8 +26,7 @@ def _config(f: Fields) -> dict[str, Any]:
     if f.flag("qk_layernorm", False):
         raise f.refuse("qk_layernorm", True, "attnlab's QK-norm is one RMSNorm shared by "
                        "the heads, StableLM's a LayerNorm per head")
-    for key, value in DEFAULTS.items():
-        f.hf.setdefault(key, value)
+    f.setdefaults(DEFAULTS)
     parallel = f.flag("use_parallel_residual", False)
     return llama_like_config(
         f, max_positions=4096, partial_key="partial_rotary_factor",

@@ -27,8 +27,7 @@ IRRELEVANT = frozenset({"residual_dropout", "embedding_dropout"})
 
 
 def _config(f: Fields) -> dict[str, Any]:
-    for key, value in DEFAULTS.items():
-        f.hf.setdefault(key, value)
+    f.setdefaults(DEFAULTS)
     # the released config.json's training-code switches, which transformers' class ignores:
     # the values its one architecture has
     f.one_of("norm_type", ["layer_norm"], "layer_norm")

@@ -49,11 +49,13 @@ class Block(nn.Module):
         # None without an MLP, and where the MLP reads ln_1's output (shared_norm)
         self.ln_2 = (norm_of(c) if c.pre_norm else nn.Identity()) if (
             has_mlp and not c.shared_norm) else None
+        act, gate_act = c.mlp_activations
+
         def mlp(width: int | None = None) -> MLP:
             return MLP(
                 c.n_embd, width or c.ff_size, gated=c.mlp in GATED, gelu=c.gelu,
-                bias=c.bias, dropout=c.dropout, gate_act="gelu" if c.mlp == "geglu" else "silu",
-                act=c.mlp if c.mlp in ("relu", "relu2") else "gelu", clamp=c.swiglu_clamp,
+                bias=c.bias, dropout=c.dropout, gate_act=gate_act, act=act,
+                clamp=c.swiglu_clamp,
             )
 
         self.mlp: MLP | MoE | None = None if not has_mlp else mlp() if c.n_experts is None \

@@ -318,6 +318,12 @@ class GPTConfig:
         return logits
 
     @property
+    def mlp_activations(self) -> tuple[str, str]:
+        """The MLP's activations for `layers.activation`: (the ungated form's, the gate's)."""
+        return (self.mlp if self.mlp in ("relu", "relu2") else "gelu",
+                "gelu" if self.mlp == "geglu" else "silu")
+
+    @property
     def swiglu_clamp(self) -> tuple[float, float] | None:
         """"clamped_swiglu"'s (alpha, limit) for `layers.glu`; None for every other MLP."""
         return (self.swiglu_alpha, self.swiglu_limit) if self.mlp == "clamped_swiglu" else None

@@ -145,8 +145,8 @@ class DecodeStep:
             check_float16_weights(model)
         c = self.config = model.config
         approximate = GELUS[c.gelu]
-        self.up_act = activation(c.mlp if c.mlp in ("relu", "relu2") else "gelu", approximate)
-        self.gate_act = activation("gelu" if c.mlp == "geglu" else "silu", approximate)
+        self.up_act, self.gate_act = (activation(name, approximate)
+                                      for name in c.mlp_activations)
         self.layers = [
             _DecodeLayer.of(cast("Block", block), c.window_of(i))
             for i, block in enumerate(model.blocks)
