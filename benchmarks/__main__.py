@@ -44,6 +44,7 @@ SUITES = {
     "arch": "arch_compare",
     "roofline": "roofline",
     "loading": "loading",
+    "gpt_oss": "gpt_oss",
     # CUDA only: each skips in one line without a GPU (benchmarks/gpu_common.py)
     "gpu_decode": "gpu_decode",
     "gpu_bandwidth": "gpu_bandwidth",

@@ -41,6 +41,7 @@ from .model.materialize import (
     mismatch,
 )
 from .model.memory import Use
+from .model.mxfp4 import refuse_packed
 from .model.runtime import resolve_device
 from .model.tensorfile import TensorFiles
 from .tokenizers import Tokenizer, check_fits, load_tokenizer
@@ -94,6 +95,7 @@ def _check_saved(directory: object, model: object, tokenizer: object) -> None:
                         f"{type(tokenizer).__name__}; a checkpoint needs the model's tokenizer "
                         "(attnlab.get_tokenizer, load_tokenizer)")
     check_fits(tokenizer, model.config.vocab_size)
+    refuse_packed(model, "save_checkpoint")
 
 
 class CheckpointWriter:

@@ -24,7 +24,8 @@ from .checkpoint import (
 from .hf import family_of, load_hf_checkpoint, open_hf_checkpoint, open_hf_weights
 from .model.config import GPTConfig
 from .model.materialize import OpenedWeights, Progress
-from .model.memory import fit_report
+from .model.memory import Use, fit_report
+from .model.mxfp4 import packed_layers
 from .tokenizers import NoTokenizerError, Tokenizer, check_fits, load_hf_tokenizer, load_tokenizer
 from .tokenizers.hf_dir import GENERATION_CONFIG, is_hf_dir, read_hf_config, read_json
 
@@ -83,10 +84,20 @@ class ModelInfo:
     meta: dict[str, Any] = field(default_factory=dict)  # attnlab: step, losses, train config
     resumable: bool = False
     notes: list[str] = field(default_factory=list)  # e.g. "no tokenizer files"
+    #: where the weights can load packed (gpt-oss's MXFP4 experts): (weights packed, their
+    #: bytes, the largest tensor read on the way); None elsewhere
+    packed: tuple[int, int, int] | None = None
 
     def memory(self, device: str | torch.device = "cpu") -> dict[str, dict[str, Any]]:
-        """What loading would need at each dtype on `device`, and whether it fits now."""
-        return fit_report(self.parameters, device, extra=self.largest_tensor)
+        """What loading would need at each dtype on `device`, and whether it fits now; where
+        the weights can load packed, that too ("bfloat16, MXFP4 experts")."""
+        report = fit_report(self.parameters, device, extra=self.largest_tensor)
+        if self.packed is not None:
+            weights, nbytes, largest = self.packed
+            packed = fit_report(self.parameters - weights, device, extra=largest,
+                                uses=[Use("the packed experts", nbytes=nbytes)])
+            report.update({f"{name}, MXFP4 experts": r for name, r in packed.items()})
+        return report
 
 
 def inspect_dir(directory: str | Path) -> ModelInfo:
@@ -133,6 +144,11 @@ def _stored_head_note(tied: bool) -> str:
 def _info(path: Path, source: str, opened: OpenedWeights, tokenizer: Tokenizer | None,
           notes: list[str], **more: Any) -> ModelInfo:
     files = opened.files
+    if opened.packed is not None:
+        layers = packed_layers(opened.packed().model)
+        more["packed"] = (sum(m.in_features * m.out_features for m in layers),
+                          sum(m.blocks.nbytes + m.scales.nbytes for m in layers),
+                          opened.packed().files.largest())
     return ModelInfo(
         path=path, source=source, config=opened.config,
         parameters=opened.model.num_params(non_embedding=False),

@@ -9,7 +9,8 @@ from typing import Any
 
 import pytest
 import torch
-from benchmarks.loading import hf_shapes, sparse_hf_dir
+from benchmarks.gpt_oss import EXPERTS, GPT_OSS_20B, packed_hf_dir
+from benchmarks.loading import sparse_hf_dir
 
 from attnlab import load_hf
 from attnlab.cli import main
@@ -19,27 +20,6 @@ from helpers import assert_logits_match_hf
 
 transformers = pytest.importorskip("transformers")
 
-# gpt-oss-20b's config.json as released (openai/gpt-oss-20b), its 24 layer types spelled out
-GPT_OSS_20B: dict[str, Any] = {
-    "architectures": ["GptOssForCausalLM"], "attention_bias": True, "attention_dropout": 0.0,
-    "eos_token_id": 200002, "experts_per_token": 4, "head_dim": 64, "hidden_act": "silu",
-    "hidden_size": 2880, "initial_context_length": 4096, "initializer_range": 0.02,
-    "intermediate_size": 2880,
-    "layer_types": ["sliding_attention", "full_attention"] * 12,
-    "max_position_embeddings": 131072, "model_type": "gpt_oss", "num_attention_heads": 64,
-    "num_experts_per_tok": 4, "num_hidden_layers": 24, "num_key_value_heads": 8,
-    "num_local_experts": 32, "output_router_logits": False, "pad_token_id": 199999,
-    "quantization_config": {"modules_to_not_convert": [
-        "model.layers.*.self_attn", "model.layers.*.mlp.router", "model.embed_tokens",
-        "lm_head"], "quant_method": "mxfp4"},
-    "rms_norm_eps": 1e-05, "rope_scaling": {
-        "beta_fast": 32.0, "beta_slow": 1.0, "factor": 32.0,
-        "original_max_position_embeddings": 4096, "rope_type": "yarn", "truncate": False},
-    "rope_theta": 150000, "router_aux_loss_coef": 0.9, "sliding_window": 128,
-    "swiglu_limit": 7.0, "tie_word_embeddings": False, "transformers_version": "4.55.0.dev0",
-    "use_cache": True, "vocab_size": 201088,
-}
-EXPERTS = ("gate_up_proj", "down_proj")
 
 
 def test_the_released_config_reads_as_gpt_oss_20b(tmp_path: Path,
@@ -126,26 +106,19 @@ def test_the_released_quantized_directory_opens_as_20b_parameters(
         tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     """gpt-oss-20b's directory as released, its experts as MXFP4 bytes (a sparse file of its
     tensors' names, shapes and dtypes): `attnlab info` counts the dequantized model's
-    parameters, nothing read, and says what loading it in bfloat16 needs."""
-    from benchmarks.loading import write_safetensors
-
-    shapes = hf_shapes({k: v for k, v in GPT_OSS_20B.items() if k != "quantization_config"})
-    floats, packed = {}, {}
-    for name, shape in shapes.items():
-        if name.endswith(EXPERTS):  # (E, in, out) -> blocks (E, out, in / 32, 16), scales
-            E, n_in, n_out = shape
-            packed[f"{name}_blocks"] = (E, n_out, n_in // 32, 16)
-            packed[f"{name}_scales"] = (E, n_out, n_in // 32)
-        else:
-            floats[name] = shape
-    directory = tmp_path / "gpt-oss-20b"
-    directory.mkdir()
-    write_safetensors(directory / "model-00001-of-00002.safetensors", floats)
-    write_safetensors(directory / "model-00002-of-00002.safetensors", packed, torch.uint8)
-    index = {**dict.fromkeys(floats, "model-00001-of-00002.safetensors"),
-             **dict.fromkeys(packed, "model-00002-of-00002.safetensors")}
-    (directory / "model.safetensors.index.json").write_text(json.dumps({"weight_map": index}))
-    (directory / "config.json").write_text(json.dumps(GPT_OSS_20B))
-    assert inspect_dir(directory).parameters == 20_914_757_184
+    parameters, nothing read, and says what loading it in bfloat16 needs, dequantized and
+    with its experts packed."""
+    directory = packed_hf_dir(tmp_path / "gpt-oss-20b", GPT_OSS_20B)
+    info = inspect_dir(directory)
+    assert info.parameters == 20_914_757_184
     assert main(["info", str(directory)]) == 0
-    assert "20,914,757,184 parameters" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert "20,914,757,184 parameters" in out and "bfloat16, MXFP4 experts 14.9 GB" in out
+    # packed: the 19.1B expert weights at 4.25 bits, the rest in bfloat16
+    assert info.packed is not None
+    weights, nbytes, largest = info.packed
+    assert weights == 19_110_297_600 and nbytes * 32 == weights * 17
+    memory = info.memory("cpu")
+    packed = memory["bfloat16, MXFP4 experts"]["bytes"]
+    assert packed == 2 * (info.parameters - weights) + nbytes + largest
+    assert memory["bfloat16"]["bytes"] > 2.8 * packed

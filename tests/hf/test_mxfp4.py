@@ -10,8 +10,8 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from attnlab.hf import mxfp4
 from attnlab.hf.mxfp4 import dequantize, expert_weight
+from attnlab.model import mxfp4
 
 # E2M1 magnitudes by code 0..7; codes 8..15 are their negatives (8 is -0.0)
 MAGNITUDES = (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0)

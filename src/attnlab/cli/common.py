@@ -19,6 +19,7 @@ import json
 import os
 import re
 import signal
+import sys
 import threading
 import types
 from collections.abc import Iterator, Sequence
@@ -320,15 +321,16 @@ def load_opened(args: argparse.Namespace, opened: OpenedCheckpoint,
     import torch
 
     from ..model.memory import DoesNotFitError
+    from ..model.mxfp4 import packed_layers
     from .progress import Counter
 
     device = device_of(args) if hasattr(args, "device") else torch.device("cpu")
     try:
         with Counter("tensor", "loaded", delay_s=2.0) as progress, cpu_memory_errors():
             # a large model takes a while: the bar
-            return opened.load(map_location=device, dtype=dtype_of(args),
-                               force=getattr(args, "force", False), progress=progress,
-                               uses=uses)
+            checkpoint = opened.load(map_location=device, dtype=dtype_of(args),
+                                     force=getattr(args, "force", False), progress=progress,
+                                     uses=uses)
     except DoesNotFitError as err:
         raise CLIError(err.advice(
             dtype="--dtype bfloat16" if hasattr(args, "dtype") else None,
@@ -338,6 +340,12 @@ def load_opened(args: argparse.Namespace, opened: OpenedCheckpoint,
         if hasattr(args, "dtype") and args.dtype == "float32":
             fix = "--dtype bfloat16, " + fix
         raise out_of_memory("load", err, device, hint=fix) from None
+    packed = packed_layers(checkpoint.model)
+    if packed:
+        print(f"attnlab: its dequantized experts would not fit in memory, so {len(packed):,} "
+              "expert matrices stay packed as MXFP4 (the same logits, slower products)",
+              file=sys.stderr)
+    return checkpoint
 
 
 def load_model(args: argparse.Namespace, uses: Sequence[Use] = ()) -> Checkpoint:

@@ -36,6 +36,7 @@ from ..model.materialize import (
     materialize,
     meta_gpt,
 )
+from ..model.mxfp4 import pack_experts, refuse_packed
 from ..model.runtime import resolve_device
 from ..model.tensorfile import TensorFiles
 from ..tokenizers import Tokenizer, check_fits
@@ -92,6 +93,9 @@ from .seed_oss import SEED_OSS
 from .smollm3 import SMOLLM3
 from .stablelm import STABLELM
 from .starcoder2 import STARCODER2
+
+#: what a Hugging Face directory's tensors are read through
+_Files = TensorFiles | BinTensors | Mxfp4Files
 
 # export picks the first family a GPTConfig fits, so the plainest comes first
 FAMILIES: tuple[Family, ...] = (GPT2, LLAMA, MISTRAL, QWEN2, QWEN3, GPT_NEOX, GEMMA, GEMMA2,
@@ -205,10 +209,13 @@ def gpt_from_hf(
 def load_hf(
     path: str | Path, dtype: torch.dtype | str | None = None, *, dropout: float = 0.0,
     map_location: str | torch.device = "cpu", force: bool = False,
-    progress: Progress | None = None,
+    progress: Progress | None = None, packed: bool | None = None,
 ) -> GPT:
     """A local Hugging Face model directory of any supported family -> attnlab GPT in eval
     mode, float32 unless `dtype` (torch.bfloat16 or "bfloat16"), on `map_location`.
+    gpt-oss's MXFP4 experts are dequantized, or with `packed` kept packed in memory
+    (`model.mxfp4.Mxfp4Linear`: the same logits, a quarter of the experts' bfloat16 bytes,
+    slower); packed=None keeps them packed only where the dequantized model would not fit.
 
     Nothing is allocated before config.json and every tensor's name, shape and dtype (the
     safetensors headers) agree, and the model fits in the memory `map_location` has free
@@ -217,7 +224,8 @@ def load_hf(
     tensor, never a second copy (docs/performance.md#lazy-loading). `progress(tensors
     read, tensors in all)` hears after each tensor."""
     device = resolve_device(str(map_location))  # a missing CUDA named before any reading
-    return open_hf_weights(path, dropout=dropout).fill(dtype, device, force, progress)
+    return open_hf_weights(path, dropout=dropout).fill(dtype, device, force, progress,
+                                                       packed=packed)
 
 
 def open_hf_weights(path: str | Path, *, dropout: float = 0.0) -> OpenedWeights:
@@ -231,34 +239,49 @@ def open_hf_weights(path: str | Path, *, dropout: float = 0.0) -> OpenedWeights:
     hf_config = read_hf_config(directory)
     config = config_from_hf(hf_config, dropout=dropout)  # before the weights are opened
     family = family_of(hf_config)
-    files: TensorFiles | BinTensors | Mxfp4Files = read_weights(directory)
-    if (hf_config.get("quantization_config") or {}).get("quant_method") == MXFP4:
-        files = Mxfp4Files(files)  # gpt-oss's experts, dequantized as they are read
-    names = family.weights
+    raw = read_weights(directory)
+    mxfp4 = (hf_config.get("quantization_config") or {}).get("quant_method") == MXFP4
+    # gpt-oss's experts: dequantized as they are read, or kept packed (`OpenedWeights.packed`)
+    files = Mxfp4Files(raw) if mxfp4 else raw
     try:
-        check_layer_count(config.n_layer, files, names.layer, base=names.base)
-        stored = names.stored_head(files) if config.tie_weights else None
-        untied = config if stored is None else dataclasses.replace(config, tie_weights=False)
-        opened = _opened(untied, files, family)
+        check_layer_count(config.n_layer, files, family.weights.layer,
+                          base=family.weights.base)
+        opened = _settled(config, files, family)
     except ValueError as err:
         raise ValueError(f"{err}{chosen_weights(directory)}") from None
+    if mxfp4:
+        opened = dataclasses.replace(
+            opened, packed=lambda: _settled(config, raw, family, packed=True))
+    return opened
+
+
+def _settled(config: GPTConfig, files: _Files, family: Family, packed: bool = False
+             ) -> OpenedWeights:
+    """`_opened`, untied (the head counted as its own) where the config ties the head but
+    the files store one too, with `decide` set to settle that (`open_hf_weights`)."""
+    stored = family.weights.stored_head(files) if config.tie_weights else None
+    untied = config if stored is None else dataclasses.replace(config, tie_weights=False)
+    opened = _opened(untied, files, family, packed=packed)
     if stored is None:
         return opened
 
     def decide() -> OpenedWeights:
         # the head was checked in its own right; tied, it is the token table, checked too
-        return _opened(config, files, family, check=False) if files.same(*stored) else \
-            dataclasses.replace(opened, decide=None)
+        return (_opened(config, files, family, check=False, packed=packed)
+                if files.same(*stored) else dataclasses.replace(opened, decide=None))
 
     return dataclasses.replace(opened, decide=decide)
 
 
-def _opened(config: GPTConfig, files: TensorFiles | BinTensors | Mxfp4Files, family: Family,
-            check: bool = True) -> OpenedWeights:
-    """`config`'s meta model and the file tensors that fill it, their names, shapes and
-    dtypes checked from the headers (`check`)."""
+def _opened(config: GPTConfig, files: _Files, family: Family, check: bool = True,
+            packed: bool = False) -> OpenedWeights:
+    """`config`'s meta model (its experts' matrices as `Mxfp4Linear`s where `packed`) and the
+    file tensors that fill it, their names, shapes and dtypes checked from the headers
+    (`check`)."""
     names = family.weights
     model = meta_gpt(config)
+    if packed:
+        pack_experts(model)
     keys = list(model.state_dict())
     if check:
         meta = _Recording(files.meta())
@@ -337,6 +360,7 @@ def save_hf(path: str | Path, model: GPT, tokenizer: Tokenizer | None = None, *,
     if not isinstance(model, GPT):
         raise TypeError(f"save_hf(path, model, tokenizer): model is a {type(model).__name__}, "
                         "not an attnlab GPT (the directory comes first)")
+    refuse_packed(model, "save_hf")
     family = _family(family) or family_for_config(model.config)
     # null ids without a tokenizer: transformers would fill in the family's own (GPT-2's
     # 50256), outside a small vocabulary. Padding is always null: Phi-3's default (32000)

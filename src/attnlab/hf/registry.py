@@ -74,6 +74,13 @@ class Stacked:
         n = len(self.parts)
         return x[index::n] if self.interleaved else x.chunk(n)[index]
 
+    def packed_piece(self, t: Tensor, e: int, index: int) -> Tensor:
+        """Expert e's part `index` of the weight's MXFP4 blocks (E, rows, G, 16) or scales
+        (E, rows, G), which the files store (out, in)-major whether or not the weight is
+        `transposed`: its `Mxfp4Linear`'s blocks (out, G, 16) or scales (out, G)."""
+        n = len(self.parts)
+        return t[e][index::n] if self.interleaved else t[e].chunk(n)[index]
+
     def join(self, pieces: Sequence[Tensor]) -> Tensor:
         """`piece` the other way for one expert: its parts' weights (out, in) or biases (out,)
         -> its slice of the stacked tensor, (rows, in) ((in, rows) transposed) or (rows,)."""
@@ -153,14 +160,17 @@ class WeightMap:
 
     def _is_stacked(self, ours: str) -> tuple[Stacked, str, int, int] | None:
         """(its stacking, the HF name of the stacked tensor, the expert, the part's index)
-        where `ours` is an expert's weight or bias a stacked tensor holds."""
-        match = re.fullmatch(r"blocks\.(\d+)\.mlp\.experts\.(\d+)\.(\w+)\.(weight|bias)",
-                             ours)
+        where `ours` is an expert's weight or bias a stacked tensor holds, or the blocks or
+        scales of its packed weight (`Mxfp4Linear`: the stacked tensor's NAME_blocks,
+        NAME_scales)."""
+        match = re.fullmatch(
+            r"blocks\.(\d+)\.mlp\.experts\.(\d+)\.(\w+)\.(weight|bias|blocks|scales)", ours)
         if match is None:
             return None
         i, e, part, param = match.groups()
         for stacked in self.stacked:
-            name = stacked.weight if param == "weight" else stacked.bias
+            name = (stacked.bias if param == "bias" else stacked.weight if param == "weight"
+                    else f"{stacked.weight}_{param}")
             if part in stacked.parts and name is not None:
                 return (stacked, f"{self.layer.format(i=i)}{name}", int(e),
                         stacked.parts.index(part))
@@ -178,6 +188,8 @@ class WeightMap:
         stacked = self._is_stacked(ours)
         if stacked is not None:
             spec, name, e, index = stacked
+            if ours.endswith((".blocks", ".scales")):  # (out, G, 16) or (out, G)
+                return name, lambda t: spec.packed_piece(t, e, index)
             return name, lambda t: spec.piece(t, e, index)  # (out, in) or (out,)
         name = self._name(ours)
         if ours in self.reshaped:

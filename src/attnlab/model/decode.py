@@ -41,6 +41,7 @@ from .kv_cache import KVCache
 from .layers import GELUS, MLP, activation, branch_scaled, embedding_scale, glu, soft_cap
 from .masks import Mask, build_mask
 from .moe import MoE
+from .mxfp4 import Mxfp4Linear
 from .rope import apply_rotary, layer_ropes, real_positions
 from .runtime import check_float16_weights
 
@@ -105,9 +106,13 @@ class _DecodeLayer(NamedTuple):
 
 
 def _matrices(mlp: MLP) -> tuple[Matrix, Matrix | None, Matrix]:
-    """An MLP's (fc, gate or None, proj) for the decode step, in place."""
-    return (Affine.stack(mlp.fc), None if mlp.gate is None else Affine.stack(mlp.gate),
-            Affine.stack(mlp.proj))
+    """An MLP's (fc, gate or None, proj) for the decode step, in place (a packed layer as
+    it is: it dequantizes its weight for each product)."""
+    def matrix(linear: nn.Module) -> Matrix:
+        return (linear if isinstance(linear, Mxfp4Linear)
+                else Affine.stack(cast(nn.Linear, linear)))
+
+    return matrix(mlp.fc), None if mlp.gate is None else matrix(mlp.gate), matrix(mlp.proj)
 
 
 def _apply(norm: StepNorm | None, x: Tensor) -> Tensor:

@@ -12,6 +12,7 @@ import torch
 from torch import Tensor, nn
 
 from .layers import GemmaRMSNorm, RMSNorm, gemma_rms_norm, rms_norm
+from .mxfp4 import Mxfp4Linear
 
 
 class Affine(NamedTuple):
@@ -121,11 +122,15 @@ class Packed16(NamedTuple):
         return cast(Tensor, torch.ops.quantized.linear_dynamic_fp16(x, self.packed))  # (B, out)
 
 
-Matrix = Affine | Packed16
+#: a packed layer (`Mxfp4Linear`) is a matrix as it is: it dequantizes for each product
+Matrix = Affine | Packed16 | Mxfp4Linear
 
 
 def pack(matrix: Matrix | None) -> Matrix | None:
-    return None if matrix is None else Packed16.of(cast(Affine, matrix))
+    """`matrix` as `Packed16`; a packed layer stays as it is (already a quarter the size)."""
+    if matrix is None or isinstance(matrix, Mxfp4Linear):
+        return matrix
+    return Packed16.of(cast(Affine, matrix))
 
 
 class StepNorm(NamedTuple):

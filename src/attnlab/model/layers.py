@@ -41,22 +41,8 @@ class Linear(nn.Linear):
     compilers choose kernels for) run F.linear, as nn.Linear does. On a GPU, float32
     products under no_grad run as three TF32 products where `tf32x3.wanted` says so."""
 
-    def _onednn(self, x: Tensor) -> bool:
-        w = self.weight  # (out, in)
-        return (x.dtype == w.dtype == torch.float32 and x.device.type == "cpu"
-                and not (torch.is_grad_enabled() and (x.requires_grad or w.requires_grad))
-                and x.numel() * w.shape[0] >= runtime.ONEDNN_MIN_MACS
-                and runtime.linear_kernel() == "onednn"
-                and (w.is_contiguous() or w.t().is_contiguous())
-                and not torch.is_autocast_enabled("cpu")
-                and not torch.jit.is_tracing() and not torch.compiler.is_compiling())
-
     def forward(self, x: Tensor) -> Tensor:
-        if self._onednn(x):
-            return torch.ops.mkldnn._linear_pointwise(x, self.weight, self.bias, "none", [], "")
-        if tf32x3.wanted(x, self.weight, x.numel() // max(1, self.in_features)):
-            return tf32x3.linear(x, self.weight, self.bias)  # (..., out)
-        return F.linear(x, self.weight, self.bias)  # (..., out)
+        return product(x, self.weight, self.bias)  # (..., out)
 
     def activated(self, x: Tensor, act: str, approximate: str) -> Tensor:
         """act(self(x)) (..., out), act "gelu" (F.gelu with `approximate`) or "relu": one
@@ -64,10 +50,32 @@ class Linear(nn.Linear):
         `forward` runs oneDNN and no hook watches this layer (a hook sees the product before
         the activation). One pass over the output instead of two
         (docs/performance.md#linear-kernel)."""
-        if act in ("gelu", "relu") and self._onednn(x) and not _hooked(self):
+        if act in ("gelu", "relu") and _onednn(x, self.weight) and not _hooked(self):
             return torch.ops.mkldnn._linear_pointwise(
                 x, self.weight, self.bias, act, [], approximate if act == "gelu" else "")
         return activation(act, approximate)(self(x))  # (..., out)
+
+
+def product(x: Tensor, w: Tensor, b: Tensor | None) -> Tensor:
+    """x (..., in) @ w.T + b (..., out), w (out, in): `Linear`'s product, whose kernel
+    depends on w's memory as well as its values (a packed layer lays out its dequantized
+    weight as `GPT.lay_out_weights` would, for the same product bit for bit)."""
+    if _onednn(x, w):
+        return torch.ops.mkldnn._linear_pointwise(x, w, b, "none", [], "")
+    if tf32x3.wanted(x, w, x.numel() // max(1, w.shape[1])):
+        return tf32x3.linear(x, w, b)  # (..., out)
+    return F.linear(x, w, b)  # (..., out)
+
+
+def _onednn(x: Tensor, w: Tensor) -> bool:
+    """Whether x @ w.T (w (out, in)) runs oneDNN's kernel (`Linear`'s docstring)."""
+    return (x.dtype == w.dtype == torch.float32 and x.device.type == "cpu"
+            and not (torch.is_grad_enabled() and (x.requires_grad or w.requires_grad))
+            and x.numel() * w.shape[0] >= runtime.ONEDNN_MIN_MACS
+            and runtime.linear_kernel() == "onednn"
+            and (w.is_contiguous() or w.t().is_contiguous())
+            and not torch.is_autocast_enabled("cpu")
+            and not torch.jit.is_tracing() and not torch.compiler.is_compiling())
 
 
 def _hooked(module: nn.Module) -> bool:

@@ -26,7 +26,8 @@ from torch import Tensor
 
 from .config import GPTConfig
 from .gpt import GPT, on_meta
-from .memory import Use, check_memory
+from .memory import DoesNotFitError, Use, check_memory, params_text
+from .mxfp4 import packed_layers
 from .tensorfile import WeightFiles
 
 #: (tensors filled, tensors in all): called after each tensor a load copies in
@@ -93,7 +94,11 @@ def check_shapes(model: GPT, tensors: Iterable[tuple[str, Tensor]],
         if tuple(tensor.shape) != want:
             raise ValueError(f"{describe(name)} has shape {tuple(tensor.shape)} but the "
                              f"config needs {want}; the config and the weights disagree")
-        if tensor.dtype not in FLOAT_DTYPES:
+        if expected[name].dtype == torch.uint8:  # packed bytes (`mxfp4.Mxfp4Linear`)
+            if tensor.dtype != torch.uint8:
+                raise ValueError(f"{describe(name)} is {tensor.dtype}; packed MXFP4 blocks "
+                                 "and scales are uint8")
+        elif tensor.dtype not in FLOAT_DTYPES:
             raise ValueError(f"{describe(name)} is {tensor.dtype}; model weights are "
                              f"floating point ({', '.join(map(str, FLOAT_DTYPES))})")
         seen.add(name)
@@ -143,7 +148,8 @@ def materialize(model: GPT, tensors: Iterable[tuple[str, Tensor]], *,
         for name, tensor in tensors:
             meta = metas[name]
             # (the shape meta has, in its strides: a laid-out Linear keeps its (in, out) memory)
-            target = torch.empty_strided(meta.shape, meta.stride(), dtype=dtype, device=device)
+            target = torch.empty_strided(meta.shape, meta.stride(), device=device, dtype=(
+                dtype if meta.is_floating_point() else meta.dtype))  # packed bytes stay uint8
             target.copy_(tensor)
             filled[name] = target
             if progress is not None:
@@ -172,6 +178,10 @@ class OpenedWeights:
     #: (parameter, tensor) for every parameter but a tied head, read as it is iterated
     tensors: Callable[[], Iterable[tuple[str, torch.Tensor]]]
     decide: Callable[[], OpenedWeights] | None = None
+    #: the same weights held smaller, where the files allow it (gpt-oss's experts kept packed
+    #: as MXFP4, each expert matrix an `Mxfp4Linear`: the same function, about a quarter of
+    #: the memory, slower products); None elsewhere
+    packed: Callable[[], OpenedWeights] | None = None
 
     def decided(self) -> OpenedWeights:
         """These weights with a stored head's tie settled (`decide`): reads the head and the
@@ -179,16 +189,44 @@ class OpenedWeights:
         return self if self.decide is None else self.decide()
 
     def fill(self, dtype: torch.dtype | str | None, device: torch.device, force: bool,
-             progress: Progress | None = None, uses: Sequence[Use] = ()) -> GPT:
+             progress: Progress | None = None, uses: Sequence[Use] = (),
+             packed: bool | None = None) -> GPT:
         """The model on `device` in `dtype`, once `check_memory` agrees (or `force`) that it
         fits with `uses` beside it, before any tensor is read (a stored head counted as its
-        own: `decide`); progress: `materialize`'s."""
-        dtype = load_dtype(dtype)
-        check_memory(self.model.num_params(non_embedding=False), dtype or torch.float32,
-                     device, extra=self.files.largest(), uses=uses, force=force)
+        own: `decide`); progress: `materialize`'s. Where the weights can be held `packed`:
+        True holds them so, False never, None only where they would not fit otherwise."""
+        dtype = load_dtype(dtype) or torch.float32
+        chosen = self
+        if packed and self.packed is None:
+            raise ValueError("packed=True: these weights have no packed form (gpt-oss's MXFP4 "
+                             "experts have); load them with packed=None")
+        if self.packed is not None and packed is not False and (
+                packed or not self._fits(dtype, device, uses)):
+            chosen = self.packed()
         try:
-            opened = self.decided()
+            chosen.check_fits(dtype, device, uses, force)
+            opened = chosen.decided()
             return materialize(opened.model, opened.tensors(), dtype=dtype, device=device,
                                progress=progress)
         finally:
             self.files.forget()
+            chosen.files.forget()
+
+    def check_fits(self, dtype: torch.dtype, device: torch.device, uses: Sequence[Use] = (),
+                   force: bool = False) -> None:
+        """`check_memory` for these weights in `dtype` on `device` with `uses` beside them,
+        packed matrices counted at their own bytes."""
+        packed = packed_layers(self.model)
+        weights = sum(m.in_features * m.out_features for m in packed)
+        if packed:
+            uses = (*uses, Use(f"its {params_text(weights)} expert weights packed as MXFP4",
+                               nbytes=sum(m.blocks.nbytes + m.scales.nbytes for m in packed)))
+        check_memory(self.model.num_params(non_embedding=False) - weights, dtype, device,
+                     extra=self.files.largest(), uses=uses, force=force)
+
+    def _fits(self, dtype: torch.dtype, device: torch.device, uses: Sequence[Use]) -> bool:
+        try:
+            self.check_fits(dtype, device, uses)
+        except DoesNotFitError:
+            return False
+        return True

@@ -26,6 +26,7 @@ import torch
 
 from ..checkpoint import Checkpoint, CheckpointWriter, load_attnlab_checkpoint
 from ..model.gpt import GPT, GPTConfig, check_token_ids
+from ..model.mxfp4 import refuse_packed
 from ..model.runtime import quiet_compile, warn_if_slow_bf16
 from .budget import Budget, parse_duration
 from .config import FittedSchedule, TrainConfig, TrainResult, fitted_schedule
@@ -94,6 +95,7 @@ def train(
             f"model vocab_size={model_config.vocab_size} < tokenizer's "
             f"{dataset.tokenizer.vocab_size}; leave --vocab_size unset to take the tokenizer's"
         )
+    refuse_packed(init.model if init else None, "init (fine-tuning)")
     if init is not None and init.model.config.computed() != model_config.computed():
         raise ValueError(f"init: the checkpoint in {init.path} has config "
                          f"{init.model.config}, this run asks for {model_config}; fine-tune "
