@@ -66,15 +66,16 @@ model_bytes = (sum(p.nbytes for p in model.parameters())
 ids = torch.randint(0, model.config.vocab_size, (1, {prompt}))
 with torch.no_grad():
     t0 = time.perf_counter()
-    model(ids)
+    out = model(ids)
     forward_s = time.perf_counter() - t0
+out = out[0] if isinstance(out, tuple) else out
 t0 = time.perf_counter()
-out = generate(model, ids, max_new_tokens={new}, temperature=0)
+new = generate(model, ids, max_new_tokens={new}, temperature=0)
 generate_s = time.perf_counter() - t0
 result = {{"load_s": load_s, "forward_s": forward_s, "generate_s": generate_s,
            "parameters": model.num_params(False), "packed_layers": len(packed),
-           "model_mb": model_bytes / 2**20, "new": int(out.shape[1]) - {prompt},
-           "finite": bool(torch.isfinite(model(ids[:, :4])[0]).all())}}
+           "model_mb": model_bytes / 2**20, "new": int(new.shape[1]) - {prompt},
+           "finite": bool(torch.isfinite(out).all())}}
 """
 
 

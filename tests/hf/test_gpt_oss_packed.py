@@ -82,8 +82,21 @@ def test_a_packed_layer_is_the_linear_of_its_dequantized_weight(
         layer.bias.data.normal_(generator=g)
     w = dequantize(layer.blocks, layer.scales, torch.float64)  # (out, in)
     x = torch.randn(rows, 32 * groups, generator=g, dtype=torch.float64)
-    want = x @ w.T + (0 if layer.bias is None else layer.bias.double())
-    torch.testing.assert_close(layer.double()(x), want, rtol=0, atol=1e-12)
+    layer = layer.double()
+    want = x @ w.T + (0 if layer.bias is None else layer.bias)
+    torch.testing.assert_close(layer(x), want, rtol=0, atol=1e-12)
+    # through autograd: the input's and the bias's gradients, and no weight kept for them
+    seen = []
+    x.requires_grad_()
+    with torch.autograd.graph.saved_tensors_hooks(lambda t: seen.append(t) or t, lambda t: t):
+        got = layer(x)
+    assert all(t.dtype == torch.uint8 for t in seen)  # the packed bytes alone
+    up = torch.randn(got.shape, generator=g, dtype=torch.float64)
+    (grad,) = torch.autograd.grad((got * up).sum(), x, retain_graph=True)
+    torch.testing.assert_close(grad, up @ w, rtol=0, atol=1e-12)
+    if layer.bias is not None:
+        (grad_bias,) = torch.autograd.grad((got * up).sum(), layer.bias)
+        torch.testing.assert_close(grad_bias, up.sum(0), rtol=0, atol=1e-12)
 
 
 def test_packed_experts_compute_the_dequantized_model_bit_for_bit(
@@ -109,6 +122,25 @@ def test_packed_experts_compute_the_dequantized_model_bit_for_bit(
     assert packed_bytes * 32 == expert_weights * 17  # 4.25 bits a weight
     assert float_bytes + packed_bytes < sum(
         p.numel() * p.element_size() for p in dequantized.parameters())
+
+
+def test_packed_experts_pass_gradients_as_the_dequantized_ones_do(
+        pair: tuple[Any, Path]) -> None:
+    """Under autograd (a notebook's forward without no_grad, gradient attribution): the
+    same logits, within float32's rounding (the products may run another kernel), and the
+    same gradients at the token embeddings and the experts' biases."""
+    _, directory = pair
+    ids = random_ids(2, 9)
+    grads = []
+    for packed in (False, True):
+        model = load_hf(directory, packed=packed)
+        logits = model(ids)
+        logits = logits[0] if isinstance(logits, tuple) else logits
+        (logits.float() ** 2).mean().backward()
+        bias = model.blocks[1].mlp.experts[2].proj.bias
+        grads.append((logits.detach(), model.wte.weight.grad, bias.grad))
+    for dequantized, packed_ in zip(*grads, strict=True):
+        torch.testing.assert_close(packed_, dequantized, rtol=1e-5, atol=1e-6)
 
 
 def test_the_fit_check_packs_the_experts_only_where_dequantized_they_do_not_fit(

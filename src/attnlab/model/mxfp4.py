@@ -38,7 +38,7 @@ not train.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, cast
 
 import torch
 from torch import Tensor, nn
@@ -203,6 +203,31 @@ def check_packed(blocks: Tensor, scales: Tensor, what: str) -> None:
         raise type(err)(f"{what}: {err}") from None
 
 
+def _laid_out(w: Tensor) -> Tensor:
+    """w (out, in) in the memory `GPT.lay_out_weights` gives a Linear's weight, so that the
+    product runs the kernel, and sums in the order, the dequantized model's does."""
+    return w.t().contiguous().t() if w.shape[0] >= w.shape[1] else w
+
+
+class _PackedProduct(torch.autograd.Function):
+    """x @ W.T + bias with W packed: the backward dequantizes W again rather than keeping
+    it (W itself, bytes, gets no gradient)."""
+
+    @staticmethod
+    def forward(ctx: Any, x: Tensor, blocks: Tensor, scales: Tensor, bias: Tensor | None
+                ) -> Tensor:
+        ctx.save_for_backward(blocks, scales)
+        return product(x, _laid_out(unpack(blocks, scales, x.dtype)), bias)  # (..., out)
+
+    @staticmethod
+    def backward(ctx: Any, grad: Tensor) -> tuple[Tensor | None, None, None, Tensor | None]:
+        blocks, scales = ctx.saved_tensors
+        grad_x = grad @ unpack(blocks, scales, grad.dtype) if ctx.needs_input_grad[0] else None
+        grad_bias = grad.reshape(-1, grad.shape[-1]).sum(0) if ctx.needs_input_grad[3] \
+            else None  # (out,)
+        return grad_x, None, None, grad_bias
+
+
 class Mxfp4Linear(nn.Module):
     """A Linear layer whose weight (out, in) stays packed as MXFP4 (module docstring):
     buffers `blocks` (out, in / 32, 16) and `scales` (out, in / 32), uint8, and a float
@@ -239,10 +264,13 @@ class Mxfp4Linear(nn.Module):
         return unpack(self.blocks, self.scales, dtype)
 
     def forward(self, x: Tensor) -> Tensor:
-        w = self.weight_in(x.dtype)  # (out, in)
-        if self.out_features >= self.in_features:  # the memory GPT.lay_out_weights gives it
-            w = w.t().contiguous().t()
-        return product(x, w, self.bias)  # (..., out)
+        bias = self.bias
+        if torch.is_grad_enabled() and (x.requires_grad or (bias is not None
+                                                            and bias.requires_grad)):
+            # autograd would keep each product's dequantized weight until the backward: the
+            # whole model's experts again, unpacked; this dequantizes it again there instead
+            return cast(Tensor, _PackedProduct.apply(x, self.blocks, self.scales, bias))
+        return product(x, _laid_out(self.weight_in(x.dtype)), bias)  # (..., out)
 
     def _load_from_state_dict(self, state_dict: dict[str, Any], prefix: str, *args: Any
                               ) -> None:
