@@ -66,13 +66,16 @@ def deepseek_experts(f: Fields, n_layer: int) -> dict[str, Any]:
 
 
 def deepseek_experts_to_hf(c: GPTConfig) -> dict[str, Any]:
-    """`deepseek_experts` the other way. A shared expert whose width is no whole number of
-    experts' is written rounded down, which reads back as another model (`misfits`)."""
+    """`deepseek_experts` the other way. What these fields cannot say is written as what
+    they can, which reads back as another model (`misfits` names the difference): a dense
+    model as experts_per_token experts, a missing shared expert or one whose width is no
+    whole number of experts' as one or that number rounded down."""
     return dict(
-        n_routed_experts=c.n_experts, num_experts_per_tok=c.experts_per_token,
+        n_routed_experts=c.n_experts or c.experts_per_token,
+        num_experts_per_tok=c.experts_per_token,
         norm_topk_prob=c.experts_normalized, n_group=c.expert_groups,
         topk_group=c.expert_groups_chosen, routed_scaling_factor=c.routed_scaling,
-        n_shared_experts=(c.shared_expert_size or 0) // c.ff_size,
+        n_shared_experts=max(1, (c.shared_expert_size or 0) // c.ff_size),
         moe_intermediate_size=c.ff_size, first_k_dense_replace=c.dense_layers,
         intermediate_size=c.dense_d_ff or c.ff_size)
 
