@@ -23,7 +23,7 @@ from attnlab.load import inspect_dir
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 from benchmarks.loading import hf_shapes, sparse_hf_dir
 
-from helpers import transformers_shapes
+from helpers import assert_logits_match_hf, transformers_shapes
 
 #: GLM-4.5-Air's config.json as zai-org released it (as transformers 4.54 prints it)
 GLM45_AIR: dict[str, Any] = {
@@ -141,3 +141,33 @@ def test_a_16_bit_load_keeps_the_correction_bias_float32(tmp_path: Path) -> None
     for model in (ours, ours.to(torch.float16), ours.float().bfloat16()):
         kept = model.blocks[1].mlp.router.e_score_correction_bias
         assert kept.dtype == torch.float32 and torch.equal(kept, bias)
+
+
+def test_glm45s_multi_token_prediction_layer_is_left_unread(tmp_path: Path) -> None:
+    """A released GLM-4.5 directory holds its MTP layer after the last (model.layers.46.* for
+    GLM-4.5-Air's 46): loaded as transformers loads it, that layer unread; dots.llm1, which
+    has none, refuses a layer past its last as weights left over."""
+    transformers = pytest.importorskip("transformers")
+    from safetensors.torch import load_file, save_file
+
+    small = dict(vocab_size=61, hidden_size=32, intermediate_size=48, moe_intermediate_size=16,
+                 num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                 n_routed_experts=4, num_experts_per_tok=2, first_k_dense_replace=1)
+    mtp = {"model.layers.2.eh_proj.weight": torch.randn(32, 64),
+           "model.layers.2.enorm.weight": torch.ones(32),
+           "model.layers.2.mlp.gate.weight": torch.randn(4, 32)}
+    for family, config in (
+            ("glm4_moe", transformers.Glm4MoeConfig(**small, num_nextn_predict_layers=1)),
+            ("dots1", transformers.Dots1Config(**small, n_shared_experts=1, n_group=1,
+                                                topk_group=1))):
+        config._attn_implementation = "eager"
+        hf = getattr(transformers, f"{type(config).__name__[:-6]}ForCausalLM")(config).eval()
+        directory = tmp_path / family
+        hf.save_pretrained(directory)
+        path = directory / "model.safetensors"
+        save_file({**load_file(str(path)), **mtp}, str(path), metadata={"format": "pt"})
+        if family == "dots1":
+            with pytest.raises(ValueError, match=r"does not account for: \['model\.layers\.2"):
+                load_hf(directory)
+            continue
+        assert_logits_match_hf(load_hf(directory), hf, [7, 4])

@@ -13,7 +13,8 @@
 - the first `first_k_dense_replace` layers with one dense MLP `intermediate_size` wide.
 
 The multi-token-prediction layers (`num_nextn_predict_layers`) take no part in a forward
-pass: transformers builds none, and attnlab neither.
+pass: transformers builds none and leaves their tensors in the files unread, and so does
+attnlab (`WeightMap.later_layers`).
 """
 
 from __future__ import annotations
@@ -35,6 +36,8 @@ DEEPSEEK_WEIGHTS = dataclasses.replace(_EXPERTS, block={
     "mlp.shared.gate": "mlp.shared_experts.gate_proj",
     "mlp.shared.fc": "mlp.shared_experts.up_proj",
     "mlp.shared.proj": "mlp.shared_experts.down_proj"})
+# GLM-4.5's files hold its multi-token-prediction layers after the last (model.layers.46.*)
+GLM4_MOE_WEIGHTS = dataclasses.replace(DEEPSEEK_WEIGHTS, later_layers=True)
 
 
 def deepseek_experts(f: Fields, n_layer: int) -> dict[str, Any]:
@@ -108,6 +111,6 @@ def _to_hf(c: GPTConfig) -> dict[str, Any]:
 GLM4_MOE = Family(
     name="glm4_moe", model_type="glm4_moe", architecture="Glm4MoeForCausalLM",
     base_architecture="Glm4MoeModel", config_from_hf=_config, config_to_hf=_to_hf,
-    weights=DEEPSEEK_WEIGHTS, from_memory=partial(split_experts, weights=DEEPSEEK_WEIGHTS),
+    weights=GLM4_MOE_WEIGHTS, from_memory=partial(split_experts, weights=GLM4_MOE_WEIGHTS),
     irrelevant=ROUTER_TRAINING | {"num_nextn_predict_layers"},
 )

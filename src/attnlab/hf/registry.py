@@ -97,6 +97,9 @@ class WeightMap:
     reshaped: top-level tensors HF stores in another shape: attnlab name -> (from HF, to
     HF) (OPT's position table, two rows longer).
     stacked: a mixture's experts HF holds in one 3-D tensor a layer (`Stacked`).
+    later_layers: whether the files may hold layers past the config's n_layer that no
+    forward reads (GLM-4.5's multi-token-prediction layer, which transformers leaves
+    unread too): their tensors are not weights left over.
     """
 
     top: Mapping[str, str]
@@ -107,6 +110,7 @@ class WeightMap:
     fused: tuple[Fused, ...] = ()
     reshaped: Mapping[str, tuple[Reshape, Reshape]] = field(default_factory=dict)
     stacked: tuple[Stacked, ...] = ()
+    later_layers: bool = False
 
     def stored_head(self, hf_state: Container[str]) -> tuple[str, str] | None:
         """(the head's name, the token table's name) as the file stores them, where it
@@ -241,13 +245,21 @@ class WeightMap:
                 held = None  # the last one freed before the next is read
                 held = name, take(name)
             yield ours, piece(held[1])
-        leftover = sorted(k for k in set(names) - used if not BUFFERS.search(k))
+        leftover = sorted(k for k in set(names) - used
+                          if not BUFFERS.search(k) and not self._later(k, config.n_layer))
         if leftover:
             raise ValueError(
                 f"{family} checkpoint has weights the config does not account for: "
                 f"{leftover[:3]}{' ...' if len(leftover) > 3 else ''}; config.json and the "
                 "weights disagree (e.g. a bias flag)"
             )
+
+    def _later(self, name: str, n_layer: int) -> bool:
+        """Whether `name` (with the base prefix) is a tensor of a layer at or past n_layer
+        that `later_layers` lets the files hold."""
+        prefix, _, _ = self.layer.partition("{i}")
+        index = name.removeprefix(prefix).partition(".")[0] if name.startswith(prefix) else ""
+        return self.later_layers and index.isdigit() and int(index) >= n_layer
 
     def iter_to_hf(self, state: Mapping[str, Tensor], config: GPTConfig
                    ) -> Iterator[tuple[str, Tensor]]:
