@@ -282,8 +282,9 @@ def modern_switches(n_layer: int = 2) -> Any:
     parallel residual, sliding windows, Gemma's (1 + w) norm, GeGLU, scaled embeddings and
     sandwich norms, Gemma 3's RoPE base of its windowed layers, Gemma 2's soft caps of scores
     and logits, OLMo 2's blocks without pre-norms and its QK-norm over whole q and k, Phi's
-    one norm for a parallel block and bias on the head, a mixture of 3 experts, gpt-oss's
-    attention sinks and clamped SwiGLU), valid for a
+    one norm for a parallel block and bias on the head, a mixture of 3 experts (or 4 behind
+    DeepSeek-V3's sigmoid router in groups; a scaling, an ungated shared expert, a dense
+    first layer), gpt-oss's attention sinks and clamped SwiGLU), valid for a
     model with 4 query heads (head size 4 or 8). The property tests of model, attention,
     cache, trace and generation draw from it so every invariant runs over every switch."""
     from hypothesis import strategies as st
@@ -347,7 +348,17 @@ def modern_switches(n_layer: int = 2) -> Any:
                             experts_from_top_logits=normalized and draw(st.booleans()),
                             expert_weights_in_float32=draw(st.booleans()),
                             shared_expert_size=draw(st.sampled_from([None, 12])),
-                            router_bias=draw(st.booleans()))
+                            router_bias=draw(st.booleans()),
+                            routed_scaling=draw(st.sampled_from([1.0, 2.5])),
+                            shared_expert_gated=draw(st.booleans()),
+                            dense_layers=draw(st.sampled_from([0, 1] if n_layer > 1 else [0])),
+                            dense_d_ff=draw(st.sampled_from([None, 20])))
+            if draw(st.booleans()):  # DeepSeek-V3's sigmoid router, 4 experts in 1 or 2 groups
+                groups = draw(st.sampled_from([1, 2]))
+                switches.update(n_experts=4, router_scoring="sigmoid", expert_groups=groups,
+                                expert_groups_chosen=draw(st.sampled_from([1, groups])),
+                                experts_from_top_logits=False, router_bias=False,
+                                experts_per_token=draw(st.sampled_from([1, 3])))
         window = draw(st.sampled_from([None, 2, 3]))
         if window is not None:
             switches["sliding_window"] = window

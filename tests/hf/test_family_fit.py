@@ -107,7 +107,9 @@ OTHER: dict[str, Any] = dict(
     experts_normalized=True, experts_from_top_logits=True,  # the one needs the other
     expert_weights_in_float32={True: False, False: True}, shared_expert_size=None,
     router_bias={True: False, False: True}, swiglu_alpha=2.0, swiglu_limit=3.0,
-    rope_tables_rounded={True: False, False: True})
+    rope_tables_rounded={True: False, False: True}, router_scoring="softmax",
+    expert_groups=1, expert_groups_chosen=1, routed_scaling=2.0,
+    shared_expert_gated={True: False, False: True}, dense_layers=0, dense_d_ff=20)
 
 
 def _same_model_spelled_otherwise(config: GPTConfig) -> GPTConfig:

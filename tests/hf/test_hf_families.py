@@ -388,6 +388,35 @@ CASES: dict[str, tuple[str, dict[str, Any]]] = {
         num_local_experts=5, num_experts_per_tok=3, swiglu_limit=0.5, swiglu_alpha=1.2,
         attention_bias=False, tie_word_embeddings=True, layer_types=["full_attention"] * 3,
         rope_parameters=dict(rope_type="default", rope_theta=10000.0))),
+    # GLM-4.5: DeepSeek-V3's sigmoid router, top 3 of 8 in 4 groups of which 2 are kept,
+    # renormalised, times 2.5; two shared experts' width, a dense first layer, QK-norm, q/k/v
+    # biases, half of each head turned, untied
+    "glm4_moe-groups": ("Glm4Moe", dict(
+        **{**SMALL, "num_hidden_layers": 3}, num_key_value_heads=2, head_dim=16,
+        n_routed_experts=8, num_experts_per_tok=3, n_group=4, topk_group=2,
+        norm_topk_prob=True, routed_scaling_factor=2.5, n_shared_experts=2,
+        moe_intermediate_size=16, first_k_dense_replace=1, use_qk_norm=True,
+        attention_bias=True)),
+    # top 2 of 4 as their scores, no groups, every layer a mixture, no QK-norm or biases, a
+    # quarter of each head turned, tied
+    "glm4_moe-plain": ("Glm4Moe", dict(
+        **SMALL, num_key_value_heads=4, head_dim=8, n_routed_experts=4, num_experts_per_tok=2,
+        norm_topk_prob=False, n_shared_experts=1, moe_intermediate_size=24,
+        first_k_dense_replace=0, tie_word_embeddings=True,
+        rope_parameters=dict(rope_type="default", rope_theta=1e5,
+                             partial_rotary_factor=0.25))),
+    # dots.llm1: Qwen3's attention (QK-norm, all four biases), a window of 6 from layer 1 on;
+    # top 2 of 6 in 3 groups of which 2 are kept, renormalised, times 1.5, a dense first layer
+    "dots1-groups-window": ("Dots1", dict(
+        **{**SMALL, "num_hidden_layers": 3}, num_key_value_heads=2, n_routed_experts=6,
+        num_experts_per_tok=2, n_group=3, topk_group=2, norm_topk_prob=True,
+        routed_scaling_factor=1.5, n_shared_experts=1, moe_intermediate_size=16,
+        first_k_dense_replace=1, attention_bias=True, sliding_window=6, max_window_layers=1)),
+    # top 3 of 4 as their scores times 2, no window, every layer a mixture, tied
+    "dots1-plain": ("Dots1", dict(
+        **SMALL, num_key_value_heads=1, n_routed_experts=4, num_experts_per_tok=3,
+        routed_scaling_factor=2.0, n_shared_experts=1, moe_intermediate_size=24,
+        sliding_window=None, tie_word_embeddings=True)),
 }
 # the model class where it is not f"{prefix}ForCausalLM"
 MODEL_CLASS = {"Gemma3Text": "Gemma3ForCausalLM"}
@@ -409,6 +438,9 @@ def hf_model(case: str) -> Any:
         for name, p in model.named_parameters():
             if "norm" in name or name.endswith("bias"):
                 p.add_(0.1 * torch.randn_like(p))
+        for name, b in model.named_buffers():  # DeepSeek-V3's router: a bias that moves picks
+            if name.endswith("e_score_correction_bias"):
+                b.add_(0.3 * torch.randn_like(b))
     return model
 
 
@@ -607,6 +639,15 @@ def _rounding_as_attnlabs(hf: Any, vocab: int, monkeypatch: pytest.MonkeyPatch) 
             assert not torch.equal(hf(ids, attention_mask=mask).logits, before)
     if hf.config.model_type in ("cohere", "cohere2"):
         _cohere_sum_as_attnlabs(hf, ids, mask, monkeypatch)
+    if hf.config.model_type in ("glm4_moe", "dots1"):  # DeepSeek-V3's router
+        # transformers keeps its weight float32 (_keep_in_fp32_modules_strict), attnlab rounds
+        # it to the model's dtype (a released bfloat16 router rounds to itself in bfloat16);
+        # both keep the correction bias float32
+        before = hf(ids, attention_mask=mask).logits
+        for name, p in hf.named_parameters():
+            if name.endswith("mlp.gate.weight"):
+                p.data = p.data.to(hf.dtype).float()
+        assert not torch.equal(hf(ids, attention_mask=mask).logits, before)
     if hf.config.model_type == "gpt_oss":
         _oss_experts_as_attnlabs(hf, ids, mask, monkeypatch)
         kept = [p for name, p in hf.named_parameters() if "norm" in name and p.dtype != hf.dtype]

@@ -72,7 +72,7 @@ IMPORTS = (
     "gpt2, llama, mistral, qwen2, qwen3, gpt_neox, gemma, gemma2, gemma3_text, phi, phi3, "
     "olmo2, olmo3, smollm3, gptj, gpt_neo, opt, stablelm, granite, falcon, mixtral, olmoe, "
     "qwen3_moe, granitemoe, qwen2_moe, gpt_oss, glm, glm4, starcoder2, exaone4, cohere, "
-    "cohere2, seed_oss, ernie4_5, helium, arcee "
+    "cohere2, seed_oss, ernie4_5, helium, arcee, glm4_moe, dots1 "
     "(GPT2LMHeadModel, "
     "LlamaForCausalLM, "
     "MistralForCausalLM, "
@@ -83,7 +83,8 @@ IMPORTS = (
     "OlmoeForCausalLM, Qwen3MoeForCausalLM, GraniteMoeForCausalLM, Qwen2MoeForCausalLM, "
     "GptOssForCausalLM, GlmForCausalLM, Glm4ForCausalLM, Starcoder2ForCausalLM, "
     "Exaone4ForCausalLM, CohereForCausalLM, Cohere2ForCausalLM, SeedOssForCausalLM, "
-    "Ernie4_5ForCausalLM, HeliumForCausalLM, ArceeForCausalLM)"
+    "Ernie4_5ForCausalLM, HeliumForCausalLM, ArceeForCausalLM, Glm4MoeForCausalLM, "
+    "Dots1ForCausalLM)"
 )
 REFUSED: list[tuple[str, Any, str]] = [
     ("hidden_act", lambda: {**hf_dict("Llama", **SMALL), "hidden_act": "gelu"},

@@ -22,8 +22,9 @@ TEXT = "the cat sat on the mat"
 def mixture(**overrides: Any) -> GPT:
     """Two layers of four experts, each token through two, random and the same each call."""
     torch.manual_seed(0)
-    return GPT(GPTConfig(vocab_size=TOK.vocab_size, block_size=32, n_layer=2, n_head=2,
-                         n_embd=16, n_experts=4, experts_per_token=2, **overrides)).eval()
+    return GPT(GPTConfig(**{**dict(vocab_size=TOK.vocab_size, block_size=32, n_layer=2,
+                                   n_head=2, n_embd=16, n_experts=4, experts_per_token=2),
+                            **overrides})).eval()
 
 
 def dense() -> GPT:
@@ -186,3 +187,24 @@ def test_a_dense_model_is_refused_by_name(clients: tuple[Any, Any]) -> None:
     assert r.json()["error"].startswith("this model routes no token: its MLP is one dense MLP")
     assert "n_experts set" in r.json()["error"]
     assert clients[1].get("/api/model").json()["config"]["n_experts"] is None
+
+
+def test_a_dense_first_layer_is_left_out_of_the_routing_and_refused_by_name() -> None:
+    """DeepSeek-V3's dense first layers (dense_layers) route nothing: the answer holds the
+    mixtures' layers alone, weights times routed_scaling (above 1), and asking for a dense
+    layer is refused by name."""
+    pytest.importorskip("fastapi", reason="the serve extra (fastapi, uvicorn) is not installed")
+    from fastapi.testclient import TestClient
+
+    from attnlab import create_app
+
+    model = mixture(n_layer=3, dense_layers=1, router_scoring="sigmoid", routed_scaling=2.5)
+    client = TestClient(create_app(model, TOK))
+    got = client.post("/api/routing", json={"text": TEXT}).json()
+    assert got["layers"] == [1, 2]
+    trace = Trace(names=["expert_weights"]).run(model, torch.tensor([TOK.encode(TEXT)]))
+    assert_routing(got, [trace.get("expert_weights", i)[0] for i in (1, 2)], k=2)
+    assert max(w for layer in got["weights"] for row in layer for w in row) > 1
+    r = client.post("/api/routing", json={"text": "the cat", "layers": [0, 1]})
+    assert r.status_code == 422
+    assert "layers [0] have one dense MLP (the first dense_layers=1 blocks)" in r.json()["error"]

@@ -9,7 +9,8 @@ OPTForCausalLM, StableLmForCausalLM, GraniteForCausalLM, FalconForCausalLM, the 
 MixtralForCausalLM, OlmoeForCausalLM, Qwen3MoeForCausalLM, GraniteMoeForCausalLM,
 Qwen2MoeForCausalLM and GptOssForCausalLM, GlmForCausalLM, Glm4ForCausalLM,
 Starcoder2ForCausalLM, Exaone4ForCausalLM, CohereForCausalLM, Cohere2ForCausalLM,
-SeedOssForCausalLM, Ernie4_5ForCausalLM, HeliumForCausalLM and ArceeForCausalLM.
+SeedOssForCausalLM, Ernie4_5ForCausalLM, HeliumForCausalLM, ArceeForCausalLM, and the
+DeepSeek-V3-style mixtures Glm4MoeForCausalLM and Dots1ForCausalLM.
 `registry.py` holds the Family / WeightMap machinery, `fields.py` the config-field
 bookkeeping (every field is honoured, refused by name, or listed there as irrelevant),
 `files.py` the directory reading and writing (the tokenizer files themselves are
@@ -50,6 +51,7 @@ from ..tokenizers.hf_dir import (
 )
 from .arcee import ARCEE
 from .cohere import COHERE, COHERE2
+from .dots1 import DOTS1
 from .ernie4_5 import ERNIE4_5
 from .exaone4 import EXAONE4
 from .falcon import FALCON
@@ -67,6 +69,7 @@ from .gemma2 import GEMMA2
 from .gemma3 import GEMMA3
 from .gemma3 import NEAR_MISSES as GEMMA3_NEAR_MISSES
 from .glm import GLM, GLM4
+from .glm4_moe import GLM4_MOE
 from .gpt2 import GPT2
 from .gpt_neo import GPT_NEO
 from .gpt_neox import GPT_NEOX
@@ -103,7 +106,7 @@ FAMILIES: tuple[Family, ...] = (GPT2, LLAMA, MISTRAL, QWEN2, QWEN3, GPT_NEOX, GE
                                STABLELM, GRANITE, FALCON, MIXTRAL, OLMOE, QWEN3_MOE,
                                GRANITEMOE, QWEN2_MOE, GPT_OSS, GLM, GLM4, STARCODER2,
                                EXAONE4, COHERE, COHERE2, SEED_OSS, ERNIE4_5, HELIUM,
-                               ARCEE)
+                               ARCEE, GLM4_MOE, DOTS1)
 FAMILY_BY_NAME: dict[str, Family] = {f.name: f for f in FAMILIES}
 
 __all__ = [

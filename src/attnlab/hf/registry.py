@@ -5,7 +5,8 @@ A family (one small module each: gpt2.py, gpt_neo.py, llama.py, qwen2.py, qwen3.
 gpt_neox.py, gptj.py, opt.py, the gemma*.py, phi.py, phi3.py, the olmo*.py, smollm3.py,
 stablelm.py, granite.py, falcon.py, glm.py, starcoder2.py, exaone4.py, cohere.py,
 seed_oss.py, ernie4_5.py, helium.py, arcee.py; the mixtures of experts
-mixtral.py, olmoe.py, qwen3_moe.py, qwen2_moe.py, granitemoe.py, gpt_oss.py) is a `Family`:
+mixtral.py, olmoe.py, qwen3_moe.py, qwen2_moe.py, granitemoe.py, gpt_oss.py, glm4_moe.py,
+dots1.py) is a `Family`:
 its model_type and architecture names, a config mapping each way (`Fields` in, a config.json
 dict out, which `misfits` reads back to know whether the family holds a GPTConfig) and a
 `WeightMap` (attnlab's state-dict names <-> Hugging Face's, with the modules a family fuses
@@ -103,6 +104,9 @@ class WeightMap:
     reshaped: top-level tensors HF stores in another shape: attnlab name -> (from HF, to
     HF) (OPT's position table, two rows longer).
     stacked: a mixture's experts HF holds in one 3-D tensor a layer (`Stacked`).
+    later_layers: whether the files may hold layers past the config's n_layer that no
+    forward reads (GLM-4.5's multi-token-prediction layer, which transformers leaves
+    unread too): their tensors are not weights left over.
     """
 
     top: Mapping[str, str]
@@ -113,6 +117,7 @@ class WeightMap:
     fused: tuple[Fused, ...] = ()
     reshaped: Mapping[str, tuple[Reshape, Reshape]] = field(default_factory=dict)
     stacked: tuple[Stacked, ...] = ()
+    later_layers: bool = False
 
     def stored_head(self, hf_state: Container[str]) -> tuple[str, str] | None:
         """(the head's name, the token table's name) as the file stores them, where it
@@ -252,13 +257,21 @@ class WeightMap:
                 held = None  # the last one freed before the next is read
                 held = name, take(name)
             yield ours, piece(held[1])
-        leftover = sorted(k for k in set(names) - used if not BUFFERS.search(k))
+        leftover = sorted(k for k in set(names) - used
+                          if not BUFFERS.search(k) and not self._later(k, config.n_layer))
         if leftover:
             raise ValueError(
                 f"{family} checkpoint has weights the config does not account for: "
                 f"{leftover[:3]}{' ...' if len(leftover) > 3 else ''}; config.json and the "
                 "weights disagree (e.g. a bias flag)"
             )
+
+    def _later(self, name: str, n_layer: int) -> bool:
+        """Whether `name` (with the base prefix) is a tensor of a layer at or past n_layer
+        that `later_layers` lets the files hold."""
+        prefix, _, _ = self.layer.partition("{i}")
+        index = name.removeprefix(prefix).partition(".")[0] if name.startswith(prefix) else ""
+        return self.later_layers and index.isdigit() and int(index) >= n_layer
 
     def iter_to_hf(self, state: Mapping[str, Tensor], config: GPTConfig
                    ) -> Iterator[tuple[str, Tensor]]:

@@ -23,7 +23,8 @@ def norm_of(config: GPTConfig) -> nn.Module:
 
 
 class Block(nn.Module):
-    def __init__(self, config: GPTConfig) -> None:
+    def __init__(self, config: GPTConfig, layer: int = 0) -> None:
+        """layer: the block's index, which decides a dense MLP or a mixture (dense_layers)."""
         super().__init__()
         c = config
         self.residual, self.parallel = c.residual, c.parallel_residual
@@ -58,11 +59,18 @@ class Block(nn.Module):
                 clamp=c.swiglu_clamp,
             )
 
-        self.mlp: MLP | MoE | None = None if not has_mlp else mlp() if c.n_experts is None \
-            else MoE(c.n_embd, c.n_experts, c.experts_per_token, c.experts_normalized, mlp,
-                     wide=c.expert_weights_in_float32, top_logits=c.experts_from_top_logits,
-                     shared_size=c.shared_expert_size, router_bias=c.router_bias,
-                     keep_routing=c.router_aux_loss_coef > 0)  # for GPT's balance loss
+        self.mlp: MLP | MoE | None = None
+        if has_mlp and not c.has_mixture(layer):  # DeepSeek-V3's first layers: their own width
+            self.mlp = mlp(c.dense_d_ff if c.n_experts is not None else None)
+        elif has_mlp and c.n_experts is not None:
+            self.mlp = MoE(
+                c.n_embd, c.n_experts, c.experts_per_token, c.experts_normalized, mlp,
+                wide=c.expert_weights_in_float32, top_logits=c.experts_from_top_logits,
+                shared_size=c.shared_expert_size, router_bias=c.router_bias,
+                keep_routing=c.router_aux_loss_coef > 0,  # for GPT's balance loss
+                scoring=c.router_scoring, groups=c.expert_groups,
+                groups_chosen=c.expert_groups_chosen, scaling=c.routed_scaling,
+                shared_gated=c.shared_expert_gated)
 
     def forward(
         self,

@@ -12,6 +12,7 @@ import math
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from .experts_config import check_experts
 from .layers import GELUS, MLPS, NORMS
 from .rope import check_rope_scaling
 
@@ -126,13 +127,36 @@ class GPTConfig:
     # experts_normalized
     experts_from_top_logits: bool = False
     # an expert this wide that every token goes through beside its routed ones, its output
-    # times sigmoid(a gate's score) (Qwen2-MoE's shared expert); None: none
+    # times sigmoid(a gate's score) where shared_expert_gated (Qwen2-MoE's shared expert);
+    # None: none
     shared_expert_size: int | None = None
     # training: the loss adds this times Mixtral's load-balancing term (Switch Transformer's:
     # n_experts * sum_e share of picks_e * mean probability_e, over every layer's tokens), which
-    # keeps a mixture from sending every token to a few experts; 0: none
+    # keeps a mixture from sending every token to a few experts; 0: none. A sigmoid router's
+    # "probabilities" are its scores normalised to sum 1 (DeepSeek-V3's balance loss's)
     router_aux_loss_coef: float = 0.0
     router_bias: bool = False  # a bias on the router's Linear (gpt-oss)
+    # how the router scores the experts: "softmax" (the probabilities above); "sigmoid"
+    # (DeepSeek-V3's, GLM-4.5's, dots.llm1's): float32 logits of the float32 input, each
+    # expert's score sigmoid(logit), the top experts picked by score + a correction bias (the
+    # float32 buffer router.e_score_correction_bias, read from the files, never trained: it
+    # steers the load without a loss) and weighted by their unbiased scores
+    router_scoring: str = "softmax"
+    # "sigmoid" scoring in groups: the experts split into expert_groups runs of equal size, a
+    # token picks among the expert_groups_chosen groups whose two best biased scores sum
+    # highest (DeepSeek-V3's n_group / topk_group, which bound a token's devices); 1, 1: none
+    expert_groups: int = 1
+    expert_groups_chosen: int = 1
+    # the chosen experts' weights times this, after any renormalising (DeepSeek-V3's
+    # routed_scaling_factor: sigmoid scores are small beside softmax probabilities); 1.0: none
+    routed_scaling: float = 1.0
+    # the shared expert's output times sigmoid(a gate's score) (Qwen2-MoE's), or added as it
+    # is (False: DeepSeek-V3's, GLM-4.5's, dots.llm1's)
+    shared_expert_gated: bool = True
+    # the first dense_layers blocks have one dense MLP dense_d_ff wide (None: d_ff) in place
+    # of the mixture (DeepSeek-V3's first_k_dense_replace: the early layers stay dense)
+    dense_layers: int = 0
+    dense_d_ff: int | None = None
     swiglu_alpha: float = 1.702  # "clamped_swiglu"'s sigmoid slope (gpt-oss: 1.702)
     swiglu_limit: float = 7.0  # "clamped_swiglu"'s clamp of gate and up (gpt-oss: 7.0)
     # a learned logit per query head in each layer's softmax, which takes weight and adds
@@ -146,7 +170,7 @@ class GPTConfig:
             value = getattr(self, name)
             if not isinstance(value, int) or value < 1:
                 raise ValueError(f"GPTConfig.{name}={value!r} must be a positive integer")
-        for name in ("d_ff", "head_dim", "sliding_window"):
+        for name in ("d_ff", "head_dim", "sliding_window", "dense_d_ff"):
             value = getattr(self, name)
             if value is not None and (not isinstance(value, int) or value < 1):
                 raise ValueError(f"GPTConfig.{name}={value!r} must be a positive integer or None")
@@ -193,7 +217,7 @@ class GPTConfig:
                     math.isfinite(value) and value > 0):
                 raise ValueError(f"GPTConfig.{name}={value!r} must be a positive finite "
                                  "number (Granite's; 1.0 leaves the model as it is)")
-        self._check_experts()
+        check_experts(self)
         if not self.norm_eps > 0:
             raise ValueError(f"norm_eps={self.norm_eps} must be > 0")
         if not self.rope_theta > 0:
@@ -256,29 +280,6 @@ class GPTConfig:
                 raise ValueError(f"nope_layers={self.nope_layers} names layers without RoPE: it "
                                  f"needs pos='rope' and layers within 0..{self.n_layer - 1}")
 
-    def _check_experts(self) -> None:
-        if self.n_experts is not None and (
-                isinstance(self.n_experts, bool) or not isinstance(self.n_experts, int)
-                or not 1 <= self.experts_per_token <= self.n_experts or self.mlp == "none"):
-            raise ValueError(
-                f"n_experts={self.n_experts!r}, experts_per_token={self.experts_per_token!r}: "
-                "a mixture of experts needs an MLP kind (mlp != 'none'), a positive number of "
-                "experts and 1 <= experts_per_token <= n_experts")
-        shared = self.shared_expert_size
-        if shared is not None and (isinstance(shared, bool) or not isinstance(shared, int)
-                                   or shared < 1 or self.n_experts is None):
-            raise ValueError(f"shared_expert_size={shared!r} is the width of a mixture's "
-                             "shared expert: a positive integer beside n_experts")
-        if self.experts_from_top_logits and not self.experts_normalized:
-            raise ValueError("experts_from_top_logits=True weighs the chosen experts by the "
-                             "softmax of their logits, which sums to 1: it needs "
-                             "experts_normalized=True")
-        coef = self.router_aux_loss_coef
-        if isinstance(coef, bool) or not isinstance(coef, int | float) or not (
-                math.isfinite(coef) and coef >= 0):
-            raise ValueError(f"GPTConfig.router_aux_loss_coef={coef!r} must be a finite "
-                             "number >= 0 (Mixtral trained with 0.02; 0: no balancing term)")
-
     @property
     def norm_biased(self) -> bool:
         """Whether the LayerNorms have a bias: norm_bias, or bias where it is None."""
@@ -333,6 +334,10 @@ class GPTConfig:
         """The MLP hidden width: d_ff, or 4 * n_embd."""
         return 4 * self.n_embd if self.d_ff is None else self.d_ff
 
+    def has_mixture(self, layer: int) -> bool:
+        """Whether block `layer` routes through a mixture of experts (not past dense_layers)."""
+        return self.n_experts is not None and layer >= self.dense_layers
+
     def rotates(self, layer: int) -> bool:
         """Whether `layer` turns q and k by RoPE (not where pos != "rope", nor a NoPE layer)."""
         return self.pos == "rope" and (self.nope_layers is None or layer not in self.nope_layers)
@@ -368,9 +373,16 @@ class GPTConfig:
         idle |= {"norm_bias"} if self.norm != "layernorm" else set()
         idle |= {"bias"} if self.mlp == "none" else set()
         idle |= {"experts_per_token", "experts_normalized", "expert_weights_in_float32",
-                 "experts_from_top_logits", "shared_expert_size", "router_bias"} \
+                 "experts_from_top_logits", "shared_expert_size", "router_bias",
+                 "router_scoring", "expert_groups", "expert_groups_chosen", "routed_scaling",
+                 "shared_expert_gated", "dense_layers", "dense_d_ff"} \
             if self.n_experts is None \
             else set()
+        idle |= {"shared_expert_gated"} if self.shared_expert_size is None else set()
+        if self.dense_layers:
+            fields["dense_d_ff"] = self.dense_d_ff or self.ff_size
+        else:
+            idle.add("dense_d_ff")
         return {name: value for name, value in fields.items() if name not in idle}
 
     @classmethod

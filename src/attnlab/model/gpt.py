@@ -54,7 +54,7 @@ class GPT(nn.Module):
         self.local_rotary = None if c.local_rope_theta is None else Rotary(
             c.head_size, c.rotary_pct, c.local_rope_theta, None, c.rope_interleaved)
         self.drop = nn.Dropout(c.dropout)
-        self.blocks = nn.ModuleList([Block(c) for _ in range(c.n_layer)])
+        self.blocks = nn.ModuleList([Block(c, i) for i in range(c.n_layer)])
         self.ln_f = norm_of(c)
         self.lm_head = Linear(c.n_embd, c.vocab_size, bias=c.head_bias)
         if c.tie_weights:

@@ -27,6 +27,7 @@ from torch import Tensor
 from .config import GPTConfig
 from .gpt import GPT, on_meta
 from .memory import DoesNotFitError, Use, check_memory, params_text
+from .moe import CORRECTION_BIAS
 from .mxfp4 import packed_layers
 from .tensorfile import WeightFiles
 
@@ -137,9 +138,10 @@ def materialize(model: GPT, tensors: Iterable[tuple[str, Tensor]], *,
                 dtype: torch.dtype | None = None, device: str | torch.device = "cpu",
                 progress: Progress | None = None) -> GPT:
     """Fill meta model `model` from (name, tensor) pairs (checked by `check_shapes` first):
-    each parameter is allocated on `device` in `dtype` (default float32) with the layout the
-    meta model has, and the tensor copied in; `progress(tensors filled, tensors in all)`
-    after each. Returns the model in eval mode."""
+    each parameter is allocated on `device` in `dtype` (default float32; a mixture's
+    correction bias float32 always) with the layout the meta model has, and the tensor copied
+    in; `progress(tensors filled, tensors in all)` after each. Returns the model in eval
+    mode."""
     dtype = dtype or torch.float32
     metas = dict(model.state_dict())
     total = len(metas) - (1 if model.config.tie_weights else 0)  # a tied head is not read
@@ -148,8 +150,11 @@ def materialize(model: GPT, tensors: Iterable[tuple[str, Tensor]], *,
         for name, tensor in tensors:
             meta = metas[name]
             # (the shape meta has, in its strides: a laid-out Linear keeps its (in, out) memory)
+            # (packed bytes stay uint8; a mixture's correction bias float32, as `MoE._apply`
+            # keeps it)
             target = torch.empty_strided(meta.shape, meta.stride(), device=device, dtype=(
-                dtype if meta.is_floating_point() else meta.dtype))  # packed bytes stay uint8
+                meta.dtype if not meta.is_floating_point()
+                else torch.float32 if name.endswith(CORRECTION_BIAS) else dtype))
             target.copy_(tensor)
             filled[name] = target
             if progress is not None:

@@ -12,6 +12,13 @@ replace: zero an expert's column to ablate it, or give a token experts the route
 choose. Each expert then runs once on the rows that give it a weight, in expert order, its
 output scaled and added into the rows it came from: Hugging Face's eager loop, so its
 numbers are transformers'.
+
+DeepSeek-V3's router (GLM-4.5, dots.llm1: `scoring="sigmoid"`) scores each expert by the
+sigmoid of its float32 logit instead, picks the top k by score plus a correction bias (a
+float32 buffer kept float32 whatever the model's dtype, as transformers keeps it), among the
+best `groups_chosen` of `groups` groups, and weighs them by their unbiased scores,
+renormalised where `normalized`; every scheme's weights are then times `scaling`. Its
+shared expert is added ungated (`shared_gated=False`).
 """
 
 from __future__ import annotations
@@ -20,9 +27,13 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor, nn
 
 from .layers import GATED, MLP, Linear
+
+#: the router's buffer of "sigmoid" scoring, which stays float32 in a 16-bit model
+CORRECTION_BIAS = "e_score_correction_bias"
 
 if TYPE_CHECKING:
     from .config import GPTConfig
@@ -34,16 +45,24 @@ class MoE(nn.Module):
     def __init__(self, n_embd: int, n_experts: int, top_k: int, normalized: bool,
                  expert: Callable[[int | None], MLP], wide: bool = True,
                  top_logits: bool = False, shared_size: int | None = None,
-                 keep_routing: bool = False, router_bias: bool = False) -> None:
+                 keep_routing: bool = False, router_bias: bool = False,
+                 scoring: str = "softmax", groups: int = 1, groups_chosen: int = 1,
+                 scaling: float = 1.0, shared_gated: bool = True) -> None:
         """expert(width): a new MLP, `width` wide (None: the config's d_ff)."""
         super().__init__()
         self.top_k, self.normalized, self.wide = top_k, normalized, wide
         self.top_logits = top_logits  # the chosen weights: a softmax of their logits alone
+        self.sigmoid, self.scaling = scoring == "sigmoid", scaling
+        self.groups, self.groups_chosen = groups, groups_chosen
         self.router = Linear(n_embd, n_experts, bias=router_bias)  # gpt-oss's has a bias
+        if self.sigmoid:  # on the router, so that it maps to the files' mlp.gate's buffer
+            self.router.register_buffer(CORRECTION_BIAS, torch.zeros(n_experts))  # (E,)
         self.experts = nn.ModuleList(expert(None) for _ in range(n_experts))
-        # Qwen2-MoE: an expert every token goes through, scaled by sigmoid(its gate's score)
+        # an expert every token goes through: scaled by sigmoid(its gate's score) where
+        # `shared_gated` (Qwen2-MoE), added as it is otherwise (DeepSeek-V3)
         self.shared = None if shared_size is None else expert(shared_size)
-        self.shared_gate = None if shared_size is None else Linear(n_embd, 1, bias=False)
+        self.shared_gate = None if shared_size is None or not shared_gated else Linear(
+            n_embd, 1, bias=False)
         # the last training forward's router probabilities (N, E) and picks (N, k), kept for
         # the load-balancing loss (`balance_loss`) when `keep_routing`; None otherwise
         self.keep_routing = keep_routing
@@ -53,6 +72,8 @@ class MoE(nn.Module):
         """x (B, T, C) -> each expert's weight in each token's output (B, T, n_experts),
         float32, zero off the token's top-k; `trace` records (and may replace) the router's
         logits as "router_logits" and the weights as "expert_weights"."""
+        if self.sigmoid:
+            return self._sigmoid_weights(x, trace)
         logits = self.router(x)  # (B, T, E)
         if trace is not None:
             logits = trace.record("router_logits", logits)
@@ -67,8 +88,48 @@ class MoE(nn.Module):
                 top = top / top.sum(dim=-1, keepdim=True)  # (B, T, k)
         if self.keep_routing and self.training:
             self.routing = probs.flatten(0, 1), chosen.flatten(0, 1)  # (N, E), (N, k)
+        if self.scaling != 1.0:
+            top = top * self.scaling  # (B, T, k)
         weights = torch.zeros_like(probs).scatter_(-1, chosen, top)  # (B, T, E)
         return weights if trace is None else trace.record("expert_weights", weights)
+
+    def _sigmoid_weights(self, x: Tensor, trace: Any) -> Tensor:
+        """`weights` for DeepSeek-V3's router (module doc), its steps and order transformers'
+        (`DeepseekV3TopkRouter`), on the (N, E) rows it sees: the same picks among ties and
+        the same float32 sums. "router_logits" are the float32 logits."""
+        B, T = x.shape[:2]
+        w = self.router.weight  # (E, C)
+        logits = F.linear(x.float(), w.float()).view(B * T, -1)  # (N, E)
+        if trace is not None:
+            logits = trace.record("router_logits", logits.view(B, T, -1)).view(B * T, -1)
+        scores = logits.sigmoid()  # (N, E)
+        biased = scores + getattr(self.router, CORRECTION_BIAS)  # (N, E)
+        if self.groups > 1:
+            grouped = biased.view(B * T, self.groups, -1)  # (N, G, E / G)
+            group_scores = grouped.topk(2, dim=-1)[0].sum(dim=-1)  # (N, G)
+            kept = group_scores.topk(self.groups_chosen, dim=-1, sorted=False)[1]  # (N, g)
+            mask = torch.zeros_like(group_scores).scatter_(1, kept, 1)  # (N, G)
+            mask = mask[:, :, None].expand_as(grouped).reshape(B * T, -1)  # (N, E)
+            biased = biased.masked_fill(~mask.bool(), float("-inf"))  # (N, E)
+        chosen = biased.topk(self.top_k, dim=-1, sorted=False)[1]  # (N, k)
+        if self.keep_routing and self.training:  # DeepSeek-V3's balance loss's affinities
+            self.routing = scores / scores.sum(dim=-1, keepdim=True), chosen  # (N, E), (N, k)
+        top = scores.gather(1, chosen)  # (N, k)
+        if self.normalized:  # transformers' + 1e-20 keeps an all-zero row finite
+            top = top / (top.sum(dim=-1, keepdim=True) + 1e-20)  # (N, k)
+        top = top * self.scaling  # (N, k)
+        weights = torch.zeros_like(scores).scatter_(-1, chosen, top).view(B, T, -1)  # (B, T, E)
+        return weights if trace is None else trace.record("expert_weights", weights)
+
+    def _apply(self, fn: Callable[[Tensor], Tensor], recurse: bool = True) -> MoE:
+        """nn.Module's, but for the correction bias, which moves with the model and stays
+        float32 (transformers keeps it so: a bfloat16 one would pick other experts)."""
+        kept = getattr(self.router, CORRECTION_BIAS, None)
+        super()._apply(fn, recurse)
+        moved = getattr(self.router, CORRECTION_BIAS, None)
+        if kept is not None and moved is not None and moved.dtype != torch.float32:
+            setattr(self.router, CORRECTION_BIAS, kept.to(moved.device))
+        return self
 
     def forward(self, x: Tensor, trace: Any = None) -> Tensor:
         B, T, C = x.shape
@@ -79,10 +140,13 @@ class MoE(nn.Module):
 
     def plus_shared(self, out: Tensor, x: Tensor) -> Tensor:
         """The routed experts' output (N, C) plus the shared expert's of x (N, C), scaled by
-        sigmoid of its gate's score (Qwen2-MoE's order); `out` itself without one."""
-        if self.shared is None or self.shared_gate is None:
+        sigmoid of its gate's score where it has a gate (Qwen2-MoE's order); `out` itself
+        without one."""
+        if self.shared is None:
             return out
         shared = self.shared(x[None])[0]  # (N, C)
+        if self.shared_gate is None:  # DeepSeek-V3's: ungated
+            return out + shared  # (N, C)
         return out + torch.sigmoid(self.shared_gate(x)) * shared  # (N, C)
 
     def combine(self, x: Tensor, weights: Tensor, expert: Callable[[int, Tensor], Tensor]
@@ -101,23 +165,25 @@ class MoE(nn.Module):
 
 
 def idle_parameters(config: GPTConfig) -> int:
-    """The parameters a token's forward leaves unused: in every layer, the experts outside its
-    top k (0 without a mixture). Total minus this is the count active per token."""
+    """The parameters a token's forward leaves unused: in every mixture's layer (not the
+    first dense_layers), the experts outside its top k (0 without a mixture; a shared
+    expert is active). Total minus this is the count active per token."""
     if config.n_experts is None:
         return 0
-    C, F = config.n_embd, config.ff_size
+    C, d = config.n_embd, config.ff_size
     gated = config.mlp in GATED
-    per_expert = (3 if gated else 2) * C * F + (((2 if gated else 1) * F + C) if config.bias
+    per_expert = (3 if gated else 2) * C * d + (((2 if gated else 1) * d + C) if config.bias
                                                  else 0)
-    return config.n_layer * (config.n_experts - config.experts_per_token) * per_expert
+    layers = config.n_layer - config.dense_layers
+    return layers * (config.n_experts - config.experts_per_token) * per_expert
 
 
 def balance_loss(moes: list[MoE], attention_mask: Tensor | None) -> Tensor:
     """Mixtral's load-balancing term (transformers' `load_balancing_loss_func`) over the last
     training forward of each mixture in `moes`: n_experts * sum_e f_e * P_e, f_e the picks of
-    expert e per token and P_e its mean router probability, both over every layer's tokens
-    together, a padded token left out (attention_mask (B, T), 0 at padding). Each mixture's
-    kept routing is used up."""
+    expert e per token and P_e its mean router probability (a sigmoid router's: its scores
+    normalised to sum 1), both over every layer's tokens together, a padded token left out
+    (attention_mask (B, T), 0 at padding). Each mixture's kept routing is used up."""
     routings = [moe.routing for moe in moes if moe.routing is not None]
     if len(routings) < len(moes):
         raise ValueError("a mixture kept no routing: the load-balancing loss needs a training "

@@ -327,8 +327,10 @@ def routing_answer(model: GPT, ids: Sequence[int], tokenizer: TextTokenizer,
                    layers: Sequence[int] | None = None) -> dict[str, Any]:
     """The JSON body of /api/routing: `routing_payload` of `ids` run once with a trace of
     the routing (up to the last layer asked, its router), each token's text written as
-    `attention_payload`'s tokens, and the ids."""
-    wanted = list(range(model.config.n_layer)) if layers is None else list(
+    `attention_payload`'s tokens, and the ids. Default layers: every one with a mixture (not
+    the dense first ones, `GPTConfig.dense_layers`)."""
+    c = model.config
+    wanted = [i for i in range(c.n_layer) if c.has_mixture(i)] if layers is None else list(
         dict.fromkeys(layers))
     idx = torch.tensor([list(ids)], dtype=torch.long, device=model.wte.weight.device)  # (1, T)
     trace = Trace(layers=wanted, names=["expert_weights"]).run(model, idx)
