@@ -127,3 +127,23 @@ def test_shows_routing_tab_draws_offline(browser: Any, tmp_path: Path) -> None:
         page.select_option(f"{view} .alr-layer", "1")
         assert_drawn(page.evaluate(SHOWN, f"{view} .alr-table"), routed(1))
         assert seen.requests == [] and seen.problems == []
+
+
+def test_scaled_weights_end_the_ramp_at_the_largest(browser: Any, tmp_path: Path) -> None:
+    """A router that scales its weights past 1 (DeepSeek-V3's routed_scaling): the ramp ends
+    at the largest weight shown, and its legend says so."""
+    torch.manual_seed(0)
+    scaled = GPT(GPTConfig(vocab_size=TOK.vocab_size, block_size=64, n_layer=2, n_head=2,
+                           n_embd=16, n_experts=4, experts_per_token=2,
+                           router_scoring="sigmoid", routed_scaling=2.5)).eval()
+    top = max(max(max(row) for row in Trace(names="expert_weights").run(
+        scaled, torch.tensor([TOK.encode(TEXT)])).get("expert_weights", layer)[0].tolist())
+        for layer in (0, 1))
+    assert top > 1
+    path = show_view(scaled, TOK, TEXT).save(tmp_path / "scaled.html")
+    with offline(browser, path) as seen:
+        page, view = seen.page, ".attnlab-view"
+        page.click(f"{view} .alv-tab[data-view='routing']")
+        legend = page.inner_text(f"{view} .alr-legend")
+        assert f"{top:.2f}: the expert's weight" in legend, legend
+        assert seen.requests == [] and seen.problems == []

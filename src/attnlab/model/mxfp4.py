@@ -204,9 +204,13 @@ def check_packed(blocks: Tensor, scales: Tensor, what: str) -> None:
 
 
 def _laid_out(w: Tensor) -> Tensor:
-    """w (out, in) in the memory `GPT.lay_out_weights` gives a Linear's weight, so that the
-    product runs the kernel, and sums in the order, the dequantized model's does."""
-    return w.t().contiguous().t() if w.shape[0] >= w.shape[1] else w
+    """w (out, in) in float32 or float64 in the memory `GPT.lay_out_weights` gives a Linear's
+    weight, so that the product sums in the dequantized model's order (a CPU's float32
+    matrix-vector product sums in another order over the other memory); a 16-bit w as it
+    is, the copy a third of a decode step's time for the same sums (docs/models.md)."""
+    if w.dtype.itemsize <= 2 or w.shape[0] < w.shape[1]:
+        return w
+    return w.t().contiguous().t()
 
 
 class _PackedProduct(torch.autograd.Function):

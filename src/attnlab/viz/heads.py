@@ -176,8 +176,10 @@ def plot_experts(weights: Sequence[Tensor], tokens: Sequence[str], layers: Seque
                                                       + 0.8), dpi=100, squeeze=False,
                              layout="constrained")
     image = None
+    # a router that scales its weights (DeepSeek-V3's routed_scaling) goes past 1
+    top = max(1.0, *(float(w.max()) for w in weights))
     for ax, la, w in zip(axes.flat, layers, weights, strict=False):
-        image = heatmap(ax, w, vmin=0.0, vmax=1.0, masked=w == 0, annotate=T * E <= 16 * 8,
+        image = heatmap(ax, w, vmin=0.0, vmax=top, masked=w == 0, annotate=T * E <= 16 * 8,
                         row_labels=[token_label(t) for t in tokens],
                         col_labels=[str(e) for e in range(E)])
         ax.set_title(f"layer {la}", fontsize=10)

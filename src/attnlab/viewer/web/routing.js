@@ -40,8 +40,8 @@ export class Routing {
     this.menu = routingNode("select", "alr-layer");
     this.menu.setAttribute("aria-label", "routing layer");
     const legend = routingNode("span", "alr-legend");
-    legend.append(routingNode("span", null, "0"), routingNode("i", "alr-ramp"),
-      routingNode("span", null, "1: the expert's weight in the token's output"),
+    this.top = routingNode("span", null, "1: the expert's weight in the token's output");
+    legend.append(routingNode("span", null, "0"), routingNode("i", "alr-ramp"), this.top,
       routingNode("i", "alr-swatch"), routingNode("span", null, "not chosen"));
     const bar = routingNode("div", "alr-bar");
     bar.append(this.menu, legend);
@@ -64,6 +64,10 @@ export class Routing {
     this.menu.replaceChildren(...data.layers.map((l, k) => new Option(`layer ${l}`, `${k}`)));
     const at = data.layers.indexOf(layer);
     this.li = at >= 0 ? at : Math.min(this.li, data.layers.length - 1);
+    // a router that scales its weights (DeepSeek-V3's routed_scaling) goes past 1: the ramp
+    // then ends at the largest weight shown
+    this.scale = Math.max(1, ...data.weights.flat(2));
+    this.top.textContent = `${this.scale === 1 ? "1" : routingWeight(this.scale)}: the expert's weight in the token's output`;
     this.note.textContent = `${data.top_k} of ${data.experts} experts a token · ${data.note}`;
     this.renderLoads();
     this.render();
@@ -130,8 +134,8 @@ export class Routing {
     td.className = "alr-chosen";
     td.dataset.weight = `${w}`;
     td.textContent = routingWeight(w);
-    td.style.background = colour(w);
-    td.style.color = inkFor(w);
+    td.style.background = colour(w / this.scale);
+    td.style.color = inkFor(w / this.scale);
     td.title = `${who}: weight ${w}`;
     return td;
   }
