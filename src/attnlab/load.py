@@ -90,13 +90,13 @@ class ModelInfo:
 
     def memory(self, device: str | torch.device = "cpu") -> dict[str, dict[str, Any]]:
         """What loading would need at each dtype on `device`, and whether it fits now; where
-        the weights can load packed, that too ("bfloat16, MXFP4 experts")."""
+        the weights can load packed, that too ("bfloat16 + MXFP4 experts")."""
         report = fit_report(self.parameters, device, extra=self.largest_tensor)
         if self.packed is not None:
             weights, nbytes, largest = self.packed
             packed = fit_report(self.parameters - weights, device, extra=largest,
                                 uses=[Use("the packed experts", nbytes=nbytes)])
-            report.update({f"{name}, MXFP4 experts": r for name, r in packed.items()})
+            report.update({f"{name} + MXFP4 experts": r for name, r in packed.items()})
         return report
 
 

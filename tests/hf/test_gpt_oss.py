@@ -113,12 +113,12 @@ def test_the_released_quantized_directory_opens_as_20b_parameters(
     assert info.parameters == 20_914_757_184
     assert main(["info", str(directory)]) == 0
     out = capsys.readouterr().out
-    assert "20,914,757,184 parameters" in out and "bfloat16, MXFP4 experts 14.9 GB" in out
+    assert "20,914,757,184 parameters" in out and "bfloat16 + MXFP4 experts 14.9 GB" in out
     # packed: the 19.1B expert weights at 4.25 bits, the rest in bfloat16
     assert info.packed is not None
     weights, nbytes, largest = info.packed
     assert weights == 19_110_297_600 and nbytes * 32 == weights * 17
     memory = info.memory("cpu")
-    packed = memory["bfloat16, MXFP4 experts"]["bytes"]
+    packed = memory["bfloat16 + MXFP4 experts"]["bytes"]
     assert packed == 2 * (info.parameters - weights) + nbytes + largest
     assert memory["bfloat16"]["bytes"] > 2.8 * packed

@@ -180,7 +180,7 @@ def test_the_fit_check_packs_the_experts_only_where_dequantized_they_do_not_fit(
     _, directory = pair
     info = inspect_dir(directory)
     report = info.memory("cpu")
-    full, small = report["float32"]["bytes"], report["float32, MXFP4 experts"]["bytes"]
+    full, small = report["float32"]["bytes"], report["float32 + MXFP4 experts"]["bytes"]
     assert small < full
     assert not packed_layers(load_hf(directory))  # room: dequantized
     monkeypatch.setattr(memory, "available_bytes", lambda device: small)
@@ -200,7 +200,7 @@ def test_a_command_says_when_it_keeps_the_experts_packed(
     assert main(argv) == 0
     roomy = capsys.readouterr()
     report = inspect_dir(directory).memory("cpu")
-    between = (report["float32, MXFP4 experts"]["bytes"] + report["float32"]["bytes"]) // 2
+    between = (report["float32 + MXFP4 experts"]["bytes"] + report["float32"]["bytes"]) // 2
     monkeypatch.setattr(memory, "available_bytes", lambda device: between)
     assert main(argv) == 0
     tight = capsys.readouterr()
