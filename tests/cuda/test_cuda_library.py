@@ -109,6 +109,13 @@ FAMILIES = {
     "glm4": {"pos": "rope", "norm": "rmsnorm", "mlp": "swiglu", "bias": False, "n_kv_head": 2,
              "rotary_pct": 0.5, "rope_interleaved": True, "qkv_bias": True, "out_bias": False,
              "sandwich_norm": True},
+    # GLM-4.5's: DeepSeek-V3's sigmoid router in groups, scaled, an ungated shared expert,
+    # a dense first layer
+    "glm4_moe": {"pos": "rope", "norm": "rmsnorm", "mlp": "swiglu", "bias": False,
+                 "n_kv_head": 2, "rotary_pct": 0.5, "qkv_bias": True, "out_bias": False,
+                 "n_experts": 4, "experts_per_token": 2, "router_scoring": "sigmoid",
+                 "expert_groups": 2, "expert_groups_chosen": 1, "routed_scaling": 2.5,
+                 "shared_expert_size": 16, "shared_expert_gated": False, "dense_layers": 1},
 }
 
 
@@ -339,3 +346,35 @@ def test_a_real_out_of_memory_is_the_error_the_commands_catch(
                           "Tried to allocate ") and err.count("\n") == 1, err
     assert "try fewer traced layers or heads (--layer, --head)" in err
     assert torch.empty(1 << 20, device=cuda_device).numel() == 1 << 20  # the device recovered
+
+
+@torch.no_grad()
+def test_packed_experts_dequantize_and_run_as_on_the_cpu(cuda_device: torch.device) -> None:
+    """gpt-oss's MXFP4 experts kept packed (`Mxfp4Linear`) on the device: every (scale, byte)
+    dequantized to the CPU's values bit for bit, and a packed mixture's logits and greedy
+    ids the CPU's."""
+    import copy
+
+    from attnlab.model.mxfp4 import NAN_SCALE, pack_experts, packed_layers, unpack
+
+    scales = torch.arange(NAN_SCALE - 2, dtype=torch.uint8).repeat_interleave(16)[:, None]
+    blocks = torch.arange(256, dtype=torch.uint8).repeat(scales.numel() // 16)
+    blocks = blocks.view(-1, 1, 16)  # every byte under every scale that cannot overflow
+    for dtype in (torch.float32, torch.bfloat16):
+        on_device = unpack(blocks.to(cuda_device), scales.to(cuda_device), dtype).cpu()
+        assert torch.equal(on_device, unpack(blocks, scales, dtype))
+    torch.manual_seed(0)
+    config = GPTConfig(vocab_size=65, block_size=32, n_layer=2, n_head=4, n_embd=64,
+                       **{**FAMILIES["gpt_oss"], "d_ff": 32})  # type: ignore[arg-type]
+    cpu = pack_experts(GPT(config)).eval()
+    g = torch.Generator().manual_seed(1)
+    for layer in packed_layers(cpu):
+        layer.blocks.copy_(torch.randint(0, 256, layer.blocks.shape, generator=g))
+        layer.scales.copy_(torch.randint(120, 126, layer.scales.shape, generator=g))
+    device = copy.deepcopy(cpu).to(cuda_device)
+    ids = _ids()
+    torch.testing.assert_close(device(ids.to(cuda_device)).logits.cpu(), cpu(ids).logits,
+                               atol=1e-4, rtol=1e-4)
+    assert torch.equal(generate(device, ids[:1, :6].to(cuda_device), max_new_tokens=8,
+                                temperature=0).cpu(),
+                       generate(cpu, ids[:1, :6], max_new_tokens=8, temperature=0))
