@@ -283,8 +283,9 @@ def modern_switches(n_layer: int = 2) -> Any:
     sandwich norms, Gemma 3's RoPE base of its windowed layers, Gemma 2's soft caps of scores
     and logits, OLMo 2's blocks without pre-norms and its QK-norm over whole q and k, Phi's
     one norm for a parallel block and bias on the head, a mixture of 3 experts (or 4 behind
-    DeepSeek-V3's sigmoid router in groups; a scaling, an ungated shared expert, a dense
-    first layer), gpt-oss's attention sinks and clamped SwiGLU), valid for a
+    DeepSeek-V3's sigmoid router in groups, or ERNIE 4.5's softmax one with a correction
+    bias and a clamp; a scaling, an ungated shared expert, a dense first layer or a mixture
+    on the last layer alone), gpt-oss's attention sinks and clamped SwiGLU), valid for a
     model with 4 query heads (head size 4 or 8). The property tests of model, attention,
     cache, trace and generation draw from it so every invariant runs over every switch."""
     from hypothesis import strategies as st
@@ -359,6 +360,12 @@ def modern_switches(n_layer: int = 2) -> Any:
                                 expert_groups_chosen=draw(st.sampled_from([1, groups])),
                                 experts_from_top_logits=False, router_bias=False,
                                 experts_per_token=draw(st.sampled_from([1, 3])))
+            elif draw(st.booleans()):  # ERNIE 4.5's softmax router with a correction bias
+                switches.update(router_scoring="softmax_corrected", experts_normalized=True,
+                                experts_from_top_logits=False, router_bias=False,
+                                router_norm_min=draw(st.sampled_from([0.0, 0.9])))
+            if n_layer > 1 and draw(st.booleans()):  # a mixture on the last layer alone
+                switches.update(dense_layers=0, mixture_layers=[n_layer - 1])
         window = draw(st.sampled_from([None, 2, 3]))
         if window is not None:
             switches["sliding_window"] = window

@@ -417,6 +417,20 @@ CASES: dict[str, tuple[str, dict[str, Any]]] = {
         **SMALL, num_key_value_heads=1, n_routed_experts=4, num_experts_per_tok=3,
         routed_scaling_factor=2.0, n_shared_experts=1, moe_intermediate_size=24,
         sliding_window=None, tie_word_embeddings=True)),
+    # ERNIE 4.5 MoE: a softmax router in float32 picking top 2 of 6 by probability plus a
+    # correction bias, renormalised by a sum clamped at 0.6 (which many tokens' picks fall
+    # under); mixtures on layers 1 and 3 (from 1, every second), dense layers 0 and 2 48
+    # wide; two shared experts' width; head_dim 16 beside hidden_size 32, GQA, untied
+    "ernie4_5_moe-interval": ("Ernie4_5_Moe", dict(
+        **{**SMALL, "num_hidden_layers": 4}, num_key_value_heads=2, head_dim=16,
+        moe_num_experts=6, moe_k=2, moe_intermediate_size=16, moe_num_shared_experts=2,
+        moe_layer_start_index=1, moe_layer_end_index=-1, moe_layer_interval=2,
+        moe_norm_min=0.6, tie_word_embeddings=False)),
+    # top 3 of 4, no shared expert, a dense first layer then mixtures to the last, the clamp
+    # at 1e-12 (its default: never reached), tied (its default), multi-query
+    "ernie4_5_moe-dense-first": ("Ernie4_5_Moe", dict(
+        **{**SMALL, "num_hidden_layers": 3}, num_key_value_heads=1, moe_num_experts=4,
+        moe_k=3, moe_intermediate_size=24, moe_num_shared_experts=0)),
 }
 # the model class where it is not f"{prefix}ForCausalLM"
 MODEL_CLASS = {"Gemma3Text": "Gemma3ForCausalLM"}
@@ -441,6 +455,8 @@ def hf_model(case: str) -> Any:
         for name, b in model.named_buffers():  # DeepSeek-V3's router: a bias that moves picks
             if name.endswith("e_score_correction_bias"):
                 b.add_(0.3 * torch.randn_like(b))
+        # ERNIE 4.5's (a parameter, the 0.1 above) moves picks among probabilities too
+        # (`test_ernie4_5_moe.py` checks it and the clamp do)
     return model
 
 
@@ -639,7 +655,7 @@ def _rounding_as_attnlabs(hf: Any, vocab: int, monkeypatch: pytest.MonkeyPatch) 
             assert not torch.equal(hf(ids, attention_mask=mask).logits, before)
     if hf.config.model_type in ("cohere", "cohere2"):
         _cohere_sum_as_attnlabs(hf, ids, mask, monkeypatch)
-    if hf.config.model_type in ("glm4_moe", "dots1"):  # DeepSeek-V3's router
+    if hf.config.model_type in ("glm4_moe", "dots1", "ernie4_5_moe"):  # float32 routers
         # transformers keeps its weight float32 (_keep_in_fp32_modules_strict), attnlab rounds
         # it to the model's dtype (a released bfloat16 router rounds to itself in bfloat16);
         # both keep the correction bias float32

@@ -208,3 +208,24 @@ def test_a_dense_first_layer_is_left_out_of_the_routing_and_refused_by_name() ->
     r = client.post("/api/routing", json={"text": "the cat", "layers": [0, 1]})
     assert r.status_code == 422
     assert "layers [0] have one dense MLP (the first dense_layers=1 blocks)" in r.json()["error"]
+
+
+def test_dense_layers_between_the_mixtures_are_left_out_and_refused_by_name() -> None:
+    """ERNIE 4.5's mixture every few layers (mixture_layers): the answer holds those layers
+    alone, and a dense one asked for is refused naming the mixtures' layers."""
+    pytest.importorskip("fastapi", reason="the serve extra (fastapi, uvicorn) is not installed")
+    from fastapi.testclient import TestClient
+
+    from attnlab import create_app
+
+    model = mixture(n_layer=4, mixture_layers=[1, 3], router_scoring="softmax_corrected",
+                    router_norm_min=0.9)
+    client = TestClient(create_app(model, TOK))
+    got = client.post("/api/routing", json={"text": TEXT}).json()
+    assert got["layers"] == [1, 3]
+    trace = Trace(names=["expert_weights"]).run(model, torch.tensor([TOK.encode(TEXT)]))
+    assert_routing(got, [trace.get("expert_weights", i)[0] for i in (1, 3)], k=2)
+    r = client.post("/api/routing", json={"text": "the cat", "layers": [1, 2]})
+    assert r.status_code == 422
+    assert "layers [2] have one dense MLP and route nothing; ask for layers among the " \
+        "mixtures' [1, 3]" in r.json()["error"]

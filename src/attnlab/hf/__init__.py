@@ -10,7 +10,8 @@ MixtralForCausalLM, OlmoeForCausalLM, Qwen3MoeForCausalLM, GraniteMoeForCausalLM
 Qwen2MoeForCausalLM and GptOssForCausalLM, GlmForCausalLM, Glm4ForCausalLM,
 Starcoder2ForCausalLM, Exaone4ForCausalLM, CohereForCausalLM, Cohere2ForCausalLM,
 SeedOssForCausalLM, Ernie4_5ForCausalLM, HeliumForCausalLM, ArceeForCausalLM, and the
-DeepSeek-V3-style mixtures Glm4MoeForCausalLM and Dots1ForCausalLM.
+DeepSeek-V3-style mixtures Glm4MoeForCausalLM and Dots1ForCausalLM, and ERNIE 4.5's mixture
+Ernie4_5_MoeForCausalLM.
 `registry.py` holds the Family / WeightMap machinery, `fields.py` the config-field
 bookkeeping (every field is honoured, refused by name, or listed there as irrelevant),
 `files.py` the directory reading and writing (the tokenizer files themselves are
@@ -53,6 +54,7 @@ from .arcee import ARCEE
 from .cohere import COHERE, COHERE2
 from .dots1 import DOTS1
 from .ernie4_5 import ERNIE4_5
+from .ernie4_5_moe import ERNIE4_5_MOE
 from .exaone4 import EXAONE4
 from .falcon import FALCON
 from .files import (
@@ -106,7 +108,7 @@ FAMILIES: tuple[Family, ...] = (GPT2, LLAMA, MISTRAL, QWEN2, QWEN3, GPT_NEOX, GE
                                STABLELM, GRANITE, FALCON, MIXTRAL, OLMOE, QWEN3_MOE,
                                GRANITEMOE, QWEN2_MOE, GPT_OSS, GLM, GLM4, STARCODER2,
                                EXAONE4, COHERE, COHERE2, SEED_OSS, ERNIE4_5, HELIUM,
-                               ARCEE, GLM4_MOE, DOTS1)
+                               ARCEE, GLM4_MOE, DOTS1, ERNIE4_5_MOE)
 FAMILY_BY_NAME: dict[str, Family] = {f.name: f for f in FAMILIES}
 
 __all__ = [

@@ -79,7 +79,9 @@ def deepseek_experts_to_hf(c: GPTConfig) -> dict[str, Any]:
         norm_topk_prob=c.experts_normalized, n_group=c.expert_groups,
         topk_group=c.expert_groups_chosen, routed_scaling_factor=c.routed_scaling,
         n_shared_experts=max(1, (c.shared_expert_size or 0) // c.ff_size),
-        moe_intermediate_size=c.ff_size, first_k_dense_replace=c.dense_layers,
+        moe_intermediate_size=c.ff_size,  # the first mixture (misfits names any later gap)
+        first_k_dense_replace=next(i for i in range(c.n_layer) if c.has_mixture(i)) if (
+            c.n_experts is not None) else 0,
         intermediate_size=c.dense_d_ff or c.ff_size)
 
 

@@ -6,7 +6,7 @@ gpt_neox.py, gptj.py, opt.py, the gemma*.py, phi.py, phi3.py, the olmo*.py, smol
 stablelm.py, granite.py, falcon.py, glm.py, starcoder2.py, exaone4.py, cohere.py,
 seed_oss.py, ernie4_5.py, helium.py, arcee.py; the mixtures of experts
 mixtral.py, olmoe.py, qwen3_moe.py, qwen2_moe.py, granitemoe.py, gpt_oss.py, glm4_moe.py,
-dots1.py) is a `Family`:
+dots1.py, ernie4_5_moe.py) is a `Family`:
 its model_type and architecture names, a config mapping each way (`Fields` in, a config.json
 dict out, which `misfits` reads back to know whether the family holds a GPTConfig) and a
 `WeightMap` (attnlab's state-dict names <-> Hugging Face's, with the modules a family fuses
@@ -97,12 +97,16 @@ class WeightMap:
     top: attnlab module -> HF module outside the blocks ("wte" -> "model.embed_tokens").
     layer: the HF prefix of block i ("model.layers.{i}.").
     block: attnlab module inside a block -> HF module ("attn.query" -> "self_attn.q_proj");
-    a mixture's experts once, "{e}" for the index ("mlp.experts.{e}.fc").
+    a mixture's experts once, "{e}" for the index ("mlp.experts.{e}.fc"); a tensor whose
+    module HF names apart from its module's other tensors by its full name (ERNIE 4.5's
+    correction bias: "mlp.router.e_score_correction_bias" ->
+    "mlp.moe_statics.e_score_correction_bias").
     transposed: block modules HF stores (in, out) (GPT-2's Conv1D).
     fused: block modules HF holds in one Linear (`Fused`); the others `block` names.
     base: the prefix of the body; files of the bare body (GPT2Model, LlamaModel) lack it.
-    reshaped: top-level tensors HF stores in another shape: attnlab name -> (from HF, to
-    HF) (OPT's position table, two rows longer).
+    reshaped: tensors HF stores in another shape: attnlab name, a block's without its
+    "blocks.{i}." -> (from HF, to HF) (OPT's position table, two rows longer; ERNIE 4.5's
+    correction bias, (1, E)).
     stacked: a mixture's experts HF holds in one 3-D tensor a layer (`Stacked`).
     later_layers: whether the files may hold layers past the config's n_layer that no
     forward reads (GLM-4.5's multi-token-prediction layer, which transformers leaves
@@ -140,6 +144,8 @@ class WeightMap:
         module, param = ours.rsplit(".", 1)
         if module.startswith("blocks."):
             _, i, inner = module.split(".", 2)
+            if f"{inner}.{param}" in self.block:  # a tensor named apart from its module
+                return f"{self.layer.format(i=i)}{self.block[f'{inner}.{param}']}"
             return f"{self.layer.format(i=i)}{self._block_module(inner)}.{param}"
         return f"{self.top[module]}.{param}"
 
@@ -196,10 +202,15 @@ class WeightMap:
             if ours.endswith((".blocks", ".scales")):  # (out, G, 16) or (out, G)
                 return name, lambda t: spec.packed_piece(t, e, index)
             return name, lambda t: spec.piece(t, e, index)  # (out, in) or (out,)
-        name = self._name(ours)
-        if ours in self.reshaped:
-            return name, self.reshaped[ours][0]
+        name, reshape = self._name(ours), self._reshape(ours)
+        if reshape is not None:
+            return name, reshape[0]
         return name, self._transpose if self._transposed(ours) else lambda t: t
+
+    def _reshape(self, ours: str) -> tuple[Reshape, Reshape] | None:
+        """`reshaped`'s pair for an attnlab name (a block's looked up without "blocks.i.")."""
+        inner = ours.split(".", 2)[-1] if ours.startswith("blocks.") else ours
+        return self.reshaped.get(ours, self.reshaped.get(inner))
 
     def _transposed(self, ours: str) -> bool:
         """Whether HF stores the block module of `ours` (in, out) (GPT-2's Conv1D)."""
@@ -303,8 +314,9 @@ class WeightMap:
                         [state[f"{experts}.{j}.{part}.{param}"] for part in spec.parts])
                         for j in range(cast(int, config.n_experts))])  # (E, rows, in)
                 continue
-            if ours in self.reshaped:
-                tensor = self.reshaped[ours][1](tensor)
+            reshape = self._reshape(ours)
+            if reshape is not None:
+                tensor = reshape[1](tensor)
             yield self._name(ours), self._transpose(tensor) if self._transposed(ours) else tensor
 
     def to_hf(self, state: Mapping[str, Tensor], config: GPTConfig) -> dict[str, Tensor]:

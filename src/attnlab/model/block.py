@@ -24,7 +24,7 @@ def norm_of(config: GPTConfig) -> nn.Module:
 
 class Block(nn.Module):
     def __init__(self, config: GPTConfig, layer: int = 0) -> None:
-        """layer: the block's index, which decides a dense MLP or a mixture (dense_layers)."""
+        """layer: the block's index, which decides a dense MLP or a mixture (has_mixture)."""
         super().__init__()
         c = config
         self.residual, self.parallel = c.residual, c.parallel_residual
@@ -60,7 +60,7 @@ class Block(nn.Module):
             )
 
         self.mlp: MLP | MoE | None = None
-        if has_mlp and not c.has_mixture(layer):  # DeepSeek-V3's first layers: their own width
+        if has_mlp and not c.has_mixture(layer):  # a mixture model's dense layers: their own width
             self.mlp = mlp(c.dense_d_ff if c.n_experts is not None else None)
         elif has_mlp and c.n_experts is not None:
             self.mlp = MoE(
@@ -70,7 +70,7 @@ class Block(nn.Module):
                 keep_routing=c.router_aux_loss_coef > 0,  # for GPT's balance loss
                 scoring=c.router_scoring, groups=c.expert_groups,
                 groups_chosen=c.expert_groups_chosen, scaling=c.routed_scaling,
-                shared_gated=c.shared_expert_gated)
+                shared_gated=c.shared_expert_gated, norm_min=c.router_norm_min)
 
     def forward(
         self,

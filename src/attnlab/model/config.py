@@ -140,8 +140,14 @@ class GPTConfig:
     # (DeepSeek-V3's, GLM-4.5's, dots.llm1's): float32 logits of the float32 input, each
     # expert's score sigmoid(logit), the top experts picked by score + a correction bias (the
     # float32 buffer router.e_score_correction_bias, read from the files, never trained: it
-    # steers the load without a loss) and weighted by their unbiased scores
+    # steers the load without a loss) and weighted by their unbiased scores;
+    # "softmax_corrected" (ERNIE 4.5's): the same float32 logits and correction bias, each
+    # score the softmax probability
     router_scoring: str = "softmax"
+    # a softmax router renormalises its chosen weights by their sum clamped at this floor
+    # (ERNIE 4.5's moe_norm_min): picks the correction bias made among near-zero
+    # probabilities stay small instead of blown up to sum 1; 0.0: no clamp
+    router_norm_min: float = 0.0
     # "sigmoid" scoring in groups: the experts split into expert_groups runs of equal size, a
     # token picks among the expert_groups_chosen groups whose two best biased scores sum
     # highest (DeepSeek-V3's n_group / topk_group, which bound a token's devices); 1, 1: none
@@ -157,6 +163,10 @@ class GPTConfig:
     # of the mixture (DeepSeek-V3's first_k_dense_replace: the early layers stay dense)
     dense_layers: int = 0
     dense_d_ff: int | None = None
+    # the blocks that hold the mixture, in order, the others dense as above (ERNIE 4.5's
+    # moe_layer_start_index / end / interval: a mixture every few layers); None: every block
+    # from dense_layers on. Needs dense_layers=0
+    mixture_layers: list[int] | None = None
     swiglu_alpha: float = 1.702  # "clamped_swiglu"'s sigmoid slope (gpt-oss: 1.702)
     swiglu_limit: float = 7.0  # "clamped_swiglu"'s clamp of gate and up (gpt-oss: 7.0)
     # a learned logit per query head in each layer's softmax, which takes weight and adds
@@ -335,8 +345,12 @@ class GPTConfig:
         return 4 * self.n_embd if self.d_ff is None else self.d_ff
 
     def has_mixture(self, layer: int) -> bool:
-        """Whether block `layer` routes through a mixture of experts (not past dense_layers)."""
-        return self.n_experts is not None and layer >= self.dense_layers
+        """Whether block `layer` routes through a mixture of experts: one of mixture_layers,
+        or where that is None, not one of the first dense_layers."""
+        if self.n_experts is None:
+            return False
+        return layer >= self.dense_layers if self.mixture_layers is None else (
+            layer in self.mixture_layers)
 
     def rotates(self, layer: int) -> bool:
         """Whether `layer` turns q and k by RoPE (not where pos != "rope", nor a NoPE layer)."""
@@ -375,11 +389,16 @@ class GPTConfig:
         idle |= {"experts_per_token", "experts_normalized", "expert_weights_in_float32",
                  "experts_from_top_logits", "shared_expert_size", "router_bias",
                  "router_scoring", "expert_groups", "expert_groups_chosen", "routed_scaling",
-                 "shared_expert_gated", "dense_layers", "dense_d_ff"} \
+                 "shared_expert_gated", "dense_layers", "dense_d_ff", "router_norm_min",
+                 "mixture_layers"} \
             if self.n_experts is None \
             else set()
         idle |= {"shared_expert_gated"} if self.shared_expert_size is None else set()
-        if self.dense_layers:
+        # which layers are dense, however said: the mixtures' layers, in one spelling
+        idle.add("dense_layers")
+        if self.n_experts is not None:
+            fields["mixture_layers"] = [i for i in range(self.n_layer) if self.has_mixture(i)]
+        if self.n_experts is not None and len(fields["mixture_layers"]) < self.n_layer:
             fields["dense_d_ff"] = self.dense_d_ff or self.ff_size
         else:
             idle.add("dense_d_ff")

@@ -10,7 +10,9 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     from .config import GPTConfig
 
-ROUTER_SCORINGS = ("softmax", "sigmoid")
+ROUTER_SCORINGS = ("softmax", "sigmoid", "softmax_corrected")
+#: the scorings whose router picks by score plus a correction bias (`moe.CORRECTION_BIAS`)
+CORRECTED = ("sigmoid", "softmax_corrected")
 
 
 def check_experts(c: GPTConfig) -> None:
@@ -46,10 +48,12 @@ def _check_routing(c: GPTConfig) -> None:
     if c.router_scoring not in ROUTER_SCORINGS:
         raise ValueError(f"router_scoring={c.router_scoring!r} must be one of "
                          f"{list(ROUTER_SCORINGS)}")
-    if c.router_scoring == "sigmoid" and (c.experts_from_top_logits or c.router_bias):
-        raise ValueError("router_scoring='sigmoid' is DeepSeek-V3's router: no bias on its "
-                         "Linear, the chosen weighed by their sigmoid scores; set "
-                         "router_bias=False and experts_from_top_logits=False")
+    if c.router_scoring in CORRECTED and (c.experts_from_top_logits or c.router_bias):
+        raise ValueError(f"router_scoring={c.router_scoring!r} is DeepSeek-V3's or ERNIE "
+                         "4.5's router: no bias on its Linear, the chosen weighed by their "
+                         "unbiased scores; set router_bias=False and "
+                         "experts_from_top_logits=False")
+    _check_norm_min(c)
     groups, chosen, n = c.expert_groups, c.expert_groups_chosen, c.n_experts or 1
     for name, least in (("expert_groups", 1), ("expert_groups_chosen", 1),
                         ("dense_layers", 0)):
@@ -76,3 +80,33 @@ def _check_routing(c: GPTConfig) -> None:
         raise ValueError(f"dense_layers={c.dense_layers} keeps the first blocks dense "
                          f"before a mixture: it needs n_experts and fewer than n_layer="
                          f"{c.n_layer} (0: every block a mixture)")
+    _check_mixture_layers(c)
+
+
+def _check_norm_min(c: GPTConfig) -> None:
+    """_check_routing's part for router_norm_min, the floor of a softmax router's sum."""
+    floor = c.router_norm_min
+    if isinstance(floor, bool) or not isinstance(floor, int | float) or not (
+            math.isfinite(floor) and floor >= 0):
+        raise ValueError(f"GPTConfig.router_norm_min={floor!r} must be a finite number >= 0 "
+                         "(ERNIE 4.5's: 1e-12; 0.0: no clamp)")
+    if floor and (c.router_scoring == "sigmoid" or not c.experts_normalized
+                  or c.experts_from_top_logits):
+        raise ValueError(f"router_norm_min={floor} floors the sum a softmax router "
+                         "renormalises its chosen weights by: it needs router_scoring "
+                         "'softmax' or 'softmax_corrected', experts_normalized=True and "
+                         "experts_from_top_logits=False; 0.0 otherwise")
+
+
+def _check_mixture_layers(c: GPTConfig) -> None:
+    """_check_routing's part for mixture_layers, the blocks that hold the mixture."""
+    layers = c.mixture_layers
+    if layers is None:
+        return
+    if (not isinstance(layers, list) or not layers or c.n_experts is None or c.dense_layers
+            or any(isinstance(i, bool) or not isinstance(i, int) for i in layers)
+            or layers != sorted(set(layers)) or not 0 <= layers[0] <= layers[-1] < c.n_layer):
+        raise ValueError(f"mixture_layers={layers!r} names the blocks that hold the mixture: "
+                         f"a non-empty increasing list of layers within 0..{c.n_layer - 1}, "
+                         "beside n_experts and with dense_layers=0 (None: every block from "
+                         "dense_layers on)")

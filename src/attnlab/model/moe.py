@@ -18,7 +18,9 @@ sigmoid of its float32 logit instead, picks the top k by score plus a correction
 float32 buffer kept float32 whatever the model's dtype, as transformers keeps it), among the
 best `groups_chosen` of `groups` groups, and weighs them by their unbiased scores,
 renormalised where `normalized`; every scheme's weights are then times `scaling`. Its
-shared expert is added ungated (`shared_gated=False`).
+shared expert is added ungated (`shared_gated=False`). ERNIE 4.5's (`scoring=
+"softmax_corrected"`) is the same router with softmax probabilities for scores, without
+groups, its renormalising sum clamped at `norm_min`.
 """
 
 from __future__ import annotations
@@ -32,7 +34,8 @@ from torch import Tensor, nn
 
 from .layers import GATED, MLP, Linear
 
-#: the router's buffer of "sigmoid" scoring, which stays float32 in a 16-bit model
+#: the router's buffer of "sigmoid" and "softmax_corrected" scoring, which stays float32 in
+#: a 16-bit model
 CORRECTION_BIAS = "e_score_correction_bias"
 
 if TYPE_CHECKING:
@@ -47,15 +50,19 @@ class MoE(nn.Module):
                  top_logits: bool = False, shared_size: int | None = None,
                  keep_routing: bool = False, router_bias: bool = False,
                  scoring: str = "softmax", groups: int = 1, groups_chosen: int = 1,
-                 scaling: float = 1.0, shared_gated: bool = True) -> None:
+                 scaling: float = 1.0, shared_gated: bool = True,
+                 norm_min: float = 0.0) -> None:
         """expert(width): a new MLP, `width` wide (None: the config's d_ff)."""
         super().__init__()
         self.top_k, self.normalized, self.wide = top_k, normalized, wide
         self.top_logits = top_logits  # the chosen weights: a softmax of their logits alone
         self.sigmoid, self.scaling = scoring == "sigmoid", scaling
+        # picks by score + the correction bias: DeepSeek-V3's sigmoid, ERNIE 4.5's softmax
+        self.corrected = scoring in ("sigmoid", "softmax_corrected")
+        self.norm_min = norm_min  # the floor of a softmax's renormalising sum; 0: none
         self.groups, self.groups_chosen = groups, groups_chosen
         self.router = Linear(n_embd, n_experts, bias=router_bias)  # gpt-oss's has a bias
-        if self.sigmoid:  # on the router, so that it maps to the files' mlp.gate's buffer
+        if self.corrected:  # on the router, so that it maps to the files' mlp.gate's buffer
             self.router.register_buffer(CORRECTION_BIAS, torch.zeros(n_experts))  # (E,)
         self.experts = nn.ModuleList(expert(None) for _ in range(n_experts))
         # an expert every token goes through: scaled by sigmoid(its gate's score) where
@@ -72,8 +79,8 @@ class MoE(nn.Module):
         """x (B, T, C) -> each expert's weight in each token's output (B, T, n_experts),
         float32, zero off the token's top-k; `trace` records (and may replace) the router's
         logits as "router_logits" and the weights as "expert_weights"."""
-        if self.sigmoid:
-            return self._sigmoid_weights(x, trace)
+        if self.corrected:
+            return self._corrected_weights(x, trace)
         logits = self.router(x)  # (B, T, E)
         if trace is not None:
             logits = trace.record("router_logits", logits)
@@ -85,7 +92,7 @@ class MoE(nn.Module):
         else:
             top, chosen = probs.topk(self.top_k, dim=-1)  # (B, T, k) each
             if self.normalized:
-                top = top / top.sum(dim=-1, keepdim=True)  # (B, T, k)
+                top = top / self._floored(top.sum(dim=-1, keepdim=True))  # (B, T, k)
         if self.keep_routing and self.training:
             self.routing = probs.flatten(0, 1), chosen.flatten(0, 1)  # (N, E), (N, k)
         if self.scaling != 1.0:
@@ -93,16 +100,21 @@ class MoE(nn.Module):
         weights = torch.zeros_like(probs).scatter_(-1, chosen, top)  # (B, T, E)
         return weights if trace is None else trace.record("expert_weights", weights)
 
-    def _sigmoid_weights(self, x: Tensor, trace: Any) -> Tensor:
-        """`weights` for DeepSeek-V3's router (module doc), its steps and order transformers'
-        (`DeepseekV3TopkRouter`), on the (N, E) rows it sees: the same picks among ties and
-        the same float32 sums. "router_logits" are the float32 logits."""
+    def _floored(self, total: Tensor) -> Tensor:
+        """A renormalising sum (..., 1) clamped at norm_min (ERNIE 4.5's), where it has one."""
+        return total.clamp(min=self.norm_min) if self.norm_min else total
+
+    def _corrected_weights(self, x: Tensor, trace: Any) -> Tensor:
+        """`weights` for a router with a correction bias (module doc), its steps and order
+        transformers' (`DeepseekV3TopkRouter`, `Ernie4_5_MoeTopKRouter`), on the (N, E) rows
+        it sees: the same picks among ties and the same float32 sums. "router_logits" are
+        the float32 logits."""
         B, T = x.shape[:2]
         w = self.router.weight  # (E, C)
         logits = F.linear(x.float(), w.float()).view(B * T, -1)  # (N, E)
         if trace is not None:
             logits = trace.record("router_logits", logits.view(B, T, -1)).view(B * T, -1)
-        scores = logits.sigmoid()  # (N, E)
+        scores = logits.sigmoid() if self.sigmoid else logits.softmax(dim=-1)  # (N, E)
         biased = scores + getattr(self.router, CORRECTION_BIAS)  # (N, E)
         if self.groups > 1:
             grouped = biased.view(B * T, self.groups, -1)  # (N, G, E / G)
@@ -111,12 +123,18 @@ class MoE(nn.Module):
             mask = torch.zeros_like(group_scores).scatter_(1, kept, 1)  # (N, G)
             mask = mask[:, :, None].expand_as(grouped).reshape(B * T, -1)  # (N, E)
             biased = biased.masked_fill(~mask.bool(), float("-inf"))  # (N, E)
-        chosen = biased.topk(self.top_k, dim=-1, sorted=False)[1]  # (N, k)
-        if self.keep_routing and self.training:  # DeepSeek-V3's balance loss's affinities
-            self.routing = scores / scores.sum(dim=-1, keepdim=True), chosen  # (N, E), (N, k)
+        # DeepSeek-V3 takes its picks unsorted, ERNIE 4.5 sorted: the order their sum adds in
+        chosen = biased.topk(self.top_k, dim=-1, sorted=not self.sigmoid)[1]  # (N, k)
+        if self.keep_routing and self.training:
+            # DeepSeek-V3's balance loss's affinities and picks; ERNIE 4.5's is Mixtral's:
+            # the probabilities and their own top k, without the bias
+            self.routing = (scores / scores.sum(dim=-1, keepdim=True), chosen) if (
+                self.sigmoid) else (scores, scores.topk(self.top_k, dim=-1)[1])  # (N, E), (N, k)
         top = scores.gather(1, chosen)  # (N, k)
-        if self.normalized:  # transformers' + 1e-20 keeps an all-zero row finite
+        if self.normalized and self.sigmoid:  # transformers' + 1e-20 keeps a zero row finite
             top = top / (top.sum(dim=-1, keepdim=True) + 1e-20)  # (N, k)
+        elif self.normalized:
+            top = top / self._floored(top.sum(dim=-1, keepdim=True))  # (N, k)
         top = top * self.scaling  # (N, k)
         weights = torch.zeros_like(scores).scatter_(-1, chosen, top).view(B, T, -1)  # (B, T, E)
         return weights if trace is None else trace.record("expert_weights", weights)
@@ -166,15 +184,15 @@ class MoE(nn.Module):
 
 def idle_parameters(config: GPTConfig) -> int:
     """The parameters a token's forward leaves unused: in every mixture's layer (not the
-    first dense_layers), the experts outside its top k (0 without a mixture; a shared
-    expert is active). Total minus this is the count active per token."""
+    dense ones, `GPTConfig.has_mixture`), the experts outside its top k (0 without a
+    mixture; a shared expert is active). Total minus this is the count active per token."""
     if config.n_experts is None:
         return 0
     C, d = config.n_embd, config.ff_size
     gated = config.mlp in GATED
     per_expert = (3 if gated else 2) * C * d + (((2 if gated else 1) * d + C) if config.bias
                                                  else 0)
-    layers = config.n_layer - config.dense_layers
+    layers = sum(config.has_mixture(i) for i in range(config.n_layer))
     return layers * (config.n_experts - config.experts_per_token) * per_expert
 
 

@@ -113,7 +113,8 @@ def absent_names(config: GPTConfig) -> dict[str, str]:
     if config.n_experts is None:
         absent |= dict.fromkeys(("router_logits", "expert_weights"),
                                 "its MLP is one dense MLP, not a mixture of experts")
-    elif config.mlp != "none" and not config.dense_layers:  # dense first layers have them
+    elif config.mlp != "none" and all(map(config.has_mixture, range(config.n_layer))):
+        # a dense layer among the mixtures has them
         absent |= dict.fromkeys(("mlp_pre", "mlp_hidden"), "its mixture of experts runs each "
                                 "expert on its own rows (trace expert_weights and mlp_out)")
     return absent

@@ -328,7 +328,7 @@ def routing_answer(model: GPT, ids: Sequence[int], tokenizer: TextTokenizer,
     """The JSON body of /api/routing: `routing_payload` of `ids` run once with a trace of
     the routing (up to the last layer asked, its router), each token's text written as
     `attention_payload`'s tokens, and the ids. Default layers: every one with a mixture (not
-    the dense first ones, `GPTConfig.dense_layers`)."""
+    the dense ones, `GPTConfig.has_mixture`)."""
     c = model.config
     wanted = [i for i in range(c.n_layer) if c.has_mixture(i)] if layers is None else list(
         dict.fromkeys(layers))

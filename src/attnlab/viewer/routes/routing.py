@@ -37,10 +37,13 @@ def checked_routing(state: ViewerState, body: RoutingRequest) -> list[int]:
     ids = state.request_ids(body.text, body.ids)
     n_layers = state.layer_count(body.layers)
     dense = [i for i in body.layers or [] if not c.has_mixture(i)]
-    if dense:
+    if dense and c.mixture_layers is None:
         raise RequestError(f"layers {dense} have one dense MLP (the first dense_layers="
                            f"{c.dense_layers} blocks) and route nothing; ask for layers from "
                            f"{c.dense_layers} on")
+    if dense:
+        raise RequestError(f"layers {dense} have one dense MLP and route nothing; ask for "
+                           f"layers among the mixtures' {c.mixture_layers}")
     n_weights = n_layers * len(ids) * c.n_experts
     if n_weights > state.limits.max_weights:
         raise RequestError(
