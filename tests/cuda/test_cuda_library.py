@@ -116,6 +116,14 @@ FAMILIES = {
                  "n_experts": 4, "experts_per_token": 2, "router_scoring": "sigmoid",
                  "expert_groups": 2, "expert_groups_chosen": 1, "routed_scaling": 2.5,
                  "shared_expert_size": 16, "shared_expert_gated": False, "dense_layers": 1},
+    # ERNIE 4.5 MoE's: a softmax router picking by probability plus a correction bias, its
+    # renormalising sum clamped, a mixture on the second layer alone
+    "ernie4_5_moe": {"pos": "rope", "norm": "rmsnorm", "mlp": "swiglu", "bias": False,
+                     "n_kv_head": 2, "rope_interleaved": True, "n_experts": 4,
+                     "experts_per_token": 2, "router_scoring": "softmax_corrected",
+                     "router_norm_min": 0.6, "expert_weights_in_float32": False,
+                     "shared_expert_size": 16, "shared_expert_gated": False,
+                     "mixture_layers": [1]},
 }
 
 
