@@ -8,6 +8,7 @@ interval gives named by export."""
 
 from __future__ import annotations
 
+import json
 import re
 import sys
 from dataclasses import replace
@@ -26,7 +27,7 @@ from attnlab.model.gpt import GPT
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 from benchmarks.loading import hf_shapes, sparse_hf_dir
 
-from helpers import transformers_shapes
+from helpers import assert_logits_match_hf, transformers_shapes
 
 #: ERNIE-4.5-21B-A3B-PT's config.json: its values as public copies of it give them (the
 #: released file itself was not at hand; keys of Baidu's own training code left out)
@@ -91,7 +92,9 @@ def test_its_tensors_and_counts_are_transformers(tmp_path: Path,
     ("moe_num_shared_experts", -1, "expected 0 or more"),
     ("moe_k", 65, "expected a positive integer up to 64"),
     ("num_experts", 32, "moe_num_experts=64 names it too; keep one"),
-    ("moe_gate", "topk", "attnlab does not know this field"),
+    ("use_rmsnorm", False, "runs RMSNorm on float weights; expected true"),
+    ("is_quantized", True, "expected false"),
+    ("moe_gate_act", "sigmoid", "attnlab does not know this field"),
 ])
 def test_what_it_cannot_express_is_refused(field: str, value: Any, why: str) -> None:
     with pytest.raises(ValueError, match=rf"ernie4_5_moe config.json has {field}=.*{why}"):
@@ -174,3 +177,35 @@ def test_a_16_bit_load_keeps_the_correction_bias_float32(tmp_path: Path) -> None
     for model in (ours, ours.to(torch.float16), ours.float().bfloat16()):
         kept = model.blocks[1].mlp.router.e_score_correction_bias
         assert kept.dtype == torch.float32 and torch.equal(kept, bias[0])
+
+
+def test_baidus_own_keys_and_its_mtp_tensors_are_left_as_transformers_leaves_them(
+        tmp_path: Path) -> None:
+    """Baidu's configs also state keys transformers reads nowhere (the gate's training kernel,
+    the correction bias's switch, the multi-token-prediction layers) and their files may hold
+    that layer's "mtp" tensors, which transformers skips: the same model, the same logits; a
+    tensor of no such name is still a weight left over."""
+    transformers = pytest.importorskip("transformers")
+    from safetensors.torch import load_file, save_file
+
+    baidu = dict(moe_gate="topk", moe_use_aux_free=True, num_nextn_predict_layers=1,
+                 multi_token_pred_lambda=0.3, use_rmsnorm=True, is_quantized=False)
+    assert config_from_hf({**ERNIE_21B_A3B, **baidu}) == config_from_hf(ERNIE_21B_A3B)
+    config = transformers.Ernie4_5_MoeConfig(
+        vocab_size=61, hidden_size=32, intermediate_size=48, moe_intermediate_size=16,
+        num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, moe_num_experts=4,
+        moe_k=2, moe_num_shared_experts=1)
+    config._attn_implementation = "eager"
+    hf = transformers.Ernie4_5_MoeForCausalLM(config).eval()
+    hf.save_pretrained(tmp_path)
+    path = tmp_path / "model.safetensors"
+    mtp = {"model.mtp_block.0.self_attn.q_proj.weight": torch.randn(32, 32),
+           "model.mtp_linear_proj.0.weight": torch.randn(32, 64)}
+    save_file({**load_file(str(path)), **mtp}, str(path), metadata={"format": "pt"})
+    written = json.loads((tmp_path / "config.json").read_text())
+    (tmp_path / "config.json").write_text(json.dumps({**written, **baidu}))
+    assert_logits_match_hf(load_hf(tmp_path), hf, [7, 4])
+    save_file({**load_file(str(path)), "model.layers.0.extra.weight": torch.ones(2)},
+              str(path), metadata={"format": "pt"})
+    with pytest.raises(ValueError, match=r"does not account for: \['model\.layers\.0\.extra"):
+        load_hf(tmp_path)

@@ -14,7 +14,10 @@ heads unless config.json names one, tied embeddings by default) with
   MLP `intermediate_size` wide (`GPTConfig.mixture_layers`, or `dense_layers` where the
   mixtures are every layer from one on).
 
-Refused: `use_bias=true`, which in transformers biases the attention, the dense and shared
+Baidu's configs also state keys only its own code reads (`BAIDU_ONLY`), accepted as
+transformers accepts them, and their files may hold a multi-token-prediction layer ("mtp"
+tensors), left unread as transformers leaves it. Refused: `use_rmsnorm=false`, `is_quantized=true`,
+`use_bias=true`, which in transformers biases the attention, the dense and shared
 MLPs and the output head but not the routed experts (attnlab's one `bias` switch biases
 every MLP alike); no released ERNIE 4.5 MoE sets it.
 """
@@ -40,7 +43,13 @@ _BIAS = "mlp.router.e_score_correction_bias"
 WEIGHTS = dataclasses.replace(
     DEEPSEEK_WEIGHTS, block={**DEEPSEEK_WEIGHTS.block,
                              _BIAS: "mlp.moe_statics.e_score_correction_bias"},
-    reshaped={_BIAS: (lambda t: t.reshape(-1), lambda t: t[None])})
+    reshaped={_BIAS: (lambda t: t.reshape(-1), lambda t: t[None])},
+    unread="mtp")  # the multi-token-prediction layer's tensors, which transformers skips
+# what Baidu's own code reads and transformers does not, none of it in a forward: the gate's
+# training kernel, the correction bias's switch (transformers always adds the files' bias),
+# the multi-token-prediction layers and their loss weight
+BAIDU_ONLY = frozenset({"moe_gate", "moe_use_aux_free", "num_nextn_predict_layers",
+                        "multi_token_pred_lambda"})
 
 # Ernie4_5_MoeConfig's defaults (ERNIE-4.5-21B-A3B's shape) where they differ from those
 # `llama_like_config` assumes
@@ -105,6 +114,10 @@ def _experts(f: Fields, n_layer: int) -> dict[str, Any]:
 
 def _config(f: Fields) -> dict[str, Any]:
     f.setdefaults(DEFAULTS)
+    for key in ("use_rmsnorm", "is_quantized"):  # Baidu's configs state both
+        if f.flag(key, key == "use_rmsnorm") != (key == "use_rmsnorm"):
+            raise f.refuse(key, f.hf[key], "transformers' ERNIE 4.5 MoE runs RMSNorm on float "
+                           f"weights; expected {str(key == 'use_rmsnorm').lower()}")
     if f.flag("use_bias", False):
         raise f.refuse("use_bias", True, "it biases the attention, the dense and shared MLPs "
                        "and the output head but not the routed experts, which attnlab cannot "
@@ -148,5 +161,5 @@ ERNIE4_5_MOE = Family(
     base_architecture="Ernie4_5_MoeModel", config_from_hf=_config, config_to_hf=_to_hf,
     weights=WEIGHTS, from_memory=_from_memory,
     # moe_capacity: the tokens an expert takes in Baidu's training; no forward drops any
-    irrelevant=ROUTER_TRAINING | {"moe_capacity"},
+    irrelevant=ROUTER_TRAINING | {"moe_capacity"} | BAIDU_ONLY,
 )

@@ -111,6 +111,8 @@ class WeightMap:
     later_layers: whether the files may hold layers past the config's n_layer that no
     forward reads (GLM-4.5's multi-token-prediction layer, which transformers leaves
     unread too): their tensors are not weights left over.
+    unread: a pattern of file tensor names no forward reads, left unread as transformers
+    leaves them (its `_keys_to_ignore_on_load_unexpected`: ERNIE 4.5 MoE's "mtp" tensors).
     """
 
     top: Mapping[str, str]
@@ -122,6 +124,7 @@ class WeightMap:
     reshaped: Mapping[str, tuple[Reshape, Reshape]] = field(default_factory=dict)
     stacked: tuple[Stacked, ...] = ()
     later_layers: bool = False
+    unread: str | None = None
 
     def stored_head(self, hf_state: Container[str]) -> tuple[str, str] | None:
         """(the head's name, the token table's name) as the file stores them, where it
@@ -269,7 +272,8 @@ class WeightMap:
                 held = name, take(name)
             yield ours, piece(held[1])
         leftover = sorted(k for k in set(names) - used
-                          if not BUFFERS.search(k) and not self._later(k, config.n_layer))
+                          if not BUFFERS.search(k) and not self._later(k, config.n_layer)
+                          and not (self.unread and re.search(self.unread, k)))
         if leftover:
             raise ValueError(
                 f"{family} checkpoint has weights the config does not account for: "
