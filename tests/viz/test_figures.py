@@ -422,9 +422,13 @@ def test_steps_title_names_a_soft_cap() -> None:
 def test_expert_figure_ends_its_scale_at_1_or_at_a_scaled_routers_largest_weight() -> None:
     """Softmax routing's weights sit in [0, 1]; DeepSeek-V3's routed_scaling takes them past
     1, where a scale ending at 1 would draw every weight above it alike."""
+    import matplotlib.pyplot as plt
+
     tokens = ["a", "b"]
     plain = [torch.tensor([[0.7, 0.3, 0.0], [0.0, 0.6, 0.4]])]
     scaled = [2.5 * plain[0], torch.tensor([[0.0, 2.0, 0.5], [1.0, 0.0, 1.5]])]
     for weights, top in ((plain, 1.0), (scaled, 2.0)):
         fig = viz.plot_experts(weights, tokens, list(range(len(weights))))
-        assert {image.get_clim() for ax in fig.axes for image in ax.images} == {(0.0, top)}
+        limits = {image.get_clim() for ax in fig.axes for image in ax.images}
+        plt.close(fig)
+        assert limits == {(0.0, top)}
