@@ -1,7 +1,7 @@
 """MXFP4, the 4-bit format gpt-oss's expert weights are stored in: exact dequantization
 (`dequantize`), and `Mxfp4Linear`, a Linear layer that keeps its weight packed and
 dequantizes it for each product, so a model whose experts stay packed takes about a quarter
-of the memory of its bfloat16 weights (gpt-oss-20b: 13 GB instead of 42 GB). Reading the
+of the memory of its bfloat16 weights (gpt-oss-20b: 13.8 GB instead of 41.8 GB). Reading the
 checkpoints' layout is `hf/mxfp4.py`'s.
 
 The format (OCP Microscaling, MXFP4): each weight is a 4-bit FP4 E2M1 code (sign bit, two
@@ -29,11 +29,12 @@ damaged or misread file and is refused by name instead.
 
 Packed in memory: `Mxfp4Linear` holds a matrix as the files do, blocks (out, G, 16) and
 scales (out, G), both uint8 buffers, G * 32 = in, and dequantizes it to the input's dtype
-for each product (`unpack`: the same exact values, two table lookups and a product a
-weight), so its output is the product with the dequantized matrix: what a model whose
-experts were dequantized on load computes. The blocks are checked once, when loaded
-(`check_packed`), not at each product. Its weight is a buffer, not a parameter: it does
-not train.
+for each product (`unpack`: the same exact values, one table lookup a byte), so its
+output is the product with the dequantized matrix: what a model whose experts were
+dequantized on load computes (`_laid_out` says where the sums' order may differ). The
+blocks are checked once, when loaded (`check_packed`), not at each product. Its weight is a
+buffer, not a parameter: it does not train; gradients pass through it to its input and
+bias (`_PackedProduct`).
 """
 
 from __future__ import annotations
@@ -207,7 +208,8 @@ def _laid_out(w: Tensor) -> Tensor:
     """w (out, in) in float32 or float64 in the memory `GPT.lay_out_weights` gives a Linear's
     weight, so that the product sums in the dequantized model's order (a CPU's float32
     matrix-vector product sums in another order over the other memory); a 16-bit w as it
-    is, the copy a third of a decode step's time for the same sums (docs/models.md)."""
+    is: the copy would be a third of a decode step's time, and the 16-bit products measured
+    sum alike over either memory (docs/models.md#gpt-oss)."""
     if w.dtype.itemsize <= 2 or w.shape[0] < w.shape[1]:
         return w
     return w.t().contiguous().t()
