@@ -145,6 +145,9 @@ def _info(path: Path, source: str, opened: OpenedWeights, tokenizer: Tokenizer |
           notes: list[str], **more: Any) -> ModelInfo:
     files = opened.files
     if opened.packed is not None:
+        notes.append("the experts are stored as MXFP4: a load dequantizes them, or keeps "
+                     "them packed in memory (the '+ MXFP4 experts' sizes) where the "
+                     "dequantized model would not fit")
         layers = packed_layers(opened.packed().model)
         more["packed"] = (sum(m.in_features * m.out_features for m in layers),
                           sum(m.blocks.nbytes + m.scales.nbytes for m in layers),

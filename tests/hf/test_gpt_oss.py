@@ -112,8 +112,9 @@ def test_the_released_quantized_directory_opens_as_20b_parameters(
     info = inspect_dir(directory)
     assert info.parameters == 20_914_757_184
     assert main(["info", str(directory)]) == 0
-    out = capsys.readouterr().out
+    out, err = capsys.readouterr()
     assert "20,914,757,184 parameters" in out and "bfloat16 + MXFP4 experts 14.9 GB" in out
+    assert "note: the experts are stored as MXFP4" in err
     # packed: the 19.1B expert weights at 4.25 bits, the rest in bfloat16
     assert info.packed is not None
     weights, nbytes, largest = info.packed
