@@ -65,10 +65,33 @@ def test_unpack_gives_the_dequantized_values_for_every_byte_and_scale(dtype: tor
     blocks = blocks[:scales.numel() * BLOCK_BYTES].view(-1, 1, BLOCK_BYTES)  # (n, 1, 16)
     scales = scales.view(-1, 1)  # (n, 1)
     exact = dequantize(blocks, scales, torch.float32)  # (n, 32)
-    got = unpack(blocks, scales, dtype)
-    assert got.dtype == dtype
-    assert torch.equal(got, exact.to(dtype))
-    assert torch.equal(got.signbit(), exact.to(dtype).signbit())  # -0.0 kept
+    for scratch in (False, True):
+        got = unpack(blocks, scales, dtype, scratch=scratch)
+        assert got.dtype == dtype
+        assert torch.equal(got, exact.to(dtype))
+        assert torch.equal(got.signbit(), exact.to(dtype).signbit())  # -0.0 kept
+
+
+def test_scratch_memory_is_kept_per_thread_and_size() -> None:
+    """`unpack(scratch=True)` writes into this thread's memory for its size (the next call
+    overwrites it); another thread, or another size, has its own."""
+    import threading
+
+    g = torch.Generator().manual_seed(0)
+    blocks = torch.randint(0, 256, (8, 2, BLOCK_BYTES), generator=g, dtype=torch.uint8)
+    scales = torch.randint(120, 130, (8, 2), generator=g, dtype=torch.uint8)
+    first = unpack(blocks, scales, torch.bfloat16, scratch=True)
+    again = unpack(blocks.flip(0), scales.flip(0), torch.bfloat16, scratch=True)
+    assert first.data_ptr() == again.data_ptr()  # kept, overwritten
+    assert torch.equal(first, unpack(blocks, scales, torch.bfloat16).flip(0))
+    other: list[int] = []
+    thread = threading.Thread(target=lambda: other.append(
+        unpack(blocks, scales, torch.bfloat16, scratch=True).data_ptr()))
+    thread.start()
+    thread.join()
+    assert other and other[0] != first.data_ptr()
+    assert unpack(blocks[:4], scales[:4], torch.bfloat16, scratch=True).data_ptr() != (
+        first.data_ptr())
 
 
 @settings(max_examples=25, deadline=None)

@@ -39,6 +39,7 @@ bias (`_PackedProduct`).
 
 from __future__ import annotations
 
+import threading
 from typing import Any, cast
 
 import torch
@@ -176,19 +177,47 @@ def _table(dtype: torch.dtype, device: torch.device) -> Tensor:
     return _TABLES[dtype, device]
 
 
-def unpack(blocks: Tensor, scales: Tensor, dtype: torch.dtype) -> Tensor:
+def unpack(blocks: Tensor, scales: Tensor, dtype: torch.dtype, *, scratch: bool = False
+           ) -> Tensor:
     """blocks (out, G, 16) and scales (out, G), uint8, checked (`check_packed`) -> the
     matrix (out, G * 32) in dtype: `dequantize`'s values, made faster for a product at a
     time: each byte's two values, already times its block's power of two, read at once from
     a table of every (scale, byte) in dtype (exact in bfloat16, float32 and float64; another
-    dtype gets float32's values rounded once, as a dequantized load cast to it does)."""
+    dtype gets float32's values rounded once, as a dequantized load cast to it does).
+
+    `scratch`: on a CPU, into this thread's scratch memory for that size (`_scratch`),
+    overwritten by the next such call: for a product that drops the matrix at once."""
     if dtype not in EXACT_DTYPES:
         return unpack(blocks, scales, torch.float32).to(dtype)
     out, groups, _ = blocks.shape
     table = _table(dtype, blocks.device)
-    index = (scales.int() << 8)[..., None] + blocks  # (out, G, 16) int32: 256 * s + byte
-    values = table.index_select(0, index.reshape(-1))  # (out * G * 16,) or (..., 2)
+    shift = (scales.int() << 8)[..., None]  # (out, G, 1) int32: 256 * s
+    if scratch and blocks.device.type == "cpu":
+        index, values = _scratch(table, blocks.numel())
+        torch.add(shift, blocks, out=index.view(blocks.shape))  # (out, G, 16): + byte
+        torch.index_select(table, 0, index, out=values)  # (out * G * 16,) or (..., 2)
+    else:
+        values = table.index_select(0, (shift + blocks).reshape(-1))
     return values.view(dtype).view(out, groups * BLOCK_VALUES)  # (out, in)
+
+
+_SCRATCH = threading.local()
+
+
+def _scratch(table: Tensor, n: int) -> tuple[Tensor, Tensor]:
+    """This thread's index (n,) int32 and values (n, ...) of `table`'s kind for n bytes,
+    kept between calls. Why: a fresh 16 MB tensor is fresh pages from the kernel unless
+    glibc keeps freed memory (`runtime.reuse_freed_memory`, which the CLI sets and a
+    library leaves to its program), and faulting them in took 2 to 4 times the lookup
+    itself (docs/performance.md#packed-mxfp4-experts). A thread holds one pair a size and
+    dtype: 33 MB for gpt-oss's experts in bfloat16."""
+    kept: dict[tuple[torch.dtype, int], tuple[Tensor, Tensor]] = getattr(_SCRATCH, "kept", {})
+    _SCRATCH.kept = kept
+    key = (table.dtype, n)
+    if key not in kept:
+        kept[key] = (torch.empty(n, dtype=torch.int32),
+                     torch.empty((n, *table.shape[1:]), dtype=table.dtype))
+    return kept[key]
 
 
 def check_packed(blocks: Tensor, scales: Tensor, what: str) -> None:
@@ -223,12 +252,14 @@ class _PackedProduct(torch.autograd.Function):
     def forward(ctx: Any, x: Tensor, blocks: Tensor, scales: Tensor, bias: Tensor | None
                 ) -> Tensor:
         ctx.save_for_backward(blocks, scales)
-        return product(x, _laid_out(unpack(blocks, scales, x.dtype)), bias)  # (..., out)
+        w = unpack(blocks, scales, x.dtype, scratch=True)  # (out, in)
+        return product(x, _laid_out(w), bias)  # (..., out)
 
     @staticmethod
     def backward(ctx: Any, grad: Tensor) -> tuple[Tensor | None, None, None, Tensor | None]:
         blocks, scales = ctx.saved_tensors
-        grad_x = grad @ unpack(blocks, scales, grad.dtype) if ctx.needs_input_grad[0] else None
+        grad_x = grad @ unpack(blocks, scales, grad.dtype, scratch=True) \
+            if ctx.needs_input_grad[0] else None  # (..., in)
         grad_bias = grad.reshape(-1, grad.shape[-1]).sum(0) if ctx.needs_input_grad[3] \
             else None  # (out,)
         return grad_x, None, None, grad_bias
@@ -276,7 +307,8 @@ class Mxfp4Linear(nn.Module):
             # autograd would keep each product's dequantized weight until the backward: the
             # whole model's experts again, unpacked; this dequantizes it again there instead
             return cast(Tensor, _PackedProduct.apply(x, self.blocks, self.scales, bias))
-        return product(x, _laid_out(self.weight_in(x.dtype)), bias)  # (..., out)
+        w = unpack(self.blocks, self.scales, x.dtype, scratch=True)  # (out, in)
+        return product(x, _laid_out(w), bias)  # (..., out)
 
     def _load_from_state_dict(self, state_dict: dict[str, Any], prefix: str, *args: Any
                               ) -> None:
