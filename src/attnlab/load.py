@@ -148,10 +148,11 @@ def _info(path: Path, source: str, opened: OpenedWeights, tokenizer: Tokenizer |
         notes.append("the experts are stored as MXFP4: a load dequantizes them, or keeps "
                      "them packed in memory (the '+ MXFP4 experts' sizes) where the "
                      "dequantized model would not fit")
-        layers = packed_layers(opened.packed().model)
+        packed = opened.packed()
+        layers = packed_layers(packed.model)
         more["packed"] = (sum(m.in_features * m.out_features for m in layers),
                           sum(m.blocks.nbytes + m.scales.nbytes for m in layers),
-                          opened.packed().files.largest())
+                          packed.files.largest())
     return ModelInfo(
         path=path, source=source, config=opened.config,
         parameters=opened.model.num_params(non_embedding=False),
