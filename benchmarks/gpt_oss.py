@@ -55,14 +55,13 @@ RUN = """
 import json, time, torch
 from attnlab import load_hf
 from attnlab.generate import generate
-from attnlab.model.mxfp4 import packed_layers
+from attnlab.model.mxfp4 import packed_layers, packed_size
 torch.manual_seed(0)
 t0 = time.perf_counter()
 model = load_hf({path!r}, torch.bfloat16, packed=True)
 load_s = time.perf_counter() - t0
 packed = packed_layers(model)
-model_bytes = (sum(p.nbytes for p in model.parameters())
-               + sum(m.blocks.nbytes + m.scales.nbytes for m in packed))
+model_bytes = sum(p.nbytes for p in model.parameters()) + packed_size(model)[1]
 ids = torch.randint(0, model.config.vocab_size, (1, {prompt}))
 with torch.no_grad():
     t0 = time.perf_counter()

@@ -25,7 +25,7 @@ from .hf import family_of, load_hf_checkpoint, open_hf_checkpoint, open_hf_weigh
 from .model.config import GPTConfig
 from .model.materialize import OpenedWeights, Progress
 from .model.memory import Use, fit_report
-from .model.mxfp4 import packed_layers
+from .model.mxfp4 import packed_size
 from .tokenizers import NoTokenizerError, Tokenizer, check_fits, load_hf_tokenizer, load_tokenizer
 from .tokenizers.hf_dir import GENERATION_CONFIG, is_hf_dir, read_hf_config, read_json
 
@@ -149,10 +149,7 @@ def _info(path: Path, source: str, opened: OpenedWeights, tokenizer: Tokenizer |
                      "them packed in memory (the '+ MXFP4 experts' sizes) where the "
                      "dequantized model would not fit")
         packed = opened.packed()
-        layers = packed_layers(packed.model)
-        more["packed"] = (sum(m.in_features * m.out_features for m in layers),
-                          sum(m.blocks.nbytes + m.scales.nbytes for m in layers),
-                          packed.files.largest())
+        more["packed"] = (*packed_size(packed.model), packed.files.largest())
     return ModelInfo(
         path=path, source=source, config=opened.config,
         parameters=opened.model.num_params(non_embedding=False),

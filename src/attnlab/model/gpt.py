@@ -26,7 +26,7 @@ from .kv_cache import KVCache
 from .layers import Linear, embedding_scale, soft_cap
 from .masks import Mask, build_mask
 from .moe import MoE, balance_loss
-from .mxfp4 import packed_layers
+from .mxfp4 import packed_size
 from .rope import Rope, Rotary, layer_ropes, real_positions
 from .runtime import kept_out
 from .trace import EditSource, Seam, Trace
@@ -104,8 +104,7 @@ class GPT(nn.Module):
 
     def num_params(self, non_embedding: bool = True) -> int:
         """Parameter count; by default without the position table (nanoGPT's convention)."""
-        n = sum(p.numel() for p in self.parameters()) + sum(  # and weights kept packed
-            m.in_features * m.out_features for m in packed_layers(self))
+        n = sum(p.numel() for p in self.parameters()) + packed_size(self)[0]  # and packed
         return n - self.wpe.weight.numel() if non_embedding and self.wpe is not None else n
 
     def new_cache(

@@ -28,7 +28,7 @@ from .config import GPTConfig
 from .gpt import GPT, on_meta
 from .memory import DoesNotFitError, Use, check_memory, params_text
 from .moe import CORRECTION_BIAS
-from .mxfp4 import packed_layers
+from .mxfp4 import packed_size
 from .tensorfile import WeightFiles
 
 #: (tensors filled, tensors in all): called after each tensor a load copies in
@@ -221,11 +221,10 @@ class OpenedWeights:
                    force: bool = False) -> None:
         """`check_memory` for these weights in `dtype` on `device` with `uses` beside them,
         packed matrices counted at their own bytes."""
-        packed = packed_layers(self.model)
-        weights = sum(m.in_features * m.out_features for m in packed)
-        if packed:
+        weights, nbytes = packed_size(self.model)
+        if weights:
             uses = (*uses, Use(f"its {params_text(weights)} expert weights packed as MXFP4",
-                               nbytes=sum(m.blocks.nbytes + m.scales.nbytes for m in packed)))
+                               nbytes=nbytes))
         check_memory(self.model.num_params(non_embedding=False) - weights, dtype, device,
                      extra=self.files.largest(), uses=uses, force=force)
 

@@ -244,6 +244,13 @@ def _laid_out(w: Tensor) -> Tensor:
     return w.t().contiguous().t()
 
 
+def _packed_product(x: Tensor, blocks: Tensor, scales: Tensor, bias: Tensor | None
+                    ) -> Tensor:
+    """x (..., in) @ W.T + bias (..., out), W dequantized into scratch memory for it."""
+    w = unpack(blocks, scales, x.dtype, scratch=True)  # (out, in)
+    return product(x, _laid_out(w), bias)  # (..., out)
+
+
 class _PackedProduct(torch.autograd.Function):
     """x @ W.T + bias with W packed: the backward dequantizes W again rather than keeping
     it (W itself, bytes, gets no gradient)."""
@@ -252,8 +259,7 @@ class _PackedProduct(torch.autograd.Function):
     def forward(ctx: Any, x: Tensor, blocks: Tensor, scales: Tensor, bias: Tensor | None
                 ) -> Tensor:
         ctx.save_for_backward(blocks, scales)
-        w = unpack(blocks, scales, x.dtype, scratch=True)  # (out, in)
-        return product(x, _laid_out(w), bias)  # (..., out)
+        return _packed_product(x, blocks, scales, bias)  # (..., out)
 
     @staticmethod
     def backward(ctx: Any, grad: Tensor) -> tuple[Tensor | None, None, None, Tensor | None]:
@@ -307,8 +313,7 @@ class Mxfp4Linear(nn.Module):
             # autograd would keep each product's dequantized weight until the backward: the
             # whole model's experts again, unpacked; this dequantizes it again there instead
             return cast(Tensor, _PackedProduct.apply(x, self.blocks, self.scales, bias))
-        w = unpack(self.blocks, self.scales, x.dtype, scratch=True)  # (out, in)
-        return product(x, _laid_out(w), bias)  # (..., out)
+        return _packed_product(x, self.blocks, self.scales, bias)  # (..., out)
 
     def _load_from_state_dict(self, state_dict: dict[str, Any], prefix: str, *args: Any
                               ) -> None:
@@ -323,6 +328,14 @@ class Mxfp4Linear(nn.Module):
 
 def packed_layers(model: nn.Module) -> list[Mxfp4Linear]:
     return [m for m in model.modules() if isinstance(m, Mxfp4Linear)]
+
+
+def packed_size(model: nn.Module) -> tuple[int, int]:
+    """(weights, bytes) of `model`'s packed layers: the weights they stand for, and the bytes
+    their blocks and scales take (meta tensors count too)."""
+    packed = packed_layers(model)
+    return (sum(m.in_features * m.out_features for m in packed),
+            sum(m.blocks.nbytes + m.scales.nbytes for m in packed))
 
 
 def pack_experts(model: nn.Module) -> nn.Module:
