@@ -431,6 +431,41 @@ CASES: dict[str, tuple[str, dict[str, Any]]] = {
     "ernie4_5_moe-dense-first": ("Ernie4_5_Moe", dict(
         **{**SMALL, "num_hidden_layers": 3}, num_key_value_heads=1, moe_num_experts=4,
         moe_k=3, moe_intermediate_size=24, moe_num_shared_experts=0)),
+    # DeepSeek-V3: latent attention (q through a 12-wide latent, k and v from a 16-wide one,
+    # 8 dims without RoPE + 4 turned in pairs, values 6 wide); the sigmoid router, top 3 of 8
+    # in 4 groups of which 2 are kept, renormalised, times 2.5, a dense first layer, untied
+    "deepseek_v3-latent-groups": ("DeepseekV3", dict(
+        **{**SMALL, "num_hidden_layers": 3}, num_key_value_heads=4, kv_lora_rank=16,
+        q_lora_rank=12, qk_rope_head_dim=4, qk_nope_head_dim=8, v_head_dim=6,
+        n_routed_experts=8, num_experts_per_tok=3, n_group=4, topk_group=2,
+        norm_topk_prob=True, routed_scaling_factor=2.5, n_shared_experts=1,
+        moe_intermediate_size=16, first_k_dense_replace=1)),
+    # q straight from x, values as wide as q and k, RoPE in halves (rope_interleave false)
+    # and yarn with mscale_all_dim (scores scaled by its square), every layer a mixture of
+    # top 2 of 4 as their scores, two shared experts' width, tied
+    "deepseek_v3-yarn-direct-q": ("DeepseekV3", dict(
+        **SMALL, num_key_value_heads=4, kv_lora_rank=16, q_lora_rank=None,
+        qk_rope_head_dim=8, qk_nope_head_dim=8, v_head_dim=16, n_routed_experts=4,
+        num_experts_per_tok=2, n_group=1, topk_group=1, norm_topk_prob=False,
+        n_shared_experts=2, moe_intermediate_size=16, first_k_dense_replace=0,
+        rope_interleave=False, tie_word_embeddings=True, rope_parameters=dict(
+            rope_type="yarn", rope_theta=10000.0, factor=4.0, mscale=1.0, mscale_all_dim=0.8,
+            beta_fast=32.0, beta_slow=1.0, original_max_position_embeddings=16))),
+    # DeepSeek-V2: RoPE as complex numbers in float32; the softmax router in float32, top 3
+    # of 8 in the 2 of 4 groups with the best single expert, unrenormalised, times 16
+    "deepseek_v2-group-limited": ("DeepseekV2", dict(
+        **{**SMALL, "num_hidden_layers": 3}, num_key_value_heads=4, kv_lora_rank=16,
+        q_lora_rank=12, qk_rope_head_dim=4, qk_nope_head_dim=8, v_head_dim=6,
+        n_routed_experts=8, num_experts_per_tok=3, n_group=4, topk_group=2,
+        topk_method="group_limited_greedy", routed_scaling_factor=16.0, n_shared_experts=1,
+        moe_intermediate_size=16, first_k_dense_replace=1)),
+    # V2-Lite's shape: q straight from x, greedy top 2 of 6, two shared experts, attention
+    # biases, tied
+    "deepseek_v2-lite": ("DeepseekV2", dict(
+        **SMALL, num_key_value_heads=4, kv_lora_rank=16, q_lora_rank=None,
+        qk_rope_head_dim=4, qk_nope_head_dim=8, v_head_dim=8, n_routed_experts=6,
+        num_experts_per_tok=2, n_shared_experts=2, moe_intermediate_size=16,
+        first_k_dense_replace=1, attention_bias=True, tie_word_embeddings=True)),
 }
 # the model class where it is not f"{prefix}ForCausalLM"
 MODEL_CLASS = {"Gemma3Text": "Gemma3ForCausalLM"}
@@ -655,7 +690,8 @@ def _rounding_as_attnlabs(hf: Any, vocab: int, monkeypatch: pytest.MonkeyPatch) 
             assert not torch.equal(hf(ids, attention_mask=mask).logits, before)
     if hf.config.model_type in ("cohere", "cohere2"):
         _cohere_sum_as_attnlabs(hf, ids, mask, monkeypatch)
-    if hf.config.model_type in ("glm4_moe", "dots1", "ernie4_5_moe"):  # float32 routers
+    if hf.config.model_type in ("glm4_moe", "dots1", "ernie4_5_moe", "deepseek_v2",
+                                "deepseek_v3"):  # float32 routers
         # transformers keeps its weight float32 (_keep_in_fp32_modules_strict), attnlab rounds
         # it to the model's dtype (a released bfloat16 router rounds to itself in bfloat16);
         # both keep the correction bias float32

@@ -10,8 +10,9 @@ MixtralForCausalLM, OlmoeForCausalLM, Qwen3MoeForCausalLM, GraniteMoeForCausalLM
 Qwen2MoeForCausalLM and GptOssForCausalLM, GlmForCausalLM, Glm4ForCausalLM,
 Starcoder2ForCausalLM, Exaone4ForCausalLM, CohereForCausalLM, Cohere2ForCausalLM,
 SeedOssForCausalLM, Ernie4_5ForCausalLM, HeliumForCausalLM, ArceeForCausalLM, and the
-DeepSeek-V3-style mixtures Glm4MoeForCausalLM and Dots1ForCausalLM, and ERNIE 4.5's mixture
-Ernie4_5_MoeForCausalLM.
+DeepSeek-V3-style mixtures Glm4MoeForCausalLM and Dots1ForCausalLM, ERNIE 4.5's mixture
+Ernie4_5_MoeForCausalLM, and DeepSeek's own with latent attention, DeepseekV2ForCausalLM and
+DeepseekV3ForCausalLM.
 `registry.py` holds the Family / WeightMap machinery, `fields.py` the config-field
 bookkeeping (every field is honoured, refused by name, or listed there as irrelevant),
 `files.py` the directory reading and writing (the tokenizer files themselves are
@@ -52,6 +53,7 @@ from ..tokenizers.hf_dir import (
 )
 from .arcee import ARCEE
 from .cohere import COHERE, COHERE2
+from .deepseek import DEEPSEEK_V2, DEEPSEEK_V3
 from .dots1 import DOTS1
 from .ernie4_5 import ERNIE4_5
 from .ernie4_5_moe import ERNIE4_5_MOE
@@ -108,7 +110,8 @@ FAMILIES: tuple[Family, ...] = (GPT2, LLAMA, MISTRAL, QWEN2, QWEN3, GPT_NEOX, GE
                                STABLELM, GRANITE, FALCON, MIXTRAL, OLMOE, QWEN3_MOE,
                                GRANITEMOE, QWEN2_MOE, GPT_OSS, GLM, GLM4, STARCODER2,
                                EXAONE4, COHERE, COHERE2, SEED_OSS, ERNIE4_5, HELIUM,
-                               ARCEE, GLM4_MOE, DOTS1, ERNIE4_5_MOE)
+                               ARCEE, GLM4_MOE, DOTS1, ERNIE4_5_MOE,
+                               DEEPSEEK_V2, DEEPSEEK_V3)
 FAMILY_BY_NAME: dict[str, Family] = {f.name: f for f in FAMILIES}
 
 __all__ = [

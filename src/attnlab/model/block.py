@@ -12,6 +12,7 @@ from torch import Tensor, nn
 
 from .attention import CausalSelfAttention
 from .config import GPTConfig
+from .latent import LatentAttention
 from .layers import GATED, MLP, branch_scaled, make_norm
 from .masks import Mask
 from .moe import MoE
@@ -35,7 +36,7 @@ class Block(nn.Module):
         # Gemma 2 / 3: each branch's output normed again before its residual add
         self.ln_attn_post = norm_of(c) if c.sandwich_norm else None
         self.ln_mlp_post = norm_of(c) if c.sandwich_norm and has_mlp else None
-        self.attn = CausalSelfAttention(
+        self.attn: CausalSelfAttention | LatentAttention = CausalSelfAttention(
             c.n_embd, c.n_head * c.head_size, c.n_head, c.n_kv_head,
             bias=c.qkv_biased,
             out_bias=c.out_biased,
@@ -46,7 +47,13 @@ class Block(nn.Module):
             rope_pairs=c.rope_interleaved, scores_in_float32=c.scores_in_float32,
             qk_norm_kind=c.norm if c.norm in ("gemma_rmsnorm", "olmo_rmsnorm") else "rmsnorm",
             softcap=c.attn_logit_softcapping, sinks=c.attn_sinks,
-        )
+        ) if c.kv_latent is None else LatentAttention(
+            c.n_embd, c.n_head, c.head_size, kv_latent=c.kv_latent, q_latent=c.q_latent,
+            rope_head_dim=c.rope_head_dim, v_head_dim=c.v_head_dim, bias=c.qkv_biased,
+            out_bias=c.out_biased, dropout=c.dropout, scale=c.attn_scale,
+            softcap=c.attn_logit_softcapping, rope_in_float32=c.rope_in_float32,
+            rope_tables_rounded=c.rope_tables_rounded, rope_pairs=c.rope_interleaved,
+            scores_in_float32=c.scores_in_float32)
         # None without an MLP, and where the MLP reads ln_1's output (shared_norm)
         self.ln_2 = (norm_of(c) if c.pre_norm else nn.Identity()) if (
             has_mlp and not c.shared_norm) else None

@@ -192,13 +192,18 @@ _COMPILED: WeakKeyDictionary[GPT, dict[tuple[object, ...], CompiledDecode]] = \
 
 def check_compilable(model: GPT) -> None:
     """Raise unless `model`'s decode step can be compiled: float32 decode weights (the
-    model's own tensors, in whatever dtype the model is) and no mixture of experts."""
+    model's own tensors, in whatever dtype the model is), no mixture of experts and no
+    latent attention."""
     if model.config.n_experts is not None:
         raise ValueError(
             f"a mixture of experts (n_experts={model.config.n_experts}) runs each expert on "
             "the rows its router sends it, a shape each step, which a compiled fixed-shape "
             "step cannot replay; generate without compile"
         )
+    if model.config.kv_latent is not None:
+        raise ValueError(f"latent attention (kv_latent={model.config.kv_latent}) decodes "
+                         "through the model's forward, which is not compiled; generate "
+                         "without compile")
     if model.decode_weights != "float32":
         raise ValueError(
             f"a compiled decode step reads the model's own weights; this model decodes "

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from .experts_config import check_experts
+from .latent_config import check_latent
 from .layers import GELUS, MLPS, NORMS
 from .rope import check_rope_scaling
 
@@ -173,6 +174,14 @@ class GPTConfig:
     # nothing to the context: the weights over the keys sum to less than 1 (gpt-oss's
     # attention sinks); the model then takes attention's explicit path, as transformers does
     attn_sinks: bool = False
+    # DeepSeek-V2 / V3's multi-head latent attention where kv_latent is set (`latent.py`): k
+    # and v projected up from one normed kv_latent-wide latent per token, q from a q_latent-
+    # wide one (None: straight from x); the last rope_head_dim of each head's head_size q and
+    # k dims rotated (k's shared by every head); values v_head_dim wide (None: head_size)
+    kv_latent: int | None = None
+    q_latent: int | None = None
+    rope_head_dim: int = 64
+    v_head_dim: int | None = None
 
     def __post_init__(self) -> None:
         positive = ("vocab_size", "block_size", "n_layer", "n_head", "n_embd")
@@ -228,11 +237,12 @@ class GPTConfig:
                 raise ValueError(f"GPTConfig.{name}={value!r} must be a positive finite "
                                  "number (Granite's; 1.0 leaves the model as it is)")
         check_experts(self)
+        check_latent(self)
         if not self.norm_eps > 0:
             raise ValueError(f"norm_eps={self.norm_eps} must be > 0")
         if not self.rope_theta > 0:
             raise ValueError(f"rope_theta={self.rope_theta} must be > 0")
-        rotary_dims = int(self.head_size * self.rotary_pct)
+        rotary_dims = self.rotary_dims
         if not 0.0 < self.rotary_pct <= 1.0 or (self.pos == "rope" and rotary_dims % 2):
             raise ValueError(
                 f"rotary_pct={self.rotary_pct} must be in (0, 1] and rotate an even number of "
@@ -308,6 +318,13 @@ class GPTConfig:
     @property
     def head_size(self) -> int:
         return self.n_embd // self.n_head if self.head_dim is None else self.head_dim
+
+    @property
+    def rotary_dims(self) -> int:
+        """The dims of each head RoPE turns: rope_head_dim with latent attention, else the
+        first int(head_size * rotary_pct)."""
+        return self.rope_head_dim if self.kv_latent is not None else int(
+            self.head_size * self.rotary_pct)
 
     @property
     def score_scale(self) -> float:
@@ -394,6 +411,8 @@ class GPTConfig:
             if self.n_experts is None \
             else set()
         idle |= {"shared_expert_gated"} if self.shared_expert_size is None else set()
+        idle |= {"q_latent", "rope_head_dim", "v_head_dim"} if self.kv_latent is None else {
+            "rotary_pct"}
         # which layers are dense, however said: the mixtures' layers, in one spelling
         idle.add("dense_layers")
         if self.n_experts is not None:

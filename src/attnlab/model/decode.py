@@ -24,7 +24,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from .attention import attend
+from .attention import CausalSelfAttention, attend
 from .decode_parts import (
     FLOAT16_MAX,
     Affine,
@@ -75,7 +75,8 @@ class _DecodeLayer(NamedTuple):
 
     @classmethod
     def of(cls, block: Block, window: int | None) -> _DecodeLayer:
-        attn, moe = block.attn, block.mlp if isinstance(block.mlp, MoE) else None
+        attn = cast(CausalSelfAttention, block.attn)  # never latent: DecodeStep refuses it
+        moe = block.mlp if isinstance(block.mlp, MoE) else None
         mlp = None if moe is not None else cast(MLP | None, block.mlp)
         fc, gate, proj = (None, None, None) if mlp is None else _matrices(mlp)
         return cls(
@@ -144,6 +145,10 @@ class DecodeStep:
         """progress: called as (matrices packed, in all) while float16 ones pack, a
         layer's stacked q/k/v counted as the 3 Linear layers it joins."""
         require_eval(model, "a decode step")
+        if has_latent(model):
+            raise ValueError(f"a decode step runs q/k/v attention; this model has latent "
+                             f"attention (kv_latent={model.config.kv_latent}): decode it "
+                             "through its forward with a KV cache, as generate does")
         if weights not in ("float32", "float16"):
             raise ValueError(f"weights={weights!r}: pick 'float32' or 'float16'")
         if weights == "float16":
@@ -157,8 +162,8 @@ class DecodeStep:
             for i, block in enumerate(model.blocks)
         ]
         # each layer's q, k, v Linear layers, whose weights `layers[i].qkv` copies
-        self._qkv_sources = [(b.attn.query, b.attn.key, b.attn.value)
-                             for b in cast("list[Block]", list(model.blocks))]
+        self._qkv_sources = [(a.query, a.key, a.value) for a in (
+            cast(CausalSelfAttention, b.attn) for b in cast("list[Block]", list(model.blocks)))]
         self.ln_f = step_norm(model.ln_f)
         self.wte = model.wte.weight.detach()
         self.embed_scale = embedding_scale(c.n_embd, self.wte) if c.scale_embeddings else None
@@ -354,12 +359,17 @@ def half_weights(model: GPT, progress: Callable[[int, int], None] | None = None)
             if progress is not None:
                 progress(i + 1, 2 * len(linears))
     model.decode_weights = "float16"
-    if not (model.training and model.config.dropout > 0):
+    if not (model.training and model.config.dropout > 0) and not has_latent(model):
         # pack now rather than in the first generation
         n = len(linears)
         decode_step(model, None if progress is None else
                     lambda done, total: progress(n + done, n + total))
     return model
+
+
+def has_latent(model: GPT) -> bool:
+    """Whether `model` has latent attention (DeepSeek's), which `DecodeStep` does not run."""
+    return model.config.kv_latent is not None
 
 
 # model -> (its weights' identity and versions when the step was built, the step)

@@ -10,9 +10,11 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     from .config import GPTConfig
 
-ROUTER_SCORINGS = ("softmax", "sigmoid", "softmax_corrected")
+ROUTER_SCORINGS = ("softmax", "sigmoid", "softmax_corrected", "softmax_float32")
 #: the scorings whose router picks by score plus a correction bias (`moe.CORRECTION_BIAS`)
 CORRECTED = ("sigmoid", "softmax_corrected")
+#: the scorings whose router multiplies in float32 (transformers' float32 routers)
+FLOAT32_ROUTERS = (*CORRECTED, "softmax_float32")
 
 
 def check_experts(c: GPTConfig) -> None:
@@ -48,11 +50,10 @@ def _check_routing(c: GPTConfig) -> None:
     if c.router_scoring not in ROUTER_SCORINGS:
         raise ValueError(f"router_scoring={c.router_scoring!r} must be one of "
                          f"{list(ROUTER_SCORINGS)}")
-    if c.router_scoring in CORRECTED and (c.experts_from_top_logits or c.router_bias):
-        raise ValueError(f"router_scoring={c.router_scoring!r} is DeepSeek-V3's or ERNIE "
+    if c.router_scoring in FLOAT32_ROUTERS and (c.experts_from_top_logits or c.router_bias):
+        raise ValueError(f"router_scoring={c.router_scoring!r} is DeepSeek's or ERNIE "
                          "4.5's router: no bias on its Linear, the chosen weighed by their "
-                         "unbiased scores; set router_bias=False and "
-                         "experts_from_top_logits=False")
+                         "scores; set router_bias=False and experts_from_top_logits=False")
     _check_norm_min(c)
     groups, chosen, n = c.expert_groups, c.expert_groups_chosen, c.n_experts or 1
     for name, least in (("expert_groups", 1), ("expert_groups_chosen", 1),
@@ -63,11 +64,12 @@ def _check_routing(c: GPTConfig) -> None:
     if not isinstance(c.shared_expert_gated, bool):
         raise ValueError(f"GPTConfig.shared_expert_gated={c.shared_expert_gated!r} "
                          "must be True or False")
-    if groups > 1 and (c.router_scoring != "sigmoid" or n % groups or n // groups < 2):
+    if groups > 1 and (c.router_scoring not in ("sigmoid", "softmax_float32") or n % groups
+                       or n // groups < 2):
         raise ValueError(f"expert_groups={groups} splits the n_experts={c.n_experts} "
-                         "into equal groups of at least 2 (each scored by its two best): "
-                         "it needs router_scoring='sigmoid' and a divisor of n_experts "
-                         "at most n_experts / 2; 1 for no groups")
+                         "into equal groups of at least 2 (each scored by its two best, or "
+                         "its best): it needs router_scoring 'sigmoid' or 'softmax_float32' "
+                         "and a divisor of n_experts at most n_experts / 2; 1 for no groups")
     if chosen > groups:
         raise ValueError(f"expert_groups_chosen={chosen} must be at most expert_groups="
                          f"{groups} (the groups a token picks among)")

@@ -48,11 +48,11 @@ class GPT(nn.Module):
         self.wte = nn.Embedding(c.vocab_size, c.n_embd)
         self.wpe = nn.Embedding(c.block_size, c.n_embd) if c.pos == "learned" else None
         # rotary: float32 frequencies, cos/sin computed per call (no block_size table)
-        self.rotary = Rotary(c.head_size, c.rotary_pct, c.rope_theta, c.rope_scaling,
+        self.rotary = Rotary(c.rotary_dims, 1.0, c.rope_theta, c.rope_scaling,
                              c.rope_interleaved) if c.pos == "rope" else None
         # the sliding-window layers' own RoPE base (Gemma 3); None: they use `rotary`
         self.local_rotary = None if c.local_rope_theta is None else Rotary(
-            c.head_size, c.rotary_pct, c.local_rope_theta, None, c.rope_interleaved)
+            c.rotary_dims, 1.0, c.local_rope_theta, None, c.rope_interleaved)
         self.drop = nn.Dropout(c.dropout)
         self.blocks = nn.ModuleList([Block(c, i) for i in range(c.n_layer)])
         self.ln_f = norm_of(c)

@@ -20,7 +20,9 @@ best `groups_chosen` of `groups` groups, and weighs them by their unbiased score
 renormalised where `normalized`; every scheme's weights are then times `scaling`. Its
 shared expert is added ungated (`shared_gated=False`). ERNIE 4.5's (`scoring=
 "softmax_corrected"`) is the same router with softmax probabilities for scores, without
-groups, its renormalising sum clamped at `norm_min`.
+groups, its renormalising sum clamped at `norm_min`. DeepSeek-V2's (`scoring=
+"softmax_float32"`) is the same router with softmax probabilities, no correction bias, and
+groups scored by their best expert.
 """
 
 from __future__ import annotations
@@ -59,6 +61,7 @@ class MoE(nn.Module):
         self.sigmoid, self.scaling = scoring == "sigmoid", scaling
         # picks by score + the correction bias: DeepSeek-V3's sigmoid, ERNIE 4.5's softmax
         self.corrected = scoring in ("sigmoid", "softmax_corrected")
+        self.float32 = self.corrected or scoring == "softmax_float32"  # DeepSeek-V2's too
         self.norm_min = norm_min  # the floor of a softmax's renormalising sum; 0: none
         self.groups, self.groups_chosen = groups, groups_chosen
         self.router = Linear(n_embd, n_experts, bias=router_bias)  # gpt-oss's has a bias
@@ -79,8 +82,8 @@ class MoE(nn.Module):
         """x (B, T, C) -> each expert's weight in each token's output (B, T, n_experts),
         float32, zero off the token's top-k; `trace` records (and may replace) the router's
         logits as "router_logits" and the weights as "expert_weights"."""
-        if self.corrected:
-            return self._corrected_weights(x, trace)
+        if self.float32:
+            return self._float32_weights(x, trace)
         logits = self.router(x)  # (B, T, E)
         if trace is not None:
             logits = trace.record("router_logits", logits)
@@ -104,30 +107,27 @@ class MoE(nn.Module):
         """A renormalising sum (..., 1) clamped at norm_min (ERNIE 4.5's), where it has one."""
         return total.clamp(min=self.norm_min) if self.norm_min else total
 
-    def _corrected_weights(self, x: Tensor, trace: Any) -> Tensor:
-        """`weights` for a router with a correction bias (module doc), its steps and order
-        transformers' (`DeepseekV3TopkRouter`, `Ernie4_5_MoeTopKRouter`), on the (N, E) rows
-        it sees: the same picks among ties and the same float32 sums. "router_logits" are
-        the float32 logits."""
+    def _float32_weights(self, x: Tensor, trace: Any) -> Tensor:
+        """`weights` for a router in float32 (module doc), its steps and order transformers'
+        (`DeepseekV3TopkRouter`, `Ernie4_5_MoeTopKRouter`, `DeepseekV2TopkRouter`), on the
+        (N, E) rows it sees: the same picks among ties and the same float32 sums.
+        "router_logits" are the float32 logits."""
         B, T = x.shape[:2]
         w = self.router.weight  # (E, C)
         logits = F.linear(x.float(), w.float()).view(B * T, -1)  # (N, E)
         if trace is not None:
             logits = trace.record("router_logits", logits.view(B, T, -1)).view(B * T, -1)
         scores = logits.sigmoid() if self.sigmoid else logits.softmax(dim=-1)  # (N, E)
-        biased = scores + getattr(self.router, CORRECTION_BIAS)  # (N, E)
+        biased = scores + getattr(self.router, CORRECTION_BIAS) if self.corrected else (
+            scores)  # (N, E)
         if self.groups > 1:
-            grouped = biased.view(B * T, self.groups, -1)  # (N, G, E / G)
-            group_scores = grouped.topk(2, dim=-1)[0].sum(dim=-1)  # (N, G)
-            kept = group_scores.topk(self.groups_chosen, dim=-1, sorted=False)[1]  # (N, g)
-            mask = torch.zeros_like(group_scores).scatter_(1, kept, 1)  # (N, G)
-            mask = mask[:, :, None].expand_as(grouped).reshape(B * T, -1)  # (N, E)
-            biased = biased.masked_fill(~mask.bool(), float("-inf"))  # (N, E)
-        # DeepSeek-V3 takes its picks unsorted, ERNIE 4.5 sorted: the order their sum adds in
-        chosen = biased.topk(self.top_k, dim=-1, sorted=not self.sigmoid)[1]  # (N, k)
+            biased = self._in_groups(biased)  # (N, E)
+        # DeepSeek takes its picks unsorted, ERNIE 4.5 sorted: the order their sum adds in
+        chosen = biased.topk(self.top_k, dim=-1, sorted=self.corrected and not self.sigmoid
+                             )[1]  # (N, k)
         if self.keep_routing and self.training:
-            # DeepSeek-V3's balance loss's affinities and picks; ERNIE 4.5's is Mixtral's:
-            # the probabilities and their own top k, without the bias
+            # DeepSeek-V3's balance loss's affinities and picks; ERNIE 4.5's and DeepSeek-V2's
+            # are Mixtral's: the probabilities and their own top k, without bias or groups
             self.routing = (scores / scores.sum(dim=-1, keepdim=True), chosen) if (
                 self.sigmoid) else (scores, scores.topk(self.top_k, dim=-1)[1])  # (N, E), (N, k)
         top = scores.gather(1, chosen)  # (N, k)
@@ -138,6 +138,18 @@ class MoE(nn.Module):
         top = top * self.scaling  # (N, k)
         weights = torch.zeros_like(scores).scatter_(-1, chosen, top).view(B, T, -1)  # (B, T, E)
         return weights if trace is None else trace.record("expert_weights", weights)
+
+    def _in_groups(self, scores: Tensor) -> Tensor:
+        """scores (N, E) with the experts outside each row's groups_chosen best groups put
+        out of reach: -inf where a group scores as its two best (DeepSeek-V3), 0 where as its
+        best (DeepSeek-V2), as transformers does."""
+        grouped = scores.view(scores.shape[0], self.groups, -1)  # (N, G, E / G)
+        group_scores = grouped.topk(2, dim=-1)[0].sum(dim=-1) if self.corrected else (
+            grouped.max(dim=-1).values)  # (N, G)
+        kept = group_scores.topk(self.groups_chosen, dim=-1, sorted=False)[1]  # (N, g)
+        mask = torch.zeros_like(group_scores).scatter_(1, kept, 1)  # (N, G)
+        mask = mask[:, :, None].expand_as(grouped).reshape(scores.shape[0], -1)  # (N, E)
+        return scores.masked_fill(~mask.bool(), float("-inf") if self.corrected else 0.0)
 
     def _apply(self, fn: Callable[[Tensor], Tensor], recurse: bool = True) -> MoE:
         """nn.Module's, but for the correction bias, which moves with the model and stays

@@ -1,0 +1,149 @@
+"""`LatentAttention`: DeepSeek-V2 / V3's multi-head latent attention (MLA).
+
+Each token's keys and values come from one small latent: x is projected down to a
+kv_latent-wide vector (plus a rope_head_dim-wide key part every head shares), RMS-normed, and
+projected up to every head's k (without RoPE) and v; q comes the same way from a q_latent-wide
+latent (or straight from x). Each head's q and k are head_size wide: head_size - rd dims
+without RoPE, then rd = rope_head_dim dims turned by RoPE (k's the shared part). The values
+may be narrower (v_head_dim).
+
+Past the projections it is `CausalSelfAttention`: the same `attend` (fused, explicit, traced
+with weights and summaries), the same trace names (q_pre_rope, k_pre_rope, q, k, v, context,
+attn_out; q and k laid out as transformers' query_states and key_states) and the same KV cache.
+The cache holds each head's k and v, v padded with zeros to head_size, which leaves every
+score and context exact (the padded columns of the context are zeros and are dropped): not
+MLA's small cache of latents, but one the decode paths share with every other attention.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from .attention import LayerCache, LayerTrace, attend
+from .layers import Linear, RMSNorm
+from .masks import Mask, build_mask
+from .rope import apply_rotary
+
+# the latents' RMSNorm epsilon: transformers' and DeepSeek's, whatever rms_norm_eps says
+LATENT_NORM_EPS = 1e-6
+
+
+class LatentAttention(nn.Module):
+    """x (B, T, C) -> (B, T, C) through multi-head latent attention (module doc).
+
+    Modules, in transformers' order and under attnlab's names: `query` (C -> nh * hs; None
+    with a q latent) or `q_down` (C -> q_latent), `q_latent_norm`, `q_up` (q_latent -> nh * hs);
+    `kv_down` (C -> kv_latent + rd), `kv_latent_norm`, `kv_up` (kv_latent -> nh * (hs - rd + vs));
+    `out_proj` (nh * vs -> C). `bias` puts a bias on the down projections, `out_bias` on
+    out_proj (transformers' attention_bias: both). rope_in_float32, rope_tables_rounded,
+    rope_pairs, scores_in_float32, scale, softcap and dropout as `CausalSelfAttention`'s.
+    """
+
+    def __init__(self, d_in: int, n_head: int, head_size: int, *, kv_latent: int,
+                 q_latent: int | None, rope_head_dim: int, v_head_dim: int | None = None,
+                 bias: bool = False, out_bias: bool = False, dropout: float = 0.0,
+                 scale: float | None = None, softcap: float | None = None,
+                 rope_in_float32: bool = False, rope_tables_rounded: bool = False,
+                 rope_pairs: bool = False, scores_in_float32: bool = False) -> None:
+        super().__init__()
+        self.n_head, self.head_size, self.rope_dims = n_head, head_size, rope_head_dim
+        self.n_kv_head = n_head  # every head has its own k and v (`CausalSelfAttention`'s)
+        self.kv_latent, self.v_size = kv_latent, v_head_dim or head_size
+        self.scale, self.dropout, self.softcap = scale, dropout, softcap
+        self.rope_how = rope_in_float32, rope_pairs, rope_tables_rounded
+        self.scores_in_float32 = scores_in_float32
+        nope = head_size - rope_head_dim
+        self.query = Linear(d_in, n_head * head_size, bias=False) if q_latent is None else None
+        self.q_down = None if q_latent is None else Linear(d_in, q_latent, bias=bias)
+        self.q_latent_norm = None if q_latent is None else RMSNorm(q_latent, LATENT_NORM_EPS)
+        self.q_up = None if q_latent is None else Linear(q_latent, n_head * head_size,
+                                                         bias=False)
+        self.kv_down = Linear(d_in, kv_latent + rope_head_dim, bias=bias)
+        self.kv_latent_norm = RMSNorm(kv_latent, LATENT_NORM_EPS)
+        self.kv_up = Linear(kv_latent, n_head * (nope + self.v_size), bias=False)
+        self.out_proj = Linear(n_head * self.v_size, d_in, bias=out_bias)
+        self.out_dropout = nn.Dropout(dropout)
+
+    def _queries(self, x: Tensor) -> Tensor:
+        """x (B, T, C) -> q (B, nh, T, hs), RoPE's dims last and not yet turned."""
+        B, T, _ = x.shape
+        if self.query is not None:
+            q = self.query(x)  # (B, T, nh * hs)
+        else:
+            down, norm, up = self.q_down, self.q_latent_norm, self.q_up
+            assert down is not None and norm is not None and up is not None
+            q = up(norm(down(x)))  # (B, T, q_latent) -> (B, T, nh * hs)
+        return q.view(B, T, self.n_head, self.head_size).transpose(1, 2)  # (B, nh, T, hs)
+
+    def _keys_values(self, x: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        """x (B, T, C) -> k without RoPE (B, nh, T, hs - rd), the shared part RoPE turns
+        (B, 1, T, rd) and v (B, nh, T, vs)."""
+        B, T, _ = x.shape
+        latent, shared = self.kv_down(x).split([self.kv_latent, self.rope_dims], dim=-1)
+        kv = self.kv_up(self.kv_latent_norm(latent))  # (B, T, nh * (hs - rd + vs))
+        kv = kv.view(B, T, self.n_head, -1).transpose(1, 2)  # (B, nh, T, hs - rd + vs)
+        k_nope, v = kv.split([self.head_size - self.rope_dims, self.v_size], dim=-1)
+        return k_nope, shared.view(B, 1, T, self.rope_dims), v
+
+    def _joined(self, k_nope: Tensor, k_rot: Tensor) -> Tensor:
+        """Each head's k (B, nh, T, hs): its own dims, then the RoPE part (B, 1 or nh, T, rd),
+        one every head shares or each head's."""
+        return torch.cat((k_nope, k_rot.expand(-1, self.n_head, -1, -1)), dim=-1)
+
+    def _padded(self, v: Tensor) -> Tensor:
+        """v (B, nh, S, vs) -> (B, nh, S, hs), zeros after the vs dims (module doc)."""
+        return v if self.v_size == self.head_size else F.pad(v, (0, self.head_size - self.v_size))
+
+    def forward(
+        self,
+        x: Tensor,
+        attention_mask: Tensor | None = None,
+        *,
+        mask: Mask | None = None,
+        kv_cache: LayerCache | None = None,
+        pos: int = 0,
+        trace: LayerTrace | None = None,
+        fused: bool | None = None,
+        rope: tuple[Tensor, Tensor] | None = None,
+    ) -> Tensor:
+        """x (B, T, C) -> (B, T, C); the arguments are `CausalSelfAttention.forward`'s (no
+        cross-attention: latent attention is self-attention)."""
+        if x.dim() != 3:
+            raise ValueError(f"x must be (B, T, C), got shape {tuple(x.shape)}")
+        B, T, _ = x.shape
+        q = self._queries(x)  # (B, nh, T, hs)
+        # k (B, nh, T, hs - rd) without RoPE, its RoPE part (B, 1, T, rd), v (B, nh, T, vs)
+        k_nope, k_rot, v = self._keys_values(x)
+        rd = self.rope_dims
+        if trace is not None:  # an edit may give each head its own RoPE part: kept per head
+            q = trace.record("q_pre_rope", q)
+            k = trace.record("k_pre_rope", self._joined(k_nope, k_rot))  # (B, nh, T, hs)
+            k_nope, k_rot = k[..., :-rd], k[..., -rd:]  # (B, nh, T, hs - rd), (B, nh, T, rd)
+        if rope is not None:
+            q_nope, q_rot = q.split([self.head_size - rd, rd], dim=-1)
+            q = torch.cat((q_nope, apply_rotary(q_rot, *rope, *self.rope_how)), dim=-1)
+            k_rot = apply_rotary(k_rot, *rope, *self.rope_how)  # (B, 1 or nh, T, rd)
+        k = self._joined(k_nope, k_rot)  # (B, nh, T, hs)
+        padded = self._padded(v)  # (B, nh, T, hs)
+        if kv_cache is not None:
+            k, padded = kv_cache.update(pos, k, padded)  # (B, nh, S, hs) each
+        if trace is not None:
+            q = trace.record("q", q)
+            k = trace.record("k", k)
+            padded = self._padded(trace.record("v", padded[..., :self.v_size]))  # (B, nh, S, hs)
+        if mask is None:
+            mask = build_mask(T, k.shape[2], attention_mask, device=x.device)
+        context = attend(
+            q, k, padded, mask, scale=self.scale, dropout_p=self.dropout,
+            training=self.training, fused=True if fused is None else fused, trace=trace,
+            softcap=self.softcap, wide=self.scores_in_float32,
+        )[..., :self.v_size]  # (B, nh, T, vs)
+        if trace is not None:
+            context = trace.record("context", context)
+        y = context.transpose(1, 2).reshape(B, T, -1)  # (B, nh, T, vs) -> (B, T, nh * vs)
+        y = self.out_dropout(self.out_proj(y))  # (B, T, C)
+        if trace is not None:
+            y = trace.record("attn_out", y)
+        return y
