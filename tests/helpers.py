@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import importlib
 import json
+import re
 import socket
 import subprocess
 import sys
@@ -480,3 +481,21 @@ def sparse_dir_with_tokenizer(directory: Path, hf_config: dict[str, Any]) -> Pat
     tokenizer = Path(__file__).resolve().parent / "data" / "v0.2_hf_llama" / "tokenizer.json"
     (directory / "tokenizer.json").write_bytes(tokenizer.read_bytes())
     return directory
+
+
+def per_expert(shapes: dict[str, tuple[int, ...]]) -> dict[str, tuple[int, ...]]:
+    """transformers' in-memory experts (E, 2F, C) and (E, C, F) as save_pretrained writes
+    them: one gate_proj, up_proj and down_proj a expert."""
+    out: dict[str, tuple[int, ...]] = {}
+    for name, shape in shapes.items():
+        match = re.fullmatch(r"(.*\.mlp\.experts\.)(gate_up_proj|down_proj)", name)
+        if match is None:
+            out[name] = shape
+            continue
+        E, rows, cols = shape
+        parts = [("gate_proj", rows // 2), ("up_proj", rows // 2)] if (
+            match[2] == "gate_up_proj") else [("down_proj", rows)]
+        for e in range(E):
+            for part, n in parts:
+                out[f"{match[1]}{e}.{part}.weight"] = (n, cols)
+    return out

@@ -8,7 +8,6 @@ name; the correction bias kept float32 in a 16-bit model."""
 
 from __future__ import annotations
 
-import re
 import sys
 from pathlib import Path
 from typing import Any
@@ -23,7 +22,7 @@ from attnlab.load import inspect_dir
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 from benchmarks.loading import hf_shapes, sparse_hf_dir
 
-from helpers import assert_logits_match_hf, transformers_shapes
+from helpers import assert_logits_match_hf, per_expert, transformers_shapes
 
 #: GLM-4.5-Air's config.json as zai-org released it (as transformers 4.54 prints it)
 GLM45_AIR: dict[str, Any] = {
@@ -55,24 +54,6 @@ DOTS_LLM1: dict[str, Any] = {
 CONFIGS = {"glm4_moe": GLM45_AIR, "dots1": DOTS_LLM1}
 
 
-def _per_expert(shapes: dict[str, tuple[int, ...]]) -> dict[str, tuple[int, ...]]:
-    """transformers' in-memory experts (E, 2F, C) and (E, C, F) as save_pretrained writes
-    them: one gate_proj, up_proj and down_proj a expert."""
-    out: dict[str, tuple[int, ...]] = {}
-    for name, shape in shapes.items():
-        match = re.fullmatch(r"(.*\.mlp\.experts\.)(gate_up_proj|down_proj)", name)
-        if match is None:
-            out[name] = shape
-            continue
-        E, rows, cols = shape
-        parts = [("gate_proj", rows // 2), ("up_proj", rows // 2)] if (
-            match[2] == "gate_up_proj") else [("down_proj", rows)]
-        for e in range(E):
-            for part, n in parts:
-                out[f"{match[1]}{e}.{part}.weight"] = (n, cols)
-    return out
-
-
 @pytest.mark.parametrize("family", sorted(CONFIGS))
 def test_a_released_shape_reads_and_writes_as_its_family(family: str) -> None:
     config = config_from_hf(CONFIGS[family])
@@ -95,7 +76,7 @@ def test_a_released_shape_reads_and_writes_as_its_family(family: str) -> None:
 def test_its_tensors_and_counts_are_transformers(family: str, tmp_path: Path,
                                                  capsys: pytest.CaptureFixture[str]) -> None:
     shapes, count = transformers_shapes(CONFIGS[family])
-    assert hf_shapes(CONFIGS[family]) == _per_expert(shapes)
+    assert hf_shapes(CONFIGS[family]) == per_expert(shapes)
     directory = sparse_hf_dir(tmp_path / family, CONFIGS[family], shards=3)
     info = inspect_dir(directory)
     assert (info.family, info.parameters) == (family, count)

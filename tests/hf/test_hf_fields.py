@@ -72,7 +72,8 @@ IMPORTS = (
     "gpt2, llama, mistral, qwen2, qwen3, gpt_neox, gemma, gemma2, gemma3_text, phi, phi3, "
     "olmo2, olmo3, smollm3, gptj, gpt_neo, opt, stablelm, granite, falcon, mixtral, olmoe, "
     "qwen3_moe, granitemoe, qwen2_moe, gpt_oss, glm, glm4, starcoder2, exaone4, cohere, "
-    "cohere2, seed_oss, ernie4_5, helium, arcee, glm4_moe, dots1, ernie4_5_moe "
+    "cohere2, seed_oss, ernie4_5, helium, arcee, glm4_moe, dots1, ernie4_5_moe, deepseek_v2, "
+    "deepseek_v3 "
     "(GPT2LMHeadModel, "
     "LlamaForCausalLM, "
     "MistralForCausalLM, "
@@ -84,7 +85,7 @@ IMPORTS = (
     "GptOssForCausalLM, GlmForCausalLM, Glm4ForCausalLM, Starcoder2ForCausalLM, "
     "Exaone4ForCausalLM, CohereForCausalLM, Cohere2ForCausalLM, SeedOssForCausalLM, "
     "Ernie4_5ForCausalLM, HeliumForCausalLM, ArceeForCausalLM, Glm4MoeForCausalLM, "
-    "Dots1ForCausalLM, Ernie4_5_MoeForCausalLM)"
+    "Dots1ForCausalLM, Ernie4_5_MoeForCausalLM, DeepseekV2ForCausalLM, DeepseekV3ForCausalLM)"
 )
 REFUSED: list[tuple[str, Any, str]] = [
     ("hidden_act", lambda: {**hf_dict("Llama", **SMALL), "hidden_act": "gelu"},
