@@ -277,7 +277,7 @@ def serving(app: Any, **config: Any) -> Iterator[int]:
         thread.join(timeout=10)
 
 
-def modern_switches(n_layer: int = 2) -> Any:
+def modern_switches(n_layer: int = 2, latent: bool = False) -> Any:
     """Hypothesis strategy: GPTConfig overrides over the modern-family switches (RoPE with
     partial rotary and scaling, RMSNorm, SwiGLU, head_dim, QK-norm, attention biases,
     parallel residual, sliding windows, Gemma's (1 + w) norm, GeGLU, scaled embeddings and
@@ -288,7 +288,9 @@ def modern_switches(n_layer: int = 2) -> Any:
     bias and a clamp; a scaling, an ungated shared expert, a dense first layer or a mixture
     on the last layer alone), gpt-oss's attention sinks and clamped SwiGLU), valid for a
     model with 4 query heads (head size 4 or 8). The property tests of model, attention,
-    cache, trace and generation draw from it so every invariant runs over every switch."""
+    cache, trace and generation draw from it so every invariant runs over every switch.
+    `latent`: DeepSeek's latent attention too, for tests with one k and v per query head and
+    no decode step (it refuses latent attention)."""
     from hypothesis import strategies as st
 
     scalings = [
@@ -367,6 +369,10 @@ def modern_switches(n_layer: int = 2) -> Any:
                                 router_norm_min=draw(st.sampled_from([0.0, 0.9])))
             if n_layer > 1 and draw(st.booleans()):  # a mixture on the last layer alone
                 switches.update(dense_layers=0, mixture_layers=[n_layer - 1])
+        if latent and draw(st.booleans()):  # k and v from a latent, 2 dims turned by RoPE
+            switches.update(kv_latent=6, q_latent=draw(st.sampled_from([None, 5])), n_kv_head=None,
+                            rope_head_dim=2, v_head_dim=draw(st.sampled_from([None, 3])),
+                            qk_norm=False, qk_norm_whole=False, attn_sinks=False)
         window = draw(st.sampled_from([None, 2, 3]))
         if window is not None:
             switches["sliding_window"] = window

@@ -13,7 +13,8 @@ from helpers import left_padded, modern_switches
 
 def _model(**switches: object) -> GPT:
     torch.manual_seed(0)
-    return GPT(GPTConfig.from_name("nano", n_kv_head=1, **switches)).eval()  # type: ignore[arg-type]
+    # multi-query unless the switches say otherwise (latent attention: a k and v per head)
+    return GPT(GPTConfig.from_name("nano", **{"n_kv_head": 1, **switches})).eval()  # type: ignore[arg-type]
 
 
 @settings(max_examples=20, deadline=None)
@@ -23,7 +24,7 @@ def _model(**switches: object) -> GPT:
     concat=st.booleans(),
     mask_once=st.booleans(),
     seed=st.integers(0, 999),
-    switches=modern_switches(),
+    switches=modern_switches(latent=True),
 )
 def test_cached_decode_equals_recomputation(
     prompt_lens: list[int], steps: int, concat: bool, mask_once: bool, seed: int,

@@ -25,7 +25,7 @@ def _model(**overrides: object) -> GPT:
 
 
 @settings(max_examples=15, deadline=None)
-@given(switches=modern_switches())
+@given(switches=modern_switches(latent=True))
 def test_traced_logits_equal_untraced(switches: dict[str, object]) -> None:
     model = _model(n_head=4, **switches)
     idx = torch.randint(0, 65, (2, 10))

@@ -93,7 +93,9 @@ def _print(model: Any, info: dict[str, Any]) -> None:
     print(f"checkpoint  {info['path']}  ({gb(info['bytes'])})")
     active = (f" ({info['active_parameters']:,} active per token)"
               if info["active_parameters"] != info["parameters"] else "")
-    print(f"model       {count(c['n_layer'], 'layer')}, {count(c['n_head'], 'head')}, "
+    latent = f" (latent attention, k and v from {c['kv_latent']} dims)" if c.get(
+        "kv_latent") else ""
+    print(f"model       {count(c['n_layer'], 'layer')}, {count(c['n_head'], 'head')}{latent}, "
           f"{c['n_embd']} dims, context {c['block_size']}, vocab {c['vocab_size']}: "
           f"{info['parameters']:,} parameters{active}")
     print("config      " + ", ".join(f"{k}={_value(v)}" for k, v in c.items()))

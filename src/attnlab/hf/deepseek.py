@@ -138,12 +138,17 @@ def _v3_config(f: Fields) -> dict[str, Any]:
 
 
 def _latent_to_hf(c: GPTConfig, family: Family) -> dict[str, Any]:
-    nope = c.head_size - c.rope_head_dim
+    """`_latent` the other way. What these fields cannot say is written as what they can,
+    which reads back as another model (`misfits` names the difference): attention without
+    latents as one from an n_embd-wide latent, grouped-query heads as one k and v per head,
+    a RoPE part as wide as the head as two dims of it."""
+    rope = c.rope_head_dim if 2 <= c.rope_head_dim < c.head_size else 2
     out = llama_like_to_hf(
-        c, family, kv_lora_rank=c.kv_latent, q_lora_rank=c.q_latent,
-        qk_rope_head_dim=c.rope_head_dim, qk_nope_head_dim=nope,
+        c, family, kv_lora_rank=c.kv_latent or c.n_embd, q_lora_rank=c.q_latent,
+        qk_rope_head_dim=rope, qk_nope_head_dim=max(c.head_size - rope, 1),
         v_head_dim=c.v_head_dim or c.head_size, attention_bias=c.qkv_biased,
-        rope_parameters=rope_to_hf(c), **deepseek_experts_to_hf(c))
+        num_key_value_heads=c.n_head, rope_parameters=rope_to_hf(c),
+        **deepseek_experts_to_hf(c))
     out.pop("head_dim")  # transformers derives it (as qk_rope_head_dim)
     return out
 
