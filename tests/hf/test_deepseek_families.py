@@ -103,10 +103,11 @@ def test_what_a_deepseek_family_cannot_express_is_refused(family: str, field: st
 
 
 @torch.no_grad()
-def test_a_16_bit_load_keeps_the_correction_bias_float32(tmp_path: Path) -> None:
-    """Rounded to bfloat16 the bias would pick other experts than transformers' float32 one;
-    loaded, cast and moved it stays the file's float32 values (the router's weight rounds
-    with the model, as every parameter does)."""
+def test_a_16_bit_load_keeps_the_correction_bias_and_router_float32(tmp_path: Path) -> None:
+    """Rounded to bfloat16 the bias (or the router's weight) would pick other experts than
+    transformers' float32 one; loaded, cast and moved both stay the file's float32 values, as
+    transformers keeps them (`_keep_in_fp32_modules_strict`), and the 16-bit model's logits
+    equal a float32 router's, not a rounded one's."""
     transformers = pytest.importorskip("transformers")
     config = transformers.Glm4MoeConfig(
         vocab_size=61, hidden_size=32, intermediate_size=48, moe_intermediate_size=16,
@@ -115,13 +116,21 @@ def test_a_16_bit_load_keeps_the_correction_bias_float32(tmp_path: Path) -> None
     hf = transformers.Glm4MoeForCausalLM(config)
     bias = hf.model.layers[1].mlp.gate.e_score_correction_bias
     bias.copy_(torch.tensor([0.1234567, -0.7654321, 1e-3 + 1e-7, 2.0]))
+    weight = hf.model.layers[1].mlp.gate.weight
+    weight.normal_(0.0, 0.5)
+    assert not torch.equal(weight.bfloat16().float(), weight)  # rounding would change it
     hf.save_pretrained(tmp_path)
     ours = load_hf(tmp_path, dtype=torch.bfloat16)
-    router = ours.blocks[1].mlp.router
-    assert router.weight.dtype == torch.bfloat16
+    ids = torch.randint(0, 61, (1, 12), generator=torch.Generator().manual_seed(0))
+    logits = ours(ids, fused=False).logits
     for model in (ours, ours.to(torch.float16), ours.float().bfloat16()):
-        kept = model.blocks[1].mlp.router.e_score_correction_bias
-        assert kept.dtype == torch.float32 and torch.equal(kept, bias)
+        router = model.blocks[1].mlp.router
+        assert router.e_score_correction_bias.dtype == router.weight.dtype == torch.float32
+        assert torch.equal(router.e_score_correction_bias, bias)
+        assert torch.equal(router.weight, weight)
+    assert ours.blocks[1].mlp.experts[0].fc.weight.dtype == torch.bfloat16
+    ours.blocks[1].mlp.router.weight.data = weight.bfloat16().float()  # as if rounded
+    assert not torch.equal(ours(ids, fused=False).logits, logits)
 
 
 def test_glm45s_multi_token_prediction_layer_is_left_unread(tmp_path: Path) -> None:

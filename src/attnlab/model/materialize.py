@@ -27,7 +27,7 @@ from torch import Tensor
 from .config import GPTConfig
 from .gpt import GPT, on_meta
 from .memory import DoesNotFitError, Use, check_memory, params_text
-from .moe import CORRECTION_BIAS
+from .moe import kept_float32
 from .mxfp4 import packed_size
 from .tensorfile import WeightFiles
 
@@ -139,22 +139,23 @@ def materialize(model: GPT, tensors: Iterable[tuple[str, Tensor]], *,
                 progress: Progress | None = None) -> GPT:
     """Fill meta model `model` from (name, tensor) pairs (checked by `check_shapes` first):
     each parameter is allocated on `device` in `dtype` (default float32; a mixture's
-    correction bias float32 always) with the layout the meta model has, and the tensor copied
-    in; `progress(tensors filled, tensors in all)` after each. Returns the model in eval
-    mode."""
+    correction bias and float32 router float32 always) with the layout the meta model has,
+    and the tensor copied in; `progress(tensors filled, tensors in all)` after each. Returns
+    the model in eval mode."""
     dtype = dtype or torch.float32
     metas = dict(model.state_dict())
+    wide = kept_float32(model)
     total = len(metas) - (1 if model.config.tie_weights else 0)  # a tied head is not read
     filled: dict[str, Tensor] = {}
     with torch.no_grad():
         for name, tensor in tensors:
             meta = metas[name]
             # (the shape meta has, in its strides: a laid-out Linear keeps its (in, out) memory)
-            # (packed bytes stay uint8; a mixture's correction bias float32, as `MoE._apply`
-            # keeps it)
+            # (packed bytes stay uint8; a mixture's correction bias and float32 router
+            # float32, as `MoE._apply` keeps them)
             target = torch.empty_strided(meta.shape, meta.stride(), device=device, dtype=(
                 meta.dtype if not meta.is_floating_point()
-                else torch.float32 if name.endswith(CORRECTION_BIAS) else dtype))
+                else torch.float32 if name in wide else dtype))
             target.copy_(tensor)
             filled[name] = target
             if progress is not None:

@@ -14,9 +14,10 @@ output scaled and added into the rows it came from: Hugging Face's eager loop, s
 numbers are transformers'.
 
 DeepSeek-V3's router (GLM-4.5, dots.llm1: `scoring="sigmoid"`) scores each expert by the
-sigmoid of its float32 logit instead, picks the top k by score plus a correction bias (a
-float32 buffer kept float32 whatever the model's dtype, as transformers keeps it), among the
-best `groups_chosen` of `groups` groups, and weighs them by their unbiased scores,
+sigmoid of its float32 logit instead (the router's weight kept float32 whatever the model's
+dtype, as transformers keeps it), picks the top k by score plus a correction bias (a float32
+buffer, kept so too), among the best `groups_chosen` of `groups` groups, and weighs them by
+their unbiased scores,
 renormalised where `normalized`; every scheme's weights are then times `scaling`. Its
 shared expert is added ungated (`shared_gated=False`). ERNIE 4.5's (`scoring=
 "softmax_corrected"`) is the same router with softmax probabilities for scores, without
@@ -152,13 +153,19 @@ class MoE(nn.Module):
         return scores.masked_fill(~mask.bool(), float("-inf") if self.corrected else 0.0)
 
     def _apply(self, fn: Callable[[Tensor], Tensor], recurse: bool = True) -> MoE:
-        """nn.Module's, but for the correction bias, which moves with the model and stays
-        float32 (transformers keeps it so: a bfloat16 one would pick other experts)."""
-        kept = getattr(self.router, CORRECTION_BIAS, None)
+        """nn.Module's, but for the correction bias and a float32 router's weight, which move
+        with the model and stay float32 (transformers keeps both so,
+        `_keep_in_fp32_modules_strict`: rounded to bfloat16 they would pick other experts)."""
+        bias = getattr(self.router, CORRECTION_BIAS, None)
+        weight = self.router.weight.data
         super()._apply(fn, recurse)
         moved = getattr(self.router, CORRECTION_BIAS, None)
-        if kept is not None and moved is not None and moved.dtype != torch.float32:
-            setattr(self.router, CORRECTION_BIAS, kept.to(moved.device))
+        if bias is not None and moved is not None and moved.dtype != torch.float32:
+            setattr(self.router, CORRECTION_BIAS, bias.to(moved.device))
+        moved_weight = self.router.weight
+        if self.float32 and moved_weight.is_floating_point() and (
+                moved_weight.dtype != torch.float32):
+            moved_weight.data = weight.to(moved_weight.device, torch.float32)
         return self
 
     def forward(self, x: Tensor, trace: Any = None) -> Tensor:
@@ -192,6 +199,19 @@ class MoE(nn.Module):
             w = weights[rows, e, None]  # (n, 1)
             out.index_add_(0, rows, (y * (w if self.wide else w.to(y.dtype))).to(out.dtype))
         return out
+
+
+def kept_float32(model: nn.Module) -> set[str]:
+    """The state-dict names of `model` that stay float32 in a 16-bit model (`MoE._apply`):
+    each mixture's correction bias and its float32 router's weight."""
+    names = set()
+    for name, module in model.named_modules():
+        if isinstance(module, MoE):
+            if module.corrected:
+                names.add(f"{name}.router.{CORRECTION_BIAS}")
+            if module.float32:
+                names.add(f"{name}.router.weight")
+    return names
 
 
 def idle_parameters(config: GPTConfig) -> int:
