@@ -18,6 +18,7 @@ from attnlab import GPT, GPTConfig, Trace
 from attnlab.generate import generate
 from attnlab.interp.edits import Edit
 from attnlab.model.latent import LatentAttention
+from attnlab.model.names import absent_names
 from attnlab.model.rope import Rotary
 
 
@@ -107,16 +108,18 @@ def test_every_path_is_the_definition_through_left_padding_and_a_cache(
                                torch.ones(B, 3, T)[real[:, None].expand(-1, 3, -1)])
 
 
-def test_the_trace_names_hold_transformers_shapes_and_an_edit_of_v_applies() -> None:
-    """q and k (B, nh, S, hs) as transformers' query_states and key_states, v (B, nh, S, vs)
-    without the cache's padding, the context (B, nh, T, vs); zero values leave the output
-    projection nothing to add."""
+def test_the_trace_names_hold_transformers_shapes_and_edits_of_v_and_the_latent_apply() -> None:
+    """The latent (B, T, kv_latent); q and k (B, nh, S, hs) as transformers' query_states and
+    key_states, v (B, nh, S, vs) without the cache's padding, the context (B, nh, T, vs); zero
+    values, or a zero latent, leave the output projection nothing to add."""
     torch.manual_seed(0)
     model = GPT(_config()).eval()
     ids = torch.arange(9)[None]
-    trace = Trace(names=["q_pre_rope", "k_pre_rope", "q", "k", "v", "context"]).run(model, ids)
+    trace = Trace(names=["kv_latent", "q_pre_rope", "k_pre_rope", "q", "k", "v", "context"]
+                  ).run(model, ids)
     shapes = {name: tuple(trace.get(name, 0).shape) for name in trace.names}
-    assert shapes == {"q_pre_rope": (1, 3, 9, 10), "k_pre_rope": (1, 3, 9, 10),
+    assert shapes == {"kv_latent": (1, 9, 7), "q_pre_rope": (1, 3, 9, 10),
+                      "k_pre_rope": (1, 3, 9, 10),
                       "q": (1, 3, 9, 10), "k": (1, 3, 9, 10), "v": (1, 3, 9, 5),
                       "context": (1, 3, 9, 5)}
     k_pre, k = trace.get("k_pre_rope", 0), trace.get("k", 0)
@@ -126,6 +129,13 @@ def test_the_trace_names_hold_transformers_shapes_and_an_edit_of_v_applies() -> 
     with torch.no_grad():
         model(ids, trace=zeroed, edits=Edit("v", 0, lambda v, first: torch.zeros_like(v)))
     assert torch.equal(zeroed.get("attn_out", 0), torch.zeros(1, 9, 24))
+    # a zero latent leaves each head's k its RoPE part alone and its v zero
+    blank = Trace(names=["k", "attn_out"])
+    with torch.no_grad():
+        model(ids, trace=blank, edits=Edit("kv_latent", 0, lambda z, first: torch.zeros_like(z)))
+    assert torch.equal(blank.get("k", 0)[..., :6], torch.zeros(1, 3, 9, 6))
+    assert torch.equal(blank.get("attn_out", 0), torch.zeros(1, 9, 24))
+    assert "kv_latent" in absent_names(dataclasses.replace(model.config, kv_latent=None))
 
 
 def test_it_trains_saves_loads_and_generates_through_its_forward(tmp_path: Path) -> None:

@@ -59,7 +59,7 @@ def test_every_name_has_its_shape() -> None:
     # post-norm outputs (test_trace_names has them)
     assert set(shapes) == set(NAMES) - {"q_pre_rope", "k_pre_rope", "attn_out_normed",
                                         "mlp_out_normed", "router_logits", "expert_weights",
-                                        "attn_learned_sink"}
+                                        "attn_learned_sink", "kv_latent"}
     for name, shape in shapes.items():
         layer = None if name in ("tok_emb", "pos_emb", "emb", "logits") else 1
         assert tuple(trace.get(name, layer).shape) == shape, name

@@ -103,6 +103,7 @@ def test_shapes_with_grouped_heads_and_a_kv_cache(overrides: dict) -> None:
         not_recorded |= {"attn_out_normed", "mlp_out_normed"}
     not_recorded |= {"router_logits", "expert_weights"}  # a mixture of experts' alone
     not_recorded |= {"attn_learned_sink"}  # a model's with learned attention sinks alone
+    not_recorded |= {"kv_latent"}  # latent attention's alone (test_latent.py)
     assert set(shapes) == set(NAMES) - {"attn_weights_dropped"} - not_recorded  # eval
     for name, shape in shapes.items():
         layers = [None] if name in MODEL_NAMES else range(c.n_layer)

@@ -77,12 +77,16 @@ class LatentAttention(nn.Module):
             q = up(norm(down(x)))  # (B, T, q_latent) -> (B, T, nh * hs)
         return q.view(B, T, self.n_head, self.head_size).transpose(1, 2)  # (B, nh, T, hs)
 
-    def _keys_values(self, x: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+    def _keys_values(self, x: Tensor, trace: LayerTrace | None) -> tuple[Tensor, Tensor, Tensor]:
         """x (B, T, C) -> k without RoPE (B, nh, T, hs - rd), the shared part RoPE turns
-        (B, 1, T, rd) and v (B, nh, T, vs)."""
+        (B, 1, T, rd) and v (B, nh, T, vs); `trace` records (and may replace) the normed
+        latent as "kv_latent"."""
         B, T, _ = x.shape
         latent, shared = self.kv_down(x).split([self.kv_latent, self.rope_dims], dim=-1)
-        kv = self.kv_up(self.kv_latent_norm(latent))  # (B, T, nh * (hs - rd + vs))
+        latent = self.kv_latent_norm(latent)  # (B, T, kv_latent)
+        if trace is not None:
+            latent = trace.record("kv_latent", latent)
+        kv = self.kv_up(latent)  # (B, T, nh * (hs - rd + vs))
         kv = kv.view(B, T, self.n_head, -1).transpose(1, 2)  # (B, nh, T, hs - rd + vs)
         k_nope, v = kv.split([self.head_size - self.rope_dims, self.v_size], dim=-1)
         return k_nope, shared.view(B, 1, T, self.rope_dims), v
@@ -113,9 +117,9 @@ class LatentAttention(nn.Module):
         if x.dim() != 3:
             raise ValueError(f"x must be (B, T, C), got shape {tuple(x.shape)}")
         B, T, _ = x.shape
-        q = self._queries(x)  # (B, nh, T, hs)
         # k (B, nh, T, hs - rd) without RoPE, its RoPE part (B, 1, T, rd), v (B, nh, T, vs)
-        k_nope, k_rot, v = self._keys_values(x)
+        k_nope, k_rot, v = self._keys_values(x, trace)
+        q = self._queries(x)  # (B, nh, T, hs)
         rd = self.rope_dims
         if trace is not None:  # an edit may give each head its own RoPE part: kept per head
             q = trace.record("q_pre_rope", q)

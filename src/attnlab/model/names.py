@@ -22,6 +22,8 @@ NAMES: dict[str, str] = {
     "pos_emb": "(B, T, C) learned position embeddings (per row: left padding shifts them)",
     "emb": "(B, T, C) tok_emb (+ pos_emb), the input of layer 0",
     "resid_pre": "(B, T, C) the residual stream entering the block (layer 0: emb)",
+    "kv_latent": "(B, T, kv_latent) the normed latent each token's keys and values are "
+                 "projected up from (latent attention only: DeepSeek-V2 / V3)",
     "q_pre_rope": "(B, nh, T, hs) queries before rotary embedding, after QK-norm if any "
                   "(pos='rope' only; a layer without RoPE, nope_layers: q itself)",
     "k_pre_rope": "(B, nkv, T, hs) this call's keys before rotary embedding, after QK-norm if "
@@ -108,6 +110,9 @@ def absent_names(config: GPTConfig) -> dict[str, str]:
                                  "mlp_out_normed"), "it has no MLP")
     elif config.parallel_residual:
         absent["resid_mid"] = "its MLP reads resid_pre (parallel_residual=True)"
+    if config.kv_latent is None:
+        absent["kv_latent"] = "its keys and values are projected from x, not from a latent " \
+            "(kv_latent=None)"
     if not config.attn_sinks:
         absent[LEARNED_SINK] = "its attention has no learned sinks (attn_sinks=False)"
     if config.n_experts is None:
