@@ -124,6 +124,20 @@ FAMILIES = {
                      "router_norm_min": 0.6, "expert_weights_in_float32": False,
                      "shared_expert_size": 16, "shared_expert_gated": False,
                      "mixture_layers": [1]},
+    # DeepSeek-V3's: latent attention (a q latent, values narrower than q and k, 2 of each
+    # head's 10 dims turned in pairs) beside GLM-4.5's routing
+    "deepseek_v3": {"pos": "rope", "norm": "rmsnorm", "mlp": "swiglu", "bias": False,
+                    "head_dim": 10, "kv_latent": 12, "q_latent": 9, "rope_head_dim": 2,
+                    "v_head_dim": 6, "rope_interleaved": True, "n_experts": 4,
+                    "experts_per_token": 2, "router_scoring": "sigmoid", "expert_groups": 2,
+                    "expert_groups_chosen": 1, "routed_scaling": 2.5, "shared_expert_size": 16,
+                    "shared_expert_gated": False, "dense_layers": 1},
+    # DeepSeek-V2-Lite's: q straight from x, RoPE in float32, the softmax router in float32
+    "deepseek_v2": {"pos": "rope", "norm": "rmsnorm", "mlp": "swiglu", "bias": False,
+                    "head_dim": 10, "kv_latent": 12, "rope_head_dim": 4, "rope_interleaved": True,
+                    "rope_in_float32": True, "n_experts": 4, "experts_per_token": 2,
+                    "experts_normalized": False, "router_scoring": "softmax_float32",
+                    "shared_expert_size": 16, "shared_expert_gated": False, "dense_layers": 1},
 }
 
 
