@@ -144,6 +144,9 @@ def _stored_head_note(tied: bool) -> str:
 def _info(path: Path, source: str, opened: OpenedWeights, tokenizer: Tokenizer | None,
           notes: list[str], **more: Any) -> ModelInfo:
     files = opened.files
+    note = getattr(files, "note", None)  # what FP8 weights say of themselves (hf.fp8)
+    if note:
+        notes.append(note)
     if opened.packed is not None:
         notes.append("the experts are stored as MXFP4: a load dequantizes them, or keeps "
                      "them packed in memory (the '+ MXFP4 experts' sizes) where the "

@@ -161,8 +161,9 @@ def test_the_correction_bias_and_the_clamp_change_the_logits(tmp_path: Path) -> 
 
 
 @torch.no_grad()
-def test_a_16_bit_load_keeps_the_correction_bias_float32(tmp_path: Path) -> None:
-    """(1, E) in the files, (E,) on the router, float32 whatever the model's dtype."""
+def test_a_16_bit_load_keeps_the_correction_bias_and_router_float32(tmp_path: Path) -> None:
+    """(1, E) in the files, (E,) on the router, float32 whatever the model's dtype; the
+    router's weight float32 too, as transformers keeps it."""
     transformers = pytest.importorskip("transformers")
     config = transformers.Ernie4_5_MoeConfig(
         vocab_size=61, hidden_size=32, intermediate_size=48, moe_intermediate_size=16,
@@ -173,10 +174,13 @@ def test_a_16_bit_load_keeps_the_correction_bias_float32(tmp_path: Path) -> None
     bias.copy_(torch.tensor([[0.1234567, -0.7654321, 1e-3 + 1e-7, 2.0]]))
     hf.save_pretrained(tmp_path)
     ours = load_hf(tmp_path, dtype=torch.bfloat16)
-    assert ours.blocks[1].mlp.router.weight.dtype == torch.bfloat16
+    weight = hf.model.layers[1].mlp.gate.weight  # (E, C)
+    assert ours.blocks[1].mlp.experts[0].fc.weight.dtype == torch.bfloat16
     for model in (ours, ours.to(torch.float16), ours.float().bfloat16()):
-        kept = model.blocks[1].mlp.router.e_score_correction_bias
+        router = model.blocks[1].mlp.router
+        kept = router.e_score_correction_bias
         assert kept.dtype == torch.float32 and torch.equal(kept, bias[0])
+        assert router.weight.dtype == torch.float32 and torch.equal(router.weight, weight)
 
 
 def test_baidus_own_keys_and_its_mtp_tensors_are_left_as_transformers_leaves_them(

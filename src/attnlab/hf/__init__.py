@@ -68,6 +68,7 @@ from .files import (
     read_weights,
     write_hf_dir,
 )
+from .fp8 import FP8, Fp8Files, fp8_block
 from .gemma import GEMMA
 from .gemma2 import GEMMA2
 from .gemma3 import GEMMA3
@@ -102,7 +103,7 @@ from .stablelm import STABLELM
 from .starcoder2 import STARCODER2
 
 #: what a Hugging Face directory's tensors are read through
-_Files = TensorFiles | BinTensors | Mxfp4Files
+_Files = TensorFiles | BinTensors | Mxfp4Files | Fp8Files
 
 # export picks the first family a GPTConfig fits, so the plainest comes first
 FAMILIES: tuple[Family, ...] = (GPT2, LLAMA, MISTRAL, QWEN2, QWEN3, GPT_NEOX, GEMMA, GEMMA2,
@@ -248,9 +249,12 @@ def open_hf_weights(path: str | Path, *, dropout: float = 0.0) -> OpenedWeights:
     config = config_from_hf(hf_config, dropout=dropout)  # before the weights are opened
     family = family_of(hf_config)
     raw = read_weights(directory)
-    mxfp4 = (hf_config.get("quantization_config") or {}).get("quant_method") == MXFP4
-    # gpt-oss's experts: dequantized as they are read, or kept packed (`OpenedWeights.packed`)
-    files = Mxfp4Files(raw) if mxfp4 else raw
+    quantized = hf_config.get("quantization_config") or {}
+    mxfp4 = quantized.get("quant_method") == MXFP4
+    # gpt-oss's experts: dequantized as they are read, or kept packed (`OpenedWeights.packed`);
+    # FP8 weights (config_from_hf checked the config): dequantized as they are read
+    files: _Files = Mxfp4Files(raw) if mxfp4 else Fp8Files(raw, fp8_block(quantized)) if (
+        quantized.get("quant_method") == FP8) else raw
     try:
         check_layer_count(config.n_layer, files, family.weights.layer,
                           base=family.weights.base)

@@ -22,8 +22,9 @@ Fields treated as irrelevant to inference, and why (`IRRELEVANT`):
 - fields hub configs keep that no transformers model reads (SmolLM's `is_llama_config`,
   `rope_interleaved`; old GPT-2's `n_special`), and `is_decoder` (a causal LM either way).
 The encoder-decoder switches must be off (`is_encoder_decoder`, `add_cross_attention`, ...)
-and `pruned_heads` empty; `quantization_config` is refused (attnlab has no quantized
-kernels).
+and `pruned_heads` empty; a `quantization_config` is refused (attnlab has no quantized
+kernels) but for block-quantized FP8 weights, which load dequantized (`fp8.py`), and gpt-oss's
+MXFP4 experts (its own family reads them).
 
 RoPE settings are read from both spellings (`rope_parameters`, transformers 5; and the
 older top-level `rope_theta` + `rope_scaling`) by `rope_from_hf`.
@@ -35,6 +36,7 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 from ..model.rope import ROPE_OPTIONAL, ROPE_REFUSALS, check_rope_scaling, scaling_kind
+from .fp8 import FP8, fp8_block
 
 IRRELEVANT = frozenset({
     # bookkeeping
@@ -162,10 +164,16 @@ class Fields:
             if value not in (needed, None, False, {}, []):
                 raise self.refuse(key, value, "attnlab runs decoder-only models; it must be "
                                   f"{'false' if needed is False else 'unset'}")
-        if self.hf.get("quantization_config") is not None and (
-                "quantization_config" not in self.read):  # a family that reads it (gpt-oss)
-            raise self.refuse("quantization_config", self.hf["quantization_config"],
-                              "attnlab loads unquantized float weights only")
+        quantized = self.hf.get("quantization_config")
+        if quantized is not None and "quantization_config" not in self.read:  # gpt-oss's
+            if not isinstance(quantized, dict) or quantized.get("quant_method") != FP8:
+                raise self.refuse("quantization_config", quantized, "attnlab loads float "
+                                  "weights, and FP8 ones (quant_method 'fp8') dequantized")
+            try:
+                fp8_block(quantized)
+            except ValueError as err:
+                raise ValueError(f"{self.family} config.json has {err}") from None
+            self.read.add("quantization_config")
         known = self.read | IRRELEVANT | set(MUST_BE) | set(irrelevant)
         for key in sorted(set(self.hf) - known):
             raise self.refuse(key, self.hf[key], "attnlab does not know this field, so it "

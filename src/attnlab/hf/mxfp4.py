@@ -19,14 +19,12 @@ gate at even columns, up at odd) and `down_proj` is (E, intermediate, hidden) (s
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping
-from pathlib import Path
-
 import torch
 from torch import Tensor
 
 from ..model.mxfp4 import BLOCK_BYTES, BLOCK_VALUES, check_inputs, dequantize
 from ..model.tensorfile import WeightFiles
+from .derived import DerivedFiles
 
 
 def expert_weight(blocks: Tensor, scales: Tensor, dtype: torch.dtype = torch.bfloat16) -> Tensor:
@@ -58,64 +56,25 @@ def expert_weight(blocks: Tensor, scales: Tensor, dtype: torch.dtype = torch.bfl
     return out
 
 
-class Mxfp4Files(Mapping[str, Tensor]):
+class Mxfp4Files(DerivedFiles):
     """A directory's weight files (`WeightFiles`) with each MXFP4 pair, NAME_blocks and
     NAME_scales, shown as the one tensor NAME transformers holds: (E, in, out), dequantized
-    in bfloat16 (exact: module doc) when it is read. Every other tensor and method is the
-    files' own; `largest` counts a dequantized tensor beside the blocks it comes from."""
+    in bfloat16 (exact: module doc) when it is read (`DerivedFiles`)."""
+
+    kind = "MXFP4"
 
     def __init__(self, files: WeightFiles) -> None:
-        self.files = files
-        self.pairs = {name[:-len("_blocks")]: (name, name[:-len("_blocks")] + "_scales")
-                      for name in files if name.endswith("_blocks")
-                      and name[:-len("_blocks")] + "_scales" in files}
-        packed = {name for pair in self.pairs.values() for name in pair}
-        self._names = [name for name in files if name not in packed] + list(self.pairs)
         meta = files.meta()
-        self._meta = {name: meta[name] for name in self._names if name not in self.pairs}
-        for name, (blocks, _) in self.pairs.items():
+        pairs = {name[:-len("_blocks")]: (name, name[:-len("_blocks")] + "_scales")
+                 for name in files if name.endswith("_blocks")
+                 and name[:-len("_blocks")] + "_scales" in files}
+        shapes = {}
+        for name, (blocks, _) in pairs.items():
             E, out, G, _ = meta[blocks].shape  # (E, out, G, 16)
-            self._meta[name] = torch.empty(E, G * BLOCK_VALUES, out, dtype=torch.bfloat16,
-                                           device="meta")  # (E, in, out)
-        self._packed_bytes = {name: meta[blocks].nbytes + meta[scales].nbytes
-                              for name, (blocks, scales) in self.pairs.items()}
+            shapes[name] = (E, G * BLOCK_VALUES, out)  # (E, in, out)
+        super().__init__(files, pairs, shapes, torch.bfloat16)
+        self.pairs = pairs
 
-    def __getitem__(self, name: str) -> Tensor:
-        if name in self.pairs:
-            blocks, scales = self.pairs[name]
-            return expert_weight(self.files[blocks], self.files[scales])  # (E, in, out)
-        return self.files[name]
-
-    def __contains__(self, name: object) -> bool:
-        return name in self._meta
-
-    def __iter__(self) -> Iterator[str]:
-        return iter(self._names)
-
-    def __len__(self) -> int:
-        return len(self._names)
-
-    def meta(self) -> dict[str, Tensor]:
-        return dict(self._meta)
-
-    def describe(self, name: str) -> str:
-        if name in self.pairs:
-            return f"{self.files.describe(self.pairs[name][0])} (MXFP4, dequantized)"
-        return self.files.describe(name)
-
-    def largest(self) -> int:
-        dequantized = max((self._meta[name].nbytes + self._packed_bytes[name]
-                           for name in self.pairs), default=0)
-        return max(self.files.largest(), dequantized)
-
-    def same(self, a: str, b: str) -> bool:
-        return self.files.same(a, b)
-
-    def stored(self) -> dict[torch.dtype, int]:
-        return self.files.stored()
-
-    def paths(self) -> list[Path]:
-        return self.files.paths()
-
-    def forget(self) -> None:
-        self.files.forget()
+    def decode(self, name: str) -> Tensor:
+        blocks, scales = self.pairs[name]
+        return expert_weight(self.files[blocks], self.files[scales])  # (E, in, out)

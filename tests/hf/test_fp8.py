@@ -1,0 +1,191 @@
+"""Block-quantized FP8 checkpoints (`hf/fp8.py`: DeepSeek-V3's and Qwen3-FP8's format) load
+dequantized: each value times its block's scale in float32, rounded once to the dtype asked
+for, as transformers' `FineGrainedFP8Config(dequantize=True)` loads them (the same tensors
+bit for bit), partial blocks as DeepSeek's `weight_dequant` has them, and what attnlab cannot
+read refused by name."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from safetensors.torch import load_file, save_file
+
+from attnlab import load_hf
+from attnlab.cli import main
+from attnlab.hf.fp8 import dequantize_fp8
+from attnlab.load import inspect_dir
+
+transformers = pytest.importorskip("transformers")
+
+FP8_CONFIG = {"activation_scheme": "dynamic", "fmt": "e4m3", "quant_method": "fp8",
+              "weight_block_size": [128, 128]}
+
+
+def _quantized(w: torch.Tensor, block: tuple[int, int]) -> tuple[torch.Tensor, torch.Tensor]:
+    """w (out, in) -> float8_e4m3fn weight and float32 (ceil(out / bm), ceil(in / bn)) scales,
+    each block scaled to e4m3's largest value, 448 (DeepSeek's quantizer)."""
+    bm, bn = block
+    rows, cols = w.shape
+    R, C = -(-rows // bm), -(-cols // bn)
+    padded = torch.zeros(R * bm, C * bn)
+    padded[:rows, :cols] = w
+    blocks = padded.view(R, bm, C, bn)
+    scale = blocks.abs().amax(dim=(1, 3)).clamp(min=1e-12) / 448.0  # (R, C)
+    q = (blocks / scale[:, None, :, None]).view(R * bm, C * bn)[:rows, :cols]
+    return q.to(torch.float8_e4m3fn), scale
+
+
+def _fp8_dir(source: Path, target: Path, block: tuple[int, int] = (128, 128),
+             **quantization: Any) -> Path:
+    """`source`'s model with every attention and MLP matrix stored as FP8 (the embeddings,
+    norms and head as they are, as DeepSeek-V3's release keeps them)."""
+    target.mkdir(parents=True)
+    state = load_file(str(source / "model.safetensors"))
+    out: dict[str, torch.Tensor] = {}
+    for name, tensor in state.items():
+        if tensor.dim() == 2 and ("_proj" in name) and "layers" in name:
+            out[name], out[name + "_scale_inv"] = _quantized(tensor, block)
+        else:
+            out[name] = tensor
+    save_file(out, str(target / "model.safetensors"), metadata={"format": "pt"})
+    config = json.loads((source / "config.json").read_text())
+    config["quantization_config"] = {**FP8_CONFIG, "weight_block_size": list(block),
+                                     **quantization}
+    (target / "config.json").write_text(json.dumps(config))
+    return target
+
+
+@settings(max_examples=40, deadline=None)
+@given(rows=st.integers(1, 40), cols=st.integers(1, 40), bm=st.sampled_from([1, 4, 16]),
+       bn=st.sampled_from([1, 8, 16]), seed=st.integers(0, 99))
+def test_each_value_is_times_its_blocks_scale_in_one_float32_product(
+        rows: int, cols: int, bm: int, bn: int, seed: int) -> None:
+    g = torch.Generator().manual_seed(seed)
+    q = (torch.randn(rows, cols, generator=g) * 100).to(torch.float8_e4m3fn)
+    scale = torch.rand(-(-rows // bm), -(-cols // bn), generator=g) * 1e-2  # (R, C)
+    got = dequantize_fp8(q, scale, (bm, bn))
+    expected = torch.empty(rows, cols)
+    for i in range(rows):  # partial last blocks where a side is no multiple of the block
+        for j in range(cols):
+            expected[i, j] = q[i, j].float() * scale[i // bm, j // bn]
+    assert got.dtype == torch.float32 and torch.equal(got, expected)
+
+
+def _small(name: str) -> Any:
+    torch.manual_seed(0)
+    if name == "qwen3":
+        config = transformers.Qwen3Config(
+            vocab_size=97, hidden_size=256, intermediate_size=384, num_hidden_layers=2,
+            num_attention_heads=4, num_key_value_heads=2, head_dim=64,
+            max_position_embeddings=64)
+        return transformers.Qwen3ForCausalLM(config).eval()
+    # latent attention, each matrix's sides multiples of 128 (transformers' dequantizer
+    # needs them: DeepSeek-V3's own kv_a_proj_with_mqa, 576 rows, it refuses)
+    config = transformers.DeepseekV3Config(
+        vocab_size=97, hidden_size=256, intermediate_size=384, moe_intermediate_size=128,
+        num_hidden_layers=2, num_attention_heads=2, num_key_value_heads=2, kv_lora_rank=128,
+        q_lora_rank=128, qk_rope_head_dim=128, qk_nope_head_dim=64, v_head_dim=64,
+        n_routed_experts=4, num_experts_per_tok=2, n_group=1, topk_group=1,
+        n_shared_experts=1, first_k_dense_replace=1, max_position_embeddings=64)
+    return transformers.DeepseekV3ForCausalLM(config).eval()
+
+
+@pytest.mark.parametrize("family", ["qwen3", "deepseek_v3"])
+@torch.no_grad()
+def test_the_tensors_are_transformers_dequantized_ones_bit_for_bit(
+        family: str, tmp_path: Path) -> None:
+    pytest.importorskip("accelerate")  # transformers' FP8 loader needs it
+    _small(family).save_pretrained(tmp_path / "float")
+    directory = _fp8_dir(tmp_path / "float", tmp_path / "fp8")
+    ids = torch.randint(0, 97, (2, 12), generator=torch.Generator().manual_seed(1))
+    for dtype in (torch.float32, torch.bfloat16):
+        hf = transformers.AutoModelForCausalLM.from_pretrained(
+            directory, dtype=dtype,
+            quantization_config=transformers.FineGrainedFP8Config(dequantize=True)).eval()
+        ours = load_hf(directory, dtype=dtype)
+        hf_state = hf.state_dict()
+        if family == "qwen3":
+            pairs = [("blocks.1.attn.query.weight", "model.layers.1.self_attn.q_proj.weight"),
+                     ("blocks.0.mlp.proj.weight", "model.layers.0.mlp.down_proj.weight")]
+        else:
+            pairs = [("blocks.1.attn.kv_up.weight", "model.layers.1.self_attn.kv_b_proj.weight"),
+                     ("blocks.0.mlp.gate.weight", "model.layers.0.mlp.gate_proj.weight")]
+        for mine, theirs in pairs:
+            assert ours.state_dict()[mine].dtype == dtype
+            assert torch.equal(ours.state_dict()[mine], hf_state[theirs]), (mine, dtype)
+        if dtype == torch.float32:
+            torch.testing.assert_close(ours(ids).logits, hf(ids).logits, atol=1e-4, rtol=0)
+
+
+@torch.no_grad()
+def test_a_side_no_multiple_of_the_block_loads_with_a_partial_block(tmp_path: Path) -> None:
+    """DeepSeek-V3's kv_a_proj_with_mqa is 576 rows: 4.5 blocks of 128. transformers refuses
+    such a grid; attnlab reads it as DeepSeek's own weight_dequant does."""
+    _small("qwen3").save_pretrained(tmp_path / "float")
+    directory = _fp8_dir(tmp_path / "float", tmp_path / "fp8", block=(96, 160))
+    stored = load_file(str(directory / "model.safetensors"))
+    q = stored["model.layers.0.self_attn.q_proj.weight"]  # (256, 256): 3 x 2 partial blocks
+    scale = stored["model.layers.0.self_attn.q_proj.weight_scale_inv"]
+    assert tuple(scale.shape) == (3, 2)
+    expected = q.float() * scale.repeat_interleave(96, 0)[:256].repeat_interleave(160, 1)[
+        :, :256]
+    ours = load_hf(directory)
+    assert torch.equal(ours.blocks[0].attn.query.weight, expected)
+    original = load_file(str(tmp_path / "float" / "model.safetensors"))
+    w = original["model.layers.0.self_attn.q_proj.weight"]
+    assert (expected - w).abs().max() <= w.abs().max() / 8  # FP8's few bits, not garbage
+
+
+def test_info_names_the_fp8_weights_and_counts_them_dequantized(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    _small("qwen3").save_pretrained(tmp_path / "float")
+    directory = _fp8_dir(tmp_path / "float", tmp_path / "fp8")
+    shutil.copy(Path(__file__).parents[1] / "data" / "v0.2_hf_llama" / "tokenizer.json",
+                directory)
+    fp8, plain = inspect_dir(directory), inspect_dir(tmp_path / "float")
+    assert fp8.parameters == plain.parameters and fp8.tensors == plain.tensors
+    assert set(fp8.stored) == {"float8_e4m3fn", "float32"}
+    assert any("14 matrices are stored as FP8 (e4m3, 128 x 128 blocks)" in n for n in fp8.notes)
+    assert main(["info", str(directory)]) == 0
+    captured = capsys.readouterr()
+    assert "float8_e4m3fn" in captured.out and "stored as FP8" in captured.err
+
+
+@pytest.mark.parametrize(("change", "message"), [
+    (dict(fmt="e5m2"), "quantization_config.fmt='e5m2': attnlab reads FP8 weights stored as "
+                       "e4m3"),
+    (dict(activation_scheme="static"), "activation_scheme='static': attnlab reads weights "
+                                       "quantized with dynamic activations"),
+    (dict(weight_block_size=[128]), r"weight_block_size=\[128\]: attnlab reads per-block "
+                                    "scales"),
+    (dict(fp8_layout="x"), "quantization_config.fp8_layout='x': attnlab does not know this "
+                           "FP8 field"),
+    (dict(quant_method="awq"), r"qwen3 config.json has quantization_config=\{.*'awq'.*\}: "
+                               "attnlab loads float weights, and FP8 ones"),
+])
+def test_what_attnlab_cannot_read_is_refused_by_name(change: dict[str, Any], message: str,
+                                                     tmp_path: Path) -> None:
+    _small("qwen3").save_pretrained(tmp_path / "float")
+    directory = _fp8_dir(tmp_path / "float", tmp_path / "fp8", **change)
+    with pytest.raises(ValueError, match=message):
+        load_hf(directory)
+
+
+def test_a_scale_grid_that_does_not_fit_its_weight_names_the_tensor(tmp_path: Path) -> None:
+    _small("qwen3").save_pretrained(tmp_path / "float")
+    directory = _fp8_dir(tmp_path / "float", tmp_path / "fp8")
+    config = json.loads((directory / "config.json").read_text())
+    config["quantization_config"]["weight_block_size"] = [64, 128]  # the grid is 128 x 128's
+    (directory / "config.json").write_text(json.dumps(config))
+    with pytest.raises(ValueError, match=r"tensor 'model.layers.0.mlp.down_proj.weight' of "
+                                         r"model.safetensors: an FP8 weight \(256, 384\) "
+                                         r"torch.float8_e4m3fn with scales \(2, 3\) "
+                                         r"torch.float32: 64 x 128 blocks need .* \(4, 3\)"):
+        inspect_dir(directory)  # from the headers: nothing read
