@@ -7,9 +7,12 @@ latent (or straight from x). Each head's q and k are head_size wide: head_size -
 without RoPE, then rd = rope_head_dim dims turned by RoPE (k's the shared part). The values
 may be narrower (v_head_dim).
 
-Past the projections it is `CausalSelfAttention`: the same `attend` (fused, explicit, traced
-with weights and summaries), the same trace names (q_pre_rope, k_pre_rope, q, k, v, context,
-attn_out; q and k laid out as transformers' query_states and key_states) and the same KV cache.
+A trace holds the normed latent as kv_latent (B, T, kv_latent). Past the projections it is
+`CausalSelfAttention`: the same `attend` (fused, explicit, traced with weights and summaries),
+the same trace names (q_pre_rope, k_pre_rope, q, k, v, context, attn_out; q and k laid out as
+transformers' query_states and key_states, but that transformers' DeepSeek-V3 lays the
+turned pairs out as halves, a permutation of the last rd dims of both: the same scores) and
+the same KV cache.
 The cache holds each head's k and v, v padded with zeros to head_size, which leaves every
 score and context exact (the padded columns of the context are zeros and are dropped): not
 MLA's small cache of latents, but one the decode paths share with every other attention.
