@@ -7,6 +7,8 @@
 - A lazy load of a real random model (Llama-shaped, ~2.5 GB in bfloat16, 4 shards), into
   bfloat16 on the CPU: seconds, peak RSS, and (peak - the RSS before the load) against the
   model's bytes, which attnlab's loader keeps within 1.25x (docs/performance.md#lazy-loading).
+- The same model from an FP8 release of it (every matrix e4m3 in 128 x 128 blocks), each
+  matrix dequantized as it is read (docs/models.md#fp8-checkpoints): the same measures.
 
 Every workload runs in a fresh subprocess whose own VmHWM is its peak. `sparse_hf_dir`
 builds the directories; the tests use it too.
@@ -108,6 +110,39 @@ def sparse_hf_dir(directory: Path, hf_config: Mapping[str, Any], *, shards: int 
     return directory
 
 
+def fp8_hf_dir(directory: Path, hf_config: Mapping[str, Any], *, shards: int = 4,
+               seed: int = 0) -> Path:
+    """`sparse_hf_dir`'s model with random values (std 0.02) and every matrix inside the
+    blocks stored as FP8 in 128 x 128 blocks (`hf.fp8.quantize_fp8`), the rest bfloat16, as
+    an FP8 release stores them."""
+    from safetensors.torch import save_file
+
+    from attnlab.hf.fp8 import FP8, quantize_fp8
+
+    directory.mkdir(parents=True, exist_ok=True)
+    shapes = hf_shapes(hf_config)
+    names = list(shapes)
+    per = math.ceil(len(names) / shards)
+    generator = torch.Generator().manual_seed(seed)
+    weight_map = {}
+    for i in range(shards):
+        shard, tensors = f"model-{i + 1:05d}-of-{shards:05d}.safetensors", {}
+        for name in names[i * per:(i + 1) * per]:
+            values = torch.randn(shapes[name], generator=generator).mul_(0.02)
+            if values.dim() == 2 and ".layers." in name:
+                tensors[name], tensors[name + "_scale_inv"] = quantize_fp8(values, (128, 128))
+            else:
+                tensors[name] = values.to(torch.bfloat16)
+        save_file(tensors, str(directory / shard), metadata={"format": "pt"})
+        weight_map.update(dict.fromkeys(tensors, shard))
+    config = {**hf_config, "quantization_config": {
+        "quant_method": FP8, "fmt": "e4m3", "weight_block_size": [128, 128],
+        "activation_scheme": "dynamic"}}
+    (directory / "config.json").write_text(json.dumps(config, indent=2))
+    (directory / "model.safetensors.index.json").write_text(json.dumps({"weight_map": weight_map}))
+    return directory
+
+
 _REPORT = """
 with open("/proc/self/status") as status:
     peak_kb = next(int(line.split()[1]) for line in status if line.startswith("VmHWM:"))
@@ -154,7 +189,9 @@ def run(quick: bool = False) -> dict[str, Any]:
         real = sparse_hf_dir(Path(tmp) / "llama-1b", small, shards=4, seed=0)
         written = time.perf_counter() - t0
         load = measure(LOAD_RUN, path=str(real))
+        fp8 = measure(LOAD_RUN, path=str(fp8_hf_dir(Path(tmp) / "llama-1b-fp8", small)))
     load_peak = load["peak_mb"] - load["before_mb"]
+    fp8_peak = fp8["peak_mb"] - fp8["before_mb"]
     rows = [
         ["attnlab info, Llama-3.1-70B shape (141 GB bf16, sparse)", info["seconds"],
          info["peak_mb"], f"exit {info['exit']}"],
@@ -163,7 +200,11 @@ def run(quick: bool = False) -> dict[str, Any]:
         [f"load_hf bf16, random Llama shape ({load['model_mb'] / 1024:.2f} GiB)",
          load["seconds"], load["peak_mb"],
          f"peak - before = {load_peak / load['model_mb']:.3f}x the model"],
+        ["load_hf bf16 from its FP8 release (matrices e4m3, 128 x 128 blocks), dequantized",
+         fp8["seconds"], fp8["peak_mb"],
+         f"peak - before = {fp8_peak / fp8['model_mb']:.3f}x the model"],
     ]
     columns = ["workload", "seconds", "peak RSS MB", "result"]
     return {"suite": "loading", "machine": machine(), "written_seconds": round(written, 1),
-            "load": load, "tables": [table("Big model directories", columns, rows)]}
+            "load": load, "fp8_load": fp8,
+            "tables": [table("Big model directories", columns, rows)]}

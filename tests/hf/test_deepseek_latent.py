@@ -4,7 +4,8 @@ DeepSeek-V2-Lite's and DeepSeek-V3's config.json as released read as transformer
 (the score scale with yarn's mscale, latent widths, routing), their tensors the ones it
 writes and their counts those `attnlab info` prints (15.7B, 2.7B active per token; 671.0B,
 37.6B active: the published 15.7B / 2.4B and 671B / 37B, embeddings counted here), V3's fp8
-release and what neither family can express refused by name."""
+release read as its bfloat16 conversion, and what neither family can express refused by
+name."""
 
 from __future__ import annotations
 
@@ -103,6 +104,16 @@ def test_a_released_config_reads_as_transformers_does_and_writes_back(family: st
             config.rope_interleaved) == expected
 
 
+def test_v3s_fp8_release_reads_as_its_bfloat16_conversion() -> None:
+    """Its quantization_config says its matrices load dequantized (hf/fp8.py, tested in
+    test_fp8.py): the same model."""
+    assert config_from_hf(V3_FP8) == config_from_hf(V3)
+    with pytest.raises(ValueError, match=r"deepseek_v3 config.json has quantization_config."
+                                         r"fmt='e5m2': attnlab reads FP8 weights stored as e4m3"):
+        config_from_hf({**V3_FP8, "quantization_config": {
+            **V3_FP8["quantization_config"], "fmt": "e5m2"}})
+
+
 @pytest.mark.parametrize("family", sorted(CONFIGS))
 def test_its_tensors_and_counts_are_transformers(family: str) -> None:
     shapes, count = transformers_shapes(CONFIGS[family])
@@ -122,8 +133,6 @@ def test_info_prints_the_counts_of_a_v2_lite_directory(
 
 
 @pytest.mark.parametrize(("family", "field", "value", "why"), [
-    ("deepseek_v3", "quantization_config", V3_FP8["quantization_config"],
-     "attnlab loads unquantized float weights only"),
     ("deepseek_v3", "num_key_value_heads", 8, "latent attention projects k and v for each of "
      "the 128 heads"),
     ("deepseek_v3", "scoring_func", "softmax", "attnlab supports 'sigmoid'"),

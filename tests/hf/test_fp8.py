@@ -19,27 +19,13 @@ from safetensors.torch import load_file, save_file
 
 from attnlab import load_hf
 from attnlab.cli import main
-from attnlab.hf.fp8 import dequantize_fp8
+from attnlab.hf.fp8 import dequantize_fp8, quantize_fp8
 from attnlab.load import inspect_dir
 
 transformers = pytest.importorskip("transformers")
 
 FP8_CONFIG = {"activation_scheme": "dynamic", "fmt": "e4m3", "quant_method": "fp8",
               "weight_block_size": [128, 128]}
-
-
-def _quantized(w: torch.Tensor, block: tuple[int, int]) -> tuple[torch.Tensor, torch.Tensor]:
-    """w (out, in) -> float8_e4m3fn weight and float32 (ceil(out / bm), ceil(in / bn)) scales,
-    each block scaled to e4m3's largest value, 448 (DeepSeek's quantizer)."""
-    bm, bn = block
-    rows, cols = w.shape
-    R, C = -(-rows // bm), -(-cols // bn)
-    padded = torch.zeros(R * bm, C * bn)
-    padded[:rows, :cols] = w
-    blocks = padded.view(R, bm, C, bn)
-    scale = blocks.abs().amax(dim=(1, 3)).clamp(min=1e-12) / 448.0  # (R, C)
-    q = (blocks / scale[:, None, :, None]).view(R * bm, C * bn)[:rows, :cols]
-    return q.to(torch.float8_e4m3fn), scale
 
 
 def _fp8_dir(source: Path, target: Path, block: tuple[int, int] = (128, 128),
@@ -51,7 +37,7 @@ def _fp8_dir(source: Path, target: Path, block: tuple[int, int] = (128, 128),
     out: dict[str, torch.Tensor] = {}
     for name, tensor in state.items():
         if tensor.dim() == 2 and ("_proj" in name) and "layers" in name:
-            out[name], out[name + "_scale_inv"] = _quantized(tensor, block)
+            out[name], out[name + "_scale_inv"] = quantize_fp8(tensor, block)
         else:
             out[name] = tensor
     save_file(out, str(target / "model.safetensors"), metadata={"format": "pt"})
@@ -76,6 +62,10 @@ def test_each_value_is_times_its_blocks_scale_in_one_float32_product(
         for j in range(cols):
             expected[i, j] = q[i, j].float() * scale[i // bm, j // bn]
     assert got.dtype == torch.float32 and torch.equal(got, expected)
+    again, scales = quantize_fp8(got, (bm, bn))  # each block's largest magnitude at 448
+    back = dequantize_fp8(again, scales, (bm, bn))
+    torch.testing.assert_close(back.abs().amax(), got.abs().amax(), rtol=1e-6, atol=1e-30)
+    torch.testing.assert_close(back, got, rtol=2 ** -4, atol=float(scales.max()) * 2 ** -9)
 
 
 def _small(name: str) -> Any:
@@ -189,3 +179,25 @@ def test_a_scale_grid_that_does_not_fit_its_weight_names_the_tensor(tmp_path: Pa
                                          r"torch.float8_e4m3fn with scales \(2, 3\) "
                                          r"torch.float32: 64 x 128 blocks need .* \(4, 3\)"):
         inspect_dir(directory)  # from the headers: nothing read
+
+
+@torch.no_grad()
+def test_the_loading_benchmarks_fp8_release_loads_near_its_float_values(tmp_path: Path) -> None:
+    """benchmarks/loading.py's FP8 directory (its load is a row there): every matrix within
+    FP8's reach of the values it was quantized from."""
+    import sys
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+    from benchmarks.loading import LLAMA_1B, fp8_hf_dir
+
+    small = {**LLAMA_1B, "num_hidden_layers": 1, "hidden_size": 256, "intermediate_size": 384,
+             "num_attention_heads": 4, "num_key_value_heads": 2, "vocab_size": 97}
+    directory = fp8_hf_dir(tmp_path / "fp8", small, shards=2)
+    model = load_hf(directory, dtype=torch.bfloat16)
+    stored = {}
+    for shard in directory.glob("*.safetensors"):
+        stored.update(load_file(str(shard)))
+    assert stored["model.layers.0.mlp.up_proj.weight"].dtype == torch.float8_e4m3fn
+    assert stored["model.embed_tokens.weight"].dtype == torch.bfloat16
+    up = model.blocks[0].mlp.fc.weight.float()  # (384, 256)
+    assert up.abs().max() > 0.05 and up.std() == pytest.approx(0.02, rel=0.1)

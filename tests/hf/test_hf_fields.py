@@ -179,8 +179,8 @@ REFUSED: list[tuple[str, Any, str]] = [
      "gpt2 config.json has add_cross_attention=True: attnlab runs decoder-only models; it must "
      "be false"),
     ("quantized", lambda: {**hf_dict("Qwen2", **SMALL), "quantization_config": {"bits": 4}},
-     "qwen2 config.json has quantization_config={'bits': 4}: attnlab loads unquantized float "
-     "weights only"),
+     "qwen2 config.json has quantization_config={'bits': 4}: attnlab loads float weights, "
+     "and FP8 ones (quant_method 'fp8') dequantized"),
     ("unknown field", lambda: {**hf_dict("Llama", **SMALL), "logit_softcapping": 30.0},
      "llama config.json has logit_softcapping=30.0: attnlab does not know this field, so it "
      "cannot vouch for the math; remove it if it does not apply"),

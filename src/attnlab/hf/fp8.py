@@ -27,6 +27,7 @@ from .derived import DerivedFiles
 
 FP8 = "fp8"
 SCALE_SUFFIX = "_scale_inv"
+E4M3_MAX = 448.0  # float8_e4m3fn's largest finite value
 _KEYS = {"quant_method", "fmt", "weight_block_size", "activation_scheme",
          "modules_to_not_convert", "dequantize"}
 
@@ -83,6 +84,22 @@ def dequantize_fp8(weight: Tensor, scale: Tensor, block: tuple[int, int]) -> Ten
     if rest:
         out[:, full * bn:].mul_(per_row[:, full:])
     return out
+
+
+def quantize_fp8(weight: Tensor, block: tuple[int, int]) -> tuple[Tensor, Tensor]:
+    """`dequantize_fp8` the other way, as DeepSeek's quantizer makes such files: weight
+    (out, in) -> float8_e4m3fn (out, in) and float32 scales (ceil(out / bm), ceil(in / bn)),
+    each block scaled so that its largest magnitude is e4m3's largest value, 448 (tests and
+    benchmarks write FP8 directories with it)."""
+    rows, cols = weight.shape
+    bm, bn = block
+    grid = (-(-rows // bm), -(-cols // bn))
+    padded = weight.new_zeros(grid[0] * bm, grid[1] * bn, dtype=torch.float32)
+    padded[:rows, :cols] = weight
+    blocks = padded.view(grid[0], bm, grid[1], bn)  # (R, bm, C, bn)
+    scale = blocks.abs().amax(dim=(1, 3)).clamp(min=1e-12) / E4M3_MAX  # (R, C)
+    scaled = (blocks / scale[:, None, :, None]).view(grid[0] * bm, grid[1] * bn)
+    return scaled[:rows, :cols].to(torch.float8_e4m3fn), scale
 
 
 class Fp8Files(DerivedFiles):
