@@ -45,6 +45,9 @@ LLAMA_70B: dict[str, Any] = {
 LLAMA_1B = {**LLAMA_70B, "hidden_size": 2048, "intermediate_size": 8192,
             "num_hidden_layers": 16, "num_attention_heads": 32, "num_key_value_heads": 8,
             "vocab_size": 32000, "max_position_embeddings": 4096, "rope_scaling": None}
+#: a small tokenizer.json (11 ids) the tests keep
+TOKENIZER = Path(__file__).resolve().parents[1] / "tests" / "data" / "v0.2_hf_llama" / (
+    "tokenizer.json")
 SAFETENSORS_NAMES = {torch.bfloat16: "BF16", torch.float16: "F16", torch.float32: "F32",
                      torch.uint8: "U8"}
 
@@ -182,8 +185,10 @@ def measure(code: str, **fields: Any) -> dict[str, Any]:
 def run(quick: bool = False) -> dict[str, Any]:
     with tempfile.TemporaryDirectory() as tmp:
         big = sparse_hf_dir(Path(tmp) / "llama-70b", LLAMA_70B)
+        # a small tokenizer beside it: commands read the tokenizer before the weights
+        (big / "tokenizer.json").write_bytes(TOKENIZER.read_bytes())
         info = measure(CLI_RUN, argv=["info", str(big)])
-        gen = measure(CLI_RUN, argv=["generate", str(big), "hi", "--max_new_tokens", "1"])
+        gen = measure(CLI_RUN, argv=["generate", str(big), "hat", "--max_new_tokens", "1"])
         small = {**LLAMA_1B, "num_hidden_layers": 2} if quick else LLAMA_1B
         t0 = time.perf_counter()
         real = sparse_hf_dir(Path(tmp) / "llama-1b", small, shards=4, seed=0)
