@@ -143,7 +143,7 @@ class GPTConfig:
     # float32 buffer router.e_score_correction_bias, read from the files, never trained: it
     # steers the load without a loss) and weighted by their unbiased scores;
     # "softmax_corrected" (ERNIE 4.5's): the same float32 logits and correction bias, each
-    # score the softmax probability
+    # score the softmax probability; "softmax_float32" (DeepSeek-V2's): that, with no bias
     router_scoring: str = "softmax"
     # a softmax router renormalises its chosen weights by their sum clamped at this floor
     # (ERNIE 4.5's moe_norm_min): picks the correction bias made among near-zero
@@ -151,7 +151,8 @@ class GPTConfig:
     router_norm_min: float = 0.0
     # "sigmoid" scoring in groups: the experts split into expert_groups runs of equal size, a
     # token picks among the expert_groups_chosen groups whose two best biased scores sum
-    # highest (DeepSeek-V3's n_group / topk_group, which bound a token's devices); 1, 1: none
+    # highest ("softmax_float32": whose best probability is highest; DeepSeek's n_group /
+    # topk_group, which bound a token's devices); 1, 1: none
     expert_groups: int = 1
     expert_groups_chosen: int = 1
     # the chosen experts' weights times this, after any renormalising (DeepSeek-V3's
