@@ -116,11 +116,12 @@ def sparse_hf_dir(directory: Path, hf_config: Mapping[str, Any], *, shards: int 
 def fp8_hf_dir(directory: Path, hf_config: Mapping[str, Any], *, shards: int = 4,
                seed: int = 0) -> Path:
     """`sparse_hf_dir`'s model with random values (std 0.02) and every matrix inside the
-    blocks stored as FP8 in 128 x 128 blocks (`hf.fp8.quantize_fp8`), the rest bfloat16, as
+    blocks stored as FP8 in 128 x 128 blocks (`model.fp8.quantize_fp8`), the rest bfloat16, as
     an FP8 release stores them."""
     from safetensors.torch import save_file
 
-    from attnlab.hf.fp8 import FP8, quantize_fp8
+    from attnlab.hf.fp8 import FP8
+    from attnlab.model.fp8 import quantize_fp8
 
     directory.mkdir(parents=True, exist_ok=True)
     shapes = hf_shapes(hf_config)

@@ -41,7 +41,7 @@ from .model.materialize import (
     mismatch,
 )
 from .model.memory import Use
-from .model.mxfp4 import refuse_packed
+from .model.packed import refuse_packed
 from .model.runtime import resolve_device
 from .model.tensorfile import TensorFiles
 from .tokenizers import Tokenizer, check_fits, load_tokenizer

@@ -25,7 +25,7 @@ from .hf import family_of, load_hf_checkpoint, open_hf_checkpoint, open_hf_weigh
 from .model.config import GPTConfig
 from .model.materialize import OpenedWeights, Progress
 from .model.memory import Use, fit_report
-from .model.mxfp4 import packed_size
+from .model.packed import packed_layers, packed_size
 from .tokenizers import NoTokenizerError, Tokenizer, check_fits, load_hf_tokenizer, load_tokenizer
 from .tokenizers.hf_dir import GENERATION_CONFIG, is_hf_dir, read_hf_config, read_json
 
@@ -84,19 +84,20 @@ class ModelInfo:
     meta: dict[str, Any] = field(default_factory=dict)  # attnlab: step, losses, train config
     resumable: bool = False
     notes: list[str] = field(default_factory=list)  # e.g. "no tokenizer files"
-    #: where the weights can load packed (gpt-oss's MXFP4 experts): (weights packed, their
-    #: bytes, the largest tensor read on the way); None elsewhere
-    packed: tuple[int, int, int] | None = None
+    #: where the weights can load packed (gpt-oss's MXFP4 experts, FP8 matrices): (weights
+    #: packed, their bytes, the largest tensor read on the way, what they are: "MXFP4
+    #: experts"); None elsewhere
+    packed: tuple[int, int, int, str] | None = None
 
     def memory(self, device: str | torch.device = "cpu") -> dict[str, dict[str, Any]]:
         """What loading would need at each dtype on `device`, and whether it fits now; where
         the weights can load packed, that too ("bfloat16 + MXFP4 experts")."""
         report = fit_report(self.parameters, device, extra=self.largest_tensor)
         if self.packed is not None:
-            weights, nbytes, largest = self.packed
+            weights, nbytes, largest, what = self.packed
             packed = fit_report(self.parameters - weights, device, extra=largest,
-                                uses=[Use("the packed experts", nbytes=nbytes)])
-            report.update({f"{name} + MXFP4 experts": r for name, r in packed.items()})
+                                uses=[Use(f"the packed {what}", nbytes=nbytes)])
+            report.update({f"{name} + {what}": r for name, r in packed.items()})
         return report
 
 
@@ -144,15 +145,14 @@ def _stored_head_note(tied: bool) -> str:
 def _info(path: Path, source: str, opened: OpenedWeights, tokenizer: Tokenizer | None,
           notes: list[str], **more: Any) -> ModelInfo:
     files = opened.files
-    note = getattr(files, "note", None)  # what FP8 weights say of themselves (hf.fp8)
+    note = getattr(files, "note", None)  # what quantized weights say of themselves
     if note:
         notes.append(note)
     if opened.packed is not None:
-        notes.append("the experts are stored as MXFP4: a load dequantizes them, or keeps "
-                     "them packed in memory (the '+ MXFP4 experts' sizes) where the "
-                     "dequantized model would not fit")
         packed = opened.packed()
-        more["packed"] = (*packed_size(packed.model), packed.files.largest())
+        kind = packed_layers(packed.model)[0].kind
+        more["packed"] = (*packed_size(packed.model), packed.files.largest(),
+                          "MXFP4 experts" if kind == "MXFP4" else f"{kind} matrices")
     return ModelInfo(
         path=path, source=source, config=opened.config,
         parameters=opened.model.num_params(non_embedding=False),

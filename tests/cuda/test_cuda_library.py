@@ -377,7 +377,8 @@ def test_packed_experts_dequantize_and_run_as_on_the_cpu(cuda_device: torch.devi
     ids the CPU's."""
     import copy
 
-    from attnlab.model.mxfp4 import NAN_SCALE, pack_experts, packed_layers, unpack
+    from attnlab.model.mxfp4 import NAN_SCALE, pack_experts, unpack
+    from attnlab.model.packed import packed_layers
 
     scales = torch.arange(NAN_SCALE - 2, dtype=torch.uint8).repeat_interleave(16)[:, None]
     blocks = torch.arange(256, dtype=torch.uint8).repeat(scales.numel() // 16)

@@ -19,8 +19,8 @@ from safetensors.torch import load_file, save_file
 
 from attnlab import load_hf
 from attnlab.cli import main
-from attnlab.hf.fp8 import dequantize_fp8, quantize_fp8
 from attnlab.load import inspect_dir
+from attnlab.model.fp8 import dequantize_fp8, quantize_fp8
 
 transformers = pytest.importorskip("transformers")
 
@@ -201,3 +201,66 @@ def test_the_loading_benchmarks_fp8_release_loads_near_its_float_values(tmp_path
     assert stored["model.embed_tokens.weight"].dtype == torch.bfloat16
     up = model.blocks[0].mlp.fc.weight.float()  # (384, 256)
     assert up.abs().max() > 0.05 and up.std() == pytest.approx(0.02, rel=0.1)
+
+
+@pytest.mark.parametrize("family", ["qwen3", "deepseek_v3"])
+@torch.no_grad()
+def test_matrices_kept_fp8_give_the_dequantized_models_logits(family: str,
+                                                              tmp_path: Path) -> None:
+    """packed=True keeps every matrix the files store FP8 as an `Fp8Linear` (its e4m3 bytes
+    uint8, its scales float32 whatever the model's dtype): the dequantized model's logits bit
+    for bit in float32 and bfloat16, at about a quarter (a half in bfloat16) of the matrices'
+    bytes; the lens reads a packed output projection's weight dequantized."""
+    from attnlab.interp.lens import logit_attribution
+    from attnlab.model.fp8 import Fp8Linear
+    from attnlab.model.packed import packed_layers, packed_size
+
+    _small(family).save_pretrained(tmp_path / "float")
+    directory = _fp8_dir(tmp_path / "float", tmp_path / "fp8")
+    ids = torch.randint(0, 97, (2, 12), generator=torch.Generator().manual_seed(2))
+    for dtype in (torch.float32, torch.bfloat16):
+        plain = load_hf(directory, dtype=dtype, packed=False)
+        packed = load_hf(directory, dtype=dtype, packed=True)
+        layers = packed_layers(packed)
+        stored = {"qwen3": 14, "deepseek_v3": 28}[family]  # every _proj matrix of a layer
+        assert len(layers) == stored and all(isinstance(m, Fp8Linear) for m in layers)
+        assert all(m.weight.dtype == torch.uint8 and m.weight_scale_inv.dtype == torch.float32
+                   for m in layers)
+        weights, nbytes = packed_size(packed)
+        assert nbytes < weights * 1.01  # a byte a weight and its block's share of a scale
+        assert torch.equal(packed(ids).logits, plain(ids).logits)
+        got = logit_attribution(packed, ids[:1], target=5)
+        want = logit_attribution(plain, ids[:1], target=5)
+        # the same values; the plain weight's laid-out memory may sum in another order
+        torch.testing.assert_close(got.heads, want.heads, rtol=1e-5, atol=1e-6)
+    moved = packed.to(torch.float16)
+    assert {m.weight_scale_inv.dtype for m in packed_layers(moved)} == {torch.float32}
+
+
+@torch.no_grad()
+def test_a_load_keeps_fp8_where_the_dequantized_model_would_not_fit(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    from attnlab.model import memory
+    from attnlab.model.packed import packed_layers
+
+    _small("qwen3").save_pretrained(tmp_path / "float")
+    directory = _fp8_dir(tmp_path / "float", tmp_path / "fp8")
+    shutil.copy(Path(__file__).parents[1] / "data" / "v0.2_hf_llama" / "tokenizer.json",
+                directory)
+    report = inspect_dir(directory).memory("cpu")
+    small, full = report["float32 + FP8 matrices"]["bytes"], report["float32"]["bytes"]
+    assert small < full / 2
+    assert not packed_layers(load_hf(directory))  # room: dequantized
+    argv = ["generate", str(directory), "hat", "--max_new_tokens", "4", "--seed", "1"]
+    assert main(argv) == 0
+    roomy = capsys.readouterr()
+    monkeypatch.setattr(memory, "available_bytes", lambda device: (small + full) // 2)
+    assert len(packed_layers(load_hf(directory))) == 14
+    assert main(argv) == 0  # through the model's forward: the decode step stacks no FP8
+    tight = capsys.readouterr()
+    assert "14 matrices stay packed as FP8" in tight.err and tight.out == roomy.out
+    from attnlab import save_hf
+
+    with pytest.raises(ValueError, match="save_hf: this model holds 14 matrices packed as FP8"):
+        save_hf(tmp_path / "out", load_hf(directory))

@@ -117,7 +117,8 @@ def test_the_released_quantized_directory_opens_as_20b_parameters(
     assert "note: the experts are stored as MXFP4" in err
     # packed: the 19.1B expert weights at 4.25 bits, the rest in bfloat16
     assert info.packed is not None
-    weights, nbytes, largest = info.packed
+    weights, nbytes, largest, what = info.packed
+    assert what == "MXFP4 experts"
     assert weights == 19_110_297_600 and nbytes * 32 == weights * 17
     memory = info.memory("cpu")
     packed = memory["bfloat16 + MXFP4 experts"]["bytes"]

@@ -28,9 +28,9 @@ from attnlab.model.mxfp4 import (
     NAN_SCALE,
     Mxfp4Linear,
     dequantize,
-    packed_layers,
     unpack,
 )
+from attnlab.model.packed import packed_layers
 from attnlab.train import TrainConfig, train
 from attnlab.train.data import TextDataset
 from helpers import make_tokenizer, random_ids
@@ -235,7 +235,7 @@ def test_packed_bytes_are_refused_where_float_weights_are_needed(
         pair: tuple[Any, Path], tmp_path: Path) -> None:
     _, directory = pair
     model = load_hf(directory, packed=True)
-    with pytest.raises(ValueError, match="save_hf: this model holds 24 expert matrices"):
+    with pytest.raises(ValueError, match="save_hf: this model holds 24 matrices packed as MXFP4"):
         save_hf(tmp_path / "out", model)
     with pytest.raises(ValueError, match=r"save_checkpoint: .*packed=False"):
         save_checkpoint(tmp_path / "ckpt", model, make_tokenizer())

@@ -321,7 +321,7 @@ def load_opened(args: argparse.Namespace, opened: OpenedCheckpoint,
     import torch
 
     from ..model.memory import DoesNotFitError
-    from ..model.mxfp4 import packed_layers
+    from ..model.packed import packed_layers
     from .progress import Counter
 
     device = device_of(args) if hasattr(args, "device") else torch.device("cpu")
@@ -342,8 +342,10 @@ def load_opened(args: argparse.Namespace, opened: OpenedCheckpoint,
         raise out_of_memory("load", err, device, hint=fix) from None
     packed = packed_layers(checkpoint.model)
     if packed:
-        print(f"attnlab: its dequantized experts would not fit in memory, so {len(packed):,} "
-              "expert matrices stay packed as MXFP4 (the same logits, slower products)",
+        kind = packed[0].kind
+        what = "expert matrices" if kind == "MXFP4" else "matrices"
+        print(f"attnlab: its dequantized weights would not fit in memory, so {len(packed):,} "
+              f"{what} stay packed as {kind} (the same logits, slower products)",
               file=sys.stderr)
     return checkpoint
 

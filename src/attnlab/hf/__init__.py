@@ -22,14 +22,15 @@ bookkeeping (every field is honoured, refused by name, or listed there as irrele
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
 import torch
-from torch import Tensor
+from torch import Tensor, nn
 
 from ..checkpoint import Checkpoint, OpenedCheckpoint
+from ..model.fp8 import pack_fp8
 from ..model.gpt import GPT, GPTConfig
 from ..model.materialize import (
     OpenedWeights,
@@ -39,7 +40,8 @@ from ..model.materialize import (
     materialize,
     meta_gpt,
 )
-from ..model.mxfp4 import pack_experts, refuse_packed
+from ..model.mxfp4 import pack_experts
+from ..model.packed import refuse_packed
 from ..model.runtime import resolve_device
 from ..model.tensorfile import TensorFiles
 from ..tokenizers import Tokenizer, check_fits
@@ -222,9 +224,10 @@ def load_hf(
 ) -> GPT:
     """A local Hugging Face model directory of any supported family -> attnlab GPT in eval
     mode, float32 unless `dtype` (torch.bfloat16 or "bfloat16"), on `map_location`.
-    gpt-oss's MXFP4 experts are dequantized, or with `packed` kept packed in memory
-    (`model.mxfp4.Mxfp4Linear`: the same logits, a quarter of the experts' bfloat16 bytes,
-    slower); packed=None keeps them packed only where the dequantized model would not fit.
+    gpt-oss's MXFP4 experts and FP8 matrices are dequantized, or with `packed` kept packed
+    in memory (`model.mxfp4.Mxfp4Linear`, `model.fp8.Fp8Linear`: the same logits, a quarter
+    of the experts' bfloat16 bytes, or half of the matrices', slower); packed=None keeps them
+    packed only where the dequantized model would not fit.
 
     Nothing is allocated before config.json and every tensor's name, shape and dtype (the
     safetensors headers) agree, and the model fits in the memory `map_location` has free
@@ -253,8 +256,9 @@ def open_hf_weights(path: str | Path, *, dropout: float = 0.0) -> OpenedWeights:
     mxfp4 = quantized.get("quant_method") == MXFP4
     # gpt-oss's experts: dequantized as they are read, or kept packed (`OpenedWeights.packed`);
     # FP8 weights (config_from_hf checked the config): dequantized as they are read
+    fp8 = quantized.get("quant_method") == FP8
     files: _Files = Mxfp4Files(raw) if mxfp4 else Fp8Files(raw, fp8_block(quantized)) if (
-        quantized.get("quant_method") == FP8) else raw
+        fp8) else raw
     try:
         check_layer_count(config.n_layer, files, family.weights.layer,
                           base=family.weights.base)
@@ -263,12 +267,32 @@ def open_hf_weights(path: str | Path, *, dropout: float = 0.0) -> OpenedWeights:
         raise ValueError(f"{err}{chosen_weights(directory)}") from None
     if mxfp4:
         opened = dataclasses.replace(
-            opened, packed=lambda: _settled(config, raw, family, packed=True))
+            opened, packed=lambda: _settled(config, raw, family, packed=pack_experts))
+    elif fp8 and isinstance(files, Fp8Files):
+        kept, pack = _fp8_kept(opened.model, files, family)
+        if kept:
+            opened = dataclasses.replace(opened, packed=lambda: _settled(
+                config, Fp8Files(raw, files.block, kept), family, packed=pack))
     return opened
 
 
-def _settled(config: GPTConfig, files: _Files, family: Family, packed: bool = False
-             ) -> OpenedWeights:
+def _fp8_kept(model: GPT, files: Fp8Files, family: Family
+              ) -> tuple[frozenset[str], Callable[[GPT], object]]:
+    """(the FP8 matrices of `files` that can stay FP8 in memory: each the weight of one of
+    `model`'s Linear layers as the files store it, not fused, stacked or transposed; what
+    packs a meta model's Linear layers for them, `model.fp8.pack_fp8`)."""
+    ours = {}
+    for name, module in model.named_modules():
+        hf_name = family.weights.plain_name(f"{name}.weight") if isinstance(
+            module, nn.Linear) else None
+        if hf_name is not None and hf_name in files.derived:
+            ours[f"{name}.weight"] = hf_name
+    kept = frozenset(ours.values())
+    return kept, lambda meta: pack_fp8(meta, set(ours), files.block)
+
+
+def _settled(config: GPTConfig, files: _Files, family: Family,
+             packed: Callable[[GPT], object] | None = None) -> OpenedWeights:
     """`_opened`, untied (the head counted as its own) where the config ties the head but
     the files store one too, with `decide` set to settle that (`open_hf_weights`)."""
     stored = family.weights.stored_head(files) if config.tie_weights else None
@@ -286,14 +310,14 @@ def _settled(config: GPTConfig, files: _Files, family: Family, packed: bool = Fa
 
 
 def _opened(config: GPTConfig, files: _Files, family: Family, check: bool = True,
-            packed: bool = False) -> OpenedWeights:
-    """`config`'s meta model (its experts' matrices as `Mxfp4Linear`s where `packed`) and the
-    file tensors that fill it, their names, shapes and dtypes checked from the headers
-    (`check`)."""
+            packed: Callable[[GPT], object] | None = None) -> OpenedWeights:
+    """`config`'s meta model (with matrices kept as the files store them where `packed`
+    makes them so: `Mxfp4Linear`s, `Fp8Linear`s) and the file tensors that fill it, their
+    names, shapes and dtypes checked from the headers (`check`)."""
     names = family.weights
     model = meta_gpt(config)
-    if packed:
-        pack_experts(model)
+    if packed is not None:
+        packed(model)
     keys = list(model.state_dict())
     if check:
         meta = _Recording(files.meta())

@@ -22,12 +22,11 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from ..model.fp8 import SCALE_SUFFIX, check_fp8, dequantize_fp8
 from ..model.tensorfile import WeightFiles
 from .derived import DerivedFiles
 
 FP8 = "fp8"
-SCALE_SUFFIX = "_scale_inv"
-E4M3_MAX = 448.0  # float8_e4m3fn's largest finite value
 _KEYS = {"quant_method", "fmt", "weight_block_size", "activation_scheme",
          "modules_to_not_convert", "dequantize"}
 
@@ -57,75 +56,49 @@ def fp8_block(config: Any) -> tuple[int, int]:
     return block[0], block[1]
 
 
-def check_fp8(weight: Tensor, scale: Tensor, block: tuple[int, int]) -> None:
-    """ValueError unless weight is (out, in) float8_e4m3fn and scale (ceil(out / bm),
-    ceil(in / bn)) floats (meta tensors will do: the check reads no data)."""
-    bm, bn = block
-    grid = None if weight.dim() != 2 else (-(-weight.shape[0] // bm), -(-weight.shape[1] // bn))
-    if (weight.dtype != torch.float8_e4m3fn or tuple(scale.shape) != grid
-            or not scale.is_floating_point()):
-        raise ValueError(f"an FP8 weight {tuple(weight.shape)} {weight.dtype} with scales "
-                         f"{tuple(scale.shape)} {scale.dtype}: {bm} x {bn} blocks need a 2-d "
-                         f"float8_e4m3fn weight and {grid} float scales")
-
-
-def dequantize_fp8(weight: Tensor, scale: Tensor, block: tuple[int, int]) -> Tensor:
-    """weight (out, in) float8_e4m3fn and scale (ceil(out / bm), ceil(in / bn)) -> (out, in)
-    float32, each value times its block's scale (module doc); ValueError naming the shapes
-    that do not fit."""
-    check_fp8(weight, scale, block)
-    rows, cols = weight.shape
-    bm, bn = block
-    out = weight.to(torch.float32)  # (out, in)
-    per_row = scale.to(torch.float32).repeat_interleave(bm, dim=0)[:rows]  # (out, C)
-    full, rest = divmod(cols, bn)
-    # one product per value, the scales broadcast over each block's columns in place
-    out[:, :full * bn].unflatten(1, (full, bn)).mul_(per_row[:, :full, None])
-    if rest:
-        out[:, full * bn:].mul_(per_row[:, full:])
-    return out
-
-
-def quantize_fp8(weight: Tensor, block: tuple[int, int]) -> tuple[Tensor, Tensor]:
-    """`dequantize_fp8` the other way, as DeepSeek's quantizer makes such files: weight
-    (out, in) -> float8_e4m3fn (out, in) and float32 scales (ceil(out / bm), ceil(in / bn)),
-    each block scaled so that its largest magnitude is e4m3's largest value, 448 (tests and
-    benchmarks write FP8 directories with it)."""
-    rows, cols = weight.shape
-    bm, bn = block
-    grid = (-(-rows // bm), -(-cols // bn))
-    padded = weight.new_zeros(grid[0] * bm, grid[1] * bn, dtype=torch.float32)
-    padded[:rows, :cols] = weight
-    blocks = padded.view(grid[0], bm, grid[1], bn)  # (R, bm, C, bn)
-    scale = blocks.abs().amax(dim=(1, 3)).clamp(min=1e-12) / E4M3_MAX  # (R, C)
-    scaled = (blocks / scale[:, None, :, None]).view(grid[0] * bm, grid[1] * bn)
-    return scaled[:rows, :cols].to(torch.float8_e4m3fn), scale
+def fp8_pairs(files: WeightFiles, block: tuple[int, int]) -> dict[str, tuple[str, str]]:
+    """{NAME: (NAME, NAME_scale_inv)} for each FP8 matrix of `files`, its scale grid checked
+    from the headers, before any reading; ValueError naming the first that does not fit."""
+    meta = files.meta()
+    pairs = {name: (name, name + SCALE_SUFFIX) for name in files
+             if name + SCALE_SUFFIX in files and meta[name].dtype == torch.float8_e4m3fn}
+    for weight, scale in pairs.values():
+        try:
+            check_fp8(meta[weight], meta[scale], block)
+        except ValueError as err:
+            raise ValueError(f"{files.describe(weight)}: {err}") from None
+    return pairs
 
 
 class Fp8Files(DerivedFiles):
     """A directory's weight files (`WeightFiles`) with each FP8 pair, NAME and
     NAME_scale_inv, shown as the one float32 tensor NAME, dequantized when it is read
-    (`DerivedFiles`)."""
+    (`DerivedFiles`); but the pairs of `kept` (names of the files), shown as they are
+    stored, NAME's e4m3 bytes as uint8 (an `Fp8Linear`'s buffers: `model.fp8`)."""
 
     kind = "FP8"
 
-    def __init__(self, files: WeightFiles, block: tuple[int, int]) -> None:
+    def __init__(self, files: WeightFiles, block: tuple[int, int],
+                 kept: frozenset[str] = frozenset()) -> None:
         meta = files.meta()
-        pairs = {name: (name, name + SCALE_SUFFIX) for name in files
-                 if name + SCALE_SUFFIX in files and meta[name].dtype == torch.float8_e4m3fn}
-        for weight, scale in pairs.values():  # from the headers, before any reading
-            try:
-                check_fp8(meta[weight], meta[scale], block)
-            except ValueError as err:
-                raise ValueError(f"{files.describe(weight)}: {err}") from None
+        pairs = {name: pair for name, pair in fp8_pairs(files, block).items()
+                 if name not in kept}
         super().__init__(files, pairs, {name: tuple(meta[name].shape) for name in pairs},
                          torch.float32)
-        self.block = block
+        self.block, self.kept = block, kept
+        for name in kept:
+            self._meta[name] = torch.empty(meta[name].shape, dtype=torch.uint8, device="meta")
         #: what `attnlab info` says of them
-        self.note = (f"{len(pairs)} matrices are stored as FP8 (e4m3, {block[0]} x {block[1]} "
-                     "blocks): a load dequantizes each as it is read, into the dtype asked "
-                     "for, and computes in that dtype")
+        self.note = (f"{len(pairs) + len(kept)} matrices are stored as FP8 (e4m3, "
+                     f"{block[0]} x {block[1]} blocks): a load dequantizes each as it is read, "
+                     "into the dtype asked for, or keeps them FP8 in memory (the '+ FP8 "
+                     "matrices' sizes) where the dequantized model would not fit")
 
     def decode(self, name: str) -> Tensor:
         weight, scale = self.derived[name]
         return dequantize_fp8(self.files[weight], self.files[scale], self.block)
+
+    def __getitem__(self, name: str) -> Tensor:
+        if name in self.kept:
+            return self.files[name].view(torch.uint8)  # (out, in), the bytes as stored
+        return super().__getitem__(name)

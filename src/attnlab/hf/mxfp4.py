@@ -74,6 +74,10 @@ class Mxfp4Files(DerivedFiles):
             shapes[name] = (E, G * BLOCK_VALUES, out)  # (E, in, out)
         super().__init__(files, pairs, shapes, torch.bfloat16)
         self.pairs = pairs
+        #: what `attnlab info` says of them
+        self.note = ("the experts are stored as MXFP4: a load dequantizes them, or keeps "
+                     "them packed in memory (the '+ MXFP4 experts' sizes) where the "
+                     "dequantized model would not fit")
 
     def decode(self, name: str) -> Tensor:
         blocks, scales = self.pairs[name]

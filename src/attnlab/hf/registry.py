@@ -210,6 +210,15 @@ class WeightMap:
             return name, reshape[0]
         return name, self._transpose if self._transposed(ours) else lambda t: t
 
+    def plain_name(self, ours: str) -> str | None:
+        """The HF name of attnlab's tensor `ours` where the files hold it as it is (not
+        fused, stacked, reshaped or transposed): a matrix that can stay as the files store
+        it (FP8, `model.fp8.Fp8Linear`); None otherwise."""
+        if (self._is_fused(ours) or self._is_stacked(ours) or self._reshape(ours)
+                or self._transposed(ours)):
+            return None
+        return self._name(ours)
+
     def _reshape(self, ours: str) -> tuple[Reshape, Reshape] | None:
         """`reshaped`'s pair for an attnlab name (a block's looked up without "blocks.i.")."""
         inner = ours.split(".", 2)[-1] if ours.startswith("blocks.") else ours

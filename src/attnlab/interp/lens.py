@@ -55,6 +55,7 @@ from ..model.block import Block
 from ..model.gpt import check_position, per_row_ids, require_eval, unembed_scaled
 from ..model.layers import GemmaRMSNorm, RMSNorm, branch_scaled, soft_cap
 from ..model.names import absent_names
+from ..model.packed import weight_of
 from ..model.runtime import wide
 from ..model.trace import EditSource, Trace
 from ..tokenizers import token_text
@@ -323,6 +324,8 @@ def _layer_terms(block: Block, trace: Trace, layer: int, position: int,
             else context.flatten(1))  # (B, C)
     # without a post-norm (None) each part goes on as it is
     normed, constant = _frozen(post, full.to(wide(full.dtype)))
+    # (C, nh * hs); a matrix kept FP8 or MXFP4 dequantized once for every head
+    weight = None if out_proj is None else weight_of(out_proj, context.dtype)
     heads = []
     for h in range(nh):
         piece = context[:, h]  # (B, hs)
@@ -330,7 +333,8 @@ def _layer_terms(block: Block, trace: Trace, layer: int, position: int,
             part = torch.zeros(B, nh * hs, device=piece.device, dtype=piece.dtype)
             part[:, h * hs:(h + 1) * hs] = piece
         else:
-            w = out_proj.weight[:, h * hs:(h + 1) * hs]  # (C, hs): head h's input columns
+            assert weight is not None
+            w = weight[:, h * hs:(h + 1) * hs]  # (C, hs): head h's input columns
             part = piece @ w.t()  # (B, hs) @ (hs, C) -> (B, C)
         heads.append(direct(normed(part)))
     heads_t = torch.stack(heads, 1)  # (B, nh)

@@ -41,7 +41,7 @@ from .kv_cache import KVCache
 from .layers import GELUS, MLP, activation, branch_scaled, embedding_scale, glu, soft_cap
 from .masks import Mask, build_mask
 from .moe import MoE
-from .mxfp4 import Mxfp4Linear
+from .packed import PackedLinear
 from .rope import apply_rotary, layer_ropes, real_positions
 from .runtime import check_float16_weights
 
@@ -110,7 +110,7 @@ def _matrices(mlp: MLP) -> tuple[Matrix, Matrix | None, Matrix]:
     """An MLP's (fc, gate or None, proj) for the decode step, in place (a packed layer as
     it is: it dequantizes its weight for each product)."""
     def matrix(linear: nn.Module) -> Matrix:
-        return (linear if isinstance(linear, Mxfp4Linear)
+        return (linear if isinstance(linear, PackedLinear)
                 else Affine.stack(cast(nn.Linear, linear)))
 
     return matrix(mlp.fc), None if mlp.gate is None else matrix(mlp.gate), matrix(mlp.proj)
@@ -146,9 +146,10 @@ class DecodeStep:
         layer's stacked q/k/v counted as the 3 Linear layers it joins."""
         require_eval(model, "a decode step")
         if has_latent(model):
-            raise ValueError(f"a decode step runs q/k/v attention; this model has latent "
-                             f"attention (kv_latent={model.config.kv_latent}): decode it "
-                             "through its forward with a KV cache, as generate does")
+            raise ValueError("a decode step stacks q/k/v attention's matrices; this model has "
+                             f"latent attention (kv_latent={model.config.kv_latent}) or "
+                             "attention matrices kept FP8: decode it through its forward with "
+                             "a KV cache, as generate does")
         if weights not in ("float32", "float16"):
             raise ValueError(f"weights={weights!r}: pick 'float32' or 'float16'")
         if weights == "float16":
@@ -368,8 +369,11 @@ def half_weights(model: GPT, progress: Callable[[int, int], None] | None = None)
 
 
 def has_latent(model: GPT) -> bool:
-    """Whether `model` has latent attention (DeepSeek's), which `DecodeStep` does not run."""
-    return model.config.kv_latent is not None
+    """Whether `model` has attention `DecodeStep` does not run: latent attention (DeepSeek's),
+    or projections kept FP8 (`fp8.Fp8Linear`, which it cannot stack into one matrix)."""
+    return model.config.kv_latent is not None or any(
+        isinstance(m, PackedLinear) for b in cast("list[Block]", list(model.blocks))
+        for m in b.attn.modules())
 
 
 # model -> (its weights' identity and versions when the step was built, the step)

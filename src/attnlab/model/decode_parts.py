@@ -12,7 +12,7 @@ import torch
 from torch import Tensor, nn
 
 from .layers import GemmaRMSNorm, RMSNorm, gemma_rms_norm, rms_norm
-from .mxfp4 import Mxfp4Linear
+from .packed import PackedLinear
 
 
 class Affine(NamedTuple):
@@ -122,13 +122,13 @@ class Packed16(NamedTuple):
         return cast(Tensor, torch.ops.quantized.linear_dynamic_fp16(x, self.packed))  # (B, out)
 
 
-#: a packed layer (`Mxfp4Linear`) is a matrix as it is: it dequantizes for each product
-Matrix = Affine | Packed16 | Mxfp4Linear
+#: a packed layer (`PackedLinear`) is a matrix as it is: it dequantizes for each product
+Matrix = Affine | Packed16 | PackedLinear
 
 
 def pack(matrix: Matrix | None) -> Matrix | None:
     """`matrix` as `Packed16`; a packed layer stays as it is (already a quarter the size)."""
-    if matrix is None or isinstance(matrix, Mxfp4Linear):
+    if matrix is None or isinstance(matrix, PackedLinear):
         return matrix
     return Packed16.of(cast(Affine, matrix))
 

@@ -26,7 +26,7 @@ from .kv_cache import KVCache
 from .layers import Linear, embedding_scale, soft_cap
 from .masks import Mask, build_mask
 from .moe import MoE, balance_loss
-from .mxfp4 import packed_size
+from .packed import packed_size
 from .rope import Rope, Rotary, layer_ropes, real_positions
 from .runtime import kept_out
 from .trace import EditSource, Seam, Trace

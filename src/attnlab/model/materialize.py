@@ -25,10 +25,11 @@ import torch
 from torch import Tensor
 
 from .config import GPTConfig
+from .fp8 import float32_scales
 from .gpt import GPT, on_meta
 from .memory import DoesNotFitError, Use, check_memory, params_text
 from .moe import kept_float32
-from .mxfp4 import packed_size
+from .packed import packed_layers, packed_size
 from .tensorfile import WeightFiles
 
 #: (tensors filled, tensors in all): called after each tensor a load copies in
@@ -144,7 +145,7 @@ def materialize(model: GPT, tensors: Iterable[tuple[str, Tensor]], *,
     the model in eval mode."""
     dtype = dtype or torch.float32
     metas = dict(model.state_dict())
-    wide = kept_float32(model)
+    wide = kept_float32(model) | float32_scales(model)
     total = len(metas) - (1 if model.config.tie_weights else 0)  # a tied head is not read
     filled: dict[str, Tensor] = {}
     with torch.no_grad():
@@ -152,7 +153,7 @@ def materialize(model: GPT, tensors: Iterable[tuple[str, Tensor]], *,
             meta = metas[name]
             # (the shape meta has, in its strides: a laid-out Linear keeps its (in, out) memory)
             # (packed bytes stay uint8; a mixture's correction bias and float32 router
-            # float32, as `MoE._apply` keeps them)
+            # float32, as `MoE._apply` keeps them, and FP8 scales, as `Fp8Linear._apply`)
             target = torch.empty_strided(meta.shape, meta.stride(), device=device, dtype=(
                 meta.dtype if not meta.is_floating_point()
                 else torch.float32 if name in wide else dtype))
@@ -185,8 +186,8 @@ class OpenedWeights:
     tensors: Callable[[], Iterable[tuple[str, torch.Tensor]]]
     decide: Callable[[], OpenedWeights] | None = None
     #: the same weights held smaller, where the files allow it (gpt-oss's experts kept packed
-    #: as MXFP4, each expert matrix an `Mxfp4Linear`: the same function, about a quarter of
-    #: the memory, slower products); None elsewhere
+    #: as MXFP4, each expert matrix an `Mxfp4Linear`; FP8 matrices kept FP8, `Fp8Linear`: the
+    #: same function, a quarter or half of the memory, slower products); None elsewhere
     packed: Callable[[], OpenedWeights] | None = None
 
     def decided(self) -> OpenedWeights:
@@ -205,7 +206,7 @@ class OpenedWeights:
         chosen = self
         if packed and self.packed is None:
             raise ValueError("packed=True: these weights have no packed form (gpt-oss's MXFP4 "
-                             "experts have); load them with packed=None")
+                             "experts and FP8 matrices have); load them with packed=None")
         if self.packed is not None and packed is not False and (
                 packed or not self._fits(dtype, device, uses)):
             chosen = self.packed()
@@ -224,7 +225,8 @@ class OpenedWeights:
         packed matrices counted at their own bytes."""
         weights, nbytes = packed_size(self.model)
         if weights:
-            uses = (*uses, Use(f"its {params_text(weights)} expert weights packed as MXFP4",
+            kind = packed_layers(self.model)[0].kind
+            uses = (*uses, Use(f"its {params_text(weights)} weights packed as {kind}",
                                nbytes=nbytes))
         check_memory(self.model.num_params(non_embedding=False) - weights, dtype, device,
                      extra=self.files.largest(), uses=uses, force=force)

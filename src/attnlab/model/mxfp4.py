@@ -30,22 +30,20 @@ damaged or misread file and is refused by name instead.
 Packed in memory: `Mxfp4Linear` holds a matrix as the files do, blocks (out, G, 16) and
 scales (out, G), both uint8 buffers, G * 32 = in, and dequantizes it to the input's dtype
 for each product (`unpack`: the same exact values, one table lookup a byte), so its
-output is the product with the dequantized matrix: what a model whose experts were
-dequantized on load computes (`_laid_out` says where the sums' order may differ). The
-blocks are checked once, when loaded (`check_packed`), not at each product. Its weight is a
-buffer, not a parameter: it does not train; gradients pass through it to its input and
-bias (`_PackedProduct`).
+output is the product with the dequantized matrix (`packed.PackedLinear`: what a model whose
+experts were dequantized on load computes; it does not train). The blocks are checked once,
+when loaded (`check_packed`), not at each product.
 """
 
 from __future__ import annotations
 
 import threading
-from typing import Any, cast
+from typing import Any
 
 import torch
 from torch import Tensor, nn
 
-from .layers import product
+from .packed import PackedLinear
 
 # E2M1 code -> value: bit 3 is the sign, so codes 8..15 are 0..7 negated (8 is -0.0)
 _FP4_VALUES = (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0,
@@ -233,59 +231,22 @@ def check_packed(blocks: Tensor, scales: Tensor, what: str) -> None:
         raise type(err)(f"{what}: {err}") from None
 
 
-def _laid_out(w: Tensor) -> Tensor:
-    """w (out, in) in float32 or float64 in the memory `GPT.lay_out_weights` gives a Linear's
-    weight, so that the product sums in the dequantized model's order (a CPU's float32
-    matrix-vector product sums in another order over the other memory); a 16-bit w as it
-    is: the copy would be a third of a decode step's time, and the 16-bit products measured
-    sum alike over either memory (docs/models.md#gpt-oss)."""
-    if w.dtype.itemsize <= 2 or w.shape[0] < w.shape[1]:
-        return w
-    return w.t().contiguous().t()
-
-
-def _packed_product(x: Tensor, blocks: Tensor, scales: Tensor, bias: Tensor | None
-                    ) -> Tensor:
-    """x (..., in) @ W.T + bias (..., out), W dequantized into scratch memory for it."""
-    w = unpack(blocks, scales, x.dtype, scratch=True)  # (out, in)
-    return product(x, _laid_out(w), bias)  # (..., out)
-
-
-class _PackedProduct(torch.autograd.Function):
-    """x @ W.T + bias with W packed: the backward dequantizes W again rather than keeping
-    it (W itself, bytes, gets no gradient)."""
-
-    @staticmethod
-    def forward(ctx: Any, x: Tensor, blocks: Tensor, scales: Tensor, bias: Tensor | None
-                ) -> Tensor:
-        ctx.save_for_backward(blocks, scales)
-        return _packed_product(x, blocks, scales, bias)  # (..., out)
-
-    @staticmethod
-    def backward(ctx: Any, grad: Tensor) -> tuple[Tensor | None, None, None, Tensor | None]:
-        blocks, scales = ctx.saved_tensors
-        grad_x = grad @ unpack(blocks, scales, grad.dtype, scratch=True) \
-            if ctx.needs_input_grad[0] else None  # (..., in)
-        grad_bias = grad.reshape(-1, grad.shape[-1]).sum(0) if ctx.needs_input_grad[3] \
-            else None  # (out,)
-        return grad_x, None, None, grad_bias
-
-
-class Mxfp4Linear(nn.Module):
+class Mxfp4Linear(PackedLinear):
     """A Linear layer whose weight (out, in) stays packed as MXFP4 (module docstring):
     buffers `blocks` (out, in / 32, 16) and `scales` (out, in / 32), uint8, and a float
     `bias` (out,) or None; x (..., in) -> x @ W.T + bias (..., out), W dequantized to x's
-    dtype for the product (and dropped after it)."""
+    dtype for the product (and dropped after it: `packed.PackedLinear`)."""
+
+    kind = "MXFP4"
 
     def __init__(self, in_features: int, out_features: int, bias: bool = True,
                  device: torch.device | str | None = None, dtype: torch.dtype | None = None
                  ) -> None:
-        super().__init__()
         if in_features % BLOCK_VALUES:
             raise ValueError(f"in_features={in_features}: MXFP4 packs a row in blocks of "
                              f"{BLOCK_VALUES} weights, so it must be a multiple of "
                              f"{BLOCK_VALUES}; keep this layer's weight dequantized")
-        self.in_features, self.out_features = in_features, out_features
+        super().__init__(in_features, out_features, bias, device, dtype)
         groups = in_features // BLOCK_VALUES
         self.blocks: Tensor
         self.scales: Tensor
@@ -293,8 +254,6 @@ class Mxfp4Linear(nn.Module):
             out_features, groups, BLOCK_BYTES, dtype=torch.uint8, device=device))
         self.register_buffer("scales", torch.full(
             (out_features, groups), 127, dtype=torch.uint8, device=device))  # 2**0
-        self.bias = (nn.Parameter(torch.zeros(out_features, device=device, dtype=dtype))
-                     if bias else None)
 
     @classmethod
     def like(cls, linear: nn.Linear) -> Mxfp4Linear:
@@ -306,36 +265,18 @@ class Mxfp4Linear(nn.Module):
         """The dequantized weight (out, in) in `dtype`, a new tensor."""
         return unpack(self.blocks, self.scales, dtype)
 
-    def forward(self, x: Tensor) -> Tensor:
-        bias = self.bias
-        if torch.is_grad_enabled() and (x.requires_grad or (bias is not None
-                                                            and bias.requires_grad)):
-            # autograd would keep each product's dequantized weight until the backward: the
-            # whole model's experts again, unpacked; this dequantizes it again there instead
-            return cast(Tensor, _PackedProduct.apply(x, self.blocks, self.scales, bias))
-        return _packed_product(x, self.blocks, self.scales, bias)  # (..., out)
+    def weight_for_product(self, dtype: torch.dtype) -> Tensor:
+        """The dequantized weight in this thread's kept scratch memory (`unpack`)."""
+        return unpack(self.blocks, self.scales, dtype, scratch=True)
+
+    def packed_bytes(self) -> int:
+        return self.blocks.nbytes + self.scales.nbytes
 
     def _load_from_state_dict(self, state_dict: dict[str, Any], prefix: str, *args: Any
                               ) -> None:
         super()._load_from_state_dict(state_dict, prefix, *args)
         if self.blocks.device.type != "meta":
             check_packed(self.blocks, self.scales, prefix.rstrip("."))
-
-    def extra_repr(self) -> str:
-        return (f"in_features={self.in_features}, out_features={self.out_features}, "
-                f"bias={self.bias is not None}, weight=MXFP4")
-
-
-def packed_layers(model: nn.Module) -> list[Mxfp4Linear]:
-    return [m for m in model.modules() if isinstance(m, Mxfp4Linear)]
-
-
-def packed_size(model: nn.Module) -> tuple[int, int]:
-    """(weights, bytes) of `model`'s packed layers: the weights they stand for, and the bytes
-    their blocks and scales take (meta tensors count too)."""
-    packed = packed_layers(model)
-    return (sum(m.in_features * m.out_features for m in packed),
-            sum(m.blocks.nbytes + m.scales.nbytes for m in packed))
 
 
 def pack_experts(model: nn.Module) -> nn.Module:
@@ -351,15 +292,3 @@ def pack_experts(model: nn.Module) -> nn.Module:
                 if isinstance(linear, nn.Linear):
                     setattr(expert, name, Mxfp4Linear.like(linear))
     return model
-
-
-def refuse_packed(model: nn.Module | None, what: str) -> None:
-    """ValueError where `model` holds packed layers, which `what` ("save_hf", "training")
-    cannot take: they hold bytes, not float weights. None passes."""
-    packed = [] if model is None else packed_layers(model)
-    if packed:
-        raise ValueError(
-            f"{what}: this model holds {len(packed)} expert matrices packed as MXFP4 (loaded "
-            "with packed=True, or packed because the dequantized model did not fit in "
-            "memory), which it cannot take; load it with packed=False where its bfloat16 "
-            "weights fit")

@@ -26,7 +26,7 @@ import torch
 
 from ..checkpoint import Checkpoint, CheckpointWriter, load_attnlab_checkpoint
 from ..model.gpt import GPT, GPTConfig, check_token_ids
-from ..model.mxfp4 import refuse_packed
+from ..model.packed import refuse_packed
 from ..model.runtime import quiet_compile, warn_if_slow_bf16
 from .budget import Budget, parse_duration
 from .config import FittedSchedule, TrainConfig, TrainResult, fitted_schedule
