@@ -162,7 +162,8 @@ def test_it_trains_saves_loads_and_generates_through_its_forward(tmp_path: Path)
             assert greedy[0, t] == loaded(greedy[:, :t]).logits[0, -1].argmax()
     with pytest.raises(ValueError, match=r"latent attention .* decode it through its forward"):
         DecodeStep(loaded)
-    with pytest.raises(ValueError, match=r"latent attention \(kv_latent=7\) decodes through"):
+    with pytest.raises(ValueError, match=r"latent attention \(kv_latent=7\) or attention "
+                                         r"matrices kept FP8 decode through"):
         generate(loaded, ids[:1, :5], max_new_tokens=2, compile=True)
 
 

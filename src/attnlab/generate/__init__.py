@@ -27,7 +27,7 @@ import torch
 from torch import Tensor, nn
 
 from ..model.compiled_decode import check_compilable, compiled_decode
-from ..model.decode import DecodeStep, decode_step, has_latent
+from ..model.decode import DecodeStep, decode_step, decodes_by_forward
 from ..model.gpt import GPT, check_id_batch, check_mask_values, require_eval
 from ..model.kv_cache import KVCache
 from ..model.memory import Use, capped_scores
@@ -270,8 +270,9 @@ def _steps(
         logits = prefill(model, tokens[:, start:P], window_mask, cache, edits)  # (B, V)
         if compiled is not None:
             compiled.start(window_mask)
-        # the decode step has no latent attention (DeepSeek's): the model's forward decodes it
-        decode = decode_step(model) if edits is None and not has_latent(model) else None
+        # the decode step runs neither latent attention (DeepSeek's) nor FP8 attention
+        # matrices: the model's forward decodes those
+        decode = decode_step(model) if edits is None and not decodes_by_forward(model) else None
         ended = torch.zeros(B, dtype=torch.bool, device=device)  # (B,) rows that sampled an eot
         for length in range(P, P + N):
             if vocab_size is not None:
@@ -355,7 +356,7 @@ def generation_memory(model: GPT, batch_size: int, length: int, *, prompt: int =
     c = model.config
     slots = min(length, c.block_size)
     cache = 2 * c.n_layer * batch_size * c.n_kv_heads * slots * c.head_size  # k and v
-    stacked = 0 if has_latent(model) else sum(
+    stacked = 0 if decodes_by_forward(model) else sum(
         sum(m.weight.numel() for m in (a.query, a.key, a.value)) for a in (
             cast("CausalSelfAttention", b.attn) for b in cast("list[Block]", list(model.blocks))))
     rows = f"{batch_size} row{'s' if batch_size != 1 else ''}"

@@ -40,7 +40,7 @@ import torch
 from torch import Tensor
 
 from .attention import attend
-from .decode import DecodeStep
+from .decode import DecodeStep, decodes_by_forward
 from .kv_cache import KVCache, LayerKVCache
 from .masks import Mask
 from .runtime import quiet_compile
@@ -200,10 +200,10 @@ def check_compilable(model: GPT) -> None:
             "the rows its router sends it, a shape each step, which a compiled fixed-shape "
             "step cannot replay; generate without compile"
         )
-    if model.config.kv_latent is not None:
-        raise ValueError(f"latent attention (kv_latent={model.config.kv_latent}) decodes "
-                         "through the model's forward, which is not compiled; generate "
-                         "without compile")
+    if decodes_by_forward(model):
+        raise ValueError(f"latent attention (kv_latent={model.config.kv_latent}) or attention "
+                         "matrices kept FP8 decode through the model's forward, which is not "
+                         "compiled; generate without compile")
     if model.decode_weights != "float32":
         raise ValueError(
             f"a compiled decode step reads the model's own weights; this model decodes "

@@ -145,7 +145,7 @@ class DecodeStep:
         """progress: called as (matrices packed, in all) while float16 ones pack, a
         layer's stacked q/k/v counted as the 3 Linear layers it joins."""
         require_eval(model, "a decode step")
-        if has_latent(model):
+        if decodes_by_forward(model):
             raise ValueError("a decode step stacks q/k/v attention's matrices; this model has "
                              f"latent attention (kv_latent={model.config.kv_latent}) or "
                              "attention matrices kept FP8: decode it through its forward with "
@@ -360,7 +360,7 @@ def half_weights(model: GPT, progress: Callable[[int, int], None] | None = None)
             if progress is not None:
                 progress(i + 1, 2 * len(linears))
     model.decode_weights = "float16"
-    if not (model.training and model.config.dropout > 0) and not has_latent(model):
+    if not (model.training and model.config.dropout > 0) and not decodes_by_forward(model):
         # pack now rather than in the first generation
         n = len(linears)
         decode_step(model, None if progress is None else
@@ -368,7 +368,7 @@ def half_weights(model: GPT, progress: Callable[[int, int], None] | None = None)
     return model
 
 
-def has_latent(model: GPT) -> bool:
+def decodes_by_forward(model: GPT) -> bool:
     """Whether `model` has attention `DecodeStep` does not run: latent attention (DeepSeek's),
     or projections kept FP8 (`fp8.Fp8Linear`, which it cannot stack into one matrix)."""
     return model.config.kv_latent is not None or any(
