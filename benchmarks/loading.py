@@ -8,7 +8,9 @@
   bfloat16 on the CPU: seconds, peak RSS, and (peak - the RSS before the load) against the
   model's bytes, which attnlab's loader keeps within 1.25x (docs/performance.md#lazy-loading).
 - The same model from an FP8 release of it (every matrix e4m3 in 128 x 128 blocks), each
-  matrix dequantized as it is read (docs/models.md#fp8-checkpoints): the same measures.
+  matrix dequantized as it is read (docs/models.md#fp8-checkpoints), and with the matrices
+  kept FP8 (`packed=True`): the same measures, the model's bytes, and a 32-token forward of
+  each.
 
 Every workload runs in a fresh subprocess whose own VmHWM is its peak. `sparse_hf_dir`
 builds the directories; the tests use it too.
@@ -167,10 +169,16 @@ def rss_mb():
         return next(int(line.split()[1]) for line in status if line.startswith("VmRSS:")) / 1024
 before = rss_mb()
 t0 = time.perf_counter()
-model = load_hf({path!r}, torch.bfloat16)
+model = load_hf({path!r}, torch.bfloat16, packed={packed!r})
 seconds = time.perf_counter() - t0
-model_mb = sum(p.nbytes for p in model.parameters()) / 2**20
-result = {{"seconds": seconds, "before_mb": before, "model_mb": model_mb}}
+model_mb = sum(t.nbytes for t in (*model.parameters(), *model.buffers())) / 2**20
+ids = torch.arange(32)[None] % model.config.vocab_size
+with torch.no_grad():
+    model(ids)  # warm
+    t0 = time.perf_counter()
+    model(ids)
+forward = time.perf_counter() - t0
+result = {{"seconds": seconds, "before_mb": before, "model_mb": model_mb, "forward": forward}}
 """
 
 
@@ -194,8 +202,10 @@ def run(quick: bool = False) -> dict[str, Any]:
         t0 = time.perf_counter()
         real = sparse_hf_dir(Path(tmp) / "llama-1b", small, shards=4, seed=0)
         written = time.perf_counter() - t0
-        load = measure(LOAD_RUN, path=str(real))
-        fp8 = measure(LOAD_RUN, path=str(fp8_hf_dir(Path(tmp) / "llama-1b-fp8", small)))
+        load = measure(LOAD_RUN, path=str(real), packed=False)
+        fp8_dir = fp8_hf_dir(Path(tmp) / "llama-1b-fp8", small)
+        fp8 = measure(LOAD_RUN, path=str(fp8_dir), packed=False)
+        kept = measure(LOAD_RUN, path=str(fp8_dir), packed=True)
     load_peak = load["peak_mb"] - load["before_mb"]
     fp8_peak = fp8["peak_mb"] - fp8["before_mb"]
     rows = [
@@ -209,8 +219,16 @@ def run(quick: bool = False) -> dict[str, Any]:
         ["load_hf bf16 from its FP8 release (matrices e4m3, 128 x 128 blocks), dequantized",
          fp8["seconds"], fp8["peak_mb"],
          f"peak - before = {fp8_peak / fp8['model_mb']:.3f}x the model"],
+        ["load_hf bf16 from it, packed=True: the matrices kept FP8", kept["seconds"],
+         kept["peak_mb"], f"model {kept['model_mb']:,.0f} MB, "
+         f"{kept['model_mb'] / fp8['model_mb']:.2f}x the dequantized one"],
     ]
+    forward_rows = [
+        [f"32-token forward, matrices {name}", run["forward"]]
+        for name, run in (("dequantized from FP8", fp8), ("kept FP8", kept))]
     columns = ["workload", "seconds", "peak RSS MB", "result"]
     return {"suite": "loading", "machine": machine(), "written_seconds": round(written, 1),
-            "load": load, "fp8_load": fp8,
-            "tables": [table("Big model directories", columns, rows)]}
+            "load": load, "fp8_load": fp8, "fp8_kept": kept,
+            "tables": [table("Big model directories", columns, rows),
+                       table("A model from FP8 files, bfloat16", ["workload", "seconds"],
+                             forward_rows)]}
