@@ -9,9 +9,10 @@ block's scale, one float32 product), which the model's fill then rounds once to 
 asked for: transformers' `Fp8Dequantize` (`FineGrainedFP8Config(dequantize=True)`), the same
 product and the same rounding. Where a dimension is no multiple of the block the last block
 is partial, as DeepSeek's own `weight_dequant` has it (transformers refuses such a shape).
-Nothing stays FP8 in memory: the model is an unquantized one in its dtype, which the fit
-check counts, and it computes in that dtype, not with FP8 kernels (activations unquantized,
-as transformers' dequantized model computes).
+The model is an unquantized one in its dtype, which the fit check counts, and computes in
+that dtype, not with FP8 kernels (activations unquantized, as transformers' dequantized
+model computes); or, where that would not fit, the matrices the files store as they are
+stay FP8 in memory (`kept`: `model.fp8.Fp8Linear`), the same function at half the bytes.
 """
 
 from __future__ import annotations
