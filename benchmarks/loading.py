@@ -171,6 +171,8 @@ before = rss_mb()
 t0 = time.perf_counter()
 model = load_hf({path!r}, torch.bfloat16, packed={packed!r})
 seconds = time.perf_counter() - t0
+with open("/proc/self/status") as status:  # the load's peak, before the forward's
+    load_peak = next(int(line.split()[1]) for line in status if line.startswith("VmHWM:"))
 model_mb = sum(t.nbytes for t in (*model.parameters(), *model.buffers())) / 2**20
 ids = torch.arange(32)[None] % model.config.vocab_size
 with torch.no_grad():
@@ -178,7 +180,8 @@ with torch.no_grad():
     t0 = time.perf_counter()
     model(ids)
 forward = time.perf_counter() - t0
-result = {{"seconds": seconds, "before_mb": before, "model_mb": model_mb, "forward": forward}}
+result = {{"seconds": seconds, "before_mb": before, "model_mb": model_mb, "forward": forward,
+          "peak_mb": load_peak / 1024}}
 """
 
 
