@@ -33,7 +33,7 @@ from attnlab import GPT, load_hf, save_hf
 from attnlab.generate import generate
 from attnlab.hf import config_to_hf, family_of
 from attnlab.model.gpt import laid_out
-from attnlab.model.moe import kept_float32
+from attnlab.model.layers import kept_float32
 from helpers import assert_logits_match_hf, assert_ngrams_and_typical_p_match_hf, left_padded
 
 transformers = pytest.importorskip("transformers")
@@ -598,7 +598,7 @@ def test_save_hf_reloads_in_transformers_with_the_same_logits(pair: tuple, tmp_p
 def test_bfloat16_load_runs_close_to_float32(pair: tuple) -> None:
     _, ours, directory = pair
     half = load_hf(directory, dtype=torch.bfloat16)
-    # a float32 router's weight stays float32, as transformers keeps it (`MoE._apply`)
+    # a float32 router's weight stays float32, as transformers keeps it (`KeepsFloat32`)
     assert {p.dtype for n, p in half.named_parameters() if n not in kept_float32(half)} == {
         torch.bfloat16}
     ids = torch.randint(1, ours.config.vocab_size, (2, 16), generator=torch.Generator())

@@ -13,11 +13,12 @@ matrix a load would have dequantized, at half the bytes of bfloat16.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Container
+from collections.abc import Container
 
 import torch
 from torch import Tensor, nn
 
+from .layers import KeepsFloat32
 from .packed import PackedLinear
 
 E4M3_MAX = 448.0  # float8_e4m3fn's largest finite value
@@ -69,7 +70,7 @@ def quantize_fp8(weight: Tensor, block: tuple[int, int]) -> tuple[Tensor, Tensor
     return scaled[:rows, :cols].to(torch.float8_e4m3fn), scale
 
 
-class Fp8Linear(PackedLinear):
+class Fp8Linear(KeepsFloat32, PackedLinear):
     """A Linear layer whose weight (out, in) stays FP8 (module doc): buffers `weight` (out,
     in) uint8, the e4m3 bytes, and `weight_scale_inv` (ceil(out / bm), ceil(in / bn))
     float32, as the files name them, and a float `bias` (out,) or None."""
@@ -103,14 +104,8 @@ class Fp8Linear(PackedLinear):
     def packed_bytes(self) -> int:
         return self.weight.nbytes + self.weight_scale_inv.nbytes
 
-    def _apply(self, fn: Callable[[Tensor], Tensor], recurse: bool = True) -> Fp8Linear:
-        """nn.Module's, but the scales move with the model and stay float32."""
-        scales = self.weight_scale_inv
-        super()._apply(fn, recurse)
-        moved = self.weight_scale_inv
-        if moved.dtype != torch.float32:
-            self.weight_scale_inv = scales.to(moved.device, torch.float32)
-        return self
+    def float32_names(self) -> tuple[str, ...]:
+        return ("weight_scale_inv",)  # the scales stay float32 in any model (`KeepsFloat32`)
 
     def extra_repr(self) -> str:
         return f"{super().extra_repr()}, block={self.block}"
@@ -126,9 +121,3 @@ def pack_fp8(model: nn.Module, names: Container[str], block: tuple[int, int]) ->
             if isinstance(child, nn.Linear) and f"{full}.weight" in names:
                 setattr(owner, child_name, Fp8Linear.like(child, block))
     return model
-
-
-def float32_scales(model: nn.Module) -> set[str]:
-    """The state-dict names of `model`'s FP8 scales, which stay float32 in any model."""
-    return {f"{name}.weight_scale_inv" for name, m in model.named_modules()
-            if isinstance(m, Fp8Linear)}

@@ -88,6 +88,36 @@ def _hooked(module: nn.Module) -> bool:
 # ----------------------------------------------------------------------------- branches
 
 
+class KeepsFloat32(nn.Module):
+    """A module some of whose tensors stay float32 whatever dtype the model is cast to
+    (`float32_names`, dotted names within it): a mixture's float32 router and correction
+    bias, which transformers keeps float32 too (`moe.MoE`), FP8 scales (`fp8.Fp8Linear`).
+    They move with the model; `materialize` allocates them float32 (`kept_float32`)."""
+
+    def float32_names(self) -> tuple[str, ...]:
+        return ()
+
+    def _apply(self, fn: Any, recurse: bool = True) -> KeepsFloat32:
+        kept = {name: self._tensor(name).data for name in self.float32_names()}
+        super()._apply(fn, recurse)
+        for name, before in kept.items():
+            moved = self._tensor(name)
+            if moved.is_floating_point() and moved.dtype != torch.float32:
+                moved.data = before.to(moved.device, torch.float32)
+        return self
+
+    def _tensor(self, name: str) -> Tensor:
+        owner, _, attr = name.rpartition(".")
+        return getattr(self.get_submodule(owner) if owner else self, attr)
+
+
+def kept_float32(model: nn.Module) -> set[str]:
+    """The state-dict names of `model`'s tensors that stay float32 (`KeepsFloat32`)."""
+    return {f"{prefix}.{name}" if prefix else name
+            for prefix, module in model.named_modules() if isinstance(module, KeepsFloat32)
+            for name in module.float32_names()}
+
+
 def branch_scaled(out: Tensor, scale: float) -> Tensor:
     """A block branch's output (..., C) as the residual adds it: times `scale` (Granite's
     residual_multiplier); `out` itself at 1.0. The block, the decode step and

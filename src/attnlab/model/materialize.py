@@ -25,10 +25,9 @@ import torch
 from torch import Tensor
 
 from .config import GPTConfig
-from .fp8 import float32_scales
 from .gpt import GPT, on_meta
+from .layers import kept_float32
 from .memory import DoesNotFitError, Use, check_memory, params_text
-from .moe import kept_float32
 from .packed import packed_layers, packed_size
 from .tensorfile import WeightFiles
 
@@ -145,15 +144,14 @@ def materialize(model: GPT, tensors: Iterable[tuple[str, Tensor]], *,
     the model in eval mode."""
     dtype = dtype or torch.float32
     metas = dict(model.state_dict())
-    wide = kept_float32(model) | float32_scales(model)
+    wide = kept_float32(model)
     total = len(metas) - (1 if model.config.tie_weights else 0)  # a tied head is not read
     filled: dict[str, Tensor] = {}
     with torch.no_grad():
         for name, tensor in tensors:
             meta = metas[name]
             # (the shape meta has, in its strides: a laid-out Linear keeps its (in, out) memory)
-            # (packed bytes stay uint8; a mixture's correction bias and float32 router
-            # float32, as `MoE._apply` keeps them, and FP8 scales, as `Fp8Linear._apply`)
+            # (packed bytes stay uint8; the tensors `KeepsFloat32` keeps float32, float32)
             target = torch.empty_strided(meta.shape, meta.stride(), device=device, dtype=(
                 meta.dtype if not meta.is_floating_point()
                 else torch.float32 if name in wide else dtype))

@@ -35,7 +35,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from .layers import GATED, MLP, Linear
+from .layers import GATED, MLP, KeepsFloat32, Linear
 
 #: the router's buffer of "sigmoid" and "softmax_corrected" scoring, which stays float32 in
 #: a 16-bit model
@@ -45,7 +45,7 @@ if TYPE_CHECKING:
     from .config import GPTConfig
 
 
-class MoE(nn.Module):
+class MoE(KeepsFloat32):
     """x (B, T, C) -> (B, T, C) through each token's top-k experts (see module doc)."""
 
     def __init__(self, n_embd: int, n_experts: int, top_k: int, normalized: bool,
@@ -152,21 +152,12 @@ class MoE(nn.Module):
         mask = mask[:, :, None].expand_as(grouped).reshape(scores.shape[0], -1)  # (N, E)
         return scores.masked_fill(~mask.bool(), float("-inf") if self.corrected else 0.0)
 
-    def _apply(self, fn: Callable[[Tensor], Tensor], recurse: bool = True) -> MoE:
-        """nn.Module's, but for the correction bias and a float32 router's weight, which move
-        with the model and stay float32 (transformers keeps both so,
-        `_keep_in_fp32_modules_strict`: rounded to bfloat16 they would pick other experts)."""
-        bias = getattr(self.router, CORRECTION_BIAS, None)
-        weight = self.router.weight.data
-        super()._apply(fn, recurse)
-        moved = getattr(self.router, CORRECTION_BIAS, None)
-        if bias is not None and moved is not None and moved.dtype != torch.float32:
-            setattr(self.router, CORRECTION_BIAS, bias.to(moved.device))
-        moved_weight = self.router.weight
-        if self.float32 and moved_weight.is_floating_point() and (
-                moved_weight.dtype != torch.float32):
-            moved_weight.data = weight.to(moved_weight.device, torch.float32)
-        return self
+    def float32_names(self) -> tuple[str, ...]:
+        """The correction bias and a float32 router's weight stay float32 in a 16-bit model
+        (`KeepsFloat32`), as transformers keeps both (`_keep_in_fp32_modules_strict`):
+        rounded to bfloat16 they would pick other experts."""
+        return ((f"router.{CORRECTION_BIAS}",) if self.corrected else ()) + (
+            ("router.weight",) if self.float32 else ())
 
     def forward(self, x: Tensor, trace: Any = None) -> Tensor:
         B, T, C = x.shape
@@ -199,19 +190,6 @@ class MoE(nn.Module):
             w = weights[rows, e, None]  # (n, 1)
             out.index_add_(0, rows, (y * (w if self.wide else w.to(y.dtype))).to(out.dtype))
         return out
-
-
-def kept_float32(model: nn.Module) -> set[str]:
-    """The state-dict names of `model` that stay float32 in a 16-bit model (`MoE._apply`):
-    each mixture's correction bias and its float32 router's weight."""
-    names = set()
-    for name, module in model.named_modules():
-        if isinstance(module, MoE):
-            if module.corrected:
-                names.add(f"{name}.router.{CORRECTION_BIAS}")
-            if module.float32:
-                names.add(f"{name}.router.weight")
-    return names
 
 
 def idle_parameters(config: GPTConfig) -> int:
