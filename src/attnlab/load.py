@@ -150,9 +150,8 @@ def _info(path: Path, source: str, opened: OpenedWeights, tokenizer: Tokenizer |
         notes.append(note)
     if opened.packed is not None:
         packed = opened.packed()
-        kind = packed_layers(packed.model)[0].kind
         more["packed"] = (*packed_size(packed.model), packed.files.largest(),
-                          "MXFP4 experts" if kind == "MXFP4" else f"{kind} matrices")
+                          packed_layers(packed.model)[0].label)
     return ModelInfo(
         path=path, source=source, config=opened.config,
         parameters=opened.model.num_params(non_embedding=False),

@@ -342,10 +342,9 @@ def load_opened(args: argparse.Namespace, opened: OpenedCheckpoint,
         raise out_of_memory("load", err, device, hint=fix) from None
     packed = packed_layers(checkpoint.model)
     if packed:
-        kind = packed[0].kind
-        what = "expert matrices" if kind == "MXFP4" else "matrices"
         print(f"attnlab: its dequantized weights would not fit in memory, so {len(packed):,} "
-              f"{what} stay packed as {kind} (the same logits, slower products)",
+              f"{packed[0].holds} stay packed as {packed[0].kind} (the same logits, slower "
+              "products)",
               file=sys.stderr)
     return checkpoint
 

@@ -75,7 +75,7 @@ class Fp8Linear(KeepsFloat32, PackedLinear):
     in) uint8, the e4m3 bytes, and `weight_scale_inv` (ceil(out / bm), ceil(in / bn))
     float32, as the files name them, and a float `bias` (out,) or None."""
 
-    kind = "FP8"
+    kind, label = "FP8", "FP8 matrices"
 
     def __init__(self, in_features: int, out_features: int, bias: bool = True,
                  block: tuple[int, int] = (128, 128),

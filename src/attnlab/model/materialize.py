@@ -95,10 +95,10 @@ def check_shapes(model: GPT, tensors: Iterable[tuple[str, Tensor]],
         if tuple(tensor.shape) != want:
             raise ValueError(f"{describe(name)} has shape {tuple(tensor.shape)} but the "
                              f"config needs {want}; the config and the weights disagree")
-        if expected[name].dtype == torch.uint8:  # packed bytes (`mxfp4.Mxfp4Linear`)
+        if expected[name].dtype == torch.uint8:  # packed bytes (`packed.PackedLinear`)
             if tensor.dtype != torch.uint8:
-                raise ValueError(f"{describe(name)} is {tensor.dtype}; packed MXFP4 blocks "
-                                 "and scales are uint8")
+                raise ValueError(f"{describe(name)} is {tensor.dtype}; packed bytes (MXFP4 "
+                                 "blocks and scales, FP8 weights) are uint8")
         elif tensor.dtype not in FLOAT_DTYPES:
             raise ValueError(f"{describe(name)} is {tensor.dtype}; model weights are "
                              f"floating point ({', '.join(map(str, FLOAT_DTYPES))})")

@@ -237,7 +237,7 @@ class Mxfp4Linear(PackedLinear):
     `bias` (out,) or None; x (..., in) -> x @ W.T + bias (..., out), W dequantized to x's
     dtype for the product (and dropped after it: `packed.PackedLinear`)."""
 
-    kind = "MXFP4"
+    kind, holds, label = "MXFP4", "expert matrices", "MXFP4 experts"
 
     def __init__(self, in_features: int, out_features: int, bias: bool = True,
                  device: torch.device | str | None = None, dtype: torch.dtype | None = None

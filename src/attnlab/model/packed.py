@@ -37,6 +37,9 @@ class PackedLinear(nn.Module):
     bytes and say how to read them: `weight_in(dtype)`, `packed_bytes()`, `kind`."""
 
     kind = ""  # the format's name: "MXFP4", "FP8"
+    holds = "matrices"  # what a model's packed layers are, in a word or two ("expert matrices")
+    #: what `attnlab info` calls them in a size's name ("bfloat16 + FP8 matrices")
+    label = "matrices"
 
     def __init__(self, in_features: int, out_features: int, bias: bool,
                  device: torch.device | str | None, dtype: torch.dtype | None) -> None:
