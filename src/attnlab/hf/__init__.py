@@ -253,22 +253,21 @@ def open_hf_weights(path: str | Path, *, dropout: float = 0.0) -> OpenedWeights:
     family = family_of(hf_config)
     raw = read_weights(directory)
     quantized = hf_config.get("quantization_config") or {}
-    mxfp4 = quantized.get("quant_method") == MXFP4
-    # gpt-oss's experts: dequantized as they are read, or kept packed (`OpenedWeights.packed`);
-    # FP8 weights (config_from_hf checked the config): dequantized as they are read
-    fp8 = quantized.get("quant_method") == FP8
-    files: _Files = Mxfp4Files(raw) if mxfp4 else Fp8Files(raw, fp8_block(quantized)) if (
-        fp8) else raw
+    method = quantized.get("quant_method")
+    # gpt-oss's experts and FP8 weights (config_from_hf checked the config): dequantized as
+    # they are read, or kept packed (`OpenedWeights.packed`)
+    files: _Files = Mxfp4Files(raw) if method == MXFP4 else Fp8Files(
+        raw, fp8_block(quantized)) if method == FP8 else raw
     try:
         check_layer_count(config.n_layer, files, family.weights.layer,
                           base=family.weights.base)
         opened = _settled(config, files, family)
     except ValueError as err:
         raise ValueError(f"{err}{chosen_weights(directory)}") from None
-    if mxfp4:
+    if isinstance(files, Mxfp4Files):
         opened = dataclasses.replace(
             opened, packed=lambda: _settled(config, raw, family, packed=pack_experts))
-    elif fp8 and isinstance(files, Fp8Files):
+    elif isinstance(files, Fp8Files):
         kept, pack = _fp8_kept(opened.model, files, family)
         if kept:
             opened = dataclasses.replace(opened, packed=lambda: _settled(
