@@ -519,3 +519,14 @@ def per_expert(shapes: dict[str, tuple[int, ...]]) -> dict[str, tuple[int, ...]]
             for part, n in parts:
                 out[f"{match[1]}{e}.{part}.weight"] = (n, cols)
     return out
+
+
+def latent_config(q_latent: int | None = 6, v_head_dim: int | None = 5, pairs: bool = True,
+            **overrides: object) -> GPTConfig:
+    """A two-layer latent-attention model's config: 3 heads of 10 dims (4 turned by RoPE),
+    a 7-wide kv latent, a 6-wide q latent (None: q from x) and 5-wide values (None: 10)."""
+    return GPTConfig(**{**dict(
+        vocab_size=41, block_size=40, n_layer=2, n_head=3, n_embd=24, head_dim=10,
+        pos="rope", norm="rmsnorm", mlp="swiglu", bias=False, tie_weights=False,
+        kv_latent=7, q_latent=q_latent, rope_head_dim=4, v_head_dim=v_head_dim,
+        rope_interleaved=pairs, init_std=0.3), **overrides})  # type: ignore[arg-type]

@@ -20,15 +20,7 @@ from attnlab.interp.edits import Edit
 from attnlab.model.latent import LatentAttention
 from attnlab.model.names import absent_names
 from attnlab.model.rope import Rotary
-
-
-def _config(q_latent: int | None = 6, v_head_dim: int | None = 5, pairs: bool = True,
-            **overrides: object) -> GPTConfig:
-    return GPTConfig(**{**dict(
-        vocab_size=41, block_size=40, n_layer=2, n_head=3, n_embd=24, head_dim=10,
-        pos="rope", norm="rmsnorm", mlp="swiglu", bias=False, tie_weights=False,
-        kv_latent=7, q_latent=q_latent, rope_head_dim=4, v_head_dim=v_head_dim,
-        rope_interleaved=pairs, init_std=0.3), **overrides})  # type: ignore[arg-type]
+from helpers import latent_config
 
 
 def _rms(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
@@ -80,7 +72,7 @@ def test_every_path_is_the_definition_through_left_padding_and_a_cache(
     fused, explicit and traced paths and a cache filled token by token give the model's
     logits."""
     torch.manual_seed(seed)
-    model = GPT(_config(q_latent, v_head_dim, pairs)).eval()
+    model = GPT(latent_config(q_latent, v_head_dim, pairs)).eval()
     lengths = data.draw(st.lists(st.integers(1, T), min_size=B, max_size=B))
     keep = torch.zeros(B, T, dtype=torch.long)  # (B, T) left padding
     for b, n in enumerate(lengths):
@@ -113,7 +105,7 @@ def test_the_trace_names_hold_transformers_shapes_and_edits_of_v_and_the_latent_
     key_states, v (B, nh, S, vs) without the cache's padding, the context (B, nh, T, vs); zero
     values, or a zero latent, leave the output projection nothing to add."""
     torch.manual_seed(0)
-    model = GPT(_config()).eval()
+    model = GPT(latent_config()).eval()
     ids = torch.arange(9)[None]
     trace = Trace(names=["kv_latent", "q_pre_rope", "k_pre_rope", "q", "k", "v", "context"]
                   ).run(model, ids)
@@ -144,7 +136,7 @@ def test_it_trains_saves_loads_and_generates_through_its_forward(tmp_path: Path)
     from attnlab.tokenizers import CharTokenizer
 
     torch.manual_seed(0)
-    model = GPT(_config(dropout=0.1))
+    model = GPT(latent_config(dropout=0.1))
     ids = torch.randint(0, 41, (2, 16), generator=torch.Generator().manual_seed(1))
     model(ids[:, :-1], targets=ids[:, 1:]).loss.backward()
     names = {n for n, p in model.named_parameters() if p.grad is not None and p.grad.any()}
@@ -178,12 +170,12 @@ def test_it_trains_saves_loads_and_generates_through_its_forward(tmp_path: Path)
 def test_what_latent_attention_cannot_be_is_refused_by_name(overrides: dict[str, object],
                                                              message: str) -> None:
     with pytest.raises(ValueError, match=message):
-        dataclasses.replace(_config(), **overrides)  # type: ignore[arg-type]
+        dataclasses.replace(latent_config(), **overrides)  # type: ignore[arg-type]
 
 
 def test_the_fields_are_idle_without_a_latent_and_rotary_pct_idle_with_one() -> None:
     plain = GPTConfig(pos="rope", rope_head_dim=8, v_head_dim=4)
     assert plain.computed() == GPTConfig(pos="rope").computed()
-    latent = _config()
+    latent = latent_config()
     assert latent.rotary_dims == 4
     assert dataclasses.replace(latent, rotary_pct=0.5).computed() == latent.computed()

@@ -21,28 +21,28 @@ from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, cast
+from typing import TYPE_CHECKING
 
 import torch
-from torch import Tensor, nn
+from torch import Tensor
 
+from ..interp.edits import Edits
 from ..model.compiled_decode import check_compilable, compiled_decode
 from ..model.decode import DecodeStep, decode_step, decodes_by_forward
 from ..model.gpt import GPT, check_id_batch, check_mask_values, require_eval
 from ..model.kv_cache import KVCache
-from ..model.memory import Use, capped_scores
 from ..tokenizers import check_fits
 from ..tokenizers.streaming import TextPieces
 
-# logits_to_probs and sample re-exported: `from attnlab.generate import sample` still works
+# generation_memory, logits_to_probs and sample re-exported: `from attnlab.generate import
+# sample` still works
+from .memory import generation_memory as generation_memory
 from .sampling import SeenIds, ban_repeated_ngrams, check_sampling
 from .sampling import logits_to_probs as logits_to_probs
 from .sampling import sample as sample
 
 if TYPE_CHECKING:
-    from ..interp.edits import Edit, Edits
-    from ..model.attention import CausalSelfAttention
-    from ..model.block import Block
+    from ..interp.edits import Edit
     from ..tokenizers import Tokenizer
 
 
@@ -230,6 +230,14 @@ def _generators(seed: int | None, generator: torch.Generator | None,
     return generator if seed is None else torch.Generator(device=device).manual_seed(seed)
 
 
+def _new_cache(model: GPT, batch_size: int, length: int, edits: Edit | Edits | None
+               ) -> KVCache:
+    """The model's cache for a generation: per head where an edit changes a head's keys
+    before they are cached, which a latent cache cannot keep (`latent.py`)."""
+    per_head = edits is not None and any(e.name == "k_pre_rope" for e in Edits([edits]).edits)
+    return model.new_cache(batch_size, length, per_head=per_head)
+
+
 @torch.inference_mode()
 def _steps(
     model: GPT,
@@ -265,7 +273,8 @@ def _steps(
     if compiled is not None:
         compiled.in_use = True  # its static cache is this generation's until it ends
     try:
-        cache = model.new_cache(B, min(P + N, block)) if compiled is None else compiled.cache
+        cache = compiled.cache if compiled is not None else _new_cache(
+            model, B, min(P + N, block), edits)
         window_mask = None if mask_buf is None else mask_buf[:, start:P]
         logits = prefill(model, tokens[:, start:P], window_mask, cache, edits)  # (B, V)
         if compiled is not None:
@@ -341,35 +350,6 @@ def _draw(logits: Tensor, config: GenerationConfig,
                                  typical_p=typical_p)
                           for b, row_generator in enumerate(generator)])  # (B,)
     return sample(logits, *how, generator, min_p=min_p, typical_p=typical_p)  # (B,)
-
-
-def generation_memory(model: GPT, batch_size: int, length: int, *, prompt: int = 0,
-                      device: str | torch.device | None = None,
-                      float16_weights: bool = False) -> list[Use]:
-    """What generating `batch_size` rows of `length` tokens (prompt + new) allocates beside
-    the weights, for a load's fit check (`OpenedCheckpoint.load(uses=...)`; `model` may be
-    on the meta device): the KV cache (`_steps`' `model.new_cache`), the decode step's q/k/v
-    matrices stacked into one per layer (`DecodeStep`, kept with the model), with a
-    soft-capped model the prefill's scores over the longest `prompt` on `device`
-    (`capped_scores`), and with `float16_weights` the packed float16 copy of every matrix
-    (`decode.half_weights`)."""
-    c = model.config
-    slots = min(length, c.block_size)
-    cache = 2 * c.n_layer * batch_size * c.n_kv_heads * slots * c.head_size  # k and v
-    stacked = 0 if decodes_by_forward(model) else sum(
-        sum(m.weight.numel() for m in (a.query, a.key, a.value)) for a in (
-            cast("CausalSelfAttention", b.attn) for b in cast("list[Block]", list(model.blocks))))
-    rows = f"{batch_size} row{'s' if batch_size != 1 else ''}"
-    uses = [Use(f"the KV cache for {rows} of {slots:,} positions", elements=cache),
-            Use("the decode step's stacked q/k/v matrices", elements=stacked)]
-    scores = capped_scores(c, min(prompt, c.block_size), batch_size, device)
-    if scores:
-        uses.append(Use(f"the capped attention scores of a {prompt:,}-token prefill",
-                        elements=scores, fix="a shorter prompt, or fewer rows (--batch_size)"))
-    if float16_weights:
-        matrices = sum(m.weight.numel() for m in model.modules() if isinstance(m, nn.Linear))
-        uses.append(Use("the packed float16 copies of the matrices", nbytes=2 * matrices))
-    return uses
 
 
 def generate(

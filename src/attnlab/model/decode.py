@@ -37,7 +37,7 @@ from .decode_parts import (
     step_norm,
 )
 from .gpt import require_eval
-from .kv_cache import KVCache
+from .kv_cache import ConcatLayerKVCache, KVCache, LatentLayerCache, LayerKVCache
 from .layers import GELUS, MLP, activation, branch_scaled, embedding_scale, glu, soft_cap
 from .masks import Mask, build_mask
 from .moe import MoE
@@ -225,6 +225,10 @@ class DecodeStep:
         first.
         """
         c, pos = self.config, cache.seq_len
+        layers = cast("list[LayerKVCache | ConcatLayerKVCache]", cache.layers)
+        if any(isinstance(layer, LatentLayerCache) for layer in layers):
+            raise ValueError("a latent-attention cache for a decode step, which has no latent "
+                             "attention: make the cache with this step's model.new_cache(...)")
         if token.dim() != 2 or token.shape[1] != 1:
             raise ValueError(f"a decode step takes (B, 1) token ids, got {tuple(token.shape)}")
         if pos >= c.block_size:
@@ -243,7 +247,7 @@ class DecodeStep:
                 masks[window] = build_mask(
                     1, pos + 1, attention_mask, device=token.device, window=window
                 )
-            k, v = cache.layers[i].update(pos, k, v)  # (B, nkv, pos + 1, hs) each
+            k, v = layers[i].update(pos, k, v)  # (B, nkv, pos + 1, hs) each
             return attend(q, k, v, masks[window], scale=c.attn_scale,
                           softcap=c.attn_logit_softcapping, wide=c.scores_in_float32,
                           sinks=self.layers[i].sinks)  # (B, nh, 1, hs)

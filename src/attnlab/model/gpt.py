@@ -22,7 +22,7 @@ from torch.overrides import TorchFunctionMode
 
 from .block import Block, norm_of
 from .config import GPTConfig
-from .kv_cache import KVCache
+from .kv_cache import KVCache, LatentLayerCache
 from .layers import Linear, embedding_scale, soft_cap
 from .masks import Mask, build_mask
 from .moe import MoE, balance_loss
@@ -108,10 +108,13 @@ class GPT(nn.Module):
         return n - self.wpe.weight.numel() if non_embedding and self.wpe is not None else n
 
     def new_cache(
-        self, batch_size: int, max_len: int | None = None, *, dtype: torch.dtype | None = None
+        self, batch_size: int, max_len: int | None = None, *, dtype: torch.dtype | None = None,
+        per_head: bool = False,
     ) -> KVCache:
         """A static KV cache for this model. max_len defaults to block_size for learned
-        positions; other models need it (their block_size may be 32k-128k): prompt + new."""
+        positions; other models need it (their block_size may be 32k-128k): prompt + new.
+        Latent attention's holds the latents (`KVCache.latent`) unless `per_head`: each
+        head's k and v, as every other attention's (`latent.py`)."""
         c = self.config
         if max_len is None and c.pos != "learned":
             raise ValueError(
@@ -124,10 +127,12 @@ class GPT(nn.Module):
                 f"cache max_len={max_len} exceeds block_size={c.block_size}: positions past "
                 "block_size have no embedding"
             )
-        return KVCache.static(
-            c.n_layer, batch_size, c.n_kv_heads, max_len, c.head_size,
-            dtype=dtype or self.wte.weight.dtype, device=self.wte.weight.device,
-        )
+        dtype, device = dtype or self.wte.weight.dtype, self.wte.weight.device
+        if c.kv_latent is not None and not per_head:
+            return KVCache.latent(c.n_layer, batch_size, max_len, c.kv_latent, c.rope_head_dim,
+                                  dtype=dtype, device=device)
+        return KVCache.static(c.n_layer, batch_size, c.n_kv_heads, max_len, c.head_size,
+                              dtype=dtype, device=device)
 
     def _check_inputs(
         self, idx: Tensor, pos: int, attention_mask: Tensor | None, targets: Tensor | None,
@@ -197,6 +202,9 @@ class GPT(nn.Module):
                     f"kv_cache has {len(kv_cache.layers)} layers, model has "
                     f"{self.config.n_layer}; create it with model.new_cache(...)"
                 )
+            if self.config.kv_latent is None and isinstance(kv_cache.layers[0], LatentLayerCache):
+                raise ValueError("kv_cache holds latents (KVCache.latent), and this model has no "
+                                 "latent attention; create it with model.new_cache(...)")
             attention_mask = kv_cache.key_mask(attention_mask, T)  # (B, pos + T) or None
         if trace is not None:
             trace.begin(self.config, attention_mask)

@@ -4,8 +4,10 @@
 in place by `update(pos, k, v)`, which returns views of the filled prefix; a decode step
 allocates nothing that grows with the context (gpt-fast's `KVCache`). `KVCache.concat` (of
 `ConcatLayerKVCache`s) is the textbook version, which concatenates on every step; it is
-tested equal to the static one. A cache keeps the padding mask of its columns for the calls
-that give none (`key_mask`); what masks and positions mean is `attention.py`'s and `gpt.py`'s.
+tested equal to the static one. `LatentLayerCache` is multi-head latent attention's
+(`latent.py`): each position's latent and shared RoPE key part rather than each head's k and v.
+A cache keeps the padding mask of its columns for the calls that give none (`key_mask`); what
+masks and positions mean is `attention.py`'s and `gpt.py`'s.
 """
 
 from __future__ import annotations
@@ -57,6 +59,9 @@ class LayerKVCache:
         self.v.narrow(2, pos, end - pos).copy_(v)
         return self.k.narrow(2, 0, end), self.v.narrow(2, 0, end)  # (B, nkv, pos+T, hs)
 
+    def nbytes(self) -> int:
+        return 2 * self.k.numel() * self.k.element_size()
+
 
 class ConcatLayerKVCache:
     """The textbook cache: keep k/v tensors and `torch.cat` the new ones on (O(S) copy per
@@ -77,17 +82,65 @@ class ConcatLayerKVCache:
         self.v = v if self.v is None else torch.cat([self.v, v], dim=2)  # (B, nkv, S, hs)
         return self.k, self.v
 
+    def nbytes(self) -> int:
+        return sum(t.numel() * t.element_size() for t in (self.k, self.v) if t is not None)
+
+
+class LatentLayerCache:
+    """Multi-head latent attention's cache for one layer (DeepSeek-V2 / V3's, `latent.py`):
+    each position's normed latent and the RoPE-turned key part every head shares, side by
+    side in one (B, T_max, latent + rd) buffer, from which attention expands each head's k
+    and v or attends in the latent space. (latent + rd) numbers a position where a per-head
+    cache holds 2 * nh * hs: DeepSeek-V2-Lite's 576 against 6,144."""
+
+    def __init__(self, batch_size: int, max_len: int, latent_size: int, rope_dims: int, *,
+                 dtype: torch.dtype = torch.float32,
+                 device: torch.device | str | None = None) -> None:
+        self.latent_size = latent_size
+        self.kv = torch.zeros(batch_size, max_len, latent_size + rope_dims, dtype=dtype,
+                              device=device)  # (B, T_max, latent + rd)
+
+    @property
+    def max_len(self) -> int:
+        return self.kv.shape[1]
+
+    def write(self, pos: int, latent: Tensor, k_rot: Tensor) -> Tensor:
+        """Write latent (B, T, latent) and k_rot (B, T, rd) at positions pos..pos+T-1; return
+        the view of every position written (B, pos+T, latent + rd)."""
+        end = pos + latent.shape[1]
+        if pos < 0 or end > self.max_len:
+            raise ValueError(
+                f"cache write at positions {pos}..{end - 1} does not fit max_len={self.max_len}; "
+                "create the cache with a larger max_len (prompt + new tokens)")
+        B, _, width = self.kv.shape
+        if (latent.shape[0], latent.shape[2] + k_rot.shape[2]) != (B, width) or (
+                latent.shape[2] != self.latent_size):
+            raise ValueError(
+                f"a latent of shape {tuple(latent.shape)} and RoPE part {tuple(k_rot.shape)} "
+                f"do not fit the cache's {tuple(self.kv.shape)} (B, T_max, "
+                f"{self.latent_size} + rd); make the cache for this batch and model: "
+                "model.new_cache(B, max_len)")
+        new = self.kv.narrow(1, pos, end - pos)  # (B, T, latent + rd)
+        new.narrow(2, 0, self.latent_size).copy_(latent)
+        new.narrow(2, self.latent_size, width - self.latent_size).copy_(k_rot)
+        return self.kv.narrow(1, 0, end)  # (B, pos+T, latent + rd)
+
+    def nbytes(self) -> int:
+        return self.kv.numel() * self.kv.element_size()
+
 
 class KVCache:
     """Per-layer caches plus `seq_len`, the number of positions written so far, and the
     attention mask of those positions once a call gave one.
 
     Pass it to `GPT.forward(..., kv_cache=cache)`; the model writes at `cache.seq_len` and
-    advances it. Memory is exactly 2 * n_layer * B * nkv * T_max * hs * dtype size.
+    advances it. Memory is exactly 2 * n_layer * B * nkv * T_max * hs * dtype size
+    (n_layer * B * T_max * (latent + rd) * dtype size for latent attention's, `nbytes`).
     """
 
-    def __init__(self, layers: list[LayerKVCache] | list[ConcatLayerKVCache]) -> None:
-        self.layers: Sequence[LayerKVCache | ConcatLayerKVCache] = layers
+    def __init__(self, layers: Sequence[LayerKVCache | ConcatLayerKVCache | LatentLayerCache]
+                 ) -> None:
+        self.layers = layers
         self.seq_len = 0
         self.attention_mask: Tensor | None = None  # (B, >= seq_len) once a call gave one
 
@@ -135,6 +188,22 @@ class KVCache:
         ])
 
     @classmethod
+    def latent(
+        cls,
+        n_layer: int,
+        batch_size: int,
+        max_len: int,
+        latent_size: int,
+        rope_dims: int,
+        *,
+        dtype: torch.dtype = torch.float32,
+        device: torch.device | str | None = None,
+    ) -> KVCache:
+        """Latent attention's cache (`LatentLayerCache` per layer)."""
+        return cls([LatentLayerCache(batch_size, max_len, latent_size, rope_dims, dtype=dtype,
+                                     device=device) for _ in range(n_layer)])
+
+    @classmethod
     def concat(cls, n_layer: int) -> KVCache:
         return cls([ConcatLayerKVCache() for _ in range(n_layer)])
 
@@ -142,12 +211,7 @@ class KVCache:
     def max_len(self) -> int | None:
         """Capacity in positions, or None for a growing (concatenating) cache."""
         first = self.layers[0]
-        return first.max_len if isinstance(first, LayerKVCache) else None
+        return None if isinstance(first, ConcatLayerKVCache) else first.max_len
 
     def nbytes(self) -> int:
-        total = 0
-        for layer in self.layers:
-            for buf in (layer.k, layer.v):
-                if buf is not None:
-                    total += buf.numel() * buf.element_size()
-        return total
+        return sum(layer.nbytes() for layer in self.layers)

@@ -13,18 +13,26 @@ the same trace names (q_pre_rope, k_pre_rope, q, k, v, context, attn_out; q and 
 transformers' query_states and key_states, but that transformers' DeepSeek-V3 lays the
 turned pairs out as halves, a permutation of the last rd dims of both: the same scores) and
 the same KV cache.
-The cache holds each head's k and v, v padded with zeros to head_size, which leaves every
-score and context exact (the padded columns of the context are zeros and are dropped): not
-MLA's small cache of latents, but one the decode paths share with every other attention.
+
+`model.new_cache` makes a `LatentLayerCache` per layer: the latents and RoPE parts alone, MLA's
+own small cache (DeepSeek's and transformers'). Each call expands what it holds into every
+head's k and v, or, for a few new tokens over many cached ones, attends in the latent space
+(DeepSeek-V2's absorbed form, `LatentAttention._absorbed`: the same numbers in another order of
+products). A per-head cache (`new_cache(..., per_head=True)`) holds each head's k and v, v
+padded with zeros to head_size (exact: the padded columns of the context are zeros, dropped),
+as every other attention's: the one that keeps an edit of a head's keys (k_pre_rope).
 """
 
 from __future__ import annotations
+
+import math
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
 from .attention import LayerCache, LayerTrace, attend
+from .kv_cache import LatentLayerCache
 from .layers import Linear, RMSNorm
 from .masks import Mask, build_mask
 from .rope import apply_rotary
@@ -57,6 +65,7 @@ class LatentAttention(nn.Module):
         self.scale, self.dropout, self.softcap = scale, dropout, softcap
         self.rope_how = rope_in_float32, rope_pairs, rope_tables_rounded
         self.scores_in_float32 = scores_in_float32
+        self.absorb: bool | None = None  # with a latent cache: None, by cost (`absorbs`)
         nope = head_size - rope_head_dim
         self.query = Linear(d_in, n_head * head_size, bias=False) if q_latent is None else None
         self.q_down = None if q_latent is None else Linear(d_in, q_latent, bias=bias)
@@ -80,19 +89,24 @@ class LatentAttention(nn.Module):
             q = up(norm(down(x)))  # (B, T, q_latent) -> (B, T, nh * hs)
         return q.view(B, T, self.n_head, self.head_size).transpose(1, 2)  # (B, nh, T, hs)
 
-    def _keys_values(self, x: Tensor, trace: LayerTrace | None) -> tuple[Tensor, Tensor, Tensor]:
-        """x (B, T, C) -> k without RoPE (B, nh, T, hs - rd), the shared part RoPE turns
-        (B, 1, T, rd) and v (B, nh, T, vs); `trace` records (and may replace) the normed
-        latent as "kv_latent"."""
+    def _latent(self, x: Tensor, trace: LayerTrace | None) -> tuple[Tensor, Tensor]:
+        """x (B, T, C) -> the normed latent (B, T, kv_latent), which `trace` records (and may
+        replace) as "kv_latent", and the key part RoPE turns, every head's (B, 1, T, rd)."""
         B, T, _ = x.shape
         latent, shared = self.kv_down(x).split([self.kv_latent, self.rope_dims], dim=-1)
         latent = self.kv_latent_norm(latent)  # (B, T, kv_latent)
         if trace is not None:
             latent = trace.record("kv_latent", latent)
-        kv = self.kv_up(latent)  # (B, T, nh * (hs - rd + vs))
-        kv = kv.view(B, T, self.n_head, -1).transpose(1, 2)  # (B, nh, T, hs - rd + vs)
+        return latent, shared.view(B, 1, T, self.rope_dims)
+
+    def _expanded(self, latent: Tensor) -> tuple[Tensor, Tensor]:
+        """latent (B, S, kv_latent) -> each head's k without RoPE (B, nh, S, hs - rd) and v
+        (B, nh, S, vs)."""
+        B, S, _ = latent.shape
+        kv = self.kv_up(latent)  # (B, S, nh * (hs - rd + vs))
+        kv = kv.view(B, S, self.n_head, -1).transpose(1, 2)  # (B, nh, S, hs - rd + vs)
         k_nope, v = kv.split([self.head_size - self.rope_dims, self.v_size], dim=-1)
-        return k_nope, shared.view(B, 1, T, self.rope_dims), v
+        return k_nope, v
 
     def _joined(self, k_nope: Tensor, k_rot: Tensor) -> Tensor:
         """Each head's k (B, nh, T, hs): its own dims, then the RoPE part (B, 1 or nh, T, rd),
@@ -109,32 +123,54 @@ class LatentAttention(nn.Module):
         attention_mask: Tensor | None = None,
         *,
         mask: Mask | None = None,
-        kv_cache: LayerCache | None = None,
+        kv_cache: LayerCache | LatentLayerCache | None = None,
         pos: int = 0,
         trace: LayerTrace | None = None,
         fused: bool | None = None,
         rope: tuple[Tensor, Tensor] | None = None,
     ) -> Tensor:
         """x (B, T, C) -> (B, T, C); the arguments are `CausalSelfAttention.forward`'s (no
-        cross-attention: latent attention is self-attention)."""
+        cross-attention: latent attention is self-attention). A `LatentLayerCache` keeps the
+        latents: each call expands the cached ones into every head's k and v, or, where that
+        costs more (a few new tokens over a long cache, `absorbs`), attends in the latent
+        space (`_absorbed`), never under a trace, whose names are the heads' k and v."""
         if x.dim() != 3:
             raise ValueError(f"x must be (B, T, C), got shape {tuple(x.shape)}")
-        B, T, _ = x.shape
-        # k (B, nh, T, hs - rd) without RoPE, its RoPE part (B, 1, T, rd), v (B, nh, T, vs)
-        k_nope, k_rot, v = self._keys_values(x, trace)
+        T = x.shape[1]
+        latent, k_rot = self._latent(x, trace)  # (B, T, kv_latent), (B, 1, T, rd)
         q = self._queries(x)  # (B, nh, T, hs)
-        rd = self.rope_dims
-        if trace is not None:  # an edit may give each head its own RoPE part: kept per head
+        rd, latent_cache = self.rope_dims, isinstance(kv_cache, LatentLayerCache)
+        k_nope = v = None
+        if trace is not None:
             q = trace.record("q_pre_rope", q)
-            k = trace.record("k_pre_rope", self._joined(k_nope, k_rot))  # (B, nh, T, hs)
-            k_nope, k_rot = k[..., :-rd], k[..., -rd:]  # (B, nh, T, hs - rd), (B, nh, T, rd)
+            k_nope, v = self._expanded(latent)  # (B, nh, T, hs - rd), (B, nh, T, vs)
+            joined = self._joined(k_nope, k_rot)  # (B, nh, T, hs)
+            k = trace.record("k_pre_rope", joined)
+            if k is not joined:  # edited: each head may now have its own RoPE part
+                if latent_cache:
+                    raise ValueError(
+                        "an edit of k_pre_rope changes each head's keys, which a latent cache "
+                        "(the latents alone) cannot keep: make the cache per head, "
+                        "model.new_cache(B, max_len, per_head=True)")
+                k_nope, k_rot = k[..., :-rd], k[..., -rd:]  # (B, nh, T, hs - rd), (.., rd)
         if rope is not None:
             q_nope, q_rot = q.split([self.head_size - rd, rd], dim=-1)
             q = torch.cat((q_nope, apply_rotary(q_rot, *rope, *self.rope_how)), dim=-1)
             k_rot = apply_rotary(k_rot, *rope, *self.rope_how)  # (B, 1 or nh, T, rd)
-        k = self._joined(k_nope, k_rot)  # (B, nh, T, hs)
-        padded = self._padded(v)  # (B, nh, T, hs)
-        if kv_cache is not None:
+        if isinstance(kv_cache, LatentLayerCache):
+            cached = kv_cache.write(pos, latent, k_rot[:, 0])  # (B, S, kv_latent + rd)
+            if mask is None:
+                mask = build_mask(T, cached.shape[1], attention_mask, device=x.device)
+            if trace is None and self.absorbs(T, cached.shape[1]):
+                return self._out(self._absorbed(q, cached, mask, fused), None)
+            latent, shared = cached.split([self.kv_latent, rd], dim=-1)
+            k_nope, v = self._expanded(latent)  # (B, nh, S, hs - rd), (B, nh, S, vs)
+            k_rot = shared[:, None]  # (B, 1, S, rd)
+        elif k_nope is None or v is None:
+            k_nope, v = self._expanded(latent)  # (B, nh, T, hs - rd), (B, nh, T, vs)
+        k = self._joined(k_nope, k_rot)  # (B, nh, T or S, hs)
+        padded = self._padded(v)  # (B, nh, T or S, hs)
+        if kv_cache is not None and not isinstance(kv_cache, LatentLayerCache):
             k, padded = kv_cache.update(pos, k, padded)  # (B, nh, S, hs) each
         if trace is not None:
             q = trace.record("q", q)
@@ -143,10 +179,18 @@ class LatentAttention(nn.Module):
         if mask is None:
             mask = build_mask(T, k.shape[2], attention_mask, device=x.device)
         context = attend(
-            q, k, padded, mask, scale=self.scale, dropout_p=self.dropout,
+            q, k, padded, mask, scale=self._scale(), dropout_p=self.dropout,
             training=self.training, fused=True if fused is None else fused, trace=trace,
             softcap=self.softcap, wide=self.scores_in_float32,
         )[..., :self.v_size]  # (B, nh, T, vs)
+        return self._out(context, trace)
+
+    def _scale(self) -> float:
+        return 1.0 / math.sqrt(self.head_size) if self.scale is None else self.scale
+
+    def _out(self, context: Tensor, trace: LayerTrace | None) -> Tensor:
+        """The heads' contexts (B, nh, T, vs) -> (B, T, C) through out_proj."""
+        B, _, T, _ = context.shape
         if trace is not None:
             context = trace.record("context", context)
         y = context.transpose(1, 2).reshape(B, T, -1)  # (B, nh, T, vs) -> (B, T, nh * vs)
@@ -154,3 +198,53 @@ class LatentAttention(nn.Module):
         if trace is not None:
             y = trace.record("attn_out", y)
         return y
+
+    def absorbs(self, new: int, keys: int) -> bool:
+        """Whether `new` queries over `keys` cached latents cost fewer multiply-adds attending
+        in the latent space than expanding every key and value (true when decoding a few
+        tokens over a long cache; never for a packed `kv_up`, whose matrix `_absorbed`
+        reads). `absorb` (None: by cost) decides instead where set."""
+        if not isinstance(self.kv_up.weight, nn.Parameter):  # packed: no matrix to read
+            return False
+        if self.absorb is not None:
+            return self.absorb
+        nh, wide, rd, vs = self.n_head, self.kv_latent, self.rope_dims, self.v_size
+        nope = self.head_size - rd
+        absorbed = nh * new * (nope * wide + keys * (2 * wide + rd) + wide * vs)
+        expanded = nh * keys * (wide * (nope + vs) + new * (self.head_size + vs))
+        return absorbed < expanded
+
+    def _absorbed(self, q: Tensor, cached: Tensor, mask: Mask, fused: bool | None) -> Tensor:
+        """Attention in the latent space (DeepSeek-V2's absorbed form): each head's q without
+        RoPE taken through that head's key matrix to the latent's width, beside its RoPE
+        part, attends to the cached latents and RoPE parts as one key every head shares;
+        the weighted latents go through each head's value matrix. The same scores and
+        contexts as the expanded heads', in another order of products. q (B, nh, T, hs),
+        cached (B, S, kv_latent + rd) -> the contexts (B, nh, T, vs)."""
+        B, nh, T, _ = q.shape
+        wide, nope = self.kv_latent, self.head_size - self.rope_dims
+        up = self.kv_up.weight.view(nh, nope + self.v_size, wide)  # (nh, hs - rd + vs, L)
+        q_nope, q_rot = q.split([nope, self.rope_dims], dim=-1)
+        q_latent = torch.matmul(q_nope, up[:, :nope])  # (B, nh, T, L)
+        # every head reads one key: the heads fold into the rows of one query "head"
+        folded = torch.cat((q_latent, q_rot), -1).reshape(B, 1, nh * T, -1)  # (B, 1, nh*T, L+rd)
+        keys = cached[:, None]  # (B, 1, S, L + rd): the latent, then the RoPE part
+        context = attend(
+            folded, keys, keys, _folded(mask, nh), scale=self._scale(),
+            dropout_p=self.dropout, training=self.training,
+            fused=True if fused is None else fused, softcap=self.softcap,
+            wide=self.scores_in_float32,
+        )  # (B, 1, nh * T, L + rd): the weighted latents, then RoPE parts (unread)
+        weighted = context[..., :wide].reshape(B, nh, T, wide)  # (B, nh, T, L)
+        return torch.matmul(weighted, up[:, nope:].transpose(1, 2))  # (B, nh, T, vs)
+
+
+def _folded(mask: Mask, n_head: int) -> Mask:
+    """`mask` over (B, 1, T, S) for queries folded head by head into (B, 1, nh * T, S) (no
+    may_attend: every query sees every key, folded or not)."""
+
+    def fold(rows: Tensor | None) -> Tensor | None:  # (B, 1, T, S) -> (B, 1, nh * T, S)
+        return None if rows is None else rows.unsqueeze(2).expand(
+            -1, -1, n_head, -1, -1).flatten(2, 3)
+
+    return Mask(fold(mask.may_attend), empty_rows=fold(mask.empty_rows), window=mask.window)
