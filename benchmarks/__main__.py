@@ -45,6 +45,7 @@ SUITES = {
     "roofline": "roofline",
     "loading": "loading",
     "gpt_oss": "gpt_oss",
+    "latent": "latent",
     # CUDA only: each skips in one line without a GPU (benchmarks/gpu_common.py)
     "gpu_decode": "gpu_decode",
     "gpu_bandwidth": "gpu_bandwidth",

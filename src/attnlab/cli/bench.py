@@ -19,7 +19,8 @@ from .common import CLIError, add_threads_flag, apply_threads, check_out
 # benchmarks/__main__.py's SUITES (not importable from an installed package; a test holds
 # the two equal), then its two special names
 SUITES = ("attention", "train", "memory", "quality", "decode", "models_decode", "trace",
-          "summaries", "patching", "arch", "roofline", "loading", "gpt_oss", "gpu_decode",
+          "summaries", "patching", "arch", "roofline", "loading", "gpt_oss", "latent",
+          "gpu_decode",
           "gpu_bandwidth", "gpu_trace", "gpu_summaries", "gpu_profile", "gpu", "all", "readme")
 
 
