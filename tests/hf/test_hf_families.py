@@ -353,6 +353,9 @@ CASES: dict[str, tuple[str, dict[str, Any]]] = {
     # attention biases, untied, logit_scale 1
     "cohere-bias": ("Cohere", dict(**SMALL, attention_bias=True, tie_word_embeddings=False,
                                    logit_scale=1.0)),
+    # Command R+: a LayerNorm on each head's q and k with a weight row per head, GQA
+    "cohere-qk-norm": ("Cohere", dict(**SMALL, num_key_value_heads=2, use_qk_norm=True,
+                                      logit_scale=0.5)),
     # Command R7B: three windowed RoPE layers, then a full NoPE one
     "cohere2-hybrid": ("Cohere2", dict(
         **{**SMALL, "num_hidden_layers": 4}, num_key_value_heads=2, sliding_window=6,

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from attnlab.model.config import GPTConfig
-from attnlab.model.layers import MLP, RMSNorm, make_norm
+from attnlab.model.layers import MLP, HeadsLayerNorm, RMSNorm, make_norm
 from attnlab.model.rope import Rotary, apply_rotary, real_positions, rope_inv_freq, rotate_half
 from helpers import assert_dropped
 
@@ -54,6 +54,29 @@ def test_make_norm_kinds_and_eps() -> None:
     assert isinstance(make_norm("none", 4), torch.nn.Identity)
     with pytest.raises(ValueError, match=r"norm='batch' must be one of"):
         make_norm("batch", 4)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_a_heads_layer_norm_norms_each_head_by_its_own_weight_row(dtype: torch.dtype) -> None:
+    """Each head's vector centred, over its root-mean-square (eps 1e-5), times that head's
+    row of the (n, hs) weight, in float64 here; in bfloat16 rounded once from float32."""
+    torch.manual_seed(0)
+    norm = HeadsLayerNorm(3, 8)
+    with torch.no_grad():
+        norm.weight.normal_()
+    norm = norm.to(dtype)
+    x = torch.randn(2, 3, 5, 8).to(dtype)  # (B, n, T, hs)
+    centred = x.double() - x.double().mean(-1, keepdim=True)
+    want = centred / (centred.pow(2).mean(-1, keepdim=True) + 1e-5).sqrt() * (
+        norm.weight.double()[:, None])
+    got = norm(x)
+    assert got.dtype == dtype
+    ulp = 2.0 ** -23 if dtype == torch.float32 else 2.0 ** -7  # one rounding at most
+    torch.testing.assert_close(got.double(), want, atol=1e-6, rtol=2 * ulp)
+    with pytest.raises(ValueError, match="qk_norm_head_weights=True says how QK-norm is made"):
+        GPTConfig(qk_norm_head_weights=True)
+    with pytest.raises(ValueError, match="one of qk_norm_whole and qk_norm_head_weights"):
+        GPTConfig(qk_norm=True, qk_norm_whole=True, qk_norm_head_weights=True)
 
 
 def test_swiglu_and_gelu_mlps() -> None:

@@ -52,12 +52,17 @@ def test_schedule_warms_up_then_decays_to_min_lr() -> None:
 
 
 def test_weight_decay_on_matrices_only() -> None:
-    model = GPT(GPTConfig.from_name("nano"))
+    """Every matrix decays but a per-head QK-norm's gain (Command R+'s, (heads, hs))."""
+    model = GPT(GPTConfig.from_name("nano", qk_norm=True, qk_norm_head_weights=True))
     groups = make_optimizer(model, TrainConfig()).param_groups
     decayed = {id(p) for p in groups[0]["params"]}
     assert groups[0]["weight_decay"] == 0.1 and groups[1]["weight_decay"] == 0.0
+    gains = 0
     for name, p in model.named_parameters():
-        assert (id(p) in decayed) == (p.dim() >= 2), name
+        gain = name.endswith(("q_norm.weight", "k_norm.weight"))
+        gains += gain and p.dim() == 2
+        assert (id(p) in decayed) == (p.dim() >= 2 and not gain), name
+    assert gains == 4
 
 
 def test_bad_configs_name_the_value() -> None:

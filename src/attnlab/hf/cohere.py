@@ -3,9 +3,9 @@ Command A): parallel blocks on one norm (x + attn(ln(x)) + mlp(ln(x)): `parallel
 with `shared_norm`), LayerNorms without a bias, RoPE turning adjacent pairs of dims
 (`rope_interleaved`), a SwiGLU MLP, tied embeddings, and logits times `logit_scale`.
 Cohere 2 adds sliding-window layers (`layer_types`; by default three windowed, then a full
-one) whose full layers turn no q or k (NoPE: `nope_layers`). `use_qk_norm` (Command R+'s
-LayerNorm with one weight per head) is refused: attnlab's QK-norm shares one weight across
-the heads.
+one) whose full layers turn no q or k (NoPE: `nope_layers`). `use_qk_norm` (Command R+'s):
+a LayerNorm without bias on each head's q and k before RoPE, with a weight row per head
+(`qk_norm_head_weights`, `layers.HeadsLayerNorm`).
 """
 
 from __future__ import annotations
@@ -25,15 +25,13 @@ DEFAULTS = {"vocab_size": 256000, "hidden_size": 8192, "intermediate_size": 2252
 
 def _config(f: Fields, windows: bool) -> dict[str, Any]:
     f.setdefaults(DEFAULTS)
-    if f.flag("use_qk_norm", False):
-        raise f.refuse("use_qk_norm", True, "Command R+'s QK-norm has one weight per head; "
-                       "attnlab's shares one across the heads")
-    attention_bias = f.flag("attention_bias", False)
+    attention_bias, qk_norm = f.flag("attention_bias", False), f.flag("use_qk_norm", False)
     return llama_like_config(
         f, max_positions=8192, norm="layernorm", norm_bias=False, bias=False,
         norm_eps=f.number("layer_norm_eps", 1e-5), qkv_bias=attention_bias,
         out_bias=attention_bias, parallel_residual=True, shared_norm=True,
         rope_interleaved=True, rope_in_float32=True, rope_tables_rounded=True,
+        qk_norm=qk_norm, qk_norm_head_weights=qk_norm,
         tie_weights=f.flag("tie_word_embeddings", True),
         logit_scale=f.number("logit_scale", 0.0625),
         **(_windows(f, f.count("num_hidden_layers")) if windows else {}))
@@ -57,7 +55,7 @@ def _windows(f: Fields, n_layer: int) -> dict[str, Any]:
 
 def _to_hf(c: GPTConfig, family: Family) -> dict[str, Any]:
     hf = llama_like_to_hf(c, family, attention_bias=c.qkv_biased, layer_norm_eps=c.norm_eps,
-                          logit_scale=c.logit_scale, use_qk_norm=False)
+                          logit_scale=c.logit_scale, use_qk_norm=c.qk_norm)
     del hf["rms_norm_eps"]
     if family is COHERE2:
         hf.update(layer_types=window_layers_to_hf(c), sliding_window=c.sliding_window or 4096)

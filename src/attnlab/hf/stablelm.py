@@ -24,8 +24,9 @@ DEFAULTS = {"vocab_size": 50304, "hidden_size": 2560, "intermediate_size": 6912,
 
 def _config(f: Fields) -> dict[str, Any]:
     if f.flag("qk_layernorm", False):
-        raise f.refuse("qk_layernorm", True, "attnlab's QK-norm is one RMSNorm shared by "
-                       "the heads, StableLM's a LayerNorm per head")
+        raise f.refuse("qk_layernorm", True, "StableLM stores its LayerNorm per head as one "
+                       "tensor a head (q_layernorm.norms.{h}), which attnlab's import does not "
+                       "gather into a per-head norm's (heads, head_dim) weight")
     f.setdefaults(DEFAULTS)
     parallel = f.flag("use_parallel_residual", False)
     return llama_like_config(

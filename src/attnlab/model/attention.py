@@ -27,7 +27,7 @@ import torch
 from torch import Tensor, nn
 
 from .explicit import explicit_attend
-from .layers import Linear, make_norm
+from .layers import HeadsLayerNorm, Linear, make_norm
 from .masks import Mask, build_mask, query_rows
 from .rope import apply_rotary
 from .sdpa import expand_kv, fused_attend
@@ -235,7 +235,9 @@ class CausalSelfAttention(nn.Module):
         out_bias: bias on the output projection; None = `bias` (Qwen2: q/k/v only).
         qk_norm: a norm (weight (hs,), eps `norm_eps`) on each head's q and k before RoPE
             (Qwen3, Gemma 3): `qk_norm_kind` "rmsnorm", "gemma_rmsnorm" or "olmo_rmsnorm"; with
-            `qk_norm_whole`, one over each token's whole q (d_out) and k (OLMo 2).
+            `qk_norm_whole`, one over each token's whole q (d_out) and k (OLMo 2);
+            "heads_layernorm": a LayerNorm with a weight row per head (`HeadsLayerNorm`:
+            Command R+'s).
         rope_in_float32: q and k rotated in float32 and cast back (OLMo's rounding);
             rope_tables_rounded: by cos and sin rounded to their dtype first (Cohere's).
         rope_pairs: RoPE turns adjacent pairs of dims (GPT-J's layout), not halves.
@@ -315,8 +317,14 @@ class CausalSelfAttention(nn.Module):
         self.rope_pairs, self.scores_in_float32 = rope_pairs, scores_in_float32
         # a RoPE model's layer names q_pre_rope / k_pre_rope even where it turns nothing (NoPE)
         self.rope_names = rope_names
-        self.q_norm = make_norm(qk_norm_kind, q_dim, eps=norm_eps) if qk_norm else None
-        self.k_norm = make_norm(qk_norm_kind, k_dim, eps=norm_eps) if qk_norm else None
+        self.q_norm: nn.Module | None = None
+        self.k_norm: nn.Module | None = None
+        if qk_norm and qk_norm_kind == "heads_layernorm":  # a weight row per head (Cohere's)
+            self.q_norm = HeadsLayerNorm(n_head, self.head_size, norm_eps)
+            self.k_norm = HeadsLayerNorm(n_kv_head, self.head_size, norm_eps)
+        elif qk_norm:
+            self.q_norm = make_norm(qk_norm_kind, q_dim, eps=norm_eps)
+            self.k_norm = make_norm(qk_norm_kind, k_dim, eps=norm_eps)
         self.sinks = nn.Parameter(torch.zeros(n_head)) if sinks else None  # (nh,)
 
     def _heads(self, x: Tensor, n: int) -> Tensor:

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 from .experts_config import check_experts
 from .latent_config import check_latent
 from .layers import GELUS, MLPS, NORMS
+from .presets import PRESETS as PRESETS
 from .rope import check_rope_scaling
 
 if TYPE_CHECKING:
@@ -70,6 +71,8 @@ class GPTConfig:
     qk_norm: bool = False  # RMSNorm on each head's q and k before RoPE (Qwen3)
     # QK-norm over each token's whole q (nh * hs) and k (nkv * hs), not each head's (OLMo 2)
     qk_norm_whole: bool = False
+    # QK-norm a LayerNorm without bias, in float32, with a weight per head (Command R+'s)
+    qk_norm_head_weights: bool = False
     # q and k rotated in float32 and cast back (OLMo's), not in their own dtype (Llama's): the
     # same in float32, not in 16 bits
     rope_in_float32: bool = False
@@ -278,9 +281,11 @@ class GPTConfig:
         if self.shared_norm and not self.parallel_residual:
             raise ValueError("shared_norm=True has both branches of a parallel residual read "
                              "ln_1: it needs parallel_residual=True")
-        if self.qk_norm_whole and not self.qk_norm:
-            raise ValueError("qk_norm_whole=True says how QK-norm spans q and k: it needs "
-                             "qk_norm=True")
+        for name in ("qk_norm_whole", "qk_norm_head_weights"):
+            both = self.qk_norm_whole and self.qk_norm_head_weights
+            if getattr(self, name) and (not self.qk_norm or both):
+                raise ValueError(f"{name}=True says how QK-norm is made: it needs qk_norm=True "
+                                 "(and one of qk_norm_whole and qk_norm_head_weights)")
         if self.local_rope_theta is not None and (
                 self.pos != "rope" or self.sliding_window is None or not self.local_rope_theta > 0):
             raise ValueError(f"local_rope_theta={self.local_rope_theta} is the RoPE base of the "
@@ -412,6 +417,7 @@ class GPTConfig:
             if self.n_experts is None \
             else set()
         idle |= {"shared_expert_gated"} if self.shared_expert_size is None else set()
+        idle |= {"qk_norm_whole", "qk_norm_head_weights"} if not self.qk_norm else set()
         idle |= {"q_latent", "rope_head_dim", "v_head_dim"} if self.kv_latent is None else {
             "rotary_pct"}
         # which layers are dense, however said: the mixtures' layers, in one spelling
@@ -457,44 +463,6 @@ class GPTConfig:
 
 
 POS = ("learned", "rope", "none")
-# The Llama family's shared switches: rotary positions, RMSNorm, SwiGLU, no biases.
-_LLAMA: dict[str, Any] = dict(pos="rope", norm="rmsnorm", mlp="swiglu", bias=False)
 
-PRESETS: dict[str, dict[str, Any]] = {
-    # Seed 002's hello-world model: GPT-2 BPE's 50,257 ids (as the seed's tiktoken gives
-    # them), 3-dim embeddings, one single-head attention without q/k/v bias, scores scaled by
-    # 1/sqrt(3), a linear head; no MLP, norm or residual. `recipes.seed_experiment` trains it
-    # on word ids instead (vocab_size set to the sentences' words: tiktoken's GPT-2 table is a
-    # download; docs/notebooks/002_hello_world_and_animals.ipynb).
-    "seed-minimal": dict(
-        vocab_size=50257, block_size=5, n_layer=1, n_head=1, n_embd=3, bias=False, mlp="none",
-        norm="none", residual=False, attn_out_proj=False, tie_weights=False,
-        attn_scale=1 / math.sqrt(3), init_std=None,
-    ),
-    # For unit tests: a complete block stack in a few thousand parameters.
-    "nano": dict(vocab_size=65, block_size=32, n_layer=2, n_head=2, n_embd=16),
-    # nanoGPT's shakespeare_char CPU recipe shape, with its exact GELU.
-    "tiny": dict(vocab_size=65, block_size=64, n_layer=4, n_head=4, n_embd=128, gelu="exact"),
-    "gpt2": dict(vocab_size=50257, block_size=1024, n_layer=12, n_head=12, n_embd=768),
-    "gpt2-medium": dict(vocab_size=50257, block_size=1024, n_layer=24, n_head=16, n_embd=1024),
-    # For tests: the Llama family (GQA, RoPE, RMSNorm, SwiGLU, untied head) at nano's size.
-    "llama-tiny": dict(
-        vocab_size=65, block_size=32, n_layer=2, n_head=4, n_kv_head=2, n_embd=32, d_ff=48,
-        tie_weights=False, **_LLAMA,
-    ),
-    # Real shapes, random init: SmolLM-135M, Pythia-70M (GPT-NeoX), Qwen2.5-0.5B.
-    "smollm-135m": dict(
-        vocab_size=49152, block_size=2048, n_layer=30, n_head=9, n_kv_head=3, n_embd=576,
-        d_ff=1536, rope_theta=10000.0, norm_eps=1e-5, tie_weights=True, **_LLAMA,
-    ),
-    "pythia-70m": dict(
-        vocab_size=50304, block_size=2048, n_layer=6, n_head=8, n_embd=512, d_ff=2048,
-        pos="rope", rotary_pct=0.25, rope_theta=10000.0, parallel_residual=True,
-        norm="layernorm", norm_eps=1e-5, gelu="exact", tie_weights=False, bias=True,
-    ),
-    "qwen2.5-0.5b": dict(
-        vocab_size=151936, block_size=32768, n_layer=24, n_head=14, n_kv_head=2, n_embd=896,
-        d_ff=4864, rope_theta=1000000.0, qkv_bias=True, norm_eps=1e-6, tie_weights=True,
-        **_LLAMA,
-    ),
-}
+
+POS = ("learned", "rope", "none")

@@ -11,7 +11,14 @@ from typing import NamedTuple, cast
 import torch
 from torch import Tensor, nn
 
-from .layers import GemmaRMSNorm, RMSNorm, gemma_rms_norm, rms_norm
+from .layers import (
+    GemmaRMSNorm,
+    HeadsLayerNorm,
+    RMSNorm,
+    gemma_rms_norm,
+    heads_layer_norm,
+    rms_norm,
+)
 from .packed import PackedLinear
 
 
@@ -140,8 +147,11 @@ class StepNorm(NamedTuple):
     rms: bool
     gemma: bool = False  # Gemma's RMSNorm: scaled by 1 + weight
     wide: bool = False  # OLMo's: scaled before the cast back
+    heads: bool = False  # a LayerNorm with a weight row per head (`HeadsLayerNorm`)
 
     def __call__(self, x: Tensor) -> Tensor:
+        if self.heads:
+            return heads_layer_norm(x, cast(Tensor, self.weight), self.eps)
         if self.weight is not None and self.weight.shape[-1] != x.shape[-1]:
             # QK-norm over each row's whole q or k (OLMo 2): (B, heads, 1, hs) as (B, heads * hs)
             return self(x.reshape(x.shape[0], -1)).view(x.shape)
@@ -154,6 +164,8 @@ class StepNorm(NamedTuple):
 
 
 def step_norm(module: nn.Module | None) -> StepNorm | None:
+    if isinstance(module, HeadsLayerNorm):
+        return StepNorm(module.weight.detach(), None, module.eps, False, heads=True)
     if isinstance(module, RMSNorm | GemmaRMSNorm):
         return StepNorm(module.weight.detach(), None, module.eps, True,
                      isinstance(module, GemmaRMSNorm), getattr(module, "wide_scale", False))

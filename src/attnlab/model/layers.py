@@ -218,6 +218,33 @@ class GemmaRMSNorm(nn.Module):
         return f"{self.weight.shape[0]}, eps={self.eps}"
 
 
+def heads_layer_norm(x: Tensor, weight: Tensor, eps: float) -> Tensor:
+    """x (B, n, T, hs) -> each head's vector LayerNormed over hs and scaled by that head's
+    weight row (weight (n, hs)), in float32 (a float64 model's in float64) and cast back at
+    the end: Cohere's steps (CohereLayerNorm over a (heads, head_dim) shape)."""
+    wide = runtime.wide(x.dtype)
+    x32 = x.to(wide)
+    centred = x32 - x32.mean(-1, keepdim=True)  # (B, n, T, hs)
+    y = centred * torch.rsqrt(centred.pow(2).mean(-1, keepdim=True) + eps)
+    return (weight.to(wide)[:, None] * y).to(x.dtype)  # (n, 1, hs) * (B, n, T, hs)
+
+
+class HeadsLayerNorm(nn.Module):
+    """A LayerNorm without bias on each head's q or k with a weight row per head, weight
+    (n, hs): Command R+'s QK-norm (`qk_norm_head_weights`)."""
+
+    def __init__(self, n_head: int, head_size: int, eps: float = 1e-5) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(n_head, head_size))
+        self.eps = eps
+
+    def forward(self, x: Tensor) -> Tensor:
+        return heads_layer_norm(x, self.weight, self.eps)  # (B, n, T, hs)
+
+    def extra_repr(self) -> str:
+        return f"{tuple(self.weight.shape)}, eps={self.eps}"
+
+
 def make_norm(kind: str, dim: int, *, eps: float = 1e-5, bias: bool = True) -> nn.Module:
     """GPTConfig.norm -> the module: LayerNorm (bias if `bias`), RMSNorm (OLMo's scaling in
     float32), Gemma's RMSNorm, or Identity."""

@@ -51,10 +51,10 @@ READ_EVERY = 20
 def make_optimizer(model: GPT, config: TrainConfig) -> torch.optim.Optimizer:
     if config.optimizer == "sgd":
         return torch.optim.SGD(model.parameters(), lr=config.lr)
-    params = [p for p in model.parameters() if p.requires_grad]
-    # decay matrices (embeddings, projections); not biases or LayerNorm gains
-    decay = [p for p in params if p.dim() >= 2]
-    no_decay = [p for p in params if p.dim() < 2]
+    # decay matrices (embeddings, projections); not biases or gains (a per-head QK-norm's too)
+    named = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
+    decay = [p for n, p in named if p.dim() >= 2 and not n.endswith("_norm.weight")]
+    no_decay = [p for n, p in named if p.dim() < 2 or n.endswith("_norm.weight")]
     groups = [
         {"params": decay, "weight_decay": config.weight_decay},
         {"params": no_decay, "weight_decay": 0.0},
