@@ -48,7 +48,7 @@ def test_stablelm_2_reads_as_transformers_reads_it() -> None:
 
 
 def test_a_qk_layernorm_is_refused_by_name() -> None:
-    with pytest.raises(ValueError, match=r"qk_layernorm=True.*LayerNorm per head as one tensor a head"):
+    with pytest.raises(ValueError, match=r"qk_layernorm=True.*LayerNorm per head as one"):
         config_from_hf({**STABLELM_2_1_6B, "qk_layernorm": True})
 
 
