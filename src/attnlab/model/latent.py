@@ -139,7 +139,7 @@ class LatentAttention(nn.Module):
         T = x.shape[1]
         latent, k_rot = self._latent(x, trace)  # (B, T, kv_latent), (B, 1, T, rd)
         q = self._queries(x)  # (B, nh, T, hs)
-        rd, latent_cache = self.rope_dims, isinstance(kv_cache, LatentLayerCache)
+        rd = self.rope_dims
         k_nope = v = None
         if trace is not None:
             q = trace.record("q_pre_rope", q)
@@ -147,7 +147,7 @@ class LatentAttention(nn.Module):
             joined = self._joined(k_nope, k_rot)  # (B, nh, T, hs)
             k = trace.record("k_pre_rope", joined)
             if k is not joined:  # edited: each head may now have its own RoPE part
-                if latent_cache:
+                if isinstance(kv_cache, LatentLayerCache):
                     raise ValueError(
                         "an edit of k_pre_rope changes each head's keys, which a latent cache "
                         "(the latents alone) cannot keep: make the cache per head, "
