@@ -107,3 +107,37 @@ def test_a_quoted_tilde_is_the_home_directory(checkpoint, tmp_path, monkeypatch,
     assert main(["generate", f"~/{checkpoint.name}", "the", "--max-new-tokens", "2",
                  "--device", "cpu"]) == 0
     assert capsys.readouterr().out.startswith("the")
+
+
+def test_threads_are_cut_to_the_cores_other_work_leaves_idle(
+        monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    """train and generate without --threads: torch's threads scaled to the idle share of the
+    cores, with a line on stderr; an idle machine, or --threads, leaves them as they are."""
+    import argparse
+
+    from attnlab.cli import common
+    from attnlab.model import runtime
+
+    assert [runtime.shared_threads(2, busy, 2) for busy in (0.0, 0.4, 1.0, 2.0, 2.5)] == [
+        2, 2, 1, 1, 1]
+    assert runtime.shared_threads(8, 3.0, 16) == 6 and runtime.shared_threads(1, 0.0, 2) == 1
+    busy = runtime.busy_cores(0.05)
+    assert busy is None or 0.0 <= busy <= (common.os.cpu_count() or 1)
+    before = torch.get_num_threads()
+    monkeypatch.setattr(common.os, "cpu_count", lambda: 4)
+    monkeypatch.setattr(runtime, "busy_cores", lambda interval=0.1: 3.0)
+    try:
+        torch.set_num_threads(4)
+        common.apply_threads(argparse.Namespace(threads=None))  # bench's: torch's choice
+        assert torch.get_num_threads() == 4 and capsys.readouterr().err == ""
+        common.apply_threads(argparse.Namespace(threads=3), share=True)
+        assert torch.get_num_threads() == 3
+        torch.set_num_threads(4)
+        common.apply_threads(argparse.Namespace(threads=None), share=True)
+        assert torch.get_num_threads() == 1
+        assert capsys.readouterr().err == (
+            "note: other work keeps 3.0 of this machine's 4 cores busy, so torch runs 1 "
+            "thread, not 4 (threads that share a core wait on each other); --threads N "
+            "chooses\n")
+    finally:
+        torch.set_num_threads(before)

@@ -248,8 +248,9 @@ def check_weights_flag(args: argparse.Namespace) -> None:
                        f"{device_of(args)} use --dtype float16 or bfloat16 instead")
 
 
-THREADS_HELP = ("CPU threads for torch (default: torch's choice, one per physical core; "
-                "small models are often fastest with 1)")
+THREADS_HELP = ("CPU threads for torch (default: torch's choice, one per physical core, "
+                "fewer where other work keeps cores busy; small models are often fastest "
+                "with 1)")
 
 
 def add_threads_flag(parser: argparse.ArgumentParser, help_text: str = THREADS_HELP) -> None:
@@ -257,15 +258,38 @@ def add_threads_flag(parser: argparse.ArgumentParser, help_text: str = THREADS_H
     parser.add_argument("--threads", type=int, metavar="N", help=help_text)
 
 
-def apply_threads(args: argparse.Namespace) -> None:
-    """Hand --threads to torch, refused in one line below 1; none given: torch's choice."""
+def apply_threads(args: argparse.Namespace, *, share: bool = False) -> None:
+    """Hand --threads to torch, refused in one line below 1; none given: torch's choice, or
+    with `share` fewer where other work keeps cores busy (`runtime.shared_threads`; a line
+    on stderr says so)."""
     if args.threads is None:
+        if share:
+            _share_cores()
         return
     if args.threads < 1:
         raise CLIError(f"--threads {args.threads} must be >= 1; leave it out for torch's choice")
     import torch
 
     torch.set_num_threads(args.threads)
+
+
+def _share_cores() -> None:
+    """torch's threads cut to the cores other work leaves idle, where that is fewer."""
+    import torch
+
+    from ..model.runtime import busy_cores, shared_threads
+
+    threads = torch.get_num_threads()
+    busy = busy_cores() if threads > 1 else None
+    if busy is None:
+        return
+    cores = os.cpu_count() or 1
+    fewer = shared_threads(threads, busy, cores)
+    if fewer < threads:
+        torch.set_num_threads(fewer)
+        print(f"note: other work keeps {busy:.1f} of this machine's {cores} cores busy, so "
+              f"torch runs {fewer} thread{'s' if fewer != 1 else ''}, not {threads} (threads "
+              "that share a core wait on each other); --threads N chooses", file=sys.stderr)
 
 
 def add_force_flag(parser: argparse.ArgumentParser) -> None:

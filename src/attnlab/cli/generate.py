@@ -249,7 +249,7 @@ def _report_compiled(model: Any) -> None:
 def _check_flags(args: argparse.Namespace) -> None:
     """Apply --threads and --batch-size's default; refuse flags that contradict each other,
     before the model is loaded."""
-    apply_threads(args)
+    apply_threads(args, share=True)
     check_sampling_flags(args)
     if args.batch_size is not None and args.prompt_file is None:
         raise CLIError(f"--batch-size {args.batch_size} groups the prompts of --prompt-file; "

@@ -92,8 +92,9 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
         "--overwrite", action="store_true",
         help="start over even if --out holds a checkpoint (deleted before training starts)"
     )
-    add_threads_flag(parser, "CPU threads for torch (default: torch's choice; small models "
-                             "are often fastest with 1)")
+    add_threads_flag(parser, "CPU threads for torch (default: torch's choice, fewer where "
+                             "other work keeps cores busy; small models are often fastest "
+                             "with 1)")
     parser.add_argument("--quiet", action="store_true",
                         help="no progress bar or progress lines (evaluations still print)")
     # the dataclass defaults: a run starts from its dataset's recipe (the data/model/train
@@ -188,7 +189,7 @@ def _rank_0() -> bool:
 
 def _check_flags(args: argparse.Namespace) -> None:
     """Apply --threads and refuse flags that contradict each other, before anything is read."""
-    apply_threads(args)
+    apply_threads(args, share=True)
     if args.resume and args.overwrite:  # resumed silently, the old run kept
         raise CLIError("--resume continues the run in --out and --overwrite deletes it to "
                        "start over: choose one")

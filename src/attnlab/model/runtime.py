@@ -1,6 +1,7 @@
 """Process-wide CPU settings that attnlab's commands apply (how freed memory is reused),
 what the hardware does fast (`fast_bf16`, `linear_kernel`), which device a name means
-(`resolve_device`), and which dtype numbers read from a model are computed in (`wide`).
+(`resolve_device`), which dtype numbers read from a model are computed in (`wide`), and how
+many threads a CPU that other work keeps busy has room for (`shared_threads`).
 
 PyTorch's CPU allocator calls malloc and free directly; it caches nothing (its CUDA
 allocator does). glibc serves blocks of 128 KiB and more with mmap and unmaps them on free;
@@ -27,6 +28,7 @@ import math
 import os
 import platform
 import threading
+import time
 import warnings
 import weakref
 from collections.abc import Iterator
@@ -306,6 +308,36 @@ def resolve_device(name: str, local_rank: int = 0) -> torch.device:
     if device.type == "cuda" and device.index is None:
         device = torch.device("cuda", local_rank)
     return device
+
+
+def busy_cores(interval: float = 0.1) -> float | None:
+    """How many of the machine's cores other work kept busy over `interval` seconds, which
+    this process sleeps through, from /proc/stat's counters; None where there is no such
+    file (not Linux) or it says nothing."""
+
+    def counters() -> tuple[int, int]:
+        with open("/proc/stat", encoding="ascii") as stat:  # "cpu user nice system idle ..."
+            ticks = [int(v) for v in stat.readline().split()[1:9]]
+        return sum(ticks), ticks[3] + ticks[4]  # all, idle + waiting on I/O
+
+    try:
+        total, idle = counters()
+        time.sleep(interval)
+        total_after, idle_after = counters()
+    except (OSError, ValueError, IndexError):
+        return None
+    if total_after <= total:
+        return None
+    return (os.cpu_count() or 1) * (1 - (idle_after - idle) / (total_after - total))
+
+
+def shared_threads(threads: int, busy: float, cores: int) -> int:
+    """torch's `threads` scaled to the share of the `cores` that other work leaves idle
+    (`busy` of them taken), at least 1: threads beyond the cores left wait on each other at
+    every parallel step (a training run beside another took 180 times as long on two cores:
+    docs/performance.md#threads-on-a-shared-cpu)."""
+    idle = max(0.0, min(1.0, 1 - busy / cores))
+    return max(1, min(threads, round(threads * idle)))
 
 
 @contextmanager
