@@ -112,7 +112,7 @@ def test_a_quoted_tilde_is_the_home_directory(checkpoint, tmp_path, monkeypatch,
 def test_threads_are_cut_to_the_cores_other_work_leaves_idle(
         monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
     """train and generate without --threads: torch's threads scaled to the idle share of the
-    cores, with a line on stderr; an idle machine, or --threads, leaves them as they are."""
+    cores, said in a line on a terminal's stderr; --threads, or bench, leaves them."""
     import argparse
 
     from attnlab.cli import common
@@ -133,6 +133,10 @@ def test_threads_are_cut_to_the_cores_other_work_leaves_idle(
         common.apply_threads(argparse.Namespace(threads=3), share=True)
         assert torch.get_num_threads() == 3
         torch.set_num_threads(4)
+        common.apply_threads(argparse.Namespace(threads=None), share=True)
+        assert torch.get_num_threads() == 1 and capsys.readouterr().err == ""  # not a terminal
+        torch.set_num_threads(4)
+        monkeypatch.setattr(common.sys.stderr, "isatty", lambda: True)
         common.apply_threads(argparse.Namespace(threads=None), share=True)
         assert torch.get_num_threads() == 1
         assert capsys.readouterr().err == (

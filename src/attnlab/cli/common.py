@@ -261,7 +261,7 @@ def add_threads_flag(parser: argparse.ArgumentParser, help_text: str = THREADS_H
 def apply_threads(args: argparse.Namespace, *, share: bool = False) -> None:
     """Hand --threads to torch, refused in one line below 1; none given: torch's choice, or
     with `share` fewer where other work keeps cores busy (`runtime.shared_threads`; a line
-    on stderr says so)."""
+    on a terminal's stderr says so)."""
     if args.threads is None:
         if share:
             _share_cores()
@@ -287,6 +287,7 @@ def _share_cores() -> None:
     fewer = shared_threads(threads, busy, cores)
     if fewer < threads:
         torch.set_num_threads(fewer)
+    if fewer < threads and sys.stderr.isatty():  # a person at a terminal; not a script's log
         print(f"note: other work keeps {busy:.1f} of this machine's {cores} cores busy, so "
               f"torch runs {fewer} thread{'s' if fewer != 1 else ''}, not {threads} (threads "
               "that share a core wait on each other); --threads N chooses", file=sys.stderr)

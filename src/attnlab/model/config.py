@@ -417,7 +417,6 @@ class GPTConfig:
             if self.n_experts is None \
             else set()
         idle |= {"shared_expert_gated"} if self.shared_expert_size is None else set()
-        idle |= {"qk_norm_whole", "qk_norm_head_weights"} if not self.qk_norm else set()
         idle |= {"q_latent", "rope_head_dim", "v_head_dim"} if self.kv_latent is None else {
             "rotary_pct"}
         # which layers are dense, however said: the mixtures' layers, in one spelling
