@@ -72,7 +72,8 @@ def test_flags_that_cannot_work_are_refused_before_loading(
     assert message in err and err.count("\n") == 1, err
 
 
-@pytest.mark.parametrize("command", [["generate", "CKPT", "abc"], ["bench", "attention"]])
+@pytest.mark.parametrize("command", [["generate", "CKPT", "abc"], ["bench", "attention"],
+                                     ["serve", "CKPT"]])
 def test_threads_is_one_flag_with_one_check_and_a_default(
         command: list[str], capsys: pytest.CaptureFixture[str]) -> None:
     from attnlab.cli import build_parser, main

@@ -16,7 +16,9 @@ from .common import (
     add_checkpoint_argument,
     add_config_flags,
     add_device_flags,
+    add_threads_flag,
     add_weights_flag,
+    apply_threads,
     check_weights_flag,
     config_from_flags,
     count,
@@ -41,6 +43,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
     parser.add_argument("--port", type=int, default=8000, help="TCP port (default 8000)")
     add_weights_flag(parser)
     add_device_flags(parser)
+    add_threads_flag(parser)
     add_config_flags(parser, ServeConfig, "request limits")
     return parser
 
@@ -51,6 +54,7 @@ def run(args: argparse.Namespace) -> int:
     if not 1 <= args.port <= 65535:
         raise CLIError(f"--port {args.port} is not a TCP port; choose one in 1..65535")
     config = config_from_flags(args, ServeConfig)
+    apply_threads(args, share=True)
 
     try:
         import uvicorn  # noqa: F401  (here: before the model loads, the message names the fix)
