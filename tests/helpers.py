@@ -356,8 +356,8 @@ def modern_switches(n_layer: int = 2, latent: bool = False) -> Any:
         switches["sandwich_norm"] = not switches["parallel_residual"] and draw(st.booleans())
         switches["shared_norm"] = switches["parallel_residual"] and draw(st.booleans())
         switches["qk_norm_whole"] = switches["qk_norm"] and draw(st.booleans())
-        switches["qk_norm_head_weights"] = switches["qk_norm"] and not switches[
-            "qk_norm_whole"] and draw(st.booleans())  # Command R+'s weight row per head
+        switches["qk_norm_heads"] = draw(st.sampled_from([None, "cohere", "stablelm"])) if (
+            switches["qk_norm"] and not switches["qk_norm_whole"]) else None  # a row per head
         switches["rope_in_float32"] = pos == "rope" and draw(st.booleans())
         switches["rope_tables_rounded"] = switches["rope_in_float32"] and draw(st.booleans())
         switches["rope_interleaved"] = pos == "rope" and draw(st.booleans())
@@ -388,7 +388,7 @@ def modern_switches(n_layer: int = 2, latent: bool = False) -> Any:
         if latent and draw(st.booleans()):  # k and v from a latent, 2 dims turned by RoPE
             switches.update(kv_latent=6, q_latent=draw(st.sampled_from([None, 5])), n_kv_head=None,
                             rope_head_dim=2, v_head_dim=draw(st.sampled_from([None, 3])),
-                            qk_norm=False, qk_norm_whole=False, qk_norm_head_weights=False,
+                            qk_norm=False, qk_norm_whole=False, qk_norm_heads=None,
                             attn_sinks=False)
         window = draw(st.sampled_from([None, 2, 3]))
         if window is not None:

@@ -200,6 +200,10 @@ CASES: dict[str, tuple[str, dict[str, Any]]] = {
         **{**SMALL, "num_hidden_layers": 3}, num_key_value_heads=4, use_qkv_bias=True,
         tie_word_embeddings=True, rope_parameters={"rope_type": "default", "rope_theta": 500.0,
                                                    "partial_rotary_factor": 0.5})),
+    # StableLM-2-12B's QK-norm: a LayerNorm with its own weight on each head's q and k (one
+    # tensor a head in the files), GQA (its parallel blocks: test_stablelm.py, in float32)
+    "stablelm-qk-layernorm": ("StableLm", dict(**SMALL, num_key_value_heads=2,
+                                               qk_layernorm=True)),
     # Granite: Llama with embeddings times 12, branches times 0.22, scores times 1/16 (not
     # 1/sqrt(8)), logits divided by 2; GQA, untied
     "granite-gqa": ("Granite", dict(**SMALL, num_key_value_heads=2, embedding_multiplier=12.0,

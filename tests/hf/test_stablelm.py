@@ -47,9 +47,20 @@ def test_stablelm_2_reads_as_transformers_reads_it() -> None:
     assert hf_shapes(STABLELM_2_1_6B) == transformers_shapes(STABLELM_2_1_6B)[0]
 
 
-def test_a_qk_layernorm_is_refused_by_name() -> None:
-    with pytest.raises(ValueError, match=r"qk_layernorm=True.*LayerNorm per head as one"):
-        config_from_hf({**STABLELM_2_1_6B, "qk_layernorm": True})
+def test_stablelm_2_12b_reads_its_norms_per_head_one_tensor_a_head() -> None:
+    """qk_layernorm (StableLM-2-12B's shape: parallel blocks, 32 heads, 8 key/value heads):
+    a weight row a head, written as transformers names them, one tensor a head."""
+    twelve = {**STABLELM_2_1_6B, "qk_layernorm": True, "use_parallel_residual": True,
+              "hidden_size": 5120, "num_attention_heads": 32, "num_key_value_heads": 8,
+              "intermediate_size": 13824, "num_hidden_layers": 2}
+    config = config_from_hf(twelve)
+    assert (config.qk_norm, config.qk_norm_heads, config.parallel_residual) == (
+        True, "stablelm", True)
+    assert config_from_hf(config_to_hf(config)) == config
+    shapes = hf_shapes(twelve)
+    assert shapes == transformers_shapes(twelve)[0]
+    assert shapes["model.layers.1.self_attn.k_layernorm.norms.7.weight"] == (160,)
+    assert "model.layers.1.self_attn.k_layernorm.norms.8.weight" not in shapes
 
 
 @torch.no_grad()

@@ -56,12 +56,15 @@ def test_make_norm_kinds_and_eps() -> None:
         make_norm("batch", 4)
 
 
+@pytest.mark.parametrize("steps", ["cohere", "stablelm"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_a_heads_layer_norm_norms_each_head_by_its_own_weight_row(dtype: torch.dtype) -> None:
+def test_a_heads_layer_norm_norms_each_head_by_its_own_weight_row(dtype: torch.dtype,
+                                                                 steps: str) -> None:
     """Each head's vector centred, over its root-mean-square (eps 1e-5), times that head's
-    row of the (n, hs) weight, in float64 here; in bfloat16 rounded once from float32."""
+    row of the (n, hs) weight, in float64 here; in bfloat16 rounded once from float32 (both
+    ways of rounding: Cohere's and StableLM's)."""
     torch.manual_seed(0)
-    norm = HeadsLayerNorm(3, 8)
+    norm = HeadsLayerNorm(3, 8, steps=steps)
     with torch.no_grad():
         norm.weight.normal_()
     norm = norm.to(dtype)
@@ -73,10 +76,31 @@ def test_a_heads_layer_norm_norms_each_head_by_its_own_weight_row(dtype: torch.d
     assert got.dtype == dtype
     ulp = 2.0 ** -23 if dtype == torch.float32 else 2.0 ** -7  # one rounding at most
     torch.testing.assert_close(got.double(), want, atol=1e-6, rtol=2 * ulp)
-    with pytest.raises(ValueError, match="qk_norm_head_weights=True says how QK-norm is made"):
-        GPTConfig(qk_norm_head_weights=True)
-    with pytest.raises(ValueError, match="one of qk_norm_whole and qk_norm_head_weights"):
-        GPTConfig(qk_norm=True, qk_norm_whole=True, qk_norm_head_weights=True)
+    with pytest.raises(ValueError, match="qk_norm_heads='cohere' says how QK-norm is made"):
+        GPTConfig(qk_norm_heads="cohere")
+    with pytest.raises(ValueError, match="one of qk_norm_whole and qk_norm_heads"):
+        GPTConfig(qk_norm=True, qk_norm_whole=True, qk_norm_heads="stablelm")
+    with pytest.raises(ValueError, match="qk_norm_heads='olmo' must be 'cohere', 'stablelm'"):
+        GPTConfig(qk_norm=True, qk_norm_heads="olmo")
+
+
+def test_stablelms_steps_are_torchs_layer_norm_head_by_head_to_the_bit() -> None:
+    """In float16, "stablelm" rounds as StableLM's StableLmLayerNormPerHead (torch's
+    LayerNorm on each head) to the bit, which Cohere's float32 steps do not."""
+    torch.manual_seed(0)
+    x = torch.randn(3, 8, 17, 64).half()  # (B, n, T, hs)
+    weight = (1 + 0.1 * torch.randn(8, 64)).half()
+    norms = [torch.nn.LayerNorm(64, bias=False).half() for _ in range(8)]
+    with torch.no_grad():
+        for norm, row in zip(norms, weight, strict=True):
+            norm.weight.copy_(row)
+        theirs = torch.cat([norm(x[:, h:h + 1]) for h, norm in enumerate(norms)], dim=1)
+        ours = {steps: HeadsLayerNorm(8, 64, steps=steps).half() for steps in ("stablelm",
+                                                                             "cohere")}
+        for norm in ours.values():
+            norm.weight.copy_(weight)
+        assert torch.equal(ours["stablelm"](x), theirs)
+        assert not torch.equal(ours["cohere"](x), theirs)
 
 
 def test_swiglu_and_gelu_mlps() -> None:

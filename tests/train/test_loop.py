@@ -53,7 +53,7 @@ def test_schedule_warms_up_then_decays_to_min_lr() -> None:
 
 def test_weight_decay_on_matrices_only() -> None:
     """Every matrix decays but a per-head QK-norm's gain (Command R+'s, (heads, hs))."""
-    model = GPT(GPTConfig.from_name("nano", qk_norm=True, qk_norm_head_weights=True))
+    model = GPT(GPTConfig.from_name("nano", qk_norm=True, qk_norm_heads="cohere"))
     groups = make_optimizer(model, TrainConfig()).param_groups
     decayed = {id(p) for p in groups[0]["params"]}
     assert groups[0]["weight_decay"] == 0.1 and groups[1]["weight_decay"] == 0.0

@@ -5,7 +5,7 @@ with `shared_norm`), LayerNorms without a bias, RoPE turning adjacent pairs of d
 Cohere 2 adds sliding-window layers (`layer_types`; by default three windowed, then a full
 one) whose full layers turn no q or k (NoPE: `nope_layers`). `use_qk_norm` (Command R+'s):
 a LayerNorm without bias on each head's q and k before RoPE, with a weight row per head
-(`qk_norm_head_weights`, `layers.HeadsLayerNorm`).
+(`qk_norm_heads="cohere"`, `layers.HeadsLayerNorm`).
 """
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ def _config(f: Fields, windows: bool) -> dict[str, Any]:
         norm_eps=f.number("layer_norm_eps", 1e-5), qkv_bias=attention_bias,
         out_bias=attention_bias, parallel_residual=True, shared_norm=True,
         rope_interleaved=True, rope_in_float32=True, rope_tables_rounded=True,
-        qk_norm=qk_norm, qk_norm_head_weights=qk_norm,
+        qk_norm=qk_norm, qk_norm_heads="cohere" if qk_norm else None,
         tie_weights=f.flag("tie_word_embeddings", True),
         logit_scale=f.number("logit_scale", 0.0625),
         **(_windows(f, f.count("num_hidden_layers")) if windows else {}))

@@ -17,6 +17,7 @@ a family is one new module and one line in `FAMILIES` (hf/__init__.py). Director
 
 from __future__ import annotations
 
+import itertools
 import re
 from collections.abc import Callable, Container, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -108,6 +109,9 @@ class WeightMap:
     "blocks.{i}." -> (from HF, to HF) (OPT's position table, two rows longer; ERNIE 4.5's
     correction bias, (1, E)).
     stacked: a mixture's experts HF holds in one 3-D tensor a layer (`Stacked`).
+    gathered: block tensors HF holds one row a tensor: attnlab's name in the block -> HF's
+    with "{h}" for the row (StableLM's per-head QK-norm: "attn.q_norm.weight" ->
+    "self_attn.q_layernorm.norms.{h}.weight"), the rows stacked in order on the way in.
     later_layers: whether the files may hold layers past the config's n_layer that no
     forward reads (GLM-4.5's multi-token-prediction layer, which transformers leaves
     unread too): their tensors are not weights left over.
@@ -123,6 +127,7 @@ class WeightMap:
     fused: tuple[Fused, ...] = ()
     reshaped: Mapping[str, tuple[Reshape, Reshape]] = field(default_factory=dict)
     stacked: tuple[Stacked, ...] = ()
+    gathered: Mapping[str, str] = field(default_factory=dict)
     later_layers: bool = False
     unread: str | None = None
 
@@ -172,6 +177,13 @@ class WeightMap:
                 return fused, f"{self.layer.format(i=i)}{fused.module}.{param}", f"blocks.{i}."
         return None
 
+    def _gathered(self, ours: str) -> str | None:
+        """The HF name, "{h}" for the row, of a block tensor `gathered` names, else None."""
+        match = re.fullmatch(r"blocks\.(\d+)\.(.+)", ours)
+        if match is None or match[2] not in self.gathered:
+            return None
+        return f"{self.layer.format(i=match[1])}{self.gathered[match[2]]}"
+
     def _is_stacked(self, ours: str) -> tuple[Stacked, str, int, int] | None:
         """(its stacking, the HF name of the stacked tensor, the expert, the part's index)
         where `ours` is an expert's weight or bias a stacked tensor holds, or the blocks or
@@ -215,7 +227,7 @@ class WeightMap:
         fused, stacked, reshaped or transposed): a matrix that can stay as the files store
         it (FP8, `model.fp8.Fp8Linear`); None otherwise."""
         if (self._is_fused(ours) or self._is_stacked(ours) or self._reshape(ours)
-                or self._transposed(ours)):
+                or self._transposed(ours) or self._gathered(ours)):
             return None
         return self._name(ours)
 
@@ -255,7 +267,12 @@ class WeightMap:
             return hf_state[names[name]]
 
         sources: dict[str, tuple[str, Reshape]] = {}  # ours -> (HF name, its piece of it)
+        gathered: dict[str, str] = {}  # ours -> HF's name of each row, "{h}" the row
         for ours in keys:
+            row = self._gathered(ours)
+            if row is not None:
+                gathered[ours] = row
+                continue
             if ours == "lm_head.weight" and config.tie_weights:
                 used.add(head)  # a tied file may store the head too; transformers ignores it
                 continue
@@ -280,6 +297,9 @@ class WeightMap:
                 held = None  # the last one freed before the next is read
                 held = name, take(name)
             yield ours, piece(held[1])
+        for ours, row in gathered.items():  # small tensors, one a row: read together
+            rows = next(h for h in itertools.count() if row.format(h=h) not in names)
+            yield ours, torch.stack([take(row.format(h=h)) for h in range(max(rows, 1))])
         leftover = sorted(k for k in set(names) - used
                           if not BUFFERS.search(k) and not self._later(k, config.n_layer)
                           and not (self.unread and re.search(self.unread, k)))
@@ -326,6 +346,10 @@ class WeightMap:
                     yield name, torch.stack([spec.join(
                         [state[f"{experts}.{j}.{part}.{param}"] for part in spec.parts])
                         for j in range(cast(int, config.n_experts))])  # (E, rows, in)
+                continue
+            row = self._gathered(ours)
+            if row is not None:
+                yield from ((row.format(h=h), t) for h, t in enumerate(tensor))
                 continue
             reshape = self._reshape(ours)
             if reshape is not None:

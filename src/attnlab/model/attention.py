@@ -236,8 +236,8 @@ class CausalSelfAttention(nn.Module):
         qk_norm: a norm (weight (hs,), eps `norm_eps`) on each head's q and k before RoPE
             (Qwen3, Gemma 3): `qk_norm_kind` "rmsnorm", "gemma_rmsnorm" or "olmo_rmsnorm"; with
             `qk_norm_whole`, one over each token's whole q (d_out) and k (OLMo 2);
-            "heads_layernorm": a LayerNorm with a weight row per head (`HeadsLayerNorm`:
-            Command R+'s).
+            "heads_cohere" or "heads_stablelm": a LayerNorm with a weight row per head
+            (`HeadsLayerNorm`: Command R+'s, StableLM-2-12B's).
         rope_in_float32: q and k rotated in float32 and cast back (OLMo's rounding);
             rope_tables_rounded: by cos and sin rounded to their dtype first (Cohere's).
         rope_pairs: RoPE turns adjacent pairs of dims (GPT-J's layout), not halves.
@@ -319,9 +319,10 @@ class CausalSelfAttention(nn.Module):
         self.rope_names = rope_names
         self.q_norm: nn.Module | None = None
         self.k_norm: nn.Module | None = None
-        if qk_norm and qk_norm_kind == "heads_layernorm":  # a weight row per head (Cohere's)
-            self.q_norm = HeadsLayerNorm(n_head, self.head_size, norm_eps)
-            self.k_norm = HeadsLayerNorm(n_kv_head, self.head_size, norm_eps)
+        if qk_norm and qk_norm_kind.startswith("heads_"):  # a weight row per head
+            steps = qk_norm_kind.removeprefix("heads_")
+            self.q_norm = HeadsLayerNorm(n_head, self.head_size, norm_eps, steps)
+            self.k_norm = HeadsLayerNorm(n_kv_head, self.head_size, norm_eps, steps)
         elif qk_norm:
             self.q_norm = make_norm(qk_norm_kind, q_dim, eps=norm_eps)
             self.k_norm = make_norm(qk_norm_kind, k_dim, eps=norm_eps)

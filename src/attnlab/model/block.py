@@ -45,7 +45,7 @@ class Block(nn.Module):
             rope_in_float32=c.rope_in_float32, rope_names=c.pos == "rope",
             rope_tables_rounded=c.rope_tables_rounded,
             rope_pairs=c.rope_interleaved, scores_in_float32=c.scores_in_float32,
-            qk_norm_kind="heads_layernorm" if c.qk_norm_head_weights else c.norm if c.norm in (
+            qk_norm_kind=f"heads_{c.qk_norm_heads}" if c.qk_norm_heads else c.norm if c.norm in (
                 "gemma_rmsnorm", "olmo_rmsnorm") else "rmsnorm",
             softcap=c.attn_logit_softcapping, sinks=c.attn_sinks,
         ) if c.kv_latent is None else LatentAttention(

@@ -71,8 +71,9 @@ class GPTConfig:
     qk_norm: bool = False  # RMSNorm on each head's q and k before RoPE (Qwen3)
     # QK-norm over each token's whole q (nh * hs) and k (nkv * hs), not each head's (OLMo 2)
     qk_norm_whole: bool = False
-    # QK-norm a LayerNorm without bias, in float32, with a weight per head (Command R+'s)
-    qk_norm_head_weights: bool = False
+    # QK-norm a LayerNorm without bias with a weight row per head, rounded as "cohere" (in
+    # float32, once: Command R+) or "stablelm" (torch's, head by head: StableLM-2-12B)
+    qk_norm_heads: str | None = None
     # q and k rotated in float32 and cast back (OLMo's), not in their own dtype (Llama's): the
     # same in float32, not in 16 bits
     rope_in_float32: bool = False
@@ -281,11 +282,14 @@ class GPTConfig:
         if self.shared_norm and not self.parallel_residual:
             raise ValueError("shared_norm=True has both branches of a parallel residual read "
                              "ln_1: it needs parallel_residual=True")
-        for name in ("qk_norm_whole", "qk_norm_head_weights"):
-            both = self.qk_norm_whole and self.qk_norm_head_weights
+        if self.qk_norm_heads not in (None, "cohere", "stablelm"):
+            raise ValueError(f"qk_norm_heads={self.qk_norm_heads!r} must be 'cohere', "
+                             "'stablelm' or None")
+        for name in ("qk_norm_whole", "qk_norm_heads"):
+            both = self.qk_norm_whole and self.qk_norm_heads
             if getattr(self, name) and (not self.qk_norm or both):
-                raise ValueError(f"{name}=True says how QK-norm is made: it needs qk_norm=True "
-                                 "(and one of qk_norm_whole and qk_norm_head_weights)")
+                raise ValueError(f"{name}={getattr(self, name)!r} says how QK-norm is made: it "
+                                 "needs qk_norm=True (and one of qk_norm_whole and qk_norm_heads)")
         if self.local_rope_theta is not None and (
                 self.pos != "rope" or self.sliding_window is None or not self.local_rope_theta > 0):
             raise ValueError(f"local_rope_theta={self.local_rope_theta} is the RoPE base of the "

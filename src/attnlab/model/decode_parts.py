@@ -147,11 +147,11 @@ class StepNorm(NamedTuple):
     rms: bool
     gemma: bool = False  # Gemma's RMSNorm: scaled by 1 + weight
     wide: bool = False  # OLMo's: scaled before the cast back
-    heads: bool = False  # a LayerNorm with a weight row per head (`HeadsLayerNorm`)
+    heads: str | None = None  # a weight row per head, rounded as it says (`HeadsLayerNorm`)
 
     def __call__(self, x: Tensor) -> Tensor:
-        if self.heads:
-            return heads_layer_norm(x, cast(Tensor, self.weight), self.eps)
+        if self.heads is not None:
+            return heads_layer_norm(x, cast(Tensor, self.weight), self.eps, self.heads)
         if self.weight is not None and self.weight.shape[-1] != x.shape[-1]:
             # QK-norm over each row's whole q or k (OLMo 2): (B, heads, 1, hs) as (B, heads * hs)
             return self(x.reshape(x.shape[0], -1)).view(x.shape)
@@ -165,7 +165,7 @@ class StepNorm(NamedTuple):
 
 def step_norm(module: nn.Module | None) -> StepNorm | None:
     if isinstance(module, HeadsLayerNorm):
-        return StepNorm(module.weight.detach(), None, module.eps, False, heads=True)
+        return StepNorm(module.weight.detach(), None, module.eps, False, heads=module.steps)
     if isinstance(module, RMSNorm | GemmaRMSNorm):
         return StepNorm(module.weight.detach(), None, module.eps, True,
                      isinstance(module, GemmaRMSNorm), getattr(module, "wide_scale", False))

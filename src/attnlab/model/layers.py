@@ -218,10 +218,15 @@ class GemmaRMSNorm(nn.Module):
         return f"{self.weight.shape[0]}, eps={self.eps}"
 
 
-def heads_layer_norm(x: Tensor, weight: Tensor, eps: float) -> Tensor:
+def heads_layer_norm(x: Tensor, weight: Tensor, eps: float, steps: str = "cohere") -> Tensor:
     """x (B, n, T, hs) -> each head's vector LayerNormed over hs and scaled by that head's
-    weight row (weight (n, hs)), in float32 (a float64 model's in float64) and cast back at
-    the end: Cohere's steps (CohereLayerNorm over a (heads, head_dim) shape)."""
+    weight row (weight (n, hs)), rounded as `steps` says: "cohere", in float32 (a float64
+    model's in float64) and cast back at the end (CohereLayerNorm over a (heads, head_dim)
+    shape); "stablelm", torch's LayerNorm head by head in x's dtype (StableLM's
+    StableLmLayerNormPerHead)."""
+    if steps == "stablelm":
+        return torch.cat([F.layer_norm(x[:, h:h + 1], x.shape[-1:], weight[h], None, eps)
+                          for h in range(x.shape[1])], dim=1)  # (B, n, T, hs)
     wide = runtime.wide(x.dtype)
     x32 = x.to(wide)
     centred = x32 - x32.mean(-1, keepdim=True)  # (B, n, T, hs)
@@ -231,18 +236,20 @@ def heads_layer_norm(x: Tensor, weight: Tensor, eps: float) -> Tensor:
 
 class HeadsLayerNorm(nn.Module):
     """A LayerNorm without bias on each head's q or k with a weight row per head, weight
-    (n, hs): Command R+'s QK-norm (`qk_norm_head_weights`)."""
+    (n, hs), rounded as `steps` says (`heads_layer_norm`): Command R+'s and StableLM-2-12B's
+    QK-norm (`GPTConfig.qk_norm_heads`)."""
 
-    def __init__(self, n_head: int, head_size: int, eps: float = 1e-5) -> None:
+    def __init__(self, n_head: int, head_size: int, eps: float = 1e-5,
+                 steps: str = "cohere") -> None:
         super().__init__()
         self.weight = nn.Parameter(torch.ones(n_head, head_size))
-        self.eps = eps
+        self.eps, self.steps = eps, steps
 
     def forward(self, x: Tensor) -> Tensor:
-        return heads_layer_norm(x, self.weight, self.eps)  # (B, n, T, hs)
+        return heads_layer_norm(x, self.weight, self.eps, self.steps)  # (B, n, T, hs)
 
     def extra_repr(self) -> str:
-        return f"{tuple(self.weight.shape)}, eps={self.eps}"
+        return f"{tuple(self.weight.shape)}, eps={self.eps}, steps={self.steps!r}"
 
 
 def make_norm(kind: str, dim: int, *, eps: float = 1e-5, bias: bool = True) -> nn.Module:
