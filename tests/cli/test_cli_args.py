@@ -146,3 +146,19 @@ def test_threads_are_cut_to_the_cores_other_work_leaves_idle(
             "chooses\n")
     finally:
         torch.set_num_threads(before)
+
+
+def test_info_says_what_the_kv_cache_adds_a_token(checkpoint, capsys: pytest.CaptureFixture[str]
+                                                  ) -> None:
+    """k and v of each key/value head, every layer, in bfloat16: Llama-3.1-70B's shape holds
+    327.7 kB a token, 42.9 GB over its 131,072 positions (docs/models.md's example)."""
+    from attnlab.cli import main
+    from attnlab.generate.memory import cache_numbers
+    from attnlab.model.config import GPTConfig
+
+    seventy = GPTConfig(n_layer=80, n_head=64, n_kv_head=8, n_embd=8192, block_size=131072,
+                        pos="rope", norm="rmsnorm", mlp="swiglu", bias=False)
+    assert 2 * cache_numbers(seventy) == 327_680
+    assert main(["info", str(checkpoint)]) == 0
+    assert "kv cache    128 bytes a token in bfloat16 (2 layers of k and v, 2 heads x 8), " \
+        "4.1 kB for the whole context (32)\n" in capsys.readouterr().out

@@ -129,7 +129,11 @@ def test_info_prints_the_counts_of_a_v2_lite_directory(
     assert (inspect_dir(directory).family, inspect_dir(directory).parameters) == (
         "deepseek_v2", total)
     assert main(["info", str(directory)]) == 0
-    assert f"{total:,} parameters ({active:,} active per token)" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert f"{total:,} parameters ({active:,} active per token)" in out
+    # 27 layers x 576 numbers x 2 bytes a token: the latent cache, a tenth of the heads' k, v
+    assert ("kv cache    31.1 kB a token in bfloat16 (27 layers of a latent of 512 and a RoPE "
+            "part of 64), 5.1 GB for the whole context (163,840)\n") in out
 
 
 @pytest.mark.parametrize(("family", "field", "value", "why"), [

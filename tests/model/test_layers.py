@@ -82,6 +82,9 @@ def test_a_heads_layer_norm_norms_each_head_by_its_own_weight_row(dtype: torch.d
         GPTConfig(qk_norm=True, qk_norm_whole=True, qk_norm_heads="stablelm")
     with pytest.raises(ValueError, match="qk_norm_heads='olmo' must be 'cohere', 'stablelm'"):
         GPTConfig(qk_norm=True, qk_norm_heads="olmo")
+    saved = {**GPTConfig(qk_norm=True).to_dict(), "qk_norm_head_weights": True}
+    del saved["qk_norm_heads"]  # a checkpoint of the commits that spelled it so
+    assert GPTConfig.from_dict(saved).qk_norm_heads == "cohere"
 
 
 def test_stablelms_steps_are_torchs_layer_norm_head_by_head_to_the_bit() -> None:

@@ -8,12 +8,20 @@ import torch
 from torch import nn
 
 from ..model.decode import decodes_by_forward
-from ..model.gpt import GPT
+from ..model.gpt import GPT, GPTConfig
 from ..model.memory import Use, capped_scores
 
 if TYPE_CHECKING:
     from ..model.attention import CausalSelfAttention
     from ..model.block import Block
+
+
+def cache_numbers(c: GPTConfig) -> int:
+    """The numbers `model.new_cache` holds a position, every layer's: latent attention's
+    latent and RoPE part (`KVCache.latent`), else each key/value head's k and v."""
+    if c.kv_latent is not None:
+        return c.n_layer * (c.kv_latent + c.rope_head_dim)
+    return c.n_layer * 2 * c.n_kv_heads * c.head_size
 
 
 def generation_memory(model: GPT, batch_size: int, length: int, *, prompt: int = 0,
@@ -28,10 +36,7 @@ def generation_memory(model: GPT, batch_size: int, length: int, *, prompt: int =
     (`decode.half_weights`)."""
     c = model.config
     slots = min(length, c.block_size)
-    if c.kv_latent is not None:  # the latents and RoPE parts (`KVCache.latent`)
-        cache = c.n_layer * batch_size * slots * (c.kv_latent + c.rope_head_dim)
-    else:  # each head's k and v
-        cache = 2 * c.n_layer * batch_size * c.n_kv_heads * slots * c.head_size
+    cache = batch_size * slots * cache_numbers(c)
     stacked = 0 if decodes_by_forward(model) else sum(
         sum(m.weight.numel() for m in (a.query, a.key, a.value)) for a in (
             cast("CausalSelfAttention", b.attn) for b in cast("list[Block]", list(model.blocks))))

@@ -443,13 +443,17 @@ class GPTConfig:
     def upgrade(values: dict[str, Any]) -> dict[str, Any]:
         """A saved config dict in today's spelling (checkpoints saved before the modern-family
         switches): boolean `mlp` becomes "gelu"/"none", boolean `layer_norm` becomes `norm`
-        "layernorm"/"none". Anything else is returned as it is, for validation to judge."""
+        "layernorm"/"none", `qk_norm_head_weights` becomes `qk_norm_heads`. Anything else is
+        returned as it is, for validation to judge."""
         values = dict(values)
         if isinstance(values.get("mlp"), bool):
             values["mlp"] = "gelu" if values["mlp"] else "none"
         if isinstance(values.get("layer_norm"), bool):
             layer_norm = values.pop("layer_norm")
             values.setdefault("norm", "layernorm" if layer_norm else "none")
+        if "qk_norm_head_weights" in values:  # a few commits' spelling of Cohere's per-head norm
+            values.setdefault("qk_norm_heads", "cohere" if values.pop("qk_norm_head_weights")
+                              else None)
         return values
 
     @classmethod
