@@ -11,6 +11,7 @@ from typing import Any
 
 from ..checkpoint import train_state_problem
 from ..generate.memory import cache_numbers
+from ..model.config import GPTConfig
 from ..model.memory import gb
 from ..model.moe import idle_parameters
 from .common import add_checkpoint_argument, count
@@ -111,7 +112,7 @@ def _print(model: Any, info: dict[str, Any]) -> None:
           f"({count(info['tensors'], 'tensor')})")
     for device, report in info["memory"].items():
         print(f"{'loading':<12}{_memory_line(device, report)}")
-    print(f"kv cache    {_cache_line(c, info['kv_cache_numbers'])}")
+    print(f"kv cache    {_cache_line(model.config, info['kv_cache_numbers'])}")
     if tok is None:
         print("tokenizer   none")
     else:
@@ -132,15 +133,15 @@ def _print(model: Any, info: dict[str, Any]) -> None:
         print(f"resumable   {'yes' if info['resumable'] else f'no ({why})'}")
 
 
-def _cache_line(c: dict[str, Any], numbers: int) -> str:
+def _cache_line(c: GPTConfig, numbers: int) -> str:
     """"327.7 kB a token in bfloat16 (80 layers of k and v, 8 heads x 128), 42.9 GB for
     the whole context (131,072)": what a generation's cache adds beside the weights."""
-    kv_heads, head = c["n_kv_head"] or c["n_head"], c["head_dim"] or c["n_embd"] // c["n_head"]
-    each = (f"a latent of {c['kv_latent']} and a RoPE part of {c['rope_head_dim']}"
-            if c.get("kv_latent") else f"k and v, {count(kv_heads, 'head')} x {head}")
-    return (f"{gb(2 * numbers)} a token in bfloat16 ({count(c['n_layer'], 'layer')} of "
-            f"{each}), {gb(2 * numbers * c['block_size'])} for the whole context "
-            f"({c['block_size']:,})")
+    each = (f"a latent of {c.kv_latent} and a RoPE part of {c.rope_head_dim}"
+            if c.kv_latent is not None else
+            f"k and v, {count(c.n_kv_heads, 'head')} x {c.head_size}")
+    return (f"{gb(2 * numbers)} a token in bfloat16 ({count(c.n_layer, 'layer')} of "
+            f"{each}), {gb(2 * numbers * c.block_size)} for the whole context "
+            f"({c.block_size:,})")
 
 
 def _memory_line(device: str, report: dict[str, dict[str, Any]]) -> str:

@@ -37,7 +37,7 @@ from .decode_parts import (
     step_norm,
 )
 from .gpt import require_eval
-from .kv_cache import ConcatLayerKVCache, KVCache, LatentLayerCache, LayerKVCache
+from .kv_cache import ConcatLayerKVCache, KVCache, LayerKVCache
 from .layers import GELUS, MLP, activation, branch_scaled, embedding_scale, glu, soft_cap
 from .masks import Mask, build_mask
 from .moe import MoE
@@ -225,12 +225,12 @@ class DecodeStep:
         first.
         """
         c, pos = self.config, cache.seq_len
-        layers = cast("list[LayerKVCache | ConcatLayerKVCache]", cache.layers)
-        if any(isinstance(layer, LatentLayerCache) for layer in layers):
+        if cache.holds_latents:
             raise ValueError("a latent-attention cache for a decode step, which has no latent "
                              "attention: make the cache with this step's model.new_cache(...)")
         if token.dim() != 2 or token.shape[1] != 1:
             raise ValueError(f"a decode step takes (B, 1) token ids, got {tuple(token.shape)}")
+        layers = cast("list[LayerKVCache | ConcatLayerKVCache]", cache.layers)
         if pos >= c.block_size:
             raise ValueError(
                 f"cache holds {pos} positions, so a new token would be position {pos} >= "

@@ -22,7 +22,7 @@ from torch.overrides import TorchFunctionMode
 
 from .block import Block, norm_of
 from .config import GPTConfig
-from .kv_cache import KVCache, LatentLayerCache
+from .kv_cache import KVCache
 from .layers import Linear, embedding_scale, soft_cap
 from .masks import Mask, build_mask
 from .moe import MoE, balance_loss
@@ -202,7 +202,7 @@ class GPT(nn.Module):
                     f"kv_cache has {len(kv_cache.layers)} layers, model has "
                     f"{self.config.n_layer}; create it with model.new_cache(...)"
                 )
-            if self.config.kv_latent is None and isinstance(kv_cache.layers[0], LatentLayerCache):
+            if self.config.kv_latent is None and kv_cache.holds_latents:
                 raise ValueError("kv_cache holds latents (KVCache.latent), and this model has no "
                                  "latent attention; create it with model.new_cache(...)")
             attention_mask = kv_cache.key_mask(attention_mask, T)  # (B, pos + T) or None

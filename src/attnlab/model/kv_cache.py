@@ -18,6 +18,17 @@ import torch
 from torch import Tensor
 
 
+def _span_end(pos: int, new: int, max_len: int) -> int:
+    """The end of a write of `new` positions at `pos` into a cache of `max_len`; ValueError
+    where they do not fit."""
+    end = pos + new
+    if pos < 0 or end > max_len:
+        raise ValueError(
+            f"cache write at positions {pos}..{end - 1} does not fit max_len={max_len}; "
+            "create the cache with a larger max_len (prompt + new tokens)")
+    return end
+
+
 class LayerKVCache:
     """Preallocated key/value buffers for one layer: (B, nkv, T_max, hs) each."""
 
@@ -41,12 +52,7 @@ class LayerKVCache:
 
     def update(self, pos: int, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
         """Write k/v (B, nkv, T, hs) at positions pos..pos+T-1; return views (B, nkv, pos+T, hs)."""
-        end = pos + k.shape[2]
-        if pos < 0 or end > self.max_len:
-            raise ValueError(
-                f"cache write at positions {pos}..{end - 1} does not fit max_len={self.max_len}; "
-                "create the cache with a larger max_len (prompt + new tokens)"
-            )
+        end = _span_end(pos, k.shape[2], self.max_len)
         if k.shape[:2] != self.k.shape[:2] or k.shape[3] != self.k.shape[3]:
             raise ValueError(
                 f"keys of shape {tuple(k.shape)} do not fit cache buffers "
@@ -107,11 +113,7 @@ class LatentLayerCache:
     def write(self, pos: int, latent: Tensor, k_rot: Tensor) -> Tensor:
         """Write latent (B, T, latent) and k_rot (B, T, rd) at positions pos..pos+T-1; return
         the view of every position written (B, pos+T, latent + rd)."""
-        end = pos + latent.shape[1]
-        if pos < 0 or end > self.max_len:
-            raise ValueError(
-                f"cache write at positions {pos}..{end - 1} does not fit max_len={self.max_len}; "
-                "create the cache with a larger max_len (prompt + new tokens)")
+        end = _span_end(pos, latent.shape[1], self.max_len)
         B, _, width = self.kv.shape
         if (latent.shape[0], latent.shape[2] + k_rot.shape[2]) != (B, width) or (
                 latent.shape[2] != self.latent_size):
@@ -206,6 +208,11 @@ class KVCache:
     @classmethod
     def concat(cls, n_layer: int) -> KVCache:
         return cls([ConcatLayerKVCache() for _ in range(n_layer)])
+
+    @property
+    def holds_latents(self) -> bool:
+        """Whether it is latent attention's cache (`KVCache.latent`), which nothing else reads."""
+        return isinstance(self.layers[0], LatentLayerCache)
 
     @property
     def max_len(self) -> int | None:

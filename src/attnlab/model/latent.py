@@ -35,6 +35,7 @@ from .attention import LayerCache, LayerTrace, attend
 from .kv_cache import LatentLayerCache
 from .layers import Linear, RMSNorm
 from .masks import Mask, build_mask
+from .packed import PackedLinear
 from .rope import apply_rotary
 
 # the latents' RMSNorm epsilon: transformers' and DeepSeek's, whatever rms_norm_eps says
@@ -204,7 +205,7 @@ class LatentAttention(nn.Module):
         in the latent space than expanding every key and value (true when decoding a few
         tokens over a long cache; never for a packed `kv_up`, whose matrix `_absorbed`
         reads). `absorb` (None: by cost) decides instead where set."""
-        if not isinstance(self.kv_up.weight, nn.Parameter):  # packed: no matrix to read
+        if isinstance(self.kv_up, PackedLinear):  # no matrix to read
             return False
         if self.absorb is not None:
             return self.absorb
