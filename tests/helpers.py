@@ -300,7 +300,8 @@ def modern_switches(n_layer: int = 2, latent: bool = False) -> Any:
     one norm for a parallel block and bias on the head, a mixture of 3 experts (or 4 behind
     DeepSeek-V3's sigmoid router in groups, or ERNIE 4.5's softmax one with a correction
     bias and a clamp; a scaling, an ungated shared expert, a dense first layer or a mixture
-    on the last layer alone), gpt-oss's attention sinks and clamped SwiGLU), valid for a
+    on the last layer alone), gpt-oss's attention sinks and clamped SwiGLU, Llama 4's L2
+    QK-norm, NoPE layers' temperature and input-scaling router), valid for a
     model with 4 query heads (head size 4 or 8). The property tests of model, attention,
     cache, trace and generation draw from it so every invariant runs over every switch.
     `latent`: DeepSeek's latent attention too, for tests with one k and v per query head and
@@ -352,6 +353,12 @@ def modern_switches(n_layer: int = 2, latent: bool = False) -> Any:
             switches["rope_theta"] = draw(st.sampled_from([10000.0, 500.0]))
             switches["rope_scaling"] = draw(st.sampled_from(scalings))
             switches["nope_layers"] = draw(st.sampled_from([None, [0], [n_layer - 1]]))
+            # Llama 4's: the L2 QK-norm after RoPE, the NoPE layers' temperature (a floor of
+            # 1 or 3 positions, so that it grows within a test's few tokens)
+            switches["qk_l2_norm"] = not switches["qk_norm"] and draw(st.booleans())
+            if switches["nope_layers"] is not None and draw(st.booleans()):
+                switches.update(nope_temperature=0.5,
+                                nope_temperature_floor=draw(st.sampled_from([1, 3])))
         # sandwich norms need the sequential residual; the whole-width QK-norm, QK-norm
         switches["sandwich_norm"] = not switches["parallel_residual"] and draw(st.booleans())
         switches["shared_norm"] = switches["parallel_residual"] and draw(st.booleans())
@@ -383,13 +390,16 @@ def modern_switches(n_layer: int = 2, latent: bool = False) -> Any:
                 switches.update(router_scoring="softmax_corrected", experts_normalized=True,
                                 experts_from_top_logits=False, router_bias=False,
                                 router_norm_min=draw(st.sampled_from([0.0, 0.9])))
+            elif draw(st.booleans()):  # Llama 4's: the chosen experts' inputs scaled
+                switches.update(router_scoring="sigmoid_input", experts_normalized=False,
+                                experts_from_top_logits=False, router_bias=False)
             if n_layer > 1 and draw(st.booleans()):  # a mixture on the last layer alone
                 switches.update(dense_layers=0, mixture_layers=[n_layer - 1])
         if latent and draw(st.booleans()):  # k and v from a latent, 2 dims turned by RoPE
             switches.update(kv_latent=6, q_latent=draw(st.sampled_from([None, 5])), n_kv_head=None,
                             rope_head_dim=2, v_head_dim=draw(st.sampled_from([None, 3])),
                             qk_norm=False, qk_norm_whole=False, qk_norm_heads=None,
-                            attn_sinks=False)
+                            attn_sinks=False, qk_l2_norm=False, nope_temperature=0.0)
         window = draw(st.sampled_from([None, 2, 3]))
         if window is not None:
             switches["sliding_window"] = window

@@ -474,9 +474,25 @@ CASES: dict[str, tuple[str, dict[str, Any]]] = {
         qk_rope_head_dim=4, qk_nope_head_dim=8, v_head_dim=8, n_routed_experts=6,
         num_experts_per_tok=2, n_shared_experts=2, moe_intermediate_size=16,
         first_k_dense_replace=1, attention_bias=True, tie_word_embeddings=True)),
+    # Llama 4: a mixture every other layer (top 1 of 4, its input scaled, a shared expert)
+    # beside dense layers of their own width, NoPE every other layer, the L2 QK-norm after
+    # RoPE in the others, llama3 RoPE on pairs in float32, GQA, a chunk as long as the context
+    "llama4-interleaved": ("Llama4Text", dict(
+        **{**SMALL, "num_hidden_layers": 4, "intermediate_size": 24}, num_key_value_heads=2,
+        head_dim=8, intermediate_size_mlp=40, num_local_experts=4, num_experts_per_tok=1,
+        interleave_moe_layer_step=2, no_rope_layer_interval=2, attention_chunk_size=128,
+        rope_parameters=LLAMA3)),
+    # every layer a mixture (top 2 of 4), NoPE layers listed, no QK-norm, no temperature,
+    # attention biases, tied
+    "llama4-listed-bias": ("Llama4Text", dict(
+        **{**SMALL, "num_hidden_layers": 3, "intermediate_size": 24}, num_key_value_heads=4,
+        head_dim=8,
+        num_local_experts=4, num_experts_per_tok=2, no_rope_layers=[1, 0, 1],
+        use_qk_norm=False, attn_temperature_tuning=False, attention_bias=True,
+        attention_chunk_size=None, tie_word_embeddings=True)),
 }
 # the model class where it is not f"{prefix}ForCausalLM"
-MODEL_CLASS = {"Gemma3Text": "Gemma3ForCausalLM"}
+MODEL_CLASS = {"Gemma3Text": "Gemma3ForCausalLM", "Llama4Text": "Llama4ForCausalLM"}
 
 
 def hf_model(case: str) -> Any:

@@ -91,7 +91,7 @@ def test_mixture_layers_name_the_mixtures_and_the_rest_are_dense() -> None:
 @pytest.mark.parametrize("overrides,message", [
     (dict(router_scoring="softmax_biased"),
      r"router_scoring='softmax_biased' must be one of \['softmax', 'sigmoid', "
-     r"'softmax_corrected', 'softmax_float32'\]"),
+     r"'softmax_corrected', 'softmax_float32', 'sigmoid_input'\]"),
     (dict(router_scoring="softmax_corrected", router_bias=True),
      r"router_scoring='softmax_corrected' is .* set router_bias=False"),
     (dict(router_norm_min=-1e-3), r"router_norm_min=-0.001 must be a finite number >= 0"),

@@ -11,8 +11,9 @@ Qwen2MoeForCausalLM and GptOssForCausalLM, GlmForCausalLM, Glm4ForCausalLM,
 Starcoder2ForCausalLM, Exaone4ForCausalLM, CohereForCausalLM, Cohere2ForCausalLM,
 SeedOssForCausalLM, Ernie4_5ForCausalLM, HeliumForCausalLM, ArceeForCausalLM, and the
 DeepSeek-V3-style mixtures Glm4MoeForCausalLM and Dots1ForCausalLM, ERNIE 4.5's mixture
-Ernie4_5_MoeForCausalLM, and DeepSeek's own with latent attention, DeepseekV2ForCausalLM and
-DeepseekV3ForCausalLM.
+Ernie4_5_MoeForCausalLM, DeepSeek's own with latent attention, DeepseekV2ForCausalLM and
+DeepseekV3ForCausalLM, and Llama 4's Llama4ForCausalLM (and the language model of its
+multimodal Llama4ForConditionalGeneration releases).
 `registry.py` holds the Family / WeightMap machinery, `fields.py` the config-field
 bookkeeping (every field is honoured, refused by name, or listed there as irrelevant),
 `files.py` the directory reading and writing (the tokenizer files themselves are
@@ -86,6 +87,7 @@ from .granite import GRANITE
 from .granitemoe import GRANITEMOE
 from .helium import HELIUM
 from .llama import LLAMA, MISTRAL
+from .llama4 import LLAMA4, LLAMA4_MULTIMODAL
 from .mixtral import MIXTRAL
 from .mxfp4 import Mxfp4Files
 from .olmo2 import OLMO2
@@ -114,7 +116,7 @@ FAMILIES: tuple[Family, ...] = (GPT2, LLAMA, MISTRAL, QWEN2, QWEN3, GPT_NEOX, GE
                                GRANITEMOE, QWEN2_MOE, GPT_OSS, GLM, GLM4, STARCODER2,
                                EXAONE4, COHERE, COHERE2, SEED_OSS, ERNIE4_5, HELIUM,
                                ARCEE, GLM4_MOE, DOTS1, ERNIE4_5_MOE,
-                               DEEPSEEK_V2, DEEPSEEK_V3)
+                               DEEPSEEK_V2, DEEPSEEK_V3, LLAMA4, LLAMA4_MULTIMODAL)
 FAMILY_BY_NAME: dict[str, Family] = {f.name: f for f in FAMILIES}
 
 __all__ = [
@@ -178,7 +180,7 @@ def config_from_hf(hf_config: Mapping[str, Any], *, dropout: float = 0.0) -> GPT
 def family_for_config(config: GPTConfig) -> Family:
     """The first family in FAMILIES whose architecture expresses `config` exactly."""
     reasons = []
-    for family in FAMILIES:
+    for family in (f for f in FAMILIES if f.exports):
         misfits = family.misfits(config)
         if not misfits:
             return family
@@ -190,6 +192,9 @@ def config_to_hf(config: GPTConfig, *, family: Family | None = None,
                  special: Mapping[str, int | list[int] | None] | None = None) -> dict[str, Any]:
     """config.json dict for `config` as `family` (default: family_for_config)."""
     family = family or family_for_config(config)
+    if not family.exports:
+        raise ValueError(f"{family.architecture} is read, not written: attnlab holds its "
+                         "language model alone; export it as another family (--family)")
     misfits = family.misfits(config)
     if misfits:
         raise ValueError(f"{family.architecture} cannot express this model: it needs "

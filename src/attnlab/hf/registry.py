@@ -6,7 +6,8 @@ gpt_neox.py, gptj.py, opt.py, the gemma*.py, phi.py, phi3.py, the olmo*.py, smol
 stablelm.py, granite.py, falcon.py, glm.py, starcoder2.py, exaone4.py, cohere.py,
 seed_oss.py, ernie4_5.py, helium.py, arcee.py; the mixtures of experts
 mixtral.py, olmoe.py, qwen3_moe.py, qwen2_moe.py, granitemoe.py, gpt_oss.py, glm4_moe.py,
-dots1.py, ernie4_5_moe.py; DeepSeek's with latent attention, deepseek.py) is a `Family`:
+dots1.py, ernie4_5_moe.py, llama4.py; DeepSeek's with latent attention, deepseek.py) is a
+`Family`:
 its model_type and architecture names, a config mapping each way (`Fields` in, a config.json
 dict out, which `misfits` reads back to know whether the family holds a GPTConfig) and a
 `WeightMap` (attnlab's state-dict names <-> Hugging Face's, with the modules a family fuses
@@ -377,6 +378,9 @@ class Family:
     # a transformers model's state dict in memory -> the names its files use, where they
     # differ (transformers 5 holds a mixture's experts in other tensors than it writes)
     from_memory: Callable[[Mapping[str, Tensor]], Mapping[str, Tensor]] | None = None
+    # whether an export may write this architecture (False: Llama 4's multimodal releases,
+    # whose language model alone attnlab reads; it exports as the text-only family)
+    exports: bool = True
 
     def read(self, hf_config: Mapping[str, Any], *, dropout: float = 0.0) -> GPTConfig:
         """The GPTConfig of this family's config.json dict; ValueError naming the first field

@@ -27,7 +27,7 @@ import torch
 from torch import Tensor, nn
 
 from .explicit import explicit_attend
-from .layers import HeadsLayerNorm, Linear, make_norm
+from .layers import HeadsLayerNorm, Linear, make_norm, rms_norm
 from .masks import Mask, build_mask, query_rows
 from .rope import apply_rotary
 from .sdpa import expand_kv, fused_attend
@@ -241,6 +241,8 @@ class CausalSelfAttention(nn.Module):
         rope_in_float32: q and k rotated in float32 and cast back (OLMo's rounding);
             rope_tables_rounded: by cos and sin rounded to their dtype first (Cohere's).
         rope_pairs: RoPE turns adjacent pairs of dims (GPT-J's layout), not halves.
+        l2_eps: each head's q and k divided by their root mean square (`rms_norm` without a
+            weight, this eps) after RoPE (Llama 4's layers with RoPE); None: not.
         scores_in_float32: `attend`'s `wide` (GPT-J's and GPT-Neo's scores).
         rope_names: record q_pre_rope / k_pre_rope on calls without `rope` too (a RoPE
             model's layers without it, NoPE: equal to q and k).
@@ -283,6 +285,7 @@ class CausalSelfAttention(nn.Module):
         rope_pairs: bool = False,
         scores_in_float32: bool = False,
         sinks: bool = False,
+        l2_eps: float | None = None,
     ) -> None:
         super().__init__()
         d_out = d_in if d_out is None else d_out
@@ -317,6 +320,7 @@ class CausalSelfAttention(nn.Module):
         self.rope_pairs, self.scores_in_float32 = rope_pairs, scores_in_float32
         # a RoPE model's layer names q_pre_rope / k_pre_rope even where it turns nothing (NoPE)
         self.rope_names = rope_names
+        self.l2_eps = l2_eps
         self.q_norm: nn.Module | None = None
         self.k_norm: nn.Module | None = None
         if qk_norm and qk_norm_kind.startswith("heads_"):  # a weight row per head
@@ -344,6 +348,7 @@ class CausalSelfAttention(nn.Module):
         trace: LayerTrace | None = None,
         fused: bool | None = None,
         rope: tuple[Tensor, Tensor] | None = None,
+        temperature: Tensor | None = None,
     ) -> Tensor:
         """x (B, T, C) -> (B, T, C) (or (B, T, d_out) without out_proj).
 
@@ -353,7 +358,8 @@ class CausalSelfAttention(nn.Module):
         over everything it holds. fused: None picks fused unless the trace needs weights
         (as True does: `attend` decides); False the explicit path.
         rope: cos, sin (B or 1, 1, T, rd) of this call's positions (`rope.Rotary`): q and
-        the new k are rotated before k is cached.
+        the new k are rotated before k is cached. temperature: (B or 1, 1, T, 1) float32
+        factors of q's rows (Llama 4's NoPE layers: `rope.nope_temperatures`).
         """
         if x.dim() != 3:
             raise ValueError(f"x must be (B, T, C), got shape {tuple(x.shape)}")
@@ -374,6 +380,10 @@ class CausalSelfAttention(nn.Module):
         if rope is not None:
             how = self.rope_in_float32, self.rope_pairs, self.rope_tables_rounded
             q, k = apply_rotary(q, *rope, *how), apply_rotary(k, *rope, *how)  # same shapes
+        if self.l2_eps is not None:
+            q, k = rms_norm(q, None, self.l2_eps), rms_norm(k, None, self.l2_eps)  # same shapes
+        if temperature is not None:
+            q = (q * temperature).to(q.dtype)  # (B, nh, T, hs), multiplied in float32
         if kv_cache is not None:
             k, v = kv_cache.update(pos, k, v)  # (B, nkv, S, hs) with S = pos + S_new
         if trace is not None:

@@ -48,6 +48,7 @@ class Block(nn.Module):
             qk_norm_kind=f"heads_{c.qk_norm_heads}" if c.qk_norm_heads else c.norm if c.norm in (
                 "gemma_rmsnorm", "olmo_rmsnorm") else "rmsnorm",
             softcap=c.attn_logit_softcapping, sinks=c.attn_sinks,
+            l2_eps=c.norm_eps if c.qk_l2_norm and c.rotates(layer) else None,
         ) if c.kv_latent is None else LatentAttention(
             c.n_embd, c.n_head, c.head_size, kv_latent=c.kv_latent, q_latent=c.q_latent,
             rope_head_dim=c.rope_head_dim, v_head_dim=c.v_head_dim, bias=c.qkv_biased,
@@ -89,10 +90,13 @@ class Block(nn.Module):
         trace: Any = None,
         fused: bool | None = None,
         rope: tuple[Tensor, Tensor] | None = None,
+        temperature: Tensor | None = None,
     ) -> Tensor:
+        """rope, temperature: the attention's (`CausalSelfAttention.forward`)."""
         h = self.ln_1(x)  # (B, T, C)
         a = self.attn(h, mask=mask, kv_cache=kv_cache, pos=pos, trace=trace, fused=fused,
-                      rope=rope)  # (B, T, C)
+                      rope=rope, **({} if temperature is None else {"temperature": temperature})
+                      )  # (B, T, C)
         if self.parallel:  # GPT-NeoX: both branches read x; its order of the sum
             a = branch_scaled(a, self.branch_scale)  # (B, T, C)
             if self.mlp is None:

@@ -110,6 +110,14 @@ class GPTConfig:
     scores_in_float32: bool = False
     # layers that rotate no q or k (NoPE: SmolLM3's every fourth); None = every layer rotates
     nope_layers: list[int] | None = None
+    # Llama 4: each head's q and k divided by their root mean square (no weight, eps norm_eps,
+    # in float32) after RoPE, in the layers that rotate
+    qk_l2_norm: bool = False
+    # Llama 4's temperature: a NoPE layer's q times 1 + nope_temperature * log(1 + floor((p +
+    # 1) / nope_temperature_floor)) at position p, in float32 (0.0: none), so that its scores
+    # sharpen as the context grows
+    nope_temperature: float = 0.0
+    nope_temperature_floor: int = 8192
     # Granite's three scalars: token embeddings times embedding_multiplier, each branch's
     # output times residual_multiplier before its residual add, logits divided by
     # logits_scaling (1.0: none of them)
@@ -147,7 +155,8 @@ class GPTConfig:
     # float32 buffer router.e_score_correction_bias, read from the files, never trained: it
     # steers the load without a loss) and weighted by their unbiased scores;
     # "softmax_corrected" (ERNIE 4.5's): the same float32 logits and correction bias, each
-    # score the softmax probability; "softmax_float32" (DeepSeek-V2's): that, with no bias
+    # score the softmax probability; "softmax_float32" (DeepSeek-V2's): that, with no bias;
+    # "sigmoid_input" (Llama 4's): the top logits, each chosen expert's input times its sigmoid
     router_scoring: str = "softmax"
     # a softmax router renormalises its chosen weights by their sum clamped at this floor
     # (ERNIE 4.5's moe_norm_min): picks the correction bias made among near-zero
@@ -309,6 +318,21 @@ class GPTConfig:
             if self.pos != "rope" or bad:
                 raise ValueError(f"nope_layers={self.nope_layers} names layers without RoPE: it "
                                  f"needs pos='rope' and layers within 0..{self.n_layer - 1}")
+        self._check_llama4()
+
+    def _check_llama4(self) -> None:
+        """Llama 4's switches: the L2 QK-norm and the NoPE layers' temperature."""
+        if self.qk_l2_norm and (self.pos != "rope" or self.qk_norm):
+            raise ValueError("qk_l2_norm=True norms q and k after RoPE: it needs pos='rope' "
+                             "and no other QK-norm (qk_norm=False)")
+        scale, floor = self.nope_temperature, self.nope_temperature_floor
+        if isinstance(scale, bool) or not isinstance(scale, int | float) or not (
+                math.isfinite(scale) and scale >= 0) or (scale and self.nope_layers is None):
+            raise ValueError(f"nope_temperature={scale!r} sharpens the NoPE layers' scores: a "
+                             "finite number >= 0 (Llama 4's: 0.1) beside nope_layers; 0.0: none")
+        if isinstance(floor, bool) or not isinstance(floor, int) or floor < 1:
+            raise ValueError(f"nope_temperature_floor={floor!r} must be a positive integer "
+                             "(Llama 4's: 8192 positions)")
 
     @property
     def norm_biased(self) -> bool:
@@ -409,6 +433,7 @@ class GPTConfig:
                 "nope_layers", "local_rope_theta"} if self.pos != "rope" else set()
         # the tables are rounded to the dtype either way without a float32 rotation
         idle |= {"rope_tables_rounded"} if not self.rope_in_float32 else set()
+        idle |= {"nope_temperature_floor"} if not self.nope_temperature else set()
         idle |= {"gelu"} if self.mlp not in ("gelu", "geglu") else set()
         idle |= {"swiglu_alpha", "swiglu_limit"} if self.mlp != "clamped_swiglu" else set()
         idle |= {"norm_bias"} if self.norm != "layernorm" else set()
@@ -467,9 +492,6 @@ class GPTConfig:
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
-
-
-POS = ("learned", "rope", "none")
 
 
 POS = ("learned", "rope", "none")

@@ -38,11 +38,20 @@ from .decode_parts import (
 )
 from .gpt import require_eval
 from .kv_cache import ConcatLayerKVCache, KVCache, LayerKVCache
-from .layers import GELUS, MLP, activation, branch_scaled, embedding_scale, glu, soft_cap
+from .layers import (
+    GELUS,
+    MLP,
+    activation,
+    branch_scaled,
+    embedding_scale,
+    glu,
+    rms_norm,
+    soft_cap,
+)
 from .masks import Mask, build_mask
 from .moe import MoE
 from .packed import PackedLinear
-from .rope import apply_rotary, layer_ropes, real_positions
+from .rope import apply_rotary, layer_ropes, nope_temperatures, real_positions
 from .runtime import check_float16_weights
 
 if TYPE_CHECKING:
@@ -72,6 +81,7 @@ class _DecodeLayer(NamedTuple):
     moe: MoE | None = None  # a mixture of experts' router (fc, gate, proj None)
     experts: tuple[tuple[Matrix, Matrix | None, Matrix], ...] = ()  # its (fc, gate, proj)
     sinks: Tensor | None = None  # (nh,) the attention's sink logits (gpt-oss)
+    l2_eps: float | None = None  # Llama 4's QK-norm after RoPE, without a weight
 
     @classmethod
     def of(cls, block: Block, window: int | None) -> _DecodeLayer:
@@ -89,7 +99,7 @@ class _DecodeLayer(NamedTuple):
             fc, gate, proj,
             window, step_norm(block.ln_attn_post), step_norm(block.ln_mlp_post), moe,
             () if moe is None else tuple(_matrices(cast(MLP, e)) for e in moe.experts),
-            None if attn.sinks is None else attn.sinks.detach(),
+            None if attn.sinks is None else attn.sinks.detach(), attn.l2_eps,
         )
 
     @property
@@ -277,6 +287,8 @@ class DecodeStep:
         at = torch.full((1, 1), pos, device=token.device) if positions is None else (
             positions[:, None])  # (B or 1, 1)
         ropes = layer_ropes(self.rotary, self.local_rotary, at)  # (B|1, 1, 1, rd) each
+        temperature = nope_temperatures(at, c.nope_temperature, c.nope_temperature_floor
+                                        ) if c.nope_temperature else None  # (B|1, 1, 1, 1)
         B, nh, nkv, hs = token.shape[0], c.n_head, c.n_kv_heads, c.head_size
         scale = c.residual_multiplier  # of each branch's output (Granite's)
         for i, layer in enumerate(self.layers):
@@ -290,6 +302,10 @@ class DecodeStep:
             if rope is not None:
                 how = c.rope_in_float32, c.rope_interleaved, c.rope_tables_rounded
                 q, k = apply_rotary(q, *rope, *how), apply_rotary(k, *rope, *how)
+            if layer.l2_eps is not None:
+                q, k = rms_norm(q, None, layer.l2_eps), rms_norm(k, None, layer.l2_eps)
+            if temperature is not None and rope is None:
+                q = (q * temperature).to(q.dtype)  # (B, nh, 1, hs)
             a = attention(i, layer.window, q, k, v)  # (B, nh, 1, hs)
             a = a.view(B, nh * hs)  # (B, nh * hs)
             if layer.out_proj is not None:

@@ -10,7 +10,8 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     from .config import GPTConfig
 
-ROUTER_SCORINGS = ("softmax", "sigmoid", "softmax_corrected", "softmax_float32")
+ROUTER_SCORINGS = ("softmax", "sigmoid", "softmax_corrected", "softmax_float32",
+                   "sigmoid_input")
 #: the scorings whose router picks by score plus a correction bias (`moe.CORRECTION_BIAS`)
 CORRECTED = ("sigmoid", "softmax_corrected")
 #: the scorings whose router multiplies in float32 (transformers' float32 routers)
@@ -54,6 +55,12 @@ def _check_routing(c: GPTConfig) -> None:
         raise ValueError(f"router_scoring={c.router_scoring!r} is DeepSeek's or ERNIE "
                          "4.5's router: no bias on its Linear, the chosen weighed by their "
                          "scores; set router_bias=False and experts_from_top_logits=False")
+    if c.router_scoring == "sigmoid_input" and (
+            c.experts_normalized or c.experts_from_top_logits or c.router_bias):
+        raise ValueError("router_scoring='sigmoid_input' is Llama 4's router: each chosen "
+                         "expert's input times the sigmoid of its logit, no bias; set "
+                         "experts_normalized=False, experts_from_top_logits=False and "
+                         "router_bias=False")
     _check_norm_min(c)
     groups, chosen, n = c.expert_groups, c.expert_groups_chosen, c.n_experts or 1
     for name, least in (("expert_groups", 1), ("expert_groups_chosen", 1),

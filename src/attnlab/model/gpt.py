@@ -27,7 +27,7 @@ from .layers import Linear, embedding_scale, soft_cap
 from .masks import Mask, build_mask
 from .moe import MoE, balance_loss
 from .packed import packed_size
-from .rope import Rope, Rotary, layer_ropes, real_positions
+from .rope import Rope, Rotary, layer_ropes, nope_temperatures, real_positions
 from .runtime import kept_out
 from .trace import EditSource, Seam, Trace
 
@@ -223,7 +223,7 @@ class GPT(nn.Module):
         seam = None if trace is None and edits is None else Seam(trace, edits, pos + T)
         x = self._embed(idx, positions, seam) if start_at is None else start_at[1]  # (B, T, C)
         x = self._run_blocks(x, pos, attention_mask, kv_cache, seam, fused,
-                             self.ropes(positions), start or 0)  # (B, T, C)
+                             self.ropes(positions), start or 0, positions)  # (B, T, C)
         return self._head(x, targets, attention_mask, seam, last_logits_only)
 
     def _check_start(self, start_at: tuple[int, Tensor], shape: torch.Size,
@@ -272,11 +272,14 @@ class GPT(nn.Module):
     def _run_blocks(
         self, x: Tensor, pos: int, attention_mask: Tensor | None, kv_cache: KVCache | None,
         seam: Seam | None, fused: bool | None, ropes: dict[bool, Rope | None],
-        first: int = 0,
+        first: int, positions: Tensor,
     ) -> Tensor:
-        """x (B, T, C) through the blocks from `first` on, the new keys/values written to
-        kv_cache (which then advances by T): (B, T, C)."""
-        T = x.shape[1]
+        """x (B, T, C) at positions (B|1, T) through the blocks from `first` on, the new
+        keys/values written to kv_cache (which then advances by T): (B, T, C)."""
+        T, c = x.shape[1], self.config
+        # (B|1, 1, T, 1): Llama 4's NoPE layers' q factors; None without them
+        temperature = nope_temperatures(positions, c.nope_temperature, c.nope_temperature_floor
+                                        ) if c.nope_temperature else None
         masks: dict[int | None, Mask] = {}  # one per window size (None: no window)
         for i in range(first, self.config.n_layer):
             block = self.blocks[i]
@@ -289,8 +292,10 @@ class GPT(nn.Module):
             layer_cache = None if kv_cache is None else kv_cache.layers[i]
             if sink is not None:
                 x = sink.record("resid_pre", x)
-            rope = ropes[window is not None] if self.config.rotates(i) else None
-            x = block(x, masks[window], layer_cache, pos, sink, fused, rope)  # (B, T, C)
+            rotates = c.rotates(i)
+            rope = ropes[window is not None] if rotates else None
+            x = block(x, masks[window], layer_cache, pos, sink, fused, rope,
+                      None if rotates else temperature)  # (B, T, C)
             if sink is not None:
                 x = sink.record("block_out", x)
         if kv_cache is not None:

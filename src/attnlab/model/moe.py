@@ -23,7 +23,9 @@ shared expert is added ungated (`shared_gated=False`). ERNIE 4.5's (`scoring=
 "softmax_corrected"`) is the same router with softmax probabilities for scores, without
 groups, its renormalising sum clamped at `norm_min`. DeepSeek-V2's (`scoring=
 "softmax_float32"`) is the same router with softmax probabilities, no correction bias, and
-groups scored by their best expert.
+groups scored by their best expert. Llama 4's (`scoring="sigmoid_input"`) picks the top k
+logits in the model's dtype, weighs each by its sigmoid (in float32, rounded to that dtype)
+and scales the token by it on its way into the expert, whose output is added as it is.
 """
 
 from __future__ import annotations
@@ -64,6 +66,8 @@ class MoE(KeepsFloat32):
         self.corrected = scoring in ("sigmoid", "softmax_corrected")
         self.float32 = self.corrected or scoring == "softmax_float32"  # DeepSeek-V2's too
         self.norm_min = norm_min  # the floor of a softmax's renormalising sum; 0: none
+        # Llama 4's: the weights scale each token on its way into the expert, not its output
+        self.scales_input = scoring == "sigmoid_input"
         self.groups, self.groups_chosen = groups, groups_chosen
         self.router = Linear(n_embd, n_experts, bias=router_bias)  # gpt-oss's has a bias
         if self.corrected:  # on the router, so that it maps to the files' mlp.gate's buffer
@@ -90,7 +94,10 @@ class MoE(KeepsFloat32):
             logits = trace.record("router_logits", logits)
         wide = logits.float()  # (B, T, E)
         probs = wide.softmax(dim=-1)  # (B, T, E)
-        if self.top_logits:  # GraniteMoE: the top logits, then a softmax over them alone
+        if self.scales_input:  # Llama 4: the top logits, each weight its sigmoid, rounded
+            top, chosen = logits.topk(self.top_k, dim=-1)  # (B, T, k) each
+            top = top.float().sigmoid().to(logits.dtype).float()  # (B, T, k)
+        elif self.top_logits:  # GraniteMoE: the top logits, then a softmax over them alone
             top, chosen = wide.topk(self.top_k, dim=-1)  # (B, T, k) each
             top = top.softmax(dim=-1)  # (B, T, k)
         else:
@@ -186,8 +193,11 @@ class MoE(KeepsFloat32):
         used = (weights != 0).any(dim=0).nonzero()[:, 0].tolist()  # experts some row uses
         for e in used:
             rows = weights[:, e].nonzero()[:, 0]  # (n,)
-            y = expert(e, x[rows])  # (n, C)
             w = weights[rows, e, None]  # (n, 1)
+            if self.scales_input:  # Llama 4's order: the weight times the expert's input
+                out.index_add_(0, rows, expert(e, x[rows] * w.to(x.dtype)).to(out.dtype))
+                continue
+            y = expert(e, x[rows])  # (n, C)
             out.index_add_(0, rows, (y * (w if self.wide else w.to(y.dtype))).to(out.dtype))
         return out
 

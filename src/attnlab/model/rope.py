@@ -337,6 +337,14 @@ def layer_ropes(rotary: Rotary | None, local: Rotary | None,
     return {False: rope, True: rope if local is None else local.cos_sin(positions)}
 
 
+def nope_temperatures(positions: Tensor, scale: float, floor: int) -> Tensor:
+    """positions (B|1, T) -> (B|1, 1, T, 1) float32: the factor of a NoPE layer's q at each,
+    1 + scale * log(1 + floor((p + 1) / floor)) (`GPTConfig.nope_temperature`, Llama 4's
+    attn_temperature_tuning; transformers counts p by the slot, padding included)."""
+    steps = torch.floor((positions.float() + 1.0) / floor)  # (B|1, T)
+    return (torch.log1p(steps) * scale + 1.0)[:, None, :, None]  # (B|1, 1, T, 1)
+
+
 def rotate_half(x: Tensor) -> Tensor:
     """(..., d) -> (..., d): [x1, x2] -> [-x2, x1], the halves of the last dimension."""
     half = x.shape[-1] // 2

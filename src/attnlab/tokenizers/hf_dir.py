@@ -95,6 +95,9 @@ def special_token_ids(directory: Path, tokenizer: HFTokenizer) -> dict[str, Any]
     generation = read_json(directory / GENERATION_CONFIG)
     tok_config = read_json(directory / TOKENIZER_CONFIG)
     model_config = read_json(directory / CONFIG_FILE)
+    text = model_config.get("text_config")  # a multimodal release's (Llama 4's) language model
+    if isinstance(text, dict):
+        model_config = {**text, **model_config}
 
     def token_id(kind: str) -> int | list[int] | None:
         for source in (generation, model_config):
