@@ -301,7 +301,8 @@ def modern_switches(n_layer: int = 2, latent: bool = False) -> Any:
     DeepSeek-V3's sigmoid router in groups, or ERNIE 4.5's softmax one with a correction
     bias and a clamp; a scaling, an ungated shared expert, a dense first layer or a mixture
     on the last layer alone), gpt-oss's attention sinks and clamped SwiGLU, Llama 4's L2
-    QK-norm, NoPE layers' temperature and input-scaling router), valid for a
+    QK-norm, NoPE layers' temperature and input-scaling router, nanochat's unscaled norms,
+    embedding norm and backward RoPE), valid for a
     model with 4 query heads (head size 4 or 8). The property tests of model, attention,
     cache, trace and generation draw from it so every invariant runs over every switch.
     `latent`: DeepSeek's latent attention too, for tests with one k and v per query head and
@@ -323,7 +324,8 @@ def modern_switches(n_layer: int = 2, latent: bool = False) -> Any:
         switches: dict[str, Any] = {
             "pos": pos,
             "norm": draw(st.sampled_from(["layernorm", "rmsnorm", "gemma_rmsnorm", "olmo_rmsnorm",
-                                          "none"])),
+                                          "unit_rmsnorm", "none"])),
+            "embedding_norm": draw(st.booleans()),  # nanochat's
             "mlp": draw(st.sampled_from(["gelu", "relu", "relu2", "swiglu", "geglu",
                                          "clamped_swiglu", "none"])),
             "scale_embeddings": draw(st.booleans()),
@@ -356,6 +358,7 @@ def modern_switches(n_layer: int = 2, latent: bool = False) -> Any:
             # Llama 4's: the L2 QK-norm after RoPE, the NoPE layers' temperature (a floor of
             # 1 or 3 positions, so that it grows within a test's few tokens)
             switches["qk_l2_norm"] = not switches["qk_norm"] and draw(st.booleans())
+            switches["rope_backwards"] = draw(st.booleans())  # nanochat's turn
             if switches["nope_layers"] is not None and draw(st.booleans()):
                 switches.update(nope_temperature=0.5,
                                 nope_temperature_floor=draw(st.sampled_from([1, 3])))

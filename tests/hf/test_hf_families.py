@@ -490,6 +490,14 @@ CASES: dict[str, tuple[str, dict[str, Any]]] = {
         num_local_experts=4, num_experts_per_tok=2, no_rope_layers=[1, 0, 1],
         use_qk_norm=False, attn_temperature_tuning=False, attention_bias=True,
         attention_chunk_size=None, tie_word_embeddings=True)),
+    # nanochat: unscaled RMSNorms (one on the embeddings too), RoPE turned backwards and
+    # the QK-norm after it, relu^2, logits capped at 15, GQA, untied
+    "nanochat-gqa": ("NanoChat", dict(**SMALL, num_key_value_heads=2)),
+    # attention biases, no cap, rope_theta off the default
+    "nanochat-bias": ("NanoChat", dict(**SMALL, attention_bias=True,
+                                       final_logit_softcapping=None,
+                                       rope_parameters=dict(rope_type="default",
+                                                            rope_theta=500.0))),
 }
 # the model class where it is not f"{prefix}ForCausalLM"
 MODEL_CLASS = {"Gemma3Text": "Gemma3ForCausalLM", "Llama4Text": "Llama4ForCausalLM"}

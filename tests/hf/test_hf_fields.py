@@ -73,7 +73,7 @@ IMPORTS = (
     "olmo2, olmo3, smollm3, gptj, gpt_neo, opt, stablelm, granite, falcon, mixtral, olmoe, "
     "qwen3_moe, granitemoe, qwen2_moe, gpt_oss, glm, glm4, starcoder2, exaone4, cohere, "
     "cohere2, seed_oss, ernie4_5, helium, arcee, glm4_moe, dots1, ernie4_5_moe, deepseek_v2, "
-    "deepseek_v3, llama4_text, llama4 "
+    "deepseek_v3, llama4_text, llama4, nanochat "
     "(GPT2LMHeadModel, "
     "LlamaForCausalLM, "
     "MistralForCausalLM, "
@@ -86,7 +86,7 @@ IMPORTS = (
     "Exaone4ForCausalLM, CohereForCausalLM, Cohere2ForCausalLM, SeedOssForCausalLM, "
     "Ernie4_5ForCausalLM, HeliumForCausalLM, ArceeForCausalLM, Glm4MoeForCausalLM, "
     "Dots1ForCausalLM, Ernie4_5_MoeForCausalLM, DeepseekV2ForCausalLM, DeepseekV3ForCausalLM, "
-    "Llama4ForCausalLM, Llama4ForConditionalGeneration)"
+    "Llama4ForCausalLM, Llama4ForConditionalGeneration, NanoChatForCausalLM)"
 )
 REFUSED: list[tuple[str, Any, str]] = [
     ("hidden_act", lambda: {**hf_dict("Llama", **SMALL), "hidden_act": "gelu"},

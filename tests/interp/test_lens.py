@@ -96,7 +96,11 @@ def test_lens_top_is_the_lens_top_tokens_one_layer_at_a_time() -> None:
                                         "shared_norm": True, "head_bias": True},
                                        {"pos": "rope", "norm": "rmsnorm", "mlp": "swiglu",
                                         "embedding_multiplier": 3.0, "residual_multiplier": 0.5,
-                                        "logits_scaling": 2.0}])
+                                        "logits_scaling": 2.0},
+                                       # nanochat's unscaled norms, one on the embeddings
+                                       {"pos": "rope", "norm": "unit_rmsnorm", "mlp": "relu2",
+                                        "embedding_norm": True, "qk_l2_norm": True,
+                                        "rope_backwards": True}])
 def test_attributions_sum_to_the_logit(overrides: dict) -> None:
     model = _model(**overrides)
     if model.lm_head.bias is not None:  # Phi's head bias, 0 at init: give it values

@@ -234,15 +234,16 @@ def _frozen(norm: nn.Module | None, full: Tensor
     dtype, centre = full.dtype, True
     if isinstance(norm, nn.LayerNorm):
         sigma = (full.var(-1, unbiased=False, keepdim=True) + norm.eps).sqrt()  # (B, 1)
-        gamma = norm.weight.to(dtype) if norm.weight is not None else torch.ones_like(full[0])
         beta = norm.bias.to(dtype) if norm.bias is not None else None
     elif isinstance(norm, RMSNorm | GemmaRMSNorm):  # no mean removed, no bias
         sigma = (full.pow(2).mean(-1, keepdim=True) + norm.eps).sqrt()  # (B, 1)
-        gamma, beta, centre = norm.weight.to(dtype), None, False
-        if isinstance(norm, GemmaRMSNorm):
-            gamma = 1.0 + gamma  # (C,): Gemma scales by 1 + weight
+        beta, centre = None, False
     else:  # no norm: the part goes on as it is
         return (lambda part: part.to(dtype)), None
+    # (C,): a norm without a learned scale (unit_rmsnorm, LayerNorm's option) scales by 1
+    gamma = norm.weight.to(dtype) if norm.weight is not None else torch.ones_like(full[0])
+    if isinstance(norm, GemmaRMSNorm):
+        gamma = 1.0 + gamma  # (C,): Gemma scales by 1 + weight
 
     def share(part: Tensor) -> Tensor:
         """(B, C) part of the norm's input -> (B, C) its share of the norm's output."""

@@ -15,8 +15,8 @@ from typing import TYPE_CHECKING, Any
 from .experts_config import check_experts
 from .latent_config import check_latent
 from .layers import GELUS, MLPS, NORMS
+from .position_config import check_positions
 from .presets import PRESETS as PRESETS
-from .rope import check_rope_scaling
 
 if TYPE_CHECKING:
     from torch import Tensor
@@ -50,7 +50,8 @@ class GPTConfig:
     mlp: str = "gelu"
     gelu: str = "tanh"  # "tanh" (GPT-2's approximation) or "exact" (erf: nanoGPT, faster on CPU)
     # pre-norm in blocks and final norm: "layernorm", "rmsnorm", "gemma_rmsnorm" (scaled by
-    # 1 + weight, in float32), "olmo_rmsnorm" (scaled before the cast back), "none"
+    # 1 + weight, in float32), "olmo_rmsnorm" (scaled before the cast back), "unit_rmsnorm"
+    # (no learned scale: nanochat's), "none"
     norm: str = "layernorm"
     residual: bool = True  # residual connections (False: attention output feeds the head)
     attn_out_proj: bool = True  # output projection after the heads are concatenated
@@ -110,9 +111,14 @@ class GPTConfig:
     scores_in_float32: bool = False
     # layers that rotate no q or k (NoPE: SmolLM3's every fourth); None = every layer rotates
     nope_layers: list[int] | None = None
-    # Llama 4: each head's q and k divided by their root mean square (no weight, eps norm_eps,
-    # in float32) after RoPE, in the layers that rotate
+    # each head's q and k divided by their root mean square (no weight, eps norm_eps, in
+    # float32) after RoPE, in the layers that rotate (Llama 4's, nanochat's)
     qk_l2_norm: bool = False
+    # RoPE turns each pair the other way, by minus its angle (nanochat's rotate_half is
+    # (x2, -x1), Llama's (-x2, x1))
+    rope_backwards: bool = False
+    # the embeddings normed (a `norm` of their own) before the first block (nanochat's)
+    embedding_norm: bool = False
     # Llama 4's temperature: a NoPE layer's q times 1 + nope_temperature * log(1 + floor((p +
     # 1) / nope_temperature_floor)) at position p, in float32 (0.0: none), so that its scores
     # sharpen as the context grows
@@ -274,17 +280,7 @@ class GPTConfig:
                 raise ValueError(f"GPTConfig.{name}={cap!r} must be a positive finite number "
                                  "(the cap of cap * tanh(x / cap); Gemma 2: 50.0 for "
                                  "attention, 30.0 for logits), or None for no cap")
-        check_rope_scaling(self.rope_scaling, theta=self.rope_theta,
-                           rotary_dims=rotary_dims if self.pos == "rope" else None)
-        # (rope_tables_rounded refines rope_in_float32: idle without it, whatever pos is)
-        for name in ("rope_in_float32", "rope_interleaved"):
-            if getattr(self, name) and self.pos != "rope":
-                raise ValueError(f"{name}=True says how RoPE turns q and k: it needs "
-                                 f"pos='rope', not pos={self.pos!r}")
-        if self.rope_scaling is not None and self.pos != "rope":
-            raise ValueError(
-                f"rope_scaling={self.rope_scaling} needs pos='rope', not pos={self.pos!r}"
-            )
+        check_positions(self)
         if self.sandwich_norm and (self.parallel_residual or not self.residual):
             raise ValueError("sandwich_norm norms each branch before its residual add: it needs "
                              "residual=True and parallel_residual=False")
@@ -299,11 +295,6 @@ class GPTConfig:
             if getattr(self, name) and (not self.qk_norm or both):
                 raise ValueError(f"{name}={getattr(self, name)!r} says how QK-norm is made: it "
                                  "needs qk_norm=True (and one of qk_norm_whole and qk_norm_heads)")
-        if self.local_rope_theta is not None and (
-                self.pos != "rope" or self.sliding_window is None or not self.local_rope_theta > 0):
-            raise ValueError(f"local_rope_theta={self.local_rope_theta} is the RoPE base of the "
-                             "sliding-window layers: it needs pos='rope', a sliding_window and "
-                             "a value > 0")
         if self.window_layers is not None:
             if self.sliding_window is None:
                 raise ValueError(
@@ -313,26 +304,6 @@ class GPTConfig:
             bad = [i for i in self.window_layers if not 0 <= i < self.n_layer]
             if bad:
                 raise ValueError(f"window_layers has {bad}, outside layers 0..{self.n_layer - 1}")
-        if self.nope_layers is not None:
-            bad = [i for i in self.nope_layers if not 0 <= i < self.n_layer]
-            if self.pos != "rope" or bad:
-                raise ValueError(f"nope_layers={self.nope_layers} names layers without RoPE: it "
-                                 f"needs pos='rope' and layers within 0..{self.n_layer - 1}")
-        self._check_llama4()
-
-    def _check_llama4(self) -> None:
-        """Llama 4's switches: the L2 QK-norm and the NoPE layers' temperature."""
-        if self.qk_l2_norm and (self.pos != "rope" or self.qk_norm):
-            raise ValueError("qk_l2_norm=True norms q and k after RoPE: it needs pos='rope' "
-                             "and no other QK-norm (qk_norm=False)")
-        scale, floor = self.nope_temperature, self.nope_temperature_floor
-        if isinstance(scale, bool) or not isinstance(scale, int | float) or not (
-                math.isfinite(scale) and scale >= 0) or (scale and self.nope_layers is None):
-            raise ValueError(f"nope_temperature={scale!r} sharpens the NoPE layers' scores: a "
-                             "finite number >= 0 (Llama 4's: 0.1) beside nope_layers; 0.0: none")
-        if isinstance(floor, bool) or not isinstance(floor, int) or floor < 1:
-            raise ValueError(f"nope_temperature_floor={floor!r} must be a positive integer "
-                             "(Llama 4's: 8192 positions)")
 
     @property
     def norm_biased(self) -> bool:
@@ -437,6 +408,7 @@ class GPTConfig:
         idle |= {"gelu"} if self.mlp not in ("gelu", "geglu") else set()
         idle |= {"swiglu_alpha", "swiglu_limit"} if self.mlp != "clamped_swiglu" else set()
         idle |= {"norm_bias"} if self.norm != "layernorm" else set()
+        idle |= {"embedding_norm"} if self.norm == "none" else set()  # an Identity either way
         idle |= {"bias"} if self.mlp == "none" else set()
         idle |= {"experts_per_token", "experts_normalized", "expert_weights_in_float32",
                  "experts_from_top_logits", "shared_expert_size", "router_bias",

@@ -175,7 +175,7 @@ class DecodeStep:
         # each layer's q, k, v Linear layers, whose weights `layers[i].qkv` copies
         self._qkv_sources = [(a.query, a.key, a.value) for a in (
             cast(CausalSelfAttention, b.attn) for b in cast("list[Block]", list(model.blocks)))]
-        self.ln_f = step_norm(model.ln_f)
+        self.ln_f, self.ln_emb = step_norm(model.ln_f), step_norm(model.ln_emb)
         self.wte = model.wte.weight.detach()
         self.embed_scale = embedding_scale(c.n_embd, self.wte) if c.scale_embeddings else None
         self.wpe = None if model.wpe is None else model.wpe.weight.detach()
@@ -284,6 +284,7 @@ class DecodeStep:
         if self.wpe is not None:
             # (C,): every row is at position pos, or (B, C) at its own
             x = x + (self.wpe[pos] if positions is None else F.embedding(positions, self.wpe))
+        x = _apply(self.ln_emb, x)  # (B, C): nanochat's embedding norm, where it has one
         at = torch.full((1, 1), pos, device=token.device) if positions is None else (
             positions[:, None])  # (B or 1, 1)
         ropes = layer_ropes(self.rotary, self.local_rotary, at)  # (B|1, 1, 1, rd) each
@@ -330,7 +331,7 @@ class DecodeStep:
         """Every tensor the step reads its weights from (`compiled_decode` marks them as
         fixed addresses for CUDA graphs)."""
         found = [self.wte, *([] if self.wpe is None else [self.wpe])]
-        for part in (*self.layers, self.lm_head, self.ln_f):
+        for part in (*self.layers, self.lm_head, self.ln_f, self.ln_emb):
             found += _tensors_in(part)
         return found
 

@@ -167,7 +167,8 @@ def step_norm(module: nn.Module | None) -> StepNorm | None:
     if isinstance(module, HeadsLayerNorm):
         return StepNorm(module.weight.detach(), None, module.eps, False, heads=module.steps)
     if isinstance(module, RMSNorm | GemmaRMSNorm):
-        return StepNorm(module.weight.detach(), None, module.eps, True,
+        weight = None if module.weight is None else module.weight.detach()  # unit_rmsnorm's
+        return StepNorm(weight, None, module.eps, True,
                      isinstance(module, GemmaRMSNorm), getattr(module, "wide_scale", False))
     if not isinstance(module, nn.LayerNorm):
         return None  # nn.Identity (norm="none")

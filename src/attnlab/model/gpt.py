@@ -49,11 +49,13 @@ class GPT(nn.Module):
         self.wpe = nn.Embedding(c.block_size, c.n_embd) if c.pos == "learned" else None
         # rotary: float32 frequencies, cos/sin computed per call (no block_size table)
         self.rotary = Rotary(c.rotary_dims, 1.0, c.rope_theta, c.rope_scaling,
-                             c.rope_interleaved) if c.pos == "rope" else None
+                             c.rope_interleaved, c.rope_backwards) if c.pos == "rope" else None
         # the sliding-window layers' own RoPE base (Gemma 3); None: they use `rotary`
         self.local_rotary = None if c.local_rope_theta is None else Rotary(
-            c.rotary_dims, 1.0, c.local_rope_theta, None, c.rope_interleaved)
+            c.rotary_dims, 1.0, c.local_rope_theta, None, c.rope_interleaved, c.rope_backwards)
         self.drop = nn.Dropout(c.dropout)
+        # nanochat's norm of the embeddings before the first block; None: none
+        self.ln_emb = norm_of(c) if c.embedding_norm else None
         self.blocks = nn.ModuleList([Block(c, i) for i in range(c.n_layer)])
         self.ln_f = norm_of(c)
         self.lm_head = Linear(c.n_embd, c.vocab_size, bias=c.head_bias)
@@ -260,6 +262,8 @@ class GPT(nn.Module):
             if pos_emb is not None:
                 pos_emb = seam.record("pos_emb", pos_emb)
         x = self.drop(tok_emb if pos_emb is None else tok_emb + pos_emb)  # (B, T, C)
+        if self.ln_emb is not None:
+            x = self.ln_emb(x)  # (B, T, C): what the first block reads ("emb")
         if seam is not None:
             x = seam.record("emb", x)
         return x

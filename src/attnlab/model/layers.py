@@ -24,7 +24,7 @@ from . import runtime, tf32x3
 #: imported weights need it; the exact (erf) form is faster on CPUs, forward and backward
 #: (docs/performance.md#gelu), and nanoGPT and Pythia use it.
 GELUS = {"tanh": "tanh", "exact": "none"}
-NORMS = ("layernorm", "rmsnorm", "gemma_rmsnorm", "olmo_rmsnorm", "none")
+NORMS = ("layernorm", "rmsnorm", "gemma_rmsnorm", "olmo_rmsnorm", "unit_rmsnorm", "none")
 MLPS = ("gelu", "relu", "relu2", "swiglu", "geglu", "clamped_swiglu", "none")
 GATED = ("swiglu", "geglu", "clamped_swiglu")  # the MLP kinds with a gate projection
 # ----------------------------------------------------------------------------- linear
@@ -176,20 +176,22 @@ def rms_norm(x: Tensor, weight: Tensor | None, eps: float, wide_scale: bool = Fa
 
 class RMSNorm(nn.Module):
     """Root-mean-square norm with a learned scale (no bias, no mean subtraction); with
-    `wide_scale` the scale multiplies before the cast back (`rms_norm`; norm="olmo_rmsnorm")."""
+    `wide_scale` the scale multiplies before the cast back (`rms_norm`; norm="olmo_rmsnorm");
+    without `scaled`, no scale at all (norm="unit_rmsnorm": nanochat's)."""
 
-    def __init__(self, dim: int, eps: float = 1e-5, wide_scale: bool = False) -> None:
+    def __init__(self, dim: int, eps: float = 1e-5, wide_scale: bool = False,
+                 scaled: bool = True) -> None:
         super().__init__()
-        self.weight = nn.Parameter(torch.ones(dim))
-        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(dim)) if scaled else None
+        self.dim, self.eps = dim, eps
         self.wide_scale = wide_scale
 
     def forward(self, x: Tensor) -> Tensor:
         return rms_norm(x, self.weight, self.eps, self.wide_scale)  # (..., C)
 
     def extra_repr(self) -> str:
-        return f"{self.weight.shape[0]}, eps={self.eps}" + (
-            ", wide_scale=True" if self.wide_scale else "")
+        return f"{self.dim}, eps={self.eps}" + (", wide_scale=True" if self.wide_scale else "") + (
+            "" if self.weight is not None else ", scaled=False")
 
 
 def gemma_rms_norm(x: Tensor, weight: Tensor, eps: float) -> Tensor:
@@ -257,8 +259,8 @@ def make_norm(kind: str, dim: int, *, eps: float = 1e-5, bias: bool = True) -> n
     float32), Gemma's RMSNorm, or Identity."""
     if kind == "layernorm":
         return nn.LayerNorm(dim, eps=eps, bias=bias)
-    if kind in ("rmsnorm", "olmo_rmsnorm"):
-        return RMSNorm(dim, eps, wide_scale=kind == "olmo_rmsnorm")
+    if kind in ("rmsnorm", "olmo_rmsnorm", "unit_rmsnorm"):
+        return RMSNorm(dim, eps, wide_scale=kind == "olmo_rmsnorm", scaled=kind != "unit_rmsnorm")
     if kind == "gemma_rmsnorm":
         return GemmaRMSNorm(dim, eps)
     if kind == "none":

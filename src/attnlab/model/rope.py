@@ -280,9 +280,11 @@ class Rotary:
     def __init__(
         self, head_size: int, rotary_pct: float = 1.0, theta: float = 10000.0,
         rope_scaling: Mapping[str, Any] | None = None, interleaved: bool = False,
+        backwards: bool = False,
     ) -> None:
         self.dims = int(head_size * rotary_pct)  # rd
         self.interleaved = interleaved  # cos and sin laid out for adjacent pairs (GPT-J)
+        self.backwards = backwards  # sin negated: each pair turned by minus its angle
         self.inv_freq = rope_inv_freq(self.dims, theta, rope_scaling)  # (rd/2,)
         self.switch: int | None = None  # longrope: how many positions the short set covers
         self.long_inv_freq: Tensor | None = None  # (rd/2,) longrope's long set
@@ -306,7 +308,8 @@ class Rotary:
     def cos_sin(self, positions: Tensor) -> tuple[Tensor, Tensor]:
         """positions (B or 1, T) -> cos, sin (B or 1, 1, T, rd) in float32, broadcasting over
         heads: Hugging Face's `cat((freqs, freqs))` layout (`interleaved`: each frequency twice
-        in a row, GPT-J's `repeat_interleave`), times the attention factor. Every
+        in a row, GPT-J's `repeat_interleave`), sin negated where `backwards` (nanochat's
+        rotate_half turns the other way), times the attention factor. Every
         path that rotates q and k (explicit, fused, traced, the decode step, the compiled
         decode) takes them from here."""
         sets = self._on.get(positions.device)
@@ -320,9 +323,12 @@ class Rotary:
         freqs = positions[:, None, :, None].float() * inv_freq  # (B, 1, T, rd/2)
         emb = freqs.repeat_interleave(2, dim=-1) if self.interleaved else torch.cat(
             (freqs, freqs), dim=-1)  # (B, 1, T, rd)
+        cos, sin = emb.cos(), emb.sin()  # (B, 1, T, rd) each
+        if self.backwards:  # nanochat's turn: exact, a sign flipped
+            sin = sin.neg_()
         if self.attention_factor == 1.0:  # skip two multiplications by 1
-            return emb.cos(), emb.sin()
-        return emb.cos() * self.attention_factor, emb.sin() * self.attention_factor
+            return cos, sin
+        return cos * self.attention_factor, sin * self.attention_factor
 
 
 Rope = tuple[Tensor, Tensor]  # cos, sin (B|1, 1, T, rd)
