@@ -498,6 +498,15 @@ CASES: dict[str, tuple[str, dict[str, Any]]] = {
                                        final_logit_softcapping=None,
                                        rope_parameters=dict(rope_type="default",
                                                             rope_theta=500.0))),
+    # StarCoder / SantaCoder: GPT-2's blocks with multi-query attention in one c_attn
+    "gpt_bigcode-mqa": ("GPTBigCode", dict(vocab_size=97, n_embd=32, n_layer=2, n_head=4,
+                                           n_positions=128, n_inner=48)),
+    # every head its own k and v (c_attn per head), the exact GELU, unscaled scores, untied
+    "gpt_bigcode-mha": ("GPTBigCode", dict(vocab_size=97, n_embd=32, n_layer=2, n_head=4,
+                                           n_positions=128, multi_query=False,
+                                           activation_function="gelu",
+                                           scale_attn_weights=False,
+                                           tie_word_embeddings=False)),
 }
 # the model class where it is not f"{prefix}ForCausalLM"
 MODEL_CLASS = {"Gemma3Text": "Gemma3ForCausalLM", "Llama4Text": "Llama4ForCausalLM"}

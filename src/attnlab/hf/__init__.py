@@ -13,7 +13,8 @@ SeedOssForCausalLM, Ernie4_5ForCausalLM, HeliumForCausalLM, ArceeForCausalLM, an
 DeepSeek-V3-style mixtures Glm4MoeForCausalLM and Dots1ForCausalLM, ERNIE 4.5's mixture
 Ernie4_5_MoeForCausalLM, DeepSeek's own with latent attention, DeepseekV2ForCausalLM and
 DeepseekV3ForCausalLM, and Llama 4's Llama4ForCausalLM (and the language model of its
-multimodal Llama4ForConditionalGeneration releases), and nanochat's NanoChatForCausalLM.
+multimodal Llama4ForConditionalGeneration releases), nanochat's NanoChatForCausalLM and
+BigCode's GPTBigCodeForCausalLM (StarCoder, SantaCoder).
 `registry.py` holds the Family / WeightMap machinery, `fields.py` the config-field
 bookkeeping (every field is honoured, refused by name, or listed there as irrelevant),
 `files.py` the directory reading and writing (the tokenizer files themselves are
@@ -79,6 +80,7 @@ from .gemma3 import NEAR_MISSES as GEMMA3_NEAR_MISSES
 from .glm import GLM, GLM4
 from .glm4_moe import GLM4_MOE
 from .gpt2 import GPT2
+from .gpt_bigcode import GPT_BIGCODE
 from .gpt_neo import GPT_NEO
 from .gpt_neox import GPT_NEOX
 from .gpt_oss import GPT_OSS, MXFP4
@@ -113,8 +115,8 @@ _Files = TensorFiles | BinTensors | Mxfp4Files | Fp8Files
 # export picks the first family a GPTConfig fits, so the plainest comes first
 FAMILIES: tuple[Family, ...] = (GPT2, LLAMA, MISTRAL, QWEN2, QWEN3, GPT_NEOX, GEMMA, GEMMA2,
                                GEMMA3, PHI, PHI3, OLMO2, OLMO3, SMOLLM3, GPTJ, GPT_NEO, OPT,
-                               STABLELM, GRANITE, FALCON, MIXTRAL, OLMOE, QWEN3_MOE,
-                               GRANITEMOE, QWEN2_MOE, GPT_OSS, GLM, GLM4, STARCODER2,
+                               STABLELM, GRANITE, FALCON, GPT_BIGCODE, MIXTRAL, OLMOE,
+                               QWEN3_MOE, GRANITEMOE, QWEN2_MOE, GPT_OSS, GLM, GLM4, STARCODER2,
                                EXAONE4, COHERE, COHERE2, SEED_OSS, ERNIE4_5, HELIUM,
                                ARCEE, GLM4_MOE, DOTS1, ERNIE4_5_MOE,
                                DEEPSEEK_V2, DEEPSEEK_V3, LLAMA4, LLAMA4_MULTIMODAL,

@@ -28,21 +28,22 @@ from .registry import QKV, Family, Fused, WeightMap
 IRRELEVANT = frozenset({"apply_residual_connection_post_layernorm", "auto_map"})
 
 
-def _split(qkv: Tensor, config: GPTConfig) -> tuple[Tensor, ...]:
-    """query_key_value weight -> q, k, v: [q | k | v] rows with one key/value head, else per
-    head (nh, 3, hs) rows."""
+def split_multi_query(qkv: Tensor, config: GPTConfig) -> tuple[Tensor, ...]:
+    """A fused q/k/v weight or bias -> q, k, v: [q | k | v] rows with one key/value head, else
+    per head (nh, 3, hs) rows (Falcon's query_key_value, GPTBigCode's c_attn)."""
     if config.n_kv_heads != 1:
         return split_per_head(qkv, config)
     hs = config.head_size
     widths = [config.n_head * hs, hs, hs]
     if qkv.shape[0] != sum(widths):
-        raise ValueError(f"Falcon query_key_value has shape {tuple(qkv.shape)}, expected "
-                         f"{sum(widths)} rows for {config.n_head} query heads and one "
-                         f"key/value head of {hs}; config.json and the weights disagree")
+        raise ValueError(f"a fused q/k/v of shape {tuple(qkv.shape)}, expected {sum(widths)} "
+                         f"rows for {config.n_head} query heads and one key/value head of "
+                         f"{hs}; config.json and the weights disagree")
     return tuple(qkv.split(widths))
 
 
-def _join(parts: Sequence[Tensor], config: GPTConfig) -> Tensor:
+def join_multi_query(parts: Sequence[Tensor], config: GPTConfig) -> Tensor:
+    """`split_multi_query` the other way: q, k, v -> the fused weight or bias."""
     if config.n_kv_heads != 1:
         return join_per_head(parts, config)
     return torch.cat(list(parts))  # (nh hs + 2 hs, C)
@@ -55,7 +56,7 @@ WEIGHTS = WeightMap(
            "attn.out_proj": "self_attention.dense", "mlp.fc": "mlp.dense_h_to_4h",
            "mlp.proj": "mlp.dense_4h_to_h"},
     base="transformer.",
-    fused=(Fused("self_attention.query_key_value", QKV, _split, _join),),
+    fused=(Fused("self_attention.query_key_value", QKV, split_multi_query, join_multi_query),),
 )
 
 

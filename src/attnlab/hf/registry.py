@@ -3,7 +3,7 @@ one weight-renaming engine every family declares its names to.
 
 A family (one small module each: gpt2.py, gpt_neo.py, llama.py, qwen2.py, qwen3.py,
 gpt_neox.py, gptj.py, opt.py, the gemma*.py, phi.py, phi3.py, the olmo*.py, smollm3.py,
-stablelm.py, granite.py, falcon.py, glm.py, starcoder2.py, exaone4.py, cohere.py,
+stablelm.py, granite.py, falcon.py, gpt_bigcode.py, glm.py, starcoder2.py, exaone4.py, cohere.py,
 seed_oss.py, ernie4_5.py, helium.py, arcee.py, nanochat.py; the mixtures of experts
 mixtral.py, olmoe.py, qwen3_moe.py, qwen2_moe.py, granitemoe.py, gpt_oss.py, glm4_moe.py,
 dots1.py, ernie4_5_moe.py, llama4.py; DeepSeek's with latent attention, deepseek.py) is a
