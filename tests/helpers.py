@@ -302,7 +302,7 @@ def modern_switches(n_layer: int = 2, latent: bool = False) -> Any:
     bias and a clamp; a scaling, an ungated shared expert, a dense first layer or a mixture
     on the last layer alone), gpt-oss's attention sinks and clamped SwiGLU, Llama 4's L2
     QK-norm, NoPE layers' temperature and input-scaling router, nanochat's unscaled norms,
-    embedding norm and backward RoPE), valid for a
+    embedding norm and backward RoPE, OLMo 1's unscaled LayerNorm and q/k/v clamp), valid for a
     model with 4 query heads (head size 4 or 8). The property tests of model, attention,
     cache, trace and generation draw from it so every invariant runs over every switch.
     `latent`: DeepSeek's latent attention too, for tests with one k and v per query head and
@@ -324,7 +324,8 @@ def modern_switches(n_layer: int = 2, latent: bool = False) -> Any:
         switches: dict[str, Any] = {
             "pos": pos,
             "norm": draw(st.sampled_from(["layernorm", "rmsnorm", "gemma_rmsnorm", "olmo_rmsnorm",
-                                          "unit_rmsnorm", "none"])),
+                                          "unit_rmsnorm", "unit_layernorm", "none"])),
+            "qkv_clip": draw(st.sampled_from([None, 0.5])),  # OLMo 1's clamp
             "embedding_norm": draw(st.booleans()),  # nanochat's
             "mlp": draw(st.sampled_from(["gelu", "relu", "relu2", "swiglu", "geglu",
                                          "clamped_swiglu", "none"])),
@@ -402,7 +403,8 @@ def modern_switches(n_layer: int = 2, latent: bool = False) -> Any:
             switches.update(kv_latent=6, q_latent=draw(st.sampled_from([None, 5])), n_kv_head=None,
                             rope_head_dim=2, v_head_dim=draw(st.sampled_from([None, 3])),
                             qk_norm=False, qk_norm_whole=False, qk_norm_heads=None,
-                            attn_sinks=False, qk_l2_norm=False, nope_temperature=0.0)
+                            attn_sinks=False, qk_l2_norm=False, nope_temperature=0.0,
+                            qkv_clip=None)
         window = draw(st.sampled_from([None, 2, 3]))
         if window is not None:
             switches["sliding_window"] = window

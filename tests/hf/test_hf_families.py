@@ -507,6 +507,11 @@ CASES: dict[str, tuple[str, dict[str, Any]]] = {
                                            activation_function="gelu",
                                            scale_attn_weights=False,
                                            tie_word_embeddings=False)),
+    # OLMo 1: LayerNorms without scale or bias, q/k/v clamped, GQA, untied
+    "olmo-clip": ("Olmo", dict(**SMALL, num_key_value_heads=2, clip_qkv=0.3)),
+    # no clamp, attention biases, tied, rope_theta off the default
+    "olmo-bias": ("Olmo", dict(**SMALL, attention_bias=True, tie_word_embeddings=True,
+                               rope_parameters=dict(rope_type="default", rope_theta=500.0))),
 }
 # the model class where it is not f"{prefix}ForCausalLM"
 MODEL_CLASS = {"Gemma3Text": "Gemma3ForCausalLM", "Llama4Text": "Llama4ForCausalLM"}

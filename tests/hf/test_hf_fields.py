@@ -70,7 +70,7 @@ YARN = {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 
 #: what a config.json of no known model_type is told attnlab imports
 IMPORTS = (
     "gpt2, llama, mistral, qwen2, qwen3, gpt_neox, gemma, gemma2, gemma3_text, phi, phi3, "
-    "olmo2, olmo3, smollm3, gptj, gpt_neo, opt, stablelm, granite, falcon, gpt_bigcode, "
+    "olmo, olmo2, olmo3, smollm3, gptj, gpt_neo, opt, stablelm, granite, falcon, gpt_bigcode, "
     "mixtral, olmoe, "
     "qwen3_moe, granitemoe, qwen2_moe, gpt_oss, glm, glm4, starcoder2, exaone4, cohere, "
     "cohere2, seed_oss, ernie4_5, helium, arcee, glm4_moe, dots1, ernie4_5_moe, deepseek_v2, "
@@ -79,7 +79,8 @@ IMPORTS = (
     "LlamaForCausalLM, "
     "MistralForCausalLM, "
     "Qwen2ForCausalLM, Qwen3ForCausalLM, GPTNeoXForCausalLM, GemmaForCausalLM, "
-    "Gemma2ForCausalLM, Gemma3ForCausalLM, PhiForCausalLM, Phi3ForCausalLM, Olmo2ForCausalLM, "
+    "Gemma2ForCausalLM, Gemma3ForCausalLM, PhiForCausalLM, Phi3ForCausalLM, OlmoForCausalLM, "
+    "Olmo2ForCausalLM, "
     "Olmo3ForCausalLM, SmolLM3ForCausalLM, GPTJForCausalLM, GPTNeoForCausalLM, OPTForCausalLM, "
     "StableLmForCausalLM, GraniteForCausalLM, FalconForCausalLM, GPTBigCodeForCausalLM, "
     "MixtralForCausalLM, "

@@ -100,7 +100,10 @@ def test_lens_top_is_the_lens_top_tokens_one_layer_at_a_time() -> None:
                                        # nanochat's unscaled norms, one on the embeddings
                                        {"pos": "rope", "norm": "unit_rmsnorm", "mlp": "relu2",
                                         "embedding_norm": True, "qk_l2_norm": True,
-                                        "rope_backwards": True}])
+                                        "rope_backwards": True},
+                                       # OLMo 1's LayerNorm without scale or bias
+                                       {"pos": "rope", "norm": "unit_layernorm",
+                                        "mlp": "swiglu", "qkv_clip": 0.5}])
 def test_attributions_sum_to_the_logit(overrides: dict) -> None:
     model = _model(**overrides)
     if model.lm_head.bias is not None:  # Phi's head bias, 0 at init: give it values

@@ -395,7 +395,8 @@ def test_sampling_reads_the_capped_logits_before_the_temperature() -> None:
 # ----------------------------------------------------------------------------- config
 
 
-@pytest.mark.parametrize("name", ["attn_logit_softcapping", "final_logit_softcapping"])
+@pytest.mark.parametrize("name", ["attn_logit_softcapping", "final_logit_softcapping",
+                                  "qkv_clip"])
 @pytest.mark.parametrize("value", [0, -1.0, float("nan"), float("inf"), "50", True])
 def test_the_config_refuses_a_cap_that_is_not_a_positive_number(name: str, value: Any) -> None:
     with pytest.raises(ValueError, match=rf"GPTConfig.{name}={value!r} must be a positive "

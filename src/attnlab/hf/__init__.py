@@ -13,8 +13,8 @@ SeedOssForCausalLM, Ernie4_5ForCausalLM, HeliumForCausalLM, ArceeForCausalLM, an
 DeepSeek-V3-style mixtures Glm4MoeForCausalLM and Dots1ForCausalLM, ERNIE 4.5's mixture
 Ernie4_5_MoeForCausalLM, DeepSeek's own with latent attention, DeepseekV2ForCausalLM and
 DeepseekV3ForCausalLM, and Llama 4's Llama4ForCausalLM (and the language model of its
-multimodal Llama4ForConditionalGeneration releases), nanochat's NanoChatForCausalLM and
-BigCode's GPTBigCodeForCausalLM (StarCoder, SantaCoder).
+multimodal Llama4ForConditionalGeneration releases), nanochat's NanoChatForCausalLM,
+BigCode's GPTBigCodeForCausalLM (StarCoder, SantaCoder) and OLMo 1's OlmoForCausalLM.
 `registry.py` holds the Family / WeightMap machinery, `fields.py` the config-field
 bookkeeping (every field is honoured, refused by name, or listed there as irrelevant),
 `files.py` the directory reading and writing (the tokenizer files themselves are
@@ -93,6 +93,7 @@ from .llama4 import LLAMA4, LLAMA4_MULTIMODAL
 from .mixtral import MIXTRAL
 from .mxfp4 import Mxfp4Files
 from .nanochat import NANOCHAT
+from .olmo import OLMO
 from .olmo2 import OLMO2
 from .olmo3 import OLMO3
 from .olmoe import OLMOE
@@ -114,7 +115,7 @@ _Files = TensorFiles | BinTensors | Mxfp4Files | Fp8Files
 
 # export picks the first family a GPTConfig fits, so the plainest comes first
 FAMILIES: tuple[Family, ...] = (GPT2, LLAMA, MISTRAL, QWEN2, QWEN3, GPT_NEOX, GEMMA, GEMMA2,
-                               GEMMA3, PHI, PHI3, OLMO2, OLMO3, SMOLLM3, GPTJ, GPT_NEO, OPT,
+                               GEMMA3, PHI, PHI3, OLMO, OLMO2, OLMO3, SMOLLM3, GPTJ, GPT_NEO, OPT,
                                STABLELM, GRANITE, FALCON, GPT_BIGCODE, MIXTRAL, OLMOE,
                                QWEN3_MOE, GRANITEMOE, QWEN2_MOE, GPT_OSS, GLM, GLM4, STARCODER2,
                                EXAONE4, COHERE, COHERE2, SEED_OSS, ERNIE4_5, HELIUM,

@@ -53,7 +53,7 @@ from torch import Tensor, nn
 
 from ..model.block import Block
 from ..model.gpt import check_position, per_row_ids, require_eval, unembed_scaled
-from ..model.layers import GemmaRMSNorm, RMSNorm, branch_scaled, soft_cap
+from ..model.layers import GemmaRMSNorm, RMSNorm, UnitLayerNorm, branch_scaled, soft_cap
 from ..model.names import absent_names
 from ..model.packed import weight_of
 from ..model.runtime import wide
@@ -232,16 +232,18 @@ def _frozen(norm: nn.Module | None, full: Tensor
     the norm's bias (C,) or None). The shares of parts summing to `full`, plus the bias, sum
     to norm(full). A model without the norm (None, or nn.Identity) passes parts through."""
     dtype, centre = full.dtype, True
-    if isinstance(norm, nn.LayerNorm):
+    if isinstance(norm, nn.LayerNorm | UnitLayerNorm):
         sigma = (full.var(-1, unbiased=False, keepdim=True) + norm.eps).sqrt()  # (B, 1)
-        beta = norm.bias.to(dtype) if norm.bias is not None else None
+        bias = getattr(norm, "bias", None)  # (C,) or None: UnitLayerNorm has none
+        beta = bias.to(dtype) if bias is not None else None
     elif isinstance(norm, RMSNorm | GemmaRMSNorm):  # no mean removed, no bias
         sigma = (full.pow(2).mean(-1, keepdim=True) + norm.eps).sqrt()  # (B, 1)
         beta, centre = None, False
     else:  # no norm: the part goes on as it is
         return (lambda part: part.to(dtype)), None
     # (C,): a norm without a learned scale (unit_rmsnorm, LayerNorm's option) scales by 1
-    gamma = norm.weight.to(dtype) if norm.weight is not None else torch.ones_like(full[0])
+    weight = getattr(norm, "weight", None)
+    gamma = weight.to(dtype) if weight is not None else torch.ones_like(full[0])
     if isinstance(norm, GemmaRMSNorm):
         gamma = 1.0 + gamma  # (C,): Gemma scales by 1 + weight
 

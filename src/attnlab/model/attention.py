@@ -243,6 +243,7 @@ class CausalSelfAttention(nn.Module):
         rope_pairs: RoPE turns adjacent pairs of dims (GPT-J's layout), not halves.
         l2_eps: each head's q and k divided by their root mean square (`rms_norm` without a
             weight, this eps) after RoPE (Llama 4's layers with RoPE); None: not.
+        clip: q, k and v clamped to +-clip as they leave their projections (OLMo 1's).
         scores_in_float32: `attend`'s `wide` (GPT-J's and GPT-Neo's scores).
         rope_names: record q_pre_rope / k_pre_rope on calls without `rope` too (a RoPE
             model's layers without it, NoPE: equal to q and k).
@@ -286,6 +287,7 @@ class CausalSelfAttention(nn.Module):
         scores_in_float32: bool = False,
         sinks: bool = False,
         l2_eps: float | None = None,
+        clip: float | None = None,
     ) -> None:
         super().__init__()
         d_out = d_in if d_out is None else d_out
@@ -320,7 +322,7 @@ class CausalSelfAttention(nn.Module):
         self.rope_pairs, self.scores_in_float32 = rope_pairs, scores_in_float32
         # a RoPE model's layer names q_pre_rope / k_pre_rope even where it turns nothing (NoPE)
         self.rope_names = rope_names
-        self.l2_eps = l2_eps
+        self.l2_eps, self.clip = l2_eps, clip
         self.q_norm: nn.Module | None = None
         self.k_norm: nn.Module | None = None
         if qk_norm and qk_norm_kind.startswith("heads_"):  # a weight row per head
@@ -335,6 +337,36 @@ class CausalSelfAttention(nn.Module):
     def _heads(self, x: Tensor, n: int) -> Tensor:
         B, T, _ = x.shape
         return x.view(B, T, n, self.head_size).transpose(1, 2)  # (B, T, n, hs) -> (B, n, T, hs)
+
+    def _project(self, x: Tensor, source: Tensor, trace: LayerTrace | None,
+                 rope: tuple[Tensor, Tensor] | None, temperature: Tensor | None
+                 ) -> tuple[Tensor, Tensor, Tensor]:
+        """x (B, T, C) and the keys' source (B, S_new, C) -> q (B, nh, T, hs), this call's k
+        and v (B, nkv, S_new, hs): projected, clamped, QK-normed, turned by RoPE, L2-normed
+        and the q tempered, each where this attention does it (`forward`'s arguments)."""
+        q, k = self.query(x), self.key(source)  # (B, T, nh * hs), (B, S_new, nkv * hs)
+        v = self.value(source)  # (B, S_new, nkv * hs)
+        if self.clip is not None:
+            q, k, v = (t.clamp(-self.clip, self.clip) for t in (q, k, v))  # same shapes
+        q_norm, k_norm = self.q_norm, self.k_norm
+        if q_norm is not None and k_norm is not None and self.qk_norm_whole:
+            q, k = q_norm(q), k_norm(k)  # over each token's whole q and k
+        q = self._heads(q, self.n_head)  # (B, nh, T, hs)
+        k = self._heads(k, self.n_kv_head)  # (B, nkv, S_new, hs)
+        v = self._heads(v, self.n_kv_head)  # (B, nkv, S_new, hs)
+        if q_norm is not None and k_norm is not None and not self.qk_norm_whole:
+            q, k = q_norm(q), k_norm(k)  # per head, over hs
+        if trace is not None and (rope is not None or self.rope_names):
+            q = trace.record("q_pre_rope", q)  # a NoPE layer's: q itself
+            k = trace.record("k_pre_rope", k)
+        if rope is not None:
+            how = self.rope_in_float32, self.rope_pairs, self.rope_tables_rounded
+            q, k = apply_rotary(q, *rope, *how), apply_rotary(k, *rope, *how)  # same shapes
+        if self.l2_eps is not None:
+            q, k = rms_norm(q, None, self.l2_eps), rms_norm(k, None, self.l2_eps)  # same shapes
+        if temperature is not None:
+            q = (q * temperature).to(q.dtype)  # (B, nh, T, hs), multiplied in float32
+        return q, k, v
 
     def forward(
         self,
@@ -365,25 +397,7 @@ class CausalSelfAttention(nn.Module):
             raise ValueError(f"x must be (B, T, C), got shape {tuple(x.shape)}")
         source = x if context is None else context
         B, T, _ = x.shape
-        q, k = self.query(x), self.key(source)  # (B, T, nh * hs), (B, S_new, nkv * hs)
-        q_norm, k_norm = self.q_norm, self.k_norm
-        if q_norm is not None and k_norm is not None and self.qk_norm_whole:
-            q, k = q_norm(q), k_norm(k)  # over each token's whole q and k
-        q = self._heads(q, self.n_head)  # (B, nh, T, hs)
-        k = self._heads(k, self.n_kv_head)  # (B, nkv, S_new, hs)
-        v = self._heads(self.value(source), self.n_kv_head)  # (B, nkv, S_new, hs)
-        if q_norm is not None and k_norm is not None and not self.qk_norm_whole:
-            q, k = q_norm(q), k_norm(k)  # per head, over hs
-        if trace is not None and (rope is not None or self.rope_names):
-            q = trace.record("q_pre_rope", q)  # a NoPE layer's: q itself
-            k = trace.record("k_pre_rope", k)
-        if rope is not None:
-            how = self.rope_in_float32, self.rope_pairs, self.rope_tables_rounded
-            q, k = apply_rotary(q, *rope, *how), apply_rotary(k, *rope, *how)  # same shapes
-        if self.l2_eps is not None:
-            q, k = rms_norm(q, None, self.l2_eps), rms_norm(k, None, self.l2_eps)  # same shapes
-        if temperature is not None:
-            q = (q * temperature).to(q.dtype)  # (B, nh, T, hs), multiplied in float32
+        q, k, v = self._project(x, source, trace, rope, temperature)  # (B, heads, T, hs)
         if kv_cache is not None:
             k, v = kv_cache.update(pos, k, v)  # (B, nkv, S, hs) with S = pos + S_new
         if trace is not None:

@@ -51,7 +51,8 @@ class GPTConfig:
     gelu: str = "tanh"  # "tanh" (GPT-2's approximation) or "exact" (erf: nanoGPT, faster on CPU)
     # pre-norm in blocks and final norm: "layernorm", "rmsnorm", "gemma_rmsnorm" (scaled by
     # 1 + weight, in float32), "olmo_rmsnorm" (scaled before the cast back), "unit_rmsnorm"
-    # (no learned scale: nanochat's), "none"
+    # (no learned scale: nanochat's), "unit_layernorm" (no scale or bias, in float32: OLMo
+    # 1's), "none"
     norm: str = "layernorm"
     residual: bool = True  # residual connections (False: attention output feeds the head)
     attn_out_proj: bool = True  # output projection after the heads are concatenated
@@ -85,6 +86,8 @@ class GPTConfig:
     # rotated part (Llama's and GPT-NeoX's rotate_half)
     rope_interleaved: bool = False
     qkv_bias: bool | None = None  # bias on query/key/value; None = bias
+    # q, k and v clamped to +-qkv_clip as they leave their projections (OLMo 1's clip_qkv)
+    qkv_clip: float | None = None
     out_bias: bool | None = None  # bias on the attention output projection; None = bias
     parallel_residual: bool = False  # x + attn(ln_1(x)) + mlp(ln_2(x)) (GPT-NeoX)
     # the parallel residual's branches read one norm: x + attn(ln_1(x)) + mlp(ln_1(x)), no
@@ -273,13 +276,13 @@ class GPTConfig:
                 f"rotary_pct={self.rotary_pct} rotates {rotary_dims} of {self.head_size} dims; "
                 "RoPE needs at least 2: raise rotary_pct or head_dim"
             )
-        for name in ("attn_logit_softcapping", "final_logit_softcapping"):
+        for name in ("attn_logit_softcapping", "final_logit_softcapping", "qkv_clip"):
             cap = getattr(self, name)
             if cap is not None and (isinstance(cap, bool) or not isinstance(cap, int | float)
                                     or not math.isfinite(cap) or not cap > 0):
                 raise ValueError(f"GPTConfig.{name}={cap!r} must be a positive finite number "
-                                 "(the cap of cap * tanh(x / cap); Gemma 2: 50.0 for "
-                                 "attention, 30.0 for logits), or None for no cap")
+                                 "(a soft cap's cap * tanh(x / cap), Gemma 2's 50.0 and 30.0; "
+                                 "qkv_clip's clamp, OLMo 1's 8.0), or None for no cap")
         check_positions(self)
         if self.sandwich_norm and (self.parallel_residual or not self.residual):
             raise ValueError("sandwich_norm norms each branch before its residual add: it needs "

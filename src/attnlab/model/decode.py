@@ -295,6 +295,8 @@ class DecodeStep:
         for i, layer in enumerate(self.layers):
             h = _apply(layer.ln_1, x)  # (B, C)
             qkv = layer.qkv(h)  # (B, (nh + 2*nkv) * hs)
+            if c.qkv_clip is not None:  # OLMo 1's clamp, the same on the stacked output
+                qkv = qkv.clamp_(-c.qkv_clip, c.qkv_clip)  # (B, (nh + 2*nkv) * hs)
             # one position per row: (B, heads * hs) is (B, heads, 1, hs) as it lies in memory
             q, k, v = qkv.view(B, nh + 2 * nkv, 1, hs).split_with_sizes((nh, nkv, nkv), dim=1)
             if layer.q_norm is not None and layer.k_norm is not None:

@@ -15,9 +15,11 @@ from .layers import (
     GemmaRMSNorm,
     HeadsLayerNorm,
     RMSNorm,
+    UnitLayerNorm,
     gemma_rms_norm,
     heads_layer_norm,
     rms_norm,
+    unit_layer_norm,
 )
 from .packed import PackedLinear
 
@@ -146,7 +148,7 @@ class StepNorm(NamedTuple):
     eps: float
     rms: bool
     gemma: bool = False  # Gemma's RMSNorm: scaled by 1 + weight
-    wide: bool = False  # OLMo's: scaled before the cast back
+    wide: bool = False  # OLMo 2's: scaled before the cast back; OLMo 1's: all in float32
     heads: str | None = None  # a weight row per head, rounded as it says (`HeadsLayerNorm`)
 
     def __call__(self, x: Tensor) -> Tensor:
@@ -159,6 +161,8 @@ class StepNorm(NamedTuple):
             return gemma_rms_norm(x, cast(Tensor, self.weight), self.eps)
         if self.rms:
             return rms_norm(x, self.weight, self.eps, self.wide)
+        if self.wide:  # unit_layernorm: no scale, no bias, in float32
+            return unit_layer_norm(x, self.eps)
         # torch.layer_norm: F.layer_norm's Python checks cost more than a (B, C) norm here
         return torch.layer_norm(x, x.shape[-1:], self.weight, self.bias, self.eps)
 
@@ -170,6 +174,8 @@ def step_norm(module: nn.Module | None) -> StepNorm | None:
         weight = None if module.weight is None else module.weight.detach()  # unit_rmsnorm's
         return StepNorm(weight, None, module.eps, True,
                      isinstance(module, GemmaRMSNorm), getattr(module, "wide_scale", False))
+    if isinstance(module, UnitLayerNorm):
+        return StepNorm(None, None, module.eps, False, wide=True)
     if not isinstance(module, nn.LayerNorm):
         return None  # nn.Identity (norm="none")
     bias = None if module.bias is None else module.bias.detach()

@@ -35,7 +35,7 @@ def check_latent(c: GPTConfig) -> None:
             f"k and v for every one of the n_head={c.n_head} heads; set n_kv_head=None")
     clashes = [name for name, on in (
         ("qk_norm", c.qk_norm), ("attn_sinks", c.attn_sinks), ("qk_l2_norm", c.qk_l2_norm),
-        ("nope_temperature", bool(c.nope_temperature)),
+        ("nope_temperature", bool(c.nope_temperature)), ("qkv_clip", c.qkv_clip is not None),
         ("attn_out_proj=False", not c.attn_out_proj)) if on]
     if clashes:
         raise ValueError(f"kv_latent={c.kv_latent} with {', '.join(clashes)}: latent "

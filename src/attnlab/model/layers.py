@@ -24,7 +24,8 @@ from . import runtime, tf32x3
 #: imported weights need it; the exact (erf) form is faster on CPUs, forward and backward
 #: (docs/performance.md#gelu), and nanoGPT and Pythia use it.
 GELUS = {"tanh": "tanh", "exact": "none"}
-NORMS = ("layernorm", "rmsnorm", "gemma_rmsnorm", "olmo_rmsnorm", "unit_rmsnorm", "none")
+NORMS = ("layernorm", "rmsnorm", "gemma_rmsnorm", "olmo_rmsnorm", "unit_rmsnorm", "unit_layernorm",
+         "none")
 MLPS = ("gelu", "relu", "relu2", "swiglu", "geglu", "clamped_swiglu", "none")
 GATED = ("swiglu", "geglu", "clamped_swiglu")  # the MLP kinds with a gate projection
 # ----------------------------------------------------------------------------- linear
@@ -204,6 +205,27 @@ def gemma_rms_norm(x: Tensor, weight: Tensor, eps: float) -> Tensor:
     return (y * (1.0 + weight.to(wide))).to(x.dtype)
 
 
+class UnitLayerNorm(nn.Module):
+    """LayerNorm without a learned scale or bias, computed in float32 (a float64 model's in
+    float64) and cast back (norm="unit_layernorm": OLMo 1's OlmoLayerNorm)."""
+
+    def __init__(self, dim: int, eps: float = 1e-5) -> None:
+        super().__init__()
+        self.dim, self.eps = dim, eps
+
+    def forward(self, x: Tensor) -> Tensor:
+        return unit_layer_norm(x, self.eps)  # (..., C)
+
+    def extra_repr(self) -> str:
+        return f"{self.dim}, eps={self.eps}"
+
+
+def unit_layer_norm(x: Tensor, eps: float) -> Tensor:
+    """x (..., C) -> (x - mean) / sqrt(var + eps), in float32 (float64's in float64), cast
+    back once (OLMo 1's rounding)."""
+    return F.layer_norm(x.to(runtime.wide(x.dtype)), x.shape[-1:], None, None, eps).to(x.dtype)
+
+
 class GemmaRMSNorm(nn.Module):
     """Gemma's RMSNorm: scaled by (1 + weight), the weight starting at zero. Not an
     `RMSNorm` subclass, so code written for RMSNorm's plain scale never takes it for one."""
@@ -263,6 +285,8 @@ def make_norm(kind: str, dim: int, *, eps: float = 1e-5, bias: bool = True) -> n
         return RMSNorm(dim, eps, wide_scale=kind == "olmo_rmsnorm", scaled=kind != "unit_rmsnorm")
     if kind == "gemma_rmsnorm":
         return GemmaRMSNorm(dim, eps)
+    if kind == "unit_layernorm":
+        return UnitLayerNorm(dim, eps)
     if kind == "none":
         return nn.Identity()
     raise ValueError(f"norm={kind!r} must be one of {list(NORMS)}")

@@ -20,7 +20,8 @@ if TYPE_CHECKING:
 NAMES: dict[str, str] = {
     "tok_emb": "(B, T, C) token embeddings",
     "pos_emb": "(B, T, C) learned position embeddings (per row: left padding shifts them)",
-    "emb": "(B, T, C) tok_emb (+ pos_emb), the input of layer 0",
+    "emb": "(B, T, C) tok_emb (+ pos_emb), normed where the model norms it (embedding_norm), "
+           "the input of layer 0",
     "resid_pre": "(B, T, C) the residual stream entering the block (layer 0: emb)",
     "kv_latent": "(B, T, kv_latent) the normed latent each token's keys and values are "
                  "projected up from (latent attention only: DeepSeek-V2 / V3)",
@@ -28,7 +29,8 @@ NAMES: dict[str, str] = {
                   "(pos='rope' only; a layer without RoPE, nope_layers: q itself)",
     "k_pre_rope": "(B, nkv, T, hs) this call's keys before rotary embedding, after QK-norm if "
                   "any (pos='rope' only; a layer without RoPE: k itself)",
-    "q": "(B, nh, T, hs) queries as scored (after QK-norm and rotary embedding, if any)",
+    "q": "(B, nh, T, hs) queries as scored (after QK-norm, rotary embedding, the L2 "
+         "QK-norm and the NoPE temperature, where the model has them)",
     "k": "(B, nkv, S, hs) keys as scored (cached + new; cached keys are rotated)",
     "v": "(B, nkv, S, hs) values (cached + new)",
     "attn_scores": "(B, nh, T, S) raw scores q @ k^T, before scaling",
