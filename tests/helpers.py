@@ -349,6 +349,7 @@ def modern_switches(n_layer: int = 2, latent: bool = False) -> Any:
             "embedding_multiplier": draw(st.sampled_from([1.0, 3.0])),
             "residual_multiplier": draw(st.sampled_from([1.0, 0.5])),
             "logits_scaling": draw(st.sampled_from([1.0, 2.0])),
+            "logits_scaled_first": draw(st.booleans()),  # MiniCPM3's: before the head
             "logit_scale": draw(st.sampled_from([1.0, 0.25])),  # Cohere's
         }
         if pos == "rope":

@@ -112,7 +112,8 @@ OTHER: dict[str, Any] = dict(
     shared_expert_gated={True: False, False: True}, dense_layers=0, dense_d_ff=20,
     router_norm_min=0.0, mixture_layers=None,  # (the only values a dense config takes)
     q_latent=3, rope_head_dim={64: 2, 2: 4}, v_head_dim=5, nope_temperature_floor=100,
-    embedding_norm={True: False, False: True})
+    embedding_norm={True: False, False: True},
+    logits_scaled_first={True: False, False: True})
 
 
 def _same_model_spelled_otherwise(config: GPTConfig) -> GPTConfig:

@@ -512,6 +512,16 @@ CASES: dict[str, tuple[str, dict[str, Any]]] = {
     # no clamp, attention biases, tied, rope_theta off the default
     "olmo-bias": ("Olmo", dict(**SMALL, attention_bias=True, tie_word_embeddings=True,
                                rope_parameters=dict(rope_type="default", rope_theta=500.0))),
+    # MiniCPM3: latent attention with q through a latent, RoPE in halves, the three
+    # scalars (3 x embeddings, branches times 1.4 / sqrt(2), the head's input / 3.2), tied
+    "minicpm3-scalars": ("MiniCPM3", dict(
+        **SMALL, num_key_value_heads=4, kv_lora_rank=16, q_lora_rank=12, qk_nope_head_dim=8,
+        qk_rope_head_dim=4, v_head_dim=8, scale_emb=3.0, scale_depth=1.4, dim_model_base=10)),
+    # q straight from x, no scalars (two null), values as wide as hidden / heads, untied
+    "minicpm3-plain": ("MiniCPM3", dict(
+        **SMALL, num_key_value_heads=4, kv_lora_rank=16, q_lora_rank=None, qk_nope_head_dim=4,
+        qk_rope_head_dim=4, scale_emb=1.0, scale_depth=None, dim_model_base=None,
+        tie_word_embeddings=False)),
 }
 # the model class where it is not f"{prefix}ForCausalLM"
 MODEL_CLASS = {"Gemma3Text": "Gemma3ForCausalLM", "Llama4Text": "Llama4ForCausalLM"}

@@ -74,7 +74,7 @@ IMPORTS = (
     "mixtral, olmoe, "
     "qwen3_moe, granitemoe, qwen2_moe, gpt_oss, glm, glm4, starcoder2, exaone4, cohere, "
     "cohere2, seed_oss, ernie4_5, helium, arcee, glm4_moe, dots1, ernie4_5_moe, deepseek_v2, "
-    "deepseek_v3, llama4_text, llama4, nanochat "
+    "deepseek_v3, minicpm3, llama4_text, llama4, nanochat "
     "(GPT2LMHeadModel, "
     "LlamaForCausalLM, "
     "MistralForCausalLM, "
@@ -89,7 +89,8 @@ IMPORTS = (
     "Exaone4ForCausalLM, CohereForCausalLM, Cohere2ForCausalLM, SeedOssForCausalLM, "
     "Ernie4_5ForCausalLM, HeliumForCausalLM, ArceeForCausalLM, Glm4MoeForCausalLM, "
     "Dots1ForCausalLM, Ernie4_5_MoeForCausalLM, DeepseekV2ForCausalLM, DeepseekV3ForCausalLM, "
-    "Llama4ForCausalLM, Llama4ForConditionalGeneration, NanoChatForCausalLM)"
+    "MiniCPM3ForCausalLM, Llama4ForCausalLM, Llama4ForConditionalGeneration, "
+    "NanoChatForCausalLM)"
 )
 REFUSED: list[tuple[str, Any, str]] = [
     ("hidden_act", lambda: {**hf_dict("Llama", **SMALL), "hidden_act": "gelu"},

@@ -103,7 +103,11 @@ def test_lens_top_is_the_lens_top_tokens_one_layer_at_a_time() -> None:
                                         "rope_backwards": True},
                                        # OLMo 1's LayerNorm without scale or bias
                                        {"pos": "rope", "norm": "unit_layernorm",
-                                        "mlp": "swiglu", "qkv_clip": 0.5}])
+                                        "mlp": "swiglu", "qkv_clip": 0.5},
+                                       # MiniCPM3's head input divided, not the logits
+                                       {"pos": "rope", "norm": "rmsnorm", "mlp": "swiglu",
+                                        "logits_scaling": 3.2, "logits_scaled_first": True,
+                                        "embedding_multiplier": 3.0}])
 def test_attributions_sum_to_the_logit(overrides: dict) -> None:
     model = _model(**overrides)
     if model.lm_head.bias is not None:  # Phi's head bias, 0 at init: give it values

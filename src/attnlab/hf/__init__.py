@@ -13,7 +13,8 @@ SeedOssForCausalLM, Ernie4_5ForCausalLM, HeliumForCausalLM, ArceeForCausalLM, an
 DeepSeek-V3-style mixtures Glm4MoeForCausalLM and Dots1ForCausalLM, ERNIE 4.5's mixture
 Ernie4_5_MoeForCausalLM, DeepSeek's own with latent attention, DeepseekV2ForCausalLM and
 DeepseekV3ForCausalLM, and Llama 4's Llama4ForCausalLM (and the language model of its
-multimodal Llama4ForConditionalGeneration releases), nanochat's NanoChatForCausalLM,
+multimodal Llama4ForConditionalGeneration releases), MiniCPM3ForCausalLM (latent attention in
+a dense block), nanochat's NanoChatForCausalLM,
 BigCode's GPTBigCodeForCausalLM (StarCoder, SantaCoder) and OLMo 1's OlmoForCausalLM.
 `registry.py` holds the Family / WeightMap machinery, `fields.py` the config-field
 bookkeeping (every field is honoured, refused by name, or listed there as irrelevant),
@@ -90,6 +91,7 @@ from .granitemoe import GRANITEMOE
 from .helium import HELIUM
 from .llama import LLAMA, MISTRAL
 from .llama4 import LLAMA4, LLAMA4_MULTIMODAL
+from .minicpm3 import MINICPM3
 from .mixtral import MIXTRAL
 from .mxfp4 import Mxfp4Files
 from .nanochat import NANOCHAT
@@ -120,8 +122,8 @@ FAMILIES: tuple[Family, ...] = (GPT2, LLAMA, MISTRAL, QWEN2, QWEN3, GPT_NEOX, GE
                                QWEN3_MOE, GRANITEMOE, QWEN2_MOE, GPT_OSS, GLM, GLM4, STARCODER2,
                                EXAONE4, COHERE, COHERE2, SEED_OSS, ERNIE4_5, HELIUM,
                                ARCEE, GLM4_MOE, DOTS1, ERNIE4_5_MOE,
-                               DEEPSEEK_V2, DEEPSEEK_V3, LLAMA4, LLAMA4_MULTIMODAL,
-                               NANOCHAT)
+                               DEEPSEEK_V2, DEEPSEEK_V3, MINICPM3, LLAMA4,
+                               LLAMA4_MULTIMODAL, NANOCHAT)
 FAMILY_BY_NAME: dict[str, Family] = {f.name: f for f in FAMILIES}
 
 __all__ = [

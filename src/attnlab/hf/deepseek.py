@@ -65,9 +65,9 @@ V3_DEFAULTS = dict(
     topk_group=4, num_experts_per_tok=8, first_k_dense_replace=3, norm_topk_prob=True)
 
 
-def _latent(f: Fields, v2: bool) -> dict[str, Any]:
-    """GPTConfig's latent-attention fields (and head_dim, biases, RoPE layout) from a
-    DeepSeek config.json."""
+def latent_fields(f: Fields, **layout: Any) -> dict[str, Any]:
+    """GPTConfig's latent-attention fields (and head_dim, biases) from a DeepSeek-style
+    config.json, with the family's RoPE `layout` (rope_interleaved, rope_in_float32)."""
     n_head = f.count("num_attention_heads", 32)
     if f.count("num_key_value_heads", n_head) != n_head:
         raise f.refuse("num_key_value_heads", f.hf["num_key_value_heads"],
@@ -84,12 +84,10 @@ def _latent(f: Fields, v2: bool) -> dict[str, Any]:
     return dict(
         head_dim=f.count("qk_nope_head_dim") + rope, n_kv_head=None,
         kv_latent=f.count("kv_lora_rank"), q_latent=q_latent, rope_head_dim=rope,
-        v_head_dim=f.count("v_head_dim"), qkv_bias=bias, out_bias=bias,
-        # V2 turns pairs as complex numbers in float32; V3 in the model's dtype
-        rope_interleaved=True if v2 else f.flag("rope_interleave", True), rope_in_float32=v2)
+        v_head_dim=f.count("v_head_dim"), qkv_bias=bias, out_bias=bias, **layout)
 
 
-def _scale(c: dict[str, Any]) -> float | None:
+def latent_scale(c: dict[str, Any]) -> float | None:
     """attn_scale: transformers' `yarn_apply_mscale` of 1/sqrt(head_dim); None where it
     leaves that as it is."""
     scaling = c["rope_scaling"]
@@ -120,9 +118,12 @@ def _v2_config(f: Fields) -> dict[str, Any]:
     if method == "greedy":  # no groups: transformers reads neither
         f.hf.update(n_group=1, topk_group=1)
     c = llama_like_config(
-        f, max_positions=2048, bias=False, **_latent(f, v2=True),
+        # V2 turns pairs as complex numbers in float32
+        f, max_positions=2048, bias=False,
+        **latent_fields(f, rope_interleaved=True, rope_in_float32=True),
         **deepseek_experts(f, f.count("num_hidden_layers", 32)))
-    c.update(router_scoring="softmax_float32", experts_normalized=False, attn_scale=_scale(c))
+    c.update(router_scoring="softmax_float32", experts_normalized=False,
+             attn_scale=latent_scale(c))
     return c
 
 
@@ -131,35 +132,40 @@ def _v3_config(f: Fields) -> dict[str, Any]:
     _deepseek_keys(f, "sigmoid", ("noaux_tc",))
     f.get("num_mtp_layers")  # transformers' other name of num_nextn_predict_layers
     c = llama_like_config(
-        f, max_positions=4096, bias=False, **_latent(f, v2=False),
+        # V3 in the model's dtype, in pairs or (rope_interleave false) halves
+        f, max_positions=4096, bias=False,
+        **latent_fields(f, rope_interleaved=f.flag("rope_interleave", True),
+                        rope_in_float32=False),
         **deepseek_experts(f, f.count("num_hidden_layers")))
-    c.update(attn_scale=_scale(c))
+    c.update(attn_scale=latent_scale(c))
     return c
 
 
-def _latent_to_hf(c: GPTConfig, family: Family) -> dict[str, Any]:
-    """`_latent` the other way. What these fields cannot say is written as what they can,
-    which reads back as another model (`misfits` names the difference): attention without
-    latents as one from an n_embd-wide latent, grouped-query heads as one k and v per head,
-    a RoPE part as wide as the head as two dims of it."""
+def latent_to_hf(c: GPTConfig, family: Family, **extra: Any) -> dict[str, Any]:
+    """`latent_fields` the other way, beside the family's `extra` fields. What these fields
+    cannot say is written as what they can, which reads back as another model (`misfits`
+    names the difference): attention without latents as one from an n_embd-wide latent,
+    grouped-query heads as one k and v per head, a RoPE part as wide as the head as two dims
+    of it."""
     rope = c.rope_head_dim if 2 <= c.rope_head_dim < c.head_size else 2
     out = llama_like_to_hf(
         c, family, kv_lora_rank=c.kv_latent or c.n_embd, q_lora_rank=c.q_latent,
         qk_rope_head_dim=rope, qk_nope_head_dim=max(c.head_size - rope, 1),
         v_head_dim=c.v_head_dim or c.head_size, attention_bias=c.qkv_biased,
-        num_key_value_heads=c.n_head, rope_parameters=rope_to_hf(c),
-        **deepseek_experts_to_hf(c))
+        num_key_value_heads=c.n_head, rope_parameters=rope_to_hf(c), **extra)
     out.pop("head_dim")  # transformers derives it (as qk_rope_head_dim)
     return out
 
 
 def _v2_to_hf(c: GPTConfig) -> dict[str, Any]:
-    return {**_latent_to_hf(c, DEEPSEEK_V2), "norm_topk_prob": False, "topk_method": (
-        "group_limited_greedy" if c.expert_groups > 1 else "greedy")}
+    return {**latent_to_hf(c, DEEPSEEK_V2, **deepseek_experts_to_hf(c)),
+            "norm_topk_prob": False,
+            "topk_method": "group_limited_greedy" if c.expert_groups > 1 else "greedy"}
 
 
 def _v3_to_hf(c: GPTConfig) -> dict[str, Any]:
-    return {**_latent_to_hf(c, DEEPSEEK_V3), "rope_interleave": c.rope_interleaved}
+    return {**latent_to_hf(c, DEEPSEEK_V3, **deepseek_experts_to_hf(c)),
+            "rope_interleave": c.rope_interleaved}
 
 
 DEEPSEEK_V2 = Family(

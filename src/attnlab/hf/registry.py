@@ -7,8 +7,8 @@ smollm3.py,
 stablelm.py, granite.py, falcon.py, gpt_bigcode.py, glm.py, starcoder2.py, exaone4.py, cohere.py,
 seed_oss.py, ernie4_5.py, helium.py, arcee.py, nanochat.py; the mixtures of experts
 mixtral.py, olmoe.py, qwen3_moe.py, qwen2_moe.py, granitemoe.py, gpt_oss.py, glm4_moe.py,
-dots1.py, ernie4_5_moe.py, llama4.py; DeepSeek's with latent attention, deepseek.py) is a
-`Family`:
+dots1.py, ernie4_5_moe.py, llama4.py; with latent attention, DeepSeek's deepseek.py and
+minicpm3.py) is a `Family`:
 its model_type and architecture names, a config mapping each way (`Fields` in, a config.json
 dict out, which `misfits` reads back to know whether the family holds a GPTConfig) and a
 `WeightMap` (attnlab's state-dict names <-> Hugging Face's, with the modules a family fuses

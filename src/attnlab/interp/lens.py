@@ -296,7 +296,7 @@ def logit_attribution(
     def direct(part: Tensor) -> Tensor:
         """(B, C) part of the final residual -> (B,) its term of the target logit (scaled as
         the model scales its logits: Granite's, Cohere's)."""
-        return c.scaled_logits((share(part) * w_u).sum(-1))  # (B,)
+        return c.scaled_logits((c.head_input(share(part)) * w_u).sum(-1))  # (B,)
 
     terms = [_layer_terms(block, trace, layer, position, direct)
              for layer, block in enumerate(model.blocks)]
@@ -304,12 +304,13 @@ def logit_attribution(
     heads, attn_bias, mlp = (torch.stack(t, 1) * c.residual_multiplier
                              for t in zip(*terms, strict=True))
     emb = direct(trace.get("emb")[:, position])
-    bias = (beta * w_u).sum(-1) if beta is not None else torch.zeros_like(emb)  # (B,)
+    bias = (c.head_input(beta) * w_u).sum(-1) if beta is not None else torch.zeros_like(
+        emb)  # (B,)
     if model.lm_head.bias is not None:  # the head's own (Phi)
         bias = bias + model.lm_head.bias[target].to(dtype)  # (B,)
     bias = c.scaled_logits(bias)  # (B,)
     # the model's logit, the head at this position only
-    last = model.ln_f(trace.get("block_out", c.n_layer - 1)[:, position])  # (B, C)
+    last = c.head_input(model.ln_f(trace.get("block_out", c.n_layer - 1)[:, position]))
     logit = model.lm_head(last).to(dtype).gather(-1, target[:, None])[:, 0]  # (B,)
     return Attribution(emb, heads, attn_bias, mlp, bias, c.scaled_logits(logit))
 

@@ -133,6 +133,9 @@ class GPTConfig:
     embedding_multiplier: float = 1.0
     residual_multiplier: float = 1.0
     logits_scaling: float = 1.0
+    # logits_scaling divides the final norm's output before the head (MiniCPM's), not the
+    # logits after it (Granite's): the same in exact arithmetic, rounded apart
+    logits_scaled_first: bool = False
     logit_scale: float = 1.0  # logits times this (Cohere's logit_scale); 1.0: none
     # a sparse mixture of n_experts MLPs (each of the `mlp` kind, d_ff wide) in every block,
     # each token through the experts_per_token its router ranks first, weighted by their
@@ -343,10 +346,16 @@ class GPTConfig:
     def n_kv_heads(self) -> int:
         return self.n_head if self.n_kv_head is None else self.n_kv_head
 
+    def head_input(self, x: Tensor) -> Tensor:
+        """The final norm's output (..., C) as the head reads it: divided by logits_scaling
+        where logits_scaled_first (MiniCPM's), else as it is."""
+        return x / self.logits_scaling if self.logits_scaled_first else x
+
     def scaled_logits(self, logits: Tensor, inplace: bool = False) -> Tensor:
-        """The head's output as logits: divided by logits_scaling (Granite), times
-        logit_scale (Cohere), each where it is not 1; in place where `inplace`."""
-        if self.logits_scaling != 1.0:
+        """The head's output as logits: divided by logits_scaling (Granite; MiniCPM's went
+        before the head, `head_input`), times logit_scale (Cohere), each where it is not 1;
+        in place where `inplace`."""
+        if self.logits_scaling != 1.0 and not self.logits_scaled_first:
             logits = logits.div_(self.logits_scaling) if inplace else (
                 logits / self.logits_scaling)
         if self.logit_scale != 1.0:
@@ -412,6 +421,7 @@ class GPTConfig:
         idle |= {"swiglu_alpha", "swiglu_limit"} if self.mlp != "clamped_swiglu" else set()
         idle |= {"norm_bias"} if self.norm != "layernorm" else set()
         idle |= {"embedding_norm"} if self.norm == "none" else set()  # an Identity either way
+        idle |= {"logits_scaled_first"} if self.logits_scaling == 1.0 else set()
         idle |= {"bias"} if self.mlp == "none" else set()
         idle |= {"experts_per_token", "experts_normalized", "expert_weights_in_float32",
                  "experts_from_top_logits", "shared_expert_size", "router_bias",

@@ -325,7 +325,7 @@ class DecodeStep:
                 m = _apply(layer.mlp_post, self._mlp(layer, _apply(layer.ln_2, x)))  # (B, C)
                 m = branch_scaled(m, scale)  # (B, C)
                 x = x + m if c.residual else m
-        logits = self.lm_head(_apply(self.ln_f, x))  # (B, V)
+        logits = self.lm_head(c.head_input(_apply(self.ln_f, x)))  # (B, V)
         logits = c.scaled_logits(logits, inplace=True)  # (B, V): Granite's, Cohere's
         return soft_cap(logits, c.final_logit_softcapping, inplace=True)  # (B, V)
 

@@ -386,8 +386,9 @@ _HEAD_COLUMNS = 512  # vocabulary entries per product in unembed
 
 def unembed_scaled(model: GPT, x: Tensor) -> Tensor:
     """x (B, T, C) -> the logits (B, T, V) before any cap: `unembed`, scaled where the model
-    scales them (Granite's logits_scaling, Cohere's logit_scale: `GPTConfig.scaled_logits`)."""
-    logits = unembed(model.lm_head, x)  # (B, T, V)
+    scales them (Granite's logits_scaling, MiniCPM's before the head, Cohere's logit_scale:
+    `GPTConfig.head_input`, `GPTConfig.scaled_logits`)."""
+    logits = unembed(model.lm_head, model.config.head_input(x))  # (B, T, V)
     return model.config.scaled_logits(logits, inplace=True)  # (B, T, V)
 
 
