@@ -522,6 +522,11 @@ CASES: dict[str, tuple[str, dict[str, Any]]] = {
         **SMALL, num_key_value_heads=4, kv_lora_rank=16, q_lora_rank=None, qk_nope_head_dim=4,
         qk_rope_head_dim=4, scale_emb=1.0, scale_depth=None, dim_model_base=None,
         tie_word_embeddings=False)),
+    # Ministral: a window on the layers layer_types names, GQA (head_dim written: transformers
+    # 5.24's MinistralConfig leaves it None otherwise and its attention fails)
+    "ministral-alternating": ("Ministral", dict(
+        **{**SMALL, "num_hidden_layers": 3}, num_key_value_heads=2, head_dim=8, sliding_window=4,
+        layer_types=["sliding_attention", "full_attention", "sliding_attention"])),
 }
 # the model class where it is not f"{prefix}ForCausalLM"
 MODEL_CLASS = {"Gemma3Text": "Gemma3ForCausalLM", "Llama4Text": "Llama4ForCausalLM"}

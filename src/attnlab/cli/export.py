@@ -32,11 +32,11 @@ if TYPE_CHECKING:
 
 # the names of hf.FAMILIES an export may write, listed here so `attnlab --help` imports
 # nothing heavy (a test holds them equal)
-FAMILY_NAMES = ("gpt2", "llama", "mistral", "qwen2", "qwen3", "gpt_neox", "gemma", "gemma2",
-                "gemma3", "phi", "phi3", "olmo", "olmo2", "olmo3", "smollm3", "gptj", "gpt_neo",
-                "opt", "stablelm", "granite", "falcon", "gpt_bigcode", "mixtral", "olmoe",
-                "qwen3_moe", "granitemoe", "qwen2_moe", "gpt_oss", "glm", "glm4", "starcoder2",
-                "exaone4", "cohere", "cohere2", "seed_oss", "ernie4_5", "helium",
+FAMILY_NAMES = ("gpt2", "llama", "mistral", "ministral", "qwen2", "qwen3", "gpt_neox", "gemma",
+                "gemma2", "gemma3", "phi", "phi3", "olmo", "olmo2", "olmo3", "smollm3", "gptj",
+                "gpt_neo", "opt", "stablelm", "granite", "falcon", "gpt_bigcode", "mixtral",
+                "olmoe", "qwen3_moe", "granitemoe", "qwen2_moe", "gpt_oss", "glm", "glm4",
+                "starcoder2", "exaone4", "cohere", "cohere2", "seed_oss", "ernie4_5", "helium",
                 "arcee", "glm4_moe", "dots1", "ernie4_5_moe", "deepseek_v2", "deepseek_v3",
                 "minicpm3", "llama4", "nanochat")
 #: --max_shard_size's units, as huggingface_hub reads them ("5GB" is 5 * 10**9 bytes)

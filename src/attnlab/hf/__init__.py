@@ -15,7 +15,8 @@ Ernie4_5_MoeForCausalLM, DeepSeek's own with latent attention, DeepseekV2ForCaus
 DeepseekV3ForCausalLM, and Llama 4's Llama4ForCausalLM (and the language model of its
 multimodal Llama4ForConditionalGeneration releases), MiniCPM3ForCausalLM (latent attention in
 a dense block), nanochat's NanoChatForCausalLM,
-BigCode's GPTBigCodeForCausalLM (StarCoder, SantaCoder) and OLMo 1's OlmoForCausalLM.
+BigCode's GPTBigCodeForCausalLM (StarCoder, SantaCoder), OLMo 1's OlmoForCausalLM and
+MinistralForCausalLM.
 `registry.py` holds the Family / WeightMap machinery, `fields.py` the config-field
 bookkeeping (every field is honoured, refused by name, or listed there as irrelevant),
 `files.py` the directory reading and writing (the tokenizer files themselves are
@@ -92,6 +93,7 @@ from .helium import HELIUM
 from .llama import LLAMA, MISTRAL
 from .llama4 import LLAMA4, LLAMA4_MULTIMODAL
 from .minicpm3 import MINICPM3
+from .ministral import MINISTRAL
 from .mixtral import MIXTRAL
 from .mxfp4 import Mxfp4Files
 from .nanochat import NANOCHAT
@@ -116,14 +118,13 @@ from .starcoder2 import STARCODER2
 _Files = TensorFiles | BinTensors | Mxfp4Files | Fp8Files
 
 # export picks the first family a GPTConfig fits, so the plainest comes first
-FAMILIES: tuple[Family, ...] = (GPT2, LLAMA, MISTRAL, QWEN2, QWEN3, GPT_NEOX, GEMMA, GEMMA2,
-                               GEMMA3, PHI, PHI3, OLMO, OLMO2, OLMO3, SMOLLM3, GPTJ, GPT_NEO, OPT,
-                               STABLELM, GRANITE, FALCON, GPT_BIGCODE, MIXTRAL, OLMOE,
-                               QWEN3_MOE, GRANITEMOE, QWEN2_MOE, GPT_OSS, GLM, GLM4, STARCODER2,
-                               EXAONE4, COHERE, COHERE2, SEED_OSS, ERNIE4_5, HELIUM,
-                               ARCEE, GLM4_MOE, DOTS1, ERNIE4_5_MOE,
-                               DEEPSEEK_V2, DEEPSEEK_V3, MINICPM3, LLAMA4,
-                               LLAMA4_MULTIMODAL, NANOCHAT)
+FAMILIES: tuple[Family, ...] = (GPT2, LLAMA, MISTRAL, MINISTRAL, QWEN2, QWEN3, GPT_NEOX, GEMMA,
+                                GEMMA2, GEMMA3, PHI, PHI3, OLMO, OLMO2, OLMO3, SMOLLM3, GPTJ,
+                                GPT_NEO, OPT, STABLELM, GRANITE, FALCON, GPT_BIGCODE, MIXTRAL,
+                                OLMOE, QWEN3_MOE, GRANITEMOE, QWEN2_MOE, GPT_OSS, GLM, GLM4,
+                                STARCODER2, EXAONE4, COHERE, COHERE2, SEED_OSS, ERNIE4_5, HELIUM,
+                                ARCEE, GLM4_MOE, DOTS1, ERNIE4_5_MOE, DEEPSEEK_V2, DEEPSEEK_V3,
+                                MINICPM3, LLAMA4, LLAMA4_MULTIMODAL, NANOCHAT)
 FAMILY_BY_NAME: dict[str, Family] = {f.name: f for f in FAMILIES}
 
 __all__ = [
@@ -153,6 +154,8 @@ __all__ = [
 def family_of(hf_config: Mapping[str, Any]) -> Family:
     """The family of a Hugging Face config dict, by model_type (architectures must agree)."""
     model_type = hf_config.get("model_type")
+    if model_type == "mistral" and "layer_types" in hf_config:
+        model_type = "ministral"  # transformers' AutoConfig reads such a Mistral so
     by_type = {f.model_type: f for f in FAMILIES}
     if isinstance(model_type, str) and model_type in GEMMA3_NEAR_MISSES:
         raise ValueError(f"config.json has model_type={model_type!r}: "
@@ -169,7 +172,7 @@ def family_of(hf_config: Mapping[str, Any]) -> Family:
         raise ValueError(f"config.json has architectures={architectures!r}; expected a list of "
                          f"class names, e.g. [{family.architecture!r}]")
     for arch in architectures:
-        if arch not in (family.architecture, family.base_architecture):
+        if arch not in (family.architecture, family.base_architecture, *family.aliases):
             raise ValueError(
                 f"{family.name} config.json has architectures={hf_config['architectures']!r}: "
                 f"attnlab builds {family.architecture} (a causal LM head); {arch} is another "

@@ -5,7 +5,8 @@ A family (one small module each: gpt2.py, gpt_neo.py, llama.py, qwen2.py, qwen3.
 gpt_neox.py, gptj.py, opt.py, the gemma*.py, phi.py, phi3.py, the olmo*.py (OLMo 1 to 3),
 smollm3.py,
 stablelm.py, granite.py, falcon.py, gpt_bigcode.py, glm.py, starcoder2.py, exaone4.py, cohere.py,
-seed_oss.py, ernie4_5.py, helium.py, arcee.py, nanochat.py; the mixtures of experts
+seed_oss.py, ernie4_5.py, helium.py, arcee.py, nanochat.py, ministral.py; the mixtures
+of experts
 mixtral.py, olmoe.py, qwen3_moe.py, qwen2_moe.py, granitemoe.py, gpt_oss.py, glm4_moe.py,
 dots1.py, ernie4_5_moe.py, llama4.py; with latent attention, DeepSeek's deepseek.py and
 minicpm3.py) is a `Family`:
@@ -379,6 +380,9 @@ class Family:
     # a transformers model's state dict in memory -> the names its files use, where they
     # differ (transformers 5 holds a mixture's experts in other tensors than it writes)
     from_memory: Callable[[Mapping[str, Tensor]], Mapping[str, Tensor]] | None = None
+    # other architecture names its config.json may give (Ministral's releases say
+    # MistralForCausalLM, and transformers reads them as Ministral by their layer_types)
+    aliases: tuple[str, ...] = ()
     # whether an export may write this architecture (False: Llama 4's multimodal releases,
     # whose language model alone attnlab reads; it exports as the text-only family)
     exports: bool = True
