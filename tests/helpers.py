@@ -302,7 +302,8 @@ def modern_switches(n_layer: int = 2, latent: bool = False) -> Any:
     bias and a clamp; a scaling, an ungated shared expert, a dense first layer or a mixture
     on the last layer alone), gpt-oss's attention sinks and clamped SwiGLU, Llama 4's L2
     QK-norm, NoPE layers' temperature and input-scaling router, nanochat's unscaled norms,
-    embedding norm and backward RoPE, OLMo 1's unscaled LayerNorm and q/k/v clamp), valid for a
+    embedding norm and backward RoPE, OLMo 1's unscaled LayerNorm and q/k/v clamp, MiniCPM3's
+    head input scaled, Hunyuan's QK-norm after RoPE), valid for a
     model with 4 query heads (head size 4 or 8). The property tests of model, attention,
     cache, trace and generation draw from it so every invariant runs over every switch.
     `latent`: DeepSeek's latent attention too, for tests with one k and v per query head and
@@ -370,6 +371,8 @@ def modern_switches(n_layer: int = 2, latent: bool = False) -> Any:
         switches["qk_norm_whole"] = switches["qk_norm"] and draw(st.booleans())
         switches["qk_norm_heads"] = draw(st.sampled_from([None, "cohere", "stablelm"])) if (
             switches["qk_norm"] and not switches["qk_norm_whole"]) else None  # a row per head
+        switches["qk_norm_after_rope"] = pos == "rope" and switches["qk_norm"] and not (
+            switches["qk_norm_whole"]) and draw(st.booleans())  # Hunyuan's order
         switches["rope_in_float32"] = pos == "rope" and draw(st.booleans())
         switches["rope_tables_rounded"] = switches["rope_in_float32"] and draw(st.booleans())
         switches["rope_interleaved"] = pos == "rope" and draw(st.booleans())
@@ -405,7 +408,7 @@ def modern_switches(n_layer: int = 2, latent: bool = False) -> Any:
                             rope_head_dim=2, v_head_dim=draw(st.sampled_from([None, 3])),
                             qk_norm=False, qk_norm_whole=False, qk_norm_heads=None,
                             attn_sinks=False, qk_l2_norm=False, nope_temperature=0.0,
-                            qkv_clip=None)
+                            qkv_clip=None, qk_norm_after_rope=False)
         window = draw(st.sampled_from([None, 2, 3]))
         if window is not None:
             switches["sliding_window"] = window

@@ -527,6 +527,13 @@ CASES: dict[str, tuple[str, dict[str, Any]]] = {
     "ministral-alternating": ("Ministral", dict(
         **{**SMALL, "num_hidden_layers": 3}, num_key_value_heads=2, head_dim=8, sliding_window=4,
         layer_types=["sliding_attention", "full_attention", "sliding_attention"])),
+    # Hunyuan: QK-norm after RoPE, the releases' "dynamic" RoPE with a fixed alpha, GQA
+    "hunyuan-ntk-alpha": ("HunYuanDenseV1", dict(
+        **SMALL, num_key_value_heads=2, head_dim=8, rope_parameters=dict(
+            rope_type="dynamic", rope_theta=10000.0, alpha=1000.0, factor=1.0))),
+    # plain RoPE, attention biases, tied
+    "hunyuan-bias": ("HunYuanDenseV1", dict(**SMALL, head_dim=8, attention_bias=True,
+                                            tie_word_embeddings=True)),
 }
 # the model class where it is not f"{prefix}ForCausalLM"
 MODEL_CLASS = {"Gemma3Text": "Gemma3ForCausalLM", "Llama4Text": "Llama4ForCausalLM"}

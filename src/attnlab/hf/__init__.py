@@ -15,8 +15,8 @@ Ernie4_5_MoeForCausalLM, DeepSeek's own with latent attention, DeepseekV2ForCaus
 DeepseekV3ForCausalLM, and Llama 4's Llama4ForCausalLM (and the language model of its
 multimodal Llama4ForConditionalGeneration releases), MiniCPM3ForCausalLM (latent attention in
 a dense block), nanochat's NanoChatForCausalLM,
-BigCode's GPTBigCodeForCausalLM (StarCoder, SantaCoder), OLMo 1's OlmoForCausalLM and
-MinistralForCausalLM.
+BigCode's GPTBigCodeForCausalLM (StarCoder, SantaCoder), OLMo 1's OlmoForCausalLM,
+MinistralForCausalLM and Hunyuan's HunYuanDenseV1ForCausalLM.
 `registry.py` holds the Family / WeightMap machinery, `fields.py` the config-field
 bookkeeping (every field is honoured, refused by name, or listed there as irrelevant),
 `files.py` the directory reading and writing (the tokenizer files themselves are
@@ -90,6 +90,7 @@ from .gptj import GPTJ
 from .granite import GRANITE
 from .granitemoe import GRANITEMOE
 from .helium import HELIUM
+from .hunyuan import HUNYUAN_DENSE
 from .llama import LLAMA, MISTRAL
 from .llama4 import LLAMA4, LLAMA4_MULTIMODAL
 from .minicpm3 import MINICPM3
@@ -124,7 +125,7 @@ FAMILIES: tuple[Family, ...] = (GPT2, LLAMA, MISTRAL, MINISTRAL, QWEN2, QWEN3, G
                                 OLMOE, QWEN3_MOE, GRANITEMOE, QWEN2_MOE, GPT_OSS, GLM, GLM4,
                                 STARCODER2, EXAONE4, COHERE, COHERE2, SEED_OSS, ERNIE4_5, HELIUM,
                                 ARCEE, GLM4_MOE, DOTS1, ERNIE4_5_MOE, DEEPSEEK_V2, DEEPSEEK_V3,
-                                MINICPM3, LLAMA4, LLAMA4_MULTIMODAL, NANOCHAT)
+                                MINICPM3, LLAMA4, LLAMA4_MULTIMODAL, NANOCHAT, HUNYUAN_DENSE)
 FAMILY_BY_NAME: dict[str, Family] = {f.name: f for f in FAMILIES}
 
 __all__ = [

@@ -244,6 +244,7 @@ class CausalSelfAttention(nn.Module):
         l2_eps: each head's q and k divided by their root mean square (`rms_norm` without a
             weight, this eps) after RoPE (Llama 4's layers with RoPE); None: not.
         clip: q, k and v clamped to +-clip as they leave their projections (OLMo 1's).
+        norm_after_rope: the per-head QK-norm after RoPE, not before it (Hunyuan's).
         scores_in_float32: `attend`'s `wide` (GPT-J's and GPT-Neo's scores).
         rope_names: record q_pre_rope / k_pre_rope on calls without `rope` too (a RoPE
             model's layers without it, NoPE: equal to q and k).
@@ -288,6 +289,7 @@ class CausalSelfAttention(nn.Module):
         sinks: bool = False,
         l2_eps: float | None = None,
         clip: float | None = None,
+        norm_after_rope: bool = False,
     ) -> None:
         super().__init__()
         d_out = d_in if d_out is None else d_out
@@ -322,7 +324,7 @@ class CausalSelfAttention(nn.Module):
         self.rope_pairs, self.scores_in_float32 = rope_pairs, scores_in_float32
         # a RoPE model's layer names q_pre_rope / k_pre_rope even where it turns nothing (NoPE)
         self.rope_names = rope_names
-        self.l2_eps, self.clip = l2_eps, clip
+        self.l2_eps, self.clip, self.norm_after_rope = l2_eps, clip, norm_after_rope
         self.q_norm: nn.Module | None = None
         self.k_norm: nn.Module | None = None
         if qk_norm and qk_norm_kind.startswith("heads_"):  # a weight row per head
@@ -342,8 +344,9 @@ class CausalSelfAttention(nn.Module):
                  rope: tuple[Tensor, Tensor] | None, temperature: Tensor | None
                  ) -> tuple[Tensor, Tensor, Tensor]:
         """x (B, T, C) and the keys' source (B, S_new, C) -> q (B, nh, T, hs), this call's k
-        and v (B, nkv, S_new, hs): projected, clamped, QK-normed, turned by RoPE, L2-normed
-        and the q tempered, each where this attention does it (`forward`'s arguments)."""
+        and v (B, nkv, S_new, hs): projected, clamped, QK-normed (before RoPE, or after it),
+        turned by RoPE, L2-normed and the q tempered, each where this attention does it
+        (`forward`'s arguments)."""
         q, k = self.query(x), self.key(source)  # (B, T, nh * hs), (B, S_new, nkv * hs)
         v = self.value(source)  # (B, S_new, nkv * hs)
         if self.clip is not None:
@@ -354,7 +357,8 @@ class CausalSelfAttention(nn.Module):
         q = self._heads(q, self.n_head)  # (B, nh, T, hs)
         k = self._heads(k, self.n_kv_head)  # (B, nkv, S_new, hs)
         v = self._heads(v, self.n_kv_head)  # (B, nkv, S_new, hs)
-        if q_norm is not None and k_norm is not None and not self.qk_norm_whole:
+        if q_norm is not None and k_norm is not None and not (
+                self.qk_norm_whole or self.norm_after_rope):
             q, k = q_norm(q), k_norm(k)  # per head, over hs
         if trace is not None and (rope is not None or self.rope_names):
             q = trace.record("q_pre_rope", q)  # a NoPE layer's: q itself
@@ -362,6 +366,8 @@ class CausalSelfAttention(nn.Module):
         if rope is not None:
             how = self.rope_in_float32, self.rope_pairs, self.rope_tables_rounded
             q, k = apply_rotary(q, *rope, *how), apply_rotary(k, *rope, *how)  # same shapes
+        if q_norm is not None and k_norm is not None and self.norm_after_rope:
+            q, k = q_norm(q), k_norm(k)  # per head, after RoPE: Hunyuan's order
         if self.l2_eps is not None:
             q, k = rms_norm(q, None, self.l2_eps), rms_norm(k, None, self.l2_eps)  # same shapes
         if temperature is not None:

@@ -49,7 +49,7 @@ class Block(nn.Module):
                 "gemma_rmsnorm", "olmo_rmsnorm") else "rmsnorm",
             softcap=c.attn_logit_softcapping, sinks=c.attn_sinks,
             l2_eps=c.norm_eps if c.qk_l2_norm and c.rotates(layer) else None,
-            clip=c.qkv_clip,
+            clip=c.qkv_clip, norm_after_rope=c.qk_norm_after_rope,
         ) if c.kv_latent is None else LatentAttention(
             c.n_embd, c.n_head, c.head_size, kv_latent=c.kv_latent, q_latent=c.q_latent,
             rope_head_dim=c.rope_head_dim, v_head_dim=c.v_head_dim, bias=c.qkv_biased,

@@ -76,6 +76,8 @@ class GPTConfig:
     # QK-norm a LayerNorm without bias with a weight row per head, rounded as "cohere" (in
     # float32, once: Command R+) or "stablelm" (torch's, head by head: StableLM-2-12B)
     qk_norm_heads: str | None = None
+    # QK-norm after RoPE, not before it (Hunyuan's)
+    qk_norm_after_rope: bool = False
     # q and k rotated in float32 and cast back (OLMo's), not in their own dtype (Llama's): the
     # same in float32, not in 16 bits
     rope_in_float32: bool = False

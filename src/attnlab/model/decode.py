@@ -299,12 +299,15 @@ class DecodeStep:
                 qkv = qkv.clamp_(-c.qkv_clip, c.qkv_clip)  # (B, (nh + 2*nkv) * hs)
             # one position per row: (B, heads * hs) is (B, heads, 1, hs) as it lies in memory
             q, k, v = qkv.view(B, nh + 2 * nkv, 1, hs).split_with_sizes((nh, nkv, nkv), dim=1)
-            if layer.q_norm is not None and layer.k_norm is not None:
-                q, k = layer.q_norm(q), layer.k_norm(k)  # per head, or (OLMo 2) whole
+            q_norm, k_norm = layer.q_norm, layer.k_norm
+            if q_norm is not None and k_norm is not None and not c.qk_norm_after_rope:
+                q, k = q_norm(q), k_norm(k)  # per head, or (OLMo 2) whole
             rope = ropes[layer.window is not None] if c.rotates(i) else None
             if rope is not None:
                 how = c.rope_in_float32, c.rope_interleaved, c.rope_tables_rounded
                 q, k = apply_rotary(q, *rope, *how), apply_rotary(k, *rope, *how)
+            if q_norm is not None and k_norm is not None and c.qk_norm_after_rope:
+                q, k = q_norm(q), k_norm(k)  # Hunyuan's order: after RoPE
             if layer.l2_eps is not None:
                 q, k = rms_norm(q, None, layer.l2_eps), rms_norm(k, None, layer.l2_eps)
             if temperature is not None and rope is None:

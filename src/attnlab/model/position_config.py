@@ -37,6 +37,10 @@ def check_positions(c: GPTConfig) -> None:
         if not rope or bad:
             raise ValueError(f"nope_layers={c.nope_layers} names layers without RoPE: it "
                              f"needs pos='rope' and layers within 0..{c.n_layer - 1}")
+    if c.qk_norm_after_rope and (not rope or not c.qk_norm or c.qk_norm_whole):
+        raise ValueError("qk_norm_after_rope=True moves each head's QK-norm after RoPE: it "
+                         "needs pos='rope' and qk_norm=True over each head (qk_norm_whole="
+                         "False)")
     if c.qk_l2_norm and c.qk_norm:
         raise ValueError("qk_l2_norm=True norms q and k after RoPE, without a weight: drop "
                          "the other QK-norm (qk_norm=False)")
