@@ -52,34 +52,45 @@ WEIGHTS = WeightMap(
 IRRELEVANT = frozenset({"reorder_and_upcast_attn", "n_ctx"})
 
 
-def _config(f: Fields) -> dict[str, Any]:
+def gpt2_like_config(f: Fields, gelu: str) -> dict[str, Any]:
+    """GPTConfig keyword arguments for the fields GPT-2's config.json shares with GPTBigCode's,
+    `gelu` the activation_function their config class falls back on."""
     n_embd = f.count("n_embd", 768)
-    if f.flag("scale_attn_by_inverse_layer_idx", False):
-        raise f.refuse("scale_attn_by_inverse_layer_idx", True, "attnlab scales every "
-                       "layer's scores alike (1/sqrt(hs))")
     return dict(
         vocab_size=f.count("vocab_size", 50257),
         block_size=f.count("n_positions", 1024, MAX_CONTEXT),
         n_layer=f.count("n_layer", 12), n_head=f.count("n_head", 12), n_embd=n_embd,
         d_ff=f.count("n_inner", 4 * n_embd),
         norm_eps=f.number("layer_norm_epsilon", 1e-5),
-        gelu=f.gelu("activation_function", "gelu_new"),
+        gelu=f.gelu("activation_function", gelu),
         tie_weights=f.flag("tie_word_embeddings", True),
         attn_scale=None if f.flag("scale_attn_weights", True) else 1.0,
     )
 
 
-def _to_hf(c: GPTConfig) -> dict[str, Any]:
+def gpt2_like_to_hf(c: GPTConfig, family: Family, tanh: str) -> dict[str, Any]:
+    """`gpt2_like_config` the other way, `tanh` the name of the tanh GELU it writes."""
     return {
-        "architectures": [GPT2.architecture], "model_type": GPT2.model_type,
+        "architectures": [family.architecture], "model_type": family.model_type,
         "vocab_size": c.vocab_size, "n_positions": c.block_size, "n_embd": c.n_embd,
         "n_layer": c.n_layer, "n_head": c.n_head,
         "n_inner": None if c.d_ff in (None, 4 * c.n_embd) else c.d_ff,
-        "activation_function": "gelu_new" if c.gelu == "tanh" else "gelu",
+        "activation_function": tanh if c.gelu == "tanh" else "gelu",
         "layer_norm_epsilon": c.norm_eps, "resid_pdrop": c.dropout, "embd_pdrop": c.dropout,
         "attn_pdrop": c.dropout, "scale_attn_weights": c.attn_scale is None,
         "tie_word_embeddings": c.tie_weights,
     }
+
+
+def _config(f: Fields) -> dict[str, Any]:
+    if f.flag("scale_attn_by_inverse_layer_idx", False):
+        raise f.refuse("scale_attn_by_inverse_layer_idx", True, "attnlab scales every "
+                       "layer's scores alike (1/sqrt(hs))")
+    return gpt2_like_config(f, "gelu_new")
+
+
+def _to_hf(c: GPTConfig) -> dict[str, Any]:
+    return gpt2_like_to_hf(c, GPT2, "gelu_new")
 
 
 GPT2 = Family(

@@ -11,22 +11,20 @@ fields (`inference_runner`, `max_batch_size`, ...) by none at all.
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 from ..model.gpt import GPTConfig
 from .falcon import join_multi_query, split_multi_query
-from .fields import MAX_CONTEXT, Fields
-from .registry import QKV, Family, Fused, WeightMap
+from .fields import Fields
+from .gpt2 import WEIGHTS as GPT2_WEIGHTS
+from .gpt2 import gpt2_like_config, gpt2_like_to_hf
+from .registry import QKV, Family, Fused
 
-WEIGHTS = WeightMap(
-    top={"wte": "transformer.wte", "wpe": "transformer.wpe", "ln_f": "transformer.ln_f",
-         "lm_head": "lm_head"},
-    layer="transformer.h.{i}.",
-    block={"ln_1": "ln_1", "ln_2": "ln_2", "attn.out_proj": "attn.c_proj",
-           "mlp.fc": "mlp.c_fc", "mlp.proj": "mlp.c_proj"},
-    base="transformer.",
-    fused=(Fused("attn.c_attn", QKV, split_multi_query, join_multi_query),),
-)
+# GPT-2's names, in nn.Linear's (out, in) layout (nothing transposed), c_attn [q | k | v]
+WEIGHTS = dataclasses.replace(
+    GPT2_WEIGHTS, transposed=frozenset(),
+    fused=(Fused("attn.c_attn", QKV, split_multi_query, join_multi_query),))
 # (num_key_value_heads: transformers 5 writes it and sets it again from multi_query)
 IRRELEVANT = frozenset({
     "attention_softmax_in_fp32", "scale_attention_softmax_in_fp32", "inference_runner",
@@ -35,30 +33,13 @@ IRRELEVANT = frozenset({
 
 
 def _config(f: Fields) -> dict[str, Any]:
-    n_embd, n_head = f.count("n_embd", 768), f.count("n_head", 12)
-    return dict(
-        vocab_size=f.count("vocab_size", 50257),
-        block_size=f.count("n_positions", 1024, MAX_CONTEXT),
-        n_layer=f.count("n_layer", 12), n_head=n_head, n_embd=n_embd,
-        n_kv_head=1 if f.flag("multi_query", True) else None,
-        d_ff=f.count("n_inner", 4 * n_embd),
-        norm_eps=f.number("layer_norm_epsilon", 1e-5),
-        gelu=f.gelu("activation_function", "gelu_pytorch_tanh"),
-        tie_weights=f.flag("tie_word_embeddings", True),
-        attn_scale=None if f.flag("scale_attn_weights", True) else 1.0,
-    )
+    return {**gpt2_like_config(f, "gelu_pytorch_tanh"),
+            "n_kv_head": 1 if f.flag("multi_query", True) else None}
 
 
 def _to_hf(c: GPTConfig) -> dict[str, Any]:
-    return {
-        "architectures": [GPT_BIGCODE.architecture], "model_type": GPT_BIGCODE.model_type,
-        "vocab_size": c.vocab_size, "n_positions": c.block_size, "n_embd": c.n_embd,
-        "n_layer": c.n_layer, "n_head": c.n_head, "multi_query": c.n_kv_heads == 1,
-        "n_inner": c.ff_size, "layer_norm_epsilon": c.norm_eps,
-        "activation_function": "gelu_pytorch_tanh" if c.gelu == "tanh" else "gelu",
-        "resid_pdrop": c.dropout, "embd_pdrop": c.dropout, "attn_pdrop": c.dropout,
-        "scale_attn_weights": c.attn_scale is None, "tie_word_embeddings": c.tie_weights,
-    }
+    return {**gpt2_like_to_hf(c, GPT_BIGCODE, "gelu_pytorch_tanh"),
+            "multi_query": c.n_kv_heads == 1}
 
 
 GPT_BIGCODE = Family(
