@@ -534,6 +534,10 @@ CASES: dict[str, tuple[str, dict[str, Any]]] = {
     # plain RoPE, attention biases, tied
     "hunyuan-bias": ("HunYuanDenseV1", dict(**SMALL, head_dim=8, attention_bias=True,
                                             tie_word_embeddings=True)),
+    # VaultGemma: Gemma 2 without its post-norms, windows every other layer, both caps
+    "vaultgemma-caps": ("VaultGemma", dict(
+        **{**SMALL, "num_hidden_layers": 3}, num_key_value_heads=2, head_dim=8,
+        sliding_window=4, query_pre_attn_scalar=8)),
 }
 # the model class where it is not f"{prefix}ForCausalLM"
 MODEL_CLASS = {"Gemma3Text": "Gemma3ForCausalLM", "Llama4Text": "Llama4ForCausalLM"}

@@ -74,7 +74,7 @@ IMPORTS = (
     "gpt_bigcode, mixtral, olmoe, qwen3_moe, granitemoe, qwen2_moe, gpt_oss, glm, glm4, "
     "starcoder2, exaone4, cohere, cohere2, seed_oss, ernie4_5, helium, arcee, glm4_moe, "
     "dots1, ernie4_5_moe, deepseek_v2, deepseek_v3, minicpm3, llama4_text, llama4, nanochat, "
-    "hunyuan_v1_dense "
+    "hunyuan_v1_dense, vaultgemma "
     "(GPT2LMHeadModel, LlamaForCausalLM, MistralForCausalLM, MinistralForCausalLM, "
     "Qwen2ForCausalLM, Qwen3ForCausalLM, GPTNeoXForCausalLM, GemmaForCausalLM, "
     "Gemma2ForCausalLM, Gemma3ForCausalLM, PhiForCausalLM, Phi3ForCausalLM, OlmoForCausalLM, "
@@ -87,7 +87,7 @@ IMPORTS = (
     "HeliumForCausalLM, ArceeForCausalLM, Glm4MoeForCausalLM, Dots1ForCausalLM, "
     "Ernie4_5_MoeForCausalLM, DeepseekV2ForCausalLM, DeepseekV3ForCausalLM, "
     "MiniCPM3ForCausalLM, Llama4ForCausalLM, Llama4ForConditionalGeneration, "
-    "NanoChatForCausalLM, HunYuanDenseV1ForCausalLM)"
+    "NanoChatForCausalLM, HunYuanDenseV1ForCausalLM, VaultGemmaForCausalLM)"
 )
 REFUSED: list[tuple[str, Any, str]] = [
     ("hidden_act", lambda: {**hf_dict("Llama", **SMALL), "hidden_act": "gelu"},

@@ -16,7 +16,7 @@ DeepseekV3ForCausalLM, and Llama 4's Llama4ForCausalLM (and the language model o
 multimodal Llama4ForConditionalGeneration releases), MiniCPM3ForCausalLM (latent attention in
 a dense block), nanochat's NanoChatForCausalLM,
 BigCode's GPTBigCodeForCausalLM (StarCoder, SantaCoder), OLMo 1's OlmoForCausalLM,
-MinistralForCausalLM and Hunyuan's HunYuanDenseV1ForCausalLM.
+MinistralForCausalLM, Hunyuan's HunYuanDenseV1ForCausalLM and VaultGemmaForCausalLM.
 `registry.py` holds the Family / WeightMap machinery, `fields.py` the config-field
 bookkeeping (every field is honoured, refused by name, or listed there as irrelevant),
 `files.py` the directory reading and writing (the tokenizer files themselves are
@@ -114,6 +114,7 @@ from .seed_oss import SEED_OSS
 from .smollm3 import SMOLLM3
 from .stablelm import STABLELM
 from .starcoder2 import STARCODER2
+from .vaultgemma import VAULTGEMMA
 
 #: what a Hugging Face directory's tensors are read through
 _Files = TensorFiles | BinTensors | Mxfp4Files | Fp8Files
@@ -125,7 +126,8 @@ FAMILIES: tuple[Family, ...] = (GPT2, LLAMA, MISTRAL, MINISTRAL, QWEN2, QWEN3, G
                                 OLMOE, QWEN3_MOE, GRANITEMOE, QWEN2_MOE, GPT_OSS, GLM, GLM4,
                                 STARCODER2, EXAONE4, COHERE, COHERE2, SEED_OSS, ERNIE4_5, HELIUM,
                                 ARCEE, GLM4_MOE, DOTS1, ERNIE4_5_MOE, DEEPSEEK_V2, DEEPSEEK_V3,
-                                MINICPM3, LLAMA4, LLAMA4_MULTIMODAL, NANOCHAT, HUNYUAN_DENSE)
+                                MINICPM3, LLAMA4, LLAMA4_MULTIMODAL, NANOCHAT, HUNYUAN_DENSE,
+                                VAULTGEMMA)
 FAMILY_BY_NAME: dict[str, Family] = {f.name: f for f in FAMILIES}
 
 __all__ = [

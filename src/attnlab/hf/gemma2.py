@@ -21,7 +21,7 @@ from .registry import Family
 IRRELEVANT = frozenset({"hidden_act", "cache_implementation"})
 
 
-def _cap(f: Fields, key: str, default: float) -> float | None:
+def soft_cap_field(f: Fields, key: str, default: float) -> float | None:
     """A soft cap: the field's value, null for none, Gemma2Config's default when absent."""
     if key not in f.hf:
         return default
@@ -31,8 +31,8 @@ def _cap(f: Fields, key: str, default: float) -> float | None:
 def _config(f: Fields) -> dict[str, Any]:
     return sandwich_config(
         f, max_positions=8192, pattern=2,  # Gemma2Config: every other layer windowed
-        attn_logit_softcapping=_cap(f, "attn_logit_softcapping", 50.0),
-        final_logit_softcapping=_cap(f, "final_logit_softcapping", 30.0),
+        attn_logit_softcapping=soft_cap_field(f, "attn_logit_softcapping", 50.0),
+        final_logit_softcapping=soft_cap_field(f, "final_logit_softcapping", 30.0),
     )
 
 

@@ -91,7 +91,8 @@ def sandwich_config(f: Fields, *, max_positions: int, pattern: int | None,
                     **switches: Any) -> dict[str, Any]:
     """GPTConfig keyword arguments for what Gemma 2 and 3 share (sandwich norms, Gemma's norm,
     GeGLU and embeddings, query_pre_attn_scalar, windowed layers by `layer_types` or every
-    `pattern`-th full: `layer_types`), the family's own `switches` added."""
+    `pattern`-th full: `layer_types`), the family's own `switches` added or put in their
+    place (VaultGemma's sandwich_norm=False)."""
     if f.get("use_bidirectional_attention"):
         raise f.refuse("use_bidirectional_attention", True, "attnlab's attention is causal")
     n_layer = f.count("num_hidden_layers", 26)
@@ -99,15 +100,16 @@ def sandwich_config(f: Fields, *, max_positions: int, pattern: int | None,
                 if t == "sliding_attention"]
     window = f.count("sliding_window", 4096)
     attention_bias = f.flag("attention_bias", False)
-    return llama_like_config(
-        f, max_positions=max_positions, default_head_dim=256, bias=False,
-        qkv_bias=attention_bias, out_bias=attention_bias, norm="gemma_rmsnorm", mlp="geglu",
-        gelu=f.gelu("hidden_activation", "gelu_pytorch_tanh"), scale_embeddings=True,
-        sandwich_norm=True, tie_weights=f.flag("tie_word_embeddings", True),
+    shared = dict(
+        bias=False, qkv_bias=attention_bias, out_bias=attention_bias, norm="gemma_rmsnorm",
+        mlp="geglu", gelu=f.gelu("hidden_activation", "gelu_pytorch_tanh"),
+        scale_embeddings=True, sandwich_norm=True,
+        tie_weights=f.flag("tie_word_embeddings", True),
         attn_scale=f.number("query_pre_attn_scalar", 256) ** -0.5,
         sliding_window=window if windowed else None,
-        window_layers=window_layers_from(windowed, n_layer), **switches,
-    )
+        window_layers=window_layers_from(windowed, n_layer))
+    return llama_like_config(f, max_positions=max_positions, default_head_dim=256,
+                             **{**shared, **switches})  # a family's switch wins
 
 
 def sandwich_to_hf(c: GPTConfig, family: Family, **extra: Any) -> dict[str, Any]:

@@ -1,15 +1,13 @@
 """The family registry: which Hugging Face architecture maps onto which GPTConfig, and the
 one weight-renaming engine every family declares its names to.
 
-A family (one small module each: gpt2.py, gpt_neo.py, llama.py, qwen2.py, qwen3.py,
-gpt_neox.py, gptj.py, opt.py, the gemma*.py, phi.py, phi3.py, the olmo*.py (OLMo 1 to 3),
-smollm3.py,
-stablelm.py, granite.py, falcon.py, gpt_bigcode.py, glm.py, starcoder2.py, exaone4.py, cohere.py,
-seed_oss.py, ernie4_5.py, helium.py, arcee.py, nanochat.py, ministral.py, hunyuan.py; the
-mixtures of experts
-mixtral.py, olmoe.py, qwen3_moe.py, qwen2_moe.py, granitemoe.py, gpt_oss.py, glm4_moe.py,
-dots1.py, ernie4_5_moe.py, llama4.py; with latent attention, DeepSeek's deepseek.py and
-minicpm3.py) is a `Family`:
+A family (one small module each: gpt2.py, gpt_neo.py, llama.py, ministral.py, qwen2.py,
+qwen3.py, gpt_neox.py, gptj.py, opt.py, the gemma*.py, vaultgemma.py, phi.py, phi3.py, the
+olmo*.py (OLMo 1 to 3), smollm3.py, stablelm.py, granite.py, falcon.py, gpt_bigcode.py,
+glm.py, starcoder2.py, exaone4.py, cohere.py, seed_oss.py, ernie4_5.py, helium.py, arcee.py,
+nanochat.py, hunyuan.py; the mixtures of experts mixtral.py, olmoe.py, qwen3_moe.py,
+qwen2_moe.py, granitemoe.py, gpt_oss.py, glm4_moe.py, dots1.py, ernie4_5_moe.py, llama4.py;
+with latent attention, DeepSeek's deepseek.py and minicpm3.py) is a `Family`:
 its model_type and architecture names, a config mapping each way (`Fields` in, a config.json
 dict out, which `misfits` reads back to know whether the family holds a GPTConfig) and a
 `WeightMap` (attnlab's state-dict names <-> Hugging Face's, with the modules a family fuses
