@@ -538,9 +538,14 @@ CASES: dict[str, tuple[str, dict[str, Any]]] = {
     "vaultgemma-caps": ("VaultGemma", dict(
         **{**SMALL, "num_hidden_layers": 3}, num_key_value_heads=2, head_dim=8,
         sliding_window=4, query_pre_attn_scalar=8)),
+    # EXAONE 3: Llama's computation under its own model_type (transformers runs it as
+    # LlamaForCausalLM and saves Llama's names), llama3 RoPE, GQA, tied
+    "exaone-llama3": ("Exaone", dict(**SMALL, num_key_value_heads=2, tie_word_embeddings=True,
+                                     rope_parameters=LLAMA3)),
 }
 # the model class where it is not f"{prefix}ForCausalLM"
-MODEL_CLASS = {"Gemma3Text": "Gemma3ForCausalLM", "Llama4Text": "Llama4ForCausalLM"}
+MODEL_CLASS = {"Gemma3Text": "Gemma3ForCausalLM", "Llama4Text": "Llama4ForCausalLM",
+               "Exaone": "LlamaForCausalLM"}
 
 
 def hf_model(case: str) -> Any:

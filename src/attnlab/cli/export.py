@@ -36,10 +36,9 @@ FAMILY_NAMES = ("gpt2", "llama", "mistral", "ministral", "qwen2", "qwen3", "gpt_
                 "gemma2", "gemma3", "phi", "phi3", "olmo", "olmo2", "olmo3", "smollm3", "gptj",
                 "gpt_neo", "opt", "stablelm", "granite", "falcon", "gpt_bigcode", "mixtral",
                 "olmoe", "qwen3_moe", "granitemoe", "qwen2_moe", "gpt_oss", "glm", "glm4",
-                "starcoder2", "exaone4", "cohere", "cohere2", "seed_oss", "ernie4_5", "helium",
-                "arcee", "glm4_moe", "dots1", "ernie4_5_moe", "deepseek_v2", "deepseek_v3",
-                "minicpm3", "llama4", "nanochat", "hunyuan_v1_dense",
-                "vaultgemma")
+                "starcoder2", "exaone", "exaone4", "cohere", "cohere2", "seed_oss", "ernie4_5",
+                "helium", "arcee", "glm4_moe", "dots1", "ernie4_5_moe", "deepseek_v2",
+                "deepseek_v3", "minicpm3", "llama4", "nanochat", "hunyuan_v1_dense", "vaultgemma")
 #: --max_shard_size's units, as huggingface_hub reads them ("5GB" is 5 * 10**9 bytes)
 UNITS = {"": 1, "B": 1, "KB": 10**3, "MB": 10**6, "GB": 10**9, "TB": 10**12,
          "KIB": 2**10, "MIB": 2**20, "GIB": 2**30, "TIB": 2**40}

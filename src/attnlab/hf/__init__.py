@@ -16,7 +16,8 @@ DeepseekV3ForCausalLM, and Llama 4's Llama4ForCausalLM (and the language model o
 multimodal Llama4ForConditionalGeneration releases), MiniCPM3ForCausalLM (latent attention in
 a dense block), nanochat's NanoChatForCausalLM,
 BigCode's GPTBigCodeForCausalLM (StarCoder, SantaCoder), OLMo 1's OlmoForCausalLM,
-MinistralForCausalLM, Hunyuan's HunYuanDenseV1ForCausalLM and VaultGemmaForCausalLM.
+MinistralForCausalLM, Hunyuan's HunYuanDenseV1ForCausalLM, VaultGemmaForCausalLM and EXAONE 3
+(model_type "exaone", run as LlamaForCausalLM).
 `registry.py` holds the Family / WeightMap machinery, `fields.py` the config-field
 bookkeeping (every field is honoured, refused by name, or listed there as irrelevant),
 `files.py` the directory reading and writing (the tokenizer files themselves are
@@ -63,6 +64,7 @@ from .deepseek import DEEPSEEK_V2, DEEPSEEK_V3
 from .dots1 import DOTS1
 from .ernie4_5 import ERNIE4_5
 from .ernie4_5_moe import ERNIE4_5_MOE
+from .exaone import EXAONE
 from .exaone4 import EXAONE4
 from .falcon import FALCON
 from .files import (
@@ -124,10 +126,10 @@ FAMILIES: tuple[Family, ...] = (GPT2, LLAMA, MISTRAL, MINISTRAL, QWEN2, QWEN3, G
                                 GEMMA2, GEMMA3, PHI, PHI3, OLMO, OLMO2, OLMO3, SMOLLM3, GPTJ,
                                 GPT_NEO, OPT, STABLELM, GRANITE, FALCON, GPT_BIGCODE, MIXTRAL,
                                 OLMOE, QWEN3_MOE, GRANITEMOE, QWEN2_MOE, GPT_OSS, GLM, GLM4,
-                                STARCODER2, EXAONE4, COHERE, COHERE2, SEED_OSS, ERNIE4_5, HELIUM,
-                                ARCEE, GLM4_MOE, DOTS1, ERNIE4_5_MOE, DEEPSEEK_V2, DEEPSEEK_V3,
-                                MINICPM3, LLAMA4, LLAMA4_MULTIMODAL, NANOCHAT, HUNYUAN_DENSE,
-                                VAULTGEMMA)
+                                STARCODER2, EXAONE, EXAONE4, COHERE, COHERE2, SEED_OSS, ERNIE4_5,
+                                HELIUM, ARCEE, GLM4_MOE, DOTS1, ERNIE4_5_MOE, DEEPSEEK_V2,
+                                DEEPSEEK_V3, MINICPM3, LLAMA4, LLAMA4_MULTIMODAL, NANOCHAT,
+                                HUNYUAN_DENSE, VAULTGEMMA)
 FAMILY_BY_NAME: dict[str, Family] = {f.name: f for f in FAMILIES}
 
 __all__ = [
@@ -270,6 +272,12 @@ def open_hf_weights(path: str | Path, *, dropout: float = 0.0) -> OpenedWeights:
     config = config_from_hf(hf_config, dropout=dropout)  # before the weights are opened
     family = family_of(hf_config)
     raw = read_weights(directory)
+    if family.renames:  # a release's own tensor names (EXAONE 3's)
+        if not isinstance(raw, TensorFiles):
+            raise ValueError(f"{directory} holds {family.name} weights in a pytorch_model.bin, "
+                             "whose names attnlab does not rewrite; save them as "
+                             "model.safetensors (transformers' save_pretrained) and load that")
+        raw = raw.renamed(family.renamed)
     quantized = hf_config.get("quantization_config") or {}
     method = quantized.get("quant_method")
     # gpt-oss's experts and FP8 weights (config_from_hf checked the config): dequantized as

@@ -4,10 +4,11 @@ one weight-renaming engine every family declares its names to.
 A family (one small module each: gpt2.py, gpt_neo.py, llama.py, ministral.py, qwen2.py,
 qwen3.py, gpt_neox.py, gptj.py, opt.py, the gemma*.py, vaultgemma.py, phi.py, phi3.py, the
 olmo*.py (OLMo 1 to 3), smollm3.py, stablelm.py, granite.py, falcon.py, gpt_bigcode.py,
-glm.py, starcoder2.py, exaone4.py, cohere.py, seed_oss.py, ernie4_5.py, helium.py, arcee.py,
-nanochat.py, hunyuan.py; the mixtures of experts mixtral.py, olmoe.py, qwen3_moe.py,
-qwen2_moe.py, granitemoe.py, gpt_oss.py, glm4_moe.py, dots1.py, ernie4_5_moe.py, llama4.py;
-with latent attention, DeepSeek's deepseek.py and minicpm3.py) is a `Family`:
+glm.py, starcoder2.py, exaone.py, exaone4.py, cohere.py, seed_oss.py, ernie4_5.py,
+helium.py, arcee.py, nanochat.py, hunyuan.py; the mixtures of experts mixtral.py, olmoe.py,
+qwen3_moe.py, qwen2_moe.py, granitemoe.py, gpt_oss.py, glm4_moe.py, dots1.py,
+ernie4_5_moe.py, llama4.py; with latent attention, DeepSeek's deepseek.py and minicpm3.py)
+is a `Family`:
 its model_type and architecture names, a config mapping each way (`Fields` in, a config.json
 dict out, which `misfits` reads back to know whether the family holds a GPTConfig) and a
 `WeightMap` (attnlab's state-dict names <-> Hugging Face's, with the modules a family fuses
@@ -378,12 +379,22 @@ class Family:
     # a transformers model's state dict in memory -> the names its files use, where they
     # differ (transformers 5 holds a mixture's experts in other tensors than it writes)
     from_memory: Callable[[Mapping[str, Tensor]], Mapping[str, Tensor]] | None = None
+    # the files' tensor names rewritten before anything reads them, (pattern, replacement)
+    # in turn: releases that name their tensors otherwise than transformers writes them
+    # (EXAONE 3's, which transformers renames as it loads them)
+    renames: tuple[tuple[str, str], ...] = ()
     # other architecture names its config.json may give (Ministral's releases say
     # MistralForCausalLM, and transformers reads them as Ministral by their layer_types)
     aliases: tuple[str, ...] = ()
     # whether an export may write this architecture (False: Llama 4's multimodal releases,
     # whose language model alone attnlab reads; it exports as the text-only family)
     exports: bool = True
+
+    def renamed(self, name: str) -> str:
+        """A file tensor's name as this family reads it (`renames`)."""
+        for pattern, replacement in self.renames:
+            name = re.sub(pattern, replacement, name)
+        return name
 
     def read(self, hf_config: Mapping[str, Any], *, dropout: float = 0.0) -> GPTConfig:
         """The GPTConfig of this family's config.json dict; ValueError naming the first field

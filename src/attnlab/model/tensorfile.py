@@ -294,6 +294,13 @@ class TensorFiles(Mapping[str, Tensor]):
         return {name: torch.empty(i.shape, dtype=i.dtype, device="meta")
                 for name, i in self.infos.items()}
 
+    def renamed(self, rename: Callable[[str], str]) -> TensorFiles:
+        """The same files with each tensor's name passed through `rename` (a release that
+        names its tensors otherwise than transformers writes them: `Family.renames`)."""
+        out = TensorFiles([])
+        out.infos = {rename(name): info for name, info in self.infos.items()}
+        return out
+
     def describe(self, name: str) -> str:
         """"tensor 'x.weight' of model-00002.safetensors" for messages."""
         return f"tensor {name!r} of {self.infos[name].path.name}"
