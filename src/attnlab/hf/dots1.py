@@ -31,9 +31,7 @@ DOTS1_DEFAULTS = dict(
 
 def _window(f: Fields, n_layer: int) -> dict[str, Any]:
     """sliding_window / window_layers as Dots1Config derives its layer_types."""
-    window = f.get("sliding_window", 4096)
-    if "sliding_window" in f.hf and f.hf["sliding_window"] is None:
-        window = None
+    window = f.nullable("sliding_window", 4096)
     first = f.get("max_window_layers", 62)
     types = checked_layer_types(f, [
         "sliding_attention" if window is not None and i >= first else "full_attention"

@@ -22,9 +22,7 @@ def _layers(f: Fields, n_layer: int) -> dict[str, Any]:
     """sliding_window, window_layers and nope_layers as Exaone4Config and its attention make
     them."""
     # Exaone4Config's default window where the key is absent, none where it is null
-    window = f.get("sliding_window", 4096)
-    if "sliding_window" in f.hf and f.hf["sliding_window"] is None:
-        window = None
+    window = f.nullable("sliding_window", 4096)
     pattern = f.get("sliding_window_pattern", 4)
     if window is None:
         default = ["full_attention"] * n_layer

@@ -107,6 +107,18 @@ class Fields:
         value = self.hf.get(key)
         return default if value is None else value
 
+    def nullable(self, key: str, default: Any) -> Any:
+        """The value of `key` where config.json writes one, None where it writes null, and
+        `default` where the key is absent: the config classes that keep a null (no window,
+        no cap) and fill in an absent key. `get` gives the default for both."""
+        self.read.add(key)
+        return self.hf.get(key, default)
+
+    def positive_or_none(self, key: str, default: float) -> float | None:
+        """A positive number field (`number`), None where config.json writes null, `default`
+        where it is absent (Gemma 2's soft caps, MiniCPM3's scalars)."""
+        return None if self.nullable(key, default) is None else self.number(key, default)
+
     def has(self, key: str) -> bool:
         return self.hf.get(key) is not None
 

@@ -21,28 +21,28 @@ from .registry import Family
 IRRELEVANT = frozenset({"hidden_act", "cache_implementation"})
 
 
-def soft_cap_field(f: Fields, key: str, default: float) -> float | None:
-    """A soft cap: the field's value, null for none, Gemma2Config's default when absent."""
-    if key not in f.hf:
-        return default
-    return None if f.get(key) is None else f.number(key, default)
-
-
-def _config(f: Fields) -> dict[str, Any]:
+def gemma2_config(f: Fields, **switches: Any) -> dict[str, Any]:
+    """GPTConfig keyword arguments for Gemma 2's blocks, a family's `switches` in place of
+    its own (VaultGemma's sandwich_norm=False)."""
     return sandwich_config(
         f, max_positions=8192, pattern=2,  # Gemma2Config: every other layer windowed
-        attn_logit_softcapping=soft_cap_field(f, "attn_logit_softcapping", 50.0),
-        final_logit_softcapping=soft_cap_field(f, "final_logit_softcapping", 30.0),
-    )
+        attn_logit_softcapping=f.positive_or_none("attn_logit_softcapping", 50.0),
+        final_logit_softcapping=f.positive_or_none("final_logit_softcapping", 30.0),
+        **switches)
+
+
+def gemma2_to_hf(c: GPTConfig, family: Family) -> dict[str, Any]:
+    """`gemma2_config` the other way, as `family`."""
+    return sandwich_to_hf(c, family, attn_logit_softcapping=c.attn_logit_softcapping,
+                          final_logit_softcapping=c.final_logit_softcapping)
 
 
 def _to_hf(c: GPTConfig) -> dict[str, Any]:
-    return sandwich_to_hf(c, GEMMA2, attn_logit_softcapping=c.attn_logit_softcapping,
-                          final_logit_softcapping=c.final_logit_softcapping)
+    return gemma2_to_hf(c, GEMMA2)
 
 
 GEMMA2 = Family(
     name="gemma2", model_type="gemma2", architecture="Gemma2ForCausalLM",
-    base_architecture="Gemma2Model", config_from_hf=_config, config_to_hf=_to_hf,
+    base_architecture="Gemma2Model", config_from_hf=gemma2_config, config_to_hf=_to_hf,
     weights=WEIGHTS, irrelevant=IRRELEVANT,
 )

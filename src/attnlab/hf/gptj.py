@@ -38,8 +38,8 @@ def _rotary_part(f: Fields, head_dim: int, n_embd: int) -> float:
     """rotary_pct for GPT-J's rotary_dim (64 of GPT-J-6B's 256): transformers builds its
     frequencies over rotary_dim, or over the whole hidden size when it is null, which fits a
     head only when there is one."""
-    dims = f.get("rotary_dim", 64)
-    if "rotary_dim" in f.hf and f.hf["rotary_dim"] is None:  # Fields.get's default otherwise
+    dims = f.nullable("rotary_dim", 64)
+    if dims is None:
         dims = n_embd
     if isinstance(dims, bool) or not isinstance(dims, int) or not 0 < dims <= head_dim or dims % 2:
         raise f.refuse("rotary_dim", f.hf.get("rotary_dim", 64),

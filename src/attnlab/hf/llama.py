@@ -92,9 +92,7 @@ def _llama_to_hf(c: GPTConfig) -> dict[str, Any]:
 
 
 def _mistral_config(f: Fields) -> dict[str, Any]:
-    window = f.get("sliding_window", 4096)  # MistralConfig's default when the key is absent
-    if "sliding_window" in f.hf and f.hf["sliding_window"] is None:
-        window = None
+    window = f.nullable("sliding_window", 4096)  # MistralConfig's default where absent
     return llama_like_config(f, max_positions=131072, bias=False, sliding_window=window)
 
 

@@ -120,9 +120,7 @@ def _config(f: Fields) -> dict[str, Any]:
     n_layer = f.count("num_hidden_layers")
     rotating = _rotating(f, n_layer)
     nope = [i for i, rope in enumerate(rotating) if not rope]
-    chunk = f.get("attention_chunk_size", 8192)
-    if "attention_chunk_size" in f.hf and f.hf["attention_chunk_size"] is None:
-        chunk = None  # null: no chunks (absent: Llama4TextConfig's 8192)
+    chunk = f.nullable("attention_chunk_size", 8192)  # null: no chunks
     if chunk is not None and (type(chunk) is not int or chunk < 1):
         raise f.refuse("attention_chunk_size", chunk, "expected a positive integer or null")
     temperature = _temperature(f)

@@ -26,15 +26,6 @@ DEFAULTS = dict(vocab_size=73448, hidden_size=2560, intermediate_size=6400,
                 kv_lora_rank=256, q_lora_rank=768, qk_nope_head_dim=64, qk_rope_head_dim=32)
 
 
-def _scalar(f: Fields, key: str, default: float) -> float | None:
-    """A positive number field, or None where config.json writes null (MiniCPM3Config then
-    makes it a scaling of 1)."""
-    if key in f.hf and f.hf[key] is None:
-        f.get(key)
-        return None
-    return f.number(key, default)
-
-
 def _config(f: Fields) -> dict[str, Any]:
     f.setdefaults(DEFAULTS)
     n_embd, n_head = f.count("hidden_size"), f.count("num_attention_heads")
@@ -45,7 +36,8 @@ def _config(f: Fields) -> dict[str, Any]:
         raise f.refuse("mlp_bias", True, "MiniCPM3's MLP has no bias in transformers")
     f.get("pretraining_tp")  # transformers 5 reads it nowhere
     emb = f.number("scale_emb", 12.0)
-    depth, base = _scalar(f, "scale_depth", 1.4), _scalar(f, "dim_model_base", 256.0)
+    depth = f.positive_or_none("scale_depth", 1.4)  # null: MiniCPM3Config's scaling of 1
+    base = f.positive_or_none("dim_model_base", 256.0)
     c = llama_like_config(
         f, max_positions=32768, bias=False, tie_weights=f.flag("tie_word_embeddings", True),
         rope=dict(types=(*ROPE_TYPES, "longrope")),

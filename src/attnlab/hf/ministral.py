@@ -21,9 +21,7 @@ DEFAULTS = {"intermediate_size": 14336, "num_key_value_heads": 8}
 def _config(f: Fields) -> dict[str, Any]:
     f.setdefaults(DEFAULTS)
     n_layer = f.count("num_hidden_layers", 32)
-    window = f.get("sliding_window", 4096)  # MinistralConfig's default when the key is absent
-    if "sliding_window" in f.hf and f.hf["sliding_window"] is None:
-        window = None
+    window = f.nullable("sliding_window", 4096)  # MinistralConfig's default where absent
     types = checked_layer_types(f, ["sliding_attention" if window is not None
                                     else "full_attention"] * n_layer)
     windowed = [i for i, t in enumerate(types) if t == "sliding_attention"]

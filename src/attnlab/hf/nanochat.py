@@ -31,10 +31,9 @@ DEFAULTS = {"vocab_size": 50304, "hidden_size": 768, "intermediate_size": 8192,
 def _config(f: Fields) -> dict[str, Any]:
     f.setdefaults(DEFAULTS)
     f.one_of("hidden_act", ["relu2"], "relu2")
-    cap = f.get("final_logit_softcapping", 15.0)
-    if "final_logit_softcapping" in f.hf and f.hf["final_logit_softcapping"] is None:
-        cap = None  # null: no cap (absent: NanoChatConfig's 15)
-    elif isinstance(cap, bool) or not isinstance(cap, int | float) or not 0 < cap < 1e30:
+    cap = f.nullable("final_logit_softcapping", 15.0)  # null: no cap
+    if cap is not None and (isinstance(cap, bool) or not isinstance(cap, int | float)
+                            or not 0 < cap < 1e30):
         raise f.refuse("final_logit_softcapping", cap, "expected a positive number or null")
     bias = f.flag("attention_bias", False)
     return llama_like_config(

@@ -10,21 +10,17 @@ from typing import Any
 
 from ..model.gpt import GPTConfig
 from .fields import Fields
-from .gemma2 import IRRELEVANT, soft_cap_field
-from .gemma3 import WEIGHTS, sandwich_config, sandwich_to_hf
+from .gemma2 import IRRELEVANT, gemma2_config, gemma2_to_hf
+from .gemma3 import WEIGHTS
 from .registry import Family
 
 
 def _config(f: Fields) -> dict[str, Any]:
-    return sandwich_config(
-        f, max_positions=8192, pattern=2, sandwich_norm=False,  # Gemma2Config's pattern
-        attn_logit_softcapping=soft_cap_field(f, "attn_logit_softcapping", 50.0),
-        final_logit_softcapping=soft_cap_field(f, "final_logit_softcapping", 30.0))
+    return gemma2_config(f, sandwich_norm=False)
 
 
 def _to_hf(c: GPTConfig) -> dict[str, Any]:
-    return sandwich_to_hf(c, VAULTGEMMA, attn_logit_softcapping=c.attn_logit_softcapping,
-                          final_logit_softcapping=c.final_logit_softcapping)
+    return gemma2_to_hf(c, VAULTGEMMA)
 
 
 VAULTGEMMA = Family(
